@@ -1,0 +1,117 @@
+// One interface for compute and copies. The transformer forward pass is written once against it;
+// `cpu` (threads + OpenBLAS, fp32) and `cuda` (cuBLAS + own kernels, fp16 with fp32 accumulation)
+// implement it. All tensors passed to an op live on the backend's device, are contiguous and
+// have the backend's activation dtype unless the op says otherwise. Ops are enqueued in order on
+// the backend's compute stream; copies to the host synchronize.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "strata/core/tensor.h"
+
+namespace strata {
+
+// Owning device allocation, released through the backend that made it.
+class Backend;
+class Buffer {
+public:
+  Buffer() = default;
+  Buffer(Backend* owner, void* data, size_t bytes) : owner_(owner), data_(data), bytes_(bytes) {}
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer() { reset(); }
+
+  void reset();
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  // A tensor view at byte offset `offset` (must stay inside the buffer).
+  Tensor view(size_t offset, DType dtype, std::initializer_list<int64_t> dims) const;
+
+private:
+  Backend* owner_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+enum class Activation : uint8_t { ReLU, GELU };
+
+class Backend {
+public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;        // "cpu" or "cuda"
+  virtual Device device() const = 0;
+  virtual DType activation_dtype() const = 0;  // F32 on cpu, F16 on cuda; weights use it too
+
+  // ---- memory and copies ----
+  virtual Buffer alloc(size_t bytes) = 0;      // throws strata::Error naming the size when out of memory
+  virtual void release(void* data) = 0;        // called by Buffer
+  virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;  // synchronizes
+  virtual void synchronize() = 0;
+
+  // ---- ops; shapes in comments: T tokens, h hidden, V vocab, S cache slots, C cache capacity ----
+  // out[t] = table[ids[t]] (or +=, when accumulate). ids: I32 [T], table: [V, h], out: [T, h].
+  // Ids must be in [0, V): callers validate them on the host.
+  virtual void embedding(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate) = 0;
+
+  // out = (x - mean) / sqrt(var + eps) * w + b per row, statistics in fp32. b may be empty.
+  // x, out: [T, h]; w, b: [h]. out may alias x.
+  virtual void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out) = 0;
+
+  // out = x / sqrt(mean(x^2) + eps) * w per row, in fp32. out may alias x.
+  virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) = 0;
+
+  // y = x @ w^T + bias. x: [T, in], w: [out, in] (Hugging Face layout), bias: [out] or empty,
+  // y: [T, out]. Accumulates in fp32. y must not alias x.
+  virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) = 0;
+
+  // out = a + b elementwise; out may alias a or b.
+  virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+
+  // x = act(x) in place.
+  virtual void activation(Activation act, const Tensor& x) = 0;
+
+  // out = silu(gate) * up elementwise. gate, up, out: [T, f]; out may alias gate.
+  virtual void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+
+  // Rotary embedding in place, Hugging Face's rotate_half convention: for i < d/2 with
+  // a = pos[t] * inv_freq[i]: (x[i], x[i + d/2]) <- (x[i] cos a - x[i + d/2] sin a,
+  //                                                   x[i + d/2] cos a + x[i] sin a).
+  // x: [T, heads, d]; positions: I32 [T]; inv_freq: F32 [d/2] (scaling already applied).
+  virtual void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) = 0;
+
+  // cache_k[slots[t], positions[t]] = k[t], likewise v.
+  // k, v: [T, kv_heads, d]; cache_k, cache_v: [S, C, kv_heads, d]; slots, positions: I32 [T].
+  virtual void kv_store(const Tensor& k, const Tensor& v, const Tensor& cache_k, const Tensor& cache_v,
+                        const Tensor& slots, const Tensor& positions) = 0;
+
+  // Causal attention over the cache: token t attends to cache entries [0, positions[t]] of slot
+  // slots[t] (its own key included, so kv_store runs first). Query head h reads kv head
+  // h / (heads / kv_heads) (grouped- and multi-query). Softmax in fp32 with scores * scale.
+  // q, out: [T, heads, d]; caches as in kv_store.
+  virtual void attention(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
+                         const Tensor& positions, float scale, const Tensor& out) = 0;
+
+  // out[i] = x[rows[i]]. x: [T, h]; rows: I32 [B]; out: [B, h].
+  virtual void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) = 0;
+
+  // out[i] = argmax_j logits[i, j] (lowest index on ties). logits: [B, V]; out: I32 [B].
+  virtual void argmax_rows(const Tensor& logits, const Tensor& out) = 0;
+
+  // Copies a float tensor of any dtype to host fp32 (synchronizes).
+  void copy_to_host_f32(const Tensor& src, float* host_dst);
+};
+
+std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// True when the binary has the CUDA backend and a GPU is present.
+bool cuda_available();
+// Throws strata::Error when CUDA is unavailable.
+std::unique_ptr<Backend> make_cuda_backend(int device_index = 0);
+// "cpu", "cuda" or "auto" (cuda when available).
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads = 0);
+
+}  // namespace strata

@@ -1,0 +1,42 @@
+// Tensor: a non-owning, contiguous, row-major view of up to 4 dimensions on one device.
+// Memory is owned elsewhere (a Buffer from a backend, a weight block, an mmap); views are cheap.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "strata/core/dtype.h"
+
+namespace strata {
+
+enum class Device : uint8_t { CPU, CUDA };
+
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  Device device = Device::CPU;
+  int ndim = 0;
+  std::array<int64_t, 4> shape{0, 0, 0, 0};
+
+  Tensor() = default;
+  Tensor(void* data, DType dtype, Device device, std::initializer_list<int64_t> dims);
+
+  bool empty() const { return data == nullptr; }
+  int64_t dim(int i) const { return shape[i < 0 ? ndim + i : i]; }
+  int64_t numel() const;
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  // Elements per row: the product of all dimensions but the first.
+  int64_t row_size() const { return ndim == 0 ? 0 : numel() / shape[0]; }
+
+  template <class T> T* ptr() const { return static_cast<T*>(data); }
+
+  // A view of rows [begin, begin + count) along the first dimension.
+  Tensor rows(int64_t begin, int64_t count) const;
+  // The same memory with another shape of the same element count.
+  Tensor reshaped(std::initializer_list<int64_t> dims) const;
+
+  std::string shape_str() const;  // e.g. "[4, 768]"
+};
+
+}  // namespace strata

@@ -1,0 +1,32 @@
+// `strata run`: prompts.jsonl -> validate and tokenize -> batches -> generate -> out.jsonl.
+#pragma once
+#include <filesystem>
+#include <iosfwd>
+#include <string>
+
+#include "strata/runtime/sampler.h"
+
+namespace strata {
+
+struct JobOptions {
+  std::string model;                       // directory, .gguf, or dummy:PRESET
+  std::filesystem::path tokenizer;         // optional tokenizer directory override
+  std::filesystem::path prompts, out;
+  std::string device = "auto";             // cpu, cuda, auto
+  int batch_size = 32;                     // sequences generated together
+  int threads = 0;                         // CPU threads (0: all cores)
+  int64_t prefill_token_budget = 4096;     // tokens per prefill step
+  SamplingParams defaults;                 // for fields a prompt line leaves out
+  bool progress = true;                    // progress line on the log stream
+};
+
+struct JobSummary {
+  int64_t prompts = 0, resumed = 0, prompt_tokens = 0, generated_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0, wall_seconds = 0;
+};
+
+// Runs the whole job; progress and the final summary go to `log`. Throws strata::Error on bad
+// input (before any generation) and on failures (finished batches stay in OUT.partial).
+JobSummary run_batch_job(const JobOptions& options, std::ostream& log);
+
+}  // namespace strata

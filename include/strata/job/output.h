@@ -1,0 +1,34 @@
+// The batch job's output. Lines go to OUT.partial, flushed after every batch; only a job that
+// finished renames it to OUT, so a file named OUT is always complete. A rerun after a crash or
+// Ctrl-C finds OUT.partial, keeps its complete lines, and skips the ids already answered.
+#pragma once
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <unordered_set>
+
+namespace strata {
+
+class OutputWriter {
+public:
+  explicit OutputWriter(std::filesystem::path out);
+  ~OutputWriter();
+  OutputWriter(const OutputWriter&) = delete;
+  OutputWriter& operator=(const OutputWriter&) = delete;
+
+  // ids (as json dumps) already present in a partial file from an earlier run
+  const std::unordered_set<std::string>& done_ids() const { return done_; }
+  void write(const nlohmann::json& line);
+  void flush();   // pushes the lines to the disk (fflush + fsync); errors name the file
+  void finish();  // flush, close, rename OUT.partial -> OUT
+
+  std::filesystem::path partial_path() const { return partial_; }
+
+private:
+  std::filesystem::path out_, partial_;
+  std::FILE* file_ = nullptr;
+  std::unordered_set<std::string> done_;
+};
+
+}  // namespace strata

@@ -1,0 +1,70 @@
+// ModelConfig: the fields that say how one decoder-only architecture differs from another.
+// One forward pass (runtime/transformer) reads it; there is no per-architecture model class.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+enum class Arch : uint8_t { OPT, Llama };
+enum class NormKind : uint8_t { LayerNorm, RMSNorm };
+enum class PosKind : uint8_t { Learned, Rope };
+enum class MlpKind : uint8_t { ReLU, GELU, SwiGLU };
+
+struct RopeScaling {      // Hugging Face rope_scaling with rope_type "llama3"
+  float factor = 1.0f;
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  int original_max_positions = 8192;
+};
+
+struct ModelConfig {
+  std::string name;                 // preset name or model directory
+  Arch arch = Arch::OPT;
+  int vocab_size = 0;
+  int hidden = 0;                   // h1
+  int intermediate = 0;             // h2 (MLP hidden)
+  int n_layers = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;               // == n_heads without grouped-query attention
+  int head_dim = 0;
+  int max_positions = 0;
+  NormKind norm = NormKind::LayerNorm;
+  float norm_eps = 1e-5f;
+  PosKind pos = PosKind::Learned;
+  int pos_offset = 0;               // OPT's learned positions start at index 2
+  float rope_theta = 10000.0f;
+  std::optional<RopeScaling> rope_scaling;
+  MlpKind mlp = MlpKind::ReLU;
+  bool qkv_bias = false;            // q/k/v projections (OPT, Qwen2)
+  bool o_bias = false;              // attention output projection (OPT)
+  bool mlp_bias = false;            // fc1/fc2 (OPT)
+  bool norm_bias = false;           // LayerNorm bias (OPT)
+  bool tied_embeddings = false;     // lm_head shares the token embedding
+  int bos_id = -1;
+  std::vector<int> eos_ids;         // generation stops at any of these
+  int pad_id = -1;
+
+  int q_dim() const { return n_heads * head_dim; }
+  int kv_dim() const { return n_kv_heads * head_dim; }
+  // Parameters of one transformer layer and of the whole model (embeddings and head included).
+  int64_t layer_param_count() const;
+  int64_t param_count() const;
+  void validate() const;            // throws strata::Error naming the bad field
+};
+
+// Reads a Hugging Face config.json (OPTForCausalLM, LlamaForCausalLM, MistralForCausalLM,
+// Qwen2ForCausalLM). Unsupported variants (e.g. OPT-350m's projection) are refused by name.
+ModelConfig config_from_hf_json(const std::filesystem::path& config_json);
+
+// Built-in shapes for benchmarks with dummy weights: opt-125m ... opt-175b, llama-3-8b, ...
+std::optional<ModelConfig> config_preset(const std::string& name);
+std::vector<std::string> config_preset_names();
+
+// RoPE inverse frequencies [head_dim / 2], with llama3 scaling applied when configured.
+std::vector<float> rope_inv_freq(const ModelConfig& cfg);
+
+}  // namespace strata

@@ -1,0 +1,26 @@
+// Opens what a --model argument names: "dummy:PRESET", a Hugging Face model directory
+// (config.json, safetensors, tokenizer files), or a .gguf file. Nothing is loaded to a device here.
+#pragma once
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "strata/model/config.h"
+#include "strata/model/tokenizer.h"
+#include "strata/model/weight_source.h"
+
+namespace strata {
+
+struct ModelBundle {
+  ModelConfig config;
+  std::unique_ptr<WeightSource> weights;
+  std::optional<Tokenizer> tokenizer;  // absent when the model directory has none
+  bool add_bos = false;                // prepend config.bos_id to prompts, as the HF tokenizer does
+  std::string chat_template;           // empty when the model has none
+};
+
+// tokenizer_dir, when given, replaces the model's own tokenizer (or the byte stand-in of dummy models).
+ModelBundle open_model(const std::string& spec, const std::filesystem::path& tokenizer_dir = {});
+
+}  // namespace strata

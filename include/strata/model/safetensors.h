@@ -1,0 +1,46 @@
+// Safetensors files, memory-mapped: single file or sharded (model.safetensors.index.json).
+// The header is validated before any tensor is read: its size within the file, JSON shape,
+// dtypes (F32, F16, BF16), shapes, and that every tensor's byte range lies inside the data area
+// and matches dtype x shape.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/core/dtype.h"
+
+namespace strata {
+
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;  // inside the mapping
+  size_t nbytes = 0;
+  std::filesystem::path file;     // for error messages
+};
+
+class SafetensorsSet {
+public:
+  // `path` is a .safetensors file, a model.safetensors.index.json, or a directory holding either.
+  static SafetensorsSet open(const std::filesystem::path& path);
+
+  SafetensorsSet(SafetensorsSet&&) noexcept;
+  SafetensorsSet& operator=(SafetensorsSet&&) noexcept;
+  ~SafetensorsSet();
+
+  bool contains(const std::string& name) const;
+  const SafetensorsEntry& get(const std::string& name) const;  // throws naming the tensor
+  std::vector<std::string> names() const;                        // sorted
+
+private:
+  struct Mapping;
+  SafetensorsSet() = default;
+  std::vector<std::unique_ptr<Mapping>> mappings_;
+  std::map<std::string, SafetensorsEntry> entries_;
+};
+
+}  // namespace strata

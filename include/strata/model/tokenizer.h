@@ -1,0 +1,58 @@
+// Byte-level BPE tokenizer (GPT-2, OPT, LLaMA-3, Qwen2 families), loaded from a Hugging Face
+// tokenizer.json or from vocab.json + merges.txt. encode() gives exactly what Hugging Face's
+// tokenizer.encode(text, add_special_tokens=False) gives: added/special tokens that appear in the
+// text are matched first, the rest is split by the pre-tokenizer regex (PCRE2) and merged by rank.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace strata {
+
+enum class PreTokenizer : uint8_t { GPT2, Llama3 };  // Qwen2 uses the Llama3 pattern
+
+struct AddedToken {
+  int id = 0;
+  std::string content;
+  bool special = false;
+};
+
+class Tokenizer {
+public:
+  // From a directory holding tokenizer.json, or vocab.json + merges.txt (GPT-2 pattern).
+  static Tokenizer from_dir(const std::filesystem::path& dir);
+  static Tokenizer from_tokenizer_json(const std::filesystem::path& file);
+  static Tokenizer from_vocab_merges(const std::filesystem::path& vocab_json, const std::filesystem::path& merges_txt);
+  // From parts already in memory (used by GGUF metadata): tokens in id order, merges "a b".
+  // ignore_merges: a pre-tokenized word that is itself in the vocab becomes that one token
+  // without merging (Hugging Face's BPE option; true in Meta's LLaMA-3 tokenizer.json).
+  static Tokenizer from_parts(std::vector<std::string> tokens, const std::vector<std::string>& merges,
+                              std::vector<AddedToken> added, PreTokenizer pre, bool ignore_merges = false);
+  // A stand-in for models without a tokenizer (dummy weights): one token per byte, id = byte.
+  static Tokenizer bytes_only();
+
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  std::vector<int32_t> encode(std::string_view text) const;
+  // Concatenates the tokens' bytes, then decodes UTF-8; invalid or incomplete sequences become
+  // U+FFFD as in Hugging Face. skip_special drops special added tokens.
+  std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
+
+  int vocab_size() const;                              // largest id + 1
+  std::optional<int> token_id(std::string_view token) const;  // exact token string lookup
+  bool is_special(int id) const;
+
+private:
+  struct Impl;
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata

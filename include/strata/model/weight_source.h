@@ -1,0 +1,32 @@
+// WeightSource: named weight tensors in Hugging Face naming and layout, from any container
+// (safetensors, GGUF, dummy). The loader asks for each tensor the config implies and converts it
+// to the backend's dtype; every stored tensor must be used, so extra tensors are caught too.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/core/dtype.h"
+#include "strata/model/config.h"
+
+namespace strata {
+
+class WeightSource {
+public:
+  virtual ~WeightSource() = default;
+  virtual std::string describe() const = 0;  // e.g. the file path, for error messages
+  virtual bool contains(const std::string& name) const = 0;
+  virtual std::vector<int64_t> shape(const std::string& name) const = 0;  // throws naming a missing tensor
+  // Writes the tensor, converted to dst_dtype (F32, F16 or BF16), into dst (numel elements).
+  virtual void read(const std::string& name, DType dst_dtype, void* dst) const = 0;
+  virtual std::vector<std::string> names() const = 0;
+};
+
+// A .safetensors file, an index json, or a directory holding either.
+std::unique_ptr<WeightSource> make_safetensors_source(const std::filesystem::path& path);
+// Deterministic small random values for every tensor the config implies; fast, no files.
+std::unique_ptr<WeightSource> make_dummy_source(const ModelConfig& cfg, uint64_t seed = 0);
+
+}  // namespace strata

@@ -1,0 +1,32 @@
+// The tensors a config implies, with their Hugging Face names and shapes. The loader, the dummy
+// source and (later) the placement of layers on tiers all read this one table.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/model/config.h"
+
+namespace strata {
+
+enum class WeightRole : uint8_t {
+  // per layer
+  AttnNormW, AttnNormB, QW, QB, KW, KB, VW, VB, OW, OB,
+  MlpNormW, MlpNormB, Fc1W, Fc1B, UpW, Fc2W, Fc2B,  // Fc1 is LLaMA's gate_proj, Fc2 its down_proj
+  // whole model
+  Embed, PosEmbed, FinalNormW, FinalNormB, LmHead,
+};
+
+struct WeightSpec {
+  WeightRole role;
+  std::string name;             // e.g. "model.layers.3.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;   // Hugging Face layout, [out, in] for projections
+  int64_t numel() const;
+};
+
+std::vector<WeightSpec> layer_weight_specs(const ModelConfig& cfg, int layer);
+std::vector<WeightSpec> global_weight_specs(const ModelConfig& cfg);  // lm_head only when untied
+// Stored tensors a loader may skip: a tied lm_head saved anyway, rotary inv_freq buffers.
+bool is_ignorable_weight(const ModelConfig& cfg, const std::string& name);
+
+}  // namespace strata

@@ -1,0 +1,40 @@
+// Generation over one batch of requests: packed prefill (in chunks bounded by a token budget),
+// then decode steps over the sequences still running, until each meets EOS or its length limit.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "strata/runtime/sampler.h"
+#include "strata/runtime/transformer.h"
+
+namespace strata {
+
+struct GenRequest {
+  std::vector<int32_t> prompt;  // token ids, non-empty
+  SamplingParams sampling;
+};
+
+enum class FinishReason : uint8_t { Eos, Length };
+const char* finish_reason_name(FinishReason r);
+
+struct GenResult {
+  std::vector<int32_t> tokens;  // generated ids (EOS included when it ended the sequence)
+  FinishReason finish = FinishReason::Length;
+};
+
+struct GenStats {
+  double prefill_seconds = 0, decode_seconds = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0, decode_steps = 0;
+};
+
+struct GenOptions {
+  int64_t prefill_token_budget = 4096;  // tokens per prefill step; bounds activation memory
+};
+
+// Generates for every request (max_new_tokens is clamped to the model's context; a prompt that
+// fills the context alone is an error). Stats are added to `stats` when given.
+std::vector<GenResult> generate(Transformer& model, const std::vector<GenRequest>& requests,
+                                const GenOptions& options = {}, GenStats* stats = nullptr);
+
+}  // namespace strata

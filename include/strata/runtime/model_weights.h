@@ -1,0 +1,37 @@
+// A model's weights resident on one backend. Each layer is one Buffer (the unit that will move
+// between tiers) with named views into it; the embeddings, final norm and head form one more.
+#pragma once
+#include <vector>
+
+#include "strata/backend/backend.h"
+#include "strata/model/config.h"
+#include "strata/model/weight_source.h"
+
+namespace strata {
+
+struct LayerWeights {
+  Buffer block;
+  Tensor attn_norm_w, attn_norm_b;   // [h]
+  Tensor q_w, q_b, k_w, k_b, v_w, v_b;  // [q_dim | kv_dim, h], [q_dim | kv_dim]
+  Tensor o_w, o_b;                   // [h, q_dim], [h]
+  Tensor mlp_norm_w, mlp_norm_b;     // [h]
+  Tensor fc1_w, fc1_b, up_w;         // [f, h] (fc1 = gate_proj for SwiGLU), [f]
+  Tensor fc2_w, fc2_b;               // [h, f], [h]
+};
+
+struct ModelWeights {
+  Buffer globals;
+  Tensor embed;          // [V, h]
+  Tensor pos_embed;      // [max_positions + offset, h], learned positions only
+  Tensor final_norm_w, final_norm_b;
+  Tensor lm_head;        // [V, h]; a view of embed when tied
+  Tensor inv_freq;       // F32 [head_dim / 2], RoPE only
+  std::vector<LayerWeights> layers;
+  Buffer rope_buffer;    // owns inv_freq
+};
+
+// Reads every tensor the config implies from `source`, checks shapes, converts to the backend's
+// dtype and uploads. Missing, misshapen or unexpected extra tensors are errors naming them.
+ModelWeights load_model_weights(const ModelConfig& cfg, const WeightSource& source, Backend& backend);
+
+}  // namespace strata

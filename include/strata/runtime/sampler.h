@@ -1,0 +1,31 @@
+// Token sampling: greedy, temperature, top-k and top-p, applied in that order as Hugging Face's
+// generate() does. Each sequence owns a seeded generator, so results do not depend on batching.
+#pragma once
+#include <cstdint>
+#include <random>
+
+namespace strata {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy
+  int top_k = 0;             // 0: off
+  float top_p = 1.0f;        // 1: off
+  uint64_t seed = 0;
+  int max_new_tokens = 32;
+  bool ignore_eos = false;   // keep generating past EOS (benchmarks)
+
+  bool greedy() const { return temperature <= 0.0f || top_k == 1; }
+};
+
+class Sampler {
+public:
+  explicit Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) {}
+  // Picks a token from one row of logits (float32, length vocab).
+  int32_t sample(const float* logits, int64_t vocab);
+
+private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace strata

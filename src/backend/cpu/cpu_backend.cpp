@@ -1,0 +1,286 @@
+// The CPU backend: fp32 everywhere, OpenBLAS for the GEMMs, a thread pool for the rest.
+// It is the reference the CUDA kernels are tested against and the stand-in GPU in CI.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "strata/backend/backend.h"
+#include "strata/core/error.h"
+#include "strata/core/thread_pool.h"
+
+namespace strata {
+namespace {
+
+void check_f32(const Tensor& t, const char* what) {
+  STRATA_CHECK(t.device == Device::CPU && t.dtype == DType::F32 && t.data,
+               "cpu backend: " << what << " must be a CPU F32 tensor, got " << dtype_name(t.dtype));
+}
+void check_i32(const Tensor& t, const char* what) {
+  STRATA_CHECK(t.device == Device::CPU && t.dtype == DType::I32 && t.data,
+               "cpu backend: " << what << " must be a CPU I32 tensor");
+}
+
+class CpuBackend final : public Backend {
+public:
+  explicit CpuBackend(int threads) : pool_(threads) {}
+
+  const char* name() const override { return "cpu"; }
+  Device device() const override { return Device::CPU; }
+  DType activation_dtype() const override { return DType::F32; }
+
+  Buffer alloc(size_t bytes) override {
+    // 64-byte alignment keeps rows vector-aligned for BLAS.
+    void* p = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+    if (!p) STRATA_FAIL("cpu backend: out of memory allocating " << bytes << " bytes");
+    return Buffer(this, p, bytes);
+  }
+  void release(void* data) override { std::free(data); }
+  void copy_to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void synchronize() override {}
+
+  void embedding(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate) override {
+    check_i32(ids, "ids");
+    check_f32(table, "table");
+    check_f32(out, "out");
+    const int64_t h = table.dim(1), vocab = table.dim(0);
+    STRATA_CHECK(out.dim(0) == ids.numel() && out.row_size() == h, "embedding: out " << out.shape_str());
+    const int32_t* id = ids.ptr<int32_t>();
+    pool_.parallel_for(ids.numel(), [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) {
+        STRATA_CHECK(id[t] >= 0 && id[t] < vocab, "embedding: id " << id[t] << " outside [0, " << vocab << ")");
+        const float* src = table.ptr<float>() + id[t] * h;
+        float* dst = out.ptr<float>() + t * h;
+        if (accumulate)
+          for (int64_t i = 0; i < h; ++i) dst[i] += src[i];
+        else
+          std::memcpy(dst, src, size_t(h) * 4);
+      }
+    });
+  }
+
+  void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out) override {
+    check_f32(x, "x");
+    check_f32(w, "w");
+    check_f32(out, "out");
+    const int64_t h = x.row_size();
+    STRATA_CHECK(w.numel() == h && out.numel() == x.numel(), "layer_norm: shapes");
+    const float* bias = b.empty() ? nullptr : b.ptr<float>();
+    pool_.parallel_for(x.dim(0), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* xr = x.ptr<float>() + r * h;
+        float* o = out.ptr<float>() + r * h;
+        double mean = 0, var = 0;
+        for (int64_t i = 0; i < h; ++i) mean += xr[i];
+        mean /= double(h);
+        for (int64_t i = 0; i < h; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+        var /= double(h);
+        const float inv = float(1.0 / std::sqrt(var + eps));
+        for (int64_t i = 0; i < h; ++i)
+          o[i] = (xr[i] - float(mean)) * inv * w.ptr<float>()[i] + (bias ? bias[i] : 0.0f);
+      }
+    });
+  }
+
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
+    check_f32(x, "x");
+    check_f32(w, "w");
+    check_f32(out, "out");
+    const int64_t h = x.row_size();
+    STRATA_CHECK(w.numel() == h && out.numel() == x.numel(), "rms_norm: shapes");
+    pool_.parallel_for(x.dim(0), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* xr = x.ptr<float>() + r * h;
+        float* o = out.ptr<float>() + r * h;
+        double ss = 0;
+        for (int64_t i = 0; i < h; ++i) ss += double(xr[i]) * xr[i];
+        const float inv = float(1.0 / std::sqrt(ss / double(h) + eps));
+        for (int64_t i = 0; i < h; ++i) o[i] = xr[i] * inv * w.ptr<float>()[i];
+      }
+    });
+  }
+
+  void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) override {
+    check_f32(x, "x");
+    check_f32(w, "w");
+    check_f32(y, "y");
+    const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
+    STRATA_CHECK(w.ndim == 2 && w.dim(1) == in && y.dim(0) == T && y.row_size() == out,
+                 "linear: x " << x.shape_str() << " w " << w.shape_str() << " y " << y.shape_str());
+    STRATA_CHECK(y.data != x.data, "linear: y must not alias x");
+    if (T == 0) return;
+    float beta = 0.0f;
+    if (!bias.empty()) {
+      check_f32(bias, "bias");
+      STRATA_CHECK(bias.numel() == out, "linear: bias " << bias.shape_str());
+      for (int64_t t = 0; t < T; ++t) std::memcpy(y.ptr<float>() + t * out, bias.data, size_t(out) * 4);
+      beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(out), int(in), 1.0f, x.ptr<float>(), int(in),
+                w.ptr<float>(), int(in), beta, y.ptr<float>(), int(out));
+  }
+
+  void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    check_f32(a, "a");
+    check_f32(b, "b");
+    check_f32(out, "out");
+    STRATA_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), "add: sizes differ");
+    const float *pa = a.ptr<float>(), *pb = b.ptr<float>();
+    float* po = out.ptr<float>();
+    for (int64_t i = 0, n = a.numel(); i < n; ++i) po[i] = pa[i] + pb[i];
+  }
+
+  void activation(Activation act, const Tensor& x) override {
+    check_f32(x, "x");
+    float* p = x.ptr<float>();
+    const int64_t n = x.numel();
+    switch (act) {
+      case Activation::ReLU:
+        for (int64_t i = 0; i < n; ++i) p[i] = std::max(p[i], 0.0f);
+        break;
+      case Activation::GELU:  // exact erf form, as transformers' "gelu"
+        for (int64_t i = 0; i < n; ++i) p[i] = 0.5f * p[i] * (1.0f + std::erf(p[i] * float(M_SQRT1_2)));
+        break;
+    }
+  }
+
+  void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override {
+    check_f32(gate, "gate");
+    check_f32(up, "up");
+    check_f32(out, "out");
+    STRATA_CHECK(gate.numel() == up.numel() && gate.numel() == out.numel(), "swiglu: sizes differ");
+    const float *g = gate.ptr<float>(), *u = up.ptr<float>();
+    float* o = out.ptr<float>();
+    for (int64_t i = 0, n = gate.numel(); i < n; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  }
+
+  void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override {
+    check_f32(x, "x");
+    check_i32(positions, "positions");
+    check_f32(inv_freq, "inv_freq");
+    STRATA_CHECK(x.ndim == 3 && positions.numel() == x.dim(0) && inv_freq.numel() * 2 == x.dim(2),
+                 "rope: x " << x.shape_str() << " inv_freq " << inv_freq.shape_str());
+    const int64_t heads = x.dim(1), d = x.dim(2), half = d / 2;
+    pool_.parallel_for(x.dim(0), [&](int64_t t0, int64_t t1) {
+      std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+      for (int64_t t = t0; t < t1; ++t) {
+        const float pos = float(positions.ptr<int32_t>()[t]);
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = pos * inv_freq.ptr<float>()[i];  // fp32 product, as Hugging Face computes it
+          cs[size_t(i)] = std::cos(a);
+          sn[size_t(i)] = std::sin(a);
+        }
+        for (int64_t hd = 0; hd < heads; ++hd) {
+          float* v = x.ptr<float>() + (t * heads + hd) * d;
+          for (int64_t i = 0; i < half; ++i) {
+            const float a = v[i], b = v[i + half];
+            v[i] = a * cs[size_t(i)] - b * sn[size_t(i)];
+            v[i + half] = b * cs[size_t(i)] + a * sn[size_t(i)];
+          }
+        }
+      }
+    });
+  }
+
+  void kv_store(const Tensor& k, const Tensor& v, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
+                const Tensor& positions) override {
+    check_f32(k, "k");
+    check_f32(v, "v");
+    check_f32(cache_k, "cache_k");
+    check_f32(cache_v, "cache_v");
+    check_i32(slots, "slots");
+    check_i32(positions, "positions");
+    const int64_t S = cache_k.dim(0), C = cache_k.dim(1), row = cache_k.dim(2) * cache_k.dim(3);
+    STRATA_CHECK(cache_k.ndim == 4 && k.row_size() == row && v.row_size() == row && slots.numel() == k.dim(0),
+                 "kv_store: k " << k.shape_str() << " cache " << cache_k.shape_str());
+    for (int64_t t = 0; t < k.dim(0); ++t) {
+      const int32_t s = slots.ptr<int32_t>()[t], p = positions.ptr<int32_t>()[t];
+      STRATA_CHECK(s >= 0 && s < S && p >= 0 && p < C, "kv_store: slot " << s << " position " << p << " outside cache");
+      std::memcpy(cache_k.ptr<float>() + (s * C + p) * row, k.ptr<float>() + t * row, size_t(row) * 4);
+      std::memcpy(cache_v.ptr<float>() + (s * C + p) * row, v.ptr<float>() + t * row, size_t(row) * 4);
+    }
+  }
+
+  void attention(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
+                 const Tensor& positions, float scale, const Tensor& out) override {
+    check_f32(q, "q");
+    check_f32(out, "out");
+    check_f32(cache_k, "cache_k");
+    check_f32(cache_v, "cache_v");
+    check_i32(slots, "slots");
+    check_i32(positions, "positions");
+    const int64_t T = q.dim(0), heads = q.dim(1), d = q.dim(2);
+    const int64_t S = cache_k.dim(0), C = cache_k.dim(1), kv_heads = cache_k.dim(2);
+    STRATA_CHECK(q.ndim == 3 && cache_k.ndim == 4 && cache_k.dim(3) == d && heads % kv_heads == 0 &&
+                     out.numel() == q.numel() && slots.numel() == T && positions.numel() == T,
+                 "attention: q " << q.shape_str() << " cache " << cache_k.shape_str());
+    const int64_t group = heads / kv_heads;
+    pool_.parallel_for(T * heads, [&](int64_t w0, int64_t w1) {
+      std::vector<float> scores;
+      for (int64_t w = w0; w < w1; ++w) {
+        const int64_t t = w / heads, hq = w % heads, hk = hq / group;
+        const int32_t s = slots.ptr<int32_t>()[t], p = positions.ptr<int32_t>()[t];
+        STRATA_CHECK(s >= 0 && s < S && p >= 0 && p < C, "attention: slot " << s << " position " << p);
+        const float* qv = q.ptr<float>() + (t * heads + hq) * d;
+        const int64_t n = p + 1;
+        scores.resize(size_t(n));
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+          const float* kv = cache_k.ptr<float>() + ((s * C + j) * kv_heads + hk) * d;
+          float dot = 0;
+          for (int64_t i = 0; i < d; ++i) dot += qv[i] * kv[i];
+          scores[size_t(j)] = dot * scale;
+          mx = std::max(mx, scores[size_t(j)]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - mx));
+        const float inv = float(1.0 / sum);
+        float* o = out.ptr<float>() + (t * heads + hq) * d;
+        std::fill(o, o + d, 0.0f);
+        for (int64_t j = 0; j < n; ++j) {
+          const float* vv = cache_v.ptr<float>() + ((s * C + j) * kv_heads + hk) * d;
+          const float pj = scores[size_t(j)] * inv;
+          for (int64_t i = 0; i < d; ++i) o[i] += pj * vv[i];
+        }
+      }
+    });
+  }
+
+  void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) override {
+    check_f32(x, "x");
+    check_i32(rows, "rows");
+    check_f32(out, "out");
+    const int64_t h = x.row_size();
+    STRATA_CHECK(out.dim(0) == rows.numel() && out.row_size() == h, "gather_rows: out " << out.shape_str());
+    for (int64_t i = 0; i < rows.numel(); ++i) {
+      const int32_t r = rows.ptr<int32_t>()[i];
+      STRATA_CHECK(r >= 0 && r < x.dim(0), "gather_rows: row " << r << " outside " << x.shape_str());
+      std::memcpy(out.ptr<float>() + i * h, x.ptr<float>() + r * h, size_t(h) * 4);
+    }
+  }
+
+  void argmax_rows(const Tensor& logits, const Tensor& out) override {
+    check_f32(logits, "logits");
+    check_i32(out, "out");
+    const int64_t V = logits.row_size();
+    STRATA_CHECK(out.numel() == logits.dim(0), "argmax_rows: out " << out.shape_str());
+    for (int64_t r = 0; r < logits.dim(0); ++r) {
+      const float* l = logits.ptr<float>() + r * V;
+      out.ptr<int32_t>()[r] = int32_t(std::max_element(l, l + V) - l);  // first maximum on ties
+    }
+  }
+
+private:
+  ThreadPool pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
+
+}  // namespace strata

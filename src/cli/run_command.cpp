@@ -1,0 +1,43 @@
+#include <iostream>
+
+#include "commands.h"
+#include "strata/backend/backend.h"
+#include "strata/job/batch_job.h"
+
+namespace strata::cli {
+
+void add_run_command(CLI::App& app) {
+  auto opt = std::make_shared<JobOptions>();
+  CLI::App* cmd = app.add_subcommand("run", "generate completions for a JSONL file of prompts");
+  cmd->add_option("--model", opt->model, "model directory, .gguf file, or dummy:PRESET")->required();
+  cmd->add_option("--prompts", opt->prompts, "input JSONL: {\"id\", \"prompt\", optional sampling fields}")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--out", opt->out, "output JSONL (written as OUT.partial until the job finishes)")->required();
+  cmd->add_option("--tokenizer", opt->tokenizer, "tokenizer directory replacing the model's own");
+  cmd->add_option("--device", opt->device, "cpu, cuda or auto (cuda when a GPU is present)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
+  cmd->add_option("--batch-size", opt->batch_size, "sequences generated together")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--threads", opt->threads, "CPU threads for the cpu backend (0: all cores)")->capture_default_str();
+  cmd->add_option("--prefill-tokens", opt->prefill_token_budget, "tokens per prefill step")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-new-tokens", opt->defaults.max_new_tokens, "default when a line gives none")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--temperature", opt->defaults.temperature, "default temperature (0: greedy)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--top-p", opt->defaults.top_p, "default nucleus mass")->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--top-k", opt->defaults.top_k, "default top-k (0: off)")->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--seed", opt->defaults.seed, "default seed")->capture_default_str();
+  cmd->add_flag("--ignore-eos", opt->defaults.ignore_eos, "generate max_new_tokens even past EOS (benchmarks)");
+  cmd->add_flag("!--no-progress", opt->progress, "no progress line");
+  cmd->callback([opt] { run_batch_job(*opt, std::cerr); });
+}
+
+}  // namespace strata::cli

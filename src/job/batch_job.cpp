@@ -1,0 +1,156 @@
+#include "strata/job/batch_job.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iomanip>
+#include <iostream>
+
+#include "strata/backend/backend.h"
+#include "strata/core/error.h"
+#include "strata/job/output.h"
+#include "strata/job/prompts.h"
+#include "strata/model/model_loader.h"
+#include "strata/runtime/generator.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Tokenized {
+  const PromptRecord* record;
+  std::vector<int32_t> ids;
+};
+
+std::string render_prompt(const PromptRecord& r, const ModelBundle& model) {
+  if (r.messages.empty()) return r.prompt;
+  if (model.chat_template.empty())
+    throw Error("line " + std::to_string(r.line) + ": 'messages' given, but the model has no chat template");
+  throw Error("line " + std::to_string(r.line) + ": chat templates are not supported yet; give 'prompt'");
+}
+
+std::vector<Tokenized> tokenize_all(const std::vector<PromptRecord>& records, const ModelBundle& model,
+                                    const std::string& file) {
+  std::vector<Tokenized> out;
+  out.reserve(records.size());
+  const ModelConfig& cfg = model.config;
+  for (const PromptRecord& r : records) {
+    const std::string where = file + ":" + std::to_string(r.line);
+    Tokenized t{&r, {}};
+    if (model.add_bos) t.ids.push_back(cfg.bos_id);
+    const std::vector<int32_t> ids = model.tokenizer->encode(render_prompt(r, model));
+    t.ids.insert(t.ids.end(), ids.begin(), ids.end());
+    if (t.ids.empty()) throw Error(where + ": the prompt has no tokens");
+    for (int32_t id : t.ids)
+      if (id < 0 || id >= cfg.vocab_size)
+        throw Error(where + ": token id " + std::to_string(id) + " outside the model's vocabulary of " +
+                    std::to_string(cfg.vocab_size) + " (tokenizer does not match the model)");
+    if (int(t.ids.size()) >= cfg.max_positions)
+      throw Error(where + ": prompt of " + std::to_string(t.ids.size()) + " tokens fills the model's context of " +
+                  std::to_string(cfg.max_positions));
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+class Progress {
+public:
+  Progress(std::ostream& log, bool enabled, int64_t total)
+      : log_(log), enabled_(enabled), tty_(enabled && isatty(STDERR_FILENO)), total_(total), t0_(Clock::now()) {}
+  void update(int64_t done, int64_t tokens, bool force = false) {
+    if (!enabled_) return;
+    const double t = std::chrono::duration<double>(Clock::now() - t0_).count();
+    if (!force && t - last_ < (tty_ ? 0.2 : 5.0)) return;
+    last_ = t;
+    log_ << (tty_ ? "\r" : "") << "[strata] " << done << "/" << total_ << " prompts, " << tokens
+         << " tokens generated, " << std::fixed << std::setprecision(1) << (t > 0 ? double(tokens) / t : 0.0)
+         << " tok/s, " << t << " s" << (tty_ ? "   " : "\n") << std::flush;
+  }
+  void end() {
+    if (enabled_ && tty_) log_ << "\n";
+  }
+
+private:
+  std::ostream& log_;
+  bool enabled_, tty_;
+  int64_t total_;
+  Clock::time_point t0_;
+  double last_ = -1e9;
+};
+
+}  // namespace
+
+JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
+  if (opt.batch_size < 1) STRATA_FAIL("--batch-size must be at least 1, got " << opt.batch_size);
+  const auto wall0 = Clock::now();
+  ModelBundle model = open_model(opt.model, opt.tokenizer);
+  if (!model.tokenizer) STRATA_FAIL(opt.model << ": the model has no tokenizer files; pass --tokenizer DIR");
+
+  // Validate and tokenize every line before touching the device or the output.
+  const std::vector<PromptRecord> records =
+      read_prompts(opt.prompts, opt.defaults, [&](const std::string& w) { log << "warning: " << w << "\n"; });
+  const std::vector<Tokenized> all = tokenize_all(records, model, opt.prompts.string());
+
+  OutputWriter writer(opt.out);
+  std::vector<const Tokenized*> todo;
+  for (const Tokenized& t : all)
+    if (!writer.done_ids().count(t.record->id_key)) todo.push_back(&t);
+  JobSummary sum;
+  sum.prompts = int64_t(all.size());
+  sum.resumed = int64_t(all.size() - todo.size());
+  if (sum.resumed > 0)
+    log << "resuming " << writer.partial_path().string() << ": " << sum.resumed << " of " << all.size()
+        << " prompts already done\n";
+
+  std::unique_ptr<Backend> backend = make_backend(opt.device, opt.threads);
+  log << "model " << model.config.name << " (" << model.config.n_layers << " layers, "
+      << double(model.config.param_count()) / 1e9 << " B parameters) on " << backend->name() << "\n";
+  Transformer transformer(model.config, load_model_weights(model.config, *model.weights, *backend), *backend);
+  model.weights.reset();  // the mapping is no longer needed once the weights are on the device
+
+  GenOptions gen_opt;
+  gen_opt.prefill_token_budget = opt.prefill_token_budget;
+  GenStats stats;
+  Progress progress(log, opt.progress, int64_t(todo.size()));
+  for (size_t begin = 0; begin < todo.size(); begin += size_t(opt.batch_size)) {
+    const size_t end = std::min(todo.size(), begin + size_t(opt.batch_size));
+    std::vector<GenRequest> batch;
+    for (size_t i = begin; i < end; ++i) batch.push_back({todo[i]->ids, todo[i]->record->sampling});
+    const std::vector<GenResult> results = generate(transformer, batch, gen_opt, &stats);
+    for (size_t i = begin; i < end; ++i) {
+      const GenResult& r = results[i - begin];
+      nlohmann::json line;
+      line["id"] = todo[i]->record->id;
+      line["completion"] = model.tokenizer->decode(r.tokens, /*skip_special=*/true);
+      line["tokens"] = r.tokens;
+      line["prompt_tokens"] = todo[i]->ids.size();
+      line["completion_tokens"] = r.tokens.size();
+      line["finish_reason"] = finish_reason_name(r.finish);
+      writer.write(line);
+    }
+    writer.flush();
+    progress.update(int64_t(end), stats.generated_tokens, end == todo.size());
+  }
+  progress.end();
+  writer.finish();
+
+  sum.prompt_tokens = stats.prompt_tokens;
+  sum.generated_tokens = stats.generated_tokens;
+  sum.prefill_seconds = stats.prefill_seconds;
+  sum.decode_seconds = stats.decode_seconds;
+  sum.wall_seconds = std::chrono::duration<double>(Clock::now() - wall0).count();
+  auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
+  const double gen_s = sum.prefill_seconds + sum.decode_seconds;
+  log << std::fixed << std::setprecision(2) << "prompts: " << sum.prompts << " (" << sum.resumed
+      << " resumed)\nprompt tokens: " << sum.prompt_tokens << ", generated tokens: " << sum.generated_tokens
+      << "\nprefill: " << sum.prefill_seconds << " s, " << rate(double(sum.prompt_tokens), sum.prefill_seconds)
+      << " tok/s\ndecode: " << sum.decode_seconds << " s, "
+      << rate(double(sum.generated_tokens - (int64_t(todo.size()))), sum.decode_seconds)
+      << " tok/s\ntotal: " << gen_s << " s, " << rate(double(sum.generated_tokens), gen_s)
+      << " generated tok/s (wall " << sum.wall_seconds << " s)\nwrote " << opt.out.string() << "\n";
+  return sum;
+}
+
+}  // namespace strata

@@ -1,0 +1,304 @@
+// ModelConfig from Hugging Face config.json files and built-in presets.
+#include "strata/model/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "strata/core/error.h"
+
+namespace strata {
+
+using json = nlohmann::json;
+
+int64_t ModelConfig::layer_param_count() const {
+  const int64_t h = hidden, f = intermediate;
+  int64_t n = int64_t(h) * (q_dim() + 2 * kv_dim()) + int64_t(q_dim()) * h;  // q, k, v, o
+  n += (mlp == MlpKind::SwiGLU ? 3 : 2) * h * f;
+  n += (norm_bias ? 4 : 2) * h;                                              // two norms
+  if (qkv_bias) n += q_dim() + 2 * kv_dim();
+  if (o_bias) n += h;
+  if (mlp_bias) n += f + h;
+  return n;
+}
+
+int64_t ModelConfig::param_count() const {
+  int64_t n = int64_t(n_layers) * layer_param_count();
+  n += int64_t(vocab_size) * hidden;                          // token embedding
+  if (!tied_embeddings) n += int64_t(vocab_size) * hidden;    // lm_head
+  if (pos == PosKind::Learned) n += int64_t(max_positions + pos_offset) * hidden;
+  n += (norm_bias ? 2 : 1) * int64_t(hidden);                 // final norm
+  return n;
+}
+
+void ModelConfig::validate() const {
+  auto positive = [&](int v, const char* field) {
+    if (v <= 0) STRATA_FAIL(name << ": config field " << field << " must be positive, got " << v);
+  };
+  positive(vocab_size, "vocab_size");
+  positive(hidden, "hidden_size");
+  positive(intermediate, "intermediate_size");
+  positive(n_layers, "num_hidden_layers");
+  positive(n_heads, "num_attention_heads");
+  positive(n_kv_heads, "num_key_value_heads");
+  positive(head_dim, "head_dim");
+  positive(max_positions, "max_position_embeddings");
+  if (n_heads % n_kv_heads != 0)
+    STRATA_FAIL(name << ": num_attention_heads " << n_heads << " is not a multiple of num_key_value_heads "
+                     << n_kv_heads);
+  if (pos == PosKind::Rope && head_dim % 2 != 0) STRATA_FAIL(name << ": RoPE needs an even head_dim, got " << head_dim);
+  for (int e : eos_ids)
+    if (e < 0 || e >= vocab_size) STRATA_FAIL(name << ": eos_token_id " << e << " outside the vocabulary");
+}
+
+namespace {
+
+template <class T>
+T get_or(const json& j, const char* key, T fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    STRATA_FAIL("config field '" << key << "' has the wrong type: " << it->dump());
+  }
+}
+
+int require_int(const json& j, const char* key, const std::string& file) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) STRATA_FAIL(file << ": missing or non-integer field '" << key << "'");
+  return it->get<int>();
+}
+
+std::vector<int> id_list(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return {};
+  if (it->is_number_integer()) return {it->get<int>()};
+  if (it->is_array()) return it->get<std::vector<int>>();
+  STRATA_FAIL("config field '" << key << "' must be an integer or a list of integers");
+}
+
+void read_opt(const json& j, const std::string& file, ModelConfig& c) {
+  c.arch = Arch::OPT;
+  c.hidden = require_int(j, "hidden_size", file);
+  c.intermediate = require_int(j, "ffn_dim", file);
+  c.n_layers = require_int(j, "num_hidden_layers", file);
+  c.n_heads = require_int(j, "num_attention_heads", file);
+  c.n_kv_heads = c.n_heads;
+  c.head_dim = c.n_heads > 0 ? c.hidden / c.n_heads : 0;
+  c.max_positions = require_int(j, "max_position_embeddings", file);
+  c.norm = NormKind::LayerNorm;
+  c.norm_eps = 1e-5f;  // torch.nn.LayerNorm's default, which OPT uses
+  c.pos = PosKind::Learned;
+  c.pos_offset = 2;
+  const std::string act = get_or<std::string>(j, "activation_function", "relu");
+  if (act == "relu") c.mlp = MlpKind::ReLU;
+  else if (act == "gelu") c.mlp = MlpKind::GELU;
+  else STRATA_FAIL(file << ": OPT activation_function '" << act << "' is not supported (relu, gelu)");
+  const bool bias = get_or<bool>(j, "enable_bias", true);
+  c.qkv_bias = c.o_bias = c.mlp_bias = bias;
+  c.norm_bias = true;
+  if (!get_or<bool>(j, "layer_norm_elementwise_affine", true))
+    STRATA_FAIL(file << ": OPT without elementwise-affine LayerNorm is not supported");
+  c.tied_embeddings = get_or<bool>(j, "tie_word_embeddings", true);
+  const int proj = get_or<int>(j, "word_embed_proj_dim", c.hidden);
+  if (proj != c.hidden)
+    STRATA_FAIL(file << ": OPT with word_embed_proj_dim " << proj << " != hidden_size " << c.hidden
+                     << " (OPT-350m's projection) is not supported");
+  if (!get_or<bool>(j, "do_layer_norm_before", true))
+    STRATA_FAIL(file << ": OPT with do_layer_norm_before=false (post-LayerNorm, OPT-350m) is not supported");
+  if (get_or<bool>(j, "_remove_final_layer_norm", false))
+    STRATA_FAIL(file << ": OPT with _remove_final_layer_norm is not supported");
+}
+
+void read_llama(const json& j, const std::string& file, const std::string& model_type, ModelConfig& c) {
+  c.arch = Arch::Llama;
+  c.hidden = require_int(j, "hidden_size", file);
+  c.intermediate = require_int(j, "intermediate_size", file);
+  c.n_layers = require_int(j, "num_hidden_layers", file);
+  c.n_heads = require_int(j, "num_attention_heads", file);
+  c.n_kv_heads = get_or<int>(j, "num_key_value_heads", c.n_heads);
+  c.head_dim = get_or<int>(j, "head_dim", c.n_heads > 0 ? c.hidden / c.n_heads : 0);
+  c.max_positions = get_or<int>(j, "max_position_embeddings", 2048);
+  c.norm = NormKind::RMSNorm;
+  c.norm_eps = get_or<float>(j, "rms_norm_eps", 1e-6f);
+  c.pos = PosKind::Rope;
+  c.mlp = MlpKind::SwiGLU;
+  const std::string act = get_or<std::string>(j, "hidden_act", "silu");
+  if (act != "silu") STRATA_FAIL(file << ": hidden_act '" << act << "' is not supported (silu)");
+  c.qkv_bias = model_type == "qwen2" ? true : get_or<bool>(j, "attention_bias", false);
+  c.o_bias = model_type == "qwen2" ? false : get_or<bool>(j, "attention_bias", false);
+  if (get_or<bool>(j, "mlp_bias", false)) STRATA_FAIL(file << ": mlp_bias=true is not supported");
+  c.tied_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
+  if (model_type == "mistral" || model_type == "qwen2") {
+    // Sliding-window attention changes outputs only past the window; refuse rather than be wrong.
+    const bool sliding = get_or<bool>(j, "use_sliding_window", model_type == "mistral");
+    const int window = get_or<int>(j, "sliding_window", 0);
+    if (sliding && window > 0 && window < c.max_positions)
+      STRATA_FAIL(file << ": sliding-window attention (sliding_window " << window << ") is not supported");
+  }
+
+  // transformers 5 writes rope settings under rope_parameters; older files use rope_theta/rope_scaling.
+  json rope = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? j["rope_parameters"] : json::object();
+  c.rope_theta = get_or<float>(rope, "rope_theta", get_or<float>(j, "rope_theta", 10000.0f));
+  json scaling = j.contains("rope_scaling") && j["rope_scaling"].is_object() ? j["rope_scaling"] : rope;
+  const std::string rope_type = get_or<std::string>(scaling, "rope_type", get_or<std::string>(scaling, "type", "default"));
+  if (rope_type == "llama3") {
+    RopeScaling s;
+    s.factor = get_or<float>(scaling, "factor", 1.0f);
+    s.low_freq_factor = get_or<float>(scaling, "low_freq_factor", 1.0f);
+    s.high_freq_factor = get_or<float>(scaling, "high_freq_factor", 4.0f);
+    s.original_max_positions = get_or<int>(scaling, "original_max_position_embeddings", 8192);
+    c.rope_scaling = s;
+  } else if (rope_type != "default") {
+    STRATA_FAIL(file << ": rope scaling type '" << rope_type << "' is not supported (llama3)");
+  }
+  if (get_or<float>(j, "partial_rotary_factor", 1.0f) != 1.0f) STRATA_FAIL(file << ": partial rotary is not supported");
+}
+
+}  // namespace
+
+ModelConfig config_from_hf_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) STRATA_FAIL("cannot open model config " << path.string());
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    STRATA_FAIL(path.string() << ": invalid JSON: " << e.what());
+  }
+  if (!j.is_object()) STRATA_FAIL(path.string() << ": expected a JSON object");
+  const std::string file = path.string();
+  const std::string model_type = get_or<std::string>(j, "model_type", "");
+  ModelConfig c;
+  c.name = path.parent_path().filename().string();
+  try {
+    if (model_type == "opt") read_opt(j, file, c);
+    else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") read_llama(j, file, model_type, c);
+    else STRATA_FAIL(file << ": model_type '" << model_type << "' is not supported (opt, llama, mistral, qwen2)");
+    c.vocab_size = require_int(j, "vocab_size", file);
+    std::vector<int> bos = id_list(j, "bos_token_id");
+    c.bos_id = bos.empty() ? -1 : bos[0];
+    c.eos_ids = id_list(j, "eos_token_id");
+    std::vector<int> pad = id_list(j, "pad_token_id");
+    c.pad_id = pad.empty() ? -1 : pad[0];
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    if (msg.rfind(file, 0) == 0) throw;
+    STRATA_FAIL(file << ": " << msg);
+  }
+  c.validate();
+  return c;
+}
+
+namespace {
+
+ModelConfig opt_preset(const char* name, int hidden, int layers, int heads) {
+  ModelConfig c;
+  c.name = name;
+  c.arch = Arch::OPT;
+  c.vocab_size = 50272;
+  c.hidden = hidden;
+  c.intermediate = 4 * hidden;
+  c.n_layers = layers;
+  c.n_heads = c.n_kv_heads = heads;
+  c.head_dim = hidden / heads;
+  c.max_positions = 2048;
+  c.norm = NormKind::LayerNorm;
+  c.pos = PosKind::Learned;
+  c.pos_offset = 2;
+  c.mlp = MlpKind::ReLU;
+  c.qkv_bias = c.o_bias = c.mlp_bias = c.norm_bias = true;
+  c.tied_embeddings = true;
+  c.bos_id = 2;
+  c.eos_ids = {2};
+  c.pad_id = 1;
+  return c;
+}
+
+ModelConfig llama_preset(const char* name, int hidden, int layers, int heads, int kv_heads, int inter, int vocab,
+                         float theta, int max_pos) {
+  ModelConfig c;
+  c.name = name;
+  c.arch = Arch::Llama;
+  c.vocab_size = vocab;
+  c.hidden = hidden;
+  c.intermediate = inter;
+  c.n_layers = layers;
+  c.n_heads = heads;
+  c.n_kv_heads = kv_heads;
+  c.head_dim = hidden / heads;
+  c.max_positions = max_pos;
+  c.norm = NormKind::RMSNorm;
+  c.pos = PosKind::Rope;
+  c.rope_theta = theta;
+  c.mlp = MlpKind::SwiGLU;
+  c.bos_id = 128000;
+  c.eos_ids = {128001, 128009};
+  return c;
+}
+
+const std::map<std::string, ModelConfig>& presets() {
+  static const std::map<std::string, ModelConfig> table = [] {
+    std::map<std::string, ModelConfig> m;
+    // OPT shapes from the OPT paper (Zhang et al. 2022), as used by FlexGen's benchmarks.
+    for (const ModelConfig& c : {opt_preset("opt-125m", 768, 12, 12), opt_preset("opt-1.3b", 2048, 24, 32),
+                                 opt_preset("opt-6.7b", 4096, 32, 32), opt_preset("opt-13b", 5120, 40, 40),
+                                 opt_preset("opt-30b", 7168, 48, 56), opt_preset("opt-66b", 9216, 64, 72),
+                                 opt_preset("opt-175b", 12288, 96, 96)})
+      m[c.name] = c;
+    m["llama-3-8b"] = llama_preset("llama-3-8b", 4096, 32, 32, 8, 14336, 128256, 500000.0f, 8192);
+    m["llama-3-70b"] = llama_preset("llama-3-70b", 8192, 80, 64, 8, 28672, 128256, 500000.0f, 8192);
+    ModelConfig l31 = llama_preset("llama-3.1-8b", 4096, 32, 32, 8, 14336, 128256, 500000.0f, 131072);
+    l31.rope_scaling = RopeScaling{8.0f, 1.0f, 4.0f, 8192};
+    m[l31.name] = l31;
+    ModelConfig qwen = llama_preset("qwen2-7b", 3584, 28, 28, 4, 18944, 152064, 1000000.0f, 32768);
+    qwen.qkv_bias = true;
+    qwen.norm_eps = 1e-6f;
+    qwen.bos_id = -1;
+    qwen.eos_ids = {151643};
+    m[qwen.name] = qwen;
+    return m;
+  }();
+  return table;
+}
+
+}  // namespace
+
+std::optional<ModelConfig> config_preset(const std::string& name) {
+  auto it = presets().find(name);
+  if (it == presets().end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<std::string> config_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, cfg] : presets()) names.push_back(name);
+  return names;
+}
+
+std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
+  const int d = cfg.head_dim;
+  std::vector<float> inv(size_t(d / 2));
+  for (int i = 0; i < d / 2; ++i) {
+    // Same float32 expression as transformers: 1 / base ** (2i / d).
+    inv[size_t(i)] = 1.0f / std::pow(cfg.rope_theta, float(2 * i) / float(d));
+  }
+  if (!cfg.rope_scaling) return inv;
+  const RopeScaling& s = *cfg.rope_scaling;
+  const float old_len = float(s.original_max_positions);
+  const float low_wavelen = old_len / s.low_freq_factor, high_wavelen = old_len / s.high_freq_factor;
+  for (float& f : inv) {
+    const float wavelen = 2.0f * float(M_PI) / f;
+    if (wavelen > low_wavelen) {
+      f = f / s.factor;  // low frequencies: fully interpolated
+    } else if (wavelen >= high_wavelen) {  // medium: blend between interpolated and original
+      const float smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      f = (1.0f - smooth) * f / s.factor + smooth * f;
+    }
+  }
+  return inv;
+}
+
+}  // namespace strata

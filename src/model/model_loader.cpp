@@ -1,0 +1,78 @@
+#include "strata/model/model_loader.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "strata/core/error.h"
+
+namespace strata {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string join_presets() {
+  std::string s;
+  for (const std::string& n : config_preset_names()) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+std::optional<json> read_json_if_present(const fs::path& p) {
+  if (!fs::exists(p)) return std::nullopt;
+  std::ifstream in(p);
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    STRATA_FAIL(p.string() << ": invalid JSON: " << e.what());
+  }
+}
+
+// Whether Hugging Face's tokenizer prepends BOS: tokenizer_config.json's add_bos_token when set,
+// else a TemplateProcessing post-processor whose single-sequence template starts with a token.
+bool hf_adds_bos(const fs::path& dir) {
+  if (auto tc = read_json_if_present(dir / "tokenizer_config.json"))
+    if (tc->contains("add_bos_token") && (*tc)["add_bos_token"].is_boolean()) return (*tc)["add_bos_token"].get<bool>();
+  if (auto tj = read_json_if_present(dir / "tokenizer.json")) {
+    const json& pp = (*tj)["post_processor"];
+    if (pp.is_object() && pp.value("type", "") == "TemplateProcessing" && pp["single"].is_array() &&
+        !pp["single"].empty())
+      return pp["single"][0].contains("SpecialToken");
+  }
+  return false;
+}
+
+std::string hf_chat_template(const fs::path& dir) {
+  if (auto tc = read_json_if_present(dir / "tokenizer_config.json"))
+    if (tc->contains("chat_template") && (*tc)["chat_template"].is_string()) return (*tc)["chat_template"].get<std::string>();
+  return {};
+}
+
+}  // namespace
+
+ModelBundle open_model(const std::string& spec, const fs::path& tokenizer_dir) {
+  ModelBundle b;
+  if (spec.rfind("dummy:", 0) == 0) {
+    const std::string name = spec.substr(6);
+    auto cfg = config_preset(name);
+    if (!cfg) STRATA_FAIL("unknown preset '" << name << "' in --model " << spec << " (presets: " << join_presets() << ")");
+    b.config = *cfg;
+    b.weights = make_dummy_source(b.config);
+    b.tokenizer = tokenizer_dir.empty() ? Tokenizer::bytes_only() : Tokenizer::from_dir(tokenizer_dir);
+    return b;
+  }
+  const fs::path path(spec);
+  if (!fs::exists(path)) STRATA_FAIL("model '" << spec << "' not found (a directory, a .gguf file, or dummy:PRESET)");
+  if (fs::is_directory(path)) {
+    if (!fs::exists(path / "config.json")) STRATA_FAIL(spec << ": no config.json in the model directory");
+    b.config = config_from_hf_json(path / "config.json");
+    b.weights = make_safetensors_source(path);
+    const fs::path tok = tokenizer_dir.empty() ? path : tokenizer_dir;
+    if (fs::exists(tok / "tokenizer.json") || fs::exists(tok / "vocab.json")) b.tokenizer = Tokenizer::from_dir(tok);
+    b.add_bos = b.config.bos_id >= 0 && hf_adds_bos(tok);
+    b.chat_template = hf_chat_template(tok);
+    return b;
+  }
+  STRATA_FAIL("model '" << spec << "': unsupported file type (expected a model directory, a .gguf file, or dummy:PRESET)");
+}
+
+}  // namespace strata

@@ -1,0 +1,105 @@
+// End-to-end correctness on the CPU backend against Hugging Face transformers: last-position logits
+// for prompts run alone, and greedy tokens for all prompts generated together in one batch.
+// Fixtures: tests/fixtures/models (make_models.py records HF's outputs; never Strata's).
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "strata/backend/backend.h"
+#include "strata/model/model_loader.h"
+#include "strata/runtime/generator.h"
+
+using namespace strata;
+using nlohmann::json;
+
+namespace {
+
+const char* kModels[] = {"tiny-opt", "tiny-llama", "tiny-qwen2", "tiny-llama3"};
+
+json load_expected(const std::string& model) {
+  std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/models/" + model + "/expected.json");
+  REQUIRE(in.good());
+  return json::parse(in);
+}
+
+struct Loaded {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Transformer> model;
+};
+
+Loaded load(const std::string& name) {
+  Loaded l;
+  l.backend = make_cpu_backend(2);
+  ModelBundle b = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
+  l.model = std::make_unique<Transformer>(b.config, load_model_weights(b.config, *b.weights, *l.backend), *l.backend);
+  return l;
+}
+
+std::vector<int32_t> ids_of(const json& j) { return j.get<std::vector<int32_t>>(); }
+
+}  // namespace
+
+TEST_CASE("last-position logits match Hugging Face (fp32, CPU)", "[model][hf]") {
+  for (const char* name : kModels) {
+    SECTION(name) {
+      const json exp = load_expected(name);
+      Loaded l = load(name);
+      for (size_t p = 0; p < exp["prompts"].size(); ++p) {
+        const std::vector<int32_t> prompt = ids_of(exp["prompts"][p]);
+        KvCache cache = make_kv_cache(l.model->config(), *l.backend, 1, int(prompt.size()));
+        StepBatch step;
+        step.tokens = prompt;
+        for (size_t i = 0; i < prompt.size(); ++i) {
+          step.positions.push_back(int32_t(i));
+          step.slots.push_back(0);
+        }
+        step.logit_rows = {int32_t(prompt.size() - 1)};
+        const Tensor logits = l.model->forward(step, cache);
+        std::vector<float> got(size_t(logits.numel()));
+        l.backend->copy_to_host_f32(logits, got.data());
+        const std::vector<float> want = exp["last_logits"][p].get<std::vector<float>>();
+        REQUIRE(got.size() == want.size());
+        // fp32 on both sides: differences come from summation order only. The fixture stores
+        // 6 significant digits, so allow 1e-5 relative to the largest logit on top of 2e-5 absolute.
+        float scale = 0, worst = 0;
+        for (float w : want) scale = std::max(scale, std::fabs(w));
+        for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+        INFO(name << " prompt " << p << " (" << prompt.size() << " tokens): max |diff| " << worst << ", max |logit| "
+                  << scale);
+        CHECK(worst <= 2e-5f + 1e-5f * scale);
+      }
+    }
+  }
+}
+
+TEST_CASE("batched greedy generation matches Hugging Face token for token", "[model][hf]") {
+  for (const char* name : kModels) {
+    SECTION(name) {
+      const json exp = load_expected(name);
+      Loaded l = load(name);
+      std::vector<GenRequest> reqs;
+      for (const json& p : exp["prompts"]) {
+        GenRequest r;
+        r.prompt = ids_of(p);
+        r.sampling.max_new_tokens = exp["max_new_tokens"].get<int>();
+        reqs.push_back(r);
+      }
+      // A small prefill budget splits prompts across steps; a large one packs them all in one.
+      for (int64_t budget : {int64_t(5), int64_t(4096)}) {
+        GenOptions opt;
+        opt.prefill_token_budget = budget;
+        GenStats stats;
+        const std::vector<GenResult> got = generate(*l.model, reqs, opt, &stats);
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          const std::vector<int32_t> want = ids_of(exp["greedy"][i]);
+          INFO(name << " prompt " << i << " prefill budget " << budget);
+          CHECK(got[i].tokens == want);
+          const bool ends_in_eos = !want.empty() && want.back() == exp["eos_token_id"].get<int>();
+          CHECK(got[i].finish == (ends_in_eos ? FinishReason::Eos : FinishReason::Length));
+        }
+        CHECK(stats.prompt_tokens == 1 + 3 + 7 + 12 + 20);
+      }
+    }
+  }
+}
