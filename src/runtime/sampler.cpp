@@ -3,54 +3,61 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <vector>
 
 namespace strata {
 
-int32_t Sampler::sample(const float* logits, int64_t vocab) {
-  if (params_.greedy()) return int32_t(std::max_element(logits, logits + vocab) - logits);
-
-  // Candidates sorted by logit, best first (stable, so equal logits keep the lower id first).
+std::vector<std::pair<int32_t, double>> sampling_distribution(const float* logits, int64_t vocab,
+                                                              const SamplingParams& params) {
+  // Candidates by logit, best first. Among equal logits the higher id comes first: transformers'
+  // top-p sorts ascending (stably) and cuts from the low end, so it drops the lower ids of a tie.
   std::vector<int32_t> order(static_cast<size_t>(vocab));
   std::iota(order.begin(), order.end(), 0);
-  size_t keep = size_t(vocab);
-  if (params_.top_k > 0) keep = std::min(keep, size_t(params_.top_k));
-  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  if (keep < order.size()) {
+  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a > b); };
+  size_t keep = order.size();
+  if (params.top_k > 0 && size_t(params.top_k) < keep) {
+    // transformers keeps every token whose logit ties the k-th largest, so we do too.
+    keep = size_t(params.top_k);
     std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(keep), order.end(), by_logit);
+    const float kth = logits[order[keep - 1]];
+    std::sort(order.begin() + std::ptrdiff_t(keep), order.end(), by_logit);
+    while (keep < order.size() && logits[order[keep]] == kth) ++keep;
     order.resize(keep);
   } else {
     std::sort(order.begin(), order.end(), by_logit);
   }
 
-  std::vector<double> probs(order.size());
-  const double inv_t = 1.0 / double(params_.temperature);
+  std::vector<std::pair<int32_t, double>> dist(order.size());
+  const double inv_t = params.temperature > 0 ? 1.0 / double(params.temperature) : 1.0;
   const double top = double(logits[order[0]]) * inv_t;
   double sum = 0;
-  for (size_t i = 0; i < order.size(); ++i) sum += probs[i] = std::exp(double(logits[order[i]]) * inv_t - top);
-  for (double& p : probs) p /= sum;
-
-  if (params_.top_p < 1.0f) {
-    // Smallest prefix whose mass reaches top_p (at least one token), as transformers' TopPLogitsWarper.
-    double cum = 0;
-    size_t n = 0;
-    while (n < probs.size()) {
-      cum += probs[n++];
-      if (cum >= double(params_.top_p)) break;
-    }
-    probs.resize(n);
-    order.resize(n);
-    const double mass = std::accumulate(probs.begin(), probs.end(), 0.0);
-    for (double& p : probs) p /= mass;
+  for (size_t i = 0; i < order.size(); ++i) {
+    dist[i] = {order[i], std::exp(double(logits[order[i]]) * inv_t - top)};
+    sum += dist[i].second;
   }
+  for (auto& d : dist) d.second /= sum;
 
+  if (params.top_p < 1.0f) {
+    // Keep each token whose more probable predecessors hold less than top_p of the mass (at least
+    // one), which is transformers' rule "drop tokens whose ascending cumulative mass <= 1 - top_p".
+    double before = 0;
+    size_t n = 0;
+    while (n < dist.size() && (n == 0 || before < double(params.top_p))) before += dist[n++].second;
+    dist.resize(n);
+    for (auto& d : dist) d.second /= before;
+  }
+  return dist;
+}
+
+int32_t Sampler::sample(const float* logits, int64_t vocab) {
+  if (params_.greedy()) return int32_t(std::max_element(logits, logits + vocab) - logits);
+  const auto dist = sampling_distribution(logits, vocab, params_);
   const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
   double cum = 0;
-  for (size_t i = 0; i < probs.size(); ++i) {
-    cum += probs[i];
-    if (u < cum) return order[i];
+  for (const auto& [token, p] : dist) {
+    cum += p;
+    if (u < cum) return token;
   }
-  return order.back();
+  return dist.back().first;
 }
 
 }  // namespace strata

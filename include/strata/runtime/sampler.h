@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 #include <random>
+#include <utility>
+#include <vector>
 
 namespace strata {
 
@@ -16,6 +18,12 @@ struct SamplingParams {
 
   bool greedy() const { return temperature <= 0.0f || top_k == 1; }
 };
+
+// The distribution sample() draws from: temperature, then top-k, then top-p, then softmax, as
+// transformers' TemperatureLogitsWarper, TopKLogitsWarper and TopPLogitsWarper. Returns
+// (token, probability) pairs, most probable first; probabilities sum to 1.
+std::vector<std::pair<int32_t, double>> sampling_distribution(const float* logits, int64_t vocab,
+                                                              const SamplingParams& params);
 
 class Sampler {
 public:

@@ -1,0 +1,138 @@
+// `strata run` and `strata tokenize` as a user runs them: the real binary, real files.
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code;
+  std::string output;  // stdout and stderr together
+};
+
+Result run_strata(const std::string& args) {
+  const std::string cmd = std::string(STRATA_BINARY) + " " + args + " 2>&1";
+  Result r{0, {}};
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+fs::path temp_dir() {
+  const fs::path d = fs::temp_directory_path() / ("strata_cli_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+const std::string kModels = std::string(STRATA_FIXTURES_DIR) + "/models";
+
+}  // namespace
+
+TEST_CASE("strata run writes Hugging Face's greedy completions for a JSONL file", "[cli]") {
+  std::ifstream fin(kModels + "/tiny-llama-cli.json");
+  const json fx = json::parse(fin);
+  const fs::path prompts = temp_dir() / "prompts.jsonl", out = temp_dir() / "out.jsonl";
+  {
+    std::ofstream f(prompts);
+    for (const json& c : fx["cases"]) f << json{{"id", c["id"]}, {"prompt", c["prompt"]}}.dump() << "\n";
+  }
+  fs::remove(out);
+  const Result r = run_strata("run --model " + kModels + "/tiny-llama --prompts " + prompts.string() + " --out " +
+                              out.string() + " --device cpu --batch-size 2 --max-new-tokens 16");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("prompts: 3"));
+  CHECK_THAT(r.output, Catch::Contains("tok/s"));
+  std::ifstream in(out);
+  std::string line;
+  size_t i = 0;
+  while (std::getline(in, line)) {
+    const json got = json::parse(line), want = fx["cases"][i++];
+    CHECK(got["id"] == want["id"]);
+    CHECK(got["tokens"] == want["greedy"]);
+    CHECK(got["completion"] == want["completion"]);
+    CHECK(got["prompt_tokens"] == want["prompt_ids"].size());
+    CHECK(got["completion_tokens"] == want["greedy"].size());
+    const bool eos = want["greedy"].back() == fx["eos"];
+    CHECK(got["finish_reason"] == (eos ? "eos" : "length"));
+  }
+  CHECK(i == fx["cases"].size());
+  CHECK_FALSE(fs::exists(out.string() + ".partial"));
+}
+
+TEST_CASE("strata run rejects bad input before writing anything", "[cli]") {
+  const fs::path prompts = temp_dir() / "bad.jsonl", out = temp_dir() / "bad_out.jsonl";
+  std::ofstream(prompts) << "{\"id\": 1, \"prompt\": \"fine\"}\n{\"id\": 2, \"prompt\": [\"not a string\"]}\n";
+  fs::remove(out);
+  Result r = run_strata("run --model " + kModels + "/tiny-opt --prompts " + prompts.string() + " --out " + out.string() +
+                        " --device cpu");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("bad.jsonl:2: field 'prompt' must be a string"));
+  CHECK_FALSE(fs::exists(out));
+  CHECK_FALSE(fs::exists(out.string() + ".partial"));
+
+  r = run_strata("run --model /nonexistent/model --prompts " + prompts.string() + " --out " + out.string());
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("model '/nonexistent/model' not found"));
+
+  r = run_strata("run --model dummy:opt-9b --prompts " + prompts.string() + " --out " + out.string());
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("unknown preset 'opt-9b'"));
+}
+
+TEST_CASE("strata run with a truncated weights file fails naming the file", "[cli]") {
+  const fs::path dir = temp_dir() / "truncated-model";
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "tokenizer.json"}) fs::copy_file(kModels + "/tiny-opt/" + f, dir / f, fs::copy_options::overwrite_existing);
+  fs::copy_file(kModels + "/tiny-opt/model.safetensors", dir / "model.safetensors", fs::copy_options::overwrite_existing);
+  fs::resize_file(dir / "model.safetensors", fs::file_size(dir / "model.safetensors") / 2);
+  const fs::path prompts = temp_dir() / "one.jsonl", out = temp_dir() / "trunc_out.jsonl";
+  std::ofstream(prompts) << "{\"id\": 1, \"prompt\": \"hi\"}\n";
+  const Result r = run_strata("run --model " + dir.string() + " --prompts " + prompts.string() + " --out " + out.string() +
+                              " --device cpu");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("model.safetensors"));
+  CHECK_FALSE(fs::exists(out));
+}
+
+TEST_CASE("strata run on a dummy preset needs no files", "[cli]") {
+  const fs::path prompts = temp_dir() / "dummy.jsonl", out = temp_dir() / "dummy_out.jsonl";
+  std::ofstream(prompts) << "{\"id\": \"a\", \"prompt\": \"hello\", \"max_new_tokens\": 3, \"ignore_eos\": true}\n";
+  const Result r = run_strata("run --model dummy:opt-125m --prompts " + prompts.string() + " --out " + out.string() +
+                              " --device cpu");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  std::ifstream in(out);
+  std::string line;
+  REQUIRE(std::getline(in, line));
+  CHECK(json::parse(line)["completion_tokens"] == 3);
+}
+
+TEST_CASE("strata tokenize prints Hugging Face's ids and decodes them back", "[cli]") {
+  const std::string dir = std::string(STRATA_SHARED_DIR) + "/data/gpt2-tokenizer";
+  if (!fs::exists(dir)) {
+    WARN("no " << dir << ": skipped");
+    return;
+  }
+  // GPT-2 ids from Hugging Face tokenizers for "Hello world!".
+  Result r = run_strata("tokenize --model " + dir + " --text 'Hello world!'");
+  CHECK(r.code == 0);
+  CHECK(r.output == "[15496,995,0]\n");
+  r = run_strata("tokenize --model " + dir + " --decode '[15496,995,0]'");
+  CHECK(r.code == 0);
+  CHECK(r.output == "Hello world!\n");
+  r = run_strata("tokenize --model " + dir + " --decode '[1, \"x\"]'");
+  CHECK(r.code != 0);
+}

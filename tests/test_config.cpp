@@ -1,0 +1,89 @@
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "strata/core/error.h"
+#include "strata/model/config.h"
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+namespace {
+fs::path write_config(const std::string& text) {
+  const fs::path dir = fs::temp_directory_path() / ("strata_cfg_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << text;
+  return dir / "config.json";
+}
+const std::string kFixtures = STRATA_FIXTURES_DIR;
+}  // namespace
+
+TEST_CASE("config.json of each architecture maps onto ModelConfig", "[config]") {
+  const ModelConfig opt = config_from_hf_json(kFixtures + "/models/tiny-opt/config.json");
+  CHECK(opt.arch == Arch::OPT);
+  CHECK(opt.hidden == 72);
+  CHECK(opt.head_dim == 24);
+  CHECK(opt.pos == PosKind::Learned);
+  CHECK(opt.pos_offset == 2);
+  CHECK(opt.norm == NormKind::LayerNorm);
+  CHECK(opt.tied_embeddings);
+  CHECK(opt.qkv_bias);
+
+  const ModelConfig llama = config_from_hf_json(kFixtures + "/models/tiny-llama/config.json");
+  CHECK(llama.arch == Arch::Llama);
+  CHECK(llama.n_heads == 6);
+  CHECK(llama.n_kv_heads == 2);
+  CHECK(llama.head_dim == 20);
+  CHECK_FALSE(llama.tied_embeddings);
+  CHECK_FALSE(llama.qkv_bias);
+
+  const ModelConfig qwen = config_from_hf_json(kFixtures + "/models/tiny-qwen2/config.json");
+  CHECK(qwen.qkv_bias);
+  CHECK_FALSE(qwen.o_bias);
+  CHECK(qwen.tied_embeddings);
+
+  const ModelConfig l3 = config_from_hf_json(kFixtures + "/models/tiny-llama3/config.json");
+  REQUIRE(l3.rope_scaling.has_value());
+  CHECK(l3.rope_scaling->factor == 8.0f);
+  CHECK(l3.n_kv_heads == 1);
+  CHECK(l3.rope_theta == 500000.0f);
+}
+
+TEST_CASE("preset parameter counts equal the published model sizes", "[config]") {
+  // Counts of the Hugging Face checkpoints (facebook/opt-*, meta-llama/Meta-Llama-3-8B).
+  CHECK(config_preset("opt-125m")->param_count() == 125239296);
+  CHECK(config_preset("opt-6.7b")->param_count() == 6658473984);
+  CHECK(config_preset("llama-3-8b")->param_count() == 8030261248);
+  CHECK_FALSE(config_preset("opt-7b").has_value());
+  for (const std::string& name : config_preset_names()) CHECK_NOTHROW(config_preset(name)->validate());
+}
+
+TEST_CASE("unsupported variants are refused by name", "[config]") {
+  CHECK_THROWS_WITH(config_from_hf_json(write_config(R"({"model_type":"opt","hidden_size":1024,"ffn_dim":4096,
+      "num_hidden_layers":24,"num_attention_heads":16,"max_position_embeddings":2048,"vocab_size":50272,
+      "word_embed_proj_dim":512,"do_layer_norm_before":false})")),
+                    Catch::Contains("word_embed_proj_dim 512"));
+  CHECK_THROWS_WITH(config_from_hf_json(write_config(R"({"model_type":"gpt2"})")),
+                    Catch::Contains("model_type 'gpt2' is not supported"));
+  CHECK_THROWS_WITH(config_from_hf_json(write_config(R"({"model_type":"llama","hidden_size":64,"num_hidden_layers":2,
+      "num_attention_heads":4,"vocab_size":100})")),
+                    Catch::Contains("intermediate_size"));
+  CHECK_THROWS_WITH(config_from_hf_json(write_config(R"({"model_type":"llama","hidden_size":64,"intermediate_size":8,
+      "num_hidden_layers":2,"num_attention_heads":6,"num_key_value_heads":4,"vocab_size":100})")),
+                    Catch::Contains("not a multiple"));
+  CHECK_THROWS_WITH(config_from_hf_json(write_config("{not json")), Catch::Contains("invalid JSON"));
+  CHECK_THROWS_WITH(config_from_hf_json("/nonexistent/config.json"), Catch::Contains("cannot open"));
+}
+
+TEST_CASE("llama3 RoPE scaling matches the transformers formula", "[config]") {
+  ModelConfig c = *config_preset("llama-3.1-8b");
+  const std::vector<float> inv = rope_inv_freq(c);
+  REQUIRE(inv.size() == 64);
+  // transformers 5.23 ROPE_INIT_FUNCTIONS["llama3"] for Llama-3.1-8B's settings (float32):
+  // index 20 is a high frequency (unchanged), 40 and 45 are in the blended band, 63 is divided by 8.
+  CHECK(inv[0] == Approx(1.0f).epsilon(1e-6));
+  CHECK(inv[20] == Approx(0.016560440883040428).epsilon(1e-5));
+  CHECK(inv[40] == Approx(3.428102354519069e-05).epsilon(1e-5));
+  CHECK(inv[45] == Approx(1.2297638932068367e-05).epsilon(1e-5));
+  CHECK(inv[63] == Approx(3.068925877869333e-07).epsilon(1e-5));
+}
