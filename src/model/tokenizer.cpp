@@ -1,0 +1,329 @@
+// Byte-level BPE encode/decode (the loaders are in tokenizer_load.cpp). Mirrors Hugging Face
+// tokenizers: added tokens are split out first (leftmost-longest, with lstrip/rstrip/single_word),
+// then each remaining piece goes through the split regexes and BPE by merge rank.
+#include "strata/model/tokenizer.h"
+
+#include <algorithm>
+#include <mutex>
+#include <queue>
+
+#include "strata/core/error.h"
+#include "tokenizer_impl.h"
+#include "tokenizer_unicode.h"
+
+namespace strata {
+
+namespace {
+
+constexpr size_t kMaxCachedWords = 1 << 16;  // bounds memory on adversarial input
+
+uint64_t pair_key(int left, int right) { return (uint64_t(uint32_t(left)) << 32) | uint32_t(right); }
+
+// HF's ByteLevel decoder: a token whose characters all come from the byte-to-unicode table
+// becomes those bytes; any other token (e.g. an added "<|im start|>" with a real space) stays
+// as its own UTF-8.
+std::string token_to_bytes(const std::string& token) {
+  std::string bytes;
+  for (size_t pos = 0; pos < token.size();) {
+    int b = tok::unicode_to_byte(tok::next_code_point(token, pos));
+    if (b < 0) return token;
+    bytes += char(b);
+  }
+  return bytes;
+}
+
+size_t prev_code_point_start(std::string_view s, size_t pos) {
+  do --pos;
+  while (pos > 0 && (static_cast<unsigned char>(s[pos]) & 0xC0) == 0x80);
+  return pos;
+}
+
+char32_t code_point_at(std::string_view s, size_t pos) { return tok::next_code_point(s, pos); }
+
+// A stretch of the input: an added token (id >= 0) or text still to pre-tokenize (id < 0).
+struct Piece {
+  std::string_view text;
+  int id = -1;
+};
+
+// One pass of HF's AddedVocabulary::find_matches over `text`, for the tokens whose `normalized`
+// flag equals `normalized_pass` (HF matches unnormalized tokens first, then normalized ones).
+void split_on_added(const TokenizerModel& m, std::string_view text, bool normalized_pass, std::vector<Piece>& out) {
+  size_t start_offset = 0;  // end of the previous accepted match
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const AddedTokenRule* hit = nullptr;
+    for (int idx : m.added_by_first_byte[static_cast<unsigned char>(text[pos])]) {
+      const AddedTokenRule& rule = m.added[idx];
+      if (rule.normalized == normalized_pass && text.substr(pos).starts_with(rule.token.content)) {
+        hit = &rule;  // candidates are sorted longest first: leftmost-longest
+        break;
+      }
+    }
+    if (hit == nullptr) {
+      ++pos;
+      continue;
+    }
+    size_t start = pos, stop = pos + hit->token.content.size();
+    pos = stop;  // the automaton consumes the match even when single_word rejects it
+    if (hit->single_word) {
+      bool space_before = start == 0 || !tok::is_alphanumeric(code_point_at(text, prev_code_point_start(text, start)));
+      bool space_after = stop == text.size() || !tok::is_alphanumeric(code_point_at(text, stop));
+      if (!space_before || !space_after) continue;
+    }
+    if (hit->lstrip) {
+      size_t new_start = start;
+      while (new_start > 0) {
+        size_t p = prev_code_point_start(text, new_start);
+        if (!tok::is_unicode_whitespace(code_point_at(text, p))) break;
+        new_start = p;
+      }
+      start = std::max(new_start, start_offset);  // an earlier match may own those spaces
+    }
+    if (hit->rstrip) {
+      while (stop < text.size()) {
+        size_t p = stop;
+        if (!tok::is_unicode_whitespace(tok::next_code_point(text, p))) break;
+        stop = p;
+      }
+      pos = stop;
+    }
+    if (start_offset < start) out.push_back({text.substr(start_offset, start - start_offset), -1});
+    out.push_back({text.substr(start, stop - start), hit->token.id});
+    start_offset = stop;
+  }
+  if (start_offset < text.size()) out.push_back({text.substr(start_offset), -1});
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Construction
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+void TokenizerModel::add_merge(const std::string& left, const std::string& right, int rank, const std::string& where) {
+  auto find = [&](const std::string& token) {
+    auto it = vocab_ids.find(token);
+    if (it == vocab_ids.end()) {
+      STRATA_FAIL(source << ": " << where << " '" << left << " " << right << "' refers to token '" << token
+                         << "' which is not in the vocab");
+    }
+    return it->second;
+  };
+  int a = find(left), b = find(right);
+  int merged = find(left + right);
+  merges.insert_or_assign(pair_key(a, b), Merge{rank, merged});  // a later duplicate wins, as in HF
+}
+
+void TokenizerModel::finish() {
+  for (int b = 0; b < 256; ++b) {
+    auto it = vocab_ids.find(tok::byte_to_unicode()[b]);
+    byte_ids[b] = it == vocab_ids.end() ? -1 : it->second;
+  }
+  size_t n_ids = vocab.size();
+  for (const auto& rule : added) n_ids = std::max(n_ids, size_t(rule.token.id) + 1);
+  id_bytes.assign(n_ids, {});
+  id_special.assign(n_ids, 0);
+  for (size_t id = 0; id < vocab.size(); ++id) id_bytes[id] = bytes_only ? vocab[id] : token_to_bytes(vocab[id]);
+  for (size_t i = 0; i < added.size(); ++i) {
+    const AddedToken& t = added[i].token;
+    STRATA_CHECK(t.id >= 0, source << ": added token '" << t.content << "' has a negative id " << t.id);
+    id_bytes[t.id] = token_to_bytes(t.content);  // the added vocabulary wins over the model's
+    id_special[t.id] = t.special;
+    added_ids[t.content] = t.id;
+    if (t.content.empty()) continue;  // HF never matches an empty added token
+    added_by_first_byte[static_cast<unsigned char>(t.content[0])].push_back(int(i));
+    (added[i].normalized ? has_normalized_added : has_unnormalized_added) = true;
+  }
+  for (auto& candidates : added_by_first_byte) {
+    std::stable_sort(candidates.begin(), candidates.end(),
+                     [&](int a, int b) { return added[a].token.content.size() > added[b].token.content.size(); });
+  }
+}
+
+Tokenizer Tokenizer::bytes_only() {
+  auto m = std::make_unique<Impl>();
+  m->source = "bytes_only";
+  m->bytes_only = true;
+  for (int b = 0; b < 256; ++b) m->vocab.push_back(std::string(1, char(b)));
+  m->finish();
+  return Tokenizer(std::move(m));
+}
+
+Tokenizer Tokenizer::from_parts(std::vector<std::string> tokens, const std::vector<std::string>& merges,
+                                std::vector<AddedToken> added, PreTokenizer pre, bool ignore_merges) {
+  auto m = std::make_unique<Impl>();
+  m->source = "tokenizer from parts";
+  m->vocab = std::move(tokens);
+  for (size_t id = 0; id < m->vocab.size(); ++id) m->vocab_ids.emplace(m->vocab[id], int(id));
+  for (size_t i = 0; i < merges.size(); ++i) {
+    size_t space = merges[i].find(' ');
+    if (space == std::string::npos) STRATA_FAIL(m->source << ": merge " << i << " '" << merges[i] << "' has no space");
+    m->add_merge(merges[i].substr(0, space), merges[i].substr(space + 1), int(i), "merge " + std::to_string(i));
+  }
+  for (auto& t : added) m->added.push_back(AddedTokenRule{std::move(t)});
+  m->splits.emplace_back(pre == PreTokenizer::GPT2 ? tok::kGpt2Pattern : tok::kLlama3Pattern, false, m->source);
+  m->ignore_merges = ignore_merges;
+  m->finish();
+  return Tokenizer(std::move(m));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoding
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  const Impl& m = *impl_;
+  std::vector<int32_t> ids;
+  if (m.bytes_only) {
+    for (unsigned char c : text) ids.push_back(c);
+    return ids;
+  }
+  if (size_t bad = tok::find_invalid_utf8(text); bad != std::string_view::npos) {
+    STRATA_FAIL("tokenizer (" << m.source << "): input text is not valid UTF-8 (bad byte 0x" << std::hex
+                              << int(static_cast<unsigned char>(text[bad])) << std::dec << " at offset " << bad << ")");
+  }
+  std::vector<Piece> pieces{{text, -1}};
+  for (bool normalized_pass : {false, true}) {
+    if (!(normalized_pass ? m.has_normalized_added : m.has_unnormalized_added)) continue;
+    std::vector<Piece> next;
+    for (const Piece& p : pieces) {
+      if (p.id >= 0) next.push_back(p);
+      else split_on_added(m, p.text, normalized_pass, next);
+    }
+    pieces = std::move(next);
+  }
+  for (const Piece& p : pieces) {
+    if (p.id >= 0) ids.push_back(p.id);
+    else m.encode_piece(p.text, ids);
+  }
+  return ids;
+}
+
+void TokenizerModel::encode_piece(std::string_view text, std::vector<int32_t>& out) const {
+  std::vector<std::string_view> words{text}, next;
+  for (const auto& re : splits) {
+    next.clear();
+    for (std::string_view w : words) re.split_isolated(w, next);
+    words.swap(next);
+  }
+  std::string prefixed;
+  for (std::string_view w : words) {
+    if (w.empty()) continue;
+    if (add_prefix_space && w[0] != ' ') {
+      prefixed = " " + std::string(w);
+      w = prefixed;
+    }
+    if (!byte_level_split) {
+      bpe_word(w, out);
+      continue;
+    }
+    next.clear();
+    byte_level_split->split_isolated(w, next);
+    for (std::string_view sub : next) bpe_word(sub, out);
+  }
+}
+
+void TokenizerModel::bpe_word(std::string_view bytes, std::vector<int32_t>& out) const {
+  std::string key(bytes);
+  {
+    std::shared_lock lock(cache_mutex);
+    if (auto it = cache.find(key); it != cache.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<int32_t> result;
+  if (auto it = ignore_merges ? vocab_ids.find(tok::bytes_to_unicode_string(bytes)) : vocab_ids.end();
+      it != vocab_ids.end()) {
+    result.push_back(it->second);
+  } else {
+    // Symbols form a linked list; a min-heap of candidate pairs ordered by (rank, position)
+    // applies the lowest-rank merge first, leftmost on ties, exactly as HF's Word::merge_all.
+    struct Symbol {
+      int id, prev, next;
+      bool alive;
+    };
+    std::vector<Symbol> sym;
+    sym.reserve(bytes.size());
+    for (unsigned char b : bytes) {
+      int id = byte_ids[b];
+      if (id < 0) {
+        if (unk_id < 0) continue;  // HF without unk_token silently drops it
+        if (fuse_unk && !sym.empty() && sym.back().id == unk_id) continue;
+        id = unk_id;
+      }
+      int i = int(sym.size());
+      sym.push_back({id, i - 1, -1, true});
+      if (i > 0) sym[i - 1].next = i;
+    }
+    struct Candidate {
+      int rank, pos, new_id;
+      bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+    auto push_pair = [&](int pos) {
+      if (pos < 0 || sym[pos].next < 0) return;
+      auto it = merges.find(pair_key(sym[pos].id, sym[sym[pos].next].id));
+      if (it != merges.end()) heap.push({it->second.rank, pos, it->second.new_id});
+    };
+    for (int i = 0; i + 1 < int(sym.size()); ++i) push_pair(i);
+    while (!heap.empty()) {
+      Candidate c = heap.top();
+      heap.pop();
+      Symbol& left = sym[c.pos];
+      if (!left.alive || left.next < 0) continue;
+      auto it = merges.find(pair_key(left.id, sym[left.next].id));
+      if (it == merges.end() || it->second.new_id != c.new_id) continue;  // stale candidate
+      Symbol& right = sym[left.next];
+      right.alive = false;
+      left.id = c.new_id;
+      left.next = right.next;
+      if (left.next >= 0) sym[left.next].prev = c.pos;
+      push_pair(left.prev);
+      push_pair(c.pos);
+    }
+    for (const Symbol& s : sym) {
+      if (s.alive) result.push_back(s.id);
+    }
+  }
+  out.insert(out.end(), result.begin(), result.end());
+  std::unique_lock lock(cache_mutex);
+  if (cache.size() < kMaxCachedWords) cache.emplace(std::move(key), std::move(result));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding and lookups
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
+  const Impl& m = *impl_;
+  std::string bytes;
+  for (int32_t id : ids) {
+    if (id < 0 || size_t(id) >= m.id_bytes.size()) continue;  // HF skips ids it does not know
+    if (skip_special && m.id_special[id]) continue;
+    bytes += m.id_bytes[id];
+  }
+  return tok::utf8_decode_lossy(bytes);
+}
+
+int Tokenizer::vocab_size() const { return int(impl_->id_bytes.size()); }
+
+std::optional<int> Tokenizer::token_id(std::string_view token) const {
+  std::string key(token);
+  if (auto it = impl_->added_ids.find(key); it != impl_->added_ids.end()) return it->second;
+  if (impl_->bytes_only) {
+    if (token.size() == 1) return static_cast<unsigned char>(token[0]);
+    return std::nullopt;
+  }
+  if (auto it = impl_->vocab_ids.find(key); it != impl_->vocab_ids.end()) return it->second;
+  return std::nullopt;
+}
+
+bool Tokenizer::is_special(int id) const {
+  return id >= 0 && size_t(id) < impl_->id_special.size() && impl_->id_special[id];
+}
+
+}  // namespace strata

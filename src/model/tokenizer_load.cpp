@@ -1,0 +1,239 @@
+// Loading the tokenizer from Hugging Face files: tokenizer.json, or GPT-2's vocab.json + merges.txt.
+// Anything that would make encode() disagree with Hugging Face is refused with the file and field.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "strata/core/error.h"
+#include "tokenizer_impl.h"
+
+namespace strata {
+
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string read_file(const fs::path& file) {
+  if (!fs::exists(file)) STRATA_FAIL("tokenizer file " << file << " does not exist");
+  std::ifstream in(file, std::ios::binary);
+  if (!in) STRATA_FAIL("cannot open tokenizer file " << file);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+json parse_json(const fs::path& file) {
+  std::string text = read_file(file);
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    STRATA_FAIL("tokenizer file " << file << " is not valid JSON: " << e.what());
+  }
+}
+
+// vocab: {"token": id, ...}; ids may leave holes, which stay empty strings.
+void load_vocab(const json& vocab, TokenizerModel& m, const std::string& where) {
+  if (!vocab.is_object()) STRATA_FAIL(m.source << ": " << where << " is not a JSON object of token -> id");
+  for (const auto& [token, id_json] : vocab.items()) {
+    if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 || id_json.get<int64_t>() > (1 << 30)) {
+      STRATA_FAIL(m.source << ": " << where << " gives token '" << token << "' the id " << id_json.dump()
+                           << "; ids must be non-negative integers");
+    }
+    auto id = id_json.get<size_t>();
+    if (m.vocab.size() <= id) m.vocab.resize(id + 1);
+    m.vocab[id] = token;
+    m.vocab_ids[token] = int(id);
+  }
+}
+
+void add_merge_line(TokenizerModel& m, const std::string& line, int rank, const std::string& where) {
+  size_t space = line.find(' ');
+  if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
+    STRATA_FAIL(m.source << ": " << where << " '" << line << "' is not two tokens separated by one space");
+  }
+  m.add_merge(line.substr(0, space), line.substr(space + 1), rank, where);
+}
+
+void load_merges(const json& merges, TokenizerModel& m) {
+  if (!merges.is_array()) STRATA_FAIL(m.source << ": model.merges is not an array");
+  for (size_t i = 0; i < merges.size(); ++i) {
+    std::string where = "model.merges[" + std::to_string(i) + "]";
+    const json& merge = merges[i];
+    if (merge.is_string()) {
+      add_merge_line(m, merge.get<std::string>(), int(i), where);  // legacy "a b" form
+    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
+      m.add_merge(merge[0].get<std::string>(), merge[1].get<std::string>(), int(i), where);
+    } else {
+      STRATA_FAIL(m.source << ": " << where << " is " << merge.dump() << "; expected \"a b\" or [\"a\", \"b\"]");
+    }
+  }
+}
+
+void load_added_tokens(const json& added, TokenizerModel& m) {
+  if (added.is_null()) return;
+  if (!added.is_array()) STRATA_FAIL(m.source << ": added_tokens is not an array");
+  for (size_t i = 0; i < added.size(); ++i) {
+    const json& a = added[i];
+    if (!a.is_object() || !a.contains("id") || !a.contains("content")) {
+      STRATA_FAIL(m.source << ": added_tokens[" << i << "] needs an \"id\" and a \"content\"");
+    }
+    AddedTokenRule rule;
+    rule.token.id = a.at("id").get<int>();
+    rule.token.content = a.at("content").get<std::string>();
+    rule.token.special = a.value("special", false);
+    rule.lstrip = a.value("lstrip", false);
+    rule.rstrip = a.value("rstrip", false);
+    rule.single_word = a.value("single_word", false);
+    rule.normalized = a.value("normalized", !rule.token.special);  // HF's default
+    m.added.push_back(std::move(rule));
+  }
+}
+
+std::string type_of(const json& j) { return j.is_object() ? j.value("type", std::string("?")) : j.dump(); }
+
+void load_split(const json& split, TokenizerModel& m, const std::string& where) {
+  const json& pattern = split.at("pattern");
+  bool literal = false;
+  std::string text;
+  if (pattern.contains("Regex")) {
+    text = pattern.at("Regex").get<std::string>();
+  } else if (pattern.contains("String")) {
+    text = pattern.at("String").get<std::string>();
+    literal = true;
+  } else {
+    STRATA_FAIL(m.source << ": " << where << ".pattern is " << pattern.dump() << "; expected {\"Regex\": ...} or {\"String\": ...}");
+  }
+  std::string behavior = split.value("behavior", std::string("Isolated"));
+  if (behavior != "Isolated") {
+    STRATA_FAIL(m.source << ": " << where << ".behavior is '" << behavior << "'; only 'Isolated' is supported");
+  }
+  if (split.value("invert", false)) STRATA_FAIL(m.source << ": " << where << ".invert is true; only false is supported");
+  m.splits.emplace_back(text, literal, m.source + ": " + where + ".pattern");
+}
+
+void load_byte_level(const json& bl, TokenizerModel& m) {
+  m.add_prefix_space = bl.value("add_prefix_space", false);
+  if (bl.value("use_regex", true)) m.byte_level_split = std::make_unique<tok::SplitRegex>(tok::kGpt2Pattern, false, m.source);
+}
+
+// ByteLevel(use_regex=true), or Sequence[Split..., ByteLevel]: what GPT-2, LLaMA-3 and Qwen2 use.
+void load_pre_tokenizer(const json& pre, TokenizerModel& m) {
+  const char* expected = "; expected ByteLevel, or a Sequence of Split(Isolated) steps ending in ByteLevel";
+  std::string type = type_of(pre);
+  if (type == "ByteLevel") {
+    load_byte_level(pre, m);
+    return;
+  }
+  if (type != "Sequence") STRATA_FAIL(m.source << ": pre_tokenizer.type is '" << type << "'" << expected);
+  const json& steps = pre.at("pretokenizers");
+  for (size_t i = 0; i < steps.size(); ++i) {
+    std::string where = "pre_tokenizer.pretokenizers[" + std::to_string(i) + "]";
+    std::string step = type_of(steps[i]);
+    bool last = i + 1 == steps.size();
+    if (step == "Split" && !last) {
+      load_split(steps[i], m, where);
+    } else if (step == "ByteLevel" && last) {
+      load_byte_level(steps[i], m);
+    } else {
+      STRATA_FAIL(m.source << ": " << where << ".type is '" << step << "'" << expected);
+    }
+  }
+  if (steps.empty() || type_of(steps.back()) != "ByteLevel") {
+    STRATA_FAIL(m.source << ": pre_tokenizer is a Sequence without a final ByteLevel" << expected);
+  }
+}
+
+void check_model_options(const json& model, TokenizerModel& m) {
+  std::string type = model.value("type", std::string(model.contains("merges") ? "BPE" : "?"));
+  if (type != "BPE") STRATA_FAIL(m.source << ": model.type is '" << type << "'; only byte-level BPE is supported");
+  if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0) {
+    STRATA_FAIL(m.source << ": model.dropout is " << model["dropout"].dump() << "; BPE dropout is not supported");
+  }
+  for (const char* field : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    if (model.contains(field) && !model[field].is_null() && !model[field].get<std::string>().empty()) {
+      STRATA_FAIL(m.source << ": model." << field << " is " << model[field].dump() << "; byte-level BPE needs none");
+    }
+  }
+  m.ignore_merges = model.value("ignore_merges", false);
+  m.fuse_unk = model.value("fuse_unk", false);
+}
+
+void check_normalizer_and_decoder(const json& j, TokenizerModel& m) {
+  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+    const json& n = j["normalizer"];
+    bool empty_sequence = type_of(n) == "Sequence" && n.value("normalizers", json::array()).empty();
+    if (!empty_sequence) STRATA_FAIL(m.source << ": normalizer.type is '" << type_of(n) << "'; normalizers are not supported");
+  }
+  if (j.contains("decoder") && !j["decoder"].is_null() && type_of(j["decoder"]) != "ByteLevel") {
+    STRATA_FAIL(m.source << ": decoder.type is '" << type_of(j["decoder"]) << "'; only ByteLevel is supported");
+  }
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_tokenizer_json(const fs::path& file) {
+  json j = parse_json(file);
+  auto m = std::make_unique<Impl>();
+  m->source = file.string();
+  try {
+    if (!j.is_object() || !j.contains("model")) STRATA_FAIL(m->source << ": no \"model\" field");
+    const json& model = j["model"];
+    check_model_options(model, *m);
+    if (!model.contains("vocab")) STRATA_FAIL(m->source << ": no model.vocab field");
+    if (!model.contains("merges")) STRATA_FAIL(m->source << ": no model.merges field");
+    load_vocab(model["vocab"], *m, "model.vocab");
+    load_merges(model["merges"], *m);
+    if (model.contains("unk_token") && model["unk_token"].is_string()) {
+      auto it = m->vocab_ids.find(model["unk_token"].get<std::string>());
+      if (it == m->vocab_ids.end()) STRATA_FAIL(m->source << ": model.unk_token " << model["unk_token"].dump() << " is not in the vocab");
+      m->unk_id = it->second;
+    }
+    check_normalizer_and_decoder(j, *m);
+    if (!j.contains("pre_tokenizer")) STRATA_FAIL(m->source << ": no pre_tokenizer field");
+    load_pre_tokenizer(j["pre_tokenizer"], *m);
+    if (j.contains("added_tokens")) load_added_tokens(j["added_tokens"], *m);
+  } catch (const json::exception& e) {
+    // A field of the wrong JSON type (e.g. a string where an id should be).
+    STRATA_FAIL(m->source << ": unexpected tokenizer.json structure: " << e.what());
+  }
+  m->finish();
+  return Tokenizer(std::move(m));
+}
+
+Tokenizer Tokenizer::from_vocab_merges(const fs::path& vocab_json, const fs::path& merges_txt) {
+  json vocab = parse_json(vocab_json);
+  auto m = std::make_unique<Impl>();
+  m->source = vocab_json.string();
+  load_vocab(vocab, *m, "the vocab");
+  m->source = merges_txt.string();
+  std::istringstream lines(read_file(merges_txt));
+  std::string line;
+  int rank = 0;
+  for (int line_no = 1; std::getline(lines, line); ++line_no) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || (line_no == 1 && line.starts_with("#version"))) continue;
+    add_merge_line(*m, line, rank++, "line " + std::to_string(line_no));
+  }
+  // GPT-2's only special token lives in vocab.json; tokenizer.json lists it as added and special.
+  if (auto it = m->vocab_ids.find("<|endoftext|>"); it != m->vocab_ids.end()) {
+    AddedTokenRule eot;
+    eot.token = {it->second, "<|endoftext|>", true};
+    m->added.push_back(eot);
+  }
+  m->byte_level_split = std::make_unique<tok::SplitRegex>(tok::kGpt2Pattern, false, m->source);
+  m->finish();
+  return Tokenizer(std::move(m));
+}
+
+Tokenizer Tokenizer::from_dir(const fs::path& dir) {
+  if (!fs::is_directory(dir)) STRATA_FAIL("tokenizer directory " << dir << " does not exist");
+  if (fs::exists(dir / "tokenizer.json")) return from_tokenizer_json(dir / "tokenizer.json");
+  if (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt")) {
+    return from_vocab_merges(dir / "vocab.json", dir / "merges.txt");
+  }
+  STRATA_FAIL("tokenizer directory " << dir << " has neither tokenizer.json nor vocab.json + merges.txt");
+}
+
+}  // namespace strata
