@@ -1,0 +1,190 @@
+// KV-cache writes and causal attention over the cache (prefill and decode alike).
+//
+// attention_kernel: one block of kThreads per (token, query head). The scaled query sits in
+// shared memory in fp32; keys [0, positions[t]] of the token's slot are visited in tiles of
+// kTile with an online softmax (running max m and denominator l, both fp32). Per tile: a warp
+// per key computes the score (lanes across the head dimension, kKeyUnroll keys in flight), the
+// block agrees on the tile max, the scores become exp(s - m_new), and each thread rescales and
+// accumulates the output dimensions it owns. Head dims up to kMaxHeadDim; half2 loads when the
+// head dim is even and the pointers are 4-byte aligned.
+#include <cmath>
+#include <cstdint>
+
+#include "cuda_common.h"
+#include "device_utils.cuh"
+#include "kernels.h"
+
+namespace strata::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTile = 64;
+constexpr int kKeyUnroll = 4;
+constexpr int kUnitsPerThread = kMaxHeadDim / kThreads;  // output elements (or pairs) per thread
+
+__global__ void kv_store_kernel(const KvStoreParams p) {
+  const int64_t t = blockIdx.x;
+  const int slot = p.slots[t];
+  const int pos = p.positions[t];
+  if (slot < 0 || slot >= p.slot_count || pos < 0 || pos >= p.capacity) return;  // validated by callers
+  const int64_t dst = (int64_t(slot) * p.capacity + pos) * p.row;
+  const int64_t src = t * p.row;
+  for (int64_t i = threadIdx.x; i < p.row; i += blockDim.x) {
+    p.cache_k[dst + i] = p.k[src + i];
+    p.cache_v[dst + i] = p.v[src + i];
+  }
+}
+
+template <bool kPairs>
+__global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionParams p) {
+  constexpr int kVec = kPairs ? 2 : 1;
+  __shared__ float q_s[kMaxHeadDim];
+  __shared__ float p_s[kTile];
+  __shared__ float tile_max_s[kWarps];
+
+  const int64_t t = blockIdx.x;
+  const int head = blockIdx.y;
+  const int d = p.head_dim;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  __half* out = p.out + t * p.q_token_stride + int64_t(head) * d;
+  const int slot = p.slots[t];
+  const int pos = p.positions[t];
+  if (slot < 0 || slot >= p.slot_count || pos < 0 || pos >= p.capacity) {  // uniform over the block
+    for (int i = threadIdx.x; i < d; i += kThreads) out[i] = __float2half_rn(NAN);
+    return;
+  }
+  const int kv_head = head / (p.heads / p.kv_heads);
+  const __half* q = p.q + t * p.q_token_stride + int64_t(head) * d;
+  for (int i = threadIdx.x; i < d; i += kThreads) q_s[i] = __half2float(q[i]) * p.scale;
+  const int64_t base = int64_t(slot) * p.kv_slot_stride + int64_t(kv_head) * d;
+  const __half* kb = p.cache_k + base;
+  const __half* vb = p.cache_v + base;
+  __syncthreads();
+
+  const int units = d / kVec;
+  float m_run = -INFINITY;
+  float l_part = 0.0f;  // this thread's share of the softmax denominator, reduced at the end
+  float acc[kUnitsPerThread][kVec];
+#pragma unroll
+  for (int c = 0; c < kUnitsPerThread; ++c)
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc[c][e] = 0.0f;
+
+  const int n_keys = pos + 1;
+  for (int start = 0; start < n_keys; start += kTile) {
+    const int n = min(kTile, n_keys - start);
+
+    // 1. Scores of this tile's keys into p_s; each warp tracks the max of its keys.
+    float wmax = -INFINITY;
+    for (int j0 = warp; j0 < n; j0 += kWarps * kKeyUnroll) {
+      float s[kKeyUnroll];
+#pragma unroll
+      for (int r = 0; r < kKeyUnroll; ++r) {
+        const int j = j0 + r * kWarps;
+        s[r] = 0.0f;
+        if (j < n) {
+          const __half* krow = kb + int64_t(start + j) * p.kv_pos_stride;
+          for (int u = lane; u < units; u += 32) {
+            if constexpr (kPairs) {
+              const float2 kf = __half22float2(reinterpret_cast<const __half2*>(krow)[u]);
+              s[r] += q_s[2 * u] * kf.x + q_s[2 * u + 1] * kf.y;
+            } else {
+              s[r] += q_s[u] * __half2float(krow[u]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kKeyUnroll; ++r) {
+        const float sr = warp_sum(s[r]);  // j < n is uniform over the warp
+        const int j = j0 + r * kWarps;
+        if (j < n) {
+          if (lane == 0) p_s[j] = sr;
+          wmax = fmaxf(wmax, sr);
+        }
+      }
+    }
+    if (lane == 0) tile_max_s[warp] = wmax;
+    __syncthreads();
+
+    // 2. Online softmax update: scores become weights exp(s - m_new); old sums rescale by alpha.
+    float m_tile = tile_max_s[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) m_tile = fmaxf(m_tile, tile_max_s[w]);
+    const float m_new = fmaxf(m_run, m_tile);
+    const float alpha = expf(m_run - m_new);  // 0 on the first tile (m_run = -inf)
+    l_part *= alpha;
+    for (int j = threadIdx.x; j < n; j += kThreads) {
+      const float e = expf(p_s[j] - m_new);
+      p_s[j] = e;
+      l_part += e;
+    }
+    __syncthreads();
+
+    // 3. Output: each thread owns units threadIdx.x + c * kThreads (coalesced over the values).
+#pragma unroll
+    for (int c = 0; c < kUnitsPerThread; ++c) {
+      const int u = threadIdx.x + c * kThreads;
+      if (u >= units) continue;
+      float a0 = acc[c][0] * alpha;
+      float a1 = kPairs ? acc[c][kVec - 1] * alpha : 0.0f;
+#pragma unroll 8
+      for (int j = 0; j < n; ++j) {
+        const __half* vrow = vb + int64_t(start + j) * p.kv_pos_stride;
+        const float w = p_s[j];
+        if constexpr (kPairs) {
+          const float2 vf = __half22float2(reinterpret_cast<const __half2*>(vrow)[u]);
+          a0 += w * vf.x;
+          a1 += w * vf.y;
+        } else {
+          a0 += w * __half2float(vrow[u]);
+        }
+      }
+      acc[c][0] = a0;
+      if constexpr (kPairs) acc[c][kVec - 1] = a1;
+    }
+    m_run = m_new;
+    __syncthreads();  // p_s and tile_max_s are rewritten by the next tile
+  }
+
+  const float inv_l = 1.0f / block_sum(l_part);  // >= 1: the max key contributes exp(0)
+#pragma unroll
+  for (int c = 0; c < kUnitsPerThread; ++c) {
+    const int u = threadIdx.x + c * kThreads;
+    if (u >= units) continue;
+    if constexpr (kPairs) {
+      reinterpret_cast<__half2*>(out)[u] = __floats2half2_rn(acc[c][0] * inv_l, acc[c][kVec - 1] * inv_l);
+    } else {
+      out[u] = __float2half_rn(acc[c][0] * inv_l);
+    }
+  }
+}
+
+bool aligned4(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 0; }
+
+}  // namespace
+
+void launch_kv_store(const KvStoreParams& p, cudaStream_t stream) {
+  if (p.tokens == 0 || p.row == 0) return;
+  kv_store_kernel<<<dim3(unsigned(p.tokens)), row_block_threads(p.row), 0, stream>>>(p);
+  STRATA_CUDA_CHECK_LAUNCH("kv_store_kernel", stream);
+}
+
+void launch_attention(const AttentionParams& p, cudaStream_t stream) {
+  if (p.tokens == 0 || p.heads == 0 || p.head_dim == 0) return;
+  const dim3 grid(unsigned(p.tokens), unsigned(p.heads));
+  const bool pairs = p.head_dim % 2 == 0 && aligned4(p.q) && aligned4(p.cache_k) && aligned4(p.cache_v) &&
+                     aligned4(p.out);
+  if (pairs) {
+    attention_kernel<true><<<grid, kThreads, 0, stream>>>(p);
+    STRATA_CUDA_CHECK_LAUNCH("attention_kernel<pairs>", stream);
+  } else {
+    attention_kernel<false><<<grid, kThreads, 0, stream>>>(p);
+    STRATA_CUDA_CHECK_LAUNCH("attention_kernel<scalar>", stream);
+  }
+}
+
+}  // namespace strata::cuda

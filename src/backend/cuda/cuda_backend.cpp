@@ -1,0 +1,356 @@
+// The CUDA backend: fp16 activations and weights with fp32 accumulation, cuBLAS for the GEMMs
+// and our own kernels (kernels.h) for the rest, all enqueued on one non-blocking stream owned by
+// the backend. The entries here validate devices, dtypes and shapes, then call the launchers.
+#include <climits>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include "cuda_common.h"
+#include "kernels.h"
+#include "strata/backend/backend.h"
+
+namespace strata {
+namespace {
+
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // NVIDIA's recommendation for Hopper
+
+void check_tensor(const Tensor& t, DType dtype, const char* op, const char* what) {
+  STRATA_CHECK(t.device == Device::CUDA, "cuda " << op << ": " << what << " must be on the GPU");
+  STRATA_CHECK(t.dtype == dtype, "cuda " << op << ": " << what << " must be " << dtype_name(dtype) << ", got "
+                                         << dtype_name(t.dtype) << " " << t.shape_str());
+  STRATA_CHECK(t.data != nullptr || t.numel() == 0, "cuda " << op << ": " << what << " has no data");
+}
+void check_f16(const Tensor& t, const char* op, const char* what) { check_tensor(t, DType::F16, op, what); }
+void check_i32(const Tensor& t, const char* op, const char* what) { check_tensor(t, DType::I32, op, what); }
+
+const __half* f16(const Tensor& t) { return static_cast<const __half*>(t.data); }
+__half* f16_mut(const Tensor& t) { return static_cast<__half*>(t.data); }
+const int32_t* i32(const Tensor& t) { return static_cast<const int32_t*>(t.data); }
+
+class CudaBackend final : public Backend {
+public:
+  explicit CudaBackend(int device) : device_(device) {
+    STRATA_CUDA_CHECK(cudaSetDevice(device_));
+    STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    try {
+      STRATA_CUBLAS_CHECK(cublasCreate(&cublas_));
+      STRATA_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+      STRATA_CUDA_CHECK(cudaMalloc(&workspace_, kCublasWorkspaceBytes));
+      STRATA_CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_, kCublasWorkspaceBytes));
+    } catch (...) {
+      destroy();
+      throw;
+    }
+  }
+  ~CudaBackend() override { destroy(); }
+
+  const char* name() const override { return "cuda"; }
+  Device device() const override { return Device::CUDA; }
+  DType activation_dtype() const override { return DType::F16; }
+
+  // ---- memory and copies ----
+  Buffer alloc(size_t bytes) override {
+    if (bytes == 0) return Buffer(this, nullptr, 0);
+    bind();
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the error so later launch checks do not see it
+      size_t free_b = 0, total_b = 0;
+      const bool info = cudaMemGetInfo(&free_b, &total_b) == cudaSuccess;
+      std::ostringstream os;
+      os << "cuda: cannot allocate " << bytes << " bytes (" << (bytes >> 20) << " MiB) on GPU " << device_ << ": "
+         << cudaGetErrorString(err);
+      if (info) os << "; " << (free_b >> 20) << " MiB free of " << (total_b >> 20) << " MiB";
+      throw Error(os.str());
+    }
+    return Buffer(this, p, bytes);
+  }
+
+  // Called from Buffer's destructor: must not throw.
+  void release(void* data) override {
+    if (data == nullptr) return;
+    (void)cudaSetDevice(device_);
+    const cudaError_t err = cudaFree(data);
+    if (err != cudaSuccess) std::fprintf(stderr, "strata: cudaFree failed: %s\n", cudaGetErrorString(err));
+  }
+
+  // The host buffer may be freed as soon as this returns, so wait for the copy.
+  void copy_to_device(void* dst, const void* host_src, size_t bytes) override {
+    if (bytes == 0) return;
+    bind();
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void copy_to_host(void* host_dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    bind();
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void synchronize() override {
+    bind();
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  // ---- ops ----
+  void embedding(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate) override {
+    check_i32(ids, "embedding", "ids");
+    check_f16(table, "embedding", "table");
+    check_f16(out, "embedding", "out");
+    STRATA_CHECK(table.ndim == 2 && out.dim(0) == ids.numel() && out.row_size() == table.dim(1),
+                 "cuda embedding: ids " << ids.shape_str() << " table " << table.shape_str() << " out "
+                                        << out.shape_str());
+    bind();
+    cuda::launch_gather_rows(f16(table), table.dim(0), i32(ids), ids.numel(), table.dim(1), accumulate,
+                             f16_mut(out), stream_);
+  }
+
+  void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out) override {
+    check_f16(x, "layer_norm", "x");
+    check_f16(w, "layer_norm", "w");
+    check_f16(out, "layer_norm", "out");
+    const int64_t h = x.row_size();
+    STRATA_CHECK(w.numel() == h && out.dim(0) == x.dim(0) && out.numel() == x.numel(),
+                 "cuda layer_norm: x " << x.shape_str() << " w " << w.shape_str() << " out " << out.shape_str());
+    if (!b.empty()) {
+      check_f16(b, "layer_norm", "b");
+      STRATA_CHECK(b.numel() == h, "cuda layer_norm: b " << b.shape_str() << " for rows of " << h);
+    }
+    bind();
+    cuda::launch_layer_norm(f16(x), f16(w), b.empty() ? nullptr : f16(b), eps, x.dim(0), h, f16_mut(out), stream_);
+  }
+
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
+    check_f16(x, "rms_norm", "x");
+    check_f16(w, "rms_norm", "w");
+    check_f16(out, "rms_norm", "out");
+    const int64_t h = x.row_size();
+    STRATA_CHECK(w.numel() == h && out.dim(0) == x.dim(0) && out.numel() == x.numel(),
+                 "cuda rms_norm: x " << x.shape_str() << " w " << w.shape_str() << " out " << out.shape_str());
+    bind();
+    cuda::launch_rms_norm(f16(x), f16(w), eps, x.dim(0), h, f16_mut(out), stream_);
+  }
+
+  // Row-major y[T, out] = x[T, in] @ w[out, in]^T. In cuBLAS's column-major view, y is
+  // C = [out x T] (ld out), w is [in x out] (ld in) used transposed, x is [in x T] (ld in):
+  // C = op_T(w) * x with m = out, n = T, k = in.
+  void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) override {
+    check_f16(x, "linear", "x");
+    check_f16(w, "linear", "w");
+    check_f16(y, "linear", "y");
+    const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
+    STRATA_CHECK(w.ndim == 2 && w.dim(1) == in && y.dim(0) == T && y.row_size() == out,
+                 "cuda linear: x " << x.shape_str() << " w " << w.shape_str() << " y " << y.shape_str());
+    STRATA_CHECK(y.data != x.data, "cuda linear: y must not alias x");
+    STRATA_CHECK(T <= INT_MAX && in <= INT_MAX && out <= INT_MAX, "cuda linear: dimensions exceed cuBLAS's int");
+    if (!bias.empty()) {
+      check_f16(bias, "linear", "bias");
+      STRATA_CHECK(bias.numel() == out, "cuda linear: bias " << bias.shape_str() << " for " << out << " outputs");
+    }
+    if (T == 0 || out == 0) return;
+    bind();
+    const float alpha = 1.0f;
+    const float beta = 0.0f;
+    STRATA_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(T), int(in), &alpha, w.data,
+                                     CUDA_R_16F, int(in), x.data, CUDA_R_16F, int(in), &beta, y.data, CUDA_R_16F,
+                                     int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    STRATA_CUDA_CHECK_LAUNCH("cublasGemmEx (linear)", stream_);
+    if (!bias.empty()) cuda::launch_bias_add(f16_mut(y), f16(bias), T, out, stream_);
+  }
+
+  void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
+    check_f16(a, "add", "a");
+    check_f16(b, "add", "b");
+    check_f16(out, "add", "out");
+    STRATA_CHECK(a.numel() == b.numel() && a.numel() == out.numel(),
+                 "cuda add: a " << a.shape_str() << " b " << b.shape_str() << " out " << out.shape_str());
+    bind();
+    cuda::launch_add(f16(a), f16(b), f16_mut(out), a.numel(), stream_);
+  }
+
+  void activation(Activation act, const Tensor& x) override {
+    check_f16(x, "activation", "x");
+    bind();
+    const cuda::ActKind kind = act == Activation::ReLU ? cuda::ActKind::ReLU : cuda::ActKind::GELU;
+    cuda::launch_activation(kind, f16_mut(x), x.numel(), stream_);
+  }
+
+  void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override {
+    check_f16(gate, "swiglu", "gate");
+    check_f16(up, "swiglu", "up");
+    check_f16(out, "swiglu", "out");
+    STRATA_CHECK(gate.numel() == up.numel() && gate.numel() == out.numel(),
+                 "cuda swiglu: gate " << gate.shape_str() << " up " << up.shape_str() << " out " << out.shape_str());
+    bind();
+    cuda::launch_swiglu(f16(gate), f16(up), f16_mut(out), gate.numel(), stream_);
+  }
+
+  void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override {
+    check_f16(x, "rope", "x");
+    check_i32(positions, "rope", "positions");
+    check_tensor(inv_freq, DType::F32, "rope", "inv_freq");
+    STRATA_CHECK(x.ndim == 3 && x.dim(2) % 2 == 0 && positions.numel() == x.dim(0) &&
+                     inv_freq.numel() * 2 == x.dim(2) && x.dim(1) * x.dim(2) <= INT_MAX,
+                 "cuda rope: x " << x.shape_str() << " positions " << positions.shape_str() << " inv_freq "
+                                 << inv_freq.shape_str());
+    bind();
+    cuda::RopeParams p{};
+    p.x = f16_mut(x);
+    p.positions = i32(positions);
+    p.inv_freq = static_cast<const float*>(inv_freq.data);
+    p.tokens = x.dim(0);
+    p.heads = int(x.dim(1));
+    p.head_dim = int(x.dim(2));
+    p.token_stride = x.dim(1) * x.dim(2);
+    cuda::launch_rope(p, stream_);
+  }
+
+  void kv_store(const Tensor& k, const Tensor& v, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
+                const Tensor& positions) override {
+    check_f16(k, "kv_store", "k");
+    check_f16(v, "kv_store", "v");
+    check_f16(cache_k, "kv_store", "cache_k");
+    check_f16(cache_v, "kv_store", "cache_v");
+    check_i32(slots, "kv_store", "slots");
+    check_i32(positions, "kv_store", "positions");
+    STRATA_CHECK(cache_k.ndim == 4 && cache_v.ndim == 4 && cache_k.shape == cache_v.shape,
+                 "cuda kv_store: caches " << cache_k.shape_str() << " and " << cache_v.shape_str());
+    const int64_t T = k.dim(0), row = cache_k.dim(2) * cache_k.dim(3);
+    STRATA_CHECK(k.row_size() == row && v.numel() == k.numel() && v.dim(0) == T && slots.numel() == T &&
+                     positions.numel() == T && cache_k.dim(0) <= INT_MAX && cache_k.dim(1) <= INT_MAX,
+                 "cuda kv_store: k " << k.shape_str() << " v " << v.shape_str() << " cache " << cache_k.shape_str()
+                                     << " slots " << slots.shape_str() << " positions " << positions.shape_str());
+    bind();
+    cuda::KvStoreParams p{};
+    p.k = f16(k);
+    p.v = f16(v);
+    p.cache_k = f16_mut(cache_k);
+    p.cache_v = f16_mut(cache_v);
+    p.slots = i32(slots);
+    p.positions = i32(positions);
+    p.tokens = T;
+    p.row = row;
+    p.slot_count = int(cache_k.dim(0));
+    p.capacity = int(cache_k.dim(1));
+    cuda::launch_kv_store(p, stream_);
+  }
+
+  void attention(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
+                 const Tensor& positions, float scale, const Tensor& out) override {
+    check_f16(q, "attention", "q");
+    check_f16(cache_k, "attention", "cache_k");
+    check_f16(cache_v, "attention", "cache_v");
+    check_i32(slots, "attention", "slots");
+    check_i32(positions, "attention", "positions");
+    check_f16(out, "attention", "out");
+    STRATA_CHECK(q.ndim == 3 && cache_k.ndim == 4 && cache_v.ndim == 4 && cache_k.shape == cache_v.shape,
+                 "cuda attention: q " << q.shape_str() << " caches " << cache_k.shape_str() << " and "
+                                      << cache_v.shape_str());
+    const int64_t T = q.dim(0), heads = q.dim(1), d = q.dim(2), kv_heads = cache_k.dim(2);
+    STRATA_CHECK(cache_k.dim(3) == d && kv_heads > 0 && heads % kv_heads == 0 && out.numel() == q.numel() &&
+                     out.dim(0) == T && slots.numel() == T && positions.numel() == T,
+                 "cuda attention: q " << q.shape_str() << " cache " << cache_k.shape_str() << " out "
+                                      << out.shape_str() << " slots " << slots.shape_str() << " positions "
+                                      << positions.shape_str());
+    STRATA_CHECK(d <= cuda::kMaxHeadDim, "cuda attention: head dim " << d << " exceeds " << cuda::kMaxHeadDim);
+    STRATA_CHECK(heads <= 65535 && cache_k.dim(0) <= INT_MAX && cache_k.dim(1) <= INT_MAX,
+                 "cuda attention: cache " << cache_k.shape_str() << " or " << heads << " heads too large");
+    bind();
+    cuda::AttentionParams p{};
+    p.q = f16(q);
+    p.cache_k = f16(cache_k);
+    p.cache_v = f16(cache_v);
+    p.slots = i32(slots);
+    p.positions = i32(positions);
+    p.out = f16_mut(out);
+    p.tokens = T;
+    p.heads = int(heads);
+    p.kv_heads = int(kv_heads);
+    p.head_dim = int(d);
+    p.slot_count = int(cache_k.dim(0));
+    p.capacity = int(cache_k.dim(1));
+    p.scale = scale;
+    p.q_token_stride = heads * d;
+    p.kv_pos_stride = kv_heads * d;
+    p.kv_slot_stride = cache_k.dim(1) * kv_heads * d;
+    cuda::launch_attention(p, stream_);
+  }
+
+  void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) override {
+    check_f16(x, "gather_rows", "x");
+    check_i32(rows, "gather_rows", "rows");
+    check_f16(out, "gather_rows", "out");
+    const int64_t h = x.row_size();
+    STRATA_CHECK(out.dim(0) == rows.numel() && out.row_size() == h,
+                 "cuda gather_rows: x " << x.shape_str() << " rows " << rows.shape_str() << " out "
+                                        << out.shape_str());
+    bind();
+    cuda::launch_gather_rows(f16(x), x.dim(0), i32(rows), rows.numel(), h, false, f16_mut(out), stream_);
+  }
+
+  void argmax_rows(const Tensor& logits, const Tensor& out) override {
+    check_f16(logits, "argmax_rows", "logits");
+    check_i32(out, "argmax_rows", "out");
+    const int64_t V = logits.row_size();
+    STRATA_CHECK(out.numel() == logits.dim(0) && V > 0 && V <= INT_MAX,
+                 "cuda argmax_rows: logits " << logits.shape_str() << " out " << out.shape_str());
+    bind();
+    cuda::launch_argmax_rows(f16(logits), logits.dim(0), V, static_cast<int32_t*>(out.data), stream_);
+  }
+
+private:
+  // Makes this backend's GPU current for the calling thread (cheap; callers may use many threads).
+  void bind() const { STRATA_CUDA_CHECK(cudaSetDevice(device_)); }
+
+  void destroy() noexcept {
+    (void)cudaSetDevice(device_);
+    if (stream_) (void)cudaStreamSynchronize(stream_);
+    if (cublas_) (void)cublasDestroy(cublas_);
+    if (workspace_) (void)cudaFree(workspace_);
+    if (stream_) (void)cudaStreamDestroy(stream_);
+    cublas_ = nullptr;
+    workspace_ = nullptr;
+    stream_ = nullptr;
+  }
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  void* workspace_ = nullptr;
+};
+
+int device_count(cudaError_t* err_out) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  if (err_out) *err_out = err;
+  return n;
+}
+
+}  // namespace
+
+bool cuda_available() {
+  static const bool available = device_count(nullptr) > 0;
+  return available;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(int device_index) {
+  cudaError_t err = cudaSuccess;
+  const int n = device_count(&err);
+  if (err != cudaSuccess)
+    STRATA_FAIL("cuda: no usable GPU (" << cudaGetErrorName(err) << ": " << cudaGetErrorString(err)
+                                        << "); use --device cpu");
+  if (n == 0) STRATA_FAIL("cuda: no GPU found; use --device cpu");
+  if (device_index < 0 || device_index >= n)
+    STRATA_FAIL("cuda: GPU index " << device_index << " out of range (" << n << " GPU(s) found)");
+  return std::make_unique<CudaBackend>(device_index);
+}
+
+}  // namespace strata

@@ -1,0 +1,41 @@
+// Row gathers: token embedding lookup (optionally accumulating, for learned positions) and
+// gather_rows (picking the last token of each sequence before the LM head). One block per row.
+#include <cmath>
+
+#include "cuda_common.h"
+#include "device_utils.cuh"
+#include "kernels.h"
+
+namespace strata::cuda {
+
+namespace {
+
+__global__ void gather_rows_kernel(const __half* __restrict__ src, int64_t src_rows, const int32_t* __restrict__ idx,
+                                   int64_t width, bool accumulate, __half* __restrict__ out) {
+  const int64_t i = blockIdx.x;
+  const int64_t r = idx[i];
+  __half* dst = out + i * width;
+  if (r < 0 || r >= src_rows) {  // callers validate on the host; never read outside the table
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x) dst[j] = __float2half_rn(NAN);
+    return;
+  }
+  const __half* row = src + r * width;
+  if (accumulate) {
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x)
+      dst[j] = __float2half_rn(__half2float(dst[j]) + __half2float(row[j]));
+  } else {
+    for (int64_t j = threadIdx.x; j < width; j += blockDim.x) dst[j] = row[j];
+  }
+}
+
+}  // namespace
+
+void launch_gather_rows(const __half* src, int64_t src_rows, const int32_t* idx, int64_t n, int64_t width,
+                        bool accumulate, __half* out, cudaStream_t stream) {
+  if (n == 0 || width == 0) return;
+  gather_rows_kernel<<<dim3(unsigned(n)), row_block_threads(width), 0, stream>>>(src, src_rows, idx, width,
+                                                                                  accumulate, out);
+  STRATA_CUDA_CHECK_LAUNCH("gather_rows_kernel", stream);
+}
+
+}  // namespace strata::cuda

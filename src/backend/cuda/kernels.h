@@ -1,0 +1,82 @@
+// Launchers of the CUDA kernels, one per op family (*.cu). Each takes raw device pointers or a
+// plain parameter struct and a stream, returns at once for empty work, and checks its launch.
+// Shapes are validated by the entries in cuda_backend.cpp; all layouts are contiguous row-major.
+#pragma once
+#include <cstdint>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace strata::cuda {
+
+// embedding.cu: out[i] = src[idx[i]] (or += when accumulate). src: [src_rows, width],
+// idx: [n], out: [n, width]. An index outside [0, src_rows) writes NaN rather than reading wild.
+void launch_gather_rows(const __half* src, int64_t src_rows, const int32_t* idx, int64_t n, int64_t width,
+                        bool accumulate, __half* out, cudaStream_t stream);
+
+// norm.cu: one block per row; x, out: [rows, h] (out may alias x); w, b: [h], b may be null.
+void launch_layer_norm(const __half* x, const __half* w, const __half* b, float eps, int64_t rows, int64_t h,
+                       __half* out, cudaStream_t stream);
+void launch_rms_norm(const __half* x, const __half* w, float eps, int64_t rows, int64_t h, __half* out,
+                     cudaStream_t stream);
+
+// elementwise.cu
+enum class ActKind : int { ReLU, GELU };
+void launch_add(const __half* a, const __half* b, __half* out, int64_t n, cudaStream_t stream);
+void launch_activation(ActKind act, __half* x, int64_t n, cudaStream_t stream);
+void launch_swiglu(const __half* gate, const __half* up, __half* out, int64_t n, cudaStream_t stream);
+// y[r, c] += bias[c]; y: [rows, cols].
+void launch_bias_add(__half* y, const __half* bias, int64_t rows, int64_t cols, cudaStream_t stream);
+
+// rope.cu: x: [tokens, heads, head_dim] rotated in place; head_dim even.
+struct RopeParams {
+  __half* x;
+  const int32_t* positions;  // [tokens]
+  const float* inv_freq;     // [head_dim / 2]
+  int64_t tokens;
+  int heads;
+  int head_dim;
+  int64_t token_stride;      // elements between tokens (heads * head_dim)
+};
+void launch_rope(const RopeParams& p, cudaStream_t stream);
+
+// attention.cu. Caches: [slots, capacity, kv_heads, head_dim].
+struct KvStoreParams {
+  const __half* k;           // [tokens, kv_heads, head_dim]
+  const __half* v;
+  __half* cache_k;
+  __half* cache_v;
+  const int32_t* slots;      // [tokens]
+  const int32_t* positions;  // [tokens]
+  int64_t tokens;
+  int64_t row;               // kv_heads * head_dim: elements per token and per cache position
+  int slot_count;
+  int capacity;
+};
+void launch_kv_store(const KvStoreParams& p, cudaStream_t stream);
+
+constexpr int kMaxHeadDim = 256;
+struct AttentionParams {
+  const __half* q;           // [tokens, heads, head_dim]
+  const __half* cache_k;
+  const __half* cache_v;
+  const int32_t* slots;      // [tokens]
+  const int32_t* positions;  // [tokens]; token t attends to cache positions [0, positions[t]]
+  __half* out;               // [tokens, heads, head_dim]
+  int64_t tokens;
+  int heads;
+  int kv_heads;
+  int head_dim;              // <= kMaxHeadDim
+  int slot_count;
+  int capacity;
+  float scale;
+  int64_t q_token_stride;    // heads * head_dim
+  int64_t kv_pos_stride;     // kv_heads * head_dim
+  int64_t kv_slot_stride;    // capacity * kv_heads * head_dim
+};
+void launch_attention(const AttentionParams& p, cudaStream_t stream);
+
+// sampling.cu: out[r] = argmax over logits[r, :] (lowest index on ties; NaN never wins).
+void launch_argmax_rows(const __half* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
+
+}  // namespace strata::cuda

@@ -1,0 +1,435 @@
+// The CUDA backend against the fp32 CPU backend: both get the same fp16-rounded inputs (the CPU
+// one as fp32), shapes include odd sizes, and GPU outputs are poisoned with 0xFF bytes (an fp16
+// NaN) beforehand so any element a kernel fails to write shows up. Without a GPU the tests warn
+// and return. This file includes no CUDA header: it builds without CUDA too.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "strata/backend/backend.h"
+#include "strata/core/dtype.h"
+#include "strata/core/error.h"
+
+using namespace strata;
+
+#define STRATA_REQUIRE_GPU()              \
+  do {                                    \
+    if (!strata::cuda_available()) {      \
+      WARN("no GPU: skipped");            \
+      return;                             \
+    }                                     \
+  } while (0)
+
+namespace {
+
+float round_f16(float x) { return half_to_float(float_to_half(x)); }
+
+std::vector<float> random_f16(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = round_f16(dist(rng));
+  return v;
+}
+
+size_t count(std::initializer_list<int64_t> dims) {
+  size_t n = 1;
+  for (int64_t d : dims) n *= size_t(d);
+  return n;
+}
+
+// Both backends and the buffers one test case allocates on them.
+struct Rig {
+  std::unique_ptr<Backend> cpu = make_cpu_backend(2);
+  std::unique_ptr<Backend> gpu = make_cuda_backend(0);
+  std::vector<Buffer> keep;
+
+  Tensor upload(Backend& be, DType dt, const void* host, std::initializer_list<int64_t> dims, size_t offset = 0) {
+    const size_t bytes = count(dims) * dtype_size(dt);
+    keep.push_back(be.alloc(bytes + offset));
+    Tensor t = keep.back().view(offset, dt, dims);
+    be.copy_to_device(t.data, host, bytes);
+    return t;
+  }
+  Tensor cpu_f32(const std::vector<float>& v, std::initializer_list<int64_t> dims) {
+    REQUIRE(v.size() == count(dims));
+    return upload(*cpu, DType::F32, v.data(), dims);
+  }
+  // offset: byte offset of the view inside its buffer (2 makes it misaligned for half2 loads).
+  Tensor gpu_f16(const std::vector<float>& v, std::initializer_list<int64_t> dims, size_t offset = 0) {
+    REQUIRE(v.size() == count(dims));
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = float_to_half(v[i]);
+    return upload(*gpu, DType::F16, h.data(), dims, offset);
+  }
+  Tensor gpu_f32(const std::vector<float>& v, std::initializer_list<int64_t> dims) {
+    REQUIRE(v.size() == count(dims));
+    return upload(*gpu, DType::F32, v.data(), dims);
+  }
+  Tensor i32(Backend& be, const std::vector<int32_t>& v, std::initializer_list<int64_t> dims) {
+    REQUIRE(v.size() == count(dims));
+    return upload(be, DType::I32, v.data(), dims);
+  }
+  Tensor cpu_out(std::initializer_list<int64_t> dims) { return cpu_f32(std::vector<float>(count(dims), 0.0f), dims); }
+  Tensor gpu_poisoned(DType dt, std::initializer_list<int64_t> dims, size_t offset = 0) {
+    const std::vector<uint8_t> poison(count(dims) * dtype_size(dt), 0xFF);
+    return upload(*gpu, dt, poison.data(), dims, offset);
+  }
+  std::vector<float> read(const Tensor& t) {
+    std::vector<float> v(size_t(t.numel()));
+    (t.device == Device::CUDA ? *gpu : *cpu).copy_to_host_f32(t, v.data());
+    return v;
+  }
+  std::vector<int32_t> read_i32(const Tensor& t) {
+    std::vector<int32_t> v(size_t(t.numel()));
+    (t.device == Device::CUDA ? *gpu : *cpu).copy_to_host(v.data(), t.data, t.nbytes());
+    return v;
+  }
+};
+
+// Every element within atol + rtol * |want|; NaN (an unwritten, poisoned element) never passes.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, float atol, float rtol,
+                  const std::string& what) {
+  REQUIRE(got.size() == want.size());
+  size_t bad = 0, first = 0;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - double(want[i]));
+    if (!(err <= atol + rtol * std::fabs(want[i]))) {
+      if (bad++ == 0) first = i;
+      if (!(err <= worst)) worst = err;
+    }
+  }
+  INFO(what << ": " << bad << " of " << got.size() << " elements off, worst error " << worst << "; first at "
+            << first << ": got " << (got.empty() ? 0.0f : got[first]) << ", want "
+            << (want.empty() ? 0.0f : want[first]));
+  CHECK(bad == 0);
+}
+
+std::string shape_label(const char* op, std::initializer_list<int64_t> dims) {
+  std::string s = op;
+  for (int64_t d : dims) s += " " + std::to_string(d);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: make_cuda_backend explains why it cannot start", "[cuda]") {
+  if (cuda_available()) {
+    REQUIRE_THROWS_AS(make_cuda_backend(1 << 20), Error);
+    return;
+  }
+  REQUIRE_THROWS_AS(make_cuda_backend(0), Error);
+}
+
+TEST_CASE("cuda: backend basics, validation and out-of-memory errors", "[cuda]") {
+  STRATA_REQUIRE_GPU();
+  Rig r;
+  CHECK(std::string(r.gpu->name()) == "cuda");
+  CHECK(r.gpu->device() == Device::CUDA);
+  CHECK(r.gpu->activation_dtype() == DType::F16);
+
+  // Round trip through device memory.
+  std::mt19937 rng(1);
+  const std::vector<float> v = random_f16(1001, rng);
+  Tensor t = r.gpu_f16(v, {7, 143});
+  expect_close(r.read(t), v, 0.0f, 0.0f, "round trip");
+
+  // Out of memory names the request and leaves the backend usable.
+  try {
+    r.gpu->alloc(size_t(1) << 52);
+    FAIL("a 4 PiB allocation succeeded");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find(std::to_string(size_t(1) << 52)) != std::string::npos);
+  }
+  Tensor out = r.gpu_poisoned(DType::F16, {7, 143});
+  r.gpu->add(t, t, out);
+  std::vector<float> twice(v.size());
+  for (size_t i = 0; i < v.size(); ++i) twice[i] = 2.0f * v[i];
+  expect_close(r.read(out), twice, 0.0f, 0.0f, "add after a failed alloc");
+
+  // Entries refuse wrong dtypes, devices and shapes.
+  Tensor w = r.gpu_f16(random_f16(143 * 5, rng), {5, 143});
+  Tensor bad_w = r.gpu_f16(random_f16(142 * 5, rng), {5, 142});
+  Tensor y = r.gpu_poisoned(DType::F16, {7, 5});
+  CHECK_THROWS_AS(r.gpu->linear(t, bad_w, Tensor(), y), Error);
+  CHECK_THROWS_AS(r.gpu->linear(t, w, Tensor(), r.gpu_poisoned(DType::F16, {7, 6})), Error);
+  CHECK_THROWS_AS(r.gpu->add(t, r.gpu_f32(v, {7, 143}), out), Error);
+  CHECK_THROWS_AS(r.gpu->add(t, r.cpu_f32(v, {7, 143}), out), Error);
+  CHECK_THROWS_AS(r.gpu->argmax_rows(t, r.gpu_poisoned(DType::F16, {7})), Error);
+  Tensor q = r.gpu_f16(random_f16(2 * 300, rng), {1, 2, 300});
+  Tensor cache = r.gpu_f16(random_f16(4 * 300, rng), {1, 4, 1, 300});
+  CHECK_THROWS_AS(r.gpu->attention(q, cache, cache, r.i32(*r.gpu, {0}, {1}), r.i32(*r.gpu, {0}, {1}), 1.0f,
+                                   r.gpu_poisoned(DType::F16, {1, 2, 300})),
+                  Error);
+  r.gpu->synchronize();
+}
+
+TEST_CASE("cuda: embedding and gather_rows match the CPU backend", "[cuda]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(2);
+  for (int64_t T : {1, 3, 17}) {
+    for (int64_t h : {72, 120, 1000, 4096}) {
+      Rig r;
+      const int64_t V = 300;
+      const std::vector<float> table = random_f16(size_t(V * h), rng);
+      std::vector<int32_t> ids(static_cast<size_t>(T));
+      for (auto& id : ids) id = int32_t(rng() % V);
+      ids[0] = int32_t(V - 1);
+      const std::vector<float> base = random_f16(size_t(T * h), rng);
+      for (bool accumulate : {false, true}) {
+        Tensor c_out = r.cpu_f32(base, {T, h});
+        Tensor g_out = accumulate ? r.gpu_f16(base, {T, h}) : r.gpu_poisoned(DType::F16, {T, h});
+        r.cpu->embedding(r.i32(*r.cpu, ids, {T}), r.cpu_f32(table, {V, h}), c_out, accumulate);
+        r.gpu->embedding(r.i32(*r.gpu, ids, {T}), r.gpu_f16(table, {V, h}), g_out, accumulate);
+        expect_close(r.read(g_out), r.read(c_out), accumulate ? 1e-3f : 0.0f, accumulate ? 1e-3f : 0.0f,
+                     shape_label(accumulate ? "embedding+=" : "embedding", {T, h}));
+      }
+      // gather_rows: pick rows of a [T, h] activation, repeats allowed.
+      const int64_t B = T == 1 ? 1 : T - 1;
+      std::vector<int32_t> rows(static_cast<size_t>(B));
+      for (auto& x : rows) x = int32_t(rng() % T);
+      rows.back() = int32_t(T - 1);
+      Tensor c_g = r.cpu_out({B, h});
+      Tensor g_g = r.gpu_poisoned(DType::F16, {B, h});
+      r.cpu->gather_rows(r.cpu_f32(base, {T, h}), r.i32(*r.cpu, rows, {B}), c_g);
+      r.gpu->gather_rows(r.gpu_f16(base, {T, h}), r.i32(*r.gpu, rows, {B}), g_g);
+      expect_close(r.read(g_g), r.read(c_g), 0.0f, 0.0f, shape_label("gather_rows", {T, h}));
+    }
+  }
+}
+
+TEST_CASE("cuda: layer_norm and rms_norm match the CPU backend", "[cuda]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(3);
+  for (int64_t T : {1, 3, 17}) {
+    for (int64_t h : {72, 120, 1000, 4096, 8192}) {
+      Rig r;
+      const std::vector<float> x = random_f16(size_t(T * h), rng, 2.0f, 4.0f);  // an offset tests the mean
+      const std::vector<float> w = random_f16(size_t(h), rng, 0.5f, 1.5f);
+      const std::vector<float> b = random_f16(size_t(h), rng, -0.5f, 0.5f);
+      for (bool with_bias : {true, false}) {
+        Tensor c_out = r.cpu_out({T, h});
+        Tensor g_out = r.gpu_poisoned(DType::F16, {T, h});
+        r.cpu->layer_norm(r.cpu_f32(x, {T, h}), r.cpu_f32(w, {h}), with_bias ? r.cpu_f32(b, {h}) : Tensor(), 1e-5f,
+                          c_out);
+        r.gpu->layer_norm(r.gpu_f16(x, {T, h}), r.gpu_f16(w, {h}), with_bias ? r.gpu_f16(b, {h}) : Tensor(), 1e-5f,
+                          g_out);
+        expect_close(r.read(g_out), r.read(c_out), 3e-3f, 3e-3f, shape_label("layer_norm", {T, h, with_bias}));
+      }
+      Tensor c_out = r.cpu_out({T, h});
+      Tensor g_out = r.gpu_poisoned(DType::F16, {T, h});
+      r.cpu->rms_norm(r.cpu_f32(x, {T, h}), r.cpu_f32(w, {h}), 1e-6f, c_out);
+      r.gpu->rms_norm(r.gpu_f16(x, {T, h}), r.gpu_f16(w, {h}), 1e-6f, g_out);
+      expect_close(r.read(g_out), r.read(c_out), 3e-3f, 3e-3f, shape_label("rms_norm", {T, h}));
+
+      // In place (out aliases x).
+      Tensor g_x = r.gpu_f16(x, {T, h});
+      r.gpu->rms_norm(g_x, r.gpu_f16(w, {h}), 1e-6f, g_x);
+      expect_close(r.read(g_x), r.read(c_out), 3e-3f, 3e-3f, shape_label("rms_norm in place", {T, h}));
+      Tensor g_y = r.gpu_f16(x, {T, h});
+      Tensor c_y = r.cpu_f32(x, {T, h});
+      r.cpu->layer_norm(c_y, r.cpu_f32(w, {h}), r.cpu_f32(b, {h}), 1e-5f, c_y);
+      r.gpu->layer_norm(g_y, r.gpu_f16(w, {h}), r.gpu_f16(b, {h}), 1e-5f, g_y);
+      expect_close(r.read(g_y), r.read(c_y), 3e-3f, 3e-3f, shape_label("layer_norm in place", {T, h}));
+    }
+  }
+}
+
+TEST_CASE("cuda: linear matches the CPU backend", "[cuda]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(4);
+  const std::vector<std::pair<int64_t, int64_t>> in_out = {{72, 120}, {120, 72}, {1000, 1000}, {4096, 72}, {72, 4099}};
+  for (int64_t T : {1, 3, 17}) {
+    for (auto [in, out] : in_out) {
+      Rig r;
+      const float ws = 1.0f / std::sqrt(float(in));  // keeps outputs of order 1
+      const std::vector<float> x = random_f16(size_t(T * in), rng);
+      const std::vector<float> w = random_f16(size_t(out * in), rng, -ws, ws);
+      const std::vector<float> bias = random_f16(size_t(out), rng);
+      for (bool with_bias : {false, true}) {
+        Tensor c_y = r.cpu_out({T, out});
+        Tensor g_y = r.gpu_poisoned(DType::F16, {T, out});
+        r.cpu->linear(r.cpu_f32(x, {T, in}), r.cpu_f32(w, {out, in}), with_bias ? r.cpu_f32(bias, {out}) : Tensor(),
+                      c_y);
+        r.gpu->linear(r.gpu_f16(x, {T, in}), r.gpu_f16(w, {out, in}), with_bias ? r.gpu_f16(bias, {out}) : Tensor(),
+                      g_y);
+        expect_close(r.read(g_y), r.read(c_y), 3e-3f, 5e-3f, shape_label("linear", {T, in, out, with_bias}));
+      }
+    }
+  }
+}
+
+TEST_CASE("cuda: add, activations and swiglu match the CPU backend", "[cuda]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(5);
+  for (int64_t T : {1, 3, 17}) {
+    for (int64_t h : {72, 120, 1001, 4096}) {
+      Rig r;
+      const std::vector<float> a = random_f16(size_t(T * h), rng, -4.0f, 4.0f);
+      const std::vector<float> b = random_f16(size_t(T * h), rng, -4.0f, 4.0f);
+      Tensor c_out = r.cpu_out({T, h});
+      Tensor g_out = r.gpu_poisoned(DType::F16, {T, h});
+      r.cpu->add(r.cpu_f32(a, {T, h}), r.cpu_f32(b, {T, h}), c_out);
+      r.gpu->add(r.gpu_f16(a, {T, h}), r.gpu_f16(b, {T, h}), g_out);
+      expect_close(r.read(g_out), r.read(c_out), 1e-3f, 1e-3f, shape_label("add", {T, h}));
+
+      for (Activation act : {Activation::ReLU, Activation::GELU}) {
+        Tensor c_x = r.cpu_f32(a, {T, h});
+        Tensor g_x = r.gpu_f16(a, {T, h});
+        r.cpu->activation(act, c_x);
+        r.gpu->activation(act, g_x);
+        expect_close(r.read(g_x), r.read(c_x), 1e-3f, 2e-3f, shape_label(act == Activation::ReLU ? "relu" : "gelu", {T, h}));
+      }
+
+      Tensor c_s = r.cpu_out({T, h});
+      Tensor g_s = r.gpu_poisoned(DType::F16, {T, h});
+      r.cpu->swiglu(r.cpu_f32(a, {T, h}), r.cpu_f32(b, {T, h}), c_s);
+      r.gpu->swiglu(r.gpu_f16(a, {T, h}), r.gpu_f16(b, {T, h}), g_s);
+      expect_close(r.read(g_s), r.read(c_s), 2e-3f, 2e-3f, shape_label("swiglu", {T, h}));
+      Tensor g_gate = r.gpu_f16(a, {T, h});  // out aliases gate
+      r.gpu->swiglu(g_gate, r.gpu_f16(b, {T, h}), g_gate);
+      expect_close(r.read(g_gate), r.read(c_s), 2e-3f, 2e-3f, shape_label("swiglu in place", {T, h}));
+    }
+  }
+}
+
+TEST_CASE("cuda: rope matches the CPU backend, long positions included", "[cuda]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(6);
+  for (int64_t T : {1, 3, 17}) {
+    for (auto [heads, d] : std::vector<std::pair<int64_t, int64_t>>{{6, 20}, {4, 64}, {8, 128}, {2, 256}}) {
+      Rig r;
+      std::vector<float> inv_freq(size_t(d / 2));
+      for (int64_t i = 0; i < d / 2; ++i) inv_freq[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(d));
+      std::vector<int32_t> pos(static_cast<size_t>(T));
+      for (auto& p : pos) p = int32_t(rng() % 5000);
+      pos[0] = T > 1 ? 131071 : 0;
+      const std::vector<float> x = random_f16(size_t(T * heads * d), rng);
+      Tensor c_x = r.cpu_f32(x, {T, heads, d});
+      Tensor g_x = r.gpu_f16(x, {T, heads, d});
+      r.cpu->rope(c_x, r.i32(*r.cpu, pos, {T}), r.cpu_f32(inv_freq, {d / 2}));
+      r.gpu->rope(g_x, r.i32(*r.gpu, pos, {T}), r.gpu_f32(inv_freq, {d / 2}));
+      expect_close(r.read(g_x), r.read(c_x), 2e-3f, 2e-3f, shape_label("rope", {T, heads, d}));
+    }
+  }
+}
+
+TEST_CASE("cuda: kv_store writes exactly the addressed cache rows", "[cuda]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(7);
+  for (int64_t T : {1, 3, 17}) {
+    for (auto [kvh, d] : std::vector<std::pair<int64_t, int64_t>>{{2, 20}, {1, 64}, {8, 128}}) {
+      Rig r;
+      const int64_t S = 3, C = 37;
+      std::vector<int32_t> slots(static_cast<size_t>(T)), pos(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t) {  // distinct (slot, position) pairs
+        slots[size_t(t)] = int32_t(t % S);
+        pos[size_t(t)] = int32_t((t * 7 + 5) % C);
+      }
+      pos[0] = int32_t(C - 1);
+      const std::vector<float> k = random_f16(size_t(T * kvh * d), rng);
+      const std::vector<float> v = random_f16(size_t(T * kvh * d), rng);
+      const std::vector<float> ck = random_f16(size_t(S * C * kvh * d), rng);
+      const std::vector<float> cv = random_f16(size_t(S * C * kvh * d), rng);
+      Tensor c_ck = r.cpu_f32(ck, {S, C, kvh, d}), c_cv = r.cpu_f32(cv, {S, C, kvh, d});
+      Tensor g_ck = r.gpu_f16(ck, {S, C, kvh, d}), g_cv = r.gpu_f16(cv, {S, C, kvh, d});
+      r.cpu->kv_store(r.cpu_f32(k, {T, kvh, d}), r.cpu_f32(v, {T, kvh, d}), c_ck, c_cv, r.i32(*r.cpu, slots, {T}),
+                      r.i32(*r.cpu, pos, {T}));
+      r.gpu->kv_store(r.gpu_f16(k, {T, kvh, d}), r.gpu_f16(v, {T, kvh, d}), g_ck, g_cv, r.i32(*r.gpu, slots, {T}),
+                      r.i32(*r.gpu, pos, {T}));
+      expect_close(r.read(g_ck), r.read(c_ck), 0.0f, 0.0f, shape_label("kv_store k", {T, kvh, d}));
+      expect_close(r.read(g_cv), r.read(c_cv), 0.0f, 0.0f, shape_label("kv_store v", {T, kvh, d}));
+    }
+  }
+}
+
+namespace {
+
+// Runs attention on both backends over a random cache and compares. q_offset_bytes > 0 puts q
+// at a misaligned address, which forces the scalar (non-half2) kernel.
+void check_attention(int64_t T, int64_t heads, int64_t kv_heads, int64_t d, int64_t S, int64_t C,
+                     const std::vector<int32_t>& slots, const std::vector<int32_t>& pos, float q_range,
+                     std::mt19937& rng, size_t q_offset_bytes = 0) {
+  Rig r;
+  const std::vector<float> q = random_f16(size_t(T * heads * d), rng, -q_range, q_range);
+  const std::vector<float> ck = random_f16(size_t(S * C * kv_heads * d), rng);
+  const std::vector<float> cv = random_f16(size_t(S * C * kv_heads * d), rng);
+  const float scale = 1.0f / std::sqrt(float(d));
+  Tensor c_out = r.cpu_out({T, heads, d});
+  Tensor g_out = r.gpu_poisoned(DType::F16, {T, heads, d}, q_offset_bytes);
+  r.cpu->attention(r.cpu_f32(q, {T, heads, d}), r.cpu_f32(ck, {S, C, kv_heads, d}), r.cpu_f32(cv, {S, C, kv_heads, d}),
+                   r.i32(*r.cpu, slots, {T}), r.i32(*r.cpu, pos, {T}), scale, c_out);
+  r.gpu->attention(r.gpu_f16(q, {T, heads, d}, q_offset_bytes), r.gpu_f16(ck, {S, C, kv_heads, d}),
+                   r.gpu_f16(cv, {S, C, kv_heads, d}), r.i32(*r.gpu, slots, {T}), r.i32(*r.gpu, pos, {T}), scale,
+                   g_out);
+  expect_close(r.read(g_out), r.read(c_out), 2e-3f, 1e-2f,
+               shape_label("attention T heads kv_heads d C", {T, heads, kv_heads, d, C}));
+}
+
+}  // namespace
+
+TEST_CASE("cuda: attention matches the CPU backend (GQA, MQA, MHA; odd head dims)", "[cuda]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(8);
+  const int64_t S = 3, C = 600;
+  for (int64_t T : {1, 3, 17}) {
+    for (auto [heads, kv_heads] : std::vector<std::pair<int64_t, int64_t>>{{6, 2}, {4, 1}, {8, 8}}) {
+      for (int64_t d : {20, 64, 128}) {
+        std::vector<int32_t> slots(static_cast<size_t>(T)), pos(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) {
+          slots[size_t(t)] = int32_t(rng() % S);
+          pos[size_t(t)] = int32_t(rng() % C);
+        }
+        pos[0] = 0;                                   // a single key
+        if (T > 1) pos[1] = int32_t(C - 1);           // the whole cache
+        if (T > 2) pos[2] = 63;                       // exactly one tile of 64 keys
+        check_attention(T, heads, kv_heads, d, S, C, slots, pos, 1.0f, rng);
+      }
+    }
+  }
+  // The largest head dim, an odd head dim and a misaligned q (both take the scalar kernel).
+  check_attention(3, 4, 2, 256, 2, 130, {0, 1, 1}, {129, 64, 0}, 1.0f, rng);
+  check_attention(3, 4, 2, 15, 2, 130, {1, 0, 1}, {129, 65, 7}, 1.0f, rng);
+  check_attention(3, 4, 2, 64, 2, 130, {1, 0, 1}, {129, 65, 7}, 1.0f, rng, 2);
+}
+
+TEST_CASE("cuda: attention over a long context with peaked scores", "[cuda]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(9);
+  // 4100 = 64 tiles of 64 keys plus 4; large |q| makes the running max move between tiles.
+  check_attention(3, 8, 2, 128, 1, 4100, {0, 0, 0}, {4099, 64, 4000}, 6.0f, rng);
+  check_attention(2, 4, 4, 64, 2, 4100, {1, 0}, {4099, 2047}, 1.0f, rng);
+}
+
+TEST_CASE("cuda: argmax_rows matches the CPU backend and takes the lowest index on ties", "[cuda]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(10);
+  for (int64_t B : {1, 3, 17}) {
+    for (int64_t V : {7, 1000, 32000, 50257}) {
+      Rig r;
+      std::vector<float> logits = random_f16(size_t(B * V), rng, -8.0f, 8.0f);
+      if (B > 1) {  // row 1: the maximum appears three times
+        const int64_t a = V / 3, b = V / 2, c = V - 1;
+        for (int64_t j = 0; j < V; ++j) logits[size_t(V + j)] = std::min(logits[size_t(V + j)], 7.0f);
+        logits[size_t(V + c)] = logits[size_t(V + b)] = logits[size_t(V + a)] = 9.0f;
+      }
+      if (B > 2)  // row 2: all equal
+        for (int64_t j = 0; j < V; ++j) logits[size_t(2 * V + j)] = -1.0f;
+      Tensor c_out = r.i32(*r.cpu, std::vector<int32_t>(size_t(B), -1), {B});
+      Tensor g_out = r.i32(*r.gpu, std::vector<int32_t>(size_t(B), -1), {B});
+      r.cpu->argmax_rows(r.cpu_f32(logits, {B, V}), c_out);
+      r.gpu->argmax_rows(r.gpu_f16(logits, {B, V}), g_out);
+      const std::vector<int32_t> want = r.read_i32(c_out);
+      INFO("argmax B " << B << " V " << V);
+      CHECK(r.read_i32(g_out) == want);
+      if (B > 1) CHECK(want[1] == int32_t(V / 3));
+      if (B > 2) CHECK(want[2] == 0);
+    }
+  }
+}
