@@ -1,0 +1,49 @@
+// WeightSource over memory-mapped safetensors: shapes come from the validated header, reads
+// convert the stored dtype (F32/F16/BF16) into the dtype the backend asked for.
+#include <cstring>
+#include <vector>
+
+#include "strata/core/error.h"
+#include "strata/model/safetensors.h"
+#include "strata/model/weight_source.h"
+
+namespace strata {
+namespace {
+
+class SafetensorsSource final : public WeightSource {
+public:
+  SafetensorsSource(SafetensorsSet set, std::filesystem::path path) : set_(std::move(set)), path_(std::move(path)) {}
+
+  std::string describe() const override { return path_.string(); }
+  bool contains(const std::string& name) const override { return set_.contains(name); }
+  std::vector<int64_t> shape(const std::string& name) const override { return set_.get(name).shape; }
+  std::vector<std::string> names() const override { return set_.names(); }
+
+  void read(const std::string& name, DType dst_dtype, void* dst) const override {
+    const SafetensorsEntry& e = set_.get(name);
+    if (dst_dtype != DType::F32 && dst_dtype != DType::F16 && dst_dtype != DType::BF16)
+      STRATA_FAIL(e.file.string() << ": tensor '" << name << "' cannot be read as " << dtype_name(dst_dtype)
+                                  << " (F32, F16 or BF16 only)");
+    const size_t n = e.nbytes / dtype_size(e.dtype);
+    // The data area starts wherever the header ends, so elements may be misaligned; the
+    // converter loads them as typed values, which must be aligned.
+    if (reinterpret_cast<uintptr_t>(e.data) % dtype_size(e.dtype) != 0 && e.dtype != dst_dtype) {
+      std::vector<uint8_t> aligned(e.data, e.data + e.nbytes);
+      convert_elements(aligned.data(), e.dtype, dst, dst_dtype, n);
+      return;
+    }
+    convert_elements(e.data, e.dtype, dst, dst_dtype, n);
+  }
+
+private:
+  SafetensorsSet set_;
+  std::filesystem::path path_;
+};
+
+}  // namespace
+
+std::unique_ptr<WeightSource> make_safetensors_source(const std::filesystem::path& path) {
+  return std::make_unique<SafetensorsSource>(SafetensorsSet::open(path), path);
+}
+
+}  // namespace strata
