@@ -16,6 +16,19 @@
 namespace strata {
 namespace {
 
+// Dot product and axpy with explicit SIMD reductions: without them the compiler keeps float sums in
+// order and runs attention one lane at a time.
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+inline void axpy(float alpha, const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
 void check_f32(const Tensor& t, const char* what) {
   STRATA_CHECK(t.device == Device::CPU && t.dtype == DType::F32 && t.data,
                "cpu backend: " << what << " must be a CPU F32 tensor, got " << dtype_name(t.dtype));
@@ -120,6 +133,11 @@ public:
       STRATA_CHECK(bias.numel() == out, "linear: bias " << bias.shape_str());
       for (int64_t t = 0; t < T; ++t) std::memcpy(y.ptr<float>() + t * out, bias.data, size_t(out) * 4);
       beta = 1.0f;
+    }
+    if (T == 1) {  // one token (batch-1 decode): a matrix-vector product streams w once
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, int(out), int(in), 1.0f, w.ptr<float>(), int(in), x.ptr<float>(), 1, beta,
+                  y.ptr<float>(), 1);
+      return;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(out), int(in), 1.0f, x.ptr<float>(), int(in),
                 w.ptr<float>(), int(in), beta, y.ptr<float>(), int(out));
@@ -232,9 +250,7 @@ public:
         float mx = -INFINITY;
         for (int64_t j = 0; j < n; ++j) {
           const float* kv = cache_k.ptr<float>() + ((s * C + j) * kv_heads + hk) * d;
-          float dot = 0;
-          for (int64_t i = 0; i < d; ++i) dot += qv[i] * kv[i];
-          scores[size_t(j)] = dot * scale;
+          scores[size_t(j)] = dot(qv, kv, d) * scale;
           mx = std::max(mx, scores[size_t(j)]);
         }
         double sum = 0;
@@ -244,8 +260,7 @@ public:
         std::fill(o, o + d, 0.0f);
         for (int64_t j = 0; j < n; ++j) {
           const float* vv = cache_v.ptr<float>() + ((s * C + j) * kv_heads + hk) * d;
-          const float pj = scores[size_t(j)] * inv;
-          for (int64_t i = 0; i < d; ++i) o[i] += pj * vv[i];
+          axpy(scores[size_t(j)] * inv, vv, o, d);
         }
       }
     });
