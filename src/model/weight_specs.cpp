@@ -8,47 +8,72 @@ int64_t WeightSpec::numel() const {
   return n;
 }
 
-std::vector<WeightSpec> layer_weight_specs(const ModelConfig& c, int layer) {
-  const int64_t h = c.hidden, f = c.intermediate, qd = c.q_dim(), kvd = c.kv_dim();
-  std::vector<WeightSpec> s;
-  auto add = [&](WeightRole role, const std::string& name, std::vector<int64_t> shape) {
-    s.push_back({role, name, std::move(shape)});
-  };
-  if (c.arch == Arch::OPT) {
-    const std::string p = "model.decoder.layers." + std::to_string(layer) + ".";
-    add(WeightRole::AttnNormW, p + "self_attn_layer_norm.weight", {h});
-    add(WeightRole::AttnNormB, p + "self_attn_layer_norm.bias", {h});
-    add(WeightRole::QW, p + "self_attn.q_proj.weight", {qd, h});
-    if (c.qkv_bias) add(WeightRole::QB, p + "self_attn.q_proj.bias", {qd});
-    add(WeightRole::KW, p + "self_attn.k_proj.weight", {kvd, h});
-    if (c.qkv_bias) add(WeightRole::KB, p + "self_attn.k_proj.bias", {kvd});
-    add(WeightRole::VW, p + "self_attn.v_proj.weight", {kvd, h});
-    if (c.qkv_bias) add(WeightRole::VB, p + "self_attn.v_proj.bias", {kvd});
-    add(WeightRole::OW, p + "self_attn.out_proj.weight", {h, qd});
-    if (c.o_bias) add(WeightRole::OB, p + "self_attn.out_proj.bias", {h});
-    add(WeightRole::MlpNormW, p + "final_layer_norm.weight", {h});
-    add(WeightRole::MlpNormB, p + "final_layer_norm.bias", {h});
-    add(WeightRole::Fc1W, p + "fc1.weight", {f, h});
-    if (c.mlp_bias) add(WeightRole::Fc1B, p + "fc1.bias", {f});
-    add(WeightRole::Fc2W, p + "fc2.weight", {h, f});
-    if (c.mlp_bias) add(WeightRole::Fc2B, p + "fc2.bias", {h});
-    return s;
+namespace {
+
+// Tensor names inside one layer, per architecture (nullptr: the architecture has no such tensor).
+struct LayerNames {
+  WeightRole role;
+  const char* opt;
+  const char* llama;
+};
+constexpr LayerNames kLayerNames[] = {
+    {WeightRole::AttnNormW, "self_attn_layer_norm.weight", "input_layernorm.weight"},
+    {WeightRole::AttnNormB, "self_attn_layer_norm.bias", nullptr},
+    {WeightRole::QW, "self_attn.q_proj.weight", "self_attn.q_proj.weight"},
+    {WeightRole::QB, "self_attn.q_proj.bias", "self_attn.q_proj.bias"},
+    {WeightRole::KW, "self_attn.k_proj.weight", "self_attn.k_proj.weight"},
+    {WeightRole::KB, "self_attn.k_proj.bias", "self_attn.k_proj.bias"},
+    {WeightRole::VW, "self_attn.v_proj.weight", "self_attn.v_proj.weight"},
+    {WeightRole::VB, "self_attn.v_proj.bias", "self_attn.v_proj.bias"},
+    {WeightRole::OW, "self_attn.out_proj.weight", "self_attn.o_proj.weight"},
+    {WeightRole::OB, "self_attn.out_proj.bias", "self_attn.o_proj.bias"},
+    {WeightRole::MlpNormW, "final_layer_norm.weight", "post_attention_layernorm.weight"},
+    {WeightRole::MlpNormB, "final_layer_norm.bias", nullptr},
+    {WeightRole::Fc1W, "fc1.weight", "mlp.gate_proj.weight"},
+    {WeightRole::Fc1B, "fc1.bias", nullptr},
+    {WeightRole::UpW, nullptr, "mlp.up_proj.weight"},
+    {WeightRole::Fc2W, "fc2.weight", "mlp.down_proj.weight"},
+    {WeightRole::Fc2B, "fc2.bias", nullptr},
+};
+
+// Whether the config has this tensor, and its shape in Hugging Face layout.
+bool present(const ModelConfig& c, WeightRole r) {
+  switch (r) {
+    case WeightRole::AttnNormB: case WeightRole::MlpNormB: return c.norm_bias;
+    case WeightRole::QB: case WeightRole::KB: case WeightRole::VB: return c.qkv_bias;
+    case WeightRole::OB: return c.o_bias;
+    case WeightRole::Fc1B: case WeightRole::Fc2B: return c.mlp_bias;
+    case WeightRole::UpW: return c.mlp == MlpKind::SwiGLU;
+    default: return true;
   }
-  const std::string p = "model.layers." + std::to_string(layer) + ".";
-  add(WeightRole::AttnNormW, p + "input_layernorm.weight", {h});
-  add(WeightRole::QW, p + "self_attn.q_proj.weight", {qd, h});
-  if (c.qkv_bias) add(WeightRole::QB, p + "self_attn.q_proj.bias", {qd});
-  add(WeightRole::KW, p + "self_attn.k_proj.weight", {kvd, h});
-  if (c.qkv_bias) add(WeightRole::KB, p + "self_attn.k_proj.bias", {kvd});
-  add(WeightRole::VW, p + "self_attn.v_proj.weight", {kvd, h});
-  if (c.qkv_bias) add(WeightRole::VB, p + "self_attn.v_proj.bias", {kvd});
-  add(WeightRole::OW, p + "self_attn.o_proj.weight", {h, qd});
-  if (c.o_bias) add(WeightRole::OB, p + "self_attn.o_proj.bias", {h});
-  add(WeightRole::MlpNormW, p + "post_attention_layernorm.weight", {h});
-  add(WeightRole::Fc1W, p + "mlp.gate_proj.weight", {f, h});
-  add(WeightRole::UpW, p + "mlp.up_proj.weight", {f, h});
-  add(WeightRole::Fc2W, p + "mlp.down_proj.weight", {h, f});
-  return s;
+}
+
+std::vector<int64_t> shape_of(const ModelConfig& c, WeightRole r) {
+  const int64_t h = c.hidden, f = c.intermediate, qd = c.q_dim(), kvd = c.kv_dim();
+  switch (r) {
+    case WeightRole::QW: return {qd, h};
+    case WeightRole::QB: return {qd};
+    case WeightRole::KW: case WeightRole::VW: return {kvd, h};
+    case WeightRole::KB: case WeightRole::VB: return {kvd};
+    case WeightRole::OW: return {h, qd};
+    case WeightRole::Fc1W: case WeightRole::UpW: return {f, h};
+    case WeightRole::Fc1B: return {f};
+    case WeightRole::Fc2W: return {h, f};
+    default: return {h};  // norms and the biases of width h
+  }
+}
+
+}  // namespace
+
+std::vector<WeightSpec> layer_weight_specs(const ModelConfig& c, int layer) {
+  const bool opt = c.arch == Arch::OPT;
+  const std::string prefix = (opt ? "model.decoder.layers." : "model.layers.") + std::to_string(layer) + ".";
+  std::vector<WeightSpec> specs;
+  for (const LayerNames& n : kLayerNames) {
+    const char* name = opt ? n.opt : n.llama;
+    if (name && present(c, n.role)) specs.push_back({n.role, prefix + name, shape_of(c, n.role)});
+  }
+  return specs;
 }
 
 std::vector<WeightSpec> global_weight_specs(const ModelConfig& c) {
@@ -69,7 +94,7 @@ std::vector<WeightSpec> global_weight_specs(const ModelConfig& c) {
 
 bool is_ignorable_weight(const ModelConfig& c, const std::string& name) {
   if (c.tied_embeddings && name == "lm_head.weight") return true;
-  return name.size() >= 20 && name.compare(name.size() - 20, 20, "rotary_emb.inv_freq") == 0;
+  return name.size() >= 19 && name.compare(name.size() - 19, 19, "rotary_emb.inv_freq") == 0;
 }
 
 }  // namespace strata
