@@ -1,6 +1,9 @@
 // The CPU backend: fp32 everywhere, OpenBLAS for the GEMMs, a thread pool for the rest.
 // It is the reference the CUDA kernels are tested against and the stand-in GPU in CI.
 #include <cblas.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -16,12 +19,26 @@
 namespace strata {
 namespace {
 
-// Dot product and axpy with explicit SIMD reductions: without them the compiler keeps float sums in
-// order and runs attention one lane at a time.
+// Dot product and axpy with explicit SIMD: without it the compiler keeps float sums in order and
+// runs one lane at a time. Four accumulators hide the FMA latency so the loop streams at memory speed.
 inline float dot(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
   float acc = 0;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  const __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  acc = _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+#endif
+  for (; i < n; ++i) acc += a[i] * b[i];
   return acc;
 }
 inline void axpy(float alpha, const float* x, float* y, int64_t n) {
@@ -37,6 +54,9 @@ void check_i32(const Tensor& t, const char* what) {
   STRATA_CHECK(t.device == Device::CPU && t.dtype == DType::I32 && t.data,
                "cpu backend: " << what << " must be a CPU I32 tensor");
 }
+
+// Up to this many tokens, linear() streams the weights itself instead of calling sgemm.
+constexpr int64_t kStreamingMaxTokens = 8;
 
 class CpuBackend final : public Backend {
 public:
@@ -127,17 +147,33 @@ public:
                  "linear: x " << x.shape_str() << " w " << w.shape_str() << " y " << y.shape_str());
     STRATA_CHECK(y.data != x.data, "linear: y must not alias x");
     if (T == 0) return;
-    float beta = 0.0f;
     if (!bias.empty()) {
       check_f32(bias, "bias");
       STRATA_CHECK(bias.numel() == out, "linear: bias " << bias.shape_str());
+    }
+    if (T == 1) {  // one token: OpenBLAS's matrix-vector product is tuned for exactly this
+      if (!bias.empty()) std::memcpy(y.data, bias.data, size_t(out) * 4);
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, int(out), int(in), 1.0f, w.ptr<float>(), int(in), x.ptr<float>(), 1,
+                  bias.empty() ? 0.0f : 1.0f, y.ptr<float>(), 1);
+      return;
+    }
+    if (T <= kStreamingMaxTokens) {
+      // Few tokens (decode): stream each weight row once against every token. OpenBLAS would
+      // first pack all of w, which for small T costs as much as the multiplication itself.
+      const float* b = bias.empty() ? nullptr : bias.ptr<float>();
+      pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
+        for (int64_t o = o0; o < o1; ++o) {
+          const float* wr = w.ptr<float>() + o * in;
+          for (int64_t t = 0; t < T; ++t)
+            y.ptr<float>()[t * out + o] = (b ? b[o] : 0.0f) + dot(x.ptr<float>() + t * in, wr, in);
+        }
+      });
+      return;
+    }
+    float beta = 0.0f;
+    if (!bias.empty()) {  // BLAS adds to y when beta = 1, so y starts as the bias
       for (int64_t t = 0; t < T; ++t) std::memcpy(y.ptr<float>() + t * out, bias.data, size_t(out) * 4);
       beta = 1.0f;
-    }
-    if (T == 1) {  // one token (batch-1 decode): a matrix-vector product streams w once
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, int(out), int(in), 1.0f, w.ptr<float>(), int(in), x.ptr<float>(), 1, beta,
-                  y.ptr<float>(), 1);
-      return;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(out), int(in), 1.0f, x.ptr<float>(), int(in),
                 w.ptr<float>(), int(in), beta, y.ptr<float>(), int(out));
