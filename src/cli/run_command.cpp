@@ -9,7 +9,8 @@ namespace strata::cli {
 void add_run_command(CLI::App& app) {
   auto opt = std::make_shared<JobOptions>();
   CLI::App* cmd = app.add_subcommand("run", "generate completions for a JSONL file of prompts");
-  cmd->add_option("--model", opt->model, "model directory, .gguf file, or dummy:PRESET")->required();
+  cmd->add_option("--model", opt->model,
+                  "model directory, .gguf file, or dummy:PRESET (default: SmolLM2-135M-Instruct from the cache)");
   cmd->add_option("--prompts", opt->prompts, "input JSONL: {\"id\", \"prompt\", optional sampling fields}")
       ->required()
       ->check(CLI::ExistingFile);

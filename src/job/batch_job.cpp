@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
@@ -24,11 +26,11 @@ struct Tokenized {
   std::vector<int32_t> ids;
 };
 
-std::string render_prompt(const PromptRecord& r, const ModelBundle& model) {
+// The text to tokenize: the prompt itself, or the messages rendered with the model's chat template.
+std::string render_prompt(const PromptRecord& r, const std::optional<ChatTemplate>& chat, const std::string& where) {
   if (r.messages.empty()) return r.prompt;
-  if (model.chat_template.empty())
-    throw Error("line " + std::to_string(r.line) + ": 'messages' given, but the model has no chat template");
-  throw Error("line " + std::to_string(r.line) + ": chat templates are not supported yet; give 'prompt'");
+  if (!chat) throw Error(where + ": 'messages' given, but the model has no chat template; give 'prompt'");
+  return chat->render(r.messages, /*add_generation_prompt=*/true);
 }
 
 std::vector<Tokenized> tokenize_all(const std::vector<PromptRecord>& records, const ModelBundle& model,
@@ -36,11 +38,15 @@ std::vector<Tokenized> tokenize_all(const std::vector<PromptRecord>& records, co
   std::vector<Tokenized> out;
   out.reserve(records.size());
   const ModelConfig& cfg = model.config;
+  std::optional<ChatTemplate> chat;  // parsed once; an unsupported template fails only if used
+  const bool any_messages =
+      std::any_of(records.begin(), records.end(), [](const PromptRecord& r) { return !r.messages.empty(); });
+  if (any_messages && !model.chat_template.empty()) chat = ChatTemplate::parse(model.chat_template);
   for (const PromptRecord& r : records) {
     const std::string where = file + ":" + std::to_string(r.line);
     Tokenized t{&r, {}};
     if (model.add_bos) t.ids.push_back(cfg.bos_id);
-    const std::vector<int32_t> ids = model.tokenizer->encode(render_prompt(r, model));
+    const std::vector<int32_t> ids = model.tokenizer->encode(render_prompt(r, chat, where));
     t.ids.insert(t.ids.end(), ids.begin(), ids.end());
     if (t.ids.empty()) throw Error(where + ": the prompt has no tokens");
     for (int32_t id : t.ids)

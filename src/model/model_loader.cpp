@@ -1,9 +1,11 @@
 #include "strata/model/model_loader.h"
 
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "strata/core/error.h"
+#include "strata/model/gguf.h"
 
 namespace strata {
 namespace fs = std::filesystem;
@@ -49,7 +51,21 @@ std::string hf_chat_template(const fs::path& dir) {
 
 }  // namespace
 
-ModelBundle open_model(const std::string& spec, const fs::path& tokenizer_dir) {
+fs::path default_model_path() {
+  const char* cache = std::getenv("STRATA_CACHE");
+  const char* home = std::getenv("HOME");
+  const fs::path root = cache && *cache ? fs::path(cache) : fs::path(home ? home : ".") / ".cache" / "strata";
+  return root / "models" / "smollm2-135m-instruct-q4_1.gguf";
+}
+
+ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_dir) {
+  std::string spec = spec_arg;
+  if (spec.empty()) {
+    spec = default_model_path().string();
+    if (!fs::exists(spec))
+      STRATA_FAIL("no --model given and the default model is not in the cache (" << spec
+                                                                                 << "); run scripts/fetch_model.sh");
+  }
   ModelBundle b;
   if (spec.rfind("dummy:", 0) == 0) {
     const std::string name = spec.substr(6);
@@ -70,6 +86,16 @@ ModelBundle open_model(const std::string& spec, const fs::path& tokenizer_dir) {
     if (fs::exists(tok / "tokenizer.json") || fs::exists(tok / "vocab.json")) b.tokenizer = Tokenizer::from_dir(tok);
     b.add_bos = b.config.bos_id >= 0 && hf_adds_bos(tok);
     b.chat_template = hf_chat_template(tok);
+    return b;
+  }
+  if (path.extension() == ".gguf") {
+    const GgufFile file = GgufFile::open(path);
+    b.config = config_from_gguf(file);
+    b.tokenizer = tokenizer_from_gguf(file);
+    b.add_bos = file.has("tokenizer.ggml.add_bos_token") && file.get_bool("tokenizer.ggml.add_bos_token");
+    b.chat_template = file.get_string_opt("tokenizer.chat_template").value_or("");
+    b.weights = make_gguf_source(path);
+    if (!tokenizer_dir.empty()) b.tokenizer = Tokenizer::from_dir(tokenizer_dir);
     return b;
   }
   STRATA_FAIL("model '" << spec << "': unsupported file type (expected a model directory, a .gguf file, or dummy:PRESET)");

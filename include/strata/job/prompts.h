@@ -8,13 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "strata/model/chat_template.h"
 #include "strata/runtime/sampler.h"
 
 namespace strata {
-
-struct ChatMessage {
-  std::string role, content;
-};
 
 struct PromptRecord {
   nlohmann::json id;        // a string or an integer, echoed in the output

@@ -21,6 +21,10 @@ struct ModelBundle {
 };
 
 // tokenizer_dir, when given, replaces the model's own tokenizer (or the byte stand-in of dummy models).
+// An empty spec means the default model, SmolLM2-135M-Instruct, at default_model_path().
 ModelBundle open_model(const std::string& spec, const std::filesystem::path& tokenizer_dir = {});
+
+// Where scripts/fetch_model.sh puts the default model: $STRATA_CACHE (else ~/.cache/strata)/models/.
+std::filesystem::path default_model_path();
 
 }  // namespace strata

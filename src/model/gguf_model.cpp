@@ -1,0 +1,262 @@
+// LLaMA models stored as GGUF: config from llama.* metadata, tensors under Hugging Face names
+// (with llama.cpp's q/k RoPE row permutation undone), and the tokenizer from tokenizer.ggml.*.
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <unordered_map>
+
+#include "strata/core/error.h"
+#include "strata/model/gguf.h"
+
+namespace strata {
+
+namespace {
+
+// Checked narrowing of a metadata integer into a positive config field.
+int positive_int(const GgufFile& f, std::string_view key, int64_t v) {
+  if (v <= 0 || v > INT32_MAX) STRATA_FAIL("GGUF file " << f.path() << ": key '" << key << "' = " << v << " is out of range");
+  return int(v);
+}
+
+int token_id_field(const GgufFile& f, std::string_view key, int vocab) {
+  auto v = f.get_int_opt(key);
+  if (!v) return -1;
+  if (*v < 0 || *v >= vocab)
+    STRATA_FAIL("GGUF file " << f.path() << ": key '" << key << "' = " << *v << " is outside the vocabulary (" << vocab << ")");
+  return int(*v);
+}
+
+void require_llama(const GgufFile& f) {
+  std::string arch = f.get_string("general.architecture");
+  if (arch != "llama")
+    STRATA_FAIL("GGUF file " << f.path() << ": unsupported architecture '" << arch << "' (only 'llama' is supported)");
+}
+
+// GGUF tensor name -> Hugging Face name ("" when unknown).
+std::string hf_name(const std::string& g) {
+  static const std::unordered_map<std::string, std::string> top = {
+      {"token_embd.weight", "model.embed_tokens.weight"},
+      {"output_norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"},
+  };
+  if (auto it = top.find(g); it != top.end()) return it->second;
+  static const std::unordered_map<std::string, std::string> layer = {
+      {"attn_norm", "input_layernorm"},  {"ffn_norm", "post_attention_layernorm"},
+      {"attn_q", "self_attn.q_proj"},    {"attn_k", "self_attn.k_proj"},
+      {"attn_v", "self_attn.v_proj"},    {"attn_output", "self_attn.o_proj"},
+      {"ffn_gate", "mlp.gate_proj"},     {"ffn_up", "mlp.up_proj"},
+      {"ffn_down", "mlp.down_proj"},
+  };
+  // blk.<N>.<part>.<weight|bias>
+  if (g.rfind("blk.", 0) != 0) return "";
+  size_t p1 = g.find('.', 4);
+  if (p1 == std::string::npos || p1 == 4) return "";
+  int n = 0;
+  auto [end, ec] = std::from_chars(g.data() + 4, g.data() + p1, n);
+  if (ec != std::errc() || end != g.data() + p1) return "";
+  size_t p2 = g.rfind('.');
+  if (p2 <= p1) return "";
+  std::string part = g.substr(p1 + 1, p2 - p1 - 1), suffix = g.substr(p2 + 1);
+  if (suffix != "weight" && suffix != "bias") return "";
+  auto it = layer.find(part);
+  if (it == layer.end()) return "";
+  return "model.layers." + std::to_string(n) + "." + it->second + "." + suffix;
+}
+
+class GgufSource final : public WeightSource {
+public:
+  GgufSource(const GgufFile& file, std::shared_ptr<GgufFile> owned) : file_(file), owned_(std::move(owned)) {
+    require_llama(file_);
+    n_heads_ = positive_int(file_, "llama.attention.head_count", file_.get_int("llama.attention.head_count"));
+    n_kv_heads_ = file_.has("llama.attention.head_count_kv")
+                      ? positive_int(file_, "llama.attention.head_count_kv", file_.get_int("llama.attention.head_count_kv"))
+                      : n_heads_;
+    for (const GgufTensorInfo& t : file_.tensors()) {
+      if (t.name == "rope_freqs.weight")
+        STRATA_FAIL("GGUF file " << file_.path() << ": tensor 'rope_freqs.weight' (llama3 rope scaling factors) is not supported");
+      std::string h = hf_name(t.name);
+      if (h.empty()) STRATA_FAIL("GGUF file " << file_.path() << ": unexpected tensor '" << t.name << "' for a llama model");
+      Entry e{&t, 0};
+      if (h.ends_with("q_proj.weight") || h.ends_with("q_proj.bias")) e.permute_heads = n_heads_;
+      if (h.ends_with("k_proj.weight") || h.ends_with("k_proj.bias")) e.permute_heads = n_kv_heads_;
+      map_.emplace(h, e);
+      names_.push_back(std::move(h));
+    }
+  }
+
+  std::string describe() const override { return file_.path(); }
+  bool contains(const std::string& name) const override { return map_.count(name) != 0; }
+  std::vector<std::string> names() const override { return names_; }
+
+  std::vector<int64_t> shape(const std::string& name) const override {
+    const GgufTensorInfo& t = *get(name).info;
+    return std::vector<int64_t>(t.ne.rbegin(), t.ne.rend());  // ggml ne is fastest-first
+  }
+
+  void read(const std::string& name, DType dst_dtype, void* dst) const override {
+    const Entry& e = get(name);
+    const GgufTensorInfo& t = *e.info;
+    STRATA_CHECK(dst_dtype == DType::F32 || dst_dtype == DType::F16 || dst_dtype == DType::BF16,
+                 "GGUF tensor " << name << ": unsupported destination dtype " << dtype_name(dst_dtype));
+    const GgmlTypeInfo* ti = ggml_type_info(uint32_t(t.type));
+    if (!ti->dequantizable)
+      STRATA_FAIL("GGUF file " << file_.path() << ": tensor '" << t.name << "' has type " << ti->name
+                               << ", which Strata cannot dequantize");
+    const int64_t row_len = t.ne.empty() ? 1 : t.ne[0];
+    const int64_t n_rows = row_len == 0 ? 0 : t.numel / row_len;
+    const uint64_t row_bytes = uint64_t(row_len / ti->block_size) * uint64_t(ti->type_size);
+    // A 1-D tensor (bias) is one "row" of ggml but n elements of rows of length 1 for permuting.
+    const bool vec = t.ne.size() <= 1;
+    int64_t perm_rows = vec ? row_len : n_rows;
+    int64_t head_dim = 0;
+    if (e.permute_heads) {
+      if (perm_rows % e.permute_heads != 0 || (perm_rows / e.permute_heads) % 2 != 0)
+        STRATA_FAIL("GGUF file " << file_.path() << ": tensor '" << t.name << "': " << perm_rows
+                                 << " rows do not split into " << e.permute_heads << " heads of even size");
+      head_dim = perm_rows / e.permute_heads;
+    }
+    // llama.cpp's converter stores HF row (h, j, i) -- head h, half j, index i < head_dim/2 -- at
+    // row (h, i, j); map each HF row back to the stored one.
+    auto src_row = [&](int64_t r) -> int64_t {
+      if (!head_dim) return r;
+      int64_t h = r / head_dim, w = r % head_dim, half = head_dim / 2;
+      return h * head_dim + (w % half) * 2 + w / half;
+    };
+    std::vector<float> buf(static_cast<size_t>(row_len));
+    const size_t esz = dtype_size(dst_dtype);
+    auto* out = static_cast<uint8_t*>(dst);
+    if (vec) {
+      ggml_dequantize(t.type, t.data, buf.data(), row_len);
+      if (head_dim) {
+        std::vector<float> tmp(buf.size());
+        for (int64_t r = 0; r < row_len; ++r) tmp[size_t(r)] = buf[size_t(src_row(r))];
+        buf.swap(tmp);
+      }
+      convert_elements(buf.data(), DType::F32, out, dst_dtype, size_t(row_len));
+      return;
+    }
+    for (int64_t r = 0; r < n_rows; ++r) {
+      ggml_dequantize(t.type, t.data + uint64_t(src_row(r)) * row_bytes, buf.data(), row_len);
+      convert_elements(buf.data(), DType::F32, out + size_t(r) * size_t(row_len) * esz, dst_dtype, size_t(row_len));
+    }
+  }
+
+private:
+  struct Entry {
+    const GgufTensorInfo* info;
+    int permute_heads;  // 0: stored as in HF
+  };
+  const Entry& get(const std::string& name) const {
+    auto it = map_.find(name);
+    if (it == map_.end()) STRATA_FAIL("GGUF file " << file_.path() << ": no tensor for '" << name << "'");
+    return it->second;
+  }
+
+  const GgufFile& file_;
+  std::shared_ptr<GgufFile> owned_;
+  int n_heads_ = 0, n_kv_heads_ = 0;
+  std::unordered_map<std::string, Entry> map_;
+  std::vector<std::string> names_;
+};
+
+}  // namespace
+
+ModelConfig config_from_gguf(const GgufFile& f) {
+  require_llama(f);
+  ModelConfig c;
+  c.name = f.path();
+  c.arch = Arch::Llama;
+  c.norm = NormKind::RMSNorm;
+  c.pos = PosKind::Rope;
+  c.mlp = MlpKind::SwiGLU;
+  c.n_layers = positive_int(f, "llama.block_count", f.get_int("llama.block_count"));
+  c.hidden = positive_int(f, "llama.embedding_length", f.get_int("llama.embedding_length"));
+  c.intermediate = positive_int(f, "llama.feed_forward_length", f.get_int("llama.feed_forward_length"));
+  c.n_heads = positive_int(f, "llama.attention.head_count", f.get_int("llama.attention.head_count"));
+  c.n_kv_heads = f.has("llama.attention.head_count_kv")
+                     ? positive_int(f, "llama.attention.head_count_kv", f.get_int("llama.attention.head_count_kv"))
+                     : c.n_heads;
+  if (c.n_heads % c.n_kv_heads != 0)
+    STRATA_FAIL("GGUF file " << f.path() << ": head_count " << c.n_heads << " is not a multiple of head_count_kv " << c.n_kv_heads);
+  if (auto kl = f.get_int_opt("llama.attention.key_length"))
+    c.head_dim = positive_int(f, "llama.attention.key_length", *kl);
+  else if (c.hidden % c.n_heads == 0)
+    c.head_dim = c.hidden / c.n_heads;
+  else
+    STRATA_FAIL("GGUF file " << f.path() << ": embedding_length " << c.hidden << " is not a multiple of head_count " << c.n_heads);
+  if (auto vl = f.get_int_opt("llama.attention.value_length"); vl && *vl != c.head_dim)
+    STRATA_FAIL("GGUF file " << f.path() << ": attention.value_length " << *vl << " differs from key_length " << c.head_dim);
+  if (auto rd = f.get_int_opt("llama.rope.dimension_count"); rd && *rd != c.head_dim)
+    STRATA_FAIL("GGUF file " << f.path() << ": partial rotary embeddings (rope.dimension_count " << *rd
+                             << " != head_dim " << c.head_dim << ") are not supported");
+  if (auto st = f.get_string_opt("llama.rope.scaling.type"); st && *st != "none")
+    STRATA_FAIL("GGUF file " << f.path() << ": rope scaling type '" << *st << "' is not supported");
+  c.max_positions = positive_int(f, "llama.context_length", f.get_int("llama.context_length"));
+  c.rope_theta = float(f.get_float_opt("llama.rope.freq_base").value_or(10000.0));
+  c.norm_eps = float(f.get_float_opt("llama.attention.layer_norm_rms_epsilon").value_or(1e-5));
+  if (!(c.rope_theta > 0) || !(c.norm_eps > 0))
+    STRATA_FAIL("GGUF file " << f.path() << ": rope.freq_base and layer_norm_rms_epsilon must be positive");
+
+  if (auto vs = f.get_int_opt("llama.vocab_size"))
+    c.vocab_size = positive_int(f, "llama.vocab_size", *vs);
+  else if (const GgufValue* toks = f.find("tokenizer.ggml.tokens"); toks && toks->type == GgufType::Array)
+    c.vocab_size = positive_int(f, "tokenizer.ggml.tokens", int64_t(toks->count));
+  else if (const GgufTensorInfo* emb = f.find_tensor("token_embd.weight"); emb && emb->ne.size() == 2)
+    c.vocab_size = positive_int(f, "token_embd.weight", emb->ne[1]);
+  else
+    STRATA_FAIL("GGUF file " << f.path() << ": cannot tell the vocabulary size (no llama.vocab_size, tokens or token_embd)");
+
+  c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
+  c.bos_id = token_id_field(f, "tokenizer.ggml.bos_token_id", c.vocab_size);
+  c.pad_id = token_id_field(f, "tokenizer.ggml.padding_token_id", c.vocab_size);
+  for (const char* key : {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"}) {
+    int id = token_id_field(f, key, c.vocab_size);
+    if (id >= 0 && std::find(c.eos_ids.begin(), c.eos_ids.end(), id) == c.eos_ids.end()) c.eos_ids.push_back(id);
+  }
+  return c;
+}
+
+std::unique_ptr<WeightSource> make_gguf_source(const GgufFile& file) {
+  return std::make_unique<GgufSource>(file, nullptr);
+}
+
+std::unique_ptr<WeightSource> make_gguf_source(const std::filesystem::path& path) {
+  auto owned = std::make_shared<GgufFile>(GgufFile::open(path));
+  const GgufFile& ref = *owned;
+  return std::make_unique<GgufSource>(ref, std::move(owned));
+}
+
+Tokenizer tokenizer_from_gguf(const GgufFile& f) {
+  std::string model = f.get_string("tokenizer.ggml.model");
+  if (model != "gpt2")
+    STRATA_FAIL("GGUF file " << f.path() << ": tokenizer model '" << model << "' is not supported (only byte-level BPE, 'gpt2')");
+  std::string pre_name = f.get_string_opt("tokenizer.ggml.pre").value_or("default");
+  PreTokenizer pre;
+  // SmolLM's tokenizer also splits digits one by one, but its merges contain no ASCII-digit
+  // pairs, so the GPT-2 pattern tokenizes identically.
+  if (pre_name == "gpt2" || pre_name == "smollm")
+    pre = PreTokenizer::GPT2;
+  else if (pre_name == "llama-bpe" || pre_name == "llama3" || pre_name == "qwen2")
+    pre = PreTokenizer::Llama3;
+  else
+    STRATA_FAIL("GGUF file " << f.path() << ": tokenizer pre-tokenizer '" << pre_name
+                             << "' is not supported (gpt2, smollm, llama-bpe, qwen2)");
+  std::vector<std::string> tokens = f.get_string_array("tokenizer.ggml.tokens");
+  std::vector<std::string> merges = f.has("tokenizer.ggml.merges") ? f.get_string_array("tokenizer.ggml.merges")
+                                                                    : std::vector<std::string>{};
+  std::vector<AddedToken> added;
+  if (f.has("tokenizer.ggml.token_type")) {
+    std::vector<int64_t> types = f.get_int_array("tokenizer.ggml.token_type");
+    if (types.size() != tokens.size())
+      STRATA_FAIL("GGUF file " << f.path() << ": tokenizer.ggml.token_type has " << types.size() << " entries but there are "
+                               << tokens.size() << " tokens");
+    // llama.cpp token types: 1 normal, 2 unknown, 3 control, 4 user defined, 5 unused, 6 byte.
+    for (size_t id = 0; id < types.size(); ++id) {
+      if (types[id] == 3) added.push_back({int(id), tokens[id], true});
+      else if (types[id] == 4) added.push_back({int(id), tokens[id], false});
+    }
+  }
+  return Tokenizer::from_parts(std::move(tokens), merges, std::move(added), pre);
+}
+
+}  // namespace strata

@@ -1,0 +1,428 @@
+// GGUF reader, dequantization, llama mapping and chat template, against fixtures made by
+// tests/fixtures/gguf/make_gguf_fixtures.py with the python gguf package and transformers.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "strata/core/error.h"
+#include "strata/model/chat_template.h"
+#include "strata/model/gguf.h"
+
+namespace fs = std::filesystem;
+using namespace strata;
+using json = nlohmann::json;
+
+namespace {
+
+fs::path fixture(const std::string& name) { return fs::path(STRATA_FIXTURES_DIR) / "gguf" / name; }
+
+std::vector<uint8_t> slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  REQUIRE(f.good());
+  return std::vector<uint8_t>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+json load_json(const fs::path& p) {
+  std::ifstream f(p);
+  REQUIRE(f.good());
+  return json::parse(f);
+}
+
+// The message of the strata::Error that parsing `bytes` throws ("" when it parses).
+std::string parse_error(std::vector<uint8_t> bytes) {
+  try {
+    GgufFile::from_bytes(std::move(bytes), "mem.gguf");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+size_t find_bytes(const std::vector<uint8_t>& hay, const std::string& needle) {
+  auto it = std::search(hay.begin(), hay.end(), needle.begin(), needle.end());
+  REQUIRE(it != hay.end());
+  return size_t(it - hay.begin());
+}
+
+template <class T>
+void poke(std::vector<uint8_t>& b, size_t at, T v) {
+  REQUIRE(at + sizeof(T) <= b.size());
+  std::memcpy(b.data() + at, &v, sizeof(T));
+}
+
+// Offset of a tensor info's field, found through its name (u64 length precedes the name bytes).
+size_t tensor_info_pos(const std::vector<uint8_t>& b, const std::string& name) {
+  std::string needle(8, '\0');
+  uint64_t len = name.size();
+  std::memcpy(needle.data(), &len, 8);
+  needle += name;
+  needle += std::string("\x01\x00\x00\x00", 4);  // n_dims == 1 (the 1-D tensors used below)
+  return find_bytes(b, needle) + 8 + name.size();  // at n_dims
+}
+
+std::optional<fs::path> smollm2_path() {
+  if (const char* e = std::getenv("STRATA_SMOLLM2_GGUF")) return fs::path(e);
+  fs::path cache;
+  if (const char* c = std::getenv("STRATA_CACHE")) cache = c;
+  else if (const char* h = std::getenv("HOME")) cache = fs::path(h) / ".cache" / "strata";
+  else return std::nullopt;
+  fs::path p = cache / "models" / "smollm2-135m-instruct-q4_1.gguf";
+  if (fs::exists(p)) return p;
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE("gguf: metadata of every value type", "[gguf]") {
+  json ex = load_json(fixture("synth_meta.json"));
+  GgufFile f = GgufFile::open(fixture("synth_meta.gguf"));
+  CHECK(f.version() == 3);
+  CHECK(f.alignment() == 32);
+  CHECK(f.data_offset() == ex["data_offset"].get<uint64_t>());
+  for (auto& [k, v] : ex["ints"].items()) CHECK(f.get_int(k) == v.get<int64_t>());
+  CHECK(f.find("t.u64")->u == std::stoull(ex["u64"]["t.u64"].get<std::string>()));
+  CHECK_THROWS_WITH(f.get_int("t.u64"), Catch::Contains("t.u64"));  // > INT64_MAX
+  for (auto& [k, v] : ex["floats"].items()) CHECK(f.get_float(k) == v.get<double>());
+  for (auto& [k, v] : ex["strings"].items()) CHECK(f.get_string(k) == v.get<std::string>());
+  CHECK(f.get_bool("t.bool") == true);
+  CHECK(f.find("t.u8")->type == GgufType::U8);
+  CHECK(f.find("t.i64")->type == GgufType::I64);
+  for (auto& [k, v] : ex["int_arrays"].items()) CHECK(f.get_int_array(k) == v.get<std::vector<int64_t>>());
+  for (auto& [k, v] : ex["float_arrays"].items()) CHECK(f.get_float_array(k) == v.get<std::vector<double>>());
+  for (auto& [k, v] : ex["string_arrays"].items()) CHECK(f.get_string_array(k) == v.get<std::vector<std::string>>());
+  CHECK(f.get_int_array("a.bool") == std::vector<int64_t>{1, 0, 1});
+  const GgufValue* nested = f.find("a.nested");
+  REQUIRE(nested);
+  REQUIRE(nested->elem_type == GgufType::Array);
+  auto want = ex["nested"].get<std::vector<std::vector<int64_t>>>();
+  REQUIRE(nested->items.size() == want.size());
+  for (size_t k = 0; k < want.size(); ++k) {
+    REQUIRE(nested->items[k].count == want[k].size());
+    for (size_t j = 0; j < want[k].size(); ++j) CHECK(nested->items[k].int_at(j) == want[k][j]);
+  }
+  // Keys keep file order; general.architecture comes first from GGUFWriter.
+  CHECK(f.metadata().front().first == "general.architecture");
+
+  CHECK_THROWS_WITH(f.get_int("no.such.key"), Catch::Contains("no.such.key") && Catch::Contains("synth_meta.gguf"));
+  CHECK_THROWS_WITH(f.get_string("t.u8"), Catch::Contains("t.u8") && Catch::Contains("expected string"));
+  CHECK_THROWS_AS(f.get_string_array("a.u8"), Error);
+  CHECK_FALSE(f.get_int_opt("missing").has_value());
+
+  REQUIRE(f.tensors().size() == ex["tensors"].size());
+  for (const json& et : ex["tensors"]) {
+    const GgufTensorInfo& t = f.tensor(et["name"].get<std::string>());
+    CHECK(t.ne == et["ne"].get<std::vector<int64_t>>());
+    CHECK(t.offset == et["offset"].get<uint64_t>());
+    CHECK(t.type == GgmlType::F32);
+    std::vector<float> v(size_t(t.numel));
+    f.dequantize(t, v.data());
+    CHECK(v == et["values"].get<std::vector<float>>());
+  }
+  CHECK_THROWS_WITH(f.tensor("nope"), Catch::Contains("nope"));
+}
+
+TEST_CASE("gguf: version 2 files parse like version 3", "[gguf]") {
+  auto b = slurp(fixture("synth_meta.gguf"));
+  poke<uint32_t>(b, 4, 2);  // v2 and v3 differ only in v3's big-endian support
+  GgufFile f = GgufFile::from_bytes(b, "v2.gguf");
+  CHECK(f.version() == 2);
+  CHECK(f.get_string("t.string") == "héllo wörld");
+}
+
+TEST_CASE("gguf: custom alignment", "[gguf]") {
+  GgufFile f = GgufFile::open(fixture("synth_align.gguf"));
+  CHECK(f.alignment() == 64);
+  CHECK(f.data_offset() % 64 == 0);
+  const GgufTensorInfo& b = f.tensor("b");
+  CHECK(b.type == GgmlType::F16);
+  CHECK(b.offset % 64 == 0);
+  std::vector<float> v(7);
+  f.dequantize(b, v.data());
+  for (int k = 0; k < 7; ++k) CHECK(v[size_t(k)] == float(k));
+}
+
+TEST_CASE("gguf: dequantization matches the gguf package for every type", "[gguf]") {
+  json ex = load_json(fixture("synth_quants.json"));
+  auto raw = slurp(fixture("synth_quants_expected.bin"));
+  std::vector<float> expected(raw.size() / 4);
+  std::memcpy(expected.data(), raw.data(), raw.size());
+  GgufFile f = GgufFile::open(fixture("synth_quants.gguf"));
+  size_t at = 0;
+  for (const json& et : ex["tensors"]) {
+    std::string name = et["name"];
+    INFO("tensor " << name);
+    const GgufTensorInfo& t = f.tensor(name);
+    CHECK(uint32_t(t.type) == et["type"].get<uint32_t>());
+    CHECK(t.ne == et["ne"].get<std::vector<int64_t>>());
+    std::vector<float> got(size_t(t.numel), std::nanf(""));  // poisoned: unwritten elements show
+    f.dequantize(t, got.data());
+    size_t bad = 0;
+    for (size_t k = 0; k < got.size(); ++k) {
+      float e = expected[at + k];
+      // Same float32 operations as numpy; allow one rounding step of slack for FMA contraction.
+      if (!(std::fabs(got[k] - e) <= 1e-6f * std::max(1.0f, std::fabs(e)))) {
+        if (bad++ < 5) UNSCOPED_INFO("element " << k << ": got " << got[k] << " want " << e);
+      }
+    }
+    CHECK(bad == 0);
+    at += got.size();
+  }
+  CHECK(at == expected.size());
+  const GgufTensorInfo& iq = f.tensor(ex["unsupported"]["name"].get<std::string>());
+  std::vector<float> sink(size_t(iq.numel));
+  CHECK_THROWS_WITH(f.dequantize(iq, sink.data()), Catch::Contains("IQ4_NL") && Catch::Contains("iq4_nl"));
+}
+
+TEST_CASE("gguf: truncated files fail cleanly at every cut point", "[gguf]") {
+  for (const char* name : {"synth_meta.gguf", "synth_align.gguf", "synth_quants.gguf"}) {
+    auto full = slurp(fixture(name));
+    GgufFile f = GgufFile::from_bytes(full, name);
+    uint64_t needed = f.data_offset();
+    for (const GgufTensorInfo& t : f.tensors()) needed = std::max(needed, f.data_offset() + t.offset + t.nbytes);
+    size_t step = full.size() > 4096 ? 7 : 1;
+    for (size_t cut = 0; cut < needed; cut += step) {
+      std::vector<uint8_t> part(full.begin(), full.begin() + long(cut));
+      std::string msg = parse_error(part);
+      INFO(name << " cut at " << cut);
+      CHECK(!msg.empty());
+      CHECK(msg.find("mem.gguf") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("gguf: corrupted header fields", "[gguf]") {
+  const auto good = slurp(fixture("synth_meta.gguf"));
+  REQUIRE(parse_error(good).empty());
+  auto mutate = [&](auto fn) {
+    auto b = good;
+    fn(b);
+    return parse_error(b);
+  };
+  CHECK_THAT(mutate([](auto& b) { b[0] = 'X'; }), Catch::Contains("bad magic"));
+  CHECK_THAT(mutate([](auto& b) { poke<uint32_t>(b, 4, 1); }), Catch::Contains("version 1"));
+  CHECK_THAT(mutate([](auto& b) { poke<uint32_t>(b, 4, 4); }), Catch::Contains("unsupported GGUF version 4"));
+  CHECK_THAT(mutate([](auto& b) { poke<uint32_t>(b, 4, 0x03000000); }), Catch::Contains("big-endian"));
+  CHECK_THAT(mutate([](auto& b) { poke<uint64_t>(b, 8, uint64_t(1) << 60); }), Catch::Contains("tensor count"));
+  CHECK_THAT(mutate([](auto& b) { poke<uint64_t>(b, 16, uint64_t(1) << 60); }), Catch::Contains("metadata count"));
+  // A string array claiming 2^60 elements must fail before allocating.
+  CHECK_THAT(mutate([](auto& b) { poke<uint64_t>(b, find_bytes(b, "a.string") + 8 + 4 + 4, uint64_t(1) << 60); }),
+             Catch::Contains("a.string") && Catch::Contains("does not fit"));
+  CHECK_THAT(mutate([](auto& b) { poke<uint64_t>(b, find_bytes(b, "a.u64") + 5 + 4 + 4, ~uint64_t(0)); }),
+             Catch::Contains("a.u64"));
+  CHECK_THAT(mutate([](auto& b) { poke<uint64_t>(b, find_bytes(b, "a.nested") + 8 + 4 + 4, uint64_t(1) << 62); }),
+             Catch::Contains("a.nested"));
+  // The u64 length before the key "t.string".
+  CHECK_THAT(mutate([](auto& b) { poke<uint64_t>(b, find_bytes(b, "t.string") - 8, uint64_t(1) << 62); }),
+             Catch::Contains("past the end"));
+  CHECK_THAT(mutate([](auto& b) { poke<uint32_t>(b, find_bytes(b, "t.u8") + 4, 13); }),
+             Catch::Contains("t.u8") && Catch::Contains("unknown value type 13"));
+  CHECK_THAT(mutate([](auto& b) { b[find_bytes(b, "t.bool") + 6 + 4] = 7; }), Catch::Contains("bool"));
+  CHECK_THAT(mutate([](auto& b) { poke<uint32_t>(b, find_bytes(b, "a.u8") + 4 + 4, 99); }),
+             Catch::Contains("a.u8") && Catch::Contains("element type"));
+  // Duplicate key: rename "t.i8" to "t.u8".
+  CHECK_THAT(mutate([](auto& b) { b[find_bytes(b, "t.i8") + 2] = 'u'; }), Catch::Contains("duplicate metadata key 't.u8'"));
+
+  // Tensor info "vec": n_dims, ne[0], type, offset.
+  const size_t vec = tensor_info_pos(good, "vec");
+  CHECK_THAT(mutate([&](auto& b) { poke<uint32_t>(b, vec, 5); }), Catch::Contains("vec") && Catch::Contains("n_dims"));
+  CHECK_THAT(mutate([&](auto& b) { poke<uint64_t>(b, vec + 4, uint64_t(1) << 40); }),
+             Catch::Contains("'vec'") && Catch::Contains("past the end"));
+  CHECK_THAT(mutate([&](auto& b) { poke<uint64_t>(b, vec + 4, ~uint64_t(0)); }), Catch::Contains("vec"));
+  CHECK_THAT(mutate([&](auto& b) { poke<uint32_t>(b, vec + 12, 5); }),
+             Catch::Contains("vec") && Catch::Contains("unknown ggml type id 5"));
+  CHECK_THAT(mutate([&](auto& b) { poke<uint32_t>(b, vec + 12, 2); }),  // q4_0 with 3 elements
+             Catch::Contains("vec") && Catch::Contains("block size"));
+  CHECK_THAT(mutate([&](auto& b) { poke<uint64_t>(b, vec + 16, uint64_t(1) << 40); }),
+             Catch::Contains("'vec'") && Catch::Contains("past the end"));
+  CHECK_THAT(mutate([&](auto& b) { poke<uint64_t>(b, vec + 16, 33); }), Catch::Contains("'vec'") && Catch::Contains("alignment"));
+  // Ranges may overlap: point "vec" at t0's data.
+  CHECK(mutate([&](auto& b) { poke<uint64_t>(b, vec + 16, 0); }).empty());
+}
+
+TEST_CASE("gguf: bad alignment values", "[gguf]") {
+  const auto good = slurp(fixture("synth_align.gguf"));
+  const size_t at = find_bytes(good, "general.alignment") + 17 + 4;
+  for (uint32_t a : {0u, 48u, 3u, 0x80000000u}) {
+    auto b = good;
+    poke<uint32_t>(b, at, a);
+    INFO("alignment " << a);
+    CHECK_THAT(parse_error(b), Catch::Contains("general.alignment"));
+  }
+  auto b = good;
+  poke<uint32_t>(b, at, 16);  // valid, but the recorded offsets stay multiples of 64: parses
+  CHECK(parse_error(b).empty());
+}
+
+TEST_CASE("gguf: random byte corruption never crashes", "[gguf]") {
+  std::mt19937 rng(42);
+  for (const char* name : {"synth_meta.gguf", "synth_align.gguf"}) {
+    const auto good = slurp(fixture(name));
+    for (int iter = 0; iter < 3000; ++iter) {
+      auto b = good;
+      int n = 1 + int(rng() % 4);
+      for (int k = 0; k < n; ++k) {
+        size_t pos = rng() % b.size();
+        b[pos] = (rng() % 3 == 0) ? 0xFF : uint8_t(rng());
+      }
+      try {
+        GgufFile f = GgufFile::from_bytes(b, name);
+        for (const GgufTensorInfo& t : f.tensors()) {
+          const GgmlTypeInfo* info = ggml_type_info(uint32_t(t.type));
+          if (!info->dequantizable || t.numel > (1 << 20)) continue;
+          std::vector<float> v(size_t(t.numel));
+          f.dequantize(t, v.data());
+        }
+      } catch (const Error&) {
+      }
+    }
+  }
+}
+
+TEST_CASE("gguf: tiny llama maps onto HF names, shapes and values", "[gguf]") {
+  json ex = load_json(fixture("tiny_llama_hf.json"));
+  GgufFile f = GgufFile::open(fixture("tiny_llama.gguf"));
+  ModelConfig c = config_from_gguf(f);
+  const json& hc = ex["config"];
+  CHECK(c.arch == Arch::Llama);
+  CHECK(c.norm == NormKind::RMSNorm);
+  CHECK(c.pos == PosKind::Rope);
+  CHECK(c.mlp == MlpKind::SwiGLU);
+  CHECK(c.vocab_size == hc["vocab_size"].get<int>());
+  CHECK(c.hidden == hc["hidden_size"].get<int>());
+  CHECK(c.intermediate == hc["intermediate_size"].get<int>());
+  CHECK(c.n_layers == hc["num_hidden_layers"].get<int>());
+  CHECK(c.n_heads == hc["num_attention_heads"].get<int>());
+  CHECK(c.n_kv_heads == hc["num_key_value_heads"].get<int>());
+  CHECK(c.head_dim == c.hidden / c.n_heads);
+  CHECK(c.max_positions == hc["max_position_embeddings"].get<int>());
+  CHECK(c.rope_theta == Approx(hc["rope_theta"].get<double>()));
+  CHECK(c.norm_eps == Approx(hc["rms_norm_eps"].get<double>()));
+  CHECK(c.tied_embeddings == hc["tie_word_embeddings"].get<bool>());
+  CHECK(c.bos_id == hc["bos_token_id"].get<int>());
+  CHECK(c.eos_ids == std::vector<int>{hc["eos_token_id"].get<int>()});
+
+  auto src = make_gguf_source(f);
+  CHECK(src->names().size() == ex["tensors"].size());
+  for (auto& [name, t] : ex["tensors"].items()) {
+    INFO(name);
+    REQUIRE(src->contains(name));
+    auto shape = t["shape"].get<std::vector<int64_t>>();
+    CHECK(src->shape(name) == shape);
+    auto want = t["values"].get<std::vector<float>>();
+    std::vector<float> got(want.size(), std::nanf(""));
+    src->read(name, DType::F32, got.data());
+    CHECK(got == want);  // F32 storage: exact, including the q/k un-permutation
+    std::vector<uint16_t> h(want.size());
+    src->read(name, DType::F16, h.data());
+    for (size_t k = 0; k < want.size(); k += 7) CHECK(half_to_float(h[k]) == Approx(want[k]).margin(1e-3));
+  }
+  CHECK_THROWS_WITH(src->shape("model.layers.9.mlp.up_proj.weight"), Catch::Contains("model.layers.9.mlp.up_proj.weight"));
+
+  // The owning overload keeps the mapping alive on its own.
+  auto owned = make_gguf_source(fixture("tiny_llama.gguf"));
+  CHECK(owned->contains("lm_head.weight"));
+}
+
+TEST_CASE("gguf: llama mapping refuses other architectures", "[gguf]") {
+  GgufFile f = GgufFile::open(fixture("synth_meta.gguf"));
+  CHECK_THROWS_WITH(config_from_gguf(f), Catch::Contains("synthetic") && Catch::Contains("architecture"));
+  CHECK_THROWS_WITH(make_gguf_source(f), Catch::Contains("architecture"));
+  CHECK_THROWS_WITH(tokenizer_from_gguf(f), Catch::Contains("tokenizer.ggml.model"));
+}
+
+TEST_CASE("gguf: tokenizer metadata of the tiny llama", "[gguf]") {
+  GgufFile f = GgufFile::open(fixture("tiny_llama.gguf"));
+  Tokenizer tok = tokenizer_from_gguf(f);
+  CHECK(tok.vocab_size() == 40);
+  CHECK(tok.token_id("<s>") == 0);
+  CHECK(tok.is_special(1));
+  CHECK_FALSE(tok.is_special(5));
+}
+
+TEST_CASE("gguf: ChatML template rendering matches transformers", "[gguf]") {
+  json ex = load_json(fixture("smollm2_hf.json"));
+  ChatTemplate t = ChatTemplate::parse(ex["chat_template"].get<std::string>());
+  REQUIRE(t.default_system());
+  CHECK(*t.default_system() == "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+  for (const json& c : ex["chat"]) {
+    std::vector<ChatMessage> msgs;
+    for (const json& m : c["messages"]) msgs.push_back({m["role"], m["content"]});
+    CHECK(t.render(msgs) == c["text"].get<std::string>());
+  }
+  CHECK(t.render({}) == ex["chat_empty"].get<std::string>());
+  CHECK(ChatTemplate::chatml().render({{"user", "x"}}, false) == "<|im_start|>user\nx<|im_end|>\n");
+  const char* llama3 =
+      "{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + "
+      "message['content'] | trim + '<|eot_id|>' }}{% endfor %}";
+  CHECK_THROWS_WITH(ChatTemplate::parse(llama3), "unsupported chat template (only ChatML is supported)");
+  CHECK_THROWS_AS(ChatTemplate::parse(""), Error);
+}
+
+TEST_CASE("gguf: SmolLM2-135M-Instruct Q4_1 against transformers", "[gguf]") {
+  auto path = smollm2_path();
+  if (!path) {
+    WARN("SmolLM2 GGUF not found (run scripts/fetch_model.sh or set STRATA_SMOLLM2_GGUF); skipping");
+    return;
+  }
+  json ex = load_json(fixture("smollm2_hf.json"));
+  GgufFile f = GgufFile::open(*path);
+  ModelConfig c = config_from_gguf(f);
+  const json& hc = ex["config"];
+  CHECK(c.vocab_size == hc["vocab_size"].get<int>());
+  CHECK(c.hidden == hc["hidden_size"].get<int>());
+  CHECK(c.intermediate == hc["intermediate_size"].get<int>());
+  CHECK(c.n_layers == hc["num_hidden_layers"].get<int>());
+  CHECK(c.n_heads == hc["num_attention_heads"].get<int>());
+  CHECK(c.n_kv_heads == hc["num_key_value_heads"].get<int>());
+  CHECK(c.head_dim == 64);
+  CHECK(c.max_positions == hc["max_position_embeddings"].get<int>());
+  CHECK(c.rope_theta == Approx(hc["rope_theta"].get<double>()));
+  CHECK(c.norm_eps == Approx(hc["rms_norm_eps"].get<double>()));
+  CHECK(c.tied_embeddings == hc["tie_word_embeddings"].get<bool>());
+  CHECK(c.bos_id == hc["bos_token_id"].get<int>());
+  CHECK(c.eos_ids == std::vector<int>{hc["eos_token_id"].get<int>()});
+  CHECK(c.pad_id == 2);
+
+  auto src = make_gguf_source(f);
+  CHECK_FALSE(src->contains("lm_head.weight"));
+  for (auto& [name, w] : ex["weights"].items()) {
+    INFO(name);
+    auto shape = w["shape"].get<std::vector<int64_t>>();
+    REQUIRE(src->shape(name) == shape);
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    std::vector<float> all(static_cast<size_t>(numel));
+    src->read(name, DType::F32, all.data());
+    const int64_t row = shape.back();
+    auto want = w["values"].get<std::vector<float>>();
+    std::vector<int64_t> rows = w["rows"].is_null() ? std::vector<int64_t>{0} : w["rows"].get<std::vector<int64_t>>();
+    size_t bad = 0;
+    for (size_t r = 0; r < rows.size(); ++r)
+      for (int64_t k = 0; k < (shape.size() == 1 ? shape[0] : row); ++k) {
+        float g = all[size_t(rows[r] * (shape.size() == 1 ? 0 : row) + k)], e = want[size_t(int64_t(r) * row + k)];
+        if (!(std::fabs(g - e) <= 1e-6f * std::max(1.0f, std::fabs(e)))) ++bad;
+      }
+    CHECK(bad == 0);
+  }
+
+  Tokenizer tok = tokenizer_from_gguf(f);
+  CHECK(tok.vocab_size() == 49152);
+  for (const json& e : ex["encode"]) {
+    INFO(e["text"].get<std::string>());
+    CHECK(tok.encode(e["text"].get<std::string>()) == e["ids"].get<std::vector<int32_t>>());
+  }
+  ChatTemplate t = ChatTemplate::parse(f.get_string("tokenizer.chat_template"));
+  for (const json& c : ex["chat"]) {
+    std::vector<ChatMessage> msgs;
+    for (const json& m : c["messages"]) msgs.push_back({m["role"], m["content"]});
+    std::string text = t.render(msgs);
+    CHECK(text == c["text"].get<std::string>());
+    CHECK(tok.encode(text) == c["ids"].get<std::vector<int32_t>>());
+  }
+}
