@@ -136,3 +136,33 @@ TEST_CASE("strata tokenize prints Hugging Face's ids and decodes them back", "[c
   r = run_strata("tokenize --model " + dir + " --decode '[1, \"x\"]'");
   CHECK(r.code != 0);
 }
+
+TEST_CASE("chat messages need a chat template; with SmolLM2 they render as ChatML", "[cli]") {
+  const fs::path prompts = temp_dir() / "chat.jsonl", out = temp_dir() / "chat_out.jsonl";
+  std::ofstream(prompts) << "{\"id\": 1, \"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of "
+                            "France?\"}], \"max_new_tokens\": 12}\n";
+  Result r = run_strata("run --model " + kModels + "/tiny-llama --prompts " + prompts.string() + " --out " +
+                        out.string() + " --device cpu");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("chat.jsonl:1: 'messages' given, but the model has no chat template"));
+
+  const char* home = std::getenv("HOME");
+  const char* cache = std::getenv("STRATA_CACHE");
+  const fs::path model = fs::path(cache && *cache ? cache : std::string(home ? home : ".") + "/.cache/strata") /
+                         "models/smollm2-135m-instruct-q4_1.gguf";
+  if (!fs::exists(model)) {
+    WARN("no " << model << ": skipped the SmolLM2 part");
+    return;
+  }
+  r = run_strata("run --prompts " + prompts.string() + " --out " + out.string() + " --device cpu --no-progress");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  std::ifstream in(out);
+  std::string line;
+  REQUIRE(std::getline(in, line));
+  const json got = json::parse(line);
+  // The rendered prompt: SmolLM2's default system message, then the user turn (37 tokens by HF's
+  // tokenizer on transformers' apply_chat_template output; tests/fixtures/gguf/smollm2_hf.json).
+  CHECK(got["prompt_tokens"] == 37);
+  CHECK_THAT(got["completion"].get<std::string>(), Catch::Contains("Paris"));
+}
