@@ -1,0 +1,38 @@
+// A placement policy (DESIGN.md "The policy"): batch shape, the percentage of weights, KV cache and
+// activations on each tier, and the on/off options. Read from and written to one YAML file.
+#pragma once
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace strata {
+
+struct TierSplit {  // percent of a tensor class on each tier; sums to 100
+  int gpu = 100, cpu = 0, disk = 0;
+};
+
+struct Compression {  // group-wise quantization
+  int bits = 4;
+  int group_size = 64;
+};
+
+struct Policy {
+  int gpu_batch_size = 1;   // sequences per GPU batch
+  int num_gpu_batches = 1;  // GPU batches per block
+  TierSplit weights, kv_cache, activations;
+  bool overlap = true;        // overlap I/O with compute
+  bool cpu_attention = false; // decode attention on the CPU where the KV cache lives there
+  std::optional<Compression> compress_weights, compress_kv_cache;
+
+  int block_size() const { return gpu_batch_size * num_gpu_batches; }
+};
+
+// Parses and validates; errors name the source, the line and the field.
+Policy parse_policy(const std::string& yaml_text, const std::string& source_name = "<policy>");
+Policy load_policy(const std::filesystem::path& file);
+std::string policy_to_yaml(const Policy& p);
+
+// Throws "not supported yet" for options the runtime does not implement (compression for now).
+void check_policy_supported(const Policy& p);
+
+}  // namespace strata

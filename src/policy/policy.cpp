@@ -1,0 +1,142 @@
+#include "strata/policy/policy.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "strata/core/error.h"
+
+namespace strata {
+namespace {
+
+struct Reader {
+  std::string source;
+
+  [[noreturn]] void fail(const YAML::Node& at, const std::string& why) const {
+    const YAML::Mark m = at.Mark();
+    if (m.line >= 0) throw Error(source + ":" + std::to_string(m.line + 1) + ": " + why);
+    throw Error(source + ": " + why);
+  }
+
+  void only_keys(const YAML::Node& map, const std::set<std::string>& known, const std::string& where) const {
+    for (const auto& kv : map) {
+      const std::string key = kv.first.as<std::string>();
+      if (!known.count(key)) {
+        std::string list;
+        for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+        fail(kv.first, "unknown key '" + where + key + "' (expected one of: " + list + ")");
+      }
+    }
+  }
+
+  int integer(const YAML::Node& n, const std::string& field, int lo, int hi) const {
+    int v = 0;
+    try {
+      v = n.as<int>();
+    } catch (const YAML::Exception&) {
+      fail(n, "field '" + field + "' must be an integer, got '" + (n.IsScalar() ? n.Scalar() : "a " + std::string(n.IsMap() ? "map" : "list")) + "'");
+    }
+    if (v < lo || v > hi)
+      fail(n, "field '" + field + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(v));
+    return v;
+  }
+
+  bool boolean(const YAML::Node& n, const std::string& field) const {
+    try {
+      return n.as<bool>();
+    } catch (const YAML::Exception&) {
+      fail(n, "field '" + field + "' must be true or false");
+    }
+  }
+
+  TierSplit split(const YAML::Node& n, const std::string& field) const {
+    if (!n.IsMap()) fail(n, "field '" + field + "' must be a map {gpu: %, cpu: %, disk: %}");
+    only_keys(n, {"gpu", "cpu", "disk"}, field + ".");
+    TierSplit s{0, 0, 0};
+    if (n["gpu"]) s.gpu = integer(n["gpu"], field + ".gpu", 0, 100);
+    if (n["cpu"]) s.cpu = integer(n["cpu"], field + ".cpu", 0, 100);
+    if (n["disk"]) s.disk = integer(n["disk"], field + ".disk", 0, 100);
+    const int sum = s.gpu + s.cpu + s.disk;
+    if (sum != 100)
+      fail(n, "field '" + field + "': percentages sum to " + std::to_string(sum) + ", not 100");
+    return s;
+  }
+
+  std::optional<Compression> compression(const YAML::Node& n, const std::string& field) const {
+    if (!n || n.IsNull()) return std::nullopt;
+    if (n.IsScalar()) {
+      if (!boolean(n, field)) return std::nullopt;
+      return Compression{};
+    }
+    if (!n.IsMap()) fail(n, "field '" + field + "' must be a map {bits, group_size} or false");
+    only_keys(n, {"bits", "group_size"}, field + ".");
+    Compression c;
+    if (n["bits"]) c.bits = integer(n["bits"], field + ".bits", 4, 4);
+    if (n["group_size"]) c.group_size = integer(n["group_size"], field + ".group_size", 1, 1 << 16);
+    return c;
+  }
+};
+
+}  // namespace
+
+Policy parse_policy(const std::string& text, const std::string& source) {
+  Reader r{source};
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::ParserException& e) {
+    throw Error(source + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
+  }
+  if (!root.IsMap()) throw Error(source + ": a policy is a YAML map of fields");
+  r.only_keys(root, {"gpu_batch_size", "num_gpu_batches", "weights", "kv_cache", "activations", "overlap",
+                     "cpu_attention", "compress_weights", "compress_kv_cache"}, "");
+  Policy p;
+  for (const char* required : {"gpu_batch_size", "num_gpu_batches", "weights", "kv_cache", "activations"})
+    if (!root[required]) throw Error(source + ": missing field '" + required + "'");
+  p.gpu_batch_size = r.integer(root["gpu_batch_size"], "gpu_batch_size", 1, 1 << 20);
+  p.num_gpu_batches = r.integer(root["num_gpu_batches"], "num_gpu_batches", 1, 1 << 20);
+  p.weights = r.split(root["weights"], "weights");
+  p.kv_cache = r.split(root["kv_cache"], "kv_cache");
+  p.activations = r.split(root["activations"], "activations");
+  if (root["overlap"]) p.overlap = r.boolean(root["overlap"], "overlap");
+  if (root["cpu_attention"]) p.cpu_attention = r.boolean(root["cpu_attention"], "cpu_attention");
+  p.compress_weights = r.compression(root["compress_weights"], "compress_weights");
+  p.compress_kv_cache = r.compression(root["compress_kv_cache"], "compress_kv_cache");
+  return p;
+}
+
+Policy load_policy(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) STRATA_FAIL("cannot open policy file " << file.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_policy(ss.str(), file.string());
+}
+
+std::string policy_to_yaml(const Policy& p) {
+  std::ostringstream os;
+  auto split = [&](const char* name, const TierSplit& s) {
+    os << name << "{gpu: " << s.gpu << ", cpu: " << s.cpu << ", disk: " << s.disk << "}\n";
+  };
+  auto comp = [&](const char* name, const std::optional<Compression>& c) {
+    if (c) os << name << "{bits: " << c->bits << ", group_size: " << c->group_size << "}\n";
+  };
+  os << "gpu_batch_size: " << p.gpu_batch_size << "\nnum_gpu_batches: " << p.num_gpu_batches << "\n";
+  split("weights:     ", p.weights);
+  split("kv_cache:    ", p.kv_cache);
+  split("activations: ", p.activations);
+  os << "overlap: " << (p.overlap ? "true" : "false") << "\ncpu_attention: " << (p.cpu_attention ? "true" : "false")
+     << "\n";
+  comp("compress_weights: ", p.compress_weights);
+  comp("compress_kv_cache: ", p.compress_kv_cache);
+  return os.str();
+}
+
+void check_policy_supported(const Policy& p) {
+  if (p.compress_weights) throw Error("policy: compress_weights is not supported yet (the quantization issue)");
+  if (p.compress_kv_cache) throw Error("policy: compress_kv_cache is not supported yet (the quantization issue)");
+}
+
+}  // namespace strata

@@ -1,0 +1,75 @@
+#include <catch2/catch.hpp>
+#include <filesystem>
+
+#include "strata/core/error.h"
+#include "strata/policy/policy.h"
+
+using namespace strata;
+
+TEST_CASE("the paper's policies parse to FlexGen's --percent settings", "[policy]") {
+  const std::string dir = std::string(STRATA_FIXTURES_DIR) + "/../../policies/";
+  const Policy p = load_policy(dir + "opt-175b-paper.yaml");
+  CHECK(p.gpu_batch_size == 32);
+  CHECK(p.num_gpu_batches == 8);
+  CHECK(p.block_size() == 256);
+  CHECK((p.weights.gpu == 0 && p.weights.cpu == 50 && p.weights.disk == 50));
+  CHECK((p.kv_cache.disk == 100 && p.activations.cpu == 100));
+  CHECK(p.cpu_attention);
+  CHECK_FALSE(p.compress_weights.has_value());
+  const Policy c = load_policy(dir + "opt-175b-paper-compressed.yaml");
+  REQUIRE(c.compress_weights.has_value());
+  CHECK(c.compress_weights->group_size == 64);
+  CHECK_THROWS_WITH(check_policy_supported(c), Catch::Contains("not supported yet"));
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".yaml") {
+      CHECK_NOTHROW(load_policy(e.path()));
+      ++files;
+    }
+  CHECK(files == 7);
+}
+
+TEST_CASE("a policy survives a YAML round trip", "[policy]") {
+  Policy p;
+  p.gpu_batch_size = 48;
+  p.num_gpu_batches = 3;
+  p.weights = {20, 80, 0};
+  p.kv_cache = {0, 30, 70};
+  p.activations = {0, 100, 0};
+  p.overlap = false;
+  p.cpu_attention = true;
+  p.compress_kv_cache = Compression{4, 32};
+  const Policy q = parse_policy(policy_to_yaml(p));
+  CHECK(q.gpu_batch_size == 48);
+  CHECK(q.num_gpu_batches == 3);
+  CHECK((q.kv_cache.cpu == 30 && q.kv_cache.disk == 70));
+  CHECK_FALSE(q.overlap);
+  CHECK(q.cpu_attention);
+  CHECK_FALSE(q.compress_weights.has_value());
+  REQUIRE(q.compress_kv_cache.has_value());
+  CHECK(q.compress_kv_cache->group_size == 32);
+}
+
+TEST_CASE("bad policies name the line and the field", "[policy]") {
+  const std::string base = "gpu_batch_size: 4\nnum_gpu_batches: 2\nweights: {gpu: 100}\nkv_cache: {cpu: 100}\n";
+  CHECK_NOTHROW(parse_policy(base + "activations: {gpu: 100}\n"));
+  CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 60, cpu: 30}\n", "p.yaml"),
+                    Catch::Contains("p.yaml:5: field 'activations': percentages sum to 90, not 100"));
+  CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 100}\nweight_dtype: f16\n", "p.yaml"),
+                    Catch::Contains("p.yaml:6: unknown key 'weight_dtype'"));
+  CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 100, nvme: 0}\n", "p.yaml"),
+                    Catch::Contains("unknown key 'activations.nvme'"));
+  CHECK_THROWS_WITH(parse_policy("gpu_batch_size: 0\nnum_gpu_batches: 2\nweights: {gpu: 100}\nkv_cache: {gpu: 100}\n"
+                                 "activations: {gpu: 100}\n", "p.yaml"),
+                    Catch::Contains("p.yaml:1: field 'gpu_batch_size' must be in [1,"));
+  CHECK_THROWS_WITH(parse_policy("gpu_batch_size: -3\nnum_gpu_batches: 2\nweights: {gpu: 100}\nkv_cache: {gpu: 100}\n"
+                                 "activations: {gpu: 100}\n", "p.yaml"),
+                    Catch::Contains("'gpu_batch_size' must be in"));
+  CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 100}\noverlap: maybe\n", "p.yaml"),
+                    Catch::Contains("p.yaml:6: field 'overlap' must be true or false"));
+  CHECK_THROWS_WITH(parse_policy(base, "p.yaml"), Catch::Contains("missing field 'activations'"));
+  CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 100}\ncompress_weights: {bits: 3}\n", "p.yaml"),
+                    Catch::Contains("'compress_weights.bits' must be in [4, 4]"));
+  CHECK_THROWS_WITH(parse_policy("weights: [1, 2\n", "p.yaml"), Catch::Contains("invalid YAML"));
+  CHECK_THROWS_WITH(load_policy("/nonexistent.yaml"), Catch::Contains("cannot open policy file"));
+}
