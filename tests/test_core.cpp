@@ -42,6 +42,9 @@ TEST_CASE("tensor views check their bounds", "[core]") {
   CHECK_THROWS_AS(t.rows(3, 2), Error);
   CHECK_THROWS_AS(t.reshaped({5, 5}), Error);
   CHECK(t.shape_str() == "[4, 6]");
+  const Tensor empty = t.rows(2, 0);  // zero rows: sizes stay defined (no division by zero)
+  CHECK(empty.numel() == 0);
+  CHECK(empty.row_size() == 6);
 }
 
 TEST_CASE("thread pool covers every index once and rethrows errors", "[core]") {

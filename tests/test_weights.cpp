@@ -99,3 +99,11 @@ TEST_CASE("dummy weights are deterministic and small", "[weights]") {
   a->read("model.decoder.layers.0.final_layer_norm.weight", DType::F32, norm.data());
   CHECK(norm[5] == 1.0f);
 }
+
+TEST_CASE("ops on zero tokens are no-ops on the CPU backend", "[weights][backend]") {
+  auto be = make_cpu_backend(1);
+  Buffer x = be->alloc(64), w = be->alloc(4 * 8 * 4), y = be->alloc(64), ids = be->alloc(16);
+  CHECK_NOTHROW(be->linear(x.view(0, DType::F32, {0, 8}), w.view(0, DType::F32, {4, 8}), Tensor(),
+                           y.view(0, DType::F32, {0, 4})));
+  CHECK_NOTHROW(be->argmax_rows(x.view(0, DType::F32, {0, 8}), ids.view(0, DType::I32, {0})));
+}

@@ -27,7 +27,12 @@ struct Tensor {
   int64_t numel() const;
   size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
   // Elements per row: the product of all dimensions but the first.
-  int64_t row_size() const { return ndim == 0 ? 0 : numel() / shape[0]; }
+  // (Computed as a product, not numel / shape[0], so [0, n] views report n.)
+  int64_t row_size() const {
+    int64_t n = ndim == 0 ? 0 : 1;
+    for (int i = 1; i < ndim; ++i) n *= shape[i];
+    return n;
+  }
 
   template <class T> T* ptr() const { return static_cast<T*>(data); }
 
