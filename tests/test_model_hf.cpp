@@ -9,6 +9,7 @@
 #include "strata/backend/backend.h"
 #include "strata/model/model_loader.h"
 #include "strata/runtime/generator.h"
+#include "test_support.h"
 
 using namespace strata;
 using nlohmann::json;
@@ -47,17 +48,7 @@ TEST_CASE("last-position logits match Hugging Face (fp32, CPU)", "[model][hf]") 
       Loaded l = load(name);
       for (size_t p = 0; p < exp["prompts"].size(); ++p) {
         const std::vector<int32_t> prompt = ids_of(exp["prompts"][p]);
-        KvCache cache = make_kv_cache(l.model->config(), *l.backend, 1, int(prompt.size()));
-        StepBatch step;
-        step.tokens = prompt;
-        for (size_t i = 0; i < prompt.size(); ++i) {
-          step.positions.push_back(int32_t(i));
-          step.slots.push_back(0);
-        }
-        step.logit_rows = {int32_t(prompt.size() - 1)};
-        const Tensor logits = l.model->forward(step, cache);
-        std::vector<float> got(size_t(logits.numel()));
-        l.backend->copy_to_host_f32(logits, got.data());
+        const std::vector<float> got = test::last_logits(*l.model, prompt);
         const std::vector<float> want = exp["last_logits"][p].get<std::vector<float>>();
         REQUIRE(got.size() == want.size());
         // fp32 on both sides: differences come from summation order only. The fixture stores
@@ -119,17 +110,7 @@ TEST_CASE("CUDA: logits match Hugging Face within fp16 tolerance; greedy where t
       std::vector<GenRequest> reqs;
       for (size_t p = 0; p < exp["prompts"].size(); ++p) {
         const std::vector<int32_t> prompt = ids_of(exp["prompts"][p]);
-        KvCache cache = make_kv_cache(l.model->config(), *l.backend, 1, int(prompt.size()));
-        StepBatch step;
-        step.tokens = prompt;
-        for (size_t i = 0; i < prompt.size(); ++i) {
-          step.positions.push_back(int32_t(i));
-          step.slots.push_back(0);
-        }
-        step.logit_rows = {int32_t(prompt.size() - 1)};
-        const Tensor logits = l.model->forward(step, cache);
-        std::vector<float> got(size_t(logits.numel()));
-        l.backend->copy_to_host_f32(logits, got.data());
+        const std::vector<float> got = test::last_logits(*l.model, prompt);
         const std::vector<float> want = exp["last_logits"][p].get<std::vector<float>>();
         float scale = 0, worst = 0;
         for (float w : want) scale = std::max(scale, std::fabs(w));

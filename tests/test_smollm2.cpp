@@ -10,6 +10,7 @@
 #include "strata/backend/backend.h"
 #include "strata/model/model_loader.h"
 #include "strata/runtime/generator.h"
+#include "test_support.h"
 
 using namespace strata;
 
@@ -31,17 +32,7 @@ TEST_CASE("SmolLM2-135M GGUF: logits and greedy tokens match transformers (CPU)"
     const std::vector<int32_t> ids = c["ids"].get<std::vector<int32_t>>();
     CHECK(mb.tokenizer->encode(c["prompt"].get<std::string>()) == ids);  // no BOS for this tokenizer
 
-    KvCache cache = make_kv_cache(mb.config, *backend, 1, int(ids.size()));
-    StepBatch step;
-    step.tokens = ids;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      step.positions.push_back(int32_t(i));
-      step.slots.push_back(0);
-    }
-    step.logit_rows = {int32_t(ids.size() - 1)};
-    const Tensor logits = model.forward(step, cache);
-    std::vector<float> got(size_t(logits.numel()));
-    backend->copy_to_host_f32(logits, got.data());
+    const std::vector<float> got = test::last_logits(model, ids);
 
     // Both sides dequantize the same file to float32 and compute in float32: only summation order
     // differs, over 30 layers (observed <= 7e-5). Tolerance: 3e-4 absolute on logits of magnitude ~20.
