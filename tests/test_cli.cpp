@@ -105,6 +105,7 @@ TEST_CASE("strata run with a truncated weights file fails naming the file", "[cl
   CHECK(r.code != 0);
   CHECK_THAT(r.output, Catch::Contains("model.safetensors"));
   CHECK_FALSE(fs::exists(out));
+  CHECK_FALSE(fs::exists(out.string() + ".partial"));
 }
 
 TEST_CASE("strata run on a dummy preset needs no files", "[cli]") {
@@ -165,4 +166,38 @@ TEST_CASE("chat messages need a chat template; with SmolLM2 they render as ChatM
   // tokenizer on transformers' apply_chat_template output; tests/fixtures/gguf/smollm2_hf.json).
   CHECK(got["prompt_tokens"] == 37);
   CHECK_THAT(got["completion"].get<std::string>(), Catch::Contains("Paris"));
+}
+
+TEST_CASE("a model larger than the backend's memory is refused before loading", "[cli]") {
+  // opt-175b in fp32 needs about 700 GB: no CI machine has that, so this must fail cleanly.
+  const fs::path prompts = temp_dir() / "big.jsonl", out = temp_dir() / "big_out.jsonl";
+  std::ofstream(prompts) << "{\"id\": 1, \"prompt\": \"hi\"}\n";
+  const Result r = run_strata("run --model dummy:opt-175b --prompts " + prompts.string() + " --out " + out.string() +
+                              " --device cpu");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("the weights need") && Catch::Contains("GB are available"));
+  CHECK_FALSE(fs::exists(out));
+  CHECK_FALSE(fs::exists(out.string() + ".partial"));
+}
+
+TEST_CASE("a rerun after an interrupted job resumes and answers only the rest", "[cli]") {
+  const fs::path prompts = temp_dir() / "resume.jsonl", out = temp_dir() / "resume_out.jsonl";
+  std::ofstream(prompts) << "{\"id\": \"a\", \"prompt\": \"one\", \"max_new_tokens\": 2}\n"
+                            "{\"id\": \"b\", \"prompt\": \"two\", \"max_new_tokens\": 2, \"ignore_eos\": true}\n";
+  fs::remove(out);
+  // What an interrupted run leaves: one finished line and a torn one.
+  std::ofstream(out.string() + ".partial") << "{\"id\":\"a\",\"completion\":\"kept\"}\n{\"id\":\"b\",\"compl";
+  const Result r = run_strata("run --model " + kModels + "/tiny-opt --prompts " + prompts.string() + " --out " +
+                              out.string() + " --device cpu --no-progress");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("1 of 2 prompts already done"));
+  std::ifstream in(out);
+  std::string first, second, extra;
+  REQUIRE(std::getline(in, first));
+  REQUIRE(std::getline(in, second));
+  CHECK_FALSE(std::getline(in, extra));
+  CHECK(json::parse(first)["completion"] == "kept");
+  CHECK(json::parse(second)["id"] == "b");
+  CHECK(json::parse(second)["completion_tokens"] == 2);
 }

@@ -99,6 +99,13 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
       read_prompts(opt.prompts, opt.defaults, [&](const std::string& w) { log << "warning: " << w << "\n"; });
   const std::vector<Tokenized> all = tokenize_all(records, model, opt.prompts.string());
 
+  // Load before touching the output, so a model that fails to load leaves no file behind.
+  std::unique_ptr<Backend> backend = make_backend(opt.device, opt.threads);
+  log << "model " << model.config.name << " (" << model.config.n_layers << " layers, "
+      << double(model.config.param_count()) / 1e9 << " B parameters) on " << backend->name() << "\n";
+  Transformer transformer(model.config, load_model_weights(model.config, *model.weights, *backend), *backend);
+  model.weights.reset();  // the mapping is no longer needed once the weights are on the device
+
   OutputWriter writer(opt.out);
   std::vector<const Tokenized*> todo;
   for (const Tokenized& t : all)
@@ -109,12 +116,6 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   if (sum.resumed > 0)
     log << "resuming " << writer.partial_path().string() << ": " << sum.resumed << " of " << all.size()
         << " prompts already done\n";
-
-  std::unique_ptr<Backend> backend = make_backend(opt.device, opt.threads);
-  log << "model " << model.config.name << " (" << model.config.n_layers << " layers, "
-      << double(model.config.param_count()) / 1e9 << " B parameters) on " << backend->name() << "\n";
-  Transformer transformer(model.config, load_model_weights(model.config, *model.weights, *backend), *backend);
-  model.weights.reset();  // the mapping is no longer needed once the weights are on the device
 
   GenOptions gen_opt;
   gen_opt.prefill_token_budget = opt.prefill_token_budget;

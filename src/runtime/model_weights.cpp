@@ -88,6 +88,12 @@ void assign_layer_view(LayerWeights& lw, WeightRole role, const Tensor& t) {
 
 ModelWeights load_model_weights(const ModelConfig& cfg, const WeightSource& src, Backend& backend) {
   cfg.validate();
+  const double need = double(cfg.param_count()) * double(dtype_size(backend.activation_dtype()));
+  const size_t avail = backend.available_memory();
+  if (avail != SIZE_MAX && need > double(avail))
+    STRATA_FAIL(src.describe() << ": the weights need " << need / 1e9 << " GB as " << dtype_name(backend.activation_dtype())
+                               << " on " << backend.name() << ", but only " << double(avail) / 1e9
+                               << " GB are available (offloading to CPU memory and disk comes with policies)");
   ModelWeights mw;
   std::set<std::string> used;
   std::vector<std::pair<WeightRole, Tensor>> views;

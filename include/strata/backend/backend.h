@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -52,6 +53,9 @@ public:
   virtual void copy_to_device(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* src, size_t bytes) = 0;  // synchronizes
   virtual void synchronize() = 0;
+  // Bytes the backend can still allocate (an estimate; SIZE_MAX when unknown). Used to refuse a
+  // model that cannot fit before loading starts, instead of failing or being killed halfway.
+  virtual size_t available_memory() const { return SIZE_MAX; }
 
   // ---- ops; shapes in comments: T tokens, h hidden, V vocab, S cache slots, C cache capacity ----
   // out[t] = table[ids[t]] (or +=, when accumulate). ids: I32 [T], table: [V, h], out: [T, h].

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <new>
 #include <vector>
 
@@ -76,6 +78,18 @@ public:
   void copy_to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void synchronize() override {}
+
+  size_t available_memory() const override {
+    // MemAvailable: what the kernel can hand out without swapping (page cache included).
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    size_t kib = 0;
+    while (in >> key >> kib) {
+      if (key == "MemAvailable:") return kib * 1024;
+      in.ignore(256, '\n');
+    }
+    return SIZE_MAX;
+  }
 
   void embedding(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate) override {
     check_i32(ids, "ids");

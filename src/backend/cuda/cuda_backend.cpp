@@ -96,6 +96,12 @@ public:
     STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
+  size_t available_memory() const override {
+    size_t free_b = 0, total_b = 0;
+    if (cudaSetDevice(device_) != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return SIZE_MAX;
+    return free_b;
+  }
+
   // ---- ops ----
   void embedding(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate) override {
     check_i32(ids, "embedding", "ids");
