@@ -91,11 +91,10 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
   if (path.extension() == ".gguf") {
     const GgufFile file = GgufFile::open(path);
     b.config = config_from_gguf(file);
-    b.tokenizer = tokenizer_from_gguf(file);
+    b.tokenizer = tokenizer_dir.empty() ? tokenizer_from_gguf(file) : Tokenizer::from_dir(tokenizer_dir);
     b.add_bos = file.has("tokenizer.ggml.add_bos_token") && file.get_bool("tokenizer.ggml.add_bos_token");
     b.chat_template = file.get_string_opt("tokenizer.chat_template").value_or("");
     b.weights = make_gguf_source(path);
-    if (!tokenizer_dir.empty()) b.tokenizer = Tokenizer::from_dir(tokenizer_dir);
     return b;
   }
   STRATA_FAIL("model '" << spec << "': unsupported file type (expected a model directory, a .gguf file, or dummy:PRESET)");
