@@ -40,6 +40,10 @@ private:
 
 enum class Activation : uint8_t { ReLU, GELU };
 
+// Direction of a copy between host memory and the backend's device. Each direction has its own
+// copy stream (CUDA), separate from the compute stream, so the offloading schedule overlaps them.
+enum class CopyKind : uint8_t { HostToDevice, DeviceToHost };
+
 class Backend {
 public:
   virtual ~Backend() = default;
@@ -56,6 +60,17 @@ public:
   // Bytes the backend can still allocate (an estimate; SIZE_MAX when unknown). Used to refuse a
   // model that cannot fit before loading starts, instead of failing or being killed halfway.
   virtual size_t available_memory() const { return SIZE_MAX; }
+
+  // Host memory the device can copy from at full speed (pinned: cudaHostAlloc on CUDA; 4 KiB
+  // aligned, so O_DIRECT disk reads can land in it, on both). Throws strata::Error when refused.
+  virtual void* alloc_host(size_t bytes) = 0;
+  virtual void free_host(void* p) = 0;
+  // A strided copy of `rows` rows of `width` bytes between host memory and the device, on the
+  // copy stream of `kind`, returning when it is done. Thread-safe across the two kinds, so one
+  // thread per direction can copy while the compute stream runs. Does not wait for compute.
+  virtual void copy_2d(CopyKind kind, void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                       size_t rows) = 0;
+  void copy(CopyKind kind, void* dst, const void* src, size_t bytes) { copy_2d(kind, dst, bytes, src, bytes, bytes, 1); }
 
   // ---- ops; shapes in comments: T tokens, h hidden, V vocab, S cache slots, C cache capacity ----
   // out[t] = table[ids[t]] (or +=, when accumulate). ids: I32 [T], table: [V, h], out: [T, h].

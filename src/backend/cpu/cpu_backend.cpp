@@ -79,6 +79,23 @@ public:
   void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void synchronize() override {}
 
+  void* alloc_host(size_t bytes) override {
+    void* p = std::aligned_alloc(4096, std::max<size_t>(4096, (bytes + 4095) / 4096 * 4096));
+    if (!p) STRATA_FAIL("cpu backend: out of host memory allocating " << bytes << " bytes");
+    return p;
+  }
+  void free_host(void* p) override { std::free(p); }
+  // The stand-in "device" is host memory, so a copy is memcpy on the calling (copy-lane) thread.
+  void copy_2d(CopyKind, void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+               size_t rows) override {
+    if (dst_pitch == width && src_pitch == width) {
+      std::memcpy(dst, src, width * rows);
+      return;
+    }
+    for (size_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+  }
+
   size_t available_memory() const override {
     // MemAvailable: what the kernel can hand out without swapping (page cache included).
     std::ifstream in("/proc/meminfo");

@@ -1,10 +1,12 @@
 // The CUDA backend: fp16 activations and weights with fp32 accumulation, cuBLAS for the GEMMs
 // and our own kernels (kernels.h) for the rest, all enqueued on one non-blocking stream owned by
 // the backend. The entries here validate devices, dtypes and shapes, then call the launchers.
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <memory>
 #include <sstream>
+#include <string>
 
 #include "cuda_common.h"
 #include "kernels.h"
@@ -34,6 +36,7 @@ public:
     STRATA_CUDA_CHECK(cudaSetDevice(device_));
     STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     try {
+      for (cudaStream_t& s : copy_streams_) STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
       STRATA_CUBLAS_CHECK(cublasCreate(&cublas_));
       STRATA_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
       STRATA_CUDA_CHECK(cudaMalloc(&workspace_, kCublasWorkspaceBytes));
@@ -94,6 +97,34 @@ public:
   void synchronize() override {
     bind();
     STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void* alloc_host(size_t bytes) override {
+    bind();
+    void* p = nullptr;
+    const cudaError_t err = cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw Error("cuda: cannot allocate " + std::to_string(bytes >> 20) + " MiB of pinned host memory: " +
+                  cudaGetErrorString(err));
+    }
+    return p;  // cudaHostAlloc returns page-aligned memory, as O_DIRECT needs
+  }
+  void free_host(void* p) override {
+    if (p) (void)cudaFreeHost(p);
+  }
+
+  // Each direction has its own stream; the caller's thread waits on that stream only, so a copy
+  // lane never waits for compute (the schedule orders them with its per-step synchronization).
+  void copy_2d(CopyKind kind, void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+               size_t rows) override {
+    if (width == 0 || rows == 0) return;
+    bind();
+    cudaStream_t s = copy_streams_[kind == CopyKind::HostToDevice ? 0 : 1];
+    const cudaMemcpyKind k = kind == CopyKind::HostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    if (rows == 1) STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, width, k, s));
+    else STRATA_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, k, s));
+    STRATA_CUDA_CHECK(cudaStreamSynchronize(s));
   }
 
   size_t available_memory() const override {
@@ -318,6 +349,10 @@ private:
     if (cublas_) (void)cublasDestroy(cublas_);
     if (workspace_) (void)cudaFree(workspace_);
     if (stream_) (void)cudaStreamDestroy(stream_);
+    for (cudaStream_t& s : copy_streams_) {
+      if (s) (void)cudaStreamDestroy(s);
+      s = nullptr;
+    }
     cublas_ = nullptr;
     workspace_ = nullptr;
     stream_ = nullptr;
@@ -325,6 +360,7 @@ private:
 
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t copy_streams_[2] = {nullptr, nullptr};  // host-to-device, device-to-host
   cublasHandle_t cublas_ = nullptr;
   void* workspace_ = nullptr;
 };

@@ -1,0 +1,67 @@
+// Where each tensor of a policy lives (DESIGN.md "The policy"), and the bytes it takes per tier.
+// Weights: whole layers, assigned in order by cumulative size so the GPU gets the first ~gpu%
+// of the layer bytes, the CPU the next ~cpu%, the disk the rest (FlexGen's rule, at layer
+// granularity). KV cache and activations: one tensor per (GPU batch, layer), the same
+// assignment over the layers within every GPU batch. Embeddings, final norm and LM head always
+// stay on the GPU. The plan also counts the working buffers the schedule needs, so its peak per
+// tier is what the runtime will reserve: the cost model's memory check uses the same function.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/core/dtype.h"
+#include "strata/model/config.h"
+#include "strata/policy/policy.h"
+
+namespace strata {
+
+enum class Tier : uint8_t { Gpu, Cpu, Disk };
+const char* tier_name(Tier t);  // "gpu", "cpu", "disk"
+
+struct TierBytes {
+  double gpu = 0, cpu = 0, disk = 0;
+  double& at(Tier t) { return t == Tier::Gpu ? gpu : t == Tier::Cpu ? cpu : disk; }
+  double at(Tier t) const { return t == Tier::Gpu ? gpu : t == Tier::Cpu ? cpu : disk; }
+  TierBytes& operator+=(const TierBytes& o) { gpu += o.gpu; cpu += o.cpu; disk += o.disk; return *this; }
+};
+
+// The shape of the work the plan is for: the longest prompt and the most new tokens of any
+// sequence in a block (the KV cache is sized to their sum).
+struct PlanShape {
+  int prompt_len = 0;
+  int gen_len = 0;
+  int capacity() const { return prompt_len + gen_len; }
+};
+
+struct PlacementPlan {
+  std::vector<Tier> weight_tier;  // per layer
+  std::vector<Tier> cache_tier;   // per layer, the same for every GPU batch
+  std::vector<Tier> act_tier;     // per layer: where the hidden state goes after that layer
+
+  // Bytes per tier. The three classes hold the tensors themselves (all GPU batches of the block);
+  // `working` holds the schedule's buffers: GPU double buffers for offloaded weights, staging for
+  // offloaded cache and activations, the compute workspace, pinned staging for disk transfers.
+  TierBytes weights, kv_cache, activations, working;
+  TierBytes peak() const;  // sum of the four
+
+  // Sizes of one unit (bytes).
+  size_t layer_weight_bytes = 0, global_weight_bytes = 0;
+  size_t cache_unit_bytes = 0;  // K and V of one layer for one GPU batch at full capacity
+  size_t act_unit_bytes = 0;    // hidden state of one GPU batch in prefill (its largest)
+
+  // Realized percentages (of bytes of the class), for reports beside the policy's request.
+  TierSplit realized_weights, realized_kv_cache, realized_activations;
+};
+
+// `dtype`: the compute backend's activation dtype (F16 on CUDA, F32 on the CPU backend).
+PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const PlanShape& shape, DType dtype);
+
+// Tiers of `n` equal units after FlexGen's cumulative rule: unit i goes to the tier whose
+// percentage range contains the midpoint of its share, (i + 0.5) / n * 100.
+std::vector<Tier> assign_tiers(int n, const TierSplit& split);
+
+// One line per class: "weights  gpu 20% (1.2 GiB)  cpu 80% (...)  disk 0%  (policy: 20/80/0)".
+std::string describe_plan(const PlacementPlan& plan, const Policy& policy);
+
+}  // namespace strata

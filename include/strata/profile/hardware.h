@@ -1,0 +1,52 @@
+// A hardware profile: what the cost model needs to know about one machine (capacities, link
+// bandwidths, compute rates). `strata profile` measures it; policies/hardware/ ships examples,
+// among them the FlexGen paper's T4 machine. All quantities in bytes, bytes/s and FLOP/s.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+// Achieved fp16 GEMM throughput as a function of the number of tokens (the GEMM's M); shapes of
+// the models' projections. Evaluated by interpolating linearly in log(tokens) between points and
+// holding the end values outside them.
+struct GemmPoint {
+  double tokens = 0;
+  double flops_per_s = 0;
+};
+
+struct HardwareProfile {
+  std::string name;         // e.g. "t4-paper", "h100-x1"
+  std::string description;  // where the numbers come from
+  std::string gpu_name, cpu_name;
+
+  // Capacities (bytes) usable by Strata on each tier.
+  double gpu_mem = 0, cpu_mem = 0, disk_mem = 0;
+
+  // Links (bytes/s): pinned host-to-device and device-to-host, disk reads into and writes from
+  // pinned memory through the disk store.
+  double cpu_to_gpu_bw = 0, gpu_to_cpu_bw = 0, disk_to_cpu_bw = 0, cpu_to_disk_bw = 0;
+
+  // Compute. GEMM curve on the GPU (the device the "gpu" tier computes on; the CPU backend on a
+  // machine without one); attention for decode as bytes of KV cache read per second, on the GPU
+  // and on the CPU (for cpu_attention); CPU fp32 FLOP/s for delegated work.
+  std::vector<GemmPoint> gpu_gemm;
+  double gpu_attention_bw = 0, cpu_attention_bw = 0;
+  double cpu_flops = 0;
+
+  // Optional (0 = unknown): int4 dequantization throughput on the GPU, bytes of output per second.
+  double gpu_dequant_bw = 0;
+
+  // FLOP/s of an fp16 GEMM with `tokens` rows (interpolated on gpu_gemm). Throws when empty.
+  double gemm_flops(double tokens) const;
+};
+
+// YAML round trip; parse errors name the file, the line and the field; unknown keys are errors.
+// Sizes accept suffixes (parse_size), bandwidths plain numbers or "12GB/s"-style strings.
+HardwareProfile load_hardware_profile(const std::filesystem::path& file);
+HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& source_name);
+std::string hardware_profile_to_yaml(const HardwareProfile& hw);
+
+}  // namespace strata
