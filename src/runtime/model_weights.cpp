@@ -32,35 +32,6 @@ Tensor make_view(void* base, size_t offset, DType dt, Device dev, const std::vec
   return t;
 }
 
-// Loads a group of tensors into one backend buffer; returns the buffer and views by role.
-Buffer load_block(const std::vector<WeightSpec>& specs, const WeightSource& src, Backend& backend,
-                  std::set<std::string>& used, std::vector<std::pair<WeightRole, Tensor>>& views) {
-  const DType dt = backend.activation_dtype();
-  const size_t align = 256;  // keeps every view aligned for vector loads and cuBLAS
-  std::vector<size_t> offsets;
-  size_t total = 0;
-  for (const WeightSpec& s : specs) {
-    offsets.push_back(total);
-    total += (size_t(s.numel()) * dtype_size(dt) + align - 1) / align * align;
-  }
-  std::vector<uint8_t> staging(total);
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const WeightSpec& s = specs[i];
-    const std::string name = stored_name(src, s.name);
-    const std::vector<int64_t> shape = src.shape(name);
-    if (shape != s.shape)
-      STRATA_FAIL(src.describe() << ": tensor '" << name << "' has shape " << shape_str(shape) << ", the config implies "
-                                 << shape_str(s.shape));
-    src.read(name, dt, staging.data() + offsets[i]);
-    used.insert(name);
-  }
-  Buffer block = backend.alloc(total);
-  backend.copy_to_device(block.data(), staging.data(), total);
-  for (size_t i = 0; i < specs.size(); ++i)
-    views.emplace_back(specs[i].role, make_view(block.data(), offsets[i], dt, backend.device(), specs[i].shape));
-  return block;
-}
-
 void assign_layer_view(LayerWeights& lw, WeightRole role, const Tensor& t) {
   switch (role) {
     case WeightRole::AttnNormW: lw.attn_norm_w = t; break;
@@ -84,7 +55,77 @@ void assign_layer_view(LayerWeights& lw, WeightRole role, const Tensor& t) {
   }
 }
 
+Buffer upload_block(const BlockLayout& layout, const WeightSource& src, Backend& backend, std::set<std::string>& used) {
+  std::vector<uint8_t> staging(layout.bytes);
+  read_block(layout, src, staging.data(), used);
+  Buffer block = backend.alloc(layout.bytes);
+  backend.copy_to_device(block.data(), staging.data(), layout.bytes);
+  return block;
+}
+
+BlockLayout block_layout(std::vector<WeightSpec> specs, DType dt) {
+  const size_t align = 256;  // keeps every view aligned for vector loads and cuBLAS
+  BlockLayout b;
+  b.dtype = dt;
+  b.specs = std::move(specs);
+  for (const WeightSpec& s : b.specs) {
+    b.offsets.push_back(b.bytes);
+    b.bytes += (size_t(s.numel()) * dtype_size(dt) + align - 1) / align * align;
+  }
+  return b;
+}
+
 }  // namespace
+
+BlockLayout layer_block_layout(const ModelConfig& cfg, int layer, DType dtype) {
+  return block_layout(layer_weight_specs(cfg, layer), dtype);
+}
+BlockLayout global_block_layout(const ModelConfig& cfg, DType dtype) {
+  return block_layout(global_weight_specs(cfg), dtype);
+}
+
+void read_block(const BlockLayout& layout, const WeightSource& src, void* host_dst, std::set<std::string>& used) {
+  for (size_t i = 0; i < layout.specs.size(); ++i) {
+    const WeightSpec& s = layout.specs[i];
+    const std::string name = stored_name(src, s.name);
+    const std::vector<int64_t> shape = src.shape(name);
+    if (shape != s.shape)
+      STRATA_FAIL(src.describe() << ": tensor '" << name << "' has shape " << shape_str(shape) << ", the config implies "
+                                 << shape_str(s.shape));
+    src.read(name, layout.dtype, static_cast<uint8_t*>(host_dst) + layout.offsets[i]);
+    used.insert(name);
+  }
+}
+
+LayerWeights layer_views(const BlockLayout& layout, void* base, Device device) {
+  LayerWeights lw;
+  for (size_t i = 0; i < layout.specs.size(); ++i)
+    assign_layer_view(lw, layout.specs[i].role,
+                      make_view(base, layout.offsets[i], layout.dtype, device, layout.specs[i].shape));
+  return lw;
+}
+
+void set_global_views(const ModelConfig& cfg, const BlockLayout& layout, void* base, Device device, ModelWeights& mw) {
+  for (size_t i = 0; i < layout.specs.size(); ++i) {
+    const Tensor t = make_view(base, layout.offsets[i], layout.dtype, device, layout.specs[i].shape);
+    switch (layout.specs[i].role) {
+      case WeightRole::Embed: mw.embed = t; break;
+      case WeightRole::PosEmbed: mw.pos_embed = t; break;
+      case WeightRole::FinalNormW: mw.final_norm_w = t; break;
+      case WeightRole::FinalNormB: mw.final_norm_b = t; break;
+      case WeightRole::LmHead: mw.lm_head = t; break;
+      default: break;
+    }
+  }
+  if (cfg.tied_embeddings) mw.lm_head = mw.embed;
+}
+
+void check_no_extra_tensors(const ModelConfig& cfg, const WeightSource& src, const std::set<std::string>& used) {
+  for (const std::string& name : src.names())
+    if (!used.count(name) && !is_ignorable_weight(cfg, name))
+      STRATA_FAIL(src.describe() << ": unexpected tensor '" << name << "' (not part of a " << cfg.n_layers
+                                 << "-layer " << (cfg.arch == Arch::OPT ? "OPT" : "LLaMA-family") << " model)");
+}
 
 ModelWeights load_model_weights(const ModelConfig& cfg, const WeightSource& src, Backend& backend) {
   cfg.validate();
@@ -96,32 +137,20 @@ ModelWeights load_model_weights(const ModelConfig& cfg, const WeightSource& src,
                                << " GB are available (offloading to CPU memory and disk comes with policies)");
   ModelWeights mw;
   std::set<std::string> used;
-  std::vector<std::pair<WeightRole, Tensor>> views;
-  mw.globals = load_block(global_weight_specs(cfg), src, backend, used, views);
-  for (const auto& [role, t] : views) {
-    switch (role) {
-      case WeightRole::Embed: mw.embed = t; break;
-      case WeightRole::PosEmbed: mw.pos_embed = t; break;
-      case WeightRole::FinalNormW: mw.final_norm_w = t; break;
-      case WeightRole::FinalNormB: mw.final_norm_b = t; break;
-      case WeightRole::LmHead: mw.lm_head = t; break;
-      default: break;
-    }
-  }
-  if (cfg.tied_embeddings) mw.lm_head = mw.embed;
+  const DType dt = backend.activation_dtype();
+  const BlockLayout globals = global_block_layout(cfg, dt);
+  mw.globals = upload_block(globals, src, backend, used);
+  set_global_views(cfg, globals, mw.globals.data(), backend.device(), mw);
 
   mw.layers.resize(size_t(cfg.n_layers));
   for (int l = 0; l < cfg.n_layers; ++l) {
-    views.clear();
+    const BlockLayout layout = layer_block_layout(cfg, l, dt);
+    Buffer block = upload_block(layout, src, backend, used);
     LayerWeights& lw = mw.layers[size_t(l)];
-    lw.block = load_block(layer_weight_specs(cfg, l), src, backend, used, views);
-    for (const auto& [role, t] : views) assign_layer_view(lw, role, t);
+    lw = layer_views(layout, block.data(), backend.device());
+    lw.block = std::move(block);
   }
-
-  for (const std::string& name : src.names())
-    if (!used.count(name) && !is_ignorable_weight(cfg, name))
-      STRATA_FAIL(src.describe() << ": unexpected tensor '" << name << "' (not part of a " << cfg.n_layers
-                                 << "-layer " << (cfg.arch == Arch::OPT ? "OPT" : "LLaMA-family") << " model)");
+  check_no_extra_tensors(cfg, src, used);
 
   if (cfg.pos == PosKind::Rope) {
     const std::vector<float> inv = rope_inv_freq(cfg);

@@ -1,8 +1,9 @@
 // Where each tensor of a policy lives (DESIGN.md "The policy"), and the bytes it takes per tier.
 // Weights: whole layers, assigned in order by cumulative size so the GPU gets the first ~gpu%
 // of the layer bytes, the CPU the next ~cpu%, the disk the rest (FlexGen's rule, at layer
-// granularity). KV cache and activations: one tensor per (GPU batch, layer), the same
-// assignment over the layers within every GPU batch. Embeddings, final norm and LM head always
+// granularity). KV cache: one tensor pair (K, V) per (GPU batch, layer), the same assignment
+// over the layers within every GPU batch. Activations: the hidden state of each GPU batch is one
+// tensor, assigned over the block's GPU batches (it is the only activation live between steps). Embeddings, final norm and LM head always
 // stay on the GPU. The plan also counts the working buffers the schedule needs, so its peak per
 // tier is what the runtime will reserve: the cost model's memory check uses the same function.
 #pragma once
@@ -37,7 +38,7 @@ struct PlanShape {
 struct PlacementPlan {
   std::vector<Tier> weight_tier;  // per layer
   std::vector<Tier> cache_tier;   // per layer, the same for every GPU batch
-  std::vector<Tier> act_tier;     // per layer: where the hidden state goes after that layer
+  std::vector<Tier> act_tier;     // per GPU batch: where its hidden state lives between layers
 
   // Bytes per tier. The three classes hold the tensors themselves (all GPU batches of the block);
   // `working` holds the schedule's buffers: GPU double buffers for offloaded weights, staging for

@@ -6,22 +6,10 @@
 #include <vector>
 
 #include "strata/runtime/sampler.h"
+#include "strata/runtime/sequence.h"
 #include "strata/runtime/transformer.h"
 
 namespace strata {
-
-struct GenRequest {
-  std::vector<int32_t> prompt;  // token ids, non-empty
-  SamplingParams sampling;
-};
-
-enum class FinishReason : uint8_t { Eos, Length };
-const char* finish_reason_name(FinishReason r);
-
-struct GenResult {
-  std::vector<int32_t> tokens;  // generated ids (EOS included when it ended the sequence)
-  FinishReason finish = FinishReason::Length;
-};
 
 struct GenStats {
   double prefill_seconds = 0, decode_seconds = 0;

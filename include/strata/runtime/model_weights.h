@@ -1,11 +1,14 @@
 // A model's weights resident on one backend. Each layer is one Buffer (the unit that will move
 // between tiers) with named views into it; the embeddings, final norm and head form one more.
 #pragma once
+#include <set>
+#include <string>
 #include <vector>
 
 #include "strata/backend/backend.h"
 #include "strata/model/config.h"
 #include "strata/model/weight_source.h"
+#include "strata/model/weight_specs.h"
 
 namespace strata {
 
@@ -33,5 +36,27 @@ struct ModelWeights {
 // Reads every tensor the config implies from `source`, checks shapes, converts to the backend's
 // dtype and uploads. Missing, misshapen or unexpected extra tensors are errors naming them.
 ModelWeights load_model_weights(const ModelConfig& cfg, const WeightSource& source, Backend& backend);
+
+// The byte layout of one block of tensors (a layer, or the globals) as stored in a Buffer, in
+// pinned memory or on disk: each tensor 256-byte aligned, in weight_specs order. All layers of a
+// model share one layout, so a layer can move between tiers as one contiguous copy.
+struct BlockLayout {
+  std::vector<WeightSpec> specs;
+  std::vector<size_t> offsets;
+  size_t bytes = 0;
+  DType dtype = DType::F32;
+};
+BlockLayout layer_block_layout(const ModelConfig& cfg, int layer, DType dtype);
+BlockLayout global_block_layout(const ModelConfig& cfg, DType dtype);
+
+// Reads a block's tensors from `source` into host memory laid out as `layout` (shape-checked,
+// converted to layout.dtype); records the stored names it used in `used`.
+void read_block(const BlockLayout& layout, const WeightSource& source, void* host_dst, std::set<std::string>& used);
+// Views of a layer block at `base` on `device`; no copy.
+LayerWeights layer_views(const BlockLayout& layout, void* base, Device device);
+// Sets the global views of `mw` (embeddings, norms, head) on a globals block at `base`.
+void set_global_views(const ModelConfig& cfg, const BlockLayout& layout, void* base, Device device, ModelWeights& mw);
+// Fails naming the first tensor of `source` that no block used (and that is not ignorable).
+void check_no_extra_tensors(const ModelConfig& cfg, const WeightSource& source, const std::set<std::string>& used);
 
 }  // namespace strata

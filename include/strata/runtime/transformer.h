@@ -8,6 +8,7 @@
 
 #include "strata/backend/backend.h"
 #include "strata/model/config.h"
+#include "strata/runtime/forward_ops.h"
 #include "strata/runtime/model_weights.h"
 
 namespace strata {
@@ -19,13 +20,6 @@ struct KvCache {
   int slots = 0, capacity = 0;
 };
 KvCache make_kv_cache(const ModelConfig& cfg, Backend& backend, int slots, int capacity);
-
-struct StepBatch {
-  std::vector<int32_t> tokens;     // [T]
-  std::vector<int32_t> positions;  // [T], 0-based position within its sequence
-  std::vector<int32_t> slots;      // [T], KV cache slot of its sequence
-  std::vector<int32_t> logit_rows; // indices into tokens whose logits are wanted (e.g. each sequence's last)
-};
 
 class Transformer {
 public:
@@ -39,17 +33,16 @@ public:
 
 private:
   void ensure_workspace(int64_t tokens, int64_t rows);
-  void run_layer(const LayerWeights& w, const Tensor& x, int64_t T, const Tensor& cache_k, const Tensor& cache_v);
-  void norm(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out);
 
   ModelConfig cfg_;
   ModelWeights w_;
   Backend& backend_;
-  // Workspace, grown on demand: activations for `ws_tokens_` tokens and `ws_rows_` logit rows.
+  ForwardOps ops_;
+  // Workspace, grown on demand: the hidden state and ForwardOps' scratch for `ws_tokens_` tokens
+  // and `ws_rows_` logit rows.
   Buffer ws_;
   int64_t ws_tokens_ = 0, ws_rows_ = 0;
-  Tensor x_, xn_, q_, k_, v_, attn_, mlp_a_, mlp_b_, last_, logits_;
-  Tensor ids_, pos_, pos_shifted_, slots_, rows_;
+  Tensor x_;
 };
 
 }  // namespace strata

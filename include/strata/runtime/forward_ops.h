@@ -1,0 +1,64 @@
+// The pieces of the forward pass (embedding, one decoder layer, the LM head) over a workspace the
+// caller provides. Transformer runs them over resident weights; the offloading engine runs them
+// one (layer, GPU batch) at a time over weights, caches and hidden states it moves between tiers.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "strata/backend/backend.h"
+#include "strata/model/config.h"
+#include "strata/runtime/model_weights.h"
+
+namespace strata {
+
+// A packed step: tokens from any number of sequences, each with its cache slot and position.
+struct StepBatch {
+  std::vector<int32_t> tokens;     // [T]
+  std::vector<int32_t> positions;  // [T], 0-based position within its sequence
+  std::vector<int32_t> slots;      // [T], KV cache slot of its sequence
+  std::vector<int32_t> logit_rows; // indices into tokens whose logits are wanted (e.g. each sequence's last)
+};
+
+// Replaces "store k, v in the cache, then attend" (e.g. attention delegated to the CPU where the
+// cache lives there). q, out: [T, heads, d]; k, v: [T, kv_heads, d]; all on the backend.
+using AttentionFn = std::function<void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out)>;
+
+class ForwardOps {
+public:
+  ForwardOps(const ModelConfig& cfg, Backend& backend);
+
+  // Bytes of workspace for steps of up to `tokens` tokens and `rows` logit rows (the hidden
+  // state itself excluded: the caller owns it).
+  static size_t workspace_bytes(const ModelConfig& cfg, DType dtype, int64_t tokens, int64_t rows);
+  void bind_workspace(void* base, int64_t tokens, int64_t rows);
+  int64_t max_tokens() const { return ws_tokens_; }
+
+  // Checks the step against the config and the cache geometry, and uploads its ids, positions and
+  // slots; the calls below then work on this step.
+  void begin_step(const StepBatch& batch, int cache_slots, int cache_capacity);
+  int64_t tokens() const { return T_; }
+
+  void embed(const ModelWeights& w, const Tensor& x);  // x: [T, h]
+  // x += attention block; x += MLP block. Caches: [S, C, kv_heads, d] (unused when `attend` is set).
+  void layer(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x, const Tensor& cache_k,
+             const Tensor& cache_v, const AttentionFn& attend = nullptr);
+  // Final norm and LM head on the step's logit rows; valid until the next step.
+  Tensor head(const ModelWeights& w, const Tensor& x);
+
+  // The step's slots and positions on the backend (I32 [T]).
+  Tensor slots() const { return slots_.rows(0, T_); }
+  Tensor positions() const { return pos_.rows(0, T_); }
+
+private:
+  void norm(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out);
+
+  const ModelConfig& cfg_;
+  Backend& backend_;
+  int64_t ws_tokens_ = 0, ws_rows_ = 0;
+  int64_t T_ = 0, R_ = 0;
+  Tensor xn_, q_, k_, v_, attn_, mlp_a_, mlp_b_, last_, logits_;
+  Tensor ids_, pos_, pos_shifted_, slots_, rows_;
+};
+
+}  // namespace strata

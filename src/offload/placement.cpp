@@ -1,0 +1,127 @@
+#include "strata/offload/placement.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "strata/core/error.h"
+#include "strata/core/size.h"
+#include "strata/runtime/forward_ops.h"
+#include "strata/runtime/model_weights.h"
+
+namespace strata {
+
+const char* tier_name(Tier t) { return t == Tier::Gpu ? "gpu" : t == Tier::Cpu ? "cpu" : "disk"; }
+
+TierBytes PlacementPlan::peak() const {
+  TierBytes t = weights;
+  t += kv_cache;
+  t += activations;
+  t += working;
+  return t;
+}
+
+std::vector<Tier> assign_tiers(int n, const TierSplit& split) {
+  std::vector<Tier> tiers;
+  for (int i = 0; i < n; ++i) {
+    const double mid = (i + 0.5) / n * 100.0;
+    tiers.push_back(mid < split.gpu ? Tier::Gpu : mid < split.gpu + split.cpu ? Tier::Cpu : Tier::Disk);
+  }
+  return tiers;
+}
+
+namespace {
+
+int count(const std::vector<Tier>& v, Tier t) {
+  int n = 0;
+  for (Tier x : v) n += x == t;
+  return n;
+}
+
+TierSplit realized(const std::vector<Tier>& v) {
+  if (v.empty()) return {};
+  auto pct = [&](Tier t) { return int(std::lround(100.0 * count(v, t) / double(v.size()))); };
+  TierSplit s{pct(Tier::Gpu), pct(Tier::Cpu), 0};
+  s.disk = 100 - s.gpu - s.cpu;
+  return s;
+}
+
+// Bytes of `units` tensors of `unit` bytes each, by their tiers.
+TierBytes bytes_by_tier(const std::vector<Tier>& tiers, double unit, double multiplier) {
+  TierBytes b;
+  for (Tier t : tiers) b.at(t) += unit * multiplier;
+  return b;
+}
+
+size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+}  // namespace
+
+PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const PlanShape& shape, DType dtype) {
+  STRATA_CHECK(shape.prompt_len > 0 && shape.gen_len >= 0, "plan: prompt length must be positive");
+  const size_t e = dtype_size(dtype);
+  const int L = cfg.n_layers, gbs = policy.gpu_batch_size, ngb = policy.num_gpu_batches;
+  const size_t disk_align = 4096;  // the disk store's O_DIRECT unit
+
+  PlacementPlan p;
+  p.layer_weight_bytes = align_up(layer_block_layout(cfg, 0, dtype).bytes, disk_align);
+  p.global_weight_bytes = global_block_layout(cfg, dtype).bytes;
+  p.cache_unit_bytes = align_up(2 * size_t(gbs) * size_t(shape.capacity()) * size_t(cfg.kv_dim()) * e, disk_align);
+  p.act_unit_bytes = align_up(size_t(gbs) * size_t(shape.prompt_len) * size_t(cfg.hidden) * e, disk_align);
+
+  p.weight_tier = assign_tiers(L, policy.weights);
+  p.cache_tier = assign_tiers(L, policy.kv_cache);
+  p.act_tier = assign_tiers(ngb, policy.activations);  // one hidden state per GPU batch
+  p.realized_weights = realized(p.weight_tier);
+  p.realized_kv_cache = realized(p.cache_tier);
+  p.realized_activations = realized(p.act_tier);
+
+  p.weights = bytes_by_tier(p.weight_tier, double(p.layer_weight_bytes), 1);
+  p.weights.gpu += double(p.global_weight_bytes);
+  p.kv_cache = bytes_by_tier(p.cache_tier, double(p.cache_unit_bytes), ngb);
+  p.activations = bytes_by_tier(p.act_tier, double(p.act_unit_bytes), 1);
+
+  // Working buffers, as the schedule allocates them (src/offload/engine.cpp).
+  const bool weights_move = count(p.weight_tier, Tier::Gpu) < L;
+  const bool cache_moves = count(p.cache_tier, Tier::Gpu) < L;
+  const bool acts_move = count(p.act_tier, Tier::Gpu) < ngb;
+  const int64_t max_tokens = int64_t(gbs) * shape.prompt_len;
+  TierBytes& w = p.working;
+  w.gpu += double(ForwardOps::workspace_bytes(cfg, dtype, max_tokens, gbs));
+  if (cfg.pos == PosKind::Rope) w.gpu += double(cfg.head_dim / 2 * 4);
+  if (weights_move) w.gpu += 2.0 * double(p.layer_weight_bytes);
+  if (cache_moves) w.gpu += 3.0 * double(p.cache_unit_bytes);
+  if (acts_move) w.gpu += 3.0 * double(p.act_unit_bytes);
+  if (count(p.weight_tier, Tier::Disk) > 0) w.cpu += 2.0 * double(p.layer_weight_bytes);
+  if (count(p.cache_tier, Tier::Disk) > 0) w.cpu += 3.0 * double(p.cache_unit_bytes);
+  if (count(p.act_tier, Tier::Disk) > 0) w.cpu += 3.0 * double(p.act_unit_bytes);
+  if (policy.cpu_attention && count(p.cache_tier, Tier::Gpu) < L) {
+    // q, k, v and the attention output of one decode step cross to the host and back.
+    w.cpu += double(align_up(size_t(gbs) * size_t(2 * cfg.q_dim() + 2 * cfg.kv_dim()) * e, disk_align));
+  }
+  return p;
+}
+
+std::string describe_plan(const PlacementPlan& plan, const Policy& policy) {
+  std::ostringstream os;
+  auto line = [&](const char* name, const TierBytes& b, const TierSplit& real, const TierSplit& asked,
+                  const char* unit) {
+    os << "  " << name << ":";
+    for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) {
+      const int pct = t == Tier::Gpu ? real.gpu : t == Tier::Cpu ? real.cpu : real.disk;
+      os << "  " << tier_name(t) << " " << pct << "% (" << format_bytes(b.at(t)) << ")";
+    }
+    os << "  [policy " << asked.gpu << "/" << asked.cpu << "/" << asked.disk << ", by " << unit << "]\n";
+  };
+  line("weights    ", plan.weights, plan.realized_weights, policy.weights, "layer");
+  line("kv_cache   ", plan.kv_cache, plan.realized_kv_cache, policy.kv_cache, "layer");
+  line("activations", plan.activations, plan.realized_activations, policy.activations, "GPU batch");
+  os << "  working    :";
+  for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) os << "  " << tier_name(t) << " " << format_bytes(plan.working.at(t));
+  os << "\n  peak       :";
+  const TierBytes peak = plan.peak();
+  for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) os << "  " << tier_name(t) << " " << format_bytes(peak.at(t));
+  os << "\n";
+  return os.str();
+}
+
+}  // namespace strata

@@ -1,0 +1,152 @@
+#include "strata/runtime/forward_ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "strata/core/error.h"
+
+namespace strata {
+namespace {
+
+struct PieceShape {
+  DType dt;
+  std::vector<int64_t> dims;
+};
+
+// The workspace's pieces, in the order of ForwardOps::bind_workspace's targets.
+std::vector<PieceShape> workspace_shapes(const ModelConfig& cfg, DType dt, int64_t T, int64_t R) {
+  const int64_t h = cfg.hidden, qd = cfg.q_dim(), f = cfg.intermediate, V = cfg.vocab_size;
+  return {{dt, {T, h}},          {dt, {T, cfg.n_heads, cfg.head_dim}},
+          {dt, {T, cfg.n_kv_heads, cfg.head_dim}}, {dt, {T, cfg.n_kv_heads, cfg.head_dim}},
+          {dt, {T, qd}},         {dt, {T, f}},
+          {dt, {T, f}},          {dt, {R, h}},
+          {dt, {R, V}},          {DType::I32, {T}},
+          {DType::I32, {T}},     {DType::I32, {T}},
+          {DType::I32, {T}},     {DType::I32, {R}}};
+}
+
+size_t piece_bytes(const PieceShape& p) {
+  size_t n = dtype_size(p.dt);
+  for (int64_t d : p.dims) n *= size_t(d);
+  return (n + 255) / 256 * 256;  // every piece 256-byte aligned, as cuBLAS and vector loads like
+}
+
+}  // namespace
+
+ForwardOps::ForwardOps(const ModelConfig& cfg, Backend& backend) : cfg_(cfg), backend_(backend) {}
+
+size_t ForwardOps::workspace_bytes(const ModelConfig& cfg, DType dt, int64_t T, int64_t R) {
+  size_t total = 0;
+  for (const PieceShape& p : workspace_shapes(cfg, dt, T, R)) total += piece_bytes(p);
+  return total;
+}
+
+void ForwardOps::bind_workspace(void* base, int64_t T, int64_t R) {
+  Tensor* const targets[] = {&xn_,   &q_,   &k_,  &v_,           &attn_,  &mlp_a_, &mlp_b_,
+                             &last_, &logits_, &ids_, &pos_, &pos_shifted_, &slots_, &rows_};
+  const std::vector<PieceShape> shapes = workspace_shapes(cfg_, backend_.activation_dtype(), T, R);
+  size_t offset = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    Tensor& t = *targets[i];
+    t = Tensor();
+    t.data = static_cast<char*>(base) + offset;
+    t.dtype = shapes[i].dt;
+    t.device = backend_.device();
+    t.ndim = int(shapes[i].dims.size());
+    for (size_t d = 0; d < shapes[i].dims.size(); ++d) t.shape[d] = shapes[i].dims[d];
+    offset += piece_bytes(shapes[i]);
+  }
+  ws_tokens_ = T;
+  ws_rows_ = R;
+}
+
+void ForwardOps::begin_step(const StepBatch& batch, int cache_slots, int cache_capacity) {
+  const int64_t T = int64_t(batch.tokens.size()), R = int64_t(batch.logit_rows.size());
+  STRATA_CHECK(T > 0 && batch.positions.size() == size_t(T) && batch.slots.size() == size_t(T),
+               "forward: tokens, positions and slots must have the same non-zero length");
+  STRATA_CHECK(T <= ws_tokens_ && R <= ws_rows_,
+               "forward: step of " << T << " tokens / " << R << " rows exceeds the workspace (" << ws_tokens_ << " / "
+                                   << ws_rows_ << ")");
+  for (int64_t t = 0; t < T; ++t) {
+    STRATA_CHECK(batch.tokens[t] >= 0 && batch.tokens[t] < cfg_.vocab_size,
+                 "token id " << batch.tokens[t] << " outside the vocabulary of " << cfg_.vocab_size);
+    STRATA_CHECK(batch.positions[t] >= 0 && batch.positions[t] < std::min(cache_capacity, cfg_.max_positions),
+                 "position " << batch.positions[t] << " outside the context");
+    STRATA_CHECK(batch.slots[t] >= 0 && batch.slots[t] < cache_slots, "slot " << batch.slots[t] << " outside the cache");
+  }
+  for (int32_t r : batch.logit_rows) STRATA_CHECK(r >= 0 && r < T, "logit row " << r << " outside the step");
+  T_ = T;
+  R_ = R;
+  backend_.copy_to_device(ids_.data, batch.tokens.data(), size_t(T) * 4);
+  backend_.copy_to_device(pos_.data, batch.positions.data(), size_t(T) * 4);
+  backend_.copy_to_device(slots_.data, batch.slots.data(), size_t(T) * 4);
+  if (cfg_.pos == PosKind::Learned) {
+    std::vector<int32_t> shifted(batch.positions);
+    for (int32_t& p : shifted) p += cfg_.pos_offset;  // OPT's table starts at index 2
+    backend_.copy_to_device(pos_shifted_.data, shifted.data(), size_t(T) * 4);
+  }
+  if (R > 0) backend_.copy_to_device(rows_.data, batch.logit_rows.data(), size_t(R) * 4);
+}
+
+void ForwardOps::norm(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out) {
+  if (cfg_.norm == NormKind::LayerNorm) backend_.layer_norm(x, w, b, cfg_.norm_eps, out);
+  else backend_.rms_norm(x, w, cfg_.norm_eps, out);
+}
+
+void ForwardOps::embed(const ModelWeights& w, const Tensor& x) {
+  backend_.embedding(ids_.rows(0, T_), w.embed, x, false);
+  if (cfg_.pos == PosKind::Learned) backend_.embedding(pos_shifted_.rows(0, T_), w.pos_embed, x, true);
+}
+
+void ForwardOps::layer(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x, const Tensor& cache_k,
+                       const Tensor& cache_v, const AttentionFn& attend) {
+  const int64_t T = T_;
+  const Tensor xn = xn_.rows(0, T), pos = pos_.rows(0, T), slots = slots_.rows(0, T);
+  const Tensor q = q_.rows(0, T), k = k_.rows(0, T), v = v_.rows(0, T), attn = attn_.rows(0, T);
+  const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
+
+  // Attention block (pre-norm): x += o_proj(attention(rope(q), rope(k), v)).
+  norm(x, w.attn_norm_w, w.attn_norm_b, xn);
+  backend_.linear(xn, w.q_w, w.q_b, q.reshaped({T, qd}));
+  backend_.linear(xn, w.k_w, w.k_b, k.reshaped({T, kvd}));
+  backend_.linear(xn, w.v_w, w.v_b, v.reshaped({T, kvd}));
+  if (cfg_.pos == PosKind::Rope) {
+    backend_.rope(q, pos, inv_freq);
+    backend_.rope(k, pos, inv_freq);
+  }
+  const Tensor attn_heads = attn.reshaped({T, cfg_.n_heads, cfg_.head_dim});
+  if (attend) {
+    attend(q, k, v, attn_heads);
+  } else {
+    backend_.kv_store(k, v, cache_k, cache_v, slots, pos);
+    backend_.attention(q, cache_k, cache_v, slots, pos, 1.0f / std::sqrt(float(cfg_.head_dim)), attn_heads);
+  }
+  backend_.linear(attn, w.o_w, w.o_b, xn);
+  backend_.add(x, xn, x);
+
+  // MLP block (pre-norm): x += fc2(act(fc1(x))), or down(silu(gate(x)) * up(x)).
+  norm(x, w.mlp_norm_w, w.mlp_norm_b, xn);
+  const Tensor a = mlp_a_.rows(0, T), b = mlp_b_.rows(0, T);
+  backend_.linear(xn, w.fc1_w, w.fc1_b, a);
+  switch (cfg_.mlp) {
+    case MlpKind::ReLU: backend_.activation(Activation::ReLU, a); break;
+    case MlpKind::GELU: backend_.activation(Activation::GELU, a); break;
+    case MlpKind::SwiGLU:
+      backend_.linear(xn, w.up_w, Tensor(), b);
+      backend_.swiglu(a, b, a);
+      break;
+  }
+  backend_.linear(a, w.fc2_w, w.fc2_b, xn);
+  backend_.add(x, xn, x);
+}
+
+Tensor ForwardOps::head(const ModelWeights& w, const Tensor& x) {
+  if (R_ == 0) return logits_.rows(0, 0);
+  const Tensor rows = rows_.rows(0, R_), last = last_.rows(0, R_), logits = logits_.rows(0, R_);
+  backend_.gather_rows(x, rows, last);
+  norm(last, w.final_norm_w, w.final_norm_b, last);
+  backend_.linear(last, w.lm_head, Tensor(), logits);
+  return logits;
+}
+
+}  // namespace strata

@@ -1,0 +1,60 @@
+#include "strata/runtime/sequence.h"
+
+#include <algorithm>
+
+#include "strata/core/error.h"
+
+namespace strata {
+
+const char* finish_reason_name(FinishReason r) { return r == FinishReason::Eos ? "eos" : "length"; }
+
+Sequence start_sequence(const GenRequest& r, const ModelConfig& cfg, int slot, size_t index) {
+  if (r.prompt.empty()) STRATA_FAIL("request " << index << ": empty prompt (no tokens)");
+  if (int(r.prompt.size()) >= cfg.max_positions)
+    STRATA_FAIL("request " << index << ": prompt of " << r.prompt.size() << " tokens fills the model's context of "
+                           << cfg.max_positions);
+  Sequence s;
+  s.request = &r;
+  s.slot = slot;
+  s.sampler = Sampler(r.sampling);
+  s.max_new = std::min(r.sampling.max_new_tokens, cfg.max_positions - int(r.prompt.size()));
+  s.done = s.max_new <= 0;
+  return s;
+}
+
+StepSampler::StepSampler(Backend& backend, const ModelConfig& cfg, size_t max_rows) : backend_(backend), cfg_(cfg) {
+  argmax_buf_ = backend.alloc(std::max<size_t>(max_rows, 1) * 4);
+}
+
+void StepSampler::sample(const Tensor& logits, const std::vector<Sequence*>& seqs) {
+  const int64_t R = int64_t(seqs.size()), V = logits.row_size();
+  picks_.resize(size_t(R));
+  const bool all_greedy =
+      std::all_of(seqs.begin(), seqs.end(), [](const Sequence* s) { return s->request->sampling.greedy(); });
+  if (all_greedy) {
+    Tensor ids = argmax_buf_.view(0, DType::I32, {R});
+    backend_.argmax_rows(logits, ids);
+    backend_.copy_to_host(picks_.data(), ids.data, size_t(R) * 4);
+  } else {
+    host_logits_.resize(size_t(R * V));
+    backend_.copy_to_host_f32(logits, host_logits_.data());
+    for (int64_t r = 0; r < R; ++r) picks_[size_t(r)] = seqs[size_t(r)]->sampler.sample(host_logits_.data() + r * V, V);
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    Sequence& s = *seqs[size_t(r)];
+    const int32_t tok = picks_[size_t(r)];
+    s.result.tokens.push_back(tok);
+    const bool is_eos = std::find(cfg_.eos_ids.begin(), cfg_.eos_ids.end(), tok) != cfg_.eos_ids.end();
+    if (is_eos && !s.request->sampling.ignore_eos) {
+      s.done = true;
+      s.result.finish = FinishReason::Eos;
+    } else if (int(s.result.tokens.size()) >= s.max_new) {
+      s.done = true;
+      s.result.finish = FinishReason::Length;
+    } else {
+      s.next_token = tok;
+    }
+  }
+}
+
+}  // namespace strata
