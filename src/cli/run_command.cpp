@@ -38,6 +38,16 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--seed", opt->defaults.seed, "default seed")->capture_default_str();
   cmd->add_flag("--ignore-eos", opt->defaults.ignore_eos, "generate max_new_tokens even past EOS (benchmarks)");
   cmd->add_flag("!--no-progress", opt->progress, "no progress line");
+  cmd->add_option("--policy", opt->policy, "placement policy YAML (policies/); offloads weights, KV cache and "
+                                           "activations to CPU memory and disk; the block size replaces --batch-size")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--gpu-mem", opt->gpu_mem, "GPU tier budget, e.g. 16GiB (default: free device memory)");
+  cmd->add_option("--cpu-mem", opt->cpu_mem, "pinned CPU tier budget, e.g. 64GiB (default: available memory)");
+  cmd->add_option("--offload-dir", opt->offload_dir, "directory for the disk tier (default: ~/.cache/strata/offload)");
+  cmd->add_flag("--no-overlap", opt->no_overlap, "run loads, stores and compute one after another (ablation)");
+  cmd->add_flag("--verbose", opt->verbose, "print the realized placement before starting");
+  cmd->add_flag("--report", opt->report, "print throughput, stream busy times, bytes per link and peak memory");
+  cmd->add_option("--trace", opt->trace, "write a Chrome trace-event timeline (Perfetto) of the schedule");
   cmd->callback([opt] { run_batch_job(*opt, std::cerr); });
 }
 

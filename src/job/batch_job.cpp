@@ -8,12 +8,16 @@
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
+#include <sstream>
 
 #include "strata/backend/backend.h"
 #include "strata/core/error.h"
 #include "strata/job/output.h"
 #include "strata/job/prompts.h"
 #include "strata/model/model_loader.h"
+#include "strata/core/size.h"
+#include "strata/offload/engine.h"
+#include "strata/policy/policy.h"
 #include "strata/runtime/generator.h"
 
 namespace strata {
@@ -86,6 +90,99 @@ private:
   double last_ = -1e9;
 };
 
+// Runs batches through either the resident generator or the offloading engine.
+class Generator {
+public:
+  virtual ~Generator() = default;
+  virtual size_t batch_size() const = 0;
+  virtual std::vector<GenResult> run(const std::vector<GenRequest>& batch, GenStats& stats) = 0;
+  virtual void finish(std::ostream&) {}
+};
+
+class ResidentGenerator final : public Generator {
+public:
+  ResidentGenerator(ModelBundle& model, const JobOptions& opt, std::ostream& log)
+      : backend_(make_backend(opt.device, opt.threads)), batch_(size_t(opt.batch_size)) {
+    log << "model " << model.config.name << " (" << model.config.n_layers << " layers, "
+        << double(model.config.param_count()) / 1e9 << " B parameters) on " << backend_->name() << "\n";
+    transformer_ = std::make_unique<Transformer>(model.config, load_model_weights(model.config, *model.weights, *backend_),
+                                                 *backend_);
+    options_.prefill_token_budget = opt.prefill_token_budget;
+  }
+  size_t batch_size() const override { return batch_; }
+  std::vector<GenResult> run(const std::vector<GenRequest>& batch, GenStats& stats) override {
+    return generate(*transformer_, batch, options_, &stats);
+  }
+
+private:
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Transformer> transformer_;
+  GenOptions options_;
+  size_t batch_;
+};
+
+void print_report(const OffloadReport& r, std::ostream& log) {
+  auto gbps = [](const LinkStats& l) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(3) << double(l.bytes) / 1e9 << " GB in " << l.seconds << " s ("
+       << std::setprecision(2) << l.gb_per_s() << " GB/s)";
+    return os.str();
+  };
+  const GenStats& g = r.gen;
+  const double gen_s = g.prefill_seconds + g.decode_seconds;
+  auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
+  log << std::fixed << std::setprecision(2) << "report:\n"
+      << "  throughput: prefill " << rate(double(g.prompt_tokens), g.prefill_seconds) << " prompt tok/s, decode "
+      << rate(double(g.generated_tokens), g.decode_seconds) << " tok/s, total "
+      << rate(double(g.generated_tokens), gen_s) << " generated tok/s (generated / (prefill + decode time))\n"
+      << "  busy: compute " << r.compute_busy << " s, cpu->gpu " << r.h2d_busy << " s, gpu->cpu " << r.d2h_busy
+      << " s, disk " << r.disk_busy << " s; schedule wall " << r.schedule_seconds << " s; overlap "
+      << std::setprecision(0) << 100 * r.overlap() << "%\n"
+      << "  disk->cpu: " << gbps(r.disk_to_cpu) << "\n  cpu->gpu:  " << gbps(r.cpu_to_gpu)
+      << "\n  gpu->cpu:  " << gbps(r.gpu_to_cpu) << "\n  cpu->disk: " << gbps(r.cpu_to_disk) << "\n"
+      << "  peak memory: gpu " << format_bytes(r.peak.gpu) << ", cpu (pinned) " << format_bytes(r.peak.cpu)
+      << ", disk " << format_bytes(r.peak.disk) << (r.disk_io.empty() ? "" : " via " + r.disk_io) << "\n";
+}
+
+class OffloadGenerator final : public Generator {
+public:
+  OffloadGenerator(ModelBundle& model, const JobOptions& opt, const PlanShape& shape, std::ostream& log)
+      : backend_(make_backend(opt.device, opt.threads)), opt_(opt) {
+    OffloadOptions o;
+    o.policy = load_policy(opt.policy);
+    if (opt.no_overlap) o.policy.overlap = false;
+    if (!opt.gpu_mem.empty()) o.gpu_budget = double(parse_size(opt.gpu_mem, "--gpu-mem"));
+    if (!opt.cpu_mem.empty()) o.cpu_budget = double(parse_size(opt.cpu_mem, "--cpu-mem"));
+    o.offload_dir = opt.offload_dir;
+    o.trace = !opt.trace.empty();
+    o.cpu_threads = opt.threads;
+    log << "model " << model.config.name << " (" << model.config.n_layers << " layers, "
+        << double(model.config.param_count()) / 1e9 << " B parameters) on " << backend_->name() << ", policy "
+        << opt.policy.string() << ": block " << o.policy.gpu_batch_size << " x " << o.policy.num_gpu_batches
+        << ", prompt <= " << shape.prompt_len << ", generation <= " << shape.gen_len
+        << (o.policy.overlap ? "" : ", no overlap") << "\n";
+    const PlacementPlan plan = plan_placement(model.config, o.policy, shape, backend_->activation_dtype());
+    if (opt.verbose || opt.report) log << "placement:\n" << describe_plan(plan, o.policy);
+    engine_ = std::make_unique<OffloadEngine>(model.config, *model.weights, *backend_, o, shape);
+  }
+  size_t batch_size() const override { return size_t(engine_->block_size()); }
+  std::vector<GenResult> run(const std::vector<GenRequest>& batch, GenStats& stats) override {
+    return engine_->generate(batch, &stats);
+  }
+  void finish(std::ostream& log) override {
+    if (opt_.report) print_report(engine_->report(), log);
+    if (!opt_.trace.empty()) {
+      engine_->write_trace(opt_.trace);
+      log << "wrote trace " << opt_.trace.string() << "\n";
+    }
+  }
+
+private:
+  std::unique_ptr<Backend> backend_;
+  const JobOptions& opt_;
+  std::unique_ptr<OffloadEngine> engine_;
+};
+
 }  // namespace
 
 JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
@@ -99,12 +196,22 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
       read_prompts(opt.prompts, opt.defaults, [&](const std::string& w) { log << "warning: " << w << "\n"; });
   const std::vector<Tokenized> all = tokenize_all(records, model, opt.prompts.string());
 
-  // Load before touching the output, so a model that fails to load leaves no file behind.
-  std::unique_ptr<Backend> backend = make_backend(opt.device, opt.threads);
-  log << "model " << model.config.name << " (" << model.config.n_layers << " layers, "
-      << double(model.config.param_count()) / 1e9 << " B parameters) on " << backend->name() << "\n";
-  Transformer transformer(model.config, load_model_weights(model.config, *model.weights, *backend), *backend);
-  model.weights.reset();  // the mapping is no longer needed once the weights are on the device
+  // Load before touching the output, so a model that fails to load (or a policy that does not
+  // fit) leaves no file behind.
+  std::unique_ptr<Generator> gen;
+  if (opt.policy.empty()) {
+    gen = std::make_unique<ResidentGenerator>(model, opt, log);
+  } else {
+    PlanShape shape;  // the longest prompt and generation of the job bound every block
+    for (const Tokenized& t : all) {
+      shape.prompt_len = std::max(shape.prompt_len, int(t.ids.size()));
+      shape.gen_len = std::max(shape.gen_len, std::min(t.record->sampling.max_new_tokens,
+                                                       model.config.max_positions - int(t.ids.size())));
+    }
+    if (all.empty()) shape = {1, 1};
+    gen = std::make_unique<OffloadGenerator>(model, opt, shape, log);
+  }
+  model.weights.reset();  // the mapping is no longer needed once the weights are in their tiers
 
   OutputWriter writer(opt.out);
   std::vector<const Tokenized*> todo;
@@ -117,15 +224,14 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
     log << "resuming " << writer.partial_path().string() << ": " << sum.resumed << " of " << all.size()
         << " prompts already done\n";
 
-  GenOptions gen_opt;
-  gen_opt.prefill_token_budget = opt.prefill_token_budget;
   GenStats stats;
   Progress progress(log, opt.progress, int64_t(todo.size()));
-  for (size_t begin = 0; begin < todo.size(); begin += size_t(opt.batch_size)) {
-    const size_t end = std::min(todo.size(), begin + size_t(opt.batch_size));
+  const size_t batch_size = gen->batch_size();
+  for (size_t begin = 0; begin < todo.size(); begin += batch_size) {
+    const size_t end = std::min(todo.size(), begin + batch_size);
     std::vector<GenRequest> batch;
     for (size_t i = begin; i < end; ++i) batch.push_back({todo[i]->ids, todo[i]->record->sampling});
-    const std::vector<GenResult> results = generate(transformer, batch, gen_opt, &stats);
+    const std::vector<GenResult> results = gen->run(batch, stats);
     for (size_t i = begin; i < end; ++i) {
       const GenResult& r = results[i - begin];
       nlohmann::json line;
@@ -142,6 +248,7 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   }
   progress.end();
   writer.finish();
+  gen->finish(log);
 
   sum.prompt_tokens = stats.prompt_tokens;
   sum.generated_tokens = stats.generated_tokens;

@@ -64,8 +64,8 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
 
   PlacementPlan p;
   p.layer_weight_bytes = align_up(layer_block_layout(cfg, 0, dtype).bytes, disk_align);
-  p.global_weight_bytes = global_block_layout(cfg, dtype).bytes;
-  p.cache_unit_bytes = align_up(2 * size_t(gbs) * size_t(shape.capacity()) * size_t(cfg.kv_dim()) * e, disk_align);
+  p.global_weight_bytes = align_up(global_block_layout(cfg, dtype).bytes, disk_align);
+  p.cache_unit_bytes = 2 * align_up(size_t(gbs) * size_t(shape.capacity()) * size_t(cfg.kv_dim()) * e, disk_align);
   p.act_unit_bytes = align_up(size_t(gbs) * size_t(shape.prompt_len) * size_t(cfg.hidden) * e, disk_align);
 
   p.weight_tier = assign_tiers(L, policy.weights);
@@ -86,8 +86,9 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   const bool acts_move = count(p.act_tier, Tier::Gpu) < ngb;
   const int64_t max_tokens = int64_t(gbs) * shape.prompt_len;
   TierBytes& w = p.working;
-  w.gpu += double(ForwardOps::workspace_bytes(cfg, dtype, max_tokens, gbs));
-  if (cfg.pos == PosKind::Rope) w.gpu += double(cfg.head_dim / 2 * 4);
+  // Every piece is carved at 4 KiB alignment (src/offload/tiers.cpp), so count it rounded up.
+  w.gpu += double(align_up(ForwardOps::workspace_bytes(cfg, dtype, max_tokens, gbs), disk_align));
+  if (cfg.pos == PosKind::Rope) w.gpu += double(align_up(size_t(cfg.head_dim / 2) * 4, disk_align));
   if (weights_move) w.gpu += 2.0 * double(p.layer_weight_bytes);
   if (cache_moves) w.gpu += 3.0 * double(p.cache_unit_bytes);
   if (acts_move) w.gpu += 3.0 * double(p.act_unit_bytes);
@@ -96,7 +97,8 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   if (count(p.act_tier, Tier::Disk) > 0) w.cpu += 3.0 * double(p.act_unit_bytes);
   if (policy.cpu_attention && count(p.cache_tier, Tier::Gpu) < L) {
     // q, k, v and the attention output of one decode step cross to the host and back.
-    w.cpu += double(align_up(size_t(gbs) * size_t(2 * cfg.q_dim() + 2 * cfg.kv_dim()) * e, disk_align));
+    w.cpu += 2.0 * double(align_up(size_t(gbs) * size_t(cfg.q_dim()) * e, disk_align));
+    w.cpu += 2.0 * double(align_up(size_t(gbs) * size_t(cfg.kv_dim()) * e, disk_align));
   }
   return p;
 }

@@ -18,6 +18,15 @@ struct JobOptions {
   int64_t prefill_token_budget = 4096;     // tokens per prefill step
   SamplingParams defaults;                 // for fields a prompt line leaves out
   bool progress = true;                    // progress line on the log stream
+
+  // Offloading (strata run --policy): the engine replaces the resident generator when set.
+  std::filesystem::path policy;            // policy YAML; empty: everything resident, --batch-size batches
+  std::string gpu_mem, cpu_mem;            // tier budgets ("16GiB"); empty: what the machine has free
+  std::filesystem::path offload_dir;       // disk tier files; empty: ~/.cache/strata/offload
+  bool no_overlap = false;                 // run the schedule's steps one after another (ablations)
+  bool verbose = false;                    // print the realized placement before starting
+  bool report = false;                     // print throughput, stream busy time, link bytes, peaks
+  std::filesystem::path trace;             // Chrome trace-event JSON of the schedule
 };
 
 struct JobSummary {

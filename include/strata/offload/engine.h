@@ -1,0 +1,77 @@
+// The offloading engine (DESIGN.md "The runtime"; FlexGen Algorithm 1). Weights, KV cache and
+// hidden states live on the GPU, in pinned CPU memory or on disk as the placement plan says; for
+// every generated token, every layer and every GPU batch of the block it loads the next layer's
+// weights, stores the previous batch's cache and hidden state, loads the next batch's, and
+// computes this batch, with the copies on their own lanes (CUDA copy streams, the disk thread)
+// overlapping the compute. Prefill is the first pass of the same schedule.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/backend/backend.h"
+#include "strata/model/config.h"
+#include "strata/model/weight_source.h"
+#include "strata/offload/disk_store.h"
+#include "strata/offload/placement.h"
+#include "strata/policy/policy.h"
+#include "strata/runtime/generator.h"
+
+namespace strata {
+
+struct OffloadOptions {
+  Policy policy;
+  double gpu_budget = 0;  // bytes; 0: what the backend reports free
+  double cpu_budget = 0;  // bytes; 0: the host's MemAvailable
+  std::filesystem::path offload_dir;  // empty: $TMPDIR or /tmp
+  DiskIoMode disk_mode = DiskIoMode::Auto;
+  bool trace = false;     // keep a timeline for write_trace()
+  int cpu_threads = 0;    // threads of the CPU attention backend (0: all cores)
+};
+
+struct LinkStats {
+  uint64_t bytes = 0;
+  double seconds = 0;  // busy time of the lane that moved them
+  double gb_per_s() const { return seconds > 0 ? double(bytes) / seconds / 1e9 : 0; }
+};
+
+struct OffloadReport {
+  GenStats gen;                  // prefill/decode seconds and token counts
+  double schedule_seconds = 0;   // wall time inside the schedule
+  double compute_busy = 0, h2d_busy = 0, d2h_busy = 0, disk_busy = 0;
+  LinkStats disk_to_cpu, cpu_to_gpu, gpu_to_cpu, cpu_to_disk;
+  TierBytes peak;                // reserved on each tier
+  std::string disk_io;           // the disk store's I/O path, when it has one
+  // 1 when the wall time equals the busiest lane's (perfect overlap), 0 when it equals the sum.
+  double overlap() const;
+};
+
+// What each tier may hold by default, and the check that a plan fits: an error names the tier,
+// what the plan needs there (by tensor class) and the budget.
+TierBytes default_budgets(Backend& backend, const OffloadOptions& options);
+void check_plan_fits(const PlacementPlan& plan, const TierBytes& budgets, bool shared_host_memory);
+
+class OffloadEngine {
+public:
+  // Plans, checks budgets, reserves every tier and loads the weights to their homes. `shape`
+  // bounds the prompts and generation lengths of every block this engine will run.
+  OffloadEngine(const ModelConfig& cfg, const WeightSource& weights, Backend& backend, const OffloadOptions& options,
+                const PlanShape& shape);
+  ~OffloadEngine();
+
+  const PlacementPlan& plan() const;
+  int block_size() const;
+  // Generates for one block: at most block_size() requests within the planned shape.
+  std::vector<GenResult> generate(const std::vector<GenRequest>& requests, GenStats* stats = nullptr);
+  OffloadReport report() const;
+  void write_trace(const std::filesystem::path& file) const;
+
+  struct Impl;
+
+private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata
