@@ -43,6 +43,7 @@ void add_run_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--gpu-mem", opt->gpu_mem, "GPU tier budget, e.g. 16GiB (default: free device memory)");
   cmd->add_option("--cpu-mem", opt->cpu_mem, "pinned CPU tier budget, e.g. 64GiB (default: available memory)");
+  cmd->add_option("--disk-mem", opt->disk_mem, "disk tier budget (default: free space of the offload dir)");
   cmd->add_option("--offload-dir", opt->offload_dir, "directory for the disk tier (default: ~/.cache/strata/offload)");
   cmd->add_flag("--no-overlap", opt->no_overlap, "run loads, stores and compute one after another (ablation)");
   cmd->add_flag("--verbose", opt->verbose, "print the realized placement before starting");

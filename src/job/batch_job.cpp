@@ -153,6 +153,7 @@ public:
     if (opt.no_overlap) o.policy.overlap = false;
     if (!opt.gpu_mem.empty()) o.gpu_budget = double(parse_size(opt.gpu_mem, "--gpu-mem"));
     if (!opt.cpu_mem.empty()) o.cpu_budget = double(parse_size(opt.cpu_mem, "--cpu-mem"));
+    if (!opt.disk_mem.empty()) o.disk_budget = double(parse_size(opt.disk_mem, "--disk-mem"));
     o.offload_dir = opt.offload_dir;
     o.trace = !opt.trace.empty();
     o.cpu_threads = opt.threads;

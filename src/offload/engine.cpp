@@ -94,6 +94,7 @@ TierBytes default_budgets(Backend& backend, const OffloadOptions& options) {
   std::filesystem::path probe = dir;
   while (!probe.empty() && !std::filesystem::exists(probe, ec)) probe = probe.parent_path();
   b.disk = double(free_disk_space(probe.empty() ? std::filesystem::path(".") : probe));
+  if (options.disk_budget > 0) b.disk = std::min(b.disk, options.disk_budget);
   return b;
 }
 
@@ -108,7 +109,7 @@ void check_plan_fits(const PlacementPlan& plan, const TierBytes& budgets, bool s
                                            << format_bytes(plan.working.at(t)) << ") but its budget is "
                                            << format_bytes(budgets.at(t))
                                            << (t == Tier::Gpu ? " (--gpu-mem)" : t == Tier::Cpu ? " (--cpu-mem)"
-                                                                                                : " (free space of the offload dir)"));
+                                                                                                : " (--disk-mem, or the offload dir's free space)"));
   }
   // With the CPU backend the "GPU" tier is host memory too; both must fit in it together.
   const double host = mem_available();
@@ -159,6 +160,7 @@ struct OffloadEngine::Impl {
   double compute_busy = 0;
   std::atomic<uint64_t> bytes_dtoc{0}, bytes_ctog{0}, bytes_gtoc{0}, bytes_ctod{0};
   OffloadReport totals;
+  int disk_ops_left = 0;  // fault injection countdown (disk thread only)
 
   // Per block.
   std::vector<BatchState> batches;
@@ -167,7 +169,8 @@ struct OffloadEngine::Impl {
   std::vector<std::vector<Ticket>> c_stored;  // [batch][layer]: last store, which a reload waits for
   std::vector<Held> a_held;                 // [batch]
   std::vector<Ticket> a_stored;             // [batch]: store of its hidden state
-  std::vector<int> a_stored_layer;          // [batch]: the layer whose output is at home
+  std::vector<int> a_stored_layer;          // [batch]: the layer whose output is at home ...
+  std::vector<int> a_stored_token;          // [batch]: ... and the token it is for
   std::unique_ptr<StepSampler> sampler;
 
   Impl(const ModelConfig& c, Backend& b, const OffloadOptions& o, const PlanShape& s)
@@ -278,7 +281,14 @@ struct OffloadEngine::Impl {
     }
   }
 
+  // Called on the disk thread before each I/O of the schedule.
+  void before_disk_io(bool write) {
+    if (opt.fault == DiskFault::None || (opt.fault == DiskFault::DiskFull) != write) return;
+    if (--disk_ops_left == 0) disk->inject_fault(opt.fault);
+  }
+
   void start_lanes() {
+    disk_ops_left = opt.fault_after;
     const bool threaded = opt.policy.overlap;
     compute_track = trace.track("compute");
     h2d = std::make_unique<Lane>("cpu->gpu", threaded, trace);
@@ -320,6 +330,7 @@ struct OffloadEngine::Impl {
               const size_t lo = half * cache_half + size_t(s) * pitch + size_t(r.begin) * row;
               const size_t hi = half * cache_half + size_t(s) * pitch + size_t(r.end) * row;
               const size_t a = lo / kPage * kPage, b = std::min(align_up(hi, kPage), 2 * cache_half);
+              before_disk_io(write);
               if (write) disk->write(disk_offset + a, pinned_unit + a, b - a);
               else disk->read(disk_offset + a, pinned_unit + a, b - a);
               (write ? bytes_ctod : bytes_dtoc) += b - a;
@@ -332,6 +343,7 @@ struct OffloadEngine::Impl {
     bytes = align_up(bytes, kPage);
     return disk_lane->submit(
         what, [=, this] {
+          before_disk_io(write);
           if (write) disk->write(disk_offset, pinned, bytes);
           else disk->read(disk_offset, pinned, bytes);
           (write ? bytes_ctod : bytes_dtoc) += bytes;
@@ -431,10 +443,11 @@ struct OffloadEngine::Impl {
   size_t act_bytes(int k) const { return batches[size_t(k)].step.tokens.size() * size_t(cfg.hidden) * esize; }
 
   // Loads batch k's hidden state (the input of layer j) into a staging slot, after its store.
-  void load_act_async(int j, int k) {
+  void load_act_async(int i, int j, int k) {
     Held& h = a_held[size_t(k)];
     if (act_home[size_t(k)].tier == Tier::Gpu || h.valid || j == 0) return;
-    if (a_stored_layer[size_t(k)] != j - 1) return;  // not stored yet (few GPU batches): load before compute
+    // Not stored yet (one or two GPU batches): it is loaded right before its compute instead.
+    if (a_stored_layer[size_t(k)] != j - 1 || a_stored_token[size_t(k)] != i) return;
     const Home& home = act_home[size_t(k)];
     h.valid = true;
     h.layer = j;
@@ -450,7 +463,7 @@ struct OffloadEngine::Impl {
     h.ready = copy_flat(CopyKind::HostToDevice, a_gpu.data(h.gpu), host, bytes, "activations", std::move(deps));
   }
 
-  void store_act(int j, int k, std::vector<Ticket>& tickets, std::vector<std::function<void()>>& after) {
+  void store_act(int i, int j, int k, std::vector<Ticket>& tickets, std::vector<std::function<void()>>& after) {
     Held h = a_held[size_t(k)];
     if (!h.valid) return;
     a_held[size_t(k)] = Held();
@@ -463,6 +476,7 @@ struct OffloadEngine::Impl {
       tickets.push_back(t);
       a_stored[size_t(k)] = t;
       a_stored_layer[size_t(k)] = j;
+      a_stored_token[size_t(k)] = i;
     }
     after.push_back([this, h] {
       a_gpu.release(h.gpu);
@@ -480,7 +494,7 @@ struct OffloadEngine::Impl {
     return staged_weights;
   }
 
-  Tensor hidden_for(int j, int k, int64_t T) {
+  Tensor hidden_for(int i, int j, int k, int64_t T) {
     const Home& home = act_home[size_t(k)];
     char* p = nullptr;
     if (home.tier == Tier::Gpu) {
@@ -493,7 +507,7 @@ struct OffloadEngine::Impl {
         h.layer = 0;
         h.gpu = a_gpu.acquire();
       } else {
-        load_act_async(j, k);
+        load_act_async(i, j, k);
         STRATA_CHECK(h.valid && h.layer == j, "internal: hidden state of batch " << k << " for layer " << j << " missing");
         if (h.ready.valid()) h.ready.get();
       }
@@ -574,7 +588,7 @@ struct OffloadEngine::Impl {
                     &compute_busy);
     const int64_t T = int64_t(b.step.tokens.size());
     const LayerWeights& w = weights_for(j);
-    const Tensor x = hidden_for(j, k, T);
+    const Tensor x = hidden_for(i, j, k, T);
     ops.begin_step(b.step, gbs, shape.capacity());
     if (j == 0) ops.embed(globals, x);
     if (delegated(i, j)) {
@@ -608,7 +622,7 @@ struct OffloadEngine::Impl {
       }
       if (has_prev) {
         store_cache(pi, pj, pk, tickets, after);
-        store_act(pj, pk, tickets, after);
+        store_act(pi, pj, pk, tickets, after);
       }
       int ni = i, nj = j, nk = k + 1;
       if (nk == ngb) nk = 0, ++nj;
@@ -619,7 +633,7 @@ struct OffloadEngine::Impl {
         load_cache_async(ni, nj, nk);
         if (c_held[size_t(nk)][size_t(nj)].ready.valid()) tickets.push_back(c_held[size_t(nk)][size_t(nj)].ready);
         if (!(nj == 0)) {
-          load_act_async(nj, nk);
+          load_act_async(ni, nj, nk);
           if (a_held[size_t(nk)].ready.valid()) tickets.push_back(a_held[size_t(nk)].ready);
         }
       }
@@ -664,6 +678,7 @@ struct OffloadEngine::Impl {
     a_held.assign(size_t(ngb), {});
     a_stored.assign(size_t(ngb), {});
     a_stored_layer.assign(size_t(ngb), -1);
+    a_stored_token.assign(size_t(ngb), -1);
     sampler = std::make_unique<StepSampler>(be, cfg, size_t(gbs));
 
     GenStats local;
@@ -746,9 +761,24 @@ struct OffloadEngine::Impl {
   }
 };
 
+namespace {
+OffloadOptions with_fault_from_env(OffloadOptions o) {
+  const char* env = std::getenv("STRATA_DISK_FAULT");
+  if (!env || !*env || o.fault != DiskFault::None) return o;
+  const std::string v(env);
+  const size_t colon = v.find(':');
+  const std::string kind = v.substr(0, colon);
+  STRATA_CHECK(colon != std::string::npos && (kind == "read" || kind == "write"),
+               "STRATA_DISK_FAULT must be read:N or write:N, got '" << v << "'");
+  o.fault = kind == "read" ? DiskFault::ReadError : DiskFault::DiskFull;
+  o.fault_after = std::stoi(v.substr(colon + 1));
+  return o;
+}
+}  // namespace
+
 OffloadEngine::OffloadEngine(const ModelConfig& cfg, const WeightSource& weights, Backend& backend,
                              const OffloadOptions& options, const PlanShape& shape)
-    : impl_(std::make_unique<Impl>(cfg, backend, options, shape)) {
+    : impl_(std::make_unique<Impl>(cfg, backend, with_fault_from_env(options), shape)) {
   cfg.validate();
   const Policy& p = options.policy;
   STRATA_CHECK(p.gpu_batch_size > 0 && p.num_gpu_batches > 0, "policy: batch sizes must be positive");

@@ -103,7 +103,8 @@ public:
   // x: [T, heads, d]; positions: I32 [T]; inv_freq: F32 [d/2] (scaling already applied).
   virtual void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) = 0;
 
-  // cache_k[slots[t], positions[t]] = k[t], likewise v.
+  // cache_k[slots[t], positions[t]] = k[t], likewise v. (The CPU backend also takes F16 k/v and
+  // caches here and in attention(), for attention delegated to the CPU from an fp16 GPU.)
   // k, v: [T, kv_heads, d]; cache_k, cache_v: [S, C, kv_heads, d]; slots, positions: I32 [T].
   virtual void kv_store(const Tensor& k, const Tensor& v, const Tensor& cache_k, const Tensor& cache_v,
                         const Tensor& slots, const Tensor& positions) = 0;

@@ -21,7 +21,7 @@ struct JobOptions {
 
   // Offloading (strata run --policy): the engine replaces the resident generator when set.
   std::filesystem::path policy;            // policy YAML; empty: everything resident, --batch-size batches
-  std::string gpu_mem, cpu_mem;            // tier budgets ("16GiB"); empty: what the machine has free
+  std::string gpu_mem, cpu_mem, disk_mem;  // tier budgets ("16GiB"); empty: what the machine has free
   std::filesystem::path offload_dir;       // disk tier files; empty: ~/.cache/strata/offload
   bool no_overlap = false;                 // run the schedule's steps one after another (ablations)
   bool verbose = false;                    // print the realized placement before starting

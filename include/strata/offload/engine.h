@@ -25,10 +25,15 @@ struct OffloadOptions {
   Policy policy;
   double gpu_budget = 0;  // bytes; 0: what the backend reports free
   double cpu_budget = 0;  // bytes; 0: the host's MemAvailable
+  double disk_budget = 0; // bytes; 0: the free space of the offload directory
   std::filesystem::path offload_dir;  // empty: $TMPDIR or /tmp
   DiskIoMode disk_mode = DiskIoMode::Auto;
   bool trace = false;     // keep a timeline for write_trace()
   int cpu_threads = 0;    // threads of the CPU attention backend (0: all cores)
+  // Fault injection for tests: the `fault_after`-th disk read or write of the schedule (counting
+  // from 1) fails as a device error would. Also read from STRATA_DISK_FAULT=read:N or write:N.
+  DiskFault fault = DiskFault::None;
+  int fault_after = 0;
 };
 
 struct LinkStats {

@@ -1,7 +1,9 @@
 // The CPU backend: fp32 everywhere, OpenBLAS for the GEMMs, a thread pool for the rest.
 // It is the reference the CUDA kernels are tested against and the stand-in GPU in CI.
+// kv_store and attention also take fp16 data (converted on the fly, computed in fp32): with
+// cpu_attention the GPU computes in fp16 and delegates decode attention to the KV cache in CPU memory.
 #include <cblas.h>
-#if defined(__AVX2__)
+#if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -12,6 +14,7 @@
 #include <fstream>
 #include <string>
 #include <new>
+#include <type_traits>
 #include <vector>
 
 #include "strata/backend/backend.h"
@@ -20,6 +23,20 @@
 
 namespace strata {
 namespace {
+
+// fp16 values travel as their IEEE bit patterns, as in strata/core/dtype.h.
+using f16 = uint16_t;
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline float hsum(__m256 s) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
+#endif
+#if defined(__F16C__)
+inline __m256 load_f16x8(const f16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+#endif
 
 // Dot product and axpy with explicit SIMD: without it the compiler keeps float sums in order and
 // runs one lane at a time. Four accumulators hide the FMA latency so the loop streams at memory speed.
@@ -35,10 +52,7 @@ inline float dot(const float* a, const float* b, int64_t n) {
     s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
   }
   for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  const __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
-  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  acc = _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+  acc = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
 #endif
   for (; i < n; ++i) acc += a[i] * b[i];
   return acc;
@@ -48,9 +62,72 @@ inline void axpy(float alpha, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
+// The same with fp16 b / x (a cache row), widened 8 values at a time with F16C.
+inline float dot(const float* a, const f16* b, int64_t n) {
+  int64_t i = 0;
+  float acc = 0;
+#if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_f16x8(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load_f16x8(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), load_f16x8(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), load_f16x8(b + i + 24), s3);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_f16x8(b + i), s0);
+  acc = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+#endif
+  for (; i < n; ++i) acc += a[i] * half_to_float(b[i]);
+  return acc;
+}
+inline void axpy(float alpha, const f16* x, float* y, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
+  const __m256 va = _mm256_set1_ps(alpha);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_f16x8(x + i), _mm256_loadu_ps(y + i)));
+#endif
+  for (; i < n; ++i) y[i] += alpha * half_to_float(x[i]);
+}
+
+// fp16 <-> fp32 conversion of n values (fp32 -> fp16 rounds to nearest even, like float_to_half).
+inline void f16_to_f32(const f16* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_f16x8(src + i));
+#endif
+  for (; i < n; ++i) dst[i] = half_to_float(src[i]);
+}
+inline void f32_to_f16(const float* src, f16* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < n; ++i) dst[i] = float_to_half(src[i]);
+}
+// Copies n values from src to dst, converting between F32 and F16 when their dtypes differ.
+inline void copy_converted(const void* src, DType src_dt, void* dst, DType dst_dt, int64_t n) {
+  if (src_dt == dst_dt)
+    std::memcpy(dst, src, size_t(n) * dtype_size(src_dt));
+  else if (src_dt == DType::F16)
+    f16_to_f32(static_cast<const f16*>(src), static_cast<float*>(dst), n);
+  else
+    f32_to_f16(static_cast<const float*>(src), static_cast<f16*>(dst), n);
+}
+
 void check_f32(const Tensor& t, const char* what) {
   STRATA_CHECK(t.device == Device::CPU && t.dtype == DType::F32 && t.data,
                "cpu backend: " << what << " must be a CPU F32 tensor, got " << dtype_name(t.dtype));
+}
+// For kv_store and attention, which also take fp16 data.
+void check_f32_or_f16(const Tensor& t, const char* what) {
+  STRATA_CHECK(t.device == Device::CPU && (t.dtype == DType::F32 || t.dtype == DType::F16) && t.data,
+               "cpu backend: " << what << " must be a CPU F32 or F16 tensor, got " << dtype_name(t.dtype));
+}
+void check_same_dtype(const Tensor& a, const char* a_name, const Tensor& b, const char* b_name) {
+  STRATA_CHECK(a.dtype == b.dtype, "cpu backend: " << a_name << " and " << b_name << " must share one dtype, got "
+                                                   << dtype_name(a.dtype) << " and " << dtype_name(b.dtype));
 }
 void check_i32(const Tensor& t, const char* what) {
   STRATA_CHECK(t.device == Device::CPU && t.dtype == DType::I32 && t.data,
@@ -274,63 +351,50 @@ public:
 
   void kv_store(const Tensor& k, const Tensor& v, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
                 const Tensor& positions) override {
-    check_f32(k, "k");
-    check_f32(v, "v");
-    check_f32(cache_k, "cache_k");
-    check_f32(cache_v, "cache_v");
+    check_f32_or_f16(k, "k");
+    check_f32_or_f16(v, "v");
+    check_f32_or_f16(cache_k, "cache_k");
+    check_f32_or_f16(cache_v, "cache_v");
+    check_same_dtype(k, "k", v, "v");
+    check_same_dtype(cache_k, "cache_k", cache_v, "cache_v");
     check_i32(slots, "slots");
     check_i32(positions, "positions");
     const int64_t S = cache_k.dim(0), C = cache_k.dim(1), row = cache_k.dim(2) * cache_k.dim(3);
     STRATA_CHECK(cache_k.ndim == 4 && k.row_size() == row && v.row_size() == row && slots.numel() == k.dim(0),
                  "kv_store: k " << k.shape_str() << " cache " << cache_k.shape_str());
+    const size_t src_row = size_t(row) * dtype_size(k.dtype), dst_row = size_t(row) * dtype_size(cache_k.dtype);
     for (int64_t t = 0; t < k.dim(0); ++t) {
       const int32_t s = slots.ptr<int32_t>()[t], p = positions.ptr<int32_t>()[t];
       STRATA_CHECK(s >= 0 && s < S && p >= 0 && p < C, "kv_store: slot " << s << " position " << p << " outside cache");
-      std::memcpy(cache_k.ptr<float>() + (s * C + p) * row, k.ptr<float>() + t * row, size_t(row) * 4);
-      std::memcpy(cache_v.ptr<float>() + (s * C + p) * row, v.ptr<float>() + t * row, size_t(row) * 4);
+      const size_t dst = size_t(s * C + p) * dst_row, src = size_t(t) * src_row;
+      copy_converted(k.ptr<char>() + src, k.dtype, cache_k.ptr<char>() + dst, cache_k.dtype, row);
+      copy_converted(v.ptr<char>() + src, v.dtype, cache_v.ptr<char>() + dst, cache_v.dtype, row);
     }
   }
 
+  // q and out share one dtype, cache_k and cache_v another; each may be F32 or F16.
   void attention(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
                  const Tensor& positions, float scale, const Tensor& out) override {
-    check_f32(q, "q");
-    check_f32(out, "out");
-    check_f32(cache_k, "cache_k");
-    check_f32(cache_v, "cache_v");
+    check_f32_or_f16(q, "q");
+    check_f32_or_f16(out, "out");
+    check_f32_or_f16(cache_k, "cache_k");
+    check_f32_or_f16(cache_v, "cache_v");
+    check_same_dtype(q, "q", out, "out");
+    check_same_dtype(cache_k, "cache_k", cache_v, "cache_v");
     check_i32(slots, "slots");
     check_i32(positions, "positions");
-    const int64_t T = q.dim(0), heads = q.dim(1), d = q.dim(2);
-    const int64_t S = cache_k.dim(0), C = cache_k.dim(1), kv_heads = cache_k.dim(2);
-    STRATA_CHECK(q.ndim == 3 && cache_k.ndim == 4 && cache_k.dim(3) == d && heads % kv_heads == 0 &&
-                     out.numel() == q.numel() && slots.numel() == T && positions.numel() == T,
+    STRATA_CHECK(q.ndim == 3 && cache_k.ndim == 4 && cache_k.dim(3) == q.dim(2) && q.dim(1) % cache_k.dim(2) == 0 &&
+                     out.numel() == q.numel() && slots.numel() == q.dim(0) && positions.numel() == q.dim(0),
                  "attention: q " << q.shape_str() << " cache " << cache_k.shape_str());
-    const int64_t group = heads / kv_heads;
-    pool_.parallel_for(T * heads, [&](int64_t w0, int64_t w1) {
-      std::vector<float> scores;
-      for (int64_t w = w0; w < w1; ++w) {
-        const int64_t t = w / heads, hq = w % heads, hk = hq / group;
-        const int32_t s = slots.ptr<int32_t>()[t], p = positions.ptr<int32_t>()[t];
-        STRATA_CHECK(s >= 0 && s < S && p >= 0 && p < C, "attention: slot " << s << " position " << p);
-        const float* qv = q.ptr<float>() + (t * heads + hq) * d;
-        const int64_t n = p + 1;
-        scores.resize(size_t(n));
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
-          const float* kv = cache_k.ptr<float>() + ((s * C + j) * kv_heads + hk) * d;
-          scores[size_t(j)] = dot(qv, kv, d) * scale;
-          mx = std::max(mx, scores[size_t(j)]);
-        }
-        double sum = 0;
-        for (int64_t j = 0; j < n; ++j) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - mx));
-        const float inv = float(1.0 / sum);
-        float* o = out.ptr<float>() + (t * heads + hq) * d;
-        std::fill(o, o + d, 0.0f);
-        for (int64_t j = 0; j < n; ++j) {
-          const float* vv = cache_v.ptr<float>() + ((s * C + j) * kv_heads + hk) * d;
-          axpy(scores[size_t(j)] * inv, vv, o, d);
-        }
-      }
-    });
+    const bool q16 = q.dtype == DType::F16, cache16 = cache_k.dtype == DType::F16;
+    if (!q16 && !cache16)
+      attend<float, float>(q, cache_k, cache_v, slots, positions, scale, out);
+    else if (!q16)
+      attend<float, f16>(q, cache_k, cache_v, slots, positions, scale, out);
+    else if (!cache16)
+      attend<f16, float>(q, cache_k, cache_v, slots, positions, scale, out);
+    else
+      attend<f16, f16>(q, cache_k, cache_v, slots, positions, scale, out);
   }
 
   void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) override {
@@ -358,6 +422,56 @@ public:
   }
 
 private:
+  // attention() with q and out of element type Q and caches of element type Cache (float or f16),
+  // arguments already checked. One work item per (token, query head); scores, softmax and the
+  // weighted sum of values in fp32. An fp16 query row is widened into a scratch row first, an fp16
+  // output accumulates in a scratch row and is rounded once at the end.
+  template <class Q, class Cache>
+  void attend(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
+              const Tensor& positions, float scale, const Tensor& out) {
+    constexpr bool q16 = std::is_same_v<Q, f16>;
+    const int64_t T = q.dim(0), heads = q.dim(1), d = q.dim(2);
+    const int64_t S = cache_k.dim(0), C = cache_k.dim(1), kv_heads = cache_k.dim(2);
+    const int64_t group = heads / kv_heads;
+    pool_.parallel_for(T * heads, [&](int64_t w0, int64_t w1) {
+      std::vector<float> scores, q32(q16 ? size_t(d) : 0), o32(q16 ? size_t(d) : 0);
+      for (int64_t w = w0; w < w1; ++w) {
+        const int64_t t = w / heads, hq = w % heads, hk = hq / group;
+        const int32_t s = slots.ptr<int32_t>()[t], p = positions.ptr<int32_t>()[t];
+        STRATA_CHECK(s >= 0 && s < S && p >= 0 && p < C, "attention: slot " << s << " position " << p);
+        const Q* q_row = q.ptr<Q>() + (t * heads + hq) * d;
+        Q* out_row = out.ptr<Q>() + (t * heads + hq) * d;
+        const float* qv;
+        float* o;
+        if constexpr (q16) {
+          f16_to_f32(q_row, q32.data(), d);
+          qv = q32.data();
+          o = o32.data();
+        } else {
+          qv = q_row;
+          o = out_row;
+        }
+        const int64_t n = p + 1;
+        scores.resize(size_t(n));
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; ++j) {
+          const Cache* kv = cache_k.ptr<Cache>() + ((s * C + j) * kv_heads + hk) * d;
+          scores[size_t(j)] = dot(qv, kv, d) * scale;
+          mx = std::max(mx, scores[size_t(j)]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < n; ++j) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - mx));
+        const float inv = float(1.0 / sum);
+        std::fill(o, o + d, 0.0f);
+        for (int64_t j = 0; j < n; ++j) {
+          const Cache* vv = cache_v.ptr<Cache>() + ((s * C + j) * kv_heads + hk) * d;
+          axpy(scores[size_t(j)] * inv, vv, o, d);
+        }
+        if constexpr (q16) f32_to_f16(o, out_row, d);
+      }
+    });
+  }
+
   ThreadPool pool_;
 };
 

@@ -1,0 +1,272 @@
+// The CPU backend's kv_store and attention with fp16 data (cpu_attention: the GPU computes in
+// fp16 and hands decode attention to the KV cache in host memory). Every combination of F32/F16
+// activations (q, k, v, out) and F32/F16 caches runs the same steps over fp16-representable data
+// and is compared to a double-precision reference computed here; outputs are poisoned with 0xFF
+// bytes (NaN in both dtypes) beforehand so an element left unwritten shows up.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <iterator>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "strata/backend/backend.h"
+#include "strata/core/dtype.h"
+#include "strata/core/error.h"
+
+using namespace strata;
+
+namespace {
+
+float round_f16(float x) { return half_to_float(float_to_half(x)); }
+
+std::vector<float> random_f16(size_t n, std::mt19937& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = round_f16(dist(rng));
+  return v;
+}
+
+size_t count(std::initializer_list<int64_t> dims) {
+  size_t n = 1;
+  for (int64_t d : dims) n *= size_t(d);
+  return n;
+}
+
+// A CPU backend and the buffers one test allocates on it.
+struct Rig {
+  std::unique_ptr<Backend> be = make_cpu_backend(2);
+  std::vector<Buffer> keep;
+
+  Tensor poisoned(DType dt, std::initializer_list<int64_t> dims) {
+    keep.push_back(be->alloc(count(dims) * dtype_size(dt)));
+    Tensor t = keep.back().view(0, dt, dims);
+    std::memset(t.data, 0xFF, t.nbytes());
+    return t;
+  }
+  Tensor floats(DType dt, const std::vector<float>& v, std::initializer_list<int64_t> dims) {
+    REQUIRE(v.size() == count(dims));
+    Tensor t = poisoned(dt, dims);
+    convert_elements(v.data(), DType::F32, t.data, dt, v.size());
+    return t;
+  }
+  Tensor i32(const std::vector<int32_t>& v) {
+    Tensor t = poisoned(DType::I32, {int64_t(v.size())});
+    std::memcpy(t.data, v.data(), v.size() * 4);
+    return t;
+  }
+  std::vector<float> read(const Tensor& t) {
+    std::vector<float> out(size_t(t.numel()));
+    be->copy_to_host_f32(t, out.data());
+    return out;
+  }
+};
+
+// One forward step's attention inputs: token t writes (k[t], v[t]) at (slots[t], positions[t])
+// and attends to positions [0, positions[t]] of its slot.
+struct Step {
+  std::vector<int32_t> slots, positions;
+  std::vector<float> q, k, v;  // [T, heads, d], [T, kv_heads, d] x2; fp16-representable
+};
+
+struct Shape {
+  int64_t heads, kv_heads, d, S, C;
+};
+
+// Plain double-precision attention over a host copy of the cache, stored as kv_store would.
+class Reference {
+public:
+  explicit Reference(const Shape& sh)
+      : sh_(sh), k_(size_t(sh.S * sh.C * sh.kv_heads * sh.d)), v_(k_.size()) {}
+
+  std::vector<double> step(const Step& st, double scale) {
+    const int64_t T = int64_t(st.slots.size()), row = sh_.kv_heads * sh_.d;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < row; ++i) {
+        const size_t at = size_t((st.slots[t] * sh_.C + st.positions[t]) * row + i);
+        k_[at] = st.k[size_t(t * row + i)];
+        v_[at] = st.v[size_t(t * row + i)];
+      }
+    std::vector<double> out(size_t(T * sh_.heads * sh_.d), 0.0);
+    const int64_t group = sh_.heads / sh_.kv_heads;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < sh_.heads; ++h) {
+        const int64_t n = st.positions[t] + 1, hk = h / group;
+        auto at = [&](int64_t j) { return size_t(((st.slots[t] * sh_.C + j) * sh_.kv_heads + hk) * sh_.d); };
+        std::vector<double> w(static_cast<size_t>(n));
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0;
+          for (int64_t i = 0; i < sh_.d; ++i) s += double(st.q[size_t((t * sh_.heads + h) * sh_.d + i)]) * k_[at(j) + size_t(i)];
+          w[size_t(j)] = s * scale;
+          mx = std::max(mx, w[size_t(j)]);
+        }
+        for (double& x : w) sum += (x = std::exp(x - mx));
+        double* o = out.data() + (t * sh_.heads + h) * sh_.d;
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t i = 0; i < sh_.d; ++i) o[i] += w[size_t(j)] / sum * v_[at(j) + size_t(i)];
+      }
+    return out;
+  }
+
+private:
+  Shape sh_;
+  std::vector<double> k_, v_;
+};
+
+Step random_step(const Shape& sh, std::vector<int32_t> slots, std::vector<int32_t> positions, std::mt19937& rng) {
+  Step st;
+  const size_t T = slots.size();
+  st.slots = std::move(slots);
+  st.positions = std::move(positions);
+  // q spread wider than k so the softmax is far from uniform.
+  st.q = random_f16(T * size_t(sh.heads * sh.d), rng, -4.0f, 4.0f);
+  st.k = random_f16(T * size_t(sh.kv_heads * sh.d), rng, -1.0f, 1.0f);
+  st.v = random_f16(T * size_t(sh.kv_heads * sh.d), rng, -1.0f, 1.0f);
+  return st;
+}
+
+// Runs `steps` through kv_store + attention with activations of dtype `act` and caches of dtype
+// `cache`, comparing each step's output to the reference within atol + rtol * |ref|.
+void check_steps(const Shape& sh, const std::vector<Step>& steps, DType act, DType cache, double atol, double rtol) {
+  Rig r;
+  const float scale = 1.0f / std::sqrt(float(sh.d));
+  const Tensor ck = r.floats(cache, std::vector<float>(count({sh.S, sh.C, sh.kv_heads, sh.d}), 0.0f),
+                             {sh.S, sh.C, sh.kv_heads, sh.d});
+  const Tensor cv = r.floats(cache, std::vector<float>(size_t(ck.numel()), 0.0f), {sh.S, sh.C, sh.kv_heads, sh.d});
+  Reference ref(sh);
+  for (size_t n = 0; n < steps.size(); ++n) {
+    const Step& st = steps[n];
+    const int64_t T = int64_t(st.slots.size());
+    const Tensor slots = r.i32(st.slots), positions = r.i32(st.positions);
+    r.be->kv_store(r.floats(act, st.k, {T, sh.kv_heads, sh.d}), r.floats(act, st.v, {T, sh.kv_heads, sh.d}), ck, cv,
+                   slots, positions);
+    const Tensor out = r.poisoned(act, {T, sh.heads, sh.d});
+    r.be->attention(r.floats(act, st.q, {T, sh.heads, sh.d}), ck, cv, slots, positions, scale, out);
+    const std::vector<float> got = r.read(out);
+    const std::vector<double> want = ref.step(st, double(scale));
+    size_t bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double err = std::abs(double(got[i]) - want[i]);
+      worst = std::max(worst, err);
+      if (!(err <= atol + rtol * std::abs(want[i]))) ++bad;  // NaN (unwritten) counts as bad
+    }
+    INFO("step " << n << ", activations " << dtype_name(act) << ", caches " << dtype_name(cache) << ", d " << sh.d
+                 << ": worst abs error " << worst);
+    CHECK(bad == 0);
+  }
+}
+
+// Two steps over three slots: first a prefill of slots 0 and 2, then a mixed batch with decode
+// tokens deep into slots 0 and 2 and a fresh prefill of slot 1 between them.
+std::vector<Step> mixed_steps(const Shape& sh, std::mt19937& rng) {
+  std::vector<int32_t> s1, p1;
+  for (int32_t i = 0; i < 17; ++i) s1.push_back(0), p1.push_back(i);
+  for (int32_t i = 0; i < 30; ++i) s1.push_back(2), p1.push_back(i);
+  std::vector<int32_t> s2{0}, p2{17};
+  for (int32_t i = 0; i < 6; ++i) s2.push_back(1), p2.push_back(i);
+  s2.push_back(2), p2.push_back(30);
+  return {random_step(sh, s1, p1, rng), random_step(sh, s2, p2, rng)};
+}
+
+}  // namespace
+
+TEST_CASE("cpu attention: F32 and F16 activations and caches match a double reference (GQA)", "[cpu_attention]") {
+  std::mt19937 rng(1234);
+  const Shape sh{8, 2, 64, 3, 40};
+  const std::vector<Step> steps = mixed_steps(sh, rng);
+  // fp32 throughout: only summation order separates it from the reference.
+  check_steps(sh, steps, DType::F32, DType::F32, 1e-5, 1e-5);
+  // An fp16 cache holds the fp16-representable inputs exactly, so fp32 outputs stay as close.
+  check_steps(sh, steps, DType::F32, DType::F16, 1e-5, 1e-5);
+  // fp16 outputs: one rounding (at most 2^-12 of 1 here, the outputs being averages of values in
+  // [-1, 1]) on top.
+  check_steps(sh, steps, DType::F16, DType::F16, 5e-4, 1e-3);
+  check_steps(sh, steps, DType::F16, DType::F32, 5e-4, 1e-3);
+}
+
+TEST_CASE("cpu attention: F16 with odd head dims and multi-head attention (scalar tails)", "[cpu_attention]") {
+  std::mt19937 rng(99);
+  for (int64_t d : {45, 7, 128}) {  // 45 = 32 + 8 + 5 goes through every loop of the SIMD kernels
+    for (const Shape& sh : {Shape{3, 3, d, 3, 40}, Shape{4, 1, d, 3, 40}}) {
+      const std::vector<Step> steps = mixed_steps(sh, rng);
+      check_steps(sh, steps, DType::F32, DType::F32, 1e-5, 1e-5);
+      check_steps(sh, steps, DType::F16, DType::F16, 5e-4, 1e-3);
+    }
+  }
+}
+
+TEST_CASE("cpu attention: kv_store rounds fp32 to fp16 to nearest even, like float_to_half", "[cpu_attention]") {
+  Rig r;
+  std::mt19937 rng(7);
+  const int64_t T = 5, kvh = 3, d = 45, C = 8;  // rows of 135: vector lanes and a scalar tail
+  std::uniform_real_distribution<float> dist(-3.0f, 3.0f);
+  std::vector<float> k(count({T, kvh, d})), v(k.size());
+  for (float& x : k) x = dist(rng);
+  for (float& x : v) x = dist(rng) * 1e-5f;  // fp16 subnormals
+  // Values just past the largest half, ties and specials.
+  const float edge[] = {65504.0f, 65519.0f, 65520.0f, -70000.0f, 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 0.0f, -0.0f,
+                        INFINITY, 5.96e-8f, 2.98e-8f, 8.94e-8f};
+  for (size_t i = 0; i < std::size(edge); ++i) k[i * 11] = edge[i];
+  k[130] = 65520.0f;  // in the scalar tail of row 0
+  k[133] = 1.0f + 3.0f / 2048;
+  const Tensor ck = r.poisoned(DType::F16, {2, C, kvh, d}), cv = r.poisoned(DType::F16, {2, C, kvh, d});
+  const std::vector<int32_t> slots{1, 0, 1, 0, 1}, positions{0, 7, 3, 2, 7};
+  r.be->kv_store(r.floats(DType::F32, k, {T, kvh, d}), r.floats(DType::F32, v, {T, kvh, d}), ck, cv, r.i32(slots),
+                 r.i32(positions));
+  const int64_t row = kvh * d;
+  size_t bad = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const size_t at = size_t((slots[size_t(t)] * C + positions[size_t(t)]) * row);
+    for (int64_t i = 0; i < row; ++i) {
+      const size_t src = size_t(t * row + i);
+      bad += ck.ptr<uint16_t>()[at + size_t(i)] != float_to_half(k[src]);
+      bad += cv.ptr<uint16_t>()[at + size_t(i)] != float_to_half(v[src]);
+    }
+  }
+  CHECK(bad == 0);
+  // The other rows were not written: still the 0xFF poison.
+  CHECK(ck.ptr<uint16_t>()[0] == 0xFFFF);
+  CHECK(cv.ptr<uint16_t>()[size_t((1 * C + 1) * row)] == 0xFFFF);
+}
+
+TEST_CASE("cpu attention: kv_store and attention reject mixed or unsupported dtypes", "[cpu_attention]") {
+  Rig r;
+  const int64_t heads = 4, kvh = 2, d = 16, C = 4;
+  auto t = [&](DType dt, std::initializer_list<int64_t> dims) { return r.floats(dt, std::vector<float>(count(dims)), dims); };
+  const Tensor slots = r.i32({0}), positions = r.i32({0});
+  const Tensor k32 = t(DType::F32, {1, kvh, d}), k16 = t(DType::F16, {1, kvh, d}), kbf = t(DType::BF16, {1, kvh, d});
+  const Tensor c32 = t(DType::F32, {1, C, kvh, d}), c16 = t(DType::F16, {1, C, kvh, d});
+  const Tensor cbf = t(DType::BF16, {1, C, kvh, d});
+  const Tensor q32 = t(DType::F32, {1, heads, d}), q16 = t(DType::F16, {1, heads, d});
+  const Tensor o32 = t(DType::F32, {1, heads, d}), o16 = t(DType::F16, {1, heads, d});
+  Tensor ci32 = c32;
+  ci32.dtype = DType::I32;
+  using Catch::Contains;
+
+  CHECK_THROWS_WITH(r.be->kv_store(k32, k16, c16, c16, slots, positions), Contains("k and v must share one dtype"));
+  CHECK_THROWS_WITH(r.be->kv_store(k16, k16, c16, c32, slots, positions),
+                    Contains("cache_k and cache_v must share one dtype"));
+  CHECK_THROWS_WITH(r.be->kv_store(kbf, kbf, c16, c16, slots, positions), Contains("F32 or F16"));
+  CHECK_THROWS_WITH(r.be->kv_store(k16, k16, cbf, cbf, slots, positions), Contains("F32 or F16"));
+  CHECK_THROWS_WITH(r.be->kv_store(k32, k32, ci32, ci32, slots, positions), Contains("F32 or F16"));
+
+  CHECK_THROWS_WITH(r.be->attention(q16, c16, c16, slots, positions, 1.0f, o32), Contains("q and out must share one dtype"));
+  CHECK_THROWS_WITH(r.be->attention(q32, c32, c16, slots, positions, 1.0f, o32),
+                    Contains("cache_k and cache_v must share one dtype"));
+  CHECK_THROWS_WITH(r.be->attention(q16, cbf, cbf, slots, positions, 1.0f, o16), Contains("F32 or F16"));
+  CHECK_THROWS_AS(r.be->attention(q16, ci32, ci32, slots, positions, 1.0f, o16), Error);
+
+  // Supported combinations pass.
+  CHECK_NOTHROW(r.be->kv_store(k16, k16, c32, c32, slots, positions));
+  CHECK_NOTHROW(r.be->kv_store(k32, k32, c16, c16, slots, positions));
+  CHECK_NOTHROW(r.be->attention(q16, c16, c16, slots, positions, 1.0f, o16));
+  CHECK_NOTHROW(r.be->attention(q32, c16, c16, slots, positions, 1.0f, o32));
+  // Other ops keep fp32 only.
+  CHECK_THROWS_WITH(r.be->add(q16, q16, o16), Contains("must be a CPU F32 tensor"));
+}

@@ -1,0 +1,263 @@
+// The offloading engine on the CPU backend (its "GPU" tier a budgeted arena): every policy must
+// give exactly the greedy tokens Hugging Face transformers generated (tests/fixtures/models,
+// recorded by make_models.py), whatever it places where; budgets and disk faults fail cleanly.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <nlohmann/json.hpp>
+
+#include "strata/backend/backend.h"
+#include "strata/model/model_loader.h"
+#include "strata/offload/engine.h"
+
+using namespace strata;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+json load_expected(const std::string& model) {
+  std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/models/" + model + "/expected.json");
+  REQUIRE(in.good());
+  return json::parse(in);
+}
+
+fs::path offload_dir() { return fs::temp_directory_path() / "strata-test-offload"; }
+
+std::vector<GenRequest> fixture_requests(const json& exp) {
+  std::vector<GenRequest> reqs;
+  for (const json& p : exp["prompts"]) {
+    GenRequest r;
+    r.prompt = p.get<std::vector<int32_t>>();
+    r.sampling.max_new_tokens = exp["max_new_tokens"].get<int>();
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+PlanShape shape_of(const std::vector<GenRequest>& reqs) {
+  PlanShape s;
+  for (const GenRequest& r : reqs) {
+    s.prompt_len = std::max(s.prompt_len, int(r.prompt.size()));
+    s.gen_len = std::max(s.gen_len, r.sampling.max_new_tokens);
+  }
+  return s;
+}
+
+// Runs every request through the engine, a block at a time.
+std::vector<GenResult> run_blocks(OffloadEngine& engine, const std::vector<GenRequest>& reqs) {
+  std::vector<GenResult> out;
+  for (size_t b = 0; b < reqs.size(); b += size_t(engine.block_size())) {
+    const std::vector<GenRequest> block(reqs.begin() + long(b),
+                                        reqs.begin() + long(std::min(reqs.size(), b + size_t(engine.block_size()))));
+    for (GenResult& r : engine.generate(block)) out.push_back(std::move(r));
+  }
+  return out;
+}
+
+Policy make_policy(TierSplit w, TierSplit c, TierSplit a, int gbs, int ngb, bool cpu_attention, bool overlap) {
+  Policy p;
+  p.weights = w;
+  p.kv_cache = c;
+  p.activations = a;
+  p.gpu_batch_size = gbs;
+  p.num_gpu_batches = ngb;
+  p.cpu_attention = cpu_attention;
+  p.overlap = overlap;
+  return p;
+}
+
+std::string describe(const Policy& p) {
+  auto split = [](const TierSplit& s) {
+    return std::to_string(s.gpu) + "/" + std::to_string(s.cpu) + "/" + std::to_string(s.disk);
+  };
+  return "weights " + split(p.weights) + " cache " + split(p.kv_cache) + " act " + split(p.activations) + " block " +
+         std::to_string(p.gpu_batch_size) + "x" + std::to_string(p.num_gpu_batches) +
+         (p.cpu_attention ? " cpu_attention" : "") + (p.overlap ? " overlap" : " no-overlap");
+}
+
+// Each tensor class alone on each tier (the others mixed), everything mixed, and the extremes;
+// batch shapes and the on/off options rotate through the list so each meets several placements.
+std::vector<Policy> policy_grid() {
+  const TierSplit G{100, 0, 0}, C{0, 100, 0}, D{0, 0, 100}, M{34, 33, 33}, M2{50, 0, 50};
+  const std::vector<std::array<TierSplit, 3>> placements = {
+      {G, G, G}, {C, M, M}, {D, M, M}, {M, C, M}, {M, D, M}, {M, M, C}, {M, M, D}, {G, M, M},
+      {M, G, M}, {M, M, G}, {M, M, M}, {C, C, C}, {D, D, D}, {M2, M2, M2}, {D, C, D}, {C, D, C}};
+  const std::vector<std::pair<int, int>> shapes = {{1, 1}, {2, 3}, {3, 2}, {5, 1}, {1, 5}, {2, 2}, {4, 2}};
+  std::vector<Policy> out;
+  for (size_t i = 0; i < placements.size(); ++i)
+    for (size_t v = 0; v < 2; ++v) {
+      const size_t n = out.size();
+      const auto [gbs, ngb] = shapes[n % shapes.size()];
+      out.push_back(make_policy(placements[i][0], placements[i][1], placements[i][2], gbs, ngb,
+                                /*cpu_attention=*/(n / 2) % 2 == 1, /*overlap=*/n % 2 == 0));
+    }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("every policy generates Hugging Face's greedy tokens", "[offload]") {
+  auto backend = make_cpu_backend(2);
+  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3"}) {
+    const json exp = load_expected(name);
+    ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
+    const std::vector<GenRequest> reqs = fixture_requests(exp);
+    for (const Policy& policy : policy_grid()) {
+      OffloadOptions opt;
+      opt.policy = policy;
+      opt.offload_dir = offload_dir();
+      OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+      const std::vector<GenResult> got = run_blocks(engine, reqs);
+      REQUIRE(got.size() == reqs.size());
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        INFO(name << ", " << describe(policy) << ", prompt " << i);
+        CHECK(got[i].tokens == exp["greedy"][i].get<std::vector<int32_t>>());
+      }
+    }
+  }
+}
+
+TEST_CASE("prompts of different lengths and budgets share a block", "[offload]") {
+  // Sequences that stop early (max_new_tokens 1) next to long ones; one GPU batch runs empty
+  // for most of the block.
+  auto backend = make_cpu_backend(2);
+  const json exp = load_expected("tiny-llama");
+  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
+  std::vector<GenRequest> reqs = fixture_requests(exp);
+  reqs[0].sampling.max_new_tokens = 1;
+  reqs[1].sampling.max_new_tokens = 1;
+  reqs[3].sampling.max_new_tokens = 7;
+  OffloadOptions opt;
+  opt.policy = make_policy({0, 50, 50}, {0, 50, 50}, {0, 50, 50}, 2, 3, true, true);
+  opt.offload_dir = offload_dir();
+  OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(fixture_requests(exp)));
+  const std::vector<GenResult> got = engine.generate(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::vector<int32_t> want = exp["greedy"][i].get<std::vector<int32_t>>();
+    if (int(want.size()) > reqs[i].sampling.max_new_tokens) want.resize(size_t(reqs[i].sampling.max_new_tokens));
+    INFO("prompt " << i);
+    CHECK(got[i].tokens == want);
+  }
+}
+
+TEST_CASE("placement follows the policy's percentages by cumulative size", "[offload][placement]") {
+  // Midpoints (i + 0.5) / n: 10 layers at 20/80/0 -> 2 on the GPU, 8 on the CPU.
+  const std::vector<Tier> ten = assign_tiers(10, {20, 80, 0});
+  CHECK(std::count(ten.begin(), ten.end(), Tier::Gpu) == 2);
+  CHECK(std::count(ten.begin(), ten.end(), Tier::Cpu) == 8);
+  CHECK(ten.front() == Tier::Gpu);
+  // 3 units at 50/0/50: midpoints 16.7, 50, 83.3 -> gpu, disk, disk.
+  CHECK(assign_tiers(3, {50, 0, 50}) == std::vector<Tier>{Tier::Gpu, Tier::Disk, Tier::Disk});
+  // OPT-30B (48 layers) at the paper's 20/80: 9.6 layers' worth -> 10 layers (midpoints < 20).
+  const std::vector<Tier> opt30 = assign_tiers(48, {20, 80, 0});
+  CHECK(std::count(opt30.begin(), opt30.end(), Tier::Gpu) == 10);
+
+  // OPT-6.7B in fp16: a layer is 4 h^2 + 2 h f weights + (4 h + f + h) biases + 4 h norm params,
+  // h = 4096, f = 16384: 67,108,864 + 134,217,728 + 36,864 + 16,384 = 201,379,840 parameters =
+  // 402,759,680 bytes; every tensor is a multiple of 256 bytes and the sum of 4096.
+  const ModelConfig cfg = *config_preset("opt-6.7b");
+  Policy p = make_policy({0, 100, 0}, {0, 0, 100}, {100, 0, 0}, 4, 2, false, true);
+  const PlacementPlan plan = plan_placement(cfg, p, {512, 32}, DType::F16);
+  CHECK(plan.layer_weight_bytes == 402759680u);
+  CHECK(plan.weights.cpu == Approx(32.0 * 402759680.0));
+  // KV cache per (layer, GPU batch): K and V, 4 sequences x 544 positions x 4096 x 2 bytes each.
+  CHECK(plan.cache_unit_bytes == 2u * 4u * 544u * 4096u * 2u);
+  CHECK(plan.kv_cache.disk == Approx(32.0 * 2 * double(plan.cache_unit_bytes)));
+  CHECK(plan.kv_cache.gpu == 0);
+  // Weights move, so the GPU holds two layer buffers; the cache moves, so three staging units.
+  CHECK(plan.working.gpu >= 2.0 * 402759680.0 + 3.0 * double(plan.cache_unit_bytes));
+  CHECK(plan.working.cpu >= 3.0 * double(plan.cache_unit_bytes));  // pinned staging for disk reads
+}
+
+TEST_CASE("a policy that does not fit fails before any work, naming the tier", "[offload]") {
+  auto backend = make_cpu_backend(2);
+  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
+  OffloadOptions opt;
+  opt.policy = make_policy({100, 0, 0}, {100, 0, 0}, {100, 0, 0}, 4, 2, false, true);
+  opt.gpu_budget = 64 * 1024;
+  opt.offload_dir = offload_dir();
+  CHECK_THROWS_WITH(OffloadEngine(model.config, *model.weights, *backend, opt, {20, 40}),
+                    Catch::Contains("gpu tier needs") && Catch::Contains("budget is 64.00 KiB (--gpu-mem)"));
+  opt.gpu_budget = 0;
+  opt.policy = make_policy({0, 0, 100}, {100, 0, 0}, {100, 0, 0}, 4, 2, false, true);
+  opt.disk_budget = 4096;
+  CHECK_THROWS_WITH(OffloadEngine(model.config, *model.weights, *backend, opt, {20, 40}),
+                    Catch::Contains("disk tier needs") && Catch::Contains("--disk-mem"));
+}
+
+TEST_CASE("a failing disk read or a full disk mid-run ends with a clear error", "[offload]") {
+  auto backend = make_cpu_backend(2);
+  const json exp = load_expected("tiny-llama");
+  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
+  const std::vector<GenRequest> reqs = fixture_requests(exp);
+  for (DiskFault fault : {DiskFault::ReadError, DiskFault::DiskFull}) {
+    OffloadOptions opt;
+    opt.policy = make_policy({0, 0, 100}, {0, 0, 100}, {0, 0, 100}, 5, 1, false, true);
+    opt.offload_dir = offload_dir();
+    opt.fault = fault;
+    opt.fault_after = 7;
+    OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+    INFO((fault == DiskFault::ReadError ? "read error" : "disk full"));
+    CHECK_THROWS_WITH(engine.generate(reqs), Catch::Contains("disk store") &&
+                                                 Catch::Contains(fault == DiskFault::ReadError ? "Input/output error"
+                                                                                               : "disk full"));
+  }
+  // Every offload file is gone with its engine.
+  for (const auto& entry : fs::directory_iterator(offload_dir()))
+    CHECK(entry.path().filename().string().rfind("strata-offload-", 0) != 0);
+}
+
+TEST_CASE("the report counts the bytes each link moved; the trace opens as trace-event JSON", "[offload]") {
+  auto backend = make_cpu_backend(2);
+  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
+  std::vector<GenRequest> reqs(3);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].prompt = {5, 6, 7, int32_t(8 + i)};
+    reqs[i].sampling.max_new_tokens = 6;
+    reqs[i].sampling.ignore_eos = true;
+  }
+  OffloadOptions opt;
+  opt.policy = make_policy({0, 100, 0}, {100, 0, 0}, {100, 0, 0}, 3, 1, false, true);
+  opt.trace = true;
+  OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+  engine.generate(reqs);
+  const OffloadReport r = engine.report();
+
+  // tiny-llama (config.json): hidden 120, intermediate 200, 6 heads of 20, 2 kv heads, 2 layers.
+  // A layer: q 120x120, k and v 40x120, o 120x120, gate and up 200x120, down 120x200, two norms
+  // of 120; fp32 on the CPU backend, each tensor rounded up to 256 bytes, the block to 4096.
+  auto al = [](size_t n, size_t a) { return (n + a - 1) / a * a; };
+  const size_t tensors[] = {120, 120 * 120, 40 * 120, 40 * 120, 120 * 120, 120, 200 * 120, 200 * 120, 120 * 200};
+  size_t layer = 0;
+  for (size_t n : tensors) layer += al(n * 4, 256);
+  layer = al(layer, 4096);
+  // Every layer crosses to the "GPU" once per token: 6 tokens x 2 layers; nothing else moves.
+  CHECK(r.cpu_to_gpu.bytes == 6u * 2u * layer);
+  CHECK(r.gpu_to_cpu.bytes == 0);
+  CHECK(r.disk_to_cpu.bytes == 0);
+  CHECK(r.gen.generated_tokens == 18);
+  CHECK(r.h2d_busy > 0);
+  CHECK(r.compute_busy > 0);
+  CHECK(r.overlap() >= 0.0);
+  CHECK(r.overlap() <= 1.0);
+
+  const fs::path trace = fs::temp_directory_path() / "strata-test-trace.json";
+  engine.write_trace(trace);
+  std::ifstream in(trace);
+  const json doc = json::parse(in);
+  std::set<std::string> tracks;
+  int complete = 0;
+  for (const json& e : doc["traceEvents"]) {
+    if (e["ph"] == "M") tracks.insert(e["args"]["name"].get<std::string>());
+    if (e["ph"] == "X") {
+      ++complete;
+      CHECK(e["dur"].get<double>() >= 0);
+    }
+  }
+  CHECK(tracks.count("compute") == 1);
+  CHECK(tracks.count("cpu->gpu") == 1);
+  CHECK(complete >= 6 * 2 * 2);  // a compute and a weight copy per layer and token at least
+  fs::remove(trace);
+}
