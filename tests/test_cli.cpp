@@ -17,8 +17,9 @@ struct Result {
   std::string output;  // stdout and stderr together
 };
 
-Result run_strata(const std::string& args) {
-  const std::string cmd = std::string(STRATA_BINARY) + " " + args + " 2>&1";
+// `raw`: args is the whole command line (e.g. with an `env` prefix), not strata's arguments.
+Result run_strata(const std::string& args, bool raw = false) {
+  const std::string cmd = (raw ? args : std::string(STRATA_BINARY) + " " + args) + " 2>&1";
   Result r{0, {}};
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
@@ -200,4 +201,65 @@ TEST_CASE("a rerun after an interrupted job resumes and answers only the rest", 
   CHECK(json::parse(first)["completion"] == "kept");
   CHECK(json::parse(second)["id"] == "b");
   CHECK(json::parse(second)["completion_tokens"] == 2);
+}
+
+namespace {
+std::vector<json> read_lines(const fs::path& file) {
+  std::vector<json> out;
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(json::parse(line));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("strata run --policy offloads, reports, and keeps finished blocks when the disk fails", "[cli][offload]") {
+  const fs::path prompts = temp_dir() / "offload.jsonl", policy = temp_dir() / "disk-weights.yaml";
+  {
+    std::ofstream p(prompts);
+    for (int i = 0; i < 6; ++i)
+      p << "{\"id\": \"p" << i << "\", \"prompt\": \"hello number " << i << "\", \"max_new_tokens\": 3, \"ignore_eos\": true}\n";
+  }
+  std::ofstream(policy) << "gpu_batch_size: 2\nnum_gpu_batches: 1\nweights: {gpu: 0, cpu: 0, disk: 100}\n"
+                           "kv_cache: {gpu: 0, cpu: 100, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n";
+  const std::string base = "run --model " + kModels + "/tiny-llama --prompts " + prompts.string() +
+                           " --device cpu --no-progress --offload-dir " + (temp_dir() / "offload").string();
+  const fs::path ref = temp_dir() / "offload_ref.jsonl", out = temp_dir() / "offload_out.jsonl";
+  fs::remove(ref);
+  fs::remove(out);
+  fs::remove(out.string() + ".partial");
+  Result r = run_strata(base + " --out " + ref.string());
+  REQUIRE(r.code == 0);
+
+  // The third disk read of the second block fails (each block reads 2 layers x 3 tokens).
+  r = run_strata("env STRATA_DISK_FAULT=read:9 " + std::string(STRATA_BINARY) + " " + base + " --out " + out.string() +
+                 " --policy " + policy.string(), /*raw=*/true);
+  INFO(r.output);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("disk store") && Catch::Contains("Input/output error"));
+  CHECK_FALSE(fs::exists(out));
+  CHECK(read_lines(out.string() + ".partial").size() == 2);  // the first block is kept
+
+  // The rerun resumes from the partial file and gives the resident run's tokens.
+  r = run_strata(base + " --out " + out.string() + " --policy " + policy.string() + " --report --verbose");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("resuming") && Catch::Contains("placement:") &&
+                           Catch::Contains("disk->cpu:") && Catch::Contains("overlap") && Catch::Contains("peak memory"));
+  const std::vector<json> want = read_lines(ref), got = read_lines(out);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    CHECK(got[i]["id"] == want[i]["id"]);
+    CHECK(got[i]["tokens"] == want[i]["tokens"]);
+  }
+
+  // A budget nothing fits: a clear error before any output exists.
+  fs::remove(out);
+  r = run_strata(base + " --out " + out.string() + " --policy " + policy.string() + " --gpu-mem 1KiB");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("gpu tier needs") && Catch::Contains("--gpu-mem"));
+  CHECK_FALSE(fs::exists(out.string() + ".partial"));
+  r = run_strata(base + " --out " + out.string() + " --policy " + policy.string() + " --gpu-mem 12X");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("--gpu-mem"));
 }
