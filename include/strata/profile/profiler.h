@@ -1,0 +1,36 @@
+// The profiler behind `strata profile`: measures this machine through the runtime's own paths
+// (the Backend's pinned copies and ops, the DiskStore's io_uring I/O) so the hardware profile holds
+// what the runtime achieves, not what a datasheet promises.
+#pragma once
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include "strata/profile/hardware.h"
+
+namespace strata {
+
+struct ProfileOptions {
+  bool quick = false;                      // seconds, small buffers and fewer points (CI)
+  std::string backend = "auto";            // "auto", "cpu" or "cuda": the device of the "gpu" tier
+  std::filesystem::path offload_dir;       // where disk I/O is measured; empty: default_offload_dir()
+  int threads = 0;                         // CPU backend threads (0: all cores)
+  std::function<void(const std::string&)> progress;  // one line per finished measurement, or null
+};
+
+// Measures capacities, link bandwidths, the GEMM curve, decode attention and CPU FLOP/s. Throws
+// strata::Error when a device or the offload directory is unusable. Allocates at most about a
+// quarter of free memory on each tier and removes its disk file before returning.
+HardwareProfile profile_machine(const ProfileOptions& options);
+
+// Where `strata profile` writes by default and `--policy auto` looks first:
+// ${STRATA_CACHE:-~/.cache/strata}/hardware.yaml.
+std::filesystem::path default_hardware_profile_path();
+
+// A rate in decimal units for people: "12.3 GB/s" from (12.3e9, "B/s"), "65 TFLOP/s".
+std::string format_rate(double per_second, const char* unit);
+
+// The profiler's default offload directory: ${STRATA_CACHE:-~/.cache/strata}/offload.
+std::filesystem::path default_offload_dir();
+
+}  // namespace strata

@@ -1,0 +1,110 @@
+// `strata profile`: measure this machine once and write its hardware profile (YAML) for the
+// policy search. Progress goes to stderr, a summary table to stdout.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "strata/core/error.h"
+#include "strata/core/size.h"
+#include "strata/profile/profiler.h"
+
+namespace strata::cli {
+namespace {
+
+struct ProfileArgs {
+  std::string out;
+  bool quick = false;
+  std::string device = "auto";
+  std::string offload_dir;
+  int threads = 0;
+};
+
+void print_summary(const HardwareProfile& hw, std::ostream& os) {
+  auto row = [&](const char* what, const std::string& value) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "  %-16s ", what);
+    os << buf << value << "\n";
+  };
+  os << "hardware profile " << hw.name << "\n";
+  row("gpu", hw.gpu_name);
+  row("cpu", hw.cpu_name);
+  row("free memory", "gpu " + format_bytes(hw.gpu_mem) + ", cpu " + format_bytes(hw.cpu_mem) + ", disk " +
+                         format_bytes(hw.disk_mem));
+  row("cpu -> gpu", format_rate(hw.cpu_to_gpu_bw, "B/s"));
+  row("gpu -> cpu", format_rate(hw.gpu_to_cpu_bw, "B/s"));
+  row("disk -> cpu", format_rate(hw.disk_to_cpu_bw, "B/s"));
+  row("cpu -> disk", format_rate(hw.cpu_to_disk_bw, "B/s"));
+  row("gpu attention", format_rate(hw.gpu_attention_bw, "B/s of KV cache"));
+  row("cpu attention", format_rate(hw.cpu_attention_bw, "B/s of KV cache"));
+  row("cpu GEMM", format_rate(hw.cpu_flops, "FLOP/s"));
+  for (size_t i = 0; i < hw.gpu_gemm.size(); ++i) {
+    char tokens[32];
+    std::snprintf(tokens, sizeof tokens, "%6.0f tokens: ", hw.gpu_gemm[i].tokens);
+    row(i == 0 ? "gpu GEMM" : "", tokens + format_rate(hw.gpu_gemm[i].flops_per_s, "FLOP/s"));
+  }
+}
+
+// Writes through a temporary file and a rename, so an interrupted run leaves no half a profile.
+void write_file(const std::filesystem::path& path, const std::string& text) {
+  if (path.has_parent_path()) {
+    std::error_code ec;
+    std::filesystem::create_directories(path.parent_path(), ec);
+    if (ec) STRATA_FAIL("cannot create " << path.parent_path().string() << ": " << ec.message());
+  }
+  const std::filesystem::path tmp = path.string() + ".partial";
+  {
+    std::ofstream out(tmp);
+    out << text;
+    out.close();
+    if (!out) STRATA_FAIL("cannot write " << tmp.string());
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) STRATA_FAIL("cannot rename " << tmp.string() << " to " << path.string() << ": " << ec.message());
+}
+
+}  // namespace
+
+void add_profile_command(CLI::App& app) {
+  auto args = std::make_shared<ProfileArgs>();
+  CLI::App* cmd = app.add_subcommand("profile", "measure this machine and write its hardware profile (YAML)");
+  cmd->add_option("--out", args->out,
+                  "where to write the profile; '-' prints it to stdout (default: " +
+                      default_hardware_profile_path().string() + ")");
+  cmd->add_flag("--quick", args->quick, "small buffers and few points: seconds instead of minutes (CI)");
+  cmd->add_option("--device", args->device, "cpu, cuda or auto (cuda when a GPU is present)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
+  cmd->add_option("--offload-dir", args->offload_dir,
+                  "directory whose disk is measured (default: " + default_offload_dir().string() + ")");
+  cmd->add_option("--threads", args->threads, "CPU threads for the cpu backend (0: all cores)")->capture_default_str();
+  cmd->callback([args] {
+    ProfileOptions opt;
+    opt.quick = args->quick;
+    opt.backend = args->device;
+    opt.offload_dir = args->offload_dir;
+    opt.threads = args->threads;
+    opt.progress = [](const std::string& line) { std::cerr << "profile: " << line << std::endl; };
+    const auto t0 = std::chrono::steady_clock::now();
+    const HardwareProfile hw = profile_machine(opt);
+    char took[32];
+    std::snprintf(took, sizeof took, "%.1f s",
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const std::string yaml = hardware_profile_to_yaml(hw);
+    if (args->out == "-") {
+      std::cout << yaml;
+      std::cerr << "profile: measured in " << took << "\n";
+      return;
+    }
+    const std::filesystem::path out = args->out.empty() ? default_hardware_profile_path() : std::filesystem::path(args->out);
+    write_file(out, yaml);
+    print_summary(hw, std::cout);
+    std::cout << "wrote " << out.string() << " (measured in " << took << ")\n";
+  });
+}
+
+}  // namespace strata::cli

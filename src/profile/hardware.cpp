@@ -1,0 +1,297 @@
+// Hardware profiles as YAML: parsing with file:line errors (the same habits as policy.cpp), the
+// writer `strata profile` uses, and the GEMM curve's interpolation.
+#include "strata/profile/hardware.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "strata/core/error.h"
+#include "strata/core/size.h"
+#include "strata/profile/profiler.h"
+
+namespace strata {
+namespace {
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return {};
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+std::string without_spaces(const std::string& s) {
+  std::string out;
+  for (char c : s)
+    if (c != ' ' && c != '\t') out += c;
+  return out;
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool ends_with_ci(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && lower(s.substr(s.size() - suffix.size())) == suffix;
+}
+
+// A whole string that is one finite decimal number ("25", "2.5e10"); false otherwise.
+bool parse_number(const std::string& s, double& v) {
+  if (s.empty()) return false;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  return ec == std::errc() && end == s.data() + s.size() && std::isfinite(v);
+}
+
+struct Reader {
+  std::string source;
+
+  [[noreturn]] void fail(const YAML::Node& at, const std::string& why) const {
+    const YAML::Mark m = at.Mark();
+    if (m.line >= 0) throw Error(source + ":" + std::to_string(m.line + 1) + ": " + why);
+    throw Error(source + ": " + why);
+  }
+
+  void only_keys(const YAML::Node& map, const std::set<std::string>& known, const std::string& where) const {
+    for (const auto& kv : map) {
+      const std::string key = kv.first.as<std::string>();
+      if (!known.count(key)) {
+        std::string list;
+        for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
+        fail(kv.first, "unknown key '" + where + key + "' (expected one of: " + list + ")");
+      }
+    }
+  }
+
+  std::string scalar(const YAML::Node& n, const std::string& field) const {
+    if (!n.IsScalar()) fail(n, "field '" + field + "' must be a single value, got a " + (n.IsMap() ? "map" : "list"));
+    return trim(n.Scalar());
+  }
+
+  std::string text(const YAML::Node& n, const std::string& field) const {
+    if (n.IsNull()) return {};
+    return scalar(n, field);
+  }
+
+  double checked(const YAML::Node& n, const std::string& field, double v, bool zero_ok) const {
+    if (v < 0 || (v == 0 && !zero_ok))
+      fail(n, "field '" + field + "' must be " + (zero_ok ? "non-negative" : "positive") + ", got '" + n.Scalar() + "'");
+    return v;
+  }
+
+  // Bytes: a number or a size with a suffix (parse_size: 16GiB, 16G, 512MB).
+  double size(const YAML::Node& n, const std::string& field) const {
+    const std::string s = scalar(n, field);
+    double v = 0;
+    if (!parse_number(s, v)) {
+      try {
+        v = double(parse_size(without_spaces(s), field));
+      } catch (const Error&) {
+        fail(n, "field '" + field + "' must be a size in bytes (4096, 16GiB, 16GB), got '" + s + "'");
+      }
+    }
+    return checked(n, field, v, false);
+  }
+
+  // Bytes/s: a number or a size per second (12GB/s, 2.5 GiB/s, 800MiB/s).
+  double bandwidth(const YAML::Node& n, const std::string& field, bool zero_ok = false) const {
+    const std::string s = scalar(n, field);
+    double v = 0;
+    if (!parse_number(s, v)) {
+      std::string t = without_spaces(s);
+      bool ok = ends_with_ci(t, "/s");
+      if (ok) {
+        t.resize(t.size() - 2);
+        if (!parse_number(t, v)) {
+          try {
+            v = double(parse_size(t, field));
+          } catch (const Error&) {
+            ok = false;
+          }
+        }
+      }
+      if (!ok) fail(n, "field '" + field + "' must be a bandwidth in bytes/s (12e9, 12GB/s, 2.5GiB/s), got '" + s + "'");
+    }
+    return checked(n, field, v, zero_ok);
+  }
+
+  // FLOP/s: a number or one with an SI prefix (65TFLOP/s, 900 GFLOPS).
+  double flops(const YAML::Node& n, const std::string& field) const {
+    const std::string s = scalar(n, field);
+    double v = 0;
+    if (!parse_number(s, v)) {
+      std::string t = without_spaces(s);
+      bool ok = false;
+      for (const char* unit : {"flop/s", "flops"})
+        if (ends_with_ci(t, unit)) {
+          t.resize(t.size() - std::string(unit).size());
+          ok = true;
+          break;
+        }
+      double scale = 1;
+      if (ok && !t.empty()) {
+        const std::string prefixes = "kmgtp";
+        const size_t i = prefixes.find(char(std::tolower(static_cast<unsigned char>(t.back()))));
+        if (i != std::string::npos) {
+          scale = std::pow(1e3, double(i + 1));
+          t.pop_back();
+        }
+      }
+      if (!ok || !parse_number(t, v))
+        fail(n, "field '" + field + "' must be FLOP/s (8.1e12, 65TFLOP/s, 900GFLOPS), got '" + s + "'");
+      v *= scale;
+    }
+    return checked(n, field, v, false);
+  }
+
+  std::vector<GemmPoint> gemm_curve(const YAML::Node& n, const std::string& field) const {
+    if (!n.IsSequence() || n.size() == 0)
+      fail(n, "field '" + field + "' must be a non-empty list of {tokens, flops_per_s}");
+    std::vector<GemmPoint> curve;
+    for (size_t i = 0; i < n.size(); ++i) {
+      const YAML::Node p = n[i];
+      const std::string at = field + "[" + std::to_string(i) + "]";
+      if (!p.IsMap()) fail(p, "field '" + at + "' must be a map {tokens, flops_per_s}");
+      only_keys(p, {"tokens", "flops_per_s"}, at + ".");
+      if (!p["tokens"] || !p["flops_per_s"]) fail(p, "field '" + at + "' needs both tokens and flops_per_s");
+      GemmPoint g;
+      const std::string tok = scalar(p["tokens"], at + ".tokens");
+      if (!parse_number(tok, g.tokens) || g.tokens < 1)
+        fail(p["tokens"], "field '" + at + ".tokens' must be a number >= 1, got '" + tok + "'");
+      if (!curve.empty() && g.tokens <= curve.back().tokens)
+        fail(p["tokens"], "field '" + at + ".tokens': token counts must increase (" + tok + " after " +
+                              std::to_string(curve.back().tokens) + ")");
+      g.flops_per_s = flops(p["flops_per_s"], at + ".flops_per_s");
+      curve.push_back(g);
+    }
+    return curve;
+  }
+};
+
+// The shortest text that reads back as the same double; integers (capacities) in full.
+std::string number(double v) {
+  char buf[64];
+  if (v == std::floor(v) && std::fabs(v) < 1e18) {
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+// A YAML double-quoted string.
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+double HardwareProfile::gemm_flops(double tokens) const {
+  if (gpu_gemm.empty()) throw Error("hardware profile '" + name + "': no GEMM curve (gpu_gemm is empty)");
+  if (tokens <= gpu_gemm.front().tokens) return gpu_gemm.front().flops_per_s;
+  for (size_t i = 1; i < gpu_gemm.size(); ++i) {
+    const GemmPoint &a = gpu_gemm[i - 1], &b = gpu_gemm[i];
+    STRATA_CHECK(b.tokens > a.tokens, "hardware profile '" << name << "': gpu_gemm token counts must increase");
+    if (tokens <= b.tokens) {
+      const double f = (std::log(tokens) - std::log(a.tokens)) / (std::log(b.tokens) - std::log(a.tokens));
+      return a.flops_per_s + f * (b.flops_per_s - a.flops_per_s);
+    }
+  }
+  return gpu_gemm.back().flops_per_s;
+}
+
+HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& source) {
+  Reader r{source};
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    throw Error(source + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
+  }
+  if (!root.IsMap()) throw Error(source + ": a hardware profile is a YAML map of fields");
+  r.only_keys(root, {"name", "description", "gpu_name", "cpu_name", "gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw",
+                     "gpu_to_cpu_bw", "disk_to_cpu_bw", "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw",
+                     "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw"},
+              "");
+  for (const char* required : {"gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw", "gpu_to_cpu_bw", "disk_to_cpu_bw",
+                               "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw", "cpu_attention_bw", "cpu_flops"})
+    if (!root[required]) throw Error(source + ": missing field '" + required + "'");
+  HardwareProfile hw;
+  if (root["name"]) hw.name = r.text(root["name"], "name");
+  if (root["description"]) hw.description = r.text(root["description"], "description");
+  if (root["gpu_name"]) hw.gpu_name = r.text(root["gpu_name"], "gpu_name");
+  if (root["cpu_name"]) hw.cpu_name = r.text(root["cpu_name"], "cpu_name");
+  hw.gpu_mem = r.size(root["gpu_mem"], "gpu_mem");
+  hw.cpu_mem = r.size(root["cpu_mem"], "cpu_mem");
+  hw.disk_mem = r.size(root["disk_mem"], "disk_mem");
+  hw.cpu_to_gpu_bw = r.bandwidth(root["cpu_to_gpu_bw"], "cpu_to_gpu_bw");
+  hw.gpu_to_cpu_bw = r.bandwidth(root["gpu_to_cpu_bw"], "gpu_to_cpu_bw");
+  hw.disk_to_cpu_bw = r.bandwidth(root["disk_to_cpu_bw"], "disk_to_cpu_bw");
+  hw.cpu_to_disk_bw = r.bandwidth(root["cpu_to_disk_bw"], "cpu_to_disk_bw");
+  hw.gpu_gemm = r.gemm_curve(root["gpu_gemm"], "gpu_gemm");
+  hw.gpu_attention_bw = r.bandwidth(root["gpu_attention_bw"], "gpu_attention_bw");
+  hw.cpu_attention_bw = r.bandwidth(root["cpu_attention_bw"], "cpu_attention_bw");
+  hw.cpu_flops = r.flops(root["cpu_flops"], "cpu_flops");
+  if (root["gpu_dequant_bw"]) hw.gpu_dequant_bw = r.bandwidth(root["gpu_dequant_bw"], "gpu_dequant_bw", true);
+  return hw;
+}
+
+HardwareProfile load_hardware_profile(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) STRATA_FAIL("cannot open hardware profile " << file.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_hardware_profile(ss.str(), file.string());
+}
+
+std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
+  std::ostringstream os;
+  os << "# Strata hardware profile: bytes, bytes/s and FLOP/s (strata profile writes it; see hardware.h).\n";
+  os << "name: " << quoted(hw.name) << "\n";
+  os << "description: " << quoted(hw.description) << "\n";
+  os << "gpu_name: " << quoted(hw.gpu_name) << "\n";
+  os << "cpu_name: " << quoted(hw.cpu_name) << "\n";
+  auto bytes = [&](const char* key, double v) { os << key << ": " << number(v) << "  # " << format_bytes(v) << "\n"; };
+  auto per_s = [&](const char* key, double v, const char* unit) {
+    os << key << ": " << number(v) << "  # " << format_rate(v, unit) << "\n";
+  };
+  bytes("gpu_mem", hw.gpu_mem);
+  bytes("cpu_mem", hw.cpu_mem);
+  bytes("disk_mem", hw.disk_mem);
+  per_s("cpu_to_gpu_bw", hw.cpu_to_gpu_bw, "B/s");
+  per_s("gpu_to_cpu_bw", hw.gpu_to_cpu_bw, "B/s");
+  per_s("disk_to_cpu_bw", hw.disk_to_cpu_bw, "B/s");
+  per_s("cpu_to_disk_bw", hw.cpu_to_disk_bw, "B/s");
+  os << "gpu_gemm:  # GEMM throughput by tokens (rows of x in x @ w^T)\n";
+  for (const GemmPoint& p : hw.gpu_gemm)
+    os << "  - {tokens: " << number(p.tokens) << ", flops_per_s: " << number(p.flops_per_s) << "}  # "
+       << format_rate(p.flops_per_s, "FLOP/s") << "\n";
+  per_s("gpu_attention_bw", hw.gpu_attention_bw, "B/s of KV cache");
+  per_s("cpu_attention_bw", hw.cpu_attention_bw, "B/s of KV cache");
+  per_s("cpu_flops", hw.cpu_flops, "FLOP/s");
+  if (hw.gpu_dequant_bw > 0) per_s("gpu_dequant_bw", hw.gpu_dequant_bw, "B/s");
+  else os << "gpu_dequant_bw: 0  # not measured\n";
+  return os.str();
+}
+
+}  // namespace strata

@@ -1,0 +1,186 @@
+// Hardware profiles: the YAML round trip, units, errors that name the file, line and field, and
+// the GEMM curve's interpolation (linear in log tokens, held flat outside the points).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "strata/core/error.h"
+#include "strata/profile/hardware.h"
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+namespace {
+
+HardwareProfile sample() {
+  HardwareProfile hw;
+  hw.name = "t4-test";
+  hw.description = "a \"quoted\" description: with colons, # hashes\nand a newline";
+  hw.gpu_name = "Tesla T4";
+  hw.cpu_name = "Intel(R) Xeon(R) CPU @ 2.00GHz";
+  hw.gpu_mem = 16e9;
+  hw.cpu_mem = 208.0 * (1ull << 30);
+  hw.disk_mem = 1.5e12;
+  hw.cpu_to_gpu_bw = 12.34e9;
+  hw.gpu_to_cpu_bw = 1.0 / 3.0 * 1e10;  // not short in decimal: the writer must still round-trip it
+  hw.disk_to_cpu_bw = 2.0e9;
+  hw.cpu_to_disk_bw = 1.5e9;
+  hw.gpu_gemm = {{1, 0.25e12}, {16, 4.1e12}, {256, 38.5e12}, {4096, 52.0e12}};
+  hw.gpu_attention_bw = 280e9;
+  hw.cpu_attention_bw = 35.5e9;
+  hw.cpu_flops = 1.6e12;
+  hw.gpu_dequant_bw = 0;
+  return hw;
+}
+
+void check_equal(const HardwareProfile& a, const HardwareProfile& b) {
+  CHECK(a.name == b.name);
+  CHECK(a.description == b.description);
+  CHECK(a.gpu_name == b.gpu_name);
+  CHECK(a.cpu_name == b.cpu_name);
+  CHECK(a.gpu_mem == b.gpu_mem);
+  CHECK(a.cpu_mem == b.cpu_mem);
+  CHECK(a.disk_mem == b.disk_mem);
+  CHECK(a.cpu_to_gpu_bw == b.cpu_to_gpu_bw);
+  CHECK(a.gpu_to_cpu_bw == b.gpu_to_cpu_bw);
+  CHECK(a.disk_to_cpu_bw == b.disk_to_cpu_bw);
+  CHECK(a.cpu_to_disk_bw == b.cpu_to_disk_bw);
+  REQUIRE(a.gpu_gemm.size() == b.gpu_gemm.size());
+  for (size_t i = 0; i < a.gpu_gemm.size(); ++i) {
+    CHECK(a.gpu_gemm[i].tokens == b.gpu_gemm[i].tokens);
+    CHECK(a.gpu_gemm[i].flops_per_s == b.gpu_gemm[i].flops_per_s);
+  }
+  CHECK(a.gpu_attention_bw == b.gpu_attention_bw);
+  CHECK(a.cpu_attention_bw == b.cpu_attention_bw);
+  CHECK(a.cpu_flops == b.cpu_flops);
+  CHECK(a.gpu_dequant_bw == b.gpu_dequant_bw);
+}
+
+// A valid profile in user-written units; `extra` lines are appended (line 16 onwards).
+std::string with_units(const std::string& extra = "") {
+  return "name: hand-written\n"                                      // 1
+         "gpu_mem: 16GiB\n"                                          // 2
+         "cpu_mem: 200G\n"                                           // 3
+         "disk_mem: 1.5TB\n"                                         // 4
+         "cpu_to_gpu_bw: 12GB/s\n"                                   // 5
+         "gpu_to_cpu_bw: 2.5 GiB/s\n"                                // 6
+         "disk_to_cpu_bw: 2e9\n"                                     // 7
+         "cpu_to_disk_bw: 800 MiB/s\n"                               // 8
+         "gpu_gemm:\n"                                               // 9
+         "  - {tokens: 1, flops_per_s: 500 GFLOP/s}\n"               // 10
+         "  - {tokens: 64, flops_per_s: 65TFLOPS}\n"                 // 11
+         "gpu_attention_bw: 300GB/s\n"                               // 12
+         "cpu_attention_bw: 40e9\n"                                  // 13
+         "cpu_flops: 1.2 TFLOP/s\n"                                  // 14
+         "gpu_dequant_bw: 0\n"                                       // 15
+         + extra;
+}
+
+}  // namespace
+
+TEST_CASE("a hardware profile survives a YAML round trip exactly", "[hardware]") {
+  const HardwareProfile hw = sample();
+  const std::string yaml = hardware_profile_to_yaml(hw);
+  check_equal(parse_hardware_profile(yaml, "round-trip.yaml"), hw);
+  // Once more through a file.
+  const fs::path file = fs::temp_directory_path() / ("strata_hw_" + std::to_string(::getpid()) + ".yaml");
+  std::ofstream(file) << yaml;
+  check_equal(load_hardware_profile(file), hw);
+  fs::remove(file);
+  CHECK_THROWS_WITH(load_hardware_profile(file), Catch::Contains("cannot open hardware profile") &&
+                                                     Catch::Contains(file.string()));
+}
+
+TEST_CASE("hardware profiles take sizes, bandwidths and FLOP/s with units", "[hardware]") {
+  const HardwareProfile hw = parse_hardware_profile(with_units(), "units.yaml");
+  CHECK(hw.name == "hand-written");
+  CHECK(hw.description.empty());
+  CHECK(hw.gpu_mem == 16.0 * (1ull << 30));
+  CHECK(hw.cpu_mem == 200e9);
+  CHECK(hw.disk_mem == 1.5e12);
+  CHECK(hw.cpu_to_gpu_bw == 12e9);
+  CHECK(hw.gpu_to_cpu_bw == 2.5 * (1ull << 30));
+  CHECK(hw.disk_to_cpu_bw == 2e9);
+  CHECK(hw.cpu_to_disk_bw == 800.0 * (1 << 20));
+  REQUIRE(hw.gpu_gemm.size() == 2);
+  CHECK(hw.gpu_gemm[0].flops_per_s == Approx(500e9));
+  CHECK(hw.gpu_gemm[1].tokens == 64);
+  CHECK(hw.gpu_gemm[1].flops_per_s == Approx(65e12));
+  CHECK(hw.gpu_attention_bw == 300e9);
+  CHECK(hw.cpu_attention_bw == 40e9);
+  CHECK(hw.cpu_flops == Approx(1.2e12));
+  CHECK(hw.gpu_dequant_bw == 0);
+  // gpu_dequant_bw is the one optional number.
+  std::string no_dequant = with_units();
+  no_dequant.erase(no_dequant.find("gpu_dequant_bw"));
+  CHECK(parse_hardware_profile(no_dequant, "x.yaml").gpu_dequant_bw == 0);
+}
+
+TEST_CASE("bad hardware profiles name the file, the line and the field", "[hardware]") {
+  auto replaced = [](const std::string& from, const std::string& to) {
+    std::string s = with_units();
+    const size_t at = s.find(from);
+    REQUIRE(at != std::string::npos);
+    return s.replace(at, from.size(), to);
+  };
+  CHECK_THROWS_WITH(parse_hardware_profile(replaced("12GB/s", "fast"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:5: field 'cpu_to_gpu_bw' must be a bandwidth") &&
+                        Catch::Contains("'fast'"));
+  CHECK_THROWS_WITH(parse_hardware_profile(replaced("12GB/s", "12GB"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:5: field 'cpu_to_gpu_bw'"));
+  CHECK_THROWS_WITH(parse_hardware_profile(replaced("16GiB", "16 parsecs"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:2: field 'gpu_mem' must be a size"));
+  CHECK_THROWS_WITH(parse_hardware_profile(replaced("200G", "-5"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:3: field 'cpu_mem' must be positive"));
+  CHECK_THROWS_WITH(parse_hardware_profile(replaced("2e9", "0"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:7: field 'disk_to_cpu_bw' must be positive"));
+  CHECK_THROWS_WITH(parse_hardware_profile(replaced("2e9", ".inf"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:7: field 'disk_to_cpu_bw'"));
+  CHECK_THROWS_WITH(parse_hardware_profile(replaced("1.2 TFLOP/s", "1.2 TB/s"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:14: field 'cpu_flops' must be FLOP/s"));
+  CHECK_THROWS_WITH(parse_hardware_profile(replaced("tokens: 64", "tokens: 1"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:11: field 'gpu_gemm[1].tokens': token counts must increase"));
+  CHECK_THROWS_WITH(parse_hardware_profile(replaced("tokens: 1,", "tokens: 0,"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:10: field 'gpu_gemm[0].tokens' must be a number >= 1"));
+  CHECK_THROWS_WITH(parse_hardware_profile(replaced("tokens: 64", "tokns: 64"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:11: unknown key 'gpu_gemm[1].tokns'"));
+  CHECK_THROWS_WITH(parse_hardware_profile(replaced("gpu_gemm:\n  - {tokens: 1, flops_per_s: 500 GFLOP/s}\n  - "
+                                                    "{tokens: 64, flops_per_s: 65TFLOPS}",
+                                                    "gpu_gemm: []"),
+                                           "hw.yaml"),
+                    Catch::Contains("hw.yaml:9: field 'gpu_gemm' must be a non-empty list"));
+  CHECK_THROWS_WITH(parse_hardware_profile(replaced("gpu_mem: 16GiB", "gpu_mem: {size: 16}"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:2: field 'gpu_mem' must be a single value"));
+  CHECK_THROWS_WITH(parse_hardware_profile(with_units("pcie_bw: 12GB/s\n"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:16: unknown key 'pcie_bw'"));
+  CHECK_THROWS_WITH(parse_hardware_profile(replaced("cpu_flops: 1.2 TFLOP/s\n", ""), "hw.yaml"),
+                    Catch::Contains("hw.yaml: missing field 'cpu_flops'"));
+  CHECK_THROWS_WITH(parse_hardware_profile(with_units("cpu_flops: [1, 2\n"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:") && Catch::Contains("invalid YAML"));
+  CHECK_THROWS_WITH(parse_hardware_profile("- a list\n", "hw.yaml"), Catch::Contains("hw.yaml: a hardware profile is a YAML map"));
+}
+
+TEST_CASE("gemm_flops interpolates in log tokens and holds the ends", "[hardware]") {
+  HardwareProfile hw;
+  CHECK_THROWS_WITH(hw.gemm_flops(8), Catch::Contains("gpu_gemm is empty"));
+  hw.gpu_gemm = {{1, 1e12}, {16, 5e12}, {256, 9e12}};
+  // At the points.
+  CHECK(hw.gemm_flops(1) == 1e12);
+  CHECK(hw.gemm_flops(16) == Approx(5e12));
+  CHECK(hw.gemm_flops(256) == Approx(9e12));
+  // Between them: 4 is halfway from 1 to 16 in log space, 64 halfway from 16 to 256, 2 a quarter.
+  CHECK(hw.gemm_flops(4) == Approx(3e12));
+  CHECK(hw.gemm_flops(64) == Approx(7e12));
+  CHECK(hw.gemm_flops(2) == Approx(2e12));
+  // Outside: the end values.
+  CHECK(hw.gemm_flops(0.5) == 1e12);
+  CHECK(hw.gemm_flops(0) == 1e12);
+  CHECK(hw.gemm_flops(1e6) == 9e12);
+  // One point: a constant.
+  hw.gpu_gemm = {{32, 7e12}};
+  CHECK(hw.gemm_flops(1) == 7e12);
+  CHECK(hw.gemm_flops(4096) == 7e12);
+}

@@ -1,0 +1,168 @@
+// The profiler on this machine: a --quick run must give positive, finite, physically plausible
+// numbers, a usable GEMM curve, leave no file behind, and write YAML that loads back unchanged.
+// The [cuda] case skips with a warning where there is no GPU.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "strata/backend/backend.h"
+#include "strata/core/error.h"
+#include "strata/profile/hardware.h"
+#include "strata/profile/profiler.h"
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  explicit TempDir(const std::string& tag) {
+    path = fs::temp_directory_path() / ("strata_profile_" + tag + "_" + std::to_string(::getpid()));
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+bool plausible(double v, double lo, double hi) { return std::isfinite(v) && v >= lo && v <= hi; }
+
+void check_sane(const HardwareProfile& hw) {
+  INFO(hardware_profile_to_yaml(hw));
+  CHECK_FALSE(hw.name.empty());
+  CHECK_FALSE(hw.description.empty());
+  CHECK_FALSE(hw.gpu_name.empty());
+  CHECK_FALSE(hw.cpu_name.empty());
+  // Capacities: between 64 MiB and 1 PB.
+  for (double bytes : {hw.gpu_mem, hw.cpu_mem, hw.disk_mem}) CHECK(plausible(bytes, 64.0 * (1 << 20), 1e15));
+  // Links and attention: between 10 MB/s and 1 TB/s (HBM3e tops out at ~5 TB/s, so GPU attention
+  // gets 10 TB/s).
+  for (double bw : {hw.cpu_to_gpu_bw, hw.gpu_to_cpu_bw, hw.disk_to_cpu_bw, hw.cpu_to_disk_bw, hw.cpu_attention_bw})
+    CHECK(plausible(bw, 1e7, 1e12));
+  CHECK(plausible(hw.gpu_attention_bw, 1e7, 1e13));
+  CHECK(plausible(hw.cpu_flops, 1e8, 1e14));
+  CHECK(hw.gpu_dequant_bw == 0);  // not measured yet
+  REQUIRE(hw.gpu_gemm.size() >= 2);
+  CHECK(hw.gpu_gemm.front().tokens == 1);
+  for (size_t i = 0; i < hw.gpu_gemm.size(); ++i) {
+    CHECK(plausible(hw.gpu_gemm[i].flops_per_s, 1e8, 1e16));  // an H200 does ~1e15 in fp16
+    if (i > 0) CHECK(hw.gpu_gemm[i].tokens > hw.gpu_gemm[i - 1].tokens);
+  }
+  // More tokens per weight read: the curve rises from one token to its best point.
+  double best = 0;
+  for (const GemmPoint& g : hw.gpu_gemm) best = std::max(best, g.flops_per_s);
+  CHECK(best > hw.gpu_gemm.front().flops_per_s);
+}
+
+void check_round_trip(const HardwareProfile& hw) {
+  const HardwareProfile back = parse_hardware_profile(hardware_profile_to_yaml(hw), "profile.yaml");
+  CHECK(back.name == hw.name);
+  CHECK(back.description == hw.description);
+  CHECK(back.gpu_name == hw.gpu_name);
+  CHECK(back.cpu_name == hw.cpu_name);
+  CHECK(back.gpu_mem == hw.gpu_mem);
+  CHECK(back.cpu_mem == hw.cpu_mem);
+  CHECK(back.disk_mem == hw.disk_mem);
+  CHECK(back.cpu_to_gpu_bw == hw.cpu_to_gpu_bw);
+  CHECK(back.gpu_to_cpu_bw == hw.gpu_to_cpu_bw);
+  CHECK(back.disk_to_cpu_bw == hw.disk_to_cpu_bw);
+  CHECK(back.cpu_to_disk_bw == hw.cpu_to_disk_bw);
+  REQUIRE(back.gpu_gemm.size() == hw.gpu_gemm.size());
+  for (size_t i = 0; i < hw.gpu_gemm.size(); ++i) {
+    CHECK(back.gpu_gemm[i].tokens == hw.gpu_gemm[i].tokens);
+    CHECK(back.gpu_gemm[i].flops_per_s == hw.gpu_gemm[i].flops_per_s);
+  }
+  CHECK(back.gpu_attention_bw == hw.gpu_attention_bw);
+  CHECK(back.cpu_attention_bw == hw.cpu_attention_bw);
+  CHECK(back.cpu_flops == hw.cpu_flops);
+  CHECK(back.gpu_dequant_bw == hw.gpu_dequant_bw);
+}
+
+HardwareProfile quick_profile(const std::string& backend, const fs::path& dir, int& progress_lines) {
+  ProfileOptions opt;
+  opt.quick = true;
+  opt.backend = backend;
+  opt.offload_dir = dir;
+  opt.progress = [&](const std::string&) { ++progress_lines; };
+  return profile_machine(opt);
+}
+
+}  // namespace
+
+TEST_CASE("a quick profile of the CPU backend is sane and round-trips", "[profile]") {
+  TempDir dir("cpu");
+  int lines = 0;
+  const HardwareProfile hw = quick_profile("cpu", dir.path, lines);
+  CHECK(lines >= 5);
+  CHECK(hw.gpu_name == "none (cpu backend)");
+  check_sane(hw);
+  check_round_trip(hw);
+  CHECK(fs::is_empty(dir.path));  // the disk store's file is gone
+}
+
+TEST_CASE("a quick profile of the CUDA backend is sane and round-trips", "[profile][cuda]") {
+  if (!cuda_available()) {
+    WARN("no GPU: skipped");
+    return;
+  }
+  TempDir dir("cuda");
+  int lines = 0;
+  const HardwareProfile hw = quick_profile("cuda", dir.path, lines);
+  CHECK(hw.gpu_name != "none (cpu backend)");
+  check_sane(hw);
+  // On a GPU the fp16 curve beats one token's throughput by far, and pinned copies beat 1 GB/s.
+  CHECK(hw.gemm_flops(1024) > 10 * hw.gemm_flops(1));
+  CHECK(hw.cpu_to_gpu_bw > 1e9);
+  check_round_trip(hw);
+  CHECK(fs::is_empty(dir.path));
+}
+
+TEST_CASE("the profiler refuses an unknown device and an unusable offload directory", "[profile]") {
+  ProfileOptions opt;
+  opt.quick = true;
+  opt.backend = "tpu";
+  CHECK_THROWS_WITH(profile_machine(opt), Catch::Contains("unknown device 'tpu'"));
+  TempDir dir("bad");
+  const fs::path file = dir.path / "a-file";
+  std::ofstream(file) << "not a directory";
+  opt.backend = "cpu";
+  opt.offload_dir = file / "offload";
+  CHECK_THROWS_WITH(profile_machine(opt), Catch::Contains("offload directory") && Catch::Contains("a-file"));
+}
+
+TEST_CASE("strata profile --quick writes a profile that loads, and prints a summary", "[profile][cli]") {
+  TempDir dir("cli");
+  const fs::path out = dir.path / "sub" / "hw.yaml";
+  const std::string cmd = std::string(STRATA_BINARY) + " profile --quick --device cpu --offload-dir " +
+                          (dir.path / "offload").string() + " --out " + out.string() + " 2>&1";
+  std::string output;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) output.append(buf, n);
+  const int status = pclose(p);
+  INFO(output);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK_THAT(output, Catch::Contains("profile: host -> device:") && Catch::Contains("cpu -> disk") &&
+                         Catch::Contains("wrote " + out.string()));
+  const HardwareProfile hw = load_hardware_profile(out);
+  CHECK(hw.gpu_name == "none (cpu backend)");
+  CHECK_FALSE(fs::exists(out.string() + ".partial"));
+  CHECK(fs::is_empty(dir.path / "offload"));
+}
+
+TEST_CASE("strata profile has a default path under the cache", "[profile]") {
+  const fs::path p = default_hardware_profile_path();
+  CHECK(p.filename() == "hardware.yaml");
+  CHECK(default_offload_dir().filename() == "offload");
+}
