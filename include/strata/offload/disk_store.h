@@ -3,6 +3,10 @@
 // unavailable (sandboxes that forbid it) or O_DIRECT is refused (tmpfs). Calls block the calling
 // thread; the offloading schedule calls them from its one disk thread, and io_uring keeps many
 // chunks of one request in flight so a single thread reaches the device's bandwidth.
+//
+// STRATA_DISK_IO=pread|io_uring|auto (environment) picks the mode of a store constructed with
+// DiskIoMode::Auto; an explicit DiskIoMode from the caller wins. Forcing io_uring where the kernel
+// or sandbox refuses it is an error rather than a silent fallback.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -28,8 +32,11 @@ public:
 
   // Creates a new file `strata-offload-<pid>-<n>.bin` under `dir` (created if missing) able to hold
   // `capacity` bytes. Fails before anything is written, naming the directory, the need and the
-  // free space, when the file system has less free space than `capacity`. The file is removed by
-  // the destructor, at normal exit, and on SIGINT/SIGTERM (handler installed once per process).
+  // free space, when the file system has less free space than `capacity`. The file spans
+  // `capacity` bytes from the start (sparse: no blocks until written), so a range never written
+  // reads as zeros. The file is removed by the destructor, at normal exit, and on SIGINT/SIGTERM:
+  // each construction (re)installs a handler that removes this process's files and then passes
+  // the signal on to the previous disposition (an ignored signal stays ignored).
   DiskStore(const std::filesystem::path& dir, size_t capacity, DiskIoMode mode = DiskIoMode::Auto);
   ~DiskStore();
   DiskStore(const DiskStore&) = delete;
