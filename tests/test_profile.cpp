@@ -13,6 +13,7 @@
 #include "strata/backend/backend.h"
 #include "strata/core/error.h"
 #include "strata/profile/hardware.h"
+#include "strata/offload/disk_store.h"
 #include "strata/profile/profiler.h"
 
 using namespace strata;

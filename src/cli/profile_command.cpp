@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "strata/core/error.h"
 #include "strata/core/size.h"
+#include "strata/offload/disk_store.h"
 #include "strata/profile/profiler.h"
 
 namespace strata::cli {

@@ -133,6 +133,14 @@ DiskIoMode mode_from_env(DiskIoMode mode) {
 
 }  // namespace
 
+std::filesystem::path default_offload_dir() {
+  const char* cache = std::getenv("STRATA_CACHE");
+  const char* home = std::getenv("HOME");
+  const std::filesystem::path root =
+      cache && *cache ? std::filesystem::path(cache) : std::filesystem::path(home && *home ? home : ".") / ".cache" / "strata";
+  return root / "offload";
+}
+
 size_t free_disk_space(const std::filesystem::path& dir) {
   struct statvfs st {};
   if (::statvfs(dir.c_str(), &st) != 0)

@@ -36,12 +36,6 @@ double mem_available() {
   return 0;
 }
 
-std::filesystem::path default_offload_dir() {
-  if (const char* c = std::getenv("STRATA_CACHE"); c && *c) return std::filesystem::path(c) / "offload";
-  const char* home = std::getenv("HOME");
-  return std::filesystem::path(home && *home ? home : "/tmp") / ".cache" / "strata" / "offload";
-}
-
 // Where a tensor lives when it is not being computed on.
 struct Home {
   Tier tier = Tier::Gpu;

@@ -362,7 +362,6 @@ std::string format_rate(double per_second, const char* unit) {
 }
 
 std::filesystem::path default_hardware_profile_path() { return cache_root() / "hardware.yaml"; }
-std::filesystem::path default_offload_dir() { return cache_root() / "offload"; }
 
 HardwareProfile profile_machine(const ProfileOptions& opt) {
   std::unique_ptr<Backend> dev_owner = make_backend(opt.backend, opt.threads);

@@ -68,6 +68,10 @@ private:
   std::unique_ptr<Impl> impl_;
 };
 
+// Where the runtime and the profiler put disk-tier files by default:
+// ${STRATA_CACHE:-~/.cache/strata}/offload.
+std::filesystem::path default_offload_dir();
+
 // Free bytes on the file system holding `dir` (statvfs f_bavail * f_frsize).
 size_t free_disk_space(const std::filesystem::path& dir);
 

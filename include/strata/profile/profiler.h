@@ -30,7 +30,4 @@ std::filesystem::path default_hardware_profile_path();
 // A rate in decimal units for people: "12.3 GB/s" from (12.3e9, "B/s"), "65 TFLOP/s".
 std::string format_rate(double per_second, const char* unit);
 
-// The profiler's default offload directory: ${STRATA_CACHE:-~/.cache/strata}/offload.
-std::filesystem::path default_offload_dir();
-
 }  // namespace strata

@@ -1,0 +1,97 @@
+// The cost model of FlexGen (section 4.3 and its appendix; DESIGN.md "The cost model and the
+// search"; every term is defined in docs/cost-model.md): for a model, a policy, a workload and a
+// machine, the time of one block and the peak memory on each tier. It runs nothing.
+//
+// Every time term and every memory term is linear in the nine placement fractions, so one set of
+// linear forms serves both `evaluate` (a dot product) and the search's LP (rows of constraints).
+#pragma once
+#include <array>
+
+#include "strata/model/config.h"
+#include "strata/offload/placement.h"
+#include "strata/policy/policy.h"
+#include "strata/profile/hardware.h"
+
+namespace strata {
+
+struct Workload {
+  int prompt_len = 512;  // s: tokens of every prompt in the block
+  int gen_len = 32;      // n: tokens generated for every sequence
+};
+
+// The nine placement fractions: weights (w), KV cache (c), activations (h) on gpu/cpu/disk.
+enum Var : int { WG, WC, WD, CG, CC, CD, HG, HC, HD, kNumVars };
+using Fractions = std::array<double, kNumVars>;
+const char* var_name(int v);  // "wg", "wc", ...
+
+Fractions requested_fractions(const Policy& p);  // the policy's percentages / 100
+// What the runtime realizes (placement.h): whole layers of weights and KV cache, whole GPU
+// batches of activations, per tier (assign_tiers), as fractions.
+Fractions realized_fractions(const Policy& p, int n_layers);
+
+// constant + sum_i coef[i] * x[i]
+struct LinearForm {
+  double constant = 0;
+  Fractions coef{};
+  double at(const Fractions& x) const;
+};
+
+// The five terms of one stage: the four links and compute (GPU and delegated CPU work).
+enum Term : int { CTOG, GTOC, DTOC, CTOD, COMP, kNumTerms };
+const char* term_name(int t);  // "ctog", "gtoc", "dtoc", "ctod", "comp"
+
+// Bytes of fp16 elements stored with group-wise quantization: bits/8 per element plus a 2-byte
+// minimum and a 2-byte scale per group (FlexGen's format). Without compression: 2.
+double stored_bytes_per_element(const std::optional<Compression>& c);
+
+// The quantities the terms are built from, for one batch shape and options.
+struct CostSizes {
+  double layer_weights = 0;       // W: one layer's weights as stored (compression applied)
+  double layer_weights_fp16 = 0;  // the same in fp16: what the GPU computes with
+  double global_weights = 0;      // embeddings, positions, final norm, head: fp16, always on the GPU
+  double layer_flops_per_token = 0;  // 2 per matmul parameter of one layer
+  double kv_per_token = 0;        // K and V of one token of one sequence in one layer, as stored
+  double kv_per_token_fp16 = 0;
+  double hidden_per_token = 0;    // one hidden state (fp16; activations are never compressed)
+  double cache_avg = 0;           // C: KV cache of one layer read per decode step, whole block, as stored
+  double cache_capacity = 0;      // KV cache of one layer at s + n tokens, whole block, as stored
+  double act_prefill = 0;         // hidden states of the block after one layer in prefill
+  double act_decode = 0;          // ... in one decode step
+  double workspace = 0;           // the forward pass's GPU buffers, sized for one GPU batch's prefill
+};
+
+// The linear forms for one (gpu_batch_size, num_gpu_batches, options); the policy's fractions
+// are not used. Times are seconds per layer for the whole block. Peaks are bytes per tier: the
+// runtime reserves every buffer before the first step, so prefill and decode share one peak.
+struct CostForms {
+  int n_layers = 0, gen_len = 0, block_size = 0;
+  bool overlap = true;
+  CostSizes sizes;
+  std::array<LinearForm, kNumTerms> prefill, decode;
+  std::array<LinearForm, 3> peak;  // indexed by Tier (gpu, cpu, disk)
+};
+CostForms cost_forms(const ModelConfig& cfg, const Policy& shape, const Workload& w, const HardwareProfile& hw);
+
+struct StageTime {
+  std::array<double, kNumTerms> terms{};
+  double total = 0;  // max of the terms with overlap, their sum without
+  int bound = COMP;  // the largest term
+};
+
+struct Prediction {
+  Fractions fractions{};        // the placement evaluated
+  StageTime prefill, decode;    // T_pre and T_gen: one layer
+  double prefill_s = 0;         // T_pre * l
+  double decode_s = 0;          // T_gen * (n - 1) * l
+  double total_s = 0;           // T: one block
+  double throughput_tok_s = 0;  // block_size * n / T
+  double latency_s = 0;         // T: every sequence of a block finishes at the block's end
+  TierBytes peak;
+};
+
+// `x` is taken as given (continuous fractions: the LP's view).
+Prediction predict(const CostForms& forms, const Fractions& x);
+// The runtime's view: the policy's fractions realized at layer granularity.
+Prediction evaluate(const ModelConfig& cfg, const Policy& p, const Workload& w, const HardwareProfile& hw);
+
+}  // namespace strata

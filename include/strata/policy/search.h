@@ -1,0 +1,56 @@
+// The policy search (FlexGen section 4.3; docs/cost-model.md): for every GPU batch size, number of
+// GPU batches and on/off option, a linear program over the nine placement fractions (GLPK); the
+// optimum is rounded to whole layers, as the runtime places them, and checked again.
+#pragma once
+#include <optional>
+#include <vector>
+
+#include "strata/policy/cost_model.h"
+
+namespace strata {
+
+struct SearchOptions {
+  Workload workload;
+  TierBytes budget;                      // bytes each tier may hold (usually the profile's gpu_mem, cpu_mem, disk_mem)
+  bool allow_compression = false;        // also try 4-bit weights and/or KV cache (group 64)
+  std::optional<double> max_latency_s;   // bound on the time of one block
+  int keep = 5;                          // candidates returned, best first
+};
+
+struct Candidate {
+  Policy policy;              // realizable: whole layers per tier
+  Prediction prediction;      // of the policy as realized
+  Fractions lp_fractions{};   // the LP's optimum before rounding
+  double lp_throughput_tok_s = 0;
+  std::optional<TierBytes> plan_peak;  // what the runtime reserves (plan_placement); absent for compressed policies
+};
+
+struct SearchResult {
+  std::vector<Candidate> ranked;  // best throughput first; ranked[0] is the choice
+  int lps_solved = 0;
+  double seconds = 0;
+};
+
+// Throws strata::Error "no policy fits ..." naming the binding tier (or the latency bound).
+SearchResult search_policy(const ModelConfig& cfg, const HardwareProfile& hw, const SearchOptions& opts);
+
+// One LP: minimize T over the fractions for the batch shape and options the forms were built for.
+struct LpSolution {
+  bool feasible = false;
+  Fractions x{};
+  double total_s = 0;  // T at the optimum
+};
+// Among the placements with the optimal T, a second phase picks the one that loads links and
+// compute least; it runs only when the optimum's throughput exceeds `refine_above_tok_s`.
+LpSolution solve_placement_lp(const CostForms& forms, const TierBytes& budget, std::optional<double> max_latency_s,
+                              double refine_above_tok_s = 0);
+
+// Whether a prediction respects the budgets (with a relative slack of 1e-9) and the latency bound.
+bool fits(const Prediction& p, const TierBytes& budget, std::optional<double> max_latency_s);
+
+// Integer percentages under which assign_tiers puts exactly `on_gpu` and `on_cpu` of `units`
+// (layers, or GPU batches for activations) on the GPU and the CPU, the rest on disk; none when
+// whole percentages cannot express it.
+std::optional<TierSplit> split_for_layers(int units, int on_gpu, int on_cpu);
+
+}  // namespace strata

@@ -1,0 +1,268 @@
+// `strata policy`: a dry run of the policy search (or, with --evaluate, the cost model's
+// prediction for a given policy) for a model, a machine and a workload. Nothing is loaded.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "commands.h"
+#include "strata/core/error.h"
+#include "strata/core/size.h"
+#include "strata/model/config.h"
+#include "strata/model/model_loader.h"
+#include "strata/policy/search.h"
+
+namespace strata::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// A preset name (or dummy:PRESET), a model directory with config.json, or a .gguf file.
+ModelConfig resolve_model(const std::string& spec) {
+  const std::string name = spec.rfind("dummy:", 0) == 0 ? spec.substr(6) : spec;
+  if (auto c = config_preset(name)) return *c;
+  const fs::path p(spec);
+  if (fs::is_directory(p) && fs::exists(p / "config.json")) return config_from_hf_json(p / "config.json");
+  if (fs::is_regular_file(p) && p.filename() == "config.json") return config_from_hf_json(p);
+  if (fs::is_regular_file(p) && p.extension() == ".gguf") return open_model(spec).config;
+  std::string presets;
+  for (const std::string& n : config_preset_names()) presets += (presets.empty() ? "" : ", ") + n;
+  STRATA_FAIL("--model " << spec << ": not a preset (" << presets
+                         << "), a model directory with config.json, or a .gguf file");
+}
+
+double rounded(double v, int digits) {  // for JSON fields that read better short
+  const double scale = std::pow(10.0, digits);
+  return std::round(v * scale) / scale;
+}
+
+std::string fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+std::string split_str(const TierSplit& s) {
+  return std::to_string(s.gpu) + "/" + std::to_string(s.cpu) + "/" + std::to_string(s.disk);
+}
+
+std::string compression_str(const Policy& p) {
+  if (p.compress_weights && p.compress_kv_cache) return "w+kv";
+  if (p.compress_weights) return "w";
+  if (p.compress_kv_cache) return "kv";
+  return "-";
+}
+
+json tiers_json(const TierBytes& b) { return {{"gpu", b.gpu}, {"cpu", b.cpu}, {"disk", b.disk}}; }
+
+json policy_json(const Policy& p) {
+  auto split = [](const TierSplit& s) { return json{{"gpu", s.gpu}, {"cpu", s.cpu}, {"disk", s.disk}}; };
+  auto comp = [](const std::optional<Compression>& c) {
+    return c ? json{{"bits", c->bits}, {"group_size", c->group_size}} : json(nullptr);
+  };
+  return {{"gpu_batch_size", p.gpu_batch_size}, {"num_gpu_batches", p.num_gpu_batches},
+          {"weights", split(p.weights)},        {"kv_cache", split(p.kv_cache)},
+          {"activations", split(p.activations)}, {"overlap", p.overlap},
+          {"cpu_attention", p.cpu_attention},   {"compress_weights", comp(p.compress_weights)},
+          {"compress_kv_cache", comp(p.compress_kv_cache)}};
+}
+
+// What a policy needs: the larger of the cost model's peak and the runtime plan's reservation.
+TierBytes needed(const Prediction& pred, const std::optional<TierBytes>& plan) {
+  TierBytes b = pred.peak;
+  if (plan)
+    for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) b.at(t) = std::max(b.at(t), plan->at(t));
+  return b;
+}
+
+json prediction_json(const Candidate& c) {
+  const Prediction& p = c.prediction;
+  auto stage = [](const StageTime& st) {
+    json j;
+    for (int t = 0; t < kNumTerms; ++t) j[term_name(t)] = st.terms[t];
+    j["total"] = st.total;
+    j["bound"] = term_name(st.bound);
+    return j;
+  };
+  json fr;
+  for (int v = 0; v < kNumVars; ++v) fr[var_name(v)] = rounded(p.fractions[v], 6);
+  return {{"throughput_tok_s", p.throughput_tok_s},
+          {"latency_s", p.latency_s},
+          {"prefill_s", p.prefill_s},
+          {"decode_s", p.decode_s},
+          {"block_size", c.policy.block_size()},
+          {"peak_bytes", tiers_json(needed(p, c.plan_peak))},
+          {"model_peak_bytes", tiers_json(p.peak)},
+          {"runtime_plan_peak_bytes", c.plan_peak ? tiers_json(*c.plan_peak) : json(nullptr)},
+          {"per_layer", {{"prefill", stage(p.prefill)}, {"decode", stage(p.decode)}}},
+          {"fractions", fr}};
+}
+
+void print_prediction(std::ostream& os, const Candidate& c, const TierBytes& budget) {
+  const Prediction& p = c.prediction;
+  os << "predicted:\n";
+  os << "  throughput   " << fixed(p.throughput_tok_s, 2) << " tok/s  (block of " << c.policy.block_size()
+     << " sequences)\n";
+  os << "  latency      " << fixed(p.latency_s, 1) << " s  (prefill " << fixed(p.prefill_s, 1) << " s, decode "
+     << fixed(p.decode_s, 1) << " s)\n";
+  auto stage = [&](const char* name, const StageTime& st) {
+    os << "  " << name;
+    for (int t = 0; t < kNumTerms; ++t)
+      os << "  " << term_name(t) << " " << fixed(st.terms[t] * 1e3, 2) << (t == st.bound ? "*" : "");
+    os << "  (ms per layer; * bounds it)\n";
+  };
+  stage("prefill    ", p.prefill);
+  stage("decode step", p.decode);
+  const TierBytes need = needed(p, c.plan_peak);
+  os << "  peak memory ";
+  for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk})
+    os << (t == Tier::Gpu ? " " : ", ") << tier_name(t) << " " << format_bytes(need.at(t)) << " of "
+       << format_bytes(budget.at(t));
+  os << (c.plan_peak ? "\n" : "  (cost model only: the runtime has no compression yet)\n");
+}
+
+void print_table(std::ostream& os, const std::vector<Candidate>& cands) {
+  char line[256];
+  std::snprintf(line, sizeof line, "  %-2s %5s %4s %6s  %-10s %-10s %-10s %-4s %-5s %9s %10s %10s %10s %10s\n", "#",
+                "gbs", "ngb", "block", "weights", "kv_cache", "activ.", "cpuA", "4bit", "tok/s", "latency_s",
+                "gpu", "cpu", "disk");
+  os << line;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const Candidate& c = cands[i];
+    const TierBytes need = needed(c.prediction, c.plan_peak);
+    std::snprintf(line, sizeof line, "  %-2zu %5d %4d %6d  %-10s %-10s %-10s %-4s %-5s %9.3f %10.1f %10s %10s %10s\n",
+                  i + 1, c.policy.gpu_batch_size, c.policy.num_gpu_batches, c.policy.block_size(),
+                  split_str(c.policy.weights).c_str(), split_str(c.policy.kv_cache).c_str(),
+                  split_str(c.policy.activations).c_str(), c.policy.cpu_attention ? "yes" : "no",
+                  compression_str(c.policy).c_str(), c.prediction.throughput_tok_s, c.prediction.latency_s,
+                  format_bytes(need.gpu).c_str(), format_bytes(need.cpu).c_str(), format_bytes(need.disk).c_str());
+    os << line;
+  }
+}
+
+struct Args {
+  std::string model, hardware, evaluate, out, gpu_mem, cpu_mem, disk_mem;
+  int prompt_len = 512, gen_len = 32, top = 5;
+  double max_latency = 0;
+  bool compress = false, json_out = false;
+};
+
+void run(const Args& a, bool latency_given) {
+  const ModelConfig cfg = resolve_model(a.model);
+  const HardwareProfile hw = load_hardware_profile(a.hardware);
+  SearchOptions opts;
+  opts.workload = {a.prompt_len, a.gen_len};
+  opts.budget = {hw.gpu_mem, hw.cpu_mem, hw.disk_mem};
+  if (!a.gpu_mem.empty()) opts.budget.gpu = double(parse_size(a.gpu_mem, "--gpu-mem"));
+  if (!a.cpu_mem.empty()) opts.budget.cpu = double(parse_size(a.cpu_mem, "--cpu-mem"));
+  if (!a.disk_mem.empty()) opts.budget.disk = double(parse_size(a.disk_mem, "--disk-mem"));
+  opts.allow_compression = a.compress;
+  if (latency_given) opts.max_latency_s = a.max_latency;
+  opts.keep = a.top;
+
+  std::vector<Candidate> cands;
+  std::optional<SearchResult> searched;
+  if (!a.evaluate.empty()) {
+    Candidate c;
+    c.policy = load_policy(a.evaluate);
+    c.prediction = evaluate(cfg, c.policy, opts.workload, hw);
+    if (!c.policy.compress_weights && !c.policy.compress_kv_cache)
+      c.plan_peak = plan_placement(cfg, c.policy, PlanShape{a.prompt_len, a.gen_len}, DType::F16).peak();
+    cands.push_back(c);
+  } else {
+    searched = search_policy(cfg, hw, opts);
+    cands = searched->ranked;
+  }
+  const Candidate& best = cands.front();
+  Prediction need_pred = best.prediction;
+  need_pred.peak = needed(best.prediction, best.plan_peak);
+  const bool ok = fits(need_pred, opts.budget, opts.max_latency_s);
+
+  if (!a.out.empty()) {
+    std::ofstream f(a.out);
+    if (!f) STRATA_FAIL("--out: cannot write " << a.out);
+    f << "# strata policy --model " << a.model << " --hardware " << a.hardware << " --prompt-len " << a.prompt_len
+      << " --gen-len " << a.gen_len << (a.compress ? " --compress" : "") << "\n# predicted "
+      << fixed(best.prediction.throughput_tok_s, 3) << " tok/s, latency " << fixed(best.prediction.latency_s, 1)
+      << " s\n"
+      << policy_to_yaml(best.policy);
+    if (!f) STRATA_FAIL("--out: cannot write " << a.out);
+  }
+
+  if (a.json_out) {
+    json j = {{"model", cfg.name},
+              {"hardware", hw.name},
+              {"workload", {{"prompt_len", a.prompt_len}, {"gen_len", a.gen_len}}},
+              {"budget_bytes", tiers_json(opts.budget)},
+              {"max_latency_s", opts.max_latency_s ? json(*opts.max_latency_s) : json(nullptr)},
+              {"policy", policy_json(best.policy)},
+              {"predicted", prediction_json(best)},
+              {"fits", ok}};
+    if (searched) {
+      json list = json::array();
+      for (const Candidate& c : cands)
+        list.push_back({{"policy", policy_json(c.policy)},
+                        {"throughput_tok_s", c.prediction.throughput_tok_s},
+                        {"latency_s", c.prediction.latency_s},
+                        {"peak_bytes", tiers_json(needed(c.prediction, c.plan_peak))},
+                        {"lp_throughput_tok_s", c.lp_throughput_tok_s}});
+      j["candidates"] = list;
+      j["search"] = {{"lps_solved", searched->lps_solved}, {"seconds", searched->seconds}};
+    }
+    std::cout << j.dump() << "\n";
+    return;
+  }
+
+  std::ostream& os = std::cout;
+  os << "strata policy: " << cfg.name << " on " << (hw.name.empty() ? a.hardware : hw.name) << ", prompt "
+     << a.prompt_len << ", generation " << a.gen_len;
+  if (searched)
+    os << "  (" << searched->lps_solved << " LPs in " << fixed(searched->seconds, 3) << " s)";
+  os << "\nbudgets: gpu " << format_bytes(opts.budget.gpu) << ", cpu " << format_bytes(opts.budget.cpu) << ", disk "
+     << format_bytes(opts.budget.disk);
+  if (opts.max_latency_s) os << ", latency " << *opts.max_latency_s << " s";
+  os << "\n\n" << (searched ? "chosen policy" : "policy " + a.evaluate) << ":\n";
+  std::istringstream yaml(policy_to_yaml(best.policy));
+  for (std::string line; std::getline(yaml, line);) os << "  " << line << "\n";
+  print_prediction(os, best, opts.budget);
+  if (!searched) os << (ok ? "fits the budgets\n" : "DOES NOT FIT the budgets\n");
+  if (searched) {
+    os << "\nbest candidates:\n";
+    print_table(os, cands);
+  }
+  if (!a.out.empty()) os << "\nwrote " << a.out << "\n";
+}
+
+}  // namespace
+
+void add_policy_command(CLI::App& app) {
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("policy", "search the placement policy with the cost model (a dry run)");
+  cmd->add_option("--model", a->model, "preset (opt-6.7b, ...), model directory, or .gguf file")->required();
+  cmd->add_option("--hardware", a->hardware, "hardware profile YAML (strata profile, or policies/hardware/)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--prompt-len", a->prompt_len, "prompt tokens per sequence")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--gen-len", a->gen_len, "generated tokens per sequence")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--gpu-mem", a->gpu_mem, "GPU budget (default: the profile's gpu_mem), e.g. 15GB");
+  cmd->add_option("--cpu-mem", a->cpu_mem, "CPU budget (default: the profile's cpu_mem)");
+  cmd->add_option("--disk-mem", a->disk_mem, "disk budget (default: the profile's disk_mem)");
+  cmd->add_flag("--compress", a->compress, "also consider 4-bit weights and KV cache");
+  auto* lat = cmd->add_option("--max-latency", a->max_latency, "bound on the time of one block, seconds")
+                  ->check(CLI::PositiveNumber);
+  cmd->add_flag("--json", a->json_out, "print one JSON object");
+  cmd->add_option("--out", a->out, "write the chosen policy as YAML");
+  cmd->add_option("--evaluate", a->evaluate, "predict for this policy file instead of searching")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--top", a->top, "candidates to list")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->callback([a, lat] { run(*a, lat->count() > 0); });
+}
+
+}  // namespace strata::cli

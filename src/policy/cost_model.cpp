@@ -1,0 +1,230 @@
+// FlexGen's cost model as linear forms in the nine placement fractions (docs/cost-model.md).
+#include "strata/policy/cost_model.h"
+
+#include <algorithm>
+
+#include "strata/core/error.h"
+#include "strata/runtime/forward_ops.h"
+
+namespace strata {
+
+const char* var_name(int v) {
+  static const char* names[kNumVars] = {"wg", "wc", "wd", "cg", "cc", "cd", "hg", "hc", "hd"};
+  return names[v];
+}
+
+const char* term_name(int t) {
+  static const char* names[kNumTerms] = {"ctog", "gtoc", "dtoc", "ctod", "comp"};
+  return names[t];
+}
+
+double LinearForm::at(const Fractions& x) const {
+  double v = constant;
+  for (int i = 0; i < kNumVars; ++i) v += coef[i] * x[i];
+  return v;
+}
+
+double stored_bytes_per_element(const std::optional<Compression>& c) {
+  if (!c) return 2.0;
+  return c->bits / 8.0 + 4.0 / c->group_size;  // packed values + fp16 min and scale per group
+}
+
+Fractions requested_fractions(const Policy& p) {
+  auto f = [](int pct) { return pct / 100.0; };
+  return {f(p.weights.gpu),  f(p.weights.cpu),  f(p.weights.disk),  f(p.kv_cache.gpu),   f(p.kv_cache.cpu),
+          f(p.kv_cache.disk), f(p.activations.gpu), f(p.activations.cpu), f(p.activations.disk)};
+}
+
+Fractions realized_fractions(const Policy& p, int n_layers) {
+  Fractions x{};
+  auto count = [&](const TierSplit& split, int units, int first) {
+    for (Tier t : assign_tiers(units, split)) x[first + int(t)] += 1.0 / units;
+  };
+  count(p.weights, n_layers, WG);
+  count(p.kv_cache, n_layers, CG);
+  count(p.activations, p.num_gpu_batches, HG);
+  return x;
+}
+
+namespace {
+
+void check_inputs(const ModelConfig& cfg, const Policy& p, const Workload& w, const HardwareProfile& hw) {
+  if (w.prompt_len < 1 || w.gen_len < 1)
+    STRATA_FAIL("cost model: prompt length and generation length must be at least 1, got " << w.prompt_len << " and "
+                                                                                            << w.gen_len);
+  if (p.gpu_batch_size < 1 || p.num_gpu_batches < 1) STRATA_FAIL("cost model: batch sizes must be at least 1");
+  if (cfg.n_layers < 1 || cfg.hidden < 1) STRATA_FAIL("cost model: model " << cfg.name << " has no layers");
+  auto positive = [&](double v, const char* field) {
+    if (!(v > 0)) STRATA_FAIL("hardware profile " << hw.name << ": " << field << " must be positive for the cost model");
+  };
+  positive(hw.cpu_to_gpu_bw, "cpu_to_gpu_bw");
+  positive(hw.gpu_to_cpu_bw, "gpu_to_cpu_bw");
+  positive(hw.disk_to_cpu_bw, "disk_to_cpu_bw");
+  positive(hw.cpu_to_disk_bw, "cpu_to_disk_bw");
+  positive(hw.gpu_attention_bw, "gpu_attention_bw");
+  positive(hw.cpu_attention_bw, "cpu_attention_bw");
+  if (hw.gpu_gemm.empty()) STRATA_FAIL("hardware profile " << hw.name << ": gpu_gemm has no points");
+}
+
+CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w) {
+  const double s = w.prompt_len, n = w.gen_len, gbs = p.gpu_batch_size, bls = p.block_size();
+  const double h = cfg.hidden, q = cfg.q_dim(), kv = cfg.kv_dim(), f = cfg.intermediate;
+  const double rw = stored_bytes_per_element(p.compress_weights) / 2.0;  // stored / fp16
+  const double rc = stored_bytes_per_element(p.compress_kv_cache) / 2.0;
+  CostSizes z;
+  z.layer_weights_fp16 = 2.0 * double(cfg.layer_param_count());
+  z.layer_weights = rw * z.layer_weights_fp16;
+  z.global_weights = 2.0 * double(cfg.param_count() - int64_t(cfg.n_layers) * cfg.layer_param_count());
+  const double matmul_params = h * (q + 2 * kv) + q * h + (cfg.mlp == MlpKind::SwiGLU ? 3 : 2) * h * f;
+  z.layer_flops_per_token = 2.0 * matmul_params;
+  z.kv_per_token_fp16 = 2.0 * 2.0 * kv;  // K and V, fp16
+  z.kv_per_token = rc * z.kv_per_token_fp16;
+  z.hidden_per_token = 2.0 * h;
+  z.cache_avg = bls * (s + n / 2.0) * z.kv_per_token;  // the context grows from s to s + n
+  z.cache_capacity = bls * (s + n) * z.kv_per_token;
+  z.act_prefill = bls * s * z.hidden_per_token;
+  z.act_decode = bls * z.hidden_per_token;
+  // The runtime's own workspace (its attention never materializes the scores), sized once for
+  // the largest step: one GPU batch's prompts.
+  z.workspace = double(ForwardOps::workspace_bytes(cfg, DType::F16, int64_t(gbs * s), int64_t(gbs)));
+  return z;
+}
+
+// Adds `seconds` (or bytes) per unit of each fraction in `vars` to `form`.
+void add(LinearForm& form, double seconds, std::initializer_list<int> vars) {
+  for (int v : vars) form.coef[v] += seconds;
+}
+
+}  // namespace
+
+CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w, const HardwareProfile& hw) {
+  check_inputs(cfg, p, w, hw);
+  CostForms F;
+  F.n_layers = cfg.n_layers;
+  F.gen_len = w.gen_len;
+  F.block_size = p.block_size();
+  F.overlap = p.overlap;
+  const CostSizes z = F.sizes = sizes_of(cfg, p, w);
+
+  const double s = w.prompt_len, n = w.gen_len, l = cfg.n_layers;
+  const double gbs = p.gpu_batch_size, ngb = p.num_gpu_batches, bls = p.block_size();
+  const bool cw = p.compress_weights.has_value(), cc = p.compress_kv_cache.has_value();
+  const bool cpu_attn = p.cpu_attention;
+  // Dequantization streams bytes through GPU memory like decode attention does; use that rate
+  // when the profile has no measured one.
+  const double dequant_bw = hw.gpu_dequant_bw > 0 ? hw.gpu_dequant_bw : hw.gpu_attention_bw;
+  const double ctog = hw.cpu_to_gpu_bw, gtoc = hw.gpu_to_cpu_bw, dtoc = hw.disk_to_cpu_bw, ctod = hw.cpu_to_disk_bw;
+
+  const double W = z.layer_weights;
+  const double cache_prefill = bls * s * z.kv_per_token;  // the prompt's K and V, written once
+  const double cache_new = bls * z.kv_per_token;          // one decode step's K and V
+  const double cache_avg_fp16 = z.cache_avg / (z.kv_per_token / z.kv_per_token_fp16);
+  const double Ap = z.act_prefill, Ag = z.act_decode;
+
+  // Prefill of one layer. Weights not on the GPU cross PCIe (from disk through the CPU); the
+  // prompt's KV cache and the hidden states go out to their tiers and the hidden states come back
+  // for the next layer. Attention runs on the GPU (FlexGen delegates only decode attention).
+  auto& P = F.prefill;
+  add(P[CTOG], W / ctog, {WC, WD});
+  add(P[CTOG], Ap / ctog, {HC, HD});
+  add(P[GTOC], cache_prefill / gtoc, {CC, CD});
+  add(P[GTOC], Ap / gtoc, {HC, HD});
+  add(P[DTOC], W / dtoc, {WD});
+  add(P[DTOC], Ap / dtoc, {HD});
+  add(P[CTOD], cache_prefill / ctod, {CD});
+  add(P[CTOD], Ap / ctod, {HD});
+  P[COMP].constant = bls * s * z.layer_flops_per_token / hw.gemm_flops(gbs * s) +
+                     bls * 4.0 * s * s * cfg.q_dim() / hw.gemm_flops(s);  // QK^T and AV per head
+  if (cw) P[COMP].constant += z.layer_weights_fp16 / dequant_bw;
+  if (cc) P[COMP].constant += bls * s * z.kv_per_token_fp16 / dequant_bw;  // quantizing the prompt's cache
+
+  // One decode step of one layer. With cpu_attention, attention over the cache on the CPU or disk
+  // runs on the CPU: q, k, v go down and the attention output comes back instead of the cache.
+  auto& D = F.decode;
+  add(D[CTOG], W / ctog, {WC, WD});
+  add(D[CTOG], Ag / ctog, {HC, HD});
+  add(D[GTOC], Ag / gtoc, {HC, HD});
+  if (cpu_attn) {
+    const double qkv = bls * 2.0 * (cfg.q_dim() + 2.0 * cfg.kv_dim()), out = bls * 2.0 * cfg.q_dim();
+    add(D[CTOG], out / ctog, {CC, CD});
+    add(D[GTOC], qkv / gtoc, {CC, CD});
+  } else {
+    add(D[CTOG], z.cache_avg / ctog, {CC, CD});
+    add(D[GTOC], cache_new / gtoc, {CC, CD});
+  }
+  add(D[DTOC], W / dtoc, {WD});
+  add(D[DTOC], z.cache_avg / dtoc, {CD});
+  add(D[DTOC], Ag / dtoc, {HD});
+  add(D[CTOD], cache_new / ctod, {CD});
+  add(D[CTOD], Ag / ctod, {HD});
+  D[COMP].constant = bls * z.layer_flops_per_token / hw.gemm_flops(gbs);
+  if (cw) D[COMP].constant += z.layer_weights_fp16 / dequant_bw;  // once per layer, shared by the GPU batches
+  // Attention reads the fp16 cache (after dequantization when compressed) where it is computed.
+  const double gpu_attn = cache_avg_fp16 / hw.gpu_attention_bw + (cc ? cache_avg_fp16 / dequant_bw : 0.0);
+  add(D[COMP], gpu_attn, {CG});
+  add(D[COMP], cpu_attn ? cache_avg_fp16 / hw.cpu_attention_bw : gpu_attn, {CC, CD});
+
+  // Peak memory, linear in the fractions where the runtime's plan (placement.h) has steps. GPU:
+  // global weights, the workspace, the homes of what is placed there, a double buffer for
+  // offloaded weights, three staging units (one GPU batch, one layer) for offloaded cache and
+  // hidden states. CPU: homes, plus pinned staging for units that live on disk. Disk: homes.
+  const double Cm = z.cache_capacity, cache_unit = Cm / ngb, act_unit = Ap / ngb;
+  const double cache_fp16_ratio = z.kv_per_token_fp16 / z.kv_per_token;
+  LinearForm& G = F.peak[int(Tier::Gpu)];
+  G.constant = z.global_weights + z.workspace + 2 * W;
+  add(G, l * W - 2 * W, {WG});  // resident layers need no transfer buffer
+  add(G, l * Cm, {CG});
+  add(G, 3 * cache_unit, {CC, CD});
+  add(G, Ap, {HG});
+  add(G, 3 * act_unit, {HC, HD});
+  if (cw) G.constant += z.layer_weights_fp16;            // the layer being computed, dequantized
+  if (cc) G.constant += cache_unit * cache_fp16_ratio;   // one GPU batch's cache of one layer, dequantized
+  LinearForm& C = F.peak[int(Tier::Cpu)];
+  add(C, l * W, {WC});
+  add(C, 2 * W, {WD});
+  add(C, l * Cm, {CC});
+  add(C, 3 * cache_unit, {CD});
+  add(C, Ap, {HC});
+  add(C, 3 * act_unit, {HD});
+  // Delegated attention: q/k/v and the output of one GPU batch, and its fp32 scores.
+  if (cpu_attn) C.constant += gbs * (2.0 * (2 * cfg.q_dim() + 2 * cfg.kv_dim()) + 4.0 * cfg.n_heads * (s + n));
+  LinearForm& Dk = F.peak[int(Tier::Disk)];
+  add(Dk, l * W, {WD});
+  add(Dk, l * Cm, {CD});
+  add(Dk, Ap, {HD});
+  return F;
+}
+
+namespace {
+
+StageTime stage_time(const std::array<LinearForm, kNumTerms>& forms, const Fractions& x, bool overlap) {
+  StageTime st;
+  for (int t = 0; t < kNumTerms; ++t) {
+    st.terms[t] = forms[t].at(x);
+    if (st.terms[t] > st.terms[st.bound]) st.bound = t;
+    st.total = overlap ? std::max(st.total, st.terms[t]) : st.total + st.terms[t];
+  }
+  return st;
+}
+
+}  // namespace
+
+Prediction predict(const CostForms& F, const Fractions& x) {
+  Prediction r;
+  r.fractions = x;
+  r.prefill = stage_time(F.prefill, x, F.overlap);
+  r.decode = stage_time(F.decode, x, F.overlap);
+  r.prefill_s = r.prefill.total * F.n_layers;
+  r.decode_s = r.decode.total * (F.gen_len - 1) * F.n_layers;
+  r.total_s = r.prefill_s + r.decode_s;
+  r.throughput_tok_s = double(F.block_size) * F.gen_len / r.total_s;
+  r.latency_s = r.total_s;
+  r.peak = {F.peak[0].at(x), F.peak[1].at(x), F.peak[2].at(x)};
+  return r;
+}
+
+Prediction evaluate(const ModelConfig& cfg, const Policy& p, const Workload& w, const HardwareProfile& hw) {
+  return predict(cost_forms(cfg, p, w, hw), realized_fractions(p, cfg.n_layers));
+}
+
+}  // namespace strata

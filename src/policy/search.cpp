@@ -1,0 +1,467 @@
+// The policy search: an LP per candidate batch shape and options (GLPK), rounding to whole layers,
+// a re-check against the runtime's own memory plan, and a diagnosis when nothing fits.
+#include "strata/policy/search.h"
+
+#include <glpk.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "strata/core/error.h"
+#include "strata/core/size.h"
+
+namespace strata {
+namespace {
+
+constexpr Tier kTiers[3] = {Tier::Gpu, Tier::Cpu, Tier::Disk};
+
+// A small LP over columns 1..9 (the fractions, in Var order) and any auxiliary columns.
+class Lp {
+ public:
+  Lp() : p_(glp_create_prob()) {
+    glp_set_obj_dir(p_, GLP_MIN);
+    glp_add_cols(p_, kNumVars);
+    for (int v = 0; v < kNumVars; ++v) glp_set_col_bnds(p_, v + 1, GLP_DB, 0.0, 1.0);
+    for (int cls = 0; cls < 3; ++cls)  // each class sums to 1
+      add_row({{3 * cls + 1, 1.0}, {3 * cls + 2, 1.0}, {3 * cls + 3, 1.0}}, GLP_FX, 1.0);
+  }
+  ~Lp() { glp_delete_prob(p_); }
+  Lp(const Lp&) = delete;
+  Lp& operator=(const Lp&) = delete;
+
+  int add_col(double objective) {  // a non-negative auxiliary variable
+    const int j = glp_add_cols(p_, 1);
+    glp_set_col_bnds(p_, j, GLP_LO, 0.0, 0.0);
+    glp_set_obj_coef(p_, j, objective);
+    return j;
+  }
+  void set_objective(int col, double c) { glp_set_obj_coef(p_, col, c); }
+
+  // sum coef * col  (== rhs for GLP_FX, <= rhs for GLP_UP)
+  void add_row(const std::vector<std::pair<int, double>>& terms, int type, double rhs) {
+    const int i = glp_add_rows(p_, 1);
+    std::vector<int> idx{0};
+    std::vector<double> val{0.0};
+    for (const auto& [col, c] : terms)
+      if (c != 0) {
+        idx.push_back(col);
+        val.push_back(c);
+      }
+    glp_set_mat_row(p_, i, int(idx.size()) - 1, idx.data(), val.data());
+    glp_set_row_bnds(p_, i, type, type == GLP_UP ? 0.0 : rhs, rhs);
+  }
+
+  // form(x) - sum aux <= rhs, scaled by 1/scale for conditioning.
+  void add_form_row(const LinearForm& form, std::vector<std::pair<int, double>> aux, double rhs, double scale = 1) {
+    std::vector<std::pair<int, double>> terms;
+    for (int v = 0; v < kNumVars; ++v) terms.push_back({v + 1, form.coef[v] / scale});
+    for (auto& [col, c] : aux) terms.push_back({col, c / scale});
+    add_row(terms, GLP_UP, (rhs - form.constant) / scale);
+  }
+
+  bool solve() {
+    const int term = glp_term_out(GLP_OFF);  // glp_scale_prob reports to the terminal
+    glp_scale_prob(p_, GLP_SF_AUTO);
+    glp_term_out(term);
+    glp_smcp parm;
+    glp_init_smcp(&parm);
+    parm.msg_lev = GLP_MSG_OFF;
+    // No presolve: these LPs are tiny, and a second solve then starts from the first's basis.
+    parm.presolve = GLP_OFF;
+    if (glp_simplex(p_, &parm) != 0) return false;
+    return glp_get_status(p_) == GLP_OPT;
+  }
+  double value(int col) const { return glp_get_col_prim(p_, col); }
+  double objective() const { return glp_get_obj_val(p_); }
+  Fractions fractions() const {
+    Fractions x{};
+    for (int v = 0; v < kNumVars; ++v) x[v] = std::clamp(value(v + 1), 0.0, 1.0);
+    return x;
+  }
+
+ private:
+  glp_prob* p_;
+};
+
+// Memory rows: the peak on each tier within its budget (rows scaled by the budget).
+void add_memory_rows(Lp& lp, const CostForms& F, const TierBytes& budget, std::optional<Tier> skip = {}) {
+  for (Tier t : kTiers) {
+    if (skip && *skip == t) continue;
+    const double b = budget.at(t);
+    lp.add_form_row(F.peak[int(t)], {}, b, b > 0 ? b : 1e9);
+  }
+}
+
+}  // namespace
+
+LpSolution solve_placement_lp(const CostForms& F, const TierBytes& budget, std::optional<double> max_latency_s,
+                              double refine_above_tok_s) {
+  Lp lp;
+  const double l = F.n_layers, gen_steps = F.gen_len - 1;
+  // T = T_pre * l + T_gen * (n - 1) * l; each stage time is an auxiliary variable bounded below by
+  // its terms (their max, with overlap) or by their sum (without).
+  const int tpre = lp.add_col(l), tgen = lp.add_col(gen_steps * l);
+  for (auto [forms, col] : {std::pair{&F.prefill, tpre}, std::pair{&F.decode, tgen}}) {
+    if (F.overlap) {
+      for (const LinearForm& term : *forms) lp.add_form_row(term, {{col, -1.0}}, 0.0);
+    } else {
+      LinearForm sum;
+      for (const LinearForm& term : *forms) {
+        sum.constant += term.constant;
+        for (int v = 0; v < kNumVars; ++v) sum.coef[v] += term.coef[v];
+      }
+      lp.add_form_row(sum, {{col, -1.0}}, 0.0);
+    }
+  }
+  add_memory_rows(lp, F, budget);
+  if (max_latency_s) lp.add_row({{tpre, l}, {tgen, gen_steps * l}}, GLP_UP, *max_latency_s);
+
+  LpSolution r;
+  if (!lp.solve()) return r;
+  r.feasible = true;
+  r.x = lp.fractions();
+  r.total_s = lp.objective();
+  if (double(F.block_size) * F.gen_len / r.total_s <= refine_above_tok_s) return r;
+
+  // Many placements often share the optimal T (a link that does not bound T can carry more or
+  // less). Among them, take the one that loads all links and compute least: it leaves slack
+  // where the model is approximate, and it keeps bytes off slower tiers for no gain.
+  lp.add_row({{tpre, l}, {tgen, gen_steps * l}}, GLP_UP, r.total_s * (1 + 1e-9) + 1e-12);
+  lp.set_objective(tpre, 0);
+  lp.set_objective(tgen, 0);
+  for (int v = 0; v < kNumVars; ++v) {
+    double c = 0;
+    for (const LinearForm& t : F.prefill) c += l * t.coef[v];
+    for (const LinearForm& t : F.decode) c += gen_steps * l * t.coef[v];
+    lp.set_objective(v + 1, c);
+  }
+  if (lp.solve()) r.x = lp.fractions();
+  return r;
+}
+
+bool fits(const Prediction& p, const TierBytes& budget, std::optional<double> max_latency_s) {
+  for (Tier t : kTiers)
+    if (p.peak.at(t) > budget.at(t) * (1 + 1e-9) + 1e-6) return false;
+  return !max_latency_s || p.latency_s <= *max_latency_s * (1 + 1e-9);
+}
+
+std::optional<TierSplit> split_for_layers(int n, int on_gpu, int on_cpu) {
+  if (n < 1 || on_gpu < 0 || on_cpu < 0 || on_gpu + on_cpu > n) return std::nullopt;
+  const int g0 = int(std::lround(100.0 * on_gpu / n)), gc0 = int(std::lround(100.0 * (on_gpu + on_cpu) / n));
+  for (int dg : {0, -1, 1})
+    for (int dgc : {0, -1, 1}) {
+      const int g = g0 + dg, gc = gc0 + dgc;
+      if (g < 0 || gc < g || gc > 100) continue;
+      const TierSplit s{g, gc - g, 100 - gc};
+      int count[3] = {0, 0, 0};
+      for (Tier t : assign_tiers(n, s)) ++count[int(t)];
+      if (count[0] == on_gpu && count[1] == on_cpu) return s;
+    }
+  return std::nullopt;
+}
+
+namespace {
+
+struct Shape {
+  int gbs, ngb;
+  bool cpu_attention;
+  bool compress_weights, compress_cache;
+};
+
+Policy make_policy(const Shape& s) {
+  Policy p;
+  p.gpu_batch_size = s.gbs;
+  p.num_gpu_batches = s.ngb;
+  p.overlap = true;
+  p.cpu_attention = s.cpu_attention;
+  if (s.compress_weights) p.compress_weights = Compression{4, 64};
+  if (s.compress_cache) p.compress_kv_cache = Compression{4, 64};
+  return p;
+}
+
+// GPU batch sizes and GPU batch counts to try: FlexGen's grid, denser where the paper's
+// policies lie (48, 72, 20, 12, ...).
+const std::vector<int>& batch_sizes() {
+  static const std::vector<int> v = {1,  2,  3,  4,   6,   8,   12,  16,  20,  24,  28,  32,  40,  48,  56,  64,  72,
+                                     80, 96, 112, 128, 144, 160, 192, 224, 256, 320, 384, 448, 512, 640, 768, 1024};
+  return v;
+}
+const std::vector<int>& batch_counts() {
+  static const std::vector<int> v = {1,  2,  3,  4,  5,  6,  7,  8,  9,  10, 11, 12,  14,  16,
+                                     20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 128, 160, 192, 256};
+  return v;
+}
+// Sequences per block at most: beyond this a job's blocks become too coarse to be practical.
+constexpr int kMaxBlock = 8192;
+
+std::vector<Shape> option_sets(bool allow_compression) {
+  std::vector<Shape> v;
+  for (int cw = 0; cw <= int(allow_compression); ++cw)
+    for (int cc = 0; cc <= int(allow_compression); ++cc)
+      for (int ca = 0; ca <= 1; ++ca) {
+        if (cc && ca) continue;  // attention on the CPU over a quantized cache is not modeled
+        v.push_back({0, 0, bool(ca), bool(cw), bool(cc)});
+      }
+  return v;
+}
+
+// Layer counts on (gpu, cpu) near the LP's fractions of one class: floor and ceiling of each.
+std::vector<std::pair<int, int>> nearby_counts(double g, double c, int n) {
+  std::vector<std::pair<int, int>> v;
+  for (int ng : {int(std::floor(g * n + 1e-9)), int(std::ceil(g * n - 1e-9))})
+    for (int nc : {int(std::floor(c * n + 1e-9)), int(std::ceil(c * n - 1e-9))})
+      if (ng >= 0 && nc >= 0 && ng + nc <= n &&
+          std::find(v.begin(), v.end(), std::pair{ng, nc}) == v.end())
+        v.push_back({ng, nc});
+  return v;
+}
+
+// Seconds of work on all links and compute over the block: what the LP's second phase minimizes.
+double load(const CostForms& F, const Prediction& p) {
+  double pre = 0, gen = 0;
+  for (double t : p.prefill.terms) pre += t;
+  for (double t : p.decode.terms) gen += t;
+  return F.n_layers * (pre + (F.gen_len - 1) * gen);
+}
+
+// Units each class is placed in: layers for weights and KV cache, GPU batches for activations.
+int class_units(int cls, const Policy& p, int n_layers) { return cls == 2 ? p.num_gpu_batches : n_layers; }
+TierSplit& class_split(int cls, Policy& p) { return cls == 0 ? p.weights : cls == 1 ? p.kv_cache : p.activations; }
+
+// The best realizable policy among the roundings of the LP's fractions that still fits.
+std::optional<Candidate> round_to_units(const Policy& shape, const CostForms& F, const LpSolution& lp,
+                                        const SearchOptions& opts) {
+  struct Rounded {
+    TierSplit split;
+    double gpu, cpu, disk;  // the realized fractions
+  };
+  std::vector<Rounded> splits[3];
+  for (int cls = 0; cls < 3; ++cls) {
+    const int units = class_units(cls, shape, F.n_layers);
+    for (auto [ng, nc] : nearby_counts(lp.x[3 * cls], lp.x[3 * cls + 1], units))
+      if (auto s = split_for_layers(units, ng, nc))
+        splits[cls].push_back({*s, double(ng) / units, double(nc) / units, double(units - ng - nc) / units});
+  }
+  std::optional<Candidate> best;
+  double best_load = 0;
+  for (const Rounded& w : splits[0])
+    for (const Rounded& c : splits[1])
+      for (const Rounded& h : splits[2]) {
+        Policy p = shape;
+        p.weights = w.split;
+        p.kv_cache = c.split;
+        p.activations = h.split;
+        const Prediction pred = predict(F, {w.gpu, w.cpu, w.disk, c.gpu, c.cpu, c.disk, h.gpu, h.cpu, h.disk});
+        if (!fits(pred, opts.budget, opts.max_latency_s)) continue;
+        // The fastest; among equally fast ones (a link that does not bound T), the least load.
+        const double t = pred.throughput_tok_s, best_t = best ? best->prediction.throughput_tok_s : 0;
+        const double ld = load(F, pred);
+        if (!best || t > best_t * (1 + 1e-9) || (t >= best_t * (1 - 1e-9) && ld < best_load)) {
+          best = Candidate{p, pred, lp.x, double(F.block_size) * F.gen_len / lp.total_s, std::nullopt};
+          best_load = ld;
+        }
+      }
+  return best;
+}
+
+std::optional<TierBytes> runtime_peak(const ModelConfig& cfg, const Policy& p, const Workload& w) {
+  if (p.compress_weights || p.compress_kv_cache) return std::nullopt;  // the runtime has no compression yet
+  return plan_placement(cfg, p, PlanShape{w.prompt_len, w.gen_len}, DType::F16).peak();
+}
+
+// How far a candidate is over its budgets: the sum of relative overflows of the model's and the
+// runtime plan's peaks (0 when it fits).
+double overflow(const Candidate& c, const TierBytes& budget) {
+  double o = 0;
+  for (Tier t : kTiers) {
+    double peak = c.prediction.peak.at(t);
+    if (c.plan_peak) peak = std::max(peak, c.plan_peak->at(t));
+    const double b = budget.at(t);
+    if (peak > b * (1 + 1e-9) + 1e-6) o += (peak - b) / std::max(b, 1.0);
+  }
+  return o;
+}
+
+// Re-checks a candidate against the runtime's memory plan; when that is over a budget, moves one
+// layer of one class to a neighbouring tier at a time (the move that most reduces the overflow)
+// until it fits. Returns nothing when no sequence of moves makes it fit.
+std::optional<Candidate> recheck(const ModelConfig& cfg, const CostForms& F, Candidate c, const SearchOptions& opts) {
+  const int n = cfg.n_layers;
+  c.plan_peak = runtime_peak(cfg, c.policy, opts.workload);
+  for (int step = 0; step < 3 * n; ++step) {
+    const double over = overflow(c, opts.budget);
+    if (over == 0 && fits(c.prediction, opts.budget, opts.max_latency_s)) return c;
+    std::optional<Candidate> best_move;
+    double best_over = over;
+    for (int cls = 0; cls < 3; ++cls) {
+      const int units = class_units(cls, c.policy, n);
+      int count[3] = {0, 0, 0};
+      for (Tier t : assign_tiers(units, class_split(cls, c.policy))) ++count[int(t)];
+      for (int from = 0; from < 3; ++from)
+        for (int to = 0; to < 3; ++to) {
+          if (from == to || count[from] == 0) continue;
+          int moved[3] = {count[0], count[1], count[2]};
+          --moved[from];
+          ++moved[to];
+          const auto s = split_for_layers(units, moved[0], moved[1]);
+          if (!s) continue;
+          Candidate m = c;
+          class_split(cls, m.policy) = *s;
+          m.prediction = predict(F, realized_fractions(m.policy, n));
+          m.plan_peak = runtime_peak(cfg, m.policy, opts.workload);
+          const double o = overflow(m, opts.budget);
+          if (o < best_over || (o == best_over && best_move &&
+                                m.prediction.throughput_tok_s > best_move->prediction.throughput_tok_s)) {
+            best_over = o;
+            best_move = std::move(m);
+          }
+        }
+    }
+    if (!best_move) return std::nullopt;
+    c = std::move(*best_move);
+  }
+  return std::nullopt;
+}
+
+std::string describe_shape(const Policy& p) {
+  std::ostringstream os;
+  os << "gpu_batch_size " << p.gpu_batch_size << ", " << p.num_gpu_batches << " GPU batch"
+     << (p.num_gpu_batches == 1 ? "" : "es");
+  if (p.compress_weights || p.compress_kv_cache)
+    os << ", 4-bit" << (p.compress_weights ? " weights" : "") << (p.compress_weights && p.compress_kv_cache ? " and" : "")
+       << (p.compress_kv_cache ? " KV cache" : "");
+  return os.str();
+}
+
+// The least a tier must hold for the forms: minimize its peak, with the other tiers within their
+// budgets (or unlimited when `others_free`). Infinity when the other tiers cannot make room.
+double least_on_tier(const CostForms& F, Tier t, const TierBytes& budget, bool others_free) {
+  Lp lp;
+  const int m = lp.add_col(1.0);
+  lp.add_form_row(F.peak[int(t)], {{m, -1.0}}, 0.0, 1e9);
+  if (!others_free) add_memory_rows(lp, F, budget, t);
+  if (!lp.solve()) return std::numeric_limits<double>::infinity();
+  return lp.objective();
+}
+
+[[noreturn]] void no_policy_fits(const ModelConfig& cfg, const HardwareProfile& hw, const SearchOptions& opts) {
+  // The smallest candidate: one sequence per GPU batch, one GPU batch, the most compression allowed.
+  Policy smallest = make_policy({1, 1, false, opts.allow_compression, opts.allow_compression});
+  const CostForms F = cost_forms(cfg, smallest, opts.workload, hw);
+  std::ostringstream os;
+  os << "no policy fits " << cfg.name << " (prompt " << opts.workload.prompt_len << ", generation "
+     << opts.workload.gen_len << ")";
+  // A tier that cannot hold its share even with everything else offloaded binds on its own.
+  double worst = 1.0;
+  std::optional<Tier> alone;
+  for (Tier t : kTiers) {
+    const double need = least_on_tier(F, t, opts.budget, true), b = opts.budget.at(t);
+    const double ratio = b > 0 ? need / b : (need > 0 ? std::numeric_limits<double>::infinity() : 0);
+    if (need > b * (1 + 1e-9) + 1e-6 && ratio > worst) {
+      worst = ratio;
+      alone = t;
+    }
+  }
+  if (alone) {
+    os << ": the " << tier_name(*alone) << " tier is the binding one: even " << describe_shape(smallest)
+       << " with everything else offloaded needs " << format_bytes(least_on_tier(F, *alone, opts.budget, true))
+       << " there, over its budget of " << format_bytes(opts.budget.at(*alone));
+    throw Error(os.str());
+  }
+  // Memory allows the smallest candidate: the latency bound is what no candidate meets.
+  const LpSolution fastest = solve_placement_lp(F, opts.budget, std::nullopt);
+  if (fastest.feasible) {
+    os << ": none meets the latency bound of " << opts.max_latency_s.value_or(0) << " s ("
+       << describe_shape(smallest) << " takes " << fastest.total_s << " s)";
+    throw Error(os.str());
+  }
+  // Otherwise the tiers are short together: say what each would need with the others full, and
+  // name the one whose budget that exceeds the most. A tier that cannot make up the shortfall
+  // alone (its need is infinite) is not named.
+  struct Need {
+    Tier t;
+    double bytes, ratio;
+  };
+  std::vector<Need> needs;
+  for (Tier t : kTiers) {
+    const double need = least_on_tier(F, t, opts.budget, false), b = opts.budget.at(t);
+    if (std::isfinite(need)) needs.push_back({t, need, b > 0 ? need / b : std::numeric_limits<double>::infinity()});
+  }
+  if (needs.empty()) {
+    os << ": no single tier's budget can make room for " << describe_shape(smallest) << "; raise several";
+    throw Error(os.str());
+  }
+  std::stable_sort(needs.begin(), needs.end(), [](const Need& a, const Need& b) { return a.ratio > b.ratio; });
+  os << ": the " << tier_name(needs[0].t) << " tier is the binding one: " << describe_shape(smallest) << " needs ";
+  for (size_t i = 0; i < needs.size(); ++i)
+    os << (i ? ", or " : "") << format_bytes(needs[i].bytes) << " on the " << tier_name(needs[i].t) << " tier (budget "
+       << format_bytes(opts.budget.at(needs[i].t)) << ")";
+  throw Error(os.str());
+}
+
+}  // namespace
+
+SearchResult search_policy(const ModelConfig& cfg, const HardwareProfile& hw, const SearchOptions& opts) {
+  const auto start = std::chrono::steady_clock::now();
+  SearchResult result;
+  std::vector<std::pair<Candidate, CostForms>> found;
+  double best_found = 0;       // best throughput of a rounded candidate so far
+  for (Shape options : option_sets(opts.allow_compression)) {
+    for (int gbs : batch_sizes()) {
+      bool any = false;
+      double best_here = 0;  // best LP throughput for this GPU batch size
+      for (int ngb : batch_counts()) {
+        if (gbs * ngb > kMaxBlock) break;
+        options.gbs = gbs;
+        options.ngb = ngb;
+        const Policy shape = make_policy(options);
+        CostForms F = cost_forms(cfg, shape, opts.workload, hw);
+        // The second phase only for LPs that may rank: an LP's throughput bounds its rounding's.
+        const LpSolution lp = solve_placement_lp(F, opts.budget, opts.max_latency_s, 0.8 * best_found);
+        ++result.lps_solved;
+        // Memory and T both grow with the block: more GPU batches will not fit either.
+        if (!lp.feasible) break;
+        any = true;
+        const double tput = double(F.block_size) * F.gen_len / lp.total_s;
+        best_here = std::max(best_here, tput);
+        auto c = round_to_units(shape, F, lp, opts);
+        // With all the cache on the GPU there is nothing to delegate: the twin without CPU
+        // attention is the same policy.
+        if (c && shape.cpu_attention && c->policy.kv_cache.gpu == 100) c.reset();
+        if (c) best_found = std::max(best_found, c->prediction.throughput_tok_s);
+        if (c) found.push_back({std::move(*c), std::move(F)});
+        // Past its peak, throughput falls as the block pushes data to slower tiers (FlexGen stops
+        // at the first fall; a margin keeps plateaus).
+        if (tput < 0.7 * best_here) break;
+      }
+      if (!any) break;  // nor will larger GPU batches
+    }
+  }
+  // Best throughput first; equal throughputs (a compute-bound model scales T with the block) by
+  // lower latency. Throughput is compared at a relative 1e-9 so that the order stays strict.
+  auto by_throughput = [](const Candidate& a, const Candidate& b) {
+    const auto key = [](const Candidate& c) { return std::llround(std::log(c.prediction.throughput_tok_s) * 1e9); };
+    const long long ka = key(a), kb = key(b);
+    return ka != kb ? ka > kb : a.prediction.latency_s < b.prediction.latency_s;
+  };
+  std::sort(found.begin(), found.end(), [&](const auto& a, const auto& b) { return by_throughput(a.first, b.first); });
+  // Re-check the best against the runtime's memory plan until `keep` survive and no unchecked
+  // candidate could beat them (a repair only moves layers, so it may lower a throughput).
+  for (auto& [c, F] : found) {
+    const int k = std::max(opts.keep, 1);
+    if (int(result.ranked.size()) >= k && !by_throughput(c, result.ranked[k - 1])) break;
+    if (auto ok = recheck(cfg, F, std::move(c), opts)) {
+      result.ranked.push_back(std::move(*ok));
+      std::stable_sort(result.ranked.begin(), result.ranked.end(), by_throughput);
+    }
+  }
+  if (int(result.ranked.size()) > std::max(opts.keep, 1)) result.ranked.resize(std::max(opts.keep, 1));
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (result.ranked.empty()) no_policy_fits(cfg, hw, opts);
+  return result;
+}
+
+}  // namespace strata

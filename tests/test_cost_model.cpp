@@ -1,0 +1,209 @@
+// The cost model's formulas against hand computations (docs/cost-model.md defines every term).
+// The machine has round numbers so the arithmetic stays visible.
+#include <catch2/catch.hpp>
+
+#include "strata/policy/cost_model.h"
+#include "strata/runtime/forward_ops.h"
+
+using namespace strata;
+
+namespace {
+
+HardwareProfile round_machine() {
+  HardwareProfile hw;
+  hw.name = "round";
+  hw.gpu_mem = 16e9;
+  hw.cpu_mem = 200e9;
+  hw.disk_mem = 1e12;
+  hw.cpu_to_gpu_bw = 10e9;
+  hw.gpu_to_cpu_bw = 10e9;
+  hw.disk_to_cpu_bw = 2e9;
+  hw.cpu_to_disk_bw = 1e9;
+  hw.gpu_gemm = {{1, 10e12}};  // flat: 10 TFLOP/s at every size
+  hw.gpu_attention_bw = 200e9;
+  hw.cpu_attention_bw = 10e9;
+  hw.cpu_flops = 1e12;
+  hw.gpu_dequant_bw = 50e9;
+  return hw;
+}
+
+ModelConfig opt67() { return *config_preset("opt-6.7b"); }
+
+Policy shape(int gbs, int ngb, TierSplit w, TierSplit c, TierSplit h, bool cpu_attention = false) {
+  Policy p;
+  p.gpu_batch_size = gbs;
+  p.num_gpu_batches = ngb;
+  p.weights = w;
+  p.kv_cache = c;
+  p.activations = h;
+  p.cpu_attention = cpu_attention;
+  return p;
+}
+
+// OPT-6.7B: h1 = 4096, h2 = 16384, 32 layers, 32 heads, vocabulary 50272, 2048 positions (+2).
+constexpr double h = 4096, h2 = 16384;
+// One layer's parameters: q, k, v, o (4 h^2) + fc1, fc2 (2 h h2) + biases 3h + h + h2 + h + two
+// LayerNorms with bias 4h = 201,379,840; fp16 doubles it. FlexGen's 8 h^2 + 4 h h2 omits the
+// 53,248 bias and norm parameters.
+constexpr double W = 2 * (4 * h * h + 2 * h * h2 + 3 * h + h + h2 + h + 4 * h);  // 402,759,680 bytes
+constexpr double flops_per_token = 8 * h * h + 4 * h * h2;                       // 402,653,184
+const Workload wl{512, 32};  // s = 512, n = 32
+
+}  // namespace
+
+TEST_CASE("sizes of OPT-6.7B as the cost model counts them", "[cost]") {
+  const CostForms F = cost_forms(opt67(), shape(8, 4, {25, 75, 0}, {0, 100, 0}, {100, 0, 0}), wl, round_machine());
+  CHECK(W == 402759680.0);
+  CHECK(F.sizes.layer_weights == W);
+  CHECK(F.sizes.layer_weights_fp16 == W);
+  CHECK(F.sizes.layer_flops_per_token == flops_per_token);
+  // Token embedding 50272 x 4096 + positions 2050 x 4096 + final LayerNorm 2 x 4096, fp16; the
+  // head is tied to the embedding.
+  CHECK(F.sizes.global_weights == 2.0 * (50272 * h + 2050 * h + 2 * h));  // 428,638,208
+  CHECK(F.sizes.kv_per_token == 4 * h);                                    // K and V, 2 bytes each
+  CHECK(F.sizes.hidden_per_token == 2 * h);
+  // Block of 32 sequences; the average context of a decode step is s + n/2 = 528.
+  CHECK(F.sizes.cache_avg == 32 * 528 * 4 * h);       // 276,824,064
+  CHECK(F.sizes.cache_capacity == 32 * 544 * 4 * h);  // 285,212,672
+  CHECK(F.sizes.act_prefill == 32 * 512 * 2 * h);     // 134,217,728
+  CHECK(F.sizes.act_decode == 32 * 2 * h);
+  CHECK(F.sizes.workspace == double(ForwardOps::workspace_bytes(opt67(), DType::F16, 8 * 512, 8)));
+  CHECK(F.block_size == 32);
+}
+
+TEST_CASE("per-layer terms of a CPU-offloading policy", "[cost]") {
+  // 8 of 32 layers' weights on the GPU (25%), the cache on the CPU, activations on the GPU.
+  const HardwareProfile hw = round_machine();
+  const Policy p = shape(8, 4, {25, 75, 0}, {0, 100, 0}, {100, 0, 0});
+  const Prediction r = evaluate(opt67(), p, wl, hw);
+  CHECK(r.fractions[WG] == 0.25);
+  CHECK(r.fractions[CC] == 1.0);
+  CHECK(r.fractions[HG] == 1.0);
+
+  const double cache_avg = 32 * 528 * 4 * h;  // bytes read per decode step and layer
+  // Prefill: 75% of the weights come over PCIe; the prompt's cache (32 x 512 x 4h) goes out.
+  CHECK(r.prefill.terms[CTOG] == Approx(0.75 * W / 10e9));                  // 30.2 ms
+  CHECK(r.prefill.terms[GTOC] == Approx(32 * 512 * 4 * h / 10e9));          // 26.8 ms
+  CHECK(r.prefill.terms[DTOC] == 0);
+  CHECK(r.prefill.terms[CTOD] == 0);
+  const double prefill_gemm = 32 * 512 * flops_per_token / 10e12;           // 659.7 ms
+  const double prefill_attn = 32 * 4.0 * 512 * 512 * h / 10e12;             // 13.7 ms
+  CHECK(r.prefill.terms[COMP] == Approx(prefill_gemm + prefill_attn));
+  CHECK(r.prefill.bound == COMP);
+  // Decode: weights and the whole cache come over PCIe for GPU attention; the new K, V go back.
+  CHECK(r.decode.terms[CTOG] == Approx((0.75 * W + cache_avg) / 10e9));     // 57.9 ms
+  CHECK(r.decode.terms[GTOC] == Approx(32 * 4 * h / 10e9));
+  CHECK(r.decode.terms[COMP] == Approx(32 * flops_per_token / 10e12 + cache_avg / 200e9));  // 1.3 + 1.4 ms
+  CHECK(r.decode.bound == CTOG);
+  CHECK(r.decode.total == r.decode.terms[CTOG]);
+
+  // T = T_pre * l + T_gen * (n - 1) * l; throughput = block * n / T.
+  const double T = r.prefill.total * 32 + r.decode.total * 31 * 32;
+  CHECK(r.total_s == Approx(T));
+  CHECK(r.prefill_s == Approx(r.prefill.total * 32));
+  CHECK(r.throughput_tok_s == Approx(32 * 32 / T));
+  CHECK(r.latency_s == r.total_s);
+}
+
+TEST_CASE("CPU attention moves q/k/v and the output instead of the cache", "[cost]") {
+  const HardwareProfile hw = round_machine();
+  const Prediction r = evaluate(opt67(), shape(8, 4, {25, 75, 0}, {0, 100, 0}, {100, 0, 0}, true), wl, hw);
+  const double cache_avg = 32 * 528 * 4 * h;
+  const double out = 32 * 2 * h, qkv = 32 * 2 * (h + 2 * h);  // fp16, block of 32
+  CHECK(r.decode.terms[CTOG] == Approx((0.75 * W + out) / 10e9));
+  CHECK(r.decode.terms[GTOC] == Approx(qkv / 10e9));
+  CHECK(r.decode.terms[COMP] == Approx(32 * flops_per_token / 10e12 + cache_avg / 10e9));  // 27.7 ms on the CPU
+  // Prefill attention stays on the GPU.
+  CHECK(r.prefill.terms[GTOC] == Approx(32 * 512 * 4 * h / 10e9));
+}
+
+TEST_CASE("disk terms: weights and cache behind the CPU", "[cost]") {
+  // Half the weights on disk (layers 16..31), the cache on disk, activations on the CPU.
+  const HardwareProfile hw = round_machine();
+  const Prediction r = evaluate(opt67(), shape(8, 4, {0, 50, 50}, {0, 0, 100}, {0, 100, 0}), wl, hw);
+  CHECK(r.fractions[WD] == 0.5);
+  const double cache_avg = 32 * 528 * 4 * h, act = 32 * 2 * h, act_p = 32 * 512 * 2 * h;
+  CHECK(r.decode.terms[DTOC] == Approx((0.5 * W + cache_avg) / 2e9));     // 239 ms
+  CHECK(r.decode.terms[CTOD] == Approx(32 * 4 * h / 1e9));               // the new K, V
+  CHECK(r.decode.terms[CTOG] == Approx((W + cache_avg + act) / 10e9));   // everything crosses PCIe
+  CHECK(r.decode.terms[GTOC] == Approx((32 * 4 * h + act) / 10e9));
+  CHECK(r.prefill.terms[DTOC] == Approx(0.5 * W / 2e9));
+  CHECK(r.prefill.terms[CTOD] == Approx(32 * 512 * 4 * h / 1e9));        // the prompt's cache written
+  CHECK(r.prefill.terms[CTOG] == Approx((W + act_p) / 10e9));
+  CHECK(r.decode.bound == DTOC);
+}
+
+TEST_CASE("without overlap a stage takes the sum of its terms", "[cost]") {
+  Policy p = shape(8, 4, {0, 50, 50}, {0, 0, 100}, {0, 100, 0});
+  p.overlap = false;
+  const Prediction r = evaluate(opt67(), p, wl, round_machine());
+  double sum = 0;
+  for (double t : r.decode.terms) sum += t;
+  CHECK(r.decode.total == Approx(sum));
+}
+
+TEST_CASE("4-bit compression shrinks what moves and adds dequantization", "[cost]") {
+  CHECK(stored_bytes_per_element(std::nullopt) == 2.0);
+  CHECK(stored_bytes_per_element(Compression{4, 64}) == 0.5 + 4.0 / 64);  // 0.5625: 28.125% of fp16
+  const HardwareProfile hw = round_machine();
+  Policy p = shape(8, 4, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
+  p.compress_weights = Compression{4, 64};
+  p.compress_kv_cache = Compression{4, 64};
+  const Prediction r = evaluate(opt67(), p, wl, hw);
+  const double Wc = W * 0.28125, cache_avg = 32 * 528 * 4 * h;
+  CHECK(r.decode.terms[CTOG] == Approx(Wc / 10e9));
+  // GEMM, one dequantization of the layer's weights, attention over the dequantized cache.
+  CHECK(r.decode.terms[COMP] ==
+        Approx(32 * flops_per_token / 10e12 + W / 50e9 + cache_avg / 200e9 + cache_avg / 50e9));
+  const CostForms F = cost_forms(opt67(), p, wl, hw);
+  CHECK(F.sizes.kv_per_token == 4 * h * 0.28125);
+  CHECK(F.sizes.layer_weights == Wc);
+}
+
+TEST_CASE("peak memory per tier", "[cost]") {
+  const HardwareProfile hw = round_machine();
+  const Policy p = shape(8, 4, {25, 75, 0}, {0, 100, 0}, {100, 0, 0});
+  const Prediction r = evaluate(opt67(), p, wl, hw);
+  const double global = 2.0 * (50272 * h + 2050 * h + 2 * h);
+  const double ws = double(ForwardOps::workspace_bytes(opt67(), DType::F16, 8 * 512, 8));
+  const double cache_layer = 32 * 544 * 4 * h;  // one layer's cache at s + n, whole block
+  const double cache_unit = cache_layer / 4;    // one GPU batch's
+  const double act = 32 * 512 * 2 * h;          // hidden states of the block at prefill
+  // GPU: global weights, workspace, 8 resident layers, a double buffer for the 24 others
+  // (2 W x 75%), three staging units for the offloaded cache, the hidden states.
+  CHECK(r.peak.gpu == Approx(global + ws + 32 * W * 0.25 + 2 * W * 0.75 + 3 * cache_unit + act));
+  // CPU: 24 layers and the whole cache.
+  CHECK(r.peak.cpu == Approx(32 * W * 0.75 + 32 * cache_layer));
+  CHECK(r.peak.disk == 0);
+
+  // Disk-resident parts need pinned staging on the CPU: 2 layers of weights, 3 cache units.
+  const Prediction d = evaluate(opt67(), shape(8, 4, {0, 50, 50}, {0, 0, 100}, {0, 100, 0}), wl, hw);
+  CHECK(d.peak.cpu == Approx(16 * W + 2 * W * 0.5 + 3 * cache_unit + act));
+  CHECK(d.peak.disk == Approx(16 * W + 32 * cache_layer));
+}
+
+TEST_CASE("evaluate places whole layers and GPU batches as the runtime does", "[cost]") {
+  // 20% of 32 layers: layers whose midpoint (i + 0.5) / 32 lies below 20%: i = 0..5, 6 layers.
+  const HardwareProfile hw = round_machine();
+  const Policy p = shape(48, 3, {20, 80, 0}, {0, 100, 0}, {50, 50, 0});
+  const Fractions x = realized_fractions(p, 32);
+  CHECK(x[WG] == 6.0 / 32);
+  CHECK(x[WC] == 26.0 / 32);
+  // Activations by GPU batch: of 3, only the first's midpoint (16.7%) lies below 50%; the
+  // second's (50%) does not.
+  CHECK(x[HG] == Approx(1.0 / 3));
+  CHECK(x[HC] == Approx(2.0 / 3));
+  const Prediction r = evaluate(opt67(), p, wl, hw);
+  const Prediction q = predict(cost_forms(opt67(), p, wl, hw), x);
+  CHECK(r.total_s == q.total_s);
+  CHECK(requested_fractions(p)[WG] == 0.2);
+}
+
+TEST_CASE("the cost model refuses a profile it cannot use", "[cost]") {
+  HardwareProfile hw = round_machine();
+  hw.disk_to_cpu_bw = 0;
+  CHECK_THROWS_WITH(evaluate(opt67(), shape(1, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}), wl, hw),
+                    Catch::Contains("disk_to_cpu_bw"));
+  CHECK_THROWS_WITH(evaluate(opt67(), shape(1, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}), {0, 32}, round_machine()),
+                    Catch::Contains("prompt length"));
+}
