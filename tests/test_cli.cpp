@@ -263,3 +263,30 @@ TEST_CASE("strata run --policy offloads, reports, and keeps finished blocks when
   CHECK(r.code == 1);
   CHECK_THAT(r.output, Catch::Contains("--gpu-mem"));
 }
+
+TEST_CASE("strata run --policy auto searches a policy for the cached profile and prints it", "[cli][offload]") {
+  const fs::path cache = temp_dir() / "auto-cache";
+  fs::remove_all(cache);
+  const std::string env = "env STRATA_CACHE=" + cache.string() + " " + std::string(STRATA_BINARY) + " ";
+  Result r = run_strata(env + "profile --quick --device cpu", /*raw=*/true);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  REQUIRE(fs::exists(cache / "hardware.yaml"));
+
+  const fs::path prompts = temp_dir() / "auto.jsonl", ref = temp_dir() / "auto_ref.jsonl", out = temp_dir() / "auto_out.jsonl";
+  {
+    std::ofstream p(prompts);
+    for (int i = 0; i < 3; ++i) p << "{\"id\": " << i << ", \"prompt\": \"story " << i << "\", \"max_new_tokens\": 4}\n";
+  }
+  for (const fs::path& f : {ref, out}) fs::remove(f);
+  const std::string base = "run --model " + kModels + "/tiny-opt --prompts " + prompts.string() + " --device cpu --no-progress";
+  REQUIRE(run_strata(base + " --out " + ref.string()).code == 0);
+  r = run_strata(env + base + " --out " + out.string() + " --policy auto", /*raw=*/true);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("policy auto") && Catch::Contains("gpu_batch_size:") &&
+                           Catch::Contains("predicted"));
+  const std::vector<json> want = read_lines(ref), got = read_lines(out);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i]["tokens"] == want[i]["tokens"]);
+}

@@ -38,9 +38,10 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--seed", opt->defaults.seed, "default seed")->capture_default_str();
   cmd->add_flag("--ignore-eos", opt->defaults.ignore_eos, "generate max_new_tokens even past EOS (benchmarks)");
   cmd->add_flag("!--no-progress", opt->progress, "no progress line");
-  cmd->add_option("--policy", opt->policy, "placement policy YAML (policies/); offloads weights, KV cache and "
-                                           "activations to CPU memory and disk; the block size replaces --batch-size")
-      ->check(CLI::ExistingFile);
+  cmd->add_option("--policy", opt->policy,
+                  "placement policy YAML (policies/), or auto (searched with the cost model for this machine's "
+                  "cached profile); offloads weights, KV cache and activations; its block replaces --batch-size")
+      ->check(CLI::ExistingFile | CLI::IsMember({"auto"}));
   cmd->add_option("--gpu-mem", opt->gpu_mem, "GPU tier budget, e.g. 16GiB (default: free device memory)");
   cmd->add_option("--cpu-mem", opt->cpu_mem, "pinned CPU tier budget, e.g. 64GiB (default: available memory)");
   cmd->add_option("--disk-mem", opt->disk_mem, "disk tier budget (default: free space of the offload dir)");

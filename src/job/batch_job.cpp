@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
+#include <fstream>
 #include <sstream>
 
 #include "strata/backend/backend.h"
@@ -17,6 +18,8 @@
 #include "strata/model/model_loader.h"
 #include "strata/core/size.h"
 #include "strata/offload/engine.h"
+#include "strata/policy/search.h"
+#include "strata/profile/profiler.h"
 #include "strata/policy/policy.h"
 #include "strata/runtime/generator.h"
 
@@ -149,12 +152,12 @@ public:
   OffloadGenerator(ModelBundle& model, const JobOptions& opt, const PlanShape& shape, std::ostream& log)
       : backend_(make_backend(opt.device, opt.threads)), opt_(opt) {
     OffloadOptions o;
-    o.policy = load_policy(opt.policy);
-    if (opt.no_overlap) o.policy.overlap = false;
     if (!opt.gpu_mem.empty()) o.gpu_budget = double(parse_size(opt.gpu_mem, "--gpu-mem"));
     if (!opt.cpu_mem.empty()) o.cpu_budget = double(parse_size(opt.cpu_mem, "--cpu-mem"));
     if (!opt.disk_mem.empty()) o.disk_budget = double(parse_size(opt.disk_mem, "--disk-mem"));
     o.offload_dir = opt.offload_dir;
+    o.policy = opt.policy == "auto" ? choose_policy(model.config, o, shape, log) : load_policy(opt.policy);
+    if (opt.no_overlap) o.policy.overlap = false;
     o.trace = !opt.trace.empty();
     o.cpu_threads = opt.threads;
     log << "model " << model.config.name << " (" << model.config.n_layers << " layers, "
@@ -170,6 +173,45 @@ public:
   std::vector<GenResult> run(const std::vector<GenRequest>& batch, GenStats& stats) override {
     return engine_->generate(batch, &stats);
   }
+  // --policy auto: this machine's profile (measured once and cached), the tier budgets, and the
+  // cost model's search for this job's longest prompt and generation.
+  HardwareProfile machine_profile(std::ostream& log) {
+    const std::filesystem::path path = default_hardware_profile_path();
+    if (std::filesystem::exists(path)) return load_hardware_profile(path);
+    log << "policy auto: no hardware profile at " << path.string() << "; profiling this machine once\n";
+    ProfileOptions p;
+    p.backend = backend_->device() == Device::CUDA ? "cuda" : "cpu";
+    p.offload_dir = opt_.offload_dir;
+    p.threads = opt_.threads;
+    p.progress = [&log](const std::string& line) { log << "  " << line << "\n"; };
+    const HardwareProfile hw = profile_machine(p);
+    std::filesystem::create_directories(path.parent_path());
+    std::ofstream(path) << hardware_profile_to_yaml(hw);
+    log << "policy auto: wrote " << path.string() << "\n";
+    return hw;
+  }
+
+  Policy choose_policy(const ModelConfig& cfg, const OffloadOptions& o, const PlanShape& shape, std::ostream& log) {
+    const HardwareProfile hw = machine_profile(log);
+    SearchOptions s;
+    s.workload = {shape.prompt_len, std::max(shape.gen_len, 1)};
+    s.budget = default_budgets(*backend_, o);
+    if (backend_->device() == Device::CPU) {
+      // The cost model counts fp16 bytes; the CPU backend keeps fp32, and its "gpu" and "cpu"
+      // tiers share host memory: give each half of it, in fp16-equivalent bytes.
+      const double host = std::min(s.budget.gpu, s.budget.cpu) / 2;
+      s.budget.gpu = std::min(s.budget.gpu, host) / 2;
+      s.budget.cpu = std::min(s.budget.cpu, host) / 2;
+    }
+    const SearchResult r = search_policy(cfg, hw, s);
+    const Candidate& best = r.ranked.front();
+    log << "policy auto (" << hw.name << ", prompt " << s.workload.prompt_len << ", generation " << s.workload.gen_len
+        << "): predicted " << std::fixed << std::setprecision(2) << best.prediction.throughput_tok_s
+        << " tok/s, search " << std::setprecision(3) << r.seconds << " s\n"
+        << policy_to_yaml(best.policy);
+    return best.policy;
+  }
+
   void finish(std::ostream& log) override {
     if (opt_.report) print_report(engine_->report(), log);
     if (!opt_.trace.empty()) {
