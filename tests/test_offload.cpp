@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "strata/backend/backend.h"
@@ -23,7 +24,17 @@ json load_expected(const std::string& model) {
   return json::parse(in);
 }
 
-fs::path offload_dir() { return fs::temp_directory_path() / "strata-test-offload"; }
+// One directory per test case: ctest runs cases in parallel processes.
+fs::path offload_dir(const std::string& test = "shared") {
+  return fs::temp_directory_path() / ("strata-test-offload-" + test + "-" + std::to_string(::getpid()));
+}
+
+struct RemoveSharedDir {
+  ~RemoveSharedDir() {
+    std::error_code ec;
+    fs::remove_all(offload_dir(), ec);
+  }
+} remove_shared_dir_at_exit;
 
 std::vector<GenRequest> fixture_requests(const json& exp) {
   std::vector<GenRequest> reqs;
@@ -195,7 +206,7 @@ TEST_CASE("a failing disk read or a full disk mid-run ends with a clear error", 
   for (DiskFault fault : {DiskFault::ReadError, DiskFault::DiskFull}) {
     OffloadOptions opt;
     opt.policy = make_policy({0, 0, 100}, {0, 0, 100}, {0, 0, 100}, 5, 1, false, true);
-    opt.offload_dir = offload_dir();
+    opt.offload_dir = offload_dir("faults");
     opt.fault = fault;
     opt.fault_after = 7;
     OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
@@ -205,8 +216,9 @@ TEST_CASE("a failing disk read or a full disk mid-run ends with a clear error", 
                                                                                                : "disk full"));
   }
   // Every offload file is gone with its engine.
-  for (const auto& entry : fs::directory_iterator(offload_dir()))
+  for (const auto& entry : fs::directory_iterator(offload_dir("faults")))
     CHECK(entry.path().filename().string().rfind("strata-offload-", 0) != 0);
+  fs::remove_all(offload_dir("faults"));
 }
 
 TEST_CASE("the report counts the bytes each link moved; the trace opens as trace-event JSON", "[offload]") {
