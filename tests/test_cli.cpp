@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+
+#include "cli_support.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,24 +14,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code;
-  std::string output;  // stdout and stderr together
-};
-
-// `raw`: args is the whole command line (e.g. with an `env` prefix), not strata's arguments.
-Result run_strata(const std::string& args, bool raw = false) {
-  const std::string cmd = (raw ? args : std::string(STRATA_BINARY) + " " + args) + " 2>&1";
-  Result r{0, {}};
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using Result = strata::test::CliResult;
+using strata::test::run_shell;
+using strata::test::run_strata;
 
 fs::path temp_dir() {
   const fs::path d = fs::temp_directory_path() / ("strata_cli_" + std::to_string(::getpid()));
@@ -232,8 +219,8 @@ TEST_CASE("strata run --policy offloads, reports, and keeps finished blocks when
   REQUIRE(r.code == 0);
 
   // The third disk read of the second block fails (each block reads 2 layers x 3 tokens).
-  r = run_strata("env STRATA_DISK_FAULT=read:9 " + std::string(STRATA_BINARY) + " " + base + " --out " + out.string() +
-                 " --policy " + policy.string(), /*raw=*/true);
+  r = run_shell("env STRATA_DISK_FAULT=read:9 " + std::string(STRATA_BINARY) + " " + base + " --out " + out.string() +
+                 " --policy " + policy.string());
   INFO(r.output);
   CHECK(r.code == 1);
   CHECK_THAT(r.output, Catch::Contains("disk store") && Catch::Contains("Input/output error"));
@@ -268,7 +255,7 @@ TEST_CASE("strata run --policy auto searches a policy for the cached profile and
   const fs::path cache = temp_dir() / "auto-cache";
   fs::remove_all(cache);
   const std::string env = "env STRATA_CACHE=" + cache.string() + " " + std::string(STRATA_BINARY) + " ";
-  Result r = run_strata(env + "profile --quick --device cpu", /*raw=*/true);
+  Result r = run_shell(env + "profile --quick --device cpu");
   INFO(r.output);
   REQUIRE(r.code == 0);
   REQUIRE(fs::exists(cache / "hardware.yaml"));
@@ -281,7 +268,7 @@ TEST_CASE("strata run --policy auto searches a policy for the cached profile and
   for (const fs::path& f : {ref, out}) fs::remove(f);
   const std::string base = "run --model " + kModels + "/tiny-opt --prompts " + prompts.string() + " --device cpu --no-progress";
   REQUIRE(run_strata(base + " --out " + ref.string()).code == 0);
-  r = run_strata(env + base + " --out " + out.string() + " --policy auto", /*raw=*/true);
+  r = run_shell(env + base + " --out " + out.string() + " --policy auto");
   INFO(r.output);
   REQUIRE(r.code == 0);
   CHECK_THAT(r.output, Catch::Contains("policy auto") && Catch::Contains("gpu_batch_size:") &&

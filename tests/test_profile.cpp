@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli_support.h"
 #include "strata/backend/backend.h"
 #include "strata/core/error.h"
 #include "strata/profile/hardware.h"
@@ -142,18 +143,11 @@ TEST_CASE("the profiler refuses an unknown device and an unusable offload direct
 TEST_CASE("strata profile --quick writes a profile that loads, and prints a summary", "[profile][cli]") {
   TempDir dir("cli");
   const fs::path out = dir.path / "sub" / "hw.yaml";
-  const std::string cmd = std::string(STRATA_BINARY) + " profile --quick --device cpu --offload-dir " +
-                          (dir.path / "offload").string() + " --out " + out.string() + " 2>&1";
-  std::string output;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) output.append(buf, n);
-  const int status = pclose(p);
+  const strata::test::CliResult r = strata::test::run_strata(
+      "profile --quick --device cpu --offload-dir " + (dir.path / "offload").string() + " --out " + out.string());
+  const std::string& output = r.output;
   INFO(output);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(r.code == 0);
   CHECK_THAT(output, Catch::Contains("profile: host -> device:") && Catch::Contains("cpu -> disk") &&
                          Catch::Contains("wrote " + out.string()));
   const HardwareProfile hw = load_hardware_profile(out);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "cli_support.h"
 #include "strata/core/error.h"
 #include "strata/policy/search.h"
 
@@ -236,23 +237,8 @@ TEST_CASE("whole-percent splits express every layer count of up to 100 layers", 
 
 namespace {
 
-struct CliResult {
-  int code;
-  std::string output;  // stdout and stderr together
-};
-
-CliResult strata_cli(const std::string& args) {
-  const std::string cmd = std::string(STRATA_BINARY) + " " + args + " 2>&1";
-  CliResult r{0, {}};
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using strata::test::CliResult;
+CliResult strata_cli(const std::string& args) { return strata::test::run_strata(args); }
 
 const std::string kPaperMachine = std::string(STRATA_FIXTURES_DIR) + "/../../policies/hardware/t4-paper.yaml";
 

@@ -25,17 +25,6 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 constexpr size_t kPage = DiskStore::kAlign;
 
-double mem_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  while (in >> key >> kib) {
-    if (key == "MemAvailable:") return kib * 1024;
-    in.ignore(256, '\n');
-  }
-  return 0;
-}
-
 // Where a tensor lives when it is not being computed on.
 struct Home {
   Tier tier = Tier::Gpu;
@@ -82,7 +71,7 @@ TierBytes default_budgets(Backend& backend, const OffloadOptions& options) {
   TierBytes b;
   const size_t gpu_free = backend.available_memory();
   b.gpu = options.gpu_budget > 0 ? options.gpu_budget : gpu_free == SIZE_MAX ? 1e18 : 0.95 * double(gpu_free);
-  b.cpu = options.cpu_budget > 0 ? options.cpu_budget : 0.9 * mem_available();
+  b.cpu = options.cpu_budget > 0 ? options.cpu_budget : 0.9 * double(host_memory_available());
   const std::filesystem::path dir = options.offload_dir.empty() ? default_offload_dir() : options.offload_dir;
   std::error_code ec;
   std::filesystem::path probe = dir;
@@ -106,7 +95,7 @@ void check_plan_fits(const PlacementPlan& plan, const TierBytes& budgets, bool s
                                                                                                 : " (--disk-mem, or the offload dir's free space)"));
   }
   // With the CPU backend the "GPU" tier is host memory too; both must fit in it together.
-  const double host = mem_available();
+  const double host = double(host_memory_available());
   if (shared_host_memory && host > 0 && peak.gpu + peak.cpu > host)
     STRATA_FAIL("policy does not fit: the gpu and cpu tiers are both host memory on the cpu backend and need "
                 << format_bytes(peak.gpu + peak.cpu) << " together, but only " << format_bytes(host) << " are available");

@@ -7,29 +7,12 @@
 #include <sstream>
 
 #include "strata/core/error.h"
+#include "strata/core/yaml_reader.h"
 
 namespace strata {
 namespace {
 
-struct Reader {
-  std::string source;
-
-  [[noreturn]] void fail(const YAML::Node& at, const std::string& why) const {
-    const YAML::Mark m = at.Mark();
-    if (m.line >= 0) throw Error(source + ":" + std::to_string(m.line + 1) + ": " + why);
-    throw Error(source + ": " + why);
-  }
-
-  void only_keys(const YAML::Node& map, const std::set<std::string>& known, const std::string& where) const {
-    for (const auto& kv : map) {
-      const std::string key = kv.first.as<std::string>();
-      if (!known.count(key)) {
-        std::string list;
-        for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
-        fail(kv.first, "unknown key '" + where + key + "' (expected one of: " + list + ")");
-      }
-    }
-  }
+struct Reader : YamlReader {
 
   int integer(const YAML::Node& n, const std::string& field, int lo, int hi) const {
     int v = 0;

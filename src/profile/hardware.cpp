@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "strata/core/error.h"
+#include "strata/core/yaml_reader.h"
 #include "strata/core/size.h"
 #include "strata/profile/profiler.h"
 
@@ -48,25 +49,7 @@ bool parse_number(const std::string& s, double& v) {
   return ec == std::errc() && end == s.data() + s.size() && std::isfinite(v);
 }
 
-struct Reader {
-  std::string source;
-
-  [[noreturn]] void fail(const YAML::Node& at, const std::string& why) const {
-    const YAML::Mark m = at.Mark();
-    if (m.line >= 0) throw Error(source + ":" + std::to_string(m.line + 1) + ": " + why);
-    throw Error(source + ": " + why);
-  }
-
-  void only_keys(const YAML::Node& map, const std::set<std::string>& known, const std::string& where) const {
-    for (const auto& kv : map) {
-      const std::string key = kv.first.as<std::string>();
-      if (!known.count(key)) {
-        std::string list;
-        for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
-        fail(kv.first, "unknown key '" + where + key + "' (expected one of: " + list + ")");
-      }
-    }
-  }
+struct Reader : YamlReader {
 
   std::string scalar(const YAML::Node& n, const std::string& field) const {
     if (!n.IsScalar()) fail(n, "field '" + field + "' must be a single value, got a " + (n.IsMap() ? "map" : "list"));

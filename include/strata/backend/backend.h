@@ -127,6 +127,9 @@ public:
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
+// Host memory the kernel can hand out without swapping (MemAvailable, page cache included);
+// 0 when /proc/meminfo cannot be read.
+size_t host_memory_available();
 // True when the binary has the CUDA backend and a GPU is present.
 bool cuda_available();
 // Throws strata::Error when CUDA is unavailable.

@@ -174,15 +174,8 @@ public:
   }
 
   size_t available_memory() const override {
-    // MemAvailable: what the kernel can hand out without swapping (page cache included).
-    std::ifstream in("/proc/meminfo");
-    std::string key;
-    size_t kib = 0;
-    while (in >> key >> kib) {
-      if (key == "MemAvailable:") return kib * 1024;
-      in.ignore(256, '\n');
-    }
-    return SIZE_MAX;
+    const size_t b = host_memory_available();
+    return b == 0 ? SIZE_MAX : b;
   }
 
   void embedding(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate) override {
@@ -476,6 +469,17 @@ private:
 };
 
 }  // namespace
+
+size_t host_memory_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  size_t kib = 0;
+  while (in >> key >> kib) {
+    if (key == "MemAvailable:") return kib * 1024;
+    in.ignore(256, '\n');
+  }
+  return 0;
+}
 
 std::unique_ptr<Backend> make_cpu_backend(int threads) { return std::make_unique<CpuBackend>(threads); }
 
