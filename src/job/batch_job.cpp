@@ -149,14 +149,14 @@ void print_report(const OffloadReport& r, std::ostream& log) {
 
 class OffloadGenerator final : public Generator {
 public:
-  OffloadGenerator(ModelBundle& model, const JobOptions& opt, const PlanShape& shape, std::ostream& log)
+  OffloadGenerator(ModelBundle& model, const JobOptions& opt, const PlanShape& shape, size_t prompts, std::ostream& log)
       : backend_(make_backend(opt.device, opt.threads)), opt_(opt) {
     OffloadOptions o;
     if (!opt.gpu_mem.empty()) o.gpu_budget = double(parse_size(opt.gpu_mem, "--gpu-mem"));
     if (!opt.cpu_mem.empty()) o.cpu_budget = double(parse_size(opt.cpu_mem, "--cpu-mem"));
     if (!opt.disk_mem.empty()) o.disk_budget = double(parse_size(opt.disk_mem, "--disk-mem"));
     o.offload_dir = opt.offload_dir;
-    o.policy = opt.policy == "auto" ? choose_policy(model.config, o, shape, log) : load_policy(opt.policy);
+    o.policy = opt.policy == "auto" ? choose_policy(model.config, o, shape, prompts, log) : load_policy(opt.policy);
     if (opt.no_overlap) o.policy.overlap = false;
     o.trace = !opt.trace.empty();
     o.cpu_threads = opt.threads;
@@ -191,7 +191,8 @@ public:
     return hw;
   }
 
-  Policy choose_policy(const ModelConfig& cfg, const OffloadOptions& o, const PlanShape& shape, std::ostream& log) {
+  Policy choose_policy(const ModelConfig& cfg, const OffloadOptions& o, const PlanShape& shape, size_t prompts,
+                       std::ostream& log) {
     const HardwareProfile hw = machine_profile(log);
     SearchOptions s;
     s.workload = {shape.prompt_len, std::max(shape.gen_len, 1)};
@@ -205,11 +206,18 @@ public:
     }
     const SearchResult r = search_policy(cfg, hw, s);
     const Candidate& best = r.ranked.front();
+    Policy chosen = best.policy;
+    // A job smaller than the block: shrink the block to it (less memory, same schedule).
+    if (prompts > 0 && prompts < size_t(chosen.block_size())) {
+      chosen.gpu_batch_size = int(std::min<size_t>(size_t(chosen.gpu_batch_size), prompts));
+      chosen.num_gpu_batches = int((prompts + size_t(chosen.gpu_batch_size) - 1) / size_t(chosen.gpu_batch_size));
+    }
     log << "policy auto (" << hw.name << ", prompt " << s.workload.prompt_len << ", generation " << s.workload.gen_len
         << "): predicted " << std::fixed << std::setprecision(2) << best.prediction.throughput_tok_s
         << " tok/s, search " << std::setprecision(3) << r.seconds << " s\n"
-        << policy_to_yaml(best.policy);
-    return best.policy;
+        << (chosen.block_size() < best.policy.block_size() ? "(block shrunk to the job's " + std::to_string(prompts) + " prompts)\n" : "")
+        << policy_to_yaml(chosen);
+    return chosen;
   }
 
   void finish(std::ostream& log) override {
@@ -252,7 +260,7 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
                                                        model.config.max_positions - int(t.ids.size())));
     }
     if (all.empty()) shape = {1, 1};
-    gen = std::make_unique<OffloadGenerator>(model, opt, shape, log);
+    gen = std::make_unique<OffloadGenerator>(model, opt, shape, all.size(), log);
   }
   model.weights.reset();  // the mapping is no longer needed once the weights are in their tiers
 
