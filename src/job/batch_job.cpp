@@ -167,6 +167,17 @@ public:
         << (o.policy.overlap ? "" : ", no overlap") << "\n";
     const PlacementPlan plan = plan_placement(model.config, o.policy, shape, backend_->activation_dtype());
     if (opt.verbose || opt.report) log << "placement:\n" << describe_plan(plan, o.policy);
+    // Placing a large model (reading it, writing its disk share) takes minutes: say how far it is.
+    const auto t0 = Clock::now();
+    double last = 0;
+    const bool progress = opt.progress;
+    o.on_layer_loaded = [&log, t0, &last, progress](int done, int total) {
+      const double t = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (!progress || (t - last < 5.0 && done < total) || t < 2.0) return;
+      last = t;
+      log << "[strata] placing weights: " << done << "/" << total << " layers, " << std::fixed << std::setprecision(0)
+          << t << " s\n";
+    };
     engine_ = std::make_unique<OffloadEngine>(model.config, *model.weights, *backend_, o, shape);
   }
   size_t batch_size() const override { return size_t(engine_->block_size()); }

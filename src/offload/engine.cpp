@@ -218,6 +218,7 @@ struct OffloadEngine::Impl {
       Home& h = weight_home[size_t(l)] = place(plan.weight_tier[size_t(l)], bytes, "layer weights");
       if (h.tier == Tier::Cpu) {
         read_block(layout, src, h.ptr, used);
+        if (opt.on_layer_loaded) opt.on_layer_loaded(l + 1, L);
         continue;
       }
       std::memset(bounce.get(), 0, bytes);
@@ -228,6 +229,7 @@ struct OffloadEngine::Impl {
       } else {
         disk->write(h.disk_offset, bounce.get(), bytes);
       }
+      if (opt.on_layer_loaded) opt.on_layer_loaded(l + 1, L);
     }
     check_no_extra_tensors(cfg, src, used);
   }

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,8 @@ struct OffloadOptions {
   std::filesystem::path offload_dir;  // empty: $TMPDIR or /tmp
   DiskIoMode disk_mode = DiskIoMode::Auto;
   bool trace = false;     // keep a timeline for write_trace()
+  // Called after each layer is placed in its tier at start-up (layers done, layers in all).
+  std::function<void(int, int)> on_layer_loaded;
   int cpu_threads = 0;    // threads of the CPU attention backend (0: all cores)
   // Fault injection for tests: the `fault_after`-th disk read or write of the schedule (counting
   // from 1) fails as a device error would. Also read from STRATA_DISK_FAULT=read:N or write:N.
