@@ -41,6 +41,21 @@ struct Held {
   int token = -1;  // kv cache: the token it was loaded for
 };
 
+// Returns a held unit's slots to their pools.
+void free_slots(const Held& h, SlotPool& gpu_pool, SlotPool& pinned_pool) {
+  if (!h.valid) return;
+  gpu_pool.release(h.gpu);
+  if (h.pin >= 0) pinned_pool.release(h.pin);
+}
+
+// Waits for a ticket, ignoring its failure (used when unwinding after one).
+void drain(const Ticket& t) {
+  if (t.valid()) try {
+      t.get();
+    } catch (...) {
+    }
+}
+
 // A strided piece of a cache tensor: positions [begin, end) of every slot.
 struct SlotRange {
   int begin = 0, end = 0;
@@ -379,11 +394,8 @@ struct OffloadEngine::Impl {
   }
 
   void release_weights(int j) {
-    Held& h = w_held[size_t(j)];
-    if (!h.valid) return;
-    w_gpu.release(h.gpu);
-    if (h.pin >= 0) w_pin.release(h.pin);
-    h = Held();
+    free_slots(w_held[size_t(j)], w_gpu, w_pin);
+    w_held[size_t(j)] = Held();
   }
 
   void load_cache_async(int i, int j, int k) {
@@ -419,10 +431,7 @@ struct OffloadEngine::Impl {
       tickets.push_back(t);
       c_stored[size_t(k)][size_t(j)] = t;
     }
-    after.push_back([this, h] {
-      c_gpu.release(h.gpu);
-      if (h.pin >= 0) c_pin.release(h.pin);
-    });
+    after.push_back([this, h] { free_slots(h, c_gpu, c_pin); });
   }
 
   size_t act_bytes(int k) const { return batches[size_t(k)].step.tokens.size() * size_t(cfg.hidden) * esize; }
@@ -463,10 +472,7 @@ struct OffloadEngine::Impl {
       a_stored_layer[size_t(k)] = j;
       a_stored_token[size_t(k)] = i;
     }
-    after.push_back([this, h] {
-      a_gpu.release(h.gpu);
-      if (h.pin >= 0) a_pin.release(h.pin);
-    });
+    after.push_back([this, h] { free_slots(h, a_gpu, a_pin); });
   }
 
   // ---------------------------------------------------------------- compute
@@ -709,38 +715,22 @@ struct OffloadEngine::Impl {
   // Waits for anything in flight and frees every slot (units prefetched for a token that never
   // ran, or held when an error stopped the block).
   void release_all() {
-    auto drain = [](Held& h) {
-      if (h.ready.valid()) try {
-          h.ready.get();
-        } catch (...) {
-        }
-    };
-    auto drain_ticket = [](Ticket& t) {
-      if (t.valid()) try {
-          t.get();
-        } catch (...) {
-        }
-    };
-    for (Ticket& t : a_stored) drain_ticket(t);
-    for (auto& row : c_stored)
-      for (Ticket& t : row) drain_ticket(t);
+    for (const Ticket& t : a_stored) drain(t);
+    for (const auto& row : c_stored)
+      for (const Ticket& t : row) drain(t);
     for (size_t j = 0; j < w_held.size(); ++j) {
-      drain(w_held[j]);
+      drain(w_held[j].ready);
       release_weights(int(j));
     }
-    for (size_t k = 0; k < c_held.size(); ++k)
-      for (Held& h : c_held[k]) {
-        drain(h);
-        if (!h.valid) continue;
-        c_gpu.release(h.gpu);
-        if (h.pin >= 0) c_pin.release(h.pin);
+    for (auto& row : c_held)
+      for (Held& h : row) {
+        drain(h.ready);
+        free_slots(h, c_gpu, c_pin);
         h = Held();
       }
     for (Held& h : a_held) {
-      drain(h);
-      if (!h.valid) continue;
-      a_gpu.release(h.gpu);
-      if (h.pin >= 0) a_pin.release(h.pin);
+      drain(h.ready);
+      free_slots(h, a_gpu, a_pin);
       h = Held();
     }
   }
