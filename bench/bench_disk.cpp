@@ -61,6 +61,7 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 }  // namespace
 
 int main(int argc, char** argv) try {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe (tee, a log) as they are printed
   const Args args = parse(argc, argv);
   DiskStore store(args.dir, args.size, mode_of(args.mode));
   std::unique_ptr<char, decltype(&std::free)> buf(static_cast<char*>(std::aligned_alloc(DiskStore::kAlign, args.chunk)), &std::free);

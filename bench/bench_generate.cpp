@@ -75,6 +75,7 @@ Args parse(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe (tee, a log) as they are printed
   const Args args = parse(argc, argv);
   std::unique_ptr<Backend> be = make_backend(args.device, args.threads);
   ModelBundle mb = open_model(args.model);

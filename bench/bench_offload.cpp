@@ -107,6 +107,7 @@ Run run(const ModelBundle& mb, Backend& be, const Args& a, TierSplit weights, bo
 }  // namespace
 
 int main(int argc, char** argv) try {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe (tee, a log) as they are printed
   const Args a = parse(argc, argv);
   std::unique_ptr<Backend> be = make_backend(a.device, a.threads);
   ModelBundle mb = open_model(a.model);

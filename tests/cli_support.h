@@ -1,5 +1,6 @@
 // Runs the strata binary (or any shell command) as a user would, for the CLI tests.
 #pragma once
+#include "test_paths.h"
 #include <sys/wait.h>
 
 #include <cstdio>

@@ -1,4 +1,5 @@
 // `strata run` and `strata tokenize` as a user runs them: the real binary, real files.
+#include "test_paths.h"
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>

@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -328,11 +329,15 @@ TEST_CASE("cuda: kv_store writes exactly the addressed cache rows", "[cuda]") {
       Rig r;
       const int64_t S = 3, C = 37;
       std::vector<int32_t> slots(static_cast<size_t>(T)), pos(static_cast<size_t>(T));
-      for (int64_t t = 0; t < T; ++t) {  // distinct (slot, position) pairs
+      // Distinct (slot, position) pairs, the last position included: two tokens writing one row
+      // race on the GPU (found on the first H100 run, when t = 15 also hit (0, C - 1)).
+      for (int64_t t = 0; t < T; ++t) {
         slots[size_t(t)] = int32_t(t % S);
-        pos[size_t(t)] = int32_t((t * 7 + 5) % C);
+        pos[size_t(t)] = t == 0 ? int32_t(C - 1) : int32_t((t * 7 + 5) % (C - 1));
       }
-      pos[0] = int32_t(C - 1);
+      std::set<std::pair<int32_t, int32_t>> pairs;
+      for (int64_t t = 0; t < T; ++t) pairs.insert({slots[size_t(t)], pos[size_t(t)]});
+      REQUIRE(pairs.size() == size_t(T));
       const std::vector<float> k = random_f16(size_t(T * kvh * d), rng);
       const std::vector<float> v = random_f16(size_t(T * kvh * d), rng);
       const std::vector<float> ck = random_f16(size_t(S * C * kvh * d), rng);

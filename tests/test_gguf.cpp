@@ -1,5 +1,6 @@
 // GGUF reader, dequantization, llama mapping and chat template, against fixtures made by
 // tests/fixtures/gguf/make_gguf_fixtures.py with the python gguf package and transformers.
+#include "test_paths.h"
 #include <catch2/catch.hpp>
 
 #include <cmath>

@@ -1,6 +1,7 @@
 // End-to-end correctness on the CPU backend against Hugging Face transformers: last-position logits
 // for prompts run alone, and greedy tokens for all prompts generated together in one batch.
 // Fixtures: tests/fixtures/models (make_models.py records HF's outputs; never Strata's).
+#include "test_paths.h"
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>

@@ -1,6 +1,7 @@
 // The offloading engine on the CPU backend (its "GPU" tier a budgeted arena): every policy must
 // give exactly the greedy tokens Hugging Face transformers generated (tests/fixtures/models,
 // recorded by make_models.py), whatever it places where; budgets and disk faults fail cleanly.
+#include "test_paths.h"
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>

@@ -1,6 +1,7 @@
 // Safetensors reader: values of the HF-made fixture models (single file and sharded) against
 // numbers the Python safetensors package read, dtype conversion from hand-made F16/BF16 files,
 // and one test per kind of corruption checking the error names the problem.
+#include "test_paths.h"
 #include <unistd.h>
 
 #include <catch2/catch.hpp>

@@ -1,3 +1,4 @@
+#include "test_paths.h"
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>

@@ -1,5 +1,6 @@
 // The policy search: the LP against a brute-force grid over the nine fractions, the constraints
 // of every returned policy, and the diagnosis when nothing fits.
+#include "test_paths.h"
 #include <sys/wait.h>
 #include <unistd.h>
 

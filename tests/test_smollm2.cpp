@@ -1,6 +1,7 @@
 // The real default model, SmolLM2-135M-Instruct (Q4_1 GGUF), against Hugging Face transformers
 // loading the same file (tests/fixtures/gguf/make_gguf_fixtures.py). Runs when scripts/setup.sh
 // has fetched the model; otherwise warns and passes.
+#include "test_paths.h"
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>

@@ -1,5 +1,6 @@
 // Byte-level BPE tokenizer against golden ids and strings from Hugging Face tokenizers
 // (tests/fixtures/tokenizer/make_tokenizer_fixtures.py writes them).
+#include "test_paths.h"
 #include <unistd.h>
 
 #include <catch2/catch.hpp>

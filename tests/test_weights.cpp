@@ -1,7 +1,10 @@
 // Loading weights onto a backend: every tensor the config implies, no more, with the right shapes.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "strata/backend/backend.h"
+#include "strata/core/dtype.h"
 #include "strata/core/error.h"
 #include "strata/model/weight_specs.h"
 #include "strata/runtime/model_weights.h"
@@ -98,6 +101,29 @@ TEST_CASE("dummy weights are deterministic and small", "[weights]") {
   std::vector<float> norm(768);
   a->read("model.decoder.layers.0.final_layer_norm.weight", DType::F32, norm.data());
   CHECK(norm[5] == 1.0f);
+}
+
+TEST_CASE("dummy weights of a large tensor are filled in parallel, the same every time", "[weights]") {
+  const ModelConfig cfg = small_opt();
+  auto src = make_dummy_source(cfg);
+  const std::string name = "model.decoder.layers.1.fc1.weight";  // 3072 x 768: above the one-thread size
+  std::vector<float> x(size_t(3072 * 768)), y(x.size());
+  std::vector<uint16_t> h(x.size());
+  src->read(name, DType::F32, x.data());
+  src->read(name, DType::F32, y.data());
+  src->read(name, DType::F16, h.data());
+  CHECK(x == y);
+  size_t out_of_range = 0, half_mismatch = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    out_of_range += !(x[i] >= -0.02f && x[i] <= 0.02f);
+    half_mismatch += h[i] != float_to_half(x[i]);
+  }
+  CHECK(out_of_range == 0);
+  CHECK(half_mismatch == 0);
+  // No two quarters of the tensor repeat each other (each thread's range has its own values).
+  const size_t q = x.size() / 4;
+  for (size_t a = 0; a < 4; ++a)
+    for (size_t b = a + 1; b < 4; ++b) CHECK(!std::equal(x.begin() + a * q, x.begin() + a * q + 64, x.begin() + b * q));
 }
 
 TEST_CASE("ops on zero tokens are no-ops on the CPU backend", "[weights][backend]") {

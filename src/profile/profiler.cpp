@@ -126,8 +126,7 @@ double time_op(Backend& be, int reps, double min_sample_s, const std::function<v
 
 // Fills device memory with small random values of the backend's activation dtype (GEMM and
 // attention speed must not depend on zeros or denormals) by copying one host pattern over it.
-void fill_random(Backend& be, const Buffer& buf, uint32_t seed) {
-  const DType dt = be.activation_dtype();
+void fill_random(Backend& be, const Buffer& buf, uint32_t seed, DType dt) {
   const size_t es = dtype_size(dt), chunk = std::min(buf.bytes(), size_t(4) << 20) / es * es;
   if (chunk == 0) return;
   std::vector<float> f(chunk / es);
@@ -246,7 +245,7 @@ struct Profiler {
       if (weight_bytes + size_t(10 * h * t) * es <= free_bytes / 2) max_t = t;
     STRATA_CHECK(max_t > 0, "profile: " << format_bytes(double(free_bytes)) << " free is too little for GEMMs of h = " << h);
     Buffer w = be.alloc(weight_bytes), act = be.alloc(size_t(10 * h * max_t) * es);
-    fill_random(be, w, 1);
+    fill_random(be, w, 1, be.activation_dtype());
     {  // inputs in [-1, 1]: the first max_t rows of `act` are x for every token count
       std::vector<float> vals(size_t(h * max_t));
       std::mt19937 rng(2);
@@ -286,17 +285,17 @@ struct Profiler {
   }
 
   // Decode attention: one new token per sequence against a full cache (kv_store then attention,
-  // as the runtime's decode step), in bytes of K and V read per second. 32 heads of 128.
-  double attention(Backend& be, int64_t slots, int64_t context, size_t free_bytes, const char* label) {
-    const DType dt = be.activation_dtype();
+  // as the runtime's decode step), in bytes of K and V read per second. 32 heads of 128. `dt` is
+  // the cache's dtype where the runtime keeps it: the GPU's fp16 also when the CPU attends to it.
+  double attention(Backend& be, DType dt, int64_t slots, int64_t context, size_t free_bytes, const char* label) {
     const size_t es = dtype_size(dt);
     const int64_t heads = 32, d = 128;
     while (slots > 1 && size_t(2 * slots * context * heads * d) * es > free_bytes / 4) slots /= 2;
     const size_t cache_bytes = size_t(slots * context * heads * d) * es;
     Buffer ck = be.alloc(cache_bytes), cv = be.alloc(cache_bytes), qkv = be.alloc(size_t(4 * slots * heads * d) * es);
-    fill_random(be, ck, 3);
-    fill_random(be, cv, 4);
-    fill_random(be, qkv, 5);
+    fill_random(be, ck, 3, dt);
+    fill_random(be, cv, 4, dt);
+    fill_random(be, qkv, 5, dt);
     std::vector<int32_t> host_idx(size_t(2 * slots));
     for (int64_t i = 0; i < slots; ++i) {
       host_idx[size_t(i)] = int32_t(i);                          // slots
@@ -391,9 +390,13 @@ HardwareProfile profile_machine(const ProfileOptions& opt) {
   p.copies(hw);
   const std::string io = p.disk(hw, dir);
   hw.gpu_gemm = p.gemm_curve(dev, p.s.hidden, p.s.gemm_tokens, p.dev_free, on_gpu ? "gpu" : "cpu");
-  hw.gpu_attention_bw = p.attention(dev, p.s.attn_slots, p.s.attn_context, p.dev_free, on_gpu ? "gpu" : "cpu");
+  const DType cache_dt = dev.activation_dtype();
+  hw.gpu_attention_bw =
+      p.attention(dev, cache_dt, p.s.attn_slots, p.s.attn_context, p.dev_free, on_gpu ? "gpu" : "cpu");
   if (on_gpu) {
-    hw.cpu_attention_bw = p.attention(cpu, p.s.attn_slots / 4, p.s.attn_context, p.host_free, "cpu");
+    // The CPU attends to the offloaded cache as the GPU wrote it (fp16); an fp32 figure overstated
+    // it 3x on the first H100 run (74 GB/s profiled, 24 GB/s in the engine).
+    hw.cpu_attention_bw = p.attention(cpu, cache_dt, p.s.attn_slots / 4, p.s.attn_context, p.host_free, "cpu");
     // CPU FLOP/s where the delegated work's GEMMs saturate: a few hundred tokens.
     const std::vector<GemmPoint> c = p.gemm_curve(cpu, p.s.hidden / 2, {256}, p.host_free, "cpu");
     hw.cpu_flops = c.back().flops_per_s;

@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# The whole GPU check in two calls of under 10 minutes each (issue 11): run on the GPU machine over
+# the staged programs (strata, strata_tests, bench_generate, bench_offload, bench_disk on PATH, as
+# ../shared/device/stage.sh and .device/env.sh arrange), from the repository root.
+#
+#   bench/gpu_suite.sh OUTDIR 1     # = tests profile generate offload  (about 4 minutes on an H100)
+#   bench/gpu_suite.sh OUTDIR 2     # = run30 calibrate                 (about 8 minutes)
+#   bench/gpu_suite.sh OUTDIR "tests offload"   # any of the named parts
+#
+#   tests      nvidia-smi, strata_tests "[cuda]", again with STRATA_CUDA_SYNC=1, the HF fp16 parity
+#   profile    strata profile -> OUTDIR/hardware.yaml
+#   generate   bench_generate on dummy:opt-6.7b (decode GB/s, prefill GEMM share at 4096 tokens)
+#   offload    bench_offload on dummy:opt-6.7b, bench_disk
+#   run30      the paper's OPT-30B policy and a 30B policy that fits, under --gpu-mem 16GiB
+#   calibrate  10 policies of dummy:opt-6.7b under 16 GiB and the search's pick: measured tok/s into
+#              OUTDIR/calib.tsv (STRATA_SUITE_POLICIES="c8 pick" runs some of them)
+#
+# OUTDIR (default $OUT, else bench/suite-out) receives suite.log (every command and its output),
+# summary.md, hardware.yaml, calib.tsv, policies.tgz and one trace. Everything is also printed.
+# calibrate lets the search pick a policy with OUTDIR/hardware.yaml when the profile part wrote
+# it, else with $STRATA_HARDWARE. Compare predictions with bench/calibration.sh afterwards.
+set -uo pipefail
+out=${1:-${OUT:-bench/suite-out}}
+parts=${2:-12}
+case $parts in 1) parts="tests profile generate offload" ;; 2) parts="run30 calibrate" ;; 12) parts="tests profile generate offload run30 calibrate" ;; esac
+mkdir -p "$out"
+log="$out/suite.log"
+summary="$out/summary.md"
+root=$(pwd)
+offload_dir=${STRATA_SUITE_OFFLOAD_DIR:-/tmp/strata-suite}
+mkdir -p "$offload_dir"
+# The staged test binary runs far from its build tree: point it at this checkout.
+export STRATA_TEST_FIXTURES="$root/tests/fixtures"
+export STRATA_TEST_BINARY
+STRATA_TEST_BINARY=$(command -v strata)
+export STRATA_CACHE=${STRATA_CACHE:-/tmp/strata-cache}
+
+commit=$(git rev-parse --short HEAD 2>/dev/null || cat .device/commit 2>/dev/null || echo unknown)
+failures=0
+
+say() { echo "$*" | tee -a "$summary"; }
+# step NAME CMD...: runs one command, its output into suite.log and the terminal, its exit status
+# and wall time into the summary.
+step() {
+  local name=$1; shift
+  echo "### $name: $*" | tee -a "$log"
+  local t0=$SECONDS
+  timeout "${STRATA_SUITE_STEP_TIMEOUT:-300}" "$@" 2>&1 | tee -a "$log"
+  local rc=${PIPESTATUS[0]}
+  local status="ok"; [ "$rc" -ne 0 ] && { status="FAILED (exit $rc)"; failures=$((failures + 1)); }
+  say "- $name: $status in $((SECONDS - t0)) s: \`$*\`"
+  return "$rc"
+}
+catch_summary() {  # the Catch2 result line of the last test run in the log
+  grep -E "^(All tests passed|test cases:)" "$log" | tail -1
+}
+
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+gpu_slug=$(echo "${gpu_name:-nogpu}" | tr 'A-Z' 'a-z' | sed 's/^nvidia //; s/[^a-z0-9]\+/-/g; s/-$//')
+{
+  echo "# GPU suite, part(s) $parts"
+  echo
+  echo "- date: $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo "- commit: $commit"
+  echo "- gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+  echo "- cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB"
+  echo "- command: \`bench/gpu_suite.sh $out $parts\`"
+  echo
+} | tee -a "$summary"
+
+part_tests() {
+  step nvidia-smi nvidia-smi
+  step "cuda tests" strata_tests "[cuda]" --durations yes
+  say "  - $(catch_summary)"
+  STRATA_CUDA_SYNC=1 step "cuda tests, STRATA_CUDA_SYNC=1" strata_tests "[cuda]"
+  say "  - $(catch_summary)"
+  step "HF fp16 parity" strata_tests "[model][hf][cuda]" -s
+  say "  - $(catch_summary)"
+}
+part_profile() {
+  step "profile" strata profile --device cuda --offload-dir "$offload_dir" --out "$out/hardware.yaml"
+}
+part_generate() {
+  step "bench_generate opt-6.7b" bench_generate --model dummy:opt-6.7b --device cuda --batch 1 \
+    --prompt-len 32 --gen-len 32 --prefill-tokens 4096
+}
+part_offload() {
+  # Weights on disk would read 13 GB per pass at the disk's ~2 GB/s: the store is measured alone.
+  step "bench_offload opt-6.7b" bench_offload --model dummy:opt-6.7b --device cuda --gen-len 16 --skip-disk
+  step "bench_disk" bench_disk --dir "$offload_dir" --size 4GiB
+}
+
+# A JSONL of N prompts of LEN tokens each (the dummy models' tokenizer is one token per byte).
+make_prompts() {
+  local n=$1 len=$2 file=$3
+  python3 - "$n" "$len" > "$file" <<'PY'
+import json, sys
+n, length = int(sys.argv[1]), int(sys.argv[2])
+for i in range(n):
+    text = (f"prompt {i}: " + "the quick brown fox jumps over the lazy dog " * 64)[:length]
+    print(json.dumps({"id": i, "prompt": text}))
+PY
+}
+
+# run_policy NAME POLICY.yaml MODEL GPU_MEM [extra strata run flags]: one block of the policy at
+# prompt 512, generation 32; appends "name <tab> measured total tok/s" to calib.tsv.
+run_policy() {
+  local name=$1 policy=$2 model=$3 gpu_mem=$4; shift 4
+  local gbs ngb
+  gbs=$(awk '/^gpu_batch_size:/{print $2}' "$policy")
+  ngb=$(awk '/^num_gpu_batches:/{print $2}' "$policy")
+  make_prompts $((gbs * ngb)) 512 "$out/prompts.jsonl"
+  rm -f "$out/run.jsonl" "$out/run.jsonl.partial"
+  step "run $name" strata run --model "$model" --device cuda --prompts "$out/prompts.jsonl" --out "$out/run.jsonl" \
+    --max-new-tokens 32 --ignore-eos --no-progress --policy "$policy" --gpu-mem "$gpu_mem" \
+    --offload-dir "$offload_dir" --report "$@"
+  local rc=$?
+  local tps
+  tps=$(tac "$log" | grep -m1 -oE 'total [0-9.]+ generated tok/s' | awk '{print $2}')
+  [ "$rc" -eq 0 ] || tps="failed"
+  printf '%s\t%s\t%s\n' "$name" "$policy" "$tps" >> "$out/calib.tsv"
+  rm -f "$out/run.jsonl" "$out/run.jsonl.partial" "$out/prompts.jsonl"
+}
+
+write_policy() {  # write_policy FILE GBS NGB W_GPU W_CPU KV_GPU KV_CPU ACT_GPU ACT_CPU CPU_ATTENTION
+  cat > "$1" <<EOF
+gpu_batch_size: $2
+num_gpu_batches: $3
+weights:     {gpu: $4, cpu: $5, disk: 0}
+kv_cache:    {gpu: $6, cpu: $7, disk: 0}
+activations: {gpu: $8, cpu: $9, disk: 0}
+overlap: true
+cpu_attention: ${10}
+EOF
+}
+
+part_run30() {
+  local pol="$out/policies"
+  mkdir -p "$pol"
+  # The paper's OPT-30B policy under FlexGen's 16 GB GPU (known not to fit yet: issue 10), then a
+  # 30B-shaped one that fits today's working set.
+  make_prompts 144 512 "$out/prompts30.jsonl"
+  step "run opt-30b paper policy" strata run --model dummy:opt-30b --device cuda \
+    --prompts "$out/prompts30.jsonl" --out "$out/run30.jsonl" --max-new-tokens 32 --ignore-eos \
+    --no-progress --policy policies/opt-30b-paper.yaml --gpu-mem 16GiB --offload-dir "$offload_dir" --report
+  rm -f "$out/run30.jsonl" "$out/run30.jsonl.partial" "$out/prompts30.jsonl"
+  write_policy "$pol/opt30-small.yaml" 8 2 20 80 0 100 0 100 true
+  run_policy opt30-small "$pol/opt30-small.yaml" dummy:opt-30b 16GiB --trace "$out/trace-opt30.json"
+}
+
+part_calibrate() {
+  local pol="$out/policies"
+  mkdir -p "$pol"
+
+  # Calibration: policies of OPT-6.7B at prompt 512, generation 32, under a 16 GiB GPU cap.
+  write_policy "$pol/c1.yaml" 2 1 100 0 100 0 100 0 false     # the paper's 6.7B policy
+  write_policy "$pol/c2.yaml" 8 1 100 0 100 0 100 0 false
+  write_policy "$pol/c3.yaml" 16 1 100 0 0 100 100 0 true
+  write_policy "$pol/c4.yaml" 32 2 50 50 0 100 100 0 true
+  write_policy "$pol/c5.yaml" 32 4 0 100 0 100 100 0 true
+  write_policy "$pol/c6.yaml" 32 4 0 100 0 100 100 0 false
+  write_policy "$pol/c7.yaml" 48 3 20 80 0 100 0 100 true
+  write_policy "$pol/c8.yaml" 16 2 70 30 50 50 100 0 false
+  write_policy "$pol/c9.yaml" 64 2 0 100 0 100 100 0 false
+  write_policy "$pol/c10.yaml" 24 1 100 0 0 100 100 0 false
+  local hw="$out/hardware.yaml"
+  [ -f "$hw" ] || hw=${STRATA_HARDWARE:-policies/hardware/$gpu_slug.yaml}
+  if [ -f "$hw" ]; then
+    step "search pick" strata policy --model opt-6.7b --hardware "$hw" --prompt-len 512 --gen-len 32 \
+      --gpu-mem 16GiB --out "$pol/pick.yaml"
+  else
+    say "- search pick: no hardware profile at $hw"
+  fi
+  for p in ${STRATA_SUITE_POLICIES:-c1 c2 c3 c4 c5 c6 c7 c8 c9 c10 pick}; do
+    [ -f "$pol/$p.yaml" ] && run_policy "$p" "$pol/$p.yaml" dummy:opt-6.7b 16GiB
+  done
+  say ""
+  say "measured total generated tok/s:"
+  sed 's/^/    /' "$out/calib.tsv" | tee -a "$summary"
+}
+
+for part in $parts; do
+  case $part in
+    tests|profile|generate|offload|run30|calibrate) "part_$part" ;;
+    *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;;
+  esac
+done
+[ -d "$out/policies" ] && tar -C "$out" -czf "$out/policies.tgz" policies && rm -rf "$out/policies"
+rm -rf "$offload_dir"
+say ""
+say "failed steps: $failures"
+[ "$failures" -eq 0 ]
