@@ -87,7 +87,8 @@ std::string describe(const Policy& p) {
   };
   return "weights " + split(p.weights) + " cache " + split(p.kv_cache) + " act " + split(p.activations) + " block " +
          std::to_string(p.gpu_batch_size) + "x" + std::to_string(p.num_gpu_batches) +
-         (p.cpu_attention ? " cpu_attention" : "") + (p.overlap ? " overlap" : " no-overlap");
+         (p.cpu_attention ? " cpu_attention" : "") + (p.overlap ? " overlap" : " no-overlap") + " prefill_tokens " +
+         std::to_string(p.prefill_tokens);
 }
 
 // Each tensor class alone on each tier (the others mixed), everything mixed, and the extremes;
@@ -98,6 +99,7 @@ std::vector<Policy> policy_grid() {
       {G, G, G}, {C, M, M}, {D, M, M}, {M, C, M}, {M, D, M}, {M, M, C}, {M, M, D}, {G, M, M},
       {M, G, M}, {M, M, G}, {M, M, M}, {C, C, C}, {D, D, D}, {M2, M2, M2}, {D, C, D}, {C, D, C}};
   const std::vector<std::pair<int, int>> shapes = {{1, 1}, {2, 3}, {3, 2}, {5, 1}, {1, 5}, {2, 2}, {4, 2}};
+  const std::vector<int> prefill_steps = {3, 0, 8, 24, 45};
   std::vector<Policy> out;
   for (size_t i = 0; i < placements.size(); ++i)
     for (size_t v = 0; v < 2; ++v) {
@@ -105,6 +107,9 @@ std::vector<Policy> policy_grid() {
       const auto [gbs, ngb] = shapes[n % shapes.size()];
       out.push_back(make_policy(placements[i][0], placements[i][1], placements[i][2], gbs, ngb,
                                 /*cpu_attention=*/(n / 2) % 2 == 1, /*overlap=*/n % 2 == 0));
+      // Prefill steps from 3 tokens (prompts of up to 20 run in pieces, one sequence a group) to
+      // the default (whole batches a group), so groups, pieces and both meet every placement.
+      out.back().prefill_tokens = prefill_steps[n % prefill_steps.size()];
     }
   return out;
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "strata/core/error.h"
 #include "strata/core/size.h"
@@ -62,11 +63,18 @@ struct SlotRange {
   bool empty() const { return end <= begin; }
 };
 
+// The sequences one step of the schedule computes: in decode a whole GPU batch, in prefill a
+// group of its sequences (plan.prefill_seqs of them), so that the GPU holds one group's
+// intermediates, cache rows and hidden state rather than the whole batch's.
 struct BatchState {
-  std::vector<Sequence*> seqs;  // index = cache slot within the GPU batch
+  int batch = 0;                // the GPU batch: its cache and hidden-state homes
+  int first_slot = 0;           // its sequences' cache slots are [first_slot, first_slot + seqs.size())
+  size_t act_offset = 0;        // its piece of the batch's hidden-state home (bytes)
+  std::vector<Sequence*> seqs;  // index = cache slot - first_slot
   int pmin = 0, pmax = 0;       // shortest and longest prompt
-  StepBatch step;               // this token's step
+  StepBatch step;               // this token's step; slots are relative to first_slot
   std::vector<Sequence*> active;
+  int slots() const { return int(seqs.size()); }
 };
 
 }  // namespace
@@ -142,7 +150,8 @@ struct OffloadEngine::Impl {
   LayerWeights staged_weights;                // views of the layer being computed from a GPU buffer
   std::vector<std::vector<Home>> cache_home;  // [batch][layer]
   std::vector<Home> act_home;                 // [batch]
-  size_t cache_half = 0;                      // bytes of K (or V) of one unit
+  size_t cache_half = 0;                      // bytes of K (or V) of one unit at home
+  size_t stage_half = 0;                      // bytes of K (or V) of a GPU cache staging slot
 
   // CPU attention.
   std::unique_ptr<Backend> cpu_backend_owned;
@@ -161,14 +170,14 @@ struct OffloadEngine::Impl {
   int disk_ops_left = 0;  // fault injection countdown (disk thread only)
 
   // Per block.
-  std::vector<BatchState> batches;
+  std::vector<BatchState> prefill_units, decode_units;  // the steps' sequence groups
   std::vector<Held> w_held;                 // [layer]
-  std::vector<std::vector<Held>> c_held;    // [batch][layer]
-  std::vector<std::vector<Ticket>> c_stored;  // [batch][layer]: last store, which a reload waits for
-  std::vector<Held> a_held;                 // [batch]
-  std::vector<Ticket> a_stored;             // [batch]: store of its hidden state
-  std::vector<int> a_stored_layer;          // [batch]: the layer whose output is at home ...
-  std::vector<int> a_stored_token;          // [batch]: ... and the token it is for
+  std::vector<std::vector<Held>> c_held;    // [unit][layer]
+  std::vector<std::vector<std::vector<Ticket>>> c_stored;  // [batch][layer]: stores a reload waits for
+  std::vector<Held> a_held;                 // [unit]
+  std::vector<Ticket> a_stored;             // [unit]: store of its hidden state
+  std::vector<int> a_stored_layer;          // [unit]: the layer whose output is at home ...
+  std::vector<int> a_stored_token;          // [unit]: ... and the token it is for
   std::unique_ptr<StepSampler> sampler;
 
   Impl(const ModelConfig& c, Backend& b, const OffloadOptions& o, const PlanShape& s)
@@ -258,11 +267,12 @@ struct OffloadEngine::Impl {
 
     auto moves = [](const std::vector<Tier>& v) { return std::count(v.begin(), v.end(), Tier::Gpu) < long(v.size()); };
     auto on_disk = [](const std::vector<Tier>& v) { return std::count(v.begin(), v.end(), Tier::Disk) > 0; };
-    const int64_t max_tokens = int64_t(gbs) * shape.prompt_len;
+    const int64_t max_tokens = plan.step_tokens;
     ops.bind_workspace(gpu.take(ForwardOps::workspace_bytes(cfg, dt, max_tokens, gbs), "workspace"), max_tokens, gbs);
+    stage_half = plan.cache_stage_bytes / 2;
     if (moves(plan.weight_tier)) w_gpu = SlotPool("gpu weight buffer", gpu, 2, plan.layer_weight_bytes);
-    if (moves(plan.cache_tier)) c_gpu = SlotPool("gpu cache staging", gpu, 3, plan.cache_unit_bytes);
-    if (moves(plan.act_tier)) a_gpu = SlotPool("gpu activation staging", gpu, 3, plan.act_unit_bytes);
+    if (moves(plan.cache_tier)) c_gpu = SlotPool("gpu cache staging", gpu, 3, plan.cache_stage_bytes);
+    if (moves(plan.act_tier)) a_gpu = SlotPool("gpu activation staging", gpu, 3, plan.act_stage_bytes);
     if (on_disk(plan.weight_tier)) w_pin = SlotPool("pinned weight buffer", cpu, 2, plan.layer_weight_bytes);
     if (on_disk(plan.cache_tier)) c_pin = SlotPool("pinned cache staging", cpu, 3, plan.cache_unit_bytes);
     if (on_disk(plan.act_tier)) a_pin = SlotPool("pinned activation staging", cpu, 3, plan.act_unit_bytes);
@@ -302,31 +312,36 @@ struct OffloadEngine::Impl {
   size_t cache_row_bytes() const { return size_t(cfg.kv_dim()) * esize; }
   size_t slot_pitch() const { return size_t(shape.capacity()) * cache_row_bytes(); }
 
-  Ticket copy_cache(CopyKind kind, char* gpu_unit, char* host_unit, SlotRange r, std::vector<Ticket> deps) {
+  // The GPU staging slot holds the unit's slots from its first; the host unit is the whole batch's.
+  Ticket copy_cache(CopyKind kind, char* gpu_unit, char* host_unit, SlotRange r, const BatchState& b,
+                    std::vector<Ticket> deps) {
     const size_t pitch = slot_pitch(), row = cache_row_bytes();
     const size_t off = size_t(r.begin) * row, width = size_t(r.end - r.begin) * row;
+    const size_t host_off = size_t(b.first_slot) * pitch, n = size_t(b.slots());
     Lane& lane = kind == CopyKind::HostToDevice ? *h2d : *d2h;
     std::atomic<uint64_t>& counter = kind == CopyKind::HostToDevice ? bytes_ctog : bytes_gtoc;
     return lane.submit(
         "kv cache", [=, this, &counter] {
           for (size_t half = 0; half < 2; ++half) {
-            char* g = gpu_unit + half * cache_half + off;
-            char* h = host_unit + half * cache_half + off;
-            if (kind == CopyKind::HostToDevice) be.copy_2d(kind, g, pitch, h, pitch, width, size_t(gbs));
-            else be.copy_2d(kind, h, pitch, g, pitch, width, size_t(gbs));
+            char* g = gpu_unit + half * stage_half + off;
+            char* h = host_unit + half * cache_half + host_off + off;
+            if (kind == CopyKind::HostToDevice) be.copy_2d(kind, g, pitch, h, pitch, width, n);
+            else be.copy_2d(kind, h, pitch, g, pitch, width, n);
           }
-          counter += 2 * width * size_t(gbs);
+          counter += 2 * width * n;
         },
         std::move(deps));
   }
 
-  // Disk I/O of the pages covering positions `r` of every slot of a cache unit.
-  Ticket disk_cache_io(bool write, size_t disk_offset, char* pinned_unit, SlotRange r, std::vector<Ticket> deps) {
+  // Disk I/O of the pages covering positions `r` of the unit's slots of a cache unit.
+  Ticket disk_cache_io(bool write, size_t disk_offset, char* pinned_unit, SlotRange r, const BatchState& b,
+                       std::vector<Ticket> deps) {
     const size_t pitch = slot_pitch(), row = cache_row_bytes();
+    const int first = b.first_slot, last = b.first_slot + b.slots();
     return disk_lane->submit(
         write ? "kv cache write" : "kv cache read", [=, this] {
           for (size_t half = 0; half < 2; ++half)
-            for (int s = 0; s < gbs; ++s) {
+            for (int s = first; s < last; ++s) {
               const size_t lo = half * cache_half + size_t(s) * pitch + size_t(r.begin) * row;
               const size_t hi = half * cache_half + size_t(s) * pitch + size_t(r.end) * row;
               const size_t a = lo / kPage * kPage, b = std::min(align_up(hi, kPage), 2 * cache_half);
@@ -363,11 +378,15 @@ struct OffloadEngine::Impl {
   }
 
   // ---------------------------------------------------------------- units
-  SlotRange load_range(int k, int i) const {  // cache entries that exist before token i
-    return {0, i == 0 ? 0 : std::min(batches[size_t(k)].pmax + i - 1, shape.capacity())};
+  BatchState& unit(int i, int u) { return (i == 0 ? prefill_units : decode_units)[size_t(u)]; }
+  const BatchState& unit(int i, int u) const { return (i == 0 ? prefill_units : decode_units)[size_t(u)]; }
+  int n_units(int i) const { return int((i == 0 ? prefill_units : decode_units).size()); }
+
+  SlotRange load_range(int i, int u) const {  // cache entries that exist before token i
+    return {0, i == 0 ? 0 : std::min(unit(i, u).pmax + i - 1, shape.capacity())};
   }
-  SlotRange store_range(int k, int i) const {  // cache entries token i writes (union over slots)
-    const BatchState& b = batches[size_t(k)];
+  SlotRange store_range(int i, int u) const {  // cache entries token i writes (union over slots)
+    const BatchState& b = unit(i, u);
     if (i == 0) return {0, std::min(b.pmax, shape.capacity())};
     return {std::min(b.pmin + i - 1, shape.capacity()), std::min(b.pmax + i, shape.capacity())};
   }
@@ -398,79 +417,90 @@ struct OffloadEngine::Impl {
     w_held[size_t(j)] = Held();
   }
 
-  void load_cache_async(int i, int j, int k) {
-    Held& h = c_held[size_t(k)][size_t(j)];
+  void load_cache_async(int i, int j, int u) {
+    Held& h = c_held[size_t(u)][size_t(j)];
     if (!cache_moves(i, j) || h.valid) return;
-    const Home& home = cache_home[size_t(k)][size_t(j)];
+    const BatchState& b = unit(i, u);
+    const Home& home = cache_home[size_t(b.batch)][size_t(j)];
     h.valid = true;
     h.token = i;
     h.gpu = c_gpu.acquire();
-    const SlotRange r = load_range(k, i);
+    const SlotRange r = load_range(i, u);
     char* host = home.ptr;
-    std::vector<Ticket> deps;
-    if (c_stored[size_t(k)][size_t(j)].valid()) deps.push_back(c_stored[size_t(k)][size_t(j)]);  // its last write
+    std::vector<Ticket> deps = c_stored[size_t(b.batch)][size_t(j)];  // its last writes
     if (home.tier == Tier::Disk) {
       h.pin = c_pin.acquire();
       host = c_pin.data(h.pin);
-      if (!r.empty()) deps = {disk_cache_io(false, home.disk_offset, host, r, std::move(deps))};
+      if (!r.empty()) deps = {disk_cache_io(false, home.disk_offset, host, r, b, std::move(deps))};
     }
-    h.ready = r.empty() ? Ticket() : copy_cache(CopyKind::HostToDevice, c_gpu.data(h.gpu), host, r, std::move(deps));
+    h.ready = r.empty() ? Ticket() : copy_cache(CopyKind::HostToDevice, c_gpu.data(h.gpu), host, r, b, std::move(deps));
   }
 
   // Moves the entries token i wrote back home; the slots are released by `after` once done.
-  void store_cache(int i, int j, int k, std::vector<Ticket>& tickets, std::vector<std::function<void()>>& after) {
-    Held h = c_held[size_t(k)][size_t(j)];
+  void store_cache(int i, int j, int u, std::vector<Ticket>& tickets, std::vector<std::function<void()>>& after) {
+    Held h = c_held[size_t(u)][size_t(j)];
     if (!h.valid) return;
-    c_held[size_t(k)][size_t(j)] = Held();
-    const Home& home = cache_home[size_t(k)][size_t(j)];
-    const SlotRange r = store_range(k, i);
-    if (!batches[size_t(k)].active.empty() && !r.empty()) {
+    c_held[size_t(u)][size_t(j)] = Held();
+    const BatchState& b = unit(i, u);
+    const Home& home = cache_home[size_t(b.batch)][size_t(j)];
+    const SlotRange r = store_range(i, u);
+    if (!b.active.empty() && !r.empty()) {
+      std::vector<Ticket>& stored = c_stored[size_t(b.batch)][size_t(j)];
       char* host = home.tier == Tier::Disk ? c_pin.data(h.pin) : home.ptr;
-      Ticket t = copy_cache(CopyKind::DeviceToHost, c_gpu.data(h.gpu), host, r, {});
-      if (home.tier == Tier::Disk) t = disk_cache_io(true, home.disk_offset, host, r, {t});
+      std::vector<Ticket> deps;
+      // A prefill group's pages on disk may share a page with its neighbour group's rows, which
+      // this pinned slot never held: read them first, after the neighbours' writes.
+      if (home.tier == Tier::Disk && i == 0) deps = {disk_cache_io(false, home.disk_offset, host, r, b, stored)};
+      Ticket t = copy_cache(CopyKind::DeviceToHost, c_gpu.data(h.gpu), host, r, b, std::move(deps));
+      if (home.tier == Tier::Disk) t = disk_cache_io(true, home.disk_offset, host, r, b, {t});
       tickets.push_back(t);
-      c_stored[size_t(k)][size_t(j)] = t;
+      if (i > 0) stored.clear();  // a decode load waited for all of them
+      stored.push_back(t);
     }
     after.push_back([this, h] { free_slots(h, c_gpu, c_pin); });
   }
 
-  size_t act_bytes(int k) const { return batches[size_t(k)].step.tokens.size() * size_t(cfg.hidden) * esize; }
+  size_t act_bytes(int i, int u) const { return unit(i, u).step.tokens.size() * size_t(cfg.hidden) * esize; }
 
-  // Loads batch k's hidden state (the input of layer j) into a staging slot, after its store.
-  void load_act_async(int i, int j, int k) {
-    Held& h = a_held[size_t(k)];
-    if (act_home[size_t(k)].tier == Tier::Gpu || h.valid || j == 0) return;
-    // Not stored yet (one or two GPU batches): it is loaded right before its compute instead.
-    if (a_stored_layer[size_t(k)] != j - 1 || a_stored_token[size_t(k)] != i) return;
-    const Home& home = act_home[size_t(k)];
+  // Loads unit u's hidden state (the input of layer j) into a staging slot, after its store.
+  void load_act_async(int i, int j, int u) {
+    Held& h = a_held[size_t(u)];
+    const BatchState& b = unit(i, u);
+    const Home& home = act_home[size_t(b.batch)];
+    if (home.tier == Tier::Gpu || h.valid || j == 0) return;
+    // Not stored yet (one or two units a layer): it is loaded right before its compute instead.
+    if (a_stored_layer[size_t(u)] != j - 1 || a_stored_token[size_t(u)] != i) return;
     h.valid = true;
     h.layer = j;
     h.gpu = a_gpu.acquire();
-    const size_t bytes = act_bytes(k);
-    char* host = home.ptr;
-    std::vector<Ticket> deps{a_stored[size_t(k)]};
+    const size_t bytes = act_bytes(i, u);
+    char* host = home.ptr + b.act_offset;
+    std::vector<Ticket> deps{a_stored[size_t(u)]};
     if (home.tier == Tier::Disk) {
       h.pin = a_pin.acquire();
-      host = a_pin.data(h.pin);
-      deps = {disk_io(false, home.disk_offset, host, bytes, "activations read", std::move(deps))};
+      host = a_pin.data(h.pin) + b.act_offset;
+      deps = {disk_io(false, home.disk_offset + b.act_offset, host, bytes, "activations read", std::move(deps))};
     }
     h.ready = copy_flat(CopyKind::HostToDevice, a_gpu.data(h.gpu), host, bytes, "activations", std::move(deps));
   }
 
-  void store_act(int i, int j, int k, std::vector<Ticket>& tickets, std::vector<std::function<void()>>& after) {
-    Held h = a_held[size_t(k)];
+  void store_act(int i, int j, int u, std::vector<Ticket>& tickets, std::vector<std::function<void()>>& after) {
+    Held h = a_held[size_t(u)];
     if (!h.valid) return;
-    a_held[size_t(k)] = Held();
-    const Home& home = act_home[size_t(k)];
-    if (j < L - 1 && !batches[size_t(k)].active.empty()) {  // the last layer's output is not needed again
-      const size_t bytes = act_bytes(k);
+    a_held[size_t(u)] = Held();
+    const BatchState& b = unit(i, u);
+    const Home& home = act_home[size_t(b.batch)];
+    if (j < L - 1 && !b.active.empty()) {  // the last layer's output is not needed again
+      const size_t bytes = act_bytes(i, u);
       char* host = home.tier == Tier::Disk ? a_pin.data(h.pin >= 0 ? h.pin : (h.pin = a_pin.acquire())) : home.ptr;
+      host += b.act_offset;
       Ticket t = copy_flat(CopyKind::DeviceToHost, host, a_gpu.data(h.gpu), bytes, "activations", {});
-      if (home.tier == Tier::Disk) t = disk_io(true, home.disk_offset, host, bytes, "activations write", {t});
+      if (home.tier == Tier::Disk)
+        t = disk_io(true, home.disk_offset + b.act_offset, host, bytes, "activations write", {t});
       tickets.push_back(t);
-      a_stored[size_t(k)] = t;
-      a_stored_layer[size_t(k)] = j;
-      a_stored_token[size_t(k)] = i;
+      a_stored[size_t(u)] = t;
+      a_stored_layer[size_t(u)] = j;
+      a_stored_token[size_t(u)] = i;
     }
     after.push_back([this, h] { free_slots(h, a_gpu, a_pin); });
   }
@@ -485,21 +515,22 @@ struct OffloadEngine::Impl {
     return staged_weights;
   }
 
-  Tensor hidden_for(int i, int j, int k, int64_t T) {
-    const Home& home = act_home[size_t(k)];
+  Tensor hidden_for(int i, int j, int u, int64_t T) {
+    const BatchState& b = unit(i, u);
+    const Home& home = act_home[size_t(b.batch)];
     char* p = nullptr;
     if (home.tier == Tier::Gpu) {
-      p = home.ptr;
+      p = home.ptr + b.act_offset;
     } else {
-      Held& h = a_held[size_t(k)];
+      Held& h = a_held[size_t(u)];
       if (j == 0) {
-        STRATA_CHECK(!h.valid, "internal: batch " << k << " holds a hidden state at layer 0");
+        STRATA_CHECK(!h.valid, "internal: unit " << u << " holds a hidden state at layer 0");
         h.valid = true;
         h.layer = 0;
         h.gpu = a_gpu.acquire();
       } else {
-        load_act_async(i, j, k);
-        STRATA_CHECK(h.valid && h.layer == j, "internal: hidden state of batch " << k << " for layer " << j << " missing");
+        load_act_async(i, j, u);
+        STRATA_CHECK(h.valid && h.layer == j, "internal: hidden state of unit " << u << " for layer " << j << " missing");
         if (h.ready.valid()) h.ready.get();
       }
       p = a_gpu.data(h.gpu);
@@ -507,36 +538,40 @@ struct OffloadEngine::Impl {
     return Tensor(p, dt, be.device(), {T, cfg.hidden});
   }
 
-  std::pair<Tensor, Tensor> cache_for(int i, int j, int k) {
-    const Home& home = cache_home[size_t(k)][size_t(j)];
-    char* p = home.ptr;
+  // The unit's slots of layer j's cache on the GPU: a view of its home, or its staging slot.
+  std::pair<Tensor, Tensor> cache_for(int i, int j, int u) {
+    const BatchState& b = unit(i, u);
+    const Home& home = cache_home[size_t(b.batch)][size_t(j)];
+    char *k_ptr = home.ptr + size_t(b.first_slot) * slot_pitch(), *v_ptr = k_ptr + cache_half;
     if (home.tier != Tier::Gpu) {
-      load_cache_async(i, j, k);
-      Held& h = c_held[size_t(k)][size_t(j)];
-      STRATA_CHECK(h.token == i, "internal: kv cache of layer " << j << " batch " << k << " loaded for token " << h.token
+      load_cache_async(i, j, u);
+      Held& h = c_held[size_t(u)][size_t(j)];
+      STRATA_CHECK(h.token == i, "internal: kv cache of layer " << j << " unit " << u << " loaded for token " << h.token
                                                                 << ", needed for token " << i);
       if (h.ready.valid()) h.ready.get();
-      p = c_gpu.data(h.gpu);
+      k_ptr = c_gpu.data(h.gpu);
+      v_ptr = k_ptr + stage_half;
     }
     auto view = [&](char* base) {
-      return Tensor(base, dt, be.device(), {gbs, shape.capacity(), cfg.n_kv_heads, cfg.head_dim});
+      return Tensor(base, dt, be.device(), {b.slots(), shape.capacity(), cfg.n_kv_heads, cfg.head_dim});
     };
-    return {view(p), view(p + cache_half)};
+    return {view(k_ptr), view(v_ptr)};
   }
 
   // Attention on the CPU over the cache in pinned memory: q, k, v cross to the host, the output back.
-  void attend_on_cpu(int k, int j, const Tensor& q, const Tensor& kk, const Tensor& v, const Tensor& out) {
+  void attend_on_cpu(int i, int u, int j, const Tensor& q, const Tensor& kk, const Tensor& v, const Tensor& out) {
     const auto t0 = Clock::now();
-    const Home& home = cache_home[size_t(k)][size_t(j)];
-    const BatchState& b = batches[size_t(k)];
+    const BatchState& b = unit(i, u);
+    const Home& home = cache_home[size_t(b.batch)][size_t(j)];
     const int64_t T = q.dim(0);
     be.synchronize();
     be.copy_to_host(q_host, q.data, q.nbytes());
     be.copy_to_host(k_host, kk.data, kk.nbytes());
     be.copy_to_host(v_host, v.data, v.nbytes());
     auto host = [&](void* p, std::initializer_list<int64_t> dims) { return Tensor(p, dt, Device::CPU, dims); };
-    const Tensor ck = host(home.ptr, {gbs, shape.capacity(), cfg.n_kv_heads, cfg.head_dim});
-    const Tensor cv = host(home.ptr + cache_half, {gbs, shape.capacity(), cfg.n_kv_heads, cfg.head_dim});
+    char* base = home.ptr + size_t(b.first_slot) * slot_pitch();
+    const Tensor ck = host(base, {b.slots(), shape.capacity(), cfg.n_kv_heads, cfg.head_dim});
+    const Tensor cv = host(base + cache_half, {b.slots(), shape.capacity(), cfg.n_kv_heads, cfg.head_dim});
     const Tensor slots(const_cast<int32_t*>(b.step.slots.data()), DType::I32, Device::CPU, {T});
     const Tensor pos(const_cast<int32_t*>(b.step.positions.data()), DType::I32, Device::CPU, {T});
     const Tensor qh = host(q_host, {T, cfg.n_heads, cfg.head_dim}), oh = host(o_host, {T, cfg.n_heads, cfg.head_dim});
@@ -547,8 +582,8 @@ struct OffloadEngine::Impl {
     cpu_attention_seconds += seconds_since(t0);
   }
 
-  void build_step(int i, int k) {
-    BatchState& b = batches[size_t(k)];
+  void build_step(int i, int u) {
+    BatchState& b = unit(i, u);
     b.step = StepBatch();
     b.active.clear();
     for (size_t s = 0; s < b.seqs.size(); ++s) {
@@ -571,25 +606,39 @@ struct OffloadEngine::Impl {
     }
   }
 
-  void compute(int i, int j, int k) {
-    BatchState& b = batches[size_t(k)];
-    if (j == 0) build_step(i, k);
+  void compute(int i, int j, int u) {
+    BatchState& b = unit(i, u);
+    if (j == 0) build_step(i, u);
     if (b.active.empty()) return;
-    ScopedSpan span(trace, compute_track, "t" + std::to_string(i) + " L" + std::to_string(j) + " B" + std::to_string(k),
+    ScopedSpan span(trace, compute_track,
+                    "t" + std::to_string(i) + " L" + std::to_string(j) + " B" + std::to_string(b.batch) +
+                        (i == 0 ? " s" + std::to_string(b.first_slot) : std::string()),
                     &compute_busy);
     const int64_t T = int64_t(b.step.tokens.size());
     const LayerWeights& w = weights_for(j);
-    const Tensor x = hidden_for(i, j, k, T);
-    ops.begin_step(b.step, gbs, shape.capacity());
-    if (j == 0) ops.embed(globals, x);
-    if (delegated(i, j)) {
-      ops.layer(w, globals.inv_freq, x, Tensor(), Tensor(),
-                [&](const Tensor& q, const Tensor& kk, const Tensor& v, const Tensor& out) { attend_on_cpu(k, j, q, kk, v, out); });
-    } else {
-      const auto [ck, cv] = cache_for(i, j, k);
-      ops.layer(w, globals.inv_freq, x, ck, cv);
+    const Tensor x = hidden_for(i, j, u, T);
+    const bool cpu = delegated(i, j);
+    Tensor ck, cv;
+    if (!cpu) std::tie(ck, cv) = cache_for(i, j, u);
+    // Steps of at most the workspace's tokens: a group whose prompts outgrow it runs in pieces, in
+    // order, so each piece finds the earlier pieces' keys in the cache.
+    const int64_t step_max = ops.max_tokens();
+    STRATA_CHECK(!cpu || T <= step_max, "internal: a delegated decode step of " << T << " tokens is split");
+    for (int64_t t0 = 0; t0 < T; t0 += step_max) {
+      const int64_t t1 = std::min(T, t0 + step_max);
+      ops.begin_step(slice(b.step, t0, t1), b.slots(), shape.capacity());
+      const Tensor xs = x.rows(t0, t1 - t0);
+      if (j == 0) ops.embed(globals, xs);
+      if (cpu)
+        ops.layer(w, globals.inv_freq, xs, Tensor(), Tensor(),
+                  [&](const Tensor& q, const Tensor& kk, const Tensor& v, const Tensor& out) {
+                    attend_on_cpu(i, u, j, q, kk, v, out);
+                  });
+      else
+        ops.layer(w, globals.inv_freq, xs, ck, cv);
     }
     if (j == L - 1) {
+      ops.select_logit_rows(b.step.logit_rows, T);
       const Tensor logits = ops.head(globals, x);
       if (i == 0)
         for (Sequence* s : b.active) s->length = int(s->request->prompt.size());
@@ -600,35 +649,52 @@ struct OffloadEngine::Impl {
     be.synchronize();
   }
 
+  // Tokens [t0, t1) of a step, without logit rows (compute() selects them over the whole step).
+  static StepBatch slice(const StepBatch& s, int64_t t0, int64_t t1) {
+    StepBatch part;
+    part.tokens.assign(s.tokens.begin() + t0, s.tokens.begin() + t1);
+    part.positions.assign(s.positions.begin() + t0, s.positions.begin() + t1);
+    part.slots.assign(s.slots.begin() + t0, s.slots.begin() + t1);
+    return part;
+  }
+
   // ---------------------------------------------------------------- the schedule
+  // Whether two units hold some of the same cache and hidden-state rows of one layer.
+  bool same_rows(int i, int u, int j, int ni, int nu, int nj) const {
+    const BatchState &a = unit(i, u), &b = unit(ni, nu);
+    return j == nj && a.batch == b.batch && a.first_slot < b.first_slot + b.slots() &&
+           b.first_slot < a.first_slot + a.slots();
+  }
+
   // One step of Algorithm 1: prefetch the next layer's weights, store the previous step's cache
-  // and hidden state, load the next step's, compute this one, then wait for all of it.
-  void step(int i, int j, int k, int n_tokens, bool has_prev, int pi, int pj, int pk) {
+  // and hidden state, load the next step's, compute this one, then wait for all of it. A step is
+  // (token i, layer j, unit u): in prefill a group of a GPU batch's sequences, in decode a batch.
+  void step(int i, int j, int u, int n_tokens, bool has_prev, int pi, int pj, int pu) {
     std::vector<Ticket> tickets;
     std::vector<std::function<void()>> after;
     try {
-      if (k == 0 && (j + 1 < L || i + 1 < n_tokens)) {
+      if (u == 0 && (j + 1 < L || i + 1 < n_tokens)) {
         load_weights_async((j + 1) % L);
         if (w_held[size_t((j + 1) % L)].ready.valid()) tickets.push_back(w_held[size_t((j + 1) % L)].ready);
       }
       if (has_prev) {
-        store_cache(pi, pj, pk, tickets, after);
-        store_act(pi, pj, pk, tickets, after);
+        store_cache(pi, pj, pu, tickets, after);
+        store_act(pi, pj, pu, tickets, after);
       }
-      int ni = i, nj = j, nk = k + 1;
-      if (nk == ngb) nk = 0, ++nj;
+      int ni = i, nj = j, nu = u + 1;
+      if (nu == n_units(i)) nu = 0, ++nj;
       if (nj == L) nj = 0, ++ni;
-      // The next step's unit is this step's own when the block has one layer and one GPU batch;
-      // it cannot be prefetched before this step stores it.
-      if (ni < n_tokens && !(nj == j && nk == k)) {
-        load_cache_async(ni, nj, nk);
-        if (c_held[size_t(nk)][size_t(nj)].ready.valid()) tickets.push_back(c_held[size_t(nk)][size_t(nj)].ready);
+      // The next step's rows are this step's own when the block has one layer and one unit; they
+      // cannot be prefetched before this step stores them.
+      if (ni < n_tokens && !same_rows(i, u, j, ni, nu, nj)) {
+        load_cache_async(ni, nj, nu);
+        if (c_held[size_t(nu)][size_t(nj)].ready.valid()) tickets.push_back(c_held[size_t(nu)][size_t(nj)].ready);
         if (!(nj == 0)) {
-          load_act_async(ni, nj, nk);
-          if (a_held[size_t(nk)].ready.valid()) tickets.push_back(a_held[size_t(nk)].ready);
+          load_act_async(ni, nj, nu);
+          if (a_held[size_t(nu)].ready.valid()) tickets.push_back(a_held[size_t(nu)].ready);
         }
       }
-      compute(i, j, k);
+      compute(i, j, u);
       wait_all(tickets);
     } catch (...) {
       try {
@@ -639,7 +705,37 @@ struct OffloadEngine::Impl {
       throw;
     }
     for (auto& f : after) f();
-    if (k == ngb - 1) release_weights(j);
+    if (u == n_units(i) - 1) release_weights(j);
+  }
+
+  // Groups the block's sequences into the decode units (one per GPU batch) and the prefill units
+  // (plan.prefill_seqs consecutive sequences of one batch each).
+  void build_units(std::vector<Sequence>& seqs) {
+    auto prompt_bounds = [](BatchState& b) {
+      b.pmin = b.seqs.empty() ? 0 : INT32_MAX;
+      b.pmax = 0;
+      for (Sequence* s : b.seqs) {
+        b.pmin = std::min(b.pmin, int(s->request->prompt.size()));
+        b.pmax = std::max(b.pmax, int(s->request->prompt.size()));
+      }
+    };
+    decode_units.assign(size_t(ngb), {});
+    for (int k = 0; k < ngb; ++k) decode_units[size_t(k)].batch = k;
+    for (size_t r = 0; r < seqs.size(); ++r) decode_units[r / size_t(gbs)].seqs.push_back(&seqs[r]);
+    prefill_units.clear();
+    const int m = plan.prefill_seqs;
+    for (BatchState& d : decode_units) {
+      prompt_bounds(d);
+      for (int s0 = 0; s0 < d.slots(); s0 += m) {
+        BatchState p;
+        p.batch = d.batch;
+        p.first_slot = s0;
+        p.act_offset = size_t(s0 / m) * plan.act_piece_bytes;
+        p.seqs.assign(d.seqs.begin() + s0, d.seqs.begin() + std::min(s0 + m, d.slots()));
+        prompt_bounds(p);
+        prefill_units.push_back(std::move(p));
+      }
+    }
   }
 
   std::vector<GenResult> generate(const std::vector<GenRequest>& requests, GenStats* stats) {
@@ -654,35 +750,28 @@ struct OffloadEngine::Impl {
                                               << ", generation " << shape.gen_len << ")");
       n_tokens = std::max(n_tokens, seqs[r].max_new);
     }
-    batches.assign(size_t(ngb), {});
-    for (size_t r = 0; r < seqs.size(); ++r) batches[r / size_t(gbs)].seqs.push_back(&seqs[r]);
-    for (BatchState& b : batches) {
-      b.pmin = b.seqs.empty() ? 0 : INT32_MAX;
-      for (Sequence* s : b.seqs) {
-        b.pmin = std::min(b.pmin, int(s->request->prompt.size()));
-        b.pmax = std::max(b.pmax, int(s->request->prompt.size()));
-      }
-    }
+    build_units(seqs);
+    const size_t units = std::max(prefill_units.size(), decode_units.size());
     w_held.assign(size_t(L), {});
-    c_held.assign(size_t(ngb), std::vector<Held>(size_t(L)));
-    c_stored.assign(size_t(ngb), std::vector<Ticket>(size_t(L)));
-    a_held.assign(size_t(ngb), {});
-    a_stored.assign(size_t(ngb), {});
-    a_stored_layer.assign(size_t(ngb), -1);
-    a_stored_token.assign(size_t(ngb), -1);
+    c_held.assign(units, std::vector<Held>(size_t(L)));
+    c_stored.assign(size_t(ngb), std::vector<std::vector<Ticket>>(size_t(L)));
+    a_held.assign(units, {});
+    a_stored.assign(units, {});
+    a_stored_layer.assign(units, -1);
+    a_stored_token.assign(units, -1);
     sampler = std::make_unique<StepSampler>(be, cfg, size_t(gbs));
 
     GenStats local;
     const auto t_start = Clock::now();
     bool has_prev = false;
-    int pi = 0, pj = 0, pk = 0;
+    int pi = 0, pj = 0, pu = 0;
     try {
       for (int i = 0; i < n_tokens; ++i) {
         const auto t_token = Clock::now();
         for (int j = 0; j < L; ++j)
-          for (int k = 0; k < ngb; ++k) {
-            step(i, j, k, n_tokens, has_prev, pi, pj, pk);
-            has_prev = true, pi = i, pj = j, pk = k;
+          for (int u = 0; u < n_units(i); ++u) {
+            step(i, j, u, n_tokens, has_prev, pi, pj, pu);
+            has_prev = true, pi = i, pj = j, pu = u;
           }
         (i == 0 ? local.prefill_seconds : local.decode_seconds) += seconds_since(t_token);
         if (i > 0) ++local.decode_steps;
@@ -717,7 +806,8 @@ struct OffloadEngine::Impl {
   void release_all() {
     for (const Ticket& t : a_stored) drain(t);
     for (const auto& row : c_stored)
-      for (const Ticket& t : row) drain(t);
+      for (const auto& tickets : row)
+        for (const Ticket& t : tickets) drain(t);
     for (size_t j = 0; j < w_held.size(); ++j) {
       drain(w_held[j].ready);
       release_weights(int(j));

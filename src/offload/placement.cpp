@@ -1,5 +1,6 @@
 #include "strata/offload/placement.h"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -63,14 +64,34 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   const size_t disk_align = 4096;  // the disk store's O_DIRECT unit
 
   PlacementPlan p;
-  p.layer_weight_bytes = align_up(layer_block_layout(cfg, 0, dtype).bytes, disk_align);
-  p.global_weight_bytes = align_up(global_block_layout(cfg, dtype).bytes, disk_align);
-  p.cache_unit_bytes = 2 * align_up(size_t(gbs) * size_t(shape.capacity()) * size_t(cfg.kv_dim()) * e, disk_align);
-  p.act_unit_bytes = align_up(size_t(gbs) * size_t(shape.prompt_len) * size_t(cfg.hidden) * e, disk_align);
+  const int P = shape.prompt_len, C = shape.capacity();
+  const int chunk = policy.prefill_step_tokens();
+  STRATA_CHECK(chunk >= 1, "policy: prefill_tokens must be at least 1");
+  p.prefill_seqs = std::clamp(chunk / P, 1, gbs);
+  p.step_tokens = std::max<int64_t>(gbs, std::min<int64_t>(chunk, int64_t(p.prefill_seqs) * P));
 
   p.weight_tier = assign_tiers(L, policy.weights);
   p.cache_tier = assign_tiers(L, policy.kv_cache);
   p.act_tier = assign_tiers(ngb, policy.activations);  // one hidden state per GPU batch
+
+  const size_t kv_row = size_t(cfg.kv_dim()) * e, h_row = size_t(cfg.hidden) * e;
+  p.layer_weight_bytes = align_up(layer_block_layout(cfg, 0, dtype).bytes, disk_align);
+  p.global_weight_bytes = align_up(global_block_layout(cfg, dtype).bytes, disk_align);
+  p.cache_unit_bytes = 2 * align_up(size_t(gbs) * size_t(C) * kv_row, disk_align);
+  // Decode brings a layer's cache to the GPU unless it is there already or the CPU attends to it
+  // in place; prefill always computes it on the GPU, a unit's slots at a time.
+  bool decode_moves_cache = false;
+  for (Tier t : p.cache_tier) decode_moves_cache |= t == Tier::Disk || (t == Tier::Cpu && !policy.cpu_attention);
+  const int stage_slots = decode_moves_cache ? gbs : p.prefill_seqs;
+  p.cache_stage_bytes = 2 * align_up(size_t(stage_slots) * size_t(C) * kv_row, disk_align);
+  const int units_per_batch = (gbs + p.prefill_seqs - 1) / p.prefill_seqs;
+  p.act_piece_bytes = align_up(size_t(p.prefill_seqs) * size_t(P) * h_row, disk_align);
+  const size_t decode_rows = align_up(size_t(gbs) * h_row, disk_align);
+  p.act_unit_bytes = std::max(size_t(units_per_batch) * p.act_piece_bytes, decode_rows);
+  // A prefill unit longer than a step (one prompt over prefill_tokens) is computed in steps over
+  // its staged piece, so the piece, not the step, bounds the staging slot.
+  p.act_stage_bytes = std::max(p.act_piece_bytes, decode_rows);
+
   p.realized_weights = realized(p.weight_tier);
   p.realized_kv_cache = realized(p.cache_tier);
   p.realized_activations = realized(p.act_tier);
@@ -84,14 +105,16 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   const bool weights_move = count(p.weight_tier, Tier::Gpu) < L;
   const bool cache_moves = count(p.cache_tier, Tier::Gpu) < L;
   const bool acts_move = count(p.act_tier, Tier::Gpu) < ngb;
-  const int64_t max_tokens = int64_t(gbs) * shape.prompt_len;
   TierBytes& w = p.working;
   // Every piece is carved at 4 KiB alignment (src/offload/tiers.cpp), so count it rounded up.
-  w.gpu += double(align_up(ForwardOps::workspace_bytes(cfg, dtype, max_tokens, gbs), disk_align));
+  w.gpu += double(align_up(ForwardOps::workspace_bytes(cfg, dtype, p.step_tokens, gbs), disk_align));
   if (cfg.pos == PosKind::Rope) w.gpu += double(align_up(size_t(cfg.head_dim / 2) * 4, disk_align));
+  // Staging: the unit computed, the next one loaded and the previous one stored.
   if (weights_move) w.gpu += 2.0 * double(p.layer_weight_bytes);
-  if (cache_moves) w.gpu += 3.0 * double(p.cache_unit_bytes);
-  if (acts_move) w.gpu += 3.0 * double(p.act_unit_bytes);
+  if (cache_moves) w.gpu += 3.0 * double(p.cache_stage_bytes);
+  if (acts_move) w.gpu += 3.0 * double(p.act_stage_bytes);
+  // Disk transfers pass through pinned mirrors of whole units (O_DIRECT needs the file's page
+  // alignment in memory too).
   if (count(p.weight_tier, Tier::Disk) > 0) w.cpu += 2.0 * double(p.layer_weight_bytes);
   if (count(p.cache_tier, Tier::Disk) > 0) w.cpu += 3.0 * double(p.cache_unit_bytes);
   if (count(p.act_tier, Tier::Disk) > 0) w.cpu += 3.0 * double(p.act_unit_bytes);

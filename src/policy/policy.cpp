@@ -74,7 +74,7 @@ Policy parse_policy(const std::string& text, const std::string& source) {
   }
   if (!root.IsMap()) throw Error(source + ": a policy is a YAML map of fields");
   r.only_keys(root, {"gpu_batch_size", "num_gpu_batches", "weights", "kv_cache", "activations", "overlap",
-                     "cpu_attention", "compress_weights", "compress_kv_cache"}, "");
+                     "cpu_attention", "compress_weights", "compress_kv_cache", "prefill_tokens"}, "");
   Policy p;
   for (const char* required : {"gpu_batch_size", "num_gpu_batches", "weights", "kv_cache", "activations"})
     if (!root[required]) throw Error(source + ": missing field '" + required + "'");
@@ -87,6 +87,7 @@ Policy parse_policy(const std::string& text, const std::string& source) {
   if (root["cpu_attention"]) p.cpu_attention = r.boolean(root["cpu_attention"], "cpu_attention");
   p.compress_weights = r.compression(root["compress_weights"], "compress_weights");
   p.compress_kv_cache = r.compression(root["compress_kv_cache"], "compress_kv_cache");
+  if (root["prefill_tokens"]) p.prefill_tokens = r.integer(root["prefill_tokens"], "prefill_tokens", 1, 1 << 24);
   return p;
 }
 
@@ -114,6 +115,7 @@ std::string policy_to_yaml(const Policy& p) {
      << "\n";
   comp("compress_weights: ", p.compress_weights);
   comp("compress_kv_cache: ", p.compress_kv_cache);
+  if (p.prefill_tokens > 0) os << "prefill_tokens: " << p.prefill_tokens << "\n";
   return os.str();
 }
 

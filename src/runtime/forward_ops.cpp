@@ -140,6 +140,14 @@ void ForwardOps::layer(const LayerWeights& w, const Tensor& inv_freq, const Tens
   backend_.add(x, xn, x);
 }
 
+void ForwardOps::select_logit_rows(const std::vector<int32_t>& rows, int64_t tokens) {
+  const int64_t R = int64_t(rows.size());
+  STRATA_CHECK(R <= ws_rows_, "forward: " << R << " logit rows exceed the workspace's " << ws_rows_);
+  for (int32_t r : rows) STRATA_CHECK(r >= 0 && r < tokens, "logit row " << r << " outside the " << tokens << " tokens");
+  if (R > 0) backend_.copy_to_device(rows_.data, rows.data(), size_t(R) * 4);
+  R_ = R;
+}
+
 Tensor ForwardOps::head(const ModelWeights& w, const Tensor& x) {
   if (R_ == 0) return logits_.rows(0, 0);
   const Tensor rows = rows_.rows(0, R_), last = last_.rows(0, R_), logits = logits_.rows(0, R_);

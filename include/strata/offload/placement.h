@@ -46,10 +46,21 @@ struct PlacementPlan {
   TierBytes weights, kv_cache, activations, working;
   TierBytes peak() const;  // sum of the four
 
+  // Prefill runs in units of `prefill_seqs` sequences of one GPU batch (as many whole prompts as
+  // fit the policy's prefill step, at least one), each computed in steps of at most
+  // `step_tokens` tokens; decode runs one unit per GPU batch. The GPU workspace holds one step.
+  int prefill_seqs = 1;
+  int64_t step_tokens = 0;  // the most tokens of any step: a prefill step or a decode step (gbs)
+
   // Sizes of one unit (bytes).
   size_t layer_weight_bytes = 0, global_weight_bytes = 0;
-  size_t cache_unit_bytes = 0;  // K and V of one layer for one GPU batch at full capacity
-  size_t act_unit_bytes = 0;    // hidden state of one GPU batch in prefill (its largest)
+  size_t cache_unit_bytes = 0;   // K and V of one layer for one GPU batch at full capacity (its home)
+  size_t cache_stage_bytes = 0;  // a GPU staging slot: the slots of a prefill unit, or of a whole
+                                 // GPU batch where decode brings the cache to the GPU
+  size_t act_unit_bytes = 0;     // hidden state of one GPU batch (its home): the prefill pieces of
+                                 // its units, each 4 KiB-aligned for the disk, or its decode rows
+  size_t act_piece_bytes = 0;    // one prefill unit's piece of it (aligned)
+  size_t act_stage_bytes = 0;    // a GPU staging slot: the larger of a piece and the decode rows
 
   // Realized percentages (of bytes of the class), for reports beside the policy's request.
   TierSplit realized_weights, realized_kv_cache, realized_activations;

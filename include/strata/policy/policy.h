@@ -23,8 +23,15 @@ struct Policy {
   bool overlap = true;        // overlap I/O with compute
   bool cpu_attention = false; // decode attention on the CPU where the KV cache lives there
   std::optional<Compression> compress_weights, compress_kv_cache;
+  // Tokens per prefill step (the GPU workspace holds one step); 0: kDefaultPrefillTokens.
+  int prefill_tokens = 0;
 
   int block_size() const { return gpu_batch_size * num_gpu_batches; }
+  int prefill_step_tokens() const { return prefill_tokens > 0 ? prefill_tokens : kDefaultPrefillTokens; }
+
+  // Large enough for full-rate GEMMs on every GPU we target (a T4 saturates near 256 tokens, an
+  // H100 near 512), small against any budget: 1024 x 13 x hidden x 2 bytes is 330 MB for OPT-175B.
+  static constexpr int kDefaultPrefillTokens = 1024;
 };
 
 // Parses and validates; errors name the source, the line and the field.

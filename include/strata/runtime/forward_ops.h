@@ -45,6 +45,9 @@ public:
              const Tensor& cache_v, const AttentionFn& attend = nullptr);
   // Final norm and LM head on the step's logit rows; valid until the next step.
   Tensor head(const ModelWeights& w, const Tensor& x);
+  // For a sequence group computed in several steps: the rows of its whole hidden state x
+  // ([tokens, h]) that head() then reads, in place of the last step's logit rows.
+  void select_logit_rows(const std::vector<int32_t>& rows, int64_t tokens);
 
   // The step's slots and positions on the backend (I32 [T]).
   Tensor slots() const { return slots_.rows(0, T_); }
