@@ -252,6 +252,57 @@ TEST_CASE("strata run --policy offloads, reports, and keeps finished blocks when
   CHECK_THAT(r.output, Catch::Contains("--gpu-mem"));
 }
 
+TEST_CASE("a FlexGen-shaped policy runs in a small GPU budget and gives the resident tokens", "[cli][offload]") {
+  // Two GPU batches of 32 prompts of ~500 tokens (dummy models take one token per byte), weights,
+  // cache and activations on the CPU tier, CPU attention: the shape of FlexGen's OPT-30B run, at
+  // 125M. Whole-batch prefill would need 32 x 500 tokens of intermediates (~0.6 GB in fp32) on
+  // the "GPU"; prefill steps of 1024 tokens keep it under 400 MB.
+  const fs::path prompts = temp_dir() / "flexgen-shape.jsonl", policy = temp_dir() / "flexgen-shape.yaml";
+  {
+    std::ofstream p(prompts);
+    const std::string text = "The quick brown fox jumps over the lazy dog while the band plays on. ";
+    for (int i = 0; i < 64; ++i) {
+      std::string prompt = std::to_string(i) + ": ";
+      while (prompt.size() < size_t(480 + i % 20)) prompt += text;
+      prompt.resize(size_t(480 + i % 20));
+      p << "{\"id\": " << i << ", \"prompt\": \"" << prompt << "\", \"max_new_tokens\": 3, \"ignore_eos\": true}\n";
+    }
+  }
+  std::ofstream(policy) << "gpu_batch_size: 32\nnum_gpu_batches: 2\nweights: {gpu: 0, cpu: 100, disk: 0}\n"
+                           "kv_cache: {gpu: 0, cpu: 100, disk: 0}\nactivations: {gpu: 0, cpu: 100, disk: 0}\n"
+                           "cpu_attention: true\n";
+  const std::string base = "run --model dummy:opt-125m --prompts " + prompts.string() + " --device cpu --no-progress";
+  const fs::path ref = temp_dir() / "flexgen-shape-ref.jsonl", out = temp_dir() / "flexgen-shape-out.jsonl";
+  fs::remove(ref);
+  fs::remove(out);
+  Result r = run_strata(base + " --out " + ref.string() + " --batch-size 64");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  r = run_strata(base + " --out " + out.string() + " --policy " + policy.string() + " --gpu-mem 400MB --verbose");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("prefill steps of <= 1024 tokens"));
+  const std::vector<json> want = read_lines(ref), got = read_lines(out);
+  REQUIRE(got.size() == 64);
+  REQUIRE(want.size() == 64);
+  for (size_t i = 0; i < got.size(); ++i) {
+    CHECK(got[i]["prompt_tokens"] == want[i]["prompt_tokens"]);
+    CHECK(got[i]["tokens"] == want[i]["tokens"]);
+  }
+  // The old whole-batch prefill's working set does not fit that budget; a prefill step larger
+  // than the budget allows is refused naming it.
+  fs::remove(out);
+  r = run_strata(base + " --out " + out.string() + " --policy " + policy.string() +
+                 " --gpu-mem 400MB --prefill-tokens 16000");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("gpu tier needs") && Catch::Contains("--gpu-mem") &&
+                           Catch::Contains("prefill steps of 15968 tokens (--prefill-tokens)"));
+  CHECK_FALSE(fs::exists(out.string() + ".partial"));
+  r = run_strata(base + " --out " + out.string() + " --policy " + policy.string() + " --prefill-tokens 0");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("--prefill-tokens"));
+}
+
 TEST_CASE("strata run --policy auto searches a policy for the cached profile and prints it", "[cli][offload]") {
   const fs::path cache = temp_dir() / "auto-cache";
   fs::remove_all(cache);

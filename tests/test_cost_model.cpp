@@ -67,7 +67,10 @@ TEST_CASE("sizes of OPT-6.7B as the cost model counts them", "[cost]") {
   CHECK(F.sizes.cache_capacity == 32 * 544 * 4 * h);  // 285,212,672
   CHECK(F.sizes.act_prefill == 32 * 512 * 2 * h);     // 134,217,728
   CHECK(F.sizes.act_decode == 32 * 2 * h);
-  CHECK(F.sizes.workspace == double(ForwardOps::workspace_bytes(opt67(), DType::F16, 8 * 512, 8)));
+  // Prefill steps of the default 1024 tokens: groups of 2 prompts of 512 (policy.h).
+  CHECK(F.sizes.prefill_seqs == 2);
+  CHECK(F.sizes.step_tokens == 1024);
+  CHECK(F.sizes.workspace == double(ForwardOps::workspace_bytes(opt67(), DType::F16, 1024, 8)));
   CHECK(F.block_size == 32);
 }
 
@@ -165,7 +168,7 @@ TEST_CASE("peak memory per tier", "[cost]") {
   const Policy p = shape(8, 4, {25, 75, 0}, {0, 100, 0}, {100, 0, 0});
   const Prediction r = evaluate(opt67(), p, wl, hw);
   const double global = 2.0 * (50272 * h + 2050 * h + 2 * h);
-  const double ws = double(ForwardOps::workspace_bytes(opt67(), DType::F16, 8 * 512, 8));
+  const double ws = double(ForwardOps::workspace_bytes(opt67(), DType::F16, 1024, 8));  // one prefill step
   const double cache_layer = 32 * 544 * 4 * h;  // one layer's cache at s + n, whole block
   const double cache_unit = cache_layer / 4;    // one GPU batch's
   const double act = 32 * 512 * 2 * h;          // hidden states of the block at prefill
@@ -175,6 +178,16 @@ TEST_CASE("peak memory per tier", "[cost]") {
   // CPU: 24 layers and the whole cache.
   CHECK(r.peak.cpu == Approx(32 * W * 0.75 + 32 * cache_layer));
   CHECK(r.peak.disk == 0);
+
+  // With CPU attention the cache never comes back to the GPU in decode: its staging holds one
+  // prefill group's rows (2 prompts, 544 positions); hidden states on the CPU stage a group's
+  // piece (2 x 512 tokens).
+  Policy ca = shape(8, 4, {25, 75, 0}, {0, 100, 0}, {0, 100, 0});
+  ca.cpu_attention = true;
+  const Prediction c = evaluate(opt67(), ca, wl, hw);
+  const double cpu_attn_host = 8 * (2.0 * (2 * h + 2 * h) + 4.0 * 32 * 544);  // q/k/v/out and fp32 scores
+  CHECK(c.peak.gpu == Approx(global + ws + 32 * W * 0.25 + 2 * W * 0.75 + 3 * (2 * 544 * 4 * h) + 3 * (2 * 512 * 2 * h)));
+  CHECK(c.peak.cpu == Approx(32 * W * 0.75 + 32 * cache_layer + act + cpu_attn_host));
 
   // Disk-resident parts need pinned staging on the CPU: 2 layers of weights, 3 cache units.
   const Prediction d = evaluate(opt67(), shape(8, 4, {0, 50, 50}, {0, 0, 100}, {0, 100, 0}), wl, hw);

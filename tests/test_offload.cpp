@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/backend/backend.h"
+#include "strata/model/config.h"
 #include "strata/model/model_loader.h"
 #include "strata/offload/engine.h"
 #include "strata/runtime/generator.h"
@@ -187,6 +188,56 @@ TEST_CASE("placement follows the policy's percentages by cumulative size", "[off
   // Weights move, so the GPU holds two layer buffers; the cache moves, so three staging units.
   CHECK(plan.working.gpu >= 2.0 * 402759680.0 + 3.0 * double(plan.cache_unit_bytes));
   CHECK(plan.working.cpu >= 3.0 * double(plan.cache_unit_bytes));  // pinned staging for disk reads
+}
+
+TEST_CASE("the schedule's buffers and homes take exactly what the plan says", "[offload][placement]") {
+  // What the cost model checks against the budgets is what the runtime carves out of its tiers:
+  // each tier's used bytes are the plan's peak up to the last piece's 4 KiB rounding.
+  auto backend = make_cpu_backend(2);
+  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
+  const std::vector<GenRequest> reqs = fixture_requests(load_expected("tiny-llama"));
+  for (const Policy& policy : policy_grid()) {
+    OffloadOptions opt;
+    opt.policy = policy;
+    opt.offload_dir = offload_dir();
+    OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+    const TierBytes plan = engine.plan().peak(), used = engine.report().used;
+    for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) {
+      INFO(describe(policy) << ", " << tier_name(t) << ": plan " << plan.at(t) << ", used " << used.at(t));
+      CHECK(used.at(t) <= plan.at(t));
+      CHECK(plan.at(t) - used.at(t) < 4096);
+    }
+  }
+}
+
+TEST_CASE("the GPU working set follows the prefill step, not the batch's prompts", "[offload][placement]") {
+  // OPT-30B, FlexGen's policy (48 x 3, weights 20/80, cache and activations on the CPU, CPU
+  // attention), prompt 512 + 32, fp16. By hand: a step of 1024 tokens holds 2 prompts; the
+  // workspace is 1024 tokens of x, q, k, v, attn (5 x 7168) and two MLP halves (2 x 28672) plus 48
+  // logit rows of 7168 and 50272, and ids; the cache staging holds 2 sequences' K and V of 544
+  // positions; the activation staging holds the 2-prompt piece of the hidden state.
+  const ModelConfig cfg = *config_preset("opt-30b");
+  Policy p = load_policy(std::string(STRATA_FIXTURES_DIR) + "/../../policies/opt-30b-paper.yaml");
+  const PlacementPlan plan = plan_placement(cfg, p, {512, 32}, DType::F16);
+  CHECK(plan.prefill_seqs == 2);
+  CHECK(plan.step_tokens == 1024);
+  CHECK(plan.cache_stage_bytes == 2 * size_t(2 * 544 * 7168 * 2));
+  CHECK(plan.act_piece_bytes == size_t(2 * 512 * 7168 * 2));
+  CHECK(plan.act_stage_bytes == plan.act_piece_bytes);
+  CHECK(plan.act_unit_bytes == 24 * plan.act_piece_bytes);  // the whole batch's prefill hidden state at home
+  const double workspace = 1024.0 * (5 * 7168 + 2 * 28672) * 2 + 48.0 * (7168 + 50272) * 2 + 1024.0 * 4 * 4 + 48 * 4;
+  const double staging = 2.0 * double(plan.layer_weight_bytes) + 3.0 * double(plan.cache_stage_bytes) +
+                         3.0 * double(plan.act_stage_bytes);
+  CHECK(plan.working.gpu >= workspace + staging);
+  CHECK(plan.working.gpu < workspace + staging + 16 * 4096);  // each piece rounded up to 4 KiB
+  // The whole-batch prefill of the first runtime needed 9.6 GiB of working buffers here.
+  CHECK(plan.working.gpu < 3.0 * (1ull << 30));
+  // Smaller steps shrink the workspace; the staging follows whole prompts (one at least).
+  p.prefill_tokens = 256;
+  const PlacementPlan small = plan_placement(cfg, p, {512, 32}, DType::F16);
+  CHECK(small.prefill_seqs == 1);
+  CHECK(small.step_tokens == 256);
+  CHECK(small.working.gpu < plan.working.gpu);
 }
 
 TEST_CASE("a policy that does not fit fails before any work, naming the tier", "[offload]") {

@@ -40,7 +40,11 @@ TEST_CASE("a policy survives a YAML round trip", "[policy]") {
   p.overlap = false;
   p.cpu_attention = true;
   p.compress_kv_cache = Compression{4, 32};
+  p.prefill_tokens = 512;
   const Policy q = parse_policy(policy_to_yaml(p));
+  CHECK(q.prefill_tokens == 512);
+  CHECK(q.prefill_step_tokens() == 512);
+  CHECK(Policy{}.prefill_step_tokens() == Policy::kDefaultPrefillTokens);
   CHECK(q.gpu_batch_size == 48);
   CHECK(q.num_gpu_batches == 3);
   CHECK((q.kv_cache.cpu == 30 && q.kv_cache.disk == 70));
@@ -71,6 +75,8 @@ TEST_CASE("bad policies name the line and the field", "[policy]") {
   CHECK_THROWS_WITH(parse_policy(base, "p.yaml"), Catch::Contains("missing field 'activations'"));
   CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 100}\ncompress_weights: {bits: 3}\n", "p.yaml"),
                     Catch::Contains("'compress_weights.bits' must be in [4, 4]"));
+  CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 100}\nprefill_tokens: 0\n", "p.yaml"),
+                    Catch::Contains("p.yaml:6: field 'prefill_tokens' must be in [1,"));
   CHECK_THROWS_WITH(parse_policy("weights: [1, 2\n", "p.yaml"), Catch::Contains("invalid YAML"));
   CHECK_THROWS_WITH(load_policy("/nonexistent.yaml"), Catch::Contains("cannot open policy file"));
 }

@@ -22,9 +22,10 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--batch-size", opt->batch_size, "sequences generated together")->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--threads", opt->threads, "CPU threads for the cpu backend (0: all cores)")->capture_default_str();
-  cmd->add_option("--prefill-tokens", opt->prefill_token_budget, "tokens per prefill step")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  auto* prefill = cmd->add_option("--prefill-tokens", opt->prefill_token_budget,
+                                  "tokens per prefill step (under --policy: the policy's prefill_tokens, else 1024)")
+                       ->check(CLI::PositiveNumber)
+                       ->capture_default_str();
   cmd->add_option("--max-new-tokens", opt->defaults.max_new_tokens, "default when a line gives none")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -50,7 +51,10 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--verbose", opt->verbose, "print the realized placement before starting");
   cmd->add_flag("--report", opt->report, "print throughput, stream busy times, bytes per link and peak memory");
   cmd->add_option("--trace", opt->trace, "write a Chrome trace-event timeline (Perfetto) of the schedule");
-  cmd->callback([opt] { run_batch_job(*opt, std::cerr); });
+  cmd->callback([opt, prefill] {
+    opt->prefill_tokens_given = prefill->count() > 0;
+    run_batch_job(*opt, std::cerr);
+  });
 }
 
 }  // namespace strata::cli

@@ -144,7 +144,9 @@ void print_report(const OffloadReport& r, std::ostream& log) {
       << "  disk->cpu: " << gbps(r.disk_to_cpu) << "\n  cpu->gpu:  " << gbps(r.cpu_to_gpu)
       << "\n  gpu->cpu:  " << gbps(r.gpu_to_cpu) << "\n  cpu->disk: " << gbps(r.cpu_to_disk) << "\n"
       << "  peak memory: gpu " << format_bytes(r.peak.gpu) << ", cpu (pinned) " << format_bytes(r.peak.cpu)
-      << ", disk " << format_bytes(r.peak.disk) << (r.disk_io.empty() ? "" : " via " + r.disk_io) << "\n";
+      << ", disk " << format_bytes(r.peak.disk) << (r.disk_io.empty() ? "" : " via " + r.disk_io)
+      << " reserved; used " << format_bytes(r.used.gpu) << ", " << format_bytes(r.used.cpu) << ", "
+      << format_bytes(r.used.disk) << "\n";
 }
 
 class OffloadGenerator final : public Generator {
@@ -158,12 +160,14 @@ public:
     o.offload_dir = opt.offload_dir;
     o.policy = opt.policy == "auto" ? choose_policy(model.config, o, shape, prompts, log) : load_policy(opt.policy);
     if (opt.no_overlap) o.policy.overlap = false;
+    if (opt.prefill_tokens_given) o.policy.prefill_tokens = int(std::min<int64_t>(opt.prefill_token_budget, 1 << 24));
     o.trace = !opt.trace.empty();
     o.cpu_threads = opt.threads;
     log << "model " << model.config.name << " (" << model.config.n_layers << " layers, "
         << double(model.config.param_count()) / 1e9 << " B parameters) on " << backend_->name() << ", policy "
         << opt.policy.string() << ": block " << o.policy.gpu_batch_size << " x " << o.policy.num_gpu_batches
         << ", prompt <= " << shape.prompt_len << ", generation <= " << shape.gen_len
+        << ", prefill steps of <= " << o.policy.prefill_step_tokens() << " tokens"
         << (o.policy.overlap ? "" : ", no overlap") << "\n";
     const PlacementPlan plan = plan_placement(model.config, o.policy, shape, backend_->activation_dtype());
     if (opt.verbose || opt.report) log << "placement:\n" << describe_plan(plan, o.policy);

@@ -115,7 +115,11 @@ void check_plan_fits(const PlacementPlan& plan, const TierBytes& budgets, bool s
                                            << format_bytes(plan.working.at(t)) << ") but its budget is "
                                            << format_bytes(budgets.at(t))
                                            << (t == Tier::Gpu ? " (--gpu-mem)" : t == Tier::Cpu ? " (--cpu-mem)"
-                                                                                                : " (--disk-mem, or the offload dir's free space)"));
+                                                                                                : " (--disk-mem, or the offload dir's free space)")
+                                           << (t == Tier::Gpu ? "; the working buffers hold prefill steps of " +
+                                                                    std::to_string(plan.step_tokens) +
+                                                                    " tokens (--prefill-tokens)"
+                                                              : std::string()));
   }
   // With the CPU backend the "GPU" tier is host memory too; both must fit in it together.
   const double host = double(host_memory_available());
@@ -886,6 +890,9 @@ OffloadReport OffloadEngine::report() const {
   }
   r.peak.gpu = double(m.gpu.size());
   r.peak.cpu = double(m.cpu.size());
+  r.used.gpu = double(m.gpu.used());
+  r.used.cpu = double(m.cpu.used());
+  r.used.disk = m.disk ? double(m.disk->allocated()) : 0;
   r.peak.disk = m.disk ? double(m.disk->capacity()) : 0;
   return r;
 }

@@ -84,9 +84,12 @@ CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w) {
   z.cache_capacity = bls * (s + n) * z.kv_per_token;
   z.act_prefill = bls * s * z.hidden_per_token;
   z.act_decode = bls * z.hidden_per_token;
-  // The runtime's own workspace (its attention never materializes the scores), sized once for
-  // the largest step: one GPU batch's prompts.
-  z.workspace = double(ForwardOps::workspace_bytes(cfg, DType::F16, int64_t(gbs * s), int64_t(gbs)));
+  // The runtime's own workspace (its attention never materializes the scores), sized for its
+  // largest step: a prefill step of whole prompts (policy.h, prefill_steps) or a decode step.
+  const PrefillSteps steps = prefill_steps(p, w.prompt_len);
+  z.prefill_seqs = steps.seqs;
+  z.step_tokens = double(steps.step_tokens);
+  z.workspace = double(ForwardOps::workspace_bytes(cfg, DType::F16, steps.step_tokens, int64_t(gbs)));
   return z;
 }
 
@@ -133,7 +136,7 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   add(P[DTOC], Ap / dtoc, {HD});
   add(P[CTOD], cache_prefill / ctod, {CD});
   add(P[CTOD], Ap / ctod, {HD});
-  P[COMP].constant = bls * s * z.layer_flops_per_token / hw.gemm_flops(gbs * s) +
+  P[COMP].constant = bls * s * z.layer_flops_per_token / hw.gemm_flops(std::min(z.step_tokens, gbs * s)) +
                      bls * 4.0 * s * s * cfg.q_dim() / hw.gemm_flops(s);  // QK^T and AV per head
   if (cw) P[COMP].constant += z.layer_weights_fp16 / dequant_bw;
   if (cc) P[COMP].constant += bls * s * z.kv_per_token_fp16 / dequant_bw;  // quantizing the prompt's cache
@@ -166,19 +169,21 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
 
   // Peak memory, linear in the fractions where the runtime's plan (placement.h) has steps. GPU:
   // global weights, the workspace, the homes of what is placed there, a double buffer for
-  // offloaded weights, three staging units (one GPU batch, one layer) for offloaded cache and
-  // hidden states. CPU: homes, plus pinned staging for units that live on disk. Disk: homes.
+  // offloaded weights, three staging slots for offloaded cache and hidden states: a prefill
+  // group's rows, or a whole GPU batch's cache where decode brings it to the GPU (from disk, or
+  // from the CPU without cpu_attention). CPU: homes, plus pinned mirrors of units on disk.
   const double Cm = z.cache_capacity, cache_unit = Cm / ngb, act_unit = Ap / ngb;
+  const double cache_group = z.prefill_seqs * (s + n) * z.kv_per_token;
+  const double act_stage = std::max(z.prefill_seqs * s, gbs) * z.hidden_per_token;
   const double cache_fp16_ratio = z.kv_per_token_fp16 / z.kv_per_token;
   LinearForm& G = F.peak[int(Tier::Gpu)];
   G.constant = z.global_weights + z.workspace + 2 * W;
   add(G, l * W - 2 * W, {WG});  // resident layers need no transfer buffer
   add(G, l * Cm, {CG});
-  add(G, 3 * cache_unit, {CC, CD});
+  add(G, 3 * (cpu_attn ? cache_group : cache_unit), {CC});
+  add(G, 3 * cache_unit, {CD});
   add(G, Ap, {HG});
-  add(G, 3 * act_unit, {HC, HD});
-  if (cw) G.constant += z.layer_weights_fp16;            // the layer being computed, dequantized
-  if (cc) G.constant += cache_unit * cache_fp16_ratio;   // one GPU batch's cache of one layer, dequantized
+  add(G, 3 * act_stage, {HC, HD});
   LinearForm& C = F.peak[int(Tier::Cpu)];
   add(C, l * W, {WC});
   add(C, 2 * W, {WD});

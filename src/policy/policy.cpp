@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -89,6 +90,15 @@ Policy parse_policy(const std::string& text, const std::string& source) {
   p.compress_kv_cache = r.compression(root["compress_kv_cache"], "compress_kv_cache");
   if (root["prefill_tokens"]) p.prefill_tokens = r.integer(root["prefill_tokens"], "prefill_tokens", 1, 1 << 24);
   return p;
+}
+
+PrefillSteps prefill_steps(const Policy& p, int prompt_len) {
+  STRATA_CHECK(prompt_len > 0, "prefill: prompt length must be positive");
+  const int chunk = p.prefill_step_tokens(), gbs = p.gpu_batch_size;
+  PrefillSteps s;
+  s.seqs = std::clamp(chunk / prompt_len, 1, gbs);
+  s.step_tokens = std::max<int64_t>(gbs, std::min<int64_t>(chunk, int64_t(s.seqs) * prompt_len));
+  return s;
 }
 
 Policy load_policy(const std::filesystem::path& file) {

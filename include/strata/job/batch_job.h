@@ -16,6 +16,7 @@ struct JobOptions {
   int batch_size = 32;                     // sequences generated together
   int threads = 0;                         // CPU threads (0: all cores)
   int64_t prefill_token_budget = 4096;     // tokens per prefill step
+  bool prefill_tokens_given = false;       // --prefill-tokens given: it also overrides a policy's
   SamplingParams defaults;                 // for fields a prompt line leaves out
   bool progress = true;                    // progress line on the log stream
 

@@ -16,7 +16,7 @@
 #include "strata/model/config.h"
 #include "strata/model/weight_source.h"
 #include "strata/offload/disk_store.h"
-#include "strata/offload/placement.h"
+#include "strata/policy/placement.h"
 #include "strata/policy/policy.h"
 #include "strata/runtime/generator.h"
 
@@ -51,6 +51,7 @@ struct OffloadReport {
   double compute_busy = 0, h2d_busy = 0, d2h_busy = 0, disk_busy = 0;
   LinkStats disk_to_cpu, cpu_to_gpu, gpu_to_cpu, cpu_to_disk;
   TierBytes peak;                // reserved on each tier
+  TierBytes used;                // carved out of the reservation by the schedule's buffers and homes
   std::string disk_io;           // the disk store's I/O path, when it has one
   // 1 when the wall time equals the busiest lane's (perfect overlap), 0 when it equals the sum.
   double overlap() const;

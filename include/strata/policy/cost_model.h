@@ -8,7 +8,7 @@
 #include <array>
 
 #include "strata/model/config.h"
-#include "strata/offload/placement.h"
+#include "strata/policy/placement.h"
 #include "strata/policy/policy.h"
 #include "strata/profile/hardware.h"
 
@@ -57,7 +57,9 @@ struct CostSizes {
   double cache_capacity = 0;      // KV cache of one layer at s + n tokens, whole block, as stored
   double act_prefill = 0;         // hidden states of the block after one layer in prefill
   double act_decode = 0;          // ... in one decode step
-  double workspace = 0;           // the forward pass's GPU buffers, sized for one GPU batch's prefill
+  double prefill_seqs = 1;        // prompts per prefill group (policy.h, prefill_steps)
+  double step_tokens = 0;         // tokens of the largest step: the GEMMs' rows in prefill
+  double workspace = 0;           // the forward pass's GPU buffers, sized for one step
 };
 
 // The linear forms for one (gpu_batch_size, num_gpu_batches, options); the policy's fractions

@@ -1,6 +1,7 @@
 // A placement policy (DESIGN.md "The policy"): batch shape, the percentage of weights, KV cache and
 // activations on each tier, and the on/off options. Read from and written to one YAML file.
 #pragma once
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -33,6 +34,15 @@ struct Policy {
   // H100 near 512), small against any budget: 1024 x 13 x hidden x 2 bytes is 330 MB for OPT-175B.
   static constexpr int kDefaultPrefillTokens = 1024;
 };
+
+// How prefill is cut (the rule the runtime and the cost model share): groups of `seqs` whole
+// prompts of one GPU batch, as many as fit the policy's prefill step, at least one; steps of at
+// most `step_tokens` tokens, also the GPU workspace's size (a decode step of gbs tokens included).
+struct PrefillSteps {
+  int seqs = 1;
+  int64_t step_tokens = 1;
+};
+PrefillSteps prefill_steps(const Policy& p, int prompt_len);
 
 // Parses and validates; errors name the source, the line and the field.
 Policy parse_policy(const std::string& yaml_text, const std::string& source_name = "<policy>");

@@ -1,4 +1,4 @@
-#include "strata/offload/placement.h"
+#include "strata/policy/placement.h"
 
 #include <algorithm>
 #include <cmath>
@@ -65,10 +65,9 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
 
   PlacementPlan p;
   const int P = shape.prompt_len, C = shape.capacity();
-  const int chunk = policy.prefill_step_tokens();
-  STRATA_CHECK(chunk >= 1, "policy: prefill_tokens must be at least 1");
-  p.prefill_seqs = std::clamp(chunk / P, 1, gbs);
-  p.step_tokens = std::max<int64_t>(gbs, std::min<int64_t>(chunk, int64_t(p.prefill_seqs) * P));
+  const PrefillSteps steps = prefill_steps(policy, P);
+  p.prefill_seqs = steps.seqs;
+  p.step_tokens = steps.step_tokens;
 
   p.weight_tier = assign_tiers(L, policy.weights);
   p.cache_tier = assign_tiers(L, policy.kv_cache);

@@ -3,9 +3,12 @@
 // of the layer bytes, the CPU the next ~cpu%, the disk the rest (FlexGen's rule, at layer
 // granularity). KV cache: one tensor pair (K, V) per (GPU batch, layer), the same assignment
 // over the layers within every GPU batch. Activations: the hidden state of each GPU batch is one
-// tensor, assigned over the block's GPU batches (it is the only activation live between steps). Embeddings, final norm and LM head always
-// stay on the GPU. The plan also counts the working buffers the schedule needs, so its peak per
-// tier is what the runtime will reserve: the cost model's memory check uses the same function.
+// tensor, assigned over the block's GPU batches (it is the only activation live between steps).
+// Embeddings, final norm and LM head always stay on the GPU. The plan also counts the working
+// buffers the schedule needs, so its peak per tier is what the runtime reserves.
+//
+// The plan is pure data computed from (model config, policy, job shape). The policy search and
+// the offloading engine both depend on it here; the policy module needs nothing of offload.
 #pragma once
 #include <cstdint>
 #include <string>
