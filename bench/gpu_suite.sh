@@ -36,7 +36,7 @@ export STRATA_TEST_BINARY
 STRATA_TEST_BINARY=$(command -v strata)
 export STRATA_CACHE=${STRATA_CACHE:-/tmp/strata-cache}
 
-commit=$(git rev-parse --short HEAD 2>/dev/null || cat .device/commit 2>/dev/null || echo unknown)
+commit=$(cat .device/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)  # the staged build's
 failures=0
 
 say() { echo "$*" | tee -a "$summary"; }
