@@ -45,7 +45,7 @@ struct Held {
 // Returns a held unit's slots to their pools.
 void free_slots(const Held& h, SlotPool& gpu_pool, SlotPool& pinned_pool) {
   if (!h.valid) return;
-  gpu_pool.release(h.gpu);
+  if (h.gpu >= 0) gpu_pool.release(h.gpu);
   if (h.pin >= 0) pinned_pool.release(h.pin);
 }
 
@@ -394,10 +394,13 @@ struct OffloadEngine::Impl {
     if (i == 0) return {0, std::min(b.pmax, shape.capacity())};
     return {std::min(b.pmin + i - 1, shape.capacity()), std::min(b.pmax + i, shape.capacity())};
   }
+  // Decode attention on the CPU where the cache lives off the GPU: in place on the CPU tier, over
+  // its pinned mirror for disk homes. The cache never crosses to the GPU then.
   bool delegated(int i, int j) const {
-    return opt.policy.cpu_attention && i > 0 && plan.cache_tier[size_t(j)] == Tier::Cpu;
+    return opt.policy.cpu_attention && i > 0 && plan.cache_tier[size_t(j)] != Tier::Gpu;
   }
   bool cache_moves(int i, int j) const { return plan.cache_tier[size_t(j)] != Tier::Gpu && !delegated(i, j); }
+  bool mirrored(int i, int j) const { return delegated(i, j) && plan.cache_tier[size_t(j)] == Tier::Disk; }
 
   void load_weights_async(int j) {
     Held& h = w_held[size_t(j)];
@@ -421,14 +424,17 @@ struct OffloadEngine::Impl {
     w_held[size_t(j)] = Held();
   }
 
+  // Brings unit u's cache of layer j to where token i uses it: a GPU staging slot (through a
+  // pinned mirror for disk homes), or, when the CPU attends to a disk home, the mirror alone.
   void load_cache_async(int i, int j, int u) {
     Held& h = c_held[size_t(u)][size_t(j)];
-    if (!cache_moves(i, j) || h.valid) return;
+    const bool mirror_only = mirrored(i, j);
+    if (h.valid || !(cache_moves(i, j) || mirror_only)) return;
     const BatchState& b = unit(i, u);
     const Home& home = cache_home[size_t(b.batch)][size_t(j)];
     h.valid = true;
     h.token = i;
-    h.gpu = c_gpu.acquire();
+    if (!mirror_only) h.gpu = c_gpu.acquire();
     const SlotRange r = load_range(i, u);
     char* host = home.ptr;
     std::vector<Ticket> deps = c_stored[size_t(b.batch)][size_t(j)];  // its last writes
@@ -437,7 +443,9 @@ struct OffloadEngine::Impl {
       host = c_pin.data(h.pin);
       if (!r.empty()) deps = {disk_cache_io(false, home.disk_offset, host, r, b, std::move(deps))};
     }
-    h.ready = r.empty() ? Ticket() : copy_cache(CopyKind::HostToDevice, c_gpu.data(h.gpu), host, r, b, std::move(deps));
+    if (r.empty()) h.ready = Ticket();
+    else if (mirror_only) h.ready = deps.front();
+    else h.ready = copy_cache(CopyKind::HostToDevice, c_gpu.data(h.gpu), host, r, b, std::move(deps));
   }
 
   // Moves the entries token i wrote back home; the slots are released by `after` once done.
@@ -448,6 +456,15 @@ struct OffloadEngine::Impl {
     const BatchState& b = unit(i, u);
     const Home& home = cache_home[size_t(b.batch)][size_t(j)];
     const SlotRange r = store_range(i, u);
+    if (h.gpu < 0) {  // a pinned mirror the CPU wrote the new entries into: to disk
+      if (!b.active.empty() && !r.empty()) {
+        Ticket t = disk_cache_io(true, home.disk_offset, c_pin.data(h.pin), r, b, {});
+        tickets.push_back(t);
+        c_stored[size_t(b.batch)][size_t(j)] = {t};
+      }
+      after.push_back([this, h] { free_slots(h, c_gpu, c_pin); });
+      return;
+    }
     if (!b.active.empty() && !r.empty()) {
       std::vector<Ticket>& stored = c_stored[size_t(b.batch)][size_t(j)];
       char* host = home.tier == Tier::Disk ? c_pin.data(h.pin) : home.ptr;
@@ -562,7 +579,8 @@ struct OffloadEngine::Impl {
     return {view(k_ptr), view(v_ptr)};
   }
 
-  // Attention on the CPU over the cache in pinned memory: q, k, v cross to the host, the output back.
+  // Attention on the CPU over the cache in pinned memory (its home, or a disk home's mirror): q, k,
+  // v cross to the host, the output back.
   void attend_on_cpu(int i, int u, int j, const Tensor& q, const Tensor& kk, const Tensor& v, const Tensor& out) {
     const auto t0 = Clock::now();
     const BatchState& b = unit(i, u);
@@ -573,7 +591,15 @@ struct OffloadEngine::Impl {
     be.copy_to_host(k_host, kk.data, kk.nbytes());
     be.copy_to_host(v_host, v.data, v.nbytes());
     auto host = [&](void* p, std::initializer_list<int64_t> dims) { return Tensor(p, dt, Device::CPU, dims); };
-    char* base = home.ptr + size_t(b.first_slot) * slot_pitch();
+    char* unit_base = home.ptr;
+    if (home.tier == Tier::Disk) {  // its pinned mirror, read by the disk lane
+      load_cache_async(i, j, u);
+      Held& h = c_held[size_t(u)][size_t(j)];
+      STRATA_CHECK(h.valid && h.token == i, "internal: kv cache mirror of layer " << j << " unit " << u << " missing");
+      if (h.ready.valid()) h.ready.get();
+      unit_base = c_pin.data(h.pin);
+    }
+    char* base = unit_base + size_t(b.first_slot) * slot_pitch();
     const Tensor ck = host(base, {b.slots(), shape.capacity(), cfg.n_kv_heads, cfg.head_dim});
     const Tensor cv = host(base + cache_half, {b.slots(), shape.capacity(), cfg.n_kv_heads, cfg.head_dim});
     const Tensor slots(const_cast<int32_t*>(b.step.slots.data()), DType::I32, Device::CPU, {T});

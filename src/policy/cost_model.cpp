@@ -170,8 +170,9 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   // Peak memory, linear in the fractions where the runtime's plan (placement.h) has steps. GPU:
   // global weights, the workspace, the homes of what is placed there, a double buffer for
   // offloaded weights, three staging slots for offloaded cache and hidden states: a prefill
-  // group's rows, or a whole GPU batch's cache where decode brings it to the GPU (from disk, or
-  // from the CPU without cpu_attention). CPU: homes, plus pinned mirrors of units on disk.
+  // group's rows, or a whole GPU batch's cache where decode brings it to the GPU (without
+  // cpu_attention). CPU: homes, plus pinned mirrors of units on disk (with cpu_attention the CPU
+  // attends over the mirror).
   const double Cm = z.cache_capacity, cache_unit = Cm / ngb, act_unit = Ap / ngb;
   const double cache_group = z.prefill_seqs * (s + n) * z.kv_per_token;
   const double act_stage = std::max(z.prefill_seqs * s, gbs) * z.hidden_per_token;
@@ -180,8 +181,7 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   G.constant = z.global_weights + z.workspace + 2 * W;
   add(G, l * W - 2 * W, {WG});  // resident layers need no transfer buffer
   add(G, l * Cm, {CG});
-  add(G, 3 * (cpu_attn ? cache_group : cache_unit), {CC});
-  add(G, 3 * cache_unit, {CD});
+  add(G, 3 * (cpu_attn ? cache_group : cache_unit), {CC, CD});
   add(G, Ap, {HG});
   add(G, 3 * act_stage, {HC, HD});
   LinearForm& C = F.peak[int(Tier::Cpu)];

@@ -78,9 +78,10 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   p.global_weight_bytes = align_up(global_block_layout(cfg, dtype).bytes, disk_align);
   p.cache_unit_bytes = 2 * align_up(size_t(gbs) * size_t(C) * kv_row, disk_align);
   // Decode brings a layer's cache to the GPU unless it is there already or the CPU attends to it
-  // in place; prefill always computes it on the GPU, a unit's slots at a time.
+  // (in place on the CPU tier, in a pinned mirror for disk); prefill always computes it on the
+  // GPU, a unit's slots at a time.
   bool decode_moves_cache = false;
-  for (Tier t : p.cache_tier) decode_moves_cache |= t == Tier::Disk || (t == Tier::Cpu && !policy.cpu_attention);
+  for (Tier t : p.cache_tier) decode_moves_cache |= t != Tier::Gpu && !policy.cpu_attention;
   const int stage_slots = decode_moves_cache ? gbs : p.prefill_seqs;
   p.cache_stage_bytes = 2 * align_up(size_t(stage_slots) * size_t(C) * kv_row, disk_align);
   const int units_per_batch = (gbs + p.prefill_seqs - 1) / p.prefill_seqs;
