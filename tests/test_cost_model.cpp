@@ -128,11 +128,12 @@ TEST_CASE("disk terms: weights and cache behind the CPU", "[cost]") {
   const double cache_avg = 32 * 528 * 4 * h, act = 32 * 2 * h, act_p = 32 * 512 * 2 * h;
   CHECK(r.decode.terms[DTOC] == Approx((0.5 * W + cache_avg) / 2e9));     // 239 ms
   CHECK(r.decode.terms[CTOD] == Approx(32 * 4 * h / 1e9));               // the new K, V
-  CHECK(r.decode.terms[CTOG] == Approx((W + cache_avg + act) / 10e9));   // everything crosses PCIe
-  CHECK(r.decode.terms[GTOC] == Approx((32 * 4 * h + act) / 10e9));
+  // Everything crosses PCIe; the hidden states twice a layer (after attention, after the MLP).
+  CHECK(r.decode.terms[CTOG] == Approx((W + cache_avg + 2 * act) / 10e9));
+  CHECK(r.decode.terms[GTOC] == Approx((32 * 4 * h + 2 * act) / 10e9));
   CHECK(r.prefill.terms[DTOC] == Approx(0.5 * W / 2e9));
   CHECK(r.prefill.terms[CTOD] == Approx(32 * 512 * 4 * h / 1e9));        // the prompt's cache written
-  CHECK(r.prefill.terms[CTOG] == Approx((W + act_p) / 10e9));
+  CHECK(r.prefill.terms[CTOG] == Approx((W + 2 * act_p) / 10e9));
   CHECK(r.decode.bound == DTOC);
 }
 
@@ -172,9 +173,10 @@ TEST_CASE("peak memory per tier", "[cost]") {
   const double cache_layer = 32 * 544 * 4 * h;  // one layer's cache at s + n, whole block
   const double cache_unit = cache_layer / 4;    // one GPU batch's
   const double act = 32 * 512 * 2 * h;          // hidden states of the block at prefill
-  // GPU: global weights, workspace, 8 resident layers, a double buffer for the 24 others
-  // (2 W x 75%), three staging units for the offloaded cache, the hidden states.
-  CHECK(r.peak.gpu == Approx(global + ws + 32 * W * 0.25 + 2 * W * 0.75 + 3 * cache_unit + act));
+  // GPU: global weights, workspace, 8 resident layers, one layer's buffer (its two halves) for
+  // the 24 others (W x 75%, linearized), three staging units for the offloaded cache, the hidden
+  // states.
+  CHECK(r.peak.gpu == Approx(global + ws + 32 * W * 0.25 + W * 0.75 + 3 * cache_unit + act));
   // CPU: 24 layers and the whole cache.
   CHECK(r.peak.cpu == Approx(32 * W * 0.75 + 32 * cache_layer));
   CHECK(r.peak.disk == 0);
@@ -186,12 +188,12 @@ TEST_CASE("peak memory per tier", "[cost]") {
   ca.cpu_attention = true;
   const Prediction c = evaluate(opt67(), ca, wl, hw);
   const double cpu_attn_host = 8 * (2.0 * (2 * h + 2 * h) + 4.0 * 32 * 544);  // q/k/v/out and fp32 scores
-  CHECK(c.peak.gpu == Approx(global + ws + 32 * W * 0.25 + 2 * W * 0.75 + 3 * (2 * 544 * 4 * h) + 3 * (2 * 512 * 2 * h)));
+  CHECK(c.peak.gpu == Approx(global + ws + 32 * W * 0.25 + W * 0.75 + 3 * (2 * 544 * 4 * h) + 3 * (2 * 512 * 2 * h)));
   CHECK(c.peak.cpu == Approx(32 * W * 0.75 + 32 * cache_layer + act + cpu_attn_host));
 
-  // Disk-resident parts need pinned staging on the CPU: 2 layers of weights, 3 cache units.
+  // Disk-resident parts need pinned staging on the CPU: a layer's halves, 3 cache units.
   const Prediction d = evaluate(opt67(), shape(8, 4, {0, 50, 50}, {0, 0, 100}, {0, 100, 0}), wl, hw);
-  CHECK(d.peak.cpu == Approx(16 * W + 2 * W * 0.5 + 3 * cache_unit + act));
+  CHECK(d.peak.cpu == Approx(16 * W + W * 0.5 + 3 * cache_unit + act));
   CHECK(d.peak.disk == Approx(16 * W + 32 * cache_layer));
 }
 

@@ -185,8 +185,15 @@ TEST_CASE("placement follows the policy's percentages by cumulative size", "[off
   CHECK(plan.cache_unit_bytes == 2u * 4u * 544u * 4096u * 2u);
   CHECK(plan.kv_cache.disk == Approx(32.0 * 2 * double(plan.cache_unit_bytes)));
   CHECK(plan.kv_cache.gpu == 0);
-  // Weights move, so the GPU holds two layer buffers; the cache moves, so three staging units.
-  CHECK(plan.working.gpu >= 2.0 * 402759680.0 + 3.0 * double(plan.cache_unit_bytes));
+  // A layer's halves: attention (2 norms of 4096, 4 projections of 4096 x 4096 with biases) and
+  // MLP (2 norms, fc1 and fc2 of 16384 x 4096 with biases), each already 4 KiB-aligned here.
+  CHECK(plan.attn_weight_bytes == size_t(2 * 4096 * 2 + 4 * (4096 * 4096 + 4096) * 2));
+  CHECK(plan.mlp_weight_bytes == size_t(2 * 4096 * 2 + (2 * 16384 * 4096 + 16384 + 4096) * 2));
+  // Weights move half a layer at a time, so the GPU holds one layer's buffer (a slot per half);
+  // the cache moves (no CPU attention), so three staging units of a whole GPU batch.
+  CHECK(plan.cache_stage_bytes == plan.cache_unit_bytes);
+  CHECK(plan.working.gpu >= 402759680.0 + 3.0 * double(plan.cache_unit_bytes));
+  CHECK(plan.working.gpu < 402759680.0 + 3.0 * double(plan.cache_unit_bytes) + 3.0 * (1 << 30));
   CHECK(plan.working.cpu >= 3.0 * double(plan.cache_unit_bytes));  // pinned staging for disk reads
 }
 
@@ -226,12 +233,13 @@ TEST_CASE("the GPU working set follows the prefill step, not the batch's prompts
   CHECK(plan.act_stage_bytes == plan.act_piece_bytes);
   CHECK(plan.act_unit_bytes == 24 * plan.act_piece_bytes);  // the whole batch's prefill hidden state at home
   const double workspace = 1024.0 * (5 * 7168 + 2 * 28672) * 2 + 48.0 * (7168 + 50272) * 2 + 1024.0 * 4 * 4 + 48 * 4;
-  const double staging = 2.0 * double(plan.layer_weight_bytes) + 3.0 * double(plan.cache_stage_bytes) +
-                         3.0 * double(plan.act_stage_bytes);
+  const double staging = double(plan.attn_weight_bytes + plan.mlp_weight_bytes) +
+                         3.0 * double(plan.cache_stage_bytes) + 3.0 * double(plan.act_stage_bytes);
   CHECK(plan.working.gpu >= workspace + staging);
   CHECK(plan.working.gpu < workspace + staging + 16 * 4096);  // each piece rounded up to 4 KiB
-  // The whole-batch prefill of the first runtime needed 9.6 GiB of working buffers here.
-  CHECK(plan.working.gpu < 3.0 * (1ull << 30));
+  // The whole-batch prefill of the first runtime needed 9.6 GiB of working buffers here (with a
+  // two-layer weight double buffer of 2.3 GiB); now one layer's halves, 1.15 GiB.
+  CHECK(plan.working.gpu < 1.5 * (1ull << 30));
   // Smaller steps shrink the workspace; the staging follows whole prompts (one at least).
   p.prefill_tokens = 256;
   const PlacementPlan small = plan_placement(cfg, p, {512, 32}, DType::F16);

@@ -143,11 +143,13 @@ struct OffloadEngine::Impl {
   char* pinned_mem = nullptr;
   std::unique_ptr<DiskStore> disk;
   Region gpu, cpu;
-  SlotPool w_gpu, w_pin, c_gpu, c_pin, a_gpu, a_pin;
+  SlotPool w_gpu[2], w_pin[2];  // [half]: one slot each for a layer's attention and MLP tensors
+  SlotPool c_gpu, c_pin, a_gpu, a_pin;
   DiskIoStats disk_at_start;
 
   // Homes.
-  BlockLayout layer_layout;
+  HalvedLayout halves;         // a layer's block: attention tensors, then MLP tensors page-aligned
+  BlockLayout half_layout[2];  // each half's tensors, offsets from the half's start
   ModelWeights globals;  // embeddings, final norm, head and inv_freq; layers unused
   std::vector<Home> weight_home;
   std::vector<LayerWeights> resident_layers;  // views of GPU-homed layers
@@ -175,12 +177,12 @@ struct OffloadEngine::Impl {
 
   // Per block.
   std::vector<BatchState> prefill_units, decode_units;  // the steps' sequence groups
-  std::vector<Held> w_held;                 // [layer]
+  std::vector<Held> w_held;                 // [sub-layer]: 2 j for layer j's attention, 2 j + 1 its MLP
   std::vector<std::vector<Held>> c_held;    // [unit][layer]
   std::vector<std::vector<std::vector<Ticket>>> c_stored;  // [batch][layer]: stores a reload waits for
   std::vector<Held> a_held;                 // [unit]
   std::vector<Ticket> a_stored;             // [unit]: store of its hidden state
-  std::vector<int> a_stored_layer;          // [unit]: the layer whose output is at home ...
+  std::vector<int> a_stored_layer;          // [unit]: the sub-layer whose output is at home ...
   std::vector<int> a_stored_token;          // [unit]: ... and the token it is for
   std::unique_ptr<StepSampler> sampler;
 
@@ -235,14 +237,22 @@ struct OffloadEngine::Impl {
       globals.inv_freq = Tensor(p, DType::F32, be.device(), {int64_t(inv.size())});
     }
 
-    layer_layout = layer_block_layout(cfg, 0, dt);
+    halves = halved_layer_layout(cfg, 0, dt, kPage);
+    for (size_t i = 0; i < halves.layout.specs.size(); ++i) {
+      const int half = halves.layout.offsets[i] >= halves.mlp_offset ? 1 : 0;
+      half_layout[half].specs.push_back(halves.layout.specs[i]);
+      half_layout[half].offsets.push_back(halves.layout.offsets[i] - (half ? halves.mlp_offset : 0));
+    }
+    half_layout[0].dtype = half_layout[1].dtype = dt;
+    half_layout[0].bytes = halves.attn_bytes;
+    half_layout[1].bytes = halves.mlp_bytes;
     const size_t bytes = plan.layer_weight_bytes;
     // Disk-bound layers pass through an aligned host buffer (O_DIRECT wants aligned memory).
     std::unique_ptr<char, void (*)(void*)> bounce(static_cast<char*>(std::aligned_alloc(kPage, bytes)), std::free);
     weight_home.resize(size_t(L));
     resident_layers.resize(size_t(L));
     for (int l = 0; l < L; ++l) {
-      const BlockLayout layout = layer_block_layout(cfg, l, dt);  // same offsets, this layer's names
+      const BlockLayout layout = halved_layer_layout(cfg, l, dt, kPage).layout;  // same offsets, this layer's names
       Home& h = weight_home[size_t(l)] = place(plan.weight_tier[size_t(l)], bytes, "layer weights");
       if (h.tier == Tier::Cpu) {
         read_block(layout, src, h.ptr, used);
@@ -253,7 +263,7 @@ struct OffloadEngine::Impl {
       read_block(layout, src, bounce.get(), used);
       if (h.tier == Tier::Gpu) {
         be.copy_to_device(h.ptr, bounce.get(), bytes);
-        resident_layers[size_t(l)] = layer_views(layer_layout, h.ptr, be.device());
+        resident_layers[size_t(l)] = layer_views(halves.layout, h.ptr, be.device());
       } else {
         disk->write(h.disk_offset, bounce.get(), bytes);
       }
@@ -274,10 +284,18 @@ struct OffloadEngine::Impl {
     const int64_t max_tokens = plan.step_tokens;
     ops.bind_workspace(gpu.take(ForwardOps::workspace_bytes(cfg, dt, max_tokens, gbs), "workspace"), max_tokens, gbs);
     stage_half = plan.cache_stage_bytes / 2;
-    if (moves(plan.weight_tier)) w_gpu = SlotPool("gpu weight buffer", gpu, 2, plan.layer_weight_bytes);
+    // A layer streams half by half (attention, then MLP), each half loading while the other
+    // computes: one slot per half is the double buffer.
+    if (moves(plan.weight_tier)) {
+      w_gpu[0] = SlotPool("gpu attention weight buffer", gpu, 1, halves.attn_bytes);
+      w_gpu[1] = SlotPool("gpu mlp weight buffer", gpu, 1, halves.mlp_bytes);
+    }
     if (moves(plan.cache_tier)) c_gpu = SlotPool("gpu cache staging", gpu, 3, plan.cache_stage_bytes);
     if (moves(plan.act_tier)) a_gpu = SlotPool("gpu activation staging", gpu, 3, plan.act_stage_bytes);
-    if (on_disk(plan.weight_tier)) w_pin = SlotPool("pinned weight buffer", cpu, 2, plan.layer_weight_bytes);
+    if (on_disk(plan.weight_tier)) {
+      w_pin[0] = SlotPool("pinned attention weight buffer", cpu, 1, halves.attn_bytes);
+      w_pin[1] = SlotPool("pinned mlp weight buffer", cpu, 1, halves.mlp_bytes);
+    }
     if (on_disk(plan.cache_tier)) c_pin = SlotPool("pinned cache staging", cpu, 3, plan.cache_unit_bytes);
     if (on_disk(plan.act_tier)) a_pin = SlotPool("pinned activation staging", cpu, 3, plan.act_unit_bytes);
 
@@ -402,26 +420,29 @@ struct OffloadEngine::Impl {
   bool cache_moves(int i, int j) const { return plan.cache_tier[size_t(j)] != Tier::Gpu && !delegated(i, j); }
   bool mirrored(int i, int j) const { return delegated(i, j) && plan.cache_tier[size_t(j)] == Tier::Disk; }
 
-  void load_weights_async(int j) {
-    Held& h = w_held[size_t(j)];
+  // Sub-layer jj: half jj % 2 (0 attention, 1 MLP) of layer jj / 2.
+  void load_weights_async(int jj) {
+    Held& h = w_held[size_t(jj)];
+    const int j = jj / 2, half = jj % 2;
     if (plan.weight_tier[size_t(j)] == Tier::Gpu || h.valid) return;
     const Home& home = weight_home[size_t(j)];
     h.valid = true;
-    h.gpu = w_gpu.acquire();
-    const size_t bytes = plan.layer_weight_bytes;
-    char* src = home.ptr;
+    h.gpu = w_gpu[half].acquire();
+    const size_t offset = half ? halves.mlp_offset : 0, bytes = half ? halves.mlp_bytes : halves.attn_bytes;
+    const char* src = home.ptr + offset;
     std::vector<Ticket> deps;
     if (home.tier == Tier::Disk) {
-      h.pin = w_pin.acquire();
-      src = w_pin.data(h.pin);
-      deps.push_back(disk_io(false, home.disk_offset, src, bytes, "weights read", {}));
+      h.pin = w_pin[half].acquire();
+      src = w_pin[half].data(h.pin);
+      deps.push_back(disk_io(false, home.disk_offset + offset, w_pin[half].data(h.pin), bytes, "weights read", {}));
     }
-    h.ready = copy_flat(CopyKind::HostToDevice, w_gpu.data(h.gpu), src, bytes, "weights", std::move(deps));
+    h.ready = copy_flat(CopyKind::HostToDevice, w_gpu[half].data(h.gpu), src, bytes, half ? "weights (mlp)" : "weights (attention)",
+                        std::move(deps));
   }
 
-  void release_weights(int j) {
-    free_slots(w_held[size_t(j)], w_gpu, w_pin);
-    w_held[size_t(j)] = Held();
+  void release_weights(int jj) {
+    free_slots(w_held[size_t(jj)], w_gpu[jj % 2], w_pin[jj % 2]);
+    w_held[size_t(jj)] = Held();
   }
 
   // Brings unit u's cache of layer j to where token i uses it: a GPU staging slot (through a
@@ -483,16 +504,16 @@ struct OffloadEngine::Impl {
 
   size_t act_bytes(int i, int u) const { return unit(i, u).step.tokens.size() * size_t(cfg.hidden) * esize; }
 
-  // Loads unit u's hidden state (the input of layer j) into a staging slot, after its store.
-  void load_act_async(int i, int j, int u) {
+  // Loads unit u's hidden state (the input of sub-layer jj) into a staging slot, after its store.
+  void load_act_async(int i, int jj, int u) {
     Held& h = a_held[size_t(u)];
     const BatchState& b = unit(i, u);
     const Home& home = act_home[size_t(b.batch)];
-    if (home.tier == Tier::Gpu || h.valid || j == 0) return;
+    if (home.tier == Tier::Gpu || h.valid || jj == 0) return;
     // Not stored yet (one or two units a layer): it is loaded right before its compute instead.
-    if (a_stored_layer[size_t(u)] != j - 1 || a_stored_token[size_t(u)] != i) return;
+    if (a_stored_layer[size_t(u)] != jj - 1 || a_stored_token[size_t(u)] != i) return;
     h.valid = true;
-    h.layer = j;
+    h.layer = jj;
     h.gpu = a_gpu.acquire();
     const size_t bytes = act_bytes(i, u);
     char* host = home.ptr + b.act_offset;
@@ -505,13 +526,13 @@ struct OffloadEngine::Impl {
     h.ready = copy_flat(CopyKind::HostToDevice, a_gpu.data(h.gpu), host, bytes, "activations", std::move(deps));
   }
 
-  void store_act(int i, int j, int u, std::vector<Ticket>& tickets, std::vector<std::function<void()>>& after) {
+  void store_act(int i, int jj, int u, std::vector<Ticket>& tickets, std::vector<std::function<void()>>& after) {
     Held h = a_held[size_t(u)];
     if (!h.valid) return;
     a_held[size_t(u)] = Held();
     const BatchState& b = unit(i, u);
     const Home& home = act_home[size_t(b.batch)];
-    if (j < L - 1 && !b.active.empty()) {  // the last layer's output is not needed again
+    if (jj < 2 * L - 1 && !b.active.empty()) {  // the last sub-layer's output is not needed again
       const size_t bytes = act_bytes(i, u);
       char* host = home.tier == Tier::Disk ? a_pin.data(h.pin >= 0 ? h.pin : (h.pin = a_pin.acquire())) : home.ptr;
       host += b.act_offset;
@@ -520,23 +541,25 @@ struct OffloadEngine::Impl {
         t = disk_io(true, home.disk_offset + b.act_offset, host, bytes, "activations write", {t});
       tickets.push_back(t);
       a_stored[size_t(u)] = t;
-      a_stored_layer[size_t(u)] = j;
+      a_stored_layer[size_t(u)] = jj;
       a_stored_token[size_t(u)] = i;
     }
     after.push_back([this, h] { free_slots(h, a_gpu, a_pin); });
   }
 
   // ---------------------------------------------------------------- compute
-  const LayerWeights& weights_for(int j) {
+  // Sub-layer jj's weights on the GPU; a staged half has only that half's tensors.
+  const LayerWeights& weights_for(int jj) {
+    const int j = jj / 2, half = jj % 2;
     if (plan.weight_tier[size_t(j)] == Tier::Gpu) return resident_layers[size_t(j)];
-    load_weights_async(j);  // no-op when prefetched
-    Held& h = w_held[size_t(j)];
+    load_weights_async(jj);  // no-op when prefetched
+    Held& h = w_held[size_t(jj)];
     if (h.ready.valid()) h.ready.get();
-    staged_weights = layer_views(layer_layout, w_gpu.data(h.gpu), be.device());
+    staged_weights = layer_views(half_layout[half], w_gpu[half].data(h.gpu), be.device());
     return staged_weights;
   }
 
-  Tensor hidden_for(int i, int j, int u, int64_t T) {
+  Tensor hidden_for(int i, int jj, int u, int64_t T) {
     const BatchState& b = unit(i, u);
     const Home& home = act_home[size_t(b.batch)];
     char* p = nullptr;
@@ -544,14 +567,14 @@ struct OffloadEngine::Impl {
       p = home.ptr + b.act_offset;
     } else {
       Held& h = a_held[size_t(u)];
-      if (j == 0) {
-        STRATA_CHECK(!h.valid, "internal: unit " << u << " holds a hidden state at layer 0");
+      if (jj == 0) {
+        STRATA_CHECK(!h.valid, "internal: unit " << u << " holds a hidden state at sub-layer 0");
         h.valid = true;
         h.layer = 0;
         h.gpu = a_gpu.acquire();
       } else {
-        load_act_async(i, j, u);
-        STRATA_CHECK(h.valid && h.layer == j, "internal: hidden state of unit " << u << " for layer " << j << " missing");
+        load_act_async(i, jj, u);
+        STRATA_CHECK(h.valid && h.layer == jj, "internal: hidden state of unit " << u << " for sub-layer " << jj << " missing");
         if (h.ready.valid()) h.ready.get();
       }
       p = a_gpu.data(h.gpu);
@@ -636,20 +659,23 @@ struct OffloadEngine::Impl {
     }
   }
 
-  void compute(int i, int j, int u) {
+  // Sub-layer jj (layer jj / 2's attention block when even, its MLP block when odd) for unit u.
+  void compute(int i, int jj, int u) {
     BatchState& b = unit(i, u);
-    if (j == 0) build_step(i, u);
+    const int j = jj / 2;
+    const bool attention = jj % 2 == 0;
+    if (jj == 0) build_step(i, u);
     if (b.active.empty()) return;
     ScopedSpan span(trace, compute_track,
-                    "t" + std::to_string(i) + " L" + std::to_string(j) + " B" + std::to_string(b.batch) +
-                        (i == 0 ? " s" + std::to_string(b.first_slot) : std::string()),
+                    "t" + std::to_string(i) + " L" + std::to_string(j) + (attention ? "a" : "m") + " B" +
+                        std::to_string(b.batch) + (i == 0 ? " s" + std::to_string(b.first_slot) : std::string()),
                     &compute_busy);
     const int64_t T = int64_t(b.step.tokens.size());
-    const LayerWeights& w = weights_for(j);
-    const Tensor x = hidden_for(i, j, u, T);
-    const bool cpu = delegated(i, j);
+    const LayerWeights& w = weights_for(jj);
+    const Tensor x = hidden_for(i, jj, u, T);
+    const bool cpu = attention && delegated(i, j);
     Tensor ck, cv;
-    if (!cpu) std::tie(ck, cv) = cache_for(i, j, u);
+    if (attention && !cpu) std::tie(ck, cv) = cache_for(i, j, u);
     // Steps of at most the workspace's tokens: a group whose prompts outgrow it runs in pieces, in
     // order, so each piece finds the earlier pieces' keys in the cache.
     const int64_t step_max = ops.max_tokens();
@@ -658,16 +684,18 @@ struct OffloadEngine::Impl {
       const int64_t t1 = std::min(T, t0 + step_max);
       ops.begin_step(slice(b.step, t0, t1), b.slots(), shape.capacity());
       const Tensor xs = x.rows(t0, t1 - t0);
-      if (j == 0) ops.embed(globals, xs);
-      if (cpu)
-        ops.layer(w, globals.inv_freq, xs, Tensor(), Tensor(),
-                  [&](const Tensor& q, const Tensor& kk, const Tensor& v, const Tensor& out) {
-                    attend_on_cpu(i, u, j, q, kk, v, out);
-                  });
+      if (jj == 0) ops.embed(globals, xs);
+      if (!attention)
+        ops.mlp_block(w, xs);
+      else if (cpu)
+        ops.attention_block(w, globals.inv_freq, xs, Tensor(), Tensor(),
+                            [&](const Tensor& q, const Tensor& kk, const Tensor& v, const Tensor& out) {
+                              attend_on_cpu(i, u, j, q, kk, v, out);
+                            });
       else
-        ops.layer(w, globals.inv_freq, xs, ck, cv);
+        ops.attention_block(w, globals.inv_freq, xs, ck, cv);
     }
-    if (j == L - 1) {
+    if (jj == 2 * L - 1) {
       ops.select_logit_rows(b.step.logit_rows, T);
       const Tensor logits = ops.head(globals, x);
       if (i == 0)
@@ -689,42 +717,47 @@ struct OffloadEngine::Impl {
   }
 
   // ---------------------------------------------------------------- the schedule
-  // Whether two units hold some of the same cache and hidden-state rows of one layer.
-  bool same_rows(int i, int u, int j, int ni, int nu, int nj) const {
+  // Whether two units hold some of the same cache and hidden-state rows at one sub-layer.
+  bool same_rows(int i, int u, int jj, int ni, int nu, int njj) const {
     const BatchState &a = unit(i, u), &b = unit(ni, nu);
-    return j == nj && a.batch == b.batch && a.first_slot < b.first_slot + b.slots() &&
+    return jj == njj && a.batch == b.batch && a.first_slot < b.first_slot + b.slots() &&
            b.first_slot < a.first_slot + a.slots();
   }
 
-  // One step of Algorithm 1: prefetch the next layer's weights, store the previous step's cache
-  // and hidden state, load the next step's, compute this one, then wait for all of it. A step is
-  // (token i, layer j, unit u): in prefill a group of a GPU batch's sequences, in decode a batch.
-  void step(int i, int j, int u, int n_tokens, bool has_prev, int pi, int pj, int pu) {
+  // One step of Algorithm 1: prefetch the next sub-layer's weights, store the previous step's
+  // cache and hidden state, load the next step's, compute this one, then wait for all of it. A
+  // step is (token i, sub-layer jj, unit u): the sub-layers are each layer's attention block and
+  // its MLP block (FlexGen's "layers"), so a layer's weights stream half by half; the units are,
+  // in prefill, groups of a GPU batch's sequences, in decode the GPU batches.
+  void step(int i, int jj, int u, int n_tokens, bool has_prev, int pi, int pjj, int pu) {
     std::vector<Ticket> tickets;
     std::vector<std::function<void()>> after;
+    const int subs = 2 * L;
     try {
-      if (u == 0 && (j + 1 < L || i + 1 < n_tokens)) {
-        load_weights_async((j + 1) % L);
-        if (w_held[size_t((j + 1) % L)].ready.valid()) tickets.push_back(w_held[size_t((j + 1) % L)].ready);
+      if (u == 0 && (jj + 1 < subs || i + 1 < n_tokens)) {
+        load_weights_async((jj + 1) % subs);
+        if (w_held[size_t((jj + 1) % subs)].ready.valid()) tickets.push_back(w_held[size_t((jj + 1) % subs)].ready);
       }
       if (has_prev) {
-        store_cache(pi, pj, pu, tickets, after);
-        store_act(pi, pj, pu, tickets, after);
+        if (pjj % 2 == 0) store_cache(pi, pjj / 2, pu, tickets, after);  // only attention touches the cache
+        store_act(pi, pjj, pu, tickets, after);
       }
-      int ni = i, nj = j, nu = u + 1;
-      if (nu == n_units(i)) nu = 0, ++nj;
-      if (nj == L) nj = 0, ++ni;
-      // The next step's rows are this step's own when the block has one layer and one unit; they
-      // cannot be prefetched before this step stores them.
-      if (ni < n_tokens && !same_rows(i, u, j, ni, nu, nj)) {
-        load_cache_async(ni, nj, nu);
-        if (c_held[size_t(nu)][size_t(nj)].ready.valid()) tickets.push_back(c_held[size_t(nu)][size_t(nj)].ready);
-        if (!(nj == 0)) {
-          load_act_async(ni, nj, nu);
+      int ni = i, njj = jj, nu = u + 1;
+      if (nu == n_units(i)) nu = 0, ++njj;
+      if (njj == subs) njj = 0, ++ni;
+      // The next step's rows are this step's own when the block has one sub-layer and one unit;
+      // they cannot be prefetched before this step stores them.
+      if (ni < n_tokens && !same_rows(i, u, jj, ni, nu, njj)) {
+        if (njj % 2 == 0) {
+          load_cache_async(ni, njj / 2, nu);
+          if (c_held[size_t(nu)][size_t(njj / 2)].ready.valid()) tickets.push_back(c_held[size_t(nu)][size_t(njj / 2)].ready);
+        }
+        if (njj != 0) {
+          load_act_async(ni, njj, nu);
           if (a_held[size_t(nu)].ready.valid()) tickets.push_back(a_held[size_t(nu)].ready);
         }
       }
-      compute(i, j, u);
+      compute(i, jj, u);
       wait_all(tickets);
     } catch (...) {
       try {
@@ -735,7 +768,7 @@ struct OffloadEngine::Impl {
       throw;
     }
     for (auto& f : after) f();
-    if (u == n_units(i) - 1) release_weights(j);
+    if (u == n_units(i) - 1) release_weights(jj);
   }
 
   // Groups the block's sequences into the decode units (one per GPU batch) and the prefill units
@@ -782,7 +815,7 @@ struct OffloadEngine::Impl {
     }
     build_units(seqs);
     const size_t units = std::max(prefill_units.size(), decode_units.size());
-    w_held.assign(size_t(L), {});
+    w_held.assign(size_t(2 * L), {});
     c_held.assign(units, std::vector<Held>(size_t(L)));
     c_stored.assign(size_t(ngb), std::vector<std::vector<Ticket>>(size_t(L)));
     a_held.assign(units, {});
@@ -794,14 +827,14 @@ struct OffloadEngine::Impl {
     GenStats local;
     const auto t_start = Clock::now();
     bool has_prev = false;
-    int pi = 0, pj = 0, pu = 0;
+    int pi = 0, pjj = 0, pu = 0;
     try {
       for (int i = 0; i < n_tokens; ++i) {
         const auto t_token = Clock::now();
-        for (int j = 0; j < L; ++j)
+        for (int jj = 0; jj < 2 * L; ++jj)
           for (int u = 0; u < n_units(i); ++u) {
-            step(i, j, u, n_tokens, has_prev, pi, pj, pu);
-            has_prev = true, pi = i, pj = j, pu = u;
+            step(i, jj, u, n_tokens, has_prev, pi, pjj, pu);
+            has_prev = true, pi = i, pjj = jj, pu = u;
           }
         (i == 0 ? local.prefill_seconds : local.decode_seconds) += seconds_since(t_token);
         if (i > 0) ++local.decode_steps;

@@ -123,19 +123,22 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   const double cache_new = bls * z.kv_per_token;          // one decode step's K and V
   const double cache_avg_fp16 = z.cache_avg / (z.kv_per_token / z.kv_per_token_fp16);
   const double Ap = z.act_prefill, Ag = z.act_decode;
+  // The runtime steps through a layer's attention and MLP blocks separately (its weights stream
+  // half by half), so an offloaded hidden state goes out and comes back twice per layer.
+  const double Ap_moved = 2 * Ap, Ag_moved = 2 * Ag;
 
   // Prefill of one layer. Weights not on the GPU cross PCIe (from disk through the CPU); the
   // prompt's KV cache and the hidden states go out to their tiers and the hidden states come back
   // for the next layer. Attention runs on the GPU (FlexGen delegates only decode attention).
   auto& P = F.prefill;
   add(P[CTOG], W / ctog, {WC, WD});
-  add(P[CTOG], Ap / ctog, {HC, HD});
+  add(P[CTOG], Ap_moved / ctog, {HC, HD});
   add(P[GTOC], cache_prefill / gtoc, {CC, CD});
-  add(P[GTOC], Ap / gtoc, {HC, HD});
+  add(P[GTOC], Ap_moved / gtoc, {HC, HD});
   add(P[DTOC], W / dtoc, {WD});
-  add(P[DTOC], Ap / dtoc, {HD});
+  add(P[DTOC], Ap_moved / dtoc, {HD});
   add(P[CTOD], cache_prefill / ctod, {CD});
-  add(P[CTOD], Ap / ctod, {HD});
+  add(P[CTOD], Ap_moved / ctod, {HD});
   P[COMP].constant = bls * s * z.layer_flops_per_token / hw.gemm_flops(std::min(z.step_tokens, gbs * s)) +
                      bls * 4.0 * s * s * cfg.q_dim() / hw.gemm_flops(s);  // QK^T and AV per head
   if (cw) P[COMP].constant += z.layer_weights_fp16 / dequant_bw;
@@ -145,8 +148,8 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   // runs on the CPU: q, k, v go down and the attention output comes back instead of the cache.
   auto& D = F.decode;
   add(D[CTOG], W / ctog, {WC, WD});
-  add(D[CTOG], Ag / ctog, {HC, HD});
-  add(D[GTOC], Ag / gtoc, {HC, HD});
+  add(D[CTOG], Ag_moved / ctog, {HC, HD});
+  add(D[GTOC], Ag_moved / gtoc, {HC, HD});
   if (cpu_attn) {
     const double qkv = bls * 2.0 * (cfg.q_dim() + 2.0 * cfg.kv_dim()), out = bls * 2.0 * cfg.q_dim();
     add(D[CTOG], out / ctog, {CC, CD});
@@ -157,9 +160,9 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   }
   add(D[DTOC], W / dtoc, {WD});
   add(D[DTOC], z.cache_avg / dtoc, {CD});
-  add(D[DTOC], Ag / dtoc, {HD});
+  add(D[DTOC], Ag_moved / dtoc, {HD});
   add(D[CTOD], cache_new / ctod, {CD});
-  add(D[CTOD], Ag / ctod, {HD});
+  add(D[CTOD], Ag_moved / ctod, {HD});
   D[COMP].constant = bls * z.layer_flops_per_token / hw.gemm_flops(gbs);
   if (cw) D[COMP].constant += z.layer_weights_fp16 / dequant_bw;  // once per layer, shared by the GPU batches
   // Attention reads the fp16 cache (after dequantization when compressed) where it is computed.
@@ -168,8 +171,8 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   add(D[COMP], cpu_attn ? cache_avg_fp16 / hw.cpu_attention_bw : gpu_attn, {CC, CD});
 
   // Peak memory, linear in the fractions where the runtime's plan (placement.h) has steps. GPU:
-  // global weights, the workspace, the homes of what is placed there, a double buffer for
-  // offloaded weights, three staging slots for offloaded cache and hidden states: a prefill
+  // global weights, the workspace, the homes of what is placed there, one layer's buffer for
+  // offloaded weights (its halves load in turn), three staging slots for offloaded cache and hidden states: a prefill
   // group's rows, or a whole GPU batch's cache where decode brings it to the GPU (without
   // cpu_attention). CPU: homes, plus pinned mirrors of units on disk (with cpu_attention the CPU
   // attends over the mirror).
@@ -178,15 +181,15 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   const double act_stage = std::max(z.prefill_seqs * s, gbs) * z.hidden_per_token;
   const double cache_fp16_ratio = z.kv_per_token_fp16 / z.kv_per_token;
   LinearForm& G = F.peak[int(Tier::Gpu)];
-  G.constant = z.global_weights + z.workspace + 2 * W;
-  add(G, l * W - 2 * W, {WG});  // resident layers need no transfer buffer
+  G.constant = z.global_weights + z.workspace + W;
+  add(G, l * W - W, {WG});  // resident layers need no transfer buffer
   add(G, l * Cm, {CG});
   add(G, 3 * (cpu_attn ? cache_group : cache_unit), {CC, CD});
   add(G, Ap, {HG});
   add(G, 3 * act_stage, {HC, HD});
   LinearForm& C = F.peak[int(Tier::Cpu)];
   add(C, l * W, {WC});
-  add(C, 2 * W, {WD});
+  add(C, W, {WD});
   add(C, l * Cm, {CC});
   add(C, 3 * cache_unit, {CD});
   add(C, Ap, {HC});

@@ -74,7 +74,11 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   p.act_tier = assign_tiers(ngb, policy.activations);  // one hidden state per GPU batch
 
   const size_t kv_row = size_t(cfg.kv_dim()) * e, h_row = size_t(cfg.hidden) * e;
-  p.layer_weight_bytes = align_up(layer_block_layout(cfg, 0, dtype).bytes, disk_align);
+  // A layer's block as it streams: its attention half, then its MLP half, each page-aligned.
+  const HalvedLayout halves = halved_layer_layout(cfg, 0, dtype, disk_align);
+  p.layer_weight_bytes = halves.layout.bytes;
+  p.attn_weight_bytes = halves.attn_bytes;
+  p.mlp_weight_bytes = halves.mlp_bytes;
   p.global_weight_bytes = align_up(global_block_layout(cfg, dtype).bytes, disk_align);
   p.cache_unit_bytes = 2 * align_up(size_t(gbs) * size_t(C) * kv_row, disk_align);
   // Decode brings a layer's cache to the GPU unless it is there already or the CPU attends to it
@@ -109,13 +113,15 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   // Every piece is carved at 4 KiB alignment (src/offload/tiers.cpp), so count it rounded up.
   w.gpu += double(align_up(ForwardOps::workspace_bytes(cfg, dtype, p.step_tokens, gbs), disk_align));
   if (cfg.pos == PosKind::Rope) w.gpu += double(align_up(size_t(cfg.head_dim / 2) * 4, disk_align));
-  // Staging: the unit computed, the next one loaded and the previous one stored.
-  if (weights_move) w.gpu += 2.0 * double(p.layer_weight_bytes);
+  // Weights stream half a layer at a time, each half loading while the other computes: one
+  // buffer per half, one layer in all. Cache and hidden states: the unit computed, the next one
+  // loaded and the previous one stored.
+  if (weights_move) w.gpu += double(p.attn_weight_bytes + p.mlp_weight_bytes);
   if (cache_moves) w.gpu += 3.0 * double(p.cache_stage_bytes);
   if (acts_move) w.gpu += 3.0 * double(p.act_stage_bytes);
   // Disk transfers pass through pinned mirrors of whole units (O_DIRECT needs the file's page
   // alignment in memory too).
-  if (count(p.weight_tier, Tier::Disk) > 0) w.cpu += 2.0 * double(p.layer_weight_bytes);
+  if (count(p.weight_tier, Tier::Disk) > 0) w.cpu += double(p.attn_weight_bytes + p.mlp_weight_bytes);
   if (count(p.cache_tier, Tier::Disk) > 0) w.cpu += 3.0 * double(p.cache_unit_bytes);
   if (count(p.act_tier, Tier::Disk) > 0) w.cpu += 3.0 * double(p.act_unit_bytes);
   if (policy.cpu_attention && count(p.cache_tier, Tier::Gpu) < L) {

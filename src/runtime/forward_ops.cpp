@@ -100,12 +100,18 @@ void ForwardOps::embed(const ModelWeights& w, const Tensor& x) {
 
 void ForwardOps::layer(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x, const Tensor& cache_k,
                        const Tensor& cache_v, const AttentionFn& attend) {
+  attention_block(w, inv_freq, x, cache_k, cache_v, attend);
+  mlp_block(w, x);
+}
+
+void ForwardOps::attention_block(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x,
+                                 const Tensor& cache_k, const Tensor& cache_v, const AttentionFn& attend) {
   const int64_t T = T_;
   const Tensor xn = xn_.rows(0, T), pos = pos_.rows(0, T), slots = slots_.rows(0, T);
   const Tensor q = q_.rows(0, T), k = k_.rows(0, T), v = v_.rows(0, T), attn = attn_.rows(0, T);
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
 
-  // Attention block (pre-norm): x += o_proj(attention(rope(q), rope(k), v)).
+  // Pre-norm: x += o_proj(attention(rope(q), rope(k), v)).
   norm(x, w.attn_norm_w, w.attn_norm_b, xn);
   backend_.linear(xn, w.q_w, w.q_b, q.reshaped({T, qd}));
   backend_.linear(xn, w.k_w, w.k_b, k.reshaped({T, kvd}));
@@ -123,8 +129,12 @@ void ForwardOps::layer(const LayerWeights& w, const Tensor& inv_freq, const Tens
   }
   backend_.linear(attn, w.o_w, w.o_b, xn);
   backend_.add(x, xn, x);
+}
 
-  // MLP block (pre-norm): x += fc2(act(fc1(x))), or down(silu(gate(x)) * up(x)).
+void ForwardOps::mlp_block(const LayerWeights& w, const Tensor& x) {
+  const int64_t T = T_;
+  const Tensor xn = xn_.rows(0, T);
+  // Pre-norm: x += fc2(act(fc1(x))), or down(silu(gate(x)) * up(x)).
   norm(x, w.mlp_norm_w, w.mlp_norm_b, xn);
   const Tensor a = mlp_a_.rows(0, T), b = mlp_b_.rows(0, T);
   backend_.linear(xn, w.fc1_w, w.fc1_b, a);

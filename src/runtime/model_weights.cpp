@@ -80,6 +80,24 @@ BlockLayout block_layout(std::vector<WeightSpec> specs, DType dt) {
 BlockLayout layer_block_layout(const ModelConfig& cfg, int layer, DType dtype) {
   return block_layout(layer_weight_specs(cfg, layer), dtype);
 }
+HalvedLayout halved_layer_layout(const ModelConfig& cfg, int layer, DType dtype, size_t align) {
+  auto round_up = [align](size_t n) { return (n + align - 1) / align * align; };
+  HalvedLayout h;
+  h.layout = layer_block_layout(cfg, layer, dtype);
+  BlockLayout& l = h.layout;
+  size_t first_mlp = l.specs.size();
+  for (size_t i = 0; i < l.specs.size() && first_mlp == l.specs.size(); ++i)
+    if (l.specs[i].role == WeightRole::MlpNormW) first_mlp = i;
+  STRATA_CHECK(first_mlp < l.specs.size(), "layer " << layer << " has no MLP norm");
+  h.mlp_offset = round_up(l.offsets[first_mlp]);
+  const size_t shift = h.mlp_offset - l.offsets[first_mlp];
+  for (size_t i = first_mlp; i < l.offsets.size(); ++i) l.offsets[i] += shift;
+  h.attn_bytes = h.mlp_offset;
+  h.mlp_bytes = round_up(l.bytes + shift - h.mlp_offset);
+  l.bytes = h.attn_bytes + h.mlp_bytes;
+  return h;
+}
+
 BlockLayout global_block_layout(const ModelConfig& cfg, DType dtype) {
   return block_layout(global_weight_specs(cfg), dtype);
 }

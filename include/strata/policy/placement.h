@@ -4,8 +4,9 @@
 // granularity). KV cache: one tensor pair (K, V) per (GPU batch, layer), the same assignment
 // over the layers within every GPU batch. Activations: the hidden state of each GPU batch is one
 // tensor, assigned over the block's GPU batches (it is the only activation live between steps).
-// Embeddings, final norm and LM head always stay on the GPU. The plan also counts the working
-// buffers the schedule needs, so its peak per tier is what the runtime reserves.
+// Embeddings, final norm and LM head always stay on the GPU. Offloaded layers stream to the GPU
+// half a layer (attention or MLP block) at a time. The plan also counts the working buffers the
+// schedule needs, so its peak per tier is what the runtime reserves.
 //
 // The plan is pure data computed from (model config, policy, job shape). The policy search and
 // the offloading engine both depend on it here; the policy module needs nothing of offload.
@@ -57,6 +58,7 @@ struct PlacementPlan {
 
   // Sizes of one unit (bytes).
   size_t layer_weight_bytes = 0, global_weight_bytes = 0;
+  size_t attn_weight_bytes = 0, mlp_weight_bytes = 0;  // a layer's two halves as they stream
   size_t cache_unit_bytes = 0;   // K and V of one layer for one GPU batch at full capacity (its home)
   size_t cache_stage_bytes = 0;  // a GPU staging slot: the slots of a prefill unit, or of a whole
                                  // GPU batch where decode brings the cache to the GPU

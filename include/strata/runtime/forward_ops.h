@@ -43,6 +43,11 @@ public:
   // x += attention block; x += MLP block. Caches: [S, C, kv_heads, d] (unused when `attend` is set).
   void layer(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x, const Tensor& cache_k,
              const Tensor& cache_v, const AttentionFn& attend = nullptr);
+  // The two halves of layer(), for a schedule that streams a layer's weights half by half: the
+  // attention block reads only w's attention tensors, the MLP block only its MLP tensors.
+  void attention_block(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x, const Tensor& cache_k,
+                       const Tensor& cache_v, const AttentionFn& attend = nullptr);
+  void mlp_block(const LayerWeights& w, const Tensor& x);
   // Final norm and LM head on the step's logit rows; valid until the next step.
   Tensor head(const ModelWeights& w, const Tensor& x);
   // For a sequence group computed in several steps: the rows of its whole hidden state x

@@ -49,6 +49,16 @@ struct BlockLayout {
 BlockLayout layer_block_layout(const ModelConfig& cfg, int layer, DType dtype);
 BlockLayout global_block_layout(const ModelConfig& cfg, DType dtype);
 
+// A layer's block as the offloading engine streams it, half by half: the attention tensors from
+// 0, the MLP tensors from `mlp_offset` (rounded up to `align`, the disk's page), so either half
+// moves alone as one aligned range.
+struct HalvedLayout {
+  BlockLayout layout;
+  size_t mlp_offset = 0;
+  size_t attn_bytes = 0, mlp_bytes = 0;  // each rounded up to `align`; layout.bytes is their sum
+};
+HalvedLayout halved_layer_layout(const ModelConfig& cfg, int layer, DType dtype, size_t align);
+
 // Reads a block's tensors from `source` into host memory laid out as `layout` (shape-checked,
 // converted to layout.dtype); records the stored names it used in `used`.
 void read_block(const BlockLayout& layout, const WeightSource& source, void* host_dst, std::set<std::string>& used);
