@@ -99,7 +99,12 @@ TEST_CASE("bad policies name the line and the field", "[policy]") {
                     Catch::Contains("p.yaml:6: field 'overlap' must be true or false"));
   CHECK_THROWS_WITH(parse_policy(base, "p.yaml"), Catch::Contains("missing field 'activations'"));
   CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 100}\ncompress_weights: {bits: 3}\n", "p.yaml"),
-                    Catch::Contains("'compress_weights.bits' must be in [4, 4]"));
+                    Catch::Contains("p.yaml:6: field 'compress_weights.bits' must be in [4, 8]"));
+  CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 100}\ncompress_weights: {bits: 6}\n", "p.yaml"),
+                    Catch::Contains("p.yaml:6: field 'compress_weights.bits' must be 4 or 8, got 6"));
+  CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 100}\ncompress_kv_cache: {group_size: 48}\n", "p.yaml"),
+                    Catch::Contains("p.yaml:6: field 'compress_kv_cache.group_size' must be 32, 64 or 128, got 48"));
+  CHECK_NOTHROW(parse_policy(base + "activations: {gpu: 100}\ncompress_weights: {bits: 8, group_size: 128}\n"));
   CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 100}\nprefill_tokens: 0\n", "p.yaml"),
                     Catch::Contains("p.yaml:6: field 'prefill_tokens' must be in [1,"));
   CHECK_THROWS_WITH(parse_policy("weights: [1, 2\n", "p.yaml"), Catch::Contains("invalid YAML"));

@@ -57,8 +57,15 @@ struct Reader : YamlReader {
     if (!n.IsMap()) fail(n, "field '" + field + "' must be a map {bits, group_size} or false");
     only_keys(n, {"bits", "group_size"}, field + ".");
     Compression c;
-    if (n["bits"]) c.bits = integer(n["bits"], field + ".bits", 4, 4);
-    if (n["group_size"]) c.group_size = integer(n["group_size"], field + ".group_size", 1, 1 << 16);
+    if (n["bits"]) {
+      c.bits = integer(n["bits"], field + ".bits", 4, 8);
+      if (c.bits != 4 && c.bits != 8) fail(n["bits"], "field '" + field + ".bits' must be 4 or 8, got " + std::to_string(c.bits));
+    }
+    if (n["group_size"]) {
+      c.group_size = integer(n["group_size"], field + ".group_size", 32, 128);
+      if (c.group_size != 32 && c.group_size != 64 && c.group_size != 128)
+        fail(n["group_size"], "field '" + field + ".group_size' must be 32, 64 or 128, got " + std::to_string(c.group_size));
+    }
     return c;
   }
 };

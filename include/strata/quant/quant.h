@@ -1,0 +1,48 @@
+// Group-wise asymmetric min/max quantization (FlexGen §5, issue 9): every `group_size`
+// consecutive elements of a row share one fp16 scale and one fp16 minimum. Weights [out, in] are
+// grouped along `in` and the KV cache along the head dimension: in both the innermost,
+// contiguous dimension, so a fused dequant-GEMV and the attention kernels read a row's codes and
+// its groups' parameters together (docs/quantization.md).
+//
+// A quantized row of n elements is self-contained, so tensors of rows (a layer's matrices, a
+// cache's positions) move and slice by whole rows as their unquantized forms do:
+//
+//   [codes: n * bits / 8 bytes][scales: n / group_size fp16][minimums: n / group_size fp16]
+//
+// 4-bit codes pack two to a byte, element 2k in the low nibble and 2k + 1 in the high one.
+//
+// The formula, in fp32, for a group x[0..g) (tests/fixtures/quant/make_quant.py is its numpy
+// twin, which the tests compare against):
+//   lo = min(x), hi = max(x); min16 = fp16(lo); scale16 = fp16((hi - lo) / (2^bits - 1))
+//   code = clamp(rint((x - float(min16)) / float(scale16)), 0, 2^bits - 1)   (0 when scale16 == 0)
+//   dequantized = code * float(scale16) + float(min16)
+// rint rounds half to even. Inputs must be finite.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "strata/core/dtype.h"
+
+namespace strata::quant {
+
+struct QuantSpec {
+  int bits = 4;         // 4 or 8
+  int group_size = 64;  // 32, 64 or 128
+};
+
+// Throws strata::Error naming the field when bits or group_size is outside the supported set, or
+// when group_size does not divide a row of `n` elements (n > 0).
+void check_spec(const QuantSpec& spec, int64_t n);
+
+// Bytes of one quantized row of n elements (n a multiple of group_size).
+size_t row_bytes(const QuantSpec& spec, int64_t n);
+// Bytes per element, parameters included: 4.5 bits at 4-bit, group 64 (0.5625 bytes).
+double bytes_per_element(const QuantSpec& spec);
+
+// Host reference implementation. `src` holds rows x n elements of `src_dtype` (F32, F16 or
+// BF16), row after row; `dst` receives rows x row_bytes(spec, n) bytes.
+void quantize_rows(const QuantSpec& spec, const void* src, DType src_dtype, int64_t rows, int64_t n, void* dst);
+// The inverse: rows x n elements of `dst_dtype` (F32, F16 or BF16).
+void dequantize_rows(const QuantSpec& spec, const void* src, int64_t rows, int64_t n, void* dst, DType dst_dtype);
+
+}  // namespace strata::quant

@@ -1,0 +1,166 @@
+// Host reference for group-wise 4/8-bit quantization: the formula of quant.h computed in fp32,
+// one row at a time. GPU kernels and the tests check themselves against this.
+#include "strata/quant/quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "strata/core/error.h"
+
+// The header's dequantization rounds the product before adding, as numpy does: src/CMakeLists.txt
+// builds this file with -ffp-contract=off so the compiler does not fuse it into an FMA (x86-64-v3
+// has one), and the reference matches its numpy twin exactly.
+
+namespace strata::quant {
+namespace {
+
+void check_fields(const QuantSpec& spec) {
+  if (spec.bits != 4 && spec.bits != 8) STRATA_FAIL("quantization: bits must be 4 or 8, got " << spec.bits);
+  if (spec.group_size != 32 && spec.group_size != 64 && spec.group_size != 128)
+    STRATA_FAIL("quantization: group_size must be 32, 64 or 128, got " << spec.group_size);
+}
+
+void check_float_dtype(DType dt, const char* which) {
+  if (dt != DType::F32 && dt != DType::F16 && dt != DType::BF16)
+    STRATA_FAIL("quantization: " << which << " must be F32, F16 or BF16, got " << dtype_name(dt));
+}
+
+// Where a quantized row keeps its codes, scales and minimums (quant.h's layout).
+struct RowLayout {
+  size_t code_bytes;
+  size_t groups;
+  size_t bytes;
+};
+
+RowLayout row_layout(const QuantSpec& spec, int64_t n) {
+  RowLayout l;
+  l.code_bytes = size_t(n) * size_t(spec.bits) / 8;
+  l.groups = size_t(n / spec.group_size);
+  l.bytes = l.code_bytes + 2 * l.groups * sizeof(uint16_t);
+  return l;
+}
+
+// memcpy: a row's parameters need not be 2-byte aligned in a caller's buffer.
+void store_half(uint8_t* base, size_t index, float v) {
+  const uint16_t h = float_to_half(v);
+  std::memcpy(base + index * sizeof(uint16_t), &h, sizeof(uint16_t));
+}
+
+float load_half(const uint8_t* base, size_t index) {
+  uint16_t h;
+  std::memcpy(&h, base + index * sizeof(uint16_t), sizeof(uint16_t));
+  return half_to_float(h);
+}
+
+void store_code(uint8_t* codes, int bits, size_t i, uint32_t code) {
+  if (bits == 8) {
+    codes[i] = uint8_t(code);
+  } else if (i % 2 == 0) {  // the low nibble, written first, clears the byte's high one
+    codes[i / 2] = uint8_t(code);
+  } else {
+    codes[i / 2] = uint8_t(codes[i / 2] | (code << 4));
+  }
+}
+
+uint32_t load_code(const uint8_t* codes, int bits, size_t i) {
+  if (bits == 8) return codes[i];
+  return (i % 2 == 0) ? (codes[i / 2] & 0x0fu) : (codes[i / 2] >> 4);
+}
+
+// x: one row in fp32; out: its row_bytes(spec, n) bytes.
+void quantize_row(const QuantSpec& spec, const RowLayout& l, const float* x, uint8_t* out) {
+  const size_t g = size_t(spec.group_size);
+  const uint32_t max_code = (1u << spec.bits) - 1;
+  uint8_t* codes = out;
+  uint8_t* scales = out + l.code_bytes;
+  uint8_t* mins = scales + l.groups * sizeof(uint16_t);
+  for (size_t grp = 0; grp < l.groups; ++grp) {
+    const float* xg = x + grp * g;
+    float lo = xg[0], hi = xg[0];
+    bool finite = true;
+    for (size_t i = 0; i < g; ++i) {
+      finite = finite && std::isfinite(xg[i]);
+      lo = std::min(lo, xg[i]);
+      hi = std::max(hi, xg[i]);
+    }
+    STRATA_CHECK(finite, "quantization: inputs must be finite (group " << grp << ")");
+    const float min16 = half_to_float(float_to_half(lo));
+    const float scale16 = half_to_float(float_to_half((hi - lo) / float(max_code)));
+    // fp16 tops out at 65504: a group beyond it has no representable parameters.
+    STRATA_CHECK(std::isfinite(min16) && std::isfinite(scale16),
+                 "quantization: group " << grp << " spans [" << lo << ", " << hi << "], beyond fp16's range");
+    store_half(scales, grp, scale16);
+    store_half(mins, grp, min16);
+    for (size_t i = 0; i < g; ++i) {
+      uint32_t code = 0;
+      if (scale16 != 0.0f) {
+        const float q = std::nearbyint((xg[i] - min16) / scale16);  // half to even by default
+        code = uint32_t(std::clamp(q, 0.0f, float(max_code)));
+      }
+      store_code(codes, spec.bits, grp * g + i, code);
+    }
+  }
+}
+
+void dequantize_row(const QuantSpec& spec, const RowLayout& l, const uint8_t* in, float* y) {
+  const size_t g = size_t(spec.group_size);
+  const uint8_t* codes = in;
+  const uint8_t* scales = in + l.code_bytes;
+  const uint8_t* mins = scales + l.groups * sizeof(uint16_t);
+  for (size_t grp = 0; grp < l.groups; ++grp) {
+    const float scale = load_half(scales, grp);
+    const float min = load_half(mins, grp);
+    for (size_t i = grp * g; i < (grp + 1) * g; ++i) y[i] = float(load_code(codes, spec.bits, i)) * scale + min;
+  }
+}
+
+}  // namespace
+
+void check_spec(const QuantSpec& spec, int64_t n) {
+  check_fields(spec);
+  if (n <= 0) STRATA_FAIL("quantization: a row must have at least one element, got n = " << n);
+  if (n % spec.group_size != 0)
+    STRATA_FAIL("quantization: group_size " << spec.group_size << " does not divide a row of " << n << " elements");
+}
+
+size_t row_bytes(const QuantSpec& spec, int64_t n) {
+  check_spec(spec, n);
+  return row_layout(spec, n).bytes;
+}
+
+double bytes_per_element(const QuantSpec& spec) {
+  check_fields(spec);
+  return double(spec.bits) / 8.0 + 2.0 * double(sizeof(uint16_t)) / double(spec.group_size);
+}
+
+void quantize_rows(const QuantSpec& spec, const void* src, DType src_dtype, int64_t rows, int64_t n, void* dst) {
+  check_spec(spec, n);
+  check_float_dtype(src_dtype, "source dtype");
+  if (rows < 0) STRATA_FAIL("quantization: rows must not be negative, got " << rows);
+  const RowLayout l = row_layout(spec, n);
+  const size_t in_row_bytes = size_t(n) * dtype_size(src_dtype);
+  std::vector<float> row(static_cast<size_t>(n));
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* in = static_cast<const uint8_t*>(src) + size_t(r) * in_row_bytes;
+    convert_elements(in, src_dtype, row.data(), DType::F32, size_t(n));
+    quantize_row(spec, l, row.data(), static_cast<uint8_t*>(dst) + size_t(r) * l.bytes);
+  }
+}
+
+void dequantize_rows(const QuantSpec& spec, const void* src, int64_t rows, int64_t n, void* dst, DType dst_dtype) {
+  check_spec(spec, n);
+  check_float_dtype(dst_dtype, "destination dtype");
+  if (rows < 0) STRATA_FAIL("quantization: rows must not be negative, got " << rows);
+  const RowLayout l = row_layout(spec, n);
+  const size_t out_row_bytes = size_t(n) * dtype_size(dst_dtype);
+  std::vector<float> row(static_cast<size_t>(n));
+  for (int64_t r = 0; r < rows; ++r) {
+    dequantize_row(spec, l, static_cast<const uint8_t*>(src) + size_t(r) * l.bytes, row.data());
+    convert_elements(row.data(), DType::F32, static_cast<uint8_t*>(dst) + size_t(r) * out_row_bytes, dst_dtype,
+                     size_t(n));
+  }
+}
+
+}  // namespace strata::quant
