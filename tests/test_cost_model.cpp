@@ -162,6 +162,13 @@ TEST_CASE("4-bit compression shrinks what moves and adds dequantization", "[cost
   const CostForms F = cost_forms(opt67(), p, wl, hw);
   CHECK(F.sizes.kv_per_token == 4 * h * 0.28125);
   CHECK(F.sizes.layer_weights == Wc);
+  // GPU peak: globals, workspace, the compressed weights' buffer (all layers stream from the
+  // CPU), the cache at home compressed, the hidden states, plus the layer being computed and one
+  // GPU batch's cache of one layer dequantized to fp16.
+  const double global = 2.0 * (50272 * h + 2050 * h + 2 * h);
+  const double ws = double(ForwardOps::workspace_bytes(opt67(), DType::F16, 1024, 8));
+  const double cache_cap = 32 * 544 * 4 * h;
+  CHECK(r.peak.gpu == Approx(global + ws + Wc + 32 * cache_cap * 0.28125 + 32 * 512 * 2 * h + W + cache_cap / 4));
 }
 
 TEST_CASE("peak memory per tier", "[cost]") {

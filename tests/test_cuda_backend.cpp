@@ -16,6 +16,7 @@
 #include "strata/backend/backend.h"
 #include "strata/core/dtype.h"
 #include "strata/core/error.h"
+#include "strata/quant/quant.h"
 
 using namespace strata;
 
@@ -437,4 +438,43 @@ TEST_CASE("cuda: argmax_rows matches the CPU backend and takes the lowest index 
       if (B > 2) CHECK(want[2] == 0);
     }
   }
+}
+
+TEST_CASE("cuda: quantize_rows and dequantize_rows equal the host reference byte for byte", "[cuda][quant]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128})
+      for (auto [rows, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 128}, {37, 256}, {5, 4096}}) {
+        quant::QuantSpec spec;
+        spec.bits = bits;
+        spec.group_size = group;
+        const std::string label = shape_label("quant bits group rows n", {bits, group, rows, n});
+        INFO(label);
+        Rig r;
+        std::vector<float> x = random_f16(size_t(rows * n), rng, -3.0f, 3.0f);
+        for (int64_t i = 0; i < n && rows > 1; i += 7) x[size_t(n + i)] = 0.5f;  // flat stretches in row 1
+        std::vector<uint16_t> xh(x.size());
+        for (size_t i = 0; i < x.size(); ++i) xh[i] = float_to_half(x[i]);
+        const size_t qbytes = size_t(rows) * quant::row_bytes(spec, n);
+        std::vector<uint8_t> want(qbytes);
+        quant::quantize_rows(spec, xh.data(), DType::F16, rows, n, want.data());
+
+        const Tensor gx = r.gpu_f16(x, {rows, n});
+        const Tensor gq = r.gpu_poisoned(DType::F16, {int64_t(qbytes / 2)});  // bytes, poisoned
+        r.gpu->quantize_rows(spec, gx, gq.data);
+        std::vector<uint8_t> got(qbytes);
+        r.gpu->copy_to_host(got.data(), gq.data, qbytes);
+        size_t differ = 0;
+        for (size_t i = 0; i < qbytes; ++i) differ += got[i] != want[i];
+        CHECK(differ == 0);
+
+        std::vector<uint16_t> back(x.size());
+        quant::dequantize_rows(spec, want.data(), rows, n, back.data(), DType::F16);
+        const Tensor gout = r.gpu_poisoned(DType::F16, {rows, n});
+        r.gpu->dequantize_rows(spec, gq.data, gout);
+        std::vector<uint16_t> gback(x.size());
+        r.gpu->copy_to_host(gback.data(), gout.data, gback.size() * 2);
+        CHECK(gback == back);
+      }
 }

@@ -2,12 +2,14 @@
 // (tests/fixtures/quant/make_quant.py).
 #include "test_paths.h"
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <nlohmann/json.hpp>
 
+#include "strata/backend/backend.h"
 #include "strata/core/error.h"
 #include "strata/quant/quant.h"
 
@@ -255,4 +257,26 @@ TEST_CASE("bad specs and inputs are refused, naming the field", "[quant]") {
   x[5] = 1e6f;  // the scale, 1e6 / 15, is beyond fp16
   CHECK_THROWS_WITH(quant::quantize_rows(spec_of(4, 64), x.data(), DType::F32, 1, 64, q.data()),
                     Catch::Contains("beyond fp16's range"));
+}
+
+TEST_CASE("the CPU backend quantizes and dequantizes rows as the reference does", "[quant][backend]") {
+  auto be = make_cpu_backend(2);
+  QuantSpec spec = spec_of(4, 64);
+  const int64_t rows = 9, n = 192;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  Buffer xb = be->alloc(size_t(rows * n) * 4), outb = be->alloc(size_t(rows * n) * 4);
+  const Tensor x = xb.view(0, DType::F32, {rows, n}), out = outb.view(0, DType::F32, {rows, n});
+  for (int64_t i = 0; i < rows * n; ++i) x.ptr<float>()[i] = dist(rng);
+  std::vector<uint8_t> want(size_t(rows) * quant::row_bytes(spec, n)), got(want.size(), 0xAB);
+  quant::quantize_rows(spec, x.data, DType::F32, rows, n, want.data());
+  be->quantize_rows(spec, x, got.data());
+  CHECK(got == want);
+  std::vector<float> back(size_t(rows * n));
+  quant::dequantize_rows(spec, want.data(), rows, n, back.data(), DType::F32);
+  be->dequantize_rows(spec, got.data(), out);
+  CHECK(std::equal(back.begin(), back.end(), out.ptr<float>()));
+  // A row the group does not divide is refused, naming it.
+  const Tensor odd = xb.view(0, DType::F32, {2, 100});
+  CHECK_THROWS_WITH(be->quantize_rows(spec, odd, got.data()), Catch::Contains("does not divide a row of 100"));
 }

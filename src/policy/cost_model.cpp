@@ -187,6 +187,8 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   add(G, 3 * (cpu_attn ? cache_group : cache_unit), {CC, CD});
   add(G, Ap, {HG});
   add(G, 3 * act_stage, {HC, HD});
+  if (cw) G.constant += z.layer_weights_fp16;            // the layer being computed, dequantized
+  if (cc) G.constant += cache_unit * cache_fp16_ratio;   // one GPU batch's cache of one layer, dequantized
   LinearForm& C = F.peak[int(Tier::Cpu)];
   add(C, l * W, {WC});
   add(C, W, {WD});

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "strata/core/tensor.h"
+#include "strata/quant/quant.h"
 
 namespace strata {
 
@@ -121,6 +122,12 @@ public:
 
   // out[i] = argmax_j logits[i, j] (lowest index on ties). logits: [B, V]; out: I32 [B].
   virtual void argmax_rows(const Tensor& logits, const Tensor& out) = 0;
+
+  // Group-wise quantization in the format and by the formula of include/strata/quant/quant.h.
+  // x, out: [rows, n] float tensors on the device (n = the last dimension; the activation dtype,
+  // or F32/F16/BF16 on the CPU); q: rows x quant::row_bytes(spec, n) bytes on the device.
+  virtual void quantize_rows(const quant::QuantSpec& spec, const Tensor& x, void* q) = 0;
+  virtual void dequantize_rows(const quant::QuantSpec& spec, const void* q, const Tensor& out) = 0;
 
   // Copies a float tensor of any dtype to host fp32 (synchronizes).
   void copy_to_host_f32(const Tensor& src, float* host_dst);

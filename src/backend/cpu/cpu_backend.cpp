@@ -403,6 +403,28 @@ public:
     }
   }
 
+  void quantize_rows(const quant::QuantSpec& spec, const Tensor& x, void* q) override {
+    STRATA_CHECK(x.device == Device::CPU && x.ndim >= 1, "quantize_rows: x must be a tensor on the CPU");
+    const int64_t n = x.dim(x.ndim - 1), rows = n > 0 ? x.numel() / n : 0;
+    if (rows == 0) return;
+    const size_t row_bytes = quant::row_bytes(spec, n), es = dtype_size(x.dtype);
+    pool_.parallel_for(rows, [&](int64_t r0, int64_t r1) {
+      quant::quantize_rows(spec, static_cast<const char*>(x.data) + size_t(r0 * n) * es, x.dtype, r1 - r0, n,
+                           static_cast<char*>(q) + size_t(r0) * row_bytes);
+    });
+  }
+
+  void dequantize_rows(const quant::QuantSpec& spec, const void* q, const Tensor& out) override {
+    STRATA_CHECK(out.device == Device::CPU && out.ndim >= 1, "dequantize_rows: out must be a tensor on the CPU");
+    const int64_t n = out.dim(out.ndim - 1), rows = n > 0 ? out.numel() / n : 0;
+    if (rows == 0) return;
+    const size_t row_bytes = quant::row_bytes(spec, n), es = dtype_size(out.dtype);
+    pool_.parallel_for(rows, [&](int64_t r0, int64_t r1) {
+      quant::dequantize_rows(spec, static_cast<const char*>(q) + size_t(r0) * row_bytes, r1 - r0, n,
+                             static_cast<char*>(out.data) + size_t(r0 * n) * es, out.dtype);
+    });
+  }
+
   void argmax_rows(const Tensor& logits, const Tensor& out) override {
     check_f32(logits, "logits");
     check_i32(out, "out");

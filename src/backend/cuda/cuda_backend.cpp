@@ -329,6 +329,18 @@ public:
     cuda::launch_gather_rows(f16(x), x.dim(0), i32(rows), rows.numel(), h, false, f16_mut(out), stream_);
   }
 
+  void quantize_rows(const quant::QuantSpec& spec, const Tensor& x, void* q) override {
+    const cuda::QuantParams p = quant_params(spec, x, "quantize_rows", "x");
+    bind();
+    cuda::launch_quantize_rows(p, x.data, x.dtype == DType::F32, static_cast<uint8_t*>(q), stream_);
+  }
+
+  void dequantize_rows(const quant::QuantSpec& spec, const void* q, const Tensor& out) override {
+    const cuda::QuantParams p = quant_params(spec, out, "dequantize_rows", "out");
+    bind();
+    cuda::launch_dequantize_rows(p, static_cast<const uint8_t*>(q), out.data, out.dtype == DType::F32, stream_);
+  }
+
   void argmax_rows(const Tensor& logits, const Tensor& out) override {
     check_f16(logits, "argmax_rows", "logits");
     check_i32(out, "argmax_rows", "out");
@@ -340,6 +352,16 @@ public:
   }
 
 private:
+  // Rows, row length and spec of a quantize/dequantize call, checked (F16 or F32 rows on the GPU).
+  static cuda::QuantParams quant_params(const quant::QuantSpec& spec, const Tensor& t, const char* op, const char* what) {
+    STRATA_CHECK(t.device == Device::CUDA && t.ndim >= 1, "cuda " << op << ": " << what << " must be on the GPU");
+    STRATA_CHECK(t.dtype == DType::F16 || t.dtype == DType::F32,
+                 "cuda " << op << ": " << what << " must be F16 or F32, got " << dtype_name(t.dtype));
+    const int64_t n = t.dim(t.ndim - 1);
+    quant::check_spec(spec, n);
+    return {t.numel() / n, n, spec.group_size, spec.bits, quant::row_bytes(spec, n)};
+  }
+
   // Makes this backend's GPU current for the calling thread (cheap; callers may use many threads).
   void bind() const { STRATA_CUDA_CHECK(cudaSetDevice(device_)); }
 

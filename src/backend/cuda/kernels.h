@@ -79,4 +79,14 @@ void launch_attention(const AttentionParams& p, cudaStream_t stream);
 // sampling.cu: out[r] = argmax over logits[r, :] (lowest index on ties; NaN never wins).
 void launch_argmax_rows(const __half* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
 
+// quant.cu: group-wise quantization in include/strata/quant/quant.h's format, of rows x n fp16
+// (or fp32, when *_f32) elements; group 32, 64 or 128, bits 4 or 8, row_bytes per quantized row.
+struct QuantParams {
+  int64_t rows, n;
+  int group, bits;
+  size_t row_bytes;
+};
+void launch_quantize_rows(const QuantParams& p, const void* x, bool x_f32, uint8_t* q, cudaStream_t stream);
+void launch_dequantize_rows(const QuantParams& p, const uint8_t* q, void* out, bool out_f32, cudaStream_t stream);
+
 }  // namespace strata::cuda
