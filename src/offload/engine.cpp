@@ -238,14 +238,7 @@ struct OffloadEngine::Impl {
     }
 
     halves = halved_layer_layout(cfg, 0, dt, kPage);
-    for (size_t i = 0; i < halves.layout.specs.size(); ++i) {
-      const int half = halves.layout.offsets[i] >= halves.mlp_offset ? 1 : 0;
-      half_layout[half].specs.push_back(halves.layout.specs[i]);
-      half_layout[half].offsets.push_back(halves.layout.offsets[i] - (half ? halves.mlp_offset : 0));
-    }
-    half_layout[0].dtype = half_layout[1].dtype = dt;
-    half_layout[0].bytes = halves.attn_bytes;
-    half_layout[1].bytes = halves.mlp_bytes;
+    for (int half : {0, 1}) half_layout[half] = half_block_layout(halves, half);
     const size_t bytes = plan.layer_weight_bytes;
     // Disk-bound layers pass through an aligned host buffer (O_DIRECT wants aligned memory).
     std::unique_ptr<char, void (*)(void*)> bounce(static_cast<char*>(std::aligned_alloc(kPage, bytes)), std::free);
@@ -433,8 +426,9 @@ struct OffloadEngine::Impl {
     std::vector<Ticket> deps;
     if (home.tier == Tier::Disk) {
       h.pin = w_pin[half].acquire();
-      src = w_pin[half].data(h.pin);
-      deps.push_back(disk_io(false, home.disk_offset + offset, w_pin[half].data(h.pin), bytes, "weights read", {}));
+      char* pinned = w_pin[half].data(h.pin);
+      deps.push_back(disk_io(false, home.disk_offset + offset, pinned, bytes, "weights read", {}));
+      src = pinned;
     }
     h.ready = copy_flat(CopyKind::HostToDevice, w_gpu[half].data(h.gpu), src, bytes, half ? "weights (mlp)" : "weights (attention)",
                         std::move(deps));

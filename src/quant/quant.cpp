@@ -135,11 +135,20 @@ double bytes_per_element(const QuantSpec& spec) {
   return double(spec.bits) / 8.0 + 2.0 * double(sizeof(uint16_t)) / double(spec.group_size);
 }
 
-void quantize_rows(const QuantSpec& spec, const void* src, DType src_dtype, int64_t rows, int64_t n, void* dst) {
+namespace {
+
+// The checks both directions share, then the layout of one quantized row.
+RowLayout checked_layout(const QuantSpec& spec, int64_t rows, int64_t n, DType float_dtype, const char* which) {
   check_spec(spec, n);
-  check_float_dtype(src_dtype, "source dtype");
+  check_float_dtype(float_dtype, which);
   if (rows < 0) STRATA_FAIL("quantization: rows must not be negative, got " << rows);
-  const RowLayout l = row_layout(spec, n);
+  return row_layout(spec, n);
+}
+
+}  // namespace
+
+void quantize_rows(const QuantSpec& spec, const void* src, DType src_dtype, int64_t rows, int64_t n, void* dst) {
+  const RowLayout l = checked_layout(spec, rows, n, src_dtype, "source dtype");
   const size_t in_row_bytes = size_t(n) * dtype_size(src_dtype);
   std::vector<float> row(static_cast<size_t>(n));
   for (int64_t r = 0; r < rows; ++r) {
@@ -150,10 +159,7 @@ void quantize_rows(const QuantSpec& spec, const void* src, DType src_dtype, int6
 }
 
 void dequantize_rows(const QuantSpec& spec, const void* src, int64_t rows, int64_t n, void* dst, DType dst_dtype) {
-  check_spec(spec, n);
-  check_float_dtype(dst_dtype, "destination dtype");
-  if (rows < 0) STRATA_FAIL("quantization: rows must not be negative, got " << rows);
-  const RowLayout l = row_layout(spec, n);
+  const RowLayout l = checked_layout(spec, rows, n, dst_dtype, "destination dtype");
   const size_t out_row_bytes = size_t(n) * dtype_size(dst_dtype);
   std::vector<float> row(static_cast<size_t>(n));
   for (int64_t r = 0; r < rows; ++r) {

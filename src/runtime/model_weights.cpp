@@ -98,6 +98,19 @@ HalvedLayout halved_layer_layout(const ModelConfig& cfg, int layer, DType dtype,
   return h;
 }
 
+BlockLayout half_block_layout(const HalvedLayout& halves, int half) {
+  BlockLayout out;
+  out.dtype = halves.layout.dtype;
+  out.bytes = half ? halves.mlp_bytes : halves.attn_bytes;
+  const size_t base = half ? halves.mlp_offset : 0;
+  for (size_t i = 0; i < halves.layout.specs.size(); ++i) {
+    if ((halves.layout.offsets[i] >= halves.mlp_offset) != bool(half)) continue;
+    out.specs.push_back(halves.layout.specs[i]);
+    out.offsets.push_back(halves.layout.offsets[i] - base);
+  }
+  return out;
+}
+
 BlockLayout global_block_layout(const ModelConfig& cfg, DType dtype) {
   return block_layout(global_weight_specs(cfg), dtype);
 }

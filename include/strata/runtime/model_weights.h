@@ -58,6 +58,9 @@ struct HalvedLayout {
   size_t attn_bytes = 0, mlp_bytes = 0;  // each rounded up to `align`; layout.bytes is their sum
 };
 HalvedLayout halved_layer_layout(const ModelConfig& cfg, int layer, DType dtype, size_t align);
+// One half's own layout (0 attention, 1 MLP): its tensors, offsets from the half's start, so a
+// buffer holding just that half gets views with layer_views().
+BlockLayout half_block_layout(const HalvedLayout& halves, int half);
 
 // Reads a block's tensors from `source` into host memory laid out as `layout` (shape-checked,
 // converted to layout.dtype); records the stored names it used in `used`.
