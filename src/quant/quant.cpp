@@ -36,8 +36,9 @@ struct RowLayout {
 
 RowLayout row_layout(const QuantSpec& spec, int64_t n) {
   RowLayout l;
-  l.code_bytes = size_t(n) * size_t(spec.bits) / 8;
-  l.groups = size_t(n / spec.group_size);
+  // Codes padded to 4 bytes, so the fp16 parameters after them stay aligned on every device.
+  l.code_bytes = (size_t(n) * size_t(spec.bits) + 31) / 32 * 4;
+  l.groups = size_t((n + spec.group_size - 1) / spec.group_size);
   l.bytes = l.code_bytes + 2 * l.groups * sizeof(uint16_t);
   return l;
 }
@@ -69,15 +70,17 @@ uint32_t load_code(const uint8_t* codes, int bits, size_t i) {
   return (i % 2 == 0) ? (codes[i / 2] & 0x0fu) : (codes[i / 2] >> 4);
 }
 
-// x: one row in fp32; out: its row_bytes(spec, n) bytes.
-void quantize_row(const QuantSpec& spec, const RowLayout& l, const float* x, uint8_t* out) {
-  const size_t g = size_t(spec.group_size);
+// x: one row of n elements in fp32; out: its row_bytes(spec, n) bytes.
+void quantize_row(const QuantSpec& spec, const RowLayout& l, const float* x, size_t n, uint8_t* out) {
   const uint32_t max_code = (1u << spec.bits) - 1;
   uint8_t* codes = out;
+  std::memset(codes, 0, l.code_bytes);  // padding and a lone last nibble are zero
   uint8_t* scales = out + l.code_bytes;
   uint8_t* mins = scales + l.groups * sizeof(uint16_t);
   for (size_t grp = 0; grp < l.groups; ++grp) {
-    const float* xg = x + grp * g;
+    const size_t first = grp * size_t(spec.group_size);
+    const size_t g = std::min(size_t(spec.group_size), n - first);  // the last group may be shorter
+    const float* xg = x + first;
     float lo = xg[0], hi = xg[0];
     bool finite = true;
     for (size_t i = 0; i < g; ++i) {
@@ -99,12 +102,12 @@ void quantize_row(const QuantSpec& spec, const RowLayout& l, const float* x, uin
         const float q = std::nearbyint((xg[i] - min16) / scale16);  // half to even by default
         code = uint32_t(std::clamp(q, 0.0f, float(max_code)));
       }
-      store_code(codes, spec.bits, grp * g + i, code);
+      store_code(codes, spec.bits, first + i, code);
     }
   }
 }
 
-void dequantize_row(const QuantSpec& spec, const RowLayout& l, const uint8_t* in, float* y) {
+void dequantize_row(const QuantSpec& spec, const RowLayout& l, const uint8_t* in, size_t n, float* y) {
   const size_t g = size_t(spec.group_size);
   const uint8_t* codes = in;
   const uint8_t* scales = in + l.code_bytes;
@@ -112,7 +115,8 @@ void dequantize_row(const QuantSpec& spec, const RowLayout& l, const uint8_t* in
   for (size_t grp = 0; grp < l.groups; ++grp) {
     const float scale = load_half(scales, grp);
     const float min = load_half(mins, grp);
-    for (size_t i = grp * g; i < (grp + 1) * g; ++i) y[i] = float(load_code(codes, spec.bits, i)) * scale + min;
+    for (size_t i = grp * g; i < std::min((grp + 1) * g, n); ++i)
+      y[i] = float(load_code(codes, spec.bits, i)) * scale + min;
   }
 }
 
@@ -121,8 +125,6 @@ void dequantize_row(const QuantSpec& spec, const RowLayout& l, const uint8_t* in
 void check_spec(const QuantSpec& spec, int64_t n) {
   check_fields(spec);
   if (n <= 0) STRATA_FAIL("quantization: a row must have at least one element, got n = " << n);
-  if (n % spec.group_size != 0)
-    STRATA_FAIL("quantization: group_size " << spec.group_size << " does not divide a row of " << n << " elements");
 }
 
 size_t row_bytes(const QuantSpec& spec, int64_t n) {
@@ -154,7 +156,7 @@ void quantize_rows(const QuantSpec& spec, const void* src, DType src_dtype, int6
   for (int64_t r = 0; r < rows; ++r) {
     const auto* in = static_cast<const uint8_t*>(src) + size_t(r) * in_row_bytes;
     convert_elements(in, src_dtype, row.data(), DType::F32, size_t(n));
-    quantize_row(spec, l, row.data(), static_cast<uint8_t*>(dst) + size_t(r) * l.bytes);
+    quantize_row(spec, l, row.data(), size_t(n), static_cast<uint8_t*>(dst) + size_t(r) * l.bytes);
   }
 }
 
@@ -163,7 +165,7 @@ void dequantize_rows(const QuantSpec& spec, const void* src, int64_t rows, int64
   const size_t out_row_bytes = size_t(n) * dtype_size(dst_dtype);
   std::vector<float> row(static_cast<size_t>(n));
   for (int64_t r = 0; r < rows; ++r) {
-    dequantize_row(spec, l, static_cast<const uint8_t*>(src) + size_t(r) * l.bytes, row.data());
+    dequantize_row(spec, l, static_cast<const uint8_t*>(src) + size_t(r) * l.bytes, size_t(n), row.data());
     convert_elements(row.data(), DType::F32, static_cast<uint8_t*>(dst) + size_t(r) * out_row_bytes, dst_dtype,
                      size_t(n));
   }

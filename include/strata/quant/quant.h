@@ -7,9 +7,11 @@
 // A quantized row of n elements is self-contained, so tensors of rows (a layer's matrices, a
 // cache's positions) move and slice by whole rows as their unquantized forms do:
 //
-//   [codes: n * bits / 8 bytes][scales: n / group_size fp16][minimums: n / group_size fp16]
+//   [codes: n * bits / 8 bytes, padded to 4][scales: G fp16][minimums: G fp16],  G = ceil(n / group_size)
 //
-// 4-bit codes pack two to a byte, element 2k in the low nibble and 2k + 1 in the high one.
+// 4-bit codes pack two to a byte, element 2k in the low nibble and 2k + 1 in the high one. When
+// group_size does not divide n, the last group is shorter (FlexGen pads the same way), so every
+// matrix and head size can be compressed; padding bytes are zero.
 //
 // The formula, in fp32, for a group x[0..g) (tests/fixtures/quant/make_quant.py is its numpy
 // twin, which the tests compare against):
@@ -31,10 +33,10 @@ struct QuantSpec {
 };
 
 // Throws strata::Error naming the field when bits or group_size is outside the supported set, or
-// when group_size does not divide a row of `n` elements (n > 0).
+// when a row of `n` elements is empty.
 void check_spec(const QuantSpec& spec, int64_t n);
 
-// Bytes of one quantized row of n elements (n a multiple of group_size).
+// Bytes of one quantized row of n elements (a multiple of 4).
 size_t row_bytes(const QuantSpec& spec, int64_t n);
 // Bytes per element, parameters included: 4.5 bits at 4-bit, group 64 (0.5625 bytes).
 double bytes_per_element(const QuantSpec& spec);
