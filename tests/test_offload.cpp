@@ -5,7 +5,9 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
+#include <tuple>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
@@ -136,6 +138,97 @@ TEST_CASE("every policy generates Hugging Face's greedy tokens", "[offload]") {
       }
     }
   }
+}
+
+namespace {
+
+// The compression settings the compressed grid rotates through: weights and cache together, each
+// alone, 4 and 8 bits, and groups that do not divide the tiny models' sizes (a shorter last group).
+std::vector<std::pair<std::optional<Compression>, std::optional<Compression>>> compression_settings() {
+  return {{Compression{4, 64}, Compression{4, 32}}, {Compression{8, 128}, std::nullopt}, {std::nullopt, Compression{4, 64}}};
+}
+
+std::string describe_compression(const Policy& p) {
+  auto one = [](const std::optional<Compression>& c) {
+    return c ? std::to_string(c->bits) + "-bit g" + std::to_string(c->group_size) : std::string("off");
+  };
+  return "weights " + one(p.compress_weights) + ", cache " + one(p.compress_kv_cache);
+}
+
+}  // namespace
+
+TEST_CASE("compressed: every placement gives the all-on-GPU compressed run's greedy tokens", "[offload][quant]") {
+  // Compression is deterministic (quantized once at load, cache rows quantized as written, the
+  // same ops read them wherever they live), so moving the codes between tiers, attending on the
+  // CPU or splitting the block must not change a token.
+  auto backend = make_cpu_backend(2);
+  const auto settings = compression_settings();
+  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3"}) {
+    ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
+    const std::vector<GenRequest> reqs = fixture_requests(load_expected(name));
+    std::vector<std::vector<GenResult>> reference;
+    for (const auto& [w, c] : settings) {
+      OffloadOptions opt;
+      opt.policy = make_policy({100, 0, 0}, {100, 0, 0}, {100, 0, 0}, int(reqs.size()), 1, false, true);
+      opt.policy.compress_weights = w;
+      opt.policy.compress_kv_cache = c;
+      OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+      reference.push_back(run_blocks(engine, reqs));
+    }
+    const std::vector<Policy> grid = policy_grid();
+    for (size_t n = 0; n < grid.size(); ++n) {
+      OffloadOptions opt;
+      opt.policy = grid[n];
+      std::tie(opt.policy.compress_weights, opt.policy.compress_kv_cache) = settings[n % settings.size()];
+      opt.offload_dir = offload_dir();
+      OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+      const std::vector<GenResult> got = run_blocks(engine, reqs);
+      REQUIRE(got.size() == reqs.size());
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        INFO(name << ", " << describe(opt.policy) << ", " << describe_compression(opt.policy) << ", prompt " << i);
+        CHECK(got[i].tokens == reference[n % settings.size()][i].tokens);
+      }
+    }
+  }
+}
+
+TEST_CASE("compressed: the schedule takes what the plan says; weights cross the links as codes", "[offload][quant][placement]") {
+  auto backend = make_cpu_backend(2);
+  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
+  const std::vector<GenRequest> reqs = fixture_requests(load_expected("tiny-llama"));
+  const auto settings = compression_settings();
+  const std::vector<Policy> grid = policy_grid();
+  for (size_t n = 0; n < grid.size(); ++n) {
+    OffloadOptions opt;
+    opt.policy = grid[n];
+    std::tie(opt.policy.compress_weights, opt.policy.compress_kv_cache) = settings[n % settings.size()];
+    opt.offload_dir = offload_dir();
+    OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+    const TierBytes plan = engine.plan().peak(), used = engine.report().used;
+    for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) {
+      INFO(describe(opt.policy) << ", " << describe_compression(opt.policy) << ", " << tier_name(t) << ": plan "
+                                << plan.at(t) << ", used " << used.at(t));
+      CHECK(used.at(t) <= plan.at(t));
+      CHECK(plan.at(t) - used.at(t) < 4096);
+    }
+  }
+  // A layer of dummy:opt-1.3b (h 2048, f 8192): its four attention matrices and two MLP matrices
+  // hold 12 h^2 elements; at 4 bits in groups of 64 a row of 2048 takes 1024 + 32 x 4 bytes, of
+  // 8192 4096 + 128 x 4, against 4 bytes an element on the CPU backend (fp32).
+  const ModelConfig cfg = *config_preset("opt-1.3b");
+  Policy p = make_policy({0, 100, 0}, {100, 0, 0}, {100, 0, 0}, 4, 1, false, true);
+  const PlacementPlan fp = plan_placement(cfg, p, {64, 8}, DType::F32);
+  p.compress_weights = Compression{4, 64};
+  const PlacementPlan q = plan_placement(cfg, p, {64, 8}, DType::F32);
+  const double codes = (4.0 * 2048 + 8192) * (1024 + 32 * 4) + 2048.0 * (4096 + 128 * 4);
+  CHECK(double(q.layer_weight_bytes) >= codes);
+  // Plus fp32 norms and biases (2 x 2 x 2048 + 4 x 2048 + 8192 + 2048 elements, 104 KiB) and the
+  // 256-byte and page rounding.
+  CHECK(double(q.layer_weight_bytes) >= codes + 104 * 1024);
+  CHECK(double(q.layer_weight_bytes) < codes + 104 * 1024 + 3 * 4096 + 16 * 256);
+  CHECK(double(fp.layer_weight_bytes) / double(q.layer_weight_bytes) > 7.0);
+  CHECK(q.dequant_bytes == std::max(fp.attn_weight_bytes, fp.mlp_weight_bytes));
+  CHECK(fp.dequant_bytes == 0);
 }
 
 TEST_CASE("prompts of different lengths and budgets share a block", "[offload]") {

@@ -12,8 +12,10 @@ size_t dtype_size(DType dt) {
     case DType::F16: return 2;
     case DType::BF16: return 2;
     case DType::I32: return 4;
+    case DType::Q4:
+    case DType::Q8: break;
   }
-  return 0;
+  STRATA_FAIL("internal: " << dtype_name(dt) << " is quantized: its elements have no size of their own");
 }
 
 const char* dtype_name(DType dt) {
@@ -22,6 +24,8 @@ const char* dtype_name(DType dt) {
     case DType::F16: return "F16";
     case DType::BF16: return "BF16";
     case DType::I32: return "I32";
+    case DType::Q4: return "Q4";
+    case DType::Q8: return "Q8";
   }
   return "?";
 }

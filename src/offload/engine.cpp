@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
@@ -150,6 +151,13 @@ struct OffloadEngine::Impl {
   // Homes.
   HalvedLayout halves;         // a layer's block: attention tensors, then MLP tensors page-aligned
   BlockLayout half_layout[2];  // each half's tensors, offsets from the half's start
+  std::optional<quant::QuantSpec> weight_quant, cache_quant;  // the policy's compression
+  // Compressed weights, for steps too long for the fused linear: a half-layer dequantized once per
+  // (token, sub-layer) and shared by all units of the block.
+  BlockLayout fp_half_layout[2];
+  char* dequant_mem = nullptr;
+  LayerWeights dequantized;
+  int dequant_token = -1, dequant_sub = -1;
   ModelWeights globals;  // embeddings, final norm, head and inv_freq; layers unused
   std::vector<Home> weight_home;
   std::vector<LayerWeights> resident_layers;  // views of GPU-homed layers
@@ -157,6 +165,7 @@ struct OffloadEngine::Impl {
   std::vector<std::vector<Home>> cache_home;  // [batch][layer]
   std::vector<Home> act_home;                 // [batch]
   size_t cache_half = 0;                      // bytes of K (or V) of one unit at home
+  size_t cache_row = 0;                       // bytes of one position's K (or V), all kv heads
   size_t stage_half = 0;                      // bytes of K (or V) of a GPU cache staging slot
 
   // CPU attention.
@@ -188,7 +197,12 @@ struct OffloadEngine::Impl {
 
   Impl(const ModelConfig& c, Backend& b, const OffloadOptions& o, const PlanShape& s)
       : cfg(c), be(b), opt(o), shape(s), dt(b.activation_dtype()), esize(dtype_size(dt)), L(c.n_layers),
-        gbs(o.policy.gpu_batch_size), ngb(o.policy.num_gpu_batches), ops(cfg, b), trace(o.trace) {}
+        gbs(o.policy.gpu_batch_size), ngb(o.policy.num_gpu_batches), ops(cfg, b), trace(o.trace) {
+    weight_quant = quant_spec(o.policy.compress_weights);
+    cache_quant = quant_spec(o.policy.compress_kv_cache);
+    cache_row = cache_quant ? size_t(cfg.n_kv_heads) * quant::row_bytes(*cache_quant, cfg.head_dim)
+                            : size_t(cfg.kv_dim()) * esize;
+  }
 
   ~Impl() {
     // Lanes first: they may still touch the regions.
@@ -237,15 +251,19 @@ struct OffloadEngine::Impl {
       globals.inv_freq = Tensor(p, DType::F32, be.device(), {int64_t(inv.size())});
     }
 
-    halves = halved_layer_layout(cfg, 0, dt, kPage);
+    halves = halved_layer_layout(cfg, 0, dt, kPage, weight_quant);
     for (int half : {0, 1}) half_layout[half] = half_block_layout(halves, half);
+    if (weight_quant) {
+      const HalvedLayout fp = halved_layer_layout(cfg, 0, dt, kPage);
+      for (int half : {0, 1}) fp_half_layout[half] = half_block_layout(fp, half);
+    }
     const size_t bytes = plan.layer_weight_bytes;
     // Disk-bound layers pass through an aligned host buffer (O_DIRECT wants aligned memory).
     std::unique_ptr<char, void (*)(void*)> bounce(static_cast<char*>(std::aligned_alloc(kPage, bytes)), std::free);
     weight_home.resize(size_t(L));
     resident_layers.resize(size_t(L));
     for (int l = 0; l < L; ++l) {
-      const BlockLayout layout = halved_layer_layout(cfg, l, dt, kPage).layout;  // same offsets, this layer's names
+      const BlockLayout layout = halved_layer_layout(cfg, l, dt, kPage, weight_quant).layout;  // same offsets, this layer's names
       Home& h = weight_home[size_t(l)] = place(plan.weight_tier[size_t(l)], bytes, "layer weights");
       if (h.tier == Tier::Cpu) {
         read_block(layout, src, h.ptr, used);
@@ -277,6 +295,7 @@ struct OffloadEngine::Impl {
     const int64_t max_tokens = plan.step_tokens;
     ops.bind_workspace(gpu.take(ForwardOps::workspace_bytes(cfg, dt, max_tokens, gbs), "workspace"), max_tokens, gbs);
     stage_half = plan.cache_stage_bytes / 2;
+    if (plan.dequant_bytes > 0) dequant_mem = gpu.take(plan.dequant_bytes, "dequantized weights");
     // A layer streams half by half (attention, then MLP), each half loading while the other
     // computes: one slot per half is the double buffer.
     if (moves(plan.weight_tier)) {
@@ -324,7 +343,7 @@ struct OffloadEngine::Impl {
 
   // ---------------------------------------------------------------- transfers
   // Copies rows of every slot of a cache tensor between a home and a GPU slot.
-  size_t cache_row_bytes() const { return size_t(cfg.kv_dim()) * esize; }
+  size_t cache_row_bytes() const { return cache_row; }
   size_t slot_pitch() const { return size_t(shape.capacity()) * cache_row_bytes(); }
 
   // The GPU staging slot holds the unit's slots from its first; the host unit is the whole batch's.
@@ -553,6 +572,15 @@ struct OffloadEngine::Impl {
     return staged_weights;
   }
 
+  // Sub-layer jj's compressed weights dequantized, once for token i's pass over the block.
+  const LayerWeights& dequantized_for(int i, int jj) {
+    if (dequant_token == i && dequant_sub == jj) return dequantized;
+    dequant_token = dequant_sub = -1;  // stale until the kernels below are enqueued
+    dequantized = dequantized_views(weights_for(jj), fp_half_layout[jj % 2], dequant_mem, be);
+    dequant_token = i, dequant_sub = jj;
+    return dequantized;
+  }
+
   Tensor hidden_for(int i, int jj, int u, int64_t T) {
     const BatchState& b = unit(i, u);
     const Home& home = act_home[size_t(b.batch)];
@@ -590,10 +618,15 @@ struct OffloadEngine::Impl {
       k_ptr = c_gpu.data(h.gpu);
       v_ptr = k_ptr + stage_half;
     }
-    auto view = [&](char* base) {
-      return Tensor(base, dt, be.device(), {b.slots(), shape.capacity(), cfg.n_kv_heads, cfg.head_dim});
-    };
-    return {view(k_ptr), view(v_ptr)};
+    return {cache_view(k_ptr, b, be.device()), cache_view(v_ptr, b, be.device())};
+  }
+
+  // The unit's slots of a cache tensor at `base`, as stored (quantized rows when compressed).
+  Tensor cache_view(char* base, const BatchState& b, Device device) const {
+    if (cache_quant)
+      return Tensor::quantized(base, quant::dtype_of(*cache_quant), cache_quant->group_size, device,
+                               {b.slots(), shape.capacity(), cfg.n_kv_heads, cfg.head_dim});
+    return Tensor(base, dt, device, {b.slots(), shape.capacity(), cfg.n_kv_heads, cfg.head_dim});
   }
 
   // Attention on the CPU over the cache in pinned memory (its home, or a disk home's mirror): q, k,
@@ -617,8 +650,7 @@ struct OffloadEngine::Impl {
       unit_base = c_pin.data(h.pin);
     }
     char* base = unit_base + size_t(b.first_slot) * slot_pitch();
-    const Tensor ck = host(base, {b.slots(), shape.capacity(), cfg.n_kv_heads, cfg.head_dim});
-    const Tensor cv = host(base + cache_half, {b.slots(), shape.capacity(), cfg.n_kv_heads, cfg.head_dim});
+    const Tensor ck = cache_view(base, b, Device::CPU), cv = cache_view(base + cache_half, b, Device::CPU);
     const Tensor slots(const_cast<int32_t*>(b.step.slots.data()), DType::I32, Device::CPU, {T});
     const Tensor pos(const_cast<int32_t*>(b.step.positions.data()), DType::I32, Device::CPU, {T});
     const Tensor qh = host(q_host, {T, cfg.n_heads, cfg.head_dim}), oh = host(o_host, {T, cfg.n_heads, cfg.head_dim});
@@ -665,7 +697,7 @@ struct OffloadEngine::Impl {
                         std::to_string(b.batch) + (i == 0 ? " s" + std::to_string(b.first_slot) : std::string()),
                     &compute_busy);
     const int64_t T = int64_t(b.step.tokens.size());
-    const LayerWeights& w = weights_for(jj);
+    const LayerWeights& w = weight_quant && T > be.fused_dequant_max_tokens() ? dequantized_for(i, jj) : weights_for(jj);
     const Tensor x = hidden_for(i, jj, u, T);
     const bool cpu = attention && delegated(i, j);
     Tensor ck, cv;
@@ -808,6 +840,7 @@ struct OffloadEngine::Impl {
       n_tokens = std::max(n_tokens, seqs[r].max_new);
     }
     build_units(seqs);
+    dequant_token = dequant_sub = -1;  // token numbers restart with every block
     const size_t units = std::max(prefill_units.size(), decode_units.size());
     w_held.assign(size_t(2 * L), {});
     c_held.assign(units, std::vector<Held>(size_t(L)));
@@ -904,7 +937,6 @@ OffloadEngine::OffloadEngine(const ModelConfig& cfg, const WeightSource& weights
   cfg.validate();
   const Policy& p = options.policy;
   STRATA_CHECK(p.gpu_batch_size > 0 && p.num_gpu_batches > 0, "policy: batch sizes must be positive");
-  check_policy_supported(p);
   STRATA_CHECK(shape.capacity() <= cfg.max_positions,
                "prompt " << shape.prompt_len << " + generation " << shape.gen_len << " exceeds the model's context of "
                          << cfg.max_positions);

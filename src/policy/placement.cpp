@@ -57,6 +57,14 @@ size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 }  // namespace
 
+std::optional<quant::QuantSpec> quant_spec(const std::optional<Compression>& c) {
+  if (!c) return std::nullopt;
+  quant::QuantSpec q;
+  q.bits = c->bits;
+  q.group_size = c->group_size;
+  return q;
+}
+
 PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const PlanShape& shape, DType dtype) {
   STRATA_CHECK(shape.prompt_len > 0 && shape.gen_len >= 0, "plan: prompt length must be positive");
   const size_t e = dtype_size(dtype);
@@ -73,9 +81,13 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   p.cache_tier = assign_tiers(L, policy.kv_cache);
   p.act_tier = assign_tiers(ngb, policy.activations);  // one hidden state per GPU batch
 
-  const size_t kv_row = size_t(cfg.kv_dim()) * e, h_row = size_t(cfg.hidden) * e;
+  const std::optional<quant::QuantSpec> wq = quant_spec(policy.compress_weights);
+  const std::optional<quant::QuantSpec> cq = quant_spec(policy.compress_kv_cache);
+  // A cache position: kv_heads rows of head_dim, each quantized on its own when compressed.
+  const size_t kv_row = cq ? size_t(cfg.n_kv_heads) * quant::row_bytes(*cq, cfg.head_dim) : size_t(cfg.kv_dim()) * e;
+  const size_t h_row = size_t(cfg.hidden) * e;
   // A layer's block as it streams: its attention half, then its MLP half, each page-aligned.
-  const HalvedLayout halves = halved_layer_layout(cfg, 0, dtype, disk_align);
+  const HalvedLayout halves = halved_layer_layout(cfg, 0, dtype, disk_align, wq);
   p.layer_weight_bytes = halves.layout.bytes;
   p.attn_weight_bytes = halves.attn_bytes;
   p.mlp_weight_bytes = halves.mlp_bytes;
@@ -117,6 +129,14 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   // buffer per half, one layer in all. Cache and hidden states: the unit computed, the next one
   // loaded and the previous one stored.
   if (weights_move) w.gpu += double(p.attn_weight_bytes + p.mlp_weight_bytes);
+  // Compressed weights are read as codes by the fused linear in decode; a step with more tokens
+  // dequantizes its half-layer once (for every unit of the block) into one buffer of the larger
+  // uncompressed half.
+  if (wq) {
+    const HalvedLayout fp = halved_layer_layout(cfg, 0, dtype, disk_align);
+    p.dequant_bytes = std::max(fp.attn_bytes, fp.mlp_bytes);
+    w.gpu += double(p.dequant_bytes);
+  }
   if (cache_moves) w.gpu += 3.0 * double(p.cache_stage_bytes);
   if (acts_move) w.gpu += 3.0 * double(p.act_stage_bytes);
   // Disk transfers pass through pinned mirrors of whole units (O_DIRECT needs the file's page

@@ -136,9 +136,4 @@ std::string policy_to_yaml(const Policy& p) {
   return os.str();
 }
 
-void check_policy_supported(const Policy& p) {
-  if (p.compress_weights) throw Error("policy: compress_weights is not supported yet (the quantization issue)");
-  if (p.compress_kv_cache) throw Error("policy: compress_kv_cache is not supported yet (the quantization issue)");
-}
-
 }  // namespace strata

@@ -39,7 +39,7 @@ RowLayout row_layout(const QuantSpec& spec, int64_t n) {
   // Codes padded to 4 bytes, so the fp16 parameters after them stay aligned on every device.
   l.code_bytes = (size_t(n) * size_t(spec.bits) + 31) / 32 * 4;
   l.groups = size_t((n + spec.group_size - 1) / spec.group_size);
-  l.bytes = l.code_bytes + 2 * l.groups * sizeof(uint16_t);
+  l.bytes = quantized_row_bytes(spec.bits, spec.group_size, n);
   return l;
 }
 
@@ -125,6 +125,15 @@ void dequantize_row(const QuantSpec& spec, const RowLayout& l, const uint8_t* in
 void check_spec(const QuantSpec& spec, int64_t n) {
   check_fields(spec);
   if (n <= 0) STRATA_FAIL("quantization: a row must have at least one element, got n = " << n);
+}
+
+QuantSpec spec_of(const Tensor& t) {
+  STRATA_CHECK(t.quantized(), "internal: a " << dtype_name(t.dtype) << " tensor is not quantized");
+  QuantSpec s;
+  s.bits = quantized_bits(t.dtype);
+  s.group_size = t.group;
+  check_fields(s);
+  return s;
 }
 
 size_t row_bytes(const QuantSpec& spec, int64_t n) {

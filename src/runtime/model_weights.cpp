@@ -32,27 +32,16 @@ Tensor make_view(void* base, size_t offset, DType dt, Device dev, const std::vec
   return t;
 }
 
-void assign_layer_view(LayerWeights& lw, WeightRole role, const Tensor& t) {
-  switch (role) {
-    case WeightRole::AttnNormW: lw.attn_norm_w = t; break;
-    case WeightRole::AttnNormB: lw.attn_norm_b = t; break;
-    case WeightRole::QW: lw.q_w = t; break;
-    case WeightRole::QB: lw.q_b = t; break;
-    case WeightRole::KW: lw.k_w = t; break;
-    case WeightRole::KB: lw.k_b = t; break;
-    case WeightRole::VW: lw.v_w = t; break;
-    case WeightRole::VB: lw.v_b = t; break;
-    case WeightRole::OW: lw.o_w = t; break;
-    case WeightRole::OB: lw.o_b = t; break;
-    case WeightRole::MlpNormW: lw.mlp_norm_w = t; break;
-    case WeightRole::MlpNormB: lw.mlp_norm_b = t; break;
-    case WeightRole::Fc1W: lw.fc1_w = t; break;
-    case WeightRole::Fc1B: lw.fc1_b = t; break;
-    case WeightRole::UpW: lw.up_w = t; break;
-    case WeightRole::Fc2W: lw.fc2_w = t; break;
-    case WeightRole::Fc2B: lw.fc2_b = t; break;
-    default: STRATA_CHECK(false, "not a layer role");
-  }
+Tensor make_spec_view(const BlockLayout& layout, size_t i, void* base, Device dev) {
+  Tensor t = make_view(base, layout.offsets[i], layout.dtypes[i], dev, layout.specs[i].shape);
+  if (is_quantized(layout.dtypes[i])) t.group = layout.compression->group_size;
+  return t;
+}
+
+// Bytes of spec i of a layout as stored.
+size_t stored_bytes(const WeightSpec& spec, DType dt, const std::optional<quant::QuantSpec>& compression) {
+  if (!is_quantized(dt)) return size_t(spec.numel()) * dtype_size(dt);
+  return size_t(spec.shape[0]) * quant::row_bytes(*compression, spec.shape[1]);
 }
 
 Buffer upload_block(const BlockLayout& layout, const WeightSource& src, Backend& backend, std::set<std::string>& used) {
@@ -63,27 +52,66 @@ Buffer upload_block(const BlockLayout& layout, const WeightSource& src, Backend&
   return block;
 }
 
-BlockLayout block_layout(std::vector<WeightSpec> specs, DType dt) {
+BlockLayout block_layout(std::vector<WeightSpec> specs, DType dt, const std::optional<quant::QuantSpec>& compression) {
   const size_t align = 256;  // keeps every view aligned for vector loads and cuBLAS
   BlockLayout b;
   b.dtype = dt;
+  b.compression = compression;
   b.specs = std::move(specs);
   for (const WeightSpec& s : b.specs) {
+    const DType stored = compression && is_projection(s.role) ? quant::dtype_of(*compression) : dt;
     b.offsets.push_back(b.bytes);
-    b.bytes += (size_t(s.numel()) * dtype_size(dt) + align - 1) / align * align;
+    b.dtypes.push_back(stored);
+    b.bytes += (stored_bytes(s, stored, compression) + align - 1) / align * align;
   }
   return b;
 }
 
 }  // namespace
 
-BlockLayout layer_block_layout(const ModelConfig& cfg, int layer, DType dtype) {
-  return block_layout(layer_weight_specs(cfg, layer), dtype);
+bool is_projection(WeightRole role) {
+  switch (role) {
+    case WeightRole::QW: case WeightRole::KW: case WeightRole::VW: case WeightRole::OW:
+    case WeightRole::Fc1W: case WeightRole::UpW: case WeightRole::Fc2W: return true;
+    default: return false;
+  }
 }
-HalvedLayout halved_layer_layout(const ModelConfig& cfg, int layer, DType dtype, size_t align) {
+
+const Tensor& layer_tensor(const LayerWeights& lw, WeightRole role) {
+  switch (role) {
+    case WeightRole::AttnNormW: return lw.attn_norm_w;
+    case WeightRole::AttnNormB: return lw.attn_norm_b;
+    case WeightRole::QW: return lw.q_w;
+    case WeightRole::QB: return lw.q_b;
+    case WeightRole::KW: return lw.k_w;
+    case WeightRole::KB: return lw.k_b;
+    case WeightRole::VW: return lw.v_w;
+    case WeightRole::VB: return lw.v_b;
+    case WeightRole::OW: return lw.o_w;
+    case WeightRole::OB: return lw.o_b;
+    case WeightRole::MlpNormW: return lw.mlp_norm_w;
+    case WeightRole::MlpNormB: return lw.mlp_norm_b;
+    case WeightRole::Fc1W: return lw.fc1_w;
+    case WeightRole::Fc1B: return lw.fc1_b;
+    case WeightRole::UpW: return lw.up_w;
+    case WeightRole::Fc2W: return lw.fc2_w;
+    case WeightRole::Fc2B: return lw.fc2_b;
+    default: STRATA_FAIL("internal: not a layer role");
+  }
+}
+Tensor& layer_tensor(LayerWeights& lw, WeightRole role) {
+  return const_cast<Tensor&>(layer_tensor(static_cast<const LayerWeights&>(lw), role));
+}
+
+BlockLayout layer_block_layout(const ModelConfig& cfg, int layer, DType dtype,
+                               const std::optional<quant::QuantSpec>& compression) {
+  return block_layout(layer_weight_specs(cfg, layer), dtype, compression);
+}
+HalvedLayout halved_layer_layout(const ModelConfig& cfg, int layer, DType dtype, size_t align,
+                                 const std::optional<quant::QuantSpec>& compression) {
   auto round_up = [align](size_t n) { return (n + align - 1) / align * align; };
   HalvedLayout h;
-  h.layout = layer_block_layout(cfg, layer, dtype);
+  h.layout = layer_block_layout(cfg, layer, dtype, compression);
   BlockLayout& l = h.layout;
   size_t first_mlp = l.specs.size();
   for (size_t i = 0; i < l.specs.size() && first_mlp == l.specs.size(); ++i)
@@ -101,18 +129,20 @@ HalvedLayout halved_layer_layout(const ModelConfig& cfg, int layer, DType dtype,
 BlockLayout half_block_layout(const HalvedLayout& halves, int half) {
   BlockLayout out;
   out.dtype = halves.layout.dtype;
+  out.compression = halves.layout.compression;
   out.bytes = half ? halves.mlp_bytes : halves.attn_bytes;
   const size_t base = half ? halves.mlp_offset : 0;
   for (size_t i = 0; i < halves.layout.specs.size(); ++i) {
     if ((halves.layout.offsets[i] >= halves.mlp_offset) != bool(half)) continue;
     out.specs.push_back(halves.layout.specs[i]);
     out.offsets.push_back(halves.layout.offsets[i] - base);
+    out.dtypes.push_back(halves.layout.dtypes[i]);
   }
   return out;
 }
 
 BlockLayout global_block_layout(const ModelConfig& cfg, DType dtype) {
-  return block_layout(global_weight_specs(cfg), dtype);
+  return block_layout(global_weight_specs(cfg), dtype, std::nullopt);
 }
 
 void read_block(const BlockLayout& layout, const WeightSource& src, void* host_dst, std::set<std::string>& used) {
@@ -123,7 +153,14 @@ void read_block(const BlockLayout& layout, const WeightSource& src, void* host_d
     if (shape != s.shape)
       STRATA_FAIL(src.describe() << ": tensor '" << name << "' has shape " << shape_str(shape) << ", the config implies "
                                  << shape_str(s.shape));
-    src.read(name, layout.dtype, static_cast<uint8_t*>(host_dst) + layout.offsets[i]);
+    uint8_t* dst = static_cast<uint8_t*>(host_dst) + layout.offsets[i];
+    if (is_quantized(layout.dtypes[i])) {  // quantized once, here, at load
+      std::vector<float> full(static_cast<size_t>(s.numel()));
+      src.read(name, DType::F32, full.data());
+      quant::quantize_rows(*layout.compression, full.data(), DType::F32, s.shape[0], s.shape[1], dst);
+    } else {
+      src.read(name, layout.dtype, dst);
+    }
     used.insert(name);
   }
 }
@@ -131,14 +168,31 @@ void read_block(const BlockLayout& layout, const WeightSource& src, void* host_d
 LayerWeights layer_views(const BlockLayout& layout, void* base, Device device) {
   LayerWeights lw;
   for (size_t i = 0; i < layout.specs.size(); ++i)
-    assign_layer_view(lw, layout.specs[i].role,
-                      make_view(base, layout.offsets[i], layout.dtype, device, layout.specs[i].shape));
+    layer_tensor(lw, layout.specs[i].role) = make_spec_view(layout, i, base, device);
   return lw;
+}
+
+LayerWeights dequantized_views(const LayerWeights& w, const BlockLayout& fp_layout, void* base, Backend& backend) {
+  LayerWeights out;
+  for (size_t i = 0; i < fp_layout.specs.size(); ++i) {
+    const WeightRole role = fp_layout.specs[i].role;
+    const Tensor& src = layer_tensor(w, role);
+    Tensor& dst = layer_tensor(out, role);
+    if (!src.quantized()) {
+      dst = src;
+      continue;
+    }
+    STRATA_CHECK(!is_quantized(fp_layout.dtypes[i]) && src.dim(0) == fp_layout.specs[i].shape[0],
+                 "internal: dequantizing " << fp_layout.specs[i].name << " into a layout that is not its fp form");
+    dst = make_spec_view(fp_layout, i, base, backend.device());
+    backend.dequantize_rows(quant::spec_of(src), src.data, dst);
+  }
+  return out;
 }
 
 void set_global_views(const ModelConfig& cfg, const BlockLayout& layout, void* base, Device device, ModelWeights& mw) {
   for (size_t i = 0; i < layout.specs.size(); ++i) {
-    const Tensor t = make_view(base, layout.offsets[i], layout.dtype, device, layout.specs[i].shape);
+    const Tensor t = make_spec_view(layout, i, base, device);
     switch (layout.specs[i].role) {
       case WeightRole::Embed: mw.embed = t; break;
       case WeightRole::PosEmbed: mw.pos_embed = t; break;

@@ -87,7 +87,12 @@ public:
 
   // y = x @ w^T + bias. x: [T, in], w: [out, in] (Hugging Face layout), bias: [out] or empty,
   // y: [T, out]. Accumulates in fp32. y must not alias x.
+  // w may be quantized (Q4/Q8, groups along `in`, quant.h): then the op dequantizes each weight row
+  // in registers as it reads it (a fused dequant-GEMV/GEMM) and never writes an fp copy. It is
+  // exact for any T, but fast only up to fused_dequant_max_tokens(); callers with more tokens
+  // dequantize the matrix once (dequantize_rows) and run the plain GEMM over it.
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) = 0;
+  virtual int64_t fused_dequant_max_tokens() const = 0;
 
   // out = a + b elementwise; out may alias a or b.
   virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
@@ -107,6 +112,10 @@ public:
   // cache_k[slots[t], positions[t]] = k[t], likewise v. (The CPU backend also takes F16 k/v and
   // caches here and in attention(), for attention delegated to the CPU from an fp16 GPU.)
   // k, v: [T, kv_heads, d]; cache_k, cache_v: [S, C, kv_heads, d]; slots, positions: I32 [T].
+  // Caches may be quantized (Q4/Q8, each (position, head) row of d grouped along d): new entries
+  // are quantized as they are written, bit for bit as quant::quantize_rows does on the host, so a
+  // cache written on either backend holds the same bytes. attention() then reads the codes,
+  // dequantizing in registers.
   virtual void kv_store(const Tensor& k, const Tensor& v, const Tensor& cache_k, const Tensor& cache_v,
                         const Tensor& slots, const Tensor& positions) = 0;
 

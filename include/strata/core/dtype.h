@@ -6,9 +6,19 @@
 
 namespace strata {
 
-enum class DType : uint8_t { F32, F16, BF16, I32 };
+// Q4 and Q8: rows of group-wise quantized codes (include/strata/quant/quant.h). Their elements have
+// no size of their own; a quantized tensor's bytes come from quantized_row_bytes() over its rows.
+enum class DType : uint8_t { F32, F16, BF16, I32, Q4, Q8 };
 
-size_t dtype_size(DType dt);
+size_t dtype_size(DType dt);  // throws for Q4 and Q8
+inline bool is_quantized(DType dt) { return dt == DType::Q4 || dt == DType::Q8; }
+inline int quantized_bits(DType dt) { return dt == DType::Q4 ? 4 : 8; }
+// Bytes of one quantized row of n elements in groups of `group`: codes padded to 4 bytes, then an
+// fp16 scale and an fp16 minimum per group (the last group shorter when `group` does not divide n).
+inline size_t quantized_row_bytes(int bits, int group, int64_t n) {
+  const size_t groups = size_t((n + group - 1) / group);
+  return (size_t(n) * size_t(bits) + 31) / 32 * 4 + 4 * groups;
+}
 const char* dtype_name(DType dt);
 
 float half_to_float(uint16_t h);

@@ -18,14 +18,20 @@ struct Tensor {
   Device device = Device::CPU;
   int ndim = 0;
   std::array<int64_t, 4> shape{0, 0, 0, 0};
+  int group = 0;  // Q4 / Q8 only: elements per quantization group along the last dimension
 
   Tensor() = default;
   Tensor(void* data, DType dtype, Device device, std::initializer_list<int64_t> dims);
 
+  // A view of group-wise quantized rows (Q4 or Q8): the last dimension is quantized in groups.
+  static Tensor quantized(void* data, DType dtype, int group, Device device, std::initializer_list<int64_t> dims);
   bool empty() const { return data == nullptr; }
+  bool quantized() const { return is_quantized(dtype); }
   int64_t dim(int i) const { return shape[i < 0 ? ndim + i : i]; }
   int64_t numel() const;
-  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  size_t nbytes() const;
+  // Bytes of one index of the first dimension (quantized rows included).
+  size_t row_bytes() const;
   // Elements per row: the product of all dimensions but the first.
   // (Computed as a product, not numel / shape[0], so [0, n] views report n.)
   int64_t row_size() const {

@@ -12,12 +12,14 @@
 // the offloading engine both depend on it here; the policy module needs nothing of offload.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "strata/core/dtype.h"
 #include "strata/model/config.h"
 #include "strata/policy/policy.h"
+#include "strata/quant/quant.h"
 
 namespace strata {
 
@@ -66,10 +68,14 @@ struct PlacementPlan {
                                  // its units, each 4 KiB-aligned for the disk, or its decode rows
   size_t act_piece_bytes = 0;    // one prefill unit's piece of it (aligned)
   size_t act_stage_bytes = 0;    // a GPU staging slot: the larger of a piece and the decode rows
+  size_t dequant_bytes = 0;      // compressed weights: the GPU buffer a half-layer is dequantized into
 
   // Realized percentages (of bytes of the class), for reports beside the policy's request.
   TierSplit realized_weights, realized_kv_cache, realized_activations;
 };
+
+// The quantization spec of a policy's compression field.
+std::optional<quant::QuantSpec> quant_spec(const std::optional<Compression>& c);
 
 // `dtype`: the compute backend's activation dtype (F16 on CUDA, F32 on the CPU backend).
 PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const PlanShape& shape, DType dtype);

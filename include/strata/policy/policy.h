@@ -49,7 +49,5 @@ Policy parse_policy(const std::string& yaml_text, const std::string& source_name
 Policy load_policy(const std::filesystem::path& file);
 std::string policy_to_yaml(const Policy& p);
 
-// Throws "not supported yet" for options the runtime does not implement (compression for now).
-void check_policy_supported(const Policy& p);
 
 }  // namespace strata

@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "strata/core/dtype.h"
+#include "strata/core/tensor.h"
 
 namespace strata::quant {
 
@@ -40,6 +41,10 @@ void check_spec(const QuantSpec& spec, int64_t n);
 size_t row_bytes(const QuantSpec& spec, int64_t n);
 // Bytes per element, parameters included: 4.5 bits at 4-bit, group 64 (0.5625 bytes).
 double bytes_per_element(const QuantSpec& spec);
+
+// The tensor dtype of a spec (Q4 or Q8), and the spec of a quantized tensor.
+inline DType dtype_of(const QuantSpec& spec) { return spec.bits == 4 ? DType::Q4 : DType::Q8; }
+QuantSpec spec_of(const Tensor& t);  // throws unless t is Q4 or Q8 with a valid group
 
 // Host reference implementation. `src` holds rows x n elements of `src_dtype` (F32, F16 or
 // BF16), row after row; `dst` receives rows x row_bytes(spec, n) bytes.

@@ -1,6 +1,7 @@
 // A model's weights resident on one backend. Each layer is one Buffer (the unit that will move
 // between tiers) with named views into it; the embeddings, final norm and head form one more.
 #pragma once
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "strata/model/config.h"
 #include "strata/model/weight_source.h"
 #include "strata/model/weight_specs.h"
+#include "strata/quant/quant.h"
 
 namespace strata {
 
@@ -40,14 +42,24 @@ ModelWeights load_model_weights(const ModelConfig& cfg, const WeightSource& sour
 // The byte layout of one block of tensors (a layer, or the globals) as stored in a Buffer, in
 // pinned memory or on disk: each tensor 256-byte aligned, in weight_specs order. All layers of a
 // model share one layout, so a layer can move between tiers as one contiguous copy.
+//
+// A compressed layer block keeps its projection matrices (q, k, v, o, fc1/gate, up, fc2/down) as
+// group-wise quantized rows (groups along `in`, quant.h) and its norms and biases, a few KB, in
+// `dtype`: the matrices are >99.9% of a layer's bytes, and the small tensors are read in place
+// by every op.
 struct BlockLayout {
   std::vector<WeightSpec> specs;
   std::vector<size_t> offsets;
+  std::vector<DType> dtypes;  // per spec: `dtype`, or Q4/Q8 for a compressed matrix
   size_t bytes = 0;
   DType dtype = DType::F32;
+  std::optional<quant::QuantSpec> compression;  // of the quantized specs
 };
-BlockLayout layer_block_layout(const ModelConfig& cfg, int layer, DType dtype);
+BlockLayout layer_block_layout(const ModelConfig& cfg, int layer, DType dtype,
+                               const std::optional<quant::QuantSpec>& compression = std::nullopt);
 BlockLayout global_block_layout(const ModelConfig& cfg, DType dtype);
+// Whether a layer tensor is one of the projection matrices a compressed layer quantizes.
+bool is_projection(WeightRole role);
 
 // A layer's block as the offloading engine streams it, half by half: the attention tensors from
 // 0, the MLP tensors from `mlp_offset` (rounded up to `align`, the disk's page), so either half
@@ -57,16 +69,25 @@ struct HalvedLayout {
   size_t mlp_offset = 0;
   size_t attn_bytes = 0, mlp_bytes = 0;  // each rounded up to `align`; layout.bytes is their sum
 };
-HalvedLayout halved_layer_layout(const ModelConfig& cfg, int layer, DType dtype, size_t align);
+HalvedLayout halved_layer_layout(const ModelConfig& cfg, int layer, DType dtype, size_t align,
+                                 const std::optional<quant::QuantSpec>& compression = std::nullopt);
 // One half's own layout (0 attention, 1 MLP): its tensors, offsets from the half's start, so a
 // buffer holding just that half gets views with layer_views().
 BlockLayout half_block_layout(const HalvedLayout& halves, int half);
 
 // Reads a block's tensors from `source` into host memory laid out as `layout` (shape-checked,
-// converted to layout.dtype); records the stored names it used in `used`.
+// converted to layout.dtype, compressed matrices quantized by the host reference); records the
+// stored names it used in `used`.
 void read_block(const BlockLayout& layout, const WeightSource& source, void* host_dst, std::set<std::string>& used);
 // Views of a layer block at `base` on `device`; no copy.
 LayerWeights layer_views(const BlockLayout& layout, void* base, Device device);
+// Views of `w` whose quantized matrices are dequantized into `base`, laid out as `fp_layout`
+// (the same tensors uncompressed: a half_block_layout or layer layout without compression); its
+// other tensors stay views of w. Enqueued on `backend`'s compute stream.
+LayerWeights dequantized_views(const LayerWeights& w, const BlockLayout& fp_layout, void* base, Backend& backend);
+// The view of `role` in a layer's weights.
+Tensor& layer_tensor(LayerWeights& w, WeightRole role);
+const Tensor& layer_tensor(const LayerWeights& w, WeightRole role);
 // Sets the global views of `mw` (embeddings, norms, head) on a globals block at `base`.
 void set_global_views(const ModelConfig& cfg, const BlockLayout& layout, void* base, Device device, ModelWeights& mw);
 // Fails naming the first tensor of `source` that no block used (and that is not ignorable).

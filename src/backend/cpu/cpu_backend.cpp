@@ -20,12 +20,16 @@
 #include "strata/backend/backend.h"
 #include "strata/core/error.h"
 #include "strata/core/thread_pool.h"
+#include "strata/quant/quant.h"
+#include "cpu_quant.h"
 
 namespace strata {
 namespace {
 
 // fp16 values travel as their IEEE bit patterns, as in strata/core/dtype.h.
 using f16 = uint16_t;
+// Tag for attention over caches of group-wise quantized rows.
+struct QuantRow {};
 
 #if defined(__AVX2__) && defined(__FMA__)
 inline float hsum(__m256 s) {
@@ -136,6 +140,15 @@ void check_i32(const Tensor& t, const char* what) {
 
 // Up to this many tokens, linear() streams the weights itself instead of calling sgemm.
 constexpr int64_t kStreamingMaxTokens = 8;
+// Up to this many tokens a quantized linear is worth fusing: each weight row is dequantized once
+// into L1 and dotted with every token, where dequantizing the matrix and calling sgemm would
+// write and reread an fp32 copy of it.
+constexpr int64_t kFusedDequantMaxTokens = 32;
+
+void check_quantized(const Tensor& t, const char* what) {
+  STRATA_CHECK(t.device == Device::CPU && t.quantized() && t.data,
+               "cpu backend: " << what << " must be a quantized (Q4/Q8) CPU tensor, got " << dtype_name(t.dtype));
+}
 
 class CpuBackend final : public Backend {
 public:
@@ -239,7 +252,10 @@ public:
     });
   }
 
+  int64_t fused_dequant_max_tokens() const override { return kFusedDequantMaxTokens; }
+
   void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) override {
+    if (w.quantized()) return linear_quantized(x, w, bias, y);
     check_f32(x, "x");
     check_f32(w, "w");
     check_f32(y, "y");
@@ -344,6 +360,7 @@ public:
 
   void kv_store(const Tensor& k, const Tensor& v, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
                 const Tensor& positions) override {
+    if (cache_k.quantized()) return kv_store_quantized(k, v, cache_k, cache_v, slots, positions);
     check_f32_or_f16(k, "k");
     check_f32_or_f16(v, "v");
     check_f32_or_f16(cache_k, "cache_k");
@@ -370,17 +387,26 @@ public:
                  const Tensor& positions, float scale, const Tensor& out) override {
     check_f32_or_f16(q, "q");
     check_f32_or_f16(out, "out");
-    check_f32_or_f16(cache_k, "cache_k");
-    check_f32_or_f16(cache_v, "cache_v");
+    if (cache_k.quantized()) {
+      check_quantized(cache_k, "cache_k");
+      check_quantized(cache_v, "cache_v");
+      STRATA_CHECK(cache_k.dtype == cache_v.dtype && cache_k.group == cache_v.group, "attention: cache_k and cache_v differ");
+    } else {
+      check_f32_or_f16(cache_k, "cache_k");
+      check_f32_or_f16(cache_v, "cache_v");
+      check_same_dtype(cache_k, "cache_k", cache_v, "cache_v");
+    }
     check_same_dtype(q, "q", out, "out");
-    check_same_dtype(cache_k, "cache_k", cache_v, "cache_v");
     check_i32(slots, "slots");
     check_i32(positions, "positions");
     STRATA_CHECK(q.ndim == 3 && cache_k.ndim == 4 && cache_k.dim(3) == q.dim(2) && q.dim(1) % cache_k.dim(2) == 0 &&
                      out.numel() == q.numel() && slots.numel() == q.dim(0) && positions.numel() == q.dim(0),
                  "attention: q " << q.shape_str() << " cache " << cache_k.shape_str());
     const bool q16 = q.dtype == DType::F16, cache16 = cache_k.dtype == DType::F16;
-    if (!q16 && !cache16)
+    if (cache_k.quantized()) {
+      if (q16) attend<f16, QuantRow>(q, cache_k, cache_v, slots, positions, scale, out);
+      else attend<float, QuantRow>(q, cache_k, cache_v, slots, positions, scale, out);
+    } else if (!q16 && !cache16)
       attend<float, float>(q, cache_k, cache_v, slots, positions, scale, out);
     else if (!q16)
       attend<float, f16>(q, cache_k, cache_v, slots, positions, scale, out);
@@ -437,19 +463,92 @@ public:
   }
 
 private:
-  // attention() with q and out of element type Q and caches of element type Cache (float or f16),
-  // arguments already checked. One work item per (token, query head); scores, softmax and the
-  // weighted sum of values in fp32. An fp16 query row is widened into a scratch row first, an fp16
-  // output accumulates in a scratch row and is rounded once at the end.
+  // y = x @ dequantized(w)^T + bias: each weight row is dequantized once into a per-thread fp32
+  // row and dotted with every token, so the codes are the only weight bytes read.
+  void linear_quantized(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+    check_f32(x, "x");
+    check_quantized(w, "w");
+    check_f32(y, "y");
+    const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
+    STRATA_CHECK(w.ndim == 2 && w.dim(1) == in && y.dim(0) == T && y.row_size() == out,
+                 "linear: x " << x.shape_str() << " w " << w.shape_str() << " y " << y.shape_str());
+    STRATA_CHECK(y.data != x.data, "linear: y must not alias x");
+    if (!bias.empty()) {
+      check_f32(bias, "bias");
+      STRATA_CHECK(bias.numel() == out, "linear: bias " << bias.shape_str());
+    }
+    if (T == 0) return;
+    const quant::QuantSpec spec = quant::spec_of(w);
+    const size_t row_bytes = quant::row_bytes(spec, in);
+    const float* b = bias.empty() ? nullptr : bias.ptr<float>();
+    pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
+      std::vector<float> wr(static_cast<size_t>(in));
+      for (int64_t o = o0; o < o1; ++o) {
+        cpu::dequantize_row_f32(w.ptr<uint8_t>() + size_t(o) * row_bytes, spec.bits, spec.group_size, in, wr.data());
+        for (int64_t t = 0; t < T; ++t)
+          y.ptr<float>()[t * out + o] = (b ? b[o] : 0.0f) + dot(x.ptr<float>() + t * in, wr.data(), in);
+      }
+    });
+  }
+
+  // kv_store into quantized caches: each (token, kv head) row is quantized by the reference.
+  void kv_store_quantized(const Tensor& k, const Tensor& v, const Tensor& cache_k, const Tensor& cache_v,
+                          const Tensor& slots, const Tensor& positions) {
+    check_f32_or_f16(k, "k");
+    check_f32_or_f16(v, "v");
+    check_same_dtype(k, "k", v, "v");
+    check_quantized(cache_k, "cache_k");
+    check_quantized(cache_v, "cache_v");
+    check_i32(slots, "slots");
+    check_i32(positions, "positions");
+    STRATA_CHECK(cache_k.dtype == cache_v.dtype && cache_k.group == cache_v.group, "kv_store: cache_k and cache_v differ");
+    const int64_t S = cache_k.dim(0), C = cache_k.dim(1), heads = cache_k.dim(2), d = cache_k.dim(3);
+    STRATA_CHECK(cache_k.ndim == 4 && k.row_size() == heads * d && v.row_size() == heads * d && slots.numel() == k.dim(0),
+                 "kv_store: k " << k.shape_str() << " cache " << cache_k.shape_str());
+    const quant::QuantSpec spec = quant::spec_of(cache_k);
+    const size_t src_row = size_t(heads * d) * dtype_size(k.dtype), dst_row = size_t(heads) * quant::row_bytes(spec, d);
+    for (int64_t t = 0; t < k.dim(0); ++t) {
+      const int32_t s = slots.ptr<int32_t>()[t], p = positions.ptr<int32_t>()[t];
+      STRATA_CHECK(s >= 0 && s < S && p >= 0 && p < C, "kv_store: slot " << s << " position " << p << " outside cache");
+      const size_t dst = size_t(s * C + p) * dst_row, src = size_t(t) * src_row;
+      quant::quantize_rows(spec, k.ptr<char>() + src, k.dtype, heads, d, cache_k.ptr<char>() + dst);
+      quant::quantize_rows(spec, v.ptr<char>() + src, v.dtype, heads, d, cache_v.ptr<char>() + dst);
+    }
+  }
+
+  // attention() with q and out of element type Q and caches of element type Cache (float, f16, or
+  // QuantRow for quantized rows), arguments already checked. One work item per (token, query
+  // head); scores, softmax and the weighted sum of values in fp32. An fp16 query row is widened
+  // into a scratch row first, an fp16 output accumulates in a scratch row and is rounded once at
+  // the end. A quantized key or value row is dequantized with SIMD into an L1-resident scratch row
+  // as it is read, so the cache is read in its compressed form.
   template <class Q, class Cache>
   void attend(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
               const Tensor& positions, float scale, const Tensor& out) {
     constexpr bool q16 = std::is_same_v<Q, f16>;
+    constexpr bool quantized = std::is_same_v<Cache, QuantRow>;
+    using Elem = std::conditional_t<quantized, float, Cache>;
     const int64_t T = q.dim(0), heads = q.dim(1), d = q.dim(2);
     const int64_t S = cache_k.dim(0), C = cache_k.dim(1), kv_heads = cache_k.dim(2);
     const int64_t group = heads / kv_heads;
+    quant::QuantSpec spec;
+    size_t qrow = 0;
+    if constexpr (quantized) {
+      spec = quant::spec_of(cache_k);
+      qrow = quant::row_bytes(spec, d);
+    }
     pool_.parallel_for(T * heads, [&](int64_t w0, int64_t w1) {
-      std::vector<float> scores, q32(q16 ? size_t(d) : 0), o32(q16 ? size_t(d) : 0);
+      std::vector<float> scores, q32(q16 ? size_t(d) : 0), o32(q16 ? size_t(d) : 0), row32(quantized ? size_t(d) : 0);
+      // Row `index` ((slot * C + position) * kv_heads + head) of a cache, as Elem values.
+      auto cache_row = [&](const Tensor& cache, int64_t index) -> const Elem* {
+        if constexpr (quantized) {
+          cpu::dequantize_row_f32(cache.ptr<uint8_t>() + size_t(index) * qrow, spec.bits, spec.group_size, d,
+                                  row32.data());
+          return row32.data();
+        } else {
+          return cache.ptr<Cache>() + index * d;
+        }
+      };
       for (int64_t w = w0; w < w1; ++w) {
         const int64_t t = w / heads, hq = w % heads, hk = hq / group;
         const int32_t s = slots.ptr<int32_t>()[t], p = positions.ptr<int32_t>()[t];
@@ -470,8 +569,7 @@ private:
         scores.resize(size_t(n));
         float mx = -INFINITY;
         for (int64_t j = 0; j < n; ++j) {
-          const Cache* kv = cache_k.ptr<Cache>() + ((s * C + j) * kv_heads + hk) * d;
-          scores[size_t(j)] = dot(qv, kv, d) * scale;
+          scores[size_t(j)] = dot(qv, cache_row(cache_k, (s * C + j) * kv_heads + hk), d) * scale;
           mx = std::max(mx, scores[size_t(j)]);
         }
         double sum = 0;
@@ -479,8 +577,7 @@ private:
         const float inv = float(1.0 / sum);
         std::fill(o, o + d, 0.0f);
         for (int64_t j = 0; j < n; ++j) {
-          const Cache* vv = cache_v.ptr<Cache>() + ((s * C + j) * kv_heads + hk) * d;
-          axpy(scores[size_t(j)] * inv, vv, o, d);
+          axpy(scores[size_t(j)] * inv, cache_row(cache_v, (s * C + j) * kv_heads + hk), o, d);
         }
         if constexpr (q16) f32_to_f16(o, out_row, d);
       }
