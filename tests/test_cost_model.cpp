@@ -149,26 +149,43 @@ TEST_CASE("without overlap a stage takes the sum of its terms", "[cost]") {
 TEST_CASE("4-bit compression shrinks what moves and adds dequantization", "[cost]") {
   CHECK(stored_bytes_per_element(std::nullopt) == 2.0);
   CHECK(stored_bytes_per_element(Compression{4, 64}) == 0.5 + 4.0 / 64);  // 0.5625: 28.125% of fp16
-  const HardwareProfile hw = round_machine();
+  HardwareProfile hw = round_machine();
   Policy p = shape(8, 4, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
   p.compress_weights = Compression{4, 64};
   p.compress_kv_cache = Compression{4, 64};
   const Prediction r = evaluate(opt67(), p, wl, hw);
   const double Wc = W * 0.28125, cache_avg = 32 * 528 * 4 * h;
   CHECK(r.decode.terms[CTOG] == Approx(Wc / 10e9));
-  // GEMM, one dequantization of the layer's weights, attention over the dequantized cache.
-  CHECK(r.decode.terms[COMP] ==
-        Approx(32 * flops_per_token / 10e12 + W / 50e9 + cache_avg / 200e9 + cache_avg / 50e9));
+  // A GPU batch of 8 reads the codes in the fused linear (no dequantization pass); attention reads
+  // the compressed cache at the fp16 rate when the profile has no 4-bit one.
+  CHECK(r.decode.terms[COMP] == Approx(32 * flops_per_token / 10e12 + cache_avg / 200e9));
+  // Prefill dequantizes each layer once for the block (and quantizes the prompt's cache).
+  const double s = 512;
+  CHECK(r.prefill.terms[COMP] > W / 50e9);
   const CostForms F = cost_forms(opt67(), p, wl, hw);
   CHECK(F.sizes.kv_per_token == 4 * h * 0.28125);
   CHECK(F.sizes.layer_weights == Wc);
+  CHECK(F.sizes.dequant_buffer == 2.0 * 8 * h * h);  // the MLP half, fc1 and fc2 in fp16
   // GPU peak: globals, workspace, the compressed weights' buffer (all layers stream from the
-  // CPU), the cache at home compressed, the hidden states, plus the layer being computed and one
-  // GPU batch's cache of one layer dequantized to fp16.
+  // CPU), the cache at home compressed, the hidden states, and the dequantization buffer. The cache
+  // is never dequantized into a buffer: attention reads its codes.
   const double global = 2.0 * (50272 * h + 2050 * h + 2 * h);
   const double ws = double(ForwardOps::workspace_bytes(opt67(), DType::F16, 1024, 8));
   const double cache_cap = 32 * 544 * 4 * h;
-  CHECK(r.peak.gpu == Approx(global + ws + Wc + 32 * cache_cap * 0.28125 + 32 * 512 * 2 * h + W + cache_cap / 4));
+  CHECK(r.peak.gpu == Approx(global + ws + Wc + 32 * cache_cap * 0.28125 + 32 * s * 2 * h + 16 * h * h));
+
+  // A GPU batch over the fused limit dequantizes the layer once per step, for all its GPU batches;
+  // measured 4-bit attention rates replace the fp16 ones, also on the CPU.
+  Policy big = shape(64, 2, {0, 100, 0}, {50, 50, 0}, {100, 0, 0});
+  big.compress_weights = Compression{4, 64};
+  big.compress_kv_cache = Compression{4, 64};
+  big.cpu_attention = true;
+  hw.gpu_attention_q4_bw = 100e9;
+  hw.cpu_attention_q4_bw = 20e9;
+  const Prediction b = evaluate(opt67(), big, wl, hw);
+  const double big_avg = 128 * 528 * 4 * h;
+  CHECK(b.decode.terms[COMP] ==
+        Approx(128 * flops_per_token / hw.gemm_flops(64) + W / 50e9 + big_avg * 0.5 / 100e9 + big_avg * 0.5 / 20e9));
 }
 
 TEST_CASE("peak memory per tier", "[cost]") {

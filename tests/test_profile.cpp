@@ -51,7 +51,9 @@ void check_sane(const HardwareProfile& hw) {
     CHECK(plausible(bw, 1e7, 1e12));
   CHECK(plausible(hw.gpu_attention_bw, 1e7, 1e13));
   CHECK(plausible(hw.cpu_flops, 1e8, 1e14));
-  CHECK(hw.gpu_dequant_bw == 0);  // not measured yet
+  // 4-bit: dequantization through the backend's kernel, attention over a 4-bit cache on both.
+  for (double bw : {hw.gpu_dequant_bw, hw.gpu_attention_q4_bw}) CHECK(plausible(bw, 1e7, 1e13));
+  CHECK(plausible(hw.cpu_attention_q4_bw, 1e7, 1e12));
   REQUIRE(hw.gpu_gemm.size() >= 2);
   CHECK(hw.gpu_gemm.front().tokens == 1);
   for (size_t i = 0; i < hw.gpu_gemm.size(); ++i) {
@@ -86,6 +88,8 @@ void check_round_trip(const HardwareProfile& hw) {
   CHECK(back.cpu_attention_bw == hw.cpu_attention_bw);
   CHECK(back.cpu_flops == hw.cpu_flops);
   CHECK(back.gpu_dequant_bw == hw.gpu_dequant_bw);
+  CHECK(back.gpu_attention_q4_bw == hw.gpu_attention_q4_bw);
+  CHECK(back.cpu_attention_q4_bw == hw.cpu_attention_q4_bw);
 }
 
 HardwareProfile quick_profile(const std::string& backend, const fs::path& dir, int& progress_lines) {

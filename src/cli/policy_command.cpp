@@ -123,7 +123,7 @@ void print_prediction(std::ostream& os, const Candidate& c, const TierBytes& bud
   for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk})
     os << (t == Tier::Gpu ? " " : ", ") << tier_name(t) << " " << format_bytes(need.at(t)) << " of "
        << format_bytes(budget.at(t));
-  os << (c.plan_peak ? "\n" : "  (cost model only: the runtime has no compression yet)\n");
+  os << "\n";
 }
 
 void print_table(std::ostream& os, const std::vector<Candidate>& cands) {

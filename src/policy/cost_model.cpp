@@ -74,6 +74,8 @@ CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w) {
   CostSizes z;
   z.layer_weights_fp16 = 2.0 * double(cfg.layer_param_count());
   z.layer_weights = rw * z.layer_weights_fp16;
+  const double attn_params = h * (q + 2 * kv) + q * h, mlp_params = (cfg.mlp == MlpKind::SwiGLU ? 3 : 2) * h * f;
+  z.dequant_buffer = 2.0 * std::max(attn_params, mlp_params);
   z.global_weights = 2.0 * double(cfg.param_count() - int64_t(cfg.n_layers) * cfg.layer_param_count());
   const double matmul_params = h * (q + 2 * kv) + q * h + (cfg.mlp == MlpKind::SwiGLU ? 3 : 2) * h * f;
   z.layer_flops_per_token = 2.0 * matmul_params;
@@ -164,11 +166,16 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   add(D[CTOD], cache_new / ctod, {CD});
   add(D[CTOD], Ag_moved / ctod, {HD});
   D[COMP].constant = bls * z.layer_flops_per_token / hw.gemm_flops(gbs);
-  if (cw) D[COMP].constant += z.layer_weights_fp16 / dequant_bw;  // once per layer, shared by the GPU batches
-  // Attention reads the fp16 cache (after dequantization when compressed) where it is computed.
-  const double gpu_attn = cache_avg_fp16 / hw.gpu_attention_bw + (cc ? cache_avg_fp16 / dequant_bw : 0.0);
+  // Compressed weights: a decode step of up to quant::kCudaFusedDequantMaxTokens tokens reads the codes in the
+  // fused linear (no separate pass; the GEMM term stands for it); a larger GPU batch dequantizes
+  // the layer once, shared by the block's GPU batches (the runtime's rule, engine.cpp).
+  if (cw && gbs > double(quant::kCudaFusedDequantMaxTokens)) D[COMP].constant += z.layer_weights_fp16 / dequant_bw;
+  // Attention reads the cache where it is computed; a compressed cache is read as codes and
+  // dequantized in registers, at the profile's rate over a 4-bit cache where it has one.
+  auto attn_bw = [&](double fp16_bw, double q4_bw) { return cc && q4_bw > 0 ? q4_bw : fp16_bw; };
+  const double gpu_attn = cache_avg_fp16 / attn_bw(hw.gpu_attention_bw, hw.gpu_attention_q4_bw);
   add(D[COMP], gpu_attn, {CG});
-  add(D[COMP], cpu_attn ? cache_avg_fp16 / hw.cpu_attention_bw : gpu_attn, {CC, CD});
+  add(D[COMP], cpu_attn ? cache_avg_fp16 / attn_bw(hw.cpu_attention_bw, hw.cpu_attention_q4_bw) : gpu_attn, {CC, CD});
 
   // Peak memory, linear in the fractions where the runtime's plan (placement.h) has steps. GPU:
   // global weights, the workspace, the homes of what is placed there, one layer's buffer for
@@ -179,7 +186,6 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   const double Cm = z.cache_capacity, cache_unit = Cm / ngb, act_unit = Ap / ngb;
   const double cache_group = z.prefill_seqs * (s + n) * z.kv_per_token;
   const double act_stage = std::max(z.prefill_seqs * s, gbs) * z.hidden_per_token;
-  const double cache_fp16_ratio = z.kv_per_token_fp16 / z.kv_per_token;
   LinearForm& G = F.peak[int(Tier::Gpu)];
   G.constant = z.global_weights + z.workspace + W;
   add(G, l * W - W, {WG});  // resident layers need no transfer buffer
@@ -187,8 +193,7 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   add(G, 3 * (cpu_attn ? cache_group : cache_unit), {CC, CD});
   add(G, Ap, {HG});
   add(G, 3 * act_stage, {HC, HD});
-  if (cw) G.constant += z.layer_weights_fp16;            // the layer being computed, dequantized
-  if (cc) G.constant += cache_unit * cache_fp16_ratio;   // one GPU batch's cache of one layer, dequantized
+  if (cw) G.constant += z.dequant_buffer;  // the larger half-layer, dequantized for long steps
   LinearForm& C = F.peak[int(Tier::Cpu)];
   add(C, l * W, {WC});
   add(C, W, {WD});

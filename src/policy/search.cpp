@@ -201,10 +201,7 @@ std::vector<Shape> option_sets(bool allow_compression) {
   std::vector<Shape> v;
   for (int cw = 0; cw <= int(allow_compression); ++cw)
     for (int cc = 0; cc <= int(allow_compression); ++cc)
-      for (int ca = 0; ca <= 1; ++ca) {
-        if (cc && ca) continue;  // attention on the CPU over a quantized cache is not modeled
-        v.push_back({0, 0, bool(ca), bool(cw), bool(cc)});
-      }
+      for (int ca = 0; ca <= 1; ++ca) v.push_back({0, 0, bool(ca), bool(cw), bool(cc)});
   return v;
 }
 
@@ -268,7 +265,6 @@ std::optional<Candidate> round_to_units(const Policy& shape, const CostForms& F,
 }
 
 std::optional<TierBytes> runtime_peak(const ModelConfig& cfg, const Policy& p, const Workload& w) {
-  if (p.compress_weights || p.compress_kv_cache) return std::nullopt;  // the runtime has no compression yet
   return plan_placement(cfg, p, PlanShape{w.prompt_len, w.gen_len}, DType::F16).peak();
 }
 

@@ -214,7 +214,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (!root.IsMap()) throw Error(source + ": a hardware profile is a YAML map of fields");
   r.only_keys(root, {"name", "description", "gpu_name", "cpu_name", "gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw",
                      "gpu_to_cpu_bw", "disk_to_cpu_bw", "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw",
-                     "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw"},
+                     "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw", "gpu_attention_q4_bw", "cpu_attention_q4_bw"},
               "");
   for (const char* required : {"gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw", "gpu_to_cpu_bw", "disk_to_cpu_bw",
                                "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw", "cpu_attention_bw", "cpu_flops"})
@@ -236,6 +236,10 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   hw.cpu_attention_bw = r.bandwidth(root["cpu_attention_bw"], "cpu_attention_bw");
   hw.cpu_flops = r.flops(root["cpu_flops"], "cpu_flops");
   if (root["gpu_dequant_bw"]) hw.gpu_dequant_bw = r.bandwidth(root["gpu_dequant_bw"], "gpu_dequant_bw", true);
+  if (root["gpu_attention_q4_bw"])
+    hw.gpu_attention_q4_bw = r.bandwidth(root["gpu_attention_q4_bw"], "gpu_attention_q4_bw", true);
+  if (root["cpu_attention_q4_bw"])
+    hw.cpu_attention_q4_bw = r.bandwidth(root["cpu_attention_q4_bw"], "cpu_attention_q4_bw", true);
   return hw;
 }
 
@@ -272,8 +276,13 @@ std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
   per_s("gpu_attention_bw", hw.gpu_attention_bw, "B/s of KV cache");
   per_s("cpu_attention_bw", hw.cpu_attention_bw, "B/s of KV cache");
   per_s("cpu_flops", hw.cpu_flops, "FLOP/s");
-  if (hw.gpu_dequant_bw > 0) per_s("gpu_dequant_bw", hw.gpu_dequant_bw, "B/s");
-  else os << "gpu_dequant_bw: 0  # not measured\n";
+  auto optional = [&](const char* key, double v, const char* unit) {
+    if (v > 0) per_s(key, v, unit);
+    else os << key << ": 0  # not measured\n";
+  };
+  optional("gpu_dequant_bw", hw.gpu_dequant_bw, "B/s of fp16 output");
+  optional("gpu_attention_q4_bw", hw.gpu_attention_q4_bw, "B/s of the fp16 KV cache it stands for");
+  optional("cpu_attention_q4_bw", hw.cpu_attention_q4_bw, "B/s of the fp16 KV cache it stands for");
   return os.str();
 }
 

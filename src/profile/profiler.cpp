@@ -28,6 +28,9 @@
 namespace strata {
 namespace {
 
+// FlexGen's default compression, the one the search tries.
+const quant::QuantSpec kQ4G64{4, 64};
+
 using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -287,14 +290,26 @@ struct Profiler {
   // Decode attention: one new token per sequence against a full cache (kv_store then attention,
   // as the runtime's decode step), in bytes of K and V read per second. 32 heads of 128. `dt` is
   // the cache's dtype where the runtime keeps it: the GPU's fp16 also when the CPU attends to it.
-  double attention(Backend& be, DType dt, int64_t slots, int64_t context, size_t free_bytes, const char* label) {
+  // With `q4`, the cache is 4-bit (group 64) and the rate counts the fp16 bytes it stands for.
+  double attention(Backend& be, DType dt, int64_t slots, int64_t context, size_t free_bytes, const char* label,
+                   bool q4 = false) {
     const size_t es = dtype_size(dt);
     const int64_t heads = 32, d = 128;
     while (slots > 1 && size_t(2 * slots * context * heads * d) * es > free_bytes / 4) slots /= 2;
-    const size_t cache_bytes = size_t(slots * context * heads * d) * es;
+    const size_t fp16_bytes = size_t(slots * context * heads * d) * 2;
+    const size_t cache_bytes =
+        q4 ? size_t(slots * context * heads) * quantized_row_bytes(4, 64, d) : size_t(slots * context * heads * d) * es;
     Buffer ck = be.alloc(cache_bytes), cv = be.alloc(cache_bytes), qkv = be.alloc(size_t(4 * slots * heads * d) * es);
-    fill_random(be, ck, 3, dt);
-    fill_random(be, cv, 4, dt);
+    if (q4) {  // codes from random fp data, so every group has a real scale
+      Buffer fp = be.alloc(size_t(slots * context * heads * d) * es);
+      fill_random(be, fp, 3, dt);
+      const Tensor rows = fp.view(0, dt, {slots * context * heads, d});
+      be.quantize_rows(kQ4G64, rows, ck.data());
+      be.quantize_rows(kQ4G64, rows, cv.data());
+    } else {
+      fill_random(be, ck, 3, dt);
+      fill_random(be, cv, 4, dt);
+    }
     fill_random(be, qkv, 5, dt);
     std::vector<int32_t> host_idx(size_t(2 * slots));
     for (int64_t i = 0; i < slots; ++i) {
@@ -304,7 +319,11 @@ struct Profiler {
     Buffer idx = be.alloc(host_idx.size() * 4);
     be.copy_to_device(idx.data(), host_idx.data(), host_idx.size() * 4);
     const Tensor slot_t = idx.view(0, DType::I32, {slots}), pos_t = idx.view(size_t(slots) * 4, DType::I32, {slots});
-    const Tensor cache_k = ck.view(0, dt, {slots, context, heads, d}), cache_v = cv.view(0, dt, {slots, context, heads, d});
+    auto cache_view = [&](const Buffer& b) {
+      return q4 ? Tensor::quantized(b.data(), DType::Q4, 64, be.device(), {slots, context, heads, d})
+                : b.view(0, dt, {slots, context, heads, d});
+    };
+    const Tensor cache_k = cache_view(ck), cache_v = cache_view(cv);
     const size_t tok = size_t(slots * heads * d) * es;
     const Tensor q = qkv.view(0, dt, {slots, heads, d}), k = qkv.view(tok, dt, {slots, heads, d}),
                  v = qkv.view(2 * tok, dt, {slots, heads, d}), out = qkv.view(3 * tok, dt, {slots, heads, d});
@@ -313,10 +332,26 @@ struct Profiler {
       be.kv_store(k, v, cache_k, cache_v, slot_t, pos_t);
       be.attention(q, cache_k, cache_v, slot_t, pos_t, scale, out);
     });
-    const double bw = round4(2.0 * double(cache_bytes) / sec);
-    say(std::string(label) + " decode attention: " + format_rate(bw, "B/s") + " of KV cache (" + std::to_string(slots) +
-        " sequences x " + std::to_string(context) + " tokens, " + std::to_string(heads) + " heads of " +
-        std::to_string(d) + ", " + dtype_name(dt) + ")");
+    const double bw = round4(2.0 * double(q4 ? fp16_bytes : cache_bytes) / sec);
+    say(std::string(label) + " decode attention: " + format_rate(bw, "B/s") + (q4 ? " of the fp16 KV cache it stands for (" : " of KV cache (") +
+        std::to_string(slots) + " sequences x " + std::to_string(context) + " tokens, " + std::to_string(heads) +
+        " heads of " + std::to_string(d) + ", " + (q4 ? std::string("4-bit g64") : std::string(dtype_name(dt))) + ")");
+    return bw;
+  }
+
+  // 4-bit (group 64) dequantization of one h x 4h matrix through the backend's kernel, in bytes of
+  // fp16 output per second (what the runtime does once per (token, sub-layer) for long steps).
+  double dequant(Backend& be, int64_t h, const char* label) {
+    const DType dt = be.activation_dtype();
+    const int64_t rows = 4 * h;
+    Buffer fp = be.alloc(size_t(rows * h) * dtype_size(dt)), q = be.alloc(size_t(rows) * quantized_row_bytes(4, 64, h));
+    fill_random(be, fp, 6, dt);
+    const Tensor x = fp.view(0, dt, {rows, h});
+    be.quantize_rows(kQ4G64, x, q.data());
+    const double sec = time_op(be, s.reps, s.min_sample_s, [&] { be.dequantize_rows(kQ4G64, q.data(), x); });
+    const double bw = round4(2.0 * double(rows * h) / sec);
+    say(std::string(label) + " 4-bit dequantization: " + format_rate(bw, "B/s") + " of fp16 output (" +
+        std::to_string(rows) + " x " + std::to_string(h) + ")");
     return bw;
   }
 };
@@ -393,15 +428,20 @@ HardwareProfile profile_machine(const ProfileOptions& opt) {
   const DType cache_dt = dev.activation_dtype();
   hw.gpu_attention_bw =
       p.attention(dev, cache_dt, p.s.attn_slots, p.s.attn_context, p.dev_free, on_gpu ? "gpu" : "cpu");
+  hw.gpu_attention_q4_bw =
+      p.attention(dev, cache_dt, p.s.attn_slots, p.s.attn_context, p.dev_free, on_gpu ? "gpu" : "cpu", true);
+  hw.gpu_dequant_bw = p.dequant(dev, p.s.hidden, on_gpu ? "gpu" : "cpu");
   if (on_gpu) {
     // The CPU attends to the offloaded cache as the GPU wrote it (fp16); an fp32 figure overstated
     // it 3x on the first H100 run (74 GB/s profiled, 24 GB/s in the engine).
     hw.cpu_attention_bw = p.attention(cpu, cache_dt, p.s.attn_slots / 4, p.s.attn_context, p.host_free, "cpu");
+    hw.cpu_attention_q4_bw = p.attention(cpu, cache_dt, p.s.attn_slots / 4, p.s.attn_context, p.host_free, "cpu", true);
     // CPU FLOP/s where the delegated work's GEMMs saturate: a few hundred tokens.
     const std::vector<GemmPoint> c = p.gemm_curve(cpu, p.s.hidden / 2, {256}, p.host_free, "cpu");
     hw.cpu_flops = c.back().flops_per_s;
   } else {  // the CPU is the compute device: its curve is already measured
     hw.cpu_attention_bw = hw.gpu_attention_bw;
+    hw.cpu_attention_q4_bw = hw.gpu_attention_q4_bw;
     for (const GemmPoint& g : hw.gpu_gemm) hw.cpu_flops = std::max(hw.cpu_flops, g.flops_per_s);
   }
 

@@ -48,6 +48,7 @@ double stored_bytes_per_element(const std::optional<Compression>& c);
 struct CostSizes {
   double layer_weights = 0;       // W: one layer's weights as stored (compression applied)
   double layer_weights_fp16 = 0;  // the same in fp16: what the GPU computes with
+  double dequant_buffer = 0;      // compressed weights: the larger half-layer in fp16 (the runtime's buffer)
   double global_weights = 0;      // embeddings, positions, final norm, head: fp16, always on the GPU
   double layer_flops_per_token = 0;  // 2 per matmul parameter of one layer
   double kv_per_token = 0;        // K and V of one token of one sequence in one layer, as stored

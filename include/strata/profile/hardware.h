@@ -36,8 +36,12 @@ struct HardwareProfile {
   double gpu_attention_bw = 0, cpu_attention_bw = 0;
   double cpu_flops = 0;
 
-  // Optional (0 = unknown): int4 dequantization throughput on the GPU, bytes of output per second.
+  // Optional (0 = unknown): 4-bit (group 64) dequantization of a weight matrix on the GPU, bytes of
+  // fp16 output per second; decode attention over a 4-bit (group 64) cache on the GPU and on the
+  // CPU, in bytes of the fp16 cache it stands for per second (so the cost model divides the same
+  // fp16 bytes by either rate).
   double gpu_dequant_bw = 0;
+  double gpu_attention_q4_bw = 0, cpu_attention_q4_bw = 0;
 
   // FLOP/s of an fp16 GEMM with `tokens` rows (interpolated on gpu_gemm). Throws when empty.
   double gemm_flops(double tokens) const;

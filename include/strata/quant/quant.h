@@ -42,6 +42,10 @@ size_t row_bytes(const QuantSpec& spec, int64_t n);
 // Bytes per element, parameters included: 4.5 bits at 4-bit, group 64 (0.5625 bytes).
 double bytes_per_element(const QuantSpec& spec);
 
+// Tokens up to which the CUDA backend's fused dequant linear pays off (its
+// fused_dequant_max_tokens()); the cost model prices the runtime's choice with it.
+constexpr int64_t kCudaFusedDequantMaxTokens = 16;
+
 // The tensor dtype of a spec (Q4 or Q8), and the spec of a quantized tensor.
 inline DType dtype_of(const QuantSpec& spec) { return spec.bits == 4 ? DType::Q4 : DType::Q8; }
 QuantSpec spec_of(const Tensor& t);  // throws unless t is Q4 or Q8 with a valid group
