@@ -16,40 +16,14 @@
 #include "strata/model/weight_specs.h"
 #include "strata/runtime/generator.h"
 
-#ifdef STRATA_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
+#include "bench_common.h"
 
 using namespace strata;
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
+using bench::measure_copy_gbps;
+using bench::seconds;
 
 namespace {
-
-double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-
-// Device-to-device copy bandwidth, counting bytes read plus bytes written.
-double measure_copy_gbps(Backend& be) {
-  const size_t bytes = size_t(1) << 30;
-  Buffer a = be.alloc(bytes), b = be.alloc(bytes);
-  auto copy = [&] {
-#ifdef STRATA_HAVE_CUDA
-    if (be.device() == Device::CUDA) {
-      cudaMemcpy(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice);
-      return;
-    }
-#endif
-    std::memcpy(b.data(), a.data(), bytes);
-  };
-  copy();  // warm up (first touch of pages)
-  be.synchronize();
-  const int reps = 5;
-  const auto t0 = Clock::now();
-  for (int i = 0; i < reps; ++i) copy();
-#ifdef STRATA_HAVE_CUDA
-  if (be.device() == Device::CUDA) cudaDeviceSynchronize();
-#endif
-  return 2.0 * double(bytes) * reps / seconds(t0, Clock::now()) / 1e9;
-}
 
 struct Args {
   std::string model = "dummy:opt-6.7b", device = "auto";

@@ -1,0 +1,181 @@
+// Compression benchmark (issue 9, point 7), in the units of the limit:
+//  1. kernels on the device backend, 4-bit group 64 over an [f, h] and an [h, f] weight:
+//     - dequantize_rows: bytes read (codes) + written (fp output) per second, against the device's
+//       copy bandwidth (read + write);
+//     - the fused quantized linear at T tokens: code bytes read per second against the copy
+//       bandwidth, and its time against the uncompressed linear of the same shape;
+//  2. the decode step of a model through the offloading engine with its weights on the CPU tier
+//     and on disk, compressed (4-bit g64) and not: step time and bytes per step on each link.
+// Usage: bench_quant [--model dummy:opt-1.3b] [--device auto] [--batch 8] [--gen-len 8]
+//                    [--prompt-len 32] [--offload-dir DIR] [--skip-disk] [--skip-engine]
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "strata/backend/backend.h"
+#include "strata/core/size.h"
+#include "strata/model/model_loader.h"
+#include "strata/offload/engine.h"
+#include "strata/quant/quant.h"
+
+using namespace strata;
+using bench::Clock;
+using bench::seconds;
+
+namespace {
+
+struct Args {
+  std::string model = "dummy:opt-1.3b", device = "auto", offload_dir;
+  int batch = 8, gen_len = 8, prompt_len = 32, threads = 0;
+  bool skip_disk = false, skip_engine = false;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--skip-disk") { a.skip_disk = true; continue; }
+    if (k == "--skip-engine") { a.skip_engine = true; continue; }
+    if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", k.c_str()); std::exit(2); }
+    const std::string v = argv[++i];
+    if (k == "--model") a.model = v;
+    else if (k == "--device") a.device = v;
+    else if (k == "--batch") a.batch = std::stoi(v);
+    else if (k == "--gen-len") a.gen_len = std::stoi(v);
+    else if (k == "--prompt-len") a.prompt_len = std::stoi(v);
+    else if (k == "--threads") a.threads = std::stoi(v);
+    else if (k == "--offload-dir") a.offload_dir = v;
+    else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); std::exit(2); }
+  }
+  return a;
+}
+
+// Seconds per call of `op`, the mean over enough calls to take ~0.5 s (after one warm-up call).
+template <class F>
+double time_per_call(Backend& be, F op) {
+  op();
+  be.synchronize();
+  int reps = 0;
+  const auto t0 = Clock::now();
+  do {
+    op();
+    be.synchronize();
+    ++reps;
+  } while (seconds(t0, Clock::now()) < 0.5);
+  return seconds(t0, Clock::now()) / reps;
+}
+
+void fill(Backend& be, const Tensor& t, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  std::vector<float> host(size_t(t.numel()));
+  for (float& x : host) x = dist(rng);
+  std::vector<uint8_t> conv(t.nbytes());
+  convert_elements(host.data(), DType::F32, conv.data(), t.dtype, host.size());
+  be.copy_to_device(t.data, conv.data(), conv.size());
+}
+
+// Part 1 for one weight shape [out, in].
+void kernels(Backend& be, int64_t out, int64_t in, double copy_gbps) {
+  const quant::QuantSpec spec{4, 64};
+  const DType dt = be.activation_dtype();
+  const size_t es = dtype_size(dt), code_bytes = size_t(out) * quant::row_bytes(spec, in);
+  Buffer wb = be.alloc(size_t(out * in) * es), qb = be.alloc(code_bytes);
+  const Tensor w = wb.view(0, dt, {out, in});
+  fill(be, w, 1);
+  be.quantize_rows(spec, w, qb.data());
+  const Tensor wq = Tensor::quantized(qb.data(), DType::Q4, spec.group_size, be.device(), {out, in});
+
+  const double deq_s = time_per_call(be, [&] { be.dequantize_rows(spec, qb.data(), w); });
+  const double deq_gbps = double(code_bytes + w.nbytes()) / deq_s / 1e9;
+  std::printf("[%lld x %lld] dequantize: %.3f ms, %.1f GB/s read + written = %.0f%% of copy bandwidth\n",
+              (long long)out, (long long)in, 1e3 * deq_s, deq_gbps, 100 * deq_gbps / copy_gbps);
+
+  const int64_t max_t = be.fused_dequant_max_tokens();
+  std::vector<int64_t> tokens{1};
+  for (int64_t T : {int64_t(4), max_t})
+    if (T > tokens.back()) tokens.push_back(T);
+  for (int64_t T : tokens) {
+    Buffer xb = be.alloc(size_t(T * in) * es), yb = be.alloc(size_t(T * out) * es);
+    const Tensor x = xb.view(0, dt, {T, in}), y = yb.view(0, dt, {T, out});
+    fill(be, x, 2);
+    const double fused_s = time_per_call(be, [&] { be.linear(x, wq, Tensor(), y); });
+    const double fp_s = time_per_call(be, [&] { be.linear(x, w, Tensor(), y); });
+    const double gbps = double(code_bytes) / fused_s / 1e9;
+    std::printf("  fused linear T=%-3lld %.3f ms: codes at %.1f GB/s = %.0f%% of copy bandwidth; %s linear %.3f ms "
+                "(%.2fx)\n",
+                (long long)T, 1e3 * fused_s, gbps, 100 * gbps / copy_gbps, dtype_name(dt), 1e3 * fp_s, fp_s / fused_s);
+  }
+}
+
+struct EngineRun {
+  double step_ms = 0, ctog_per_step = 0, dtoc_per_step = 0, dtoc_gbps = 0, layer_bytes = 0;
+};
+
+EngineRun decode(const ModelBundle& mb, Backend& be, const Args& a, TierSplit weights, bool compress) {
+  OffloadOptions o;
+  o.policy.gpu_batch_size = a.batch;
+  o.policy.num_gpu_batches = 1;
+  o.policy.weights = weights;
+  if (compress) o.policy.compress_weights = Compression{4, 64};
+  o.offload_dir = a.offload_dir;
+  std::vector<GenRequest> reqs(size_t(a.batch));
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    for (int t = 0; t < a.prompt_len; ++t) reqs[i].prompt.push_back(int32_t((7 * t + int(i)) % 1000 + 3));
+    reqs[i].sampling.max_new_tokens = a.gen_len;
+    reqs[i].sampling.ignore_eos = true;
+  }
+  OffloadEngine engine(mb.config, *mb.weights, be, o, {a.prompt_len, a.gen_len});
+  engine.generate(reqs);  // warm up
+  const OffloadReport before = engine.report();
+  GenStats stats;
+  engine.generate(reqs, &stats);
+  const OffloadReport after = engine.report();
+  const double passes = double(stats.decode_steps + 1);
+  EngineRun r;
+  r.step_ms = 1e3 * stats.decode_seconds / double(std::max<int64_t>(stats.decode_steps, 1));
+  r.ctog_per_step = double(after.cpu_to_gpu.bytes - before.cpu_to_gpu.bytes) / passes;
+  r.dtoc_per_step = double(after.disk_to_cpu.bytes - before.disk_to_cpu.bytes) / passes;
+  const double dtoc_s = after.disk_to_cpu.seconds - before.disk_to_cpu.seconds;
+  r.dtoc_gbps = dtoc_s > 0 ? double(after.disk_to_cpu.bytes - before.disk_to_cpu.bytes) / dtoc_s / 1e9 : 0;
+  r.layer_bytes = double(engine.plan().layer_weight_bytes);
+  return r;
+}
+
+void compare(const ModelBundle& mb, Backend& be, const Args& a, TierSplit weights, const char* where) {
+  const EngineRun fp = decode(mb, be, a, weights, false), q = decode(mb, be, a, weights, true);
+  std::printf("weights on %s: layer %s -> %s (%.2fx less)\n", where, format_bytes(fp.layer_bytes).c_str(),
+              format_bytes(q.layer_bytes).c_str(), fp.layer_bytes / q.layer_bytes);
+  for (const auto& [name, r] : {std::pair<const char*, const EngineRun&>{"uncompressed", fp}, {"4-bit g64   ", q}})
+    std::printf("  %s decode step %8.2f ms; per pass cpu->gpu %s, disk->cpu %s%s\n", name, r.step_ms,
+                format_bytes(r.ctog_per_step).c_str(), format_bytes(r.dtoc_per_step).c_str(),
+                r.dtoc_gbps > 0 ? (" at " + std::to_string(r.dtoc_gbps).substr(0, 5) + " GB/s").c_str() : "");
+  std::printf("  speedup %.2fx\n", fp.step_ms / q.step_ms);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const Args a = parse(argc, argv);
+  std::unique_ptr<Backend> be = make_backend(a.device, a.threads);
+  ModelBundle mb = open_model(a.model);
+  const double copy_gbps = bench::measure_copy_gbps(*be);
+  std::printf("model %s on %s (%s); device copy bandwidth (read + write) %.1f GB/s\n", mb.config.name.c_str(),
+              be->name(), dtype_name(be->activation_dtype()), copy_gbps);
+  std::printf("\n1. kernels, 4-bit group 64, the model's MLP matrices (fused linear up to %lld tokens)\n",
+              (long long)be->fused_dequant_max_tokens());
+  kernels(*be, mb.config.intermediate, mb.config.hidden, copy_gbps);
+  kernels(*be, mb.config.hidden, mb.config.intermediate, copy_gbps);
+  if (a.skip_engine) return 0;
+  std::printf("\n2. decode step through the offloading engine, batch %d, prompt %d, %d new tokens\n", a.batch,
+              a.prompt_len, a.gen_len);
+  compare(mb, *be, a, {0, 100, 0}, "the cpu tier");
+  if (!a.skip_disk) compare(mb, *be, a, {0, 0, 100}, "disk");
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_quant: %s\n", e.what());
+  return 1;
+}
