@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <sstream>
 
 #include "strata/core/error.h"
@@ -132,8 +133,9 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   // Compressed weights are read as codes by the fused linear in decode; a step with more tokens
   // dequantizes its half-layer once (for every unit of the block) into one buffer of the larger
   // uncompressed half.
+  const HalvedLayout fp = wq ? halved_layer_layout(cfg, 0, dtype, disk_align) : halves;
+  p.uncompressed_layer_bytes = fp.layout.bytes;
   if (wq) {
-    const HalvedLayout fp = halved_layer_layout(cfg, 0, dtype, disk_align);
     p.dequant_bytes = std::max(fp.attn_bytes, fp.mlp_bytes);
     w.gpu += double(p.dequant_bytes);
   }
@@ -166,6 +168,13 @@ std::string describe_plan(const PlacementPlan& plan, const Policy& policy) {
   line("weights    ", plan.weights, plan.realized_weights, policy.weights, "layer");
   line("kv_cache   ", plan.kv_cache, plan.realized_kv_cache, policy.kv_cache, "layer");
   line("activations", plan.activations, plan.realized_activations, policy.activations, "GPU batch");
+  auto spec = [](const Compression& c) { return std::to_string(c.bits) + "-bit, groups of " + std::to_string(c.group_size); };
+  if (policy.compress_weights)
+    os << "  compressed : weights " << spec(*policy.compress_weights) << ": a layer is " << format_bytes(double(plan.layer_weight_bytes))
+       << " as stored and moved, " << format_bytes(double(plan.uncompressed_layer_bytes)) << " uncompressed ("
+       << std::fixed << std::setprecision(2) << double(plan.uncompressed_layer_bytes) / double(plan.layer_weight_bytes)
+       << "x less)\n";
+  if (policy.compress_kv_cache) os << "  compressed : kv_cache " << spec(*policy.compress_kv_cache) << ", along head_dim\n";
   os << "  working    :";
   for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) os << "  " << tier_name(t) << " " << format_bytes(plan.working.at(t));
   os << "\n  peak       :";

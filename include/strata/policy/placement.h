@@ -69,6 +69,7 @@ struct PlacementPlan {
   size_t act_piece_bytes = 0;    // one prefill unit's piece of it (aligned)
   size_t act_stage_bytes = 0;    // a GPU staging slot: the larger of a piece and the decode rows
   size_t dequant_bytes = 0;      // compressed weights: the GPU buffer a half-layer is dequantized into
+  size_t uncompressed_layer_bytes = 0;  // a layer's block without compression (for reports)
 
   // Realized percentages (of bytes of the class), for reports beside the policy's request.
   TierSplit realized_weights, realized_kv_cache, realized_activations;
