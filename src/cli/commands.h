@@ -6,6 +6,7 @@ namespace strata::cli {
 
 void add_run_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
+void add_perplexity_command(CLI::App& app);
 void add_profile_command(CLI::App& app);
 void add_policy_command(CLI::App& app);
 

@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "strata 0.1.0");
   strata::cli::add_run_command(app);
   strata::cli::add_tokenize_command(app);
+  strata::cli::add_perplexity_command(app);
   strata::cli::add_profile_command(app);
   strata::cli::add_policy_command(app);
   try {

@@ -722,6 +722,7 @@ struct OffloadEngine::Impl {
         ops.attention_block(w, globals.inv_freq, xs, ck, cv);
     }
     if (jj == 2 * L - 1) {
+      if (i == 0) score_prompts(b, x, T);
       ops.select_logit_rows(b.step.logit_rows, T);
       const Tensor logits = ops.head(globals, x);
       if (i == 0)
@@ -731,6 +732,33 @@ struct OffloadEngine::Impl {
       sampler->sample(logits, b.active);
     }
     be.synchronize();
+  }
+
+  // Prefill's last sub-layer: the next-token NLL of every prompt position of the unit's sequences
+  // that asked for it, through the head a workspace's worth of rows at a time (host reduction).
+  void score_prompts(const BatchState& b, const Tensor& x, int64_t T) {
+    const int64_t chunk = gbs;  // the workspace's logit rows
+    std::vector<float> logits;
+    int32_t first = 0;  // the sequence's first row in the step
+    for (Sequence* s : b.active) {
+      const std::vector<int32_t>& prompt = s->request->prompt;
+      if (s->request->score_prompt) {
+        std::vector<double>& nll = s->result.prompt_nll;
+        nll.clear();
+        for (int32_t t0 = 0; t0 + 1 < int32_t(prompt.size()); t0 += int32_t(chunk)) {
+          const int32_t t1 = std::min(int32_t(prompt.size()) - 1, t0 + int32_t(chunk));
+          std::vector<int32_t> rows;
+          for (int32_t t = t0; t < t1; ++t) rows.push_back(first + t);
+          ops.select_logit_rows(rows, T);
+          const Tensor l = ops.head(globals, x);
+          const int64_t vocab = l.dim(1);
+          logits.resize(size_t(l.numel()));
+          be.copy_to_host_f32(l, logits.data());
+          for (int32_t t = t0; t < t1; ++t) nll.push_back(token_nll(logits.data() + (t - t0) * vocab, vocab, prompt[size_t(t + 1)]));
+        }
+      }
+      first += int32_t(prompt.size());
+    }
   }
 
   // Tokens [t0, t1) of a step, without logit rows (compute() selects them over the whole step).
@@ -937,7 +965,9 @@ OffloadEngine::OffloadEngine(const ModelConfig& cfg, const WeightSource& weights
   cfg.validate();
   const Policy& p = options.policy;
   STRATA_CHECK(p.gpu_batch_size > 0 && p.num_gpu_batches > 0, "policy: batch sizes must be positive");
-  STRATA_CHECK(shape.capacity() <= cfg.max_positions,
+  // The last generated token is sampled but never fed back, so it takes no position: a prompt of
+  // the whole context may still produce (or, scoring, just end with) one token.
+  STRATA_CHECK(shape.prompt_len + std::max(shape.gen_len - 1, 0) <= cfg.max_positions,
                "prompt " << shape.prompt_len << " + generation " << shape.gen_len << " exceeds the model's context of "
                          << cfg.max_positions);
   impl_->plan = plan_placement(cfg, p, shape, backend.activation_dtype());

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "strata/core/error.h"
+
 namespace strata {
 
 std::vector<std::pair<int32_t, double>> sampling_distribution(const float* logits, int64_t vocab,
@@ -58,6 +60,17 @@ int32_t Sampler::sample(const float* logits, int64_t vocab) {
     if (u < cum) return token;
   }
   return dist.back().first;
+}
+
+double token_nll(const float* logits, int64_t vocab, int32_t target) {
+  STRATA_CHECK(target >= 0 && target < vocab, "target " << target << " outside the vocabulary of " << vocab);
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, logits[j]);
+  double sum = 0;
+  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(double(logits[j]) - double(mx));
+  const double nll = std::log(sum) + double(mx) - double(logits[target]);
+  if (!std::isfinite(nll)) STRATA_FAIL("perplexity: non-finite logits (maximum " << mx << ", sum " << sum << ")");
+  return nll;
 }
 
 }  // namespace strata

@@ -10,14 +10,17 @@ const char* finish_reason_name(FinishReason r) { return r == FinishReason::Eos ?
 
 Sequence start_sequence(const GenRequest& r, const ModelConfig& cfg, int slot, size_t index) {
   if (r.prompt.empty()) STRATA_FAIL("request " << index << ": empty prompt (no tokens)");
-  if (int(r.prompt.size()) >= cfg.max_positions)
+  // Prompt + generation stay within the context, as Hugging Face's max_length. A prompt scored
+  // whole may fill it: its one sampled token is never fed back, so it needs no position.
+  const int room = cfg.max_positions - int(r.prompt.size());
+  if (room < 0 || (room == 0 && !r.score_prompt))
     STRATA_FAIL("request " << index << ": prompt of " << r.prompt.size() << " tokens fills the model's context of "
                            << cfg.max_positions);
   Sequence s;
   s.request = &r;
   s.slot = slot;
   s.sampler = Sampler(r.sampling);
-  s.max_new = std::min(r.sampling.max_new_tokens, cfg.max_positions - int(r.prompt.size()));
+  s.max_new = std::min(r.sampling.max_new_tokens, std::max(room, r.score_prompt ? 1 : 0));
   s.done = s.max_new <= 0;
   return s;
 }

@@ -19,6 +19,11 @@ struct SamplingParams {
   bool greedy() const { return temperature <= 0.0f || top_k == 1; }
 };
 
+// -log softmax(logits)[target], in double with the maximum subtracted first (scoring a text, e.g.
+// perplexity). Throws strata::Error when the row holds a non-finite value (an fp16 overflow shows
+// up here, not as a NaN perplexity).
+double token_nll(const float* logits, int64_t vocab, int32_t target);
+
 // The distribution sample() draws from: temperature, then top-k, then top-p, then softmax, as
 // transformers' TemperatureLogitsWarper, TopKLogitsWarper and TopPLogitsWarper. Returns
 // (token, probability) pairs, most probable first; probabilities sum to 1.

@@ -14,6 +14,7 @@ namespace strata {
 struct GenRequest {
   std::vector<int32_t> prompt;  // token ids, non-empty
   SamplingParams sampling;
+  bool score_prompt = false;    // also score the prompt: GenResult::prompt_nll (offloading engine)
 };
 
 enum class FinishReason : uint8_t { Eos, Length };
@@ -22,6 +23,8 @@ const char* finish_reason_name(FinishReason r);
 struct GenResult {
   std::vector<int32_t> tokens;  // generated ids (EOS included when it ended the sequence)
   FinishReason finish = FinishReason::Length;
+  // With score_prompt: -log p(prompt[t + 1] | prompt[0..t]) for t = 0 .. prompt size - 2.
+  std::vector<double> prompt_nll;
 };
 
 struct Sequence {
