@@ -226,7 +226,7 @@ TEST_CASE("perplexity with 4-bit weights matches Hugging Face with the numpy rou
 }
 
 TEST_CASE("perplexity --policy: the offloading engine matches Hugging Face, plain and with 4-bit weights",
-          "[perplexity][hf][compression][offload]") {
+          "[perplexity][hf][compression]") {
   // The real path of `strata perplexity --policy`: windows are prompts of a block, scored in the
   // engine's prefill with weights and cache offloaded to the CPU tier and, for the second policy,
   // weights quantized at load and moved as codes. Uncompressed: HF's perplexity within 0.1%;

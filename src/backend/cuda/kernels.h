@@ -79,14 +79,91 @@ void launch_attention(const AttentionParams& p, cudaStream_t stream);
 // sampling.cu: out[r] = argmax over logits[r, :] (lowest index on ties; NaN never wins).
 void launch_argmax_rows(const __half* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
 
-// quant.cu: group-wise quantization in include/strata/quant/quant.h's format, of rows x n fp16
-// (or fp32, when *_f32) elements; group 32, 64 or 128, bits 4 or 8, row_bytes per quantized row.
+// ---- group-wise quantized rows (include/strata/quant/quant.h's format) ----
+// A row of n elements: codes (4-bit: element 2k in the low nibble of byte k; 8-bit: one byte
+// each) padded with zeros to a multiple of 4 bytes, then `groups` fp16 scales, then `groups` fp16
+// minimums; the last group is shorter when group does not divide n. Rows are a multiple of 4
+// bytes, so in a 4-byte-aligned buffer (the entries check it) every row's code words and
+// parameters are aligned.
+struct QuantRowLayout {
+  int n = 0;               // elements per row
+  int group = 0;           // 32, 64 or 128
+  int bits = 0;            // 4 or 8
+  int groups = 0;          // ceil(n / group)
+  int64_t code_bytes = 0;  // ceil(n * bits / 32) * 4
+  int64_t row_bytes = 0;   // code_bytes + 4 * groups
+};
+inline QuantRowLayout quant_row_layout(int bits, int group, int n) {
+  QuantRowLayout l;
+  l.n = n;
+  l.group = group;
+  l.bits = bits;
+  l.groups = (n + group - 1) / group;
+  l.code_bytes = (int64_t(n) * bits + 31) / 32 * 4;
+  l.row_bytes = l.code_bytes + 4 * int64_t(l.groups);
+  return l;
+}
+
+// quant.cu: rows x n fp16 (or fp32, when *_f32) elements to quantized rows and back. Quantizing
+// is bit-identical to the host reference (quant.cpp); dequantizing computes its formula,
+// float(code) * scale rounded, plus minimum rounded, so values are identical too.
 struct QuantParams {
-  int64_t rows, n;
-  int group, bits;
-  size_t row_bytes;
+  int64_t rows = 0;
+  QuantRowLayout row;
 };
 void launch_quantize_rows(const QuantParams& p, const void* x, bool x_f32, uint8_t* q, cudaStream_t stream);
 void launch_dequantize_rows(const QuantParams& p, const uint8_t* q, void* out, bool out_f32, cudaStream_t stream);
+
+// quant.cu: kv_store into quantized caches. Each (token, kv head) row of head_dim elements of k
+// and v is quantized (as quantize_rows would) into cache row (slot, position, head).
+struct QuantKvStoreParams {
+  const __half* k;           // [tokens, kv_heads, head_dim]
+  const __half* v;
+  uint8_t* cache_k;          // [slots, capacity, kv_heads] rows of row.row_bytes
+  uint8_t* cache_v;
+  const int32_t* slots;      // [tokens]
+  const int32_t* positions;  // [tokens]
+  int64_t tokens;
+  int kv_heads;
+  int slot_count;
+  int capacity;
+  QuantRowLayout row;        // n = head_dim
+};
+void launch_quant_kv_store(const QuantKvStoreParams& p, cudaStream_t stream);
+
+// quant_linear.cu: y[T, out] = x[T, in] @ dequant(w)^T (+ bias), fp32 accumulation, weights
+// dequantized in registers. One pass over the weights serves up to kQuantLinearTokens tokens;
+// more tokens take one pass per kQuantLinearTokens (correct, but the weights are re-read).
+constexpr int kQuantLinearTokens = 16;
+struct QuantLinearParams {
+  const __half* x;     // [tokens, in]
+  const uint8_t* w;    // [out] quantized rows of `in` elements
+  const __half* bias;  // [out] or null
+  __half* y;           // [tokens, out]
+  int64_t tokens;
+  int out;
+  QuantRowLayout row;  // n = in
+};
+void launch_quant_linear(const QuantLinearParams& p, cudaStream_t stream);
+
+// quant_attention.cu: attention() over quantized caches ([slots, capacity, kv_heads] rows of
+// head_dim), same semantics as launch_attention; keys and values are dequantized in registers by
+// the reference formula (float(code) * scale rounded, plus minimum rounded).
+struct QuantAttentionParams {
+  const __half* q;           // [tokens, heads, head_dim]
+  const uint8_t* cache_k;
+  const uint8_t* cache_v;
+  const int32_t* slots;      // [tokens]
+  const int32_t* positions;  // [tokens]; token t attends to cache positions [0, positions[t]]
+  __half* out;               // [tokens, heads, head_dim]
+  int64_t tokens;
+  int heads;
+  int kv_heads;
+  int slot_count;
+  int capacity;
+  float scale;
+  QuantRowLayout row;        // n = head_dim <= kMaxHeadDim
+};
+void launch_quant_attention(const QuantAttentionParams& p, cudaStream_t stream);
 
 }  // namespace strata::cuda

@@ -1,12 +1,13 @@
-// Group-wise quantization (include/strata/quant/quant.h): one warp per group to quantize, one
-// thread per code byte to dequantize. The arithmetic is the header's, in fp32 with explicit
-// round-to-nearest intrinsics (no FMA contraction), so codes and values equal the host reference.
+// Group-wise quantization (include/strata/quant/quant.h): quantize_rows and kv_store into
+// quantized caches run one warp per group (warp_quantize_group, bit-identical to the host
+// reference); dequantize_rows runs one thread per 32-bit code word (8 or 4 elements, always in
+// one group) with vector stores where the output allows.
 #include <algorithm>
-#include <cmath>
+#include <cstdint>
 
 #include "cuda_common.h"
-#include "device_utils.cuh"
 #include "kernels.h"
+#include "quant_common.cuh"
 
 namespace strata::cuda {
 
@@ -16,95 +17,120 @@ constexpr int kWarpsPerBlock = 8;
 constexpr int kDequantThreads = 256;
 constexpr int64_t kMaxBlocks = 65535;
 
-__device__ __forceinline__ float load_f32(const void* x, bool f32, int64_t i) {
-  return f32 ? static_cast<const float*>(x)[i] : __half2float(static_cast<const __half*>(x)[i]);
-}
-__device__ __forceinline__ void store_f32(void* out, bool f32, int64_t i, float v) {
-  if (f32) static_cast<float*>(out)[i] = v;
-  else static_cast<__half*>(out)[i] = __float2half_rn(v);
-}
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(float v) { return v; }
 
-// Lane l of the warp holds elements [l * e, (l + 1) * e) of its group, e = group / 32 (1 to 4).
-__global__ void quantize_kernel(QuantParams p, const void* __restrict__ x, bool x_f32, uint8_t* __restrict__ q) {
-  const int lane = threadIdx.x & 31;
-  const int e = p.group / 32;
-  const int64_t groups_per_row = p.n / p.group, total = p.rows * groups_per_row;
-  const float max_code = float((1 << p.bits) - 1);
-  const int64_t codes_bytes = p.n * p.bits / 8;
+// Warp w of the grid takes groups w, w + warps, ...; the group index is uniform across the warp,
+// so the shuffles inside warp_quantize_group stay converged.
+template <class T>
+__global__ void quantize_kernel(const QuantParams p, const T* __restrict__ x, uint8_t* __restrict__ q) {
+  const QuantRowLayout& l = p.row;
+  const int64_t total = p.rows * l.groups;
   for (int64_t g = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); g < total;
-       g += int64_t(gridDim.x) * kWarpsPerBlock) {  // uniform across the warp: shuffles stay converged
-    const int64_t r = g / groups_per_row, gi = g % groups_per_row;
-    const int64_t first = gi * p.group + int64_t(lane) * e;  // this lane's first element in the row
-    float v[4];
-    float lo = INFINITY, hi = -INFINITY;
-    for (int k = 0; k < e; ++k) {
-      v[k] = load_f32(x, x_f32, r * p.n + first + k);
-      lo = fminf(lo, v[k]);
-      hi = fmaxf(hi, v[k]);
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-      lo = fminf(lo, __shfl_xor_sync(kFullMask, lo, o));
-      hi = fmaxf(hi, __shfl_xor_sync(kFullMask, hi, o));
-    }
-    const __half min16 = __float2half_rn(lo);
-    const __half scale16 = __float2half_rn(__fdiv_rn(__fsub_rn(hi, lo), max_code));
-    const float mn = __half2float(min16), sc = __half2float(scale16);
-    int code[4];
-    for (int k = 0; k < e; ++k)
-      code[k] = sc == 0.0f ? 0 : int(fminf(fmaxf(rintf(__fdiv_rn(__fsub_rn(v[k], mn), sc)), 0.0f), max_code));
-    uint8_t* row = q + r * int64_t(p.row_bytes);
-    if (p.bits == 8) {
-      for (int k = 0; k < e; ++k) row[first + k] = uint8_t(code[k]);
-    } else if (e >= 2) {  // e is even: this lane's pairs are its own
-      for (int k = 0; k < e; k += 2) row[(first + k) / 2] = uint8_t(code[k] | (code[k + 1] << 4));
-    } else {  // one element a lane: even lanes pack their odd neighbour's code
-      const int next = __shfl_down_sync(kFullMask, code[0], 1);
-      if ((lane & 1) == 0) row[first / 2] = uint8_t(code[0] | (next << 4));
-    }
-    if (lane == 0) {  // scales, then minimums, after the row's codes (2-byte aligned: codes_bytes is even)
-      __half* params = reinterpret_cast<__half*>(row + codes_bytes);
-      params[gi] = scale16;
-      params[groups_per_row + gi] = min16;
-    }
+       g += int64_t(gridDim.x) * kWarpsPerBlock) {
+    const int64_t r = g / l.groups;
+    const T* xr = x + r * l.n;
+    warp_quantize_group(l, int(g % l.groups), [xr](int i) { return to_f32(xr[i]); }, q + r * l.row_bytes);
   }
 }
 
-__global__ void dequantize_kernel(QuantParams p, const uint8_t* __restrict__ q, void* __restrict__ out, bool out_f32) {
-  const int per_byte = 8 / p.bits;  // codes in one byte: 2 or 1
-  const int64_t bytes_per_row = p.n / per_byte, total = p.rows * bytes_per_row;
-  const int64_t groups_per_row = p.n / p.group;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / bytes_per_row, b = i % bytes_per_row, elem = b * per_byte, gi = elem / p.group;
-    const uint8_t* row = q + r * int64_t(p.row_bytes);
-    const __half* params = reinterpret_cast<const __half*>(row + bytes_per_row);
-    const float sc = __half2float(params[gi]), mn = __half2float(params[groups_per_row + gi]);
-    const int byte = row[b];
-    const int64_t o = r * p.n + elem;
-    if (per_byte == 1) {
-      store_f32(out, out_f32, o, __fadd_rn(__fmul_rn(float(byte), sc), mn));
-    } else {
-      store_f32(out, out_f32, o, __fadd_rn(__fmul_rn(float(byte & 15), sc), mn));
-      store_f32(out, out_f32, o + 1, __fadd_rn(__fmul_rn(float(byte >> 4), sc), mn));
-    }
+// Rows are [k rows..., v rows...], each tokens * kv_heads rows of head_dim; a token whose slot or
+// position is out of range writes nothing (callers validate them on the host).
+__global__ void quant_kv_store_kernel(const QuantKvStoreParams p) {
+  const QuantRowLayout& l = p.row;
+  const int64_t rows = p.tokens * p.kv_heads, total = 2 * rows * l.groups;
+  for (int64_t g = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); g < total;
+       g += int64_t(gridDim.x) * kWarpsPerBlock) {
+    const bool is_v = g >= rows * l.groups;
+    const int64_t rg = is_v ? g - rows * l.groups : g;
+    const int64_t r = rg / l.groups;  // token * kv_heads + head
+    const int64_t t = r / p.kv_heads;
+    const int slot = p.slots[t], pos = p.positions[t];
+    if (slot < 0 || slot >= p.slot_count || pos < 0 || pos >= p.capacity) continue;  // uniform over the warp
+    const __half* src = (is_v ? p.v : p.k) + r * l.n;
+    const int64_t cache_row = (int64_t(slot) * p.capacity + pos) * p.kv_heads + r % p.kv_heads;
+    uint8_t* dst = (is_v ? p.cache_v : p.cache_k) + cache_row * l.row_bytes;
+    warp_quantize_group(l, int(rg % l.groups), [src](int i) { return __half2float(src[i]); }, dst);
   }
+}
+
+// Stores kN consecutive values: one or two 16-byte (or one 8-byte) stores when all kN are in the
+// row and the address is aligned for them, else element by element.
+template <int kN, class T>
+__device__ __forceinline__ void store_values(T* out, const float (&v)[kN], int count) {
+  alignas(16) T t[kN];
+#pragma unroll
+  for (int k = 0; k < kN; ++k) {
+    if constexpr (sizeof(T) == 2) t[k] = __float2half_rn(v[k]);
+    else t[k] = v[k];
+  }
+  constexpr int kBytes = kN * int(sizeof(T));
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(out);
+  if (count == kN && kBytes >= 16 && addr % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i) reinterpret_cast<uint4*>(out)[i] = reinterpret_cast<const uint4*>(t)[i];
+  } else if (count == kN && kBytes == 8 && addr % 8 == 0) {
+    *reinterpret_cast<uint2*>(out) = *reinterpret_cast<const uint2*>(t);
+  } else {
+    for (int k = 0; k < count; ++k) out[k] = t[k];
+  }
+}
+
+// Thread i takes code word i % words of row i / words: elements [u * kPer, u * kPer + kPer),
+// all in group u * kPer / group (groups are multiples of 32 elements).
+template <int kBits, class T>
+__global__ void dequantize_kernel(const QuantParams p, const uint8_t* __restrict__ q, T* __restrict__ out) {
+  constexpr int kPer = 32 / kBits;
+  const QuantRowLayout& l = p.row;
+  const int64_t words = l.code_bytes / 4, total = p.rows * words;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / words;
+    const int first = int(i % words) * kPer;
+    if (first >= l.n) continue;  // a padding word
+    const uint8_t* row = q + r * l.row_bytes;
+    const uint32_t word = reinterpret_cast<const uint32_t*>(row)[first / kPer];
+    const float2 sm = group_params(row, l, first / l.group);
+    float v[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) v[k] = dequant_ref(word_code<kBits>(word, k), sm.x, sm.y);
+    store_values<kPer>(out + r * l.n + first, v, min(kPer, l.n - first));
+  }
+}
+
+unsigned grid_for(int64_t work, int64_t per_block) {
+  return unsigned(std::min(kMaxBlocks, (work + per_block - 1) / per_block));
+}
+
+template <class T>
+void launch_dequantize_as(const QuantParams& p, const uint8_t* q, T* out, cudaStream_t stream) {
+  const unsigned blocks = grid_for(p.rows * (p.row.code_bytes / 4), kDequantThreads);
+  if (p.row.bits == 4) dequantize_kernel<4, T><<<blocks, kDequantThreads, 0, stream>>>(p, q, out);
+  else dequantize_kernel<8, T><<<blocks, kDequantThreads, 0, stream>>>(p, q, out);
+  STRATA_CUDA_CHECK_LAUNCH("dequantize_kernel", stream);
 }
 
 }  // namespace
 
 void launch_quantize_rows(const QuantParams& p, const void* x, bool x_f32, uint8_t* q, cudaStream_t stream) {
-  const int64_t groups = p.rows * (p.n / p.group);
+  const int64_t groups = p.rows * p.row.groups;
   if (groups == 0) return;
-  const int64_t blocks = std::min(kMaxBlocks, (groups + kWarpsPerBlock - 1) / kWarpsPerBlock);
-  quantize_kernel<<<unsigned(blocks), kWarpsPerBlock * 32, 0, stream>>>(p, x, x_f32, q);
+  const unsigned blocks = grid_for(groups, kWarpsPerBlock);
+  if (x_f32) quantize_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(p, static_cast<const float*>(x), q);
+  else quantize_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(p, static_cast<const __half*>(x), q);
   STRATA_CUDA_CHECK_LAUNCH("quantize_kernel", stream);
 }
 
 void launch_dequantize_rows(const QuantParams& p, const uint8_t* q, void* out, bool out_f32, cudaStream_t stream) {
-  const int64_t work = p.rows * (p.n * p.bits / 8);
-  if (work == 0) return;
-  const int64_t blocks = std::min(kMaxBlocks, (work + kDequantThreads - 1) / kDequantThreads);
-  dequantize_kernel<<<unsigned(blocks), kDequantThreads, 0, stream>>>(p, q, out, out_f32);
-  STRATA_CUDA_CHECK_LAUNCH("dequantize_kernel", stream);
+  if (p.rows == 0 || p.row.n == 0) return;
+  if (out_f32) launch_dequantize_as(p, q, static_cast<float*>(out), stream);
+  else launch_dequantize_as(p, q, static_cast<__half*>(out), stream);
+}
+
+void launch_quant_kv_store(const QuantKvStoreParams& p, cudaStream_t stream) {
+  const int64_t groups = 2 * p.tokens * p.kv_heads * p.row.groups;
+  if (groups == 0) return;
+  quant_kv_store_kernel<<<grid_for(groups, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(p);
+  STRATA_CUDA_CHECK_LAUNCH("quant_kv_store_kernel", stream);
 }
 
 }  // namespace strata::cuda
