@@ -148,6 +148,20 @@ std::vector<std::pair<std::optional<Compression>, std::optional<Compression>>> c
   return {{Compression{4, 64}, Compression{4, 32}}, {Compression{8, 128}, std::nullopt}, {std::nullopt, Compression{4, 64}}};
 }
 
+// The policy grid, each policy with the compression setting its index picks.
+std::vector<OffloadOptions> compressed_grid() {
+  const auto settings = compression_settings();
+  std::vector<OffloadOptions> out;
+  for (const Policy& p : policy_grid()) {
+    OffloadOptions opt;
+    opt.policy = p;
+    std::tie(opt.policy.compress_weights, opt.policy.compress_kv_cache) = settings[out.size() % settings.size()];
+    opt.offload_dir = offload_dir();
+    out.push_back(opt);
+  }
+  return out;
+}
+
 std::string describe_compression(const Policy& p) {
   auto one = [](const std::optional<Compression>& c) {
     return c ? std::to_string(c->bits) + "-bit g" + std::to_string(c->group_size) : std::string("off");
@@ -175,12 +189,9 @@ TEST_CASE("compressed: every placement gives the all-on-GPU compressed run's gre
       OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
       reference.push_back(run_blocks(engine, reqs));
     }
-    const std::vector<Policy> grid = policy_grid();
+    const std::vector<OffloadOptions> grid = compressed_grid();
     for (size_t n = 0; n < grid.size(); ++n) {
-      OffloadOptions opt;
-      opt.policy = grid[n];
-      std::tie(opt.policy.compress_weights, opt.policy.compress_kv_cache) = settings[n % settings.size()];
-      opt.offload_dir = offload_dir();
+      const OffloadOptions& opt = grid[n];
       OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
       const std::vector<GenResult> got = run_blocks(engine, reqs);
       REQUIRE(got.size() == reqs.size());
@@ -196,13 +207,7 @@ TEST_CASE("compressed: the schedule takes what the plan says; weights cross the 
   auto backend = make_cpu_backend(2);
   ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
   const std::vector<GenRequest> reqs = fixture_requests(load_expected("tiny-llama"));
-  const auto settings = compression_settings();
-  const std::vector<Policy> grid = policy_grid();
-  for (size_t n = 0; n < grid.size(); ++n) {
-    OffloadOptions opt;
-    opt.policy = grid[n];
-    std::tie(opt.policy.compress_weights, opt.policy.compress_kv_cache) = settings[n % settings.size()];
-    opt.offload_dir = offload_dir();
+  for (const OffloadOptions& opt : compressed_grid()) {
     OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
     const TierBytes plan = engine.plan().peak(), used = engine.report().used;
     for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) {
