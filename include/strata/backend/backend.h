@@ -115,7 +115,8 @@ public:
   // Caches may be quantized (Q4/Q8, each (position, head) row of d grouped along d): new entries
   // are quantized as they are written, bit for bit as quant::quantize_rows does on the host, so a
   // cache written on either backend holds the same bytes. attention() then reads the codes,
-  // dequantizing in registers.
+  // dequantizing in registers. Quantized device buffers (weights, caches, quantize_rows' q) must
+  // be 4-byte aligned: rows are whole 4-byte words (quant.h), and CUDA reads them as words.
   virtual void kv_store(const Tensor& k, const Tensor& v, const Tensor& cache_k, const Tensor& cache_v,
                         const Tensor& slots, const Tensor& positions) = 0;
 

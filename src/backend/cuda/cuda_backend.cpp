@@ -194,12 +194,12 @@ public:
     cuda::launch_rms_norm(f16(x), f16(w), eps, x.dim(0), h, f16_mut(out), stream_);
   }
 
-  // One pass of the fused kernel over a quantized matrix serves up to 16 tokens (kQuantLinearTokens)
-  // with its weights read once; its cost then grows with T (one fp32 FMA per weight and token on
-  // CUDA cores, and a re-read per further 16 tokens). Dequantizing the matrix once instead
-  // (read 0.56 + write 2 + cuBLAS read 2 bytes per 4-bit weight) plus a tensor-core GEMM costs
-  // about what the fused kernel does at ~30 tokens on an H100 (3.35 TB/s, ~60 TFLOP/s fp32), so
-  // 16 keeps the fused path clearly ahead and within one pass. (Estimated; not yet measured.)
+  // Up to 16 tokens (kQuantLinearTokens) the fused kernel reads a quantized matrix once; each
+  // token adds one fp32 FMA per weight on CUDA cores, and beyond 16 each further 16 tokens re-read
+  // the weights. Estimated on an H100 (not yet measured): the fused kernel is bound by its
+  // shared-memory reads of x at ~15 T FMA/s, ~0.07 ps per weight and token, while dequantizing
+  // once and running cuBLAS moves ~4.6 bytes per 4-bit weight (read 0.56, write 2, read 2), ~1.5 ps
+  // at 3 TB/s. They break even near 22 tokens; 16 keeps the fused path ahead and in one pass.
   int64_t fused_dequant_max_tokens() const override { return cuda::kQuantLinearTokens; }
 
   // Row-major y[T, out] = x[T, in] @ w[out, in]^T. In cuBLAS's column-major view, y is

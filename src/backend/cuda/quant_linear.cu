@@ -1,0 +1,221 @@
+// Fused dequant-GEMV/GEMM for quantized weights: y[T, out] = x[T, in] @ dequant(w)^T + bias,
+// decode-oriented (T small), fp32 accumulation, weights read once per pass of up to kTokens tokens.
+//
+// A block of kWarps warps owns kWarps * kRows output rows; each warp owns kRows (2). `in` is
+// walked in tiles of kTileK = 512 elements: the block stages the tile of x for its kTokens tokens
+// in shared memory as fp32, then lane l of each warp takes elements [16 l, 16 l + 16) of the tile
+// for each of its rows: 16 codes (8 bytes at 4 bits, 16 at 8; one vector load where the rows are
+// aligned for it), always in one group, whose scale and minimum come from the row's tail. Each
+// code is dequantized once (code * scale + min, one FMA) and reused for all kTokens tokens, so a
+// weight costs 1/T of an FMA on top of the T multiply-adds. (Computing s * sum(x c) + m * sum(x)
+// per group instead would save that 1/T but needs a second set of kTokens x kRows accumulators
+// per lane, and registers are what limits kRows already; see kRows.) The next tile's codes are
+// loaded before the current one is computed. At the end each warp sums its lanes' partial dot
+// products and adds the bias before the one rounding to fp16.
+//
+// Shared memory holds x as [token][sub-block b][lane] float4s (x[t][16 lane + 4 b .. + 4]), so
+// the 32 lanes' float4 reads of one (token, b) are consecutive: no bank conflicts.
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda_common.h"
+#include "kernels.h"
+#include "quant_common.cuh"
+
+namespace strata::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kChunk = 16;              // elements per lane per tile
+constexpr int kTileK = 32 * kChunk;     // elements of `in` per tile
+constexpr int kSubBlocks = kChunk / 4;  // float4 reads of x per lane, token and tile
+
+// Output rows per warp. Each x value read from shared memory serves kRows rows, so more would
+// ease the shared-memory reads, but at 4 rows ptxas (sm_90) took all 255 registers and spilled
+// at 16 tokens; 2 rows stay under 170 registers without spills for every token count.
+constexpr int kRows = 2;
+
+template <int kBits>
+constexpr int chunk_words() { return kChunk * kBits / 32; }  // code words per lane and row: 2 or 4
+
+// kWords code words of one row from word first_word on (this lane's 16 codes of a tile); words past
+// the row's codes read as 0 (their x is 0 too). vec: rows and the base are aligned for one vector load.
+template <int kWords>
+__device__ __forceinline__ void load_codes(uint32_t (&c)[kWords], const uint8_t* row, int64_t first_word,
+                                           int64_t code_words, bool vec) {
+  const uint32_t* src = reinterpret_cast<const uint32_t*>(row) + first_word;
+  if (vec && first_word + kWords <= code_words) {
+    if constexpr (kWords == 2) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(src));
+      c[0] = v.x;
+      c[1] = v.y;
+    } else {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
+      c[0] = v.x;
+      c[1] = v.y;
+      c[2] = v.z;
+      c[3] = v.w;
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kWords; ++j) c[j] = first_word + j < code_words ? __ldg(src + j) : 0u;
+}
+
+// Stages x[t0 + t][k0 + e] (0 outside [T, in]) for t < kTokens, e < kTileK, in the swizzled layout.
+// Thread i writes float4 i, so the stores are conflict-free; x_vec: 8-byte loads are aligned.
+template <int kTokens>
+__device__ __forceinline__ void stage_x(float4* x_s, const QuantLinearParams& p, int64_t t0, int64_t k0, bool x_vec) {
+  const int64_t in = p.row.n;
+  for (int i = threadIdx.x; i < kTokens * kSubBlocks * 32; i += kThreads) {
+    const int t = i / (kSubBlocks * 32), b = (i / 32) % kSubBlocks, lane = i % 32;
+    const int64_t e = k0 + lane * kChunk + b * 4;  // element of the row
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (t0 + t < p.tokens && e < in) {
+      const __half* src = p.x + (t0 + t) * in + e;
+      if (x_vec && e + 4 <= in) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(src);
+        const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
+        const float2 b2 = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+        v = make_float4(a.x, a.y, b2.x, b2.y);
+      } else {
+        float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          if (e + k < in) f[k] = __half2float(src[k]);
+        v = make_float4(f[0], f[1], f[2], f[3]);
+      }
+    }
+    x_s[i] = v;
+  }
+}
+
+// (Minimum 1 block per SM in the launch bounds: without it ptxas capped registers lower and spilled.)
+template <int kBits, int kTokens>
+__global__ void __launch_bounds__(kThreads, 1) quant_linear_kernel(const QuantLinearParams p, bool w_vec, bool x_vec) {
+  constexpr int kWords = chunk_words<kBits>();
+  __shared__ float4 x_s[kTokens * kSubBlocks * 32];
+  const QuantRowLayout& l = p.row;
+  const int lane = threadIdx.x & 31;
+  const int row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kRows;
+  const int64_t code_words = l.code_bytes / 4;
+  const int tiles = int((int64_t(l.n) + kTileK - 1) / kTileK);
+
+  // Rows past `out` read the last row (every warp must reach the block's barriers) and store nothing.
+  const uint8_t* rows[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rows[r] = p.w + int64_t(min(row0 + r, p.out - 1)) * l.row_bytes;
+
+  for (int64_t t0 = int64_t(blockIdx.y) * kTokens; t0 < p.tokens; t0 += int64_t(gridDim.y) * kTokens) {
+    float acc[kTokens][kRows];
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[t][r] = 0.0f;
+
+    uint32_t cur[kRows][kWords];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) load_codes(cur[r], rows[r], int64_t(lane) * kWords, code_words, w_vec);
+
+    for (int tile = 0; tile < tiles; ++tile) {
+      const int64_t k0 = int64_t(tile) * kTileK;
+      __syncthreads();  // the previous tile's x is no longer read
+      stage_x<kTokens>(x_s, p, t0, k0, x_vec);
+      __syncthreads();
+
+      uint32_t next[kRows][kWords] = {};
+      if (tile + 1 < tiles) {
+        const int64_t next_word = (k0 + kTileK) * kBits / 32 + int64_t(lane) * kWords;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) load_codes(next[r], rows[r], next_word, code_words, w_vec);
+      }
+
+      // This lane's 16 elements lie in one group; past the row's end the clamped group's
+      // parameters are finite and x is 0.
+      const int64_t chunk_group = (k0 + int64_t(lane) * kChunk) / l.group;
+      const int group = chunk_group < l.groups ? int(chunk_group) : l.groups - 1;
+      float2 sm[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) sm[r] = group_params(rows[r], l, group);
+
+#pragma unroll
+      for (int b = 0; b < kSubBlocks; ++b) {
+        float w[kRows][4];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int e = b * 4 + k;  // element of the chunk
+            constexpr int kPer = 32 / kBits;
+            w[r][k] = fmaf(word_code<kBits>(cur[r][e / kPer], e % kPer), sm[r].x, sm[r].y);
+          }
+#pragma unroll
+        for (int t = 0; t < kTokens; ++t) {
+          const float4 xv = x_s[(t * kSubBlocks + b) * 32 + lane];
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            float a = acc[t][r];
+            a = fmaf(xv.x, w[r][0], a);
+            a = fmaf(xv.y, w[r][1], a);
+            a = fmaf(xv.z, w[r][2], a);
+            a = fmaf(xv.w, w[r][3], a);
+            acc[t][r] = a;
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int j = 0; j < kWords; ++j) cur[r][j] = next[r][j];
+    }
+
+    // Every lane gets every sum; lane (t * kRows + r) % 32 stores output (t, r).
+#pragma unroll
+    for (int t = 0; t < kTokens; ++t)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float sum = warp_sum(acc[t][r]);
+        const int row = row0 + r;
+        if (lane == (t * kRows + r) % 32 && t0 + t < p.tokens && row < p.out) {
+          const float bias = p.bias ? __half2float(p.bias[row]) : 0.0f;
+          p.y[(t0 + t) * p.out + row] = __float2half_rn(sum + bias);
+        }
+      }
+  }
+}
+
+bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % unsigned(bytes) == 0; }
+
+template <int kBits, int kTokens>
+void launch_shape(const QuantLinearParams& p, cudaStream_t stream) {
+  constexpr int kVecBytes = chunk_words<kBits>() * 4;
+  const bool w_vec = aligned(p.w, kVecBytes) && p.row.row_bytes % kVecBytes == 0;
+  const bool x_vec = aligned(p.x, 8) && p.row.n % 4 == 0;
+  const int64_t blocks = ceil_div(p.out, int64_t(kWarps) * kRows);
+  const int64_t token_passes = std::min<int64_t>(ceil_div(p.tokens, kTokens), 65535);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(token_passes));
+  quant_linear_kernel<kBits, kTokens><<<grid, kThreads, 0, stream>>>(p, w_vec, x_vec);
+  STRATA_CUDA_CHECK_LAUNCH("quant_linear_kernel", stream);
+}
+
+template <int kBits>
+void launch_bits(const QuantLinearParams& p, cudaStream_t stream) {
+  // The fewest tokens per pass that cover T: each token slot costs its FMAs whether used or not.
+  if (p.tokens <= 1) launch_shape<kBits, 1>(p, stream);
+  else if (p.tokens <= 2) launch_shape<kBits, 2>(p, stream);
+  else if (p.tokens <= 4) launch_shape<kBits, 4>(p, stream);
+  else if (p.tokens <= 8) launch_shape<kBits, 8>(p, stream);
+  else launch_shape<kBits, kQuantLinearTokens>(p, stream);
+}
+
+}  // namespace
+
+void launch_quant_linear(const QuantLinearParams& p, cudaStream_t stream) {
+  if (p.tokens == 0 || p.out == 0 || p.row.n == 0) return;
+  if (p.row.bits == 4) launch_bits<4>(p, stream);
+  else launch_bits<8>(p, stream);
+}
+
+}  // namespace strata::cuda
