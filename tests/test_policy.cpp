@@ -105,6 +105,8 @@ TEST_CASE("bad policies name the line and the field", "[policy]") {
   CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 100}\ncompress_kv_cache: {group_size: 48}\n", "p.yaml"),
                     Catch::Contains("p.yaml:6: field 'compress_kv_cache.group_size' must be 32, 64 or 128, got 48"));
   CHECK_NOTHROW(parse_policy(base + "activations: {gpu: 100}\ncompress_weights: {bits: 8, group_size: 128}\n"));
+  CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 100}\ncompress_activations: {bits: 4}\n", "p.yaml"),
+                    Catch::Contains("p.yaml:6: field 'compress_activations': activations cannot be compressed"));
   CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 100}\nprefill_tokens: 0\n", "p.yaml"),
                     Catch::Contains("p.yaml:6: field 'prefill_tokens' must be in [1,"));
   CHECK_THROWS_WITH(parse_policy("weights: [1, 2\n", "p.yaml"), Catch::Contains("invalid YAML"));

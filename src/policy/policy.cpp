@@ -81,6 +81,11 @@ Policy parse_policy(const std::string& text, const std::string& source) {
     throw Error(source + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
   }
   if (!root.IsMap()) throw Error(source + ": a policy is a YAML map of fields");
+  // Activations are one hidden state per sequence and move every layer; the runtime quantizes only
+  // what is stored long and read often (weights, KV cache), as FlexGen does.
+  if (root["compress_activations"])
+    r.fail(root["compress_activations"], "field 'compress_activations': activations cannot be compressed (only "
+                                         "compress_weights and compress_kv_cache)");
   r.only_keys(root, {"gpu_batch_size", "num_gpu_batches", "weights", "kv_cache", "activations", "overlap",
                      "cpu_attention", "compress_weights", "compress_kv_cache", "prefill_tokens"}, "");
   Policy p;
