@@ -5,7 +5,7 @@
 #
 #   bench/gpu_suite.sh OUTDIR 1     # = tests profile generate offload run30  (about 6 minutes on an H100)
 #   bench/gpu_suite.sh OUTDIR 2     # = calibrate                             (about 8 minutes)
-#   bench/gpu_suite.sh OUTDIR "tests offload"   # any of the named parts
+#   bench/gpu_suite.sh OUTDIR "tests offload"   # any of the named parts (quant: only by name)
 #
 #   tests      nvidia-smi, strata_tests "[cuda]", again with STRATA_CUDA_SYNC=1, the HF fp16 parity
 #   profile    strata profile -> OUTDIR/hardware.yaml
@@ -13,6 +13,7 @@
 #   offload    bench_offload on dummy:opt-6.7b, bench_disk
 #   run30      the paper's OPT-30B policy (block scaled to 48 x 1 for the host's memory) under
 #              --gpu-mem 16GiB, with nvidia-smi's reading of the GPU memory it used
+#   quant      strata_tests "[cuda][quant]", bench_quant on dummy:opt-6.7b (needs bench_quant staged)
 #   calibrate  10 policies of dummy:opt-6.7b under 16 GiB and the search's pick: measured tok/s into
 #              OUTDIR/calib.tsv (STRATA_SUITE_POLICIES="c8 pick" runs some of them)
 #
@@ -89,6 +90,12 @@ part_offload() {
   # Weights on disk would read 13 GB per pass at the disk's ~2 GB/s: the store is measured alone.
   step "bench_offload opt-6.7b" bench_offload --model dummy:opt-6.7b --device cuda --gen-len 16 --skip-disk
   step "bench_disk" bench_disk --dir "$offload_dir" --size 4GiB
+}
+part_quant() {
+  # Compression (issue 9): the quantized kernels' tests, then their speed and the engine's decode
+  # step with 4-bit weights on the CPU tier against fp16 (disk skipped, as in part offload).
+  step "[cuda][quant] tests" strata_tests "[cuda][quant]"
+  step "bench_quant opt-6.7b" bench_quant --model dummy:opt-6.7b --device cuda --batch 8 --gen-len 8 --skip-disk
 }
 
 # A JSONL of N prompts of LEN tokens each (the dummy models' tokenizer is one token per byte).
@@ -184,7 +191,7 @@ part_calibrate() {
 
 for part in $parts; do
   case $part in
-    tests|profile|generate|offload|run30|calibrate) "part_$part" ;;
+    tests|profile|generate|offload|run30|calibrate|quant) "part_$part" ;;
     *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;;
   esac
 done
