@@ -9,5 +9,6 @@ void add_tokenize_command(CLI::App& app);
 void add_perplexity_command(CLI::App& app);
 void add_profile_command(CLI::App& app);
 void add_policy_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 
 }  // namespace strata::cli

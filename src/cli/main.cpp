@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   strata::cli::add_perplexity_command(app);
   strata::cli::add_profile_command(app);
   strata::cli::add_policy_command(app);
+  strata::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,72 @@
+// `strata bench`: throughput tables in the paper's terms (issue 12). A suite (YAML) lists cases:
+// a model (a preset runs on dummy weights), a prompt and generation length, and a policy file or
+// `auto` (the cost model's search). Each case runs one block of synthetic prompts of exactly
+// prompt_len tokens through the offloading engine, `repeat` times, and records what it measured
+// (prefill, decode and total throughput: FlexGen's generated tokens / (prefill + decode time)),
+// what the cost model predicted for the same policy, the links' GB/s against the profile's peaks
+// and the peak memory per tier. Results go to DIR/results.jsonl and DIR/results.md.
+#pragma once
+#include <filesystem>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace strata {
+
+struct BenchCase {
+  std::string name;
+  std::string model;        // a preset (dummy weights), a model directory or a .gguf
+  int prompt_len = 0, gen_len = 0;
+  std::string policy;       // a policy file (relative to the suite's directory), or "auto"
+  bool compress = false;    // with auto: the search may also pick 4-bit weights and cache
+  std::string gpu_mem, cpu_mem, disk_mem;  // caps of this case (empty: the command line's)
+  int line = 0;             // in the suite file, for messages
+};
+
+struct BenchSuite {
+  std::string name;
+  std::filesystem::path dir;  // policy paths are relative to it
+  std::vector<BenchCase> cases;
+};
+
+// Parses a suite; errors name the source, the line and the field.
+BenchSuite parse_bench_suite(const std::string& yaml_text, const std::string& source_name,
+                             const std::filesystem::path& dir = ".");
+// `file_or_name`: a YAML file, or the name of one in bench/suites/ (smoke-cpu, paper-table2, h100).
+BenchSuite load_bench_suite(const std::string& file_or_name);
+
+struct BenchOptions {
+  std::string suite;
+  std::string device = "auto";
+  std::filesystem::path hardware;     // profile for predictions and `auto` (empty: the cached one)
+  std::filesystem::path offload_dir;
+  std::filesystem::path out = "bench-out";
+  int repeat = 1;
+  std::string gpu_mem, cpu_mem, disk_mem;  // caps for every case that names none
+  int threads = 0;
+  bool progress = true;
+};
+
+struct BenchMeasure {
+  double prefill_tok_s = 0, decode_tok_s = 0, total_tok_s = 0;
+};
+
+struct BenchCaseResult {
+  BenchCase spec;
+  std::string status = "ok";             // "ok", or why the case did not run (e.g. does not fit)
+  std::string policy_yaml;
+  std::vector<BenchMeasure> runs;         // one per repeat
+  std::optional<BenchMeasure> predicted;  // the cost model's, for the policy run
+  double ctog_gbps = 0, dtoc_gbps = 0;    // achieved on the links (last repeat)
+  double ctog_peak_gbps = 0, dtoc_peak_gbps = 0;  // the profile's
+  double peak_gpu = 0, peak_cpu = 0, peak_disk = 0;  // bytes reserved per tier
+  BenchMeasure mean() const;
+  BenchMeasure sd() const;
+};
+
+// Runs every case (a case that fails, e.g. does not fit its caps, is recorded as such and the
+// others run), writes OUT/results.jsonl and OUT/results.md, and returns the results.
+std::vector<BenchCaseResult> run_bench(const BenchOptions& options, std::ostream& log);
+
+}  // namespace strata

@@ -1,0 +1,37 @@
+// `strata bench`: a suite of cases through the offloading engine, measured beside the cost
+// model's predictions (src/job/bench.cpp).
+#include <fstream>
+#include <iostream>
+
+#include "commands.h"
+#include "strata/job/bench.h"
+
+namespace strata::cli {
+
+void add_bench_command(CLI::App& app) {
+  auto opt = std::make_shared<BenchOptions>();
+  CLI::App* cmd = app.add_subcommand("bench", "run a benchmark suite: measured throughput beside the cost model's");
+  cmd->add_option("--suite", opt->suite, "suite YAML, or a name in bench/suites/ (smoke-cpu, paper-table2, h100)")
+      ->required();
+  cmd->add_option("--device", opt->device, "cpu, cuda or auto (cuda when a GPU is present)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
+  cmd->add_option("--hardware", opt->hardware,
+                  "hardware profile for predictions and policy: auto (default: the cached one of strata profile)");
+  cmd->add_option("--offload-dir", opt->offload_dir, "directory for the disk tier");
+  cmd->add_option("--out", opt->out, "directory for results.jsonl and results.md")->capture_default_str();
+  cmd->add_option("--repeat", opt->repeat, "timed runs per case (mean ± sd)")->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--gpu-mem", opt->gpu_mem, "GPU tier cap for cases that give none, e.g. 16GiB");
+  cmd->add_option("--cpu-mem", opt->cpu_mem, "CPU tier cap for cases that give none");
+  cmd->add_option("--disk-mem", opt->disk_mem, "disk tier cap for cases that give none");
+  cmd->add_option("--threads", opt->threads, "CPU threads (0: all cores)")->capture_default_str();
+  cmd->add_flag("!--no-progress", opt->progress, "no progress lines");
+  cmd->callback([opt] {
+    const std::vector<BenchCaseResult> results = run_bench(*opt, std::cerr);
+    std::ifstream md(opt->out / "results.md");
+    std::cout << md.rdbuf();
+  });
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,385 @@
+#include "strata/job/bench.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "strata/backend/backend.h"
+#include "strata/backend/device_info.h"
+#include "strata/core/error.h"
+#include "strata/core/size.h"
+#include "strata/core/yaml_reader.h"
+#include "strata/model/config.h"
+#include "strata/model/model_loader.h"
+#include "strata/offload/engine.h"
+#include "strata/policy/cost_model.h"
+#include "strata/policy/search.h"
+#include "strata/profile/hardware.h"
+#include "strata/profile/profiler.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using nlohmann::json;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+int positive_int(const YamlReader& r, const YAML::Node& n, const std::string& field) {
+  try {
+    const int v = n.as<int>();
+    if (v > 0) return v;
+  } catch (const YAML::Exception&) {
+  }
+  r.fail(n, "field '" + field + "' must be a positive integer");
+}
+
+std::string text(const YamlReader& r, const YAML::Node& n, const std::string& field) {
+  if (!n.IsScalar() || n.Scalar().empty()) r.fail(n, "field '" + field + "' must be a non-empty string");
+  return n.Scalar();
+}
+
+// The short id of the checkout the run starts in, "-dirty" when it has uncommitted changes
+// ("unknown" outside one).
+std::string git_commit() {
+  std::string out;
+  if (FILE* p = popen("git describe --always --dirty --abbrev=7 2>/dev/null", "r")) {
+    char buf[64];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out.empty() ? "unknown" : out;
+}
+
+// A model spec: a preset name runs on dummy weights.
+std::string model_spec(const std::string& model) {
+  if (model.rfind("dummy:", 0) == 0 || !config_preset(model)) return model;
+  return "dummy:" + model;
+}
+
+// Prompts of exactly `len` tokens, spread over the vocabulary, no EOS stop.
+std::vector<GenRequest> synthetic_requests(int count, int len, int gen, int vocab) {
+  std::vector<GenRequest> reqs(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    for (int t = 0; t < len; ++t) reqs[size_t(i)].prompt.push_back(int32_t((7919LL * (t + 1) + 104729LL * i) % vocab));
+    reqs[size_t(i)].sampling.max_new_tokens = gen;
+    reqs[size_t(i)].sampling.ignore_eos = true;
+  }
+  return reqs;
+}
+
+// FlexGen's definitions: prefill counts prompt tokens; decode the tokens after each sequence's
+// first (which prefill produces); total all generated tokens over both times.
+BenchMeasure measure_of(const GenStats& s, int sequences) {
+  BenchMeasure m;
+  if (s.prefill_seconds > 0) m.prefill_tok_s = double(s.prompt_tokens) / s.prefill_seconds;
+  if (s.decode_seconds > 0) m.decode_tok_s = double(s.generated_tokens - sequences) / s.decode_seconds;
+  const double t = s.prefill_seconds + s.decode_seconds;
+  if (t > 0) m.total_tok_s = double(s.generated_tokens) / t;
+  return m;
+}
+
+// The cost model's figures in the measured ones' terms (one block, FlexGen's definitions).
+BenchMeasure measure_of(const Prediction& p, const Policy& policy, const BenchCase& c) {
+  BenchMeasure m;
+  const double seqs = policy.block_size();
+  if (p.prefill_s > 0) m.prefill_tok_s = seqs * c.prompt_len / p.prefill_s;
+  if (p.decode_s > 0) m.decode_tok_s = seqs * (c.gen_len - 1) / p.decode_s;
+  m.total_tok_s = p.throughput_tok_s;
+  return m;
+}
+
+class Progress {
+public:
+  Progress(std::ostream& log, bool enabled, size_t cases) : log_(log), enabled_(enabled), cases_(cases), t0_(Clock::now()) {}
+  void say(size_t index, const std::string& name, const std::string& step) {
+    if (!enabled_) return;
+    const double t = since(t0_);
+    log_ << "[bench] case " << index + 1 << "/" << cases_ << " " << name << ": " << step << ", " << std::fixed
+         << std::setprecision(0) << t << " s";
+    if (index > 0) log_ << ", ETA " << t / double(index) * double(cases_ - index) << " s";
+    log_ << "\n" << std::flush;
+  }
+
+private:
+  std::ostream& log_;
+  bool enabled_;
+  size_t cases_;
+  Clock::time_point t0_;
+};
+
+struct Machine {
+  std::string backend, gpu, cpu, profile;
+};
+
+class Runner {
+public:
+  Runner(const BenchOptions& opt, std::ostream& log) : opt_(opt), log_(log) {
+    backend_ = make_backend(opt.device, opt.threads);
+    const std::filesystem::path hw_path = opt.hardware.empty() ? default_hardware_profile_path() : opt.hardware;
+    if (std::filesystem::exists(hw_path)) hw_ = load_hardware_profile(hw_path);
+    else if (!opt.hardware.empty()) STRATA_FAIL("--hardware " << hw_path.string() << ": no such file");
+    machine_.backend = backend_->name();
+    machine_.gpu = backend_->device() == Device::CUDA ? cuda_device_name(0) : "none (cpu backend)";
+    machine_.cpu = cpu_model_name();
+    machine_.profile = hw_ ? hw_->name : "";
+  }
+
+  const Machine& machine() const { return machine_; }
+
+  BenchCaseResult run(const BenchSuite& suite, size_t index, Progress& progress) {
+    const BenchCase& c = suite.cases[index];
+    BenchCaseResult r;
+    r.spec = c;
+    try {
+      run_case(suite, c, index, r, progress);
+    } catch (const Error& e) {
+      r.status = e.what();
+      r.runs.clear();
+      log_ << "[bench] case " << c.name << ": " << r.status << "\n";
+    }
+    return r;
+  }
+
+private:
+  void run_case(const BenchSuite& suite, const BenchCase& c, size_t index, BenchCaseResult& r, Progress& progress) {
+    progress.say(index, c.name, "loading " + c.model);
+    ModelBundle model = open_model(model_spec(c.model));
+    OffloadOptions o;
+    const std::string gpu = c.gpu_mem.empty() ? opt_.gpu_mem : c.gpu_mem;
+    const std::string cpu = c.cpu_mem.empty() ? opt_.cpu_mem : c.cpu_mem;
+    const std::string disk = c.disk_mem.empty() ? opt_.disk_mem : c.disk_mem;
+    if (!gpu.empty()) o.gpu_budget = double(parse_size(gpu, "gpu_mem"));
+    if (!cpu.empty()) o.cpu_budget = double(parse_size(cpu, "cpu_mem"));
+    if (!disk.empty()) o.disk_budget = double(parse_size(disk, "disk_mem"));
+    o.offload_dir = opt_.offload_dir;
+    o.cpu_threads = opt_.threads;
+    const Workload w{c.prompt_len, c.gen_len};
+    if (c.policy == "auto") {
+      if (!hw_) STRATA_FAIL("policy auto needs a hardware profile (--hardware, or run strata profile first)");
+      SearchOptions s;
+      s.workload = w;
+      s.budget = default_budgets(*backend_, o);
+      s.allow_compression = c.compress;
+      o.policy = search_policy(model.config, *hw_, s).ranked.front().policy;
+    } else {
+      o.policy = load_policy(suite.dir / c.policy);
+    }
+    r.policy_yaml = policy_to_yaml(o.policy);
+    if (hw_) r.predicted = measure_of(evaluate(model.config, o.policy, w, *hw_), o.policy, c);
+    if (hw_) {
+      r.ctog_peak_gbps = hw_->cpu_to_gpu_bw / 1e9;
+      r.dtoc_peak_gbps = hw_->disk_to_cpu_bw / 1e9;
+    }
+
+    progress.say(index, c.name, "placing weights");
+    OffloadEngine engine(model.config, *model.weights, *backend_, o, {c.prompt_len, c.gen_len});
+    const std::vector<GenRequest> reqs =
+        synthetic_requests(o.policy.block_size(), c.prompt_len, c.gen_len, model.config.vocab_size);
+    // Warm-up: prefill and one token, so first touches of every buffer stay out of the figures.
+    std::vector<GenRequest> warm = reqs;
+    for (GenRequest& q : warm) q.sampling.max_new_tokens = 1;
+    progress.say(index, c.name, "warm-up");
+    engine.generate(warm);
+    for (int k = 0; k < opt_.repeat; ++k) {
+      progress.say(index, c.name, "run " + std::to_string(k + 1) + "/" + std::to_string(opt_.repeat));
+      const OffloadReport before = engine.report();
+      GenStats stats;
+      engine.generate(reqs, &stats);
+      r.runs.push_back(measure_of(stats, o.policy.block_size()));
+      const OffloadReport after = engine.report();
+      auto rate = [](const LinkStats& a, const LinkStats& b) {
+        const double s = b.seconds - a.seconds;
+        return s > 0 ? double(b.bytes - a.bytes) / s / 1e9 : 0.0;
+      };
+      r.ctog_gbps = rate(before.cpu_to_gpu, after.cpu_to_gpu);
+      r.dtoc_gbps = rate(before.disk_to_cpu, after.disk_to_cpu);
+      r.peak_gpu = after.peak.gpu;
+      r.peak_cpu = after.peak.cpu;
+      r.peak_disk = after.peak.disk;
+    }
+  }
+
+  const BenchOptions& opt_;
+  std::ostream& log_;
+  std::unique_ptr<Backend> backend_;
+  std::optional<HardwareProfile> hw_;
+  Machine machine_;
+};
+
+json measure_json(const BenchMeasure& m) {
+  return {{"prefill_tok_s", m.prefill_tok_s}, {"decode_tok_s", m.decode_tok_s}, {"total_tok_s", m.total_tok_s}};
+}
+
+std::string fixed(double v, int digits) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(digits) << v;
+  return os.str();
+}
+
+// "12.3 ± 0.4" (the ± part only with several runs).
+std::string mean_sd(double mean, double sd, size_t runs) {
+  return fixed(mean, 2) + (runs > 1 ? " ± " + fixed(sd, 2) : "");
+}
+
+void write_results(const BenchOptions& opt, const BenchSuite& suite, const Machine& m, const std::string& commit,
+                   const std::vector<BenchCaseResult>& results) {
+  std::filesystem::create_directories(opt.out);
+  std::ofstream jl(opt.out / "results.jsonl");
+  std::ofstream md(opt.out / "results.md");
+  if (!jl || !md) STRATA_FAIL("bench: cannot write results into " << opt.out.string());
+  md << "# strata bench: " << suite.name << "\n\n"
+     << "- commit: " << commit << "\n- backend: " << m.backend << "\n- gpu: " << m.gpu << "\n- cpu: " << m.cpu
+     << "\n- hardware profile: " << (m.profile.empty() ? "none (no predictions)" : m.profile)
+     << "\n- repeats: " << opt.repeat << " (mean ± sd); total = generated tokens / (prefill + decode time)\n\n"
+     << "| case | model | prompt | gen | block | prefill tok/s | decode tok/s | total tok/s | predicted | error | "
+        "cpu->gpu GB/s (peak) | peak gpu / cpu / disk |\n"
+     << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const BenchCaseResult& r : results) {
+    const BenchCase& c = r.spec;
+    json j = {{"name", c.name},     {"model", c.model},   {"prompt_len", c.prompt_len}, {"gen_len", c.gen_len},
+              {"status", r.status}, {"policy", r.policy_yaml}, {"commit", commit},
+              {"machine", {{"backend", m.backend}, {"gpu", m.gpu}, {"cpu", m.cpu}, {"hardware_profile", m.profile}}}};
+    if (r.status != "ok") {
+      jl << j.dump() << "\n";
+      md << "| " << c.name << " | " << c.model << " | " << c.prompt_len << " | " << c.gen_len << " | | " << r.status
+         << " | | | | | | |\n";
+      continue;
+    }
+    const BenchMeasure mean = r.mean(), sd = r.sd();
+    j["measured"] = measure_json(mean);
+    j["measured"]["sd"] = measure_json(sd);
+    j["measured"]["repeats"] = r.runs.size();
+    j["predicted"] = r.predicted ? measure_json(*r.predicted) : json(nullptr);
+    j["links"] = {{"cpu_to_gpu_gbps", r.ctog_gbps}, {"cpu_to_gpu_peak_gbps", r.ctog_peak_gbps},
+                  {"disk_to_cpu_gbps", r.dtoc_gbps}, {"disk_to_cpu_peak_gbps", r.dtoc_peak_gbps}};
+    j["peak_memory"] = {{"gpu", r.peak_gpu}, {"cpu", r.peak_cpu}, {"disk", r.peak_disk}};
+    jl << j.dump() << "\n";
+    const Policy p = parse_policy(r.policy_yaml, c.name);
+    std::string error;
+    if (r.predicted && mean.total_tok_s > 0)
+      error = (r.predicted->total_tok_s >= mean.total_tok_s ? "+" : "") +
+              fixed(100.0 * (r.predicted->total_tok_s / mean.total_tok_s - 1), 0) + "%";
+    md << "| " << c.name << " | " << c.model << " | " << c.prompt_len << " | " << c.gen_len << " | "
+       << p.gpu_batch_size << " x " << p.num_gpu_batches << (p.compress_weights || p.compress_kv_cache ? " (4-bit)" : "")
+       << " | " << mean_sd(mean.prefill_tok_s, sd.prefill_tok_s, r.runs.size()) << " | "
+       << mean_sd(mean.decode_tok_s, sd.decode_tok_s, r.runs.size()) << " | "
+       << mean_sd(mean.total_tok_s, sd.total_tok_s, r.runs.size()) << " | "
+       << (r.predicted ? fixed(r.predicted->total_tok_s, 2) : "") << " | " << error << " | "
+       << fixed(r.ctog_gbps, 2) << (r.ctog_peak_gbps > 0 ? " (" + fixed(r.ctog_peak_gbps, 1) + ")" : "") << " | "
+       << format_bytes(r.peak_gpu) << " / " << format_bytes(r.peak_cpu) << " / " << format_bytes(r.peak_disk) << " |\n";
+  }
+}
+
+}  // namespace
+
+BenchMeasure BenchCaseResult::mean() const {
+  BenchMeasure m;
+  for (const BenchMeasure& r : runs) {
+    m.prefill_tok_s += r.prefill_tok_s / double(runs.size());
+    m.decode_tok_s += r.decode_tok_s / double(runs.size());
+    m.total_tok_s += r.total_tok_s / double(runs.size());
+  }
+  return m;
+}
+
+BenchMeasure BenchCaseResult::sd() const {
+  BenchMeasure s;
+  if (runs.size() < 2) return s;
+  const BenchMeasure m = mean();
+  for (const BenchMeasure& r : runs) {
+    s.prefill_tok_s += std::pow(r.prefill_tok_s - m.prefill_tok_s, 2);
+    s.decode_tok_s += std::pow(r.decode_tok_s - m.decode_tok_s, 2);
+    s.total_tok_s += std::pow(r.total_tok_s - m.total_tok_s, 2);
+  }
+  const double n = double(runs.size() - 1);
+  return {std::sqrt(s.prefill_tok_s / n), std::sqrt(s.decode_tok_s / n), std::sqrt(s.total_tok_s / n)};
+}
+
+BenchSuite parse_bench_suite(const std::string& yaml_text, const std::string& source, const std::filesystem::path& dir) {
+  YamlReader r{source};
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    throw Error(source + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
+  }
+  if (!root.IsMap()) throw Error(source + ": a bench suite is a YAML map with a 'cases' list");
+  r.only_keys(root, {"name", "cases"}, "");
+  if (!root["cases"] || !root["cases"].IsSequence() || root["cases"].size() == 0)
+    r.fail(root, "field 'cases' must be a non-empty list");
+  BenchSuite s;
+  s.name = root["name"] ? text(r, root["name"], "name") : std::filesystem::path(source).stem().string();
+  s.dir = dir;
+  for (const YAML::Node& n : root["cases"]) {
+    if (!n.IsMap()) r.fail(n, "each case is a map {name, model, prompt_len, gen_len, policy, ...}");
+    r.only_keys(n, {"name", "model", "prompt_len", "gen_len", "policy", "compress", "gpu_mem", "cpu_mem", "disk_mem"},
+                "case.");
+    for (const char* required : {"name", "model", "prompt_len", "gen_len", "policy"})
+      if (!n[required]) r.fail(n, std::string("case: missing field '") + required + "'");
+    BenchCase c;
+    c.line = n.Mark().line + 1;
+    c.name = text(r, n["name"], "name");
+    for (const BenchCase& other : s.cases)
+      if (other.name == c.name) r.fail(n["name"], "case name '" + c.name + "' is used twice");
+    c.model = text(r, n["model"], "model");
+    c.prompt_len = positive_int(r, n["prompt_len"], "prompt_len");
+    c.gen_len = positive_int(r, n["gen_len"], "gen_len");
+    c.policy = text(r, n["policy"], "policy");
+    if (n["compress"]) {
+      try {
+        c.compress = n["compress"].as<bool>();
+      } catch (const YAML::Exception&) {
+        r.fail(n["compress"], "field 'compress' must be true or false");
+      }
+    }
+    for (auto [key, field] : {std::pair{"gpu_mem", &c.gpu_mem}, {"cpu_mem", &c.cpu_mem}, {"disk_mem", &c.disk_mem}})
+      if (n[key]) {
+        *field = text(r, n[key], key);
+        try {
+          parse_size(*field, key);
+        } catch (const Error& e) {
+          r.fail(n[key], e.what());
+        }
+      }
+    s.cases.push_back(std::move(c));
+  }
+  return s;
+}
+
+BenchSuite load_bench_suite(const std::string& file_or_name) {
+  std::filesystem::path path = file_or_name;
+  if (!std::filesystem::exists(path)) path = std::filesystem::path("bench/suites") / (file_or_name + ".yaml");
+  if (!std::filesystem::exists(path))
+    STRATA_FAIL("bench suite '" << file_or_name << "': no such file, nor bench/suites/" << file_or_name
+                                << ".yaml (run from the repository root, or give a path)");
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_bench_suite(ss.str(), path.string(), path.parent_path());
+}
+
+std::vector<BenchCaseResult> run_bench(const BenchOptions& opt, std::ostream& log) {
+  STRATA_CHECK(opt.repeat >= 1, "--repeat must be at least 1, got " << opt.repeat);
+  const BenchSuite suite = load_bench_suite(opt.suite);
+  Runner runner(opt, log);
+  const std::string commit = git_commit();
+  Progress progress(log, opt.progress, suite.cases.size());
+  std::vector<BenchCaseResult> results;
+  for (size_t i = 0; i < suite.cases.size(); ++i) {
+    results.push_back(runner.run(suite, i, progress));
+    write_results(opt, suite, runner.machine(), commit, results);  // a long suite keeps what it has
+  }
+  log << "[bench] wrote " << (opt.out / "results.jsonl").string() << " and " << (opt.out / "results.md").string()
+      << "\n";
+  return results;
+}
+
+}  // namespace strata

@@ -1,0 +1,131 @@
+// `strata bench`: suites parse with errors naming the line and field; a run measures every case,
+// records the cost model's prediction beside it, reports a case that does not fit and goes on.
+#include "test_paths.h"
+#include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <nlohmann/json.hpp>
+
+#include "strata/core/error.h"
+#include "strata/job/bench.h"
+#include "strata/policy/policy.h"
+
+using namespace strata;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path temp_dir(const std::string& what) {
+  const fs::path d = fs::temp_directory_path() / ("strata_bench_" + what + "_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+const std::string kCase = "  - {name: a, model: opt-125m, prompt_len: 16, gen_len: 4, policy: p.yaml}\n";
+
+}  // namespace
+
+TEST_CASE("bench suites: cases parse; bad ones are refused naming the line and field", "[bench]") {
+  const BenchSuite s = parse_bench_suite("name: mine\ncases:\n" + kCase +
+                                             "  - {name: b, model: opt-1.3b, prompt_len: 8, gen_len: 2, policy: auto, "
+                                             "compress: true, gpu_mem: 2GiB}\n",
+                                         "s.yaml", "/x");
+  REQUIRE(s.cases.size() == 2);
+  CHECK(s.name == "mine");
+  CHECK(s.cases[0].model == "opt-125m");
+  CHECK(s.cases[0].prompt_len == 16);
+  CHECK(s.cases[0].line == 3);
+  CHECK(s.cases[1].policy == "auto");
+  CHECK(s.cases[1].compress);
+  CHECK(s.cases[1].gpu_mem == "2GiB");
+  CHECK(s.dir == "/x");
+
+  CHECK_THROWS_WITH(parse_bench_suite("cases:\n" + kCase + "  - {name: b, model: m, prompt_len: 4, gen_len: 2, policy: p, "
+                                                           "colour: red}\n", "s.yaml"),
+                    Catch::Contains("s.yaml:3: unknown key 'case.colour'"));
+  CHECK_THROWS_WITH(parse_bench_suite("cases:\n  - {name: b, model: m, gen_len: 2, policy: p}\n", "s.yaml"),
+                    Catch::Contains("s.yaml:2: case: missing field 'prompt_len'"));
+  CHECK_THROWS_WITH(parse_bench_suite("cases:\n  - {name: b, model: m, prompt_len: -4, gen_len: 2, policy: p}\n", "s.yaml"),
+                    Catch::Contains("s.yaml:2: field 'prompt_len' must be a positive integer"));
+  CHECK_THROWS_WITH(parse_bench_suite("cases:\n" + kCase + kCase, "s.yaml"), Catch::Contains("s.yaml:3: case name 'a' is used twice"));
+  CHECK_THROWS_WITH(parse_bench_suite("cases: []\n", "s.yaml"), Catch::Contains("'cases' must be a non-empty list"));
+  CHECK_THROWS_WITH(parse_bench_suite("cases:\n  - {name: b, model: m, prompt_len: 4, gen_len: 2, policy: p, gpu_mem: lots}\n",
+                                      "s.yaml"),
+                    Catch::Contains("s.yaml:2:"));
+  CHECK_THROWS_WITH(load_bench_suite("no-such-suite"), Catch::Contains("no such file, nor bench/suites/no-such-suite.yaml"));
+}
+
+TEST_CASE("bench runs every case, predicts beside measuring, and reports a case that does not fit", "[bench]") {
+  const fs::path dir = temp_dir("run");
+  std::ofstream(dir / "p.yaml") << "gpu_batch_size: 2\nnum_gpu_batches: 2\nweights: {gpu: 0, cpu: 100, disk: 0}\n"
+                                   "kv_cache: {gpu: 0, cpu: 100, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n"
+                                   "compress_weights: {bits: 4, group_size: 64}\n";
+  std::ofstream(dir / "suite.yaml") << "name: tiny\ncases:\n" + kCase +
+                                           "  - {name: too-big, model: opt-125m, prompt_len: 16, gen_len: 4, policy: "
+                                           "p.yaml, gpu_mem: 1MB}\n";
+  // A profile so that the cost model predicts (the paper's machine: any profile will do here).
+  BenchOptions opt;
+  opt.suite = (dir / "suite.yaml").string();
+  opt.device = "cpu";
+  opt.hardware = std::string(STRATA_FIXTURES_DIR) + "/../../policies/hardware/t4-paper.yaml";
+  opt.out = dir / "out";
+  opt.offload_dir = dir / "offload";
+  opt.repeat = 2;
+  opt.threads = 2;
+  opt.progress = false;
+  std::ostringstream log;
+  const std::vector<BenchCaseResult> results = run_bench(opt, log);
+  INFO(log.str());
+  REQUIRE(results.size() == 2);
+  CHECK(results[0].status == "ok");
+  REQUIRE(results[0].runs.size() == 2);
+  for (const BenchMeasure& m : results[0].runs) {
+    CHECK(m.prefill_tok_s > 0);
+    CHECK(m.decode_tok_s > 0);
+    CHECK(m.total_tok_s > 0);
+    CHECK(m.total_tok_s < m.decode_tok_s);  // prefill time counts in the total, not in decode
+  }
+  REQUIRE(results[0].predicted.has_value());
+  CHECK(results[0].predicted->total_tok_s > 0);
+  CHECK(results[0].ctog_gbps > 0);  // weights stream from the cpu tier
+  CHECK_THAT(results[1].status, Catch::Contains("does not fit") && Catch::Contains("gpu"));
+
+  std::ifstream jl(opt.out / "results.jsonl");
+  std::string line;
+  std::vector<nlohmann::json> rows;
+  while (std::getline(jl, line)) rows.push_back(nlohmann::json::parse(line));
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0]["name"] == "a");
+  CHECK(rows[0]["measured"]["total_tok_s"].get<double>() == Approx(results[0].mean().total_tok_s));
+  CHECK(rows[0]["measured"]["repeats"] == 2);
+  CHECK(rows[0]["predicted"]["total_tok_s"].get<double>() > 0);
+  CHECK(rows[0]["policy"].get<std::string>().find("compress_weights") != std::string::npos);
+  CHECK(rows[0]["machine"]["backend"] == "cpu");
+  CHECK_FALSE(rows[0]["commit"].get<std::string>().empty());
+  CHECK(rows[1]["name"] == "too-big");
+  CHECK(rows[1].count("measured") == 0);
+  std::ifstream md(opt.out / "results.md");
+  std::stringstream text;
+  text << md.rdbuf();
+  CHECK_THAT(text.str(), Catch::Contains("| a | opt-125m | 16 | 4 | 2 x 2 (4-bit) |") && Catch::Contains(" ± ") &&
+                             Catch::Contains("| too-big |"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("the shipped suites parse and name policies that load", "[bench]") {
+  const fs::path suites = fs::path(STRATA_FIXTURES_DIR) / "../../bench/suites";
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(suites)) {
+    if (e.path().extension() != ".yaml") continue;
+    INFO(e.path().string());
+    const BenchSuite s = load_bench_suite(e.path().string());
+    CHECK_FALSE(s.cases.empty());
+    for (const BenchCase& c : s.cases)
+      if (c.policy != "auto") CHECK_NOTHROW(load_policy(s.dir / c.policy));
+    ++n;
+  }
+  CHECK(n == 3);  // smoke-cpu, paper-table2, h100
+}
