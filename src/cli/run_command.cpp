@@ -11,10 +11,16 @@ void add_run_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("run", "generate completions for a JSONL file of prompts");
   cmd->add_option("--model", opt->model,
                   "model directory, .gguf file, or dummy:PRESET (default: SmolLM2-135M-Instruct from the cache)");
-  cmd->add_option("--prompts", opt->prompts, "input JSONL: {\"id\", \"prompt\", optional sampling fields}")
+  cmd->add_option("-i,--prompts", opt->prompts,
+                  "input JSONL: {\"id\", \"prompt\", optional sampling fields}, or OpenAI batch requests "
+                  "{\"custom_id\", \"method\", \"url\", \"body\"} (docs/batch-format.md)")
       ->required()
       ->check(CLI::ExistingFile);
-  cmd->add_option("--out", opt->out, "output JSONL (written as OUT.partial until the job finishes)")->required();
+  cmd->add_option("-o,--out", opt->out, "output JSONL (written as OUT.partial until the job finishes)")->required();
+  cmd->add_option("--errors", opt->errors,
+                  "OpenAI batch input: write the error lines of requests that cannot be served here, not to --out");
+  cmd->add_option("--shard", opt->shard,
+                  "i/N: run only the requests whose id hashes to i mod N (FNV-1a 64; docs/scale-out.md)");
   cmd->add_option("--tokenizer", opt->tokenizer, "tokenizer directory replacing the model's own");
   cmd->add_option("--device", opt->device, "cpu, cuda or auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <optional>
 #include <cstdio>
 #include <iomanip>
@@ -40,30 +41,64 @@ std::string render_prompt(const PromptRecord& r, const std::optional<ChatTemplat
   return chat->render(r.messages, /*add_generation_prompt=*/true);
 }
 
-std::vector<Tokenized> tokenize_all(const std::vector<PromptRecord>& records, const ModelBundle& model,
-                                    const std::string& file) {
-  std::vector<Tokenized> out;
-  out.reserve(records.size());
+// Tokenizes the job's requests. A strata line that cannot be served stops the job (FILE:LINE); an
+// OpenAI request becomes an error answer instead, as do requests that arrived with one.
+struct Prepared {
+  std::vector<Tokenized> work;
+  std::vector<std::pair<const PromptRecord*, ServeError>> errors;
+};
+
+Prepared tokenize_all(const std::vector<const PromptRecord*>& records, const ModelBundle& model,
+                      const std::string& file) {
+  Prepared out;
+  out.work.reserve(records.size());
   const ModelConfig& cfg = model.config;
   std::optional<ChatTemplate> chat;  // parsed once; an unsupported template fails only if used
-  const bool any_messages =
-      std::any_of(records.begin(), records.end(), [](const PromptRecord& r) { return !r.messages.empty(); });
-  if (any_messages && !model.chat_template.empty()) chat = ChatTemplate::parse(model.chat_template);
-  for (const PromptRecord& r : records) {
+  const bool any_messages = std::any_of(records.begin(), records.end(),
+                                        [](const PromptRecord* r) { return !r->messages.empty() && !r->error; });
+  std::string no_chat = "'messages' given, but the model has no chat template; give 'prompt'";
+  if (any_messages && !model.chat_template.empty()) {
+    try {
+      chat = ChatTemplate::parse(model.chat_template);
+    } catch (const Error& e) {
+      no_chat = std::string("'messages' given, but the model's chat template cannot be used: ") + e.what();
+    }
+  }
+  for (const PromptRecord* rp : records) {
+    const PromptRecord& r = *rp;
+    if (r.error) {
+      out.errors.emplace_back(&r, *r.error);
+      continue;
+    }
     const std::string where = file + ":" + std::to_string(r.line);
+    const bool openai = r.format == InputFormat::OpenAIBatch;
+    auto unservable = [&](const std::string& code, const std::string& why) {
+      if (!openai) throw Error(where + ": " + why);
+      out.errors.emplace_back(&r, ServeError{code, why});
+    };
+    if (!r.messages.empty() && !chat) {
+      unservable("unsupported_model", no_chat);
+      continue;
+    }
     Tokenized t{&r, {}};
     if (model.add_bos) t.ids.push_back(cfg.bos_id);
     const std::vector<int32_t> ids = model.tokenizer->encode(render_prompt(r, chat, where));
     t.ids.insert(t.ids.end(), ids.begin(), ids.end());
-    if (t.ids.empty()) throw Error(where + ": the prompt has no tokens");
+    if (t.ids.empty()) {
+      unservable("invalid_value", "the prompt has no tokens");
+      continue;
+    }
     for (int32_t id : t.ids)
       if (id < 0 || id >= cfg.vocab_size)
         throw Error(where + ": token id " + std::to_string(id) + " outside the model's vocabulary of " +
                     std::to_string(cfg.vocab_size) + " (tokenizer does not match the model)");
-    if (int(t.ids.size()) >= cfg.max_positions)
-      throw Error(where + ": prompt of " + std::to_string(t.ids.size()) + " tokens fills the model's context of " +
-                  std::to_string(cfg.max_positions));
-    out.push_back(std::move(t));
+    if (int(t.ids.size()) >= cfg.max_positions) {
+      unservable("context_length_exceeded", "prompt of " + std::to_string(t.ids.size()) +
+                                                " tokens fills the model's context of " +
+                                                std::to_string(cfg.max_positions));
+      continue;
+    }
+    out.work.push_back(std::move(t));
   }
   return out;
 }
@@ -254,13 +289,25 @@ private:
 JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   if (opt.batch_size < 1) STRATA_FAIL("--batch-size must be at least 1, got " << opt.batch_size);
   const auto wall0 = Clock::now();
+  const Shard shard = opt.shard.empty() ? Shard{} : parse_shard(opt.shard);
+  if (!opt.errors.empty() && std::filesystem::weakly_canonical(opt.errors) == std::filesystem::weakly_canonical(opt.out))
+    STRATA_FAIL("--errors must name another file than --out (without --errors, error lines go to --out)");
   ModelBundle model = open_model(opt.model, opt.tokenizer);
   if (!model.tokenizer) STRATA_FAIL(opt.model << ": the model has no tokenizer files; pass --tokenizer DIR");
 
   // Validate and tokenize every line before touching the device or the output.
   const std::vector<PromptRecord> records =
       read_prompts(opt.prompts, opt.defaults, [&](const std::string& w) { log << "warning: " << w << "\n"; });
-  const std::vector<Tokenized> all = tokenize_all(records, model, opt.prompts.string());
+  const bool openai = !records.empty() && records.front().format == InputFormat::OpenAIBatch;
+  if (!opt.errors.empty() && !records.empty() && !openai)
+    STRATA_FAIL("--errors is for OpenAI batch files; " << opt.prompts.string() << " is in the strata format");
+  std::vector<const PromptRecord*> mine;  // this shard's requests (all without --shard)
+  for (const PromptRecord& r : records)
+    if (in_shard(r, shard)) mine.push_back(&r);
+  if (!opt.shard.empty())
+    log << "shard " << opt.shard << ": " << mine.size() << " of " << records.size() << " requests\n";
+  const Prepared prepared = tokenize_all(mine, model, opt.prompts.string());
+  const std::vector<Tokenized>& all = prepared.work;
 
   // Load before touching the output, so a model that fails to load (or a policy that does not
   // fit) leaves no file behind.
@@ -280,15 +327,33 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   model.weights.reset();  // the mapping is no longer needed once the weights are in their tiers
 
   OutputWriter writer(opt.out);
+  std::unique_ptr<OutputWriter> error_writer;  // --errors: a second resumable file
+  if (!opt.errors.empty()) error_writer = std::make_unique<OutputWriter>(opt.errors);
+  OutputWriter& errors_to = error_writer ? *error_writer : writer;
+  auto done = [&](const PromptRecord& r) {
+    return writer.done_ids().count(r.id_key) || (error_writer && error_writer->done_ids().count(r.id_key));
+  };
   std::vector<const Tokenized*> todo;
   for (const Tokenized& t : all)
-    if (!writer.done_ids().count(t.record->id_key)) todo.push_back(&t);
+    if (!done(*t.record)) todo.push_back(&t);
   JobSummary sum;
-  sum.prompts = int64_t(all.size());
-  sum.resumed = int64_t(all.size() - todo.size());
+  sum.prompts = int64_t(mine.size());
+  sum.in_file = int64_t(records.size());
+  for (const auto& [r, e] : prepared.errors)
+    if (!done(*r)) {
+      errors_to.write(openai_error_line(*r, e));
+      ++sum.errors;
+    }
+  if (sum.errors > 0) {
+    errors_to.flush();
+    log << sum.errors << " request" << (sum.errors == 1 ? "" : "s") << " cannot be served: error lines in "
+        << (error_writer ? opt.errors : opt.out).string() << "\n";
+  }
+  sum.resumed = int64_t(mine.size()) - int64_t(todo.size()) - sum.errors;
   if (sum.resumed > 0)
-    log << "resuming " << writer.partial_path().string() << ": " << sum.resumed << " of " << all.size()
+    log << "resuming " << writer.partial_path().string() << ": " << sum.resumed << " of " << mine.size()
         << " prompts already done\n";
+  const int64_t created = int64_t(std::time(nullptr));
 
   GenStats stats;
   Progress progress(log, opt.progress, int64_t(todo.size()));
@@ -300,6 +365,18 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
     const std::vector<GenResult> results = gen->run(batch, stats);
     for (size_t i = begin; i < end; ++i) {
       const GenResult& r = results[i - begin];
+      const PromptRecord& rec = *todo[i]->record;
+      if (rec.format == InputFormat::OpenAIBatch) {
+        Completion c;
+        c.text = model.tokenizer->decode(r.tokens, /*skip_special=*/true);
+        c.prompt_tokens = int64_t(todo[i]->ids.size());
+        c.completion_tokens = int64_t(r.tokens.size());
+        c.finish_reason = r.finish == FinishReason::Eos ? "stop" : "length";
+        c.model = rec.model.empty() ? model.config.name : rec.model;
+        c.created = created;
+        writer.write(openai_response_line(rec, c));
+        continue;
+      }
       nlohmann::json line;
       line["id"] = todo[i]->record->id;
       line["completion"] = model.tokenizer->decode(r.tokens, /*skip_special=*/true);
@@ -314,6 +391,7 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   }
   progress.end();
   writer.finish();
+  if (error_writer) error_writer->finish();
   gen->finish(log);
 
   sum.prompt_tokens = stats.prompt_tokens;
@@ -323,8 +401,10 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   sum.wall_seconds = std::chrono::duration<double>(Clock::now() - wall0).count();
   auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
   const double gen_s = sum.prefill_seconds + sum.decode_seconds;
-  log << std::fixed << std::setprecision(2) << "prompts: " << sum.prompts << " (" << sum.resumed
-      << " resumed)\nprompt tokens: " << sum.prompt_tokens << ", generated tokens: " << sum.generated_tokens
+  log << std::fixed << std::setprecision(2) << "prompts: " << sum.prompts << " (" << sum.resumed << " resumed"
+      << (sum.errors > 0 ? ", " + std::to_string(sum.errors) + " answered with an error" : std::string()) << ")"
+      << (opt.shard.empty() ? std::string() : " in shard " + opt.shard + " of " + std::to_string(sum.in_file))
+      << "\nprompt tokens: " << sum.prompt_tokens << ", generated tokens: " << sum.generated_tokens
       << "\nprefill: " << sum.prefill_seconds << " s, " << rate(double(sum.prompt_tokens), sum.prefill_seconds)
       << " tok/s\ndecode: " << sum.decode_seconds << " s, "
       << rate(double(sum.generated_tokens - (int64_t(todo.size()))), sum.decode_seconds)

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 
@@ -26,8 +27,10 @@ std::unordered_set<std::string> recover_partial(const fs::path& partial) {
     if (!complete) break;
     try {
       auto j = nlohmann::json::parse(line);
-      if (!j.is_object() || !j.contains("id")) break;
-      ids.insert(j["id"].dump());
+      if (!j.is_object()) break;
+      if (j.contains("custom_id")) ids.insert(j["custom_id"].dump());  // OpenAI batch output
+      else if (j.contains("id")) ids.insert(j["id"].dump());
+      else break;
       good_end = pos;
     } catch (const nlohmann::json::exception&) {
       break;
@@ -70,6 +73,43 @@ void OutputWriter::finish() {
   std::error_code ec;
   fs::rename(partial_, out_, ec);
   if (ec) STRATA_FAIL("cannot rename " << partial_.string() << " to " << out_.string() << ": " << ec.message());
+}
+
+namespace {
+std::string hex_id(const PromptRecord& r) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fnv1a64(id_text(r.id))));
+  return buf;
+}
+}  // namespace
+
+nlohmann::json openai_response_line(const PromptRecord& r, const Completion& c) {
+  using json = nlohmann::json;
+  const bool chat = r.endpoint == Endpoint::ChatCompletions;
+  const std::string hex = hex_id(r);
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}};
+  if (chat) choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+  else choice["text"] = c.text;
+  const json body = {{"id", (chat ? "chatcmpl-" : "cmpl-") + hex},
+                     {"object", chat ? "chat.completion" : "text_completion"},
+                     {"created", c.created},
+                     {"model", c.model},
+                     {"choices", json::array({choice})},
+                     {"usage",
+                      {{"prompt_tokens", c.prompt_tokens},
+                       {"completion_tokens", c.completion_tokens},
+                       {"total_tokens", c.prompt_tokens + c.completion_tokens}}}};
+  return {{"id", "batch_req_" + hex},
+          {"custom_id", r.id},
+          {"response", {{"status_code", 200}, {"request_id", "req_" + hex}, {"body", body}}},
+          {"error", nullptr}};
+}
+
+nlohmann::json openai_error_line(const PromptRecord& r, const ServeError& e) {
+  return {{"id", "batch_req_" + hex_id(r)},
+          {"custom_id", r.id},
+          {"response", nullptr},
+          {"error", {{"code", e.code}, {"message", e.message}}}};
 }
 
 }  // namespace strata

@@ -1,6 +1,8 @@
 #include "strata/job/prompts.h"
 
+#include <charconv>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <unordered_set>
 
@@ -78,6 +80,182 @@ std::vector<ChatMessage> read_messages(const json& v, const LineContext& ctx) {
   return out;
 }
 
+// ---- The OpenAI batch format ----------------------------------------------------------------
+
+const std::set<std::string> kOpenAITopKeys = {"custom_id", "method", "url", "body"};
+// Body fields we read; top_k and ignore_eos are extensions (vLLM takes them too).
+const std::set<std::string> kOpenAIBodyKeys = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens",
+                                               "temperature", "top_p", "seed", "stop", "n", "logprobs",
+                                               "top_logprobs", "stream", "top_k", "ignore_eos"};
+
+[[noreturn]] void refuse(const std::string& code, const std::string& message) { throw ServeError{code, message}; }
+
+bool given(const json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
+
+int64_t body_int(const json& body, const char* key) {
+  const json& v = body[key];
+  if (!v.is_number_integer()) refuse("invalid_type", std::string("body.") + key + " must be an integer, got " + v.dump());
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
+    refuse("invalid_value", std::string("body.") + key + " is out of range: " + v.dump());
+  return v.get<int64_t>();
+}
+
+double body_number(const json& body, const char* key) {
+  const json& v = body[key];
+  if (!v.is_number()) refuse("invalid_type", std::string("body.") + key + " must be a number, got " + v.dump());
+  return v.get<double>();
+}
+
+// A message's content: a string, or an array of {"type": "text", "text"} parts joined together.
+std::string message_content(const json& c, const std::string& at) {
+  if (c.is_string()) return c.get<std::string>();
+  if (!c.is_array()) refuse("invalid_type", at + ".content must be a string or an array of text parts");
+  std::string text;
+  for (const json& part : c) {
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      refuse("invalid_type", at + ".content parts must be objects with a 'type'");
+    if (part["type"] != "text")
+      refuse("unsupported_value", at + ".content part of type " + part["type"].dump() + " is not supported (text only)");
+    if (!part.contains("text") || !part["text"].is_string()) refuse("invalid_type", at + ".content text part needs 'text'");
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+void read_openai_body(const json& body, PromptRecord& r) {
+  if (given(body, "model")) {
+    if (!body["model"].is_string()) refuse("invalid_type", "body.model must be a string, got " + body["model"].dump());
+    r.model = body["model"].get<std::string>();
+  }
+  if (r.endpoint == Endpoint::ChatCompletions) {
+    if (body.contains("prompt")) refuse("invalid_value", "body.prompt is for /v1/completions; chat takes body.messages");
+    if (!body.contains("messages")) refuse("missing_field", "body.messages is required for /v1/chat/completions");
+    const json& v = body["messages"];
+    if (!v.is_array() || v.empty()) refuse("invalid_type", "body.messages must be a non-empty array of {\"role\", \"content\"}");
+    for (size_t i = 0; i < v.size(); ++i) {
+      const std::string at = "body.messages[" + std::to_string(i) + "]";
+      const json& m = v[i];
+      if (!m.is_object()) refuse("invalid_type", at + " must be an object");
+      if (!m.contains("role") || !m["role"].is_string()) refuse("invalid_type", at + ".role must be a string");
+      if (!m.contains("content")) refuse("missing_field", at + ".content is required");
+      r.messages.push_back({m["role"].get<std::string>(), message_content(m["content"], at)});
+    }
+  } else {
+    if (body.contains("messages")) refuse("invalid_value", "body.messages is for /v1/chat/completions; completions take body.prompt");
+    if (!body.contains("prompt")) refuse("missing_field", "body.prompt is required for /v1/completions");
+    json p = body["prompt"];
+    if (p.is_array() && p.size() == 1 && p[0].is_string()) p = p[0];
+    if (p.is_array())
+      refuse("unsupported_value", "body.prompt must be one string (arrays of prompts or of token ids are not supported)");
+    if (!p.is_string()) refuse("invalid_type", "body.prompt must be a string, got " + p.dump());
+    r.prompt = p.get<std::string>();
+    if (r.prompt.empty()) refuse("invalid_value", "body.prompt is empty");
+  }
+
+  SamplingParams& s = r.sampling;
+  if (given(body, "max_tokens") && given(body, "max_completion_tokens") &&
+      body["max_tokens"] != body["max_completion_tokens"])
+    refuse("invalid_value", "body.max_tokens and body.max_completion_tokens disagree; give one");
+  for (const char* key : {"max_completion_tokens", "max_tokens"})
+    if (given(body, key)) {
+      const int64_t n = body_int(body, key);
+      if (n < 1 || n > 1000000)
+        refuse("invalid_value", std::string("body.") + key + " must be in [1, 1000000], got " + std::to_string(n));
+      s.max_new_tokens = int(n);
+      break;
+    }
+  if (given(body, "temperature")) {
+    const double t = body_number(body, "temperature");
+    if (!(t >= 0 && t <= 2)) refuse("invalid_value", "body.temperature must be in [0, 2], got " + body["temperature"].dump());
+    s.temperature = float(t);
+  }
+  if (given(body, "top_p")) {
+    const double p = body_number(body, "top_p");
+    if (!(p > 0 && p <= 1)) refuse("invalid_value", "body.top_p must be in (0, 1], got " + body["top_p"].dump());
+    s.top_p = float(p);
+  }
+  if (given(body, "top_k")) {
+    const int64_t k = body_int(body, "top_k");
+    if (k < -1) refuse("invalid_value", "body.top_k must be >= 0 (or -1: off), got " + std::to_string(k));
+    s.top_k = k <= 0 ? 0 : int(std::min<int64_t>(k, 1 << 30));
+  }
+  if (given(body, "seed")) s.seed = uint64_t(body_int(body, "seed"));  // negative seeds wrap: any int64 is a seed
+  if (given(body, "ignore_eos")) {
+    if (!body["ignore_eos"].is_boolean()) refuse("invalid_type", "body.ignore_eos must be true or false");
+    s.ignore_eos = body["ignore_eos"].get<bool>();
+  }
+  // Features not implemented yet: answered with an error rather than silently ignored.
+  if (given(body, "n")) {
+    const int64_t n = body_int(body, "n");
+    if (n < 1) refuse("invalid_value", "body.n must be >= 1, got " + std::to_string(n));
+    if (n > 1) refuse("unsupported_parameter", "body.n > 1 is not supported yet (one choice per request)");
+  }
+  if (given(body, "stop")) {
+    const json& v = body["stop"];
+    if (!v.is_string() && !v.is_array()) refuse("invalid_type", "body.stop must be a string or an array of strings");
+    if (v.is_string() || !v.empty()) refuse("unsupported_parameter", "body.stop (stop strings) is not supported yet");
+  }
+  if (given(body, "logprobs")) {
+    const json& v = body["logprobs"];
+    if (r.endpoint == Endpoint::ChatCompletions && !v.is_boolean())
+      refuse("invalid_type", "body.logprobs must be true or false for chat completions");
+    if (r.endpoint == Endpoint::Completions && !v.is_number_integer())
+      refuse("invalid_type", "body.logprobs must be an integer for completions");
+    if (v != false) refuse("unsupported_parameter", "body.logprobs is not supported yet");
+  }
+  if (given(body, "top_logprobs")) {
+    const int64_t n = body_int(body, "top_logprobs");
+    if (n != 0) refuse("unsupported_parameter", "body.top_logprobs is not supported yet");
+  }
+  if (given(body, "stream")) {
+    if (!body["stream"].is_boolean()) refuse("invalid_type", "body.stream must be true or false");
+    if (body["stream"].get<bool>()) refuse("unsupported_parameter", "body.stream is not supported in a batch");
+  }
+}
+
+// Malformed lines (no string custom_id, no object body, no string url) refuse the file; a
+// well-formed request that cannot be served keeps its error in r.error.
+void read_openai_line(const json& obj, const LineContext& ctx, PromptRecord& r, std::set<std::string>& warned,
+                      const std::function<void(const std::string&)>& warn) {
+  if (!obj.contains("custom_id")) ctx.fail("missing field 'custom_id'");
+  if (!obj["custom_id"].is_string()) ctx.fail("field 'custom_id' must be a string, got " + obj["custom_id"].dump());
+  if (obj["custom_id"].get_ref<const std::string&>().empty()) ctx.fail("field 'custom_id' is empty");
+  r.id = obj["custom_id"];
+  r.id_key = r.id.dump();
+  if (!obj.contains("body")) ctx.fail("missing field 'body'");
+  if (!obj["body"].is_object()) ctx.fail("field 'body' must be an object, got " + std::string(obj["body"].type_name()));
+  if (!obj.contains("url")) ctx.fail("missing field 'url'");
+  if (!obj["url"].is_string()) ctx.fail("field 'url' must be a string, got " + obj["url"].dump());
+  if (obj.contains("method") && !obj["method"].is_string())
+    ctx.fail("field 'method' must be a string, got " + obj["method"].dump());
+  for (const auto& [key, value] : obj.items())
+    if (!kOpenAITopKeys.count(key) && warned.insert(key).second && warn)
+      warn(ctx.where + ": ignoring unknown field '" + key + "'");
+  const json& body = obj["body"];
+  for (const auto& [key, value] : body.items())
+    if (!kOpenAIBodyKeys.count(key) && warned.insert("body." + key).second && warn)
+      warn(ctx.where + ": ignoring unknown field 'body." + key + "'");
+  try {
+    const std::string url = obj["url"].get<std::string>();
+    if (url == "/v1/chat/completions") r.endpoint = Endpoint::ChatCompletions;
+    else if (url == "/v1/completions") r.endpoint = Endpoint::Completions;
+    else refuse("unsupported_url", "url " + obj["url"].dump() + " is not supported; use /v1/chat/completions or /v1/completions");
+    if (obj.contains("method") && obj["method"] != "POST")
+      refuse("unsupported_method", "method " + obj["method"].dump() + " is not supported; use \"POST\"");
+    read_openai_body(body, r);
+  } catch (ServeError& e) {
+    r.prompt.clear();
+    r.messages.clear();
+    r.error = std::move(e);
+  }
+}
+
+InputFormat line_format(const json& obj) {
+  return obj.contains("custom_id") || obj.contains("body") ? InputFormat::OpenAIBatch : InputFormat::Strata;
+}
+
+const char* format_name(InputFormat f) { return f == InputFormat::OpenAIBatch ? "the OpenAI batch format" : "the strata format"; }
+
 }  // namespace
 
 std::vector<PromptRecord> read_prompts(const std::filesystem::path& file, const SamplingParams& defaults,
@@ -87,6 +265,8 @@ std::vector<PromptRecord> read_prompts(const std::filesystem::path& file, const 
   std::vector<PromptRecord> records;
   std::unordered_set<std::string> seen_ids;
   std::set<std::string> warned_keys;
+  std::optional<InputFormat> format;  // the first line's
+  int first_line = 0;
   std::string text;
   int line_no = 0;
   while (std::getline(in, text)) {
@@ -103,7 +283,22 @@ std::vector<PromptRecord> read_prompts(const std::filesystem::path& file, const 
     if (!obj.is_object()) ctx.fail("expected a JSON object, got " + std::string(obj.type_name()));
     PromptRecord r;
     r.line = line_no;
-    if (!obj.contains("id")) ctx.fail("missing field 'id'");
+    r.format = line_format(obj);
+    if (!format) {
+      format = r.format;
+      first_line = line_no;
+    } else if (*format != r.format) {
+      ctx.fail(std::string("this line is in ") + format_name(r.format) + ", but line " + std::to_string(first_line) +
+               " is in " + format_name(*format) + "; a file must not mix formats");
+    }
+    r.sampling = defaults;
+    if (r.format == InputFormat::OpenAIBatch) {
+      read_openai_line(obj, ctx, r, warned_keys, warn);
+      if (!seen_ids.insert(r.id_key).second) ctx.fail("duplicate custom_id " + r.id_key);
+      records.push_back(std::move(r));
+      continue;
+    }
+    if (!obj.contains("id")) ctx.fail("missing field 'id' (or 'custom_id', for the OpenAI batch format)");
     if (!obj["id"].is_string() && !obj["id"].is_number_integer())
       ctx.fail("field 'id' must be a string or an integer, got " + obj["id"].dump());
     r.id = obj["id"];
@@ -120,7 +315,6 @@ std::vector<PromptRecord> read_prompts(const std::filesystem::path& file, const 
     } else {
       ctx.fail("missing field 'prompt'");
     }
-    r.sampling = defaults;
     read_sampling(obj, ctx, r.sampling);
     for (const auto& [key, value] : obj.items())
       if (!kKnownKeys.count(key) && warned_keys.insert(key).second && warn)
@@ -129,6 +323,31 @@ std::vector<PromptRecord> read_prompts(const std::filesystem::path& file, const 
   }
   if (in.bad()) STRATA_FAIL("error reading " << file.string());
   return records;
+}
+
+uint64_t fnv1a64(std::string_view bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+std::string id_text(const json& id) { return id.is_string() ? id.get<std::string>() : id.dump(); }
+
+Shard parse_shard(const std::string& text) {
+  const size_t slash = text.find('/');
+  Shard s;
+  auto number = [&](std::string_view part, uint64_t& v) {
+    const auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    return ec == std::errc() && end == part.data() + part.size() && !part.empty();
+  };
+  const std::string_view all(text);
+  if (slash == std::string::npos || !number(all.substr(0, slash), s.index) || !number(all.substr(slash + 1), s.count) ||
+      s.count < 1 || s.index >= s.count)
+    STRATA_FAIL("--shard must be i/N with 0 <= i < N, got '" << text << "'");
+  return s;
 }
 
 }  // namespace strata

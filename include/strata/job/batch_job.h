@@ -1,4 +1,5 @@
-// `strata run`: prompts.jsonl -> validate and tokenize -> batches -> generate -> out.jsonl.
+// `strata run`: prompts.jsonl -> validate and tokenize -> batches -> generate -> out.jsonl, in the
+// strata line format or OpenAI's batch format (docs/batch-format.md), optionally one shard of it.
 #pragma once
 #include <filesystem>
 #include <iosfwd>
@@ -12,6 +13,8 @@ struct JobOptions {
   std::string model;                       // directory, .gguf, or dummy:PRESET
   std::filesystem::path tokenizer;         // optional tokenizer directory override
   std::filesystem::path prompts, out;
+  std::filesystem::path errors;            // OpenAI format: error lines go here instead of `out`
+  std::string shard;                       // "i/N": only the requests whose id hashes to i mod N
   std::string device = "auto";             // cpu, cuda, auto
   int batch_size = 32;                     // sequences generated together
   int threads = 0;                         // CPU threads (0: all cores)
@@ -32,6 +35,8 @@ struct JobOptions {
 
 struct JobSummary {
   int64_t prompts = 0, resumed = 0, prompt_tokens = 0, generated_tokens = 0;
+  int64_t errors = 0;                      // requests answered with an error line (this run)
+  int64_t in_file = 0;                     // requests in the file (prompts: this shard's)
   double prefill_seconds = 0, decode_seconds = 0, wall_seconds = 0;
 };
 

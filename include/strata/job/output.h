@@ -8,6 +8,8 @@
 #include <string>
 #include <unordered_set>
 
+#include "strata/job/prompts.h"
+
 namespace strata {
 
 class OutputWriter {
@@ -17,7 +19,8 @@ public:
   OutputWriter(const OutputWriter&) = delete;
   OutputWriter& operator=(const OutputWriter&) = delete;
 
-  // ids (as json dumps) already present in a partial file from an earlier run
+  // ids (as json dumps: "id", or "custom_id" for OpenAI lines) already present in a partial file
+  // from an earlier run, error lines included
   const std::unordered_set<std::string>& done_ids() const { return done_; }
   void write(const nlohmann::json& line);
   void flush();   // pushes the lines to the disk (fflush + fsync); errors name the file
@@ -30,5 +33,17 @@ private:
   std::FILE* file_ = nullptr;
   std::unordered_set<std::string> done_;
 };
+
+// OpenAI batch output lines (docs/batch-format.md). Ids are derived from the custom_id, so a rerun
+// or another shard writes the same ids for the same requests.
+struct Completion {
+  std::string text;
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  std::string finish_reason;  // OpenAI's: "stop" (EOS) or "length"
+  std::string model;          // echoed: the request's body.model, else the model's name
+  int64_t created = 0;        // Unix seconds
+};
+nlohmann::json openai_response_line(const PromptRecord& r, const Completion& c);
+nlohmann::json openai_error_line(const PromptRecord& r, const ServeError& e);
 
 }  // namespace strata

@@ -1,0 +1,244 @@
+// The OpenAI batch format: parsing (fields, malformed lines, requests answered with an error),
+// the output lines' shape, resume over them, and --shard's hash.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "strata/core/error.h"
+#include "strata/job/output.h"
+#include "strata/job/prompts.h"
+
+using namespace strata;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+fs::path temp_dir() {
+  const fs::path d = fs::temp_directory_path() / ("strata_batchfmt_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+fs::path write_file(const std::string& name, const std::string& text) {
+  const fs::path p = temp_dir() / name;
+  std::ofstream(p, std::ios::binary) << text;
+  return p;
+}
+std::string chat_line(const std::string& id, const json& body_extra) {
+  json body = {{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
+  body.update(body_extra);
+  return json{{"custom_id", id}, {"method", "POST"}, {"url", "/v1/chat/completions"}, {"body", body}}.dump() + "\n";
+}
+std::string completion_line(const std::string& id, const json& body_extra) {
+  json body = {{"prompt", "hello"}};
+  body.update(body_extra);
+  return json{{"custom_id", id}, {"method", "POST"}, {"url", "/v1/completions"}, {"body", body}}.dump() + "\n";
+}
+}  // namespace
+
+TEST_CASE("OpenAI batch lines are read with their body fields", "[job]") {
+  SamplingParams defaults;
+  defaults.max_new_tokens = 9;
+  std::vector<std::string> warnings;
+  const std::string text =
+      chat_line("c1", {{"max_completion_tokens", 5}, {"temperature", 0.7}, {"top_p", 0.5}, {"seed", 42},
+                       {"presence_penalty", 0}, {"n", 1}, {"logprobs", false}, {"stop", nullptr}}) +
+      "\n" +
+      completion_line("c2", {{"max_tokens", 3}, {"presence_penalty", 1}, {"model", "x"}, {"stop", json::array()}}) +
+      json{{"custom_id", "c3"},
+           {"method", "POST"},
+           {"url", "/v1/chat/completions"},
+           {"meta", 1},
+           {"body",
+            {{"messages", json::array({{{"role", "system"}, {"content", "be brief"}},
+                                       {{"role", "user"},
+                                        {"content", json::array({{{"type", "text"}, {"text", "a"}},
+                                                                 {{"type", "text"}, {"text", "b"}}})}}})}}}}
+          .dump() +
+      "\n";
+  const auto recs = read_prompts(write_file("oa_ok.jsonl", text), defaults,
+                                 [&](const std::string& w) { warnings.push_back(w); });
+  REQUIRE(recs.size() == 3);
+  CHECK(recs[0].format == InputFormat::OpenAIBatch);
+  CHECK(recs[0].endpoint == Endpoint::ChatCompletions);
+  CHECK(recs[0].id == "c1");
+  CHECK(recs[0].id_key == "\"c1\"");
+  CHECK(recs[0].line == 1);
+  CHECK(recs[0].model == "m");
+  CHECK_FALSE(recs[0].error);
+  REQUIRE(recs[0].messages.size() == 1);
+  CHECK(recs[0].messages[0].content == "hi");
+  CHECK(recs[0].sampling.max_new_tokens == 5);
+  CHECK(recs[0].sampling.temperature == 0.7f);
+  CHECK(recs[0].sampling.top_p == 0.5f);
+  CHECK(recs[0].sampling.seed == 42);
+  CHECK(recs[1].line == 3);
+  CHECK(recs[1].endpoint == Endpoint::Completions);
+  CHECK(recs[1].prompt == "hello");
+  CHECK(recs[1].model == "x");
+  CHECK(recs[1].sampling.max_new_tokens == 3);
+  CHECK_FALSE(recs[1].error);
+  CHECK(recs[2].sampling.max_new_tokens == 9);  // the command line's default
+  REQUIRE(recs[2].messages.size() == 2);
+  CHECK(recs[2].messages[1].content == "ab");
+  // One warning per unknown field name, not per line.
+  REQUIRE(warnings.size() == 2);
+  CHECK_THAT(warnings[0], Catch::Contains("oa_ok.jsonl:1: ignoring unknown field 'body.presence_penalty'"));
+  CHECK_THAT(warnings[1], Catch::Contains("oa_ok.jsonl:4: ignoring unknown field 'meta'"));
+}
+
+TEST_CASE("malformed OpenAI batch lines refuse the file with FILE:LINE and the field", "[job]") {
+  struct Case {
+    std::string text, message;
+  };
+  const std::string ok = completion_line("a", json::object());
+  const std::vector<Case> cases = {
+      {ok + "{\"custom_id\": \"b\", \"body\": {}\n", "oabad1.jsonl:2: invalid JSON"},
+      {"{\"custom_id\": 5, \"url\": \"/v1/completions\", \"body\": {}}\n", "oabad2.jsonl:1: field 'custom_id' must be a string"},
+      {"{\"body\": {}, \"url\": \"/v1/completions\"}\n", "oabad3.jsonl:1: missing field 'custom_id'"},
+      {"{\"custom_id\": \"a\", \"url\": \"/v1/completions\", \"body\": \"x\"}\n", "oabad4.jsonl:1: field 'body' must be an object"},
+      {"{\"custom_id\": \"a\", \"body\": {}}\n", "oabad5.jsonl:1: missing field 'url'"},
+      {ok + ok, "oabad6.jsonl:2: duplicate custom_id \"a\""},
+      {ok + "{\"id\": 1, \"prompt\": \"x\"}\n",
+       "oabad7.jsonl:2: this line is in the strata format, but line 1 is in the OpenAI batch format"},
+      {"{\"id\": 1, \"prompt\": \"x\"}\n\n" + ok,
+       "oabad8.jsonl:3: this line is in the OpenAI batch format, but line 1 is in the strata format"},
+      {"{\"custom_id\": \"\", \"url\": \"/v1/completions\", \"body\": {}}\n", "oabad9.jsonl:1: field 'custom_id' is empty"},
+      {"{\"custom_id\": \"a\", \"url\": 3, \"body\": {}}\n", "oabad10.jsonl:1: field 'url' must be a string"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const fs::path p = write_file("oabad" + std::to_string(i + 1) + ".jsonl", cases[i].text);
+    INFO(cases[i].text);
+    CHECK_THROWS_WITH(read_prompts(p, {}), Catch::Contains(cases[i].message));
+  }
+}
+
+TEST_CASE("well-formed OpenAI requests that cannot be served carry an error", "[job]") {
+  struct Case {
+    std::string line, code, message;
+  };
+  json url_line = json::parse(completion_line("u", json::object()));
+  url_line["url"] = "/v1/embeddings";
+  json get_line = json::parse(completion_line("g", json::object()));
+  get_line["method"] = "GET";
+  const std::vector<Case> cases = {
+      {completion_line("1", {{"max_tokens", 0}}), "invalid_value", "body.max_tokens must be in [1, 1000000], got 0"},
+      {chat_line("2", {{"max_completion_tokens", "5"}}), "invalid_type", "body.max_completion_tokens must be an integer"},
+      {chat_line("3", {{"temperature", 2.5}}), "invalid_value", "body.temperature must be in [0, 2]"},
+      {chat_line("4", {{"top_p", 0}}), "invalid_value", "body.top_p must be in (0, 1]"},
+      {url_line.dump() + "\n", "unsupported_url", "url \"/v1/embeddings\" is not supported"},
+      {get_line.dump() + "\n", "unsupported_method", "method \"GET\" is not supported"},
+      {chat_line("5", {{"n", 2}}), "unsupported_parameter", "body.n > 1 is not supported yet"},
+      {chat_line("6", {{"logprobs", true}}), "unsupported_parameter", "body.logprobs is not supported yet"},
+      {chat_line("7", {{"top_logprobs", 3}}), "unsupported_parameter", "body.top_logprobs is not supported yet"},
+      {completion_line("8", {{"logprobs", 0}}), "unsupported_parameter", "body.logprobs is not supported yet"},
+      {completion_line("9", {{"stop", "\n"}}), "unsupported_parameter", "body.stop (stop strings) is not supported yet"},
+      {chat_line("10", {{"stop", {"a", "b"}}}), "unsupported_parameter", "body.stop"},
+      {completion_line("11", {{"prompt", {1, 2, 3}}}), "unsupported_value", "body.prompt must be one string"},
+      {chat_line("12", {{"prompt", "x"}}), "invalid_value", "body.prompt is for /v1/completions"},
+      {chat_line("13", {{"messages", json::array()}}), "invalid_type", "body.messages must be a non-empty array"},
+      {chat_line("14", {{"messages", {{{"role", "user"}}}}}), "missing_field", "body.messages[0].content is required"},
+      {completion_line("15", {{"prompt", ""}}), "invalid_value", "body.prompt is empty"},
+      {completion_line("16", {{"max_tokens", 4}, {"max_completion_tokens", 5}}), "invalid_value", "disagree"},
+      {chat_line("17", {{"stream", true}}), "unsupported_parameter", "body.stream"},
+      {chat_line("18", {{"n", 0}}), "invalid_value", "body.n must be >= 1"},
+  };
+  std::string text;
+  for (const Case& c : cases) text += c.line;
+  text += completion_line("fine", json::object());
+  const auto recs = read_prompts(write_file("oa_serve.jsonl", text), {});
+  REQUIRE(recs.size() == cases.size() + 1);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    INFO(cases[i].line);
+    REQUIRE(recs[i].error);
+    CHECK(recs[i].error->code == cases[i].code);
+    CHECK_THAT(recs[i].error->message, Catch::Contains(cases[i].message));
+  }
+  CHECK_FALSE(recs.back().error);
+}
+
+TEST_CASE("OpenAI batch output lines have the Batch API's shape", "[job]") {
+  PromptRecord chat, text;
+  chat.id = "req-1";
+  chat.format = text.format = InputFormat::OpenAIBatch;
+  chat.endpoint = Endpoint::ChatCompletions;
+  text.id = "req-2";
+  text.endpoint = Endpoint::Completions;
+  Completion c;
+  c.text = "Paris.";
+  c.prompt_tokens = 7;
+  c.completion_tokens = 3;
+  c.finish_reason = "stop";
+  c.model = "tiny";
+  c.created = 1700000000;
+  // Dumped and parsed back, as a reader of the file sees it.
+  const json a = json::parse(openai_response_line(chat, c).dump());
+  CHECK(a["id"].get<std::string>().rfind("batch_req_", 0) == 0);
+  CHECK(a["custom_id"] == "req-1");
+  CHECK(a["error"].is_null());
+  CHECK(a["response"]["status_code"] == 200);
+  CHECK(a["response"]["request_id"].get<std::string>().rfind("req_", 0) == 0);
+  const json& body = a["response"]["body"];
+  CHECK(body["object"] == "chat.completion");
+  CHECK(body["id"].get<std::string>().rfind("chatcmpl-", 0) == 0);
+  CHECK(body["model"] == "tiny");
+  CHECK(body["created"] == 1700000000);
+  REQUIRE(body["choices"].size() == 1);
+  CHECK(body["choices"][0]["index"] == 0);
+  CHECK(body["choices"][0]["message"] == json{{"role", "assistant"}, {"content", "Paris."}});
+  CHECK(body["choices"][0]["finish_reason"] == "stop");
+  CHECK(body["usage"] == json{{"prompt_tokens", 7}, {"completion_tokens", 3}, {"total_tokens", 10}});
+
+  c.finish_reason = "length";
+  const json b = json::parse(openai_response_line(text, c).dump());
+  const json& tb = b["response"]["body"];
+  CHECK(tb["object"] == "text_completion");
+  CHECK(tb["id"].get<std::string>().rfind("cmpl-", 0) == 0);
+  CHECK(tb["choices"][0]["text"] == "Paris.");
+  CHECK_FALSE(tb["choices"][0].contains("message"));
+  CHECK(tb["choices"][0]["finish_reason"] == "length");
+  CHECK(a["id"] != b["id"]);
+  CHECK(a["id"] == openai_response_line(chat, c)["id"]);  // stable across runs and shards
+
+  const json e = json::parse(openai_error_line(text, {"unsupported_parameter", "body.n > 1 is not supported yet"}).dump());
+  CHECK(e["custom_id"] == "req-2");
+  CHECK(e["id"] == b["id"]);
+  CHECK(e["response"].is_null());
+  CHECK(e["error"] == json{{"code", "unsupported_parameter"}, {"message", "body.n > 1 is not supported yet"}});
+}
+
+TEST_CASE("a rerun resumes OpenAI output by custom_id, error lines included", "[job]") {
+  const fs::path out = temp_dir() / "oa_out.jsonl";
+  fs::remove(out);
+  PromptRecord r;
+  r.id = "x";
+  r.endpoint = Endpoint::Completions;
+  PromptRecord bad;
+  bad.id = "y";
+  const std::string l1 = openai_response_line(r, Completion{}).dump(), l2 = openai_error_line(bad, {"c", "m"}).dump();
+  write_file("oa_out.jsonl.partial", l1 + "\n" + l2 + "\n{\"id\": \"batch_req_1\", \"custom_id\": \"z\", \"resp");
+  OutputWriter w(out);
+  CHECK(w.done_ids() == std::unordered_set<std::string>{"\"x\"", "\"y\""});
+  w.finish();
+}
+
+TEST_CASE("--shard hashes the id's string form with FNV-1a 64", "[job]") {
+  CHECK(fnv1a64("") == 0xcbf29ce484222325ull);
+  CHECK(fnv1a64("a") == 0xaf63dc4c8601ec8cull);
+  CHECK(fnv1a64("foobar") == 0x85944171f73967e8ull);
+  CHECK(id_text(json("req-1")) == "req-1");
+  CHECK(id_text(json(17)) == "17");
+  const Shard s = parse_shard("2/5");
+  CHECK(s.index == 2);
+  CHECK(s.count == 5);
+  for (const char* bad : {"5/5", "1", "-1/2", "a/b", "1/0", "1/2x", "/2"})
+    CHECK_THROWS_WITH(parse_shard(bad), Catch::Contains("--shard must be i/N"));
+  // Every id lands in exactly one shard.
+  PromptRecord r;
+  for (int i = 0; i < 50; ++i) {
+    r.id = "id-" + std::to_string(i);
+    int hits = 0;
+    for (uint64_t k = 0; k < 4; ++k) hits += in_shard(r, Shard{k, 4});
+    CHECK(hits == 1);
+  }
+}

@@ -1,0 +1,253 @@
+// `strata run` on OpenAI Batch API files and with --shard, as a user runs it: the real binary.
+#include "test_paths.h"
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "cli_support.h"
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+using strata::test::CliResult;
+using strata::test::run_strata;
+
+fs::path temp_dir() {
+  const fs::path d = fs::temp_directory_path() / ("strata_batchcli_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+const std::string kModels = std::string(STRATA_FIXTURES_DIR) + "/models";
+
+std::vector<json> read_lines(const fs::path& file) {
+  std::vector<json> out;
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(json::parse(line));
+  return out;
+}
+
+json completion_request(const json& id, const std::string& prompt, const json& extra = json::object()) {
+  json body = {{"model", "tiny-llama"}, {"prompt", prompt}};
+  body.update(extra);
+  return {{"custom_id", id}, {"method", "POST"}, {"url", "/v1/completions"}, {"body", body}};
+}
+
+std::map<std::string, json> by_custom_id(const std::vector<json>& lines) {
+  std::map<std::string, json> m;
+  for (const json& l : lines) {
+    const std::string id = l["custom_id"].get<std::string>();
+    CHECK(m.count(id) == 0);  // nothing doubled
+    m[id] = l;
+  }
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("strata run answers an OpenAI batch file with Hugging Face's greedy completions", "[cli]") {
+  std::ifstream fin(kModels + "/tiny-llama-cli.json");
+  const json fx = json::parse(fin);
+  const fs::path in = temp_dir() / "batch.jsonl", out = temp_dir() / "batch_out.jsonl";
+  {
+    std::ofstream f(in);
+    for (const json& c : fx["cases"])
+      f << completion_request("case-" + c["id"].dump(), c["prompt"], {{"max_tokens", 16}, {"temperature", 0}}).dump()
+        << "\n";
+    // Well formed, but not served: answered with an error line while the rest proceeds.
+    f << completion_request("two-choices", "x", {{"n", 2}}).dump() << "\n";
+    f << json{{"custom_id", "chat"}, {"url", "/v1/chat/completions"}, {"method", "POST"},
+              {"body", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}}}}.dump() << "\n";
+    f << completion_request("long", std::string(400, 'a') + " " + std::string(400, 'b'), {{"unknown_knob", 1}}).dump()
+      << "\n";
+    f << completion_request("embed", "x").dump() << "\n";
+  }
+  {  // an unsupported url on the last line
+    std::vector<std::string> lines;
+    std::ifstream f(in);
+    for (std::string l; std::getline(f, l);) lines.push_back(l);
+    json last = json::parse(lines.back());
+    last["url"] = "/v1/embeddings";
+    lines.back() = last.dump();
+    std::ofstream o(in);
+    for (const auto& l : lines) o << l << "\n";
+  }
+  fs::remove(out);
+  const CliResult r = run_strata("run --model " + kModels + "/tiny-llama -i " + in.string() + " -o " + out.string() +
+                                 " --device cpu --batch-size 2 --no-progress");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("ignoring unknown field 'body.unknown_knob'"));
+  CHECK_THAT(r.output, Catch::Contains("4 requests cannot be served"));
+  const auto got = by_custom_id(read_lines(out));
+  REQUIRE(got.size() == fx["cases"].size() + 4);
+  for (const json& c : fx["cases"]) {
+    const json& line = got.at("case-" + c["id"].dump());
+    CHECK(line["error"].is_null());
+    CHECK(line["id"].get<std::string>().rfind("batch_req_", 0) == 0);
+    const json& resp = line["response"];
+    CHECK(resp["status_code"] == 200);
+    const json& body = resp["body"];
+    CHECK(body["object"] == "text_completion");
+    CHECK(body["model"] == "tiny-llama");
+    CHECK(body["choices"][0]["text"] == c["completion"]);
+    const bool eos = c["greedy"].back() == fx["eos"];
+    CHECK(body["choices"][0]["finish_reason"] == (eos ? "stop" : "length"));
+    CHECK(body["usage"]["prompt_tokens"] == c["prompt_ids"].size());
+    CHECK(body["usage"]["completion_tokens"] == c["greedy"].size());
+    CHECK(body["usage"]["total_tokens"] == c["prompt_ids"].size() + c["greedy"].size());
+  }
+  auto error_of = [&](const std::string& id) {
+    const json& l = got.at(id);
+    CHECK(l["response"].is_null());
+    return l["error"];
+  };
+  CHECK(error_of("two-choices")["code"] == "unsupported_parameter");
+  CHECK(error_of("chat")["code"] == "unsupported_model");
+  CHECK_THAT(error_of("chat")["message"].get<std::string>(), Catch::Contains("no chat template"));
+  CHECK(error_of("long")["code"] == "context_length_exceeded");
+  CHECK(error_of("embed")["code"] == "unsupported_url");
+
+  // With --errors, the error lines go to their own file.
+  const fs::path out2 = temp_dir() / "batch_out2.jsonl", errs = temp_dir() / "batch_errors.jsonl";
+  fs::remove(out2);
+  fs::remove(errs);
+  const CliResult r2 = run_strata("run --model " + kModels + "/tiny-llama --prompts " + in.string() + " --out " +
+                                  out2.string() + " --errors " + errs.string() + " --device cpu --no-progress");
+  INFO(r2.output);
+  REQUIRE(r2.code == 0);
+  CHECK(read_lines(out2).size() == fx["cases"].size());
+  const auto e = by_custom_id(read_lines(errs));
+  CHECK(e.size() == 4);
+  CHECK(e.count("long") == 1);
+  CHECK_FALSE(fs::exists(errs.string() + ".partial"));
+}
+
+TEST_CASE("an OpenAI batch file that mixes formats or repeats a custom_id is refused before work", "[cli]") {
+  const fs::path in = temp_dir() / "mixed.jsonl", out = temp_dir() / "mixed_out.jsonl";
+  std::ofstream(in) << completion_request("a", "one").dump() << "\n{\"id\": 2, \"prompt\": \"two\"}\n";
+  fs::remove(out);
+  CliResult r = run_strata("run --model " + kModels + "/tiny-opt -i " + in.string() + " -o " + out.string() +
+                           " --device cpu");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("mixed.jsonl:2: this line is in the strata format"));
+  CHECK_FALSE(fs::exists(out.string() + ".partial"));
+  std::ofstream(in) << completion_request("a", "one").dump() << "\n" << completion_request("a", "two").dump() << "\n";
+  r = run_strata("run --model " + kModels + "/tiny-opt -i " + in.string() + " -o " + out.string() + " --device cpu");
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("mixed.jsonl:2: duplicate custom_id \"a\""));
+  CHECK_FALSE(fs::exists(out.string() + ".partial"));
+}
+
+TEST_CASE("an interrupted OpenAI batch job resumes by custom_id, error lines included", "[cli]") {
+  const fs::path in = temp_dir() / "oa_resume.jsonl", out = temp_dir() / "oa_resume_out.jsonl";
+  std::ofstream(in) << completion_request("a", "one", {{"max_tokens", 2}}).dump() << "\n"
+                    << completion_request("b", "two", {{"n", 3}}).dump() << "\n"
+                    << completion_request("c", "three", {{"max_tokens", 2}, {"ignore_eos", true}}).dump() << "\n";
+  fs::remove(out);
+  // An interrupted run left "a" answered, "b"'s error line, and a torn line for "c".
+  std::ofstream(out.string() + ".partial")
+      << "{\"id\":\"batch_req_1\",\"custom_id\":\"a\",\"response\":{\"status_code\":200,\"body\":{\"kept\":true}},"
+         "\"error\":null}\n"
+      << "{\"id\":\"batch_req_2\",\"custom_id\":\"b\",\"response\":null,\"error\":{\"code\":\"x\",\"message\":\"y\"}}\n"
+      << "{\"id\":\"batch_req_3\",\"custom_id\":\"c\",\"resp";
+  const CliResult r = run_strata("run --model " + kModels + "/tiny-opt -i " + in.string() + " -o " + out.string() +
+                                 " --device cpu --no-progress");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("2 of 3 prompts already done"));
+  const std::vector<json> lines = read_lines(out);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0]["response"]["body"]["kept"] == true);
+  CHECK(lines[1]["custom_id"] == "b");
+  CHECK(lines[2]["custom_id"] == "c");
+  CHECK(lines[2]["response"]["body"]["usage"]["completion_tokens"] == 2);
+  CHECK(lines[2]["response"]["body"]["choices"][0]["finish_reason"] == "length");
+}
+
+TEST_CASE("the shards of a job together answer each request exactly once, as the whole job does", "[cli]") {
+  const fs::path in = temp_dir() / "shards.jsonl", whole = temp_dir() / "shards_whole.jsonl";
+  {
+    std::ofstream f(in);
+    for (int i = 0; i < 12; ++i)
+      f << completion_request("req-" + std::to_string(i), "story " + std::to_string(i),
+                              {{"max_tokens", 2}, {"ignore_eos", true}})
+               .dump()
+        << "\n";
+    f << completion_request("bad", "x", {{"stop", "\n"}}).dump() << "\n";
+  }
+  const std::string base = "run --model " + kModels + "/tiny-opt -i " + in.string() + " --device cpu --no-progress";
+  fs::remove(whole);
+  CliResult r = run_strata(base + " -o " + whole.string());
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const auto want = by_custom_id(read_lines(whole));
+  REQUIRE(want.size() == 13);
+
+  std::map<std::string, json> got;
+  size_t total = 0;
+  for (int k = 0; k < 3; ++k) {
+    const fs::path part = temp_dir() / ("shards_" + std::to_string(k) + ".jsonl");
+    fs::remove(part);
+    r = run_strata(base + " -o " + part.string() + " --shard " + std::to_string(k) + "/3");
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.output, Catch::Contains("shard " + std::to_string(k) + "/3: "));
+    const auto lines = read_lines(part);
+    total += lines.size();
+    for (const json& l : lines) got[l["custom_id"].get<std::string>()] = l;
+  }
+  CHECK(total == want.size());  // nothing doubled
+  REQUIRE(got.size() == want.size());
+  for (const auto& [id, w] : want) {
+    INFO(id);
+    const json& g = got.at(id);
+    CHECK(g["id"] == w["id"]);
+    CHECK(g["error"] == w["error"]);
+    if (w["response"].is_null()) continue;
+    CHECK(g["response"]["body"]["choices"] == w["response"]["body"]["choices"]);
+    CHECK(g["response"]["body"]["usage"] == w["response"]["body"]["usage"]);
+  }
+  r = run_strata(base + " -o " + (temp_dir() / "x.jsonl").string() + " --shard 3/3");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("--shard must be i/N"));
+}
+
+TEST_CASE("an OpenAI chat request renders with SmolLM2's template", "[cli]") {
+  const char* home = std::getenv("HOME");
+  const char* cache = std::getenv("STRATA_CACHE");
+  const fs::path model = fs::path(cache && *cache ? cache : std::string(home ? home : ".") + "/.cache/strata") /
+                         "models/smollm2-135m-instruct-q4_1.gguf";
+  if (!fs::exists(model)) {
+    WARN("no " << model << ": skipped");
+    return;
+  }
+  const fs::path in = temp_dir() / "oa_chat.jsonl", out = temp_dir() / "oa_chat_out.jsonl";
+  std::ofstream(in) << json{{"custom_id", "q1"},
+                            {"method", "POST"},
+                            {"url", "/v1/chat/completions"},
+                            {"body",
+                             {{"model", "smollm2"},
+                              {"messages", {{{"role", "user"}, {"content", "What is the capital of France?"}}}},
+                              {"max_completion_tokens", 12}}}}
+                           .dump()
+                    << "\n";
+  fs::remove(out);
+  const CliResult r = run_strata("run --model " + model.string() + " -i " + in.string() + " -o " + out.string() +
+                                 " --device cpu --no-progress");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const std::vector<json> lines = read_lines(out);
+  REQUIRE(lines.size() == 1);
+  const json& body = lines[0]["response"]["body"];
+  CHECK(body["object"] == "chat.completion");
+  CHECK(body["choices"][0]["message"]["role"] == "assistant");
+  CHECK_THAT(body["choices"][0]["message"]["content"].get<std::string>(), Catch::Contains("Paris"));
+  CHECK(body["usage"]["prompt_tokens"] == 37);  // as the strata-format chat test
+}
