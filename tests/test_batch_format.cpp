@@ -1,5 +1,6 @@
 // The OpenAI batch format: parsing (fields, malformed lines, requests answered with an error),
 // the output lines' shape, resume over them, and --shard's hash.
+#include "temp_files.h"
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -14,16 +15,8 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
-fs::path temp_dir() {
-  const fs::path d = fs::temp_directory_path() / ("strata_batchfmt_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
-fs::path write_file(const std::string& name, const std::string& text) {
-  const fs::path p = temp_dir() / name;
-  std::ofstream(p, std::ios::binary) << text;
-  return p;
-}
+fs::path temp_dir() { return test::temp_dir("batchfmt"); }
+fs::path write_file(const std::string& name, const std::string& text) { return test::write_file(temp_dir() / name, text); }
 std::string chat_line(const std::string& id, const json& body_extra) {
   json body = {{"model", "m"}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
   body.update(body_extra);

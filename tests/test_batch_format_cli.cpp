@@ -1,5 +1,6 @@
 // `strata run` on OpenAI Batch API files and with --shard, as a user runs it: the real binary.
 #include "test_paths.h"
+#include "temp_files.h"
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -17,11 +18,7 @@ namespace {
 using strata::test::CliResult;
 using strata::test::run_strata;
 
-fs::path temp_dir() {
-  const fs::path d = fs::temp_directory_path() / ("strata_batchcli_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir() { return strata::test::temp_dir("batchcli"); }
 
 const std::string kModels = std::string(STRATA_FIXTURES_DIR) + "/models";
 

@@ -1,6 +1,7 @@
 // `strata bench`: suites parse with errors naming the line and field; a run measures every case,
 // records the cost model's prediction beside it, reports a case that does not fit and goes on.
 #include "test_paths.h"
+#include "temp_files.h"
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
@@ -18,11 +19,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path temp_dir(const std::string& what) {
-  const fs::path d = fs::temp_directory_path() / ("strata_bench_" + what + "_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir(const std::string& what) { return test::temp_dir("bench_" + what); }
 
 const std::string kCase = "  - {name: a, model: opt-125m, prompt_len: 16, gen_len: 4, policy: p.yaml}\n";
 

@@ -1,5 +1,6 @@
 // `strata run` and `strata tokenize` as a user runs them: the real binary, real files.
 #include "test_paths.h"
+#include "temp_files.h"
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -19,11 +20,7 @@ using Result = strata::test::CliResult;
 using strata::test::run_shell;
 using strata::test::run_strata;
 
-fs::path temp_dir() {
-  const fs::path d = fs::temp_directory_path() / ("strata_cli_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir() { return strata::test::temp_dir("cli"); }
 
 const std::string kModels = std::string(STRATA_FIXTURES_DIR) + "/models";
 

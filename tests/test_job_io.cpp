@@ -1,4 +1,5 @@
 // The batch job's input validation and its resumable output file.
+#include "temp_files.h"
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -12,20 +13,9 @@ using namespace strata;
 namespace fs = std::filesystem;
 
 namespace {
-fs::path temp_dir() {
-  const fs::path d = fs::temp_directory_path() / ("strata_jobio_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
-fs::path write_file(const std::string& name, const std::string& text) {
-  const fs::path p = temp_dir() / name;
-  std::ofstream(p, std::ios::binary) << text;
-  return p;
-}
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+fs::path temp_dir() { return test::temp_dir("jobio"); }
+fs::path write_file(const std::string& name, const std::string& text) { return test::write_file(temp_dir() / name, text); }
+using test::read_file;
 }  // namespace
 
 TEST_CASE("prompt lines are read with their sampling fields", "[job]") {

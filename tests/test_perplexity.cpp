@@ -3,6 +3,7 @@
 // make_perplexity.py) on the tiny models and SmolLM2-135M, with and without the weights'
 // 4/8-bit round trip, and the command as a user runs it.
 #include "test_paths.h"
+#include "temp_files.h"
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -49,11 +50,7 @@ fs::path smollm2_path() {
   return env && *env ? fs::path(env) : default_model_path();
 }
 
-fs::path temp_dir() {
-  const fs::path d = fs::temp_directory_path() / ("strata_ppl_" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
-}
+fs::path temp_dir() { return test::temp_dir("ppl"); }
 
 // Replaces every decoder-layer linear weight (not embeddings, head, norms, biases) by its
 // quantize -> dequantize round trip through Strata's host reference, in place (CPU backend).
