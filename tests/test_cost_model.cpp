@@ -47,6 +47,8 @@ constexpr double h = 4096, h2 = 16384;
 // 53,248 bias and norm parameters.
 constexpr double W = 2 * (4 * h * h + 2 * h * h2 + 3 * h + h + h2 + h + 4 * h);  // 402,759,680 bytes
 constexpr double flops_per_token = 8 * h * h + 4 * h * h2;                       // 402,653,184
+// The LM head (50272 x h) on each logit row, spread over the 32 layers in each stage's compute.
+constexpr double head_per_layer = 2 * 50272 * h / 32;
 const Workload wl{512, 32};  // s = 512, n = 32
 
 }  // namespace
@@ -91,12 +93,14 @@ TEST_CASE("per-layer terms of a CPU-offloading policy", "[cost]") {
   CHECK(r.prefill.terms[CTOD] == 0);
   const double prefill_gemm = 32 * 512 * flops_per_token / 10e12;           // 659.7 ms
   const double prefill_attn = 32 * 4.0 * 512 * 512 * h / 10e12;             // 13.7 ms
-  CHECK(r.prefill.terms[COMP] == Approx(prefill_gemm + prefill_attn));
+  const double prefill_head = 32 * head_per_layer / 10e12;                   // 0.4 ms: 32 logit rows
+  CHECK(r.prefill.terms[COMP] == Approx(prefill_gemm + prefill_attn + prefill_head));
   CHECK(r.prefill.bound == COMP);
   // Decode: weights and the whole cache come over PCIe for GPU attention; the new K, V go back.
   CHECK(r.decode.terms[CTOG] == Approx((0.75 * W + cache_avg) / 10e9));     // 57.9 ms
   CHECK(r.decode.terms[GTOC] == Approx(32 * 4 * h / 10e9));
-  CHECK(r.decode.terms[COMP] == Approx(32 * flops_per_token / 10e12 + cache_avg / 200e9));  // 1.3 + 1.4 ms
+  CHECK(r.decode.terms[COMP] ==
+        Approx(32 * (flops_per_token + head_per_layer) / 10e12 + cache_avg / 200e9));  // 1.3 + 0.04 + 1.4 ms
   CHECK(r.decode.bound == CTOG);
   CHECK(r.decode.total == r.decode.terms[CTOG]);
 
@@ -115,7 +119,8 @@ TEST_CASE("CPU attention moves q/k/v and the output instead of the cache", "[cos
   const double out = 32 * 2 * h, qkv = 32 * 2 * (h + 2 * h);  // fp16, block of 32
   CHECK(r.decode.terms[CTOG] == Approx((0.75 * W + out) / 10e9));
   CHECK(r.decode.terms[GTOC] == Approx(qkv / 10e9));
-  CHECK(r.decode.terms[COMP] == Approx(32 * flops_per_token / 10e12 + cache_avg / 10e9));  // 27.7 ms on the CPU
+  CHECK(r.decode.terms[COMP] ==
+        Approx(32 * (flops_per_token + head_per_layer) / 10e12 + cache_avg / 10e9));  // 27.7 ms on the CPU
   // Prefill attention stays on the GPU.
   CHECK(r.prefill.terms[GTOC] == Approx(32 * 512 * 4 * h / 10e9));
 }
@@ -158,7 +163,7 @@ TEST_CASE("4-bit compression shrinks what moves and adds dequantization", "[cost
   CHECK(r.decode.terms[CTOG] == Approx(Wc / 10e9));
   // A GPU batch of 8 reads the codes in the fused linear (no dequantization pass); attention reads
   // the compressed cache at the fp16 rate when the profile has no 4-bit one.
-  CHECK(r.decode.terms[COMP] == Approx(32 * flops_per_token / 10e12 + cache_avg / 200e9));
+  CHECK(r.decode.terms[COMP] == Approx(32 * (flops_per_token + head_per_layer) / 10e12 + cache_avg / 200e9));
   // Prefill dequantizes each layer once for the block (and quantizes the prompt's cache).
   const double s = 512;
   CHECK(r.prefill.terms[COMP] > W / 50e9);
@@ -185,7 +190,8 @@ TEST_CASE("4-bit compression shrinks what moves and adds dequantization", "[cost
   const Prediction b = evaluate(opt67(), big, wl, hw);
   const double big_avg = 128 * 528 * 4 * h;
   CHECK(b.decode.terms[COMP] ==
-        Approx(128 * flops_per_token / hw.gemm_flops(64) + W / 50e9 + big_avg * 0.5 / 100e9 + big_avg * 0.5 / 20e9));
+        Approx(128 * (flops_per_token + head_per_layer) / hw.gemm_flops(64) + W / 50e9 + big_avg * 0.5 / 100e9 +
+               big_avg * 0.5 / 20e9));
 }
 
 TEST_CASE("peak memory per tier", "[cost]") {

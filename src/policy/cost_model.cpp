@@ -66,22 +66,25 @@ void check_inputs(const ModelConfig& cfg, const Policy& p, const Workload& w, co
   if (hw.gpu_gemm.empty()) STRATA_FAIL("hardware profile " << hw.name << ": gpu_gemm has no points");
 }
 
-CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w) {
+// `dt`: the compute dtype (the profile's): what an uncompressed element takes (the "_fp16" sizes
+// are in it: fp16 on a GPU, fp32 on the CPU backend).
+CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w, DType dt) {
   const double s = w.prompt_len, n = w.gen_len, gbs = p.gpu_batch_size, bls = p.block_size();
   const double h = cfg.hidden, q = cfg.q_dim(), kv = cfg.kv_dim(), f = cfg.intermediate;
-  const double rw = stored_bytes_per_element(p.compress_weights) / 2.0;  // stored / fp16
-  const double rc = stored_bytes_per_element(p.compress_kv_cache) / 2.0;
+  const double e = double(dtype_size(dt));
+  const double rw = p.compress_weights ? stored_bytes_per_element(p.compress_weights) / e : 1.0;  // stored / uncompressed
+  const double rc = p.compress_kv_cache ? stored_bytes_per_element(p.compress_kv_cache) / e : 1.0;
   CostSizes z;
-  z.layer_weights_fp16 = 2.0 * double(cfg.layer_param_count());
+  z.layer_weights_fp16 = e * double(cfg.layer_param_count());
   z.layer_weights = rw * z.layer_weights_fp16;
   const double attn_params = h * (q + 2 * kv) + q * h, mlp_params = (cfg.mlp == MlpKind::SwiGLU ? 3 : 2) * h * f;
-  z.dequant_buffer = 2.0 * std::max(attn_params, mlp_params);
-  z.global_weights = 2.0 * double(cfg.param_count() - int64_t(cfg.n_layers) * cfg.layer_param_count());
+  z.dequant_buffer = e * std::max(attn_params, mlp_params);
+  z.global_weights = e * double(cfg.param_count() - int64_t(cfg.n_layers) * cfg.layer_param_count());
   const double matmul_params = h * (q + 2 * kv) + q * h + (cfg.mlp == MlpKind::SwiGLU ? 3 : 2) * h * f;
   z.layer_flops_per_token = 2.0 * matmul_params;
-  z.kv_per_token_fp16 = 2.0 * 2.0 * kv;  // K and V, fp16
+  z.kv_per_token_fp16 = 2.0 * e * kv;  // K and V, uncompressed
   z.kv_per_token = rc * z.kv_per_token_fp16;
-  z.hidden_per_token = 2.0 * h;
+  z.hidden_per_token = e * h;
   z.cache_avg = bls * (s + n / 2.0) * z.kv_per_token;  // the context grows from s to s + n
   z.cache_capacity = bls * (s + n) * z.kv_per_token;
   z.act_prefill = bls * s * z.hidden_per_token;
@@ -91,7 +94,7 @@ CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w) {
   const PrefillSteps steps = prefill_steps(p, w.prompt_len);
   z.prefill_seqs = steps.seqs;
   z.step_tokens = double(steps.step_tokens);
-  z.workspace = double(ForwardOps::workspace_bytes(cfg, DType::F16, steps.step_tokens, int64_t(gbs)));
+  z.workspace = double(ForwardOps::workspace_bytes(cfg, dt, steps.step_tokens, int64_t(gbs)));
   return z;
 }
 
@@ -109,9 +112,11 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   F.gen_len = w.gen_len;
   F.block_size = p.block_size();
   F.overlap = p.overlap;
-  const CostSizes z = F.sizes = sizes_of(cfg, p, w);
+  F.dtype = hw.compute_dtype;
+  const CostSizes z = F.sizes = sizes_of(cfg, p, w, hw.compute_dtype);
+  const double e = double(dtype_size(hw.compute_dtype));
 
-  const double s = w.prompt_len, n = w.gen_len, l = cfg.n_layers;
+  const double s = w.prompt_len, n = w.gen_len, l = cfg.n_layers, h_dim = cfg.hidden;
   const double gbs = p.gpu_batch_size, ngb = p.num_gpu_batches, bls = p.block_size();
   const bool cw = p.compress_weights.has_value(), cc = p.compress_kv_cache.has_value();
   const bool cpu_attn = p.cpu_attention;
@@ -144,6 +149,11 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   P[COMP].constant = bls * s * z.layer_flops_per_token / hw.gemm_flops(std::min(z.step_tokens, gbs * s)) +
                      bls * 4.0 * s * s * cfg.q_dim() / hw.gemm_flops(s);  // QK^T and AV per head
   if (cw) P[COMP].constant += z.layer_weights_fp16 / dequant_bw;
+  // The LM head runs after the last layer on the logit rows (a prefill group's last tokens, a
+  // decode step's GPU batch): a per-step cost, spread over the layers here so the stage totals
+  // carry it. FlexGen's model leaves it out; for OPT-125M it is 45% of a decode step's FLOPs.
+  const double head_flops = 2.0 * double(cfg.vocab_size) * h_dim;
+  P[COMP].constant += bls * head_flops / hw.gemm_flops(z.prefill_seqs) / l;
   if (cc) P[COMP].constant += bls * s * z.kv_per_token_fp16 / dequant_bw;  // quantizing the prompt's cache
 
   // One decode step of one layer. With cpu_attention, attention over the cache on the CPU or disk
@@ -153,7 +163,7 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   add(D[CTOG], Ag_moved / ctog, {HC, HD});
   add(D[GTOC], Ag_moved / gtoc, {HC, HD});
   if (cpu_attn) {
-    const double qkv = bls * 2.0 * (cfg.q_dim() + 2.0 * cfg.kv_dim()), out = bls * 2.0 * cfg.q_dim();
+    const double qkv = bls * e * (cfg.q_dim() + 2.0 * cfg.kv_dim()), out = bls * e * cfg.q_dim();
     add(D[CTOG], out / ctog, {CC, CD});
     add(D[GTOC], qkv / gtoc, {CC, CD});
   } else {
@@ -165,7 +175,7 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   add(D[DTOC], Ag_moved / dtoc, {HD});
   add(D[CTOD], cache_new / ctod, {CD});
   add(D[CTOD], Ag_moved / ctod, {HD});
-  D[COMP].constant = bls * z.layer_flops_per_token / hw.gemm_flops(gbs);
+  D[COMP].constant = bls * (z.layer_flops_per_token + head_flops / l) / hw.gemm_flops(gbs);
   // Compressed weights: a decode step of up to quant::kCudaFusedDequantMaxTokens tokens reads the codes in the
   // fused linear (no separate pass; the GEMM term stands for it); a larger GPU batch dequantizes
   // the layer once, shared by the block's GPU batches (the runtime's rule, engine.cpp).
@@ -202,7 +212,7 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   add(C, Ap, {HC});
   add(C, 3 * act_unit, {HD});
   // Delegated attention: q/k/v and the output of one GPU batch, and its fp32 scores.
-  if (cpu_attn) C.constant += gbs * (2.0 * (2 * cfg.q_dim() + 2 * cfg.kv_dim()) + 4.0 * cfg.n_heads * (s + n));
+  if (cpu_attn) C.constant += gbs * (e * (2 * cfg.q_dim() + 2 * cfg.kv_dim()) + 4.0 * cfg.n_heads * (s + n));
   LinearForm& Dk = F.peak[int(Tier::Disk)];
   add(Dk, l * W, {WD});
   add(Dk, l * Cm, {CD});

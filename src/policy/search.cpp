@@ -264,8 +264,8 @@ std::optional<Candidate> round_to_units(const Policy& shape, const CostForms& F,
   return best;
 }
 
-std::optional<TierBytes> runtime_peak(const ModelConfig& cfg, const Policy& p, const Workload& w) {
-  return plan_placement(cfg, p, PlanShape{w.prompt_len, w.gen_len}, DType::F16).peak();
+std::optional<TierBytes> runtime_peak(const ModelConfig& cfg, const Policy& p, const Workload& w, DType dt) {
+  return plan_placement(cfg, p, PlanShape{w.prompt_len, w.gen_len}, dt).peak();
 }
 
 // How far a candidate is over its budgets: the sum of relative overflows of the model's and the
@@ -286,7 +286,7 @@ double overflow(const Candidate& c, const TierBytes& budget) {
 // until it fits. Returns nothing when no sequence of moves makes it fit.
 std::optional<Candidate> recheck(const ModelConfig& cfg, const CostForms& F, Candidate c, const SearchOptions& opts) {
   const int n = cfg.n_layers;
-  c.plan_peak = runtime_peak(cfg, c.policy, opts.workload);
+  c.plan_peak = runtime_peak(cfg, c.policy, opts.workload, F.dtype);
   for (int step = 0; step < 3 * n; ++step) {
     const double over = overflow(c, opts.budget);
     if (over == 0 && fits(c.prediction, opts.budget, opts.max_latency_s)) return c;
@@ -307,7 +307,7 @@ std::optional<Candidate> recheck(const ModelConfig& cfg, const CostForms& F, Can
           Candidate m = c;
           class_split(cls, m.policy) = *s;
           m.prediction = predict(F, realized_fractions(m.policy, n));
-          m.plan_peak = runtime_peak(cfg, m.policy, opts.workload);
+          m.plan_peak = runtime_peak(cfg, m.policy, opts.workload, F.dtype);
           const double o = overflow(m, opts.budget);
           if (o < best_over || (o == best_over && best_move &&
                                 m.prediction.throughput_tok_s > best_move->prediction.throughput_tok_s)) {

@@ -214,7 +214,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (!root.IsMap()) throw Error(source + ": a hardware profile is a YAML map of fields");
   r.only_keys(root, {"name", "description", "gpu_name", "cpu_name", "gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw",
                      "gpu_to_cpu_bw", "disk_to_cpu_bw", "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw",
-                     "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw", "gpu_attention_q4_bw", "cpu_attention_q4_bw"},
+                     "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw", "gpu_attention_q4_bw", "cpu_attention_q4_bw", "compute_dtype"},
               "");
   for (const char* required : {"gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw", "gpu_to_cpu_bw", "disk_to_cpu_bw",
                                "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw", "cpu_attention_bw", "cpu_flops"})
@@ -224,6 +224,11 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (root["description"]) hw.description = r.text(root["description"], "description");
   if (root["gpu_name"]) hw.gpu_name = r.text(root["gpu_name"], "gpu_name");
   if (root["cpu_name"]) hw.cpu_name = r.text(root["cpu_name"], "cpu_name");
+  if (root["compute_dtype"]) {
+    const std::string dt = r.text(root["compute_dtype"], "compute_dtype");
+    if (dt != "F16" && dt != "F32") r.fail(root["compute_dtype"], "field 'compute_dtype' must be F16 or F32, got " + dt);
+    hw.compute_dtype = dt == "F16" ? DType::F16 : DType::F32;
+  }
   hw.gpu_mem = r.size(root["gpu_mem"], "gpu_mem");
   hw.cpu_mem = r.size(root["cpu_mem"], "cpu_mem");
   hw.disk_mem = r.size(root["disk_mem"], "disk_mem");
@@ -258,6 +263,7 @@ std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
   os << "description: " << quoted(hw.description) << "\n";
   os << "gpu_name: " << quoted(hw.gpu_name) << "\n";
   os << "cpu_name: " << quoted(hw.cpu_name) << "\n";
+  os << "compute_dtype: " << dtype_name(hw.compute_dtype) << "  # of the gpu tier's compute and uncompressed data\n";
   auto bytes = [&](const char* key, double v) { os << key << ": " << number(v) << "  # " << format_bytes(v) << "\n"; };
   auto per_s = [&](const char* key, double v, const char* unit) {
     os << key << ": " << number(v) << "  # " << format_rate(v, unit) << "\n";
@@ -280,9 +286,9 @@ std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
     if (v > 0) per_s(key, v, unit);
     else os << key << ": 0  # not measured\n";
   };
-  optional("gpu_dequant_bw", hw.gpu_dequant_bw, "B/s of fp16 output");
-  optional("gpu_attention_q4_bw", hw.gpu_attention_q4_bw, "B/s of the fp16 KV cache it stands for");
-  optional("cpu_attention_q4_bw", hw.cpu_attention_q4_bw, "B/s of the fp16 KV cache it stands for");
+  optional("gpu_dequant_bw", hw.gpu_dequant_bw, "B/s of output in compute_dtype");
+  optional("gpu_attention_q4_bw", hw.gpu_attention_q4_bw, "B/s of the uncompressed KV cache it stands for");
+  optional("cpu_attention_q4_bw", hw.cpu_attention_q4_bw, "B/s of the uncompressed KV cache it stands for");
   return os.str();
 }
 

@@ -290,13 +290,13 @@ struct Profiler {
   // Decode attention: one new token per sequence against a full cache (kv_store then attention,
   // as the runtime's decode step), in bytes of K and V read per second. 32 heads of 128. `dt` is
   // the cache's dtype where the runtime keeps it: the GPU's fp16 also when the CPU attends to it.
-  // With `q4`, the cache is 4-bit (group 64) and the rate counts the fp16 bytes it stands for.
+  // With `q4`, the cache is 4-bit (group 64) and the rate counts the `dt` bytes it stands for.
   double attention(Backend& be, DType dt, int64_t slots, int64_t context, size_t free_bytes, const char* label,
                    bool q4 = false) {
     const size_t es = dtype_size(dt);
     const int64_t heads = 32, d = 128;
     while (slots > 1 && size_t(2 * slots * context * heads * d) * es > free_bytes / 4) slots /= 2;
-    const size_t fp16_bytes = size_t(slots * context * heads * d) * 2;
+    const size_t uncompressed_bytes = size_t(slots * context * heads * d) * es;
     const size_t cache_bytes =
         q4 ? size_t(slots * context * heads) * quantized_row_bytes(4, 64, d) : size_t(slots * context * heads * d) * es;
     Buffer ck = be.alloc(cache_bytes), cv = be.alloc(cache_bytes), qkv = be.alloc(size_t(4 * slots * heads * d) * es);
@@ -332,15 +332,16 @@ struct Profiler {
       be.kv_store(k, v, cache_k, cache_v, slot_t, pos_t);
       be.attention(q, cache_k, cache_v, slot_t, pos_t, scale, out);
     });
-    const double bw = round4(2.0 * double(q4 ? fp16_bytes : cache_bytes) / sec);
-    say(std::string(label) + " decode attention: " + format_rate(bw, "B/s") + (q4 ? " of the fp16 KV cache it stands for (" : " of KV cache (") +
+    const double bw = round4(2.0 * double(q4 ? uncompressed_bytes : cache_bytes) / sec);
+    say(std::string(label) + " decode attention: " + format_rate(bw, "B/s") + (q4 ? " of the uncompressed KV cache it stands for (" : " of KV cache (") +
         std::to_string(slots) + " sequences x " + std::to_string(context) + " tokens, " + std::to_string(heads) +
         " heads of " + std::to_string(d) + ", " + (q4 ? std::string("4-bit g64") : std::string(dtype_name(dt))) + ")");
     return bw;
   }
 
   // 4-bit (group 64) dequantization of one h x 4h matrix through the backend's kernel, in bytes of
-  // fp16 output per second (what the runtime does once per (token, sub-layer) for long steps).
+  // output (the compute dtype) per second (what the runtime does once per (token, sub-layer) for
+  // long steps).
   double dequant(Backend& be, int64_t h, const char* label) {
     const DType dt = be.activation_dtype();
     const int64_t rows = 4 * h;
@@ -349,8 +350,8 @@ struct Profiler {
     const Tensor x = fp.view(0, dt, {rows, h});
     be.quantize_rows(kQ4G64, x, q.data());
     const double sec = time_op(be, s.reps, s.min_sample_s, [&] { be.dequantize_rows(kQ4G64, q.data(), x); });
-    const double bw = round4(2.0 * double(rows * h) / sec);
-    say(std::string(label) + " 4-bit dequantization: " + format_rate(bw, "B/s") + " of fp16 output (" +
+    const double bw = round4(double(dtype_size(dt)) * double(rows * h) / sec);
+    say(std::string(label) + " 4-bit dequantization: " + format_rate(bw, "B/s") + " of " + dtype_name(dt) + " output (" +
         std::to_string(rows) + " x " + std::to_string(h) + ")");
     return bw;
   }
@@ -418,6 +419,7 @@ HardwareProfile profile_machine(const ProfileOptions& opt) {
   hw.cpu_mem = double(p.host_free);
   hw.disk_mem = double(free_disk_space(dir));
   hw.gpu_name = on_gpu ? cuda_device_name(0) : "none (cpu backend)";
+  hw.compute_dtype = dev.activation_dtype();
   hw.cpu_name = cpu_model_name();
   p.say("memory: device " + format_bytes(hw.gpu_mem) + ", host " + format_bytes(hw.cpu_mem) + ", disk " +
         format_bytes(hw.disk_mem) + " free in " + dir.string());

@@ -68,6 +68,7 @@ struct CostSizes {
 // runtime reserves every buffer before the first step, so prefill and decode share one peak.
 struct CostForms {
   int n_layers = 0, gen_len = 0, block_size = 0;
+  DType dtype = DType::F16;  // the profile's compute dtype: the runtime plan's too
   bool overlap = true;
   CostSizes sizes;
   std::array<LinearForm, kNumTerms> prefill, decode;

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+
+#include "strata/core/dtype.h"
 #include <vector>
 
 namespace strata {
@@ -21,6 +23,10 @@ struct HardwareProfile {
   std::string name;         // e.g. "t4-paper", "h100-x1"
   std::string description;  // where the numbers come from
   std::string gpu_name, cpu_name;
+  // The dtype the "gpu" tier computes in and keeps uncompressed weights, cache and activations
+  // in: F16 on CUDA, F32 on the CPU backend standing in for a GPU. The cost model's byte counts
+  // follow it.
+  DType compute_dtype = DType::F16;
 
   // Capacities (bytes) usable by Strata on each tier.
   double gpu_mem = 0, cpu_mem = 0, disk_mem = 0;
@@ -37,9 +43,9 @@ struct HardwareProfile {
   double cpu_flops = 0;
 
   // Optional (0 = unknown): 4-bit (group 64) dequantization of a weight matrix on the GPU, bytes of
-  // fp16 output per second; decode attention over a 4-bit (group 64) cache on the GPU and on the
-  // CPU, in bytes of the fp16 cache it stands for per second (so the cost model divides the same
-  // fp16 bytes by either rate).
+  // output (compute_dtype) per second; decode attention over a 4-bit (group 64) cache on the GPU
+  // and on the CPU, in bytes of the uncompressed (compute_dtype) cache it stands for per second
+  // (so the cost model divides the same uncompressed bytes by either rate).
   double gpu_dequant_bw = 0;
   double gpu_attention_q4_bw = 0, cpu_attention_q4_bw = 0;
 
