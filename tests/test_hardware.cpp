@@ -117,6 +117,11 @@ TEST_CASE("hardware profiles take sizes, bandwidths and FLOP/s with units", "[ha
   std::string no_dequant = with_units();
   no_dequant.erase(no_dequant.find("gpu_dequant_bw"));
   CHECK(parse_hardware_profile(no_dequant, "x.yaml").gpu_dequant_bw == 0);
+  // The compute dtype: fp16 unless the profile says otherwise (the CPU backend's are F32).
+  CHECK(hw.compute_dtype == DType::F16);
+  CHECK(parse_hardware_profile(with_units() + "compute_dtype: F32\n", "x.yaml").compute_dtype == DType::F32);
+  CHECK_THROWS_WITH(parse_hardware_profile(with_units() + "compute_dtype: BF16\n", "x.yaml"),
+                    Catch::Contains("field 'compute_dtype' must be F16 or F32, got BF16"));
 }
 
 TEST_CASE("bad hardware profiles name the file, the line and the field", "[hardware]") {

@@ -89,6 +89,7 @@ void check_round_trip(const HardwareProfile& hw) {
   CHECK(back.cpu_flops == hw.cpu_flops);
   CHECK(back.gpu_dequant_bw == hw.gpu_dequant_bw);
   CHECK(back.gpu_attention_q4_bw == hw.gpu_attention_q4_bw);
+  CHECK(back.compute_dtype == hw.compute_dtype);
   CHECK(back.cpu_attention_q4_bw == hw.cpu_attention_q4_bw);
 }
 
@@ -109,6 +110,7 @@ TEST_CASE("a quick profile of the CPU backend is sane and round-trips", "[profil
   const HardwareProfile hw = quick_profile("cpu", dir.path, lines);
   CHECK(lines >= 5);
   CHECK(hw.gpu_name == "none (cpu backend)");
+  CHECK(hw.compute_dtype == DType::F32);  // the CPU backend computes and stores fp32
   check_sane(hw);
   check_round_trip(hw);
   CHECK(fs::is_empty(dir.path));  // the disk store's file is gone
