@@ -215,7 +215,7 @@ TEST_CASE("a rerun resumes OpenAI output by custom_id, error lines included", "[
   w.finish();
 }
 
-TEST_CASE("--shard hashes the id's string form with FNV-1a 64", "[job]") {
+TEST_CASE("shards: --shard hashes the id's string form with FNV-1a 64", "[job]") {
   CHECK(fnv1a64("") == 0xcbf29ce484222325ull);
   CHECK(fnv1a64("a") == 0xaf63dc4c8601ec8cull);
   CHECK(fnv1a64("foobar") == 0x85944171f73967e8ull);

@@ -25,7 +25,7 @@ const std::string kCase = "  - {name: a, model: opt-125m, prompt_len: 16, gen_le
 
 }  // namespace
 
-TEST_CASE("bench suites: cases parse; bad ones are refused naming the line and field", "[bench]") {
+TEST_CASE("bench suites: cases parse, bad ones are refused naming the line and field", "[bench]") {
   const BenchSuite s = parse_bench_suite("name: mine\ncases:\n" + kCase +
                                              "  - {name: b, model: opt-1.3b, prompt_len: 8, gen_len: 2, policy: auto, "
                                              "compress: true, gpu_mem: 2GiB}\n",

@@ -124,7 +124,7 @@ TEST_CASE("strata tokenize prints Hugging Face's ids and decodes them back", "[c
   CHECK(r.code != 0);
 }
 
-TEST_CASE("chat messages need a chat template; with SmolLM2 they render as ChatML", "[cli]") {
+TEST_CASE("chat messages need a chat template, with SmolLM2 they render as ChatML", "[cli]") {
   const fs::path prompts = temp_dir() / "chat.jsonl", out = temp_dir() / "chat_out.jsonl";
   std::ofstream(prompts) << "{\"id\": 1, \"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of "
                             "France?\"}], \"max_new_tokens\": 12}\n";

@@ -87,7 +87,7 @@ TEST_CASE("cpu: a linear over quantized weights equals the linear over their deq
       }
 }
 
-TEST_CASE("cpu: kv_store quantizes each head's row as the reference does; attention reads the codes", "[quant][cpu_attention]") {
+TEST_CASE("cpu: kv_store quantizes each head's row as the reference does, attention reads the codes", "[quant][cpu_attention]") {
   auto be = make_cpu_backend(2);
   std::mt19937 rng(3);
   // (heads, kv_heads, d): GQA with d = 20 (one short group), MHA with d = 64, d = 128.

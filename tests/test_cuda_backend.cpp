@@ -380,7 +380,7 @@ void check_attention(int64_t T, int64_t heads, int64_t kv_heads, int64_t d, int6
 
 }  // namespace
 
-TEST_CASE("cuda: attention matches the CPU backend (GQA, MQA, MHA; odd head dims)", "[cuda]") {
+TEST_CASE("cuda: attention matches the CPU backend (GQA, MQA, MHA, odd head dims)", "[cuda]") {
   STRATA_REQUIRE_GPU();
   std::mt19937 rng(8);
   const int64_t S = 3, C = 600;

@@ -96,7 +96,7 @@ TEST_CASE("batched greedy generation matches Hugging Face token for token", "[mo
   }
 }
 
-TEST_CASE("CUDA: logits match Hugging Face within fp16 tolerance; greedy where the margin allows", "[model][hf][cuda]") {
+TEST_CASE("CUDA: logits match Hugging Face within fp16 tolerance, greedy where the margin allows", "[model][hf][cuda]") {
   if (!cuda_available()) {
     WARN("no GPU: skipped");
     return;

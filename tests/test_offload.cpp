@@ -203,7 +203,7 @@ TEST_CASE("compressed: every placement gives the all-on-GPU compressed run's gre
   }
 }
 
-TEST_CASE("compressed: the schedule takes what the plan says; weights cross the links as codes", "[offload][quant][placement]") {
+TEST_CASE("compressed: the schedule takes what the plan says, weights cross the links as codes", "[offload][quant][placement]") {
   auto backend = make_cpu_backend(2);
   ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
   const std::vector<GenRequest> reqs = fixture_requests(load_expected("tiny-llama"));
@@ -385,7 +385,7 @@ TEST_CASE("a failing disk read or a full disk mid-run ends with a clear error", 
   fs::remove_all(offload_dir("faults"));
 }
 
-TEST_CASE("the report counts the bytes each link moved; the trace opens as trace-event JSON", "[offload]") {
+TEST_CASE("the report counts the bytes each link moved, the trace opens as trace-event JSON", "[offload]") {
   auto backend = make_cpu_backend(2);
   ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
   std::vector<GenRequest> reqs(3);

@@ -31,7 +31,7 @@ TEST_CASE("warped distributions equal transformers' logits warpers", "[sampler]"
   }
 }
 
-TEST_CASE("greedy picks the first maximum; sampling is seeded and follows the distribution", "[sampler]") {
+TEST_CASE("greedy picks the first maximum, sampling is seeded and follows the distribution", "[sampler]") {
   const std::vector<float> logits = {0.5f, 2.0f, 2.0f, -1.0f, 1.0f};
   SamplingParams greedy;
   CHECK(Sampler(greedy).sample(logits.data(), 5) == 1);
