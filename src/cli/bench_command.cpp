@@ -27,6 +27,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--disk-mem", opt->disk_mem, "disk tier cap for cases that give none");
   cmd->add_option("--threads", opt->threads, "CPU threads (0: all cores)")->capture_default_str();
   cmd->add_flag("!--no-progress", opt->progress, "no progress lines");
+  cmd->add_flag("--calibrate", opt->calibrate,
+                "fit the hardware profile to the runs: OUT/calibrated-profile.yaml and OUT/calibration.md");
   cmd->callback([opt] {
     const std::vector<BenchCaseResult> results = run_bench(*opt, std::cerr);
     std::ifstream md(opt->out / "results.md");

@@ -133,6 +133,7 @@ public:
   }
 
   const Machine& machine() const { return machine_; }
+  const std::optional<HardwareProfile>& profile() const { return hw_; }
 
   BenchCaseResult run(const BenchSuite& suite, size_t index, Progress& progress) {
     const BenchCase& c = suite.cases[index];
@@ -173,6 +174,8 @@ private:
       o.policy = load_policy(suite.dir / c.policy);
     }
     r.policy_yaml = policy_to_yaml(o.policy);
+    r.policy = o.policy;
+    r.config = model.config;
     if (hw_) r.predicted = measure_of(evaluate(model.config, o.policy, w, *hw_), o.policy, c);
     if (hw_) {
       r.ctog_peak_gbps = hw_->cpu_to_gpu_bw / 1e9;
@@ -195,6 +198,19 @@ private:
       engine.generate(reqs, &stats);
       r.runs.push_back(measure_of(stats, o.policy.block_size()));
       const OffloadReport after = engine.report();
+      const double share = 1.0 / opt_.repeat;
+      r.prefill_s += share * stats.prefill_seconds;
+      r.decode_s += share * stats.decode_seconds;
+      const std::array<double, kNumLanes> total{after.compute_busy - before.compute_busy, after.h2d_busy - before.h2d_busy,
+                                                after.d2h_busy - before.d2h_busy, after.disk_busy - before.disk_busy};
+      const std::array<double, kNumLanes> prefill{after.prefill_compute_busy - before.prefill_compute_busy,
+                                                  after.prefill_h2d_busy - before.prefill_h2d_busy,
+                                                  after.prefill_d2h_busy - before.prefill_d2h_busy,
+                                                  after.prefill_disk_busy - before.prefill_disk_busy};
+      for (int lane = 0; lane < kNumLanes; ++lane) {
+        r.prefill_busy[size_t(lane)] += share * prefill[size_t(lane)];
+        r.decode_busy[size_t(lane)] += share * (total[size_t(lane)] - prefill[size_t(lane)]);
+      }
       auto rate = [](const LinkStats& a, const LinkStats& b) {
         const double s = b.seconds - a.seconds;
         return s > 0 ? double(b.bytes - a.bytes) / s / 1e9 : 0.0;
@@ -261,6 +277,11 @@ void write_results(const BenchOptions& opt, const BenchSuite& suite, const Machi
     j["links"] = {{"cpu_to_gpu_gbps", r.ctog_gbps}, {"cpu_to_gpu_peak_gbps", r.ctog_peak_gbps},
                   {"disk_to_cpu_gbps", r.dtoc_gbps}, {"disk_to_cpu_peak_gbps", r.dtoc_peak_gbps}};
     j["peak_memory"] = {{"gpu", r.peak_gpu}, {"cpu", r.peak_cpu}, {"disk", r.peak_disk}};
+    auto lanes = [](const std::array<double, kNumLanes>& b) {
+      return json{{"compute", b[kLaneCompute]}, {"cpu_to_gpu", b[kLaneH2d]}, {"gpu_to_cpu", b[kLaneD2h]}, {"disk", b[kLaneDisk]}};
+    };
+    j["seconds"] = {{"prefill", r.prefill_s}, {"decode", r.decode_s},
+                    {"prefill_busy", lanes(r.prefill_busy)}, {"decode_busy", lanes(r.decode_busy)}};
     jl << j.dump() << "\n";
     const Policy p = parse_policy(r.policy_yaml, c.name);
     std::string error;
@@ -370,6 +391,8 @@ std::vector<BenchCaseResult> run_bench(const BenchOptions& opt, std::ostream& lo
   STRATA_CHECK(opt.repeat >= 1, "--repeat must be at least 1, got " << opt.repeat);
   const BenchSuite suite = load_bench_suite(opt.suite);
   Runner runner(opt, log);
+  if (opt.calibrate && !runner.profile())
+    STRATA_FAIL("--calibrate needs a hardware profile to refine: --hardware HW.yaml, or run strata profile first");
   const std::string commit = git_commit();
   Progress progress(log, opt.progress, suite.cases.size());
   std::vector<BenchCaseResult> results;
@@ -379,6 +402,7 @@ std::vector<BenchCaseResult> run_bench(const BenchOptions& opt, std::ostream& lo
   }
   log << "[bench] wrote " << (opt.out / "results.jsonl").string() << " and " << (opt.out / "results.md").string()
       << "\n";
+  if (opt.calibrate) write_calibration(*runner.profile(), results, opt.out, log);
   return results;
 }
 

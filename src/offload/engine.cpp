@@ -1,6 +1,7 @@
 #include "strata/offload/engine.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -881,6 +882,7 @@ struct OffloadEngine::Impl {
 
     GenStats local;
     const auto t_start = Clock::now();
+    const std::array<double, 4> busy_at_start = lane_busy();
     bool has_prev = false;
     int pi = 0, pjj = 0, pu = 0;
     try {
@@ -892,6 +894,13 @@ struct OffloadEngine::Impl {
             has_prev = true, pi = i, pjj = jj, pu = u;
           }
         (i == 0 ? local.prefill_seconds : local.decode_seconds) += seconds_since(t_token);
+        if (i == 0) {
+          const std::array<double, 4> busy = lane_busy();
+          totals.prefill_compute_busy += busy[0] - busy_at_start[0];
+          totals.prefill_h2d_busy += busy[1] - busy_at_start[1];
+          totals.prefill_d2h_busy += busy[2] - busy_at_start[2];
+          totals.prefill_disk_busy += busy[3] - busy_at_start[3];
+        }
         if (i > 0) ++local.decode_steps;
         if (std::all_of(seqs.begin(), seqs.end(), [](const Sequence& s) { return s.done; })) break;
       }
@@ -917,6 +926,11 @@ struct OffloadEngine::Impl {
       s->decode_steps += local.decode_steps;
     }
     return results;
+  }
+
+  // Busy seconds so far of the compute, cpu->gpu, gpu->cpu and disk lanes.
+  std::array<double, 4> lane_busy() const {
+    return {compute_busy, h2d->busy_seconds(), d2h->busy_seconds(), disk_lane->busy_seconds()};
   }
 
   // Waits for anything in flight and frees every slot (units prefetched for a token that never

@@ -2,6 +2,7 @@
 #include "strata/policy/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "strata/core/error.h"
 #include "strata/runtime/forward_ops.h"
@@ -112,6 +113,7 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   F.gen_len = w.gen_len;
   F.block_size = p.block_size();
   F.overlap = p.overlap;
+  F.overlap_slowdown = hw.overlap_slowdown;
   F.dtype = hw.compute_dtype;
   const CostSizes z = F.sizes = sizes_of(cfg, p, w, hw.compute_dtype);
   const double e = double(dtype_size(hw.compute_dtype));
@@ -155,6 +157,8 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   const double head_flops = 2.0 * double(cfg.vocab_size) * h_dim;
   P[COMP].constant += bls * head_flops / hw.gemm_flops(z.prefill_seqs) / l;
   if (cc) P[COMP].constant += bls * s * z.kv_per_token_fp16 / dequant_bw;  // quantizing the prompt's cache
+  // Calibrated per-unit work outside the terms above: once per prefill group and layer.
+  P[COMP].constant += hw.compute_overhead_s * std::ceil(bls / z.prefill_seqs);
 
   // One decode step of one layer. With cpu_attention, attention over the cache on the CPU or disk
   // runs on the CPU: q, k, v go down and the attention output comes back instead of the cache.
@@ -175,7 +179,8 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   add(D[DTOC], Ag_moved / dtoc, {HD});
   add(D[CTOD], cache_new / ctod, {CD});
   add(D[CTOD], Ag_moved / ctod, {HD});
-  D[COMP].constant = bls * (z.layer_flops_per_token + head_flops / l) / hw.gemm_flops(gbs);
+  D[COMP].constant = bls * (z.layer_flops_per_token + head_flops / l) / hw.gemm_flops(gbs) +
+                     hw.compute_overhead_s * ngb;  // calibrated: once per GPU batch and layer
   // Compressed weights: a decode step of up to quant::kCudaFusedDequantMaxTokens tokens reads the codes in the
   // fused linear (no separate pass; the GEMM term stands for it); a larger GPU batch dequantizes
   // the layer once, shared by the block's GPU batches (the runtime's rule, engine.cpp).
@@ -222,13 +227,19 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
 
 namespace {
 
-StageTime stage_time(const std::array<LinearForm, kNumTerms>& forms, const Fractions& x, bool overlap) {
+// With overlap: max + slowdown * (sum - max) (the profile's calibrated shortfall; 0 is the paper's
+// max); without: the sum.
+StageTime stage_time(const std::array<LinearForm, kNumTerms>& forms, const Fractions& x, bool overlap,
+                     double slowdown) {
   StageTime st;
+  double sum = 0, max = 0;
   for (int t = 0; t < kNumTerms; ++t) {
     st.terms[t] = forms[t].at(x);
     if (st.terms[t] > st.terms[st.bound]) st.bound = t;
-    st.total = overlap ? std::max(st.total, st.terms[t]) : st.total + st.terms[t];
+    sum += st.terms[t];
+    max = std::max(max, st.terms[t]);
   }
+  st.total = overlap ? max + slowdown * (sum - max) : sum;
   return st;
 }
 
@@ -237,8 +248,8 @@ StageTime stage_time(const std::array<LinearForm, kNumTerms>& forms, const Fract
 Prediction predict(const CostForms& F, const Fractions& x) {
   Prediction r;
   r.fractions = x;
-  r.prefill = stage_time(F.prefill, x, F.overlap);
-  r.decode = stage_time(F.decode, x, F.overlap);
+  r.prefill = stage_time(F.prefill, x, F.overlap, F.overlap_slowdown);
+  r.decode = stage_time(F.decode, x, F.overlap, F.overlap_slowdown);
   r.prefill_s = r.prefill.total * F.n_layers;
   r.decode_s = r.decode.total * (F.gen_len - 1) * F.n_layers;
   r.total_s = r.prefill_s + r.decode_s;

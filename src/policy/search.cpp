@@ -105,15 +105,24 @@ LpSolution solve_placement_lp(const CostForms& F, const TierBytes& budget, std::
   // its terms (their max, with overlap) or by their sum (without).
   const int tpre = lp.add_col(l), tgen = lp.add_col(gen_steps * l);
   for (auto [forms, col] : {std::pair{&F.prefill, tpre}, std::pair{&F.decode, tgen}}) {
-    if (F.overlap) {
+    LinearForm sum;
+    for (const LinearForm& term : *forms) {
+      sum.constant += term.constant;
+      for (int v = 0; v < kNumVars; ++v) sum.coef[v] += term.coef[v];
+    }
+    const double k = F.overlap_slowdown;
+    if (!F.overlap) {
+      lp.add_form_row(sum, {{col, -1.0}}, 0.0);
+    } else if (k <= 0) {
       for (const LinearForm& term : *forms) lp.add_form_row(term, {{col, -1.0}}, 0.0);
     } else {
-      LinearForm sum;
-      for (const LinearForm& term : *forms) {
-        sum.constant += term.constant;
-        for (int v = 0; v < kNumVars; ++v) sum.coef[v] += term.coef[v];
-      }
-      lp.add_form_row(sum, {{col, -1.0}}, 0.0);
+      // T >= (1 - k) M + k * sum with M >= every term: linear, and tight at the optimum.
+      const int max_col = lp.add_col(0.0);
+      for (const LinearForm& term : *forms) lp.add_form_row(term, {{max_col, -1.0}}, 0.0);
+      LinearForm part = sum;
+      part.constant *= k;
+      for (double& c : part.coef) c *= k;
+      lp.add_form_row(part, {{max_col, 1.0 - k}, {col, -1.0}}, 0.0);
     }
   }
   add_memory_rows(lp, F, budget);

@@ -67,6 +67,14 @@ struct Reader : YamlReader {
     return v;
   }
 
+  // A plain number in [0, max].
+  double number(const YAML::Node& n, const std::string& field, double max) const {
+    double v = 0;
+    if (!parse_number(scalar(n, field), v) || v < 0 || v > max)
+      fail(n, "field '" + field + "' must be a number from 0 to " + std::to_string(int(max)) + ", got '" + n.Scalar() + "'");
+    return v;
+  }
+
   // Bytes: a number or a size with a suffix (parse_size: 16GiB, 16G, 512MB).
   double size(const YAML::Node& n, const std::string& field) const {
     const std::string s = scalar(n, field);
@@ -214,7 +222,8 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (!root.IsMap()) throw Error(source + ": a hardware profile is a YAML map of fields");
   r.only_keys(root, {"name", "description", "gpu_name", "cpu_name", "gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw",
                      "gpu_to_cpu_bw", "disk_to_cpu_bw", "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw",
-                     "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw", "gpu_attention_q4_bw", "cpu_attention_q4_bw", "compute_dtype"},
+                     "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw", "gpu_attention_q4_bw", "cpu_attention_q4_bw", "compute_dtype",
+                     "compute_overhead_s", "overlap_slowdown"},
               "");
   for (const char* required : {"gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw", "gpu_to_cpu_bw", "disk_to_cpu_bw",
                                "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw", "cpu_attention_bw", "cpu_flops"})
@@ -245,6 +254,8 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
     hw.gpu_attention_q4_bw = r.bandwidth(root["gpu_attention_q4_bw"], "gpu_attention_q4_bw", true);
   if (root["cpu_attention_q4_bw"])
     hw.cpu_attention_q4_bw = r.bandwidth(root["cpu_attention_q4_bw"], "cpu_attention_q4_bw", true);
+  if (root["compute_overhead_s"]) hw.compute_overhead_s = r.number(root["compute_overhead_s"], "compute_overhead_s", 1.0);
+  if (root["overlap_slowdown"]) hw.overlap_slowdown = r.number(root["overlap_slowdown"], "overlap_slowdown", 1.0);
   return hw;
 }
 
@@ -289,6 +300,9 @@ std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
   optional("gpu_dequant_bw", hw.gpu_dequant_bw, "B/s of output in compute_dtype");
   optional("gpu_attention_q4_bw", hw.gpu_attention_q4_bw, "B/s of the uncompressed KV cache it stands for");
   optional("cpu_attention_q4_bw", hw.cpu_attention_q4_bw, "B/s of the uncompressed KV cache it stands for");
+  if (hw.compute_overhead_s > 0 || hw.overlap_slowdown > 0)
+    os << "compute_overhead_s: " << number(hw.compute_overhead_s) << "  # per layer and unit of work (calibrated)\n"
+       << "overlap_slowdown: " << number(hw.overlap_slowdown) << "  # 0: perfect overlap, 1: none (calibrated)\n";
   return os.str();
 }
 

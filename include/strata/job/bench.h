@@ -12,6 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "strata/model/config.h"
+#include "strata/policy/calibrate.h"
+#include "strata/policy/policy.h"
+
 namespace strata {
 
 struct BenchCase {
@@ -46,6 +50,9 @@ struct BenchOptions {
   std::string gpu_mem, cpu_mem, disk_mem;  // caps for every case that names none
   int threads = 0;
   bool progress = true;
+  // --calibrate: fit the profile to the runs (policy/calibrate.h) and write OUT/calibrated-profile.yaml
+  // and OUT/calibration.md (needs a hardware profile).
+  bool calibrate = false;
 };
 
 struct BenchMeasure {
@@ -61,6 +68,12 @@ struct BenchCaseResult {
   double ctog_gbps = 0, dtoc_gbps = 0;    // achieved on the links (last repeat)
   double ctog_peak_gbps = 0, dtoc_peak_gbps = 0;  // the profile's
   double peak_gpu = 0, peak_cpu = 0, peak_disk = 0;  // bytes reserved per tier
+  // What calibration needs (mean over repeats): the model, the policy run, the phases' seconds
+  // and each lane's busy seconds per phase (compute, cpu->gpu, gpu->cpu, disk).
+  ModelConfig config;
+  Policy policy;
+  double prefill_s = 0, decode_s = 0;
+  std::array<double, kNumLanes> prefill_busy{}, decode_busy{};
   BenchMeasure mean() const;
   BenchMeasure sd() const;
 };
@@ -68,5 +81,12 @@ struct BenchCaseResult {
 // Runs every case (a case that fails, e.g. does not fit its caps, is recorded as such and the
 // others run), writes OUT/results.jsonl and OUT/results.md, and returns the results.
 std::vector<BenchCaseResult> run_bench(const BenchOptions& options, std::ostream& log);
+
+// The calibration samples of the cases that ran.
+std::vector<CalibrationSample> calibration_samples(const std::vector<BenchCaseResult>& results);
+// Fits `hw` to the results and writes OUT/calibrated-profile.yaml and OUT/calibration.md (per case:
+// measured, predicted before and after, leave-one-out; per lane: the fitted factors). Returns the fit.
+CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<BenchCaseResult>& results,
+                                 const std::filesystem::path& out, std::ostream& log);
 
 }  // namespace strata

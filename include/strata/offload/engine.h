@@ -49,6 +49,10 @@ struct OffloadReport {
   GenStats gen;                  // prefill/decode seconds and token counts
   double schedule_seconds = 0;   // wall time inside the schedule
   double compute_busy = 0, h2d_busy = 0, d2h_busy = 0, disk_busy = 0;
+  // The share of each lane's busy time that fell while the blocks' first token (prefill) ran;
+  // the rest is decode. The cost model's calibration compares them with its prefill and decode
+  // terms (docs/cost-model.md).
+  double prefill_compute_busy = 0, prefill_h2d_busy = 0, prefill_d2h_busy = 0, prefill_disk_busy = 0;
   LinkStats disk_to_cpu, cpu_to_gpu, gpu_to_cpu, cpu_to_disk;
   TierBytes peak;                // reserved on each tier
   TierBytes used;                // carved out of the reservation by the schedule's buffers and homes

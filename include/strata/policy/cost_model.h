@@ -70,6 +70,7 @@ struct CostForms {
   int n_layers = 0, gen_len = 0, block_size = 0;
   DType dtype = DType::F16;  // the profile's compute dtype: the runtime plan's too
   bool overlap = true;
+  double overlap_slowdown = 0;  // the profile's: a stage is max + slowdown * (sum - max) of its terms
   CostSizes sizes;
   std::array<LinearForm, kNumTerms> prefill, decode;
   std::array<LinearForm, 3> peak;  // indexed by Tier (gpu, cpu, disk)

@@ -49,6 +49,15 @@ struct HardwareProfile {
   double gpu_dequant_bw = 0;
   double gpu_attention_q4_bw = 0, cpu_attention_q4_bw = 0;
 
+  // Calibration (0 = none; `strata bench --calibrate` fits them to measured runs, docs/cost-model.md).
+  // compute_overhead_s: seconds of compute-lane work outside the modeled GEMMs, attention and
+  // dequantization (norms, residuals, sampling, launches), per layer and unit of work (a prefill
+  // group or a decode GPU batch). overlap_slowdown: how far overlapped lanes fall short of perfect
+  // overlap, in [0, 1]: a stage takes max(terms) + overlap_slowdown * (sum(terms) - max(terms))
+  // (0: the paper's max; 1: no overlap at all, as when copies and compute share the same cores).
+  double compute_overhead_s = 0;
+  double overlap_slowdown = 0;
+
   // FLOP/s of an fp16 GEMM with `tokens` rows (interpolated on gpu_gemm). Throws when empty.
   double gemm_flops(double tokens) const;
 };

@@ -1,0 +1,56 @@
+// Calibration of a hardware profile against measured runs (`strata bench --calibrate`, issue 12,
+// docs/cost-model.md "Calibration"). The profile's link and compute rates are measured one at a
+// time by `strata profile`; in a real schedule the lanes share memory bandwidth and cores, and the
+// compute lane does work the terms leave out. The fit compares every predicted term with the busy
+// time of the lane that carries it, phase by phase, then fits how far the lanes' overlap falls
+// short of the paper's max:
+//   1. compute lane = a_gemm * (GEMM and dequantization term) + a_attn * (attention term)
+//                     + overhead * (layer-units of work)               (least squares, relative)
+//   2. each link lane = its term * a_link                              (least squares, relative)
+//   3. overlap_slowdown: the phase times against max + k (sum - max) of the refined terms
+//      (a one-dimensional least squares over k in [0, 1])
+// and folds the factors into a refined profile (rates divided by their factor).
+#pragma once
+#include <array>
+#include <string>
+#include <vector>
+
+#include "strata/model/config.h"
+#include "strata/policy/cost_model.h"
+#include "strata/policy/policy.h"
+#include "strata/profile/hardware.h"
+
+namespace strata {
+
+// Lanes of the offloading engine (OffloadReport's busy times), in this order.
+enum Lane4 : int { kLaneCompute, kLaneH2d, kLaneD2h, kLaneDisk, kNumLanes };
+
+// One measured block: what ran and how long each phase and lane took.
+struct CalibrationSample {
+  std::string name;
+  ModelConfig config;
+  Policy policy;
+  Workload workload;
+  double prefill_s = 0, decode_s = 0;  // wall time of the phases (decode: gen_len - 1 steps)
+  std::array<double, kNumLanes> prefill_busy{}, decode_busy{};
+};
+
+// A lane's fit: measured busy = factor * predicted (or, for compute, the three-part form).
+struct CalibrationFit {
+  HardwareProfile profile;   // the refined profile
+  double gemm_factor = 1, attention_factor = 1, overhead_s = 0;
+  std::array<double, kNumLanes> link_factor{1, 1, 1, 1};  // [kLaneCompute] unused
+  double overlap_slowdown = 0;
+  // Relative error of predicted total throughput per sample (predicted / measured - 1), with the
+  // base profile and with the refined one.
+  std::vector<double> error_before, error_after;
+  std::vector<double> error_leave_one_out;  // each sample predicted by a fit without it (>= 4 samples)
+};
+
+// Throws strata::Error with fewer than 2 samples or a sample without measured times.
+CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<CalibrationSample>& samples);
+
+// The total-throughput error of one sample under a profile: predicted / measured - 1.
+double throughput_error(const HardwareProfile& hw, const CalibrationSample& s);
+
+}  // namespace strata

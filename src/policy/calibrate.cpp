@@ -1,0 +1,222 @@
+// Fits a hardware profile's rates to measured runs (include/strata/policy/calibrate.h).
+#include "strata/policy/calibrate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "strata/core/error.h"
+
+namespace strata {
+namespace {
+
+constexpr double kHuge = 1e30;  // a rate that makes its term vanish
+
+// Predicted seconds of one phase on each lane: per-layer terms times the layers (and steps).
+struct PhaseLanes {
+  std::array<double, kNumLanes> prefill{}, decode{};
+};
+
+PhaseLanes predicted_lanes(const HardwareProfile& hw, const CalibrationSample& s) {
+  const CostForms F = cost_forms(s.config, s.policy, s.workload, hw);
+  const Fractions x = realized_fractions(s.policy, s.config.n_layers);
+  const double l = s.config.n_layers, steps = double(s.workload.gen_len - 1) * l;
+  PhaseLanes out;
+  auto fill = [&](const std::array<LinearForm, kNumTerms>& forms, double times, std::array<double, kNumLanes>& lanes) {
+    lanes[kLaneCompute] = forms[COMP].at(x) * times;
+    lanes[kLaneH2d] = forms[CTOG].at(x) * times;
+    lanes[kLaneD2h] = forms[GTOC].at(x) * times;
+    lanes[kLaneDisk] = (forms[DTOC].at(x) + forms[CTOD].at(x)) * times;
+  };
+  fill(F.prefill, l, out.prefill);
+  fill(F.decode, steps, out.decode);
+  return out;
+}
+
+// The compute term split into what each compute constant scales: GEMMs and dequantization, attention,
+// and units of per-layer overhead (the term with an overhead of 1 s per unit, minus without).
+struct ComputeParts {
+  double gemm = 0, attention = 0, units = 0;
+};
+
+HardwareProfile without_calibration(HardwareProfile hw) {
+  hw.compute_overhead_s = 0;
+  hw.overlap_slowdown = 0;
+  // Dequantization falls back to the attention rate when unmeasured; pin it so that changing the
+  // attention rates below leaves it alone.
+  if (hw.gpu_dequant_bw <= 0) hw.gpu_dequant_bw = hw.gpu_attention_bw;
+  return hw;
+}
+
+std::array<ComputeParts, 2> compute_parts(const HardwareProfile& raw, const CalibrationSample& s) {
+  HardwareProfile no_attention = raw, one_second = raw;
+  no_attention.gpu_attention_bw = no_attention.cpu_attention_bw = kHuge;
+  if (no_attention.gpu_attention_q4_bw > 0) no_attention.gpu_attention_q4_bw = kHuge;
+  if (no_attention.cpu_attention_q4_bw > 0) no_attention.cpu_attention_q4_bw = kHuge;
+  one_second.compute_overhead_s = 1;
+  const PhaseLanes all = predicted_lanes(raw, s), gemm = predicted_lanes(no_attention, s),
+                   plus = predicted_lanes(one_second, s);
+  std::array<ComputeParts, 2> parts;
+  for (int phase = 0; phase < 2; ++phase) {
+    const auto& a = phase == 0 ? all.prefill : all.decode;
+    const auto& g = phase == 0 ? gemm.prefill : gemm.decode;
+    const auto& p = phase == 0 ? plus.prefill : plus.decode;
+    parts[size_t(phase)] = {g[kLaneCompute], a[kLaneCompute] - g[kLaneCompute], p[kLaneCompute] - a[kLaneCompute]};
+  }
+  return parts;
+}
+
+// Least squares of relative residuals: minimize sum ((sum_j c_j a_ij - m_i) / m_i)^2 over the
+// columns in `use`; returns the coefficients (0 for unused columns). Solved by Gaussian
+// elimination on the normal equations (at most three columns).
+std::vector<double> relative_least_squares(const std::vector<std::vector<double>>& a, const std::vector<double>& m,
+                                           const std::vector<bool>& use) {
+  const size_t k = use.size();
+  std::vector<size_t> cols;
+  for (size_t j = 0; j < k; ++j)
+    if (use[j]) cols.push_back(j);
+  const size_t n = cols.size();
+  std::vector<std::vector<double>> A(n, std::vector<double>(n + 1, 0.0));
+  for (size_t i = 0; i < m.size(); ++i) {
+    const double w = 1.0 / (m[i] * m[i]);
+    for (size_t r = 0; r < n; ++r) {
+      for (size_t c = 0; c < n; ++c) A[r][c] += w * a[i][cols[r]] * a[i][cols[c]];
+      A[r][n] += w * a[i][cols[r]] * m[i];
+    }
+  }
+  for (size_t p = 0; p < n; ++p) {  // partial pivoting
+    size_t best = p;
+    for (size_t r = p + 1; r < n; ++r)
+      if (std::fabs(A[r][p]) > std::fabs(A[best][p])) best = r;
+    std::swap(A[p], A[best]);
+    if (std::fabs(A[p][p]) < 1e-300) STRATA_FAIL("calibration: the runs do not determine the fit (a singular system)");
+    for (size_t r = 0; r < n; ++r) {
+      if (r == p) continue;
+      const double f = A[r][p] / A[p][p];
+      for (size_t c = p; c <= n; ++c) A[r][c] -= f * A[p][c];
+    }
+  }
+  std::vector<double> coef(k, 0.0);
+  for (size_t r = 0; r < n; ++r) coef[cols[r]] = A[r][n] / A[r][r];
+  return coef;
+}
+
+constexpr double kMinSeconds = 1e-6;  // lanes busier than this count as observations
+
+CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSample>& samples) {
+  const HardwareProfile raw = without_calibration(base);
+  CalibrationFit f;
+
+  // 1. Compute lane: gemm, attention and overhead columns, two phases per sample.
+  std::vector<std::vector<double>> rows;
+  std::vector<double> measured;
+  for (const CalibrationSample& s : samples) {
+    const auto parts = compute_parts(raw, s);
+    for (int phase = 0; phase < 2; ++phase) {
+      const double m = (phase == 0 ? s.prefill_busy : s.decode_busy)[kLaneCompute];
+      if (m < kMinSeconds) continue;
+      const ComputeParts& p = parts[size_t(phase)];
+      rows.push_back({p.gemm, p.attention, p.units});
+      measured.push_back(m);
+    }
+  }
+  if (rows.size() < 2) STRATA_FAIL("calibration: fewer than two phases with a busy compute lane");
+  bool any_attention = false;
+  for (const auto& r : rows) any_attention = any_attention || r[1] > 0;
+  std::vector<bool> use{true, any_attention, true};
+  std::vector<double> c = relative_least_squares(rows, measured, use);
+  // Physically meaningless signs (a negative overhead, a non-positive factor) drop a column: the
+  // overhead to 0, the attention factor to the GEMM's.
+  if (c[2] < 0) {
+    use[2] = false;
+    c = relative_least_squares(rows, measured, use);
+  }
+  if (use[1] && c[1] <= 0) {
+    for (auto& r : rows) r[0] += r[1], r[1] = 0;
+    use[1] = false;
+    c = relative_least_squares(rows, measured, use);
+    c[1] = c[0];
+  }
+  if (!use[1]) c[1] = c[0];
+  if (c[0] <= 0) STRATA_FAIL("calibration: the compute lane's fit has a non-positive GEMM factor");
+  f.gemm_factor = c[0];
+  f.attention_factor = c[1];
+  f.overhead_s = std::max(0.0, c[2]);
+
+  // 2. Links: one factor per lane (the disk lane's reads and writes share one).
+  std::vector<PhaseLanes> lanes;
+  for (const CalibrationSample& s : samples) lanes.push_back(predicted_lanes(raw, s));
+  for (int lane = kLaneH2d; lane < kNumLanes; ++lane) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < samples.size(); ++i)
+      for (int phase = 0; phase < 2; ++phase) {
+        const double p = (phase == 0 ? lanes[i].prefill : lanes[i].decode)[size_t(lane)];
+        const double m = (phase == 0 ? samples[i].prefill_busy : samples[i].decode_busy)[size_t(lane)];
+        if (p < kMinSeconds || m < kMinSeconds) continue;
+        num += p / m;
+        den += (p / m) * (p / m);
+      }
+    f.link_factor[size_t(lane)] = den > 0 ? num / den : 1.0;
+  }
+
+  // The refined rates.
+  HardwareProfile hw = raw;
+  for (GemmPoint& g : hw.gpu_gemm) g.flops_per_s /= f.gemm_factor;
+  hw.gpu_dequant_bw /= f.gemm_factor;
+  for (double* bw : {&hw.gpu_attention_bw, &hw.cpu_attention_bw, &hw.gpu_attention_q4_bw, &hw.cpu_attention_q4_bw})
+    *bw /= f.attention_factor;  // a 0 (unmeasured) stays 0
+  hw.compute_overhead_s = f.overhead_s;
+  hw.cpu_to_gpu_bw /= f.link_factor[kLaneH2d];
+  hw.gpu_to_cpu_bw /= f.link_factor[kLaneD2h];
+  hw.disk_to_cpu_bw /= f.link_factor[kLaneDisk];
+  hw.cpu_to_disk_bw /= f.link_factor[kLaneDisk];
+
+  // 3. Overlap: the phases' wall time against the refined terms, k on a grid of 0.005.
+  double best_k = 0, best = kHuge;
+  for (int step = 0; step <= 200; ++step) {
+    hw.overlap_slowdown = step / 200.0;
+    double sq = 0;
+    for (const CalibrationSample& s : samples) sq += std::pow(throughput_error(hw, s), 2);
+    if (sq < best) best = sq, best_k = hw.overlap_slowdown;
+  }
+  hw.overlap_slowdown = f.overlap_slowdown = best_k;
+  f.profile = hw;
+  return f;
+}
+
+}  // namespace
+
+double throughput_error(const HardwareProfile& hw, const CalibrationSample& s) {
+  const Prediction p = evaluate(s.config, s.policy, s.workload, hw);
+  // Throughput is generated tokens over the two phases' time, the same tokens on both sides.
+  return (s.prefill_s + s.decode_s) / p.total_s - 1;
+}
+
+CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<CalibrationSample>& samples) {
+  if (samples.size() < 2) STRATA_FAIL("calibration needs at least two measured runs, got " << samples.size());
+  for (const CalibrationSample& s : samples)
+    if (!(s.prefill_s > 0) || !(s.decode_s >= 0) || s.workload.gen_len < 1)
+      STRATA_FAIL("calibration: run " << s.name << " has no measured prefill time");
+  CalibrationFit f = fit(base, samples);
+  for (const CalibrationSample& s : samples) {
+    f.error_before.push_back(throughput_error(base, s));
+    f.error_after.push_back(throughput_error(f.profile, s));
+  }
+  if (samples.size() >= 4)
+    for (size_t i = 0; i < samples.size(); ++i) {
+      std::vector<CalibrationSample> rest;
+      for (size_t j = 0; j < samples.size(); ++j)
+        if (j != i) rest.push_back(samples[j]);
+      f.error_leave_one_out.push_back(throughput_error(fit(base, rest).profile, samples[i]));
+    }
+  std::ostringstream d;
+  d << base.description << (base.description.empty() ? "" : "; ") << "calibrated by strata bench --calibrate over "
+    << samples.size() << " runs: compute x" << f.gemm_factor << " (attention x" << f.attention_factor
+    << "), overhead " << f.overhead_s << " s per layer-unit, links x" << f.link_factor[kLaneH2d] << " / x"
+    << f.link_factor[kLaneD2h] << " / disk x" << f.link_factor[kLaneDisk] << ", overlap slowdown "
+    << f.overlap_slowdown;
+  f.profile.description = d.str();
+  return f;
+}
+
+}  // namespace strata

@@ -1,0 +1,147 @@
+// Calibration of a hardware profile (policy/calibrate.h): the two calibrated terms of the cost model
+// by hand, and the fit recovering known constants from runs made up with them.
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "strata/core/error.h"
+#include "strata/policy/calibrate.h"
+#include "strata/policy/cost_model.h"
+
+using namespace strata;
+
+namespace {
+
+HardwareProfile machine() {
+  HardwareProfile hw;
+  hw.name = "base";
+  hw.gpu_mem = 16e9;
+  hw.cpu_mem = 64e9;
+  hw.disk_mem = 1e12;
+  hw.cpu_to_gpu_bw = 12e9;
+  hw.gpu_to_cpu_bw = 11e9;
+  hw.disk_to_cpu_bw = 2e9;
+  hw.cpu_to_disk_bw = 1e9;
+  hw.gpu_gemm = {{1, 0.3e12}, {16, 4e12}, {256, 18e12}};
+  hw.gpu_attention_bw = 250e9;
+  hw.cpu_attention_bw = 12e9;
+  hw.cpu_flops = 1e12;
+  hw.gpu_dequant_bw = 25e9;
+  return hw;
+}
+
+Policy policy(int gbs, int ngb, TierSplit w, TierSplit c, TierSplit h, bool cpu_attention = false) {
+  Policy p;
+  p.gpu_batch_size = gbs;
+  p.num_gpu_batches = ngb;
+  p.weights = w;
+  p.kv_cache = c;
+  p.activations = h;
+  p.cpu_attention = cpu_attention;
+  return p;
+}
+
+// A run as a machine with the profile `truth` would measure it: each lane busy for its predicted
+// terms, each phase as long as its predicted stage.
+CalibrationSample run_on(const HardwareProfile& truth, const std::string& name, const Policy& p) {
+  CalibrationSample s;
+  s.name = name;
+  s.config = *config_preset("opt-125m");
+  s.policy = p;
+  s.workload = {64, 8};
+  const Prediction pr = evaluate(s.config, p, s.workload, truth);
+  const double l = s.config.n_layers, steps = (s.workload.gen_len - 1) * l;
+  auto lanes = [](const StageTime& st, double times) {
+    return std::array<double, kNumLanes>{st.terms[COMP] * times, st.terms[CTOG] * times, st.terms[GTOC] * times,
+                                         (st.terms[DTOC] + st.terms[CTOD]) * times};
+  };
+  s.prefill_busy = lanes(pr.prefill, l);
+  s.decode_busy = lanes(pr.decode, steps);
+  s.prefill_s = pr.prefill_s;
+  s.decode_s = pr.decode_s;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("the calibrated overhead and overlap shortfall enter the stage times as documented", "[calibrate]") {
+  const ModelConfig cfg = *config_preset("opt-125m");
+  const Policy p = policy(4, 3, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
+  const Workload w{64, 8};
+  HardwareProfile hw = machine();
+  const CostForms plain = cost_forms(cfg, p, w, hw);
+  hw.compute_overhead_s = 1e-3;
+  hw.overlap_slowdown = 0.5;
+  const CostForms cal = cost_forms(cfg, p, w, hw);
+  // Prefill runs in groups of whole prompts (4096-token steps hold all 12 prompts of 64: one
+  // group); decode runs the 3 GPU batches: one overhead per group or batch and layer.
+  const PrefillSteps steps = prefill_steps(p, w.prompt_len);
+  const double groups = std::ceil(12.0 / steps.seqs);
+  CHECK(cal.prefill[COMP].constant == Approx(plain.prefill[COMP].constant + 1e-3 * groups));
+  CHECK(cal.decode[COMP].constant == Approx(plain.decode[COMP].constant + 3e-3));
+  const Prediction pr = evaluate(cfg, p, w, hw);
+  for (const StageTime* st : {&pr.prefill, &pr.decode}) {
+    double sum = 0, max = 0;
+    for (double t : st->terms) sum += t, max = std::max(max, t);
+    CHECK(st->total == Approx(max + 0.5 * (sum - max)));
+    CHECK(st->total < sum);
+  }
+}
+
+TEST_CASE("calibration recovers the constants of the machine that made the runs", "[calibrate]") {
+  const HardwareProfile base = machine();
+  // The "measured" machine: slower GEMMs and attention, links at part of their rate, work outside
+  // the terms, and overlap that falls short.
+  HardwareProfile truth = base;
+  for (GemmPoint& g : truth.gpu_gemm) g.flops_per_s /= 1.6;
+  truth.gpu_dequant_bw /= 1.6;
+  truth.gpu_attention_bw /= 2.5;
+  truth.cpu_attention_bw /= 2.5;
+  truth.cpu_to_gpu_bw /= 1.8;
+  truth.gpu_to_cpu_bw /= 1.3;
+  truth.disk_to_cpu_bw /= 1.2;
+  truth.cpu_to_disk_bw /= 1.2;
+  truth.compute_overhead_s = 4e-4;
+  truth.overlap_slowdown = 0.35;
+  const std::vector<CalibrationSample> runs = {
+      run_on(truth, "all on gpu", policy(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "weights on cpu", policy(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "weights half disk", policy(4, 2, {0, 50, 50}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "cache on cpu, cpu attention", policy(4, 2, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true)),
+      run_on(truth, "cache on cpu", policy(8, 2, {50, 50, 0}, {0, 100, 0}, {100, 0, 0})),
+      run_on(truth, "activations on cpu", policy(4, 4, {0, 100, 0}, {100, 0, 0}, {0, 100, 0})),
+      // Every lane busy in two runs at least, so that leaving one out still determines its factor.
+      run_on(truth, "cache half on disk", policy(4, 2, {100, 0, 0}, {0, 50, 50}, {100, 0, 0})),
+  };
+  const CalibrationFit f = calibrate_profile(base, runs);
+  CHECK(f.gemm_factor == Approx(1.6).epsilon(1e-6));
+  CHECK(f.attention_factor == Approx(2.5).epsilon(1e-6));
+  CHECK(f.overhead_s == Approx(4e-4).epsilon(1e-6));
+  CHECK(f.link_factor[kLaneH2d] == Approx(1.8).epsilon(1e-6));
+  CHECK(f.link_factor[kLaneD2h] == Approx(1.3).epsilon(1e-6));
+  CHECK(f.link_factor[kLaneDisk] == Approx(1.2).epsilon(1e-6));
+  CHECK(f.overlap_slowdown == Approx(0.35).margin(1e-9));
+  CHECK(f.profile.cpu_to_gpu_bw == Approx(truth.cpu_to_gpu_bw).epsilon(1e-6));
+  REQUIRE(f.error_before.size() == runs.size());
+  REQUIRE(f.error_leave_one_out.size() == runs.size());
+  double worst_before = 0;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    worst_before = std::max(worst_before, std::fabs(f.error_before[i]));
+    CHECK(std::fabs(f.error_after[i]) < 1e-6);
+    CHECK(std::fabs(f.error_leave_one_out[i]) < 1e-6);
+  }
+  CHECK(worst_before > 0.3);  // the base profile was far off: the fit had something to do
+  // The refined profile survives its YAML round trip.
+  const HardwareProfile back = parse_hardware_profile(hardware_profile_to_yaml(f.profile), "calibrated");
+  CHECK(back.compute_overhead_s == Approx(f.profile.compute_overhead_s));
+  CHECK(back.overlap_slowdown == Approx(f.profile.overlap_slowdown));
+}
+
+TEST_CASE("calibration refuses too few runs and a profile field out of range", "[calibrate]") {
+  const HardwareProfile base = machine();
+  const std::vector<CalibrationSample> one = {run_on(base, "one", policy(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}))};
+  CHECK_THROWS_WITH(calibrate_profile(base, one), Catch::Contains("at least two measured runs"));
+  std::string yaml = hardware_profile_to_yaml(base) + "overlap_slowdown: 1.5\n";
+  CHECK_THROWS_WITH(parse_hardware_profile(yaml, "hw.yaml"),
+                    Catch::Contains("hw.yaml:") && Catch::Contains("overlap_slowdown") &&
+                        Catch::Contains("from 0 to 1"));
+}
