@@ -277,22 +277,23 @@ TEST_CASE("pareto rows are the best candidate within each bound, brute force ove
   // Latency and throughput in a fixed pseudo-random spread, with ties on both.
   std::vector<Candidate> cands;
   uint32_t state = 12345;
-  auto next = [&] { return (state = state * 1664525u + 1013904223u) >> 8; };
-  for (int i = 0; i < 40; ++i) cands.push_back(point(1 + next() % 100, 1 + next() % 50));
-  cands.push_back(point(7, 50));
-  cands.push_back(point(7, 50));
+  auto next = [&] { return (state = state * 1664525u + 1013904223u) >> 16; };
+  for (int i = 0; i < 40; ++i) {
+    const double latency = 1 + (next() % 997) / 10.0;
+    cands.push_back(point(latency, 1 + next() % 49));
+  }
+  cands.push_back(point(60, 50));  // the best, twice, and as good but slower
+  cands.push_back(point(60, 50));
+  cands.push_back(point(80, 50));
   const std::vector<double> sweep = latency_sweep(cands, 15);
   REQUIRE(sweep.size() == 15);
-  double lo = 1e300, hi = 0;
-  for (const Candidate& c : cands) {
-    lo = std::min(lo, c.prediction.latency_s);
-    hi = std::max(hi, c.prediction.latency_s);
-  }
-  CHECK(sweep.front() == Approx(lo));  // from the fastest candidate to the slowest
-  CHECK(sweep.back() == hi);
+  double lo = 1e300;
+  for (const Candidate& c : cands) lo = std::min(lo, c.prediction.latency_s);
+  CHECK(sweep.front() == Approx(lo));  // from the fastest candidate to the best one (latency 60)
+  CHECK(sweep.back() == 60);
   for (size_t i = 1; i < sweep.size(); ++i) CHECK(sweep[i] > sweep[i - 1]);
   std::vector<double> bounds = sweep;
-  for (double b : {0.5, 3.0, 7.0, 50.5, 1e9}) bounds.push_back(b);  // below all, exact hits, above all
+  for (double b : {0.5, 3.0, 60.0, 50.5, 1e9}) bounds.push_back(b);  // below all, exact hits, above all
   std::sort(bounds.begin(), bounds.end());
   const std::vector<ParetoPoint> pts = pareto_points(cands, bounds);
   REQUIRE(pts.size() == bounds.size());
@@ -302,7 +303,9 @@ TEST_CASE("pareto rows are the best candidate within each bound, brute force ove
   const ParetoPoint& loosest = pareto_points(cands, {sweep.back()}).front();
   REQUIRE(loosest.best.has_value());
   CHECK(loosest.best->prediction.throughput_tok_s == 50);
-  CHECK(loosest.best->prediction.latency_s == 7);  // of the equal best, the lower latency
+  CHECK(loosest.best->prediction.latency_s == 60);
+  // Of equal throughputs, the lower latency, however loose the bound.
+  CHECK(pts.back().best->prediction.latency_s == 60);
 
   // The frontier: strictly better throughput with each step in latency, and no candidate
   // dominates a point of it.

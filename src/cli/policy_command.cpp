@@ -367,7 +367,7 @@ void add_policy_command(CLI::App& app) {
   cmd->add_option("--latency-bounds", a->latency_bounds, "with --pareto: these bounds (seconds, e.g. 10,30,100)")
       ->delimiter(',');
   cmd->add_option("--pareto-points", a->pareto_points,
-                  "with --pareto: bounds log-spaced from the fastest candidate's latency to the slowest's")
+                  "with --pareto: bounds log-spaced from the fastest candidate's latency to the best one's")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--out", a->out, "write the chosen policy as YAML");

@@ -412,8 +412,10 @@ bool by_throughput(const Candidate& a, const Candidate& b) {
 
 // The LP's candidate for every batch shape and options worth solving, rounded to whole layers but
 // not yet re-checked against the runtime's plan, best throughput first, with the forms it came from.
+// `refine_all`: the LP's second phase for every shape, not only those that may rank first (its
+// vertex decides the rounding, so a frontier needs it for the slower shapes too).
 std::vector<std::pair<Candidate, CostForms>> collect(const ModelConfig& cfg, const HardwareProfile& hw,
-                                                     const SearchOptions& opts, int& lps_solved) {
+                                                     const SearchOptions& opts, int& lps_solved, bool refine_all) {
   std::vector<std::pair<Candidate, CostForms>> found;
   double best_found = 0;       // best throughput of a rounded candidate so far
   for (Shape options : option_sets(opts.allow_compression)) {
@@ -427,7 +429,7 @@ std::vector<std::pair<Candidate, CostForms>> collect(const ModelConfig& cfg, con
         const Policy shape = make_policy(options);
         CostForms F = cost_forms(cfg, shape, opts.workload, hw);
         // The second phase only for LPs that may rank: an LP's throughput bounds its rounding's.
-        const LpSolution lp = solve_placement_lp(F, opts.budget, opts.max_latency_s, 0.8 * best_found);
+        const LpSolution lp = solve_placement_lp(F, opts.budget, opts.max_latency_s, refine_all ? 0 : 0.8 * best_found);
         ++lps_solved;
         // Memory and T both grow with the block: more GPU batches will not fit either.
         if (!lp.feasible) break;
@@ -459,7 +461,7 @@ std::vector<std::pair<Candidate, CostForms>> collect(const ModelConfig& cfg, con
 SearchResult search_policy(const ModelConfig& cfg, const HardwareProfile& hw, const SearchOptions& opts) {
   const auto start = std::chrono::steady_clock::now();
   SearchResult result;
-  std::vector<std::pair<Candidate, CostForms>> found = collect(cfg, hw, opts, result.lps_solved);
+  std::vector<std::pair<Candidate, CostForms>> found = collect(cfg, hw, opts, result.lps_solved, false);
   // Re-check the best against the runtime's memory plan until `keep` survive and no unchecked
   // candidate could beat them (a repair only moves layers, so it may lower a throughput).
   for (auto& [c, F] : found) {
@@ -479,7 +481,7 @@ SearchResult search_policy(const ModelConfig& cfg, const HardwareProfile& hw, co
 std::vector<Candidate> search_candidates(const ModelConfig& cfg, const HardwareProfile& hw, const SearchOptions& opts,
                                          int* lps_solved) {
   int lps = 0;
-  std::vector<std::pair<Candidate, CostForms>> found = collect(cfg, hw, opts, lps);
+  std::vector<std::pair<Candidate, CostForms>> found = collect(cfg, hw, opts, lps, true);
   if (lps_solved) *lps_solved = lps;
   std::vector<Candidate> out;
   for (auto& [c, F] : found)
@@ -518,15 +520,13 @@ std::vector<Candidate> pareto_frontier(const std::vector<Candidate>& candidates)
 
 std::vector<double> latency_sweep(const std::vector<Candidate>& candidates, int points) {
   if (candidates.empty() || points < 1) return {};
-  double lo = std::numeric_limits<double>::infinity(), hi = 0;
-  for (const Candidate& c : candidates) {
-    lo = std::min(lo, c.prediction.latency_s);
-    hi = std::max(hi, c.prediction.latency_s);
-  }
+  // From the fastest candidate to the best one: looser bounds only repeat the best.
+  const std::vector<Candidate> front = pareto_frontier(candidates);
+  const double lo = front.front().prediction.latency_s, hi = front.back().prediction.latency_s;
   if (points == 1 || !(hi > lo)) return {hi};
   std::vector<double> v;
   for (int i = 0; i < points; ++i) v.push_back(lo * std::pow(hi / lo, double(i) / (points - 1)));
-  v.back() = hi;  // exactly, so that the loosest bound admits the slowest candidate
+  v.back() = hi;  // exactly, so that the loosest bound admits the best candidate
   return v;
 }
 

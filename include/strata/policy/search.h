@@ -52,8 +52,9 @@ struct ParetoPoint {
 std::vector<ParetoPoint> pareto_points(const std::vector<Candidate>& candidates, const std::vector<double>& bounds);
 // The candidates no other beats on both: lower or equal latency and higher throughput, by latency.
 std::vector<Candidate> pareto_frontier(const std::vector<Candidate>& candidates);
-// `points` bounds spaced evenly in log(latency) from the fastest candidate's latency to the
-// slowest's, both included (one bound when they are equal or points is 1).
+// `points` bounds spaced evenly in log(latency) from the fastest candidate's latency to that of
+// the best throughput (the frontier's ends; looser bounds all pick the best), both included (one
+// bound when they are equal or points is 1).
 std::vector<double> latency_sweep(const std::vector<Candidate>& candidates, int points);
 
 // One LP: minimize T over the fractions for the batch shape and options the forms were built for.
