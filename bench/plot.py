@@ -129,11 +129,15 @@ def plot_throughput(rows, path, title):
         xs = [i + (k - (len(engines) - 1) / 2) * width for i, c in enumerate(cases) if c in values[e]]
         ys = [values[e][c][0] for c in cases if c in values[e]]
         err = [values[e][c][1] for c in cases if c in values[e]]
-        ax.bar(xs, ys, width, yerr=err, capsize=3, label=e)
+        bars = ax.bar(xs, ys, width, yerr=err, capsize=3, label=e)
+        ax.bar_label(bars, labels=[f"{y:.3g}" for y in ys], fontsize=7, padding=2)
     ax.set_xticks(range(len(cases)))
     ax.set_xticklabels(cases, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("total throughput (generated tok/s)")
-    ax.set_title(title)
+    lo, hi = min(v[0] for e in engines for v in values[e].values()), max(v[0] for e in engines for v in values[e].values())
+    if lo > 0 and hi / lo > 20:  # cases an order of magnitude apart: log axis
+        ax.set_yscale("log")
+    ax.set_title(title, fontsize=9)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -152,18 +156,16 @@ def plot_predicted(rows, path, title):
     hi = max(max(p, m) for _, p, m in pts) * 1.5
     ax.plot([lo, hi], [lo, hi], "k--", lw=0.8, label="predicted = measured")
     ax.fill_between([lo, hi], [lo * 0.8, hi * 0.8], [lo * 1.2, hi * 1.2], color="0.9", label="±20%")
-    for name, p, m in pts:
-        ax.scatter(m, p, zorder=3)
-        ax.annotate(f"{name} ({100 * (p / m - 1):+.0f}%)", (m, p), fontsize=7, xytext=(4, 4),
-                    textcoords="offset points")
+    for k, (name, p, m) in enumerate(pts):
+        ax.scatter(m, p, zorder=3, marker="osD^v<>"[k % 7], label=f"{name} ({100 * (p / m - 1):+.0f}%)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("measured total tok/s")
     ax.set_ylabel("predicted total tok/s (cost model)")
-    ax.set_title(title)
-    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="upper left", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -209,14 +211,17 @@ def main(argv=None):
     ap.add_argument("--peers", help="the peers' lines (default DIR/peers.jsonl)")
     ap.add_argument("--pareto", help="JSON of strata policy --pareto --json-file FILE")
     ap.add_argument("--prefix", default="", help="prefix of the PNGs' names")
+    ap.add_argument("--title", help="of the throughput plots (default: the suite, or the results file's name)")
     args = ap.parse_args(argv)
     rows = load_rows(args.results or os.path.join(args.dir, "results.jsonl"),
                      args.peers or os.path.join(args.dir, "peers.jsonl"))
     if not rows:
         print(f"plot.py: no results lines in {args.dir}", file=sys.stderr)
         return 1
-    title = (rows[0].get("suite") or os.path.basename(os.path.abspath(args.dir))) + " — " + \
-        (rows[0].get("machine") or {}).get("gpu", "")
+    source = os.path.splitext(os.path.basename(args.results))[0] if args.results else os.path.basename(
+        os.path.abspath(args.dir))
+    machine = rows[0].get("machine") or {}
+    title = args.title or f"{rows[0].get('suite') or source}: gpu {machine.get('gpu', '?')}, cpu {machine.get('cpu', '?')}"
     out = lambda name: os.path.join(args.dir, args.prefix + name)  # noqa: E731
     written = []
     if plot_throughput(rows, out("throughput.png"), title):
