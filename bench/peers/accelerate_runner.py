@@ -75,17 +75,17 @@ def build_model(p, offload_dir):
     from transformers import OPTConfig, OPTForCausalLM
 
     config = OPTConfig(**p["config"])
-    with init_empty_weights():
-        model = OPTForCausalLM(config)
+    with init_empty_weights():  # fp16 from the start: an fp32 model of OPT-30B would not fit the host
+        model = OPTForCausalLM._from_config(config, torch_dtype=torch.float16)
     model.tie_weights()
     kwargs = {"no_split_module_classes": ["OPTDecoderLayer"], "dtype": torch.float16}
     if p["max_memory"]:
         kwargs["max_memory"] = dict(p["max_memory"])
     device_map = infer_auto_device_map(model, **kwargs)
-    model = model.to_empty(device="cpu").to(torch.float16)
-    with torch.no_grad():
+    model = model.to_empty(device="cpu")
+    with torch.no_grad():  # one fp32 tensor at a time: CPU kernels for fp16 random fills vary by torch version
         for t in model.parameters():
-            t.normal_(0.0, 0.02)
+            t.copy_(torch.randn(t.shape, dtype=torch.float32).mul_(0.02))
     model.tie_weights()
     model = dispatch_model(model, device_map=device_map, offload_dir=offload_dir)
     model.eval()

@@ -1,6 +1,8 @@
 """Unit tests of the peers' runners without the peers: argument building from Strata's cases and
 policies, FlexGen's log format (testdata/, written from its source), the results lines. Standard
 library only: python3 -m unittest discover bench/peers (ctest runs it)."""
+import contextlib
+import io
 import json
 import os
 import tempfile
@@ -176,13 +178,18 @@ class ResultLineTest(unittest.TestCase):
 
     def test_dry_run_from_suite(self):
         with tempfile.TemporaryDirectory() as d:
-            rc = flexgen_runner.main(["--suite", "smoke-cpu", "--case", "opt-125m-cpu-attn", "--dry-run", "--out", d,
-                                      "--offload-dir", d])
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                rc = flexgen_runner.main(["--suite", "smoke-cpu", "--case", "opt-125m-cpu-attn", "--dry-run", "--out",
+                                          d, "--offload-dir", d])
             self.assertEqual(rc, 0)
+            self.assertIn("-m flexgen.flex_opt --model facebook/opt-125m --path _DUMMY_", printed.getvalue())
+            self.assertIn("--percent 50 50 0 100 0 100 --cpu-cache-compute", printed.getvalue())
             self.assertFalse(os.path.exists(os.path.join(d, "peers.jsonl")))
             # A model FlexGen does not have is recorded as unsupported, not run.
-            flexgen_runner.main(["--model", "llama-3-8b", "--prompt-len", "8", "--gen-len", "2", "--policy",
-                                 os.path.join(REPO, "bench", "suites", "smoke", "all-gpu-8x1.yaml"), "--out", d])
+            with contextlib.redirect_stderr(io.StringIO()):
+                flexgen_runner.main(["--model", "llama-3-8b", "--prompt-len", "8", "--gen-len", "2", "--policy",
+                                     os.path.join(REPO, "bench", "suites", "smoke", "all-gpu-8x1.yaml"), "--out", d])
             with open(os.path.join(d, "peers.jsonl")) as f:
                 row = json.loads(f.readline())
             self.assertTrue(row["status"].startswith("unsupported"))
