@@ -10,6 +10,7 @@ import unittest
 
 import accelerate_runner
 import common
+import deepspeed_runner
 import flexgen_runner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -150,6 +151,32 @@ class AccelerateTest(unittest.TestCase):
         self.assertAlmostEqual(m["prefill_tok_s"], 20.0)
         self.assertAlmostEqual(m["decode_tok_s"], 4.0)
         self.assertAlmostEqual(m["total_tok_s"], 16 / 5)
+
+
+class DeepSpeedTest(unittest.TestCase):
+    def test_offload_device_from_the_policy(self):
+        on = lambda **w: common.Policy(weights=dict({"gpu": 0, "cpu": 0, "disk": 0}, **w))  # noqa: E731
+        self.assertEqual(deepspeed_runner.offload_device(on(gpu=100)), "none")
+        self.assertEqual(deepspeed_runner.offload_device(on(gpu=20, cpu=80)), "cpu")
+        self.assertEqual(deepspeed_runner.offload_device(on(cpu=50, disk=50)), "nvme")
+
+    def test_config(self):
+        p = common.Policy(gpu_batch_size=16, num_gpu_batches=4, weights={"gpu": 0, "cpu": 100, "disk": 0})
+        pl = deepspeed_runner.plan(case(model="opt-30b"), p)
+        cfg = pl["ds_config"]
+        self.assertEqual(cfg["zero_optimization"]["stage"], 3)
+        self.assertEqual(cfg["zero_optimization"]["offload_param"], {"device": "cpu", "pin_memory": True})
+        self.assertEqual(cfg["zero_optimization"]["stage3_prefetch_bucket_size"], 2 * 7168 * 7168)
+        self.assertEqual(cfg["train_batch_size"], 64)
+        self.assertTrue(cfg["fp16"]["enabled"])
+        self.assertNotIn("max_memory", pl)
+        disk = common.Policy(weights={"gpu": 0, "cpu": 50, "disk": 50})
+        nv = deepspeed_runner.plan(case(), disk, offload_dir="/nvme/x")["ds_config"]["zero_optimization"]
+        self.assertEqual((nv["offload_param"]["device"], nv["offload_param"]["nvme_path"]), ("nvme", "/nvme/x"))
+        with self.assertRaisesRegex(common.CaseError, "offload-dir"):
+            deepspeed_runner.plan(case(), disk)
+        gpu_only = deepspeed_runner.plan(case(), common.Policy())["ds_config"]["zero_optimization"]
+        self.assertNotIn("offload_param", gpu_only)
 
 
 class ResultLineTest(unittest.TestCase):
