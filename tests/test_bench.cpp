@@ -107,8 +107,50 @@ TEST_CASE("bench runs every case, predicts beside measuring, and reports a case 
   std::ifstream md(opt.out / "results.md");
   std::stringstream text;
   text << md.rdbuf();
-  CHECK_THAT(text.str(), Catch::Contains("| a | opt-125m | 16 | 4 | 2 x 2 (4-bit) |") && Catch::Contains(" ± ") &&
-                             Catch::Contains("| too-big |"));
+  CHECK_THAT(text.str(), Catch::Contains("| a | strata | opt-125m | 16 | 4 | 2 x 2 (4-bit) |") &&
+                             Catch::Contains(" ± ") && Catch::Contains("| too-big | strata |"));
+  CHECK(rows[0]["engine"] == "strata");
+  CHECK(rows[0]["suite"] == "tiny");
+  fs::remove_all(dir);
+}
+
+TEST_CASE("bench report shows peers' rows under the Strata row of the same case", "[bench]") {
+  const fs::path dir = temp_dir("report");
+  std::ofstream(dir / "results.jsonl")
+      << R"({"name":"a","engine":"strata","suite":"s","model":"opt-6.7b","prompt_len":512,"gen_len":32,"status":"ok",)"
+         R"("policy":"gpu_batch_size: 4\nnum_gpu_batches: 2\nweights: {gpu: 0, cpu: 100, disk: 0}\n",)"
+         R"("commit":"abc1234","machine":{"backend":"cuda",)"
+         R"("gpu":"H100","cpu":"x","hardware_profile":"h100"},"measured":{"prefill_tok_s":1000,"decode_tok_s":100,)"
+         R"("total_tok_s":40,"repeats":1,"sd":{"prefill_tok_s":0,"decode_tok_s":0,"total_tok_s":0}},)"
+         R"("predicted":{"prefill_tok_s":900,"decode_tok_s":110,"total_tok_s":44}})"
+      << "\n";
+  // What bench/peers/*_runner.py append (their README lists the fields).
+  std::ofstream(dir / "peers.jsonl")
+      << R"({"name":"a","engine":"flexgen","model":"opt-6.7b","prompt_len":512,"gen_len":32,"status":"ok",)"
+         R"("gpu_batch_size":4,"num_gpu_batches":2,"measured":{"prefill_tok_s":800,"decode_tok_s":50,"total_tok_s":20},)"
+         R"("peak_memory":{"gpu":2e9},"command":"python -m flexgen.flex_opt ..."})"
+      << "\n"
+      << R"({"name":"only-peer","engine":"accelerate","model":"opt-1.3b","prompt_len":64,"gen_len":8,)"
+         R"("status":"out of memory"})"
+      << "\n\n";
+  write_bench_report(dir);
+  std::ifstream md(dir / "results.md");
+  std::stringstream text;
+  text << md.rdbuf();
+  const std::string s = text.str();
+  INFO(s);
+  CHECK_THAT(s, Catch::Contains("# strata bench: s") && Catch::Contains("- commit: abc1234"));
+  const size_t strata = s.find("| a | strata | opt-6.7b | 512 | 32 | 4 x 2 | 1000.00 | 100.00 | 40.00 | 44.00 | +10% |");
+  const size_t flexgen = s.find("| a | flexgen | opt-6.7b | 512 | 32 | 4 x 2 | 800.00 | 50.00 | 20.00 (strata 2.00x) |");
+  REQUIRE(strata != std::string::npos);
+  REQUIRE(flexgen != std::string::npos);
+  CHECK(flexgen > strata);
+  CHECK_THAT(s, Catch::Contains("| only-peer | accelerate | opt-1.3b | 64 | 8 |  | out of memory |"));
+  CHECK_THAT(s, Catch::Contains("1.86 GiB |"));
+
+  std::ofstream(dir / "peers.jsonl") << "{not json\n";
+  CHECK_THROWS_WITH(write_bench_report(dir), Catch::Contains("peers.jsonl:1: not a JSON object"));
+  CHECK_THROWS_WITH(write_bench_report(dir / "nothing"), Catch::Contains("neither results.jsonl nor peers.jsonl"));
   fs::remove_all(dir);
 }
 

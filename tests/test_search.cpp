@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli_support.h"
@@ -263,6 +265,130 @@ TEST_CASE("whole-percent splits express every layer count of up to 100 layers", 
 
 namespace {
 
+// A candidate with only what the frontier looks at.
+Candidate point(double latency_s, double throughput) {
+  Candidate c;
+  c.prediction.latency_s = latency_s;
+  c.prediction.throughput_tok_s = throughput;
+  return c;
+}
+
+// The frontier's rows against brute force over the candidates: each row's choice is within its
+// bound and no candidate within the bound has a higher throughput; throughput never falls as the
+// bound loosens.
+void check_points(const std::vector<Candidate>& cands, const std::vector<ParetoPoint>& pts) {
+  double last = 0;
+  for (const ParetoPoint& pt : pts) {
+    INFO("bound " << pt.max_latency_s);
+    double brute = 0;
+    bool any = false;
+    for (const Candidate& c : cands)
+      if (c.prediction.latency_s <= pt.max_latency_s * (1 + 1e-9)) {
+        any = true;
+        brute = std::max(brute, c.prediction.throughput_tok_s);
+      }
+    REQUIRE(pt.best.has_value() == any);
+    if (!any) continue;
+    CHECK(pt.best->prediction.latency_s <= pt.max_latency_s * (1 + 1e-9));
+    CHECK(pt.best->prediction.throughput_tok_s == Approx(brute).epsilon(1e-9));
+    CHECK(pt.best->prediction.throughput_tok_s >= last * (1 - 1e-9));
+    last = pt.best->prediction.throughput_tok_s;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("pareto rows are the best candidate within each bound, brute force over a small set", "[search][pareto]") {
+  // Latency and throughput in a fixed pseudo-random spread, with ties on both.
+  std::vector<Candidate> cands;
+  uint32_t state = 12345;
+  auto next = [&] { return (state = state * 1664525u + 1013904223u) >> 16; };
+  for (int i = 0; i < 40; ++i) {
+    const double latency = 1 + (next() % 997) / 10.0;
+    cands.push_back(point(latency, 1 + next() % 49));
+  }
+  cands.push_back(point(60, 50));  // the best, twice, and as good but slower
+  cands.push_back(point(60, 50));
+  cands.push_back(point(80, 50));
+  const std::vector<double> sweep = latency_sweep(cands, 15);
+  REQUIRE(sweep.size() == 15);
+  double lo = 1e300;
+  for (const Candidate& c : cands) lo = std::min(lo, c.prediction.latency_s);
+  CHECK(sweep.front() == Approx(lo));  // from the fastest candidate to the best one (latency 60)
+  CHECK(sweep.back() == 60);
+  for (size_t i = 1; i < sweep.size(); ++i) CHECK(sweep[i] > sweep[i - 1]);
+  std::vector<double> bounds = sweep;
+  for (double b : {0.5, 3.0, 60.0, 50.5, 1e9}) bounds.push_back(b);  // below all, exact hits, above all
+  std::sort(bounds.begin(), bounds.end());
+  const std::vector<ParetoPoint> pts = pareto_points(cands, bounds);
+  REQUIRE(pts.size() == bounds.size());
+  check_points(cands, pts);
+  CHECK_FALSE(pts.front().best.has_value());  // 0.5 s: nothing is that fast
+  // The loosest sweep bound admits every candidate: its row is the overall best.
+  const ParetoPoint& loosest = pareto_points(cands, {sweep.back()}).front();
+  REQUIRE(loosest.best.has_value());
+  CHECK(loosest.best->prediction.throughput_tok_s == 50);
+  CHECK(loosest.best->prediction.latency_s == 60);
+  // Of equal throughputs, the lower latency, however loose the bound.
+  CHECK(pts.back().best->prediction.latency_s == 60);
+
+  // The frontier: strictly better throughput with each step in latency, and no candidate
+  // dominates a point of it.
+  const std::vector<Candidate> front = pareto_frontier(cands);
+  REQUIRE_FALSE(front.empty());
+  for (size_t i = 1; i < front.size(); ++i) {
+    CHECK(front[i].prediction.latency_s > front[i - 1].prediction.latency_s);
+    CHECK(front[i].prediction.throughput_tok_s > front[i - 1].prediction.throughput_tok_s);
+  }
+  for (const Candidate& f : front)
+    for (const Candidate& c : cands)
+      CHECK_FALSE((c.prediction.latency_s <= f.prediction.latency_s &&
+                   c.prediction.throughput_tok_s > f.prediction.throughput_tok_s));
+  // Every row's choice is on the frontier.
+  for (const ParetoPoint& pt : pts)
+    if (pt.best)
+      CHECK(std::any_of(front.begin(), front.end(), [&](const Candidate& f) {
+        return f.prediction.latency_s == pt.best->prediction.latency_s &&
+               f.prediction.throughput_tok_s == pt.best->prediction.throughput_tok_s;
+      }));
+  CHECK(latency_sweep({}, 5).empty());
+  CHECK(latency_sweep({point(3, 1), point(3, 2)}, 5) == std::vector<double>{3.0});
+}
+
+TEST_CASE("the search's frontier agrees with the search under each latency bound", "[search][pareto]") {
+  const HardwareProfile hw = machine();
+  for (const char* model : {"opt-1.3b", "opt-6.7b"}) {
+    INFO(model);
+    const ModelConfig cfg = *config_preset(model);
+    SearchOptions opts;
+    opts.workload = {256, 16};
+    opts.budget = {4e9, 16e9, 1e12};
+    int lps = 0;
+    const std::vector<Candidate> cands = search_candidates(cfg, hw, opts, &lps);
+    CHECK(lps > 0);
+    REQUIRE(cands.size() > 1);
+    for (const Candidate& c : cands) CHECK(fits(c.prediction, opts.budget, std::nullopt));
+    // search_candidates ranks as search_policy does: the same best.
+    CHECK(cands.front().prediction.throughput_tok_s ==
+          Approx(search_policy(cfg, hw, opts).ranked.front().prediction.throughput_tok_s));
+    const std::vector<ParetoPoint> pts = pareto_points(cands, latency_sweep(cands, 8));
+    check_points(cands, pts);
+    // Each row is what the search itself picks under that bound (one LP per shape with the bound
+    // as a constraint): the per-shape optimum minimizes latency and maximizes throughput at once.
+    for (const ParetoPoint& pt : pts) {
+      REQUIRE(pt.best.has_value());
+      opts.max_latency_s = pt.max_latency_s;
+      const SearchResult bounded = search_policy(cfg, hw, opts);
+      INFO("bound " << pt.max_latency_s);
+      CHECK(pt.best->prediction.throughput_tok_s ==
+            Approx(bounded.ranked.front().prediction.throughput_tok_s).epsilon(1e-6));
+      opts.max_latency_s.reset();
+    }
+  }
+}
+
+namespace {
+
 using strata::test::CliResult;
 CliResult strata_cli(const std::string& args) { return strata::test::run_strata(args); }
 
@@ -315,4 +441,41 @@ TEST_CASE("strata policy explains what does not fit", "[search]") {
   const CliResult m = strata_cli("policy --model no-such-model --hardware " + kPaperMachine);
   CHECK(m.code == 1);
   CHECK_THAT(m.output, Catch::Contains("not a preset"));
+}
+
+TEST_CASE("strata policy pareto prints the frontier as a table and as JSON", "[search][pareto]") {
+  const fs::path dir = fs::temp_directory_path() / ("strata_pareto_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "pareto.json").string();
+  const std::string base =
+      "policy --model opt-6.7b --hardware " + kPaperMachine + " --prompt-len 512 --gen-len 32 --pareto";
+  const CliResult r = strata_cli(base + " --pareto-points 6 --json-file " + file);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("bound_s") && Catch::Contains("frontier:") && Catch::Contains("wrote "));
+  std::ifstream in(file);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  REQUIRE(j["points"].size() == 6);
+  double last = 0;
+  for (const auto& pt : j["points"]) {
+    REQUIRE_FALSE(pt["policy"].is_null());  // the default sweep starts at the fastest candidate
+    CHECK(pt["latency_s"].get<double>() <= pt["max_latency_s"].get<double>() * (1 + 1e-9));
+    CHECK(pt["throughput_tok_s"].get<double>() >= last);
+    last = pt["throughput_tok_s"].get<double>();
+  }
+  REQUIRE_FALSE(j["frontier"].empty());
+  CHECK(j["search"]["candidates"].get<int>() >= int(j["frontier"].size()));
+  // The loosest bound's row is the search's own choice.
+  const nlohmann::json best = nlohmann::json::parse(strata_cli(base.substr(0, base.size() - 9) + " --json").output);
+  CHECK(last == Approx(best["predicted"]["throughput_tok_s"].get<double>()));
+
+  // Given bounds, as JSON on stdout; one below every candidate's latency fits nothing.
+  const CliResult b = strata_cli(base + " --latency-bounds 0.001,100,1000 --json");
+  REQUIRE(b.code == 0);
+  const nlohmann::json bj = nlohmann::json::parse(b.output);
+  REQUIRE(bj["points"].size() == 3);
+  CHECK(bj["points"][0]["policy"].is_null());
+  CHECK(bj["points"][2]["throughput_tok_s"].get<double>() >= bj["points"][1]["throughput_tok_s"].get<double>());
+  CHECK(strata_cli(base + " --max-latency 10").code == 1);
+  CHECK(strata_cli("policy --model opt-6.7b --hardware " + kPaperMachine + " --latency-bounds 5").code == 1);
+  fs::remove_all(dir);
 }

@@ -1,9 +1,11 @@
 // `strata bench`: a suite of cases through the offloading engine, measured beside the cost
 // model's predictions (src/job/bench.cpp).
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
 #include "commands.h"
+#include "strata/core/error.h"
 #include "strata/job/bench.h"
 
 namespace strata::cli {
@@ -11,8 +13,14 @@ namespace strata::cli {
 void add_bench_command(CLI::App& app) {
   auto opt = std::make_shared<BenchOptions>();
   CLI::App* cmd = app.add_subcommand("bench", "run a benchmark suite: measured throughput beside the cost model's");
-  cmd->add_option("--suite", opt->suite, "suite YAML, or a name in bench/suites/ (smoke-cpu, paper-table2, h100)")
-      ->required();
+  auto report = std::make_shared<std::string>();
+  auto* suite =
+      cmd->add_option("--suite", opt->suite, "suite YAML, or a name in bench/suites/ (smoke-cpu, paper-table2, h100)");
+  auto* rep = cmd->add_option("--report", *report,
+                              "run nothing: rewrite DIR/results.md from DIR/results.jsonl and the peers' "
+                              "DIR/peers.jsonl (bench/peers/)");
+  suite->excludes(rep);
+  rep->excludes(suite);
   cmd->add_option("--device", opt->device, "cpu, cuda or auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
@@ -29,7 +37,14 @@ void add_bench_command(CLI::App& app) {
   cmd->add_flag("!--no-progress", opt->progress, "no progress lines");
   cmd->add_flag("--calibrate", opt->calibrate,
                 "fit the hardware profile to the runs: OUT/calibrated-profile.yaml and OUT/calibration.md");
-  cmd->callback([opt] {
+  cmd->callback([opt, report] {
+    if (!report->empty()) {
+      write_bench_report(*report);
+      std::ifstream md(std::filesystem::path(*report) / "results.md");
+      std::cout << md.rdbuf();
+      return;
+    }
+    if (opt->suite.empty()) STRATA_FAIL("bench: --suite is required (or --report DIR)");
     const std::vector<BenchCaseResult> results = run_bench(*opt, std::cerr);
     std::ifstream md(opt->out / "results.md");
     std::cout << md.rdbuf();

@@ -1,6 +1,7 @@
 // `strata policy`: a dry run of the policy search (or, with --evaluate, the cost model's
 // prediction for a given policy) for a model, a machine and a workload. Nothing is loaded.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -146,11 +147,103 @@ void print_table(std::ostream& os, const std::vector<Candidate>& cands) {
 }
 
 struct Args {
-  std::string model, hardware, evaluate, out, gpu_mem, cpu_mem, disk_mem;
-  int prompt_len = 512, gen_len = 32, top = 5;
+  std::string model, hardware, evaluate, out, gpu_mem, cpu_mem, disk_mem, json_file;
+  int prompt_len = 512, gen_len = 32, top = 5, pareto_points = 12;
   double max_latency = 0;
-  bool compress = false, json_out = false;
+  bool compress = false, json_out = false, pareto = false;
+  std::vector<double> latency_bounds;
 };
+
+void write_json_file(const std::string& path, const json& j) {
+  std::ofstream f(path);
+  f << j.dump(1) << "\n";
+  if (!f) STRATA_FAIL("--json-file: cannot write " << path);
+}
+
+std::string command_line(const Args& a) {
+  std::ostringstream os;
+  os << "strata policy --model " << a.model << " --hardware " << a.hardware << " --prompt-len " << a.prompt_len
+     << " --gen-len " << a.gen_len << (a.compress ? " --compress" : "");
+  for (auto [flag, v] : {std::pair{" --gpu-mem ", &a.gpu_mem}, {" --cpu-mem ", &a.cpu_mem}, {" --disk-mem ", &a.disk_mem}})
+    if (!v->empty()) os << flag << *v;
+  return os.str();
+}
+
+// The frontier rows' figures (policy_json for the policy itself).
+json frontier_json(const Candidate& c) {
+  return {{"latency_s", c.prediction.latency_s},
+          {"throughput_tok_s", c.prediction.throughput_tok_s},
+          {"prefill_s", c.prediction.prefill_s},
+          {"decode_s", c.prediction.decode_s},
+          {"block_size", c.policy.block_size()},
+          {"peak_bytes", tiers_json(needed(c.prediction, c.plan_peak))},
+          {"policy", policy_json(c.policy)}};
+}
+
+// `strata policy --pareto`: the best policy under each of a sweep of latency bounds (FlexGen's
+// Figure 1), from one search's candidates (search.h, pareto_points).
+void run_pareto(const Args& a, const ModelConfig& cfg, const HardwareProfile& hw, const SearchOptions& opts) {
+  const auto start = std::chrono::steady_clock::now();
+  int lps = 0;
+  const std::vector<Candidate> cands = search_candidates(cfg, hw, opts, &lps);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::vector<double> bounds = a.latency_bounds;
+  if (bounds.empty()) bounds = latency_sweep(cands, a.pareto_points);
+  std::sort(bounds.begin(), bounds.end());
+  const std::vector<ParetoPoint> points = pareto_points(cands, bounds);
+  const std::vector<Candidate> frontier = pareto_frontier(cands);
+
+  json j = {{"model", cfg.name},
+            {"hardware", hw.name},
+            {"command", command_line(a) + " --pareto"},
+            {"workload", {{"prompt_len", a.prompt_len}, {"gen_len", a.gen_len}}},
+            {"budget_bytes", tiers_json(opts.budget)},
+            {"compress", a.compress},
+            {"search", {{"lps_solved", lps}, {"seconds", seconds}, {"candidates", cands.size()}}}};
+  json rows = json::array();
+  for (const ParetoPoint& pt : points) {
+    json row = pt.best ? frontier_json(*pt.best) : json{{"policy", nullptr}};
+    row["max_latency_s"] = pt.max_latency_s;
+    rows.push_back(row);
+  }
+  j["points"] = rows;
+  json fr = json::array();
+  for (const Candidate& c : frontier) fr.push_back(frontier_json(c));
+  j["frontier"] = fr;
+  if (!a.json_file.empty()) write_json_file(a.json_file, j);
+  if (a.json_out) {
+    std::cout << j.dump() << "\n";
+    return;
+  }
+
+  std::ostream& os = std::cout;
+  os << "strata policy --pareto: " << cfg.name << " on " << (hw.name.empty() ? a.hardware : hw.name) << ", prompt "
+     << a.prompt_len << ", generation " << a.gen_len << "  (" << cands.size() << " candidates, " << lps << " LPs in "
+     << fixed(seconds, 3) << " s)\nbudgets: gpu " << format_bytes(opts.budget.gpu) << ", cpu "
+     << format_bytes(opts.budget.cpu) << ", disk " << format_bytes(opts.budget.disk)
+     << "\n\nthe best policy within each latency bound (latency: the time of one block):\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "  %10s %10s %9s %5s %4s %6s  %-10s %-10s %-10s %-4s %-5s\n", "bound_s", "latency_s",
+                "tok/s", "gbs", "ngb", "block", "weights", "kv_cache", "activ.", "cpuA", "4bit");
+  os << line;
+  for (const ParetoPoint& pt : points) {
+    if (!pt.best) {
+      std::snprintf(line, sizeof line, "  %10.3g %10s  none fits this bound\n", pt.max_latency_s, "-");
+      os << line;
+      continue;
+    }
+    const Candidate& c = *pt.best;
+    std::snprintf(line, sizeof line, "  %10.3g %10.3g %9.3f %5d %4d %6d  %-10s %-10s %-10s %-4s %-5s\n",
+                  pt.max_latency_s, c.prediction.latency_s, c.prediction.throughput_tok_s, c.policy.gpu_batch_size,
+                  c.policy.num_gpu_batches, c.policy.block_size(), split_str(c.policy.weights).c_str(),
+                  split_str(c.policy.kv_cache).c_str(), split_str(c.policy.activations).c_str(),
+                  c.policy.cpu_attention ? "yes" : "no", compression_str(c.policy).c_str());
+    os << line;
+  }
+  os << "\nfrontier: " << frontier.size() << " policies that no other beats in both latency and throughput"
+     << (a.json_file.empty() ? " (--json-file FILE lists them)" : "") << "\n";
+  if (!a.json_file.empty()) os << "wrote " << a.json_file << "\n";
+}
 
 void run(const Args& a, bool latency_given) {
   const ModelConfig cfg = resolve_model(a.model);
@@ -164,6 +257,15 @@ void run(const Args& a, bool latency_given) {
   opts.allow_compression = a.compress;
   if (latency_given) opts.max_latency_s = a.max_latency;
   opts.keep = a.top;
+  if (a.pareto) {
+    if (!a.evaluate.empty() || !a.out.empty() || latency_given)
+      STRATA_FAIL("--pareto sweeps latency bounds itself: it takes neither --evaluate, --out nor --max-latency");
+    for (double b : a.latency_bounds)
+      if (!(b > 0)) STRATA_FAIL("--latency-bounds: bounds are positive seconds, got " << b);
+    run_pareto(a, cfg, hw, opts);
+    return;
+  }
+  if (!a.latency_bounds.empty()) STRATA_FAIL("--latency-bounds goes with --pareto");
 
   std::vector<Candidate> cands;
   std::optional<SearchResult> searched;
@@ -214,6 +316,7 @@ void run(const Args& a, bool latency_given) {
       j["candidates"] = list;
       j["search"] = {{"lps_solved", searched->lps_solved}, {"seconds", searched->seconds}};
     }
+    if (!a.json_file.empty()) write_json_file(a.json_file, j);
     std::cout << j.dump() << "\n";
     return;
   }
@@ -258,6 +361,15 @@ void add_policy_command(CLI::App& app) {
   auto* lat = cmd->add_option("--max-latency", a->max_latency, "bound on the time of one block, seconds")
                   ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", a->json_out, "print one JSON object");
+  cmd->add_option("--json-file", a->json_file, "with --json or --pareto: also write the JSON object to this file");
+  cmd->add_flag("--pareto", a->pareto,
+                "the latency-throughput frontier: the best policy within each of a sweep of latency bounds");
+  cmd->add_option("--latency-bounds", a->latency_bounds, "with --pareto: these bounds (seconds, e.g. 10,30,100)")
+      ->delimiter(',');
+  cmd->add_option("--pareto-points", a->pareto_points,
+                  "with --pareto: bounds log-spaced from the fastest candidate's latency to the best one's")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--out", a->out, "write the chosen policy as YAML");
   cmd->add_option("--evaluate", a->evaluate, "predict for this policy file instead of searching")
       ->check(CLI::ExistingFile);

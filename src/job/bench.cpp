@@ -1,11 +1,13 @@
 #include "strata/job/bench.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
 #include <memory>
+#include <regex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -245,58 +247,166 @@ std::string mean_sd(double mean, double sd, size_t runs) {
   return fixed(mean, 2) + (runs > 1 ? " ± " + fixed(sd, 2) : "");
 }
 
+// One results.jsonl line per case (the fields peers' runners write too: bench/peers/README.md).
+json case_json(const BenchSuite& suite, const Machine& m, const std::string& commit, const BenchCaseResult& r) {
+  const BenchCase& c = r.spec;
+  json j = {{"name", c.name},     {"engine", "strata"}, {"suite", suite.name},     {"model", c.model},
+            {"prompt_len", c.prompt_len}, {"gen_len", c.gen_len}, {"status", r.status}, {"policy", r.policy_yaml},
+            {"commit", commit},
+            {"machine", {{"backend", m.backend}, {"gpu", m.gpu}, {"cpu", m.cpu}, {"hardware_profile", m.profile}}}};
+  if (r.status != "ok") return j;
+  const BenchMeasure mean = r.mean(), sd = r.sd();
+  j["measured"] = measure_json(mean);
+  j["measured"]["sd"] = measure_json(sd);
+  j["measured"]["repeats"] = r.runs.size();
+  j["predicted"] = r.predicted ? measure_json(*r.predicted) : json(nullptr);
+  j["links"] = {{"cpu_to_gpu_gbps", r.ctog_gbps}, {"cpu_to_gpu_peak_gbps", r.ctog_peak_gbps},
+                {"disk_to_cpu_gbps", r.dtoc_gbps}, {"disk_to_cpu_peak_gbps", r.dtoc_peak_gbps}};
+  j["peak_memory"] = {{"gpu", r.peak_gpu}, {"cpu", r.peak_cpu}, {"disk", r.peak_disk}};
+  // Per phase, the wall time and each lane's busy time (what --calibrate fits; mean over repeats).
+  auto lanes = [](const std::array<double, kNumLanes>& b) {
+    return json{{"compute", b[kLaneCompute]}, {"cpu_to_gpu", b[kLaneH2d]}, {"gpu_to_cpu", b[kLaneD2h]}, {"disk", b[kLaneDisk]}};
+  };
+  j["seconds"] = {{"prefill", r.prefill_s}, {"decode", r.decode_s},
+                  {"prefill_busy", lanes(r.prefill_busy)}, {"decode_busy", lanes(r.decode_busy)}};
+  return j;
+}
+
+double num(const json& j, const char* key, double fallback = 0) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : fallback;
+}
+std::string str(const json& j, const char* key, const std::string& fallback = "") {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
+// "8 x 1 (4-bit)": Strata's lines carry the policy YAML, peers' lines the batch shape.
+std::string block_of(const json& j) {
+  if (j.contains("policy") && j["policy"].is_string()) {
+    try {
+      const Policy p = parse_policy(j["policy"].get<std::string>(), str(j, "name"));
+      return std::to_string(p.gpu_batch_size) + " x " + std::to_string(p.num_gpu_batches) +
+             (p.compress_weights || p.compress_kv_cache ? " (4-bit)" : "");
+    } catch (const Error&) {  // not a whole policy: its batch shape alone
+      const std::string y = j["policy"].get<std::string>();
+      std::smatch g, n;
+      if (!std::regex_search(y, g, std::regex("gpu_batch_size:\\s*(\\d+)"))) return "";
+      const bool has_n = std::regex_search(y, n, std::regex("num_gpu_batches:\\s*(\\d+)"));
+      return g[1].str() + " x " + (has_n ? n[1].str() : std::string("1"));
+    }
+  }
+  if (!j.contains("gpu_batch_size")) return "";
+  return std::to_string(int(num(j, "gpu_batch_size"))) + " x " + std::to_string(int(num(j, "num_gpu_batches", 1))) +
+         (j.value("compress_weight", false) || j.value("compress_cache", false) ? " (4-bit)" : "");
+}
+
+// One table row from one results line. `strata_total`: the Strata row's total of the same case,
+// for a peer's ratio.
+std::string markdown_row(const json& j, double strata_total) {
+  std::ostringstream md;
+  const std::string engine = str(j, "engine", "strata");
+  md << "| " << str(j, "name") << " | " << engine << " | " << str(j, "model") << " | " << int(num(j, "prompt_len"))
+     << " | " << int(num(j, "gen_len")) << " | ";
+  if (str(j, "status", "ok") != "ok" || !j.contains("measured")) {
+    md << " | " << str(j, "status", "no measurement") << " | | | | | | |\n";
+    return md.str();
+  }
+  const json& m = j["measured"];
+  const json sd = m.contains("sd") ? m["sd"] : json::object();
+  const size_t runs = size_t(num(m, "repeats", 1));
+  const double total = num(m, "total_tok_s");
+  md << block_of(j) << " | " << mean_sd(num(m, "prefill_tok_s"), num(sd, "prefill_tok_s"), runs) << " | "
+     << mean_sd(num(m, "decode_tok_s"), num(sd, "decode_tok_s"), runs) << " | "
+     << mean_sd(total, num(sd, "total_tok_s"), runs);
+  if (engine != "strata" && strata_total > 0 && total > 0) md << " (strata " << fixed(strata_total / total, 2) << "x)";
+  if (j.value("projected", false)) md << " (projected)";
+  md << " | ";
+  const bool predicted = j.contains("predicted") && j["predicted"].is_object();
+  const double pred = predicted ? num(j["predicted"], "total_tok_s") : 0;
+  std::string error;
+  if (predicted && total > 0) error = (pred >= total ? "+" : "") + fixed(100.0 * (pred / total - 1), 0) + "%";
+  md << (predicted ? fixed(pred, 2) : "") << " | " << error << " | ";
+  if (j.contains("links")) {
+    const json& l = j["links"];
+    const double peak = num(l, "cpu_to_gpu_peak_gbps");
+    md << fixed(num(l, "cpu_to_gpu_gbps"), 2) << (peak > 0 ? " (" + fixed(peak, 1) + ")" : "");
+  }
+  md << " | ";
+  if (j.contains("peak_memory")) {
+    const json& p = j["peak_memory"];
+    md << format_bytes(num(p, "gpu"));
+    if (p.contains("cpu")) md << " / " << format_bytes(num(p, "cpu")) << " / " << format_bytes(num(p, "disk"));
+  }
+  md << " |\n";
+  return md.str();
+}
+
+std::vector<json> read_jsonl(const std::filesystem::path& file) {
+  std::vector<json> rows;
+  std::ifstream in(file);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      rows.push_back(json::parse(line));
+    } catch (const json::exception& e) {
+      STRATA_FAIL(file.string() << ":" << n << ": not a JSON object: " << e.what());
+    }
+    if (!rows.back().is_object()) STRATA_FAIL(file.string() << ":" << n << ": not a JSON object");
+  }
+  return rows;
+}
+
+// results.md from the results lines: each Strata row, then the peers' rows of the same case;
+// peers' cases that Strata did not run come last.
+std::string results_markdown(const std::string& suite, const std::vector<json>& rows, const std::vector<json>& peers) {
+  std::ostringstream md;
+  const json first = rows.empty() ? json::object() : rows.front();
+  const json machine = first.contains("machine") ? first["machine"] : json::object();
+  size_t repeats = 0;
+  for (const json& r : rows)
+    if (r.contains("measured")) repeats = std::max(repeats, size_t(num(r["measured"], "repeats", 1)));
+  const std::string profile = str(machine, "hardware_profile");
+  md << "# strata bench: " << suite << "\n\n"
+     << "- commit: " << str(first, "commit", "unknown") << "\n- backend: " << str(machine, "backend")
+     << "\n- gpu: " << str(machine, "gpu") << "\n- cpu: " << str(machine, "cpu")
+     << "\n- hardware profile: " << (profile.empty() ? "none (no predictions)" : profile) << "\n- repeats: " << repeats
+     << " (mean ± sd); total = generated tokens / (prefill + decode time)\n";
+  if (!peers.empty())
+    md << "- peers (bench/peers/): their own rows under each case, with strata's total over theirs; their commands "
+          "are in peers.jsonl\n";
+  md << "\n| case | engine | model | prompt | gen | block | prefill tok/s | decode tok/s | total tok/s | predicted | "
+        "error | cpu->gpu GB/s (peak) | peak gpu / cpu / disk |\n"
+     << "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  std::vector<bool> shown(peers.size(), false);
+  for (const json& r : rows) {
+    md << markdown_row(r, 0);
+    const double total = r.contains("measured") ? num(r["measured"], "total_tok_s") : 0;
+    for (size_t i = 0; i < peers.size(); ++i)
+      if (str(peers[i], "name") == str(r, "name")) {
+        md << markdown_row(peers[i], total);
+        shown[i] = true;
+      }
+  }
+  for (size_t i = 0; i < peers.size(); ++i)
+    if (!shown[i]) md << markdown_row(peers[i], 0);
+  return md.str();
+}
+
 void write_results(const BenchOptions& opt, const BenchSuite& suite, const Machine& m, const std::string& commit,
                    const std::vector<BenchCaseResult>& results) {
   std::filesystem::create_directories(opt.out);
+  std::vector<json> rows;
+  for (const BenchCaseResult& r : results) rows.push_back(case_json(suite, m, commit, r));
   std::ofstream jl(opt.out / "results.jsonl");
-  std::ofstream md(opt.out / "results.md");
-  if (!jl || !md) STRATA_FAIL("bench: cannot write results into " << opt.out.string());
-  md << "# strata bench: " << suite.name << "\n\n"
-     << "- commit: " << commit << "\n- backend: " << m.backend << "\n- gpu: " << m.gpu << "\n- cpu: " << m.cpu
-     << "\n- hardware profile: " << (m.profile.empty() ? "none (no predictions)" : m.profile)
-     << "\n- repeats: " << opt.repeat << " (mean ± sd); total = generated tokens / (prefill + decode time)\n\n"
-     << "| case | model | prompt | gen | block | prefill tok/s | decode tok/s | total tok/s | predicted | error | "
-        "cpu->gpu GB/s (peak) | peak gpu / cpu / disk |\n"
-     << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-  for (const BenchCaseResult& r : results) {
-    const BenchCase& c = r.spec;
-    json j = {{"name", c.name},     {"model", c.model},   {"prompt_len", c.prompt_len}, {"gen_len", c.gen_len},
-              {"status", r.status}, {"policy", r.policy_yaml}, {"commit", commit},
-              {"machine", {{"backend", m.backend}, {"gpu", m.gpu}, {"cpu", m.cpu}, {"hardware_profile", m.profile}}}};
-    if (r.status != "ok") {
-      jl << j.dump() << "\n";
-      md << "| " << c.name << " | " << c.model << " | " << c.prompt_len << " | " << c.gen_len << " | | " << r.status
-         << " | | | | | | |\n";
-      continue;
-    }
-    const BenchMeasure mean = r.mean(), sd = r.sd();
-    j["measured"] = measure_json(mean);
-    j["measured"]["sd"] = measure_json(sd);
-    j["measured"]["repeats"] = r.runs.size();
-    j["predicted"] = r.predicted ? measure_json(*r.predicted) : json(nullptr);
-    j["links"] = {{"cpu_to_gpu_gbps", r.ctog_gbps}, {"cpu_to_gpu_peak_gbps", r.ctog_peak_gbps},
-                  {"disk_to_cpu_gbps", r.dtoc_gbps}, {"disk_to_cpu_peak_gbps", r.dtoc_peak_gbps}};
-    j["peak_memory"] = {{"gpu", r.peak_gpu}, {"cpu", r.peak_cpu}, {"disk", r.peak_disk}};
-    auto lanes = [](const std::array<double, kNumLanes>& b) {
-      return json{{"compute", b[kLaneCompute]}, {"cpu_to_gpu", b[kLaneH2d]}, {"gpu_to_cpu", b[kLaneD2h]}, {"disk", b[kLaneDisk]}};
-    };
-    j["seconds"] = {{"prefill", r.prefill_s}, {"decode", r.decode_s},
-                    {"prefill_busy", lanes(r.prefill_busy)}, {"decode_busy", lanes(r.decode_busy)}};
-    jl << j.dump() << "\n";
-    const Policy p = parse_policy(r.policy_yaml, c.name);
-    std::string error;
-    if (r.predicted && mean.total_tok_s > 0)
-      error = (r.predicted->total_tok_s >= mean.total_tok_s ? "+" : "") +
-              fixed(100.0 * (r.predicted->total_tok_s / mean.total_tok_s - 1), 0) + "%";
-    md << "| " << c.name << " | " << c.model << " | " << c.prompt_len << " | " << c.gen_len << " | "
-       << p.gpu_batch_size << " x " << p.num_gpu_batches << (p.compress_weights || p.compress_kv_cache ? " (4-bit)" : "")
-       << " | " << mean_sd(mean.prefill_tok_s, sd.prefill_tok_s, r.runs.size()) << " | "
-       << mean_sd(mean.decode_tok_s, sd.decode_tok_s, r.runs.size()) << " | "
-       << mean_sd(mean.total_tok_s, sd.total_tok_s, r.runs.size()) << " | "
-       << (r.predicted ? fixed(r.predicted->total_tok_s, 2) : "") << " | " << error << " | "
-       << fixed(r.ctog_gbps, 2) << (r.ctog_peak_gbps > 0 ? " (" + fixed(r.ctog_peak_gbps, 1) + ")" : "") << " | "
-       << format_bytes(r.peak_gpu) << " / " << format_bytes(r.peak_cpu) << " / " << format_bytes(r.peak_disk) << " |\n";
-  }
+  for (const json& j : rows) jl << j.dump() << "\n";
+  const std::filesystem::path peers = opt.out / "peers.jsonl";
+  const std::string md = results_markdown(suite.name, rows, std::filesystem::exists(peers) ? read_jsonl(peers)
+                                                                                         : std::vector<json>{});
+  std::ofstream out(opt.out / "results.md");
+  out << md;
+  if (!jl || !out) STRATA_FAIL("bench: cannot write results into " << opt.out.string());
 }
 
 }  // namespace
@@ -385,6 +495,20 @@ BenchSuite load_bench_suite(const std::string& file_or_name) {
   std::stringstream ss;
   ss << in.rdbuf();
   return parse_bench_suite(ss.str(), path.string(), path.parent_path());
+}
+
+void write_bench_report(const std::filesystem::path& dir) {
+  const std::filesystem::path results = dir / "results.jsonl", peers = dir / "peers.jsonl";
+  if (!std::filesystem::exists(results) && !std::filesystem::exists(peers))
+    STRATA_FAIL("--report " << dir.string() << ": neither results.jsonl nor peers.jsonl there");
+  const std::vector<json> rows = std::filesystem::exists(results) ? read_jsonl(results) : std::vector<json>{};
+  std::string suite = rows.empty() ? "" : str(rows.front(), "suite");
+  if (suite.empty()) suite = std::filesystem::absolute(dir).lexically_normal().filename().string();
+  const std::string md =
+      results_markdown(suite, rows, std::filesystem::exists(peers) ? read_jsonl(peers) : std::vector<json>{});
+  std::ofstream out(dir / "results.md");
+  out << md;
+  if (!out) STRATA_FAIL("--report: cannot write " << (dir / "results.md").string());
 }
 
 std::vector<BenchCaseResult> run_bench(const BenchOptions& opt, std::ostream& log) {

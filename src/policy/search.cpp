@@ -409,9 +409,22 @@ double least_on_tier(const CostForms& F, Tier t, const TierBytes& budget, bool o
 
 }  // namespace
 
-SearchResult search_policy(const ModelConfig& cfg, const HardwareProfile& hw, const SearchOptions& opts) {
-  const auto start = std::chrono::steady_clock::now();
-  SearchResult result;
+namespace {
+
+// Best throughput first; equal throughputs (a compute-bound model scales T with the block) by
+// lower latency. Throughput is compared at a relative 1e-9 so that the order stays strict.
+bool by_throughput(const Candidate& a, const Candidate& b) {
+  const auto key = [](const Candidate& c) { return std::llround(std::log(c.prediction.throughput_tok_s) * 1e9); };
+  const long long ka = key(a), kb = key(b);
+  return ka != kb ? ka > kb : a.prediction.latency_s < b.prediction.latency_s;
+}
+
+// The LP's candidate for every batch shape and options worth solving, rounded to whole layers but
+// not yet re-checked against the runtime's plan, best throughput first, with the forms it came from.
+// `refine_all`: the LP's second phase for every shape, not only those that may rank first (its
+// vertex decides the rounding, so a frontier needs it for the slower shapes too).
+std::vector<std::pair<Candidate, CostForms>> collect(const ModelConfig& cfg, const HardwareProfile& hw,
+                                                     const SearchOptions& opts, int& lps_solved, bool refine_all) {
   std::vector<std::pair<Candidate, CostForms>> found;
   double best_found = 0;       // best throughput of a rounded candidate so far
   for (Shape options : option_sets(opts.allow_compression)) {
@@ -425,8 +438,8 @@ SearchResult search_policy(const ModelConfig& cfg, const HardwareProfile& hw, co
         const Policy shape = make_policy(options);
         CostForms F = cost_forms(cfg, shape, opts.workload, hw);
         // The second phase only for LPs that may rank: an LP's throughput bounds its rounding's.
-        const LpSolution lp = solve_placement_lp(F, opts.budget, opts.max_latency_s, 0.8 * best_found);
-        ++result.lps_solved;
+        const LpSolution lp = solve_placement_lp(F, opts.budget, opts.max_latency_s, refine_all ? 0 : 0.8 * best_found);
+        ++lps_solved;
         // Memory and T both grow with the block: more GPU batches will not fit either.
         if (!lp.feasible) break;
         any = true;
@@ -439,20 +452,25 @@ SearchResult search_policy(const ModelConfig& cfg, const HardwareProfile& hw, co
         if (c) best_found = std::max(best_found, c->prediction.throughput_tok_s);
         if (c) found.push_back({std::move(*c), std::move(F)});
         // Past its peak, throughput falls as the block pushes data to slower tiers (FlexGen stops
-        // at the first fall; a margin keeps plateaus).
+        // at the first fall; a margin keeps plateaus). The shapes skipped take longer per block
+        // too, so they are off the latency-throughput frontier as well.
         if (tput < 0.7 * best_here) break;
       }
-      if (!any) break;  // nor will larger GPU batches
+      // Nor will larger GPU batches fit in memory. Under a latency bound go on: a larger GPU
+      // batch can finish sooner (the GEMMs' rate grows with their rows faster than their work).
+      if (!any && !opts.max_latency_s) break;
     }
   }
-  // Best throughput first; equal throughputs (a compute-bound model scales T with the block) by
-  // lower latency. Throughput is compared at a relative 1e-9 so that the order stays strict.
-  auto by_throughput = [](const Candidate& a, const Candidate& b) {
-    const auto key = [](const Candidate& c) { return std::llround(std::log(c.prediction.throughput_tok_s) * 1e9); };
-    const long long ka = key(a), kb = key(b);
-    return ka != kb ? ka > kb : a.prediction.latency_s < b.prediction.latency_s;
-  };
-  std::sort(found.begin(), found.end(), [&](const auto& a, const auto& b) { return by_throughput(a.first, b.first); });
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return by_throughput(a.first, b.first); });
+  return found;
+}
+
+}  // namespace
+
+SearchResult search_policy(const ModelConfig& cfg, const HardwareProfile& hw, const SearchOptions& opts) {
+  const auto start = std::chrono::steady_clock::now();
+  SearchResult result;
+  std::vector<std::pair<Candidate, CostForms>> found = collect(cfg, hw, opts, result.lps_solved, false);
   // Re-check the best against the runtime's memory plan until `keep` survive and no unchecked
   // candidate could beat them (a repair only moves layers, so it may lower a throughput).
   for (auto& [c, F] : found) {
@@ -467,6 +485,58 @@ SearchResult search_policy(const ModelConfig& cfg, const HardwareProfile& hw, co
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (result.ranked.empty()) no_policy_fits(cfg, hw, opts);
   return result;
+}
+
+std::vector<Candidate> search_candidates(const ModelConfig& cfg, const HardwareProfile& hw, const SearchOptions& opts,
+                                         int* lps_solved) {
+  int lps = 0;
+  std::vector<std::pair<Candidate, CostForms>> found = collect(cfg, hw, opts, lps, true);
+  if (lps_solved) *lps_solved = lps;
+  std::vector<Candidate> out;
+  for (auto& [c, F] : found)
+    if (auto ok = recheck(cfg, F, std::move(c), opts)) out.push_back(std::move(*ok));
+  std::stable_sort(out.begin(), out.end(), by_throughput);
+  if (out.empty()) no_policy_fits(cfg, hw, opts);
+  return out;
+}
+
+std::vector<ParetoPoint> pareto_points(const std::vector<Candidate>& candidates, const std::vector<double>& bounds) {
+  std::vector<ParetoPoint> points;
+  for (double bound : bounds) {
+    ParetoPoint pt;
+    pt.max_latency_s = bound;
+    const Candidate* best = nullptr;
+    for (const Candidate& c : candidates)
+      if (c.prediction.latency_s <= bound * (1 + 1e-9) && (!best || by_throughput(c, *best))) best = &c;
+    if (best) pt.best = *best;
+    points.push_back(std::move(pt));
+  }
+  return points;
+}
+
+std::vector<Candidate> pareto_frontier(const std::vector<Candidate>& candidates) {
+  std::vector<Candidate> by_latency = candidates;
+  // Lower latency first; at equal latency the better throughput first, so that it alone is kept.
+  std::stable_sort(by_latency.begin(), by_latency.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.prediction.latency_s != b.prediction.latency_s) return a.prediction.latency_s < b.prediction.latency_s;
+    return by_throughput(a, b);
+  });
+  std::vector<Candidate> frontier;
+  for (Candidate& c : by_latency)
+    if (frontier.empty() || by_throughput(c, frontier.back())) frontier.push_back(std::move(c));
+  return frontier;
+}
+
+std::vector<double> latency_sweep(const std::vector<Candidate>& candidates, int points) {
+  if (candidates.empty() || points < 1) return {};
+  // From the fastest candidate to the best one: looser bounds only repeat the best.
+  const std::vector<Candidate> front = pareto_frontier(candidates);
+  const double lo = front.front().prediction.latency_s, hi = front.back().prediction.latency_s;
+  if (points == 1 || !(hi > lo)) return {hi};
+  std::vector<double> v;
+  for (int i = 0; i < points; ++i) v.push_back(lo * std::pow(hi / lo, double(i) / (points - 1)));
+  v.back() = hi;  // exactly, so that the loosest bound admits the best candidate
+  return v;
 }
 
 }  // namespace strata

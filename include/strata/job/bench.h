@@ -80,6 +80,8 @@ struct BenchCaseResult {
 
 // Runs every case (a case that fails, e.g. does not fit its caps, is recorded as such and the
 // others run), writes OUT/results.jsonl and OUT/results.md, and returns the results.
+// OUT/peers.jsonl, when there, holds the peers' lines (bench/peers/: FlexGen, accelerate), the
+// same fields with "engine" naming the peer: results.md shows each under Strata's row of the same case.
 std::vector<BenchCaseResult> run_bench(const BenchOptions& options, std::ostream& log);
 
 // The calibration samples of the cases that ran.
@@ -88,5 +90,7 @@ std::vector<CalibrationSample> calibration_samples(const std::vector<BenchCaseRe
 // measured, predicted before and after, leave-one-out; per lane: the fitted factors). Returns the fit.
 CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<BenchCaseResult>& results,
                                  const std::filesystem::path& out, std::ostream& log);
+// Rewrites DIR/results.md from DIR/results.jsonl and DIR/peers.jsonl (after the peers ran).
+void write_bench_report(const std::filesystem::path& dir);
 
 }  // namespace strata

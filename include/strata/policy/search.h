@@ -34,6 +34,29 @@ struct SearchResult {
 // Throws strata::Error "no policy fits ..." naming the binding tier (or the latency bound).
 SearchResult search_policy(const ModelConfig& cfg, const HardwareProfile& hw, const SearchOptions& opts);
 
+// Every candidate the search finds that fits the budgets (at most one per batch shape and
+// options), each re-checked against the runtime's memory plan, best throughput first as in
+// search_policy; `opts.keep` is ignored. With `lps_solved`, the number of LPs it took.
+std::vector<Candidate> search_candidates(const ModelConfig& cfg, const HardwareProfile& hw, const SearchOptions& opts,
+                                         int* lps_solved = nullptr);
+
+// The latency-throughput frontier (FlexGen's Figure 1). For a given batch shape and options, the
+// placement that minimizes the block time T maximizes throughput (block * n / T) and minimizes
+// latency (T) at once, so the best policy under a latency bound is the best of the per-shape
+// candidates whose latency is within it: no LP needs solving again per bound.
+struct ParetoPoint {
+  double max_latency_s = 0;
+  std::optional<Candidate> best;  // the highest throughput within the bound (ties: lower latency); none fits
+};
+// For each bound, in the order given.
+std::vector<ParetoPoint> pareto_points(const std::vector<Candidate>& candidates, const std::vector<double>& bounds);
+// The candidates no other beats on both: lower or equal latency and higher throughput, by latency.
+std::vector<Candidate> pareto_frontier(const std::vector<Candidate>& candidates);
+// `points` bounds spaced evenly in log(latency) from the fastest candidate's latency to that of
+// the best throughput (the frontier's ends; looser bounds all pick the best), both included (one
+// bound when they are equal or points is 1).
+std::vector<double> latency_sweep(const std::vector<Candidate>& candidates, int points);
+
 // One LP: minimize T over the fractions for the batch shape and options the forms were built for.
 struct LpSolution {
   bool feasible = false;
