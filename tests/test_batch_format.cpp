@@ -65,7 +65,12 @@ TEST_CASE("OpenAI batch lines are read with their body fields", "[job]") {
   CHECK(recs[0].sampling.temperature == 0.7f);
   CHECK(recs[0].sampling.top_p == 0.5f);
   CHECK(recs[0].sampling.seed == 42);
+  CHECK(recs[0].n == 1);
+  CHECK(recs[0].logprobs == -1);  // logprobs false
+  CHECK_FALSE(recs[0].stop);      // stop null: not given, the job's --stop applies
   CHECK(recs[1].line == 3);
+  REQUIRE(recs[1].stop);          // stop []: given, none
+  CHECK(recs[1].stop->empty());
   CHECK(recs[1].endpoint == Endpoint::Completions);
   CHECK(recs[1].prompt == "hello");
   CHECK(recs[1].model == "x");
@@ -121,12 +126,19 @@ TEST_CASE("well-formed OpenAI requests that cannot be served carry an error", "[
       {chat_line("4", {{"top_p", 0}}), "invalid_value", "body.top_p must be in (0, 1]"},
       {url_line.dump() + "\n", "unsupported_url", "url \"/v1/embeddings\" is not supported"},
       {get_line.dump() + "\n", "unsupported_method", "method \"GET\" is not supported"},
-      {chat_line("5", {{"n", 2}}), "unsupported_parameter", "body.n > 1 is not supported yet"},
-      {chat_line("6", {{"logprobs", true}}), "unsupported_parameter", "body.logprobs is not supported yet"},
-      {chat_line("7", {{"top_logprobs", 3}}), "unsupported_parameter", "body.top_logprobs is not supported yet"},
-      {completion_line("8", {{"logprobs", 0}}), "unsupported_parameter", "body.logprobs is not supported yet"},
-      {completion_line("9", {{"stop", "\n"}}), "unsupported_parameter", "body.stop (stop strings) is not supported yet"},
-      {chat_line("10", {{"stop", {"a", "b"}}}), "unsupported_parameter", "body.stop"},
+      {chat_line("5", {{"n", 129}}), "invalid_value", "body.n must be in [1, 128], got 129"},
+      {chat_line("6", {{"logprobs", 1}}), "invalid_type", "body.logprobs must be true or false for chat"},
+      {chat_line("7", {{"top_logprobs", 3}}), "invalid_value", "body.top_logprobs needs body.logprobs set to true"},
+      {completion_line("8", {{"logprobs", 6}}), "invalid_value", "body.logprobs must be in [0, 5] for completions, got 6"},
+      {completion_line("9", {{"stop", {"a", "b", "c", "d", "e"}}}), "invalid_value", "body.stop holds 5 strings; at most 4"},
+      {chat_line("10", {{"stop", {"a", ""}}}), "invalid_value", "body.stop holds an empty string"},
+      {chat_line("5b", {{"logprobs", true}, {"top_logprobs", 21}}), "invalid_value", "body.top_logprobs must be in [0, 20], got 21"},
+      {chat_line("5c", {{"logprobs", true}, {"top_logprobs", -1}}), "invalid_value", "body.top_logprobs must be in [0, 20]"},
+      {completion_line("8b", {{"logprobs", -1}}), "invalid_value", "body.logprobs must be in [0, 5]"},
+      {completion_line("8c", {{"top_logprobs", 2}}), "invalid_value", "body.top_logprobs is for /v1/chat/completions"},
+      {chat_line("9b", {{"stop", 3}}), "invalid_type", "body.stop must be a string or an array of strings"},
+      {chat_line("9c", {{"stop", {"a", 1}}}), "invalid_type", "body.stop must be a string or an array of strings"},
+      {completion_line("9d", {{"stop", ""}}), "invalid_value", "body.stop holds an empty string"},
       {completion_line("11", {{"prompt", {1, 2, 3}}}), "unsupported_value", "body.prompt must be one string"},
       {chat_line("12", {{"prompt", "x"}}), "invalid_value", "body.prompt is for /v1/completions"},
       {chat_line("13", {{"messages", json::array()}}), "invalid_type", "body.messages must be a non-empty array"},
@@ -134,7 +146,7 @@ TEST_CASE("well-formed OpenAI requests that cannot be served carry an error", "[
       {completion_line("15", {{"prompt", ""}}), "invalid_value", "body.prompt is empty"},
       {completion_line("16", {{"max_tokens", 4}, {"max_completion_tokens", 5}}), "invalid_value", "disagree"},
       {chat_line("17", {{"stream", true}}), "unsupported_parameter", "body.stream"},
-      {chat_line("18", {{"n", 0}}), "invalid_value", "body.n must be >= 1"},
+      {chat_line("18", {{"n", 0}}), "invalid_value", "body.n must be in [1, 128], got 0"},
   };
   std::string text;
   for (const Case& c : cases) text += c.line;

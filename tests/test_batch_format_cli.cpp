@@ -58,7 +58,7 @@ TEST_CASE("strata run answers an OpenAI batch file with Hugging Face's greedy co
       f << completion_request("case-" + c["id"].dump(), c["prompt"], {{"max_tokens", 16}, {"temperature", 0}}).dump()
         << "\n";
     // Well formed, but not served: answered with an error line while the rest proceeds.
-    f << completion_request("two-choices", "x", {{"n", 2}}).dump() << "\n";
+    f << completion_request("too-many-choices", "x", {{"n", 129}}).dump() << "\n";
     f << json{{"custom_id", "chat"}, {"url", "/v1/chat/completions"}, {"method", "POST"},
               {"body", {{"messages", {{{"role", "user"}, {"content", "hi"}}}}}}}.dump() << "\n";
     f << completion_request("long", std::string(400, 'a') + " " + std::string(400, 'b'), {{"unknown_knob", 1}}).dump()
@@ -105,7 +105,7 @@ TEST_CASE("strata run answers an OpenAI batch file with Hugging Face's greedy co
     CHECK(l["response"].is_null());
     return l["error"];
   };
-  CHECK(error_of("two-choices")["code"] == "unsupported_parameter");
+  CHECK(error_of("too-many-choices")["code"] == "invalid_value");
   CHECK(error_of("chat")["code"] == "unsupported_model");
   CHECK_THAT(error_of("chat")["message"].get<std::string>(), Catch::Contains("no chat template"));
   CHECK(error_of("long")["code"] == "context_length_exceeded");
@@ -177,7 +177,7 @@ TEST_CASE("the shards of a job together answer each request exactly once, as the
                               {{"max_tokens", 2}, {"ignore_eos", true}})
                .dump()
         << "\n";
-    f << completion_request("bad", "x", {{"stop", "\n"}}).dump() << "\n";
+    f << completion_request("bad", "x", {{"n", 0}}).dump() << "\n";
   }
   const std::string base = "run --model " + kModels + "/tiny-opt -i " + in.string() + " --device cpu --no-progress";
   fs::remove(whole);

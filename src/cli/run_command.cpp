@@ -44,6 +44,10 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", opt->defaults.seed, "default seed")->capture_default_str();
   cmd->add_flag("--ignore-eos", opt->defaults.ignore_eos, "generate max_new_tokens even past EOS (benchmarks)");
+  cmd->add_option("--stop", opt->stop,
+                  "stop string for lines that give no \"stop\" (repeat for up to 4): a completion ends at its "
+                  "first match, which is cut from the text")
+      ->allow_extra_args(false);
   cmd->add_flag("!--no-progress", opt->progress, "no progress line");
   cmd->add_option("--policy", opt->policy,
                   "placement policy YAML (policies/), or auto (searched with the cost model for this machine's "

@@ -14,6 +14,7 @@
 
 #include "strata/backend/backend.h"
 #include "strata/core/error.h"
+#include "strata/job/answers.h"
 #include "strata/job/output.h"
 #include "strata/job/prompts.h"
 #include "strata/model/model_loader.h"
@@ -288,6 +289,7 @@ private:
 
 JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   if (opt.batch_size < 1) STRATA_FAIL("--batch-size must be at least 1, got " << opt.batch_size);
+  if (const std::string why = stop_strings_error(opt.stop); !why.empty()) STRATA_FAIL("--stop " << why);
   const auto wall0 = Clock::now();
   const Shard shard = opt.shard.empty() ? Shard{} : parse_shard(opt.shard);
   if (!opt.errors.empty() && std::filesystem::weakly_canonical(opt.errors) == std::filesystem::weakly_canonical(opt.out))
@@ -322,7 +324,14 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
                                                        model.config.max_positions - int(t.ids.size())));
     }
     if (all.empty()) shape = {1, 1};
-    gen = std::make_unique<OffloadGenerator>(model, opt, shape, all.size(), log);
+    size_t sequences = 0;  // a request's n choices are n sequences of the engine's block
+    for (const Tokenized& t : all) sequences += size_t(t.record->n);
+    gen = std::make_unique<OffloadGenerator>(model, opt, shape, sequences, log);
+    for (const Tokenized& t : all)
+      if (size_t(t.record->n) > gen->batch_size())
+        STRATA_FAIL(opt.prompts.string() << ":" << t.record->line << ": n = " << t.record->n
+                                         << " choices exceed the policy's block of " << gen->batch_size()
+                                         << " sequences; a request's choices run in one block");
   }
   model.weights.reset();  // the mapping is no longer needed once the weights are in their tiers
 
@@ -357,35 +366,20 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
 
   GenStats stats;
   Progress progress(log, opt.progress, int64_t(todo.size()));
+  const AnswerSettings answers{&*model.tokenizer, opt.stop, model.config.name, created};
   const size_t batch_size = gen->batch_size();
-  for (size_t begin = 0; begin < todo.size(); begin += batch_size) {
-    const size_t end = std::min(todo.size(), begin + batch_size);
+  for (size_t begin = 0, end = 0; begin < todo.size(); begin = end) {
+    // Whole requests, up to batch_size sequences: a request's n choices stay in one batch.
     std::vector<GenRequest> batch;
-    for (size_t i = begin; i < end; ++i) batch.push_back({todo[i]->ids, todo[i]->record->sampling});
-    const std::vector<GenResult> results = gen->run(batch, stats);
-    for (size_t i = begin; i < end; ++i) {
-      const GenResult& r = results[i - begin];
-      const PromptRecord& rec = *todo[i]->record;
-      if (rec.format == InputFormat::OpenAIBatch) {
-        Completion c;
-        c.text = model.tokenizer->decode(r.tokens, /*skip_special=*/true);
-        c.prompt_tokens = int64_t(todo[i]->ids.size());
-        c.completion_tokens = int64_t(r.tokens.size());
-        c.finish_reason = r.finish == FinishReason::Eos ? "stop" : "length";
-        c.model = rec.model.empty() ? model.config.name : rec.model;
-        c.created = created;
-        writer.write(openai_response_line(rec, c));
-        continue;
-      }
-      nlohmann::json line;
-      line["id"] = todo[i]->record->id;
-      line["completion"] = model.tokenizer->decode(r.tokens, /*skip_special=*/true);
-      line["tokens"] = r.tokens;
-      line["prompt_tokens"] = todo[i]->ids.size();
-      line["completion_tokens"] = r.tokens.size();
-      line["finish_reason"] = finish_reason_name(r.finish);
-      writer.write(line);
+    size_t seqs = 0;
+    for (end = begin; end < todo.size() && (end == begin || seqs + size_t(todo[end]->record->n) <= batch_size); ++end) {
+      batch.push_back(make_gen_request(*todo[end]->record, todo[end]->ids, answers));
+      seqs += size_t(batch.back().n);
     }
+    const std::vector<GenResult> results = gen->run(batch, stats);
+    for (size_t i = begin, k = 0; i < end; k += size_t(batch[i - begin].n), ++i)
+      writer.write(answer_line(*todo[i]->record, int64_t(todo[i]->ids.size()),
+                               std::span(results).subspan(k, size_t(batch[i - begin].n)), answers));
     writer.flush();
     progress.update(int64_t(end), stats.generated_tokens, end == todo.size());
   }

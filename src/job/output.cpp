@@ -87,14 +87,20 @@ nlohmann::json openai_response_line(const PromptRecord& r, const Completion& c) 
   using json = nlohmann::json;
   const bool chat = r.endpoint == Endpoint::ChatCompletions;
   const std::string hex = hex_id(r);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}};
-  if (chat) choice["message"] = {{"role", "assistant"}, {"content", c.text}};
-  else choice["text"] = c.text;
+  json choices = json::array();
+  const std::vector<CompletionChoice> one = {{c.text, c.finish_reason, nullptr}};
+  const std::vector<CompletionChoice>& list = c.choices.empty() ? one : c.choices;
+  for (size_t i = 0; i < list.size(); ++i) {
+    json choice = {{"index", i}, {"logprobs", list[i].logprobs}, {"finish_reason", list[i].finish_reason}};
+    if (chat) choice["message"] = {{"role", "assistant"}, {"content", list[i].text}};
+    else choice["text"] = list[i].text;
+    choices.push_back(std::move(choice));
+  }
   const json body = {{"id", (chat ? "chatcmpl-" : "cmpl-") + hex},
                      {"object", chat ? "chat.completion" : "text_completion"},
                      {"created", c.created},
                      {"model", c.model},
-                     {"choices", json::array({choice})},
+                     {"choices", std::move(choices)},
                      {"usage",
                       {{"prompt_tokens", c.prompt_tokens},
                        {"completion_tokens", c.completion_tokens},

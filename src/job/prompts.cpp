@@ -13,8 +13,8 @@ using json = nlohmann::json;
 
 namespace {
 
-const std::set<std::string> kKnownKeys = {"id", "prompt", "messages", "max_new_tokens", "temperature",
-                                          "top_p", "top_k", "seed", "ignore_eos"};
+const std::set<std::string> kKnownKeys = {"id", "prompt", "messages", "max_new_tokens", "temperature", "top_p",
+                                          "top_k", "seed", "ignore_eos", "stop", "n", "logprobs"};
 
 struct LineContext {
   std::string where;  // "file:line"
@@ -63,6 +63,49 @@ void read_sampling(const json& obj, const LineContext& ctx, SamplingParams& s) {
   if (obj.contains("ignore_eos")) {
     if (!obj["ignore_eos"].is_boolean()) ctx.fail("field 'ignore_eos' must be true or false");
     s.ignore_eos = obj["ignore_eos"].get<bool>();
+  }
+}
+
+// "stop": a string or an array of strings. Returns the strings, or why not.
+std::optional<std::vector<std::string>> parse_stop(const json& v, std::string& why) {
+  std::vector<std::string> out;
+  if (v.is_string()) {
+    out.push_back(v.get<std::string>());
+  } else if (v.is_array()) {
+    for (const json& e : v) {
+      if (!e.is_string()) {
+        why = "must be a string or an array of strings, got an element " + e.dump();
+        return std::nullopt;
+      }
+      out.push_back(e.get<std::string>());
+    }
+  } else {
+    why = "must be a string or an array of strings, got " + v.dump();
+    return std::nullopt;
+  }
+  why = stop_strings_error(out);
+  if (!why.empty()) return std::nullopt;
+  return out;
+}
+
+// The strata format's extensions beyond sampling: stop strings, choices, logprobs.
+void read_strata_extras(const json& obj, const LineContext& ctx, PromptRecord& r) {
+  if (obj.contains("stop") && !obj["stop"].is_null()) {  // null: not given
+    std::string why;
+    r.stop = parse_stop(obj["stop"], why);
+    if (!r.stop) ctx.fail("field 'stop' " + why);
+  }
+  if (obj.contains("n")) {
+    const int64_t n = get_int(obj, "n", ctx);
+    if (n < 1 || n > kMaxChoices)
+      ctx.fail("field 'n' must be in [1, " + std::to_string(kMaxChoices) + "], got " + std::to_string(n));
+    r.n = int(n);
+  }
+  if (obj.contains("logprobs")) {
+    const int64_t k = get_int(obj, "logprobs", ctx);
+    if (k < 0 || k > kMaxTopLogprobs)
+      ctx.fail("field 'logprobs' must be in [0, " + std::to_string(kMaxTopLogprobs) + "], got " + std::to_string(k));
+    r.logprobs = int(k);
   }
 }
 
@@ -184,28 +227,39 @@ void read_openai_body(const json& body, PromptRecord& r) {
     if (!body["ignore_eos"].is_boolean()) refuse("invalid_type", "body.ignore_eos must be true or false");
     s.ignore_eos = body["ignore_eos"].get<bool>();
   }
-  // Features not implemented yet: answered with an error rather than silently ignored.
   if (given(body, "n")) {
     const int64_t n = body_int(body, "n");
-    if (n < 1) refuse("invalid_value", "body.n must be >= 1, got " + std::to_string(n));
-    if (n > 1) refuse("unsupported_parameter", "body.n > 1 is not supported yet (one choice per request)");
+    if (n < 1 || n > kMaxChoices)
+      refuse("invalid_value", "body.n must be in [1, " + std::to_string(kMaxChoices) + "], got " + std::to_string(n));
+    r.n = int(n);
   }
-  if (given(body, "stop")) {
-    const json& v = body["stop"];
-    if (!v.is_string() && !v.is_array()) refuse("invalid_type", "body.stop must be a string or an array of strings");
-    if (v.is_string() || !v.empty()) refuse("unsupported_parameter", "body.stop (stop strings) is not supported yet");
+  if (given(body, "stop")) {  // null: not given (the job's --stop applies); []: none
+    std::string why;
+    r.stop = parse_stop(body["stop"], why);
+    if (!r.stop) refuse(why.rfind("must be", 0) == 0 ? "invalid_type" : "invalid_value", "body.stop " + why);
   }
+  const bool chat = r.endpoint == Endpoint::ChatCompletions;
   if (given(body, "logprobs")) {
     const json& v = body["logprobs"];
-    if (r.endpoint == Endpoint::ChatCompletions && !v.is_boolean())
-      refuse("invalid_type", "body.logprobs must be true or false for chat completions");
-    if (r.endpoint == Endpoint::Completions && !v.is_number_integer())
-      refuse("invalid_type", "body.logprobs must be an integer for completions");
-    if (v != false) refuse("unsupported_parameter", "body.logprobs is not supported yet");
+    if (chat) {
+      if (!v.is_boolean()) refuse("invalid_type", "body.logprobs must be true or false for chat completions");
+      if (v.get<bool>()) r.logprobs = 0;
+    } else {
+      const int64_t k = body_int(body, "logprobs");
+      if (k < 0 || k > kMaxCompletionLogprobs)
+        refuse("invalid_value", "body.logprobs must be in [0, " + std::to_string(kMaxCompletionLogprobs) +
+                                    "] for completions, got " + std::to_string(k));
+      r.logprobs = int(k);
+    }
   }
   if (given(body, "top_logprobs")) {
-    const int64_t n = body_int(body, "top_logprobs");
-    if (n != 0) refuse("unsupported_parameter", "body.top_logprobs is not supported yet");
+    if (!chat) refuse("invalid_value", "body.top_logprobs is for /v1/chat/completions; completions take body.logprobs");
+    const int64_t k = body_int(body, "top_logprobs");
+    if (k < 0 || k > kMaxTopLogprobs)
+      refuse("invalid_value", "body.top_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "], got " +
+                                  std::to_string(k));
+    if (r.logprobs < 0) refuse("invalid_value", "body.top_logprobs needs body.logprobs set to true");
+    r.logprobs = int(k);
   }
   if (given(body, "stream")) {
     if (!body["stream"].is_boolean()) refuse("invalid_type", "body.stream must be true or false");
@@ -316,6 +370,7 @@ std::vector<PromptRecord> read_prompts(const std::filesystem::path& file, const 
       ctx.fail("missing field 'prompt'");
     }
     read_sampling(obj, ctx, r.sampling);
+    read_strata_extras(obj, ctx, r);
     for (const auto& [key, value] : obj.items())
       if (!kKnownKeys.count(key) && warned_keys.insert(key).second && warn)
         warn(ctx.where + ": ignoring unknown field '" + key + "'");
@@ -323,6 +378,14 @@ std::vector<PromptRecord> read_prompts(const std::filesystem::path& file, const 
   }
   if (in.bad()) STRATA_FAIL("error reading " << file.string());
   return records;
+}
+
+std::string stop_strings_error(const std::vector<std::string>& stop) {
+  if (stop.size() > size_t(kMaxStopStrings))
+    return "holds " + std::to_string(stop.size()) + " strings; at most " + std::to_string(kMaxStopStrings) + " are allowed";
+  for (const std::string& s : stop)
+    if (s.empty()) return "holds an empty string";
+  return "";
 }
 
 uint64_t fnv1a64(std::string_view bytes) {

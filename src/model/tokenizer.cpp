@@ -309,6 +309,11 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
   return tok::utf8_decode_lossy(bytes);
 }
 
+std::string Tokenizer::token_bytes(int32_t id) const {
+  if (id < 0 || size_t(id) >= impl_->id_bytes.size()) return {};
+  return impl_->id_bytes[size_t(id)];
+}
+
 int Tokenizer::vocab_size() const { return int(impl_->id_bytes.size()); }
 
 std::optional<int> Tokenizer::token_id(std::string_view token) const {

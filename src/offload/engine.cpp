@@ -857,17 +857,23 @@ struct OffloadEngine::Impl {
   }
 
   std::vector<GenResult> generate(const std::vector<GenRequest>& requests, GenStats* stats) {
-    STRATA_CHECK(int(requests.size()) <= gbs * ngb,
-                 "offload engine: " << requests.size() << " requests exceed the block of " << gbs * ngb);
-    std::vector<Sequence> seqs(requests.size());
+    // A request's n choices run as n independent sequences (each prefills the prompt): sharing
+    // one prefill would tie sequences across the block's GPU batches and their cache homes.
+    for (size_t r = 0; r < requests.size(); ++r)
+      STRATA_CHECK(requests[r].n >= 1, "offload engine: request " << r << ": n must be at least 1, got " << requests[r].n);
+    const size_t n_seqs = count_choices(requests);
+    STRATA_CHECK(n_seqs <= size_t(gbs) * size_t(ngb),
+                 "offload engine: " << n_seqs << " sequences (choices) exceed the block of " << gbs * ngb);
+    std::vector<Sequence> seqs(n_seqs);
     int n_tokens = 0;
-    for (size_t r = 0; r < requests.size(); ++r) {
-      seqs[r] = start_sequence(requests[r], cfg, int(r % size_t(gbs)), r);
-      STRATA_CHECK(int(requests[r].prompt.size()) <= shape.prompt_len && seqs[r].max_new <= shape.gen_len,
-                   "offload engine: request " << r << " exceeds the planned shape (prompt " << shape.prompt_len
-                                              << ", generation " << shape.gen_len << ")");
-      n_tokens = std::max(n_tokens, seqs[r].max_new);
-    }
+    for (size_t r = 0, q = 0; r < requests.size(); ++r)
+      for (int c = 0; c < requests[r].n; ++c, ++q) {
+        seqs[q] = start_sequence(requests[r], cfg, int(q % size_t(gbs)), r, c);
+        STRATA_CHECK(int(requests[r].prompt.size()) <= shape.prompt_len && seqs[q].max_new <= shape.gen_len,
+                     "offload engine: request " << r << " exceeds the planned shape (prompt " << shape.prompt_len
+                                                << ", generation " << shape.gen_len << ")");
+        n_tokens = std::max(n_tokens, seqs[q].max_new);
+      }
     build_units(seqs);
     dequant_token = dequant_sub = -1;  // token numbers restart with every block
     const size_t units = std::max(prefill_units.size(), decode_units.size());
@@ -913,7 +919,7 @@ struct OffloadEngine::Impl {
 
     std::vector<GenResult> results;
     for (size_t r = 0; r < seqs.size(); ++r) {
-      local.prompt_tokens += int64_t(requests[r].prompt.size());
+      local.prompt_tokens += int64_t(seqs[r].request->prompt.size());  // each choice prefills
       local.generated_tokens += int64_t(seqs[r].result.tokens.size());
       results.push_back(std::move(seqs[r].result));
     }

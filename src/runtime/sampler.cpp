@@ -73,4 +73,25 @@ double token_nll(const float* logits, int64_t vocab, int32_t target) {
   return nll;
 }
 
+StepLogprobs step_logprobs(const float* logits, int64_t vocab, int32_t sampled, int top) {
+  STRATA_CHECK(sampled >= 0 && sampled < vocab, "token " << sampled << " outside the vocabulary of " << vocab);
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, logits[j]);
+  double sum = 0;
+  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(double(logits[j]) - double(mx));
+  const double log_z = double(mx) + std::log(sum);
+  StepLogprobs out;
+  out.sampled = {sampled, double(logits[sampled]) - log_z};
+  const size_t k = size_t(std::clamp<int64_t>(top, 0, vocab));
+  if (k > 0) {
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(k), order.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (size_t i = 0; i < k; ++i) out.top.push_back({order[i], double(logits[order[i]]) - log_z});
+  }
+  return out;
+}
+
 }  // namespace strata

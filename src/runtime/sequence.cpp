@@ -6,10 +6,24 @@
 
 namespace strata {
 
-const char* finish_reason_name(FinishReason r) { return r == FinishReason::Eos ? "eos" : "length"; }
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Eos: return "eos";
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: break;
+  }
+  return "length";
+}
 
-Sequence start_sequence(const GenRequest& r, const ModelConfig& cfg, int slot, size_t index) {
+size_t count_choices(const std::vector<GenRequest>& requests) {
+  size_t n = 0;
+  for (const GenRequest& r : requests) n += size_t(std::max(r.n, 0));
+  return n;
+}
+
+Sequence start_sequence(const GenRequest& r, const ModelConfig& cfg, int slot, size_t index, int choice) {
   if (r.prompt.empty()) STRATA_FAIL("request " << index << ": empty prompt (no tokens)");
+  if (r.n < 1) STRATA_FAIL("request " << index << ": n must be at least 1, got " << r.n);
   // Prompt + generation stay within the context, as Hugging Face's max_length. A prompt scored
   // whole may fill it: its one sampled token is never fed back, so it needs no position.
   const int room = cfg.max_positions - int(r.prompt.size());
@@ -19,7 +33,9 @@ Sequence start_sequence(const GenRequest& r, const ModelConfig& cfg, int slot, s
   Sequence s;
   s.request = &r;
   s.slot = slot;
-  s.sampler = Sampler(r.sampling);
+  SamplingParams p = r.sampling;
+  p.seed += uint64_t(choice);  // wraps: every choice its own stream
+  s.sampler = Sampler(p);
   s.max_new = std::min(r.sampling.max_new_tokens, std::max(room, r.score_prompt ? 1 : 0));
   s.done = s.max_new <= 0;
   return s;
@@ -34,23 +50,34 @@ void StepSampler::sample(const Tensor& logits, const std::vector<Sequence*>& seq
   picks_.resize(size_t(R));
   const bool all_greedy =
       std::all_of(seqs.begin(), seqs.end(), [](const Sequence* s) { return s->request->sampling.greedy(); });
+  const bool any_logprobs =
+      std::any_of(seqs.begin(), seqs.end(), [](const Sequence* s) { return s->request->logprobs >= 0; });
+  // Greedy rows take the backend's argmax whether or not logprobs are asked for, so asking
+  // never changes the tokens.
   if (all_greedy) {
     Tensor ids = argmax_buf_.view(0, DType::I32, {R});
     backend_.argmax_rows(logits, ids);
     backend_.copy_to_host(picks_.data(), ids.data, size_t(R) * 4);
-  } else {
+  }
+  if (!all_greedy || any_logprobs) {
     host_logits_.resize(size_t(R * V));
     backend_.copy_to_host_f32(logits, host_logits_.data());
-    for (int64_t r = 0; r < R; ++r) picks_[size_t(r)] = seqs[size_t(r)]->sampler.sample(host_logits_.data() + r * V, V);
   }
+  if (!all_greedy)
+    for (int64_t r = 0; r < R; ++r) picks_[size_t(r)] = seqs[size_t(r)]->sampler.sample(host_logits_.data() + r * V, V);
   for (int64_t r = 0; r < R; ++r) {
     Sequence& s = *seqs[size_t(r)];
     const int32_t tok = picks_[size_t(r)];
     s.result.tokens.push_back(tok);
+    if (s.request->logprobs >= 0)
+      s.result.logprobs.push_back(step_logprobs(host_logits_.data() + r * V, V, tok, s.request->logprobs));
     const bool is_eos = std::find(cfg_.eos_ids.begin(), cfg_.eos_ids.end(), tok) != cfg_.eos_ids.end();
     if (is_eos && !s.request->sampling.ignore_eos) {
       s.done = true;
       s.result.finish = FinishReason::Eos;
+    } else if (s.request->stop && s.request->stop(s.result.tokens)) {
+      s.done = true;
+      s.result.finish = FinishReason::Stop;
     } else if (int(s.result.tokens.size()) >= s.max_new) {
       s.done = true;
       s.result.finish = FinishReason::Length;

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <iosfwd>
 #include <string>
+#include <vector>
 
 #include "strata/runtime/sampler.h"
 
@@ -21,6 +22,7 @@ struct JobOptions {
   int64_t prefill_token_budget = 4096;     // tokens per prefill step
   bool prefill_tokens_given = false;       // --prefill-tokens given: it also overrides a policy's
   SamplingParams defaults;                 // for fields a prompt line leaves out
+  std::vector<std::string> stop;           // --stop: stop strings for lines that give no "stop"
   bool progress = true;                    // progress line on the log stream
 
   // Offloading (strata run --policy): the engine replaces the resident generator when set.

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 #include "strata/job/prompts.h"
 
@@ -36,10 +37,16 @@ private:
 
 // OpenAI batch output lines (docs/batch-format.md). Ids are derived from the custom_id, so a rerun
 // or another shard writes the same ids for the same requests.
-struct Completion {
+struct CompletionChoice {
   std::string text;
-  int64_t prompt_tokens = 0, completion_tokens = 0;
-  std::string finish_reason;  // OpenAI's: "stop" (EOS) or "length"
+  std::string finish_reason;  // OpenAI's: "stop" (EOS or a stop string) or "length"
+  nlohmann::json logprobs;    // null unless asked for; the endpoint's shape (job/answers.h)
+};
+struct Completion {
+  std::vector<CompletionChoice> choices;  // indexed 0 .. n-1; empty: the one choice below
+  std::string text;                       // the one choice, when `choices` is empty
+  std::string finish_reason;
+  int64_t prompt_tokens = 0, completion_tokens = 0;  // completion_tokens: all choices'
   std::string model;          // echoed: the request's body.model, else the model's name
   int64_t created = 0;        // Unix seconds
 };

@@ -38,9 +38,23 @@ struct PromptRecord {
   SamplingParams sampling;
   InputFormat format = InputFormat::Strata;
   Endpoint endpoint = Endpoint::None;
+  // Stop strings (at most kMaxStopStrings, non-empty); unset: the job's default (--stop).
+  std::optional<std::vector<std::string>> stop;
+  int n = 1;                         // choices, 1 .. kMaxChoices
+  // -1: no logprobs; k >= 0: each generated token's log-probability and the k most probable
+  // tokens (chat: logprobs true + top_logprobs k; completions: logprobs k; strata: logprobs k).
+  int logprobs = -1;
   std::string model;                 // OpenAI body.model, echoed in the response ("" if absent)
   std::optional<ServeError> error;   // OpenAI only: answer with this error instead of generating
 };
+
+inline constexpr int kMaxStopStrings = 4;          // as OpenAI
+inline constexpr int kMaxChoices = 128;            // as OpenAI's chat n
+inline constexpr int kMaxTopLogprobs = 20;         // chat top_logprobs (and the strata format), as OpenAI
+inline constexpr int kMaxCompletionLogprobs = 5;   // legacy completions logprobs, as OpenAI
+
+// Why a list of stop strings is refused (too many, an empty one), or "" when it is fine.
+std::string stop_strings_error(const std::vector<std::string>& stop);
 
 // Reads and validates every line; throws strata::Error "FILE:LINE: reason" on the first malformed
 // one, a duplicate id, or a line in the other format than the first line's. Blank lines are

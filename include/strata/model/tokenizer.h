@@ -45,6 +45,10 @@ public:
   // U+FFFD as in Hugging Face. skip_special drops special added tokens.
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
 
+  // One token's bytes as they are, not UTF-8 checked (a token may hold part of a character);
+  // empty for an unknown id.
+  std::string token_bytes(int32_t id) const;
+
   int vocab_size() const;                              // largest id + 1
   std::optional<int> token_id(std::string_view token) const;  // exact token string lookup
   bool is_special(int id) const;

@@ -76,7 +76,9 @@ public:
 
   const PlacementPlan& plan() const;
   int block_size() const;
-  // Generates for one block: at most block_size() requests within the planned shape.
+  // Generates for one block: at most block_size() sequences (a request with n choices counts n:
+  // they run as independent sequences, each prefilling the prompt) within the planned shape.
+  // Results as generate()'s in runtime/generator.h: one per choice, in order.
   std::vector<GenResult> generate(const std::vector<GenRequest>& requests, GenStats* stats = nullptr);
   OffloadReport report() const;
   void write_trace(const std::filesystem::path& file) const;

@@ -24,6 +24,19 @@ struct SamplingParams {
 // up here, not as a NaN perplexity).
 double token_nll(const float* logits, int64_t vocab, int32_t target);
 
+// A token and its log-probability under the model's own distribution: log_softmax of the raw
+// logits, before temperature, top-k and top-p (OpenAI's logprobs).
+struct TokenLogprob {
+  int32_t token = 0;
+  double logprob = 0;
+};
+struct StepLogprobs {
+  TokenLogprob sampled;
+  std::vector<TokenLogprob> top;  // the `top` most probable tokens, most probable first
+};
+// log_softmax in double (maximum subtracted first) of one row; ties in `top` go to the lower id.
+StepLogprobs step_logprobs(const float* logits, int64_t vocab, int32_t sampled, int top);
+
 // The distribution sample() draws from: temperature, then top-k, then top-p, then softmax, as
 // transformers' TemperatureLogitsWarper, TopKLogitsWarper and TopPLogitsWarper. Returns
 // (token, probability) pairs, most probable first; probabilities sum to 1.

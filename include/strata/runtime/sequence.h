@@ -3,6 +3,8 @@
 // exactly alike.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "strata/backend/backend.h"
@@ -11,13 +13,25 @@
 
 namespace strata {
 
+// Says whether a sequence is to end after the tokens it has generated so far (stop strings: the
+// job detokenizes and matches, so this module needs no tokenizer). Called after every sampled
+// token; it must not keep state, since one request's n choices share it.
+using StopCheck = std::function<bool(std::span<const int32_t> generated)>;
+
 struct GenRequest {
   std::vector<int32_t> prompt;  // token ids, non-empty
   SamplingParams sampling;
   bool score_prompt = false;    // also score the prompt: GenResult::prompt_nll (offloading engine)
+  // Choices: n sequences continue the prompt, choice c sampling with seed sampling.seed + c. The
+  // resident generator prefills the prompt once for all of them; the offloading engine runs n
+  // independent sequences. Results come one per choice, in request order, then choice order.
+  int n = 1;
+  int logprobs = -1;            // >= 0: record GenResult::logprobs with this many top tokens
+  StopCheck stop;               // empty: none
 };
 
-enum class FinishReason : uint8_t { Eos, Length };
+// Eos: an EOS token; Stop: the request's StopCheck; Length: max_new_tokens or the context.
+enum class FinishReason : uint8_t { Eos, Length, Stop };
 const char* finish_reason_name(FinishReason r);
 
 struct GenResult {
@@ -25,6 +39,8 @@ struct GenResult {
   FinishReason finish = FinishReason::Length;
   // With score_prompt: -log p(prompt[t + 1] | prompt[0..t]) for t = 0 .. prompt size - 2.
   std::vector<double> prompt_nll;
+  // With logprobs >= 0: one entry per generated token (tokens[i]), from the raw logits.
+  std::vector<StepLogprobs> logprobs;
 };
 
 struct Sequence {
@@ -38,17 +54,21 @@ struct Sequence {
   GenResult result;
 };
 
-// Validates a request against the config (non-empty prompt that leaves room in the context) and
-// sets up its sequence; `index` names the request in errors.
-Sequence start_sequence(const GenRequest& request, const ModelConfig& cfg, int slot, size_t index);
+// Validates a request against the config (non-empty prompt that leaves room in the context, n >= 1)
+// and sets up the sequence of its choice `choice` (sampling seed + choice); `index` names the
+// request in errors.
+Sequence start_sequence(const GenRequest& request, const ModelConfig& cfg, int slot, size_t index, int choice = 0);
+
+// The sequences (choices) of all requests: sum of their n.
+size_t count_choices(const std::vector<GenRequest>& requests);
 
 class StepSampler {
 public:
   StepSampler(Backend& backend, const ModelConfig& cfg, size_t max_rows);
 
   // Samples one token per sequence from the rows of `logits` (row i belongs to seqs[i]) and
-  // updates their state (EOS, length limit). When every row is greedy, the argmax runs on the
-  // backend and only the ids cross to the host.
+  // updates their state (EOS, stop check, length limit). When every row is greedy, the argmax
+  // runs on the backend and only the ids cross to the host, unless a row asks for logprobs.
   void sample(const Tensor& logits, const std::vector<Sequence*>& seqs);
 
 private:

@@ -1,0 +1,49 @@
+// From a prompt record to generation requests, and from generation results to its output line:
+// stop strings (matched while generating, cut from the text), n choices, logprobs. The formats
+// are docs/batch-format.md's.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/job/prompts.h"
+#include "strata/model/tokenizer.h"
+#include "strata/runtime/sequence.h"
+
+namespace strata {
+
+struct AnswerSettings {
+  const Tokenizer* tokenizer = nullptr;   // must outlive the requests made with these settings
+  std::vector<std::string> default_stop;  // --stop: for records that give no "stop"
+  std::string model_name;                 // OpenAI "model" when the body names none
+  int64_t created = 0;                    // OpenAI "created" (Unix seconds)
+};
+
+// The request generating `r` from its prompt tokens: sampling, n choices, logprobs, and a stop
+// check that ends a choice as soon as its text holds one of the stop strings.
+GenRequest make_gen_request(const PromptRecord& r, std::vector<int32_t> prompt, const AnswerSettings& s);
+
+// The output line answering `r` (strata or OpenAI format, as it came) from its choices' results,
+// in choice order.
+nlohmann::json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const GenResult> choices,
+                           const AnswerSettings& s);
+
+// ---- parts, exposed for tests ----
+
+// A stop check over generated tokens: true once their text (special tokens left out) holds one of
+// `stops`, wherever it starts, including across token boundaries. Stateless: it looks at the
+// bytes of the last token and of as many earlier tokens as a match ending in it could reach.
+// Empty when `stops` is.
+StopCheck make_stop_check(const Tokenizer& tokenizer, std::vector<std::string> stops);
+
+// Where the first of the stop strings begins in `text` (the earliest match of any), or npos.
+size_t first_stop(std::string_view text, const std::vector<std::string>& stops);
+
+// A token as OpenAI shows it: its bytes when they are valid UTF-8, else "bytes:\xNN..." (the
+// legacy API's form for a piece of a character).
+std::string token_text(const Tokenizer& tokenizer, int32_t id);
+
+}  // namespace strata

@@ -1,0 +1,244 @@
+#include "strata/job/answers.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "strata/job/output.h"
+
+namespace strata {
+using json = nlohmann::json;
+
+namespace {
+
+bool valid_utf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) len = 1, cp = c;
+    else if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07;
+    else return false;
+    if (i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    const uint32_t min_cp[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min_cp[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
+// Characters (code points) of valid UTF-8 text: Python's len(), which OpenAI's offsets count.
+int64_t code_points(std::string_view s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+json byte_list(const std::string& bytes) {
+  json out = json::array();
+  for (unsigned char c : bytes) out.push_back(int(c));
+  return out;
+}
+
+// The generated tokens that logprobs report: all, but an EOS that ended the choice (it is no
+// part of the text).
+size_t reported_tokens(const GenResult& g) {
+  const size_t n = std::min(g.tokens.size(), g.logprobs.size());
+  return g.finish == FinishReason::Eos && n == g.tokens.size() && n > 0 ? n - 1 : n;
+}
+
+// Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}.
+json chat_logprobs(const Tokenizer& tok, const GenResult& g) {
+  json content = json::array();
+  auto entry = [&](const TokenLogprob& t) {
+    return json{{"token", token_text(tok, t.token)}, {"logprob", t.logprob}, {"bytes", byte_list(tok.token_bytes(t.token))}};
+  };
+  for (size_t i = 0; i < reported_tokens(g); ++i) {
+    const StepLogprobs& s = g.logprobs[i];
+    json e = entry(s.sampled);
+    e["top_logprobs"] = json::array();
+    for (const TokenLogprob& t : s.top) e["top_logprobs"].push_back(entry(t));
+    content.push_back(std::move(e));
+  }
+  return {{"content", std::move(content)}};
+}
+
+// Completions (legacy): {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}],
+// "text_offset"}; each top_logprobs dict holds the k most probable tokens and the sampled one, as
+// OpenAI's (up to k + 1 entries). Offsets count characters from the start of the prompt.
+json completion_logprobs(const Tokenizer& tok, const GenResult& g, const std::string& prompt) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  int64_t offset = code_points(prompt);
+  for (size_t i = 0; i < reported_tokens(g); ++i) {
+    const StepLogprobs& s = g.logprobs[i];
+    const std::string text = token_text(tok, s.sampled.token);
+    tokens.push_back(text);
+    lps.push_back(s.sampled.logprob);
+    json top = json::object();
+    for (const TokenLogprob& t : s.top) top[token_text(tok, t.token)] = t.logprob;
+    top[text] = s.sampled.logprob;
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += tok.is_special(s.sampled.token) ? 0 : code_points(text);
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(lps)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+// The strata format's: one entry per generated token, parallel to "tokens".
+json strata_logprobs(const Tokenizer& tok, const GenResult& g) {
+  json out = json::array();
+  auto entry = [&](const TokenLogprob& t) {
+    return json{{"id", t.token}, {"token", token_text(tok, t.token)}, {"logprob", t.logprob}};
+  };
+  for (const StepLogprobs& s : g.logprobs) {
+    json e = entry(s.sampled);
+    e["top_logprobs"] = json::array();
+    for (const TokenLogprob& t : s.top) e["top_logprobs"].push_back(entry(t));
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+struct ChoiceText {
+  std::string text;
+  bool stopped = false;  // cut at a stop string
+};
+
+ChoiceText choice_text(const Tokenizer& tok, const GenResult& g, const std::vector<std::string>& stops) {
+  ChoiceText c{tok.decode(g.tokens, /*skip_special=*/true), false};
+  const size_t cut = first_stop(c.text, stops);
+  if (cut != std::string::npos) {
+    c.text.resize(cut);
+    c.stopped = true;
+  }
+  return c;
+}
+
+const std::vector<std::string>& stops_of(const PromptRecord& r, const AnswerSettings& s) {
+  return r.stop ? *r.stop : s.default_stop;
+}
+
+}  // namespace
+
+size_t first_stop(std::string_view text, const std::vector<std::string>& stops) {
+  size_t best = std::string::npos;
+  for (const std::string& s : stops)
+    if (!s.empty()) best = std::min(best, text.find(s));
+  return best;
+}
+
+StopCheck make_stop_check(const Tokenizer& tokenizer, std::vector<std::string> stops) {
+  std::erase_if(stops, [](const std::string& s) { return s.empty(); });
+  if (stops.empty()) return {};
+  size_t longest = 0;
+  for (const std::string& s : stops) longest = std::max(longest, s.size());
+  return [&tokenizer, stops = std::move(stops), longest](std::span<const int32_t> generated) {
+    if (generated.empty() || tokenizer.is_special(generated.back())) return false;  // no new text
+    // A match found now ends in the last token's bytes and starts at most longest - 1 bytes
+    // before them. Earlier matches would have stopped the sequence already.
+    size_t first = generated.size() - 1, before = 0;
+    while (first > 0 && before + 1 < longest) {
+      --first;
+      if (!tokenizer.is_special(generated[first])) before += tokenizer.token_bytes(generated[first]).size();
+    }
+    std::string bytes;
+    for (size_t i = first; i < generated.size(); ++i)
+      if (!tokenizer.is_special(generated[i])) bytes += tokenizer.token_bytes(generated[i]);
+    for (const std::string& s : stops)
+      if (bytes.find(s) != std::string::npos) return true;
+    return false;
+  };
+}
+
+std::string token_text(const Tokenizer& tokenizer, int32_t id) {
+  const std::string bytes = tokenizer.token_bytes(id);
+  if (valid_utf8(bytes)) return bytes;
+  std::string out = "bytes:";
+  char buf[5];
+  for (unsigned char c : bytes) {
+    std::snprintf(buf, sizeof buf, "\\x%02x", c);
+    out += buf;
+  }
+  return out;
+}
+
+GenRequest make_gen_request(const PromptRecord& r, std::vector<int32_t> prompt, const AnswerSettings& s) {
+  GenRequest g;
+  g.prompt = std::move(prompt);
+  g.sampling = r.sampling;
+  g.n = r.n;
+  g.logprobs = r.logprobs;
+  g.stop = make_stop_check(*s.tokenizer, stops_of(r, s));
+  return g;
+}
+
+json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const GenResult> choices,
+                 const AnswerSettings& s) {
+  const Tokenizer& tok = *s.tokenizer;
+  const std::vector<std::string>& stops = stops_of(r, s);
+  if (r.format == InputFormat::OpenAIBatch) {
+    Completion c;
+    c.prompt_tokens = prompt_tokens;
+    c.model = r.model.empty() ? s.model_name : r.model;
+    c.created = s.created;
+    for (const GenResult& g : choices) {
+      const ChoiceText t = choice_text(tok, g, stops);
+      CompletionChoice choice;
+      choice.text = t.text;
+      choice.finish_reason = t.stopped || g.finish != FinishReason::Length ? "stop" : "length";
+      if (r.logprobs >= 0)
+        choice.logprobs = r.endpoint == Endpoint::ChatCompletions ? chat_logprobs(tok, g) : completion_logprobs(tok, g, r.prompt);
+      c.completion_tokens += int64_t(g.tokens.size());
+      c.choices.push_back(std::move(choice));
+    }
+    return openai_response_line(r, c);
+  }
+
+  // The strata format: one choice in the top-level fields, as before n existed; n > 1 in "choices".
+  auto choice_json = [&](const GenResult& g) {
+    const ChoiceText t = choice_text(tok, g, stops);
+    json j;
+    j["completion"] = t.text;
+    j["tokens"] = g.tokens;
+    j["completion_tokens"] = g.tokens.size();
+    j["finish_reason"] = t.stopped ? "stop" : finish_reason_name(g.finish);
+    if (r.logprobs >= 0) j["logprobs"] = strata_logprobs(tok, g);
+    return j;
+  };
+  json line;
+  line["id"] = r.id;
+  if (choices.size() == 1) {
+    json c = choice_json(choices[0]);
+    line["completion"] = std::move(c["completion"]);
+    line["tokens"] = std::move(c["tokens"]);
+    line["prompt_tokens"] = prompt_tokens;
+    line["completion_tokens"] = std::move(c["completion_tokens"]);
+    line["finish_reason"] = std::move(c["finish_reason"]);
+    if (c.contains("logprobs")) line["logprobs"] = std::move(c["logprobs"]);
+    return line;
+  }
+  line["prompt_tokens"] = prompt_tokens;
+  int64_t total = 0;
+  json list = json::array();
+  for (size_t i = 0; i < choices.size(); ++i) {
+    json c = choice_json(choices[i]);
+    c["index"] = i;
+    total += int64_t(choices[i].tokens.size());
+    list.push_back(std::move(c));
+  }
+  line["completion_tokens"] = total;
+  line["choices"] = std::move(list);
+  return line;
+}
+
+}  // namespace strata
