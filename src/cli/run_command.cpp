@@ -45,6 +45,12 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--seed", opt->defaults.seed, "default seed")->capture_default_str();
   cmd->add_flag("--ignore-eos", opt->defaults.ignore_eos, "generate max_new_tokens even past EOS (benchmarks)");
   cmd->add_flag("!--no-progress", opt->progress, "no progress line");
+  cmd->add_flag("--ordered", opt->ordered,
+                "write answers in input order (default: completion order; holds back at most one window)");
+  cmd->add_option("--window", opt->window,
+                  "requests read and tokenized ahead, grouped by length into blocks (0: max(8 blocks, 4096))")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--policy", opt->policy,
                   "placement policy YAML (policies/), or auto (searched with the cost model for this machine's "
                   "cached profile); offloads weights, KV cache and activations; its block replaces --batch-size")

@@ -3,7 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <map>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <variant>
 #include <ctime>
 #include <optional>
 #include <cstdio>
@@ -14,7 +20,10 @@
 
 #include "strata/backend/backend.h"
 #include "strata/core/error.h"
+#include "strata/job/blocks.h"
 #include "strata/job/output.h"
+#include "strata/job/progress.h"
+#include "strata/job/prompt_stream.h"
 #include "strata/job/prompts.h"
 #include "strata/model/model_loader.h"
 #include "strata/core/size.h"
@@ -29,104 +38,109 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A request of this run, read and tokenized ahead of the engine by the reader thread.
 struct Tokenized {
-  const PromptRecord* record;
-  std::vector<int32_t> ids;
+  PromptRecord record;
+  std::vector<int32_t> ids;         // the prompt as the model reads it; empty with an error
+  std::optional<ServeError> error;  // OpenAI: answered with this error line instead
+  int64_t seq = 0;                  // position among this run's requests, for --ordered
 };
 
-// The text to tokenize: the prompt itself, or the messages rendered with the model's chat template.
-std::string render_prompt(const PromptRecord& r, const std::optional<ChatTemplate>& chat, const std::string& where) {
-  if (r.messages.empty()) return r.prompt;
-  if (!chat) throw Error(where + ": 'messages' given, but the model has no chat template; give 'prompt'");
-  return chat->render(r.messages, /*add_generation_prompt=*/true);
-}
+// Prompt -> token ids, as the model reads them (BOS, chat template). Used by pass 1 where a
+// count must be exact, and by the reader thread for every request.
+class PromptTokenizer {
+public:
+  PromptTokenizer(const ModelBundle& model, std::string file) : model_(model), file_(std::move(file)) {}
 
-// Tokenizes the job's requests. A strata line that cannot be served stops the job (FILE:LINE); an
-// OpenAI request becomes an error answer instead, as do requests that arrived with one.
-struct Prepared {
-  std::vector<Tokenized> work;
-  std::vector<std::pair<const PromptRecord*, ServeError>> errors;
-};
-
-Prepared tokenize_all(const std::vector<const PromptRecord*>& records, const ModelBundle& model,
-                      const std::string& file) {
-  Prepared out;
-  out.work.reserve(records.size());
-  const ModelConfig& cfg = model.config;
-  std::optional<ChatTemplate> chat;  // parsed once; an unsupported template fails only if used
-  const bool any_messages = std::any_of(records.begin(), records.end(),
-                                        [](const PromptRecord* r) { return !r->messages.empty() && !r->error; });
-  std::string no_chat = "'messages' given, but the model has no chat template; give 'prompt'";
-  if (any_messages && !model.chat_template.empty()) {
-    try {
-      chat = ChatTemplate::parse(model.chat_template);
-    } catch (const Error& e) {
-      no_chat = std::string("'messages' given, but the model's chat template cannot be used: ") + e.what();
-    }
-  }
-  for (const PromptRecord* rp : records) {
-    const PromptRecord& r = *rp;
-    if (r.error) {
-      out.errors.emplace_back(&r, *r.error);
-      continue;
-    }
-    const std::string where = file + ":" + std::to_string(r.line);
+  // The ids of a servable request. One that cannot be served (no chat template, no tokens, fills
+  // the context) throws "FILE:LINE: why" in the strata format and returns the error for OpenAI.
+  std::variant<std::vector<int32_t>, ServeError> tokenize(const PromptRecord& r) const {
+    if (r.error) return *r.error;
+    const std::string where = file_ + ":" + std::to_string(r.line);
     const bool openai = r.format == InputFormat::OpenAIBatch;
-    auto unservable = [&](const std::string& code, const std::string& why) {
+    auto unservable = [&](const std::string& code, const std::string& why) -> ServeError {
       if (!openai) throw Error(where + ": " + why);
-      out.errors.emplace_back(&r, ServeError{code, why});
+      return ServeError{code, why};
     };
-    if (!r.messages.empty() && !chat) {
-      unservable("unsupported_model", no_chat);
-      continue;
-    }
-    Tokenized t{&r, {}};
-    if (model.add_bos) t.ids.push_back(cfg.bos_id);
-    const std::vector<int32_t> ids = model.tokenizer->encode(render_prompt(r, chat, where));
-    t.ids.insert(t.ids.end(), ids.begin(), ids.end());
-    if (t.ids.empty()) {
-      unservable("invalid_value", "the prompt has no tokens");
-      continue;
-    }
-    for (int32_t id : t.ids)
+    const std::optional<std::string> text = render(r);
+    if (!text) return unservable("unsupported_model", no_chat_);
+    const ModelConfig& cfg = model_.config;
+    std::vector<int32_t> ids;
+    if (model_.add_bos) ids.push_back(cfg.bos_id);
+    const std::vector<int32_t> body = model_.tokenizer->encode(*text);
+    ids.insert(ids.end(), body.begin(), body.end());
+    if (ids.empty()) return unservable("invalid_value", "the prompt has no tokens");
+    for (int32_t id : ids)
       if (id < 0 || id >= cfg.vocab_size)
         throw Error(where + ": token id " + std::to_string(id) + " outside the model's vocabulary of " +
                     std::to_string(cfg.vocab_size) + " (tokenizer does not match the model)");
-    if (int(t.ids.size()) >= cfg.max_positions) {
-      unservable("context_length_exceeded", "prompt of " + std::to_string(t.ids.size()) +
-                                                " tokens fills the model's context of " +
-                                                std::to_string(cfg.max_positions));
-      continue;
-    }
-    out.work.push_back(std::move(t));
+    if (int(ids.size()) >= cfg.max_positions)
+      return unservable("context_length_exceeded", "prompt of " + std::to_string(ids.size()) +
+                                                       " tokens fills the model's context of " +
+                                                       std::to_string(cfg.max_positions));
+    return ids;
   }
-  return out;
-}
 
-class Progress {
-public:
-  Progress(std::ostream& log, bool enabled, int64_t total)
-      : log_(log), enabled_(enabled), tty_(enabled && isatty(STDERR_FILENO)), total_(total), t0_(Clock::now()) {}
-  void update(int64_t done, int64_t tokens, bool force = false) {
-    if (!enabled_) return;
-    const double t = std::chrono::duration<double>(Clock::now() - t0_).count();
-    if (!force && t - last_ < (tty_ ? 0.2 : 5.0)) return;
-    last_ = t;
-    log_ << (tty_ ? "\r" : "") << "[strata] " << done << "/" << total_ << " prompts, " << tokens
-         << " tokens generated, " << std::fixed << std::setprecision(1) << (t > 0 ? double(tokens) / t : 0.0)
-         << " tok/s, " << t << " s" << (tty_ ? "   " : "\n") << std::flush;
-  }
-  void end() {
-    if (enabled_ && tty_) log_ << "\n";
+  // An upper bound of the prompt's tokens without tokenizing: byte-level BPE makes at most one
+  // token a byte, SentencePiece at most one a character plus its leading space; and the BOS.
+  // nullopt when the prompt cannot be rendered (chat messages without a usable template).
+  std::optional<int64_t> token_bound(const PromptRecord& r) const {
+    const std::optional<std::string> text = render(r);
+    if (!text) return std::nullopt;
+    return int64_t(text->size()) + 1 + (model_.add_bos ? 1 : 0);
   }
 
 private:
-  std::ostream& log_;
-  bool enabled_, tty_;
-  int64_t total_;
-  Clock::time_point t0_;
-  double last_ = -1e9;
+  // The text to tokenize: the prompt itself, or the messages rendered with the model's chat
+  // template (parsed on first use: an unsupported template fails only a job that needs it).
+  std::optional<std::string> render(const PromptRecord& r) const {
+    if (r.messages.empty()) return r.prompt;
+    std::call_once(chat_once_, [this] {
+      if (model_.chat_template.empty()) return;
+      try {
+        chat_ = ChatTemplate::parse(model_.chat_template);
+      } catch (const Error& e) {
+        no_chat_ = std::string("'messages' given, but the model's chat template cannot be used: ") + e.what();
+      }
+    });
+    if (!chat_) return std::nullopt;
+    return chat_->render(r.messages, /*add_generation_prompt=*/true);
+  }
+
+  const ModelBundle& model_;
+  std::string file_;
+  mutable std::once_flag chat_once_;
+  mutable std::optional<ChatTemplate> chat_;
+  mutable std::string no_chat_ = "'messages' given, but the model has no chat template; give 'prompt'";
 };
+
+// The engine's requests for one job request (one; n > 1 would give several).
+std::vector<GenRequest> make_requests(const Tokenized& t) { return {GenRequest{t.ids, t.record.sampling, false}}; }
+
+// The output line of a finished request, from its results (one per make_requests entry).
+nlohmann::json answer_line(const Tokenized& t, std::span<const GenResult> results, const ModelBundle& model,
+                           int64_t created) {
+  const GenResult& r = results.front();
+  const PromptRecord& rec = t.record;
+  if (rec.format == InputFormat::OpenAIBatch) {
+    Completion c;
+    c.text = model.tokenizer->decode(r.tokens, /*skip_special=*/true);
+    c.prompt_tokens = int64_t(t.ids.size());
+    c.completion_tokens = int64_t(r.tokens.size());
+    c.finish_reason = r.finish == FinishReason::Eos ? "stop" : "length";
+    c.model = rec.model.empty() ? model.config.name : rec.model;
+    c.created = created;
+    return openai_response_line(rec, c);
+  }
+  nlohmann::json line;
+  line["id"] = rec.id;
+  line["completion"] = model.tokenizer->decode(r.tokens, /*skip_special=*/true);
+  line["tokens"] = r.tokens;
+  line["prompt_tokens"] = t.ids.size();
+  line["completion_tokens"] = r.tokens.size();
+  line["finish_reason"] = finish_reason_name(r.finish);
+  return line;
+}
 
 // Runs batches through either the resident generator or the offloading engine.
 class Generator {
@@ -284,116 +298,275 @@ private:
   std::unique_ptr<OffloadEngine> engine_;
 };
 
+// What pass 1 learns beside the checks: this shard's requests, and for --policy the exact
+// longest prompt and generation (the engine's plan) of the requests it will serve.
+struct JobScan {
+  PromptScan file;
+  int64_t mine = 0;      // this shard's requests
+  int64_t servable = 0;  // --policy: those the engine will run
+  PlanShape shape;       // --policy: their longest prompt and generation
+};
+
+// Pass 1. Tokenizes only where a count must be exact: a strata prompt that might fill the
+// context (its byte bound reaches it), and under --policy a prompt that might be the job's
+// longest or have its generation cut by the context. Everything else is checked untokenized.
+JobScan scan_job(const JobOptions& opt, const Shard& shard, const ModelBundle& model, const PromptTokenizer& tok,
+                 std::ostream& log) {
+  JobScan s;
+  const int ctx = model.config.max_positions;
+  const bool plan = !opt.policy.empty();
+  s.file = scan_prompts(
+      opt.prompts, opt.defaults, [&](const std::string& w) { log << "warning: " << w << "\n"; },
+      [&](const PromptRecord& r) {
+        if (!in_shard(r, shard)) return;
+        ++s.mine;
+        if (r.error) return;
+        const std::optional<int64_t> bound = tok.token_bound(r);
+        const int max_new = r.sampling.max_new_tokens;
+        const bool strata_check = r.format == InputFormat::Strata && (!bound || *bound >= ctx);
+        const bool plan_check = plan && (!bound || *bound > s.shape.prompt_len || int64_t(max_new) > ctx - *bound);
+        int64_t len = -1;  // unknown, but at most *bound
+        if (strata_check || plan_check) {
+          const auto ids = tok.tokenize(r);  // throws for a strata line that cannot be served
+          if (std::holds_alternative<ServeError>(ids)) return;  // OpenAI: an error line in pass 2
+          len = int64_t(std::get<std::vector<int32_t>>(ids).size());
+        }
+        if (!plan) return;
+        ++s.servable;
+        if (len >= 0) {
+          s.shape.prompt_len = std::max(s.shape.prompt_len, int(len));
+          s.shape.gen_len = std::max(s.shape.gen_len, std::min(max_new, ctx - int(len)));
+        } else {
+          s.shape.gen_len = std::max(s.shape.gen_len, max_new);
+        }
+      });
+  if (s.servable == 0) s.shape = {1, 1};
+  return s;
+}
+
+// A request on its way to the writer thread: its answer's results, or none for an error line.
+struct Finished {
+  Tokenized request;
+  std::vector<GenResult> results;
+};
+
 }  // namespace
 
 JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   if (opt.batch_size < 1) STRATA_FAIL("--batch-size must be at least 1, got " << opt.batch_size);
+  if (opt.window < 0) STRATA_FAIL("--window must be at least 1, got " << opt.window);
   const auto wall0 = Clock::now();
   const Shard shard = opt.shard.empty() ? Shard{} : parse_shard(opt.shard);
   if (!opt.errors.empty() && std::filesystem::weakly_canonical(opt.errors) == std::filesystem::weakly_canonical(opt.out))
     STRATA_FAIL("--errors must name another file than --out (without --errors, error lines go to --out)");
   ModelBundle model = open_model(opt.model, opt.tokenizer);
   if (!model.tokenizer) STRATA_FAIL(opt.model << ": the model has no tokenizer files; pass --tokenizer DIR");
+  const PromptTokenizer tok(model, opt.prompts.string());
 
-  // Validate and tokenize every line before touching the device or the output.
-  const std::vector<PromptRecord> records =
-      read_prompts(opt.prompts, opt.defaults, [&](const std::string& w) { log << "warning: " << w << "\n"; });
-  const bool openai = !records.empty() && records.front().format == InputFormat::OpenAIBatch;
-  if (!opt.errors.empty() && !records.empty() && !openai)
+  // Pass 1: check every line before touching the device or the output.
+  const JobScan scan = scan_job(opt, shard, model, tok, log);
+  const bool openai = scan.file.format == InputFormat::OpenAIBatch;
+  if (!opt.errors.empty() && scan.file.requests > 0 && !openai)
     STRATA_FAIL("--errors is for OpenAI batch files; " << opt.prompts.string() << " is in the strata format");
-  std::vector<const PromptRecord*> mine;  // this shard's requests (all without --shard)
-  for (const PromptRecord& r : records)
-    if (in_shard(r, shard)) mine.push_back(&r);
   if (!opt.shard.empty())
-    log << "shard " << opt.shard << ": " << mine.size() << " of " << records.size() << " requests\n";
-  const Prepared prepared = tokenize_all(mine, model, opt.prompts.string());
-  const std::vector<Tokenized>& all = prepared.work;
+    log << "shard " << opt.shard << ": " << scan.mine << " of " << scan.file.requests << " requests\n";
+  if (opt.progress)
+    log << "checked " << scan.file.requests << " requests in " << std::fixed << std::setprecision(2)
+        << scan.file.seconds << " s\n";
 
   // Load before touching the output, so a model that fails to load (or a policy that does not
   // fit) leaves no file behind.
   std::unique_ptr<Generator> gen;
-  if (opt.policy.empty()) {
-    gen = std::make_unique<ResidentGenerator>(model, opt, log);
-  } else {
-    PlanShape shape;  // the longest prompt and generation of the job bound every block
-    for (const Tokenized& t : all) {
-      shape.prompt_len = std::max(shape.prompt_len, int(t.ids.size()));
-      shape.gen_len = std::max(shape.gen_len, std::min(t.record->sampling.max_new_tokens,
-                                                       model.config.max_positions - int(t.ids.size())));
-    }
-    if (all.empty()) shape = {1, 1};
-    gen = std::make_unique<OffloadGenerator>(model, opt, shape, all.size(), log);
-  }
+  if (opt.policy.empty()) gen = std::make_unique<ResidentGenerator>(model, opt, log);
+  else gen = std::make_unique<OffloadGenerator>(model, opt, scan.shape, size_t(scan.servable), log);
   model.weights.reset();  // the mapping is no longer needed once the weights are in their tiers
 
   OutputWriter writer(opt.out);
   std::unique_ptr<OutputWriter> error_writer;  // --errors: a second resumable file
   if (!opt.errors.empty()) error_writer = std::make_unique<OutputWriter>(opt.errors);
   OutputWriter& errors_to = error_writer ? *error_writer : writer;
+  // Only the finished ids of earlier runs are kept: the output files' done sets.
   auto done = [&](const PromptRecord& r) {
     return writer.done_ids().count(r.id_key) || (error_writer && error_writer->done_ids().count(r.id_key));
   };
-  std::vector<const Tokenized*> todo;
-  for (const Tokenized& t : all)
-    if (!done(*t.record)) todo.push_back(&t);
-  JobSummary sum;
-  sum.prompts = int64_t(mine.size());
-  sum.in_file = int64_t(records.size());
-  for (const auto& [r, e] : prepared.errors)
-    if (!done(*r)) {
-      errors_to.write(openai_error_line(*r, e));
-      ++sum.errors;
-    }
-  if (sum.errors > 0) {
-    errors_to.flush();
-    log << sum.errors << " request" << (sum.errors == 1 ? "" : "s") << " cannot be served: error lines in "
-        << (error_writer ? opt.errors : opt.out).string() << "\n";
-  }
-  sum.resumed = int64_t(mine.size()) - int64_t(todo.size()) - sum.errors;
-  if (sum.resumed > 0)
-    log << "resuming " << writer.partial_path().string() << ": " << sum.resumed << " of " << mine.size()
+  const int64_t done_before = std::min<int64_t>(
+      scan.mine, int64_t(writer.done_ids().size() + (error_writer ? error_writer->done_ids().size() : 0)));
+  if (done_before > 0)
+    log << "resuming " << writer.partial_path().string() << ": " << done_before << " of " << scan.mine
         << " prompts already done\n";
   const int64_t created = int64_t(std::time(nullptr));
 
-  GenStats stats;
-  Progress progress(log, opt.progress, int64_t(todo.size()));
-  const size_t batch_size = gen->batch_size();
-  for (size_t begin = 0; begin < todo.size(); begin += batch_size) {
-    const size_t end = std::min(todo.size(), begin + batch_size);
-    std::vector<GenRequest> batch;
-    for (size_t i = begin; i < end; ++i) batch.push_back({todo[i]->ids, todo[i]->record->sampling});
-    const std::vector<GenResult> results = gen->run(batch, stats);
-    for (size_t i = begin; i < end; ++i) {
-      const GenResult& r = results[i - begin];
-      const PromptRecord& rec = *todo[i]->record;
-      if (rec.format == InputFormat::OpenAIBatch) {
-        Completion c;
-        c.text = model.tokenizer->decode(r.tokens, /*skip_special=*/true);
-        c.prompt_tokens = int64_t(todo[i]->ids.size());
-        c.completion_tokens = int64_t(r.tokens.size());
-        c.finish_reason = r.finish == FinishReason::Eos ? "stop" : "length";
-        c.model = rec.model.empty() ? model.config.name : rec.model;
-        c.created = created;
-        writer.write(openai_response_line(rec, c));
-        continue;
+  const size_t block = gen->batch_size();
+  const size_t window = opt.window > 0 ? size_t(opt.window) : std::max<size_t>(8 * block, 4096);
+  JobSummary sum;
+  sum.prompts = scan.mine;
+  sum.in_file = scan.file.requests;
+  sum.scan_seconds = scan.file.seconds;
+  sum.window = int64_t(window);
+
+  // Reader thread: pass 2, tokenizing up to a window ahead of the engine.
+  BoundedQueue<Tokenized> ahead(window);
+  std::exception_ptr reader_error, writer_error;
+  std::atomic<int64_t> skipped{0};
+  std::thread reader([&] {
+    try {
+      PromptReader in(opt.prompts, opt.defaults);
+      int64_t seq = 0;
+      while (std::optional<PromptRecord> r = in.next()) {
+        if (!in_shard(*r, shard)) continue;
+        if (done(*r)) {
+          ++skipped;
+          continue;
+        }
+        Tokenized t;
+        t.seq = seq++;
+        auto ids = tok.tokenize(*r);
+        if (auto* e = std::get_if<ServeError>(&ids)) t.error = std::move(*e);
+        else t.ids = std::move(std::get<std::vector<int32_t>>(ids));
+        t.record = std::move(*r);
+        if (!ahead.push(std::move(t))) return;
       }
-      nlohmann::json line;
-      line["id"] = todo[i]->record->id;
-      line["completion"] = model.tokenizer->decode(r.tokens, /*skip_special=*/true);
-      line["tokens"] = r.tokens;
-      line["prompt_tokens"] = todo[i]->ids.size();
-      line["completion_tokens"] = r.tokens.size();
-      line["finish_reason"] = finish_reason_name(r.finish);
-      writer.write(line);
+    } catch (...) {
+      reader_error = std::current_exception();
     }
-    writer.flush();
-    progress.update(int64_t(end), stats.generated_tokens, end == todo.size());
+    ahead.close();
+  });
+
+  // Writer thread: detokenizes, builds the lines and writes them; --ordered holds them back in a
+  // reorder buffer until the lines before them are written.
+  BoundedQueue<std::vector<Finished>> behind(4);
+  std::atomic<int64_t> errors_written{0}, reorder_peak{0};
+  std::atomic<double> first_answer{-1};
+  std::thread writer_thread([&] {
+    try {
+      std::map<int64_t, std::pair<nlohmann::json, bool>> held;  // seq -> line, is an error line
+      int64_t next = 0;
+      bool wrote = false;
+      auto put = [&](const nlohmann::json& line, bool error) {
+        (error ? errors_to : writer).write(line);
+        if (error) ++errors_written;
+        wrote = true;
+      };
+      auto last_flush = Clock::now();
+      while (std::optional<std::vector<Finished>> task = behind.pop()) {
+        for (Finished& f : *task) {
+          const bool error = f.results.empty();
+          nlohmann::json line = error ? openai_error_line(f.request.record, *f.request.error)
+                                      : answer_line(f.request, f.results, model, created);
+          if (!opt.ordered) {
+            put(line, error);
+            continue;
+          }
+          held.emplace(f.request.seq, std::make_pair(std::move(line), error));
+          reorder_peak = std::max<int64_t>(reorder_peak, int64_t(held.size()));
+          for (auto it = held.begin(); it != held.end() && it->first == next; it = held.erase(it), ++next)
+            put(it->second.first, it->second.second);
+        }
+        // Flush each block; when blocks queue up faster than the disk syncs, once a second.
+        if (first_answer < 0 || behind.size() == 0 || Clock::now() - last_flush > std::chrono::seconds(1)) {
+          writer.flush();
+          if (error_writer) error_writer->flush();
+          last_flush = Clock::now();
+          if (first_answer < 0 && wrote) first_answer = std::chrono::duration<double>(Clock::now() - wall0).count();
+        }
+      }
+      writer.flush();
+      if (error_writer) error_writer->flush();
+    } catch (...) {
+      writer_error = std::current_exception();
+      behind.abandon();
+    }
+  });
+  auto stop_threads = [&] {
+    ahead.abandon();
+    behind.close();
+    reader.join();
+    writer_thread.join();
+  };
+
+  // The engine, on this thread: a window of requests, sorted by length and cut into blocks.
+  GenStats stats;
+  Progress progress(log, opt.progress);
+  ProgressState ps;
+  ps.total = std::max<int64_t>(0, scan.mine - done_before);
+  int64_t windowed = 0, runs = 0;
+  try {
+    for (;;) {
+      std::vector<Tokenized> items;
+      while (items.size() < window) {
+        std::optional<Tokenized> t = ahead.pop();
+        if (!t) break;
+        items.push_back(std::move(*t));
+      }
+      if (items.empty()) break;
+      windowed += int64_t(items.size());
+      sum.window_peak = std::max(sum.window_peak, int64_t(items.size()));
+      std::vector<Finished> errors;
+      std::vector<size_t> work;  // items to generate for
+      std::vector<int> lengths;
+      for (size_t i = 0; i < items.size(); ++i)
+        if (items[i].error) errors.push_back({std::move(items[i]), {}});
+        else work.push_back(i), lengths.push_back(int(items[i].ids.size()));
+      if (!errors.empty()) {
+        ps.done += int64_t(errors.size());
+        if (!behind.push(std::move(errors))) break;
+      }
+      const std::vector<std::vector<size_t>> blocks = length_blocks(lengths, block);
+      sum.padding_input_order.add(input_order_padding(lengths, block));
+      ps.blocks_planned = ps.blocks_done + int64_t(blocks.size()) +
+                          (std::max<int64_t>(0, ps.total - windowed) + int64_t(block) - 1) / int64_t(block);
+      for (const std::vector<size_t>& b : blocks) {
+        sum.padding.add_block(lengths, b);
+        std::vector<GenRequest> batch;
+        std::vector<size_t> counts;
+        for (size_t k : b) {
+          std::vector<GenRequest> rs = make_requests(items[work[k]]);
+          counts.push_back(rs.size());
+          for (GenRequest& g : rs) batch.push_back(std::move(g));
+        }
+        std::vector<GenResult> results = gen->run(batch, stats);
+        runs += int64_t(batch.size());
+        std::vector<Finished> finished;
+        size_t at = 0;
+        for (size_t j = 0; j < b.size(); ++j) {
+          Finished f{std::move(items[work[b[j]]]), {}};
+          for (size_t c = 0; c < counts[j]; ++c) f.results.push_back(std::move(results[at++]));
+          finished.push_back(std::move(f));
+        }
+        if (!behind.push(std::move(finished))) break;
+        ++ps.blocks_done;
+        ++sum.blocks;
+        ps.done += int64_t(b.size());
+        ps.tokens = stats.generated_tokens;
+        progress.update(ps);
+      }
+      if (writer_error) break;
+    }
+  } catch (...) {
+    stop_threads();
+    progress.end();
+    throw;  // the finished blocks are in OUT.partial for a rerun
   }
+  ahead.abandon();  // the reader is done, or must stop where the writer failed
+  behind.close();
+  reader.join();
+  writer_thread.join();
+  ps.tokens = stats.generated_tokens;
+  progress.update(ps, true);
   progress.end();
+  if (writer_error) std::rethrow_exception(writer_error);
+  if (reader_error) std::rethrow_exception(reader_error);
   writer.finish();
   if (error_writer) error_writer->finish();
   gen->finish(log);
 
+  sum.errors = errors_written;
+  sum.resumed = skipped;
+  sum.reorder_peak = reorder_peak;
+  sum.first_answer_seconds = first_answer;
+  if (sum.errors > 0)
+    log << sum.errors << " request" << (sum.errors == 1 ? "" : "s") << " cannot be served: error lines in "
+        << (error_writer ? opt.errors : opt.out).string() << "\n";
   sum.prompt_tokens = stats.prompt_tokens;
   sum.generated_tokens = stats.generated_tokens;
   sum.prefill_seconds = stats.prefill_seconds;
@@ -407,9 +580,11 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
       << "\nprompt tokens: " << sum.prompt_tokens << ", generated tokens: " << sum.generated_tokens
       << "\nprefill: " << sum.prefill_seconds << " s, " << rate(double(sum.prompt_tokens), sum.prefill_seconds)
       << " tok/s\ndecode: " << sum.decode_seconds << " s, "
-      << rate(double(sum.generated_tokens - (int64_t(todo.size()))), sum.decode_seconds)
-      << " tok/s\ntotal: " << gen_s << " s, " << rate(double(sum.generated_tokens), gen_s)
-      << " generated tok/s (wall " << sum.wall_seconds << " s)\nwrote " << opt.out.string() << "\n";
+      << rate(double(sum.generated_tokens - runs), sum.decode_seconds) << " tok/s\ntotal: " << gen_s << " s, "
+      << rate(double(sum.generated_tokens), gen_s) << " generated tok/s (wall " << sum.wall_seconds
+      << " s)\npadding efficiency: " << sum.padding.efficiency() << " in " << sum.blocks << " blocks of <= " << block
+      << " (prompt tokens / block rows x longest prompt; " << sum.padding_input_order.efficiency()
+      << " in input order)\nwrote " << opt.out.string() << "\n";
   return sum;
 }
 

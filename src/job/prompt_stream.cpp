@@ -1,0 +1,132 @@
+#include "strata/job/prompt_stream.h"
+
+#include <algorithm>
+#include <chrono>
+#include <queue>
+#include <unordered_set>
+
+#include "strata/core/error.h"
+
+namespace strata {
+namespace {
+
+// FNV-1a then splitmix64's finalizer, which spreads FNV's weak high bits: for 10M ids the
+// chance of any collision is about 3e-6, and a collision costs only a reread (confirm_repeats).
+uint64_t fingerprint(std::string_view key) {
+  uint64_t h = fnv1a64(key);
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  h ^= h >> 31;
+  return h;
+}
+
+// Fingerprints in chunks of 1M: no reallocation doubles the peak, and sorted chunks merge.
+class Fingerprints {
+public:
+  void add(uint64_t f) {
+    if (chunks_.empty() || chunks_.back().size() == kChunk) {
+      chunks_.emplace_back();
+      chunks_.back().reserve(kChunk);
+    }
+    chunks_.back().push_back(f);
+  }
+  // The fingerprints seen more than once, sorted.
+  std::vector<uint64_t> repeated() {
+    for (auto& c : chunks_) std::sort(c.begin(), c.end());
+    using Head = std::pair<uint64_t, size_t>;  // value, chunk
+    std::priority_queue<Head, std::vector<Head>, std::greater<Head>> heads;
+    std::vector<size_t> pos(chunks_.size(), 0);
+    for (size_t c = 0; c < chunks_.size(); ++c)
+      if (!chunks_[c].empty()) heads.push({chunks_[c][0], c});
+    std::vector<uint64_t> out;
+    bool have_prev = false;
+    uint64_t prev = 0;
+    while (!heads.empty()) {
+      const auto [v, c] = heads.top();
+      heads.pop();
+      if (have_prev && v == prev && (out.empty() || out.back() != v)) out.push_back(v);
+      prev = v, have_prev = true;
+      if (++pos[c] < chunks_[c].size()) heads.push({chunks_[c][pos[c]], c});
+    }
+    return out;
+  }
+  void clear() { std::vector<std::vector<uint64_t>>().swap(chunks_); }
+
+private:
+  static constexpr size_t kChunk = size_t(1) << 20;
+  std::vector<std::vector<uint64_t>> chunks_;
+};
+
+// Rereads lines 1..last_line and throws "FILE:LINE: duplicate id X" at the first line whose id
+// an earlier line had, among the ids whose fingerprint repeats (`suspects`, sorted).
+void confirm_repeats(const std::filesystem::path& file, const SamplingParams& defaults,
+                     const std::vector<uint64_t>& suspects, int last_line) {
+  std::ifstream in(file);
+  if (!in) STRATA_FAIL("cannot open prompts file " << file.string());
+  PromptLineParser parser(file.string(), defaults);
+  std::unordered_set<std::string> seen;
+  std::string text;
+  for (int line = 1; line <= last_line && std::getline(in, text); ++line) {
+    const std::optional<PromptRecord> r = parser.parse(text, line);
+    if (!r || !std::binary_search(suspects.begin(), suspects.end(), fingerprint(r->id_key))) continue;
+    if (!seen.insert(r->id_key).second)
+      throw Error(file.string() + ":" + std::to_string(line) + ": " + duplicate_id_message(*r));
+  }
+}
+
+}  // namespace
+
+PromptScan scan_prompts(const std::filesystem::path& file, const SamplingParams& defaults,
+                        const std::function<void(const std::string&)>& warn,
+                        const std::function<void(const PromptRecord&)>& each) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::ifstream in(file);
+  if (!in) STRATA_FAIL("cannot open prompts file " << file.string());
+  PromptLineParser parser(file.string(), defaults, warn);
+  Fingerprints prints;
+  PromptScan scan;
+  std::string text;
+  int checked = 0;  // lines whose record parsed (and whose id is among the fingerprints)
+  try {
+    while (std::getline(in, text)) {
+      ++scan.lines;
+      const std::optional<PromptRecord> r = parser.parse(text, scan.lines);
+      checked = scan.lines;
+      if (!r) continue;
+      prints.add(fingerprint(r->id_key));
+      ++scan.requests;
+      if (each) each(*r);
+    }
+    if (in.bad()) STRATA_FAIL("error reading " << file.string());
+  } catch (const Error&) {
+    // A repeated id before the bad line refuses the file first, as read_prompts does.
+    const std::vector<uint64_t> suspects = prints.repeated();
+    prints.clear();
+    if (!suspects.empty()) confirm_repeats(file, defaults, suspects, checked);
+    throw;
+  }
+  const std::vector<uint64_t> suspects = prints.repeated();
+  prints.clear();
+  if (!suspects.empty()) confirm_repeats(file, defaults, suspects, scan.lines);
+  scan.format = parser.format();
+  scan.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return scan;
+}
+
+PromptReader::PromptReader(const std::filesystem::path& file, const SamplingParams& defaults)
+    : file_(file.string()), in_(file), parser_(file.string(), defaults) {
+  if (!in_) STRATA_FAIL("cannot open prompts file " << file_);
+}
+
+std::optional<PromptRecord> PromptReader::next() {
+  while (std::getline(in_, text_)) {
+    std::optional<PromptRecord> r = parser_.parse(text_, ++line_);
+    if (r) return r;
+  }
+  if (in_.bad()) STRATA_FAIL("error reading " << file_);
+  return std::nullopt;
+}
+
+}  // namespace strata
