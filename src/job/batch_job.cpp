@@ -582,7 +582,7 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
       << " tok/s\ndecode: " << sum.decode_seconds << " s, "
       << rate(double(sum.generated_tokens - runs), sum.decode_seconds) << " tok/s\ntotal: " << gen_s << " s, "
       << rate(double(sum.generated_tokens), gen_s) << " generated tok/s (wall " << sum.wall_seconds
-      << " s)\npadding efficiency: " << sum.padding.efficiency() << " in " << sum.blocks << " blocks of <= " << block
+      << " s, first answer after " << sum.first_answer_seconds << " s)\npadding efficiency: " << sum.padding.efficiency() << " in " << sum.blocks << " blocks of <= " << block
       << " (prompt tokens / block rows x longest prompt; " << sum.padding_input_order.efficiency()
       << " in input order)\nwrote " << opt.out.string() << "\n";
   return sum;
