@@ -85,6 +85,7 @@ public:
   // token a byte, SentencePiece at most one a character plus its leading space; and the BOS.
   // nullopt when the prompt cannot be rendered (chat messages without a usable template).
   std::optional<int64_t> token_bound(const PromptRecord& r) const {
+    if (r.messages.empty()) return int64_t(r.prompt.size()) + 1 + (model_.add_bos ? 1 : 0);
     const std::optional<std::string> text = render(r);
     if (!text) return std::nullopt;
     return int64_t(text->size()) + 1 + (model_.add_bos ? 1 : 0);

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
+#include <future>
+#include <thread>
 #include <queue>
 #include <unordered_set>
 
@@ -76,6 +79,44 @@ void confirm_repeats(const std::filesystem::path& file, const SamplingParams& de
   }
 }
 
+// Pass 1 parses batches of lines on several threads; the calling thread reads the lines and
+// merges the batches in file order, so errors, warnings and `each` come as a sequential pass's.
+struct LineBatch {
+  int first_line = 0;  // the line number of lines[0]
+  std::vector<std::string> lines;
+};
+
+struct BatchResult {
+  std::vector<PromptRecord> records;
+  std::vector<uint64_t> prints;       // one a record
+  std::vector<std::string> warnings;
+  std::exception_ptr error;           // the batch's first malformed line
+  int checked = 0;                    // the last line parsed without error
+};
+
+BatchResult parse_batch(const LineBatch& b, const std::string& file, const SamplingParams& defaults,
+                        InputFormat format, int format_line) {
+  BatchResult r;
+  PromptLineParser parser(file, defaults, [&r](const std::string& w) { r.warnings.push_back(w); });
+  parser.expect_format(format, format_line);
+  r.checked = b.first_line - 1;
+  try {
+    for (size_t i = 0; i < b.lines.size(); ++i) {
+      const int line = b.first_line + int(i);
+      std::optional<PromptRecord> rec = parser.parse(b.lines[i], line);
+      r.checked = line;
+      if (!rec) continue;
+      r.prints.push_back(fingerprint(rec->id_key));
+      r.records.push_back(std::move(*rec));
+    }
+  } catch (const Error&) {
+    r.error = std::current_exception();
+  }
+  return r;
+}
+
+constexpr size_t kBatchLines = 8192;
+
 }  // namespace
 
 PromptScan scan_prompts(const std::filesystem::path& file, const SamplingParams& defaults,
@@ -84,22 +125,66 @@ PromptScan scan_prompts(const std::filesystem::path& file, const SamplingParams&
   const auto t0 = std::chrono::steady_clock::now();
   std::ifstream in(file);
   if (!in) STRATA_FAIL("cannot open prompts file " << file.string());
-  PromptLineParser parser(file.string(), defaults, warn);
+  const std::string name = file.string();
+  // Warnings once per field across batches: keyed by their text after "FILE:LINE: ".
+  std::unordered_set<std::string> warned;
+  auto emit = [&](const std::string& w) {
+    const size_t at = w.find(": ", name.size());
+    if (warned.insert(at == std::string::npos ? w : w.substr(at + 2)).second && warn) warn(w);
+  };
+  PromptLineParser head(name, defaults, emit);  // the lines up to the first request
   Fingerprints prints;
   PromptScan scan;
-  std::string text;
-  int checked = 0;  // lines whose record parsed (and whose id is among the fingerprints)
+  int checked = 0;  // lines whose records were parsed and seen (their ids among the fingerprints)
+  auto add = [&](const PromptRecord& r, uint64_t print) {
+    prints.add(print);
+    ++scan.requests;
+    checked = r.line;
+    if (each) each(r);
+  };
+  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
   try {
-    while (std::getline(in, text)) {
-      ++scan.lines;
-      const std::optional<PromptRecord> r = parser.parse(text, scan.lines);
+    std::string text;
+    while (!head.format() && std::getline(in, text)) {
+      const std::optional<PromptRecord> r = head.parse(text, ++scan.lines);
       checked = scan.lines;
-      if (!r) continue;
-      prints.add(fingerprint(r->id_key));
-      ++scan.requests;
-      if (each) each(*r);
+      if (r) add(*r, fingerprint(r->id_key));
     }
-    if (in.bad()) STRATA_FAIL("error reading " << file.string());
+    if (head.format()) {
+      const InputFormat format = *head.format();
+      const int format_line = checked;
+      std::deque<std::future<BatchResult>> pending;
+      auto merge = [&](BatchResult r) {
+        for (const std::string& w : r.warnings) emit(w);
+        for (size_t i = 0; i < r.records.size(); ++i) add(r.records[i], r.prints[i]);
+        checked = r.checked;
+        if (r.error) std::rethrow_exception(r.error);
+      };
+      for (;;) {
+        LineBatch b;
+        b.first_line = scan.lines + 1;
+        b.lines.reserve(kBatchLines);
+        while (b.lines.size() < kBatchLines && std::getline(in, text)) {
+          ++scan.lines;
+          b.lines.push_back(std::move(text));
+        }
+        if (b.lines.empty()) break;
+        pending.push_back(std::async(std::launch::async, [b = std::move(b), &name, &defaults, format, format_line] {
+          return parse_batch(b, name, defaults, format, format_line);
+        }));
+        if (pending.size() > threads) {
+          BatchResult r = pending.front().get();
+          pending.pop_front();
+          merge(std::move(r));
+        }
+      }
+      while (!pending.empty()) {
+        BatchResult r = pending.front().get();
+        pending.pop_front();
+        merge(std::move(r));
+      }
+    }
+    if (in.bad()) STRATA_FAIL("error reading " << name);
   } catch (const Error&) {
     // A repeated id before the bad line refuses the file first, as read_prompts does.
     const std::vector<uint64_t> suspects = prints.repeated();
@@ -110,7 +195,7 @@ PromptScan scan_prompts(const std::filesystem::path& file, const SamplingParams&
   const std::vector<uint64_t> suspects = prints.repeated();
   prints.clear();
   if (!suspects.empty()) confirm_repeats(file, defaults, suspects, scan.lines);
-  scan.format = parser.format();
+  scan.format = head.format();
   scan.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return scan;
 }

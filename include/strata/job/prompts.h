@@ -52,6 +52,8 @@ public:
   // nullopt for a blank line; throws strata::Error "FILE:LINE: reason" for a malformed one.
   std::optional<PromptRecord> parse(std::string_view text, int line_no);
   std::optional<InputFormat> format() const { return format_; }
+  // For a parser that starts mid-file: the format that `first_line` set.
+  void expect_format(InputFormat format, int first_line) { format_ = format, first_line_ = first_line; }
 
 private:
   std::string file_;
