@@ -150,28 +150,32 @@ TEST_CASE("pass 1 over many batches of lines reports as a sequential pass does",
   const fs::path f = big("big.jsonl", {{9001, "{\"id\": 9001, \"prompt\": \"p\", \"extra\": 1}"},
                                        {17000, "{\"id\": 17000, \"prompt\": \"p\", \"extra\": 2}"},
                                        {12000, ""}});
-  std::vector<std::string> warnings;
-  std::vector<int> lines;
-  const PromptScan s = scan_prompts(
-      f, {}, [&](const std::string& w) { warnings.push_back(w); }, [&](const PromptRecord& r) { lines.push_back(r.line); });
-  CHECK(s.requests == 19999);
-  CHECK(s.lines == 20000);
-  REQUIRE(lines.size() == 19999);
-  CHECK(std::is_sorted(lines.begin(), lines.end()));
-  CHECK(lines.back() == 20000);
-  REQUIRE(warnings.size() == 1);
-  CHECK(warnings[0] == f.string() + ":9001: ignoring unknown field 'extra'");
+  for (const int threads : {1, 3}) {
+    INFO(threads << " threads");
+    std::vector<std::string> warnings;
+    std::vector<int> lines;
+    const PromptScan s = scan_prompts(
+        f, {}, [&](const std::string& w) { warnings.push_back(w); }, [&](const PromptRecord& r) { lines.push_back(r.line); },
+        threads);
+    CHECK(s.requests == 19999);
+    CHECK(s.lines == 20000);
+    REQUIRE(lines.size() == 19999);
+    CHECK(std::is_sorted(lines.begin(), lines.end()));
+    CHECK(lines.back() == 20000);
+    REQUIRE(warnings.size() == 1);
+    CHECK(warnings[0] == f.string() + ":9001: ignoring unknown field 'extra'");
+  }
 
   const std::string again = "{\"id\": 5, \"prompt\": \"again\"}";
   const fs::path dup = big("big_dup.jsonl", {{19000, again}});
-  CHECK(error_of([&] { scan_prompts(dup, {}, {}); }) == dup.string() + ":19000: duplicate id 5");
+  CHECK(error_of([&] { scan_prompts(dup, {}, {}, {}, 3); }) == dup.string() + ":19000: duplicate id 5");
   // The first of a repeated id and a malformed line refuses the file, wherever the batches fall.
   const fs::path dup_first = big("big_dup_first.jsonl", {{10000, again}, {19000, "{\"id\": 99999}"}});
-  CHECK(error_of([&] { scan_prompts(dup_first, {}, {}); }) == dup_first.string() + ":10000: duplicate id 5");
+  CHECK(error_of([&] { scan_prompts(dup_first, {}, {}, {}, 3); }) == dup_first.string() + ":10000: duplicate id 5");
   const fs::path bad_first = big("big_bad_first.jsonl", {{10000, "{\"id\": 99999}"}, {19000, again}});
-  CHECK(error_of([&] { scan_prompts(bad_first, {}, {}); }) == bad_first.string() + ":10000: missing field 'prompt'");
+  CHECK(error_of([&] { scan_prompts(bad_first, {}, {}, {}, 3); }) == bad_first.string() + ":10000: missing field 'prompt'");
   const fs::path mixed = big("big_mixed.jsonl", {{16000, "{\"custom_id\": \"x\", \"url\": \"/v1/completions\", \"body\": {}}"}});
-  CHECK_THAT(error_of([&] { scan_prompts(mixed, {}, {}); }),
+  CHECK_THAT(error_of([&] { scan_prompts(mixed, {}, {}, {}, 3); }),
              Catch::StartsWith(mixed.string() + ":16000: this line is in the OpenAI batch format, but line 1 is in the "
                                                 "strata format"));
 }

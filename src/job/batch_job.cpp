@@ -340,7 +340,8 @@ JobScan scan_job(const JobOptions& opt, const Shard& shard, const ModelBundle& m
         } else {
           s.shape.gen_len = std::max(s.shape.gen_len, max_new);
         }
-      });
+      },
+      opt.threads);
   if (s.servable == 0) s.shape = {1, 1};
   return s;
 }

@@ -1,5 +1,7 @@
 #include "strata/job/prompt_stream.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <deque>
@@ -121,7 +123,7 @@ constexpr size_t kBatchLines = 8192;
 
 PromptScan scan_prompts(const std::filesystem::path& file, const SamplingParams& defaults,
                         const std::function<void(const std::string&)>& warn,
-                        const std::function<void(const PromptRecord&)>& each) {
+                        const std::function<void(const PromptRecord&)>& each, int threads) {
   const auto t0 = std::chrono::steady_clock::now();
   std::ifstream in(file);
   if (!in) STRATA_FAIL("cannot open prompts file " << file.string());
@@ -142,7 +144,8 @@ PromptScan scan_prompts(const std::filesystem::path& file, const SamplingParams&
     checked = r.line;
     if (each) each(r);
   };
-  const size_t threads = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
+  const size_t workers =
+      threads > 0 ? size_t(threads) : std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8);
   try {
     std::string text;
     while (!head.format() && std::getline(in, text)) {
@@ -169,10 +172,14 @@ PromptScan scan_prompts(const std::filesystem::path& file, const SamplingParams&
           b.lines.push_back(std::move(text));
         }
         if (b.lines.empty()) break;
+        if (workers == 1) {  // no thread: the same batches, parsed here
+          merge(parse_batch(b, name, defaults, format, format_line));
+          continue;
+        }
         pending.push_back(std::async(std::launch::async, [b = std::move(b), &name, &defaults, format, format_line] {
           return parse_batch(b, name, defaults, format, format_line);
         }));
-        if (pending.size() > threads) {
+        if (pending.size() > workers) {
           BatchResult r = pending.front().get();
           pending.pop_front();
           merge(std::move(r));
@@ -195,6 +202,9 @@ PromptScan scan_prompts(const std::filesystem::path& file, const SamplingParams&
   const std::vector<uint64_t> suspects = prints.repeated();
   prints.clear();
   if (!suspects.empty()) confirm_repeats(file, defaults, suspects, scan.lines);
+#ifdef __GLIBC__
+  malloc_trim(0);  // give back what the parsing threads' malloc arenas hold
+#endif
   scan.format = head.format();
   scan.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return scan;

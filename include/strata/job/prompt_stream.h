@@ -27,10 +27,11 @@ struct PromptScan {
 // the first malformed line or repeated id, as read_prompts does, without keeping the records:
 // `each` sees every record (in file order) and may throw to refuse it too. Duplicates are found
 // by sorting 64-bit fingerprints of the ids (8 bytes a request, freed on return); a repeated
-// fingerprint is confirmed by rereading the file, so a hash collision refuses nothing.
+// fingerprint is confirmed by rereading the file, so a hash collision refuses nothing. Lines are
+// parsed in batches on `threads` threads (0: one a core), merged in file order.
 PromptScan scan_prompts(const std::filesystem::path& file, const SamplingParams& defaults,
                         const std::function<void(const std::string&)>& warn,
-                        const std::function<void(const PromptRecord&)>& each = {});
+                        const std::function<void(const PromptRecord&)>& each = {}, int threads = 0);
 
 // Pass 2: the records again, one at a time, in file order (no warnings: pass 1 gave them).
 class PromptReader {
