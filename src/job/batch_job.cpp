@@ -1,3 +1,6 @@
+// `strata run`: pass 1 over the input, the generator, and the three threads of pass 2 (read and
+// tokenize ahead, generate length-aware blocks, detokenize and write behind). The seams for
+// per-request work: PromptTokenizer, make_requests (request -> engine requests), answer_line.
 #include "strata/job/batch_job.h"
 
 #include <unistd.h>
@@ -352,6 +355,94 @@ struct Finished {
   std::vector<GenResult> results;
 };
 
+// The reader thread (pass 2): this shard's requests not answered yet, tokenized, in file order,
+// into `ahead`, which holds at most a window of them. Returns what stopped it, if anything.
+std::exception_ptr read_ahead(const JobOptions& opt, const Shard& shard, const PromptTokenizer& tok,
+                              const std::function<bool(const PromptRecord&)>& done, BoundedQueue<Tokenized>& ahead,
+                              std::atomic<int64_t>& skipped) {
+  std::exception_ptr error;
+  try {
+    PromptReader in(opt.prompts, opt.defaults);
+    int64_t seq = 0;
+    while (std::optional<PromptRecord> r = in.next()) {
+      if (!in_shard(*r, shard)) continue;
+      if (done(*r)) {
+        ++skipped;
+        continue;
+      }
+      Tokenized t;
+      t.seq = seq++;
+      auto ids = tok.tokenize(*r);
+      if (auto* e = std::get_if<ServeError>(&ids)) t.error = std::move(*e);
+      else t.ids = std::move(std::get<std::vector<int32_t>>(ids));
+      t.record = std::move(*r);
+      if (!ahead.push(std::move(t))) break;  // the engine stopped
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  ahead.close();
+  return error;
+}
+
+// The writer thread's files and what it reports.
+struct WriteBehind {
+  OutputWriter& out;
+  OutputWriter* errors;  // --errors, else error lines go to `out`
+  bool ordered;
+  Clock::time_point start;
+  std::atomic<int64_t> errors_written{0}, reorder_peak{0};
+  std::atomic<double> first_answer{-1};  // seconds from `start` until the first line was flushed
+};
+
+// The writer thread: builds each finished request's line (detokenizing) and writes it. With
+// --ordered, a reorder buffer holds lines back until every earlier one is written; a window is
+// finished before the next starts, so it holds at most one window. Flushes after each block, or
+// once a second while blocks queue up faster than the disk syncs.
+std::exception_ptr write_behind(BoundedQueue<std::vector<Finished>>& behind, WriteBehind& w,
+                                const std::function<nlohmann::json(const Finished&)>& line_of) {
+  std::exception_ptr error;
+  try {
+    std::map<int64_t, std::pair<nlohmann::json, bool>> held;  // seq -> line, is an error line
+    int64_t next = 0;
+    bool wrote = false;
+    auto put = [&](const nlohmann::json& line, bool is_error) {
+      (is_error && w.errors ? *w.errors : w.out).write(line);
+      if (is_error) ++w.errors_written;
+      wrote = true;
+    };
+    auto flush = [&] {
+      w.out.flush();
+      if (w.errors) w.errors->flush();
+    };
+    auto last_flush = Clock::now();
+    while (std::optional<std::vector<Finished>> task = behind.pop()) {
+      for (const Finished& f : *task) {
+        const bool is_error = f.results.empty();
+        nlohmann::json line = line_of(f);
+        if (!w.ordered) {
+          put(line, is_error);
+          continue;
+        }
+        held.emplace(f.request.seq, std::make_pair(std::move(line), is_error));
+        w.reorder_peak = std::max<int64_t>(w.reorder_peak, int64_t(held.size()));
+        for (auto it = held.begin(); it != held.end() && it->first == next; it = held.erase(it), ++next)
+          put(it->second.first, it->second.second);
+      }
+      if (w.first_answer < 0 || behind.size() == 0 || Clock::now() - last_flush > std::chrono::seconds(1)) {
+        flush();
+        last_flush = Clock::now();
+        if (w.first_answer < 0 && wrote) w.first_answer = std::chrono::duration<double>(Clock::now() - w.start).count();
+      }
+    }
+    flush();
+  } catch (...) {
+    error = std::current_exception();
+    behind.abandon();  // the engine's next push fails, and it stops
+  }
+  return error;
+}
+
 }  // namespace
 
 JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
@@ -386,7 +477,6 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   OutputWriter writer(opt.out);
   std::unique_ptr<OutputWriter> error_writer;  // --errors: a second resumable file
   if (!opt.errors.empty()) error_writer = std::make_unique<OutputWriter>(opt.errors);
-  OutputWriter& errors_to = error_writer ? *error_writer : writer;
   // Only the finished ids of earlier runs are kept: the output files' done sets.
   auto done = [&](const PromptRecord& r) {
     return writer.done_ids().count(r.id_key) || (error_writer && error_writer->done_ids().count(r.id_key));
@@ -410,74 +500,16 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   BoundedQueue<Tokenized> ahead(window);
   std::exception_ptr reader_error, writer_error;
   std::atomic<int64_t> skipped{0};
-  std::thread reader([&] {
-    try {
-      PromptReader in(opt.prompts, opt.defaults);
-      int64_t seq = 0;
-      while (std::optional<PromptRecord> r = in.next()) {
-        if (!in_shard(*r, shard)) continue;
-        if (done(*r)) {
-          ++skipped;
-          continue;
-        }
-        Tokenized t;
-        t.seq = seq++;
-        auto ids = tok.tokenize(*r);
-        if (auto* e = std::get_if<ServeError>(&ids)) t.error = std::move(*e);
-        else t.ids = std::move(std::get<std::vector<int32_t>>(ids));
-        t.record = std::move(*r);
-        if (!ahead.push(std::move(t))) return;
-      }
-    } catch (...) {
-      reader_error = std::current_exception();
-    }
-    ahead.close();
-  });
+  std::thread reader([&] { reader_error = read_ahead(opt, shard, tok, done, ahead, skipped); });
 
-  // Writer thread: detokenizes, builds the lines and writes them; --ordered holds them back in a
-  // reorder buffer until the lines before them are written.
+  // Writer thread: detokenizes, builds the lines and writes them, in completion or input order.
   BoundedQueue<std::vector<Finished>> behind(4);
-  std::atomic<int64_t> errors_written{0}, reorder_peak{0};
-  std::atomic<double> first_answer{-1};
+  WriteBehind wb{writer, error_writer.get(), opt.ordered, wall0};
   std::thread writer_thread([&] {
-    try {
-      std::map<int64_t, std::pair<nlohmann::json, bool>> held;  // seq -> line, is an error line
-      int64_t next = 0;
-      bool wrote = false;
-      auto put = [&](const nlohmann::json& line, bool error) {
-        (error ? errors_to : writer).write(line);
-        if (error) ++errors_written;
-        wrote = true;
-      };
-      auto last_flush = Clock::now();
-      while (std::optional<std::vector<Finished>> task = behind.pop()) {
-        for (Finished& f : *task) {
-          const bool error = f.results.empty();
-          nlohmann::json line = error ? openai_error_line(f.request.record, *f.request.error)
-                                      : answer_line(f.request, f.results, model, created);
-          if (!opt.ordered) {
-            put(line, error);
-            continue;
-          }
-          held.emplace(f.request.seq, std::make_pair(std::move(line), error));
-          reorder_peak = std::max<int64_t>(reorder_peak, int64_t(held.size()));
-          for (auto it = held.begin(); it != held.end() && it->first == next; it = held.erase(it), ++next)
-            put(it->second.first, it->second.second);
-        }
-        // Flush each block; when blocks queue up faster than the disk syncs, once a second.
-        if (first_answer < 0 || behind.size() == 0 || Clock::now() - last_flush > std::chrono::seconds(1)) {
-          writer.flush();
-          if (error_writer) error_writer->flush();
-          last_flush = Clock::now();
-          if (first_answer < 0 && wrote) first_answer = std::chrono::duration<double>(Clock::now() - wall0).count();
-        }
-      }
-      writer.flush();
-      if (error_writer) error_writer->flush();
-    } catch (...) {
-      writer_error = std::current_exception();
-      behind.abandon();
-    }
+    writer_error = write_behind(behind, wb, [&](const Finished& f) {
+      return f.results.empty() ? openai_error_line(f.request.record, *f.request.error)
+                               : answer_line(f.request, f.results, model, created);
+    });
   });
   auto stop_threads = [&] {
     ahead.abandon();
@@ -562,10 +594,10 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   if (error_writer) error_writer->finish();
   gen->finish(log);
 
-  sum.errors = errors_written;
+  sum.errors = wb.errors_written;
   sum.resumed = skipped;
-  sum.reorder_peak = reorder_peak;
-  sum.first_answer_seconds = first_answer;
+  sum.reorder_peak = wb.reorder_peak;
+  sum.first_answer_seconds = wb.first_answer;
   if (sum.errors > 0)
     log << sum.errors << " request" << (sum.errors == 1 ? "" : "s") << " cannot be served: error lines in "
         << (error_writer ? opt.errors : opt.out).string() << "\n";
