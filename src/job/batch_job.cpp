@@ -524,8 +524,9 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   ProgressState ps;
   ps.total = std::max<int64_t>(0, scan.mine - done_before);
   int64_t windowed = 0, runs = 0;
+  bool writer_gone = false;  // a push failed: the writer thread stopped on an error
   try {
-    for (;;) {
+    while (!writer_gone) {
       std::vector<Tokenized> items;
       while (items.size() < window) {
         std::optional<Tokenized> t = ahead.pop();
@@ -543,7 +544,7 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
         else work.push_back(i), lengths.push_back(int(items[i].ids.size()));
       if (!errors.empty()) {
         ps.done += int64_t(errors.size());
-        if (!behind.push(std::move(errors))) break;
+        if (!behind.push(std::move(errors))) break;  // the writer failed
       }
       const std::vector<std::vector<size_t>> blocks = length_blocks(lengths, block);
       sum.padding_input_order.add(input_order_padding(lengths, block));
@@ -567,14 +568,16 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
           for (size_t c = 0; c < counts[j]; ++c) f.results.push_back(std::move(results[at++]));
           finished.push_back(std::move(f));
         }
-        if (!behind.push(std::move(finished))) break;
+        if (!behind.push(std::move(finished))) {
+          writer_gone = true;
+          break;
+        }
         ++ps.blocks_done;
         ++sum.blocks;
         ps.done += int64_t(b.size());
         ps.tokens = stats.generated_tokens;
         progress.update(ps);
       }
-      if (writer_error) break;
     }
   } catch (...) {
     stop_threads();
