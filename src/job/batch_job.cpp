@@ -447,7 +447,7 @@ std::exception_ptr write_behind(BoundedQueue<std::vector<Finished>>& behind, Wri
 
 JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   if (opt.batch_size < 1) STRATA_FAIL("--batch-size must be at least 1, got " << opt.batch_size);
-  if (opt.window < 0) STRATA_FAIL("--window must be at least 1, got " << opt.window);
+  if (opt.window < 0) STRATA_FAIL("--window must be >= 0 (0: the default), got " << opt.window);
   const auto wall0 = Clock::now();
   const Shard shard = opt.shard.empty() ? Shard{} : parse_shard(opt.shard);
   if (!opt.errors.empty() && std::filesystem::weakly_canonical(opt.errors) == std::filesystem::weakly_canonical(opt.out))
