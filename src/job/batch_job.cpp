@@ -308,6 +308,7 @@ struct JobScan {
   PromptScan file;
   int64_t mine = 0;      // this shard's requests
   int64_t servable = 0;  // --policy: those the engine will run
+  int64_t tokenized = 0;  // requests pass 1 had to tokenize
   PlanShape shape;       // --policy: their longest prompt and generation
 };
 
@@ -331,6 +332,7 @@ JobScan scan_job(const JobOptions& opt, const Shard& shard, const ModelBundle& m
         const bool plan_check = plan && (!bound || *bound > s.shape.prompt_len || int64_t(max_new) > ctx - *bound);
         int64_t len = -1;  // unknown, but at most *bound
         if (strata_check || plan_check) {
+          ++s.tokenized;
           const auto ids = tok.tokenize(r);  // throws for a strata line that cannot be served
           if (std::holds_alternative<ServeError>(ids)) return;  // OpenAI: an error line in pass 2
           len = int64_t(std::get<std::vector<int32_t>>(ids).size());
@@ -465,7 +467,11 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
     log << "shard " << opt.shard << ": " << scan.mine << " of " << scan.file.requests << " requests\n";
   if (opt.progress)
     log << "checked " << scan.file.requests << " requests in " << std::fixed << std::setprecision(2)
-        << scan.file.seconds << " s\n";
+        << scan.file.seconds << " s"
+        << (scan.tokenized > 0 ? " (tokenized " + std::to_string(scan.tokenized) + " of them" +
+                                     (opt.policy.empty() ? " that might fill the context)" : " to plan the engine)")
+                               : std::string())
+        << "\n";
 
   // Load before touching the output, so a model that fails to load (or a policy that does not
   // fit) leaves no file behind.
