@@ -360,3 +360,50 @@ TEST_CASE("a streamed job resumes: only the ids not yet in OUT.partial run", "[j
   for (const json& l : lines) ++seen[l["id"]];
   for (int i = 0; i < 6; ++i) CHECK(seen["p" + std::to_string(i)] == 1);
 }
+
+TEST_CASE("pass 1 refuses a strata prompt that fills the context, tokenizing only the long ones", "[job]") {
+  // tiny-opt's context is 128 tokens. A prompt of 160 bytes may or may not fill it: pass 1
+  // tokenizes it (its byte bound reaches the context) and decides.
+  std::string fits, fills;
+  for (int i = 0; i < 40; ++i) fits += "the ";  // 160 bytes, 41 tokens
+  for (int i = 0; i < 150; ++i) fills += "x y ";
+  std::string text;
+  for (int i = 0; i < 3; ++i) text += json{{"id", i}, {"prompt", "short " + std::to_string(i)}}.dump() + "\n";
+  text += json{{"id", 3}, {"prompt", fits}, {"max_new_tokens", 2}}.dump() + "\n";
+  const fs::path ok = write_file("ctx_ok.jsonl", text), out = temp_dir() / "ctx_out.jsonl";
+  std::ostringstream log;
+  JobOptions o = job(ok, out, 2, 0, false);
+  o.progress = true;  // the "checked" line
+  o.defaults.max_new_tokens = 2;
+  const JobSummary s = run_batch_job(o, log);
+  CHECK(s.prompts == 4);
+  CHECK_THAT(log.str(), Catch::Contains("checked 4 requests") && Catch::Contains("tokenized 1 of them"));
+  const fs::path bad = write_file("ctx_bad.jsonl", text + json{{"id", 4}, {"prompt", fills}}.dump() + "\n");
+  CHECK_THAT(error_of([&] { run_batch_job(job(bad, out, 2, 0, false), log); }),
+             Catch::Contains("ctx_bad.jsonl:5: prompt of") && Catch::Contains("fills the model's context of 128"));
+  CHECK_FALSE(fs::exists(out.string() + ".partial"));
+}
+
+TEST_CASE("under --policy the engine is planned for the job's longest prompt, found in pass 1", "[job][offload]") {
+  const fs::path in = strata_file("plan.jsonl", 9), out = temp_dir() / "plan_out.jsonl";
+  const fs::path policy = write_file("plan.yaml", "gpu_batch_size: 2\nnum_gpu_batches: 2\n"
+                                                  "weights: {gpu: 0, cpu: 100, disk: 0}\n"
+                                                  "kv_cache: {gpu: 0, cpu: 100, disk: 0}\n"
+                                                  "activations: {gpu: 100, cpu: 0, disk: 0}\n");
+  JobOptions o = job(in, out, 2, 0, false);
+  o.policy = policy;
+  o.offload_dir = temp_dir() / "offload";
+  std::ostringstream log;
+  const JobSummary s = run_batch_job(o, log);
+  int64_t longest = 0;
+  for (const json& l : read_lines(out)) longest = std::max<int64_t>(longest, l["prompt_tokens"]);
+  INFO(log.str());
+  CHECK_THAT(log.str(), Catch::Contains("block 2 x 2, prompt <= " + std::to_string(longest) + ", generation <= 3"));
+  CHECK(s.blocks == 3);  // 9 requests in blocks of 4
+  // The same answers as the resident generator's.
+  const fs::path ref = temp_dir() / "plan_ref.jsonl";
+  run_batch_job(job(in, ref, 3, 0, false), log);
+  std::map<std::string, json> want;
+  for (const json& l : read_lines(ref)) want[l["id"]] = l["tokens"];
+  for (const json& l : read_lines(out)) CHECK(l["tokens"] == want.at(l["id"]));
+}
