@@ -27,7 +27,7 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--batch-size", opt->batch_size, "sequences generated together")->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--threads", opt->threads, "CPU threads for the cpu backend (0: all cores)")->capture_default_str();
+  cmd->add_option("--threads", opt->threads, "CPU threads for the cpu backend and for checking the input (0: all cores)")->capture_default_str();
   auto* prefill = cmd->add_option("--prefill-tokens", opt->prefill_token_budget,
                                   "tokens per prefill step (under --policy: the policy's prefill_tokens, else 1024)")
                        ->check(CLI::PositiveNumber)
@@ -49,6 +49,12 @@ void add_run_command(CLI::App& app) {
                   "first match, which is cut from the text")
       ->allow_extra_args(false);
   cmd->add_flag("!--no-progress", opt->progress, "no progress line");
+  cmd->add_flag("--ordered", opt->ordered,
+                "write answers in input order (default: completion order; holds back at most one window)");
+  cmd->add_option("--window", opt->window,
+                  "requests read and tokenized ahead, grouped by length into blocks (0: max(8 blocks, 4096))")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--policy", opt->policy,
                   "placement policy YAML (policies/), or auto (searched with the cost model for this machine's "
                   "cached profile); offloads weights, KV cache and activations; its block replaces --batch-size")

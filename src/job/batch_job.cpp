@@ -1,9 +1,18 @@
+// `strata run`: pass 1 over the input, the generator, and the three threads of pass 2 (read and
+// tokenize ahead, generate length-aware blocks, detokenize and write behind). The seams for
+// per-request work: PromptTokenizer, make_requests (request -> engine requests), answer_line.
 #include "strata/job/batch_job.h"
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <map>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <variant>
 #include <ctime>
 #include <optional>
 #include <cstdio>
@@ -15,7 +24,10 @@
 #include "strata/backend/backend.h"
 #include "strata/core/error.h"
 #include "strata/job/answers.h"
+#include "strata/job/blocks.h"
 #include "strata/job/output.h"
+#include "strata/job/progress.h"
+#include "strata/job/prompt_stream.h"
 #include "strata/job/prompts.h"
 #include "strata/model/model_loader.h"
 #include "strata/core/size.h"
@@ -30,103 +42,81 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A request of this run, read and tokenized ahead of the engine by the reader thread.
 struct Tokenized {
-  const PromptRecord* record;
-  std::vector<int32_t> ids;
+  PromptRecord record;
+  std::vector<int32_t> ids;         // the prompt as the model reads it; empty with an error
+  std::optional<ServeError> error;  // OpenAI: answered with this error line instead
+  int64_t seq = 0;                  // position among this run's requests, for --ordered
 };
 
-// The text to tokenize: the prompt itself, or the messages rendered with the model's chat template.
-std::string render_prompt(const PromptRecord& r, const std::optional<ChatTemplate>& chat, const std::string& where) {
-  if (r.messages.empty()) return r.prompt;
-  if (!chat) throw Error(where + ": 'messages' given, but the model has no chat template; give 'prompt'");
-  return chat->render(r.messages, /*add_generation_prompt=*/true);
-}
+// Prompt -> token ids, as the model reads them (BOS, chat template). Used by pass 1 where a
+// count must be exact, and by the reader thread for every request.
+class PromptTokenizer {
+public:
+  PromptTokenizer(const ModelBundle& model, std::string file) : model_(model), file_(std::move(file)) {}
 
-// Tokenizes the job's requests. A strata line that cannot be served stops the job (FILE:LINE); an
-// OpenAI request becomes an error answer instead, as do requests that arrived with one.
-struct Prepared {
-  std::vector<Tokenized> work;
-  std::vector<std::pair<const PromptRecord*, ServeError>> errors;
-};
-
-Prepared tokenize_all(const std::vector<const PromptRecord*>& records, const ModelBundle& model,
-                      const std::string& file) {
-  Prepared out;
-  out.work.reserve(records.size());
-  const ModelConfig& cfg = model.config;
-  std::optional<ChatTemplate> chat;  // parsed once; an unsupported template fails only if used
-  const bool any_messages = std::any_of(records.begin(), records.end(),
-                                        [](const PromptRecord* r) { return !r->messages.empty() && !r->error; });
-  std::string no_chat = "'messages' given, but the model has no chat template; give 'prompt'";
-  if (any_messages && !model.chat_template.empty()) {
-    try {
-      chat = ChatTemplate::parse(model.chat_template);
-    } catch (const Error& e) {
-      no_chat = std::string("'messages' given, but the model's chat template cannot be used: ") + e.what();
-    }
-  }
-  for (const PromptRecord* rp : records) {
-    const PromptRecord& r = *rp;
-    if (r.error) {
-      out.errors.emplace_back(&r, *r.error);
-      continue;
-    }
-    const std::string where = file + ":" + std::to_string(r.line);
+  // The ids of a servable request. One that cannot be served (no chat template, no tokens, fills
+  // the context) throws "FILE:LINE: why" in the strata format and returns the error for OpenAI.
+  std::variant<std::vector<int32_t>, ServeError> tokenize(const PromptRecord& r) const {
+    if (r.error) return *r.error;
+    const std::string where = file_ + ":" + std::to_string(r.line);
     const bool openai = r.format == InputFormat::OpenAIBatch;
-    auto unservable = [&](const std::string& code, const std::string& why) {
+    auto unservable = [&](const std::string& code, const std::string& why) -> ServeError {
       if (!openai) throw Error(where + ": " + why);
-      out.errors.emplace_back(&r, ServeError{code, why});
+      return ServeError{code, why};
     };
-    if (!r.messages.empty() && !chat) {
-      unservable("unsupported_model", no_chat);
-      continue;
-    }
-    Tokenized t{&r, {}};
-    if (model.add_bos) t.ids.push_back(cfg.bos_id);
-    const std::vector<int32_t> ids = model.tokenizer->encode(render_prompt(r, chat, where));
-    t.ids.insert(t.ids.end(), ids.begin(), ids.end());
-    if (t.ids.empty()) {
-      unservable("invalid_value", "the prompt has no tokens");
-      continue;
-    }
-    for (int32_t id : t.ids)
+    const std::optional<std::string> text = render(r);
+    if (!text) return unservable("unsupported_model", no_chat_);
+    const ModelConfig& cfg = model_.config;
+    std::vector<int32_t> ids;
+    if (model_.add_bos) ids.push_back(cfg.bos_id);
+    const std::vector<int32_t> body = model_.tokenizer->encode(*text);
+    ids.insert(ids.end(), body.begin(), body.end());
+    if (ids.empty()) return unservable("invalid_value", "the prompt has no tokens");
+    for (int32_t id : ids)
       if (id < 0 || id >= cfg.vocab_size)
         throw Error(where + ": token id " + std::to_string(id) + " outside the model's vocabulary of " +
                     std::to_string(cfg.vocab_size) + " (tokenizer does not match the model)");
-    if (int(t.ids.size()) >= cfg.max_positions) {
-      unservable("context_length_exceeded", "prompt of " + std::to_string(t.ids.size()) +
-                                                " tokens fills the model's context of " +
-                                                std::to_string(cfg.max_positions));
-      continue;
-    }
-    out.work.push_back(std::move(t));
+    if (int(ids.size()) >= cfg.max_positions)
+      return unservable("context_length_exceeded", "prompt of " + std::to_string(ids.size()) +
+                                                       " tokens fills the model's context of " +
+                                                       std::to_string(cfg.max_positions));
+    return ids;
   }
-  return out;
-}
 
-class Progress {
-public:
-  Progress(std::ostream& log, bool enabled, int64_t total)
-      : log_(log), enabled_(enabled), tty_(enabled && isatty(STDERR_FILENO)), total_(total), t0_(Clock::now()) {}
-  void update(int64_t done, int64_t tokens, bool force = false) {
-    if (!enabled_) return;
-    const double t = std::chrono::duration<double>(Clock::now() - t0_).count();
-    if (!force && t - last_ < (tty_ ? 0.2 : 5.0)) return;
-    last_ = t;
-    log_ << (tty_ ? "\r" : "") << "[strata] " << done << "/" << total_ << " prompts, " << tokens
-         << " tokens generated, " << std::fixed << std::setprecision(1) << (t > 0 ? double(tokens) / t : 0.0)
-         << " tok/s, " << t << " s" << (tty_ ? "   " : "\n") << std::flush;
-  }
-  void end() {
-    if (enabled_ && tty_) log_ << "\n";
+  // An upper bound of the prompt's tokens without tokenizing: byte-level BPE makes at most one
+  // token a byte, SentencePiece at most one a character plus its leading space; and the BOS.
+  // nullopt when the prompt cannot be rendered (chat messages without a usable template).
+  std::optional<int64_t> token_bound(const PromptRecord& r) const {
+    if (r.messages.empty()) return int64_t(r.prompt.size()) + 1 + (model_.add_bos ? 1 : 0);
+    const std::optional<std::string> text = render(r);
+    if (!text) return std::nullopt;
+    return int64_t(text->size()) + 1 + (model_.add_bos ? 1 : 0);
   }
 
 private:
-  std::ostream& log_;
-  bool enabled_, tty_;
-  int64_t total_;
-  Clock::time_point t0_;
-  double last_ = -1e9;
+  // The text to tokenize: the prompt itself, or the messages rendered with the model's chat
+  // template (parsed on first use: an unsupported template fails only a job that needs it).
+  std::optional<std::string> render(const PromptRecord& r) const {
+    if (r.messages.empty()) return r.prompt;
+    std::call_once(chat_once_, [this] {
+      if (model_.chat_template.empty()) return;
+      try {
+        chat_ = ChatTemplate::parse(model_.chat_template);
+      } catch (const Error& e) {
+        no_chat_ = std::string("'messages' given, but the model's chat template cannot be used: ") + e.what();
+      }
+    });
+    if (!chat_) return std::nullopt;
+    return chat_->render(r.messages, /*add_generation_prompt=*/true);
+  }
+
+  const ModelBundle& model_;
+  std::string file_;
+  mutable std::once_flag chat_once_;
+  mutable std::optional<ChatTemplate> chat_;
+  mutable std::string no_chat_ = "'messages' given, but the model has no chat template; give 'prompt'";
 };
 
 // Runs batches through either the resident generator or the offloading engine.
@@ -285,109 +275,327 @@ private:
   std::unique_ptr<OffloadEngine> engine_;
 };
 
+// What pass 1 learns beside the checks: this shard's requests, and for --policy the exact
+// longest prompt and generation (the engine's plan) of the requests it will serve.
+struct JobScan {
+  PromptScan file;
+  int64_t mine = 0;      // this shard's requests
+  int64_t servable = 0;  // --policy: those the engine will run
+  int64_t sequences = 0;  // --policy: their choices (n each)
+  int max_n = 1, max_n_line = 0;  // --policy: the most choices of one request, and its line
+  int64_t tokenized = 0;  // requests pass 1 had to tokenize
+  PlanShape shape;       // --policy: their longest prompt and generation
+};
+
+// Pass 1. Tokenizes only where a count must be exact: a strata prompt that might fill the
+// context (its byte bound reaches it), and under --policy a prompt that might be the job's
+// longest or have its generation cut by the context. Everything else is checked untokenized.
+JobScan scan_job(const JobOptions& opt, const Shard& shard, const ModelBundle& model, const PromptTokenizer& tok,
+                 std::ostream& log) {
+  JobScan s;
+  const int ctx = model.config.max_positions;
+  const bool plan = !opt.policy.empty();
+  s.file = scan_prompts(
+      opt.prompts, opt.defaults, [&](const std::string& w) { log << "warning: " << w << "\n"; },
+      [&](const PromptRecord& r) {
+        if (!in_shard(r, shard)) return;
+        ++s.mine;
+        if (r.error) return;
+        const std::optional<int64_t> bound = tok.token_bound(r);
+        const int max_new = r.sampling.max_new_tokens;
+        const bool strata_check = r.format == InputFormat::Strata && (!bound || *bound >= ctx);
+        const bool plan_check = plan && (!bound || *bound > s.shape.prompt_len || int64_t(max_new) > ctx - *bound);
+        int64_t len = -1;  // unknown, but at most *bound
+        if (strata_check || plan_check) {
+          ++s.tokenized;
+          const auto ids = tok.tokenize(r);  // throws for a strata line that cannot be served
+          if (std::holds_alternative<ServeError>(ids)) return;  // OpenAI: an error line in pass 2
+          len = int64_t(std::get<std::vector<int32_t>>(ids).size());
+        }
+        if (!plan) return;
+        ++s.servable;
+        s.sequences += r.n;
+        if (r.n > s.max_n) s.max_n = r.n, s.max_n_line = r.line;
+        if (len >= 0) {
+          s.shape.prompt_len = std::max(s.shape.prompt_len, int(len));
+          s.shape.gen_len = std::max(s.shape.gen_len, std::min(max_new, ctx - int(len)));
+        } else {
+          s.shape.gen_len = std::max(s.shape.gen_len, max_new);
+        }
+      },
+      opt.threads);
+  if (s.servable == 0) s.shape = {1, 1};
+  return s;
+}
+
+// A request on its way to the writer thread: its answer's results, or none for an error line.
+struct Finished {
+  Tokenized request;
+  std::vector<GenResult> results;
+};
+
+// The reader thread (pass 2): this shard's requests not answered yet, tokenized, in file order,
+// into `ahead`, which holds at most a window of them. Returns what stopped it, if anything.
+std::exception_ptr read_ahead(const JobOptions& opt, const Shard& shard, const PromptTokenizer& tok,
+                              const std::function<bool(const PromptRecord&)>& done, BoundedQueue<Tokenized>& ahead,
+                              std::atomic<int64_t>& skipped) {
+  std::exception_ptr error;
+  try {
+    PromptReader in(opt.prompts, opt.defaults);
+    int64_t seq = 0;
+    while (std::optional<PromptRecord> r = in.next()) {
+      if (!in_shard(*r, shard)) continue;
+      if (done(*r)) {
+        ++skipped;
+        continue;
+      }
+      Tokenized t;
+      t.seq = seq++;
+      auto ids = tok.tokenize(*r);
+      if (auto* e = std::get_if<ServeError>(&ids)) t.error = std::move(*e);
+      else t.ids = std::move(std::get<std::vector<int32_t>>(ids));
+      t.record = std::move(*r);
+      if (!ahead.push(std::move(t))) break;  // the engine stopped
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  ahead.close();
+  return error;
+}
+
+// The writer thread's files and what it reports.
+struct WriteBehind {
+  OutputWriter& out;
+  OutputWriter* errors;  // --errors, else error lines go to `out`
+  bool ordered;
+  Clock::time_point start;
+  std::atomic<int64_t> errors_written{0}, reorder_peak{0};
+  std::atomic<double> first_answer{-1};  // seconds from `start` until the first line was flushed
+};
+
+// The writer thread: builds each finished request's line (detokenizing) and writes it. With
+// --ordered, a reorder buffer holds lines back until every earlier one is written; a window is
+// finished before the next starts, so it holds at most one window. Flushes after each block, or
+// once a second while blocks queue up faster than the disk syncs.
+std::exception_ptr write_behind(BoundedQueue<std::vector<Finished>>& behind, WriteBehind& w,
+                                const std::function<nlohmann::json(const Finished&)>& line_of) {
+  std::exception_ptr error;
+  try {
+    std::map<int64_t, std::pair<nlohmann::json, bool>> held;  // seq -> line, is an error line
+    int64_t next = 0;
+    bool wrote = false;
+    auto put = [&](const nlohmann::json& line, bool is_error) {
+      (is_error && w.errors ? *w.errors : w.out).write(line);
+      if (is_error) ++w.errors_written;
+      wrote = true;
+    };
+    auto flush = [&] {
+      w.out.flush();
+      if (w.errors) w.errors->flush();
+    };
+    auto last_flush = Clock::now();
+    while (std::optional<std::vector<Finished>> task = behind.pop()) {
+      for (const Finished& f : *task) {
+        const bool is_error = f.results.empty();
+        nlohmann::json line = line_of(f);
+        if (!w.ordered) {
+          put(line, is_error);
+          continue;
+        }
+        held.emplace(f.request.seq, std::make_pair(std::move(line), is_error));
+        w.reorder_peak = std::max<int64_t>(w.reorder_peak, int64_t(held.size()));
+        for (auto it = held.begin(); it != held.end() && it->first == next; it = held.erase(it), ++next)
+          put(it->second.first, it->second.second);
+      }
+      if (w.first_answer < 0 || behind.size() == 0 || Clock::now() - last_flush > std::chrono::seconds(1)) {
+        flush();
+        last_flush = Clock::now();
+        if (w.first_answer < 0 && wrote) w.first_answer = std::chrono::duration<double>(Clock::now() - w.start).count();
+      }
+    }
+    flush();
+  } catch (...) {
+    error = std::current_exception();
+    behind.abandon();  // the engine's next push fails, and it stops
+  }
+  return error;
+}
+
 }  // namespace
 
 JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   if (opt.batch_size < 1) STRATA_FAIL("--batch-size must be at least 1, got " << opt.batch_size);
   if (const std::string why = stop_strings_error(opt.stop); !why.empty()) STRATA_FAIL("--stop " << why);
+  if (opt.window < 0) STRATA_FAIL("--window must be >= 0 (0: the default), got " << opt.window);
   const auto wall0 = Clock::now();
   const Shard shard = opt.shard.empty() ? Shard{} : parse_shard(opt.shard);
   if (!opt.errors.empty() && std::filesystem::weakly_canonical(opt.errors) == std::filesystem::weakly_canonical(opt.out))
     STRATA_FAIL("--errors must name another file than --out (without --errors, error lines go to --out)");
   ModelBundle model = open_model(opt.model, opt.tokenizer);
   if (!model.tokenizer) STRATA_FAIL(opt.model << ": the model has no tokenizer files; pass --tokenizer DIR");
+  const PromptTokenizer tok(model, opt.prompts.string());
 
-  // Validate and tokenize every line before touching the device or the output.
-  const std::vector<PromptRecord> records =
-      read_prompts(opt.prompts, opt.defaults, [&](const std::string& w) { log << "warning: " << w << "\n"; });
-  const bool openai = !records.empty() && records.front().format == InputFormat::OpenAIBatch;
-  if (!opt.errors.empty() && !records.empty() && !openai)
+  // Pass 1: check every line before touching the device or the output.
+  const JobScan scan = scan_job(opt, shard, model, tok, log);
+  const bool openai = scan.file.format == InputFormat::OpenAIBatch;
+  if (!opt.errors.empty() && scan.file.requests > 0 && !openai)
     STRATA_FAIL("--errors is for OpenAI batch files; " << opt.prompts.string() << " is in the strata format");
-  std::vector<const PromptRecord*> mine;  // this shard's requests (all without --shard)
-  for (const PromptRecord& r : records)
-    if (in_shard(r, shard)) mine.push_back(&r);
   if (!opt.shard.empty())
-    log << "shard " << opt.shard << ": " << mine.size() << " of " << records.size() << " requests\n";
-  const Prepared prepared = tokenize_all(mine, model, opt.prompts.string());
-  const std::vector<Tokenized>& all = prepared.work;
+    log << "shard " << opt.shard << ": " << scan.mine << " of " << scan.file.requests << " requests\n";
+  if (opt.progress)
+    log << "checked " << scan.file.requests << " requests in " << std::fixed << std::setprecision(2)
+        << scan.file.seconds << " s"
+        << (scan.tokenized > 0 ? " (tokenized " + std::to_string(scan.tokenized) + " of them" +
+                                     (opt.policy.empty() ? " that might fill the context)" : " to plan the engine)")
+                               : std::string())
+        << "\n";
 
   // Load before touching the output, so a model that fails to load (or a policy that does not
   // fit) leaves no file behind.
   std::unique_ptr<Generator> gen;
-  if (opt.policy.empty()) {
-    gen = std::make_unique<ResidentGenerator>(model, opt, log);
-  } else {
-    PlanShape shape;  // the longest prompt and generation of the job bound every block
-    for (const Tokenized& t : all) {
-      shape.prompt_len = std::max(shape.prompt_len, int(t.ids.size()));
-      shape.gen_len = std::max(shape.gen_len, std::min(t.record->sampling.max_new_tokens,
-                                                       model.config.max_positions - int(t.ids.size())));
-    }
-    if (all.empty()) shape = {1, 1};
-    size_t sequences = 0;  // a request's n choices are n sequences of the engine's block
-    for (const Tokenized& t : all) sequences += size_t(t.record->n);
-    gen = std::make_unique<OffloadGenerator>(model, opt, shape, sequences, log);
-    for (const Tokenized& t : all)
-      if (size_t(t.record->n) > gen->batch_size())
-        STRATA_FAIL(opt.prompts.string() << ":" << t.record->line << ": n = " << t.record->n
-                                         << " choices exceed the policy's block of " << gen->batch_size()
-                                         << " sequences; a request's choices run in one block");
+  if (opt.policy.empty()) gen = std::make_unique<ResidentGenerator>(model, opt, log);
+  else {
+    // A request's n choices are n sequences of the engine's block, and they run in one block.
+    gen = std::make_unique<OffloadGenerator>(model, opt, scan.shape, size_t(scan.sequences), log);
+    if (size_t(scan.max_n) > gen->batch_size())
+      STRATA_FAIL(opt.prompts.string() << ":" << scan.max_n_line << ": n = " << scan.max_n
+                                       << " choices exceed the policy's block of " << gen->batch_size()
+                                       << " sequences; a request's choices run in one block");
   }
   model.weights.reset();  // the mapping is no longer needed once the weights are in their tiers
 
   OutputWriter writer(opt.out);
   std::unique_ptr<OutputWriter> error_writer;  // --errors: a second resumable file
   if (!opt.errors.empty()) error_writer = std::make_unique<OutputWriter>(opt.errors);
-  OutputWriter& errors_to = error_writer ? *error_writer : writer;
+  // Only the finished ids of earlier runs are kept: the output files' done sets.
   auto done = [&](const PromptRecord& r) {
     return writer.done_ids().count(r.id_key) || (error_writer && error_writer->done_ids().count(r.id_key));
   };
-  std::vector<const Tokenized*> todo;
-  for (const Tokenized& t : all)
-    if (!done(*t.record)) todo.push_back(&t);
-  JobSummary sum;
-  sum.prompts = int64_t(mine.size());
-  sum.in_file = int64_t(records.size());
-  for (const auto& [r, e] : prepared.errors)
-    if (!done(*r)) {
-      errors_to.write(openai_error_line(*r, e));
-      ++sum.errors;
-    }
-  if (sum.errors > 0) {
-    errors_to.flush();
-    log << sum.errors << " request" << (sum.errors == 1 ? "" : "s") << " cannot be served: error lines in "
-        << (error_writer ? opt.errors : opt.out).string() << "\n";
-  }
-  sum.resumed = int64_t(mine.size()) - int64_t(todo.size()) - sum.errors;
-  if (sum.resumed > 0)
-    log << "resuming " << writer.partial_path().string() << ": " << sum.resumed << " of " << mine.size()
+  const int64_t done_before = std::min<int64_t>(
+      scan.mine, int64_t(writer.done_ids().size() + (error_writer ? error_writer->done_ids().size() : 0)));
+  if (done_before > 0)
+    log << "resuming " << writer.partial_path().string() << ": " << done_before << " of " << scan.mine
         << " prompts already done\n";
   const int64_t created = int64_t(std::time(nullptr));
-
-  GenStats stats;
-  Progress progress(log, opt.progress, int64_t(todo.size()));
   const AnswerSettings answers{&*model.tokenizer, opt.stop, model.config.name, created};
-  const size_t batch_size = gen->batch_size();
-  for (size_t begin = 0, end = 0; begin < todo.size(); begin = end) {
-    // Whole requests, up to batch_size sequences: a request's n choices stay in one batch.
-    std::vector<GenRequest> batch;
-    size_t seqs = 0;
-    for (end = begin; end < todo.size() && (end == begin || seqs + size_t(todo[end]->record->n) <= batch_size); ++end) {
-      batch.push_back(make_gen_request(*todo[end]->record, todo[end]->ids, answers));
-      seqs += size_t(batch.back().n);
+
+  const size_t block = gen->batch_size();
+  const size_t window = opt.window > 0 ? size_t(opt.window) : std::max<size_t>(8 * block, 4096);
+  JobSummary sum;
+  sum.prompts = scan.mine;
+  sum.in_file = scan.file.requests;
+  sum.scan_seconds = scan.file.seconds;
+  sum.window = int64_t(window);
+
+  // Reader thread: pass 2, tokenizing up to a window ahead of the engine.
+  BoundedQueue<Tokenized> ahead(window);
+  std::exception_ptr reader_error, writer_error;
+  std::atomic<int64_t> skipped{0};
+  std::thread reader([&] { reader_error = read_ahead(opt, shard, tok, done, ahead, skipped); });
+
+  // Writer thread: detokenizes, builds the lines and writes them, in completion or input order.
+  BoundedQueue<std::vector<Finished>> behind(4);
+  WriteBehind wb{writer, error_writer.get(), opt.ordered, wall0};
+  std::thread writer_thread([&] {
+    writer_error = write_behind(behind, wb, [&](const Finished& f) {
+      return f.results.empty() ? openai_error_line(f.request.record, *f.request.error)
+                               : answer_line(f.request.record, int64_t(f.request.ids.size()), f.results, answers);
+    });
+  });
+  auto stop_threads = [&] {
+    ahead.abandon();
+    behind.close();
+    reader.join();
+    writer_thread.join();
+  };
+
+  // The engine, on this thread: a window of requests, sorted by length and cut into blocks.
+  GenStats stats;
+  Progress progress(log, opt.progress);
+  ProgressState ps;
+  ps.total = std::max<int64_t>(0, scan.mine - done_before);
+  int64_t windowed = 0, runs = 0;
+  bool writer_gone = false;  // a push failed: the writer thread stopped on an error
+  try {
+    while (!writer_gone) {
+      std::vector<Tokenized> items;
+      while (items.size() < window) {
+        std::optional<Tokenized> t = ahead.pop();
+        if (!t) break;
+        items.push_back(std::move(*t));
+      }
+      if (items.empty()) break;
+      windowed += int64_t(items.size());
+      sum.window_peak = std::max(sum.window_peak, int64_t(items.size()));
+      std::vector<Finished> errors;
+      std::vector<size_t> work;  // items to generate for
+      std::vector<int> lengths, choices;
+      for (size_t i = 0; i < items.size(); ++i)
+        if (items[i].error) errors.push_back({std::move(items[i]), {}});
+        else work.push_back(i), lengths.push_back(int(items[i].ids.size())), choices.push_back(items[i].record.n);
+      if (!errors.empty()) {
+        ps.done += int64_t(errors.size());
+        if (!behind.push(std::move(errors))) break;  // the writer failed
+      }
+      const std::vector<std::vector<size_t>> blocks = length_blocks(lengths, block, choices);
+      sum.padding_input_order.add(input_order_padding(lengths, block));
+      ps.blocks_planned = ps.blocks_done + int64_t(blocks.size()) +
+                          (std::max<int64_t>(0, ps.total - windowed) + int64_t(block) - 1) / int64_t(block);
+      for (const std::vector<size_t>& b : blocks) {
+        sum.padding.add_block(lengths, b);
+        std::vector<GenRequest> batch;
+        std::vector<size_t> counts;
+        for (size_t k : b) {
+          const Tokenized& t = items[work[k]];
+          batch.push_back(make_gen_request(t.record, t.ids, answers));
+          counts.push_back(size_t(batch.back().n));  // the generator answers each choice
+        }
+        std::vector<GenResult> results = gen->run(batch, stats);
+        for (size_t c : counts) runs += int64_t(c);  // sequences: each choice's first token is prefill's
+        std::vector<Finished> finished;
+        size_t at = 0;
+        for (size_t j = 0; j < b.size(); ++j) {
+          Finished f{std::move(items[work[b[j]]]), {}};
+          for (size_t c = 0; c < counts[j]; ++c) f.results.push_back(std::move(results[at++]));
+          finished.push_back(std::move(f));
+        }
+        if (!behind.push(std::move(finished))) {
+          writer_gone = true;
+          break;
+        }
+        ++ps.blocks_done;
+        ++sum.blocks;
+        ps.done += int64_t(b.size());
+        ps.tokens = stats.generated_tokens;
+        progress.update(ps);
+      }
     }
-    const std::vector<GenResult> results = gen->run(batch, stats);
-    for (size_t i = begin, k = 0; i < end; k += size_t(batch[i - begin].n), ++i)
-      writer.write(answer_line(*todo[i]->record, int64_t(todo[i]->ids.size()),
-                               std::span(results).subspan(k, size_t(batch[i - begin].n)), answers));
-    writer.flush();
-    progress.update(int64_t(end), stats.generated_tokens, end == todo.size());
+  } catch (...) {
+    stop_threads();
+    progress.end();
+    throw;  // the finished blocks are in OUT.partial for a rerun
   }
+  ahead.abandon();  // the reader is done, or must stop where the writer failed
+  behind.close();
+  reader.join();
+  writer_thread.join();
+  ps.tokens = stats.generated_tokens;
+  progress.update(ps, true);
   progress.end();
+  if (writer_error) std::rethrow_exception(writer_error);
+  if (reader_error) std::rethrow_exception(reader_error);
   writer.finish();
   if (error_writer) error_writer->finish();
   gen->finish(log);
 
+  sum.errors = wb.errors_written;
+  sum.resumed = skipped;
+  sum.reorder_peak = wb.reorder_peak;
+  sum.first_answer_seconds = wb.first_answer;
+  if (sum.errors > 0)
+    log << sum.errors << " request" << (sum.errors == 1 ? "" : "s") << " cannot be served: error lines in "
+        << (error_writer ? opt.errors : opt.out).string() << "\n";
   sum.prompt_tokens = stats.prompt_tokens;
   sum.generated_tokens = stats.generated_tokens;
   sum.prefill_seconds = stats.prefill_seconds;
@@ -401,9 +609,11 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
       << "\nprompt tokens: " << sum.prompt_tokens << ", generated tokens: " << sum.generated_tokens
       << "\nprefill: " << sum.prefill_seconds << " s, " << rate(double(sum.prompt_tokens), sum.prefill_seconds)
       << " tok/s\ndecode: " << sum.decode_seconds << " s, "
-      << rate(double(sum.generated_tokens - (int64_t(todo.size()))), sum.decode_seconds)
-      << " tok/s\ntotal: " << gen_s << " s, " << rate(double(sum.generated_tokens), gen_s)
-      << " generated tok/s (wall " << sum.wall_seconds << " s)\nwrote " << opt.out.string() << "\n";
+      << rate(double(sum.generated_tokens - runs), sum.decode_seconds) << " tok/s\ntotal: " << gen_s << " s, "
+      << rate(double(sum.generated_tokens), gen_s) << " generated tok/s (wall " << sum.wall_seconds
+      << " s, first answer after " << sum.first_answer_seconds << " s)\npadding efficiency: " << sum.padding.efficiency() << " in " << sum.blocks << " blocks of <= " << block
+      << " (prompt tokens / block rows x longest prompt; " << sum.padding_input_order.efficiency()
+      << " in input order)\nwrote " << opt.out.string() << "\n";
   return sum;
 }
 

@@ -312,69 +312,79 @@ const char* format_name(InputFormat f) { return f == InputFormat::OpenAIBatch ? 
 
 }  // namespace
 
+PromptLineParser::PromptLineParser(std::string file, const SamplingParams& defaults,
+                                   std::function<void(const std::string&)> warn)
+    : file_(std::move(file)), defaults_(defaults), warn_(std::move(warn)) {}
+
+std::optional<PromptRecord> PromptLineParser::parse(std::string_view text, int line_no) {
+  if (!text.empty() && text.back() == '\r') text.remove_suffix(1);
+  if (text.find_first_not_of(" \t") == std::string_view::npos) return std::nullopt;
+  LineContext ctx{file_ + ":" + std::to_string(line_no)};
+  json obj;
+  try {
+    obj = json::parse(text);
+  } catch (const json::parse_error& e) {
+    ctx.fail(std::string("invalid JSON: ") + e.what());
+  }
+  if (!obj.is_object()) ctx.fail("expected a JSON object, got " + std::string(obj.type_name()));
+  PromptRecord r;
+  r.line = line_no;
+  r.format = line_format(obj);
+  if (!format_) {
+    format_ = r.format;
+    first_line_ = line_no;
+  } else if (*format_ != r.format) {
+    ctx.fail(std::string("this line is in ") + format_name(r.format) + ", but line " + std::to_string(first_line_) +
+             " is in " + format_name(*format_) + "; a file must not mix formats");
+  }
+  r.sampling = defaults_;
+  if (r.format == InputFormat::OpenAIBatch) {
+    read_openai_line(obj, ctx, r, warned_keys_, warn_);
+    return r;
+  }
+  if (!obj.contains("id")) ctx.fail("missing field 'id' (or 'custom_id', for the OpenAI batch format)");
+  if (!obj["id"].is_string() && !obj["id"].is_number_integer())
+    ctx.fail("field 'id' must be a string or an integer, got " + obj["id"].dump());
+  r.id = obj["id"];
+  r.id_key = r.id.dump();
+  const bool has_prompt = obj.contains("prompt"), has_messages = obj.contains("messages");
+  if (has_prompt && has_messages) ctx.fail("give either 'prompt' or 'messages', not both");
+  if (has_prompt) {
+    if (!obj["prompt"].is_string()) ctx.fail("field 'prompt' must be a string, got " + obj["prompt"].dump());
+    r.prompt = obj["prompt"].get<std::string>();
+    if (r.prompt.empty()) ctx.fail("field 'prompt' is empty");
+  } else if (has_messages) {
+    r.messages = read_messages(obj["messages"], ctx);
+  } else {
+    ctx.fail("missing field 'prompt'");
+  }
+  read_sampling(obj, ctx, r.sampling);
+  read_strata_extras(obj, ctx, r);
+  for (const auto& [key, value] : obj.items())
+    if (!kKnownKeys.count(key) && warned_keys_.insert(key).second && warn_)
+      warn_(ctx.where + ": ignoring unknown field '" + key + "'");
+  return r;
+}
+
+std::string duplicate_id_message(const PromptRecord& r) {
+  return (r.format == InputFormat::OpenAIBatch ? "duplicate custom_id " : "duplicate id ") + r.id_key;
+}
+
 std::vector<PromptRecord> read_prompts(const std::filesystem::path& file, const SamplingParams& defaults,
                                        const std::function<void(const std::string&)>& warn) {
   std::ifstream in(file);
   if (!in) STRATA_FAIL("cannot open prompts file " << file.string());
   std::vector<PromptRecord> records;
   std::unordered_set<std::string> seen_ids;
-  std::set<std::string> warned_keys;
-  std::optional<InputFormat> format;  // the first line's
-  int first_line = 0;
+  PromptLineParser parser(file.string(), defaults, warn);
   std::string text;
   int line_no = 0;
   while (std::getline(in, text)) {
-    ++line_no;
-    if (!text.empty() && text.back() == '\r') text.pop_back();
-    if (text.find_first_not_of(" \t") == std::string::npos) continue;
-    LineContext ctx{file.string() + ":" + std::to_string(line_no)};
-    json obj;
-    try {
-      obj = json::parse(text);
-    } catch (const json::parse_error& e) {
-      ctx.fail(std::string("invalid JSON: ") + e.what());
-    }
-    if (!obj.is_object()) ctx.fail("expected a JSON object, got " + std::string(obj.type_name()));
-    PromptRecord r;
-    r.line = line_no;
-    r.format = line_format(obj);
-    if (!format) {
-      format = r.format;
-      first_line = line_no;
-    } else if (*format != r.format) {
-      ctx.fail(std::string("this line is in ") + format_name(r.format) + ", but line " + std::to_string(first_line) +
-               " is in " + format_name(*format) + "; a file must not mix formats");
-    }
-    r.sampling = defaults;
-    if (r.format == InputFormat::OpenAIBatch) {
-      read_openai_line(obj, ctx, r, warned_keys, warn);
-      if (!seen_ids.insert(r.id_key).second) ctx.fail("duplicate custom_id " + r.id_key);
-      records.push_back(std::move(r));
-      continue;
-    }
-    if (!obj.contains("id")) ctx.fail("missing field 'id' (or 'custom_id', for the OpenAI batch format)");
-    if (!obj["id"].is_string() && !obj["id"].is_number_integer())
-      ctx.fail("field 'id' must be a string or an integer, got " + obj["id"].dump());
-    r.id = obj["id"];
-    r.id_key = r.id.dump();
-    if (!seen_ids.insert(r.id_key).second) ctx.fail("duplicate id " + r.id_key);
-    const bool has_prompt = obj.contains("prompt"), has_messages = obj.contains("messages");
-    if (has_prompt && has_messages) ctx.fail("give either 'prompt' or 'messages', not both");
-    if (has_prompt) {
-      if (!obj["prompt"].is_string()) ctx.fail("field 'prompt' must be a string, got " + obj["prompt"].dump());
-      r.prompt = obj["prompt"].get<std::string>();
-      if (r.prompt.empty()) ctx.fail("field 'prompt' is empty");
-    } else if (has_messages) {
-      r.messages = read_messages(obj["messages"], ctx);
-    } else {
-      ctx.fail("missing field 'prompt'");
-    }
-    read_sampling(obj, ctx, r.sampling);
-    read_strata_extras(obj, ctx, r);
-    for (const auto& [key, value] : obj.items())
-      if (!kKnownKeys.count(key) && warned_keys.insert(key).second && warn)
-        warn(ctx.where + ": ignoring unknown field '" + key + "'");
-    records.push_back(std::move(r));
+    std::optional<PromptRecord> r = parser.parse(text, ++line_no);
+    if (!r) continue;
+    if (!seen_ids.insert(r->id_key).second)
+      throw Error(file.string() + ":" + std::to_string(line_no) + ": " + duplicate_id_message(*r));
+    records.push_back(std::move(*r));
   }
   if (in.bad()) STRATA_FAIL("error reading " << file.string());
   return records;

@@ -1,11 +1,14 @@
-// `strata run`: prompts.jsonl -> validate and tokenize -> batches -> generate -> out.jsonl, in the
-// strata line format or OpenAI's batch format (docs/batch-format.md), optionally one shard of it.
+// `strata run`: prompts.jsonl -> check every line (pass 1) -> read and tokenize a window ahead
+// (thread) -> length-aware blocks -> generate (this thread) -> detokenize and write (thread) ->
+// out.jsonl, in the strata line format or OpenAI's batch format (docs/batch-format.md), optionally
+// one shard of it. Memory holds a window of requests, not the file.
 #pragma once
 #include <filesystem>
 #include <iosfwd>
 #include <string>
 #include <vector>
 
+#include "strata/job/blocks.h"
 #include "strata/runtime/sampler.h"
 
 namespace strata {
@@ -24,6 +27,8 @@ struct JobOptions {
   SamplingParams defaults;                 // for fields a prompt line leaves out
   std::vector<std::string> stop;           // --stop: stop strings for lines that give no "stop"
   bool progress = true;                    // progress line on the log stream
+  bool ordered = false;                    // write in input order (a reorder buffer of one window)
+  int window = 0;                          // requests read ahead and grouped by length; 0: max(8 blocks, 4096)
 
   // Offloading (strata run --policy): the engine replaces the resident generator when set.
   std::filesystem::path policy;            // policy YAML; empty: everything resident, --batch-size batches
@@ -40,6 +45,13 @@ struct JobSummary {
   int64_t errors = 0;                      // requests answered with an error line (this run)
   int64_t in_file = 0;                     // requests in the file (prompts: this shard's)
   double prefill_seconds = 0, decode_seconds = 0, wall_seconds = 0;
+  double scan_seconds = 0;                 // pass 1: checking every line
+  double first_answer_seconds = -1;        // from the start until the first line was flushed
+  int64_t blocks = 0;                      // blocks run through the generator
+  Padding padding;                         // of the blocks run (length-aware)
+  Padding padding_input_order;             // of the same windows cut in input order (FlexGen)
+  int64_t window = 0, window_peak = 0;     // the window's size, the most requests it held
+  int64_t reorder_peak = 0;                // --ordered: the most lines held back
 };
 
 // Runs the whole job; progress and the final summary go to `log`. Throws strata::Error on bad

@@ -12,6 +12,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -55,6 +56,29 @@ inline constexpr int kMaxCompletionLogprobs = 5;   // legacy completions logprob
 
 // Why a list of stop strings is refused (too many, an empty one), or "" when it is fine.
 std::string stop_strings_error(const std::vector<std::string>& stop);
+// Parses one line at a time, as read_prompts does: the first line's format holds for the file,
+// unknown keys are warned about once each. It keeps no ids: duplicates are the caller's check.
+class PromptLineParser {
+public:
+  PromptLineParser(std::string file, const SamplingParams& defaults,
+                   std::function<void(const std::string&)> warn = {});
+  // nullopt for a blank line; throws strata::Error "FILE:LINE: reason" for a malformed one.
+  std::optional<PromptRecord> parse(std::string_view text, int line_no);
+  std::optional<InputFormat> format() const { return format_; }
+  // For a parser that starts mid-file: the format that `first_line` set.
+  void expect_format(InputFormat format, int first_line) { format_ = format, first_line_ = first_line; }
+
+private:
+  std::string file_;
+  SamplingParams defaults_;
+  std::function<void(const std::string&)> warn_;
+  std::optional<InputFormat> format_;  // the first line's
+  int first_line_ = 0;
+  std::set<std::string> warned_keys_;
+};
+
+// "duplicate id 7" or "duplicate custom_id \"a\"" (the message without FILE:LINE).
+std::string duplicate_id_message(const PromptRecord& r);
 
 // Reads and validates every line; throws strata::Error "FILE:LINE: reason" on the first malformed
 // one, a duplicate id, or a line in the other format than the first line's. Blank lines are
