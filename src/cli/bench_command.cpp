@@ -36,8 +36,16 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--threads", opt->threads, "CPU threads (0: all cores)")->capture_default_str();
   cmd->add_flag("!--no-progress", opt->progress, "no progress lines");
   cmd->add_flag("--calibrate", opt->calibrate,
-                "fit the hardware profile to the runs: OUT/calibrated-profile.yaml and OUT/calibration.md");
+                "fit the hardware profile to the runs: OUT/calibrated-profile.yaml and OUT/calibration.md; with --report DIR, to DIR's recorded runs");
   cmd->callback([opt, report] {
+    if (!report->empty() && opt->calibrate) {  // fit the profile to an earlier run's results
+      if (opt->hardware.empty()) STRATA_FAIL("bench --calibrate --report DIR needs --hardware HW.yaml, the profile to refine");
+      const std::filesystem::path dir = *report;
+      write_calibration(load_hardware_profile(opt->hardware), calibration_samples(dir / "results.jsonl"), dir, std::cerr);
+      std::ifstream md(dir / "calibration.md");
+      std::cout << md.rdbuf();
+      return;
+    }
     if (!report->empty()) {
       write_bench_report(*report);
       std::ifstream md(std::filesystem::path(*report) / "results.md");

@@ -26,6 +26,23 @@
 #include "strata/profile/profiler.h"
 
 namespace strata {
+
+std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& file) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream in(file);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      rows.push_back(nlohmann::json::parse(line));
+    } catch (const nlohmann::json::exception& e) {
+      STRATA_FAIL(file.string() << ":" << n << ": not a JSON object: " << e.what());
+    }
+    if (!rows.back().is_object()) STRATA_FAIL(file.string() << ":" << n << ": not a JSON object");
+  }
+  return rows;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -342,21 +359,6 @@ std::string markdown_row(const json& j, double strata_total) {
   return md.str();
 }
 
-std::vector<json> read_jsonl(const std::filesystem::path& file) {
-  std::vector<json> rows;
-  std::ifstream in(file);
-  std::string line;
-  for (int n = 1; std::getline(in, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    try {
-      rows.push_back(json::parse(line));
-    } catch (const json::exception& e) {
-      STRATA_FAIL(file.string() << ":" << n << ": not a JSON object: " << e.what());
-    }
-    if (!rows.back().is_object()) STRATA_FAIL(file.string() << ":" << n << ": not a JSON object");
-  }
-  return rows;
-}
 
 // results.md from the results lines: each Strata row, then the peers' rows of the same case;
 // peers' cases that Strata did not run come last.

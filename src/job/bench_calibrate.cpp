@@ -8,6 +8,7 @@
 
 #include "strata/core/error.h"
 #include "strata/job/bench.h"
+#include "strata/model/model_loader.h"
 
 namespace strata {
 namespace {
@@ -50,9 +51,45 @@ std::vector<CalibrationSample> calibration_samples(const std::vector<BenchCaseRe
   return samples;
 }
 
+std::vector<CalibrationSample> calibration_samples(const std::filesystem::path& file) {
+  std::vector<CalibrationSample> samples;
+  for (const nlohmann::json& row : read_jsonl(file)) {
+    if (row.value("engine", std::string("strata")) != "strata" || row.value("status", std::string()) != "ok") continue;
+    const std::string name = row.value("name", std::string("?"));
+    if (!row.contains("seconds") || !row["seconds"].contains("prefill_busy"))
+      STRATA_FAIL(file.string() << ": case " << name
+                                << " has no phase seconds (results.jsonl from before calibration support; rerun the suite)");
+    try {
+      CalibrationSample s;
+      s.name = name;
+      const std::string model = row.at("model").get<std::string>();
+      const std::optional<ModelConfig> preset = config_preset(model);
+      s.config = preset ? *preset : open_model(model).config;
+      s.policy = parse_policy(row.at("policy").get<std::string>(), file.string() + ": case " + name);
+      s.workload = {row.at("prompt_len").get<int>(), row.at("gen_len").get<int>()};
+      const nlohmann::json& sec = row.at("seconds");
+      s.prefill_s = sec.at("prefill").get<double>();
+      s.decode_s = sec.at("decode").get<double>();
+      for (auto [key, busy] : {std::pair{"prefill_busy", &s.prefill_busy}, {"decode_busy", &s.decode_busy}}) {
+        const nlohmann::json& b = sec.at(key);
+        *busy = {b.at("compute").get<double>(), b.at("cpu_to_gpu").get<double>(), b.at("gpu_to_cpu").get<double>(),
+                 b.at("disk").get<double>()};
+      }
+      samples.push_back(std::move(s));
+    } catch (const nlohmann::json::exception& e) {
+      STRATA_FAIL(file.string() << ": case " << name << ": " << e.what());
+    }
+  }
+  return samples;
+}
+
 CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<BenchCaseResult>& results,
                                  const std::filesystem::path& out, std::ostream& log) {
-  const std::vector<CalibrationSample> samples = calibration_samples(results);
+  return write_calibration(hw, calibration_samples(results), out, log);
+}
+
+CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<CalibrationSample>& samples,
+                                 const std::filesystem::path& out, std::ostream& log) {
   const CalibrationFit f = calibrate_profile(hw, samples);
   std::filesystem::create_directories(out);
   const std::filesystem::path yaml = out / "calibrated-profile.yaml", md_path = out / "calibration.md";
@@ -76,7 +113,27 @@ CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<Be
      << " on attention, " << f.overhead_s * 1e3 << " ms per layer and unit of work; cpu->gpu x"
      << f.link_factor[kLaneH2d] << ", gpu->cpu x" << f.link_factor[kLaneD2h] << ", disk x"
      << f.link_factor[kLaneDisk] << " (busy time per predicted second); overlap slowdown "
-     << f.overlap_slowdown << ".\n";
+     << f.overlap_slowdown << ".\n\n"
+     << "## Per term, before calibration\n\n"
+     << "Each lane's busy seconds against the cost model's term for it (the base profile), and each\n"
+     << "phase's wall time against the predicted stage total (max of the terms with overlap).\n\n"
+     << "| case | phase | compute | cpu->gpu | gpu->cpu | disk | wall |\n|---|---|---|---|---|---|---|\n";
+  auto pair = [](double predicted, double measured) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(3) << predicted << " / " << measured;
+    return os.str();
+  };
+  for (const CalibrationSample& s : samples) {
+    const auto lanes = predicted_lane_seconds(hw, s);
+    const Prediction p = evaluate(s.config, s.policy, s.workload, hw);
+    for (int phase = 0; phase < 2; ++phase) {
+      const auto& busy = phase == 0 ? s.prefill_busy : s.decode_busy;
+      md << "| " << s.name << " | " << (phase == 0 ? "prefill" : "decode");
+      for (int lane = 0; lane < kNumLanes; ++lane) md << " | " << pair(lanes[size_t(phase)][size_t(lane)], busy[size_t(lane)]);
+      md << " | " << pair(phase == 0 ? p.prefill_s : p.decode_s, phase == 0 ? s.prefill_s : s.decode_s) << " |\n";
+    }
+  }
+  md << "\n(predicted / measured seconds per block.)\n";
   log << "[bench] calibration: median / worst |error| " << summary(f.error_before) << " before, "
       << summary(f.error_after) << " after (leave-one-out " << summary(f.error_leave_one_out) << "); wrote "
       << yaml.string() << " and " << md_path.string() << "\n";

@@ -186,6 +186,12 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
 
 }  // namespace
 
+std::array<std::array<double, kNumLanes>, 2> predicted_lane_seconds(const HardwareProfile& hw,
+                                                                    const CalibrationSample& s) {
+  const PhaseLanes p = predicted_lanes(hw, s);
+  return {p.prefill, p.decode};
+}
+
 double throughput_error(const HardwareProfile& hw, const CalibrationSample& s) {
   const Prediction p = evaluate(s.config, s.policy, s.workload, hw);
   // Throughput is generated tokens over the two phases' time, the same tokens on both sides.

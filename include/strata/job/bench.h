@@ -8,6 +8,7 @@
 #pragma once
 #include <filesystem>
 #include <iosfwd>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -84,11 +85,19 @@ struct BenchCaseResult {
 // same fields with "engine" naming the peer: results.md shows each under Strata's row of the same case.
 std::vector<BenchCaseResult> run_bench(const BenchOptions& options, std::ostream& log);
 
+// The JSON objects of a .jsonl file, blank lines skipped; errors name the file and the line.
+std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& file);
+
 // The calibration samples of the cases that ran.
 std::vector<CalibrationSample> calibration_samples(const std::vector<BenchCaseResult>& results);
 // Fits `hw` to the results and writes OUT/calibrated-profile.yaml and OUT/calibration.md (per case:
 // measured, predicted before and after, leave-one-out; per lane: the fitted factors). Returns the fit.
 CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<BenchCaseResult>& results,
+                                 const std::filesystem::path& out, std::ostream& log);
+// The same from the Strata lines of an earlier run's DIR/results.jsonl (`strata bench --calibrate
+// --report DIR`): their models (presets or paths), policies, phase seconds and lane busy times.
+std::vector<CalibrationSample> calibration_samples(const std::filesystem::path& results_jsonl);
+CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<CalibrationSample>& samples,
                                  const std::filesystem::path& out, std::ostream& log);
 // Rewrites DIR/results.md from DIR/results.jsonl and DIR/peers.jsonl (after the peers ran).
 void write_bench_report(const std::filesystem::path& dir);

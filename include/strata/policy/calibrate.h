@@ -50,6 +50,11 @@ struct CalibrationFit {
 // Throws strata::Error with fewer than 2 samples or a sample without measured times.
 CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<CalibrationSample>& samples);
 
+// The cost model's seconds on each lane for the sample's block under `hw`: [0] prefill, [1] decode
+// (the per-layer terms times the layers and steps; the disk lane carries reads and writes).
+std::array<std::array<double, kNumLanes>, 2> predicted_lane_seconds(const HardwareProfile& hw,
+                                                                    const CalibrationSample& s);
+
 // The total-throughput error of one sample under a profile: predicted / measured - 1.
 double throughput_error(const HardwareProfile& hw, const CalibrationSample& s);
 
