@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <fstream>
+#include <istream>
 #include <optional>
 #include <set>
 #include <unordered_set>
@@ -262,6 +263,11 @@ std::vector<PromptRecord> read_prompts(const std::filesystem::path& file, const 
                                        const std::function<void(const std::string&)>& warn) {
   std::ifstream in(file);
   if (!in) STRATA_FAIL("cannot open prompts file " << file.string());
+  return read_prompts(in, file.string(), defaults, warn);
+}
+
+std::vector<PromptRecord> read_prompts(std::istream& in, const std::string& source, const SamplingParams& defaults,
+                                       const std::function<void(const std::string&)>& warn) {
   std::vector<PromptRecord> records;
   std::unordered_set<std::string> seen_ids;
   std::set<std::string> warned_keys;
@@ -273,7 +279,7 @@ std::vector<PromptRecord> read_prompts(const std::filesystem::path& file, const 
     ++line_no;
     if (!text.empty() && text.back() == '\r') text.pop_back();
     if (text.find_first_not_of(" \t") == std::string::npos) continue;
-    LineContext ctx{file.string() + ":" + std::to_string(line_no)};
+    LineContext ctx{source + ":" + std::to_string(line_no)};
     json obj;
     try {
       obj = json::parse(text);
@@ -321,7 +327,7 @@ std::vector<PromptRecord> read_prompts(const std::filesystem::path& file, const 
         warn(ctx.where + ": ignoring unknown field '" + key + "'");
     records.push_back(std::move(r));
   }
-  if (in.bad()) STRATA_FAIL("error reading " << file.string());
+  if (in.bad()) STRATA_FAIL("error reading " << source);
   return records;
 }
 

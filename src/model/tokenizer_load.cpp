@@ -174,9 +174,18 @@ void check_normalizer_and_decoder(const json& j, TokenizerModel& m) {
 }  // namespace
 
 Tokenizer Tokenizer::from_tokenizer_json(const fs::path& file) {
-  json j = parse_json(file);
+  return from_tokenizer_json_text(read_file(file), file.string());
+}
+
+Tokenizer Tokenizer::from_tokenizer_json_text(const std::string& text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    STRATA_FAIL("tokenizer file " << source << " is not valid JSON: " << e.what());
+  }
   auto m = std::make_unique<Impl>();
-  m->source = file.string();
+  m->source = source;
   try {
     if (!j.is_object() || !j.contains("model")) STRATA_FAIL(m->source << ": no \"model\" field");
     const json& model = j["model"];
