@@ -83,7 +83,13 @@ def tokenizers():
         put("tokenizer_fuzz", name, json.dumps(j, ensure_ascii=False))
 
 
+def gguf():
+    for name in ["synth_align.gguf", "synth_meta.gguf", "synth_quants.gguf"]:
+        put("gguf_fuzz", name, (ROOT / "tests" / "fixtures" / "gguf" / name).read_bytes())
+
+
 if __name__ == "__main__":
+    gguf()
     prompts()
     yaml_files()
     safetensors()

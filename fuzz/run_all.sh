@@ -4,6 +4,7 @@
 # stay in build-fuzz/corpus/<target>/ (merge the useful ones into fuzz/corpus/ by hand), crashes go
 # to build-fuzz/findings/<target>/. Prints each target's last status line (execs, cov, ft).
 #   fuzz/run_all.sh [SECONDS] [TARGET...]
+#   STRATA_FUZZ_SKIP_BUILD=1 fuzz/run_all.sh ...   # use the targets already built
 # Exit status 1 when any target reported a finding. docs/fuzzing.md has the details.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,9 +14,10 @@ TARGETS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=(gguf_fuzz prompts_fuzz policy_fuzz hardware_fuzz safetensors_fuzz tokenizer_fuzz)
 BUILD=${STRATA_FUZZ_BUILD:-build-fuzz}
 
-cmake -S . -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DSTRATA_FUZZ=ON -DSTRATA_ENABLE_CUDA=OFF \
-  -DBUILD_TESTING=OFF >/dev/null
-ninja -C "$BUILD" "${TARGETS[@]}"
+if [ "${STRATA_FUZZ_SKIP_BUILD:-0}" != 1 ]; then  # 1: two runs in parallel share one build
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DSTRATA_FUZZ=ON -DSTRATA_ENABLE_CUDA=OFF >/dev/null
+  ninja -C "$BUILD" "${TARGETS[@]}"
+fi
 
 status=0
 for t in "${TARGETS[@]}"; do

@@ -283,7 +283,7 @@ std::vector<PromptRecord> read_prompts(std::istream& in, const std::string& sour
     json obj;
     try {
       obj = json::parse(text);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
       ctx.fail(std::string("invalid JSON: ") + e.what());
     }
     if (!obj.is_object()) ctx.fail("expected a JSON object, got " + std::string(obj.type_name()));
