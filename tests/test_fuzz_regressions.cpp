@@ -4,9 +4,11 @@
 #include <catch2/catch.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "strata/core/error.h"
 #include "strata/job/prompts.h"
+#include "strata/model/tokenizer.h"
 #include "strata/policy/policy.h"
 #include "strata/profile/hardware.h"
 
@@ -43,4 +45,24 @@ TEST_CASE("fuzz finding 2: a YAML key that is a map, a list or null is refused, 
   REQUIRE_NOTHROW(parse_hardware_profile(hw_rest + "gpu_gemm: [{tokens: 1, flops_per_s: 1e12}]\n", "hw.yaml"));
   CHECK_THROWS_WITH(parse_hardware_profile(hw_rest + "gpu_gemm: [{tokens: 1, {x: 1}: 2}]\n", "hw.yaml"),
                     Catch::Contains("a key in 'gpu_gemm[0]' is a map"));
+}
+
+TEST_CASE("fuzz finding 3: a tokenizer.json id far beyond the vocabulary is refused, not gigabytes allocated", "[tokenizer][fuzz]") {
+  // {"e": 727418249} made load_vocab resize its id table to 727 million strings (out of memory);
+  // an added token with id -1 asked finish() for 2^64 slots.
+  auto tokenizer = [](const std::string& vocab, const std::string& added) {
+    return R"({"model": {"type": "BPE", "vocab": )" + vocab + R"(, "merges": []}, "added_tokens": )" + added +
+           R"(, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}})";
+  };
+  CHECK_THROWS_WITH(Tokenizer::from_tokenizer_json_text(tokenizer(R"({"a": 0, "e": 727418249})", "[]"), "t.json"),
+                    Catch::Contains("t.json: model.vocab gives token 'e' the id 727418249"));
+  for (const char* id : {"-1", "2147483647", "1e300", "\"3\""})
+    CHECK_THROWS_WITH(Tokenizer::from_tokenizer_json_text(
+                          tokenizer(R"({"a": 0})", std::string(R"([{"id": )") + id + R"(, "content": "<x>"}])"), "t.json"),
+                      Catch::Contains("t.json: added_tokens[0] has the id"));
+  // Holes and added tokens past the vocabulary stay allowed (LLaMA-3 adds 256 ids after 128000).
+  const Tokenizer ok = Tokenizer::from_tokenizer_json_text(
+      tokenizer(R"({"a": 0, "b": 5})", R"([{"id": 900, "content": "<x>", "special": true}])"), "t.json");
+  CHECK(ok.vocab_size() == 901);
+  CHECK(ok.encode("a<x>b") == std::vector<int32_t>{0, 900, 5});
 }
