@@ -166,5 +166,5 @@ TEST_CASE("the shipped suites parse and name policies that load", "[bench]") {
       if (c.policy != "auto") CHECK_NOTHROW(load_policy(s.dir / c.policy));
     ++n;
   }
-  CHECK(n == 3);  // smoke-cpu, paper-table2, h100
+  CHECK(n == 4);  // smoke-cpu, calibrate-cpu, paper-table2, h100
 }

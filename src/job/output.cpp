@@ -1,11 +1,13 @@
 #include "strata/job/output.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <utility>
 
 #include "strata/core/error.h"
 
@@ -15,10 +17,12 @@ namespace fs = std::filesystem;
 namespace {
 
 // Keeps the complete, parseable lines of an earlier partial file and returns their ids; a line cut
-// short by a crash is dropped (the file is truncated to the end of the last good line).
-std::unordered_set<std::string> recover_partial(const fs::path& partial) {
+// short by a crash or a full disk (no '\n', or JSON that does not parse) is dropped with everything
+// after it: the file is truncated to the end of the last good line, whose size lands in `size`.
+std::unordered_set<std::string> recover_partial(const fs::path& partial, uint64_t& size) {
   std::unordered_set<std::string> ids;
   std::ifstream in(partial, std::ios::binary);
+  if (!in) STRATA_FAIL("cannot read " << partial.string() << " to resume from it: " << std::strerror(errno));
   std::string line;
   uint64_t good_end = 0, pos = 0;
   while (std::getline(in, line)) {
@@ -36,40 +40,108 @@ std::unordered_set<std::string> recover_partial(const fs::path& partial) {
       break;
     }
   }
+  // A read error must not pass for the end of the file: truncating there would drop good lines.
+  if (in.bad()) STRATA_FAIL("cannot read " << partial.string() << " to resume from it");
   in.close();
   std::error_code ec;
   fs::resize_file(partial, good_end, ec);
   if (ec) STRATA_FAIL("cannot truncate " << partial.string() << ": " << ec.message());
+  size = good_end;
   return ids;
 }
 
+class FileSink final : public OutputSink {
+public:
+  explicit FileSink(const fs::path& path) : fd_(::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644)) {
+    if (fd_ < 0) STRATA_FAIL("cannot open " << path.string() << " for writing: " << std::strerror(errno));
+  }
+  ~FileSink() override { ::close(fd_); }
+  ssize_t write(const char* data, size_t n) override { return ::write(fd_, data, n); }
+  int sync() override { return ::fsync(fd_); }
+  int truncate(uint64_t size) override { return ::ftruncate(fd_, off_t(size)); }
+
+private:
+  int fd_;
+};
+
+OutputSinkFactory& sink_factory() {
+  static OutputSinkFactory factory;
+  return factory;
+}
+
+constexpr size_t kPushBytes = 1 << 20;  // write() hands the buffer over past this many bytes
+
 }  // namespace
 
+std::unique_ptr<OutputSink> open_output_file(const fs::path& partial) { return std::make_unique<FileSink>(partial); }
+
+OutputSinkFactory set_output_sink_factory(OutputSinkFactory factory) {
+  std::swap(sink_factory(), factory);
+  return factory;
+}
+
 OutputWriter::OutputWriter(fs::path out) : out_(std::move(out)), partial_(out_.string() + ".partial") {
-  if (fs::exists(partial_)) done_ = recover_partial(partial_);
-  file_ = std::fopen(partial_.c_str(), "ab");
-  if (!file_) STRATA_FAIL("cannot open " << partial_.string() << " for writing: " << std::strerror(errno));
+  if (fs::exists(partial_)) done_ = recover_partial(partial_, written_);
+  synced_ = written_;
+  sink_ = sink_factory() ? sink_factory()(partial_) : open_output_file(partial_);
 }
 
 OutputWriter::~OutputWriter() {
-  if (file_) std::fclose(file_);  // an unfinished job leaves OUT.partial for a rerun to resume
+  // An unfinished job (an exception elsewhere) keeps its complete lines in OUT.partial for a rerun.
+  if (sink_ && !failed_ && !buffer_.empty()) {
+    try {
+      push(false);
+    } catch (const Error&) {
+    }
+  }
+}
+
+// Drops what follows the first `keep` bytes (a torn line, or lines fsync did not confirm) so the
+// file holds complete lines only, then reports the failure. A full disk still allows truncating.
+void OutputWriter::fail(int err, uint64_t keep) {
+  failed_ = true;
+  buffer_.clear();
+  const bool no_space = err == ENOSPC || err == EDQUOT;
+  const bool trimmed = sink_->truncate(keep) == 0;
+  STRATA_FAIL(partial_.string() << ": " << std::strerror(err) << "; finished lines are kept, "
+                                << (no_space ? "free space and rerun to resume" : "rerun to resume")
+                                << (trimmed ? "" : " (the torn last line is dropped then)"));
+}
+
+void OutputWriter::push(bool sync) {
+  if (failed_) STRATA_FAIL(partial_.string() << ": an earlier write failed; rerun to resume");
+  size_t done = 0;
+  while (done < buffer_.size()) {
+    const ssize_t n = sink_->write(buffer_.data() + done, buffer_.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;  // write(2) never takes 0 of a non-empty buffer
+      // Keep the lines that reached the file whole: up to the last '\n' among the bytes taken.
+      const size_t nl = done == 0 ? std::string::npos : buffer_.rfind('\n', done - 1);
+      fail(err, written_ + (nl == std::string::npos ? 0 : nl + 1));
+    }
+    done += size_t(n);
+  }
+  written_ += buffer_.size();
+  buffer_.clear();
+  if (sync && synced_ != written_) {
+    if (sink_->sync() != 0) fail(errno, synced_);  // unconfirmed lines may be lost or zeroed: drop them
+    synced_ = written_;
+  }
 }
 
 void OutputWriter::write(const nlohmann::json& line) {
-  const std::string text = line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  if (std::fwrite(text.data(), 1, text.size(), file_) != text.size())
-    STRATA_FAIL("writing " << partial_.string() << " failed: " << std::strerror(errno));
+  if (failed_) STRATA_FAIL(partial_.string() << ": an earlier write failed; rerun to resume");
+  buffer_ += line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  buffer_ += '\n';
+  if (buffer_.size() >= kPushBytes) push(false);
 }
 
-void OutputWriter::flush() {
-  if (std::fflush(file_) != 0 || ::fsync(fileno(file_)) != 0)
-    STRATA_FAIL("writing " << partial_.string() << " failed: " << std::strerror(errno));
-}
+void OutputWriter::flush() { push(true); }
 
 void OutputWriter::finish() {
   flush();
-  std::fclose(file_);
-  file_ = nullptr;
+  sink_.reset();  // closes the file
   std::error_code ec;
   fs::rename(partial_, out_, ec);
   if (ec) STRATA_FAIL("cannot rename " << partial_.string() << " to " << out_.string() << ": " << ec.message());

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <fstream>
+#include <istream>
 #include <optional>
 #include <set>
 #include <unordered_set>
@@ -323,7 +324,7 @@ std::optional<PromptRecord> PromptLineParser::parse(std::string_view text, int l
   json obj;
   try {
     obj = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
     ctx.fail(std::string("invalid JSON: ") + e.what());
   }
   if (!obj.is_object()) ctx.fail("expected a JSON object, got " + std::string(obj.type_name()));
@@ -374,19 +375,24 @@ std::vector<PromptRecord> read_prompts(const std::filesystem::path& file, const 
                                        const std::function<void(const std::string&)>& warn) {
   std::ifstream in(file);
   if (!in) STRATA_FAIL("cannot open prompts file " << file.string());
+  return read_prompts(in, file.string(), defaults, warn);
+}
+
+std::vector<PromptRecord> read_prompts(std::istream& in, const std::string& source, const SamplingParams& defaults,
+                                       const std::function<void(const std::string&)>& warn) {
   std::vector<PromptRecord> records;
   std::unordered_set<std::string> seen_ids;
-  PromptLineParser parser(file.string(), defaults, warn);
+  PromptLineParser parser(source, defaults, warn);
   std::string text;
   int line_no = 0;
   while (std::getline(in, text)) {
     std::optional<PromptRecord> r = parser.parse(text, ++line_no);
     if (!r) continue;
     if (!seen_ids.insert(r->id_key).second)
-      throw Error(file.string() + ":" + std::to_string(line_no) + ": " + duplicate_id_message(*r));
+      throw Error(source + ":" + std::to_string(line_no) + ": " + duplicate_id_message(*r));
     records.push_back(std::move(*r));
   }
-  if (in.bad()) STRATA_FAIL("error reading " << file.string());
+  if (in.bad()) STRATA_FAIL("error reading " << source);
   return records;
 }
 

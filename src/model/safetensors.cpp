@@ -155,6 +155,10 @@ json read_json_file(const fs::path& path) {
 
 }  // namespace
 
+std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* bytes, size_t size, const fs::path& file) {
+  return parse_header(file, bytes, size);
+}
+
 SafetensorsSet::SafetensorsSet(SafetensorsSet&&) noexcept = default;
 SafetensorsSet& SafetensorsSet::operator=(SafetensorsSet&&) noexcept = default;
 SafetensorsSet::~SafetensorsSet() = default;

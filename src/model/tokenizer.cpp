@@ -125,13 +125,15 @@ void TokenizerModel::finish() {
     byte_ids[b] = it == vocab_ids.end() ? -1 : it->second;
   }
   size_t n_ids = vocab.size();
-  for (const auto& rule : added) n_ids = std::max(n_ids, size_t(rule.token.id) + 1);
+  for (const auto& rule : added) {
+    STRATA_CHECK(rule.token.id >= 0, source << ": added token '" << rule.token.content << "' has a negative id " << rule.token.id);
+    n_ids = std::max(n_ids, size_t(rule.token.id) + 1);
+  }
   id_bytes.assign(n_ids, {});
   id_special.assign(n_ids, 0);
   for (size_t id = 0; id < vocab.size(); ++id) id_bytes[id] = bytes_only ? vocab[id] : token_to_bytes(vocab[id]);
   for (size_t i = 0; i < added.size(); ++i) {
     const AddedToken& t = added[i].token;
-    STRATA_CHECK(t.id >= 0, source << ": added token '" << t.content << "' has a negative id " << t.id);
     id_bytes[t.id] = token_to_bytes(t.content);  // the added vocabulary wins over the model's
     id_special[t.id] = t.special;
     added_ids[t.content] = t.id;

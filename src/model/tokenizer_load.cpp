@@ -1,5 +1,6 @@
 // Loading the tokenizer from Hugging Face files: tokenizer.json, or GPT-2's vocab.json + merges.txt.
 // Anything that would make encode() disagree with Hugging Face is refused with the file and field.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -33,13 +34,23 @@ json parse_json(const fs::path& file) {
   }
 }
 
+// Ids index tables of (largest id + 1) entries, so one id near 2^30 in a hostile file would ask for
+// gigabytes. Real vocabularies are dense (a few holes at most): allow four slots per token.
+constexpr int64_t kMaxIdsPerToken = 4, kMinIdSlots = 1024;
+
+bool id_in_range(const json& id, size_t tokens) {
+  return id.is_number_integer() && id.get<int64_t>() >= 0 &&
+         id.get<int64_t>() < std::min<int64_t>(1 << 30, int64_t(tokens) * kMaxIdsPerToken + kMinIdSlots);
+}
+
 // vocab: {"token": id, ...}; ids may leave holes, which stay empty strings.
 void load_vocab(const json& vocab, TokenizerModel& m, const std::string& where) {
   if (!vocab.is_object()) STRATA_FAIL(m.source << ": " << where << " is not a JSON object of token -> id");
   for (const auto& [token, id_json] : vocab.items()) {
-    if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 || id_json.get<int64_t>() > (1 << 30)) {
+    if (!id_in_range(id_json, vocab.size())) {
       STRATA_FAIL(m.source << ": " << where << " gives token '" << token << "' the id " << id_json.dump()
-                           << "; ids must be non-negative integers");
+                           << "; ids must be non-negative integers below " << kMaxIdsPerToken
+                           << " x the number of tokens + " << kMinIdSlots);
     }
     auto id = id_json.get<size_t>();
     if (m.vocab.size() <= id) m.vocab.resize(id + 1);
@@ -80,7 +91,11 @@ void load_added_tokens(const json& added, TokenizerModel& m) {
       STRATA_FAIL(m.source << ": added_tokens[" << i << "] needs an \"id\" and a \"content\"");
     }
     AddedTokenRule rule;
-    rule.token.id = a.at("id").get<int>();
+    if (!id_in_range(a["id"], m.vocab_ids.size() + added.size()))
+      STRATA_FAIL(m.source << ": added_tokens[" << i << "] has the id " << a["id"].dump()
+                           << "; ids must be non-negative integers below " << kMaxIdsPerToken
+                           << " x the number of tokens + " << kMinIdSlots);
+    rule.token.id = a["id"].get<int>();
     rule.token.content = a.at("content").get<std::string>();
     rule.token.special = a.value("special", false);
     rule.lstrip = a.value("lstrip", false);
@@ -174,9 +189,18 @@ void check_normalizer_and_decoder(const json& j, TokenizerModel& m) {
 }  // namespace
 
 Tokenizer Tokenizer::from_tokenizer_json(const fs::path& file) {
-  json j = parse_json(file);
+  return from_tokenizer_json_text(read_file(file), file.string());
+}
+
+Tokenizer Tokenizer::from_tokenizer_json_text(const std::string& text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    STRATA_FAIL("tokenizer file " << source << " is not valid JSON: " << e.what());
+  }
   auto m = std::make_unique<Impl>();
-  m->source = file.string();
+  m->source = source;
   try {
     if (!j.is_object() || !j.contains("model")) STRATA_FAIL(m->source << ": no \"model\" field");
     const json& model = j["model"];

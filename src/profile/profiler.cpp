@@ -384,18 +384,6 @@ std::string today_utc() {
 
 }  // namespace
 
-std::string format_rate(double per_second, const char* unit) {
-  static const char* prefixes[] = {"", "k", "M", "G", "T", "P"};
-  int i = 0;
-  while (per_second >= 1000 && i < 5) {
-    per_second /= 1000;
-    ++i;
-  }
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.3g %s%s", per_second, prefixes[i], unit);
-  return buf;
-}
-
 std::filesystem::path default_hardware_profile_path() { return cache_root() / "hardware.yaml"; }
 
 HardwareProfile profile_machine(const ProfileOptions& opt) {

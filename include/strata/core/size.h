@@ -13,4 +13,7 @@ size_t parse_size(const std::string& text, const std::string& what = "size");
 // Human-readable, binary units: "512.0 MiB", "16.00 GiB", "4096 B".
 std::string format_bytes(double bytes);
 
+// A rate in decimal units for people: "12.3 GB/s" from (12.3e9, "B/s"), "65 TFLOP/s".
+std::string format_rate(double per_second, const char* unit);
+
 }  // namespace strata

@@ -22,7 +22,11 @@ struct YamlReader {
   // `where` prefixes the key in the message (e.g. "weights.").
   void only_keys(const YAML::Node& map, const std::set<std::string>& known, const std::string& where) const {
     for (const auto& kv : map) {
-      const std::string key = kv.first.as<std::string>();
+      // YAML allows a map, a list or null as a key ("? [a]: 1", "{a: 1}: 2", "~: 3"): no field name.
+      if (!kv.first.IsScalar())
+        fail(kv.first, "a key" + (where.empty() ? std::string() : " in '" + where.substr(0, where.size() - 1) + "'") +
+                           " is a map, a list or null; keys are field names");
+      const std::string key = kv.first.Scalar();
       if (!known.count(key)) {
         std::string list;
         for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;

@@ -1,9 +1,15 @@
 // The batch job's output. Lines go to OUT.partial, flushed after every batch; only a job that
 // finished renames it to OUT, so a file named OUT is always complete. A rerun after a crash or
-// Ctrl-C finds OUT.partial, keeps its complete lines, and skips the ids already answered.
+// Ctrl-C finds OUT.partial, keeps its complete lines, and skips the ids already answered. A write
+// that fails (a full disk, a quota, an I/O error) throws, naming the file and the cause, and leaves
+// OUT.partial holding only complete lines, so a rerun once space is freed resumes from there.
 #pragma once
-#include <cstdio>
+#include <sys/types.h>
+
+#include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <unordered_set>
@@ -13,25 +19,49 @@
 
 namespace strata {
 
+// Where an OutputWriter's bytes go: OUT.partial opened for appending. The calls mirror the system
+// calls they stand for, errors included (-1 with errno set), so a test can put a sink in between
+// that fails as a full disk does (a short write, then ENOSPC) and check what the writer keeps.
+class OutputSink {
+public:
+  virtual ~OutputSink() = default;
+  virtual ssize_t write(const char* data, size_t n) = 0;  // write(2): bytes taken, maybe fewer than n
+  virtual int sync() = 0;                                 // fsync(2)
+  virtual int truncate(uint64_t size) = 0;                // ftruncate(2)
+};
+// Opens `partial` for appending, creating it; throws strata::Error naming it.
+using OutputSinkFactory = std::function<std::unique_ptr<OutputSink>(const std::filesystem::path& partial)>;
+std::unique_ptr<OutputSink> open_output_file(const std::filesystem::path& partial);
+// Test seam: OutputWriters constructed from now on open their file through `factory` (an empty
+// one restores open_output_file). Returns the factory it replaces. Not for concurrent use.
+OutputSinkFactory set_output_sink_factory(OutputSinkFactory factory);
+
 class OutputWriter {
 public:
   explicit OutputWriter(std::filesystem::path out);
-  ~OutputWriter();
+  ~OutputWriter();  // pushes complete lines still buffered (best effort); never creates OUT
   OutputWriter(const OutputWriter&) = delete;
   OutputWriter& operator=(const OutputWriter&) = delete;
 
   // ids (as json dumps: "id", or "custom_id" for OpenAI lines) already present in a partial file
   // from an earlier run, error lines included
   const std::unordered_set<std::string>& done_ids() const { return done_; }
-  void write(const nlohmann::json& line);
-  void flush();   // pushes the lines to the disk (fflush + fsync); errors name the file
+  void write(const nlohmann::json& line);  // buffered; pushed to the file by flush (or past 1 MiB)
+  void flush();   // pushes the lines to the disk (write + fsync); errors name the file
   void finish();  // flush, close, rename OUT.partial -> OUT
 
   std::filesystem::path partial_path() const { return partial_; }
 
 private:
+  void push(bool sync);
+  [[noreturn]] void fail(int err, uint64_t keep);
+
   std::filesystem::path out_, partial_;
-  std::FILE* file_ = nullptr;
+  std::unique_ptr<OutputSink> sink_;
+  std::string buffer_;     // complete lines not yet handed to the sink
+  uint64_t written_ = 0;   // the file's size: complete lines only, all handed to the sink
+  uint64_t synced_ = 0;    // ... of which fsync has confirmed this many bytes
+  bool failed_ = false;    // a write failed: the writer takes no more lines
   std::unordered_set<std::string> done_;
 };
 

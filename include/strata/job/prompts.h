@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <iosfwd>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -84,6 +85,9 @@ std::string duplicate_id_message(const PromptRecord& r);
 // one, a duplicate id, or a line in the other format than the first line's. Blank lines are
 // skipped. Unknown keys are reported once each (per name) through `warn`.
 std::vector<PromptRecord> read_prompts(const std::filesystem::path& file, const SamplingParams& defaults,
+                                       const std::function<void(const std::string&)>& warn = {});
+// The same from a stream (tests, the fuzz target); `source` stands for FILE in the messages.
+std::vector<PromptRecord> read_prompts(std::istream& in, const std::string& source, const SamplingParams& defaults,
                                        const std::function<void(const std::string&)>& warn = {});
 
 // --shard i/N: a request belongs to shard fnv1a64(id_text(id)) % N.

@@ -23,6 +23,11 @@ struct SafetensorsEntry {
   std::filesystem::path file;     // for error messages
 };
 
+// Validates the header of one file's bytes (8-byte length, JSON, every entry) and returns its
+// entries, pointing into `bytes`; throws strata::Error naming `file`. open() uses it on the mapping.
+std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* bytes, size_t size,
+                                                       const std::filesystem::path& file);
+
 class SafetensorsSet {
 public:
   // `path` is a .safetensors file, a model.safetensors.index.json, or a directory holding either.

@@ -27,6 +27,8 @@ public:
   // From a directory holding tokenizer.json, or vocab.json + merges.txt (GPT-2 pattern).
   static Tokenizer from_dir(const std::filesystem::path& dir);
   static Tokenizer from_tokenizer_json(const std::filesystem::path& file);
+  // The same from the file's text in memory (the fuzz target); `source` names it in errors.
+  static Tokenizer from_tokenizer_json_text(const std::string& text, const std::string& source);
   static Tokenizer from_vocab_merges(const std::filesystem::path& vocab_json, const std::filesystem::path& merges_txt);
   // From parts already in memory (used by GGUF metadata): tokens in id order, merges "a b".
   // ignore_merges: a pre-tokenized word that is itself in the vocab becomes that one token

@@ -27,7 +27,4 @@ HardwareProfile profile_machine(const ProfileOptions& options);
 // ${STRATA_CACHE:-~/.cache/strata}/hardware.yaml.
 std::filesystem::path default_hardware_profile_path();
 
-// A rate in decimal units for people: "12.3 GB/s" from (12.3e9, "B/s"), "65 TFLOP/s".
-std::string format_rate(double per_second, const char* unit);
-
 }  // namespace strata

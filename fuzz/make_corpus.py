@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Writes the committed seed corpora under fuzz/corpus/<target>/ from the repository's fixtures.
+
+Small on purpose (a few hundred KB in all): tokenizers are trimmed to a few hundred tokens, the
+safetensors seeds are made here with a handful of bytes of data. Rerun after changing it:
+    python3 fuzz/make_corpus.py
+"""
+import json
+import pathlib
+import struct
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+OUT = ROOT / "fuzz" / "corpus"
+
+
+def put(target, name, data):
+    d = OUT / target
+    d.mkdir(parents=True, exist_ok=True)
+    (d / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+def prompts():
+    put("prompts_fuzz", "strata_prompt.jsonl",
+        '{"id": 1, "prompt": "Hello", "max_new_tokens": 8, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "seed": 7}\n'
+        '{"id": "b", "prompt": "World", "ignore_eos": true, "extra": 1}\n\n')
+    put("prompts_fuzz", "strata_messages.jsonl",
+        '{"id": "c", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi \\u00e9"}]}\r\n')
+    put("prompts_fuzz", "openai_chat.jsonl",
+        '{"custom_id": "req-1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "messages": '
+        '[{"role": "user", "content": "Hi"}, {"role": "user", "content": [{"type": "text", "text": "there"}]}], '
+        '"max_completion_tokens": 64, "top_k": -1, "n": 1, "stop": [], "logprobs": false, "stream": false}}\n')
+    put("prompts_fuzz", "openai_completion.jsonl",
+        '{"custom_id": "req-2", "method": "POST", "url": "/v1/completions", "body": {"model": "m", "prompt": '
+        '["Once upon a time"], "max_tokens": 32, "temperature": 0.7, "seed": -1, "top_logprobs": 0, "logprobs": 0}}\n'
+        '{"custom_id": "req-3", "url": "/v1/embeddings", "body": {"input": "x"}}\n')
+    put("prompts_fuzz", "openai_errors.jsonl",
+        '{"custom_id": "e1", "method": "GET", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 0}}\n'
+        '{"custom_id": "e2", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": '
+        '[{"type": "image_url"}]}], "temperature": 3, "stream": true, "stop": "x"}}\n')
+
+
+def yaml_files():
+    for f in sorted((ROOT / "policies").glob("*.yaml"))[:6]:
+        put("policy_fuzz", f.name, f.read_bytes())
+    put("policy_fuzz", "flow_style.yaml",
+        "{gpu_batch_size: 8, num_gpu_batches: 2, weights: {gpu: 50, cpu: 50}, kv_cache: {cpu: 100},\n"
+        " activations: {gpu: 100}, overlap: false, cpu_attention: true, compress_weights: true,\n"
+        " compress_kv_cache: {bits: 4, group_size: 64}, prefill_tokens: 512}\n")
+    for f in sorted((ROOT / "policies" / "hardware").glob("*.yaml")):
+        put("hardware_fuzz", f.name, f.read_bytes())
+
+
+def safetensors():
+    def st(header, data):
+        h = json.dumps(header).encode()
+        return struct.pack("<Q", len(h)) + h + data
+    put("safetensors_fuzz", "two_tensors.safetensors",
+        st({"__metadata__": {"format": "pt"},
+            "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+            "b": {"dtype": "F16", "shape": [3], "data_offsets": [16, 22]}}, bytes(range(22))))
+    put("safetensors_fuzz", "bf16_scalar.safetensors",
+        st({"s": {"dtype": "BF16", "shape": [], "data_offsets": [0, 2]},
+            "z": {"dtype": "F32", "shape": [0, 4], "data_offsets": [2, 2]}}, b"\x80\x3f"))
+    put("safetensors_fuzz", "empty_header.safetensors", st({}, b""))
+
+
+def tokenizers():
+    # Trimmed to the tokens below `keep` and the merges among them: small seeds fuzz faster.
+    for src, keep in [("tests/fixtures/models/tiny-opt/tokenizer.json", 300),
+                      ("tests/fixtures/models/tiny-llama3/tokenizer.json", 300),
+                      ("tests/fixtures/tokenizer/llama3-style/tokenizer.json", 320)]:
+        j = json.loads((ROOT / src).read_text())
+        vocab = {t: i for t, i in j["model"]["vocab"].items() if i < keep}
+        merges = []
+        for m in j["model"]["merges"]:
+            a, b = m if isinstance(m, list) else m.split(" ")
+            if a in vocab and b in vocab and a + b in vocab:
+                merges.append(m)
+        j["model"]["vocab"] = vocab
+        j["model"]["merges"] = merges
+        j["added_tokens"] = [t for t in j.get("added_tokens", []) if t["id"] < keep]
+        name = src.split("/")[-2] + ".json"
+        put("tokenizer_fuzz", name, json.dumps(j, ensure_ascii=False))
+
+
+def gguf():
+    for name in ["synth_align.gguf", "synth_meta.gguf", "synth_quants.gguf"]:
+        put("gguf_fuzz", name, (ROOT / "tests" / "fixtures" / "gguf" / name).read_bytes())
+
+
+if __name__ == "__main__":
+    gguf()
+    prompts()
+    yaml_files()
+    safetensors()
+    tokenizers()

@@ -1,0 +1,27 @@
+// libFuzzer entry for the batch job's input (read_prompts): both JSONL formats, strata and OpenAI
+// batch, told apart by the first line. strata::Error is the expected way to reject input; anything
+// else (crash, sanitizer report, a foreign exception such as nlohmann::json::exception) is a bug.
+#include <cstddef>
+#include <cstdint>
+#include <sstream>
+#include <string>
+
+#include "strata/core/error.h"
+#include "strata/job/prompts.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::istringstream in(std::string(reinterpret_cast<const char*>(data), size));
+  size_t warnings = 0;
+  try {
+    const auto records = strata::read_prompts(in, "fuzz.jsonl", strata::SamplingParams{},
+                                              [&](const std::string& w) { warnings += w.size(); });
+    // What the job does next with each record: shard hashing and the key used for resume.
+    const strata::Shard shard{1, 3};
+    for (const strata::PromptRecord& r : records) {
+      (void)strata::in_shard(r, shard);
+      if (r.id_key != r.id.dump()) __builtin_trap();
+    }
+  } catch (const strata::Error&) {
+  }
+  return 0;
+}

@@ -1,0 +1,68 @@
+// Inputs the libFuzzer targets in fuzz/ found (docs/fuzzing.md lists them): each made a parser
+// of outside bytes fail with something other than strata::Error. They must now be refused with
+// a strata::Error that names the source and the line.
+#include <catch2/catch.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "strata/core/error.h"
+#include "strata/job/prompts.h"
+#include "strata/model/tokenizer.h"
+#include "strata/policy/policy.h"
+#include "strata/profile/hardware.h"
+
+using namespace strata;
+
+TEST_CASE("fuzz finding 1: a prompt line with a number out of double range is invalid JSON, not a crash", "[job][fuzz]") {
+  // nlohmann::json throws out_of_range (not parse_error) for 1e400; it escaped read_prompts.
+  for (const char* line : {R"({"id": 1, "prompt": "Hello", "top_p": 1e400})",
+                           R"({"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "x", "temperature": -1e999}})"}) {
+    std::istringstream in(std::string("\n") + line + "\n");
+    REQUIRE_THROWS_AS(read_prompts(in, "in.jsonl", SamplingParams{}), Error);
+    std::istringstream again(std::string("\n") + line + "\n");
+    CHECK_THROWS_WITH(read_prompts(again, "in.jsonl", SamplingParams{}),
+                      Catch::StartsWith("in.jsonl:2: invalid JSON") && Catch::Contains("number overflow"));
+  }
+}
+
+TEST_CASE("fuzz finding 2: a YAML key that is a map, a list or null is refused, not a crash", "[policy][hardware][fuzz]") {
+  // YAML::TypedBadConversion escaped the readers' unknown-key check (key.as<std::string>()).
+  const std::string policy_rest = "gpu_batch_size: 8\nnum_gpu_batches: 2\nweights: {gpu: 100}\nkv_cache: {gpu: 100}\n";
+  for (const std::string& bad : {std::string("{cpu: 100}: 1\n"), std::string("? [a, b]\n: 1\n"), std::string("~: 1\n"),
+                                 std::string("activations: {gpu: 100, &x {a: 1}: 2}\n")}) {
+    REQUIRE_THROWS_AS(parse_policy(policy_rest + bad, "p.yaml"), Error);
+    CHECK_THROWS_WITH(parse_policy(policy_rest + bad, "p.yaml"), Catch::Contains("keys are field names"));
+  }
+  // The crashing input itself: an anchor before a flow map turned the map into a key.
+  CHECK_THROWS_WITH(parse_policy("{gpu_batch_size: 8, weights: {gpu: 50, cpu: 50}, &kv_cache: {cpu: 100}, x: 1}", "p.yaml"),
+                    Catch::StartsWith("p.yaml:1: a key is a map, a list or null"));
+  CHECK_THROWS_WITH(parse_hardware_profile("gpu_mem: 1GiB\n[1]: 2\n", "hw.yaml"),
+                    Catch::StartsWith("hw.yaml:2: a key is a map, a list or null"));
+  const std::string hw_rest = "gpu_mem: 1GB\ncpu_mem: 1GB\ndisk_mem: 1GB\ncpu_to_gpu_bw: 1GB/s\ngpu_to_cpu_bw: 1GB/s\n"
+                              "disk_to_cpu_bw: 1GB/s\ncpu_to_disk_bw: 1GB/s\ngpu_attention_bw: 1GB/s\n"
+                              "cpu_attention_bw: 1GB/s\ncpu_flops: 1e12\n";
+  REQUIRE_NOTHROW(parse_hardware_profile(hw_rest + "gpu_gemm: [{tokens: 1, flops_per_s: 1e12}]\n", "hw.yaml"));
+  CHECK_THROWS_WITH(parse_hardware_profile(hw_rest + "gpu_gemm: [{tokens: 1, {x: 1}: 2}]\n", "hw.yaml"),
+                    Catch::Contains("a key in 'gpu_gemm[0]' is a map"));
+}
+
+TEST_CASE("fuzz finding 3: a tokenizer.json id far beyond the vocabulary is refused, not gigabytes allocated", "[tokenizer][fuzz]") {
+  // {"e": 727418249} made load_vocab resize its id table to 727 million strings (out of memory);
+  // an added token with id -1 asked finish() for 2^64 slots.
+  auto tokenizer = [](const std::string& vocab, const std::string& added) {
+    return R"({"model": {"type": "BPE", "vocab": )" + vocab + R"(, "merges": []}, "added_tokens": )" + added +
+           R"(, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}})";
+  };
+  CHECK_THROWS_WITH(Tokenizer::from_tokenizer_json_text(tokenizer(R"({"a": 0, "e": 727418249})", "[]"), "t.json"),
+                    Catch::Contains("t.json: model.vocab gives token 'e' the id 727418249"));
+  for (const char* id : {"-1", "2147483647", "1e300", "\"3\""})
+    CHECK_THROWS_WITH(Tokenizer::from_tokenizer_json_text(
+                          tokenizer(R"({"a": 0})", std::string(R"([{"id": )") + id + R"(, "content": "<x>"}])"), "t.json"),
+                      Catch::Contains("t.json: added_tokens[0] has the id"));
+  // Holes and added tokens past the vocabulary stay allowed (LLaMA-3 adds 256 ids after 128000).
+  const Tokenizer ok = Tokenizer::from_tokenizer_json_text(
+      tokenizer(R"({"a": 0, "b": 5})", R"([{"id": 900, "content": "<x>", "special": true}])"), "t.json");
+  CHECK(ok.vocab_size() == 901);
+  CHECK(ok.encode("a<x>b") == std::vector<int32_t>{0, 900, 5});
+}
