@@ -7,7 +7,8 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 packages=(cmake ninja-build g++ pkg-config catch2 libyaml-cpp-dev nlohmann-json3-dev
-          libcli11-dev libpcre2-dev libopenblas-dev libglpk-dev liburing-dev fio)
+          libcli11-dev libpcre2-dev libopenblas-dev libglpk-dev liburing-dev fio
+          python3-venv)  # python3-venv: the Ray example's test installs ray[data] into a venv
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -49,7 +49,7 @@ def ray_python(venv):
         try:
             subprocess.run([sys.executable, "-m", "venv", tmp], check=True, capture_output=True, timeout=120)
             r = subprocess.run([os.path.join(tmp, "bin", "pip"), "install", "-q", "--disable-pip-version-check",
-                                RAY_SPEC], capture_output=True, text=True, timeout=600)
+                                "--retries", "2", "--timeout", "30", RAY_SPEC], capture_output=True, text=True, timeout=600)
         except (subprocess.SubprocessError, OSError) as e:
             shutil.rmtree(tmp, ignore_errors=True)
             skip(f"cannot create a venv with {RAY_SPEC}: {e}")
