@@ -135,6 +135,22 @@ class Merge(unittest.TestCase):
         self.assertEqual(sr.input_ids(inp), {"1", "b"})
         self.assertFalse(sr.is_openai_batch(inp))
 
+    def test_a_failed_shard_reports_its_log_tail(self):
+        # run_shard is what Ray runs; called here directly with a fake strata that fails.
+        fake = os.path.join(self.dir, "fake-strata")
+        with open(fake, "w") as f:
+            f.write("#!/bin/sh\necho \"args: $*\"\necho 'model not found' >&2\nexit 3\n")
+        os.chmod(fake, 0o755)
+        spec = {"strata": fake, "input": "/in.jsonl", "outdir": self.dir, "shards": 2, "strata_args": "--seed 1",
+                "errors": False, "cwd": self.dir}
+        r = sr.run_shard({"shard": 1}, spec)
+        self.assertEqual((r["shard"], r["rc"]), (1, 3))
+        self.assertIn("model not found", r["tail"])
+        self.assertIn("--shard 1/2 --no-progress --seed 1", r["tail"])
+        r = sr.run_shard({"shard": 0}, dict(spec, strata=os.path.join(self.dir, "missing")))
+        self.assertEqual(r["rc"], 127)
+        self.assertIn("cannot run", r["tail"])
+
     def test_shard_command(self):
         cmd = sr.shard_command("strata", "/in.jsonl", "/o", 2, 5, '--model "/m dir" --seed 3', errors=True)
         self.assertEqual(cmd, ["strata", "run", "-i", "/in.jsonl", "-o", "/o/shard-2.jsonl", "--shard", "2/5",
