@@ -13,6 +13,7 @@
 #include "strata/core/error.h"
 #include "strata/job/bench.h"
 #include "strata/policy/policy.h"
+#include "strata/profile/hardware.h"
 
 using namespace strata;
 namespace fs = std::filesystem;
@@ -167,4 +168,61 @@ TEST_CASE("the shipped suites parse and name policies that load", "[bench]") {
     ++n;
   }
   CHECK(n == 4);  // smoke-cpu, calibrate-cpu, paper-table2, h100
+}
+
+TEST_CASE("bench --calibrate records lane busy times per phase and writes a refined profile", "[bench][calibrate]") {
+  const fs::path dir = temp_dir("calibrate");
+  std::ofstream(dir / "cpu.yaml") << "gpu_batch_size: 2\nnum_gpu_batches: 1\nweights: {gpu: 0, cpu: 100, disk: 0}\n"
+                                     "kv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n";
+  std::ofstream(dir / "gpu.yaml") << "gpu_batch_size: 2\nnum_gpu_batches: 2\nweights: {gpu: 100, cpu: 0, disk: 0}\n"
+                                     "kv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n";
+  std::ofstream(dir / "suite.yaml")
+      << "name: cal\ncases:\n"
+         "  - {name: weights-cpu, model: opt-125m, prompt_len: 16, gen_len: 4, policy: cpu.yaml}\n"
+         "  - {name: all-gpu, model: opt-125m, prompt_len: 16, gen_len: 4, policy: gpu.yaml}\n";
+  BenchOptions opt;
+  opt.suite = (dir / "suite.yaml").string();
+  opt.device = "cpu";
+  opt.hardware = std::string(STRATA_FIXTURES_DIR) + "/../../policies/hardware/cpu-epyc-2core.yaml";
+  opt.out = dir / "out";
+  opt.offload_dir = dir / "offload";
+  opt.threads = 2;
+  opt.progress = false;
+  opt.calibrate = true;
+  std::ostringstream log;
+  const std::vector<BenchCaseResult> results = run_bench(opt, log);
+  INFO(log.str());
+  REQUIRE(results.size() == 2);
+  for (const BenchCaseResult& r : results) {
+    REQUIRE(r.status == "ok");
+    CHECK(r.prefill_s > 0);
+    CHECK(r.decode_s > 0);
+    // The compute lane is one thread: busy no longer than the phase it ran in, and busy at all.
+    CHECK(r.prefill_busy[kLaneCompute] > 0);
+    CHECK(r.prefill_busy[kLaneCompute] <= r.prefill_s * 1.01 + 1e-3);
+    CHECK(r.decode_busy[kLaneCompute] > 0);
+    CHECK(r.decode_busy[kLaneCompute] <= r.decode_s * 1.01 + 1e-3);
+  }
+  CHECK(results[0].decode_busy[kLaneH2d] > 0);   // weights stream from the cpu tier every step
+  CHECK(results[1].decode_busy[kLaneH2d] == 0);  // nothing to copy
+
+  // The refined profile loads; the recorded results give the same samples as the run.
+  const HardwareProfile refined = load_hardware_profile(opt.out / "calibrated-profile.yaml");
+  CHECK_THAT(refined.description, Catch::Contains("calibrated by strata bench --calibrate over 2 runs"));
+  const std::vector<CalibrationSample> from_file = calibration_samples(opt.out / "results.jsonl");
+  REQUIRE(from_file.size() == 2);
+  CHECK(from_file[0].name == "weights-cpu");
+  CHECK(from_file[0].config.n_layers == 12);
+  CHECK(from_file[0].policy.weights.cpu == 100);
+  CHECK(from_file[0].decode_busy[kLaneH2d] == Approx(results[0].decode_busy[kLaneH2d]));
+  CHECK(from_file[1].prefill_s == Approx(results[1].prefill_s));
+  std::ifstream md(opt.out / "calibration.md");
+  std::stringstream text;
+  text << md.rdbuf();
+  CHECK_THAT(text.str(), Catch::Contains("| weights-cpu | decode |") && Catch::Contains("leave-one-out"));
+
+  // Results written before the busy times were recorded cannot be fitted: say so, naming the case.
+  std::ofstream(dir / "old.jsonl") << R"({"name": "x", "engine": "strata", "status": "ok", "model": "opt-125m"})" << "\n";
+  CHECK_THROWS_WITH(calibration_samples(dir / "old.jsonl"), Catch::Contains("old.jsonl: case x has no phase seconds"));
+  fs::remove_all(dir);
 }
