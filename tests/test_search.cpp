@@ -95,6 +95,25 @@ struct Instance {
   std::optional<double> max_latency;
 };
 
+// The LP's optimum against a brute-force grid: no grid point beats it, and the grid comes within
+// what one step can change (a bound from the coefficients, and relatively: the instances here are
+// within 7%, under one step).
+void check_lp_against_grid(const Instance& in, const HardwareProfile& hw) {
+  const CostForms F = cost_forms(*config_preset(in.model), in.shape, in.w, hw);
+  const LpSolution lp = solve_placement_lp(F, in.budget, in.max_latency);
+  REQUIRE(lp.feasible);
+  CHECK(lp.total_s == Approx(block_time(F, lp.x)).epsilon(1e-6));
+  CHECK(within(F, lp.x, in.budget, in.max_latency));
+  for (int cls = 0; cls < 3; ++cls) CHECK(lp.x[3 * cls] + lp.x[3 * cls + 1] + lp.x[3 * cls + 2] == Approx(1.0));
+  const double step = 0.1;
+  const double grid = grid_best(F, in.budget, in.max_latency, step);
+  REQUIRE(std::isfinite(grid));
+  INFO("LP T = " << lp.total_s << " s, grid T = " << grid << " s");
+  CHECK(lp.total_s <= grid * (1 + 1e-9));
+  CHECK(grid - lp.total_s <= 2 * lipschitz_bound(F, step));
+  CHECK(grid <= lp.total_s * (1 + step));
+}
+
 }  // namespace
 
 TEST_CASE("the LP's optimum equals a brute-force grid over the fractions, within the grid's step", "[search]") {
@@ -108,25 +127,8 @@ TEST_CASE("the LP's optimum equals a brute-force grid over the fractions, within
       {"disk binds", "opt-125m", shape(16, 8, false), {256, 32}, {0.3e9, 0.35e9, 1e12}, {}},
       {"no disk", "opt-1.3b", shape(4, 2, true), {512, 8}, {1.2e9, 3e9, 0}, {}},
   };
-  for (const Instance& in : cases) {
-    SECTION(in.name) {
-      const CostForms F = cost_forms(*config_preset(in.model), in.shape, in.w, hw);
-      const LpSolution lp = solve_placement_lp(F, in.budget, in.max_latency);
-      REQUIRE(lp.feasible);
-      CHECK(lp.total_s == Approx(block_time(F, lp.x)).epsilon(1e-6));
-      CHECK(within(F, lp.x, in.budget, in.max_latency));
-      for (int cls = 0; cls < 3; ++cls) CHECK(lp.x[3 * cls] + lp.x[3 * cls + 1] + lp.x[3 * cls + 2] == Approx(1.0));
-      const double step = 0.1;
-      const double grid = grid_best(F, in.budget, in.max_latency, step);
-      REQUIRE(std::isfinite(grid));
-      INFO("LP T = " << lp.total_s << " s, grid T = " << grid << " s");
-      // No grid point beats the LP, and the grid comes within what one step can change (a bound
-      // from the coefficients, and relatively: the instances here are within 7%, under one step).
-      CHECK(lp.total_s <= grid * (1 + 1e-9));
-      CHECK(grid - lp.total_s <= 2 * lipschitz_bound(F, step));
-      CHECK(grid <= lp.total_s * (1 + step));
-    }
-  }
+  for (const Instance& in : cases)
+    SECTION(in.name) { check_lp_against_grid(in, hw); }
 }
 
 TEST_CASE("with a calibrated overlap shortfall and overhead the LP still equals the brute-force grid", "[search]") {
@@ -138,20 +140,8 @@ TEST_CASE("with a calibrated overlap shortfall and overhead the LP still equals 
       {"cpu attention", "opt-1.3b", shape(32, 4, true), {256, 32}, {2e9, 20e9, 1e12}, {}},
       {"disk binds", "opt-125m", shape(16, 8, false), {256, 32}, {0.3e9, 0.35e9, 1e12}, {}},
   };
-  for (const Instance& in : cases) {
-    SECTION(in.name) {
-      const CostForms F = cost_forms(*config_preset(in.model), in.shape, in.w, hw);
-      const LpSolution lp = solve_placement_lp(F, in.budget, in.max_latency);
-      REQUIRE(lp.feasible);
-      CHECK(lp.total_s == Approx(block_time(F, lp.x)).epsilon(1e-6));
-      const double step = 0.1;
-      const double grid = grid_best(F, in.budget, in.max_latency, step);
-      REQUIRE(std::isfinite(grid));
-      INFO("LP T = " << lp.total_s << " s, grid T = " << grid << " s");
-      CHECK(lp.total_s <= grid * (1 + 1e-9));
-      CHECK(grid - lp.total_s <= 2 * lipschitz_bound(F, step));
-    }
-  }
+  for (const Instance& in : cases)
+    SECTION(in.name) { check_lp_against_grid(in, hw); }
 }
 
 TEST_CASE("an LP with nothing that fits is infeasible", "[search]") {

@@ -154,15 +154,7 @@ def main(argv=None):
     ap.add_argument("--default-cpu-mem", default="", help="CPU cap for cases that give none")
     ap.add_argument("--offload-dir", help="accelerate's disk offload folder (default: a new temporary one)")
     args = ap.parse_args(argv)
-    for case in common.select_cases(args):
-        try:
-            line = run_case(case, args)
-        except common.CaseError as e:
-            line = common.result_line(case, ENGINE, None, status=f"unsupported: {e}")
-        if line is not None:
-            print(f"[accelerate] {case.name}: {line['status']}", file=sys.stderr)
-            common.append_line(args.out, line)
-    return 0
+    return common.run_cases(args, ENGINE, run_case)
 
 
 if __name__ == "__main__":

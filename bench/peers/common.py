@@ -356,3 +356,21 @@ def add_case_arguments(parser):
     parser.add_argument("--hardware", help="hardware profile YAML (for policy auto)")
     parser.add_argument("--out", default="bench-out", help="directory: the runner appends to OUT/peers.jsonl")
     parser.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+
+
+def run_cases(args, engine, run_case, failures=()):
+    """Runs each selected case through `run_case(case, args)` and appends its line to args.out.
+    A case the peer cannot express (CaseError) is recorded as unsupported; `failures` maps more
+    exception types to a status text built from the exception."""
+    for case in select_cases(args):
+        try:
+            line = run_case(case, args)
+        except CaseError as e:
+            line = result_line(case, engine, None, status=f"unsupported: {e}")
+        except tuple(t for t, _ in failures) as e:
+            status = next(text(e) for t, text in failures if isinstance(e, t))
+            line = result_line(case, engine, None, status=status)
+        if line is not None:
+            print(f"[{engine}] {case.name}: {line['status']}", file=sys.stderr)
+            append_line(args.out, line)
+    return 0

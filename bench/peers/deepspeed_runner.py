@@ -124,15 +124,7 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, help="sequences per generate() (default: the policy's block)")
     ap.add_argument("--offload-dir", help="nvme_path for weights on disk (default: a new temporary directory)")
     args = ap.parse_args(argv)
-    for case in common.select_cases(args):
-        try:
-            line = run_case(case, args)
-        except common.CaseError as e:
-            line = common.result_line(case, ENGINE, None, status=f"unsupported: {e}")
-        if line is not None:
-            print(f"[deepspeed] {case.name}: {line['status']}", file=sys.stderr)
-            common.append_line(args.out, line)
-    return 0
+    return common.run_cases(args, ENGINE, run_case)
 
 
 if __name__ == "__main__":

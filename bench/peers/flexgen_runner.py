@@ -130,17 +130,8 @@ def main(argv=None):
     p.add_argument("--python", default=sys.executable, help="the Python that has flexgen installed")
     p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per case")
     args = p.parse_args(argv)
-    for case in common.select_cases(args):
-        try:
-            line = run_case(case, args)
-        except common.CaseError as e:
-            line = common.result_line(case, ENGINE, None, status=f"unsupported: {e}")
-        except subprocess.TimeoutExpired:
-            line = common.result_line(case, ENGINE, None, status=f"timed out after {args.timeout:.0f} s")
-        if line is not None:
-            print(f"[flexgen] {case.name}: {line['status']}", file=sys.stderr)
-            common.append_line(args.out, line)
-    return 0
+    timed_out = (subprocess.TimeoutExpired, lambda e: f"timed out after {args.timeout:.0f} s")
+    return common.run_cases(args, ENGINE, run_case, failures=[timed_out])
 
 
 if __name__ == "__main__":
