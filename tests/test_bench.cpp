@@ -226,3 +226,44 @@ TEST_CASE("bench --calibrate records lane busy times per phase and writes a refi
   CHECK_THROWS_WITH(calibration_samples(dir / "old.jsonl"), Catch::Contains("old.jsonl: case x has no phase seconds"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("bench projects decode from a few measured steps and marks the figures", "[bench]") {
+  const fs::path dir = temp_dir("projected");
+  std::ofstream(dir / "p.yaml") << "gpu_batch_size: 2\nnum_gpu_batches: 1\nweights: {gpu: 100, cpu: 0, disk: 0}\n"
+                                   "kv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n";
+  std::ofstream(dir / "suite.yaml")
+      << "cases:\n  - {name: proj, model: opt-125m, prompt_len: 16, gen_len: 8, policy: p.yaml, decode_steps: 2}\n";
+  BenchOptions opt;
+  opt.suite = (dir / "suite.yaml").string();
+  opt.device = "cpu";
+  opt.out = dir / "out";
+  opt.offload_dir = dir / "offload";
+  opt.threads = 2;
+  opt.progress = false;
+  std::ostringstream log;
+  const std::vector<BenchCaseResult> results = run_bench(opt, log);
+  INFO(log.str());
+  REQUIRE(results.size() == 1);
+  const BenchCaseResult& r = results[0];
+  REQUIRE(r.status == "ok");
+  CHECK(r.decode_steps_run == 2);
+  CHECK(r.projected());
+  // Decode throughput is the measured steps' rate; total counts 8 tokens over prefill plus 7
+  // projected steps.
+  const BenchMeasure m = r.mean();
+  CHECK(m.decode_tok_s == Approx(2 * 2 / r.decode_s).epsilon(1e-9));
+  CHECK(m.total_tok_s == Approx(2 * 8 / (r.prefill_s + r.decode_s * 7 / 2)).epsilon(1e-9));
+  const std::vector<nlohmann::json> rows = read_jsonl(opt.out / "results.jsonl");
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0]["projected"] == true);
+  CHECK(rows[0]["measured"]["decode_steps_run"] == 2);
+  CHECK(rows[0]["seconds"]["decode_steps"] == 2);
+  std::ifstream md(opt.out / "results.md");
+  std::stringstream text;
+  text << md.rdbuf();
+  CHECK_THAT(text.str(), Catch::Contains("(projected)"));
+  CHECK_THROWS_WITH(parse_bench_suite("cases:\n  - {name: b, model: m, prompt_len: 4, gen_len: 8, policy: p, "
+                                      "decode_steps: 0}\n", "s.yaml"),
+                    Catch::Contains("s.yaml:2: field 'decode_steps' must be a positive integer"));
+  fs::remove_all(dir);
+}

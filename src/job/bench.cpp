@@ -203,8 +203,11 @@ private:
 
     progress.say(index, c.name, "placing weights");
     OffloadEngine engine(model.config, *model.weights, *backend_, o, {c.prompt_len, c.gen_len});
+    // A projected case runs its first decode_steps steps only; the plan is the full run's.
+    const bool project = c.decode_steps > 0 && c.decode_steps < c.gen_len - 1;
+    r.decode_steps_run = project ? c.decode_steps : c.gen_len - 1;
     const std::vector<GenRequest> reqs =
-        synthetic_requests(o.policy.block_size(), c.prompt_len, c.gen_len, model.config.vocab_size);
+        synthetic_requests(o.policy.block_size(), c.prompt_len, r.decode_steps_run + 1, model.config.vocab_size);
     // Warm-up: prefill and one token, so first touches of every buffer stay out of the figures.
     std::vector<GenRequest> warm = reqs;
     for (GenRequest& q : warm) q.sampling.max_new_tokens = 1;
@@ -215,11 +218,16 @@ private:
       const OffloadReport before = engine.report();
       GenStats stats;
       engine.generate(reqs, &stats);
-      r.runs.push_back(measure_of(stats, o.policy.block_size()));
       const OffloadReport after = engine.report();
       const double share = 1.0 / opt_.repeat;
       r.prefill_s += share * stats.prefill_seconds;
       r.decode_s += share * stats.decode_seconds;
+      if (project) {  // the mean step for every step after the first token
+        const double scale = double(c.gen_len - 1) / r.decode_steps_run;
+        stats.decode_seconds *= scale;
+        stats.generated_tokens = int64_t(o.policy.block_size()) * c.gen_len;
+      }
+      r.runs.push_back(measure_of(stats, o.policy.block_size()));
       const std::array<double, kNumLanes> total{after.compute_busy - before.compute_busy, after.h2d_busy - before.h2d_busy,
                                                 after.d2h_busy - before.d2h_busy, after.disk_busy - before.disk_busy};
       const std::array<double, kNumLanes> prefill{after.prefill_compute_busy - before.prefill_compute_busy,
@@ -276,6 +284,10 @@ json case_json(const BenchSuite& suite, const Machine& m, const std::string& com
   j["measured"] = measure_json(mean);
   j["measured"]["sd"] = measure_json(sd);
   j["measured"]["repeats"] = r.runs.size();
+  if (r.projected()) {
+    j["projected"] = true;
+    j["measured"]["decode_steps_run"] = r.decode_steps_run;
+  }
   j["predicted"] = r.predicted ? measure_json(*r.predicted) : json(nullptr);
   j["links"] = {{"cpu_to_gpu_gbps", r.ctog_gbps}, {"cpu_to_gpu_peak_gbps", r.ctog_peak_gbps},
                 {"disk_to_cpu_gbps", r.dtoc_gbps}, {"disk_to_cpu_peak_gbps", r.dtoc_peak_gbps}};
@@ -284,7 +296,7 @@ json case_json(const BenchSuite& suite, const Machine& m, const std::string& com
   auto lanes = [](const std::array<double, kNumLanes>& b) {
     return json{{"compute", b[kLaneCompute]}, {"cpu_to_gpu", b[kLaneH2d]}, {"gpu_to_cpu", b[kLaneD2h]}, {"disk", b[kLaneDisk]}};
   };
-  j["seconds"] = {{"prefill", r.prefill_s}, {"decode", r.decode_s},
+  j["seconds"] = {{"prefill", r.prefill_s}, {"decode", r.decode_s}, {"decode_steps", r.decode_steps_run},
                   {"prefill_busy", lanes(r.prefill_busy)}, {"decode_busy", lanes(r.decode_busy)}};
   return j;
 }
@@ -453,7 +465,8 @@ BenchSuite parse_bench_suite(const std::string& yaml_text, const std::string& so
   s.dir = dir;
   for (const YAML::Node& n : root["cases"]) {
     if (!n.IsMap()) r.fail(n, "each case is a map {name, model, prompt_len, gen_len, policy, ...}");
-    r.only_keys(n, {"name", "model", "prompt_len", "gen_len", "policy", "compress", "gpu_mem", "cpu_mem", "disk_mem"},
+    r.only_keys(n, {"name", "model", "prompt_len", "gen_len", "policy", "compress", "gpu_mem", "cpu_mem", "disk_mem",
+                    "decode_steps"},
                 "case.");
     for (const char* required : {"name", "model", "prompt_len", "gen_len", "policy"})
       if (!n[required]) r.fail(n, std::string("case: missing field '") + required + "'");
@@ -466,6 +479,7 @@ BenchSuite parse_bench_suite(const std::string& yaml_text, const std::string& so
     c.prompt_len = positive_int(r, n["prompt_len"], "prompt_len");
     c.gen_len = positive_int(r, n["gen_len"], "gen_len");
     c.policy = text(r, n["policy"], "policy");
+    if (n["decode_steps"]) c.decode_steps = positive_int(r, n["decode_steps"], "decode_steps");
     if (n["compress"]) {
       try {
         c.compress = n["compress"].as<bool>();

@@ -41,7 +41,7 @@ std::vector<CalibrationSample> calibration_samples(const std::vector<BenchCaseRe
     s.name = r.spec.name;
     s.config = r.config;
     s.policy = r.policy;
-    s.workload = {r.spec.prompt_len, r.spec.gen_len};
+    s.workload = {r.spec.prompt_len, r.decode_steps_run + 1};  // what ran (a projected case: fewer steps)
     s.prefill_s = r.prefill_s;
     s.decode_s = r.decode_s;
     s.prefill_busy = r.prefill_busy;
@@ -66,8 +66,9 @@ std::vector<CalibrationSample> calibration_samples(const std::filesystem::path& 
       const std::optional<ModelConfig> preset = config_preset(model);
       s.config = preset ? *preset : open_model(model).config;
       s.policy = parse_policy(row.at("policy").get<std::string>(), file.string() + ": case " + name);
-      s.workload = {row.at("prompt_len").get<int>(), row.at("gen_len").get<int>()};
       const nlohmann::json& sec = row.at("seconds");
+      const int gen_len = row.at("gen_len").get<int>();
+      s.workload = {row.at("prompt_len").get<int>(), sec.value("decode_steps", gen_len - 1) + 1};
       s.prefill_s = sec.at("prefill").get<double>();
       s.decode_s = sec.at("decode").get<double>();
       for (auto [key, busy] : {std::pair{"prefill_busy", &s.prefill_busy}, {"decode_busy", &s.decode_busy}}) {

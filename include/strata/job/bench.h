@@ -26,6 +26,9 @@ struct BenchCase {
   std::string policy;       // a policy file (relative to the suite's directory), or "auto"
   bool compress = false;    // with auto: the search may also pick 4-bit weights and cache
   std::string gpu_mem, cpu_mem, disk_mem;  // caps of this case (empty: the command line's)
+  // > 0 and < gen_len - 1: run only this many decode steps and project decode to gen_len - 1 steps
+  // from their mean (FlexGen's fewer_batch); the table marks the figures "projected".
+  int decode_steps = 0;
   int line = 0;             // in the suite file, for messages
 };
 
@@ -73,7 +76,9 @@ struct BenchCaseResult {
   // and each lane's busy seconds per phase (compute, cpu->gpu, gpu->cpu, disk).
   ModelConfig config;
   Policy policy;
-  double prefill_s = 0, decode_s = 0;
+  double prefill_s = 0, decode_s = 0;     // as run (decode: decode_steps_run steps)
+  int decode_steps_run = 0;               // decode steps each run made (gen_len - 1 unless projected)
+  bool projected() const { return decode_steps_run < spec.gen_len - 1; }
   std::array<double, kNumLanes> prefill_busy{}, decode_busy{};
   BenchMeasure mean() const;
   BenchMeasure sd() const;
