@@ -315,7 +315,8 @@ TEST_CASE("sampled choices differ, repeat with the seed, and equal single runs s
   }
   CHECK(distinct >= 3);
 
-  // The offloading engine runs the choices as independent sequences: the same tokens.
+  // The offloading engine: choices 0-2 share batch 0's prefill, choice 3 prefills again in batch 1
+  // (a request straddling a batch boundary), g's two share theirs: the same tokens.
   OffloadOptions opt;
   opt.policy.gpu_batch_size = 3;
   opt.policy.num_gpu_batches = 2;
@@ -327,8 +328,10 @@ TEST_CASE("sampled choices differ, repeat with the seed, and equal single runs s
                        {int(r.prompt.size()), r.sampling.max_new_tokens});
   GenRequest g = greedy_request(c, -1);
   g.n = 2;
-  const std::vector<GenResult> e = engine.generate({r, g});  // 4 + 2 sequences fill the block of 6
+  GenStats stats;
+  const std::vector<GenResult> e = engine.generate({r, g}, &stats);  // 4 + 2 sequences fill the block of 6
   REQUIRE(e.size() == 6);
+  CHECK(stats.prompt_tokens == int64_t(2 * r.prompt.size() + g.prompt.size()));
   for (size_t i = 0; i < 4; ++i) CHECK(e[i].tokens == a[i].tokens);
   CHECK(e[4].tokens == hf_tokens(c));
   CHECK(e[5].tokens == hf_tokens(c));
@@ -337,6 +340,93 @@ TEST_CASE("sampled choices differ, repeat with the seed, and equal single runs s
   CHECK_THROWS_WITH(engine.generate({too_many}), Catch::Contains("7 sequences (choices) exceed the block of 6"));
   std::error_code ec;
   fs::remove_all(opt.offload_dir, ec);
+}
+
+TEST_CASE("the offloading engine prefills the choices of a request in one GPU batch once on every tier", "[n][offload]") {
+  // Blocks of 3 x 2: a request of 3 sampled choices fills batch 0, one of 2 greedy choices and a
+  // single request share batch 1. Each choice's tokens (and prompt NLL) must equal the same policy
+  // running it alone seeded seed + c, while the prefill computes each prompt once.
+  struct Placement {
+    const char* what;
+    TierSplit cache;
+    bool cpu_attention;
+    std::optional<Compression> compress;
+  };
+  const TierSplit G{100, 0, 0}, C{0, 100, 0}, D{0, 0, 100};
+  const std::vector<Placement> placements = {
+      {"cache on gpu", G, false, std::nullopt},        {"cache on cpu", C, false, std::nullopt},
+      {"cache on cpu, cpu attention", C, true, std::nullopt}, {"cache on disk", D, false, std::nullopt},
+      {"cache on disk, cpu attention", D, true, std::nullopt}, {"cache 50/0/50", {50, 0, 50}, false, std::nullopt},
+      {"4-bit cache on gpu", G, false, Compression{4, 32}},   {"4-bit cache on cpu", C, false, Compression{4, 32}},
+      {"4-bit cache on cpu, cpu attention", C, true, Compression{4, 32}},
+      {"4-bit cache on disk", D, false, Compression{4, 32}},
+      {"4-bit cache on disk, cpu attention", D, true, Compression{4, 32}}};
+  for (size_t first_case : {size_t(0), size_t(6), size_t(9)}) {  // tiny-llama, tiny-opt, tiny-qwen2
+    const json& cases = fixture()["cases"];
+    Loaded& l = load(cases[first_case]["model"].get<std::string>());
+    GenRequest r = greedy_request(cases[first_case + 1], -1);  // 6 tokens
+    r.sampling.temperature = 1.5f;
+    r.sampling.seed = 77;
+    r.score_prompt = true;
+    r.n = 3;
+    GenRequest g = greedy_request(cases[first_case], -1);
+    g.n = 2;
+    GenRequest h = greedy_request(cases[first_case + 2], -1);
+    h.sampling.temperature = 1.2f;
+    h.sampling.seed = 5;
+    const std::vector<GenRequest> block = {r, g, h};
+    std::vector<GenRequest> singles;  // one choice each, seeded seed + c
+    for (const GenRequest& q : block)
+      for (int c = 0; c < q.n; ++c) {
+        GenRequest one = q;
+        one.n = 1;
+        one.sampling.seed = q.sampling.seed + uint64_t(c);
+        singles.push_back(one);
+      }
+    const int64_t prompts = int64_t(r.prompt.size() + g.prompt.size() + h.prompt.size());
+    const std::vector<GenResult> resident = generate(*l.model, singles);
+    for (size_t n = 0; n < placements.size(); ++n) {
+      const Placement& p = placements[n];
+      for (int prefill_tokens : {0, 3}) {  // whole batches a prefill group, or one sequence a group
+        INFO(cases[first_case]["model"].get<std::string>() << ", " << p.what << ", prefill_tokens " << prefill_tokens);
+        OffloadOptions opt;
+        opt.policy.gpu_batch_size = 3;
+        opt.policy.num_gpu_batches = 2;
+        opt.policy.weights = {0, 100, 0};
+        opt.policy.kv_cache = p.cache;
+        opt.policy.activations = n % 2 ? TierSplit{0, 100, 0} : TierSplit{100, 0, 0};
+        opt.policy.cpu_attention = p.cpu_attention;
+        opt.policy.overlap = n % 3 != 2;
+        opt.policy.prefill_tokens = prefill_tokens;
+        opt.policy.compress_kv_cache = p.compress;
+        opt.offload_dir = fs::temp_directory_path() / ("strata-test-snl-share-" + std::to_string(::getpid()));
+        OffloadEngine engine(l.bundle.config, *l.bundle.weights, *l.backend, opt,
+                             {int(r.prompt.size()), r.sampling.max_new_tokens});
+        // The shared block first, so no earlier block left the followers' prompt rows in the cache.
+        GenStats stats;
+        const std::vector<GenResult> shared = engine.generate(block, &stats);
+        CHECK(engine.report().prefill_tokens == prompts);
+        const std::vector<GenResult> alone = engine.generate(singles);  // 6 sequences, no two of one request
+        CHECK(stats.prompt_tokens == prompts);
+        REQUIRE(shared.size() == singles.size());
+        for (size_t i = 0; i < singles.size(); ++i) {
+          INFO("sequence " << i);
+          CHECK(shared[i].tokens == alone[i].tokens);
+          // The prompt's rows sit in steps of other sizes alone: float32 sums in another order.
+          REQUIRE(shared[i].prompt_nll.size() == alone[i].prompt_nll.size());
+          for (size_t t = 0; t < alone[i].prompt_nll.size(); ++t)
+            CHECK(std::fabs(shared[i].prompt_nll[t] - alone[i].prompt_nll[t]) <= 1e-4);
+          if (!p.compress) CHECK(shared[i].tokens == resident[i].tokens);
+        }
+        CHECK(shared[0].prompt_nll.size() == r.prompt.size() - 1);
+        CHECK(shared[1].prompt_nll == shared[0].prompt_nll);  // scored once, copied
+        CHECK(shared[2].prompt_nll == shared[0].prompt_nll);
+        CHECK(shared[0].tokens != shared[1].tokens);  // sampled choices still differ
+        std::error_code ec;
+        fs::remove_all(opt.offload_dir, ec);
+      }
+    }
+  }
 }
 
 TEST_CASE("answer lines carry n choices and logprobs in each format's shape", "[n][logprobs][job]") {

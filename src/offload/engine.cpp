@@ -75,7 +75,10 @@ struct BatchState {
   std::vector<Sequence*> seqs;  // index = cache slot - first_slot
   int pmin = 0, pmax = 0;       // shortest and longest prompt
   StepBatch step;               // this token's step; slots are relative to first_slot
-  std::vector<Sequence*> active;
+  std::vector<Sequence*> active;   // the sequences the step computes
+  std::vector<Sequence*> sampled;  // the sequences of its logit rows: active ones, and in prefill their followers
+  // Decode units: (slot, source slot) of each choice that copies its source's prompt rows at token 1.
+  std::vector<std::pair<int, int>> shared;
   int slots() const { return int(seqs.size()); }
 };
 
@@ -195,6 +198,11 @@ struct OffloadEngine::Impl {
   std::vector<int> a_stored_layer;          // [unit]: the sub-layer whose output is at home ...
   std::vector<int> a_stored_token;          // [unit]: ... and the token it is for
   std::unique_ptr<StepSampler> sampler;
+  // A request's choices in one GPU batch share the prefill of the first of them, their source.
+  const Sequence* block_seqs = nullptr;
+  std::vector<size_t> source_of;                // [sequence]: itself when it prefills
+  std::vector<std::vector<Sequence*>> followers;  // [sequence]: the choices copying its prompt rows
+  size_t index_of(const Sequence& s) const { return size_t(&s - block_seqs); }
 
   Impl(const ModelConfig& c, Backend& b, const OffloadOptions& o, const PlanShape& s)
       : cfg(c), be(b), opt(o), shape(s), dt(b.activation_dtype()), esize(dtype_size(dt)), L(c.n_layers),
@@ -423,7 +431,9 @@ struct OffloadEngine::Impl {
   SlotRange store_range(int i, int u) const {  // cache entries token i writes (union over slots)
     const BatchState& b = unit(i, u);
     if (i == 0) return {0, std::min(b.pmax, shape.capacity())};
-    return {std::min(b.pmin + i - 1, shape.capacity()), std::min(b.pmax + i, shape.capacity())};
+    // Token 1 also copied prompt rows into the followers' slots: they go home too.
+    const int begin = i == 1 && !b.shared.empty() ? 0 : b.pmin + i - 1;
+    return {std::min(begin, shape.capacity()), std::min(b.pmax + i, shape.capacity())};
   }
   // Decode attention on the CPU where the cache lives off the GPU: in place on the CPU tier, over
   // its pinned mirror for disk homes. The cache never crosses to the GPU then.
@@ -651,6 +661,7 @@ struct OffloadEngine::Impl {
       unit_base = c_pin.data(h.pin);
     }
     char* base = unit_base + size_t(b.first_slot) * slot_pitch();
+    if (i == 1) share_prompt_rows(b, base, base + cache_half, [](char* d, const char* s, size_t n) { std::memcpy(d, s, n); });
     const Tensor ck = cache_view(base, b, Device::CPU), cv = cache_view(base + cache_half, b, Device::CPU);
     const Tensor slots(const_cast<int32_t*>(b.step.slots.data()), DType::I32, Device::CPU, {T});
     const Tensor pos(const_cast<int32_t*>(b.step.positions.data()), DType::I32, Device::CPU, {T});
@@ -662,13 +673,26 @@ struct OffloadEngine::Impl {
     cpu_attention_seconds += seconds_since(t0);
   }
 
+  // Token 1, before attending: copies each follower's prompt keys and values from its source's
+  // slot, in the unit's cache rows wherever they are (K at k_base, V at v_base, slots a pitch apart).
+  template <typename Copy>
+  void share_prompt_rows(const BatchState& b, char* k_base, char* v_base, Copy copy) const {
+    for (const auto& [dst, src] : b.shared) {
+      const size_t bytes = b.seqs[size_t(dst)]->request->prompt.size() * cache_row_bytes();
+      for (char* base : {k_base, v_base})
+        copy(base + size_t(dst) * slot_pitch(), base + size_t(src) * slot_pitch(), bytes);
+    }
+  }
+
   void build_step(int i, int u) {
     BatchState& b = unit(i, u);
     b.step = StepBatch();
     b.active.clear();
+    b.sampled.clear();
     for (size_t s = 0; s < b.seqs.size(); ++s) {
       Sequence& seq = *b.seqs[s];
       if (seq.done) continue;
+      if (i == 0 && source_of[index_of(seq)] != index_of(seq)) continue;  // its source's prefill samples it
       if (i == 0) {
         const std::vector<int32_t>& prompt = seq.request->prompt;
         for (size_t p = 0; p < prompt.size(); ++p) {
@@ -683,6 +707,13 @@ struct OffloadEngine::Impl {
       }
       b.step.logit_rows.push_back(int32_t(b.step.tokens.size() - 1));
       b.active.push_back(&seq);
+      b.sampled.push_back(&seq);
+      if (i > 0) continue;
+      totals.prefill_tokens += int64_t(seq.request->prompt.size());
+      for (Sequence* f : followers[index_of(seq)]) {  // the same last prompt row, each its own sampler
+        b.step.logit_rows.push_back(b.step.logit_rows.back());
+        b.sampled.push_back(f);
+      }
     }
   }
 
@@ -703,6 +734,9 @@ struct OffloadEngine::Impl {
     const bool cpu = attention && delegated(i, j);
     Tensor ck, cv;
     if (attention && !cpu) std::tie(ck, cv) = cache_for(i, j, u);
+    if (attention && !cpu && i == 1)
+      share_prompt_rows(b, static_cast<char*>(ck.data), static_cast<char*>(cv.data),
+                        [this](char* d, const char* s, size_t n) { be.copy_on_device(d, s, n); });
     // Steps of at most the workspace's tokens: a group whose prompts outgrow it runs in pieces, in
     // order, so each piece finds the earlier pieces' keys in the cache.
     const int64_t step_max = ops.max_tokens();
@@ -727,10 +761,10 @@ struct OffloadEngine::Impl {
       ops.select_logit_rows(b.step.logit_rows, T);
       const Tensor logits = ops.head(globals, x);
       if (i == 0)
-        for (Sequence* s : b.active) s->length = int(s->request->prompt.size());
+        for (Sequence* s : b.sampled) s->length = int(s->request->prompt.size());
       else
         for (Sequence* s : b.active) ++s->length;
-      sampler->sample(logits, b.active);
+      sampler->sample(logits, b.sampled);
     }
     be.synchronize();
   }
@@ -827,7 +861,9 @@ struct OffloadEngine::Impl {
   }
 
   // Groups the block's sequences into the decode units (one per GPU batch) and the prefill units
-  // (plan.prefill_seqs consecutive sequences of one batch each).
+  // (plan.prefill_seqs consecutive sequences of one batch each). A request's choices in one batch
+  // follow the first of them, their source: only it prefills, they copy its prompt rows at token 1
+  // within the batch's cache home (or its staging slot), which no other batch's schedule touches.
   void build_units(std::vector<Sequence>& seqs) {
     auto prompt_bounds = [](BatchState& b) {
       b.pmin = b.seqs.empty() ? 0 : INT32_MAX;
@@ -840,6 +876,17 @@ struct OffloadEngine::Impl {
     decode_units.assign(size_t(ngb), {});
     for (int k = 0; k < ngb; ++k) decode_units[size_t(k)].batch = k;
     for (size_t r = 0; r < seqs.size(); ++r) decode_units[r / size_t(gbs)].seqs.push_back(&seqs[r]);
+    block_seqs = seqs.data();
+    source_of.assign(seqs.size(), 0);
+    followers.assign(seqs.size(), {});
+    for (size_t q = 0; q < seqs.size(); ++q) {
+      const size_t prev = q - 1, batch = q / size_t(gbs);
+      const bool follows = q > 0 && seqs[prev].request == seqs[q].request && prev / size_t(gbs) == batch;
+      source_of[q] = follows ? source_of[prev] : q;
+      if (!follows) continue;
+      followers[source_of[q]].push_back(&seqs[q]);
+      decode_units[batch].shared.push_back({int(q % size_t(gbs)), int(source_of[q] % size_t(gbs))});
+    }
     prefill_units.clear();
     const int m = plan.prefill_seqs;
     for (BatchState& d : decode_units) {
@@ -857,8 +904,8 @@ struct OffloadEngine::Impl {
   }
 
   std::vector<GenResult> generate(const std::vector<GenRequest>& requests, GenStats* stats) {
-    // A request's n choices run as n independent sequences (each prefills the prompt): sharing
-    // one prefill would tie sequences across the block's GPU batches and their cache homes.
+    // A request's n choices run as n sequences; those in one GPU batch share one prefill
+    // (build_units), so a request whose choices straddle a batch boundary prefills once per batch.
     for (size_t r = 0; r < requests.size(); ++r)
       STRATA_CHECK(requests[r].n >= 1, "offload engine: request " << r << ": n must be at least 1, got " << requests[r].n);
     const size_t n_seqs = count_choices(requests);
@@ -919,7 +966,13 @@ struct OffloadEngine::Impl {
 
     std::vector<GenResult> results;
     for (size_t r = 0; r < seqs.size(); ++r) {
-      local.prompt_tokens += int64_t(seqs[r].request->prompt.size());  // each choice prefills
+      if (source_of[r] != r) {
+        if (seqs[r].request->score_prompt) seqs[r].result.prompt_nll = seqs[source_of[r]].result.prompt_nll;
+        continue;
+      }
+      local.prompt_tokens += int64_t(seqs[r].request->prompt.size());  // each source prefills
+    }
+    for (size_t r = 0; r < seqs.size(); ++r) {
       local.generated_tokens += int64_t(seqs[r].result.tokens.size());
       results.push_back(std::move(seqs[r].result));
     }

@@ -72,6 +72,9 @@ public:
   virtual void copy_2d(CopyKind kind, void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                        size_t rows) = 0;
   void copy(CopyKind kind, void* dst, const void* src, size_t bytes) { copy_2d(kind, dst, bytes, src, bytes, bytes, 1); }
+  // A copy within device memory on the compute stream, ordered with the ops before and after it
+  // (bytes as they are: quantized cache rows too).
+  virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
 
   // ---- ops; shapes in comments: T tokens, h hidden, V vocab, S cache slots, C cache capacity ----
   // out[t] = table[ids[t]] (or +=, when accumulate). ids: I32 [T], table: [V, h], out: [T, h].

@@ -53,6 +53,8 @@ struct OffloadReport {
   // the rest is decode. The cost model's calibration compares them with its prefill and decode
   // terms (docs/cost-model.md).
   double prefill_compute_busy = 0, prefill_h2d_busy = 0, prefill_d2h_busy = 0, prefill_disk_busy = 0;
+  // Prompt tokens the prefill computed: a request's choices in one GPU batch count once.
+  int64_t prefill_tokens = 0;
   LinkStats disk_to_cpu, cpu_to_gpu, gpu_to_cpu, cpu_to_disk;
   TierBytes peak;                // reserved on each tier
   TierBytes used;                // carved out of the reservation by the schedule's buffers and homes
@@ -76,8 +78,8 @@ public:
 
   const PlacementPlan& plan() const;
   int block_size() const;
-  // Generates for one block: at most block_size() sequences (a request with n choices counts n:
-  // they run as independent sequences, each prefilling the prompt) within the planned shape.
+  // Generates for one block: at most block_size() sequences (a request with n choices counts n;
+  // those in one GPU batch share one prefill of the prompt) within the planned shape.
   // Results as generate()'s in runtime/generator.h: one per choice, in order.
   std::vector<GenResult> generate(const std::vector<GenRequest>& requests, GenStats* stats = nullptr);
   OffloadReport report() const;

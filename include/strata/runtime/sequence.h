@@ -23,8 +23,8 @@ struct GenRequest {
   SamplingParams sampling;
   bool score_prompt = false;    // also score the prompt: GenResult::prompt_nll (offloading engine)
   // Choices: n sequences continue the prompt, choice c sampling with seed sampling.seed + c. The
-  // resident generator prefills the prompt once for all of them; the offloading engine runs n
-  // independent sequences. Results come one per choice, in request order, then choice order.
+  // resident generator prefills the prompt once for all of them; the offloading engine once per
+  // GPU batch its choices fall in. Results come one per choice, in request order, then choice order.
   int n = 1;
   int logprobs = -1;            // >= 0: record GenResult::logprobs with this many top tokens
   StopCheck stop;               // empty: none

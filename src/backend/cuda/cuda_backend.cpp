@@ -116,6 +116,12 @@ public:
     STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
+  void copy_on_device(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    bind();
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+
   void synchronize() override {
     bind();
     STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
