@@ -585,6 +585,9 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   progress.end();
   if (writer_error) std::rethrow_exception(writer_error);
   if (reader_error) std::rethrow_exception(reader_error);
+  // Both files reach the disk before either is renamed: a write that fails leaves both .partial.
+  writer.flush();
+  if (error_writer) error_writer->flush();
   writer.finish();
   if (error_writer) error_writer->finish();
   gen->finish(log);
