@@ -1,6 +1,6 @@
 // `strata run`: pass 1 over the input, the generator, and the three threads of pass 2 (read and
-// tokenize ahead, generate length-aware blocks, detokenize and write behind). The seams for
-// per-request work: PromptTokenizer, make_requests (request -> engine requests), answer_line.
+// tokenize ahead, generate length-aware blocks, detokenize and write behind). Per-request work
+// lives beside it: PromptTokenizer here, make_gen_request and answer_line in answers.cpp.
 #include "strata/job/batch_job.h"
 
 #include <unistd.h>
@@ -576,10 +576,7 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
     progress.end();
     throw;  // the finished blocks are in OUT.partial for a rerun
   }
-  ahead.abandon();  // the reader is done, or must stop where the writer failed
-  behind.close();
-  reader.join();
-  writer_thread.join();
+  stop_threads();  // the reader is done, or must stop where the writer failed
   ps.tokens = stats.generated_tokens;
   progress.update(ps, true);
   progress.end();
