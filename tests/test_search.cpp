@@ -433,6 +433,31 @@ TEST_CASE("strata policy explains what does not fit", "[search]") {
   CHECK_THAT(m.output, Catch::Contains("not a preset"));
 }
 
+// Issue 10 point 5: on the paper's machine the search finds, for the paper's flagship rows, a policy
+// that Strata's runtime can hold and that the model predicts at least as fast as FlexGen measured
+// (paper Table 2, prompt 512, generation 32; uncompressed).
+TEST_CASE("on the FlexGen paper's machine the search's choice is predicted at least as fast as FlexGen measured",
+          "[search]") {
+  const HardwareProfile hw = load_hardware_profile(kPaperMachine);
+  struct Row {
+    const char* model;
+    double paper_tok_s;
+  };
+  for (const Row& row : {Row{"opt-30b", 7.32}, Row{"opt-175b", 0.69}}) {
+    const ModelConfig cfg = *config_preset(row.model);
+    SearchOptions opts;
+    opts.workload = {512, 32};
+    opts.budget = {hw.gpu_mem, hw.cpu_mem, hw.disk_mem};
+    const SearchResult r = search_policy(cfg, hw, opts);
+    REQUIRE_FALSE(r.ranked.empty());
+    const Candidate& best = r.ranked.front();
+    INFO(row.model << ": " << policy_to_yaml(best.policy));
+    CHECK(best.prediction.throughput_tok_s >= row.paper_tok_s);
+    REQUIRE(best.plan_peak);  // the runtime's own plan, uncompressed
+    for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) CHECK(best.plan_peak->at(t) <= opts.budget.at(t));
+  }
+}
+
 TEST_CASE("strata policy pareto prints the frontier as a table and as JSON", "[search][pareto]") {
   const fs::path dir = fs::temp_directory_path() / ("strata_pareto_" + std::to_string(::getpid()));
   fs::create_directories(dir);

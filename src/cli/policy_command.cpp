@@ -273,8 +273,7 @@ void run(const Args& a, bool latency_given) {
     Candidate c;
     c.policy = load_policy(a.evaluate);
     c.prediction = evaluate(cfg, c.policy, opts.workload, hw);
-    if (!c.policy.compress_weights && !c.policy.compress_kv_cache)
-      c.plan_peak = plan_placement(cfg, c.policy, PlanShape{a.prompt_len, a.gen_len}, DType::F16).peak();
+    c.plan_peak = plan_placement(cfg, c.policy, PlanShape{a.prompt_len, a.gen_len}, DType::F16).peak();
     cands.push_back(c);
   } else {
     searched = search_policy(cfg, hw, opts);

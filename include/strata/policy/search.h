@@ -22,7 +22,7 @@ struct Candidate {
   Prediction prediction;      // of the policy as realized
   Fractions lp_fractions{};   // the LP's optimum before rounding
   double lp_throughput_tok_s = 0;
-  std::optional<TierBytes> plan_peak;  // what the runtime reserves (plan_placement); absent for compressed policies
+  std::optional<TierBytes> plan_peak;  // what the runtime reserves (plan_placement)
 };
 
 struct SearchResult {
