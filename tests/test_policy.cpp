@@ -77,8 +77,15 @@ TEST_CASE("a policy survives a YAML round trip", "[policy]") {
   p.cpu_attention = true;
   p.compress_kv_cache = Compression{4, 32};
   p.prefill_tokens = 512;
+  p.prefill_batches_per_step = 2;
   const Policy q = parse_policy(policy_to_yaml(p));
   CHECK(q.prefill_tokens == 512);
+  CHECK(q.prefill_batches_per_step == 2);
+  CHECK(q.start_step(0) == 0);
+  CHECK(q.start_step(1) == 0);
+  CHECK(q.start_step(2) == 1);
+  CHECK(q.start_steps() == 2);  // 3 batches, 2 a step
+  CHECK(Policy{}.start_steps() == 1);
   CHECK(q.prefill_step_tokens() == 512);
   CHECK(Policy{}.prefill_step_tokens() == Policy::kDefaultPrefillTokens);
   CHECK(q.gpu_batch_size == 48);
@@ -120,6 +127,14 @@ TEST_CASE("bad policies name the line and the field", "[policy]") {
                     Catch::Contains("p.yaml:6: field 'compress_activations': activations cannot be compressed"));
   CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 100}\nprefill_tokens: 0\n", "p.yaml"),
                     Catch::Contains("p.yaml:6: field 'prefill_tokens' must be in [1,"));
+  // Staggered prefill: at most the block's GPU batches start in one step.
+  const int batches = parse_policy(base + "activations: {gpu: 100}\n").num_gpu_batches;
+  CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 100}\nprefill_batches_per_step: " +
+                                     std::to_string(batches + 1) + "\n", "p.yaml"),
+                    Catch::Contains("p.yaml:6: field 'prefill_batches_per_step' must be in [0, " +
+                                    std::to_string(batches) + "]"));
+  CHECK_THROWS_WITH(parse_policy(base + "activations: {gpu: 100}\nprefill_batches_per_step: -1\n", "p.yaml"),
+                    Catch::Contains("field 'prefill_batches_per_step' must be in [0,"));
   CHECK_THROWS_WITH(parse_policy("weights: [1, 2\n", "p.yaml"), Catch::Contains("invalid YAML"));
   CHECK_THROWS_WITH(load_policy("/nonexistent.yaml"), Catch::Contains("cannot open policy file"));
 }

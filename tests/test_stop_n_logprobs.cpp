@@ -342,6 +342,65 @@ TEST_CASE("sampled choices differ, repeat with the seed, and equal single runs s
   fs::remove_all(opt.offload_dir, ec);
 }
 
+TEST_CASE("the offloading engine keeps a request's choices in one GPU batch where they fit", "[n][offload]") {
+  // Blocks of 3 x 2. In request order a (2 choices), b (2), c (1), d (1) would put b across the
+  // batches; first fit puts a and c in batch 0, b and d in batch 1, so every prompt prefills once.
+  // Three requests of 2 cannot all fit whole: the third fills the slot left in each batch and
+  // prefills twice. Either way every choice's tokens equal the same policy running it alone.
+  const json& cases = fixture()["cases"];
+  Loaded& l = load(cases[6]["model"].get<std::string>());  // tiny-opt
+  auto request = [&](int c, int n, uint64_t seed) {
+    GenRequest q = greedy_request(cases[size_t(c)], -1);
+    q.sampling.temperature = 1.3f;
+    q.sampling.seed = seed;
+    q.n = n;
+    return q;
+  };
+  const GenRequest a = request(6, 2, 11), b = request(7, 2, 22), c = request(8, 1, 33), d = request(6, 1, 44);
+  struct Block {
+    const char* what;
+    std::vector<GenRequest> requests;
+    int64_t prefill_tokens;  // the prompts the engine must compute
+  };
+  const std::vector<Block> blocks = {
+      {"packable", {a, b, c, d}, int64_t(a.prompt.size() + b.prompt.size() + c.prompt.size() + d.prompt.size())},
+      {"one request split", {a, b, a}, int64_t(3 * a.prompt.size() + b.prompt.size())},
+  };
+  int prompt_len = 0;
+  for (const GenRequest* q : {&a, &b, &c, &d}) prompt_len = std::max(prompt_len, int(q->prompt.size()));
+  for (const TierSplit cache : {TierSplit{100, 0, 0}, TierSplit{0, 0, 100}})
+    for (const Block& block : blocks) {
+      INFO(block.what << ", cache " << cache.gpu << "/" << cache.cpu << "/" << cache.disk);
+      OffloadOptions opt;
+      opt.policy.gpu_batch_size = 3;
+      opt.policy.num_gpu_batches = 2;
+      opt.policy.weights = {0, 100, 0};
+      opt.policy.kv_cache = cache;
+      opt.policy.activations = {0, 100, 0};
+      opt.policy.cpu_attention = cache.disk > 0;
+      opt.offload_dir = fs::temp_directory_path() / ("strata-test-snl-pack-" + std::to_string(::getpid()));
+      OffloadEngine engine(l.bundle.config, *l.bundle.weights, *l.backend, opt, {prompt_len, a.sampling.max_new_tokens});
+      const std::vector<GenResult> packed = engine.generate(block.requests);
+      CHECK(engine.report().prefill_tokens == block.prefill_tokens);
+      std::vector<GenRequest> singles;
+      for (const GenRequest& q : block.requests)
+        for (int k = 0; k < q.n; ++k) {
+          GenRequest one = q;
+          one.n = 1;
+          one.sampling.seed = q.sampling.seed + uint64_t(k);
+          singles.push_back(one);
+        }
+      REQUIRE(packed.size() == singles.size());
+      for (size_t i = 0; i < singles.size(); ++i) {
+        INFO("choice " << i);
+        const std::vector<GenResult> alone = engine.generate({singles[i]});
+        CHECK(packed[i].tokens == alone[0].tokens);  // results in request order, then choice order
+      }
+      std::error_code ec;
+      fs::remove_all(opt.offload_dir, ec);
+    }
+}
+
 TEST_CASE("the offloading engine prefills the choices of a request in one GPU batch once on every tier", "[n][offload]") {
   // Blocks of 3 x 2: a request of 3 sampled choices fills batch 0, one of 2 greedy choices and a
   // single request share batch 1. Each choice's tokens (and prompt NLL) must equal the same policy

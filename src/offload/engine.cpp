@@ -82,6 +82,40 @@ struct BatchState {
   int slots() const { return int(seqs.size()); }
 };
 
+// One choice of one request, as placed in a GPU batch.
+struct Choice {
+  size_t request = 0;
+  int choice = 0;
+};
+
+// Lays a block's choices out in its GPU batches, at most gbs each. A request's choices share one
+// prefill only within a batch, so each request whose choices fit in one batch goes whole into the
+// first batch with room for it (first fit, in request order: the job hands blocks sorted by prompt
+// length, so batches stay near in length). Choices that fit no batch whole (a request of more than
+// gbs, or room split by earlier requests) fill the free slots in batch order; those prefill once
+// per batch they reach.
+std::vector<std::vector<Choice>> pack_choices(const std::vector<GenRequest>& requests, int gbs, int ngb) {
+  std::vector<std::vector<Choice>> batches(static_cast<size_t>(ngb));
+  std::vector<size_t> unplaced;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const int n = requests[r].n;
+    auto room = [&](const std::vector<Choice>& b) { return int(b.size()) + n <= gbs; };
+    const auto it = std::find_if(batches.begin(), batches.end(), room);
+    if (it == batches.end()) {
+      unplaced.push_back(r);
+      continue;
+    }
+    for (int c = 0; c < n; ++c) it->push_back({r, c});
+  }
+  size_t k = 0;
+  for (size_t r : unplaced)
+    for (int c = 0; c < requests[r].n; ++c) {
+      while (int(batches[k].size()) == gbs) ++k;  // the caller checked that the block holds them all
+      batches[k].push_back({r, c});
+    }
+  return batches;
+}
+
 }  // namespace
 
 double OffloadReport::overlap() const {
@@ -861,10 +895,11 @@ struct OffloadEngine::Impl {
   }
 
   // Groups the block's sequences into the decode units (one per GPU batch) and the prefill units
-  // (plan.prefill_seqs consecutive sequences of one batch each). A request's choices in one batch
-  // follow the first of them, their source: only it prefills, they copy its prompt rows at token 1
-  // within the batch's cache home (or its staging slot), which no other batch's schedule touches.
-  void build_units(std::vector<Sequence>& seqs) {
+  // (plan.prefill_seqs consecutive sequences of one batch each). `seqs` lists the batches' sequences
+  // in turn, batch k's at [batch_begin[k], batch_begin[k + 1]), slot by slot. A request's choices in
+  // one batch follow the first of them, their source: only it prefills, they copy its prompt rows at
+  // token 1 within the batch's cache home (or its staging slot), which no other batch's schedule touches.
+  void build_units(std::vector<Sequence>& seqs, const std::vector<size_t>& batch_begin) {
     auto prompt_bounds = [](BatchState& b) {
       b.pmin = b.seqs.empty() ? 0 : INT32_MAX;
       b.pmax = 0;
@@ -874,18 +909,24 @@ struct OffloadEngine::Impl {
       }
     };
     decode_units.assign(size_t(ngb), {});
-    for (int k = 0; k < ngb; ++k) decode_units[size_t(k)].batch = k;
-    for (size_t r = 0; r < seqs.size(); ++r) decode_units[r / size_t(gbs)].seqs.push_back(&seqs[r]);
+    std::vector<size_t> batch_of(seqs.size());
+    for (int k = 0; k < ngb; ++k) {
+      decode_units[size_t(k)].batch = k;
+      for (size_t q = batch_begin[size_t(k)]; q < batch_begin[size_t(k) + 1]; ++q) {
+        decode_units[size_t(k)].seqs.push_back(&seqs[q]);
+        batch_of[q] = size_t(k);
+      }
+    }
     block_seqs = seqs.data();
     source_of.assign(seqs.size(), 0);
     followers.assign(seqs.size(), {});
     for (size_t q = 0; q < seqs.size(); ++q) {
-      const size_t prev = q - 1, batch = q / size_t(gbs);
-      const bool follows = q > 0 && seqs[prev].request == seqs[q].request && prev / size_t(gbs) == batch;
+      const size_t prev = q - 1, batch = batch_of[q];
+      const bool follows = q > 0 && seqs[prev].request == seqs[q].request && batch_of[prev] == batch;
       source_of[q] = follows ? source_of[prev] : q;
       if (!follows) continue;
       followers[source_of[q]].push_back(&seqs[q]);
-      decode_units[batch].shared.push_back({int(q % size_t(gbs)), int(source_of[q] % size_t(gbs))});
+      decode_units[batch].shared.push_back({seqs[q].slot, seqs[source_of[q]].slot});
     }
     prefill_units.clear();
     const int m = plan.prefill_seqs;
@@ -905,23 +946,32 @@ struct OffloadEngine::Impl {
 
   std::vector<GenResult> generate(const std::vector<GenRequest>& requests, GenStats* stats) {
     // A request's n choices run as n sequences; those in one GPU batch share one prefill
-    // (build_units), so a request whose choices straddle a batch boundary prefills once per batch.
+    // (build_units), so pack_choices keeps each request's choices in one batch where it can.
     for (size_t r = 0; r < requests.size(); ++r)
       STRATA_CHECK(requests[r].n >= 1, "offload engine: request " << r << ": n must be at least 1, got " << requests[r].n);
     const size_t n_seqs = count_choices(requests);
     STRATA_CHECK(n_seqs <= size_t(gbs) * size_t(ngb),
                  "offload engine: " << n_seqs << " sequences (choices) exceed the block of " << gbs * ngb);
-    std::vector<Sequence> seqs(n_seqs);
+    const std::vector<std::vector<Choice>> batches = pack_choices(requests, gbs, ngb);
+    std::vector<size_t> first_choice(requests.size() + 1, 0);  // a choice's place in the results
+    for (size_t r = 0; r < requests.size(); ++r) first_choice[r + 1] = first_choice[r] + size_t(requests[r].n);
+    std::vector<Sequence> seqs;
+    seqs.reserve(n_seqs);
+    std::vector<size_t> batch_begin{0}, result_index;
     int n_tokens = 0;
-    for (size_t r = 0, q = 0; r < requests.size(); ++r)
-      for (int c = 0; c < requests[r].n; ++c, ++q) {
-        seqs[q] = start_sequence(requests[r], cfg, int(q % size_t(gbs)), r, c);
-        STRATA_CHECK(int(requests[r].prompt.size()) <= shape.prompt_len && seqs[q].max_new <= shape.gen_len,
-                     "offload engine: request " << r << " exceeds the planned shape (prompt " << shape.prompt_len
-                                                << ", generation " << shape.gen_len << ")");
-        n_tokens = std::max(n_tokens, seqs[q].max_new);
+    for (const std::vector<Choice>& batch : batches) {
+      for (const Choice& ch : batch) {
+        const GenRequest& req = requests[ch.request];
+        seqs.push_back(start_sequence(req, cfg, int(seqs.size() - batch_begin.back()), ch.request, ch.choice));
+        result_index.push_back(first_choice[ch.request] + size_t(ch.choice));
+        STRATA_CHECK(int(req.prompt.size()) <= shape.prompt_len && seqs.back().max_new <= shape.gen_len,
+                     "offload engine: request " << ch.request << " exceeds the planned shape (prompt "
+                                                << shape.prompt_len << ", generation " << shape.gen_len << ")");
+        n_tokens = std::max(n_tokens, seqs.back().max_new);
       }
-    build_units(seqs);
+      batch_begin.push_back(seqs.size());
+    }
+    build_units(seqs, batch_begin);
     dequant_token = dequant_sub = -1;  // token numbers restart with every block
     const size_t units = std::max(prefill_units.size(), decode_units.size());
     w_held.assign(size_t(2 * L), {});
@@ -964,7 +1014,7 @@ struct OffloadEngine::Impl {
     release_all();
     totals.schedule_seconds += seconds_since(t_start);
 
-    std::vector<GenResult> results;
+    std::vector<GenResult> results(seqs.size());
     for (size_t r = 0; r < seqs.size(); ++r) {
       if (source_of[r] != r) {
         if (seqs[r].request->score_prompt) seqs[r].result.prompt_nll = seqs[source_of[r]].result.prompt_nll;
@@ -974,7 +1024,7 @@ struct OffloadEngine::Impl {
     }
     for (size_t r = 0; r < seqs.size(); ++r) {
       local.generated_tokens += int64_t(seqs[r].result.tokens.size());
-      results.push_back(std::move(seqs[r].result));
+      results[result_index[r]] = std::move(seqs[r].result);  // request order, then choice order
     }
     for (GenStats* s : {&totals.gen, stats}) {
       if (!s) continue;

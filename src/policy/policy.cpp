@@ -87,7 +87,8 @@ Policy parse_policy(const std::string& text, const std::string& source) {
     r.fail(root["compress_activations"], "field 'compress_activations': activations cannot be compressed (only "
                                          "compress_weights and compress_kv_cache)");
   r.only_keys(root, {"gpu_batch_size", "num_gpu_batches", "weights", "kv_cache", "activations", "overlap",
-                     "cpu_attention", "compress_weights", "compress_kv_cache", "prefill_tokens"}, "");
+                     "cpu_attention", "compress_weights", "compress_kv_cache", "prefill_tokens",
+                     "prefill_batches_per_step"}, "");
   Policy p;
   for (const char* required : {"gpu_batch_size", "num_gpu_batches", "weights", "kv_cache", "activations"})
     if (!root[required]) throw Error(source + ": missing field '" + required + "'");
@@ -101,6 +102,9 @@ Policy parse_policy(const std::string& text, const std::string& source) {
   p.compress_weights = r.compression(root["compress_weights"], "compress_weights");
   p.compress_kv_cache = r.compression(root["compress_kv_cache"], "compress_kv_cache");
   if (root["prefill_tokens"]) p.prefill_tokens = r.integer(root["prefill_tokens"], "prefill_tokens", 1, 1 << 24);
+  if (root["prefill_batches_per_step"])
+    p.prefill_batches_per_step =
+        r.integer(root["prefill_batches_per_step"], "prefill_batches_per_step", 0, p.num_gpu_batches);
   return p;
 }
 
@@ -138,6 +142,7 @@ std::string policy_to_yaml(const Policy& p) {
   comp("compress_weights: ", p.compress_weights);
   comp("compress_kv_cache: ", p.compress_kv_cache);
   if (p.prefill_tokens > 0) os << "prefill_tokens: " << p.prefill_tokens << "\n";
+  if (p.prefill_batches_per_step > 0) os << "prefill_batches_per_step: " << p.prefill_batches_per_step << "\n";
   return os.str();
 }
 

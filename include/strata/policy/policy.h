@@ -26,8 +26,16 @@ struct Policy {
   std::optional<Compression> compress_weights, compress_kv_cache;
   // Tokens per prefill step (the GPU workspace holds one step); 0: kDefaultPrefillTokens.
   int prefill_tokens = 0;
+  // Staggered prefill: the GPU batches that start (prefill) in each token step of the block; 0
+  // starts them all in the first step (FlexGen's schedule). Batch k starts at step k / this, so
+  // the last batches prefill while the first ones decode: prefill's compute hides under an
+  // I/O-bound decode, for one more weight read per added step (docs/offload.md).
+  int prefill_batches_per_step = 0;
 
   int block_size() const { return gpu_batch_size * num_gpu_batches; }
+  // The token step in which GPU batch k prefills, and the steps over which the block's batches start.
+  int start_step(int k) const { return prefill_batches_per_step > 0 ? k / prefill_batches_per_step : 0; }
+  int start_steps() const { return start_step(num_gpu_batches - 1) + 1; }
   int prefill_step_tokens() const { return prefill_tokens > 0 ? prefill_tokens : kDefaultPrefillTokens; }
 
   // Large enough for full-rate GEMMs on every GPU we target (a T4 saturates near 256 tokens, an

@@ -24,7 +24,8 @@ struct GenRequest {
   bool score_prompt = false;    // also score the prompt: GenResult::prompt_nll (offloading engine)
   // Choices: n sequences continue the prompt, choice c sampling with seed sampling.seed + c. The
   // resident generator prefills the prompt once for all of them; the offloading engine once per
-  // GPU batch its choices fall in. Results come one per choice, in request order, then choice order.
+  // GPU batch its choices fall in (it keeps them in one batch where they fit). Results come one
+  // per choice, in request order, then choice order.
   int n = 1;
   int logprobs = -1;            // >= 0: record GenResult::logprobs with this many top tokens
   StopCheck stop;               // empty: none
