@@ -91,7 +91,7 @@ std::string describe(const Policy& p) {
   return "weights " + split(p.weights) + " cache " + split(p.kv_cache) + " act " + split(p.activations) + " block " +
          std::to_string(p.gpu_batch_size) + "x" + std::to_string(p.num_gpu_batches) +
          (p.cpu_attention ? " cpu_attention" : "") + (p.overlap ? " overlap" : " no-overlap") + " prefill_tokens " +
-         std::to_string(p.prefill_tokens);
+         std::to_string(p.prefill_tokens) + " prefill_batches_per_step " + std::to_string(p.prefill_batches_per_step);
 }
 
 // Each tensor class alone on each tier (the others mixed), everything mixed, and the extremes;
@@ -113,6 +113,10 @@ std::vector<Policy> policy_grid() {
       // Prefill steps from 3 tokens (prompts of up to 20 run in pieces, one sequence a group) to
       // the default (whole batches a group), so groups, pieces and both meet every placement.
       out.back().prefill_tokens = prefill_steps[n % prefill_steps.size()];
+      // Staggered prefill where there are batches to stagger: all at once, one a step (the last
+      // batches prefill while the first decode), or all but one in the first step.
+      const int stagger[] = {0, 1, ngb - 1};
+      if (ngb > 1) out.back().prefill_batches_per_step = stagger[n % 3];
     }
   return out;
 }
@@ -293,6 +297,45 @@ TEST_CASE("placement follows the policy's percentages by cumulative size", "[off
   CHECK(plan.working.gpu >= 402759680.0 + 3.0 * double(plan.cache_unit_bytes));
   CHECK(plan.working.gpu < 402759680.0 + 3.0 * double(plan.cache_unit_bytes) + 3.0 * (1 << 30));
   CHECK(plan.working.cpu >= 3.0 * double(plan.cache_unit_bytes));  // pinned staging for disk reads
+}
+
+TEST_CASE("a staggered prefill starts GPU batches in later steps: the same tokens, a weight pass per step",
+          "[offload]") {
+  // Weights on the CPU tier, everything else on the GPU, so the only bytes on cpu->gpu are the
+  // layers' weights, loaded once per super-step for every unit in it. Three GPU batches, one
+  // starting per step: n + 2 super-steps instead of n, every batch still at its own token.
+  auto backend = make_cpu_backend(2);
+  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-opt");
+  const json exp = load_expected("tiny-opt");
+  std::vector<GenRequest> reqs = fixture_requests(exp);
+  for (GenRequest& r : reqs) r.sampling.ignore_eos = true;  // every batch runs all its steps
+  const int gbs = int((reqs.size() + 2) / 3), n = reqs.front().sampling.max_new_tokens;
+  std::vector<GenResult> unstaggered;
+  for (int per_step : {0, 1, 2}) {
+    INFO("prefill_batches_per_step " << per_step);
+    OffloadOptions opt;
+    opt.policy = make_policy({0, 100, 0}, {100, 0, 0}, {100, 0, 0}, gbs, 3, false, true);
+    opt.policy.prefill_batches_per_step = per_step;
+    opt.offload_dir = offload_dir("stagger");
+    OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+    GenStats stats;
+    const std::vector<GenResult> got = engine.generate(reqs, &stats);
+    const PlacementPlan& plan = engine.plan();
+    const int super_steps = per_step == 0 ? n : (per_step == 1 ? n + 2 : n + 1);
+    CHECK(engine.report().cpu_to_gpu.bytes ==
+          uint64_t(super_steps) * uint64_t(model.config.n_layers) * (plan.attn_weight_bytes + plan.mlp_weight_bytes));
+    CHECK(engine.report().prefill_tokens == stats.prompt_tokens);
+    CHECK(stats.decode_steps == n - 1);  // the super-steps in which no batch prefills
+    REQUIRE(got.size() == reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      INFO("prompt " << i);
+      CHECK(got[i].tokens.size() == size_t(n));
+      if (per_step == 0) unstaggered.push_back(got[i]);
+      else CHECK(got[i].tokens == unstaggered[i].tokens);
+    }
+  }
+  std::error_code ec;
+  fs::remove_all(offload_dir("stagger"), ec);
 }
 
 TEST_CASE("the schedule's buffers and homes take exactly what the plan says", "[offload][placement]") {

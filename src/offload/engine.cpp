@@ -82,6 +82,12 @@ struct BatchState {
   int slots() const { return int(seqs.size()); }
 };
 
+// A unit in one super-step of the schedule, at its GPU batch's token (0: prefill).
+struct StepUnit {
+  BatchState* state = nullptr;
+  int token = 0;
+};
+
 // One choice of one request, as placed in a GPU batch.
 struct Choice {
   size_t request = 0;
@@ -224,6 +230,7 @@ struct OffloadEngine::Impl {
 
   // Per block.
   std::vector<BatchState> prefill_units, decode_units;  // the steps' sequence groups
+  std::vector<std::vector<StepUnit>> step_units;        // [super-step]: what it computes, in order
   std::vector<Held> w_held;                 // [sub-layer]: 2 j for layer j's attention, 2 j + 1 its MLP
   std::vector<std::vector<Held>> c_held;    // [unit][layer]
   std::vector<std::vector<std::vector<Ticket>>> c_stored;  // [batch][layer]: stores a reload waits for
@@ -455,27 +462,33 @@ struct OffloadEngine::Impl {
   }
 
   // ---------------------------------------------------------------- units
-  BatchState& unit(int i, int u) { return (i == 0 ? prefill_units : decode_units)[size_t(u)]; }
-  const BatchState& unit(int i, int u) const { return (i == 0 ? prefill_units : decode_units)[size_t(u)]; }
-  int n_units(int i) const { return int((i == 0 ? prefill_units : decode_units).size()); }
+  // Super-step i computes, in each sub-layer, units(i): the prefill units of the GPU batches that
+  // start in it and the decode units of those started before, each at its own token.
+  BatchState& unit(int i, int u) { return *step_units[size_t(i)][size_t(u)].state; }
+  const BatchState& unit(int i, int u) const { return *step_units[size_t(i)][size_t(u)].state; }
+  int token(int i, int u) const { return step_units[size_t(i)][size_t(u)].token; }
+  int n_units(int i) const { return int(step_units[size_t(i)].size()); }
 
-  SlotRange load_range(int i, int u) const {  // cache entries that exist before token i
-    return {0, i == 0 ? 0 : std::min(unit(i, u).pmax + i - 1, shape.capacity())};
+  SlotRange load_range(int i, int u) const {  // cache entries that exist before the unit's token t
+    const int t = token(i, u);
+    return {0, t == 0 ? 0 : std::min(unit(i, u).pmax + t - 1, shape.capacity())};
   }
-  SlotRange store_range(int i, int u) const {  // cache entries token i writes (union over slots)
+  SlotRange store_range(int i, int u) const {  // cache entries token t writes (union over slots)
     const BatchState& b = unit(i, u);
-    if (i == 0) return {0, std::min(b.pmax, shape.capacity())};
+    const int t = token(i, u);
+    if (t == 0) return {0, std::min(b.pmax, shape.capacity())};
     // Token 1 also copied prompt rows into the followers' slots: they go home too.
-    const int begin = i == 1 && !b.shared.empty() ? 0 : b.pmin + i - 1;
-    return {std::min(begin, shape.capacity()), std::min(b.pmax + i, shape.capacity())};
+    const int begin = t == 1 && !b.shared.empty() ? 0 : b.pmin + t - 1;
+    return {std::min(begin, shape.capacity()), std::min(b.pmax + t, shape.capacity())};
   }
   // Decode attention on the CPU where the cache lives off the GPU: in place on the CPU tier, over
   // its pinned mirror for disk homes. The cache never crosses to the GPU then.
-  bool delegated(int i, int j) const {
-    return opt.policy.cpu_attention && i > 0 && plan.cache_tier[size_t(j)] != Tier::Gpu;
+  // `t` is the unit's token: 0 in prefill.
+  bool delegated(int t, int j) const {
+    return opt.policy.cpu_attention && t > 0 && plan.cache_tier[size_t(j)] != Tier::Gpu;
   }
-  bool cache_moves(int i, int j) const { return plan.cache_tier[size_t(j)] != Tier::Gpu && !delegated(i, j); }
-  bool mirrored(int i, int j) const { return delegated(i, j) && plan.cache_tier[size_t(j)] == Tier::Disk; }
+  bool cache_moves(int t, int j) const { return plan.cache_tier[size_t(j)] != Tier::Gpu && !delegated(t, j); }
+  bool mirrored(int t, int j) const { return delegated(t, j) && plan.cache_tier[size_t(j)] == Tier::Disk; }
 
   // Sub-layer jj: half jj % 2 (0 attention, 1 MLP) of layer jj / 2.
   void load_weights_async(int jj) {
@@ -507,8 +520,8 @@ struct OffloadEngine::Impl {
   // pinned mirror for disk homes), or, when the CPU attends to a disk home, the mirror alone.
   void load_cache_async(int i, int j, int u) {
     Held& h = c_held[size_t(u)][size_t(j)];
-    const bool mirror_only = mirrored(i, j);
-    if (h.valid || !(cache_moves(i, j) || mirror_only)) return;
+    const bool mirror_only = mirrored(token(i, u), j);
+    if (h.valid || !(cache_moves(token(i, u), j) || mirror_only)) return;
     const BatchState& b = unit(i, u);
     const Home& home = cache_home[size_t(b.batch)][size_t(j)];
     h.valid = true;
@@ -550,11 +563,12 @@ struct OffloadEngine::Impl {
       std::vector<Ticket> deps;
       // A prefill group's pages on disk may share a page with its neighbour group's rows, which
       // this pinned slot never held: read them first, after the neighbours' writes.
-      if (home.tier == Tier::Disk && i == 0) deps = {disk_cache_io(false, home.disk_offset, host, r, b, stored)};
+      if (home.tier == Tier::Disk && token(i, u) == 0)
+        deps = {disk_cache_io(false, home.disk_offset, host, r, b, stored)};
       Ticket t = copy_cache(CopyKind::DeviceToHost, c_gpu.data(h.gpu), host, r, b, std::move(deps));
       if (home.tier == Tier::Disk) t = disk_cache_io(true, home.disk_offset, host, r, b, {t});
       tickets.push_back(t);
-      if (i > 0) stored.clear();  // a decode load waited for all of them
+      if (token(i, u) > 0) stored.clear();  // a decode load waited for all of them
       stored.push_back(t);
     }
     after.push_back([this, h] { free_slots(h, c_gpu, c_pin); });
@@ -695,7 +709,8 @@ struct OffloadEngine::Impl {
       unit_base = c_pin.data(h.pin);
     }
     char* base = unit_base + size_t(b.first_slot) * slot_pitch();
-    if (i == 1) share_prompt_rows(b, base, base + cache_half, [](char* d, const char* s, size_t n) { std::memcpy(d, s, n); });
+    if (token(i, u) == 1)
+      share_prompt_rows(b, base, base + cache_half, [](char* d, const char* s, size_t n) { std::memcpy(d, s, n); });
     const Tensor ck = cache_view(base, b, Device::CPU), cv = cache_view(base + cache_half, b, Device::CPU);
     const Tensor slots(const_cast<int32_t*>(b.step.slots.data()), DType::I32, Device::CPU, {T});
     const Tensor pos(const_cast<int32_t*>(b.step.positions.data()), DType::I32, Device::CPU, {T});
@@ -720,14 +735,15 @@ struct OffloadEngine::Impl {
 
   void build_step(int i, int u) {
     BatchState& b = unit(i, u);
+    const bool prefill = token(i, u) == 0;
     b.step = StepBatch();
     b.active.clear();
     b.sampled.clear();
     for (size_t s = 0; s < b.seqs.size(); ++s) {
       Sequence& seq = *b.seqs[s];
       if (seq.done) continue;
-      if (i == 0 && source_of[index_of(seq)] != index_of(seq)) continue;  // its source's prefill samples it
-      if (i == 0) {
+      if (prefill && source_of[index_of(seq)] != index_of(seq)) continue;  // its source's prefill samples it
+      if (prefill) {
         const std::vector<int32_t>& prompt = seq.request->prompt;
         for (size_t p = 0; p < prompt.size(); ++p) {
           b.step.tokens.push_back(prompt[p]);
@@ -742,7 +758,7 @@ struct OffloadEngine::Impl {
       b.step.logit_rows.push_back(int32_t(b.step.tokens.size() - 1));
       b.active.push_back(&seq);
       b.sampled.push_back(&seq);
-      if (i > 0) continue;
+      if (!prefill) continue;
       totals.prefill_tokens += int64_t(seq.request->prompt.size());
       for (Sequence* f : followers[index_of(seq)]) {  // the same last prompt row, each its own sampler
         b.step.logit_rows.push_back(b.step.logit_rows.back());
@@ -754,21 +770,21 @@ struct OffloadEngine::Impl {
   // Sub-layer jj (layer jj / 2's attention block when even, its MLP block when odd) for unit u.
   void compute(int i, int jj, int u) {
     BatchState& b = unit(i, u);
-    const int j = jj / 2;
+    const int j = jj / 2, t = token(i, u);
     const bool attention = jj % 2 == 0;
     if (jj == 0) build_step(i, u);
     if (b.active.empty()) return;
     ScopedSpan span(trace, compute_track,
-                    "t" + std::to_string(i) + " L" + std::to_string(j) + (attention ? "a" : "m") + " B" +
-                        std::to_string(b.batch) + (i == 0 ? " s" + std::to_string(b.first_slot) : std::string()),
+                    "t" + std::to_string(t) + " L" + std::to_string(j) + (attention ? "a" : "m") + " B" +
+                        std::to_string(b.batch) + (t == 0 ? " s" + std::to_string(b.first_slot) : std::string()),
                     &compute_busy);
     const int64_t T = int64_t(b.step.tokens.size());
     const LayerWeights& w = weight_quant && T > be.fused_dequant_max_tokens() ? dequantized_for(i, jj) : weights_for(jj);
     const Tensor x = hidden_for(i, jj, u, T);
-    const bool cpu = attention && delegated(i, j);
+    const bool cpu = attention && delegated(t, j);
     Tensor ck, cv;
     if (attention && !cpu) std::tie(ck, cv) = cache_for(i, j, u);
-    if (attention && !cpu && i == 1)
+    if (attention && !cpu && t == 1)
       share_prompt_rows(b, static_cast<char*>(ck.data), static_cast<char*>(cv.data),
                         [this](char* d, const char* s, size_t n) { be.copy_on_device(d, s, n); });
     // Steps of at most the workspace's tokens: a group whose prompts outgrow it runs in pieces, in
@@ -791,10 +807,10 @@ struct OffloadEngine::Impl {
         ops.attention_block(w, globals.inv_freq, xs, ck, cv);
     }
     if (jj == 2 * L - 1) {
-      if (i == 0) score_prompts(b, x, T);
+      if (t == 0) score_prompts(b, x, T);
       ops.select_logit_rows(b.step.logit_rows, T);
       const Tensor logits = ops.head(globals, x);
-      if (i == 0)
+      if (t == 0)
         for (Sequence* s : b.sampled) s->length = int(s->request->prompt.size());
       else
         for (Sequence* s : b.active) ++s->length;
@@ -849,15 +865,16 @@ struct OffloadEngine::Impl {
 
   // One step of Algorithm 1: prefetch the next sub-layer's weights, store the previous step's
   // cache and hidden state, load the next step's, compute this one, then wait for all of it. A
-  // step is (token i, sub-layer jj, unit u): the sub-layers are each layer's attention block and
-  // its MLP block (FlexGen's "layers"), so a layer's weights stream half by half; the units are,
-  // in prefill, groups of a GPU batch's sequences, in decode the GPU batches.
-  void step(int i, int jj, int u, int n_tokens, bool has_prev, int pi, int pjj, int pu) {
+  // step is (super-step i, sub-layer jj, unit u): the sub-layers are each layer's attention block
+  // and its MLP block (FlexGen's "layers"), so a layer's weights stream half by half; the units
+  // are, in prefill, groups of a GPU batch's sequences, in decode the GPU batches. Without a
+  // staggered prefill super-step i is token i of every batch.
+  void step(int i, int jj, int u, int n_steps, bool has_prev, int pi, int pjj, int pu) {
     std::vector<Ticket> tickets;
     std::vector<std::function<void()>> after;
     const int subs = 2 * L;
     try {
-      if (u == 0 && (jj + 1 < subs || i + 1 < n_tokens)) {
+      if (u == 0 && (jj + 1 < subs || i + 1 < n_steps)) {
         load_weights_async((jj + 1) % subs);
         if (w_held[size_t((jj + 1) % subs)].ready.valid()) tickets.push_back(w_held[size_t((jj + 1) % subs)].ready);
       }
@@ -870,7 +887,7 @@ struct OffloadEngine::Impl {
       if (njj == subs) njj = 0, ++ni;
       // The next step's rows are this step's own when the block has one sub-layer and one unit;
       // they cannot be prefetched before this step stores them.
-      if (ni < n_tokens && !same_rows(i, u, jj, ni, nu, njj)) {
+      if (ni < n_steps && !same_rows(i, u, jj, ni, nu, njj)) {
         if (njj % 2 == 0) {
           load_cache_async(ni, njj / 2, nu);
           if (c_held[size_t(nu)][size_t(njj / 2)].ready.valid()) tickets.push_back(c_held[size_t(nu)][size_t(njj / 2)].ready);
@@ -944,6 +961,25 @@ struct OffloadEngine::Impl {
     }
   }
 
+  // The block's super-steps: GPU batch k prefills in super-step policy.start_step(k) (0 for all
+  // without a staggered prefill) and decodes its n_tokens - 1 tokens in the super-steps after.
+  // Each super-step lists its units in batch order, each at its batch's own token. Returns the
+  // number of super-steps.
+  int build_step_units(int n_tokens) {
+    const Policy& p = opt.policy;
+    step_units.clear();
+    if (n_tokens < 1) return 0;
+    const int n_steps = p.start_steps() + n_tokens - 1;
+    step_units.resize(size_t(n_steps));
+    for (int k = 0; k < ngb; ++k) {
+      const int first = p.start_step(k);
+      for (BatchState& unit : prefill_units)
+        if (unit.batch == k) step_units[size_t(first)].push_back({&unit, 0});
+      for (int t = 1; t < n_tokens; ++t) step_units[size_t(first + t)].push_back({&decode_units[size_t(k)], t});
+    }
+    return n_steps;
+  }
+
   std::vector<GenResult> generate(const std::vector<GenRequest>& requests, GenStats* stats) {
     // A request's n choices run as n sequences; those in one GPU batch share one prefill
     // (build_units), so pack_choices keeps each request's choices in one batch where it can.
@@ -972,8 +1008,10 @@ struct OffloadEngine::Impl {
       batch_begin.push_back(seqs.size());
     }
     build_units(seqs, batch_begin);
-    dequant_token = dequant_sub = -1;  // token numbers restart with every block
-    const size_t units = std::max(prefill_units.size(), decode_units.size());
+    const int n_steps = build_step_units(n_tokens);
+    dequant_token = dequant_sub = -1;  // super-step numbers restart with every block
+    size_t units = 0;
+    for (const std::vector<StepUnit>& step_list : step_units) units = std::max(units, step_list.size());
     w_held.assign(size_t(2 * L), {});
     c_held.assign(units, std::vector<Held>(size_t(L)));
     c_stored.assign(size_t(ngb), std::vector<std::vector<Ticket>>(size_t(L)));
@@ -989,22 +1027,29 @@ struct OffloadEngine::Impl {
     bool has_prev = false;
     int pi = 0, pjj = 0, pu = 0;
     try {
-      for (int i = 0; i < n_tokens; ++i) {
-        const auto t_token = Clock::now();
+      // A super-step in which some batch prefills counts as prefill (all of token 0 without a
+      // staggered prefill), the others as decode steps.
+      std::array<double, 4> busy_before = busy_at_start;
+      for (int i = 0; i < n_steps; ++i) {
+        const auto t_step = Clock::now();
         for (int jj = 0; jj < 2 * L; ++jj)
           for (int u = 0; u < n_units(i); ++u) {
-            step(i, jj, u, n_tokens, has_prev, pi, pjj, pu);
+            step(i, jj, u, n_steps, has_prev, pi, pjj, pu);
             has_prev = true, pi = i, pjj = jj, pu = u;
           }
-        (i == 0 ? local.prefill_seconds : local.decode_seconds) += seconds_since(t_token);
-        if (i == 0) {
-          const std::array<double, 4> busy = lane_busy();
-          totals.prefill_compute_busy += busy[0] - busy_at_start[0];
-          totals.prefill_h2d_busy += busy[1] - busy_at_start[1];
-          totals.prefill_d2h_busy += busy[2] - busy_at_start[2];
-          totals.prefill_disk_busy += busy[3] - busy_at_start[3];
+        const bool prefills = std::any_of(step_units[size_t(i)].begin(), step_units[size_t(i)].end(),
+                                          [](const StepUnit& su) { return su.token == 0; });
+        (prefills ? local.prefill_seconds : local.decode_seconds) += seconds_since(t_step);
+        const std::array<double, 4> busy = lane_busy();
+        if (prefills) {
+          totals.prefill_compute_busy += busy[0] - busy_before[0];
+          totals.prefill_h2d_busy += busy[1] - busy_before[1];
+          totals.prefill_d2h_busy += busy[2] - busy_before[2];
+          totals.prefill_disk_busy += busy[3] - busy_before[3];
+        } else {
+          ++local.decode_steps;
         }
-        if (i > 0) ++local.decode_steps;
+        busy_before = busy;
         if (std::all_of(seqs.begin(), seqs.end(), [](const Sequence& s) { return s.done; })) break;
       }
     } catch (...) {
