@@ -265,5 +265,15 @@ TEST_CASE("bench projects decode from a few measured steps and marks the figures
   CHECK_THROWS_WITH(parse_bench_suite("cases:\n  - {name: b, model: m, prompt_len: 4, gen_len: 8, policy: p, "
                                       "decode_steps: 0}\n", "s.yaml"),
                     Catch::Contains("s.yaml:2: field 'decode_steps' must be a positive integer"));
+
+  // A staggered prefill mixes prefill into the first steps: no projection from them.
+  std::ofstream(dir / "s.yaml") << "gpu_batch_size: 1\nnum_gpu_batches: 2\nprefill_batches_per_step: 1\n"
+                                   "weights: {gpu: 100}\nkv_cache: {gpu: 100}\nactivations: {gpu: 100}\n";
+  std::ofstream(dir / "suite.yaml")
+      << "cases:\n  - {name: stag, model: opt-125m, prompt_len: 16, gen_len: 8, policy: s.yaml, decode_steps: 2}\n";
+  const std::vector<BenchCaseResult> staggered = run_bench(opt, log);
+  REQUIRE(staggered.size() == 1);
+  CHECK_THAT(staggered[0].status, Catch::Contains("bench case stag: decode_steps projects") &&
+                                      Catch::Contains("staggered prefill (prefill_batches_per_step)"));
   fs::remove_all(dir);
 }

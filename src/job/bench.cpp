@@ -205,6 +205,11 @@ private:
     OffloadEngine engine(model.config, *model.weights, *backend_, o, {c.prompt_len, c.gen_len});
     // A projected case runs its first decode_steps steps only; the plan is the full run's.
     const bool project = c.decode_steps > 0 && c.decode_steps < c.gen_len - 1;
+    // Projection takes the mean of steps in which every batch decodes; a staggered prefill's
+    // first steps mix prefill and decode, and its last ones run a part of the batches.
+    STRATA_CHECK(!project || o.policy.start_steps() == 1,
+                 "bench case " << c.name << ": decode_steps projects decode from its first steps, which a staggered "
+                               << "prefill (prefill_batches_per_step) mixes with prefill; drop one of them");
     r.decode_steps_run = project ? c.decode_steps : c.gen_len - 1;
     const std::vector<GenRequest> reqs =
         synthetic_requests(o.policy.block_size(), c.prompt_len, r.decode_steps_run + 1, model.config.vocab_size);
