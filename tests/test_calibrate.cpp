@@ -168,7 +168,8 @@ TEST_CASE("calibration leaves staggered runs out of the lane fits and says so", 
   CHECK(f.link_factor[kLaneH2d] == Approx(1.4).epsilon(1e-6));
   CHECK(f.overlap_slowdown == Approx(0.2).margin(1e-9));
   CHECK(f.staggered_runs == std::vector<std::string>{"staggered"});
-  CHECK_THAT(f.profile.description, Catch::Contains("staggered runs staggered") && Catch::Contains("mix prefill and decode"));
+  CHECK_THAT(f.profile.description,
+             Catch::Contains("staggered runs staggered") && Catch::Contains("mix prefill and decode"));
   // Its block time is still what the staggered prediction models.
   REQUIRE(f.error_after.size() == runs.size());
   CHECK(std::fabs(f.error_after.back()) < 1e-6);

@@ -259,7 +259,9 @@ namespace {
 
 // Whether two linear forms agree coefficient by coefficient, relative to the larger.
 bool same_form(const LinearForm& a, const LinearForm& b) {
-  auto close = [](double u, double v) { return std::fabs(u - v) <= 1e-12 * std::max({std::fabs(u), std::fabs(v), 1e-30}); };
+  auto close = [](double u, double v) {
+    return std::fabs(u - v) <= 1e-12 * std::max({std::fabs(u), std::fabs(v), 1e-30});
+  };
   if (!close(a.constant, b.constant)) return false;
   for (int v = 0; v < kNumVars; ++v)
     if (!close(a.coef[v], b.coef[v])) return false;
