@@ -145,3 +145,35 @@ TEST_CASE("calibration refuses too few runs and a profile field out of range", "
                     Catch::Contains("hw.yaml:") && Catch::Contains("overlap_slowdown") &&
                         Catch::Contains("from 0 to 1"));
 }
+
+TEST_CASE("calibration leaves staggered runs out of the lane fits and says so", "[calibrate]") {
+  const HardwareProfile base = machine();
+  HardwareProfile truth = base;
+  for (GemmPoint& g : truth.gpu_gemm) g.flops_per_s /= 1.5;
+  truth.gpu_dequant_bw /= 1.5;
+  truth.cpu_to_gpu_bw /= 1.4;
+  truth.overlap_slowdown = 0.2;
+  Policy staggered = policy(4, 4, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
+  staggered.prefill_batches_per_step = 1;
+  std::vector<CalibrationSample> runs = {
+      run_on(truth, "all on gpu", policy(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "weights on cpu", policy(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "weights on cpu 4x2", policy(4, 2, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "staggered", staggered),
+  };
+  // Its phases mix prefill and decode super-steps: lane times that would spoil the fit were it used.
+  for (double& busy : runs.back().prefill_busy) busy *= 3;
+  const CalibrationFit f = calibrate_profile(base, runs);
+  CHECK(f.gemm_factor == Approx(1.5).epsilon(1e-6));
+  CHECK(f.link_factor[kLaneH2d] == Approx(1.4).epsilon(1e-6));
+  CHECK(f.overlap_slowdown == Approx(0.2).margin(1e-9));
+  CHECK(f.staggered_runs == std::vector<std::string>{"staggered"});
+  CHECK_THAT(f.profile.description,
+             Catch::Contains("staggered runs staggered") && Catch::Contains("mix prefill and decode"));
+  // Its block time is still what the staggered prediction models.
+  REQUIRE(f.error_after.size() == runs.size());
+  CHECK(std::fabs(f.error_after.back()) < 1e-6);
+
+  const std::vector<CalibrationSample> one_plain = {runs.front(), runs.back()};
+  CHECK_THROWS_WITH(calibrate_profile(base, one_plain), Catch::Contains("at least two unstaggered runs"));
+}

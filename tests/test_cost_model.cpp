@@ -1,6 +1,8 @@
 // The cost model's formulas against hand computations (docs/cost-model.md defines every term).
 // The machine has round numbers so the arithmetic stays visible.
 #include <catch2/catch.hpp>
+#include <algorithm>
+#include <cmath>
 
 #include "strata/policy/cost_model.h"
 #include "strata/runtime/forward_ops.h"
@@ -251,4 +253,125 @@ TEST_CASE("the cost model refuses a profile it cannot use", "[cost]") {
                     Catch::Contains("disk_to_cpu_bw"));
   CHECK_THROWS_WITH(evaluate(opt67(), shape(1, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}), {0, 32}, round_machine()),
                     Catch::Contains("prompt length"));
+}
+
+namespace {
+
+// Whether two linear forms agree coefficient by coefficient, relative to the larger.
+bool same_form(const LinearForm& a, const LinearForm& b) {
+  auto close = [](double u, double v) {
+    return std::fabs(u - v) <= 1e-12 * std::max({std::fabs(u), std::fabs(v), 1e-30});
+  };
+  if (!close(a.constant, b.constant)) return false;
+  for (int v = 0; v < kNumVars; ++v)
+    if (!close(a.coef[v], b.coef[v])) return false;
+  return true;
+}
+
+LinearForm affine(const LinearForm& fixed, const LinearForm& per_batch, int batches) {
+  LinearForm f = fixed;
+  f.constant += batches * per_batch.constant;
+  for (int v = 0; v < kNumVars; ++v) f.coef[v] += batches * per_batch.coef[v];
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("each term splits into the weights' part and a part per GPU batch", "[cost]") {
+  HardwareProfile hw = round_machine();
+  hw.compute_overhead_s = 3e-4;  // per prefill group and decode GPU batch
+  hw.overlap_slowdown = 0.2;
+  Policy plain = shape(3, 5, {0, 50, 50}, {0, 50, 50}, {0, 60, 40});  // groups of 2 prompts: 2 per GPU batch
+  Policy delegated = shape(8, 3, {25, 75, 0}, {0, 100, 0}, {100, 0, 0}, true);
+  Policy compressed = shape(32, 7, {0, 100, 0}, {50, 50, 0}, {100, 0, 0});
+  compressed.compress_weights = Compression{4, 64};
+  compressed.compress_kv_cache = Compression{4, 64};
+  for (const Policy& p : {plain, delegated, compressed}) {
+    INFO(policy_to_yaml(p));
+    const CostForms F = cost_forms(opt67(), p, wl, hw);
+    CHECK(F.num_gpu_batches == p.num_gpu_batches);
+    for (int t = 0; t < kNumTerms; ++t) {
+      INFO(term_name(t));
+      CHECK(same_form(affine(F.prefill_fixed[t], F.prefill_batch[t], p.num_gpu_batches), F.prefill[t]));
+      CHECK(same_form(affine(F.decode_fixed[t], F.decode_batch[t], p.num_gpu_batches), F.decode[t]));
+    }
+  }
+  // The fixed part is the weights' alone: their reads, and dequantizing compressed weights.
+  const CostForms F = cost_forms(opt67(), compressed, wl, hw);
+  const double Wc = W * 0.28125;
+  CHECK(F.prefill_fixed[CTOG].coef[WC] == Approx(Wc / 10e9));
+  CHECK(F.prefill_fixed[CTOG].coef[HC] == Approx(0).margin(1e-18));
+  CHECK(F.prefill_fixed[DTOC].coef[WD] == Approx(Wc / 2e9));
+  CHECK(F.prefill_fixed[GTOC].coef[CC] == Approx(0).margin(1e-18));
+  CHECK(F.prefill_fixed[COMP].constant == Approx(W / 50e9));  // prefill dequantizes the layer once
+  CHECK(F.decode_fixed[COMP].constant == Approx(W / 50e9));   // and so does decode at 32 rows (> 16)
+  CHECK(F.decode_batch[CTOG].coef[WC] == Approx(0).margin(1e-18));
+  // Per GPU batch of 32: the cache it reads, its GEMMs with the head, its overhead.
+  CHECK(F.decode_batch[CTOG].coef[CC] == Approx(32 * 528 * 4 * h * 0.28125 / 10e9));
+  CHECK(F.decode_batch[COMP].constant == Approx(32 * (flops_per_token + head_per_layer) / 10e12 + 3e-4));
+}
+
+TEST_CASE("a staggered block by hand: three GPU batches, one starting per step, three tokens", "[cost]") {
+  // OPT-6.7B, GPU batches of 2, 4-bit weights half on the GPU and half on the CPU; cache and hidden
+  // states on the GPU. Per layer only two lanes work: PCIe (the CPU half of the weights) and compute.
+  const HardwareProfile hw = round_machine();
+  Policy p = shape(2, 3, {50, 50, 0}, {100, 0, 0}, {100, 0, 0});
+  p.compress_weights = Compression{4, 64};
+  p.prefill_batches_per_step = 1;
+  const Workload w{512, 3};
+  const double s = 512, ctog = 0.5 * 0.28125 * W / 10e9;  // 5.66 ms: read once per step
+  const double dequant = W / 50e9;                              // 8.06 ms: prefill dequantizes once per step;
+                                                                // decode of 2 rows reads the codes (fused)
+  const double prefill_batch = 2 * s * flops_per_token / 10e12 + 2 * 4 * s * s * h / 10e12 +
+                               2 * head_per_layer / 10e12;  // 42.1 ms: GEMMs, attention, head
+  const double decode_batch = 2 * (flops_per_token + head_per_layer) / 10e12 +
+                              2 * (s + 1.5) * 4 * h / 200e9;  // 0.17 ms: GEMMs, head, attention at s + n/2
+  // Super-steps (prefilling, decoding): (1,0) (1,1) (1,2) (0,2) (0,1). Overlap: the max of the lanes.
+  const double with_prefill[3] = {dequant + prefill_batch, dequant + prefill_batch + decode_batch,
+                                  dequant + prefill_batch + 2 * decode_batch};
+  const double decode_only = std::max(ctog, 2 * decode_batch);  // both decode-only steps: PCIe
+  const double prefill_s = 32 * (with_prefill[0] + with_prefill[1] + with_prefill[2]);
+  const double decode_s = 32 * 2 * decode_only;
+  const Prediction r = evaluate(opt67(), p, w, hw);
+  CHECK(r.prefill_s == Approx(prefill_s));
+  CHECK(r.decode_s == Approx(decode_s));
+  CHECK(r.total_s == Approx(prefill_s + decode_s));
+  CHECK(r.latency_s == r.total_s);
+  CHECK(r.throughput_tok_s == Approx(6 * 3 / (prefill_s + decode_s)));
+  // The stages shown: the first super-step, and the first with the most batches decoding (1,2).
+  CHECK(r.prefill.total == Approx(with_prefill[0]));
+  CHECK(r.prefill.terms[CTOG] == Approx(ctog));
+  CHECK(r.decode.total == Approx(with_prefill[2]));
+  CHECK(r.decode.bound == COMP);
+
+  // FlexGen's schedule for the same block: one prefill step, two decode steps.
+  Policy flexgen = p;
+  flexgen.prefill_batches_per_step = 0;
+  const Prediction f = evaluate(opt67(), flexgen, w, hw);
+  CHECK(f.total_s == Approx(32 * (dequant + 3 * prefill_batch) + 32 * 2 * std::max(ctog, 6 * decode_batch)));
+}
+
+TEST_CASE("without staggering the prediction is FlexGen's schedule, exactly", "[cost]") {
+  HardwareProfile hw = round_machine();
+  hw.overlap_slowdown = 0.3;
+  hw.compute_overhead_s = 2e-4;
+  Policy p = shape(8, 4, {0, 50, 50}, {0, 0, 100}, {0, 100, 0});
+  const Prediction r = evaluate(opt67(), p, wl, hw);
+  // T = T_pre * l + T_gen * (n - 1) * l from the unsplit terms.
+  const CostForms F = cost_forms(opt67(), p, wl, hw);
+  const Fractions x = realized_fractions(p, 32);
+  auto stage = [&](const std::array<LinearForm, kNumTerms>& forms) {
+    double sum = 0, max = 0;
+    for (const LinearForm& t : forms) sum += t.at(x), max = std::max(max, t.at(x));
+    return max + 0.3 * (sum - max);
+  };
+  CHECK(r.total_s == stage(F.prefill) * 32 + stage(F.decode) * 31 * 32);
+  // All GPU batches starting in the first step is the same schedule.
+  for (int per_step : {4, 9}) {
+    p.prefill_batches_per_step = per_step;
+    const Prediction same = evaluate(opt67(), p, wl, hw);
+    CHECK(same.total_s == r.total_s);
+    CHECK(same.prefill.total == r.prefill.total);
+    CHECK(same.decode.total == r.decode.total);
+  }
 }

@@ -494,3 +494,52 @@ TEST_CASE("strata policy pareto prints the frontier as a table and as JSON", "[s
   CHECK(strata_cli("policy --model opt-6.7b --hardware " + kPaperMachine + " --latency-bounds 5").code == 1);
   fs::remove_all(dir);
 }
+
+// OPT-175B with its cache on disk decodes bound by the disk, the GPU mostly idle: starting GPU
+// batches later hides their prefill under the first batches' decode (docs/cost-model.md,
+// "Staggered prefill"). The search's choice is at least as fast as its placement unstaggered, and
+// no other stagger of that placement is faster.
+TEST_CASE("on the paper's machine the search staggers OPT-175B's prefill, and no stagger of its placement beats it",
+          "[search]") {
+  const HardwareProfile hw = load_hardware_profile(kPaperMachine);
+  const ModelConfig cfg = *config_preset("opt-175b");
+  SearchOptions opts;
+  opts.workload = {512, 32};
+  opts.budget = {hw.gpu_mem, hw.cpu_mem, hw.disk_mem};
+  const Candidate best = search_policy(cfg, hw, opts).ranked.front();
+  INFO(policy_to_yaml(best.policy));
+  CHECK(best.policy.prefill_batches_per_step > 0);
+  CHECK(best.policy.prefill_batches_per_step < best.policy.num_gpu_batches);
+  CHECK(evaluate(cfg, best.policy, opts.workload, hw).throughput_tok_s == Approx(best.prediction.throughput_tok_s));
+  Policy p = best.policy;
+  for (int per_step = 0; per_step < p.num_gpu_batches; ++per_step) {
+    p.prefill_batches_per_step = per_step;
+    INFO("prefill_batches_per_step " << per_step);
+    CHECK(evaluate(cfg, p, opts.workload, hw).throughput_tok_s <= best.prediction.throughput_tok_s * (1 + 1e-12));
+  }
+  p.prefill_batches_per_step = 0;
+  CHECK(best.prediction.throughput_tok_s > evaluate(cfg, p, opts.workload, hw).throughput_tok_s);
+}
+
+TEST_CASE("a staggered choice survives strata policy --out and --evaluate", "[search]") {
+  const fs::path dir = fs::temp_directory_path() / ("strata_stagger_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string out = (dir / "chosen.yaml").string();
+  const std::string base = "policy --model opt-175b --hardware " + kPaperMachine + " --prompt-len 512 --gen-len 32";
+  const CliResult r = strata_cli(base + " --json --out " + out);
+  REQUIRE(r.code == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.output);
+  const int per_step = j["policy"]["prefill_batches_per_step"].get<int>();
+  CHECK(per_step > 0);
+  CHECK(load_policy(out).prefill_batches_per_step == per_step);
+  const CliResult e = strata_cli(base + " --json --evaluate " + out);
+  REQUIRE(e.code == 0);
+  const nlohmann::json ej = nlohmann::json::parse(e.output);
+  CHECK(ej["policy"]["prefill_batches_per_step"].get<int>() == per_step);
+  for (const char* field : {"throughput_tok_s", "latency_s", "prefill_s", "decode_s"})
+    CHECK(ej["predicted"][field].get<double>() == Approx(j["predicted"][field].get<double>()).epsilon(1e-9));
+  const CliResult text = strata_cli(base + " --evaluate " + out);
+  CHECK(text.code == 0);
+  CHECK_THAT(text.output, Catch::Contains("GPU batches start per step over"));
+  fs::remove_all(dir);
+}

@@ -70,7 +70,7 @@ json policy_json(const Policy& p) {
           {"weights", split(p.weights)},        {"kv_cache", split(p.kv_cache)},
           {"activations", split(p.activations)}, {"overlap", p.overlap},
           {"cpu_attention", p.cpu_attention},   {"compress_weights", comp(p.compress_weights)},
-          {"compress_kv_cache", comp(p.compress_kv_cache)}};
+          {"compress_kv_cache", comp(p.compress_kv_cache)}, {"prefill_batches_per_step", p.prefill_batches_per_step}};
 }
 
 // What a policy needs: the larger of the cost model's peak and the runtime plan's reservation.
@@ -111,14 +111,20 @@ void print_prediction(std::ostream& os, const Candidate& c, const TierBytes& bud
      << " sequences)\n";
   os << "  latency      " << fixed(p.latency_s, 1) << " s  (prefill " << fixed(p.prefill_s, 1) << " s, decode "
      << fixed(p.decode_s, 1) << " s)\n";
+  const bool staggered = c.policy.start_steps() > 1;
+  if (staggered)
+    os << "  staggered    " << c.policy.prefill_batches_per_step << " GPU batch"
+       << (c.policy.prefill_batches_per_step == 1 ? "" : "es") << " start per step over " << c.policy.start_steps()
+       << " steps\n";
   auto stage = [&](const char* name, const StageTime& st) {
     os << "  " << name;
     for (int t = 0; t < kNumTerms; ++t)
       os << "  " << term_name(t) << " " << fixed(st.terms[t] * 1e3, 2) << (t == st.bound ? "*" : "");
     os << "  (ms per layer; * bounds it)\n";
   };
-  stage("prefill    ", p.prefill);
-  stage("decode step", p.decode);
+  // Staggered, the stages are super-steps (cost_model.h, Prediction).
+  stage(staggered ? "first step " : "prefill    ", p.prefill);
+  stage(staggered ? "steady step" : "decode step", p.decode);
   const TierBytes need = needed(p, c.plan_peak);
   os << "  peak memory ";
   for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk})

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "strata/core/error.h"
 #include "strata/runtime/forward_ops.h"
@@ -104,14 +105,14 @@ void add(LinearForm& form, double seconds, std::initializer_list<int> vars) {
   for (int v : vars) form.coef[v] += seconds;
 }
 
-}  // namespace
-
-CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w, const HardwareProfile& hw) {
-  check_inputs(cfg, p, w, hw);
+// The forms of cost_forms without their split by GPU batches.
+CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload& w, const HardwareProfile& hw) {
   CostForms F;
   F.n_layers = cfg.n_layers;
   F.gen_len = w.gen_len;
   F.block_size = p.block_size();
+  F.num_gpu_batches = p.num_gpu_batches;
+  F.prefill_batches_per_step = p.prefill_batches_per_step;
   F.overlap = p.overlap;
   F.overlap_slowdown = hw.overlap_slowdown;
   F.dtype = hw.compute_dtype;
@@ -157,8 +158,9 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   const double head_flops = 2.0 * double(cfg.vocab_size) * h_dim;
   P[COMP].constant += bls * head_flops / hw.gemm_flops(z.prefill_seqs) / l;
   if (cc) P[COMP].constant += bls * s * z.kv_per_token_fp16 / dequant_bw;  // quantizing the prompt's cache
-  // Calibrated per-unit work outside the terms above: once per prefill group and layer.
-  P[COMP].constant += hw.compute_overhead_s * std::ceil(bls / z.prefill_seqs);
+  // Calibrated per-unit work outside the terms above: once per prefill group and layer. The
+  // runtime cuts groups within each GPU batch (engine.cpp, build_units).
+  P[COMP].constant += hw.compute_overhead_s * ngb * std::ceil(gbs / z.prefill_seqs);
 
   // One decode step of one layer. With cpu_attention, attention over the cache on the CPU or disk
   // runs on the CPU: q, k, v go down and the attention output comes back instead of the cache.
@@ -225,37 +227,137 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w,
   return F;
 }
 
+LinearForm difference(const LinearForm& a, const LinearForm& b) {
+  LinearForm d;
+  d.constant = a.constant - b.constant;
+  for (int v = 0; v < kNumVars; ++v) d.coef[v] = a.coef[v] - b.coef[v];
+  return d;
+}
+
+// Every term is affine in the number of GPU batches (the weights' part does not grow with it), so
+// the forms at one and two GPU batches give both parts exactly.
+void split_by_batches(CostForms& F, const ModelConfig& cfg, const Policy& p, const Workload& w,
+                      const HardwareProfile& hw) {
+  Policy one = p, two = p;
+  one.num_gpu_batches = 1;
+  two.num_gpu_batches = 2;
+  const CostForms F1 = unsplit_forms(cfg, one, w, hw), F2 = unsplit_forms(cfg, two, w, hw);
+  for (int t = 0; t < kNumTerms; ++t) {
+    F.prefill_batch[t] = difference(F2.prefill[t], F1.prefill[t]);
+    F.prefill_fixed[t] = difference(F1.prefill[t], F.prefill_batch[t]);
+    F.decode_batch[t] = difference(F2.decode[t], F1.decode[t]);
+    F.decode_fixed[t] = difference(F1.decode[t], F.decode_batch[t]);
+  }
+}
+
+}  // namespace
+
+CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w, const HardwareProfile& hw) {
+  check_inputs(cfg, p, w, hw);
+  CostForms F = unsplit_forms(cfg, p, w, hw);
+  split_by_batches(F, cfg, p, w, hw);
+  return F;
+}
+
+CostForms with_stagger(CostForms forms, int prefill_batches_per_step) {
+  forms.prefill_batches_per_step = prefill_batches_per_step;
+  return forms;
+}
+
 namespace {
 
 // With overlap: max + slowdown * (sum - max) (the profile's calibrated shortfall; 0 is the paper's
 // max); without: the sum.
-StageTime stage_time(const std::array<LinearForm, kNumTerms>& forms, const Fractions& x, bool overlap,
-                     double slowdown) {
+StageTime stage_of(const std::array<double, kNumTerms>& terms, bool overlap, double slowdown) {
   StageTime st;
+  st.terms = terms;
   double sum = 0, max = 0;
   for (int t = 0; t < kNumTerms; ++t) {
-    st.terms[t] = forms[t].at(x);
-    if (st.terms[t] > st.terms[st.bound]) st.bound = t;
-    sum += st.terms[t];
-    max = std::max(max, st.terms[t]);
+    if (terms[t] > terms[st.bound]) st.bound = t;
+    sum += terms[t];
+    max = std::max(max, terms[t]);
   }
   st.total = overlap ? max + slowdown * (sum - max) : sum;
   return st;
 }
 
-}  // namespace
+std::array<double, kNumTerms> at(const std::array<LinearForm, kNumTerms>& forms, const Fractions& x) {
+  std::array<double, kNumTerms> v{};
+  for (int t = 0; t < kNumTerms; ++t) v[t] = forms[t].at(x);
+  return v;
+}
 
-Prediction predict(const CostForms& F, const Fractions& x) {
-  Prediction r;
+// GPU batches prefilling and decoding in each super-step of a staggered block: batch k prefills
+// in super-step start_step(k) and decodes in the n - 1 after it (policy.h).
+struct SuperStep {
+  int prefilling = 0, decoding = 0;
+};
+std::vector<SuperStep> super_steps(int num_gpu_batches, int per_step, int gen_len) {
+  Policy p;
+  p.num_gpu_batches = num_gpu_batches;
+  p.prefill_batches_per_step = per_step;
+  std::vector<SuperStep> steps(size_t(p.start_steps() + gen_len - 1));
+  for (int k = 0; k < num_gpu_batches; ++k) {
+    const int start = p.start_step(k);
+    ++steps[size_t(start)].prefilling;
+    for (int t = start + 1; t < start + gen_len; ++t) ++steps[size_t(t)].decoding;
+  }
+  return steps;
+}
+
+// The four parts of the terms at x (CostForms: fixed + batches * per batch).
+struct SplitTerms {
+  std::array<double, kNumTerms> prefill_fixed, prefill_batch, decode_fixed, decode_batch;
+};
+
+// One layer of a super-step: the weights are read (and dequantized) once and serve every active
+// batch, prefilling or decoding.
+std::array<double, kNumTerms> super_step_terms(const SplitTerms& s, const SuperStep& b) {
+  std::array<double, kNumTerms> v{};
+  for (int t = 0; t < kNumTerms; ++t) {
+    const double fixed = b.prefilling > 0 && b.decoding > 0 ? std::max(s.prefill_fixed[t], s.decode_fixed[t])
+                         : b.prefilling > 0                 ? s.prefill_fixed[t]
+                                                            : s.decode_fixed[t];
+    v[t] = fixed + b.prefilling * s.prefill_batch[t] + b.decoding * s.decode_batch[t];
+  }
+  return v;
+}
+
+// The block's totals from the per-layer phase times.
+void finish(Prediction& r, const CostForms& F, const Fractions& x, double prefill_per_layer, double decode_per_layer) {
   r.fractions = x;
-  r.prefill = stage_time(F.prefill, x, F.overlap, F.overlap_slowdown);
-  r.decode = stage_time(F.decode, x, F.overlap, F.overlap_slowdown);
-  r.prefill_s = r.prefill.total * F.n_layers;
-  r.decode_s = r.decode.total * (F.gen_len - 1) * F.n_layers;
+  r.prefill_s = prefill_per_layer * F.n_layers;
+  r.decode_s = decode_per_layer * F.n_layers;
   r.total_s = r.prefill_s + r.decode_s;
   r.throughput_tok_s = double(F.block_size) * F.gen_len / r.total_s;
   r.latency_s = r.total_s;
   r.peak = {F.peak[0].at(x), F.peak[1].at(x), F.peak[2].at(x)};
+}
+
+Prediction predict_staggered(const CostForms& F, const Fractions& x) {
+  const SplitTerms split{at(F.prefill_fixed, x), at(F.prefill_batch, x), at(F.decode_fixed, x), at(F.decode_batch, x)};
+  Prediction r;
+  double prefill = 0, decode = 0;  // per layer, summed over the super-steps
+  int most_decoding = 0;
+  const std::vector<SuperStep> steps = super_steps(F.num_gpu_batches, F.prefill_batches_per_step, F.gen_len);
+  for (size_t t = 0; t < steps.size(); ++t) {
+    const StageTime st = stage_of(super_step_terms(split, steps[t]), F.overlap, F.overlap_slowdown);
+    if (t == 0) r.prefill = st;
+    if (steps[t].decoding > most_decoding) most_decoding = steps[t].decoding, r.decode = st;
+    (steps[t].prefilling > 0 ? prefill : decode) += st.total;
+  }
+  finish(r, F, x, prefill, decode);
+  return r;
+}
+
+}  // namespace
+
+Prediction predict(const CostForms& F, const Fractions& x) {
+  if (F.staggered()) return predict_staggered(F, x);
+  Prediction r;
+  r.prefill = stage_of(at(F.prefill, x), F.overlap, F.overlap_slowdown);
+  r.decode = stage_of(at(F.decode, x), F.overlap, F.overlap_slowdown);
+  finish(r, F, x, r.prefill.total, r.decode.total * (F.gen_len - 1));
   return r;
 }
 

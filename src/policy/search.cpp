@@ -273,6 +273,29 @@ std::optional<Candidate> round_to_units(const Policy& shape, const CostForms& F,
   return best;
 }
 
+// The candidate with the prefill_batches_per_step that makes its placement fastest: 0 (FlexGen's
+// schedule) or 1 .. ngb - 1 GPU batches starting per super-step. Ties keep 0, then the larger
+// count (fewer super-steps, fewer weight reads). Memory does not depend on it; the latency bound
+// does. The terms stay those of `F`: only the schedule changes.
+Candidate with_best_stagger(const CostForms& F, Candidate c, const SearchOptions& opts) {
+  const Fractions x = realized_fractions(c.policy, F.n_layers);
+  std::optional<Prediction> best;
+  int best_per_step = 0;
+  auto consider = [&](int per_step) {
+    const Prediction p = predict(with_stagger(F, per_step), x);
+    if (!fits(p, opts.budget, opts.max_latency_s)) return;
+    if (best && !(p.throughput_tok_s > best->throughput_tok_s * (1 + 1e-9))) return;
+    best = p;
+    best_per_step = per_step;
+  };
+  consider(0);
+  for (int per_step = F.num_gpu_batches - 1; per_step >= 1; --per_step) consider(per_step);
+  if (!best) return c;  // none fits the latency bound: leave it to the caller's check
+  c.policy.prefill_batches_per_step = best_per_step;
+  c.prediction = *best;
+  return c;
+}
+
 std::optional<TierBytes> runtime_peak(const ModelConfig& cfg, const Policy& p, const Workload& w, DType dt) {
   return plan_placement(cfg, p, PlanShape{w.prompt_len, w.gen_len}, dt).peak();
 }
@@ -295,10 +318,12 @@ double overflow(const Candidate& c, const TierBytes& budget) {
 // until it fits. Returns nothing when no sequence of moves makes it fit.
 std::optional<Candidate> recheck(const ModelConfig& cfg, const CostForms& F, Candidate c, const SearchOptions& opts) {
   const int n = cfg.n_layers;
+  const CostForms staggered = with_stagger(F, c.policy.prefill_batches_per_step);
   c.plan_peak = runtime_peak(cfg, c.policy, opts.workload, F.dtype);
   for (int step = 0; step < 3 * n; ++step) {
     const double over = overflow(c, opts.budget);
-    if (over == 0 && fits(c.prediction, opts.budget, opts.max_latency_s)) return c;
+    // Moves change the placement, and so perhaps the best stagger.
+    if (over == 0 && fits(c.prediction, opts.budget, opts.max_latency_s)) return with_best_stagger(F, c, opts);
     std::optional<Candidate> best_move;
     double best_over = over;
     for (int cls = 0; cls < 3; ++cls) {
@@ -315,7 +340,7 @@ std::optional<Candidate> recheck(const ModelConfig& cfg, const CostForms& F, Can
           if (!s) continue;
           Candidate m = c;
           class_split(cls, m.policy) = *s;
-          m.prediction = predict(F, realized_fractions(m.policy, n));
+          m.prediction = predict(staggered, realized_fractions(m.policy, n));
           m.plan_peak = runtime_peak(cfg, m.policy, opts.workload, F.dtype);
           const double o = overflow(m, opts.budget);
           if (o < best_over || (o == best_over && best_move &&
@@ -449,6 +474,8 @@ std::vector<std::pair<Candidate, CostForms>> collect(const ModelConfig& cfg, con
         // With all the cache on the GPU there is nothing to delegate: the twin without CPU
         // attention is the same policy.
         if (c && shape.cpu_attention && c->policy.kv_cache.gpu == 100) c.reset();
+        // Ranked by the schedule it will run: staggering only adds to the LP's rounded throughput.
+        if (c) c = with_best_stagger(F, std::move(*c), opts);
         if (c) best_found = std::max(best_found, c->prediction.throughput_tok_s);
         if (c) found.push_back({std::move(*c), std::move(F)});
         // Past its peak, throughput falls as the block pushes data to slower tiers (FlexGen stops

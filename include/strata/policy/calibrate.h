@@ -45,13 +45,17 @@ struct CalibrationFit {
   // base profile and with the refined one.
   std::vector<double> error_before, error_after;
   std::vector<double> error_leave_one_out;  // each sample predicted by a fit without it (>= 4 samples)
+  // Runs with staggered prefill, left out of the lane fits (1, 2; their phases mix prefill and
+  // decode) but kept in the overlap fit and the errors. The profile's description names them too.
+  std::vector<std::string> staggered_runs;
 };
 
-// Throws strata::Error with fewer than 2 samples or a sample without measured times.
+// Throws strata::Error with fewer than 2 unstaggered samples or a sample without measured times.
 CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<CalibrationSample>& samples);
 
 // The cost model's seconds on each lane for the sample's block under `hw`: [0] prefill, [1] decode
-// (the per-layer terms times the layers and steps; the disk lane carries reads and writes).
+// (the per-layer terms times the layers and steps; the disk lane carries reads and writes). For a
+// staggered sample these are the unstaggered schedule's: its measured phases mix the two.
 std::array<std::array<double, kNumLanes>, 2> predicted_lane_seconds(const HardwareProfile& hw,
                                                                     const CalibrationSample& s);
 

@@ -68,12 +68,21 @@ struct CostSizes {
 // runtime reserves every buffer before the first step, so prefill and decode share one peak.
 struct CostForms {
   int n_layers = 0, gen_len = 0, block_size = 0;
+  int num_gpu_batches = 1;
+  int prefill_batches_per_step = 0;  // the policy's (policy.h); the terms do not depend on it
   DType dtype = DType::F16;  // the profile's compute dtype: the runtime plan's too
   bool overlap = true;
   double overlap_slowdown = 0;  // the profile's: a stage is max + slowdown * (sum - max) of its terms
   CostSizes sizes;
   std::array<LinearForm, kNumTerms> prefill, decode;
+  // Each term as fixed + num_gpu_batches * per batch: the fixed part is the weights' (their reads
+  // and the dequantization of compressed weights, once per step whatever the batches), the per
+  // batch part the rest. A staggered schedule's super-steps are built from them.
+  std::array<LinearForm, kNumTerms> prefill_fixed, prefill_batch, decode_fixed, decode_batch;
   std::array<LinearForm, 3> peak;  // indexed by Tier (gpu, cpu, disk)
+
+  // Whether predict runs the staggered schedule: some GPU batches start after the first step.
+  bool staggered() const { return prefill_batches_per_step > 0 && prefill_batches_per_step < num_gpu_batches; }
 };
 CostForms cost_forms(const ModelConfig& cfg, const Policy& shape, const Workload& w, const HardwareProfile& hw);
 
@@ -83,6 +92,11 @@ struct StageTime {
   int bound = COMP;  // the largest term
 };
 
+// Staggered (CostForms::staggered) the block runs super-steps (docs/cost-model.md "Staggered
+// prefill"): `prefill` is then the first super-step (its batches prefilling alone), `decode` the
+// first super-step with the most batches decoding (the schedule's steady state, any batches
+// prefilling in it included); prefill_s sums the super-steps in which some batch prefills,
+// decode_s the others.
 struct Prediction {
   Fractions fractions{};        // the placement evaluated
   StageTime prefill, decode;    // T_pre and T_gen: one layer
@@ -96,6 +110,8 @@ struct Prediction {
 
 // `x` is taken as given (continuous fractions: the LP's view).
 Prediction predict(const CostForms& forms, const Fractions& x);
+// The same forms for another prefill_batches_per_step (cheap: the terms do not change).
+CostForms with_stagger(CostForms forms, int prefill_batches_per_step);
 // The runtime's view: the policy's fractions realized at layer granularity.
 Prediction evaluate(const ModelConfig& cfg, const Policy& p, const Workload& w, const HardwareProfile& hw);
 
