@@ -33,7 +33,8 @@ JQ_POLICY='def split(s): "\(s.gpu)/\(s.cpu)/\(s.disk)";
   def comp: if .compress_weights and .compress_kv_cache then ", 4-bit w+kv"
             elif .compress_weights then ", 4-bit w" elif .compress_kv_cache then ", 4-bit kv" else "" end;
   def pol: "\(.gpu_batch_size)×\(.num_gpu_batches), w \(split(.weights)), kv \(split(.kv_cache)), act \(split(.activations))"
-           + (if .cpu_attention then ", cpu-attn" else "" end) + comp + (if .overlap then "" else ", no overlap" end);'
+           + (if .cpu_attention then ", cpu-attn" else "" end) + comp + (if .overlap then "" else ", no overlap" end)
+           + (if (.prefill_batches_per_step // 0) > 0 then ", stagger \(.prefill_batches_per_step)" else "" end);'
 
 echo "| model | prompt | paper policy (gbs×ngb, % gpu/cpu/disk) | paper tok/s | model's tok/s for it | Strata's choice | predicted tok/s | latency s | bound (decode) |"
 echo "|---|---|---|---|---|---|---|---|---|"
