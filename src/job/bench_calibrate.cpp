@@ -14,13 +14,15 @@ namespace strata {
 namespace {
 
 std::string percent(double error) {
+  if (std::isnan(error)) return "n/a";  // a leave-one-out fit that could not be made
   std::ostringstream os;
   os << (error >= 0 ? "+" : "") << std::fixed << std::setprecision(0) << 100 * error << "%";
   return os.str();
 }
 
-// "median / worst" of |errors|.
+// "median / worst" of |errors|, NaN (no figure) left out.
 std::string summary(std::vector<double> errors) {
+  errors.erase(std::remove_if(errors.begin(), errors.end(), [](double e) { return std::isnan(e); }), errors.end());
   if (errors.empty()) return "";
   for (double& e : errors) e = std::fabs(e);
   std::sort(errors.begin(), errors.end());
@@ -117,7 +119,8 @@ CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<Ca
      << f.overlap_slowdown << ".\n\n"
      << "## Per term, before calibration\n\n"
      << "Each lane's busy seconds against the cost model's term for it (the base profile), and each\n"
-     << "phase's wall time against the predicted stage total (max of the terms with overlap).\n\n"
+     << "phase's wall time against the predicted stage total (max of the terms with overlap). A\n"
+     << "staggered case's phases are its super-steps in which some GPU batch prefills, and the others.\n\n"
      << "| case | phase | compute | cpu->gpu | gpu->cpu | disk | wall |\n|---|---|---|---|---|---|---|\n";
   auto pair = [](double predicted, double measured) {
     std::ostringstream os;

@@ -18,19 +18,13 @@ struct PhaseLanes {
 };
 
 PhaseLanes predicted_lanes(const HardwareProfile& hw, const CalibrationSample& s) {
-  const CostForms F = cost_forms(s.config, s.policy, s.workload, hw);
-  const Fractions x = realized_fractions(s.policy, s.config.n_layers);
-  const double l = s.config.n_layers, steps = double(s.workload.gen_len - 1) * l;
-  PhaseLanes out;
-  auto fill = [&](const std::array<LinearForm, kNumTerms>& forms, double times, std::array<double, kNumLanes>& lanes) {
-    lanes[kLaneCompute] = forms[COMP].at(x) * times;
-    lanes[kLaneH2d] = forms[CTOG].at(x) * times;
-    lanes[kLaneD2h] = forms[GTOC].at(x) * times;
-    lanes[kLaneDisk] = (forms[DTOC].at(x) + forms[CTOD].at(x)) * times;
+  const PhaseTerms terms = phase_terms(cost_forms(s.config, s.policy, s.workload, hw),
+                                       realized_fractions(s.policy, s.config.n_layers));
+  const double l = s.config.n_layers;
+  auto lanes = [l](const std::array<double, kNumTerms>& t) {
+    return std::array<double, kNumLanes>{t[COMP] * l, t[CTOG] * l, t[GTOC] * l, (t[DTOC] + t[CTOD]) * l};
   };
-  fill(F.prefill, l, out.prefill);
-  fill(F.decode, steps, out.decode);
-  return out;
+  return {lanes(terms.prefill), lanes(terms.decode)};
 }
 
 // The compute term split into what each compute constant scales: GEMMs and dequantization, attention,
@@ -103,12 +97,6 @@ std::vector<double> relative_least_squares(const std::vector<std::vector<double>
 
 constexpr double kMinSeconds = 1e-6;  // lanes busier than this count as observations
 
-// A staggered run (policy.h, prefill_batches_per_step) measures super-steps that mix prefill and
-// decode, so its per-phase lane times do not match the per-phase terms: the lane fits (1 and 2)
-// leave it out. Its block time is what the staggered prediction models, so the overlap fit (3)
-// and the errors keep it.
-bool phases_separate(const CalibrationSample& s) { return s.policy.start_steps() == 1; }
-
 CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSample>& samples) {
   const HardwareProfile raw = without_calibration(base);
   CalibrationFit f;
@@ -117,7 +105,6 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   std::vector<std::vector<double>> rows;
   std::vector<double> measured;
   for (const CalibrationSample& s : samples) {
-    if (!phases_separate(s)) continue;
     const auto parts = compute_parts(raw, s);
     for (int phase = 0; phase < 2; ++phase) {
       const double m = (phase == 0 ? s.prefill_busy : s.decode_busy)[kLaneCompute];
@@ -156,7 +143,7 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   for (int lane = kLaneH2d; lane < kNumLanes; ++lane) {
     double num = 0, den = 0;
     for (size_t i = 0; i < samples.size(); ++i)
-      for (int phase = 0; phase < 2 && phases_separate(samples[i]); ++phase) {
+      for (int phase = 0; phase < 2; ++phase) {
         const double p = (phase == 0 ? lanes[i].prefill : lanes[i].decode)[size_t(lane)];
         const double m = (phase == 0 ? samples[i].prefill_busy : samples[i].decode_busy)[size_t(lane)];
         if (p < kMinSeconds || m < kMinSeconds) continue;
@@ -210,15 +197,7 @@ CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<
   for (const CalibrationSample& s : samples)
     if (!(s.prefill_s > 0) || !(s.decode_s >= 0) || s.workload.gen_len < 1)
       STRATA_FAIL("calibration: run " << s.name << " has no measured prefill time");
-  std::vector<std::string> staggered;
-  for (const CalibrationSample& s : samples)
-    if (!phases_separate(s)) staggered.push_back(s.name);
-  if (samples.size() - staggered.size() < 2)
-    STRATA_FAIL("calibration needs at least two unstaggered runs (prefill_batches_per_step 0): a staggered run's "
-                "phases mix prefill and decode, so its lanes cannot be fitted; got "
-                << samples.size() - staggered.size() << " of " << samples.size());
   CalibrationFit f = fit(base, samples);
-  f.staggered_runs = staggered;
   for (const CalibrationSample& s : samples) {
     f.error_before.push_back(throughput_error(base, s));
     f.error_after.push_back(throughput_error(f.profile, s));
@@ -228,7 +207,14 @@ CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<
       std::vector<CalibrationSample> rest;
       for (size_t j = 0; j < samples.size(); ++j)
         if (j != i) rest.push_back(samples[j]);
-      f.error_leave_one_out.push_back(throughput_error(fit(base, rest).profile, samples[i]));
+      // A fit can fail without the sample (the only run that kept a lane busy, or a degenerate
+      // rest): no out-of-sample figure for it then, rather than no calibration at all.
+      double error = std::nan("");
+      try {
+        error = throughput_error(fit(base, rest).profile, samples[i]);
+      } catch (const Error&) {
+      }
+      f.error_leave_one_out.push_back(error);
     }
   std::ostringstream d;
   d << base.description << (base.description.empty() ? "" : "; ") << "calibrated by strata bench --calibrate over "
@@ -236,11 +222,6 @@ CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<
     << "), overhead " << f.overhead_s << " s per layer-unit, links x" << f.link_factor[kLaneH2d] << " / x"
     << f.link_factor[kLaneD2h] << " / disk x" << f.link_factor[kLaneDisk] << ", overlap slowdown "
     << f.overlap_slowdown;
-  if (!staggered.empty()) {
-    d << "; lanes not fitted to the staggered runs";
-    for (const std::string& name : staggered) d << " " << name;
-    d << " (their phases mix prefill and decode)";
-  }
   f.profile.description = d.str();
   return f;
 }

@@ -323,6 +323,10 @@ std::array<double, kNumTerms> super_step_terms(const SplitTerms& s, const SuperS
   return v;
 }
 
+SplitTerms split_at(const CostForms& F, const Fractions& x) {
+  return {at(F.prefill_fixed, x), at(F.prefill_batch, x), at(F.decode_fixed, x), at(F.decode_batch, x)};
+}
+
 // The block's totals from the per-layer phase times.
 void finish(Prediction& r, const CostForms& F, const Fractions& x, double prefill_per_layer, double decode_per_layer) {
   r.fractions = x;
@@ -335,7 +339,7 @@ void finish(Prediction& r, const CostForms& F, const Fractions& x, double prefil
 }
 
 Prediction predict_staggered(const CostForms& F, const Fractions& x) {
-  const SplitTerms split{at(F.prefill_fixed, x), at(F.prefill_batch, x), at(F.decode_fixed, x), at(F.decode_batch, x)};
+  const SplitTerms split = split_at(F, x);
   Prediction r;
   double prefill = 0, decode = 0;  // per layer, summed over the super-steps
   int most_decoding = 0;
@@ -351,6 +355,23 @@ Prediction predict_staggered(const CostForms& F, const Fractions& x) {
 }
 
 }  // namespace
+
+PhaseTerms phase_terms(const CostForms& F, const Fractions& x) {
+  PhaseTerms out;
+  if (!F.staggered()) {
+    out.prefill = at(F.prefill, x);
+    out.decode = at(F.decode, x);
+    for (double& t : out.decode) t *= F.gen_len - 1;
+    return out;
+  }
+  const SplitTerms split = split_at(F, x);
+  for (const SuperStep& step : super_steps(F.num_gpu_batches, F.prefill_batches_per_step, F.gen_len)) {
+    const std::array<double, kNumTerms> terms = super_step_terms(split, step);
+    std::array<double, kNumTerms>& sum = step.prefilling > 0 ? out.prefill : out.decode;
+    for (int t = 0; t < kNumTerms; ++t) sum[t] += terms[t];
+  }
+  return out;
+}
 
 Prediction predict(const CostForms& F, const Fractions& x) {
   if (F.staggered()) return predict_staggered(F, x);

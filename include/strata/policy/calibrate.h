@@ -44,18 +44,17 @@ struct CalibrationFit {
   // Relative error of predicted total throughput per sample (predicted / measured - 1), with the
   // base profile and with the refined one.
   std::vector<double> error_before, error_after;
-  std::vector<double> error_leave_one_out;  // each sample predicted by a fit without it (>= 4 samples)
-  // Runs with staggered prefill, left out of the lane fits (1, 2; their phases mix prefill and
-  // decode) but kept in the overlap fit and the errors. The profile's description names them too.
-  std::vector<std::string> staggered_runs;
+  // Each sample predicted by a fit without it (>= 4 samples); NaN where that fit fails.
+  std::vector<double> error_leave_one_out;
 };
 
-// Throws strata::Error with fewer than 2 unstaggered samples or a sample without measured times.
+// Throws strata::Error with fewer than 2 samples or a sample without measured times. A staggered
+// sample (prefill_batches_per_step) is fitted through its super-steps: its phases are the steps in
+// which some GPU batch prefills and the others, as the engine reports them (cost_model.h, phase_terms).
 CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<CalibrationSample>& samples);
 
 // The cost model's seconds on each lane for the sample's block under `hw`: [0] prefill, [1] decode
-// (the per-layer terms times the layers and steps; the disk lane carries reads and writes). For a
-// staggered sample these are the unstaggered schedule's: its measured phases mix the two.
+// (phase_terms times the layers; the disk lane carries reads and writes).
 std::array<std::array<double, kNumLanes>, 2> predicted_lane_seconds(const HardwareProfile& hw,
                                                                     const CalibrationSample& s);
 

@@ -112,6 +112,14 @@ struct Prediction {
 Prediction predict(const CostForms& forms, const Fractions& x);
 // The same forms for another prefill_batches_per_step (cheap: the terms do not change).
 CostForms with_stagger(CostForms forms, int prefill_batches_per_step);
+// Each term summed over a block's steps, per layer, split as the engine's report splits its lane
+// busy times: the steps in which some GPU batch prefills, and the others. Unstaggered: the prefill
+// terms, and the decode terms times gen_len - 1; staggered: the super-steps' sums (calibration
+// compares them with the measured lanes).
+struct PhaseTerms {
+  std::array<double, kNumTerms> prefill{}, decode{};
+};
+PhaseTerms phase_terms(const CostForms& forms, const Fractions& x);
 // The runtime's view: the policy's fractions realized at layer granularity.
 Prediction evaluate(const ModelConfig& cfg, const Policy& p, const Workload& w, const HardwareProfile& hw);
 
