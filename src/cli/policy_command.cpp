@@ -133,21 +133,28 @@ void print_prediction(std::ostream& os, const Candidate& c, const TierBytes& bud
   os << "\n";
 }
 
+// The tables' "stag" column: GPU batches starting per super-step, "-" for FlexGen's schedule.
+std::string stagger_str(const Policy& p) {
+  return p.start_steps() > 1 ? std::to_string(p.prefill_batches_per_step) : "-";
+}
+
 void print_table(std::ostream& os, const std::vector<Candidate>& cands) {
   char line[256];
-  std::snprintf(line, sizeof line, "  %-2s %5s %4s %6s  %-10s %-10s %-10s %-4s %-5s %9s %10s %10s %10s %10s\n", "#",
-                "gbs", "ngb", "block", "weights", "kv_cache", "activ.", "cpuA", "4bit", "tok/s", "latency_s",
-                "gpu", "cpu", "disk");
+  std::snprintf(line, sizeof line, "  %-2s %5s %4s %6s  %-10s %-10s %-10s %-4s %-5s %4s %9s %10s %10s %10s %10s\n",
+                "#", "gbs", "ngb", "block", "weights", "kv_cache", "activ.", "cpuA", "4bit", "stag", "tok/s",
+                "latency_s", "gpu", "cpu", "disk");
   os << line;
   for (size_t i = 0; i < cands.size(); ++i) {
     const Candidate& c = cands[i];
     const TierBytes need = needed(c.prediction, c.plan_peak);
-    std::snprintf(line, sizeof line, "  %-2zu %5d %4d %6d  %-10s %-10s %-10s %-4s %-5s %9.3f %10.1f %10s %10s %10s\n",
-                  i + 1, c.policy.gpu_batch_size, c.policy.num_gpu_batches, c.policy.block_size(),
+    std::snprintf(line, sizeof line,
+                  "  %-2zu %5d %4d %6d  %-10s %-10s %-10s %-4s %-5s %4s %9.3f %10.1f %10s %10s %10s\n", i + 1,
+                  c.policy.gpu_batch_size, c.policy.num_gpu_batches, c.policy.block_size(),
                   split_str(c.policy.weights).c_str(), split_str(c.policy.kv_cache).c_str(),
                   split_str(c.policy.activations).c_str(), c.policy.cpu_attention ? "yes" : "no",
-                  compression_str(c.policy).c_str(), c.prediction.throughput_tok_s, c.prediction.latency_s,
-                  format_bytes(need.gpu).c_str(), format_bytes(need.cpu).c_str(), format_bytes(need.disk).c_str());
+                  compression_str(c.policy).c_str(), stagger_str(c.policy).c_str(), c.prediction.throughput_tok_s,
+                  c.prediction.latency_s, format_bytes(need.gpu).c_str(), format_bytes(need.cpu).c_str(),
+                  format_bytes(need.disk).c_str());
     os << line;
   }
 }
@@ -229,8 +236,8 @@ void run_pareto(const Args& a, const ModelConfig& cfg, const HardwareProfile& hw
      << format_bytes(opts.budget.cpu) << ", disk " << format_bytes(opts.budget.disk)
      << "\n\nthe best policy within each latency bound (latency: the time of one block):\n";
   char line[256];
-  std::snprintf(line, sizeof line, "  %10s %10s %9s %5s %4s %6s  %-10s %-10s %-10s %-4s %-5s\n", "bound_s", "latency_s",
-                "tok/s", "gbs", "ngb", "block", "weights", "kv_cache", "activ.", "cpuA", "4bit");
+  std::snprintf(line, sizeof line, "  %10s %10s %9s %5s %4s %6s  %-10s %-10s %-10s %-4s %-5s %4s\n", "bound_s",
+                "latency_s", "tok/s", "gbs", "ngb", "block", "weights", "kv_cache", "activ.", "cpuA", "4bit", "stag");
   os << line;
   for (const ParetoPoint& pt : points) {
     if (!pt.best) {
@@ -239,11 +246,12 @@ void run_pareto(const Args& a, const ModelConfig& cfg, const HardwareProfile& hw
       continue;
     }
     const Candidate& c = *pt.best;
-    std::snprintf(line, sizeof line, "  %10.3g %10.3g %9.3f %5d %4d %6d  %-10s %-10s %-10s %-4s %-5s\n",
+    std::snprintf(line, sizeof line, "  %10.3g %10.3g %9.3f %5d %4d %6d  %-10s %-10s %-10s %-4s %-5s %4s\n",
                   pt.max_latency_s, c.prediction.latency_s, c.prediction.throughput_tok_s, c.policy.gpu_batch_size,
                   c.policy.num_gpu_batches, c.policy.block_size(), split_str(c.policy.weights).c_str(),
                   split_str(c.policy.kv_cache).c_str(), split_str(c.policy.activations).c_str(),
-                  c.policy.cpu_attention ? "yes" : "no", compression_str(c.policy).c_str());
+                  c.policy.cpu_attention ? "yes" : "no", compression_str(c.policy).c_str(),
+                  stagger_str(c.policy).c_str());
     os << line;
   }
   os << "\nfrontier: " << frontier.size() << " policies that no other beats in both latency and throughput"
