@@ -248,3 +248,65 @@ TEST_CASE("an OpenAI chat request renders with SmolLM2's template", "[cli]") {
   CHECK_THAT(body["choices"][0]["message"]["content"].get<std::string>(), Catch::Contains("Paris"));
   CHECK(body["usage"]["prompt_tokens"] == 37);  // as the strata-format chat test
 }
+
+TEST_CASE("OpenAI chat requests render with a Llama 2 or Llama 3 template, as apply_chat_template tokenizes", "[cli]") {
+  std::ifstream cases_in(std::string(STRATA_FIXTURES_DIR) + "/chat/chat_cases.json");
+  const json ex = json::parse(cases_in);
+  for (const auto& [model, name] : {std::pair{"tiny-llama", "llama2"}, std::pair{"tiny-llama3", "llama3"}}) {
+    INFO(model << " with the " << name << " template");
+    // The tiny model with a tokenizer_config.json holding the template; add_bos_token is set, so
+    // a doubled BOS would show in the token count.
+    const fs::path dir = temp_dir() / (std::string(model) + "-chat");
+    fs::remove_all(dir);
+    fs::copy(kModels + "/" + model, dir, fs::copy_options::recursive);
+    const json& tpl = ex["templates"][name];
+    std::ofstream(dir / "tokenizer_config.json")
+        << json{{"chat_template", tpl["source"]}, {"bos_token", tpl["bos_token"]}, {"eos_token", tpl["eos_token"]},
+                {"add_bos_token", true}}
+               .dump();
+    const fs::path in = temp_dir() / "oa_tpl.jsonl", out = temp_dir() / "oa_tpl_out.jsonl";
+    std::ofstream requests(in);
+    std::vector<std::pair<std::string, size_t>> expected;  // custom_id, prompt tokens
+    for (const json& c : ex["token_cases"]) {
+      if (c["model"] != model || c["template"] != name) continue;
+      const std::string id = "ok" + std::to_string(expected.size());
+      expected.emplace_back(id, c["ids"].size());
+      requests << json{{"custom_id", id}, {"method", "POST"}, {"url", "/v1/chat/completions"},
+                       {"body", {{"messages", c["messages"]}, {"max_completion_tokens", 2}}}}
+                      .dump()
+               << "\n";
+    }
+    REQUIRE(expected.size() == 3);
+    const json twice_user = {{{"role", "user"}, {"content", "a"}}, {{"role", "user"}, {"content", "b"}}};
+    requests << json{{"custom_id", "twice"}, {"method", "POST"}, {"url", "/v1/chat/completions"},
+                     {"body", {{"messages", twice_user}, {"max_completion_tokens", 2}}}}
+                    .dump()
+             << "\n";
+    requests.close();
+    fs::remove(out);
+    const CliResult r = run_strata("run --model " + dir.string() + " -i " + in.string() + " -o " + out.string() +
+                                   " --device cpu --no-progress");
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    const std::map<std::string, json> got = by_custom_id(read_lines(out));
+    for (const auto& [id, tokens] : expected) {
+      INFO(id);
+      REQUIRE(got.count(id));
+      if (tokens < 128) {
+        CHECK(got.at(id)["response"]["body"]["usage"]["prompt_tokens"] == tokens);
+      } else {  // past the tiny models' context of 128: the error names the count
+        CHECK(got.at(id)["error"]["code"] == "context_length_exceeded");
+        CHECK_THAT(got.at(id)["error"]["message"].get<std::string>(),
+                   Catch::Contains("prompt of " + std::to_string(tokens) + " tokens"));
+      }
+    }
+    REQUIRE(got.count("twice"));
+    if (std::string(name) == "llama2") {  // Llama 2's template raises on roles that do not alternate
+      CHECK(got.at("twice")["error"]["code"] == "invalid_value");
+      CHECK_THAT(got.at("twice")["error"]["message"].get<std::string>(),
+                 Catch::Contains("chat template refuses these messages: Conversation roles must alternate"));
+    } else {
+      CHECK(got.at("twice")["error"].is_null());
+    }
+  }
+}

@@ -361,7 +361,7 @@ TEST_CASE("gguf: ChatML template rendering matches transformers", "[gguf]") {
   const char* llama3 =
       "{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + "
       "message['content'] | trim + '<|eot_id|>' }}{% endfor %}";
-  CHECK_THROWS_WITH(ChatTemplate::parse(llama3), "unsupported chat template (only ChatML is supported)");
+  CHECK_THROWS_WITH(ChatTemplate::parse(llama3), Catch::StartsWith("unsupported chat template"));  // no BOS, no prompt
   CHECK_THROWS_AS(ChatTemplate::parse(""), Error);
 }
 

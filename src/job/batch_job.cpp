@@ -66,11 +66,17 @@ public:
       if (!openai) throw Error(where + ": " + why);
       return ServeError{code, why};
     };
-    const std::optional<std::string> text = render(r);
+    std::optional<std::string> text;
+    try {
+      text = render(r);
+    } catch (const ChatTemplateError& e) {  // the template refuses the conversation
+      return unservable("invalid_value", std::string("the model's chat template refuses these messages: ") + e.what());
+    }
     if (!text) return unservable("unsupported_model", no_chat_);
     const ModelConfig& cfg = model_.config;
     std::vector<int32_t> ids;
-    if (model_.add_bos) ids.push_back(cfg.bos_id);
+    // Rendered messages are tokenized as apply_chat_template does: the template writes any BOS.
+    if (model_.add_bos && r.messages.empty()) ids.push_back(cfg.bos_id);
     const std::vector<int32_t> body = model_.tokenizer->encode(*text);
     ids.insert(ids.end(), body.begin(), body.end());
     if (ids.empty()) return unservable("invalid_value", "the prompt has no tokens");
@@ -86,13 +92,18 @@ public:
   }
 
   // An upper bound of the prompt's tokens without tokenizing: byte-level BPE makes at most one
-  // token a byte, SentencePiece at most one a character plus its leading space; and the BOS.
-  // nullopt when the prompt cannot be rendered (chat messages without a usable template).
+  // token a byte, SentencePiece at most one a character plus its leading space; and the BOS
+  // (a prompt's: rendered messages carry their own). nullopt when the messages cannot be rendered
+  // (no usable template, or one that refuses them).
   std::optional<int64_t> token_bound(const PromptRecord& r) const {
     if (r.messages.empty()) return int64_t(r.prompt.size()) + 1 + (model_.add_bos ? 1 : 0);
-    const std::optional<std::string> text = render(r);
-    if (!text) return std::nullopt;
-    return int64_t(text->size()) + 1 + (model_.add_bos ? 1 : 0);
+    try {
+      const std::optional<std::string> text = render(r);
+      if (!text) return std::nullopt;
+      return int64_t(text->size()) + 1;
+    } catch (const ChatTemplateError&) {
+      return std::nullopt;
+    }
   }
 
 private:
@@ -103,7 +114,7 @@ private:
     std::call_once(chat_once_, [this] {
       if (model_.chat_template.empty()) return;
       try {
-        chat_ = ChatTemplate::parse(model_.chat_template);
+        chat_ = ChatTemplate::parse(model_.chat_template, model_.chat_tokens);
       } catch (const Error& e) {
         no_chat_ = std::string("'messages' given, but the model's chat template cannot be used: ") + e.what();
       }

@@ -1,9 +1,11 @@
-// ChatML recognition and rendering. The template is normalized (whitespace and Jinja trim markers
-// dropped, message.role spelled message['role'], one quote style) and checked for the ChatML loop
-// body and generation prompt; anything else is refused rather than rendered wrongly.
+// Chat template recognition. A template is normalized and checked for the fragments that make a
+// family's output; anything else is refused rather than rendered wrongly (chat_render.cpp renders).
+// ChatML keeps its older, looser normalization (all whitespace dropped, literals included); the
+// other families compare literals exactly, since a space inside '[INST] ' is part of the prompt.
 #include "strata/model/chat_template.h"
 
-#include "strata/core/error.h"
+#include <ctime>
+#include <regex>
 
 namespace strata {
 
@@ -13,21 +15,58 @@ void replace_all(std::string& s, std::string_view from, std::string_view to) {
   for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + to.size())) s.replace(p, from.size(), to);
 }
 
-// Real newlines become the two-character escape so both spellings compare equal; then all
-// whitespace goes (it only matters inside literals, where we compare fixed ChatML strings).
-std::string normalize(std::string_view src) {
-  std::string s;
-  for (char c : src) {
-    if (c == '\n') s += "\\n";
-    else if (c == '"') s += '\'';
-    else if (c != ' ' && c != '\t' && c != '\r') s += c;
-  }
+// Spellings that mean the same in Jinja, made one.
+void unify_spellings(std::string& s) {
   replace_all(s, "{{-", "{{");
   replace_all(s, "-}}", "}}");
   replace_all(s, "{%-", "{%");
   replace_all(s, "-%}", "%}");
   replace_all(s, "message.role", "message['role']");
   replace_all(s, "message.content", "message['content']");
+  replace_all(s, ".strip()", "|trim");
+}
+
+// ChatML's normalization: real newlines become the two-character escape so both spellings
+// compare equal; then all whitespace goes, and one quote style.
+std::string normalize_loose(std::string_view src) {
+  std::string s;
+  for (char c : src) {
+    if (c == '\n')
+      s += "\\n";
+    else if (c == '"')
+      s += '\'';
+    else if (c != ' ' && c != '\t' && c != '\r')
+      s += c;
+  }
+  unify_spellings(s);
+  return s;
+}
+
+// The other families': whitespace and {# comments #} dropped outside string literals, literals
+// kept to the byte (a real newline in one spelled \n), both quote styles written as '.
+std::string normalize_exact(std::string_view src) {
+  std::string s;
+  for (size_t i = 0; i < src.size(); ++i) {
+    const char c = src[i];
+    if (c == '{' && i + 1 < src.size() && src[i + 1] == '#') {
+      const size_t end = src.find("#}", i + 2);
+      if (end == std::string_view::npos) break;
+      i = end + 1;
+    } else if (c == '\'' || c == '"') {
+      s += '\'';
+      for (++i; i < src.size() && src[i] != c; ++i) {
+        if (src[i] == '\\' && i + 1 < src.size()) s += src[i++];
+        if (src[i] == '\n')
+          s += "\\n";
+        else
+          s += src[i];
+      }
+      s += '\'';
+    } else if (c != ' ' && c != '\t' && c != '\r' && c != '\n') {
+      s += c;
+    }
+  }
+  unify_spellings(s);
   return s;
 }
 
@@ -36,9 +75,12 @@ std::string unescape_jinja(std::string_view s) {
   for (size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '\\' && i + 1 < s.size()) {
       char n = s[++i];
-      if (n == 'n') out += '\n';
-      else if (n == 't') out += '\t';
-      else out += n;  // \\ \' \"
+      if (n == 'n')
+        out += '\n';
+      else if (n == 't')
+        out += '\t';
+      else
+        out += n;  // \\ \' \"
     } else {
       out += s[i];
     }
@@ -54,9 +96,12 @@ std::optional<std::string> find_default_system(std::string_view src) {
     if (p == 0 || (src[p - 1] != '\'' && src[p - 1] != '"')) continue;
     char quote = src[p - 1];
     size_t q = p + head.size();
-    if (src.substr(q, 1) == "\n") q += 1;
-    else if (src.substr(q, 2) == "\\n") q += 2;
-    else continue;
+    if (src.substr(q, 1) == "\n")
+      q += 1;
+    else if (src.substr(q, 2) == "\\n")
+      q += 2;
+    else
+      continue;
     size_t end = src.find("<|im_end|>", q);
     if (end == std::string_view::npos) continue;
     std::string_view body = src.substr(q, end - q);
@@ -66,41 +111,165 @@ std::optional<std::string> find_default_system(std::string_view src) {
   return std::nullopt;
 }
 
+bool is_chatml(const std::string& n) {
+  const bool loop = n.find("{%formessageinmessages%}") != std::string::npos;
+  const bool body =
+      n.find("'<|im_start|>'+message['role']+'\\n'+message['content']+'<|im_end|>'+'\\n'") != std::string::npos ||
+      n.find("'<|im_start|>'+message['role']+'\\n'+message['content']+'<|im_end|>\\n'") != std::string::npos;
+  const size_t g = n.find("{%ifadd_generation_prompt%}");
+  return loop && body && g != std::string::npos && n.find("'<|im_start|>assistant\\n'", g) != std::string::npos;
+}
+
+bool has_all(const std::string& n, std::initializer_list<std::string_view> fragments) {
+  for (std::string_view f : fragments)
+    if (n.find(f) == std::string::npos) return false;
+  return true;
+}
+
+// Each family's fragments, in exact normalization.
+constexpr std::string_view kLlama3Turn =
+    "'<|start_header_id|>'+message['role']+'<|end_header_id|>\\n\\n'+message['content']|trim+'<|eot_id|>'";
+constexpr std::string_view kLlama3Generation =
+    "{%ifadd_generation_prompt%}{{'<|start_header_id|>assistant<|end_header_id|>\\n\\n'}}{%endif%}";
+constexpr std::string_view kAlternate =
+    "{%if(message['role']=='user')!=(loop.index0%2==0)%}{{raise_exception('Conversation roles must alternate "
+    "user/assistant/user/assistant/...')}}{%endif%}";
+
+bool is_llama3(const std::string& n) {
+  return has_all(
+      n, {"{%formessageinloop_messages%}", std::string("{%setcontent=").append(kLlama3Turn).append("%}"),
+          "{%ifloop.index0==0%}{%setcontent=bos_token+content%}{%endif%}{{content}}{%endfor%}", kLlama3Generation});
+}
+
+bool is_llama31(const std::string& n) {
+  return n.rfind("{{bos_token}}", 0) == 0 &&
+         has_all(n,
+                 {"{%ifmessages[0]['role']=='system'%}{%setsystem_message=messages[0]['content']|trim%}"
+                  "{%setmessages=messages[1:]%}{%else%}{%setsystem_message=''%}{%endif%}",
+                  "{{'<|start_header_id|>system<|end_header_id|>\\n\\n'}}",
+                  "{{'Cutting Knowledge Date: December 2023\\n'}}{{'Today Date: '+date_string+'\\n\\n'}}",
+                  "{{system_message}}{{'<|eot_id|>'}}",
+                  std::string("{%formessageinmessages%}{%ifnot(message['role']=='ipython'ormessage['role']=='tool'"
+                              "or'tool_calls'inmessage)%}{{")
+                      .append(kLlama3Turn)
+                      .append("}}"),
+                  "{%elifmessage['role']=='tool'ormessage['role']=='ipython'%}"
+                  "{{'<|start_header_id|>ipython<|end_header_id|>\\n\\n'}}{%ifmessage['content']ismappingor"
+                  "message['content']isiterable%}{{message['content']|tojson}}{%else%}{{message['content']}}{%endif%}"
+                  "{{'<|eot_id|>'}}{%endif%}{%endfor%}",
+                  kLlama3Generation});
+}
+
+bool is_llama2(const std::string& n) {
+  return has_all(n,
+                 {"{%ifmessages[0]['role']=='system'%}{%setloop_messages=messages[1:]%}{%setsystem_message="
+                  "messages[0]['content']%}{%else%}{%setloop_messages=messages%}{%setsystem_message=false%}{%endif%}",
+                  std::string("{%formessageinloop_messages%}").append(kAlternate),
+                  "{%ifloop.index0==0andsystem_message!=false%}{%setcontent='<<SYS>>\\n'+system_message+"
+                  "'\\n<</SYS>>\\n\\n'+message['content']%}{%else%}{%setcontent=message['content']%}{%endif%}",
+                  "{%ifmessage['role']=='user'%}{{bos_token+'[INST] '+content|trim+' [/INST]'}}"
+                  "{%elifmessage['role']=='assistant'%}{{' '+content|trim+' '+eos_token}}{%endif%}{%endfor%}"});
+}
+
+bool is_mistral(const std::string& n) {
+  return n == std::string("{{bos_token}}{%formessageinmessages%}")
+                  .append(kAlternate)
+                  .append(
+                      "{%ifmessage['role']=='user'%}{{'[INST] '+message['content']+' [/INST]'}}"
+                      "{%elifmessage['role']=='assistant'%}{{message['content']+eos_token}}"
+                      "{%else%}{{raise_exception('Only user and assistant roles are supported!')}}{%endif%}"
+                      "{%endfor%}");
+}
+
+// Zephyr writes each turn from an output tag followed by a newline that trim_blocks keeps (it
+// drops only those after block tags), so those newlines are checked in the source itself.
+bool is_zephyr(const std::string& n, std::string_view src) {
+  const bool shape =
+      n == "{%formessageinmessages%}{%ifmessage['role']=='user'%}{{'<|user|>\\n'+message['content']+eos_token}}"
+      "{%elifmessage['role']=='system'%}{{'<|system|>\\n'+message['content']+eos_token}}"
+      "{%elifmessage['role']=='assistant'%}{{'<|assistant|>\\n'+message['content']+eos_token}}{%endif%}"
+      "{%ifloop.lastandadd_generation_prompt%}{{'<|assistant|>'}}{%endif%}{%endfor%}";
+  if (!shape) return false;
+  static const std::regex turn_end(R"(eos_token *\}\}\n)"), generation_end(R"('<\|assistant\|>' *\}\}\n)");
+  const std::string s(src);
+  const auto turns = std::distance(std::sregex_iterator(s.begin(), s.end(), turn_end), std::sregex_iterator());
+  return turns == 3 && std::regex_search(s, generation_end);
+}
+
+// The first literal assigned to date_string: Llama 3.1's default.
+std::string date_default(const std::string& n) {
+  const std::string_view head = "{%setdate_string='";
+  const size_t p = n.find(head);
+  if (p == std::string::npos) return {};
+  const size_t q = p + head.size(), end = n.find('\'', q);
+  return end == std::string::npos ? std::string() : n.substr(q, end - q);
+}
+
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%d %b %Y", &local);  // the C locale's English month, as Python's
+  return buf;
+}
+
 }  // namespace
+
+const char* chat_format_name(ChatFormat f) {
+  switch (f) {
+    case ChatFormat::ChatML:
+      return "ChatML";
+    case ChatFormat::Llama3:
+      return "Llama 3";
+    case ChatFormat::Llama31:
+      return "Llama 3.1";
+    case ChatFormat::Llama2:
+      return "Llama 2";
+    case ChatFormat::Mistral:
+      return "Mistral Instruct";
+    case ChatFormat::Zephyr:
+      return "Zephyr";
+  }
+  return "?";
+}
 
 ChatTemplate ChatTemplate::chatml() { return ChatTemplate(); }
 
-ChatTemplate ChatTemplate::parse(std::string_view source) {
-  std::string n = normalize(source);
-  bool loop = n.find("{%formessageinmessages%}") != std::string::npos;
-  bool body = n.find("'<|im_start|>'+message['role']+'\\n'+message['content']+'<|im_end|>'+'\\n'") != std::string::npos ||
-              n.find("'<|im_start|>'+message['role']+'\\n'+message['content']+'<|im_end|>\\n'") != std::string::npos;
-  size_t g = n.find("{%ifadd_generation_prompt%}");
-  bool gen = g != std::string::npos && n.find("'<|im_start|>assistant\\n'", g) != std::string::npos;
-  if (!loop || !body || !gen) STRATA_FAIL("unsupported chat template (only ChatML is supported)");
+ChatTemplate ChatTemplate::parse(std::string_view source, ChatTokens tokens) {
   ChatTemplate t;
-  t.default_system_ = find_default_system(source);
-  t.system_in_loop_ = n.find("{%ifloop.firstandmessages[0]['role']!='system'%}") != std::string::npos;
-  return t;
-}
-
-std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
-  std::string out;
-  auto emit = [&out](std::string_view role, std::string_view content) {
-    out += "<|im_start|>";
-    out += role;
-    out += '\n';
-    out += content;
-    out += "<|im_end|>\n";
-  };
-  if (default_system_ && (messages.empty() || messages[0].role != "system")) {
-    // SmolLM2's template emits the default inside the loop (loop.first), so an empty conversation
-    // gets none; Qwen-style templates emit it before the loop regardless.
-    if (!messages.empty() || !system_in_loop_) emit("system", *default_system_);
+  t.tokens_ = std::move(tokens);
+  const std::string loose = normalize_loose(source);
+  if (is_chatml(loose)) {
+    t.default_system_ = find_default_system(source);
+    t.system_in_loop_ = loose.find("{%ifloop.firstandmessages[0]['role']!='system'%}") != std::string::npos;
+    return t;
   }
-  for (const ChatMessage& m : messages) emit(m.role, m.content);
-  if (add_generation_prompt) out += "<|im_start|>assistant\n";
-  return out;
+  const std::string n = normalize_exact(source);
+  if (is_llama3(n))
+    t.format_ = ChatFormat::Llama3;
+  else if (is_llama31(n))
+    t.format_ = ChatFormat::Llama31;
+  else if (is_llama2(n))
+    t.format_ = ChatFormat::Llama2;
+  else if (is_mistral(n))
+    t.format_ = ChatFormat::Mistral;
+  else if (is_zephyr(n, source))
+    t.format_ = ChatFormat::Zephyr;
+  else
+    STRATA_FAIL(
+        "unsupported chat template (understood: ChatML, Llama 3, Llama 3.1/3.2, Llama 2, Mistral Instruct "
+        "v0.1/v0.2, Zephyr)");
+  if (t.format_ == ChatFormat::Llama31) {
+    t.date_is_today_ =
+        n.find("{%ifstrftime_nowisdefined%}{%setdate_string=strftime_now('%d %b %Y')%}") != std::string::npos;
+    t.date_ = date_default(n);
+    if (t.date_is_today_)
+      t.today_ = today();
+    else if (t.date_.empty())
+      STRATA_FAIL("unsupported chat template (Llama 3.1 without a date_string default)");
+  }
+  return t;
 }
 
 }  // namespace strata

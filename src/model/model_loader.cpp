@@ -49,6 +49,26 @@ std::string hf_chat_template(const fs::path& dir) {
   return {};
 }
 
+// tokenizer_config.json's bos_token / eos_token: a string, or an AddedToken object's "content".
+std::string hf_special_token(const fs::path& dir, const char* key) {
+  if (auto tc = read_json_if_present(dir / "tokenizer_config.json")) {
+    const json& v = (*tc)[key];
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+  }
+  return {};
+}
+
+// What a chat template's bos_token / eos_token print: the strings given, else the text of the
+// model's BOS and first EOS token (GGUF files carry only the ids).
+ChatTokens chat_tokens(const ModelBundle& b, std::string bos, std::string eos) {
+  if (b.tokenizer) {
+    if (bos.empty() && b.config.bos_id >= 0) bos = b.tokenizer->token_bytes(b.config.bos_id);
+    if (eos.empty() && !b.config.eos_ids.empty()) eos = b.tokenizer->token_bytes(b.config.eos_ids[0]);
+  }
+  return {std::move(bos), std::move(eos)};
+}
+
 }  // namespace
 
 fs::path default_model_path() {
@@ -86,6 +106,7 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     if (fs::exists(tok / "tokenizer.json") || fs::exists(tok / "vocab.json")) b.tokenizer = Tokenizer::from_dir(tok);
     b.add_bos = b.config.bos_id >= 0 && hf_adds_bos(tok);
     b.chat_template = hf_chat_template(tok);
+    b.chat_tokens = chat_tokens(b, hf_special_token(tok, "bos_token"), hf_special_token(tok, "eos_token"));
     return b;
   }
   if (path.extension() == ".gguf") {
@@ -94,6 +115,7 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     b.tokenizer = tokenizer_dir.empty() ? tokenizer_from_gguf(file) : Tokenizer::from_dir(tokenizer_dir);
     b.add_bos = file.has("tokenizer.ggml.add_bos_token") && file.get_bool("tokenizer.ggml.add_bos_token");
     b.chat_template = file.get_string_opt("tokenizer.chat_template").value_or("");
+    b.chat_tokens = chat_tokens(b, {}, {});
     b.weights = make_gguf_source(path);
     return b;
   }

@@ -1,11 +1,16 @@
 // Chat templates: turns {role, content} messages into the prompt text a chat model was trained on.
-// Only ChatML (<|im_start|>role\ncontent<|im_end|>\n) is understood; the Jinja source is recognized
-// by its shape, not executed, and a default system message written into it is kept.
+// The Jinja source is recognized by its shape, not executed. Understood: ChatML (Qwen, SmolLM),
+// Llama 3, Llama 3.1 / 3.2, Llama 2 chat, Mistral Instruct v0.1 / v0.2 and Zephyr (TinyLlama
+// Chat). Each renders what transformers' apply_chat_template(tokenize=False) returns for that
+// template (tests/fixtures/chat/make_chat_cases.py); any other template is refused rather than
+// rendered wrongly. docs/batch-format.md "Chat templates" lists what each family does.
 #pragma once
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "strata/core/error.h"
 
 namespace strata {
 
@@ -14,22 +19,54 @@ struct ChatMessage {
   std::string content;
 };
 
+enum class ChatFormat { ChatML, Llama3, Llama31, Llama2, Mistral, Zephyr };
+const char* chat_format_name(ChatFormat f);
+
+// The template's bos_token and eos_token: tokenizer_config.json's strings, or the text of the
+// model's BOS / EOS tokens (GGUF). Templates that write them render them as text; the tokenizer
+// then reads them back as the special tokens.
+struct ChatTokens {
+  std::string bos, eos;
+};
+
+// A conversation the template refuses (its raise_exception), e.g. roles that do not alternate.
+class ChatTemplateError : public Error {
+public:
+  using Error::Error;
+};
+
 class ChatTemplate {
 public:
-  // Recognizes a Jinja chat template (e.g. GGUF tokenizer.chat_template or tokenizer_config.json's
-  // chat_template). Throws strata::Error "unsupported chat template (only ChatML is supported)".
-  static ChatTemplate parse(std::string_view source);
+  // Recognizes a Jinja chat template (GGUF tokenizer.chat_template or tokenizer_config.json's
+  // chat_template). Throws strata::Error "unsupported chat template (...)" for any other.
+  static ChatTemplate parse(std::string_view source, ChatTokens tokens = {});
   static ChatTemplate chatml();  // plain ChatML without a default system message
 
   // What transformers' apply_chat_template(messages, tokenize=False, add_generation_prompt=...)
-  // returns for the recognized template.
+  // returns for the recognized template; throws ChatTemplateError where the template raises.
   std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
-  // Inserted as the first message when messages[0] is not a system message.
+
+  ChatFormat format() const { return format_; }
+  // ChatML: inserted as the first message when messages[0] is not a system message.
   const std::optional<std::string>& default_system() const { return default_system_; }
+  // Llama 3.2's "Today Date", from strftime_now("%d %b %Y") at parse time; tests set it.
+  void set_today(std::string date) { today_ = std::move(date); }
 
 private:
+  std::string render_chatml(const std::vector<ChatMessage>& messages, bool gen) const;
+  std::string render_llama3(const std::vector<ChatMessage>& messages, bool gen) const;
+  std::string render_llama31(const std::vector<ChatMessage>& messages, bool gen) const;
+  std::string render_llama2(const std::vector<ChatMessage>& messages) const;
+  std::string render_mistral(const std::vector<ChatMessage>& messages) const;
+  std::string render_zephyr(const std::vector<ChatMessage>& messages, bool gen) const;
+
+  ChatFormat format_ = ChatFormat::ChatML;
+  ChatTokens tokens_;
   std::optional<std::string> default_system_;
-  bool system_in_loop_ = false;  // emitted on the first loop iteration, so not for zero messages
+  bool system_in_loop_ = false;  // ChatML: emitted on the first loop iteration, so not for zero messages
+  std::string date_;             // Llama 3.1: the template's date_string default
+  bool date_is_today_ = false;   // Llama 3.2: strftime_now, so today's date
+  std::string today_;
 };
 
 }  // namespace strata

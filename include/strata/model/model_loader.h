@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "strata/model/chat_template.h"
 #include "strata/model/config.h"
 #include "strata/model/tokenizer.h"
 #include "strata/model/weight_source.h"
@@ -18,6 +19,7 @@ struct ModelBundle {
   std::optional<Tokenizer> tokenizer;  // absent when the model directory has none
   bool add_bos = false;                // prepend config.bos_id to prompts, as the HF tokenizer does
   std::string chat_template;           // empty when the model has none
+  ChatTokens chat_tokens;              // the template's bos_token / eos_token strings
 };
 
 // tokenizer_dir, when given, replaces the model's own tokenizer (or the byte stand-in of dummy models).

@@ -1,0 +1,168 @@
+// Chat template rendering, one function a family, each following its Jinja template step by step
+// (the template's text is in tests/fixtures/chat/make_chat_cases.py), so that the output and the
+// conversations it refuses are transformers' to the byte.
+#include <nlohmann/json.hpp>
+
+#include "strata/model/chat_template.h"
+
+namespace strata {
+
+namespace {
+
+// Python's str.strip() (Jinja's trim): the code points str.isspace() accepts, at both ends.
+bool python_space_at(std::string_view s, size_t i, size_t& len) {
+  const auto b = [&](size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u; };
+  const unsigned c = b(i);
+  len = 1;
+  if (c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f)) return true;
+  if (c == 0xc2 && (b(i + 1) == 0x85 || b(i + 1) == 0xa0)) return len = 2, true;
+  if (c == 0xe1 && b(i + 1) == 0x9a && b(i + 2) == 0x80) return len = 3, true;  // U+1680
+  if (c == 0xe3 && b(i + 1) == 0x80 && b(i + 2) == 0x80) return len = 3, true;  // U+3000
+  if (c == 0xe2) {
+    const unsigned c1 = b(i + 1), c2 = b(i + 2);
+    len = 3;
+    if (c1 == 0x80 && (c2 <= 0x8a || c2 == 0xa8 || c2 == 0xa9 || c2 == 0xaf))
+      return true;                              // U+2000..200A, 2028/9, 202F
+    if (c1 == 0x81 && c2 == 0x9f) return true;  // U+205F
+  }
+  return false;
+}
+
+std::string trim(std::string_view s) {
+  size_t begin = 0, len = 0;
+  while (begin < s.size() && python_space_at(s, begin, len)) begin += len;
+  // From the end: find the last code point that is not a space by walking forward.
+  size_t end = begin;
+  for (size_t i = begin; i < s.size();) {
+    if (python_space_at(s, i, len)) {
+      i += len;
+    } else {
+      size_t next = i + 1;
+      while (next < s.size() && (static_cast<unsigned char>(s[next]) & 0xc0) == 0x80) ++next;
+      end = i = next;
+    }
+  }
+  return std::string(s.substr(begin, end - begin));
+}
+
+[[noreturn]] void raise(const std::string& message) { throw ChatTemplateError(message); }
+
+std::string llama3_turn(const ChatMessage& m) {
+  return "<|start_header_id|>" + m.role + "<|end_header_id|>\n\n" + trim(m.content) + "<|eot_id|>";
+}
+
+constexpr std::string_view kLlama3Generation = "<|start_header_id|>assistant<|end_header_id|>\n\n";
+
+}  // namespace
+
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+  switch (format_) {
+    case ChatFormat::ChatML:
+      return render_chatml(messages, add_generation_prompt);
+    case ChatFormat::Llama3:
+      return render_llama3(messages, add_generation_prompt);
+    case ChatFormat::Llama31:
+      return render_llama31(messages, add_generation_prompt);
+    case ChatFormat::Llama2:
+      return render_llama2(messages);
+    case ChatFormat::Mistral:
+      return render_mistral(messages);
+    case ChatFormat::Zephyr:
+      return render_zephyr(messages, add_generation_prompt);
+  }
+  return {};
+}
+
+std::string ChatTemplate::render_chatml(const std::vector<ChatMessage>& messages, bool gen) const {
+  std::string out;
+  auto emit = [&out](std::string_view role, std::string_view content) {
+    out.append("<|im_start|>").append(role).append("\n").append(content).append("<|im_end|>\n");
+  };
+  if (default_system_ && (messages.empty() || messages[0].role != "system")) {
+    // SmolLM2's template emits the default inside the loop (loop.first), so an empty conversation
+    // gets none; Qwen-style templates emit it before the loop regardless.
+    if (!messages.empty() || !system_in_loop_) emit("system", *default_system_);
+  }
+  for (const ChatMessage& m : messages) emit(m.role, m.content);
+  if (gen) out += "<|im_start|>assistant\n";
+  return out;
+}
+
+// Every role alike, content trimmed, BOS before the first turn only.
+std::string ChatTemplate::render_llama3(const std::vector<ChatMessage>& messages, bool gen) const {
+  std::string out = messages.empty() ? "" : tokens_.bos;
+  for (const ChatMessage& m : messages) out += llama3_turn(m);
+  if (gen) out += kLlama3Generation;
+  return out;
+}
+
+// A system turn always comes first, with the knowledge cutoff and the date; tool results are
+// "ipython" turns holding the content as a JSON string (the template's tojson of a string).
+std::string ChatTemplate::render_llama31(const std::vector<ChatMessage>& messages, bool gen) const {
+  size_t first = 0;
+  std::string system;
+  if (!messages.empty() && messages[0].role == "system") system = trim(messages[0].content), first = 1;
+  std::string out =
+      tokens_.bos + "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n";
+  out += "Today Date: " + (date_is_today_ ? today_ : date_) + "\n\n" + system + "<|eot_id|>";
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role != "tool" && m.role != "ipython") {
+      out += llama3_turn(m);
+    } else {
+      out += "<|start_header_id|>ipython<|end_header_id|>\n\n";
+      out += nlohmann::json(m.content).dump(-1, ' ', /*ensure_ascii=*/false) + "<|eot_id|>";
+    }
+  }
+  if (gen) out += kLlama3Generation;
+  return out;
+}
+
+// [INST] turns each opened by BOS, the system message folded into the first; roles alternate.
+std::string ChatTemplate::render_llama2(const std::vector<ChatMessage>& messages) const {
+  const bool has_system = !messages.empty() && messages[0].role == "system";
+  const size_t first = has_system ? 1 : 0;
+  std::string out;
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if ((m.role == "user") != ((i - first) % 2 == 0))
+      raise("Conversation roles must alternate user/assistant/user/assistant/...");
+    const std::string content =
+        i == first && has_system ? "<<SYS>>\n" + messages[0].content + "\n<</SYS>>\n\n" + m.content : m.content;
+    if (m.role == "user")
+      out += tokens_.bos + "[INST] " + trim(content) + " [/INST]";
+    else if (m.role == "assistant")
+      out += " " + trim(content) + " " + tokens_.eos;
+  }
+  return out;
+}
+
+// Like Llama 2 without system messages (refused) or trimming, and one BOS at the start.
+std::string ChatTemplate::render_mistral(const std::vector<ChatMessage>& messages) const {
+  std::string out = tokens_.bos;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if ((m.role == "user") != (i % 2 == 0))
+      raise("Conversation roles must alternate user/assistant/user/assistant/...");
+    if (m.role == "user")
+      out += "[INST] " + m.content + " [/INST]";
+    else if (m.role == "assistant")
+      out += m.content + tokens_.eos;
+    else
+      raise("Only user and assistant roles are supported!");
+  }
+  return out;
+}
+
+// <|role|> turns closed by EOS and a newline; other roles are skipped, and the generation prompt
+// comes inside the loop, after the last message.
+std::string ChatTemplate::render_zephyr(const std::vector<ChatMessage>& messages, bool gen) const {
+  std::string out;
+  for (const ChatMessage& m : messages)
+    if (m.role == "user" || m.role == "system" || m.role == "assistant")
+      out += "<|" + m.role + "|>\n" + m.content + tokens_.eos + "\n";
+  if (gen && !messages.empty()) out += "<|assistant|>\n";
+  return out;
+}
+
+}  // namespace strata
