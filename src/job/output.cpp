@@ -90,11 +90,11 @@ private:
     return true;
   }
 
-  int depth_ = 0;                      // containers open around the current event
+  int depth_ = 0;                          // containers open around the current event
   std::optional<json>* target_ = nullptr;  // the field whose value comes next (after its key)
   std::optional<json> custom_id_, id_;
-  std::vector<json*> stack_;           // the captured value's open containers
-  std::string key_;                    // the key of the next value inside a captured object
+  std::vector<json*> stack_;               // the captured value's open containers
+  std::string key_;                        // the key of the next value inside a captured object
 };
 
 // Keeps the complete, parseable lines of an earlier partial file and returns their ids; a line cut
