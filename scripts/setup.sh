@@ -7,7 +7,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 packages=(cmake ninja-build g++ pkg-config catch2 libyaml-cpp-dev nlohmann-json3-dev
-          libcli11-dev libpcre2-dev libopenblas-dev libglpk-dev liburing-dev fio
+          libcli11-dev libpcre2-dev libopenblas-dev libglpk-dev liburing-dev libxxhash-dev fio
           clang libclang-rt-dev  # clang + libFuzzer: the fuzz targets in fuzz/ (docs/fuzzing.md)
           python3-venv)  # the Ray example's test installs ray[data] into a venv
 missing=()

@@ -120,7 +120,9 @@ TEST_CASE("a full disk while writing OUT.partial keeps the finished lines and na
 
   // Space freed: the rerun keeps 1 and 2 and writes the rest once.
   OutputWriter w(out);
-  CHECK(w.done_ids() == std::unordered_set<std::string>{"1", "2"});
+  CHECK(w.done_ids().size() == 2);
+  CHECK(w.done_ids().contains("1"));
+  CHECK(w.done_ids().contains("2"));
   w.write({{"id", 3}, {"completion", "three"}});
   w.write({{"id", 4}, {"completion", "four"}});
   w.finish();
@@ -166,7 +168,8 @@ TEST_CASE("a torn last line left by a full disk is dropped on resume and answere
   }
   CHECK(test::read_file(partial) == kLine1 + "\n" + kLine2.substr(0, kLine2.size() - 3));
   OutputWriter w(out);
-  CHECK(w.done_ids() == std::unordered_set<std::string>{"1"});
+  CHECK(w.done_ids().size() == 1);
+  CHECK(w.done_ids().contains("1"));
   CHECK(test::read_file(partial) == kLine1 + "\n");
   w.write({{"id", 2}, {"completion", "two"}});
   w.finish();
@@ -181,7 +184,8 @@ TEST_CASE("resume drops a line of broken JSON or zeros and everything after it",
     const fs::path out = fresh("full5.jsonl");
     test::write_file(out.string() + ".partial", kLine1 + "\n" + bad + kLine2 + "\n");
     OutputWriter w(out);
-    CHECK(w.done_ids() == std::unordered_set<std::string>{"1"});
+    CHECK(w.done_ids().size() == 1);
+    CHECK(w.done_ids().contains("1"));
     CHECK(test::read_file(out.string() + ".partial") == kLine1 + "\n");
   }
 }

@@ -481,7 +481,9 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   if (!opt.errors.empty()) error_writer = std::make_unique<OutputWriter>(opt.errors);
   // Only the finished ids of earlier runs are kept: the output files' done sets.
   auto done = [&](const PromptRecord& r) {
-    return writer.done_ids().count(r.id_key) || (error_writer && error_writer->done_ids().count(r.id_key));
+    if (writer.done_ids().empty() && (!error_writer || error_writer->done_ids().empty())) return false;
+    const IdSet::Hash h = IdSet::hash(r.id_key);
+    return writer.done_ids().contains(h) || (error_writer && error_writer->done_ids().contains(h));
   };
   const int64_t done_before = std::min<int64_t>(
       scan.mine, int64_t(writer.done_ids().size() + (error_writer ? error_writer->done_ids().size() : 0)));

@@ -7,7 +7,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include "strata/core/error.h"
 
@@ -16,11 +19,89 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// SAX events of one output line, keeping only the values of the top-level "custom_id" and "id"
+// (as json, for a dump byte-identical to the DOM's: a nested value is rebuilt, a repeated key's
+// last value wins, as json::parse does). The long "completion" or "text" strings are never stored.
+class IdCapture {
+public:
+  using json = nlohmann::json;
+  bool null() { return value(nullptr); }
+  bool boolean(bool v) { return value(v); }
+  bool number_integer(json::number_integer_t v) { return value(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return value(v); }
+  bool number_float(json::number_float_t v, const json::string_t&) { return value(v); }
+  bool string(json::string_t& v) { return value(v); }
+  bool binary(json::binary_t&) { return true; }  // never in JSON text
+  bool start_object(std::size_t) { return open(json::value_t::object); }
+  bool start_array(std::size_t) { return open(json::value_t::array); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(json::string_t& k) {
+    if (!stack_.empty()) key_ = k;  // inside a captured object
+    else if (depth_ == 1) target_ = k == "custom_id" ? &custom_id_ : k == "id" ? &id_ : nullptr;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const json::exception&) { return false; }
+
+  // After a successful parse: the key, or nullopt when the object has neither field.
+  std::optional<std::string> id_key() const {
+    if (custom_id_) return custom_id_->dump();  // OpenAI batch output
+    if (id_) return id_->dump();
+    return std::nullopt;
+  }
+
+private:
+  // Where a value at the current position goes: into the captured container being built, into a
+  // top-level field's slot, or nowhere.
+  json* place(json&& v) {
+    if (!stack_.empty()) {
+      json& parent = *stack_.back();
+      if (parent.is_array()) {
+        parent.push_back(std::move(v));
+        return &parent.back();  // stable while open: nothing is added to the parent meanwhile
+      }
+      return &(parent[key_] = std::move(v));
+    }
+    if (depth_ == 1 && target_) {
+      std::optional<json>& slot = *std::exchange(target_, nullptr);
+      slot = std::move(v);
+      return &*slot;
+    }
+    return nullptr;
+  }
+  template <class V>
+  bool value(V&& v) {
+    if (depth_ == 0) return false;  // the line is not an object: it does not count
+    if (!stack_.empty() || (depth_ == 1 && target_)) place(json(std::forward<V>(v)));
+    return true;
+  }
+  bool open(json::value_t type) {
+    if (depth_ == 0) {
+      if (type != json::value_t::object) return false;
+    } else if (!stack_.empty() || (depth_ == 1 && target_)) {
+      stack_.push_back(place(json(type)));
+    }
+    ++depth_;
+    return true;
+  }
+  bool close() {
+    --depth_;
+    if (!stack_.empty()) stack_.pop_back();
+    return true;
+  }
+
+  int depth_ = 0;                          // containers open around the current event
+  std::optional<json>* target_ = nullptr;  // the field whose value comes next (after its key)
+  std::optional<json> custom_id_, id_;
+  std::vector<json*> stack_;               // the captured value's open containers
+  std::string key_;                        // the key of the next value inside a captured object
+};
+
 // Keeps the complete, parseable lines of an earlier partial file and returns their ids; a line cut
 // short by a crash or a full disk (no '\n', or JSON that does not parse) is dropped with everything
 // after it: the file is truncated to the end of the last good line, whose size lands in `size`.
-std::unordered_set<std::string> recover_partial(const fs::path& partial, uint64_t& size) {
-  std::unordered_set<std::string> ids;
+IdSet recover_partial(const fs::path& partial, uint64_t& size) {
+  std::vector<IdSet::Hash> ids;
   std::ifstream in(partial, std::ios::binary);
   if (!in) STRATA_FAIL("cannot read " << partial.string() << " to resume from it: " << std::strerror(errno));
   std::string line;
@@ -29,16 +110,10 @@ std::unordered_set<std::string> recover_partial(const fs::path& partial, uint64_
     const bool complete = !in.eof();  // getline hit '\n'
     pos += line.size() + (complete ? 1 : 0);
     if (!complete) break;
-    try {
-      auto j = nlohmann::json::parse(line);
-      if (!j.is_object()) break;
-      if (j.contains("custom_id")) ids.insert(j["custom_id"].dump());  // OpenAI batch output
-      else if (j.contains("id")) ids.insert(j["id"].dump());
-      else break;
-      good_end = pos;
-    } catch (const nlohmann::json::exception&) {
-      break;
-    }
+    const std::optional<std::string> key = output_line_id_key(line);
+    if (!key) break;
+    ids.push_back(IdSet::hash(*key));
+    good_end = pos;
   }
   // A read error must not pass for the end of the file: truncating there would drop good lines.
   if (in.bad()) STRATA_FAIL("cannot read " << partial.string() << " to resume from it");
@@ -47,7 +122,7 @@ std::unordered_set<std::string> recover_partial(const fs::path& partial, uint64_
   fs::resize_file(partial, good_end, ec);
   if (ec) STRATA_FAIL("cannot truncate " << partial.string() << ": " << ec.message());
   size = good_end;
-  return ids;
+  return IdSet(std::move(ids));
 }
 
 class FileSink final : public OutputSink {
@@ -72,6 +147,18 @@ OutputSinkFactory& sink_factory() {
 constexpr size_t kPushBytes = 1 << 20;  // write() hands the buffer over past this many bytes
 
 }  // namespace
+
+std::optional<std::string> output_line_id_key(std::string_view line) {
+  IdCapture capture;
+  try {
+    // The whole line is parsed, not just up to the id: a line torn mid-way (zeros after a crash)
+    // that still ends in '\n' must not count as answered.
+    if (!nlohmann::json::sax_parse(line, &capture)) return std::nullopt;
+    return capture.id_key();
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
 
 std::unique_ptr<OutputSink> open_output_file(const fs::path& partial) { return std::make_unique<FileSink>(partial); }
 

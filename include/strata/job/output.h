@@ -11,10 +11,12 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
-#include <unordered_set>
+#include <string_view>
 #include <vector>
 
+#include "strata/job/id_set.h"
 #include "strata/job/prompts.h"
 
 namespace strata {
@@ -43,9 +45,9 @@ public:
   OutputWriter(const OutputWriter&) = delete;
   OutputWriter& operator=(const OutputWriter&) = delete;
 
-  // ids (as json dumps: "id", or "custom_id" for OpenAI lines) already present in a partial file
-  // from an earlier run, error lines included
-  const std::unordered_set<std::string>& done_ids() const { return done_; }
+  // ids (their keys, PromptRecord::id_key: the dump of "custom_id", else of "id") already present
+  // in a partial file from an earlier run, error lines included
+  const IdSet& done_ids() const { return done_; }
   void write(const nlohmann::json& line);  // buffered; pushed to the file by flush (or past 1 MiB)
   void flush();   // pushes the lines to the disk (write + fsync); errors name the file
   void finish();  // flush, close, rename OUT.partial -> OUT
@@ -62,8 +64,13 @@ private:
   uint64_t written_ = 0;   // the file's size: complete lines only, all handed to the sink
   uint64_t synced_ = 0;    // ... of which fsync has confirmed this many bytes
   bool failed_ = false;    // a write failed: the writer takes no more lines
-  std::unordered_set<std::string> done_;
+  IdSet done_;
 };
+
+// The id key of one line of an output file, as resume reads it: the dump of its top-level
+// "custom_id" (OpenAI lines), else of its "id"; nullopt when the line does not count (not JSON, not
+// an object, neither key). Parses with SAX events, keeping no value but those two.
+std::optional<std::string> output_line_id_key(std::string_view line);
 
 // OpenAI batch output lines (docs/batch-format.md). Ids are derived from the custom_id, so a rerun
 // or another shard writes the same ids for the same requests.
