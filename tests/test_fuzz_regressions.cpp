@@ -9,6 +9,7 @@
 #include "strata/core/error.h"
 #include "strata/job/prompts.h"
 #include "strata/model/config.h"
+#include "strata/model/safetensors.h"
 #include "strata/model/tokenizer.h"
 #include "strata/policy/policy.h"
 #include "strata/profile/hardware.h"
@@ -95,4 +96,18 @@ TEST_CASE("fuzz finding 4: config.json numbers of the wrong type or size are ref
                     Catch::StartsWith("m/config.json: config field num_attention_heads x head_dim is 8388608"));
   CHECK_THROWS_WITH(parse(R"("rope_scaling": {"rope_type": "llama3", "low_freq_factor": 4, "high_freq_factor": 4})"),
                     Catch::Contains("rope_scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor"));
+}
+
+TEST_CASE("fuzz finding 5: a weight_map shard name with a NUL byte or naming a directory is refused",
+          "[safetensors][fuzz]") {
+  // open(2) stops at the NUL, so "a.safetensors\u0000x" mapped a.safetensors under another name.
+  auto index = [](const std::string& shard) {
+    return R"({"metadata": {}, "weight_map": {"w": "a.safetensors", "v": )" + shard + "}}";
+  };
+  REQUIRE(parse_safetensors_index(index(R"("sub/b.safetensors")"), "m/i.json").size() == 2);
+  for (const char* shard : {R"("b.safetensors\u0000x")", R"("sub/")", R"(".")", R"("sub/.")"})
+    CHECK_THROWS_WITH(parse_safetensors_index(index(shard), "m/i.json"),
+                      Catch::StartsWith("m/i.json: weight_map names shard ") && Catch::Contains("not a file name"));
+  CHECK_THROWS_WITH(parse_safetensors_index(index(R"("../b.safetensors")"), "m/i.json"),
+                    Catch::Contains("outside the model directory"));
 }
