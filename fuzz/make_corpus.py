@@ -83,6 +83,36 @@ def tokenizers():
         put("tokenizer_fuzz", name, json.dumps(j, ensure_ascii=False))
 
 
+def configs():
+    for name in ["tiny-opt", "tiny-llama", "tiny-llama3", "tiny-qwen2"]:
+        put("config_fuzz", name + ".json", (ROOT / "tests/fixtures/models" / name / "config.json").read_bytes())
+
+
+def safetensors_indexes():
+    put("safetensors_index_fuzz", "tiny-llama.json",
+        (ROOT / "tests/fixtures/models/tiny-llama/model.safetensors.index.json").read_bytes())
+    put("safetensors_index_fuzz", "two_shards.json", json.dumps(
+        {"metadata": {"total_size": 20}, "weight_map": {"w": "a.safetensors", "v": "shards/b.safetensors"}}))
+
+
+def bpe_files():
+    # GPT-2-style vocab.json and merges.txt, joined at "\n----\n" as bpe_files_fuzz splits them,
+    # from the byte-level fixture tokenizers trimmed like the tokenizer_fuzz seeds.
+    for src, keep in [("tests/fixtures/models/tiny-opt/tokenizer.json", 300),
+                      ("tests/fixtures/models/tiny-llama3/tokenizer.json", 300)]:
+        j = json.loads((ROOT / src).read_text())
+        vocab = {t: i for t, i in j["model"]["vocab"].items() if i < keep}
+        vocab.setdefault("<|endoftext|>", keep)  # GPT-2's one special token lives in vocab.json
+        merges = []
+        for m in j["model"]["merges"]:
+            a, b = m if isinstance(m, list) else m.split(" ")
+            if a in vocab and b in vocab and a + b in vocab:
+                merges.append(a + " " + b)
+        name = src.split("/")[-2] + ".txt"
+        put("bpe_files_fuzz", name, json.dumps(vocab, ensure_ascii=False) + "\n----\n#version: 0.2\n" +
+            "\n".join(merges) + "\n")
+
+
 def gguf():
     for name in ["synth_align.gguf", "synth_meta.gguf", "synth_quants.gguf"]:
         put("gguf_fuzz", name, (ROOT / "tests" / "fixtures" / "gguf" / name).read_bytes())
@@ -94,3 +124,6 @@ if __name__ == "__main__":
     yaml_files()
     safetensors()
     tokenizers()
+    configs()
+    safetensors_indexes()
+    bpe_files()

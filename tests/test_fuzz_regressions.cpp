@@ -8,6 +8,8 @@
 
 #include "strata/core/error.h"
 #include "strata/job/prompts.h"
+#include "strata/model/config.h"
+#include "strata/model/safetensors.h"
 #include "strata/model/tokenizer.h"
 #include "strata/policy/policy.h"
 #include "strata/profile/hardware.h"
@@ -65,4 +67,47 @@ TEST_CASE("fuzz finding 3: a tokenizer.json id far beyond the vocabulary is refu
       tokenizer(R"({"a": 0, "b": 5})", R"([{"id": 900, "content": "<x>", "special": true}])"), "t.json");
   CHECK(ok.vocab_size() == 901);
   CHECK(ok.encode("a<x>b") == std::vector<int32_t>{0, 900, 5});
+}
+
+TEST_CASE("fuzz finding 4: config.json numbers of the wrong type or size are refused, not a crash", "[config][fuzz]") {
+  // eos_token_id ["a"] let nlohmann's type_error escape; head_dim 1e300 was converted to int
+  // (undefined behaviour); 4294967360 was truncated to 64; a huge layer count overflowed
+  // param_count(). Each is now a strata::Error naming the file and the field.
+  const std::string base = R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 80, )"
+                           R"("num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100, )";
+  auto parse = [&](const std::string& rest) { return config_from_hf_json_text(base + rest + "}", "m/config.json"); };
+  REQUIRE(parse(R"("eos_token_id": [1, 2])").eos_ids == std::vector<int>{1, 2});
+  CHECK_THROWS_WITH(parse(R"("eos_token_id": ["a"])"),
+                    Catch::StartsWith("m/config.json: config field 'eos_token_id' is \"a\"; expected an integer"));
+  for (const char* v : {"1e300", "4294967360", "-2147483649", "64.0", "\"64\""})
+    CHECK_THROWS_WITH(parse(std::string(R"("head_dim": )") + v),
+                      Catch::StartsWith("m/config.json: config field 'head_dim' is "));
+  CHECK_THROWS_WITH(parse(R"("rms_norm_eps": 1e300)"),
+                    Catch::StartsWith("m/config.json: config field 'rms_norm_eps' is 1e+300; expected a number"));
+  CHECK_THROWS_WITH(config_from_hf_json_text(R"({"model_type": 7})", "m/config.json"),
+                    Catch::StartsWith("m/config.json: config field 'model_type' has the wrong type"));
+  // Sizes no model has, which made the parameter count overflow int64: refused by validate().
+  CHECK_THROWS_WITH(config_from_hf_json_text(
+                        R"({"model_type": "llama", "hidden_size": 1048576, "intermediate_size": 2147483647, )"
+                        R"("num_hidden_layers": 2147483647, "num_attention_heads": 4, "vocab_size": 100})",
+                        "m/config.json"),
+                    Catch::Contains("config field intermediate_size is 2147483647, above the limit"));
+  CHECK_THROWS_WITH(parse(R"("head_dim": 65536, "num_attention_heads": 128)"),
+                    Catch::StartsWith("m/config.json: config field num_attention_heads x head_dim is 8388608"));
+  CHECK_THROWS_WITH(parse(R"("rope_scaling": {"rope_type": "llama3", "low_freq_factor": 4, "high_freq_factor": 4})"),
+                    Catch::Contains("rope_scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor"));
+}
+
+TEST_CASE("fuzz finding 5: a weight_map shard name with a NUL byte or naming a directory is refused",
+          "[safetensors][fuzz]") {
+  // open(2) stops at the NUL, so "a.safetensors\u0000x" mapped a.safetensors under another name.
+  auto index = [](const std::string& shard) {
+    return R"({"metadata": {}, "weight_map": {"w": "a.safetensors", "v": )" + shard + "}}";
+  };
+  REQUIRE(parse_safetensors_index(index(R"("sub/b.safetensors")"), "m/i.json").size() == 2);
+  for (const char* shard : {R"("b.safetensors\u0000x")", R"("sub/")", R"(".")", R"("sub/.")"})
+    CHECK_THROWS_WITH(parse_safetensors_index(index(shard), "m/i.json"),
+                      Catch::StartsWith("m/i.json: weight_map names shard ") && Catch::Contains("not a file name"));
+  CHECK_THROWS_WITH(parse_safetensors_index(index(R"("../b.safetensors")"), "m/i.json"),
+                    Catch::Contains("outside the model directory"));
 }

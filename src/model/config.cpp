@@ -1,10 +1,13 @@
 // ModelConfig from Hugging Face config.json files and built-in presets.
 #include "strata/model/config.h"
 
+#include <cfloat>
 #include <cmath>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
+#include <type_traits>
 
 #include "strata/core/error.h"
 
@@ -48,16 +51,60 @@ void ModelConfig::validate() const {
     STRATA_FAIL(name << ": num_attention_heads " << n_heads << " is not a multiple of num_key_value_heads "
                      << n_kv_heads);
   if (pos == PosKind::Rope && head_dim % 2 != 0) STRATA_FAIL(name << ": RoPE needs an even head_dim, got " << head_dim);
+  // Bounds far above any real model (LLaMA-3 405B: hidden 16384, 126 layers, vocab 128256), so the
+  // parameter counts cannot overflow int64 and q_dim() an int on a hostile config.json.
+  auto at_most = [&](int64_t v, int64_t limit, const char* field) {
+    if (v > limit) STRATA_FAIL(name << ": config field " << field << " is " << v << ", above the limit of " << limit);
+  };
+  at_most(vocab_size, 1 << 24, "vocab_size");
+  at_most(hidden, 1 << 20, "hidden_size");
+  at_most(intermediate, 1 << 22, "intermediate_size");
+  at_most(n_layers, 1 << 14, "num_hidden_layers");
+  at_most(max_positions, 1 << 26, "max_position_embeddings");
+  at_most(head_dim, 1 << 16, "head_dim");
+  at_most(int64_t(n_heads) * head_dim, 1 << 22, "num_attention_heads x head_dim");
+  if (!(norm_eps >= 0.0f && std::isfinite(norm_eps)))
+    STRATA_FAIL(name << ": norm epsilon " << norm_eps << " is not a finite number >= 0");
+  if (pos == PosKind::Rope && !(rope_theta > 0.0f && std::isfinite(rope_theta)))
+    STRATA_FAIL(name << ": rope_theta " << rope_theta << " is not positive");
+  if (rope_scaling) {
+    const RopeScaling& s = *rope_scaling;  // rope_inv_freq divides by each of these
+    if (!(s.factor > 0.0f) || !(s.low_freq_factor > 0.0f) || !(s.high_freq_factor > s.low_freq_factor) ||
+        s.original_max_positions <= 0)
+      STRATA_FAIL(name << ": rope_scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+                       << "original_max_position_embeddings > 0; got " << s.factor << ", " << s.low_freq_factor << ", "
+                       << s.high_freq_factor << ", " << s.original_max_positions);
+  }
   for (int e : eos_ids)
     if (e < 0 || e >= vocab_size) STRATA_FAIL(name << ": eos_token_id " << e << " outside the vocabulary");
 }
 
 namespace {
 
+// Integer fields land in an int: a value that is not an integer or does not fit is refused, not
+// truncated (4294967360 would become 64) or converted out of range (1e300, undefined behaviour).
+int as_int(const json& v, const char* key) {
+  const bool fits = v.is_number_unsigned()  ? v.get<uint64_t>() <= uint64_t(INT32_MAX)
+                    : v.is_number_integer() ? v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX
+                                            : false;
+  if (!fits)
+    STRATA_FAIL("config field '" << key << "' is " << v.dump() << "; expected an integer that fits in 32 bits");
+  return int(v.get<int64_t>());
+}
+
+// Float fields: a number a float holds (1e300 would be inf), NaN being no JSON number.
+float as_float(const json& v, const char* key) {
+  if (!v.is_number() || !(std::fabs(v.get<double>()) <= double(FLT_MAX)))
+    STRATA_FAIL("config field '" << key << "' is " << v.dump() << "; expected a number within float range");
+  return float(v.get<double>());
+}
+
 template <class T>
 T get_or(const json& j, const char* key, T fallback) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return fallback;
+  if constexpr (std::is_same_v<T, int>) return as_int(*it, key);
+  if constexpr (std::is_same_v<T, float>) return as_float(*it, key);
   try {
     return it->get<T>();
   } catch (const json::exception&) {
@@ -65,29 +112,33 @@ T get_or(const json& j, const char* key, T fallback) {
   }
 }
 
-int require_int(const json& j, const char* key, const std::string& file) {
+int require_int(const json& j, const char* key) {
   auto it = j.find(key);
-  if (it == j.end() || !it->is_number_integer()) STRATA_FAIL(file << ": missing or non-integer field '" << key << "'");
-  return it->get<int>();
+  if (it == j.end() || it->is_null()) STRATA_FAIL("missing field '" << key << "'");
+  return as_int(*it, key);
 }
 
+// An id or a list of ids (eos_token_id is either).
 std::vector<int> id_list(const json& j, const char* key) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return {};
-  if (it->is_number_integer()) return {it->get<int>()};
-  if (it->is_array()) return it->get<std::vector<int>>();
-  STRATA_FAIL("config field '" << key << "' must be an integer or a list of integers");
+  if (!it->is_array()) return {as_int(*it, key)};
+  std::vector<int> ids;
+  for (const json& id : *it) ids.push_back(as_int(id, key));
+  return ids;
 }
 
 void read_opt(const json& j, const std::string& file, ModelConfig& c) {
   c.arch = Arch::OPT;
-  c.hidden = require_int(j, "hidden_size", file);
-  c.intermediate = require_int(j, "ffn_dim", file);
-  c.n_layers = require_int(j, "num_hidden_layers", file);
-  c.n_heads = require_int(j, "num_attention_heads", file);
+  c.hidden = require_int(j, "hidden_size");
+  c.intermediate = require_int(j, "ffn_dim");
+  c.n_layers = require_int(j, "num_hidden_layers");
+  c.n_heads = require_int(j, "num_attention_heads");
   c.n_kv_heads = c.n_heads;
+  if (c.n_heads > 0 && c.hidden % c.n_heads != 0)  // transformers refuses it too
+    STRATA_FAIL(file << ": hidden_size " << c.hidden << " is not a multiple of num_attention_heads " << c.n_heads);
   c.head_dim = c.n_heads > 0 ? c.hidden / c.n_heads : 0;
-  c.max_positions = require_int(j, "max_position_embeddings", file);
+  c.max_positions = require_int(j, "max_position_embeddings");
   c.norm = NormKind::LayerNorm;
   c.norm_eps = 1e-5f;  // torch.nn.LayerNorm's default, which OPT uses
   c.pos = PosKind::Learned;
@@ -114,10 +165,10 @@ void read_opt(const json& j, const std::string& file, ModelConfig& c) {
 
 void read_llama(const json& j, const std::string& file, const std::string& model_type, ModelConfig& c) {
   c.arch = Arch::Llama;
-  c.hidden = require_int(j, "hidden_size", file);
-  c.intermediate = require_int(j, "intermediate_size", file);
-  c.n_layers = require_int(j, "num_hidden_layers", file);
-  c.n_heads = require_int(j, "num_attention_heads", file);
+  c.hidden = require_int(j, "hidden_size");
+  c.intermediate = require_int(j, "intermediate_size");
+  c.n_layers = require_int(j, "num_hidden_layers");
+  c.n_heads = require_int(j, "num_attention_heads");
   c.n_kv_heads = get_or<int>(j, "num_key_value_heads", c.n_heads);
   c.head_dim = get_or<int>(j, "head_dim", c.n_heads > 0 ? c.hidden / c.n_heads : 0);
   c.max_positions = get_or<int>(j, "max_position_embeddings", 2048);
@@ -160,24 +211,30 @@ void read_llama(const json& j, const std::string& file, const std::string& model
 }  // namespace
 
 ModelConfig config_from_hf_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) STRATA_FAIL("cannot open model config " << path.string());
+  std::ostringstream text;
+  text << in.rdbuf();
+  return config_from_hf_json_text(text.str(), path);
+}
+
+ModelConfig config_from_hf_json_text(const std::string& text, const std::filesystem::path& path) {
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     STRATA_FAIL(path.string() << ": invalid JSON: " << e.what());
   }
   if (!j.is_object()) STRATA_FAIL(path.string() << ": expected a JSON object");
   const std::string file = path.string();
-  const std::string model_type = get_or<std::string>(j, "model_type", "");
   ModelConfig c;
   c.name = path.parent_path().filename().string();
   try {
+    const std::string model_type = get_or<std::string>(j, "model_type", "");
     if (model_type == "opt") read_opt(j, file, c);
     else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") read_llama(j, file, model_type, c);
     else STRATA_FAIL(file << ": model_type '" << model_type << "' is not supported (opt, llama, mistral, qwen2)");
-    c.vocab_size = require_int(j, "vocab_size", file);
+    c.vocab_size = require_int(j, "vocab_size");
     std::vector<int> bos = id_list(j, "bos_token_id");
     c.bos_id = bos.empty() ? -1 : bos[0];
     c.eos_ids = id_list(j, "eos_token_id");
@@ -188,7 +245,9 @@ ModelConfig config_from_hf_json(const std::filesystem::path& path) {
     if (msg.rfind(file, 0) == 0) throw;
     STRATA_FAIL(file << ": " << msg);
   }
-  c.validate();
+  ModelConfig named = c;  // validate()'s errors start with the name; the file says more here
+  named.name = file;
+  named.validate();
   return c;
 }
 

@@ -143,20 +143,37 @@ std::vector<SafetensorsEntry> parse_header(const fs::path& path, const uint8_t* 
   return out;
 }
 
-json read_json_file(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) STRATA_FAIL(path.string() << ": cannot open: " << std::strerror(errno));
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    STRATA_FAIL(path.string() << ": not valid JSON: " << e.what());
-  }
-}
-
 }  // namespace
 
 std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* bytes, size_t size, const fs::path& file) {
   return parse_header(file, bytes, size);
+}
+
+std::map<std::string, std::vector<std::string>> parse_safetensors_index(const std::string& text, const fs::path& path) {
+  json index;
+  try {
+    index = json::parse(text);
+  } catch (const json::exception& e) {
+    STRATA_FAIL(path.string() << ": not valid JSON: " << e.what());
+  }
+  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
+    STRATA_FAIL(path.string() << ": no 'weight_map' object");
+  std::map<std::string, std::vector<std::string>> shard_tensors;  // shard -> tensors it should hold
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    if (!file.is_string()) STRATA_FAIL(path.string() << ": weight_map entry for '" << name << "' is not a file name");
+    const std::string f = file.get<std::string>();
+    const fs::path rel(f);
+    bool escapes = rel.is_absolute() || f.empty();
+    for (const auto& part : rel) escapes |= part == "..";
+    if (escapes) STRATA_FAIL(path.string() << ": weight_map names shard '" << f << "' outside the model directory");
+    // open(2) would stop at a NUL and map another file than the one named; a directory is no shard.
+    if (f.find('\0') != std::string::npos || !rel.has_filename() || rel.filename() == ".")
+      STRATA_FAIL(path.string() << ": weight_map names shard " << file.dump() << " for '" << name
+                                << "', which is not a file name");
+    shard_tensors[f].push_back(name);
+  }
+  if (shard_tensors.empty()) STRATA_FAIL(path.string() << ": weight_map is empty");
+  return shard_tensors;
 }
 
 SafetensorsSet::SafetensorsSet(SafetensorsSet&&) noexcept = default;
@@ -189,20 +206,11 @@ SafetensorsSet SafetensorsSet::open(const fs::path& path_in) {
 
   // Sharded: the index's weight_map (tensor -> shard file) is authoritative; each shard is
   // mapped once, and every tensor must be in the shard the index names.
-  const json index = read_json_file(path);
-  if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
-    STRATA_FAIL(path.string() << ": no 'weight_map' object");
-  std::map<std::string, std::vector<std::string>> shard_tensors;  // shard -> tensors it should hold
-  for (const auto& [name, file] : index["weight_map"].items()) {
-    if (!file.is_string()) STRATA_FAIL(path.string() << ": weight_map entry for '" << name << "' is not a file name");
-    const std::string f = file.get<std::string>();
-    const fs::path rel(f);
-    bool escapes = rel.is_absolute() || f.empty();
-    for (const auto& part : rel) escapes |= part == "..";
-    if (escapes) STRATA_FAIL(path.string() << ": weight_map names shard '" << f << "' outside the model directory");
-    shard_tensors[f].push_back(name);
-  }
-  if (shard_tensors.empty()) STRATA_FAIL(path.string() << ": weight_map is empty");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) STRATA_FAIL(path.string() << ": cannot open: " << std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  const std::map<std::string, std::vector<std::string>> shard_tensors = parse_safetensors_index(text.str(), path);
 
   const fs::path dir = path.parent_path();
   for (const auto& [shard, wanted] : shard_tensors) {

@@ -25,15 +25,6 @@ std::string read_file(const fs::path& file) {
   return os.str();
 }
 
-json parse_json(const fs::path& file) {
-  std::string text = read_file(file);
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    STRATA_FAIL("tokenizer file " << file << " is not valid JSON: " << e.what());
-  }
-}
-
 // Ids index tables of (largest id + 1) entries, so one id near 2^30 in a hostile file would ask for
 // gigabytes. Real vocabularies are dense (a few holes at most): allow four slots per token.
 constexpr int64_t kMaxIdsPerToken = 4, kMinIdSlots = 1024;
@@ -227,12 +218,22 @@ Tokenizer Tokenizer::from_tokenizer_json_text(const std::string& text, const std
 }
 
 Tokenizer Tokenizer::from_vocab_merges(const fs::path& vocab_json, const fs::path& merges_txt) {
-  json vocab = parse_json(vocab_json);
+  return from_vocab_merges_text(read_file(vocab_json), read_file(merges_txt), vocab_json.string(), merges_txt.string());
+}
+
+Tokenizer Tokenizer::from_vocab_merges_text(const std::string& vocab_text, const std::string& merges_text,
+                                            const std::string& vocab_source, const std::string& merges_source) {
+  json vocab;
+  try {
+    vocab = json::parse(vocab_text);
+  } catch (const json::exception& e) {
+    STRATA_FAIL("tokenizer file " << vocab_source << " is not valid JSON: " << e.what());
+  }
   auto m = std::make_unique<Impl>();
-  m->source = vocab_json.string();
+  m->source = vocab_source;
   load_vocab(vocab, *m, "the vocab");
-  m->source = merges_txt.string();
-  std::istringstream lines(read_file(merges_txt));
+  m->source = merges_source;
+  std::istringstream lines(merges_text);
   std::string line;
   int rank = 0;
   for (int line_no = 1; std::getline(lines, line); ++line_no) {

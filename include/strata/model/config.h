@@ -59,6 +59,9 @@ struct ModelConfig {
 // Reads a Hugging Face config.json (OPTForCausalLM, LlamaForCausalLM, MistralForCausalLM,
 // Qwen2ForCausalLM). Unsupported variants (e.g. OPT-350m's projection) are refused by name.
 ModelConfig config_from_hf_json(const std::filesystem::path& config_json);
+// The same from the file's text in memory (the fuzz target): `source` names it in errors, and its
+// parent directory names the model.
+ModelConfig config_from_hf_json_text(const std::string& text, const std::filesystem::path& source);
 
 // Built-in shapes for benchmarks with dummy weights: opt-125m ... opt-175b, llama-3-8b, ...
 std::optional<ModelConfig> config_preset(const std::string& name);

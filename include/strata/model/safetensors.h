@@ -28,6 +28,12 @@ struct SafetensorsEntry {
 std::vector<SafetensorsEntry> parse_safetensors_header(const uint8_t* bytes, size_t size,
                                                        const std::filesystem::path& file);
 
+// Reads the text of a model.safetensors.index.json: its weight_map as shard file -> the tensors the
+// index puts in it, each shard a relative path inside the model directory; throws strata::Error
+// naming `file`. open() uses it on the file it reads, then maps the shards.
+std::map<std::string, std::vector<std::string>> parse_safetensors_index(const std::string& text,
+                                                                       const std::filesystem::path& file);
+
 class SafetensorsSet {
 public:
   // `path` is a .safetensors file, a model.safetensors.index.json, or a directory holding either.

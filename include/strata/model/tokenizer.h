@@ -30,6 +30,9 @@ public:
   // The same from the file's text in memory (the fuzz target); `source` names it in errors.
   static Tokenizer from_tokenizer_json_text(const std::string& text, const std::string& source);
   static Tokenizer from_vocab_merges(const std::filesystem::path& vocab_json, const std::filesystem::path& merges_txt);
+  // The same from the two files' text in memory (the fuzz target); the sources name them in errors.
+  static Tokenizer from_vocab_merges_text(const std::string& vocab_json, const std::string& merges_txt,
+                                          const std::string& vocab_source, const std::string& merges_source);
   // From parts already in memory (used by GGUF metadata): tokens in id order, merges "a b".
   // ignore_merges: a pre-tokenized word that is itself in the vocab becomes that one token
   // without merging (Hugging Face's BPE option; true in Meta's LLaMA-3 tokenizer.json).

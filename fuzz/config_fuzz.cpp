@@ -1,0 +1,29 @@
+// libFuzzer entry for a Hugging Face config.json (config_from_hf_json_text, what
+// config_from_hf_json runs on the file's text), then what the program does next with the config:
+// validate it, count its parameters, and build the RoPE frequencies. strata::Error is the expected
+// way to reject input; anything else (crash, sanitizer report such as a signed overflow in the
+// counts, nlohmann::json::exception escaping, gigabytes allocated) is a bug.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/core/error.h"
+#include "strata/model/config.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  try {
+    const strata::ModelConfig c = strata::config_from_hf_json_text(text, "fuzz-model/config.json");
+    c.validate();
+    volatile int64_t sink = c.param_count() + c.layer_param_count();
+    if (c.pos == strata::PosKind::Rope) {
+      const std::vector<float> inv = strata::rope_inv_freq(c);
+      if (inv.size() != size_t(c.head_dim / 2)) __builtin_trap();
+      sink = sink + int64_t(inv.size());
+    }
+    (void)sink;
+  } catch (const strata::Error&) {
+  }
+  return 0;
+}
