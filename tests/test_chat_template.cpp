@@ -5,7 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/model/chat_template.h"
+#include "strata/model/model_loader.h"
 #include "strata/model/tokenizer.h"
+#include "temp_files.h"
 #include "test_paths.h"
 
 using namespace strata;
@@ -60,7 +62,8 @@ TEST_CASE("chat templates are recognized by family", "[chat]") {
   const json ex = chat_cases();
   const std::pair<const char*, ChatFormat> families[] = {
       {"llama3", ChatFormat::Llama3}, {"llama3.1", ChatFormat::Llama31}, {"llama3.2", ChatFormat::Llama31},
-      {"llama2", ChatFormat::Llama2}, {"mistral", ChatFormat::Mistral},  {"zephyr", ChatFormat::Zephyr}};
+      {"llama2", ChatFormat::Llama2}, {"mistral", ChatFormat::Mistral},  {"zephyr", ChatFormat::Zephyr},
+      {"llama3-raw-newlines", ChatFormat::Llama3}, {"zephyr-raw-newlines", ChatFormat::Zephyr}};
   for (const auto& [name, format] : families) {
     INFO(name);
     CHECK(ChatTemplate::parse(ex["templates"][name]["source"].get<std::string>()).format() == format);
@@ -110,4 +113,27 @@ TEST_CASE("a rendered chat tokenizes as apply_chat_template's: the template's BO
     const std::string text = parse_fixture(ex["templates"][name], ex["today"]).render(messages_of(c));
     CHECK(tok.encode(text) == c["ids"].get<std::vector<int32_t>>());
   }
+}
+
+TEST_CASE("a model directory's chat template: chat_template.jinja, else tokenizer_config.json's default", "[chat]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = test::temp_dir("chat") / "config";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // Named templates (transformers' list form): the one named "default" is used.
+  const json named = json::array({{{"name", "tool_use"}, {"template", "T"}}, {{"name", "default"}, {"template", "D"}}});
+  const json added_token = {{"content", "<s>"}, {"lstrip", false}};
+  test::write_file(dir / "tokenizer_config.json",
+                   json{{"chat_template", named}, {"bos_token", added_token}, {"eos_token", "</s>"}}.dump());
+  HfChat chat = hf_chat(dir);
+  CHECK(chat.chat_template == "D");
+  CHECK(chat.tokens.bos == "<s>");
+  CHECK(chat.tokens.eos == "</s>");
+  // transformers 4.50 and later write the template to its own file, which comes first.
+  test::write_file(dir / "chat_template.jinja", "{{ bos_token }}J\n");
+  CHECK(hf_chat(dir).chat_template == "{{ bos_token }}J\n");
+  fs::remove(dir / "tokenizer_config.json");
+  chat = hf_chat(dir);
+  CHECK(chat.chat_template == "{{ bos_token }}J\n");
+  CHECK(chat.tokens.bos.empty());
 }

@@ -161,6 +161,60 @@ TEST_CASE("chat messages need a chat template, with SmolLM2 they render as ChatM
   CHECK_THAT(got["completion"].get<std::string>(), Catch::Contains("Paris"));
 }
 
+TEST_CASE("strata tokenize --messages prints apply_chat_template's ids and text", "[cli][chat]") {
+  std::ifstream cases_in(std::string(STRATA_FIXTURES_DIR) + "/chat/chat_cases.json");
+  const json ex = json::parse(cases_in);
+  const json& tpl = ex["templates"]["llama2"];
+  // A bare tokenizer directory (no config.json) and a model directory, each with the template in
+  // tokenizer_config.json: the first takes bos_token / eos_token from it.
+  const fs::path bare = temp_dir() / "tok-llama2", model = temp_dir() / "model-llama2";
+  for (const fs::path& dir : {bare, model}) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    for (const char* f : {"tokenizer.json", "config.json", "model-00001-of-00004.safetensors",
+                          "model-00002-of-00004.safetensors", "model-00003-of-00004.safetensors",
+                          "model-00004-of-00004.safetensors", "model.safetensors.index.json"})
+      if (dir == model || std::string(f) == "tokenizer.json") fs::copy(kModels + "/tiny-llama/" + f, dir / f);
+    json config = {{"chat_template", tpl["source"]}, {"add_bos_token", true}};
+    if (dir == bare) config.update({{"bos_token", tpl["bos_token"]}, {"eos_token", {{"content", tpl["eos_token"]}}}});
+    std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  }
+  auto quoted = [](const json& j) {  // for the shell: '...' with each ' written '\''
+    std::string q = "'";
+    for (char ch : j.dump()) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+    return q + "'";
+  };
+  int checked = 0;
+  for (const json& c : ex["token_cases"]) {
+    if (c["template"] != "llama2") continue;
+    for (const fs::path& dir : {bare, model}) {
+      INFO(dir << " " << c["messages"].dump());
+      const Result r = run_strata("tokenize --model " + dir.string() + " --messages " + quoted(c["messages"]));
+      CHECK(r.code == 0);
+      CHECK(r.output == c["ids"].dump() + "\n");
+      ++checked;
+    }
+  }
+  CHECK(checked == 6);
+  for (const json& c : ex["cases"]) {
+    if (c["template"] != "llama2" || !c.contains("text") || c["add_generation_prompt"]) continue;
+    const Result r = run_strata("tokenize --model " + model.string() + " --render --no-generation-prompt --messages " +
+                                quoted(c["messages"]));
+    CHECK(r.code == 0);
+    CHECK(r.output == c["text"].get<std::string>());
+  }
+  Result r = run_strata("tokenize --model " + model.string() + " --messages '[{\"role\": \"user\", \"content\": " +
+                        "\"a\"}, {\"role\": \"user\", \"content\": \"b\"}]'");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("Conversation roles must alternate"));
+  r = run_strata("tokenize --model " + model.string() + " --messages '[{\"role\": 1}]'");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("--messages[0]: expected"));
+  r = run_strata("tokenize --model " + kModels + "/tiny-llama --messages '[{\"role\": \"user\", \"content\": \"a\"}]'");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("no chat template"));
+}
+
 TEST_CASE("a model larger than the backend's memory is refused before loading", "[cli]") {
   // opt-175b in fp32 needs about 700 GB: no CI machine has that, so this must fail cleanly.
   const fs::path prompts = temp_dir() / "big.jsonl", out = temp_dir() / "big_out.jsonl";

@@ -3,14 +3,39 @@
 
 #include "commands.h"
 #include "strata/core/error.h"
+#include "strata/model/chat_template.h"
 #include "strata/model/model_loader.h"
 
 namespace strata::cli {
 
+namespace {
+
+// --messages: a JSON array of {"role", "content"} with string values.
+std::vector<ChatMessage> parse_messages(const std::string& text) {
+  nlohmann::json v;
+  try {
+    v = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(std::string("--messages: invalid JSON: ") + e.what());
+  }
+  if (!v.is_array() || v.empty()) throw Error("--messages: expected a non-empty JSON array of {\"role\", \"content\"}");
+  std::vector<ChatMessage> messages;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const nlohmann::json& m = v[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+        !m["content"].is_string())
+      throw Error("--messages[" + std::to_string(i) + "]: expected {\"role\": string, \"content\": string}");
+    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  }
+  return messages;
+}
+
+}  // namespace
+
 void add_tokenize_command(CLI::App& app) {
   struct Args {
-    std::string model, text, decode;
-    bool skip_special = false;
+    std::string model, text, decode, messages;
+    bool skip_special = false, render = false, no_generation_prompt = false;
   };
   auto a = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand("tokenize", "print the token ids of a text, or the text of ids");
@@ -18,18 +43,44 @@ void add_tokenize_command(CLI::App& app) {
       ->required();
   auto* text = cmd->add_option("--text", a->text, "text to encode; prints a JSON array of ids");
   auto* dec = cmd->add_option("--decode", a->decode, "JSON array of ids to decode; prints the text");
+  auto* msgs = cmd->add_option("--messages", a->messages,
+                                "JSON array of chat messages [{\"role\", \"content\"}]: prints the ids of the chat "
+                                "rendered with the model's template, as apply_chat_template(tokenize=True)");
   text->excludes(dec);
+  msgs->excludes(text)->excludes(dec);
   cmd->add_flag("--skip-special", a->skip_special, "with --decode: drop special tokens");
-  cmd->callback([a, text, dec] {
-    if (text->count() == 0 && dec->count() == 0) throw Error("tokenize: give --text or --decode");
+  cmd->add_flag("--render", a->render, "with --messages: print the rendered text instead of ids");
+  cmd->add_flag("--no-generation-prompt", a->no_generation_prompt,
+                "with --messages: leave out the assistant turn's opening (add_generation_prompt=False)");
+  cmd->callback([a, text, dec, msgs] {
+    if (text->count() == 0 && dec->count() == 0 && msgs->count() == 0)
+      throw Error("tokenize: give --text, --decode or --messages");
+    if ((a->render || a->no_generation_prompt) && msgs->count() == 0)
+      throw Error("tokenize: --render and --no-generation-prompt go with --messages");
     std::optional<Tokenizer> tok;
-    if (std::filesystem::is_directory(a->model) && !std::filesystem::exists(std::filesystem::path(a->model) / "config.json"))
-      tok = Tokenizer::from_dir(a->model);  // a bare tokenizer directory
-    else
-      tok = std::move(open_model(a->model).tokenizer);
+    std::string chat_template;
+    ChatTokens chat_tokens;
+    const std::filesystem::path dir(a->model);
+    if (std::filesystem::is_directory(dir) && !std::filesystem::exists(dir / "config.json")) {
+      tok = Tokenizer::from_dir(dir);  // a bare tokenizer directory
+      HfChat chat = hf_chat(dir);
+      chat_template = std::move(chat.chat_template), chat_tokens = std::move(chat.tokens);
+    } else {
+      ModelBundle model = open_model(a->model);
+      tok = std::move(model.tokenizer);
+      chat_template = std::move(model.chat_template), chat_tokens = std::move(model.chat_tokens);
+    }
     if (!tok) throw Error(a->model + ": no tokenizer files (tokenizer.json, or vocab.json + merges.txt)");
     if (text->count()) {
       std::cout << nlohmann::json(tok->encode(a->text)).dump() << "\n";
+      return;
+    }
+    if (msgs->count()) {
+      if (chat_template.empty()) throw Error(a->model + ": no chat template");
+      const std::string rendered =
+          ChatTemplate::parse(chat_template, chat_tokens).render(parse_messages(a->messages), !a->no_generation_prompt);
+      if (a->render) std::cout << rendered;  // as it is: a chat's text often ends in a newline
+      else std::cout << nlohmann::json(tok->encode(rendered)).dump() << "\n";
       return;
     }
     nlohmann::json ids;

@@ -43,22 +43,6 @@ bool hf_adds_bos(const fs::path& dir) {
   return false;
 }
 
-std::string hf_chat_template(const fs::path& dir) {
-  if (auto tc = read_json_if_present(dir / "tokenizer_config.json"))
-    if (tc->contains("chat_template") && (*tc)["chat_template"].is_string()) return (*tc)["chat_template"].get<std::string>();
-  return {};
-}
-
-// tokenizer_config.json's bos_token / eos_token: a string, or an AddedToken object's "content".
-std::string hf_special_token(const fs::path& dir, const char* key) {
-  if (auto tc = read_json_if_present(dir / "tokenizer_config.json")) {
-    const json& v = (*tc)[key];
-    if (v.is_string()) return v.get<std::string>();
-    if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
-  }
-  return {};
-}
-
 // What a chat template's bos_token / eos_token print: the strings given, else the text of the
 // model's BOS and first EOS token (GGUF files carry only the ids).
 ChatTokens chat_tokens(const ModelBundle& b, std::string bos, std::string eos) {
@@ -70,6 +54,30 @@ ChatTokens chat_tokens(const ModelBundle& b, std::string bos, std::string eos) {
 }
 
 }  // namespace
+
+HfChat hf_chat(const fs::path& dir) {
+  HfChat c;
+  // transformers 4.50 and later save the template beside the config, as chat_template.jinja.
+  if (std::ifstream jinja(dir / "chat_template.jinja"); jinja)
+    c.chat_template.assign(std::istreambuf_iterator<char>(jinja), std::istreambuf_iterator<char>());
+  const std::optional<json> tc = read_json_if_present(dir / "tokenizer_config.json");
+  if (!tc || !tc->is_object()) return c;
+  const json& t = tc->contains("chat_template") ? (*tc)["chat_template"] : json();
+  if (c.chat_template.empty() && t.is_string()) c.chat_template = t.get<std::string>();
+  if (c.chat_template.empty() && t.is_array())  // named templates ("default", "tool_use", ...)
+    for (const json& named : t)
+      if (named.is_object() && named.value("name", json()) == "default" && named.value("template", json()).is_string())
+        c.chat_template = named["template"].get<std::string>();
+  // bos_token / eos_token: a string, or an AddedToken object's "content".
+  auto special = [&](const char* key) -> std::string {
+    const json& v = tc->contains(key) ? (*tc)[key] : json();
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+    return {};
+  };
+  c.tokens = {special("bos_token"), special("eos_token")};
+  return c;
+}
 
 fs::path default_model_path() {
   const char* cache = std::getenv("STRATA_CACHE");
@@ -105,8 +113,9 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     const fs::path tok = tokenizer_dir.empty() ? path : tokenizer_dir;
     if (fs::exists(tok / "tokenizer.json") || fs::exists(tok / "vocab.json")) b.tokenizer = Tokenizer::from_dir(tok);
     b.add_bos = b.config.bos_id >= 0 && hf_adds_bos(tok);
-    b.chat_template = hf_chat_template(tok);
-    b.chat_tokens = chat_tokens(b, hf_special_token(tok, "bos_token"), hf_special_token(tok, "eos_token"));
+    HfChat chat = hf_chat(tok);
+    b.chat_template = std::move(chat.chat_template);
+    b.chat_tokens = chat_tokens(b, std::move(chat.tokens.bos), std::move(chat.tokens.eos));
     return b;
   }
   if (path.extension() == ".gguf") {

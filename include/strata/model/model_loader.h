@@ -26,6 +26,14 @@ struct ModelBundle {
 // An empty spec means the default model, SmolLM2-135M-Instruct, at default_model_path().
 ModelBundle open_model(const std::string& spec, const std::filesystem::path& tokenizer_dir = {});
 
+// A tokenizer directory's tokenizer_config.json: its chat_template and the bos_token / eos_token
+// strings (empty where absent). open_model fills missing tokens from the model's BOS / EOS ids.
+struct HfChat {
+  std::string chat_template;
+  ChatTokens tokens;
+};
+HfChat hf_chat(const std::filesystem::path& dir);
+
 // Where scripts/fetch_model.sh puts the default model: $STRATA_CACHE (else ~/.cache/strata)/models/.
 std::filesystem::path default_model_path();
 
