@@ -109,7 +109,8 @@ TEST_CASE("a rendered chat tokenizes as apply_chat_template's: the template's BO
   for (const json& c : ex["token_cases"]) {
     const std::string model = c["model"].get<std::string>(), name = c["template"].get<std::string>();
     INFO(model << " " << name << ": " << c["messages"].dump());
-    const Tokenizer tok = Tokenizer::from_dir(std::string(STRATA_FIXTURES_DIR) + "/models/" + model);
+    const std::string dir = std::string(STRATA_FIXTURES_DIR) + "/" + c["tokenizer"].get<std::string>();
+    const Tokenizer tok = Tokenizer::from_dir(dir);
     const std::string text = parse_fixture(ex["templates"][name], ex["today"]).render(messages_of(c));
     CHECK(tok.encode(text) == c["ids"].get<std::vector<int32_t>>());
   }

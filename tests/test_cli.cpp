@@ -166,17 +166,22 @@ TEST_CASE("strata tokenize --messages prints apply_chat_template's ids and text"
   const json ex = json::parse(cases_in);
   const json& tpl = ex["templates"]["llama2"];
   // A bare tokenizer directory (no config.json) and a model directory, each with the template in
-  // tokenizer_config.json: the first takes bos_token / eos_token from it.
-  const fs::path bare = temp_dir() / "tok-llama2", model = temp_dir() / "model-llama2";
-  for (const fs::path& dir : {bare, model}) {
+  // tokenizer_config.json: the first takes bos_token / eos_token from it. A third, bare, holds
+  // LLaMA-2's SentencePiece-style tokenizer shape.
+  const fs::path bare = temp_dir() / "tok-llama2", model = temp_dir() / "model-llama2",
+                 sentencepiece = temp_dir() / "tok-sp-llama2";
+  for (const fs::path& dir : {bare, model, sentencepiece}) {
     fs::remove_all(dir);
     fs::create_directories(dir);
     for (const char* f : {"tokenizer.json", "config.json", "model-00001-of-00004.safetensors",
                           "model-00002-of-00004.safetensors", "model-00003-of-00004.safetensors",
                           "model-00004-of-00004.safetensors", "model.safetensors.index.json"})
-      if (dir == model || std::string(f) == "tokenizer.json") fs::copy(kModels + "/tiny-llama/" + f, dir / f);
+      if (dir == model || (dir == bare && std::string(f) == "tokenizer.json"))
+        fs::copy(kModels + "/tiny-llama/" + f, dir / f);
+    if (dir == sentencepiece)
+      fs::copy(std::string(STRATA_FIXTURES_DIR) + "/tokenizer/sp-normalizer/tokenizer.json", dir / "tokenizer.json");
     json config = {{"chat_template", tpl["source"]}, {"add_bos_token", true}};
-    if (dir == bare) config.update({{"bos_token", tpl["bos_token"]}, {"eos_token", {{"content", tpl["eos_token"]}}}});
+    if (dir != model) config.update({{"bos_token", tpl["bos_token"]}, {"eos_token", {{"content", tpl["eos_token"]}}}});
     std::ofstream(dir / "tokenizer_config.json") << config.dump();
   }
   auto quoted = [](const json& j) {  // for the shell: '...' with each ' written '\''
@@ -187,7 +192,9 @@ TEST_CASE("strata tokenize --messages prints apply_chat_template's ids and text"
   int checked = 0;
   for (const json& c : ex["token_cases"]) {
     if (c["template"] != "llama2") continue;
-    for (const fs::path& dir : {bare, model}) {
+    const std::vector<fs::path> dirs = c["model"] == "tiny-llama" ? std::vector{bare, model} : std::vector{sentencepiece};
+    if (c["model"] != "tiny-llama" && c["model"] != "sp-normalizer") continue;
+    for (const fs::path& dir : dirs) {
       INFO(dir << " " << c["messages"].dump());
       const Result r = run_strata("tokenize --model " + dir.string() + " --messages " + quoted(c["messages"]));
       CHECK(r.code == 0);
@@ -195,7 +202,7 @@ TEST_CASE("strata tokenize --messages prints apply_chat_template's ids and text"
       ++checked;
     }
   }
-  CHECK(checked == 6);
+  CHECK(checked == 9);
   for (const json& c : ex["cases"]) {
     if (c["template"] != "llama2" || !c.contains("text") || c["add_generation_prompt"]) continue;
     const Result r = run_strata("tokenize --model " + model.string() + " --render --no-generation-prompt --messages " +

@@ -285,10 +285,13 @@ TEST_CASE("tokenizer loading errors name the file and the problem", "[tokenizer]
                Catch::Contains("model.merges[1]") && Catch::Contains("'zz'") && Catch::Contains("not in the vocab"));
   }
   SECTION("unsupported pre-tokenizer") {
-    auto file = dir.write("tokenizer.json",
-                          tiny_tokenizer_json("BPE", "[]", R"({"type": "Metaspace", "replacement": "_"})"));
+    auto file = dir.write("tokenizer.json", tiny_tokenizer_json("BPE", "[]", R"({"type": "Whitespace"})"));
     CHECK_THAT(error_of([&] { Tokenizer::from_tokenizer_json(file); }),
-               Catch::Contains("tokenizer.json") && Catch::Contains("pre_tokenizer.type is 'Metaspace'"));
+               Catch::Contains("tokenizer.json") && Catch::Contains("pre_tokenizer.type is 'Whitespace'"));
+    file = dir.write("tokenizer.json",
+                     tiny_tokenizer_json("BPE", "[]", R"({"type": "Metaspace", "replacement": "_"})"));
+    CHECK_THAT(error_of([&] { Tokenizer::from_tokenizer_json(file); }),
+               Catch::Contains("tokenizer.json") && Catch::Contains("pre_tokenizer.replacement is \"_\""));
   }
   SECTION("unsupported Split behavior") {
     auto file = dir.write("tokenizer.json", tiny_tokenizer_json("BPE", "[]",
@@ -316,4 +319,66 @@ TEST_CASE("tokenizer loading errors name the file and the problem", "[tokenizer]
     CHECK_THAT(error_of([&] { Tokenizer::from_vocab_merges(vocab, merges); }),
                Catch::Contains("merges.txt") && Catch::Contains("line 3") && Catch::Contains("'c'"));
   }
+}
+
+// SentencePiece-style BPE (LLaMA-2, Mistral, TinyLlama): three small tokenizers of the shapes
+// Hugging Face writes, with ids and decodings from Hugging Face tokenizers
+// (tests/fixtures/tokenizer/make_sentencepiece_fixtures.py).
+TEST_CASE("SentencePiece-style tokenizer.json files encode and decode exactly as Hugging Face", "[tokenizer]") {
+  const nlohmann::json all = load_json(kFixtures / "sentencepiece_cases.json");
+  REQUIRE(all.size() == 3);
+  for (const auto& [name, fixture] : all.items()) {
+    INFO(name);
+    const Tokenizer tok = Tokenizer::from_tokenizer_json(kFixtures / fixture["tokenizer"].get<std::string>());
+    check_encode_cases(tok, fixture["cases"]);
+    for (const auto& c : fixture["cases"]) {
+      const std::vector<int32_t> ids = ids_of(c["ids"]);
+      INFO("text: " << c["text"].dump());
+      CHECK(tok.decode(ids) == c["decoded"].get<std::string>());
+      CHECK(tok.decode(ids, true) == c["decoded_skip_special"].get<std::string>());
+    }
+    check_decode_cases(tok, fixture["decode_cases"]);
+  }
+}
+
+TEST_CASE("SentencePiece-style tokenizers: byte tokens, specials and spaces as the decoder writes them",
+          "[tokenizer]") {
+  const Tokenizer tok = Tokenizer::from_tokenizer_json(kFixtures / "sp-normalizer" / "tokenizer.json");
+  // The pieces text is made of (stop strings and logprobs use them): a real space for the
+  // "\u2581", the byte of a <0xXX> token, a special token's own text.
+  const std::optional<int> byte_a = tok.token_id("<0x41>"), s = tok.token_id("<s>");
+  REQUIRE(byte_a);
+  REQUIRE(s);
+  CHECK(tok.token_bytes(*byte_a) == "A");
+  CHECK(tok.token_bytes(*s) == "<s>");
+  CHECK(tok.is_special(*s));
+  for (const char* piece : {"\u2581the", "\u2581"}) {
+    const std::optional<int> id = tok.token_id(piece);
+    if (!id) continue;
+    CHECK(tok.token_bytes(*id).front() == ' ');
+  }
+}
+
+TEST_CASE("SentencePiece-style tokenizer.json shapes Strata cannot match are refused", "[tokenizer]") {
+  TempDir dir;
+  nlohmann::json j = load_json(kFixtures / "sp-normalizer" / "tokenizer.json");
+  auto refused = [&](const nlohmann::json& file) {
+    const fs::path path = dir.write("tokenizer.json", file.dump());
+    return error_of([&] { Tokenizer::from_tokenizer_json(path); });
+  };
+  nlohmann::json no_decoder = j;
+  no_decoder["decoder"] = nullptr;
+  CHECK_THAT(refused(no_decoder), Catch::Contains("needs its decoder"));
+  nlohmann::json normalized_added = j;
+  normalized_added["added_tokens"][1]["normalized"] = true;
+  CHECK_THAT(refused(normalized_added), Catch::Contains("added token '<s>' is normalized"));
+  nlohmann::json other_normalizer = j;
+  other_normalizer["normalizer"] = {{"type", "NFKC"}};
+  CHECK_THAT(refused(other_normalizer), Catch::Contains("normalizer.type is 'NFKC'"));
+  nlohmann::json pre_beside_normalizer = j;
+  pre_beside_normalizer["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}};
+  CHECK_THAT(refused(pre_beside_normalizer), Catch::Contains("beside the Prepend + Replace normalizer"));
+  nlohmann::json byte_level_decoder = j;
+  byte_level_decoder["decoder"] = {{"type", "ByteLevel"}};
+  CHECK_THAT(refused(byte_level_decoder), Catch::Contains("decoder is"));
 }

@@ -1,9 +1,11 @@
-// Byte-level BPE encode/decode (the loaders are in tokenizer_load.cpp). Mirrors Hugging Face
-// tokenizers: added tokens are split out first (leftmost-longest, with lstrip/rstrip/single_word),
-// then each remaining piece goes through the split regexes and BPE by merge rank.
+// BPE encode/decode (the loaders are in tokenizer_load.cpp). Mirrors Hugging Face tokenizers:
+// added tokens are split out first (leftmost-longest, with lstrip/rstrip/single_word), then each
+// remaining piece goes through the split regexes and byte-level BPE by merge rank, or, for
+// SentencePiece-style tokenizers, gets its "\u2581" spaces and BPE over characters with byte fallback.
 #include "strata/model/tokenizer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <mutex>
 #include <queue>
 
@@ -30,6 +32,31 @@ std::string token_to_bytes(const std::string& token) {
     bytes += char(b);
   }
   return bytes;
+}
+
+constexpr std::string_view kMetaspace = "\u2581";  // SentencePiece's visible space
+constexpr size_t kMaxCachedWordBytes = 256;          // longer words (a whole SentencePiece piece) are not cached
+
+std::string replace_spaces(std::string_view text) {
+  std::string out;
+  out.reserve(text.size() + 8);
+  for (char c : text) {
+    if (c == ' ') out += kMetaspace;
+    else out += c;
+  }
+  return out;
+}
+
+// "<0xAB>" -> 0xAB, the byte-fallback tokens; -1 for any other token.
+int fallback_byte(std::string_view token) {
+  if (token.size() != 6 || !token.starts_with("<0x") || token[5] != '>') return -1;
+  int value = 0;
+  for (char c : token.substr(3, 2)) {
+    const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (digit < 0) return -1;
+    value = value * 16 + digit;
+  }
+  return value;
 }
 
 size_t prev_code_point_start(std::string_view s, size_t pos) {
@@ -120,8 +147,10 @@ void TokenizerModel::add_merge(const std::string& left, const std::string& right
 }
 
 void TokenizerModel::finish() {
-  for (int b = 0; b < 256; ++b) {
-    auto it = vocab_ids.find(tok::byte_to_unicode()[b]);
+  for (int b = 0; b < 256; ++b) {  // the byte's token: GPT-2's byte character, or "<0xAB>"
+    char fallback[8];
+    std::snprintf(fallback, sizeof fallback, "<0x%02X>", b);
+    auto it = vocab_ids.find(metaspace ? std::string(fallback) : tok::byte_to_unicode()[b]);
     byte_ids[b] = it == vocab_ids.end() ? -1 : it->second;
   }
   size_t n_ids = vocab.size();
@@ -131,10 +160,27 @@ void TokenizerModel::finish() {
   }
   id_bytes.assign(n_ids, {});
   id_special.assign(n_ids, 0);
-  for (size_t id = 0; id < vocab.size(); ++id) id_bytes[id] = bytes_only ? vocab[id] : token_to_bytes(vocab[id]);
+  // What a token stands for in text: byte-level tokens their bytes; SentencePiece ones their text
+  // with real spaces, and a byte-fallback token its byte (where the decoder has ByteFallback).
+  auto text_of = [this](const std::string& token) {
+    if (bytes_only) return token;
+    if (!metaspace) return token_to_bytes(token);
+    const int byte = metaspace->metaspace_decoder ? -1 : fallback_byte(token);
+    if (byte >= 0) return std::string(1, char(byte));
+    std::string text = token;
+    for (size_t p = text.find(kMetaspace); p != std::string::npos; p = text.find(kMetaspace, p + 1))
+      text.replace(p, kMetaspace.size(), " ");
+    return text;
+  };
+  if (metaspace) id_tokens.assign(n_ids, {});
+  for (size_t id = 0; id < vocab.size(); ++id) {
+    id_bytes[id] = text_of(vocab[id]);
+    if (metaspace) id_tokens[id] = vocab[id];
+  }
   for (size_t i = 0; i < added.size(); ++i) {
     const AddedToken& t = added[i].token;
-    id_bytes[t.id] = token_to_bytes(t.content);  // the added vocabulary wins over the model's
+    id_bytes[t.id] = metaspace ? text_of(t.content) : token_to_bytes(t.content);  // the added vocabulary wins
+    if (metaspace) id_tokens[t.id] = t.content;
     id_special[t.id] = t.special;
     added_ids[t.content] = t.id;
     if (t.content.empty()) continue;  // HF never matches an empty added token
@@ -200,9 +246,31 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
   }
   for (const Piece& p : pieces) {
     if (p.id >= 0) ids.push_back(p.id);
+    else if (m.metaspace) m.encode_metaspace_piece(p.text, p.text.data() == text.data(), ids);
     else m.encode_piece(p.text, ids);
   }
   return ids;
+}
+
+// HF's Prepend + Replace normalizer, or its Metaspace pre-tokenizer, then BPE over characters.
+void TokenizerModel::encode_metaspace_piece(std::string_view text, bool at_start, std::vector<int32_t>& out) const {
+  using Prepend = Metaspace::Prepend;
+  std::string s = replace_spaces(text);
+  const Prepend prepend = metaspace->prepend;
+  if (prepend == Prepend::EveryPiece ||
+      ((prepend == Prepend::Always || (prepend == Prepend::First && at_start)) && !s.starts_with(kMetaspace)))
+    s.insert(0, kMetaspace);
+  if (!metaspace->split) {
+    bpe_chars(s, out);
+    return;
+  }
+  // Split before every "\u2581" (HF's MergedWithNext): "a\u2581b\u2581\u2581c" -> "a", "\u2581b", "\u2581", "\u2581c".
+  size_t begin = 0;
+  for (size_t p = s.find(kMetaspace, 1); p != std::string::npos; p = s.find(kMetaspace, p + 1)) {
+    bpe_chars(std::string_view(s).substr(begin, p - begin), out);
+    begin = p;
+  }
+  bpe_chars(std::string_view(s).substr(begin), out);
 }
 
 void TokenizerModel::encode_piece(std::string_view text, std::vector<int32_t>& out) const {
@@ -230,8 +298,10 @@ void TokenizerModel::encode_piece(std::string_view text, std::vector<int32_t>& o
 }
 
 void TokenizerModel::bpe_word(std::string_view bytes, std::vector<int32_t>& out) const {
-  std::string key(bytes);
-  {
+  const bool cacheable = bytes.size() <= kMaxCachedWordBytes;
+  std::string key;
+  if (cacheable) {
+    key.assign(bytes);
     std::shared_lock lock(cache_mutex);
     if (auto it = cache.find(key); it != cache.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
@@ -243,58 +313,109 @@ void TokenizerModel::bpe_word(std::string_view bytes, std::vector<int32_t>& out)
       it != vocab_ids.end()) {
     result.push_back(it->second);
   } else {
-    // Symbols form a linked list; a min-heap of candidate pairs ordered by (rank, position)
-    // applies the lowest-rank merge first, leftmost on ties, exactly as HF's Word::merge_all.
-    struct Symbol {
-      int id, prev, next;
-      bool alive;
-    };
-    std::vector<Symbol> sym;
-    sym.reserve(bytes.size());
+    result.reserve(bytes.size());
     for (unsigned char b : bytes) {
       int id = byte_ids[b];
       if (id < 0) {
         if (unk_id < 0) continue;  // HF without unk_token silently drops it
-        if (fuse_unk && !sym.empty() && sym.back().id == unk_id) continue;
+        if (fuse_unk && !result.empty() && result.back() == unk_id) continue;
         id = unk_id;
       }
-      int i = int(sym.size());
-      sym.push_back({id, i - 1, -1, true});
-      if (i > 0) sym[i - 1].next = i;
+      result.push_back(id);
     }
-    struct Candidate {
-      int rank, pos, new_id;
-      bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-    };
-    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
-    auto push_pair = [&](int pos) {
-      if (pos < 0 || sym[pos].next < 0) return;
-      auto it = merges.find(pair_key(sym[pos].id, sym[sym[pos].next].id));
-      if (it != merges.end()) heap.push({it->second.rank, pos, it->second.new_id});
-    };
-    for (int i = 0; i + 1 < int(sym.size()); ++i) push_pair(i);
-    while (!heap.empty()) {
-      Candidate c = heap.top();
-      heap.pop();
-      Symbol& left = sym[c.pos];
-      if (!left.alive || left.next < 0) continue;
-      auto it = merges.find(pair_key(left.id, sym[left.next].id));
-      if (it == merges.end() || it->second.new_id != c.new_id) continue;  // stale candidate
-      Symbol& right = sym[left.next];
-      right.alive = false;
-      left.id = c.new_id;
-      left.next = right.next;
-      if (left.next >= 0) sym[left.next].prev = c.pos;
-      push_pair(left.prev);
-      push_pair(c.pos);
-    }
-    for (const Symbol& s : sym) {
-      if (s.alive) result.push_back(s.id);
-    }
+    merge(result);
   }
   out.insert(out.end(), result.begin(), result.end());
+  if (!cacheable) return;
   std::unique_lock lock(cache_mutex);
   if (cache.size() < kMaxCachedWords) cache.emplace(std::move(key), std::move(result));
+}
+
+// HF's BPE::merge_word: each character in the vocab is a symbol; any other becomes its <0xXX>
+// byte tokens (byte_fallback, when all of them exist), else <unk>, consecutive ones fused. HF
+// adds a pending <unk> only when the next character is in the vocab, or at the end.
+void TokenizerModel::bpe_chars(std::string_view word, std::vector<int32_t>& out) const {
+  const bool cacheable = word.size() <= kMaxCachedWordBytes;
+  std::string key;
+  if (cacheable) {
+    key.assign(word);
+    std::shared_lock lock(cache_mutex);
+    if (auto it = cache.find(key); it != cache.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<int32_t> symbols;
+  symbols.reserve(word.size());
+  bool unk_pending = false;
+  for (size_t pos = 0; pos < word.size();) {
+    const size_t begin = pos;
+    tok::next_code_point(word, pos);
+    const std::string_view ch = word.substr(begin, pos - begin);
+    if (auto it = vocab_ids.find(std::string(ch)); it != vocab_ids.end()) {
+      if (unk_pending) symbols.push_back(unk_id), unk_pending = false;
+      symbols.push_back(it->second);
+      continue;
+    }
+    if (byte_fallback && std::all_of(ch.begin(), ch.end(), [&](char b) { return byte_ids[uint8_t(b)] >= 0; })) {
+      for (char b : ch) symbols.push_back(byte_ids[uint8_t(b)]);
+      continue;
+    }
+    if (unk_id < 0) continue;  // HF without unk_token drops the character
+    if (unk_pending && !fuse_unk) symbols.push_back(unk_id);
+    unk_pending = true;
+  }
+  if (unk_pending) symbols.push_back(unk_id);
+  merge(symbols);
+  out.insert(out.end(), symbols.begin(), symbols.end());
+  if (!cacheable) return;
+  std::unique_lock lock(cache_mutex);
+  if (cache.size() < kMaxCachedWords) cache.emplace(std::move(key), std::move(symbols));
+}
+
+void TokenizerModel::merge(std::vector<int32_t>& symbols) const {
+  // Symbols form a linked list; a min-heap of candidate pairs ordered by (rank, position)
+  // applies the lowest-rank merge first, leftmost on ties, exactly as HF's Word::merge_all.
+  struct Symbol {
+    int id, prev, next;
+    bool alive;
+  };
+  std::vector<Symbol> sym;
+  sym.reserve(symbols.size());
+  for (int32_t id : symbols) {
+    const int i = int(sym.size());
+    sym.push_back({id, i - 1, -1, true});
+    if (i > 0) sym[i - 1].next = i;
+  }
+  struct Candidate {
+    int rank, pos, new_id;
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  auto push_pair = [&](int pos) {
+    if (pos < 0 || sym[pos].next < 0) return;
+    auto it = merges.find(pair_key(sym[pos].id, sym[sym[pos].next].id));
+    if (it != merges.end()) heap.push({it->second.rank, pos, it->second.new_id});
+  };
+  for (int i = 0; i + 1 < int(sym.size()); ++i) push_pair(i);
+  while (!heap.empty()) {
+    Candidate c = heap.top();
+    heap.pop();
+    Symbol& left = sym[c.pos];
+    if (!left.alive || left.next < 0) continue;
+    auto it = merges.find(pair_key(left.id, sym[left.next].id));
+    if (it == merges.end() || it->second.new_id != c.new_id) continue;  // stale candidate
+    Symbol& right = sym[left.next];
+    right.alive = false;
+    left.id = c.new_id;
+    left.next = right.next;
+    if (left.next >= 0) sym[left.next].prev = c.pos;
+    push_pair(left.prev);
+    push_pair(c.pos);
+  }
+  symbols.clear();
+  for (const Symbol& s : sym)
+    if (s.alive) symbols.push_back(s.id);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -302,13 +423,55 @@ void TokenizerModel::bpe_word(std::string_view bytes, std::vector<int32_t>& out)
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
   const Impl& m = *impl_;
-  std::string bytes;
+  std::vector<int32_t> kept;
   for (int32_t id : ids) {
     if (id < 0 || size_t(id) >= m.id_bytes.size()) continue;  // HF skips ids it does not know
     if (skip_special && m.id_special[id]) continue;
-    bytes += m.id_bytes[id];
+    kept.push_back(id);
   }
+  if (m.metaspace) return m.decode_metaspace(kept);
+  std::string bytes;
+  for (int32_t id : kept) bytes += m.id_bytes[id];
   return tok::utf8_decode_lossy(bytes);
+}
+
+// HF's decoders for SentencePiece-style tokenizers. ByteFallback turns each run of <0xXX> tokens
+// into its bytes when they are valid UTF-8, else into one U+FFFD a byte; Strip then drops leading
+// spaces. The Metaspace decoder writes "\u2581" as a space except in the first token.
+std::string TokenizerModel::decode_metaspace(const std::vector<int32_t>& ids) const {
+  std::string text;
+  auto append_spaced = [&text](std::string_view token, bool drop_metaspace) {
+    for (size_t p = 0; p < token.size();) {
+      if (token.substr(p).starts_with(kMetaspace)) {
+        if (!drop_metaspace) text += ' ';
+        p += kMetaspace.size();
+      } else {
+        text += token[p++];
+      }
+    }
+  };
+  if (metaspace->metaspace_decoder) {
+    for (size_t i = 0; i < ids.size(); ++i)
+      append_spaced(id_tokens[ids[i]], i == 0 && metaspace->prepend != Metaspace::Prepend::Never);
+    return text;
+  }
+  std::string run;  // bytes of consecutive byte-fallback tokens
+  auto flush = [&] {
+    if (tok::find_invalid_utf8(run) == std::string_view::npos) text += run;
+    else for (size_t i = 0; i < run.size(); ++i) text += "\uFFFD";
+    run.clear();
+  };
+  for (int32_t id : ids) {
+    if (const int byte = fallback_byte(id_tokens[id]); byte >= 0) {
+      run += char(byte);
+      continue;
+    }
+    flush();
+    append_spaced(id_tokens[id], false);
+  }
+  flush();
+  for (int i = 0; i < metaspace->strip_leading && !text.empty() && text[0] == ' '; ++i) text.erase(0, 1);
+  return text;
 }
 
 std::string Tokenizer::token_bytes(int32_t id) const {

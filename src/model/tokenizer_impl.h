@@ -3,6 +3,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
@@ -46,9 +47,25 @@ struct TokenizerModel {
   bool bytes_only = false;         // the bytes_only() stand-in: id = byte value
   std::string source;              // file name (or "parts") for error messages
 
+  // SentencePiece-style BPE (LLaMA-2, Mistral, TinyLlama): merges over characters, spaces written
+  // "\u2581", and characters outside the vocab as <0xXX> byte tokens (byte_fallback). Set by the
+  // loader from a Prepend + Replace normalizer or a Metaspace pre-tokenizer; tokens stay as written.
+  struct Metaspace {
+    enum class Prepend : uint8_t { Never, First, Always, EveryPiece };
+    Prepend prepend = Prepend::Never;  // EveryPiece: the normalizer's Prepend, after every added token
+    bool split = false;                // pre-tokenizer split before each "\u2581"
+    // Decoder: Replace + ByteFallback + Fuse + Strip (strip_leading spaces dropped at the start),
+    // or the Metaspace decoder, which drops every "\u2581" of the first token and keeps <0xXX>.
+    bool metaspace_decoder = false;
+    int strip_leading = 0;
+  };
+  std::optional<Metaspace> metaspace;
+  bool byte_fallback = false;
+
   // --- derived by finish() ---
   std::array<int, 256> byte_ids{};              // id of each single-byte token, -1 if absent
   std::vector<std::string> id_bytes;            // id -> the raw bytes decode() emits
+  std::vector<std::string> id_tokens;           // SentencePiece-style: id -> the token as written
   std::vector<uint8_t> id_special;              // id -> special added token
   std::unordered_map<std::string, int> added_ids;
   std::array<std::vector<int>, 256> added_by_first_byte;  // indices into `added`, longest first
@@ -65,6 +82,11 @@ struct TokenizerModel {
 
   void encode_piece(std::string_view text, std::vector<int32_t>& out) const;
   void bpe_word(std::string_view bytes, std::vector<int32_t>& out) const;
+  // SentencePiece-style: `at_start` says the piece begins the input (Prepend::First).
+  void encode_metaspace_piece(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
+  void bpe_chars(std::string_view word, std::vector<int32_t>& out) const;
+  void merge(std::vector<int32_t>& symbols) const;  // applies the merges by rank, in place
+  std::string decode_metaspace(const std::vector<int32_t>& ids) const;
 };
 
 struct Tokenizer::Impl : TokenizerModel {};

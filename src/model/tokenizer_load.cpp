@@ -151,9 +151,61 @@ void load_pre_tokenizer(const json& pre, TokenizerModel& m) {
   }
 }
 
+// SentencePiece-style tokenizers: LLaMA-2's normalizer, Sequence[Prepend("\u2581"), Replace(" ", "\u2581")].
+bool is_metaspace_normalizer(const json& n) {
+  if (type_of(n) != "Sequence" || !n.contains("normalizers") || n["normalizers"].size() != 2) return false;
+  const json& prepend = n["normalizers"][0];
+  const json& replace = n["normalizers"][1];
+  return type_of(prepend) == "Prepend" && prepend.value("prepend", std::string()) == "\u2581" &&
+         type_of(replace) == "Replace" && replace.contains("pattern") &&
+         replace["pattern"].value("String", std::string()) == " " &&
+         replace.value("content", std::string()) == "\u2581";
+}
+
+TokenizerModel::Metaspace::Prepend prepend_scheme(const json& metaspace, TokenizerModel& m, const std::string& where) {
+  using Prepend = TokenizerModel::Metaspace::Prepend;
+  if (metaspace.value("replacement", std::string("\u2581")) != "\u2581")
+    STRATA_FAIL(m.source << ": " << where << ".replacement is " << metaspace["replacement"].dump()
+                         << "; only \"\u2581\" is supported");
+  if (!metaspace.contains("prepend_scheme"))  // older files: add_prefix_space
+    return metaspace.value("add_prefix_space", true) ? Prepend::Always : Prepend::Never;
+  const std::string scheme = metaspace["prepend_scheme"].get<std::string>();
+  if (scheme == "first") return Prepend::First;
+  if (scheme == "always") return Prepend::Always;
+  if (scheme == "never") return Prepend::Never;
+  STRATA_FAIL(m.source << ": " << where << ".prepend_scheme is '" << scheme << "'; expected first, always or never");
+}
+
+// The decoder of a SentencePiece-style tokenizer: Sequence[Replace("\u2581", " "), ByteFallback,
+// Fuse, Strip(" ", n, 0)] (as LLaMA-2's; Strip optional), or Metaspace.
+void load_metaspace_decoder(const json& d, TokenizerModel& m) {
+  const char* expected =
+      "; expected Metaspace, or a Sequence of Replace(\"\u2581\" -> \" \"), ByteFallback, Fuse, Strip";
+  if (type_of(d) == "Metaspace") {
+    m.metaspace->metaspace_decoder = true;
+    using Prepend = TokenizerModel::Metaspace::Prepend;
+    if (prepend_scheme(d, m, "decoder") != m.metaspace->prepend && m.metaspace->prepend != Prepend::EveryPiece)
+      STRATA_FAIL(m.source << ": decoder.prepend_scheme differs from the pre-tokenizer's; not supported");
+    return;
+  }
+  const json steps = type_of(d) == "Sequence" ? d.value("decoders", json::array()) : json::array();
+  const bool shape = (steps.size() == 3 || steps.size() == 4) && type_of(steps[0]) == "Replace" &&
+                     steps[0].contains("pattern") && steps[0]["pattern"].value("String", std::string()) == "\u2581" &&
+                     steps[0].value("content", std::string()) == " " && type_of(steps[1]) == "ByteFallback" &&
+                     type_of(steps[2]) == "Fuse";
+  if (!shape) STRATA_FAIL(m.source << ": decoder is " << d.dump().substr(0, 200) << expected);
+  if (steps.size() == 4) {
+    const json& strip = steps[3];
+    if (type_of(strip) != "Strip" || strip.value("content", std::string()) != " " || strip.value("stop", 0) != 0)
+      STRATA_FAIL(m.source << ": decoder.decoders[3] is " << strip.dump() << expected);
+    m.metaspace->strip_leading = strip.value("start", 0);
+  }
+}
+
 void check_model_options(const json& model, TokenizerModel& m) {
   std::string type = model.value("type", std::string(model.contains("merges") ? "BPE" : "?"));
-  if (type != "BPE") STRATA_FAIL(m.source << ": model.type is '" << type << "'; only byte-level BPE is supported");
+  if (type != "BPE")
+    STRATA_FAIL(m.source << ": model.type is '" << type << "'; only BPE (byte-level or SentencePiece-style) is supported");
   if (model.contains("dropout") && !model["dropout"].is_null() && model["dropout"].get<double>() != 0.0) {
     STRATA_FAIL(m.source << ": model.dropout is " << model["dropout"].dump() << "; BPE dropout is not supported");
   }
@@ -164,17 +216,42 @@ void check_model_options(const json& model, TokenizerModel& m) {
   }
   m.ignore_merges = model.value("ignore_merges", false);
   m.fuse_unk = model.value("fuse_unk", false);
+  m.byte_fallback = model.value("byte_fallback", false);
 }
 
-void check_normalizer_and_decoder(const json& j, TokenizerModel& m) {
-  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
-    const json& n = j["normalizer"];
-    bool empty_sequence = type_of(n) == "Sequence" && n.value("normalizers", json::array()).empty();
-    if (!empty_sequence) STRATA_FAIL(m.source << ": normalizer.type is '" << type_of(n) << "'; normalizers are not supported");
+// Byte-level tokenizers (no normalizer, a ByteLevel pre-tokenizer and decoder) or SentencePiece-
+// style ones (LLaMA-2's Prepend + Replace normalizer without a pre-tokenizer, or a Metaspace
+// pre-tokenizer; their decoder). Anything else would not encode as Hugging Face does.
+void load_normalizer_pre_tokenizer_decoder(const json& j, TokenizerModel& m) {
+  using Prepend = TokenizerModel::Metaspace::Prepend;
+  const json none;
+  const json& n = j.contains("normalizer") ? j["normalizer"] : none;
+  const json& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : none;
+  const json& decoder = j.contains("decoder") ? j["decoder"] : none;
+  const bool no_normalizer = n.is_null() || (type_of(n) == "Sequence" && n.value("normalizers", json::array()).empty());
+  if (!no_normalizer && is_metaspace_normalizer(n)) {
+    if (!pre.is_null())
+      STRATA_FAIL(m.source << ": pre_tokenizer is '" << type_of(pre) << "' beside the Prepend + Replace normalizer; "
+                           << "only none is supported there");
+    m.metaspace.emplace();
+    m.metaspace->prepend = Prepend::EveryPiece;
+  } else if (!no_normalizer) {
+    STRATA_FAIL(m.source << ": normalizer.type is '" << type_of(n) << "'; only none, or SentencePiece's Sequence["
+                         << "Prepend(\"\u2581\"), Replace(\" \" -> \"\u2581\")], is supported");
+  } else if (type_of(pre) == "Metaspace") {
+    m.metaspace.emplace();
+    m.metaspace->prepend = prepend_scheme(pre, m, "pre_tokenizer");
+    m.metaspace->split = pre.value("split", true);
   }
-  if (j.contains("decoder") && !j["decoder"].is_null() && type_of(j["decoder"]) != "ByteLevel") {
-    STRATA_FAIL(m.source << ": decoder.type is '" << type_of(j["decoder"]) << "'; only ByteLevel is supported");
+  if (!m.metaspace) {
+    if (!j.contains("pre_tokenizer")) STRATA_FAIL(m.source << ": no pre_tokenizer field");
+    load_pre_tokenizer(pre, m);
+    if (!decoder.is_null() && type_of(decoder) != "ByteLevel")
+      STRATA_FAIL(m.source << ": decoder.type is '" << type_of(decoder) << "'; only ByteLevel is supported");
+    return;
   }
+  if (decoder.is_null()) STRATA_FAIL(m.source << ": a SentencePiece-style tokenizer needs its decoder; there is none");
+  load_metaspace_decoder(decoder, m);
 }
 
 }  // namespace
@@ -205,10 +282,13 @@ Tokenizer Tokenizer::from_tokenizer_json_text(const std::string& text, const std
       if (it == m->vocab_ids.end()) STRATA_FAIL(m->source << ": model.unk_token " << model["unk_token"].dump() << " is not in the vocab");
       m->unk_id = it->second;
     }
-    check_normalizer_and_decoder(j, *m);
-    if (!j.contains("pre_tokenizer")) STRATA_FAIL(m->source << ": no pre_tokenizer field");
-    load_pre_tokenizer(j["pre_tokenizer"], *m);
+    load_normalizer_pre_tokenizer_decoder(j, *m);
     if (j.contains("added_tokens")) load_added_tokens(j["added_tokens"], *m);
+    if (m->metaspace)
+      for (const AddedTokenRule& rule : m->added)
+        if (rule.normalized)  // HF would match it against the normalized text ("\u2581" for spaces)
+          STRATA_FAIL(m->source << ": added token '" << rule.token.content << "' is normalized; with a "
+                                << "SentencePiece-style tokenizer only unnormalized added tokens are supported");
   } catch (const json::exception& e) {
     // A field of the wrong JSON type (e.g. a string where an id should be).
     STRATA_FAIL(m->source << ": unexpected tokenizer.json structure: " << e.what());
