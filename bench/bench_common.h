@@ -1,10 +1,12 @@
-// Pieces the benchmarks share: timing and the device's copy bandwidth, the peak that memory-bound
-// kernels are reported against.
+// Pieces the benchmarks share: timing, `--key value` options and the device's copy bandwidth, the
+// peak that memory-bound kernels are reported against.
 #pragma once
 #include <chrono>
 #include <cstring>
+#include <string>
 
 #include "strata/backend/backend.h"
+#include "strata/core/error.h"
 
 #ifdef STRATA_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -15,6 +17,18 @@ namespace strata::bench {
 using Clock = std::chrono::steady_clock;
 
 inline double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+inline double seconds_since(Clock::time_point t0) { return seconds(t0, Clock::now()); }
+
+// Calls on(key, value) for each `--key value` pair of the command line (options only, no switches);
+// throws where the last key has no value.
+template <class F>
+void for_each_option(int argc, char** argv, F on) {
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    if (i + 1 >= argc) STRATA_FAIL("option " << k << " needs a value");
+    on(k, std::string(argv[i + 1]));
+  }
+}
 
 // Device-to-device copy bandwidth, counting bytes read plus bytes written.
 inline double measure_copy_gbps(Backend& be) {

@@ -6,19 +6,20 @@
 //                   [--reps 3]
 // With O_DIRECT the reads come from the device; a "+buffered" mode reads from the page cache and
 // its read figure is not the disk's.
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 
+#include "bench_common.h"
 #include "strata/core/error.h"
 #include "strata/core/size.h"
 #include "strata/offload/disk_store.h"
 
 using namespace strata;
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
+using bench::seconds_since;
 
 namespace {
 
@@ -32,17 +33,14 @@ struct Args {
 // strata_lib alone).
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string k = argv[i];
-    if (i + 1 >= argc) STRATA_FAIL("option " << k << " needs a value");
-    const std::string v = argv[i + 1];
+  bench::for_each_option(argc, argv, [&a](const std::string& k, const std::string& v) {
     if (k == "--dir") a.dir = v;
     else if (k == "--size") a.size = parse_size(v, "--size");
     else if (k == "--chunk") a.chunk = parse_size(v, "--chunk");
     else if (k == "--mode") a.mode = v;
     else if (k == "--reps") a.reps = std::stoi(v);
     else STRATA_FAIL("unknown option " << k << " (expected --dir, --size, --chunk, --mode, --reps)");
-  }
+  });
   STRATA_CHECK(a.chunk > 0 && a.chunk % DiskStore::kAlign == 0, "--chunk must be a positive multiple of 4096");
   STRATA_CHECK(a.size >= a.chunk && a.size % a.chunk == 0, "--size must be a multiple of --chunk");
   STRATA_CHECK(a.reps > 0, "--reps must be positive");
@@ -55,8 +53,6 @@ DiskIoMode mode_of(const std::string& m) {
   if (m == "pread") return DiskIoMode::Pread;
   STRATA_FAIL("--mode must be auto, io_uring or pread, got '" << m << "'");
 }
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 }  // namespace
 

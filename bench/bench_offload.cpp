@@ -7,46 +7,29 @@
 //  3. weights on disk: the disk->cpu link's GB/s (compare with bench/fio_disk.sh on the same dir).
 // Usage: bench_offload [--model dummy:opt-1.3b] [--device auto] [--batch 1] [--gen-len 16]
 //                      [--offload-dir DIR] [--skip-disk]
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
+#include "bench_engine.h"
 #include "strata/backend/backend.h"
 #include "strata/core/size.h"
 #include "strata/model/model_loader.h"
 #include "strata/offload/engine.h"
 
 using namespace strata;
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
+using bench::seconds;
 
 namespace {
 
-double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-
-struct Args {
-  std::string model = "dummy:opt-1.3b", device = "auto", offload_dir;
-  int batch = 1, gen_len = 16, prompt_len = 32, threads = 0;
-  bool skip_disk = false;
-};
+using Args = bench::EngineArgs;
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--skip-disk") { a.skip_disk = true; continue; }
-    if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", k.c_str()); std::exit(2); }
-    const std::string v = argv[++i];
-    if (k == "--model") a.model = v;
-    else if (k == "--device") a.device = v;
-    else if (k == "--batch") a.batch = std::stoi(v);
-    else if (k == "--gen-len") a.gen_len = std::stoi(v);
-    else if (k == "--prompt-len") a.prompt_len = std::stoi(v);
-    else if (k == "--threads") a.threads = std::stoi(v);
-    else if (k == "--offload-dir") a.offload_dir = v;
-    else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); std::exit(2); }
-  }
+  bench::parse_engine_args(argc, argv, a);
   return a;
 }
 
@@ -71,25 +54,13 @@ struct Run {
 };
 
 Run run(const ModelBundle& mb, Backend& be, const Args& a, TierSplit weights, bool overlap) {
-  OffloadOptions o;
-  o.policy.gpu_batch_size = a.batch;
-  o.policy.num_gpu_batches = 1;
-  o.policy.weights = weights;
+  OffloadOptions o = bench::engine_options(a, weights);
   o.policy.overlap = overlap;
-  o.offload_dir = a.offload_dir;
-  std::vector<GenRequest> reqs(size_t(a.batch));
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    for (int t = 0; t < a.prompt_len; ++t) reqs[i].prompt.push_back(int32_t((7 * t + int(i)) % 1000 + 3));
-    reqs[i].sampling.max_new_tokens = a.gen_len;
-    reqs[i].sampling.ignore_eos = true;
-  }
   OffloadEngine engine(mb.config, *mb.weights, be, o, {a.prompt_len, a.gen_len});
-  engine.generate(reqs);  // warm up: first touch of every buffer
+  const bench::MeasuredPass m = bench::measured_pass(engine, bench::engine_requests(a));
+  const OffloadReport& before = m.before;
   Run r;
-  const OffloadReport before = engine.report();
-  GenStats stats;
-  engine.generate(reqs, &stats);
-  r.report = engine.report();
+  r.report = m.after;
   // Link figures of the measured pass only.
   r.report.cpu_to_gpu.bytes -= before.cpu_to_gpu.bytes;
   r.report.cpu_to_gpu.seconds -= before.cpu_to_gpu.seconds;
@@ -99,8 +70,8 @@ Run run(const ModelBundle& mb, Backend& be, const Args& a, TierSplit weights, bo
   r.report.h2d_busy -= before.h2d_busy;
   r.report.disk_busy -= before.disk_busy;
   r.report.schedule_seconds -= before.schedule_seconds;
-  r.passes = stats.decode_steps + 1;
-  r.decode_step_s = stats.decode_seconds / double(std::max<int64_t>(stats.decode_steps, 1));
+  r.passes = m.stats.decode_steps + 1;
+  r.decode_step_s = m.stats.decode_seconds / double(std::max<int64_t>(m.stats.decode_steps, 1));
   return r;
 }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "bench_engine.h"
 #include "strata/backend/backend.h"
 #include "strata/core/size.h"
 #include "strata/model/model_loader.h"
@@ -26,29 +27,15 @@ using bench::seconds;
 
 namespace {
 
-struct Args {
-  std::string model = "dummy:opt-1.3b", device = "auto", offload_dir;
-  int batch = 8, gen_len = 8, prompt_len = 32, threads = 0;
-  bool skip_disk = false, skip_engine = false;
+struct Args : bench::EngineArgs {
+  bool skip_engine = false;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--skip-disk") { a.skip_disk = true; continue; }
-    if (k == "--skip-engine") { a.skip_engine = true; continue; }
-    if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", k.c_str()); std::exit(2); }
-    const std::string v = argv[++i];
-    if (k == "--model") a.model = v;
-    else if (k == "--device") a.device = v;
-    else if (k == "--batch") a.batch = std::stoi(v);
-    else if (k == "--gen-len") a.gen_len = std::stoi(v);
-    else if (k == "--prompt-len") a.prompt_len = std::stoi(v);
-    else if (k == "--threads") a.threads = std::stoi(v);
-    else if (k == "--offload-dir") a.offload_dir = v;
-    else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); std::exit(2); }
-  }
+  a.batch = 8;
+  a.gen_len = 8;
+  bench::parse_engine_args(argc, argv, a, {{"--skip-engine", &a.skip_engine}});
   return a;
 }
 
@@ -115,24 +102,12 @@ struct EngineRun {
 };
 
 EngineRun decode(const ModelBundle& mb, Backend& be, const Args& a, TierSplit weights, bool compress) {
-  OffloadOptions o;
-  o.policy.gpu_batch_size = a.batch;
-  o.policy.num_gpu_batches = 1;
-  o.policy.weights = weights;
+  OffloadOptions o = bench::engine_options(a, weights);
   if (compress) o.policy.compress_weights = Compression{4, 64};
-  o.offload_dir = a.offload_dir;
-  std::vector<GenRequest> reqs(size_t(a.batch));
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    for (int t = 0; t < a.prompt_len; ++t) reqs[i].prompt.push_back(int32_t((7 * t + int(i)) % 1000 + 3));
-    reqs[i].sampling.max_new_tokens = a.gen_len;
-    reqs[i].sampling.ignore_eos = true;
-  }
   OffloadEngine engine(mb.config, *mb.weights, be, o, {a.prompt_len, a.gen_len});
-  engine.generate(reqs);  // warm up
-  const OffloadReport before = engine.report();
-  GenStats stats;
-  engine.generate(reqs, &stats);
-  const OffloadReport after = engine.report();
+  const bench::MeasuredPass m = bench::measured_pass(engine, bench::engine_requests(a));
+  const OffloadReport &before = m.before, &after = m.after;
+  const GenStats& stats = m.stats;
   const double passes = double(stats.decode_steps + 1);
   EngineRun r;
   r.step_ms = 1e3 * stats.decode_seconds / double(std::max<int64_t>(stats.decode_steps, 1));

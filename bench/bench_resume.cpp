@@ -21,13 +21,15 @@
 #include <unordered_set>
 #include <vector>
 
+#include "bench_common.h"
 #include "strata/core/error.h"
 #include "strata/job/output.h"
 
 using namespace strata;
 using nlohmann::json;
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
+using bench::seconds_since;
 
 namespace {
 
@@ -40,23 +42,18 @@ struct Args {
 // Flags only, each followed by its value (bench_generate's convention).
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string k = argv[i];
-    if (i + 1 >= argc) STRATA_FAIL("option " << k << " needs a value");
-    const std::string v = argv[i + 1];
+  bench::for_each_option(argc, argv, [&a](const std::string& k, const std::string& v) {
     if (k == "--lines") a.lines = std::stoll(v);
     else if (k == "--text-bytes") a.text_bytes = std::stoll(v);
     else if (k == "--format") a.format = v;
     else if (k == "--dir") a.dir = v;
     else STRATA_FAIL("unknown option " << k << " (expected --lines, --text-bytes, --format, --dir)");
-  }
+  });
   STRATA_CHECK(a.lines > 0 && a.text_bytes >= 0, "--lines must be positive and --text-bytes non-negative");
   STRATA_CHECK(a.format == "both" || a.format == "openai" || a.format == "strata",
                "--format must be both, openai or strata");
   return a;
 }
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // This process's CPU time (user + system): on a shared machine, the figure that other load does not
 // inflate (the recovery is single-threaded).

@@ -118,6 +118,14 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path):
+    """Writes the figure to `path` and frees it; True (the plot functions' "written")."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
 def plot_throughput(rows, path, title):
     plt = _plt()
     cases, engines, values = throughput_series(rows)
@@ -140,10 +148,7 @@ def plot_throughput(rows, path, title):
     ax.set_title(title, fontsize=9)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)
 
 
 def plot_predicted(rows, path, title):
@@ -166,10 +171,7 @@ def plot_predicted(rows, path, title):
     ax.set_ylabel("predicted total tok/s (cost model)")
     ax.set_title(title, fontsize=9)
     ax.legend(loc="upper left", fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)
 
 
 def plot_frontier(pareto, rows, path):
@@ -198,10 +200,7 @@ def plot_frontier(pareto, rows, path):
                  f" on {pareto.get('hardware', '')}", fontsize=10)
     ax.grid(which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
+    return _save(plt, fig, path)
 
 
 def main(argv=None):

@@ -24,6 +24,20 @@ fs::path temp_dir(const std::string& what) { return test::temp_dir("bench_" + wh
 
 const std::string kCase = "  - {name: a, model: opt-125m, prompt_len: 16, gen_len: 4, policy: p.yaml}\n";
 
+// A run of DIR/suite.yaml on the CPU backend (2 threads, no progress) into DIR/out, predicting with
+// `hardware` (a profile in policies/hardware/) where one is named.
+BenchOptions cpu_run(const fs::path& dir, const std::string& hardware = "") {
+  BenchOptions opt;
+  opt.suite = (dir / "suite.yaml").string();
+  opt.device = "cpu";
+  if (!hardware.empty()) opt.hardware = std::string(STRATA_FIXTURES_DIR) + "/../../policies/hardware/" + hardware;
+  opt.out = dir / "out";
+  opt.offload_dir = dir / "offload";
+  opt.threads = 2;
+  opt.progress = false;
+  return opt;
+}
+
 }  // namespace
 
 TEST_CASE("bench suites: cases parse, bad ones are refused naming the line and field", "[bench]") {
@@ -65,15 +79,8 @@ TEST_CASE("bench runs every case, predicts beside measuring, and reports a case 
                                            "  - {name: too-big, model: opt-125m, prompt_len: 16, gen_len: 4, policy: "
                                            "p.yaml, gpu_mem: 1MB}\n";
   // A profile so that the cost model predicts (the paper's machine: any profile will do here).
-  BenchOptions opt;
-  opt.suite = (dir / "suite.yaml").string();
-  opt.device = "cpu";
-  opt.hardware = std::string(STRATA_FIXTURES_DIR) + "/../../policies/hardware/t4-paper.yaml";
-  opt.out = dir / "out";
-  opt.offload_dir = dir / "offload";
+  BenchOptions opt = cpu_run(dir, "t4-paper.yaml");
   opt.repeat = 2;
-  opt.threads = 2;
-  opt.progress = false;
   std::ostringstream log;
   const std::vector<BenchCaseResult> results = run_bench(opt, log);
   INFO(log.str());
@@ -180,14 +187,7 @@ TEST_CASE("bench --calibrate records lane busy times per phase and writes a refi
       << "name: cal\ncases:\n"
          "  - {name: weights-cpu, model: opt-125m, prompt_len: 16, gen_len: 4, policy: cpu.yaml}\n"
          "  - {name: all-gpu, model: opt-125m, prompt_len: 16, gen_len: 4, policy: gpu.yaml}\n";
-  BenchOptions opt;
-  opt.suite = (dir / "suite.yaml").string();
-  opt.device = "cpu";
-  opt.hardware = std::string(STRATA_FIXTURES_DIR) + "/../../policies/hardware/cpu-epyc-2core.yaml";
-  opt.out = dir / "out";
-  opt.offload_dir = dir / "offload";
-  opt.threads = 2;
-  opt.progress = false;
+  BenchOptions opt = cpu_run(dir, "cpu-epyc-2core.yaml");
   opt.calibrate = true;
   std::ostringstream log;
   const std::vector<BenchCaseResult> results = run_bench(opt, log);
@@ -233,13 +233,7 @@ TEST_CASE("bench projects decode from a few measured steps and marks the figures
                                    "kv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n";
   std::ofstream(dir / "suite.yaml")
       << "cases:\n  - {name: proj, model: opt-125m, prompt_len: 16, gen_len: 8, policy: p.yaml, decode_steps: 2}\n";
-  BenchOptions opt;
-  opt.suite = (dir / "suite.yaml").string();
-  opt.device = "cpu";
-  opt.out = dir / "out";
-  opt.offload_dir = dir / "offload";
-  opt.threads = 2;
-  opt.progress = false;
+  const BenchOptions opt = cpu_run(dir);
   std::ostringstream log;
   const std::vector<BenchCaseResult> results = run_bench(opt, log);
   INFO(log.str());

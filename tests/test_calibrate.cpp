@@ -3,41 +3,23 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 
+#include "policy_fixtures.h"
 #include "strata/core/error.h"
 #include "strata/policy/calibrate.h"
 #include "strata/policy/cost_model.h"
 
 using namespace strata;
+using test::policy_of;
 
 namespace {
 
+// gpu16_machine with a slower device-to-host link and GEMMs measured up to 256 tokens only.
 HardwareProfile machine() {
-  HardwareProfile hw;
+  HardwareProfile hw = test::gpu16_machine();
   hw.name = "base";
-  hw.gpu_mem = 16e9;
-  hw.cpu_mem = 64e9;
-  hw.disk_mem = 1e12;
-  hw.cpu_to_gpu_bw = 12e9;
   hw.gpu_to_cpu_bw = 11e9;
-  hw.disk_to_cpu_bw = 2e9;
-  hw.cpu_to_disk_bw = 1e9;
   hw.gpu_gemm = {{1, 0.3e12}, {16, 4e12}, {256, 18e12}};
-  hw.gpu_attention_bw = 250e9;
-  hw.cpu_attention_bw = 12e9;
-  hw.cpu_flops = 1e12;
-  hw.gpu_dequant_bw = 25e9;
   return hw;
-}
-
-Policy policy(int gbs, int ngb, TierSplit w, TierSplit c, TierSplit h, bool cpu_attention = false) {
-  Policy p;
-  p.gpu_batch_size = gbs;
-  p.num_gpu_batches = ngb;
-  p.weights = w;
-  p.kv_cache = c;
-  p.activations = h;
-  p.cpu_attention = cpu_attention;
-  return p;
 }
 
 // A run as a machine with the profile `truth` would measure it: each lane busy for its predicted
@@ -66,7 +48,7 @@ CalibrationSample run_on(const HardwareProfile& truth, const std::string& name, 
 
 TEST_CASE("the calibrated overhead and overlap shortfall enter the stage times as documented", "[calibrate]") {
   const ModelConfig cfg = *config_preset("opt-125m");
-  const Policy p = policy(4, 3, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
+  const Policy p = policy_of(4, 3, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
   const Workload w{64, 8};
   HardwareProfile hw = machine();
   const CostForms plain = cost_forms(cfg, p, w, hw);
@@ -104,14 +86,14 @@ TEST_CASE("calibration recovers the constants of the machine that made the runs"
   truth.compute_overhead_s = 4e-4;
   truth.overlap_slowdown = 0.35;
   const std::vector<CalibrationSample> runs = {
-      run_on(truth, "all on gpu", policy(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
-      run_on(truth, "weights on cpu", policy(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
-      run_on(truth, "weights half disk", policy(4, 2, {0, 50, 50}, {100, 0, 0}, {100, 0, 0})),
-      run_on(truth, "cache on cpu, cpu attention", policy(4, 2, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true)),
-      run_on(truth, "cache on cpu", policy(8, 2, {50, 50, 0}, {0, 100, 0}, {100, 0, 0})),
-      run_on(truth, "activations on cpu", policy(4, 4, {0, 100, 0}, {100, 0, 0}, {0, 100, 0})),
+      run_on(truth, "all on gpu", policy_of(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "weights on cpu", policy_of(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "weights half disk", policy_of(4, 2, {0, 50, 50}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "cache on cpu, cpu attention", policy_of(4, 2, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true)),
+      run_on(truth, "cache on cpu", policy_of(8, 2, {50, 50, 0}, {0, 100, 0}, {100, 0, 0})),
+      run_on(truth, "activations on cpu", policy_of(4, 4, {0, 100, 0}, {100, 0, 0}, {0, 100, 0})),
       // Every lane busy in two runs at least, so that leaving one out still determines its factor.
-      run_on(truth, "cache half on disk", policy(4, 2, {100, 0, 0}, {0, 50, 50}, {100, 0, 0})),
+      run_on(truth, "cache half on disk", policy_of(4, 2, {100, 0, 0}, {0, 50, 50}, {100, 0, 0})),
   };
   const CalibrationFit f = calibrate_profile(base, runs);
   CHECK(f.gemm_factor == Approx(1.6).epsilon(1e-6));
@@ -139,7 +121,8 @@ TEST_CASE("calibration recovers the constants of the machine that made the runs"
 
 TEST_CASE("calibration refuses too few runs and a profile field out of range", "[calibrate]") {
   const HardwareProfile base = machine();
-  const std::vector<CalibrationSample> one = {run_on(base, "one", policy(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}))};
+  const std::vector<CalibrationSample> one = {
+      run_on(base, "one", policy_of(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}))};
   CHECK_THROWS_WITH(calibrate_profile(base, one), Catch::Contains("at least two measured runs"));
   std::string yaml = hardware_profile_to_yaml(base) + "overlap_slowdown: 1.5\n";
   CHECK_THROWS_WITH(parse_hardware_profile(yaml, "hw.yaml"),
@@ -149,7 +132,7 @@ TEST_CASE("calibration refuses too few runs and a profile field out of range", "
 
 TEST_CASE("a staggered block's phase terms are its super-steps' sums", "[calibrate]") {
   const ModelConfig cfg = *config_preset("opt-125m");
-  Policy p = policy(4, 4, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
+  Policy p = policy_of(4, 4, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
   p.prefill_batches_per_step = 1;
   const Workload w{64, 3};
   const CostForms F = cost_forms(cfg, p, w, machine());
@@ -189,10 +172,10 @@ TEST_CASE("calibration fits staggered runs through their super-steps", "[calibra
   };
   // One unstaggered run only: the staggered ones carry the fit.
   const std::vector<CalibrationSample> runs = {
-      run_on(truth, "all on gpu", policy(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
-      run_on(truth, "weights on cpu 4x4 p1", staggered(policy(4, 4, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}), 1)),
-      run_on(truth, "weights on cpu 2x6 p2", staggered(policy(2, 6, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}), 2)),
-      run_on(truth, "half on cpu 8x3 p1", staggered(policy(8, 3, {50, 50, 0}, {100, 0, 0}, {100, 0, 0}), 1)),
+      run_on(truth, "all on gpu", policy_of(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "weights on cpu 4x4 p1", staggered(policy_of(4, 4, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}), 1)),
+      run_on(truth, "weights on cpu 2x6 p2", staggered(policy_of(2, 6, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}), 2)),
+      run_on(truth, "half on cpu 8x3 p1", staggered(policy_of(8, 3, {50, 50, 0}, {100, 0, 0}, {100, 0, 0}), 1)),
   };
   const CalibrationFit f = calibrate_profile(base, runs);
   CHECK(f.gemm_factor == Approx(1.5).epsilon(1e-6));
@@ -207,10 +190,10 @@ TEST_CASE("calibration fits staggered runs through their super-steps", "[calibra
 TEST_CASE("a leave-one-out fit that cannot be made leaves a gap, not a failed calibration", "[calibrate]") {
   const HardwareProfile base = machine();
   std::vector<CalibrationSample> runs = {
-      run_on(base, "a", policy(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
-      run_on(base, "b", policy(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
-      run_on(base, "c", policy(4, 2, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
-      run_on(base, "d", policy(4, 2, {50, 50, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(base, "a", policy_of(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(base, "b", policy_of(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(base, "c", policy_of(4, 2, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(base, "d", policy_of(4, 2, {50, 50, 0}, {100, 0, 0}, {100, 0, 0})),
   };
   // Only run "a" reports a busy compute lane (say the others ran with a profiler that missed it):
   // without it no compute fit can be made.

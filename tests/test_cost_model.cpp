@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "policy_fixtures.h"
 #include "strata/policy/cost_model.h"
 #include "strata/runtime/forward_ops.h"
 
 using namespace strata;
+using test::policy_of;
 
 namespace {
 
@@ -31,17 +33,6 @@ HardwareProfile round_machine() {
 
 ModelConfig opt67() { return *config_preset("opt-6.7b"); }
 
-Policy shape(int gbs, int ngb, TierSplit w, TierSplit c, TierSplit h, bool cpu_attention = false) {
-  Policy p;
-  p.gpu_batch_size = gbs;
-  p.num_gpu_batches = ngb;
-  p.weights = w;
-  p.kv_cache = c;
-  p.activations = h;
-  p.cpu_attention = cpu_attention;
-  return p;
-}
-
 // OPT-6.7B: h1 = 4096, h2 = 16384, 32 layers, 32 heads, vocabulary 50272, 2048 positions (+2).
 constexpr double h = 4096, h2 = 16384;
 // One layer's parameters: q, k, v, o (4 h^2) + fc1, fc2 (2 h h2) + biases 3h + h + h2 + h + two
@@ -56,7 +47,7 @@ const Workload wl{512, 32};  // s = 512, n = 32
 }  // namespace
 
 TEST_CASE("sizes of OPT-6.7B as the cost model counts them", "[cost]") {
-  const CostForms F = cost_forms(opt67(), shape(8, 4, {25, 75, 0}, {0, 100, 0}, {100, 0, 0}), wl, round_machine());
+  const CostForms F = cost_forms(opt67(), policy_of(8, 4, {25, 75, 0}, {0, 100, 0}, {100, 0, 0}), wl, round_machine());
   CHECK(W == 402759680.0);
   CHECK(F.sizes.layer_weights == W);
   CHECK(F.sizes.layer_weights_fp16 == W);
@@ -81,7 +72,7 @@ TEST_CASE("sizes of OPT-6.7B as the cost model counts them", "[cost]") {
 TEST_CASE("per-layer terms of a CPU-offloading policy", "[cost]") {
   // 8 of 32 layers' weights on the GPU (25%), the cache on the CPU, activations on the GPU.
   const HardwareProfile hw = round_machine();
-  const Policy p = shape(8, 4, {25, 75, 0}, {0, 100, 0}, {100, 0, 0});
+  const Policy p = policy_of(8, 4, {25, 75, 0}, {0, 100, 0}, {100, 0, 0});
   const Prediction r = evaluate(opt67(), p, wl, hw);
   CHECK(r.fractions[WG] == 0.25);
   CHECK(r.fractions[CC] == 1.0);
@@ -116,7 +107,7 @@ TEST_CASE("per-layer terms of a CPU-offloading policy", "[cost]") {
 
 TEST_CASE("CPU attention moves q/k/v and the output instead of the cache", "[cost]") {
   const HardwareProfile hw = round_machine();
-  const Prediction r = evaluate(opt67(), shape(8, 4, {25, 75, 0}, {0, 100, 0}, {100, 0, 0}, true), wl, hw);
+  const Prediction r = evaluate(opt67(), policy_of(8, 4, {25, 75, 0}, {0, 100, 0}, {100, 0, 0}, true), wl, hw);
   const double cache_avg = 32 * 528 * 4 * h;
   const double out = 32 * 2 * h, qkv = 32 * 2 * (h + 2 * h);  // fp16, block of 32
   CHECK(r.decode.terms[CTOG] == Approx((0.75 * W + out) / 10e9));
@@ -130,7 +121,7 @@ TEST_CASE("CPU attention moves q/k/v and the output instead of the cache", "[cos
 TEST_CASE("disk terms: weights and cache behind the CPU", "[cost]") {
   // Half the weights on disk (layers 16..31), the cache on disk, activations on the CPU.
   const HardwareProfile hw = round_machine();
-  const Prediction r = evaluate(opt67(), shape(8, 4, {0, 50, 50}, {0, 0, 100}, {0, 100, 0}), wl, hw);
+  const Prediction r = evaluate(opt67(), policy_of(8, 4, {0, 50, 50}, {0, 0, 100}, {0, 100, 0}), wl, hw);
   CHECK(r.fractions[WD] == 0.5);
   const double cache_avg = 32 * 528 * 4 * h, act = 32 * 2 * h, act_p = 32 * 512 * 2 * h;
   CHECK(r.decode.terms[DTOC] == Approx((0.5 * W + cache_avg) / 2e9));     // 239 ms
@@ -145,7 +136,7 @@ TEST_CASE("disk terms: weights and cache behind the CPU", "[cost]") {
 }
 
 TEST_CASE("without overlap a stage takes the sum of its terms", "[cost]") {
-  Policy p = shape(8, 4, {0, 50, 50}, {0, 0, 100}, {0, 100, 0});
+  Policy p = policy_of(8, 4, {0, 50, 50}, {0, 0, 100}, {0, 100, 0});
   p.overlap = false;
   const Prediction r = evaluate(opt67(), p, wl, round_machine());
   double sum = 0;
@@ -157,7 +148,7 @@ TEST_CASE("4-bit compression shrinks what moves and adds dequantization", "[cost
   CHECK(stored_bytes_per_element(std::nullopt) == 2.0);
   CHECK(stored_bytes_per_element(Compression{4, 64}) == 0.5 + 4.0 / 64);  // 0.5625: 28.125% of fp16
   HardwareProfile hw = round_machine();
-  Policy p = shape(8, 4, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
+  Policy p = policy_of(8, 4, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
   p.compress_weights = Compression{4, 64};
   p.compress_kv_cache = Compression{4, 64};
   const Prediction r = evaluate(opt67(), p, wl, hw);
@@ -183,7 +174,7 @@ TEST_CASE("4-bit compression shrinks what moves and adds dequantization", "[cost
 
   // A GPU batch over the fused limit dequantizes the layer once per step, for all its GPU batches;
   // measured 4-bit attention rates replace the fp16 ones, also on the CPU.
-  Policy big = shape(64, 2, {0, 100, 0}, {50, 50, 0}, {100, 0, 0});
+  Policy big = policy_of(64, 2, {0, 100, 0}, {50, 50, 0}, {100, 0, 0});
   big.compress_weights = Compression{4, 64};
   big.compress_kv_cache = Compression{4, 64};
   big.cpu_attention = true;
@@ -198,7 +189,7 @@ TEST_CASE("4-bit compression shrinks what moves and adds dequantization", "[cost
 
 TEST_CASE("peak memory per tier", "[cost]") {
   const HardwareProfile hw = round_machine();
-  const Policy p = shape(8, 4, {25, 75, 0}, {0, 100, 0}, {100, 0, 0});
+  const Policy p = policy_of(8, 4, {25, 75, 0}, {0, 100, 0}, {100, 0, 0});
   const Prediction r = evaluate(opt67(), p, wl, hw);
   const double global = 2.0 * (50272 * h + 2050 * h + 2 * h);
   const double ws = double(ForwardOps::workspace_bytes(opt67(), DType::F16, 1024, 8));  // one prefill step
@@ -216,7 +207,7 @@ TEST_CASE("peak memory per tier", "[cost]") {
   // With CPU attention the cache never comes back to the GPU in decode: its staging holds one
   // prefill group's rows (2 prompts, 544 positions); hidden states on the CPU stage a group's
   // piece (2 x 512 tokens).
-  Policy ca = shape(8, 4, {25, 75, 0}, {0, 100, 0}, {0, 100, 0});
+  Policy ca = policy_of(8, 4, {25, 75, 0}, {0, 100, 0}, {0, 100, 0});
   ca.cpu_attention = true;
   const Prediction c = evaluate(opt67(), ca, wl, hw);
   const double cpu_attn_host = 8 * (2.0 * (2 * h + 2 * h) + 4.0 * 32 * 544);  // q/k/v/out and fp32 scores
@@ -224,7 +215,7 @@ TEST_CASE("peak memory per tier", "[cost]") {
   CHECK(c.peak.cpu == Approx(32 * W * 0.75 + 32 * cache_layer + act + cpu_attn_host));
 
   // Disk-resident parts need pinned staging on the CPU: a layer's halves, 3 cache units.
-  const Prediction d = evaluate(opt67(), shape(8, 4, {0, 50, 50}, {0, 0, 100}, {0, 100, 0}), wl, hw);
+  const Prediction d = evaluate(opt67(), policy_of(8, 4, {0, 50, 50}, {0, 0, 100}, {0, 100, 0}), wl, hw);
   CHECK(d.peak.cpu == Approx(16 * W + W * 0.5 + 3 * cache_unit + act));
   CHECK(d.peak.disk == Approx(16 * W + 32 * cache_layer));
 }
@@ -232,7 +223,7 @@ TEST_CASE("peak memory per tier", "[cost]") {
 TEST_CASE("evaluate places whole layers and GPU batches as the runtime does", "[cost]") {
   // 20% of 32 layers: layers whose midpoint (i + 0.5) / 32 lies below 20%: i = 0..5, 6 layers.
   const HardwareProfile hw = round_machine();
-  const Policy p = shape(48, 3, {20, 80, 0}, {0, 100, 0}, {50, 50, 0});
+  const Policy p = policy_of(48, 3, {20, 80, 0}, {0, 100, 0}, {50, 50, 0});
   const Fractions x = realized_fractions(p, 32);
   CHECK(x[WG] == 6.0 / 32);
   CHECK(x[WC] == 26.0 / 32);
@@ -249,9 +240,9 @@ TEST_CASE("evaluate places whole layers and GPU batches as the runtime does", "[
 TEST_CASE("the cost model refuses a profile it cannot use", "[cost]") {
   HardwareProfile hw = round_machine();
   hw.disk_to_cpu_bw = 0;
-  CHECK_THROWS_WITH(evaluate(opt67(), shape(1, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}), wl, hw),
+  CHECK_THROWS_WITH(evaluate(opt67(), policy_of(1, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}), wl, hw),
                     Catch::Contains("disk_to_cpu_bw"));
-  CHECK_THROWS_WITH(evaluate(opt67(), shape(1, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}), {0, 32}, round_machine()),
+  CHECK_THROWS_WITH(evaluate(opt67(), policy_of(1, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}), {0, 32}, round_machine()),
                     Catch::Contains("prompt length"));
 }
 
@@ -281,9 +272,9 @@ TEST_CASE("each term splits into the weights' part and a part per GPU batch", "[
   HardwareProfile hw = round_machine();
   hw.compute_overhead_s = 3e-4;  // per prefill group and decode GPU batch
   hw.overlap_slowdown = 0.2;
-  Policy plain = shape(3, 5, {0, 50, 50}, {0, 50, 50}, {0, 60, 40});  // groups of 2 prompts: 2 per GPU batch
-  Policy delegated = shape(8, 3, {25, 75, 0}, {0, 100, 0}, {100, 0, 0}, true);
-  Policy compressed = shape(32, 7, {0, 100, 0}, {50, 50, 0}, {100, 0, 0});
+  Policy plain = policy_of(3, 5, {0, 50, 50}, {0, 50, 50}, {0, 60, 40});  // groups of 2 prompts: 2 per GPU batch
+  Policy delegated = policy_of(8, 3, {25, 75, 0}, {0, 100, 0}, {100, 0, 0}, true);
+  Policy compressed = policy_of(32, 7, {0, 100, 0}, {50, 50, 0}, {100, 0, 0});
   compressed.compress_weights = Compression{4, 64};
   compressed.compress_kv_cache = Compression{4, 64};
   for (const Policy& p : {plain, delegated, compressed}) {
@@ -315,7 +306,7 @@ TEST_CASE("a staggered block by hand: three GPU batches, one starting per step, 
   // OPT-6.7B, GPU batches of 2, 4-bit weights half on the GPU and half on the CPU; cache and hidden
   // states on the GPU. Per layer only two lanes work: PCIe (the CPU half of the weights) and compute.
   const HardwareProfile hw = round_machine();
-  Policy p = shape(2, 3, {50, 50, 0}, {100, 0, 0}, {100, 0, 0});
+  Policy p = policy_of(2, 3, {50, 50, 0}, {100, 0, 0}, {100, 0, 0});
   p.compress_weights = Compression{4, 64};
   p.prefill_batches_per_step = 1;
   const Workload w{512, 3};
@@ -355,7 +346,7 @@ TEST_CASE("without staggering the prediction is FlexGen's schedule, exactly", "[
   HardwareProfile hw = round_machine();
   hw.overlap_slowdown = 0.3;
   hw.compute_overhead_s = 2e-4;
-  Policy p = shape(8, 4, {0, 50, 50}, {0, 0, 100}, {0, 100, 0});
+  Policy p = policy_of(8, 4, {0, 50, 50}, {0, 0, 100}, {0, 100, 0});
   const Prediction r = evaluate(opt67(), p, wl, hw);
   // T = T_pre * l + T_gen * (n - 1) * l from the unsplit terms.
   const CostForms F = cost_forms(opt67(), p, wl, hw);

@@ -14,28 +14,17 @@
 #include <string>
 #include <vector>
 
+#include "kernel_test_support.h"
 #include "strata/backend/backend.h"
 #include "strata/core/dtype.h"
 #include "strata/core/error.h"
 
 using namespace strata;
+using test::count;
+using test::random_f16;
+using test::round_f16;
 
 namespace {
-
-float round_f16(float x) { return half_to_float(float_to_half(x)); }
-
-std::vector<float> random_f16(size_t n, std::mt19937& rng, float lo, float hi) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = round_f16(dist(rng));
-  return v;
-}
-
-size_t count(std::initializer_list<int64_t> dims) {
-  size_t n = 1;
-  for (int64_t d : dims) n *= size_t(d);
-  return n;
-}
 
 // A CPU backend and the buffers one test allocates on it.
 struct Rig {

@@ -9,20 +9,15 @@
 #include <random>
 #include <vector>
 
+#include "kernel_test_support.h"
 #include "strata/backend/backend.h"
 #include "strata/core/dtype.h"
 #include "strata/quant/quant.h"
 
 using namespace strata;
+using test::spec_of;
 
 namespace {
-
-quant::QuantSpec spec_of(int bits, int group) {
-  quant::QuantSpec s;
-  s.bits = bits;
-  s.group_size = group;
-  return s;
-}
 
 std::vector<float> normal(size_t n, std::mt19937& rng, float sd = 1.0f) {
   std::normal_distribution<float> dist(0.0f, sd);

@@ -13,37 +13,20 @@
 #include <string>
 #include <vector>
 
+#include "kernel_test_support.h"
 #include "strata/backend/backend.h"
 #include "strata/core/dtype.h"
 #include "strata/core/error.h"
 #include "strata/quant/quant.h"
 
 using namespace strata;
-
-#define STRATA_REQUIRE_GPU()              \
-  do {                                    \
-    if (!strata::cuda_available()) {      \
-      WARN("no GPU: skipped");            \
-      return;                             \
-    }                                     \
-  } while (0)
+using test::count;
+using test::random_f16;
+using test::round_f16;
+using test::spec_of;
+using test::to_half;
 
 namespace {
-
-float round_f16(float x) { return half_to_float(float_to_half(x)); }
-
-std::vector<float> random_f16(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = round_f16(dist(rng));
-  return v;
-}
-
-size_t count(std::initializer_list<int64_t> dims) {
-  size_t n = 1;
-  for (int64_t d : dims) n *= size_t(d);
-  return n;
-}
 
 // Both backends and the buffers one test case allocates on them.
 struct Rig {
@@ -65,8 +48,7 @@ struct Rig {
   // offset: byte offset of the view inside its buffer (2 makes it misaligned for half2 loads).
   Tensor gpu_f16(const std::vector<float>& v, std::initializer_list<int64_t> dims, size_t offset = 0) {
     REQUIRE(v.size() == count(dims));
-    std::vector<uint16_t> h(v.size());
-    for (size_t i = 0; i < v.size(); ++i) h[i] = float_to_half(v[i]);
+    const std::vector<uint16_t> h = to_half(v);
     return upload(*gpu, DType::F16, h.data(), dims, offset);
   }
   Tensor gpu_f32(const std::vector<float>& v, std::initializer_list<int64_t> dims) {
@@ -446,16 +428,13 @@ TEST_CASE("cuda: quantize_rows and dequantize_rows equal the host reference byte
   for (int bits : {4, 8})
     for (int group : {32, 64, 128})
       for (auto [rows, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 128}, {37, 256}, {5, 4096}}) {
-        quant::QuantSpec spec;
-        spec.bits = bits;
-        spec.group_size = group;
+        const quant::QuantSpec spec = spec_of(bits, group);
         const std::string label = shape_label("quant bits group rows n", {bits, group, rows, n});
         INFO(label);
         Rig r;
         std::vector<float> x = random_f16(size_t(rows * n), rng, -3.0f, 3.0f);
         for (int64_t i = 0; i < n && rows > 1; i += 7) x[size_t(n + i)] = 0.5f;  // flat stretches in row 1
-        std::vector<uint16_t> xh(x.size());
-        for (size_t i = 0; i < x.size(); ++i) xh[i] = float_to_half(x[i]);
+        const std::vector<uint16_t> xh = to_half(x);
         const size_t qbytes = size_t(rows) * quant::row_bytes(spec, n);
         std::vector<uint8_t> want(qbytes);
         quant::quantize_rows(spec, xh.data(), DType::F16, rows, n, want.data());

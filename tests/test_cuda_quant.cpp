@@ -16,47 +16,22 @@
 #include <string>
 #include <vector>
 
+#include "kernel_test_support.h"
 #include "strata/backend/backend.h"
 #include "strata/core/dtype.h"
 #include "strata/core/error.h"
 #include "strata/quant/quant.h"
 
 using namespace strata;
-
-#define STRATA_REQUIRE_GPU()              \
-  do {                                    \
-    if (!strata::cuda_available()) {      \
-      WARN("no GPU: skipped");            \
-      return;                             \
-    }                                     \
-  } while (0)
+using test::random_floats;
+using test::round_f16;
+using test::spec_of;
+using test::to_half;
 
 namespace {
 
 const double kHalfUlp16 = std::ldexp(1.0, -11);  // fp16 rounding, relative (normal range)
 const double kUlp32 = std::ldexp(1.0, -24);      // one fp32 rounding, relative; also fp16's subnormal step
-
-float round_f16(float x) { return half_to_float(float_to_half(x)); }
-
-std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo, float hi, bool fp16) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = fp16 ? round_f16(dist(rng)) : dist(rng);
-  return v;
-}
-
-std::vector<uint16_t> to_half(const std::vector<float>& v) {
-  std::vector<uint16_t> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = float_to_half(v[i]);
-  return h;
-}
-
-quant::QuantSpec spec_of(int bits, int group) {
-  quant::QuantSpec s;
-  s.bits = bits;
-  s.group_size = group;
-  return s;
-}
 
 DType qdtype(int bits) { return bits == 4 ? DType::Q4 : DType::Q8; }
 

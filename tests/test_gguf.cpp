@@ -78,6 +78,22 @@ std::optional<fs::path> smollm2_path() {
   return std::nullopt;
 }
 
+// The fields a Llama-family config read from GGUF shares with the HF config.json `hc`.
+void check_llama_config(const ModelConfig& c, const json& hc) {
+  CHECK(c.vocab_size == hc["vocab_size"].get<int>());
+  CHECK(c.hidden == hc["hidden_size"].get<int>());
+  CHECK(c.intermediate == hc["intermediate_size"].get<int>());
+  CHECK(c.n_layers == hc["num_hidden_layers"].get<int>());
+  CHECK(c.n_heads == hc["num_attention_heads"].get<int>());
+  CHECK(c.n_kv_heads == hc["num_key_value_heads"].get<int>());
+  CHECK(c.max_positions == hc["max_position_embeddings"].get<int>());
+  CHECK(c.rope_theta == Approx(hc["rope_theta"].get<double>()));
+  CHECK(c.norm_eps == Approx(hc["rms_norm_eps"].get<double>()));
+  CHECK(c.tied_embeddings == hc["tie_word_embeddings"].get<bool>());
+  CHECK(c.bos_id == hc["bos_token_id"].get<int>());
+  CHECK(c.eos_ids == std::vector<int>{hc["eos_token_id"].get<int>()});
+}
+
 }  // namespace
 
 TEST_CASE("gguf: metadata of every value type", "[gguf]") {
@@ -294,19 +310,8 @@ TEST_CASE("gguf: tiny llama maps onto HF names, shapes and values", "[gguf]") {
   CHECK(c.norm == NormKind::RMSNorm);
   CHECK(c.pos == PosKind::Rope);
   CHECK(c.mlp == MlpKind::SwiGLU);
-  CHECK(c.vocab_size == hc["vocab_size"].get<int>());
-  CHECK(c.hidden == hc["hidden_size"].get<int>());
-  CHECK(c.intermediate == hc["intermediate_size"].get<int>());
-  CHECK(c.n_layers == hc["num_hidden_layers"].get<int>());
-  CHECK(c.n_heads == hc["num_attention_heads"].get<int>());
-  CHECK(c.n_kv_heads == hc["num_key_value_heads"].get<int>());
+  check_llama_config(c, hc);
   CHECK(c.head_dim == c.hidden / c.n_heads);
-  CHECK(c.max_positions == hc["max_position_embeddings"].get<int>());
-  CHECK(c.rope_theta == Approx(hc["rope_theta"].get<double>()));
-  CHECK(c.norm_eps == Approx(hc["rms_norm_eps"].get<double>()));
-  CHECK(c.tied_embeddings == hc["tie_word_embeddings"].get<bool>());
-  CHECK(c.bos_id == hc["bos_token_id"].get<int>());
-  CHECK(c.eos_ids == std::vector<int>{hc["eos_token_id"].get<int>()});
 
   auto src = make_gguf_source(f);
   CHECK(src->names().size() == ex["tensors"].size());
@@ -375,19 +380,8 @@ TEST_CASE("gguf: SmolLM2-135M-Instruct Q4_1 against transformers", "[gguf]") {
   GgufFile f = GgufFile::open(*path);
   ModelConfig c = config_from_gguf(f);
   const json& hc = ex["config"];
-  CHECK(c.vocab_size == hc["vocab_size"].get<int>());
-  CHECK(c.hidden == hc["hidden_size"].get<int>());
-  CHECK(c.intermediate == hc["intermediate_size"].get<int>());
-  CHECK(c.n_layers == hc["num_hidden_layers"].get<int>());
-  CHECK(c.n_heads == hc["num_attention_heads"].get<int>());
-  CHECK(c.n_kv_heads == hc["num_key_value_heads"].get<int>());
+  check_llama_config(c, hc);
   CHECK(c.head_dim == 64);
-  CHECK(c.max_positions == hc["max_position_embeddings"].get<int>());
-  CHECK(c.rope_theta == Approx(hc["rope_theta"].get<double>()));
-  CHECK(c.norm_eps == Approx(hc["rms_norm_eps"].get<double>()));
-  CHECK(c.tied_embeddings == hc["tie_word_embeddings"].get<bool>());
-  CHECK(c.bos_id == hc["bos_token_id"].get<int>());
-  CHECK(c.eos_ids == std::vector<int>{hc["eos_token_id"].get<int>()});
   CHECK(c.pad_id == 2);
 
   auto src = make_gguf_source(f);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include "policy_fixtures.h"
 #include "strata/backend/backend.h"
 #include "strata/model/config.h"
 #include "strata/model/model_loader.h"
@@ -20,6 +21,7 @@
 using namespace strata;
 using nlohmann::json;
 namespace fs = std::filesystem;
+using test::policy_of;
 
 namespace {
 
@@ -72,18 +74,6 @@ std::vector<GenResult> run_blocks(OffloadEngine& engine, const std::vector<GenRe
   return out;
 }
 
-Policy make_policy(TierSplit w, TierSplit c, TierSplit a, int gbs, int ngb, bool cpu_attention, bool overlap) {
-  Policy p;
-  p.weights = w;
-  p.kv_cache = c;
-  p.activations = a;
-  p.gpu_batch_size = gbs;
-  p.num_gpu_batches = ngb;
-  p.cpu_attention = cpu_attention;
-  p.overlap = overlap;
-  return p;
-}
-
 std::string describe(const Policy& p) {
   auto split = [](const TierSplit& s) {
     return std::to_string(s.gpu) + "/" + std::to_string(s.cpu) + "/" + std::to_string(s.disk);
@@ -108,8 +98,8 @@ std::vector<Policy> policy_grid() {
     for (size_t v = 0; v < 2; ++v) {
       const size_t n = out.size();
       const auto [gbs, ngb] = shapes[n % shapes.size()];
-      out.push_back(make_policy(placements[i][0], placements[i][1], placements[i][2], gbs, ngb,
-                                /*cpu_attention=*/(n / 2) % 2 == 1, /*overlap=*/n % 2 == 0));
+      out.push_back(policy_of(gbs, ngb, placements[i][0], placements[i][1], placements[i][2],
+                              /*cpu_attention=*/(n / 2) % 2 == 1, /*overlap=*/n % 2 == 0));
       // Prefill steps from 3 tokens (prompts of up to 20 run in pieces, one sequence a group) to
       // the default (whole batches a group), so groups, pieces and both meet every placement.
       out.back().prefill_tokens = prefill_steps[n % prefill_steps.size()];
@@ -187,7 +177,7 @@ TEST_CASE("compressed: every placement gives the all-on-GPU compressed run's gre
     std::vector<std::vector<GenResult>> reference;
     for (const auto& [w, c] : settings) {
       OffloadOptions opt;
-      opt.policy = make_policy({100, 0, 0}, {100, 0, 0}, {100, 0, 0}, int(reqs.size()), 1, false, true);
+      opt.policy = policy_of(int(reqs.size()), 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}, false, true);
       opt.policy.compress_weights = w;
       opt.policy.compress_kv_cache = c;
       OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
@@ -225,7 +215,7 @@ TEST_CASE("compressed: the schedule takes what the plan says, weights cross the 
   // hold 12 h^2 elements; at 4 bits in groups of 64 a row of 2048 takes 1024 + 32 x 4 bytes, of
   // 8192 4096 + 128 x 4, against 4 bytes an element on the CPU backend (fp32).
   const ModelConfig cfg = *config_preset("opt-1.3b");
-  Policy p = make_policy({0, 100, 0}, {100, 0, 0}, {100, 0, 0}, 4, 1, false, true);
+  Policy p = policy_of(4, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}, false, true);
   const PlacementPlan fp = plan_placement(cfg, p, {64, 8}, DType::F32);
   p.compress_weights = Compression{4, 64};
   const PlacementPlan q = plan_placement(cfg, p, {64, 8}, DType::F32);
@@ -251,7 +241,7 @@ TEST_CASE("prompts of different lengths and budgets share a block", "[offload]")
   reqs[1].sampling.max_new_tokens = 1;
   reqs[3].sampling.max_new_tokens = 7;
   OffloadOptions opt;
-  opt.policy = make_policy({0, 50, 50}, {0, 50, 50}, {0, 50, 50}, 2, 3, true, true);
+  opt.policy = policy_of(2, 3, {0, 50, 50}, {0, 50, 50}, {0, 50, 50}, true, true);
   opt.offload_dir = offload_dir();
   OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(fixture_requests(exp)));
   const std::vector<GenResult> got = engine.generate(reqs);
@@ -279,7 +269,7 @@ TEST_CASE("placement follows the policy's percentages by cumulative size", "[off
   // h = 4096, f = 16384: 67,108,864 + 134,217,728 + 36,864 + 16,384 = 201,379,840 parameters =
   // 402,759,680 bytes; every tensor is a multiple of 256 bytes and the sum of 4096.
   const ModelConfig cfg = *config_preset("opt-6.7b");
-  Policy p = make_policy({0, 100, 0}, {0, 0, 100}, {100, 0, 0}, 4, 2, false, true);
+  Policy p = policy_of(4, 2, {0, 100, 0}, {0, 0, 100}, {100, 0, 0}, false, true);
   const PlacementPlan plan = plan_placement(cfg, p, {512, 32}, DType::F16);
   CHECK(plan.layer_weight_bytes == 402759680u);
   CHECK(plan.weights.cpu == Approx(32.0 * 402759680.0));
@@ -314,7 +304,7 @@ TEST_CASE("a staggered prefill starts GPU batches in later steps: the same token
   for (int per_step : {0, 1, 2}) {
     INFO("prefill_batches_per_step " << per_step);
     OffloadOptions opt;
-    opt.policy = make_policy({0, 100, 0}, {100, 0, 0}, {100, 0, 0}, gbs, 3, false, true);
+    opt.policy = policy_of(gbs, 3, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}, false, true);
     opt.policy.prefill_batches_per_step = per_step;
     opt.offload_dir = offload_dir("stagger");
     OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
@@ -393,13 +383,13 @@ TEST_CASE("a policy that does not fit fails before any work, naming the tier", "
   auto backend = make_cpu_backend(2);
   ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
   OffloadOptions opt;
-  opt.policy = make_policy({100, 0, 0}, {100, 0, 0}, {100, 0, 0}, 4, 2, false, true);
+  opt.policy = policy_of(4, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}, false, true);
   opt.gpu_budget = 64 * 1024;
   opt.offload_dir = offload_dir();
   CHECK_THROWS_WITH(OffloadEngine(model.config, *model.weights, *backend, opt, {20, 40}),
                     Catch::Contains("gpu tier needs") && Catch::Contains("budget is 64.00 KiB (--gpu-mem)"));
   opt.gpu_budget = 0;
-  opt.policy = make_policy({0, 0, 100}, {100, 0, 0}, {100, 0, 0}, 4, 2, false, true);
+  opt.policy = policy_of(4, 2, {0, 0, 100}, {100, 0, 0}, {100, 0, 0}, false, true);
   opt.disk_budget = 4096;
   CHECK_THROWS_WITH(OffloadEngine(model.config, *model.weights, *backend, opt, {20, 40}),
                     Catch::Contains("disk tier needs") && Catch::Contains("--disk-mem"));
@@ -412,7 +402,7 @@ TEST_CASE("a failing disk read or a full disk mid-run ends with a clear error", 
   const std::vector<GenRequest> reqs = fixture_requests(exp);
   for (DiskFault fault : {DiskFault::ReadError, DiskFault::DiskFull}) {
     OffloadOptions opt;
-    opt.policy = make_policy({0, 0, 100}, {0, 0, 100}, {0, 0, 100}, 5, 1, false, true);
+    opt.policy = policy_of(5, 1, {0, 0, 100}, {0, 0, 100}, {0, 0, 100}, false, true);
     opt.offload_dir = offload_dir("faults");
     opt.fault = fault;
     opt.fault_after = 7;
@@ -438,7 +428,7 @@ TEST_CASE("the report counts the bytes each link moved, the trace opens as trace
     reqs[i].sampling.ignore_eos = true;
   }
   OffloadOptions opt;
-  opt.policy = make_policy({0, 100, 0}, {100, 0, 0}, {100, 0, 0}, 3, 1, false, true);
+  opt.policy = policy_of(3, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}, false, true);
   opt.trace = true;
   OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
   engine.generate(reqs);

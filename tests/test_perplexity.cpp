@@ -45,6 +45,14 @@ const json& find_case(const std::string& model, const std::string& text, int con
   throw std::logic_error("unreachable");
 }
 
+// A case's first quantized figures, those of the 4-bit group-64 round trip.
+const json& q4_of(const json& c) {
+  const json& q = c["quantized"][0];
+  REQUIRE(q["bits"] == 4);
+  REQUIRE(q["group_size"] == 64);
+  return q;
+}
+
 fs::path smollm2_path() {
   const char* env = std::getenv("STRATA_SMOLLM2_GGUF");
   return env && *env ? fs::path(env) : default_model_path();
@@ -210,9 +218,7 @@ TEST_CASE("perplexity with 4-bit weights matches Hugging Face with the numpy rou
   // host reference bit for bit (test_quant.cpp): the forward passes then differ as above.
   for (const char* name : {"tiny-llama", "tiny-llama3", "tiny-opt", "tiny-qwen2"}) {
     const json& c = find_case(name, "sample.txt", 128);
-    const json& q = c["quantized"][0];
-    REQUIRE(q["bits"] == 4);
-    REQUIRE(q["group_size"] == 64);
+    const json& q = q4_of(c);
     const quant::QuantSpec spec{4, 64};
     const Scored s = score_text(kModels + "/" + name, "sample.txt", 128, &spec);
     INFO(name << ": strata " << s.result.perplexity() << ", HF " << q["perplexity"].get<double>() << " (unquantized HF "
@@ -230,9 +236,7 @@ TEST_CASE("perplexity --policy: the offloading engine matches Hugging Face, plai
   // 4-bit weights: HF over the numpy round trip of the same matrices within 0.5% (issue 9).
   for (const char* name : {"tiny-llama", "tiny-llama3", "tiny-opt", "tiny-qwen2"}) {
     const json& c = find_case(name, "sample.txt", 128);
-    const json& q = c["quantized"][0];
-    REQUIRE(q["bits"] == 4);
-    REQUIRE(q["group_size"] == 64);
+    const json& q = q4_of(c);
     for (bool compress : {false, true}) {
       const fs::path policy = temp_dir() / (compress ? "q4.yaml" : "fp.yaml");
       std::ofstream(policy) << "gpu_batch_size: 2\nnum_gpu_batches: 2\nweights: {gpu: 20, cpu: 80, disk: 0}\n"

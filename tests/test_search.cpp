@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_support.h"
+#include "policy_fixtures.h"
 #include "strata/core/error.h"
 #include "strata/policy/search.h"
 
@@ -21,31 +22,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-HardwareProfile machine() {
-  HardwareProfile hw;
-  hw.name = "test";
-  hw.gpu_mem = 16e9;
-  hw.cpu_mem = 64e9;
-  hw.disk_mem = 1e12;
-  hw.cpu_to_gpu_bw = 12e9;
-  hw.gpu_to_cpu_bw = 12e9;
-  hw.disk_to_cpu_bw = 2e9;
-  hw.cpu_to_disk_bw = 1e9;
-  hw.gpu_gemm = {{1, 0.3e12}, {16, 4e12}, {256, 18e12}, {2048, 20e12}};
-  hw.gpu_attention_bw = 250e9;
-  hw.cpu_attention_bw = 12e9;
-  hw.cpu_flops = 1e12;
-  hw.gpu_dequant_bw = 25e9;
-  return hw;
-}
+HardwareProfile machine() { return test::gpu16_machine(); }
 
+// A batch shape, every tensor class left all on the GPU (the search chooses the splits).
 Policy shape(int gbs, int ngb, bool cpu_attention, bool overlap = true) {
-  Policy p;
-  p.gpu_batch_size = gbs;
-  p.num_gpu_batches = ngb;
-  p.cpu_attention = cpu_attention;
-  p.overlap = overlap;
-  return p;
+  return test::policy_of(gbs, ngb, {}, {}, {}, cpu_attention, overlap);
 }
 
 double block_time(const CostForms& F, const Fractions& x) { return predict(F, x).total_s; }

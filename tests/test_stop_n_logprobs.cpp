@@ -125,6 +125,17 @@ PromptRecord strata_record(std::optional<std::vector<std::string>> stop, int n =
   return r;
 }
 
+// The response bodies of an OpenAI-format output file, by custom_id.
+std::map<std::string, json> bodies_by_id(const fs::path& out) {
+  std::map<std::string, json> got;
+  std::ifstream f(out);
+  for (std::string l; std::getline(f, l);) {
+    const json j = json::parse(l);
+    got[j["custom_id"].get<std::string>()] = j["response"]["body"];
+  }
+  return got;
+}
+
 }  // namespace
 
 TEST_CASE("greedy logprobs and top-5 alternatives match Hugging Face's log_softmax", "[logprobs][hf]") {
@@ -614,14 +625,7 @@ TEST_CASE("strata run with --stop, n and logprobs, on both generators", "[cli][s
   test::CliResult r = test::run_strata(base + " -o " + out0.string());
   INFO(r.output);
   REQUIRE(r.code == 0);
-  std::map<std::string, json> plain;
-  {
-    std::ifstream f(out0);
-    for (std::string l; std::getline(f, l);) {
-      const json j = json::parse(l);
-      plain[j["custom_id"].get<std::string>()] = j["response"]["body"];
-    }
-  }
+  const std::map<std::string, json> plain = bodies_by_id(out0);
   const std::string full = plain.at("plain")["choices"][0]["text"].get<std::string>();
   REQUIRE(full.size() >= 4);
   const json& ch = plain.at("choices")["choices"];
@@ -650,12 +654,7 @@ TEST_CASE("strata run with --stop, n and logprobs, on both generators", "[cli][s
                          (offload ? " --policy " + policy.string() + " --offload-dir " + (dir / "off").string() : ""));
     INFO(r.output);
     REQUIRE(r.code == 0);
-    std::map<std::string, json> got;
-    std::ifstream f(out);
-    for (std::string l; std::getline(f, l);) {
-      const json j = json::parse(l);
-      got[j["custom_id"].get<std::string>()] = j["response"]["body"];
-    }
+    const std::map<std::string, json> got = bodies_by_id(out);
     const std::string cut = full.substr(0, full.find(stop));
     CHECK(got.at("plain")["choices"][0]["text"] == cut);
     CHECK(got.at("plain")["choices"][0]["finish_reason"] == "stop");

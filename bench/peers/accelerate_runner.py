@@ -17,22 +17,12 @@ import os
 import shlex
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
+import hf_peer  # noqa: E402
 
 ENGINE = "accelerate"
-
-
-def opt_config_kwargs(model):
-    """transformers.OPTConfig arguments for Strata's preset (src/model/config.cpp, opt_preset)."""
-    name = common.hf_model_name(model).split("/")[1]
-    hidden, layers, heads = common.OPT_PRESETS[name]
-    return {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
-            "ffn_dim": 4 * hidden, "vocab_size": 50272, "max_position_embeddings": 2048,
-            "word_embed_proj_dim": hidden, "do_layer_norm_before": True, "torch_dtype": "float16",
-            "enable_bias": True, "pad_token_id": 1, "bos_token_id": 2, "eos_token_id": 2}
 
 
 def plan(case, policy, batch_size=None, gpu_mem_default="", cpu_mem_default=""):
@@ -48,22 +38,8 @@ def plan(case, policy, batch_size=None, gpu_mem_default="", cpu_mem_default=""):
         max_memory[0] = common.parse_size(gpu)
     if cpu:
         max_memory["cpu"] = common.parse_size(cpu)
-    return {"config": opt_config_kwargs(case.model), "batch_size": batch_size or policy.block_size,
+    return {"config": hf_peer.opt_config_kwargs(case.model), "batch_size": batch_size or policy.block_size,
             "max_memory": max_memory, "prompt_len": case.prompt_len, "gen_len": case.gen_len}
-
-
-def synthetic_prompts(count, length, vocab):
-    """Strata bench's prompts (src/job/bench.cpp, synthetic_requests): the same token ids."""
-    return [[(7919 * (t + 1) + 104729 * i) % vocab for t in range(length)] for i in range(count)]
-
-
-def measure_from_stamps(t_start, stamps, batch, prompt_len):
-    """stamps: the time after each generated token (the first ends prefill)."""
-    if not stamps:
-        raise ValueError("no token was generated")
-    prefill = stamps[0] - t_start
-    decode = stamps[-1] - stamps[0]
-    return common.measure(batch * prompt_len, batch * len(stamps), batch, prefill, decode)
 
 
 def build_model(p, offload_dir):
@@ -93,35 +69,13 @@ def build_model(p, offload_dir):
 
 
 def run_plan(p, offload_dir):
-    import torch
-    from transformers import StoppingCriteria, StoppingCriteriaList
-
     model, device_map = build_model(p, offload_dir)
-    ids = torch.tensor(synthetic_prompts(p["batch_size"], p["prompt_len"], p["config"]["vocab_size"]),
-                       device="cuda:0")
-    stamps = []
-
-    class Stamp(StoppingCriteria):
-        def __call__(self, input_ids, scores, **kwargs):
-            torch.cuda.synchronize()
-            stamps.append(time.perf_counter())
-            return False
-
-    gen = dict(do_sample=False, use_cache=True, pad_token_id=p["config"]["pad_token_id"])
-    with torch.no_grad():
-        model.generate(ids, max_new_tokens=1, min_new_tokens=1, **gen)  # warm-up: prefill and one token
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        stamps.clear()
-        t0 = time.perf_counter()
-        model.generate(ids, max_new_tokens=p["gen_len"], min_new_tokens=p["gen_len"],
-                       stopping_criteria=StoppingCriteriaList([Stamp()]), **gen)
-    m = measure_from_stamps(t0, stamps, p["batch_size"], p["prompt_len"])
+    m, more = hf_peer.timed_generate(model, p)
     tiers = {}
     for where in device_map.values():
         key = "gpu" if isinstance(where, int) or str(where).startswith("cuda") else str(where)
         tiers[key] = tiers.get(key, 0) + 1
-    return m, {"peak_memory": {"gpu": float(torch.cuda.max_memory_allocated())}, "device_map_modules": tiers}
+    return m, dict(more, device_map_modules=tiers)
 
 
 def run_case(case, args):
@@ -134,16 +88,7 @@ def run_case(case, args):
     offload = args.offload_dir or tempfile.mkdtemp(prefix="accelerate-offload-")
     extra = {"machine": common.machine(), "policy_source": policy_cmd or case.policy_path(),
              "batch_size": p["batch_size"], "max_memory": {str(k): v for k, v in p["max_memory"].items()}}
-    try:
-        m, more = run_plan(p, offload)
-    except Exception as e:  # the peer's own failure (e.g. CUDA out of memory) is a result
-        msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        return common.result_line(case, ENGINE, policy, status=f"failed: {msg}", command=command, extra=extra)
-    extra.update(more)
-    line = common.result_line(case, ENGINE, policy, measured=m, command=command, extra=extra)
-    # accelerate runs the whole block as one batch: record it as one GPU batch of that size.
-    line["gpu_batch_size"], line["num_gpu_batches"] = p["batch_size"], 1
-    return line
+    return hf_peer.run_line(case, ENGINE, policy, p, command, extra, lambda: run_plan(p, offload))
 
 
 def main(argv=None):

@@ -17,11 +17,11 @@ import os
 import shlex
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import accelerate_runner  # noqa: E402  (shared: config, prompts, timing)
+import accelerate_runner  # noqa: E402  (its plan)
 import common  # noqa: E402
+import hf_peer  # noqa: E402
 
 ENGINE = "deepspeed"
 
@@ -64,7 +64,7 @@ def plan(case, policy, batch_size=None, offload_dir=None):
 def run_plan(p):
     import torch
     import deepspeed
-    from transformers import OPTConfig, OPTForCausalLM, StoppingCriteria, StoppingCriteriaList
+    from transformers import OPTConfig, OPTForCausalLM
     from transformers.integrations import HfDeepSpeedConfig
 
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
@@ -75,26 +75,7 @@ def run_plan(p):
     engine = deepspeed.initialize(model=model, config_params=p["ds_config"])[0]
     engine.module.eval()
     model = engine.module
-    ids = torch.tensor(accelerate_runner.synthetic_prompts(p["batch_size"], p["prompt_len"],
-                                                           p["config"]["vocab_size"]), device="cuda:0")
-    stamps = []
-
-    class Stamp(StoppingCriteria):
-        def __call__(self, input_ids, scores, **kwargs):
-            torch.cuda.synchronize()
-            stamps.append(time.perf_counter())
-            return False
-
-    gen = dict(do_sample=False, use_cache=True, pad_token_id=p["config"]["pad_token_id"], synced_gpus=False)
-    with torch.no_grad():
-        model.generate(ids, max_new_tokens=1, min_new_tokens=1, **gen)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        model.generate(ids, max_new_tokens=p["gen_len"], min_new_tokens=p["gen_len"],
-                       stopping_criteria=StoppingCriteriaList([Stamp()]), **gen)
-    m = accelerate_runner.measure_from_stamps(t0, stamps, p["batch_size"], p["prompt_len"])
-    return m, {"peak_memory": {"gpu": float(torch.cuda.max_memory_allocated())}}
+    return hf_peer.timed_generate(model, p, synced_gpus=False)
 
 
 def run_case(case, args):
@@ -107,15 +88,7 @@ def run_case(case, args):
         return None
     extra = {"machine": common.machine(), "policy_source": policy_cmd or case.policy_path(),
              "batch_size": p["batch_size"], "offload_param": p["offload"]}
-    try:
-        m, more = run_plan(p)
-    except Exception as e:  # the peer's own failure (e.g. CUDA out of memory) is a result
-        msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        return common.result_line(case, ENGINE, policy, status=f"failed: {msg}", command=command, extra=extra)
-    extra.update(more)
-    line = common.result_line(case, ENGINE, policy, measured=m, command=command, extra=extra)
-    line["gpu_batch_size"], line["num_gpu_batches"] = p["batch_size"], 1
-    return line
+    return hf_peer.run_line(case, ENGINE, policy, p, command, extra, lambda: run_plan(p))
 
 
 def main(argv=None):

@@ -12,6 +12,7 @@ import accelerate_runner
 import common
 import deepspeed_runner
 import flexgen_runner
+import hf_peer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -141,13 +142,13 @@ class AccelerateTest(unittest.TestCase):
             accelerate_runner.plan(case(prompt_len=2040, gen_len=32), p)
 
     def test_prompts_match_strata(self):
-        pr = accelerate_runner.synthetic_prompts(2, 3, 50272)
+        pr = hf_peer.synthetic_prompts(2, 3, 50272)
         self.assertEqual(pr[0], [7919, 15838, 23757])
         self.assertEqual(pr[1][0], (7919 + 104729) % 50272)
 
     def test_timing(self):
         # 4 sequences, prompt 10: prefill 2 s, then 3 more tokens in 3 s.
-        m = accelerate_runner.measure_from_stamps(0.0, [2.0, 3.0, 4.0, 5.0], 4, 10)
+        m = hf_peer.measure_from_stamps(0.0, [2.0, 3.0, 4.0, 5.0], 4, 10)
         self.assertAlmostEqual(m["prefill_tok_s"], 20.0)
         self.assertAlmostEqual(m["decode_tok_s"], 4.0)
         self.assertAlmostEqual(m["total_tok_s"], 16 / 5)
