@@ -1,7 +1,11 @@
-// Byte-level BPE tokenizer (GPT-2, OPT, LLaMA-3, Qwen2 families), loaded from a Hugging Face
-// tokenizer.json or from vocab.json + merges.txt. encode() gives exactly what Hugging Face's
-// tokenizer.encode(text, add_special_tokens=False) gives: added/special tokens that appear in the
-// text are matched first, the rest is split by the pre-tokenizer regex (PCRE2) and merged by rank.
+// BPE tokenizer, loaded from a Hugging Face tokenizer.json or from vocab.json + merges.txt:
+// byte-level (GPT-2, OPT, LLaMA-3, Qwen2 families) or SentencePiece-style (LLaMA-2, Mistral,
+// TinyLlama: "\u2581" for spaces, BPE over characters, <0xXX> byte fallback). encode() gives
+// exactly what Hugging Face's tokenizer.encode(text, add_special_tokens=False) gives: added/special
+// tokens that appear in the text are matched first, the rest is split by the pre-tokenizer regex
+// (PCRE2) and merged by rank. decode() is Hugging Face's decode, the SentencePiece decoders'
+// dropped leading space included. GGUF's SentencePiece tokenizer ('llama', scores without
+// merges) is not supported.
 #pragma once
 #include <cstdint>
 #include <filesystem>
