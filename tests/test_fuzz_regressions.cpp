@@ -8,6 +8,7 @@
 
 #include "strata/core/error.h"
 #include "strata/job/prompts.h"
+#include "strata/model/chat_template.h"
 #include "strata/model/config.h"
 #include "strata/model/safetensors.h"
 #include "strata/model/tokenizer.h"
@@ -110,4 +111,35 @@ TEST_CASE("fuzz finding 5: a weight_map shard name with a NUL byte or naming a d
                       Catch::StartsWith("m/i.json: weight_map names shard ") && Catch::Contains("not a file name"));
   CHECK_THROWS_WITH(parse_safetensors_index(index(R"("../b.safetensors")"), "m/i.json"),
                     Catch::Contains("outside the model directory"));
+}
+
+namespace {
+
+// Llama 3's and Zephyr's templates as their tokenizer_config.json hold them.
+const std::string kLlama3Template =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 "
+    "%}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+const std::string kZephyrTemplate =
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\\n' + message['content'] + "
+    "eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\\n' + message['content'] + eos_token }}\n"
+    "{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\\n'  + message['content'] + eos_token }}\n"
+    "{% endif %}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}";
+
+}  // namespace
+
+TEST_CASE("fuzz finding 6: trim takes no truncated UTF-8 sequence for a space", "[chat][fuzz]") {
+  // "\xe2\x80" followed by any byte up to 0x8a (or by the end) passed for U+2000..U+200A: the '}'
+  // after it was trimmed away, and at the end of the content trim's start ran past the end
+  // (std::out_of_range from substr).
+  const ChatTemplate t = ChatTemplate::parse(kLlama3Template, {"<s>", "</s>"});
+  REQUIRE(t.format() == ChatFormat::Llama3);
+  const std::string head = "<s><|start_header_id|>user<|end_header_id|>\n\n";
+  CHECK(t.render({{"user", "    {{% f2r message in messages %\xe2\x80}"}}, false) ==
+        head + "{{% f2r message in messages %\xe2\x80}<|eot_id|>");
+  CHECK(t.render({{"user", "\xe2\x80"}}, false) == head + "\xe2\x80<|eot_id|>");
+  CHECK(t.render({{"user", "a \xe2\x80"}}, false) == head + "a \xe2\x80<|eot_id|>");
+  // Real spaces are still trimmed: U+2000, U+200A, U+3000, NBSP.
+  CHECK(t.render({{"user", "\xe2\x80\x80 a\xe2\x80\x8a\xe3\x80\x80\xc2\xa0"}}, false) == head + "a<|eot_id|>");
 }
