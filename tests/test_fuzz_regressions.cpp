@@ -2,6 +2,8 @@
 // of outside bytes fail with something other than strata::Error. They must now be refused with
 // a strata::Error that names the source and the line.
 #include <catch2/catch.hpp>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "strata/model/tokenizer.h"
 #include "strata/policy/policy.h"
 #include "strata/profile/hardware.h"
+#include "test_paths.h"
 
 using namespace strata;
 
@@ -142,4 +145,18 @@ TEST_CASE("fuzz finding 6: trim takes no truncated UTF-8 sequence for a space", 
   CHECK(t.render({{"user", "a \xe2\x80"}}, false) == head + "a \xe2\x80<|eot_id|>");
   // Real spaces are still trimmed: U+2000, U+200A, U+3000, NBSP.
   CHECK(t.render({{"user", "\xe2\x80\x80 a\xe2\x80\x8a\xe3\x80\x80\xc2\xa0"}}, false) == head + "a<|eot_id|>");
+}
+
+TEST_CASE("fuzz finding 7: a Llama 3.1 tool message that is not UTF-8 is refused, not a JSON exception",
+          "[chat][fuzz]") {
+  // tojson's string went through nlohmann::json::dump, whose type_error 316 escaped render().
+  std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/chat/chat_cases.json");
+  REQUIRE(in);
+  const nlohmann::json cases = nlohmann::json::parse(in);
+  const ChatTemplate t = ChatTemplate::parse(cases["templates"]["llama3.1"]["source"].get<std::string>());
+  REQUIRE(t.format() == ChatFormat::Llama31);
+  CHECK_THROWS_MATCHES(t.render({{"user", "x"}, {"tool", "ab\xff\xfe"}}), ChatTemplateError,
+                       Catch::Message("a tool message's content is not valid UTF-8"));
+  CHECK_THAT(t.render({{"user", "x"}, {"tool", "\"a\"\n\xc3\xa9"}}),
+             Catch::Contains("<|start_header_id|>ipython<|end_header_id|>\n\n\"\\\"a\\\"\\n\xc3\xa9\"<|eot_id|>"));
 }

@@ -113,7 +113,11 @@ std::string ChatTemplate::render_llama31(const std::vector<ChatMessage>& message
       out += llama3_turn(m);
     } else {
       out += "<|start_header_id|>ipython<|end_header_id|>\n\n";
-      out += nlohmann::json(m.content).dump(-1, ' ', /*ensure_ascii=*/false) + "<|eot_id|>";
+      try {
+        out += nlohmann::json(m.content).dump(-1, ' ', /*ensure_ascii=*/false) + "<|eot_id|>";
+      } catch (const nlohmann::json::exception&) {  // type_error 316: not UTF-8, so no Python string
+        raise("a tool message's content is not valid UTF-8");
+      }
     }
   }
   if (gen) out += kLlama3Generation;
