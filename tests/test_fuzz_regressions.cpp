@@ -2,6 +2,7 @@
 // of outside bytes fail with something other than strata::Error. They must now be refused with
 // a strata::Error that names the source and the line.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -159,4 +160,33 @@ TEST_CASE("fuzz finding 7: a Llama 3.1 tool message that is not UTF-8 is refused
                        Catch::Message("a tool message's content is not valid UTF-8"));
   CHECK_THAT(t.render({{"user", "x"}, {"tool", "\"a\"\n\xc3\xa9"}}),
              Catch::Contains("<|start_header_id|>ipython<|end_header_id|>\n\n\"\\\"a\\\"\\n\xc3\xa9\"<|eot_id|>"));
+}
+
+TEST_CASE("fuzz finding 8: long chat templates are recognized in linear time, without deep recursion",
+          "[chat][fuzz]") {
+  // Found by running long inputs beside the fuzzer (its inputs stay under ~4 KB): std::regex in the
+  // Zephyr check recursed once a space and overflowed the stack on 100,000 spaces before "}}";
+  // replace_all and the ChatML default-system search were quadratic (6 s for 1 MB of "{{-").
+  const auto start = std::chrono::steady_clock::now();
+  const size_t n = 2'000'000;
+  std::string zephyr = kZephyrTemplate;
+  zephyr.replace(zephyr.find("eos_token }}"), 12, "eos_token" + std::string(n, ' ') + "}}");
+  CHECK(ChatTemplate::parse(zephyr).format() == ChatFormat::Zephyr);
+  std::string dashes;
+  for (size_t i = 0; i < n / 3; ++i) dashes += "{{-";
+  CHECK_THROWS_WITH(ChatTemplate::parse(dashes), Catch::StartsWith("unsupported chat template"));
+  const std::string chatml =
+      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+      "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  std::string heads;
+  for (size_t i = 0; i < n / 26; ++i) heads += "{{'<|im_start|>system\\n'}}";
+  const ChatTemplate t = ChatTemplate::parse(heads + "<|im_end|>" + chatml);
+  CHECK(t.format() == ChatFormat::ChatML);
+  CHECK_FALSE(t.default_system());
+  // Linear, these take well under a second even with the sanitizers; quadratic, over a minute.
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  // The Zephyr check still wants a newline after each turn and the generation prompt.
+  std::string joined = kZephyrTemplate;
+  joined.replace(joined.find("'<|assistant|>' }}\n"), 19, "'<|assistant|>' }}");
+  CHECK_THROWS_WITH(ChatTemplate::parse(joined), Catch::StartsWith("unsupported chat template"));
 }
