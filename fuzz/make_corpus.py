@@ -113,6 +113,18 @@ def bpe_files():
             "\n".join(merges) + "\n")
 
 
+def chat_templates():
+    # Each recognized family's template (the Jinja2 fixture's, and SmolLM2's ChatML) with a
+    # conversation after "\n----\n", one "role\tcontent" a line, as chat_template_fuzz splits them.
+    cases = json.loads((ROOT / "tests/fixtures/chat/chat_cases.json").read_text())
+    conversation = ("system\t You are terse. \nuser\tWhat is the capital of France?\n"
+                    "assistant\tParis.\nuser\t \u3000And of Spain?\t\n")
+    for name, t in cases["templates"].items():
+        put("chat_template_fuzz", name + ".txt", t["source"] + "\n----\n" + conversation)
+    smollm2 = json.loads((ROOT / "tests/fixtures/gguf/smollm2_hf.json").read_text())["chat_template"]
+    put("chat_template_fuzz", "smollm2_chatml.txt", smollm2 + "\n----\nuser\tHi\nassistant\tHello!\ntool\t{}\n")
+
+
 def gguf():
     for name in ["synth_align.gguf", "synth_meta.gguf", "synth_quants.gguf"]:
         put("gguf_fuzz", name, (ROOT / "tests" / "fixtures" / "gguf" / name).read_bytes())
@@ -127,3 +139,4 @@ if __name__ == "__main__":
     configs()
     safetensors_indexes()
     bpe_files()
+    chat_templates()

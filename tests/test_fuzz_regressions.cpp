@@ -2,17 +2,22 @@
 // of outside bytes fail with something other than strata::Error. They must now be refused with
 // a strata::Error that names the source and the line.
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "strata/core/error.h"
 #include "strata/job/prompts.h"
+#include "strata/model/chat_template.h"
 #include "strata/model/config.h"
 #include "strata/model/safetensors.h"
 #include "strata/model/tokenizer.h"
 #include "strata/policy/policy.h"
 #include "strata/profile/hardware.h"
+#include "test_paths.h"
 
 using namespace strata;
 
@@ -110,4 +115,78 @@ TEST_CASE("fuzz finding 5: a weight_map shard name with a NUL byte or naming a d
                       Catch::StartsWith("m/i.json: weight_map names shard ") && Catch::Contains("not a file name"));
   CHECK_THROWS_WITH(parse_safetensors_index(index(R"("../b.safetensors")"), "m/i.json"),
                     Catch::Contains("outside the model directory"));
+}
+
+namespace {
+
+// Llama 3's and Zephyr's templates as their tokenizer_config.json hold them.
+const std::string kLlama3Template =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + "
+    "message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 "
+    "%}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
+    "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
+const std::string kZephyrTemplate =
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\\n' + message['content'] + "
+    "eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system|>\\n' + message['content'] + eos_token }}\n"
+    "{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\\n'  + message['content'] + eos_token }}\n"
+    "{% endif %}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}";
+
+}  // namespace
+
+TEST_CASE("fuzz finding 6: trim takes no truncated UTF-8 sequence for a space", "[chat][fuzz]") {
+  // "\xe2\x80" followed by any byte up to 0x8a (or by the end) passed for U+2000..U+200A: the '}'
+  // after it was trimmed away, and at the end of the content trim's start ran past the end
+  // (std::out_of_range from substr).
+  const ChatTemplate t = ChatTemplate::parse(kLlama3Template, {"<s>", "</s>"});
+  REQUIRE(t.format() == ChatFormat::Llama3);
+  const std::string head = "<s><|start_header_id|>user<|end_header_id|>\n\n";
+  CHECK(t.render({{"user", "    {{% f2r message in messages %\xe2\x80}"}}, false) ==
+        head + "{{% f2r message in messages %\xe2\x80}<|eot_id|>");
+  CHECK(t.render({{"user", "\xe2\x80"}}, false) == head + "\xe2\x80<|eot_id|>");
+  CHECK(t.render({{"user", "a \xe2\x80"}}, false) == head + "a \xe2\x80<|eot_id|>");
+  // Real spaces are still trimmed: U+2000, U+200A, U+3000, NBSP.
+  CHECK(t.render({{"user", "\xe2\x80\x80 a\xe2\x80\x8a\xe3\x80\x80\xc2\xa0"}}, false) == head + "a<|eot_id|>");
+}
+
+TEST_CASE("fuzz finding 7: a Llama 3.1 tool message that is not UTF-8 is refused, not a JSON exception",
+          "[chat][fuzz]") {
+  // tojson's string went through nlohmann::json::dump, whose type_error 316 escaped render().
+  std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/chat/chat_cases.json");
+  REQUIRE(in);
+  const nlohmann::json cases = nlohmann::json::parse(in);
+  const ChatTemplate t = ChatTemplate::parse(cases["templates"]["llama3.1"]["source"].get<std::string>());
+  REQUIRE(t.format() == ChatFormat::Llama31);
+  CHECK_THROWS_MATCHES(t.render({{"user", "x"}, {"tool", "ab\xff\xfe"}}), ChatTemplateError,
+                       Catch::Message("a tool message's content is not valid UTF-8"));
+  CHECK_THAT(t.render({{"user", "x"}, {"tool", "\"a\"\n\xc3\xa9"}}),
+             Catch::Contains("<|start_header_id|>ipython<|end_header_id|>\n\n\"\\\"a\\\"\\n\xc3\xa9\"<|eot_id|>"));
+}
+
+TEST_CASE("fuzz finding 8: long chat templates are recognized in linear time, without deep recursion",
+          "[chat][fuzz]") {
+  // Found by running long inputs beside the fuzzer (its inputs stay under ~4 KB): std::regex in the
+  // Zephyr check recursed once a space and overflowed the stack on 100,000 spaces before "}}";
+  // replace_all and the ChatML default-system search were quadratic (6 s for 1 MB of "{{-").
+  const auto start = std::chrono::steady_clock::now();
+  const size_t n = 2'000'000;
+  std::string zephyr = kZephyrTemplate;
+  zephyr.replace(zephyr.find("eos_token }}"), 12, "eos_token" + std::string(n, ' ') + "}}");
+  CHECK(ChatTemplate::parse(zephyr).format() == ChatFormat::Zephyr);
+  std::string dashes;
+  for (size_t i = 0; i < n / 3; ++i) dashes += "{{-";
+  CHECK_THROWS_WITH(ChatTemplate::parse(dashes), Catch::StartsWith("unsupported chat template"));
+  const std::string chatml =
+      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+      "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  std::string heads;
+  for (size_t i = 0; i < n / 26; ++i) heads += "{{'<|im_start|>system\\n'}}";
+  const ChatTemplate t = ChatTemplate::parse(heads + "<|im_end|>" + chatml);
+  CHECK(t.format() == ChatFormat::ChatML);
+  CHECK_FALSE(t.default_system());
+  // Linear, these take well under a second even with the sanitizers; quadratic, over a minute.
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
+  // The Zephyr check still wants a newline after each turn and the generation prompt.
+  std::string joined = kZephyrTemplate;
+  joined.replace(joined.find("'<|assistant|>' }}\n"), 19, "'<|assistant|>' }}");
+  CHECK_THROWS_WITH(ChatTemplate::parse(joined), Catch::StartsWith("unsupported chat template"));
 }

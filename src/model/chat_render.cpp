@@ -10,6 +10,8 @@ namespace strata {
 namespace {
 
 // Python's str.strip() (Jinja's trim): the code points str.isspace() accepts, at both ends.
+// Every byte of a multi-byte space is checked, so a truncated or invalid sequence (bytes Python
+// could not have decoded) is never a space, nor reaches past the end.
 bool python_space_at(std::string_view s, size_t i, size_t& len) {
   const auto b = [&](size_t k) { return k < s.size() ? static_cast<unsigned char>(s[k]) : 0u; };
   const unsigned c = b(i);
@@ -21,7 +23,7 @@ bool python_space_at(std::string_view s, size_t i, size_t& len) {
   if (c == 0xe2) {
     const unsigned c1 = b(i + 1), c2 = b(i + 2);
     len = 3;
-    if (c1 == 0x80 && (c2 <= 0x8a || c2 == 0xa8 || c2 == 0xa9 || c2 == 0xaf))
+    if (c1 == 0x80 && ((c2 >= 0x80 && c2 <= 0x8a) || c2 == 0xa8 || c2 == 0xa9 || c2 == 0xaf))
       return true;                              // U+2000..200A, 2028/9, 202F
     if (c1 == 0x81 && c2 == 0x9f) return true;  // U+205F
   }
@@ -111,7 +113,11 @@ std::string ChatTemplate::render_llama31(const std::vector<ChatMessage>& message
       out += llama3_turn(m);
     } else {
       out += "<|start_header_id|>ipython<|end_header_id|>\n\n";
-      out += nlohmann::json(m.content).dump(-1, ' ', /*ensure_ascii=*/false) + "<|eot_id|>";
+      try {
+        out += nlohmann::json(m.content).dump(-1, ' ', /*ensure_ascii=*/false) + "<|eot_id|>";
+      } catch (const nlohmann::json::exception&) {  // type_error 316: not UTF-8, so no Python string
+        raise("a tool message's content is not valid UTF-8");
+      }
     }
   }
   if (gen) out += kLlama3Generation;

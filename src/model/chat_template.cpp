@@ -5,14 +5,21 @@
 #include "strata/model/chat_template.h"
 
 #include <ctime>
-#include <regex>
 
 namespace strata {
 
 namespace {
 
+// Into a new string: replacing in place moved the rest of s for each match (quadratic).
 void replace_all(std::string& s, std::string_view from, std::string_view to) {
-  for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + to.size())) s.replace(p, from.size(), to);
+  std::string out;
+  size_t done = 0;
+  for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, done)) {
+    out.append(s, done, p - done).append(to);
+    done = p + from.size();
+  }
+  if (done == 0) return;
+  s = std::move(out.append(s, done));
 }
 
 // Spellings that mean the same in Jinja, made one.
@@ -92,6 +99,7 @@ std::string unescape_jinja(std::string_view s) {
 // template (as opposed to one built from messages[0]['content']).
 std::optional<std::string> find_default_system(std::string_view src) {
   const std::string_view head = "<|im_start|>system";
+  size_t end = 0;  // the first <|im_end|> at or after q, kept while it is: many heads before one end were quadratic
   for (size_t p = src.find(head); p != std::string_view::npos; p = src.find(head, p + 1)) {
     if (p == 0 || (src[p - 1] != '\'' && src[p - 1] != '"')) continue;
     char quote = src[p - 1];
@@ -102,8 +110,8 @@ std::optional<std::string> find_default_system(std::string_view src) {
       q += 2;
     else
       continue;
-    size_t end = src.find("<|im_end|>", q);
-    if (end == std::string_view::npos) continue;
+    if (end < q) end = src.find("<|im_end|>", q);
+    if (end == std::string_view::npos) return std::nullopt;  // none after this head, so none after later ones
     std::string_view body = src.substr(q, end - q);
     if (body.find(quote) != std::string_view::npos) continue;  // literal closed: built from a variable
     return unescape_jinja(body);
@@ -181,6 +189,18 @@ bool is_mistral(const std::string& n) {
                       "{%endfor%}");
 }
 
+// How often `head`, any spaces and "}}\n" occur in src. A plain scan: std::regex recursed once a
+// space and overflowed the stack on a long run of them.
+size_t count_closed_by_newline(std::string_view src, std::string_view head) {
+  size_t count = 0;
+  for (size_t p = src.find(head); p != std::string_view::npos; p = src.find(head, p + head.size())) {
+    size_t q = p + head.size();
+    while (q < src.size() && src[q] == ' ') ++q;
+    if (src.substr(q, 3) == "}}\n") ++count;
+  }
+  return count;
+}
+
 // Zephyr writes each turn from an output tag followed by a newline that trim_blocks keeps (it
 // drops only those after block tags), so those newlines are checked in the source itself.
 bool is_zephyr(const std::string& n, std::string_view src) {
@@ -189,11 +209,8 @@ bool is_zephyr(const std::string& n, std::string_view src) {
       "{%elifmessage['role']=='system'%}{{'<|system|>\\n'+message['content']+eos_token}}"
       "{%elifmessage['role']=='assistant'%}{{'<|assistant|>\\n'+message['content']+eos_token}}{%endif%}"
       "{%ifloop.lastandadd_generation_prompt%}{{'<|assistant|>'}}{%endif%}{%endfor%}";
-  if (!shape) return false;
-  static const std::regex turn_end(R"(eos_token *\}\}\n)"), generation_end(R"('<\|assistant\|>' *\}\}\n)");
-  const std::string s(src);
-  const auto turns = std::distance(std::sregex_iterator(s.begin(), s.end(), turn_end), std::sregex_iterator());
-  return turns == 3 && std::regex_search(s, generation_end);
+  return shape && count_closed_by_newline(src, "eos_token") == 3 &&
+         count_closed_by_newline(src, "'<|assistant|>'") > 0;
 }
 
 // The first literal assigned to date_string: Llama 3.1's default.
