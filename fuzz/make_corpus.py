@@ -68,7 +68,11 @@ def tokenizers():
     # Trimmed to the tokens below `keep` and the merges among them: small seeds fuzz faster.
     for src, keep in [("tests/fixtures/models/tiny-opt/tokenizer.json", 300),
                       ("tests/fixtures/models/tiny-llama3/tokenizer.json", 300),
-                      ("tests/fixtures/tokenizer/llama3-style/tokenizer.json", 320)]:
+                      ("tests/fixtures/tokenizer/llama3-style/tokenizer.json", 320),
+                      # SentencePiece-style: ids 3..258 are the <0xXX> byte tokens
+                      ("tests/fixtures/tokenizer/sp-normalizer/tokenizer.json", 340),
+                      ("tests/fixtures/tokenizer/sp-metaspace/tokenizer.json", 340),
+                      ("tests/fixtures/tokenizer/sp-metaspace-split/tokenizer.json", 340)]:
         j = json.loads((ROOT / src).read_text())
         vocab = {t: i for t, i in j["model"]["vocab"].items() if i < keep}
         merges = []

@@ -96,6 +96,17 @@ TEST_CASE("chat templates that differ from a family in what they print are refus
   CHECK_THROWS_WITH(ChatTemplate::parse(edited(source("zephyr"), "eos_token }}\n{% elif message['role'] == 'system'",
                                                "eos_token }}{% elif message['role'] == 'system'")),
                     Catch::StartsWith(unsupported));
+  // Text between tags is printed: a space there is part of the prompt, as in the literals.
+  const std::string spaced_tags = edited(source("mistral"), "{% endif %}{% endfor %}", "{% endif %} {% endfor %}");
+  CHECK_THROWS_WITH(ChatTemplate::parse(spaced_tags), Catch::StartsWith(unsupported));
+  CHECK_THROWS_WITH(ChatTemplate::parse(edited(source("llama3"), "{{ content }}", "{{ content }}\n")),
+                    Catch::StartsWith(unsupported));
+  // ... but not the newline trim_blocks drops after a block tag, nor the indentation lstrip_blocks
+  // drops before one, nor whitespace a '-' marker strips.
+  const std::string indented = edited(source("llama3"), "{% endfor %}", "{% endfor %}\n    ");
+  CHECK(ChatTemplate::parse(indented).format() == ChatFormat::Llama3);
+  CHECK(ChatTemplate::parse(edited(source("llama3"), "{{ content }}", "{{ content -}}\n\n ")).format() ==
+        ChatFormat::Llama3);
   // Whitespace outside literals and the trim markers do not matter.
   std::string spaced = edited(source("mistral"), "{% for message in messages %}", "{%- for  message in messages -%}\n");
   CHECK(ChatTemplate::parse(spaced).format() == ChatFormat::Mistral);

@@ -49,29 +49,95 @@ std::string normalize_loose(std::string_view src) {
   return s;
 }
 
-// The other families': whitespace and {# comments #} dropped outside string literals, literals
-// kept to the byte (a real newline in one spelled \n), both quote styles written as '.
+// A string literal starting at src[i] (a quote), appended to s in one spelling: quoted with ',
+// a real newline written \n; returns the index of its closing quote.
+size_t append_literal(std::string_view src, size_t i, std::string& s) {
+  const char quote = src[i];
+  s += '\'';
+  for (++i; i < src.size() && src[i] != quote; ++i) {
+    if (src[i] == '\\' && i + 1 < src.size()) s += src[i++];
+    if (src[i] == '\n') s += "\\n";
+    else if (src[i] == '\'' && quote == '"') s += "\\'";
+    else s += src[i];
+  }
+  s += '\'';
+  return i;
+}
+
+// The text between two tags as Jinja prints it with transformers' settings: trim_blocks drops the
+// first newline after a block or comment tag, lstrip_blocks the spaces and tabs between a line's
+// start and a block or comment tag, and a '-' marker all whitespace on its side.
+std::string printed_text(std::string_view text, char before, bool strip_left, char after, bool strip_right,
+                         bool no_lstrip, bool at_template_start) {
+  auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  size_t begin = 0, end = text.size();
+  if (strip_right) {
+    while (end > 0 && is_space(text[end - 1])) --end;
+  } else if ((after == '%' || after == '#') && !no_lstrip) {
+    size_t k = end;
+    while (k > 0 && (text[k - 1] == ' ' || text[k - 1] == '\t')) --k;
+    if ((k == 0 && at_template_start) || (k > 0 && text[k - 1] == '\n')) end = k;  // the tag starts its line
+  }
+  if (strip_left)
+    while (begin < end && is_space(text[begin])) ++begin;
+  else if ((before == '%' || before == '#') && begin < end && text[begin] == '\n')
+    ++begin;
+  return std::string(text.substr(begin, end - begin));
+}
+
+// The other families': each tag with whitespace dropped outside its string literals (literals
+// kept to the byte, a real newline in one spelled \n, both quote styles written as '), comments
+// dropped, trim markers applied and removed, and the text Jinja prints between tags written as a
+// literal output tag {{'...'}}, so that a template printing other whitespace does not match.
 std::string normalize_exact(std::string_view src) {
   std::string s;
-  for (size_t i = 0; i < src.size(); ++i) {
-    const char c = src[i];
-    if (c == '{' && i + 1 < src.size() && src[i + 1] == '#') {
-      const size_t end = src.find("#}", i + 2);
-      if (end == std::string_view::npos) break;
-      i = end + 1;
-    } else if (c == '\'' || c == '"') {
-      s += '\'';
-      for (++i; i < src.size() && src[i] != c; ++i) {
-        if (src[i] == '\\' && i + 1 < src.size()) s += src[i++];
-        if (src[i] == '\n')
-          s += "\\n";
-        else
-          s += src[i];
+  char prev_kind = 0;       // '{', '%' or '#': the tag before the current text; 0 at the start
+  bool prev_strip = false;  // that tag ended with a '-' marker
+  size_t i = 0;
+  while (true) {
+    size_t open = src.find('{', i);
+    while (open != std::string_view::npos && open + 1 < src.size() && src[open + 1] != '{' && src[open + 1] != '%' &&
+           src[open + 1] != '#')
+      open = src.find('{', open + 1);
+    if (open != std::string_view::npos && open + 1 >= src.size()) open = std::string_view::npos;
+    const size_t text_end = open == std::string_view::npos ? src.size() : open;
+    const char kind = open == std::string_view::npos ? 0 : src[open + 1];
+    const char marker = open != std::string_view::npos && open + 2 < src.size() ? src[open + 2] : 0;
+    const std::string text = printed_text(src.substr(i, text_end - i), prev_kind, prev_strip, kind, marker == '-',
+                                          marker == '+', i == 0);
+    if (!text.empty()) {  // as a literal, escaped as a Jinja string would be
+      s += "{{'";
+      for (char c : text) {
+        if (c == '\n') s += "\\n";
+        else if (c == '\'' || c == '\\') s += '\\', s += c;
+        else s += c;
       }
-      s += '\'';
-    } else if (c != ' ' && c != '\t' && c != '\r' && c != '\n') {
-      s += c;
+      s += "'}}";
     }
+    if (open == std::string_view::npos) break;
+    // The tag, up to its closing "}}", "%}" or "#}" (after an optional marker) outside literals.
+    const std::string close = std::string(1, kind == '{' ? '}' : kind) + "}";
+    std::string body;
+    size_t j = open + 2 + (marker == '-' || marker == '+' ? 1 : 0);
+    bool closed = false;
+    for (; j < src.size(); ++j) {
+      const char c = src[j];
+      if (kind != '#' && (c == '\'' || c == '"')) {
+        j = append_literal(src, j, body);
+      } else if (src.substr(j, 2) == close || ((c == '-' || c == '+') && src.substr(j + 1, 2) == close)) {
+        prev_strip = c == '-';
+        j += src.substr(j, 2) == close ? 2 : 3;
+        closed = true;
+        break;
+      } else if (kind != '#' && c != ' ' && c != '\t' && c != '\r' && c != '\n') {
+        body += c;
+      }
+    }
+    if (kind == '{') s += "{{" + body + (closed ? "}}" : "");
+    else if (kind == '%') s += "{%" + body + (closed ? "%}" : "");
+    prev_kind = kind;
+    i = std::min(j, src.size());
+    if (!closed) break;
   }
   unify_spellings(s);
   return s;
@@ -189,28 +255,14 @@ bool is_mistral(const std::string& n) {
                       "{%endfor%}");
 }
 
-// How often `head`, any spaces and "}}\n" occur in src. A plain scan: std::regex recursed once a
-// space and overflowed the stack on a long run of them.
-size_t count_closed_by_newline(std::string_view src, std::string_view head) {
-  size_t count = 0;
-  for (size_t p = src.find(head); p != std::string_view::npos; p = src.find(head, p + head.size())) {
-    size_t q = p + head.size();
-    while (q < src.size() && src[q] == ' ') ++q;
-    if (src.substr(q, 3) == "}}\n") ++count;
-  }
-  return count;
-}
-
 // Zephyr writes each turn from an output tag followed by a newline that trim_blocks keeps (it
-// drops only those after block tags), so those newlines are checked in the source itself.
-bool is_zephyr(const std::string& n, std::string_view src) {
-  const bool shape =
-      n == "{%formessageinmessages%}{%ifmessage['role']=='user'%}{{'<|user|>\\n'+message['content']+eos_token}}"
-      "{%elifmessage['role']=='system'%}{{'<|system|>\\n'+message['content']+eos_token}}"
-      "{%elifmessage['role']=='assistant'%}{{'<|assistant|>\\n'+message['content']+eos_token}}{%endif%}"
-      "{%ifloop.lastandadd_generation_prompt%}{{'<|assistant|>'}}{%endif%}{%endfor%}";
-  return shape && count_closed_by_newline(src, "eos_token") == 3 &&
-         count_closed_by_newline(src, "'<|assistant|>'") > 0;
+// drops only those after block tags): the {{'\n'}} after each.
+bool is_zephyr(const std::string& n) {
+  return n ==
+         "{%formessageinmessages%}{%ifmessage['role']=='user'%}{{'<|user|>\\n'+message['content']+eos_token}}"
+         "{{'\\n'}}{%elifmessage['role']=='system'%}{{'<|system|>\\n'+message['content']+eos_token}}{{'\\n'}}"
+         "{%elifmessage['role']=='assistant'%}{{'<|assistant|>\\n'+message['content']+eos_token}}{{'\\n'}}"
+         "{%endif%}{%ifloop.lastandadd_generation_prompt%}{{'<|assistant|>'}}{{'\\n'}}{%endif%}{%endfor%}";
 }
 
 // The first literal assigned to date_string: Llama 3.1's default.
@@ -271,7 +323,7 @@ ChatTemplate ChatTemplate::parse(std::string_view source, ChatTokens tokens) {
     t.format_ = ChatFormat::Llama2;
   else if (is_mistral(n))
     t.format_ = ChatFormat::Mistral;
-  else if (is_zephyr(n, source))
+  else if (is_zephyr(n))
     t.format_ = ChatFormat::Zephyr;
   else
     STRATA_FAIL(
