@@ -273,6 +273,20 @@ TEST_CASE("the stop check matches across tokens and only once the text holds the
   CHECK(accent(std::vector<int32_t>{'a', 0xC3, 0xA9}));
   CHECK(token_text(bytes, 0xC3) == "bytes:\\xc3");
   CHECK(token_text(bytes, 'a') == "a");
+  // A SentencePiece-style decoder drops the first token's leading space: the check sees the text
+  // the answer will hold, so " Hello" does not match at the start and "Hello" does.
+  const Tokenizer sp = Tokenizer::from_dir(std::string(STRATA_FIXTURES_DIR) + "/tokenizer/sp-normalizer");
+  const std::vector<int32_t> hello = sp.encode("Hello world");
+  REQUIRE(sp.decode(hello) == "Hello world");
+  auto fires_at = [&](const std::string& stop) {  // tokens generated when the check first fires; 0: never
+    const StopCheck c = make_stop_check(sp, {stop});
+    for (size_t n = 1; n <= hello.size(); ++n)
+      if (c(std::span<const int32_t>(hello.data(), n))) return n;
+    return size_t(0);
+  };
+  CHECK(fires_at(" Hello") == 0);
+  CHECK(fires_at("Hello") > 0);
+  CHECK(fires_at(" world") > fires_at("Hello"));
 }
 
 TEST_CASE("n greedy choices share one prefill and equal Hugging Face's tokens", "[n][hf]") {

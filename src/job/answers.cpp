@@ -151,8 +151,10 @@ StopCheck make_stop_check(const Tokenizer& tokenizer, std::vector<std::string> s
       --first;
       if (!tokenizer.is_special(generated[first])) before += tokenizer.token_bytes(generated[first]).size();
     }
-    std::string bytes;
-    for (size_t i = first; i < generated.size(); ++i)
+    // From the start, the text as the answer will read it: a SentencePiece decoder drops the
+    // first token's leading space, which the tokens' bytes still hold.
+    std::string bytes = first == 0 ? tokenizer.decode(generated, /*skip_special=*/true) : std::string();
+    for (size_t i = first; first > 0 && i < generated.size(); ++i)
       if (!tokenizer.is_special(generated[i])) bytes += tokenizer.token_bytes(generated[i]);
     for (const std::string& s : stops)
       if (bytes.find(s) != std::string::npos) return true;
