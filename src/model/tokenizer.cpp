@@ -59,6 +59,26 @@ int fallback_byte(std::string_view token) {
   return value;
 }
 
+// Appends a word's ids: from the per-word cache, or from compute() (then cached, when short).
+template <class Compute>
+void cached_word(const TokenizerModel& m, std::string_view word, std::vector<int32_t>& out, Compute compute) {
+  const bool cacheable = word.size() <= kMaxCachedWordBytes;
+  std::string key;
+  if (cacheable) {
+    key.assign(word);
+    std::shared_lock lock(m.cache_mutex);
+    if (auto it = m.cache.find(key); it != m.cache.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<int32_t> ids = compute();
+  out.insert(out.end(), ids.begin(), ids.end());
+  if (!cacheable) return;
+  std::unique_lock lock(m.cache_mutex);
+  if (m.cache.size() < kMaxCachedWords) m.cache.emplace(std::move(key), std::move(ids));
+}
+
 size_t prev_code_point_start(std::string_view s, size_t pos) {
   do --pos;
   while (pos > 0 && (static_cast<unsigned char>(s[pos]) & 0xC0) == 0x80);
@@ -298,79 +318,57 @@ void TokenizerModel::encode_piece(std::string_view text, std::vector<int32_t>& o
 }
 
 void TokenizerModel::bpe_word(std::string_view bytes, std::vector<int32_t>& out) const {
-  const bool cacheable = bytes.size() <= kMaxCachedWordBytes;
-  std::string key;
-  if (cacheable) {
-    key.assign(bytes);
-    std::shared_lock lock(cache_mutex);
-    if (auto it = cache.find(key); it != cache.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
-  }
-  std::vector<int32_t> result;
-  if (auto it = ignore_merges ? vocab_ids.find(tok::bytes_to_unicode_string(bytes)) : vocab_ids.end();
-      it != vocab_ids.end()) {
-    result.push_back(it->second);
-  } else {
-    result.reserve(bytes.size());
-    for (unsigned char b : bytes) {
-      int id = byte_ids[b];
-      if (id < 0) {
-        if (unk_id < 0) continue;  // HF without unk_token silently drops it
-        if (fuse_unk && !result.empty() && result.back() == unk_id) continue;
-        id = unk_id;
+  cached_word(*this, bytes, out, [&] {
+    std::vector<int32_t> result;
+    if (auto it = ignore_merges ? vocab_ids.find(tok::bytes_to_unicode_string(bytes)) : vocab_ids.end();
+        it != vocab_ids.end()) {
+      result.push_back(it->second);
+    } else {
+      result.reserve(bytes.size());
+      for (unsigned char b : bytes) {
+        int id = byte_ids[b];
+        if (id < 0) {
+          if (unk_id < 0) continue;  // HF without unk_token silently drops it
+          if (fuse_unk && !result.empty() && result.back() == unk_id) continue;
+          id = unk_id;
+        }
+        result.push_back(id);
       }
-      result.push_back(id);
+      merge(result);
     }
-    merge(result);
-  }
-  out.insert(out.end(), result.begin(), result.end());
-  if (!cacheable) return;
-  std::unique_lock lock(cache_mutex);
-  if (cache.size() < kMaxCachedWords) cache.emplace(std::move(key), std::move(result));
+    return result;
+  });
 }
 
 // HF's BPE::merge_word: each character in the vocab is a symbol; any other becomes its <0xXX>
 // byte tokens (byte_fallback, when all of them exist), else <unk>, consecutive ones fused. HF
 // adds a pending <unk> only when the next character is in the vocab, or at the end.
 void TokenizerModel::bpe_chars(std::string_view word, std::vector<int32_t>& out) const {
-  const bool cacheable = word.size() <= kMaxCachedWordBytes;
-  std::string key;
-  if (cacheable) {
-    key.assign(word);
-    std::shared_lock lock(cache_mutex);
-    if (auto it = cache.find(key); it != cache.end()) {
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
+  cached_word(*this, word, out, [&] {
+    std::vector<int32_t> symbols;
+    symbols.reserve(word.size());
+    bool unk_pending = false;
+    for (size_t pos = 0; pos < word.size();) {
+      const size_t begin = pos;
+      tok::next_code_point(word, pos);
+      const std::string_view ch = word.substr(begin, pos - begin);
+      if (auto it = vocab_ids.find(std::string(ch)); it != vocab_ids.end()) {
+        if (unk_pending) symbols.push_back(unk_id), unk_pending = false;
+        symbols.push_back(it->second);
+        continue;
+      }
+      if (byte_fallback && std::all_of(ch.begin(), ch.end(), [&](char b) { return byte_ids[uint8_t(b)] >= 0; })) {
+        for (char b : ch) symbols.push_back(byte_ids[uint8_t(b)]);
+        continue;
+      }
+      if (unk_id < 0) continue;  // HF without unk_token drops the character
+      if (unk_pending && !fuse_unk) symbols.push_back(unk_id);
+      unk_pending = true;
     }
-  }
-  std::vector<int32_t> symbols;
-  symbols.reserve(word.size());
-  bool unk_pending = false;
-  for (size_t pos = 0; pos < word.size();) {
-    const size_t begin = pos;
-    tok::next_code_point(word, pos);
-    const std::string_view ch = word.substr(begin, pos - begin);
-    if (auto it = vocab_ids.find(std::string(ch)); it != vocab_ids.end()) {
-      if (unk_pending) symbols.push_back(unk_id), unk_pending = false;
-      symbols.push_back(it->second);
-      continue;
-    }
-    if (byte_fallback && std::all_of(ch.begin(), ch.end(), [&](char b) { return byte_ids[uint8_t(b)] >= 0; })) {
-      for (char b : ch) symbols.push_back(byte_ids[uint8_t(b)]);
-      continue;
-    }
-    if (unk_id < 0) continue;  // HF without unk_token drops the character
-    if (unk_pending && !fuse_unk) symbols.push_back(unk_id);
-    unk_pending = true;
-  }
-  if (unk_pending) symbols.push_back(unk_id);
-  merge(symbols);
-  out.insert(out.end(), symbols.begin(), symbols.end());
-  if (!cacheable) return;
-  std::unique_lock lock(cache_mutex);
-  if (cache.size() < kMaxCachedWords) cache.emplace(std::move(key), std::move(symbols));
+    if (unk_pending) symbols.push_back(unk_id);
+    merge(symbols);
+    return symbols;
+  });
 }
 
 void TokenizerModel::merge(std::vector<int32_t>& symbols) const {
