@@ -24,6 +24,20 @@ struct AddedTokenRule {
   bool normalized = false;   // matched in HF's second pass (we support no normalizer, so same text)
 };
 
+// SentencePiece-style BPE (LLaMA-2, Mistral, TinyLlama): merges over characters, spaces written
+// "\u2581", and characters outside the vocab as <0xXX> byte tokens (byte_fallback). Set by the
+// loader from a Prepend + Replace normalizer or a Metaspace pre-tokenizer. At namespace scope:
+// clang cannot default-construct a nested struct with member initializers in its enclosing class.
+struct MetaspaceOptions {
+  enum class Prepend : uint8_t { Never, First, Always, EveryPiece };
+  Prepend prepend = Prepend::Never;  // EveryPiece: the normalizer's Prepend, after every added token
+  bool split = false;                // pre-tokenizer split before each "\u2581"
+  // Decoder: Replace + ByteFallback + Fuse + Strip (strip_leading spaces dropped at the start),
+  // or the Metaspace decoder, which drops every "\u2581" of the first token and keeps <0xXX>.
+  bool metaspace_decoder = false;
+  int strip_leading = 0;
+};
+
 // Everything the tokenizer knows; Tokenizer::Impl is this under the name the public header uses
 // (a namespace-scope struct so the loaders' free helper functions can take it).
 struct TokenizerModel {
@@ -47,18 +61,8 @@ struct TokenizerModel {
   bool bytes_only = false;         // the bytes_only() stand-in: id = byte value
   std::string source;              // file name (or "parts") for error messages
 
-  // SentencePiece-style BPE (LLaMA-2, Mistral, TinyLlama): merges over characters, spaces written
-  // "\u2581", and characters outside the vocab as <0xXX> byte tokens (byte_fallback). Set by the
-  // loader from a Prepend + Replace normalizer or a Metaspace pre-tokenizer; tokens stay as written.
-  struct Metaspace {
-    enum class Prepend : uint8_t { Never, First, Always, EveryPiece };
-    Prepend prepend = Prepend::Never;  // EveryPiece: the normalizer's Prepend, after every added token
-    bool split = false;                // pre-tokenizer split before each "\u2581"
-    // Decoder: Replace + ByteFallback + Fuse + Strip (strip_leading spaces dropped at the start),
-    // or the Metaspace decoder, which drops every "\u2581" of the first token and keeps <0xXX>.
-    bool metaspace_decoder = false;
-    int strip_leading = 0;
-  };
+  // SentencePiece-style BPE: set by the loader (MetaspaceOptions above); tokens stay as written.
+  using Metaspace = MetaspaceOptions;
   std::optional<Metaspace> metaspace;
   bool byte_fallback = false;
 
