@@ -5,15 +5,14 @@
 // merges' first bytes, and decodes the ids; an id outside the vocabulary traps. strata::Error is
 // the expected way to reject input; anything else (crash, sanitizer report, a foreign exception)
 // is a bug.
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "strata/core/error.h"
 #include "strata/model/tokenizer.h"
+#include "tokenizer_exercise.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);
@@ -24,14 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const strata::Tokenizer tok =
         strata::Tokenizer::from_vocab_merges_text(vocab, merges, "fuzz/vocab.json", "fuzz/merges.txt");
-    const std::string_view fixed = "Hello world! <|endoftext|> 12345 h\xc3\xa9llo \xe4\xb8\x96\xe7\x95\x8c  \n\tx's";
-    for (std::string_view s : {fixed, std::string_view(merges).substr(0, std::min<size_t>(merges.size(), 64))}) {
-      const std::vector<int32_t> ids = tok.encode(s);
-      for (int32_t id : ids)
-        if (id < 0 || id >= tok.vocab_size()) __builtin_trap();
-      (void)tok.decode(ids, false);
-      (void)tok.decode(ids, true);
-    }
+    exercise_tokenizer(tok, merges);
   } catch (const strata::Error&) {
   }
   return 0;

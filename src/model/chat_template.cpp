@@ -285,24 +285,6 @@ std::string today() {
 
 }  // namespace
 
-const char* chat_format_name(ChatFormat f) {
-  switch (f) {
-    case ChatFormat::ChatML:
-      return "ChatML";
-    case ChatFormat::Llama3:
-      return "Llama 3";
-    case ChatFormat::Llama31:
-      return "Llama 3.1";
-    case ChatFormat::Llama2:
-      return "Llama 2";
-    case ChatFormat::Mistral:
-      return "Mistral Instruct";
-    case ChatFormat::Zephyr:
-      return "Zephyr";
-  }
-  return "?";
-}
-
 ChatTemplate ChatTemplate::chatml() { return ChatTemplate(); }
 
 ChatTemplate ChatTemplate::parse(std::string_view source, ChatTokens tokens) {

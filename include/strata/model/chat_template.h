@@ -20,7 +20,6 @@ struct ChatMessage {
 };
 
 enum class ChatFormat { ChatML, Llama3, Llama31, Llama2, Mistral, Zephyr };
-const char* chat_format_name(ChatFormat f);
 
 // The template's bos_token and eos_token: tokenizer_config.json's strings, or the text of the
 // model's BOS / EOS tokens (GGUF). Templates that write them render them as text; the tokenizer
