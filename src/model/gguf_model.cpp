@@ -226,10 +226,28 @@ std::unique_ptr<WeightSource> make_gguf_source(const std::filesystem::path& path
   return std::make_unique<GgufSource>(ref, std::move(owned));
 }
 
+namespace {
+
+// llama.cpp's SentencePiece vocabulary: tokens, scores and types; merges, if any, are unused.
+Tokenizer sentencepiece_from_gguf(const GgufFile& f) {
+  SentencePieceVocab v;
+  v.tokens = f.get_string_array("tokenizer.ggml.tokens");
+  if (f.has("tokenizer.ggml.scores"))
+    for (double score : f.get_float_array("tokenizer.ggml.scores")) v.scores.push_back(float(score));
+  if (f.has("tokenizer.ggml.token_type"))
+    for (int64_t type : f.get_int_array("tokenizer.ggml.token_type")) v.types.push_back(int(type));
+  v.add_space_prefix = !f.has("tokenizer.ggml.add_space_prefix") || f.get_bool("tokenizer.ggml.add_space_prefix");
+  return Tokenizer::from_sentencepiece(std::move(v), "GGUF file " + f.path() + ": tokenizer.ggml.*");
+}
+
+}  // namespace
+
 Tokenizer tokenizer_from_gguf(const GgufFile& f) {
   std::string model = f.get_string("tokenizer.ggml.model");
+  if (model == "llama") return sentencepiece_from_gguf(f);
   if (model != "gpt2")
-    STRATA_FAIL("GGUF file " << f.path() << ": tokenizer model '" << model << "' is not supported (only byte-level BPE, 'gpt2')");
+    STRATA_FAIL("GGUF file " << f.path() << ": tokenizer model '" << model
+                             << "' is not supported (byte-level BPE 'gpt2', SentencePiece 'llama')");
   std::string pre_name = f.get_string_opt("tokenizer.ggml.pre").value_or("default");
   PreTokenizer pre;
   // SmolLM's tokenizer also splits digits one by one, but its merges contain no ASCII-digit

@@ -122,7 +122,9 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     const GgufFile file = GgufFile::open(path);
     b.config = config_from_gguf(file);
     b.tokenizer = tokenizer_dir.empty() ? tokenizer_from_gguf(file) : Tokenizer::from_dir(tokenizer_dir);
-    b.add_bos = file.has("tokenizer.ggml.add_bos_token") && file.get_bool("tokenizer.ggml.add_bos_token");
+    // Without the flag llama.cpp adds BOS for a SentencePiece vocabulary, not for byte-level BPE.
+    b.add_bos = file.has("tokenizer.ggml.add_bos_token") ? file.get_bool("tokenizer.ggml.add_bos_token")
+                                                         : file.get_string_opt("tokenizer.ggml.model") == "llama";
     b.chat_template = file.get_string_opt("tokenizer.chat_template").value_or("");
     b.chat_tokens = chat_tokens(b, {}, {});
     b.weights = make_gguf_source(path);

@@ -4,8 +4,8 @@
 // exactly what Hugging Face's tokenizer.encode(text, add_special_tokens=False) gives: added/special
 // tokens that appear in the text are matched first, the rest is split by the pre-tokenizer regex
 // (PCRE2) and merged by rank. decode() is Hugging Face's decode, the SentencePiece decoders'
-// dropped leading space included. GGUF's SentencePiece tokenizer ('llama', scores without
-// merges) is not supported.
+// dropped leading space included. GGUF's SentencePiece vocabulary ('llama': scores, no merges)
+// encodes as llama.cpp does, merging by score (from_sentencepiece).
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -26,6 +26,15 @@ struct AddedToken {
   bool special = false;
 };
 
+// A SentencePiece vocabulary as GGUF stores it (tokenizer.ggml.model "llama", as llama.cpp's
+// converter writes LLaMA-2, Mistral and TinyLlama): no merges, a score per token instead.
+struct SentencePieceVocab {
+  std::vector<std::string> tokens;  // id order, spaces written "\u2581", bytes as "<0xXX>"
+  std::vector<float> scores;        // empty: all 0
+  std::vector<int> types;           // llama.cpp's token types (1 normal .. 6 byte); empty: all normal
+  bool add_space_prefix = true;     // tokenizer.ggml.add_space_prefix
+};
+
 class Tokenizer {
 public:
   // From a directory holding tokenizer.json, or vocab.json + merges.txt (GPT-2 pattern).
@@ -42,6 +51,12 @@ public:
   // without merging (Hugging Face's BPE option; true in Meta's LLaMA-3 tokenizer.json).
   static Tokenizer from_parts(std::vector<std::string> tokens, const std::vector<std::string>& merges,
                               std::vector<AddedToken> added, PreTokenizer pre, bool ignore_merges = false);
+  // From GGUF's SentencePiece vocabulary. encode() is llama.cpp's (parse_special on): control,
+  // unknown and user-defined tokens matched in the text, a "\u2581" before each other piece,
+  // then the pair whose merged token scores highest merged first (leftmost on ties), characters
+  // outside the vocabulary as <0xXX>. decode() is what transformers' GGUF conversion decodes.
+  // `source` names the file in errors.
+  static Tokenizer from_sentencepiece(SentencePieceVocab vocab, const std::string& source);
   // A stand-in for models without a tokenizer (dummy weights): one token per byte, id = byte.
   static Tokenizer bytes_only();
 
