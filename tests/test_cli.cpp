@@ -65,6 +65,53 @@ TEST_CASE("strata run writes Hugging Face's greedy completions for a JSONL file"
   CHECK_FALSE(fs::exists(out.string() + ".partial"));
 }
 
+TEST_CASE("strata run on a LLaMA-2-shaped model directory: BOS, chat template, byte fallback as transformers", "[cli]") {
+  // tiny-llama2: the SentencePiece-style tokenizer.json with LLaMA-2's post-processor and chat
+  // template (tests/fixtures/models/make_llama2_fixture.py). Text prompts get <s> from
+  // tokenizer_config's add_bos_token; chat requests get the template's own <s>; completions are
+  // decoded as tokenizer.decode(skip_special_tokens=True), byte-fallback U+FFFD included.
+  std::ifstream fin(kModels + "/tiny-llama2-cli.json");
+  const json fx = json::parse(fin);
+  const fs::path prompts = temp_dir() / "llama2.jsonl", out = temp_dir() / "llama2_out.jsonl";
+  {
+    std::ofstream f(prompts);
+    for (const json& c : fx["cases"]) {
+      json line{{"id", c["id"]}, {"max_new_tokens", fx["max_new_tokens"]}};
+      if (c.contains("messages")) line["messages"] = c["messages"];
+      else line["prompt"] = c["prompt"];
+      f << line.dump() << "\n";
+    }
+  }
+  fs::remove(out);
+  const Result r = run_strata("run --model " + kModels + "/tiny-llama2 --prompts " + prompts.string() + " --out " +
+                              out.string() + " --device cpu");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  std::map<std::string, json> cases;
+  for (const json& c : fx["cases"]) cases[c["id"].get<std::string>()] = c;
+  std::ifstream in(out);
+  std::string line;
+  size_t n = 0;
+  while (std::getline(in, line)) {
+    const json got = json::parse(line);
+    REQUIRE(cases.count(got["id"].get<std::string>()) == 1);
+    const json& want = cases[got["id"].get<std::string>()];
+    INFO(want["id"]);
+    CHECK(got["prompt_tokens"] == want["prompt_ids"].size());
+    CHECK(got["tokens"] == want["greedy"]);
+    CHECK(got["completion"] == want["completion"]);
+    ++n;
+  }
+  CHECK(n == fx["cases"].size());
+  // The prompt ids themselves, through `strata tokenize` (which adds no BOS, as encode()).
+  const json& first = fx["cases"][0];
+  const Result t = run_strata("tokenize --model " + kModels + "/tiny-llama2 --text '" +
+                              first["prompt"].get<std::string>() + "'");
+  json want_ids = first["prompt_ids"];
+  want_ids.erase(want_ids.begin());
+  CHECK(json::parse(t.output) == want_ids);
+}
+
 TEST_CASE("strata run rejects bad input before writing anything", "[cli]") {
   const fs::path prompts = temp_dir() / "bad.jsonl", out = temp_dir() / "bad_out.jsonl";
   std::ofstream(prompts) << "{\"id\": 1, \"prompt\": \"fine\"}\n{\"id\": 2, \"prompt\": [\"not a string\"]}\n";
