@@ -129,6 +129,22 @@ def chat_templates():
     put("chat_template_fuzz", "smollm2_chatml.txt", smollm2 + "\n----\nuser\tHi\nassistant\tHello!\ntool\t{}\n")
 
 
+def sentencepiece_vocabs():
+    # The SentencePiece fixture vocabularies as sentencepiece_vocab_fuzz reads them: a flag byte
+    # (add_space_prefix), then "<type digit><score byte><token>" a line (scores by id, so the
+    # first tokens merge first; <unk> 2, <s> </s> 3, <0xXX> 6), then text after "\n----\n".
+    for src, keep in [("tests/fixtures/tokenizer/sp-normalizer/tokenizer.json", 400)]:
+        j = json.loads((ROOT / src).read_text())
+        tokens = sorted((i, t) for t, i in j["model"]["vocab"].items() if i < keep)
+        lines = []
+        for i, t in tokens:
+            kind = 2 if t == "<unk>" else 3 if t in ("<s>", "</s>") else 6 if t.startswith("<0x") else 1
+            lines.append(f"{kind}{chr(0x7e - min(i, 90) if kind == 1 else 0x30)}{t}")
+        text = "\n----\nHello world! <s>[INST] caf\u00e9 \u4e16\u754c  12345</s>"
+        put("sentencepiece_vocab_fuzz", "sp-normalizer.txt", "\x01" + "\n".join(lines) + text)
+        put("sentencepiece_vocab_fuzz", "sp-normalizer-no-prefix.txt", "\x00" + "\n".join(lines[:120]) + text)
+
+
 def gguf():
     for name in ["synth_align.gguf", "synth_meta.gguf", "synth_quants.gguf"]:
         put("gguf_fuzz", name, (ROOT / "tests" / "fixtures" / "gguf" / name).read_bytes())
@@ -144,3 +160,4 @@ if __name__ == "__main__":
     safetensors_indexes()
     bpe_files()
     chat_templates()
+    sentencepiece_vocabs()
