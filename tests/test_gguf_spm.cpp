@@ -165,7 +165,7 @@ TEST_CASE("gguf sentencepiece: a tiny LLaMA-2-style file generates llama.cpp's g
   }
 }
 
-TEST_CASE("strata run on a SentencePiece GGUF writes llama.cpp's greedy completions", "[cli][gguf]") {
+TEST_CASE("strata run on a SentencePiece GGUF writes llama.cpp's greedy completions", "[cli]") {
   const json& fx = cases();
   const fs::path dir = test::temp_dir("gguf_spm");
   const fs::path prompts = dir / "prompts.jsonl", out = dir / "out.jsonl";
