@@ -301,43 +301,58 @@ TEST_CASE("gguf: random byte corruption never crashes", "[gguf]") {
   }
 }
 
-TEST_CASE("gguf: tiny llama maps onto HF names, shapes and values", "[gguf]") {
-  json ex = load_json(fixture("tiny_llama_hf.json"));
-  GgufFile f = GgufFile::open(fixture("tiny_llama.gguf"));
-  ModelConfig c = config_from_gguf(f);
-  const json& hc = ex["config"];
-  CHECK(c.arch == Arch::Llama);
-  CHECK(c.norm == NormKind::RMSNorm);
-  CHECK(c.pos == PosKind::Rope);
-  CHECK(c.mlp == MlpKind::SwiGLU);
-  check_llama_config(c, hc);
-  CHECK(c.head_dim == c.hidden / c.n_heads);
+TEST_CASE("gguf: tiny llama and qwen2 map onto HF names, shapes and values", "[gguf]") {
+  for (const std::string arch : {"llama", "qwen2"}) {
+    SECTION(arch) {
+      json ex = load_json(fixture("tiny_" + arch + "_hf.json"));
+      GgufFile f = GgufFile::open(fixture("tiny_" + arch + ".gguf"));
+      ModelConfig c = config_from_gguf(f);
+      const json& hc = ex["config"];
+      CHECK(c.arch == Arch::Llama);
+      CHECK(c.norm == NormKind::RMSNorm);
+      CHECK(c.pos == PosKind::Rope);
+      CHECK(c.mlp == MlpKind::SwiGLU);
+      check_llama_config(c, hc);
+      CHECK(c.head_dim == c.hidden / c.n_heads);
+      CHECK(c.qkv_bias == (arch == "qwen2"));
+      CHECK_FALSE(c.o_bias);
 
-  auto src = make_gguf_source(f);
-  CHECK(src->names().size() == ex["tensors"].size());
-  for (auto& [name, t] : ex["tensors"].items()) {
-    INFO(name);
-    REQUIRE(src->contains(name));
-    auto shape = t["shape"].get<std::vector<int64_t>>();
-    CHECK(src->shape(name) == shape);
-    auto want = t["values"].get<std::vector<float>>();
-    std::vector<float> got(want.size(), std::nanf(""));
-    src->read(name, DType::F32, got.data());
-    CHECK(got == want);  // F32 storage: exact, including the q/k un-permutation
-    std::vector<uint16_t> h(want.size());
-    src->read(name, DType::F16, h.data());
-    for (size_t k = 0; k < want.size(); k += 7) CHECK(half_to_float(h[k]) == Approx(want[k]).margin(1e-3));
+      auto src = make_gguf_source(f);
+      CHECK(src->names().size() == ex["tensors"].size());
+      for (auto& [name, t] : ex["tensors"].items()) {
+        INFO(name);
+        REQUIRE(src->contains(name));
+        auto shape = t["shape"].get<std::vector<int64_t>>();
+        CHECK(src->shape(name) == shape);
+        auto want = t["values"].get<std::vector<float>>();
+        std::vector<float> got(want.size(), std::nanf(""));
+        src->read(name, DType::F32, got.data());
+        CHECK(got == want);  // F32 storage: exact, including llama's q/k un-permutation
+        std::vector<uint16_t> h(want.size());
+        src->read(name, DType::F16, h.data());
+        for (size_t k = 0; k < want.size(); k += 7) CHECK(half_to_float(h[k]) == Approx(want[k]).margin(1e-3));
+      }
+      CHECK_THROWS_WITH(src->shape("model.layers.9.mlp.up_proj.weight"),
+                        Catch::Contains("model.layers.9.mlp.up_proj.weight"));
+
+      // The owning overload keeps the mapping alive on its own.
+      auto owned = make_gguf_source(fixture("tiny_" + arch + ".gguf"));
+      CHECK(owned->contains("model.embed_tokens.weight"));
+    }
   }
-  CHECK_THROWS_WITH(src->shape("model.layers.9.mlp.up_proj.weight"), Catch::Contains("model.layers.9.mlp.up_proj.weight"));
+}
 
-  // The owning overload keeps the mapping alive on its own.
-  auto owned = make_gguf_source(fixture("tiny_llama.gguf"));
-  CHECK(owned->contains("lm_head.weight"));
+TEST_CASE("gguf: a bias the forward pass has no place for is refused, not dropped", "[gguf]") {
+  std::vector<uint8_t> bytes = slurp(fixture("tiny_qwen2.gguf"));
+  const size_t at = find_bytes(bytes, "blk.0.attn_v.bias");
+  std::memcpy(bytes.data() + at, "blk.0.ffn_up.bias", 17);  // same length: the file stays valid
+  GgufFile f = GgufFile::from_bytes(std::move(bytes), "mem.gguf");
+  CHECK_THROWS_WITH(make_gguf_source(f), Catch::Contains("unexpected tensor 'blk.0.ffn_up.bias' for a qwen2 model"));
 }
 
 TEST_CASE("gguf: llama mapping refuses other architectures", "[gguf]") {
   GgufFile f = GgufFile::open(fixture("synth_meta.gguf"));
-  CHECK_THROWS_WITH(config_from_gguf(f), Catch::Contains("synthetic") && Catch::Contains("architecture"));
+  CHECK_THROWS_WITH(config_from_gguf(f), Catch::Contains("synthetic") && Catch::Contains("supported: llama, qwen2"));
   CHECK_THROWS_WITH(make_gguf_source(f), Catch::Contains("architecture"));
   CHECK_THROWS_WITH(tokenizer_from_gguf(f), Catch::Contains("tokenizer.ggml.model"));
 }

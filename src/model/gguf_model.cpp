@@ -1,5 +1,7 @@
-// LLaMA models stored as GGUF: config from llama.* metadata, tensors under Hugging Face names
-// (with llama.cpp's q/k RoPE row permutation undone), and the tokenizer from tokenizer.ggml.*.
+// LLaMA-family models stored as GGUF (architectures llama, which Mistral files use too, and
+// qwen2): config from <arch>.* metadata, tensors under Hugging Face names (with llama.cpp's q/k
+// RoPE row permutation undone where its converter applied it), and the tokenizer from
+// tokenizer.ggml.*.
 #include <algorithm>
 #include <charconv>
 #include <cstring>
@@ -26,11 +28,18 @@ int token_id_field(const GgufFile& f, std::string_view key, int vocab) {
   return int(*v);
 }
 
-void require_llama(const GgufFile& f) {
+// general.architecture, refused unless the forward pass is the LLaMA one: llama (LLaMA, Mistral,
+// TinyLlama, SmolLM) or qwen2 (LLaMA with q/k/v biases).
+std::string llama_family_arch(const GgufFile& f) {
   std::string arch = f.get_string("general.architecture");
-  if (arch != "llama")
-    STRATA_FAIL("GGUF file " << f.path() << ": unsupported architecture '" << arch << "' (only 'llama' is supported)");
+  if (arch != "llama" && arch != "qwen2")
+    STRATA_FAIL("GGUF file " << f.path() << ": unsupported architecture '" << arch << "' (supported: llama, qwen2)");
+  return arch;
 }
+
+// llama.cpp's converter permutes q/k rows for its RoPE layout only for llama (Qwen2's rows are
+// stored as in Hugging Face: ggml's NEOX RoPE reads them that way).
+bool permuted_qk(const std::string& arch) { return arch == "llama"; }
 
 // GGUF tensor name -> Hugging Face name ("" when unknown).
 std::string hf_name(const std::string& g) {
@@ -66,19 +75,23 @@ std::string hf_name(const std::string& g) {
 class GgufSource final : public WeightSource {
 public:
   GgufSource(const GgufFile& file, std::shared_ptr<GgufFile> owned) : file_(file), owned_(std::move(owned)) {
-    require_llama(file_);
-    n_heads_ = positive_int(file_, "llama.attention.head_count", file_.get_int("llama.attention.head_count"));
-    n_kv_heads_ = file_.has("llama.attention.head_count_kv")
-                      ? positive_int(file_, "llama.attention.head_count_kv", file_.get_int("llama.attention.head_count_kv"))
-                      : n_heads_;
+    const std::string arch = llama_family_arch(file_);
+    const std::string heads_key = arch + ".attention.head_count", kv_key = arch + ".attention.head_count_kv";
+    n_heads_ = positive_int(file_, heads_key, file_.get_int(heads_key));
+    n_kv_heads_ = file_.has(kv_key) ? positive_int(file_, kv_key, file_.get_int(kv_key)) : n_heads_;
+    const bool permuted = permuted_qk(arch);
     for (const GgufTensorInfo& t : file_.tensors()) {
       if (t.name == "rope_freqs.weight")
         STRATA_FAIL("GGUF file " << file_.path() << ": tensor 'rope_freqs.weight' (llama3 rope scaling factors) is not supported");
       std::string h = hf_name(t.name);
-      if (h.empty()) STRATA_FAIL("GGUF file " << file_.path() << ": unexpected tensor '" << t.name << "' for a llama model");
+      // Biases the forward pass has no place for (an MLP's, a norm's) would be dropped silently.
+      const bool unused_bias = h.ends_with(".bias") && !h.ends_with("q_proj.bias") && !h.ends_with("k_proj.bias") &&
+                               !h.ends_with("v_proj.bias") && !h.ends_with("o_proj.bias");
+      if (h.empty() || unused_bias)
+        STRATA_FAIL("GGUF file " << file_.path() << ": unexpected tensor '" << t.name << "' for a " << arch << " model");
       Entry e{&t, 0};
-      if (h.ends_with("q_proj.weight") || h.ends_with("q_proj.bias")) e.permute_heads = n_heads_;
-      if (h.ends_with("k_proj.weight") || h.ends_with("k_proj.bias")) e.permute_heads = n_kv_heads_;
+      if (permuted && (h.ends_with("q_proj.weight") || h.ends_with("q_proj.bias"))) e.permute_heads = n_heads_;
+      if (permuted && (h.ends_with("k_proj.weight") || h.ends_with("k_proj.bias"))) e.permute_heads = n_kv_heads_;
       map_.emplace(h, e);
       names_.push_back(std::move(h));
     }
@@ -162,49 +175,52 @@ private:
 }  // namespace
 
 ModelConfig config_from_gguf(const GgufFile& f) {
-  require_llama(f);
+  const std::string arch = llama_family_arch(f);
+  auto key = [&arch](const char* name) { return arch + "." + name; };
+  auto get_positive = [&](const char* name) { return positive_int(f, key(name), f.get_int(key(name))); };
   ModelConfig c;
   c.name = f.path();
   c.arch = Arch::Llama;
   c.norm = NormKind::RMSNorm;
   c.pos = PosKind::Rope;
   c.mlp = MlpKind::SwiGLU;
-  c.n_layers = positive_int(f, "llama.block_count", f.get_int("llama.block_count"));
-  c.hidden = positive_int(f, "llama.embedding_length", f.get_int("llama.embedding_length"));
-  c.intermediate = positive_int(f, "llama.feed_forward_length", f.get_int("llama.feed_forward_length"));
-  c.n_heads = positive_int(f, "llama.attention.head_count", f.get_int("llama.attention.head_count"));
-  c.n_kv_heads = f.has("llama.attention.head_count_kv")
-                     ? positive_int(f, "llama.attention.head_count_kv", f.get_int("llama.attention.head_count_kv"))
-                     : c.n_heads;
+  c.n_layers = get_positive("block_count");
+  c.hidden = get_positive("embedding_length");
+  c.intermediate = get_positive("feed_forward_length");
+  c.n_heads = get_positive("attention.head_count");
+  c.n_kv_heads = f.has(key("attention.head_count_kv")) ? get_positive("attention.head_count_kv") : c.n_heads;
   if (c.n_heads % c.n_kv_heads != 0)
     STRATA_FAIL("GGUF file " << f.path() << ": head_count " << c.n_heads << " is not a multiple of head_count_kv " << c.n_kv_heads);
-  if (auto kl = f.get_int_opt("llama.attention.key_length"))
-    c.head_dim = positive_int(f, "llama.attention.key_length", *kl);
+  if (auto kl = f.get_int_opt(key("attention.key_length")))
+    c.head_dim = positive_int(f, key("attention.key_length"), *kl);
   else if (c.hidden % c.n_heads == 0)
     c.head_dim = c.hidden / c.n_heads;
   else
     STRATA_FAIL("GGUF file " << f.path() << ": embedding_length " << c.hidden << " is not a multiple of head_count " << c.n_heads);
-  if (auto vl = f.get_int_opt("llama.attention.value_length"); vl && *vl != c.head_dim)
+  if (auto vl = f.get_int_opt(key("attention.value_length")); vl && *vl != c.head_dim)
     STRATA_FAIL("GGUF file " << f.path() << ": attention.value_length " << *vl << " differs from key_length " << c.head_dim);
-  if (auto rd = f.get_int_opt("llama.rope.dimension_count"); rd && *rd != c.head_dim)
+  if (auto rd = f.get_int_opt(key("rope.dimension_count")); rd && *rd != c.head_dim)
     STRATA_FAIL("GGUF file " << f.path() << ": partial rotary embeddings (rope.dimension_count " << *rd
                              << " != head_dim " << c.head_dim << ") are not supported");
-  if (auto st = f.get_string_opt("llama.rope.scaling.type"); st && *st != "none")
+  if (auto st = f.get_string_opt(key("rope.scaling.type")); st && *st != "none")
     STRATA_FAIL("GGUF file " << f.path() << ": rope scaling type '" << *st << "' is not supported");
-  c.max_positions = positive_int(f, "llama.context_length", f.get_int("llama.context_length"));
-  c.rope_theta = float(f.get_float_opt("llama.rope.freq_base").value_or(10000.0));
-  c.norm_eps = float(f.get_float_opt("llama.attention.layer_norm_rms_epsilon").value_or(1e-5));
+  c.max_positions = get_positive("context_length");
+  c.rope_theta = float(f.get_float_opt(key("rope.freq_base")).value_or(10000.0));
+  c.norm_eps = float(f.get_float_opt(key("attention.layer_norm_rms_epsilon")).value_or(1e-5));
   if (!(c.rope_theta > 0) || !(c.norm_eps > 0))
     STRATA_FAIL("GGUF file " << f.path() << ": rope.freq_base and layer_norm_rms_epsilon must be positive");
 
-  if (auto vs = f.get_int_opt("llama.vocab_size"))
-    c.vocab_size = positive_int(f, "llama.vocab_size", *vs);
+  if (auto vs = f.get_int_opt(key("vocab_size")))
+    c.vocab_size = positive_int(f, key("vocab_size"), *vs);
   else if (const GgufValue* toks = f.find("tokenizer.ggml.tokens"); toks && toks->type == GgufType::Array)
     c.vocab_size = positive_int(f, "tokenizer.ggml.tokens", int64_t(toks->count));
   else if (const GgufTensorInfo* emb = f.find_tensor("token_embd.weight"); emb && emb->ne.size() == 2)
     c.vocab_size = positive_int(f, "token_embd.weight", emb->ne[1]);
   else
-    STRATA_FAIL("GGUF file " << f.path() << ": cannot tell the vocabulary size (no llama.vocab_size, tokens or token_embd)");
+    STRATA_FAIL("GGUF file " << f.path() << ": cannot tell the vocabulary size (no " << key("vocab_size") << ", tokens or token_embd)");
+  // Qwen2 has q/k/v biases; a llama file could too.
+  c.qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
+  c.o_bias = f.find_tensor("blk.0.attn_output.bias") != nullptr;
 
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
   c.bos_id = token_id_field(f, "tokenizer.ggml.bos_token_id", c.vocab_size);
