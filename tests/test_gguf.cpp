@@ -13,7 +13,11 @@
 
 #include "strata/core/error.h"
 #include "strata/model/chat_template.h"
+#include "strata/backend/backend.h"
 #include "strata/model/gguf.h"
+#include "strata/model/model_loader.h"
+#include "strata/runtime/generator.h"
+#include "test_support.h"
 
 namespace fs = std::filesystem;
 using namespace strata;
@@ -340,6 +344,52 @@ TEST_CASE("gguf: tiny llama and qwen2 map onto HF names, shapes and values", "[g
       CHECK(owned->contains("model.embed_tokens.weight"));
     }
   }
+}
+
+TEST_CASE("gguf: Llama 3.1's RoPE scaling as rope_freqs.weight gives transformers' logits and greedy tokens",
+          "[gguf][model]") {
+  // tiny-llama3 (llama3 rope scaling) converted as llama.cpp converts Llama 3.1; the expected
+  // values are transformers' on the original directory (llama.cpp on this file agrees to 2e-5).
+  const json exp = load_json(fs::path(STRATA_FIXTURES_DIR) / "models" / "tiny-llama3" / "expected.json");
+  ModelBundle b = open_model(fixture("tiny_llama3_rope_freqs.gguf").string());
+  CHECK_FALSE(b.config.rope_scaling);
+  REQUIRE(b.config.rope_freq_factors.size() == size_t(b.config.head_dim / 2));
+  CHECK(b.config.rope_freq_factors.front() == 1.0f);  // the highest frequency is left alone
+  CHECK(b.config.rope_freq_factors.back() == 8.0f);   // the lowest is divided by the factor
+  CHECK_FALSE(b.weights->contains("rope_freqs.weight"));
+  ModelConfig bad = b.config;
+  bad.rope_freq_factors[0] = 0.0f;
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("RoPE frequency factor 0 is not positive"));
+  bad.rope_freq_factors.pop_back();
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("7 RoPE frequency factors for head_dim 16"));
+  auto backend = make_cpu_backend(2);
+  Transformer model(b.config, load_model_weights(b.config, *b.weights, *backend), *backend);
+  std::vector<GenRequest> reqs;
+  for (size_t p = 0; p < exp["prompts"].size(); ++p) {
+    const std::vector<int32_t> prompt = exp["prompts"][p].get<std::vector<int32_t>>();
+    const std::vector<float> got = test::last_logits(model, prompt);
+    const std::vector<float> want = exp["last_logits"][p].get<std::vector<float>>();
+    REQUIRE(got.size() == want.size());
+    float scale = 0, worst = 0;  // the same bound as the HF directory's test (test_model_hf.cpp)
+    for (float w : want) scale = std::max(scale, std::fabs(w));
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+    INFO("prompt " << p << ": max |diff| " << worst);
+    CHECK(worst <= 2e-5f + 1e-5f * scale);
+    GenRequest r;
+    r.prompt = prompt;
+    r.sampling.max_new_tokens = exp["max_new_tokens"].get<int>();
+    reqs.push_back(r);
+  }
+  const std::vector<GenResult> got = generate(model, reqs, GenOptions{});
+  for (size_t i = 0; i < reqs.size(); ++i) CHECK(got[i].tokens == exp["greedy"][i].get<std::vector<int32_t>>());
+}
+
+TEST_CASE("gguf: a malformed rope_freqs.weight is refused naming it", "[gguf]") {
+  std::vector<uint8_t> bytes = slurp(fixture("tiny_llama3_rope_freqs.gguf"));
+  const size_t at = tensor_info_pos(bytes, "rope_freqs.weight");
+  poke<uint64_t>(bytes, at + 4, 7);  // ne[0]: 7 factors instead of head_dim / 2 = 8
+  GgufFile f = GgufFile::from_bytes(std::move(bytes), "mem.gguf");
+  CHECK_THROWS_WITH(config_from_gguf(f), Catch::Contains("rope_freqs.weight") && Catch::Contains("head_dim / 2 = 8"));
 }
 
 TEST_CASE("gguf: a bias the forward pass has no place for is refused, not dropped", "[gguf]") {

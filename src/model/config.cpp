@@ -75,6 +75,11 @@ void ModelConfig::validate() const {
                        << "original_max_position_embeddings > 0; got " << s.factor << ", " << s.low_freq_factor << ", "
                        << s.high_freq_factor << ", " << s.original_max_positions);
   }
+  if (!rope_freq_factors.empty() && rope_freq_factors.size() != size_t(head_dim / 2))
+    STRATA_FAIL(name << ": " << rope_freq_factors.size() << " RoPE frequency factors for head_dim " << head_dim
+                     << " (need head_dim / 2)");
+  for (float f : rope_freq_factors)
+    if (!(f > 0.0f && std::isfinite(f))) STRATA_FAIL(name << ": RoPE frequency factor " << f << " is not positive");
   for (int e : eos_ids)
     if (e < 0 || e >= vocab_size) STRATA_FAIL(name << ": eos_token_id " << e << " outside the vocabulary");
 }
@@ -344,6 +349,7 @@ std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
     // Same float32 expression as transformers: 1 / base ** (2i / d).
     inv[size_t(i)] = 1.0f / std::pow(cfg.rope_theta, float(2 * i) / float(d));
   }
+  for (size_t i = 0; i < cfg.rope_freq_factors.size() && i < inv.size(); ++i) inv[i] /= cfg.rope_freq_factors[i];
   if (!cfg.rope_scaling) return inv;
   const RopeScaling& s = *cfg.rope_scaling;
   const float old_len = float(s.original_max_positions);

@@ -37,6 +37,23 @@ std::string llama_family_arch(const GgufFile& f) {
   return arch;
 }
 
+// llama.cpp's converter writes Llama 3.1's RoPE scaling as this tensor of per-frequency divisors.
+constexpr const char* kRopeFreqs = "rope_freqs.weight";
+
+std::vector<float> rope_freq_factors(const GgufFile& f, int head_dim) {
+  const GgufTensorInfo* t = f.find_tensor(kRopeFreqs);
+  if (!t) return {};
+  if (t->ne.size() != 1 || t->ne[0] != head_dim / 2)
+    STRATA_FAIL("GGUF file " << f.path() << ": tensor '" << kRopeFreqs << "' should hold head_dim / 2 = " << head_dim / 2
+                             << " factors");
+  const GgmlTypeInfo* ti = ggml_type_info(uint32_t(t->type));
+  if (!ti->dequantizable)
+    STRATA_FAIL("GGUF file " << f.path() << ": tensor '" << kRopeFreqs << "' has type " << ti->name);
+  std::vector<float> factors(size_t(t->ne[0]));
+  ggml_dequantize(t->type, t->data, factors.data(), t->ne[0]);
+  return factors;
+}
+
 // llama.cpp's converter permutes q/k rows for its RoPE layout only for llama (Qwen2's rows are
 // stored as in Hugging Face: ggml's NEOX RoPE reads them that way).
 bool permuted_qk(const std::string& arch) { return arch == "llama"; }
@@ -81,8 +98,7 @@ public:
     n_kv_heads_ = file_.has(kv_key) ? positive_int(file_, kv_key, file_.get_int(kv_key)) : n_heads_;
     const bool permuted = permuted_qk(arch);
     for (const GgufTensorInfo& t : file_.tensors()) {
-      if (t.name == "rope_freqs.weight")
-        STRATA_FAIL("GGUF file " << file_.path() << ": tensor 'rope_freqs.weight' (llama3 rope scaling factors) is not supported");
+      if (t.name == kRopeFreqs) continue;  // part of the config (config_from_gguf), not a weight
       std::string h = hf_name(t.name);
       // Biases the forward pass has no place for (an MLP's, a norm's) would be dropped silently.
       const bool unused_bias = h.ends_with(".bias") && !h.ends_with("q_proj.bias") && !h.ends_with("k_proj.bias") &&
@@ -204,6 +220,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
                              << " != head_dim " << c.head_dim << ") are not supported");
   if (auto st = f.get_string_opt(key("rope.scaling.type")); st && *st != "none")
     STRATA_FAIL("GGUF file " << f.path() << ": rope scaling type '" << *st << "' is not supported");
+  c.rope_freq_factors = rope_freq_factors(f, c.head_dim);
   c.max_positions = get_positive("context_length");
   c.rope_theta = float(f.get_float_opt(key("rope.freq_base")).value_or(10000.0));
   c.norm_eps = float(f.get_float_opt(key("attention.layer_norm_rms_epsilon")).value_or(1e-5));
@@ -268,13 +285,13 @@ Tokenizer tokenizer_from_gguf(const GgufFile& f) {
   PreTokenizer pre;
   // SmolLM's tokenizer also splits digits one by one, but its merges contain no ASCII-digit
   // pairs, so the GPT-2 pattern tokenizes identically.
-  if (pre_name == "gpt2" || pre_name == "smollm")
+  if (pre_name == "gpt-2" || pre_name == "gpt2" || pre_name == "smollm")  // llama.cpp's name is "gpt-2"
     pre = PreTokenizer::GPT2;
   else if (pre_name == "llama-bpe" || pre_name == "llama3" || pre_name == "qwen2")
     pre = PreTokenizer::Llama3;
   else
     STRATA_FAIL("GGUF file " << f.path() << ": tokenizer pre-tokenizer '" << pre_name
-                             << "' is not supported (gpt2, smollm, llama-bpe, qwen2)");
+                             << "' is not supported (gpt-2, smollm, llama-bpe, qwen2)");
   std::vector<std::string> tokens = f.get_string_array("tokenizer.ggml.tokens");
   std::vector<std::string> merges = f.has("tokenizer.ggml.merges") ? f.get_string_array("tokenizer.ggml.merges")
                                                                     : std::vector<std::string>{};

@@ -38,6 +38,9 @@ struct ModelConfig {
   int pos_offset = 0;               // OPT's learned positions start at index 2
   float rope_theta = 10000.0f;
   std::optional<RopeScaling> rope_scaling;
+  // GGUF's rope_freqs.weight (llama.cpp's form of Llama 3.1's scaling): one divisor per frequency,
+  // head_dim / 2 of them, applied after rope_scaling. Empty: none.
+  std::vector<float> rope_freq_factors;
   MlpKind mlp = MlpKind::ReLU;
   bool qkv_bias = false;            // q/k/v projections (OPT, Qwen2)
   bool o_bias = false;              // attention output projection (OPT)
