@@ -76,6 +76,28 @@ TEST_CASE("unsupported variants are refused by name", "[config]") {
   CHECK_THROWS_WITH(config_from_hf_json("/nonexistent/config.json"), Catch::Contains("cannot open"));
 }
 
+TEST_CASE("a sliding window shorter than the context becomes the context", "[config]") {
+  // Mistral 7B v0.1's shape: full attention and a 4096 window agree on every sequence of at most
+  // 4096 tokens, so those are served and longer ones refused as past the context.
+  const std::string head = R"({"hidden_size":64,"intermediate_size":8,"num_hidden_layers":2,"num_attention_heads":4,
+      "vocab_size":100,"max_position_embeddings":32768,)";
+  const ModelConfig mistral = config_from_hf_json(write_config(head + R"("model_type":"mistral","sliding_window":4096})"));
+  CHECK(mistral.max_positions == 4096);
+  CHECK(mistral.sliding_window == 4096);
+  const ModelConfig v02 = config_from_hf_json(write_config(head + R"("model_type":"mistral","sliding_window":null})"));
+  CHECK(v02.max_positions == 32768);
+  CHECK(v02.sliding_window == 0);
+  const ModelConfig qwen_off =
+      config_from_hf_json(write_config(head + R"("model_type":"qwen2","use_sliding_window":false,"sliding_window":4096})"));
+  CHECK(qwen_off.max_positions == 32768);
+  const ModelConfig qwen_on =
+      config_from_hf_json(write_config(head + R"("model_type":"qwen2","use_sliding_window":true,"sliding_window":1024})"));
+  CHECK(qwen_on.max_positions == 1024);
+  const ModelConfig wide = config_from_hf_json(write_config(head + R"("model_type":"mistral","sliding_window":65536})"));
+  CHECK(wide.max_positions == 32768);
+  CHECK(wide.sliding_window == 0);
+}
+
 TEST_CASE("llama3 RoPE scaling matches the transformers formula", "[config]") {
   ModelConfig c = *config_preset("llama-3.1-8b");
   const std::vector<float> inv = rope_inv_freq(c);

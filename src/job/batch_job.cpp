@@ -85,9 +85,10 @@ public:
         throw Error(where + ": token id " + std::to_string(id) + " outside the model's vocabulary of " +
                     std::to_string(cfg.vocab_size) + " (tokenizer does not match the model)");
     if (int(ids.size()) >= cfg.max_positions)
-      return unservable("context_length_exceeded", "prompt of " + std::to_string(ids.size()) +
-                                                       " tokens fills the model's context of " +
-                                                       std::to_string(cfg.max_positions));
+      return unservable("context_length_exceeded",
+                        "prompt of " + std::to_string(ids.size()) + " tokens fills the model's context of " +
+                            std::to_string(cfg.max_positions) +
+                            (cfg.sliding_window > 0 ? " (its sliding-window attention is served within the window)" : ""));
     return ids;
   }
 

@@ -188,11 +188,12 @@ void read_llama(const json& j, const std::string& file, const std::string& model
   if (get_or<bool>(j, "mlp_bias", false)) STRATA_FAIL(file << ": mlp_bias=true is not supported");
   c.tied_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
   if (model_type == "mistral" || model_type == "qwen2") {
-    // Sliding-window attention changes outputs only past the window; refuse rather than be wrong.
+    // Sliding-window attention differs from full attention only for sequences longer than the
+    // window (a query sees keys less than `window` positions back): the context becomes the
+    // window, and everything served is exact (Mistral 7B v0.1: 4096 of 32768).
     const bool sliding = get_or<bool>(j, "use_sliding_window", model_type == "mistral");
     const int window = get_or<int>(j, "sliding_window", 0);
-    if (sliding && window > 0 && window < c.max_positions)
-      STRATA_FAIL(file << ": sliding-window attention (sliding_window " << window << ") is not supported");
+    if (sliding && window > 0 && window < c.max_positions) c.max_positions = c.sliding_window = window;
   }
 
   // transformers 5 writes rope settings under rope_parameters; older files use rope_theta/rope_scaling.

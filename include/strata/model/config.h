@@ -32,6 +32,7 @@ struct ModelConfig {
   int n_kv_heads = 0;               // == n_heads without grouped-query attention
   int head_dim = 0;
   int max_positions = 0;
+  int sliding_window = 0;           // > 0: max_positions was cut to this window (config.json's sliding_window)
   NormKind norm = NormKind::LayerNorm;
   float norm_eps = 1e-5f;
   PosKind pos = PosKind::Learned;
