@@ -17,7 +17,7 @@ using nlohmann::json;
 
 namespace {
 
-const char* kModels[] = {"tiny-opt", "tiny-llama", "tiny-qwen2", "tiny-llama3"};
+const char* kModels[] = {"tiny-opt", "tiny-llama", "tiny-qwen2", "tiny-llama3", "tiny-phi3"};
 
 json load_expected(const std::string& model) {
   std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/models/" + model + "/expected.json");
@@ -47,20 +47,8 @@ TEST_CASE("last-position logits match Hugging Face (fp32, CPU)", "[model][hf]") 
     SECTION(name) {
       const json exp = load_expected(name);
       Loaded l = load(name);
-      for (size_t p = 0; p < exp["prompts"].size(); ++p) {
-        const std::vector<int32_t> prompt = ids_of(exp["prompts"][p]);
-        const std::vector<float> got = test::last_logits(*l.model, prompt);
-        const std::vector<float> want = exp["last_logits"][p].get<std::vector<float>>();
-        REQUIRE(got.size() == want.size());
-        // fp32 on both sides: differences come from summation order only. The fixture stores
-        // 6 significant digits, so allow 1e-5 relative to the largest logit on top of 2e-5 absolute.
-        float scale = 0, worst = 0;
-        for (float w : want) scale = std::max(scale, std::fabs(w));
-        for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
-        INFO(name << " prompt " << p << " (" << prompt.size() << " tokens): max |diff| " << worst << ", max |logit| "
-                  << scale);
-        CHECK(worst <= 2e-5f + 1e-5f * scale);
-      }
+      INFO(name);
+      test::check_hf_last_logits(*l.model, exp);
     }
   }
 }

@@ -1,7 +1,13 @@
 // Helpers shared by the model tests.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "strata/runtime/generator.h"
 #include "strata/runtime/transformer.h"
 
 namespace strata::test {
@@ -21,6 +27,39 @@ inline std::vector<float> last_logits(Transformer& model, const std::vector<int3
   std::vector<float> out(size_t(logits.numel()));
   be.copy_to_host_f32(logits, out.data());
   return out;
+}
+
+// The last logits of each prompt of a tiny model's expected.json (tests/fixtures/models/
+// make_models.py) run alone. fp32 on both sides: differences come from summation order only, and
+// the fixture stores 6 significant digits, so 2e-5 absolute plus 1e-5 relative to the largest logit.
+inline void check_hf_last_logits(Transformer& model, const nlohmann::json& exp) {
+  for (size_t p = 0; p < exp["prompts"].size(); ++p) {
+    const std::vector<int32_t> prompt = exp["prompts"][p].get<std::vector<int32_t>>();
+    const std::vector<float> got = last_logits(model, prompt);
+    const std::vector<float> want = exp["last_logits"][p].get<std::vector<float>>();
+    REQUIRE(got.size() == want.size());
+    float scale = 0, worst = 0;
+    for (float w : want) scale = std::max(scale, std::fabs(w));
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+    INFO("prompt " << p << " (" << prompt.size() << " tokens): max |diff| " << worst << ", max |logit| " << scale);
+    CHECK(worst <= 2e-5f + 1e-5f * scale);
+  }
+}
+
+// Its greedy tokens, all prompts generated in one batch.
+inline void check_hf_greedy(Transformer& model, const nlohmann::json& exp) {
+  std::vector<GenRequest> reqs;
+  for (const nlohmann::json& p : exp["prompts"]) {
+    GenRequest r;
+    r.prompt = p.get<std::vector<int32_t>>();
+    r.sampling.max_new_tokens = exp["max_new_tokens"].get<int>();
+    reqs.push_back(r);
+  }
+  const std::vector<GenResult> got = generate(model, reqs, GenOptions{});
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    INFO("prompt " << i);
+    CHECK(got[i].tokens == exp["greedy"][i].get<std::vector<int32_t>>());
+  }
 }
 
 }  // namespace strata::test

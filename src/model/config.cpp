@@ -187,11 +187,11 @@ void read_llama(const json& j, const std::string& file, const std::string& model
   c.o_bias = model_type == "qwen2" ? false : get_or<bool>(j, "attention_bias", false);
   if (get_or<bool>(j, "mlp_bias", false)) STRATA_FAIL(file << ": mlp_bias=true is not supported");
   c.tied_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
-  if (model_type == "mistral" || model_type == "qwen2") {
+  if (model_type == "mistral" || model_type == "qwen2" || model_type == "phi3") {
     // Sliding-window attention differs from full attention only for sequences longer than the
     // window (a query sees keys less than `window` positions back): the context becomes the
     // window, and everything served is exact (Mistral 7B v0.1: 4096 of 32768).
-    const bool sliding = get_or<bool>(j, "use_sliding_window", model_type == "mistral");
+    const bool sliding = get_or<bool>(j, "use_sliding_window", model_type != "qwen2");
     const int window = get_or<int>(j, "sliding_window", 0);
     if (sliding && window > 0 && window < c.max_positions) c.max_positions = c.sliding_window = window;
   }
@@ -211,7 +211,8 @@ void read_llama(const json& j, const std::string& file, const std::string& model
   } else if (rope_type != "default") {
     STRATA_FAIL(file << ": rope scaling type '" << rope_type << "' is not supported (llama3)");
   }
-  if (get_or<float>(j, "partial_rotary_factor", 1.0f) != 1.0f) STRATA_FAIL(file << ": partial rotary is not supported");
+  if (get_or<float>(rope, "partial_rotary_factor", get_or<float>(j, "partial_rotary_factor", 1.0f)) != 1.0f)
+    STRATA_FAIL(file << ": partial rotary is not supported");
 }
 
 }  // namespace
@@ -238,8 +239,9 @@ ModelConfig config_from_hf_json_text(const std::string& text, const std::filesys
   try {
     const std::string model_type = get_or<std::string>(j, "model_type", "");
     if (model_type == "opt") read_opt(j, file, c);
-    else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") read_llama(j, file, model_type, c);
-    else STRATA_FAIL(file << ": model_type '" << model_type << "' is not supported (opt, llama, mistral, qwen2)");
+    else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "phi3")
+      read_llama(j, file, model_type, c);  // Phi-3: LLaMA with fused projections (split_fused_projections)
+    else STRATA_FAIL(file << ": model_type '" << model_type << "' is not supported (opt, llama, mistral, qwen2, phi3)");
     c.vocab_size = require_int(j, "vocab_size");
     std::vector<int> bos = id_list(j, "bos_token_id");
     c.bos_id = bos.empty() ? -1 : bos[0];

@@ -29,11 +29,11 @@ int token_id_field(const GgufFile& f, std::string_view key, int vocab) {
 }
 
 // general.architecture, refused unless the forward pass is the LLaMA one: llama (LLaMA, Mistral,
-// TinyLlama, SmolLM) or qwen2 (LLaMA with q/k/v biases).
+// TinyLlama, SmolLM), qwen2 (LLaMA with q/k/v biases) or phi3 (LLaMA with fused projections).
 std::string llama_family_arch(const GgufFile& f) {
   std::string arch = f.get_string("general.architecture");
-  if (arch != "llama" && arch != "qwen2")
-    STRATA_FAIL("GGUF file " << f.path() << ": unsupported architecture '" << arch << "' (supported: llama, qwen2)");
+  if (arch != "llama" && arch != "qwen2" && arch != "phi3")
+    STRATA_FAIL("GGUF file " << f.path() << ": unsupported architecture '" << arch << "' (supported: llama, qwen2, phi3)");
   return arch;
 }
 
@@ -56,10 +56,11 @@ std::vector<float> rope_freq_factors(const GgufFile& f, int head_dim) {
 
 // llama.cpp's converter permutes q/k rows for its RoPE layout only for llama (Qwen2's rows are
 // stored as in Hugging Face: ggml's NEOX RoPE reads them that way).
-bool permuted_qk(const std::string& arch) { return arch == "llama"; }
+bool permuted_qk(const std::string& arch) { return arch == "llama"; }  // not qwen2, phi3
 
-// GGUF tensor name -> Hugging Face name ("" when unknown).
-std::string hf_name(const std::string& g) {
+// GGUF tensor name -> Hugging Face name ("" when unknown). Phi-3's fused tensors keep their fused
+// HF names (split_fused_projections cuts them): attn_qkv, and ffn_up holding gate and up.
+std::string hf_name(const std::string& g, const std::string& arch) {
   static const std::unordered_map<std::string, std::string> top = {
       {"token_embd.weight", "model.embed_tokens.weight"},
       {"output_norm.weight", "model.norm.weight"},
@@ -71,7 +72,7 @@ std::string hf_name(const std::string& g) {
       {"attn_q", "self_attn.q_proj"},    {"attn_k", "self_attn.k_proj"},
       {"attn_v", "self_attn.v_proj"},    {"attn_output", "self_attn.o_proj"},
       {"ffn_gate", "mlp.gate_proj"},     {"ffn_up", "mlp.up_proj"},
-      {"ffn_down", "mlp.down_proj"},
+      {"ffn_down", "mlp.down_proj"},     {"attn_qkv", "self_attn.qkv_proj"},
   };
   // blk.<N>.<part>.<weight|bias>
   if (g.rfind("blk.", 0) != 0) return "";
@@ -86,7 +87,8 @@ std::string hf_name(const std::string& g) {
   if (suffix != "weight" && suffix != "bias") return "";
   auto it = layer.find(part);
   if (it == layer.end()) return "";
-  return "model.layers." + std::to_string(n) + "." + it->second + "." + suffix;
+  const std::string hf_part = arch == "phi3" && part == "ffn_up" ? "mlp.gate_up_proj" : it->second;
+  return "model.layers." + std::to_string(n) + "." + hf_part + "." + suffix;
 }
 
 class GgufSource final : public WeightSource {
@@ -99,7 +101,9 @@ public:
     const bool permuted = permuted_qk(arch);
     for (const GgufTensorInfo& t : file_.tensors()) {
       if (t.name == kRopeFreqs) continue;  // part of the config (config_from_gguf), not a weight
-      std::string h = hf_name(t.name);
+      if (t.name.starts_with("rope_factors_"))
+        STRATA_FAIL("GGUF file " << file_.path() << ": tensor '" << t.name << "' (LongRoPE scaling) is not supported");
+      std::string h = hf_name(t.name, arch);
       // Biases the forward pass has no place for (an MLP's, a norm's) would be dropped silently.
       const bool unused_bias = h.ends_with(".bias") && !h.ends_with("q_proj.bias") && !h.ends_with("k_proj.bias") &&
                                !h.ends_with("v_proj.bias") && !h.ends_with("o_proj.bias");
@@ -222,6 +226,9 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     STRATA_FAIL("GGUF file " << f.path() << ": rope scaling type '" << *st << "' is not supported");
   c.rope_freq_factors = rope_freq_factors(f, c.head_dim);
   c.max_positions = get_positive("context_length");
+  // As for config.json: within the window sliding and full attention agree (Phi-3 mini: 2047).
+  if (auto window = f.get_int_opt(key("attention.sliding_window")); window && *window > 0 && *window < c.max_positions)
+    c.max_positions = c.sliding_window = int(*window);
   c.rope_theta = float(f.get_float_opt(key("rope.freq_base")).value_or(10000.0));
   c.norm_eps = float(f.get_float_opt(key("attention.layer_norm_rms_epsilon")).value_or(1e-5));
   if (!(c.rope_theta > 0) || !(c.norm_eps > 0))
@@ -261,10 +268,37 @@ std::unique_ptr<WeightSource> make_gguf_source(const std::filesystem::path& path
 
 namespace {
 
+// llama.cpp marks every special token (control, user-defined, unknown) of a file whose
+// general.name holds "phi3" or "phi-3" as swallowing the whitespace after it, "</s>" too, and
+// then <unk>, <s> and <|endoftext|> as not: Phi-3's tokenizer.json has its added tokens rstrip.
+std::vector<int> phi3_rstrip_ids(const GgufFile& f, const std::vector<std::string>& tokens,
+                                 const std::vector<int64_t>& types) {
+  std::string name = f.get_string_opt("general.name").value_or("");
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  if (name.find("phi3") == std::string::npos && name.find("phi-3") == std::string::npos) return {};
+  std::vector<int> ids;
+  for (size_t id = 0; id < tokens.size() && id < types.size(); ++id) {
+    const bool special = types[id] == 2 || types[id] == 3 || types[id] == 4;
+    const std::string& t = tokens[id];
+    if ((special || t == "</s>") && t != "<unk>" && t != "<s>" && t != "<|endoftext|>") ids.push_back(int(id));
+  }
+  return ids;
+}
+
+std::vector<int64_t> token_types(const GgufFile& f, size_t n_tokens) {
+  if (!f.has("tokenizer.ggml.token_type")) return {};
+  std::vector<int64_t> types = f.get_int_array("tokenizer.ggml.token_type");
+  if (types.size() != n_tokens)
+    STRATA_FAIL("GGUF file " << f.path() << ": tokenizer.ggml.token_type has " << types.size() << " entries but there are "
+                             << n_tokens << " tokens");
+  return types;
+}
+
 // llama.cpp's SentencePiece vocabulary: tokens, scores and types; merges, if any, are unused.
 Tokenizer sentencepiece_from_gguf(const GgufFile& f) {
   SentencePieceVocab v;
   v.tokens = f.get_string_array("tokenizer.ggml.tokens");
+  v.rstrip_ids = phi3_rstrip_ids(f, v.tokens, token_types(f, v.tokens.size()));
   if (f.has("tokenizer.ggml.scores"))
     for (double score : f.get_float_array("tokenizer.ggml.scores")) v.scores.push_back(float(score));
   if (f.has("tokenizer.ggml.token_type"))
@@ -296,16 +330,13 @@ Tokenizer tokenizer_from_gguf(const GgufFile& f) {
   std::vector<std::string> merges = f.has("tokenizer.ggml.merges") ? f.get_string_array("tokenizer.ggml.merges")
                                                                     : std::vector<std::string>{};
   std::vector<AddedToken> added;
-  if (f.has("tokenizer.ggml.token_type")) {
-    std::vector<int64_t> types = f.get_int_array("tokenizer.ggml.token_type");
-    if (types.size() != tokens.size())
-      STRATA_FAIL("GGUF file " << f.path() << ": tokenizer.ggml.token_type has " << types.size() << " entries but there are "
-                               << tokens.size() << " tokens");
-    // llama.cpp token types: 1 normal, 2 unknown, 3 control, 4 user defined, 5 unused, 6 byte.
-    for (size_t id = 0; id < types.size(); ++id) {
-      if (types[id] == 3) added.push_back({int(id), tokens[id], true});
-      else if (types[id] == 4) added.push_back({int(id), tokens[id], false});
-    }
+  const std::vector<int64_t> types = token_types(f, tokens.size());
+  const std::vector<int> rstrip = phi3_rstrip_ids(f, tokens, types);
+  // llama.cpp token types: 1 normal, 2 unknown, 3 control, 4 user defined, 5 unused, 6 byte.
+  for (size_t id = 0; id < types.size(); ++id) {
+    if (types[id] != 3 && types[id] != 4) continue;
+    const bool strip = std::find(rstrip.begin(), rstrip.end(), int(id)) != rstrip.end();
+    added.push_back({int(id), tokens[id], types[id] == 3, strip});
   }
   return Tokenizer::from_parts(std::move(tokens), merges, std::move(added), pre);
 }

@@ -109,7 +109,7 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
   if (fs::is_directory(path)) {
     if (!fs::exists(path / "config.json")) STRATA_FAIL(spec << ": no config.json in the model directory");
     b.config = config_from_hf_json(path / "config.json");
-    b.weights = make_safetensors_source(path);
+    b.weights = split_fused_projections(make_safetensors_source(path), b.config);
     const fs::path tok = tokenizer_dir.empty() ? path : tokenizer_dir;
     if (fs::exists(tok / "tokenizer.json") || fs::exists(tok / "vocab.json")) b.tokenizer = Tokenizer::from_dir(tok);
     b.add_bos = b.config.bos_id >= 0 && hf_adds_bos(tok);
@@ -127,7 +127,7 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
                                                          : file.get_string_opt("tokenizer.ggml.model") == "llama";
     b.chat_template = file.get_string_opt("tokenizer.chat_template").value_or("");
     b.chat_tokens = chat_tokens(b, {}, {});
-    b.weights = make_gguf_source(path);
+    b.weights = split_fused_projections(make_gguf_source(path), b.config);
     return b;
   }
   STRATA_FAIL("model '" << spec << "': unsupported file type (expected a model directory, a .gguf file, or dummy:PRESET)");

@@ -233,7 +233,10 @@ Tokenizer Tokenizer::from_parts(std::vector<std::string> tokens, const std::vect
     if (space == std::string::npos) STRATA_FAIL(m->source << ": merge " << i << " '" << merges[i] << "' has no space");
     m->add_merge(merges[i].substr(0, space), merges[i].substr(space + 1), int(i), "merge " + std::to_string(i));
   }
-  for (auto& t : added) m->added.push_back(AddedTokenRule{std::move(t)});
+  for (auto& t : added) {
+    const bool rstrip = t.rstrip;
+    m->added.push_back(AddedTokenRule{std::move(t), false, rstrip});
+  }
   m->splits.emplace_back(pre == PreTokenizer::GPT2 ? tok::kGpt2Pattern : tok::kLlama3Pattern, false, m->source);
   m->ignore_merges = ignore_merges;
   m->finish();

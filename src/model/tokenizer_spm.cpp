@@ -78,7 +78,8 @@ Tokenizer Tokenizer::from_sentencepiece(SentencePieceVocab v, const std::string&
     if (type == kUnknown && m->unk_id < 0) m->unk_id = int(id);
     // Matched whole in the text: control and unknown tokens as special, user-defined ones not.
     if (type == kControl || type == kUnknown || type == kUserDefined)
-      m->added.push_back(AddedTokenRule{AddedToken{int(id), m->vocab[id], type != kUserDefined}});
+      m->added.push_back(AddedTokenRule{AddedToken{int(id), m->vocab[id], type != kUserDefined}, false,
+                                        std::find(v.rstrip_ids.begin(), v.rstrip_ids.end(), int(id)) != v.rstrip_ids.end()});
   }
   add_score_merges(*m, v.scores);
 

@@ -24,6 +24,7 @@ struct AddedToken {
   int id = 0;
   std::string content;
   bool special = false;
+  bool rstrip = false;  // the match swallows the whitespace after it (HF's rstrip, llama.cpp's RSTRIP)
 };
 
 // A SentencePiece vocabulary as GGUF stores it (tokenizer.ggml.model "llama", as llama.cpp's
@@ -33,6 +34,7 @@ struct SentencePieceVocab {
   std::vector<float> scores;        // empty: all 0
   std::vector<int> types;           // llama.cpp's token types (1 normal .. 6 byte); empty: all normal
   bool add_space_prefix = true;     // tokenizer.ggml.add_space_prefix
+  std::vector<int> rstrip_ids;      // matched tokens that swallow the whitespace after them
 };
 
 class Tokenizer {

@@ -26,6 +26,9 @@ public:
 
 // A .safetensors file, an index json, or a directory holding either.
 std::unique_ptr<WeightSource> make_safetensors_source(const std::filesystem::path& path);
+// Shows Phi-3's fused qkv_proj and gate_up_proj as LLaMA's q/k/v_proj and gate/up_proj (rows cut
+// out on reading); any other tensor passes through. Without fused tensors it changes nothing.
+std::unique_ptr<WeightSource> split_fused_projections(std::unique_ptr<WeightSource> inner, const ModelConfig& cfg);
 // Deterministic small random values for every tensor the config implies; fast, no files.
 std::unique_ptr<WeightSource> make_dummy_source(const ModelConfig& cfg, uint64_t seed = 0);
 
