@@ -85,7 +85,7 @@ TEST_CASE("chat templates are recognized by family", "[chat]") {
       {"chatml-generation-default", ChatFormat::ChatML}, {"chatml-one-end", ChatFormat::ChatML},
       {"qwen2", ChatFormat::ChatML},        {"smollm2", ChatFormat::ChatML},
       {"qwen2.5", ChatFormat::Qwen25},      {"qwen2.5-gguf", ChatFormat::Qwen25},
-      {"qwen2.5-base", ChatFormat::Qwen25}};
+      {"qwen2.5-base", ChatFormat::Qwen25}, {"qwen3", ChatFormat::Qwen3}};
   for (const auto& [name, format] : families) {
     INFO(name);
     CHECK(ChatTemplate::parse(ex["templates"][name]["source"].get<std::string>()).format() == format);
@@ -99,6 +99,7 @@ TEST_CASE("chat templates are recognized by family", "[chat]") {
   CHECK(default_system("qwen2") == "You are a helpful assistant.");
   CHECK(default_system("smollm2") == "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
   CHECK_FALSE(default_system("chatml"));
+  CHECK_FALSE(default_system("qwen3"));
   // Jinja reads \\ \' \" \t \n in a literal; others (\u00e9, \x41) are refused, not guessed at.
   const std::string qwen2 = ex["templates"]["qwen2"]["source"].get<std::string>();
   const size_t at = qwen2.find("You are");
@@ -190,6 +191,12 @@ TEST_CASE("ChatML and Qwen2.5 are recognized whole: a template with more or othe
   refused(edited(qwen, "'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.'", "'Hi.'"));
   refused(edited(qwen, "{%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}", "{%- if true %}"));
   refused(qwen + "{{ eos_token }}");
+  // Qwen3: its reasoning and its multi-step tool handling are part of what it prints.
+  const std::string qwen3 = source("qwen3");
+  refused(edited(qwen3, "{%- if loop.index0 > ns.last_query_index %}", "{%- if true %}"));
+  refused(edited(qwen3, "reasoning_content.strip('\\n')", "reasoning_content"));
+  refused(edited(qwen3, "{{- '<think>\\n\\n</think>\\n\\n' }}", "{{- '<think></think>' }}"));
+  refused(edited(qwen3, "{%- if tool_call.arguments is string %}", "{%- if false %}"));
   // ... but layout is not what it prints.
   CHECK(ChatTemplate::parse(edited(qwen, "{%- for message in messages %}\n", "{% for message in messages -%}\n  "))
             .format() == ChatFormat::Qwen25);
@@ -205,6 +212,7 @@ TEST_CASE("tool calls: rendered by Qwen2.5 and Llama 3.1, refused by the familie
                          Catch::Message("this chat template does not render tool calls"));
   }
   CHECK_THAT(parse("qwen2.5").render(call), Catch::Contains("{\"name\": \"f\", \"arguments\": {\"a\": 1}}"));
+  CHECK_THAT(parse("qwen3").render(call), Catch::Contains("{\"name\": \"f\", \"arguments\": {\"a\": 1}}"));
   CHECK_THAT(parse("llama3.1").render(call), Catch::Contains("{\"name\": \"f\", \"parameters\": {\"a\": 1}}"));
   // Arguments that json.loads would not read as Python's json.dumps prints them are refused.
   for (const char* bad : {"{\"a\": }", "NaN", "[1, 2", "18446744073709551616", "{\"a\": -9223372036854775809}"}) {

@@ -287,6 +287,105 @@ const std::vector<std::string>& qwen25_references() {
   return references;
 }
 
+// Qwen3's template (tokenizer_config.json of Qwen/Qwen3-0.6B, the whole Qwen3 release), laid out
+// to fit the page. It has no default system message.
+const std::vector<std::string>& qwen3_references() {
+  static const std::vector<std::string> references = {normalize_exact(
+      "{%- if tools %}\n"
+      "    {{- '<|im_start|>system\\n' }}\n"
+      "    {%- if messages[0].role == 'system' %}\n"
+      "        {{- messages[0].content + '\\n\\n' }}\n"
+      "    {%- endif %}\n"
+      "    {{- \"# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+      "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n"
+      "    {%- for tool in tools %}\n"
+      "        {{- \"\\n\" }}\n"
+      "        {{- tool | tojson }}\n"
+      "    {%- endfor %}\n"
+      "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+      "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, "
+      "\\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n"
+      "{%- else %}\n"
+      "    {%- if messages[0].role == 'system' %}\n"
+      "        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}\n"
+      "    {%- endif %}\n"
+      "{%- endif %}\n"
+      "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}\n"
+      "{%- for message in messages[::-1] %}\n"
+      "    {%- set index = (messages|length - 1) - loop.index0 %}\n"
+      "    {%- if ns.multi_step_tool and message.role == \"user\"\n"
+      "           and not(message.content.startswith('<tool_response>')\n"
+      "                   and message.content.endswith('</tool_response>')) %}\n"
+      "        {%- set ns.multi_step_tool = false %}\n"
+      "        {%- set ns.last_query_index = index %}\n"
+      "    {%- endif %}\n"
+      "{%- endfor %}\n"
+      "{%- for message in messages %}\n"
+      "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}\n"
+      "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+      "    {%- elif message.role == \"assistant\" %}\n"
+      "        {%- set content = message.content %}\n"
+      "        {%- set reasoning_content = '' %}\n"
+      "        {%- if message.reasoning_content is defined and message.reasoning_content is not none %}\n"
+      "            {%- set reasoning_content = message.reasoning_content %}\n"
+      "        {%- else %}\n"
+      "            {%- if '</think>' in message.content %}\n"
+      "                {%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}\n"
+      "                {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\\n')"
+      ".split('<think>')[-1].lstrip('\\n') %}\n"
+      "            {%- endif %}\n"
+      "        {%- endif %}\n"
+      "        {%- if loop.index0 > ns.last_query_index %}\n"
+      "            {%- if loop.last or (not loop.last and reasoning_content) %}\n"
+      "                {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n')\n"
+      "                    + '\\n</think>\\n\\n' + content.lstrip('\\n') }}\n"
+      "            {%- else %}\n"
+      "                {{- '<|im_start|>' + message.role + '\\n' + content }}\n"
+      "            {%- endif %}\n"
+      "        {%- else %}\n"
+      "            {{- '<|im_start|>' + message.role + '\\n' + content }}\n"
+      "        {%- endif %}\n"
+      "        {%- if message.tool_calls %}\n"
+      "            {%- for tool_call in message.tool_calls %}\n"
+      "                {%- if (loop.first and content) or (not loop.first) %}\n"
+      "                    {{- '\\n' }}\n"
+      "                {%- endif %}\n"
+      "                {%- if tool_call.function %}\n"
+      "                    {%- set tool_call = tool_call.function %}\n"
+      "                {%- endif %}\n"
+      "                {{- '<tool_call>\\n{\"name\": \"' }}\n"
+      "                {{- tool_call.name }}\n"
+      "                {{- '\", \"arguments\": ' }}\n"
+      "                {%- if tool_call.arguments is string %}\n"
+      "                    {{- tool_call.arguments }}\n"
+      "                {%- else %}\n"
+      "                    {{- tool_call.arguments | tojson }}\n"
+      "                {%- endif %}\n"
+      "                {{- '}\\n</tool_call>' }}\n"
+      "            {%- endfor %}\n"
+      "        {%- endif %}\n"
+      "        {{- '<|im_end|>\\n' }}\n"
+      "    {%- elif message.role == \"tool\" %}\n"
+      "        {%- if loop.first or (messages[loop.index0 - 1].role != \"tool\") %}\n"
+      "            {{- '<|im_start|>user' }}\n"
+      "        {%- endif %}\n"
+      "        {{- '\\n<tool_response>\\n' }}\n"
+      "        {{- message.content }}\n"
+      "        {{- '\\n</tool_response>' }}\n"
+      "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n"
+      "            {{- '<|im_end|>\\n' }}\n"
+      "        {%- endif %}\n"
+      "    {%- endif %}\n"
+      "{%- endfor %}\n"
+      "{%- if add_generation_prompt %}\n"
+      "    {{- '<|im_start|>assistant\\n' }}\n"
+      "    {%- if enable_thinking is defined and enable_thinking is false %}\n"
+      "        {{- '<think>\\n\\n</think>\\n\\n' }}\n"
+      "    {%- endif %}\n"
+      "{%- endif %}")};
+  return references;
+}
+
 // A template that is one of a family's references.
 struct ReferenceMatch {
   std::optional<std::string> system;  // the text in its holes, when the reference has them
@@ -408,6 +507,10 @@ ChatTemplate ChatTemplate::parse(std::string_view source, ChatTokens tokens) {
     t.default_system_ = std::move(qwen->system);
     return t;
   }
+  if (match_any(n, qwen3_references())) {
+    t.format_ = ChatFormat::Qwen3;
+    return t;
+  }
   if (is_llama3(n))
     t.format_ = ChatFormat::Llama3;
   else if (is_llama31(n))
@@ -420,8 +523,8 @@ ChatTemplate ChatTemplate::parse(std::string_view source, ChatTokens tokens) {
     t.format_ = ChatFormat::Zephyr;
   else
     STRATA_FAIL(
-        "unsupported chat template (understood: ChatML, Qwen2.5, Llama 3, Llama 3.1/3.2, Llama 2, Mistral "
-        "Instruct v0.1/v0.2, Zephyr)");
+        "unsupported chat template (understood: ChatML, Qwen2.5, Qwen3, Llama 3, Llama 3.1/3.2, Llama 2, "
+        "Mistral Instruct v0.1/v0.2, Zephyr)");
   if (t.format_ == ChatFormat::Llama31) {
     t.date_is_today_ =
         n.find("{%ifstrftime_nowisdefined%}{%setdate_string=strftime_now('%d %b %Y')%}") != std::string::npos;

@@ -1,7 +1,7 @@
 // Chat templates: turns {role, content} messages into the prompt text a chat model was trained on.
 // The Jinja source is recognized by its shape, not executed. Understood: ChatML (Qwen2-Instruct,
-// SmolLM, Hermes), Qwen2.5, Llama 3, Llama 3.1 / 3.2, Llama 2 chat, Mistral Instruct v0.1 / v0.2
-// and Zephyr (TinyLlama Chat). Each renders what transformers' apply_chat_template(tokenize=False)
+// SmolLM, Hermes), Qwen2.5, Qwen3, Llama 3, Llama 3.1 / 3.2, Llama 2 chat, Mistral Instruct v0.1 /
+// v0.2 and Zephyr (TinyLlama Chat). Each renders what transformers' apply_chat_template(tokenize=False)
 // returns for that template (tests/fixtures/chat/make_chat_cases.py); any other template is
 // refused rather than rendered wrongly. docs/batch-format.md "Chat templates" lists what each
 // family does.
@@ -26,10 +26,10 @@ struct ChatToolCall {
 struct ChatMessage {
   std::string role;     // "system", "user", "assistant", "tool", ...
   std::string content;  // OpenAI's null content beside tool_calls is ""
-  std::vector<ChatToolCall> tool_calls = {};  // only Qwen2.5 and Llama 3.1 / 3.2 render them
+  std::vector<ChatToolCall> tool_calls = {};  // only Qwen2.5, Qwen3 and Llama 3.1 / 3.2 render them
 };
 
-enum class ChatFormat { ChatML, Qwen25, Llama3, Llama31, Llama2, Mistral, Zephyr };
+enum class ChatFormat { ChatML, Qwen25, Qwen3, Llama3, Llama31, Llama2, Mistral, Zephyr };
 
 // The template's bos_token and eos_token: tokenizer_config.json's strings, or the text of the
 // model's BOS / EOS tokens (GGUF). Templates that write them render them as text; the tokenizer
@@ -64,6 +64,7 @@ public:
 private:
   std::string render_chatml(const std::vector<ChatMessage>& messages, bool gen) const;
   std::string render_qwen25(const std::vector<ChatMessage>& messages, bool gen) const;
+  std::string render_qwen3(const std::vector<ChatMessage>& messages, bool gen) const;
   std::string render_llama3(const std::vector<ChatMessage>& messages, bool gen) const;
   std::string render_llama31(const std::vector<ChatMessage>& messages, bool gen) const;
   std::string render_llama2(const std::vector<ChatMessage>& messages) const;
