@@ -37,6 +37,13 @@ def prompts():
         '{"custom_id": "e1", "method": "GET", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 0}}\n'
         '{"custom_id": "e2", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": '
         '[{"type": "image_url"}]}], "temperature": 3, "stream": true, "stop": "x"}}\n')
+    put("prompts_fuzz", "openai_tool_calls.jsonl",
+        '{"custom_id": "t1", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": ['
+        '{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", '
+        '"type": "function", "function": {"name": "get_weather", "arguments": "{\\"city\\": [1.5e3, -0, null]}"}}]}, '
+        '{"role": "tool", "tool_call_id": "c1", "content": "22 C"}]}}\n'
+        '{"custom_id": "t2", "url": "/v1/chat/completions", "body": {"messages": [{"role": "assistant", '
+        '"tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}]}}\n')
 
 
 def yaml_files():

@@ -85,6 +85,73 @@ TEST_CASE("OpenAI batch lines are read with their body fields", "[job]") {
   CHECK_THAT(warnings[1], Catch::Contains("oa_ok.jsonl:4: ignoring unknown field 'meta'"));
 }
 
+TEST_CASE("OpenAI chat messages carry assistant tool calls, their content then null or absent", "[job][chat]") {
+  const json call = {{"id", "call_1"},
+                     {"type", "function"},
+                     {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\", \"days\": 2}"}}}};
+  const json messages = json::array({{{"role", "user"}, {"content", "Weather?"}},
+                                     {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {call}}},
+                                     {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "22 C"}},
+                                     {{"role", "assistant"}, {"tool_calls", {call, call}}},
+                                     {{"role", "assistant"}, {"content", "Sunny."}, {"tool_calls", nullptr}}});
+  auto with = [&](size_t i, const json& m) {
+    json copy = messages;
+    copy[i] = m;
+    return copy;
+  };
+  auto call_with = [&](const json& function) {
+    json c = call;
+    c["function"] = function;
+    return json{{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {c}}};
+  };
+  struct Case {
+    json messages;
+    std::string code, message;
+  };
+  const std::vector<Case> bad = {
+      {with(0, {{"role", "user"}, {"content", "x"}, {"tool_calls", {call}}}), "invalid_value",
+       "body.messages[0].tool_calls is for assistant messages only"},
+      {with(1, {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", json::array()}}), "invalid_type",
+       "body.messages[1].tool_calls must be a non-empty array"},
+      {with(1, {{"role", "assistant"}, {"content", nullptr}}), "invalid_type",
+       "body.messages[1].content must be a string or an array of text parts"},
+      {with(1, call_with({{"name", "f"}, {"arguments", {{"city", "Paris"}}}})), "invalid_type",
+       "body.messages[1].tool_calls[0].function.arguments must be a string of JSON"},
+      {with(1, call_with({{"name", "f"}, {"arguments", "{city: Paris}"}})), "invalid_value",
+       "body.messages[1].tool_calls[0].function.arguments: not JSON"},
+      {with(1, call_with({{"name", "f"}, {"arguments", "[123456789012345678901234567890]"}})), "invalid_value",
+       "arguments: an integer beyond 64 bits"},
+      {with(1, call_with({{"arguments", "{}"}})), "invalid_type",
+       "body.messages[1].tool_calls[0].function.name must be a string"},
+      {with(1, {{"role", "assistant"}, {"tool_calls", {{{"type", "code"}, {"function", call["function"]}}}}}),
+       "invalid_value", "body.messages[1].tool_calls[0].type must be \"function\""},
+      {with(1, {{"role", "assistant"}, {"tool_calls", {{{"type", "function"}}}}}), "invalid_type",
+       "body.messages[1].tool_calls[0].function must be an object"},
+  };
+  std::string text = chat_line("ok", {{"messages", messages}});
+  for (size_t i = 0; i < bad.size(); ++i) text += chat_line(std::to_string(i), {{"messages", bad[i].messages}});
+  const auto recs = read_prompts(write_file("oa_tools.jsonl", text), {});
+  REQUIRE(recs.size() == bad.size() + 1);
+  REQUIRE_FALSE(recs[0].error);
+  const std::vector<ChatMessage>& m = recs[0].messages;
+  REQUIRE(m.size() == 5);
+  CHECK(m[1].content.empty());
+  REQUIRE(m[1].tool_calls.size() == 1);
+  CHECK(m[1].tool_calls[0].name == "get_weather");
+  CHECK(m[1].tool_calls[0].arguments == "{\"city\": \"Paris\", \"days\": 2}");  // as sent, key order kept
+  CHECK(m[2].role == "tool");
+  CHECK(m[2].content == "22 C");
+  CHECK(m[3].tool_calls.size() == 2);
+  CHECK(m[4].tool_calls.empty());
+  CHECK(m[4].content == "Sunny.");
+  for (size_t i = 0; i < bad.size(); ++i) {
+    INFO(bad[i].messages.dump());
+    REQUIRE(recs[i + 1].error);
+    CHECK(recs[i + 1].error->code == bad[i].code);
+    CHECK_THAT(recs[i + 1].error->message, Catch::Contains(bad[i].message));
+  }
+}
+
 TEST_CASE("malformed OpenAI batch lines refuse the file with FILE:LINE and the field", "[job]") {
   struct Case {
     std::string text, message;

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "strata/model/chat_json.h"
 #include "strata/model/chat_template.h"
 #include "strata/model/model_loader.h"
 #include "strata/model/tokenizer.h"
@@ -15,38 +16,53 @@ using json = nlohmann::json;
 
 namespace {
 
-json chat_cases() {
+// Ordered: a tool call's arguments keep their keys' order, as Python's dicts do.
+nlohmann::ordered_json chat_cases() {
   std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/chat/chat_cases.json");
   REQUIRE(in);
-  return json::parse(in);
+  return nlohmann::ordered_json::parse(in);
 }
 
-ChatTemplate parse_fixture(const json& t, const std::string& today) {
+ChatTemplate parse_fixture(const nlohmann::ordered_json& t, const std::string& today) {
   ChatTemplate tpl = ChatTemplate::parse(t["source"].get<std::string>(),
                                          {t["bos_token"].get<std::string>(), t["eos_token"].get<std::string>()});
   tpl.set_today(today);
   return tpl;
 }
 
-std::vector<ChatMessage> messages_of(const json& c) {
+// The fixture's messages: OpenAI's (content null beside tool calls, arguments a string of JSON)
+// or transformers' (arguments an object, written here as its JSON text).
+std::vector<ChatMessage> messages_of(const nlohmann::ordered_json& c) {
   std::vector<ChatMessage> msgs;
-  for (const json& m : c["messages"]) msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+  for (const auto& m : c["messages"]) {
+    ChatMessage msg{m["role"].get<std::string>(), m["content"].is_null() ? "" : m["content"].get<std::string>()};
+    if (m.contains("tool_calls"))
+      for (const auto& call : m["tool_calls"]) {
+        const auto& args = call["function"]["arguments"];
+        msg.tool_calls.push_back(
+            {call["function"]["name"].get<std::string>(), args.is_string() ? args.get<std::string>() : args.dump()});
+      }
+    msgs.push_back(std::move(msg));
+  }
   return msgs;
 }
 
 }  // namespace
 
 TEST_CASE("chat templates render as Jinja2 renders them, refusals included", "[chat]") {
-  const json ex = chat_cases();
+  const auto ex = chat_cases();
   const std::string today = ex["today"].get<std::string>();
   int rendered = 0, refused = 0;
-  for (const json& c : ex["cases"]) {
+  for (const auto& c : ex["cases"]) {
     const std::string name = c["template"].get<std::string>();
     const ChatTemplate tpl = parse_fixture(ex["templates"][name], today);
     const std::vector<ChatMessage> msgs = messages_of(c);
     const bool gen = c["add_generation_prompt"].get<bool>();
     INFO(name << ": " << c["messages"].dump() << (gen ? " + generation prompt" : ""));
-    if (c.contains("error")) {
+    if (c.contains("undefined")) {  // Jinja's own error (no messages[0]), in its words, not Strata's
+      CHECK_THROWS_AS(tpl.render(msgs, gen), ChatTemplateError);
+      ++refused;
+    } else if (c.contains("error")) {
       CHECK_THROWS_MATCHES(tpl.render(msgs, gen), ChatTemplateError, Catch::Message(c["error"].get<std::string>()));
       ++refused;
     } else {
@@ -54,20 +70,43 @@ TEST_CASE("chat templates render as Jinja2 renders them, refusals included", "[c
       ++rendered;
     }
   }
-  CHECK(rendered > 100);
-  CHECK(refused >= 10);
+  CHECK(rendered > 400);
+  CHECK(refused >= 20);
 }
 
 TEST_CASE("chat templates are recognized by family", "[chat]") {
-  const json ex = chat_cases();
+  const auto ex = chat_cases();
   const std::pair<const char*, ChatFormat> families[] = {
-      {"llama3", ChatFormat::Llama3}, {"llama3.1", ChatFormat::Llama31}, {"llama3.2", ChatFormat::Llama31},
-      {"llama2", ChatFormat::Llama2}, {"mistral", ChatFormat::Mistral},  {"zephyr", ChatFormat::Zephyr},
-      {"llama3-raw-newlines", ChatFormat::Llama3}, {"zephyr-raw-newlines", ChatFormat::Zephyr}};
+      {"llama3", ChatFormat::Llama3},       {"llama3.1", ChatFormat::Llama31},
+      {"llama3.2", ChatFormat::Llama31},    {"llama2", ChatFormat::Llama2},
+      {"mistral", ChatFormat::Mistral},     {"zephyr", ChatFormat::Zephyr},
+      {"llama3-raw-newlines", ChatFormat::Llama3}, {"zephyr-raw-newlines", ChatFormat::Zephyr},
+      {"chatml", ChatFormat::ChatML},       {"chatml-bos", ChatFormat::ChatML},
+      {"chatml-generation-default", ChatFormat::ChatML}, {"chatml-one-end", ChatFormat::ChatML},
+      {"qwen2", ChatFormat::ChatML},        {"smollm2", ChatFormat::ChatML},
+      {"qwen2.5", ChatFormat::Qwen25},      {"qwen2.5-gguf", ChatFormat::Qwen25},
+      {"qwen2.5-base", ChatFormat::Qwen25}, {"qwen3", ChatFormat::Qwen3}};
   for (const auto& [name, format] : families) {
     INFO(name);
     CHECK(ChatTemplate::parse(ex["templates"][name]["source"].get<std::string>()).format() == format);
   }
+  // The default system message is the template's literal, read with Jinja's escapes.
+  auto default_system = [&](const char* name) {
+    return ChatTemplate::parse(ex["templates"][name]["source"].get<std::string>()).default_system();
+  };
+  CHECK(default_system("qwen2.5") == "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+  CHECK(default_system("qwen2.5-base") == "You are a helpful assistant.");
+  CHECK(default_system("qwen2") == "You are a helpful assistant.");
+  CHECK(default_system("smollm2") == "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+  CHECK_FALSE(default_system("chatml"));
+  CHECK_FALSE(default_system("qwen3"));
+  // Jinja reads \\ \' \" \t \n in a literal; others (\u00e9, \x41) are refused, not guessed at.
+  const std::string qwen2 = ex["templates"]["qwen2"]["source"].get<std::string>();
+  const size_t at = qwen2.find("You are");
+  CHECK(ChatTemplate::parse(std::string(qwen2).replace(at, 7, R"(You\'re\\\t\")")).default_system() ==
+        "You're\\\t\" a helpful assistant.");
+  CHECK_THROWS_WITH(ChatTemplate::parse(std::string(qwen2).replace(at, 7, R"(\u00e9)")),
+                    Catch::StartsWith("unsupported chat template"));
   // Llama 3.2 reads today's date at parse time; 3.1 keeps its literal.
   const ChatTemplate t32 = ChatTemplate::parse(ex["templates"]["llama3.2"]["source"].get<std::string>());
   CHECK_THAT(t32.render({{"user", "x"}}), !Catch::Contains("26 Jul 2024"));
@@ -76,7 +115,7 @@ TEST_CASE("chat templates are recognized by family", "[chat]") {
 }
 
 TEST_CASE("chat templates that differ from a family in what they print are refused", "[chat]") {
-  const json ex = chat_cases();
+  const auto ex = chat_cases();
   auto source = [&](const char* name) { return ex["templates"][name]["source"].get<std::string>(); };
   auto edited = [](std::string s, const std::string& from, const std::string& to) {
     const size_t p = s.find(from);
@@ -114,10 +153,94 @@ TEST_CASE("chat templates that differ from a family in what they print are refus
   CHECK_THROWS_WITH(ChatTemplate::parse(""), Catch::StartsWith(unsupported));
 }
 
+TEST_CASE("ChatML and Qwen2.5 are recognized whole: a template with more or other constructs is refused",
+          "[chat]") {
+  const auto ex = chat_cases();
+  auto source = [&](const char* name) { return ex["templates"][name]["source"].get<std::string>(); };
+  auto edited = [](std::string s, const std::string& from, const std::string& to) {
+    const size_t p = s.find(from);
+    REQUIRE(p != std::string::npos);
+    return s.replace(p, from.size(), to);
+  };
+  auto refused = [](const std::string& t) {
+    INFO(t);
+    CHECK_THROWS_WITH(ChatTemplate::parse(t), Catch::StartsWith("unsupported chat template"));
+  };
+  const std::string chatml = source("chatml"), turn = "{{'<|im_start|>' + message['role']";
+  // Plain ChatML with what it does not render: a tools branch, a tool role, tool calls, trimming.
+  refused("{% if tools %}{{ '<|im_start|>system\n' + tools | tojson + '<|im_end|>\n' }}{% endif %}" + chatml);
+  refused(edited(chatml, turn,
+                 "{% if message['role'] == 'tool' %}{{ '<|im_start|>user\n<tool_response>\n' + message['content'] + "
+                 "'\n</tool_response><|im_end|>\n' }}{% else %}" + turn));
+  refused(edited(edited(chatml, turn, "{% if message['role'] != 'tool' %}" + turn), "{% endfor %}",
+                 "{% endif %}{% endfor %}"));
+  refused(edited(chatml, "{% endfor %}",
+                 "{% for tool_call in message.tool_calls %}{{ tool_call.function | tojson }}{% endfor %}{% endfor %}"));
+  refused(edited(chatml, "message['content']", "message['content'] | trim"));
+  refused(edited(chatml, "{{ '<|im_start|>assistant\\n' }}", "{{ '<|im_start|>assistant\\n<think>\\n' }}"));
+  // Text between tags is printed: a newline after each turn is another prompt.
+  refused(edited(chatml, "}}{% endfor %}", "}}\n{% endfor %}"));
+  refused(edited(source("smollm2"), "loop.first and ", ""));  // a default before every message
+  // Qwen2.5: its tools branch (not rendered, but part of what the template is), its tool
+  // responses and calls, and the same default system message in both branches.
+  const std::string qwen = source("qwen2.5");
+  refused(edited(qwen, "You may call one or more functions", "You may call functions"));
+  refused(edited(qwen, "'\\n<tool_response>\\n'", "'\\n<tool_result>\\n'"));
+  refused(edited(qwen, "(message.role == \"system\" and not loop.first) or ", ""));
+  refused(edited(qwen, "{{- tool_call.arguments | tojson }}", "{{- tool_call.arguments }}"));
+  refused(edited(qwen, "'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.'", "'Hi.'"));
+  refused(edited(qwen, "{%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}", "{%- if true %}"));
+  refused(qwen + "{{ eos_token }}");
+  // Qwen3: its reasoning and its multi-step tool handling are part of what it prints.
+  const std::string qwen3 = source("qwen3");
+  refused(edited(qwen3, "{%- if loop.index0 > ns.last_query_index %}", "{%- if true %}"));
+  refused(edited(qwen3, "reasoning_content.strip('\\n')", "reasoning_content"));
+  refused(edited(qwen3, "{{- '<think>\\n\\n</think>\\n\\n' }}", "{{- '<think></think>' }}"));
+  refused(edited(qwen3, "{%- if tool_call.arguments is string %}", "{%- if false %}"));
+  // ... but layout is not what it prints.
+  CHECK(ChatTemplate::parse(edited(qwen, "{%- for message in messages %}\n", "{% for message in messages -%}\n  "))
+            .format() == ChatFormat::Qwen25);
+}
+
+TEST_CASE("tool calls: rendered by Qwen2.5 and Llama 3.1, refused by the families that would drop them", "[chat]") {
+  const auto ex = chat_cases();
+  auto parse = [&](const char* name) { return parse_fixture(ex["templates"][name], ex["today"]); };
+  const std::vector<ChatMessage> call = {{"user", "x"}, {"assistant", "", {{"f", R"({"a": 1})"}}}};
+  for (const char* name : {"chatml", "smollm2", "llama3", "llama2", "mistral", "zephyr"}) {
+    INFO(name);
+    CHECK_THROWS_MATCHES(parse(name).render(call), ChatTemplateError,
+                         Catch::Message("this chat template does not render tool calls"));
+  }
+  CHECK_THAT(parse("qwen2.5").render(call), Catch::Contains("{\"name\": \"f\", \"arguments\": {\"a\": 1}}"));
+  CHECK_THAT(parse("qwen3").render(call), Catch::Contains("{\"name\": \"f\", \"arguments\": {\"a\": 1}}"));
+  CHECK_THAT(parse("llama3.1").render(call), Catch::Contains("{\"name\": \"f\", \"parameters\": {\"a\": 1}}"));
+  // Arguments that json.loads would not read as Python's json.dumps prints them are refused.
+  for (const char* bad : {"{\"a\": }", "NaN", "[1, 2", "18446744073709551616", "{\"a\": -9223372036854775809}"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(parse("qwen2.5").render({{"assistant", "", {{"f", bad}}}}), ChatTemplateError);
+    CHECK_THROWS_AS(parse("llama3.1").render({{"assistant", "", {{"f", bad}}}}), ChatTemplateError);
+  }
+  CHECK_THROWS_WITH(parse("qwen2.5").render({{"assistant", "", {{"f", std::string(100000, '[')}}}}),
+                    Catch::Contains("nested deeper than 512"));
+}
+
+TEST_CASE("python_tojson prints JSON as Python's json.dumps(json.loads(text), ensure_ascii=False)", "[chat]") {
+  // Expected strings from Python 3.11.
+  CHECK(python_tojson("[1e16, 1e15, 0.1, -0.0, 5e-324, 1.7976931348623157e308, 123456789.123456789, 1e-4, 1e-5]") ==
+        "[1e+16, 1000000000000000.0, 0.1, -0.0, 5e-324, 1.7976931348623157e+308, 123456789.12345679, 0.0001, 1e-05]");
+  CHECK(python_tojson(R"({"b": 1, "a": {"c": [], "b": "\u00e9\n"}, "b": 3})") ==
+        "{\"b\": 3, \"a\": {\"c\": [], \"b\": \"\xc3\xa9\\n\"}}");
+  CHECK(python_tojson("  \"x\"  ") == "\"x\"");
+  CHECK(python_tojson("-0") == "0");
+  CHECK_THROWS_WITH(python_tojson("123456789012345678901"), "an integer beyond 64 bits: 123456789012345678901");
+  CHECK_THROWS_WITH(python_tojson("{x"), Catch::StartsWith("not JSON: "));
+  CHECK_THROWS_AS(python_tojson("1E400"), ChatTemplateError);  // Python: Infinity, which is not JSON
+}
+
 TEST_CASE("a rendered chat tokenizes as apply_chat_template's: the template's BOS and EOS are the special tokens",
           "[chat][tokenizer]") {
-  const json ex = chat_cases();
-  for (const json& c : ex["token_cases"]) {
+  const auto ex = chat_cases();
+  for (const auto& c : ex["token_cases"]) {
     const std::string model = c["model"].get<std::string>(), name = c["template"].get<std::string>();
     INFO(model << " " << name << ": " << c["messages"].dump());
     const std::string dir = std::string(STRATA_FIXTURES_DIR) + "/" + c["tokenizer"].get<std::string>();

@@ -180,9 +180,13 @@ TEST_CASE("fuzz finding 8: long chat templates are recognized in linear time, wi
       "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
   std::string heads;
   for (size_t i = 0; i < n / 26; ++i) heads += "{{'<|im_start|>system\\n'}}";
-  const ChatTemplate t = ChatTemplate::parse(heads + "<|im_end|>" + chatml);
+  // ChatML is now matched whole, so the heads that printed before it make another template.
+  CHECK_THROWS_WITH(ChatTemplate::parse(heads + "<|im_end|>" + chatml), Catch::StartsWith("unsupported chat template"));
+  std::string system = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '";
+  for (size_t i = 0; i < n / 26; ++i) system += "<|im_start|>system\\n";
+  const ChatTemplate t = ChatTemplate::parse(system + "<|im_end|>\\n' }}{% endif %}" + chatml.substr(29));
   CHECK(t.format() == ChatFormat::ChatML);
-  CHECK_FALSE(t.default_system());
+  CHECK(t.default_system()->size() == (n / 26 - 1) * 19);  // the first head is the reference's
   // Linear, these take well under a second even with the sanitizers; quadratic, over a minute.
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
   // The Zephyr check still wants a newline after each turn and the generation prompt.

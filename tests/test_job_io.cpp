@@ -46,6 +46,22 @@ TEST_CASE("prompt lines are read with their sampling fields", "[job]") {
   CHECK_THAT(warnings[0], Catch::Contains("unknown field 'meta'"));
 }
 
+TEST_CASE("strata lines' messages carry OpenAI's tool calls on assistant messages", "[job][chat]") {
+  const auto recs = read_prompts(
+      write_file("tools.jsonl",
+                 "{\"id\": 1, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"assistant\", "
+                 "\"content\": null, \"tool_calls\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+                 "\"arguments\": \"{\\\"b\\\": 1, \\\"a\\\": 2}\"}}]}, {\"role\": \"tool\", \"content\": \"3\"}]}\n"),
+      {});
+  REQUIRE(recs.size() == 1);
+  REQUIRE(recs[0].messages.size() == 3);
+  CHECK(recs[0].messages[1].content.empty());
+  REQUIRE(recs[0].messages[1].tool_calls.size() == 1);
+  CHECK(recs[0].messages[1].tool_calls[0].name == "f");
+  CHECK(recs[0].messages[1].tool_calls[0].arguments == "{\"b\": 1, \"a\": 2}");
+  CHECK(recs[0].messages[2].tool_calls.empty());
+}
+
 TEST_CASE("bad prompt lines fail with file, line and reason", "[job]") {
   struct Case {
     std::string text, message;
@@ -65,6 +81,14 @@ TEST_CASE("bad prompt lines fail with file, line and reason", "[job]") {
       {"{\"id\": 1, \"prompt\": \"\"}\n", "bad12.jsonl:1: field 'prompt' is empty"},
       {"{\"id\": 1, \"prompt\": \"a\", \"seed\": -3}\n", "bad13.jsonl:1: field 'seed' must be a non-negative integer"},
       {"{\"id\": 1, \"messages\": [{\"role\": \"user\"}]}\n", "bad14.jsonl:1: messages[0].content must be a string"},
+      {"{\"id\": 1, \"messages\": [{\"role\": \"user\", \"content\": \"a\", \"tool_calls\": [{\"function\": "
+       "{\"name\": \"f\", \"arguments\": \"{}\"}}]}]}\n",
+       "bad15.jsonl:1: messages[0].tool_calls is for assistant messages only"},
+      {"{\"id\": 1, \"messages\": [{\"role\": \"assistant\", \"content\": null}]}\n",
+       "bad16.jsonl:1: messages[0].content must be a string"},
+      {"{\"id\": 1, \"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\": "
+       "{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": }\"}}]}]}\n",
+       "bad17.jsonl:1: messages[0].tool_calls[0].function.arguments: not JSON"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const fs::path p = write_file("bad" + std::to_string(i + 1) + ".jsonl", cases[i].text);

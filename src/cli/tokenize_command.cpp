@@ -3,6 +3,7 @@
 
 #include "commands.h"
 #include "strata/core/error.h"
+#include "strata/model/chat_json.h"
 #include "strata/model/chat_template.h"
 #include "strata/model/model_loader.h"
 
@@ -10,7 +11,8 @@ namespace strata::cli {
 
 namespace {
 
-// --messages: a JSON array of {"role", "content"} with string values.
+// --messages: a JSON array of {"role", "content"} with string values, and OpenAI's tool_calls on
+// assistant messages (whose content may then be null).
 std::vector<ChatMessage> parse_messages(const std::string& text) {
   nlohmann::json v;
   try {
@@ -22,10 +24,15 @@ std::vector<ChatMessage> parse_messages(const std::string& text) {
   std::vector<ChatMessage> messages;
   for (size_t i = 0; i < v.size(); ++i) {
     const nlohmann::json& m = v[i];
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
-        !m["content"].is_string())
-      throw Error("--messages[" + std::to_string(i) + "]: expected {\"role\": string, \"content\": string}");
-    messages.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    const std::string at = "--messages[" + std::to_string(i) + "]";
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw Error(at + ": expected {\"role\": string, \"content\": string}");
+    std::vector<ChatToolCall> calls = read_tool_calls(m, at);  // a ChatMessageError is a strata::Error
+    const bool no_content = !calls.empty() && (!m.contains("content") || m["content"].is_null());
+    if (!no_content && (!m.contains("content") || !m["content"].is_string()))
+      throw Error(at + ": expected {\"role\": string, \"content\": string}");
+    messages.push_back({m["role"].get<std::string>(), no_content ? "" : m["content"].get<std::string>(),
+                        std::move(calls)});
   }
   return messages;
 }

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "strata/core/error.h"
+#include "strata/model/chat_json.h"
 
 namespace strata {
 using json = nlohmann::json;
@@ -118,8 +119,17 @@ std::vector<ChatMessage> read_messages(const json& v, const LineContext& ctx) {
     const std::string at = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) ctx.fail(at + " must be an object");
     if (!m.contains("role") || !m["role"].is_string()) ctx.fail(at + ".role must be a string");
-    if (!m.contains("content") || !m["content"].is_string()) ctx.fail(at + ".content must be a string");
-    out.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+    std::vector<ChatToolCall> calls;
+    try {
+      calls = read_tool_calls(m, at);
+    } catch (const ChatMessageError& e) {
+      ctx.fail(e.what());
+    }
+    // As OpenAI's: an assistant message with tool calls may have a null content, or none.
+    const bool no_content = !calls.empty() && (!m.contains("content") || m["content"].is_null());
+    if (!no_content && (!m.contains("content") || !m["content"].is_string()))
+      ctx.fail(at + ".content must be a string");
+    out.push_back({m["role"].get<std::string>(), no_content ? "" : m["content"].get<std::string>(), std::move(calls)});
   }
   return out;
 }
@@ -181,8 +191,17 @@ void read_openai_body(const json& body, PromptRecord& r) {
       const json& m = v[i];
       if (!m.is_object()) refuse("invalid_type", at + " must be an object");
       if (!m.contains("role") || !m["role"].is_string()) refuse("invalid_type", at + ".role must be a string");
-      if (!m.contains("content")) refuse("missing_field", at + ".content is required");
-      r.messages.push_back({m["role"].get<std::string>(), message_content(m["content"], at)});
+      std::vector<ChatToolCall> calls;
+      try {
+        calls = read_tool_calls(m, at);
+      } catch (const ChatMessageError& e) {
+        refuse(e.code, e.what());
+      }
+      // An assistant message with tool calls may have a null content, or none.
+      const bool no_content = !calls.empty() && (!m.contains("content") || m["content"].is_null());
+      if (!no_content && !m.contains("content")) refuse("missing_field", at + ".content is required");
+      r.messages.push_back(
+          {m["role"].get<std::string>(), no_content ? "" : message_content(m["content"], at), std::move(calls)});
     }
   } else {
     if (body.contains("messages")) refuse("invalid_value", "body.messages is for /v1/chat/completions; completions take body.prompt");

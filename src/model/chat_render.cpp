@@ -3,6 +3,7 @@
 // conversations it refuses are transformers' to the byte.
 #include <nlohmann/json.hpp>
 
+#include "strata/model/chat_json.h"
 #include "strata/model/chat_template.h"
 
 namespace strata {
@@ -55,12 +56,42 @@ std::string llama3_turn(const ChatMessage& m) {
 
 constexpr std::string_view kLlama3Generation = "<|start_header_id|>assistant<|end_header_id|>\n\n";
 
+// A tool call's arguments as the template's tojson prints them.
+std::string arguments_json(const ChatToolCall& call) {
+  try {
+    return python_tojson(call.arguments);
+  } catch (const ChatTemplateError& e) {
+    raise("the arguments of tool call '" + call.name + "': " + e.what());
+  }
+}
+
+// Python's str.lstrip('\n') / rstrip('\n'), and s.split(sep)[0] / [-1].
+std::string_view lstrip_newlines(std::string_view s) { return s.substr(std::min(s.find_first_not_of('\n'), s.size())); }
+std::string_view rstrip_newlines(std::string_view s) {
+  const size_t last = s.find_last_not_of('\n');
+  return s.substr(0, last == std::string_view::npos ? 0 : last + 1);
+}
+std::string_view before_first(std::string_view s, std::string_view sep) { return s.substr(0, s.find(sep)); }
+std::string_view after_last(std::string_view s, std::string_view sep) {
+  const size_t p = s.rfind(sep);
+  return p == std::string_view::npos ? s : s.substr(p + sep.size());
+}
+
 }  // namespace
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+  // The other families' templates never look at tool_calls: rendering the content alone would drop
+  // the calls without a word.
+  if (format_ != ChatFormat::Qwen25 && format_ != ChatFormat::Qwen3 && format_ != ChatFormat::Llama31)
+    for (const ChatMessage& m : messages)
+      if (!m.tool_calls.empty()) raise("this chat template does not render tool calls");
   switch (format_) {
     case ChatFormat::ChatML:
       return render_chatml(messages, add_generation_prompt);
+    case ChatFormat::Qwen25:
+      return render_qwen25(messages, add_generation_prompt);
+    case ChatFormat::Qwen3:
+      return render_qwen3(messages, add_generation_prompt);
     case ChatFormat::Llama3:
       return render_llama3(messages, add_generation_prompt);
     case ChatFormat::Llama31:
@@ -76,16 +107,98 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
 }
 
 std::string ChatTemplate::render_chatml(const std::vector<ChatMessage>& messages, bool gen) const {
-  std::string out;
+  std::string out = bos_first_ ? tokens_.bos : "";
   auto emit = [&out](std::string_view role, std::string_view content) {
     out.append("<|im_start|>").append(role).append("\n").append(content).append("<|im_end|>\n");
   };
-  if (default_system_ && (messages.empty() || messages[0].role != "system")) {
-    // SmolLM2's template emits the default inside the loop (loop.first), so an empty conversation
-    // gets none; Qwen-style templates emit it before the loop regardless.
-    if (!messages.empty() || !system_in_loop_) emit("system", *default_system_);
-  }
+  // Written on the loop's first pass (loop.first), so an empty conversation gets none.
+  if (default_system_ && !messages.empty() && messages[0].role != "system") emit("system", *default_system_);
   for (const ChatMessage& m : messages) emit(m.role, m.content);
+  if (gen) out += "<|im_start|>assistant\n";
+  return out;
+}
+
+// The system turn always first (messages[0]'s or the default); tool results as user turns of
+// <tool_response> blocks, consecutive ones sharing a turn; an assistant's tool calls as
+// <tool_call> blocks of {"name", "arguments"} JSON after its content. Other roles are skipped, as
+// is a system message that is not first (it is not: the template's loop writes it).
+std::string ChatTemplate::render_qwen25(const std::vector<ChatMessage>& messages, bool gen) const {
+  if (messages.empty()) raise("no messages (the template reads messages[0])");
+  std::string out = "<|im_start|>system\n";
+  out += messages[0].role == "system" ? messages[0].content : default_system_.value_or("");
+  out += "<|im_end|>\n";
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user" || (m.role == "system" && i > 0) || (m.role == "assistant" && m.tool_calls.empty())) {
+      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    } else if (m.role == "assistant") {
+      out += "<|im_start|>assistant";
+      if (!m.content.empty()) out += "\n" + m.content;
+      for (const ChatToolCall& call : m.tool_calls)
+        out += "\n<tool_call>\n{\"name\": \"" + call.name + "\", \"arguments\": " + arguments_json(call) +
+               "}\n</tool_call>";
+      out += "<|im_end|>\n";
+    } else if (m.role == "tool") {
+      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+      if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+    }
+  }
+  if (gen) out += "<|im_start|>assistant\n";
+  return out;
+}
+
+// Qwen2.5's turns without a default system message, and with reasoning: an assistant message's
+// "<think>...</think>" is cut from its content, and written back (as <think>\n...\n</think>\n\n)
+// only for messages after the last user query (the last user message that is not a wrapped
+// <tool_response>): the last message, or one that had reasoning. Tool calls follow the content,
+// one newline apart; arguments that hold a JSON string are written as the string itself.
+std::string ChatTemplate::render_qwen3(const std::vector<ChatMessage>& messages, bool gen) const {
+  if (messages.empty()) raise("no messages (the template reads messages[0])");
+  std::string out;
+  if (messages[0].role == "system") out += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
+  size_t last_query = messages.size() - 1;
+  for (size_t i = messages.size(); i-- > 0;) {
+    const std::string_view c = messages[i].content;
+    const bool wrapped = c.substr(0, 15) == "<tool_response>" && c.size() >= 16 &&
+                         c.substr(c.size() - 16) == "</tool_response>";
+    if (messages[i].role == "user" && !wrapped) {
+      last_query = i;
+      break;
+    }
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user" || (m.role == "system" && i > 0)) {
+      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    } else if (m.role == "assistant") {
+      std::string_view content = m.content, reasoning;
+      if (m.content.find("</think>") != std::string::npos) {
+        content = lstrip_newlines(after_last(m.content, "</think>"));
+        reasoning = lstrip_newlines(after_last(rstrip_newlines(before_first(m.content, "</think>")), "<think>"));
+      }
+      out += "<|im_start|>assistant\n";
+      if (i > last_query && (i + 1 == messages.size() || !reasoning.empty()))
+        out.append("<think>\n")
+            .append(rstrip_newlines(lstrip_newlines(reasoning)))
+            .append("\n</think>\n\n")
+            .append(lstrip_newlines(content));
+      else
+        out += content;
+      for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+        if (k > 0 || !content.empty()) out += "\n";
+        std::string arguments = arguments_json(m.tool_calls[k]);
+        if (arguments[0] == '"') arguments = nlohmann::json::parse(arguments).get<std::string>();
+        out += "<tool_call>\n{\"name\": \"" + m.tool_calls[k].name + "\", \"arguments\": " + arguments +
+               "}\n</tool_call>";
+      }
+      out += "<|im_end|>\n";
+    } else if (m.role == "tool") {
+      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+      if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+    }
+  }
   if (gen) out += "<|im_start|>assistant\n";
   return out;
 }
@@ -99,7 +212,9 @@ std::string ChatTemplate::render_llama3(const std::vector<ChatMessage>& messages
 }
 
 // A system turn always comes first, with the knowledge cutoff and the date; tool results are
-// "ipython" turns holding the content as a JSON string (the template's tojson of a string).
+// "ipython" turns holding the content as a JSON string (the template's tojson of a string); a
+// message with tool calls (one, else the template raises) is an assistant turn holding
+// {"name", "parameters"} JSON, whatever its role and content.
 std::string ChatTemplate::render_llama31(const std::vector<ChatMessage>& messages, bool gen) const {
   size_t first = 0;
   std::string system;
@@ -109,8 +224,13 @@ std::string ChatTemplate::render_llama31(const std::vector<ChatMessage>& message
   out += "Today Date: " + (date_is_today_ ? today_ : date_) + "\n\n" + system + "<|eot_id|>";
   for (size_t i = first; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
-    if (m.role != "tool" && m.role != "ipython") {
+    if (m.role != "tool" && m.role != "ipython" && m.tool_calls.empty()) {
       out += llama3_turn(m);
+    } else if (!m.tool_calls.empty()) {
+      if (m.tool_calls.size() != 1) raise("This model only supports single tool-calls at once!");
+      const ChatToolCall& call = m.tool_calls[0];
+      out += "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"" + call.name + "\", \"parameters\": " +
+             arguments_json(call) + "}<|eot_id|>";
     } else {
       out += "<|start_header_id|>ipython<|end_header_id|>\n\n";
       try {

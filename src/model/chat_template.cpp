@@ -1,7 +1,7 @@
-// Chat template recognition. A template is normalized and checked for the fragments that make a
-// family's output; anything else is refused rather than rendered wrongly (chat_render.cpp renders).
-// ChatML keeps its older, looser normalization (all whitespace dropped, literals included); the
-// other families compare literals exactly, since a space inside '[INST] ' is part of the prompt.
+// Chat template recognition. A template is normalized and compared with the fragments, or the
+// whole reference templates, that make a family's output; anything else is refused rather than
+// rendered wrongly (chat_render.cpp renders). Literals compare exactly, since a space inside
+// '[INST] ' is part of the prompt, and so does the text Jinja prints between tags.
 #include "strata/model/chat_template.h"
 
 #include <ctime>
@@ -31,22 +31,6 @@ void unify_spellings(std::string& s) {
   replace_all(s, "message.role", "message['role']");
   replace_all(s, "message.content", "message['content']");
   replace_all(s, ".strip()", "|trim");
-}
-
-// ChatML's normalization: real newlines become the two-character escape so both spellings
-// compare equal; then all whitespace goes, and one quote style.
-std::string normalize_loose(std::string_view src) {
-  std::string s;
-  for (char c : src) {
-    if (c == '\n')
-      s += "\\n";
-    else if (c == '"')
-      s += '\'';
-    else if (c != ' ' && c != '\t' && c != '\r')
-      s += c;
-  }
-  unify_spellings(s);
-  return s;
 }
 
 // A string literal starting at src[i] (a quote), appended to s in one spelling: quoted with ',
@@ -143,55 +127,277 @@ std::string normalize_exact(std::string_view src) {
   return s;
 }
 
-std::string unescape_jinja(std::string_view s) {
+// A Jinja string literal's text (as normalize_exact writes it) as Jinja reads it; nullopt for an
+// escape other than \n \t \\ \' \" (Jinja reads Python's, \u.... and \x.. among them).
+std::optional<std::string> unescape_literal(std::string_view s) {
   std::string out;
   for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size()) {
-      char n = s[++i];
-      if (n == 'n')
-        out += '\n';
-      else if (n == 't')
-        out += '\t';
-      else
-        out += n;  // \\ \' \"
-    } else {
+    if (s[i] != '\\') {
       out += s[i];
+      continue;
     }
+    if (++i == s.size()) return std::nullopt;
+    const char n = s[i];
+    if (n == 'n') out += '\n';
+    else if (n == 't') out += '\t';
+    else if (n == '\\' || n == '\'' || n == '"') out += n;
+    else return std::nullopt;
   }
   return out;
 }
 
-// A default system message is a fully literal '<|im_start|>system\n...<|im_end|>\n' string in the
-// template (as opposed to one built from messages[0]['content']).
-std::optional<std::string> find_default_system(std::string_view src) {
-  const std::string_view head = "<|im_start|>system";
-  size_t end = 0;  // the first <|im_end|> at or after q, kept while it is: many heads before one end were quadratic
-  for (size_t p = src.find(head); p != std::string_view::npos; p = src.find(head, p + 1)) {
-    if (p == 0 || (src[p - 1] != '\'' && src[p - 1] != '"')) continue;
-    char quote = src[p - 1];
-    size_t q = p + head.size();
-    if (src.substr(q, 1) == "\n")
-      q += 1;
-    else if (src.substr(q, 2) == "\\n")
-      q += 2;
-    else
-      continue;
-    if (end < q) end = src.find("<|im_end|>", q);
-    if (end == std::string_view::npos) return std::nullopt;  // none after this head, so none after later ones
-    std::string_view body = src.substr(q, end - q);
-    if (body.find(quote) != std::string_view::npos) continue;  // literal closed: built from a variable
-    return unescape_jinja(body);
+// Where a reference template has a default system message: a normalized reference holds this byte
+// in place of the message's text, inside its literal.
+constexpr char kHole = '\x01';
+
+// A normalized template against a normalized reference with holes: the holes' text when the
+// template is the reference with the same text in every hole, that text inside one literal (no
+// unescaped quote) and in Jinja's escapes; "" for a reference without holes that is matched.
+std::optional<std::string> match_reference(const std::string& n, const std::string& reference) {
+  std::vector<std::string_view> parts;
+  for (size_t begin = 0;;) {
+    const size_t hole = reference.find(kHole, begin);
+    parts.emplace_back(std::string_view(reference).substr(begin, hole - begin));
+    if (hole == std::string::npos) break;
+    begin = hole + 1;
   }
-  return std::nullopt;
+  if (parts.size() == 1) return n == reference ? std::optional<std::string>("") : std::nullopt;
+  if (n.compare(0, parts[0].size(), parts[0]) != 0) return std::nullopt;
+  size_t at = parts[0].size();
+  std::optional<std::string_view> text;
+  for (size_t k = 1; k < parts.size(); ++k) {
+    const bool last = k + 1 == parts.size();
+    const size_t next = last ? n.size() - std::min(n.size(), parts[k].size()) : n.find(parts[k], at);
+    if (next == std::string::npos || next < at || n.compare(next, parts[k].size(), parts[k]) != 0) return std::nullopt;
+    const std::string_view hole = std::string_view(n).substr(at, next - at);
+    if (text && *text != hole) return std::nullopt;
+    text = hole;
+    at = next + parts[k].size();
+  }
+  for (size_t i = 0; i < text->size(); ++i) {
+    if ((*text)[i] == '\\') ++i;
+    else if ((*text)[i] == '\'') return std::nullopt;  // the hole's text left the literal
+  }
+  return unescape_literal(*text);
 }
 
-bool is_chatml(const std::string& n) {
-  const bool loop = n.find("{%formessageinmessages%}") != std::string::npos;
-  const bool body =
-      n.find("'<|im_start|>'+message['role']+'\\n'+message['content']+'<|im_end|>'+'\\n'") != std::string::npos ||
-      n.find("'<|im_start|>'+message['role']+'\\n'+message['content']+'<|im_end|>\\n'") != std::string::npos;
-  const size_t g = n.find("{%ifadd_generation_prompt%}");
-  return loop && body && g != std::string::npos && n.find("'<|im_start|>assistant\\n'", g) != std::string::npos;
+// Plain ChatML: one <|im_start|>role\ncontent<|im_end|>\n turn a message, as written by the
+// templates of OpenHermes, Qwen2-Instruct and SmolLM2 (a default system message on the loop's
+// first pass), Nous-Hermes-2 (a BOS first) and Dolphin (add_generation_prompt's default set).
+// Any other construct (tools, tool roles, tool_calls, trimming) makes it another template.
+const std::vector<std::string>& chatml_references() {
+  static const std::vector<std::string> references = [] {
+    const std::string_view prefixes[] = {
+        "", "{{ bos_token }}",
+        "{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}{% endif %}"};
+    const std::string defaults[] = {
+        "", std::string("{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n") + kHole +
+                "<|im_end|>\\n' }}{% endif %}"};
+    const std::string_view turns[] = {
+        "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}",
+        "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"};
+    std::vector<std::string> out;
+    for (std::string_view prefix : prefixes)
+      for (const std::string& system : defaults)
+        for (std::string_view turn : turns)
+          out.push_back(normalize_exact(std::string(prefix) + "{% for message in messages %}" + system +
+                                        std::string(turn) +
+                                        "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                                        "{% endif %}"));
+    return out;
+  }();
+  return references;
+}
+
+// Qwen2.5-Instruct's template (tokenizer_config.json of Qwen/Qwen2.5-7B-Instruct; laid out here
+// to fit the page, which normalization does not see), with holes for its default system message.
+// Copies in Qwen2.5 GGUF files double the braces of the example call in the tools branch.
+constexpr std::string_view kQwen25ToolsExample =
+    "\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": <args-json-object>}\\n";
+constexpr std::string_view kQwen25ToolsExampleBraces =
+    "\\n{{\\\"name\\\": <function-name>, \\\"arguments\\\": <args-json-object>}}\\n";
+
+const std::vector<std::string>& qwen25_references() {
+  static const std::vector<std::string> references = [] {
+    const std::string hole(1, kHole);
+    const std::string source =
+        "{%- if tools %}\n"
+        "    {{- '<|im_start|>system\\n' }}\n"
+        "    {%- if messages[0]['role'] == 'system' %}\n"
+        "        {{- messages[0]['content'] }}\n"
+        "    {%- else %}\n"
+        "        {{- '" + hole + "' }}\n"
+        "    {%- endif %}\n"
+        "    {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n"
+        "    {%- for tool in tools %}\n"
+        "        {{- \"\\n\" }}\n"
+        "        {{- tool | tojson }}\n"
+        "    {%- endfor %}\n"
+        "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+        "within <tool_call></tool_call> XML tags:\\n<tool_call>@EXAMPLE@</tool_call><|im_end|>\\n\" }}\n"
+        "{%- else %}\n"
+        "    {%- if messages[0]['role'] == 'system' %}\n"
+        "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
+        "    {%- else %}\n"
+        "        {{- '<|im_start|>system\\n" + hole + "<|im_end|>\\n' }}\n"
+        "    {%- endif %}\n"
+        "{%- endif %}\n"
+        "{%- for message in messages %}\n"
+        "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first)\n"
+        "           or (message.role == \"assistant\" and not message.tool_calls) %}\n"
+        "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+        "    {%- elif message.role == \"assistant\" %}\n"
+        "        {{- '<|im_start|>' + message.role }}\n"
+        "        {%- if message.content %}\n"
+        "            {{- '\\n' + message.content }}\n"
+        "        {%- endif %}\n"
+        "        {%- for tool_call in message.tool_calls %}\n"
+        "            {%- if tool_call.function is defined %}\n"
+        "                {%- set tool_call = tool_call.function %}\n"
+        "            {%- endif %}\n"
+        "            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n"
+        "            {{- tool_call.name }}\n"
+        "            {{- '\", \"arguments\": ' }}\n"
+        "            {{- tool_call.arguments | tojson }}\n"
+        "            {{- '}\\n</tool_call>' }}\n"
+        "        {%- endfor %}\n"
+        "        {{- '<|im_end|>\\n' }}\n"
+        "    {%- elif message.role == \"tool\" %}\n"
+        "        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}\n"
+        "            {{- '<|im_start|>user' }}\n"
+        "        {%- endif %}\n"
+        "        {{- '\\n<tool_response>\\n' }}\n"
+        "        {{- message.content }}\n"
+        "        {{- '\\n</tool_response>' }}\n"
+        "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n"
+        "            {{- '<|im_end|>\\n' }}\n"
+        "        {%- endif %}\n"
+        "    {%- endif %}\n"
+        "{%- endfor %}\n"
+        "{%- if add_generation_prompt %}\n"
+        "    {{- '<|im_start|>assistant\\n' }}\n"
+        "{%- endif %}\n";
+    const size_t example = source.find("@EXAMPLE@");
+    std::string braces = source;
+    return std::vector<std::string>{
+        normalize_exact(std::string(source).replace(example, 9, kQwen25ToolsExample)),
+        normalize_exact(braces.replace(example, 9, kQwen25ToolsExampleBraces))};
+  }();
+  return references;
+}
+
+// Qwen3's template (tokenizer_config.json of Qwen/Qwen3-0.6B, the whole Qwen3 release), laid out
+// to fit the page. It has no default system message.
+const std::vector<std::string>& qwen3_references() {
+  static const std::vector<std::string> references = {normalize_exact(
+      "{%- if tools %}\n"
+      "    {{- '<|im_start|>system\\n' }}\n"
+      "    {%- if messages[0].role == 'system' %}\n"
+      "        {{- messages[0].content + '\\n\\n' }}\n"
+      "    {%- endif %}\n"
+      "    {{- \"# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+      "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n"
+      "    {%- for tool in tools %}\n"
+      "        {{- \"\\n\" }}\n"
+      "        {{- tool | tojson }}\n"
+      "    {%- endfor %}\n"
+      "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+      "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, "
+      "\\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n"
+      "{%- else %}\n"
+      "    {%- if messages[0].role == 'system' %}\n"
+      "        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}\n"
+      "    {%- endif %}\n"
+      "{%- endif %}\n"
+      "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}\n"
+      "{%- for message in messages[::-1] %}\n"
+      "    {%- set index = (messages|length - 1) - loop.index0 %}\n"
+      "    {%- if ns.multi_step_tool and message.role == \"user\"\n"
+      "           and not(message.content.startswith('<tool_response>')\n"
+      "                   and message.content.endswith('</tool_response>')) %}\n"
+      "        {%- set ns.multi_step_tool = false %}\n"
+      "        {%- set ns.last_query_index = index %}\n"
+      "    {%- endif %}\n"
+      "{%- endfor %}\n"
+      "{%- for message in messages %}\n"
+      "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}\n"
+      "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+      "    {%- elif message.role == \"assistant\" %}\n"
+      "        {%- set content = message.content %}\n"
+      "        {%- set reasoning_content = '' %}\n"
+      "        {%- if message.reasoning_content is defined and message.reasoning_content is not none %}\n"
+      "            {%- set reasoning_content = message.reasoning_content %}\n"
+      "        {%- else %}\n"
+      "            {%- if '</think>' in message.content %}\n"
+      "                {%- set content = message.content.split('</think>')[-1].lstrip('\\n') %}\n"
+      "                {%- set reasoning_content = message.content.split('</think>')[0].rstrip('\\n')"
+      ".split('<think>')[-1].lstrip('\\n') %}\n"
+      "            {%- endif %}\n"
+      "        {%- endif %}\n"
+      "        {%- if loop.index0 > ns.last_query_index %}\n"
+      "            {%- if loop.last or (not loop.last and reasoning_content) %}\n"
+      "                {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n')\n"
+      "                    + '\\n</think>\\n\\n' + content.lstrip('\\n') }}\n"
+      "            {%- else %}\n"
+      "                {{- '<|im_start|>' + message.role + '\\n' + content }}\n"
+      "            {%- endif %}\n"
+      "        {%- else %}\n"
+      "            {{- '<|im_start|>' + message.role + '\\n' + content }}\n"
+      "        {%- endif %}\n"
+      "        {%- if message.tool_calls %}\n"
+      "            {%- for tool_call in message.tool_calls %}\n"
+      "                {%- if (loop.first and content) or (not loop.first) %}\n"
+      "                    {{- '\\n' }}\n"
+      "                {%- endif %}\n"
+      "                {%- if tool_call.function %}\n"
+      "                    {%- set tool_call = tool_call.function %}\n"
+      "                {%- endif %}\n"
+      "                {{- '<tool_call>\\n{\"name\": \"' }}\n"
+      "                {{- tool_call.name }}\n"
+      "                {{- '\", \"arguments\": ' }}\n"
+      "                {%- if tool_call.arguments is string %}\n"
+      "                    {{- tool_call.arguments }}\n"
+      "                {%- else %}\n"
+      "                    {{- tool_call.arguments | tojson }}\n"
+      "                {%- endif %}\n"
+      "                {{- '}\\n</tool_call>' }}\n"
+      "            {%- endfor %}\n"
+      "        {%- endif %}\n"
+      "        {{- '<|im_end|>\\n' }}\n"
+      "    {%- elif message.role == \"tool\" %}\n"
+      "        {%- if loop.first or (messages[loop.index0 - 1].role != \"tool\") %}\n"
+      "            {{- '<|im_start|>user' }}\n"
+      "        {%- endif %}\n"
+      "        {{- '\\n<tool_response>\\n' }}\n"
+      "        {{- message.content }}\n"
+      "        {{- '\\n</tool_response>' }}\n"
+      "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n"
+      "            {{- '<|im_end|>\\n' }}\n"
+      "        {%- endif %}\n"
+      "    {%- endif %}\n"
+      "{%- endfor %}\n"
+      "{%- if add_generation_prompt %}\n"
+      "    {{- '<|im_start|>assistant\\n' }}\n"
+      "    {%- if enable_thinking is defined and enable_thinking is false %}\n"
+      "        {{- '<think>\\n\\n</think>\\n\\n' }}\n"
+      "    {%- endif %}\n"
+      "{%- endif %}")};
+  return references;
+}
+
+// A template that is one of a family's references.
+struct ReferenceMatch {
+  std::optional<std::string> system;  // the text in its holes, when the reference has them
+};
+
+std::optional<ReferenceMatch> match_any(const std::string& n, const std::vector<std::string>& references) {
+  for (const std::string& reference : references)
+    if (std::optional<std::string> text = match_reference(n, reference)) {
+      if (reference.find(kHole) == std::string::npos) return ReferenceMatch{};
+      return ReferenceMatch{std::move(text)};
+    }
+  return std::nullopt;
 }
 
 bool has_all(const std::string& n, std::initializer_list<std::string_view> fragments) {
@@ -290,13 +496,21 @@ ChatTemplate ChatTemplate::chatml() { return ChatTemplate(); }
 ChatTemplate ChatTemplate::parse(std::string_view source, ChatTokens tokens) {
   ChatTemplate t;
   t.tokens_ = std::move(tokens);
-  const std::string loose = normalize_loose(source);
-  if (is_chatml(loose)) {
-    t.default_system_ = find_default_system(source);
-    t.system_in_loop_ = loose.find("{%ifloop.firstandmessages[0]['role']!='system'%}") != std::string::npos;
+  const std::string n = normalize_exact(source);
+  if (std::optional<ReferenceMatch> chatml = match_any(n, chatml_references())) {
+    t.default_system_ = std::move(chatml->system);
+    t.bos_first_ = n.rfind("{{bos_token}}", 0) == 0;
     return t;
   }
-  const std::string n = normalize_exact(source);
+  if (std::optional<ReferenceMatch> qwen = match_any(n, qwen25_references())) {
+    t.format_ = ChatFormat::Qwen25;
+    t.default_system_ = std::move(qwen->system);
+    return t;
+  }
+  if (match_any(n, qwen3_references())) {
+    t.format_ = ChatFormat::Qwen3;
+    return t;
+  }
   if (is_llama3(n))
     t.format_ = ChatFormat::Llama3;
   else if (is_llama31(n))
@@ -309,8 +523,8 @@ ChatTemplate ChatTemplate::parse(std::string_view source, ChatTokens tokens) {
     t.format_ = ChatFormat::Zephyr;
   else
     STRATA_FAIL(
-        "unsupported chat template (understood: ChatML, Llama 3, Llama 3.1/3.2, Llama 2, Mistral Instruct "
-        "v0.1/v0.2, Zephyr)");
+        "unsupported chat template (understood: ChatML, Qwen2.5, Qwen3, Llama 3, Llama 3.1/3.2, Llama 2, "
+        "Mistral Instruct v0.1/v0.2, Zephyr)");
   if (t.format_ == ChatFormat::Llama31) {
     t.date_is_today_ =
         n.find("{%ifstrftime_nowisdefined%}{%setdate_string=strftime_now('%d %b %Y')%}") != std::string::npos;

@@ -1,9 +1,10 @@
 // Chat templates: turns {role, content} messages into the prompt text a chat model was trained on.
-// The Jinja source is recognized by its shape, not executed. Understood: ChatML (Qwen, SmolLM),
-// Llama 3, Llama 3.1 / 3.2, Llama 2 chat, Mistral Instruct v0.1 / v0.2 and Zephyr (TinyLlama
-// Chat). Each renders what transformers' apply_chat_template(tokenize=False) returns for that
-// template (tests/fixtures/chat/make_chat_cases.py); any other template is refused rather than
-// rendered wrongly. docs/batch-format.md "Chat templates" lists what each family does.
+// The Jinja source is recognized by its shape, not executed. Understood: ChatML (Qwen2-Instruct,
+// SmolLM, Hermes), Qwen2.5, Qwen3, Llama 3, Llama 3.1 / 3.2, Llama 2 chat, Mistral Instruct v0.1 /
+// v0.2 and Zephyr (TinyLlama Chat). Each renders what transformers' apply_chat_template(tokenize=False)
+// returns for that template (tests/fixtures/chat/make_chat_cases.py); any other template is
+// refused rather than rendered wrongly. docs/batch-format.md "Chat templates" lists what each
+// family does.
 #pragma once
 #include <optional>
 #include <string>
@@ -14,12 +15,21 @@
 
 namespace strata {
 
-struct ChatMessage {
-  std::string role;     // "system", "user", "assistant", ...
-  std::string content;
+// An assistant message's call of a tool: OpenAI's tool_calls[i].function.
+struct ChatToolCall {
+  std::string name;
+  // JSON text, as OpenAI sends it. Templates print the value it holds (tojson of json.loads, as
+  // vLLM hands the arguments to apply_chat_template), not the string.
+  std::string arguments;
 };
 
-enum class ChatFormat { ChatML, Llama3, Llama31, Llama2, Mistral, Zephyr };
+struct ChatMessage {
+  std::string role;     // "system", "user", "assistant", "tool", ...
+  std::string content;  // OpenAI's null content beside tool_calls is ""
+  std::vector<ChatToolCall> tool_calls = {};  // only Qwen2.5, Qwen3 and Llama 3.1 / 3.2 render them
+};
+
+enum class ChatFormat { ChatML, Qwen25, Qwen3, Llama3, Llama31, Llama2, Mistral, Zephyr };
 
 // The template's bos_token and eos_token: tokenizer_config.json's strings, or the text of the
 // model's BOS / EOS tokens (GGUF). Templates that write them render them as text; the tokenizer
@@ -46,13 +56,15 @@ public:
   std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
 
   ChatFormat format() const { return format_; }
-  // ChatML: inserted as the first message when messages[0] is not a system message.
+  // ChatML and Qwen2.5: inserted as the first message when messages[0] is not a system message.
   const std::optional<std::string>& default_system() const { return default_system_; }
   // Llama 3.2's "Today Date", from strftime_now("%d %b %Y") at parse time; tests set it.
   void set_today(std::string date) { today_ = std::move(date); }
 
 private:
   std::string render_chatml(const std::vector<ChatMessage>& messages, bool gen) const;
+  std::string render_qwen25(const std::vector<ChatMessage>& messages, bool gen) const;
+  std::string render_qwen3(const std::vector<ChatMessage>& messages, bool gen) const;
   std::string render_llama3(const std::vector<ChatMessage>& messages, bool gen) const;
   std::string render_llama31(const std::vector<ChatMessage>& messages, bool gen) const;
   std::string render_llama2(const std::vector<ChatMessage>& messages) const;
@@ -62,7 +74,7 @@ private:
   ChatFormat format_ = ChatFormat::ChatML;
   ChatTokens tokens_;
   std::optional<std::string> default_system_;
-  bool system_in_loop_ = false;  // ChatML: emitted on the first loop iteration, so not for zero messages
+  bool bos_first_ = false;       // ChatML: the template writes bos_token before the messages
   std::string date_;             // Llama 3.1: the template's date_string default
   bool date_is_today_ = false;   // Llama 3.2: strftime_now, so today's date
   std::string today_;

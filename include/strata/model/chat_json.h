@@ -1,0 +1,33 @@
+// Chat messages and JSON: OpenAI's tool_calls read from a message object, and JSON printed as a
+// chat template's tojson filter prints it (transformers': Python's json.dumps).
+#pragma once
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/core/error.h"
+#include "strata/model/chat_template.h"
+
+namespace strata {
+
+// A message the request cannot hold: `code` is OpenAI's ("invalid_type", "invalid_value").
+class ChatMessageError : public Error {
+public:
+  ChatMessageError(std::string code, const std::string& message) : Error(message), code(std::move(code)) {}
+  std::string code;
+};
+
+// The tool calls of one message object (none when it has no "tool_calls"), in OpenAI's format:
+// [{"type": "function", "function": {"name": string, "arguments": string of JSON}}, ...], on an
+// assistant message only. `at` names the message in errors ("body.messages[2]").
+std::vector<ChatToolCall> read_tool_calls(const nlohmann::json& message, const std::string& at);
+
+// JSON text printed as transformers' tojson prints the value json.loads makes of it:
+// json.dumps(ensure_ascii=False), so ", " and ": " between items, keys in their order (a repeated
+// key keeps its first place and its last value), non-ASCII as it is, floats as Python's repr
+// (1e+16, 1e-05, 1000000000000000.0). Throws ChatTemplateError for text that is not JSON or that
+// holds an integer beyond 64 bits (Python keeps it exact, a double would not).
+std::string python_tojson(std::string_view json_text);
+
+}  // namespace strata

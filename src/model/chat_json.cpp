@@ -1,0 +1,153 @@
+// OpenAI's tool_calls read from a message, and JSON printed as Python's json.dumps prints it (the
+// tojson filter of transformers' chat templates), for the arguments of a tool call.
+#include "strata/model/chat_json.h"
+
+#include <charconv>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+namespace strata {
+
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+constexpr int kMaxDepth = 512;  // nesting printed recursively; deeper arguments are refused
+
+// One pass over the text before it is parsed into values: the parser's error, an integer too big
+// for 64 bits (nlohmann reads it as a double, with no other trace), nesting too deep to print.
+struct JsonCheck : nlohmann::json_sax<ordered_json> {
+  std::string error;
+  int depth = 0;
+  bool fail(std::string why) { return error = std::move(why), false; }
+  bool open() { return ++depth <= kMaxDepth || fail("nested deeper than " + std::to_string(kMaxDepth)); }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t& text) override {
+    return text.find_first_of(".eE") != string_t::npos || fail("an integer beyond 64 bits: " + text);
+  }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return open(); }
+  bool key(string_t&) override { return true; }
+  bool end_object() override { return --depth, true; }
+  bool start_array(std::size_t) override { return open(); }
+  bool end_array() override { return --depth, true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    return fail(std::string("not JSON: ") + e.what());
+  }
+};
+
+// Python's repr of a float: the shortest digits that read back (as std::to_chars), written fixed
+// while the decimal point falls within 16 digits of them, else as d.ddde+XX.
+std::string python_float(double x) {
+  char buf[64];
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::scientific);
+  std::string_view s(buf, size_t(r.ptr - buf));  // "-1.25e+16"
+  std::string out;
+  if (s.front() == '-') out += '-', s.remove_prefix(1);
+  const size_t e = s.find('e');
+  std::string digits;
+  for (char c : s.substr(0, e))
+    if (c != '.') digits += c;
+  const int exponent = std::atoi(std::string(s.substr(e + 1)).c_str());
+  const int point = exponent + 1;  // digits before the decimal point
+  const int n = int(digits.size());
+  if (point > -4 && point <= 16) {
+    if (point <= 0)
+      out.append("0.").append(size_t(-point), '0').append(digits);
+    else if (point >= n)
+      out.append(digits).append(size_t(point - n), '0').append(".0");
+    else
+      out.append(digits, 0, size_t(point)).append(".").append(digits, size_t(point));
+  } else {
+    out.append(digits, 0, 1);
+    if (n > 1) out.append(".").append(digits, 1);
+    const std::string magnitude = std::to_string(std::abs(exponent));
+    out.append(exponent < 0 ? "e-" : "e+").append(magnitude.size() < 2 ? "0" : "").append(magnitude);
+  }
+  return out;
+}
+
+void print(const ordered_json& v, std::string& out) {
+  switch (v.type()) {
+    case ordered_json::value_t::number_integer:
+      out += std::to_string(v.get<int64_t>());
+      break;
+    case ordered_json::value_t::number_unsigned:
+      out += std::to_string(v.get<uint64_t>());
+      break;
+    case ordered_json::value_t::number_float:
+      out += python_float(v.get<double>());
+      break;
+    case ordered_json::value_t::array: {
+      out += '[';
+      const char* sep = "";
+      for (const ordered_json& x : v) out += sep, print(x, out), sep = ", ";
+      out += ']';
+      break;
+    }
+    case ordered_json::value_t::object: {
+      out += '{';
+      const char* sep = "";
+      for (const auto& [key, x] : v.items()) {
+        out += sep + ordered_json(key).dump(-1, ' ', false) + ": ";
+        print(x, out);
+        sep = ", ";
+      }
+      out += '}';
+      break;
+    }
+    default:  // null, true, false, strings: Python escapes what nlohmann escapes, the same way
+      out += v.dump(-1, ' ', false);
+  }
+}
+
+}  // namespace
+
+std::string python_tojson(std::string_view json_text) {
+  JsonCheck check;
+  if (!ordered_json::sax_parse(json_text, &check)) throw ChatTemplateError(check.error);
+  // Parsed into an ordered object, a repeated key keeps its first place and takes its last value,
+  // as in the dict json.loads builds.
+  std::string out;
+  print(ordered_json::parse(json_text), out);
+  return out;
+}
+
+std::vector<ChatToolCall> read_tool_calls(const nlohmann::json& message, const std::string& at) {
+  std::vector<ChatToolCall> calls;
+  if (!message.contains("tool_calls") || message["tool_calls"].is_null()) return calls;
+  const nlohmann::json& v = message["tool_calls"];
+  const std::string where = at + ".tool_calls";
+  if (!v.is_array() || v.empty()) throw ChatMessageError("invalid_type", where + " must be a non-empty array");
+  if (message.value("role", "") != "assistant")
+    throw ChatMessageError("invalid_value", where + " is for assistant messages only");
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string at_call = where + "[" + std::to_string(i) + "]";
+    const nlohmann::json& c = v[i];
+    if (!c.is_object()) throw ChatMessageError("invalid_type", at_call + " must be an object");
+    if (c.contains("type") && c["type"] != "function")
+      throw ChatMessageError("invalid_value", at_call + ".type must be \"function\"");
+    if (!c.contains("function") || !c["function"].is_object())
+      throw ChatMessageError("invalid_type", at_call + ".function must be an object with 'name' and 'arguments'");
+    const nlohmann::json& f = c["function"];
+    if (!f.contains("name") || !f["name"].is_string())
+      throw ChatMessageError("invalid_type", at_call + ".function.name must be a string");
+    // A string, as OpenAI sends it: an object here would already have lost its key order.
+    if (!f.contains("arguments") || !f["arguments"].is_string())
+      throw ChatMessageError("invalid_type", at_call + ".function.arguments must be a string of JSON");
+    ChatToolCall call{f["name"].get<std::string>(), f["arguments"].get<std::string>()};
+    try {
+      python_tojson(call.arguments);
+    } catch (const ChatTemplateError& e) {
+      throw ChatMessageError("invalid_value", at_call + ".function.arguments: " + e.what());
+    }
+    calls.push_back(std::move(call));
+  }
+  return calls;
+}
+
+}  // namespace strata
