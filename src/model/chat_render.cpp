@@ -102,6 +102,8 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
       return render_mistral(messages);
     case ChatFormat::Zephyr:
       return render_zephyr(messages, add_generation_prompt);
+    case ChatFormat::Phi35:
+      return render_phi35(messages, add_generation_prompt);
   }
   return {};
 }
@@ -289,6 +291,16 @@ std::string ChatTemplate::render_zephyr(const std::vector<ChatMessage>& messages
       out += "<|" + m.role + "|>\n" + m.content + tokens_.eos + "\n";
   if (gen && !messages.empty()) out += "<|assistant|>\n";
   return out;
+}
+
+// <|role|>\n turns closed by <|end|>\n; an empty system message and other roles are skipped; without
+// the generation prompt the text ends with EOS.
+std::string ChatTemplate::render_phi35(const std::vector<ChatMessage>& messages, bool gen) const {
+  std::string out;
+  for (const ChatMessage& m : messages)
+    if ((m.role == "system" && !m.content.empty()) || m.role == "user" || m.role == "assistant")
+      out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
+  return out + (gen ? "<|assistant|>\n" : tokens_.eos);
 }
 
 }  // namespace strata

@@ -471,6 +471,15 @@ bool is_zephyr(const std::string& n) {
          "{%endif%}{%ifloop.lastandadd_generation_prompt%}{{'<|assistant|>'}}{{'\\n'}}{%endif%}{%endfor%}";
 }
 
+// Phi-3.5-mini: <|role|> turns closed by <|end|>; a system message only when it has content.
+bool is_phi35(const std::string& n) {
+  return n ==
+         "{%formessageinmessages%}{%ifmessage['role']=='system'andmessage['content']%}{{'<|system|>\\n'+"
+         "message['content']+'<|end|>\\n'}}{%elifmessage['role']=='user'%}{{'<|user|>\\n'+message['content']+"
+         "'<|end|>\\n'}}{%elifmessage['role']=='assistant'%}{{'<|assistant|>\\n'+message['content']+'<|end|>\\n'}}"
+         "{%endif%}{%endfor%}{%ifadd_generation_prompt%}{{'<|assistant|>\\n'}}{%else%}{{eos_token}}{%endif%}";
+}
+
 // The first literal assigned to date_string: Llama 3.1's default.
 std::string date_default(const std::string& n) {
   const std::string_view head = "{%setdate_string='";
@@ -521,10 +530,12 @@ ChatTemplate ChatTemplate::parse(std::string_view source, ChatTokens tokens) {
     t.format_ = ChatFormat::Mistral;
   else if (is_zephyr(n))
     t.format_ = ChatFormat::Zephyr;
+  else if (is_phi35(n))
+    t.format_ = ChatFormat::Phi35;
   else
     STRATA_FAIL(
         "unsupported chat template (understood: ChatML, Qwen2.5, Qwen3, Llama 3, Llama 3.1/3.2, Llama 2, "
-        "Mistral Instruct v0.1/v0.2, Zephyr)");
+        "Mistral Instruct v0.1/v0.2, Zephyr, Phi-3.5)");
   if (t.format_ == ChatFormat::Llama31) {
     t.date_is_today_ =
         n.find("{%ifstrftime_nowisdefined%}{%setdate_string=strftime_now('%d %b %Y')%}") != std::string::npos;

@@ -1,7 +1,7 @@
 // Chat templates: turns {role, content} messages into the prompt text a chat model was trained on.
 // The Jinja source is recognized by its shape, not executed. Understood: ChatML (Qwen2-Instruct,
 // SmolLM, Hermes), Qwen2.5, Qwen3, Llama 3, Llama 3.1 / 3.2, Llama 2 chat, Mistral Instruct v0.1 /
-// v0.2 and Zephyr (TinyLlama Chat). Each renders what transformers' apply_chat_template(tokenize=False)
+// v0.2, Zephyr (TinyLlama Chat) and Phi-3.5. Each renders what transformers' apply_chat_template(tokenize=False)
 // returns for that template (tests/fixtures/chat/make_chat_cases.py); any other template is
 // refused rather than rendered wrongly. docs/batch-format.md "Chat templates" lists what each
 // family does.
@@ -29,7 +29,7 @@ struct ChatMessage {
   std::vector<ChatToolCall> tool_calls = {};  // only Qwen2.5, Qwen3 and Llama 3.1 / 3.2 render them
 };
 
-enum class ChatFormat { ChatML, Qwen25, Qwen3, Llama3, Llama31, Llama2, Mistral, Zephyr };
+enum class ChatFormat { ChatML, Qwen25, Qwen3, Llama3, Llama31, Llama2, Mistral, Zephyr, Phi35 };
 
 // The template's bos_token and eos_token: tokenizer_config.json's strings, or the text of the
 // model's BOS / EOS tokens (GGUF). Templates that write them render them as text; the tokenizer
@@ -70,6 +70,7 @@ private:
   std::string render_llama2(const std::vector<ChatMessage>& messages) const;
   std::string render_mistral(const std::vector<ChatMessage>& messages) const;
   std::string render_zephyr(const std::vector<ChatMessage>& messages, bool gen) const;
+  std::string render_phi35(const std::vector<ChatMessage>& messages, bool gen) const;
 
   ChatFormat format_ = ChatFormat::ChatML;
   ChatTokens tokens_;
