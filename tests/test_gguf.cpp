@@ -436,6 +436,36 @@ TEST_CASE("gguf: tokenizer metadata of the tiny llama", "[gguf]") {
   CHECK_FALSE(tok.is_special(5));
 }
 
+TEST_CASE("gguf: each byte-level pre-tokenizer name splits text as llama.cpp does", "[gguf][tokenizer]") {
+  // tiny-llama3's vocabulary merges digits, so GPT-2's, LLaMA-3's, Qwen2's (one digit a piece) and
+  // SmolLM's (digits split off first) give different ids; llama.cpp's are the expected ones.
+  const json fx = load_json(fixture("bpe_pre_cases.json"));
+  const json tj = load_json(fixture(fx["tokenizer"].get<std::string>()));
+  std::vector<std::string> tokens(tj["model"]["vocab"].size());
+  for (const auto& [token, id] : tj["model"]["vocab"].items()) tokens.at(id.get<size_t>()) = token;
+  std::vector<std::string> merges;
+  for (const json& m : tj["model"]["merges"])
+    merges.push_back(m.is_string() ? m.get<std::string>() : m[0].get<std::string>() + " " + m[1].get<std::string>());
+  std::vector<AddedToken> added;
+  for (const json& t : tj["added_tokens"]) added.push_back({t["id"].get<int>(), t["content"].get<std::string>(), true});
+  REQUIRE(fx["cases"].size() == 4);
+  for (const auto& [name, cases] : fx["cases"].items()) {
+    INFO(name);
+    const std::optional<PreTokenizer> pre = gguf_pre_tokenizer(name);
+    REQUIRE(pre);
+    const Tokenizer tok = Tokenizer::from_parts(tokens, merges, added, *pre);
+    REQUIRE(cases.size() > 40);
+    for (const json& c : cases) {
+      INFO(c["text"].dump());
+      CHECK(tok.encode(c["text"].get<std::string>()) == c["ids"].get<std::vector<int32_t>>());
+    }
+  }
+  CHECK(gguf_pre_tokenizer("gpt2") == PreTokenizer::GPT2);  // the spelling older Strata fixtures use
+  CHECK(gguf_pre_tokenizer("llama3") == PreTokenizer::Llama3);
+  CHECK_FALSE(gguf_pre_tokenizer("default"));
+  CHECK_FALSE(gguf_pre_tokenizer("deepseek-llm"));
+}
+
 TEST_CASE("gguf: ChatML template rendering matches transformers", "[gguf]") {
   json ex = load_json(fixture("smollm2_hf.json"));
   ChatTemplate t = ChatTemplate::parse(ex["chat_template"].get<std::string>());

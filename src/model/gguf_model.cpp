@@ -309,23 +309,26 @@ Tokenizer sentencepiece_from_gguf(const GgufFile& f) {
 
 }  // namespace
 
+std::optional<PreTokenizer> gguf_pre_tokenizer(std::string_view name) {
+  // llama.cpp's names (llama-vocab.cpp); "gpt2" is an older spelling of "gpt-2".
+  if (name == "gpt-2" || name == "gpt2") return PreTokenizer::GPT2;
+  if (name == "llama-bpe" || name == "llama3" || name == "llama-v3") return PreTokenizer::Llama3;
+  if (name == "qwen2") return PreTokenizer::Qwen2;
+  if (name == "smollm") return PreTokenizer::SmolLM;
+  return std::nullopt;
+}
+
 Tokenizer tokenizer_from_gguf(const GgufFile& f) {
   std::string model = f.get_string("tokenizer.ggml.model");
   if (model == "llama") return sentencepiece_from_gguf(f);
   if (model != "gpt2")
     STRATA_FAIL("GGUF file " << f.path() << ": tokenizer model '" << model
                              << "' is not supported (byte-level BPE 'gpt2', SentencePiece 'llama')");
-  std::string pre_name = f.get_string_opt("tokenizer.ggml.pre").value_or("default");
-  PreTokenizer pre;
-  // SmolLM's tokenizer also splits digits one by one, but its merges contain no ASCII-digit
-  // pairs, so the GPT-2 pattern tokenizes identically.
-  if (pre_name == "gpt-2" || pre_name == "gpt2" || pre_name == "smollm")  // llama.cpp's name is "gpt-2"
-    pre = PreTokenizer::GPT2;
-  else if (pre_name == "llama-bpe" || pre_name == "llama3" || pre_name == "qwen2")
-    pre = PreTokenizer::Llama3;
-  else
+  const std::string pre_name = f.get_string_opt("tokenizer.ggml.pre").value_or("default");
+  const std::optional<PreTokenizer> pre = gguf_pre_tokenizer(pre_name);
+  if (!pre)
     STRATA_FAIL("GGUF file " << f.path() << ": tokenizer pre-tokenizer '" << pre_name
-                             << "' is not supported (gpt-2, smollm, llama-bpe, qwen2)");
+                             << "' is not supported (gpt-2, llama-bpe, qwen2, smollm)");
   std::vector<std::string> tokens = f.get_string_array("tokenizer.ggml.tokens");
   std::vector<std::string> merges = f.has("tokenizer.ggml.merges") ? f.get_string_array("tokenizer.ggml.merges")
                                                                     : std::vector<std::string>{};
@@ -338,7 +341,7 @@ Tokenizer tokenizer_from_gguf(const GgufFile& f) {
     const bool strip = std::find(rstrip.begin(), rstrip.end(), int(id)) != rstrip.end();
     added.push_back({int(id), tokens[id], types[id] == 3, strip});
   }
-  return Tokenizer::from_parts(std::move(tokens), merges, std::move(added), pre);
+  return Tokenizer::from_parts(std::move(tokens), merges, std::move(added), *pre);
 }
 
 }  // namespace strata

@@ -237,7 +237,15 @@ Tokenizer Tokenizer::from_parts(std::vector<std::string> tokens, const std::vect
     const bool rstrip = t.rstrip;
     m->added.push_back(AddedTokenRule{std::move(t), false, rstrip});
   }
-  m->splits.emplace_back(pre == PreTokenizer::GPT2 ? tok::kGpt2Pattern : tok::kLlama3Pattern, false, m->source);
+  switch (pre) {
+    case PreTokenizer::GPT2: m->splits.emplace_back(tok::kGpt2Pattern, false, m->source); break;
+    case PreTokenizer::Llama3: m->splits.emplace_back(tok::kLlama3Pattern, false, m->source); break;
+    case PreTokenizer::Qwen2: m->splits.emplace_back(tok::kQwen2Pattern, false, m->source); break;
+    case PreTokenizer::SmolLM:
+      m->splits.emplace_back(tok::kDigitPattern, false, m->source);
+      m->splits.emplace_back(tok::kGpt2Pattern, false, m->source);
+      break;
+  }
   m->ignore_merges = ignore_merges;
   m->finish();
   return Tokenizer(std::move(m));

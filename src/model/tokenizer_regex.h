@@ -7,9 +7,12 @@
 
 namespace strata::tok {
 
-// The regexes Hugging Face uses for GPT-2 (ByteLevel use_regex=true) and for LLaMA-3 / Qwen2.
+// The regexes Hugging Face uses for GPT-2 (ByteLevel use_regex=true), LLaMA-3, and Qwen2 (LLaMA-3's
+// with one digit a piece), and SmolLM's first split (Digits(individual_digits), then GPT-2's).
 extern const char* const kGpt2Pattern;
 extern const char* const kLlama3Pattern;
+extern const char* const kQwen2Pattern;
+extern const char* const kDigitPattern;
 
 class SplitRegex {
 public:

@@ -138,7 +138,10 @@ ModelConfig config_from_gguf(const GgufFile& file);
 std::unique_ptr<WeightSource> make_gguf_source(const GgufFile& file);
 // Owning variant: opens the path and keeps the mapping alive with the source.
 std::unique_ptr<WeightSource> make_gguf_source(const std::filesystem::path& path);
-// The BPE tokenizer stored in tokenizer.ggml.* (model "gpt2" only).
+// The tokenizer stored in tokenizer.ggml.*: byte-level BPE (model "gpt2") or SentencePiece
+// (model "llama").
 Tokenizer tokenizer_from_gguf(const GgufFile& file);
+// The byte-level pre-tokenizer llama.cpp names tokenizer.ggml.pre (nullopt: not one Strata has).
+std::optional<PreTokenizer> gguf_pre_tokenizer(std::string_view name);
 
 }  // namespace strata

@@ -18,7 +18,9 @@
 
 namespace strata {
 
-enum class PreTokenizer : uint8_t { GPT2, Llama3 };  // Qwen2 uses the Llama3 pattern
+// Byte-level pre-tokenizers by name: GPT-2's regex; LLaMA-3's; Qwen2's (LLaMA-3's with one digit a
+// piece); SmolLM's (each digit split off, then GPT-2's regex).
+enum class PreTokenizer : uint8_t { GPT2, Llama3, Qwen2, SmolLM };
 
 struct AddedToken {
   int id = 0;
