@@ -263,7 +263,13 @@ TEST_CASE("strata tokenize --messages prints apply_chat_template's ids and text"
   CHECK_THAT(r.output, Catch::Contains("Conversation roles must alternate"));
   r = run_strata("tokenize --model " + model.string() + " --messages '[{\"role\": 1}]'");
   CHECK(r.code != 0);
-  CHECK_THAT(r.output, Catch::Contains("--messages[0]: expected"));
+  CHECK_THAT(r.output, Catch::Contains("--messages[0].role must be a string"));
+  // The same reader as a batch job's "messages": a content that is not a string is refused alike.
+  r = run_strata("tokenize --model " + model.string() + " --messages '[{\"role\": \"user\", \"content\": 5}]'");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("--messages[0].content must be a string"));
+  r = run_strata("tokenize --model " + model.string() + " --messages '[]'");
+  CHECK_THAT(r.output, Catch::Contains("--messages must be a non-empty array"));
   r = run_strata("tokenize --model " + kModels + "/tiny-llama --messages '[{\"role\": \"user\", \"content\": \"a\"}]'");
   CHECK(r.code != 0);
   CHECK_THAT(r.output, Catch::Contains("no chat template"));

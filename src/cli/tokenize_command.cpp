@@ -11,8 +11,7 @@ namespace strata::cli {
 
 namespace {
 
-// --messages: a JSON array of {"role", "content"} with string values, and OpenAI's tool_calls on
-// assistant messages (whose content may then be null).
+// --messages: what a batch job's strata-format line takes as "messages".
 std::vector<ChatMessage> parse_messages(const std::string& text) {
   nlohmann::json v;
   try {
@@ -20,21 +19,7 @@ std::vector<ChatMessage> parse_messages(const std::string& text) {
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("--messages: invalid JSON: ") + e.what());
   }
-  if (!v.is_array() || v.empty()) throw Error("--messages: expected a non-empty JSON array of {\"role\", \"content\"}");
-  std::vector<ChatMessage> messages;
-  for (size_t i = 0; i < v.size(); ++i) {
-    const nlohmann::json& m = v[i];
-    const std::string at = "--messages[" + std::to_string(i) + "]";
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-      throw Error(at + ": expected {\"role\": string, \"content\": string}");
-    std::vector<ChatToolCall> calls = read_tool_calls(m, at);  // a ChatMessageError is a strata::Error
-    const bool no_content = !calls.empty() && (!m.contains("content") || m["content"].is_null());
-    if (!no_content && (!m.contains("content") || !m["content"].is_string()))
-      throw Error(at + ": expected {\"role\": string, \"content\": string}");
-    messages.push_back({m["role"].get<std::string>(), no_content ? "" : m["content"].get<std::string>(),
-                        std::move(calls)});
-  }
-  return messages;
+  return read_chat_messages(v, "--messages", /*text_parts=*/false);  // a ChatMessageError is a strata::Error
 }
 
 }  // namespace

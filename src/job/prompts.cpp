@@ -112,26 +112,11 @@ void read_strata_extras(const json& obj, const LineContext& ctx, PromptRecord& r
 }
 
 std::vector<ChatMessage> read_messages(const json& v, const LineContext& ctx) {
-  if (!v.is_array() || v.empty()) ctx.fail("field 'messages' must be a non-empty array of {\"role\", \"content\"}");
-  std::vector<ChatMessage> out;
-  for (size_t i = 0; i < v.size(); ++i) {
-    const json& m = v[i];
-    const std::string at = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object()) ctx.fail(at + " must be an object");
-    if (!m.contains("role") || !m["role"].is_string()) ctx.fail(at + ".role must be a string");
-    std::vector<ChatToolCall> calls;
-    try {
-      calls = read_tool_calls(m, at);
-    } catch (const ChatMessageError& e) {
-      ctx.fail(e.what());
-    }
-    // As OpenAI's: an assistant message with tool calls may have a null content, or none.
-    const bool no_content = !calls.empty() && (!m.contains("content") || m["content"].is_null());
-    if (!no_content && (!m.contains("content") || !m["content"].is_string()))
-      ctx.fail(at + ".content must be a string");
-    out.push_back({m["role"].get<std::string>(), no_content ? "" : m["content"].get<std::string>(), std::move(calls)});
+  try {
+    return read_chat_messages(v, "messages", /*text_parts=*/false);
+  } catch (const ChatMessageError& e) {
+    ctx.fail(e.what());
   }
-  return out;
 }
 
 // ---- The OpenAI batch format ----------------------------------------------------------------
@@ -160,22 +145,6 @@ double body_number(const json& body, const char* key) {
   return v.get<double>();
 }
 
-// A message's content: a string, or an array of {"type": "text", "text"} parts joined together.
-std::string message_content(const json& c, const std::string& at) {
-  if (c.is_string()) return c.get<std::string>();
-  if (!c.is_array()) refuse("invalid_type", at + ".content must be a string or an array of text parts");
-  std::string text;
-  for (const json& part : c) {
-    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
-      refuse("invalid_type", at + ".content parts must be objects with a 'type'");
-    if (part["type"] != "text")
-      refuse("unsupported_value", at + ".content part of type " + part["type"].dump() + " is not supported (text only)");
-    if (!part.contains("text") || !part["text"].is_string()) refuse("invalid_type", at + ".content text part needs 'text'");
-    text += part["text"].get<std::string>();
-  }
-  return text;
-}
-
 void read_openai_body(const json& body, PromptRecord& r) {
   if (given(body, "model")) {
     if (!body["model"].is_string()) refuse("invalid_type", "body.model must be a string, got " + body["model"].dump());
@@ -184,24 +153,10 @@ void read_openai_body(const json& body, PromptRecord& r) {
   if (r.endpoint == Endpoint::ChatCompletions) {
     if (body.contains("prompt")) refuse("invalid_value", "body.prompt is for /v1/completions; chat takes body.messages");
     if (!body.contains("messages")) refuse("missing_field", "body.messages is required for /v1/chat/completions");
-    const json& v = body["messages"];
-    if (!v.is_array() || v.empty()) refuse("invalid_type", "body.messages must be a non-empty array of {\"role\", \"content\"}");
-    for (size_t i = 0; i < v.size(); ++i) {
-      const std::string at = "body.messages[" + std::to_string(i) + "]";
-      const json& m = v[i];
-      if (!m.is_object()) refuse("invalid_type", at + " must be an object");
-      if (!m.contains("role") || !m["role"].is_string()) refuse("invalid_type", at + ".role must be a string");
-      std::vector<ChatToolCall> calls;
-      try {
-        calls = read_tool_calls(m, at);
-      } catch (const ChatMessageError& e) {
-        refuse(e.code, e.what());
-      }
-      // An assistant message with tool calls may have a null content, or none.
-      const bool no_content = !calls.empty() && (!m.contains("content") || m["content"].is_null());
-      if (!no_content && !m.contains("content")) refuse("missing_field", at + ".content is required");
-      r.messages.push_back(
-          {m["role"].get<std::string>(), no_content ? "" : message_content(m["content"], at), std::move(calls)});
+    try {
+      r.messages = read_chat_messages(body["messages"], "body.messages", /*text_parts=*/true);
+    } catch (const ChatMessageError& e) {
+      refuse(e.code, e.what());
     }
   } else {
     if (body.contains("messages")) refuse("invalid_value", "body.messages is for /v1/chat/completions; completions take body.prompt");

@@ -150,4 +150,51 @@ std::vector<ChatToolCall> read_tool_calls(const nlohmann::json& message, const s
   return calls;
 }
 
+namespace {
+
+// A message's content: a string, or (text_parts) an array of {"type": "text", "text"} parts joined.
+std::string message_content(const nlohmann::json& c, const std::string& at, bool text_parts) {
+  if (c.is_string()) return c.get<std::string>();
+  if (!text_parts) throw ChatMessageError("invalid_type", at + ".content must be a string");
+  if (!c.is_array()) throw ChatMessageError("invalid_type", at + ".content must be a string or an array of text parts");
+  std::string text;
+  for (const nlohmann::json& part : c) {
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      throw ChatMessageError("invalid_type", at + ".content parts must be objects with a 'type'");
+    if (part["type"] != "text")
+      throw ChatMessageError("unsupported_value",
+                             at + ".content part of type " + part["type"].dump() + " is not supported (text only)");
+    if (!part.contains("text") || !part["text"].is_string())
+      throw ChatMessageError("invalid_type", at + ".content text part needs 'text'");
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+}  // namespace
+
+std::vector<ChatMessage> read_chat_messages(const nlohmann::json& v, const std::string& field, bool text_parts) {
+  if (!v.is_array() || v.empty())
+    throw ChatMessageError("invalid_type", field + " must be a non-empty array of {\"role\", \"content\"}");
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const nlohmann::json& m = v[i];
+    const std::string at = field + "[" + std::to_string(i) + "]";
+    if (!m.is_object()) throw ChatMessageError("invalid_type", at + " must be an object");
+    if (!m.contains("role") || !m["role"].is_string()) throw ChatMessageError("invalid_type", at + ".role must be a string");
+    std::vector<ChatToolCall> calls = read_tool_calls(m, at);
+    // As OpenAI's: an assistant message with tool calls may have a null content, or none.
+    const bool no_content = !calls.empty() && (!m.contains("content") || m["content"].is_null());
+    std::string content;
+    if (!no_content) {
+      if (!m.contains("content"))
+        throw text_parts ? ChatMessageError("missing_field", at + ".content is required")
+                         : ChatMessageError("invalid_type", at + ".content must be a string");
+      content = message_content(m["content"], at, text_parts);
+    }
+    out.push_back({m["role"].get<std::string>(), std::move(content), std::move(calls)});
+  }
+  return out;
+}
+
 }  // namespace strata

@@ -23,6 +23,13 @@ public:
 // assistant message only. `at` names the message in errors ("body.messages[2]").
 std::vector<ChatToolCall> read_tool_calls(const nlohmann::json& message, const std::string& at);
 
+// The messages of a request: a non-empty JSON array of {"role": string, "content": ...} with
+// OpenAI's tool_calls on assistant messages (whose content may then be null or absent). Content
+// is a string, or with `text_parts` (OpenAI's body) also an array of {"type": "text", "text"} parts
+// joined. `field` names the array in errors ("body.messages", "messages", "--messages"). The
+// batch job's formats and `strata tokenize --messages` all read messages here.
+std::vector<ChatMessage> read_chat_messages(const nlohmann::json& messages, const std::string& field, bool text_parts);
+
 // JSON text printed as transformers' tojson prints the value json.loads makes of it:
 // json.dumps(ensure_ascii=False), so ", " and ": " between items, keys in their order (a repeated
 // key keeps its first place and its last value), non-ASCII as it is, floats as Python's repr
