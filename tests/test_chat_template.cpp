@@ -47,6 +47,13 @@ std::vector<ChatMessage> messages_of(const nlohmann::ordered_json& c) {
   return msgs;
 }
 
+// `s` with its first `from` replaced by `to` (which must be there).
+std::string edited(std::string s, const std::string& from, const std::string& to) {
+  const size_t p = s.find(from);
+  REQUIRE(p != std::string::npos);
+  return s.replace(p, from.size(), to);
+}
+
 }  // namespace
 
 TEST_CASE("chat templates render as Jinja2 renders them, refusals included", "[chat]") {
@@ -118,11 +125,6 @@ TEST_CASE("chat templates are recognized by family", "[chat]") {
 TEST_CASE("chat templates that differ from a family in what they print are refused", "[chat]") {
   const auto ex = chat_cases();
   auto source = [&](const char* name) { return ex["templates"][name]["source"].get<std::string>(); };
-  auto edited = [](std::string s, const std::string& from, const std::string& to) {
-    const size_t p = s.find(from);
-    REQUIRE(p != std::string::npos);
-    return s.replace(p, from.size(), to);
-  };
   const std::string unsupported = "unsupported chat template";
   // A space inside a literal is part of the prompt: '[INST]' without its space is another format.
   CHECK_THROWS_WITH(ChatTemplate::parse(edited(source("mistral"), "'[INST] '", "'[INST]'")),
@@ -158,11 +160,6 @@ TEST_CASE("ChatML and Qwen2.5 are recognized whole: a template with more or othe
           "[chat]") {
   const auto ex = chat_cases();
   auto source = [&](const char* name) { return ex["templates"][name]["source"].get<std::string>(); };
-  auto edited = [](std::string s, const std::string& from, const std::string& to) {
-    const size_t p = s.find(from);
-    REQUIRE(p != std::string::npos);
-    return s.replace(p, from.size(), to);
-  };
   auto refused = [](const std::string& t) {
     INFO(t);
     CHECK_THROWS_WITH(ChatTemplate::parse(t), Catch::StartsWith("unsupported chat template"));

@@ -77,6 +77,13 @@ std::string_view after_last(std::string_view s, std::string_view sep) {
   return p == std::string_view::npos ? s : s.substr(p + sep.size());
 }
 
+// Qwen's tool results: consecutive tool messages share one user turn, each in <tool_response>.
+void append_tool_response(const std::vector<ChatMessage>& messages, size_t i, std::string& out) {
+  if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+  out += "\n<tool_response>\n" + messages[i].content + "\n</tool_response>";
+  if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+}
+
 }  // namespace
 
 std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
@@ -141,9 +148,7 @@ std::string ChatTemplate::render_qwen25(const std::vector<ChatMessage>& messages
                "}\n</tool_call>";
       out += "<|im_end|>\n";
     } else if (m.role == "tool") {
-      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
-      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
-      if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+      append_tool_response(messages, i, out);
     }
   }
   if (gen) out += "<|im_start|>assistant\n";
@@ -196,9 +201,7 @@ std::string ChatTemplate::render_qwen3(const std::vector<ChatMessage>& messages,
       }
       out += "<|im_end|>\n";
     } else if (m.role == "tool") {
-      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
-      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
-      if (i + 1 == messages.size() || messages[i + 1].role != "tool") out += "<|im_end|>\n";
+      append_tool_response(messages, i, out);
     }
   }
   if (gen) out += "<|im_start|>assistant\n";
