@@ -270,6 +270,10 @@ TEST_CASE("strata tokenize --messages prints apply_chat_template's ids and text"
   CHECK_THAT(r.output, Catch::Contains("--messages[0].content must be a string"));
   r = run_strata("tokenize --model " + model.string() + " --messages '[]'");
   CHECK_THAT(r.output, Catch::Contains("--messages must be a non-empty array"));
+  // Checked before the model is opened: a path that is no model still gets the messages' error.
+  r = run_strata("tokenize --model /nonexistent/model --messages '[{\"role\": \"user\"}]'");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("--messages[0].content must be a string"));
   r = run_strata("tokenize --model " + kModels + "/tiny-llama --messages '[{\"role\": \"user\", \"content\": \"a\"}]'");
   CHECK(r.code != 0);
   CHECK_THAT(r.output, Catch::Contains("no chat template"));

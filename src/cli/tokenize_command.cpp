@@ -49,6 +49,8 @@ void add_tokenize_command(CLI::App& app) {
       throw Error("tokenize: give --text, --decode or --messages");
     if ((a->render || a->no_generation_prompt) && msgs->count() == 0)
       throw Error("tokenize: --render and --no-generation-prompt go with --messages");
+    // Malformed messages are refused before the model is opened (a large model takes seconds).
+    const std::vector<ChatMessage> messages = msgs->count() ? parse_messages(a->messages) : std::vector<ChatMessage>{};
     std::optional<Tokenizer> tok;
     std::string chat_template;
     ChatTokens chat_tokens;
@@ -70,7 +72,7 @@ void add_tokenize_command(CLI::App& app) {
     if (msgs->count()) {
       if (chat_template.empty()) throw Error(a->model + ": no chat template");
       const std::string rendered =
-          ChatTemplate::parse(chat_template, chat_tokens).render(parse_messages(a->messages), !a->no_generation_prompt);
+          ChatTemplate::parse(chat_template, chat_tokens).render(messages, !a->no_generation_prompt);
       if (a->render) std::cout << rendered;  // as it is: a chat's text often ends in a newline
       else std::cout << nlohmann::json(tok->encode(rendered)).dump() << "\n";
       return;
