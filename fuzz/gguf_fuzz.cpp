@@ -1,5 +1,6 @@
 // libFuzzer entry for the GGUF reader: parses the bytes from memory, then dequantizes every small
-// tensor it can, so out-of-bounds reads in the decoders show too. strata::Error is the expected
+// tensor it can and repacks the affine types' codes as Strata's quantized rows (what a compressed
+// policy keeps), so out-of-bounds reads in the decoders show too. strata::Error is the expected
 // way to reject input; anything else (crash, sanitizer report, other exception) is a bug.
 #include <cstddef>
 #include <cstdint>
@@ -7,6 +8,7 @@
 
 #include "strata/core/error.h"
 #include "strata/model/gguf.h"
+#include "strata/quant/quant.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
@@ -17,6 +19,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!info->dequantizable || t.numel > (1 << 16)) continue;
       std::vector<float> out(static_cast<size_t>(t.numel));
       f.dequantize(t, out.data());
+      const int bits = strata::ggml_affine_code_bits(t.type);
+      if (bits == 0 || t.ne.empty() || t.ne[0] % info->block_size != 0) continue;
+      const int64_t n = t.ne[0];
+      std::vector<uint8_t> codes(static_cast<size_t>(n)), row(strata::quant::row_bytes({8, 32}, n));
+      std::vector<float> scales(static_cast<size_t>(n / 32)), mins(scales.size());
+      strata::ggml_affine_decode(t.type, t.data, n, codes.data(), scales.data(), mins.data());
+      (void)strata::quant::pack_row({bits <= 4 ? 4 : 8, 32}, n, codes.data(), scales.data(), mins.data(), row.data());
     }
   } catch (const strata::Error&) {
   }

@@ -281,6 +281,39 @@ TEST_CASE("SmolLM2-135M perplexity on the CPU matches Hugging Face", "[perplexit
   }
 }
 
+TEST_CASE("SmolLM2-135M through a compressed policy keeps the file's Q4_1 codes and Hugging Face's perplexity",
+          "[perplexity][hf][smollm2][compression]") {
+  const fs::path path = smollm2_path();
+  if (!fs::exists(path)) {
+    WARN("no " << path << " (run scripts/fetch_model.sh): skipped");
+    return;
+  }
+  // Every matrix of the file is Q4_1, Strata's 4-bit group-32 grid: the compressed engine runs the
+  // file's own weights, so HF's perplexity of the unquantized file holds as on the plain path.
+  const json& c = find_case("smollm2-135m", "sample.txt", 128);
+  for (int bits : {4, 8}) {
+    const fs::path policy = temp_dir() / ("smollm2-q" + std::to_string(bits) + ".yaml");
+    std::ofstream(policy) << "gpu_batch_size: 4\nnum_gpu_batches: 1\nweights: {gpu: 0, cpu: 100, disk: 0}\n"
+                             "kv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n"
+                             "compress_weights: {bits: " << bits << ", group_size: 32}\n";
+    PerplexityOptions opt;
+    opt.model = path.string();
+    opt.text = kDir + "/sample.txt";
+    opt.policy = policy;
+    opt.device = "cpu";
+    opt.context = 128;
+    opt.threads = 2;
+    opt.progress = false;
+    opt.offload_dir = temp_dir();
+    std::ostringstream log;
+    const PerplexityResult r = run_perplexity(opt, log);
+    INFO(bits << "-bit: strata " << r.perplexity() << ", HF " << c["perplexity"].get<double>() << "\n" << log.str());
+    CHECK_THAT(log.str(), Catch::Contains("group 32): 210 matrices keep the file's codes, 0 quantized at load"));
+    CHECK(r.tokens == c["tokens"].get<int64_t>());
+    CHECK(rel_diff(r.perplexity(), c["perplexity"].get<double>()) < 1e-3);
+  }
+}
+
 // Slow on CI's 2 cores (~7,600 tokens through SmolLM2, and the 4-bit variants): run by name,
 // `strata_tests "[perplexity-long]"`.
 TEST_CASE("SmolLM2-135M perplexity of long.txt, plain and with compressed weights", "[.][perplexity-long]") {

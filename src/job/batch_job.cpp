@@ -221,6 +221,7 @@ public:
           << t << " s\n";
     };
     engine_ = std::make_unique<OffloadEngine>(model.config, *model.weights, *backend_, o, shape);
+    if (o.policy.compress_weights) log << describe_weight_codes(engine_->report(), *o.policy.compress_weights) << "\n";
   }
   size_t batch_size() const override { return size_t(engine_->block_size()); }
   std::vector<GenResult> run(const std::vector<GenRequest>& batch, GenStats& stats) override {

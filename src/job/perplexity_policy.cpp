@@ -35,6 +35,7 @@ PerplexityResult score_with_policy(ModelBundle& model, const PerplexityOptions& 
       << o.policy.gpu_batch_size << " x " << o.policy.num_gpu_batches << "; " << ids.size() << " tokens in "
       << windows.size() << " windows of " << context << "\n";
   OffloadEngine engine(model.config, *model.weights, *backend, o, shape);
+  if (o.policy.compress_weights) log << describe_weight_codes(engine.report(), *o.policy.compress_weights) << "\n";
 
   PerplexityResult r;
   const size_t block = size_t(engine.block_size());

@@ -47,13 +47,19 @@ public:
     auto it = parts_.find(name);
     if (it == parts_.end()) return inner_->read(hidden_check(name), dst_dtype, dst);
     const Part& p = it->second;
-    const std::vector<int64_t> full = inner_->shape(p.fused);
-    int64_t row = 1;
-    for (size_t d = 1; d < full.size(); ++d) row *= full[d];
-    const size_t row_bytes = size_t(row) * dtype_size(dst_dtype);
-    std::vector<uint8_t> all(size_t(full[0]) * row_bytes);
-    inner_->read(p.fused, dst_dtype, all.data());
-    std::memcpy(dst, all.data() + size_t(p.first_row) * row_bytes, size_t(p.rows) * row_bytes);
+    cut_rows(p, size_t(row_elements(p)) * dtype_size(dst_dtype), dst, [&](void* all) {
+      inner_->read(p.fused, dst_dtype, all);
+      return true;
+    });
+  }
+
+  bool read_codes(const std::string& name, const quant::QuantSpec& spec, void* dst) const override {
+    auto it = parts_.find(name);
+    if (it == parts_.end()) return inner_->read_codes(hidden_check(name), spec, dst);
+    const Part& p = it->second;
+    // Quantized rows are self-contained, so a part's rows are cut out of the fused codes as well.
+    return cut_rows(p, quant::row_bytes(spec, row_elements(p)), dst,
+                    [&](void* all) { return inner_->read_codes(p.fused, spec, all); });
   }
 
 private:
@@ -78,6 +84,23 @@ private:
       parts_.emplace(p.name, Part{fused, p.first_row, p.rows});
       names_.push_back(p.name);
     }
+  }
+
+  int64_t row_elements(const Part& p) const {
+    const std::vector<int64_t> full = inner_->shape(p.fused);
+    int64_t row = 1;
+    for (size_t d = 1; d < full.size(); ++d) row *= full[d];
+    return row;
+  }
+
+  // Reads the whole fused tensor with `read_all` (rows of row_bytes each) and copies the part's
+  // rows to dst; false when read_all is.
+  template <class ReadAll>
+  bool cut_rows(const Part& p, size_t row_bytes, void* dst, ReadAll read_all) const {
+    std::vector<uint8_t> all(size_t(inner_->shape(p.fused)[0]) * row_bytes);
+    if (!read_all(all.data())) return false;
+    std::memcpy(dst, all.data() + size_t(p.first_row) * row_bytes, size_t(p.rows) * row_bytes);
+    return true;
   }
 
   // A fused tensor is read only through its parts.

@@ -18,60 +18,72 @@ inline float ld_half(const uint8_t* p) {
   return half_to_float(h);
 }
 
+// The affine types: every 32 elements share a scale and a minimum, value = code * scale + min,
+// so a tensor of them can keep its codes as Strata's own quantized rows (quant.h). A decoder
+// writes one block's codes and its sub-blocks' parameters; ggml's (q - 8) * d is q * d + (-8 * d)
+// here, and both are exact in fp32 (q * d has at most 15 significant bits), so dequantizing
+// through the codes gives ggml's floats bit for bit.
+struct AffineBlock {
+  uint8_t codes[QK_K];
+  float scales[QK_K / QK], mins[QK_K / QK];
+};
+
 // Q4_0: {f16 d; u8 qs[16]}; element j < 16 is the low nibble of qs[j], j >= 16 the high nibble of
 // qs[j-16]; value (q - 8) * d.
-void deq_q4_0(const uint8_t* b, float* y) {
-  float d = ld_half(b);
+void codes_q4_0(const uint8_t* b, AffineBlock& a) {
+  const float d = ld_half(b);
   const uint8_t* qs = b + 2;
   for (int j = 0; j < 16; ++j) {
-    y[j] = float(int(qs[j] & 0xF) - 8) * d;
-    y[j + 16] = float(int(qs[j] >> 4) - 8) * d;
+    a.codes[j] = qs[j] & 0xF;
+    a.codes[j + 16] = qs[j] >> 4;
   }
+  a.scales[0] = d;
+  a.mins[0] = -8.0f * d;
 }
 
 // Q4_1: {f16 d; f16 m; u8 qs[16]}; value q * d + m.
-void deq_q4_1(const uint8_t* b, float* y) {
-  float d = ld_half(b), m = ld_half(b + 2);
+void codes_q4_1(const uint8_t* b, AffineBlock& a) {
   const uint8_t* qs = b + 4;
   for (int j = 0; j < 16; ++j) {
-    y[j] = float(qs[j] & 0xF) * d + m;
-    y[j + 16] = float(qs[j] >> 4) * d + m;
+    a.codes[j] = qs[j] & 0xF;
+    a.codes[j + 16] = qs[j] >> 4;
+  }
+  a.scales[0] = ld_half(b);
+  a.mins[0] = ld_half(b + 2);
+}
+
+// The 5-bit codes of Q5_0 and Q5_1: bit j of qh is the fifth bit of element j.
+void five_bit_codes(const uint8_t* qh_bytes, const uint8_t* qs, uint8_t* codes) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  for (int j = 0; j < 16; ++j) {
+    codes[j] = uint8_t((qs[j] & 0xF) | (((qh >> j) & 1) << 4));
+    codes[j + 16] = uint8_t((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
   }
 }
 
-// Q5_0: {f16 d; u32 qh; u8 qs[16]}; bit j of qh is the fifth bit of element j; value (q - 16) * d.
-void deq_q5_0(const uint8_t* b, float* y) {
-  float d = ld_half(b);
-  uint32_t qh;
-  std::memcpy(&qh, b + 2, 4);
-  const uint8_t* qs = b + 6;
-  for (int j = 0; j < 16; ++j) {
-    int lo = int(qs[j] & 0xF) | int(((qh >> j) & 1) << 4);
-    int hi = int(qs[j] >> 4) | int(((qh >> (j + 16)) & 1) << 4);
-    y[j] = float(lo - 16) * d;
-    y[j + 16] = float(hi - 16) * d;
-  }
+// Q5_0: {f16 d; u32 qh; u8 qs[16]}; value (q - 16) * d.
+void codes_q5_0(const uint8_t* b, AffineBlock& a) {
+  const float d = ld_half(b);
+  five_bit_codes(b + 2, b + 6, a.codes);
+  a.scales[0] = d;
+  a.mins[0] = -16.0f * d;
 }
 
 // Q5_1: {f16 d; f16 m; u32 qh; u8 qs[16]}; value q * d + m.
-void deq_q5_1(const uint8_t* b, float* y) {
-  float d = ld_half(b), m = ld_half(b + 2);
-  uint32_t qh;
-  std::memcpy(&qh, b + 4, 4);
-  const uint8_t* qs = b + 8;
-  for (int j = 0; j < 16; ++j) {
-    int lo = int(qs[j] & 0xF) | int(((qh >> j) & 1) << 4);
-    int hi = int(qs[j] >> 4) | int(((qh >> (j + 16)) & 1) << 4);
-    y[j] = float(lo) * d + m;
-    y[j + 16] = float(hi) * d + m;
-  }
+void codes_q5_1(const uint8_t* b, AffineBlock& a) {
+  five_bit_codes(b + 4, b + 8, a.codes);
+  a.scales[0] = ld_half(b);
+  a.mins[0] = ld_half(b + 2);
 }
 
-// Q8_0: {f16 d; i8 qs[32]}; value q * d.
-void deq_q8_0(const uint8_t* b, float* y) {
-  float d = ld_half(b);
+// Q8_0: {f16 d; i8 qs[32]}; value q * d, so code q + 128 with minimum -128 * d.
+void codes_q8_0(const uint8_t* b, AffineBlock& a) {
+  const float d = ld_half(b);
   const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
-  for (int j = 0; j < 32; ++j) y[j] = float(qs[j]) * d;
+  for (int j = 0; j < 32; ++j) a.codes[j] = uint8_t(int(qs[j]) + 128);
+  a.scales[0] = d;
+  a.mins[0] = -128.0f * d;
 }
 
 // Q2_K: {u8 scales[16]; u8 qs[64]; f16 d; f16 dmin}. Element e = h*128 + s*32 + l takes bits 2s..2s+1
@@ -117,39 +129,35 @@ inline void k4_scale_min(const uint8_t* s, int j, int& sc, int& m) {
   }
 }
 
-// Q4_K: {f16 d; f16 dmin; u8 scales[12]; u8 qs[128]}. Sub-block j (32 elements) takes nibble j%2 of
-// qs[(j/2)*32 + l]; value d*sc_j*q - dmin*m_j.
-void deq_q4_k(const uint8_t* b, float* y) {
-  float d = ld_half(b), dmin = ld_half(b + 2);
-  const uint8_t* sc = b + 4;
-  const uint8_t* qs = b + 16;
+// The eight sub-block scales d*sc_j and minimums -dmin*m_j of Q4_K and Q5_K.
+void k_scales_mins(const uint8_t* b, AffineBlock& a) {
+  const float d = ld_half(b), dmin = ld_half(b + 2);
   for (int j = 0; j < 8; ++j) {
     int s, m;
-    k4_scale_min(sc, j, s, m);
-    float dl = d * float(s), ml = dmin * float(m);
-    for (int l = 0; l < 32; ++l) {
-      int q = (qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0xF;
-      y[j * 32 + l] = dl * float(q) - ml;
-    }
+    k4_scale_min(b + 4, j, s, m);
+    a.scales[j] = d * float(s);
+    a.mins[j] = -(dmin * float(m));
   }
+}
+
+// Q4_K: {f16 d; f16 dmin; u8 scales[12]; u8 qs[128]}. Sub-block j (32 elements) takes nibble j%2 of
+// qs[(j/2)*32 + l]; value d*sc_j*q - dmin*m_j.
+void codes_q4_k(const uint8_t* b, AffineBlock& a) {
+  k_scales_mins(b, a);
+  const uint8_t* qs = b + 16;
+  for (int j = 0; j < 8; ++j)
+    for (int l = 0; l < 32; ++l) a.codes[j * 32 + l] = uint8_t((qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0xF);
 }
 
 // Q5_K: {f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}; as Q4_K with bit j of qh[l] as the
 // fifth bit of element j*32 + l.
-void deq_q5_k(const uint8_t* b, float* y) {
-  float d = ld_half(b), dmin = ld_half(b + 2);
-  const uint8_t* sc = b + 4;
+void codes_q5_k(const uint8_t* b, AffineBlock& a) {
+  k_scales_mins(b, a);
   const uint8_t* qh = b + 16;
   const uint8_t* qs = b + 48;
-  for (int j = 0; j < 8; ++j) {
-    int s, m;
-    k4_scale_min(sc, j, s, m);
-    float dl = d * float(s), ml = dmin * float(m);
-    for (int l = 0; l < 32; ++l) {
-      int q = ((qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0xF) | (((qh[l] >> j) & 1) << 4);
-      y[j * 32 + l] = dl * float(q) - ml;
-    }
-  }
+  for (int j = 0; j < 8; ++j)
+    for (int l = 0; l < 32; ++l)
+      a.codes[j * 32 + l] = uint8_t(((qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0xF) | (((qh[l] >> j) & 1) << 4));
 }
 
 // Q6_K: {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}. Element e = h*128 + r: low nibble r/64 of
@@ -168,47 +176,51 @@ void deq_q6_k(const uint8_t* b, float* y) {
 }
 
 using BlockFn = void (*)(const uint8_t*, float*);
+using AffineFn = void (*)(const uint8_t*, AffineBlock&);
 
 struct Entry {
   uint32_t id;
   GgmlTypeInfo info;
-  BlockFn fn;  // nullptr: geometry known (so files parse) but no decoder
+  BlockFn fn = nullptr;          // the other decodable types
+  AffineFn affine = nullptr;     // the affine types
+  int code_bits = 0;             // of an affine type's codes
 };
 
-// Sizes from ggml's type traits; names as ggml_type_name prints them.
+// Sizes from ggml's type traits; names as ggml_type_name prints them. A type with neither
+// decoder has its geometry known (so files parse) but cannot be read.
 const Entry kTypes[] = {
-    {0, {"f32", 1, 4, true}, nullptr},
-    {1, {"f16", 1, 2, true}, nullptr},
-    {2, {"q4_0", QK, 18, true}, deq_q4_0},
-    {3, {"q4_1", QK, 20, true}, deq_q4_1},
-    {6, {"q5_0", QK, 22, true}, deq_q5_0},
-    {7, {"q5_1", QK, 24, true}, deq_q5_1},
-    {8, {"q8_0", QK, 34, true}, deq_q8_0},
-    {9, {"q8_1", QK, 36, false}, nullptr},
+    {0, {"f32", 1, 4, true}},
+    {1, {"f16", 1, 2, true}},
+    {2, {"q4_0", QK, 18, true}, nullptr, codes_q4_0, 4},
+    {3, {"q4_1", QK, 20, true}, nullptr, codes_q4_1, 4},
+    {6, {"q5_0", QK, 22, true}, nullptr, codes_q5_0, 5},
+    {7, {"q5_1", QK, 24, true}, nullptr, codes_q5_1, 5},
+    {8, {"q8_0", QK, 34, true}, nullptr, codes_q8_0, 8},
+    {9, {"q8_1", QK, 36, false}},
     {10, {"q2_K", QK_K, 84, true}, deq_q2_k},
     {11, {"q3_K", QK_K, 110, true}, deq_q3_k},
-    {12, {"q4_K", QK_K, 144, true}, deq_q4_k},
-    {13, {"q5_K", QK_K, 176, true}, deq_q5_k},
+    {12, {"q4_K", QK_K, 144, true}, nullptr, codes_q4_k, 4},
+    {13, {"q5_K", QK_K, 176, true}, nullptr, codes_q5_k, 5},
     {14, {"q6_K", QK_K, 210, true}, deq_q6_k},
-    {15, {"q8_K", QK_K, 292, false}, nullptr},
-    {16, {"iq2_xxs", QK_K, 66, false}, nullptr},
-    {17, {"iq2_xs", QK_K, 74, false}, nullptr},
-    {18, {"iq3_xxs", QK_K, 98, false}, nullptr},
-    {19, {"iq1_s", QK_K, 50, false}, nullptr},
-    {20, {"iq4_nl", QK, 18, false}, nullptr},
-    {21, {"iq3_s", QK_K, 110, false}, nullptr},
-    {22, {"iq2_s", QK_K, 82, false}, nullptr},
-    {23, {"iq4_xs", QK_K, 136, false}, nullptr},
-    {24, {"i8", 1, 1, false}, nullptr},
-    {25, {"i16", 1, 2, false}, nullptr},
-    {26, {"i32", 1, 4, false}, nullptr},
-    {27, {"i64", 1, 8, false}, nullptr},
-    {28, {"f64", 1, 8, false}, nullptr},
-    {29, {"iq1_m", QK_K, 56, false}, nullptr},
-    {30, {"bf16", 1, 2, true}, nullptr},
-    {34, {"tq1_0", QK_K, 54, false}, nullptr},
-    {35, {"tq2_0", QK_K, 66, false}, nullptr},
-    {39, {"mxfp4", QK, 17, false}, nullptr},
+    {15, {"q8_K", QK_K, 292, false}},
+    {16, {"iq2_xxs", QK_K, 66, false}},
+    {17, {"iq2_xs", QK_K, 74, false}},
+    {18, {"iq3_xxs", QK_K, 98, false}},
+    {19, {"iq1_s", QK_K, 50, false}},
+    {20, {"iq4_nl", QK, 18, false}},
+    {21, {"iq3_s", QK_K, 110, false}},
+    {22, {"iq2_s", QK_K, 82, false}},
+    {23, {"iq4_xs", QK_K, 136, false}},
+    {24, {"i8", 1, 1, false}},
+    {25, {"i16", 1, 2, false}},
+    {26, {"i32", 1, 4, false}},
+    {27, {"i64", 1, 8, false}},
+    {28, {"f64", 1, 8, false}},
+    {29, {"iq1_m", QK_K, 56, false}},
+    {30, {"bf16", 1, 2, true}},
+    {34, {"tq1_0", QK_K, 54, false}},
+    {35, {"tq2_0", QK_K, 66, false}},
+    {39, {"mxfp4", QK, 17, false}},
 };
 
 const Entry* find_entry(uint32_t id) {
@@ -246,7 +258,36 @@ void ggml_dequantize(GgmlType type, const void* src, float* dst, int64_t n) {
     default: break;
   }
   const int64_t bs = e->info.block_size, ts = e->info.type_size;
-  for (int64_t blk = 0; blk < n / bs; ++blk) e->fn(p + blk * ts, dst + blk * bs);
+  if (e->fn) {
+    for (int64_t blk = 0; blk < n / bs; ++blk) e->fn(p + blk * ts, dst + blk * bs);
+    return;
+  }
+  AffineBlock a;
+  for (int64_t blk = 0; blk < n / bs; ++blk) {
+    e->affine(p + blk * ts, a);
+    float* y = dst + blk * bs;
+    for (int64_t i = 0; i < bs; ++i) y[i] = float(a.codes[i]) * a.scales[i / QK] + a.mins[i / QK];
+  }
+}
+
+int ggml_affine_code_bits(GgmlType type) {
+  const Entry* e = find_entry(uint32_t(type));
+  return e && e->affine ? e->code_bits : 0;
+}
+
+void ggml_affine_decode(GgmlType type, const void* src, int64_t n, uint8_t* codes, float* scales, float* mins) {
+  const Entry* e = find_entry(uint32_t(type));
+  STRATA_CHECK(e && e->affine, "internal: ggml type " << (e ? e->info.name : "?") << " is not affine");
+  STRATA_CHECK(n % e->info.block_size == 0, n << " elements is not a whole number of " << e->info.name << " blocks");
+  const int64_t bs = e->info.block_size, ts = e->info.type_size, groups = bs / QK;
+  const uint8_t* p = static_cast<const uint8_t*>(src);
+  AffineBlock a;
+  for (int64_t blk = 0; blk < n / bs; ++blk) {
+    e->affine(p + blk * ts, a);
+    std::memcpy(codes + blk * bs, a.codes, size_t(bs));
+    std::memcpy(scales + blk * groups, a.scales, size_t(groups) * sizeof(float));
+    std::memcpy(mins + blk * groups, a.mins, size_t(groups) * sizeof(float));
+  }
 }
 
 }  // namespace strata

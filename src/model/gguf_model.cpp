@@ -135,43 +135,44 @@ public:
     if (!ti->dequantizable)
       STRATA_FAIL("GGUF file " << file_.path() << ": tensor '" << t.name << "' has type " << ti->name
                                << ", which Strata cannot dequantize");
-    const int64_t row_len = t.ne.empty() ? 1 : t.ne[0];
-    const int64_t n_rows = row_len == 0 ? 0 : t.numel / row_len;
-    const uint64_t row_bytes = uint64_t(row_len / ti->block_size) * uint64_t(ti->type_size);
-    // A 1-D tensor (bias) is one "row" of ggml but n elements of rows of length 1 for permuting.
-    const bool vec = t.ne.size() <= 1;
-    int64_t perm_rows = vec ? row_len : n_rows;
-    int64_t head_dim = 0;
-    if (e.permute_heads) {
-      if (perm_rows % e.permute_heads != 0 || (perm_rows / e.permute_heads) % 2 != 0)
-        STRATA_FAIL("GGUF file " << file_.path() << ": tensor '" << t.name << "': " << perm_rows
-                                 << " rows do not split into " << e.permute_heads << " heads of even size");
-      head_dim = perm_rows / e.permute_heads;
-    }
-    // llama.cpp's converter stores HF row (h, j, i) -- head h, half j, index i < head_dim/2 -- at
-    // row (h, i, j); map each HF row back to the stored one.
-    auto src_row = [&](int64_t r) -> int64_t {
-      if (!head_dim) return r;
-      int64_t h = r / head_dim, w = r % head_dim, half = head_dim / 2;
-      return h * head_dim + (w % half) * 2 + w / half;
-    };
-    std::vector<float> buf(static_cast<size_t>(row_len));
+    const RowMap rows = row_map(e);
+    std::vector<float> buf(static_cast<size_t>(rows.row_len));
     const size_t esz = dtype_size(dst_dtype);
     auto* out = static_cast<uint8_t*>(dst);
-    if (vec) {
-      ggml_dequantize(t.type, t.data, buf.data(), row_len);
-      if (head_dim) {
+    if (rows.vec) {
+      ggml_dequantize(t.type, t.data, buf.data(), rows.row_len);
+      if (rows.head_dim) {
         std::vector<float> tmp(buf.size());
-        for (int64_t r = 0; r < row_len; ++r) tmp[size_t(r)] = buf[size_t(src_row(r))];
+        for (int64_t r = 0; r < rows.row_len; ++r) tmp[size_t(r)] = buf[size_t(rows.stored(r))];
         buf.swap(tmp);
       }
-      convert_elements(buf.data(), DType::F32, out, dst_dtype, size_t(row_len));
+      convert_elements(buf.data(), DType::F32, out, dst_dtype, size_t(rows.row_len));
       return;
     }
-    for (int64_t r = 0; r < n_rows; ++r) {
-      ggml_dequantize(t.type, t.data + uint64_t(src_row(r)) * row_bytes, buf.data(), row_len);
-      convert_elements(buf.data(), DType::F32, out + size_t(r) * size_t(row_len) * esz, dst_dtype, size_t(row_len));
+    for (int64_t r = 0; r < rows.n_rows; ++r) {
+      ggml_dequantize(t.type, rows.row(t, r), buf.data(), rows.row_len);
+      convert_elements(buf.data(), DType::F32, out + size_t(r) * size_t(rows.row_len) * esz, dst_dtype,
+                       size_t(rows.row_len));
     }
+  }
+
+  bool read_codes(const std::string& name, const quant::QuantSpec& spec, void* dst) const override {
+    const Entry& e = get(name);
+    const GgufTensorInfo& t = *e.info;
+    const int code_bits = ggml_affine_code_bits(t.type);
+    // ggml's groups are 32 elements; a larger group would join two scales.
+    if (code_bits == 0 || code_bits > spec.bits || spec.group_size != 32 || t.ne.size() != 2) return false;
+    const RowMap rows = row_map(e);
+    const size_t out_row = quant::row_bytes(spec, rows.row_len);
+    std::vector<uint8_t> codes(static_cast<size_t>(rows.row_len));
+    std::vector<float> scales(static_cast<size_t>(rows.row_len / 32)), mins(scales.size());
+    for (int64_t r = 0; r < rows.n_rows; ++r) {
+      ggml_affine_decode(t.type, rows.row(t, r), rows.row_len, codes.data(), scales.data(), mins.data());
+      if (!quant::pack_row(spec, rows.row_len, codes.data(), scales.data(), mins.data(),
+                           static_cast<uint8_t*>(dst) + size_t(r) * out_row))
+        return false;
+    }
+    return true;
   }
 
 private:
@@ -179,6 +180,38 @@ private:
     const GgufTensorInfo* info;
     int permute_heads;  // 0: stored as in HF
   };
+  // Where HF row r of a tensor is stored. llama.cpp's converter stores HF row (h, j, i) -- head h,
+  // half j, index i < head_dim/2 -- of a permuted q/k at row (h, i, j).
+  struct RowMap {
+    int64_t row_len = 0, n_rows = 0;
+    uint64_t row_bytes = 0;
+    bool vec = false;      // a 1-D tensor (bias): one ggml row, permuted as n rows of 1 element
+    int64_t head_dim = 0;  // 0: rows stored as in HF
+    int64_t stored(int64_t r) const {
+      if (!head_dim) return r;
+      const int64_t h = r / head_dim, w = r % head_dim, half = head_dim / 2;
+      return h * head_dim + (w % half) * 2 + w / half;
+    }
+    const uint8_t* row(const GgufTensorInfo& t, int64_t r) const { return t.data + uint64_t(stored(r)) * row_bytes; }
+  };
+  RowMap row_map(const Entry& e) const {
+    const GgufTensorInfo& t = *e.info;
+    const GgmlTypeInfo* ti = ggml_type_info(uint32_t(t.type));
+    RowMap m;
+    m.row_len = t.ne.empty() ? 1 : t.ne[0];
+    m.n_rows = m.row_len == 0 ? 0 : t.numel / m.row_len;
+    m.row_bytes = uint64_t(m.row_len / ti->block_size) * uint64_t(ti->type_size);
+    m.vec = t.ne.size() <= 1;
+    const int64_t perm_rows = m.vec ? m.row_len : m.n_rows;
+    if (e.permute_heads) {
+      if (perm_rows % e.permute_heads != 0 || (perm_rows / e.permute_heads) % 2 != 0)
+        STRATA_FAIL("GGUF file " << file_.path() << ": tensor '" << t.name << "': " << perm_rows
+                                 << " rows do not split into " << e.permute_heads << " heads of even size");
+      m.head_dim = perm_rows / e.permute_heads;
+    }
+    return m;
+  }
+
   const Entry& get(const std::string& name) const {
     auto it = map_.find(name);
     if (it == map_.end()) STRATA_FAIL("GGUF file " << file_.path() << ": no tensor for '" << name << "'");

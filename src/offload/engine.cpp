@@ -149,6 +149,14 @@ TierBytes default_budgets(Backend& backend, const OffloadOptions& options) {
   return b;
 }
 
+std::string describe_weight_codes(const OffloadReport& report, const Compression& compression) {
+  std::ostringstream os;
+  os << "compressed weights (" << compression.bits << "-bit, group " << compression.group_size << "): "
+     << report.weights_kept_codes << " matrices keep the file's codes, " << report.weights_quantized
+     << " quantized at load";
+  return os.str();
+}
+
 void check_plan_fits(const PlacementPlan& plan, const TierBytes& budgets, bool shared_host_memory) {
   const TierBytes peak = plan.peak();
   for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) {
@@ -226,6 +234,7 @@ struct OffloadEngine::Impl {
   double compute_busy = 0;
   std::atomic<uint64_t> bytes_dtoc{0}, bytes_ctog{0}, bytes_gtoc{0}, bytes_ctod{0};
   OffloadReport totals;
+  CodesTally weight_codes;  // how the compressed layers were made at load
   int disk_ops_left = 0;  // fault injection countdown (disk thread only)
 
   // Per block.
@@ -316,12 +325,12 @@ struct OffloadEngine::Impl {
       const BlockLayout layout = halved_layer_layout(cfg, l, dt, kPage, weight_quant).layout;  // same offsets, this layer's names
       Home& h = weight_home[size_t(l)] = place(plan.weight_tier[size_t(l)], bytes, "layer weights");
       if (h.tier == Tier::Cpu) {
-        read_block(layout, src, h.ptr, used);
+        read_block(layout, src, h.ptr, used, &weight_codes);
         if (opt.on_layer_loaded) opt.on_layer_loaded(l + 1, L);
         continue;
       }
       std::memset(bounce.get(), 0, bytes);
-      read_block(layout, src, bounce.get(), used);
+      read_block(layout, src, bounce.get(), used, &weight_codes);
       if (h.tier == Tier::Gpu) {
         be.copy_to_device(h.ptr, bounce.get(), bytes);
         resident_layers[size_t(l)] = layer_views(halves.layout, h.ptr, be.device());
@@ -1171,6 +1180,8 @@ OffloadReport OffloadEngine::report() const {
     r.cpu_to_disk = {m.bytes_ctod.load(), s.write_seconds - m.disk_at_start.write_seconds};
     r.disk_io = m.disk->io_name();
   }
+  r.weights_kept_codes = m.weight_codes.kept_codes;
+  r.weights_quantized = m.weight_codes.quantized;
   r.peak.gpu = double(m.gpu.size());
   r.peak.cpu = double(m.cpu.size());
   r.used.gpu = double(m.gpu.used());

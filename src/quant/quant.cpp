@@ -181,3 +181,30 @@ void dequantize_rows(const QuantSpec& spec, const void* src, int64_t rows, int64
 }
 
 }  // namespace strata::quant
+
+namespace strata::quant {
+
+bool pack_row(const QuantSpec& spec, int64_t n, const uint8_t* codes, const float* scales, const float* mins,
+              void* dst) {
+  check_spec(spec, n);
+  const RowLayout l = row_layout(spec, n);
+  const uint32_t max_code = (1u << spec.bits) - 1;
+  auto* out = static_cast<uint8_t*>(dst);
+  std::memset(out, 0, l.code_bytes);  // padding and a lone last nibble are zero
+  for (int64_t i = 0; i < n; ++i) {
+    STRATA_CHECK(codes[i] <= max_code, "internal: code " << int(codes[i]) << " does not fit " << spec.bits << " bits");
+    store_code(out, spec.bits, size_t(i), codes[i]);
+  }
+  uint8_t* scale_out = out + l.code_bytes;
+  uint8_t* min_out = scale_out + l.groups * sizeof(uint16_t);
+  for (size_t g = 0; g < l.groups; ++g) {
+    const float scale16 = half_to_float(float_to_half(scales[g]));
+    const float min16 = half_to_float(float_to_half(mins[g]));
+    if (!std::isfinite(scale16) || !std::isfinite(min16)) return false;
+    store_half(scale_out, g, scale16);
+    store_half(min_out, g, min16);
+  }
+  return true;
+}
+
+}  // namespace strata::quant

@@ -145,7 +145,8 @@ BlockLayout global_block_layout(const ModelConfig& cfg, DType dtype) {
   return block_layout(global_weight_specs(cfg), dtype, std::nullopt);
 }
 
-void read_block(const BlockLayout& layout, const WeightSource& src, void* host_dst, std::set<std::string>& used) {
+void read_block(const BlockLayout& layout, const WeightSource& src, void* host_dst, std::set<std::string>& used,
+                CodesTally* tally) {
   for (size_t i = 0; i < layout.specs.size(); ++i) {
     const WeightSpec& s = layout.specs[i];
     const std::string name = stored_name(src, s.name);
@@ -154,8 +155,14 @@ void read_block(const BlockLayout& layout, const WeightSource& src, void* host_d
       STRATA_FAIL(src.describe() << ": tensor '" << name << "' has shape " << shape_str(shape) << ", the config implies "
                                  << shape_str(s.shape));
     uint8_t* dst = static_cast<uint8_t*>(host_dst) + layout.offsets[i];
-    if (is_quantized(layout.dtypes[i])) {  // quantized once, here, at load
-      std::vector<float> full(static_cast<size_t>(s.numel()));
+    if (is_quantized(layout.dtypes[i])) {
+      if (src.read_codes(name, *layout.compression, dst)) {  // the file's own codes
+        if (tally) ++tally->kept_codes;
+        used.insert(name);
+        continue;
+      }
+      if (tally) ++tally->quantized;
+      std::vector<float> full(static_cast<size_t>(s.numel()));  // quantized once, here, at load
       src.read(name, DType::F32, full.data());
       quant::quantize_rows(*layout.compression, full.data(), DType::F32, s.shape[0], s.shape[1], dst);
     } else {

@@ -73,6 +73,16 @@ const GgmlTypeInfo* ggml_type_info(uint32_t type);
 // Throws for types this build cannot dequantize.
 void ggml_dequantize(GgmlType type, const void* src, float* dst, int64_t n);
 
+// The affine types, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q5_K, give every 32 elements one
+// scale and one minimum: value = code * scale + min. Their codes can be kept as Strata's own
+// quantized rows (quant.h) instead of being quantized a second time. The bits a code of `type`
+// needs (4, 5 or 8), or 0 for a type that is not affine.
+int ggml_affine_code_bits(GgmlType type);
+// Decodes n elements (whole blocks) of an affine type: codes[n], and scales[n / 32] and
+// mins[n / 32] in fp32 as ggml computes them (a K-quant's d * sc and -dmin * m), such that
+// code * scale + min is ggml_dequantize's value bit for bit.
+void ggml_affine_decode(GgmlType type, const void* src, int64_t n, uint8_t* codes, float* scales, float* mins);
+
 struct GgufTensorInfo {
   std::string name;
   std::vector<int64_t> ne;   // ggml order: ne[0] is the fastest-varying (row length)

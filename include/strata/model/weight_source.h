@@ -10,6 +10,7 @@
 
 #include "strata/core/dtype.h"
 #include "strata/model/config.h"
+#include "strata/quant/quant.h"
 
 namespace strata {
 
@@ -22,6 +23,14 @@ public:
   // Writes the tensor, converted to dst_dtype (F32, F16 or BF16), into dst (numel elements).
   virtual void read(const std::string& name, DType dst_dtype, void* dst) const = 0;
   virtual std::vector<std::string> names() const = 0;
+  // Writes a matrix as quantized rows of `spec` (quant.h) straight from the codes it is stored
+  // with, when they fit: a GGUF file's 4-bit types at {4 or 8 bits, group 32}, its 5- and 8-bit
+  // ones at {8, 32}. The values are then the file's own, not quantized a second time. Returns
+  // false, dst unspecified, when they do not fit; the caller quantizes what read() gives.
+  virtual bool read_codes(const std::string& name, const quant::QuantSpec& spec, void* dst) const {
+    (void)name, (void)spec, (void)dst;
+    return false;
+  }
 };
 
 // A .safetensors file, an index json, or a directory holding either.

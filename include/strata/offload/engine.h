@@ -59,6 +59,9 @@ struct OffloadReport {
   TierBytes peak;                // reserved on each tier
   TierBytes used;                // carved out of the reservation by the schedule's buffers and homes
   std::string disk_io;           // the disk store's I/O path, when it has one
+  // With compressed weights, the layers' matrices that kept the codes of the file (a GGUF's
+  // Q4_0 ... Q5_K, WeightSource::read_codes) and those quantized at load.
+  int weights_kept_codes = 0, weights_quantized = 0;
   // 1 when the wall time equals the busiest lane's (perfect overlap), 0 when it equals the sum.
   double overlap() const;
 };
@@ -67,6 +70,8 @@ struct OffloadReport {
 // what the plan needs there (by tensor class) and the budget.
 TierBytes default_budgets(Backend& backend, const OffloadOptions& options);
 void check_plan_fits(const PlacementPlan& plan, const TierBytes& budgets, bool shared_host_memory);
+// "compressed weights (4-bit, group 32): N matrices keep the file's codes, M quantized at load".
+std::string describe_weight_codes(const OffloadReport& report, const Compression& compression);
 
 class OffloadEngine {
 public:

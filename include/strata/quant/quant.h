@@ -56,4 +56,11 @@ void quantize_rows(const QuantSpec& spec, const void* src, DType src_dtype, int6
 // The inverse: rows x n elements of `dst_dtype` (F32, F16 or BF16).
 void dequantize_rows(const QuantSpec& spec, const void* src, int64_t rows, int64_t n, void* dst, DType dst_dtype);
 
+// One row of n elements from codes quantized elsewhere (a GGUF file's Q4_0 ... Q5_K blocks keep
+// theirs, gguf.h): codes[n], each below 2^bits, and the scale and minimum of each of the row's
+// groups, rounded to fp16 here. Returns false, the row unspecified, when a scale or minimum is
+// beyond fp16's range.
+bool pack_row(const QuantSpec& spec, int64_t n, const uint8_t* codes, const float* scales, const float* mins,
+              void* dst);
+
 }  // namespace strata::quant

@@ -75,10 +75,18 @@ HalvedLayout halved_layer_layout(const ModelConfig& cfg, int layer, DType dtype,
 // buffer holding just that half gets views with layer_views().
 BlockLayout half_block_layout(const HalvedLayout& halves, int half);
 
+// How a block's compressed matrices were made: from the codes the file stores them with
+// (WeightSource::read_codes), or quantized at load by the host reference.
+struct CodesTally {
+  int kept_codes = 0;
+  int quantized = 0;
+};
 // Reads a block's tensors from `source` into host memory laid out as `layout` (shape-checked,
-// converted to layout.dtype, compressed matrices quantized by the host reference); records the
-// stored names it used in `used`.
-void read_block(const BlockLayout& layout, const WeightSource& source, void* host_dst, std::set<std::string>& used);
+// converted to layout.dtype; a compressed matrix keeps the file's codes where they fit, else it
+// is quantized by the host reference); records the stored names it used in `used`, and counts
+// the compressed matrices in `tally`.
+void read_block(const BlockLayout& layout, const WeightSource& source, void* host_dst, std::set<std::string>& used,
+                CodesTally* tally = nullptr);
 // Views of a layer block at `base` on `device`; no copy.
 LayerWeights layer_views(const BlockLayout& layout, void* base, Device device);
 // Views of `w` whose quantized matrices are dequantized into `base`, laid out as `fp_layout`
