@@ -95,6 +95,21 @@ Scored score_text(const std::string& model_spec, const std::string& text, int co
 
 double rel_diff(double got, double want) { return std::fabs(got - want) / std::fabs(want); }
 
+// `strata perplexity --policy` as the command runs it: sample.txt on the CPU device, windows of
+// 128 tokens; the engine's log (the compression report) goes to `log`.
+PerplexityResult score_with_policy(const std::string& model, const fs::path& policy, std::ostringstream& log) {
+  PerplexityOptions opt;
+  opt.model = model;
+  opt.text = kDir + "/sample.txt";
+  opt.policy = policy;
+  opt.device = "cpu";
+  opt.context = 128;
+  opt.threads = 2;
+  opt.progress = false;
+  opt.offload_dir = temp_dir();
+  return run_perplexity(opt, log);
+}
+
 }  // namespace
 
 TEST_CASE("split_windows: non-overlapping windows, a short last one kept from 2 tokens", "[perplexity][job]") {
@@ -242,17 +257,8 @@ TEST_CASE("perplexity --policy: the offloading engine matches Hugging Face, plai
       std::ofstream(policy) << "gpu_batch_size: 2\nnum_gpu_batches: 2\nweights: {gpu: 20, cpu: 80, disk: 0}\n"
                                "kv_cache: {gpu: 0, cpu: 100, disk: 0}\nactivations: {gpu: 0, cpu: 100, disk: 0}\n"
                             << (compress ? "compress_weights: {bits: 4, group_size: 64}\n" : "");
-      PerplexityOptions opt;
-      opt.model = kModels + "/" + name;
-      opt.text = kDir + "/sample.txt";
-      opt.policy = policy;
-      opt.device = "cpu";
-      opt.context = 128;
-      opt.threads = 2;
-      opt.progress = false;
-      opt.offload_dir = temp_dir();
       std::ostringstream log;
-      const PerplexityResult r = run_perplexity(opt, log);
+      const PerplexityResult r = score_with_policy(kModels + "/" + name, policy, log);
       const double want = compress ? q["perplexity"].get<double>() : c["perplexity"].get<double>();
       INFO(name << (compress ? ", 4-bit weights" : ", uncompressed") << ": strata " << r.perplexity() << ", HF " << want
                 << ", relative difference " << rel_diff(r.perplexity(), want) << "\n" << log.str());
@@ -296,17 +302,8 @@ TEST_CASE("SmolLM2-135M through a compressed policy keeps the file's Q4_1 codes 
     std::ofstream(policy) << "gpu_batch_size: 4\nnum_gpu_batches: 1\nweights: {gpu: 0, cpu: 100, disk: 0}\n"
                              "kv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n"
                              "compress_weights: {bits: " << bits << ", group_size: 32}\n";
-    PerplexityOptions opt;
-    opt.model = path.string();
-    opt.text = kDir + "/sample.txt";
-    opt.policy = policy;
-    opt.device = "cpu";
-    opt.context = 128;
-    opt.threads = 2;
-    opt.progress = false;
-    opt.offload_dir = temp_dir();
     std::ostringstream log;
-    const PerplexityResult r = run_perplexity(opt, log);
+    const PerplexityResult r = score_with_policy(path.string(), policy, log);
     INFO(bits << "-bit: strata " << r.perplexity() << ", HF " << c["perplexity"].get<double>() << "\n" << log.str());
     CHECK_THAT(log.str(), Catch::Contains("group 32): 210 matrices keep the file's codes, 0 quantized at load"));
     CHECK(r.tokens == c["tokens"].get<int64_t>());
