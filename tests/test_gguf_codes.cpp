@@ -62,8 +62,7 @@ struct EngineRun {
 };
 
 // The fixture's prompts, greedy, with their prompt NLLs, through the offloading engine.
-EngineRun run_engine(const ModelBundle& model, const json& exp, const Policy& policy) {
-  auto backend = make_cpu_backend(2);
+EngineRun run_engine(const ModelBundle& model, const json& exp, const Policy& policy, Backend& backend) {
   std::vector<GenRequest> reqs;
   PlanShape shape;
   for (const json& p : exp["prompts"]) {
@@ -78,7 +77,7 @@ EngineRun run_engine(const ModelBundle& model, const json& exp, const Policy& po
   OffloadOptions opt;
   opt.policy = policy;
   opt.offload_dir = test::temp_dir("gguf_codes");
-  OffloadEngine engine(model.config, *model.weights, *backend, opt, shape);
+  OffloadEngine engine(model.config, *model.weights, backend, opt, shape);
   EngineRun run;
   for (size_t b = 0; b < reqs.size(); b += size_t(engine.block_size())) {
     const std::vector<GenRequest> block(reqs.begin() + long(b),
@@ -87,6 +86,11 @@ EngineRun run_engine(const ModelBundle& model, const json& exp, const Policy& po
   }
   run.report = engine.report();
   return run;
+}
+
+EngineRun run_engine(const ModelBundle& model, const json& exp, const Policy& policy) {
+  auto backend = make_cpu_backend(2);
+  return run_engine(model, exp, policy, *backend);
 }
 
 }  // namespace
@@ -212,6 +216,33 @@ TEST_CASE("gguf codes: compressed at group 32, the file's codes cross the links 
   }
   // The codes crossed cpu->gpu: fewer bytes than the fp32 layers would be.
   CHECK(run.report.cpu_to_gpu.bytes > 0);
+}
+
+TEST_CASE("CUDA: the file's codes cross the links and give transformers' NLLs within fp16 tolerance",
+          "[gguf][quant][offload][cuda]") {
+  if (!cuda_available()) {
+    WARN("no GPU: skipped");
+    return;
+  }
+  const json exp = load_json(fixture("tiny_llama_affine_hf.json"));
+  ModelBundle model = open_model(fixture("tiny_llama_affine.gguf").string());
+  auto backend = make_cuda_backend(0);
+  // fp16 activations: each logit within 1e-2 plus 2e-3 of the largest (test_model_hf.cpp's CUDA
+  // bound; the fixture's logits stay below 3.5), so an NLL, a log-sum-exp minus one logit, moves
+  // by at most twice that: 0.034, here 0.05.
+  const EngineRun run = run_engine(model, exp, compressed_policy(8, 32), *backend);
+  CHECK(run.report.weights_kept_codes == 14);
+  CHECK(run.report.weights_quantized == 0);
+  REQUIRE(run.results.size() == exp["prompts"].size());
+  for (size_t p = 0; p < run.results.size(); ++p) {
+    const std::vector<double> want = exp["prompt_nll_fp16_params"][p].get<std::vector<double>>();
+    const std::vector<double>& got = run.results[p].prompt_nll;
+    REQUIRE(got.size() == want.size());
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+    INFO("prompt " << p << ": max |NLL difference| " << worst << " (CUDA)");
+    CHECK(worst < 5e-2);
+  }
 }
 
 TEST_CASE("gguf codes: which matrices keep their codes depends on the spec", "[gguf][quant][offload]") {
