@@ -385,6 +385,22 @@ TEST_CASE("gguf: Phi-3 (fused qkv and gate_up, a sliding window) gives transform
   test::check_hf_greedy(model, exp);
 }
 
+TEST_CASE("gguf: Phi-3 with LongRoPE (rope_factors_short/long, attn_factor) gives transformers' logits and tokens",
+          "[gguf][model][rope]") {
+  // tiny-phi3-longrope as llama.cpp's converter writes it; expected values are transformers' on
+  // the directory, within the original 64 positions (the short factors), which cap the context.
+  const json exp = load_json(fs::path(STRATA_FIXTURES_DIR) / "models" / "tiny-phi3-longrope" / "expected.json");
+  ModelBundle b = open_model(fixture("tiny_phi3_longrope.gguf").string());
+  CHECK(b.config.max_positions == 64);
+  CHECK(b.config.rope_freq_factors.size() == 8);
+  CHECK(b.config.rope_attention_factor == Approx(std::sqrt(1.0 + std::log(4.0) / std::log(64.0))).epsilon(1e-6));
+  CHECK_FALSE(b.weights->contains("rope_factors_short.weight"));
+  auto backend = make_cpu_backend(2);
+  Transformer model(b.config, load_model_weights(b.config, *b.weights, *backend), *backend);
+  test::check_hf_last_logits(model, exp);
+  test::check_hf_greedy(model, exp);
+}
+
 TEST_CASE("gguf: a Phi-3 file's special tokens swallow the whitespace after them, as in llama.cpp", "[gguf][tokenizer]") {
   // llama.cpp's rule by general.name ("tiny-phi3"): every special token but <unk>, <s> and
   // <|endoftext|> strips the whitespace to its right. Ids from llama.cpp tokenizing the file.

@@ -115,7 +115,8 @@ std::vector<Policy> policy_grid() {
 
 TEST_CASE("every policy generates Hugging Face's greedy tokens", "[offload]") {
   auto backend = make_cpu_backend(2);
-  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3"}) {
+  // tiny-phi3-longrope: LongRoPE's attention factor must reach CPU-delegated attention too.
+  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-phi3-longrope"}) {
     const json exp = load_expected(name);
     ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     const std::vector<GenRequest> reqs = fixture_requests(exp);

@@ -3,6 +3,7 @@
 #include "test_paths.h"
 #include "temp_files.h"
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -44,4 +45,61 @@ TEST_CASE("a fused projection that does not fit the config is refused naming it"
   test::write_file(dir / "config.json", config.dump());
   CHECK_THROWS_WITH(open_model(dir.string()),
                     Catch::Contains("mlp.gate_up_proj.weight' has 192 rows; the config's projections need 160"));
+}
+
+namespace {
+const fs::path kLongrope = fs::path(STRATA_FIXTURES_DIR) / "models" / "tiny-phi3-longrope";
+}  // namespace
+
+TEST_CASE("LongRoPE: a config.json laid out as Phi-3.5 mini's gives transformers' frequencies and attention factor",
+          "[config][rope]") {
+  // longrope_phi35.json: transformers' ROPE_INIT_FUNCTIONS["longrope"] on that config (short factors,
+  // as within the original 4096 positions), tests/fixtures/models/make_phi3_fixture.py --longrope.
+  const json fx = json::parse(test::read_file(kLongrope.parent_path() / "longrope_phi35.json"));
+  const ModelConfig c = config_from_hf_json_text(fx["config"].dump(), "phi35/config.json");
+  CHECK(c.max_positions == 4096);  // the original context: past it transformers takes the long factors
+  CHECK(c.head_dim == 96);
+  CHECK(c.rope_attention_factor == Approx(fx["attention_factor"].get<double>()).epsilon(1e-6));
+  const std::vector<float> inv = rope_inv_freq(c);
+  const std::vector<double> want = fx["inv_freq"].get<std::vector<double>>();
+  REQUIRE(inv.size() == want.size());
+  for (size_t i = 0; i < inv.size(); ++i) {
+    INFO("frequency " << i);
+    CHECK(inv[i] == Approx(want[i]).epsilon(1e-6));
+  }
+  // The scores' scale: the factor applies to queries and keys alike.
+  CHECK(c.attention_scale() == Approx(fx["attention_factor"].get<double>() * fx["attention_factor"].get<double>() /
+                                      std::sqrt(96.0)).epsilon(1e-6));
+  // An explicit attention_factor wins over the default; "su" is the older files' name.
+  json cfg = fx["config"];
+  cfg["rope_scaling"]["type"] = "su";
+  cfg["rope_scaling"]["attention_factor"] = 1.5;
+  CHECK(config_from_hf_json_text(cfg.dump(), "phi35/config.json").rope_attention_factor == 1.5f);
+}
+
+TEST_CASE("LongRoPE: malformed or misplaced scaling is refused naming the field", "[config][rope]") {
+  const json fx = json::parse(test::read_file(kLongrope.parent_path() / "longrope_phi35.json"));
+  json cfg = fx["config"];
+  cfg["rope_scaling"]["short_factor"].erase(0);
+  CHECK_THROWS_WITH(config_from_hf_json_text(cfg.dump(), "phi35/config.json"),
+                    Catch::Contains("phi35/config.json: rope_scaling.short_factor has 47 values; head_dim / 2 is 48"));
+  cfg = fx["config"];
+  cfg["rope_scaling"].erase("short_factor");
+  CHECK_THROWS_WITH(config_from_hf_json_text(cfg.dump(), "phi35/config.json"),
+                    Catch::Contains("needs rope_scaling.short_factor"));
+  cfg = fx["config"];
+  cfg["rope_scaling"]["short_factor"][3] = -1.0;
+  CHECK_THROWS_WITH(config_from_hf_json_text(cfg.dump(), "phi35/config.json"),
+                    Catch::Contains("RoPE frequency factor -1 is not positive"));
+  cfg = fx["config"];
+  cfg["model_type"] = "llama";  // LongRoPE is Phi-3's: a llama config with it is not read as Phi-3's
+  CHECK_THROWS_WITH(config_from_hf_json_text(cfg.dump(), "phi35/config.json"),
+                    Catch::Contains("rope scaling type 'longrope' is not supported"));
+}
+
+TEST_CASE("LongRoPE: tiny-phi3-longrope's context stops at its original 64 positions", "[config][rope]") {
+  const ModelBundle b = open_model(kLongrope.string());
+  CHECK(b.config.max_positions == 64);  // of 256
+  CHECK(b.config.rope_freq_factors.size() == 8);
+  CHECK(b.config.rope_attention_factor == Approx(std::sqrt(1.0 + std::log(4.0) / std::log(64.0))).epsilon(1e-6));
 }

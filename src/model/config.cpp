@@ -75,6 +75,8 @@ void ModelConfig::validate() const {
                        << "original_max_position_embeddings > 0; got " << s.factor << ", " << s.low_freq_factor << ", "
                        << s.high_freq_factor << ", " << s.original_max_positions);
   }
+  if (!(rope_attention_factor > 0.0f && std::isfinite(rope_attention_factor)))
+    STRATA_FAIL(name << ": RoPE attention factor " << rope_attention_factor << " is not positive");
   if (!rope_freq_factors.empty() && rope_freq_factors.size() != size_t(head_dim / 2))
     STRATA_FAIL(name << ": " << rope_freq_factors.size() << " RoPE frequency factors for head_dim " << head_dim
                      << " (need head_dim / 2)");
@@ -168,6 +170,30 @@ void read_opt(const json& j, const std::string& file, ModelConfig& c) {
     STRATA_FAIL(file << ": OPT with _remove_final_layer_norm is not supported");
 }
 
+
+// LongRoPE as transformers' Phi-3 applies it: inverse frequencies divided by short_factor while
+// the sequence stays within original_max_position_embeddings, by long_factor past it (for the
+// whole sequence, cached keys included). Strata serves the first regime exactly and caps the
+// context there (Phi-3.5 mini: 4096 of 131072 positions). The attention factor is
+// sqrt(1 + ln(factor) / ln(original)), factor = max_position_embeddings / original, unless given.
+void read_longrope(const json& j, const json& scaling, const std::string& file, ModelConfig& c) {
+  const int original = get_or<int>(j, "original_max_position_embeddings",
+                                   get_or<int>(scaling, "original_max_position_embeddings", c.max_positions));
+  if (original <= 0) STRATA_FAIL(file << ": original_max_position_embeddings " << original << " is not positive");
+  auto it = scaling.find("short_factor");
+  if (it == scaling.end() || !it->is_array())
+    STRATA_FAIL(file << ": LongRoPE scaling needs rope_scaling.short_factor, an array of head_dim / 2 numbers");
+  for (const json& f : *it) c.rope_freq_factors.push_back(as_float(f, "rope_scaling.short_factor"));
+  if (c.rope_freq_factors.size() != size_t(c.head_dim / 2))
+    STRATA_FAIL(file << ": rope_scaling.short_factor has " << c.rope_freq_factors.size()
+                     << " values; head_dim / 2 is " << c.head_dim / 2);
+  const float factor = get_or<float>(scaling, "factor", float(c.max_positions) / float(original));
+  c.rope_attention_factor = get_or<float>(
+      scaling, "attention_factor",
+      factor <= 1.0f ? 1.0f : std::sqrt(1.0f + std::log(factor) / std::log(float(original))));
+  c.max_positions = std::min(c.max_positions, original);
+}
+
 void read_llama(const json& j, const std::string& file, const std::string& model_type, ModelConfig& c) {
   c.arch = Arch::Llama;
   c.hidden = require_int(j, "hidden_size");
@@ -208,8 +234,10 @@ void read_llama(const json& j, const std::string& file, const std::string& model
     s.high_freq_factor = get_or<float>(scaling, "high_freq_factor", 4.0f);
     s.original_max_positions = get_or<int>(scaling, "original_max_position_embeddings", 8192);
     c.rope_scaling = s;
+  } else if (model_type == "phi3" && (rope_type == "longrope" || rope_type == "su")) {
+    read_longrope(j, scaling, file, c);
   } else if (rope_type != "default") {
-    STRATA_FAIL(file << ": rope scaling type '" << rope_type << "' is not supported (llama3)");
+    STRATA_FAIL(file << ": rope scaling type '" << rope_type << "' is not supported (llama3; longrope for phi3)");
   }
   if (get_or<float>(rope, "partial_rotary_factor", get_or<float>(j, "partial_rotary_factor", 1.0f)) != 1.0f)
     STRATA_FAIL(file << ": partial rotary is not supported");
@@ -343,6 +371,10 @@ std::vector<std::string> config_preset_names() {
   std::vector<std::string> names;
   for (const auto& [name, cfg] : presets()) names.push_back(name);
   return names;
+}
+
+float ModelConfig::attention_scale() const {
+  return rope_attention_factor * rope_attention_factor / std::sqrt(float(head_dim));
 }
 
 std::vector<float> rope_inv_freq(const ModelConfig& cfg) {

@@ -3,6 +3,7 @@
 // RoPE row permutation undone where its converter applied it), and the tokenizer from
 // tokenizer.ggml.*.
 #include <algorithm>
+#include <cmath>
 #include <charconv>
 #include <cstring>
 #include <unordered_map>
@@ -37,21 +38,45 @@ std::string llama_family_arch(const GgufFile& f) {
   return arch;
 }
 
-// llama.cpp's converter writes Llama 3.1's RoPE scaling as this tensor of per-frequency divisors.
+// llama.cpp's converter writes Llama 3.1's RoPE scaling as this tensor of per-frequency divisors,
+// and Phi-3's LongRoPE as two (the short factors serve contexts within the original length).
 constexpr const char* kRopeFreqs = "rope_freqs.weight";
+constexpr const char* kRopeFactorsShort = "rope_factors_short.weight";
+constexpr const char* kRopeFactorsLong = "rope_factors_long.weight";
 
-std::vector<float> rope_freq_factors(const GgufFile& f, int head_dim) {
-  const GgufTensorInfo* t = f.find_tensor(kRopeFreqs);
+bool rope_tensor(const std::string& name) {
+  return name == kRopeFreqs || name == kRopeFactorsShort || name == kRopeFactorsLong;
+}
+
+std::vector<float> rope_freq_factors(const GgufFile& f, const char* name, int head_dim) {
+  const GgufTensorInfo* t = f.find_tensor(name);
   if (!t) return {};
   if (t->ne.size() != 1 || t->ne[0] != head_dim / 2)
-    STRATA_FAIL("GGUF file " << f.path() << ": tensor '" << kRopeFreqs << "' should hold head_dim / 2 = " << head_dim / 2
+    STRATA_FAIL("GGUF file " << f.path() << ": tensor '" << name << "' should hold head_dim / 2 = " << head_dim / 2
                              << " factors");
   const GgmlTypeInfo* ti = ggml_type_info(uint32_t(t->type));
   if (!ti->dequantizable)
-    STRATA_FAIL("GGUF file " << f.path() << ": tensor '" << kRopeFreqs << "' has type " << ti->name);
+    STRATA_FAIL("GGUF file " << f.path() << ": tensor '" << name << "' has type " << ti->name);
   std::vector<float> factors(size_t(t->ne[0]));
   ggml_dequantize(t->type, t->data, factors.data(), t->ne[0]);
   return factors;
+}
+
+// LongRoPE (Phi-3.5 mini, Phi-3 128k) as config.json's (config.cpp's read_longrope): the short
+// factors, the attention factor the converter stored (transformers' default when absent), and
+// the context capped at the original length, past which llama.cpp and transformers switch to the
+// long factors.
+void read_longrope(const GgufFile& f, const std::string& arch, ModelConfig& c) {
+  if (!c.rope_freq_factors.empty())
+    STRATA_FAIL("GGUF file " << f.path() << ": both '" << kRopeFreqs << "' and '" << kRopeFactorsShort << "'");
+  c.rope_freq_factors = rope_freq_factors(f, kRopeFactorsShort, c.head_dim);
+  const std::string orig_key = arch + ".rope.scaling.original_context_length";
+  const int64_t original = f.get_int_opt(orig_key).value_or(c.max_positions);
+  if (original <= 0) STRATA_FAIL("GGUF file " << f.path() << ": " << orig_key << " " << original << " is not positive");
+  const double factor = double(c.max_positions) / double(original);
+  const double fallback = factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(double(original)));
+  c.rope_attention_factor = float(f.get_float_opt(arch + ".rope.scaling.attn_factor").value_or(fallback));
+  c.max_positions = int(std::min<int64_t>(c.max_positions, original));
 }
 
 // llama.cpp's converter permutes q/k rows for its RoPE layout only for llama (Qwen2's rows are
@@ -100,9 +125,7 @@ public:
     n_kv_heads_ = file_.has(kv_key) ? positive_int(file_, kv_key, file_.get_int(kv_key)) : n_heads_;
     const bool permuted = permuted_qk(arch);
     for (const GgufTensorInfo& t : file_.tensors()) {
-      if (t.name == kRopeFreqs) continue;  // part of the config (config_from_gguf), not a weight
-      if (t.name.starts_with("rope_factors_"))
-        STRATA_FAIL("GGUF file " << file_.path() << ": tensor '" << t.name << "' (LongRoPE scaling) is not supported");
+      if (rope_tensor(t.name)) continue;  // part of the config (config_from_gguf), not a weight
       std::string h = hf_name(t.name, arch);
       // Biases the forward pass has no place for (an MLP's, a norm's) would be dropped silently.
       const bool unused_bias = h.ends_with(".bias") && !h.ends_with("q_proj.bias") && !h.ends_with("k_proj.bias") &&
@@ -257,11 +280,12 @@ ModelConfig config_from_gguf(const GgufFile& f) {
                              << " != head_dim " << c.head_dim << ") are not supported");
   if (auto st = f.get_string_opt(key("rope.scaling.type")); st && *st != "none")
     STRATA_FAIL("GGUF file " << f.path() << ": rope scaling type '" << *st << "' is not supported");
-  c.rope_freq_factors = rope_freq_factors(f, c.head_dim);
+  c.rope_freq_factors = rope_freq_factors(f, kRopeFreqs, c.head_dim);
   c.max_positions = get_positive("context_length");
   // As for config.json: within the window sliding and full attention agree (Phi-3 mini: 2047).
   if (auto window = f.get_int_opt(key("attention.sliding_window")); window && *window > 0 && *window < c.max_positions)
     c.max_positions = c.sliding_window = int(*window);
+  if (f.find_tensor(kRopeFactorsShort)) read_longrope(f, arch, c);
   c.rope_theta = float(f.get_float_opt(key("rope.freq_base")).value_or(10000.0));
   c.norm_eps = float(f.get_float_opt(key("attention.layer_norm_rms_epsilon")).value_or(1e-5));
   if (!(c.rope_theta > 0) || !(c.norm_eps > 0))

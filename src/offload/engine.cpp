@@ -726,7 +726,7 @@ struct OffloadEngine::Impl {
     const Tensor qh = host(q_host, {T, cfg.n_heads, cfg.head_dim}), oh = host(o_host, {T, cfg.n_heads, cfg.head_dim});
     cpu_attn->kv_store(host(k_host, {T, cfg.n_kv_heads, cfg.head_dim}), host(v_host, {T, cfg.n_kv_heads, cfg.head_dim}),
                        ck, cv, slots, pos);
-    cpu_attn->attention(qh, ck, cv, slots, pos, 1.0f / std::sqrt(float(cfg.head_dim)), oh);
+    cpu_attn->attention(qh, ck, cv, slots, pos, cfg.attention_scale(), oh);
     be.copy_to_device(out.data, o_host, out.nbytes());
     cpu_attention_seconds += seconds_since(t0);
   }

@@ -125,7 +125,7 @@ void ForwardOps::attention_block(const LayerWeights& w, const Tensor& inv_freq, 
     attend(q, k, v, attn_heads);
   } else {
     backend_.kv_store(k, v, cache_k, cache_v, slots, pos);
-    backend_.attention(q, cache_k, cache_v, slots, pos, 1.0f / std::sqrt(float(cfg_.head_dim)), attn_heads);
+    backend_.attention(q, cache_k, cache_v, slots, pos, cfg_.attention_scale(), attn_heads);
   }
   backend_.linear(attn, w.o_w, w.o_b, xn);
   backend_.add(x, xn, x);

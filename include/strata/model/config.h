@@ -42,6 +42,9 @@ struct ModelConfig {
   // GGUF's rope_freqs.weight (llama.cpp's form of Llama 3.1's scaling): one divisor per frequency,
   // head_dim / 2 of them, applied after rope_scaling. Empty: none.
   std::vector<float> rope_freq_factors;
+  // LongRoPE (Phi-3.5, Phi-3 128k): transformers multiplies cos and sin by this "attention
+  // factor", so queries and keys both grow by it; Strata scales the scores by its square instead.
+  float rope_attention_factor = 1.0f;
   MlpKind mlp = MlpKind::ReLU;
   bool qkv_bias = false;            // q/k/v projections (OPT, Qwen2)
   bool o_bias = false;              // attention output projection (OPT)
@@ -54,6 +57,8 @@ struct ModelConfig {
 
   int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
+  // The softmax's score scale: 1 / sqrt(head_dim), times LongRoPE's attention factor squared.
+  float attention_scale() const;
   // Parameters of one transformer layer and of the whole model (embeddings and head included).
   int64_t layer_param_count() const;
   int64_t param_count() const;
