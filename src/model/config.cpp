@@ -1,6 +1,7 @@
 // ModelConfig from Hugging Face config.json files and built-in presets.
 #include "strata/model/config.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <fstream>
@@ -171,15 +172,71 @@ void read_opt(const json& j, const std::string& file, ModelConfig& c) {
 }
 
 
+// The pretraining context scaled RoPE extends: config.json's top level (Phi-3), else rope_scaling's,
+// else max_position_embeddings (transformers' standardize_rope_params order).
+int original_positions(const json& j, const json& scaling, const std::string& file, const ModelConfig& c) {
+  const int original = get_or<int>(j, "original_max_position_embeddings",
+                                   get_or<int>(scaling, "original_max_position_embeddings", c.max_positions));
+  if (original <= 0) STRATA_FAIL(file << ": original_max_position_embeddings " << original << " is not positive");
+  return original;
+}
+
+float required_factor(const json& scaling, const std::string& file, const std::string& type) {
+  if (!scaling.contains("factor")) STRATA_FAIL(file << ": rope_scaling of type '" << type << "' needs 'factor'");
+  const float factor = as_float(scaling["factor"], "rope_scaling.factor");
+  if (!(factor > 0.0f && std::isfinite(factor)))
+    STRATA_FAIL(file << ": rope_scaling.factor " << factor << " is not positive");
+  return factor;
+}
+
+// Linear (position interpolation): every inverse frequency divided by the factor.
+void read_linear_rope(const json& scaling, const std::string& file, ModelConfig& c) {
+  c.rope_freq_factors.assign(size_t(c.head_dim / 2), required_factor(scaling, file, "linear"));
+}
+
+// YaRN as transformers computes it (static: the same frequencies at every length): frequencies
+// that turn fewer than beta_slow times over the original context are interpolated (divided by
+// the factor), those turning more than beta_fast times kept, a linear ramp between; Strata
+// stores each frequency's divisor. The attention factor is 0.1 ln(factor) + 1 unless given
+// (DeepSeek's mscale / mscale_all_dim ratio when both are). The context becomes factor x original
+// when that is longer than max_position_embeddings (Qwen2.5: 4 x 32768), as vLLM takes it.
+void read_yarn(const json& j, const json& scaling, const std::string& file, ModelConfig& c) {
+  const int original = original_positions(j, scaling, file, c);
+  const double factor = required_factor(scaling, file, "yarn");
+  auto mscale = [&](double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
+  const float m = get_or<float>(scaling, "mscale", 0.0f), m_all = get_or<float>(scaling, "mscale_all_dim", 0.0f);
+  c.rope_attention_factor = get_or<float>(scaling, "attention_factor",
+                                          float(m != 0.0f && m_all != 0.0f ? mscale(m) / mscale(m_all) : mscale(1.0)));
+  auto given_or = [&](const char* key, double fallback) {  // transformers' `get(key) or fallback`
+    const double v = get_or<float>(scaling, key, 0.0f);
+    return v != 0.0 ? v : fallback;
+  };
+  const double beta_fast = given_or("beta_fast", 32), beta_slow = given_or("beta_slow", 1);
+  const bool truncate = get_or<bool>(scaling, "truncate", true);
+  const int dim = c.head_dim;
+  auto correction_dim = [&](double rotations) {
+    return dim * std::log(original / (rotations * 2.0 * M_PI)) / (2.0 * std::log(double(c.rope_theta)));
+  };
+  double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+  if (truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0), high = std::min(high, double(dim - 1));
+  if (low == high) high += 0.001;
+  c.rope_freq_factors.resize(size_t(dim / 2));
+  for (int i = 0; i < dim / 2; ++i) {
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);  // 0: kept, 1: interpolated
+    // inv = (1 - ramp) inv0 + ramp inv0 / factor, so the divisor of inv0 is:
+    c.rope_freq_factors[size_t(i)] = float(1.0 / ((1.0 - ramp) + ramp / factor));
+  }
+  c.max_positions = std::max(c.max_positions, int(std::min(factor * original, double(1 << 26))));
+}
+
 // LongRoPE as transformers' Phi-3 applies it: inverse frequencies divided by short_factor while
 // the sequence stays within original_max_position_embeddings, by long_factor past it (for the
 // whole sequence, cached keys included). Strata serves the first regime exactly and caps the
 // context there (Phi-3.5 mini: 4096 of 131072 positions). The attention factor is
 // sqrt(1 + ln(factor) / ln(original)), factor = max_position_embeddings / original, unless given.
 void read_longrope(const json& j, const json& scaling, const std::string& file, ModelConfig& c) {
-  const int original = get_or<int>(j, "original_max_position_embeddings",
-                                   get_or<int>(scaling, "original_max_position_embeddings", c.max_positions));
-  if (original <= 0) STRATA_FAIL(file << ": original_max_position_embeddings " << original << " is not positive");
+  const int original = original_positions(j, scaling, file, c);
   auto it = scaling.find("short_factor");
   if (it == scaling.end() || !it->is_array())
     STRATA_FAIL(file << ": LongRoPE scaling needs rope_scaling.short_factor, an array of head_dim / 2 numbers");
@@ -234,10 +291,16 @@ void read_llama(const json& j, const std::string& file, const std::string& model
     s.high_freq_factor = get_or<float>(scaling, "high_freq_factor", 4.0f);
     s.original_max_positions = get_or<int>(scaling, "original_max_position_embeddings", 8192);
     c.rope_scaling = s;
-  } else if (model_type == "phi3" && (rope_type == "longrope" || rope_type == "su")) {
+  } else if (model_type == "phi3" && (rope_type == "longrope" || rope_type == "su" || rope_type == "yarn")) {
+    // transformers reads Phi-3's "su" and "yarn" as LongRoPE.
     read_longrope(j, scaling, file, c);
+  } else if (rope_type == "linear") {
+    read_linear_rope(scaling, file, c);
+  } else if (rope_type == "yarn") {
+    read_yarn(j, scaling, file, c);
   } else if (rope_type != "default") {
-    STRATA_FAIL(file << ": rope scaling type '" << rope_type << "' is not supported (llama3; longrope for phi3)");
+    STRATA_FAIL(file << ": rope scaling type '" << rope_type
+                     << "' is not supported (llama3, linear, yarn; longrope for phi3)");
   }
   if (get_or<float>(rope, "partial_rotary_factor", get_or<float>(j, "partial_rotary_factor", 1.0f)) != 1.0f)
     STRATA_FAIL(file << ": partial rotary is not supported");

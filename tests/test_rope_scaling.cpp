@@ -1,0 +1,63 @@
+// RoPE scaling read from config.json (linear, YaRN) against the inverse frequencies and attention
+// factor transformers computes for the same files (tests/fixtures/models/make_rope_cases.py).
+// Llama 3's scaling and LongRoPE have their own tests (test_model_config.cpp, test_phi3.cpp).
+#include "test_paths.h"
+#include "temp_files.h"
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "strata/core/error.h"
+#include "strata/model/config.h"
+
+using namespace strata;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+json rope_cases() {
+  return json::parse(test::read_file(fs::path(STRATA_FIXTURES_DIR) / "models" / "rope_cases.json"))["cases"];
+}
+
+ModelConfig read(const json& config) { return config_from_hf_json_text(config.dump(), "m/config.json"); }
+
+}  // namespace
+
+TEST_CASE("linear and YaRN RoPE scaling give transformers' frequencies and attention factor", "[config][rope]") {
+  for (const json& c : rope_cases()) {
+    INFO(c["note"].get<std::string>());
+    const ModelConfig cfg = read(c["config"]);
+    const std::vector<float> got = rope_inv_freq(cfg);
+    const std::vector<double> want = c["inv_freq"].get<std::vector<double>>();
+    REQUIRE(got.size() == want.size());
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]) / want[i]);
+    // Both in float32 with the divisions in another order: a few ulp.
+    CHECK(worst < 1e-6);
+    CHECK(cfg.rope_attention_factor == Approx(c["attention_factor"].get<double>()).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("YaRN's context is the factor times the original one, linear keeps max_position_embeddings",
+          "[config][rope]") {
+  const json cases = rope_cases();
+  CHECK(read(cases[0]["config"]).max_positions == 8192);
+  CHECK(read(cases[1]["config"]).max_positions == 4 * 32768);  // Qwen2.5's 128k
+  CHECK(read(cases[2]["config"]).max_positions == 16384);     // max_position_embeddings is the larger
+}
+
+TEST_CASE("malformed RoPE scaling is refused naming the field", "[config][rope]") {
+  const json cases = rope_cases();
+  json c = cases[0]["config"];
+  c["rope_scaling"].erase("factor");
+  CHECK_THROWS_WITH(read(c), Catch::Contains("m/config.json: rope_scaling of type 'linear' needs 'factor'"));
+  c["rope_scaling"]["factor"] = -2.0;
+  CHECK_THROWS_WITH(read(c), Catch::Contains("m/config.json: rope_scaling.factor -2 is not positive"));
+  c = cases[1]["config"];
+  c["rope_scaling"]["factor"] = "four";
+  CHECK_THROWS_WITH(read(c), Catch::Contains("rope_scaling.factor"));
+  c["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
+  CHECK_THROWS_WITH(read(c), Catch::Contains("rope scaling type 'dynamic' is not supported (llama3, linear, yarn"));
+}
