@@ -1,4 +1,4 @@
-// RoPE scaling read from config.json (linear, YaRN) against the inverse frequencies and attention
+// RoPE scaling read from config.json (linear, dynamic NTK, YaRN) against the inverse frequencies and attention
 // factor transformers computes for the same files (tests/fixtures/models/make_rope_cases.py).
 // Llama 3's scaling and LongRoPE have their own tests (test_model_config.cpp, test_phi3.cpp).
 #include "test_paths.h"
@@ -25,7 +25,7 @@ ModelConfig read(const json& config) { return config_from_hf_json_text(config.du
 
 }  // namespace
 
-TEST_CASE("linear and YaRN RoPE scaling give transformers' frequencies and attention factor", "[config][rope]") {
+TEST_CASE("linear, dynamic and YaRN RoPE scaling give transformers' frequencies and attention factor", "[config][rope]") {
   for (const json& c : rope_cases()) {
     INFO(c["note"].get<std::string>());
     const ModelConfig cfg = read(c["config"]);
@@ -40,12 +40,13 @@ TEST_CASE("linear and YaRN RoPE scaling give transformers' frequencies and atten
   }
 }
 
-TEST_CASE("YaRN's context is the factor times the original one, linear keeps max_position_embeddings",
+TEST_CASE("YaRN's context is the factor times the original one, linear and dynamic keep max_position_embeddings",
           "[config][rope]") {
   const json cases = rope_cases();
   CHECK(read(cases[0]["config"]).max_positions == 8192);
   CHECK(read(cases[1]["config"]).max_positions == 4 * 32768);  // Qwen2.5's 128k
   CHECK(read(cases[2]["config"]).max_positions == 16384);     // max_position_embeddings is the larger
+  CHECK(read(cases[3]["config"]).max_positions == 4096);      // dynamic: as plain RoPE up to here
 }
 
 TEST_CASE("malformed RoPE scaling is refused naming the field", "[config][rope]") {
@@ -58,6 +59,8 @@ TEST_CASE("malformed RoPE scaling is refused naming the field", "[config][rope]"
   c = cases[1]["config"];
   c["rope_scaling"]["factor"] = "four";
   CHECK_THROWS_WITH(read(c), Catch::Contains("rope_scaling.factor"));
-  c["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
-  CHECK_THROWS_WITH(read(c), Catch::Contains("rope scaling type 'dynamic' is not supported (llama3, linear, yarn"));
+  c["rope_scaling"] = {{"type", "dynamic"}};
+  CHECK_THROWS_WITH(read(c), Catch::Contains("rope_scaling of type 'dynamic' needs 'factor'"));
+  c["rope_scaling"] = {{"type", "ntk"}, {"factor", 2.0}};
+  CHECK_THROWS_WITH(read(c), Catch::Contains("rope scaling type 'ntk' is not supported (llama3, linear, dynamic, yarn"));
 }

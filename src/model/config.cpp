@@ -298,9 +298,13 @@ void read_llama(const json& j, const std::string& file, const std::string& model
     read_linear_rope(scaling, file, c);
   } else if (rope_type == "yarn") {
     read_yarn(j, scaling, file, c);
+  } else if (rope_type == "dynamic") {
+    // Dynamic NTK changes the frequencies only for sequences past max_position_embeddings,
+    // Strata's context: within it transformers keeps the plain ones.
+    required_factor(scaling, file, "dynamic");
   } else if (rope_type != "default") {
     STRATA_FAIL(file << ": rope scaling type '" << rope_type
-                     << "' is not supported (llama3, linear, yarn; longrope for phi3)");
+                     << "' is not supported (llama3, linear, dynamic, yarn; longrope for phi3)");
   }
   if (get_or<float>(rope, "partial_rotary_factor", get_or<float>(j, "partial_rotary_factor", 1.0f)) != 1.0f)
     STRATA_FAIL(file << ": partial rotary is not supported");
