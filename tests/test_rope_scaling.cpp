@@ -10,6 +10,7 @@
 
 #include "strata/core/error.h"
 #include "strata/model/config.h"
+#include "strata/model/gguf.h"
 
 using namespace strata;
 using nlohmann::json;
@@ -63,4 +64,27 @@ TEST_CASE("malformed RoPE scaling is refused naming the field", "[config][rope]"
   CHECK_THROWS_WITH(read(c), Catch::Contains("rope_scaling of type 'dynamic' needs 'factor'"));
   c["rope_scaling"] = {{"type", "ntk"}, {"factor", 2.0}};
   CHECK_THROWS_WITH(read(c), Catch::Contains("rope scaling type 'ntk' is not supported (llama3, linear, dynamic, yarn"));
+}
+
+TEST_CASE("GGUF: linear and YaRN scaling as llama.cpp's converter writes it give transformers' values",
+          "[gguf][config][rope]") {
+  // The linear and Qwen2.5 YaRN cases' metadata as the converter writes it (make_rope_cases.py):
+  // the file must run as transformers runs the config.json it came from.
+  const json cases = rope_cases();
+  const std::pair<const char*, int> files[] = {{"rope_linear.gguf", 0}, {"rope_yarn_qwen25.gguf", 1}};
+  for (const auto& [name, index] : files) {
+    INFO(name);
+    const json& c = cases[size_t(index)];
+    const ModelConfig cfg = config_from_gguf(GgufFile::open(fs::path(STRATA_FIXTURES_DIR) / "gguf" / name));
+    const std::vector<float> got = rope_inv_freq(cfg);
+    const std::vector<double> want = c["inv_freq"].get<std::vector<double>>();
+    REQUIRE(got.size() == want.size());
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]) / want[i]);
+    CHECK(worst < 1e-6);
+    CHECK(cfg.rope_attention_factor == Approx(c["attention_factor"].get<double>()).epsilon(1e-6));
+    CHECK(cfg.max_positions == read(c["config"]).max_positions);
+  }
+  CHECK_THROWS_WITH(config_from_gguf(GgufFile::open(fs::path(STRATA_FIXTURES_DIR) / "gguf" / "rope_yarn_attn_factor.gguf")),
+                    Catch::Contains("YaRN with qwen2.rope.scaling.attn_factor is not supported"));
 }

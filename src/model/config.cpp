@@ -194,39 +194,22 @@ void read_linear_rope(const json& scaling, const std::string& file, ModelConfig&
   c.rope_freq_factors.assign(size_t(c.head_dim / 2), required_factor(scaling, file, "linear"));
 }
 
-// YaRN as transformers computes it (static: the same frequencies at every length): frequencies
-// that turn fewer than beta_slow times over the original context are interpolated (divided by
-// the factor), those turning more than beta_fast times kept, a linear ramp between; Strata
-// stores each frequency's divisor. The attention factor is 0.1 ln(factor) + 1 unless given
-// (DeepSeek's mscale / mscale_all_dim ratio when both are). The context becomes factor x original
-// when that is longer than max_position_embeddings (Qwen2.5: 4 x 32768), as vLLM takes it.
+// YaRN (yarn_freq_divisors). The attention factor is 0.1 ln(factor) + 1 unless given (DeepSeek's
+// mscale / mscale_all_dim ratio when both are). The context becomes factor x original when that
+// is longer than max_position_embeddings (Qwen2.5: 4 x 32768), as vLLM takes it.
 void read_yarn(const json& j, const json& scaling, const std::string& file, ModelConfig& c) {
   const int original = original_positions(j, scaling, file, c);
   const double factor = required_factor(scaling, file, "yarn");
-  auto mscale = [&](double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
-  const float m = get_or<float>(scaling, "mscale", 0.0f), m_all = get_or<float>(scaling, "mscale_all_dim", 0.0f);
-  c.rope_attention_factor = get_or<float>(scaling, "attention_factor",
-                                          float(m != 0.0f && m_all != 0.0f ? mscale(m) / mscale(m_all) : mscale(1.0)));
   auto given_or = [&](const char* key, double fallback) {  // transformers' `get(key) or fallback`
     const double v = get_or<float>(scaling, key, 0.0f);
     return v != 0.0 ? v : fallback;
   };
-  const double beta_fast = given_or("beta_fast", 32), beta_slow = given_or("beta_slow", 1);
-  const bool truncate = get_or<bool>(scaling, "truncate", true);
-  const int dim = c.head_dim;
-  auto correction_dim = [&](double rotations) {
-    return dim * std::log(original / (rotations * 2.0 * M_PI)) / (2.0 * std::log(double(c.rope_theta)));
-  };
-  double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
-  if (truncate) low = std::floor(low), high = std::ceil(high);
-  low = std::max(low, 0.0), high = std::min(high, double(dim - 1));
-  if (low == high) high += 0.001;
-  c.rope_freq_factors.resize(size_t(dim / 2));
-  for (int i = 0; i < dim / 2; ++i) {
-    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);  // 0: kept, 1: interpolated
-    // inv = (1 - ramp) inv0 + ramp inv0 / factor, so the divisor of inv0 is:
-    c.rope_freq_factors[size_t(i)] = float(1.0 / ((1.0 - ramp) + ramp / factor));
-  }
+  const double m = given_or("mscale", 0), m_all = given_or("mscale_all_dim", 0);
+  c.rope_attention_factor = get_or<float>(
+      scaling, "attention_factor",
+      float(m != 0.0 && m_all != 0.0 ? yarn_mscale(factor, m) / yarn_mscale(factor, m_all) : yarn_mscale(factor)));
+  c.rope_freq_factors = yarn_freq_divisors(c.head_dim, c.rope_theta, factor, original, given_or("beta_fast", 32),
+                                           given_or("beta_slow", 1), get_or<bool>(scaling, "truncate", true));
   c.max_positions = std::max(c.max_positions, int(std::min(factor * original, double(1 << 26))));
 }
 
@@ -439,6 +422,26 @@ std::vector<std::string> config_preset_names() {
   for (const auto& [name, cfg] : presets()) names.push_back(name);
   return names;
 }
+
+std::vector<float> yarn_freq_divisors(int head_dim, float rope_theta, double factor, int original_positions,
+                                      double beta_fast, double beta_slow, bool truncate) {
+  auto correction_dim = [&](double rotations) {
+    return head_dim * std::log(original_positions / (rotations * 2.0 * M_PI)) / (2.0 * std::log(double(rope_theta)));
+  };
+  double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+  if (truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0), high = std::min(high, double(head_dim - 1));
+  if (low == high) high += 0.001;
+  std::vector<float> divisors(size_t(head_dim / 2));
+  for (int i = 0; i < head_dim / 2; ++i) {
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);  // 0: kept, 1: interpolated
+    // inv = (1 - ramp) inv0 + ramp inv0 / factor, so inv0's divisor is:
+    divisors[size_t(i)] = float(1.0 / ((1.0 - ramp) + ramp / factor));
+  }
+  return divisors;
+}
+
+double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
 
 float ModelConfig::attention_scale() const {
   return rope_attention_factor * rope_attention_factor / std::sqrt(float(head_dim));

@@ -79,6 +79,38 @@ void read_longrope(const GgufFile& f, const std::string& arch, ModelConfig& c) {
   c.max_positions = int(std::min<int64_t>(c.max_positions, original));
 }
 
+// rope.scaling.type as llama.cpp's converter writes a config.json's rope_scaling: linear (factor)
+// or yarn (factor, original_context_length, optional yarn_beta_fast / yarn_beta_slow), read as
+// config.cpp reads the config.json, so the file runs as transformers runs its source directory.
+// Fields the converter writes only for other models' YaRN variants are refused, not guessed.
+void read_rope_scaling(const GgufFile& f, const std::string& arch, ModelConfig& c) {
+  const std::string prefix = arch + ".rope.scaling.";
+  const std::string type = f.get_string_opt(prefix + "type").value_or("none");
+  if (type == "none") return;
+  if (type != "linear" && type != "yarn")
+    STRATA_FAIL("GGUF file " << f.path() << ": rope scaling type '" << type << "' is not supported (linear, yarn)");
+  const double factor = f.get_float_opt(prefix + "factor").value_or(0.0);
+  if (!(factor > 0.0 && std::isfinite(factor)))
+    STRATA_FAIL("GGUF file " << f.path() << ": " << prefix << "factor must be a positive number for " << type);
+  if (type == "linear") {
+    c.rope_freq_factors.assign(size_t(c.head_dim / 2), float(factor));
+    return;
+  }
+  if (!c.rope_freq_factors.empty())
+    STRATA_FAIL("GGUF file " << f.path() << ": both '" << kRopeFreqs << "' and YaRN scaling");
+  for (const char* other : {"attn_factor", "yarn_log_multiplier", "yarn_ext_factor", "yarn_attn_factor"})
+    if (f.has(prefix + other))
+      STRATA_FAIL("GGUF file " << f.path() << ": YaRN with " << prefix << other << " is not supported");
+  const int64_t original = f.get_int_opt(prefix + "original_context_length").value_or(c.max_positions);
+  if (original <= 0)
+    STRATA_FAIL("GGUF file " << f.path() << ": " << prefix << "original_context_length " << original << " is not positive");
+  c.rope_freq_factors = yarn_freq_divisors(c.head_dim, c.rope_theta, factor, int(original),
+                                           f.get_float_opt(prefix + "yarn_beta_fast").value_or(32.0),
+                                           f.get_float_opt(prefix + "yarn_beta_slow").value_or(1.0));
+  c.rope_attention_factor = float(yarn_mscale(factor));
+  c.max_positions = std::max(c.max_positions, int(std::min(factor * double(original), double(1 << 26))));
+}
+
 // llama.cpp's converter permutes q/k rows for its RoPE layout only for llama (Qwen2's rows are
 // stored as in Hugging Face: ggml's NEOX RoPE reads them that way).
 bool permuted_qk(const std::string& arch) { return arch == "llama"; }  // not qwen2, phi3
@@ -278,18 +310,17 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   if (auto rd = f.get_int_opt(key("rope.dimension_count")); rd && *rd != c.head_dim)
     STRATA_FAIL("GGUF file " << f.path() << ": partial rotary embeddings (rope.dimension_count " << *rd
                              << " != head_dim " << c.head_dim << ") are not supported");
-  if (auto st = f.get_string_opt(key("rope.scaling.type")); st && *st != "none")
-    STRATA_FAIL("GGUF file " << f.path() << ": rope scaling type '" << *st << "' is not supported");
+  c.rope_theta = float(f.get_float_opt(key("rope.freq_base")).value_or(10000.0));
+  c.norm_eps = float(f.get_float_opt(key("attention.layer_norm_rms_epsilon")).value_or(1e-5));
+  if (!(c.rope_theta > 0) || !(c.norm_eps > 0))
+    STRATA_FAIL("GGUF file " << f.path() << ": rope.freq_base and layer_norm_rms_epsilon must be positive");
   c.rope_freq_factors = rope_freq_factors(f, kRopeFreqs, c.head_dim);
   c.max_positions = get_positive("context_length");
   // As for config.json: within the window sliding and full attention agree (Phi-3 mini: 2047).
   if (auto window = f.get_int_opt(key("attention.sliding_window")); window && *window > 0 && *window < c.max_positions)
     c.max_positions = c.sliding_window = int(*window);
   if (f.find_tensor(kRopeFactorsShort)) read_longrope(f, arch, c);
-  c.rope_theta = float(f.get_float_opt(key("rope.freq_base")).value_or(10000.0));
-  c.norm_eps = float(f.get_float_opt(key("attention.layer_norm_rms_epsilon")).value_or(1e-5));
-  if (!(c.rope_theta > 0) || !(c.norm_eps > 0))
-    STRATA_FAIL("GGUF file " << f.path() << ": rope.freq_base and layer_norm_rms_epsilon must be positive");
+  else read_rope_scaling(f, arch, c);
 
   if (auto vs = f.get_int_opt(key("vocab_size")))
     c.vocab_size = positive_int(f, key("vocab_size"), *vs);

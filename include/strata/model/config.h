@@ -79,4 +79,13 @@ std::vector<std::string> config_preset_names();
 // RoPE inverse frequencies [head_dim / 2], with llama3 scaling applied when configured.
 std::vector<float> rope_inv_freq(const ModelConfig& cfg);
 
+// YaRN as transformers computes it (static: the same at every length), as the divisor of each
+// RoPE inverse frequency (head_dim / 2 of them): frequencies that turn fewer than beta_slow times
+// over the original context are divided by the factor, those turning more than beta_fast times
+// kept, a linear ramp between (its ends floored / ceiled when truncate).
+std::vector<float> yarn_freq_divisors(int head_dim, float rope_theta, double factor, int original_positions,
+                                      double beta_fast = 32, double beta_slow = 1, bool truncate = true);
+// YaRN's attention factor: 0.1 m ln(factor) + 1, or 1 when factor <= 1.
+double yarn_mscale(double factor, double m = 1);
+
 }  // namespace strata
