@@ -24,19 +24,23 @@ json rope_cases() {
 
 ModelConfig read(const json& config) { return config_from_hf_json_text(config.dump(), "m/config.json"); }
 
+// The largest relative difference between a config's RoPE inverse frequencies and transformers'.
+double worst_frequency_error(const ModelConfig& cfg, const json& rope_case) {
+  const std::vector<float> got = rope_inv_freq(cfg);
+  const std::vector<double> want = rope_case["inv_freq"].get<std::vector<double>>();
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]) / want[i]);
+  return worst;
+}
+
 }  // namespace
 
 TEST_CASE("linear, dynamic and YaRN RoPE scaling give transformers' frequencies and attention factor", "[config][rope]") {
   for (const json& c : rope_cases()) {
     INFO(c["note"].get<std::string>());
     const ModelConfig cfg = read(c["config"]);
-    const std::vector<float> got = rope_inv_freq(cfg);
-    const std::vector<double> want = c["inv_freq"].get<std::vector<double>>();
-    REQUIRE(got.size() == want.size());
-    double worst = 0;
-    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]) / want[i]);
-    // Both in float32 with the divisions in another order: a few ulp.
-    CHECK(worst < 1e-6);
+    CHECK(worst_frequency_error(cfg, c) < 1e-6);  // both float32, divisions in another order: a few ulp
     CHECK(cfg.rope_attention_factor == Approx(c["attention_factor"].get<double>()).epsilon(1e-6));
   }
 }
@@ -76,12 +80,7 @@ TEST_CASE("GGUF: linear and YaRN scaling as llama.cpp's converter writes it give
     INFO(name);
     const json& c = cases[size_t(index)];
     const ModelConfig cfg = config_from_gguf(GgufFile::open(fs::path(STRATA_FIXTURES_DIR) / "gguf" / name));
-    const std::vector<float> got = rope_inv_freq(cfg);
-    const std::vector<double> want = c["inv_freq"].get<std::vector<double>>();
-    REQUIRE(got.size() == want.size());
-    double worst = 0;
-    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]) / want[i]);
-    CHECK(worst < 1e-6);
+    CHECK(worst_frequency_error(cfg, c) < 1e-6);
     CHECK(cfg.rope_attention_factor == Approx(c["attention_factor"].get<double>()).epsilon(1e-6));
     CHECK(cfg.max_positions == read(c["config"]).max_positions);
   }
