@@ -36,7 +36,8 @@ double worst_frequency_error(const ModelConfig& cfg, const json& rope_case) {
 
 }  // namespace
 
-TEST_CASE("linear, dynamic and YaRN RoPE scaling give transformers' frequencies and attention factor", "[config][rope]") {
+TEST_CASE("linear, dynamic and YaRN RoPE scaling give transformers' frequencies and attention factor",
+          "[config][rope]") {
   for (const json& c : rope_cases()) {
     INFO(c["note"].get<std::string>());
     const ModelConfig cfg = read(c["config"]);
@@ -52,6 +53,13 @@ TEST_CASE("YaRN's context is the factor times the original one, linear and dynam
   CHECK(read(cases[1]["config"]).max_positions == 4 * 32768);  // Qwen2.5's 128k
   CHECK(read(cases[2]["config"]).max_positions == 16384);     // max_position_embeddings is the larger
   CHECK(read(cases[3]["config"]).max_positions == 4096);      // dynamic: as plain RoPE up to here
+  // A sliding window shorter than the context stays the context.
+  json windowed = cases[1]["config"];
+  windowed["use_sliding_window"] = true;
+  windowed["sliding_window"] = 4096;
+  const ModelConfig w = read(windowed);
+  CHECK(w.max_positions == 4096);
+  CHECK(w.sliding_window == 4096);
 }
 
 TEST_CASE("malformed RoPE scaling is refused naming the field", "[config][rope]") {
@@ -67,7 +75,8 @@ TEST_CASE("malformed RoPE scaling is refused naming the field", "[config][rope]"
   c["rope_scaling"] = {{"type", "dynamic"}};
   CHECK_THROWS_WITH(read(c), Catch::Contains("rope_scaling of type 'dynamic' needs 'factor'"));
   c["rope_scaling"] = {{"type", "ntk"}, {"factor", 2.0}};
-  CHECK_THROWS_WITH(read(c), Catch::Contains("rope scaling type 'ntk' is not supported (llama3, linear, dynamic, yarn"));
+  CHECK_THROWS_WITH(read(c),
+                    Catch::Contains("rope scaling type 'ntk' is not supported (llama3, linear, dynamic, yarn"));
 }
 
 TEST_CASE("GGUF: linear and YaRN scaling as llama.cpp's converter writes it give transformers' values",
@@ -84,6 +93,7 @@ TEST_CASE("GGUF: linear and YaRN scaling as llama.cpp's converter writes it give
     CHECK(cfg.rope_attention_factor == Approx(c["attention_factor"].get<double>()).epsilon(1e-6));
     CHECK(cfg.max_positions == read(c["config"]).max_positions);
   }
-  CHECK_THROWS_WITH(config_from_gguf(GgufFile::open(fs::path(STRATA_FIXTURES_DIR) / "gguf" / "rope_yarn_attn_factor.gguf")),
+  const fs::path attn_factor = fs::path(STRATA_FIXTURES_DIR) / "gguf" / "rope_yarn_attn_factor.gguf";
+  CHECK_THROWS_WITH(config_from_gguf(GgufFile::open(attn_factor)),
                     Catch::Contains("YaRN with qwen2.rope.scaling.attn_factor is not supported"));
 }

@@ -171,7 +171,6 @@ void read_opt(const json& j, const std::string& file, ModelConfig& c) {
     STRATA_FAIL(file << ": OPT with _remove_final_layer_norm is not supported");
 }
 
-
 // The pretraining context scaled RoPE extends: config.json's top level (Phi-3), else rope_scaling's,
 // else max_position_embeddings (transformers' standardize_rope_params order).
 int original_positions(const json& j, const json& scaling, const std::string& file, const ModelConfig& c) {
@@ -196,7 +195,8 @@ void read_linear_rope(const json& scaling, const std::string& file, ModelConfig&
 
 // YaRN (yarn_freq_divisors). The attention factor is 0.1 ln(factor) + 1 unless given (DeepSeek's
 // mscale / mscale_all_dim ratio when both are). The context becomes factor x original when that
-// is longer than max_position_embeddings (Qwen2.5: 4 x 32768), as vLLM takes it.
+// is longer than max_position_embeddings (Qwen2.5: 4 x 32768), as vLLM takes it, unless a sliding
+// window already is the context.
 void read_yarn(const json& j, const json& scaling, const std::string& file, ModelConfig& c) {
   const int original = original_positions(j, scaling, file, c);
   const double factor = required_factor(scaling, file, "yarn");
@@ -210,7 +210,9 @@ void read_yarn(const json& j, const json& scaling, const std::string& file, Mode
       float(m != 0.0 && m_all != 0.0 ? yarn_mscale(factor, m) / yarn_mscale(factor, m_all) : yarn_mscale(factor)));
   c.rope_freq_factors = yarn_freq_divisors(c.head_dim, c.rope_theta, factor, original, given_or("beta_fast", 32),
                                            given_or("beta_slow", 1), get_or<bool>(scaling, "truncate", true));
-  c.max_positions = std::max(c.max_positions, int(std::min(factor * original, double(1 << 26))));
+  // A sliding window shorter than the context is the context (read_llama): YaRN does not lift it.
+  if (c.sliding_window == 0)
+    c.max_positions = std::max(c.max_positions, int(std::min(factor * original, double(1 << 26))));
 }
 
 // LongRoPE as transformers' Phi-3 applies it: inverse frequencies divided by short_factor while

@@ -103,12 +103,14 @@ void read_rope_scaling(const GgufFile& f, const std::string& arch, ModelConfig& 
       STRATA_FAIL("GGUF file " << f.path() << ": YaRN with " << prefix << other << " is not supported");
   const int64_t original = f.get_int_opt(prefix + "original_context_length").value_or(c.max_positions);
   if (original <= 0)
-    STRATA_FAIL("GGUF file " << f.path() << ": " << prefix << "original_context_length " << original << " is not positive");
+    STRATA_FAIL("GGUF file " << f.path() << ": " << prefix << "original_context_length " << original
+                             << " is not positive");
   c.rope_freq_factors = yarn_freq_divisors(c.head_dim, c.rope_theta, factor, int(original),
                                            f.get_float_opt(prefix + "yarn_beta_fast").value_or(32.0),
                                            f.get_float_opt(prefix + "yarn_beta_slow").value_or(1.0));
   c.rope_attention_factor = float(yarn_mscale(factor));
-  c.max_positions = std::max(c.max_positions, int(std::min(factor * double(original), double(1 << 26))));
+  if (c.sliding_window == 0)  // a window shorter than the context is the context, as in config.cpp
+    c.max_positions = std::max(c.max_positions, int(std::min(factor * double(original), double(1 << 26))));
 }
 
 // llama.cpp's converter permutes q/k rows for its RoPE layout only for llama (Qwen2's rows are
