@@ -20,7 +20,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::vector<float> out(static_cast<size_t>(t.numel));
       f.dequantize(t, out.data());
       const int bits = strata::ggml_affine_code_bits(t.type);
-      if (bits == 0 || t.ne.empty() || t.ne[0] % info->block_size != 0) continue;
+      // A zero dimension elsewhere leaves numel 0 whatever ne[0] says: one row must fit the tensor.
+      if (bits == 0 || t.ne.empty() || t.ne[0] > t.numel || t.ne[0] % info->block_size != 0) continue;
       const int64_t n = t.ne[0];
       std::vector<uint8_t> codes(static_cast<size_t>(n)), row(strata::quant::row_bytes({8, 32}, n));
       std::vector<float> scales(static_cast<size_t>(n / 32)), mins(scales.size());
