@@ -50,6 +50,30 @@ TEST_CASE("config.json of each architecture maps onto ModelConfig", "[config]") 
   CHECK(l3.rope_theta == 500000.0f);
 }
 
+TEST_CASE("Qwen3: per-head q/k norms, head_dim apart from the width, no q/k/v biases", "[config]") {
+  const ModelConfig q3 = config_from_hf_json(kFixtures + "/models/tiny-qwen3/config.json");
+  CHECK(q3.arch == Arch::Llama);
+  CHECK(q3.qk_norm);
+  CHECK_FALSE(q3.qkv_bias);
+  CHECK_FALSE(q3.o_bias);
+  CHECK(q3.head_dim == 24);
+  CHECK(q3.q_dim() == 96);  // wider than hidden_size 64, as Qwen3-32B's 8192 of 5120
+  CHECK(q3.tied_embeddings);
+  CHECK(q3.max_positions == 128);  // use_sliding_window false
+  // Two norms of head_dim per layer on top of LLaMA's count.
+  ModelConfig plain = q3;
+  plain.qk_norm = false;
+  CHECK(q3.layer_param_count() == plain.layer_param_count() + 2 * 24);
+  CHECK_FALSE(config_from_hf_json(kFixtures + "/models/tiny-qwen2/config.json").qk_norm);
+
+  // Qwen/Qwen3-8B and -32B model cards: 8.2B (6.95B non-embedding) and 32.8B (31.2B).
+  const ModelConfig q8 = *config_preset("qwen3-8b"), q32 = *config_preset("qwen3-32b");
+  CHECK(double(q8.param_count()) == Approx(8.2e9).epsilon(0.005));
+  CHECK(double(q8.n_layers) * double(q8.layer_param_count()) == Approx(6.95e9).epsilon(0.005));
+  CHECK(double(q32.param_count()) == Approx(32.8e9).epsilon(0.005));
+  CHECK(double(q32.n_layers) * double(q32.layer_param_count()) == Approx(31.2e9).epsilon(0.005));
+}
+
 TEST_CASE("preset parameter counts equal the published model sizes", "[config]") {
   // Counts of the Hugging Face checkpoints (facebook/opt-*, meta-llama/Meta-Llama-3-8B).
   CHECK(config_preset("opt-125m")->param_count() == 125239296);

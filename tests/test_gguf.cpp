@@ -385,6 +385,24 @@ TEST_CASE("gguf: Phi-3 (fused qkv and gate_up, a sliding window) gives transform
   test::check_hf_greedy(model, exp);
 }
 
+TEST_CASE("gguf: Qwen3 (per-head q/k norms, head_dim apart from the width, tied) gives transformers' logits and tokens",
+          "[gguf][model]") {
+  // tiny-qwen3 converted as llama.cpp converts Qwen3; expected values are transformers' on the
+  // directory (llama.cpp on this file is checked against them by make_qwen3_fixture.py).
+  const json exp = load_json(fs::path(STRATA_FIXTURES_DIR) / "models" / "tiny-qwen3" / "expected.json");
+  ModelBundle b = open_model(fixture("tiny_qwen3.gguf").string());
+  CHECK(b.config.qk_norm);
+  CHECK(b.config.head_dim == 24);
+  CHECK(b.config.q_dim() == 96);
+  CHECK(b.config.tied_embeddings);
+  CHECK(b.weights->contains("model.layers.1.self_attn.k_norm.weight"));
+  CHECK(b.weights->shape("model.layers.0.self_attn.q_norm.weight") == std::vector<int64_t>{24});
+  auto backend = make_cpu_backend(2);
+  Transformer model(b.config, load_model_weights(b.config, *b.weights, *backend), *backend);
+  test::check_hf_last_logits(model, exp);
+  test::check_hf_greedy(model, exp);
+}
+
 TEST_CASE("gguf: Phi-3 with LongRoPE (rope_factors_short/long, attn_factor) gives transformers' logits and tokens",
           "[gguf][model][rope]") {
   // tiny-phi3-longrope as llama.cpp's converter writes it; expected values are transformers' on

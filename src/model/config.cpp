@@ -24,6 +24,7 @@ int64_t ModelConfig::layer_param_count() const {
   if (qkv_bias) n += q_dim() + 2 * kv_dim();
   if (o_bias) n += h;
   if (mlp_bias) n += f + h;
+  if (qk_norm) n += 2 * head_dim;
   return n;
 }
 
@@ -252,14 +253,15 @@ void read_llama(const json& j, const std::string& file, const std::string& model
   const std::string act = get_or<std::string>(j, "hidden_act", "silu");
   if (act != "silu") STRATA_FAIL(file << ": hidden_act '" << act << "' is not supported (silu)");
   c.qkv_bias = model_type == "qwen2" ? true : get_or<bool>(j, "attention_bias", false);
+  c.qk_norm = model_type == "qwen3";  // Qwen3: q_norm and k_norm over each head, before RoPE
   c.o_bias = model_type == "qwen2" ? false : get_or<bool>(j, "attention_bias", false);
   if (get_or<bool>(j, "mlp_bias", false)) STRATA_FAIL(file << ": mlp_bias=true is not supported");
   c.tied_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
-  if (model_type == "mistral" || model_type == "qwen2" || model_type == "phi3") {
+  if (model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" || model_type == "phi3") {
     // Sliding-window attention differs from full attention only for sequences longer than the
     // window (a query sees keys less than `window` positions back): the context becomes the
     // window, and everything served is exact (Mistral 7B v0.1: 4096 of 32768).
-    const bool sliding = get_or<bool>(j, "use_sliding_window", model_type != "qwen2");
+    const bool sliding = get_or<bool>(j, "use_sliding_window", model_type != "qwen2" && model_type != "qwen3");
     const int window = get_or<int>(j, "sliding_window", 0);
     if (sliding && window > 0 && window < c.max_positions) c.max_positions = c.sliding_window = window;
   }
@@ -319,9 +321,10 @@ ModelConfig config_from_hf_json_text(const std::string& text, const std::filesys
   try {
     const std::string model_type = get_or<std::string>(j, "model_type", "");
     if (model_type == "opt") read_opt(j, file, c);
-    else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "phi3")
+    else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
+             model_type == "phi3")
       read_llama(j, file, model_type, c);  // Phi-3: LLaMA with fused projections (split_fused_projections)
-    else STRATA_FAIL(file << ": model_type '" << model_type << "' is not supported (opt, llama, mistral, qwen2, phi3)");
+    else STRATA_FAIL(file << ": model_type '" << model_type << "' is not supported (opt, llama, mistral, qwen2, qwen3, phi3)");
     c.vocab_size = require_int(j, "vocab_size");
     std::vector<int> bos = id_list(j, "bos_token_id");
     c.bos_id = bos.empty() ? -1 : bos[0];
@@ -406,6 +409,17 @@ const std::map<std::string, ModelConfig>& presets() {
     qwen.bos_id = -1;
     qwen.eos_ids = {151643};
     m[qwen.name] = qwen;
+    // Qwen3 (config.json of Qwen/Qwen3-8B and -32B): per-head q/k norms, head_dim 128 whatever the
+    // width (32B: 64 heads x 128 = 8192 > hidden 5120), untied, 40960 positions.
+    for (ModelConfig q3 : {llama_preset("qwen3-8b", 4096, 36, 32, 8, 12288, 151936, 1000000.0f, 40960),
+                           llama_preset("qwen3-32b", 5120, 64, 64, 8, 25600, 151936, 1000000.0f, 40960)}) {
+      q3.head_dim = 128;
+      q3.qk_norm = true;
+      q3.norm_eps = 1e-6f;
+      q3.bos_id = -1;
+      q3.eos_ids = {151645, 151643};
+      m[q3.name] = q3;
+    }
     return m;
   }();
   return table;

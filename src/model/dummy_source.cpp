@@ -47,7 +47,8 @@ public:
     const size_t n = size_t(s.numel());
     const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
     const bool is_norm = !is_bias && (s.role == WeightRole::AttnNormW || s.role == WeightRole::MlpNormW ||
-                                      s.role == WeightRole::FinalNormW);
+                                      s.role == WeightRole::FinalNormW || s.role == WeightRole::QNormW ||
+                                      s.role == WeightRole::KNormW);
     if (dst_dtype != DType::F32 && dst_dtype != DType::F16 && dst_dtype != DType::BF16)
       STRATA_FAIL("dummy weights: unsupported dtype " << dtype_name(dst_dtype));
     const uint64_t key = fnv1a(name) ^ (seed_ * 0x9e3779b97f4a7c15ull);

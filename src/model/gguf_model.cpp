@@ -1,5 +1,5 @@
-// LLaMA-family models stored as GGUF (architectures llama, which Mistral files use too, and
-// qwen2): config from <arch>.* metadata, tensors under Hugging Face names (with llama.cpp's q/k
+// LLaMA-family models stored as GGUF (architectures llama, which Mistral files use too, qwen2,
+// qwen3 and phi3): config from <arch>.* metadata, tensors under Hugging Face names (with llama.cpp's q/k
 // RoPE row permutation undone where its converter applied it), and the tokenizer from
 // tokenizer.ggml.*.
 #include <algorithm>
@@ -30,11 +30,13 @@ int token_id_field(const GgufFile& f, std::string_view key, int vocab) {
 }
 
 // general.architecture, refused unless the forward pass is the LLaMA one: llama (LLaMA, Mistral,
-// TinyLlama, SmolLM), qwen2 (LLaMA with q/k/v biases) or phi3 (LLaMA with fused projections).
+// TinyLlama, SmolLM), qwen2 (LLaMA with q/k/v biases), qwen3 (LLaMA with per-head q/k norms) or
+// phi3 (LLaMA with fused projections).
 std::string llama_family_arch(const GgufFile& f) {
   std::string arch = f.get_string("general.architecture");
-  if (arch != "llama" && arch != "qwen2" && arch != "phi3")
-    STRATA_FAIL("GGUF file " << f.path() << ": unsupported architecture '" << arch << "' (supported: llama, qwen2, phi3)");
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "phi3")
+    STRATA_FAIL("GGUF file " << f.path() << ": unsupported architecture '" << arch
+                             << "' (supported: llama, qwen2, qwen3, phi3)");
   return arch;
 }
 
@@ -115,7 +117,7 @@ void read_rope_scaling(const GgufFile& f, const std::string& arch, ModelConfig& 
 
 // llama.cpp's converter permutes q/k rows for its RoPE layout only for llama (Qwen2's rows are
 // stored as in Hugging Face: ggml's NEOX RoPE reads them that way).
-bool permuted_qk(const std::string& arch) { return arch == "llama"; }  // not qwen2, phi3
+bool permuted_qk(const std::string& arch) { return arch == "llama"; }  // not qwen2, qwen3, phi3
 
 // GGUF tensor name -> Hugging Face name ("" when unknown). Phi-3's fused tensors keep their fused
 // HF names (split_fused_projections cuts them): attn_qkv, and ffn_up holding gate and up.
@@ -132,6 +134,7 @@ std::string hf_name(const std::string& g, const std::string& arch) {
       {"attn_v", "self_attn.v_proj"},    {"attn_output", "self_attn.o_proj"},
       {"ffn_gate", "mlp.gate_proj"},     {"ffn_up", "mlp.up_proj"},
       {"ffn_down", "mlp.down_proj"},     {"attn_qkv", "self_attn.qkv_proj"},
+      {"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"},
   };
   // blk.<N>.<part>.<weight|bias>
   if (g.rfind("blk.", 0) != 0) return "";
@@ -335,6 +338,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   // Qwen2 has q/k/v biases; a llama file could too.
   c.qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
   c.o_bias = f.find_tensor("blk.0.attn_output.bias") != nullptr;
+  c.qk_norm = f.find_tensor("blk.0.attn_q_norm.weight") != nullptr;  // Qwen3
 
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
   c.bos_id = token_id_field(f, "tokenizer.ggml.bos_token_id", c.vocab_size);

@@ -21,8 +21,10 @@ constexpr LayerNames kLayerNames[] = {
     {WeightRole::AttnNormB, "self_attn_layer_norm.bias", nullptr},
     {WeightRole::QW, "self_attn.q_proj.weight", "self_attn.q_proj.weight"},
     {WeightRole::QB, "self_attn.q_proj.bias", "self_attn.q_proj.bias"},
+    {WeightRole::QNormW, nullptr, "self_attn.q_norm.weight"},
     {WeightRole::KW, "self_attn.k_proj.weight", "self_attn.k_proj.weight"},
     {WeightRole::KB, "self_attn.k_proj.bias", "self_attn.k_proj.bias"},
+    {WeightRole::KNormW, nullptr, "self_attn.k_norm.weight"},
     {WeightRole::VW, "self_attn.v_proj.weight", "self_attn.v_proj.weight"},
     {WeightRole::VB, "self_attn.v_proj.bias", "self_attn.v_proj.bias"},
     {WeightRole::OW, "self_attn.out_proj.weight", "self_attn.o_proj.weight"},
@@ -44,6 +46,7 @@ bool present(const ModelConfig& c, WeightRole r) {
     case WeightRole::OB: return c.o_bias;
     case WeightRole::Fc1B: case WeightRole::Fc2B: return c.mlp_bias;
     case WeightRole::UpW: return c.mlp == MlpKind::SwiGLU;
+    case WeightRole::QNormW: case WeightRole::KNormW: return c.qk_norm;
     default: return true;
   }
 }
@@ -59,6 +62,7 @@ std::vector<int64_t> shape_of(const ModelConfig& c, WeightRole r) {
     case WeightRole::Fc1W: case WeightRole::UpW: return {f, h};
     case WeightRole::Fc1B: return {f};
     case WeightRole::Fc2W: return {h, f};
+    case WeightRole::QNormW: case WeightRole::KNormW: return {c.head_dim};
     default: return {h};  // norms and the biases of width h
   }
 }

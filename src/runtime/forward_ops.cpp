@@ -116,6 +116,12 @@ void ForwardOps::attention_block(const LayerWeights& w, const Tensor& inv_freq, 
   backend_.linear(xn, w.q_w, w.q_b, q.reshaped({T, qd}));
   backend_.linear(xn, w.k_w, w.k_b, k.reshaped({T, kvd}));
   backend_.linear(xn, w.v_w, w.v_b, v.reshaped({T, kvd}));
+  if (cfg_.qk_norm) {  // Qwen3: every head of q and k normalised on its own, in place
+    const Tensor q_heads = q.reshaped({T * cfg_.n_heads, cfg_.head_dim});
+    const Tensor k_heads = k.reshaped({T * cfg_.n_kv_heads, cfg_.head_dim});
+    backend_.rms_norm(q_heads, w.q_norm_w, cfg_.norm_eps, q_heads);
+    backend_.rms_norm(k_heads, w.k_norm_w, cfg_.norm_eps, k_heads);
+  }
   if (cfg_.pos == PosKind::Rope) {
     backend_.rope(q, pos, inv_freq);
     backend_.rope(k, pos, inv_freq);

@@ -83,6 +83,8 @@ const Tensor& layer_tensor(const LayerWeights& lw, WeightRole role) {
     case WeightRole::AttnNormB: return lw.attn_norm_b;
     case WeightRole::QW: return lw.q_w;
     case WeightRole::QB: return lw.q_b;
+    case WeightRole::QNormW: return lw.q_norm_w;
+    case WeightRole::KNormW: return lw.k_norm_w;
     case WeightRole::KW: return lw.k_w;
     case WeightRole::KB: return lw.k_b;
     case WeightRole::VW: return lw.v_w;

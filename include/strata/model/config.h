@@ -50,6 +50,7 @@ struct ModelConfig {
   bool o_bias = false;              // attention output projection (OPT)
   bool mlp_bias = false;            // fc1/fc2 (OPT)
   bool norm_bias = false;           // LayerNorm bias (OPT)
+  bool qk_norm = false;             // RMSNorm of each query and key head before RoPE (Qwen3)
   bool tied_embeddings = false;     // lm_head shares the token embedding
   int bos_id = -1;
   std::vector<int> eos_ids;         // generation stops at any of these
@@ -66,7 +67,7 @@ struct ModelConfig {
 };
 
 // Reads a Hugging Face config.json (OPTForCausalLM, LlamaForCausalLM, MistralForCausalLM,
-// Qwen2ForCausalLM). Unsupported variants (e.g. OPT-350m's projection) are refused by name.
+// Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM). Unsupported variants (e.g. OPT-350m's projection) are refused by name.
 ModelConfig config_from_hf_json(const std::filesystem::path& config_json);
 // The same from the file's text in memory (the fuzz target): `source` names it in errors, and its
 // parent directory names the model.

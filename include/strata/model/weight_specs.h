@@ -11,7 +11,7 @@ namespace strata {
 
 enum class WeightRole : uint8_t {
   // per layer
-  AttnNormW, AttnNormB, QW, QB, KW, KB, VW, VB, OW, OB,
+  AttnNormW, AttnNormB, QW, QB, QNormW, KW, KB, KNormW, VW, VB, OW, OB,  // QNorm/KNorm: Qwen3's per-head norms
   MlpNormW, MlpNormB, Fc1W, Fc1B, UpW, Fc2W, Fc2B,  // Fc1 is LLaMA's gate_proj, Fc2 its down_proj
   // whole model
   Embed, PosEmbed, FinalNormW, FinalNormB, LmHead,

@@ -18,6 +18,7 @@ struct LayerWeights {
   Buffer block;
   Tensor attn_norm_w, attn_norm_b;   // [h]
   Tensor q_w, q_b, k_w, k_b, v_w, v_b;  // [q_dim | kv_dim, h], [q_dim | kv_dim]
+  Tensor q_norm_w, k_norm_w;         // [head_dim], qk_norm only
   Tensor o_w, o_b;                   // [h, q_dim], [h]
   Tensor mlp_norm_w, mlp_norm_b;     // [h]
   Tensor fc1_w, fc1_b, up_w;         // [f, h] (fc1 = gate_proj for SwiGLU), [f]
