@@ -362,10 +362,7 @@ TEST_CASE("gguf: Llama 3.1's RoPE scaling as rope_freqs.weight gives transformer
   CHECK_THROWS_WITH(bad.validate(), Catch::Contains("RoPE frequency factor 0 is not positive"));
   bad.rope_freq_factors.pop_back();
   CHECK_THROWS_WITH(bad.validate(), Catch::Contains("7 RoPE frequency factors for head_dim 16"));
-  auto backend = make_cpu_backend(2);
-  Transformer model(b.config, load_model_weights(b.config, *b.weights, *backend), *backend);
-  test::check_hf_last_logits(model, exp);
-  test::check_hf_greedy(model, exp);
+  test::check_hf_outputs(b, exp);
 }
 
 TEST_CASE("gguf: Phi-3 (fused qkv and gate_up, a sliding window) gives transformers' logits and greedy tokens",
@@ -379,10 +376,7 @@ TEST_CASE("gguf: Phi-3 (fused qkv and gate_up, a sliding window) gives transform
   CHECK(b.weights->contains("model.layers.1.self_attn.k_proj.weight"));
   CHECK(b.weights->contains("model.layers.0.mlp.gate_proj.weight"));
   CHECK_FALSE(b.weights->contains("model.layers.0.mlp.gate_up_proj.weight"));
-  auto backend = make_cpu_backend(2);
-  Transformer model(b.config, load_model_weights(b.config, *b.weights, *backend), *backend);
-  test::check_hf_last_logits(model, exp);
-  test::check_hf_greedy(model, exp);
+  test::check_hf_outputs(b, exp);
 }
 
 TEST_CASE("gguf: Qwen3 (per-head q/k norms, head_dim apart from the width, tied) gives transformers' logits and tokens",
@@ -397,10 +391,7 @@ TEST_CASE("gguf: Qwen3 (per-head q/k norms, head_dim apart from the width, tied)
   CHECK(b.config.tied_embeddings);
   CHECK(b.weights->contains("model.layers.1.self_attn.k_norm.weight"));
   CHECK(b.weights->shape("model.layers.0.self_attn.q_norm.weight") == std::vector<int64_t>{24});
-  auto backend = make_cpu_backend(2);
-  Transformer model(b.config, load_model_weights(b.config, *b.weights, *backend), *backend);
-  test::check_hf_last_logits(model, exp);
-  test::check_hf_greedy(model, exp);
+  test::check_hf_outputs(b, exp);
 }
 
 TEST_CASE("gguf: Phi-3 with LongRoPE (rope_factors_short/long, attn_factor) gives transformers' logits and tokens",
@@ -413,10 +404,7 @@ TEST_CASE("gguf: Phi-3 with LongRoPE (rope_factors_short/long, attn_factor) give
   CHECK(b.config.rope_freq_factors.size() == 8);
   CHECK(b.config.rope_attention_factor == Approx(std::sqrt(1.0 + std::log(4.0) / std::log(64.0))).epsilon(1e-6));
   CHECK_FALSE(b.weights->contains("rope_factors_short.weight"));
-  auto backend = make_cpu_backend(2);
-  Transformer model(b.config, load_model_weights(b.config, *b.weights, *backend), *backend);
-  test::check_hf_last_logits(model, exp);
-  test::check_hf_greedy(model, exp);
+  test::check_hf_outputs(b, exp);
 }
 
 TEST_CASE("gguf: a Phi-3 file's special tokens swallow the whitespace after them, as in llama.cpp", "[gguf][tokenizer]") {

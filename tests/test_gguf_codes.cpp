@@ -178,10 +178,7 @@ TEST_CASE("gguf codes: the affine tiny llama, uncompressed, gives transformers' 
           "[gguf][model]") {
   const json exp = load_json(fixture("tiny_llama_affine_hf.json"));
   ModelBundle b = open_model(fixture("tiny_llama_affine.gguf").string());
-  auto backend = make_cpu_backend(2);
-  Transformer model(b.config, load_model_weights(b.config, *b.weights, *backend), *backend);
-  test::check_hf_last_logits(model, exp);
-  test::check_hf_greedy(model, exp);
+  test::check_hf_outputs(b, exp);
 }
 
 TEST_CASE("gguf codes: compressed at group 32, the file's codes cross the links and give transformers' results",

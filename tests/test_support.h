@@ -7,7 +7,10 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "strata/backend/backend.h"
+#include "strata/model/model_loader.h"
 #include "strata/runtime/generator.h"
+#include "strata/runtime/model_weights.h"
 #include "strata/runtime/transformer.h"
 
 namespace strata::test {
@@ -60,6 +63,14 @@ inline void check_hf_greedy(Transformer& model, const nlohmann::json& exp) {
     INFO("prompt " << i);
     CHECK(got[i].tokens == exp["greedy"][i].get<std::vector<int32_t>>());
   }
+}
+
+// Both checks above for a model loaded on the CPU backend.
+inline void check_hf_outputs(const ModelBundle& b, const nlohmann::json& exp) {
+  auto backend = make_cpu_backend(2);
+  Transformer model(b.config, load_model_weights(b.config, *b.weights, *backend), *backend);
+  check_hf_last_logits(model, exp);
+  check_hf_greedy(model, exp);
 }
 
 }  // namespace strata::test
