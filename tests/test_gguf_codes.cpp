@@ -3,7 +3,7 @@
 // (synth_quants.gguf) and transformers running tiny_llama_affine.gguf
 // (tests/fixtures/gguf/make_gguf_fixtures.py), never from Strata.
 #include "test_paths.h"
-#include "temp_files.h"
+#include "engine_run.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -46,51 +46,6 @@ std::vector<float> expected_floats() {
   std::vector<float> out(raw.size() / 4);
   std::memcpy(out.data(), raw.data(), raw.size());
   return out;
-}
-
-// The weights-only compressed policy the model tests run: weights on the CPU tier, so they cross
-// cpu->gpu as codes, everything else on the "GPU".
-Policy compressed_policy(int bits, int group_size) {
-  Policy p = test::policy_of(2, 2, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
-  p.compress_weights = Compression{bits, group_size};
-  return p;
-}
-
-struct EngineRun {
-  std::vector<GenResult> results;
-  OffloadReport report;
-};
-
-// The fixture's prompts, greedy, with their prompt NLLs, through the offloading engine.
-EngineRun run_engine(const ModelBundle& model, const json& exp, const Policy& policy, Backend& backend) {
-  std::vector<GenRequest> reqs;
-  PlanShape shape;
-  for (const json& p : exp["prompts"]) {
-    GenRequest r;
-    r.prompt = p.get<std::vector<int32_t>>();
-    r.sampling.max_new_tokens = exp["max_new_tokens"].get<int>();
-    r.score_prompt = true;
-    shape.prompt_len = std::max(shape.prompt_len, int(r.prompt.size()));
-    reqs.push_back(r);
-  }
-  shape.gen_len = exp["max_new_tokens"].get<int>();
-  OffloadOptions opt;
-  opt.policy = policy;
-  opt.offload_dir = test::temp_dir("gguf_codes");
-  OffloadEngine engine(model.config, *model.weights, backend, opt, shape);
-  EngineRun run;
-  for (size_t b = 0; b < reqs.size(); b += size_t(engine.block_size())) {
-    const std::vector<GenRequest> block(reqs.begin() + long(b),
-                                        reqs.begin() + long(std::min(reqs.size(), b + size_t(engine.block_size()))));
-    for (GenResult& r : engine.generate(block)) run.results.push_back(std::move(r));
-  }
-  run.report = engine.report();
-  return run;
-}
-
-EngineRun run_engine(const ModelBundle& model, const json& exp, const Policy& policy) {
-  auto backend = make_cpu_backend(2);
-  return run_engine(model, exp, policy, *backend);
 }
 
 }  // namespace
@@ -192,7 +147,7 @@ TEST_CASE("gguf codes: compressed at group 32, the file's codes cross the links 
   // 5); against the file's exact values the NLLs move by up to 3.3e-3, that rounding alone.
   // Quantizing the dequantized values a second time, as Strata did before, moved them by up to
   // 0.039 at this same 8-bit setting.
-  const EngineRun run = run_engine(model, exp, compressed_policy(8, 32));
+  const test::EngineRun run = test::run_engine(model, exp, test::compressed_weights_policy(8, 32));
   CHECK(run.report.weights_kept_codes == 14);
   CHECK(run.report.weights_quantized == 0);
   REQUIRE(run.results.size() == exp["prompts"].size());
@@ -227,7 +182,7 @@ TEST_CASE("CUDA: the file's codes cross the links and give transformers' NLLs wi
   // fp16 activations: each logit within 1e-2 plus 2e-3 of the largest (test_model_hf.cpp's CUDA
   // bound; the fixture's logits stay below 3.5), so an NLL, a log-sum-exp minus one logit, moves
   // by at most twice that: 0.034, here 0.05.
-  const EngineRun run = run_engine(model, exp, compressed_policy(8, 32), *backend);
+  const test::EngineRun run = test::run_engine(model, exp, test::compressed_weights_policy(8, 32), *backend);
   CHECK(run.report.weights_kept_codes == 14);
   CHECK(run.report.weights_quantized == 0);
   REQUIRE(run.results.size() == exp["prompts"].size());
@@ -246,12 +201,12 @@ TEST_CASE("gguf codes: which matrices keep their codes depends on the spec", "[g
   const json exp = load_json(fixture("tiny_llama_affine_hf.json"));
   ModelBundle model = open_model(fixture("tiny_llama_affine.gguf").string());
   // Layer 0 is 4-bit (Q4_0, Q4_1, Q4_K), layer 1 5- and 8-bit (Q5_0, Q5_1, Q5_K, Q8_0).
-  const EngineRun four = run_engine(model, exp, compressed_policy(4, 32));
+  const test::EngineRun four = test::run_engine(model, exp, test::compressed_weights_policy(4, 32));
   CHECK(four.report.weights_kept_codes == 7);
   CHECK(four.report.weights_quantized == 7);
   // ggml's groups are 32 elements: at 64 every matrix is quantized at load, as a safetensors one.
   for (int bits : {4, 8}) {
-    const EngineRun wide = run_engine(model, exp, compressed_policy(bits, 64));
+    const test::EngineRun wide = test::run_engine(model, exp, test::compressed_weights_policy(bits, 64));
     INFO(bits << "-bit, group 64");
     CHECK(wide.report.weights_kept_codes == 0);
     CHECK(wide.report.weights_quantized == 14);

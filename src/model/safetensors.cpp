@@ -37,6 +37,7 @@ bool parse_dtype(const std::string& s, DType* out) {
   if (s == "F32") *out = DType::F32;
   else if (s == "F16") *out = DType::F16;
   else if (s == "BF16") *out = DType::BF16;
+  else if (s == "I32") *out = DType::I32;  // a GPTQ checkpoint's packed codes and group indices
   else return false;
   return true;
 }
@@ -112,7 +113,7 @@ std::vector<SafetensorsEntry> parse_header(const fs::path& path, const uint8_t* 
     e.name = name;
     e.file = path;
     const std::string dt = t["dtype"].get<std::string>();
-    if (!parse_dtype(dt, &e.dtype)) STRATA_FAIL(where << " has unsupported dtype " << dt << " (supported: F32, F16, BF16)");
+    if (!parse_dtype(dt, &e.dtype)) STRATA_FAIL(where << " has unsupported dtype " << dt << " (supported: F32, F16, BF16, I32)");
 
     uint64_t numel = 1;
     for (const json& d : t["shape"]) {

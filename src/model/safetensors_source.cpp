@@ -12,18 +12,22 @@ namespace {
 
 class SafetensorsSource final : public WeightSource {
 public:
-  SafetensorsSource(SafetensorsSet set, std::filesystem::path path) : set_(std::move(set)), path_(std::move(path)) {}
+  SafetensorsSource(std::shared_ptr<const SafetensorsSet> set, std::filesystem::path path)
+      : set_(std::move(set)), path_(std::move(path)) {}
 
   std::string describe() const override { return path_.string(); }
-  bool contains(const std::string& name) const override { return set_.contains(name); }
-  std::vector<int64_t> shape(const std::string& name) const override { return set_.get(name).shape; }
-  std::vector<std::string> names() const override { return set_.names(); }
+  bool contains(const std::string& name) const override { return set_->contains(name); }
+  std::vector<int64_t> shape(const std::string& name) const override { return set_->get(name).shape; }
+  std::vector<std::string> names() const override { return set_->names(); }
 
   void read(const std::string& name, DType dst_dtype, void* dst) const override {
-    const SafetensorsEntry& e = set_.get(name);
+    const SafetensorsEntry& e = set_->get(name);
     if (dst_dtype != DType::F32 && dst_dtype != DType::F16 && dst_dtype != DType::BF16)
       STRATA_FAIL(e.file.string() << ": tensor '" << name << "' cannot be read as " << dtype_name(dst_dtype)
                                   << " (F32, F16 or BF16 only)");
+    if (e.dtype == DType::I32)
+      STRATA_FAIL(e.file.string() << ": tensor '" << name << "' is I32, not a weight Strata reads as floats"
+                                  << " (packed GPTQ codes are read through config.json's quantization_config)");
     const size_t n = e.nbytes / dtype_size(e.dtype);
     // The data area starts wherever the header ends, so elements may be misaligned; the
     // converter loads them as typed values, which must be aligned.
@@ -36,14 +40,19 @@ public:
   }
 
 private:
-  SafetensorsSet set_;
+  std::shared_ptr<const SafetensorsSet> set_;
   std::filesystem::path path_;
 };
 
 }  // namespace
 
 std::unique_ptr<WeightSource> make_safetensors_source(const std::filesystem::path& path) {
-  return std::make_unique<SafetensorsSource>(SafetensorsSet::open(path), path);
+  return make_safetensors_source(std::make_shared<const SafetensorsSet>(SafetensorsSet::open(path)), path);
+}
+
+std::unique_ptr<WeightSource> make_safetensors_source(std::shared_ptr<const SafetensorsSet> set,
+                                                      const std::filesystem::path& path) {
+  return std::make_unique<SafetensorsSource>(std::move(set), path);
 }
 
 }  // namespace strata

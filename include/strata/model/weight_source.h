@@ -14,6 +14,8 @@
 
 namespace strata {
 
+class SafetensorsSet;
+
 class WeightSource {
 public:
   virtual ~WeightSource() = default;
@@ -35,6 +37,9 @@ public:
 
 // A .safetensors file, an index json, or a directory holding either.
 std::unique_ptr<WeightSource> make_safetensors_source(const std::filesystem::path& path);
+// The same over files already mapped (the GPTQ source shares them with it; `path` names them).
+std::unique_ptr<WeightSource> make_safetensors_source(std::shared_ptr<const SafetensorsSet> set,
+                                                      const std::filesystem::path& path);
 // Shows Phi-3's fused qkv_proj and gate_up_proj as LLaMA's q/k/v_proj and gate/up_proj (rows cut
 // out on reading); any other tensor passes through. Without fused tensors it changes nothing.
 std::unique_ptr<WeightSource> split_fused_projections(std::unique_ptr<WeightSource> inner, const ModelConfig& cfg);

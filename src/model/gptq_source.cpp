@@ -1,0 +1,301 @@
+// GPTQ checkpoints as Hugging Face weights: packed linears shown as `P.weight`, dequantized on
+// read() or handed over as Strata's quantized rows by read_codes() (include/strata/model/gptq.h).
+#include "strata/model/gptq.h"
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "strata/core/error.h"
+#include "strata/model/safetensors.h"
+
+namespace strata {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const char* const kPackedParts[] = {".qweight", ".qzeros", ".scales", ".g_idx"};
+
+// quantization_config (or quantize_config.json) -> GptqFormat; `where` names the object.
+GptqFormat parse_format(const json& q, const std::string& where) {
+  auto field = [&](const char* name) { return where + "." + name; };
+  const std::string method = q.value("quant_method", std::string("gptq"));
+  if (method != "gptq")
+    STRATA_FAIL(field("quant_method") << " is '" << method
+                                      << "': Strata reads GPTQ checkpoints; other quantization methods are not supported"
+                                         " (use the unquantized model, or a GGUF file)");
+  GptqFormat f;
+  f.source = where;
+  if (!q.contains("bits") || !q["bits"].is_number_integer()) STRATA_FAIL(field("bits") << " is missing or not an integer");
+  f.bits = q["bits"].get<int>();
+  if (f.bits != 2 && f.bits != 4 && f.bits != 8)
+    STRATA_FAIL(field("bits") << " is " << f.bits << ": GPTQ codes of 2, 4 or 8 bits are supported");
+  if (!q.contains("group_size") || !q["group_size"].is_number_integer())
+    STRATA_FAIL(field("group_size") << " is missing or not an integer");
+  const int group = q["group_size"].get<int>();
+  if (group != -1 && group <= 0) STRATA_FAIL(field("group_size") << " is " << group << ": a positive size or -1 (whole rows)");
+  f.group_size = group == -1 ? 0 : group;
+  // transformers calls it checkpoint_format; GPTQModel also writes format.
+  for (const char* key : {"checkpoint_format", "format"}) {
+    if (!q.contains(key)) continue;
+    const std::string v = q[key].is_string() ? q[key].get<std::string>() : q[key].dump();
+    if (v == "gptq") f.zero_minus_one = true;
+    else if (v == "gptq_v2") f.zero_minus_one = false;
+    else STRATA_FAIL(field(key) << " is '" << v << "': the packing of formats gptq and gptq_v2 is supported");
+    break;
+  }
+  if (q.contains("pack_dtype") && q["pack_dtype"] != "int32")
+    STRATA_FAIL(field("pack_dtype") << " is " << q["pack_dtype"].dump() << ": codes packed in int32 are supported");
+  if (q.contains("dynamic") && !q["dynamic"].is_null() && !q["dynamic"].empty())
+    STRATA_FAIL(field("dynamic") << " gives modules their own bits or groups, which Strata does not read");
+  return f;
+}
+
+std::optional<json> read_json(const fs::path& p) {
+  if (!fs::exists(p)) return std::nullopt;
+  std::ifstream in(p);
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    STRATA_FAIL(p.string() << ": invalid JSON: " << e.what());
+  }
+}
+
+uint32_t word_at(const SafetensorsEntry& e, size_t index) {
+  uint32_t w;
+  std::memcpy(&w, e.data + index * 4, 4);  // the data area need not be aligned
+  return w;
+}
+
+// One packed linear's tensors and dimensions, checked against each other.
+struct PackedLinear {
+  const SafetensorsEntry *qweight = nullptr, *qzeros = nullptr, *scales = nullptr, *g_idx = nullptr;
+  int64_t in = 0, out = 0, groups = 0;
+};
+
+class GptqSource final : public WeightSource {
+public:
+  GptqSource(const fs::path& path, GptqFormat format)
+      : set_(std::make_shared<const SafetensorsSet>(SafetensorsSet::open(path))),
+        plain_(make_safetensors_source(set_, path)),
+        format_(std::move(format)) {
+    for (const std::string& name : set_->names()) {
+      std::string prefix;
+      for (const char* part : kPackedParts)
+        if (name.ends_with(part)) prefix = name.substr(0, name.size() - std::strlen(part));
+      if (prefix.empty()) {
+        names_.push_back(name);
+        continue;
+      }
+      if (!set_->contains(prefix + ".qweight"))
+        STRATA_FAIL(set_->get(name).file.string() << ": tensor '" << name << "' has no '" << prefix << ".qweight' beside it");
+      if (name.ends_with(".qweight")) add_linear(prefix);
+    }
+  }
+
+  std::string describe() const override { return plain_->describe(); }
+  bool contains(const std::string& name) const override {
+    return linears_.count(name) != 0 || (plain_->contains(name) && !is_packed_part(name));
+  }
+  std::vector<std::string> names() const override { return names_; }
+
+  std::vector<int64_t> shape(const std::string& name) const override {
+    auto it = linears_.find(name);
+    if (it == linears_.end()) return plain_->shape(name);
+    return {it->second.out, it->second.in};
+  }
+
+  void read(const std::string& name, DType dst_dtype, void* dst) const override {
+    auto it = linears_.find(name);
+    if (it == linears_.end()) return plain_->read(name, dst_dtype, dst);
+    const PackedLinear& m = it->second;
+    const Unpacked u = unpack(name, m);
+    std::vector<float> row(static_cast<size_t>(m.in));
+    auto* out = static_cast<uint8_t*>(dst);
+    for (int64_t o = 0; o < m.out; ++o) {
+      const uint8_t* codes = u.codes.data() + size_t(o * m.in);
+      for (int64_t i = 0; i < m.in; ++i) {
+        const size_t gp = size_t(u.group[size_t(i)] * m.out + o);
+        row[size_t(i)] = u.scale[gp] * float(int(codes[i]) - u.zero[gp]);
+      }
+      convert_elements(row.data(), DType::F32, out + size_t(o * m.in) * dtype_size(dst_dtype), dst_dtype, row.size());
+    }
+  }
+
+  bool read_codes(const std::string& name, const quant::QuantSpec& spec, void* dst) const override {
+    auto it = linears_.find(name);
+    if (it == linears_.end()) return plain_->read_codes(name, spec, dst);
+    const PackedLinear& m = it->second;
+    const int64_t file_group = format_.group_size ? format_.group_size : m.in;
+    if (format_.bits > spec.bits || file_group % spec.group_size != 0) return false;
+    const Unpacked u = unpack(name, m);
+    // Only consecutive groups become Strata's (a desc_act checkpoint permutes its inputs).
+    for (int64_t i = 0; i < m.in; ++i)
+      if (u.group[size_t(i)] != i / file_group) return false;
+    const int64_t n_groups = (m.in + spec.group_size - 1) / spec.group_size;
+    std::vector<float> scales(static_cast<size_t>(n_groups)), mins(scales.size());
+    const size_t out_row = quant::row_bytes(spec, m.in);
+    for (int64_t o = 0; o < m.out; ++o) {
+      for (int64_t k = 0; k < n_groups; ++k) {
+        const size_t gp = size_t((k * spec.group_size / file_group) * m.out + o);
+        scales[size_t(k)] = u.scale[gp];
+        // s * (q - z) = q * s + (-s * z); the product is exact in fp32 (an fp16 scale times a
+        // small integer) and rounded once to the row's fp16 minimum.
+        mins[size_t(k)] = -u.scale[gp] * float(u.zero[gp]);
+      }
+      if (!quant::pack_row(spec, m.in, u.codes.data() + size_t(o * m.in), scales.data(), mins.data(),
+                           static_cast<uint8_t*>(dst) + size_t(o) * out_row))
+        return false;
+    }
+    return true;
+  }
+
+private:
+  struct Unpacked {
+    std::vector<uint8_t> codes;  // [out][in]
+    std::vector<float> scale;    // [groups][out]
+    std::vector<int> zero;       // [groups][out], the true zero point
+    std::vector<int64_t> group;  // [in]
+  };
+
+  static bool is_packed_part(const std::string& name) {
+    for (const char* part : kPackedParts)
+      if (name.ends_with(part)) return true;
+    return false;
+  }
+
+  std::string where(const std::string& tensor) const {
+    return set_->get(tensor).file.string() + ": tensor '" + tensor + "'";
+  }
+
+  // Checks one linear's four tensors against each other and the format.
+  void add_linear(const std::string& prefix) {
+    const std::string weight = prefix + ".weight";
+    if (set_->contains(weight))
+      STRATA_FAIL(where(weight) << " is stored beside the packed '" << prefix << ".qweight'");
+    PackedLinear m;
+    m.qweight = &set_->get(prefix + ".qweight");
+    auto need = [&](const char* part) -> const SafetensorsEntry* {
+      const std::string name = prefix + part;
+      if (!set_->contains(name))
+        STRATA_FAIL(where(prefix + ".qweight") << " has no '" << name << "' beside it (" << describe_gptq(format_)
+                                               << ", " << format_.source << ")");
+      return &set_->get(name);
+    };
+    m.qzeros = need(".qzeros");
+    m.scales = need(".scales");
+    if (set_->contains(prefix + ".g_idx")) m.g_idx = &set_->get(prefix + ".g_idx");
+    auto check_2d = [&](const SafetensorsEntry& e, bool packed) {
+      if (e.shape.size() != 2) STRATA_FAIL(where(e.name) << " has " << e.shape.size() << " dimensions, not 2");
+      if (packed ? e.dtype != DType::I32 : e.dtype == DType::I32)
+        STRATA_FAIL(where(e.name) << " has dtype " << dtype_name(e.dtype) << (packed ? ", not I32" : ", not a float type"));
+    };
+    check_2d(*m.qweight, true);
+    check_2d(*m.qzeros, true);
+    check_2d(*m.scales, false);
+    const int per_word = 32 / format_.bits;
+    m.in = m.qweight->shape[0] * per_word;
+    m.out = m.qweight->shape[1];
+    m.groups = m.scales->shape[0];
+    const int64_t file_group = format_.group_size ? format_.group_size : m.in;
+    auto mismatch = [&](const SafetensorsEntry& e, const std::string& want) {
+      std::ostringstream shape;
+      for (size_t d = 0; d < e.shape.size(); ++d) shape << (d ? ", " : "") << e.shape[d];
+      STRATA_FAIL(where(e.name) << " has shape [" << shape.str() << "]; " << want << " (" << describe_gptq(format_)
+                                << ", " << m.in << " inputs, " << m.out << " outputs)");
+    };
+    if (m.scales->shape[1] != m.out) mismatch(*m.scales, "its columns must be the outputs");
+    if (!m.g_idx && m.groups != (m.in + file_group - 1) / file_group)
+      mismatch(*m.scales, "its rows must be the groups");
+    if (m.qzeros->shape[0] != m.groups || m.qzeros->shape[1] != (m.out + per_word - 1) / per_word)
+      mismatch(*m.qzeros, "it must be [groups, outputs / " + std::to_string(per_word) + "]");
+    if (m.g_idx) {
+      if (m.g_idx->dtype != DType::I32 || m.g_idx->shape.size() != 1 || m.g_idx->shape[0] != m.in)
+        mismatch(*m.g_idx, "it must be I32 [inputs]");
+    }
+    linears_.emplace(weight, m);
+    names_.push_back(weight);
+  }
+
+  Unpacked unpack(const std::string& name, const PackedLinear& m) const {
+    const int bits = format_.bits, per_word = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1;
+    Unpacked u;
+    u.codes.resize(size_t(m.out * m.in));
+    for (int64_t w = 0; w < m.qweight->shape[0]; ++w)
+      for (int64_t o = 0; o < m.out; ++o) {
+        const uint32_t word = word_at(*m.qweight, size_t(w * m.out + o));
+        for (int j = 0; j < per_word; ++j) u.codes[size_t(o * m.in + w * per_word + j)] = uint8_t((word >> (j * bits)) & mask);
+      }
+    u.scale.resize(size_t(m.groups * m.out));
+    if (reinterpret_cast<uintptr_t>(m.scales->data) % dtype_size(m.scales->dtype) != 0) {
+      const std::vector<uint8_t> aligned(m.scales->data, m.scales->data + m.scales->nbytes);
+      convert_elements(aligned.data(), m.scales->dtype, u.scale.data(), DType::F32, u.scale.size());
+    } else {
+      convert_elements(m.scales->data, m.scales->dtype, u.scale.data(), DType::F32, u.scale.size());
+    }
+    u.zero.resize(u.scale.size());
+    const int64_t zero_cols = m.qzeros->shape[1];
+    for (int64_t g = 0; g < m.groups; ++g)
+      for (int64_t o = 0; o < m.out; ++o) {
+        const uint32_t word = word_at(*m.qzeros, size_t(g * zero_cols + o / per_word));
+        u.zero[size_t(g * m.out + o)] = int((word >> ((o % per_word) * bits)) & mask) + (format_.zero_minus_one ? 1 : 0);
+      }
+    const int64_t file_group = format_.group_size ? format_.group_size : m.in;
+    u.group.resize(size_t(m.in));
+    for (int64_t i = 0; i < m.in; ++i) {
+      const int64_t g = m.g_idx ? int64_t(int32_t(word_at(*m.g_idx, size_t(i)))) : i / file_group;
+      if (g < 0 || g >= m.groups)
+        STRATA_FAIL(where(m.g_idx ? m.g_idx->name : name) << ": input " << i << " is in group " << g << " of " << m.groups);
+      u.group[size_t(i)] = g;
+    }
+    return u;
+  }
+
+  std::shared_ptr<const SafetensorsSet> set_;
+  std::unique_ptr<WeightSource> plain_;
+  GptqFormat format_;
+  std::map<std::string, PackedLinear> linears_;  // by the HF weight name they stand for
+  std::vector<std::string> names_;
+};
+
+}  // namespace
+
+std::optional<GptqFormat> read_gptq_format(const fs::path& model_dir) {
+  const fs::path config = model_dir / "config.json";
+  if (const std::optional<json> c = read_json(config); c && c->is_object() && c->contains("quantization_config")) {
+    const json& q = (*c)["quantization_config"];
+    if (!q.is_object()) STRATA_FAIL(config.string() << ": quantization_config is not an object");
+    if (!q.contains("quant_method"))
+      STRATA_FAIL(config.string() << ": quantization_config has no quant_method");
+    return parse_format(q, config.string() + ": quantization_config");
+  }
+  const fs::path legacy = model_dir / "quantize_config.json";
+  if (const std::optional<json> q = read_json(legacy)) {
+    if (!q->is_object()) STRATA_FAIL(legacy.string() << ": not a JSON object");
+    return parse_format(*q, legacy.string());
+  }
+  return std::nullopt;
+}
+
+std::unique_ptr<WeightSource> make_gptq_source(const fs::path& path, const GptqFormat& format) {
+  return std::make_unique<GptqSource>(path, format);
+}
+
+std::unique_ptr<WeightSource> make_hf_weight_source(const fs::path& model_dir) {
+  if (std::optional<GptqFormat> f = read_gptq_format(model_dir)) return make_gptq_source(model_dir, *f);
+  return make_safetensors_source(model_dir);
+}
+
+std::string describe_gptq(const GptqFormat& format) {
+  std::ostringstream s;
+  s << "GPTQ " << format.bits << "-bit, ";
+  if (format.group_size) s << "group " << format.group_size;
+  else s << "one group per row";
+  return s.str();
+}
+
+}  // namespace strata

@@ -1,0 +1,234 @@
+// GPTQ checkpoints (include/strata/model/gptq.h): tiny-llama-gptq and tiny-llama-gptq-actorder,
+// quantized and saved by GPTQModel; expected values from transformers running GPTQModel's own
+// dequantization (tests/fixtures/models/make_gptq_fixture.py), never from Strata. Their
+// uncompressed logits and greedy tokens are checked with the other tiny models (test_model_hf.cpp).
+#include "test_paths.h"
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "engine_run.h"
+#include "strata/core/error.h"
+#include "strata/model/gptq.h"
+#include "strata/model/safetensors.h"
+#include "test_support.h"
+
+using namespace strata;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path model_dir(const std::string& name) { return fs::path(STRATA_FIXTURES_DIR) / "models" / name; }
+
+json load_json(const fs::path& p) {
+  std::ifstream in(p);
+  REQUIRE(in.good());
+  return json::parse(in);
+}
+
+struct RawTensor {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+// A copy of tiny-llama-gptq in a scratch directory, its config.json and tensors edited.
+fs::path edited_copy(const std::string& tag, const std::function<void(json&)>& edit_config,
+                     const std::function<void(std::map<std::string, RawTensor>&)>& edit_tensors = {}) {
+  const fs::path src = model_dir("tiny-llama-gptq");
+  const fs::path dir = test::temp_dir("gptq_" + tag);
+  json config = load_json(src / "config.json");
+  edit_config(config);
+  std::ofstream(dir / "config.json") << config.dump(1);
+  fs::copy_file(src / "tokenizer.json", dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  const SafetensorsSet set = SafetensorsSet::open(src / "model.safetensors");
+  std::map<std::string, RawTensor> tensors;
+  for (const std::string& name : set.names()) {
+    const SafetensorsEntry& e = set.get(name);
+    tensors[name] = {dtype_name(e.dtype), e.shape, std::string(reinterpret_cast<const char*>(e.data), e.nbytes)};
+  }
+  if (edit_tensors) edit_tensors(tensors);
+  json header = json::object();
+  std::string data;
+  for (const auto& [name, t] : tensors) {
+    header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
+    data += t.bytes;
+  }
+  const std::string h = header.dump();
+  const uint64_t n = h.size();
+  std::ofstream out(dir / "model.safetensors", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << h << data;
+  return dir;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("gptq: the format comes from config.json's quantization_config", "[gptq]") {
+  const std::optional<GptqFormat> f = read_gptq_format(model_dir("tiny-llama-gptq"));
+  REQUIRE(f);
+  CHECK(f->bits == 4);
+  CHECK(f->group_size == 64);
+  CHECK(f->zero_minus_one);
+  CHECK(describe_gptq(*f) == "GPTQ 4-bit, group 64");
+  CHECK(read_gptq_format(model_dir("tiny-llama-gptq-actorder"))->group_size == 32);
+  CHECK_FALSE(read_gptq_format(model_dir("tiny-llama")));
+  // The loader sees Hugging Face's weights: P.weight [out, in] in place of the packed tensors.
+  const ModelBundle b = open_model(model_dir("tiny-llama-gptq").string());
+  CHECK(b.weights->shape("model.layers.1.mlp.down_proj.weight") == std::vector<int64_t>{128, 256});
+  CHECK(b.weights->contains("model.layers.0.self_attn.k_proj.weight"));
+  CHECK_FALSE(b.weights->contains("model.layers.0.self_attn.k_proj.qweight"));
+  for (const std::string& name : b.weights->names()) CHECK_FALSE(name.ends_with(".qzeros"));
+}
+
+TEST_CASE("gptq: compressed, the file's codes cross the links and give transformers' results", "[gptq][quant][offload]") {
+  const json exp = load_json(model_dir("tiny-llama-gptq") / "expected.json");
+  const ModelBundle model = open_model(model_dir("tiny-llama-gptq").string());
+  // 4-bit codes fit 4- and 8-bit rows; groups of 32 or 64 lie inside the file's groups of 64, whose
+  // scale and minimum they repeat. So every spec computes the same values: the file's codes with
+  // each group's fp16 scale s and fp16 minimum fp16(-s * z), which the fixture's "codes" values
+  // are transformers' results for (matched to fp32 summation order, as the GGUF codes test).
+  for (const auto& [bits, group] : {std::pair{4, 64}, {4, 32}, {8, 64}, {8, 32}}) {
+    INFO(bits << "-bit, group " << group);
+    const test::EngineRun run = test::run_engine(model, exp, test::compressed_weights_policy(bits, group));
+    CHECK(run.report.weights_kept_codes == 14);
+    CHECK(run.report.weights_quantized == 0);
+    REQUIRE(run.results.size() == exp["prompts"].size());
+    double worst = 0, worst_exact = 0;
+    for (size_t p = 0; p < run.results.size(); ++p) {
+      INFO("prompt " << p);
+      const double err = test::max_nll_error(run.results[p].prompt_nll, exp["codes"]["prompt_nll"][p]);
+      CHECK(err < 5e-5);
+      CHECK(run.results[p].tokens == exp["codes"]["greedy"][p].get<std::vector<int32_t>>());
+      worst = std::max(worst, err);
+      worst_exact = std::max(worst_exact, test::max_nll_error(run.results[p].prompt_nll, exp["prompt_nll"][p]));
+    }
+    // The fp16 minimum moves a group's weights by up to half an fp16 ulp of s * z, which moves
+    // the NLLs from the exact dequantization's by far more (observed 8e-3) than from the values
+    // with that rounding: those are what Strata computes.
+    INFO("max |NLL difference| " << worst << ", " << worst_exact << " from the exact dequantization");
+    CHECK(worst * 10 < worst_exact);
+  }
+}
+
+TEST_CASE("gptq: codes that do not fit the spec are dequantized, then quantized at load", "[gptq][quant][offload]") {
+  const json exp = load_json(model_dir("tiny-llama-gptq") / "expected.json");
+  const ModelBundle model = open_model(model_dir("tiny-llama-gptq").string());
+  // A group of 128 would join two of the file's groups of 64, which have their own scales.
+  const test::EngineRun wide = test::run_engine(model, exp, test::compressed_weights_policy(4, 128));
+  CHECK(wide.report.weights_kept_codes == 0);
+  CHECK(wide.report.weights_quantized == 14);
+  // desc_act: input i is in group g_idx[i], not i / 32, so no row of Strata's holds its groups.
+  const json exp_act = load_json(model_dir("tiny-llama-gptq-actorder") / "expected.json");
+  const ModelBundle act = open_model(model_dir("tiny-llama-gptq-actorder").string());
+  const test::EngineRun permuted = test::run_engine(act, exp_act, test::compressed_weights_policy(4, 32));
+  CHECK(permuted.report.weights_kept_codes == 0);
+  CHECK(permuted.report.weights_quantized == 14);
+  // Uncompressed through the engine, the permuted groups give transformers' NLLs.
+  const test::EngineRun plain = test::run_engine(act, exp_act, test::policy_of(2, 2, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}));
+  for (size_t p = 0; p < plain.results.size(); ++p) {
+    INFO("prompt " << p);
+    CHECK(test::max_nll_error(plain.results[p].prompt_nll, exp_act["prompt_nll"][p]) < 5e-5);
+    CHECK(plain.results[p].tokens == exp_act["greedy"][p].get<std::vector<int32_t>>());
+  }
+}
+
+TEST_CASE("gptq: checkpoint_format gptq_v2 stores the zero itself, not the zero minus one", "[gptq]") {
+  // The fixture is format "gptq"; read as gptq_v2 every zero is one lower, which moves the logits.
+  const fs::path dir = edited_copy("v2", [](json& c) { c["quantization_config"]["checkpoint_format"] = "gptq_v2"; });
+  const std::optional<GptqFormat> f = read_gptq_format(dir);
+  REQUIRE(f);
+  CHECK_FALSE(f->zero_minus_one);
+  const json exp = load_json(model_dir("tiny-llama-gptq") / "expected.json");
+  const ModelBundle b = open_model(dir.string());
+  auto backend = make_cpu_backend(2);
+  Transformer model(b.config, load_model_weights(b.config, *b.weights, *backend), *backend);
+  const std::vector<float> got = test::last_logits(model, exp["prompts"][4].get<std::vector<int32_t>>());
+  const std::vector<float> want = exp["last_logits"][4].get<std::vector<float>>();
+  float worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+  CHECK(worst > 0.1f);
+}
+
+TEST_CASE("gptq: unsupported quantization configs are refused naming the file and field", "[gptq]") {
+  const std::pair<std::function<void(json&)>, std::string> cases[] = {
+      {[](json& c) { c["quantization_config"]["quant_method"] = "awq"; },
+       "config.json: quantization_config.quant_method is 'awq'"},
+      {[](json& c) { c["quantization_config"]["bits"] = 3; }, "quantization_config.bits is 3"},
+      {[](json& c) { c["quantization_config"].erase("bits"); }, "quantization_config.bits is missing"},
+      {[](json& c) { c["quantization_config"]["group_size"] = 0; }, "quantization_config.group_size is 0"},
+      {[](json& c) { c["quantization_config"]["checkpoint_format"] = "marlin"; },
+       "quantization_config.checkpoint_format is 'marlin'"},
+      {[](json& c) { c["quantization_config"]["dynamic"] = {{"-:.*down_proj", json::object()}}; },
+       "quantization_config.dynamic"},
+      {[](json& c) { c["quantization_config"] = "gptq"; }, "quantization_config is not an object"},
+  };
+  int n = 0;
+  for (const auto& [edit, message] : cases) {
+    const fs::path dir = edited_copy("config" + std::to_string(n++), edit);
+    INFO(message);
+    CHECK_THAT(error_of([&] { open_model(dir.string()); }), Catch::Contains(message) && Catch::Contains(dir.string()));
+  }
+}
+
+TEST_CASE("gptq: a packed linear whose tensors disagree is refused naming the tensor", "[gptq]") {
+  const std::string q = "model.layers.0.self_attn.q_proj";
+  using Tensors = std::map<std::string, RawTensor>;
+  const std::pair<std::function<void(Tensors&)>, std::string> cases[] = {
+      {[&](Tensors& t) { t.erase(q + ".qzeros"); }, "has no '" + q + ".qzeros' beside it"},
+      {[&](Tensors& t) { t.erase(q + ".qweight"); }, "tensor '" + q + ".g_idx' has no '" + q + ".qweight' beside it"},
+      {[&](Tensors& t) { t[q + ".scales"].shape = {1, 256}; t[q + ".scales"].bytes.resize(512); },
+       "tensor '" + q + ".scales' has shape [1, 256]; its columns must be the outputs"},
+      {[&](Tensors& t) { t[q + ".qweight"].dtype = "F32"; }, "tensor '" + q + ".qweight' has dtype F32, not I32"},
+      {[&](Tensors& t) { t[q + ".weight"] = {"F16", {128, 128}, std::string(128 * 128 * 2, '\0')}; },
+       "tensor '" + q + ".weight' is stored beside the packed"},
+  };
+  int n = 0;
+  for (const auto& [edit, message] : cases) {
+    const fs::path dir = edited_copy("tensors" + std::to_string(n++), [](json&) {}, edit);
+    INFO(message);
+    CHECK_THAT(error_of([&] { open_model(dir.string()); }), Catch::Contains(message));
+  }
+  // A group index beyond the groups is found when the matrix is read.
+  const fs::path dir = edited_copy("g_idx", [](json&) {}, [&](Tensors& t) {
+    const int32_t bad = 7;
+    std::memcpy(t[q + ".g_idx"].bytes.data() + 4 * 5, &bad, 4);
+  });
+  const ModelBundle b = open_model(dir.string());
+  std::vector<float> w(128 * 128);
+  CHECK_THAT(error_of([&] { b.weights->read(q + ".weight", DType::F32, w.data()); }),
+             Catch::Contains("tensor '" + q + ".g_idx': input 5 is in group 7 of 2"));
+}
+
+TEST_CASE("CUDA: a GPTQ checkpoint's codes cross the links and give transformers' NLLs within fp16 tolerance",
+          "[gptq][quant][offload][cuda]") {
+  if (!cuda_available()) {
+    WARN("no GPU: skipped");
+    return;
+  }
+  const json exp = load_json(model_dir("tiny-llama-gptq") / "expected.json");
+  const ModelBundle model = open_model(model_dir("tiny-llama-gptq").string());
+  auto backend = make_cuda_backend(0);
+  // fp16 activations: the bound of the GGUF codes CUDA test (test_gguf_codes.cpp).
+  const test::EngineRun run = test::run_engine(model, exp, test::compressed_weights_policy(4, 64), *backend);
+  CHECK(run.report.weights_kept_codes == 14);
+  for (size_t p = 0; p < run.results.size(); ++p) {
+    INFO("prompt " << p);
+    CHECK(test::max_nll_error(run.results[p].prompt_nll, exp["codes"]["prompt_nll"][p]) < 5e-2);
+  }
+}
