@@ -1,5 +1,5 @@
-// libFuzzer entry for a Hugging Face config.json (config_from_hf_json_text, what
-// config_from_hf_json runs on the file's text), then what the program does next with the config:
+// libFuzzer entry for a Hugging Face config.json (its GPTQ quantization_config, and
+// config_from_hf_json_text, what config_from_hf_json runs on the file's text), then what the program does next with the config:
 // validate it, count its parameters, and build the RoPE frequencies. strata::Error is the expected
 // way to reject input; anything else (crash, sanitizer report such as a signed overflow in the
 // counts, nlohmann::json::exception escaping, gigabytes allocated) is a bug.
@@ -10,9 +10,15 @@
 
 #include "strata/core/error.h"
 #include "strata/model/config.h"
+#include "strata/model/gptq.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
+  try {  // a GPTQ checkpoint's quantization_config, read beside the model's own fields
+    if (const auto f = strata::gptq_format_from_config_text(text, "fuzz-model/config.json"))
+      if (f->bits != 2 && f->bits != 4 && f->bits != 8) __builtin_trap();
+  } catch (const strata::Error&) {
+  }
   try {
     const strata::ModelConfig c = strata::config_from_hf_json_text(text, "fuzz-model/config.json");
     c.validate();

@@ -2,6 +2,7 @@
 // read() or handed over as Strata's quantized rows by read_codes() (include/strata/model/gptq.h).
 #include "strata/model/gptq.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -22,7 +23,9 @@ const char* const kPackedParts[] = {".qweight", ".qzeros", ".scales", ".g_idx"};
 // quantization_config (or quantize_config.json) -> GptqFormat; `where` names the object.
 GptqFormat parse_format(const json& q, const std::string& where) {
   auto field = [&](const char* name) { return where + "." + name; };
-  const std::string method = q.value("quant_method", std::string("gptq"));
+  const json& m = q.contains("quant_method") ? q["quant_method"] : json("gptq");
+  if (!m.is_string()) STRATA_FAIL(field("quant_method") << " is not a string");
+  const std::string method = m.get<std::string>();
   if (method != "gptq")
     STRATA_FAIL(field("quant_method") << " is '" << method
                                       << "': Strata reads GPTQ checkpoints; other quantization methods are not supported"
@@ -47,7 +50,7 @@ GptqFormat parse_format(const json& q, const std::string& where) {
     else STRATA_FAIL(field(key) << " is '" << v << "': the packing of formats gptq and gptq_v2 is supported");
     break;
   }
-  if (q.contains("pack_dtype") && q["pack_dtype"] != "int32")
+  if (q.contains("pack_dtype") && q["pack_dtype"] != json("int32"))
     STRATA_FAIL(field("pack_dtype") << " is " << q["pack_dtype"].dump() << ": codes packed in int32 are supported");
   if (q.contains("dynamic") && !q["dynamic"].is_null() && !q["dynamic"].empty())
     STRATA_FAIL(field("dynamic") << " gives modules their own bits or groups, which Strata does not read");
@@ -197,6 +200,7 @@ private:
     check_2d(*m.qzeros, true);
     check_2d(*m.scales, false);
     const int per_word = 32 / format_.bits;
+    if (m.qweight->shape[0] == 0 || m.qweight->shape[1] == 0) STRATA_FAIL(where(m.qweight->name) << " is empty");
     m.in = m.qweight->shape[0] * per_word;
     m.out = m.qweight->shape[1];
     m.groups = m.scales->shape[0];
@@ -264,14 +268,25 @@ private:
 
 }  // namespace
 
+std::optional<GptqFormat> gptq_format_from_config_text(const std::string& text, const std::string& file) {
+  json c;
+  try {
+    c = json::parse(text);
+  } catch (const json::exception& e) {
+    STRATA_FAIL(file << ": invalid JSON: " << e.what());
+  }
+  if (!c.is_object() || !c.contains("quantization_config")) return std::nullopt;
+  const json& q = c["quantization_config"];
+  if (!q.is_object()) STRATA_FAIL(file << ": quantization_config is not an object");
+  if (!q.contains("quant_method")) STRATA_FAIL(file << ": quantization_config has no quant_method");
+  return parse_format(q, file + ": quantization_config");
+}
+
 std::optional<GptqFormat> read_gptq_format(const fs::path& model_dir) {
   const fs::path config = model_dir / "config.json";
-  if (const std::optional<json> c = read_json(config); c && c->is_object() && c->contains("quantization_config")) {
-    const json& q = (*c)["quantization_config"];
-    if (!q.is_object()) STRATA_FAIL(config.string() << ": quantization_config is not an object");
-    if (!q.contains("quant_method"))
-      STRATA_FAIL(config.string() << ": quantization_config has no quant_method");
-    return parse_format(q, config.string() + ": quantization_config");
+  if (std::ifstream in(config); in) {
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (std::optional<GptqFormat> f = gptq_format_from_config_text(text, config.string())) return f;
   }
   const fs::path legacy = model_dir / "quantize_config.json";
   if (const std::optional<json> q = read_json(legacy)) {
@@ -285,16 +300,19 @@ std::unique_ptr<WeightSource> make_gptq_source(const fs::path& path, const GptqF
   return std::make_unique<GptqSource>(path, format);
 }
 
-std::unique_ptr<WeightSource> make_hf_weight_source(const fs::path& model_dir) {
-  if (std::optional<GptqFormat> f = read_gptq_format(model_dir)) return make_gptq_source(model_dir, *f);
-  return make_safetensors_source(model_dir);
-}
-
 std::string describe_gptq(const GptqFormat& format) {
   std::ostringstream s;
   s << "GPTQ " << format.bits << "-bit, ";
   if (format.group_size) s << "group " << format.group_size;
   else s << "one group per row";
+  return s.str();
+}
+
+std::string gptq_load_note(const GptqFormat& format) {
+  std::ostringstream s;
+  s << "weights: " << describe_gptq(format) << " checkpoint; a policy with compress_weights {bits: "
+    << (format.bits <= 4 ? 4 : 8) << ", group_size: " << (format.group_size ? std::to_string(std::min(format.group_size, 128)) : "32")
+    << "} keeps its codes, otherwise they are dequantized at load";
   return s.str();
 }
 

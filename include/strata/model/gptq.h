@@ -36,16 +36,17 @@ struct GptqFormat {
 // bitsandbytes, ...) or a GPTQ variant Strata cannot read (3-bit codes, Marlin repacking,
 // per-module `dynamic` overrides).
 std::optional<GptqFormat> read_gptq_format(const std::filesystem::path& model_dir);
+// The config.json part of it, on the file's text (`file` names it in errors).
+std::optional<GptqFormat> gptq_format_from_config_text(const std::string& text, const std::string& file);
 
 // The weights of a GPTQ checkpoint's safetensors (`path` as make_safetensors_source takes it).
 // Every packed linear's shapes are checked here; a bad group index is reported when read.
 std::unique_ptr<WeightSource> make_gptq_source(const std::filesystem::path& path, const GptqFormat& format);
 
-// A model directory's weights: make_gptq_source when read_gptq_format finds GPTQ, else plain
-// safetensors.
-std::unique_ptr<WeightSource> make_hf_weight_source(const std::filesystem::path& model_dir);
-
 // "GPTQ 4-bit, group 128" (for messages).
 std::string describe_gptq(const GptqFormat& format);
+// What happens to such a checkpoint's matrices, for the job's log: dequantized at load, unless a
+// compress_weights policy holds their codes.
+std::string gptq_load_note(const GptqFormat& format);
 
 }  // namespace strata
