@@ -6,8 +6,7 @@
 //   P.g_idx    I32 [in]                   the group of each input (optional: i / group_size)
 // and w[o][i] = scale[g][o] * (code[i][o] - zero[g][o]) with g = g_idx[i]. In checkpoint format
 // "gptq" (AutoGPTQ's, still what GPTQModel saves) the stored zero is the zero minus one;
-// "gptq_v2" stores it as is. docs/gguf.md's sibling for this format is docs/quantization.md
-// "GPTQ checkpoints".
+// "gptq_v2" stores it as is (docs/quantization.md, "GPTQ checkpoints").
 //
 // The source shows each P as the Hugging Face `P.weight` [out, in], so the loader is unchanged:
 // read() dequantizes, and read_codes() hands the codes over as Strata's rows (quant.h) when the
