@@ -71,6 +71,28 @@ def safetensors():
     put("safetensors_fuzz", "empty_header.safetensors", st({}, b""))
 
 
+def gptq():
+    """One packed linear (64 inputs, 8 outputs, 4-bit, groups of 32) and a norm; the first byte
+    picks gptq_fuzz's format (4: bits 4, group 32)."""
+    def st(tensors):
+        header, data = {}, b""
+        for name, (dtype, shape, raw) in tensors.items():
+            header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+            data += raw
+        h = json.dumps(header).encode()
+        return struct.pack("<Q", len(h)) + h + data
+    words = lambda n, seed: struct.pack(f"<{n}I", *[(seed * 2654435761 * (i + 1)) & 0xFFFFFFFF for i in range(n)])
+    halves = lambda vals: struct.pack(f"<{len(vals)}e", *vals)
+    linear = {"l.qweight": ("I32", [8, 8], words(64, 1)), "l.qzeros": ("I32", [2, 1], words(2, 2)),
+              "l.scales": ("F16", [2, 8], halves([0.01 * (i + 1) for i in range(16)])),
+              "norm.weight": ("F16", [8], halves([1.0] * 8))}
+    consecutive = struct.pack("<64i", *[i // 32 for i in range(64)])
+    permuted = struct.pack("<64i", *[(i * 7) % 2 for i in range(64)])
+    put("gptq_fuzz", "group32.bin", b"\x04" + st({**linear, "l.g_idx": ("I32", [64], consecutive)}))
+    put("gptq_fuzz", "act_order.bin", b"\x04" + st({**linear, "l.g_idx": ("I32", [64], permuted)}))
+    put("gptq_fuzz", "no_g_idx.bin", b"\x04" + st(linear))
+
+
 def tokenizers():
     # Trimmed to the tokens below `keep` and the merges among them: small seeds fuzz faster.
     for src, keep in [("tests/fixtures/models/tiny-opt/tokenizer.json", 300),
@@ -95,7 +117,7 @@ def tokenizers():
 
 
 def configs():
-    for name in ["tiny-opt", "tiny-llama", "tiny-llama3", "tiny-qwen2"]:
+    for name in ["tiny-opt", "tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-llama-gptq"]:
         put("config_fuzz", name + ".json", (ROOT / "tests/fixtures/models" / name / "config.json").read_bytes())
 
 
@@ -162,6 +184,7 @@ if __name__ == "__main__":
     prompts()
     yaml_files()
     safetensors()
+    gptq()
     tokenizers()
     configs()
     safetensors_indexes()
