@@ -10,12 +10,12 @@
 
 #include "strata/core/error.h"
 #include "strata/model/config.h"
-#include "strata/model/gptq.h"
+#include "strata/model/packed_checkpoint.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   try {  // a GPTQ checkpoint's quantization_config, read beside the model's own fields
-    if (const auto f = strata::gptq_format_from_config_text(text, "fuzz-model/config.json"))
+    if (const auto f = strata::packed_format_from_config_text(text, "fuzz-model/config.json"))
       if (f->bits != 2 && f->bits != 4 && f->bits != 8) __builtin_trap();
   } catch (const strata::Error&) {
   }

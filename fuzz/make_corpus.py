@@ -71,9 +71,9 @@ def safetensors():
     put("safetensors_fuzz", "empty_header.safetensors", st({}, b""))
 
 
-def gptq():
+def packed():
     """One packed linear (64 inputs, 8 outputs, 4-bit, groups of 32) and a norm; the first byte
-    picks gptq_fuzz's format (4: bits 4, group 32)."""
+    picks packed_fuzz's format (4: bits 4, group 32)."""
     def st(tensors):
         header, data = {}, b""
         for name, (dtype, shape, raw) in tensors.items():
@@ -88,9 +88,12 @@ def gptq():
               "norm.weight": ("F16", [8], halves([1.0] * 8))}
     consecutive = struct.pack("<64i", *[i // 32 for i in range(64)])
     permuted = struct.pack("<64i", *[(i * 7) % 2 for i in range(64)])
-    put("gptq_fuzz", "group32.bin", b"\x04" + st({**linear, "l.g_idx": ("I32", [64], consecutive)}))
-    put("gptq_fuzz", "act_order.bin", b"\x04" + st({**linear, "l.g_idx": ("I32", [64], permuted)}))
-    put("gptq_fuzz", "no_g_idx.bin", b"\x04" + st(linear))
+    put("packed_fuzz", "group32.bin", b"\x04" + st({**linear, "l.g_idx": ("I32", [64], consecutive)}))
+    put("packed_fuzz", "act_order.bin", b"\x04" + st({**linear, "l.g_idx": ("I32", [64], permuted)}))
+    put("packed_fuzz", "no_g_idx.bin", b"\x04" + st(linear))
+    # AWQ (first byte 28: AWQ, group 32): qweight [in 64, out 8 / 8], packed along the output.
+    awq = {**linear, "l.qweight": ("I32", [64, 1], words(64, 3))}
+    put("packed_fuzz", "awq_group32.bin", b"\x1c" + st(awq))
 
 
 def tokenizers():
@@ -184,7 +187,7 @@ if __name__ == "__main__":
     prompts()
     yaml_files()
     safetensors()
-    gptq()
+    packed()
     tokenizers()
     configs()
     safetensors_indexes()

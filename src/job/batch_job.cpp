@@ -447,7 +447,7 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
     STRATA_FAIL("--errors must name another file than --out (without --errors, error lines go to --out)");
   ModelBundle model = open_model(opt.model, opt.tokenizer);
   if (!model.tokenizer) STRATA_FAIL(opt.model << ": the model has no tokenizer files; pass --tokenizer DIR");
-  if (model.gptq) log << gptq_load_note(*model.gptq) << "\n";
+  if (model.packed) log << packed_load_note(*model.packed) << "\n";
   const PromptTokenizer tok(model, opt.prompts.string());
 
   // Pass 1: check every line before touching the device or the output.

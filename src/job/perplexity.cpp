@@ -179,7 +179,7 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt, std::ostream& log)
   const std::string text = read_text_file(opt.text);
   ModelBundle model = open_model(opt.model);
   if (!model.tokenizer) STRATA_FAIL(model.config.name << ": the model has no tokenizer files");
-  if (model.gptq && opt.progress) log << gptq_load_note(*model.gptq) << "\n";
+  if (model.packed && opt.progress) log << packed_load_note(*model.packed) << "\n";
   const ModelConfig& cfg = model.config;
   int context = opt.context;
   if (context == 0) context = std::min(kDefaultContext, cfg.max_positions);

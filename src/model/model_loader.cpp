@@ -6,7 +6,7 @@
 
 #include "strata/core/error.h"
 #include "strata/model/gguf.h"
-#include "strata/model/gptq.h"
+#include "strata/model/packed_checkpoint.h"
 
 namespace strata {
 namespace fs = std::filesystem;
@@ -110,8 +110,8 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
   if (fs::is_directory(path)) {
     if (!fs::exists(path / "config.json")) STRATA_FAIL(spec << ": no config.json in the model directory");
     b.config = config_from_hf_json(path / "config.json");
-    b.gptq = read_gptq_format(path);
-    b.weights = split_fused_projections(b.gptq ? make_gptq_source(path, *b.gptq) : make_safetensors_source(path), b.config);
+    b.packed = read_packed_format(path);
+    b.weights = split_fused_projections(b.packed ? make_packed_source(path, *b.packed) : make_safetensors_source(path), b.config);
     const fs::path tok = tokenizer_dir.empty() ? path : tokenizer_dir;
     if (fs::exists(tok / "tokenizer.json") || fs::exists(tok / "vocab.json")) b.tokenizer = Tokenizer::from_dir(tok);
     b.add_bos = b.config.bos_id >= 0 && hf_adds_bos(tok);

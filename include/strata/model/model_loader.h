@@ -8,7 +8,7 @@
 
 #include "strata/model/chat_template.h"
 #include "strata/model/config.h"
-#include "strata/model/gptq.h"
+#include "strata/model/packed_checkpoint.h"
 #include "strata/model/tokenizer.h"
 #include "strata/model/weight_source.h"
 
@@ -21,7 +21,7 @@ struct ModelBundle {
   bool add_bos = false;                // prepend config.bos_id to prompts, as the HF tokenizer does
   std::string chat_template;           // empty when the model has none
   ChatTokens chat_tokens;              // the template's bos_token / eos_token strings
-  std::optional<GptqFormat> gptq;      // set for a GPTQ checkpoint (gptq.h)
+  std::optional<PackedFormat> packed;  // set for a GPTQ or AWQ checkpoint (packed_checkpoint.h)
 };
 
 // tokenizer_dir, when given, replaces the model's own tokenizer (or the byte stand-in of dummy models).

@@ -1,5 +1,6 @@
-// libFuzzer entry for a GPTQ checkpoint's tensors (make_gptq_source): the first byte picks the
-// format (bits 2, 4 or 8; group 0 = whole rows, 32, 64 or 128; zero stored minus one or not), the
+// libFuzzer entry for a GPTQ or AWQ checkpoint's tensors (make_packed_source): the first byte
+// picks the format (bits 2, 4 or 8; group 0 = whole rows, 32, 64 or 128; zero stored minus one or
+// not; GPTQ or AWQ packing), the
 // rest is a safetensors file, written to a scratch file because the source maps files. Then every
 // tensor is shaped, read as floats, and read as codes at two specs, as the loader and a compressed
 // policy would. strata::Error is the expected way to reject input; anything else (crash,
@@ -13,20 +14,24 @@
 #include <vector>
 
 #include "strata/core/error.h"
-#include "strata/model/gptq.h"
+#include "strata/model/packed_checkpoint.h"
 #include "strata/quant/quant.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  static const std::string path = "/tmp/strata_gptq_fuzz_" + std::to_string(::getpid()) + ".safetensors";
+  static const std::string path = "/tmp/strata_packed_fuzz_" + std::to_string(::getpid()) + ".safetensors";
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(data + 1), long(size - 1));
-  strata::GptqFormat format;
+  strata::PackedFormat format;
   format.bits = (const int[]){2, 4, 8}[data[0] % 3];
   format.group_size = (const int[]){0, 32, 64, 128}[(data[0] / 3) % 4];
   format.zero_minus_one = (data[0] / 12) % 2 == 0;
+  if ((data[0] / 24) % 2) {  // AWQ: 4-bit codes packed along the output
+    format.method = strata::PackedMethod::Awq;
+    format.bits = 4;
+  }
   format.source = "fuzz";
   try {
-    const std::unique_ptr<strata::WeightSource> src = strata::make_gptq_source(path, format);
+    const std::unique_ptr<strata::WeightSource> src = strata::make_packed_source(path, format);
     for (const std::string& name : src->names()) {
       const std::vector<int64_t> shape = src->shape(name);
       int64_t numel = 1;

@@ -1,6 +1,7 @@
-// GPTQ checkpoints as Hugging Face weights: packed linears shown as `P.weight`, dequantized on
-// read() or handed over as Strata's quantized rows by read_codes() (include/strata/model/gptq.h).
-#include "strata/model/gptq.h"
+// GPTQ and AWQ checkpoints as Hugging Face weights: packed linears shown as `P.weight`,
+// dequantized on read() or handed over as Strata's quantized rows by read_codes()
+// (include/strata/model/packed_checkpoint.h).
+#include "strata/model/packed_checkpoint.h"
 
 #include <cstring>
 #include <map>
@@ -16,6 +17,10 @@ namespace {
 
 const char* const kPackedParts[] = {".qweight", ".qzeros", ".scales", ".g_idx"};
 
+// AWQ packs eight outputs to a word in this order: nibble k holds output 8c + kAwqOrder[k], so
+// output 8c + r is in nibble kAwqNibble[r].
+constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
 uint32_t word_at(const SafetensorsEntry& e, size_t index) {
   uint32_t w;
   std::memcpy(&w, e.data + index * 4, 4);  // the data area need not be aligned
@@ -28,9 +33,9 @@ struct PackedLinear {
   int64_t in = 0, out = 0, groups = 0;
 };
 
-class GptqSource final : public WeightSource {
+class PackedSource final : public WeightSource {
 public:
-  GptqSource(const fs::path& path, GptqFormat format)
+  PackedSource(const fs::path& path, PackedFormat format)
       : set_(std::make_shared<const SafetensorsSet>(SafetensorsSet::open(path))),
         plain_(make_safetensors_source(set_, path)),
         format_(std::move(format)) {
@@ -133,7 +138,7 @@ private:
     auto need = [&](const char* part) -> const SafetensorsEntry* {
       const std::string name = prefix + part;
       if (!set_->contains(name))
-        STRATA_FAIL(where(prefix + ".qweight") << " has no '" << name << "' beside it (" << describe_gptq(format_)
+        STRATA_FAIL(where(prefix + ".qweight") << " has no '" << name << "' beside it (" << describe_packed(format_)
                                                << ", " << format_.source << ")");
       return &set_->get(name);
     };
@@ -150,14 +155,16 @@ private:
     check_2d(*m.scales, false);
     const int per_word = 32 / format_.bits;
     if (m.qweight->shape[0] == 0 || m.qweight->shape[1] == 0) STRATA_FAIL(where(m.qweight->name) << " is empty");
-    m.in = m.qweight->shape[0] * per_word;
-    m.out = m.qweight->shape[1];
+    const bool awq = format_.method == PackedMethod::Awq;
+    m.in = m.qweight->shape[0] * (awq ? 1 : per_word);  // GPTQ packs along the input, AWQ along the output
+    m.out = m.qweight->shape[1] * (awq ? per_word : 1);
+    if (awq && m.g_idx) STRATA_FAIL(where(m.g_idx->name) << ": AWQ checkpoints have no g_idx");
     m.groups = m.scales->shape[0];
     const int64_t file_group = format_.group_size ? format_.group_size : m.in;
     auto mismatch = [&](const SafetensorsEntry& e, const std::string& want) {
       std::ostringstream shape;
       for (size_t d = 0; d < e.shape.size(); ++d) shape << (d ? ", " : "") << e.shape[d];
-      STRATA_FAIL(where(e.name) << " has shape [" << shape.str() << "]; " << want << " (" << describe_gptq(format_)
+      STRATA_FAIL(where(e.name) << " has shape [" << shape.str() << "]; " << want << " (" << describe_packed(format_)
                                 << ", " << m.in << " inputs, " << m.out << " outputs)");
     };
     if (m.scales->shape[1] != m.out) mismatch(*m.scales, "its columns must be the outputs");
@@ -177,12 +184,23 @@ private:
     const int bits = format_.bits, per_word = 32 / bits;
     const uint32_t mask = (1u << bits) - 1;
     Unpacked u;
+    const bool awq = format_.method == PackedMethod::Awq;
+    // Where output o's field sits in its word: GPTQ's zeros and AWQ's codes and zeros pack
+    // along the output.
+    auto out_shift = [&](int64_t o) { return (awq ? kAwqNibble[o % per_word] : int(o % per_word)) * bits; };
     u.codes.resize(size_t(m.out * m.in));
-    for (int64_t w = 0; w < m.qweight->shape[0]; ++w)
-      for (int64_t o = 0; o < m.out; ++o) {
-        const uint32_t word = word_at(*m.qweight, size_t(w * m.out + o));
-        for (int j = 0; j < per_word; ++j) u.codes[size_t(o * m.in + w * per_word + j)] = uint8_t((word >> (j * bits)) & mask);
-      }
+    if (awq) {
+      const int64_t cols = m.qweight->shape[1];
+      for (int64_t i = 0; i < m.in; ++i)
+        for (int64_t o = 0; o < m.out; ++o)
+          u.codes[size_t(o * m.in + i)] = uint8_t((word_at(*m.qweight, size_t(i * cols + o / per_word)) >> out_shift(o)) & mask);
+    } else {
+      for (int64_t w = 0; w < m.qweight->shape[0]; ++w)
+        for (int64_t o = 0; o < m.out; ++o) {
+          const uint32_t word = word_at(*m.qweight, size_t(w * m.out + o));
+          for (int j = 0; j < per_word; ++j) u.codes[size_t(o * m.in + w * per_word + j)] = uint8_t((word >> (j * bits)) & mask);
+        }
+    }
     u.scale.resize(size_t(m.groups * m.out));
     if (reinterpret_cast<uintptr_t>(m.scales->data) % dtype_size(m.scales->dtype) != 0) {
       const std::vector<uint8_t> aligned(m.scales->data, m.scales->data + m.scales->nbytes);
@@ -195,7 +213,7 @@ private:
     for (int64_t g = 0; g < m.groups; ++g)
       for (int64_t o = 0; o < m.out; ++o) {
         const uint32_t word = word_at(*m.qzeros, size_t(g * zero_cols + o / per_word));
-        u.zero[size_t(g * m.out + o)] = int((word >> ((o % per_word) * bits)) & mask) + (format_.zero_minus_one ? 1 : 0);
+        u.zero[size_t(g * m.out + o)] = int((word >> out_shift(o)) & mask) + (format_.zero_minus_one ? 1 : 0);
       }
     const int64_t file_group = format_.group_size ? format_.group_size : m.in;
     u.group.resize(size_t(m.in));
@@ -210,15 +228,15 @@ private:
 
   std::shared_ptr<const SafetensorsSet> set_;
   std::unique_ptr<WeightSource> plain_;
-  GptqFormat format_;
+  PackedFormat format_;
   std::map<std::string, PackedLinear> linears_;  // by the HF weight name they stand for
   std::vector<std::string> names_;
 };
 
 }  // namespace
 
-std::unique_ptr<WeightSource> make_gptq_source(const fs::path& path, const GptqFormat& format) {
-  return std::make_unique<GptqSource>(path, format);
+std::unique_ptr<WeightSource> make_packed_source(const fs::path& path, const PackedFormat& format) {
+  return std::make_unique<PackedSource>(path, format);
 }
 
 }  // namespace strata

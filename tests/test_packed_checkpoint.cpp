@@ -1,7 +1,8 @@
-// GPTQ checkpoints (include/strata/model/gptq.h): tiny-llama-gptq and tiny-llama-gptq-actorder,
-// quantized and saved by GPTQModel; expected values from transformers running GPTQModel's own
-// dequantization (tests/fixtures/models/make_gptq_fixture.py), never from Strata. Their
-// uncompressed logits and greedy tokens are checked with the other tiny models (test_model_hf.cpp).
+// GPTQ and AWQ checkpoints (include/strata/model/packed_checkpoint.h): tiny-llama-gptq,
+// tiny-llama-gptq-actorder and tiny-llama-awq, quantized and saved by GPTQModel; expected values
+// from transformers running the library's own dequantization
+// (tests/fixtures/models/make_packed_fixtures.py), never from Strata. Their uncompressed logits
+// and greedy tokens are checked with the other tiny models (test_model_hf.cpp).
 #include "test_paths.h"
 
 #include <catch2/catch.hpp>
@@ -14,7 +15,7 @@
 
 #include "engine_run.h"
 #include "strata/core/error.h"
-#include "strata/model/gptq.h"
+#include "strata/model/packed_checkpoint.h"
 #include "strata/model/safetensors.h"
 #include "test_support.h"
 
@@ -79,15 +80,21 @@ std::string error_of(const std::function<void()>& f) {
 
 }  // namespace
 
-TEST_CASE("gptq: the format comes from config.json's quantization_config", "[gptq]") {
-  const std::optional<GptqFormat> f = read_gptq_format(model_dir("tiny-llama-gptq"));
+TEST_CASE("gptq: the format comes from config.json's quantization_config", "[gptq][awq]") {
+  const std::optional<PackedFormat> f = read_packed_format(model_dir("tiny-llama-gptq"));
   REQUIRE(f);
   CHECK(f->bits == 4);
   CHECK(f->group_size == 64);
   CHECK(f->zero_minus_one);
-  CHECK(describe_gptq(*f) == "GPTQ 4-bit, group 64");
-  CHECK(read_gptq_format(model_dir("tiny-llama-gptq-actorder"))->group_size == 32);
-  CHECK_FALSE(read_gptq_format(model_dir("tiny-llama")));
+  CHECK(describe_packed(*f) == "GPTQ 4-bit, group 64");
+  CHECK(read_packed_format(model_dir("tiny-llama-gptq-actorder"))->group_size == 32);
+  const std::optional<PackedFormat> awq = read_packed_format(model_dir("tiny-llama-awq"));
+  REQUIRE(awq);
+  CHECK(awq->method == PackedMethod::Awq);
+  CHECK(awq->bits == 4);
+  CHECK_FALSE(awq->zero_minus_one);
+  CHECK(describe_packed(*awq) == "AWQ 4-bit, group 64");
+  CHECK_FALSE(read_packed_format(model_dir("tiny-llama")));
   // The loader sees Hugging Face's weights: P.weight [out, in] in place of the packed tensors.
   const ModelBundle b = open_model(model_dir("tiny-llama-gptq").string());
   CHECK(b.weights->shape("model.layers.1.mlp.down_proj.weight") == std::vector<int64_t>{128, 256});
@@ -96,33 +103,39 @@ TEST_CASE("gptq: the format comes from config.json's quantization_config", "[gpt
   for (const std::string& name : b.weights->names()) CHECK_FALSE(name.ends_with(".qzeros"));
 }
 
-TEST_CASE("gptq: compressed, the file's codes cross the links and give transformers' results", "[gptq][quant][offload]") {
-  const json exp = load_json(model_dir("tiny-llama-gptq") / "expected.json");
-  const ModelBundle model = open_model(model_dir("tiny-llama-gptq").string());
-  // 4-bit codes fit 4- and 8-bit rows; groups of 32 or 64 lie inside the file's groups of 64, whose
-  // scale and minimum they repeat. So every spec computes the same values: the file's codes with
-  // each group's fp16 scale s and fp16 minimum fp16(-s * z), which the fixture's "codes" values
-  // are transformers' results for (matched to fp32 summation order, as the GGUF codes test).
-  for (const auto& [bits, group] : {std::pair{4, 64}, {4, 32}, {8, 64}, {8, 32}}) {
-    INFO(bits << "-bit, group " << group);
-    const test::EngineRun run = test::run_engine(model, exp, test::compressed_weights_policy(bits, group));
-    CHECK(run.report.weights_kept_codes == 14);
-    CHECK(run.report.weights_quantized == 0);
-    REQUIRE(run.results.size() == exp["prompts"].size());
-    double worst = 0, worst_exact = 0;
-    for (size_t p = 0; p < run.results.size(); ++p) {
-      INFO("prompt " << p);
-      const double err = test::max_nll_error(run.results[p].prompt_nll, exp["codes"]["prompt_nll"][p]);
-      CHECK(err < 5e-5);
-      CHECK(run.results[p].tokens == exp["codes"]["greedy"][p].get<std::vector<int32_t>>());
-      worst = std::max(worst, err);
-      worst_exact = std::max(worst_exact, test::max_nll_error(run.results[p].prompt_nll, exp["prompt_nll"][p]));
+TEST_CASE("gptq, awq: compressed, the file's codes cross the links and give transformers' results",
+          "[gptq][awq][quant][offload]") {
+  for (const char* name : {"tiny-llama-gptq", "tiny-llama-awq"}) {
+    SECTION(name) {
+      const json exp = load_json(model_dir(name) / "expected.json");
+      const ModelBundle model = open_model(model_dir(name).string());
+      // 4-bit codes fit 4- and 8-bit rows; groups of 32 or 64 lie inside the file's groups of 64,
+      // whose scale and minimum they repeat. So every spec computes the same values: the file's
+      // codes with each group's fp16 scale s and fp16 minimum fp16(-s * z), which the fixture's
+      // "codes" values are transformers' results for (matched to fp32 summation order, as the
+      // GGUF codes test).
+      for (const auto& [bits, group] : {std::pair{4, 64}, {4, 32}, {8, 64}, {8, 32}}) {
+        INFO(bits << "-bit, group " << group);
+        const test::EngineRun run = test::run_engine(model, exp, test::compressed_weights_policy(bits, group));
+        CHECK(run.report.weights_kept_codes == 14);
+        CHECK(run.report.weights_quantized == 0);
+        REQUIRE(run.results.size() == exp["prompts"].size());
+        double worst = 0, worst_exact = 0;
+        for (size_t p = 0; p < run.results.size(); ++p) {
+          INFO("prompt " << p);
+          const double err = test::max_nll_error(run.results[p].prompt_nll, exp["codes"]["prompt_nll"][p]);
+          CHECK(err < 5e-5);
+          CHECK(run.results[p].tokens == exp["codes"]["greedy"][p].get<std::vector<int32_t>>());
+          worst = std::max(worst, err);
+          worst_exact = std::max(worst_exact, test::max_nll_error(run.results[p].prompt_nll, exp["prompt_nll"][p]));
+        }
+        // The fp16 minimum moves a group's weights by up to half an fp16 ulp of s * z, which
+        // moves the NLLs from the exact dequantization's by far more (observed 8e-3 for GPTQ)
+        // than from the values with that rounding: those are what Strata computes.
+        INFO("max |NLL difference| " << worst << ", " << worst_exact << " from the exact dequantization");
+        CHECK(worst * 10 < worst_exact);
+      }
     }
-    // The fp16 minimum moves a group's weights by up to half an fp16 ulp of s * z, which moves
-    // the NLLs from the exact dequantization's by far more (observed 8e-3) than from the values
-    // with that rounding: those are what Strata computes.
-    INFO("max |NLL difference| " << worst << ", " << worst_exact << " from the exact dequantization");
-    CHECK(worst * 10 < worst_exact);
   }
 }
 
@@ -151,7 +164,7 @@ TEST_CASE("gptq: codes that do not fit the spec are dequantized, then quantized 
 TEST_CASE("gptq: checkpoint_format gptq_v2 stores the zero itself, not the zero minus one", "[gptq]") {
   // The fixture is format "gptq"; read as gptq_v2 every zero is one lower, which moves the logits.
   const fs::path dir = edited_copy("v2", [](json& c) { c["quantization_config"]["checkpoint_format"] = "gptq_v2"; });
-  const std::optional<GptqFormat> f = read_gptq_format(dir);
+  const std::optional<PackedFormat> f = read_packed_format(dir);
   REQUIRE(f);
   CHECK_FALSE(f->zero_minus_one);
   const json exp = load_json(model_dir("tiny-llama-gptq") / "expected.json");
@@ -165,10 +178,11 @@ TEST_CASE("gptq: checkpoint_format gptq_v2 stores the zero itself, not the zero 
   CHECK(worst > 0.1f);
 }
 
-TEST_CASE("gptq: unsupported quantization configs are refused naming the file and field", "[gptq]") {
+TEST_CASE("gptq, awq: unsupported quantization configs are refused naming the file and field", "[gptq][awq]") {
   const std::pair<std::function<void(json&)>, std::string> cases[] = {
-      {[](json& c) { c["quantization_config"]["quant_method"] = "awq"; },
-       "config.json: quantization_config.quant_method is 'awq'"},
+      {[](json& c) { c["quantization_config"]["quant_method"] = "bitsandbytes"; },
+       "config.json: quantization_config.quant_method is 'bitsandbytes'"},
+      {[](json& c) { c["quantization_config"]["quant_method"] = 4; }, "quantization_config.quant_method is not a string"},
       {[](json& c) { c["quantization_config"]["bits"] = 3; }, "quantization_config.bits is 3"},
       {[](json& c) { c["quantization_config"].erase("bits"); }, "quantization_config.bits is missing"},
       {[](json& c) { c["quantization_config"]["group_size"] = 0; }, "quantization_config.group_size is 0"},
@@ -177,6 +191,12 @@ TEST_CASE("gptq: unsupported quantization configs are refused naming the file an
       {[](json& c) { c["quantization_config"]["dynamic"] = {{"-:.*down_proj", json::object()}}; },
        "quantization_config.dynamic"},
       {[](json& c) { c["quantization_config"] = "gptq"; }, "quantization_config is not an object"},
+      {[](json& c) { c["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}, {"group_size", 64}, {"version", "gemv"}}; },
+       "quantization_config.version is 'gemv'"},
+      {[](json& c) { c["quantization_config"] = {{"quant_method", "awq"}, {"bits", 8}, {"group_size", 64}}; },
+       "quantization_config.bits is 8: AWQ checkpoints of 4 bits"},
+      {[](json& c) { c["quantization_config"] = {{"quant_method", "awq"}, {"bits", 4}, {"group_size", -1}}; },
+       "quantization_config.group_size is -1"},
   };
   int n = 0;
   for (const auto& [edit, message] : cases) {
@@ -215,20 +235,24 @@ TEST_CASE("gptq: a packed linear whose tensors disagree is refused naming the te
              Catch::Contains("tensor '" + q + ".g_idx': input 5 is in group 7 of 2"));
 }
 
-TEST_CASE("CUDA: a GPTQ checkpoint's codes cross the links and give transformers' NLLs within fp16 tolerance",
-          "[gptq][quant][offload][cuda]") {
+TEST_CASE("CUDA: GPTQ and AWQ codes cross the links and give transformers' NLLs within fp16 tolerance",
+          "[gptq][awq][quant][offload][cuda]") {
   if (!cuda_available()) {
     WARN("no GPU: skipped");
     return;
   }
-  const json exp = load_json(model_dir("tiny-llama-gptq") / "expected.json");
-  const ModelBundle model = open_model(model_dir("tiny-llama-gptq").string());
-  auto backend = make_cuda_backend(0);
-  // fp16 activations: the bound of the GGUF codes CUDA test (test_gguf_codes.cpp).
-  const test::EngineRun run = test::run_engine(model, exp, test::compressed_weights_policy(4, 64), *backend);
-  CHECK(run.report.weights_kept_codes == 14);
-  for (size_t p = 0; p < run.results.size(); ++p) {
-    INFO("prompt " << p);
-    CHECK(test::max_nll_error(run.results[p].prompt_nll, exp["codes"]["prompt_nll"][p]) < 5e-2);
+  for (const char* name : {"tiny-llama-gptq", "tiny-llama-awq"}) {
+    SECTION(name) {
+      const json exp = load_json(model_dir(name) / "expected.json");
+      const ModelBundle model = open_model(model_dir(name).string());
+      auto backend = make_cuda_backend(0);
+      // fp16 activations: the bound of the GGUF codes CUDA test (test_gguf_codes.cpp).
+      const test::EngineRun run = test::run_engine(model, exp, test::compressed_weights_policy(4, 64), *backend);
+      CHECK(run.report.weights_kept_codes == 14);
+      for (size_t p = 0; p < run.results.size(); ++p) {
+        INFO("prompt " << p);
+        CHECK(test::max_nll_error(run.results[p].prompt_nll, exp["codes"]["prompt_nll"][p]) < 5e-2);
+      }
+    }
   }
 }
