@@ -161,6 +161,18 @@ TEST_CASE("gptq: codes that do not fit the spec are dequantized, then quantized 
   }
 }
 
+TEST_CASE("gptq: an older checkpoint's quantize_config.json gives the format when config.json has none", "[gptq]") {
+  const fs::path dir = edited_copy("legacy", [](json& c) { c.erase("quantization_config"); });
+  // AutoGPTQ's file: no quant_method, no checkpoint_format (zeros stored minus one).
+  std::ofstream(dir / "quantize_config.json") << R"({"bits": 4, "group_size": 64, "damp_percent": 0.01,
+      "desc_act": false, "static_groups": false, "sym": false, "true_sequential": true})";
+  const std::optional<PackedFormat> f = read_packed_format(dir);
+  REQUIRE(f);
+  CHECK(f->source == (dir / "quantize_config.json").string());
+  const ModelBundle b = open_model(dir.string());
+  test::check_hf_outputs(b, load_json(model_dir("tiny-llama-gptq") / "expected.json"));
+}
+
 TEST_CASE("gptq: checkpoint_format gptq_v2 stores the zero itself, not the zero minus one", "[gptq]") {
   // The fixture is format "gptq"; read as gptq_v2 every zero is one lower, which moves the logits.
   const fs::path dir = edited_copy("v2", [](json& c) { c["quantization_config"]["checkpoint_format"] = "gptq_v2"; });

@@ -86,25 +86,24 @@ PackedFormat parse_format(const json& q, const std::string& where) {
   return f;
 }
 
-std::optional<json> read_json(const fs::path& p) {
-  if (!fs::exists(p)) return std::nullopt;
-  std::ifstream in(p);
+json parse_json(const std::string& text, const std::string& file) {
   try {
-    return json::parse(in);
+    return json::parse(text);
   } catch (const json::exception& e) {
-    STRATA_FAIL(p.string() << ": invalid JSON: " << e.what());
+    STRATA_FAIL(file << ": invalid JSON: " << e.what());
   }
+}
+
+std::optional<std::string> read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) return std::nullopt;
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
 }  // namespace
 
 std::optional<PackedFormat> packed_format_from_config_text(const std::string& text, const std::string& file) {
-  json c;
-  try {
-    c = json::parse(text);
-  } catch (const json::exception& e) {
-    STRATA_FAIL(file << ": invalid JSON: " << e.what());
-  }
+  const json c = parse_json(text, file);
   if (!c.is_object() || !c.contains("quantization_config")) return std::nullopt;
   const json& q = c["quantization_config"];
   if (!q.is_object()) STRATA_FAIL(file << ": quantization_config is not an object");
@@ -114,16 +113,14 @@ std::optional<PackedFormat> packed_format_from_config_text(const std::string& te
 
 std::optional<PackedFormat> read_packed_format(const fs::path& model_dir) {
   const fs::path config = model_dir / "config.json";
-  if (std::ifstream in(config); in) {
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (std::optional<PackedFormat> f = packed_format_from_config_text(text, config.string())) return f;
-  }
-  const fs::path legacy = model_dir / "quantize_config.json";
-  if (const std::optional<json> q = read_json(legacy)) {
-    if (!q->is_object()) STRATA_FAIL(legacy.string() << ": not a JSON object");
-    return parse_format(*q, legacy.string());
-  }
-  return std::nullopt;
+  if (const std::optional<std::string> text = read_text(config))
+    if (std::optional<PackedFormat> f = packed_format_from_config_text(*text, config.string())) return f;
+  const fs::path legacy = model_dir / "quantize_config.json";  // AutoGPTQ's, beside an unmarked config.json
+  const std::optional<std::string> text = read_text(legacy);
+  if (!text) return std::nullopt;
+  const json q = parse_json(*text, legacy.string());
+  if (!q.is_object()) STRATA_FAIL(legacy.string() << ": not a JSON object");
+  return parse_format(q, legacy.string());
 }
 
 std::string describe_packed(const PackedFormat& format) {
