@@ -173,6 +173,13 @@ TEST_CASE("gptq: an older checkpoint's quantize_config.json gives the format whe
   test::check_hf_outputs(b, load_json(model_dir("tiny-llama-gptq") / "expected.json"));
 }
 
+TEST_CASE("gptq: packed codes without a quantization config are refused as such", "[gptq]") {
+  const fs::path dir = edited_copy("unmarked", [](json& c) { c.erase("quantization_config"); });
+  CHECK_THAT(error_of([&] { open_model(dir.string()); }),
+             Catch::Contains("holds packed quantized codes, but config.json has no quantization_config") &&
+                 Catch::Contains(".qweight"));
+}
+
 TEST_CASE("gptq: checkpoint_format gptq_v2 stores the zero itself, not the zero minus one", "[gptq]") {
   // The fixture is format "gptq"; read as gptq_v2 every zero is one lower, which moves the logits.
   const fs::path dir = edited_copy("v2", [](json& c) { c["quantization_config"]["checkpoint_format"] = "gptq_v2"; });

@@ -54,6 +54,16 @@ ChatTokens chat_tokens(const ModelBundle& b, std::string bos, std::string eos) {
   return {std::move(bos), std::move(eos)};
 }
 
+// Packed codes (GPTQ's or AWQ's `qweight`) need the format that says how to read them; without
+// one, the loader would only report a missing `.weight`.
+void refuse_unmarked_codes(const WeightSource& weights, const fs::path& dir) {
+  for (const std::string& name : weights.names())
+    if (name.ends_with(".qweight"))
+      STRATA_FAIL(dir.string() << ": tensor '" << name << "' holds packed quantized codes, but config.json has no"
+                               << " quantization_config and there is no quantize_config.json to say how to read them"
+                               << " (GPTQ and AWQ checkpoints carry one)");
+}
+
 }  // namespace
 
 HfChat hf_chat(const fs::path& dir) {
@@ -111,7 +121,9 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     if (!fs::exists(path / "config.json")) STRATA_FAIL(spec << ": no config.json in the model directory");
     b.config = config_from_hf_json(path / "config.json");
     b.packed = read_packed_format(path);
-    b.weights = split_fused_projections(b.packed ? make_packed_source(path, *b.packed) : make_safetensors_source(path), b.config);
+    std::unique_ptr<WeightSource> weights = b.packed ? make_packed_source(path, *b.packed) : make_safetensors_source(path);
+    if (!b.packed) refuse_unmarked_codes(*weights, path);
+    b.weights = split_fused_projections(std::move(weights), b.config);
     const fs::path tok = tokenizer_dir.empty() ? path : tokenizer_dir;
     if (fs::exists(tok / "tokenizer.json") || fs::exists(tok / "vocab.json")) b.tokenizer = Tokenizer::from_dir(tok);
     b.add_bos = b.config.bos_id >= 0 && hf_adds_bos(tok);
