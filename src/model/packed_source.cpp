@@ -17,9 +17,16 @@ namespace {
 
 const char* const kPackedParts[] = {".qweight", ".qzeros", ".scales", ".g_idx"};
 
-// AWQ packs eight outputs to a word in this order: nibble k holds output 8c + kAwqOrder[k], so
-// output 8c + r is in nibble kAwqNibble[r].
+// AWQ packs eight outputs to a word out of order: nibble k holds output 8c + {0, 2, 4, 6, 1, 3, 5,
+// 7}[k], so output 8c + r is in nibble kAwqNibble[r].
 constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+// The linear a packed tensor belongs to ("" for other tensors).
+std::string packed_prefix(const std::string& name) {
+  for (const char* part : kPackedParts)
+    if (name.ends_with(part)) return name.substr(0, name.size() - std::strlen(part));
+  return {};
+}
 
 uint32_t word_at(const SafetensorsEntry& e, size_t index) {
   uint32_t w;
@@ -31,6 +38,7 @@ uint32_t word_at(const SafetensorsEntry& e, size_t index) {
 struct PackedLinear {
   const SafetensorsEntry *qweight = nullptr, *qzeros = nullptr, *scales = nullptr, *g_idx = nullptr;
   int64_t in = 0, out = 0, groups = 0;
+  int64_t group_size = 0;  // inputs per group: the format's, or the whole row
 };
 
 class PackedSource final : public WeightSource {
@@ -40,9 +48,7 @@ public:
         plain_(make_safetensors_source(set_, path)),
         format_(std::move(format)) {
     for (const std::string& name : set_->names()) {
-      std::string prefix;
-      for (const char* part : kPackedParts)
-        if (name.ends_with(part)) prefix = name.substr(0, name.size() - std::strlen(part));
+      const std::string prefix = packed_prefix(name);
       if (prefix.empty()) {
         names_.push_back(name);
         continue;
@@ -55,7 +61,7 @@ public:
 
   std::string describe() const override { return plain_->describe(); }
   bool contains(const std::string& name) const override {
-    return linears_.count(name) != 0 || (plain_->contains(name) && !is_packed_part(name));
+    return linears_.count(name) != 0 || (plain_->contains(name) && packed_prefix(name).empty());
   }
   std::vector<std::string> names() const override { return names_; }
 
@@ -86,18 +92,17 @@ public:
     auto it = linears_.find(name);
     if (it == linears_.end()) return plain_->read_codes(name, spec, dst);
     const PackedLinear& m = it->second;
-    const int64_t file_group = format_.group_size ? format_.group_size : m.in;
-    if (format_.bits > spec.bits || file_group % spec.group_size != 0) return false;
+    if (format_.bits > spec.bits || m.group_size % spec.group_size != 0) return false;
     const Unpacked u = unpack(name, m);
     // Only consecutive groups become Strata's (a desc_act checkpoint permutes its inputs).
     for (int64_t i = 0; i < m.in; ++i)
-      if (u.group[size_t(i)] != i / file_group) return false;
+      if (u.group[size_t(i)] != i / m.group_size) return false;
     const int64_t n_groups = (m.in + spec.group_size - 1) / spec.group_size;
     std::vector<float> scales(static_cast<size_t>(n_groups)), mins(scales.size());
     const size_t out_row = quant::row_bytes(spec, m.in);
     for (int64_t o = 0; o < m.out; ++o) {
       for (int64_t k = 0; k < n_groups; ++k) {
-        const size_t gp = size_t((k * spec.group_size / file_group) * m.out + o);
+        const size_t gp = size_t((k * spec.group_size / m.group_size) * m.out + o);
         scales[size_t(k)] = u.scale[gp];
         // s * (q - z) = q * s + (-s * z); the product is exact in fp32 (an fp16 scale times a
         // small integer) and rounded once to the row's fp16 minimum.
@@ -117,12 +122,6 @@ private:
     std::vector<int> zero;       // [groups][out], the true zero point
     std::vector<int64_t> group;  // [in]
   };
-
-  static bool is_packed_part(const std::string& name) {
-    for (const char* part : kPackedParts)
-      if (name.ends_with(part)) return true;
-    return false;
-  }
 
   std::string where(const std::string& tensor) const {
     return set_->get(tensor).file.string() + ": tensor '" + tensor + "'";
@@ -160,7 +159,7 @@ private:
     m.out = m.qweight->shape[1] * (awq ? per_word : 1);
     if (awq && m.g_idx) STRATA_FAIL(where(m.g_idx->name) << ": AWQ checkpoints have no g_idx");
     m.groups = m.scales->shape[0];
-    const int64_t file_group = format_.group_size ? format_.group_size : m.in;
+    m.group_size = format_.group_size ? format_.group_size : m.in;
     auto mismatch = [&](const SafetensorsEntry& e, const std::string& want) {
       std::ostringstream shape;
       for (size_t d = 0; d < e.shape.size(); ++d) shape << (d ? ", " : "") << e.shape[d];
@@ -168,7 +167,7 @@ private:
                                 << ", " << m.in << " inputs, " << m.out << " outputs)");
     };
     if (m.scales->shape[1] != m.out) mismatch(*m.scales, "its columns must be the outputs");
-    if (!m.g_idx && m.groups != (m.in + file_group - 1) / file_group)
+    if (!m.g_idx && m.groups != (m.in + m.group_size - 1) / m.group_size)
       mismatch(*m.scales, "its rows must be the groups");
     if (m.qzeros->shape[0] != m.groups || m.qzeros->shape[1] != (m.out + per_word - 1) / per_word)
       mismatch(*m.qzeros, "it must be [groups, outputs / " + std::to_string(per_word) + "]");
@@ -202,12 +201,7 @@ private:
         }
     }
     u.scale.resize(size_t(m.groups * m.out));
-    if (reinterpret_cast<uintptr_t>(m.scales->data) % dtype_size(m.scales->dtype) != 0) {
-      const std::vector<uint8_t> aligned(m.scales->data, m.scales->data + m.scales->nbytes);
-      convert_elements(aligned.data(), m.scales->dtype, u.scale.data(), DType::F32, u.scale.size());
-    } else {
-      convert_elements(m.scales->data, m.scales->dtype, u.scale.data(), DType::F32, u.scale.size());
-    }
+    plain_->read(m.scales->name, DType::F32, u.scale.data());
     u.zero.resize(u.scale.size());
     const int64_t zero_cols = m.qzeros->shape[1];
     for (int64_t g = 0; g < m.groups; ++g)
@@ -215,10 +209,9 @@ private:
         const uint32_t word = word_at(*m.qzeros, size_t(g * zero_cols + o / per_word));
         u.zero[size_t(g * m.out + o)] = int((word >> out_shift(o)) & mask) + (format_.zero_minus_one ? 1 : 0);
       }
-    const int64_t file_group = format_.group_size ? format_.group_size : m.in;
     u.group.resize(size_t(m.in));
     for (int64_t i = 0; i < m.in; ++i) {
-      const int64_t g = m.g_idx ? int64_t(int32_t(word_at(*m.g_idx, size_t(i)))) : i / file_group;
+      const int64_t g = m.g_idx ? int64_t(int32_t(word_at(*m.g_idx, size_t(i)))) : i / m.group_size;
       if (g < 0 || g >= m.groups)
         STRATA_FAIL(where(m.g_idx ? m.g_idx->name : name) << ": input " << i << " is in group " << g << " of " << m.groups);
       u.group[size_t(i)] = g;

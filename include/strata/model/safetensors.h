@@ -1,7 +1,7 @@
 // Safetensors files, memory-mapped: single file or sharded (model.safetensors.index.json).
 // The header is validated before any tensor is read: its size within the file, JSON shape,
-// dtypes (F32, F16, BF16, and I32 for GPTQ's packed tensors), shapes, and that every tensor's byte range lies inside the data area
-// and matches dtype x shape.
+// dtypes (F32, F16, BF16, and I32 for GPTQ's and AWQ's packed tensors), shapes, and that every
+// tensor's byte range lies inside the data area and matches dtype x shape.
 #pragma once
 #include <cstdint>
 #include <filesystem>

@@ -37,7 +37,7 @@ public:
 
 // A .safetensors file, an index json, or a directory holding either.
 std::unique_ptr<WeightSource> make_safetensors_source(const std::filesystem::path& path);
-// The same over files already mapped (the GPTQ source shares them with it; `path` names them).
+// The same over files already mapped (the GPTQ/AWQ source shares them; `path` names them).
 std::unique_ptr<WeightSource> make_safetensors_source(std::shared_ptr<const SafetensorsSet> set,
                                                       const std::filesystem::path& path);
 // Shows Phi-3's fused qkv_proj and gate_up_proj as LLaMA's q/k/v_proj and gate/up_proj (rows cut
