@@ -179,6 +179,30 @@ TEST_CASE("cpu attention: F32 and F16 activations and caches match a double refe
   check_steps(sh, steps, DType::F16, DType::F32, 5e-4, 1e-3);
 }
 
+// Contexts of several key tiles (the online softmax rescales between them) and work items of
+// uneven runs of kv heads: one decode token splits 5 kv heads into runs of 1, three tokens into
+// runs of 2, 2 and 1 (the backend has 2 threads and aims at 4 items a thread).
+TEST_CASE("cpu attention: long contexts and uneven runs of kv heads match a double reference", "[cpu_attention]") {
+  std::mt19937 rng(4321);
+  const Shape sh{10, 5, 64, 3, 300};
+  std::vector<int32_t> s1, p1;
+  for (int32_t i = 0; i < 200; ++i) s1.push_back(0), p1.push_back(i);
+  for (int32_t i = 0; i < 129; ++i) s1.push_back(2), p1.push_back(i);
+  const std::vector<Step> steps{random_step(sh, s1, p1, rng), random_step(sh, {0}, {200}, rng),
+                                random_step(sh, {2, 0, 1}, {129, 201, 0}, rng)};
+  for (DType act : {DType::F32, DType::F16})
+    for (DType cache : {DType::F32, DType::F16}) {
+      const bool f16_out = act == DType::F16;
+      check_steps(sh, steps, act, cache, f16_out ? 5e-4 : 1e-5, f16_out ? 1e-3 : 1e-5);
+    }
+  // Multi-head attention over the same steps: fp16 rows are read without widening.
+  const Shape mha{5, 5, 64, 3, 300};
+  std::mt19937 rng2(4322);
+  const std::vector<Step> mha_steps{random_step(mha, s1, p1, rng2), random_step(mha, {2, 0, 1}, {129, 200, 0}, rng2)};
+  check_steps(mha, mha_steps, DType::F16, DType::F16, 5e-4, 1e-3);
+  check_steps(mha, mha_steps, DType::F32, DType::F16, 1e-5, 1e-5);
+}
+
 TEST_CASE("cpu attention: F16 with odd head dims and multi-head attention (scalar tails)", "[cpu_attention]") {
   std::mt19937 rng(99);
   for (int64_t d : {45, 7, 128}) {  // 45 = 32 + 8 + 5 goes through every loop of the SIMD kernels

@@ -524,69 +524,117 @@ private:
   }
 
   // attention() with q and out of element type Q and caches of element type Cache (float, f16, or
-  // QuantRow for quantized rows), arguments already checked. One work item per (token, query
-  // head); scores, softmax and the weighted sum of values in fp32. An fp16 query row is widened
-  // into a scratch row first, an fp16 output accumulates in a scratch row and is rounded once at
-  // the end. A quantized key or value row is dequantized with SIMD into an L1-resident scratch row
-  // as it is read, so the cache is read in its compressed form.
+  // QuantRow for quantized rows), arguments already checked; scores, softmax and the weighted sum
+  // of values in fp32. Decode attention is bound by reading the cache, so the loop is shaped by
+  // memory (docs/offload.md, "CPU attention"):
+  // - A work item is one token and a run of consecutive kv heads with all of their query heads,
+  //   so a key or value row is read once for its whole grouped-query group, and the run's rows of
+  //   one position are adjacent in memory ([S, C, kv_heads, d]); the next positions' rows are
+  //   prefetched, since a walk over positions strides kv_heads rows and the hardware prefetcher
+  //   does not follow it across pages.
+  // - Keys are visited in tiles of kTile with an online softmax (running max and denominator per
+  //   query row), so the scores stay in L1 whatever the context.
+  // - An fp16 or quantized row is widened into an fp32 scratch row once (F16C, or the SIMD
+  //   dequantization by the reference formula), then dotted with every query of its group.
   template <class Q, class Cache>
   void attend(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
               const Tensor& positions, float scale, const Tensor& out) {
-    constexpr bool q16 = std::is_same_v<Q, f16>;
     constexpr bool quantized = std::is_same_v<Cache, QuantRow>;
-    using Elem = std::conditional_t<quantized, float, Cache>;
+    constexpr int64_t kTile = 64, kPrefetchAhead = 4;
     const int64_t T = q.dim(0), heads = q.dim(1), d = q.dim(2);
     const int64_t S = cache_k.dim(0), C = cache_k.dim(1), kv_heads = cache_k.dim(2);
     const int64_t group = heads / kv_heads;
     quant::QuantSpec spec;
-    size_t qrow = 0;
+    size_t row_bytes = size_t(d) * sizeof(std::conditional_t<quantized, uint8_t, Cache>);
     if constexpr (quantized) {
       spec = quant::spec_of(cache_k);
-      qrow = quant::row_bytes(spec, d);
+      row_bytes = quant::row_bytes(spec, d);
     }
-    pool_.parallel_for(T * heads, [&](int64_t w0, int64_t w1) {
-      std::vector<float> scores, q32(q16 ? size_t(d) : 0), o32(q16 ? size_t(d) : 0), row32(quantized ? size_t(d) : 0);
-      // Row `index` ((slot * C + position) * kv_heads + head) of a cache, as Elem values.
-      auto cache_row = [&](const Tensor& cache, int64_t index) -> const Elem* {
-        if constexpr (quantized) {
-          cpu::dequantize_row_f32(cache.ptr<uint8_t>() + size_t(index) * qrow, spec.bits, spec.group_size, d,
-                                  row32.data());
-          return row32.data();
-        } else {
-          return cache.ptr<Cache>() + index * d;
-        }
-      };
+    const size_t position_bytes = size_t(kv_heads) * row_bytes;
+    // Enough runs per token that every thread gets a few items even for one token.
+    const int64_t runs = std::clamp<int64_t>((4 * pool_.size() + T - 1) / T, 1, kv_heads);
+    const int64_t run_heads = (kv_heads + runs - 1) / runs, runs_per_token = (kv_heads + run_heads - 1) / run_heads;
+    const int64_t max_rows = run_heads * group;  // query rows of one item
+
+    pool_.parallel_for(T * runs_per_token, [&](int64_t w0, int64_t w1) {
+      const size_t query_floats = static_cast<size_t>(max_rows * d), widened_floats = static_cast<size_t>(run_heads * d);
+      std::vector<float> qs(query_floats), o(query_floats), sc(static_cast<size_t>(max_rows * kTile)),
+          m(static_cast<size_t>(max_rows)), l(static_cast<size_t>(max_rows)),
+          widened(quantized || !std::is_same_v<Cache, float> ? widened_floats : 0);
       for (int64_t w = w0; w < w1; ++w) {
-        const int64_t t = w / heads, hq = w % heads, hk = hq / group;
+        const int64_t t = w / runs_per_token, h0 = (w % runs_per_token) * run_heads;
+        const int64_t run = std::min(run_heads, kv_heads - h0), rows = run * group;
         const int32_t s = slots.ptr<int32_t>()[t], p = positions.ptr<int32_t>()[t];
         STRATA_CHECK(s >= 0 && s < S && p >= 0 && p < C, "attention: slot " << s << " position " << p);
-        const Q* q_row = q.ptr<Q>() + (t * heads + hq) * d;
-        Q* out_row = out.ptr<Q>() + (t * heads + hq) * d;
-        const float* qv;
-        float* o;
-        if constexpr (q16) {
-          f16_to_f32(q_row, q32.data(), d);
-          qv = q32.data();
-          o = o32.data();
-        } else {
-          qv = q_row;
-          o = out_row;
+        const int64_t q0 = (t * heads + h0 * group) * d;  // the item's first query element
+        if constexpr (std::is_same_v<Q, f16>) f16_to_f32(q.ptr<f16>() + q0, qs.data(), rows * d);
+        else std::memcpy(qs.data(), q.ptr<float>() + q0, size_t(rows * d) * 4);
+        std::fill(o.begin(), o.begin() + rows * d, 0.0f);
+        std::fill(m.begin(), m.begin() + rows, -INFINITY);
+        std::fill(l.begin(), l.begin() + rows, 0.0f);
+        const size_t first_row = size_t(s) * size_t(C) * position_bytes + size_t(h0) * row_bytes;
+        const uint8_t* k_base = cache_k.ptr<uint8_t>() + first_row;
+        const uint8_t* v_base = cache_v.ptr<uint8_t>() + first_row;
+        const size_t run_bytes = size_t(run) * row_bytes;
+        // Without grouped queries an fp16 row is read once, so dot and axpy widen it in registers;
+        // otherwise it is widened once into `widened` for the queries of its group.
+        const bool widen = quantized || (std::is_same_v<Cache, f16> && group > 1);
+        // The run's rows at position j ([run, d]: fp32 when widened, else Elem), prefetching
+        // position j + kPrefetchAhead.
+        auto run_rows = [&](const uint8_t* base, int64_t j) -> const void* {
+          if (j + kPrefetchAhead <= p) {
+            const char* ahead = reinterpret_cast<const char*>(base + size_t(j + kPrefetchAhead) * position_bytes);
+            for (size_t b = 0; b < run_bytes; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+          }
+          const uint8_t* row = base + size_t(j) * position_bytes;
+          if (!widen) return row;
+          if constexpr (quantized) {
+            for (int64_t h = 0; h < run; ++h)
+              cpu::dequantize_row_f32(row + size_t(h) * row_bytes, spec.bits, spec.group_size, d, widened.data() + h * d);
+          } else if constexpr (std::is_same_v<Cache, f16>) {
+            f16_to_f32(reinterpret_cast<const f16*>(row), widened.data(), run * d);
+          }
+          return widened.data();
+        };
+        // The tile's scores and weighted values, over run rows of element type Elem.
+        auto tile = [&](auto elem, int64_t start, int64_t n) {
+          using Elem = decltype(elem);
+          for (int64_t j = 0; j < n; ++j) {
+            const Elem* keys = static_cast<const Elem*>(run_rows(k_base, start + j));
+            for (int64_t r = 0; r < rows; ++r) sc[size_t(r * kTile + j)] = dot(qs.data() + r * d, keys + (r / group) * d, d) * scale;
+          }
+          for (int64_t r = 0; r < rows; ++r) {  // online softmax: the tile's weights, old sums rescaled
+            float* row_sc = sc.data() + r * kTile;
+            const float mx = std::max(m[size_t(r)], *std::max_element(row_sc, row_sc + n));
+            const float alpha = std::exp(m[size_t(r)] - mx);  // 0 on the first tile
+            float sum = 0;
+            for (int64_t j = 0; j < n; ++j) sum += (row_sc[j] = std::exp(row_sc[j] - mx));
+            l[size_t(r)] = l[size_t(r)] * alpha + sum;
+            m[size_t(r)] = mx;
+            if (alpha != 1.0f)
+              for (float* x = o.data() + r * d; x != o.data() + (r + 1) * d; ++x) *x *= alpha;
+          }
+          for (int64_t j = 0; j < n; ++j) {
+            const Elem* values = static_cast<const Elem*>(run_rows(v_base, start + j));
+            for (int64_t r = 0; r < rows; ++r) axpy(sc[size_t(r * kTile + j)], values + (r / group) * d, o.data() + r * d, d);
+          }
+        };
+        for (int64_t start = 0; start <= p; start += kTile) {
+          const int64_t n = std::min<int64_t>(kTile, p + 1 - start);
+          if constexpr (std::is_same_v<Cache, f16>) {
+            if (!widen) {
+              tile(f16(), start, n);
+              continue;
+            }
+          }
+          tile(float(), start, n);
         }
-        const int64_t n = p + 1;
-        scores.resize(size_t(n));
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < n; ++j) {
-          scores[size_t(j)] = dot(qv, cache_row(cache_k, (s * C + j) * kv_heads + hk), d) * scale;
-          mx = std::max(mx, scores[size_t(j)]);
+        for (int64_t r = 0; r < rows; ++r) {
+          const float inv = 1.0f / l[size_t(r)];
+          for (float* x = o.data() + r * d; x != o.data() + (r + 1) * d; ++x) *x *= inv;
         }
-        double sum = 0;
-        for (int64_t j = 0; j < n; ++j) sum += (scores[size_t(j)] = std::exp(scores[size_t(j)] - mx));
-        const float inv = float(1.0 / sum);
-        std::fill(o, o + d, 0.0f);
-        for (int64_t j = 0; j < n; ++j) {
-          axpy(scores[size_t(j)] * inv, cache_row(cache_v, (s * C + j) * kv_heads + hk), o, d);
-        }
-        if constexpr (q16) f32_to_f16(o, out_row, d);
+        if constexpr (std::is_same_v<Q, f16>) f32_to_f16(o.data(), out.ptr<f16>() + q0, rows * d);
+        else std::memcpy(out.ptr<float>() + q0, o.data(), size_t(rows * d) * 4);
       }
     });
   }

@@ -1,0 +1,154 @@
+// CPU decode attention (the `cpu_attention: true` path of FlexGen's policies, where the KV cache
+// lives in host memory): one new token per sequence against a cache of `--context` positions,
+// through the CPU backend's attention(), for fp32, fp16 and 4-bit (group 64) caches. Reports the
+// cache bytes read per second against this machine's read bandwidth (every thread summing its
+// share of a 1 GiB buffer), the peak a memory-bound attention can reach. Times are the fastest call
+// of a second of calls.
+// Usage: bench_cpu_attention [--threads N] [--slots 16] [--context 1024] [--heads 32]
+//                            [--kv-heads 32] [--head-dim 128] [--act f16]
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_common.h"
+#include "strata/backend/backend.h"
+#include "strata/core/dtype.h"
+#include "strata/core/thread_pool.h"
+#include "strata/quant/quant.h"
+
+using namespace strata;
+using bench::Clock;
+using bench::seconds;
+
+namespace {
+
+struct Args {
+  int threads = 0;
+  int64_t slots = 16, context = 1024, heads = 32, kv_heads = 32, head_dim = 128;
+  DType act = DType::F16;  // the GPU hands fp16 queries to the CPU
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  bench::for_each_option(argc, argv, [&](const std::string& k, const std::string& v) {
+    if (k == "--threads") a.threads = std::stoi(v);
+    else if (k == "--slots") a.slots = std::stoll(v);
+    else if (k == "--context") a.context = std::stoll(v);
+    else if (k == "--heads") a.heads = std::stoll(v);
+    else if (k == "--kv-heads") a.kv_heads = std::stoll(v);
+    else if (k == "--head-dim") a.head_dim = std::stoll(v);
+    else if (k == "--act") a.act = v == "f32" ? DType::F32 : DType::F16;
+    else STRATA_FAIL("unknown option " << k);
+  });
+  STRATA_CHECK(a.heads % a.kv_heads == 0, "--heads must be a multiple of --kv-heads");
+  return a;
+}
+
+// Bytes read per second when `threads` threads each sum their share of a 1 GiB buffer.
+double read_gbps(int threads) {
+  const size_t n = (size_t(1) << 30) / sizeof(float);
+  std::vector<float> buf(n, 1.0f);
+  ThreadPool pool(threads);
+  auto pass = [&] {
+    pool.parallel_for(int64_t(n / 8), [&](int64_t c0, int64_t c1) {
+      __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+      int64_t c = c0;
+      for (; c + 2 <= c1; c += 2) {
+        s0 = _mm256_add_ps(s0, _mm256_loadu_ps(buf.data() + c * 8));
+        s1 = _mm256_add_ps(s1, _mm256_loadu_ps(buf.data() + c * 8 + 8));
+      }
+      if (c < c1) s0 = _mm256_add_ps(s0, _mm256_loadu_ps(buf.data() + c * 8));
+      float out[8];
+      _mm256_storeu_ps(out, _mm256_add_ps(s0, s1));
+      static thread_local volatile float sink;
+      sink = out[0];  // keeps the loads alive
+    });
+  };
+  pass();
+  const int reps = 5;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < reps; ++i) pass();
+  return double(n * sizeof(float)) * reps / seconds(t0, Clock::now()) / 1e9;
+}
+
+void fill_random(std::vector<float>& v, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (float& x : v) x = dist(rng);
+}
+
+struct Case {
+  const char* name;
+  DType cache;
+  int bits;  // 0: uncompressed
+};
+
+void run_case(Backend& be, const Args& a, const Case& c, double peak_gbps) {
+  const int64_t S = a.slots, C = a.context, kvh = a.kv_heads, d = a.head_dim, rows = S * C * kvh;
+  const quant::QuantSpec spec{c.bits > 0 ? c.bits : 4, 64};
+  const size_t cache_bytes =
+      c.bits > 0 ? size_t(rows) * quant::row_bytes(spec, d) : size_t(rows * d) * dtype_size(c.cache);
+  Buffer kb = be.alloc(cache_bytes), vb = be.alloc(cache_bytes);
+  {
+    std::vector<float> fp(size_t(rows * d));
+    for (Buffer* b : {&kb, &vb}) {
+      fill_random(fp, b == &kb ? 1 : 2);
+      const Tensor src(fp.data(), DType::F32, Device::CPU, {rows, d});
+      if (c.bits > 0) be.quantize_rows(spec, src, b->data());
+      else convert_elements(fp.data(), DType::F32, b->data(), c.cache, fp.size());
+    }
+  }
+  auto cache = [&](const Buffer& b) {
+    return c.bits > 0 ? Tensor::quantized(b.data(), c.bits == 4 ? DType::Q4 : DType::Q8, 64, Device::CPU, {S, C, kvh, d})
+                      : b.view(0, c.cache, {S, C, kvh, d});
+  };
+  std::vector<float> q32(size_t(S * a.heads * d));
+  fill_random(q32, 3);
+  Buffer qb = be.alloc(q32.size() * dtype_size(a.act)), ob = be.alloc(q32.size() * dtype_size(a.act));
+  convert_elements(q32.data(), DType::F32, qb.data(), a.act, q32.size());
+  std::vector<int32_t> slots(static_cast<size_t>(S)), positions(static_cast<size_t>(S), int32_t(C - 1));
+  for (int64_t s = 0; s < S; ++s) slots[size_t(s)] = int32_t(s);
+  const Tensor q = qb.view(0, a.act, {S, a.heads, d}), out = ob.view(0, a.act, {S, a.heads, d});
+  const Tensor st(slots.data(), DType::I32, Device::CPU, {S}), pt(positions.data(), DType::I32, Device::CPU, {S});
+  const float scale = 1.0f / std::sqrt(float(d));
+  auto call = [&] { be.attention(q, cache(kb), cache(vb), st, pt, scale, out); };
+  call();
+  // The fastest of the calls in one second: this machine is shared, and a slow call says more
+  // about its neighbours than about the kernel.
+  double sec = 1e30;
+  for (const auto t0 = Clock::now(); seconds(t0, Clock::now()) < 1.0;) {
+    const auto c0 = Clock::now();
+    call();
+    sec = std::min(sec, seconds(c0, Clock::now()));
+  }
+  const double gbps = 2.0 * double(cache_bytes) / sec / 1e9;
+  std::printf("  %-10s %8.3f ms per step, cache read at %6.1f GB/s = %3.0f%% of the read bandwidth\n", c.name, 1e3 * sec,
+              gbps, 100 * gbps / peak_gbps);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const Args a = parse(argc, argv);
+  const int threads = a.threads > 0 ? a.threads : int(std::thread::hardware_concurrency());
+  std::unique_ptr<Backend> be = make_cpu_backend(threads);
+  const double peak = read_gbps(threads);
+  std::printf("cpu decode attention: %lld sequences x %lld positions, %lld query heads / %lld kv heads of %lld, %s "
+              "queries, %d threads; read bandwidth %.1f GB/s\n",
+              (long long)a.slots, (long long)a.context, (long long)a.heads, (long long)a.kv_heads, (long long)a.head_dim,
+              dtype_name(a.act), threads, peak);
+  for (const Case& c : {Case{"fp32", DType::F32, 0}, Case{"fp16", DType::F16, 0}, Case{"4-bit g64", DType::Q4, 4},
+                        Case{"8-bit g64", DType::Q8, 8}})
+    run_case(*be, a, c, peak);
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_cpu_attention: %s\n", e.what());
+  return 1;
+}
