@@ -22,94 +22,19 @@
 #include "strata/core/thread_pool.h"
 #include "strata/quant/quant.h"
 #include "cpu_quant.h"
+#include "cpu_simd.h"
 
 namespace strata {
 namespace {
 
-// fp16 values travel as their IEEE bit patterns, as in strata/core/dtype.h.
-using f16 = uint16_t;
+using cpu::axpy;
+using cpu::dot;
+using cpu::f16;
+using cpu::f16_to_f32;
+using cpu::f32_to_f16;
 // Tag for attention over caches of group-wise quantized rows.
 struct QuantRow {};
 
-#if defined(__AVX2__) && defined(__FMA__)
-inline float hsum(__m256 s) {
-  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
-}
-#endif
-#if defined(__F16C__)
-inline __m256 load_f16x8(const f16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-#endif
-
-// Dot product and axpy with explicit SIMD: without it the compiler keeps float sums in order and
-// runs one lane at a time. Four accumulators hide the FMA latency so the loop streams at memory speed.
-inline float dot(const float* a, const float* b, int64_t n) {
-  int64_t i = 0;
-  float acc = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-  for (; i + 32 <= n; i += 32) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
-  }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  acc = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-#endif
-  for (; i < n; ++i) acc += a[i] * b[i];
-  return acc;
-}
-inline void axpy(float alpha, const float* x, float* y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
-
-// The same with fp16 b / x (a cache row), widened 8 values at a time with F16C.
-inline float dot(const float* a, const f16* b, int64_t n) {
-  int64_t i = 0;
-  float acc = 0;
-#if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-  for (; i + 32 <= n; i += 32) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_f16x8(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load_f16x8(b + i + 8), s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), load_f16x8(b + i + 16), s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), load_f16x8(b + i + 24), s3);
-  }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_f16x8(b + i), s0);
-  acc = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-#endif
-  for (; i < n; ++i) acc += a[i] * half_to_float(b[i]);
-  return acc;
-}
-inline void axpy(float alpha, const f16* x, float* y, int64_t n) {
-  int64_t i = 0;
-#if defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
-  const __m256 va = _mm256_set1_ps(alpha);
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_f16x8(x + i), _mm256_loadu_ps(y + i)));
-#endif
-  for (; i < n; ++i) y[i] += alpha * half_to_float(x[i]);
-}
-
-// fp16 <-> fp32 conversion of n values (fp32 -> fp16 rounds to nearest even, like float_to_half).
-inline void f16_to_f32(const f16* src, float* dst, int64_t n) {
-  int64_t i = 0;
-#if defined(__F16C__)
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_f16x8(src + i));
-#endif
-  for (; i < n; ++i) dst[i] = half_to_float(src[i]);
-}
-inline void f32_to_f16(const float* src, f16* dst, int64_t n) {
-  int64_t i = 0;
-#if defined(__F16C__)
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#endif
-  for (; i < n; ++i) dst[i] = float_to_half(src[i]);
-}
 // Copies n values from src to dst, converting between F32 and F16 when their dtypes differ.
 inline void copy_converted(const void* src, DType src_dt, void* dst, DType dst_dt, int64_t n) {
   if (src_dt == dst_dt)
@@ -551,6 +476,7 @@ private:
       row_bytes = quant::row_bytes(spec, d);
     }
     const size_t position_bytes = size_t(kv_heads) * row_bytes;
+    const bool fused = quantized && cpu::fused_row_ok(spec.group_size, d);
     // Enough runs per token that every thread gets a few items even for one token.
     const int64_t runs = std::clamp<int64_t>((4 * pool_.size() + T - 1) / T, 1, kv_heads);
     const int64_t run_heads = (kv_heads + runs - 1) / runs, runs_per_token = (kv_heads + run_heads - 1) / run_heads;
@@ -576,10 +502,11 @@ private:
         const uint8_t* k_base = cache_k.ptr<uint8_t>() + first_row;
         const uint8_t* v_base = cache_v.ptr<uint8_t>() + first_row;
         const size_t run_bytes = size_t(run) * row_bytes;
-        // Without grouped queries an fp16 row is read once, so dot and axpy widen it in registers;
-        // otherwise it is widened once into `widened` for the queries of its group.
-        const bool widen = quantized || (std::is_same_v<Cache, f16> && group > 1);
-        // The run's rows at position j ([run, d]: fp32 when widened, else Elem), prefetching
+        // Without grouped queries a row is read by one query, so dot and axpy widen an fp16 row
+        // (or dequantize a quantized one) in registers; with them it is widened once into
+        // `widened` for all the queries of its group.
+        const bool widen = !std::is_same_v<Cache, float> && (group > 1 || (quantized && !fused));
+        // The run's rows at position j ([run, d]: fp32 when widened, else as stored), prefetching
         // position j + kPrefetchAhead.
         auto run_rows = [&](const uint8_t* base, int64_t j) -> const void* {
           if (j + kPrefetchAhead <= p) {
@@ -596,12 +523,27 @@ private:
           }
           return widened.data();
         };
-        // The tile's scores and weighted values, over run rows of element type Elem.
-        auto tile = [&](auto elem, int64_t start, int64_t n) {
-          using Elem = decltype(elem);
+        // The tile's scores and weighted values, over run rows stored as Row (float, f16, or
+        // QuantRow: codes read by the fused dot and axpy).
+        auto tile = [&](auto row_kind, int64_t start, int64_t n) {
+          using Row = decltype(row_kind);
+          auto row_dot = [&](const float* qv, const void* rows_at, int64_t h) {
+            if constexpr (std::is_same_v<Row, QuantRow>)
+              return cpu::dot_quantized_row(qv, static_cast<const uint8_t*>(rows_at) + size_t(h) * row_bytes, spec.bits,
+                                            spec.group_size, d);
+            else
+              return dot(qv, static_cast<const Row*>(rows_at) + h * d, d);
+          };
+          auto row_axpy = [&](float weight, const void* rows_at, int64_t h, float* y) {
+            if constexpr (std::is_same_v<Row, QuantRow>)
+              cpu::axpy_quantized_row(weight, static_cast<const uint8_t*>(rows_at) + size_t(h) * row_bytes, spec.bits,
+                                      spec.group_size, d, y);
+            else
+              axpy(weight, static_cast<const Row*>(rows_at) + h * d, y, d);
+          };
           for (int64_t j = 0; j < n; ++j) {
-            const Elem* keys = static_cast<const Elem*>(run_rows(k_base, start + j));
-            for (int64_t r = 0; r < rows; ++r) sc[size_t(r * kTile + j)] = dot(qs.data() + r * d, keys + (r / group) * d, d) * scale;
+            const void* keys = run_rows(k_base, start + j);
+            for (int64_t r = 0; r < rows; ++r) sc[size_t(r * kTile + j)] = row_dot(qs.data() + r * d, keys, r / group) * scale;
           }
           for (int64_t r = 0; r < rows; ++r) {  // online softmax: the tile's weights, old sums rescaled
             float* row_sc = sc.data() + r * kTile;
@@ -615,19 +557,15 @@ private:
               for (float* x = o.data() + r * d; x != o.data() + (r + 1) * d; ++x) *x *= alpha;
           }
           for (int64_t j = 0; j < n; ++j) {
-            const Elem* values = static_cast<const Elem*>(run_rows(v_base, start + j));
-            for (int64_t r = 0; r < rows; ++r) axpy(sc[size_t(r * kTile + j)], values + (r / group) * d, o.data() + r * d, d);
+            const void* values = run_rows(v_base, start + j);
+            for (int64_t r = 0; r < rows; ++r) row_axpy(sc[size_t(r * kTile + j)], values, r / group, o.data() + r * d);
           }
         };
         for (int64_t start = 0; start <= p; start += kTile) {
           const int64_t n = std::min<int64_t>(kTile, p + 1 - start);
-          if constexpr (std::is_same_v<Cache, f16>) {
-            if (!widen) {
-              tile(f16(), start, n);
-              continue;
-            }
-          }
-          tile(float(), start, n);
+          if (widen) tile(float(), start, n);
+          else if constexpr (quantized) tile(QuantRow(), start, n);
+          else tile(Cache(), start, n);
         }
         for (int64_t r = 0; r < rows; ++r) {
           const float inv = 1.0f / l[size_t(r)];

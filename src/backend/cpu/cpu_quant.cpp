@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "cpu_simd.h"
 #include "strata/core/dtype.h"
 
 // Built with -ffp-contract=off (src/CMakeLists.txt): the scalar tail must not fuse code * scale +
@@ -45,7 +46,53 @@ inline __m256 codes_x8(const uint8_t* codes, int bits, int64_t i) {
 }
 #endif
 
+constexpr int64_t kMaxFusedGroups = 16;
+
+// A row's fp16 group scales and minimums widened once, and its codes dequantized 8 at a time by
+// the formula of dequantize_row_f32 (product rounded, then the minimum added: no FMA here).
+class RowReader {
+public:
+  RowReader(const uint8_t* row, int bits, int group, int64_t n) : row_(row), bits_(bits) {
+    while ((int64_t(1) << shift_) < group) ++shift_;
+    const int64_t groups = (n + group - 1) / group;
+    const uint8_t* scales = row + (size_t(n) * size_t(bits) + 31) / 32 * 4;
+    for (int64_t g = 0; g < groups; ++g) {
+      scale_[g] = load_half(scales + 2 * g);
+      min_[g] = load_half(scales + 2 * groups + 2 * g);
+    }
+  }
+#if defined(__AVX2__)
+  __m256 eight(int64_t i) const {  // elements [i, i + 8), i a multiple of 8
+    const int64_t g = i >> shift_;
+    return _mm256_add_ps(_mm256_mul_ps(codes_x8(row_, bits_, i), _mm256_set1_ps(scale_[g])), _mm256_set1_ps(min_[g]));
+  }
+#else
+  int eight(int64_t) const { return 0; }
+#endif
+  float one(int64_t i) const { return float(code_at(row_, bits_, i)) * scale_[i >> shift_] + min_[i >> shift_]; }
+
+private:
+  const uint8_t* row_;
+  int bits_, shift_ = 0;
+  float scale_[kMaxFusedGroups], min_[kMaxFusedGroups];
+};
+
 }  // namespace
+
+bool fused_row_ok(int group, int64_t n) {
+  return group > 0 && (group & (group - 1)) == 0 && group % 8 == 0 && n % 8 == 0 &&
+         (n + group - 1) / group <= kMaxFusedGroups;
+}
+
+float dot_quantized_row(const float* a, const uint8_t* row, int bits, int group, int64_t n) {
+  const RowReader r(row, bits, group, n);
+  return dot_with(a, n, [&r](int64_t i) { return r.eight(i); }, [&r](int64_t i) { return r.one(i); });
+}
+
+void axpy_quantized_row(float alpha, const uint8_t* row, int bits, int group, int64_t n, float* y) {
+  const RowReader r(row, bits, group, n);
+  axpy_with(alpha, y, n, [&r](int64_t i) { return r.eight(i); }, [&r](int64_t i) { return r.one(i); });
+}
 
 void dequantize_row_f32(const uint8_t* row, int bits, int group, int64_t n, float* out) {
   const int64_t groups = (n + group - 1) / group;

@@ -1,0 +1,113 @@
+// SIMD building blocks of the CPU backend's kernels (AVX2, FMA and F16C where the build has them).
+// Shared by cpu_backend.cpp and cpu_quant.cpp, so the fused quantized-row dot and axpy there
+// accumulate in exactly the order of the fp32 ones here and give the same bits. Every
+// multiply-add is an explicit FMA (std::fma in scalar tails), whatever the translation unit's
+// -ffp-contract setting.
+#pragma once
+#if defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include <cmath>
+#include <cstdint>
+
+#include "strata/core/dtype.h"
+
+namespace strata::cpu {
+
+// fp16 values travel as their IEEE bit patterns, as in strata/core/dtype.h.
+using f16 = uint16_t;
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline float hsum(__m256 s) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
+#endif
+#if defined(__F16C__)
+inline __m256 load_f16x8(const f16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+#endif
+
+// Dot product and axpy with explicit SIMD: without it the compiler keeps float sums in order and
+// runs one lane at a time. Four accumulators hide the FMA latency so the loop streams at memory
+// speed. `Load8(i)` yields b[i, i + 8) as fp32 and `at(i)` b[i] (the scalar tail), so every
+// element type (fp32, fp16, quantized codes) shares one accumulation order.
+template <class Load8, class At>
+inline float dot_with(const float* a, int64_t n, Load8 load8, At at) {
+  int64_t i = 0;
+  float acc = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load8(i + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), load8(i + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), load8(i + 24), s3);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(i), s0);
+  acc = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+#endif
+  for (; i < n; ++i) acc = std::fma(a[i], at(i), acc);
+  return acc;
+}
+template <class Load8, class At>
+inline void axpy_with(float alpha, float* y, int64_t n, Load8 load8, At at) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 va = _mm256_set1_ps(alpha);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load8(i), _mm256_loadu_ps(y + i)));
+#endif
+  for (; i < n; ++i) y[i] = std::fma(alpha, at(i), y[i]);
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+#if defined(__AVX2__)
+  return dot_with(a, n, [b](int64_t i) { return _mm256_loadu_ps(b + i); }, [b](int64_t i) { return b[i]; });
+#else
+  return dot_with(a, n, [](int64_t) { return 0; }, [b](int64_t i) { return b[i]; });
+#endif
+}
+inline void axpy(float alpha, const float* x, float* y, int64_t n) {
+#if defined(__AVX2__)
+  axpy_with(alpha, y, n, [x](int64_t i) { return _mm256_loadu_ps(x + i); }, [x](int64_t i) { return x[i]; });
+#else
+  axpy_with(alpha, y, n, [](int64_t) { return 0; }, [x](int64_t i) { return x[i]; });
+#endif
+}
+
+// The same with fp16 b / x (a cache row), widened 8 values at a time with F16C.
+inline float dot(const float* a, const f16* b, int64_t n) {
+#if defined(__F16C__)
+  return dot_with(a, n, [b](int64_t i) { return load_f16x8(b + i); }, [b](int64_t i) { return half_to_float(b[i]); });
+#else
+  return dot_with(a, n, [](int64_t) { return 0; }, [b](int64_t i) { return half_to_float(b[i]); });
+#endif
+}
+inline void axpy(float alpha, const f16* x, float* y, int64_t n) {
+#if defined(__F16C__)
+  axpy_with(alpha, y, n, [x](int64_t i) { return load_f16x8(x + i); }, [x](int64_t i) { return half_to_float(x[i]); });
+#else
+  axpy_with(alpha, y, n, [](int64_t) { return 0; }, [x](int64_t i) { return half_to_float(x[i]); });
+#endif
+}
+
+// fp16 <-> fp32 conversion of n values (fp32 -> fp16 rounds to nearest even, like float_to_half).
+inline void f16_to_f32(const f16* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_f16x8(src + i));
+#endif
+  for (; i < n; ++i) dst[i] = half_to_float(src[i]);
+}
+inline void f32_to_f16(const float* src, f16* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < n; ++i) dst[i] = float_to_half(src[i]);
+}
+
+}  // namespace strata::cpu
