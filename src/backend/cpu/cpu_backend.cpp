@@ -549,9 +549,7 @@ private:
             float* row_sc = sc.data() + r * kTile;
             const float mx = std::max(m[size_t(r)], *std::max_element(row_sc, row_sc + n));
             const float alpha = std::exp(m[size_t(r)] - mx);  // 0 on the first tile
-            float sum = 0;
-            for (int64_t j = 0; j < n; ++j) sum += (row_sc[j] = std::exp(row_sc[j] - mx));
-            l[size_t(r)] = l[size_t(r)] * alpha + sum;
+            l[size_t(r)] = l[size_t(r)] * alpha + cpu::exp_shifted_sum(row_sc, n, mx);
             m[size_t(r)] = mx;
             if (alpha != 1.0f)
               for (float* x = o.data() + r * d; x != o.data() + (r + 1) * d; ++x) *x *= alpha;

@@ -92,6 +92,39 @@ inline void axpy(float alpha, const f16* x, float* y, int64_t n) {
 #endif
 }
 
+// x[i] = exp(x[i] - mx) for n values, returning their sum: the softmax's weights. Eight at a time
+// by Cephes' expf (range reduction by ln 2 in two parts, a degree-6 polynomial, the exponent
+// added as bits; within 2 ulp of std::exp), which keeps the exponentials off the critical path of
+// a decode step. Arguments below -87.3 (weights under 1e-38) give about 1e-38 instead of a subnormal.
+inline float exp_shifted_sum(float* x, int64_t n, float mx) {
+  int64_t i = 0;
+  float sum = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 vmx = _mm256_set1_ps(mx), lo = _mm256_set1_ps(-87.3365478515625f), log2e = _mm256_set1_ps(1.44269504088896341f);
+  const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f), one = _mm256_set1_ps(1.0f);
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmx), lo);
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(v, log2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 r = _mm256_fnmadd_ps(k, c2, _mm256_fnmadd_ps(k, c1, v));  // v - k ln 2
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), one);  // e^r = 1 + r + r^2 p(r)
+    const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    const __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(scale));  // times 2^k
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  sum = hsum(acc);
+#endif
+  for (; i < n; ++i) sum += (x[i] = std::exp(x[i] - mx));
+  return sum;
+}
+
 // fp16 <-> fp32 conversion of n values (fp32 -> fp16 rounds to nearest even, like float_to_half).
 inline void f16_to_f32(const f16* src, float* dst, int64_t n) {
   int64_t i = 0;
