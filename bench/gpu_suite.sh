@@ -13,7 +13,8 @@
 #   offload    bench_offload on dummy:opt-6.7b, bench_disk
 #   run30      the paper's OPT-30B policy (block scaled to 48 x 1 for the host's memory) under
 #              --gpu-mem 16GiB, with nvidia-smi's reading of the GPU memory it used
-#   quant      strata_tests "[cuda][quant]", bench_quant on dummy:opt-6.7b (needs bench_quant staged)
+#   quant      strata_tests "[cuda][quant]", bench_quant on dummy:opt-6.7b (needs bench_quant staged),
+#              bench_cpu_attention at OPT-30B's shape when staged
 #   calibrate  10 policies of dummy:opt-6.7b under 16 GiB and the search's pick: measured tok/s into
 #              OUTDIR/calib.tsv (STRATA_SUITE_POLICIES="c8 pick" runs some of them)
 #
@@ -96,6 +97,11 @@ part_quant() {
   # step with 4-bit weights on the CPU tier against fp16 (disk skipped, as in part offload).
   step "[cuda][quant] tests" strata_tests "[cuda][quant]"
   step "bench_quant opt-6.7b" bench_quant --model dummy:opt-6.7b --device cuda --batch 8 --gen-len 8 --skip-disk
+  # CPU attention over fp16 / 4-bit caches at OPT-30B's shape (FlexGen's 48-sequence batches of
+  # 512 + 32 tokens): the host side of cpu_attention policies, on all of the host's cores.
+  if command -v bench_cpu_attention >/dev/null; then
+    step "bench_cpu_attention opt-30b" bench_cpu_attention --slots 48 --context 544 --heads 56 --kv-heads 56
+  fi
 }
 
 # A JSONL of N prompts of LEN tokens each (the dummy models' tokenizer is one token per byte).
