@@ -511,7 +511,7 @@ private:
         auto run_rows = [&](const uint8_t* base, int64_t j) -> const void* {
           if (j + kPrefetchAhead <= p) {
             const char* ahead = reinterpret_cast<const char*>(base + size_t(j + kPrefetchAhead) * position_bytes);
-            for (size_t b = 0; b < run_bytes; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+            for (size_t b = 0; b < run_bytes; b += 64) __builtin_prefetch(ahead + b, 0, 3);
           }
           const uint8_t* row = base + size_t(j) * position_bytes;
           if (!widen) return row;

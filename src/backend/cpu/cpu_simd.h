@@ -34,7 +34,7 @@ inline __m256 load_f16x8(const f16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(
 // speed. `Load8(i)` yields b[i, i + 8) as fp32 and `at(i)` b[i] (the scalar tail), so every
 // element type (fp32, fp16, quantized codes) shares one accumulation order.
 template <class Load8, class At>
-inline float dot_with(const float* a, int64_t n, Load8 load8, At at) {
+inline float dot_with(const float* a, int64_t n, [[maybe_unused]] Load8 load8, At at) {
   int64_t i = 0;
   float acc = 0;
 #if defined(__AVX2__) && defined(__FMA__)
@@ -52,7 +52,7 @@ inline float dot_with(const float* a, int64_t n, Load8 load8, At at) {
   return acc;
 }
 template <class Load8, class At>
-inline void axpy_with(float alpha, float* y, int64_t n, Load8 load8, At at) {
+inline void axpy_with(float alpha, float* y, int64_t n, [[maybe_unused]] Load8 load8, At at) {
   int64_t i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
   const __m256 va = _mm256_set1_ps(alpha);
