@@ -41,8 +41,9 @@ struct RawTensor {
 
 // A copy of tiny-llama-gptq in a scratch directory, its config.json and tensors edited.
 fs::path edited_copy(const std::string& tag, const std::function<void(json&)>& edit_config,
-                     const std::function<void(std::map<std::string, RawTensor>&)>& edit_tensors = {}) {
-  const fs::path src = model_dir("tiny-llama-gptq");
+                     const std::function<void(std::map<std::string, RawTensor>&)>& edit_tensors = {},
+                     const std::string& fixture = "tiny-llama-gptq") {
+  const fs::path src = model_dir(fixture);
   const fs::path dir = test::temp_dir("gptq_" + tag);
   json config = load_json(src / "config.json");
   edit_config(config);
@@ -171,6 +172,40 @@ TEST_CASE("gptq: an older checkpoint's quantize_config.json gives the format whe
   CHECK(f->source == (dir / "quantize_config.json").string());
   const ModelBundle b = open_model(dir.string());
   test::check_hf_outputs(b, load_json(model_dir("tiny-llama-gptq") / "expected.json"));
+}
+
+TEST_CASE("awq: an older AutoAWQ checkpoint's quant_config.json gives the format when config.json has none", "[awq]") {
+  auto awq_copy = [](const std::string& tag, const std::string& quant_config) {
+    const fs::path dir = edited_copy(tag, [](json& c) { c.erase("quantization_config"); }, {}, "tiny-llama-awq");
+    std::ofstream(dir / "quant_config.json") << quant_config;
+    return dir;
+  };
+  // AutoAWQ's keys (w_bit, q_group_size), its upper-case version.
+  const fs::path dir = awq_copy("awq_legacy", R"({"zero_point": true, "q_group_size": 64, "w_bit": 4, "version": "GEMM"})");
+  const std::optional<PackedFormat> f = read_packed_format(dir);
+  REQUIRE(f);
+  CHECK(f->method == PackedMethod::Awq);
+  CHECK(f->bits == 4);
+  CHECK(f->group_size == 64);
+  CHECK_FALSE(f->zero_minus_one);
+  CHECK(f->source == (dir / "quant_config.json").string());
+  const ModelBundle b = open_model(dir.string());
+  test::check_hf_outputs(b, load_json(model_dir("tiny-llama-awq") / "expected.json"));
+
+  // Its errors name the file and AutoAWQ's own keys.
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"zero_point": true, "q_group_size": 64, "w_bit": 3, "version": "GEMM"})", "quant_config.json.w_bit is 3"},
+      {R"({"zero_point": true, "w_bit": 4, "version": "GEMM"})", "quant_config.json.q_group_size is missing"},
+      {R"({"zero_point": true, "q_group_size": 64, "w_bit": 4, "version": "GEMV"})", "quant_config.json.version is 'GEMV'"},
+      {R"({"zero_point": false, "q_group_size": 64, "w_bit": 4, "version": "GEMM"})", "quant_config.json.zero_point is false"},
+      {R"([4, 64])", "quant_config.json: not a JSON object"},
+  };
+  int n = 0;
+  for (const auto& [text, message] : bad) {
+    INFO(text);
+    const fs::path d = awq_copy("awq_legacy_bad" + std::to_string(n++), text);
+    CHECK_THAT(error_of([&] { open_model(d.string()); }), Catch::Contains(message));
+  }
 }
 
 TEST_CASE("gptq: packed codes without a quantization config are refused as such", "[gptq]") {

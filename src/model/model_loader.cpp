@@ -60,7 +60,7 @@ void refuse_unmarked_codes(const WeightSource& weights, const fs::path& dir) {
   for (const std::string& name : weights.names())
     if (name.ends_with(".qweight"))
       STRATA_FAIL(dir.string() << ": tensor '" << name << "' holds packed quantized codes, but config.json has no"
-                               << " quantization_config and there is no quantize_config.json to say how to read them"
+                               << " quantization_config and there is no quantize_config.json or quant_config.json to say how to read them"
                                << " (GPTQ and AWQ checkpoints carry one)");
 }
 

@@ -1,4 +1,5 @@
-// A GPTQ or AWQ checkpoint's format from config.json's quantization_config or quantize_config.json
+// A GPTQ or AWQ checkpoint's format from config.json's quantization_config, AutoGPTQ's
+// quantize_config.json or AutoAWQ's quant_config.json
 // (include/strata/model/packed_checkpoint.h); the tensors are read by packed_source.cpp.
 #include <fstream>
 #include <initializer_list>
@@ -14,20 +15,20 @@ using json = nlohmann::json;
 
 namespace {
 
-// The group size: a positive count, or -1 for whole rows (stored as 0).
-int group_size_of(const json& q, const std::string& field) {
-  if (!q.contains("group_size") || !q["group_size"].is_number_integer())
-    STRATA_FAIL(field << " is missing or not an integer");
-  const int64_t group = q["group_size"].get<int64_t>();
+// The group size (key `key`): a positive count, or -1 for whole rows (stored as 0).
+int group_size_of(const json& q, const char* key, const std::string& field) {
+  if (!q.contains(key) || !q[key].is_number_integer()) STRATA_FAIL(field << " is missing or not an integer");
+  const int64_t group = q[key].get<int64_t>();
   if (group != -1 && (group <= 0 || group > (int64_t(1) << 30)))
     STRATA_FAIL(field << " is " << group << ": a positive size or -1 (whole rows)");
   return group == -1 ? 0 : int(group);
 }
 
-// The bits, when one of `allowed`; `field` names it in errors, `what` the codes that are read.
-int bits_of(const json& q, const std::string& field, std::initializer_list<int> allowed, const char* what) {
-  if (!q.contains("bits") || !q["bits"].is_number_integer()) STRATA_FAIL(field << " is missing or not an integer");
-  const int64_t bits = q["bits"].get<int64_t>();
+// The bits (key `key`), when one of `allowed`; `field` names it in errors, `what` the codes read.
+int bits_of(const json& q, const char* key, const std::string& field, std::initializer_list<int> allowed,
+            const char* what) {
+  if (!q.contains(key) || !q[key].is_number_integer()) STRATA_FAIL(field << " is missing or not an integer");
+  const int64_t bits = q[key].get<int64_t>();
   for (int a : allowed)
     if (bits == a) return a;
   STRATA_FAIL(field << " is " << bits << ": " << what);
@@ -40,19 +41,29 @@ std::string string_of(const json& q, const char* key, const std::string& field) 
   return q[key].get<std::string>();
 }
 
-PackedFormat parse_awq(const json& q, const std::string& where) {
+// Key names of an AWQ format: transformers' quantization_config, or AutoAWQ's quant_config.json.
+struct AwqKeys {
+  const char* bits;
+  const char* group_size;
+};
+constexpr AwqKeys kHfAwqKeys{"bits", "group_size"}, kAutoAwqKeys{"w_bit", "q_group_size"};
+
+PackedFormat parse_awq(const json& q, const std::string& where, const AwqKeys& keys = kHfAwqKeys) {
   auto field = [&](const char* name) { return where + "." + name; };
   PackedFormat f;
   f.method = PackedMethod::Awq;
   f.source = where;
   f.zero_minus_one = false;
-  f.bits = bits_of(q, field("bits"), {4}, "AWQ checkpoints of 4 bits are supported");
-  f.group_size = group_size_of(q, field("group_size"));
-  if (f.group_size == 0) STRATA_FAIL(field("group_size") << " is -1: AWQ checkpoints have groups");
+  f.bits = bits_of(q, keys.bits, field(keys.bits), {4}, "AWQ checkpoints of 4 bits are supported");
+  f.group_size = group_size_of(q, keys.group_size, field(keys.group_size));
+  if (f.group_size == 0) STRATA_FAIL(field(keys.group_size) << " is -1: AWQ checkpoints have groups");
   const std::string version = string_of(q, "version", field("version"));
   if (!version.empty() && version != "gemm" && version != "GEMM")
     STRATA_FAIL(field("version") << " is '" << version << "': AWQ's GEMM packing is supported (not GEMV, Marlin or"
                                     " ExLlama repacking)");
+  if (q.contains("zero_point") && q["zero_point"] != json(true))
+    STRATA_FAIL(field("zero_point") << " is " << q["zero_point"].dump()
+                                    << ": AWQ checkpoints with zero points (the GEMM default) are supported");
   return f;
 }
 
@@ -68,8 +79,8 @@ PackedFormat parse_format(const json& q, const std::string& where) {
                                          " supported (use the unquantized model, or a GGUF file)");
   PackedFormat f;
   f.source = where;
-  f.bits = bits_of(q, field("bits"), {2, 4, 8}, "GPTQ codes of 2, 4 or 8 bits are supported");
-  f.group_size = group_size_of(q, field("group_size"));
+  f.bits = bits_of(q, "bits", field("bits"), {2, 4, 8}, "GPTQ codes of 2, 4 or 8 bits are supported");
+  f.group_size = group_size_of(q, "group_size", field("group_size"));
   // transformers calls it checkpoint_format; GPTQModel also writes format.
   for (const char* key : {"checkpoint_format", "format"}) {
     if (!q.contains(key)) continue;
@@ -115,12 +126,18 @@ std::optional<PackedFormat> read_packed_format(const fs::path& model_dir) {
   const fs::path config = model_dir / "config.json";
   if (const std::optional<std::string> text = read_text(config))
     if (std::optional<PackedFormat> f = packed_format_from_config_text(*text, config.string())) return f;
-  const fs::path legacy = model_dir / "quantize_config.json";  // AutoGPTQ's, beside an unmarked config.json
-  const std::optional<std::string> text = read_text(legacy);
-  if (!text) return std::nullopt;
-  const json q = parse_json(*text, legacy.string());
-  if (!q.is_object()) STRATA_FAIL(legacy.string() << ": not a JSON object");
-  return parse_format(q, legacy.string());
+  // Older checkpoints describe their codes beside an unmarked config.json: AutoGPTQ in
+  // quantize_config.json, AutoAWQ in quant_config.json (w_bit, q_group_size, zero_point, version).
+  for (const char* name : {"quantize_config.json", "quant_config.json"}) {
+    const fs::path legacy = model_dir / name;
+    const std::optional<std::string> text = read_text(legacy);
+    if (!text) continue;
+    const json q = parse_json(*text, legacy.string());
+    if (!q.is_object()) STRATA_FAIL(legacy.string() << ": not a JSON object");
+    if (std::string(name) == "quant_config.json") return parse_awq(q, legacy.string(), kAutoAwqKeys);
+    return parse_format(q, legacy.string());
+  }
+  return std::nullopt;
 }
 
 std::string describe_packed(const PackedFormat& format) {

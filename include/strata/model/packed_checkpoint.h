@@ -44,7 +44,8 @@ struct PackedFormat {
 };
 
 // The packed format of a Hugging Face model directory: config.json's quantization_config, else a
-// quantize_config.json beside it (older AutoGPTQ checkpoints). nullopt when the model is not
+// quantize_config.json (older AutoGPTQ checkpoints) or a quant_config.json (older AutoAWQ ones)
+// beside it. nullopt when the model is not
 // quantized. Throws naming the file and field for another quantization method (bitsandbytes,
 // FP8, ...) or a variant Strata cannot read (3-bit codes, Marlin repacking, AWQ's GEMV layout,
 // per-module `dynamic` overrides).
