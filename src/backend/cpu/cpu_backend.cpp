@@ -458,9 +458,11 @@ private:
   //   prefetched, since a walk over positions strides kv_heads rows and the hardware prefetcher
   //   does not follow it across pages.
   // - Keys are visited in tiles of kTile with an online softmax (running max and denominator per
-  //   query row), so the scores stay in L1 whatever the context.
-  // - An fp16 or quantized row is widened into an fp32 scratch row once (F16C, or the SIMD
-  //   dequantization by the reference formula), then dotted with every query of its group.
+  //   query row), so the scores stay in L1 whatever the context; exponentials eight at a time.
+  // - Rows are read as stored: without grouped queries dot and axpy widen an fp16 row in
+  //   registers (F16C), and a quantized row goes through the fused dot and axpy of cpu_quant.h;
+  //   with grouped queries a row is widened (or dequantized by the reference formula) once into
+  //   an fp32 scratch row that every query of its group reads.
   template <class Q, class Cache>
   void attend(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
               const Tensor& positions, float scale, const Tensor& out) {
