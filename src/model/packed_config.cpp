@@ -128,15 +128,16 @@ std::optional<PackedFormat> read_packed_format(const fs::path& model_dir) {
     if (std::optional<PackedFormat> f = packed_format_from_config_text(*text, config.string())) return f;
   // Older checkpoints describe their codes beside an unmarked config.json: AutoGPTQ in
   // quantize_config.json, AutoAWQ in quant_config.json (w_bit, q_group_size, zero_point, version).
-  for (const char* name : {"quantize_config.json", "quant_config.json"}) {
-    const fs::path legacy = model_dir / name;
-    const std::optional<std::string> text = read_text(legacy);
-    if (!text) continue;
-    const json q = parse_json(*text, legacy.string());
-    if (!q.is_object()) STRATA_FAIL(legacy.string() << ": not a JSON object");
-    if (std::string(name) == "quant_config.json") return parse_awq(q, legacy.string(), kAutoAwqKeys);
-    return parse_format(q, legacy.string());
-  }
+  auto legacy = [&](const char* name) -> std::optional<std::pair<json, std::string>> {
+    const fs::path file = model_dir / name;
+    const std::optional<std::string> text = read_text(file);
+    if (!text) return std::nullopt;
+    json q = parse_json(*text, file.string());
+    if (!q.is_object()) STRATA_FAIL(file.string() << ": not a JSON object");
+    return std::pair{std::move(q), file.string()};
+  };
+  if (const auto q = legacy("quantize_config.json")) return parse_format(q->first, q->second);
+  if (const auto q = legacy("quant_config.json")) return parse_awq(q->first, q->second, kAutoAwqKeys);
   return std::nullopt;
 }
 

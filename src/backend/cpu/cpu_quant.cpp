@@ -21,6 +21,9 @@ float load_half(const uint8_t* p) {
   return half_to_float(h);
 }
 
+// Bytes of a row's codes (padded to whole 4-byte words); its fp16 scales, then minimums, follow.
+size_t code_bytes(int bits, int64_t n) { return (size_t(n) * size_t(bits) + 31) / 32 * 4; }
+
 uint32_t code_at(const uint8_t* codes, int bits, int64_t i) {
   if (bits == 8) return codes[i];
   return (i % 2 == 0) ? (codes[i / 2] & 0x0fu) : (codes[i / 2] >> 4);
@@ -55,7 +58,7 @@ public:
   RowReader(const uint8_t* row, int bits, int group, int64_t n) : row_(row), bits_(bits) {
     while ((int64_t(1) << shift_) < group) ++shift_;
     const int64_t groups = (n + group - 1) / group;
-    const uint8_t* scales = row + (size_t(n) * size_t(bits) + 31) / 32 * 4;
+    const uint8_t* scales = row + code_bytes(bits, n);
     for (int64_t g = 0; g < groups; ++g) {
       scale_[g] = load_half(scales + 2 * g);
       min_[g] = load_half(scales + 2 * groups + 2 * g);
@@ -96,8 +99,7 @@ void axpy_quantized_row(float alpha, const uint8_t* row, int bits, int group, in
 
 void dequantize_row_f32(const uint8_t* row, int bits, int group, int64_t n, float* out) {
   const int64_t groups = (n + group - 1) / group;
-  const size_t code_bytes = (size_t(n) * size_t(bits) + 31) / 32 * 4;
-  const uint8_t* scales = row + code_bytes;
+  const uint8_t* scales = row + code_bytes(bits, n);
   const uint8_t* mins = scales + 2 * groups;
   for (int64_t g = 0; g < groups; ++g) {
     const float scale = load_half(scales + 2 * g), min = load_half(mins + 2 * g);
