@@ -13,6 +13,7 @@
 #include <string>
 
 #include "bench_common.h"
+#include "strata/backend/blas_core.h"
 #include "strata/core/error.h"
 #include "strata/core/size.h"
 #include "strata/offload/disk_store.h"
@@ -57,6 +58,7 @@ DiskIoMode mode_of(const std::string& m) {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  strata::use_best_blas_core(argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe (tee, a log) as they are printed
   const Args args = parse(argc, argv);
   DiskStore store(args.dir, args.size, mode_of(args.mode));

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/backend/blas_core.h"
 #include "strata/backend/backend.h"
 #include "strata/model/model_loader.h"
 #include "strata/model/weight_specs.h"
@@ -49,6 +50,7 @@ Args parse(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  strata::use_best_blas_core(argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe (tee, a log) as they are printed
   const Args args = parse(argc, argv);
   std::unique_ptr<Backend> be = make_backend(args.device, args.threads);

@@ -14,6 +14,7 @@
 
 #include "bench_common.h"
 #include "bench_engine.h"
+#include "strata/backend/blas_core.h"
 #include "strata/backend/backend.h"
 #include "strata/core/size.h"
 #include "strata/model/model_loader.h"
@@ -78,6 +79,7 @@ Run run(const ModelBundle& mb, Backend& be, const Args& a, TierSplit weights, bo
 }  // namespace
 
 int main(int argc, char** argv) try {
+  strata::use_best_blas_core(argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe (tee, a log) as they are printed
   const Args a = parse(argc, argv);
   std::unique_ptr<Backend> be = make_backend(a.device, a.threads);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "strata/backend/blas_core.h"
 #include "strata/core/error.h"
 #include "strata/job/output.h"
 
@@ -221,6 +222,7 @@ void bench_format(const Args& a, bool openai) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  strata::use_best_blas_core(argv);
   try {
     const Args a = parse(argc, argv);
     if (a.format != "strata") bench_format(a, true);

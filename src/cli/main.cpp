@@ -3,9 +3,11 @@
 #include <iostream>
 
 #include "commands.h"
+#include "strata/backend/blas_core.h"
 #include "strata/core/error.h"
 
 int main(int argc, char** argv) {
+  strata::use_best_blas_core(argv);
   CLI::App app{"strata: high-throughput LLM batch generation with GPU, CPU and disk offloading"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "strata 0.1.0");

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "strata/backend/blas_core.h"
 #include "strata/core/error.h"
 #include "strata/core/size.h"
 #include "strata/offload/disk_store.h"
@@ -41,7 +42,7 @@ void print_summary(const HardwareProfile& hw, std::ostream& os) {
   row("cpu -> disk", format_rate(hw.cpu_to_disk_bw, "B/s"));
   row("gpu attention", format_rate(hw.gpu_attention_bw, "B/s of KV cache"));
   row("cpu attention", format_rate(hw.cpu_attention_bw, "B/s of KV cache"));
-  row("cpu GEMM", format_rate(hw.cpu_flops, "FLOP/s"));
+  row("cpu GEMM", format_rate(hw.cpu_flops, "FLOP/s") + " (OpenBLAS, " + blas_core() + " kernels)");
   for (size_t i = 0; i < hw.gpu_gemm.size(); ++i) {
     char tokens[32];
     std::snprintf(tokens, sizeof tokens, "%6.0f tokens: ", hw.gpu_gemm[i].tokens);

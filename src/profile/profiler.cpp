@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "strata/backend/backend.h"
+#include "strata/backend/blas_core.h"
 #include "strata/backend/device_info.h"
 #include "strata/core/dtype.h"
 #include "strata/core/error.h"
@@ -440,7 +441,7 @@ HardwareProfile profile_machine(const ProfileOptions& opt) {
   d << "strata profile" << (opt.quick ? " --quick" : "") << " on " << today_utc() << ": " << dev.name() << " backend ("
     << dtype_name(dev.activation_dtype()) << ")";
   if (!on_gpu) d << ", no GPU: the CPU stands in for it, so gpu_mem and cpu_mem are the same host memory";
-  d << "; GEMMs of one layer with h=" << p.s.hidden << "; disk " << io << " in " << dir.string();
+  d << "; GEMMs of one layer with h=" << p.s.hidden << " (CPU: OpenBLAS, " << blas_core() << " kernels); disk " << io << " in " << dir.string();
   hw.description = d.str();
   return hw;
 }
