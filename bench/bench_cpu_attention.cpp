@@ -1,21 +1,27 @@
-// CPU decode attention (the `cpu_attention: true` path of FlexGen's policies, where the KV cache
-// lives in host memory): one new token per sequence against a cache of `--context` positions,
-// through the CPU backend's attention(), for fp32, fp16 and 4-bit (group 64) caches. Reports the
-// cache bytes read per second against this machine's read bandwidth (every thread summing its
-// share of a 1 GiB buffer), the peak a memory-bound attention can reach. Times are the fastest call
-// of a second of calls.
+// CPU attention, both of the CPU backend's kernels, for fp32, fp16 and 4-bit / 8-bit (group 64)
+// caches. Times are the fastest call of a second of calls.
+// - Decode (the `cpu_attention: true` path of FlexGen's policies, where the KV cache lives in host
+//   memory): one new token per sequence against a cache of `--context` positions. Reports the
+//   cache bytes read per second against this machine's read bandwidth (every thread summing its
+//   share of a 1 GiB buffer), the peak a memory-bound attention can reach.
+// - `--mode prefill`: every sequence's `--context` tokens in one step, each attending to the positions
+//   up to its own (the CPU backend's prefill, as in `strata perplexity`). Reports FLOP/s (scores
+//   and weighted values, 4 * head_dim per query head and visible key) against the CPU backend's
+//   GEMM at the same width (OpenBLAS sgemm over `--context` rows), a compute-bound kernel's peak.
 // Usage: bench_cpu_attention [--threads N] [--slots 16] [--context 1024] [--heads 32]
-//                            [--kv-heads 32] [--head-dim 128] [--act f16]
+//                            [--kv-heads 32] [--head-dim 128] [--act f16] [--mode decode|prefill]
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bench_common.h"
+#include "strata/backend/blas_core.h"
 #include "strata/backend/backend.h"
 #include "strata/core/dtype.h"
 #include "strata/core/thread_pool.h"
@@ -31,6 +37,7 @@ struct Args {
   int threads = 0;
   int64_t slots = 16, context = 1024, heads = 32, kv_heads = 32, head_dim = 128;
   DType act = DType::F16;  // the GPU hands fp16 queries to the CPU
+  bool prefill = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -43,6 +50,10 @@ Args parse(int argc, char** argv) {
     else if (k == "--kv-heads") a.kv_heads = std::stoll(v);
     else if (k == "--head-dim") a.head_dim = std::stoll(v);
     else if (k == "--act") a.act = v == "f32" ? DType::F32 : DType::F16;
+    else if (k == "--mode") {
+      STRATA_CHECK(v == "decode" || v == "prefill", "--mode is decode or prefill, not " << v);
+      a.prefill = v == "prefill";
+    }
     else STRATA_FAIL("unknown option " << k);
   });
   STRATA_CHECK(a.heads % a.kv_heads == 0, "--heads must be a multiple of --kv-heads");
@@ -72,6 +83,26 @@ double read_gbps(int threads) {
   return double(n * sizeof(uint64_t)) * reps / sec / 1e9;
 }
 
+// The CPU backend's GEMM rate: y[rows, width] = x[rows, width] @ w[width, width]^T, as a layer's
+// projection over the prefill's rows.
+double gemm_gflops(Backend& be, int64_t rows, int64_t width) {
+  std::vector<float> host(size_t(std::max(rows, width) * width), 0.5f);
+  Buffer xb = be.alloc(size_t(rows * width) * 4), wb = be.alloc(size_t(width * width) * 4), yb = be.alloc(size_t(rows * width) * 4);
+  std::memcpy(xb.data(), host.data(), size_t(rows * width) * 4);
+  std::memcpy(wb.data(), host.data(), size_t(width * width) * 4);
+  const Tensor x = xb.view(0, DType::F32, {rows, width}), w = wb.view(0, DType::F32, {width, width}),
+               y = yb.view(0, DType::F32, {rows, width});
+  auto call = [&] { be.linear(x, w, Tensor(), y); };
+  call();
+  double sec = 1e30;
+  for (const auto t0 = Clock::now(); seconds(t0, Clock::now()) < 1.0;) {
+    const auto c0 = Clock::now();
+    call();
+    sec = std::min(sec, seconds(c0, Clock::now()));
+  }
+  return 2.0 * double(rows) * double(width) * double(width) / sec / 1e9;
+}
+
 void fill_random(std::vector<float>& v, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -84,7 +115,8 @@ struct Case {
   int bits;  // 0: uncompressed
 };
 
-void run_case(Backend& be, const Args& a, const Case& c, double peak_gbps) {
+// peak: GB/s of reads for decode, GFLOP/s of GEMM for prefill.
+void run_case(Backend& be, const Args& a, const Case& c, double peak) {
   const int64_t S = a.slots, C = a.context, kvh = a.kv_heads, d = a.head_dim, rows = S * C * kvh;
   const quant::QuantSpec spec{c.bits > 0 ? c.bits : 4, 64};
   const size_t cache_bytes =
@@ -103,14 +135,17 @@ void run_case(Backend& be, const Args& a, const Case& c, double peak_gbps) {
     return c.bits > 0 ? Tensor::quantized(b.data(), c.bits == 4 ? DType::Q4 : DType::Q8, 64, Device::CPU, {S, C, kvh, d})
                       : b.view(0, c.cache, {S, C, kvh, d});
   };
-  std::vector<float> q32(size_t(S * a.heads * d));
+  // Decode: each sequence's token at the last position. Prefill: every position of every sequence.
+  std::vector<int32_t> slots, positions;
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t p = a.prefill ? 0 : C - 1; p < C; ++p) slots.push_back(int32_t(s)), positions.push_back(int32_t(p));
+  const int64_t T = int64_t(slots.size());
+  std::vector<float> q32(size_t(T * a.heads * d));
   fill_random(q32, 3);
   Buffer qb = be.alloc(q32.size() * dtype_size(a.act)), ob = be.alloc(q32.size() * dtype_size(a.act));
   convert_elements(q32.data(), DType::F32, qb.data(), a.act, q32.size());
-  std::vector<int32_t> slots(static_cast<size_t>(S)), positions(static_cast<size_t>(S), int32_t(C - 1));
-  for (int64_t s = 0; s < S; ++s) slots[size_t(s)] = int32_t(s);
-  const Tensor q = qb.view(0, a.act, {S, a.heads, d}), out = ob.view(0, a.act, {S, a.heads, d});
-  const Tensor st(slots.data(), DType::I32, Device::CPU, {S}), pt(positions.data(), DType::I32, Device::CPU, {S});
+  const Tensor q = qb.view(0, a.act, {T, a.heads, d}), out = ob.view(0, a.act, {T, a.heads, d});
+  const Tensor st(slots.data(), DType::I32, Device::CPU, {T}), pt(positions.data(), DType::I32, Device::CPU, {T});
   const float scale = 1.0f / std::sqrt(float(d));
   auto call = [&] { be.attention(q, cache(kb), cache(vb), st, pt, scale, out); };
   call();
@@ -122,18 +157,37 @@ void run_case(Backend& be, const Args& a, const Case& c, double peak_gbps) {
     call();
     sec = std::min(sec, seconds(c0, Clock::now()));
   }
+  if (a.prefill) {
+    const double flop = 4.0 * double(d * a.heads) * double(S) * double(C) * double(C + 1) / 2;
+    const double gflops = flop / sec / 1e9;
+    std::printf("  %-10s %8.3f ms per step, %6.1f GFLOP/s = %3.0f%% of the GEMM rate\n", c.name, 1e3 * sec, gflops,
+                100 * gflops / peak);
+    return;
+  }
   const double gbps = 2.0 * double(cache_bytes) / sec / 1e9;
   std::printf("  %-10s %8.3f ms per step, cache read at %6.1f GB/s = %3.0f%% of the read bandwidth\n", c.name, 1e3 * sec,
-              gbps, 100 * gbps / peak_gbps);
+              gbps, 100 * gbps / peak);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) try {
+  strata::use_best_blas_core(argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const Args a = parse(argc, argv);
   const int threads = a.threads > 0 ? a.threads : int(std::thread::hardware_concurrency());
   std::unique_ptr<Backend> be = make_cpu_backend(threads);
+  if (a.prefill) {
+    const double peak = gemm_gflops(*be, a.context, a.heads * a.head_dim);
+    std::printf("cpu prefill attention: %lld sequences x %lld tokens, %lld query heads / %lld kv heads of %lld, %s "
+                "queries, %d threads; GEMM %.1f GFLOP/s (OpenBLAS, %s kernels)\n",
+                (long long)a.slots, (long long)a.context, (long long)a.heads, (long long)a.kv_heads,
+                (long long)a.head_dim, dtype_name(a.act), threads, peak, blas_core().c_str());
+    for (const Case& c : {Case{"fp32", DType::F32, 0}, Case{"fp16", DType::F16, 0}, Case{"4-bit g64", DType::Q4, 4},
+                          Case{"8-bit g64", DType::Q8, 8}})
+      run_case(*be, a, c, peak);
+    return 0;
+  }
   const double peak = read_gbps(threads);
   std::printf("cpu decode attention: %lld sequences x %lld positions, %lld query heads / %lld kv heads of %lld, %s "
               "queries, %d threads; read bandwidth %.1f GB/s\n",

@@ -283,3 +283,24 @@ TEST_CASE("cpu attention: kv_store and attention reject mixed or unsupported dty
   // Other ops keep fp32 only.
   CHECK_THROWS_WITH(r.be->add(q16, q16, o16), Contains("must be a CPU F32 tensor"));
 }
+
+// Prefill runs (consecutive positions of one slot) attend a tile of queries at a time. A prompt
+// prefilled in two chunks, the second beside a fresh prompt and a decode token; two runs of one
+// slot with a gap of positions between them; runs longer than the kernel's 64-key tiles and its
+// items of 32 query rows; head dims that are not a multiple of 8.
+TEST_CASE("cpu attention: chunked prefill runs match a double reference", "[cpu_attention]") {
+  std::mt19937 rng(2468);
+  for (const Shape& sh : {Shape{9, 3, 64, 3, 260}, Shape{4, 4, 20, 3, 260}, Shape{8, 1, 45, 3, 260}}) {
+    std::vector<int32_t> s1, p1, s2, p2, s3, p3;
+    for (int32_t i = 0; i < 100; ++i) s1.push_back(0), p1.push_back(i);
+    for (int32_t i = 100; i < 231; ++i) s2.push_back(0), p2.push_back(i);
+    for (int32_t i = 0; i < 70; ++i) s2.push_back(1), p2.push_back(i);
+    s2.push_back(2), p2.push_back(0);
+    for (int32_t i = 0; i < 10; ++i) s3.push_back(2), p3.push_back(1 + i);
+    for (int32_t i = 0; i < 12; ++i) s3.push_back(2), p3.push_back(40 + i);  // positions 11..39 stay empty
+    const std::vector<Step> steps{random_step(sh, s1, p1, rng), random_step(sh, s2, p2, rng), random_step(sh, s3, p3, rng)};
+    check_steps(sh, steps, DType::F32, DType::F32, 1e-5, 1e-5);
+    check_steps(sh, steps, DType::F32, DType::F16, 1e-5, 1e-5);
+    check_steps(sh, steps, DType::F16, DType::F16, 5e-4, 1e-3);
+  }
+}

@@ -4,6 +4,7 @@
 // in test_quant.cpp) produced, so the fused paths must compute over exactly the reference's values.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -134,4 +135,37 @@ TEST_CASE("cpu: kv_store quantizes each head's row as the reference does, attent
           CHECK(got == want);
         }
       }
+}
+
+// Prefill steps (runs of consecutive positions) take the tiled kernel, which widens the codes with
+// the reference's formula: over the codes it gives the bits it gives over their dequantized values.
+TEST_CASE("cpu: prefill attention over quantized caches equals it over their dequantized values", "[quant][cpu_attention]") {
+  auto be = make_cpu_backend(2);
+  std::mt19937 rng(5);
+  const int64_t shapes[][3] = {{6, 2, 20}, {4, 4, 64}, {8, 2, 128}};
+  for (const auto& sh : shapes)
+    for (int bits : {4, 8}) {
+      const int64_t heads = sh[0], kvh = sh[1], d = sh[2], S = 2, C = 150;
+      const quant::QuantSpec s = spec_of(bits, 32);
+      INFO("heads " << heads << "/" << kvh << ", d " << d << ", " << bits << "-bit");
+      // The cache holds the reference's codes for every position; a step of two runs attends to them.
+      std::vector<float> k0 = normal(size_t(S * C * kvh * d), rng), v0 = normal(size_t(S * C * kvh * d), rng);
+      Quantized kq = quantize(s, k0, S * C * kvh, d), vq = quantize(s, v0, S * C * kvh, d);
+      std::vector<int32_t> sl, ps;
+      for (int32_t p = 60; p < 150; ++p) sl.push_back(0), ps.push_back(p);
+      for (int32_t p = 0; p < 70; ++p) sl.push_back(1), ps.push_back(p);
+      const int64_t T = int64_t(sl.size());
+      const Tensor st(sl.data(), DType::I32, Device::CPU, {T}), pt(ps.data(), DType::I32, Device::CPU, {T});
+      const Tensor cache_k = Tensor::quantized(kq.codes.data(), quant::dtype_of(s), 32, Device::CPU, {S, C, kvh, d});
+      const Tensor cache_v = Tensor::quantized(vq.codes.data(), quant::dtype_of(s), 32, Device::CPU, {S, C, kvh, d});
+      std::vector<float> fk(size_t(S * C * kvh * d)), fv(fk.size());
+      quant::dequantize_rows(s, kq.codes.data(), S * C * kvh, d, fk.data(), DType::F32);
+      quant::dequantize_rows(s, vq.codes.data(), S * C * kvh, d, fv.data(), DType::F32);
+      std::vector<float> q = normal(size_t(T * heads * d), rng), got(q.size(), NAN), want(q.size(), NAN);
+      be->attention(f32(q, {T, heads, d}), cache_k, cache_v, st, pt, 0.3f, f32(got, {T, heads, d}));
+      be->attention(f32(q, {T, heads, d}), f32(fk, {S, C, kvh, d}), f32(fv, {S, C, kvh, d}), st, pt, 0.3f,
+                    f32(want, {T, heads, d}));
+      CHECK(got == want);
+      CHECK(std::none_of(got.begin(), got.end(), [](float x) { return std::isnan(x); }));
+    }
 }

@@ -21,6 +21,7 @@
 #include "strata/core/error.h"
 #include "strata/core/thread_pool.h"
 #include "strata/quant/quant.h"
+#include "cpu_prefill_attention.h"
 #include "cpu_quant.h"
 #include "cpu_simd.h"
 
@@ -328,6 +329,9 @@ public:
     STRATA_CHECK(q.ndim == 3 && cache_k.ndim == 4 && cache_k.dim(3) == q.dim(2) && q.dim(1) % cache_k.dim(2) == 0 &&
                      out.numel() == q.numel() && slots.numel() == q.dim(0) && positions.numel() == q.dim(0),
                  "attention: q " << q.shape_str() << " cache " << cache_k.shape_str());
+    // Prefill runs attend a tile of queries at a time; decode tokens stream the cache.
+    const std::vector<cpu::QueryRun> runs = cpu::query_runs(slots.ptr<int32_t>(), positions.ptr<int32_t>(), q.dim(0));
+    if (cpu::has_prefill_run(runs)) return cpu::attend_runs(pool_, q, cache_k, cache_v, runs, scale, out);
     const bool q16 = q.dtype == DType::F16, cache16 = cache_k.dtype == DType::F16;
     if (cache_k.quantized()) {
       if (q16) attend<f16, QuantRow>(q, cache_k, cache_v, slots, positions, scale, out);
@@ -448,9 +452,10 @@ private:
     }
   }
 
-  // attention() with q and out of element type Q and caches of element type Cache (float, f16, or
-  // QuantRow for quantized rows), arguments already checked; scores, softmax and the weighted sum
-  // of values in fp32. Decode attention is bound by reading the cache, so the loop is shaped by
+  // Decode attention() (one token per sequence; prefill runs go to cpu_prefill_attention.cpp) with
+  // q and out of element type Q and caches of element type Cache (float, f16, or QuantRow for
+  // quantized rows), arguments already checked; scores, softmax and the weighted sum of values in
+  // fp32. Decode attention is bound by reading the cache, so the loop is shaped by
   // memory (docs/offload.md, "CPU attention"):
   // - A work item is one token and a run of consecutive kv heads with all of their query heads,
   //   so a key or value row is read once for its whole grouped-query group, and the run's rows of
