@@ -83,6 +83,20 @@ double read_gbps(int threads) {
   return double(n * sizeof(uint64_t)) * reps / sec / 1e9;
 }
 
+// Seconds of the fastest of a warm-up call and the calls of the next second: this machine is
+// shared, and a slow call says more about its neighbours than about the kernel.
+template <class F>
+double fastest_call(F call) {
+  call();
+  double sec = 1e30;
+  for (const auto t0 = Clock::now(); seconds(t0, Clock::now()) < 1.0;) {
+    const auto c0 = Clock::now();
+    call();
+    sec = std::min(sec, seconds(c0, Clock::now()));
+  }
+  return sec;
+}
+
 // The CPU backend's GEMM rate: y[rows, width] = x[rows, width] @ w[width, width]^T, as a layer's
 // projection over the prefill's rows.
 double gemm_gflops(Backend& be, int64_t rows, int64_t width) {
@@ -92,14 +106,7 @@ double gemm_gflops(Backend& be, int64_t rows, int64_t width) {
   std::memcpy(wb.data(), host.data(), size_t(width * width) * 4);
   const Tensor x = xb.view(0, DType::F32, {rows, width}), w = wb.view(0, DType::F32, {width, width}),
                y = yb.view(0, DType::F32, {rows, width});
-  auto call = [&] { be.linear(x, w, Tensor(), y); };
-  call();
-  double sec = 1e30;
-  for (const auto t0 = Clock::now(); seconds(t0, Clock::now()) < 1.0;) {
-    const auto c0 = Clock::now();
-    call();
-    sec = std::min(sec, seconds(c0, Clock::now()));
-  }
+  const double sec = fastest_call([&] { be.linear(x, w, Tensor(), y); });
   return 2.0 * double(rows) * double(width) * double(width) / sec / 1e9;
 }
 
@@ -147,16 +154,7 @@ void run_case(Backend& be, const Args& a, const Case& c, double peak) {
   const Tensor q = qb.view(0, a.act, {T, a.heads, d}), out = ob.view(0, a.act, {T, a.heads, d});
   const Tensor st(slots.data(), DType::I32, Device::CPU, {T}), pt(positions.data(), DType::I32, Device::CPU, {T});
   const float scale = 1.0f / std::sqrt(float(d));
-  auto call = [&] { be.attention(q, cache(kb), cache(vb), st, pt, scale, out); };
-  call();
-  // The fastest of the calls in one second: this machine is shared, and a slow call says more
-  // about its neighbours than about the kernel.
-  double sec = 1e30;
-  for (const auto t0 = Clock::now(); seconds(t0, Clock::now()) < 1.0;) {
-    const auto c0 = Clock::now();
-    call();
-    sec = std::min(sec, seconds(c0, Clock::now()));
-  }
+  const double sec = fastest_call([&] { be.attention(q, cache(kb), cache(vb), st, pt, scale, out); });
   if (a.prefill) {
     const double flop = 4.0 * double(d * a.heads) * double(S) * double(C) * double(C + 1) / 2;
     const double gflops = flop / sec / 1e9;

@@ -54,69 +54,41 @@ struct CacheRows {
   }
 };
 
-// s[r][c] = sum_i q[r][i] * kt[i][c] (kt: [d, kKeys]) for R query rows and the columns [0, cols),
-// cols a multiple of 8. Vectors run along the keys, so no horizontal sums; blocks of R rows x 32
-// columns keep 4R accumulators in registers and load each kt vector once for all R rows.
+// c[r][0, cols) (+)= sum_{i < k} a[r][i] * b[i][0, cols) for R rows (b: k rows `b_stride` apart,
+// cols a multiple of 8): the scores (a = queries, b = the transposed keys, [d, kKeys]) and the
+// weighted values (a = the softmax weights, b = the values, [kKeys, dp]). Vectors run along b's
+// rows, so there are no horizontal sums; blocks of R rows x 32 columns keep 4R accumulators in
+// registers and load each vector of b once for all R rows.
 template <int R>
-void scores(const float* const* q, const float* kt, int64_t d, int64_t cols, float* const* s) {
+void multiply_rows(const float* const* a, const float* b, int64_t b_stride, int64_t k, int64_t cols, bool accumulate,
+                   float* const* c) {
 #if defined(__AVX2__) && defined(__FMA__)
   auto block = [&](auto width, int64_t c0) {
     constexpr int W = decltype(width)::value;
     __m256 acc[R][W];
     for (int r = 0; r < R; ++r)
-      for (int w = 0; w < W; ++w) acc[r][w] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < d; ++i) {
-      __m256 k[W];
-      for (int w = 0; w < W; ++w) k[w] = _mm256_loadu_ps(kt + i * kKeys + c0 + 8 * w);
+      for (int w = 0; w < W; ++w) acc[r][w] = accumulate ? _mm256_loadu_ps(c[r] + c0 + 8 * w) : _mm256_setzero_ps();
+    for (int64_t i = 0; i < k; ++i) {
+      __m256 bi[W];
+      for (int w = 0; w < W; ++w) bi[w] = _mm256_loadu_ps(b + i * b_stride + c0 + 8 * w);
       for (int r = 0; r < R; ++r) {
-        const __m256 qi = _mm256_broadcast_ss(q[r] + i);
-        for (int w = 0; w < W; ++w) acc[r][w] = _mm256_fmadd_ps(qi, k[w], acc[r][w]);
+        const __m256 ai = _mm256_broadcast_ss(a[r] + i);
+        for (int w = 0; w < W; ++w) acc[r][w] = _mm256_fmadd_ps(ai, bi[w], acc[r][w]);
       }
     }
     for (int r = 0; r < R; ++r)
-      for (int w = 0; w < W; ++w) _mm256_storeu_ps(s[r] + c0 + 8 * w, acc[r][w]);
+      for (int w = 0; w < W; ++w) _mm256_storeu_ps(c[r] + c0 + 8 * w, acc[r][w]);
   };
-  int64_t c = 0;
-  for (; c + 32 <= cols; c += 32) block(std::integral_constant<int, 4>(), c);
-  for (; c < cols; c += 8) block(std::integral_constant<int, 1>(), c);
+  int64_t c0 = 0;
+  for (; c0 + 32 <= cols; c0 += 32) block(std::integral_constant<int, 4>(), c0);
+  for (; c0 < cols; c0 += 8) block(std::integral_constant<int, 1>(), c0);
 #else
   for (int r = 0; r < R; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      float acc = 0;
-      for (int64_t i = 0; i < d; ++i) acc = std::fma(q[r][i], kt[i * kKeys + c], acc);
-      s[r][c] = acc;
+    for (int64_t j = 0; j < cols; ++j) {
+      float acc = accumulate ? c[r][j] : 0.0f;
+      for (int64_t i = 0; i < k; ++i) acc = std::fma(a[r][i], b[i * b_stride + j], acc);
+      c[r][j] = acc;
     }
-#endif
-}
-
-// o[r][c] += sum_{j < n} p[r][j] * v[j][c] (v: [kKeys, dp]) for R query rows and the columns
-// [0, dp), dp a multiple of 8: each value vector is loaded once for all R rows.
-template <int R>
-void weighted_values(const float* const* p, const float* v, int64_t dp, int64_t n, float* const* o) {
-#if defined(__AVX2__) && defined(__FMA__)
-  auto block = [&](auto width, int64_t c0) {
-    constexpr int W = decltype(width)::value;
-    __m256 acc[R][W];
-    for (int r = 0; r < R; ++r)
-      for (int w = 0; w < W; ++w) acc[r][w] = _mm256_loadu_ps(o[r] + c0 + 8 * w);
-    for (int64_t j = 0; j < n; ++j) {
-      __m256 vj[W];
-      for (int w = 0; w < W; ++w) vj[w] = _mm256_loadu_ps(v + j * dp + c0 + 8 * w);
-      for (int r = 0; r < R; ++r) {
-        const __m256 pj = _mm256_broadcast_ss(p[r] + j);
-        for (int w = 0; w < W; ++w) acc[r][w] = _mm256_fmadd_ps(pj, vj[w], acc[r][w]);
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int w = 0; w < W; ++w) _mm256_storeu_ps(o[r] + c0 + 8 * w, acc[r][w]);
-  };
-  int64_t c = 0;
-  for (; c + 32 <= dp; c += 32) block(std::integral_constant<int, 4>(), c);
-  for (; c < dp; c += 8) block(std::integral_constant<int, 1>(), c);
-#else
-  for (int r = 0; r < R; ++r)
-    for (int64_t j = 0; j < n; ++j)
-      for (int64_t c = 0; c < dp; ++c) o[r][c] = std::fma(p[r][j], v[j * dp + c], o[r][c]);
 #endif
 }
 
@@ -200,8 +172,8 @@ void attend_runs(ThreadPool& pool, const Tensor& q, const Tensor& cache_k, const
         for (int64_t r = r0; r < rows; r += 2) {
           const auto qr = rows_at(qs, r, d);
           const auto sr = rows_at(sc, r, kKeys);
-          if (r + 1 < rows) scores<2>(qr.data(), kt.data(), d, round_up8(n), sr.data());
-          else scores<1>(qr.data(), kt.data(), d, round_up8(n), sr.data());
+          if (r + 1 < rows) multiply_rows<2>(qr.data(), kt.data(), kKeys, d, round_up8(n), false, sr.data());
+          else multiply_rows<1>(qr.data(), kt.data(), kKeys, d, round_up8(n), false, sr.data());
         }
         for (int64_t r = r0; r < rows; ++r) {  // online softmax over the keys row r may see
           float* s = sc.data() + r * kKeys;
@@ -218,8 +190,8 @@ void attend_runs(ThreadPool& pool, const Tensor& q, const Tensor& cache_k, const
         for (int64_t r = r0; r < rows; r += 2) {
           const auto pr = rows_at(sc, r, kKeys);
           const auto orow = rows_at(o, r, dp);
-          if (r + 1 < rows) weighted_values<2>(pr.data(), vt.data(), dp, n, orow.data());
-          else weighted_values<1>(pr.data(), vt.data(), dp, n, orow.data());
+          if (r + 1 < rows) multiply_rows<2>(pr.data(), vt.data(), dp, n, dp, true, orow.data());
+          else multiply_rows<1>(pr.data(), vt.data(), dp, n, dp, true, orow.data());
         }
       }
       for (int64_t r = 0; r < rows; ++r) {
