@@ -230,21 +230,25 @@ public:
     STRATA_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), "add: sizes differ");
     const float *pa = a.ptr<float>(), *pb = b.ptr<float>();
     float* po = out.ptr<float>();
-    for (int64_t i = 0, n = a.numel(); i < n; ++i) po[i] = pa[i] + pb[i];
+    for_elements(a.numel(), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) po[i] = pa[i] + pb[i];
+    });
   }
 
   void activation(Activation act, const Tensor& x) override {
     check_f32(x, "x");
     float* p = x.ptr<float>();
     const int64_t n = x.numel();
-    switch (act) {
-      case Activation::ReLU:
-        for (int64_t i = 0; i < n; ++i) p[i] = std::max(p[i], 0.0f);
-        break;
-      case Activation::GELU:  // exact erf form, as transformers' "gelu"
-        for (int64_t i = 0; i < n; ++i) p[i] = 0.5f * p[i] * (1.0f + std::erf(p[i] * float(M_SQRT1_2)));
-        break;
-    }
+    for_elements(n, [&](int64_t i0, int64_t i1) {
+      switch (act) {
+        case Activation::ReLU:
+          for (int64_t i = i0; i < i1; ++i) p[i] = std::max(p[i], 0.0f);
+          break;
+        case Activation::GELU:  // exact erf form, as transformers' "gelu"
+          for (int64_t i = i0; i < i1; ++i) p[i] = 0.5f * p[i] * (1.0f + std::erf(p[i] * float(M_SQRT1_2)));
+          break;
+      }
+    });
   }
 
   void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override {
@@ -254,7 +258,9 @@ public:
     STRATA_CHECK(gate.numel() == up.numel() && gate.numel() == out.numel(), "swiglu: sizes differ");
     const float *g = gate.ptr<float>(), *u = up.ptr<float>();
     float* o = out.ptr<float>();
-    for (int64_t i = 0, n = gate.numel(); i < n; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    for_elements(gate.numel(), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    });
   }
 
   void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override {
@@ -399,6 +405,16 @@ public:
   }
 
 private:
+  // An elementwise loop over n values, fn(begin, end): on the pool when there are enough values to
+  // pay for waking it (a prefill's MLP activations), inline for a few decode rows. Each value's
+  // result is the same either way.
+  template <class F>
+  void for_elements(int64_t n, F fn) {
+    constexpr int64_t kPoolMin = int64_t(1) << 15;
+    if (n < kPoolMin) fn(int64_t(0), n);
+    else pool_.parallel_for(n, fn);
+  }
+
   // y = x @ dequantized(w)^T + bias: each weight row is dequantized once into a per-thread fp32
   // row and dotted with every token, so the codes are the only weight bytes read.
   void linear_quantized(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
