@@ -175,22 +175,20 @@ int main(int argc, char** argv) try {
   const Args a = parse(argc, argv);
   const int threads = a.threads > 0 ? a.threads : int(std::thread::hardware_concurrency());
   std::unique_ptr<Backend> be = make_cpu_backend(threads);
+  double peak;
   if (a.prefill) {
-    const double peak = gemm_gflops(*be, a.context, a.heads * a.head_dim);
+    peak = gemm_gflops(*be, a.context, a.heads * a.head_dim);
     std::printf("cpu prefill attention: %lld sequences x %lld tokens, %lld query heads / %lld kv heads of %lld, %s "
                 "queries, %d threads; GEMM %.1f GFLOP/s (OpenBLAS, %s kernels)\n",
                 (long long)a.slots, (long long)a.context, (long long)a.heads, (long long)a.kv_heads,
                 (long long)a.head_dim, dtype_name(a.act), threads, peak, blas_core().c_str());
-    for (const Case& c : {Case{"fp32", DType::F32, 0}, Case{"fp16", DType::F16, 0}, Case{"4-bit g64", DType::Q4, 4},
-                          Case{"8-bit g64", DType::Q8, 8}})
-      run_case(*be, a, c, peak);
-    return 0;
+  } else {
+    peak = read_gbps(threads);
+    std::printf("cpu decode attention: %lld sequences x %lld positions, %lld query heads / %lld kv heads of %lld, %s "
+                "queries, %d threads; read bandwidth %.1f GB/s\n",
+                (long long)a.slots, (long long)a.context, (long long)a.heads, (long long)a.kv_heads,
+                (long long)a.head_dim, dtype_name(a.act), threads, peak);
   }
-  const double peak = read_gbps(threads);
-  std::printf("cpu decode attention: %lld sequences x %lld positions, %lld query heads / %lld kv heads of %lld, %s "
-              "queries, %d threads; read bandwidth %.1f GB/s\n",
-              (long long)a.slots, (long long)a.context, (long long)a.heads, (long long)a.kv_heads, (long long)a.head_dim,
-              dtype_name(a.act), threads, peak);
   for (const Case& c : {Case{"fp32", DType::F32, 0}, Case{"fp16", DType::F16, 0}, Case{"4-bit g64", DType::Q4, 4},
                         Case{"8-bit g64", DType::Q8, 8}})
     run_case(*be, a, c, peak);

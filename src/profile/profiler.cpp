@@ -441,7 +441,8 @@ HardwareProfile profile_machine(const ProfileOptions& opt) {
   d << "strata profile" << (opt.quick ? " --quick" : "") << " on " << today_utc() << ": " << dev.name() << " backend ("
     << dtype_name(dev.activation_dtype()) << ")";
   if (!on_gpu) d << ", no GPU: the CPU stands in for it, so gpu_mem and cpu_mem are the same host memory";
-  d << "; GEMMs of one layer with h=" << p.s.hidden << " (CPU: OpenBLAS, " << blas_core() << " kernels); disk " << io << " in " << dir.string();
+  d << "; GEMMs of one layer with h=" << p.s.hidden << " (CPU: OpenBLAS, " << blas_core() << " kernels); disk " << io
+    << " in " << dir.string();
   hw.description = d.str();
   return hw;
 }

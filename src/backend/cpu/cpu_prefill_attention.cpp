@@ -5,7 +5,6 @@
 #endif
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -166,15 +165,17 @@ void attend_runs(ThreadPool& pool, const Tensor& q, const Tensor& cache_k, const
         }
         // Rows before start see none of this tile's keys; they are the first rows of the item.
         const int64_t r0 = std::max<int64_t>(0, start - p0) * group;
-        auto rows_at = [&](std::vector<float>& v, int64_t r, int64_t stride) {
-          return std::array<float*, 2>{v.data() + r * stride, v.data() + std::min(r + 1, rows - 1) * stride};
+        // multiply_rows over rows [r0, rows) of a (stride a_stride) into c (stride c_stride), two at a time.
+        auto multiply_item_rows = [&](const std::vector<float>& a, int64_t a_stride, const float* b, int64_t b_stride,
+                                      int64_t k, int64_t cols, bool accumulate, std::vector<float>& c, int64_t c_stride) {
+          for (int64_t r = r0; r < rows; r += 2) {
+            const float* ar[2] = {a.data() + r * a_stride, a.data() + (r + 1) * a_stride};
+            float* cr[2] = {c.data() + r * c_stride, c.data() + (r + 1) * c_stride};
+            if (r + 1 < rows) multiply_rows<2>(ar, b, b_stride, k, cols, accumulate, cr);
+            else multiply_rows<1>(ar, b, b_stride, k, cols, accumulate, cr);
+          }
         };
-        for (int64_t r = r0; r < rows; r += 2) {
-          const auto qr = rows_at(qs, r, d);
-          const auto sr = rows_at(sc, r, kKeys);
-          if (r + 1 < rows) multiply_rows<2>(qr.data(), kt.data(), kKeys, d, round_up8(n), false, sr.data());
-          else multiply_rows<1>(qr.data(), kt.data(), kKeys, d, round_up8(n), false, sr.data());
-        }
+        multiply_item_rows(qs, d, kt.data(), kKeys, d, round_up8(n), false, sc, kKeys);
         for (int64_t r = r0; r < rows; ++r) {  // online softmax over the keys row r may see
           float* s = sc.data() + r * kKeys;
           const int64_t seen = std::min(n, p0 + r / group + 1 - start);
@@ -187,12 +188,7 @@ void attend_runs(ThreadPool& pool, const Tensor& q, const Tensor& cache_k, const
           if (alpha != 1.0f)
             for (float* x = o.data() + r * dp; x != o.data() + (r + 1) * dp; ++x) *x *= alpha;
         }
-        for (int64_t r = r0; r < rows; r += 2) {
-          const auto pr = rows_at(sc, r, kKeys);
-          const auto orow = rows_at(o, r, dp);
-          if (r + 1 < rows) multiply_rows<2>(pr.data(), vt.data(), dp, n, dp, true, orow.data());
-          else multiply_rows<1>(pr.data(), vt.data(), dp, n, dp, true, orow.data());
-        }
+        multiply_item_rows(sc, kKeys, vt.data(), dp, n, dp, true, o, dp);
       }
       for (int64_t r = 0; r < rows; ++r) {
         const float inv = 1.0f / l[size_t(r)];
