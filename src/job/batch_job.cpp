@@ -149,6 +149,7 @@ public:
     transformer_ = std::make_unique<Transformer>(model.config, load_model_weights(model.config, *model.weights, *backend_),
                                                  *backend_);
     options_.prefill_token_budget = opt.prefill_token_budget;
+    options_.share_prefixes = opt.share_prefixes;
   }
   size_t batch_size() const override { return batch_; }
   std::vector<GenResult> run(const std::vector<GenRequest>& batch, GenStats& stats) override {
@@ -613,6 +614,7 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
     log << sum.errors << " request" << (sum.errors == 1 ? "" : "s") << " cannot be served: error lines in "
         << (error_writer ? opt.errors : opt.out).string() << "\n";
   sum.prompt_tokens = stats.prompt_tokens;
+  sum.shared_prompt_tokens = stats.shared_prompt_tokens;
   sum.generated_tokens = stats.generated_tokens;
   sum.prefill_seconds = stats.prefill_seconds;
   sum.decode_seconds = stats.decode_seconds;
@@ -624,7 +626,11 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
       << (opt.shard.empty() ? std::string() : " in shard " + opt.shard + " of " + std::to_string(sum.in_file))
       << "\nprompt tokens: " << sum.prompt_tokens << ", generated tokens: " << sum.generated_tokens
       << "\nprefill: " << sum.prefill_seconds << " s, " << rate(double(sum.prompt_tokens), sum.prefill_seconds)
-      << " tok/s\ndecode: " << sum.decode_seconds << " s, "
+      << " tok/s"
+      << (sum.shared_prompt_tokens > 0 ? " (" + std::to_string(sum.shared_prompt_tokens) +
+                                             " prompt tokens copied from shared prefixes, not computed)"
+                                       : std::string())
+      << "\ndecode: " << sum.decode_seconds << " s, "
       << rate(double(sum.generated_tokens - runs), sum.decode_seconds) << " tok/s\ntotal: " << gen_s << " s, "
       << rate(double(sum.generated_tokens), gen_s) << " generated tok/s (wall " << sum.wall_seconds
       << " s, first answer after " << sum.first_answer_seconds << " s)\npadding efficiency: " << sum.padding.efficiency() << " in " << sum.blocks << " blocks of <= " << block

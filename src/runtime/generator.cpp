@@ -18,29 +18,59 @@ struct ChoiceGroup {
   size_t first = 0, n = 1;
 };
 
+// Copies positions [0, len) of slot `src`'s keys and values to slot `dst`, every layer: each is one
+// contiguous run of rows in the cache seen as [slots * capacity, kv_dim].
+void copy_cache_prefix(Backend& be, const KvCache& cache, int src, int dst, int len) {
+  for (size_t l = 0; l < cache.k.size(); ++l)
+    for (const Tensor* t : {&cache.k[l], &cache.v[l]}) {
+      const int64_t row_bytes = int64_t(t->nbytes()) / (int64_t(cache.slots) * cache.capacity);
+      char* base = static_cast<char*>(t->data);
+      be.copy_on_device(base + int64_t(dst) * cache.capacity * row_bytes,
+                        base + int64_t(src) * cache.capacity * row_bytes, size_t(len * row_bytes));
+    }
+}
+
 // Packs prompt tokens into steps of at most `budget` tokens; a long prompt may span steps, since
 // each token attends to whatever of its sequence is already in the cache. The last prompt
 // position's logits row is sampled once per choice, each with its own sampler.
-void prefill(Transformer& model, std::vector<Sequence>& seqs, const std::vector<ChoiceGroup>& groups, KvCache& cache,
-             StepSampler& sampler, int64_t budget) {
+//
+// A prompt that shares a prefix (plan[i] for groups[i]) copies its source's rows for it and
+// computes only the rest. Sources go first; a sharing prompt waits for the step that completes its
+// source, so the steps are those of the unshared batch plus at most one.
+void prefill(Transformer& model, std::vector<Sequence>& seqs, const std::vector<ChoiceGroup>& groups,
+             const std::vector<SharedPrefix>& plan, KvCache& cache, StepSampler& sampler, int64_t budget) {
   StepBatch step;
   std::vector<Sequence*> finishing;  // sequences whose last prompt token is in this step
+  std::vector<bool> in_step(groups.size(), false);  // groups with tokens in the unflushed step
   auto flush = [&] {
     if (step.tokens.empty()) return;
     const Tensor logits = model.forward(step, cache);
     if (!finishing.empty()) sampler.sample(logits, finishing);
     step = StepBatch();
     finishing.clear();
+    std::fill(in_step.begin(), in_step.end(), false);
   };
-  for (const ChoiceGroup& g : groups) {
+  std::vector<size_t> order;  // sources (and unshared prompts), then the sharing ones
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t i = 0; i < groups.size(); ++i)
+      if ((plan[i].source >= 0) == (pass == 1)) order.push_back(i);
+  for (const size_t gi : order) {
+    const ChoiceGroup& g = groups[gi];
     Sequence& s = seqs[g.first];
     if (s.done) continue;  // max_new 0: every choice of the request is done
     const std::vector<int32_t>& prompt = s.request->prompt;
-    for (size_t i = 0; i < prompt.size(); ++i) {
+    size_t first = 0;
+    if (const SharedPrefix& share = plan[gi]; share.source >= 0) {
+      if (in_step[size_t(share.source)]) flush();  // the source's rows are complete once it ran
+      copy_cache_prefix(model.backend(), cache, seqs[groups[size_t(share.source)].first].slot, s.slot, share.length);
+      first = size_t(share.length);
+    }
+    for (size_t i = first; i < prompt.size(); ++i) {
       if (int64_t(step.tokens.size()) >= budget) flush();
       step.tokens.push_back(prompt[i]);
       step.positions.push_back(int32_t(i));
       step.slots.push_back(s.slot);
+      in_step[gi] = true;
     }
     for (size_t c = 0; c < g.n; ++c) {
       seqs[g.first + c].length = int(prompt.size());
@@ -52,29 +82,30 @@ void prefill(Transformer& model, std::vector<Sequence>& seqs, const std::vector<
 }
 
 // Copies the prompt's keys and values from each group's first slot to the slots of its other
-// choices, every layer, with gather_rows over the cache seen as [slots * capacity, kv_dim] rows.
-void share_prompt_cache(Backend& be, const ModelConfig& cfg, std::vector<Sequence>& seqs,
-                        const std::vector<ChoiceGroup>& groups, KvCache& cache) {
-  std::vector<int32_t> rows;
+// choices.
+void share_prompt_cache(Backend& be, std::vector<Sequence>& seqs, const std::vector<ChoiceGroup>& groups,
+                        const KvCache& cache) {
   for (const ChoiceGroup& g : groups) {
     if (g.n < 2 || seqs[g.first].done) continue;
-    const int len = int(seqs[g.first].request->prompt.size());
-    rows.resize(size_t(len));
-    for (int p = 0; p < len; ++p) rows[size_t(p)] = seqs[g.first].slot * cache.capacity + p;
-    Buffer ids_buf = be.alloc(rows.size() * 4);
-    const Tensor ids = ids_buf.view(0, DType::I32, {int64_t(len)});
-    be.copy_to_device(ids.data, rows.data(), rows.size() * 4);
-    const int64_t all_rows = int64_t(cache.slots) * cache.capacity;
-    for (size_t c = 1; c < g.n; ++c) {
-      const int64_t dst = int64_t(seqs[g.first + c].slot) * cache.capacity;
-      for (int l = 0; l < cfg.n_layers; ++l)
-        for (const Tensor* t : {&cache.k[size_t(l)], &cache.v[size_t(l)]}) {
-          const Tensor flat = t->reshaped({all_rows, int64_t(cfg.kv_dim())});
-          be.gather_rows(flat, ids, flat.rows(dst, len));
-        }
-    }
-    be.synchronize();  // ids_buf is released at the end of this iteration
+    for (size_t c = 1; c < g.n; ++c)
+      copy_cache_prefix(be, cache, seqs[g.first].slot, seqs[g.first + c].slot,
+                        int(seqs[g.first].request->prompt.size()));
   }
+}
+
+// The prefix-sharing plan over the requests that prefill (none when sharing is off).
+std::vector<SharedPrefix> plan_prefill(const std::vector<Sequence>& seqs, const std::vector<ChoiceGroup>& groups,
+                                       const GenOptions& options) {
+  if (!options.share_prefixes) return std::vector<SharedPrefix>(groups.size());
+  std::vector<const std::vector<int32_t>*> prompts;
+  std::vector<size_t> index;  // prompts[k] is groups[index[k]]'s
+  for (size_t i = 0; i < groups.size(); ++i)
+    if (!seqs[groups[i].first].done) prompts.push_back(&seqs[groups[i].first].request->prompt), index.push_back(i);
+  const std::vector<SharedPrefix> sub = plan_shared_prefixes(prompts, options.prefix_sharing);
+  std::vector<SharedPrefix> plan(groups.size());
+  for (size_t k = 0; k < sub.size(); ++k)
+    if (sub[k].source >= 0) plan[index[k]] = {int(index[size_t(sub[k].source)]), sub[k].length};
+  return plan;
 }
 
 }  // namespace
@@ -102,8 +133,10 @@ std::vector<GenResult> generate(Transformer& model, const std::vector<GenRequest
 
   GenStats local;
   auto t0 = Clock::now();
-  prefill(model, seqs, groups, cache, sampler, std::max<int64_t>(options.prefill_token_budget, 1));
-  share_prompt_cache(model.backend(), cfg, seqs, groups, cache);
+  const std::vector<SharedPrefix> plan = plan_prefill(seqs, groups, options);
+  prefill(model, seqs, groups, plan, cache, sampler, std::max<int64_t>(options.prefill_token_budget, 1));
+  share_prompt_cache(model.backend(), seqs, groups, cache);
+  local.shared_prompt_tokens = shared_tokens(plan);
   local.prefill_seconds = seconds_since(t0);
   for (const GenRequest& r : requests) local.prompt_tokens += int64_t(r.prompt.size());
 
@@ -137,6 +170,7 @@ std::vector<GenResult> generate(Transformer& model, const std::vector<GenRequest
     stats->prefill_seconds += local.prefill_seconds;
     stats->decode_seconds += local.decode_seconds;
     stats->prompt_tokens += local.prompt_tokens;
+    stats->shared_prompt_tokens += local.shared_prompt_tokens;
     stats->generated_tokens += local.generated_tokens;
     stats->decode_steps += local.decode_steps;
   }

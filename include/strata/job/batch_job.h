@@ -29,6 +29,7 @@ struct JobOptions {
   bool progress = true;                    // progress line on the log stream
   bool ordered = false;                    // write in input order (a reorder buffer of one window)
   int window = 0;                          // requests read ahead and grouped by length; 0: max(8 blocks, 4096)
+  bool share_prefixes = true;              // a block's prompts compute a common prefix once (resident runs)
 
   // Offloading (strata run --policy): the engine replaces the resident generator when set.
   std::filesystem::path policy;            // policy YAML; empty: everything resident, --batch-size batches
@@ -42,6 +43,7 @@ struct JobOptions {
 
 struct JobSummary {
   int64_t prompts = 0, resumed = 0, prompt_tokens = 0, generated_tokens = 0;
+  int64_t shared_prompt_tokens = 0;        // prompt tokens copied from a shared prefix, not computed
   int64_t errors = 0;                      // requests answered with an error line (this run)
   int64_t in_file = 0;                     // requests in the file (prompts: this shard's)
   double prefill_seconds = 0, decode_seconds = 0, wall_seconds = 0;

@@ -1,10 +1,12 @@
-// Generation over one batch of requests: packed prefill (in chunks bounded by a token budget),
+// Generation over one batch of requests: packed prefill (in chunks bounded by a token budget,
+// prompts sharing a prefix computing it once: prefix_sharing.h),
 // then decode steps over the sequences still running, until each meets EOS or its length limit.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <vector>
 
+#include "strata/runtime/prefix_sharing.h"
 #include "strata/runtime/sampler.h"
 #include "strata/runtime/sequence.h"
 #include "strata/runtime/transformer.h"
@@ -14,10 +16,13 @@ namespace strata {
 struct GenStats {
   double prefill_seconds = 0, decode_seconds = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0, decode_steps = 0;
+  int64_t shared_prompt_tokens = 0;  // prompt tokens whose cache rows were copied, not computed
 };
 
 struct GenOptions {
   int64_t prefill_token_budget = 4096;  // tokens per prefill step; bounds activation memory
+  bool share_prefixes = true;            // prompts of a batch share common prefixes' cache rows
+  PrefixSharingOptions prefix_sharing;
 };
 
 // Generates for every request (max_new_tokens is clamped to the model's context; a prompt that

@@ -1,0 +1,330 @@
+// Shared prompt prefixes (include/strata/runtime/prefix_sharing.h): the plan, generation with it
+// against Hugging Face's greedy runs (tests/fixtures/logprobs/make_logprobs.py), against the same
+// batch computed whole, and the `strata run` switch.
+#include "test_paths.h"
+#include "temp_files.h"
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli_support.h"
+#include "strata/backend/backend.h"
+#include "strata/model/model_loader.h"
+#include "strata/runtime/generator.h"
+#include "strata/runtime/prefix_sharing.h"
+
+using namespace strata;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Tokens = std::vector<int32_t>;
+
+std::vector<SharedPrefix> plan_of(const std::vector<Tokens>& prompts, int min_shared, int64_t min_saved) {
+  std::vector<const Tokens*> ptrs;
+  for (const Tokens& p : prompts) ptrs.push_back(&p);
+  return plan_shared_prefixes(ptrs, {min_shared, min_saved});
+}
+
+Tokens concat(Tokens a, const Tokens& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+Tokens range(int32_t first, int count) {
+  Tokens t;
+  for (int i = 0; i < count; ++i) t.push_back(first + i);
+  return t;
+}
+
+// Generation is compared with and without sharing, and with Hugging Face, on these options:
+// sharing forced on for any common prefix, steps of 3 tokens so that sources span steps.
+GenOptions forced_sharing() {
+  GenOptions o;
+  o.prefill_token_budget = 3;
+  o.prefix_sharing = {1, 0};
+  return o;
+}
+
+GenOptions no_sharing() {
+  GenOptions o = forced_sharing();
+  o.share_prefixes = false;
+  return o;
+}
+
+const json& fixture() {
+  static const json fx = [] {
+    std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/logprobs/logprobs_cases.json");
+    REQUIRE(in.good());
+    return json::parse(in);
+  }();
+  return fx;
+}
+
+struct Loaded {
+  std::unique_ptr<Backend> backend;
+  ModelBundle bundle;
+  std::unique_ptr<Transformer> model;
+};
+
+Loaded load(const std::string& name, std::unique_ptr<Backend> backend) {
+  Loaded l;
+  l.backend = std::move(backend);
+  l.bundle = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
+  l.model = std::make_unique<Transformer>(l.bundle.config, load_model_weights(l.bundle.config, *l.bundle.weights, *l.backend),
+                                          *l.backend);
+  return l;
+}
+
+// The fixture case's prompt extended by the first k tokens of HF's greedy continuation, for
+// k = 0..4: HF's greedy run of P + g[0..k) is g[k..] with the fixture's log-probabilities from
+// step k on (its loop recomputes the whole sequence at every step), and the five prompts share P.
+std::vector<GenRequest> extended_prompts(const json& c) {
+  std::vector<GenRequest> reqs;
+  const int new_tokens = fixture()["new_tokens"].get<int>();
+  for (int k = 4; k >= 0; --k) {  // longest first: the plan sorts them back
+    GenRequest r;
+    r.prompt = c["prompt"].get<Tokens>();
+    for (int i = 0; i < k; ++i) r.prompt.push_back(c["steps"][size_t(i)]["token"].get<int32_t>());
+    r.sampling.max_new_tokens = new_tokens - k;
+    r.sampling.ignore_eos = true;
+    r.logprobs = 5;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+}  // namespace
+
+TEST_CASE("prefix plan: prompts share with the nearest source in sorted order", "[prefix]") {
+  const Tokens instr = range(100, 20);
+  const Tokens other = range(500, 20);
+  const std::vector<Tokens> prompts = {
+      concat(instr, {7, 8, 9}),  // 0
+      concat(other, {1}),        // 1
+      concat(instr, {3}),        // 2
+      concat(instr, {7, 8, 9}),  // 3: equal to 0
+      concat(other, {1, 2}),     // 4: extends 1
+      range(100, 10),            // 5: the first 10 tokens of instr
+      {42},                      // 6: alone
+  };
+  const std::vector<SharedPrefix> plan = plan_of(prompts, 8, 0);
+  REQUIRE(plan.size() == prompts.size());
+  // Sorted: 6, 5, 2, 0, 3, 1, 4. 6 and 5 are sources (nothing in common); 2, 0 and 3 share the
+  // 10 tokens of 5 (>= 8), not instr's 20 with each other: only sources are shared; 1 is a source.
+  CHECK(plan[5].source == -1);
+  CHECK(plan[2].source == 5);
+  CHECK(plan[2].length == 10);
+  CHECK(plan[0].source == 5);
+  CHECK(plan[0].length == 10);
+  CHECK(plan[3].source == 5);
+  CHECK(plan[3].length == 10);
+  CHECK(plan[6].source == -1);
+  CHECK(plan[1].source == -1);
+  CHECK(plan[4].source == 1);
+  CHECK(plan[4].length == 21);  // all of prompt 1, the whole common prefix, leaving one token of 4's
+  CHECK(shared_tokens(plan) == 10 * 3 + 21);
+
+  // With a minimum of 12 the 10-token prefix no longer counts: 2 starts the instr family.
+  const std::vector<SharedPrefix> p12 = plan_of(prompts, 12, 0);
+  CHECK(p12[5].source == -1);
+  CHECK(p12[2].source == -1);
+  CHECK(p12[0].source == 2);
+  CHECK(p12[0].length == 20);
+  CHECK(p12[3].source == 2);
+  CHECK(p12[3].length == 20);
+  CHECK(p12[4].source == 1);
+
+  // Too little saved in the whole batch: nothing shared.
+  const std::vector<SharedPrefix> none = plan_of(prompts, 8, 52);
+  CHECK(shared_tokens(none) == 0);
+  for (const SharedPrefix& s : none) CHECK(s.source == -1);
+  CHECK(shared_tokens(plan_of(prompts, 8, 51)) == 51);
+}
+
+TEST_CASE("prefix plan: equal prompts and one-token prompts", "[prefix]") {
+  const std::vector<Tokens> same = {range(1, 5), range(1, 5), range(1, 5)};
+  const std::vector<SharedPrefix> plan = plan_of(same, 1, 0);
+  CHECK(plan[0].source == -1);  // the first of equal prompts is the source
+  CHECK(plan[1].source == 0);
+  CHECK(plan[1].length == 4);   // the last token is computed: its logits are sampled
+  CHECK(plan[2].source == 0);
+  CHECK(plan[2].length == 4);
+  const std::vector<SharedPrefix> ones = plan_of({{5}, {5}}, 1, 0);
+  CHECK(ones[1].source == -1);  // nothing to share but the one token it must compute
+  CHECK(shared_tokens(ones) == 0);
+}
+
+TEST_CASE("prefix plan: random batches keep every rule", "[prefix]") {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    // A few stems, each prompt a stem's beginning and a tail from a small alphabet (many ties).
+    std::vector<Tokens> stems(1 + rng() % 3);
+    for (Tokens& s : stems) s = range(int32_t(rng() % 4), int(rng() % 12));
+    std::vector<Tokens> prompts(1 + rng() % 12);
+    for (Tokens& p : prompts) {
+      const Tokens& s = stems[rng() % stems.size()];
+      p.assign(s.begin(), s.begin() + long(rng() % (s.size() + 1)));
+      for (int i = int(rng() % 4); i >= 0; --i) p.push_back(int32_t(rng() % 3));
+    }
+    const int min_shared = 1 + int(rng() % 4);
+    const std::vector<SharedPrefix> plan = plan_of(prompts, min_shared, 0);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const SharedPrefix& s = plan[i];
+      if (s.source < 0) continue;
+      INFO("trial " << trial << ", prompt " << i);
+      const Tokens& src = prompts[size_t(s.source)];
+      REQUIRE(plan[size_t(s.source)].source == -1);  // one level
+      CHECK(s.length >= min_shared);
+      CHECK(s.length < int(prompts[i].size()));       // its last token is computed
+      REQUIRE(s.length <= int(src.size()));
+      CHECK(std::equal(src.begin(), src.begin() + s.length, prompts[i].begin()));
+    }
+    // A source computes its own prompt whole; every prompt is either one or shares.
+    int64_t computed = 0, total = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      total += int64_t(prompts[i].size());
+      computed += int64_t(prompts[i].size()) - plan[i].length;
+    }
+    CHECK(total - computed == shared_tokens(plan));
+    // A prompt that shares nothing has no earlier source with a long enough common prefix: the
+    // brute force over all sources of the plan agrees with the sorted walk.
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (plan[i].source >= 0) continue;
+      for (size_t j = 0; j < prompts.size(); ++j) {
+        if (j == i || plan[j].source >= 0) continue;
+        const Tokens &a = prompts[i], &b = prompts[j];
+        const size_t common = size_t(std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first - a.begin());
+        // A source sorted before i (equal prompts: in batch order) that i could have shared with.
+        if ((b < a || (b == a && j < i)) && std::min(common, a.size() - 1) >= size_t(min_shared))
+          FAIL_CHECK("prompt " << i << " could have shared " << common << " tokens with source " << j);
+      }
+    }
+  }
+}
+
+TEST_CASE("shared prefixes generate Hugging Face's greedy tokens and log-probabilities", "[prefix][logprobs]") {
+  for (const json& c : fixture()["cases"]) {
+    const std::string name = c["model"].get<std::string>();
+    INFO(name << ": \"" << c["text"].get<std::string>() << "\"");
+    Loaded l = load(name, make_cpu_backend(2));
+    const std::vector<GenRequest> reqs = extended_prompts(c);
+    GenStats stats;
+    const std::vector<GenResult> got = generate(*l.model, reqs, forced_sharing(), &stats);
+    REQUIRE(got.size() == reqs.size());
+    const size_t p = c["prompt"].size();
+    CHECK(stats.shared_prompt_tokens == int64_t(4 * p));  // the four longer prompts copy P
+    for (size_t r = 0; r < reqs.size(); ++r) {
+      const size_t k = reqs[r].prompt.size() - p;
+      INFO("prompt + " << k << " generated tokens");
+      REQUIRE(got[r].tokens.size() == c["steps"].size() - k);
+      for (size_t i = 0; i < got[r].tokens.size(); ++i) {
+        const json& step = c["steps"][k + i];
+        CHECK(got[r].tokens[i] == step["token"].get<int32_t>());
+        // As tests/test_stop_n_logprobs.cpp: float32 logits within 1e-4 of HF's log-probabilities.
+        CHECK(std::fabs(got[r].logprobs[i].sampled.logprob - step["logprob"].get<double>()) <= 1e-4);
+      }
+    }
+  }
+}
+
+TEST_CASE("shared prefixes: sampling, n choices and finished requests as computed whole", "[prefix][n]") {
+  Loaded l = load("tiny-llama", make_cpu_backend(2));
+  const Tokens stem = range(300, 23);
+  std::vector<GenRequest> reqs;
+  auto add = [&](Tokens prompt, int max_new, float temperature, int n) {
+    GenRequest r;
+    r.prompt = std::move(prompt);
+    r.sampling.max_new_tokens = max_new;
+    r.sampling.temperature = temperature;
+    r.sampling.seed = 11 + reqs.size();
+    r.sampling.ignore_eos = true;
+    r.n = n;
+    r.logprobs = 2;
+    reqs.push_back(r);
+  };
+  add(concat(stem, {5, 6}), 6, 0.0f, 1);
+  add(concat(stem, {5}), 0, 0.0f, 1);           // finished at once: neither a source nor sharing
+  add(concat(stem, {9, 9, 9}), 5, 1.2f, 3);     // sharing, with three sampled choices
+  add(stem, 4, 0.8f, 2);                        // a prefix of all the others: their source
+  add(concat(stem, {5, 6}), 6, 0.0f, 1);        // equal to the first
+  add(range(900, 4), 6, 0.0f, 1);               // shares nothing
+  GenStats on_stats, off_stats;
+  const std::vector<GenResult> on = generate(*l.model, reqs, forced_sharing(), &on_stats);
+  const std::vector<GenResult> off = generate(*l.model, reqs, no_sharing(), &off_stats);
+  CHECK(on_stats.shared_prompt_tokens == 3 * 23);  // the stem, by the three running prompts that extend it
+  CHECK(off_stats.shared_prompt_tokens == 0);
+  CHECK(on_stats.prompt_tokens == off_stats.prompt_tokens);
+  REQUIRE(on.size() == off.size());
+  for (size_t i = 0; i < on.size(); ++i) {
+    INFO("sequence " << i);
+    CHECK(on[i].tokens == off[i].tokens);
+    REQUIRE(on[i].logprobs.size() == off[i].logprobs.size());
+    for (size_t t = 0; t < on[i].logprobs.size(); ++t)
+      CHECK(std::fabs(on[i].logprobs[t].sampled.logprob - off[i].logprobs[t].sampled.logprob) <= 1e-5);
+  }
+  CHECK(on[1].tokens.empty());
+}
+
+TEST_CASE("strata run shares prefixes by default and --no-prefix-sharing computes prompts whole", "[prefix][cli]") {
+  const fs::path dir = test::temp_dir("prefixcli");
+  const fs::path in = dir / "in.jsonl";
+  {
+    std::ofstream f(in);
+    const std::string instr =
+        "Answer in one word. Is the following sentence about an animal, a plant or a machine? Think of what "
+        "the sentence names first, then of what it does. Sentence:";
+    const char* items[] = {"The fox ran.", "The oak grew tall.", "The engine started.", "A cat slept.",
+                           "The rose opened.", "The pump failed.", "An owl called.", "Moss spread."};
+    for (size_t i = 0; i < 8; ++i) f << json{{"id", i}, {"prompt", instr + " " + items[i]}}.dump() << "\n";
+  }
+  const std::string base = "run --model " + std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama -i " +
+                           in.string() + " --device cpu --no-progress --max-new-tokens 5 --ignore-eos";
+  test::CliResult on = test::run_strata(base + " -o " + (dir / "on.jsonl").string());
+  INFO(on.output);
+  REQUIRE(on.code == 0);
+  CHECK_THAT(on.output, Catch::Contains("prompt tokens copied from shared prefixes, not computed"));
+  test::CliResult off = test::run_strata(base + " -o " + (dir / "off.jsonl").string() + " --no-prefix-sharing");
+  INFO(off.output);
+  REQUIRE(off.code == 0);
+  CHECK_THAT(off.output, !Catch::Contains("shared prefixes"));
+  auto tokens = [](const fs::path& p) {
+    std::map<int, json> m;
+    std::ifstream f(p);
+    for (std::string line; std::getline(f, line);) {
+      const json j = json::parse(line);
+      m[j["id"].get<int>()] = j["tokens"];
+    }
+    return m;
+  };
+  const auto a = tokens(dir / "on.jsonl"), b = tokens(dir / "off.jsonl");
+  CHECK(a.size() == 8);
+  CHECK(a == b);
+}
+
+TEST_CASE("CUDA: shared prefixes copy fp16 cache rows and generate as computed whole", "[prefix][cuda]") {
+  if (!cuda_available()) {
+    WARN("no GPU: skipped");
+    return;
+  }
+  const json& c = fixture()["cases"][0];
+  Loaded l = load(c["model"].get<std::string>(), make_cuda_backend(0));
+  const std::vector<GenRequest> reqs = extended_prompts(c);
+  GenStats stats;
+  const std::vector<GenResult> on = generate(*l.model, reqs, forced_sharing(), &stats);
+  const std::vector<GenResult> off = generate(*l.model, reqs, no_sharing());
+  CHECK(stats.shared_prompt_tokens == int64_t(4 * c["prompt"].size()));
+  REQUIRE(on.size() == off.size());
+  for (size_t i = 0; i < on.size(); ++i) {
+    INFO("prompt " << i);
+    CHECK(on[i].tokens == off[i].tokens);
+    REQUIRE(on[i].logprobs.size() == off[i].logprobs.size());
+    // Other step shapes may take another GEMM order: fp16 logits (1e-3 relative) of a few units.
+    for (size_t t = 0; t < on[i].logprobs.size(); ++t)
+      CHECK(std::fabs(on[i].logprobs[t].sampled.logprob - off[i].logprobs[t].sampled.logprob) <= 1e-2);
+  }
+}
