@@ -4,6 +4,10 @@ OpenAI batch format), with prompts of mixed lengths (1 to --max-words words, a H
 deterministic for a seed. Used by bench/stream_bench.py; 10M lines take about a minute.
 
     bench/make_jsonl.py --lines 1000000 --out /tmp/p1m.jsonl [--max-new-tokens 2] [--max-words 24]
+                        [--instruction-words 120]
+
+--instruction-words N starts every prompt with one fixed instruction of N words, the shape of a job
+that asks one question of many items (what shared prompt prefixes save: docs/batch-format.md).
 """
 import argparse
 import json
@@ -19,16 +23,20 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-new-tokens", type=int, default=2)
     ap.add_argument("--max-words", type=int, default=24)
+    ap.add_argument("--instruction-words", type=int, default=0,
+                    help="a fixed instruction of this many words before every prompt")
     ap.add_argument("--openai", action="store_true", help="OpenAI batch requests (/v1/completions)")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     rng = random.Random(a.seed)
     # A pool of prompts reused round-robin with distinct ids: generating 10M random prompts in
     # Python would take longer than the job's pass 1.
+    instruction = " ".join(rng.choice(WORDS) for _ in range(a.instruction_words))
     pool = []
     for _ in range(4096):
         n = min(a.max_words, max(1, int(rng.lognormvariate(1.8, 0.7))))
-        pool.append(json.dumps(" ".join(rng.choice(WORDS) for _ in range(n))))
+        item = " ".join(rng.choice(WORDS) for _ in range(n))
+        pool.append(json.dumps(instruction + "\n\n" + item if instruction else item))
     with open(a.out, "w", buffering=1 << 22) as f:
         chunk = []
         for i in range(a.lines):
