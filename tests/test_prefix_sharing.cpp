@@ -24,10 +24,10 @@ namespace {
 
 using Tokens = std::vector<int32_t>;
 
-std::vector<SharedPrefix> plan_of(const std::vector<Tokens>& prompts, int min_shared, int64_t min_saved) {
+std::vector<SharedPrefix> plan_of(const std::vector<Tokens>& prompts, int min_shared) {
   std::vector<const Tokens*> ptrs;
   for (const Tokens& p : prompts) ptrs.push_back(&p);
-  return plan_shared_prefixes(ptrs, {min_shared, min_saved});
+  return plan_shared_prefixes(ptrs, {min_shared});
 }
 
 Tokens concat(Tokens a, const Tokens& b) {
@@ -42,11 +42,12 @@ Tokens range(int32_t first, int count) {
 }
 
 // Generation is compared with and without sharing, and with Hugging Face, on these options:
-// sharing forced on for any common prefix, steps of 3 tokens so that sources span steps.
+// sharing for any common prefix, steps of 3 tokens so that sources span steps and a step holds
+// the end of a source and the beginning of a prompt copying from it.
 GenOptions forced_sharing() {
   GenOptions o;
   o.prefill_token_budget = 3;
-  o.prefix_sharing = {1, 0};
+  o.prefix_sharing = {1};
   return o;
 }
 
@@ -112,7 +113,7 @@ TEST_CASE("prefix plan: prompts share with the nearest source in sorted order", 
       range(100, 10),            // 5: the first 10 tokens of instr
       {42},                      // 6: alone
   };
-  const std::vector<SharedPrefix> plan = plan_of(prompts, 8, 0);
+  const std::vector<SharedPrefix> plan = plan_of(prompts, 8);
   REQUIRE(plan.size() == prompts.size());
   // Sorted: 6, 5, 2, 0, 3, 1, 4. 6 and 5 are sources (nothing in common); 2, 0 and 3 share the
   // 10 tokens of 5 (>= 8), not instr's 20 with each other: only sources are shared; 1 is a source.
@@ -130,7 +131,7 @@ TEST_CASE("prefix plan: prompts share with the nearest source in sorted order", 
   CHECK(shared_tokens(plan) == 10 * 3 + 21);
 
   // With a minimum of 12 the 10-token prefix no longer counts: 2 starts the instr family.
-  const std::vector<SharedPrefix> p12 = plan_of(prompts, 12, 0);
+  const std::vector<SharedPrefix> p12 = plan_of(prompts, 12);
   CHECK(p12[5].source == -1);
   CHECK(p12[2].source == -1);
   CHECK(p12[0].source == 2);
@@ -138,23 +139,17 @@ TEST_CASE("prefix plan: prompts share with the nearest source in sorted order", 
   CHECK(p12[3].source == 2);
   CHECK(p12[3].length == 20);
   CHECK(p12[4].source == 1);
-
-  // Too little saved in the whole batch: nothing shared.
-  const std::vector<SharedPrefix> none = plan_of(prompts, 8, 52);
-  CHECK(shared_tokens(none) == 0);
-  for (const SharedPrefix& s : none) CHECK(s.source == -1);
-  CHECK(shared_tokens(plan_of(prompts, 8, 51)) == 51);
 }
 
 TEST_CASE("prefix plan: equal prompts and one-token prompts", "[prefix]") {
   const std::vector<Tokens> same = {range(1, 5), range(1, 5), range(1, 5)};
-  const std::vector<SharedPrefix> plan = plan_of(same, 1, 0);
+  const std::vector<SharedPrefix> plan = plan_of(same, 1);
   CHECK(plan[0].source == -1);  // the first of equal prompts is the source
   CHECK(plan[1].source == 0);
   CHECK(plan[1].length == 4);   // the last token is computed: its logits are sampled
   CHECK(plan[2].source == 0);
   CHECK(plan[2].length == 4);
-  const std::vector<SharedPrefix> ones = plan_of({{5}, {5}}, 1, 0);
+  const std::vector<SharedPrefix> ones = plan_of({{5}, {5}}, 1);
   CHECK(ones[1].source == -1);  // nothing to share but the one token it must compute
   CHECK(shared_tokens(ones) == 0);
 }
@@ -172,7 +167,7 @@ TEST_CASE("prefix plan: random batches keep every rule", "[prefix]") {
       for (int i = int(rng() % 4); i >= 0; --i) p.push_back(int32_t(rng() % 3));
     }
     const int min_shared = 1 + int(rng() % 4);
-    const std::vector<SharedPrefix> plan = plan_of(prompts, min_shared, 0);
+    const std::vector<SharedPrefix> plan = plan_of(prompts, min_shared);
     for (size_t i = 0; i < prompts.size(); ++i) {
       const SharedPrefix& s = plan[i];
       if (s.source < 0) continue;
@@ -232,6 +227,49 @@ TEST_CASE("shared prefixes generate Hugging Face's greedy tokens and log-probabi
   }
 }
 
+TEST_CASE("a kept prefix carries a batch's shared beginning to the next batches", "[prefix][logprobs]") {
+  for (const json& c : fixture()["cases"]) {
+    const std::string name = c["model"].get<std::string>();
+    INFO(name << ": \"" << c["text"].get<std::string>() << "\"");
+    Loaded l = load(name, make_cpu_backend(2));
+    const std::vector<GenRequest> all = extended_prompts(c);  // P + 4, P + 3, ..., P + 0 tokens
+    const size_t p = c["prompt"].size();
+    KeptPrefix kept;
+    GenOptions o = forced_sharing();
+    o.kept_prefix = &kept;
+    // Batch 1: P + 4 shares P + 3 with its source P + 3, which is kept (all that was shared).
+    GenStats s1;
+    const std::vector<GenResult> first = generate(*l.model, {all[0], all[1]}, o, &s1);
+    CHECK(s1.shared_prompt_tokens == int64_t(p + 3));
+    CHECK(kept.tokens == all[1].prompt);
+    // Batch 2: P + 2 alone copies P + 1 of the kept rows (its last token is computed); batch 3: P + 1 copies P.
+    GenStats s2, s3;
+    const std::vector<GenResult> second = generate(*l.model, {all[2]}, o, &s2);
+    CHECK(s2.shared_prompt_tokens == int64_t(p + 1));
+    const std::vector<GenResult> third = generate(*l.model, {all[3]}, o, &s3);
+    CHECK(s3.shared_prompt_tokens == int64_t(p));
+    CHECK(kept.tokens == all[1].prompt);  // nothing shared within batches 2 and 3: still kept
+    const std::vector<std::pair<const GenResult*, size_t>> got = {{&first[0], 4}, {&first[1], 3}, {&second[0], 2},
+                                                                  {&third[0], 1}};
+    for (const auto& [r, k] : got) {
+      INFO("prompt + " << k << " generated tokens");
+      REQUIRE(r->tokens.size() == c["steps"].size() - k);
+      for (size_t i = 0; i < r->tokens.size(); ++i) {
+        const json& step = c["steps"][k + i];
+        CHECK(r->tokens[i] == step["token"].get<int32_t>());
+        CHECK(std::fabs(r->logprobs[i].sampled.logprob - step["logprob"].get<double>()) <= 1e-4);
+      }
+    }
+    // Sharing off: the kept prefix is neither used nor replaced.
+    GenOptions off = no_sharing();
+    off.kept_prefix = &kept;
+    GenStats s4;
+    generate(*l.model, {all[2], all[4]}, off, &s4);
+    CHECK(s4.shared_prompt_tokens == 0);
+    CHECK(kept.tokens == all[1].prompt);
+  }
+}
+
 TEST_CASE("shared prefixes: sampling, n choices and finished requests as computed whole", "[prefix][n]") {
   Loaded l = load("tiny-llama", make_cpu_backend(2));
   const Tokens stem = range(300, 23);
@@ -270,6 +308,26 @@ TEST_CASE("shared prefixes: sampling, n choices and finished requests as compute
   CHECK(on[1].tokens.empty());
 }
 
+TEST_CASE("a step's prefix copies are checked against the cache and the step", "[prefix]") {
+  Loaded l = load("tiny-llama", make_cpu_backend(1));
+  KvCache cache = make_kv_cache(l.bundle.config, *l.backend, 3, 8);
+  StepBatch step;
+  step.tokens = {5, 6, 7};
+  step.positions = {0, 1, 4};
+  step.slots = {0, 0, 1};
+  step.logit_rows = {2};
+  step.prefix_copies = {{0, 1, 4}};
+  CHECK_NOTHROW(l.model->forward(step, cache));  // slot 1's token at 4 follows the 4 copied positions
+  step.prefix_copies = {{0, 1, 5}};
+  CHECK_THROWS_WITH(l.model->forward(step, cache), Catch::Contains("would overwrite position 4"));
+  step.prefix_copies = {{0, 3, 2}};
+  CHECK_THROWS_WITH(l.model->forward(step, cache), Catch::Contains("outside the cache"));
+  step.prefix_copies = {{1, 1, 2}};
+  CHECK_THROWS_WITH(l.model->forward(step, cache), Catch::Contains("outside the cache"));
+  step.prefix_copies = {{0, 2, 9}};
+  CHECK_THROWS_WITH(l.model->forward(step, cache), Catch::Contains("outside the cache"));
+}
+
 TEST_CASE("strata run shares prefixes by default and --no-prefix-sharing computes prompts whole", "[prefix][cli]") {
   const fs::path dir = test::temp_dir("prefixcli");
   const fs::path in = dir / "in.jsonl";
@@ -282,8 +340,9 @@ TEST_CASE("strata run shares prefixes by default and --no-prefix-sharing compute
                            "The rose opened.", "The pump failed.", "An owl called.", "Moss spread."};
     for (size_t i = 0; i < 8; ++i) f << json{{"id", i}, {"prompt", instr + " " + items[i]}}.dump() << "\n";
   }
+  // Blocks of 3: the first shares within itself, the next two begin from its kept instruction too.
   const std::string base = "run --model " + std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama -i " +
-                           in.string() + " --device cpu --no-progress --max-new-tokens 5 --ignore-eos";
+                           in.string() + " --device cpu --no-progress --max-new-tokens 5 --ignore-eos --batch-size 3";
   test::CliResult on = test::run_strata(base + " -o " + (dir / "on.jsonl").string());
   INFO(on.output);
   REQUIRE(on.code == 0);

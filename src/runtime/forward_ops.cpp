@@ -75,6 +75,17 @@ void ForwardOps::begin_step(const StepBatch& batch, int cache_slots, int cache_c
     STRATA_CHECK(batch.slots[t] >= 0 && batch.slots[t] < cache_slots, "slot " << batch.slots[t] << " outside the cache");
   }
   for (int32_t r : batch.logit_rows) STRATA_CHECK(r >= 0 && r < T, "logit row " << r << " outside the step");
+  for (const PrefixCopy& c : batch.prefix_copies) {
+    STRATA_CHECK(c.src >= 0 && c.src < cache_slots && c.dst >= 0 && c.dst < cache_slots && c.src != c.dst &&
+                     c.length >= 0 && c.length <= cache_capacity,
+                 "prefix copy of " << c.length << " positions from slot " << c.src << " to slot " << c.dst
+                                   << " outside the cache");
+    for (int64_t t = 0; t < T; ++t)
+      STRATA_CHECK(batch.slots[t] != c.dst || batch.positions[t] >= c.length,
+                   "prefix copy into slot " << c.dst << " would overwrite position " << batch.positions[t]
+                                            << " of the step");
+  }
+  copies_ = batch.prefix_copies;
   T_ = T;
   R_ = R;
   backend_.copy_to_device(ids_.data, batch.tokens.data(), size_t(T) * 4);
@@ -104,6 +115,17 @@ void ForwardOps::layer(const LayerWeights& w, const Tensor& inv_freq, const Tens
   mlp_block(w, x);
 }
 
+// The step's prefix copies in one layer's caches ([S, C, ...]: a slot's positions are contiguous).
+void ForwardOps::copy_prefixes(const Tensor& cache_k, const Tensor& cache_v) {
+  for (const Tensor* cache : {&cache_k, &cache_v}) {
+    const size_t slot_bytes = cache->row_bytes(), pos_bytes = slot_bytes / size_t(cache->dim(1));
+    char* base = static_cast<char*>(cache->data);
+    for (const PrefixCopy& c : copies_)
+      backend_.copy_on_device(base + size_t(c.dst) * slot_bytes, base + size_t(c.src) * slot_bytes,
+                              size_t(c.length) * pos_bytes);
+  }
+}
+
 void ForwardOps::attention_block(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x,
                                  const Tensor& cache_k, const Tensor& cache_v, const AttentionFn& attend) {
   const int64_t T = T_;
@@ -128,9 +150,11 @@ void ForwardOps::attention_block(const LayerWeights& w, const Tensor& inv_freq, 
   }
   const Tensor attn_heads = attn.reshaped({T, cfg_.n_heads, cfg_.head_dim});
   if (attend) {
+    STRATA_CHECK(copies_.empty(), "internal: prefix copies with delegated attention");
     attend(q, k, v, attn_heads);
   } else {
     backend_.kv_store(k, v, cache_k, cache_v, slots, pos);
+    copy_prefixes(cache_k, cache_v);
     backend_.attention(q, cache_k, cache_v, slots, pos, cfg_.attention_scale(), attn_heads);
   }
   backend_.linear(attn, w.o_w, w.o_b, xn);

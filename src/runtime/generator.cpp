@@ -18,37 +18,45 @@ struct ChoiceGroup {
   size_t first = 0, n = 1;
 };
 
-// Copies positions [0, len) of slot `src`'s keys and values to slot `dst`, every layer: each is one
-// contiguous run of rows in the cache seen as [slots * capacity, kv_dim].
-void copy_cache_prefix(Backend& be, const KvCache& cache, int src, int dst, int len) {
-  for (size_t l = 0; l < cache.k.size(); ++l)
-    for (const Tensor* t : {&cache.k[l], &cache.v[l]}) {
-      const int64_t row_bytes = int64_t(t->nbytes()) / (int64_t(cache.slots) * cache.capacity);
-      char* base = static_cast<char*>(t->data);
-      be.copy_on_device(base + int64_t(dst) * cache.capacity * row_bytes,
-                        base + int64_t(src) * cache.capacity * row_bytes, size_t(len * row_bytes));
-    }
+// Copies positions [0, len) of slot `src` of `from` to slot `dst` of `to`, keys and values of every
+// layer: each is one contiguous run of rows in a cache seen as [slots * capacity, kv_dim].
+void copy_cache_prefix(Backend& be, const KvCache& from, int src, const KvCache& to, int dst, int len) {
+  const size_t row_bytes = from.k[0].nbytes() / (size_t(from.slots) * size_t(from.capacity));
+  for (size_t l = 0; l < from.k.size(); ++l)
+    for (const auto& [f, t] : {std::pair{&from.k[l], &to.k[l]}, std::pair{&from.v[l], &to.v[l]}})
+      be.copy_on_device(static_cast<char*>(t->data) + size_t(dst) * size_t(to.capacity) * row_bytes,
+                        static_cast<char*>(f->data) + size_t(src) * size_t(from.capacity) * row_bytes,
+                        size_t(len) * row_bytes);
+}
+
+// How many of the prompt's first tokens a kept prefix gives (0: too few to use).
+int kept_length(const KeptPrefix* kept, const std::vector<int32_t>& prompt, const PrefixSharingOptions& o) {
+  if (!kept || kept->tokens.empty()) return 0;
+  const auto [a, b] = std::mismatch(kept->tokens.begin(), kept->tokens.end(), prompt.begin(), prompt.end());
+  const int n = std::min(int(a - kept->tokens.begin()), int(prompt.size()) - 1);  // its last token is computed
+  return n >= std::max(o.min_shared_tokens, 1) ? n : 0;
 }
 
 // Packs prompt tokens into steps of at most `budget` tokens; a long prompt may span steps, since
 // each token attends to whatever of its sequence is already in the cache. The last prompt
 // position's logits row is sampled once per choice, each with its own sampler.
 //
-// A prompt that shares a prefix (plan[i] for groups[i]) copies its source's rows for it and
-// computes only the rest. Sources go first; a sharing prompt waits for the step that completes its
-// source, so the steps are those of the unshared batch plus at most one.
-void prefill(Transformer& model, std::vector<Sequence>& seqs, const std::vector<ChoiceGroup>& groups,
-             const std::vector<SharedPrefix>& plan, KvCache& cache, StepSampler& sampler, int64_t budget) {
+// A prompt that shares a prefix (plan[i] for groups[i]) computes only the rest: sources go first, and
+// the step with its first computed token copies its source's rows once they are stored (PrefixCopy),
+// so sharing adds no step. A source that begins with the kept prefix copies that first. Returns the
+// prompt tokens copied.
+int64_t prefill(Transformer& model, std::vector<Sequence>& seqs, const std::vector<ChoiceGroup>& groups,
+                const std::vector<SharedPrefix>& plan, const KeptPrefix* kept, const PrefixSharingOptions& sharing,
+                KvCache& cache, StepSampler& sampler, int64_t budget) {
+  int64_t copied = 0;
   StepBatch step;
   std::vector<Sequence*> finishing;  // sequences whose last prompt token is in this step
-  std::vector<bool> in_step(groups.size(), false);  // groups with tokens in the unflushed step
   auto flush = [&] {
     if (step.tokens.empty()) return;
     const Tensor logits = model.forward(step, cache);
     if (!finishing.empty()) sampler.sample(logits, finishing);
     step = StepBatch();
     finishing.clear();
-    std::fill(in_step.begin(), in_step.end(), false);
   };
   std::vector<size_t> order;  // sources (and unshared prompts), then the sharing ones
   for (int pass = 0; pass < 2; ++pass)
@@ -59,18 +67,22 @@ void prefill(Transformer& model, std::vector<Sequence>& seqs, const std::vector<
     Sequence& s = seqs[g.first];
     if (s.done) continue;  // max_new 0: every choice of the request is done
     const std::vector<int32_t>& prompt = s.request->prompt;
+    const SharedPrefix& share = plan[gi];
     size_t first = 0;
-    if (const SharedPrefix& share = plan[gi]; share.source >= 0) {
-      if (in_step[size_t(share.source)]) flush();  // the source's rows are complete once it ran
-      copy_cache_prefix(model.backend(), cache, seqs[groups[size_t(share.source)].first].slot, s.slot, share.length);
+    if (share.source >= 0) {
       first = size_t(share.length);
+    } else if (const int n = kept_length(kept, prompt, sharing); n > 0) {
+      copy_cache_prefix(model.backend(), kept->rows, 0, cache, s.slot, n);
+      first = size_t(n);
     }
+    copied += int64_t(first);
     for (size_t i = first; i < prompt.size(); ++i) {
       if (int64_t(step.tokens.size()) >= budget) flush();
+      if (i == first && share.source >= 0)
+        step.prefix_copies.push_back({seqs[groups[size_t(share.source)].first].slot, s.slot, share.length});
       step.tokens.push_back(prompt[i]);
       step.positions.push_back(int32_t(i));
       step.slots.push_back(s.slot);
-      in_step[gi] = true;
     }
     for (size_t c = 0; c < g.n; ++c) {
       seqs[g.first + c].length = int(prompt.size());
@@ -79,6 +91,37 @@ void prefill(Transformer& model, std::vector<Sequence>& seqs, const std::vector<
     }
   }
   flush();
+  return copied;
+}
+
+// After prefill: keeps the prefix that the most prompt tokens of this batch shared (the source with
+// the most sharing, up to what all its sharing prompts have in common), unless nothing was shared,
+// or it is the one already kept. Without memory for it, the next batch computes its own.
+void keep_prefix(Backend& be, const ModelConfig& cfg, const std::vector<Sequence>& seqs,
+                 const std::vector<ChoiceGroup>& groups, const std::vector<SharedPrefix>& plan, const KvCache& cache,
+                 KeptPrefix& kept) {
+  std::vector<int64_t> shared(groups.size(), 0);
+  std::vector<int> common(groups.size(), INT32_MAX);
+  for (const SharedPrefix& s : plan) {
+    if (s.source < 0) continue;
+    shared[size_t(s.source)] += s.length;
+    common[size_t(s.source)] = std::min(common[size_t(s.source)], s.length);
+  }
+  if (shared.empty()) return;
+  const size_t best = size_t(std::max_element(shared.begin(), shared.end()) - shared.begin());
+  if (shared[best] == 0) return;
+  const std::vector<int32_t>& prompt = seqs[groups[best].first].request->prompt;
+  std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + common[best]);
+  if (tokens == kept.tokens) return;
+  KeptPrefix next;
+  try {
+    next.rows = make_kv_cache(cfg, be, 1, int(tokens.size()));
+  } catch (const Error&) {
+    return;
+  }
+  copy_cache_prefix(be, cache, seqs[groups[best].first].slot, next.rows, 0, int(tokens.size()));
+  next.tokens = std::move(tokens);
+  kept = std::move(next);
 }
 
 // Copies the prompt's keys and values from each group's first slot to the slots of its other
@@ -88,7 +131,7 @@ void share_prompt_cache(Backend& be, std::vector<Sequence>& seqs, const std::vec
   for (const ChoiceGroup& g : groups) {
     if (g.n < 2 || seqs[g.first].done) continue;
     for (size_t c = 1; c < g.n; ++c)
-      copy_cache_prefix(be, cache, seqs[g.first].slot, seqs[g.first + c].slot,
+      copy_cache_prefix(be, cache, seqs[g.first].slot, cache, seqs[g.first + c].slot,
                         int(seqs[g.first].request->prompt.size()));
   }
 }
@@ -134,9 +177,11 @@ std::vector<GenResult> generate(Transformer& model, const std::vector<GenRequest
   GenStats local;
   auto t0 = Clock::now();
   const std::vector<SharedPrefix> plan = plan_prefill(seqs, groups, options);
-  prefill(model, seqs, groups, plan, cache, sampler, std::max<int64_t>(options.prefill_token_budget, 1));
+  KeptPrefix* kept = options.share_prefixes ? options.kept_prefix : nullptr;
+  local.shared_prompt_tokens = prefill(model, seqs, groups, plan, kept, options.prefix_sharing, cache, sampler,
+                                       std::max<int64_t>(options.prefill_token_budget, 1));
   share_prompt_cache(model.backend(), seqs, groups, cache);
-  local.shared_prompt_tokens = shared_tokens(plan);
+  if (kept) keep_prefix(model.backend(), cfg, seqs, groups, plan, cache, *kept);
   local.prefill_seconds = seconds_since(t0);
   for (const GenRequest& r : requests) local.prompt_tokens += int64_t(r.prompt.size());
 

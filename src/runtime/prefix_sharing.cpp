@@ -35,7 +35,6 @@ std::vector<SharedPrefix> plan_shared_prefixes(const std::vector<const std::vect
     }
     source = i;
   }
-  if (shared_tokens(plan) < options.min_saved_tokens) std::fill(plan.begin(), plan.end(), SharedPrefix{});
   return plan;
 }
 

@@ -12,12 +12,21 @@
 
 namespace strata {
 
+// Positions [0, length) of cache slot `src` copied to slot `dst` in every layer, after the step's
+// keys and values are stored and before it attends: a prompt that shares another's beginning
+// (prefix_sharing.h) and computes only the rest. The source's rows must be in the cache by then,
+// stored by this step or an earlier one; the step's tokens of `dst` come at `length` or later.
+struct PrefixCopy {
+  int32_t src = 0, dst = 0, length = 0;
+};
+
 // A packed step: tokens from any number of sequences, each with its cache slot and position.
 struct StepBatch {
   std::vector<int32_t> tokens;     // [T]
   std::vector<int32_t> positions;  // [T], 0-based position within its sequence
   std::vector<int32_t> slots;      // [T], KV cache slot of its sequence
   std::vector<int32_t> logit_rows; // indices into tokens whose logits are wanted (e.g. each sequence's last)
+  std::vector<PrefixCopy> prefix_copies;  // not with an AttentionFn
 };
 
 // Replaces "store k, v in the cache, then attend" (e.g. attention delegated to the CPU where the
@@ -60,11 +69,13 @@ public:
 
 private:
   void norm(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out);
+  void copy_prefixes(const Tensor& cache_k, const Tensor& cache_v);
 
   const ModelConfig& cfg_;
   Backend& backend_;
   int64_t ws_tokens_ = 0, ws_rows_ = 0;
   int64_t T_ = 0, R_ = 0;
+  std::vector<PrefixCopy> copies_;
   Tensor xn_, q_, k_, v_, attn_, mlp_a_, mlp_b_, last_, logits_;
   Tensor ids_, pos_, pos_shifted_, slots_, rows_;
 };

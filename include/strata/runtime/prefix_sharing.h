@@ -10,9 +10,8 @@
 namespace strata {
 
 struct PrefixSharingOptions {
-  int min_shared_tokens = 16;   // a prompt shares only prefixes at least this long
-  int64_t min_saved_tokens = 256;  // below this in a batch, nothing is shared: the split prefill
-                                   // costs one more pass over the weights than it saves
+  // A prompt shares only prefixes at least this long: each copy is a few small copies per layer.
+  int min_shared_tokens = 16;
 };
 
 // What a prompt takes from another: positions [0, length) of prompt `source`, which computes its
@@ -26,7 +25,7 @@ struct SharedPrefix {
 // common beginning sit together; each shares with the nearest preceding prompt that computes
 // itself (a source), when their common prefix reaches min_shared_tokens. A prompt always computes
 // its last token (its logits row is sampled), so a prompt equal to its source shares all but that.
-// Sources never share themselves: one level, so the batch prefills in two passes at most.
+// Sources never share themselves: one level, so a source never waits for another.
 std::vector<SharedPrefix> plan_shared_prefixes(const std::vector<const std::vector<int32_t>*>& prompts,
                                                const PrefixSharingOptions& options = {});
 
