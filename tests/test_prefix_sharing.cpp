@@ -11,6 +11,7 @@
 #include <random>
 
 #include "cli_support.h"
+#include "logprobs_fixture.h"
 #include "strata/backend/backend.h"
 #include "strata/model/model_loader.h"
 #include "strata/runtime/generator.h"
@@ -57,28 +58,24 @@ GenOptions no_sharing() {
   return o;
 }
 
-const json& fixture() {
-  static const json fx = [] {
-    std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/logprobs/logprobs_cases.json");
-    REQUIRE(in.good());
-    return json::parse(in);
-  }();
-  return fx;
-}
+const json& fixture() { return test::logprobs_fixture(); }
 
-struct Loaded {
-  std::unique_ptr<Backend> backend;
-  ModelBundle bundle;
-  std::unique_ptr<Transformer> model;
-};
+using Loaded = test::FixtureModel;
 
 Loaded load(const std::string& name, std::unique_ptr<Backend> backend) {
-  Loaded l;
-  l.backend = std::move(backend);
-  l.bundle = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
-  l.model = std::make_unique<Transformer>(l.bundle.config, load_model_weights(l.bundle.config, *l.bundle.weights, *l.backend),
-                                          *l.backend);
-  return l;
+  return test::load_fixture_model(name, std::move(backend));
+}
+
+// Both runs' sequences have the same tokens, and log-probabilities within `tol`.
+void check_same_generation(const std::vector<GenResult>& on, const std::vector<GenResult>& off, double tol) {
+  REQUIRE(on.size() == off.size());
+  for (size_t i = 0; i < on.size(); ++i) {
+    INFO("sequence " << i);
+    CHECK(on[i].tokens == off[i].tokens);
+    REQUIRE(on[i].logprobs.size() == off[i].logprobs.size());
+    for (size_t t = 0; t < on[i].logprobs.size(); ++t)
+      CHECK(std::fabs(on[i].logprobs[t].sampled.logprob - off[i].logprobs[t].sampled.logprob) <= tol);
+  }
 }
 
 // The fixture case's prompt extended by the first k tokens of HF's greedy continuation, for
@@ -297,14 +294,8 @@ TEST_CASE("shared prefixes: sampling, n choices and finished requests as compute
   CHECK(on_stats.shared_prompt_tokens == 3 * 23);  // the stem, by the three running prompts that extend it
   CHECK(off_stats.shared_prompt_tokens == 0);
   CHECK(on_stats.prompt_tokens == off_stats.prompt_tokens);
-  REQUIRE(on.size() == off.size());
-  for (size_t i = 0; i < on.size(); ++i) {
-    INFO("sequence " << i);
-    CHECK(on[i].tokens == off[i].tokens);
-    REQUIRE(on[i].logprobs.size() == off[i].logprobs.size());
-    for (size_t t = 0; t < on[i].logprobs.size(); ++t)
-      CHECK(std::fabs(on[i].logprobs[t].sampled.logprob - off[i].logprobs[t].sampled.logprob) <= 1e-5);
-  }
+  check_same_generation(on, off, 1e-5);
+  REQUIRE(on.size() == 9);
   CHECK(on[1].tokens.empty());
 }
 
@@ -377,13 +368,6 @@ TEST_CASE("CUDA: shared prefixes copy fp16 cache rows and generate as computed w
   const std::vector<GenResult> on = generate(*l.model, reqs, forced_sharing(), &stats);
   const std::vector<GenResult> off = generate(*l.model, reqs, no_sharing());
   CHECK(stats.shared_prompt_tokens == int64_t(4 * c["prompt"].size()));
-  REQUIRE(on.size() == off.size());
-  for (size_t i = 0; i < on.size(); ++i) {
-    INFO("prompt " << i);
-    CHECK(on[i].tokens == off[i].tokens);
-    REQUIRE(on[i].logprobs.size() == off[i].logprobs.size());
-    // Other step shapes may take another GEMM order: fp16 logits (1e-3 relative) of a few units.
-    for (size_t t = 0; t < on[i].logprobs.size(); ++t)
-      CHECK(std::fabs(on[i].logprobs[t].sampled.logprob - off[i].logprobs[t].sampled.logprob) <= 1e-2);
-  }
+  // Other step shapes may take another GEMM order: fp16 logits (1e-3 relative) of a few units.
+  check_same_generation(on, off, 1e-2);
 }

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli_support.h"
+#include "logprobs_fixture.h"
 #include "strata/backend/backend.h"
 #include "strata/core/error.h"
 #include "strata/job/answers.h"
@@ -33,31 +34,15 @@ namespace {
 // float64 -> JSON printing.
 constexpr double kLogprobTol = 1e-4;
 
-const json& fixture() {
-  static const json fx = [] {
-    std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/logprobs/logprobs_cases.json");
-    REQUIRE(in.good());
-    return json::parse(in);
-  }();
-  return fx;
-}
+const json& fixture() { return test::logprobs_fixture(); }
 
-struct Loaded {
-  std::unique_ptr<Backend> backend;
-  ModelBundle bundle;
-  std::unique_ptr<Transformer> model;
-};
+using Loaded = test::FixtureModel;
 
 Loaded& load(const std::string& name) {
   static std::map<std::string, Loaded> cache;
   auto it = cache.find(name);
   if (it != cache.end()) return it->second;
-  Loaded l;
-  l.backend = make_cpu_backend(2);
-  l.bundle = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
-  l.model = std::make_unique<Transformer>(l.bundle.config, load_model_weights(l.bundle.config, *l.bundle.weights, *l.backend),
-                                          *l.backend);
-  return cache.emplace(name, std::move(l)).first->second;
+  return cache.emplace(name, test::load_fixture_model(name, make_cpu_backend(2))).first->second;
 }
 
 std::vector<int32_t> hf_tokens(const json& c) {
