@@ -12,9 +12,11 @@
 
 #include "cli_support.h"
 #include "logprobs_fixture.h"
+#include "policy_fixtures.h"
 #include "strata/backend/backend.h"
 #include "strata/model/model_loader.h"
 #include "strata/runtime/generator.h"
+#include "strata/offload/engine.h"
 #include "strata/runtime/prefix_sharing.h"
 
 using namespace strata;
@@ -299,6 +301,82 @@ TEST_CASE("shared prefixes: sampling, n choices and finished requests as compute
   CHECK(on[1].tokens.empty());
 }
 
+TEST_CASE("the offloading engine shares prefixes within a prefill unit, on every tier", "[prefix][offload]") {
+  auto backend = make_cpu_backend(2);
+  struct Placement {
+    const char* what;
+    Policy policy;
+  };
+  // gbs 5: the five prompts in one prefill unit; gbs 3 over two batches: a unit of three and one of two.
+  const std::vector<Placement> placements = {
+      {"all on the GPU", test::policy_of(5, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})},
+      {"CPU tier, CPU attention", test::policy_of(5, 1, {0, 100, 0}, {0, 100, 0}, {0, 100, 0}, true)},
+      {"disk tier", test::policy_of(5, 1, {0, 0, 100}, {0, 0, 100}, {0, 0, 100})},
+      {"two batches, disk cache, CPU attention, no overlap",
+       test::policy_of(3, 2, {50, 50, 0}, {0, 0, 100}, {0, 100, 0}, true, false)},
+  };
+  for (const json& c : fixture()["cases"]) {
+    const std::string name = c["model"].get<std::string>();
+    const std::vector<GenRequest> reqs = extended_prompts(c);
+    const ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
+    PlanShape shape{int(reqs[0].prompt.size()), fixture()["new_tokens"].get<int>()};
+    for (const Placement& pl : placements) {
+      INFO(name << ": \"" << c["text"].get<std::string>() << "\", " << pl.what);
+      OffloadOptions o;
+      o.policy = pl.policy;
+      o.offload_dir = test::temp_dir("prefix_engine");
+      o.prefix_sharing = {1};
+      OffloadEngine engine(model.config, *model.weights, *backend, o, shape);
+      GenStats stats;
+      const std::vector<GenResult> got = engine.generate(reqs, &stats);
+      // One unit of five: P + 1 .. P + 4 copy P from it. Units of three (P + 4 and P + 3 copy P + 2
+      // from P + 2) and of two (P + 1 copies P from P).
+      const size_t p = c["prompt"].size();
+      CHECK(stats.shared_prompt_tokens == int64_t(pl.policy.gpu_batch_size == 5 ? 4 * p : 2 * (p + 2) + p));
+      REQUIRE(got.size() == reqs.size());
+      for (size_t r = 0; r < reqs.size(); ++r) {
+        const size_t k = reqs[r].prompt.size() - p;
+        INFO("prompt + " << k << " generated tokens");
+        REQUIRE(got[r].tokens.size() == c["steps"].size() - k);
+        for (size_t i = 0; i < got[r].tokens.size(); ++i) {
+          const json& step = c["steps"][k + i];
+          CHECK(got[r].tokens[i] == step["token"].get<int32_t>());
+          CHECK(std::fabs(got[r].logprobs[i].sampled.logprob - step["logprob"].get<double>()) <= 1e-4);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the offloading engine: shared prefixes of compressed caches as computed whole", "[prefix][offload][quant]") {
+  // Copied code rows are the codes the prompt would have written itself: the same greedy tokens.
+  auto backend = make_cpu_backend(2);
+  for (const char* name : {"tiny-llama", "tiny-opt"}) {
+    const json* c = nullptr;
+    for (const json& k : fixture()["cases"])
+      if (k["model"] == name) c = &k;
+    REQUIRE(c != nullptr);
+    const std::vector<GenRequest> reqs = extended_prompts(*c);
+    const ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
+    std::vector<std::vector<GenResult>> runs;
+    for (const bool share : {true, false}) {
+      OffloadOptions o;
+      o.policy = test::policy_of(5, 1, {0, 100, 0}, {0, 100, 0}, {100, 0, 0}, true);
+      o.policy.compress_kv_cache = Compression{4, 32};
+      o.policy.compress_weights = Compression{4, 64};
+      o.offload_dir = test::temp_dir("prefix_engine_q");
+      o.share_prefixes = share;
+      o.prefix_sharing = {1};
+      OffloadEngine engine(model.config, *model.weights, *backend, o, {int(reqs[0].prompt.size()), 8});
+      GenStats stats;
+      runs.push_back(engine.generate(reqs, &stats));
+      CHECK(stats.shared_prompt_tokens == (share ? int64_t(4 * (*c)["prompt"].size()) : 0));
+    }
+    INFO(name);
+    check_same_generation(runs[0], runs[1], 1e-5);
+  }
+}
+
 TEST_CASE("a step's prefix copies are checked against the cache and the step", "[prefix]") {
   Loaded l = load("tiny-llama", make_cpu_backend(1));
   KvCache cache = make_kv_cache(l.bundle.config, *l.backend, 3, 8);
@@ -319,7 +397,8 @@ TEST_CASE("a step's prefix copies are checked against the cache and the step", "
   CHECK_THROWS_WITH(l.model->forward(step, cache), Catch::Contains("outside the cache"));
 }
 
-TEST_CASE("strata run shares prefixes by default and --no-prefix-sharing computes prompts whole", "[prefix][cli]") {
+TEST_CASE("strata run shares prefixes by default, also under --policy; --no-prefix-sharing computes prompts whole",
+          "[prefix][cli]") {
   const fs::path dir = test::temp_dir("prefixcli");
   const fs::path in = dir / "in.jsonl";
   {
@@ -354,6 +433,17 @@ TEST_CASE("strata run shares prefixes by default and --no-prefix-sharing compute
   const auto a = tokens(dir / "on.jsonl"), b = tokens(dir / "off.jsonl");
   CHECK(a.size() == 8);
   CHECK(a == b);
+  // The offloading engine: prefill units of four prompts share within themselves.
+  const fs::path policy = test::write_file(dir / "block8.yaml",
+                                           "gpu_batch_size: 4\nnum_gpu_batches: 2\nweights: {gpu: 0, cpu: 100, disk: 0}\n"
+                                           "kv_cache: {gpu: 0, cpu: 100, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n"
+                                           "prefill_tokens: 4096\n");
+  test::CliResult engine = test::run_strata(base + " -o " + (dir / "engine.jsonl").string() + " --policy " +
+                                            policy.string() + " --offload-dir " + (dir / "off").string());
+  INFO(engine.output);
+  REQUIRE(engine.code == 0);
+  CHECK_THAT(engine.output, Catch::Contains("prompt tokens copied from shared prefixes, not computed"));
+  CHECK(tokens(dir / "engine.jsonl") == a);
 }
 
 TEST_CASE("CUDA: shared prefixes copy fp16 cache rows and generate as computed whole", "[prefix][cuda]") {

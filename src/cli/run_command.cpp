@@ -56,8 +56,8 @@ void add_run_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_flag("!--no-prefix-sharing", opt->share_prefixes,
-                "compute every prompt whole (default: prompts of a batch that begin alike, e.g. with one "
-                "instruction, compute the common beginning once; not under --policy)");
+                "compute every prompt whole (default: prompts that begin alike, e.g. with one instruction, "
+                "compute the common beginning once; under --policy within each prefill step)");
   cmd->add_option("--policy", opt->policy,
                   "placement policy YAML (policies/), or auto (searched with the cost model for this machine's "
                   "cached profile); offloads weights, KV cache and activations; its block replaces --batch-size")

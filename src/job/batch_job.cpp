@@ -204,6 +204,7 @@ public:
     if (opt.prefill_tokens_given) o.policy.prefill_tokens = int(std::min<int64_t>(opt.prefill_token_budget, 1 << 24));
     o.trace = !opt.trace.empty();
     o.cpu_threads = opt.threads;
+    o.share_prefixes = opt.share_prefixes;
     log << "model " << model.config.name << " (" << model.config.n_layers << " layers, "
         << double(model.config.param_count()) / 1e9 << " B parameters) on " << backend_->name() << ", policy "
         << opt.policy.string() << ": block " << o.policy.gpu_batch_size << " x " << o.policy.num_gpu_batches

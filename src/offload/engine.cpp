@@ -76,6 +76,7 @@ struct BatchState {
   int pmin = 0, pmax = 0;       // shortest and longest prompt
   StepBatch step;               // this token's step; slots are relative to first_slot
   std::vector<Sequence*> active;   // the sequences the step computes
+  std::vector<int> prompt_start;   // prefill: [active] its first computed position (copied before it)
   std::vector<Sequence*> sampled;  // the sequences of its logit rows: active ones, and in prefill their followers
   // Decode units: (slot, source slot) of each choice that copies its source's prompt rows at token 1.
   std::vector<std::pair<int, int>> shared;
@@ -225,6 +226,7 @@ struct OffloadEngine::Impl {
   Backend* cpu_attn = nullptr;
   char *q_host = nullptr, *k_host = nullptr, *v_host = nullptr, *o_host = nullptr;
   double cpu_attention_seconds = 0;
+  int64_t shared_prompt_tokens = 0;  // this block's prompt tokens copied from a shared prefix
 
   // Schedule.
   ForwardOps ops;
@@ -742,23 +744,53 @@ struct OffloadEngine::Impl {
     }
   }
 
+  // Which prompts of a prefill unit share a beginning (indices are the unit's slots). Prompts that
+  // are scored whole (perplexity) and choices that copy their source's rows take no part.
+  std::vector<SharedPrefix> plan_unit_sharing(const BatchState& b) const {
+    std::vector<SharedPrefix> share(b.seqs.size());
+    if (!opt.share_prefixes) return share;
+    std::vector<const std::vector<int32_t>*> prompts;
+    std::vector<size_t> slot;
+    for (size_t s = 0; s < b.seqs.size(); ++s) {
+      const Sequence& seq = *b.seqs[s];
+      if (seq.done || source_of[index_of(seq)] != index_of(seq) || seq.request->score_prompt) continue;
+      prompts.push_back(&seq.request->prompt);
+      slot.push_back(s);
+    }
+    const std::vector<SharedPrefix> plan = plan_shared_prefixes(prompts, opt.prefix_sharing);
+    for (size_t k = 0; k < plan.size(); ++k)
+      if (plan[k].source >= 0) share[slot[k]] = {int(slot[size_t(plan[k].source)]), plan[k].length};
+    return share;
+  }
+
+  // In prefill, the prompts computed whole go first and those sharing a beginning after them, each
+  // copying its source's rows in the step (PrefixCopy).
   void build_step(int i, int u) {
     BatchState& b = unit(i, u);
     const bool prefill = token(i, u) == 0;
     b.step = StepBatch();
     b.active.clear();
     b.sampled.clear();
-    for (size_t s = 0; s < b.seqs.size(); ++s) {
+    b.prompt_start.clear();
+    const std::vector<SharedPrefix> share = prefill ? plan_unit_sharing(b) : std::vector<SharedPrefix>();
+    std::vector<size_t> order;  // slots; in prefill those computed whole first
+    for (int pass = 0; pass < 2; ++pass)
+      for (size_t s = 0; s < b.seqs.size(); ++s)
+        if (prefill ? (share[s].source >= 0) == (pass == 1) : pass == 0) order.push_back(s);
+    for (const size_t s : order) {
       Sequence& seq = *b.seqs[s];
       if (seq.done) continue;
       if (prefill && source_of[index_of(seq)] != index_of(seq)) continue;  // its source's prefill samples it
       if (prefill) {
         const std::vector<int32_t>& prompt = seq.request->prompt;
-        for (size_t p = 0; p < prompt.size(); ++p) {
+        const int start = share[s].length;
+        if (start > 0) b.step.prefix_copies.push_back({share[s].source, int32_t(s), start});
+        for (size_t p = size_t(start); p < prompt.size(); ++p) {
           b.step.tokens.push_back(prompt[p]);
           b.step.positions.push_back(int32_t(p));
           b.step.slots.push_back(int32_t(s));
         }
+        b.prompt_start.push_back(start);
       } else {
         b.step.tokens.push_back(seq.next_token);
         b.step.positions.push_back(seq.length);
@@ -768,7 +800,8 @@ struct OffloadEngine::Impl {
       b.active.push_back(&seq);
       b.sampled.push_back(&seq);
       if (!prefill) continue;
-      totals.prefill_tokens += int64_t(seq.request->prompt.size());
+      totals.prefill_tokens += int64_t(seq.request->prompt.size()) - b.prompt_start.back();
+      shared_prompt_tokens += b.prompt_start.back();
       for (Sequence* f : followers[index_of(seq)]) {  // the same last prompt row, each its own sampler
         b.step.logit_rows.push_back(b.step.logit_rows.back());
         b.sampled.push_back(f);
@@ -834,8 +867,11 @@ struct OffloadEngine::Impl {
     const int64_t chunk = gbs;  // the workspace's logit rows
     std::vector<float> logits;
     int32_t first = 0;  // the sequence's first row in the step
-    for (Sequence* s : b.active) {
+    for (size_t k = 0; k < b.active.size(); ++k) {
+      Sequence* s = b.active[k];
       const std::vector<int32_t>& prompt = s->request->prompt;
+      if (s->request->score_prompt)
+        STRATA_CHECK(b.prompt_start[k] == 0, "internal: a scored prompt shares its beginning");
       if (s->request->score_prompt) {
         std::vector<double>& nll = s->result.prompt_nll;
         nll.clear();
@@ -851,16 +887,21 @@ struct OffloadEngine::Impl {
           for (int32_t t = t0; t < t1; ++t) nll.push_back(token_nll(logits.data() + (t - t0) * vocab, vocab, prompt[size_t(t + 1)]));
         }
       }
-      first += int32_t(prompt.size());
+      first += int32_t(prompt.size()) - b.prompt_start[k];
     }
   }
 
   // Tokens [t0, t1) of a step, without logit rows (compute() selects them over the whole step).
+  // Only a unit of one prompt runs in pieces (a unit of several fits a step: PrefillSteps), and
+  // one prompt shares with no other, so prefix copies come with whole steps only.
   static StepBatch slice(const StepBatch& s, int64_t t0, int64_t t1) {
+    const bool whole = t0 == 0 && t1 == int64_t(s.tokens.size());
+    STRATA_CHECK(whole || s.prefix_copies.empty(), "internal: a prefill unit sharing prefixes runs in pieces");
     StepBatch part;
     part.tokens.assign(s.tokens.begin() + t0, s.tokens.begin() + t1);
     part.positions.assign(s.positions.begin() + t0, s.positions.begin() + t1);
     part.slots.assign(s.slots.begin() + t0, s.slots.begin() + t1);
+    if (whole) part.prefix_copies = s.prefix_copies;
     return part;
   }
 
@@ -1031,6 +1072,7 @@ struct OffloadEngine::Impl {
     sampler = std::make_unique<StepSampler>(be, cfg, size_t(gbs));
 
     GenStats local;
+    shared_prompt_tokens = 0;
     const auto t_start = Clock::now();
     const std::array<double, 4> busy_at_start = lane_busy();
     bool has_prev = false;
@@ -1085,6 +1127,7 @@ struct OffloadEngine::Impl {
       s->prefill_seconds += local.prefill_seconds;
       s->decode_seconds += local.decode_seconds;
       s->prompt_tokens += local.prompt_tokens;
+      s->shared_prompt_tokens += shared_prompt_tokens;
       s->generated_tokens += local.generated_tokens;
       s->decode_steps += local.decode_steps;
     }

@@ -29,7 +29,7 @@ struct JobOptions {
   bool progress = true;                    // progress line on the log stream
   bool ordered = false;                    // write in input order (a reorder buffer of one window)
   int window = 0;                          // requests read ahead and grouped by length; 0: max(8 blocks, 4096)
-  bool share_prefixes = true;              // a block's prompts compute a common prefix once (resident runs)
+  bool share_prefixes = true;              // prompts that begin alike compute the beginning once
 
   // Offloading (strata run --policy): the engine replaces the resident generator when set.
   std::filesystem::path policy;            // policy YAML; empty: everything resident, --batch-size batches

@@ -33,6 +33,9 @@ struct OffloadOptions {
   // Called after each layer is placed in its tier at start-up (layers done, layers in all).
   std::function<void(int, int)> on_layer_loaded;
   int cpu_threads = 0;    // threads of the CPU attention backend (0: all cores)
+  // Prompts of one prefill unit that begin alike compute the common beginning once (prefix_sharing.h).
+  bool share_prefixes = true;
+  PrefixSharingOptions prefix_sharing;
   // Fault injection for tests: the `fault_after`-th disk read or write of the schedule (counting
   // from 1) fails as a device error would. Also read from STRATA_DISK_FAULT=read:N or write:N.
   DiskFault fault = DiskFault::None;
