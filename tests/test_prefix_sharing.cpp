@@ -98,6 +98,18 @@ std::vector<GenRequest> extended_prompts(const json& c) {
   return reqs;
 }
 
+// The run of the case's prompt + k of HF's tokens: HF's tokens from k on, with their
+// log-probabilities (as tests/test_stop_n_logprobs.cpp: float32 logits give them within 1e-4).
+void check_matches_hf(const json& c, size_t k, const GenResult& got) {
+  INFO("prompt + " << k << " generated tokens");
+  REQUIRE(got.tokens.size() == c["steps"].size() - k);
+  for (size_t i = 0; i < got.tokens.size(); ++i) {
+    const json& step = c["steps"][k + i];
+    CHECK(got.tokens[i] == step["token"].get<int32_t>());
+    CHECK(std::fabs(got.logprobs[i].sampled.logprob - step["logprob"].get<double>()) <= 1e-4);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("prefix plan: prompts share with the nearest source in sorted order", "[prefix]") {
@@ -212,17 +224,7 @@ TEST_CASE("shared prefixes generate Hugging Face's greedy tokens and log-probabi
     REQUIRE(got.size() == reqs.size());
     const size_t p = c["prompt"].size();
     CHECK(stats.shared_prompt_tokens == int64_t(4 * p));  // the four longer prompts copy P
-    for (size_t r = 0; r < reqs.size(); ++r) {
-      const size_t k = reqs[r].prompt.size() - p;
-      INFO("prompt + " << k << " generated tokens");
-      REQUIRE(got[r].tokens.size() == c["steps"].size() - k);
-      for (size_t i = 0; i < got[r].tokens.size(); ++i) {
-        const json& step = c["steps"][k + i];
-        CHECK(got[r].tokens[i] == step["token"].get<int32_t>());
-        // As tests/test_stop_n_logprobs.cpp: float32 logits within 1e-4 of HF's log-probabilities.
-        CHECK(std::fabs(got[r].logprobs[i].sampled.logprob - step["logprob"].get<double>()) <= 1e-4);
-      }
-    }
+    for (size_t r = 0; r < reqs.size(); ++r) check_matches_hf(c, reqs[r].prompt.size() - p, got[r]);
   }
 }
 
@@ -250,15 +252,7 @@ TEST_CASE("a kept prefix carries a batch's shared beginning to the next batches"
     CHECK(kept.tokens == all[1].prompt);  // nothing shared within batches 2 and 3: still kept
     const std::vector<std::pair<const GenResult*, size_t>> got = {{&first[0], 4}, {&first[1], 3}, {&second[0], 2},
                                                                   {&third[0], 1}};
-    for (const auto& [r, k] : got) {
-      INFO("prompt + " << k << " generated tokens");
-      REQUIRE(r->tokens.size() == c["steps"].size() - k);
-      for (size_t i = 0; i < r->tokens.size(); ++i) {
-        const json& step = c["steps"][k + i];
-        CHECK(r->tokens[i] == step["token"].get<int32_t>());
-        CHECK(std::fabs(r->logprobs[i].sampled.logprob - step["logprob"].get<double>()) <= 1e-4);
-      }
-    }
+    for (const auto& [r, k] : got) check_matches_hf(c, k, *r);
     // Sharing off: the kept prefix is neither used nor replaced.
     GenOptions off = no_sharing();
     off.kept_prefix = &kept;
@@ -334,16 +328,7 @@ TEST_CASE("the offloading engine shares prefixes within a prefill unit, on every
       const size_t p = c["prompt"].size();
       CHECK(stats.shared_prompt_tokens == int64_t(pl.policy.gpu_batch_size == 5 ? 4 * p : 2 * (p + 2) + p));
       REQUIRE(got.size() == reqs.size());
-      for (size_t r = 0; r < reqs.size(); ++r) {
-        const size_t k = reqs[r].prompt.size() - p;
-        INFO("prompt + " << k << " generated tokens");
-        REQUIRE(got[r].tokens.size() == c["steps"].size() - k);
-        for (size_t i = 0; i < got[r].tokens.size(); ++i) {
-          const json& step = c["steps"][k + i];
-          CHECK(got[r].tokens[i] == step["token"].get<int32_t>());
-          CHECK(std::fabs(got[r].logprobs[i].sampled.logprob - step["logprob"].get<double>()) <= 1e-4);
-        }
-      }
+      for (size_t r = 0; r < reqs.size(); ++r) check_matches_hf(c, reqs[r].prompt.size() - p, got[r]);
     }
   }
 }
