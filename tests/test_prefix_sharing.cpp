@@ -11,6 +11,7 @@
 #include <random>
 
 #include "cli_support.h"
+#include "forwarding_backend.h"
 #include "logprobs_fixture.h"
 #include "policy_fixtures.h"
 #include "strata/backend/backend.h"
@@ -261,6 +262,32 @@ TEST_CASE("a kept prefix carries a batch's shared beginning to the next batches"
     CHECK(s4.shared_prompt_tokens == 0);
     CHECK(kept.tokens == all[1].prompt);
   }
+}
+
+TEST_CASE("a batch out of device memory takes the kept prefix's memory first", "[prefix]") {
+  const json& c = fixture()["cases"][0];
+  auto cpu = make_cpu_backend(2);
+  test::RefusingBackend be(*cpu);
+  const ModelBundle bundle = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + c["model"].get<std::string>());
+  Transformer model(bundle.config, load_model_weights(bundle.config, *bundle.weights, be), be);
+  const std::vector<GenRequest> all = extended_prompts(c);
+  KeptPrefix kept;
+  GenOptions o = forced_sharing();
+  o.kept_prefix = &kept;
+  generate(model, {all[0], all[1]}, o);
+  REQUIRE_FALSE(kept.tokens.empty());
+  // The next batch's cache is refused once: the kept prefix is given up, the retry succeeds, and
+  // the batch computes its prompt whole.
+  const size_t cache_bytes = 2 * size_t(bundle.config.n_layers) * all[2].prompt.size() * size_t(bundle.config.kv_dim()) * 4;
+  be.refuse(cache_bytes, 1);
+  GenStats stats;
+  const std::vector<GenResult> got = generate(model, {all[2]}, o, &stats);
+  CHECK(kept.tokens.empty());
+  CHECK(stats.shared_prompt_tokens == 0);
+  check_matches_hf(c, 2, got[0]);
+  // Without a kept prefix to give up, the error stands.
+  be.refuse(cache_bytes, 1);
+  CHECK_THROWS_WITH(generate(model, {all[2]}, o), Catch::Contains("out of memory"));
 }
 
 TEST_CASE("shared prefixes: sampling, n choices and finished requests as computed whole", "[prefix][n]") {

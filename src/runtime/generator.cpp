@@ -151,6 +151,18 @@ std::vector<SharedPrefix> plan_prefill(const std::vector<Sequence>& seqs, const 
   return plan;
 }
 
+// The batch's cache; where the device is out of memory for it, the kept prefix gives its memory
+// back first (the batch then computes its own), so keeping one never fails a job that fits without.
+KvCache make_batch_cache(Backend& be, const ModelConfig& cfg, int slots, int capacity, KeptPrefix* kept) {
+  try {
+    return make_kv_cache(cfg, be, slots, capacity);
+  } catch (const Error&) {
+    if (!kept || kept->tokens.empty()) throw;
+    *kept = KeptPrefix();
+  }
+  return make_kv_cache(cfg, be, slots, capacity);
+}
+
 }  // namespace
 
 std::vector<GenResult> generate(Transformer& model, const std::vector<GenRequest>& requests, const GenOptions& options,
@@ -171,7 +183,7 @@ std::vector<GenResult> generate(Transformer& model, const std::vector<GenRequest
       capacity = std::max(capacity, int(r.prompt.size()) + std::max(s.max_new, 0));
     }
   }
-  KvCache cache = make_kv_cache(cfg, model.backend(), int(seqs.size()), capacity);
+  KvCache cache = make_batch_cache(model.backend(), cfg, int(seqs.size()), capacity, options.kept_prefix);
   StepSampler sampler(model.backend(), cfg, seqs.size());
 
   GenStats local;
