@@ -451,10 +451,11 @@ TEST_CASE("strata run shares prefixes by default, also under --policy; --no-pref
                                            "kv_cache: {gpu: 0, cpu: 100, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n"
                                            "prefill_tokens: 4096\n");
   test::CliResult engine = test::run_strata(base + " -o " + (dir / "engine.jsonl").string() + " --policy " +
-                                            policy.string() + " --offload-dir " + (dir / "off").string());
+                                            policy.string() + " --offload-dir " + (dir / "off").string() + " --report");
   INFO(engine.output);
   REQUIRE(engine.code == 0);
   CHECK_THAT(engine.output, Catch::Contains("prompt tokens copied from shared prefixes, not computed"));
+  CHECK_THAT(engine.output, Catch::Contains(" copied from shared prefixes), decode "));  // --report's line
   CHECK(tokens(dir / "engine.jsonl") == a);
 }
 

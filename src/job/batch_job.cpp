@@ -176,7 +176,10 @@ void print_report(const OffloadReport& r, std::ostream& log) {
   const double gen_s = g.prefill_seconds + g.decode_seconds;
   auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
   log << std::fixed << std::setprecision(2) << "report:\n"
-      << "  throughput: prefill " << rate(double(g.prompt_tokens), g.prefill_seconds) << " prompt tok/s, decode "
+      << "  throughput: prefill " << rate(double(g.prompt_tokens), g.prefill_seconds) << " prompt tok/s"
+      << (g.shared_prompt_tokens > 0 ? " (" + std::to_string(g.shared_prompt_tokens) + " copied from shared prefixes)"
+                                     : std::string())
+      << ", decode "
       << rate(double(g.generated_tokens), g.decode_seconds) << " tok/s, total "
       << rate(double(g.generated_tokens), gen_s) << " generated tok/s (generated / (prefill + decode time))\n"
       << "  busy: compute " << r.compute_busy << " s, cpu->gpu " << r.h2d_busy << " s, gpu->cpu " << r.d2h_busy
