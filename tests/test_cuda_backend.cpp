@@ -245,6 +245,15 @@ TEST_CASE("cuda: linear matches the CPU backend", "[cuda]") {
                       g_y);
         expect_close(r.read(g_y), r.read(c_y), 3e-3f, 5e-3f, shape_label("linear", {T, in, out, with_bias}));
       }
+      // An fp32 output (the head's logits) holds cuBLAS's fp32 sums: only the summation order
+      // differs from the CPU's over the same fp16-exact inputs.
+      Tensor c_y = r.cpu_out({T, out});
+      Tensor g_y = r.gpu_poisoned(DType::F32, {T, out});
+      r.cpu->linear(r.cpu_f32(x, {T, in}), r.cpu_f32(w, {out, in}), Tensor(), c_y);
+      r.gpu->linear(r.gpu_f16(x, {T, in}), r.gpu_f16(w, {out, in}), Tensor(), g_y);
+      expect_close(r.read(g_y), r.read(c_y), 1e-4f, 1e-4f, shape_label("linear fp32 out", {T, in, out}));
+      CHECK_THROWS_WITH(r.gpu->linear(r.gpu_f16(x, {T, in}), r.gpu_f16(w, {out, in}), r.gpu_f16(bias, {out}), g_y),
+                        Catch::Contains("fp32 output takes no bias"));
     }
   }
 }
@@ -418,6 +427,12 @@ TEST_CASE("cuda: argmax_rows matches the CPU backend and takes the lowest index 
       CHECK(r.read_i32(g_out) == want);
       if (B > 1) CHECK(want[1] == int32_t(V / 3));
       if (B > 2) CHECK(want[2] == 0);
+      // fp32 logits (the head's): the same picks, and values one fp16 rounding apart stay apart.
+      if (B > 2) logits[size_t(2 * V + V - 1)] = -1.0f + 1e-6f;
+      Tensor g32 = r.i32(*r.gpu, std::vector<int32_t>(size_t(B), -1), {B});
+      r.gpu->argmax_rows(r.gpu_f32(logits, {B, V}), g32);
+      const std::vector<int32_t> got32 = r.read_i32(g32);
+      for (int64_t b = 0; b < B; ++b) CHECK(got32[size_t(b)] == (b == 2 ? int32_t(V - 1) : want[size_t(b)]));
     }
   }
 }

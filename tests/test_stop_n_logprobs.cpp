@@ -689,7 +689,7 @@ TEST_CASE("CUDA: n choices copy the prompt's fp16 cache rows and equal single ru
     INFO("choice " << i);
     CHECK(one.tokens == all[i].tokens);  // a copied cache row is the fresh prefill's, byte for byte
     REQUIRE(one.logprobs.size() == all[i].logprobs.size());
-    // Three rows against one may take another GEMM order: fp16 logits (1e-3 relative) of a few units.
+    // Three rows against one may take another GEMM order over fp16 activations: logits a few 1e-3 apart.
     for (size_t t = 0; t < one.logprobs.size(); ++t)
       CHECK(std::fabs(one.logprobs[t].sampled.logprob - all[i].logprobs[t].sampled.logprob) <= 1e-2);
   }

@@ -13,14 +13,15 @@ struct PieceShape {
   std::vector<int64_t> dims;
 };
 
-// The workspace's pieces, in the order of ForwardOps::bind_workspace's targets.
+// The workspace's pieces, in the order of ForwardOps::bind_workspace's targets. Logits are fp32 on
+// every backend (head()).
 std::vector<PieceShape> workspace_shapes(const ModelConfig& cfg, DType dt, int64_t T, int64_t R) {
   const int64_t h = cfg.hidden, qd = cfg.q_dim(), f = cfg.intermediate, V = cfg.vocab_size;
   return {{dt, {T, h}},          {dt, {T, cfg.n_heads, cfg.head_dim}},
           {dt, {T, cfg.n_kv_heads, cfg.head_dim}}, {dt, {T, cfg.n_kv_heads, cfg.head_dim}},
           {dt, {T, qd}},         {dt, {T, f}},
           {dt, {T, f}},          {dt, {R, h}},
-          {dt, {R, V}},          {DType::I32, {T}},
+          {DType::F32, {R, V}},  {DType::I32, {T}},
           {DType::I32, {T}},     {DType::I32, {T}},
           {DType::I32, {T}},     {DType::I32, {R}}};
 }
@@ -188,9 +189,15 @@ void ForwardOps::select_logit_rows(const std::vector<int32_t>& rows, int64_t tok
   R_ = R;
 }
 
+// The head writes fp32 logits, also on the fp16 CUDA backend (cuBLAS accumulates in fp32 and stores
+// fp32): near-tied tokens stay apart, so greedy picks what the fp32 CPU backend and Hugging Face
+// pick, and log-probabilities and perplexity keep float precision. A quantized head (a GPTQ
+// checkpoint's lm_head) writes the activation dtype.
 Tensor ForwardOps::head(const ModelWeights& w, const Tensor& x) {
   if (R_ == 0) return logits_.rows(0, 0);
-  const Tensor rows = rows_.rows(0, R_), last = last_.rows(0, R_), logits = logits_.rows(0, R_);
+  const Tensor rows = rows_.rows(0, R_), last = last_.rows(0, R_);
+  Tensor logits = logits_.rows(0, R_);
+  if (w.lm_head.quantized()) logits = Tensor(logits.data, backend_.activation_dtype(), logits.device, {R_, cfg_.vocab_size});
   backend_.gather_rows(x, rows, last);
   norm(last, w.final_norm_w, w.final_norm_b, last);
   backend_.linear(last, w.lm_head, Tensor(), logits);

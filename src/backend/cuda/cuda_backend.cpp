@@ -218,7 +218,10 @@ public:
     }
     check_f16(x, "linear", "x");
     check_f16(w, "linear", "w");
-    check_f16(y, "linear", "y");
+    // y may be fp32 (the head's logits, forward_ops.cpp): cuBLAS stores its fp32 accumulators as they are.
+    const bool y_f32 = y.dtype == DType::F32;
+    check_tensor(y, y_f32 ? DType::F32 : DType::F16, "linear", "y");
+    STRATA_CHECK(!y_f32 || bias.empty(), "cuda linear: an fp32 output takes no bias");
     const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
     STRATA_CHECK(w.ndim == 2 && w.dim(1) == in && y.dim(0) == T && y.row_size() == out,
                  "cuda linear: x " << x.shape_str() << " w " << w.shape_str() << " y " << y.shape_str());
@@ -233,8 +236,8 @@ public:
     const float alpha = 1.0f;
     const float beta = 0.0f;
     STRATA_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(T), int(in), &alpha, w.data,
-                                     CUDA_R_16F, int(in), x.data, CUDA_R_16F, int(in), &beta, y.data, CUDA_R_16F,
-                                     int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                     CUDA_R_16F, int(in), x.data, CUDA_R_16F, int(in), &beta, y.data,
+                                     y_f32 ? CUDA_R_32F : CUDA_R_16F, int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     STRATA_CUDA_CHECK_LAUNCH("cublasGemmEx (linear)", stream_);
     if (!bias.empty()) cuda::launch_bias_add(f16_mut(y), f16(bias), T, out, stream_);
   }
@@ -390,13 +393,16 @@ public:
   }
 
   void argmax_rows(const Tensor& logits, const Tensor& out) override {
-    check_f16(logits, "argmax_rows", "logits");
+    const bool f32 = logits.dtype == DType::F32;
+    check_tensor(logits, f32 ? DType::F32 : DType::F16, "argmax_rows", "logits");
     check_i32(out, "argmax_rows", "out");
     const int64_t V = logits.row_size();
     STRATA_CHECK(out.numel() == logits.dim(0) && V > 0 && V <= INT_MAX,
                  "cuda argmax_rows: logits " << logits.shape_str() << " out " << out.shape_str());
     bind();
-    cuda::launch_argmax_rows(f16(logits), logits.dim(0), V, static_cast<int32_t*>(out.data), stream_);
+    int32_t* ids = static_cast<int32_t*>(out.data);
+    if (f32) cuda::launch_argmax_rows(static_cast<const float*>(logits.data), logits.dim(0), V, ids, stream_);
+    else cuda::launch_argmax_rows(f16(logits), logits.dim(0), V, ids, stream_);
   }
 
 private:

@@ -78,6 +78,7 @@ void launch_attention(const AttentionParams& p, cudaStream_t stream);
 
 // sampling.cu: out[r] = argmax over logits[r, :] (lowest index on ties; NaN never wins).
 void launch_argmax_rows(const __half* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
+void launch_argmax_rows(const float* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
 
 // ---- group-wise quantized rows (include/strata/quant/quant.h's format) ----
 // A row of n elements: codes (4-bit: element 2k in the low nibble of byte k; 8-bit: one byte

@@ -15,14 +15,18 @@ constexpr int kThreads = 512;
 // Does candidate (v, i) beat the current best (bv, bi)? NaN never wins (comparisons are false).
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
 
-__global__ void argmax_rows_kernel(const __half* __restrict__ logits, int64_t cols, int32_t* __restrict__ out) {
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(float v) { return v; }
+
+template <class T>
+__global__ void argmax_rows_kernel(const T* __restrict__ logits, int64_t cols, int32_t* __restrict__ out) {
   __shared__ float warp_val[32];
   __shared__ int warp_idx[32];
-  const __half* row = logits + int64_t(blockIdx.x) * cols;
+  const T* row = logits + int64_t(blockIdx.x) * cols;
   float best = -INFINITY;
   int best_i = INT_MAX;
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    const float v = __half2float(row[j]);
+    const float v = to_float(row[j]);
     if (better(v, int(j), best, best_i)) {
       best = v;
       best_i = int(j);
@@ -60,12 +64,21 @@ __global__ void argmax_rows_kernel(const __half* __restrict__ logits, int64_t co
   }
 }
 
+template <class T>
+void launch_argmax(const T* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream) {
+  if (rows == 0) return;
+  argmax_rows_kernel<T><<<dim3(unsigned(rows)), kThreads, 0, stream>>>(logits, cols, out);
+  STRATA_CUDA_CHECK_LAUNCH("argmax_rows_kernel", stream);
+}
+
 }  // namespace
 
 void launch_argmax_rows(const __half* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream) {
-  if (rows == 0) return;
-  argmax_rows_kernel<<<dim3(unsigned(rows)), kThreads, 0, stream>>>(logits, cols, out);
-  STRATA_CUDA_CHECK_LAUNCH("argmax_rows_kernel", stream);
+  launch_argmax(logits, rows, cols, out, stream);
+}
+
+void launch_argmax_rows(const float* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream) {
+  launch_argmax(logits, rows, cols, out, stream);
 }
 
 }  // namespace strata::cuda
