@@ -870,9 +870,8 @@ struct OffloadEngine::Impl {
     for (size_t k = 0; k < b.active.size(); ++k) {
       Sequence* s = b.active[k];
       const std::vector<int32_t>& prompt = s->request->prompt;
-      if (s->request->score_prompt)
-        STRATA_CHECK(b.prompt_start[k] == 0, "internal: a scored prompt shares its beginning");
       if (s->request->score_prompt) {
+        STRATA_CHECK(b.prompt_start[k] == 0, "internal: a scored prompt shares its beginning");
         std::vector<double>& nll = s->result.prompt_nll;
         nll.clear();
         for (int32_t t0 = 0; t0 + 1 < int32_t(prompt.size()); t0 += int32_t(chunk)) {

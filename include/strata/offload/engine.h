@@ -56,7 +56,8 @@ struct OffloadReport {
   // the rest is decode. The cost model's calibration compares them with its prefill and decode
   // terms (docs/cost-model.md).
   double prefill_compute_busy = 0, prefill_h2d_busy = 0, prefill_d2h_busy = 0, prefill_disk_busy = 0;
-  // Prompt tokens the prefill computed: a request's choices in one GPU batch count once.
+  // Prompt tokens the prefill computed: a request's choices in one GPU batch count once, and the
+  // positions a prompt copied from a shared prefix not at all.
   int64_t prefill_tokens = 0;
   LinkStats disk_to_cpu, cpu_to_gpu, gpu_to_cpu, cpu_to_disk;
   TierBytes peak;                // reserved on each tier
