@@ -264,6 +264,32 @@ TEST_CASE("a kept prefix carries a batch's shared beginning to the next batches"
   }
 }
 
+TEST_CASE("the kept prefix is as long as most of the sharing, not its shortest", "[prefix]") {
+  Loaded l = load("tiny-llama", make_cpu_backend(2));
+  const Tokens instr = range(100, 30);
+  auto request = [](Tokens prompt) {
+    GenRequest r;
+    r.prompt = std::move(prompt);
+    r.sampling.max_new_tokens = 2;
+    return r;
+  };
+  // Sorted: instr + {1, 2} is the source; instr + {3} and instr + {4} copy its 30 instruction
+  // tokens, and a prompt that begins with only the instruction's first 17 tokens copies those.
+  const std::vector<GenRequest> batch = {request(concat(instr, {1, 2})), request(concat(instr, {3})),
+                                         request(concat(instr, {4})), request(concat(range(100, 17), {400}))};
+  KeptPrefix kept;
+  GenOptions o;
+  o.prefix_sharing = {1};
+  o.kept_prefix = &kept;
+  GenStats s1;
+  generate(*l.model, batch, o, &s1);
+  CHECK(s1.shared_prompt_tokens == 30 + 30 + 17);
+  CHECK(kept.tokens == instr);  // 2 x 30 copied tokens beat 3 x 17
+  GenStats s2;
+  generate(*l.model, {request(concat(instr, {5, 6}))}, o, &s2);
+  CHECK(s2.shared_prompt_tokens == 30);
+}
+
 TEST_CASE("a batch out of device memory takes the kept prefix's memory first", "[prefix]") {
   const json& c = fixture()["cases"][0];
   auto cpu = make_cpu_backend(2);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 
 #include "strata/core/error.h"
 
@@ -94,24 +95,39 @@ int64_t prefill(Transformer& model, std::vector<Sequence>& seqs, const std::vect
   return copied;
 }
 
-// After prefill: keeps the prefix that the most prompt tokens of this batch shared (the source with
-// the most sharing, up to what all its sharing prompts have in common), unless nothing was shared,
-// or it is the one already kept. Without memory for it, the next batch computes its own.
+// How much of a source's prompt to keep: of the lengths its sharers copied, the one that would have
+// given the most tokens (length x sharers that copied at least that much), so one prompt that
+// shares only the first words does not cut the kept prefix short for every later batch.
+int kept_prefix_length(std::vector<int> lengths) {
+  std::sort(lengths.begin(), lengths.end(), std::greater<>());
+  int best = 0;
+  int64_t best_tokens = 0;
+  for (size_t i = 0; i < lengths.size(); ++i)
+    if (int64_t(lengths[i]) * int64_t(i + 1) > best_tokens) {
+      best_tokens = int64_t(lengths[i]) * int64_t(i + 1);
+      best = lengths[i];
+    }
+  return best;
+}
+
+// After prefill: keeps a prefix of the source whose prompt the most tokens of this batch copied
+// (kept_prefix_length), unless nothing was shared, or it is the one already kept. Without memory
+// for it, the next batch computes its own.
 void keep_prefix(Backend& be, const ModelConfig& cfg, const std::vector<Sequence>& seqs,
                  const std::vector<ChoiceGroup>& groups, const std::vector<SharedPrefix>& plan, const KvCache& cache,
                  KeptPrefix& kept) {
   std::vector<int64_t> shared(groups.size(), 0);
-  std::vector<int> common(groups.size(), INT32_MAX);
+  std::vector<std::vector<int>> lengths(groups.size());
   for (const SharedPrefix& s : plan) {
     if (s.source < 0) continue;
     shared[size_t(s.source)] += s.length;
-    common[size_t(s.source)] = std::min(common[size_t(s.source)], s.length);
+    lengths[size_t(s.source)].push_back(s.length);
   }
   if (shared.empty()) return;
   const size_t best = size_t(std::max_element(shared.begin(), shared.end()) - shared.begin());
   if (shared[best] == 0) return;
   const std::vector<int32_t>& prompt = seqs[groups[best].first].request->prompt;
-  std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + common[best]);
+  std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + kept_prefix_length(lengths[best]));
   if (tokens == kept.tokens) return;
   KeptPrefix next;
   try {
