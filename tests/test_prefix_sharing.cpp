@@ -236,31 +236,34 @@ TEST_CASE("a kept prefix carries a batch's shared beginning to the next batches"
     Loaded l = load(name, make_cpu_backend(2));
     const std::vector<GenRequest> all = extended_prompts(c);  // P + 4, P + 3, ..., P + 0 tokens
     const size_t p = c["prompt"].size();
-    KeptPrefix kept;
+    KeptPrefixes kept;
     GenOptions o = forced_sharing();
-    o.kept_prefix = &kept;
+    o.kept_prefixes = &kept;
     // Batch 1: P + 4 shares P + 3 with its source P + 3, which is kept (all that was shared).
     GenStats s1;
     const std::vector<GenResult> first = generate(*l.model, {all[0], all[1]}, o, &s1);
     CHECK(s1.shared_prompt_tokens == int64_t(p + 3));
-    CHECK(kept.tokens == all[1].prompt);
+    REQUIRE(kept.entries.size() == 1);
+    CHECK(kept.entries[0].tokens == all[1].prompt);
     // Batch 2: P + 2 alone copies P + 1 of the kept rows (its last token is computed); batch 3: P + 1 copies P.
     GenStats s2, s3;
     const std::vector<GenResult> second = generate(*l.model, {all[2]}, o, &s2);
     CHECK(s2.shared_prompt_tokens == int64_t(p + 1));
     const std::vector<GenResult> third = generate(*l.model, {all[3]}, o, &s3);
     CHECK(s3.shared_prompt_tokens == int64_t(p));
-    CHECK(kept.tokens == all[1].prompt);  // nothing shared within batches 2 and 3: still kept
+    REQUIRE(kept.entries.size() == 1);  // nothing shared within batches 2 and 3: nothing new kept
+    CHECK(kept.entries[0].tokens == all[1].prompt);
     const std::vector<std::pair<const GenResult*, size_t>> got = {{&first[0], 4}, {&first[1], 3}, {&second[0], 2},
                                                                   {&third[0], 1}};
     for (const auto& [r, k] : got) check_matches_hf(c, k, *r);
     // Sharing off: the kept prefix is neither used nor replaced.
     GenOptions off = no_sharing();
-    off.kept_prefix = &kept;
+    off.kept_prefixes = &kept;
     GenStats s4;
     generate(*l.model, {all[2], all[4]}, off, &s4);
     CHECK(s4.shared_prompt_tokens == 0);
-    CHECK(kept.tokens == all[1].prompt);
+    REQUIRE(kept.entries.size() == 1);
+    CHECK(kept.entries[0].tokens == all[1].prompt);
   }
 }
 
@@ -277,17 +280,55 @@ TEST_CASE("the kept prefix is as long as most of the sharing, not its shortest",
   // tokens, and a prompt that begins with only the instruction's first 17 tokens copies those.
   const std::vector<GenRequest> batch = {request(concat(instr, {1, 2})), request(concat(instr, {3})),
                                          request(concat(instr, {4})), request(concat(range(100, 17), {400}))};
-  KeptPrefix kept;
+  KeptPrefixes kept;
   GenOptions o;
   o.prefix_sharing = {1};
-  o.kept_prefix = &kept;
+  o.kept_prefixes = &kept;
   GenStats s1;
   generate(*l.model, batch, o, &s1);
   CHECK(s1.shared_prompt_tokens == 30 + 30 + 17);
-  CHECK(kept.tokens == instr);  // 2 x 30 copied tokens beat 3 x 17
+  REQUIRE(kept.entries.size() == 1);
+  CHECK(kept.entries[0].tokens == instr);  // 2 x 30 copied tokens beat 3 x 17
   GenStats s2;
   generate(*l.model, {request(concat(instr, {5, 6}))}, o, &s2);
   CHECK(s2.shared_prompt_tokens == 30);
+}
+
+TEST_CASE("kept prefixes: a few instructions, most recently used first", "[prefix]") {
+  Loaded l = load("tiny-llama", make_cpu_backend(2));
+  const Tokens a = range(100, 30), b = range(300, 30), c = range(500, 30);
+  auto request = [](Tokens prompt) {
+    GenRequest r;
+    r.prompt = std::move(prompt);
+    r.sampling.max_new_tokens = 3;
+    r.sampling.ignore_eos = true;
+    return r;
+  };
+  KeptPrefixes kept;
+  kept.capacity = 2;
+  GenOptions o;
+  o.prefix_sharing = {1};
+  o.kept_prefixes = &kept;
+  auto run = [&](const std::vector<GenRequest>& batch) {
+    GenStats stats;
+    const std::vector<GenResult> got = generate(*l.model, batch, o, &stats);
+    check_same_generation(got, generate(*l.model, batch, no_sharing()), 1e-5);
+    return stats.shared_prompt_tokens;
+  };
+  auto kept_tokens = [&] {
+    std::vector<Tokens> t;
+    for (const auto& e : kept.entries) t.push_back(e.tokens);
+    return t;
+  };
+  CHECK(run({request(concat(a, {1})), request(concat(a, {2}))}) == 30);  // within the batch
+  CHECK(run({request(concat(b, {1})), request(concat(b, {2}))}) == 30);
+  CHECK(kept_tokens() == std::vector<Tokens>{b, a});
+  CHECK(run({request(concat(a, {3}))}) == 30);  // a kept prefix, now the most recent
+  CHECK(kept_tokens() == std::vector<Tokens>{a, b});
+  CHECK(run({request(concat(c, {1})), request(concat(c, {2}))}) == 30);
+  CHECK(kept_tokens() == std::vector<Tokens>{c, a});  // b was the least recent
+  CHECK(run({request(concat(b, {3}))}) == 0);
+  CHECK(run({request(concat(a, {4})), request(concat(c, {3}))}) == 60);  // each its own
 }
 
 TEST_CASE("a batch out of device memory takes the kept prefix's memory first", "[prefix]") {
@@ -297,18 +338,18 @@ TEST_CASE("a batch out of device memory takes the kept prefix's memory first", "
   const ModelBundle bundle = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + c["model"].get<std::string>());
   Transformer model(bundle.config, load_model_weights(bundle.config, *bundle.weights, be), be);
   const std::vector<GenRequest> all = extended_prompts(c);
-  KeptPrefix kept;
+  KeptPrefixes kept;
   GenOptions o = forced_sharing();
-  o.kept_prefix = &kept;
+  o.kept_prefixes = &kept;
   generate(model, {all[0], all[1]}, o);
-  REQUIRE_FALSE(kept.tokens.empty());
+  REQUIRE(kept.entries.size() == 1);
   // The next batch's cache is refused once: the kept prefix is given up, the retry succeeds, and
   // the batch computes its prompt whole.
   const size_t cache_bytes = 2 * size_t(bundle.config.n_layers) * all[2].prompt.size() * size_t(bundle.config.kv_dim()) * 4;
   be.refuse(cache_bytes, 1);
   GenStats stats;
   const std::vector<GenResult> got = generate(model, {all[2]}, o, &stats);
-  CHECK(kept.tokens.empty());
+  CHECK(kept.entries.empty());
   CHECK(stats.shared_prompt_tokens == 0);
   check_matches_hf(c, 2, got[0]);
   // Without a kept prefix to give up, the error stands.

@@ -150,7 +150,7 @@ public:
                                                  *backend_);
     options_.prefill_token_budget = opt.prefill_token_budget;
     options_.share_prefixes = opt.share_prefixes;
-    options_.kept_prefix = &kept_prefix_;
+    options_.kept_prefixes = &kept_prefixes_;
   }
   size_t batch_size() const override { return batch_; }
   std::vector<GenResult> run(const std::vector<GenRequest>& batch, GenStats& stats) override {
@@ -161,7 +161,7 @@ private:
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Transformer> transformer_;
   GenOptions options_;
-  KeptPrefix kept_prefix_;  // the instruction every block begins with, computed once
+  KeptPrefixes kept_prefixes_;  // the instructions blocks begin with, each computed once
   size_t batch_;
 };
 

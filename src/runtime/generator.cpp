@@ -30,12 +30,23 @@ void copy_cache_prefix(Backend& be, const KvCache& from, int src, const KvCache&
                         size_t(len) * row_bytes);
 }
 
-// How many of the prompt's first tokens a kept prefix gives (0: too few to use).
-int kept_length(const KeptPrefix* kept, const std::vector<int32_t>& prompt, const PrefixSharingOptions& o) {
-  if (!kept || kept->tokens.empty()) return 0;
-  const auto [a, b] = std::mismatch(kept->tokens.begin(), kept->tokens.end(), prompt.begin(), prompt.end());
-  const int n = std::min(int(a - kept->tokens.begin()), int(prompt.size()) - 1);  // its last token is computed
-  return n >= std::max(o.min_shared_tokens, 1) ? n : 0;
+// Copies into `slot` the longest beginning of `prompt` that a kept prefix holds, if it is long
+// enough to share, and makes that prefix the most recently used. Returns its length (0: none).
+int copy_kept_prefix(Backend& be, KeptPrefixes* kept, const std::vector<int32_t>& prompt, const KvCache& cache,
+                     int slot, const PrefixSharingOptions& o) {
+  if (!kept) return 0;
+  int best = 0;
+  size_t at = 0;
+  for (size_t e = 0; e < kept->entries.size(); ++e) {
+    const std::vector<int32_t>& t = kept->entries[e].tokens;
+    const auto a = std::mismatch(t.begin(), t.end(), prompt.begin(), prompt.end()).first;
+    const int n = std::min(int(a - t.begin()), int(prompt.size()) - 1);  // its last token is computed
+    if (n > best) best = n, at = e;
+  }
+  if (best < std::max(o.min_shared_tokens, 1)) return 0;
+  copy_cache_prefix(be, kept->entries[at].rows, 0, cache, slot, best);
+  std::rotate(kept->entries.begin(), kept->entries.begin() + long(at), kept->entries.begin() + long(at) + 1);
+  return best;
 }
 
 // Packs prompt tokens into steps of at most `budget` tokens; a long prompt may span steps, since
@@ -44,10 +55,10 @@ int kept_length(const KeptPrefix* kept, const std::vector<int32_t>& prompt, cons
 //
 // A prompt that shares a prefix (plan[i] for groups[i]) computes only the rest: sources go first, and
 // the step with its first computed token copies its source's rows once they are stored (PrefixCopy),
-// so sharing adds no step. A source that begins with the kept prefix copies that first. Returns the
+// so sharing adds no step. A source that begins with a kept prefix copies that first. Returns the
 // prompt tokens copied.
 int64_t prefill(Transformer& model, std::vector<Sequence>& seqs, const std::vector<ChoiceGroup>& groups,
-                const std::vector<SharedPrefix>& plan, const KeptPrefix* kept, const PrefixSharingOptions& sharing,
+                const std::vector<SharedPrefix>& plan, KeptPrefixes* kept, const PrefixSharingOptions& sharing,
                 KvCache& cache, StepSampler& sampler, int64_t budget) {
   int64_t copied = 0;
   StepBatch step;
@@ -72,9 +83,8 @@ int64_t prefill(Transformer& model, std::vector<Sequence>& seqs, const std::vect
     size_t first = 0;
     if (share.source >= 0) {
       first = size_t(share.length);
-    } else if (const int n = kept_length(kept, prompt, sharing); n > 0) {
-      copy_cache_prefix(model.backend(), kept->rows, 0, cache, s.slot, n);
-      first = size_t(n);
+    } else {
+      first = size_t(copy_kept_prefix(model.backend(), kept, prompt, cache, s.slot, sharing));
     }
     copied += int64_t(first);
     for (size_t i = first; i < prompt.size(); ++i) {
@@ -111,11 +121,11 @@ int kept_prefix_length(std::vector<int> lengths) {
 }
 
 // After prefill: keeps a prefix of the source whose prompt the most tokens of this batch copied
-// (kept_prefix_length), unless nothing was shared, or it is the one already kept. Without memory
-// for it, the next batch computes its own.
+// (kept_prefix_length) as the most recently used, unless nothing was shared. Without memory for
+// it, later batches compute their own.
 void keep_prefix(Backend& be, const ModelConfig& cfg, const std::vector<Sequence>& seqs,
                  const std::vector<ChoiceGroup>& groups, const std::vector<SharedPrefix>& plan, const KvCache& cache,
-                 KeptPrefix& kept) {
+                 KeptPrefixes& kept) {
   std::vector<int64_t> shared(groups.size(), 0);
   std::vector<std::vector<int>> lengths(groups.size());
   for (const SharedPrefix& s : plan) {
@@ -128,8 +138,13 @@ void keep_prefix(Backend& be, const ModelConfig& cfg, const std::vector<Sequence
   if (shared[best] == 0) return;
   const std::vector<int32_t>& prompt = seqs[groups[best].first].request->prompt;
   std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + kept_prefix_length(lengths[best]));
-  if (tokens == kept.tokens) return;
-  KeptPrefix next;
+  auto& entries = kept.entries;
+  const auto same = std::find_if(entries.begin(), entries.end(), [&](const auto& e) { return e.tokens == tokens; });
+  if (same != entries.end()) {
+    std::rotate(entries.begin(), same, same + 1);
+    return;
+  }
+  KeptPrefixes::Entry next;
   try {
     next.rows = make_kv_cache(cfg, be, 1, int(tokens.size()));
   } catch (const Error&) {
@@ -137,7 +152,8 @@ void keep_prefix(Backend& be, const ModelConfig& cfg, const std::vector<Sequence
   }
   copy_cache_prefix(be, cache, seqs[groups[best].first].slot, next.rows, 0, int(tokens.size()));
   next.tokens = std::move(tokens);
-  kept = std::move(next);
+  entries.insert(entries.begin(), std::move(next));
+  if (entries.size() > std::max<size_t>(kept.capacity, 1)) entries.resize(std::max<size_t>(kept.capacity, 1));
 }
 
 // Copies the prompt's keys and values from each group's first slot to the slots of its other
@@ -167,14 +183,14 @@ std::vector<SharedPrefix> plan_prefill(const std::vector<Sequence>& seqs, const 
   return plan;
 }
 
-// The batch's cache; where the device is out of memory for it, the kept prefix gives its memory
-// back first (the batch then computes its own), so keeping one never fails a job that fits without.
-KvCache make_batch_cache(Backend& be, const ModelConfig& cfg, int slots, int capacity, KeptPrefix* kept) {
+// The batch's cache; where the device is out of memory for it, the kept prefixes give their memory
+// back first (the batch then computes its own), so keeping them never fails a job that fits without.
+KvCache make_batch_cache(Backend& be, const ModelConfig& cfg, int slots, int capacity, KeptPrefixes* kept) {
   try {
     return make_kv_cache(cfg, be, slots, capacity);
   } catch (const Error&) {
-    if (!kept || kept->tokens.empty()) throw;
-    *kept = KeptPrefix();
+    if (!kept || kept->entries.empty()) throw;
+    kept->entries.clear();
   }
   return make_kv_cache(cfg, be, slots, capacity);
 }
@@ -199,13 +215,13 @@ std::vector<GenResult> generate(Transformer& model, const std::vector<GenRequest
       capacity = std::max(capacity, int(r.prompt.size()) + std::max(s.max_new, 0));
     }
   }
-  KvCache cache = make_batch_cache(model.backend(), cfg, int(seqs.size()), capacity, options.kept_prefix);
+  KvCache cache = make_batch_cache(model.backend(), cfg, int(seqs.size()), capacity, options.kept_prefixes);
   StepSampler sampler(model.backend(), cfg, seqs.size());
 
   GenStats local;
   auto t0 = Clock::now();
   const std::vector<SharedPrefix> plan = plan_prefill(seqs, groups, options);
-  KeptPrefix* kept = options.share_prefixes ? options.kept_prefix : nullptr;
+  KeptPrefixes* kept = options.share_prefixes ? options.kept_prefixes : nullptr;
   local.shared_prompt_tokens = prefill(model, seqs, groups, plan, kept, options.prefix_sharing, cache, sampler,
                                        std::max<int64_t>(options.prefill_token_budget, 1));
   share_prompt_cache(model.backend(), seqs, groups, cache);

@@ -19,19 +19,24 @@ struct GenStats {
   int64_t shared_prompt_tokens = 0;  // prompt tokens whose cache rows were copied, not computed
 };
 
-// The keys and values of one prompt prefix kept from one batch to the next, so that a job whose
-// prompts all begin with one instruction computes it once, not once per batch. generate() copies
-// it into the prompts that begin with it and replaces it with the batch's most shared prefix.
-struct KeptPrefix {
-  std::vector<int32_t> tokens;
-  KvCache rows;  // one slot of tokens.size() positions
+// The keys and values of a few prompt prefixes kept from one batch to the next, so that a job whose
+// prompts begin with one of a few instructions computes each once, not once per batch. generate()
+// copies into a prompt the longest kept prefix it begins with, and after each batch keeps the
+// batch's most shared prefix: most recently used first, the least recent forgotten past capacity.
+struct KeptPrefixes {
+  struct Entry {
+    std::vector<int32_t> tokens;
+    KvCache rows;  // one slot of tokens.size() positions
+  };
+  std::vector<Entry> entries;
+  size_t capacity = 4;
 };
 
 struct GenOptions {
   int64_t prefill_token_budget = 4096;  // tokens per prefill step; bounds activation memory
   bool share_prefixes = true;            // prompts of a batch share common prefixes' cache rows
   PrefixSharingOptions prefix_sharing;
-  KeptPrefix* kept_prefix = nullptr;     // with share_prefixes: carried across calls (may be empty)
+  KeptPrefixes* kept_prefixes = nullptr;  // with share_prefixes: carried across calls (may be empty)
 };
 
 // Generates for every request (max_new_tokens is clamped to the model's context; a prompt that
