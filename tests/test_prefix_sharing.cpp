@@ -34,6 +34,13 @@ std::vector<SharedPrefix> plan_of(const std::vector<Tokens>& prompts, int min_sh
   return plan_shared_prefixes(ptrs, {min_shared});
 }
 
+// Prompt tokens a plan copies instead of computing.
+int64_t shared_tokens(const std::vector<SharedPrefix>& plan) {
+  int64_t n = 0;
+  for (const SharedPrefix& s : plan) n += s.length;
+  return n;
+}
+
 Tokens concat(Tokens a, const Tokens& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;

@@ -747,20 +747,13 @@ struct OffloadEngine::Impl {
   // Which prompts of a prefill unit share a beginning (indices are the unit's slots). Prompts that
   // are scored whole (perplexity) and choices that copy their source's rows take no part.
   std::vector<SharedPrefix> plan_unit_sharing(const BatchState& b) const {
-    std::vector<SharedPrefix> share(b.seqs.size());
-    if (!opt.share_prefixes) return share;
-    std::vector<const std::vector<int32_t>*> prompts;
-    std::vector<size_t> slot;
-    for (size_t s = 0; s < b.seqs.size(); ++s) {
+    std::vector<const std::vector<int32_t>*> prompts(b.seqs.size(), nullptr);
+    for (size_t s = 0; s < b.seqs.size() && opt.share_prefixes; ++s) {
       const Sequence& seq = *b.seqs[s];
-      if (seq.done || source_of[index_of(seq)] != index_of(seq) || seq.request->score_prompt) continue;
-      prompts.push_back(&seq.request->prompt);
-      slot.push_back(s);
+      if (!seq.done && source_of[index_of(seq)] == index_of(seq) && !seq.request->score_prompt)
+        prompts[s] = &seq.request->prompt;
     }
-    const std::vector<SharedPrefix> plan = plan_shared_prefixes(prompts, opt.prefix_sharing);
-    for (size_t k = 0; k < plan.size(); ++k)
-      if (plan[k].source >= 0) share[slot[k]] = {int(slot[size_t(plan[k].source)]), plan[k].length};
-    return share;
+    return plan_shared_prefixes(prompts, opt.prefix_sharing);
   }
 
   // In prefill, the prompts computed whole go first and those sharing a beginning after them, each

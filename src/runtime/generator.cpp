@@ -37,13 +37,9 @@ int copy_kept_prefix(Backend& be, KeptPrefixes* kept, const std::vector<int32_t>
   if (!kept) return 0;
   int best = 0;
   size_t at = 0;
-  for (size_t e = 0; e < kept->entries.size(); ++e) {
-    const std::vector<int32_t>& t = kept->entries[e].tokens;
-    const auto a = std::mismatch(t.begin(), t.end(), prompt.begin(), prompt.end()).first;
-    const int n = std::min(int(a - t.begin()), int(prompt.size()) - 1);  // its last token is computed
-    if (n > best) best = n, at = e;
-  }
-  if (best < std::max(o.min_shared_tokens, 1)) return 0;
+  for (size_t e = 0; e < kept->entries.size(); ++e)
+    if (const int n = shareable_length(kept->entries[e].tokens, prompt, o); n > best) best = n, at = e;
+  if (best == 0) return 0;
   copy_cache_prefix(be, kept->entries[at].rows, 0, cache, slot, best);
   std::rotate(kept->entries.begin(), kept->entries.begin() + long(at), kept->entries.begin() + long(at) + 1);
   return best;
@@ -80,12 +76,8 @@ int64_t prefill(Transformer& model, std::vector<Sequence>& seqs, const std::vect
     if (s.done) continue;  // max_new 0: every choice of the request is done
     const std::vector<int32_t>& prompt = s.request->prompt;
     const SharedPrefix& share = plan[gi];
-    size_t first = 0;
-    if (share.source >= 0) {
-      first = size_t(share.length);
-    } else {
-      first = size_t(copy_kept_prefix(model.backend(), kept, prompt, cache, s.slot, sharing));
-    }
+    const size_t first = share.source >= 0 ? size_t(share.length)
+                                           : size_t(copy_kept_prefix(model.backend(), kept, prompt, cache, s.slot, sharing));
     copied += int64_t(first);
     for (size_t i = first; i < prompt.size(); ++i) {
       if (int64_t(step.tokens.size()) >= budget) flush();
@@ -153,7 +145,7 @@ void keep_prefix(Backend& be, const ModelConfig& cfg, const std::vector<Sequence
   copy_cache_prefix(be, cache, seqs[groups[best].first].slot, next.rows, 0, int(tokens.size()));
   next.tokens = std::move(tokens);
   entries.insert(entries.begin(), std::move(next));
-  if (entries.size() > std::max<size_t>(kept.capacity, 1)) entries.resize(std::max<size_t>(kept.capacity, 1));
+  entries.resize(std::min(entries.size(), std::max<size_t>(kept.capacity, 1)));
 }
 
 // Copies the prompt's keys and values from each group's first slot to the slots of its other
@@ -171,16 +163,10 @@ void share_prompt_cache(Backend& be, std::vector<Sequence>& seqs, const std::vec
 // The prefix-sharing plan over the requests that prefill (none when sharing is off).
 std::vector<SharedPrefix> plan_prefill(const std::vector<Sequence>& seqs, const std::vector<ChoiceGroup>& groups,
                                        const GenOptions& options) {
-  if (!options.share_prefixes) return std::vector<SharedPrefix>(groups.size());
-  std::vector<const std::vector<int32_t>*> prompts;
-  std::vector<size_t> index;  // prompts[k] is groups[index[k]]'s
-  for (size_t i = 0; i < groups.size(); ++i)
-    if (!seqs[groups[i].first].done) prompts.push_back(&seqs[groups[i].first].request->prompt), index.push_back(i);
-  const std::vector<SharedPrefix> sub = plan_shared_prefixes(prompts, options.prefix_sharing);
-  std::vector<SharedPrefix> plan(groups.size());
-  for (size_t k = 0; k < sub.size(); ++k)
-    if (sub[k].source >= 0) plan[index[k]] = {int(index[size_t(sub[k].source)]), sub[k].length};
-  return plan;
+  std::vector<const std::vector<int32_t>*> prompts(groups.size(), nullptr);
+  for (size_t i = 0; i < groups.size() && options.share_prefixes; ++i)
+    if (const Sequence& s = seqs[groups[i].first]; !s.done) prompts[i] = &s.request->prompt;
+  return plan_shared_prefixes(prompts, options.prefix_sharing);
 }
 
 // The batch's cache; where the device is out of memory for it, the kept prefixes give their memory

@@ -21,15 +21,18 @@ struct SharedPrefix {
   int length = 0;
 };
 
-// Plans the sharing for one batch of prompts. Prompts are sorted by their tokens, so those with a
-// common beginning sit together; each shares with the nearest preceding prompt that computes
-// itself (a source), when their common prefix reaches min_shared_tokens. A prompt always computes
-// its last token (its logits row is sampled), so a prompt equal to its source shares all but that.
-// Sources never share themselves: one level, so a source never waits for another.
+// How many of `prompt`'s first positions it can take from `source`: their common prefix, less the
+// prompt's last token, which it always computes (its logits row is sampled); 0 when that is
+// shorter than the options' minimum.
+int shareable_length(const std::vector<int32_t>& source, const std::vector<int32_t>& prompt,
+                     const PrefixSharingOptions& options);
+
+// Plans the sharing for one batch of prompts (a null entry takes no part). Prompts are sorted by
+// their tokens, so those with a common beginning sit together; each shares with the nearest
+// preceding prompt that computes itself (a source), as much as shareable_length allows, so a prompt
+// equal to its source shares all but its last token. Sources never share themselves: one level,
+// so a source never waits for another.
 std::vector<SharedPrefix> plan_shared_prefixes(const std::vector<const std::vector<int32_t>*>& prompts,
                                                const PrefixSharingOptions& options = {});
-
-// Prompt tokens a plan copies instead of computing.
-int64_t shared_tokens(const std::vector<SharedPrefix>& plan);
 
 }  // namespace strata
