@@ -9,7 +9,8 @@
 #
 #   tests      nvidia-smi, strata_tests "[cuda]", again with STRATA_CUDA_SYNC=1, the HF fp16 parity
 #   profile    strata profile -> OUTDIR/hardware.yaml
-#   generate   bench_generate on dummy:opt-6.7b (decode GB/s, prefill GEMM share at 4096 tokens)
+#   generate   bench_generate on dummy:opt-6.7b (decode GB/s, prefill GEMM share at 4096 tokens),
+#              then with STRATA_CUDA_ATTENTION=per-token (prefill attention without tensor cores)
 #   offload    bench_offload on dummy:opt-6.7b, bench_disk
 #   run30      the paper's OPT-30B policy (block scaled to 48 x 1 for the host's memory) under
 #              --gpu-mem 16GiB, with nvidia-smi's reading of the GPU memory it used
@@ -86,6 +87,9 @@ part_profile() {
 part_generate() {
   step "bench_generate opt-6.7b" bench_generate --model dummy:opt-6.7b --device cuda --batch 1 \
     --prompt-len 32 --gen-len 32 --prefill-tokens 4096
+  # The same prefill on the per-token attention kernel alone (before attention_tc.cu), to compare.
+  step "bench_generate opt-6.7b, per-token attention" env STRATA_CUDA_ATTENTION=per-token bench_generate \
+    --model dummy:opt-6.7b --device cuda --batch 1 --prompt-len 32 --gen-len 32 --prefill-tokens 4096
 }
 part_offload() {
   # Weights on disk would read 13 GB per pass at the disk's ~2 GB/s: the store is measured alone.

@@ -404,6 +404,58 @@ TEST_CASE("cuda: attention over a long context with peaked scores", "[cuda]") {
   check_attention(2, 4, 4, 64, 2, 4100, {1, 0}, {4099, 2047}, 1.0f, rng);
 }
 
+namespace {
+
+// Tokens of sequences packed one after another, as a prefill step lays them out: each entry is
+// (slot, first position, tokens).
+struct Run {
+  int32_t slot, first, count;
+};
+void packed_runs(const std::vector<Run>& runs, std::vector<int32_t>& slots, std::vector<int32_t>& pos) {
+  for (const Run& r : runs) {
+    for (int32_t i = 0; i < r.count; ++i) {
+      slots.push_back(r.slot);
+      pos.push_back(r.first + i);
+    }
+  }
+}
+
+void check_packed_attention(const std::vector<Run>& runs, int64_t heads, int64_t kv_heads, int64_t d, int64_t S,
+                            int64_t C, float q_range, std::mt19937& rng, size_t q_offset_bytes = 0) {
+  std::vector<int32_t> slots, pos;
+  packed_runs(runs, slots, pos);
+  check_attention(int64_t(slots.size()), heads, kv_heads, d, S, C, slots, pos, q_range, rng, q_offset_bytes);
+}
+
+}  // namespace
+
+// Prefill layouts, which the tensor-core kernel takes in tiles of 64 queries (attention_tc.cu;
+// head dims multiple of 16 up to 128), leaving decode-like tiles to the per-token kernel.
+TEST_CASE("cuda: prefill attention on tensor cores matches the CPU backend", "[cuda]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(10);
+  for (int64_t d : {16, 64, 80, 96, 128}) {
+    // One prompt of 200 tokens: four tiles, the last one partial.
+    check_packed_attention({{1, 0, 200}}, 8, 2, d, 3, 600, 1.0f, rng);
+    // Three prompts packed: tiles where two sequences meet.
+    check_packed_attention({{2, 0, 37}, {0, 0, 100}, {1, 0, 90}}, 6, 6, d, 3, 600, 1.0f, rng);
+  }
+  // A prompt's second chunk: its queries start at position 300 and read the first chunk's keys.
+  check_packed_attention({{0, 300, 128}}, 4, 1, 128, 2, 600, 1.0f, rng);
+  // Decode tokens of five sequences ahead of a prompt: the first tile (six runs) stays with the
+  // per-token kernel, the second goes to tensor cores.
+  check_packed_attention({{0, 40, 1}, {1, 7, 1}, {2, 300, 1}, {3, 0, 1}, {4, 99, 1}, {5, 0, 70}}, 8, 2, 64, 6, 600,
+                         1.0f, rng);
+  // Four runs of 16 in a tile (taken) and five runs in the next (not taken).
+  check_packed_attention({{0, 0, 16}, {1, 10, 16}, {2, 20, 16}, {3, 30, 16}, {0, 16, 12}, {1, 26, 13}, {2, 36, 13},
+                          {3, 46, 13}, {4, 0, 13}},
+                         4, 2, 64, 5, 600, 1.0f, rng);
+  // A misaligned q takes the kernel's scalar loads.
+  check_packed_attention({{1, 0, 150}}, 4, 2, 64, 2, 600, 1.0f, rng, 2);
+  // A long context with peaked scores moves the running max between key tiles.
+  check_packed_attention({{0, 1900, 100}}, 8, 2, 128, 1, 2000, 6.0f, rng);
+}
+
 TEST_CASE("cuda: argmax_rows matches the CPU backend and takes the lowest index on ties", "[cuda]") {
   STRATA_REQUIRE_GPU();
   std::mt19937 rng(10);

@@ -6,10 +6,12 @@
 // per key computes the score (lanes across the head dimension, kKeyUnroll keys in flight), the
 // block agrees on the tile max, the scores become exp(s - m_new), and each thread rescales and
 // accumulates the output dimensions it owns. Head dims up to kMaxHeadDim; half2 loads when the
-// head dim is even and the pointers are 4-byte aligned.
+// head dim is even and the pointers are 4-byte aligned. After the tensor-core kernel
+// (attention_tc.cu), it skips the tokens of the tiles that kernel took (skip_tensor_core_tiles).
 #include <cmath>
 #include <cstdint>
 
+#include "attention_tiles.cuh"
 #include "cuda_common.h"
 #include "device_utils.cuh"
 #include "kernels.h"
@@ -23,6 +25,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 64;
 constexpr int kKeyUnroll = 4;
 constexpr int kUnitsPerThread = kMaxHeadDim / kThreads;  // output elements (or pairs) per thread
+static_assert(kThreads >= kQueryTile, "load_query_tile needs a thread per token of a tile");
 
 __global__ void kv_store_kernel(const KvStoreParams p) {
   const int64_t t = blockIdx.x;
@@ -45,6 +48,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
   __shared__ float tile_max_s[kWarps];
 
   const int64_t t = blockIdx.x;
+  if (p.skip_tensor_core_tiles) {
+    __shared__ int32_t tile_slots_s[kQueryTile];
+    __shared__ int32_t tile_pos_s[kQueryTile];
+    if (load_query_tile(p, t / kQueryTile, tile_slots_s, tile_pos_s)) return;  // uniform over the block
+  }
   const int head = blockIdx.y;
   const int d = p.head_dim;
   const int lane = threadIdx.x & 31;

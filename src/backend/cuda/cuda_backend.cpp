@@ -365,6 +365,10 @@ public:
     p.q_token_stride = heads * d;
     p.kv_pos_stride = kv_heads * d;
     p.kv_slot_stride = cache_k.dim(1) * kv_heads * d;
+    if (cuda::tensor_core_attention_enabled() && cuda::tensor_core_attention_supports(int(d))) {
+      cuda::launch_tensor_core_attention(p, stream_);
+      p.skip_tensor_core_tiles = true;
+    }
     cuda::launch_attention(p, stream_);
   }
 

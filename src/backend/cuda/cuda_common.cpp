@@ -29,6 +29,14 @@ bool sync_debug_enabled() {
   return enabled;
 }
 
+bool tensor_core_attention_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("STRATA_CUDA_ATTENTION");
+    return v == nullptr || std::strcmp(v, "per-token") != 0;
+  }();
+  return enabled;
+}
+
 void check_launch(const char* what, cudaStream_t stream, const char* file, int line) {
   cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess && sync_debug_enabled()) err = cudaStreamSynchronize(stream);

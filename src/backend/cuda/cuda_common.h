@@ -16,6 +16,10 @@ namespace strata::cuda {
 // True when the environment has STRATA_CUDA_SYNC set to anything but "" or "0" (read once).
 bool sync_debug_enabled();
 
+// False when the environment has STRATA_CUDA_ATTENTION=per-token: prefill attention then runs on
+// the per-token kernel alone, as before the tensor-core kernel (read once; to bisect a mismatch).
+bool tensor_core_attention_enabled();
+
 // After a launch (or a library call that launches): reports a bad launch configuration at once
 // and, in debug mode, synchronizes the stream so an asynchronous fault is charged to `what`.
 void check_launch(const char* what, cudaStream_t stream, const char* file, int line);

@@ -73,8 +73,17 @@ struct AttentionParams {
   int64_t q_token_stride;    // heads * head_dim
   int64_t kv_pos_stride;     // kv_heads * head_dim
   int64_t kv_slot_stride;    // capacity * kv_heads * head_dim
+  bool skip_tensor_core_tiles;  // per-token kernel: leave the tiles the tensor-core kernel takes
 };
+// Per-token kernel: a block per (token, query head); every step shape, every head dim.
 void launch_attention(const AttentionParams& p, cudaStream_t stream);
+
+// attention_tc.cu: the query tiles of prefill runs (attention_tiles.cuh says which) on tensor
+// cores; launch_attention with skip_tensor_core_tiles then does the rest. Head dims that are
+// multiples of 16 up to kTensorCoreMaxHeadDim.
+constexpr int kTensorCoreMaxHeadDim = 128;
+bool tensor_core_attention_supports(int head_dim);
+void launch_tensor_core_attention(const AttentionParams& p, cudaStream_t stream);
 
 // sampling.cu: out[r] = argmax over logits[r, :] (lowest index on ties; NaN never wins).
 void launch_argmax_rows(const __half* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);

@@ -1,0 +1,254 @@
+// Causal attention for prefill on tensor cores: a block per (tile of kQueryTile query tokens,
+// query head), with the same semantics as attention_kernel in attention.cu.
+//
+// The per-token kernel reads a token's whole prefix for every token: a prefill of T tokens reads
+// K and V T^2/2 times over, on CUDA cores. Here one block's 64 queries share every key and value
+// row it loads, and QK^T and PV run as 16x16x16 half-precision MMAs (wmma) with fp32 sums:
+//   - the queries sit in shared memory; four warps own 16 query rows each;
+//   - keys and values stream through shared memory in tiles of kKeyTile (one key per lane in the
+//     softmax);
+//   - per tile: S = Q K^T (fp32) -> shared memory; an online softmax per row (running max and
+//     denominator per row, held by lane `row` of its warp) turns S into weights P, stored fp16;
+//     the output O, kept in accumulator fragments, is rescaled by exp(m_old - m_new) per row and
+//     O += P V;
+//   - the rows of a fragment are not specified by the wmma API, so each thread learns the row of
+//     each of its accumulator elements once, by loading a matrix whose every element is its row
+//     index (all fragments of one type share one layout).
+// A tile may hold up to kMaxTileRuns runs of one slot (packed sequences meet inside a tile);
+// each run is one pass over that slot's keys, and the rows of other runs are masked out of it.
+// Tiles the rule in attention_tiles.cuh declines (decode steps) are left to the per-token kernel.
+#include <mma.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "attention_tiles.cuh"
+#include "cuda_common.h"
+#include "device_utils.cuh"
+#include "kernels.h"
+
+namespace strata::cuda {
+
+namespace {
+
+namespace wmma = nvcuda::wmma;
+
+constexpr int kRowsPerWarp = 16;  // the MMA's M
+constexpr int kTcWarps = kQueryTile / kRowsPerWarp;
+constexpr int kTcThreads = kTcWarps * 32;
+constexpr int kKeyTile = 32;  // keys per step, one per lane in the softmax
+constexpr int kKeySplits = kKeyTile / 16;
+
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major>;
+using FragKeys = wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major>;  // K^T
+using FragValues = wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major>;
+using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+constexpr int kAccElems = FragAcc::num_elements;
+
+// dst[r, 0:d) = src[r * stride, +d) for r < rows, zeros for rows <= r < max_rows; dst dense
+// ([max_rows, d]). kVec16: src, stride and d allow 16-byte loads (d % 8 == 0).
+template <bool kVec16>
+__device__ void load_rows(__half* dst, const __half* src, int64_t stride, int rows, int max_rows, int d) {
+  if constexpr (kVec16) {
+    const int per_row = d / 8;
+    for (int e = threadIdx.x; e < max_rows * per_row; e += blockDim.x) {
+      const int r = e / per_row, c = e % per_row;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < rows) v = *reinterpret_cast<const uint4*>(src + r * stride + c * 8);
+      *reinterpret_cast<uint4*>(dst + r * d + c * 8) = v;
+    }
+  } else {
+    for (int e = threadIdx.x; e < max_rows * d; e += blockDim.x) {
+      const int r = e / d, c = e % d;
+      dst[e] = r < rows ? src[r * stride + c] : __float2half_rn(0.0f);
+    }
+  }
+}
+
+// kChunks: head dims up to kChunks * 16 (the output's accumulator fragments per warp).
+template <int kChunks, bool kVec16>
+__global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const AttentionParams p) {
+  constexpr int kMaxD = kChunks * 16;
+  __shared__ __align__(32) __half q_s[kQueryTile * kMaxD];
+  __shared__ __align__(32) __half k_s[kKeyTile * kMaxD];
+  __shared__ __align__(32) __half v_s[kKeyTile * kMaxD];
+  __shared__ __align__(32) float s_s[kQueryTile * kKeyTile];  // scores; at the end, output staging
+  __shared__ __align__(32) __half p_s[kQueryTile * kKeyTile];
+  __shared__ __align__(32) float row_ids_s[16 * 16];
+  __shared__ float alpha_s[kQueryTile];  // this tile's rescale factor per row, then 1 / denominator
+  __shared__ int32_t slot_s[kQueryTile];
+  __shared__ int32_t pos_s[kQueryTile];
+
+  const int64_t tile = blockIdx.x;
+  if (!load_query_tile(p, tile, slot_s, pos_s)) return;  // uniform over the block
+
+  const int head = blockIdx.y;
+  const int d = p.head_dim;  // a multiple of 16, <= kMaxD
+  const int chunks = d / 16;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int row0 = warp * kRowsPerWarp;  // this warp's query rows [row0, row0 + 16)
+  const int64_t t0 = tile * kQueryTile;
+  const int n_tokens = int(p.tokens - t0 < kQueryTile ? p.tokens - t0 : kQueryTile);
+  const int kv_head = head / (p.heads / p.kv_heads);
+
+  load_rows<kVec16>(q_s, p.q + t0 * p.q_token_stride + int64_t(head) * d, p.q_token_stride, n_tokens, kQueryTile,
+                    d);
+  for (int e = threadIdx.x; e < 16 * 16; e += kTcThreads) row_ids_s[e] = float(e / 16);
+  __syncthreads();
+
+  FragAcc row_of;  // row_of.x[i]: the row in [0, 16) of element i of every FragAcc
+  wmma::load_matrix_sync(row_of, row_ids_s, 16, wmma::mem_row_major);
+  int elem_row[kAccElems];
+#pragma unroll
+  for (int i = 0; i < kAccElems; ++i) elem_row[i] = row0 + int(row_of.x[i]);
+
+  FragAcc o[kChunks];
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) wmma::fill_fragment(o[c], 0.0f);
+  float m_run = -INFINITY;  // lane r < 16: running max and denominator of row row0 + r
+  float l_run = 0.0f;
+
+  for (int rb = 0; rb < n_tokens;) {
+    // The run [rb, re): consecutive tokens of one slot; its keys are [0, max position].
+    const int slot = slot_s[rb];
+    int re = rb + 1;
+    int max_pos = pos_s[rb];
+    while (re < n_tokens && slot_s[re] == slot) max_pos = max(max_pos, pos_s[re++]);
+    const bool warp_in_run = row0 < re && row0 + kRowsPerWarp > rb;
+    const int64_t base = int64_t(slot) * p.kv_slot_stride + int64_t(kv_head) * d;
+    const int n_keys = max_pos + 1;
+
+    for (int k0 = 0; k0 < n_keys; k0 += kKeyTile) {
+      const int n = min(kKeyTile, n_keys - k0);
+      __syncthreads();  // every warp is done with the previous tile's k_s and v_s
+      load_rows<kVec16>(k_s, p.cache_k + base + int64_t(k0) * p.kv_pos_stride, p.kv_pos_stride, n, kKeyTile, d);
+      load_rows<kVec16>(v_s, p.cache_v + base + int64_t(k0) * p.kv_pos_stride, p.kv_pos_stride, n, kKeyTile, d);
+      __syncthreads();
+      if (!warp_in_run) continue;  // warp-uniform; the next tile's barriers are still met
+
+      // 1. S = Q K^T for this warp's 16 rows and the tile's keys.
+      FragAcc s[kKeySplits];
+#pragma unroll
+      for (int j = 0; j < kKeySplits; ++j) wmma::fill_fragment(s[j], 0.0f);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        if (c >= chunks) continue;
+        FragA qa;
+        wmma::load_matrix_sync(qa, q_s + row0 * d + c * 16, d);
+#pragma unroll
+        for (int j = 0; j < kKeySplits; ++j) {
+          FragKeys kb;
+          wmma::load_matrix_sync(kb, k_s + j * 16 * d + c * 16, d);
+          wmma::mma_sync(s[j], qa, kb, s[j]);
+        }
+      }
+      float* s_w = s_s + row0 * kKeyTile;
+#pragma unroll
+      for (int j = 0; j < kKeySplits; ++j) wmma::store_matrix_sync(s_w + j * 16, s[j], kKeyTile, wmma::mem_row_major);
+      __syncwarp();
+
+      // 2. Online softmax, a row at a time, a lane per key.
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const int row = row0 + r;
+        __half* p_row = p_s + row * kKeyTile;
+        if (row < rb || row >= re) {  // another run's token or past the step: left as it is
+          p_row[lane] = __float2half_rn(0.0f);
+          if (lane == 0) alpha_s[row] = 1.0f;
+          continue;
+        }
+        const bool live = lane < n && k0 + lane <= pos_s[row];
+        const float score = live ? s_w[r * kKeyTile + lane] * p.scale : -INFINITY;
+        const float m_old = __shfl_sync(kFullMask, m_run, r);
+        const float m_new = fmaxf(m_old, warp_max(score));  // finite: key 0 is live in the first tile
+        const float e = live ? expf(score - m_new) : 0.0f;
+        const float sum = warp_sum(e);
+        p_row[lane] = __float2half_rn(e);
+        const float alpha = expf(m_old - m_new);  // 0 on the row's first tile
+        if (lane == 0) alpha_s[row] = alpha;
+        if (lane == r) {
+          m_run = m_new;
+          l_run = l_run * alpha + sum;
+        }
+      }
+      __syncwarp();
+
+      // 3. O = O * alpha (per row) + P V.
+      float alpha[kAccElems];
+#pragma unroll
+      for (int i = 0; i < kAccElems; ++i) alpha[i] = alpha_s[elem_row[i]];
+      FragA pa[kKeySplits];
+#pragma unroll
+      for (int j = 0; j < kKeySplits; ++j) wmma::load_matrix_sync(pa[j], p_s + row0 * kKeyTile + j * 16, kKeyTile);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        if (c >= chunks) continue;
+#pragma unroll
+        for (int i = 0; i < kAccElems; ++i) o[c].x[i] *= alpha[i];
+#pragma unroll
+        for (int j = 0; j < kKeySplits; ++j) {
+          FragValues vb;
+          wmma::load_matrix_sync(vb, v_s + j * 16 * d + c * 16, d);
+          wmma::mma_sync(o[c], pa[j], vb, o[c]);
+        }
+      }
+      __syncwarp();  // p_s and alpha_s rows are rewritten by the next tile
+    }
+    rb = re;
+  }
+
+  // Divide by the denominators and write fp16, staging 16 x 16 blocks in this warp's rows of s_s.
+  if (lane < kRowsPerWarp) alpha_s[row0 + lane] = l_run > 0.0f ? 1.0f / l_run : 0.0f;
+  __syncwarp();
+  float inv_l[kAccElems];
+#pragma unroll
+  for (int i = 0; i < kAccElems; ++i) inv_l[i] = alpha_s[elem_row[i]];
+  float* stage = s_s + row0 * kKeyTile;
+  __half* out = p.out + t0 * p.q_token_stride + int64_t(head) * d;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    if (c >= chunks) continue;
+#pragma unroll
+    for (int i = 0; i < kAccElems; ++i) o[c].x[i] *= inv_l[i];
+    wmma::store_matrix_sync(stage, o[c], 16, wmma::mem_row_major);
+    __syncwarp();
+    for (int e = lane; e < 16 * 16; e += 32) {
+      const int row = row0 + e / 16;
+      if (row < n_tokens) out[row * p.q_token_stride + c * 16 + e % 16] = __float2half_rn(stage[e]);
+    }
+    __syncwarp();
+  }
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+template <int kChunks>
+void launch_chunks(const AttentionParams& p, dim3 grid, cudaStream_t stream) {
+  const bool vec16 = aligned16(p.q) && aligned16(p.cache_k) && aligned16(p.cache_v) && p.q_token_stride % 8 == 0 &&
+                     p.kv_pos_stride % 8 == 0;
+  if (vec16) {
+    attention_tc_kernel<kChunks, true><<<grid, kTcThreads, 0, stream>>>(p);
+    STRATA_CUDA_CHECK_LAUNCH("attention_tc_kernel<vec16>", stream);
+  } else {
+    attention_tc_kernel<kChunks, false><<<grid, kTcThreads, 0, stream>>>(p);
+    STRATA_CUDA_CHECK_LAUNCH("attention_tc_kernel<scalar>", stream);
+  }
+}
+
+}  // namespace
+
+bool tensor_core_attention_supports(int head_dim) {
+  return head_dim >= 16 && head_dim % 16 == 0 && head_dim <= kTensorCoreMaxHeadDim;
+}
+
+void launch_tensor_core_attention(const AttentionParams& p, cudaStream_t stream) {
+  if (p.tokens == 0 || p.heads == 0) return;
+  const dim3 grid(unsigned(ceil_div(p.tokens, kQueryTile)), unsigned(p.heads));
+  if (p.head_dim <= 64) {
+    launch_chunks<4>(p, grid, stream);
+  } else {
+    launch_chunks<8>(p, grid, stream);
+  }
+}
+
+}  // namespace strata::cuda

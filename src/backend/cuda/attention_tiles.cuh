@@ -1,0 +1,45 @@
+// Which query tiles the tensor-core attention kernel (attention_tc.cu) takes, decided on the
+// device from the step's slots and positions so the host needs no copy of them. Both attention
+// kernels evaluate the same rule: the tiled kernel computes the tiles it accepts, and the
+// per-token kernel, launched after it, skips the tokens of those tiles.
+#pragma once
+#include <cstdint>
+
+#include "kernels.h"
+
+namespace strata::cuda {
+
+constexpr int kQueryTile = 64;        // consecutive query tokens of one block of the tiled kernel
+constexpr int kMaxTileRuns = 4;       // runs of one slot a tile may hold (packed prefill: 1 or 2)
+constexpr int kMinTokensPerRun = 8;   // fewer (decode steps) stay with the per-token kernel
+
+// Loads the slots and positions of query tile `tile` into slot_s / pos_s ([kQueryTile]; -1 past
+// the step's end) and says whether the tiled kernel takes the tile: every token valid, at most
+// kMaxTileRuns runs of consecutive tokens sharing a slot, and at least kMinTokensPerRun tokens
+// per run on average. Every thread of the block must call it (it synchronizes), blockDim.x >=
+// kQueryTile. Returns the same value to every thread.
+__device__ __forceinline__ bool load_query_tile(const AttentionParams& p, int64_t tile, int32_t* slot_s,
+                                                int32_t* pos_s) {
+  const int64_t t0 = tile * kQueryTile;
+  const int i = threadIdx.x;
+  bool invalid = false;
+  bool run_start = false;
+  if (i < kQueryTile) {
+    const int64_t t = t0 + i;
+    int32_t slot = -1, pos = -1;
+    if (t < p.tokens) {
+      slot = p.slots[t];
+      pos = p.positions[t];
+      invalid = slot < 0 || slot >= p.slot_count || pos < 0 || pos >= p.capacity;
+      run_start = i == 0 || p.slots[t - 1] != slot;
+    }
+    slot_s[i] = slot;
+    pos_s[i] = pos;
+  }
+  const int runs = __syncthreads_count(run_start);    // also publishes slot_s and pos_s
+  if (__syncthreads_or(invalid)) return false;        // the per-token kernel writes their NaNs
+  const int64_t n_tokens = p.tokens - t0 < kQueryTile ? p.tokens - t0 : kQueryTile;
+  return runs <= kMaxTileRuns && n_tokens >= int64_t(runs) * kMinTokensPerRun;
+}
+
+}  // namespace strata::cuda
