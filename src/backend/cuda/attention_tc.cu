@@ -5,10 +5,9 @@
 // K and V T^2/2 times over, on CUDA cores. Here one block's 64 queries share every key and value
 // row it loads, and QK^T and PV run as 16x16x16 half-precision MMAs (wmma) with fp32 sums:
 //   - the queries sit in shared memory; four warps own 16 query rows each;
-//   - keys and values stream through shared memory in tiles of kKeyTile (one key per lane in the
-//     softmax);
-//   - per tile: S = Q K^T (fp32) -> shared memory; an online softmax per row (running max and
-//     denominator per row, held by lane `row` of its warp) turns S into weights P, stored fp16;
+//   - keys and values stream through shared memory in tiles of kKeyTile;
+//   - per tile: S = Q K^T (fp32) -> shared memory; an online softmax per row (two lanes per row,
+//     which hold its running max and denominator) turns S into weights P, stored fp16;
 //     the output O, kept in accumulator fragments, is rescaled by exp(m_old - m_new) per row and
 //     O += P V;
 //   - the rows of a fragment are not specified by the wmma API, so each thread learns the row of
@@ -36,7 +35,7 @@ namespace wmma = nvcuda::wmma;
 constexpr int kRowsPerWarp = 16;  // the MMA's M
 constexpr int kTcWarps = kQueryTile / kRowsPerWarp;
 constexpr int kTcThreads = kTcWarps * 32;
-constexpr int kKeyTile = 32;  // keys per step, one per lane in the softmax
+constexpr int kKeyTile = 32;  // keys per step: a row's two lanes take 16 each in the softmax
 constexpr int kKeySplits = kKeyTile / 16;
 
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major>;
@@ -106,7 +105,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const Attentio
   FragAcc o[kChunks];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) wmma::fill_fragment(o[c], 0.0f);
-  float m_run = -INFINITY;  // lane r < 16: running max and denominator of row row0 + r
+  float m_run = -INFINITY;  // lanes 2r and 2r + 1: running max and denominator of row row0 + r
   float l_run = 0.0f;
 
   for (int rb = 0; rb < n_tokens;) {
@@ -148,28 +147,42 @@ __global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const Attentio
       for (int j = 0; j < kKeySplits; ++j) wmma::store_matrix_sync(s_w + j * 16, s[j], kKeyTile, wmma::mem_row_major);
       __syncwarp();
 
-      // 2. Online softmax, a row at a time, a lane per key.
-      for (int r = 0; r < kRowsPerWarp; ++r) {
+      // 2. Online softmax. Lanes 2r and 2r + 1 share row r, 16 keys each, so a row's max and sum
+      //    take one shuffle each; each lane visits its keys starting at column r, so at every
+      //    step the 32 lanes read 32 different banks of s_s.
+      {
+        const int r = lane >> 1;
+        const int first_col = (lane & 1) * 16;
         const int row = row0 + r;
+        const bool in_run = row >= rb && row < re;  // else another run's token, or past the step
+        const int row_pos = pos_s[row];
+        float score[16];
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const int col = first_col + ((i + r) & 15);
+          const bool live = in_run && col < n && k0 + col <= row_pos;
+          score[i] = live ? s_w[r * kKeyTile + col] * p.scale : -INFINITY;
+          tile_max = fmaxf(tile_max, score[i]);
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
+        const float m_new = fmaxf(m_run, tile_max);  // finite in a run: key 0 is live in its first tile
         __half* p_row = p_s + row * kKeyTile;
-        if (row < rb || row >= re) {  // another run's token or past the step: left as it is
-          p_row[lane] = __float2half_rn(0.0f);
-          if (lane == 0) alpha_s[row] = 1.0f;
-          continue;
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const float e = score[i] == -INFINITY ? 0.0f : expf(score[i] - m_new);
+          sum += e;
+          p_row[first_col + ((i + r) & 15)] = __float2half_rn(e);
         }
-        const bool live = lane < n && k0 + lane <= pos_s[row];
-        const float score = live ? s_w[r * kKeyTile + lane] * p.scale : -INFINITY;
-        const float m_old = __shfl_sync(kFullMask, m_run, r);
-        const float m_new = fmaxf(m_old, warp_max(score));  // finite: key 0 is live in the first tile
-        const float e = live ? expf(score - m_new) : 0.0f;
-        const float sum = warp_sum(e);
-        p_row[lane] = __float2half_rn(e);
-        const float alpha = expf(m_old - m_new);  // 0 on the row's first tile
-        if (lane == 0) alpha_s[row] = alpha;
-        if (lane == r) {
-          m_run = m_new;
+        sum += __shfl_xor_sync(kFullMask, sum, 1);
+        float alpha = 1.0f;  // rows outside the run keep their output as it is
+        if (in_run) {
+          alpha = expf(m_run - m_new);  // 0 on the row's first tile (m_run = -inf)
           l_run = l_run * alpha + sum;
+          m_run = m_new;
         }
+        if (first_col == 0) alpha_s[row] = alpha;
       }
       __syncwarp();
 
@@ -198,7 +211,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const Attentio
   }
 
   // Divide by the denominators and write fp16, staging 16 x 16 blocks in this warp's rows of s_s.
-  if (lane < kRowsPerWarp) alpha_s[row0 + lane] = l_run > 0.0f ? 1.0f / l_run : 0.0f;
+  if ((lane & 1) == 0) alpha_s[row0 + (lane >> 1)] = l_run > 0.0f ? 1.0f / l_run : 0.0f;
   __syncwarp();
   float inv_l[kAccElems];
 #pragma unroll
