@@ -5,6 +5,8 @@
 // group), odd lengths (a lone last nibble), misaligned views and token counts beyond one pass of
 // the fused kernel; GPU outputs are poisoned with 0xFF bytes (fp16 NaN) beforehand so unwritten
 // elements show. Without a GPU the tests warn and return. No CUDA header: builds without CUDA.
+// The expected values and error bounds are in quant_kernel_cases.h, which the CPU emulation of
+// these kernels (cuda_emulation/test_quant_emulated.cpp) shares.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -17,38 +19,18 @@
 #include <vector>
 
 #include "kernel_test_support.h"
+#include "quant_kernel_cases.h"
 #include "strata/backend/backend.h"
 #include "strata/core/dtype.h"
 #include "strata/core/error.h"
 #include "strata/quant/quant.h"
 
 using namespace strata;
-using test::random_floats;
-using test::round_f16;
-using test::spec_of;
-using test::to_half;
+using namespace strata::test;  // kernel_test_support.h, quant_kernel_cases.h
 
 namespace {
 
-const double kHalfUlp16 = std::ldexp(1.0, -11);  // fp16 rounding, relative (normal range)
-const double kUlp32 = std::ldexp(1.0, -24);      // one fp32 rounding, relative; also fp16's subnormal step
-
 DType qdtype(int bits) { return bits == 4 ? DType::Q4 : DType::Q8; }
-
-std::string label(const char* what, std::initializer_list<int64_t> values) {
-  std::string s = what;
-  for (int64_t v : values) s += " " + std::to_string(v);
-  return s;
-}
-
-// The minimum of group g of a quantized row (quant.h's layout), for error bounds.
-float row_group_min(const quant::QuantSpec& spec, const uint8_t* row, int64_t n, int64_t g) {
-  const size_t code_bytes = (size_t(n) * size_t(spec.bits) + 31) / 32 * 4;
-  const size_t groups = size_t((n + spec.group_size - 1) / spec.group_size);
-  uint16_t h;
-  std::memcpy(&h, row + code_bytes + 2 * (groups + size_t(g)), 2);
-  return half_to_float(h);
-}
 
 // One CUDA backend and the device memory a test case allocates on it.
 struct Gpu {
@@ -106,51 +88,6 @@ struct Gpu {
   }
 };
 
-// Byte-for-byte equality, reporting the count and the first difference.
-void expect_same_bytes(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want, const std::string& what) {
-  REQUIRE(got.size() == want.size());
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < got.size(); ++i)
-    if (got[i] != want[i] && bad++ == 0) first = i;
-  INFO(what << ": " << bad << " of " << got.size() << " bytes differ; first at " << first << ": got "
-            << (bad ? int(got[first]) : 0) << ", want " << (bad ? int(want[first]) : 0));
-  CHECK(bad == 0);
-}
-
-// |got - want| <= tol[i] everywhere; NaN (a poisoned, unwritten element) never passes.
-void expect_within(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& tol,
-                   const std::string& what) {
-  REQUIRE(got.size() == want.size());
-  size_t bad = 0, first = 0;
-  double worst = 0;  // the largest error / tolerance ratio
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(double(got[i]) - want[i]);
-    if (!(err <= tol[i])) {
-      if (bad++ == 0) first = i;
-      if (!(err / tol[i] <= worst)) worst = err / tol[i];
-    }
-  }
-  INFO(what << ": " << bad << " of " << got.size() << " elements off, worst error " << worst
-            << " x the tolerance; first at " << first << ": got " << (bad ? got[first] : 0.0f) << ", want "
-            << (bad ? want[first] : 0.0) << " +- " << (bad ? tol[first] : 0.0));
-  CHECK(bad == 0);
-}
-
-// Rows 1..5 of a [6, n] input get the cases where the reference's order matters: a zero minimum
-// that is -0 first (row 1) or +0 first (row 2), a constant row (scale 0, row 3), a row of zeros of
-// both signs (row 4) and a non-positive row whose maximum is a zero (row 5).
-void add_special_rows(std::vector<float>& x, int64_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> pos(0.25f, 2.0f);
-  for (int64_t i = 0; i < n; ++i) {
-    const auto at = [&](int64_t r) -> float& { return x[size_t(r * n + i)]; };
-    at(1) = i % 5 == 0 ? -0.0f : i % 5 == 2 ? 0.0f : round_f16(pos(rng));
-    at(2) = i % 5 == 0 ? 0.0f : i % 5 == 2 ? -0.0f : round_f16(pos(rng));
-    at(3) = 0.75f;
-    at(4) = i % 2 == 0 ? -0.0f : 0.0f;
-    at(5) = i % 3 == 0 ? (i % 2 == 0 ? -0.0f : 0.0f) : -round_f16(pos(rng));
-  }
-}
-
 }  // namespace
 
 TEST_CASE("cuda: quantize/dequantize equal the host reference for any row length", "[cuda][quant]") {
@@ -196,53 +133,17 @@ TEST_CASE("cuda: quantize/dequantize equal the host reference for any row length
 
 namespace {
 
-// y = x @ dequant(w)^T + bias on the GPU against double arithmetic over the host's dequantized
-// weights and the fp16 x. Error bound per output (all worst-case, so no flakiness):
-//  - fp16 output rounding: 2^-11 |y|, plus 2^-24 for fp16's subnormal step;
-//  - fp32 arithmetic: each lane sums in/32 products in sequence, then 5 shuffle levels; the
-//    kernel's dequantization (one FMA) differs from the reference's (product rounded, then the
-//    add) by at most 2 ulp of |code * scale| + |w| <= 2 (|w| + |min|). So the error is at most
-//    (in/32 + 8) * 2^-24 * sum |x| (|w| + |min|); we allow twice that.
-// A lost element costs |x w| ~ sum / in, far above the (in/16 + 16) * 2^-24 * sum allowed.
+// y = x @ dequant(w)^T + bias on the GPU; quant_kernel_cases.h has the expected values and bounds.
 void check_quant_linear(Gpu& g, const quant::QuantSpec& spec, int64_t T, int64_t out, int64_t in, bool with_bias,
                         size_t w_offset, size_t x_offset, std::mt19937& rng) {
   g.keep.clear();
-  std::vector<float> w = random_floats(size_t(out * in), rng, -1.0f, 1.0f, false);
-  for (int64_t o = 0; o < out; o += 3)  // rows far from zero: the minimum term dominates
-    for (int64_t i = 0; i < in; ++i) w[size_t(o * in + i)] += 2.0f;
-  const size_t row_bytes = quant::row_bytes(spec, in);
-  std::vector<uint8_t> wq(size_t(out) * row_bytes);
-  quant::quantize_rows(spec, w.data(), DType::F32, out, in, wq.data());
-  std::vector<float> wd(w.size());
-  quant::dequantize_rows(spec, wq.data(), out, in, wd.data(), DType::F32);
-  const std::vector<float> x = random_floats(size_t(T * in), rng, -1.0f, 1.0f, true);
-  const std::vector<float> bias = with_bias ? random_floats(size_t(out), rng, -1.0f, 1.0f, true) : std::vector<float>();
-
-  std::vector<double> want(size_t(T * out)), tol(want.size());
-  for (int64_t o = 0; o < out; ++o) {
-    const uint8_t* row = wq.data() + size_t(o) * row_bytes;
-    std::vector<double> mag_w(static_cast<size_t>(in));
-    for (int64_t i = 0; i < in; ++i)
-      mag_w[size_t(i)] = std::fabs(double(wd[size_t(o * in + i)])) +
-                         std::fabs(double(row_group_min(spec, row, in, i / spec.group_size)));
-    for (int64_t t = 0; t < T; ++t) {
-      double sum = with_bias ? double(bias[size_t(o)]) : 0.0, mag = std::fabs(sum);
-      for (int64_t i = 0; i < in; ++i) {
-        const double xi = x[size_t(t * in + i)];
-        sum += xi * double(wd[size_t(o * in + i)]);
-        mag += std::fabs(xi) * mag_w[size_t(i)];
-      }
-      want[size_t(t * out + o)] = sum;
-      tol[size_t(t * out + o)] = kHalfUlp16 * std::fabs(sum) + double(in / 16 + 16) * kUlp32 * mag + kUlp32;
-    }
-  }
-
-  const Tensor gw = g.quantized(&wq, wq.size(), spec.bits, spec.group_size, {out, in}, w_offset);
-  const Tensor gx = g.f16(x, {T, in}, x_offset);
-  const Tensor gb = with_bias ? g.f16(bias, {out}) : Tensor();
+  const QuantLinearCase c = make_quant_linear_case(spec, T, out, in, with_bias, rng);
+  const Tensor gw = g.quantized(&c.w, c.w.size(), spec.bits, spec.group_size, {out, in}, w_offset);
+  const Tensor gx = g.f16(c.x, {T, in}, x_offset);
+  const Tensor gb = with_bias ? g.f16(c.bias, {out}) : Tensor();
   const Tensor gy = g.poisoned(DType::F16, {T, out});
   g.be->linear(gx, gw, gb, gy);
-  expect_within(g.read(gy), want, tol,
+  expect_within(g.read(gy), c.want, c.tol,
                 label("linear bits group T out in bias w_offset x_offset",
                       {spec.bits, spec.group_size, T, out, in, with_bias, int64_t(w_offset), int64_t(x_offset)}));
 }
@@ -276,10 +177,7 @@ TEST_CASE("cuda: kv_store quantizes cache rows as the host reference does", "[cu
   STRATA_REQUIRE_GPU();
   Gpu g;
   std::mt19937 rng(23);
-  const int64_t S = 3, C = 5;
-  // (slot, position) per token; the last two are out of range and must write nothing.
-  const std::vector<int32_t> slots{0, 2, 1, 0, 2, 3, 1}, pos{0, 4, 2, 4, 0, 1, 5};
-  const int64_t T = int64_t(slots.size());
+  const int64_t S = QuantKvStoreCase::S, C = QuantKvStoreCase::C;
   for (int bits : {4, 8})
     for (int group : {32, 64, 128})
       for (int64_t d : {20, 16, 33, 64, 128})
@@ -288,102 +186,32 @@ TEST_CASE("cuda: kv_store quantizes cache rows as the host reference does", "[cu
           const std::string what = label("kv_store bits group d kv_heads", {bits, group, d, kv_heads});
           INFO(what);
           g.keep.clear();
-          std::vector<float> k = random_floats(size_t(T * kv_heads * d), rng, -2.0f, 2.0f, true);
-          std::vector<float> v = random_floats(size_t(T * kv_heads * d), rng, -2.0f, 2.0f, true);
-          for (int64_t i = 0; i < d; ++i) {
-            k[size_t(i)] = i % 4 == 0 ? -0.0f : i % 4 == 1 ? 0.0f : std::fabs(k[size_t(i)]);  // a zero minimum
-            v[size_t(kv_heads * d + i)] = 0.375f;                                            // a constant row
-          }
-          const size_t row_bytes = quant::row_bytes(spec, d), cache_bytes = size_t(S * C * kv_heads) * row_bytes;
-
-          // Expected: the poison everywhere but the rows of in-range tokens, quantized by the host.
-          std::vector<uint8_t> want_k(cache_bytes, 0xFF), want_v(cache_bytes, 0xFF);
-          const std::vector<uint16_t> kh = to_half(k), vh = to_half(v);
-          for (int64_t t = 0; t < T; ++t) {
-            if (slots[size_t(t)] >= S || pos[size_t(t)] >= C) continue;
-            for (int64_t h = 0; h < kv_heads; ++h) {
-              const size_t src = size_t((t * kv_heads + h) * d);
-              const size_t dst = size_t((slots[size_t(t)] * C + pos[size_t(t)]) * kv_heads + h) * row_bytes;
-              quant::quantize_rows(spec, kh.data() + src, DType::F16, 1, d, want_k.data() + dst);
-              quant::quantize_rows(spec, vh.data() + src, DType::F16, 1, d, want_v.data() + dst);
-            }
-          }
-
+          const QuantKvStoreCase c = make_quant_kv_store_case(spec, d, kv_heads, rng);
+          const int64_t T = int64_t(c.slots.size());
+          const size_t cache_bytes = c.cache_bytes;
           const Tensor ck = g.quantized(nullptr, cache_bytes, bits, group, {S, C, kv_heads, d});
           const Tensor cv = g.quantized(nullptr, cache_bytes, bits, group, {S, C, kv_heads, d});
-          g.be->kv_store(g.f16(k, {T, kv_heads, d}), g.f16(v, {T, kv_heads, d}), ck, cv, g.i32(slots), g.i32(pos));
-          expect_same_bytes(g.bytes(ck.data, cache_bytes), want_k, what + " keys");
-          expect_same_bytes(g.bytes(cv.data, cache_bytes), want_v, what + " values");
+          g.be->kv_store(g.f16(c.k, {T, kv_heads, d}), g.f16(c.v, {T, kv_heads, d}), ck, cv, g.i32(c.slots),
+                         g.i32(c.pos));
+          expect_same_bytes(g.bytes(ck.data, cache_bytes), c.want_k, what + " keys");
+          expect_same_bytes(g.bytes(cv.data, cache_bytes), c.want_v, what + " values");
         }
 }
 
 namespace {
 
-// Attention over a quantized cache on the GPU against double arithmetic over the host's
-// dequantized cache (the kernel dequantizes by the same fp32 formula, so keys and values are the
-// same numbers). Error bound per output element o_i = sum_j p_j v_ji (worst case):
-//  - fp16 output rounding: 2^-11 |o_i| + 2^-24;
-//  - a score s_j is off by at most ds = (d + 16) 2^-24 (scale sum_i |q_i k_ji| + 2 max |s|) (the
-//    scaled query's rounding, the fp32 dot product, the subtraction of the running max); each
-//    weight then by ds plus a few ulp per exp and per tile rescale, the normalization by as
-//    much again, and the sums over n keys by n ulp: |error| <= (2 ds + (n + 64) 2^-22) sum_j p_j |v_ji|.
-//    We allow 4 ds + (n + 256) 2^-21.
+// Attention over a quantized cache on the GPU; quant_kernel_cases.h has the expected values and bounds.
 void check_quant_attention(Gpu& g, const quant::QuantSpec& spec, int64_t T, int64_t heads, int64_t kv_heads, int64_t d,
                            int64_t S, int64_t C, const std::vector<int32_t>& slots, const std::vector<int32_t>& pos,
                            float q_range, std::mt19937& rng) {
   g.keep.clear();
-  const int64_t rows = S * C * kv_heads;
-  const std::vector<float> ck = random_floats(size_t(rows * d), rng, -1.0f, 1.0f, false);
-  const std::vector<float> cv = random_floats(size_t(rows * d), rng, -1.0f, 1.0f, false);
-  const size_t cache_bytes = size_t(rows) * quant::row_bytes(spec, d);
-  std::vector<uint8_t> kq(cache_bytes), vq(cache_bytes);
-  quant::quantize_rows(spec, ck.data(), DType::F32, rows, d, kq.data());
-  quant::quantize_rows(spec, cv.data(), DType::F32, rows, d, vq.data());
-  std::vector<float> kd(ck.size()), vd(cv.size());
-  quant::dequantize_rows(spec, kq.data(), rows, d, kd.data(), DType::F32);
-  quant::dequantize_rows(spec, vq.data(), rows, d, vd.data(), DType::F32);
-  const std::vector<float> q = random_floats(size_t(T * heads * d), rng, -q_range, q_range, true);
-  const double scale = double(1.0f / std::sqrt(float(d)));
-
-  std::vector<double> want(q.size()), tol(q.size());
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < heads; ++h) {
-      const int64_t kvh = h / (heads / kv_heads), n = pos[size_t(t)] + 1;
-      const auto at = [&](int64_t j, int64_t i) { return size_t(((slots[size_t(t)] * C + j) * kv_heads + kvh) * d + i); };
-      const float* qt = q.data() + (t * heads + h) * d;
-      std::vector<double> s(static_cast<size_t>(n)), p(static_cast<size_t>(n));
-      double s_max = -INFINITY, s_abs = 0, qk_abs = 0, denom = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        double dot = 0, mag = 0;
-        for (int64_t i = 0; i < d; ++i) {
-          dot += double(qt[i]) * kd[at(j, i)];
-          mag += std::fabs(double(qt[i]) * kd[at(j, i)]);
-        }
-        s[size_t(j)] = dot * scale;
-        s_max = std::max(s_max, s[size_t(j)]);
-        s_abs = std::max(s_abs, std::fabs(s[size_t(j)]));
-        qk_abs = std::max(qk_abs, mag * scale);
-      }
-      for (int64_t j = 0; j < n; ++j) denom += p[size_t(j)] = std::exp(s[size_t(j)] - s_max);
-      const double ds = double(d + 16) * kUlp32 * (qk_abs + 2 * s_abs);
-      const double eps = 4 * ds + double(n + 256) * std::ldexp(1.0, -21);
-      for (int64_t i = 0; i < d; ++i) {
-        double o = 0, mag = 0;
-        for (int64_t j = 0; j < n; ++j) {
-          o += p[size_t(j)] / denom * vd[at(j, i)];
-          mag += p[size_t(j)] / denom * std::fabs(double(vd[at(j, i)]));
-        }
-        const size_t k = size_t((t * heads + h) * d + i);
-        want[k] = o;
-        tol[k] = kHalfUlp16 * std::fabs(o) + eps * mag + kUlp32;
-      }
-    }
-
-  const Tensor gk = g.quantized(&kq, cache_bytes, spec.bits, spec.group_size, {S, C, kv_heads, d});
-  const Tensor gv = g.quantized(&vq, cache_bytes, spec.bits, spec.group_size, {S, C, kv_heads, d});
+  const QuantAttentionCase c = make_quant_attention_case(spec, T, heads, kv_heads, d, S, C, slots, pos, q_range, rng);
+  const size_t cache_bytes = c.k.size();
+  const Tensor gk = g.quantized(&c.k, cache_bytes, spec.bits, spec.group_size, {S, C, kv_heads, d});
+  const Tensor gv = g.quantized(&c.v, cache_bytes, spec.bits, spec.group_size, {S, C, kv_heads, d});
   const Tensor out = g.poisoned(DType::F16, {T, heads, d});
-  g.be->attention(g.f16(q, {T, heads, d}), gk, gv, g.i32(slots), g.i32(pos), float(scale), out);
-  expect_within(g.read(out), want, tol,
+  g.be->attention(g.f16(c.q, {T, heads, d}), gk, gv, g.i32(slots), g.i32(pos), c.scale, out);
+  expect_within(g.read(out), c.want, c.tol,
                 label("attention bits group T heads kv_heads d C",
                       {spec.bits, spec.group_size, T, heads, kv_heads, d, C}));
 }

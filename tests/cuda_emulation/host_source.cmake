@@ -1,11 +1,17 @@
 # cmake -DIN=kernel.cu -DOUT=kernel.cpp -P host_source.cmake
 # Rewrites a CUDA source for the emulated build (fake/emulation.h): each launch
-# `kernel<args><<<grid, threads, 0, stream>>>(p)` becomes `emu::launch(kernel<args>, grid, threads, p)`.
-# A launch of another form is refused, so no kernel silently drops out of the emulated build.
+# `kernel<targs><<<grid, block, shared, stream>>>(args)` becomes
+# `emu::Launch(<a lambda calling kernel<targs>>, emu::LaunchConfig{grid, block, shared, stream}).run(args)`
+# (a lambda, so a kernel template still deduces its arguments from the call).
+# A `<<<` left over fails, so no kernel silently drops out of the emulated build.
 file(READ "${IN}" text)
-string(REGEX REPLACE "([A-Za-z_][A-Za-z_0-9]*(<[^<>]*>)?)<<<([^,;]+), ([^,;]+), 0, stream>>>\\(([A-Za-z_][A-Za-z_0-9]*)\\)"
-       "emu::launch(\\1, \\3, \\4, \\5)" text "${text}")
+string(REGEX REPLACE "([A-Za-z_][A-Za-z_0-9]*(<[^<>]*>)?)<<<" "emu::Launch([](const auto&... a) { \\1(a...); }, emu::LaunchConfig{" text "${text}")
+string(REPLACE ">>>(" "}).run(" text "${text}")
 string(FIND "${text}" "<<<" left)
+if(NOT left EQUAL -1)
+  message(FATAL_ERROR "${IN}: a kernel launch the emulated build cannot rewrite")
+endif()
+string(FIND "${text}" ">>>" left)
 if(NOT left EQUAL -1)
   message(FATAL_ERROR "${IN}: a kernel launch the emulated build cannot rewrite")
 endif()

@@ -1,0 +1,232 @@
+// The quantized CUDA kernels (src/backend/cuda/quant.cu, quant_linear.cu, quant_attention.cu),
+// which have never run on a GPU, run on the CPU through the emulation in fake/: the cases of
+// tests/test_cuda_quant.cpp (fewer shapes), calling the launchers directly on host memory, with
+// the expected values and bounds of tests/quant_kernel_cases.h.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels.h"
+#include "quant_kernel_cases.h"
+
+using namespace strata;
+using namespace strata::test;
+using namespace strata::cuda;
+
+namespace {
+
+// Host memory standing in for device buffers: `bytes` bytes at byte `offset` of an allocation
+// aligned to 256 bytes (as cudaMalloc's), holding a copy of `src` or the 0xFF poison.
+struct Arena {
+  std::vector<std::vector<uint8_t>> blocks;
+  template <class T = uint8_t>
+  T* put(const void* src, size_t bytes, size_t offset = 0) {
+    blocks.emplace_back(bytes + offset + 256, uint8_t(0xFF));
+    uint8_t* base = blocks.back().data();
+    base += (256 - reinterpret_cast<uintptr_t>(base) % 256) % 256;
+    if (src) std::memcpy(base + offset, src, bytes);
+    return reinterpret_cast<T*>(base + offset);
+  }
+  const __half* f16(const std::vector<float>& v, size_t offset = 0) {
+    const std::vector<uint16_t> h = to_half(v);
+    return put<const __half>(h.data(), h.size() * 2, offset);
+  }
+};
+
+std::vector<float> read_f16(const __half* p, size_t n) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = __half2float(p[i]);
+  return v;
+}
+std::vector<uint8_t> bytes_of(const void* p, size_t n) {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  return std::vector<uint8_t>(b, b + n);
+}
+
+}  // namespace
+
+namespace {
+
+// Quantize (bytes equal the host reference's) and dequantize the host's bytes (values equal bit
+// for bit, also at an output address that rules out vector stores); rows 1..5 special.
+void check_quantize_round_trip(int bits, int group, int64_t n, bool f32, std::mt19937& rng) {
+  const int64_t rows = 6;
+  const quant::QuantSpec spec = spec_of(bits, group);
+  const std::string what = label(f32 ? "f32 bits group n" : "f16 bits group n", {bits, group, n});
+  INFO(what);
+  Arena a;
+  std::vector<float> x = random_floats(size_t(rows * n), rng, -3.0f, 3.0f, !f32);
+  add_special_rows(x, n, rng);
+  const size_t qbytes = size_t(rows) * quant::row_bytes(spec, n);
+  std::vector<uint8_t> want(qbytes);
+  const std::vector<uint16_t> xh = to_half(x);
+  quant::quantize_rows(spec, f32 ? static_cast<const void*>(x.data()) : xh.data(), f32 ? DType::F32 : DType::F16, rows,
+                       n, want.data());
+
+  QuantParams p;
+  p.rows = rows;
+  p.row = quant_row_layout(bits, group, int(n));
+  uint8_t* q = a.put(nullptr, qbytes);
+  launch_quantize_rows(p, f32 ? static_cast<const void*>(a.put(x.data(), x.size() * 4)) : a.f16(x), f32, q, nullptr);
+  expect_same_bytes(bytes_of(q, qbytes), want, "quantize " + what);
+
+  const DType out_dt = f32 ? DType::F32 : DType::F16;
+  const size_t out_bytes = size_t(rows * n) * dtype_size(out_dt);
+  std::vector<uint8_t> back(out_bytes);
+  quant::dequantize_rows(spec, want.data(), rows, n, back.data(), out_dt);
+  const uint8_t* qd = a.put(want.data(), qbytes);
+  for (size_t offset : {size_t(0), dtype_size(out_dt)}) {
+    void* out = a.put(nullptr, out_bytes, offset);
+    launch_dequantize_rows(p, qd, out, f32, nullptr);
+    expect_same_bytes(bytes_of(out, out_bytes), back, "dequantize " + what + " offset " + std::to_string(offset));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("emulated cuda: quantize/dequantize equal the host reference for any row length", "[emulated][quant]") {
+  std::mt19937 rng(21);
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128})
+      for (int64_t n : {1, 20, 33, 64, 200, 1000})
+        for (bool f32 : {false, true}) check_quantize_round_trip(bits, group, n, f32, rng);
+}
+
+namespace {
+
+void check_quant_linear(const quant::QuantSpec& spec, int64_t T, int64_t out, int64_t in, bool with_bias,
+                        size_t w_offset, size_t x_offset, std::mt19937& rng) {
+  const QuantLinearCase c = make_quant_linear_case(spec, T, out, in, with_bias, rng);
+  Arena a;
+  QuantLinearParams p;
+  p.x = a.f16(c.x, x_offset);
+  p.w = a.put(c.w.data(), c.w.size(), w_offset);
+  p.bias = with_bias ? a.f16(c.bias) : nullptr;
+  p.y = a.put<__half>(nullptr, size_t(T * out) * 2);
+  p.tokens = T;
+  p.out = int(out);
+  p.row = quant_row_layout(spec.bits, spec.group_size, int(in));
+  launch_quant_linear(p, nullptr);
+  expect_within(read_f16(p.y, size_t(T * out)), c.want, c.tol,
+                label("linear bits group T out in bias w_offset x_offset",
+                      {spec.bits, spec.group_size, T, out, in, with_bias, int64_t(w_offset), int64_t(x_offset)}));
+}
+
+}  // namespace
+
+TEST_CASE("emulated cuda: fused dequant linear matches double arithmetic over the reference's weights",
+          "[emulated][quant]") {
+  std::mt19937 rng(22);
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128})
+      for (auto [out, in] : std::vector<std::pair<int64_t, int64_t>>{{37, 72}, {29, 200}})
+        for (int64_t T : {1, 7, 17})  // 17: a second pass over the weights
+          check_quant_linear(spec_of(bits, group), T, out, in, T % 2 == 1, 0, 0, rng);
+  // Views that rule out the vector loads: w 4-byte aligned only, x 2-byte aligned only.
+  for (int bits : {4, 8})
+    for (int64_t T : {3, 16}) {
+      check_quant_linear(spec_of(bits, 64), T, 45, 264, true, 4, 2, rng);
+      check_quant_linear(spec_of(bits, 32), T, 45, 264, false, 4, 0, rng);
+    }
+}
+
+namespace {
+
+void check_quant_kv_store(int bits, int group, int64_t d, int64_t kv_heads, std::mt19937& rng) {
+  const quant::QuantSpec spec = spec_of(bits, group);
+  const std::string what = label("kv_store bits group d kv_heads", {bits, group, d, kv_heads});
+  INFO(what);
+  const QuantKvStoreCase c = make_quant_kv_store_case(spec, d, kv_heads, rng);
+  Arena a;
+  QuantKvStoreParams p;
+  p.k = a.f16(c.k);
+  p.v = a.f16(c.v);
+  p.cache_k = a.put(nullptr, c.cache_bytes);
+  p.cache_v = a.put(nullptr, c.cache_bytes);
+  p.slots = a.put<const int32_t>(c.slots.data(), c.slots.size() * 4);
+  p.positions = a.put<const int32_t>(c.pos.data(), c.pos.size() * 4);
+  p.tokens = int64_t(c.slots.size());
+  p.kv_heads = int(kv_heads);
+  p.slot_count = int(c.S);
+  p.capacity = int(c.C);
+  p.row = quant_row_layout(bits, group, int(d));
+  launch_quant_kv_store(p, nullptr);
+  expect_same_bytes(bytes_of(p.cache_k, c.cache_bytes), c.want_k, what + " keys");
+  expect_same_bytes(bytes_of(p.cache_v, c.cache_bytes), c.want_v, what + " values");
+}
+
+}  // namespace
+
+TEST_CASE("emulated cuda: kv_store quantizes cache rows as the host reference does", "[emulated][quant]") {
+  std::mt19937 rng(23);
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128})
+      for (int64_t d : {20, 16, 33, 64, 128})
+        for (int64_t kv_heads : {1, 3}) check_quant_kv_store(bits, group, d, kv_heads, rng);
+}
+
+namespace {
+
+void check_quant_attention(const quant::QuantSpec& spec, int64_t T, int64_t heads, int64_t kv_heads, int64_t d,
+                           int64_t S, int64_t C, const std::vector<int32_t>& slots, const std::vector<int32_t>& pos,
+                           float q_range, std::mt19937& rng) {
+  const QuantAttentionCase c = make_quant_attention_case(spec, T, heads, kv_heads, d, S, C, slots, pos, q_range, rng);
+  Arena a;
+  QuantAttentionParams p;
+  p.q = a.f16(c.q);
+  p.cache_k = a.put(c.k.data(), c.k.size());
+  p.cache_v = a.put(c.v.data(), c.v.size());
+  p.slots = a.put<const int32_t>(slots.data(), slots.size() * 4);
+  p.positions = a.put<const int32_t>(pos.data(), pos.size() * 4);
+  p.out = a.put<__half>(nullptr, c.q.size() * 2);
+  p.tokens = T;
+  p.heads = int(heads);
+  p.kv_heads = int(kv_heads);
+  p.slot_count = int(S);
+  p.capacity = int(C);
+  p.scale = c.scale;
+  p.row = quant_row_layout(spec.bits, spec.group_size, int(d));
+  launch_quant_attention(p, nullptr);
+  expect_within(read_f16(p.out, c.q.size()), c.want, c.tol,
+                label("attention bits group T heads kv_heads d C",
+                      {spec.bits, spec.group_size, T, heads, kv_heads, d, C}));
+}
+
+}  // namespace
+
+TEST_CASE("emulated cuda: attention over quantized caches matches double arithmetic over the dequantized cache",
+          "[emulated][quant]") {
+  std::mt19937 rng(24);
+  const int64_t S = 2, C = 150;
+  // A single key, a whole 64-key tile, one key past it, the whole cache, and a random position.
+  const std::vector<int32_t> slots{1, 0, 1, 0, 1}, pos{0, 63, 64, int32_t(C - 1), 101};
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128})
+      for (auto [heads, kv_heads] : std::vector<std::pair<int64_t, int64_t>>{{6, 2}, {4, 1}})
+        for (int64_t d : {20, 16, 64, 128})
+          check_quant_attention(spec_of(bits, group), 5, heads, kv_heads, d, S, C, slots, pos, 1.0f, rng);
+  // The largest head dim (64 code words a row at 8 bits), an odd one, peaked scores.
+  for (int bits : {4, 8}) {
+    check_quant_attention(spec_of(bits, 64), 3, 4, 2, 256, 2, 130, {0, 1, 1}, {129, 64, 0}, 1.0f, rng);
+    check_quant_attention(spec_of(bits, 32), 3, 4, 2, 33, 2, 130, {1, 0, 1}, {129, 65, 7}, 1.0f, rng);
+    check_quant_attention(spec_of(bits, 128), 2, 4, 4, 64, 1, 400, {0, 0}, {399, 200}, 8.0f, rng);
+  }
+}
+
+// One shape per quantized kernel, each bit width: small enough for CI's ThreadSanitizer run
+// (.ci/run), where a barrier missing between lanes or warps shows as a data race.
+TEST_CASE("emulated cuda: each quantized kernel once, for ThreadSanitizer", "[emulated][quant][tsan]") {
+  std::mt19937 rng(25);
+  for (int bits : {4, 8}) {
+    check_quantize_round_trip(bits, 32, 72, false, rng);
+    check_quantize_round_trip(bits, 32, 33, true, rng);
+    check_quant_kv_store(bits, 32, 33, 2, rng);
+    check_quant_linear(spec_of(bits, 32), 3, 5, 72, true, 0, 0, rng);
+    check_quant_linear(spec_of(bits, 32), 2, 3, 40, false, 4, 2, rng);  // the scalar loads
+    check_quant_attention(spec_of(bits, 32), 2, 2, 1, 40, 1, 70, {0, 0}, {69, 5}, 1.0f, rng);
+  }
+}
