@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -247,6 +248,24 @@ inline QuantAttentionCase make_quant_attention_case(const quant::QuantSpec& spec
       }
     }
   return c;
+}
+
+// Prefill tiles over quantized caches take the tensor-core kernel (attention_tc.cu), which rounds
+// the dequantized keys and values and the softmax weights to fp16 for its MMAs: the fp16
+// attention tests' bound, 2e-3 + 1e-2 |o|, instead of the fp32 kernel's.
+inline void allow_fp16_operands(QuantAttentionCase& c) {
+  for (size_t i = 0; i < c.want.size(); ++i) c.tol[i] = std::max(c.tol[i], 2e-3 + 1e-2 * std::fabs(c.want[i]));
+}
+
+// The (slot, position) of each token of sequences packed one after another as a prefill step
+// lays them out; runs: (slot, first position, tokens).
+inline void packed_tokens(const std::vector<std::array<int32_t, 3>>& runs, std::vector<int32_t>& slots,
+                          std::vector<int32_t>& pos) {
+  for (const auto& r : runs)
+    for (int32_t i = 0; i < r[2]; ++i) {
+      slots.push_back(r[0]);
+      pos.push_back(r[1] + i);
+    }
 }
 
 }  // namespace strata::test

@@ -200,12 +200,14 @@ TEST_CASE("cuda: kv_store quantizes cache rows as the host reference does", "[cu
 
 namespace {
 
-// Attention over a quantized cache on the GPU; quant_kernel_cases.h has the expected values and bounds.
+// Attention over a quantized cache on the GPU; quant_kernel_cases.h has the expected values and
+// bounds (with `prefill_tiles`, the bound of the tensor-core kernel's fp16 operands).
 void check_quant_attention(Gpu& g, const quant::QuantSpec& spec, int64_t T, int64_t heads, int64_t kv_heads, int64_t d,
                            int64_t S, int64_t C, const std::vector<int32_t>& slots, const std::vector<int32_t>& pos,
-                           float q_range, std::mt19937& rng) {
+                           float q_range, std::mt19937& rng, bool prefill_tiles = false) {
   g.keep.clear();
-  const QuantAttentionCase c = make_quant_attention_case(spec, T, heads, kv_heads, d, S, C, slots, pos, q_range, rng);
+  QuantAttentionCase c = make_quant_attention_case(spec, T, heads, kv_heads, d, S, C, slots, pos, q_range, rng);
+  if (prefill_tiles) allow_fp16_operands(c);
   const size_t cache_bytes = c.k.size();
   const Tensor gk = g.quantized(&c.k, cache_bytes, spec.bits, spec.group_size, {S, C, kv_heads, d});
   const Tensor gv = g.quantized(&c.v, cache_bytes, spec.bits, spec.group_size, {S, C, kv_heads, d});
@@ -239,6 +241,30 @@ TEST_CASE("cuda: attention over quantized caches matches double arithmetic over 
     check_quant_attention(g, spec_of(bits, 32), 3, 4, 2, 33, 2, 130, {1, 0, 1}, {129, 65, 7}, 1.0f, rng);
     check_quant_attention(g, spec_of(bits, 128), 2, 4, 4, 64, 1, 1000, {0, 0}, {999, 500}, 8.0f, rng);
   }
+}
+
+TEST_CASE("cuda: prefill over quantized caches on tensor cores", "[cuda][quant]") {
+  STRATA_REQUIRE_GPU();
+  Gpu g;
+  std::mt19937 rng(26);
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128})
+      for (int64_t d : {16, 64, 96, 128}) {
+        // Three prompts packed (tiles where two meet); decode tokens ahead of a prompt (a tile
+        // left to the per-token kernel beside one taken).
+        std::vector<int32_t> slots, pos;
+        packed_tokens({{2, 0, 37}, {0, 0, 100}, {1, 0, 90}}, slots, pos);
+        check_quant_attention(g, spec_of(bits, group), int64_t(slots.size()), 8, 2, d, 3, 300, slots, pos, 1.0f, rng,
+                              true);
+        slots.clear();
+        pos.clear();
+        packed_tokens({{0, 40, 1}, {1, 7, 1}, {2, 200, 1}, {0, 41, 1}, {3, 0, 1}, {1, 0, 70}}, slots, pos);
+        check_quant_attention(g, spec_of(bits, group), int64_t(slots.size()), 4, 4, d, 4, 300, slots, pos, 1.0f, rng,
+                              true);
+      }
+  std::vector<int32_t> slots, pos;
+  packed_tokens({{0, 1900, 100}}, slots, pos);  // a second chunk, peaked scores across key tiles
+  check_quant_attention(g, spec_of(4, 128), int64_t(slots.size()), 8, 2, 128, 1, 2000, slots, pos, 6.0f, rng, true);
 }
 
 TEST_CASE("cuda: quantized ops refuse bad tensors, naming them", "[cuda][quant]") {

@@ -171,10 +171,13 @@ TEST_CASE("emulated cuda: kv_store quantizes cache rows as the host reference do
 
 namespace {
 
+// Both attention kernels as the backend runs them: the tensor-core one for the prefill tiles it
+// takes (`tensor_cores`; then the fp16 operand bound), then the per-token one.
 void check_quant_attention(const quant::QuantSpec& spec, int64_t T, int64_t heads, int64_t kv_heads, int64_t d,
                            int64_t S, int64_t C, const std::vector<int32_t>& slots, const std::vector<int32_t>& pos,
-                           float q_range, std::mt19937& rng) {
-  const QuantAttentionCase c = make_quant_attention_case(spec, T, heads, kv_heads, d, S, C, slots, pos, q_range, rng);
+                           float q_range, std::mt19937& rng, bool tensor_cores = false) {
+  QuantAttentionCase c = make_quant_attention_case(spec, T, heads, kv_heads, d, S, C, slots, pos, q_range, rng);
+  if (tensor_cores) allow_fp16_operands(c);
   Arena a;
   QuantAttentionParams p;
   p.q = a.f16(c.q);
@@ -190,6 +193,11 @@ void check_quant_attention(const quant::QuantSpec& spec, int64_t T, int64_t head
   p.capacity = int(C);
   p.scale = c.scale;
   p.row = quant_row_layout(spec.bits, spec.group_size, int(d));
+  if (tensor_cores) {
+    REQUIRE(tensor_core_attention_supports(int(d)));
+    launch_tensor_core_quant_attention(p, nullptr);
+    p.skip_tensor_core_tiles = true;
+  }
   launch_quant_attention(p, nullptr);
   expect_within(read_f16(p.out, c.q.size()), c.want, c.tol,
                 label("attention bits group T heads kv_heads d C",
@@ -217,6 +225,26 @@ TEST_CASE("emulated cuda: attention over quantized caches matches double arithme
   }
 }
 
+TEST_CASE("emulated cuda: prefill over quantized caches on tensor cores", "[emulated][quant]") {
+  std::mt19937 rng(26);
+  for (int bits : {4, 8})
+    for (int64_t d : {16, 64, 128}) {
+      // Three prompts packed (tiles where two meet), and decode tokens ahead of a prompt (a tile
+      // declined beside one taken).
+      std::vector<int32_t> slots, pos;
+      packed_tokens({{2, 0, 37}, {0, 0, 100}, {1, 0, 90}}, slots, pos);
+      check_quant_attention(spec_of(bits, 32), int64_t(slots.size()), 2, 1, d, 3, 300, slots, pos, 1.0f, rng, true);
+      slots.clear();
+      pos.clear();
+      packed_tokens({{0, 40, 1}, {1, 7, 1}, {2, 200, 1}, {0, 41, 1}, {3, 0, 1}, {1, 0, 70}}, slots, pos);
+      check_quant_attention(spec_of(bits, 64), int64_t(slots.size()), 4, 2, d, 4, 300, slots, pos, 1.0f, rng, true);
+    }
+  // A second chunk of a prompt, peaked scores across key tiles.
+  std::vector<int32_t> slots, pos;
+  packed_tokens({{0, 200, 80}}, slots, pos);
+  check_quant_attention(spec_of(4, 128), int64_t(slots.size()), 2, 2, 128, 1, 300, slots, pos, 6.0f, rng, true);
+}
+
 // One shape per quantized kernel, each bit width: small enough for CI's ThreadSanitizer run
 // (.ci/run), where a barrier missing between lanes or warps shows as a data race.
 TEST_CASE("emulated cuda: each quantized kernel once, for ThreadSanitizer", "[emulated][quant][tsan]") {
@@ -228,5 +256,8 @@ TEST_CASE("emulated cuda: each quantized kernel once, for ThreadSanitizer", "[em
     check_quant_linear(spec_of(bits, 32), 3, 5, 72, true, 0, 0, rng);
     check_quant_linear(spec_of(bits, 32), 2, 3, 40, false, 4, 2, rng);  // the scalar loads
     check_quant_attention(spec_of(bits, 32), 2, 2, 1, 40, 1, 70, {0, 0}, {69, 5}, 1.0f, rng);
+    std::vector<int32_t> slots, pos;
+    packed_tokens({{0, 0, 20}, {1, 0, 50}}, slots, pos);
+    check_quant_attention(spec_of(bits, 32), int64_t(slots.size()), 2, 1, 32, 2, 70, slots, pos, 1.0f, rng, true);
   }
 }

@@ -16,6 +16,8 @@
 // A tile may hold up to kMaxTileRuns runs of one slot (packed sequences meet inside a tile);
 // each run is one pass over that slot's keys, and the rows of other runs are masked out of it.
 // Tiles the rule in attention_tiles.cuh declines (decode steps) are left to the per-token kernel.
+// Caches are fp16 (Fp16Cache) or group-wise quantized (QuantCache: rows dequantized by the
+// reference formula while loading, then rounded to fp16 for the MMAs).
 #include <mma.h>
 
 #include <cmath>
@@ -25,6 +27,7 @@
 #include "cuda_common.h"
 #include "device_utils.cuh"
 #include "kernels.h"
+#include "quant_common.cuh"
 
 namespace strata::cuda {
 
@@ -64,9 +67,62 @@ __device__ void load_rows(__half* dst, const __half* src, int64_t stride, int ro
   }
 }
 
+// Where the key and value rows come from: load_keys fills k_s and v_s ([kKeyTile, d], dense)
+// with rows [k0, k0 + n) of (slot, kv_head), zeros past n.
+template <bool kVec16>  // 16-byte loads (q and the caches allow them)
+struct Fp16Cache {
+  using Params = AttentionParams;
+  static constexpr bool kVecQ = kVec16;
+  __device__ static int head_dim(const Params& p) { return p.head_dim; }
+  __device__ static int64_t q_stride(const Params& p) { return p.q_token_stride; }
+  __device__ static void load_keys(const Params& p, int slot, int kv_head, int k0, int n, __half* k_s, __half* v_s) {
+    const int64_t at = int64_t(slot) * p.kv_slot_stride + int64_t(kv_head) * p.head_dim + int64_t(k0) * p.kv_pos_stride;
+    load_rows<kVec16>(k_s, p.cache_k + at, p.kv_pos_stride, n, kKeyTile, p.head_dim);
+    load_rows<kVec16>(v_s, p.cache_v + at, p.kv_pos_stride, n, kKeyTile, p.head_dim);
+  }
+};
+
+// The elements of code word u of a quantized row as fp16, dequantized by the reference formula.
+template <int kBits>
+__device__ __forceinline__ void dequantize_word(const uint8_t* row, const QuantRowLayout& l, int u, __half* dst) {
+  constexpr int kPer = 32 / kBits;
+  const uint32_t word = reinterpret_cast<const uint32_t*>(row)[u];
+  const float2 sm = group_params(row, l, u * kPer / l.group);
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) dst[k] = __float2half_rn(dequant_ref(word_code<kBits>(word, k), sm.x, sm.y));
+}
+
+template <int kBits>
+struct QuantCache {
+  using Params = QuantAttentionParams;
+  static constexpr bool kVecQ = false;  // q is read once per block
+  __device__ static int head_dim(const Params& p) { return p.row.n; }
+  __device__ static int64_t q_stride(const Params& p) { return int64_t(p.heads) * p.row.n; }
+  // A thread per code word; rows of a multiple of 16 elements end on a whole word.
+  __device__ static void load_keys(const Params& p, int slot, int kv_head, int k0, int n, __half* k_s, __half* v_s) {
+    constexpr int kPer = 32 / kBits;
+    const QuantRowLayout& l = p.row;
+    const int words = l.n / kPer;
+    const int64_t pos_stride = int64_t(p.kv_heads) * l.row_bytes;
+    const int64_t at = ((int64_t(slot) * p.capacity + k0) * p.kv_heads + kv_head) * l.row_bytes;
+    for (int e = threadIdx.x; e < kKeyTile * words; e += blockDim.x) {
+      const int r = e / words, u = e % words;
+      __half* k_dst = k_s + r * l.n + u * kPer;
+      __half* v_dst = v_s + r * l.n + u * kPer;
+      if (r < n) {
+        dequantize_word<kBits>(p.cache_k + at + r * pos_stride, l, u, k_dst);
+        dequantize_word<kBits>(p.cache_v + at + r * pos_stride, l, u, v_dst);
+      } else {
+#pragma unroll
+        for (int k = 0; k < kPer; ++k) k_dst[k] = v_dst[k] = __float2half_rn(0.0f);
+      }
+    }
+  }
+};
+
 // kChunks: head dims up to kChunks * 16 (the output's accumulator fragments per warp).
-template <int kChunks, bool kVec16>
-__global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const AttentionParams p) {
+template <int kChunks, class Cache>
+__global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const typename Cache::Params p) {
   constexpr int kMaxD = kChunks * 16;
   __shared__ __align__(32) __half q_s[kQueryTile * kMaxD];
   __shared__ __align__(32) __half k_s[kKeyTile * kMaxD];
@@ -82,7 +138,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const Attentio
   if (!load_query_tile(p, tile, slot_s, pos_s)) return;  // uniform over the block
 
   const int head = blockIdx.y;
-  const int d = p.head_dim;  // a multiple of 16, <= kMaxD
+  const int d = Cache::head_dim(p);  // a multiple of 16, <= kMaxD
   const int chunks = d / 16;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -91,8 +147,8 @@ __global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const Attentio
   const int n_tokens = int(p.tokens - t0 < kQueryTile ? p.tokens - t0 : kQueryTile);
   const int kv_head = head / (p.heads / p.kv_heads);
 
-  load_rows<kVec16>(q_s, p.q + t0 * p.q_token_stride + int64_t(head) * d, p.q_token_stride, n_tokens, kQueryTile,
-                    d);
+  const int64_t q_stride = Cache::q_stride(p);
+  load_rows<Cache::kVecQ>(q_s, p.q + t0 * q_stride + int64_t(head) * d, q_stride, n_tokens, kQueryTile, d);
   for (int e = threadIdx.x; e < 16 * 16; e += kTcThreads) row_ids_s[e] = float(e / 16);
   __syncthreads();
 
@@ -115,14 +171,12 @@ __global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const Attentio
     int max_pos = pos_s[rb];
     while (re < n_tokens && slot_s[re] == slot) max_pos = max(max_pos, pos_s[re++]);
     const bool warp_in_run = row0 < re && row0 + kRowsPerWarp > rb;
-    const int64_t base = int64_t(slot) * p.kv_slot_stride + int64_t(kv_head) * d;
     const int n_keys = max_pos + 1;
 
     for (int k0 = 0; k0 < n_keys; k0 += kKeyTile) {
       const int n = min(kKeyTile, n_keys - k0);
       __syncthreads();  // every warp is done with the previous tile's k_s and v_s
-      load_rows<kVec16>(k_s, p.cache_k + base + int64_t(k0) * p.kv_pos_stride, p.kv_pos_stride, n, kKeyTile, d);
-      load_rows<kVec16>(v_s, p.cache_v + base + int64_t(k0) * p.kv_pos_stride, p.kv_pos_stride, n, kKeyTile, d);
+      Cache::load_keys(p, slot, kv_head, k0, n, k_s, v_s);
       __syncthreads();
       if (!warp_in_run) continue;  // warp-uniform; the next tile's barriers are still met
 
@@ -217,7 +271,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const Attentio
 #pragma unroll
   for (int i = 0; i < kAccElems; ++i) inv_l[i] = alpha_s[elem_row[i]];
   float* stage = s_s + row0 * kKeyTile;
-  __half* out = p.out + t0 * p.q_token_stride + int64_t(head) * d;
+  __half* out = p.out + t0 * q_stride + int64_t(head) * d;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     if (c >= chunks) continue;
@@ -227,7 +281,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const Attentio
     __syncwarp();
     for (int e = lane; e < 16 * 16; e += 32) {
       const int row = row0 + e / 16;
-      if (row < n_tokens) out[row * p.q_token_stride + c * 16 + e % 16] = __float2half_rn(stage[e]);
+      if (row < n_tokens) out[row * q_stride + c * 16 + e % 16] = __float2half_rn(stage[e]);
     }
     __syncwarp();
   }
@@ -235,17 +289,16 @@ __global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const Attentio
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-template <int kChunks>
-void launch_chunks(const AttentionParams& p, dim3 grid, cudaStream_t stream) {
-  const bool vec16 = aligned16(p.q) && aligned16(p.cache_k) && aligned16(p.cache_v) && p.q_token_stride % 8 == 0 &&
-                     p.kv_pos_stride % 8 == 0;
-  if (vec16) {
-    attention_tc_kernel<kChunks, true><<<grid, kTcThreads, 0, stream>>>(p);
-    STRATA_CUDA_CHECK_LAUNCH("attention_tc_kernel<vec16>", stream);
+template <class Cache>
+void launch_tc(const typename Cache::Params& p, int head_dim, const char* what, cudaStream_t stream) {
+  if (p.tokens == 0 || p.heads == 0) return;
+  const dim3 grid(unsigned(ceil_div(p.tokens, kQueryTile)), unsigned(p.heads));
+  if (head_dim <= 64) {
+    attention_tc_kernel<4, Cache><<<grid, kTcThreads, 0, stream>>>(p);
   } else {
-    attention_tc_kernel<kChunks, false><<<grid, kTcThreads, 0, stream>>>(p);
-    STRATA_CUDA_CHECK_LAUNCH("attention_tc_kernel<scalar>", stream);
+    attention_tc_kernel<8, Cache><<<grid, kTcThreads, 0, stream>>>(p);
   }
+  STRATA_CUDA_CHECK_LAUNCH(what, stream);
 }
 
 }  // namespace
@@ -255,12 +308,20 @@ bool tensor_core_attention_supports(int head_dim) {
 }
 
 void launch_tensor_core_attention(const AttentionParams& p, cudaStream_t stream) {
-  if (p.tokens == 0 || p.heads == 0) return;
-  const dim3 grid(unsigned(ceil_div(p.tokens, kQueryTile)), unsigned(p.heads));
-  if (p.head_dim <= 64) {
-    launch_chunks<4>(p, grid, stream);
+  const bool vec16 = aligned16(p.q) && aligned16(p.cache_k) && aligned16(p.cache_v) && p.q_token_stride % 8 == 0 &&
+                     p.kv_pos_stride % 8 == 0;
+  if (vec16) {
+    launch_tc<Fp16Cache<true>>(p, p.head_dim, "attention_tc_kernel<fp16, vec16>", stream);
   } else {
-    launch_chunks<8>(p, grid, stream);
+    launch_tc<Fp16Cache<false>>(p, p.head_dim, "attention_tc_kernel<fp16>", stream);
+  }
+}
+
+void launch_tensor_core_quant_attention(const QuantAttentionParams& p, cudaStream_t stream) {
+  if (p.row.bits == 4) {
+    launch_tc<QuantCache<4>>(p, p.row.n, "attention_tc_kernel<q4>", stream);
+  } else {
+    launch_tc<QuantCache<8>>(p, p.row.n, "attention_tc_kernel<q8>", stream);
   }
 }
 

@@ -18,8 +18,9 @@ constexpr int kMinTokensPerRun = 8;   // fewer (decode steps) stay with the per-
 // kMaxTileRuns runs of consecutive tokens sharing a slot, and at least kMinTokensPerRun tokens
 // per run on average. Every thread of the block must call it (it synchronizes), blockDim.x >=
 // kQueryTile. Returns the same value to every thread.
-__device__ __forceinline__ bool load_query_tile(const AttentionParams& p, int64_t tile, int32_t* slot_s,
-                                                int32_t* pos_s) {
+// Params: AttentionParams or QuantAttentionParams.
+template <class Params>
+__device__ __forceinline__ bool load_query_tile(const Params& p, int64_t tile, int32_t* slot_s, int32_t* pos_s) {
   const int64_t t0 = tile * kQueryTile;
   const int i = threadIdx.x;
   bool invalid = false;

@@ -524,6 +524,10 @@ private:
     p.capacity = int(cache_k.dim(1));
     p.scale = scale;
     p.row = l;
+    if (cuda::tensor_core_attention_enabled() && cuda::tensor_core_attention_supports(l.n)) {
+      cuda::launch_tensor_core_quant_attention(p, stream_);
+      p.skip_tensor_core_tiles = true;
+    }
     cuda::launch_quant_attention(p, stream_);
   }
 

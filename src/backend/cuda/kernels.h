@@ -73,7 +73,7 @@ struct AttentionParams {
   int64_t q_token_stride;    // heads * head_dim
   int64_t kv_pos_stride;     // kv_heads * head_dim
   int64_t kv_slot_stride;    // capacity * kv_heads * head_dim
-  bool skip_tensor_core_tiles;  // per-token kernel: leave the tiles the tensor-core kernel takes
+  bool skip_tensor_core_tiles = false;  // per-token kernel: leave the tiles the tensor-core kernel takes
 };
 // Per-token kernel: a block per (token, query head); every step shape, every head dim.
 void launch_attention(const AttentionParams& p, cudaStream_t stream);
@@ -173,7 +173,11 @@ struct QuantAttentionParams {
   int capacity;
   float scale;
   QuantRowLayout row;        // n = head_dim <= kMaxHeadDim
+  bool skip_tensor_core_tiles = false;  // leave the tiles the tensor-core kernel takes
 };
 void launch_quant_attention(const QuantAttentionParams& p, cudaStream_t stream);
+// attention_tc.cu: the tensor-core kernel over quantized caches (rows dequantized by the
+// reference formula into shared memory as fp16), for the same tiles and head dims.
+void launch_tensor_core_quant_attention(const QuantAttentionParams& p, cudaStream_t stream);
 
 }  // namespace strata::cuda

@@ -8,10 +8,12 @@
 // query sits in shared memory as q_s[k * kMaxWords + u] = element k of word u, so the lanes of
 // a key read consecutive floats. Output: thread i takes word i % words of the value rows of keys
 // i / words, i / words + groups, ... (groups = kThreads / words), accumulating its word's
-// elements; the groups' partial outputs are summed through shared memory at the end.
+// elements; the groups' partial outputs are summed through shared memory at the end. After the
+// tensor-core kernel (attention_tc.cu) it skips the tiles that kernel took.
 #include <cmath>
 #include <cstdint>
 
+#include "attention_tiles.cuh"
 #include "cuda_common.h"
 #include "kernels.h"
 #include "quant_common.cuh"
@@ -24,6 +26,7 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTile = 64;
 constexpr int kKeyUnroll = 4;
+static_assert(kThreads >= kQueryTile, "load_query_tile needs a thread per token of a tile");
 
 // Dot product of word u of a key row with the matching query elements (padding elements past the
 // head dim have q 0).
@@ -49,6 +52,11 @@ __global__ void __launch_bounds__(kThreads) quant_attention_kernel(const QuantAt
 
   const QuantRowLayout& l = p.row;
   const int64_t t = blockIdx.x;
+  if (p.skip_tensor_core_tiles) {
+    __shared__ int32_t tile_slots_s[kQueryTile];
+    __shared__ int32_t tile_pos_s[kQueryTile];
+    if (load_query_tile(p, t / kQueryTile, tile_slots_s, tile_pos_s)) return;  // uniform over the block
+  }
   const int head = blockIdx.y;
   const int d = l.n;
   const int words = int(l.code_bytes / 4);
