@@ -47,13 +47,15 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
   __shared__ float p_s[kTile];
   __shared__ float tile_max_s[kWarps];
 
-  const int64_t t = blockIdx.x;
+  // Blocks of one token are adjacent, so query heads that share a kv head run side by side and
+  // read its keys and values through L2 instead of each from memory.
+  const int64_t t = blockIdx.x / p.heads;
   if (p.skip_tensor_core_tiles) {
     __shared__ int32_t tile_slots_s[kQueryTile];
     __shared__ int32_t tile_pos_s[kQueryTile];
     if (load_query_tile(p, t / kQueryTile, tile_slots_s, tile_pos_s)) return;  // uniform over the block
   }
-  const int head = blockIdx.y;
+  const int head = int(blockIdx.x % p.heads);
   const int d = p.head_dim;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -183,7 +185,7 @@ void launch_kv_store(const KvStoreParams& p, cudaStream_t stream) {
 
 void launch_attention(const AttentionParams& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.heads == 0 || p.head_dim == 0) return;
-  const dim3 grid(unsigned(p.tokens), unsigned(p.heads));
+  const dim3 grid(unsigned(p.tokens * p.heads));  // (token, head) = (x / heads, x % heads)
   const bool pairs = p.head_dim % 2 == 0 && aligned4(p.q) && aligned4(p.cache_k) && aligned4(p.cache_v) &&
                      aligned4(p.out);
   if (pairs) {

@@ -345,7 +345,7 @@ public:
                                       << out.shape_str() << " slots " << slots.shape_str() << " positions "
                                       << positions.shape_str());
     STRATA_CHECK(d <= cuda::kMaxHeadDim, "cuda attention: head dim " << d << " exceeds " << cuda::kMaxHeadDim);
-    STRATA_CHECK(heads <= 65535 && cache_k.dim(0) <= INT_MAX && cache_k.dim(1) <= INT_MAX,
+    STRATA_CHECK(heads <= 65535 && T * heads <= INT_MAX && cache_k.dim(0) <= INT_MAX && cache_k.dim(1) <= INT_MAX,
                  "cuda attention: cache " << cache_k.shape_str() << " or " << heads << " heads too large");
     bind();
     cuda::AttentionParams p{};
@@ -508,7 +508,7 @@ private:
                                       << out.shape_str() << " slots " << slots.shape_str() << " positions "
                                       << positions.shape_str());
     STRATA_CHECK(d <= cuda::kMaxHeadDim, "cuda attention: head dim " << d << " exceeds " << cuda::kMaxHeadDim);
-    STRATA_CHECK(heads <= 65535, "cuda attention: " << heads << " heads too many");
+    STRATA_CHECK(heads <= 65535 && q.dim(0) * heads <= INT_MAX, "cuda attention: " << heads << " heads too many");
     bind();
     cuda::QuantAttentionParams p{};
     p.q = f16(q);

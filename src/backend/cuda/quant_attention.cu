@@ -51,13 +51,15 @@ __global__ void __launch_bounds__(kThreads) quant_attention_kernel(const QuantAt
   __shared__ float o_s[kThreads * kPer];
 
   const QuantRowLayout& l = p.row;
-  const int64_t t = blockIdx.x;
+  // Blocks of one token are adjacent, so query heads that share a kv head run side by side and
+  // read its keys and values through L2 instead of each from memory.
+  const int64_t t = blockIdx.x / p.heads;
   if (p.skip_tensor_core_tiles) {
     __shared__ int32_t tile_slots_s[kQueryTile];
     __shared__ int32_t tile_pos_s[kQueryTile];
     if (load_query_tile(p, t / kQueryTile, tile_slots_s, tile_pos_s)) return;  // uniform over the block
   }
-  const int head = blockIdx.y;
+  const int head = int(blockIdx.x % p.heads);
   const int d = l.n;
   const int words = int(l.code_bytes / 4);
   const int lane = threadIdx.x & 31;
@@ -173,7 +175,7 @@ void launch_quant_attention(const QuantAttentionParams& p, cudaStream_t stream) 
   const int words = int(p.row.code_bytes / 4);
   int seg = 1;  // lanes per key in the score phase
   while (seg < words && seg < 32) seg *= 2;
-  const dim3 grid(unsigned(p.tokens), unsigned(p.heads));
+  const dim3 grid(unsigned(p.tokens * p.heads));  // (token, head) = (x / heads, x % heads)
   if (p.row.bits == 4) quant_attention_kernel<4><<<grid, kThreads, 0, stream>>>(p, seg);
   else quant_attention_kernel<8><<<grid, kThreads, 0, stream>>>(p, seg);
   STRATA_CUDA_CHECK_LAUNCH("quant_attention_kernel", stream);
