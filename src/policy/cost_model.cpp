@@ -159,7 +159,7 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   P[COMP].constant += bls * head_flops / hw.gemm_flops(z.prefill_seqs) / l;
   if (cc) P[COMP].constant += bls * s * z.kv_per_token_fp16 / dequant_bw;  // quantizing the prompt's cache
   // Calibrated per-unit work outside the terms above: once per prefill group and layer. The
-  // runtime cuts groups within each GPU batch (engine.cpp, build_units).
+  // runtime cuts groups within each GPU batch (engine_steps.cpp, build_units).
   P[COMP].constant += hw.compute_overhead_s * ngb * std::ceil(gbs / z.prefill_seqs);
 
   // One decode step of one layer. With cpu_attention, attention over the cache on the CPU or disk
@@ -185,7 +185,7 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
                      hw.compute_overhead_s * ngb;  // calibrated: once per GPU batch and layer
   // Compressed weights: a decode step of up to quant::kCudaFusedDequantMaxTokens tokens reads the codes in the
   // fused linear (no separate pass; the GEMM term stands for it); a larger GPU batch dequantizes
-  // the layer once, shared by the block's GPU batches (the runtime's rule, engine.cpp).
+  // the layer once, shared by the block's GPU batches (the runtime's rule, engine_steps.cpp).
   if (cw && gbs > double(quant::kCudaFusedDequantMaxTokens)) D[COMP].constant += z.layer_weights_fp16 / dequant_bw;
   // Attention reads the cache where it is computed; a compressed cache is read as codes and
   // dequantized in registers, at the profile's rate over a 4-bit cache where it has one.

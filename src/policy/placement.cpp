@@ -118,7 +118,7 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   p.kv_cache = bytes_by_tier(p.cache_tier, double(p.cache_unit_bytes), ngb);
   p.activations = bytes_by_tier(p.act_tier, double(p.act_unit_bytes), 1);
 
-  // Working buffers, as the schedule allocates them (src/offload/engine.cpp).
+  // Working buffers, as the schedule allocates them (src/offload/engine.cpp, engine_steps.cpp).
   const bool weights_move = count(p.weight_tier, Tier::Gpu) < L;
   const bool cache_moves = count(p.cache_tier, Tier::Gpu) < L;
   const bool acts_move = count(p.act_tier, Tier::Gpu) < ngb;

@@ -1,0 +1,353 @@
+// The offloading engine's internals, shared by its translation units: engine.cpp (setup and the
+// public API), engine_transfers.cpp (moving weights, cache and hidden states between tiers on the
+// lanes) and engine_steps.cpp (what each step computes, and the block schedule). Not a public
+// header: include/strata/offload/engine.h is.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "strata/core/error.h"
+#include "strata/offload/engine.h"
+#include "strata/offload/lanes.h"
+#include "strata/offload/tiers.h"
+#include "strata/runtime/forward_ops.h"
+#include "strata/runtime/model_weights.h"
+#include "strata/runtime/prefix_sharing.h"
+#include "strata/runtime/sequence.h"
+
+namespace strata {
+namespace engine_detail {
+
+constexpr size_t kPage = DiskStore::kAlign;
+
+// Where a tensor lives when it is not being computed on.
+struct Home {
+  Tier tier = Tier::Gpu;
+  char* ptr = nullptr;     // GPU or pinned memory
+  size_t disk_offset = 0;  // in the disk store
+};
+
+// A unit brought into staging: its GPU slot (and pinned slot, for disk homes) and when it is ready.
+struct Held {
+  bool valid = false;
+  int gpu = -1, pin = -1;
+  Ticket ready;
+  int layer = -1;  // activations: the layer whose input this is
+  int token = -1;  // kv cache: the token it was loaded for
+};
+
+// Returns a held unit's slots to their pools.
+inline void free_slots(const Held& h, SlotPool& gpu_pool, SlotPool& pinned_pool) {
+  if (!h.valid) return;
+  if (h.gpu >= 0) gpu_pool.release(h.gpu);
+  if (h.pin >= 0) pinned_pool.release(h.pin);
+}
+
+// A strided piece of a cache tensor: positions [begin, end) of every slot.
+struct SlotRange {
+  int begin = 0, end = 0;
+  bool empty() const { return end <= begin; }
+};
+
+// The sequences one step of the schedule computes: in decode a whole GPU batch, in prefill a
+// group of its sequences (plan.prefill_seqs of them), so that the GPU holds one group's
+// intermediates, cache rows and hidden state rather than the whole batch's.
+struct BatchState {
+  int batch = 0;                // the GPU batch: its cache and hidden-state homes
+  int first_slot = 0;           // its sequences' cache slots are [first_slot, first_slot + seqs.size())
+  size_t act_offset = 0;        // its piece of the batch's hidden-state home (bytes)
+  std::vector<Sequence*> seqs;  // index = cache slot - first_slot
+  int pmin = 0, pmax = 0;       // shortest and longest prompt
+  StepBatch step;               // this token's step; slots are relative to first_slot
+  std::vector<Sequence*> active;   // the sequences the step computes
+  std::vector<int> prompt_start;   // prefill: [active] its first computed position (copied before it)
+  std::vector<Sequence*> sampled;  // the sequences of its logit rows: active ones, and in prefill their followers
+  // Decode units: (slot, source slot) of each choice that copies its source's prompt rows at token 1.
+  std::vector<std::pair<int, int>> shared;
+  int slots() const { return int(seqs.size()); }
+};
+
+// A unit in one super-step of the schedule, at its GPU batch's token (0: prefill).
+struct StepUnit {
+  BatchState* state = nullptr;
+  int token = 0;
+};
+
+}  // namespace engine_detail
+
+using engine_detail::BatchState;
+using engine_detail::free_slots;
+using engine_detail::Held;
+using engine_detail::Home;
+using engine_detail::kPage;
+using engine_detail::SlotRange;
+using engine_detail::StepUnit;
+
+struct OffloadEngine::Impl {
+  ModelConfig cfg;
+  Backend& be;
+  OffloadOptions opt;
+  PlanShape shape;
+  PlacementPlan plan;
+  DType dt;
+  size_t esize;
+  int L, gbs, ngb;
+
+  // Tiers.
+  Buffer gpu_mem;
+  char* pinned_mem = nullptr;
+  std::unique_ptr<DiskStore> disk;
+  Region gpu, cpu;
+  SlotPool w_gpu[2], w_pin[2];  // [half]: one slot each for a layer's attention and MLP tensors
+  SlotPool c_gpu, c_pin, a_gpu, a_pin;
+  DiskIoStats disk_at_start;
+
+  // Homes.
+  HalvedLayout halves;         // a layer's block: attention tensors, then MLP tensors page-aligned
+  BlockLayout half_layout[2];  // each half's tensors, offsets from the half's start
+  std::optional<quant::QuantSpec> weight_quant, cache_quant;  // the policy's compression
+  // Compressed weights, for steps too long for the fused linear: a half-layer dequantized once per
+  // (token, sub-layer) and shared by all units of the block.
+  BlockLayout fp_half_layout[2];
+  char* dequant_mem = nullptr;
+  LayerWeights dequantized;
+  int dequant_token = -1, dequant_sub = -1;
+  ModelWeights globals;  // embeddings, final norm, head and inv_freq; layers unused
+  std::vector<Home> weight_home;
+  std::vector<LayerWeights> resident_layers;  // views of GPU-homed layers
+  LayerWeights staged_weights;                // views of the layer being computed from a GPU buffer
+  std::vector<std::vector<Home>> cache_home;  // [batch][layer]
+  std::vector<Home> act_home;                 // [batch]
+  size_t cache_half = 0;                      // bytes of K (or V) of one unit at home
+  size_t cache_row = 0;                       // bytes of one position's K (or V), all kv heads
+  size_t stage_half = 0;                      // bytes of K (or V) of a GPU cache staging slot
+
+  // CPU attention.
+  std::unique_ptr<Backend> cpu_backend_owned;
+  Backend* cpu_attn = nullptr;
+  char *q_host = nullptr, *k_host = nullptr, *v_host = nullptr, *o_host = nullptr;
+  double cpu_attention_seconds = 0;
+  int64_t shared_prompt_tokens = 0;  // this block's prompt tokens copied from a shared prefix
+
+  // Schedule.
+  ForwardOps ops;
+  Trace trace;
+  std::unique_ptr<Lane> h2d, d2h, disk_lane;
+  int compute_track = 0;
+  double compute_busy = 0;
+  std::atomic<uint64_t> bytes_dtoc{0}, bytes_ctog{0}, bytes_gtoc{0}, bytes_ctod{0};
+  OffloadReport totals;
+  CodesTally weight_codes;  // how the compressed layers were made at load
+  int disk_ops_left = 0;  // fault injection countdown (disk thread only)
+
+  // Per block.
+  std::vector<BatchState> prefill_units, decode_units;  // the steps' sequence groups
+  std::vector<std::vector<StepUnit>> step_units;        // [super-step]: what it computes, in order
+  std::vector<Held> w_held;                 // [sub-layer]: 2 j for layer j's attention, 2 j + 1 its MLP
+  std::vector<std::vector<Held>> c_held;    // [unit][layer]
+  std::vector<std::vector<std::vector<Ticket>>> c_stored;  // [batch][layer]: stores a reload waits for
+  std::vector<Held> a_held;                 // [unit]
+  std::vector<Ticket> a_stored;             // [unit]: store of its hidden state
+  std::vector<int> a_stored_layer;          // [unit]: the sub-layer whose output is at home ...
+  std::vector<int> a_stored_token;          // [unit]: ... and the token it is for
+  std::unique_ptr<StepSampler> sampler;
+  // A request's choices in one GPU batch share the prefill of the first of them, their source.
+  const Sequence* block_seqs = nullptr;
+  std::vector<size_t> source_of;                // [sequence]: itself when it prefills
+  std::vector<std::vector<Sequence*>> followers;  // [sequence]: the choices copying its prompt rows
+  size_t index_of(const Sequence& s) const { return size_t(&s - block_seqs); }
+
+  Impl(const ModelConfig& c, Backend& b, const OffloadOptions& o, const PlanShape& s)
+      : cfg(c), be(b), opt(o), shape(s), dt(b.activation_dtype()), esize(dtype_size(dt)), L(c.n_layers),
+        gbs(o.policy.gpu_batch_size), ngb(o.policy.num_gpu_batches), ops(cfg, b), trace(o.trace) {
+    weight_quant = quant_spec(o.policy.compress_weights);
+    cache_quant = quant_spec(o.policy.compress_kv_cache);
+    cache_row = cache_quant ? size_t(cfg.n_kv_heads) * quant::row_bytes(*cache_quant, cfg.head_dim)
+                            : size_t(cfg.kv_dim()) * esize;
+  }
+
+  ~Impl() {
+    // Lanes first: they may still touch the regions.
+    h2d.reset();
+    d2h.reset();
+    disk_lane.reset();
+    if (pinned_mem) be.free_host(pinned_mem);
+  }
+
+  // ---------------------------------------------------------------- setup
+  void reserve();
+
+  Home place(Tier tier, size_t bytes, const char* what);
+
+  void load_weights(const WeightSource& src);
+
+  void place_cache_and_activations();
+
+  // Called on the disk thread before each I/O of the schedule.
+  void before_disk_io(bool write) {
+    if (opt.fault == DiskFault::None || (opt.fault == DiskFault::DiskFull) != write) return;
+    if (--disk_ops_left == 0) disk->inject_fault(opt.fault);
+  }
+
+  void start_lanes();
+
+  // ---------------------------------------------------------------- transfers
+  // Copies rows of every slot of a cache tensor between a home and a GPU slot.
+  size_t cache_row_bytes() const { return cache_row; }
+  size_t slot_pitch() const { return size_t(shape.capacity()) * cache_row_bytes(); }
+
+  // The GPU staging slot holds the unit's slots from its first; the host unit is the whole batch's.
+  Ticket copy_cache(CopyKind kind, char* gpu_unit, char* host_unit, SlotRange r, const BatchState& b,
+                    std::vector<Ticket> deps);
+
+  // Disk I/O of the pages covering positions `r` of the unit's slots of a cache unit.
+  Ticket disk_cache_io(bool write, size_t disk_offset, char* pinned_unit, SlotRange r, const BatchState& b,
+                       std::vector<Ticket> deps);
+
+  Ticket disk_io(bool write, size_t disk_offset, char* pinned, size_t bytes, const char* what, std::vector<Ticket> deps);
+
+  Ticket copy_flat(CopyKind kind, char* dst, const char* src, size_t bytes, const char* what, std::vector<Ticket> deps);
+
+  // ---------------------------------------------------------------- units
+  // Super-step i computes, in each sub-layer, units(i): the prefill units of the GPU batches that
+  // start in it and the decode units of those started before, each at its own token.
+  BatchState& unit(int i, int u) { return *step_units[size_t(i)][size_t(u)].state; }
+  const BatchState& unit(int i, int u) const { return *step_units[size_t(i)][size_t(u)].state; }
+  int token(int i, int u) const { return step_units[size_t(i)][size_t(u)].token; }
+  int n_units(int i) const { return int(step_units[size_t(i)].size()); }
+
+  SlotRange load_range(int i, int u) const {  // cache entries that exist before the unit's token t
+    const int t = token(i, u);
+    return {0, t == 0 ? 0 : std::min(unit(i, u).pmax + t - 1, shape.capacity())};
+  }
+  SlotRange store_range(int i, int u) const;  // cache entries token t writes (union over slots)
+  // Decode attention on the CPU where the cache lives off the GPU: in place on the CPU tier, over
+  // its pinned mirror for disk homes. The cache never crosses to the GPU then.
+  // `t` is the unit's token: 0 in prefill.
+  bool delegated(int t, int j) const {
+    return opt.policy.cpu_attention && t > 0 && plan.cache_tier[size_t(j)] != Tier::Gpu;
+  }
+  bool cache_moves(int t, int j) const { return plan.cache_tier[size_t(j)] != Tier::Gpu && !delegated(t, j); }
+  bool mirrored(int t, int j) const { return delegated(t, j) && plan.cache_tier[size_t(j)] == Tier::Disk; }
+
+  // Sub-layer jj: half jj % 2 (0 attention, 1 MLP) of layer jj / 2.
+  void load_weights_async(int jj);
+
+  void release_weights(int jj) {
+    free_slots(w_held[size_t(jj)], w_gpu[jj % 2], w_pin[jj % 2]);
+    w_held[size_t(jj)] = Held();
+  }
+
+  // Brings unit u's cache of layer j to where token i uses it: a GPU staging slot (through a
+  // pinned mirror for disk homes), or, when the CPU attends to a disk home, the mirror alone.
+  void load_cache_async(int i, int j, int u);
+
+  // Moves the entries token i wrote back home; the slots are released by `after` once done.
+  void store_cache(int i, int j, int u, std::vector<Ticket>& tickets, std::vector<std::function<void()>>& after);
+
+  size_t act_bytes(int i, int u) const { return unit(i, u).step.tokens.size() * size_t(cfg.hidden) * esize; }
+
+  // Loads unit u's hidden state (the input of sub-layer jj) into a staging slot, after its store.
+  void load_act_async(int i, int jj, int u);
+
+  void store_act(int i, int jj, int u, std::vector<Ticket>& tickets, std::vector<std::function<void()>>& after);
+
+  // ---------------------------------------------------------------- compute
+  // Sub-layer jj's weights on the GPU; a staged half has only that half's tensors.
+  const LayerWeights& weights_for(int jj);
+
+  // Sub-layer jj's compressed weights dequantized, once for token i's pass over the block.
+  const LayerWeights& dequantized_for(int i, int jj);
+
+  Tensor hidden_for(int i, int jj, int u, int64_t T);
+
+  // The unit's slots of layer j's cache on the GPU: a view of its home, or its staging slot.
+  std::pair<Tensor, Tensor> cache_for(int i, int j, int u);
+
+  // The unit's slots of a cache tensor at `base`, as stored (quantized rows when compressed).
+  Tensor cache_view(char* base, const BatchState& b, Device device) const;
+
+  // Attention on the CPU over the cache in pinned memory (its home, or a disk home's mirror): q, k,
+  // v cross to the host, the output back.
+  void attend_on_cpu(int i, int u, int j, const Tensor& q, const Tensor& kk, const Tensor& v, const Tensor& out);
+
+  // Token 1, before attending: copies each follower's prompt keys and values from its source's
+  // slot, in the unit's cache rows wherever they are (K at k_base, V at v_base, slots a pitch apart).
+  template <typename Copy>
+  void share_prompt_rows(const BatchState& b, char* k_base, char* v_base, Copy copy) const {
+    for (const auto& [dst, src] : b.shared) {
+      const size_t bytes = b.seqs[size_t(dst)]->request->prompt.size() * cache_row_bytes();
+      for (char* base : {k_base, v_base})
+        copy(base + size_t(dst) * slot_pitch(), base + size_t(src) * slot_pitch(), bytes);
+    }
+  }
+
+  // Which prompts of a prefill unit share a beginning (indices are the unit's slots). Prompts that
+  // are scored whole (perplexity) and choices that copy their source's rows take no part.
+  std::vector<SharedPrefix> plan_unit_sharing(const BatchState& b) const;
+
+  // In prefill, the prompts computed whole go first and those sharing a beginning after them, each
+  // copying its source's rows in the step (PrefixCopy).
+  void build_step(int i, int u);
+
+  // Sub-layer jj (layer jj / 2's attention block when even, its MLP block when odd) for unit u.
+  void compute(int i, int jj, int u);
+
+  // Prefill's last sub-layer: the next-token NLL of every prompt position of the unit's sequences
+  // that asked for it, through the head a workspace's worth of rows at a time (host reduction).
+  void score_prompts(const BatchState& b, const Tensor& x, int64_t T);
+
+  // Tokens [t0, t1) of a step, without logit rows (compute() selects them over the whole step).
+  // Only a unit of one prompt runs in pieces (a unit of several fits a step: PrefillSteps), and
+  // one prompt shares with no other, so prefix copies come with whole steps only.
+  static StepBatch slice(const StepBatch& s, int64_t t0, int64_t t1);
+
+  // ---------------------------------------------------------------- the schedule
+  // Whether two units hold some of the same cache and hidden-state rows at one sub-layer.
+  bool same_rows(int i, int u, int jj, int ni, int nu, int njj) const {
+    const BatchState &a = unit(i, u), &b = unit(ni, nu);
+    return jj == njj && a.batch == b.batch && a.first_slot < b.first_slot + b.slots() &&
+           b.first_slot < a.first_slot + a.slots();
+  }
+
+  // One step of Algorithm 1: prefetch the next sub-layer's weights, store the previous step's
+  // cache and hidden state, load the next step's, compute this one, then wait for all of it. A
+  // step is (super-step i, sub-layer jj, unit u): the sub-layers are each layer's attention block
+  // and its MLP block (FlexGen's "layers"), so a layer's weights stream half by half; the units
+  // are, in prefill, groups of a GPU batch's sequences, in decode the GPU batches. Without a
+  // staggered prefill super-step i is token i of every batch.
+  void step(int i, int jj, int u, int n_steps, bool has_prev, int pi, int pjj, int pu);
+
+  // Groups the block's sequences into the decode units (one per GPU batch) and the prefill units
+  // (plan.prefill_seqs consecutive sequences of one batch each). `seqs` lists the batches' sequences
+  // in turn, batch k's at [batch_begin[k], batch_begin[k + 1]), slot by slot. A request's choices in
+  // one batch follow the first of them, their source: only it prefills, they copy its prompt rows at
+  // token 1 within the batch's cache home (or its staging slot), which no other batch's schedule touches.
+  void build_units(std::vector<Sequence>& seqs, const std::vector<size_t>& batch_begin);
+
+  // The block's super-steps: GPU batch k prefills in super-step policy.start_step(k) (0 for all
+  // without a staggered prefill) and decodes its n_tokens - 1 tokens in the super-steps after.
+  // Each super-step lists its units in batch order, each at its batch's own token. Returns the
+  // number of super-steps.
+  int build_step_units(int n_tokens);
+
+  std::vector<GenResult> generate(const std::vector<GenRequest>& requests, GenStats* stats);
+
+  // Busy seconds so far of the compute, cpu->gpu, gpu->cpu and disk lanes.
+  std::array<double, 4> lane_busy() const {
+    return {compute_busy, h2d->busy_seconds(), d2h->busy_seconds(), disk_lane->busy_seconds()};
+  }
+
+  // Waits for anything in flight and frees every slot (units prefetched for a token that never
+  // ran, or held when an error stopped the block).
+  void release_all();
+};
+
+}  // namespace strata

@@ -1,0 +1,549 @@
+// The offloading engine's steps: the inputs and cache views of one (token, layer, unit) step, its
+// compute (attention on the GPU or delegated to the CPU, prompt sharing, scoring), and the block
+// schedule that orders steps and transfers (generate).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine_impl.h"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Waits for a ticket, ignoring its failure (used when unwinding after one).
+void drain(const Ticket& t) {
+  if (t.valid()) try {
+      t.get();
+    } catch (...) {
+    }
+}
+
+// One choice of one request, as placed in a GPU batch.
+struct Choice {
+  size_t request = 0;
+  int choice = 0;
+};
+
+// Lays a block's choices out in its GPU batches, at most gbs each. A request's choices share one
+// prefill only within a batch, so each request whose choices fit in one batch goes whole into the
+// first batch with room for it (first fit, in request order: the job hands blocks sorted by prompt
+// length, so batches stay near in length). Choices that fit no batch whole (a request of more than
+// gbs, or room split by earlier requests) fill the free slots in batch order; those prefill once
+// per batch they reach.
+std::vector<std::vector<Choice>> pack_choices(const std::vector<GenRequest>& requests, int gbs, int ngb) {
+  std::vector<std::vector<Choice>> batches(static_cast<size_t>(ngb));
+  std::vector<size_t> unplaced;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const int n = requests[r].n;
+    auto room = [&](const std::vector<Choice>& b) { return int(b.size()) + n <= gbs; };
+    const auto it = std::find_if(batches.begin(), batches.end(), room);
+    if (it == batches.end()) {
+      unplaced.push_back(r);
+      continue;
+    }
+    for (int c = 0; c < n; ++c) it->push_back({r, c});
+  }
+  size_t k = 0;
+  for (size_t r : unplaced)
+    for (int c = 0; c < requests[r].n; ++c) {
+      while (int(batches[k].size()) == gbs) ++k;  // the caller checked that the block holds them all
+      batches[k].push_back({r, c});
+    }
+  return batches;
+}
+
+}  // namespace
+
+const LayerWeights& OffloadEngine::Impl::weights_for(int jj) {
+  const int j = jj / 2, half = jj % 2;
+  if (plan.weight_tier[size_t(j)] == Tier::Gpu) return resident_layers[size_t(j)];
+  load_weights_async(jj);  // no-op when prefetched
+  Held& h = w_held[size_t(jj)];
+  if (h.ready.valid()) h.ready.get();
+  staged_weights = layer_views(half_layout[half], w_gpu[half].data(h.gpu), be.device());
+  return staged_weights;
+}
+
+const LayerWeights& OffloadEngine::Impl::dequantized_for(int i, int jj) {
+  if (dequant_token == i && dequant_sub == jj) return dequantized;
+  dequant_token = dequant_sub = -1;  // stale until the kernels below are enqueued
+  dequantized = dequantized_views(weights_for(jj), fp_half_layout[jj % 2], dequant_mem, be);
+  dequant_token = i, dequant_sub = jj;
+  return dequantized;
+}
+
+Tensor OffloadEngine::Impl::hidden_for(int i, int jj, int u, int64_t T) {
+  const BatchState& b = unit(i, u);
+  const Home& home = act_home[size_t(b.batch)];
+  char* p = nullptr;
+  if (home.tier == Tier::Gpu) {
+    p = home.ptr + b.act_offset;
+  } else {
+    Held& h = a_held[size_t(u)];
+    if (jj == 0) {
+      STRATA_CHECK(!h.valid, "internal: unit " << u << " holds a hidden state at sub-layer 0");
+      h.valid = true;
+      h.layer = 0;
+      h.gpu = a_gpu.acquire();
+    } else {
+      load_act_async(i, jj, u);
+      STRATA_CHECK(h.valid && h.layer == jj, "internal: hidden state of unit " << u << " for sub-layer " << jj << " missing");
+      if (h.ready.valid()) h.ready.get();
+    }
+    p = a_gpu.data(h.gpu);
+  }
+  return Tensor(p, dt, be.device(), {T, cfg.hidden});
+}
+
+std::pair<Tensor, Tensor> OffloadEngine::Impl::cache_for(int i, int j, int u) {
+  const BatchState& b = unit(i, u);
+  const Home& home = cache_home[size_t(b.batch)][size_t(j)];
+  char *k_ptr = home.ptr + size_t(b.first_slot) * slot_pitch(), *v_ptr = k_ptr + cache_half;
+  if (home.tier != Tier::Gpu) {
+    load_cache_async(i, j, u);
+    Held& h = c_held[size_t(u)][size_t(j)];
+    STRATA_CHECK(h.token == i, "internal: kv cache of layer " << j << " unit " << u << " loaded for token " << h.token
+                                                              << ", needed for token " << i);
+    if (h.ready.valid()) h.ready.get();
+    k_ptr = c_gpu.data(h.gpu);
+    v_ptr = k_ptr + stage_half;
+  }
+  return {cache_view(k_ptr, b, be.device()), cache_view(v_ptr, b, be.device())};
+}
+
+Tensor OffloadEngine::Impl::cache_view(char* base, const BatchState& b, Device device) const {
+  if (cache_quant)
+    return Tensor::quantized(base, quant::dtype_of(*cache_quant), cache_quant->group_size, device,
+                             {b.slots(), shape.capacity(), cfg.n_kv_heads, cfg.head_dim});
+  return Tensor(base, dt, device, {b.slots(), shape.capacity(), cfg.n_kv_heads, cfg.head_dim});
+}
+
+void OffloadEngine::Impl::attend_on_cpu(int i, int u, int j, const Tensor& q, const Tensor& kk, const Tensor& v,
+                                        const Tensor& out) {
+  const auto t0 = Clock::now();
+  const BatchState& b = unit(i, u);
+  const Home& home = cache_home[size_t(b.batch)][size_t(j)];
+  const int64_t T = q.dim(0);
+  be.synchronize();
+  be.copy_to_host(q_host, q.data, q.nbytes());
+  be.copy_to_host(k_host, kk.data, kk.nbytes());
+  be.copy_to_host(v_host, v.data, v.nbytes());
+  auto host = [&](void* p, std::initializer_list<int64_t> dims) { return Tensor(p, dt, Device::CPU, dims); };
+  char* unit_base = home.ptr;
+  if (home.tier == Tier::Disk) {  // its pinned mirror, read by the disk lane
+    load_cache_async(i, j, u);
+    Held& h = c_held[size_t(u)][size_t(j)];
+    STRATA_CHECK(h.valid && h.token == i, "internal: kv cache mirror of layer " << j << " unit " << u << " missing");
+    if (h.ready.valid()) h.ready.get();
+    unit_base = c_pin.data(h.pin);
+  }
+  char* base = unit_base + size_t(b.first_slot) * slot_pitch();
+  if (token(i, u) == 1)
+    share_prompt_rows(b, base, base + cache_half, [](char* d, const char* s, size_t n) { std::memcpy(d, s, n); });
+  const Tensor ck = cache_view(base, b, Device::CPU), cv = cache_view(base + cache_half, b, Device::CPU);
+  const Tensor slots(const_cast<int32_t*>(b.step.slots.data()), DType::I32, Device::CPU, {T});
+  const Tensor pos(const_cast<int32_t*>(b.step.positions.data()), DType::I32, Device::CPU, {T});
+  const Tensor qh = host(q_host, {T, cfg.n_heads, cfg.head_dim}), oh = host(o_host, {T, cfg.n_heads, cfg.head_dim});
+  cpu_attn->kv_store(host(k_host, {T, cfg.n_kv_heads, cfg.head_dim}), host(v_host, {T, cfg.n_kv_heads, cfg.head_dim}),
+                     ck, cv, slots, pos);
+  cpu_attn->attention(qh, ck, cv, slots, pos, cfg.attention_scale(), oh);
+  be.copy_to_device(out.data, o_host, out.nbytes());
+  cpu_attention_seconds += seconds_since(t0);
+}
+
+std::vector<SharedPrefix> OffloadEngine::Impl::plan_unit_sharing(const BatchState& b) const {
+  std::vector<const std::vector<int32_t>*> prompts(b.seqs.size(), nullptr);
+  for (size_t s = 0; s < b.seqs.size() && opt.share_prefixes; ++s) {
+    const Sequence& seq = *b.seqs[s];
+    if (!seq.done && source_of[index_of(seq)] == index_of(seq) && !seq.request->score_prompt)
+      prompts[s] = &seq.request->prompt;
+  }
+  return plan_shared_prefixes(prompts, opt.prefix_sharing);
+}
+
+void OffloadEngine::Impl::build_step(int i, int u) {
+  BatchState& b = unit(i, u);
+  const bool prefill = token(i, u) == 0;
+  b.step = StepBatch();
+  b.active.clear();
+  b.sampled.clear();
+  b.prompt_start.clear();
+  const std::vector<SharedPrefix> share = prefill ? plan_unit_sharing(b) : std::vector<SharedPrefix>();
+  std::vector<size_t> order;  // slots; in prefill those computed whole first
+  for (int pass = 0; pass < 2; ++pass)
+    for (size_t s = 0; s < b.seqs.size(); ++s)
+      if (prefill ? (share[s].source >= 0) == (pass == 1) : pass == 0) order.push_back(s);
+  for (const size_t s : order) {
+    Sequence& seq = *b.seqs[s];
+    if (seq.done) continue;
+    if (prefill && source_of[index_of(seq)] != index_of(seq)) continue;  // its source's prefill samples it
+    if (prefill) {
+      const std::vector<int32_t>& prompt = seq.request->prompt;
+      const int start = share[s].length;
+      if (start > 0) b.step.prefix_copies.push_back({share[s].source, int32_t(s), start});
+      for (size_t p = size_t(start); p < prompt.size(); ++p) {
+        b.step.tokens.push_back(prompt[p]);
+        b.step.positions.push_back(int32_t(p));
+        b.step.slots.push_back(int32_t(s));
+      }
+      b.prompt_start.push_back(start);
+    } else {
+      b.step.tokens.push_back(seq.next_token);
+      b.step.positions.push_back(seq.length);
+      b.step.slots.push_back(int32_t(s));
+    }
+    b.step.logit_rows.push_back(int32_t(b.step.tokens.size() - 1));
+    b.active.push_back(&seq);
+    b.sampled.push_back(&seq);
+    if (!prefill) continue;
+    totals.prefill_tokens += int64_t(seq.request->prompt.size()) - b.prompt_start.back();
+    shared_prompt_tokens += b.prompt_start.back();
+    for (Sequence* f : followers[index_of(seq)]) {  // the same last prompt row, each its own sampler
+      b.step.logit_rows.push_back(b.step.logit_rows.back());
+      b.sampled.push_back(f);
+    }
+  }
+}
+
+namespace {
+
+// The trace's name of a step: "t3 L7a B1" (token, layer, attention or MLP, GPU batch), and the
+// first slot of a prefill unit ("t0 L0m B0 s4").
+std::string step_label(int t, int j, bool attention, const BatchState& b) {
+  std::string s = "t";  // appends only: GCC 12 warns (-Wrestrict, falsely) on "t" + std::to_string(t) here
+  s += std::to_string(t);
+  s += " L";
+  s += std::to_string(j);
+  s += attention ? "a B" : "m B";
+  s += std::to_string(b.batch);
+  if (t == 0) {
+    s += " s";
+    s += std::to_string(b.first_slot);
+  }
+  return s;
+}
+
+}  // namespace
+
+void OffloadEngine::Impl::compute(int i, int jj, int u) {
+  BatchState& b = unit(i, u);
+  const int j = jj / 2, t = token(i, u);
+  const bool attention = jj % 2 == 0;
+  if (jj == 0) build_step(i, u);
+  if (b.active.empty()) return;
+  ScopedSpan span(trace, compute_track, step_label(t, j, attention, b), &compute_busy);
+  const int64_t T = int64_t(b.step.tokens.size());
+  const LayerWeights& w = weight_quant && T > be.fused_dequant_max_tokens() ? dequantized_for(i, jj) : weights_for(jj);
+  const Tensor x = hidden_for(i, jj, u, T);
+  const bool cpu = attention && delegated(t, j);
+  Tensor ck, cv;
+  if (attention && !cpu) std::tie(ck, cv) = cache_for(i, j, u);
+  if (attention && !cpu && t == 1)
+    share_prompt_rows(b, static_cast<char*>(ck.data), static_cast<char*>(cv.data),
+                      [this](char* d, const char* s, size_t n) { be.copy_on_device(d, s, n); });
+  // Steps of at most the workspace's tokens: a group whose prompts outgrow it runs in pieces, in
+  // order, so each piece finds the earlier pieces' keys in the cache.
+  const int64_t step_max = ops.max_tokens();
+  STRATA_CHECK(!cpu || T <= step_max, "internal: a delegated decode step of " << T << " tokens is split");
+  for (int64_t t0 = 0; t0 < T; t0 += step_max) {
+    const int64_t t1 = std::min(T, t0 + step_max);
+    ops.begin_step(slice(b.step, t0, t1), b.slots(), shape.capacity());
+    const Tensor xs = x.rows(t0, t1 - t0);
+    if (jj == 0) ops.embed(globals, xs);
+    if (!attention)
+      ops.mlp_block(w, xs);
+    else if (cpu)
+      ops.attention_block(w, globals.inv_freq, xs, Tensor(), Tensor(),
+                          [&](const Tensor& q, const Tensor& kk, const Tensor& v, const Tensor& out) {
+                            attend_on_cpu(i, u, j, q, kk, v, out);
+                          });
+    else
+      ops.attention_block(w, globals.inv_freq, xs, ck, cv);
+  }
+  if (jj == 2 * L - 1) {
+    if (t == 0) score_prompts(b, x, T);
+    ops.select_logit_rows(b.step.logit_rows, T);
+    const Tensor logits = ops.head(globals, x);
+    if (t == 0)
+      for (Sequence* s : b.sampled) s->length = int(s->request->prompt.size());
+    else
+      for (Sequence* s : b.active) ++s->length;
+    sampler->sample(logits, b.sampled);
+  }
+  be.synchronize();
+}
+
+void OffloadEngine::Impl::score_prompts(const BatchState& b, const Tensor& x, int64_t T) {
+  const int64_t chunk = gbs;  // the workspace's logit rows
+  std::vector<float> logits;
+  int32_t first = 0;  // the sequence's first row in the step
+  for (size_t k = 0; k < b.active.size(); ++k) {
+    Sequence* s = b.active[k];
+    const std::vector<int32_t>& prompt = s->request->prompt;
+    if (s->request->score_prompt) {
+      STRATA_CHECK(b.prompt_start[k] == 0, "internal: a scored prompt shares its beginning");
+      std::vector<double>& nll = s->result.prompt_nll;
+      nll.clear();
+      for (int32_t t0 = 0; t0 + 1 < int32_t(prompt.size()); t0 += int32_t(chunk)) {
+        const int32_t t1 = std::min(int32_t(prompt.size()) - 1, t0 + int32_t(chunk));
+        std::vector<int32_t> rows;
+        for (int32_t t = t0; t < t1; ++t) rows.push_back(first + t);
+        ops.select_logit_rows(rows, T);
+        const Tensor l = ops.head(globals, x);
+        const int64_t vocab = l.dim(1);
+        logits.resize(size_t(l.numel()));
+        be.copy_to_host_f32(l, logits.data());
+        for (int32_t t = t0; t < t1; ++t) nll.push_back(token_nll(logits.data() + (t - t0) * vocab, vocab, prompt[size_t(t + 1)]));
+      }
+    }
+    first += int32_t(prompt.size()) - b.prompt_start[k];
+  }
+}
+
+StepBatch OffloadEngine::Impl::slice(const StepBatch& s, int64_t t0, int64_t t1) {
+  const bool whole = t0 == 0 && t1 == int64_t(s.tokens.size());
+  STRATA_CHECK(whole || s.prefix_copies.empty(), "internal: a prefill unit sharing prefixes runs in pieces");
+  StepBatch part;
+  part.tokens.assign(s.tokens.begin() + t0, s.tokens.begin() + t1);
+  part.positions.assign(s.positions.begin() + t0, s.positions.begin() + t1);
+  part.slots.assign(s.slots.begin() + t0, s.slots.begin() + t1);
+  if (whole) part.prefix_copies = s.prefix_copies;
+  return part;
+}
+
+void OffloadEngine::Impl::step(int i, int jj, int u, int n_steps, bool has_prev, int pi, int pjj, int pu) {
+  std::vector<Ticket> tickets;
+  std::vector<std::function<void()>> after;
+  const int subs = 2 * L;
+  try {
+    if (u == 0 && (jj + 1 < subs || i + 1 < n_steps)) {
+      load_weights_async((jj + 1) % subs);
+      if (w_held[size_t((jj + 1) % subs)].ready.valid()) tickets.push_back(w_held[size_t((jj + 1) % subs)].ready);
+    }
+    if (has_prev) {
+      if (pjj % 2 == 0) store_cache(pi, pjj / 2, pu, tickets, after);  // only attention touches the cache
+      store_act(pi, pjj, pu, tickets, after);
+    }
+    int ni = i, njj = jj, nu = u + 1;
+    if (nu == n_units(i)) nu = 0, ++njj;
+    if (njj == subs) njj = 0, ++ni;
+    // The next step's rows are this step's own when the block has one sub-layer and one unit;
+    // they cannot be prefetched before this step stores them.
+    if (ni < n_steps && !same_rows(i, u, jj, ni, nu, njj)) {
+      if (njj % 2 == 0) {
+        load_cache_async(ni, njj / 2, nu);
+        if (c_held[size_t(nu)][size_t(njj / 2)].ready.valid()) tickets.push_back(c_held[size_t(nu)][size_t(njj / 2)].ready);
+      }
+      if (njj != 0) {
+        load_act_async(ni, njj, nu);
+        if (a_held[size_t(nu)].ready.valid()) tickets.push_back(a_held[size_t(nu)].ready);
+      }
+    }
+    compute(i, jj, u);
+    wait_all(tickets);
+  } catch (...) {
+    try {
+      wait_all(tickets);  // nothing may still write into buffers being unwound
+    } catch (...) {
+    }
+    for (auto& f : after) f();
+    throw;
+  }
+  for (auto& f : after) f();
+  if (u == n_units(i) - 1) release_weights(jj);
+}
+
+void OffloadEngine::Impl::build_units(std::vector<Sequence>& seqs, const std::vector<size_t>& batch_begin) {
+  auto prompt_bounds = [](BatchState& b) {
+    b.pmin = b.seqs.empty() ? 0 : INT32_MAX;
+    b.pmax = 0;
+    for (Sequence* s : b.seqs) {
+      b.pmin = std::min(b.pmin, int(s->request->prompt.size()));
+      b.pmax = std::max(b.pmax, int(s->request->prompt.size()));
+    }
+  };
+  decode_units.assign(size_t(ngb), {});
+  std::vector<size_t> batch_of(seqs.size());
+  for (int k = 0; k < ngb; ++k) {
+    decode_units[size_t(k)].batch = k;
+    for (size_t q = batch_begin[size_t(k)]; q < batch_begin[size_t(k) + 1]; ++q) {
+      decode_units[size_t(k)].seqs.push_back(&seqs[q]);
+      batch_of[q] = size_t(k);
+    }
+  }
+  block_seqs = seqs.data();
+  source_of.assign(seqs.size(), 0);
+  followers.assign(seqs.size(), {});
+  for (size_t q = 0; q < seqs.size(); ++q) {
+    const size_t prev = q - 1, batch = batch_of[q];
+    const bool follows = q > 0 && seqs[prev].request == seqs[q].request && batch_of[prev] == batch;
+    source_of[q] = follows ? source_of[prev] : q;
+    if (!follows) continue;
+    followers[source_of[q]].push_back(&seqs[q]);
+    decode_units[batch].shared.push_back({seqs[q].slot, seqs[source_of[q]].slot});
+  }
+  prefill_units.clear();
+  const int m = plan.prefill_seqs;
+  for (BatchState& d : decode_units) {
+    prompt_bounds(d);
+    for (int s0 = 0; s0 < d.slots(); s0 += m) {
+      BatchState p;
+      p.batch = d.batch;
+      p.first_slot = s0;
+      p.act_offset = size_t(s0 / m) * plan.act_piece_bytes;
+      p.seqs.assign(d.seqs.begin() + s0, d.seqs.begin() + std::min(s0 + m, d.slots()));
+      prompt_bounds(p);
+      prefill_units.push_back(std::move(p));
+    }
+  }
+}
+
+int OffloadEngine::Impl::build_step_units(int n_tokens) {
+  const Policy& p = opt.policy;
+  step_units.clear();
+  if (n_tokens < 1) return 0;
+  const int n_steps = p.start_steps() + n_tokens - 1;
+  step_units.resize(size_t(n_steps));
+  for (int k = 0; k < ngb; ++k) {
+    const int first = p.start_step(k);
+    for (BatchState& unit : prefill_units)
+      if (unit.batch == k) step_units[size_t(first)].push_back({&unit, 0});
+    for (int t = 1; t < n_tokens; ++t) step_units[size_t(first + t)].push_back({&decode_units[size_t(k)], t});
+  }
+  return n_steps;
+}
+
+std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenRequest>& requests, GenStats* stats) {
+  // A request's n choices run as n sequences; those in one GPU batch share one prefill
+  // (build_units), so pack_choices keeps each request's choices in one batch where it can.
+  for (size_t r = 0; r < requests.size(); ++r)
+    STRATA_CHECK(requests[r].n >= 1, "offload engine: request " << r << ": n must be at least 1, got " << requests[r].n);
+  const size_t n_seqs = count_choices(requests);
+  STRATA_CHECK(n_seqs <= size_t(gbs) * size_t(ngb),
+               "offload engine: " << n_seqs << " sequences (choices) exceed the block of " << gbs * ngb);
+  const std::vector<std::vector<Choice>> batches = pack_choices(requests, gbs, ngb);
+  std::vector<size_t> first_choice(requests.size() + 1, 0);  // a choice's place in the results
+  for (size_t r = 0; r < requests.size(); ++r) first_choice[r + 1] = first_choice[r] + size_t(requests[r].n);
+  std::vector<Sequence> seqs;
+  seqs.reserve(n_seqs);
+  std::vector<size_t> batch_begin{0}, result_index;
+  int n_tokens = 0;
+  for (const std::vector<Choice>& batch : batches) {
+    for (const Choice& ch : batch) {
+      const GenRequest& req = requests[ch.request];
+      seqs.push_back(start_sequence(req, cfg, int(seqs.size() - batch_begin.back()), ch.request, ch.choice));
+      result_index.push_back(first_choice[ch.request] + size_t(ch.choice));
+      STRATA_CHECK(int(req.prompt.size()) <= shape.prompt_len && seqs.back().max_new <= shape.gen_len,
+                   "offload engine: request " << ch.request << " exceeds the planned shape (prompt "
+                                              << shape.prompt_len << ", generation " << shape.gen_len << ")");
+      n_tokens = std::max(n_tokens, seqs.back().max_new);
+    }
+    batch_begin.push_back(seqs.size());
+  }
+  build_units(seqs, batch_begin);
+  const int n_steps = build_step_units(n_tokens);
+  dequant_token = dequant_sub = -1;  // super-step numbers restart with every block
+  size_t units = 0;
+  for (const std::vector<StepUnit>& step_list : step_units) units = std::max(units, step_list.size());
+  w_held.assign(size_t(2 * L), {});
+  c_held.assign(units, std::vector<Held>(size_t(L)));
+  c_stored.assign(size_t(ngb), std::vector<std::vector<Ticket>>(size_t(L)));
+  a_held.assign(units, {});
+  a_stored.assign(units, {});
+  a_stored_layer.assign(units, -1);
+  a_stored_token.assign(units, -1);
+  sampler = std::make_unique<StepSampler>(be, cfg, size_t(gbs));
+
+  GenStats local;
+  shared_prompt_tokens = 0;
+  const auto t_start = Clock::now();
+  const std::array<double, 4> busy_at_start = lane_busy();
+  bool has_prev = false;
+  int pi = 0, pjj = 0, pu = 0;
+  try {
+    // A super-step in which some batch prefills counts as prefill (all of token 0 without a
+    // staggered prefill), the others as decode steps.
+    std::array<double, 4> busy_before = busy_at_start;
+    for (int i = 0; i < n_steps; ++i) {
+      const auto t_step = Clock::now();
+      for (int jj = 0; jj < 2 * L; ++jj)
+        for (int u = 0; u < n_units(i); ++u) {
+          step(i, jj, u, n_steps, has_prev, pi, pjj, pu);
+          has_prev = true, pi = i, pjj = jj, pu = u;
+        }
+      const bool prefills = std::any_of(step_units[size_t(i)].begin(), step_units[size_t(i)].end(),
+                                        [](const StepUnit& su) { return su.token == 0; });
+      (prefills ? local.prefill_seconds : local.decode_seconds) += seconds_since(t_step);
+      const std::array<double, 4> busy = lane_busy();
+      if (prefills) {
+        totals.prefill_compute_busy += busy[0] - busy_before[0];
+        totals.prefill_h2d_busy += busy[1] - busy_before[1];
+        totals.prefill_d2h_busy += busy[2] - busy_before[2];
+        totals.prefill_disk_busy += busy[3] - busy_before[3];
+      } else {
+        ++local.decode_steps;
+      }
+      busy_before = busy;
+      if (std::all_of(seqs.begin(), seqs.end(), [](const Sequence& s) { return s.done; })) break;
+    }
+  } catch (...) {
+    release_all();
+    throw;
+  }
+  release_all();
+  totals.schedule_seconds += seconds_since(t_start);
+
+  std::vector<GenResult> results(seqs.size());
+  for (size_t r = 0; r < seqs.size(); ++r) {
+    if (source_of[r] != r) {
+      if (seqs[r].request->score_prompt) seqs[r].result.prompt_nll = seqs[source_of[r]].result.prompt_nll;
+      continue;
+    }
+    local.prompt_tokens += int64_t(seqs[r].request->prompt.size());  // each source prefills
+  }
+  for (size_t r = 0; r < seqs.size(); ++r) {
+    local.generated_tokens += int64_t(seqs[r].result.tokens.size());
+    results[result_index[r]] = std::move(seqs[r].result);  // request order, then choice order
+  }
+  for (GenStats* s : {&totals.gen, stats}) {
+    if (!s) continue;
+    s->prefill_seconds += local.prefill_seconds;
+    s->decode_seconds += local.decode_seconds;
+    s->prompt_tokens += local.prompt_tokens;
+    s->shared_prompt_tokens += shared_prompt_tokens;
+    s->generated_tokens += local.generated_tokens;
+    s->decode_steps += local.decode_steps;
+  }
+  return results;
+}
+
+void OffloadEngine::Impl::release_all() {
+  for (const Ticket& t : a_stored) drain(t);
+  for (const auto& row : c_stored)
+    for (const auto& tickets : row)
+      for (const Ticket& t : tickets) drain(t);
+  for (size_t j = 0; j < w_held.size(); ++j) {
+    drain(w_held[j].ready);
+    release_weights(int(j));
+  }
+  for (auto& row : c_held)
+    for (Held& h : row) {
+      drain(h.ready);
+      free_slots(h, c_gpu, c_pin);
+      h = Held();
+    }
+  for (Held& h : a_held) {
+    drain(h.ready);
+    free_slots(h, a_gpu, a_pin);
+    h = Held();
+  }
+}
+
+}  // namespace strata
