@@ -43,4 +43,19 @@ __device__ __forceinline__ bool load_query_tile(const Params& p, int64_t tile, i
   return runs <= kMaxTileRuns && n_tokens >= int64_t(runs) * kMinTokensPerRun;
 }
 
+// The (token, query head) of a block of the per-token kernels, whose block x is token * heads +
+// head: a token's blocks are adjacent, so query heads that share a kv head run side by side and
+// read its keys and values through L2 instead of each from memory. Returns false when the
+// tensor-core kernel took the token's tile (the block then has nothing to do). Every thread of
+// the block must call it.
+template <class Params>
+__device__ __forceinline__ bool per_token_block(const Params& p, int64_t& token, int& head) {
+  token = blockIdx.x / p.heads;
+  head = int(blockIdx.x % p.heads);
+  if (!p.skip_tensor_core_tiles) return true;
+  __shared__ int32_t slot_s[kQueryTile];
+  __shared__ int32_t pos_s[kQueryTile];
+  return !load_query_tile(p, token / kQueryTile, slot_s, pos_s);
+}
+
 }  // namespace strata::cuda

@@ -51,15 +51,9 @@ __global__ void __launch_bounds__(kThreads) quant_attention_kernel(const QuantAt
   __shared__ float o_s[kThreads * kPer];
 
   const QuantRowLayout& l = p.row;
-  // Blocks of one token are adjacent, so query heads that share a kv head run side by side and
-  // read its keys and values through L2 instead of each from memory.
-  const int64_t t = blockIdx.x / p.heads;
-  if (p.skip_tensor_core_tiles) {
-    __shared__ int32_t tile_slots_s[kQueryTile];
-    __shared__ int32_t tile_pos_s[kQueryTile];
-    if (load_query_tile(p, t / kQueryTile, tile_slots_s, tile_pos_s)) return;  // uniform over the block
-  }
-  const int head = int(blockIdx.x % p.heads);
+  int64_t t;
+  int head;
+  if (!per_token_block(p, t, head)) return;  // uniform over the block
   const int d = l.n;
   const int words = int(l.code_bytes / 4);
   const int lane = threadIdx.x & 31;
