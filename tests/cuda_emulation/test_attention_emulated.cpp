@@ -70,7 +70,7 @@ Result run_case(const Case& c, Kernels kernels, std::mt19937& rng) {
   p.kv_pos_stride = kvh * d;
   p.kv_slot_stride = c.capacity * kvh * d;
   if (kernels != Kernels::PerTokenOnly) {
-    REQUIRE(tensor_core_attention_supports(int(d)));
+    REQUIRE(tensor_core_attention_supports(int(d), T));
     launch_tensor_core_attention(p, nullptr);
     p.skip_tensor_core_tiles = true;
   }

@@ -194,7 +194,7 @@ void check_quant_attention(const quant::QuantSpec& spec, int64_t T, int64_t head
   p.scale = c.scale;
   p.row = quant_row_layout(spec.bits, spec.group_size, int(d));
   if (tensor_cores) {
-    REQUIRE(tensor_core_attention_supports(int(d)));
+    REQUIRE(tensor_core_attention_supports(int(d), T));
     launch_tensor_core_quant_attention(p, nullptr);
     p.skip_tensor_core_tiles = true;
   }

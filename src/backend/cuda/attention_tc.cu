@@ -134,10 +134,11 @@ __global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const typename
   __shared__ int32_t slot_s[kQueryTile];
   __shared__ int32_t pos_s[kQueryTile];
 
-  const int64_t tile = blockIdx.x;
+  // A tile's heads are adjacent blocks, so query heads that share a kv head load its rows through L2.
+  const int64_t tile = blockIdx.y;
   if (!load_query_tile(p, tile, slot_s, pos_s)) return;  // uniform over the block
 
-  const int head = blockIdx.y;
+  const int head = blockIdx.x;
   const int d = Cache::head_dim(p);  // a multiple of 16, <= kMaxD
   const int chunks = d / 16;
   const int lane = threadIdx.x & 31;
@@ -292,7 +293,7 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 template <class Cache>
 void launch_tc(const typename Cache::Params& p, int head_dim, const char* what, cudaStream_t stream) {
   if (p.tokens == 0 || p.heads == 0) return;
-  const dim3 grid(unsigned(ceil_div(p.tokens, kQueryTile)), unsigned(p.heads));
+  const dim3 grid(unsigned(p.heads), unsigned(ceil_div(p.tokens, kQueryTile)));  // (head, query tile)
   if (head_dim <= 64) {
     attention_tc_kernel<4, Cache><<<grid, kTcThreads, 0, stream>>>(p);
   } else {
@@ -303,8 +304,9 @@ void launch_tc(const typename Cache::Params& p, int head_dim, const char* what, 
 
 }  // namespace
 
-bool tensor_core_attention_supports(int head_dim) {
-  return head_dim >= 16 && head_dim % 16 == 0 && head_dim <= kTensorCoreMaxHeadDim;
+bool tensor_core_attention_supports(int head_dim, int64_t tokens) {
+  return head_dim >= 16 && head_dim % 16 == 0 && head_dim <= kTensorCoreMaxHeadDim &&
+         ceil_div(tokens, kQueryTile) <= 65535;  // tiles are the grid's y
 }
 
 void launch_tensor_core_attention(const AttentionParams& p, cudaStream_t stream) {

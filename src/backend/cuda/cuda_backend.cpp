@@ -365,7 +365,7 @@ public:
     p.q_token_stride = heads * d;
     p.kv_pos_stride = kv_heads * d;
     p.kv_slot_stride = cache_k.dim(1) * kv_heads * d;
-    if (cuda::tensor_core_attention_enabled() && cuda::tensor_core_attention_supports(int(d))) {
+    if (cuda::tensor_core_attention_enabled() && cuda::tensor_core_attention_supports(int(d), T)) {
       cuda::launch_tensor_core_attention(p, stream_);
       p.skip_tensor_core_tiles = true;
     }
@@ -524,7 +524,7 @@ private:
     p.capacity = int(cache_k.dim(1));
     p.scale = scale;
     p.row = l;
-    if (cuda::tensor_core_attention_enabled() && cuda::tensor_core_attention_supports(l.n)) {
+    if (cuda::tensor_core_attention_enabled() && cuda::tensor_core_attention_supports(l.n, q.dim(0))) {
       cuda::launch_tensor_core_quant_attention(p, stream_);
       p.skip_tensor_core_tiles = true;
     }

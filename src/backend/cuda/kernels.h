@@ -80,9 +80,9 @@ void launch_attention(const AttentionParams& p, cudaStream_t stream);
 
 // attention_tc.cu: the query tiles of prefill runs (attention_tiles.cuh says which) on tensor
 // cores; launch_attention with skip_tensor_core_tiles then does the rest. Head dims that are
-// multiples of 16 up to kTensorCoreMaxHeadDim.
+// multiples of 16 up to kTensorCoreMaxHeadDim, steps of up to 65535 tiles of 64 tokens.
 constexpr int kTensorCoreMaxHeadDim = 128;
-bool tensor_core_attention_supports(int head_dim);
+bool tensor_core_attention_supports(int head_dim, int64_t tokens);
 void launch_tensor_core_attention(const AttentionParams& p, cudaStream_t stream);
 
 // sampling.cu: out[r] = argmax over logits[r, :] (lowest index on ties; NaN never wins).
