@@ -65,20 +65,27 @@ struct Warp {
 };
 
 struct Block {
-  explicit Block(int threads) : bar(threads), warps(size_t(threads + 31) / 32) {}
+  Block(int threads, size_t shared_bytes)
+      : bar(threads), warps(size_t(threads + 31) / 32), dynamic_shared((shared_bytes + 15) / 16) {}
   std::barrier<> bar;
   std::atomic<int> count{0};
   std::vector<Warp> warps;
+  std::vector<uint4> dynamic_shared;  // `extern __shared__` memory, 16-byte aligned
 };
 
 inline thread_local Block* block = nullptr;
 inline Warp& warp() { return block->warps[threadIdx.x / 32]; }
 inline int lane() { return int(threadIdx.x % 32); }
+// What `extern __shared__ T name[];` becomes in the rewritten sources (host_source.cmake).
+template <class T>
+T* dynamic_shared() {
+  return reinterpret_cast<T*>(block->dynamic_shared.data());
+}
 
 // kernel(args...) over the grid with `threads` threads per block.
 template <class Kernel, class... Args>
-void launch(Kernel kernel, dim3 grid, int threads, const Args&... args) {
-  Block ctx(threads);
+void launch(Kernel kernel, dim3 grid, int threads, size_t shared_bytes, const Args&... args) {
+  Block ctx(threads, shared_bytes);
   std::vector<std::thread> pool;
   for (int tid = 0; tid < threads; ++tid) {
     pool.emplace_back([&, tid] {
@@ -104,9 +111,8 @@ void launch(Kernel kernel, dim3 grid, int threads, const Args&... args) {
 // emu::LaunchConfig{grid, block, shared_bytes, stream}).run(args...)`.
 struct LaunchConfig {
   template <class Grid, class BlockSize>
-  LaunchConfig(Grid g, BlockSize b, size_t shared_bytes, cudaStream_t) : grid(to_dim3(g)), threads(int(b)) {
-    if (shared_bytes != 0) std::abort();  // dynamic shared memory: not emulated
-  }
+  LaunchConfig(Grid g, BlockSize b, size_t shared, cudaStream_t)
+      : grid(to_dim3(g)), threads(int(b)), shared_bytes(shared) {}
   static dim3 to_dim3(dim3 d) { return d; }
   template <class N, class = std::enable_if_t<std::is_integral_v<N>>>
   static dim3 to_dim3(N n) {
@@ -114,13 +120,14 @@ struct LaunchConfig {
   }
   dim3 grid;
   int threads;
+  size_t shared_bytes;
 };
 template <class Kernel>
 struct Launch {
   Launch(Kernel k, LaunchConfig c) : kernel(k), config(c) {}
   template <class... Args>
   void run(const Args&... args) const {
-    launch(kernel, config.grid, config.threads, args...);
+    launch(kernel, config.grid, config.threads, config.shared_bytes, args...);
   }
   Kernel kernel;
   LaunchConfig config;

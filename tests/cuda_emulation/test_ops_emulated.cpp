@@ -1,0 +1,224 @@
+// The remaining CUDA kernels (embedding.cu, norm.cu, elementwise.cu, rope.cu, attention.cu's
+// kv_store) on the CPU through the emulation in fake/, against the CPU backend on the same
+// fp16-exact inputs, with the tolerances of tests/test_cuda_backend.cpp (fewer shapes). These
+// kernels have run on an H100; here they are kept under test for changes made without one.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernel_test_support.h"
+#include "kernels.h"
+#include "quant_kernel_cases.h"
+#include "strata/backend/backend.h"
+
+using namespace strata;
+using namespace strata::test;
+using namespace strata::cuda;
+
+namespace {
+
+// The CPU backend's result of an op over fp32 tensors made from host vectors.
+struct Cpu {
+  std::unique_ptr<Backend> be = make_cpu_backend(2);
+  std::vector<Buffer> keep;
+  Tensor f32(const std::vector<float>& v, std::initializer_list<int64_t> dims) {
+    keep.push_back(be->alloc(v.size() * 4));
+    Tensor t = keep.back().view(0, DType::F32, dims);
+    be->copy_to_device(t.data, v.data(), v.size() * 4);
+    return t;
+  }
+  Tensor i32(const std::vector<int32_t>& v) {
+    keep.push_back(be->alloc(v.size() * 4));
+    Tensor t = keep.back().view(0, DType::I32, {int64_t(v.size())});
+    be->copy_to_device(t.data, v.data(), v.size() * 4);
+    return t;
+  }
+  std::vector<float> read(const Tensor& t) {
+    std::vector<float> v(size_t(t.numel()));
+    be->copy_to_host_f32(t, v.data());
+    return v;
+  }
+};
+
+// fp16 buffers for the emulated kernels: a copy of v, or the 0xFF poison (fp16 NaN).
+std::vector<__half> halves(const std::vector<float>& v) {
+  std::vector<__half> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = __float2half_rn(v[i]);
+  return h;
+}
+std::vector<__half> poisoned(size_t n) {
+  std::vector<__half> h(n);
+  std::memset(h.data(), 0xFF, n * 2);
+  return h;
+}
+std::vector<float> floats(const std::vector<__half>& h) {
+  std::vector<float> v(h.size());
+  for (size_t i = 0; i < h.size(); ++i) v[i] = __half2float(h[i]);
+  return v;
+}
+
+// Every element within atol + rtol |want|; NaN never passes.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double atol, double rtol,
+                  const std::string& what) {
+  std::vector<double> w(want.begin(), want.end()), tol(want.size());
+  for (size_t i = 0; i < want.size(); ++i) tol[i] = atol + rtol * std::fabs(w[i]);
+  expect_within(got, w, tol, what);
+}
+
+}  // namespace
+
+TEST_CASE("emulated cuda: embedding and gather_rows match the CPU backend", "[emulated]") {
+  std::mt19937 rng(2);
+  for (int64_t T : {1, 17}) {
+    for (int64_t h : {72, 1000}) {
+      Cpu c;
+      const int64_t V = 300;
+      const std::vector<float> table = random_f16(size_t(V * h), rng);
+      std::vector<int32_t> ids(static_cast<size_t>(T));
+      for (auto& id : ids) id = int32_t(rng() % V);
+      ids[0] = int32_t(V - 1);
+      const std::vector<float> base = random_f16(size_t(T * h), rng);
+      const std::vector<__half> table16 = halves(table);
+      for (bool accumulate : {false, true}) {
+        Tensor c_out = c.f32(base, {T, h});
+        c.be->embedding(c.i32(ids), c.f32(table, {V, h}), c_out, accumulate);
+        std::vector<__half> out = accumulate ? halves(base) : poisoned(size_t(T * h));
+        launch_gather_rows(table16.data(), V, ids.data(), T, h, accumulate, out.data(), nullptr);
+        expect_close(floats(out), c.read(c_out), accumulate ? 1e-3 : 0.0, accumulate ? 1e-3 : 0.0,
+                     label(accumulate ? "embedding+=" : "embedding", {T, h}));
+      }
+    }
+  }
+}
+
+TEST_CASE("emulated cuda: layer_norm and rms_norm match the CPU backend", "[emulated]") {
+  std::mt19937 rng(3);
+  for (int64_t T : {1, 5}) {
+    for (int64_t h : {72, 1000}) {
+      Cpu c;
+      const std::vector<float> x = random_f16(size_t(T * h), rng, 2.0f, 4.0f);  // an offset tests the mean
+      const std::vector<float> w = random_f16(size_t(h), rng, 0.5f, 1.5f);
+      const std::vector<float> b = random_f16(size_t(h), rng, -0.5f, 0.5f);
+      const std::vector<__half> x16 = halves(x), w16 = halves(w), b16 = halves(b);
+      for (bool with_bias : {true, false}) {
+        Tensor c_out = c.f32(std::vector<float>(size_t(T * h)), {T, h});
+        c.be->layer_norm(c.f32(x, {T, h}), c.f32(w, {h}), with_bias ? c.f32(b, {h}) : Tensor(), 1e-5f, c_out);
+        std::vector<__half> out = poisoned(size_t(T * h));
+        launch_layer_norm(x16.data(), w16.data(), with_bias ? b16.data() : nullptr, 1e-5f, T, h, out.data(), nullptr);
+        expect_close(floats(out), c.read(c_out), 3e-3, 3e-3, label("layer_norm", {T, h, with_bias}));
+      }
+      Tensor c_out = c.f32(std::vector<float>(size_t(T * h)), {T, h});
+      c.be->rms_norm(c.f32(x, {T, h}), c.f32(w, {h}), 1e-6f, c_out);
+      std::vector<__half> in_place = x16;  // out aliases x
+      launch_rms_norm(in_place.data(), w16.data(), 1e-6f, T, h, in_place.data(), nullptr);
+      expect_close(floats(in_place), c.read(c_out), 3e-3, 3e-3, label("rms_norm in place", {T, h}));
+    }
+  }
+}
+
+TEST_CASE("emulated cuda: add, activations, swiglu and the bias add match the CPU backend", "[emulated]") {
+  std::mt19937 rng(5);
+  const int64_t T = 3, h = 1001;
+  Cpu c;
+  const std::vector<float> a = random_f16(size_t(T * h), rng, -4.0f, 4.0f);
+  const std::vector<float> b = random_f16(size_t(T * h), rng, -4.0f, 4.0f);
+  const std::vector<__half> a16 = halves(a), b16 = halves(b);
+  const int64_t n = T * h;
+
+  Tensor c_sum = c.f32(std::vector<float>(size_t(n)), {T, h});
+  c.be->add(c.f32(a, {T, h}), c.f32(b, {T, h}), c_sum);
+  std::vector<__half> sum = poisoned(size_t(n));
+  launch_add(a16.data(), b16.data(), sum.data(), n, nullptr);
+  expect_close(floats(sum), c.read(c_sum), 1e-3, 1e-3, "add");
+
+  for (Activation act : {Activation::ReLU, Activation::GELU}) {
+    Tensor c_x = c.f32(a, {T, h});
+    c.be->activation(act, c_x);
+    std::vector<__half> x = a16;
+    launch_activation(act == Activation::ReLU ? ActKind::ReLU : ActKind::GELU, x.data(), n, nullptr);
+    expect_close(floats(x), c.read(c_x), 1e-3, 2e-3, act == Activation::ReLU ? "relu" : "gelu");
+  }
+
+  Tensor c_s = c.f32(std::vector<float>(size_t(n)), {T, h});
+  c.be->swiglu(c.f32(a, {T, h}), c.f32(b, {T, h}), c_s);
+  std::vector<__half> gate = a16;  // out aliases gate
+  launch_swiglu(gate.data(), b16.data(), gate.data(), n, nullptr);
+  expect_close(floats(gate), c.read(c_s), 2e-3, 2e-3, "swiglu in place");
+
+  // y += bias, against the sum in fp32.
+  const std::vector<float> bias = random_f16(size_t(h), rng);
+  std::vector<float> want(static_cast<size_t>(n));
+  for (int64_t r = 0; r < T; ++r)
+    for (int64_t k = 0; k < h; ++k) want[size_t(r * h + k)] = a[size_t(r * h + k)] + bias[size_t(k)];
+  std::vector<__half> y = a16;
+  const std::vector<__half> bias16 = halves(bias);
+  launch_bias_add(y.data(), bias16.data(), T, h, nullptr);
+  expect_close(floats(y), want, 2e-3, 2e-3, "bias add");
+}
+
+TEST_CASE("emulated cuda: rope matches the CPU backend, long positions included", "[emulated]") {
+  std::mt19937 rng(6);
+  const int64_t T = 3;
+  for (auto [heads, d] : std::vector<std::pair<int64_t, int64_t>>{{6, 20}, {2, 128}}) {
+    Cpu c;
+    std::vector<float> inv_freq(size_t(d / 2));
+    for (int64_t i = 0; i < d / 2; ++i) inv_freq[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(d));
+    const std::vector<int32_t> pos{131071, 7, int32_t(rng() % 5000)};
+    const std::vector<float> x = random_f16(size_t(T * heads * d), rng);
+    Tensor c_x = c.f32(x, {T, heads, d});
+    c.be->rope(c_x, c.i32(pos), c.f32(inv_freq, {d / 2}));
+    std::vector<__half> x16 = halves(x);
+    RopeParams p{};
+    p.x = x16.data();
+    p.positions = pos.data();
+    p.inv_freq = inv_freq.data();
+    p.tokens = T;
+    p.heads = int(heads);
+    p.head_dim = int(d);
+    p.token_stride = heads * d;
+    launch_rope(p, nullptr);
+    expect_close(floats(x16), c.read(c_x), 2e-3, 2e-3, label("rope", {T, heads, d}));
+  }
+}
+
+TEST_CASE("emulated cuda: kv_store writes exactly the addressed cache rows", "[emulated]") {
+  std::mt19937 rng(7);
+  const int64_t T = 5, S = 3, C = 37;
+  for (auto [kvh, d] : std::vector<std::pair<int64_t, int64_t>>{{2, 20}, {8, 128}}) {
+    // Distinct (slot, position) pairs, the last position included, and one token out of range.
+    const std::vector<int32_t> slots{0, 1, 2, 0, 3}, pos{int32_t(C - 1), 5, 12, 30, 0};
+    const std::vector<float> k = random_f16(size_t(T * kvh * d), rng), v = random_f16(size_t(T * kvh * d), rng);
+    const std::vector<float> cache = random_f16(size_t(S * C * kvh * d), rng);
+    std::vector<float> want_k = cache, want_v = cache;
+    for (int64_t t = 0; t < T; ++t) {
+      if (slots[size_t(t)] >= S) continue;
+      for (int64_t i = 0; i < kvh * d; ++i) {
+        const size_t at = size_t((slots[size_t(t)] * C + pos[size_t(t)]) * kvh * d + i);
+        want_k[at] = k[size_t(t * kvh * d + i)];
+        want_v[at] = v[size_t(t * kvh * d + i)];
+      }
+    }
+    const std::vector<__half> k16 = halves(k), v16 = halves(v);
+    std::vector<__half> ck = halves(cache), cv = halves(cache);
+    KvStoreParams p{};
+    p.k = k16.data();
+    p.v = v16.data();
+    p.cache_k = ck.data();
+    p.cache_v = cv.data();
+    p.slots = slots.data();
+    p.positions = pos.data();
+    p.tokens = T;
+    p.row = kvh * d;
+    p.slot_count = int(S);
+    p.capacity = int(C);
+    launch_kv_store(p, nullptr);
+    expect_close(floats(ck), want_k, 0.0, 0.0, label("kv_store k", {kvh, d}));
+    expect_close(floats(cv), want_v, 0.0, 0.0, label("kv_store v", {kvh, d}));
+  }
+}
