@@ -97,7 +97,7 @@ TEST_CASE("emulated cuda: embedding and gather_rows match the CPU backend", "[em
   }
 }
 
-TEST_CASE("emulated cuda: layer_norm and rms_norm match the CPU backend", "[emulated]") {
+TEST_CASE("emulated cuda: layer_norm and rms_norm match the CPU backend", "[emulated][tsan]") {
   std::mt19937 rng(3);
   for (int64_t T : {1, 5}) {
     for (int64_t h : {72, 1000}) {
@@ -162,7 +162,7 @@ TEST_CASE("emulated cuda: add, activations, swiglu and the bias add match the CP
   expect_close(floats(y), want, 2e-3, 2e-3, "bias add");
 }
 
-TEST_CASE("emulated cuda: rope matches the CPU backend, long positions included", "[emulated]") {
+TEST_CASE("emulated cuda: rope matches the CPU backend, long positions included", "[emulated][tsan]") {
   std::mt19937 rng(6);
   const int64_t T = 3;
   for (auto [heads, d] : std::vector<std::pair<int64_t, int64_t>>{{6, 20}, {2, 128}}) {
