@@ -1,5 +1,5 @@
-// A thread-per-lane CPU emulation of the CUDA features our attention kernels use, so their source
-// runs on the host (tests/cuda_emulation/README.md). Each thread of a block is a host thread;
+// A thread-per-lane CPU emulation of the CUDA features our kernels use, so their source runs on
+// the host (tests/cuda_emulation/README.md). Each thread of a block is a host thread;
 // the block's threads step through the grid's blocks together. __syncthreads and __syncwarp are
 // barriers, shuffles exchange through a per-warp array between two barriers, and __shared__
 // variables are function statics (blocks run one after another). Run under ThreadSanitizer, a
@@ -13,9 +13,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 #include <cstring>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #define __global__
