@@ -305,7 +305,9 @@ void launch_tc(const typename Cache::Params& p, int head_dim, const char* what, 
 }  // namespace
 
 bool tensor_core_attention_supports(int head_dim, int64_t tokens) {
-  return head_dim >= 16 && head_dim % 16 == 0 && head_dim <= kTensorCoreMaxHeadDim &&
+  // Fewer than kMinTokensPerRun tokens (decode of a small batch) fill no tile the rule takes:
+  // no launch, and the per-token kernel skips nothing.
+  return head_dim >= 16 && head_dim % 16 == 0 && head_dim <= kTensorCoreMaxHeadDim && tokens >= kMinTokensPerRun &&
          ceil_div(tokens, kQueryTile) <= 65535;  // tiles are the grid's y
 }
 
