@@ -68,6 +68,7 @@ public:
   Tensor positions() const { return pos_.rows(0, T_); }
 
 private:
+  void upload_indices(const StepBatch& batch);
   void norm(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out);
   void copy_prefixes(const Tensor& cache_k, const Tensor& cache_v);
 
@@ -78,6 +79,7 @@ private:
   std::vector<PrefixCopy> copies_;
   Tensor xn_, q_, k_, v_, attn_, mlp_a_, mlp_b_, last_, logits_;
   Tensor ids_, pos_, pos_shifted_, slots_, rows_;
+  std::vector<int32_t> uploaded_;  // the index pieces' contents on the device, as last uploaded
 };
 
 }  // namespace strata
