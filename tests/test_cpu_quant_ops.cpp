@@ -1,13 +1,18 @@
 // The CPU backend's ops over group-wise quantized tensors (Q4/Q8): the fused linear that reads a
-// weight's codes, kv_store into a quantized cache and attention over it. Each is compared with the
-// same op over fp32 data the host reference (quant::dequantize_rows, itself checked against numpy
-// in test_quant.cpp) produced, so the fused paths must compute over exactly the reference's values.
+// weight's codes, kv_store into a quantized cache and attention over it. The linear and prefill
+// attention are compared with the same op over fp32 data the host reference
+// (quant::dequantize_rows, itself checked against numpy in test_quant.cpp) produced: they compute
+// over exactly the reference's values. Decode attention reads the codes in factored form (s (q . c)
+// + m sum q, cpu_quant.h), which rounds differently: it is held to double arithmetic over the
+// exact values c s + m within a worst-case bound.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernel_test_support.h"
@@ -17,6 +22,7 @@
 
 using namespace strata;
 using test::spec_of;
+using test::to_half;
 
 namespace {
 
@@ -42,6 +48,101 @@ Quantized quantize(const quant::QuantSpec& s, const std::vector<float>& x, int64
 }
 
 Tensor f32(std::vector<float>& v, std::initializer_list<int64_t> dims) { return Tensor(v.data(), DType::F32, Device::CPU, dims); }
+
+// Row r of a quantized tensor as exact values c s + m in double, and the magnitudes c s + |m| that
+// bound what a factored sum over it can lose (quant.h's layout: codes in 4-byte words, then the
+// fp16 scales, then the fp16 minimums).
+void exact_row(const quant::QuantSpec& spec, const uint8_t* rows, int64_t r, int64_t n, double* value, double* magnitude) {
+  const uint8_t* row = rows + size_t(r) * quant::row_bytes(spec, n);
+  const size_t code_bytes = (size_t(n) * size_t(spec.bits) + 31) / 32 * 4;
+  const int64_t groups = (n + spec.group_size - 1) / spec.group_size;
+  auto half_at = [&](int64_t k) {
+    uint16_t h;
+    std::memcpy(&h, row + code_bytes + 2 * size_t(k), 2);
+    return double(half_to_float(h));
+  };
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t g = i / spec.group_size;
+    const unsigned c = spec.bits == 8 ? row[i] : (i % 2 == 0 ? row[i / 2] & 0xfu : unsigned(row[i / 2]) >> 4);
+    const double cs = double(c) * half_at(g), m = half_at(groups + g);
+    value[i] = cs + m;
+    magnitude[i] = std::fabs(cs) + std::fabs(m);
+  }
+}
+
+// Decode attention over quantized caches k, v ([S, C, kv_heads] rows of d) in double over their exact
+// values, with a worst-case bound per output element o_i = sum_j p_j v_ji:
+//  - a score s_j = scale q . k_j, summed per group as s_g (q . c) + m_g (sum of q), is off by at most
+//    ds = (d + 16) 2^-24 (scale sum_i |q_i| (c_ji s + |m|) + 2 max |s|) (the group sums, their
+//    combination, the scale, the subtraction of the running max);
+//  - each weight then by ds plus a few ulp per exp and per tile rescale, the normalization by as
+//    much again, and the sums over n keys (codes times w s, and minimums times w, apart) by n ulp:
+//    |error| <= (2 ds + (n + 64) 2^-22) sum_j p_j (|c_ji s| + |m|). We allow 4 ds + (n + 256) 2^-21;
+//  - fp16 outputs round once more: 2^-11 |o_i|.
+struct DecodeReference {
+  std::vector<double> want, tol;
+};
+DecodeReference decode_reference(const quant::QuantSpec& spec, const std::vector<uint8_t>& k, const std::vector<uint8_t>& v,
+                                 const std::vector<float>& q, int64_t heads, int64_t kv_heads, int64_t d, int64_t C,
+                                 const std::vector<int32_t>& slots, const std::vector<int32_t>& pos, double scale,
+                                 bool f16_out) {
+  DecodeReference r;
+  r.want.resize(q.size());
+  r.tol.resize(q.size());
+  const double ulp = std::ldexp(1.0, -24);
+  std::vector<double> kv(static_cast<size_t>(d)), km(kv.size()), vv(kv.size()), vm(kv.size());
+  for (size_t t = 0; t < slots.size(); ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t kvh = h / (heads / kv_heads), n = pos[t] + 1;
+      const auto row = [&](int64_t j) { return (int64_t(slots[t]) * C + j) * kv_heads + kvh; };
+      const float* qt = q.data() + (int64_t(t) * heads + h) * d;
+      std::vector<double> s(static_cast<size_t>(n)), p(s.size());
+      double s_max = -INFINITY, s_abs = 0, qk_abs = 0, denom = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        exact_row(spec, k.data(), row(j), d, kv.data(), km.data());
+        double dot = 0, mag = 0;
+        for (int64_t i = 0; i < d; ++i) {
+          dot += double(qt[i]) * kv[size_t(i)];
+          mag += std::fabs(double(qt[i])) * km[size_t(i)];
+        }
+        s[size_t(j)] = dot * scale;
+        s_max = std::max(s_max, s[size_t(j)]);
+        s_abs = std::max(s_abs, std::fabs(s[size_t(j)]));
+        qk_abs = std::max(qk_abs, mag * scale);
+      }
+      for (int64_t j = 0; j < n; ++j) denom += p[size_t(j)] = std::exp(s[size_t(j)] - s_max);
+      const double ds = double(d + 16) * ulp * (qk_abs + 2 * s_abs);
+      const double eps = 4 * ds + double(n + 256) * std::ldexp(1.0, -21);
+      std::vector<double> o(static_cast<size_t>(d), 0.0), mag(o.size(), 0.0);
+      for (int64_t j = 0; j < n; ++j) {
+        exact_row(spec, v.data(), row(j), d, vv.data(), vm.data());
+        for (int64_t i = 0; i < d; ++i) {
+          o[size_t(i)] += p[size_t(j)] / denom * vv[size_t(i)];
+          mag[size_t(i)] += p[size_t(j)] / denom * vm[size_t(i)];
+        }
+      }
+      for (int64_t i = 0; i < d; ++i) {
+        const size_t at = size_t((int64_t(t) * heads + h) * d + i);
+        r.want[at] = o[size_t(i)];
+        r.tol[at] = eps * mag[size_t(i)] + (f16_out ? std::ldexp(1.0, -11) : ulp) * std::fabs(o[size_t(i)]) + ulp;
+      }
+    }
+  return r;
+}
+
+// |got - want| <= tol everywhere (NaN never passes), reporting the worst error against its bound.
+void expect_within(const std::vector<float>& got, const DecodeReference& r) {
+  REQUIRE(got.size() == r.want.size());
+  size_t bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(double(got[i]) - r.want[i]);
+    worst = std::max(worst, err / r.tol[i]);
+    if (!(err <= r.tol[i])) ++bad;
+  }
+  INFO(bad << " of " << got.size() << " elements off; worst error " << worst << " x the bound");
+  CHECK(bad == 0);
+}
 
 }  // namespace
 
@@ -124,15 +225,10 @@ TEST_CASE("cpu: kv_store quantizes each head's row as the reference does, attent
           CHECK(ck == want_k);
           CHECK(cv == want_v);
 
-          // Attention over the codes equals attention over the fp32 cache of their reference values.
-          std::vector<float> fk(size_t(S * C * kvh * d)), fv(fk.size());
-          quant::dequantize_rows(s, ck.data(), S * C * kvh, d, fk.data(), DType::F32);
-          quant::dequantize_rows(s, cv.data(), S * C * kvh, d, fv.data(), DType::F32);
-          std::vector<float> q = normal(size_t(T * heads * d), rng), got(q.size(), NAN), want(q.size(), NAN);
+          // Attention over the codes: double arithmetic over their exact values.
+          std::vector<float> q = normal(size_t(T * heads * d), rng), got(q.size(), NAN);
           be->attention(f32(q, {T, heads, d}), cache_k, cache_v, st, pt, 0.3f, f32(got, {T, heads, d}));
-          be->attention(f32(q, {T, heads, d}), f32(fk, {S, C, kvh, d}), f32(fv, {S, C, kvh, d}), st, pt, 0.3f,
-                        f32(want, {T, heads, d}));
-          CHECK(got == want);
+          expect_within(got, decode_reference(s, ck, cv, q, heads, kvh, d, C, slots, pos, 0.3, false));
         }
       }
 }
@@ -168,4 +264,47 @@ TEST_CASE("cpu: prefill attention over quantized caches equals it over their deq
       CHECK(got == want);
       CHECK(std::none_of(got.begin(), got.end(), [](float x) { return std::isnan(x); }));
     }
+}
+
+// Decode steps over long contexts (several key tiles, so the online softmax rescales the codes'
+// sums and the minimums' sums between them): multi-head rows read packed, grouped-query rows
+// widened once, head dims with a short last group (80 at group 64 or 128), a head dim that is not a
+// multiple of 16 (dequantized by the reference formula instead), fp32 and fp16 queries, and peaked
+// scores.
+TEST_CASE("cpu: decode attention over quantized caches matches double arithmetic over the exact values",
+          "[quant][cpu_attention]") {
+  auto be = make_cpu_backend(2);
+  std::mt19937 rng(11);
+  const std::array<int64_t, 3> shapes[] = {{4, 4, 64}, {4, 4, 128}, {8, 2, 128}, {6, 2, 80}, {3, 3, 80}, {4, 2, 40}};
+  for (const auto& sh : shapes)
+    for (int bits : {4, 8})
+      for (int group : {32, 64, 128})
+        for (float q_range : {1.0f, 6.0f}) {
+          const int64_t heads = sh[0], kvh = sh[1], d = sh[2], S = 3, C = 300;
+          const quant::QuantSpec s = spec_of(bits, group);
+          INFO("heads " << heads << "/" << kvh << ", d " << d << ", " << bits << "-bit g" << group << ", q in +-" << q_range);
+          std::vector<uint8_t> ck(size_t(S * C * kvh) * quant::row_bytes(s, d)), cv(ck.size());
+          const std::vector<float> k0 = test::random_floats(size_t(S * C * kvh * d), rng, -1.0f, 1.0f, false);
+          const std::vector<float> v0 = test::random_floats(k0.size(), rng, -1.0f, 1.0f, false);
+          quant::quantize_rows(s, k0.data(), DType::F32, S * C * kvh, d, ck.data());
+          quant::quantize_rows(s, v0.data(), DType::F32, S * C * kvh, d, cv.data());
+          const Tensor cache_k = Tensor::quantized(ck.data(), quant::dtype_of(s), group, Device::CPU, {S, C, kvh, d});
+          const Tensor cache_v = Tensor::quantized(cv.data(), quant::dtype_of(s), group, Device::CPU, {S, C, kvh, d});
+          // One token per sequence at positions in the first tile, at a tile's end and deep in.
+          std::vector<int32_t> slots{0, 1, 2, 1}, pos{299, 63, 140, 5};
+          const int64_t T = int64_t(slots.size());
+          const Tensor st(slots.data(), DType::I32, Device::CPU, {T}), pt(pos.data(), DType::I32, Device::CPU, {T});
+          std::vector<float> q = test::random_floats(size_t(T * heads * d), rng, -q_range, q_range, true);
+          const float scale = 1.0f / std::sqrt(float(d));
+          std::vector<float> got(q.size(), NAN);
+          be->attention(f32(q, {T, heads, d}), cache_k, cache_v, st, pt, scale, f32(got, {T, heads, d}));
+          expect_within(got, decode_reference(s, ck, cv, q, heads, kvh, d, C, slots, pos, double(scale), false));
+
+          std::vector<uint16_t> q16 = to_half(q), out16(q.size(), 0xFFFF);
+          be->attention(Tensor(q16.data(), DType::F16, Device::CPU, {T, heads, d}), cache_k, cache_v, st, pt, scale,
+                        Tensor(out16.data(), DType::F16, Device::CPU, {T, heads, d}));
+          std::vector<float> got16(q.size());
+          for (size_t i = 0; i < got16.size(); ++i) got16[i] = half_to_float(out16[i]);
+          expect_within(got16, decode_reference(s, ck, cv, q, heads, kvh, d, C, slots, pos, double(scale), true));
+        }
 }

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <string>
 #include <new>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -33,8 +34,11 @@ using cpu::dot;
 using cpu::f16;
 using cpu::f16_to_f32;
 using cpu::f32_to_f16;
-// Tag for attention over caches of group-wise quantized rows.
+// Tags for attention over caches of group-wise quantized rows, and for how a tile reads their
+// codes: packed as stored, or widened into a scratch row of scaled codes (cpu_quant.h).
 struct QuantRow {};
+struct PackedCodes {};
+struct ScaledCodes {};
 
 // Copies n values from src to dst, converting between F32 and F16 when their dtypes differ.
 inline void copy_converted(const void* src, DType src_dt, void* dst, DType dst_dt, int64_t n) {
@@ -481,9 +485,13 @@ private:
   // - Keys are visited in tiles of kTile with an online softmax (running max and denominator per
   //   query row), so the scores stay in L1 whatever the context; exponentials eight at a time.
   // - Rows are read as stored: without grouped queries dot and axpy widen an fp16 row in
-  //   registers (F16C), and a quantized row goes through the fused dot and axpy of cpu_quant.h;
-  //   with grouped queries a row is widened (or dequantized by the reference formula) once into
-  //   an fp32 scratch row that every query of its group reads.
+  //   registers (F16C); with grouped queries a row is widened once into an fp32 scratch row that
+  //   every query of its group reads.
+  // - Quantized rows are read as codes (cpu_quant.h): the queries and the output are kept in code
+  //   order, a score is sum_g s_g (q . c) + m_g (sum of q over g), and the minimums' share of the
+  //   output is summed per group and added at the end. Without grouped queries the codes are
+  //   widened in registers; with them, once per row into a scratch row of scaled codes c s. Head
+  //   dims that are not multiples of 16 dequantize each row by the reference formula instead.
   template <class Q, class Cache>
   void attend(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
               const Tensor& positions, float scale, const Tensor& out) {
@@ -499,17 +507,20 @@ private:
       row_bytes = quant::row_bytes(spec, d);
     }
     const size_t position_bytes = size_t(kv_heads) * row_bytes;
-    const bool fused = quantized && cpu::fused_row_ok(spec.group_size, d);
+    const bool coded = quantized && cpu::codes_row_ok(spec.group_size, d);
+    const int64_t code_groups = coded ? (d + spec.group_size - 1) / spec.group_size : 0;
     // Enough runs per token that every thread gets a few items even for one token.
     const int64_t runs = std::clamp<int64_t>((4 * pool_.size() + T - 1) / T, 1, kv_heads);
     const int64_t run_heads = (kv_heads + runs - 1) / runs, runs_per_token = (kv_heads + run_heads - 1) / run_heads;
     const int64_t max_rows = run_heads * group;  // query rows of one item
 
     pool_.parallel_for(T * runs_per_token, [&](int64_t w0, int64_t w1) {
-      const size_t query_floats = static_cast<size_t>(max_rows * d), widened_floats = static_cast<size_t>(run_heads * d);
-      std::vector<float> qs(query_floats), o(query_floats), sc(static_cast<size_t>(max_rows * kTile)),
-          m(static_cast<size_t>(max_rows)), l(static_cast<size_t>(max_rows)),
-          widened(quantized || !std::is_same_v<Cache, float> ? widened_floats : 0);
+      auto floats = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n)); };
+      std::vector<float> qs = floats(max_rows * d), o = floats(max_rows * d), sc = floats(max_rows * kTile),
+                         m = floats(max_rows), l = floats(max_rows), reorder = floats(coded ? d : 0),
+                         widened = floats(quantized || !std::is_same_v<Cache, float> ? run_heads * d : 0),
+                         q_sums = floats(max_rows * code_groups), min_sums = floats(max_rows * code_groups),
+                         row_mins = floats(run_heads * code_groups);
       for (int64_t w = w0; w < w1; ++w) {
         const int64_t t = w / runs_per_token, h0 = (w % runs_per_token) * run_heads;
         const int64_t run = std::min(run_heads, kv_heads - h0), rows = run * group;
@@ -518,7 +529,18 @@ private:
         const int64_t q0 = (t * heads + h0 * group) * d;  // the item's first query element
         if constexpr (std::is_same_v<Q, f16>) f16_to_f32(q.ptr<f16>() + q0, qs.data(), rows * d);
         else std::memcpy(qs.data(), q.ptr<float>() + q0, size_t(rows * d) * 4);
+        if (coded)
+          for (int64_t r = 0; r < rows; ++r) {
+            float* qr = qs.data() + r * d;
+            for (int64_t g = 0; g < code_groups; ++g) {
+              const int64_t first = g * spec.group_size, end = std::min<int64_t>(d, first + spec.group_size);
+              q_sums[size_t(r * code_groups + g)] = std::accumulate(qr + first, qr + end, 0.0f);
+            }
+            cpu::to_code_order(spec.bits, qr, d, reorder.data());
+            std::copy(reorder.begin(), reorder.end(), qr);
+          }
         std::fill(o.begin(), o.begin() + rows * d, 0.0f);
+        std::fill(min_sums.begin(), min_sums.begin() + rows * code_groups, 0.0f);
         std::fill(m.begin(), m.begin() + rows, -INFINITY);
         std::fill(l.begin(), l.begin() + rows, 0.0f);
         const size_t first_row = size_t(s) * size_t(C) * position_bytes + size_t(h0) * row_bytes;
@@ -526,11 +548,12 @@ private:
         const uint8_t* v_base = cache_v.ptr<uint8_t>() + first_row;
         const size_t run_bytes = size_t(run) * row_bytes;
         // Without grouped queries a row is read by one query, so dot and axpy widen an fp16 row
-        // (or dequantize a quantized one) in registers; with them it is widened once into
-        // `widened` for all the queries of its group.
-        const bool widen = !std::is_same_v<Cache, float> && (group > 1 || (quantized && !fused));
-        // The run's rows at position j ([run, d]: fp32 when widened, else as stored), prefetching
-        // position j + kPrefetchAhead.
+        // (or a quantized row's codes) in registers; with them it is widened once into
+        // `widened` for all the queries of its group. Quantized rows of other head dims are
+        // dequantized there.
+        const bool widen = !std::is_same_v<Cache, float> && (group > 1 || (quantized && !coded));
+        // The run's rows at position j ([run, d]: widened, else as stored), prefetching position
+        // j + kPrefetchAhead.
         auto run_rows = [&](const uint8_t* base, int64_t j) -> const void* {
           if (j + kPrefetchAhead <= p) {
             const char* ahead = reinterpret_cast<const char*>(base + size_t(j + kPrefetchAhead) * position_bytes);
@@ -539,34 +562,49 @@ private:
           const uint8_t* row = base + size_t(j) * position_bytes;
           if (!widen) return row;
           if constexpr (quantized) {
-            for (int64_t h = 0; h < run; ++h)
-              cpu::dequantize_row_f32(row + size_t(h) * row_bytes, spec.bits, spec.group_size, d, widened.data() + h * d);
+            for (int64_t h = 0; h < run; ++h) {
+              const uint8_t* rh = row + size_t(h) * row_bytes;
+              if (coded)
+                cpu::widen_scaled_codes(rh, spec.bits, spec.group_size, d, widened.data() + h * d,
+                                        row_mins.data() + h * code_groups);
+              else
+                cpu::dequantize_row_f32(rh, spec.bits, spec.group_size, d, widened.data() + h * d);
+            }
           } else if constexpr (std::is_same_v<Cache, f16>) {
             f16_to_f32(reinterpret_cast<const f16*>(row), widened.data(), run * d);
           }
           return widened.data();
         };
-        // The tile's scores and weighted values, over run rows stored as Row (float, f16, or
-        // QuantRow: codes read by the fused dot and axpy).
+        // The tile's scores and weighted values for query rows r over run rows stored as Row
+        // (float, f16, PackedCodes or ScaledCodes).
         auto tile = [&](auto row_kind, int64_t start, int64_t n) {
           using Row = decltype(row_kind);
-          auto row_dot = [&](const float* qv, const void* rows_at, int64_t h) {
-            if constexpr (std::is_same_v<Row, QuantRow>)
-              return cpu::dot_quantized_row(qv, static_cast<const uint8_t*>(rows_at) + size_t(h) * row_bytes, spec.bits,
-                                            spec.group_size, d);
+          auto row_dot = [&](int64_t r, const void* rows_at, int64_t h) {
+            const float* qv = qs.data() + r * d;
+            if constexpr (std::is_same_v<Row, PackedCodes>)
+              return cpu::dot_packed_codes(qv, q_sums.data() + r * code_groups,
+                                           static_cast<const uint8_t*>(rows_at) + size_t(h) * row_bytes, spec.bits,
+                                           spec.group_size, d);
+            else if constexpr (std::is_same_v<Row, ScaledCodes>)
+              return cpu::dot_scaled_codes(qv, q_sums.data() + r * code_groups, widened.data() + h * d,
+                                           row_mins.data() + h * code_groups, spec.group_size, d);
             else
               return dot(qv, static_cast<const Row*>(rows_at) + h * d, d);
           };
-          auto row_axpy = [&](float weight, const void* rows_at, int64_t h, float* y) {
-            if constexpr (std::is_same_v<Row, QuantRow>)
-              cpu::axpy_quantized_row(weight, static_cast<const uint8_t*>(rows_at) + size_t(h) * row_bytes, spec.bits,
-                                      spec.group_size, d, y);
+          auto row_axpy = [&](float weight, const void* rows_at, int64_t h, int64_t r) {
+            float* y = o.data() + r * d;
+            if constexpr (std::is_same_v<Row, PackedCodes>)
+              cpu::axpy_packed_codes(weight, static_cast<const uint8_t*>(rows_at) + size_t(h) * row_bytes, spec.bits,
+                                     spec.group_size, d, y, min_sums.data() + r * code_groups);
+            else if constexpr (std::is_same_v<Row, ScaledCodes>)
+              cpu::axpy_scaled_codes(weight, widened.data() + h * d, row_mins.data() + h * code_groups, spec.group_size,
+                                     d, y, min_sums.data() + r * code_groups);
             else
               axpy(weight, static_cast<const Row*>(rows_at) + h * d, y, d);
           };
           for (int64_t j = 0; j < n; ++j) {
             const void* keys = run_rows(k_base, start + j);
-            for (int64_t r = 0; r < rows; ++r) sc[size_t(r * kTile + j)] = row_dot(qs.data() + r * d, keys, r / group) * scale;
+            for (int64_t r = 0; r < rows; ++r) sc[size_t(r * kTile + j)] = row_dot(r, keys, r / group) * scale;
           }
           for (int64_t r = 0; r < rows; ++r) {  // online softmax: the tile's weights, old sums rescaled
             float* row_sc = sc.data() + r * kTile;
@@ -574,23 +612,31 @@ private:
             const float alpha = std::exp(m[size_t(r)] - mx);  // 0 on the first tile
             l[size_t(r)] = l[size_t(r)] * alpha + cpu::exp_shifted_sum(row_sc, n, mx);
             m[size_t(r)] = mx;
-            if (alpha != 1.0f)
+            if (alpha != 1.0f) {
               for (float* x = o.data() + r * d; x != o.data() + (r + 1) * d; ++x) *x *= alpha;
+              for (int64_t g = 0; g < code_groups; ++g) min_sums[size_t(r * code_groups + g)] *= alpha;
+            }
           }
           for (int64_t j = 0; j < n; ++j) {
             const void* values = run_rows(v_base, start + j);
-            for (int64_t r = 0; r < rows; ++r) row_axpy(sc[size_t(r * kTile + j)], values, r / group, o.data() + r * d);
+            for (int64_t r = 0; r < rows; ++r) row_axpy(sc[size_t(r * kTile + j)], values, r / group, r);
           }
         };
         for (int64_t start = 0; start <= p; start += kTile) {
           const int64_t n = std::min<int64_t>(kTile, p + 1 - start);
-          if (widen) tile(float(), start, n);
-          else if constexpr (quantized) tile(QuantRow(), start, n);
-          else tile(Cache(), start, n);
+          if (coded && widen) tile(ScaledCodes(), start, n);
+          else if (coded) tile(PackedCodes(), start, n);
+          else if (widen) tile(float(), start, n);
+          else if constexpr (!quantized) tile(Cache(), start, n);
         }
         for (int64_t r = 0; r < rows; ++r) {
+          float* orow = o.data() + r * d;
+          if (coded) {  // back to element order, each group's share of the minimums added
+            cpu::from_code_order(spec.bits, orow, d, reorder.data());
+            for (int64_t i = 0; i < d; ++i) orow[i] = reorder[size_t(i)] + min_sums[size_t(r * code_groups + i / spec.group_size)];
+          }
           const float inv = 1.0f / l[size_t(r)];
-          for (float* x = o.data() + r * d; x != o.data() + (r + 1) * d; ++x) *x *= inv;
+          for (float* x = orow; x != orow + d; ++x) *x *= inv;
         }
         if constexpr (std::is_same_v<Q, f16>) f32_to_f16(o.data(), out.ptr<f16>() + q0, rows * d);
         else std::memcpy(out.ptr<float>() + q0, o.data(), size_t(rows * d) * 4);

@@ -1,10 +1,12 @@
 #include "cpu_quant.h"
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "cpu_simd.h"
 #include "strata/core/dtype.h"
@@ -49,52 +51,145 @@ inline __m256 codes_x8(const uint8_t* codes, int bits, int64_t i) {
 }
 #endif
 
-constexpr int64_t kMaxFusedGroups = 16;
+// A group's scale or minimum (fp16 bits) as fp32; one instruction with F16C.
+float half_at(const uint8_t* p) {
+#if defined(__F16C__)
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+#else
+  return load_half(p);
+#endif
+}
 
-// A row's fp16 group scales and minimums widened once, and its codes dequantized 8 at a time by
-// the formula of dequantize_row_f32 (product rounded, then the minimum added: no FMA here).
-class RowReader {
-public:
-  RowReader(const uint8_t* row, int bits, int group, int64_t n) : row_(row), bits_(bits) {
-    while ((int64_t(1) << shift_) < group) ++shift_;
-    const int64_t groups = (n + group - 1) / group;
-    const uint8_t* scales = row + code_bytes(bits, n);
-    for (int64_t g = 0; g < groups; ++g) {
-      scale_[g] = load_half(scales + 2 * g);
-      min_[g] = load_half(scales + 2 * groups + 2 * g);
+// Where element i sits in code order (cpu_quant.h): 4-bit blocks of 16 hold the even elements
+// first, then the odd ones.
+int64_t code_position(int bits, int64_t i) {
+  if (bits == 8) return i;
+  const int64_t r = i % 16;
+  return i - r + (r % 2 == 0 ? r / 2 : 8 + r / 2);
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// Sixteen codes from element i on (i a multiple of 16) as fp32 in code order.
+struct Sixteen {
+  __m256 lo, hi;
+};
+inline Sixteen packed16(const uint8_t* codes, int bits, int64_t i) {
+  if (bits == 4) {  // byte k holds elements 2k (low nibble) and 2k + 1 (high nibble)
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i / 2)));
+    return {_mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(0xf))), _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4))};
+  }
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+  return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
+}
+// The factored dot and axpy of cpu_quant.h over a row's packed codes. Four accumulators per group
+// hide the FMA latency.
+float dot_groups(const float* q, const float* q_sums, const uint8_t* row, int bits, int group, int64_t n) {
+  const uint8_t* scales = row + code_bytes(bits, n);
+  const uint8_t* mins = scales + 2 * ((n + group - 1) / group);
+  __m256 total = _mm256_setzero_ps();
+  float min_part = 0;
+  for (int64_t g = 0, first = 0; first < n; ++g, first += group) {
+    const int64_t end = std::min<int64_t>(n, first + group);
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    int64_t i = first;
+    for (; i + 32 <= end; i += 32) {
+      const Sixteen x = packed16(row, bits, i), y = packed16(row, bits, i + 16);
+      a0 = _mm256_fmadd_ps(x.lo, _mm256_loadu_ps(q + i), a0);
+      a1 = _mm256_fmadd_ps(x.hi, _mm256_loadu_ps(q + i + 8), a1);
+      a2 = _mm256_fmadd_ps(y.lo, _mm256_loadu_ps(q + i + 16), a2);
+      a3 = _mm256_fmadd_ps(y.hi, _mm256_loadu_ps(q + i + 24), a3);
+    }
+    if (i < end) {
+      const Sixteen x = packed16(row, bits, i);
+      a0 = _mm256_fmadd_ps(x.lo, _mm256_loadu_ps(q + i), a0);
+      a1 = _mm256_fmadd_ps(x.hi, _mm256_loadu_ps(q + i + 8), a1);
+    }
+    const __m256 sum = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+    total = _mm256_fmadd_ps(_mm256_set1_ps(half_at(scales + 2 * g)), sum, total);
+    min_part = std::fma(half_at(mins + 2 * g), q_sums[g], min_part);
+  }
+  return hsum(total) + min_part;
+}
+void axpy_groups(float w, const uint8_t* row, int bits, int group, int64_t n, float* y, float* min_sums) {
+  const uint8_t* scales = row + code_bytes(bits, n);
+  const uint8_t* mins = scales + 2 * ((n + group - 1) / group);
+  for (int64_t g = 0, first = 0; first < n; ++g, first += group) {
+    const int64_t end = std::min<int64_t>(n, first + group);
+    const __m256 ws = _mm256_set1_ps(w * half_at(scales + 2 * g));
+    min_sums[g] = std::fma(w, half_at(mins + 2 * g), min_sums[g]);
+    for (int64_t i = first; i < end; i += 16) {
+      const Sixteen x = packed16(row, bits, i);
+      _mm256_storeu_ps(y + i, _mm256_fmadd_ps(ws, x.lo, _mm256_loadu_ps(y + i)));
+      _mm256_storeu_ps(y + i + 8, _mm256_fmadd_ps(ws, x.hi, _mm256_loadu_ps(y + i + 8)));
     }
   }
-#if defined(__AVX2__)
-  __m256 eight(int64_t i) const {  // elements [i, i + 8), i a multiple of 8
-    const int64_t g = i >> shift_;
-    return _mm256_add_ps(_mm256_mul_ps(codes_x8(row_, bits_, i), _mm256_set1_ps(scale_[g])), _mm256_set1_ps(min_[g]));
-  }
-#else
-  int eight(int64_t) const { return 0; }
+}
 #endif
-  float one(int64_t i) const { return float(code_at(row_, bits_, i)) * scale_[i >> shift_] + min_[i >> shift_]; }
-
-private:
-  const uint8_t* row_;
-  int bits_, shift_ = 0;
-  float scale_[kMaxFusedGroups], min_[kMaxFusedGroups];
-};
 
 }  // namespace
 
-bool fused_row_ok(int group, int64_t n) {
-  return group > 0 && (group & (group - 1)) == 0 && group % 8 == 0 && n % 8 == 0 &&
-         (n + group - 1) / group <= kMaxFusedGroups;
+bool codes_row_ok(int group, int64_t n) { return group > 0 && group % 16 == 0 && n > 0 && n % 16 == 0; }
+
+void to_code_order(int bits, const float* x, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[code_position(bits, i)] = x[i];
+}
+void from_code_order(int bits, const float* x, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = x[code_position(bits, i)];
 }
 
-float dot_quantized_row(const float* a, const uint8_t* row, int bits, int group, int64_t n) {
-  const RowReader r(row, bits, group, n);
-  return dot_with(a, n, [&r](int64_t i) { return r.eight(i); }, [&r](int64_t i) { return r.one(i); });
+void widen_scaled_codes(const uint8_t* row, int bits, int group, int64_t n, float* scaled, float* mins) {
+  const int64_t groups = (n + group - 1) / group;
+  const uint8_t* params = row + code_bytes(bits, n);
+  for (int64_t g = 0, first = 0; g < groups; ++g, first += group) {
+    const float scale = half_at(params + 2 * g);
+    mins[g] = half_at(params + 2 * (groups + g));
+    const int64_t end = std::min<int64_t>(n, first + group);
+    int64_t i = first;
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 s = _mm256_set1_ps(scale);
+    for (; i + 16 <= end; i += 16) {
+      const Sixteen x = packed16(row, bits, i);
+      _mm256_storeu_ps(scaled + i, _mm256_mul_ps(x.lo, s));
+      _mm256_storeu_ps(scaled + i + 8, _mm256_mul_ps(x.hi, s));
+    }
+#endif
+    for (; i < end; ++i) scaled[code_position(bits, i)] = float(code_at(row, bits, i)) * scale;
+  }
 }
 
-void axpy_quantized_row(float alpha, const uint8_t* row, int bits, int group, int64_t n, float* y) {
-  const RowReader r(row, bits, group, n);
-  axpy_with(alpha, y, n, [&r](int64_t i) { return r.eight(i); }, [&r](int64_t i) { return r.one(i); });
+float dot_scaled_codes(const float* q_coded, const float* q_sums, const float* scaled, const float* mins, int group,
+                       int64_t n) {
+  float min_part = 0;
+  for (int64_t g = 0; g * group < n; ++g) min_part = std::fma(mins[g], q_sums[g], min_part);
+  return dot(q_coded, scaled, n) + min_part;
+}
+
+void axpy_scaled_codes(float w, const float* scaled, const float* mins, int group, int64_t n, float* y_coded,
+                       float* min_sums) {
+  for (int64_t g = 0; g * group < n; ++g) min_sums[g] = std::fma(w, mins[g], min_sums[g]);
+  axpy(w, scaled, y_coded, n);
+}
+
+float dot_packed_codes(const float* q_coded, const float* q_sums, const uint8_t* row, int bits, int group, int64_t n) {
+#if defined(__AVX2__) && defined(__FMA__)
+  return dot_groups(q_coded, q_sums, row, bits, group, n);
+#else
+  std::vector<float> scaled(static_cast<size_t>(n)), mins(scaled.size());
+  widen_scaled_codes(row, bits, group, n, scaled.data(), mins.data());
+  return dot_scaled_codes(q_coded, q_sums, scaled.data(), mins.data(), group, n);
+#endif
+}
+
+void axpy_packed_codes(float w, const uint8_t* row, int bits, int group, int64_t n, float* y_coded, float* min_sums) {
+#if defined(__AVX2__) && defined(__FMA__)
+  axpy_groups(w, row, bits, group, n, y_coded, min_sums);
+#else
+  std::vector<float> scaled(static_cast<size_t>(n)), mins(scaled.size());
+  widen_scaled_codes(row, bits, group, n, scaled.data(), mins.data());
+  axpy_scaled_codes(w, scaled.data(), mins.data(), group, n, y_coded, min_sums);
+#endif
 }
 
 void dequantize_row_f32(const uint8_t* row, int bits, int group, int64_t n, float* out) {

@@ -1,20 +1,47 @@
-// Dequantization of one group-wise quantized row (include/strata/quant/quant.h) into fp32, with
-// AVX2 where the build has it. The values equal quant::dequantize_rows' bit for bit (products
-// rounded before the add, no FMA), so the fused paths of the CPU backend compute over exactly the
-// weights and cache entries the reference describes.
+// Reading group-wise quantized rows (include/strata/quant/quant.h) on the CPU, with AVX2 where the
+// build has it: dequantization into fp32, and the factored dot and axpy decode attention reads
+// cache rows with.
 #pragma once
 #include <cstdint>
 
 namespace strata::cpu {
 
-// row: quantized_row_bytes(bits, group, n) bytes; out: n floats.
+// row: quantized_row_bytes(bits, group, n) bytes; out: n floats, equal to quant::dequantize_rows'
+// bit for bit (products rounded before the add, no FMA), so the linear and prefill attention
+// compute over exactly the weights and cache entries the reference describes.
 void dequantize_row_f32(const uint8_t* row, int bits, int group, int64_t n, float* out);
 
-// dot(a, dequantized row) and y += alpha * dequantized row, equal bit for bit to cpu_simd.h's dot
-// and axpy over dequantize_row_f32's output, without writing the row: each 8 codes are widened
-// and scaled in registers as the sum reads them. Only for rows fused_row_ok accepts.
-bool fused_row_ok(int group, int64_t n);  // n a multiple of 8, group a power of two, few groups
-float dot_quantized_row(const float* a, const uint8_t* row, int bits, int group, int64_t n);
-void axpy_quantized_row(float alpha, const uint8_t* row, int bits, int group, int64_t n, float* y);
+// Decode attention reads a quantized cache row without dequantizing it (docs/offload.md, "CPU
+// attention"). For the codes c and a group's scale s and minimum m, the row's values are c s + m
+// exactly (in real arithmetic), so
+//   q . row      = sum over groups of  s (q . c)  +  m (sum of q over the group)
+//   y += w row:    y += (w s) c over each group, and w m summed per group, added once at the end.
+// Codes are exact small integers in fp32, so nothing is rounded before the sums (or only c s, once,
+// in the scaled form below): the results are at least as close to the exact values c s + m as
+// dequantize_row_f32's (which rounds c s, then + m), though not equal to them bit for bit, and
+// cost a widening and one FMA per element instead of a widening, a multiply, an add and an FMA.
+//
+// Codes are widened 16 at a time (8 bytes of 4-bit codes, or 16 of 8-bit), and 4-bit codes come out
+// even elements first: within each block of 16 elements, 0, 2, .., 14, then 1, 3, .., 15 ("code
+// order"; 8-bit codes keep element order). q and y are kept in code order, so widening needs no
+// shuffle. For rows whose n and group are multiples of 16 (codes_row_ok).
+bool codes_row_ok(int group, int64_t n);
+// x (n values in element order) into code order and back.
+void to_code_order(int bits, const float* x, int64_t n, float* out);
+void from_code_order(int bits, const float* x, int64_t n, float* out);
+
+// A row read once per query, in registers. q_coded: n values in code order; q_sums: the sum of q
+// over each group. The axpy adds w (c s) to y_coded and w m to min_sums[g] per group, so that the
+// caller's final value of element i is y_coded[code position of i] + min_sums[group of i].
+float dot_packed_codes(const float* q_coded, const float* q_sums, const uint8_t* row, int bits, int group, int64_t n);
+void axpy_packed_codes(float w, const uint8_t* row, int bits, int group, int64_t n, float* y_coded, float* min_sums);
+
+// A row read by several queries (grouped-query attention): widened once into c s (fp32, code
+// order) and the groups' minimums, which plain fp32 dot and axpy then read.
+void widen_scaled_codes(const uint8_t* row, int bits, int group, int64_t n, float* scaled, float* mins);
+float dot_scaled_codes(const float* q_coded, const float* q_sums, const float* scaled, const float* mins, int group,
+                       int64_t n);
+void axpy_scaled_codes(float w, const float* scaled, const float* mins, int group, int64_t n, float* y_coded,
+                       float* min_sums);
 
 }  // namespace strata::cpu
