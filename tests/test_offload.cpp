@@ -474,6 +474,59 @@ TEST_CASE("the report counts the bytes each link moved, the trace opens as trace
   fs::remove(trace);
 }
 
+// With several units per sub-layer, each unit's step loads its share of the next sub-layer's
+// weights and waits only for that (FlexGen loads them all at the first unit and waits there).
+// Three GPU batches of one sequence, 4 tokens, tiny-llama's 2 layers: every (token, sub-layer)
+// but the block's first (loaded whole when it is needed) arrives in 3 copies, from the CPU tier
+// and from disk, the bytes are the whole layers', and the tokens are the resident run's.
+TEST_CASE("an offloaded sub-layer's weights load in one part per unit of the sub-layer before", "[offload]") {
+  auto backend = make_cpu_backend(2);
+  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
+  std::vector<GenRequest> reqs(3);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].prompt = {5, 6, 7, int32_t(8 + i)};
+    reqs[i].sampling.max_new_tokens = 4;
+    reqs[i].sampling.ignore_eos = true;
+  }
+  const std::vector<GenResult> want = [&] {
+    OffloadOptions opt;
+    opt.policy = policy_of(3, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0});
+    return OffloadEngine(model.config, *model.weights, *backend, opt, shape_of(reqs)).generate(reqs);
+  }();
+  for (const TierSplit weights : {TierSplit{0, 100, 0}, TierSplit{0, 0, 100}}) {
+    const bool disk = weights.disk == 100;
+    INFO((disk ? "weights on disk" : "weights on the cpu tier"));
+    OffloadOptions opt;
+    opt.policy = policy_of(1, 3, weights, {100, 0, 0}, {100, 0, 0});
+    opt.offload_dir = offload_dir("parts");
+    opt.trace = true;
+    OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+    const std::vector<GenResult> got = engine.generate(reqs);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i].tokens == want[i].tokens);
+    const PlacementPlan& plan = engine.plan();
+    CHECK(engine.report().cpu_to_gpu.bytes == 4u * 2u * (plan.attn_weight_bytes + plan.mlp_weight_bytes));
+
+    fs::create_directories(offload_dir("parts"));
+    const fs::path trace = offload_dir("parts") / "trace.json";
+    engine.write_trace(trace);
+    std::ifstream in(trace);
+    const json doc = json::parse(in);
+    int copies = 0, reads = 0;
+    for (const json& e : doc["traceEvents"]) {
+      if (e["ph"] != "X") continue;
+      const std::string name = e["name"].get<std::string>();
+      copies += name == "weights (attention)" || name == "weights (mlp)";
+      reads += name == "weights read";
+    }
+    const int sub_layer_loads = 4 * 2 * 2;  // tokens x layers x halves
+    CHECK(copies == 1 + 3 * (sub_layer_loads - 1));
+    CHECK(reads == (disk ? copies : 0));
+  }
+  std::error_code ec;
+  fs::remove_all(offload_dir("parts"), ec);
+}
+
 TEST_CASE("CUDA: offloaded policies give the resident CUDA run's greedy tokens", "[offload][cuda]") {
   if (!cuda_available()) {
     WARN("no GPU: skipped");

@@ -151,6 +151,7 @@ struct OffloadEngine::Impl {
   std::vector<BatchState> prefill_units, decode_units;  // the steps' sequence groups
   std::vector<std::vector<StepUnit>> step_units;        // [super-step]: what it computes, in order
   std::vector<Held> w_held;                 // [sub-layer]: 2 j for layer j's attention, 2 j + 1 its MLP
+  std::vector<size_t> w_issued;             // [sub-layer]: bytes of its weight load issued so far
   std::vector<std::vector<Held>> c_held;    // [unit][layer]
   std::vector<std::vector<std::vector<Ticket>>> c_stored;  // [batch][layer]: stores a reload waits for
   std::vector<Held> a_held;                 // [unit]
@@ -237,12 +238,18 @@ struct OffloadEngine::Impl {
   bool cache_moves(int t, int j) const { return plan.cache_tier[size_t(j)] != Tier::Gpu && !delegated(t, j); }
   bool mirrored(int t, int j) const { return delegated(t, j) && plan.cache_tier[size_t(j)] == Tier::Disk; }
 
-  // Sub-layer jj: half jj % 2 (0 attention, 1 MLP) of layer jj / 2.
-  void load_weights_async(int jj);
+  // Loads sub-layer jj's weights (half jj % 2 of layer jj / 2: 0 attention, 1 MLP) up to the end
+  // of part `part` of `parts` (disk -> pinned -> GPU; the first call takes the buffers). The step
+  // of unit u of sub-layer jj - 1 issues part u of n_units, so a sub-layer's load is spread over
+  // the steps of the units before it and each waits only for its share (docs/offload.md, "One
+  // step"). Returns the new part's ticket, invalid when nothing was issued; w_held[jj].ready
+  // always covers every part issued (each part waits for the one before).
+  Ticket load_weights_async(int jj, int part = 0, int parts = 1);
 
   void release_weights(int jj) {
     free_slots(w_held[size_t(jj)], w_gpu[jj % 2], w_pin[jj % 2]);
     w_held[size_t(jj)] = Held();
+    w_issued[size_t(jj)] = 0;
   }
 
   // Brings unit u's cache of layer j to where token i uses it: a GPU staging slot (through a

@@ -323,9 +323,12 @@ void OffloadEngine::Impl::step(int i, int jj, int u, int n_steps, bool has_prev,
   std::vector<std::function<void()>> after;
   const int subs = 2 * L;
   try {
-    if (u == 0 && (jj + 1 < subs || i + 1 < n_steps)) {
-      load_weights_async((jj + 1) % subs);
-      if (w_held[size_t((jj + 1) % subs)].ready.valid()) tickets.push_back(w_held[size_t((jj + 1) % subs)].ready);
+    // Part u of the next sub-layer's weights: FlexGen loads them all at the first unit and waits
+    // for them there, so a load longer than that unit's compute stalls it while the other units'
+    // compute goes uncovered.
+    if (jj + 1 < subs || i + 1 < n_steps) {
+      const Ticket part = load_weights_async((jj + 1) % subs, u, n_units(i));
+      if (part.valid()) tickets.push_back(part);
     }
     if (has_prev) {
       if (pjj % 2 == 0) store_cache(pi, pjj / 2, pu, tickets, after);  // only attention touches the cache
@@ -453,6 +456,7 @@ std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenReques
   size_t units = 0;
   for (const std::vector<StepUnit>& step_list : step_units) units = std::max(units, step_list.size());
   w_held.assign(size_t(2 * L), {});
+  w_issued.assign(size_t(2 * L), 0);
   c_held.assign(units, std::vector<Held>(size_t(L)));
   c_stored.assign(size_t(ngb), std::vector<std::vector<Ticket>>(size_t(L)));
   a_held.assign(units, {});

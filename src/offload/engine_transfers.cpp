@@ -96,24 +96,34 @@ SlotRange OffloadEngine::Impl::store_range(int i, int u) const {
   return {std::min(begin, shape.capacity()), std::min(b.pmax + t, shape.capacity())};
 }
 
-void OffloadEngine::Impl::load_weights_async(int jj) {
+Ticket OffloadEngine::Impl::load_weights_async(int jj, int part, int parts) {
   Held& h = w_held[size_t(jj)];
   const int j = jj / 2, half = jj % 2;
-  if (plan.weight_tier[size_t(j)] == Tier::Gpu || h.valid) return;
+  if (plan.weight_tier[size_t(j)] == Tier::Gpu) return Ticket();
   const Home& home = weight_home[size_t(j)];
-  h.valid = true;
-  h.gpu = w_gpu[half].acquire();
   const size_t offset = half ? halves.mlp_offset : 0, bytes = half ? halves.mlp_bytes : halves.attn_bytes;
-  const char* src = home.ptr + offset;
+  // Parts end on page boundaries (O_DIRECT reads), the last at the end of the half.
+  const size_t end = part + 1 >= parts ? bytes : std::min(bytes, align_up(bytes / size_t(parts) * size_t(part + 1), kPage));
+  size_t& issued = w_issued[size_t(jj)];
+  if (!h.valid) {
+    h.valid = true;
+    issued = 0;
+    h.gpu = w_gpu[half].acquire();
+    if (home.tier == Tier::Disk) h.pin = w_pin[half].acquire();
+  }
+  if (issued >= end) return Ticket();
+  const char* src = home.ptr + offset + issued;
   std::vector<Ticket> deps;
+  if (h.ready.valid()) deps.push_back(h.ready);
   if (home.tier == Tier::Disk) {
-    h.pin = w_pin[half].acquire();
-    char* pinned = w_pin[half].data(h.pin);
-    deps.push_back(disk_io(false, home.disk_offset + offset, pinned, bytes, "weights read", {}));
+    char* pinned = w_pin[half].data(h.pin) + issued;
+    deps.push_back(disk_io(false, home.disk_offset + offset + issued, pinned, end - issued, "weights read", {}));
     src = pinned;
   }
-  h.ready = copy_flat(CopyKind::HostToDevice, w_gpu[half].data(h.gpu), src, bytes, half ? "weights (mlp)" : "weights (attention)",
-                      std::move(deps));
+  h.ready = copy_flat(CopyKind::HostToDevice, w_gpu[half].data(h.gpu) + issued, src, end - issued,
+                      half ? "weights (mlp)" : "weights (attention)", std::move(deps));
+  issued = end;
+  return h.ready;
 }
 
 void OffloadEngine::Impl::load_cache_async(int i, int j, int u) {
