@@ -59,6 +59,7 @@ void ForwardOps::bind_workspace(void* base, int64_t T, int64_t R) {
   }
   ws_tokens_ = T;
   ws_rows_ = R;
+  indices_ = ids_.data;
   uploaded_.clear();
 }
 
@@ -93,23 +94,27 @@ void ForwardOps::begin_step(const StepBatch& batch, int cache_slots, int cache_c
   upload_indices(batch);
 }
 
-// The step's ids, positions, shifted positions, slots and logit rows are adjacent workspace pieces
-// (workspace_shapes), so they go up as one copy laid out like the pieces: on CUDA one stream
-// synchronization instead of five. The offloading engine begins a step for every sub-layer of a
-// unit with the same indices; those steps copy nothing.
+// The step's ids, positions, shifted positions, slots and logit rows go up as one copy (on CUDA one
+// stream synchronization instead of five): the five pieces are re-laid out for this step's T, each
+// 256-byte aligned as bind_workspace's, in the space bind_workspace gave them (sized for the
+// largest step), so the copy is about 4 T + R values whatever the workspace's size. The offloading
+// engine begins a step for every sub-layer of a unit; with one unit a sub-layer, the repeats find
+// the same bytes on the device and copy nothing.
 void ForwardOps::upload_indices(const StepBatch& batch) {
-  auto at = [this](const Tensor& piece) { return size_t(static_cast<char*>(piece.data) - static_cast<char*>(ids_.data)) / 4; };
   const size_t T = batch.tokens.size(), R = batch.logit_rows.size();
-  const size_t end = R > 0 ? at(rows_) + R : at(slots_) + T;
-  std::vector<int32_t> staged(end, 0);
-  std::copy(batch.tokens.begin(), batch.tokens.end(), staged.begin() + ptrdiff_t(at(ids_)));
-  std::copy(batch.positions.begin(), batch.positions.end(), staged.begin() + ptrdiff_t(at(pos_)));
+  const size_t piece = (T * 4 + 255) / 256 * 256 / 4;  // values per piece
+  Tensor* const pieces[] = {&ids_, &pos_, &pos_shifted_, &slots_, &rows_};
+  for (size_t k = 0; k < 5; ++k) pieces[k]->data = static_cast<char*>(indices_) + k * piece * 4;
+  std::vector<int32_t> staged(4 * piece + R, 0);
+  std::copy(batch.tokens.begin(), batch.tokens.end(), staged.begin());
+  std::copy(batch.positions.begin(), batch.positions.end(), staged.begin() + ptrdiff_t(piece));
   if (cfg_.pos == PosKind::Learned)  // OPT's table starts at index 2
-    for (size_t t = 0; t < T; ++t) staged[at(pos_shifted_) + t] = batch.positions[t] + cfg_.pos_offset;
-  std::copy(batch.slots.begin(), batch.slots.end(), staged.begin() + ptrdiff_t(at(slots_)));
-  std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), staged.begin() + ptrdiff_t(at(rows_)));
+    for (size_t t = 0; t < T; ++t) staged[2 * piece + t] = batch.positions[t] + cfg_.pos_offset;
+  std::copy(batch.slots.begin(), batch.slots.end(), staged.begin() + ptrdiff_t(3 * piece));
+  std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), staged.begin() + ptrdiff_t(4 * piece));
+  // Equal bytes mean the device already holds what this step's layout reads.
   if (staged == uploaded_) return;
-  backend_.copy_to_device(ids_.data, staged.data(), staged.size() * 4);
+  backend_.copy_to_device(indices_, staged.data(), staged.size() * 4);
   uploaded_ = std::move(staged);
 }
 

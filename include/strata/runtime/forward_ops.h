@@ -79,7 +79,8 @@ private:
   std::vector<PrefixCopy> copies_;
   Tensor xn_, q_, k_, v_, attn_, mlp_a_, mlp_b_, last_, logits_;
   Tensor ids_, pos_, pos_shifted_, slots_, rows_;
-  std::vector<int32_t> uploaded_;  // the index pieces' contents on the device, as last uploaded
+  void* indices_ = nullptr;        // where the index pieces start (upload_indices lays them out)
+  std::vector<int32_t> uploaded_;  // their contents on the device, as last uploaded
 };
 
 }  // namespace strata
