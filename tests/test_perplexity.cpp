@@ -19,6 +19,7 @@
 #include "strata/job/perplexity.h"
 #include "strata/model/model_loader.h"
 #include "strata/quant/quant.h"
+#include "strata/runtime/sampler.h"
 
 using namespace strata;
 using nlohmann::json;
@@ -146,6 +147,28 @@ TEST_CASE("token_nll: log-sum-exp minus the target's logit, stable for large log
   CHECK_THROWS_WITH(token_nll(bad, 2, 0), Catch::Contains("non-finite logits"));
   const float inf[] = {INFINITY, 0.0f};
   CHECK_THROWS_AS(token_nll(inf, 2, 1), Error);
+}
+
+// The rows go to the pool's threads in chunks; each row's value must be token_nll's, in row order,
+// and a bad row anywhere fails the whole call.
+TEST_CASE("token_nlls: every row's token_nll, in order, on any number of threads", "[perplexity][job]") {
+  const int64_t rows = 37, vocab = 101;
+  std::vector<float> logits(static_cast<size_t>(rows * vocab));
+  std::vector<int32_t> targets(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < vocab; ++j) logits[size_t(r * vocab + j)] = float(std::sin(double(r * 31 + j)) * (1 + r % 5));
+    targets[size_t(r)] = int32_t((r * 17) % vocab);
+  }
+  for (int threads : {1, 3}) {
+    ThreadPool pool(threads);
+    const std::vector<double> got = token_nlls(pool, logits.data(), rows, vocab, targets.data());
+    REQUIRE(got.size() == size_t(rows));
+    for (int64_t r = 0; r < rows; ++r) CHECK(got[size_t(r)] == token_nll(logits.data() + r * vocab, vocab, targets[size_t(r)]));
+    CHECK(token_nlls(pool, logits.data(), 0, vocab, targets.data()).empty());
+  }
+  ThreadPool pool(3);
+  logits[size_t(29 * vocab + 4)] = NAN;
+  CHECK_THROWS_WITH(token_nlls(pool, logits.data(), rows, vocab, targets.data()), Catch::Contains("non-finite logits"));
 }
 
 TEST_CASE("perplexity_of: windows handed to the scorer, totals and exp(mean NLL)", "[perplexity][job]") {

@@ -127,7 +127,8 @@ WindowScorer resident_scorer(Transformer& model, int64_t max_step_tokens) {
   if (max_step_tokens <= 0) max_step_tokens = std::max<int64_t>(1, int64_t(kStepLogitBytes / (size_t(vocab) * 4)));
   // The cache is made on the first window and remade only for a longer one.
   auto cache = std::make_shared<KvCache>();
-  return [&model, vocab, max_step_tokens, cache](const std::vector<int32_t>& window) {
+  auto pool = std::make_shared<ThreadPool>(0);  // the rows' log-softmax, on every core
+  return [&model, vocab, max_step_tokens, cache, pool](const std::vector<int32_t>& window) {
     const int64_t n = int64_t(window.size());
     STRATA_CHECK(n >= 2, "a window needs at least 2 tokens, got " << n);
     STRATA_CHECK(n <= model.config().max_positions,
@@ -153,8 +154,8 @@ WindowScorer resident_scorer(Transformer& model, int64_t max_step_tokens) {
       const int64_t rows = b - a;
       logits.resize(size_t(rows * vocab));
       model.backend().copy_to_host_f32(out, logits.data());
-      for (int64_t r = 0; r < rows; ++r)
-        nlls.push_back(token_nll(logits.data() + r * vocab, vocab, window[size_t(a + r + 1)]));
+      const std::vector<double> step_nlls = token_nlls(*pool, logits.data(), rows, vocab, window.data() + a + 1);
+      nlls.insert(nlls.end(), step_nlls.begin(), step_nlls.end());
     }
     return nlls;
   };

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "strata/core/error.h"
+#include "strata/core/thread_pool.h"
 #include "strata/offload/engine.h"
 #include "strata/offload/lanes.h"
 #include "strata/offload/tiers.h"
@@ -310,6 +311,7 @@ struct OffloadEngine::Impl {
   // Prefill's last sub-layer: the next-token NLL of every prompt position of the unit's sequences
   // that asked for it, through the head a workspace's worth of rows at a time (host reduction).
   void score_prompts(const BatchState& b, const Tensor& x, int64_t T);
+  std::unique_ptr<ThreadPool> score_pool;  // score_prompts' log-softmax rows, made on first use
 
   // Tokens [t0, t1) of a step, without logit rows (compute() selects them over the whole step).
   // Only a unit of one prompt runs in pieces (a unit of several fits a step: PrefillSteps), and

@@ -300,7 +300,9 @@ void OffloadEngine::Impl::score_prompts(const BatchState& b, const Tensor& x, in
         const int64_t vocab = l.dim(1);
         logits.resize(size_t(l.numel()));
         be.copy_to_host_f32(l, logits.data());
-        for (int32_t t = t0; t < t1; ++t) nll.push_back(token_nll(logits.data() + (t - t0) * vocab, vocab, prompt[size_t(t + 1)]));
+        if (!score_pool) score_pool = std::make_unique<ThreadPool>(0);
+        const std::vector<double> rows_nll = token_nlls(*score_pool, logits.data(), t1 - t0, vocab, prompt.data() + t0 + 1);
+        nll.insert(nll.end(), rows_nll.begin(), rows_nll.end());
       }
     }
     first += int32_t(prompt.size()) - b.prompt_start[k];

@@ -73,6 +73,15 @@ double token_nll(const float* logits, int64_t vocab, int32_t target) {
   return nll;
 }
 
+std::vector<double> token_nlls(ThreadPool& pool, const float* logits, int64_t rows, int64_t vocab,
+                               const int32_t* targets) {
+  std::vector<double> nlls(static_cast<size_t>(std::max<int64_t>(rows, 0)));
+  pool.parallel_for(rows, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) nlls[size_t(r)] = token_nll(logits + r * vocab, vocab, targets[r]);
+  });
+  return nlls;
+}
+
 StepLogprobs step_logprobs(const float* logits, int64_t vocab, int32_t sampled, int top) {
   STRATA_CHECK(sampled >= 0 && sampled < vocab, "token " << sampled << " outside the vocabulary of " << vocab);
   float mx = -INFINITY;

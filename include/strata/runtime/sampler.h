@@ -6,6 +6,8 @@
 #include <utility>
 #include <vector>
 
+#include "strata/core/thread_pool.h"
+
 namespace strata {
 
 struct SamplingParams {
@@ -23,6 +25,11 @@ struct SamplingParams {
 // perplexity). Throws strata::Error when the row holds a non-finite value (an fp16 overflow shows
 // up here, not as a NaN perplexity).
 double token_nll(const float* logits, int64_t vocab, int32_t target);
+// token_nll of `rows` rows of logits ([rows, vocab]) against targets[r], the rows spread over the
+// pool's threads (each row's value is token_nll's, so the result does not depend on the pool).
+// On a GPU the host's log-softmax over the vocabulary, not the forward pass, bounds scoring.
+std::vector<double> token_nlls(ThreadPool& pool, const float* logits, int64_t rows, int64_t vocab,
+                               const int32_t* targets);
 
 // A token and its log-probability under the model's own distribution: log_softmax of the raw
 // logits, before temperature, top-k and top-p (OpenAI's logprobs).
