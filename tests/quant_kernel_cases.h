@@ -177,15 +177,51 @@ inline QuantKvStoreCase make_quant_kv_store_case(const quant::QuantSpec& spec, i
   return c;
 }
 
+// One query row of attention in double over n keys and values of d elements, and a worst-case
+// bound per output element o_i = sum_j p_j v_ji. `key(j, i)` and `value(j, i)` give an element
+// and a magnitude that bounds what the kernel's sums over it can lose (|k| for a kernel that
+// reads the values themselves; |c s| + |m| for one that sums codes and minimums apart):
+//  - output rounding: out_rel |o_i| + 2^-24 (2^-11 for fp16 outputs);
+//  - a score s_j is off by at most ds = (d + 16) 2^-24 (scale sum_i |q_i| mag(k_ji) + 2 max |s|)
+//    (the scaled query's rounding, the fp32 dot product, the subtraction of the running max);
+//    each weight then by ds plus a few ulp per exp and per tile rescale, the normalization by as
+//    much again, and the sums over n keys by n ulp: |error| <= (2 ds + (n + 64) 2^-22) sum_j p_j
+//    mag(v_ji). We allow 4 ds + (n + 256) 2^-21.
+template <class Element>
+void attention_row_reference(const float* q, int64_t n, int64_t d, double scale, Element key, Element value,
+                             double out_rel, double* want, double* tol) {
+  std::vector<double> s(static_cast<size_t>(n)), p(s.size());
+  double s_max = -INFINITY, s_abs = 0, qk_abs = 0, denom = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    double dot = 0, mag = 0;
+    for (int64_t i = 0; i < d; ++i) {
+      const std::array<double, 2> k = key(j, i);
+      dot += double(q[i]) * k[0];
+      mag += std::fabs(double(q[i])) * k[1];
+    }
+    s[size_t(j)] = dot * scale;
+    s_max = std::max(s_max, s[size_t(j)]);
+    s_abs = std::max(s_abs, std::fabs(s[size_t(j)]));
+    qk_abs = std::max(qk_abs, mag * scale);
+  }
+  for (int64_t j = 0; j < n; ++j) denom += p[size_t(j)] = std::exp(s[size_t(j)] - s_max);
+  const double ds = double(d + 16) * kUlp32 * (qk_abs + 2 * s_abs);
+  const double eps = 4 * ds + double(n + 256) * std::ldexp(1.0, -21);
+  for (int64_t i = 0; i < d; ++i) {
+    double o = 0, mag = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const std::array<double, 2> v = value(j, i);
+      o += p[size_t(j)] / denom * v[0];
+      mag += p[size_t(j)] / denom * v[1];
+    }
+    want[i] = o;
+    tol[i] = out_rel * std::fabs(o) + eps * mag + kUlp32;
+  }
+}
+
 // Attention over a quantized cache against double arithmetic over the host's dequantized cache
-// (the kernels dequantize by the same fp32 formula, so keys and values are the same numbers).
-// Error bound per output element o_i = sum_j p_j v_ji (worst case):
-//  - fp16 output rounding: 2^-11 |o_i| + 2^-24;
-//  - a score s_j is off by at most ds = (d + 16) 2^-24 (scale sum_i |q_i k_ji| + 2 max |s|) (the
-//    scaled query's rounding, the fp32 dot product, the subtraction of the running max); each
-//    weight then by ds plus a few ulp per exp and per tile rescale, the normalization by as
-//    much again, and the sums over n keys by n ulp: |error| <= (2 ds + (n + 64) 2^-22) sum_j p_j |v_ji|.
-//    We allow 4 ds + (n + 256) 2^-21.
+// (the kernels dequantize by the same fp32 formula, so keys and values are the same numbers), with
+// attention_row_reference's bound for fp16 outputs.
 struct QuantAttentionCase {
   std::vector<uint8_t> k, v;  // [S, C, kv_heads] quantized rows of d
   std::vector<float> q;       // [T, heads, d], fp16 values
@@ -211,7 +247,6 @@ inline QuantAttentionCase make_quant_attention_case(const quant::QuantSpec& spec
   quant::dequantize_rows(spec, c.v.data(), rows, d, vd.data(), DType::F32);
   c.q = random_floats(size_t(T * heads * d), rng, -q_range, q_range, true);
   c.scale = 1.0f / std::sqrt(float(d));
-  const double scale = double(c.scale);
 
   c.want.resize(c.q.size());
   c.tol.resize(c.q.size());
@@ -219,33 +254,15 @@ inline QuantAttentionCase make_quant_attention_case(const quant::QuantSpec& spec
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t kvh = h / (heads / kv_heads), n = pos[size_t(t)] + 1;
       const auto at = [&](int64_t j, int64_t i) { return size_t(((slots[size_t(t)] * C + j) * kv_heads + kvh) * d + i); };
-      const float* qt = c.q.data() + (t * heads + h) * d;
-      std::vector<double> s(static_cast<size_t>(n)), p(static_cast<size_t>(n));
-      double s_max = -INFINITY, s_abs = 0, qk_abs = 0, denom = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        double dot = 0, mag = 0;
-        for (int64_t i = 0; i < d; ++i) {
-          dot += double(qt[i]) * kd[at(j, i)];
-          mag += std::fabs(double(qt[i]) * kd[at(j, i)]);
-        }
-        s[size_t(j)] = dot * scale;
-        s_max = std::max(s_max, s[size_t(j)]);
-        s_abs = std::max(s_abs, std::fabs(s[size_t(j)]));
-        qk_abs = std::max(qk_abs, mag * scale);
-      }
-      for (int64_t j = 0; j < n; ++j) denom += p[size_t(j)] = std::exp(s[size_t(j)] - s_max);
-      const double ds = double(d + 16) * kUlp32 * (qk_abs + 2 * s_abs);
-      const double eps = 4 * ds + double(n + 256) * std::ldexp(1.0, -21);
-      for (int64_t i = 0; i < d; ++i) {
-        double o = 0, mag = 0;
-        for (int64_t j = 0; j < n; ++j) {
-          o += p[size_t(j)] / denom * vd[at(j, i)];
-          mag += p[size_t(j)] / denom * std::fabs(double(vd[at(j, i)]));
-        }
-        const size_t k = size_t((t * heads + h) * d + i);
-        c.want[k] = o;
-        c.tol[k] = kHalfUlp16 * std::fabs(o) + eps * mag + kUlp32;
-      }
+      const auto element = [&at](const std::vector<float>& x) {
+        return [&x, &at](int64_t j, int64_t i) {
+          const double e = x[at(j, i)];
+          return std::array<double, 2>{e, std::fabs(e)};
+        };
+      };
+      const size_t k = size_t((t * heads + h) * d);
+      attention_row_reference(c.q.data() + k, n, d, double(c.scale), element(kd), element(vd), kHalfUlp16,
+                              c.want.data() + k, c.tol.data() + k);
     }
   return c;
 }

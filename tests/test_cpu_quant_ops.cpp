@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernel_test_support.h"
+#include "quant_kernel_cases.h"
 #include "strata/backend/backend.h"
 #include "strata/core/dtype.h"
 #include "strata/quant/quant.h"
@@ -49,36 +50,34 @@ Quantized quantize(const quant::QuantSpec& s, const std::vector<float>& x, int64
 
 Tensor f32(std::vector<float>& v, std::initializer_list<int64_t> dims) { return Tensor(v.data(), DType::F32, Device::CPU, dims); }
 
-// Row r of a quantized tensor as exact values c s + m in double, and the magnitudes c s + |m| that
-// bound what a factored sum over it can lose (quant.h's layout: codes in 4-byte words, then the
-// fp16 scales, then the fp16 minimums).
-void exact_row(const quant::QuantSpec& spec, const uint8_t* rows, int64_t r, int64_t n, double* value, double* magnitude) {
-  const uint8_t* row = rows + size_t(r) * quant::row_bytes(spec, n);
-  const size_t code_bytes = (size_t(n) * size_t(spec.bits) + 31) / 32 * 4;
+// A quantized tensor's elements as exact values c s + m in double, each with the magnitude
+// |c s| + |m| that bounds what a factored sum over it can lose (quant.h's layout: codes in 4-byte
+// words, then the fp16 scales, then the fp16 minimums).
+std::vector<std::array<double, 2>> exact_values(const quant::QuantSpec& spec, const std::vector<uint8_t>& rows, int64_t n) {
+  const size_t row_bytes = quant::row_bytes(spec, n), code_bytes = (size_t(n) * size_t(spec.bits) + 31) / 32 * 4;
   const int64_t groups = (n + spec.group_size - 1) / spec.group_size;
-  auto half_at = [&](int64_t k) {
-    uint16_t h;
-    std::memcpy(&h, row + code_bytes + 2 * size_t(k), 2);
-    return double(half_to_float(h));
-  };
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t g = i / spec.group_size;
-    const unsigned c = spec.bits == 8 ? row[i] : (i % 2 == 0 ? row[i / 2] & 0xfu : unsigned(row[i / 2]) >> 4);
-    const double cs = double(c) * half_at(g), m = half_at(groups + g);
-    value[i] = cs + m;
-    magnitude[i] = std::fabs(cs) + std::fabs(m);
+  std::vector<std::array<double, 2>> out;
+  for (size_t at = 0; at < rows.size(); at += row_bytes) {
+    const uint8_t* row = rows.data() + at;
+    auto half_at = [&](int64_t k) {
+      uint16_t h;
+      std::memcpy(&h, row + code_bytes + 2 * size_t(k), 2);
+      return double(half_to_float(h));
+    };
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t g = i / spec.group_size;
+      const unsigned c = spec.bits == 8 ? row[i] : (i % 2 == 0 ? row[i / 2] & 0xfu : unsigned(row[i / 2]) >> 4);
+      const double cs = double(c) * half_at(g), m = half_at(groups + g);
+      out.push_back({cs + m, std::fabs(cs) + std::fabs(m)});
+    }
   }
+  return out;
 }
 
-// Decode attention over quantized caches k, v ([S, C, kv_heads] rows of d) in double over their exact
-// values, with a worst-case bound per output element o_i = sum_j p_j v_ji:
-//  - a score s_j = scale q . k_j, summed per group as s_g (q . c) + m_g (sum of q), is off by at most
-//    ds = (d + 16) 2^-24 (scale sum_i |q_i| (c_ji s + |m|) + 2 max |s|) (the group sums, their
-//    combination, the scale, the subtraction of the running max);
-//  - each weight then by ds plus a few ulp per exp and per tile rescale, the normalization by as
-//    much again, and the sums over n keys (codes times w s, and minimums times w, apart) by n ulp:
-//    |error| <= (2 ds + (n + 64) 2^-22) sum_j p_j (|c_ji s| + |m|). We allow 4 ds + (n + 256) 2^-21;
-//  - fp16 outputs round once more: 2^-11 |o_i|.
+// Decode attention over quantized caches k, v ([S, C, kv_heads] rows of d) in double over their
+// exact values, with quant_kernel_cases.h's worst-case bound (a score summed per group as
+// s_g (q . c) + m_g (sum of q) loses at most ulps of sum_i |q_i| (|c_i s| + |m|), a value row
+// summed as codes and minimums apart likewise), for fp32 or fp16 outputs.
 struct DecodeReference {
   std::vector<double> want, tol;
 };
@@ -86,46 +85,21 @@ DecodeReference decode_reference(const quant::QuantSpec& spec, const std::vector
                                  const std::vector<float>& q, int64_t heads, int64_t kv_heads, int64_t d, int64_t C,
                                  const std::vector<int32_t>& slots, const std::vector<int32_t>& pos, double scale,
                                  bool f16_out) {
+  const std::vector<std::array<double, 2>> kx = exact_values(spec, k, d), vx = exact_values(spec, v, d);
   DecodeReference r;
   r.want.resize(q.size());
   r.tol.resize(q.size());
-  const double ulp = std::ldexp(1.0, -24);
-  std::vector<double> kv(static_cast<size_t>(d)), km(kv.size()), vv(kv.size()), vm(kv.size());
   for (size_t t = 0; t < slots.size(); ++t)
     for (int64_t h = 0; h < heads; ++h) {
-      const int64_t kvh = h / (heads / kv_heads), n = pos[t] + 1;
-      const auto row = [&](int64_t j) { return (int64_t(slots[t]) * C + j) * kv_heads + kvh; };
-      const float* qt = q.data() + (int64_t(t) * heads + h) * d;
-      std::vector<double> s(static_cast<size_t>(n)), p(s.size());
-      double s_max = -INFINITY, s_abs = 0, qk_abs = 0, denom = 0;
-      for (int64_t j = 0; j < n; ++j) {
-        exact_row(spec, k.data(), row(j), d, kv.data(), km.data());
-        double dot = 0, mag = 0;
-        for (int64_t i = 0; i < d; ++i) {
-          dot += double(qt[i]) * kv[size_t(i)];
-          mag += std::fabs(double(qt[i])) * km[size_t(i)];
-        }
-        s[size_t(j)] = dot * scale;
-        s_max = std::max(s_max, s[size_t(j)]);
-        s_abs = std::max(s_abs, std::fabs(s[size_t(j)]));
-        qk_abs = std::max(qk_abs, mag * scale);
-      }
-      for (int64_t j = 0; j < n; ++j) denom += p[size_t(j)] = std::exp(s[size_t(j)] - s_max);
-      const double ds = double(d + 16) * ulp * (qk_abs + 2 * s_abs);
-      const double eps = 4 * ds + double(n + 256) * std::ldexp(1.0, -21);
-      std::vector<double> o(static_cast<size_t>(d), 0.0), mag(o.size(), 0.0);
-      for (int64_t j = 0; j < n; ++j) {
-        exact_row(spec, v.data(), row(j), d, vv.data(), vm.data());
-        for (int64_t i = 0; i < d; ++i) {
-          o[size_t(i)] += p[size_t(j)] / denom * vv[size_t(i)];
-          mag[size_t(i)] += p[size_t(j)] / denom * vm[size_t(i)];
-        }
-      }
-      for (int64_t i = 0; i < d; ++i) {
-        const size_t at = size_t((int64_t(t) * heads + h) * d + i);
-        r.want[at] = o[size_t(i)];
-        r.tol[at] = eps * mag[size_t(i)] + (f16_out ? std::ldexp(1.0, -11) : ulp) * std::fabs(o[size_t(i)]) + ulp;
-      }
+      const int64_t kvh = h / (heads / kv_heads);
+      const auto element = [&](const std::vector<std::array<double, 2>>& x) {
+        return [&x, &slots, t, kvh, C, kv_heads, d](int64_t j, int64_t i) {
+          return x[size_t(((int64_t(slots[t]) * C + j) * kv_heads + kvh) * d + i)];
+        };
+      };
+      const size_t at = size_t((int64_t(t) * heads + h) * d);
+      test::attention_row_reference(q.data() + at, pos[t] + 1, d, scale, element(kx), element(vx),
+                                    f16_out ? test::kHalfUlp16 : test::kUlp32, r.want.data() + at, r.tol.data() + at);
     }
   return r;
 }

@@ -421,15 +421,25 @@ TEST_CASE("a failing disk read or a full disk mid-run ends with a clear error", 
   fs::remove_all(offload_dir("faults"));
 }
 
-TEST_CASE("the report counts the bytes each link moved, the trace opens as trace-event JSON", "[offload]") {
-  auto backend = make_cpu_backend(2);
-  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
+namespace {
+
+// Three prompts of 4 tokens that differ in the last, each generating `new_tokens` tokens.
+std::vector<GenRequest> three_short_prompts(int new_tokens) {
   std::vector<GenRequest> reqs(3);
   for (size_t i = 0; i < reqs.size(); ++i) {
     reqs[i].prompt = {5, 6, 7, int32_t(8 + i)};
-    reqs[i].sampling.max_new_tokens = 6;
+    reqs[i].sampling.max_new_tokens = new_tokens;
     reqs[i].sampling.ignore_eos = true;
   }
+  return reqs;
+}
+
+}  // namespace
+
+TEST_CASE("the report counts the bytes each link moved, the trace opens as trace-event JSON", "[offload]") {
+  auto backend = make_cpu_backend(2);
+  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
+  const std::vector<GenRequest> reqs = three_short_prompts(6);
   OffloadOptions opt;
   opt.policy = policy_of(3, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}, false, true);
   opt.trace = true;
@@ -482,12 +492,7 @@ TEST_CASE("the report counts the bytes each link moved, the trace opens as trace
 TEST_CASE("an offloaded sub-layer's weights load in one part per unit of the sub-layer before", "[offload]") {
   auto backend = make_cpu_backend(2);
   ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
-  std::vector<GenRequest> reqs(3);
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    reqs[i].prompt = {5, 6, 7, int32_t(8 + i)};
-    reqs[i].sampling.max_new_tokens = 4;
-    reqs[i].sampling.ignore_eos = true;
-  }
+  const std::vector<GenRequest> reqs = three_short_prompts(4);
   const std::vector<GenResult> want = [&] {
     OffloadOptions opt;
     opt.policy = policy_of(3, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0});
