@@ -1,8 +1,7 @@
 // SIMD building blocks of the CPU backend's kernels (AVX2, FMA and F16C where the build has them).
-// Shared by cpu_backend.cpp and cpu_quant.cpp, so the fused quantized-row dot and axpy there
-// accumulate in exactly the order of the fp32 ones here and give the same bits. Every
-// multiply-add is an explicit FMA (std::fma in scalar tails), whatever the translation unit's
-// -ffp-contract setting.
+// Shared by cpu_backend.cpp and cpu_quant.cpp (whose scaled-codes dot and axpy are these over a
+// widened row). Every multiply-add is an explicit FMA (std::fma in scalar tails), whatever the
+// translation unit's -ffp-contract setting.
 #pragma once
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
@@ -31,8 +30,8 @@ inline __m256 load_f16x8(const f16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(
 
 // Dot product and axpy with explicit SIMD: without it the compiler keeps float sums in order and
 // runs one lane at a time. Four accumulators hide the FMA latency so the loop streams at memory
-// speed. `Load8(i)` yields b[i, i + 8) as fp32 and `at(i)` b[i] (the scalar tail), so every
-// element type (fp32, fp16, quantized codes) shares one accumulation order.
+// speed. `Load8(i)` yields b[i, i + 8) as fp32 and `at(i)` b[i] (the scalar tail), so fp32 and
+// fp16 rows share one accumulation order.
 template <class Load8, class At>
 inline float dot_with(const float* a, int64_t n, [[maybe_unused]] Load8 load8, At at) {
   int64_t i = 0;
