@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/cpu_quant.h"
 #include "kernel_test_support.h"
 #include "quant_kernel_cases.h"
 #include "strata/backend/backend.h"
@@ -264,8 +265,9 @@ TEST_CASE("cpu: decode attention over quantized caches matches double arithmetic
           quant::quantize_rows(s, v0.data(), DType::F32, S * C * kvh, d, cv.data());
           const Tensor cache_k = Tensor::quantized(ck.data(), quant::dtype_of(s), group, Device::CPU, {S, C, kvh, d});
           const Tensor cache_v = Tensor::quantized(cv.data(), quant::dtype_of(s), group, Device::CPU, {S, C, kvh, d});
-          // One token per sequence at positions in the first tile, at a tile's end and deep in.
-          std::vector<int32_t> slots{0, 1, 2, 1}, pos{299, 63, 140, 5};
+          // Tokens at positions in the first tile, at a tile's end and deep in; the last tile's
+          // positions leave 0 to 3 past the blocks of four positions that codes are read in.
+          std::vector<int32_t> slots{0, 1, 2, 1, 0}, pos{299, 63, 140, 5, 6};
           const int64_t T = int64_t(slots.size());
           const Tensor st(slots.data(), DType::I32, Device::CPU, {T}), pt(pos.data(), DType::I32, Device::CPU, {T});
           std::vector<float> q = test::random_floats(size_t(T * heads * d), rng, -q_range, q_range, true);
@@ -281,4 +283,46 @@ TEST_CASE("cpu: decode attention over quantized caches matches double arithmetic
           for (size_t i = 0; i < got16.size(); ++i) got16[i] = half_to_float(out16[i]);
           expect_within(got16, decode_reference(s, ck, cv, q, heads, kvh, d, C, slots, pos, double(scale), true));
         }
+}
+
+TEST_CASE("cpu: packed codes read four rows at a time give each row what it gets alone", "[quant][cpu_attention]") {
+  std::mt19937 rng(5);
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128})
+      for (int64_t d : {64, 80, 128, 256}) {
+        if (!cpu::codes_row_ok(group, d)) continue;
+        INFO(bits << "-bit g" << group << ", d " << d);
+        const quant::QuantSpec s = spec_of(bits, group);
+        const size_t row_bytes = quant::row_bytes(s, d);
+        const int64_t groups = (d + group - 1) / group;
+        std::vector<uint8_t> codes(cpu::kCodeRows * row_bytes);
+        const std::vector<float> x = normal(size_t(cpu::kCodeRows * d), rng);
+        quant::quantize_rows(s, x.data(), DType::F32, cpu::kCodeRows, d, codes.data());
+        const std::vector<float> q = normal(size_t(d), rng), q_sums = normal(size_t(groups), rng);
+        const std::vector<float> w = normal(cpu::kCodeRows, rng);
+        const uint8_t* rows[cpu::kCodeRows];
+        for (int r = 0; r < cpu::kCodeRows; ++r) rows[r] = codes.data() + size_t(r) * row_bytes;
+        for (int count = 1; count <= cpu::kCodeRows; ++count) {
+          INFO(count << " rows at once");
+          for (int first = 0; first + count <= cpu::kCodeRows; ++first) {
+            float together[cpu::kCodeRows];
+            cpu::dot_packed_codes(q.data(), q_sums.data(), rows + first, count, bits, group, d, together);
+            for (int r = 0; r < count; ++r) {
+              float alone;
+              cpu::dot_packed_codes(q.data(), q_sums.data(), rows + first + r, 1, bits, group, d, &alone);
+              CHECK(std::memcmp(&alone, &together[r], 4) == 0);
+            }
+            // The axpy of count rows against the same rows added one at a time, in order.
+            std::vector<float> y_together = normal(size_t(d), rng), mins_together = normal(size_t(groups), rng);
+            std::vector<float> y_alone = y_together, mins_alone = mins_together;
+            cpu::axpy_packed_codes(w.data() + first, rows + first, count, bits, group, d, y_together.data(),
+                                   mins_together.data());
+            for (int r = 0; r < count; ++r)
+              cpu::axpy_packed_codes(w.data() + first + r, rows + first + r, 1, bits, group, d, y_alone.data(),
+                                     mins_alone.data());
+            CHECK(std::memcmp(y_alone.data(), y_together.data(), y_alone.size() * 4) == 0);
+            CHECK(std::memcmp(mins_alone.data(), mins_together.data(), mins_alone.size() * 4) == 0);
+          }
+        }
+      }
 }

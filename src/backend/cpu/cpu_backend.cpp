@@ -576,35 +576,51 @@ private:
           return widened.data();
         };
         // The tile's scores and weighted values for query rows r over run rows stored as Row
-        // (float, f16, PackedCodes or ScaledCodes).
+        // (float, f16, PackedCodes or ScaledCodes). Packed codes are read kCodeRows positions at
+        // a time (`at`: their run rows), which share the query's loads or the output's.
         auto tile = [&](auto row_kind, int64_t start, int64_t n) {
           using Row = decltype(row_kind);
-          auto row_dot = [&](int64_t r, const void* rows_at, int64_t h) {
+          constexpr int kBlock = std::is_same_v<Row, PackedCodes> ? cpu::kCodeRows : 1;
+          const void* at[kBlock];
+          auto head_rows = [&](int count, int64_t h, const uint8_t** out) {
+            for (int c = 0; c < count; ++c) out[c] = static_cast<const uint8_t*>(at[c]) + size_t(h) * row_bytes;
+          };
+          // Query row r's scores against the block's count positions, into dst[0, count).
+          auto block_dots = [&](int64_t r, int count, float* dst) {
             const float* qv = qs.data() + r * d;
-            if constexpr (std::is_same_v<Row, PackedCodes>)
-              return cpu::dot_packed_codes(qv, q_sums.data() + r * code_groups,
-                                           static_cast<const uint8_t*>(rows_at) + size_t(h) * row_bytes, spec.bits,
-                                           spec.group_size, d);
-            else if constexpr (std::is_same_v<Row, ScaledCodes>)
-              return cpu::dot_scaled_codes(qv, q_sums.data() + r * code_groups, widened.data() + h * d,
-                                           row_mins.data() + h * code_groups, spec.group_size, d);
-            else
-              return dot(qv, static_cast<const Row*>(rows_at) + h * d, d);
+            if constexpr (std::is_same_v<Row, PackedCodes>) {
+              const uint8_t* hr[kBlock];
+              head_rows(count, r / group, hr);
+              cpu::dot_packed_codes(qv, q_sums.data() + r * code_groups, hr, count, spec.bits, spec.group_size, d, dst);
+            } else if constexpr (std::is_same_v<Row, ScaledCodes>) {
+              dst[0] = cpu::dot_scaled_codes(qv, q_sums.data() + r * code_groups, widened.data() + (r / group) * d,
+                                             row_mins.data() + (r / group) * code_groups, spec.group_size, d);
+            } else {
+              dst[0] = dot(qv, static_cast<const Row*>(at[0]) + (r / group) * d, d);
+            }
           };
-          auto row_axpy = [&](float weight, const void* rows_at, int64_t h, int64_t r) {
+          // Adds the block's count values, weighted by w[0, count), to query row r's output.
+          auto block_axpys = [&](int64_t r, int count, const float* w) {
             float* y = o.data() + r * d;
-            if constexpr (std::is_same_v<Row, PackedCodes>)
-              cpu::axpy_packed_codes(weight, static_cast<const uint8_t*>(rows_at) + size_t(h) * row_bytes, spec.bits,
+            if constexpr (std::is_same_v<Row, PackedCodes>) {
+              const uint8_t* hr[kBlock];
+              head_rows(count, r / group, hr);
+              cpu::axpy_packed_codes(w, hr, count, spec.bits, spec.group_size, d, y, min_sums.data() + r * code_groups);
+            } else if constexpr (std::is_same_v<Row, ScaledCodes>) {
+              cpu::axpy_scaled_codes(w[0], widened.data() + (r / group) * d, row_mins.data() + (r / group) * code_groups,
                                      spec.group_size, d, y, min_sums.data() + r * code_groups);
-            else if constexpr (std::is_same_v<Row, ScaledCodes>)
-              cpu::axpy_scaled_codes(weight, widened.data() + h * d, row_mins.data() + h * code_groups, spec.group_size,
-                                     d, y, min_sums.data() + r * code_groups);
-            else
-              axpy(weight, static_cast<const Row*>(rows_at) + h * d, y, d);
+            } else {
+              axpy(w[0], static_cast<const Row*>(at[0]) + (r / group) * d, y, d);
+            }
           };
-          for (int64_t j = 0; j < n; ++j) {
-            const void* keys = run_rows(k_base, start + j);
-            for (int64_t r = 0; r < rows; ++r) sc[size_t(r * kTile + j)] = row_dot(r, keys, r / group) * scale;
+          for (int64_t j = 0; j < n; j += kBlock) {
+            const int count = int(std::min<int64_t>(kBlock, n - j));
+            for (int c = 0; c < count; ++c) at[c] = run_rows(k_base, start + j + c);
+            for (int64_t r = 0; r < rows; ++r) {
+              float* dst = sc.data() + r * kTile + j;
+              block_dots(r, count, dst);
+              for (int c = 0; c < count; ++c) dst[c] *= scale;
+            }
           }
           for (int64_t r = 0; r < rows; ++r) {  // online softmax: the tile's weights, old sums rescaled
             float* row_sc = sc.data() + r * kTile;
@@ -617,9 +633,10 @@ private:
               for (int64_t g = 0; g < code_groups; ++g) min_sums[size_t(r * code_groups + g)] *= alpha;
             }
           }
-          for (int64_t j = 0; j < n; ++j) {
-            const void* values = run_rows(v_base, start + j);
-            for (int64_t r = 0; r < rows; ++r) row_axpy(sc[size_t(r * kTile + j)], values, r / group, r);
+          for (int64_t j = 0; j < n; j += kBlock) {
+            const int count = int(std::min<int64_t>(kBlock, n - j));
+            for (int c = 0; c < count; ++c) at[c] = run_rows(v_base, start + j + c);
+            for (int64_t r = 0; r < rows; ++r) block_axpys(r, count, sc.data() + r * kTile + j);
           }
         };
         for (int64_t start = 0; start <= p; start += kTile) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cpu_simd.h"
+#include "strata/core/error.h"
 #include "strata/core/dtype.h"
 
 // Built with -ffp-contract=off (src/CMakeLists.txt): the scalar tail must not fuse code * scale +
@@ -83,46 +84,61 @@ inline Sixteen packed16(const uint8_t* codes, int bits, int64_t i) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
   return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
 }
-// The factored dot and axpy of cpu_quant.h over a row's packed codes. Four accumulators per group
-// hide the FMA latency.
-float dot_groups(const float* q, const float* q_sums, const uint8_t* row, int bits, int group, int64_t n) {
-  const uint8_t* scales = row + code_bytes(bits, n);
-  const uint8_t* mins = scales + 2 * ((n + group - 1) / group);
-  __m256 total = _mm256_setzero_ps();
-  float min_part = 0;
-  for (int64_t g = 0, first = 0; first < n; ++g, first += group) {
-    const int64_t end = std::min<int64_t>(n, first + group);
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    int64_t i = first;
-    for (; i + 32 <= end; i += 32) {
-      const Sixteen x = packed16(row, bits, i), y = packed16(row, bits, i + 16);
-      a0 = _mm256_fmadd_ps(x.lo, _mm256_loadu_ps(q + i), a0);
-      a1 = _mm256_fmadd_ps(x.hi, _mm256_loadu_ps(q + i + 8), a1);
-      a2 = _mm256_fmadd_ps(y.lo, _mm256_loadu_ps(q + i + 16), a2);
-      a3 = _mm256_fmadd_ps(y.hi, _mm256_loadu_ps(q + i + 24), a3);
-    }
-    if (i < end) {
-      const Sixteen x = packed16(row, bits, i);
-      a0 = _mm256_fmadd_ps(x.lo, _mm256_loadu_ps(q + i), a0);
-      a1 = _mm256_fmadd_ps(x.hi, _mm256_loadu_ps(q + i + 8), a1);
-    }
-    const __m256 sum = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
-    total = _mm256_fmadd_ps(_mm256_set1_ps(half_at(scales + 2 * g)), sum, total);
-    min_part = std::fma(half_at(mins + 2 * g), q_sums[g], min_part);
-  }
-  return hsum(total) + min_part;
+// Four row sums (each an fp32 vector) reduced together: lane r of the result is row r's sum, and a
+// row's sum does not depend on the other rows (a row read alone reduces with zeros beside it).
+inline __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
-void axpy_groups(float w, const uint8_t* row, int bits, int group, int64_t n, float* y, float* min_sums) {
-  const uint8_t* scales = row + code_bytes(bits, n);
-  const uint8_t* mins = scales + 2 * ((n + group - 1) / group);
+// The factored dot and axpy of cpu_quant.h over R rows' packed codes (R consecutive positions of
+// one head, read by one query). The query's loads, and the output's loads and stores, are shared
+// by the rows; each row keeps its own accumulator, so R = 4 also hides the FMA latency.
+template <int R>
+void dot_rows(const float* q, const float* q_sums, const uint8_t* const* rows, int bits, int group, int64_t n,
+              float* out) {
+  const size_t scales = code_bytes(bits, n), groups = size_t((n + group - 1) / group), mins = scales + 2 * groups;
+  __m256 total[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  float min_part[R] = {};
   for (int64_t g = 0, first = 0; first < n; ++g, first += group) {
     const int64_t end = std::min<int64_t>(n, first + group);
-    const __m256 ws = _mm256_set1_ps(w * half_at(scales + 2 * g));
-    min_sums[g] = std::fma(w, half_at(mins + 2 * g), min_sums[g]);
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t i = first; i < end; i += 16) {
-      const Sixteen x = packed16(row, bits, i);
-      _mm256_storeu_ps(y + i, _mm256_fmadd_ps(ws, x.lo, _mm256_loadu_ps(y + i)));
-      _mm256_storeu_ps(y + i + 8, _mm256_fmadd_ps(ws, x.hi, _mm256_loadu_ps(y + i + 8)));
+      const __m256 q_lo = _mm256_loadu_ps(q + i), q_hi = _mm256_loadu_ps(q + i + 8);
+      for (int r = 0; r < R; ++r) {
+        const Sixteen x = packed16(rows[r], bits, i);
+        acc[r] = _mm256_fmadd_ps(x.hi, q_hi, _mm256_fmadd_ps(x.lo, q_lo, acc[r]));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      total[r] = _mm256_fmadd_ps(_mm256_set1_ps(half_at(rows[r] + scales + 2 * g)), acc[r], total[r]);
+      min_part[r] = std::fma(half_at(rows[r] + mins + 2 * g), q_sums[g], min_part[r]);
+    }
+  }
+  alignas(16) float sums[4];
+  _mm_store_ps(sums, reduce4(total[0], total[1], total[2], total[3]));
+  for (int r = 0; r < R; ++r) out[r] = sums[r] + min_part[r];
+}
+template <int R>
+void axpy_rows(const float* w, const uint8_t* const* rows, int bits, int group, int64_t n, float* y,
+               float* min_sums) {
+  const size_t scales = code_bytes(bits, n), groups = size_t((n + group - 1) / group), mins = scales + 2 * groups;
+  for (int64_t g = 0, first = 0; first < n; ++g, first += group) {
+    const int64_t end = std::min<int64_t>(n, first + group);
+    __m256 ws[R];
+    for (int r = 0; r < R; ++r) {
+      ws[r] = _mm256_set1_ps(w[r] * half_at(rows[r] + scales + 2 * g));
+      min_sums[g] = std::fma(w[r], half_at(rows[r] + mins + 2 * g), min_sums[g]);
+    }
+    for (int64_t i = first; i < end; i += 16) {
+      __m256 y_lo = _mm256_loadu_ps(y + i), y_hi = _mm256_loadu_ps(y + i + 8);
+      for (int r = 0; r < R; ++r) {  // rows in order: the same sums as R single-row axpys
+        const Sixteen x = packed16(rows[r], bits, i);
+        y_lo = _mm256_fmadd_ps(ws[r], x.lo, y_lo);
+        y_hi = _mm256_fmadd_ps(ws[r], x.hi, y_hi);
+      }
+      _mm256_storeu_ps(y + i, y_lo);
+      _mm256_storeu_ps(y + i + 8, y_hi);
     }
   }
 }
@@ -172,23 +188,41 @@ void axpy_scaled_codes(float w, const float* scaled, const float* mins, int grou
   axpy(w, scaled, y_coded, n);
 }
 
-float dot_packed_codes(const float* q_coded, const float* q_sums, const uint8_t* row, int bits, int group, int64_t n) {
+void dot_packed_codes(const float* q_coded, const float* q_sums, const uint8_t* const* rows, int count, int bits,
+                      int group, int64_t n, float* out) {
+  STRATA_CHECK(count >= 1 && count <= kCodeRows, "dot_packed_codes: " << count << " rows");
 #if defined(__AVX2__) && defined(__FMA__)
-  return dot_groups(q_coded, q_sums, row, bits, group, n);
+  switch (count) {
+    case 1: return dot_rows<1>(q_coded, q_sums, rows, bits, group, n, out);
+    case 2: return dot_rows<2>(q_coded, q_sums, rows, bits, group, n, out);
+    case 3: return dot_rows<3>(q_coded, q_sums, rows, bits, group, n, out);
+    default: return dot_rows<4>(q_coded, q_sums, rows, bits, group, n, out);
+  }
 #else
   std::vector<float> scaled(static_cast<size_t>(n)), mins(scaled.size());
-  widen_scaled_codes(row, bits, group, n, scaled.data(), mins.data());
-  return dot_scaled_codes(q_coded, q_sums, scaled.data(), mins.data(), group, n);
+  for (int r = 0; r < count; ++r) {
+    widen_scaled_codes(rows[r], bits, group, n, scaled.data(), mins.data());
+    out[r] = dot_scaled_codes(q_coded, q_sums, scaled.data(), mins.data(), group, n);
+  }
 #endif
 }
 
-void axpy_packed_codes(float w, const uint8_t* row, int bits, int group, int64_t n, float* y_coded, float* min_sums) {
+void axpy_packed_codes(const float* w, const uint8_t* const* rows, int count, int bits, int group, int64_t n,
+                       float* y_coded, float* min_sums) {
+  STRATA_CHECK(count >= 1 && count <= kCodeRows, "axpy_packed_codes: " << count << " rows");
 #if defined(__AVX2__) && defined(__FMA__)
-  axpy_groups(w, row, bits, group, n, y_coded, min_sums);
+  switch (count) {
+    case 1: return axpy_rows<1>(w, rows, bits, group, n, y_coded, min_sums);
+    case 2: return axpy_rows<2>(w, rows, bits, group, n, y_coded, min_sums);
+    case 3: return axpy_rows<3>(w, rows, bits, group, n, y_coded, min_sums);
+    default: return axpy_rows<4>(w, rows, bits, group, n, y_coded, min_sums);
+  }
 #else
   std::vector<float> scaled(static_cast<size_t>(n)), mins(scaled.size());
-  widen_scaled_codes(row, bits, group, n, scaled.data(), mins.data());
-  axpy_scaled_codes(w, scaled.data(), mins.data(), group, n, y_coded, min_sums);
+  for (int r = 0; r < count; ++r) {
+    widen_scaled_codes(rows[r], bits, group, n, scaled.data(), mins.data());
+    axpy_scaled_codes(w[r], scaled.data(), mins.data(), group, n, y_coded, min_sums);
+  }
 #endif
 }
 

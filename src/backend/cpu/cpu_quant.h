@@ -30,11 +30,17 @@ bool codes_row_ok(int group, int64_t n);
 void to_code_order(int bits, const float* x, int64_t n, float* out);
 void from_code_order(int bits, const float* x, int64_t n, float* out);
 
-// A row read once per query, in registers. q_coded: n values in code order; q_sums: the sum of q
-// over each group. The axpy adds w (c s) to y_coded and w m to min_sums[g] per group, so that the
-// caller's final value of element i is y_coded[code position of i] + min_sums[group of i].
-float dot_packed_codes(const float* q_coded, const float* q_sums, const uint8_t* row, int bits, int group, int64_t n);
-void axpy_packed_codes(float w, const uint8_t* row, int bits, int group, int64_t n, float* y_coded, float* min_sums);
+// Rows read once per query, in registers: `count` rows (1 to kCodeRows; consecutive positions of
+// one head) at once, so that they share the query's loads, or the output's loads and stores.
+// q_coded: n values in code order; q_sums: the sum of q over each group; out[r]: q . rows[r]. The
+// axpy adds w[r] (c s) of each row to y_coded and w[r] m to min_sums[g] per group, rows in order,
+// so that the caller's final value of element i is y_coded[code position of i] + min_sums[group
+// of i]. A row's results are the same whatever `count` and its place among the rows.
+constexpr int kCodeRows = 4;
+void dot_packed_codes(const float* q_coded, const float* q_sums, const uint8_t* const* rows, int count, int bits,
+                      int group, int64_t n, float* out);
+void axpy_packed_codes(const float* w, const uint8_t* const* rows, int count, int bits, int group, int64_t n,
+                       float* y_coded, float* min_sums);
 
 // A row read by several queries (grouped-query attention): widened once into c s (fp32, code
 // order) and the groups' minimums, which plain fp32 dot and axpy then read.
