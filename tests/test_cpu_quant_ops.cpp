@@ -250,7 +250,9 @@ TEST_CASE("cpu: decode attention over quantized caches matches double arithmetic
           "[quant][cpu_attention]") {
   auto be = make_cpu_backend(2);
   std::mt19937 rng(11);
-  const std::array<int64_t, 3> shapes[] = {{4, 4, 64}, {4, 4, 128}, {8, 2, 128}, {6, 2, 80}, {3, 3, 80}, {4, 2, 40}};
+  // Groups of 1, 2, 3, 4 and 6 queries (a block of 4 and one of 2); d 40 dequantizes instead.
+  const std::array<int64_t, 3> shapes[] = {{4, 4, 64}, {4, 4, 128}, {8, 2, 128}, {6, 2, 80},
+                                           {3, 3, 80}, {6, 1, 64},  {4, 2, 40}};
   for (const auto& sh : shapes)
     for (int bits : {4, 8})
       for (int group : {32, 64, 128})
@@ -285,8 +287,9 @@ TEST_CASE("cpu: decode attention over quantized caches matches double arithmetic
         }
 }
 
-TEST_CASE("cpu: packed codes read four rows at a time give each row what it gets alone", "[quant][cpu_attention]") {
+TEST_CASE("cpu: packed codes read in blocks give each (query, row) pair what it gets alone", "[quant][cpu_attention]") {
   std::mt19937 rng(5);
+  constexpr int kN = cpu::kCodeBlock;  // queries and rows to draw blocks from
   for (int bits : {4, 8})
     for (int group : {32, 64, 128})
       for (int64_t d : {64, 80, 128, 256}) {
@@ -295,34 +298,37 @@ TEST_CASE("cpu: packed codes read four rows at a time give each row what it gets
         const quant::QuantSpec s = spec_of(bits, group);
         const size_t row_bytes = quant::row_bytes(s, d);
         const int64_t groups = (d + group - 1) / group;
-        std::vector<uint8_t> codes(cpu::kCodeRows * row_bytes);
-        const std::vector<float> x = normal(size_t(cpu::kCodeRows * d), rng);
-        quant::quantize_rows(s, x.data(), DType::F32, cpu::kCodeRows, d, codes.data());
-        const std::vector<float> q = normal(size_t(d), rng), q_sums = normal(size_t(groups), rng);
-        const std::vector<float> w = normal(cpu::kCodeRows, rng);
-        const uint8_t* rows[cpu::kCodeRows];
-        for (int r = 0; r < cpu::kCodeRows; ++r) rows[r] = codes.data() + size_t(r) * row_bytes;
-        for (int count = 1; count <= cpu::kCodeRows; ++count) {
-          INFO(count << " rows at once");
-          for (int first = 0; first + count <= cpu::kCodeRows; ++first) {
-            float together[cpu::kCodeRows];
-            cpu::dot_packed_codes(q.data(), q_sums.data(), rows + first, count, bits, group, d, together);
-            for (int r = 0; r < count; ++r) {
-              float alone;
-              cpu::dot_packed_codes(q.data(), q_sums.data(), rows + first + r, 1, bits, group, d, &alone);
-              CHECK(std::memcmp(&alone, &together[r], 4) == 0);
-            }
-            // The axpy of count rows against the same rows added one at a time, in order.
-            std::vector<float> y_together = normal(size_t(d), rng), mins_together = normal(size_t(groups), rng);
-            std::vector<float> y_alone = y_together, mins_alone = mins_together;
-            cpu::axpy_packed_codes(w.data() + first, rows + first, count, bits, group, d, y_together.data(),
-                                   mins_together.data());
-            for (int r = 0; r < count; ++r)
-              cpu::axpy_packed_codes(w.data() + first + r, rows + first + r, 1, bits, group, d, y_alone.data(),
-                                     mins_alone.data());
-            CHECK(std::memcmp(y_alone.data(), y_together.data(), y_alone.size() * 4) == 0);
-            CHECK(std::memcmp(mins_alone.data(), mins_together.data(), mins_alone.size() * 4) == 0);
-          }
-        }
+        std::vector<uint8_t> codes(kN * row_bytes);
+        const std::vector<float> x = normal(size_t(kN * d), rng);
+        quant::quantize_rows(s, x.data(), DType::F32, kN, d, codes.data());
+        const uint8_t* rows[kN];
+        for (int r = 0; r < kN; ++r) rows[r] = codes.data() + size_t(r) * row_bytes;
+        const std::vector<float> q = normal(size_t(kN * d), rng), q_sums = normal(size_t(kN * groups), rng);
+        const std::vector<float> w = normal(kN * kN, rng);  // w[k kN + r]: query k's weight of row r
+        const std::vector<float> y0 = normal(size_t(kN * d), rng), mins0 = normal(size_t(kN * groups), rng);
+        for (int queries = 1; queries <= kN; ++queries)
+          for (int count = 1; queries * count <= cpu::kCodeBlock; ++count)
+            for (int k0 = 0; k0 + queries <= kN; ++k0)
+              for (int r0 = 0; r0 + count <= kN; ++r0) {
+                INFO(queries << " queries from " << k0 << " x " << count << " rows from " << r0);
+                float together[kN * kN];
+                cpu::dot_packed_codes(q.data() + k0 * d, q_sums.data() + k0 * groups, queries, rows + r0, count, bits,
+                                      group, d, together, kN);
+                std::vector<float> y = y0, mins = mins0, y_alone = y0, mins_alone = mins0;
+                cpu::axpy_packed_codes(w.data() + k0 * kN + r0, kN, queries, rows + r0, count, bits, group, d,
+                                       y.data() + k0 * d, mins.data() + k0 * groups);
+                for (int k = k0; k < k0 + queries; ++k)
+                  for (int r = r0; r < r0 + count; ++r) {
+                    float alone;
+                    cpu::dot_packed_codes(q.data() + k * d, q_sums.data() + k * groups, 1, rows + r, 1, bits, group, d,
+                                          &alone, 1);
+                    CHECK(std::memcmp(&alone, &together[(k - k0) * kN + (r - r0)], 4) == 0);
+                    // One row at a time, in order, as the block's axpy must add them.
+                    cpu::axpy_packed_codes(w.data() + k * kN + r, kN, 1, rows + r, 1, bits, group, d,
+                                           y_alone.data() + k * d, mins_alone.data() + k * groups);
+                  }
+                CHECK(std::memcmp(y_alone.data(), y.data(), y.size() * 4) == 0);
+                CHECK(std::memcmp(mins_alone.data(), mins.data(), mins.size() * 4) == 0);
+              }
       }
 }

@@ -34,11 +34,10 @@ using cpu::dot;
 using cpu::f16;
 using cpu::f16_to_f32;
 using cpu::f32_to_f16;
-// Tags for attention over caches of group-wise quantized rows, and for how a tile reads their
-// codes: packed as stored, or widened into a scratch row of scaled codes (cpu_quant.h).
+// Tags for attention over caches of group-wise quantized rows, and for a tile that reads their
+// packed codes in place (cpu_quant.h).
 struct QuantRow {};
 struct PackedCodes {};
-struct ScaledCodes {};
 
 // Copies n values from src to dst, converting between F32 and F16 when their dtypes differ.
 inline void copy_converted(const void* src, DType src_dt, void* dst, DType dst_dt, int64_t n) {
@@ -489,9 +488,10 @@ private:
   //   every query of its group reads.
   // - Quantized rows are read as codes (cpu_quant.h): the queries and the output are kept in code
   //   order, a score is sum_g s_g (q . c) + m_g (sum of q over g), and the minimums' share of the
-  //   output is summed per group and added at the end. Without grouped queries the codes are
-  //   widened in registers; with them, once per row into a scratch row of scaled codes c s. Head
-  //   dims that are not multiples of 16 dequantize each row by the reference formula instead.
+  //   output is summed per group and added at the end. The codes are widened in registers, in
+  //   blocks of up to four (query, position) pairs of a kv head (a group's queries, else four
+  //   positions) that share each widening and the queries' loads. Head dims that are not
+  //   multiples of 16 dequantize each row into the scratch row by the reference formula instead.
   template <class Q, class Cache>
   void attend(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
               const Tensor& positions, float scale, const Tensor& out) {
@@ -509,6 +509,10 @@ private:
     const size_t position_bytes = size_t(kv_heads) * row_bytes;
     const bool coded = quantized && cpu::codes_row_ok(spec.group_size, d);
     const int64_t code_groups = coded ? (d + spec.group_size - 1) / spec.group_size : 0;
+    // Packed codes' blocks (cpu_quant.h): up to kCodeBlock (query, position) pairs, the queries of
+    // a group first, the rest in consecutive positions (4 without grouped queries).
+    const int code_queries = int(std::min<int64_t>(group, cpu::kCodeBlock));
+    const int code_rows = cpu::kCodeBlock / code_queries;
     // Enough runs per token that every thread gets a few items even for one token.
     const int64_t runs = std::clamp<int64_t>((4 * pool_.size() + T - 1) / T, 1, kv_heads);
     const int64_t run_heads = (kv_heads + runs - 1) / runs, runs_per_token = (kv_heads + run_heads - 1) / run_heads;
@@ -519,8 +523,7 @@ private:
       std::vector<float> qs = floats(max_rows * d), o = floats(max_rows * d), sc = floats(max_rows * kTile),
                          m = floats(max_rows), l = floats(max_rows), reorder = floats(coded ? d : 0),
                          widened = floats(quantized || !std::is_same_v<Cache, float> ? run_heads * d : 0),
-                         q_sums = floats(max_rows * code_groups), min_sums = floats(max_rows * code_groups),
-                         row_mins = floats(run_heads * code_groups);
+                         q_sums = floats(max_rows * code_groups), min_sums = floats(max_rows * code_groups);
       for (int64_t w = w0; w < w1; ++w) {
         const int64_t t = w / runs_per_token, h0 = (w % runs_per_token) * run_heads;
         const int64_t run = std::min(run_heads, kv_heads - h0), rows = run * group;
@@ -551,7 +554,7 @@ private:
         // (or a quantized row's codes) in registers; with them it is widened once into
         // `widened` for all the queries of its group. Quantized rows of other head dims are
         // dequantized there.
-        const bool widen = !std::is_same_v<Cache, float> && (group > 1 || (quantized && !coded));
+        const bool widen = !std::is_same_v<Cache, float> && (quantized ? !coded : group > 1);
         // The run's rows at position j ([run, d]: widened, else as stored), prefetching position
         // j + kPrefetchAhead.
         auto run_rows = [&](const uint8_t* base, int64_t j) -> const void* {
@@ -562,65 +565,44 @@ private:
           const uint8_t* row = base + size_t(j) * position_bytes;
           if (!widen) return row;
           if constexpr (quantized) {
-            for (int64_t h = 0; h < run; ++h) {
-              const uint8_t* rh = row + size_t(h) * row_bytes;
-              if (coded)
-                cpu::widen_scaled_codes(rh, spec.bits, spec.group_size, d, widened.data() + h * d,
-                                        row_mins.data() + h * code_groups);
-              else
-                cpu::dequantize_row_f32(rh, spec.bits, spec.group_size, d, widened.data() + h * d);
-            }
+            for (int64_t h = 0; h < run; ++h)
+              cpu::dequantize_row_f32(row + size_t(h) * row_bytes, spec.bits, spec.group_size, d, widened.data() + h * d);
           } else if constexpr (std::is_same_v<Cache, f16>) {
             f16_to_f32(reinterpret_cast<const f16*>(row), widened.data(), run * d);
           }
           return widened.data();
         };
         // The tile's scores and weighted values for query rows r over run rows stored as Row
-        // (float, f16, PackedCodes or ScaledCodes). Packed codes are read kCodeRows positions at
-        // a time (`at`: their run rows), which share the query's loads or the output's.
+        // (float, f16 or PackedCodes). Packed codes are read in blocks of code_queries queries of a
+        // kv head by code_rows positions (`at`: their run rows; cpu_quant.h).
         auto tile = [&](auto row_kind, int64_t start, int64_t n) {
           using Row = decltype(row_kind);
-          constexpr int kBlock = std::is_same_v<Row, PackedCodes> ? cpu::kCodeRows : 1;
-          const void* at[kBlock];
-          auto head_rows = [&](int count, int64_t h, const uint8_t** out) {
-            for (int c = 0; c < count; ++c) out[c] = static_cast<const uint8_t*>(at[c]) + size_t(h) * row_bytes;
-          };
-          // Query row r's scores against the block's count positions, into dst[0, count).
-          auto block_dots = [&](int64_t r, int count, float* dst) {
-            const float* qv = qs.data() + r * d;
-            if constexpr (std::is_same_v<Row, PackedCodes>) {
-              const uint8_t* hr[kBlock];
-              head_rows(count, r / group, hr);
-              cpu::dot_packed_codes(qv, q_sums.data() + r * code_groups, hr, count, spec.bits, spec.group_size, d, dst);
-            } else if constexpr (std::is_same_v<Row, ScaledCodes>) {
-              dst[0] = cpu::dot_scaled_codes(qv, q_sums.data() + r * code_groups, widened.data() + (r / group) * d,
-                                             row_mins.data() + (r / group) * code_groups, spec.group_size, d);
-            } else {
-              dst[0] = dot(qv, static_cast<const Row*>(at[0]) + (r / group) * d, d);
+          constexpr bool packed = std::is_same_v<Row, PackedCodes>;
+          const int step = packed ? code_rows : 1;
+          const void* at[cpu::kCodeBlock];
+          // Calls f(h, r, queries, head_rows) for each block of the run: kv head h's rows at the
+          // block's positions and `queries` of its query rows from r on.
+          auto for_each_code_block = [&](int count, auto&& f) {
+            for (int64_t h = 0; h < run; ++h) {
+              const uint8_t* head_rows[cpu::kCodeBlock];
+              for (int c = 0; c < count; ++c) head_rows[c] = static_cast<const uint8_t*>(at[c]) + size_t(h) * row_bytes;
+              for (int64_t k = 0; k < group; k += code_queries)
+                f(h * group + k, int(std::min<int64_t>(code_queries, group - k)), head_rows);
             }
           };
-          // Adds the block's count values, weighted by w[0, count), to query row r's output.
-          auto block_axpys = [&](int64_t r, int count, const float* w) {
-            float* y = o.data() + r * d;
-            if constexpr (std::is_same_v<Row, PackedCodes>) {
-              const uint8_t* hr[kBlock];
-              head_rows(count, r / group, hr);
-              cpu::axpy_packed_codes(w, hr, count, spec.bits, spec.group_size, d, y, min_sums.data() + r * code_groups);
-            } else if constexpr (std::is_same_v<Row, ScaledCodes>) {
-              cpu::axpy_scaled_codes(w[0], widened.data() + (r / group) * d, row_mins.data() + (r / group) * code_groups,
-                                     spec.group_size, d, y, min_sums.data() + r * code_groups);
-            } else {
-              axpy(w[0], static_cast<const Row*>(at[0]) + (r / group) * d, y, d);
-            }
-          };
-          for (int64_t j = 0; j < n; j += kBlock) {
-            const int count = int(std::min<int64_t>(kBlock, n - j));
+          for (int64_t j = 0; j < n; j += step) {
+            const int count = int(std::min<int64_t>(step, n - j));
             for (int c = 0; c < count; ++c) at[c] = run_rows(k_base, start + j + c);
-            for (int64_t r = 0; r < rows; ++r) {
-              float* dst = sc.data() + r * kTile + j;
-              block_dots(r, count, dst);
-              for (int c = 0; c < count; ++c) dst[c] *= scale;
-            }
+            if constexpr (packed)
+              for_each_code_block(count, [&](int64_t r, int queries, const uint8_t* const* head_rows) {
+                cpu::dot_packed_codes(qs.data() + r * d, q_sums.data() + r * code_groups, queries, head_rows, count,
+                                      spec.bits, spec.group_size, d, sc.data() + r * kTile + j, kTile);
+              });
+            else
+              for (int64_t r = 0; r < rows; ++r)
+                sc[size_t(r * kTile + j)] = dot(qs.data() + r * d, static_cast<const Row*>(at[0]) + (r / group) * d, d);
+            for (int64_t r = 0; r < rows; ++r)
+              for (int c = 0; c < count; ++c) sc[size_t(r * kTile + j + c)] *= scale;
           }
           for (int64_t r = 0; r < rows; ++r) {  // online softmax: the tile's weights, old sums rescaled
             float* row_sc = sc.data() + r * kTile;
@@ -633,16 +615,22 @@ private:
               for (int64_t g = 0; g < code_groups; ++g) min_sums[size_t(r * code_groups + g)] *= alpha;
             }
           }
-          for (int64_t j = 0; j < n; j += kBlock) {
-            const int count = int(std::min<int64_t>(kBlock, n - j));
+          for (int64_t j = 0; j < n; j += step) {
+            const int count = int(std::min<int64_t>(step, n - j));
             for (int c = 0; c < count; ++c) at[c] = run_rows(v_base, start + j + c);
-            for (int64_t r = 0; r < rows; ++r) block_axpys(r, count, sc.data() + r * kTile + j);
+            if constexpr (packed)
+              for_each_code_block(count, [&](int64_t r, int queries, const uint8_t* const* head_rows) {
+                cpu::axpy_packed_codes(sc.data() + r * kTile + j, kTile, queries, head_rows, count, spec.bits,
+                                       spec.group_size, d, o.data() + r * d, min_sums.data() + r * code_groups);
+              });
+            else
+              for (int64_t r = 0; r < rows; ++r)
+                axpy(sc[size_t(r * kTile + j)], static_cast<const Row*>(at[0]) + (r / group) * d, o.data() + r * d, d);
           }
         };
         for (int64_t start = 0; start <= p; start += kTile) {
           const int64_t n = std::min<int64_t>(kTile, p + 1 - start);
-          if (coded && widen) tile(ScaledCodes(), start, n);
-          else if (coded) tile(PackedCodes(), start, n);
+          if (coded) tile(PackedCodes(), start, n);
           else if (widen) tile(float(), start, n);
           else if constexpr (!quantized) tile(Cache(), start, n);
         }

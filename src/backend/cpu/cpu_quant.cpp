@@ -84,65 +84,113 @@ inline Sixteen packed16(const uint8_t* codes, int bits, int64_t i) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
   return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
 }
-// Four row sums (each an fp32 vector) reduced together: lane r of the result is row r's sum, and a
-// row's sum does not depend on the other rows (a row read alone reduces with zeros beside it).
+// Four sums (each an fp32 vector) reduced together: lane k of the result is sum k's total, and a
+// sum does not depend on the others (a lone sum reduces with zeros beside it).
 inline __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
   const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
-// The factored dot and axpy of cpu_quant.h over R rows' packed codes (R consecutive positions of
-// one head, read by one query). The query's loads, and the output's loads and stores, are shared
-// by the rows; each row keeps its own accumulator, so R = 4 also hides the FMA latency.
-template <int R>
-void dot_rows(const float* q, const float* q_sums, const uint8_t* const* rows, int bits, int group, int64_t n,
-              float* out) {
-  const size_t scales = code_bytes(bits, n), groups = size_t((n + group - 1) / group), mins = scales + 2 * groups;
+// The factored dot and axpy of cpu_quant.h for Q queries and R rows (Q R <= 4). Each 16 codes of
+// a row are widened once for every query; each (query, row) pair keeps its own accumulator, summed
+// in the same order whatever Q and R, so the blocks only change how often codes and queries are
+// loaded.
+template <int Q, int R>
+void dot_block(const float* q, const float* q_sums, const uint8_t* const* rows, int bits, int group, int64_t n,
+               float* out, int64_t out_stride) {
+  static_assert(Q * R <= 4);
+  const size_t groups = size_t((n + group - 1) / group), scales = code_bytes(bits, n), mins = scales + 2 * groups;
   __m256 total[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-  float min_part[R] = {};
+  float min_part[Q * R] = {};
   for (int64_t g = 0, first = 0; first < n; ++g, first += group) {
     const int64_t end = std::min<int64_t>(n, first + group);
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t i = first; i < end; i += 16) {
-      const __m256 q_lo = _mm256_loadu_ps(q + i), q_hi = _mm256_loadu_ps(q + i + 8);
+    __m256 acc[Q * R];
+    for (__m256& a : acc) a = _mm256_setzero_ps();
+    for (int64_t i = first; i < end; i += 16)
       for (int r = 0; r < R; ++r) {
         const Sixteen x = packed16(rows[r], bits, i);
-        acc[r] = _mm256_fmadd_ps(x.hi, q_hi, _mm256_fmadd_ps(x.lo, q_lo, acc[r]));
+        for (int k = 0; k < Q; ++k) {
+          const float* qk = q + k * n + i;
+          acc[k * R + r] = _mm256_fmadd_ps(x.hi, _mm256_loadu_ps(qk + 8), _mm256_fmadd_ps(x.lo, _mm256_loadu_ps(qk), acc[k * R + r]));
+        }
       }
-    }
     for (int r = 0; r < R; ++r) {
-      total[r] = _mm256_fmadd_ps(_mm256_set1_ps(half_at(rows[r] + scales + 2 * g)), acc[r], total[r]);
-      min_part[r] = std::fma(half_at(rows[r] + mins + 2 * g), q_sums[g], min_part[r]);
+      const __m256 scale = _mm256_set1_ps(half_at(rows[r] + scales + 2 * g));
+      const float min = half_at(rows[r] + mins + 2 * g);
+      for (int k = 0; k < Q; ++k) {
+        total[k * R + r] = _mm256_fmadd_ps(scale, acc[k * R + r], total[k * R + r]);
+        min_part[k * R + r] = std::fma(min, q_sums[size_t(k) * groups + size_t(g)], min_part[k * R + r]);
+      }
     }
   }
   alignas(16) float sums[4];
   _mm_store_ps(sums, reduce4(total[0], total[1], total[2], total[3]));
-  for (int r = 0; r < R; ++r) out[r] = sums[r] + min_part[r];
+  for (int k = 0; k < Q; ++k)
+    for (int r = 0; r < R; ++r) out[k * out_stride + r] = sums[k * R + r] + min_part[k * R + r];
 }
-template <int R>
-void axpy_rows(const float* w, const uint8_t* const* rows, int bits, int group, int64_t n, float* y,
-               float* min_sums) {
-  const size_t scales = code_bytes(bits, n), groups = size_t((n + group - 1) / group), mins = scales + 2 * groups;
+template <int Q, int R>
+void axpy_block(const float* w, int64_t w_stride, const uint8_t* const* rows, int bits, int group, int64_t n, float* y,
+                float* min_sums) {
+  static_assert(Q * R <= 4);
+  const size_t groups = size_t((n + group - 1) / group), scales = code_bytes(bits, n), mins = scales + 2 * groups;
   for (int64_t g = 0, first = 0; first < n; ++g, first += group) {
     const int64_t end = std::min<int64_t>(n, first + group);
-    __m256 ws[R];
+    __m256 ws[Q * R];
     for (int r = 0; r < R; ++r) {
-      ws[r] = _mm256_set1_ps(w[r] * half_at(rows[r] + scales + 2 * g));
-      min_sums[g] = std::fma(w[r], half_at(rows[r] + mins + 2 * g), min_sums[g]);
+      const float scale = half_at(rows[r] + scales + 2 * g), min = half_at(rows[r] + mins + 2 * g);
+      for (int k = 0; k < Q; ++k) {
+        ws[k * R + r] = _mm256_set1_ps(w[k * w_stride + r] * scale);
+        float& sum = min_sums[size_t(k) * groups + size_t(g)];
+        sum = std::fma(w[k * w_stride + r], min, sum);
+      }
     }
     for (int64_t i = first; i < end; i += 16) {
-      __m256 y_lo = _mm256_loadu_ps(y + i), y_hi = _mm256_loadu_ps(y + i + 8);
-      for (int r = 0; r < R; ++r) {  // rows in order: the same sums as R single-row axpys
-        const Sixteen x = packed16(rows[r], bits, i);
-        y_lo = _mm256_fmadd_ps(ws[r], x.lo, y_lo);
-        y_hi = _mm256_fmadd_ps(ws[r], x.hi, y_hi);
+      Sixteen x[R];
+      for (int r = 0; r < R; ++r) x[r] = packed16(rows[r], bits, i);
+      for (int k = 0; k < Q; ++k) {
+        float* yk = y + k * n + i;
+        __m256 y_lo = _mm256_loadu_ps(yk), y_hi = _mm256_loadu_ps(yk + 8);
+        for (int r = 0; r < R; ++r) {  // rows in order: the same sums as one row at a time
+          y_lo = _mm256_fmadd_ps(ws[k * R + r], x[r].lo, y_lo);
+          y_hi = _mm256_fmadd_ps(ws[k * R + r], x[r].hi, y_hi);
+        }
+        _mm256_storeu_ps(yk, y_lo);
+        _mm256_storeu_ps(yk + 8, y_hi);
       }
-      _mm256_storeu_ps(y + i, y_lo);
-      _mm256_storeu_ps(y + i + 8, y_hi);
     }
   }
 }
+// Calls f.template operator()<Q, R>() for the block shape, Q R <= 4 (checked by the caller).
+template <class F>
+void with_block(int queries, int count, F&& f) {
+  switch (queries * 4 + count) {
+    case 4 + 1: return f.template operator()<1, 1>();
+    case 4 + 2: return f.template operator()<1, 2>();
+    case 4 + 3: return f.template operator()<1, 3>();
+    case 4 + 4: return f.template operator()<1, 4>();
+    case 8 + 1: return f.template operator()<2, 1>();
+    case 8 + 2: return f.template operator()<2, 2>();
+    case 12 + 1: return f.template operator()<3, 1>();
+    default: return f.template operator()<4, 1>();
+  }
+}
+#else
+// Without AVX2: each row widened into c s (code order) and its groups' minimums, then plain sums.
+void widen_scaled_codes(const uint8_t* row, int bits, int group, int64_t n, float* scaled, float* mins) {
+  const int64_t groups = (n + group - 1) / group;
+  const uint8_t* params = row + code_bytes(bits, n);
+  for (int64_t g = 0, first = 0; g < groups; ++g, first += group) {
+    const float scale = half_at(params + 2 * g);
+    mins[g] = half_at(params + 2 * (groups + g));
+    for (int64_t i = first; i < std::min<int64_t>(n, first + group); ++i)
+      scaled[code_position(bits, i)] = float(code_at(row, bits, i)) * scale;
+  }
+}
 #endif
+
+void check_block(int queries, int count) {
+  STRATA_CHECK(queries >= 1 && count >= 1 && queries * count <= kCodeBlock,
+               "packed codes: " << queries << " queries x " << count << " rows in one block");
+}
 
 }  // namespace
 
@@ -155,73 +203,41 @@ void from_code_order(int bits, const float* x, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[code_position(bits, i)];
 }
 
-void widen_scaled_codes(const uint8_t* row, int bits, int group, int64_t n, float* scaled, float* mins) {
+void dot_packed_codes(const float* q_coded, const float* q_sums, int queries, const uint8_t* const* rows, int count,
+                      int bits, int group, int64_t n, float* out, int64_t out_stride) {
+  check_block(queries, count);
+#if defined(__AVX2__) && defined(__FMA__)
+  with_block(queries, count, [&]<int Q, int R>() { dot_block<Q, R>(q_coded, q_sums, rows, bits, group, n, out, out_stride); });
+#else
   const int64_t groups = (n + group - 1) / group;
-  const uint8_t* params = row + code_bytes(bits, n);
-  for (int64_t g = 0, first = 0; g < groups; ++g, first += group) {
-    const float scale = half_at(params + 2 * g);
-    mins[g] = half_at(params + 2 * (groups + g));
-    const int64_t end = std::min<int64_t>(n, first + group);
-    int64_t i = first;
-#if defined(__AVX2__) && defined(__FMA__)
-    const __m256 s = _mm256_set1_ps(scale);
-    for (; i + 16 <= end; i += 16) {
-      const Sixteen x = packed16(row, bits, i);
-      _mm256_storeu_ps(scaled + i, _mm256_mul_ps(x.lo, s));
-      _mm256_storeu_ps(scaled + i + 8, _mm256_mul_ps(x.hi, s));
+  std::vector<float> scaled(static_cast<size_t>(n)), mins(static_cast<size_t>(groups));
+  for (int r = 0; r < count; ++r) {
+    widen_scaled_codes(rows[r], bits, group, n, scaled.data(), mins.data());
+    for (int k = 0; k < queries; ++k) {
+      float min_part = 0;
+      for (int64_t g = 0; g < groups; ++g) min_part = std::fma(mins[size_t(g)], q_sums[k * groups + g], min_part);
+      out[k * out_stride + r] = dot(q_coded + k * n, scaled.data(), n) + min_part;
     }
-#endif
-    for (; i < end; ++i) scaled[code_position(bits, i)] = float(code_at(row, bits, i)) * scale;
-  }
-}
-
-float dot_scaled_codes(const float* q_coded, const float* q_sums, const float* scaled, const float* mins, int group,
-                       int64_t n) {
-  float min_part = 0;
-  for (int64_t g = 0; g * group < n; ++g) min_part = std::fma(mins[g], q_sums[g], min_part);
-  return dot(q_coded, scaled, n) + min_part;
-}
-
-void axpy_scaled_codes(float w, const float* scaled, const float* mins, int group, int64_t n, float* y_coded,
-                       float* min_sums) {
-  for (int64_t g = 0; g * group < n; ++g) min_sums[g] = std::fma(w, mins[g], min_sums[g]);
-  axpy(w, scaled, y_coded, n);
-}
-
-void dot_packed_codes(const float* q_coded, const float* q_sums, const uint8_t* const* rows, int count, int bits,
-                      int group, int64_t n, float* out) {
-  STRATA_CHECK(count >= 1 && count <= kCodeRows, "dot_packed_codes: " << count << " rows");
-#if defined(__AVX2__) && defined(__FMA__)
-  switch (count) {
-    case 1: return dot_rows<1>(q_coded, q_sums, rows, bits, group, n, out);
-    case 2: return dot_rows<2>(q_coded, q_sums, rows, bits, group, n, out);
-    case 3: return dot_rows<3>(q_coded, q_sums, rows, bits, group, n, out);
-    default: return dot_rows<4>(q_coded, q_sums, rows, bits, group, n, out);
-  }
-#else
-  std::vector<float> scaled(static_cast<size_t>(n)), mins(scaled.size());
-  for (int r = 0; r < count; ++r) {
-    widen_scaled_codes(rows[r], bits, group, n, scaled.data(), mins.data());
-    out[r] = dot_scaled_codes(q_coded, q_sums, scaled.data(), mins.data(), group, n);
   }
 #endif
 }
 
-void axpy_packed_codes(const float* w, const uint8_t* const* rows, int count, int bits, int group, int64_t n,
-                       float* y_coded, float* min_sums) {
-  STRATA_CHECK(count >= 1 && count <= kCodeRows, "axpy_packed_codes: " << count << " rows");
+void axpy_packed_codes(const float* w, int64_t w_stride, int queries, const uint8_t* const* rows, int count, int bits,
+                       int group, int64_t n, float* y_coded, float* min_sums) {
+  check_block(queries, count);
 #if defined(__AVX2__) && defined(__FMA__)
-  switch (count) {
-    case 1: return axpy_rows<1>(w, rows, bits, group, n, y_coded, min_sums);
-    case 2: return axpy_rows<2>(w, rows, bits, group, n, y_coded, min_sums);
-    case 3: return axpy_rows<3>(w, rows, bits, group, n, y_coded, min_sums);
-    default: return axpy_rows<4>(w, rows, bits, group, n, y_coded, min_sums);
-  }
+  with_block(queries, count,
+             [&]<int Q, int R>() { axpy_block<Q, R>(w, w_stride, rows, bits, group, n, y_coded, min_sums); });
 #else
-  std::vector<float> scaled(static_cast<size_t>(n)), mins(scaled.size());
+  const int64_t groups = (n + group - 1) / group;
+  std::vector<float> scaled(static_cast<size_t>(n)), mins(static_cast<size_t>(groups));
   for (int r = 0; r < count; ++r) {
     widen_scaled_codes(rows[r], bits, group, n, scaled.data(), mins.data());
-    axpy_scaled_codes(w[r], scaled.data(), mins.data(), group, n, y_coded, min_sums);
+    for (int k = 0; k < queries; ++k) {
+      const float wk = w[k * w_stride + r];
+      for (int64_t g = 0; g < groups; ++g) min_sums[k * groups + g] = std::fma(wk, mins[size_t(g)], min_sums[k * groups + g]);
+      axpy(wk, scaled.data(), y_coded + k * n, n);
+    }
   }
 #endif
 }

@@ -16,8 +16,8 @@ void dequantize_row_f32(const uint8_t* row, int bits, int group, int64_t n, floa
 // exactly (in real arithmetic), so
 //   q . row      = sum over groups of  s (q . c)  +  m (sum of q over the group)
 //   y += w row:    y += (w s) c over each group, and w m summed per group, added once at the end.
-// Codes are exact small integers in fp32, so nothing is rounded before the sums (or only c s, once,
-// in the scaled form below): the results are at least as close to the exact values c s + m as
+// Codes are exact small integers in fp32, so nothing is rounded before the sums (without AVX2, c s
+// is rounded once): the results are at least as close to the exact values c s + m as
 // dequantize_row_f32's (which rounds c s, then + m), though not equal to them bit for bit, and
 // cost a widening and one FMA per element instead of a widening, a multiply, an add and an FMA.
 //
@@ -30,24 +30,20 @@ bool codes_row_ok(int group, int64_t n);
 void to_code_order(int bits, const float* x, int64_t n, float* out);
 void from_code_order(int bits, const float* x, int64_t n, float* out);
 
-// Rows read once per query, in registers: `count` rows (1 to kCodeRows; consecutive positions of
-// one head) at once, so that they share the query's loads, or the output's loads and stores.
-// q_coded: n values in code order; q_sums: the sum of q over each group; out[r]: q . rows[r]. The
-// axpy adds w[r] (c s) of each row to y_coded and w[r] m to min_sums[g] per group, rows in order,
-// so that the caller's final value of element i is y_coded[code position of i] + min_sums[group
-// of i]. A row's results are the same whatever `count` and its place among the rows.
-constexpr int kCodeRows = 4;
-void dot_packed_codes(const float* q_coded, const float* q_sums, const uint8_t* const* rows, int count, int bits,
-                      int group, int64_t n, float* out);
-void axpy_packed_codes(const float* w, const uint8_t* const* rows, int count, int bits, int group, int64_t n,
-                       float* y_coded, float* min_sums);
-
-// A row read by several queries (grouped-query attention): widened once into c s (fp32, code
-// order) and the groups' minimums, which plain fp32 dot and axpy then read.
-void widen_scaled_codes(const uint8_t* row, int bits, int group, int64_t n, float* scaled, float* mins);
-float dot_scaled_codes(const float* q_coded, const float* q_sums, const float* scaled, const float* mins, int group,
-                       int64_t n);
-void axpy_scaled_codes(float w, const float* scaled, const float* mins, int group, int64_t n, float* y_coded,
-                       float* min_sums);
+// A block of `queries` queries (consecutive, n floats apart; a grouped-query group's or one) and
+// `count` rows (consecutive positions of one kv head), queries x count <= kCodeBlock, read in
+// registers: each 16 codes of a row are widened once for all the queries, and the rows share the
+// queries' loads, or the outputs' loads and stores.
+// q_coded: query k's n values in code order at q_coded + k n; q_sums: the sums of each query over
+// each group (groups = ceil(n / group) per query); out[k out_stride + r] = query k . rows[r].
+// The axpy adds w[k w_stride + r] (c s) of row r to query k's output y_coded + k n, and
+// w[k w_stride + r] m to min_sums[k groups + g], rows in order, so that the caller's final value of
+// element i is y_coded[code position of i] + min_sums[group of i]. A pair's results are the same
+// whatever the block's shape and the pair's place in it.
+constexpr int kCodeBlock = 4;
+void dot_packed_codes(const float* q_coded, const float* q_sums, int queries, const uint8_t* const* rows, int count,
+                      int bits, int group, int64_t n, float* out, int64_t out_stride);
+void axpy_packed_codes(const float* w, int64_t w_stride, int queries, const uint8_t* const* rows, int count, int bits,
+                       int group, int64_t n, float* y_coded, float* min_sums);
 
 }  // namespace strata::cpu
