@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_quant.h"
+#include "backend/cpu/cpu_simd.h"
 #include "kernel_test_support.h"
 #include "quant_kernel_cases.h"
 #include "strata/backend/backend.h"
@@ -287,9 +288,24 @@ TEST_CASE("cpu: decode attention over quantized caches matches double arithmetic
         }
 }
 
+namespace {
+// Calls f(queries, count, k0, r0) for every block shape (queries x count <= cpu::kBlock) at every
+// place among kBlock queries and kBlock rows.
+template <class F>
+void for_each_block(F&& f) {
+  for (int queries = 1; queries <= cpu::kBlock; ++queries)
+    for (int count = 1; queries * count <= cpu::kBlock; ++count)
+      for (int k0 = 0; k0 + queries <= cpu::kBlock; ++k0)
+        for (int r0 = 0; r0 + count <= cpu::kBlock; ++r0) {
+          INFO(queries << " queries from " << k0 << " x " << count << " rows from " << r0);
+          f(queries, count, k0, r0);
+        }
+}
+}  // namespace
+
 TEST_CASE("cpu: packed codes read in blocks give each (query, row) pair what it gets alone", "[quant][cpu_attention]") {
   std::mt19937 rng(5);
-  constexpr int kN = cpu::kCodeBlock;  // queries and rows to draw blocks from
+  constexpr int kN = cpu::kBlock;  // queries and rows to draw blocks from
   for (int bits : {4, 8})
     for (int group : {32, 64, 128})
       for (int64_t d : {64, 80, 128, 256}) {
@@ -306,11 +322,7 @@ TEST_CASE("cpu: packed codes read in blocks give each (query, row) pair what it 
         const std::vector<float> q = normal(size_t(kN * d), rng), q_sums = normal(size_t(kN * groups), rng);
         const std::vector<float> w = normal(kN * kN, rng);  // w[k kN + r]: query k's weight of row r
         const std::vector<float> y0 = normal(size_t(kN * d), rng), mins0 = normal(size_t(kN * groups), rng);
-        for (int queries = 1; queries <= kN; ++queries)
-          for (int count = 1; queries * count <= cpu::kCodeBlock; ++count)
-            for (int k0 = 0; k0 + queries <= kN; ++k0)
-              for (int r0 = 0; r0 + count <= kN; ++r0) {
-                INFO(queries << " queries from " << k0 << " x " << count << " rows from " << r0);
+        for_each_block([&](int queries, int count, int k0, int r0) {
                 float together[kN * kN];
                 cpu::dot_packed_codes(q.data() + k0 * d, q_sums.data() + k0 * groups, queries, rows + r0, count, bits,
                                       group, d, together, kN);
@@ -329,6 +341,47 @@ TEST_CASE("cpu: packed codes read in blocks give each (query, row) pair what it 
                   }
                 CHECK(std::memcmp(y_alone.data(), y.data(), y.size() * 4) == 0);
                 CHECK(std::memcmp(mins_alone.data(), mins.data(), mins.size() * 4) == 0);
-              }
+        });
       }
+}
+
+TEST_CASE("cpu: fp32 and fp16 rows read in blocks give each (query, row) pair what it gets alone", "[cpu_attention]") {
+  std::mt19937 rng(6);
+  constexpr int kN = cpu::kBlock;
+  auto check = [&](auto stored, int64_t n) {
+    using T = decltype(stored);
+    INFO((std::is_same_v<T, float> ? "fp32" : "fp16") << " rows of " << n);
+    const std::vector<float> x = normal(size_t(kN * n), rng);
+    std::vector<T> data(x.size());
+    for (size_t i = 0; i < x.size(); ++i) data[i] = std::is_same_v<T, float> ? T(x[i]) : T(float_to_half(x[i]));
+    const T* rows[kN];
+    for (int r = 0; r < kN; ++r) rows[r] = data.data() + r * n;
+    const std::vector<float> q = normal(size_t(kN * n), rng), w = normal(kN * kN, rng), y0 = normal(size_t(kN * n), rng);
+    for_each_block([&](int queries, int count, int k0, int r0) {
+            float together[kN * kN];
+            cpu::dot_block(q.data() + k0 * n, queries, rows + r0, count, n, together, kN);
+            std::vector<float> y = y0, y_alone = y0;
+            cpu::axpy_block(w.data() + k0 * kN + r0, kN, queries, rows + r0, count, n, y.data() + k0 * n);
+            for (int k = k0; k < k0 + queries; ++k)
+              for (int r = r0; r < r0 + count; ++r) {
+                float alone;
+                cpu::dot_block(q.data() + k * n, 1, rows + r, 1, n, &alone, 1);
+                CHECK(std::memcmp(&alone, &together[(k - k0) * kN + (r - r0)], 4) == 0);
+                // And within fp32 rounding of the double dot product.
+                double want = 0, magnitude = 0;
+                for (int64_t i = 0; i < n; ++i) {
+                  want += double(q[size_t(k * n + i)]) * double(cpu::value_at(rows[r], i));
+                  magnitude += std::fabs(double(q[size_t(k * n + i)]) * double(cpu::value_at(rows[r], i)));
+                }
+                CHECK(std::fabs(double(alone) - want) <= double(n) * 0x1p-23 * magnitude);
+                cpu::axpy_block(w.data() + k * kN + r, kN, 1, rows + r, 1, n, y_alone.data() + k * n);
+              }
+            CHECK(std::memcmp(y_alone.data(), y.data(), y.size() * 4) == 0);
+    });
+  };
+  // Multiples of 16 and the scalar tails after them (head dims such as 20 and 72).
+  for (int64_t n : {16, 20, 64, 72, 128}) {
+    check(float(), n);
+    check(uint16_t(), n);
+  }
 }

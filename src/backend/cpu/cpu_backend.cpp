@@ -29,7 +29,6 @@
 namespace strata {
 namespace {
 
-using cpu::axpy;
 using cpu::dot;
 using cpu::f16;
 using cpu::f16_to_f32;
@@ -483,15 +482,15 @@ private:
   //   does not follow it across pages.
   // - Keys are visited in tiles of kTile with an online softmax (running max and denominator per
   //   query row), so the scores stay in L1 whatever the context; exponentials eight at a time.
-  // - Rows are read as stored: without grouped queries dot and axpy widen an fp16 row in
-  //   registers (F16C); with grouped queries a row is widened once into an fp32 scratch row that
-  //   every query of its group reads.
-  // - Quantized rows are read as codes (cpu_quant.h): the queries and the output are kept in code
-  //   order, a score is sum_g s_g (q . c) + m_g (sum of q over g), and the minimums' share of the
-  //   output is summed per group and added at the end. The codes are widened in registers, in
-  //   blocks of up to four (query, position) pairs of a kv head (a group's queries, else four
-  //   positions) that share each widening and the queries' loads. Head dims that are not
-  //   multiples of 16 dequantize each row into the scratch row by the reference formula instead.
+  // - Rows are read as stored. fp16 rows are widened in registers (F16C), in blocks of up to
+  //   cpu::kBlock (query, position) pairs of one kv head: a grouped-query group's queries, else
+  //   four positions. Each widening of a row serves the block's queries, and the rows share the
+  //   queries' loads (or the outputs' loads and stores). fp32 rows: one dot per pair.
+  // - Quantized rows are read as codes (cpu_quant.h), in the same blocks: the queries and the
+  //   output are kept in code order, a score is sum_g s_g (q . c) + m_g (sum of q over g), and the
+  //   minimums' share of the output is summed per group and added at the end. Head dims that are
+  //   not multiples of 16 dequantize each row into an fp32 scratch row by the reference formula
+  //   instead, one position at a time.
   template <class Q, class Cache>
   void attend(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
               const Tensor& positions, float scale, const Tensor& out) {
@@ -509,10 +508,10 @@ private:
     const size_t position_bytes = size_t(kv_heads) * row_bytes;
     const bool coded = quantized && cpu::codes_row_ok(spec.group_size, d);
     const int64_t code_groups = coded ? (d + spec.group_size - 1) / spec.group_size : 0;
-    // Packed codes' blocks (cpu_quant.h): up to kCodeBlock (query, position) pairs, the queries of
-    // a group first, the rest in consecutive positions (4 without grouped queries).
-    const int code_queries = int(std::min<int64_t>(group, cpu::kCodeBlock));
-    const int code_rows = cpu::kCodeBlock / code_queries;
+    // Blocks of up to kBlock (query, position) pairs: the queries of a group first, the rest in
+    // consecutive positions (4 without grouped queries).
+    const int block_queries = int(std::min<int64_t>(group, cpu::kBlock));
+    const int block_rows = cpu::kBlock / block_queries;
     // Enough runs per token that every thread gets a few items even for one token.
     const int64_t runs = std::clamp<int64_t>((4 * pool_.size() + T - 1) / T, 1, kv_heads);
     const int64_t run_heads = (kv_heads + runs - 1) / runs, runs_per_token = (kv_heads + run_heads - 1) / run_heads;
@@ -522,7 +521,7 @@ private:
       auto floats = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n)); };
       std::vector<float> qs = floats(max_rows * d), o = floats(max_rows * d), sc = floats(max_rows * kTile),
                          m = floats(max_rows), l = floats(max_rows), reorder = floats(coded ? d : 0),
-                         widened = floats(quantized || !std::is_same_v<Cache, float> ? run_heads * d : 0),
+                         widened = floats(quantized && !coded ? run_heads * d : 0),
                          q_sums = floats(max_rows * code_groups), min_sums = floats(max_rows * code_groups);
       for (int64_t w = w0; w < w1; ++w) {
         const int64_t t = w / runs_per_token, h0 = (w % runs_per_token) * run_heads;
@@ -550,13 +549,10 @@ private:
         const uint8_t* k_base = cache_k.ptr<uint8_t>() + first_row;
         const uint8_t* v_base = cache_v.ptr<uint8_t>() + first_row;
         const size_t run_bytes = size_t(run) * row_bytes;
-        // Without grouped queries a row is read by one query, so dot and axpy widen an fp16 row
-        // (or a quantized row's codes) in registers; with them it is widened once into
-        // `widened` for all the queries of its group. Quantized rows of other head dims are
-        // dequantized there.
-        const bool widen = !std::is_same_v<Cache, float> && (quantized ? !coded : group > 1);
-        // The run's rows at position j ([run, d]: widened, else as stored), prefetching position
-        // j + kPrefetchAhead.
+        // Quantized rows whose codes cannot be read in place are dequantized into `widened`.
+        const bool widen = quantized && !coded;
+        // The run's rows at position j ([run, d]: dequantized, else as stored), prefetching
+        // position j + kPrefetchAhead.
         auto run_rows = [&](const uint8_t* base, int64_t j) -> const void* {
           if (j + kPrefetchAhead <= p) {
             const char* ahead = reinterpret_cast<const char*>(base + size_t(j + kPrefetchAhead) * position_bytes);
@@ -564,43 +560,49 @@ private:
           }
           const uint8_t* row = base + size_t(j) * position_bytes;
           if (!widen) return row;
-          if constexpr (quantized) {
-            for (int64_t h = 0; h < run; ++h)
-              cpu::dequantize_row_f32(row + size_t(h) * row_bytes, spec.bits, spec.group_size, d, widened.data() + h * d);
-          } else if constexpr (std::is_same_v<Cache, f16>) {
-            f16_to_f32(reinterpret_cast<const f16*>(row), widened.data(), run * d);
-          }
+          for (int64_t h = 0; h < run; ++h)
+            cpu::dequantize_row_f32(row + size_t(h) * row_bytes, spec.bits, spec.group_size, d, widened.data() + h * d);
           return widened.data();
         };
         // The tile's scores and weighted values for query rows r over run rows stored as Row
-        // (float, f16 or PackedCodes). Packed codes are read in blocks of code_queries queries of a
-        // kv head by code_rows positions (`at`: their run rows; cpu_quant.h).
+        // (float, f16 or PackedCodes; float for dequantized rows too), f16 and codes in blocks of
+        // block_queries queries of a kv head by block_rows positions (`at`: their run rows).
         auto tile = [&](auto row_kind, int64_t start, int64_t n) {
           using Row = decltype(row_kind);
           constexpr bool packed = std::is_same_v<Row, PackedCodes>;
-          const int step = packed ? code_rows : 1;
-          const void* at[cpu::kCodeBlock];
-          // Calls f(h, r, queries, head_rows) for each block of the run: kv head h's rows at the
-          // block's positions and `queries` of its query rows from r on.
-          auto for_each_code_block = [&](int count, auto&& f) {
+          using Stored = std::conditional_t<packed, uint8_t, Row>;
+          // fp32 rows need no widening to share, and one dot per (query, row) pair measured faster
+          // than the blocks for them (bench/results/2026-11-26-cpu-attention-code-blocks.md).
+          constexpr bool blocked = !std::is_same_v<Row, float>;
+          const int step = blocked ? block_rows : 1;
+          const size_t head_bytes = widen ? size_t(d) * sizeof(float) : row_bytes;
+          const void* at[cpu::kBlock];
+          // Calls f(r, queries, head_rows) for each block: kv head h's rows at the block's count
+          // positions and `queries` of its query rows from r on.
+          auto for_each_block = [&](int count, auto&& f) {
             for (int64_t h = 0; h < run; ++h) {
-              const uint8_t* head_rows[cpu::kCodeBlock];
-              for (int c = 0; c < count; ++c) head_rows[c] = static_cast<const uint8_t*>(at[c]) + size_t(h) * row_bytes;
-              for (int64_t k = 0; k < group; k += code_queries)
-                f(h * group + k, int(std::min<int64_t>(code_queries, group - k)), head_rows);
+              const Stored* head_rows[cpu::kBlock];
+              for (int c = 0; c < count; ++c)
+                head_rows[c] = reinterpret_cast<const Stored*>(static_cast<const uint8_t*>(at[c]) + size_t(h) * head_bytes);
+              for (int64_t k = 0; k < group; k += block_queries)
+                f(h * group + k, int(std::min<int64_t>(block_queries, group - k)), head_rows);
             }
           };
           for (int64_t j = 0; j < n; j += step) {
             const int count = int(std::min<int64_t>(step, n - j));
             for (int c = 0; c < count; ++c) at[c] = run_rows(k_base, start + j + c);
-            if constexpr (packed)
-              for_each_code_block(count, [&](int64_t r, int queries, const uint8_t* const* head_rows) {
-                cpu::dot_packed_codes(qs.data() + r * d, q_sums.data() + r * code_groups, queries, head_rows, count,
-                                      spec.bits, spec.group_size, d, sc.data() + r * kTile + j, kTile);
+            if constexpr (blocked)
+              for_each_block(count, [&](int64_t r, int queries, const Stored* const* head_rows) {
+                float* scores = sc.data() + r * kTile + j;
+                if constexpr (packed)
+                  cpu::dot_packed_codes(qs.data() + r * d, q_sums.data() + r * code_groups, queries, head_rows, count,
+                                        spec.bits, spec.group_size, d, scores, kTile);
+                else
+                  cpu::dot_block(qs.data() + r * d, queries, head_rows, count, d, scores, kTile);
               });
             else
               for (int64_t r = 0; r < rows; ++r)
-                sc[size_t(r * kTile + j)] = dot(qs.data() + r * d, static_cast<const Row*>(at[0]) + (r / group) * d, d);
+                sc[size_t(r * kTile + j)] = cpu::dot(qs.data() + r * d, static_cast<const float*>(at[0]) + (r / group) * d, d);
             for (int64_t r = 0; r < rows; ++r)
               for (int c = 0; c < count; ++c) sc[size_t(r * kTile + j + c)] *= scale;
           }
@@ -618,14 +620,18 @@ private:
           for (int64_t j = 0; j < n; j += step) {
             const int count = int(std::min<int64_t>(step, n - j));
             for (int c = 0; c < count; ++c) at[c] = run_rows(v_base, start + j + c);
-            if constexpr (packed)
-              for_each_code_block(count, [&](int64_t r, int queries, const uint8_t* const* head_rows) {
-                cpu::axpy_packed_codes(sc.data() + r * kTile + j, kTile, queries, head_rows, count, spec.bits,
-                                       spec.group_size, d, o.data() + r * d, min_sums.data() + r * code_groups);
+            if constexpr (blocked)
+              for_each_block(count, [&](int64_t r, int queries, const Stored* const* head_rows) {
+                const float* weights = sc.data() + r * kTile + j;
+                if constexpr (packed)
+                  cpu::axpy_packed_codes(weights, kTile, queries, head_rows, count, spec.bits, spec.group_size, d,
+                                         o.data() + r * d, min_sums.data() + r * code_groups);
+                else
+                  cpu::axpy_block(weights, kTile, queries, head_rows, count, d, o.data() + r * d);
               });
             else
               for (int64_t r = 0; r < rows; ++r)
-                axpy(sc[size_t(r * kTile + j)], static_cast<const Row*>(at[0]) + (r / group) * d, o.data() + r * d, d);
+                cpu::axpy(sc[size_t(r * kTile + j)], static_cast<const float*>(at[0]) + (r / group) * d, o.data() + r * d, d);
           }
         };
         for (int64_t start = 0; start <= p; start += kTile) {

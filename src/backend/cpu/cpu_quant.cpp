@@ -84,12 +84,6 @@ inline Sixteen packed16(const uint8_t* codes, int bits, int64_t i) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
   return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
 }
-// Four sums (each an fp32 vector) reduced together: lane k of the result is sum k's total, and a
-// sum does not depend on the others (a lone sum reduces with zeros beside it).
-inline __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
-  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
-}
 // The factored dot and axpy of cpu_quant.h for Q queries and R rows (Q R <= 4). Each 16 codes of
 // a row are widened once for every query; each (query, row) pair keeps its own accumulator, summed
 // in the same order whatever Q and R, so the blocks only change how often codes and queries are
@@ -159,20 +153,6 @@ void axpy_block(const float* w, int64_t w_stride, const uint8_t* const* rows, in
     }
   }
 }
-// Calls f.template operator()<Q, R>() for the block shape, Q R <= 4 (checked by the caller).
-template <class F>
-void with_block(int queries, int count, F&& f) {
-  switch (queries * 4 + count) {
-    case 4 + 1: return f.template operator()<1, 1>();
-    case 4 + 2: return f.template operator()<1, 2>();
-    case 4 + 3: return f.template operator()<1, 3>();
-    case 4 + 4: return f.template operator()<1, 4>();
-    case 8 + 1: return f.template operator()<2, 1>();
-    case 8 + 2: return f.template operator()<2, 2>();
-    case 12 + 1: return f.template operator()<3, 1>();
-    default: return f.template operator()<4, 1>();
-  }
-}
 #else
 // Without AVX2: each row widened into c s (code order) and its groups' minimums, then plain sums.
 void widen_scaled_codes(const uint8_t* row, int bits, int group, int64_t n, float* scaled, float* mins) {
@@ -185,10 +165,19 @@ void widen_scaled_codes(const uint8_t* row, int bits, int group, int64_t n, floa
       scaled[code_position(bits, i)] = float(code_at(row, bits, i)) * scale;
   }
 }
+// Calls f(k, r, scaled, mins) for each (query, row) pair of a block, row r widened as above.
+template <class F>
+void for_each_widened_pair(const uint8_t* const* rows, int count, int queries, int bits, int group, int64_t n, F&& f) {
+  std::vector<float> scaled(static_cast<size_t>(n)), mins(static_cast<size_t>((n + group - 1) / group));
+  for (int r = 0; r < count; ++r) {
+    widen_scaled_codes(rows[r], bits, group, n, scaled.data(), mins.data());
+    for (int k = 0; k < queries; ++k) f(k, r, scaled.data(), mins.data());
+  }
+}
 #endif
 
 void check_block(int queries, int count) {
-  STRATA_CHECK(queries >= 1 && count >= 1 && queries * count <= kCodeBlock,
+  STRATA_CHECK(queries >= 1 && count >= 1 && queries * count <= kBlock,
                "packed codes: " << queries << " queries x " << count << " rows in one block");
 }
 
@@ -210,15 +199,11 @@ void dot_packed_codes(const float* q_coded, const float* q_sums, int queries, co
   with_block(queries, count, [&]<int Q, int R>() { dot_block<Q, R>(q_coded, q_sums, rows, bits, group, n, out, out_stride); });
 #else
   const int64_t groups = (n + group - 1) / group;
-  std::vector<float> scaled(static_cast<size_t>(n)), mins(static_cast<size_t>(groups));
-  for (int r = 0; r < count; ++r) {
-    widen_scaled_codes(rows[r], bits, group, n, scaled.data(), mins.data());
-    for (int k = 0; k < queries; ++k) {
-      float min_part = 0;
-      for (int64_t g = 0; g < groups; ++g) min_part = std::fma(mins[size_t(g)], q_sums[k * groups + g], min_part);
-      out[k * out_stride + r] = dot(q_coded + k * n, scaled.data(), n) + min_part;
-    }
-  }
+  for_each_widened_pair(rows, count, queries, bits, group, n, [&](int k, int r, const float* scaled, const float* mins) {
+    float min_part = 0;
+    for (int64_t g = 0; g < groups; ++g) min_part = std::fma(mins[g], q_sums[k * groups + g], min_part);
+    out[k * out_stride + r] = dot(q_coded + k * n, scaled, n) + min_part;
+  });
 #endif
 }
 
@@ -230,15 +215,11 @@ void axpy_packed_codes(const float* w, int64_t w_stride, int queries, const uint
              [&]<int Q, int R>() { axpy_block<Q, R>(w, w_stride, rows, bits, group, n, y_coded, min_sums); });
 #else
   const int64_t groups = (n + group - 1) / group;
-  std::vector<float> scaled(static_cast<size_t>(n)), mins(static_cast<size_t>(groups));
-  for (int r = 0; r < count; ++r) {
-    widen_scaled_codes(rows[r], bits, group, n, scaled.data(), mins.data());
-    for (int k = 0; k < queries; ++k) {
-      const float wk = w[k * w_stride + r];
-      for (int64_t g = 0; g < groups; ++g) min_sums[k * groups + g] = std::fma(wk, mins[size_t(g)], min_sums[k * groups + g]);
-      axpy(wk, scaled.data(), y_coded + k * n, n);
-    }
-  }
+  for_each_widened_pair(rows, count, queries, bits, group, n, [&](int k, int r, const float* scaled, const float* mins) {
+    const float wk = w[k * w_stride + r];
+    for (int64_t g = 0; g < groups; ++g) min_sums[k * groups + g] = std::fma(wk, mins[g], min_sums[k * groups + g]);
+    axpy(wk, scaled, y_coded + k * n, n);
+  });
 #endif
 }
 

@@ -30,17 +30,14 @@ bool codes_row_ok(int group, int64_t n);
 void to_code_order(int bits, const float* x, int64_t n, float* out);
 void from_code_order(int bits, const float* x, int64_t n, float* out);
 
-// A block of `queries` queries (consecutive, n floats apart; a grouped-query group's or one) and
-// `count` rows (consecutive positions of one kv head), queries x count <= kCodeBlock, read in
-// registers: each 16 codes of a row are widened once for all the queries, and the rows share the
-// queries' loads, or the outputs' loads and stores.
+// A block of `queries` queries by `count` rows, queries x count <= kBlock (cpu_simd.h), read in
+// registers: each 16 codes of a row are widened once for all the queries.
 // q_coded: query k's n values in code order at q_coded + k n; q_sums: the sums of each query over
 // each group (groups = ceil(n / group) per query); out[k out_stride + r] = query k . rows[r].
 // The axpy adds w[k w_stride + r] (c s) of row r to query k's output y_coded + k n, and
 // w[k w_stride + r] m to min_sums[k groups + g], rows in order, so that the caller's final value of
 // element i is y_coded[code position of i] + min_sums[group of i]. A pair's results are the same
 // whatever the block's shape and the pair's place in it.
-constexpr int kCodeBlock = 4;
 void dot_packed_codes(const float* q_coded, const float* q_sums, int queries, const uint8_t* const* rows, int count,
                       int bits, int group, int64_t n, float* out, int64_t out_stride);
 void axpy_packed_codes(const float* w, int64_t w_stride, int queries, const uint8_t* const* rows, int count, int bits,

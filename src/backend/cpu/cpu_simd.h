@@ -91,6 +91,100 @@ inline void axpy(float alpha, const f16* x, float* y, int64_t n) {
 #endif
 }
 
+// Decode attention's blocks: up to kBlock (query, row) pairs, `queries` queries (consecutive, n
+// floats apart) by `count` rows (consecutive positions of one kv head), so that each widening of a
+// row (fp16, or codes in cpu_quant.h) serves every query and the rows share the queries' loads, or
+// the outputs' loads and stores. Each pair keeps its own accumulator, summed in the same order
+// whatever the block's shape, so a pair's result does not depend on the block it falls in.
+constexpr int kBlock = 4;
+#if defined(__AVX2__) && defined(__FMA__)
+// Four sums (each an fp32 vector) reduced together: lane k of the result is sum k's total, and a
+// sum does not depend on the others (a lone sum reduces with zeros beside it).
+inline __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+// Calls f.template operator()<Q, R>() for a block of Q queries by R rows, Q R <= kBlock.
+template <class F>
+void with_block(int queries, int count, F&& f) {
+  switch (queries * 4 + count) {
+    case 4 + 1: return f.template operator()<1, 1>();
+    case 4 + 2: return f.template operator()<1, 2>();
+    case 4 + 3: return f.template operator()<1, 3>();
+    case 4 + 4: return f.template operator()<1, 4>();
+    case 8 + 1: return f.template operator()<2, 1>();
+    case 8 + 2: return f.template operator()<2, 2>();
+    case 12 + 1: return f.template operator()<3, 1>();
+    default: return f.template operator()<4, 1>();
+  }
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const f16* p) { return load_f16x8(p); }
+#endif
+inline float value_at(const float* p, int64_t i) { return p[i]; }
+inline float value_at(const f16* p, int64_t i) { return half_to_float(p[i]); }
+
+// out[k out_stride + r] = query k . rows[r] for a block of fp32 or fp16 rows of n.
+template <class T>
+void dot_block(const float* q, int queries, const T* const* rows, int count, int64_t n, float* out,
+               int64_t out_stride) {
+  float sums[kBlock] = {};
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  with_block(queries, count, [&]<int Q, int R>() {
+    // Two accumulators per pair (the chunk's halves), so that four pairs keep eight FMAs in flight.
+    __m256 lo_acc[4], hi_acc[4];
+    for (int p = 0; p < 4; ++p) lo_acc[p] = hi_acc[p] = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16)
+      for (int r = 0; r < R; ++r) {
+        const __m256 lo = load8(rows[r] + i), hi = load8(rows[r] + i + 8);
+        for (int k = 0; k < Q; ++k) {
+          const float* qk = q + k * n + i;
+          lo_acc[k * R + r] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(qk), lo_acc[k * R + r]);
+          hi_acc[k * R + r] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(qk + 8), hi_acc[k * R + r]);
+        }
+      }
+    _mm_storeu_ps(sums, reduce4(_mm256_add_ps(lo_acc[0], hi_acc[0]), _mm256_add_ps(lo_acc[1], hi_acc[1]),
+                                _mm256_add_ps(lo_acc[2], hi_acc[2]), _mm256_add_ps(lo_acc[3], hi_acc[3])));
+  });
+#endif
+  for (int k = 0; k < queries; ++k)
+    for (int r = 0; r < count; ++r) {
+      float s = sums[k * count + r];
+      for (int64_t j = i; j < n; ++j) s = std::fma(q[k * n + j], value_at(rows[r], j), s);
+      out[k * out_stride + r] = s;
+    }
+}
+// Adds w[k w_stride + r] rows[r] to query k's output y + k n, rows in order.
+template <class T>
+void axpy_block(const float* w, int64_t w_stride, int queries, const T* const* rows, int count, int64_t n, float* y) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  with_block(queries, count, [&]<int Q, int R>() {
+    __m256 ws[Q * R];
+    for (int k = 0; k < Q; ++k)
+      for (int r = 0; r < R; ++r) ws[k * R + r] = _mm256_set1_ps(w[k * w_stride + r]);
+    for (; i + 16 <= n; i += 16) {
+      __m256 lo[R], hi[R];
+      for (int r = 0; r < R; ++r) lo[r] = load8(rows[r] + i), hi[r] = load8(rows[r] + i + 8);
+      for (int k = 0; k < Q; ++k) {
+        float* yk = y + k * n + i;
+        __m256 y_lo = _mm256_loadu_ps(yk), y_hi = _mm256_loadu_ps(yk + 8);
+        for (int r = 0; r < R; ++r) {
+          y_lo = _mm256_fmadd_ps(ws[k * R + r], lo[r], y_lo);
+          y_hi = _mm256_fmadd_ps(ws[k * R + r], hi[r], y_hi);
+        }
+        _mm256_storeu_ps(yk, y_lo);
+        _mm256_storeu_ps(yk + 8, y_hi);
+      }
+    }
+  });
+#endif
+  for (int k = 0; k < queries; ++k)
+    for (int64_t j = i; j < n; ++j)
+      for (int r = 0; r < count; ++r) y[k * n + j] = std::fma(w[k * w_stride + r], value_at(rows[r], j), y[k * n + j]);
+}
+
 // x[i] = exp(x[i] - mx) for n values, returning their sum: the softmax's weights. Eight at a time
 // by Cephes' expf (range reduction by ln 2 in two parts, a degree-6 polynomial, the exponent
 // added as bits; within 2 ulp of std::exp), which keeps the exponentials off the critical path of
