@@ -10,6 +10,7 @@
 //   GEMM at the same width (OpenBLAS sgemm over `--context` rows), a compute-bound kernel's peak.
 // Usage: bench_cpu_attention [--threads N] [--slots 16] [--context 1024] [--heads 32]
 //                            [--kv-heads 32] [--head-dim 128] [--act f16] [--mode decode|prefill]
+//                            [--caches fp32,fp16,q4,q8]
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -20,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/cpu/cpu_quant.h"
 #include "bench_common.h"
 #include "strata/backend/blas_core.h"
 #include "strata/backend/backend.h"
@@ -38,12 +40,14 @@ struct Args {
   int64_t slots = 16, context = 1024, heads = 32, kv_heads = 32, head_dim = 128;
   DType act = DType::F16;  // the GPU hands fp16 queries to the CPU
   bool prefill = false;
+  std::string caches = "fp32,fp16,q4,q8";  // which cache formats to time
 };
 
 Args parse(int argc, char** argv) {
   Args a;
   bench::for_each_option(argc, argv, [&](const std::string& k, const std::string& v) {
     if (k == "--threads") a.threads = std::stoi(v);
+    else if (k == "--caches") a.caches = v;
     else if (k == "--slots") a.slots = std::stoll(v);
     else if (k == "--context") a.context = std::stoll(v);
     else if (k == "--heads") a.heads = std::stoll(v);
@@ -185,13 +189,18 @@ int main(int argc, char** argv) try {
   } else {
     peak = read_gbps(threads);
     std::printf("cpu decode attention: %lld sequences x %lld positions, %lld query heads / %lld kv heads of %lld, %s "
-                "queries, %d threads; read bandwidth %.1f GB/s\n",
+                "queries, %d threads, codes on %s (STRATA_CPU_ISA); read bandwidth %.1f GB/s\n",
                 (long long)a.slots, (long long)a.context, (long long)a.heads, (long long)a.kv_heads,
-                (long long)a.head_dim, dtype_name(a.act), threads, peak);
+                (long long)a.head_dim, dtype_name(a.act), threads, cpu::codes_isa_name(cpu::codes_isa()).c_str(), peak);
   }
-  for (const Case& c : {Case{"fp32", DType::F32, 0}, Case{"fp16", DType::F16, 0}, Case{"4-bit g64", DType::Q4, 4},
-                        Case{"8-bit g64", DType::Q8, 8}})
-    run_case(*be, a, c, peak);
+  const std::pair<const char*, Case> cases[] = {{"fp32", {"fp32", DType::F32, 0}},
+                                                {"fp16", {"fp16", DType::F16, 0}},
+                                                {"q4", {"4-bit g64", DType::Q4, 4}},
+                                                {"q8", {"8-bit g64", DType::Q8, 8}}};
+  int run = 0;
+  for (const auto& [key, c] : cases)
+    if (("," + a.caches + ",").find(std::string(",") + key + ",") != std::string::npos) run_case(*be, a, c, peak), ++run;
+  STRATA_CHECK(run > 0, "--caches lists fp32, fp16, q4 and q8 (comma-separated), not '" << a.caches << "'");
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_cpu_attention: %s\n", e.what());
