@@ -21,7 +21,6 @@
 #include <thread>
 #include <vector>
 
-#include "backend/cpu/cpu_quant.h"
 #include "bench_common.h"
 #include "strata/backend/blas_core.h"
 #include "strata/backend/backend.h"
@@ -189,9 +188,9 @@ int main(int argc, char** argv) try {
   } else {
     peak = read_gbps(threads);
     std::printf("cpu decode attention: %lld sequences x %lld positions, %lld query heads / %lld kv heads of %lld, %s "
-                "queries, %d threads, codes on %s (STRATA_CPU_ISA); read bandwidth %.1f GB/s\n",
+                "queries, %d threads; read bandwidth %.1f GB/s\n",
                 (long long)a.slots, (long long)a.context, (long long)a.heads, (long long)a.kv_heads,
-                (long long)a.head_dim, dtype_name(a.act), threads, cpu::codes_isa_name(cpu::codes_isa()).c_str(), peak);
+                (long long)a.head_dim, dtype_name(a.act), threads, peak);
   }
   const std::pair<const char*, Case> cases[] = {{"fp32", {"fp32", DType::F32, 0}},
                                                 {"fp16", {"fp16", DType::F16, 0}},

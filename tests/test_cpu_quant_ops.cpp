@@ -247,39 +247,6 @@ TEST_CASE("cpu: prefill attention over quantized caches equals it over their deq
 // widened once, head dims with a short last group (80 at group 64 or 128), a head dim that is not a
 // multiple of 16 (dequantized by the reference formula instead), fp32 and fp16 queries, and peaked
 // scores.
-namespace {
-// Runs f under each instruction set the codes kernels have in this build and on this CPU (AVX2
-// always; AVX-512 where both have it), then restores the one in use.
-template <class F>
-void for_each_codes_isa(F&& f) {
-  struct Restore {
-    cpu::CodesIsa isa = cpu::codes_isa();
-    ~Restore() { cpu::set_codes_isa(isa); }
-  } restore;
-  for (cpu::CodesIsa isa : {cpu::CodesIsa::Avx2, cpu::CodesIsa::Avx512}) {
-    if (!cpu::codes_isa_available(isa)) {
-      WARN("no " << cpu::codes_isa_name(isa) << " codes kernels here: that path is not tested");
-      continue;
-    }
-    cpu::set_codes_isa(isa);
-    INFO("codes kernels on " << cpu::codes_isa_name(isa));
-    f();
-  }
-}
-// Calls f(queries, count, k0, r0) for every block shape (queries x count <= cpu::kBlock) at every
-// place among kBlock queries and kBlock rows.
-template <class F>
-void for_each_block(F&& f) {
-  for (int queries = 1; queries <= cpu::kBlock; ++queries)
-    for (int count = 1; queries * count <= cpu::kBlock; ++count)
-      for (int k0 = 0; k0 + queries <= cpu::kBlock; ++k0)
-        for (int r0 = 0; r0 + count <= cpu::kBlock; ++r0) {
-          INFO(queries << " queries from " << k0 << " x " << count << " rows from " << r0);
-          f(queries, count, k0, r0);
-        }
-}
-}  // namespace
-
 TEST_CASE("cpu: decode attention over quantized caches matches double arithmetic over the exact values",
           "[quant][cpu_attention]") {
   auto be = make_cpu_backend(2);
@@ -308,23 +275,33 @@ TEST_CASE("cpu: decode attention over quantized caches matches double arithmetic
           const Tensor st(slots.data(), DType::I32, Device::CPU, {T}), pt(pos.data(), DType::I32, Device::CPU, {T});
           std::vector<float> q = test::random_floats(size_t(T * heads * d), rng, -q_range, q_range, true);
           const float scale = 1.0f / std::sqrt(float(d));
-          const DecodeReference want = decode_reference(s, ck, cv, q, heads, kvh, d, C, slots, pos, double(scale), false);
-          const DecodeReference want16 = decode_reference(s, ck, cv, q, heads, kvh, d, C, slots, pos, double(scale), true);
-          for_each_codes_isa([&] {
-            std::vector<float> got(q.size(), NAN);
-            be->attention(f32(q, {T, heads, d}), cache_k, cache_v, st, pt, scale, f32(got, {T, heads, d}));
-            expect_within(got, want);
+          std::vector<float> got(q.size(), NAN);
+          be->attention(f32(q, {T, heads, d}), cache_k, cache_v, st, pt, scale, f32(got, {T, heads, d}));
+          expect_within(got, decode_reference(s, ck, cv, q, heads, kvh, d, C, slots, pos, double(scale), false));
 
-            std::vector<uint16_t> q16 = to_half(q), out16(q.size(), 0xFFFF);
-            be->attention(Tensor(q16.data(), DType::F16, Device::CPU, {T, heads, d}), cache_k, cache_v, st, pt, scale,
-                          Tensor(out16.data(), DType::F16, Device::CPU, {T, heads, d}));
-            std::vector<float> got16(q.size());
-            for (size_t i = 0; i < got16.size(); ++i) got16[i] = half_to_float(out16[i]);
-            expect_within(got16, want16);
-          });
+          std::vector<uint16_t> q16 = to_half(q), out16(q.size(), 0xFFFF);
+          be->attention(Tensor(q16.data(), DType::F16, Device::CPU, {T, heads, d}), cache_k, cache_v, st, pt, scale,
+                        Tensor(out16.data(), DType::F16, Device::CPU, {T, heads, d}));
+          std::vector<float> got16(q.size());
+          for (size_t i = 0; i < got16.size(); ++i) got16[i] = half_to_float(out16[i]);
+          expect_within(got16, decode_reference(s, ck, cv, q, heads, kvh, d, C, slots, pos, double(scale), true));
         }
 }
 
+namespace {
+// Calls f(queries, count, k0, r0) for every block shape (queries x count <= cpu::kBlock) at every
+// place among kBlock queries and kBlock rows.
+template <class F>
+void for_each_block(F&& f) {
+  for (int queries = 1; queries <= cpu::kBlock; ++queries)
+    for (int count = 1; queries * count <= cpu::kBlock; ++count)
+      for (int k0 = 0; k0 + queries <= cpu::kBlock; ++k0)
+        for (int r0 = 0; r0 + count <= cpu::kBlock; ++r0) {
+          INFO(queries << " queries from " << k0 << " x " << count << " rows from " << r0);
+          f(queries, count, k0, r0);
+        }
+}
+}  // namespace
 
 TEST_CASE("cpu: packed codes read in blocks give each (query, row) pair what it gets alone", "[quant][cpu_attention]") {
   std::mt19937 rng(5);
@@ -345,35 +322,25 @@ TEST_CASE("cpu: packed codes read in blocks give each (query, row) pair what it 
         const std::vector<float> q = normal(size_t(kN * d), rng), q_sums = normal(size_t(kN * groups), rng);
         const std::vector<float> w = normal(kN * kN, rng);  // w[k kN + r]: query k's weight of row r
         const std::vector<float> y0 = normal(size_t(kN * d), rng), mins0 = normal(size_t(kN * groups), rng);
-        for_each_codes_isa([&] {
-          for_each_block([&](int queries, int count, int k0, int r0) {
-            float together[kN * kN];
-            cpu::dot_packed_codes(q.data() + k0 * d, q_sums.data() + k0 * groups, queries, rows + r0, count, bits,
-                                  group, d, together, kN);
-            std::vector<float> y = y0, mins = mins0, y_alone = y0, mins_alone = mins0;
-            cpu::axpy_packed_codes(w.data() + k0 * kN + r0, kN, queries, rows + r0, count, bits, group, d,
-                                   y.data() + k0 * d, mins.data() + k0 * groups);
-            for (int k = k0; k < k0 + queries; ++k)
-              for (int r = r0; r < r0 + count; ++r) {
-                float alone;
-                cpu::dot_packed_codes(q.data() + k * d, q_sums.data() + k * groups, 1, rows + r, 1, bits, group, d,
-                                      &alone, 1);
-                CHECK(std::memcmp(&alone, &together[(k - k0) * kN + (r - r0)], 4) == 0);
-                // One row at a time, in order, as the block's axpy must add them.
-                cpu::axpy_packed_codes(w.data() + k * kN + r, kN, 1, rows + r, 1, bits, group, d,
-                                       y_alone.data() + k * d, mins_alone.data() + k * groups);
-              }
-            CHECK(std::memcmp(y_alone.data(), y.data(), y.size() * 4) == 0);
-            CHECK(std::memcmp(mins_alone.data(), mins.data(), mins.size() * 4) == 0);
-          });
-          // The axpy adds the same products in the same order on every instruction set.
-          std::vector<float> y = y0, mins = mins0;
-          cpu::axpy_packed_codes(w.data(), kN, kN, rows, 1, bits, group, d, y.data(), mins.data());
-          cpu::set_codes_isa(cpu::CodesIsa::Avx2);
-          std::vector<float> y_avx2 = y0, mins_avx2 = mins0;
-          cpu::axpy_packed_codes(w.data(), kN, kN, rows, 1, bits, group, d, y_avx2.data(), mins_avx2.data());
-          CHECK(std::memcmp(y_avx2.data(), y.data(), y.size() * 4) == 0);
-          CHECK(std::memcmp(mins_avx2.data(), mins.data(), mins.size() * 4) == 0);
+        for_each_block([&](int queries, int count, int k0, int r0) {
+                float together[kN * kN];
+                cpu::dot_packed_codes(q.data() + k0 * d, q_sums.data() + k0 * groups, queries, rows + r0, count, bits,
+                                      group, d, together, kN);
+                std::vector<float> y = y0, mins = mins0, y_alone = y0, mins_alone = mins0;
+                cpu::axpy_packed_codes(w.data() + k0 * kN + r0, kN, queries, rows + r0, count, bits, group, d,
+                                       y.data() + k0 * d, mins.data() + k0 * groups);
+                for (int k = k0; k < k0 + queries; ++k)
+                  for (int r = r0; r < r0 + count; ++r) {
+                    float alone;
+                    cpu::dot_packed_codes(q.data() + k * d, q_sums.data() + k * groups, 1, rows + r, 1, bits, group, d,
+                                          &alone, 1);
+                    CHECK(std::memcmp(&alone, &together[(k - k0) * kN + (r - r0)], 4) == 0);
+                    // One row at a time, in order, as the block's axpy must add them.
+                    cpu::axpy_packed_codes(w.data() + k * kN + r, kN, 1, rows + r, 1, bits, group, d,
+                                           y_alone.data() + k * d, mins_alone.data() + k * groups);
+                  }
+                CHECK(std::memcmp(y_alone.data(), y.data(), y.size() * 4) == 0);
+                CHECK(std::memcmp(mins_alone.data(), mins.data(), mins.size() * 4) == 0);
         });
       }
 }

@@ -4,14 +4,10 @@
 #include <immintrin.h>
 #endif
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
-#include "cpu_codes_kernels.h"
 #include "cpu_simd.h"
 #include "strata/core/error.h"
 #include "strata/core/dtype.h"
@@ -27,6 +23,9 @@ float load_half(const uint8_t* p) {
   std::memcpy(&h, p, 2);
   return half_to_float(h);
 }
+
+// Bytes of a row's codes (padded to whole 4-byte words); its fp16 scales, then minimums, follow.
+size_t code_bytes(int bits, int64_t n) { return (size_t(n) * size_t(bits) + 31) / 32 * 4; }
 
 uint32_t code_at(const uint8_t* codes, int bits, int64_t i) {
   if (bits == 8) return codes[i];
@@ -53,58 +52,117 @@ inline __m256 codes_x8(const uint8_t* codes, int bits, int64_t i) {
 }
 #endif
 
-// Where element i of a row of n sits in code order (cpu_quant.h): 4-bit blocks of 32 (the row's
-// last 16 a block of their own when n % 32 == 16) hold the even elements first, then the odd.
-int64_t code_position(int bits, int64_t i, int64_t n) {
+// A group's scale or minimum (fp16 bits) as fp32; one instruction with F16C.
+float half_at(const uint8_t* p) {
+#if defined(__F16C__)
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+#else
+  return load_half(p);
+#endif
+}
+
+// Where element i sits in code order (cpu_quant.h): 4-bit blocks of 16 hold the even elements
+// first, then the odd ones.
+int64_t code_position(int bits, int64_t i) {
   if (bits == 8) return i;
-  const int64_t block = i - i % 32, size = block + 32 <= n ? 32 : 16, r = i - block;
-  return block + (r % 2 == 0 ? r / 2 : size / 2 + r / 2);
+  const int64_t r = i % 16;
+  return i - r + (r % 2 == 0 ? r / 2 : 8 + r / 2);
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-// cpu_codes_kernels.h's vectors on AVX2: a step of 16 elements (8 bytes of 4-bit codes, 16 of
-// 8-bit) widened into two vectors of 8 lanes.
-struct Avx2 {
-  using V = __m256;
-  struct Widened {
-    V v[2];
-    int64_t at[2];
-    int count = 2;
-  };
-  static V zero() { return _mm256_setzero_ps(); }
-  static V set1(float x) { return _mm256_set1_ps(x); }
-  static V load(const float* p) { return _mm256_loadu_ps(p); }
-  static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
-  static V add(V a, V b) { return _mm256_add_ps(a, b); }
-  static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static __m256 fold(V v) { return v; }
-  static int64_t step(int64_t, int64_t, int64_t) { return 16; }
-  static Widened widen(const uint8_t* codes, int bits, int64_t i, int64_t, int64_t n) {
-    if (bits == 8) {
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
-      return {{_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))},
-              {i, i + 8}};
-    }
-    // Byte k holds elements 2k (low nibble) and 2k + 1 (high nibble): the 8 bytes' even elements
-    // are code positions block + 8 half .. of their block of 32, the odd ones 16 later (a row's
-    // last 16 elements, a block of their own: i .. and i + 8 ..).
-    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i / 2)));
-    const int64_t block = i - i % 32, half = (i - block) / 16;
-    const bool own_block = block + 32 > n;
-    return {{_mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(0xf))), _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4))},
-            {own_block ? i : block + 8 * half, own_block ? i + 8 : block + 16 + 8 * half}};
-  }
+// Sixteen codes from element i on (i a multiple of 16) as fp32 in code order.
+struct Sixteen {
+  __m256 lo, hi;
 };
+inline Sixteen packed16(const uint8_t* codes, int bits, int64_t i) {
+  if (bits == 4) {  // byte k holds elements 2k (low nibble) and 2k + 1 (high nibble)
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i / 2)));
+    return {_mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(0xf))), _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4))};
+  }
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i));
+  return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
+}
+// The factored dot and axpy of cpu_quant.h for Q queries and R rows (Q R <= 4). Each 16 codes of
+// a row are widened once for every query; each (query, row) pair keeps its own accumulator, summed
+// in the same order whatever Q and R, so the blocks only change how often codes and queries are
+// loaded.
+template <int Q, int R>
+void dot_block(const float* q, const float* q_sums, const uint8_t* const* rows, int bits, int group, int64_t n,
+               float* out, int64_t out_stride) {
+  static_assert(Q * R <= 4);
+  const size_t groups = size_t((n + group - 1) / group), scales = code_bytes(bits, n), mins = scales + 2 * groups;
+  __m256 total[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  float min_part[Q * R] = {};
+  for (int64_t g = 0, first = 0; first < n; ++g, first += group) {
+    const int64_t end = std::min<int64_t>(n, first + group);
+    __m256 acc[Q * R];
+    for (__m256& a : acc) a = _mm256_setzero_ps();
+    for (int64_t i = first; i < end; i += 16)
+      for (int r = 0; r < R; ++r) {
+        const Sixteen x = packed16(rows[r], bits, i);
+        for (int k = 0; k < Q; ++k) {
+          const float* qk = q + k * n + i;
+          acc[k * R + r] = _mm256_fmadd_ps(x.hi, _mm256_loadu_ps(qk + 8), _mm256_fmadd_ps(x.lo, _mm256_loadu_ps(qk), acc[k * R + r]));
+        }
+      }
+    for (int r = 0; r < R; ++r) {
+      const __m256 scale = _mm256_set1_ps(half_at(rows[r] + scales + 2 * g));
+      const float min = half_at(rows[r] + mins + 2 * g);
+      for (int k = 0; k < Q; ++k) {
+        total[k * R + r] = _mm256_fmadd_ps(scale, acc[k * R + r], total[k * R + r]);
+        min_part[k * R + r] = std::fma(min, q_sums[size_t(k) * groups + size_t(g)], min_part[k * R + r]);
+      }
+    }
+  }
+  alignas(16) float sums[4];
+  _mm_store_ps(sums, reduce4(total[0], total[1], total[2], total[3]));
+  for (int k = 0; k < Q; ++k)
+    for (int r = 0; r < R; ++r) out[k * out_stride + r] = sums[k * R + r] + min_part[k * R + r];
+}
+template <int Q, int R>
+void axpy_block(const float* w, int64_t w_stride, const uint8_t* const* rows, int bits, int group, int64_t n, float* y,
+                float* min_sums) {
+  static_assert(Q * R <= 4);
+  const size_t groups = size_t((n + group - 1) / group), scales = code_bytes(bits, n), mins = scales + 2 * groups;
+  for (int64_t g = 0, first = 0; first < n; ++g, first += group) {
+    const int64_t end = std::min<int64_t>(n, first + group);
+    __m256 ws[Q * R];
+    for (int r = 0; r < R; ++r) {
+      const float scale = half_at(rows[r] + scales + 2 * g), min = half_at(rows[r] + mins + 2 * g);
+      for (int k = 0; k < Q; ++k) {
+        ws[k * R + r] = _mm256_set1_ps(w[k * w_stride + r] * scale);
+        float& sum = min_sums[size_t(k) * groups + size_t(g)];
+        sum = std::fma(w[k * w_stride + r], min, sum);
+      }
+    }
+    for (int64_t i = first; i < end; i += 16) {
+      Sixteen x[R];
+      for (int r = 0; r < R; ++r) x[r] = packed16(rows[r], bits, i);
+      for (int k = 0; k < Q; ++k) {
+        float* yk = y + k * n + i;
+        __m256 y_lo = _mm256_loadu_ps(yk), y_hi = _mm256_loadu_ps(yk + 8);
+        for (int r = 0; r < R; ++r) {  // rows in order: the same sums as one row at a time
+          y_lo = _mm256_fmadd_ps(ws[k * R + r], x[r].lo, y_lo);
+          y_hi = _mm256_fmadd_ps(ws[k * R + r], x[r].hi, y_hi);
+        }
+        _mm256_storeu_ps(yk, y_lo);
+        _mm256_storeu_ps(yk + 8, y_hi);
+      }
+    }
+  }
+}
 #else
 // Without AVX2: each row widened into c s (code order) and its groups' minimums, then plain sums.
 void widen_scaled_codes(const uint8_t* row, int bits, int group, int64_t n, float* scaled, float* mins) {
   const int64_t groups = (n + group - 1) / group;
-  const uint8_t* params = row + row_code_bytes(bits, n);
+  const uint8_t* params = row + code_bytes(bits, n);
   for (int64_t g = 0, first = 0; g < groups; ++g, first += group) {
     const float scale = half_at(params + 2 * g);
     mins[g] = half_at(params + 2 * (groups + g));
     for (int64_t i = first; i < std::min<int64_t>(n, first + group); ++i)
-      scaled[code_position(bits, i, n)] = float(code_at(row, bits, i)) * scale;
+      scaled[code_position(bits, i)] = float(code_at(row, bits, i)) * scale;
   }
 }
 // Calls f(k, r, scaled, mins) for each (query, row) pair of a block, row r widened as above.
@@ -118,33 +176,6 @@ void for_each_widened_pair(const uint8_t* const* rows, int count, int queries, i
 }
 #endif
 
-bool cpu_runs_avx512() {
-#if defined(STRATA_CPU_AVX512)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-#else
-  return false;
-#endif
-}
-// The ISA in use: the fastest available, unless STRATA_CPU_ISA names one. Read inside the kernels
-// (on a pool's thread), so a bad value warns once and falls back instead of throwing.
-std::atomic<CodesIsa>& isa_in_use() {
-  static std::atomic<CodesIsa> isa = [] {
-    const CodesIsa best = cpu_runs_avx512() ? CodesIsa::Avx512 : CodesIsa::Avx2;
-    const char* env = std::getenv("STRATA_CPU_ISA");
-    const std::string name = env ? env : "";
-    if (name.empty()) return best;
-    if (name == "avx2") return CodesIsa::Avx2;
-    if (name == "avx512" && best == CodesIsa::Avx512) return best;
-    std::fprintf(stderr, "strata: STRATA_CPU_ISA=%s %s; CPU attention over codes runs on %s\n", name.c_str(),
-                 name == "avx512" ? "but this build or CPU has no AVX-512 kernels" : "is not avx2 or avx512",
-                 codes_isa_name(best).c_str());
-    return best;
-  }();
-  return isa;
-}
-
 void check_block(int queries, int count) {
   STRATA_CHECK(queries >= 1 && count >= 1 && queries * count <= kBlock,
                "packed codes: " << queries << " queries x " << count << " rows in one block");
@@ -152,32 +183,20 @@ void check_block(int queries, int count) {
 
 }  // namespace
 
-bool codes_row_ok(int group, int64_t n) { return group > 0 && group % 32 == 0 && n > 0 && n % 16 == 0; }
+bool codes_row_ok(int group, int64_t n) { return group > 0 && group % 16 == 0 && n > 0 && n % 16 == 0; }
 
 void to_code_order(int bits, const float* x, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i) out[code_position(bits, i, n)] = x[i];
+  for (int64_t i = 0; i < n; ++i) out[code_position(bits, i)] = x[i];
 }
 void from_code_order(int bits, const float* x, int64_t n, float* out) {
-  for (int64_t i = 0; i < n; ++i) out[i] = x[code_position(bits, i, n)];
+  for (int64_t i = 0; i < n; ++i) out[i] = x[code_position(bits, i)];
 }
-
-CodesIsa codes_isa() { return isa_in_use().load(std::memory_order_relaxed); }
-bool codes_isa_available(CodesIsa isa) { return isa == CodesIsa::Avx2 || cpu_runs_avx512(); }
-void set_codes_isa(CodesIsa isa) {
-  STRATA_CHECK(codes_isa_available(isa), "no " << codes_isa_name(isa) << " kernels in this build or on this CPU");
-  isa_in_use().store(isa);
-}
-std::string codes_isa_name(CodesIsa isa) { return isa == CodesIsa::Avx512 ? "avx512" : "avx2"; }
 
 void dot_packed_codes(const float* q_coded, const float* q_sums, int queries, const uint8_t* const* rows, int count,
                       int bits, int group, int64_t n, float* out, int64_t out_stride) {
   check_block(queries, count);
-#if defined(STRATA_CPU_AVX512)
-  if (codes_isa() == CodesIsa::Avx512)
-    return dot_packed_codes_avx512(q_coded, q_sums, queries, rows, count, bits, group, n, out, out_stride);
-#endif
 #if defined(__AVX2__) && defined(__FMA__)
-  codes::dot_block<Avx2>(q_coded, q_sums, queries, rows, count, bits, group, n, out, out_stride);
+  with_block(queries, count, [&]<int Q, int R>() { dot_block<Q, R>(q_coded, q_sums, rows, bits, group, n, out, out_stride); });
 #else
   const int64_t groups = (n + group - 1) / group;
   for_each_widened_pair(rows, count, queries, bits, group, n, [&](int k, int r, const float* scaled, const float* mins) {
@@ -191,12 +210,9 @@ void dot_packed_codes(const float* q_coded, const float* q_sums, int queries, co
 void axpy_packed_codes(const float* w, int64_t w_stride, int queries, const uint8_t* const* rows, int count, int bits,
                        int group, int64_t n, float* y_coded, float* min_sums) {
   check_block(queries, count);
-#if defined(STRATA_CPU_AVX512)
-  if (codes_isa() == CodesIsa::Avx512)
-    return axpy_packed_codes_avx512(w, w_stride, queries, rows, count, bits, group, n, y_coded, min_sums);
-#endif
 #if defined(__AVX2__) && defined(__FMA__)
-  codes::axpy_block<Avx2>(w, w_stride, queries, rows, count, bits, group, n, y_coded, min_sums);
+  with_block(queries, count,
+             [&]<int Q, int R>() { axpy_block<Q, R>(w, w_stride, rows, bits, group, n, y_coded, min_sums); });
 #else
   const int64_t groups = (n + group - 1) / group;
   for_each_widened_pair(rows, count, queries, bits, group, n, [&](int k, int r, const float* scaled, const float* mins) {
@@ -209,7 +225,7 @@ void axpy_packed_codes(const float* w, int64_t w_stride, int queries, const uint
 
 void dequantize_row_f32(const uint8_t* row, int bits, int group, int64_t n, float* out) {
   const int64_t groups = (n + group - 1) / group;
-  const uint8_t* scales = row + row_code_bytes(bits, n);
+  const uint8_t* scales = row + code_bytes(bits, n);
   const uint8_t* mins = scales + 2 * groups;
   for (int64_t g = 0; g < groups; ++g) {
     const float scale = load_half(scales + 2 * g), min = load_half(mins + 2 * g);

@@ -2,9 +2,7 @@
 // build has it: dequantization into fp32, and the factored dot and axpy decode attention reads
 // cache rows with.
 #pragma once
-#include <cstddef>
 #include <cstdint>
-#include <string>
 
 namespace strata::cpu {
 
@@ -23,15 +21,11 @@ void dequantize_row_f32(const uint8_t* row, int bits, int group, int64_t n, floa
 // dequantize_row_f32's (which rounds c s, then + m), though not equal to them bit for bit, and
 // cost a widening and one FMA per element instead of a widening, a multiply, an add and an FMA.
 //
-// 4-bit codes are read 32 at a time (16 bytes; 16 with AVX2) and come out even elements first:
-// within each block of 32 elements, 0, 2, .., 30, then 1, 3, .., 31 (a row's last 16 elements, when
-// n % 32 == 16, are a block of their own, ordered likewise). That is "code order"; 8-bit codes keep
-// element order. q and y are kept in code order, so widening needs no shuffle. For rows whose n is
-// a multiple of 16 and group a multiple of 32 (codes_row_ok), so that no block spans two groups.
+// Codes are widened 16 at a time (8 bytes of 4-bit codes, or 16 of 8-bit), and 4-bit codes come out
+// even elements first: within each block of 16 elements, 0, 2, .., 14, then 1, 3, .., 15 ("code
+// order"; 8-bit codes keep element order). q and y are kept in code order, so widening needs no
+// shuffle. For rows whose n and group are multiples of 16 (codes_row_ok).
 bool codes_row_ok(int group, int64_t n);
-// Bytes of a quantized row's codes (padded to whole 4-byte words); its groups' fp16 scales, then
-// their fp16 minimums, follow (strata/quant/quant.h).
-inline size_t row_code_bytes(int bits, int64_t n) { return (size_t(n) * size_t(bits) + 31) / 32 * 4; }
 // x (n values in element order) into code order and back.
 void to_code_order(int bits, const float* x, int64_t n, float* out);
 void from_code_order(int bits, const float* x, int64_t n, float* out);
@@ -48,22 +42,5 @@ void dot_packed_codes(const float* q_coded, const float* q_sums, int queries, co
                       int bits, int group, int64_t n, float* out, int64_t out_stride);
 void axpy_packed_codes(const float* w, int64_t w_stride, int queries, const uint8_t* const* rows, int count, int bits,
                        int group, int64_t n, float* y_coded, float* min_sums);
-
-// The instruction set dot_packed_codes and axpy_packed_codes run on: AVX-512 (16 lanes, codes
-// widened 32 at a time) where the build has those kernels (cpu_quant_avx512.cpp) and the CPU runs
-// them, else AVX2. STRATA_CPU_ISA=avx2 in the environment picks AVX2; tests and benches may set it.
-// The axpy gives the same bits on either; the dot sums in another order, so scores differ in the
-// last bits between the two (each is deterministic on its own).
-enum class CodesIsa { Avx2, Avx512 };
-CodesIsa codes_isa();
-bool codes_isa_available(CodesIsa isa);
-void set_codes_isa(CodesIsa isa);  // fails when unavailable
-std::string codes_isa_name(CodesIsa isa);
-
-// The AVX-512 kernels behind the two above (defined only in builds with them).
-void dot_packed_codes_avx512(const float* q_coded, const float* q_sums, int queries, const uint8_t* const* rows,
-                             int count, int bits, int group, int64_t n, float* out, int64_t out_stride);
-void axpy_packed_codes_avx512(const float* w, int64_t w_stride, int queries, const uint8_t* const* rows, int count,
-                              int bits, int group, int64_t n, float* y_coded, float* min_sums);
 
 }  // namespace strata::cpu

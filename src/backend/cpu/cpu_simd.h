@@ -28,17 +28,6 @@ inline float hsum(__m256 s) {
 inline __m256 load_f16x8(const f16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 #endif
 
-// An fp16 value stored at p (a quantized row's scale or minimum) as fp32; one instruction with F16C.
-inline float half_at(const uint8_t* p) {
-  uint16_t h;
-  __builtin_memcpy(&h, p, 2);
-#if defined(__F16C__)
-  return _cvtsh_ss(h);
-#else
-  return half_to_float(h);
-#endif
-}
-
 // Dot product and axpy with explicit SIMD: without it the compiler keeps float sums in order and
 // runs one lane at a time. Four accumulators hide the FMA latency so the loop streams at memory
 // speed. `Load8(i)` yields b[i, i + 8) as fp32 and `at(i)` b[i] (the scalar tail), so fp32 and
