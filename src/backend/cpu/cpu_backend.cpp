@@ -575,7 +575,6 @@ private:
           // than the blocks for them (bench/results/2026-11-26-cpu-attention-code-blocks.md).
           constexpr bool blocked = !std::is_same_v<Row, float>;
           const int step = blocked ? block_rows : 1;
-          const size_t head_bytes = widen ? size_t(d) * sizeof(float) : row_bytes;
           const void* at[cpu::kBlock];
           // Calls f(r, queries, head_rows) for each block: kv head h's rows at the block's count
           // positions and `queries` of its query rows from r on.
@@ -583,7 +582,7 @@ private:
             for (int64_t h = 0; h < run; ++h) {
               const Stored* head_rows[cpu::kBlock];
               for (int c = 0; c < count; ++c)
-                head_rows[c] = reinterpret_cast<const Stored*>(static_cast<const uint8_t*>(at[c]) + size_t(h) * head_bytes);
+                head_rows[c] = reinterpret_cast<const Stored*>(static_cast<const uint8_t*>(at[c]) + size_t(h) * row_bytes);
               for (int64_t k = 0; k < group; k += block_queries)
                 f(h * group + k, int(std::min<int64_t>(block_queries, group - k)), head_rows);
             }

@@ -91,7 +91,7 @@ inline Sixteen packed16(const uint8_t* codes, int bits, int64_t i) {
 template <int Q, int R>
 void dot_block(const float* q, const float* q_sums, const uint8_t* const* rows, int bits, int group, int64_t n,
                float* out, int64_t out_stride) {
-  static_assert(Q * R <= 4);
+  static_assert(Q * R <= kBlock);
   const size_t groups = size_t((n + group - 1) / group), scales = code_bytes(bits, n), mins = scales + 2 * groups;
   __m256 total[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   float min_part[Q * R] = {};
@@ -124,7 +124,7 @@ void dot_block(const float* q, const float* q_sums, const uint8_t* const* rows, 
 template <int Q, int R>
 void axpy_block(const float* w, int64_t w_stride, const uint8_t* const* rows, int bits, int group, int64_t n, float* y,
                 float* min_sums) {
-  static_assert(Q * R <= 4);
+  static_assert(Q * R <= kBlock);
   const size_t groups = size_t((n + group - 1) / group), scales = code_bytes(bits, n), mins = scales + 2 * groups;
   for (int64_t g = 0, first = 0; first < n; ++g, first += group) {
     const int64_t end = std::min<int64_t>(n, first + group);
