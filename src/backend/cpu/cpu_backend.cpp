@@ -68,10 +68,12 @@ void check_i32(const Tensor& t, const char* what) {
 
 // Up to this many tokens, linear() streams the weights itself instead of calling sgemm.
 constexpr int64_t kStreamingMaxTokens = 8;
-// Up to this many tokens a quantized linear is worth fusing: each weight row is dequantized once
-// into L1 and dotted with every token. Beyond it, dequantizing the matrix and calling sgemm wins
-// (bench_quant on a 2-core EPYC: the fused form at 32 tokens took 1.4-3.2x sgemm's time).
-constexpr int64_t kFusedDequantMaxTokens = kStreamingMaxTokens;
+// Up to this many tokens a quantized linear reads the codes itself (linear_codes); beyond it,
+// dequantizing the matrix once and calling sgemm wins. On a 2-core Xeon (OpenBLAS Cooperlake
+// kernels, OPT-1.3B's MLP matrices, 4-bit g64) the codes took 0.4-0.5x the time of dequantize +
+// sgemm at 8 tokens, 0.75-0.9x at 16, 1.3-1.7x at 32 (bench/results/2026-11-26-cpu-linear-codes.md).
+// The CUDA backend's limit is 16 too (quant::kCudaFusedDequantMaxTokens), which the cost model prices.
+constexpr int64_t kFusedDequantMaxTokens = 16;
 
 void check_quantized(const Tensor& t, const char* what) {
   STRATA_CHECK(t.device == Device::CPU && t.quantized() && t.data,
@@ -435,12 +437,51 @@ private:
     const quant::QuantSpec spec = quant::spec_of(w);
     const size_t row_bytes = quant::row_bytes(spec, in);
     const float* b = bias.empty() ? nullptr : bias.ptr<float>();
+    if (cpu::codes_row_ok(spec.group_size, in)) return linear_codes(x, w, b, y, spec);
     pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
       std::vector<float> wr(static_cast<size_t>(in));
       for (int64_t o = o0; o < o1; ++o) {
         cpu::dequantize_row_f32(w.ptr<uint8_t>() + size_t(o) * row_bytes, spec.bits, spec.group_size, in, wr.data());
         for (int64_t t = 0; t < T; ++t)
           y.ptr<float>()[t * out + o] = (b ? b[o] : 0.0f) + dot(x.ptr<float>() + t * in, wr.data(), in);
+      }
+    });
+  }
+
+  // linear_quantized over rows whose codes can be read in place (cpu_quant.h): y[t, o] is
+  // sum_g s_g (x_t . c_g) + m_g (sum of x_t over g), each token in code order with its group sums
+  // computed once, and the weight rows read as codes in blocks of cpu::kBlock (token, row) pairs:
+  // four rows for one token, else up to four tokens sharing each widening of a row.
+  void linear_codes(const Tensor& x, const Tensor& w, const float* bias, const Tensor& y, const quant::QuantSpec& spec) {
+    const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
+    const int64_t groups = (in + spec.group_size - 1) / spec.group_size;
+    const size_t row_bytes = quant::row_bytes(spec, in);
+    std::vector<float> coded(size_t(T * in)), sums(size_t(T * groups));
+    for (int64_t t = 0; t < T; ++t) {
+      const float* xt = x.ptr<float>() + t * in;
+      cpu::to_code_order(spec.bits, xt, in, coded.data() + t * in);
+      for (int64_t g = 0; g < groups; ++g) {
+        const int64_t first = g * spec.group_size, end = std::min<int64_t>(in, first + spec.group_size);
+        sums[size_t(t * groups + g)] = std::accumulate(xt + first, xt + end, 0.0f);
+      }
+    }
+    const uint8_t* codes = w.ptr<uint8_t>();
+    float* yp = y.ptr<float>();
+    pool_.parallel_for((out + cpu::kBlock - 1) / cpu::kBlock, [&](int64_t c0, int64_t c1) {
+      for (int64_t o = c0 * cpu::kBlock; o < std::min(out, c1 * cpu::kBlock); o += cpu::kBlock) {
+        const int64_t chunk = std::min<int64_t>(cpu::kBlock, out - o);
+        const uint8_t* rows[cpu::kBlock];
+        for (int64_t r = 0; r < chunk; ++r) rows[r] = codes + size_t(o + r) * row_bytes;
+        for (int64_t t0 = 0; t0 < T; t0 += cpu::kBlock) {
+          const int queries = int(std::min<int64_t>(cpu::kBlock, T - t0)), per_block = cpu::kBlock / queries;
+          for (int64_t r = 0; r < chunk; r += per_block)
+            cpu::dot_packed_codes(coded.data() + t0 * in, sums.data() + t0 * groups, queries, rows + r,
+                                  int(std::min<int64_t>(per_block, chunk - r)), spec.bits, spec.group_size, in,
+                                  yp + t0 * out + o + r, out);
+        }
+        if (bias)
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t r = 0; r < chunk; ++r) yp[t * out + o + r] += bias[o + r];
       }
     });
   }
