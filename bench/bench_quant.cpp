@@ -3,7 +3,8 @@
 //     - dequantize_rows: bytes read (codes) + written (fp output) per second, against the device's
 //       copy bandwidth (read + write);
 //     - the fused quantized linear at T tokens: code bytes read per second against the copy
-//       bandwidth, and its time against the uncompressed linear of the same shape;
+//       bandwidth, and its time against the uncompressed linear of the same shape, alone and after
+//       dequantizing the matrix (the runtime's path beyond the fused limit);
 //  2. the decode step of a model through the offloading engine with its weights on the CPU tier
 //     and on disk, compressed (4-bit g64) and not: step time and bytes per step on each link.
 // Usage: bench_quant [--model dummy:opt-1.3b] [--device auto] [--batch 8] [--gen-len 8]
@@ -91,10 +92,13 @@ void kernels(Backend& be, int64_t out, int64_t in, double copy_gbps) {
     fill(be, x, 2);
     const double fused_s = time_per_call(be, [&] { be.linear(x, wq, Tensor(), y); });
     const double fp_s = time_per_call(be, [&] { be.linear(x, w, Tensor(), y); });
+    // What the runtime does instead above fused_dequant_max_tokens() (engine_steps.cpp).
+    const double deq_fp_s = deq_s + fp_s;
     const double gbps = double(code_bytes) / fused_s / 1e9;
     std::printf("  fused linear T=%-3lld %.3f ms: codes at %.1f GB/s = %.0f%% of copy bandwidth; %s linear %.3f ms "
-                "(%.2fx)\n",
-                (long long)T, 1e3 * fused_s, gbps, 100 * gbps / copy_gbps, dtype_name(dt), 1e3 * fp_s, fp_s / fused_s);
+                "(%.2fx), dequantize + %s linear %.3f ms (%.2fx)\n",
+                (long long)T, 1e3 * fused_s, gbps, 100 * gbps / copy_gbps, dtype_name(dt), 1e3 * fp_s, fp_s / fused_s,
+                dtype_name(dt), 1e3 * deq_fp_s, deq_fp_s / fused_s);
   }
 }
 

@@ -43,7 +43,8 @@ size_t row_bytes(const QuantSpec& spec, int64_t n);
 double bytes_per_element(const QuantSpec& spec);
 
 // Tokens up to which the CUDA backend's fused dequant linear pays off (its
-// fused_dequant_max_tokens()); the cost model prices the runtime's choice with it.
+// fused_dequant_max_tokens()); the cost model prices the runtime's choice with it. The CPU
+// backend's limit is the same (measured, cpu_backend.cpp), so the price holds for both.
 constexpr int64_t kCudaFusedDequantMaxTokens = 16;
 
 // The tensor dtype of a spec (Q4 or Q8), and the spec of a quantized tensor.
