@@ -5,10 +5,12 @@
 //     - the fused quantized linear at T tokens: code bytes read per second against the copy
 //       bandwidth, and its time against the uncompressed linear of the same shape, alone and after
 //       dequantizing the matrix (the runtime's path beyond the fused limit);
+//     - quantization at load on the host (fp16 rows to codes, one thread);
 //  2. the decode step of a model through the offloading engine with its weights on the CPU tier
 //     and on disk, compressed (4-bit g64) and not: step time and bytes per step on each link.
 // Usage: bench_quant [--model dummy:opt-1.3b] [--device auto] [--batch 8] [--gen-len 8]
 //                    [--prompt-len 32] [--offload-dir DIR] [--skip-disk] [--skip-engine]
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -18,6 +20,7 @@
 #include "bench_engine.h"
 #include "strata/backend/blas_core.h"
 #include "strata/backend/backend.h"
+#include "strata/core/dtype.h"
 #include "strata/core/size.h"
 #include "strata/model/model_loader.h"
 #include "strata/offload/engine.h"
@@ -64,6 +67,29 @@ void fill(Backend& be, const Tensor& t, uint32_t seed) {
   std::vector<uint8_t> conv(t.nbytes());
   convert_elements(host.data(), DType::F32, conv.data(), t.dtype, host.size());
   be.copy_to_device(t.data, conv.data(), conv.size());
+}
+
+// Quantization at load for one weight shape [out, in], on the host: what read_block
+// (model_weights.cpp) does with a tensor of an fp16 checkpoint, one thread: widen to fp32, then
+// quant::quantize_rows.
+void load_quantization(int64_t out, int64_t in) {
+  const quant::QuantSpec spec{4, 64};
+  const size_t n = size_t(out * in);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  std::vector<uint16_t> fp16(n);
+  for (uint16_t& h : fp16) h = float_to_half(dist(rng));
+  std::vector<float> fp32(n);
+  std::vector<uint8_t> codes(size_t(out) * quant::row_bytes(spec, in));
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    convert_elements(fp16.data(), DType::F16, fp32.data(), DType::F32, n);
+    quant::quantize_rows(spec, fp32.data(), DType::F32, out, in, codes.data());
+    best = std::min(best, seconds(t0, Clock::now()));
+  }
+  std::printf("[%lld x %lld] quantize at load (host, one thread, from fp16): %.1f ms, %.0f M elements/s\n",
+              (long long)out, (long long)in, 1e3 * best, double(n) / best / 1e6);
 }
 
 // Part 1 for one weight shape [out, in].
@@ -150,6 +176,7 @@ int main(int argc, char** argv) try {
               (long long)be->fused_dequant_max_tokens());
   kernels(*be, mb.config.intermediate, mb.config.hidden, copy_gbps);
   kernels(*be, mb.config.hidden, mb.config.intermediate, copy_gbps);
+  load_quantization(mb.config.intermediate, mb.config.hidden);
   if (a.skip_engine) return 0;
   std::printf("\n2. decode step through the offloading engine, batch %d, prompt %d, %d new tokens\n", a.batch,
               a.prompt_len, a.gen_len);

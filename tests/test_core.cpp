@@ -1,7 +1,9 @@
 #include <catch2/catch.hpp>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <vector>
 
 #include "strata/core/dtype.h"
 #include "strata/core/error.h"
@@ -31,6 +33,54 @@ TEST_CASE("fp16 and bf16 conversions round to nearest even (IEEE 754 bit pattern
   CHECK(float_to_bf16(3.140625f) == 0x4049);
   CHECK(bf16_to_float(0x4049) == 3.140625f);
   CHECK(float_to_bf16(1.00390625f) == 0x3f80);  // tie rounds to even
+}
+
+// convert_elements runs eight at a time where the CPU has F16C; it must give the scalar
+// functions' bits (checked against IEEE above) on every input, NaNs included.
+TEST_CASE("convert_elements gives the scalar conversions' bits on every half and a sweep of floats", "[core]") {
+  // Every half, in an odd-length array so the last few take the scalar tail.
+  std::vector<uint16_t> halves(0x10001);
+  for (uint32_t h = 0; h < halves.size(); ++h) halves[h] = uint16_t(h);
+  std::vector<float> widened(halves.size());
+  convert_elements(halves.data(), DType::F16, widened.data(), DType::F32, halves.size());
+  int wrong = 0;
+  for (size_t i = 0; i < halves.size(); ++i) {
+    const float want = half_to_float(halves[i]);
+    wrong += std::memcmp(&widened[i], &want, 4) != 0;
+  }
+  CHECK(wrong == 0);
+
+  std::vector<uint16_t> bf16s(halves);  // every bf16 too
+  convert_elements(bf16s.data(), DType::BF16, widened.data(), DType::F32, bf16s.size());
+  wrong = 0;
+  for (size_t i = 0; i < bf16s.size(); ++i) {
+    const float want = bf16_to_float(bf16s[i]);
+    wrong += std::memcmp(&widened[i], &want, 4) != 0;
+  }
+  CHECK(wrong == 0);
+
+  // Floats: a sweep of bit patterns (every class: zeros, subnormals, normals, infinities, NaNs),
+  // then every tie between adjacent halves of both signs and the floats on either side of it.
+  std::vector<float> floats;
+  for (uint64_t u = 0; u <= 0xffffffffull; u += 4099) {
+    const uint32_t bits = uint32_t(u);
+    float f;
+    std::memcpy(&f, &bits, 4);
+    floats.push_back(f);
+  }
+  for (uint32_t h = 0; h < 0x7bff; ++h)
+    for (float sign : {1.0f, -1.0f}) {
+      const float tie = sign * float((double(half_to_float(uint16_t(h))) + double(half_to_float(uint16_t(h + 1)))) / 2);
+      floats.push_back(tie);
+      floats.push_back(std::nextafter(tie, 0.0f));
+      floats.push_back(std::nextafter(tie, sign * INFINITY));
+    }
+  floats.push_back(65519.996f);
+  std::vector<uint16_t> narrowed(floats.size());
+  convert_elements(floats.data(), DType::F32, narrowed.data(), DType::F16, floats.size());
+  wrong = 0;
+  for (size_t i = 0; i < floats.size(); ++i) wrong += narrowed[i] != float_to_half(floats[i]);
+  CHECK(wrong == 0);
 }
 
 TEST_CASE("tensor views check their bounds", "[core]") {

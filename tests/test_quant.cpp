@@ -38,6 +38,8 @@ bool near_tie(double x, double min, double scale) {
   return std::fabs(v - std::floor(v) - 0.5) < 1e-4;
 }
 
+float max_code_of(int bits) { return float((1 << bits) - 1); }
+
 }  // namespace
 
 TEST_CASE("row sizes count codes plus fp16 scale and minimum per group", "[quant]") {
@@ -200,6 +202,90 @@ TEST_CASE("round trip error stays within half a step", "[quant]") {
   }
 }
 
+// quantize_rows runs eight elements at a time where the CPU has AVX2. Held, bit for bit, to the
+// formula written out here one element at a time in fp32 (the numpy test above allows near-ties
+// either way; this one does not): extremes by std::min / std::max in order, fp16 parameters,
+// round((x - min) / scale) half to even, clamped.
+namespace {
+std::vector<uint8_t> quantize_one_by_one(const QuantSpec& s, const std::vector<float>& x, int64_t rows, int64_t n) {
+  const size_t rb = quant::row_bytes(s, n), code_bytes = (size_t(n) * size_t(s.bits) + 31) / 32 * 4;
+  const size_t groups = size_t((n + s.group_size - 1) / s.group_size);
+  const float max_code = float((1 << s.bits) - 1);
+  std::vector<uint8_t> q(size_t(rows) * rb, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* row = q.data() + size_t(r) * rb;
+    for (size_t g = 0; g < groups; ++g) {
+      const size_t first = g * size_t(s.group_size), end = std::min(size_t(n), first + size_t(s.group_size));
+      const float* xr = x.data() + size_t(r * n);
+      float lo = xr[first], hi = xr[first];
+      for (size_t i = first; i < end; ++i) lo = std::min(lo, xr[i]), hi = std::max(hi, xr[i]);
+      const uint16_t min_bits = float_to_half(lo), scale_bits = float_to_half((hi - lo) / max_code);
+      std::memcpy(row + code_bytes + 2 * g, &scale_bits, 2);
+      std::memcpy(row + code_bytes + 2 * (groups + g), &min_bits, 2);
+      const float min16 = half_to_float(min_bits), scale16 = half_to_float(scale_bits);
+      for (size_t i = first; i < end; ++i) {
+        const unsigned c = scale16 == 0.0f ? 0u : unsigned(std::clamp(std::nearbyint((xr[i] - min16) / scale16), 0.0f, max_code));
+        if (s.bits == 8) row[i] = uint8_t(c);
+        else row[i / 2] = uint8_t(row[i / 2] | (c << (4 * (i % 2))));
+      }
+    }
+  }
+  return q;
+}
+}  // namespace
+
+TEST_CASE("quantize_rows gives the formula's bytes one element at a time would, ties and signed zeros included", "[quant]") {
+  std::mt19937 rng(2026);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int bits : {4, 8})
+    for (int g : {32, 64, 128})
+      for (int64_t n : {int64_t(512), int64_t(200)}) {  // 200: a shorter last group
+        INFO("bits " << bits << " group " << g << " n " << n);
+        const QuantSpec s = spec_of(bits, g);
+        const int64_t rows = 8;
+        std::vector<float> x(size_t(rows * n));
+        for (float& v : x) v = normal(rng);
+        float* special = x.data();
+        // Row 0: exact ties. With lo = 0 and hi = 15 (or 255) the scale is 1 and x = k + 0.5 lies
+        // halfway between two codes.
+        for (int64_t i = 0; i < n; ++i) special[i] = float(i % (1 << bits)) + ((i / 3) % 2 ? 0.5f : 0.0f);
+        for (int64_t first = 0; first < n; first += g) special[first] = 0.0f, special[std::min(n, first + g) - 1] = max_code_of(bits);
+        // Row 1: zero extremes of both signs, in both orders, and in different lanes of eight (the
+        // scalar loop keeps the first zero it meets; a lane-wise minimum would not).
+        special += n;
+        for (int64_t i = 0; i < n; ++i) special[i] = std::fabs(special[i]) * ((i / g) % 2 ? -1.0f : 1.0f);
+        for (int64_t first = 0; first < n; first += g) {
+          const bool plus_first = (first / g) % 4 < 2;
+          special[first + 1] = plus_first ? 0.0f : -0.0f;
+          special[first + 8] = plus_first ? -0.0f : 0.0f;
+        }
+        // Row 2: constant groups (scale 0), one of them all negative zeros.
+        special += n;
+        std::fill(special, special + n, 0.3f);
+        std::fill(special, special + std::min<int64_t>(g, n), -0.0f);
+        // Row 3: a tiny range, where the fp16 scale is subnormal.
+        special += n;
+        for (int64_t i = 0; i < n; ++i) special[i] = 1.0f + float(i % 7) * 1e-7f;
+        std::vector<uint8_t> got(size_t(rows) * quant::row_bytes(s, n), 0xAB);
+        quant::quantize_rows(s, x.data(), DType::F32, rows, n, got.data());
+        const std::vector<uint8_t> want = quantize_one_by_one(s, x, rows, n);
+        size_t differ = 0;
+        for (size_t b = 0; b < got.size(); ++b) differ += got[b] != want[b];
+        CHECK(differ == 0);
+        // The same values in fp16 and bf16 (rounded first) through the converting path.
+        for (DType dt : {DType::F16, DType::BF16}) {
+          std::vector<uint16_t> x16(x.size());
+          std::vector<float> back(x.size());
+          for (size_t e = 0; e < x.size(); ++e) {
+            x16[e] = dt == DType::F16 ? float_to_half(x[e]) : float_to_bf16(x[e]);
+            back[e] = dt == DType::F16 ? half_to_float(x16[e]) : bf16_to_float(x16[e]);
+          }
+          quant::quantize_rows(s, x16.data(), dt, rows, n, got.data());
+          CHECK(got == quantize_one_by_one(s, back, rows, n));
+        }
+      }
+}
+
 TEST_CASE("BF16 input and output go through the same fp32 formula", "[quant]") {
   std::mt19937 rng(99);
   std::normal_distribution<float> normal(0.0f, 2.0f);
@@ -256,6 +342,11 @@ TEST_CASE("bad specs and inputs are refused, naming the field", "[quant]") {
   x[5] = NAN;
   CHECK_THROWS_WITH(quant::quantize_rows(spec_of(4, 64), x.data(), DType::F32, 1, 64, q.data()),
                     Catch::Contains("inputs must be finite"));
+  std::vector<float> x2(128, 1.0f);  // an infinity in the second group, named
+  x2[100] = -INFINITY;
+  std::vector<uint8_t> q2(quant::row_bytes(spec_of(4, 64), 128));
+  CHECK_THROWS_WITH(quant::quantize_rows(spec_of(4, 64), x2.data(), DType::F32, 1, 128, q2.data()),
+                    Catch::Contains("inputs must be finite (group 1)"));
   x[5] = 1e6f;  // the scale, 1e6 / 15, is beyond fp16
   CHECK_THROWS_WITH(quant::quantize_rows(spec_of(4, 64), x.data(), DType::F32, 1, 64, q.data()),
                     Catch::Contains("beyond fp16's range"));
