@@ -272,6 +272,11 @@ TEST_CASE("quantize_rows gives the formula's bytes one element at a time would, 
         size_t differ = 0;
         for (size_t b = 0; b < got.size(); ++b) differ += got[b] != want[b];
         CHECK(differ == 0);
+        // fp32 rows one byte off float alignment (a caller's packed buffer) give the same bytes.
+        std::vector<uint8_t> shifted(x.size() * 4 + 1);
+        std::memcpy(shifted.data() + 1, x.data(), x.size() * 4);
+        quant::quantize_rows(s, shifted.data() + 1, DType::F32, rows, n, got.data());
+        CHECK(got == want);
         // The same values in fp16 and bf16 (rounded first) through the converting path.
         for (DType dt : {DType::F16, DType::BF16}) {
           std::vector<uint16_t> x16(x.size());

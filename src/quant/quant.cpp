@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -219,11 +220,13 @@ RowLayout checked_layout(const QuantSpec& spec, int64_t rows, int64_t n, DType f
 void quantize_rows(const QuantSpec& spec, const void* src, DType src_dtype, int64_t rows, int64_t n, void* dst) {
   const RowLayout l = checked_layout(spec, rows, n, src_dtype, "source dtype");
   const size_t in_row_bytes = size_t(n) * dtype_size(src_dtype);
-  std::vector<float> row(src_dtype == DType::F32 ? 0 : static_cast<size_t>(n));
+  // fp32 rows are read in place where they are aligned as floats; others are widened or copied.
+  const bool in_place = src_dtype == DType::F32 && reinterpret_cast<uintptr_t>(src) % alignof(float) == 0;
+  std::vector<float> row(in_place ? 0 : static_cast<size_t>(n));
   for (int64_t r = 0; r < rows; ++r) {
     const auto* in = static_cast<const uint8_t*>(src) + size_t(r) * in_row_bytes;
-    const float* x = reinterpret_cast<const float*>(in);  // fp32 rows are read in place
-    if (src_dtype != DType::F32) {
+    const float* x = reinterpret_cast<const float*>(in);
+    if (!in_place) {
       convert_elements(in, src_dtype, row.data(), DType::F32, size_t(n));
       x = row.data();
     }
