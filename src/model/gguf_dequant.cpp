@@ -1,7 +1,9 @@
 // Dequantization of ggml block types to float. Block layouts follow ggml's (ggml-common.h);
 // each decoder is written from the layout, and tests compare against the python gguf package.
+#include <cstdint>
 #include <cstring>
 
+#include "strata/core/dtype.h"
 #include "strata/core/error.h"
 #include "strata/model/gguf.h"
 
@@ -246,9 +248,15 @@ void ggml_dequantize(GgmlType type, const void* src, float* dst, int64_t n) {
   switch (type) {
     case GgmlType::F32: std::memcpy(dst, p, size_t(n) * 4); return;
     case GgmlType::F16:
-      for (int64_t k = 0; k < n; ++k) dst[k] = ld_half(p + 2 * k);
-      return;
     case GgmlType::BF16:
+      if (reinterpret_cast<uintptr_t>(p) % 2 == 0) {  // vectorized where the halves are aligned
+        convert_elements(p, type == GgmlType::F16 ? DType::F16 : DType::BF16, dst, DType::F32, size_t(n));
+        return;
+      }
+      if (type == GgmlType::F16) {
+        for (int64_t k = 0; k < n; ++k) dst[k] = ld_half(p + 2 * k);
+        return;
+      }
       for (int64_t k = 0; k < n; ++k) {
         uint16_t b;
         std::memcpy(&b, p + 2 * k, 2);
