@@ -504,4 +504,20 @@ TEST_CASE("strata run --policy auto searches a policy for the cached profile and
   const std::vector<json> want = read_lines(ref), got = read_lines(out);
   REQUIRE(got.size() == want.size());
   for (size_t i = 0; i < got.size(); ++i) CHECK(got[i]["tokens"] == want[i]["tokens"]);
+
+  // --compress lets the search try 4-bit weights and KV cache; with a policy file it is refused.
+  fs::remove(out);
+  r = run_shell(env + base + " --out " + out.string() + " --policy auto --compress");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("compression allowed") && Catch::Contains("gpu_batch_size:"));
+  CHECK(read_lines(out).size() == want.size());
+  fs::remove(out);
+  const fs::path policy = temp_dir() / "auto_all_gpu.yaml";
+  std::ofstream(policy) << "gpu_batch_size: 4\nnum_gpu_batches: 1\nweights: {gpu: 100, cpu: 0, disk: 0}\n"
+                           "kv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n";
+  r = run_strata(base + " --out " + out.string() + " --policy " + policy.string() + " --compress");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("--compress is for --policy auto"));
+  CHECK_FALSE(fs::exists(out));
 }

@@ -258,6 +258,7 @@ public:
     SearchOptions s;
     s.workload = {shape.prompt_len, std::max(shape.gen_len, 1)};
     s.budget = default_budgets(*backend_, o);
+    s.allow_compression = opt_.allow_compression;
     if (backend_->device() == Device::CPU) {
       // The cost model counts fp16 bytes; the CPU backend keeps fp32, and its "gpu" and "cpu"
       // tiers share host memory: give each half of it, in fp16-equivalent bytes.
@@ -274,7 +275,8 @@ public:
       chosen.num_gpu_batches = int((prompts + size_t(chosen.gpu_batch_size) - 1) / size_t(chosen.gpu_batch_size));
     }
     log << "policy auto (" << hw.name << ", prompt " << s.workload.prompt_len << ", generation " << s.workload.gen_len
-        << "): predicted " << std::fixed << std::setprecision(2) << best.prediction.throughput_tok_s
+        << (s.allow_compression ? ", compression allowed" : "") << "): predicted " << std::fixed
+        << std::setprecision(2) << best.prediction.throughput_tok_s
         << " tok/s, search " << std::setprecision(3) << r.seconds << " s\n"
         << (chosen.block_size() < best.policy.block_size() ? "(block shrunk to the job's " + std::to_string(prompts) + " prompts)\n" : "")
         << policy_to_yaml(chosen);
@@ -448,6 +450,8 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   if (opt.batch_size < 1) STRATA_FAIL("--batch-size must be at least 1, got " << opt.batch_size);
   if (const std::string why = stop_strings_error(opt.stop); !why.empty()) STRATA_FAIL("--stop " << why);
   if (opt.window < 0) STRATA_FAIL("--window must be >= 0 (0: the default), got " << opt.window);
+  if (opt.allow_compression && opt.policy != "auto")
+    STRATA_FAIL("--compress is for --policy auto (a policy file gives its own compress_weights and compress_kv_cache)");
   const auto wall0 = Clock::now();
   const Shard shard = opt.shard.empty() ? Shard{} : parse_shard(opt.shard);
   if (!opt.errors.empty() && std::filesystem::weakly_canonical(opt.errors) == std::filesystem::weakly_canonical(opt.out))

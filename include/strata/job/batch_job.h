@@ -33,6 +33,7 @@ struct JobOptions {
 
   // Offloading (strata run --policy): the engine replaces the resident generator when set.
   std::filesystem::path policy;            // policy YAML; empty: everything resident, --batch-size batches
+  bool allow_compression = false;          // --policy auto may pick 4-bit weights and/or KV cache
   std::string gpu_mem, cpu_mem, disk_mem;  // tier budgets ("16GiB"); empty: what the machine has free
   std::filesystem::path offload_dir;       // disk tier files; empty: ~/.cache/strata/offload
   bool no_overlap = false;                 // run the schedule's steps one after another (ablations)
