@@ -14,7 +14,6 @@
 #include <fstream>
 #include <string>
 #include <new>
-#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -457,14 +456,9 @@ private:
     const int64_t groups = (in + spec.group_size - 1) / spec.group_size;
     const size_t row_bytes = quant::row_bytes(spec, in);
     std::vector<float> coded(size_t(T * in)), sums(size_t(T * groups));
-    for (int64_t t = 0; t < T; ++t) {
-      const float* xt = x.ptr<float>() + t * in;
-      cpu::to_code_order(spec.bits, xt, in, coded.data() + t * in);
-      for (int64_t g = 0; g < groups; ++g) {
-        const int64_t first = g * spec.group_size, end = std::min<int64_t>(in, first + spec.group_size);
-        sums[size_t(t * groups + g)] = std::accumulate(xt + first, xt + end, 0.0f);
-      }
-    }
+    for (int64_t t = 0; t < T; ++t)
+      cpu::to_coded_query(spec.bits, spec.group_size, x.ptr<float>() + t * in, in, coded.data() + t * in,
+                          sums.data() + t * groups);
     const uint8_t* codes = w.ptr<uint8_t>();
     float* yp = y.ptr<float>();
     pool_.parallel_for((out + cpu::kBlock - 1) / cpu::kBlock, [&](int64_t c0, int64_t c1) {
@@ -575,11 +569,7 @@ private:
         if (coded)
           for (int64_t r = 0; r < rows; ++r) {
             float* qr = qs.data() + r * d;
-            for (int64_t g = 0; g < code_groups; ++g) {
-              const int64_t first = g * spec.group_size, end = std::min<int64_t>(d, first + spec.group_size);
-              q_sums[size_t(r * code_groups + g)] = std::accumulate(qr + first, qr + end, 0.0f);
-            }
-            cpu::to_code_order(spec.bits, qr, d, reorder.data());
+            cpu::to_coded_query(spec.bits, spec.group_size, qr, d, reorder.data(), q_sums.data() + r * code_groups);
             std::copy(reorder.begin(), reorder.end(), qr);
           }
         std::fill(o.begin(), o.begin() + rows * d, 0.0f);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "cpu_simd.h"
@@ -190,6 +191,11 @@ void to_code_order(int bits, const float* x, int64_t n, float* out) {
 }
 void from_code_order(int bits, const float* x, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = x[code_position(bits, i)];
+}
+void to_coded_query(int bits, int group, const float* x, int64_t n, float* coded, float* sums) {
+  for (int64_t g = 0, first = 0; first < n; ++g, first += group)
+    sums[g] = std::accumulate(x + first, x + std::min<int64_t>(n, first + group), 0.0f);
+  to_code_order(bits, x, n, coded);
 }
 
 void dot_packed_codes(const float* q_coded, const float* q_sums, int queries, const uint8_t* const* rows, int count,

@@ -1,6 +1,6 @@
 // Reading group-wise quantized rows (include/strata/quant/quant.h) on the CPU, with AVX2 where the
 // build has it: dequantization into fp32, and the factored dot and axpy decode attention reads
-// cache rows with.
+// cache rows with (the dot also serves the linear over a few tokens' worth of quantized weights).
 #pragma once
 #include <cstdint>
 
@@ -29,6 +29,9 @@ bool codes_row_ok(int group, int64_t n);
 // x (n values in element order) into code order and back.
 void to_code_order(int bits, const float* x, int64_t n, float* out);
 void from_code_order(int bits, const float* x, int64_t n, float* out);
+// A query as dot_packed_codes reads it: x into code order (coded, not aliasing x) and its sums
+// over each group of `group` elements (ceil(n / group) values, each summed in element order).
+void to_coded_query(int bits, int group, const float* x, int64_t n, float* coded, float* sums);
 
 // A block of `queries` queries by `count` rows, queries x count <= kBlock (cpu_simd.h), read in
 // registers: each 16 codes of a row are widened once for all the queries.

@@ -92,7 +92,8 @@ inline void axpy(float alpha, const f16* x, float* y, int64_t n) {
 }
 
 // Decode attention's blocks: up to kBlock (query, row) pairs, `queries` queries (consecutive, n
-// floats apart) by `count` rows (consecutive positions of one kv head), so that each widening of a
+// floats apart) by `count` rows (consecutive positions of one kv head; for the linear over codes,
+// tokens by weight rows), so that each widening of a
 // row (fp16, or codes in cpu_quant.h) serves every query and the rows share the queries' loads, or
 // the outputs' loads and stores. Each pair keeps its own accumulators, summed in the same order
 // whatever the block's shape, so a pair's result does not depend on the block it falls in.
