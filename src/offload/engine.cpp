@@ -15,6 +15,7 @@
 #include <tuple>
 #include "strata/core/error.h"
 #include "strata/core/size.h"
+#include "strata/core/thread_pool.h"
 #include "strata/offload/lanes.h"
 #include "strata/offload/tiers.h"
 #include "strata/runtime/forward_ops.h"
@@ -130,18 +131,20 @@ void OffloadEngine::Impl::load_weights(const WeightSource& src) {
   const size_t bytes = plan.layer_weight_bytes;
   // Disk-bound layers pass through an aligned host buffer (O_DIRECT wants aligned memory).
   std::unique_ptr<char, void (*)(void*)> bounce(static_cast<char*>(std::aligned_alloc(kPage, bytes)), std::free);
+  // Matrices quantized at load use the host threads the job was given (--threads).
+  std::unique_ptr<ThreadPool> quantize_pool = weight_quant ? std::make_unique<ThreadPool>(opt.cpu_threads) : nullptr;
   weight_home.resize(size_t(L));
   resident_layers.resize(size_t(L));
   for (int l = 0; l < L; ++l) {
     const BlockLayout layout = halved_layer_layout(cfg, l, dt, kPage, weight_quant).layout;  // same offsets, this layer's names
     Home& h = weight_home[size_t(l)] = place(plan.weight_tier[size_t(l)], bytes, "layer weights");
     if (h.tier == Tier::Cpu) {
-      read_block(layout, src, h.ptr, used, &weight_codes);
+      read_block(layout, src, h.ptr, used, &weight_codes, quantize_pool.get());
       if (opt.on_layer_loaded) opt.on_layer_loaded(l + 1, L);
       continue;
     }
     std::memset(bounce.get(), 0, bytes);
-    read_block(layout, src, bounce.get(), used, &weight_codes);
+    read_block(layout, src, bounce.get(), used, &weight_codes, quantize_pool.get());
     if (h.tier == Tier::Gpu) {
       be.copy_to_device(h.ptr, bounce.get(), bytes);
       resident_layers[size_t(l)] = layer_views(halves.layout, h.ptr, be.device());

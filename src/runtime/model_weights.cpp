@@ -1,6 +1,5 @@
 #include "strata/runtime/model_weights.h"
 
-#include <mutex>
 #include <set>
 #include <vector>
 
@@ -17,17 +16,15 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
-// A weight quantized at load, its rows spread over the host's cores: one core quantizes about
-// 0.55 G elements/s (bench_quant), slower than a disk delivers fp16 weights, and OPT-175B has
-// 175 G of them. One pool for the process, lent to one load at a time.
-void quantize_on_host(const quant::QuantSpec& spec, const float* x, int64_t rows, int64_t n, uint8_t* dst) {
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
-  static ThreadPool pool(0);
+// A weight quantized at load (bench_quant measures the rate), its rows spread over `pool` if any.
+void quantize_on_host(const quant::QuantSpec& spec, const float* x, int64_t rows, int64_t n, uint8_t* dst,
+                      ThreadPool* pool) {
   const size_t row_bytes = quant::row_bytes(spec, n);
-  pool.parallel_for(rows, [&](int64_t r0, int64_t r1) {
+  auto some_rows = [&](int64_t r0, int64_t r1) {
     quant::quantize_rows(spec, x + r0 * n, DType::F32, r1 - r0, n, dst + size_t(r0) * row_bytes);
-  });
+  };
+  if (pool) pool->parallel_for(rows, some_rows);
+  else some_rows(0, rows);
 }
 
 // Some OPT checkpoints name tensors without the "model." prefix ("decoder.layers.0...").
@@ -163,7 +160,7 @@ BlockLayout global_block_layout(const ModelConfig& cfg, DType dtype) {
 }
 
 void read_block(const BlockLayout& layout, const WeightSource& src, void* host_dst, std::set<std::string>& used,
-                CodesTally* tally) {
+                CodesTally* tally, ThreadPool* quantize_pool) {
   for (size_t i = 0; i < layout.specs.size(); ++i) {
     const WeightSpec& s = layout.specs[i];
     const std::string name = stored_name(src, s.name);
@@ -181,7 +178,7 @@ void read_block(const BlockLayout& layout, const WeightSource& src, void* host_d
       if (tally) ++tally->quantized;
       std::vector<float> full(static_cast<size_t>(s.numel()));  // quantized once, here, at load
       src.read(name, DType::F32, full.data());
-      quantize_on_host(*layout.compression, full.data(), s.shape[0], s.shape[1], dst);
+      quantize_on_host(*layout.compression, full.data(), s.shape[0], s.shape[1], dst, quantize_pool);
     } else {
       src.read(name, layout.dtype, dst);
     }

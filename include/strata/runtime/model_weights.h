@@ -14,6 +14,8 @@
 
 namespace strata {
 
+class ThreadPool;
+
 struct LayerWeights {
   Buffer block;
   Tensor attn_norm_w, attn_norm_b;   // [h]
@@ -85,9 +87,11 @@ struct CodesTally {
 // Reads a block's tensors from `source` into host memory laid out as `layout` (shape-checked,
 // converted to layout.dtype; a compressed matrix keeps the file's codes where they fit, else it
 // is quantized by the host reference); records the stored names it used in `used`, and counts
-// the compressed matrices in `tally`.
+// the compressed matrices in `tally`. A matrix quantized here has its rows spread over
+// `quantize_pool` (one core quantizes about 0.55 G elements/s, slower than a disk delivers fp16
+// weights), else the calling thread does them all.
 void read_block(const BlockLayout& layout, const WeightSource& source, void* host_dst, std::set<std::string>& used,
-                CodesTally* tally = nullptr);
+                CodesTally* tally = nullptr, ThreadPool* quantize_pool = nullptr);
 // Views of a layer block at `base` on `device`; no copy.
 LayerWeights layer_views(const BlockLayout& layout, void* base, Device device);
 // Views of `w` whose quantized matrices are dequantized into `base`, laid out as `fp_layout`
