@@ -120,7 +120,8 @@ void group_codes(int bits, const float* xg, size_t g, size_t first, float min16,
   size_t i = 0;
 #if defined(__AVX2__)
   const __m256 m = _mm256_set1_ps(min16), s = _mm256_set1_ps(scale16), top = _mm256_set1_ps(float(max_code));
-  for (; i + 8 <= g && (first + i) % 2 == 0; i += 8) {
+  // `first` is a multiple of the group size, so eight 4-bit codes fill four whole bytes.
+  for (; i + 8 <= g; i += 8) {
     const __m256 q = _mm256_round_ps(_mm256_div_ps(_mm256_sub_ps(_mm256_loadu_ps(xg + i), m), s),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m256i c = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(q, _mm256_setzero_ps()), top));
