@@ -209,6 +209,9 @@ TEST_CASE("bench --calibrate records lane busy times per phase and writes a refi
   // The refined profile loads; the recorded results give the same samples as the run.
   const HardwareProfile refined = load_hardware_profile(opt.out / "calibrated-profile.yaml");
   CHECK_THAT(refined.description, Catch::Contains("calibrated by strata bench --calibrate over 2 runs"));
+  // The second case is the first's GPU batch twice: their compute terms are multiples, so the
+  // per-unit overhead cannot be told from the GEMMs (test_calibrate.cpp has the arithmetic).
+  CHECK_THAT(log.str(), Catch::Contains("these runs do not determine") && Catch::Contains("overhead"));
   const std::vector<CalibrationSample> from_file = calibration_samples(opt.out / "results.jsonl");
   REQUIRE(from_file.size() == 2);
   CHECK(from_file[0].name == "weights-cpu");

@@ -203,3 +203,37 @@ TEST_CASE("a leave-one-out fit that cannot be made leaves a gap, not a failed ca
   CHECK(std::isnan(f.error_leave_one_out[0]));
   for (size_t i = 1; i < runs.size(); ++i) CHECK_FALSE(std::isnan(f.error_leave_one_out[i]));
 }
+
+TEST_CASE("runs whose compute is one run's multiple fit the parts they determine", "[calibrate]") {
+  // The same GPU batch once and twice: every compute term doubles (GEMMs, attention and units of
+  // overhead alike), so only the prefill and decode rows tell terms apart. Two columns can be
+  // fitted; the overhead cannot be told from the GEMMs and is left at 0.
+  const HardwareProfile base = machine();
+  HardwareProfile truth = base;
+  for (GemmPoint& g : truth.gpu_gemm) g.flops_per_s /= 1.6;
+  truth.gpu_dequant_bw /= 1.6;
+  truth.gpu_attention_bw /= 2.5;
+  truth.cpu_attention_bw /= 2.5;
+  const std::vector<CalibrationSample> runs = {
+      run_on(truth, "one batch", policy_of(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "two batches", policy_of(8, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
+  };
+  const CalibrationFit f = calibrate_profile(base, runs);
+  CHECK(f.gemm_factor == Approx(1.6).epsilon(1e-6));
+  CHECK(f.attention_factor == Approx(2.5).epsilon(1e-6));
+  CHECK(f.overhead_s == 0);
+  CHECK(f.undetermined == std::vector<std::string>{"overhead"});
+  CHECK_THAT(f.profile.description, Catch::Contains("not determined by these runs: overhead"));
+  for (double e : f.error_after) CHECK(std::fabs(e) < 1e-6);
+
+  // Decode alone (runs whose prefill busy time went unrecorded): one row, doubled, so attention
+  // folds into the GEMMs too, and the one factor left is the rows' measured / predicted.
+  std::vector<CalibrationSample> decode_only = runs;
+  for (CalibrationSample& s : decode_only) s.prefill_busy[kLaneCompute] = 0;
+  const CalibrationFit g = calibrate_profile(base, decode_only);
+  CHECK(g.undetermined == std::vector<std::string>{"attention", "overhead"});
+  CHECK(g.attention_factor == g.gemm_factor);
+  CHECK(g.overhead_s == 0);
+  const auto lanes = predicted_lane_seconds(base, decode_only[0]);  // base: no overhead, no overlap slowdown
+  CHECK(g.gemm_factor == Approx(decode_only[0].decode_busy[kLaneCompute] / lanes[1][kLaneCompute]).epsilon(1e-9));
+}

@@ -116,8 +116,12 @@ CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<Ca
      << " on attention, " << f.overhead_s * 1e3 << " ms per layer and unit of work; cpu->gpu x"
      << f.link_factor[kLaneH2d] << ", gpu->cpu x" << f.link_factor[kLaneD2h] << ", disk x"
      << f.link_factor[kLaneDisk] << " (busy time per predicted second); overlap slowdown "
-     << f.overlap_slowdown << ".\n\n"
-     << "## Per term, before calibration\n\n"
+     << f.overlap_slowdown << ".\n\n";
+  if (!f.undetermined.empty())
+    md << "Not determined by these runs: " << undetermined_list(f) << ". Their compute terms are multiples of\n"
+       << "each other's, so the fit kept the attention factor at the GEMM's and the overhead at 0; cases\n"
+       << "that differ in GPU batch size, prompt length or attention placement would determine them.\n\n";
+  md << "## Per term, before calibration\n\n"
      << "Each lane's busy seconds against the cost model's term for it (the base profile), and each\n"
      << "phase's wall time against the predicted stage total (max of the terms with overlap). A\n"
      << "staggered case's phases are its super-steps in which some GPU batch prefills, and the others.\n\n"
@@ -141,6 +145,9 @@ CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<Ca
   log << "[bench] calibration: median / worst |error| " << summary(f.error_before) << " before, "
       << summary(f.error_after) << " after (leave-one-out " << summary(f.error_leave_one_out) << "); wrote "
       << yaml.string() << " and " << md_path.string() << "\n";
+  if (!f.undetermined.empty())
+    log << "[bench] calibration: these runs do not determine " << undetermined_list(f)
+        << " (kept at the GEMM factor / 0; see " << md_path.string() << ")\n";
   return f;
 }
 

@@ -60,11 +60,20 @@ std::array<ComputeParts, 2> compute_parts(const HardwareProfile& raw, const Cali
   return parts;
 }
 
+// A column whose pivot falls below this share of its own weighted norm is (up to rounding) a
+// combination of the columns before it: the runs do not tell it apart from them.
+constexpr double kDependentPivot = 1e-10;
+
+struct LeastSquares {
+  std::vector<double> coef;  // 0 for unused columns
+  int dependent = -1;        // a column the runs cannot separate from the others; coef unset then
+};
+
 // Least squares of relative residuals: minimize sum ((sum_j c_j a_ij - m_i) / m_i)^2 over the
-// columns in `use`; returns the coefficients (0 for unused columns). Solved by Gaussian
-// elimination on the normal equations (at most three columns).
-std::vector<double> relative_least_squares(const std::vector<std::vector<double>>& a, const std::vector<double>& m,
-                                           const std::vector<bool>& use) {
+// columns in `use`. Solved by Gaussian elimination on the normal equations (at most three
+// columns), in column order, so the column reported dependent is the last of a dependent set.
+LeastSquares relative_least_squares(const std::vector<std::vector<double>>& a, const std::vector<double>& m,
+                                    const std::vector<bool>& use) {
   const size_t k = use.size();
   std::vector<size_t> cols;
   for (size_t j = 0; j < k; ++j)
@@ -78,21 +87,23 @@ std::vector<double> relative_least_squares(const std::vector<std::vector<double>
       A[r][n] += w * a[i][cols[r]] * m[i];
     }
   }
-  for (size_t p = 0; p < n; ++p) {  // partial pivoting
-    size_t best = p;
-    for (size_t r = p + 1; r < n; ++r)
-      if (std::fabs(A[r][p]) > std::fabs(A[best][p])) best = r;
-    std::swap(A[p], A[best]);
-    if (std::fabs(A[p][p]) < 1e-300) STRATA_FAIL("calibration: the runs do not determine the fit (a singular system)");
+  std::vector<double> norm(n);
+  for (size_t c = 0; c < n; ++c) norm[c] = A[c][c];
+  LeastSquares out;
+  for (size_t p = 0; p < n; ++p) {  // no row swaps: the normal matrix is symmetric positive semidefinite
+    if (!(A[p][p] > kDependentPivot * norm[p])) {
+      out.dependent = int(cols[p]);
+      return out;
+    }
     for (size_t r = 0; r < n; ++r) {
       if (r == p) continue;
       const double f = A[r][p] / A[p][p];
       for (size_t c = p; c <= n; ++c) A[r][c] -= f * A[p][c];
     }
   }
-  std::vector<double> coef(k, 0.0);
-  for (size_t r = 0; r < n; ++r) coef[cols[r]] = A[r][n] / A[r][r];
-  return coef;
+  out.coef.assign(k, 0.0);
+  for (size_t r = 0; r < n; ++r) out.coef[cols[r]] = A[r][n] / A[r][r];
+  return out;
 }
 
 constexpr double kMinSeconds = 1e-6;  // lanes busier than this count as observations
@@ -118,18 +129,27 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   bool any_attention = false;
   for (const auto& r : rows) any_attention = any_attention || r[1] > 0;
   std::vector<bool> use{true, any_attention, true};
-  std::vector<double> c = relative_least_squares(rows, measured, use);
-  // Physically meaningless signs (a negative overhead, a non-positive factor) drop a column: the
-  // overhead to 0, the attention factor to the GEMM's.
-  if (c[2] < 0) {
-    use[2] = false;
-    c = relative_least_squares(rows, measured, use);
-  }
-  if (use[1] && c[1] <= 0) {
-    for (auto& r : rows) r[0] += r[1], r[1] = 0;
-    use[1] = false;
-    c = relative_least_squares(rows, measured, use);
-    c[1] = c[0];
+  // A column the runs cannot determine (say every run is another's multiple: the same phases,
+  // only more GPU batches), or one with a physically meaningless sign, is dropped: the overhead to
+  // 0, the attention factor to the GEMM's (its term folded into the GEMM column).
+  auto drop = [&](int column) {
+    use[size_t(column)] = false;
+    if (column == 1)
+      for (auto& r : rows) r[0] += r[1], r[1] = 0;
+  };
+  std::vector<double> c;
+  for (;;) {
+    const LeastSquares ls = relative_least_squares(rows, measured, use);
+    if (ls.dependent == 0) STRATA_FAIL("calibration: the runs do not determine the compute lane (no GEMM time predicted)");
+    if (ls.dependent > 0) {
+      drop(ls.dependent);
+      f.undetermined.push_back(ls.dependent == 1 ? "attention" : "overhead");
+      continue;
+    }
+    c = ls.coef;
+    if (use[2] && c[2] < 0) drop(2);
+    else if (use[1] && c[1] <= 0) drop(1);
+    else break;
   }
   if (!use[1]) c[1] = c[0];
   if (c[0] <= 0) STRATA_FAIL("calibration: the compute lane's fit has a non-positive GEMM factor");
@@ -180,6 +200,12 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
 
 }  // namespace
 
+std::string undetermined_list(const CalibrationFit& f) {
+  std::string out;
+  for (const std::string& part : f.undetermined) out += (out.empty() ? "" : ", ") + part;
+  return out;
+}
+
 std::array<std::array<double, kNumLanes>, 2> predicted_lane_seconds(const HardwareProfile& hw,
                                                                     const CalibrationSample& s) {
   const PhaseLanes p = predicted_lanes(hw, s);
@@ -222,6 +248,7 @@ CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<
     << "), overhead " << f.overhead_s << " s per layer-unit, links x" << f.link_factor[kLaneH2d] << " / x"
     << f.link_factor[kLaneD2h] << " / disk x" << f.link_factor[kLaneDisk] << ", overlap slowdown "
     << f.overlap_slowdown;
+  if (!f.undetermined.empty()) d << " (not determined by these runs: " << undetermined_list(f) << ")";
   f.profile.description = d.str();
   return f;
 }

@@ -39,6 +39,9 @@ struct CalibrationSample {
 struct CalibrationFit {
   HardwareProfile profile;   // the refined profile
   double gemm_factor = 1, attention_factor = 1, overhead_s = 0;
+  // Compute parts the runs could not separate from the GEMM term ("attention", "overhead"): the
+  // attention factor is then the GEMM's and the overhead 0. More varied runs determine them.
+  std::vector<std::string> undetermined;
   std::array<double, kNumLanes> link_factor{1, 1, 1, 1};  // [kLaneCompute] unused
   double overlap_slowdown = 0;
   // Relative error of predicted total throughput per sample (predicted / measured - 1), with the
@@ -52,6 +55,9 @@ struct CalibrationFit {
 // sample (prefill_batches_per_step) is fitted through its super-steps: its phases are the steps in
 // which some GPU batch prefills and the others, as the engine reports them (cost_model.h, phase_terms).
 CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<CalibrationSample>& samples);
+
+// fit.undetermined as "attention, overhead" ("" when every part was fitted).
+std::string undetermined_list(const CalibrationFit& fit);
 
 // The cost model's seconds on each lane for the sample's block under `hw`: [0] prefill, [1] decode
 // (phase_terms times the layers; the disk lane carries reads and writes).
