@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -17,9 +19,21 @@
 #include "strata/model/packed_checkpoint.h"
 #include "strata/quant/quant.h"
 
+namespace {
+
+// The process's scratch file, removed when libFuzzer exits (after -runs, or at the end of a corpus).
+struct ScratchFile {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("strata_packed_fuzz_" + std::to_string(::getpid()) + ".safetensors")).string();
+  ~ScratchFile() { std::remove(path.c_str()); }
+};
+
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  static const std::string path = "/tmp/strata_packed_fuzz_" + std::to_string(::getpid()) + ".safetensors";
+  static const ScratchFile scratch;
+  const std::string& path = scratch.path;
   std::ofstream(path, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(data + 1), long(size - 1));
   strata::PackedFormat format;
   format.bits = (const int[]){2, 4, 8}[data[0] % 3];

@@ -5,14 +5,14 @@
 
 #include "strata/core/error.h"
 #include "strata/model/config.h"
+#include "temp_files.h"
 
 using namespace strata;
 namespace fs = std::filesystem;
 
 namespace {
 fs::path write_config(const std::string& text) {
-  const fs::path dir = fs::temp_directory_path() / ("strata_cfg_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const fs::path dir = test::temp_dir("cfg");
   std::ofstream(dir / "config.json") << text;
   return dir / "config.json";
 }

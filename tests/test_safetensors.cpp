@@ -15,6 +15,7 @@
 #include "strata/core/error.h"
 #include "strata/model/safetensors.h"
 #include "strata/model/weight_source.h"
+#include "temp_files.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -32,7 +33,7 @@ json load_json(const fs::path& p) {
 
 // A fresh scratch directory per test case.
 fs::path scratch(const std::string& name) {
-  fs::path d = fs::temp_directory_path() / ("strata_st_" + std::to_string(::getpid())) / name;
+  fs::path d = strata::test::temp_dir("st") / name;
   fs::remove_all(d);
   fs::create_directories(d);
   return d;

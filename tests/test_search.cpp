@@ -16,6 +16,7 @@
 #include "policy_fixtures.h"
 #include "strata/core/error.h"
 #include "strata/policy/search.h"
+#include "temp_files.h"
 
 using namespace strata;
 namespace fs = std::filesystem;
@@ -503,8 +504,7 @@ TEST_CASE("on the paper's machine the search staggers OPT-175B's prefill, and no
 }
 
 TEST_CASE("a staggered choice survives strata policy --out and --evaluate", "[search]") {
-  const fs::path dir = fs::temp_directory_path() / ("strata_stagger_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const fs::path dir = test::temp_dir("stagger");
   const std::string out = (dir / "chosen.yaml").string();
   const std::string base = "policy --model opt-175b --hardware " + kPaperMachine + " --prompt-len 512 --gen-len 32";
   const CliResult r = strata_cli(base + " --json --out " + out);
