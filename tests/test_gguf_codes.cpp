@@ -224,17 +224,17 @@ public:
   std::string describe() const override { return "marked rows"; }
   bool contains(const std::string& name) const override { return name == kFused; }
   std::vector<int64_t> shape(const std::string&) const override { return {rows_, 64}; }
-  void read(const std::string&, DType, void*) const override { FAIL("read() instead of read_codes()"); }
   std::vector<std::string> names() const override { return {kFused}; }
-  bool read_codes(const std::string& name, const quant::QuantSpec& spec, void* dst) const override {
+  static constexpr const char* kFused = "model.layers.0.self_attn.qkv_proj.weight";
+
+private:
+  void read_into(const std::string&, DType, void*, ThreadPool*) const override { FAIL("read() instead of read_codes()"); }
+  bool read_codes_into(const std::string& name, const quant::QuantSpec& spec, void* dst, ThreadPool*) const override {
     REQUIRE(name == kFused);
     const size_t row = quant::row_bytes(spec, 64);
     for (int64_t r = 0; r < rows_; ++r) std::memset(static_cast<uint8_t*>(dst) + size_t(r) * row, int(r), row);
     return true;
   }
-  static constexpr const char* kFused = "model.layers.0.self_attn.qkv_proj.weight";
-
-private:
   int64_t rows_;
 };
 

@@ -26,9 +26,6 @@ public:
     if (n == reshape_) s[0] += 1;
     return s;
   }
-  void read(const std::string& n, DType dt, void* dst) const override {
-    if (n != extra_) inner_->read(n, dt, dst);
-  }
   std::vector<std::string> names() const override {
     std::vector<std::string> out;
     for (const std::string& n : inner_->names())
@@ -38,6 +35,9 @@ public:
   }
 
 private:
+  void read_into(const std::string& n, DType dt, void* dst, ThreadPool* pool) const override {
+    if (n != extra_) inner_->read(n, dt, dst, pool);
+  }
   std::unique_ptr<WeightSource> inner_;
   std::string hide_, extra_, reshape_;
 };

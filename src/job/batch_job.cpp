@@ -146,8 +146,8 @@ public:
       : backend_(make_backend(opt.device, opt.threads)), batch_(size_t(opt.batch_size)) {
     log << "model " << model.config.name << " (" << model.config.n_layers << " layers, "
         << double(model.config.param_count()) / 1e9 << " B parameters) on " << backend_->name() << "\n";
-    transformer_ = std::make_unique<Transformer>(model.config, load_model_weights(model.config, *model.weights, *backend_),
-                                                 *backend_);
+    transformer_ = std::make_unique<Transformer>(
+        model.config, load_model_weights(model.config, *model.weights, *backend_, opt.threads), *backend_);
     options_.prefill_token_budget = opt.prefill_token_budget;
     options_.share_prefixes = opt.share_prefixes;
     options_.kept_prefixes = &kept_prefixes_;

@@ -203,7 +203,7 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt, std::ostream& log)
   std::unique_ptr<Backend> backend = make_backend(opt.device, opt.threads);
   log << "model " << cfg.name << " (" << cfg.n_layers << " layers, " << double(cfg.param_count()) / 1e9
       << " B parameters) on " << backend->name() << "; " << ids.size() << " tokens in windows of " << context << "\n";
-  Transformer transformer(cfg, load_model_weights(cfg, *model.weights, *backend), *backend);
+  Transformer transformer(cfg, load_model_weights(cfg, *model.weights, *backend, opt.threads), *backend);
   model.weights.reset();  // the mapping is no longer needed once the weights are on the backend
 
   WindowProgress progress(log, opt.progress);

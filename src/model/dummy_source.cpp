@@ -1,11 +1,12 @@
 // Dummy weights for benchmarks: deterministic, fast, no files. Norm weights are 1 and biases 0 so
 // activations stay in a realistic range; everything else is uniform in [-0.02, 0.02].
 #include <algorithm>
-#include <thread>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
 #include "strata/core/error.h"
+#include "strata/core/thread_pool.h"
 #include "strata/model/weight_source.h"
 #include "strata/model/weight_specs.h"
 
@@ -42,7 +43,8 @@ public:
     return out;
   }
 
-  void read(const std::string& name, DType dst_dtype, void* dst) const override {
+private:
+  void read_into(const std::string& name, DType dst_dtype, void* dst, ThreadPool* pool) const override {
     const WeightSpec& s = spec(name);
     const size_t n = size_t(s.numel());
     const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
@@ -63,20 +65,17 @@ public:
         }
       }
     };
-    // Each value depends on its index alone, so large tensors are filled by all cores: a 30B
-    // preset is 30e9 values, minutes of one core before the first token of a benchmark.
-    const size_t per_thread = size_t(1) << 20;
-    const size_t threads = std::min<size_t>(std::max(1u, std::thread::hardware_concurrency()), n / per_thread + 1);
-    if (threads <= 1) return fill(0, n);
-    std::vector<std::thread> pool;
-    const size_t chunk = (n + threads - 1) / threads;
-    for (size_t t = 1; t < threads; ++t)
-      pool.emplace_back(fill, std::min(n, t * chunk), std::min(n, (t + 1) * chunk));
-    fill(0, std::min(n, chunk));
-    for (std::thread& th : pool) th.join();
+    // Each value depends on its index alone, so large tensors are filled by many cores (the
+    // pool's, else every core's): a 30B preset is 30e9 values, minutes of one core before the
+    // first token of a benchmark.
+    const size_t slice = size_t(1) << 20;
+    if (n <= slice) return fill(0, n);
+    std::unique_ptr<ThreadPool> own;
+    if (!pool) pool = (own = std::make_unique<ThreadPool>(0)).get();
+    pool->parallel_for(int64_t((n + slice - 1) / slice),
+                       [&](int64_t s0, int64_t s1) { fill(size_t(s0) * slice, std::min(n, size_t(s1) * slice)); });
   }
 
-private:
   const WeightSpec& spec(const std::string& name) const {
     auto it = specs_.find(name);
     if (it == specs_.end()) STRATA_FAIL("dummy:" << cfg_.name << ": no tensor '" << name << "'");

@@ -43,26 +43,27 @@ public:
     return s;
   }
 
-  void read(const std::string& name, DType dst_dtype, void* dst) const override {
+private:
+  void read_into(const std::string& name, DType dst_dtype, void* dst, ThreadPool* pool) const override {
     auto it = parts_.find(name);
-    if (it == parts_.end()) return inner_->read(hidden_check(name), dst_dtype, dst);
+    if (it == parts_.end()) return inner_->read(hidden_check(name), dst_dtype, dst, pool);
     const Part& p = it->second;
     cut_rows(p, size_t(row_elements(p)) * dtype_size(dst_dtype), dst, [&](void* all) {
-      inner_->read(p.fused, dst_dtype, all);
+      inner_->read(p.fused, dst_dtype, all, pool);
       return true;
     });
   }
 
-  bool read_codes(const std::string& name, const quant::QuantSpec& spec, void* dst) const override {
+  bool read_codes_into(const std::string& name, const quant::QuantSpec& spec, void* dst,
+                       ThreadPool* pool) const override {
     auto it = parts_.find(name);
-    if (it == parts_.end()) return inner_->read_codes(hidden_check(name), spec, dst);
+    if (it == parts_.end()) return inner_->read_codes(hidden_check(name), spec, dst, pool);
     const Part& p = it->second;
     // Quantized rows are self-contained, so a part's rows are cut out of the fused codes as well.
     return cut_rows(p, quant::row_bytes(spec, row_elements(p)), dst,
-                    [&](void* all) { return inner_->read_codes(p.fused, spec, all); });
+                    [&](void* all) { return inner_->read_codes(p.fused, spec, all, pool); });
   }
 
-private:
   struct Part {
     std::string fused;
     int64_t first_row, rows;

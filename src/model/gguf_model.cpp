@@ -3,12 +3,14 @@
 // RoPE row permutation undone where its converter applied it), and the tokenizer from
 // tokenizer.ggml.*.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <charconv>
 #include <cstring>
 #include <unordered_map>
 
 #include "strata/core/error.h"
+#include "strata/core/thread_pool.h"
 #include "strata/model/gguf.h"
 
 namespace strata {
@@ -186,7 +188,8 @@ public:
     return std::vector<int64_t>(t.ne.rbegin(), t.ne.rend());  // ggml ne is fastest-first
   }
 
-  void read(const std::string& name, DType dst_dtype, void* dst) const override {
+private:
+  void read_into(const std::string& name, DType dst_dtype, void* dst, ThreadPool* pool) const override {
     const Entry& e = get(name);
     const GgufTensorInfo& t = *e.info;
     STRATA_CHECK(dst_dtype == DType::F32 || dst_dtype == DType::F16 || dst_dtype == DType::BF16,
@@ -196,10 +199,10 @@ public:
       STRATA_FAIL("GGUF file " << file_.path() << ": tensor '" << t.name << "' has type " << ti->name
                                << ", which Strata cannot dequantize");
     const RowMap rows = row_map(e);
-    std::vector<float> buf(static_cast<size_t>(rows.row_len));
     const size_t esz = dtype_size(dst_dtype);
     auto* out = static_cast<uint8_t*>(dst);
     if (rows.vec) {
+      std::vector<float> buf(static_cast<size_t>(rows.row_len));
       ggml_dequantize(t.type, t.data, buf.data(), rows.row_len);
       if (rows.head_dim) {
         std::vector<float> tmp(buf.size());
@@ -209,14 +212,19 @@ public:
       convert_elements(buf.data(), DType::F32, out, dst_dtype, size_t(rows.row_len));
       return;
     }
-    for (int64_t r = 0; r < rows.n_rows; ++r) {
-      ggml_dequantize(t.type, rows.row(t, r), buf.data(), rows.row_len);
-      convert_elements(buf.data(), DType::F32, out + size_t(r) * size_t(rows.row_len) * esz, dst_dtype,
-                       size_t(rows.row_len));
-    }
+    // Rows are independent blocks of the file: dequantized on the pool's threads where there is one.
+    parallel_for(pool, rows.n_rows, [&](int64_t r0, int64_t r1) {
+      std::vector<float> buf(static_cast<size_t>(rows.row_len));
+      for (int64_t r = r0; r < r1; ++r) {
+        ggml_dequantize(t.type, rows.row(t, r), buf.data(), rows.row_len);
+        convert_elements(buf.data(), DType::F32, out + size_t(r) * size_t(rows.row_len) * esz, dst_dtype,
+                         size_t(rows.row_len));
+      }
+    });
   }
 
-  bool read_codes(const std::string& name, const quant::QuantSpec& spec, void* dst) const override {
+  bool read_codes_into(const std::string& name, const quant::QuantSpec& spec, void* dst,
+                       ThreadPool* pool) const override {
     const Entry& e = get(name);
     const GgufTensorInfo& t = *e.info;
     const int code_bits = ggml_affine_code_bits(t.type);
@@ -224,18 +232,20 @@ public:
     if (code_bits == 0 || code_bits > spec.bits || spec.group_size != 32 || t.ne.size() != 2) return false;
     const RowMap rows = row_map(e);
     const size_t out_row = quant::row_bytes(spec, rows.row_len);
-    std::vector<uint8_t> codes(static_cast<size_t>(rows.row_len));
-    std::vector<float> scales(static_cast<size_t>(rows.row_len / 32)), mins(scales.size());
-    for (int64_t r = 0; r < rows.n_rows; ++r) {
-      ggml_affine_decode(t.type, rows.row(t, r), rows.row_len, codes.data(), scales.data(), mins.data());
-      if (!quant::pack_row(spec, rows.row_len, codes.data(), scales.data(), mins.data(),
-                           static_cast<uint8_t*>(dst) + size_t(r) * out_row))
-        return false;
-    }
-    return true;
+    std::atomic<bool> packed{true};
+    parallel_for(pool, rows.n_rows, [&](int64_t r0, int64_t r1) {
+      std::vector<uint8_t> codes(static_cast<size_t>(rows.row_len));
+      std::vector<float> scales(static_cast<size_t>(rows.row_len / 32)), mins(scales.size());
+      for (int64_t r = r0; r < r1 && packed.load(std::memory_order_relaxed); ++r) {
+        ggml_affine_decode(t.type, rows.row(t, r), rows.row_len, codes.data(), scales.data(), mins.data());
+        if (!quant::pack_row(spec, rows.row_len, codes.data(), scales.data(), mins.data(),
+                             static_cast<uint8_t*>(dst) + size_t(r) * out_row))
+          packed = false;
+      }
+    });
+    return packed;
   }
 
-private:
   struct Entry {
     const GgufTensorInfo* info;
     int permute_heads;  // 0: stored as in HF

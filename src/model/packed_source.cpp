@@ -3,11 +3,13 @@
 // (include/strata/model/packed_checkpoint.h).
 #include "strata/model/packed_checkpoint.h"
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <sstream>
 
 #include "strata/core/error.h"
+#include "strata/core/thread_pool.h"
 #include "strata/model/safetensors.h"
 
 namespace strata {
@@ -71,26 +73,31 @@ public:
     return {it->second.out, it->second.in};
   }
 
-  void read(const std::string& name, DType dst_dtype, void* dst) const override {
+private:
+  void read_into(const std::string& name, DType dst_dtype, void* dst, ThreadPool* pool) const override {
     auto it = linears_.find(name);
-    if (it == linears_.end()) return plain_->read(name, dst_dtype, dst);
+    if (it == linears_.end()) return plain_->read(name, dst_dtype, dst, pool);
     const PackedLinear& m = it->second;
     const Unpacked u = unpack(name, m);
-    std::vector<float> row(static_cast<size_t>(m.in));
     auto* out = static_cast<uint8_t*>(dst);
-    for (int64_t o = 0; o < m.out; ++o) {
-      const uint8_t* codes = u.codes.data() + size_t(o * m.in);
-      for (int64_t i = 0; i < m.in; ++i) {
-        const size_t gp = size_t(u.group[size_t(i)] * m.out + o);
-        row[size_t(i)] = u.scale[gp] * float(int(codes[i]) - u.zero[gp]);
+    parallel_for(pool, m.out, [&](int64_t o0, int64_t o1) {
+      std::vector<float> row(static_cast<size_t>(m.in));
+      for (int64_t o = o0; o < o1; ++o) {
+        const uint8_t* codes = u.codes.data() + size_t(o * m.in);
+        for (int64_t i = 0; i < m.in; ++i) {
+          const size_t gp = size_t(u.group[size_t(i)] * m.out + o);
+          row[size_t(i)] = u.scale[gp] * float(int(codes[i]) - u.zero[gp]);
+        }
+        convert_elements(row.data(), DType::F32, out + size_t(o * m.in) * dtype_size(dst_dtype), dst_dtype,
+                         row.size());
       }
-      convert_elements(row.data(), DType::F32, out + size_t(o * m.in) * dtype_size(dst_dtype), dst_dtype, row.size());
-    }
+    });
   }
 
-  bool read_codes(const std::string& name, const quant::QuantSpec& spec, void* dst) const override {
+  bool read_codes_into(const std::string& name, const quant::QuantSpec& spec, void* dst,
+                       ThreadPool* pool) const override {
     auto it = linears_.find(name);
-    if (it == linears_.end()) return plain_->read_codes(name, spec, dst);
+    if (it == linears_.end()) return plain_->read_codes(name, spec, dst, pool);
     const PackedLinear& m = it->second;
     if (format_.bits > spec.bits || m.group_size % spec.group_size != 0) return false;
     const Unpacked u = unpack(name, m);
@@ -98,24 +105,26 @@ public:
     for (int64_t i = 0; i < m.in; ++i)
       if (u.group[size_t(i)] != i / m.group_size) return false;
     const int64_t n_groups = (m.in + spec.group_size - 1) / spec.group_size;
-    std::vector<float> scales(static_cast<size_t>(n_groups)), mins(scales.size());
     const size_t out_row = quant::row_bytes(spec, m.in);
-    for (int64_t o = 0; o < m.out; ++o) {
-      for (int64_t k = 0; k < n_groups; ++k) {
-        const size_t gp = size_t((k * spec.group_size / m.group_size) * m.out + o);
-        scales[size_t(k)] = u.scale[gp];
-        // s * (q - z) = q * s + (-s * z); the product is exact in fp32 (an fp16 scale times a
-        // small integer) and rounded once to the row's fp16 minimum.
-        mins[size_t(k)] = -u.scale[gp] * float(u.zero[gp]);
+    std::atomic<bool> packed{true};
+    parallel_for(pool, m.out, [&](int64_t o0, int64_t o1) {
+      std::vector<float> scales(static_cast<size_t>(n_groups)), mins(scales.size());
+      for (int64_t o = o0; o < o1 && packed.load(std::memory_order_relaxed); ++o) {
+        for (int64_t k = 0; k < n_groups; ++k) {
+          const size_t gp = size_t((k * spec.group_size / m.group_size) * m.out + o);
+          scales[size_t(k)] = u.scale[gp];
+          // s * (q - z) = q * s + (-s * z); the product is exact in fp32 (an fp16 scale times a
+          // small integer) and rounded once to the row's fp16 minimum.
+          mins[size_t(k)] = -u.scale[gp] * float(u.zero[gp]);
+        }
+        if (!quant::pack_row(spec, m.in, u.codes.data() + size_t(o * m.in), scales.data(), mins.data(),
+                             static_cast<uint8_t*>(dst) + size_t(o) * out_row))
+          packed = false;
       }
-      if (!quant::pack_row(spec, m.in, u.codes.data() + size_t(o * m.in), scales.data(), mins.data(),
-                           static_cast<uint8_t*>(dst) + size_t(o) * out_row))
-        return false;
-    }
-    return true;
+    });
+    return packed;
   }
 
-private:
   struct Unpacked {
     std::vector<uint8_t> codes;  // [out][in]
     std::vector<float> scale;    // [groups][out]

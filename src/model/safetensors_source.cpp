@@ -1,9 +1,11 @@
 // WeightSource over memory-mapped safetensors: shapes come from the validated header, reads
 // convert the stored dtype (F32/F16/BF16) into the dtype the backend asked for.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "strata/core/error.h"
+#include "strata/core/thread_pool.h"
 #include "strata/model/safetensors.h"
 #include "strata/model/weight_source.h"
 
@@ -20,7 +22,8 @@ public:
   std::vector<int64_t> shape(const std::string& name) const override { return set_->get(name).shape; }
   std::vector<std::string> names() const override { return set_->names(); }
 
-  void read(const std::string& name, DType dst_dtype, void* dst) const override {
+private:
+  void read_into(const std::string& name, DType dst_dtype, void* dst, ThreadPool* pool) const override {
     const SafetensorsEntry& e = set_->get(name);
     if (dst_dtype != DType::F32 && dst_dtype != DType::F16 && dst_dtype != DType::BF16)
       STRATA_FAIL(e.file.string() << ": tensor '" << name << "' cannot be read as " << dtype_name(dst_dtype)
@@ -36,10 +39,18 @@ public:
       convert_elements(aligned.data(), e.dtype, dst, dst_dtype, n);
       return;
     }
-    convert_elements(e.data, e.dtype, dst, dst_dtype, n);
+    if (!pool) return convert_elements(e.data, e.dtype, dst, dst_dtype, n);
+    // In slices, so that the pages of a mapped file fault in on every thread too.
+    const int64_t slices = int64_t((n + kSlice - 1) / kSlice);
+    const size_t in_size = dtype_size(e.dtype), out_size = dtype_size(dst_dtype);
+    pool->parallel_for(slices, [&](int64_t s0, int64_t s1) {
+      const size_t first = size_t(s0) * kSlice, count = std::min(n, size_t(s1) * kSlice) - first;
+      convert_elements(e.data + first * in_size, e.dtype, static_cast<uint8_t*>(dst) + first * out_size, dst_dtype,
+                       count);
+    });
   }
 
-private:
+  static constexpr size_t kSlice = size_t(1) << 18;  // elements
   std::shared_ptr<const SafetensorsSet> set_;
   std::filesystem::path path_;
 };

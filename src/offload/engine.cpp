@@ -110,8 +110,11 @@ Home OffloadEngine::Impl::place(Tier tier, size_t bytes, const char* what) {
 void OffloadEngine::Impl::load_weights(const WeightSource& src) {
   std::set<std::string> used;
   const BlockLayout gl = global_block_layout(cfg, dt);
+  // Conversions, dequantization of GGUF block types and quantization at load use the host threads
+  // the job was given (--threads).
+  ThreadPool pool(opt.cpu_threads);
   std::vector<uint8_t> staging(gl.bytes);
-  read_block(gl, src, staging.data(), used);
+  read_block(gl, src, staging.data(), used, nullptr, &pool);
   char* g = gpu.take(gl.bytes, "global weights");
   be.copy_to_device(g, staging.data(), gl.bytes);
   set_global_views(cfg, gl, g, be.device(), globals);
@@ -131,20 +134,18 @@ void OffloadEngine::Impl::load_weights(const WeightSource& src) {
   const size_t bytes = plan.layer_weight_bytes;
   // Disk-bound layers pass through an aligned host buffer (O_DIRECT wants aligned memory).
   std::unique_ptr<char, void (*)(void*)> bounce(static_cast<char*>(std::aligned_alloc(kPage, bytes)), std::free);
-  // Matrices quantized at load use the host threads the job was given (--threads).
-  std::unique_ptr<ThreadPool> quantize_pool = weight_quant ? std::make_unique<ThreadPool>(opt.cpu_threads) : nullptr;
   weight_home.resize(size_t(L));
   resident_layers.resize(size_t(L));
   for (int l = 0; l < L; ++l) {
     const BlockLayout layout = halved_layer_layout(cfg, l, dt, kPage, weight_quant).layout;  // same offsets, this layer's names
     Home& h = weight_home[size_t(l)] = place(plan.weight_tier[size_t(l)], bytes, "layer weights");
     if (h.tier == Tier::Cpu) {
-      read_block(layout, src, h.ptr, used, &weight_codes, quantize_pool.get());
+      read_block(layout, src, h.ptr, used, &weight_codes, &pool);
       if (opt.on_layer_loaded) opt.on_layer_loaded(l + 1, L);
       continue;
     }
     std::memset(bounce.get(), 0, bytes);
-    read_block(layout, src, bounce.get(), used, &weight_codes, quantize_pool.get());
+    read_block(layout, src, bounce.get(), used, &weight_codes, &pool);
     if (h.tier == Tier::Gpu) {
       be.copy_to_device(h.ptr, bounce.get(), bytes);
       resident_layers[size_t(l)] = layer_views(halves.layout, h.ptr, be.device());

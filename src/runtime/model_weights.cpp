@@ -20,11 +20,9 @@ std::string shape_str(const std::vector<int64_t>& s) {
 void quantize_on_host(const quant::QuantSpec& spec, const float* x, int64_t rows, int64_t n, uint8_t* dst,
                       ThreadPool* pool) {
   const size_t row_bytes = quant::row_bytes(spec, n);
-  auto some_rows = [&](int64_t r0, int64_t r1) {
+  parallel_for(pool, rows, [&](int64_t r0, int64_t r1) {
     quant::quantize_rows(spec, x + r0 * n, DType::F32, r1 - r0, n, dst + size_t(r0) * row_bytes);
-  };
-  if (pool) pool->parallel_for(rows, some_rows);
-  else some_rows(0, rows);
+  });
 }
 
 // Some OPT checkpoints name tensors without the "model." prefix ("decoder.layers.0...").
@@ -56,9 +54,10 @@ size_t stored_bytes(const WeightSpec& spec, DType dt, const std::optional<quant:
   return size_t(spec.shape[0]) * quant::row_bytes(*compression, spec.shape[1]);
 }
 
-Buffer upload_block(const BlockLayout& layout, const WeightSource& src, Backend& backend, std::set<std::string>& used) {
+Buffer upload_block(const BlockLayout& layout, const WeightSource& src, Backend& backend, std::set<std::string>& used,
+                    ThreadPool& pool) {
   std::vector<uint8_t> staging(layout.bytes);
-  read_block(layout, src, staging.data(), used);
+  read_block(layout, src, staging.data(), used, nullptr, &pool);
   Buffer block = backend.alloc(layout.bytes);
   backend.copy_to_device(block.data(), staging.data(), layout.bytes);
   return block;
@@ -160,7 +159,7 @@ BlockLayout global_block_layout(const ModelConfig& cfg, DType dtype) {
 }
 
 void read_block(const BlockLayout& layout, const WeightSource& src, void* host_dst, std::set<std::string>& used,
-                CodesTally* tally, ThreadPool* quantize_pool) {
+                CodesTally* tally, ThreadPool* pool) {
   for (size_t i = 0; i < layout.specs.size(); ++i) {
     const WeightSpec& s = layout.specs[i];
     const std::string name = stored_name(src, s.name);
@@ -170,17 +169,17 @@ void read_block(const BlockLayout& layout, const WeightSource& src, void* host_d
                                  << shape_str(s.shape));
     uint8_t* dst = static_cast<uint8_t*>(host_dst) + layout.offsets[i];
     if (is_quantized(layout.dtypes[i])) {
-      if (src.read_codes(name, *layout.compression, dst)) {  // the file's own codes
+      if (src.read_codes(name, *layout.compression, dst, pool)) {  // the file's own codes
         if (tally) ++tally->kept_codes;
         used.insert(name);
         continue;
       }
       if (tally) ++tally->quantized;
       std::vector<float> full(static_cast<size_t>(s.numel()));  // quantized once, here, at load
-      src.read(name, DType::F32, full.data());
-      quantize_on_host(*layout.compression, full.data(), s.shape[0], s.shape[1], dst, quantize_pool);
+      src.read(name, DType::F32, full.data(), pool);
+      quantize_on_host(*layout.compression, full.data(), s.shape[0], s.shape[1], dst, pool);
     } else {
-      src.read(name, layout.dtype, dst);
+      src.read(name, layout.dtype, dst, pool);
     }
     used.insert(name);
   }
@@ -233,7 +232,7 @@ void check_no_extra_tensors(const ModelConfig& cfg, const WeightSource& src, con
                                  << "-layer " << (cfg.arch == Arch::OPT ? "OPT" : "LLaMA-family") << " model)");
 }
 
-ModelWeights load_model_weights(const ModelConfig& cfg, const WeightSource& src, Backend& backend) {
+ModelWeights load_model_weights(const ModelConfig& cfg, const WeightSource& src, Backend& backend, int threads) {
   cfg.validate();
   const double need = double(cfg.param_count()) * double(dtype_size(backend.activation_dtype()));
   const size_t avail = backend.available_memory();
@@ -243,15 +242,16 @@ ModelWeights load_model_weights(const ModelConfig& cfg, const WeightSource& src,
                                << " GB are available (offloading to CPU memory and disk comes with policies)");
   ModelWeights mw;
   std::set<std::string> used;
+  ThreadPool pool(threads);  // for loading only
   const DType dt = backend.activation_dtype();
   const BlockLayout globals = global_block_layout(cfg, dt);
-  mw.globals = upload_block(globals, src, backend, used);
+  mw.globals = upload_block(globals, src, backend, used, pool);
   set_global_views(cfg, globals, mw.globals.data(), backend.device(), mw);
 
   mw.layers.resize(size_t(cfg.n_layers));
   for (int l = 0; l < cfg.n_layers; ++l) {
     const BlockLayout layout = layer_block_layout(cfg, l, dt);
-    Buffer block = upload_block(layout, src, backend, used);
+    Buffer block = upload_block(layout, src, backend, used, pool);
     LayerWeights& lw = mw.layers[size_t(l)];
     lw = layer_views(layout, block.data(), backend.device());
     lw.block = std::move(block);

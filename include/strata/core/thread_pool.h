@@ -33,4 +33,10 @@ private:
   std::exception_ptr error_;
 };
 
+// fn(begin, end) over [0, n): on `pool` where there is one, else in one call on this thread.
+inline void parallel_for(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+  if (pool) pool->parallel_for(n, fn);
+  else if (n > 0) fn(0, n);
+}
+
 }  // namespace strata

@@ -15,6 +15,7 @@
 namespace strata {
 
 class SafetensorsSet;
+class ThreadPool;
 
 class WeightSource {
 public:
@@ -22,15 +23,27 @@ public:
   virtual std::string describe() const = 0;  // e.g. the file path, for error messages
   virtual bool contains(const std::string& name) const = 0;
   virtual std::vector<int64_t> shape(const std::string& name) const = 0;  // throws naming a missing tensor
-  // Writes the tensor, converted to dst_dtype (F32, F16 or BF16), into dst (numel elements).
-  virtual void read(const std::string& name, DType dst_dtype, void* dst) const = 0;
   virtual std::vector<std::string> names() const = 0;
+
+  // Writes the tensor, converted to dst_dtype (F32, F16 or BF16), into dst (numel elements).
+  // With a pool, a source whose conversion is work per row (GGUF's block types, GPTQ/AWQ codes)
+  // spreads the rows over it; the values do not depend on it.
+  void read(const std::string& name, DType dst_dtype, void* dst, ThreadPool* pool = nullptr) const {
+    read_into(name, dst_dtype, dst, pool);
+  }
   // Writes a matrix as quantized rows of `spec` (quant.h) straight from the codes it is stored
   // with, when they fit: a GGUF file's 4-bit types at {4 or 8 bits, group 32}, its 5- and 8-bit
   // ones at {8, 32}. The values are then the file's own, not quantized a second time. Returns
   // false, dst unspecified, when they do not fit; the caller quantizes what read() gives.
-  virtual bool read_codes(const std::string& name, const quant::QuantSpec& spec, void* dst) const {
-    (void)name, (void)spec, (void)dst;
+  bool read_codes(const std::string& name, const quant::QuantSpec& spec, void* dst, ThreadPool* pool = nullptr) const {
+    return read_codes_into(name, spec, dst, pool);
+  }
+
+protected:
+  virtual void read_into(const std::string& name, DType dst_dtype, void* dst, ThreadPool* pool) const = 0;
+  virtual bool read_codes_into(const std::string& name, const quant::QuantSpec& spec, void* dst,
+                               ThreadPool* pool) const {
+    (void)name, (void)spec, (void)dst, (void)pool;
     return false;
   }
 };

@@ -40,7 +40,9 @@ struct ModelWeights {
 
 // Reads every tensor the config implies from `source`, checks shapes, converts to the backend's
 // dtype and uploads. Missing, misshapen or unexpected extra tensors are errors naming them.
-ModelWeights load_model_weights(const ModelConfig& cfg, const WeightSource& source, Backend& backend);
+// `threads` host threads convert (0: all cores; GGUF block types dequantize at a few hundred
+// million elements a second on one).
+ModelWeights load_model_weights(const ModelConfig& cfg, const WeightSource& source, Backend& backend, int threads = 0);
 
 // The byte layout of one block of tensors (a layer, or the globals) as stored in a Buffer, in
 // pinned memory or on disk: each tensor 256-byte aligned, in weight_specs order. All layers of a
@@ -87,11 +89,11 @@ struct CodesTally {
 // Reads a block's tensors from `source` into host memory laid out as `layout` (shape-checked,
 // converted to layout.dtype; a compressed matrix keeps the file's codes where they fit, else it
 // is quantized by the host reference); records the stored names it used in `used`, and counts
-// the compressed matrices in `tally`. A matrix quantized here has its rows spread over
-// `quantize_pool` (one core quantizes about 0.55 G elements/s, slower than a disk delivers fp16
-// weights), else the calling thread does them all.
+// the compressed matrices in `tally`. The source's conversions and a matrix quantized here have
+// their rows spread over `pool` (one core quantizes about 0.55 G elements/s and dequantizes GGUF
+// K-quants at 0.3-1 G, slower than a disk delivers fp16 weights), else the calling thread does them all.
 void read_block(const BlockLayout& layout, const WeightSource& source, void* host_dst, std::set<std::string>& used,
-                CodesTally* tally = nullptr, ThreadPool* quantize_pool = nullptr);
+                CodesTally* tally = nullptr, ThreadPool* pool = nullptr);
 // Views of a layer block at `base` on `device`; no copy.
 LayerWeights layer_views(const BlockLayout& layout, void* base, Device device);
 // Views of `w` whose quantized matrices are dequantized into `base`, laid out as `fp_layout`
