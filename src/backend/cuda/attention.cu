@@ -114,19 +114,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
     if (lane == 0) tile_max_s[warp] = wmax;
     __syncthreads();
 
-    // 2. Online softmax update: scores become weights exp(s - m_new); old sums rescale by alpha.
-    float m_tile = tile_max_s[0];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) m_tile = fmaxf(m_tile, tile_max_s[w]);
-    const float m_new = fmaxf(m_run, m_tile);
-    const float alpha = expf(m_run - m_new);  // 0 on the first tile (m_run = -inf)
-    l_part *= alpha;
-    for (int j = threadIdx.x; j < n; j += kThreads) {
-      const float e = expf(p_s[j] - m_new);
-      p_s[j] = e;
-      l_part += e;
-    }
-    __syncthreads();
+    // 2. Online softmax update: scores become weights; old sums rescale by alpha.
+    const float alpha = online_softmax_tile<kWarps>(p_s, tile_max_s, n, m_run, l_part);
 
     // 3. Output: each thread owns units threadIdx.x + c * kThreads (coalesced over the values).
 #pragma unroll
@@ -150,7 +139,6 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
       acc[c][0] = a0;
       if constexpr (kPairs) acc[c][kVec - 1] = a1;
     }
-    m_run = m_new;
     __syncthreads();  // p_s and tile_max_s are rewritten by the next tile
   }
 

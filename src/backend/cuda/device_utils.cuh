@@ -36,6 +36,31 @@ __device__ __forceinline__ float block_sum(float v) {
   return partial[0];
 }
 
+// One tile's step of an online softmax (the per-token attention kernels): the tile's n scores sit
+// in p_s, each of the kWarps warps' max of them in tile_max_s. Turns the scores into weights
+// exp(s - m_new), m_new = max(m_run, the tile's max); rescales this thread's share of the
+// denominator l_part by alpha = exp(m_run - m_new) and adds its weights; sets m_run = m_new and
+// returns alpha, by which the caller rescales its output. Every thread of the block calls it; it
+// ends with a barrier, so p_s holds the weights for all.
+template <int kWarps>
+__device__ __forceinline__ float online_softmax_tile(float* p_s, const float* tile_max_s, int n, float& m_run,
+                                                     float& l_part) {
+  float m_tile = tile_max_s[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) m_tile = fmaxf(m_tile, tile_max_s[w]);
+  const float m_new = fmaxf(m_run, m_tile);
+  const float alpha = expf(m_run - m_new);  // 0 on the first tile (m_run = -inf)
+  l_part *= alpha;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const float e = expf(p_s[j] - m_new);
+    p_s[j] = e;
+    l_part += e;
+  }
+  m_run = m_new;
+  __syncthreads();
+  return alpha;
+}
+
 // Threads per block for a one-block-per-row kernel over h elements: a multiple of 32 in [32, 512].
 inline int row_block_threads(long long h) {
   long long t = (h + 31) / 32 * 32;

@@ -119,19 +119,8 @@ __global__ void __launch_bounds__(kThreads) quant_attention_kernel(const QuantAt
     if (lane == 0) tile_max_s[warp] = wmax;
     __syncthreads();
 
-    // 2. Online softmax update: scores become weights exp(s - m_new); old sums rescale by alpha.
-    float m_tile = tile_max_s[0];
-#pragma unroll
-    for (int w = 1; w < kWarps; ++w) m_tile = fmaxf(m_tile, tile_max_s[w]);
-    const float m_new = fmaxf(m_run, m_tile);
-    const float alpha = expf(m_run - m_new);  // 0 on the first tile (m_run = -inf)
-    l_part *= alpha;
-    for (int j = threadIdx.x; j < n; j += kThreads) {
-      const float e = expf(p_s[j] - m_new);
-      p_s[j] = e;
-      l_part += e;
-    }
-    __syncthreads();
+    // 2. Online softmax update: scores become weights; old sums rescale by alpha.
+    const float alpha = online_softmax_tile<kWarps>(p_s, tile_max_s, n, m_run, l_part);
 
     // 3. Output: this thread's word of the values of keys kg, kg + key_groups, ...
 #pragma unroll
@@ -146,7 +135,6 @@ __global__ void __launch_bounds__(kThreads) quant_attention_kernel(const QuantAt
         for (int k = 0; k < kPer; ++k) acc[k] = fmaf(w, dequant_ref(word_code<kBits>(word, k), sm.x, sm.y), acc[k]);
       }
     }
-    m_run = m_new;
     __syncthreads();  // p_s and tile_max_s are rewritten by the next tile
   }
 
