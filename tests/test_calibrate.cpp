@@ -44,6 +44,16 @@ CalibrationSample run_on(const HardwareProfile& truth, const std::string& name, 
   return s;
 }
 
+// `base` with GEMMs (and dequantization) `gemm` times and attention `attention` times slower.
+HardwareProfile slower_compute(const HardwareProfile& base, double gemm, double attention) {
+  HardwareProfile hw = base;
+  for (GemmPoint& g : hw.gpu_gemm) g.flops_per_s /= gemm;
+  hw.gpu_dequant_bw /= gemm;
+  hw.gpu_attention_bw /= attention;
+  hw.cpu_attention_bw /= attention;
+  return hw;
+}
+
 }  // namespace
 
 TEST_CASE("the calibrated overhead and overlap shortfall enter the stage times as documented", "[calibrate]") {
@@ -74,11 +84,7 @@ TEST_CASE("calibration recovers the constants of the machine that made the runs"
   const HardwareProfile base = machine();
   // The "measured" machine: slower GEMMs and attention, links at part of their rate, work outside
   // the terms, and overlap that falls short.
-  HardwareProfile truth = base;
-  for (GemmPoint& g : truth.gpu_gemm) g.flops_per_s /= 1.6;
-  truth.gpu_dequant_bw /= 1.6;
-  truth.gpu_attention_bw /= 2.5;
-  truth.cpu_attention_bw /= 2.5;
+  HardwareProfile truth = slower_compute(base, 1.6, 2.5);
   truth.cpu_to_gpu_bw /= 1.8;
   truth.gpu_to_cpu_bw /= 1.3;
   truth.disk_to_cpu_bw /= 1.2;
@@ -209,11 +215,7 @@ TEST_CASE("runs whose compute is one run's multiple fit the parts they determine
   // overhead alike), so only the prefill and decode rows tell terms apart. Two columns can be
   // fitted; the overhead cannot be told from the GEMMs and is left at 0.
   const HardwareProfile base = machine();
-  HardwareProfile truth = base;
-  for (GemmPoint& g : truth.gpu_gemm) g.flops_per_s /= 1.6;
-  truth.gpu_dequant_bw /= 1.6;
-  truth.gpu_attention_bw /= 2.5;
-  truth.cpu_attention_bw /= 2.5;
+  const HardwareProfile truth = slower_compute(base, 1.6, 2.5);
   const std::vector<CalibrationSample> runs = {
       run_on(truth, "one batch", policy_of(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
       run_on(truth, "two batches", policy_of(8, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
