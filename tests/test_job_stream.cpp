@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <unistd.h>
 #include <thread>
 
 #include "strata/core/error.h"
@@ -247,6 +248,30 @@ TEST_CASE("the progress line shows requests, tokens, rate and an ETA from the bl
   CHECK(progress_line(s, 10) == "300/1000 requests, 1200 tokens, 120.0 tok/s, 10.0 s, ETA 23 s");
   s.blocks_planned = 3000;
   CHECK_THAT(progress_line(s, 10), Catch::EndsWith("ETA 2h46m"));
+}
+
+TEST_CASE("progress to a log file prints the final state once", "[job]") {
+  if (isatty(STDERR_FILENO)) {  // Progress redraws one line on a terminal instead
+    WARN("stderr is a terminal: skipped");
+    return;
+  }
+  std::ostringstream log;
+  Progress progress(log, true);
+  ProgressState s;
+  s.done = s.total = 4;
+  s.tokens = 128;
+  auto lines = [&] {
+    const std::string text = log.str();
+    return std::count(text.begin(), text.end(), '\n');
+  };
+  progress.update(s);        // the first update prints
+  progress.update(s, true);  // the job's closing update: nothing new to say
+  CHECK(lines() == 1);
+  s.tokens = 130;
+  progress.update(s, true);
+  CHECK(lines() == 2);
+  progress.end();
+  CHECK(lines() == 2);
 }
 
 TEST_CASE("streamed jobs give the same answers in any window, completion order or input order", "[job]") {

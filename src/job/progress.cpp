@@ -37,8 +37,11 @@ void Progress::update(const ProgressState& s, bool force) {
   if (!enabled_) return;
   const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   if (!force && t - last_ < (tty_ ? 0.2 : 5.0)) return;
+  if (force && !tty_ && s.done == printed_done_ && s.tokens == printed_tokens_) return;  // no news for a log
   last_ = t;
   printed_ = true;
+  printed_done_ = s.done;
+  printed_tokens_ = s.tokens;
   log_ << (tty_ ? "\r" : "") << "[strata] " << progress_line(s, t) << (tty_ ? "   " : "\n") << std::flush;
 }
 

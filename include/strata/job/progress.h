@@ -21,6 +21,8 @@ std::string progress_line(const ProgressState& s, double seconds);
 class Progress {
 public:
   Progress(std::ostream& log, bool enabled);
+  // Prints at most every 0.2 s on a terminal (one line, redrawn), every 5 s otherwise; `force`
+  // prints now, except a line that would repeat the last one printed to a file or pipe.
   void update(const ProgressState& s, bool force = false);
   void end();
 
@@ -30,6 +32,7 @@ private:
   std::chrono::steady_clock::time_point t0_;
   double last_ = -1e9;
   bool printed_ = false;
+  int64_t printed_done_ = -1, printed_tokens_ = -1;  // the state of the last line printed
 };
 
 }  // namespace strata
