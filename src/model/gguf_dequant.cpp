@@ -94,11 +94,12 @@ void deq_q2_k(const uint8_t* b, float* y) {
   const uint8_t* sc = b;
   const uint8_t* qs = b + 16;
   float d = ld_half(b + 80), dmin = ld_half(b + 82);
-  for (int e = 0; e < QK_K; ++e) {
-    int h = e / 128, s = (e % 128) / 32, l = e % 32;
-    int q = (qs[h * 32 + l] >> (2 * s)) & 3;
-    uint8_t k = sc[e / 16];
-    y[e] = d * float(k & 0xF) * float(q) - dmin * float(k >> 4);
+  // In runs of 16 elements (one scale and min, a fixed shift) that the compiler vectorizes.
+  for (int e0 = 0; e0 < QK_K; e0 += 16) {
+    const int h = e0 / 128, s = (e0 % 128) / 32, l0 = e0 % 32;
+    const uint8_t k = sc[e0 / 16];
+    const float dl = d * float(k & 0xF), ml = dmin * float(k >> 4);
+    for (int l = 0; l < 16; ++l) y[e0 + l] = dl * float((qs[h * 32 + l0 + l] >> (2 * s)) & 3) - ml;
   }
 }
 
@@ -110,13 +111,16 @@ void deq_q3_k(const uint8_t* b, float* y) {
   const uint8_t* qs = b + 32;
   const uint8_t* sc = b + 96;
   float d = ld_half(b + 108);
-  for (int e = 0; e < QK_K; ++e) {
-    int h = e / 128, s = (e % 128) / 32, l = e % 32;
-    int q = (qs[h * 32 + l] >> (2 * s)) & 3;
-    if (!((hm[l] >> (e / 32)) & 1)) q -= 4;
-    int i = e / 16;
-    int scale = ((sc[i % 8] >> (4 * (i / 8))) & 0xF) | (((sc[8 + i % 4] >> (2 * (i / 4))) & 3) << 4);
-    y[e] = d * float(scale - 32) * float(q);
+  // In runs of 16 elements (one scale, fixed shifts) that the compiler vectorizes.
+  for (int e0 = 0; e0 < QK_K; e0 += 16) {
+    const int h = e0 / 128, s = (e0 % 128) / 32, l0 = e0 % 32, bit = e0 / 32, i = e0 / 16;
+    const int scale = ((sc[i % 8] >> (4 * (i / 8))) & 0xF) | (((sc[8 + i % 4] >> (2 * (i / 4))) & 3) << 4);
+    const float ds = d * float(scale - 32);
+    for (int l = 0; l < 16; ++l) {
+      int q = (qs[h * 32 + l0 + l] >> (2 * s)) & 3;
+      if (!((hm[l0 + l] >> bit) & 1)) q -= 4;
+      y[e0 + l] = ds * float(q);
+    }
   }
 }
 
@@ -169,12 +173,20 @@ void deq_q6_k(const uint8_t* b, float* y) {
   const uint8_t* qh = b + 128;
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
   float d = ld_half(b + 208);
-  for (int e = 0; e < QK_K; ++e) {
-    int h = e / 128, r = e % 128;
-    int lo = (ql[h * 64 + r % 64] >> (4 * (r / 64))) & 0xF;
-    int hi = (qh[h * 32 + r % 32] >> (2 * (r / 32))) & 3;
-    y[e] = d * float(sc[e / 16]) * float((lo | (hi << 4)) - 32);
-  }
+  // In runs of 16 elements (one scale, fixed shifts) that the compiler vectorizes.
+  for (int h = 0; h < 2; ++h)
+    for (int q = 0; q < 4; ++q)  // r / 32
+      for (int half = 0; half < 2; ++half) {
+        const int r0 = q * 32 + half * 16, e0 = h * 128 + r0;
+        const uint8_t* lo_bytes = ql + h * 64 + r0 % 64;
+        const uint8_t* hi_bytes = qh + h * 32 + half * 16;
+        const float ds = d * float(sc[e0 / 16]);
+        for (int l = 0; l < 16; ++l) {
+          const int lo = (lo_bytes[l] >> (4 * (q / 2))) & 0xF;
+          const int hi = (hi_bytes[l] >> (2 * q)) & 3;
+          y[e0 + l] = ds * float((lo | (hi << 4)) - 32);
+        }
+      }
 }
 
 using BlockFn = void (*)(const uint8_t*, float*);
@@ -274,7 +286,10 @@ void ggml_dequantize(GgmlType type, const void* src, float* dst, int64_t n) {
   for (int64_t blk = 0; blk < n / bs; ++blk) {
     e->affine(p + blk * ts, a);
     float* y = dst + blk * bs;
-    for (int64_t i = 0; i < bs; ++i) y[i] = float(a.codes[i]) * a.scales[i / QK] + a.mins[i / QK];
+    for (int64_t g = 0; g < bs / QK; ++g) {  // a group's scale and minimum, hoisted
+      const float scale = a.scales[g], min = a.mins[g];
+      for (int64_t i = g * QK; i < (g + 1) * QK; ++i) y[i] = float(a.codes[i]) * scale + min;
+    }
   }
 }
 
