@@ -40,8 +40,8 @@ struct ModelWeights {
 
 // Reads every tensor the config implies from `source`, checks shapes, converts to the backend's
 // dtype and uploads. Missing, misshapen or unexpected extra tensors are errors naming them.
-// `threads` host threads convert (0: all cores; GGUF block types dequantize at a few hundred
-// million elements a second on one).
+// `threads` host threads convert (0: all cores; GGUF block types dequantize at 1-3 G elements a
+// second on one, bench_load).
 ModelWeights load_model_weights(const ModelConfig& cfg, const WeightSource& source, Backend& backend, int threads = 0);
 
 // The byte layout of one block of tensors (a layer, or the globals) as stored in a Buffer, in
@@ -91,7 +91,7 @@ struct CodesTally {
 // is quantized by the host reference); records the stored names it used in `used`, and counts
 // the compressed matrices in `tally`. The source's conversions and a matrix quantized here have
 // their rows spread over `pool` (one core quantizes about 0.55 G elements/s and dequantizes GGUF
-// K-quants at 0.3-1 G, slower than a disk delivers fp16 weights), else the calling thread does them all.
+// K-quants at 1-3 G, slower than a fast disk delivers them), else the calling thread does them all.
 void read_block(const BlockLayout& layout, const WeightSource& source, void* host_dst, std::set<std::string>& used,
                 CodesTally* tally = nullptr, ThreadPool* pool = nullptr);
 // Views of a layer block at `base` on `device`; no copy.
