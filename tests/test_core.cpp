@@ -58,6 +58,11 @@ TEST_CASE("convert_elements gives the scalar conversions' bits on every half and
     wrong += std::memcmp(&widened[i], &want, 4) != 0;
   }
   CHECK(wrong == 0);
+  std::vector<uint16_t> bf16_as_half(bf16s.size());  // every bf16 rounded to fp16 (NaNs included)
+  convert_elements(bf16s.data(), DType::BF16, bf16_as_half.data(), DType::F16, bf16s.size());
+  wrong = 0;
+  for (size_t i = 0; i < bf16s.size(); ++i) wrong += bf16_as_half[i] != float_to_half(bf16_to_float(bf16s[i]));
+  CHECK(wrong == 0);
 
   // Floats: a sweep of bit patterns (every class: zeros, subnormals, normals, infinities, NaNs),
   // then every tie between adjacent halves of both signs and the floats on either side of it.

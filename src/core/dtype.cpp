@@ -125,6 +125,21 @@ size_t floats_to_halves(const float* f, uint16_t* h, size_t n) {
   }
   return i;
 }
+// bf16 -> fp16 (a bf16 checkpoint onto the GPU): widened exactly into fp32 lanes, then rounded as
+// floats_to_halves does, NaN blocks through the scalar functions. Returns the elements done.
+size_t bf16s_to_halves(const uint16_t* b, uint16_t* h, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
+    const __m256 x = _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+    if (_mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)) != 0) {
+      for (size_t k = i; k < i + 8; ++k) h[k] = float_to_half(bf16_to_float(b[k]));
+      continue;
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  return i;
+}
 #endif
 
 }  // namespace
@@ -136,7 +151,7 @@ void convert_elements(const void* src, DType src_dtype, void* dst, DType dst_dty
     return;
   }
 #if defined(__F16C__) && defined(__AVX2__)
-  // Loading fp16 and bf16 checkpoints into fp32, and fp32 into fp16, vectorized: the same bits.
+  // Loading fp16 and bf16 checkpoints into fp32, fp32 and bf16 into fp16, vectorized: the same bits.
   if (src_dtype == DType::F16 && dst_dtype == DType::F32) {
     const size_t done = halves_to_floats(static_cast<const uint16_t*>(src), static_cast<float*>(dst), n);
     src = static_cast<const uint16_t*>(src) + done;
@@ -156,6 +171,11 @@ void convert_elements(const void* src, DType src_dtype, void* dst, DType dst_dty
   } else if (src_dtype == DType::F32 && dst_dtype == DType::F16) {
     const size_t done = floats_to_halves(static_cast<const float*>(src), static_cast<uint16_t*>(dst), n);
     src = static_cast<const float*>(src) + done;
+    dst = static_cast<uint16_t*>(dst) + done;
+    n -= done;
+  } else if (src_dtype == DType::BF16 && dst_dtype == DType::F16) {
+    const size_t done = bf16s_to_halves(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), n);
+    src = static_cast<const uint16_t*>(src) + done;
     dst = static_cast<uint16_t*>(dst) + done;
     n -= done;
   }
