@@ -78,7 +78,7 @@ private:
     auto it = linears_.find(name);
     if (it == linears_.end()) return plain_->read(name, dst_dtype, dst, pool);
     const PackedLinear& m = it->second;
-    const Unpacked u = unpack(name, m);
+    const Unpacked u = unpack(name, m, pool);
     auto* out = static_cast<uint8_t*>(dst);
     parallel_for(pool, m.out, [&](int64_t o0, int64_t o1) {
       std::vector<float> row(static_cast<size_t>(m.in));
@@ -100,7 +100,7 @@ private:
     if (it == linears_.end()) return plain_->read_codes(name, spec, dst, pool);
     const PackedLinear& m = it->second;
     if (format_.bits > spec.bits || m.group_size % spec.group_size != 0) return false;
-    const Unpacked u = unpack(name, m);
+    const Unpacked u = unpack(name, m, pool);
     // Only consecutive groups become Strata's (a desc_act checkpoint permutes its inputs).
     for (int64_t i = 0; i < m.in; ++i)
       if (u.group[size_t(i)] != i / m.group_size) return false;
@@ -188,7 +188,8 @@ private:
     names_.push_back(weight);
   }
 
-  Unpacked unpack(const std::string& name, const PackedLinear& m) const {
+  // The codes unpacked over `pool` where there is one (words of different inputs are independent).
+  Unpacked unpack(const std::string& name, const PackedLinear& m, ThreadPool* pool) const {
     const int bits = format_.bits, per_word = 32 / bits;
     const uint32_t mask = (1u << bits) - 1;
     Unpacked u;
@@ -199,15 +200,21 @@ private:
     u.codes.resize(size_t(m.out * m.in));
     if (awq) {
       const int64_t cols = m.qweight->shape[1];
-      for (int64_t i = 0; i < m.in; ++i)
-        for (int64_t o = 0; o < m.out; ++o)
-          u.codes[size_t(o * m.in + i)] = uint8_t((word_at(*m.qweight, size_t(i * cols + o / per_word)) >> out_shift(o)) & mask);
+      parallel_for(pool, m.in, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i)
+          for (int64_t o = 0; o < m.out; ++o)
+            u.codes[size_t(o * m.in + i)] =
+                uint8_t((word_at(*m.qweight, size_t(i * cols + o / per_word)) >> out_shift(o)) & mask);
+      });
     } else {
-      for (int64_t w = 0; w < m.qweight->shape[0]; ++w)
-        for (int64_t o = 0; o < m.out; ++o) {
-          const uint32_t word = word_at(*m.qweight, size_t(w * m.out + o));
-          for (int j = 0; j < per_word; ++j) u.codes[size_t(o * m.in + w * per_word + j)] = uint8_t((word >> (j * bits)) & mask);
-        }
+      parallel_for(pool, m.qweight->shape[0], [&](int64_t w0, int64_t w1) {
+        for (int64_t w = w0; w < w1; ++w)
+          for (int64_t o = 0; o < m.out; ++o) {
+            const uint32_t word = word_at(*m.qweight, size_t(w * m.out + o));
+            for (int j = 0; j < per_word; ++j)
+              u.codes[size_t(o * m.in + w * per_word + j)] = uint8_t((word >> (j * bits)) & mask);
+          }
+      });
     }
     u.scale.resize(size_t(m.groups * m.out));
     plain_->read(m.scales->name, DType::F32, u.scale.data());
