@@ -32,7 +32,7 @@ struct OffloadOptions {
   bool trace = false;     // keep a timeline for write_trace()
   // Called after each layer is placed in its tier at start-up (layers done, layers in all).
   std::function<void(int, int)> on_layer_loaded;
-  int cpu_threads = 0;    // threads of the CPU attention backend (0: all cores)
+  int cpu_threads = 0;    // threads of the CPU attention backend and of loading the weights (0: all cores)
   // Prompts of one prefill unit that begin alike compute the common beginning once (prefix_sharing.h).
   bool share_prefixes = true;
   PrefixSharingOptions prefix_sharing;
