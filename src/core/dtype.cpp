@@ -125,13 +125,22 @@ size_t floats_to_halves(const float* f, uint16_t* h, size_t n) {
   }
   return i;
 }
+// Eight bf16s as the fp32s they are the top halves of, exactly.
+__m256 widened_bf16s(const uint16_t* b) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+size_t bf16s_to_floats(const uint16_t* b, float* f, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(f + i, widened_bf16s(b + i));
+  return i;
+}
 // bf16 -> fp16 (a bf16 checkpoint onto the GPU): widened exactly into fp32 lanes, then rounded as
 // floats_to_halves does, NaN blocks through the scalar functions. Returns the elements done.
 size_t bf16s_to_halves(const uint16_t* b, uint16_t* h, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
-    const __m256 x = _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+    const __m256 x = widened_bf16s(b + i);
     if (_mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)) != 0) {
       for (size_t k = i; k < i + 8; ++k) h[k] = float_to_half(bf16_to_float(b[k]));
       continue;
@@ -152,33 +161,19 @@ void convert_elements(const void* src, DType src_dtype, void* dst, DType dst_dty
   }
 #if defined(__F16C__) && defined(__AVX2__)
   // Loading fp16 and bf16 checkpoints into fp32, fp32 and bf16 into fp16, vectorized: the same bits.
-  if (src_dtype == DType::F16 && dst_dtype == DType::F32) {
-    const size_t done = halves_to_floats(static_cast<const uint16_t*>(src), static_cast<float*>(dst), n);
-    src = static_cast<const uint16_t*>(src) + done;
-    dst = static_cast<float*>(dst) + done;
-    n -= done;
-  } else if (src_dtype == DType::BF16 && dst_dtype == DType::F32) {  // the top half of an fp32, exactly
-    const auto* b = static_cast<const uint16_t*>(src);
-    auto* f = static_cast<float*>(dst);
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(f + i), _mm256_slli_epi32(x, 16));
-    }
-    src = b + i;
-    dst = f + i;
-    n -= i;
-  } else if (src_dtype == DType::F32 && dst_dtype == DType::F16) {
-    const size_t done = floats_to_halves(static_cast<const float*>(src), static_cast<uint16_t*>(dst), n);
-    src = static_cast<const float*>(src) + done;
-    dst = static_cast<uint16_t*>(dst) + done;
-    n -= done;
-  } else if (src_dtype == DType::BF16 && dst_dtype == DType::F16) {
-    const size_t done = bf16s_to_halves(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), n);
-    src = static_cast<const uint16_t*>(src) + done;
-    dst = static_cast<uint16_t*>(dst) + done;
-    n -= done;
-  }
+  size_t done = 0;
+  if (src_dtype == DType::F16 && dst_dtype == DType::F32)
+    done = halves_to_floats(static_cast<const uint16_t*>(src), static_cast<float*>(dst), n);
+  else if (src_dtype == DType::BF16 && dst_dtype == DType::F32)
+    done = bf16s_to_floats(static_cast<const uint16_t*>(src), static_cast<float*>(dst), n);
+  else if (src_dtype == DType::F32 && dst_dtype == DType::F16)
+    done = floats_to_halves(static_cast<const float*>(src), static_cast<uint16_t*>(dst), n);
+  else if (src_dtype == DType::BF16 && dst_dtype == DType::F16)
+    done = bf16s_to_halves(static_cast<const uint16_t*>(src), static_cast<uint16_t*>(dst), n);
+  // The scalar loop below takes the rest.
+  src = static_cast<const uint8_t*>(src) + done * dtype_size(src_dtype);
+  dst = static_cast<uint8_t*>(dst) + done * dtype_size(dst_dtype);
+  n -= done;
 #endif
   auto load = [&](size_t i) -> float {
     switch (src_dtype) {
