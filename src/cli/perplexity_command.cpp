@@ -22,7 +22,7 @@ void add_perplexity_command(CLI::App& app) {
   cmd->add_option("--device", opt->device, "cpu, cuda or auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
-  cmd->add_option("--threads", opt->threads, "CPU threads for the cpu backend (0: all cores)")->capture_default_str();
+  cmd->add_option("--threads", opt->threads, "CPU threads: the cpu backend, CPU attention under --policy and loading the weights (0: all cores)")->capture_default_str();
   cmd->add_option("--policy", opt->policy,
                   "placement policy YAML (policies/): score through the offloading engine, with the policy's "
                   "placement and compression, as strata run --policy")

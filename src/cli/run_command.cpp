@@ -27,7 +27,7 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--batch-size", opt->batch_size, "sequences generated together")->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--threads", opt->threads, "CPU threads for the cpu backend and for checking the input (0: all cores)")->capture_default_str();
+  cmd->add_option("--threads", opt->threads, "CPU threads: the cpu backend, CPU attention under --policy, loading the weights and checking the input (0: all cores)")->capture_default_str();
   auto* prefill = cmd->add_option("--prefill-tokens", opt->prefill_token_budget,
                                   "tokens per prefill step (under --policy: the policy's prefill_tokens, else 1024)")
                        ->check(CLI::PositiveNumber)

@@ -59,6 +59,8 @@ public:
     STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     try {
       for (cudaStream_t& s : copy_streams_) STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      for (cudaEvent_t& e : copy_done_)
+        STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventBlockingSync | cudaEventDisableTiming));
       STRATA_CUBLAS_CHECK(cublasCreate(&cublas_));
       STRATA_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
       STRATA_CUDA_CHECK(cudaMalloc(&workspace_, kCublasWorkspaceBytes));
@@ -144,15 +146,23 @@ public:
 
   // Each direction has its own stream; the caller's thread waits on that stream only, so a copy
   // lane never waits for compute (the schedule orders them with its per-step synchronization).
+  // The wait sleeps on a blocking-sync event: with one context on a many-core host, CUDA's default
+  // is to spin in cudaStreamSynchronize, and a copy lane would then hold a core for the whole of
+  // a weights load, the time the CPU attention's threads need every core (docs/offload.md,
+  // "Lanes"). A copy is large, so the wake-up's microseconds do not count.
   void copy_2d(CopyKind kind, void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                size_t rows) override {
     if (width == 0 || rows == 0) return;
     bind();
-    cudaStream_t s = copy_streams_[kind == CopyKind::HostToDevice ? 0 : 1];
+    const int direction = kind == CopyKind::HostToDevice ? 0 : 1;
+    cudaStream_t s = copy_streams_[direction];
     const cudaMemcpyKind k = kind == CopyKind::HostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
     if (rows == 1) STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, width, k, s));
     else STRATA_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, k, s));
-    STRATA_CUDA_CHECK(cudaStreamSynchronize(s));
+    // A later record by another thread only makes this wait longer, never too short: the stream
+    // runs in order.
+    STRATA_CUDA_CHECK(cudaEventRecord(copy_done_[direction], s));
+    STRATA_CUDA_CHECK(cudaEventSynchronize(copy_done_[direction]));
   }
 
   size_t available_memory() const override {
@@ -544,6 +554,10 @@ private:
       if (s) (void)cudaStreamDestroy(s);
       s = nullptr;
     }
+    for (cudaEvent_t& e : copy_done_) {
+      if (e) (void)cudaEventDestroy(e);
+      e = nullptr;
+    }
     cublas_ = nullptr;
     workspace_ = nullptr;
     stream_ = nullptr;
@@ -552,6 +566,7 @@ private:
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_streams_[2] = {nullptr, nullptr};  // host-to-device, device-to-host
+  cudaEvent_t copy_done_[2] = {nullptr, nullptr};      // each copy stream's last copy, waited on by blocking
   cublasHandle_t cublas_ = nullptr;
   void* workspace_ = nullptr;
 };
