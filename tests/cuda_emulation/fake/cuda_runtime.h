@@ -1,3 +1,60 @@
-// Stands in for the CUDA runtime header in the emulated build (emulation.h).
+// Stands in for the CUDA runtime header in the emulated build (emulation.h): the kernels' launch
+// emulation, and the runtime calls cuda_backend.cpp makes, served from host memory by
+// ../fake_runtime.cpp (one device, streams and events that complete every call before it
+// returns). tests/cuda_emulation/README.md says what that can and cannot show.
 #pragma once
+#include <cstddef>
+
 #include "emulation.h"
+
+// The codes the backend names; values as in driver_types.h.
+constexpr cudaError_t cudaSuccess = 0;
+constexpr cudaError_t cudaErrorInvalidValue = 1;
+constexpr cudaError_t cudaErrorMemoryAllocation = 2;
+constexpr cudaError_t cudaErrorNoDevice = 100;
+constexpr cudaError_t cudaErrorInvalidDevice = 101;
+
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4
+};
+constexpr unsigned cudaStreamNonBlocking = 0x01;
+constexpr unsigned cudaEventBlockingSync = 0x01;
+constexpr unsigned cudaEventDisableTiming = 0x02;
+constexpr unsigned cudaHostAllocPortable = 0x01;
+
+using cudaEvent_t = struct EmulatedEvent*;
+
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  int major, minor, multiProcessorCount;
+};
+
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaGetLastError();
+const char* cudaGetErrorName(cudaError_t err);
+const char* cudaGetErrorString(cudaError_t err);
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes);
+cudaError_t cudaFree(void* ptr);
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned flags);
+cudaError_t cudaFreeHost(void* ptr);
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream);
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                              size_t rows, cudaMemcpyKind kind, cudaStream_t stream);

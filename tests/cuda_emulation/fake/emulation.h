@@ -1,10 +1,10 @@
-// A thread-per-lane CPU emulation of the CUDA features our kernels use, so their source runs on
-// the host (tests/cuda_emulation/README.md). Each thread of a block is a host thread;
-// the block's threads step through the grid's blocks together. __syncthreads and __syncwarp are
-// barriers, shuffles exchange through a per-warp array between two barriers, and __shared__
-// variables are function statics (blocks run one after another). Run under ThreadSanitizer, a
-// missing barrier between lanes shows as a data race. Not a CUDA implementation: no memory
-// model beyond the barriers, no timing, no hardware limits.
+// A CPU emulation of the CUDA features our kernels use, so their source runs on the host
+// (tests/cuda_emulation/README.md). Each thread of a block is a lane (a fiber, or a host thread
+// under ThreadSanitizer: run_lanes below); the block's lanes step through the grid's blocks
+// together. __syncthreads and __syncwarp are barriers, shuffles exchange through a per-warp array
+// between two barriers, and __shared__ variables are function statics (blocks run one after
+// another). Run under ThreadSanitizer, a missing barrier between lanes shows as a data race. Not
+// a CUDA implementation: no memory model beyond the barriers, no timing, no hardware limits.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -13,10 +13,18 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <semaphore>
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#include <ucontext.h>
 
 #define __global__
 #define __device__
@@ -58,8 +66,208 @@ inline thread_local dim3 gridDim;
 
 namespace emu {
 
+// Lanes: a block's threads, run by run_lanes(threads, body), which returns when body(tid) has
+// returned on every lane; they meet at Barriers. Under ThreadSanitizer each lane is a host thread
+// (LanePool), so a missing barrier between two lanes is a data race TSan reports. Otherwise lanes
+// are fibers on the launching thread, switched only at barriers (FiberLanes): a model's forward
+// pass launches thousands of kernels, and with a thread per lane the emulated CUDA backend spent
+// most of its time in the scheduler (README.md, "The emulated CUDA backend"). Launches from
+// several host threads take turns either way, as their kernels' __shared__ statics require.
+#if defined(__SANITIZE_THREAD__)
+using Barrier = std::barrier<>;
+
+// The host threads that play the lanes, kept between launches (creating a block's threads for
+// each launch took longer than its kernel). Lane i always runs on pooled thread i.
+class LanePool {
+public:
+  static LanePool& instance() {
+    static LanePool* pool = new LanePool;  // never destroyed: its threads wait until the process ends
+    return *pool;
+  }
+  // body(tid) on `threads` lanes; returns when every lane has returned.
+  template <class Body>
+  void run(int threads, const Body& body) {
+    std::lock_guard<std::mutex> launch(launch_mu_);
+    while (int(lanes_.size()) < threads) lanes_.push_back(std::make_unique<Lane>(*this));
+    std::function<void(int)> job = [&body](int tid) { body(tid); };
+    job_ = &job;
+    running_.store(threads);
+    for (int tid = 0; tid < threads; ++tid) lanes_[size_t(tid)]->start(tid);
+    for (int left = running_.load(); left != 0; left = running_.load()) running_.wait(left);
+    job_ = nullptr;
+  }
+
+private:
+  struct Lane {
+    explicit Lane(LanePool& pool) : thread([this, &pool] { loop(pool); }) {}
+    void start(int id) {
+      tid = id;
+      go.release();
+    }
+    [[noreturn]] void loop(LanePool& pool) {
+      while (true) {
+        go.acquire();
+        (*pool.job_)(tid);
+        if (pool.running_.fetch_sub(1) == 1) pool.running_.notify_one();
+      }
+    }
+    std::binary_semaphore go{0};
+    int tid = 0;
+    std::thread thread;  // last: starts after the members it reads
+  };
+  std::mutex launch_mu_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  const std::function<void(int)>* job_ = nullptr;
+  std::atomic<int> running_{0};
+};
+
+template <class Body>
+void run_lanes(int threads, const Body& body) {
+  LanePool::instance().run(threads, body);
+}
+#else
+// Cooperative lanes: one fiber per lane, resumed in turn by the launching thread. A lane runs
+// until it waits at a barrier or returns; the last lane to arrive opens the barrier, and the
+// lanes waiting there go on when their turn comes. threadIdx is per host thread, so it is set to
+// the lane's own before each resume. On x86-64 a fiber switch is strata_emu_switch
+// (../fiber_switch.cpp), elsewhere ucontext's swapcontext.
+#if defined(__x86_64__)
+extern "C" void strata_emu_switch(void** save_sp, void* load_sp);
+#endif
+class FiberLanes {
+public:
+  static FiberLanes& instance() {
+    static FiberLanes* lanes = new FiberLanes;  // never destroyed, like the stacks it keeps
+    return *lanes;
+  }
+  template <class Body>
+  void run(int threads, const Body& body) {
+    std::lock_guard<std::mutex> launch(launch_mu_);
+    std::function<void(int)> job = [&body](int tid) { body(tid); };
+    job_ = &job;
+    while (int(fibers_.size()) < threads) fibers_.push_back(std::make_unique<Fiber>());
+    for (int tid = 0; tid < threads; ++tid) fibers_[size_t(tid)]->prepare(&scheduler_);
+    for (int left = threads; left > 0;) {
+      const uint64_t before = progress_;
+      for (int tid = 0; tid < threads; ++tid) {
+        Fiber& f = *fibers_[size_t(tid)];
+        if (f.done) continue;
+        current_ = tid;
+        threadIdx = uint3{};
+        threadIdx.x = unsigned(tid);
+        switch_to(scheduler_, f);
+        if (f.done) --left, ++progress_;
+      }
+      if (left > 0 && progress_ == before) {
+        std::fprintf(stderr, "emulation: every lane waits at a barrier that cannot open (a barrier in divergent code?)\n");
+        std::abort();
+      }
+    }
+    job_ = nullptr;
+  }
+  // Called by a lane at a barrier it cannot pass yet: back to the launching thread's loop.
+  void yield() { switch_back(*fibers_[size_t(current_)], scheduler_); }
+  void opened() { ++progress_; }
+
+private:
+#if defined(__x86_64__)
+  struct Context {
+    void* sp = nullptr;
+  };
+#else
+  struct Context {
+    ucontext_t uc{};
+  };
+#endif
+  struct Fiber {
+    static constexpr size_t kStackBytes = size_t(256) << 10;
+    std::unique_ptr<char[]> stack = std::make_unique_for_overwrite<char[]>(kStackBytes);  // pages touched as used
+    Context context;
+    bool done = false;
+    // A fresh start of FiberLanes::start on this fiber's stack.
+    void prepare([[maybe_unused]] Context* scheduler) {
+      done = false;
+#if defined(__x86_64__)
+      // The frame strata_emu_switch pops: control words, r15..r12, rbx, rbp (zero), then the
+      // "return" into start, which begins as if called (rsp = 8 mod 16).
+      auto* p = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(stack.get()) + kStackBytes) & ~uintptr_t(15));
+      uint32_t mxcsr = 0;
+      uint16_t fpu_control = 0;
+      asm volatile("stmxcsr %0" : "=m"(mxcsr));
+      asm volatile("fnstcw %0" : "=m"(fpu_control));
+      *--p = 0;
+      *--p = reinterpret_cast<uint64_t>(&FiberLanes::start);
+      for (int r = 0; r < 6; ++r) *--p = 0;
+      *--p = uint64_t(mxcsr) | uint64_t(fpu_control) << 32;
+      context.sp = p;
+#else
+      getcontext(&context.uc);
+      context.uc.uc_stack.ss_sp = stack.get();
+      context.uc.uc_stack.ss_size = kStackBytes;
+      context.uc.uc_link = &scheduler->uc;
+      makecontext(&context.uc, reinterpret_cast<void (*)()>(&FiberLanes::start), 0);
+#endif
+    }
+  };
+  static void switch_to(Context& from, Fiber& to) {
+#if defined(__x86_64__)
+    strata_emu_switch(&from.sp, to.context.sp);
+#else
+    swapcontext(&from.uc, &to.context.uc);
+#endif
+  }
+  static void switch_back(Fiber& from, Context& to) {
+#if defined(__x86_64__)
+    strata_emu_switch(&from.context.sp, to.sp);
+#else
+    swapcontext(&from.context.uc, &to.uc);
+#endif
+  }
+  static void start() {
+    FiberLanes& self = instance();
+    Fiber& f = *self.fibers_[size_t(self.current_)];
+    (*self.job_)(self.current_);
+    f.done = true;
+#if defined(__x86_64__)
+    switch_back(f, self.scheduler_);  // never resumed: the next launch prepares the fiber afresh
+    std::abort();
+#endif  // else returning resumes the scheduler (uc_link)
+  }
+  std::mutex launch_mu_;
+  std::vector<std::unique_ptr<Fiber>> fibers_;
+  const std::function<void(int)>* job_ = nullptr;
+  Context scheduler_;
+  int current_ = 0;
+  uint64_t progress_ = 0;  // barriers opened and lanes finished: a round without any is a deadlock
+};
+
+class Barrier {
+public:
+  explicit Barrier(int lanes) : lanes_(lanes) {}
+  void arrive_and_wait() {
+    if (++arrived_ == lanes_) {  // the last lane opens it and goes on
+      arrived_ = 0;
+      ++phase_;
+      FiberLanes::instance().opened();
+      return;
+    }
+    const uint64_t phase = phase_;
+    while (phase_ == phase) FiberLanes::instance().yield();
+  }
+
+private:
+  int lanes_, arrived_ = 0;
+  uint64_t phase_ = 0;
+};
+
+template <class Body>
+void run_lanes(int threads, const Body& body) {
+  FiberLanes::instance().run(threads, body);
+}
+#endif
+
 struct Warp {
-  std::barrier<> bar{32};
+  Barrier bar{32};
   uint64_t exchange[32];
   float a[256], b[256], c[256];  // an MMA's operands, gathered from the lanes (mma.h)
 };
@@ -67,7 +275,7 @@ struct Warp {
 struct Block {
   Block(int threads, size_t shared_bytes)
       : bar(threads), warps(size_t(threads + 31) / 32), dynamic_shared((shared_bytes + 15) / 16) {}
-  std::barrier<> bar;
+  Barrier bar;
   std::atomic<int> count{0};
   std::vector<Warp> warps;
   std::vector<uint4> dynamic_shared;  // `extern __shared__` memory, 16-byte aligned
@@ -86,24 +294,21 @@ T* dynamic_shared() {
 template <class Kernel, class... Args>
 void launch(Kernel kernel, dim3 grid, int threads, size_t shared_bytes, const Args&... args) {
   Block ctx(threads, shared_bytes);
-  std::vector<std::thread> pool;
-  for (int tid = 0; tid < threads; ++tid) {
-    pool.emplace_back([&, tid] {
-      block = &ctx;
-      threadIdx.x = unsigned(tid);
-      blockDim = dim3(unsigned(threads));
-      gridDim = grid;
-      for (unsigned by = 0; by < grid.y; ++by) {
-        for (unsigned bx = 0; bx < grid.x; ++bx) {
-          blockIdx.x = bx;
-          blockIdx.y = by;
-          kernel(args...);
-          ctx.bar.arrive_and_wait();  // every thread has left this block (returns are block-uniform)
-        }
+  run_lanes(threads, [&](int tid) {
+    block = &ctx;
+    threadIdx = uint3{};
+    threadIdx.x = unsigned(tid);
+    blockDim = dim3(unsigned(threads));
+    gridDim = grid;
+    for (unsigned by = 0; by < grid.y; ++by) {
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        blockIdx.x = bx;
+        blockIdx.y = by;
+        kernel(args...);
+        ctx.bar.arrive_and_wait();  // every thread has left this block (returns are block-uniform)
       }
-    });
-  }
-  for (std::thread& t : pool) t.join();
+    }
+  });
 }
 
 // `kernel<<<grid, block, shared_bytes, stream>>>(args...)` becomes, in the rewritten sources

@@ -1,0 +1,279 @@
+// The CUDA runtime and cuBLAS calls of cuda_backend.cpp, served from host memory, so the whole
+// CUDA backend (its entries, the kernels' emulated source, the offloading engine over fp16 homes)
+// runs in tests without a GPU (README.md, "The emulated CUDA backend"). One device of
+// kEmulatedDeviceBytes; every copy and GEMM completes before its call returns, so streams and
+// events have nothing to wait for. Copies check that the side the kind calls device memory lies
+// inside one cudaMalloc allocation and the host side does not, which catches a host pointer
+// handed to the device or the reverse (a kernel's arguments are not checked).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+namespace {
+
+constexpr size_t kEmulatedDeviceBytes = size_t(8) << 30;
+constexpr int kDevices = 1;
+
+struct DeviceMemory {
+  std::mutex mu;
+  std::map<uintptr_t, size_t> blocks;  // start -> bytes
+  size_t used = 0;
+};
+DeviceMemory& device_memory() {
+  static DeviceMemory m;
+  return m;
+}
+thread_local cudaError_t last_error = cudaSuccess;
+
+cudaError_t fail(cudaError_t err) {
+  last_error = err;
+  return err;
+}
+
+// [p, p + bytes) inside one device allocation.
+bool on_device(const void* p, size_t bytes) {
+  DeviceMemory& m = device_memory();
+  std::lock_guard<std::mutex> lock(m.mu);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = m.blocks.upper_bound(a);
+  if (it == m.blocks.begin()) return false;
+  --it;
+  return a >= it->first && a + bytes <= it->first + it->second;
+}
+// No byte of [p, p + bytes) is device memory.
+bool off_device(const void* p, size_t bytes) {
+  DeviceMemory& m = device_memory();
+  std::lock_guard<std::mutex> lock(m.mu);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = m.blocks.lower_bound(a + bytes);
+  if (it == m.blocks.begin()) return true;
+  --it;
+  return it->first + it->second <= a;
+}
+bool sides_ok(void* dst, size_t dst_span, const void* src, size_t src_span, cudaMemcpyKind kind) {
+  switch (kind) {
+    case cudaMemcpyHostToDevice: return on_device(dst, dst_span) && off_device(src, src_span);
+    case cudaMemcpyDeviceToHost: return off_device(dst, dst_span) && on_device(src, src_span);
+    case cudaMemcpyDeviceToDevice: return on_device(dst, dst_span) && on_device(src, src_span);
+    default: return false;  // the backend always names the direction
+  }
+}
+
+float half_bits_to_float(uint16_t bits) { return float(std::bit_cast<_Float16>(bits)); }
+uint16_t float_to_half_bits(float f) { return std::bit_cast<uint16_t>(_Float16(f)); }
+
+}  // namespace
+
+struct EmulatedEvent {
+  unsigned flags = 0;
+};
+struct EmulatedCublas {
+  cudaStream_t stream = nullptr;
+};
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = kDevices;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  return device >= 0 && device < kDevices ? cudaSuccess : fail(cudaErrorInvalidDevice);
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (device < 0 || device >= kDevices) return fail(cudaErrorInvalidDevice);
+  *prop = cudaDeviceProp{};
+  std::strncpy(prop->name, "Emulated CUDA device (host)", sizeof(prop->name) - 1);
+  prop->totalGlobalMem = kEmulatedDeviceBytes;
+  prop->major = 9;
+  prop->multiProcessorCount = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError() {
+  const cudaError_t err = last_error;
+  last_error = cudaSuccess;
+  return err;
+}
+const char* cudaGetErrorName(cudaError_t err) {
+  switch (err) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    default: return "cudaErrorUnknown";
+  }
+}
+const char* cudaGetErrorString(cudaError_t err) {
+  switch (err) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    default: return "unknown error";
+  }
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+  DeviceMemory& m = device_memory();
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (bytes > kEmulatedDeviceBytes - m.used) return fail(cudaErrorMemoryAllocation);
+  }
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;  // cudaMalloc aligns to 256
+  void* p = std::aligned_alloc(256, rounded);
+  if (p == nullptr) return fail(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.blocks[reinterpret_cast<uintptr_t>(p)] = bytes;
+  m.used += bytes;
+  *ptr = p;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  DeviceMemory& m = device_memory();
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto it = m.blocks.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == m.blocks.end()) return fail(cudaErrorInvalidValue);
+  m.used -= it->second;
+  m.blocks.erase(it);
+  std::free(ptr);
+  return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  DeviceMemory& m = device_memory();
+  std::lock_guard<std::mutex> lock(m.mu);
+  *free_bytes = kEmulatedDeviceBytes - m.used;
+  *total_bytes = kEmulatedDeviceBytes;
+  return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned) {
+  void* p = std::aligned_alloc(4096, (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096);  // page-aligned, as pinned memory
+  if (p == nullptr) return fail(cudaErrorMemoryAllocation);
+  *ptr = p;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* ptr) {
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  *stream = new char;  // a distinct handle; work on it completes as it is issued
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete static_cast<char*>(stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
+  *event = new EmulatedEvent{flags};
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  delete event;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t) { return event ? cudaSuccess : fail(cudaErrorInvalidValue); }
+cudaError_t cudaEventSynchronize(cudaEvent_t event) { return event ? cudaSuccess : fail(cudaErrorInvalidValue); }
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+  if (bytes == 0) return cudaSuccess;
+  if (!sides_ok(dst, bytes, src, bytes, kind)) return fail(cudaErrorInvalidValue);
+  std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                              size_t rows, cudaMemcpyKind kind, cudaStream_t) {
+  if (width == 0 || rows == 0) return cudaSuccess;
+  if (width > dst_pitch || width > src_pitch) return fail(cudaErrorInvalidValue);
+  const size_t dst_span = (rows - 1) * dst_pitch + width, src_span = (rows - 1) * src_pitch + width;
+  if (!sides_ok(dst, dst_span, src, src_span, kind)) return fail(cudaErrorInvalidValue);
+  for (size_t r = 0; r < rows; ++r)
+    std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+  return cudaSuccess;
+}
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+  *handle = new EmulatedCublas;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  handle->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void* workspace, size_t bytes) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  return bytes == 0 || on_device(workspace, bytes) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+}
+const char* cublasGetStatusName(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "CUBLAS_STATUS_UNKNOWN";
+  }
+}
+const char* cublasGetStatusString(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
+    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
+    default: return "unknown status";
+  }
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void* alpha, const void* A, cudaDataType a_type, int lda, const void* B,
+                            cudaDataType b_type, int ldb, const void* beta, void* C, cudaDataType c_type, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (a_type != CUDA_R_16F || b_type != CUDA_R_16F || (c_type != CUDA_R_16F && c_type != CUDA_R_32F) ||
+      compute != CUBLAS_COMPUTE_32F)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) || ldc < std::max(1, m))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  const size_t c_size = c_type == CUDA_R_32F ? 4 : 2;
+  const size_t a_cols = transa == CUBLAS_OP_N ? size_t(k) : size_t(m), b_cols = transb == CUBLAS_OP_N ? size_t(n) : size_t(k);
+  if ((k > 0 && (!on_device(A, ((a_cols - 1) * size_t(lda) + size_t(a_rows)) * 2) ||
+                 !on_device(B, ((b_cols - 1) * size_t(ldb) + size_t(b_rows)) * 2))) ||
+      !on_device(C, ((size_t(n) - 1) * size_t(ldc) + size_t(m)) * c_size))
+    return CUBLAS_STATUS_INVALID_VALUE;  // cuBLAS would fault; name the mistake instead
+  const auto* a = static_cast<const uint16_t*>(A);
+  const auto* b = static_cast<const uint16_t*>(B);
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < m; ++i) {
+      float acc = 0;
+      for (int l = 0; l < k; ++l) {
+        const uint16_t av = transa == CUBLAS_OP_N ? a[size_t(i) + size_t(l) * size_t(lda)] : a[size_t(l) + size_t(i) * size_t(lda)];
+        const uint16_t bv = transb == CUBLAS_OP_N ? b[size_t(l) + size_t(j) * size_t(ldb)] : b[size_t(j) + size_t(l) * size_t(ldb)];
+        acc += half_bits_to_float(av) * half_bits_to_float(bv);
+      }
+      const size_t at = size_t(i) + size_t(j) * size_t(ldc);
+      if (c_type == CUDA_R_32F) {
+        float* c = static_cast<float*>(C);
+        c[at] = al * acc + (be != 0.0f ? be * c[at] : 0.0f);  // beta 0: C is not read, as cuBLAS
+      } else {
+        uint16_t* c = static_cast<uint16_t*>(C);
+        c[at] = float_to_half_bits(al * acc + (be != 0.0f ? be * half_bits_to_float(c[at]) : 0.0f));
+      }
+    }
+  return CUBLAS_STATUS_SUCCESS;
+}
