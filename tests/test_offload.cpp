@@ -597,3 +597,68 @@ TEST_CASE("CUDA compressed: every placement gives the all-on-GPU compressed run'
     }
   }
 }
+
+TEST_CASE("CUDA: attention delegated to the CPU gives the GPU attention's tokens where their margin allows",
+          "[offload][cuda]") {
+  if (!cuda_available()) {
+    WARN("no GPU: skipped");
+    return;
+  }
+  // With cpu_attention, each decode step copies q, k and v to the host, stores k and v in the
+  // host's cache (fp16 or codes) and attends there in fp32; the same policy without it brings the
+  // cache to the GPU's kernel instead. The two sum in different orders and round the attention's
+  // output to fp16 at different points, so the logits agree to fp16 tolerance, not bit for bit:
+  // every step's log-probability of the token both chose within 0.05 (an NLL moves by at most
+  // twice test_model_hf.cpp's CUDA logit bound, 0.034 at these logits), and where the tokens part,
+  // the GPU run's top two within 0.05 of each other there.
+  constexpr double kTolerance = 0.05;
+  auto backend = make_cuda_backend(0);
+  // The delegated policies of the compressed grid take turns over two models (grouped-query and
+  // multi-head attention) and over the cache kinds, fp16 rows and the grid's codes, so each kind
+  // meets several placements on both models.
+  const char* const names[] = {"tiny-llama", "tiny-opt"};
+  std::vector<ModelBundle> models;
+  std::vector<std::vector<GenRequest>> requests;
+  for (const char* name : names) {
+    models.push_back(open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name));
+    requests.push_back(fixture_requests(load_expected(name)));
+    for (GenRequest& r : requests.back()) r.logprobs = 2;
+  }
+  int delegated = 0, with_codes = 0;
+  for (const OffloadOptions& opt : compressed_grid()) {
+    if (!opt.policy.cpu_attention || opt.policy.kv_cache.gpu == 100) continue;  // nothing delegated
+    const size_t m = size_t(delegated++ % 2);
+    OffloadOptions cpu = opt;
+    cpu.policy.compress_weights.reset();  // the weights' kernels are the grids' above; this is about the cache
+    if ((delegated / 2) % 2 == 0) cpu.policy.compress_kv_cache.reset();
+    with_codes += cpu.policy.compress_kv_cache ? 1 : 0;
+    OffloadOptions gpu = cpu;
+    gpu.policy.cpu_attention = false;
+    const ModelBundle& model = models[m];
+    const std::vector<GenRequest>& reqs = requests[m];
+    OffloadEngine cpu_engine(model.config, *model.weights, *backend, cpu, shape_of(reqs));
+    const std::vector<GenResult> got = run_blocks(cpu_engine, reqs);
+    OffloadEngine gpu_engine(model.config, *model.weights, *backend, gpu, shape_of(reqs));
+    const std::vector<GenResult> want = run_blocks(gpu_engine, reqs);
+    // The delegated run attended where the cache lives: the cache did not cross to the GPU.
+    CHECK(cpu_engine.report().cpu_to_gpu.bytes < gpu_engine.report().cpu_to_gpu.bytes);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      INFO(names[m] << ", " << describe(cpu.policy) << ", " << describe_compression(cpu.policy) << ", prompt " << i);
+      REQUIRE(got[i].logprobs.size() == got[i].tokens.size());
+      REQUIRE(want[i].logprobs.size() == want[i].tokens.size());
+      for (size_t t = 0; t < std::min(got[i].tokens.size(), want[i].tokens.size()); ++t) {
+        INFO("token " << t);
+        if (got[i].tokens[t] != want[i].tokens[t]) {
+          const std::vector<TokenLogprob>& top = want[i].logprobs[t].top;
+          REQUIRE(top.size() == 2);
+          CHECK(top[0].logprob - top[1].logprob < kTolerance);
+          break;
+        }
+        CHECK(std::fabs(got[i].logprobs[t].sampled.logprob - want[i].logprobs[t].sampled.logprob) < kTolerance);
+      }
+    }
+  }
+  CHECK(delegated >= 8);
+  CHECK(with_codes >= 2);
+}
