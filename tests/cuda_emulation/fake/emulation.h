@@ -155,7 +155,7 @@ public:
         current_ = tid;
         threadIdx = uint3{};
         threadIdx.x = unsigned(tid);
-        switch_to(scheduler_, f);
+        swap(scheduler_, f.context);
         if (f.done) --left, ++progress_;
       }
       if (left > 0 && progress_ == before) {
@@ -166,7 +166,7 @@ public:
     job_ = nullptr;
   }
   // Called by a lane at a barrier it cannot pass yet: back to the launching thread's loop.
-  void yield() { switch_back(*fibers_[size_t(current_)], scheduler_); }
+  void yield() { swap(fibers_[size_t(current_)]->context, scheduler_); }
   void opened() { ++progress_; }
 
 private:
@@ -209,18 +209,12 @@ private:
 #endif
     }
   };
-  static void switch_to(Context& from, Fiber& to) {
+  // Saves the running context in `from` and resumes `to`.
+  static void swap(Context& from, Context& to) {
 #if defined(__x86_64__)
-    strata_emu_switch(&from.sp, to.context.sp);
+    strata_emu_switch(&from.sp, to.sp);
 #else
-    swapcontext(&from.uc, &to.context.uc);
-#endif
-  }
-  static void switch_back(Fiber& from, Context& to) {
-#if defined(__x86_64__)
-    strata_emu_switch(&from.context.sp, to.sp);
-#else
-    swapcontext(&from.context.uc, &to.uc);
+    swapcontext(&from.uc, &to.uc);
 #endif
   }
   static void start() {
@@ -229,7 +223,7 @@ private:
     (*self.job_)(self.current_);
     f.done = true;
 #if defined(__x86_64__)
-    switch_back(f, self.scheduler_);  // never resumed: the next launch prepares the fiber afresh
+    swap(f.context, self.scheduler_);  // never resumed: the next launch prepares the fiber afresh
     std::abort();
 #endif  // else returning resumes the scheduler (uc_link)
   }
