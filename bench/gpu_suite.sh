@@ -4,7 +4,7 @@
 # ../shared/device/stage.sh and .device/env.sh arrange), from the repository root.
 #
 #   bench/gpu_suite.sh OUTDIR 1     # = tests profile generate offload run30  (about 6 minutes on an H100)
-#   bench/gpu_suite.sh OUTDIR 2     # = calibrate                             (about 8 minutes)
+#   bench/gpu_suite.sh OUTDIR 2     # = calibrate                             (about 9 minutes)
 #   bench/gpu_suite.sh OUTDIR "tests offload"   # any of the named parts (quant: only by name)
 #
 #   tests      nvidia-smi, strata_tests "[cuda]", again with STRATA_CUDA_SYNC=1 (unless
@@ -17,13 +17,14 @@
 #              --gpu-mem 16GiB, with nvidia-smi's reading of the GPU memory it used
 #   quant      strata_tests "[cuda][quant]", bench_quant on dummy:opt-1.3b (needs bench_quant staged),
 #              bench_cpu_attention at OPT-30B's shape when staged
-#   calibrate  10 policies of dummy:opt-6.7b under 16 GiB and the search's pick: measured tok/s into
-#              OUTDIR/calib.tsv (STRATA_SUITE_POLICIES="c8 pick" runs some of them)
+#   calibrate  strata bench --suite calibrate-gpu --calibrate (dummy:opt-6.7b, 14 policies under 16 GiB,
+#              the search's pick among them) with OUTDIR/hardware.yaml when part profile wrote it,
+#              else $STRATA_HARDWARE or policies/hardware/<gpu>.yaml: OUTDIR/calibrate.tgz holds
+#              results.md (predicted beside measured), calibration.md and calibrated-profile.yaml
 #
 # OUTDIR (default $OUT, else bench/suite-out) receives suite.log (every command and its output),
-# summary.md, hardware.yaml, calib.tsv, policies.tgz and one trace. Everything is also printed.
-# calibrate lets the search pick a policy with OUTDIR/hardware.yaml when the profile part wrote
-# it, else with $STRATA_HARDWARE. Compare predictions with bench/calibration.sh afterwards.
+# summary.md, hardware.yaml, calib.tsv and policies.tgz (run30), calibrate.tgz. Everything is also
+# printed.
 set -uo pipefail
 out=${1:-${OUT:-bench/suite-out}}
 parts=${2:-12}
@@ -179,34 +180,26 @@ part_run30() {
 }
 
 part_calibrate() {
-  local pol="$out/policies"
-  mkdir -p "$pol"
-
-  # Calibration: policies of OPT-6.7B at prompt 512, generation 32, under a 16 GiB GPU cap.
-  write_policy "$pol/c1.yaml" 2 1 100 0 100 0 100 0 false     # the paper's 6.7B policy
-  write_policy "$pol/c2.yaml" 8 1 100 0 100 0 100 0 false
-  write_policy "$pol/c3.yaml" 16 1 100 0 0 100 100 0 true
-  write_policy "$pol/c4.yaml" 32 2 50 50 0 100 100 0 true
-  write_policy "$pol/c5.yaml" 32 4 0 100 0 100 100 0 true
-  write_policy "$pol/c6.yaml" 32 4 0 100 0 100 100 0 false
-  write_policy "$pol/c7.yaml" 48 3 20 80 0 100 0 100 true
-  write_policy "$pol/c8.yaml" 16 2 70 30 50 50 100 0 false
-  write_policy "$pol/c9.yaml" 64 2 0 100 0 100 100 0 false
-  write_policy "$pol/c10.yaml" 24 1 100 0 0 100 100 0 false
+  # The cost model's calibration grid (bench/suites/calibrate-gpu.yaml, about 9 minutes): measured
+  # beside predicted with the profile, then the profile fitted to the runs. strata bench keeps each
+  # finished case in results.jsonl, so a run cut by the step's timeout is fitted from what it has.
   local hw="$out/hardware.yaml"
   [ -f "$hw" ] || hw=${STRATA_HARDWARE:-policies/hardware/$gpu_slug.yaml}
-  if [ -f "$hw" ]; then
-    step "search pick" strata policy --model opt-6.7b --hardware "$hw" --prompt-len 512 --gen-len 32 \
-      --gpu-mem 16GiB --out "$pol/pick.yaml"
-  else
-    say "- search pick: no hardware profile at $hw"
+  if [ ! -f "$hw" ]; then
+    say "- calibrate: FAILED: no hardware profile at $hw (run part profile first, or set STRATA_HARDWARE)"
+    failures=$((failures + 1))
+    return
   fi
-  for p in ${STRATA_SUITE_POLICIES:-c1 c2 c3 c4 c5 c6 c7 c8 c9 c10 pick}; do
-    [ -f "$pol/$p.yaml" ] && run_policy "$p" "$pol/$p.yaml" dummy:opt-6.7b 16GiB
-  done
-  say ""
-  say "measured total generated tok/s:"
-  sed 's/^/    /' "$out/calib.tsv" | tee -a "$summary"
+  local dir="$out/calibrate"
+  STRATA_SUITE_STEP_TIMEOUT=${STRATA_SUITE_CALIBRATE_TIMEOUT:-540} step "bench calibrate-gpu" \
+    strata bench --suite bench/suites/calibrate-gpu.yaml --device cuda --hardware "$hw" --calibrate \
+    --offload-dir "$offload_dir" --out "$dir" --no-progress
+  if [ -f "$dir/results.jsonl" ] && [ ! -f "$dir/calibration.md" ]; then
+    step "calibration fit (the finished cases)" strata bench --report "$dir" --calibrate --hardware "$hw"
+  fi
+  [ -f "$dir/calibration.md" ] && tee -a "$summary" < "$dir/calibration.md"
+  # One archive: the device tool returns at most 8 files.
+  [ -d "$dir" ] && tar -C "$out" -czf "$out/calibrate.tgz" calibrate && rm -rf "$dir"
 }
 
 for part in $parts; do

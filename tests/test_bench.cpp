@@ -178,7 +178,7 @@ TEST_CASE("the shipped suites parse and name policies that load", "[bench]") {
       if (c.policy != "auto") CHECK_NOTHROW(load_policy(s.dir / c.policy));
     ++n;
   }
-  CHECK(n == 5);  // smoke-cpu, calibrate-cpu, overlap-cpu, paper-table2, h100
+  CHECK(n == 6);  // smoke-cpu, calibrate-cpu, overlap-cpu, paper-table2, h100, calibrate-gpu
 }
 
 TEST_CASE("bench --calibrate records lane busy times per phase and writes a refined profile", "[bench][calibrate]") {

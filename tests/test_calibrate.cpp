@@ -125,6 +125,37 @@ TEST_CASE("calibration recovers the constants of the machine that made the runs"
   CHECK(back.overlap_slowdown == Approx(f.profile.overlap_slowdown));
 }
 
+TEST_CASE("a part fitted with a meaningless sign is dropped and reported", "[calibrate]") {
+  // Runs that determine every compute column, from a machine whose work per layer-unit is less
+  // than the terms count: the least squares finds a negative overhead, which the fit drops (to 0)
+  // and says so, rather than keep it or drop it silently.
+  const HardwareProfile base = machine();
+  HardwareProfile truth = slower_compute(base, 1.6, 2.5);
+  truth.compute_overhead_s = -2e-4;
+  const std::vector<CalibrationSample> runs = {
+      run_on(truth, "all on gpu", policy_of(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "weights on cpu", policy_of(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "cache on cpu, cpu attention", policy_of(4, 2, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true)),
+      run_on(truth, "activations on cpu", policy_of(4, 4, {0, 100, 0}, {100, 0, 0}, {0, 100, 0})),
+  };
+  const CalibrationFit f = calibrate_profile(base, runs);
+  CHECK(f.undetermined.empty());
+  REQUIRE(f.dropped.size() == 1);
+  CHECK_THAT(f.dropped[0], Catch::StartsWith("overhead (fitted -0.2") && Catch::EndsWith(" ms per layer-unit)"));
+  CHECK(f.overhead_s == 0);
+  CHECK(f.profile.compute_overhead_s == 0);
+  CHECK_THAT(f.profile.description, Catch::Contains("dropped for their sign: overhead (fitted -0.2"));
+  CHECK(dropped_list(f) == f.dropped[0]);
+
+  // The same runs from a machine with a positive overhead drop nothing.
+  truth.compute_overhead_s = 2e-4;
+  std::vector<CalibrationSample> fine;
+  for (const CalibrationSample& s : runs) fine.push_back(run_on(truth, s.name, s.policy));
+  const CalibrationFit g = calibrate_profile(base, fine);
+  CHECK(g.dropped.empty());
+  CHECK(g.overhead_s == Approx(2e-4).epsilon(1e-6));
+}
+
 TEST_CASE("calibration refuses too few runs and a profile field out of range", "[calibrate]") {
   const HardwareProfile base = machine();
   const std::vector<CalibrationSample> one = {

@@ -15,7 +15,7 @@ void add_bench_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("bench", "run a benchmark suite: measured throughput beside the cost model's");
   auto report = std::make_shared<std::string>();
   auto* suite =
-      cmd->add_option("--suite", opt->suite, "suite YAML, or a name in bench/suites/ (smoke-cpu, calibrate-cpu, overlap-cpu, paper-table2, h100)");
+      cmd->add_option("--suite", opt->suite, "suite YAML, or a name in bench/suites/ (smoke-cpu, calibrate-cpu, overlap-cpu, paper-table2, h100, calibrate-gpu)");
   auto* rep = cmd->add_option("--report", *report,
                               "run nothing: rewrite DIR/results.md from DIR/results.jsonl and the peers' "
                               "DIR/peers.jsonl (bench/peers/)");

@@ -121,6 +121,10 @@ CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<Ca
     md << "Not determined by these runs: " << undetermined_list(f) << ". Their compute terms are multiples of\n"
        << "each other's, so the fit kept the attention factor at the GEMM's and the overhead at 0; cases\n"
        << "that differ in GPU batch size, prompt length or attention placement would determine them.\n\n";
+  if (!f.dropped.empty())
+    md << "Dropped for their sign: " << dropped_list(f) << ". A negative overhead or a non-positive\n"
+       << "attention factor has no physical meaning: the fit set it to 0 / the GEMM's factor and refitted.\n"
+       << "It says the compute terms miss a cost that grows another way than the fitted columns.\n\n";
   md << "## Per term, before calibration\n\n"
      << "Each lane's busy seconds against the cost model's term for it (the base profile), and each\n"
      << "phase's wall time against the predicted stage total (max of the terms with overlap). A\n"
@@ -148,6 +152,8 @@ CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<Ca
   if (!f.undetermined.empty())
     log << "[bench] calibration: these runs do not determine " << undetermined_list(f)
         << " (kept at the GEMM factor / 0; see " << md_path.string() << ")\n";
+  if (!f.dropped.empty())
+    log << "[bench] calibration: dropped for their sign: " << dropped_list(f) << " (see " << md_path.string() << ")\n";
   return f;
 }
 

@@ -147,9 +147,17 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
       continue;
     }
     c = ls.coef;
-    if (use[2] && c[2] < 0) drop(2);
-    else if (use[1] && c[1] <= 0) drop(1);
-    else break;
+    std::ostringstream why;
+    if (use[2] && c[2] < 0) {
+      why << "overhead (fitted " << c[2] * 1e3 << " ms per layer-unit)";
+      drop(2);
+    } else if (use[1] && c[1] <= 0) {
+      why << "attention (fitted factor " << c[1] << ")";
+      drop(1);
+    } else {
+      break;
+    }
+    f.dropped.push_back(why.str());
   }
   if (!use[1]) c[1] = c[0];
   if (c[0] <= 0) STRATA_FAIL("calibration: the compute lane's fit has a non-positive GEMM factor");
@@ -198,13 +206,17 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   return f;
 }
 
-}  // namespace
-
-std::string undetermined_list(const CalibrationFit& f) {
+std::string joined(const std::vector<std::string>& parts, const char* separator) {
   std::string out;
-  for (const std::string& part : f.undetermined) out += (out.empty() ? "" : ", ") + part;
+  for (const std::string& part : parts) out += (out.empty() ? "" : separator) + part;
   return out;
 }
+
+}  // namespace
+
+std::string undetermined_list(const CalibrationFit& f) { return joined(f.undetermined, ", "); }
+
+std::string dropped_list(const CalibrationFit& f) { return joined(f.dropped, "; "); }
 
 std::array<std::array<double, kNumLanes>, 2> predicted_lane_seconds(const HardwareProfile& hw,
                                                                     const CalibrationSample& s) {
@@ -249,6 +261,7 @@ CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<
     << f.link_factor[kLaneD2h] << " / disk x" << f.link_factor[kLaneDisk] << ", overlap slowdown "
     << f.overlap_slowdown;
   if (!f.undetermined.empty()) d << " (not determined by these runs: " << undetermined_list(f) << ")";
+  if (!f.dropped.empty()) d << " (dropped for their sign: " << dropped_list(f) << ")";
   f.profile.description = d.str();
   return f;
 }

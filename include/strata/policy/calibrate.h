@@ -42,6 +42,10 @@ struct CalibrationFit {
   // Compute parts the runs could not separate from the GEMM term ("attention", "overhead"): the
   // attention factor is then the GEMM's and the overhead 0. More varied runs determine them.
   std::vector<std::string> undetermined;
+  // Compute parts the runs did determine but with a meaningless sign (a negative overhead, a
+  // non-positive attention factor), as "overhead (fitted -0.12 ms per layer-unit)": dropped like
+  // the undetermined ones. A sign drop says the terms miss something that scales another way.
+  std::vector<std::string> dropped;
   std::array<double, kNumLanes> link_factor{1, 1, 1, 1};  // [kLaneCompute] unused
   double overlap_slowdown = 0;
   // Relative error of predicted total throughput per sample (predicted / measured - 1), with the
@@ -58,6 +62,8 @@ CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<
 
 // fit.undetermined as "attention, overhead" ("" when every part was fitted).
 std::string undetermined_list(const CalibrationFit& fit);
+// fit.dropped likewise, "; "-separated.
+std::string dropped_list(const CalibrationFit& fit);
 
 // The cost model's seconds on each lane for the sample's block under `hw`: [0] prefill, [1] decode
 // (phase_terms times the layers; the disk lane carries reads and writes).

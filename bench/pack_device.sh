@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Packs the GPU suite's programs for the device tool: stages them with ../shared/device/stage.sh
+# (programs + the libraries the GPU machine lacks), strips them, and writes one gzip tarball,
+# .devpack/dev.tgz (git-ignored). The staged tree is ~81 MiB (OpenBLAS alone 36 MiB), over the
+# tool's 64 MiB with the working tree; the tarball is ~26 MiB.
+#
+#   bench/pack_device.sh [BUILD_DIR]      # default build-sm90, built with the programs below
+#   device run, carry [".devpack"]:
+#     mkdir -p .device && tar -C .device -xzf .devpack/dev.tgz && source .device/env.sh && bench/gpu_suite.sh $OUT 1
+set -euo pipefail
+build=${1:-build-sm90}
+top=$(git rev-parse --show-toplevel)
+cd "$top"
+programs=("$build/strata" "$build/tests/strata_tests")
+for b in bench_generate bench_offload bench_disk bench_quant bench_cpu_attention; do
+  programs+=("$build/bench/$b")
+done
+../shared/device/stage.sh "${programs[@]}" > /dev/null
+strip -s .device/bin/*
+git rev-parse --short HEAD > .device/commit
+git diff --quiet HEAD -- src include tests bench || echo "(with uncommitted changes)" >> .device/commit
+grep -qxF '/.devpack/' .git/info/exclude || echo '/.devpack/' >> .git/info/exclude
+mkdir -p .devpack
+tar -C .device -czf .devpack/dev.tgz bin lib env.sh commit
+du -h .devpack/dev.tgz | awk '{print "packed " $1 " in .devpack/dev.tgz (commit " "'"$(head -1 .device/commit)"'" ")"}'
