@@ -44,13 +44,14 @@ CalibrationSample run_on(const HardwareProfile& truth, const std::string& name, 
   return s;
 }
 
-// `base` with GEMMs (and dequantization) `gemm` times and attention `attention` times slower.
-HardwareProfile slower_compute(const HardwareProfile& base, double gemm, double attention) {
+// `base` with GEMMs (and dequantization) `gemm` times, the GPU tier's attention `attention` times
+// and attention delegated to the CPU `cpu_attention` times (default: `attention`) slower.
+HardwareProfile slower_compute(const HardwareProfile& base, double gemm, double attention, double cpu_attention = 0) {
   HardwareProfile hw = base;
   for (GemmPoint& g : hw.gpu_gemm) g.flops_per_s /= gemm;
   hw.gpu_dequant_bw /= gemm;
   hw.gpu_attention_bw /= attention;
-  hw.cpu_attention_bw /= attention;
+  hw.cpu_attention_bw /= cpu_attention > 0 ? cpu_attention : attention;
   return hw;
 }
 
@@ -84,7 +85,7 @@ TEST_CASE("calibration recovers the constants of the machine that made the runs"
   const HardwareProfile base = machine();
   // The "measured" machine: slower GEMMs and attention, links at part of their rate, work outside
   // the terms, and overlap that falls short.
-  HardwareProfile truth = slower_compute(base, 1.6, 2.5);
+  HardwareProfile truth = slower_compute(base, 1.6, 2.5, 1.7);
   truth.cpu_to_gpu_bw /= 1.8;
   truth.gpu_to_cpu_bw /= 1.3;
   truth.disk_to_cpu_bw /= 1.2;
@@ -100,10 +101,16 @@ TEST_CASE("calibration recovers the constants of the machine that made the runs"
       run_on(truth, "activations on cpu", policy_of(4, 4, {0, 100, 0}, {100, 0, 0}, {0, 100, 0})),
       // Every lane busy in two runs at least, so that leaving one out still determines its factor.
       run_on(truth, "cache half on disk", policy_of(4, 2, {100, 0, 0}, {0, 50, 50}, {100, 0, 0})),
+      run_on(truth, "weights and cache on cpu, cpu attention", policy_of(8, 2, {0, 100, 0}, {0, 100, 0}, {100, 0, 0}, true)),
   };
   const CalibrationFit f = calibrate_profile(base, runs);
+  CHECK(f.undetermined.empty());
+  CHECK(f.dropped.empty());
   CHECK(f.gemm_factor == Approx(1.6).epsilon(1e-6));
-  CHECK(f.attention_factor == Approx(2.5).epsilon(1e-6));
+  CHECK(f.gpu_attention_factor == Approx(2.5).epsilon(1e-6));
+  CHECK(f.cpu_attention_factor == Approx(1.7).epsilon(1e-6));
+  CHECK(f.profile.cpu_attention_bw == Approx(truth.cpu_attention_bw).epsilon(1e-6));
+  CHECK(f.profile.gpu_attention_bw == Approx(truth.gpu_attention_bw).epsilon(1e-6));
   CHECK(f.overhead_s == Approx(4e-4).epsilon(1e-6));
   CHECK(f.link_factor[kLaneH2d] == Approx(1.8).epsilon(1e-6));
   CHECK(f.link_factor[kLaneD2h] == Approx(1.3).epsilon(1e-6));
@@ -216,7 +223,9 @@ TEST_CASE("calibration fits staggered runs through their super-steps", "[calibra
   };
   const CalibrationFit f = calibrate_profile(base, runs);
   CHECK(f.gemm_factor == Approx(1.5).epsilon(1e-6));
-  CHECK(f.attention_factor == Approx(2).epsilon(1e-6));
+  CHECK(f.gpu_attention_factor == Approx(2).epsilon(1e-6));
+  CHECK(f.cpu_attention_factor == f.gpu_attention_factor);  // no run delegates attention: it takes the GPU's
+  CHECK(f.undetermined.empty());
   CHECK(f.overhead_s == Approx(3e-4).epsilon(1e-6));
   CHECK(f.link_factor[kLaneH2d] == Approx(1.4).epsilon(1e-6));
   CHECK(f.overlap_slowdown == Approx(0.2).margin(1e-9));
@@ -244,29 +253,42 @@ TEST_CASE("a leave-one-out fit that cannot be made leaves a gap, not a failed ca
 TEST_CASE("runs whose compute is one run's multiple fit the parts they determine", "[calibrate]") {
   // The same GPU batch once and twice: every compute term doubles (GEMMs, attention and units of
   // overhead alike), so only the prefill and decode rows tell terms apart. Two columns can be
-  // fitted; the overhead cannot be told from the GEMMs and is left at 0.
+  // fitted; the overhead cannot be told from the GEMMs and is left at 0. Once with attention on
+  // the GPU tier, once delegated to the CPU: each fits its own factor, and the attention no run
+  // has takes the factor it would fold into (the CPU's the GPU's, the GPU's the GEMMs').
   const HardwareProfile base = machine();
-  const HardwareProfile truth = slower_compute(base, 1.6, 2.5);
-  const std::vector<CalibrationSample> runs = {
-      run_on(truth, "one batch", policy_of(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
-      run_on(truth, "two batches", policy_of(8, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
-  };
-  const CalibrationFit f = calibrate_profile(base, runs);
-  CHECK(f.gemm_factor == Approx(1.6).epsilon(1e-6));
-  CHECK(f.attention_factor == Approx(2.5).epsilon(1e-6));
-  CHECK(f.overhead_s == 0);
-  CHECK(f.undetermined == std::vector<std::string>{"overhead"});
-  CHECK_THAT(f.profile.description, Catch::Contains("not determined by these runs: overhead"));
-  for (double e : f.error_after) CHECK(std::fabs(e) < 1e-6);
+  const HardwareProfile truth = slower_compute(base, 1.6, 2.5, 1.9);
+  for (const bool delegated : {false, true}) {
+    INFO((delegated ? "attention on the CPU" : "attention on the GPU"));
+    const TierSplit cache = delegated ? TierSplit{0, 100, 0} : TierSplit{100, 0, 0};
+    const std::vector<CalibrationSample> runs = {
+        run_on(truth, "one batch", policy_of(8, 1, {0, 100, 0}, cache, {100, 0, 0}, delegated)),
+        run_on(truth, "two batches", policy_of(8, 2, {100, 0, 0}, cache, {100, 0, 0}, delegated)),
+    };
+    const CalibrationFit f = calibrate_profile(base, runs);
+    CHECK(f.gemm_factor == Approx(1.6).epsilon(1e-6));
+    if (delegated) {
+      CHECK(f.cpu_attention_factor == Approx(1.9).epsilon(1e-6));
+      CHECK(f.gpu_attention_factor == f.gemm_factor);
+    } else {
+      CHECK(f.gpu_attention_factor == Approx(2.5).epsilon(1e-6));
+      CHECK(f.cpu_attention_factor == f.gpu_attention_factor);
+    }
+    CHECK(f.overhead_s == 0);
+    CHECK(f.undetermined == std::vector<std::string>{"overhead"});
+    CHECK_THAT(f.profile.description, Catch::Contains("not determined by these runs: overhead"));
+    for (double e : f.error_after) CHECK(std::fabs(e) < 1e-6);
 
-  // Decode alone (runs whose prefill busy time went unrecorded): one row, doubled, so attention
-  // folds into the GEMMs too, and the one factor left is the rows' measured / predicted.
-  std::vector<CalibrationSample> decode_only = runs;
-  for (CalibrationSample& s : decode_only) s.prefill_busy[kLaneCompute] = 0;
-  const CalibrationFit g = calibrate_profile(base, decode_only);
-  CHECK(g.undetermined == std::vector<std::string>{"attention", "overhead"});
-  CHECK(g.attention_factor == g.gemm_factor);
-  CHECK(g.overhead_s == 0);
-  const auto lanes = predicted_lane_seconds(base, decode_only[0]);  // base: no overhead, no overlap slowdown
-  CHECK(g.gemm_factor == Approx(decode_only[0].decode_busy[kLaneCompute] / lanes[1][kLaneCompute]).epsilon(1e-9));
+    // Decode alone (runs whose prefill busy time went unrecorded): one row, doubled, so attention
+    // folds into the GEMMs too, and the one factor left is the rows' measured / predicted.
+    std::vector<CalibrationSample> decode_only = runs;
+    for (CalibrationSample& s : decode_only) s.prefill_busy[kLaneCompute] = 0;
+    const CalibrationFit g = calibrate_profile(base, decode_only);
+    CHECK(g.undetermined == std::vector<std::string>{delegated ? "cpu attention" : "gpu attention", "overhead"});
+    CHECK(g.gpu_attention_factor == g.gemm_factor);
+    CHECK(g.cpu_attention_factor == g.gemm_factor);
+    CHECK(g.overhead_s == 0);
+    const auto lanes = predicted_lane_seconds(base, decode_only[0]);  // base: no overhead, no overlap slowdown
+    CHECK(g.gemm_factor == Approx(decode_only[0].decode_busy[kLaneCompute] / lanes[1][kLaneCompute]).epsilon(1e-9));
+  }
 }

@@ -112,18 +112,20 @@ CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<Ca
   }
   md << "| median / worst | | " << summary(f.error_before) << " | " << summary(f.error_after) << " | "
      << summary(f.error_leave_one_out) << " |\n\n"
-     << "Fitted: compute lane x" << f.gemm_factor << " on GEMMs and dequantization, x" << f.attention_factor
-     << " on attention, " << f.overhead_s * 1e3 << " ms per layer and unit of work; cpu->gpu x"
+     << "Fitted: compute lane x" << f.gemm_factor << " on GEMMs and dequantization, x" << f.gpu_attention_factor
+     << " on the GPU tier's attention, x" << f.cpu_attention_factor << " on attention delegated to the CPU, "
+     << f.overhead_s * 1e3 << " ms per layer and unit of work; cpu->gpu x"
      << f.link_factor[kLaneH2d] << ", gpu->cpu x" << f.link_factor[kLaneD2h] << ", disk x"
      << f.link_factor[kLaneDisk] << " (busy time per predicted second); overlap slowdown "
      << f.overlap_slowdown << ".\n\n";
   if (!f.undetermined.empty())
-    md << "Not determined by these runs: " << undetermined_list(f) << ". Their compute terms are multiples of\n"
-       << "each other's, so the fit kept the attention factor at the GEMM's and the overhead at 0; cases\n"
-       << "that differ in GPU batch size, prompt length or attention placement would determine them.\n\n";
+    md << "Not determined by these runs: " << undetermined_list(f) << ". Their compute terms are combinations\n"
+       << "of the others', so the fit kept the CPU attention factor at the GPU attention's, that at the\n"
+       << "GEMM's, and the overhead at 0; cases that differ in GPU batch size, prompt length or attention\n"
+       << "placement would determine them.\n\n";
   if (!f.dropped.empty())
     md << "Dropped for their sign: " << dropped_list(f) << ". A negative overhead or a non-positive\n"
-       << "attention factor has no physical meaning: the fit set it to 0 / the GEMM's factor and refitted.\n"
+       << "attention factor has no physical meaning: the fit set it as for an undetermined part and refitted.\n"
        << "It says the compute terms miss a cost that grows another way than the fitted columns.\n\n";
   md << "## Per term, before calibration\n\n"
      << "Each lane's busy seconds against the cost model's term for it (the base profile), and each\n"
@@ -151,7 +153,7 @@ CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<Ca
       << yaml.string() << " and " << md_path.string() << "\n";
   if (!f.undetermined.empty())
     log << "[bench] calibration: these runs do not determine " << undetermined_list(f)
-        << " (kept at the GEMM factor / 0; see " << md_path.string() << ")\n";
+        << " (kept at the factor it folds into / 0; see " << md_path.string() << ")\n";
   if (!f.dropped.empty())
     log << "[bench] calibration: dropped for their sign: " << dropped_list(f) << " (see " << md_path.string() << ")\n";
   return f;

@@ -27,11 +27,17 @@ PhaseLanes predicted_lanes(const HardwareProfile& hw, const CalibrationSample& s
   return {lanes(terms.prefill), lanes(terms.decode)};
 }
 
-// The compute term split into what each compute constant scales: GEMMs and dequantization, attention,
-// and units of per-layer overhead (the term with an overhead of 1 s per unit, minus without).
+// The compute term split into what each compute constant scales: GEMMs and dequantization,
+// attention on the GPU tier, attention delegated to the CPU (on a GPU machine another processor
+// and memory, so its own factor), and units of per-layer overhead (the term with an overhead of
+// 1 s per unit, minus without). The parts add up: cost_model.cpp sums them into COMP.
 struct ComputeParts {
-  double gemm = 0, attention = 0, units = 0;
+  double gemm = 0, gpu_attention = 0, cpu_attention = 0, units = 0;
 };
+
+// The compute columns of the fit, in elimination order (a dependent column is the last of a set).
+enum ComputeColumn : int { kColGemm, kColGpuAttention, kColCpuAttention, kColOverhead, kNumColumns };
+const char* const kColumnName[kNumColumns] = {"gemm", "gpu attention", "cpu attention", "overhead"};
 
 HardwareProfile without_calibration(HardwareProfile hw) {
   hw.compute_overhead_s = 0;
@@ -43,19 +49,21 @@ HardwareProfile without_calibration(HardwareProfile hw) {
 }
 
 std::array<ComputeParts, 2> compute_parts(const HardwareProfile& raw, const CalibrationSample& s) {
-  HardwareProfile no_attention = raw, one_second = raw;
-  no_attention.gpu_attention_bw = no_attention.cpu_attention_bw = kHuge;
-  if (no_attention.gpu_attention_q4_bw > 0) no_attention.gpu_attention_q4_bw = kHuge;
+  HardwareProfile no_gpu_attention = raw, no_attention = raw, one_second = raw;
+  for (HardwareProfile* hw : {&no_gpu_attention, &no_attention}) {
+    hw->gpu_attention_bw = kHuge;
+    if (hw->gpu_attention_q4_bw > 0) hw->gpu_attention_q4_bw = kHuge;
+  }
+  no_attention.cpu_attention_bw = kHuge;
   if (no_attention.cpu_attention_q4_bw > 0) no_attention.cpu_attention_q4_bw = kHuge;
   one_second.compute_overhead_s = 1;
-  const PhaseLanes all = predicted_lanes(raw, s), gemm = predicted_lanes(no_attention, s),
-                   plus = predicted_lanes(one_second, s);
+  const PhaseLanes all = predicted_lanes(raw, s), without_gpu = predicted_lanes(no_gpu_attention, s),
+                   gemm = predicted_lanes(no_attention, s), plus = predicted_lanes(one_second, s);
   std::array<ComputeParts, 2> parts;
   for (int phase = 0; phase < 2; ++phase) {
-    const auto& a = phase == 0 ? all.prefill : all.decode;
-    const auto& g = phase == 0 ? gemm.prefill : gemm.decode;
-    const auto& p = phase == 0 ? plus.prefill : plus.decode;
-    parts[size_t(phase)] = {g[kLaneCompute], a[kLaneCompute] - g[kLaneCompute], p[kLaneCompute] - a[kLaneCompute]};
+    auto comp = [phase](const PhaseLanes& l) { return (phase == 0 ? l.prefill : l.decode)[kLaneCompute]; };
+    parts[size_t(phase)] = {comp(gemm), comp(all) - comp(without_gpu), comp(without_gpu) - comp(gemm),
+                            comp(plus) - comp(all)};
   }
   return parts;
 }
@@ -112,7 +120,7 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   const HardwareProfile raw = without_calibration(base);
   CalibrationFit f;
 
-  // 1. Compute lane: gemm, attention and overhead columns, two phases per sample.
+  // 1. Compute lane: the four columns of ComputeColumn, two phases per sample.
   std::vector<std::vector<double>> rows;
   std::vector<double> measured;
   for (const CalibrationSample& s : samples) {
@@ -121,49 +129,62 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
       const double m = (phase == 0 ? s.prefill_busy : s.decode_busy)[kLaneCompute];
       if (m < kMinSeconds) continue;
       const ComputeParts& p = parts[size_t(phase)];
-      rows.push_back({p.gemm, p.attention, p.units});
+      rows.push_back({p.gemm, p.gpu_attention, p.cpu_attention, p.units});
       measured.push_back(m);
     }
   }
   if (rows.size() < 2) STRATA_FAIL("calibration: fewer than two phases with a busy compute lane");
-  bool any_attention = false;
-  for (const auto& r : rows) any_attention = any_attention || r[1] > 0;
-  std::vector<bool> use{true, any_attention, true};
+  std::vector<bool> use(kNumColumns, true);
+  for (int col : {kColGpuAttention, kColCpuAttention}) {
+    bool any = false;
+    for (const auto& r : rows) any = any || r[size_t(col)] > 0;
+    use[size_t(col)] = any;  // no run has that attention: nothing to fit, nothing to report
+  }
   // A column the runs cannot determine (say every run is another's multiple: the same phases,
   // only more GPU batches), or one with a physically meaningless sign, is dropped: the overhead to
-  // 0, the attention factor to the GEMM's (its term folded into the GEMM column).
+  // 0; the CPU attention's factor to the GPU attention's, and that to the GEMM's (the term folded
+  // into that column).
+  auto fold_into = [&](int column) {
+    return column == kColCpuAttention && use[kColGpuAttention] ? kColGpuAttention : kColGemm;
+  };
   auto drop = [&](int column) {
     use[size_t(column)] = false;
-    if (column == 1)
-      for (auto& r : rows) r[0] += r[1], r[1] = 0;
+    if (column == kColOverhead) return;
+    const int into = fold_into(column);
+    for (auto& r : rows) r[size_t(into)] += r[size_t(column)], r[size_t(column)] = 0;
   };
   std::vector<double> c;
   for (;;) {
     const LeastSquares ls = relative_least_squares(rows, measured, use);
-    if (ls.dependent == 0) STRATA_FAIL("calibration: the runs do not determine the compute lane (no GEMM time predicted)");
+    if (ls.dependent == kColGemm) STRATA_FAIL("calibration: the runs do not determine the compute lane (no GEMM time predicted)");
     if (ls.dependent > 0) {
+      f.undetermined.push_back(kColumnName[ls.dependent]);
       drop(ls.dependent);
-      f.undetermined.push_back(ls.dependent == 1 ? "attention" : "overhead");
       continue;
     }
     c = ls.coef;
     std::ostringstream why;
-    if (use[2] && c[2] < 0) {
-      why << "overhead (fitted " << c[2] * 1e3 << " ms per layer-unit)";
-      drop(2);
-    } else if (use[1] && c[1] <= 0) {
-      why << "attention (fitted factor " << c[1] << ")";
-      drop(1);
+    if (use[kColOverhead] && c[kColOverhead] < 0) {
+      why << "overhead (fitted " << c[kColOverhead] * 1e3 << " ms per layer-unit)";
+      drop(kColOverhead);
+    } else if (use[kColCpuAttention] && c[kColCpuAttention] <= 0) {
+      why << "cpu attention (fitted factor " << c[kColCpuAttention] << ")";
+      drop(kColCpuAttention);
+    } else if (use[kColGpuAttention] && c[kColGpuAttention] <= 0) {
+      why << "gpu attention (fitted factor " << c[kColGpuAttention] << ")";
+      drop(kColGpuAttention);
     } else {
       break;
     }
     f.dropped.push_back(why.str());
   }
-  if (!use[1]) c[1] = c[0];
-  if (c[0] <= 0) STRATA_FAIL("calibration: the compute lane's fit has a non-positive GEMM factor");
-  f.gemm_factor = c[0];
-  f.attention_factor = c[1];
-  f.overhead_s = std::max(0.0, c[2]);
+  if (!use[kColGpuAttention]) c[kColGpuAttention] = c[kColGemm];
+  if (!use[kColCpuAttention]) c[kColCpuAttention] = c[kColGpuAttention];  // folded there, or both into the GEMMs
+  if (c[kColGemm] <= 0) STRATA_FAIL("calibration: the compute lane's fit has a non-positive GEMM factor");
+  f.gemm_factor = c[kColGemm];
+  f.gpu_attention_factor = c[kColGpuAttention];
+  f.cpu_attention_factor = c[kColCpuAttention];
+  f.overhead_s = std::max(0.0, c[kColOverhead]);
 
   // 2. Links: one factor per lane (the disk lane's reads and writes share one).
   std::vector<PhaseLanes> lanes;
@@ -185,8 +206,8 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   HardwareProfile hw = raw;
   for (GemmPoint& g : hw.gpu_gemm) g.flops_per_s /= f.gemm_factor;
   hw.gpu_dequant_bw /= f.gemm_factor;
-  for (double* bw : {&hw.gpu_attention_bw, &hw.cpu_attention_bw, &hw.gpu_attention_q4_bw, &hw.cpu_attention_q4_bw})
-    *bw /= f.attention_factor;  // a 0 (unmeasured) stays 0
+  for (double* bw : {&hw.gpu_attention_bw, &hw.gpu_attention_q4_bw}) *bw /= f.gpu_attention_factor;
+  for (double* bw : {&hw.cpu_attention_bw, &hw.cpu_attention_q4_bw}) *bw /= f.cpu_attention_factor;  // 0 (unmeasured) stays 0
   hw.compute_overhead_s = f.overhead_s;
   hw.cpu_to_gpu_bw /= f.link_factor[kLaneH2d];
   hw.gpu_to_cpu_bw /= f.link_factor[kLaneD2h];
@@ -256,8 +277,9 @@ CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<
     }
   std::ostringstream d;
   d << base.description << (base.description.empty() ? "" : "; ") << "calibrated by strata bench --calibrate over "
-    << samples.size() << " runs: compute x" << f.gemm_factor << " (attention x" << f.attention_factor
-    << "), overhead " << f.overhead_s << " s per layer-unit, links x" << f.link_factor[kLaneH2d] << " / x"
+    << samples.size() << " runs: compute x" << f.gemm_factor << " (gpu attention x" << f.gpu_attention_factor
+    << ", cpu attention x" << f.cpu_attention_factor << "), overhead " << f.overhead_s
+    << " s per layer-unit, links x" << f.link_factor[kLaneH2d] << " / x"
     << f.link_factor[kLaneD2h] << " / disk x" << f.link_factor[kLaneDisk] << ", overlap slowdown "
     << f.overlap_slowdown;
   if (!f.undetermined.empty()) d << " (not determined by these runs: " << undetermined_list(f) << ")";

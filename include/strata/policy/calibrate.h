@@ -4,7 +4,8 @@
 // compute lane does work the terms leave out. The fit compares every predicted term with the busy
 // time of the lane that carries it, phase by phase, then fits how far the lanes' overlap falls
 // short of the paper's max:
-//   1. compute lane = a_gemm * (GEMM and dequantization term) + a_attn * (attention term)
+//   1. compute lane = a_gemm * (GEMM and dequantization term) + a_gpu_attn * (GPU-tier attention)
+//                     + a_cpu_attn * (attention delegated to the CPU)
 //                     + overhead * (layer-units of work)               (least squares, relative)
 //   2. each link lane = its term * a_link                              (least squares, relative)
 //   3. overlap_slowdown: the phase times against max + k (sum - max) of the refined terms
@@ -38,9 +39,10 @@ struct CalibrationSample {
 // A lane's fit: measured busy = factor * predicted (or, for compute, the three-part form).
 struct CalibrationFit {
   HardwareProfile profile;   // the refined profile
-  double gemm_factor = 1, attention_factor = 1, overhead_s = 0;
-  // Compute parts the runs could not separate from the GEMM term ("attention", "overhead"): the
-  // attention factor is then the GEMM's and the overhead 0. More varied runs determine them.
+  double gemm_factor = 1, gpu_attention_factor = 1, cpu_attention_factor = 1, overhead_s = 0;
+  // Compute parts the runs could not separate from the ones before them ("gpu attention", "cpu
+  // attention", "overhead"): the CPU attention factor is then the GPU attention's, that one the
+  // GEMM's, the overhead 0. More varied runs determine them.
   std::vector<std::string> undetermined;
   // Compute parts the runs did determine but with a meaningless sign (a negative overhead, a
   // non-positive attention factor), as "overhead (fitted -0.12 ms per layer-unit)": dropped like
@@ -60,7 +62,7 @@ struct CalibrationFit {
 // which some GPU batch prefills and the others, as the engine reports them (cost_model.h, phase_terms).
 CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<CalibrationSample>& samples);
 
-// fit.undetermined as "attention, overhead" ("" when every part was fitted).
+// fit.undetermined as "gpu attention, overhead" ("" when every part was fitted).
 std::string undetermined_list(const CalibrationFit& fit);
 // fit.dropped likewise, "; "-separated.
 std::string dropped_list(const CalibrationFit& fit);
