@@ -110,7 +110,7 @@ void kernels(Backend& be, int64_t out, int64_t in, double copy_gbps) {
 
   const int64_t max_t = be.fused_dequant_max_tokens();
   std::vector<int64_t> tokens{1};
-  for (int64_t T : {int64_t(4), max_t})
+  for (int64_t T : {int64_t(4), int64_t(8), max_t})  // 8: where the fused kernel's lead ends on a GPU
     if (T > tokens.back()) tokens.push_back(T);
   for (int64_t T : tokens) {
     Buffer xb = be.alloc(size_t(T * in) * es), yb = be.alloc(size_t(T * out) * es);

@@ -15,8 +15,9 @@
 #   offload    bench_offload on dummy:opt-6.7b, bench_disk
 #   run30      the paper's OPT-30B policy (block scaled to 48 x 1 for the host's memory) under
 #              --gpu-mem 16GiB, with nvidia-smi's reading of the GPU memory it used
-#   quant      strata_tests "[cuda][quant]", bench_quant on dummy:opt-1.3b (needs bench_quant staged),
-#              bench_cpu_attention at OPT-30B's shape when staged
+#   quant      strata_tests "[cuda][quant]", bench_quant on dummy:opt-1.3b (needs bench_quant staged)
+#              and its kernels on dummy:opt-6.7b's matrices, bench_cpu_attention at OPT-30B's shape
+#              when staged
 #   calibrate  strata bench --suite calibrate-gpu --calibrate (dummy:opt-6.7b, 14 policies under 16 GiB,
 #              the search's pick among them) with OUTDIR/hardware.yaml when part profile wrote it,
 #              else $STRATA_HARDWARE or policies/hardware/<gpu>.yaml: OUTDIR/calibrate.tgz holds
@@ -112,6 +113,9 @@ part_quant() {
   # Issue 9's shape: dummy:opt-1.3b, weights on the CPU tier and on disk (2.6 GB per fp16 pass).
   step "bench_quant opt-1.3b" bench_quant --model dummy:opt-1.3b --device cuda --batch 8 --gen-len 8 \
     --offload-dir "$offload_dir"
+  # The kernels alone on OPT-6.7B's larger matrices ([16384 x 4096]): where the fused linear stops
+  # beating dequantize + fp16 linear, against fused_dequant_max_tokens().
+  step "bench_quant opt-6.7b kernels" bench_quant --model dummy:opt-6.7b --device cuda --skip-engine
   # CPU attention over fp16 / 4-bit caches at OPT-30B's shape (FlexGen's 48-sequence batches of
   # 512 + 32 tokens): the host side of cpu_attention policies, on all of the host's cores.
   if command -v bench_cpu_attention >/dev/null; then
