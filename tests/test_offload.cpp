@@ -484,6 +484,30 @@ TEST_CASE("the report counts the bytes each link moved, the trace opens as trace
   fs::remove(trace);
 }
 
+TEST_CASE("the report counts the cache bytes and seconds of attention delegated to the CPU", "[offload]") {
+  auto backend = make_cpu_backend(2);
+  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
+  const std::vector<GenRequest> reqs = three_short_prompts(6);
+  OffloadOptions opt;
+  opt.policy = policy_of(3, 1, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true);
+  OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+  engine.generate(reqs);
+  const OffloadReport r = engine.report();
+  // tiny-llama: 2 layers, 2 kv heads of 20; fp32 on the CPU backend: a position's K is 160 bytes,
+  // K and V 320. The prompts' 4 tokens are prefilled on the "GPU"; the 5 decode steps attend on
+  // the CPU over 5, 6, 7, 8 and 9 positions: 35 x 320 bytes per sequence and layer, 3 sequences.
+  CHECK(r.cpu_attention_bytes == 35.0 * 320 * 3 * 2);
+  CHECK(r.cpu_attention_seconds > 0);
+  CHECK(r.cpu_attention_seconds <= r.compute_busy);  // it runs inside the compute lane's steps
+
+  // Without delegation nothing is counted.
+  opt.policy.cpu_attention = false;
+  OffloadEngine gpu_attention(model.config, *model.weights, *backend, opt, shape_of(reqs));
+  gpu_attention.generate(reqs);
+  CHECK(gpu_attention.report().cpu_attention_bytes == 0);
+  CHECK(gpu_attention.report().cpu_attention_seconds == 0);
+}
+
 // With several units per sub-layer, each unit's step loads its share of the next sub-layer's
 // weights and waits only for that (FlexGen loads them all at the first unit and waits there).
 // Three GPU batches of one sequence, 4 tokens, tiny-llama's 2 layers: every (token, sub-layer)

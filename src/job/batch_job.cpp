@@ -184,7 +184,13 @@ void print_report(const OffloadReport& r, std::ostream& log) {
       << rate(double(g.generated_tokens), gen_s) << " generated tok/s (generated / (prefill + decode time))\n"
       << "  busy: compute " << r.compute_busy << " s, cpu->gpu " << r.h2d_busy << " s, gpu->cpu " << r.d2h_busy
       << " s, disk " << r.disk_busy << " s; schedule wall " << r.schedule_seconds << " s; overlap "
-      << std::setprecision(0) << 100 * r.overlap() << "%\n"
+      << std::setprecision(0) << 100 * r.overlap() << "%\n";
+  if (r.cpu_attention_seconds > 0)
+    log << std::setprecision(2) << "  cpu attention: " << r.cpu_attention_bytes / 1e9 << " GB of cache in "
+        << r.cpu_attention_seconds << " s (" << rate(r.cpu_attention_bytes / 1e9, r.cpu_attention_seconds)
+        << " GB/s, copies and synchronisations included), " << std::setprecision(0)
+        << 100 * r.cpu_attention_seconds / std::max(r.compute_busy, 1e-9) << "% of compute busy\n";
+  log << std::setprecision(2)
       << "  disk->cpu: " << gbps(r.disk_to_cpu) << "\n  cpu->gpu:  " << gbps(r.cpu_to_gpu)
       << "\n  gpu->cpu:  " << gbps(r.gpu_to_cpu) << "\n  cpu->disk: " << gbps(r.cpu_to_disk) << "\n"
       << "  peak memory: gpu " << format_bytes(r.peak.gpu) << ", cpu (pinned) " << format_bytes(r.peak.cpu)

@@ -248,6 +248,9 @@ private:
         return s > 0 ? double(b.bytes - a.bytes) / s / 1e9 : 0.0;
       };
       r.ctog_gbps = rate(before.cpu_to_gpu, after.cpu_to_gpu);
+      r.cpu_attention_s = after.cpu_attention_seconds - before.cpu_attention_seconds;
+      r.cpu_attention_gbps =
+          r.cpu_attention_s > 0 ? (after.cpu_attention_bytes - before.cpu_attention_bytes) / r.cpu_attention_s / 1e9 : 0;
       r.dtoc_gbps = rate(before.disk_to_cpu, after.disk_to_cpu);
       r.peak_gpu = after.peak.gpu;
       r.peak_cpu = after.peak.cpu;
@@ -297,6 +300,7 @@ json case_json(const BenchSuite& suite, const Machine& m, const std::string& com
   j["links"] = {{"cpu_to_gpu_gbps", r.ctog_gbps}, {"cpu_to_gpu_peak_gbps", r.ctog_peak_gbps},
                 {"disk_to_cpu_gbps", r.dtoc_gbps}, {"disk_to_cpu_peak_gbps", r.dtoc_peak_gbps}};
   j["peak_memory"] = {{"gpu", r.peak_gpu}, {"cpu", r.peak_cpu}, {"disk", r.peak_disk}};
+  if (r.cpu_attention_s > 0) j["cpu_attention"] = {{"seconds", r.cpu_attention_s}, {"gbps", r.cpu_attention_gbps}};
   // Per phase, the wall time and each lane's busy time (what --calibrate fits; mean over repeats).
   auto lanes = [](const std::array<double, kNumLanes>& b) {
     return json{{"compute", b[kLaneCompute]}, {"cpu_to_gpu", b[kLaneH2d]}, {"gpu_to_cpu", b[kLaneD2h]}, {"disk", b[kLaneDisk]}};

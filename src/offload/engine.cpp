@@ -248,6 +248,8 @@ OffloadReport OffloadEngine::report() const {
   const Impl& m = *impl_;
   OffloadReport r = m.totals;
   r.compute_busy = m.compute_busy;
+  r.cpu_attention_seconds = m.cpu_attention_seconds;
+  r.cpu_attention_bytes = m.cpu_attention_bytes;
   r.h2d_busy = m.h2d->busy_seconds();
   r.d2h_busy = m.d2h->busy_seconds();
   r.disk_busy = m.disk_lane->busy_seconds();

@@ -134,7 +134,7 @@ struct OffloadEngine::Impl {
   std::unique_ptr<Backend> cpu_backend_owned;
   Backend* cpu_attn = nullptr;
   char *q_host = nullptr, *k_host = nullptr, *v_host = nullptr, *o_host = nullptr;
-  double cpu_attention_seconds = 0;
+  double cpu_attention_seconds = 0, cpu_attention_bytes = 0;  // OffloadReport's
   int64_t shared_prompt_tokens = 0;  // this block's prompt tokens copied from a shared prefix
 
   // Schedule.

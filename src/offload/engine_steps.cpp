@@ -156,6 +156,7 @@ void OffloadEngine::Impl::attend_on_cpu(int i, int u, int j, const Tensor& q, co
   cpu_attn->attention(qh, ck, cv, slots, pos, cfg.attention_scale(), oh);
   be.copy_to_device(out.data, o_host, out.nbytes());
   cpu_attention_seconds += seconds_since(t0);
+  for (int32_t p : b.step.positions) cpu_attention_bytes += double(p + 1) * 2.0 * double(cache_row_bytes());
 }
 
 std::vector<SharedPrefix> OffloadEngine::Impl::plan_unit_sharing(const BatchState& b) const {

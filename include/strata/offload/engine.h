@@ -59,6 +59,11 @@ struct OffloadReport {
   // Prompt tokens the prefill computed: a request's choices in one GPU batch count once, and the
   // positions a prompt copied from a shared prefix not at all.
   int64_t prefill_tokens = 0;
+  // Attention delegated to the CPU (cpu_attention): the compute lane's seconds in it, its copies
+  // of q, k, v and the output and their synchronisations included, and the cache bytes it read
+  // (K and V at every position up to each query's). Their ratio is the engine's rate, to set
+  // beside the profile's cpu_attention_bw, which times the kernel alone.
+  double cpu_attention_seconds = 0, cpu_attention_bytes = 0;
   LinkStats disk_to_cpu, cpu_to_gpu, gpu_to_cpu, cpu_to_disk;
   TierBytes peak;                // reserved on each tier
   TierBytes used;                // carved out of the reservation by the schedule's buffers and homes
