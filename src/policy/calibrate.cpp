@@ -78,7 +78,7 @@ struct LeastSquares {
 };
 
 // Least squares of relative residuals: minimize sum ((sum_j c_j a_ij - m_i) / m_i)^2 over the
-// columns in `use`. Solved by Gaussian elimination on the normal equations (at most three
+// columns in `use`. Solved by Gaussian elimination on the normal equations (at most four
 // columns), in column order, so the column reported dependent is the last of a dependent set.
 LeastSquares relative_least_squares(const std::vector<std::vector<double>>& a, const std::vector<double>& m,
                                     const std::vector<bool>& use) {
