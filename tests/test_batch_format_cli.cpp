@@ -1,4 +1,5 @@
 // `strata run` on OpenAI Batch API files and with --shard, as a user runs it: the real binary.
+#include "required_files.h"
 #include "test_paths.h"
 #include "temp_files.h"
 #include <catch2/catch.hpp>
@@ -217,14 +218,7 @@ TEST_CASE("the shards of a job together answer each request exactly once, as the
 }
 
 TEST_CASE("an OpenAI chat request renders with SmolLM2's template", "[cli]") {
-  const char* home = std::getenv("HOME");
-  const char* cache = std::getenv("STRATA_CACHE");
-  const fs::path model = fs::path(cache && *cache ? cache : std::string(home ? home : ".") + "/.cache/strata") /
-                         "models/smollm2-135m-instruct-q4_1.gguf";
-  if (!fs::exists(model)) {
-    WARN("no " << model << ": skipped");
-    return;
-  }
+  const fs::path model = strata::test::require_smollm2_gguf();
   const fs::path in = temp_dir() / "oa_chat.jsonl", out = temp_dir() / "oa_chat_out.jsonl";
   std::ofstream(in) << json{{"custom_id", "q1"},
                             {"method", "POST"},

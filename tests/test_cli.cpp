@@ -1,4 +1,5 @@
 // `strata run` and `strata tokenize` as a user runs them: the real binary, real files.
+#include "required_files.h"
 #include "test_paths.h"
 #include "temp_files.h"
 #include <catch2/catch.hpp>
@@ -162,11 +163,7 @@ TEST_CASE("strata run on a dummy preset needs no files", "[cli]") {
 }
 
 TEST_CASE("strata tokenize prints Hugging Face's ids and decodes them back", "[cli]") {
-  const std::string dir = std::string(STRATA_SHARED_DIR) + "/data/gpt2-tokenizer";
-  if (!fs::exists(dir)) {
-    WARN("no " << dir << ": skipped");
-    return;
-  }
+  const std::string dir = std::string(STRATA_FIXTURES_DIR) + "/tokenizer/gpt2";
   // GPT-2 ids from Hugging Face tokenizers for "Hello world!".
   Result r = run_strata("tokenize --model " + dir + " --text 'Hello world!'");
   CHECK(r.code == 0);
@@ -187,14 +184,7 @@ TEST_CASE("chat messages need a chat template, with SmolLM2 they render as ChatM
   CHECK(r.code != 0);
   CHECK_THAT(r.output, Catch::Contains("chat.jsonl:1: 'messages' given, but the model has no chat template"));
 
-  const char* home = std::getenv("HOME");
-  const char* cache = std::getenv("STRATA_CACHE");
-  const fs::path model = fs::path(cache && *cache ? cache : std::string(home ? home : ".") + "/.cache/strata") /
-                         "models/smollm2-135m-instruct-q4_1.gguf";
-  if (!fs::exists(model)) {
-    WARN("no " << model << ": skipped the SmolLM2 part");
-    return;
-  }
+  const fs::path model = strata::test::require_smollm2_gguf();
   r = run_strata("run --prompts " + prompts.string() + " --out " + out.string() + " --device cpu --no-progress");
   INFO(r.output);
   REQUIRE(r.code == 0);

@@ -113,7 +113,7 @@ TEST_CASE("fuzz finding 5: a weight_map shard name with a NUL byte or naming a d
   for (const char* shard : {R"("b.safetensors\u0000x")", R"("sub/")", R"(".")", R"("sub/.")"})
     CHECK_THROWS_WITH(parse_safetensors_index(index(shard), "m/i.json"),
                       Catch::StartsWith("m/i.json: weight_map names shard ") && Catch::Contains("not a file name"));
-  CHECK_THROWS_WITH(parse_safetensors_index(index(R"("../b.safetensors")"), "m/i.json"),
+  CHECK_THROWS_WITH(parse_safetensors_index(index(R"("../b.safetensors")"), "m/i.json"),  // standalone: input
                     Catch::Contains("outside the model directory"));
 }
 

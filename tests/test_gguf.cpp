@@ -1,5 +1,6 @@
 // GGUF reader, dequantization, llama mapping and chat template, against fixtures made by
 // tests/fixtures/gguf/make_gguf_fixtures.py with the python gguf package and transformers.
+#include "required_files.h"
 #include "test_paths.h"
 #include <catch2/catch.hpp>
 
@@ -69,17 +70,6 @@ size_t tensor_info_pos(const std::vector<uint8_t>& b, const std::string& name) {
   needle += name;
   needle += std::string("\x01\x00\x00\x00", 4);  // n_dims == 1 (the 1-D tensors used below)
   return find_bytes(b, needle) + 8 + name.size();  // at n_dims
-}
-
-std::optional<fs::path> smollm2_path() {
-  if (const char* e = std::getenv("STRATA_SMOLLM2_GGUF")) return fs::path(e);
-  fs::path cache;
-  if (const char* c = std::getenv("STRATA_CACHE")) cache = c;
-  else if (const char* h = std::getenv("HOME")) cache = fs::path(h) / ".cache" / "strata";
-  else return std::nullopt;
-  fs::path p = cache / "models" / "smollm2-135m-instruct-q4_1.gguf";
-  if (fs::exists(p)) return p;
-  return std::nullopt;
 }
 
 // The fields a Llama-family config read from GGUF shares with the HF config.json `hc`.
@@ -508,13 +498,9 @@ TEST_CASE("gguf: ChatML template rendering matches transformers", "[gguf]") {
 }
 
 TEST_CASE("gguf: SmolLM2-135M-Instruct Q4_1 against transformers", "[gguf]") {
-  auto path = smollm2_path();
-  if (!path) {
-    WARN("SmolLM2 GGUF not found (run scripts/fetch_model.sh or set STRATA_SMOLLM2_GGUF); skipping");
-    return;
-  }
+  const fs::path path = strata::test::require_smollm2_gguf();
   json ex = load_json(fixture("smollm2_hf.json"));
-  GgufFile f = GgufFile::open(*path);
+  GgufFile f = GgufFile::open(path);
   ModelConfig c = config_from_gguf(f);
   const json& hc = ex["config"];
   check_llama_config(c, hc);

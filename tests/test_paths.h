@@ -1,5 +1,5 @@
-// Where the tests find their fixtures, the shared data and the strata binary. The build's own
-// paths by default; STRATA_TEST_FIXTURES, STRATA_TEST_SHARED and STRATA_TEST_BINARY replace them
+// Where the tests find their fixtures and the strata binary. The build's own paths by default;
+// STRATA_TEST_FIXTURES and STRATA_TEST_BINARY replace them
 // when the test binary runs from another place (the GPU machine runs a staged copy, see
 // bench/gpu_suite.sh).
 #pragma once
@@ -15,5 +15,4 @@ inline const char* env_or(const char* name, const char* build_path) {
 }  // namespace strata::test
 
 #define STRATA_FIXTURES_DIR ::strata::test::env_or("STRATA_TEST_FIXTURES", STRATA_BUILD_FIXTURES_DIR)
-#define STRATA_SHARED_DIR ::strata::test::env_or("STRATA_TEST_SHARED", STRATA_BUILD_SHARED_DIR)
 #define STRATA_BINARY ::strata::test::env_or("STRATA_TEST_BINARY", STRATA_BUILD_BINARY)

@@ -2,6 +2,7 @@
 // CPU scorer against Hugging Face transformers' perplexity (tests/fixtures/perplexity/
 // make_perplexity.py) on the tiny models and SmolLM2-135M, with and without the weights'
 // 4/8-bit round trip, and the command as a user runs it.
+#include "required_files.h"
 #include "test_paths.h"
 #include "temp_files.h"
 #include <unistd.h>
@@ -52,11 +53,6 @@ const json& q4_of(const json& c) {
   REQUIRE(q["bits"] == 4);
   REQUIRE(q["group_size"] == 64);
   return q;
-}
-
-fs::path smollm2_path() {
-  const char* env = std::getenv("STRATA_SMOLLM2_GGUF");
-  return env && *env ? fs::path(env) : default_model_path();
 }
 
 fs::path temp_dir() { return test::temp_dir("ppl"); }
@@ -293,11 +289,7 @@ TEST_CASE("perplexity --policy: the offloading engine matches Hugging Face, plai
 }
 
 TEST_CASE("SmolLM2-135M perplexity on the CPU matches Hugging Face", "[perplexity][hf][smollm2]") {
-  const fs::path path = smollm2_path();
-  if (!fs::exists(path)) {
-    WARN("no " << path << " (run scripts/fetch_model.sh): skipped");
-    return;
-  }
+  const fs::path path = strata::test::require_smollm2_gguf();
   for (int context : {512, 128}) {
     const json& c = find_case("smollm2-135m", "sample.txt", context);
     const Scored s = score_text(path.string(), "sample.txt", context);
@@ -312,11 +304,7 @@ TEST_CASE("SmolLM2-135M perplexity on the CPU matches Hugging Face", "[perplexit
 
 TEST_CASE("SmolLM2-135M through a compressed policy keeps the file's Q4_1 codes and Hugging Face's perplexity",
           "[perplexity][hf][smollm2][compression]") {
-  const fs::path path = smollm2_path();
-  if (!fs::exists(path)) {
-    WARN("no " << path << " (run scripts/fetch_model.sh): skipped");
-    return;
-  }
+  const fs::path path = strata::test::require_smollm2_gguf();
   // Every matrix of the file is Q4_1, Strata's 4-bit group-32 grid: the compressed engine runs the
   // file's own weights, so HF's perplexity of the unquantized file holds as on the plain path.
   const json& c = find_case("smollm2-135m", "sample.txt", 128);
@@ -337,11 +325,7 @@ TEST_CASE("SmolLM2-135M through a compressed policy keeps the file's Q4_1 codes 
 // Slow on CI's 2 cores (~7,600 tokens through SmolLM2, and the 4-bit variants): run by name,
 // `strata_tests "[perplexity-long]"`.
 TEST_CASE("SmolLM2-135M perplexity of long.txt, plain and with compressed weights", "[.][perplexity-long]") {
-  const fs::path path = smollm2_path();
-  if (!fs::exists(path)) {
-    WARN("no " << path << " (run scripts/fetch_model.sh): skipped");
-    return;
-  }
+  const fs::path path = strata::test::require_smollm2_gguf();
   const json& c = find_case("smollm2-135m", "long.txt", 512);
   const Scored s = score_text(path.string(), "long.txt", 512);
   WARN("long.txt: strata " << s.result.perplexity() << ", HF " << c["perplexity"].get<double>()

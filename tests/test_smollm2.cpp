@@ -1,6 +1,7 @@
 // The real default model, SmolLM2-135M-Instruct (Q4_1 GGUF), against Hugging Face transformers
 // loading the same file (tests/fixtures/gguf/make_gguf_fixtures.py). Runs when scripts/setup.sh
 // has fetched the model; otherwise warns and passes.
+#include "required_files.h"
 #include "test_paths.h"
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -16,12 +17,7 @@
 using namespace strata;
 
 TEST_CASE("SmolLM2-135M GGUF: logits and greedy tokens match transformers (CPU)", "[smollm2][gguf-model]") {
-  const std::filesystem::path path =
-      std::getenv("STRATA_SMOLLM2_GGUF") ? std::getenv("STRATA_SMOLLM2_GGUF") : default_model_path().string();
-  if (!std::filesystem::exists(path)) {
-    WARN("no " << path << " (run scripts/fetch_model.sh): skipped");
-    return;
-  }
+  const std::filesystem::path path = strata::test::require_smollm2_gguf();
   std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/gguf/smollm2_hf.json");
   const auto fx = nlohmann::json::parse(in);
   auto backend = make_cpu_backend();

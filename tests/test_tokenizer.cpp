@@ -19,7 +19,7 @@ using strata::Tokenizer;
 namespace {
 
 const fs::path kFixtures = fs::path(STRATA_FIXTURES_DIR) / "tokenizer";
-const fs::path kGpt2Dir = fs::path(STRATA_SHARED_DIR) / "data" / "gpt2-tokenizer";
+const fs::path kGpt2Dir = kFixtures / "gpt2";
 const fs::path kLlama3Json = kFixtures / "llama3-style" / "tokenizer.json";
 
 nlohmann::json load_json(const fs::path& file) {
