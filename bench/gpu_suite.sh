@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU check in two calls of under 10 minutes each (issue 11): run on the GPU machine over
 # the staged programs (strata, strata_tests, bench_generate, bench_offload, bench_disk on PATH, as
-# ../shared/device/stage.sh and .device/env.sh arrange), from the repository root.
+# bench/stage_device.sh and .device/env.sh arrange), from the repository root.
 #
 #   bench/gpu_suite.sh OUTDIR 1     # = tests profile generate offload run30  (about 6 minutes on an H100)
 #   bench/gpu_suite.sh OUTDIR 2     # = calibrate                             (about 9 minutes)

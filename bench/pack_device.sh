@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs the GPU suite's programs for the device tool: stages them with ../shared/device/stage.sh
+# Packs the GPU suite's programs for the device tool: stages them with bench/stage_device.sh
 # (programs + the libraries the GPU machine lacks), strips them, and writes one gzip tarball,
 # .devpack/dev.tgz (git-ignored). The staged tree is ~81 MiB (OpenBLAS alone 36 MiB), over the
 # tool's 64 MiB with the working tree; the tarball is ~26 MiB.
@@ -15,7 +15,7 @@ programs=("$build/strata" "$build/tests/strata_tests")
 for b in bench_generate bench_offload bench_disk bench_quant bench_cpu_attention; do
   programs+=("$build/bench/$b")
 done
-../shared/device/stage.sh "${programs[@]}" > /dev/null
+bench/stage_device.sh "${programs[@]}" > /dev/null
 strip -s .device/bin/*
 git rev-parse --short HEAD > .device/commit
 git diff --quiet HEAD -- src include tests bench || echo "(with uncommitted changes)" >> .device/commit
