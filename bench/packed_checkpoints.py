@@ -13,7 +13,7 @@ tests/fixtures/perplexity/long.txt (windows of 512, as `strata perplexity`) is c
   through the offloading engine with compress_weights {bits: 4, group_size: 64} (codes kept).
 
 Prints a markdown table.
-    GPTQMODEL_CPU_WORKERS=2 /work/refenv/bin/python bench/packed_checkpoints.py [STRATA] [OUT_DIR]
+    GPTQMODEL_CPU_WORKERS=2 .refenv/bin/python bench/packed_checkpoints.py [STRATA] [OUT_DIR]
 """
 import json
 import math
