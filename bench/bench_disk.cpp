@@ -1,7 +1,7 @@
-// Disk tier benchmark in the units of the limit (STYLE.md 9): writes --size bytes through a
-// DiskStore in --chunk requests, reads them back, and prints achieved GB/s for each direction and
-// the I/O mode. Compare with bench/fio_disk.sh run on the same directory, block and file size
-// (the goal: the store reaches >= 80% of fio's sequential O_DIRECT read bandwidth).
+// Disk tier benchmark in the units of the limit (docs/design.md, Habits): writes --size bytes
+// through a DiskStore in --chunk requests, reads them back, and prints achieved GB/s for each
+// direction and the I/O mode. Compare with bench/fio_disk.sh run on the same directory, block and
+// file size (the goal: the store reaches >= 80% of fio's sequential O_DIRECT read bandwidth).
 // Usage: bench_disk [--dir build/tmp] [--size 1GiB] [--chunk 64MiB] [--mode auto|io_uring|pread]
 //                   [--reps 3]
 // With O_DIRECT the reads come from the device; a "+buffered" mode reads from the page cache and

@@ -1,4 +1,4 @@
-// Generation benchmark in the units of the limit (STYLE.md 9):
+// Generation benchmark in the units of the limit (docs/design.md, Habits):
 //  - decode: achieved GB/s of weight reads per decode step against the device's measured copy
 //    bandwidth (every step reads every weight once, so weight bytes / step time is the rate);
 //  - prefill: the share of an N-token prefill spent in the GEMMs, from timing the same GEMM

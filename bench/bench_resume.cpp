@@ -1,7 +1,7 @@
-// Resume's recovery of OUT.partial (job/output.cpp) in the units of its limit (STYLE.md 9): writes
-// --lines output lines with completions of --text-bytes, then reads them back as a rerun does, and
-// prints lines/s, MB/s and the peak RSS the recovery adds, beside reading the lines alone (the
-// ceiling) and the old way (a full DOM parse per line into an unordered_set of id keys).
+// Resume's recovery of OUT.partial (job/output.cpp) in the units of its limit (docs/design.md,
+// Habits): writes --lines output lines with completions of --text-bytes, then reads them back as a
+// rerun does, and prints lines/s, MB/s and the peak RSS the recovery adds, beside reading the lines
+// alone (the ceiling) and the old way (a full DOM parse per line into an unordered_set of id keys).
 // Usage: bench_resume [--lines 1000000] [--text-bytes 200] [--format both|openai|strata] [--dir DIR]
 // Rates are per CPU second (the machine may be shared). Each variant runs in a forked child whose
 // peak RSS is reset first (/proc/self/clear_refs), so one's memory does not hide the next one's.

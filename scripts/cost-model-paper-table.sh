@@ -3,6 +3,8 @@
 # (policies/hardware/t4-paper.yaml), the policy `strata policy` picks for OPT-6.7B/30B/175B, prompt
 # 512 and 1024, generation 32, without and with --compress, beside the paper's own policy (FlexGen's
 # benchmark/flexgen/bench_suite.py), its measured throughput, and the cost model's prediction for it.
+# FlexGen publishes its measured throughputs for prompt 512 only (benchmark/batch_size_table.md);
+# the 1024 rows print "—" for them.
 # Usage: scripts/cost-model-paper-table.sh [STRATA_BINARY]   (default: build/strata)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,20 +15,20 @@ trap 'rm -rf "$tmp"' EXIT
 
 # The paper's policies: model, prompt, compression (- | kv | w+kv), gpu_batch_size, num_gpu_batches,
 # FlexGen --percent (weights gpu cpu, cache gpu cpu, activations gpu cpu), --cpu, --overlap, and the
-# measured throughput (tok/s): paper Table 2 (the 512 column also in FlexGen's README).
+# measured throughput (tok/s) of FlexGen's benchmark/batch_size_table.md, or - where it has none.
 cases=(
   "opt-6.7b 512 - 2 1 100 0 100 0 100 0 false false 25.26"
   "opt-6.7b 512 w+kv 72 1 100 0 100 0 100 0 false false 29.12"
-  "opt-6.7b 1024 - 1 1 100 0 100 0 100 0 false false 13.72"
-  "opt-6.7b 1024 w+kv 28 1 100 0 100 0 100 0 false false 13.18"
+  "opt-6.7b 1024 - 1 1 100 0 100 0 100 0 false false -"
+  "opt-6.7b 1024 w+kv 28 1 100 0 100 0 100 0 false false -"
   "opt-30b 512 - 48 3 20 80 0 100 0 100 true true 7.32"
   "opt-30b 512 kv 64 8 0 100 0 100 0 100 false true 8.38"
-  "opt-30b 1024 - 20 4 4 96 0 100 0 100 true true 3.50"
-  "opt-30b 1024 kv 20 12 0 100 0 100 0 100 false true 3.98"
+  "opt-30b 1024 - 20 4 4 96 0 100 0 100 true true -"
+  "opt-30b 1024 kv 20 12 0 100 0 100 0 100 false true -"
   "opt-175b 512 - 32 8 0 50 0 0 0 100 true true 0.69"
   "opt-175b 512 w+kv 48 3 0 100 0 100 0 100 false true 1.12"
-  "opt-175b 1024 - 12 12 0 50 0 0 0 100 true true 0.35"
-  "opt-175b 1024 w+kv 12 4 0 100 0 100 0 100 false true 0.42"
+  "opt-175b 1024 - 12 12 0 50 0 0 0 100 true true -"
+  "opt-175b 1024 w+kv 12 4 0 100 0 100 0 100 false true -"
 )
 
 JQ_POLICY='def split(s): "\(s.gpu)/\(s.cpu)/\(s.disk)";
@@ -63,5 +65,6 @@ for c in "${cases[@]}"; do
   our=$(jq -r '"\(.predicted.throughput_tok_s * 100 | round / 100) | \(.predicted.latency_s | round) | \(.predicted.per_layer.decode.bound)"' <<<"$se")
   label="$model"
   [[ $comp != - ]] && label="$model (c)"
+  [[ $paper == - ]] && paper="—"
   echo "| $label | $prompt | $paper_pol | $paper | $ev_tput | $our_pol | $our |"
 done

@@ -1,9 +1,10 @@
-// The offloading engine (DESIGN.md "The runtime"; FlexGen Algorithm 1). Weights, KV cache and
-// hidden states live on the GPU, in pinned CPU memory or on disk as the placement plan says; for
-// every generated token, every layer and every GPU batch of the block it loads the next layer's
-// weights, stores the previous batch's cache and hidden state, loads the next batch's, and
-// computes this batch, with the copies on their own lanes (CUDA copy streams, the disk thread)
-// overlapping the compute. Prefill is the first pass of the same schedule.
+// The offloading engine (docs/design.md, "The runtime: the zig-zag block schedule"; FlexGen
+// Algorithm 1). Weights, KV cache and hidden states live on the GPU, in pinned CPU memory or on
+// disk as the placement plan says; for every generated token, every layer and every GPU batch of
+// the block it loads the next layer's weights, stores the previous batch's cache and hidden state,
+// loads the next batch's, and computes this batch, with the copies on their own lanes (CUDA copy
+// streams, the disk thread) overlapping the compute. Prefill is the first pass of the same
+// schedule.
 #pragma once
 #include <cstdint>
 #include <filesystem>

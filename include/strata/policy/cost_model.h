@@ -1,4 +1,4 @@
-// The cost model of FlexGen (section 4.3 and its appendix; DESIGN.md "The cost model and the
+// The cost model of FlexGen (section 4.3 and its appendix; docs/design.md, "The cost model and the
 // search"; every term is defined in docs/cost-model.md): for a model, a policy, a workload and a
 // machine, the time of one block and the peak memory on each tier. It runs nothing.
 //

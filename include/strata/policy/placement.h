@@ -1,4 +1,5 @@
-// Where each tensor of a policy lives (DESIGN.md "The policy"), and the bytes it takes per tier.
+// Where each tensor of a policy lives (docs/design.md, "The policy"), and the bytes it takes per
+// tier.
 // Weights: whole layers, assigned in order by cumulative size so the GPU gets the first ~gpu%
 // of the layer bytes, the CPU the next ~cpu%, the disk the rest (FlexGen's rule, at layer
 // granularity). KV cache: one tensor pair (K, V) per (GPU batch, layer), the same assignment

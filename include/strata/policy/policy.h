@@ -1,5 +1,6 @@
-// A placement policy (DESIGN.md "The policy"): batch shape, the percentage of weights, KV cache and
-// activations on each tier, and the on/off options. Read from and written to one YAML file.
+// A placement policy (docs/design.md, "The policy"): batch shape, the percentage of weights, KV
+// cache and activations on each tier, and the on/off options. Read from and written to one YAML
+// file.
 #pragma once
 #include <cstdint>
 #include <filesystem>
