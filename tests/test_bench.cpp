@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <nlohmann/json.hpp>
 
@@ -25,9 +26,10 @@ fs::path temp_dir(const std::string& what) { return test::temp_dir("bench_" + wh
 const std::string kCase = "  - {name: a, model: opt-125m, prompt_len: 16, gen_len: 4, policy: p.yaml}\n";
 
 // A run of DIR/suite.yaml on the CPU backend (2 threads, no progress) into DIR/out, predicting with
-// `hardware` (a profile in policies/hardware/) where one is named.
+// `hardware` (a profile in policies/hardware/) where one is named; none is measured.
 BenchOptions cpu_run(const fs::path& dir, const std::string& hardware = "") {
   BenchOptions opt;
+  opt.measure_profile = false;
   opt.suite = (dir / "suite.yaml").string();
   opt.device = "cpu";
   if (!hardware.empty()) opt.hardware = std::string(STRATA_FIXTURES_DIR) + "/../../policies/hardware/" + hardware;
@@ -232,6 +234,62 @@ TEST_CASE("bench --calibrate records lane busy times per phase and writes a refi
   std::ofstream(dir / "old.jsonl") << R"({"name": "x", "engine": "strata", "status": "ok", "model": "opt-125m"})" << "\n";
   CHECK_THROWS_WITH(calibration_samples(dir / "old.jsonl"), Catch::Contains("old.jsonl: case x has no phase seconds"));
   fs::remove_all(dir);
+}
+
+// STRATA_CACHE pointed at a folder of the test's for as long as it lives.
+class ScopedCache {
+public:
+  explicit ScopedCache(const fs::path& dir) {
+    if (const char* v = std::getenv("STRATA_CACHE")) saved_ = v;
+    setenv("STRATA_CACHE", dir.c_str(), 1);
+  }
+  ~ScopedCache() {
+    if (saved_) setenv("STRATA_CACHE", saved_->c_str(), 1);
+    else unsetenv("STRATA_CACHE");
+  }
+
+private:
+  std::optional<std::string> saved_;
+};
+
+TEST_CASE("bench with no profile cached measures one and predicts, and --no-profile does not", "[bench]") {
+  const fs::path dir = temp_dir("measures");
+  std::ofstream(dir / "p.yaml") << "gpu_batch_size: 2\nnum_gpu_batches: 1\nweights: {gpu: 100, cpu: 0, disk: 0}\n"
+                                   "kv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n";
+  std::ofstream(dir / "suite.yaml") << "cases:\n" + kCase;
+  {
+    const ScopedCache cache(dir / "fresh-cache");
+    BenchOptions opt = cpu_run(dir);
+    opt.measure_profile = true;
+    opt.quick_profile = true;
+    std::ostringstream log;
+    const std::vector<BenchCaseResult> results = run_bench(opt, log);
+    INFO(log.str());
+    CHECK_THAT(log.str(), Catch::Contains("no hardware profile at " + (dir / "fresh-cache" / "hardware.yaml").string()));
+    REQUIRE(fs::exists(dir / "fresh-cache" / "hardware.yaml"));
+    REQUIRE(results.size() == 1);
+    CHECK(results[0].status == "ok");
+    REQUIRE(results[0].predicted.has_value());
+    CHECK(results[0].predicted->total_tok_s > 0);
+    std::ifstream md(opt.out / "results.md");
+    const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+    CHECK_THAT(text, !Catch::Contains("none (no predictions)"));
+  }
+  {
+    const ScopedCache cache(dir / "empty-cache");
+    BenchOptions opt = cpu_run(dir);  // measure_profile false, as --no-profile
+    opt.out = dir / "out-no-profile";
+    std::ostringstream log;
+    const std::vector<BenchCaseResult> results = run_bench(opt, log);
+    INFO(log.str());
+    CHECK(!fs::exists(dir / "empty-cache" / "hardware.yaml"));
+    REQUIRE(results.size() == 1);
+    CHECK(results[0].status == "ok");
+    CHECK(!results[0].predicted.has_value());
+    std::ifstream md(opt.out / "results.md");
+    const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+    CHECK_THAT(text, Catch::Contains("none (no predictions)"));
+  }
 }
 
 TEST_CASE("bench projects decode from a few measured steps and marks the figures", "[bench]") {

@@ -25,7 +25,10 @@ void add_bench_command(CLI::App& app) {
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
   cmd->add_option("--hardware", opt->hardware,
-                  "hardware profile for predictions and policy: auto (default: the cached one of strata profile)");
+                  "hardware profile for predictions and policy: auto (default: the cached one of strata profile, "
+                  "measured now when there is none)");
+  cmd->add_flag("!--no-profile", opt->measure_profile,
+                "never measure a hardware profile: with none given or cached, no predictions");
   cmd->add_option("--offload-dir", opt->offload_dir, "directory for the disk tier");
   cmd->add_option("--out", opt->out, "directory for results.jsonl and results.md")->capture_default_str();
   cmd->add_option("--repeat", opt->repeat, "timed runs per case (mean ± sd)")->check(CLI::PositiveNumber)

@@ -243,19 +243,11 @@ public:
   // --policy auto: this machine's profile (measured once and cached), the tier budgets, and the
   // cost model's search for this job's longest prompt and generation.
   HardwareProfile machine_profile(std::ostream& log) {
-    const std::filesystem::path path = default_hardware_profile_path();
-    if (std::filesystem::exists(path)) return load_hardware_profile(path);
-    log << "policy auto: no hardware profile at " << path.string() << "; profiling this machine once\n";
     ProfileOptions p;
     p.backend = backend_->device() == Device::CUDA ? "cuda" : "cpu";
     p.offload_dir = opt_.offload_dir;
     p.threads = opt_.threads;
-    p.progress = [&log](const std::string& line) { log << "  " << line << "\n"; };
-    const HardwareProfile hw = profile_machine(p);
-    std::filesystem::create_directories(path.parent_path());
-    std::ofstream(path) << hardware_profile_to_yaml(hw);
-    log << "policy auto: wrote " << path.string() << "\n";
-    return hw;
+    return cached_or_measured_profile(p, log, "policy auto");
   }
 
   Policy choose_policy(const ModelConfig& cfg, const OffloadOptions& o, const PlanShape& shape, size_t prompts,

@@ -134,6 +134,25 @@ private:
   Clock::time_point t0_;
 };
 
+// The profile that predictions and `auto` use: --hardware's, else the cached one, else (unless
+// --no-profile) one measured now on the bench's device and cached for later commands.
+std::optional<HardwareProfile> machine_profile(const BenchOptions& opt, const Backend& backend, std::ostream& log) {
+  if (!opt.hardware.empty()) {
+    if (!std::filesystem::exists(opt.hardware)) STRATA_FAIL("--hardware " << opt.hardware.string() << ": no such file");
+    return load_hardware_profile(opt.hardware);
+  }
+  if (opt.measure_profile) {
+    ProfileOptions p;
+    p.quick = opt.quick_profile;
+    p.backend = backend.device() == Device::CUDA ? "cuda" : "cpu";
+    p.offload_dir = opt.offload_dir;
+    p.threads = opt.threads;
+    return cached_or_measured_profile(p, log, "[bench]");
+  }
+  if (std::filesystem::exists(default_hardware_profile_path())) return load_hardware_profile(default_hardware_profile_path());
+  return std::nullopt;
+}
+
 struct Machine {
   std::string backend, gpu, cpu, profile;
 };
@@ -142,9 +161,7 @@ class Runner {
 public:
   Runner(const BenchOptions& opt, std::ostream& log) : opt_(opt), log_(log) {
     backend_ = make_backend(opt.device, opt.threads);
-    const std::filesystem::path hw_path = opt.hardware.empty() ? default_hardware_profile_path() : opt.hardware;
-    if (std::filesystem::exists(hw_path)) hw_ = load_hardware_profile(hw_path);
-    else if (!opt.hardware.empty()) STRATA_FAIL("--hardware " << hw_path.string() << ": no such file");
+    hw_ = machine_profile(opt, *backend_, log);
     machine_.backend = backend_->name();
     machine_.gpu = backend_->device() == Device::CUDA ? cuda_device_name(0) : "none (cpu backend)";
     machine_.cpu = cpu_model_name();
@@ -183,7 +200,7 @@ private:
     o.cpu_threads = opt_.threads;
     const Workload w{c.prompt_len, c.gen_len};
     if (c.policy == "auto") {
-      if (!hw_) STRATA_FAIL("policy auto needs a hardware profile (--hardware, or run strata profile first)");
+      if (!hw_) STRATA_FAIL("policy auto needs a hardware profile: --hardware HW.yaml, or run strata profile (or drop --no-profile)");
       SearchOptions s;
       s.workload = w;
       s.budget = default_budgets(*backend_, o);

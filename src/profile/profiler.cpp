@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <ctime>
 #include <memory>
 #include <random>
@@ -386,6 +387,19 @@ std::string today_utc() {
 }  // namespace
 
 std::filesystem::path default_hardware_profile_path() { return cache_root() / "hardware.yaml"; }
+
+HardwareProfile cached_or_measured_profile(const ProfileOptions& options, std::ostream& log, const std::string& who) {
+  const std::filesystem::path path = default_hardware_profile_path();
+  if (std::filesystem::exists(path)) return load_hardware_profile(path);
+  log << who << ": no hardware profile at " << path.string() << "; profiling this machine once\n";
+  ProfileOptions o = options;
+  if (!o.progress) o.progress = [&log](const std::string& line) { log << "  " << line << "\n"; };
+  const HardwareProfile hw = profile_machine(o);
+  std::filesystem::create_directories(path.parent_path());
+  std::ofstream(path) << hardware_profile_to_yaml(hw);
+  log << who << ": wrote " << path.string() << "\n";
+  return hw;
+}
 
 HardwareProfile profile_machine(const ProfileOptions& opt) {
   std::unique_ptr<Backend> dev_owner = make_backend(opt.backend, opt.threads);

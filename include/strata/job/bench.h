@@ -47,7 +47,12 @@ BenchSuite load_bench_suite(const std::string& file_or_name);
 struct BenchOptions {
   std::string suite;
   std::string device = "auto";
-  std::filesystem::path hardware;     // profile for predictions and `auto` (empty: the cached one)
+  // Profile for predictions and `auto`. Empty: the cached one of `strata profile`, measured and
+  // cached first when there is none, unless measure_profile is false (--no-profile: then no
+  // predictions).
+  std::filesystem::path hardware;
+  bool measure_profile = true;
+  bool quick_profile = false;  // measure with --quick's settings (tests)
   std::filesystem::path offload_dir;
   std::filesystem::path out = "bench-out";
   int repeat = 1;

@@ -4,6 +4,7 @@
 #pragma once
 #include <filesystem>
 #include <functional>
+#include <ostream>
 #include <string>
 
 #include "strata/profile/hardware.h"
@@ -26,5 +27,10 @@ HardwareProfile profile_machine(const ProfileOptions& options);
 // Where `strata profile` writes by default and `--policy auto` looks first:
 // ${STRATA_CACHE:-~/.cache/strata}/hardware.yaml.
 std::filesystem::path default_hardware_profile_path();
+
+// This machine's profile for a command that needs one (`--policy auto`, `strata bench`): the cached
+// one at default_hardware_profile_path(), else measured with `options` (a minute or two; --quick
+// seconds) and cached there for the next command. `who` opens each line written to `log`.
+HardwareProfile cached_or_measured_profile(const ProfileOptions& options, std::ostream& log, const std::string& who);
 
 }  // namespace strata
