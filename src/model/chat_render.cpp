@@ -258,12 +258,14 @@ std::string ChatTemplate::render_llama2(const std::vector<ChatMessage>& messages
     const ChatMessage& m = messages[i];
     if ((m.role == "user") != ((i - first) % 2 == 0))
       raise("Conversation roles must alternate user/assistant/user/assistant/...");
-    const std::string content =
-        i == first && has_system ? "<<SYS>>\n" + messages[0].content + "\n<</SYS>>\n\n" + m.content : m.content;
+    std::string content;
+    if (i == first && has_system) content.append("<<SYS>>\n").append(messages[0].content).append("\n<</SYS>>\n\n");
+    content += m.content;
+    // Appended piece by piece: `" " + std::string&&` trips GCC 12's -Wrestrict (a false alarm).
     if (m.role == "user")
-      out += tokens_.bos + "[INST] " + trim(content) + " [/INST]";
+      out.append(tokens_.bos).append("[INST] ").append(trim(content)).append(" [/INST]");
     else if (m.role == "assistant")
-      out += " " + trim(content) + " " + tokens_.eos;
+      out.append(" ").append(trim(content)).append(" ").append(tokens_.eos);
   }
   return out;
 }

@@ -187,10 +187,14 @@ void TokenizerModel::finish() {
     if (!metaspace) return token_to_bytes(token);
     const int byte = metaspace->metaspace_decoder ? -1 : fallback_byte(token);
     if (byte >= 0) return std::string(1, char(byte));
-    std::string text = token;
-    for (size_t p = text.find(kMetaspace); p != std::string::npos; p = text.find(kMetaspace, p + 1))
-      text.replace(p, kMetaspace.size(), " ");
-    return text;
+    std::string text;  // the token with each metaspace turned into a space
+    text.reserve(token.size());
+    size_t from = 0;
+    for (size_t p = token.find(kMetaspace); p != std::string::npos; p = token.find(kMetaspace, from)) {
+      text.append(token, from, p - from).push_back(' ');
+      from = p + kMetaspace.size();
+    }
+    return text.append(token, from, std::string::npos);
   };
   if (metaspace) id_tokens.assign(n_ids, {});
   for (size_t id = 0; id < vocab.size(); ++id) {
@@ -315,7 +319,7 @@ void TokenizerModel::encode_piece(std::string_view text, std::vector<int32_t>& o
   for (std::string_view w : words) {
     if (w.empty()) continue;
     if (add_prefix_space && w[0] != ' ') {
-      prefixed = " " + std::string(w);
+      prefixed.assign(1, ' ').append(w);
       w = prefixed;
     }
     if (!byte_level_split) {
