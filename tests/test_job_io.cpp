@@ -244,7 +244,7 @@ TEST_CASE("numeric, string, escaped and unicode ids resume under the key their p
   CHECK_FALSE(w.done_ids().contains("\"1\""));  // the string "1" is not the number 1
 }
 
-TEST_CASE("a resumed line whose id is an object counts as before; one without an id ends the kept lines",
+TEST_CASE("a resumed line whose id is an object counts as before, and one without an id ends the kept lines",
           "[job][resume]") {
   const fs::path out = temp_dir() / "odd_ids.jsonl";
   fs::remove(out);

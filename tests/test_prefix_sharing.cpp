@@ -536,7 +536,7 @@ TEST_CASE("shared prefixes: random batches generate as computed whole", "[prefix
   CHECK(engine_shared > 100);
 }
 
-TEST_CASE("strata run shares prefixes by default, also under --policy; --no-prefix-sharing computes prompts whole",
+TEST_CASE("strata run shares prefixes by default, also under --policy, and --no-prefix-sharing computes prompts whole",
           "[prefix][cli]") {
   const fs::path dir = test::temp_dir("prefixcli");
   const fs::path in = dir / "in.jsonl";

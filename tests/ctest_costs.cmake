@@ -1,0 +1,22 @@
+# ctest starts tests with a higher COST first. A clean build has no timings of its own yet, so
+# the slowest cases (seconds on a 2-core machine, 2026-11-27) are named here: started last, any
+# one of them would run alone while the other core idles. ctest reads this file after the
+# discovered Catch cases (TEST_INCLUDE_FILES, tests/CMakeLists.txt); a name that no longer
+# exists is ignored by ctest, so tests/check_ctest_costs.py fails on one.
+set(strata_slow_tests
+  [=[emulated-backend/CUDA compressed: every placement gives the all-on-GPU compressed run's greedy tokens]=] 400
+  [=[emulated-backend/CUDA: offloaded policies give the resident CUDA run's greedy tokens]=] 150
+  [=[a FlexGen-shaped policy runs in a small GPU budget and gives the resident tokens]=] 148
+  [=[every policy generates Hugging Face's greedy tokens]=] 129
+  [=[emulated-backend/CUDA: attention delegated to the CPU gives the GPU attention's tokens where their margin allows]=] 49
+  [=[compressed: every placement gives the all-on-GPU compressed run's greedy tokens]=] 48
+  [=[emulated-backend/CUDA: GPTQ and AWQ codes cross the links and give transformers' NLLs within fp16 tolerance]=] 22
+  [=[emulated-backend/CUDA: logits match Hugging Face within fp16 tolerance, greedy where the margin allows]=] 15)
+list(LENGTH strata_slow_tests n)
+math(EXPR last "${n} - 1")
+foreach(i RANGE 0 ${last} 2)
+  math(EXPR j "${i} + 1")
+  list(GET strata_slow_tests ${i} name)
+  list(GET strata_slow_tests ${j} cost)
+  set_tests_properties("${name}" PROPERTIES COST ${cost})
+endforeach()
