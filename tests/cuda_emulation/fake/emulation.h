@@ -1,8 +1,8 @@
 // A CPU emulation of the CUDA features our kernels use, so their source runs on the host
 // (tests/cuda_emulation/README.md). Each thread of a block is a lane (a fiber, or a host thread
 // under ThreadSanitizer: run_lanes below); the block's lanes step through the grid's blocks
-// together. __syncthreads and __syncwarp are barriers, shuffles exchange through a per-warp array
-// between two barriers, and __shared__ variables are function statics (blocks run one after
+// together. __syncthreads and __syncwarp are barriers, shuffles exchange through per-warp arrays
+// at a barrier, and __shared__ variables are function statics (blocks run one after
 // another). Run under ThreadSanitizer, a missing barrier between lanes shows as a data race. Not
 // a CUDA implementation: no memory model beyond the barriers, no timing, no hardware limits.
 #pragma once
@@ -145,7 +145,7 @@ public:
     std::lock_guard<std::mutex> launch(launch_mu_);
     std::function<void(int)> job = [&body](int tid) { body(tid); };
     job_ = &job;
-    while (int(fibers_.size()) < threads) fibers_.push_back(std::make_unique<Fiber>());
+    while (int(fibers_.size()) < threads) fibers_.push_back(std::make_unique<Fiber>(fibers_.size()));
     for (int tid = 0; tid < threads; ++tid) fibers_[size_t(tid)]->prepare(&scheduler_);
     for (int left = threads; left > 0;) {
       const uint64_t before = progress_;
@@ -181,29 +181,31 @@ private:
 #endif
   struct Fiber {
     static constexpr size_t kStackBytes = size_t(256) << 10;
+    // Each stack's top sits a different number of cache lines below its end: stacks from mmap
+    // all start on a page, so equal tops would put every lane's hot frames in the same cache
+    // sets, and each switch would miss (the switch then took half the emulated grids' time).
+    // 17 lines apart, modulo 64 KiB: 1024 lanes, 1024 different lines.
+    explicit Fiber(size_t index) : top_offset(index * 17 * 64 % (size_t(64) << 10)) {}
     std::unique_ptr<char[]> stack = std::make_unique_for_overwrite<char[]>(kStackBytes);  // pages touched as used
+    size_t top_offset;
     Context context;
     bool done = false;
     // A fresh start of FiberLanes::start on this fiber's stack.
     void prepare([[maybe_unused]] Context* scheduler) {
       done = false;
 #if defined(__x86_64__)
-      // The frame strata_emu_switch pops: control words, r15..r12, rbx, rbp (zero), then the
-      // "return" into start, which begins as if called (rsp = 8 mod 16).
-      auto* p = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(stack.get()) + kStackBytes) & ~uintptr_t(15));
-      uint32_t mxcsr = 0;
-      uint16_t fpu_control = 0;
-      asm volatile("stmxcsr %0" : "=m"(mxcsr));
-      asm volatile("fnstcw %0" : "=m"(fpu_control));
+      // The frame strata_emu_switch pops: r15..r12, rbx, rbp (zero), then the "return" into
+      // start, which begins as if called (rsp = 8 mod 16).
+      auto* p = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(stack.get()) + kStackBytes - top_offset) &
+                                            ~uintptr_t(15));
       *--p = 0;
       *--p = reinterpret_cast<uint64_t>(&FiberLanes::start);
       for (int r = 0; r < 6; ++r) *--p = 0;
-      *--p = uint64_t(mxcsr) | uint64_t(fpu_control) << 32;
       context.sp = p;
 #else
       getcontext(&context.uc);
       context.uc.uc_stack.ss_sp = stack.get();
-      context.uc.uc_stack.ss_size = kStackBytes;
+      context.uc.uc_stack.ss_size = kStackBytes - top_offset;
       context.uc.uc_link = &scheduler->uc;
       makecontext(&context.uc, reinterpret_cast<void (*)()>(&FiberLanes::start), 0);
 #endif
@@ -262,7 +264,12 @@ void run_lanes(int threads, const Body& body) {
 
 struct Warp {
   Barrier bar{32};
-  uint64_t exchange[32];
+  // A shuffle's values, in two buffers taken in turn (each lane counts its shuffles; a warp's
+  // lanes run the same ones): the next shuffle writes the other buffer, and the one after can
+  // rewrite this one only past the next shuffle's barrier, which every lane reaches after reading
+  // here. One barrier a shuffle instead of two.
+  uint64_t exchange[2][32];
+  uint8_t shuffles[32] = {};
   float a[256], b[256], c[256];  // an MMA's operands, gathered from the lanes (mma.h)
 };
 
@@ -352,12 +359,12 @@ template <class T>
 T emu_shuffle(T v, int src_lane) {
   static_assert(sizeof(T) <= sizeof(uint64_t) && std::is_trivially_copyable_v<T>);
   emu::Warp& w = emu::warp();
+  uint64_t* exchange = w.exchange[w.shuffles[emu::lane()]++ & 1];
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
-  w.exchange[emu::lane()] = bits;
+  exchange[emu::lane()] = bits;
   w.bar.arrive_and_wait();
-  bits = w.exchange[src_lane & 31];
-  w.bar.arrive_and_wait();
+  bits = exchange[src_lane & 31];
   std::memcpy(&v, &bits, sizeof(T));
   return v;
 }
