@@ -1,17 +1,17 @@
 # ctest starts tests with a higher COST first. A clean build has no timings of its own yet, so
-# the slowest cases (seconds on a 2-core machine, 2026-11-27) are named here: started last, any
+# the slowest cases (seconds in a clean clone's ctest -j2 on 2 cores, 2026-11-27) are named here: started last, any
 # one of them would run alone while the other core idles. ctest reads this file after the
 # discovered Catch cases (TEST_INCLUDE_FILES, tests/CMakeLists.txt); a name that no longer
 # exists is ignored by ctest, so tests/check_ctest_costs.py fails on one.
 set(strata_slow_tests
-  [=[emulated-backend/CUDA compressed: every placement gives the all-on-GPU compressed run's greedy tokens]=] 400
-  [=[emulated-backend/CUDA: offloaded policies give the resident CUDA run's greedy tokens]=] 150
-  [=[a FlexGen-shaped policy runs in a small GPU budget and gives the resident tokens]=] 148
-  [=[every policy generates Hugging Face's greedy tokens]=] 129
-  [=[emulated-backend/CUDA: attention delegated to the CPU gives the GPU attention's tokens where their margin allows]=] 49
-  [=[compressed: every placement gives the all-on-GPU compressed run's greedy tokens]=] 48
-  [=[emulated-backend/CUDA: GPTQ and AWQ codes cross the links and give transformers' NLLs within fp16 tolerance]=] 22
-  [=[emulated-backend/CUDA: logits match Hugging Face within fp16 tolerance, greedy where the margin allows]=] 15)
+  [=[emulated-backend/CUDA compressed: every placement gives the all-on-GPU compressed run's greedy tokens]=] 361
+  [=[emulated-backend/CUDA: offloaded policies give the resident CUDA run's greedy tokens]=] 77
+  [=[a FlexGen-shaped policy runs in a small GPU budget and gives the resident tokens]=] 184
+  [=[every policy generates Hugging Face's greedy tokens]=] 50
+  [=[emulated-backend/CUDA: attention delegated to the CPU gives the GPU attention's tokens where their margin allows]=] 27
+  [=[compressed: every placement gives the all-on-GPU compressed run's greedy tokens]=] 42
+  [=[emulated-backend/CUDA: GPTQ and AWQ codes cross the links and give transformers' NLLs within fp16 tolerance]=] 10
+  [=[emulated-backend/CUDA: logits match Hugging Face within fp16 tolerance, greedy where the margin allows]=] 11)
 list(LENGTH strata_slow_tests n)
 math(EXPR last "${n} - 1")
 foreach(i RANGE 0 ${last} 2)
