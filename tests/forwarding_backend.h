@@ -27,6 +27,15 @@ public:
     in_.copy_2d(kind, dst, dst_pitch, src, src_pitch, width, rows);
   }
   void copy_on_device(void* d, const void* s, size_t n) override { in_.copy_on_device(d, s, n); }
+  Event record(Stream s) override { return in_.record(s); }
+  void wait(Stream s, const Event& e) override { in_.wait(s, e); }
+  void wait_host(const Event& e) override { in_.wait_host(e); }
+  void copy_2d_async(CopyKind kind, void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                     size_t rows) override {
+    in_.copy_2d_async(kind, dst, dst_pitch, src, src_pitch, width, rows);
+  }
+  void upload(void* d, const void* s, size_t n) override { in_.upload(d, s, n); }
+  void fill(void* d, uint8_t byte, size_t n) override { in_.fill(d, byte, n); }
   void embedding(const Tensor& ids, const Tensor& table, const Tensor& out, bool acc) override {
     in_.embedding(ids, table, out, acc);
   }

@@ -399,7 +399,8 @@ TEST_CASE("strata run --policy offloads, reports, and keeps finished blocks when
   INFO(r.output);
   REQUIRE(r.code == 0);
   CHECK_THAT(r.output, Catch::Contains("resuming") && Catch::Contains("placement:") &&
-                           Catch::Contains("disk->cpu:") && Catch::Contains("overlap") && Catch::Contains("peak memory"));
+                           Catch::Contains("disk->cpu:") && Catch::Contains("overlap") && Catch::Contains("peak memory") &&
+                           Catch::Contains("host waits: ") && Catch::Contains(" per decode step ("));
   const std::vector<json> want = read_lines(ref), got = read_lines(out);
   REQUIRE(got.size() == want.size());
   for (size_t i = 0; i < got.size(); ++i) {

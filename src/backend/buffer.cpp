@@ -8,6 +8,11 @@
 
 namespace strata {
 
+HostWaits& this_thread_host_waits() {
+  thread_local HostWaits waits;
+  return waits;
+}
+
 Buffer& Buffer::operator=(Buffer&& o) noexcept {
   if (this != &o) {
     reset();

@@ -184,7 +184,11 @@ void print_report(const OffloadReport& r, std::ostream& log) {
       << rate(double(g.generated_tokens), gen_s) << " generated tok/s (generated / (prefill + decode time))\n"
       << "  busy: compute " << r.compute_busy << " s, cpu->gpu " << r.h2d_busy << " s, gpu->cpu " << r.d2h_busy
       << " s, disk " << r.disk_busy << " s; schedule wall " << r.schedule_seconds << " s; overlap "
-      << std::setprecision(0) << 100 * r.overlap() << "%\n";
+      << std::setprecision(0) << 100 * r.overlap() << "%\n"
+      << std::setprecision(2) << "  host waits: "
+      << rate(double(r.decode_host_waits), double(g.decode_steps)) << " per decode step ("
+      << rate(double(r.decode_device_waits), double(g.decode_steps)) << " for the device), " << std::setprecision(3)
+      << r.host_wait_seconds << " s in all\n";
   if (r.cpu_attention_seconds > 0)
     log << std::setprecision(2) << "  cpu attention: " << r.cpu_attention_bytes / 1e9 << " GB of cache in "
         << r.cpu_attention_seconds << " s (" << rate(r.cpu_attention_bytes / 1e9, r.cpu_attention_seconds)

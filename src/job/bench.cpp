@@ -269,6 +269,10 @@ private:
       r.cpu_attention_gbps =
           r.cpu_attention_s > 0 ? (after.cpu_attention_bytes - before.cpu_attention_bytes) / r.cpu_attention_s / 1e9 : 0;
       r.dtoc_gbps = rate(before.disk_to_cpu, after.disk_to_cpu);
+      const int64_t decode_steps = after.gen.decode_steps - before.gen.decode_steps;
+      r.host_waits_per_decode_step =
+          decode_steps > 0 ? double(after.decode_host_waits - before.decode_host_waits) / double(decode_steps) : 0;
+      r.host_wait_s = after.host_wait_seconds - before.host_wait_seconds;
       r.peak_gpu = after.peak.gpu;
       r.peak_cpu = after.peak.cpu;
       r.peak_disk = after.peak.disk;
@@ -318,6 +322,7 @@ json case_json(const BenchSuite& suite, const Machine& m, const std::string& com
                 {"disk_to_cpu_gbps", r.dtoc_gbps}, {"disk_to_cpu_peak_gbps", r.dtoc_peak_gbps}};
   j["peak_memory"] = {{"gpu", r.peak_gpu}, {"cpu", r.peak_cpu}, {"disk", r.peak_disk}};
   if (r.cpu_attention_s > 0) j["cpu_attention"] = {{"seconds", r.cpu_attention_s}, {"gbps", r.cpu_attention_gbps}};
+  j["host_waits"] = {{"per_decode_step", r.host_waits_per_decode_step}, {"seconds", r.host_wait_s}};
   // Per phase, the wall time and each lane's busy time (what --calibrate fits; mean over repeats).
   auto lanes = [](const std::array<double, kNumLanes>& b) {
     return json{{"compute", b[kLaneCompute]}, {"cpu_to_gpu", b[kLaneH2d]}, {"gpu_to_cpu", b[kLaneD2h]}, {"disk", b[kLaneDisk]}};

@@ -247,7 +247,7 @@ std::vector<GenResult> OffloadEngine::generate(const std::vector<GenRequest>& re
 OffloadReport OffloadEngine::report() const {
   const Impl& m = *impl_;
   OffloadReport r = m.totals;
-  r.compute_busy = m.compute_busy;
+  r.compute_busy = m.compute_lane->busy_seconds();
   r.cpu_attention_seconds = m.cpu_attention_seconds;
   r.cpu_attention_bytes = m.cpu_attention_bytes;
   r.h2d_busy = m.h2d->busy_seconds();

@@ -44,12 +44,6 @@ struct Held {
   int token = -1;  // kv cache: the token it was loaded for
 };
 
-// Returns a held unit's slots to their pools.
-inline void free_slots(const Held& h, SlotPool& gpu_pool, SlotPool& pinned_pool) {
-  if (!h.valid) return;
-  if (h.gpu >= 0) gpu_pool.release(h.gpu);
-  if (h.pin >= 0) pinned_pool.release(h.pin);
-}
 
 // A strided piece of a cache tensor: positions [begin, end) of every slot.
 struct SlotRange {
@@ -84,7 +78,6 @@ struct StepUnit {
 }  // namespace engine_detail
 
 using engine_detail::BatchState;
-using engine_detail::free_slots;
 using engine_detail::Held;
 using engine_detail::Home;
 using engine_detail::kPage;
@@ -140,9 +133,16 @@ struct OffloadEngine::Impl {
   // Schedule.
   ForwardOps ops;
   Trace trace;
-  std::unique_ptr<Lane> h2d, d2h, disk_lane;
-  int compute_track = 0;
-  double compute_busy = 0;
+  // The compute lane only times the compute stream's spans (the engine's thread enqueues them).
+  std::unique_ptr<Lane> compute_lane, h2d, d2h, disk_lane;
+  Ticket prev_compute;          // the compute stream's event after the previous step
+  std::vector<Ticket> pending;  // tickets nobody waits for (stores): checked for failures as they resolve
+  HostWaits waits;              // the engine thread's waits for the device and its lanes (OffloadReport's)
+  // Test switches (STRATA_TEST_POISON_RELEASED, STRATA_TEST_SKIP_EVENT_WAIT; docs/offload.md, "Events"):
+  // fill a released GPU slot with 0xFF after its last users; skip one event wait, to prove the
+  // asynchronous tests can fail.
+  bool poison_released = false;
+  std::string skip_event_wait;
   std::atomic<uint64_t> bytes_dtoc{0}, bytes_ctog{0}, bytes_gtoc{0}, bytes_ctod{0};
   OffloadReport totals;
   CodesTally weight_codes;  // how the compressed layers were made at load
@@ -176,10 +176,15 @@ struct OffloadEngine::Impl {
   }
 
   ~Impl() {
-    // Lanes first: they may still touch the regions.
+    // Lanes first: they may still touch the regions; then the device's queued work.
     h2d.reset();
     d2h.reset();
     disk_lane.reset();
+    compute_lane.reset();
+    try {
+      be.synchronize();
+    } catch (...) {  // a destructor must not throw; the failure was reported where it happened
+    }
     if (pinned_mem) be.free_host(pinned_mem);
   }
 
@@ -199,6 +204,27 @@ struct OffloadEngine::Impl {
   }
 
   void start_lanes();
+
+  // ---------------------------------------------------------------- events
+  // The event a ticket resolves to; counts the engine thread's wait when the lane has not got
+  // there yet (a disk read still running, or the lane behind).
+  Event await(const Ticket& t);
+  // The compute stream's next work waits for `t` (on the device: the host goes on).
+  void compute_after(const Ticket& t);
+  void compute_after(const std::vector<Ticket>& ts) {
+    for (const Ticket& t : ts) compute_after(t);
+  }
+  // The compute stream's event after the work enqueued so far.
+  Ticket compute_done() { return ready_ticket(be.record(Stream::Compute)); }
+  // True (and once per engine a note on stderr) when the test switch names this wait.
+  bool skipped(const char* wait) const { return !skip_event_wait.empty() && skip_event_wait == wait; }
+  // Returns a held unit's slots to their pools, each free once its last users' tickets have
+  // resolved and their events are done. A GPU slot is poisoned then under STRATA_TEST_POISON_RELEASED.
+  void release_held(const Held& h, SlotPool& gpu_pool, SlotPool& pinned_pool, const std::vector<Ticket>& gpu_after,
+                    const std::vector<Ticket>& pinned_after);
+  void release_slot(SlotPool& pool, int slot, std::vector<Ticket> after, bool device);
+  // Checks the pending tickets that have resolved; a failed store is reported here.
+  void check_pending();
 
   // ---------------------------------------------------------------- transfers
   // Copies rows of every slot of a cache tensor between a home and a GPU slot.
@@ -247,25 +273,24 @@ struct OffloadEngine::Impl {
   // always covers every part issued (each part waits for the one before).
   Ticket load_weights_async(int jj, int part = 0, int parts = 1);
 
-  void release_weights(int jj) {
-    free_slots(w_held[size_t(jj)], w_gpu[jj % 2], w_pin[jj % 2]);
-    w_held[size_t(jj)] = Held();
-    w_issued[size_t(jj)] = 0;
-  }
+  // The GPU buffer is free after `readers` (the compute that used it), the pinned one after the
+  // load's copies.
+  void release_weights(int jj, const std::vector<Ticket>& readers);
 
   // Brings unit u's cache of layer j to where token i uses it: a GPU staging slot (through a
   // pinned mirror for disk homes), or, when the CPU attends to a disk home, the mirror alone.
   void load_cache_async(int i, int j, int u);
 
-  // Moves the entries token i wrote back home; the slots are released by `after` once done.
-  void store_cache(int i, int j, int u, std::vector<Ticket>& tickets, std::vector<std::function<void()>>& after);
+  // Moves the entries token i wrote back home (after `computed`, the step that wrote them) and
+  // releases the unit's slots after the store.
+  void store_cache(int i, int j, int u, const Ticket& computed);
 
   size_t act_bytes(int i, int u) const { return unit(i, u).step.tokens.size() * size_t(cfg.hidden) * esize; }
 
   // Loads unit u's hidden state (the input of sub-layer jj) into a staging slot, after its store.
   void load_act_async(int i, int jj, int u);
 
-  void store_act(int i, int jj, int u, std::vector<Ticket>& tickets, std::vector<std::function<void()>>& after);
+  void store_act(int i, int jj, int u, const Ticket& computed);
 
   // ---------------------------------------------------------------- compute
   // Sub-layer jj's weights on the GPU; a staged half has only that half's tensors.
@@ -349,9 +374,26 @@ struct OffloadEngine::Impl {
 
   std::vector<GenResult> generate(const std::vector<GenRequest>& requests, GenStats* stats);
 
-  // Busy seconds so far of the compute, cpu->gpu, gpu->cpu and disk lanes.
+  // Busy seconds so far of the compute, cpu->gpu, gpu->cpu and disk lanes; after settle_lanes(),
+  // of everything enqueued.
   std::array<double, 4> lane_busy() const {
-    return {compute_busy, h2d->busy_seconds(), d2h->busy_seconds(), disk_lane->busy_seconds()};
+    return {compute_lane->busy_seconds(), h2d->busy_seconds(), d2h->busy_seconds(), disk_lane->busy_seconds()};
+  }
+  void add_prefill_busy(const std::array<double, 4>& before, const std::array<double, 4>& after) {
+    totals.prefill_compute_busy += after[0] - before[0];
+    totals.prefill_h2d_busy += after[1] - before[1];
+    totals.prefill_d2h_busy += after[2] - before[2];
+    totals.prefill_disk_busy += after[3] - before[3];
+  }
+  // The engine thread's waits so far: for the device (the backend's count) and for its lanes.
+  HostWaits host_waits() const {
+    HostWaits w = this_thread_host_waits();
+    w.count += waits.count;
+    w.seconds += waits.seconds;
+    return w;
+  }
+  void settle_lanes() {
+    for (Lane* l : {compute_lane.get(), h2d.get(), d2h.get(), disk_lane.get()}) l->settle();
   }
 
   // Waits for anything in flight and frees every slot (units prefetched for a token that never

@@ -17,14 +17,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Waits for a ticket, ignoring its failure (used when unwinding after one).
-void drain(const Ticket& t) {
-  if (t.valid()) try {
-      t.get();
-    } catch (...) {
-    }
-}
-
 // One choice of one request, as placed in a GPU batch.
 struct Choice {
   size_t request = 0;
@@ -66,7 +58,7 @@ const LayerWeights& OffloadEngine::Impl::weights_for(int jj) {
   if (plan.weight_tier[size_t(j)] == Tier::Gpu) return resident_layers[size_t(j)];
   load_weights_async(jj);  // no-op when prefetched
   Held& h = w_held[size_t(jj)];
-  if (h.ready.valid()) h.ready.get();
+  if (!skipped("weights")) compute_after(h.ready);
   staged_weights = layer_views(half_layout[half], w_gpu[half].data(h.gpu), be.device());
   return staged_weights;
 }
@@ -92,10 +84,11 @@ Tensor OffloadEngine::Impl::hidden_for(int i, int jj, int u, int64_t T) {
       h.valid = true;
       h.layer = 0;
       h.gpu = a_gpu.acquire();
+      compute_after(a_gpu.free_after(h.gpu));  // the embedding writes it
     } else {
       load_act_async(i, jj, u);
       STRATA_CHECK(h.valid && h.layer == jj, "internal: hidden state of unit " << u << " for sub-layer " << jj << " missing");
-      if (h.ready.valid()) h.ready.get();
+      compute_after(h.ready);
     }
     p = a_gpu.data(h.gpu);
   }
@@ -111,7 +104,8 @@ std::pair<Tensor, Tensor> OffloadEngine::Impl::cache_for(int i, int j, int u) {
     Held& h = c_held[size_t(u)][size_t(j)];
     STRATA_CHECK(h.token == i, "internal: kv cache of layer " << j << " unit " << u << " loaded for token " << h.token
                                                               << ", needed for token " << i);
-    if (h.ready.valid()) h.ready.get();
+    compute_after(h.ready);
+    compute_after(c_gpu.free_after(h.gpu));  // a prefill writes a slot no copy filled
     k_ptr = c_gpu.data(h.gpu);
     v_ptr = k_ptr + stage_half;
   }
@@ -131,17 +125,20 @@ void OffloadEngine::Impl::attend_on_cpu(int i, int u, int j, const Tensor& q, co
   const BatchState& b = unit(i, u);
   const Home& home = cache_home[size_t(b.batch)][size_t(j)];
   const int64_t T = q.dim(0);
-  be.synchronize();
-  be.copy_to_host(q_host, q.data, q.nbytes());
-  be.copy_to_host(k_host, kk.data, kk.nbytes());
-  be.copy_to_host(v_host, v.data, v.nbytes());
+  // q, k and v cross on the gpu->cpu stream after the compute that made them; the host waits for
+  // that copy only (a delegated attention's inputs).
+  be.wait(Stream::DeviceToHost, be.record(Stream::Compute));
+  be.copy_async(CopyKind::DeviceToHost, q_host, q.data, q.nbytes());
+  be.copy_async(CopyKind::DeviceToHost, k_host, kk.data, kk.nbytes());
+  be.copy_async(CopyKind::DeviceToHost, v_host, v.data, v.nbytes());
+  if (!skipped("cpu attention inputs")) be.wait_host(be.record(Stream::DeviceToHost));
   auto host = [&](void* p, std::initializer_list<int64_t> dims) { return Tensor(p, dt, Device::CPU, dims); };
   char* unit_base = home.ptr;
   if (home.tier == Tier::Disk) {  // its pinned mirror, read by the disk lane
     load_cache_async(i, j, u);
     Held& h = c_held[size_t(u)][size_t(j)];
     STRATA_CHECK(h.valid && h.token == i, "internal: kv cache mirror of layer " << j << " unit " << u << " missing");
-    if (h.ready.valid()) h.ready.get();
+    await(h.ready);  // the disk read, on the host
     unit_base = c_pin.data(h.pin);
   }
   char* base = unit_base + size_t(b.first_slot) * slot_pitch();
@@ -154,7 +151,7 @@ void OffloadEngine::Impl::attend_on_cpu(int i, int u, int j, const Tensor& q, co
   cpu_attn->kv_store(host(k_host, {T, cfg.n_kv_heads, cfg.head_dim}), host(v_host, {T, cfg.n_kv_heads, cfg.head_dim}),
                      ck, cv, slots, pos);
   cpu_attn->attention(qh, ck, cv, slots, pos, cfg.attention_scale(), oh);
-  be.copy_to_device(out.data, o_host, out.nbytes());
+  be.upload(out.data, o_host, out.nbytes());  // on the compute stream, before the output projection
   cpu_attention_seconds += seconds_since(t0);
   for (int32_t p : b.step.positions) cpu_attention_bytes += double(p + 1) * 2.0 * double(cache_row_bytes());
 }
@@ -239,7 +236,8 @@ void OffloadEngine::Impl::compute(int i, int jj, int u) {
   const bool attention = jj % 2 == 0;
   if (jj == 0) build_step(i, u);
   if (b.active.empty()) return;
-  ScopedSpan span(trace, compute_track, step_label(t, j, attention, b), &compute_busy);
+  const auto host_start = Clock::now();
+  Lane::Span span{be.record(Stream::Compute), Event()};
   const int64_t T = int64_t(b.step.tokens.size());
   const LayerWeights& w = weight_quant && T > be.fused_dequant_max_tokens() ? dequantized_for(i, jj) : weights_for(jj);
   const Tensor x = hidden_for(i, jj, u, T);
@@ -276,9 +274,10 @@ void OffloadEngine::Impl::compute(int i, int jj, int u) {
       for (Sequence* s : b.sampled) s->length = int(s->request->prompt.size());
     else
       for (Sequence* s : b.active) ++s->length;
-    sampler->sample(logits, b.sampled);
+    sampler->sample(logits, b.sampled);  // the host waits for the tokens: stop and eos checks
   }
-  be.synchronize();
+  span.end = be.record(Stream::Compute);
+  compute_lane->record_span(step_label(t, j, attention, b), std::move(span), host_start, Clock::now());
 }
 
 void OffloadEngine::Impl::score_prompts(const BatchState& b, const Tensor& x, int64_t T) {
@@ -322,48 +321,30 @@ StepBatch OffloadEngine::Impl::slice(const StepBatch& s, int64_t t0, int64_t t1)
 }
 
 void OffloadEngine::Impl::step(int i, int jj, int u, int n_steps, bool has_prev, int pi, int pjj, int pu) {
-  std::vector<Ticket> tickets;
-  std::vector<std::function<void()>> after;
+  check_pending();
   const int subs = 2 * L;
-  try {
-    // Part u of the next sub-layer's weights: FlexGen loads them all at the first unit and waits
-    // for them there, so a load longer than that unit's compute stalls it while the other units'
-    // compute goes uncovered.
-    if (jj + 1 < subs || i + 1 < n_steps) {
-      const Ticket part = load_weights_async((jj + 1) % subs, u, n_units(i));
-      if (part.valid()) tickets.push_back(part);
-    }
-    if (has_prev) {
-      if (pjj % 2 == 0) store_cache(pi, pjj / 2, pu, tickets, after);  // only attention touches the cache
-      store_act(pi, pjj, pu, tickets, after);
-    }
-    int ni = i, njj = jj, nu = u + 1;
-    if (nu == n_units(i)) nu = 0, ++njj;
-    if (njj == subs) njj = 0, ++ni;
-    // The next step's rows are this step's own when the block has one sub-layer and one unit;
-    // they cannot be prefetched before this step stores them.
-    if (ni < n_steps && !same_rows(i, u, jj, ni, nu, njj)) {
-      if (njj % 2 == 0) {
-        load_cache_async(ni, njj / 2, nu);
-        if (c_held[size_t(nu)][size_t(njj / 2)].ready.valid()) tickets.push_back(c_held[size_t(nu)][size_t(njj / 2)].ready);
-      }
-      if (njj != 0) {
-        load_act_async(ni, njj, nu);
-        if (a_held[size_t(nu)].ready.valid()) tickets.push_back(a_held[size_t(nu)].ready);
-      }
-    }
-    compute(i, jj, u);
-    wait_all(tickets);
-  } catch (...) {
-    try {
-      wait_all(tickets);  // nothing may still write into buffers being unwound
-    } catch (...) {
-    }
-    for (auto& f : after) f();
-    throw;
+  // Part u of the next sub-layer's weights: FlexGen loads them all at the first unit and waits
+  // for them there, so a load longer than that unit's compute stalls it while the other units'
+  // compute goes uncovered.
+  if (jj + 1 < subs || i + 1 < n_steps) load_weights_async((jj + 1) % subs, u, n_units(i));
+  if (has_prev) {
+    if (pjj % 2 == 0) store_cache(pi, pjj / 2, pu, prev_compute);  // only attention touches the cache
+    store_act(pi, pjj, pu, prev_compute);
   }
-  for (auto& f : after) f();
-  if (u == n_units(i) - 1) release_weights(jj);
+  int ni = i, njj = jj, nu = u + 1;
+  if (nu == n_units(i)) nu = 0, ++njj;
+  if (njj == subs) njj = 0, ++ni;
+  // The next step's rows are this step's own when the block has one sub-layer and one unit;
+  // they cannot be prefetched before this step stores them.
+  if (ni < n_steps && !same_rows(i, u, jj, ni, nu, njj)) {
+    if (njj % 2 == 0) load_cache_async(ni, njj / 2, nu);
+    if (njj != 0) load_act_async(ni, njj, nu);
+  }
+  compute(i, jj, u);
+  // Nothing waits here: the stores wait for this event on the device, the slots this step read
+  // are free after it.
+  prev_compute = compute_done();
+  if (u == n_units(i) - 1) release_weights(jj, {prev_compute});
 }
 
 void OffloadEngine::Impl::build_units(std::vector<Sequence>& seqs, const std::vector<size_t>& batch_begin) {
@@ -470,6 +451,8 @@ std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenReques
 
   GenStats local;
   shared_prompt_tokens = 0;
+  prev_compute = Ticket();
+  pending.clear();
   const auto t_start = Clock::now();
   const std::array<double, 4> busy_at_start = lane_busy();
   bool has_prev = false;
@@ -477,9 +460,14 @@ std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenReques
   try {
     // A super-step in which some batch prefills counts as prefill (all of token 0 without a
     // staggered prefill), the others as decode steps.
+    // The lanes' busy time lags their work by the spans still in flight (Lane): the last
+    // super-step's share is counted once the lanes settle.
     std::array<double, 4> busy_before = busy_at_start;
+    bool last_prefills = false;
     for (int i = 0; i < n_steps; ++i) {
       const auto t_step = Clock::now();
+      const HostWaits waits_before = host_waits();
+      const int64_t device_waits_before = this_thread_host_waits().count;
       for (int jj = 0; jj < 2 * L; ++jj)
         for (int u = 0; u < n_units(i); ++u) {
           step(i, jj, u, n_steps, has_prev, pi, pjj, pu);
@@ -488,18 +476,23 @@ std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenReques
       const bool prefills = std::any_of(step_units[size_t(i)].begin(), step_units[size_t(i)].end(),
                                         [](const StepUnit& su) { return su.token == 0; });
       (prefills ? local.prefill_seconds : local.decode_seconds) += seconds_since(t_step);
-      const std::array<double, 4> busy = lane_busy();
-      if (prefills) {
-        totals.prefill_compute_busy += busy[0] - busy_before[0];
-        totals.prefill_h2d_busy += busy[1] - busy_before[1];
-        totals.prefill_d2h_busy += busy[2] - busy_before[2];
-        totals.prefill_disk_busy += busy[3] - busy_before[3];
-      } else {
-        ++local.decode_steps;
+      const HostWaits waits_after = host_waits();
+      totals.host_waits += waits_after.count - waits_before.count;
+      totals.host_wait_seconds += waits_after.seconds - waits_before.seconds;
+      if (!prefills) {
+        totals.decode_host_waits += waits_after.count - waits_before.count;
+        totals.decode_device_waits += this_thread_host_waits().count - device_waits_before;
       }
+      const std::array<double, 4> busy = lane_busy();
+      if (prefills) add_prefill_busy(busy_before, busy);
+      else ++local.decode_steps;
       busy_before = busy;
+      last_prefills = prefills;
       if (std::all_of(seqs.begin(), seqs.end(), [](const Sequence& s) { return s.done; })) break;
     }
+    wait_all(pending);  // a failed store fails the block
+    settle_lanes();     // the last spans' busy time, which the last super-step's count missed
+    if (last_prefills) add_prefill_busy(busy_before, lane_busy());
   } catch (...) {
     release_all();
     throw;
@@ -532,25 +525,41 @@ std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenReques
 }
 
 void OffloadEngine::Impl::release_all() {
-  for (const Ticket& t : a_stored) drain(t);
+  // Waits for a ticket and then for its device work, ignoring failures (unwinding after one, or
+  // the block is over): nothing may still touch the slots when the next block takes them.
+  auto finish = [this](const Ticket& t) {
+    if (!t.valid()) return;
+    try {
+      be.wait_host(t.get());
+    } catch (...) {
+    }
+  };
+  for (const Ticket& t : pending) finish(t);
+  pending.clear();
+  for (const Ticket& t : a_stored) finish(t);
   for (const auto& row : c_stored)
     for (const auto& tickets : row)
-      for (const Ticket& t : tickets) drain(t);
+      for (const Ticket& t : tickets) finish(t);
   for (size_t j = 0; j < w_held.size(); ++j) {
-    drain(w_held[j].ready);
-    release_weights(int(j));
+    finish(w_held[j].ready);
+    release_weights(int(j), {});
   }
   for (auto& row : c_held)
     for (Held& h : row) {
-      drain(h.ready);
-      free_slots(h, c_gpu, c_pin);
+      finish(h.ready);
+      release_held(h, c_gpu, c_pin, {}, {});
       h = Held();
     }
   for (Held& h : a_held) {
-    drain(h.ready);
-    free_slots(h, a_gpu, a_pin);
+    finish(h.ready);
+    release_held(h, a_gpu, a_pin, {}, {});
     h = Held();
   }
+  try {
+    be.synchronize();  // the compute stream's last work on the slots
+  } catch (...) {
+  }
+  prev_compute = Ticket();
 }
 
 }  // namespace strata

@@ -37,9 +37,17 @@ void Trace::write(const std::filesystem::path& file) const {
   if (!out) STRATA_FAIL("error writing trace file " << file.string());
 }
 
-Lane::Lane(std::string name, bool threaded, Trace& trace)
-    : name_(std::move(name)), trace_(trace), track_(trace.track(name_)), threaded_(threaded) {
-  if (threaded_) thread_ = std::thread([this] { loop(); });
+Ticket ready_ticket(Event e) {
+  std::promise<Event> p;
+  p.set_value(std::move(e));
+  return p.get_future().share();
+}
+
+Lane::Lane(std::string name, bool threaded, Trace& trace, Backend* device)
+    : name_(std::move(name)), trace_(trace), track_(trace.track(name_)), threaded_(threaded), device_(device) {
+  if (!threaded_) return;
+  thread_ = std::thread([this] { loop(); });
+  timer_ = std::thread([this] { time_spans(); });
 }
 
 Lane::~Lane() {
@@ -50,9 +58,15 @@ Lane::~Lane() {
   }
   cv_.notify_all();
   thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    lane_done_ = true;
+  }
+  timed_cv_.notify_all();
+  timer_.join();
 }
 
-Ticket Lane::submit(std::string label, std::function<void()> fn, std::vector<Ticket> deps) {
+Ticket Lane::submit(std::string label, Fn fn, std::vector<Ticket> deps) {
   Task task{std::move(label), std::move(fn), std::move(deps), {}};
   Ticket ticket = task.done.get_future().share();
   if (!threaded_) {
@@ -63,25 +77,61 @@ Ticket Lane::submit(std::string label, std::function<void()> fn, std::vector<Tic
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(task));
   }
-  cv_.notify_one();
+  cv_.notify_all();
   return ticket;
 }
 
+void Lane::add_busy(std::string label, TraceClock::time_point start, TraceClock::time_point end) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ += seconds(start, end);
+  }
+  trace_.record(track_, std::move(label), start, end);
+}
+
 void Lane::run(Task& task) {
+  Span span;
+  TraceClock::time_point start, end;
   try {
-    for (Ticket& d : task.deps) d.get();  // a failed dependency fails this task too
-    const auto start = TraceClock::now();
-    task.fn();
-    const auto end = TraceClock::now();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      busy_ += seconds(start, end);
-    }
-    trace_.record(track_, std::move(task.label), start, end);
-    task.done.set_value();
+    std::vector<Event> deps;
+    deps.reserve(task.deps.size());
+    for (Ticket& d : task.deps) deps.push_back(d.get());  // a failed dependency fails this task too
+    start = TraceClock::now();
+    span = task.fn(deps);
+    end = TraceClock::now();
+    task.done.set_value(span.end);
   } catch (...) {
     task.done.set_exception(std::current_exception());
+    return;
   }
+  try {
+    record_span(std::move(task.label), std::move(span), start, end);
+  } catch (...) {
+    // A failed copy reaches its ticket's holders through their own waits; timing it is moot.
+  }
+}
+
+void Lane::record_span(std::string label, Span span, TraceClock::time_point host_start, TraceClock::time_point host_end) {
+  if (span.end.empty()) {
+    add_busy(std::move(label), host_start, host_end);
+  } else if (!threaded_) {
+    Timed t{std::move(label), std::move(span)};
+    time(t);
+  } else {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      timing_.push_back({std::move(label), std::move(span)});
+    }
+    timed_cv_.notify_all();
+  }
+}
+
+void Lane::time(Timed& t) {
+  STRATA_CHECK(device_ != nullptr, "internal: lane " << name_ << " enqueued device work without a backend");
+  device_->wait_host(t.span.start);
+  const auto start = TraceClock::now();
+  device_->wait_host(t.span.end);
+  add_busy(std::move(t.label), start, TraceClock::now());
 }
 
 void Lane::loop() {
@@ -93,9 +143,45 @@ void Lane::loop() {
       if (queue_.empty()) return;
       task = std::move(queue_.front());
       queue_.pop_front();
+      ++running_;
     }
     run(task);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --running_;
+    }
+    timed_cv_.notify_all();
   }
+}
+
+void Lane::time_spans() {
+  while (true) {
+    Timed t;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      timed_cv_.wait(lock, [&] { return !timing_.empty() || lane_done_; });
+      if (timing_.empty()) return;  // stopping, and the lane has enqueued its last span
+      t = std::move(timing_.front());
+      timing_.pop_front();
+      ++timing_busy_;
+    }
+    try {
+      time(t);
+    } catch (...) {
+      // A failed copy reaches its ticket's holders through the stream's next error; timing it is moot.
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --timing_busy_;
+    }
+    timed_cv_.notify_all();
+  }
+}
+
+void Lane::settle() {
+  if (!threaded_) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  timed_cv_.wait(lock, [&] { return queue_.empty() && running_ == 0 && timing_.empty() && timing_busy_ == 0; });
 }
 
 double Lane::busy_seconds() const {

@@ -18,6 +18,7 @@ SlotPool::SlotPool(std::string name, Region& region, int count, size_t bytes) : 
     slots_.push_back(region.take(bytes, name_.c_str()));
     in_use_.push_back(false);
   }
+  free_after_.resize(slots_.size());
 }
 
 int SlotPool::acquire() {
@@ -29,10 +30,11 @@ int SlotPool::acquire() {
   STRATA_FAIL("internal: no free " << name_ << " slot (all " << slots_.size() << " in use)");
 }
 
-void SlotPool::release(int slot) {
+void SlotPool::release(int slot, std::vector<Ticket> release_after) {
   STRATA_CHECK(slot >= 0 && size_t(slot) < slots_.size() && in_use_[size_t(slot)],
                "internal: releasing " << name_ << " slot " << slot << " that is not in use");
   in_use_[size_t(slot)] = false;
+  free_after_[size_t(slot)] = std::move(release_after);
 }
 
 }  // namespace strata

@@ -114,7 +114,7 @@ void ForwardOps::upload_indices(const StepBatch& batch) {
   std::copy(batch.logit_rows.begin(), batch.logit_rows.end(), staged.begin() + ptrdiff_t(4 * piece));
   // Equal bytes mean the device already holds what this step's layout reads.
   if (staged == uploaded_) return;
-  backend_.copy_to_device(indices_, staged.data(), staged.size() * 4);
+  backend_.upload(indices_, staged.data(), staged.size() * 4);
   uploaded_ = std::move(staged);
 }
 
@@ -203,7 +203,7 @@ void ForwardOps::select_logit_rows(const std::vector<int32_t>& rows, int64_t tok
   const int64_t R = int64_t(rows.size());
   STRATA_CHECK(R <= ws_rows_, "forward: " << R << " logit rows exceed the workspace's " << ws_rows_);
   for (int32_t r : rows) STRATA_CHECK(r >= 0 && r < tokens, "logit row " << r << " outside the " << tokens << " tokens");
-  if (R > 0) backend_.copy_to_device(rows_.data, rows.data(), size_t(R) * 4);
+  if (R > 0) backend_.upload(rows_.data, rows.data(), size_t(R) * 4);
   R_ = R;
   uploaded_.clear();  // the rows piece no longer holds what begin_step uploaded
 }

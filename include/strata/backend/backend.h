@@ -2,13 +2,15 @@
 // `cpu` (threads + OpenBLAS, fp32) and `cuda` (cuBLAS + own kernels, fp16 with fp32 accumulation)
 // implement it. All tensors passed to an op live on the backend's device, are contiguous and
 // have the backend's activation dtype unless the op says otherwise. Ops are enqueued in order on
-// the backend's compute stream; copies to the host synchronize.
+// the backend's compute stream; copies to the host synchronize. Work on the compute stream and the
+// two copy streams is ordered across streams by Events alone (docs/offload.md, "Events").
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "strata/core/tensor.h"
 #include "strata/quant/quant.h"
@@ -45,6 +47,40 @@ enum class Activation : uint8_t { ReLU, GELU };
 // copy stream (CUDA), separate from the compute stream, so the offloading schedule overlaps them.
 enum class CopyKind : uint8_t { HostToDevice, DeviceToHost };
 
+// Where work is enqueued: the compute stream, and one copy stream per direction (CopyKind).
+enum class Stream : uint8_t { Compute, HostToDevice, DeviceToHost };
+inline Stream copy_stream(CopyKind kind) { return kind == CopyKind::HostToDevice ? Stream::HostToDevice : Stream::DeviceToHost; }
+
+// Points in streams' work: each, everything enqueued on its stream before Backend::record; an
+// Event is done when all its points are (join). CUDA: recorded cudaEvent_t's, back to the
+// backend's pool when the last copy of them goes. An empty Event is already done (the CPU
+// backend's work is done when its call returns).
+class Event {
+public:
+  Event() = default;
+  explicit Event(std::shared_ptr<void> handle) {
+    if (handle) handles_.push_back(std::move(handle));
+  }
+  bool empty() const { return handles_.empty(); }
+  const std::vector<std::shared_ptr<void>>& handles() const { return handles_; }
+  Event& join(const Event& other) {
+    handles_.insert(handles_.end(), other.handles_.begin(), other.handles_.end());
+    return *this;
+  }
+
+private:
+  std::vector<std::shared_ptr<void>> handles_;
+};
+
+// The calling thread's waits for device work (copies to the host, synchronize, wait_host, and
+// the offloading engine's waits for its lanes): how many, and the seconds they blocked. Per
+// thread, so the engine counts the thread that launches GPU work, not its copy lanes.
+struct HostWaits {
+  int64_t count = 0;
+  double seconds = 0;
+};
+HostWaits& this_thread_host_waits();
+
 class Backend {
 public:
   virtual ~Backend() = default;
@@ -75,6 +111,34 @@ public:
   // A copy within device memory on the compute stream, ordered with the ops before and after it
   // (bytes as they are: quantized cache rows too).
   virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
+
+  // ---- asynchrony: events order the streams; the host waits only where it reads a result ----
+  // Marks the work enqueued on `s` so far. Thread-safe.
+  virtual Event record(Stream s) {
+    (void)s;
+    return Event();
+  }
+  // Work enqueued on `s` after this call starts after `e` (an Event of any stream).
+  virtual void wait(Stream s, const Event& e) {
+    (void)s;
+    (void)e;
+  }
+  // Blocks the calling thread until `e` is done (counted in this_thread_host_waits).
+  virtual void wait_host(const Event& e) { (void)e; }
+  // copy_2d on the copy stream of `kind`, returning at once: host memory must be pinned
+  // (alloc_host) and left alone until an Event recorded on that stream after it is done.
+  virtual void copy_2d_async(CopyKind kind, void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                             size_t width, size_t rows) {
+    copy_2d(kind, dst, dst_pitch, src, src_pitch, width, rows);
+  }
+  void copy_async(CopyKind kind, void* dst, const void* src, size_t bytes) {
+    copy_2d_async(kind, dst, bytes, src, bytes, bytes, 1);
+  }
+  // A host-to-device copy on the compute stream that returns at once; `host_src` may be reused
+  // when it returns (the backend stages it). For a step's small inputs (token ids, positions).
+  virtual void upload(void* dst, const void* host_src, size_t bytes) { copy_to_device(dst, host_src, bytes); }
+  // Sets device bytes to `byte` on the compute stream (a released buffer's poison, in tests).
+  virtual void fill(void* dst, uint8_t byte, size_t bytes) = 0;
 
   // ---- ops; shapes in comments: T tokens, h hidden, V vocab, S cache slots, C cache capacity ----
   // out[t] = table[ids[t]] (or +=, when accumulate). ids: I32 [T], table: [V, h], out: [T, h].

@@ -80,6 +80,9 @@ struct BenchCaseResult {
   // Attention delegated to the CPU (last repeat): its seconds and cache bytes read per second,
   // copies and synchronisations included (OffloadReport::cpu_attention_*); 0 without it.
   double cpu_attention_s = 0, cpu_attention_gbps = 0;
+  // The engine thread's waits for the device and its lanes (last repeat): per decode step, and
+  // their seconds in all (OffloadReport::host_waits; docs/offload.md, "Events").
+  double host_waits_per_decode_step = 0, host_wait_s = 0;
   // What calibration needs (mean over repeats): the model, the policy run, the phases' seconds
   // and each lane's busy seconds per phase (compute, cpu->gpu, gpu->cpu, disk).
   ModelConfig config;

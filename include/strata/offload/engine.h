@@ -65,6 +65,11 @@ struct OffloadReport {
   // (K and V at every position up to each query's). Their ratio is the engine's rate, to set
   // beside the profile's cpu_attention_bw, which times the kernel alone.
   double cpu_attention_seconds = 0, cpu_attention_bytes = 0;
+  // The waits of the thread that launches GPU work, for the device (sampled tokens, a delegated
+  // attention's inputs) or for a lane (a disk read): all of them, their seconds, and those in
+  // decode steps (the steady state; docs/offload.md, "Events"), of which for the device.
+  int64_t host_waits = 0, decode_host_waits = 0, decode_device_waits = 0;
+  double host_wait_seconds = 0;
   LinkStats disk_to_cpu, cpu_to_gpu, gpu_to_cpu, cpu_to_disk;
   TierBytes peak;                // reserved on each tier
   TierBytes used;                // carved out of the reservation by the schedule's buffers and homes

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "strata/offload/lanes.h"
+
 namespace strata {
 
 class Region {
@@ -25,22 +27,28 @@ private:
   size_t size_ = 0, used_ = 0;
 };
 
-// `count` buffers of `bytes` each; acquire() hands out a free one's index.
+// `count` buffers of `bytes` each; acquire() hands out a free one's index. A slot is released
+// with the tickets of its last readers and writers (release_after): whoever writes it next waits
+// for them (free_after), on the device or the host, so the host never waits for a slot to drain.
 class SlotPool {
 public:
   SlotPool() = default;
   SlotPool(std::string name, Region& region, int count, size_t bytes);
   int acquire();
-  void release(int slot);
+  void release(int slot, std::vector<Ticket> release_after = {});
+  // What a new writer of `slot` must wait for: the last users' tickets it was released with.
+  const std::vector<Ticket>& free_after(int slot) const { return free_after_[size_t(slot)]; }
   char* data(int slot) const { return slots_[size_t(slot)]; }
   size_t bytes() const { return bytes_; }
   bool empty() const { return slots_.empty(); }
+  const std::string& name() const { return name_; }
 
 private:
   std::string name_;
   size_t bytes_ = 0;
   std::vector<char*> slots_;
   std::vector<bool> in_use_;
+  std::vector<std::vector<Ticket>> free_after_;
 };
 
 }  // namespace strata

@@ -97,6 +97,7 @@ public:
   void copy_to_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy_to_host(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void copy_on_device(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void fill(void* dst, uint8_t byte, size_t bytes) override { std::memset(dst, byte, bytes); }
   void synchronize() override {}
 
   void* alloc_host(size_t bytes) override {

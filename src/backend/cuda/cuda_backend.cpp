@@ -2,7 +2,12 @@
 // and our own kernels (kernels.h) for the rest, all enqueued on one non-blocking stream owned by
 // the backend. The entries here validate devices, dtypes and shapes, then call the launchers.
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <climits>
+#include <cstring>
+#include <mutex>
+#include <vector>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -17,6 +22,52 @@ namespace strata {
 namespace {
 
 constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // NVIDIA's recommendation for Hopper
+// A host wait on an event sleeps rather than spins: with one context on a many-core host, CUDA's
+// default is to spin, and a waiting thread would then hold a core the CPU attention needs.
+constexpr unsigned kEventFlags = cudaEventBlockingSync | cudaEventDisableTiming;
+
+using WaitClock = std::chrono::steady_clock;
+
+// Counts a host wait of the calling thread and the seconds it blocked.
+class TimedHostWait {
+public:
+  TimedHostWait() : start_(WaitClock::now()) {}
+  ~TimedHostWait() {
+    HostWaits& w = this_thread_host_waits();
+    ++w.count;
+    w.seconds += std::chrono::duration<double>(WaitClock::now() - start_).count();
+  }
+
+private:
+  WaitClock::time_point start_;
+};
+
+// Recorded events come back here when their last Event copy goes: creating one costs more than
+// recording it. Shared by the Events, so one may outlive the backend.
+struct EventPool {
+  std::mutex mu;
+  std::vector<cudaEvent_t> free;
+  cudaEvent_t take() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!free.empty()) {
+        cudaEvent_t e = free.back();
+        free.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e, kEventFlags));
+    return e;
+  }
+  void give(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(mu);
+    free.push_back(e);
+  }
+  ~EventPool() {
+    for (cudaEvent_t e : free) (void)cudaEventDestroy(e);
+  }
+};
 
 void check_tensor(const Tensor& t, DType dtype, const char* op, const char* what) {
   STRATA_CHECK(t.device == Device::CUDA, "cuda " << op << ": " << what << " must be on the GPU");
@@ -59,8 +110,9 @@ public:
     STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     try {
       for (cudaStream_t& s : copy_streams_) STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-      for (cudaEvent_t& e : copy_done_)
-        STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventBlockingSync | cudaEventDisableTiming));
+      for (cudaEvent_t& e : copy_done_) STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&e, kEventFlags));
+      for (Staging& st : staging_) STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&st.done, kEventFlags));
+      events_ = std::make_shared<EventPool>();
       STRATA_CUBLAS_CHECK(cublasCreate(&cublas_));
       STRATA_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
       STRATA_CUDA_CHECK(cudaMalloc(&workspace_, kCublasWorkspaceBytes));
@@ -108,6 +160,7 @@ public:
     if (bytes == 0) return;
     bind();
     STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+    TimedHostWait wait;
     STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
@@ -115,7 +168,66 @@ public:
     if (bytes == 0) return;
     bind();
     STRATA_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    TimedHostWait wait;
     STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  // Staged through one of a ring of pinned buffers, each reused after its last copy's event, so
+  // the caller's buffer is free at once and the copy is still asynchronous.
+  void upload(void* dst, const void* host_src, size_t bytes) override {
+    if (bytes == 0) return;
+    bind();
+    std::lock_guard<std::mutex> lock(staging_mu_);
+    Staging& st = staging_[next_staging_++ % staging_.size()];
+    if (st.used && cudaEventQuery(st.done) != cudaSuccess) {
+      (void)cudaGetLastError();  // cudaErrorNotReady is a state, not a fault: the wait reports faults
+      TimedHostWait wait;
+      STRATA_CUDA_CHECK(cudaEventSynchronize(st.done));
+    }
+    if (st.bytes < bytes) {
+      if (st.host) STRATA_CUDA_CHECK(cudaFreeHost(st.host));
+      st.host = nullptr;
+      st.bytes = 0;
+      const size_t grown = std::max<size_t>(bytes, size_t(64) << 10);
+      STRATA_CUDA_CHECK(cudaHostAlloc(&st.host, grown, cudaHostAllocPortable));
+      st.bytes = grown;
+    }
+    std::memcpy(st.host, host_src, bytes);
+    STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, st.host, bytes, cudaMemcpyHostToDevice, stream_));
+    STRATA_CUDA_CHECK(cudaEventRecord(st.done, stream_));
+    st.used = true;
+    if (sync_debug()) STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void fill(void* dst, uint8_t byte, size_t bytes) override {
+    if (bytes == 0) return;
+    bind();
+    STRATA_CUDA_CHECK(cudaMemsetAsync(dst, byte, bytes, stream_));
+  }
+
+  Event record(Stream s) override {
+    bind();
+    cudaEvent_t e = events_->take();
+    const cudaError_t err = cudaEventRecord(e, stream_of(s));
+    std::shared_ptr<EventPool> pool = events_;
+    Event event(std::shared_ptr<void>(e, [pool](void* p) { pool->give(static_cast<cudaEvent_t>(p)); }));
+    STRATA_CUDA_CHECK(err);
+    return event;
+  }
+
+  void wait(Stream s, const Event& e) override {
+    if (e.empty()) return;
+    bind();
+    for (const std::shared_ptr<void>& h : e.handles())
+      STRATA_CUDA_CHECK(cudaStreamWaitEvent(stream_of(s), static_cast<cudaEvent_t>(h.get()), 0));
+  }
+
+  void wait_host(const Event& e) override {
+    if (e.empty()) return;
+    bind();
+    TimedHostWait wait;
+    for (const std::shared_ptr<void>& h : e.handles())
+      STRATA_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(h.get())));
   }
 
   void copy_on_device(void* dst, const void* src, size_t bytes) override {
@@ -126,6 +238,7 @@ public:
 
   void synchronize() override {
     bind();
+    TimedHostWait wait;
     STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
@@ -145,24 +258,29 @@ public:
   }
 
   // Each direction has its own stream; the caller's thread waits on that stream only, so a copy
-  // lane never waits for compute (the schedule orders them with its per-step synchronization).
-  // The wait sleeps on a blocking-sync event: with one context on a many-core host, CUDA's default
-  // is to spin in cudaStreamSynchronize, and a copy lane would then hold a core for the whole of
-  // a weights load, the time the CPU attention's threads need every core (docs/offload.md,
-  // "Lanes"). A copy is large, so the wake-up's microseconds do not count.
+  // never waits for compute. The wait sleeps on a blocking-sync event (kEventFlags); a copy is
+  // large, so the wake-up's microseconds do not count.
   void copy_2d(CopyKind kind, void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                size_t rows) override {
     if (width == 0 || rows == 0) return;
-    bind();
+    copy_2d_async(kind, dst, dst_pitch, src, src_pitch, width, rows);
     const int direction = kind == CopyKind::HostToDevice ? 0 : 1;
-    cudaStream_t s = copy_streams_[direction];
+    // A later record by another thread only makes this wait longer, never too short: the stream
+    // runs in order.
+    STRATA_CUDA_CHECK(cudaEventRecord(copy_done_[direction], copy_streams_[direction]));
+    TimedHostWait wait;
+    STRATA_CUDA_CHECK(cudaEventSynchronize(copy_done_[direction]));
+  }
+
+  void copy_2d_async(CopyKind kind, void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
+                     size_t rows) override {
+    if (width == 0 || rows == 0) return;
+    bind();
+    cudaStream_t s = stream_of(copy_stream(kind));
     const cudaMemcpyKind k = kind == CopyKind::HostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
     if (rows == 1) STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, width, k, s));
     else STRATA_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, k, s));
-    // A later record by another thread only makes this wait longer, never too short: the stream
-    // runs in order.
-    STRATA_CUDA_CHECK(cudaEventRecord(copy_done_[direction], s));
-    STRATA_CUDA_CHECK(cudaEventSynchronize(copy_done_[direction]));
+    if (sync_debug()) STRATA_CUDA_CHECK(cudaStreamSynchronize(s));
   }
 
   size_t available_memory() const override {
@@ -544,6 +662,16 @@ private:
   // Makes this backend's GPU current for the calling thread (cheap; callers may use many threads).
   void bind() const { STRATA_CUDA_CHECK(cudaSetDevice(device_)); }
 
+  static bool sync_debug() { return cuda::sync_debug_enabled(); }
+
+  cudaStream_t stream_of(Stream s) const {
+    switch (s) {
+      case Stream::HostToDevice: return copy_streams_[0];
+      case Stream::DeviceToHost: return copy_streams_[1];
+      default: return stream_;
+    }
+  }
+
   void destroy() noexcept {
     (void)cudaSetDevice(device_);
     if (stream_) (void)cudaStreamSynchronize(stream_);
@@ -558,6 +686,11 @@ private:
       if (e) (void)cudaEventDestroy(e);
       e = nullptr;
     }
+    for (Staging& st : staging_) {
+      if (st.done) (void)cudaEventDestroy(st.done);
+      if (st.host) (void)cudaFreeHost(st.host);
+      st = Staging();
+    }
     cublas_ = nullptr;
     workspace_ = nullptr;
     stream_ = nullptr;
@@ -569,6 +702,17 @@ private:
   cudaEvent_t copy_done_[2] = {nullptr, nullptr};      // each copy stream's last copy, waited on by blocking
   cublasHandle_t cublas_ = nullptr;
   void* workspace_ = nullptr;
+  std::shared_ptr<EventPool> events_;
+  // upload()'s ring of pinned buffers, each with the event of its last copy.
+  struct Staging {
+    void* host = nullptr;
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;
+    bool used = false;
+  };
+  std::array<Staging, 16> staging_;
+  size_t next_staging_ = 0;
+  std::mutex staging_mu_;
 };
 
 int device_count(cudaError_t* err_out) {

@@ -1,7 +1,9 @@
 // Stands in for the CUDA runtime header in the emulated build (emulation.h): the kernels' launch
 // emulation, and the runtime calls cuda_backend.cpp makes, served from host memory by
-// ../fake_runtime.cpp (one device, streams and events that complete every call before it
-// returns). tests/cuda_emulation/README.md says what that can and cannot show.
+// ../fake_runtime.cpp (one device; every call completes before it returns, unless
+// STRATA_EMULATED_ASYNC turns on the asynchronous mode, in which each stream's work is queued
+// and run in a random order that only stream order and events constrain).
+// tests/cuda_emulation/README.md says what that can and cannot show.
 #pragma once
 #include <cstddef>
 
@@ -13,6 +15,7 @@ constexpr cudaError_t cudaErrorInvalidValue = 1;
 constexpr cudaError_t cudaErrorMemoryAllocation = 2;
 constexpr cudaError_t cudaErrorNoDevice = 100;
 constexpr cudaError_t cudaErrorInvalidDevice = 101;
+constexpr cudaError_t cudaErrorNotReady = 600;
 
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
@@ -50,11 +53,17 @@ cudaError_t cudaFreeHost(void* ptr);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+// Later work on `stream` waits for the event's most recent record as of this call (none: no wait).
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags = 0);
+cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t event);
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
+// cudaSuccess once the most recent record has run (or there is none), else cudaErrorNotReady.
+cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream);
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                               size_t rows, cudaMemcpyKind kind, cudaStream_t stream);
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream = nullptr);

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <semaphore>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -312,13 +313,20 @@ void launch(Kernel kernel, dim3 grid, int threads, size_t shared_bytes, const Ar
   });
 }
 
+// Where a launch goes instead of running at once: ../fake_runtime.cpp's asynchronous mode
+// (README.md, "Asynchronous mode") sets this to queue the launch on its stream, and clears it when
+// the mode ends. Null, as always in the kernel tests (which do not link the runtime): the kernel
+// runs before the launch returns.
+using LaunchQueue = void (*)(cudaStream_t, std::function<void()>&&);
+inline std::atomic<LaunchQueue> launch_queue{nullptr};
+
 // `kernel<<<grid, block, shared_bytes, stream>>>(args...)` becomes, in the rewritten sources
 // (host_source.cmake), `emu::Launch([](const auto&... a) { kernel(a...); },
 // emu::LaunchConfig{grid, block, shared_bytes, stream}).run(args...)`.
 struct LaunchConfig {
   template <class Grid, class BlockSize>
-  LaunchConfig(Grid g, BlockSize b, size_t shared, cudaStream_t)
-      : grid(to_dim3(g)), threads(int(b)), shared_bytes(shared) {}
+  LaunchConfig(Grid g, BlockSize b, size_t shared, cudaStream_t s)
+      : grid(to_dim3(g)), threads(int(b)), shared_bytes(shared), stream(s) {}
   static dim3 to_dim3(dim3 d) { return d; }
   template <class N, class = std::enable_if_t<std::is_integral_v<N>>>
   static dim3 to_dim3(N n) {
@@ -327,12 +335,21 @@ struct LaunchConfig {
   dim3 grid;
   int threads;
   size_t shared_bytes;
+  cudaStream_t stream;
 };
 template <class Kernel>
 struct Launch {
   Launch(Kernel k, LaunchConfig c) : kernel(k), config(c) {}
   template <class... Args>
   void run(const Args&... args) const {
+    if (LaunchQueue queue = launch_queue.load(std::memory_order_acquire)) {
+      // The arguments by value, as CUDA copies them at the launch: the caller may change or free
+      // its variables before the kernel runs.
+      queue(config.stream, [k = kernel, c = config, values = std::tuple<std::decay_t<Args>...>(args...)] {
+        std::apply([&](const auto&... a) { launch(k, c.grid, c.threads, c.shared_bytes, a...); }, values);
+      });
+      return;
+    }
     launch(kernel, config.grid, config.threads, config.shared_bytes, args...);
   }
   Kernel kernel;
