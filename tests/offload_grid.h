@@ -19,6 +19,7 @@
 #include "strata/offload/engine.h"
 #include "strata/runtime/generator.h"
 #include "test_paths.h"
+#include "test_support.h"
 
 namespace strata::test {
 
@@ -31,17 +32,6 @@ inline nlohmann::json load_expected(const std::string& model) {
 // One directory per test case: ctest runs cases in parallel processes.
 inline std::filesystem::path offload_dir(const std::string& test = "shared") {
   return std::filesystem::temp_directory_path() / ("strata-test-offload-" + test + "-" + std::to_string(::getpid()));
-}
-
-inline std::vector<GenRequest> fixture_requests(const nlohmann::json& exp) {
-  std::vector<GenRequest> reqs;
-  for (const nlohmann::json& p : exp["prompts"]) {
-    GenRequest r;
-    r.prompt = p.get<std::vector<int32_t>>();
-    r.sampling.max_new_tokens = exp["max_new_tokens"].get<int>();
-    reqs.push_back(r);
-  }
-  return reqs;
 }
 
 inline PlanShape shape_of(const std::vector<GenRequest>& reqs) {

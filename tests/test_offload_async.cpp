@@ -136,7 +136,8 @@ TEST_CASE("async: attention delegated to the CPU gives the in-order run's tokens
     return;
   }
   // The delegated policies (cache off the GPU), fp16 and quantized caches, on a grouped-query and
-  // a multi-head model, four seeds each.
+  // a multi-head model, three seeds each: the CPU attention lane, its copies and the deferred
+  // output projections all reordered.
   int delegated = 0;
   for (const char* name : {"tiny-llama", "tiny-opt"}) {
     ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
@@ -151,7 +152,7 @@ TEST_CASE("async: attention delegated to the CPU gives the in-order run's tokens
     delegated += int(grid.size());
     const auto want = in_order_runs(model, reqs, grid);
     for (size_t n = 0; n < grid.size(); ++n)
-      for (unsigned seed = 1; seed <= 4; ++seed) reordered_run(model, reqs, grid[n], unsigned(1000 + 10 * n) + seed, want[n], name);
+      for (unsigned seed = 1; seed <= 3; ++seed) reordered_run(model, reqs, grid[n], unsigned(1000 + 10 * n) + seed, want[n], name);
   }
   CHECK(delegated >= 8);
   std::error_code ec;
@@ -186,20 +187,20 @@ TEST_CASE("async: the reordered grid fails when the compute stream skips its wai
   std::filesystem::remove_all(offload_dir("async"), ec);
 }
 
-TEST_CASE("CUDA: in decode the engine's thread waits for the device only for sampled tokens and delegated inputs",
-          "[offload][cuda]") {
+TEST_CASE("CUDA: in decode the engine's thread waits for the device only for the sampled tokens", "[offload][cuda]") {
   if (!cuda_available()) {
     WARN("no GPU: skipped");
     return;
   }
   // Every tensor class on the CPU tier, two GPU batches: each decode step samples each batch once
-  // (its stop and eos checks); with cpu_attention each of its layers also waits for q, k and v.
-  // Nothing else (no per-step synchronize) may make the engine's thread wait for the device.
+  // (its stop and eos checks) and nothing else makes the engine's thread wait for the device: no
+  // per-step synchronize, and with cpu_attention no wait for q, k and v either (the CPU attention
+  // lane waits for them).
   auto backend = make_cuda_backend(0);
   ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
   const std::vector<GenRequest> reqs = fixture_requests(load_expected("tiny-llama"));
   const TierSplit C{0, 100, 0};
-  const int64_t L = model.config.n_layers, ngb = 2;
+  const int64_t ngb = 2;
   for (const bool cpu_attention : {false, true}) {
     OffloadOptions opt;
     opt.policy = policy_of(2, int(ngb), C, C, C, cpu_attention, /*overlap=*/true);
@@ -207,12 +208,12 @@ TEST_CASE("CUDA: in decode the engine's thread waits for the device only for sam
     OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
     run_blocks(engine, reqs);
     const OffloadReport r = engine.report();
-    const int64_t steps = r.gen.decode_steps, per_unit = cpu_attention ? 1 + L : 1;
+    const int64_t steps = r.gen.decode_steps;
     INFO("cpu_attention " << cpu_attention << ": " << r.decode_device_waits << " device waits in " << steps
                           << " decode steps");
     REQUIRE(steps > 0);
-    CHECK(r.decode_device_waits >= steps * per_unit);  // at least one batch decodes in every step
-    CHECK(r.decode_device_waits <= steps * per_unit * ngb);
+    CHECK(r.decode_device_waits >= steps);  // at least one batch decodes in every step
+    CHECK(r.decode_device_waits <= steps * ngb);
     CHECK(r.decode_host_waits >= r.decode_device_waits);
   }
   std::error_code ec;

@@ -49,8 +49,8 @@ inline void check_hf_last_logits(Transformer& model, const nlohmann::json& exp) 
   }
 }
 
-// Its greedy tokens, all prompts generated in one batch.
-inline void check_hf_greedy(Transformer& model, const nlohmann::json& exp) {
+// A fixture's prompts (expected.json), each asking for its max_new_tokens.
+inline std::vector<GenRequest> fixture_requests(const nlohmann::json& exp) {
   std::vector<GenRequest> reqs;
   for (const nlohmann::json& p : exp["prompts"]) {
     GenRequest r;
@@ -58,6 +58,12 @@ inline void check_hf_greedy(Transformer& model, const nlohmann::json& exp) {
     r.sampling.max_new_tokens = exp["max_new_tokens"].get<int>();
     reqs.push_back(r);
   }
+  return reqs;
+}
+
+// Its greedy tokens, all prompts generated in one batch.
+inline void check_hf_greedy(Transformer& model, const nlohmann::json& exp) {
+  const std::vector<GenRequest> reqs = fixture_requests(exp);
   const std::vector<GenResult> got = generate(model, reqs, GenOptions{});
   for (size_t i = 0; i < reqs.size(); ++i) {
     INFO("prompt " << i);

@@ -192,8 +192,8 @@ void print_report(const OffloadReport& r, std::ostream& log) {
   if (r.cpu_attention_seconds > 0)
     log << std::setprecision(2) << "  cpu attention: " << r.cpu_attention_bytes / 1e9 << " GB of cache in "
         << r.cpu_attention_seconds << " s (" << rate(r.cpu_attention_bytes / 1e9, r.cpu_attention_seconds)
-        << " GB/s, copies and synchronisations included), " << std::setprecision(0)
-        << 100 * r.cpu_attention_seconds / std::max(r.compute_busy, 1e-9) << "% of compute busy\n";
+        << " GB/s on its own lane), " << std::setprecision(0)
+        << 100 * r.cpu_attention_seconds / std::max(r.schedule_seconds, 1e-9) << "% of the schedule's wall time\n";
   log << std::setprecision(2)
       << "  disk->cpu: " << gbps(r.disk_to_cpu) << "\n  cpu->gpu:  " << gbps(r.cpu_to_gpu)
       << "\n  gpu->cpu:  " << gbps(r.gpu_to_cpu) << "\n  cpu->disk: " << gbps(r.cpu_to_disk) << "\n"

@@ -186,10 +186,14 @@ void OffloadEngine::Impl::place_cache_and_activations() {
   if (on_disk(plan.act_tier)) a_pin = SlotPool("pinned activation staging", cpu, 3, plan.act_unit_bytes);
 
   if (opt.policy.cpu_attention && moves(plan.cache_tier)) {
-    q_host = cpu.take(size_t(gbs) * size_t(cfg.q_dim()) * esize, "cpu attention q");
-    o_host = cpu.take(size_t(gbs) * size_t(cfg.q_dim()) * esize, "cpu attention out");
-    k_host = cpu.take(size_t(gbs) * size_t(cfg.kv_dim()) * esize, "cpu attention k");
-    v_host = cpu.take(size_t(gbs) * size_t(cfg.kv_dim()) * esize, "cpu attention v");
+    const size_t q_bytes = size_t(gbs) * size_t(cfg.q_dim()) * esize, kv_bytes = size_t(gbs) * size_t(cfg.kv_dim()) * esize;
+    for (AttentionBuffers& a : attn_buf) {
+      a.q = cpu.take(q_bytes, "cpu attention q");
+      a.o = cpu.take(q_bytes, "cpu attention out");
+      a.k = cpu.take(kv_bytes, "cpu attention k");
+      a.v = cpu.take(kv_bytes, "cpu attention v");
+      a.out = gpu.take(q_bytes, "cpu attention out (gpu)");
+    }
     if (be.device() == Device::CPU) {
       cpu_attn = &be;
     } else {
@@ -248,8 +252,8 @@ OffloadReport OffloadEngine::report() const {
   const Impl& m = *impl_;
   OffloadReport r = m.totals;
   r.compute_busy = m.compute_lane->busy_seconds();
-  r.cpu_attention_seconds = m.cpu_attention_seconds;
-  r.cpu_attention_bytes = m.cpu_attention_bytes;
+  r.cpu_attention_seconds = m.cpu_attention_seconds.load();
+  r.cpu_attention_bytes = m.cpu_attention_bytes.load();
   r.h2d_busy = m.h2d->busy_seconds();
   r.d2h_busy = m.d2h->busy_seconds();
   r.disk_busy = m.disk_lane->busy_seconds();

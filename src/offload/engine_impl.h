@@ -69,6 +69,13 @@ struct BatchState {
   int slots() const { return int(seqs.size()); }
 };
 
+// Enqueues `copy` on the copy stream of `kind`, after `deps` on the device; its span on the stream.
+Lane::Span enqueue_copy(Backend& be, CopyKind kind, const std::vector<Event>& deps, const std::function<void()>& copy);
+
+// A host task's wait (disk I/O, CPU attention): the host cannot touch pinned memory until the
+// copies before it end.
+void wait_on_host(Backend& be, const std::vector<Event>& deps);
+
 // A unit in one super-step of the schedule, at its GPU batch's token (0: prefill).
 struct StepUnit {
   BatchState* state = nullptr;
@@ -78,6 +85,8 @@ struct StepUnit {
 }  // namespace engine_detail
 
 using engine_detail::BatchState;
+using engine_detail::enqueue_copy;
+using engine_detail::wait_on_host;
 using engine_detail::Held;
 using engine_detail::Home;
 using engine_detail::kPage;
@@ -123,19 +132,44 @@ struct OffloadEngine::Impl {
   size_t cache_row = 0;                       // bytes of one position's K (or V), all kv heads
   size_t stage_half = 0;                      // bytes of K (or V) of a GPU cache staging slot
 
-  // CPU attention.
+  // CPU attention: a pipeline stage on its own lane (docs/offload.md, "CPU attention"). Two sets of
+  // buffers, taken in turn by the delegated steps, so one unit's q, k and v cross while the CPU
+  // attends to the previous unit's: pinned q, k, v and output, and the output's GPU buffer.
   std::unique_ptr<Backend> cpu_backend_owned;
   Backend* cpu_attn = nullptr;
-  char *q_host = nullptr, *k_host = nullptr, *v_host = nullptr, *o_host = nullptr;
-  double cpu_attention_seconds = 0, cpu_attention_bytes = 0;  // OffloadReport's
+  struct AttentionBuffers {
+    char *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr;  // pinned
+    char* out = nullptr;                                           // GPU
+    Ticket host_free;  // the CPU's last attention over q, k, v (and its write of o)
+    Ticket o_read;     // the copy of o to the GPU
+    Ticket out_free;   // the compute that read out
+  };
+  std::array<AttentionBuffers, 2> attn_buf;
+  int attn_turn = 0;
+  Ticket qkv_read;  // the copy of the workspace's last q, k, v to the host
+  // The attention block of a delegated step whose output projection is still to run: it runs
+  // after the next unit's attention inputs (or before any other compute), so the GPU works while
+  // the CPU attends (finish_delegated).
+  struct PendingOutput {
+    bool valid = false;
+    LayerWeights w;           // the output projection's views
+    Tensor x;                 // the unit's hidden state
+    int buf = 0;              // attn_buf's
+    Ticket out_ready;         // the output's copy to the GPU
+    int release_weights = -1;  // the sub-layer whose weights to release after it (its last unit's)
+    std::string label;        // the trace's
+  } pending_output;
+  Ticket finished;         // the compute stream's event after the last work of a step, done or deferred
+  Ticket output_done;      // ... after the last deferred output projection
+  bool prev_deferred = false;  // the previous step's output projection was deferred
+  std::atomic<double> cpu_attention_seconds{0}, cpu_attention_bytes{0};  // OffloadReport's
   int64_t shared_prompt_tokens = 0;  // this block's prompt tokens copied from a shared prefix
 
   // Schedule.
   ForwardOps ops;
   Trace trace;
   // The compute lane only times the compute stream's spans (the engine's thread enqueues them).
-  std::unique_ptr<Lane> compute_lane, h2d, d2h, disk_lane;
-  Ticket prev_compute;          // the compute stream's event after the previous step
+  std::unique_ptr<Lane> compute_lane, h2d, d2h, disk_lane, attn_lane;
   std::vector<Ticket> pending;  // tickets nobody waits for (stores): checked for failures as they resolve
   HostWaits waits;              // the engine thread's waits for the device and its lanes (OffloadReport's)
   // Test switches (STRATA_TEST_POISON_RELEASED, STRATA_TEST_SKIP_EVENT_WAIT; docs/offload.md, "Events"):
@@ -180,6 +214,7 @@ struct OffloadEngine::Impl {
     h2d.reset();
     d2h.reset();
     disk_lane.reset();
+    attn_lane.reset();
     compute_lane.reset();
     try {
       be.synchronize();
@@ -308,8 +343,11 @@ struct OffloadEngine::Impl {
   Tensor cache_view(char* base, const BatchState& b, Device device) const;
 
   // Attention on the CPU over the cache in pinned memory (its home, or a disk home's mirror): q, k,
-  // v cross to the host, the output back.
-  void attend_on_cpu(int i, int u, int j, const Tensor& q, const Tensor& kk, const Tensor& v, const Tensor& out);
+  // v cross to the host on the gpu->cpu lane, the CPU attention lane attends, the output crosses
+  // back on the cpu->gpu lane; returns the output's ticket. Nothing here waits on the host.
+  Ticket attend_on_cpu(int i, int u, int j, const AttentionInputs& in, int buf);
+  // Enqueues the pending delegated step's output projection, if any.
+  void finish_delegated();
 
   // Token 1, before attending: copies each follower's prompt keys and values from its source's
   // slot, in the unit's cache rows wherever they are (K at k_base, V at v_base, slots a pitch apart).
@@ -330,8 +368,9 @@ struct OffloadEngine::Impl {
   // copying its source's rows in the step (PrefixCopy).
   void build_step(int i, int u);
 
-  // Sub-layer jj (layer jj / 2's attention block when even, its MLP block when odd) for unit u.
-  void compute(int i, int jj, int u);
+  // Sub-layer jj (layer jj / 2's attention block when even, its MLP block when odd) for unit u;
+  // true when its output projection is deferred (a delegated attention: finish_delegated).
+  bool compute(int i, int jj, int u);
 
   // Prefill's last sub-layer: the next-token NLL of every prompt position of the unit's sequences
   // that asked for it, through the head a workspace's worth of rows at a time (host reduction).
@@ -376,7 +415,7 @@ struct OffloadEngine::Impl {
 
   // Busy seconds so far of the compute, cpu->gpu, gpu->cpu and disk lanes; after settle_lanes(),
   // of everything enqueued.
-  std::array<double, 4> lane_busy() const {
+  std::array<double, 4> lane_busy() const {  // (the CPU attention lane is reported apart)
     return {compute_lane->busy_seconds(), h2d->busy_seconds(), d2h->busy_seconds(), disk_lane->busy_seconds()};
   }
   void add_prefill_busy(const std::array<double, 4>& before, const std::array<double, 4>& after) {
@@ -393,7 +432,7 @@ struct OffloadEngine::Impl {
     return w;
   }
   void settle_lanes() {
-    for (Lane* l : {compute_lane.get(), h2d.get(), d2h.get(), disk_lane.get()}) l->settle();
+    for (Lane* l : {compute_lane.get(), h2d.get(), d2h.get(), disk_lane.get(), attn_lane.get()}) l->settle();
   }
 
   // Waits for anything in flight and frees every slot (units prefetched for a token that never

@@ -119,41 +119,91 @@ Tensor OffloadEngine::Impl::cache_view(char* base, const BatchState& b, Device d
   return Tensor(base, dt, device, {b.slots(), shape.capacity(), cfg.n_kv_heads, cfg.head_dim});
 }
 
-void OffloadEngine::Impl::attend_on_cpu(int i, int u, int j, const Tensor& q, const Tensor& kk, const Tensor& v,
-                                        const Tensor& out) {
-  const auto t0 = Clock::now();
+Ticket OffloadEngine::Impl::attend_on_cpu(int i, int u, int j, const AttentionInputs& in, int buf) {
+  AttentionBuffers& a = attn_buf[size_t(buf)];
   const BatchState& b = unit(i, u);
   const Home& home = cache_home[size_t(b.batch)][size_t(j)];
-  const int64_t T = q.dim(0);
-  // q, k and v cross on the gpu->cpu stream after the compute that made them; the host waits for
-  // that copy only (a delegated attention's inputs).
-  be.wait(Stream::DeviceToHost, be.record(Stream::Compute));
-  be.copy_async(CopyKind::DeviceToHost, q_host, q.data, q.nbytes());
-  be.copy_async(CopyKind::DeviceToHost, k_host, kk.data, kk.nbytes());
-  be.copy_async(CopyKind::DeviceToHost, v_host, v.data, v.nbytes());
-  if (!skipped("cpu attention inputs")) be.wait_host(be.record(Stream::DeviceToHost));
-  auto host = [&](void* p, std::initializer_list<int64_t> dims) { return Tensor(p, dt, Device::CPU, dims); };
+  const int64_t T = in.q.dim(0);
+  // q, k and v cross after the compute that made them, into host buffers the CPU is done with.
+  char *q_host = a.q, *k_host = a.k, *v_host = a.v, *o_host = a.o;
+  const Tensor q = in.q, k = in.k, v = in.v;
+  const Ticket copied = d2h->submit(
+      "attention inputs", [=, this](const std::vector<Event>& events) {
+        return enqueue_copy(be, CopyKind::DeviceToHost, events, [&] {
+          be.copy_async(CopyKind::DeviceToHost, q_host, q.data, q.nbytes());
+          be.copy_async(CopyKind::DeviceToHost, k_host, k.data, k.nbytes());
+          be.copy_async(CopyKind::DeviceToHost, v_host, v.data, v.nbytes());
+          bytes_gtoc += q.nbytes() + k.nbytes() + v.nbytes();
+        });
+      },
+      {compute_done(), a.host_free});
+  qkv_read = copied;
+  // The cache it attends: its CPU home after the last stores into it, or a disk home's pinned
+  // mirror after the disk lane read it. o is free once its last copy to the GPU is done.
+  std::vector<Ticket> deps{a.o_read};
+  if (!skipped("cpu attention inputs")) deps.push_back(copied);
   char* unit_base = home.ptr;
-  if (home.tier == Tier::Disk) {  // its pinned mirror, read by the disk lane
+  if (home.tier == Tier::Disk) {
     load_cache_async(i, j, u);
     Held& h = c_held[size_t(u)][size_t(j)];
     STRATA_CHECK(h.valid && h.token == i, "internal: kv cache mirror of layer " << j << " unit " << u << " missing");
-    await(h.ready);  // the disk read, on the host
+    deps.push_back(h.ready);
     unit_base = c_pin.data(h.pin);
+  } else {
+    const std::vector<Ticket>& stored = c_stored[size_t(b.batch)][size_t(j)];
+    deps.insert(deps.end(), stored.begin(), stored.end());
   }
   char* base = unit_base + size_t(b.first_slot) * slot_pitch();
+  // What the task needs of the step, by value: the engine builds the unit's next step meanwhile.
+  struct RowCopy {
+    size_t dst, src, bytes;
+  };
+  std::vector<RowCopy> shared_rows;
   if (token(i, u) == 1)
-    share_prompt_rows(b, base, base + cache_half, [](char* d, const char* s, size_t n) { std::memcpy(d, s, n); });
+    share_prompt_rows(b, base, base + cache_half, [&](char* d, const char* s, size_t n) {
+      shared_rows.push_back({size_t(d - base), size_t(s - base), n});
+    });
   const Tensor ck = cache_view(base, b, Device::CPU), cv = cache_view(base + cache_half, b, Device::CPU);
-  const Tensor slots(const_cast<int32_t*>(b.step.slots.data()), DType::I32, Device::CPU, {T});
-  const Tensor pos(const_cast<int32_t*>(b.step.positions.data()), DType::I32, Device::CPU, {T});
-  const Tensor qh = host(q_host, {T, cfg.n_heads, cfg.head_dim}), oh = host(o_host, {T, cfg.n_heads, cfg.head_dim});
-  cpu_attn->kv_store(host(k_host, {T, cfg.n_kv_heads, cfg.head_dim}), host(v_host, {T, cfg.n_kv_heads, cfg.head_dim}),
-                     ck, cv, slots, pos);
-  cpu_attn->attention(qh, ck, cv, slots, pos, cfg.attention_scale(), oh);
-  be.upload(out.data, o_host, out.nbytes());  // on the compute stream, before the output projection
-  cpu_attention_seconds += seconds_since(t0);
-  for (int32_t p : b.step.positions) cpu_attention_bytes += double(p + 1) * 2.0 * double(cache_row_bytes());
+  std::vector<int32_t> slots = b.step.slots, positions = b.step.positions;
+  double bytes_read = 0;
+  for (int32_t p : positions) bytes_read += double(p + 1) * 2.0 * double(cache_row_bytes());
+  const Ticket attended = attn_lane->submit(
+      "attention", [=, this](const std::vector<Event>& events) {
+        wait_on_host(be, events);
+        const auto t0 = Clock::now();
+        for (const RowCopy& c : shared_rows) std::memcpy(base + c.dst, base + c.src, c.bytes);
+        auto host = [&](void* p, std::initializer_list<int64_t> dims) { return Tensor(p, dt, Device::CPU, dims); };
+        const Tensor slots_t(const_cast<int32_t*>(slots.data()), DType::I32, Device::CPU, {T});
+        const Tensor pos_t(const_cast<int32_t*>(positions.data()), DType::I32, Device::CPU, {T});
+        cpu_attn->kv_store(host(k_host, {T, cfg.n_kv_heads, cfg.head_dim}),
+                           host(v_host, {T, cfg.n_kv_heads, cfg.head_dim}), ck, cv, slots_t, pos_t);
+        cpu_attn->attention(host(q_host, {T, cfg.n_heads, cfg.head_dim}), ck, cv, slots_t, pos_t,
+                            cfg.attention_scale(), host(o_host, {T, cfg.n_heads, cfg.head_dim}));
+        cpu_attention_seconds += seconds_since(t0);
+        cpu_attention_bytes += bytes_read;
+        return Lane::Span{};
+      },
+      std::move(deps));
+  a.host_free = attended;
+  a.o_read = copy_flat(CopyKind::HostToDevice, a.out, a.o, size_t(T) * size_t(cfg.q_dim()) * esize, "attention output",
+                       {attended, a.out_free});
+  return a.o_read;
+}
+
+void OffloadEngine::Impl::finish_delegated() {
+  PendingOutput& p = pending_output;
+  if (!p.valid) return;
+  p.valid = false;
+  AttentionBuffers& a = attn_buf[size_t(p.buf)];
+  compute_after(p.out_ready);
+  const auto host_start = Clock::now();
+  Lane::Span span{be.record(Stream::Compute), Event()};
+  const int64_t T = p.x.dim(0);
+  ops.attention_output(p.w, p.x, Tensor(a.out, dt, be.device(), {T, cfg.n_heads, cfg.head_dim}));
+  span.end = be.record(Stream::Compute);
+  compute_lane->record_span(p.label, std::move(span), host_start, Clock::now());
+  a.out_free = finished = output_done = compute_done();
+  if (p.release_weights >= 0) release_weights(p.release_weights, {output_done});
 }
 
 std::vector<SharedPrefix> OffloadEngine::Impl::plan_unit_sharing(const BatchState& b) const {
@@ -230,18 +280,17 @@ std::string step_label(int t, int j, bool attention, const BatchState& b) {
 
 }  // namespace
 
-void OffloadEngine::Impl::compute(int i, int jj, int u) {
+bool OffloadEngine::Impl::compute(int i, int jj, int u) {
   BatchState& b = unit(i, u);
   const int j = jj / 2, t = token(i, u);
   const bool attention = jj % 2 == 0;
-  if (jj == 0) build_step(i, u);
-  if (b.active.empty()) return;
+  const bool cpu = attention && delegated(t, j) && !b.active.empty();
+  if (b.active.empty()) return false;
   const auto host_start = Clock::now();
   Lane::Span span{be.record(Stream::Compute), Event()};
   const int64_t T = int64_t(b.step.tokens.size());
   const LayerWeights& w = weight_quant && T > be.fused_dequant_max_tokens() ? dequantized_for(i, jj) : weights_for(jj);
   const Tensor x = hidden_for(i, jj, u, T);
-  const bool cpu = attention && delegated(t, j);
   Tensor ck, cv;
   if (attention && !cpu) std::tie(ck, cv) = cache_for(i, j, u);
   if (attention && !cpu && t == 1)
@@ -251,20 +300,30 @@ void OffloadEngine::Impl::compute(int i, int jj, int u) {
   // order, so each piece finds the earlier pieces' keys in the cache.
   const int64_t step_max = ops.max_tokens();
   STRATA_CHECK(!cpu || T <= step_max, "internal: a delegated decode step of " << T << " tokens is split");
+  if (cpu) compute_after(qkv_read);  // the workspace's q, k, v of the last delegated step have crossed
   for (int64_t t0 = 0; t0 < T; t0 += step_max) {
     const int64_t t1 = std::min(T, t0 + step_max);
     ops.begin_step(slice(b.step, t0, t1), b.slots(), shape.capacity());
     const Tensor xs = x.rows(t0, t1 - t0);
     if (jj == 0) ops.embed(globals, xs);
-    if (!attention)
+    if (!attention) {
       ops.mlp_block(w, xs);
-    else if (cpu)
-      ops.attention_block(w, globals.inv_freq, xs, Tensor(), Tensor(),
-                          [&](const Tensor& q, const Tensor& kk, const Tensor& v, const Tensor& out) {
-                            attend_on_cpu(i, u, j, q, kk, v, out);
-                          });
-    else
+    } else if (cpu) {
+      const int buf = attn_turn;
+      attn_turn ^= 1;
+      const AttentionInputs in = ops.attention_inputs(w, globals.inv_freq, xs);
+      const Ticket out_ready = attend_on_cpu(i, u, j, in, buf);
+      span.end = be.record(Stream::Compute);
+      compute_lane->record_span(step_label(t, j, attention, b), std::move(span), host_start, Clock::now());
+      finish_delegated();  // the previous unit's, while the CPU attends to this one
+      LayerWeights out_proj;  // views of the output projection: all the deferred half reads
+      out_proj.o_w = w.o_w;
+      out_proj.o_b = w.o_b;
+      pending_output = {true, std::move(out_proj), xs, buf, out_ready, -1, step_label(t, j, attention, b) + " out"};
+      return true;  // one piece: a delegated step is never split
+    } else {
       ops.attention_block(w, globals.inv_freq, xs, ck, cv);
+    }
   }
   if (jj == 2 * L - 1) {
     if (t == 0) score_prompts(b, x, T);
@@ -278,6 +337,8 @@ void OffloadEngine::Impl::compute(int i, int jj, int u) {
   }
   span.end = be.record(Stream::Compute);
   compute_lane->record_span(step_label(t, j, attention, b), std::move(span), host_start, Clock::now());
+  finished = compute_done();
+  return false;
 }
 
 void OffloadEngine::Impl::score_prompts(const BatchState& b, const Tensor& x, int64_t T) {
@@ -323,14 +384,26 @@ StepBatch OffloadEngine::Impl::slice(const StepBatch& s, int64_t t0, int64_t t1)
 void OffloadEngine::Impl::step(int i, int jj, int u, int n_steps, bool has_prev, int pi, int pjj, int pu) {
   check_pending();
   const int subs = 2 * L;
+  if (jj == 0) build_step(i, u);
+  // A delegated attention step enqueues its inputs first and then the previous step's deferred
+  // output projection; any other step finishes that first, here, so the weights, workspace and
+  // hidden state it reads are the previous step's still.
+  const bool front = jj % 2 == 0 && delegated(token(i, u), jj / 2) && !unit(i, u).active.empty();
+  if (!front) finish_delegated();
+  auto store_prev = [&] {  // after the previous step's work, its output projection included
+    if (!has_prev) return;
+    if (pjj % 2 == 0) store_cache(pi, pjj / 2, pu, finished);  // only attention touches the cache
+    store_act(pi, pjj, pu, finished);
+  };
   // Part u of the next sub-layer's weights: FlexGen loads them all at the first unit and waits
   // for them there, so a load longer than that unit's compute stalls it while the other units'
   // compute goes uncovered.
   if (jj + 1 < subs || i + 1 < n_steps) load_weights_async((jj + 1) % subs, u, n_units(i));
-  if (has_prev) {
-    if (pjj % 2 == 0) store_cache(pi, pjj / 2, pu, prev_compute);  // only attention touches the cache
-    store_act(pi, pjj, pu, prev_compute);
-  }
+  // Before the loads: the next step may be this unit's, loading what it stored. Only a previous
+  // delegated step of this sub-layer (another unit) stores after this step's compute, which
+  // enqueues its output projection.
+  const bool store_after = front && prev_deferred;
+  if (!store_after) store_prev();
   int ni = i, njj = jj, nu = u + 1;
   if (nu == n_units(i)) nu = 0, ++njj;
   if (njj == subs) njj = 0, ++ni;
@@ -340,11 +413,15 @@ void OffloadEngine::Impl::step(int i, int jj, int u, int n_steps, bool has_prev,
     if (njj % 2 == 0) load_cache_async(ni, njj / 2, nu);
     if (njj != 0) load_act_async(ni, njj, nu);
   }
-  compute(i, jj, u);
-  // Nothing waits here: the stores wait for this event on the device, the slots this step read
-  // are free after it.
-  prev_compute = compute_done();
-  if (u == n_units(i) - 1) release_weights(jj, {prev_compute});
+  // Nothing waits here: stores wait on the device for the event after their step's work, and the
+  // slots a step read are free after it.
+  const bool deferred = compute(i, jj, u);
+  if (store_after) store_prev();
+  prev_deferred = deferred;
+  if (u == n_units(i) - 1) {
+    if (deferred) pending_output.release_weights = jj;  // its output projection reads them
+    else release_weights(jj, {finished});
+  }
 }
 
 void OffloadEngine::Impl::build_units(std::vector<Sequence>& seqs, const std::vector<size_t>& batch_begin) {
@@ -451,7 +528,6 @@ std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenReques
 
   GenStats local;
   shared_prompt_tokens = 0;
-  prev_compute = Ticket();
   pending.clear();
   const auto t_start = Clock::now();
   const std::array<double, 4> busy_at_start = lane_busy();
@@ -555,11 +631,20 @@ void OffloadEngine::Impl::release_all() {
     release_held(h, a_gpu, a_pin, {}, {});
     h = Held();
   }
+  for (AttentionBuffers& a : attn_buf) {
+    for (const Ticket* t : {&a.host_free, &a.o_read, &a.out_free}) finish(*t);
+    a.host_free = a.o_read = a.out_free = Ticket();
+  }
+  finish(qkv_read);
   try {
     be.synchronize();  // the compute stream's last work on the slots
   } catch (...) {
   }
-  prev_compute = Ticket();
+  // A block that failed may leave a delegated step's output projection pending: dropped, as its
+  // block's results are.
+  pending_output = PendingOutput();
+  qkv_read = finished = output_done = Ticket();
+  prev_deferred = false;
 }
 
 }  // namespace strata

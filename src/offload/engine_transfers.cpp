@@ -20,6 +20,10 @@ bool env_set(const char* name) {
   return v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
 }
 
+}  // namespace
+
+namespace engine_detail {
+
 // Enqueues `copy` on the copy stream of `kind`, after `deps` on the device; its span on the stream.
 Lane::Span enqueue_copy(Backend& be, CopyKind kind, const std::vector<Event>& deps, const std::function<void()>& copy) {
   const Stream s = copy_stream(kind);
@@ -35,7 +39,7 @@ void wait_on_host(Backend& be, const std::vector<Event>& deps) {
   for (const Event& e : deps) be.wait_host(e);
 }
 
-}  // namespace
+}  // namespace engine_detail
 
 void OffloadEngine::Impl::start_lanes() {
   disk_ops_left = opt.fault_after;
@@ -44,6 +48,8 @@ void OffloadEngine::Impl::start_lanes() {
   h2d = std::make_unique<Lane>("cpu->gpu", threaded, trace, &be);
   d2h = std::make_unique<Lane>("gpu->cpu", threaded, trace, &be);
   disk_lane = std::make_unique<Lane>("disk", threaded, trace, &be);
+  // On the CPU backend the compute is the CPU's own threads: attending inline keeps one user of them.
+  attn_lane = std::make_unique<Lane>("cpu attention", threaded && be.device() != Device::CPU, trace, &be);
   if (disk) disk_at_start = disk->stats();
   poison_released = env_set("STRATA_TEST_POISON_RELEASED");
   const char* skip = std::getenv("STRATA_TEST_SKIP_EVENT_WAIT");
@@ -88,7 +94,9 @@ void OffloadEngine::Impl::release_held(const Held& h, SlotPool& gpu_pool, SlotPo
 
 void OffloadEngine::Impl::release_weights(int jj, const std::vector<Ticket>& readers) {
   const Held h = w_held[size_t(jj)];
-  release_held(h, w_gpu[jj % 2], w_pin[jj % 2], readers, {h.ready});
+  std::vector<Ticket> gpu_after = readers;
+  gpu_after.push_back(h.ready);  // the load itself, should no unit have computed
+  release_held(h, w_gpu[jj % 2], w_pin[jj % 2], gpu_after, {h.ready});
   w_held[size_t(jj)] = Held();
   w_issued[size_t(jj)] = 0;
 }
@@ -257,13 +265,15 @@ void OffloadEngine::Impl::store_cache(int i, int j, int u, const Ticket& compute
   const BatchState& b = unit(i, u);
   const Home& home = cache_home[size_t(b.batch)][size_t(j)];
   const SlotRange r = store_range(i, u);
-  std::vector<Ticket> gpu_after{computed}, pinned_after;
+  // The slots' users: the load that filled them (the only one when no sequence computed), the
+  // step, and the store below.
+  std::vector<Ticket> gpu_after{computed, h.ready}, pinned_after{h.ready};
   if (h.gpu < 0) {  // a pinned mirror the CPU wrote the new entries into: to disk
     if (!b.active.empty() && !r.empty()) {
       Ticket t = disk_cache_io(true, home.disk_offset, c_pin.data(h.pin), r, b, {computed});
       pending.push_back(t);
       c_stored[size_t(b.batch)][size_t(j)] = {t};
-      pinned_after = {t};
+      pinned_after.push_back(t);
     }
     release_held(h, c_gpu, c_pin, gpu_after, pinned_after);
     return;
@@ -281,9 +291,9 @@ void OffloadEngine::Impl::store_cache(int i, int j, int u, const Ticket& compute
       deps.push_back(disk_cache_io(false, home.disk_offset, host, r, b, std::move(read_deps)));
     }
     Ticket t = copy_cache(CopyKind::DeviceToHost, c_gpu.data(h.gpu), host, r, b, std::move(deps));
-    gpu_after = {t};
+    gpu_after.push_back(t);
     if (home.tier == Tier::Disk) t = disk_cache_io(true, home.disk_offset, host, r, b, {t});
-    pinned_after = {t};
+    pinned_after.push_back(t);
     pending.push_back(t);
     if (token(i, u) > 0) stored.clear();  // a decode load waited for all of them
     stored.push_back(t);
@@ -321,7 +331,7 @@ void OffloadEngine::Impl::store_act(int i, int jj, int u, const Ticket& computed
   a_held[size_t(u)] = Held();
   const BatchState& b = unit(i, u);
   const Home& home = act_home[size_t(b.batch)];
-  std::vector<Ticket> gpu_after{computed}, pinned_after;
+  std::vector<Ticket> gpu_after{computed, h.ready}, pinned_after{h.ready};
   if (jj < 2 * L - 1 && !b.active.empty()) {  // the last sub-layer's output is not needed again
     const size_t bytes = act_bytes(i, u);
     std::vector<Ticket> deps{computed};
@@ -336,10 +346,10 @@ void OffloadEngine::Impl::store_act(int i, int jj, int u, const Ticket& computed
     }
     host += b.act_offset;
     Ticket t = copy_flat(CopyKind::DeviceToHost, host, a_gpu.data(h.gpu), bytes, "activations", std::move(deps));
-    gpu_after = {t};
+    gpu_after.push_back(t);
     if (home.tier == Tier::Disk)
       t = disk_io(true, home.disk_offset + b.act_offset, host, bytes, "activations write", {t});
-    pinned_after = {t};
+    pinned_after.push_back(t);
     pending.push_back(t);
     a_stored[size_t(u)] = t;
     a_stored_layer[size_t(u)] = jj;

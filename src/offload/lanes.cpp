@@ -95,7 +95,8 @@ void Lane::run(Task& task) {
   try {
     std::vector<Event> deps;
     deps.reserve(task.deps.size());
-    for (Ticket& d : task.deps) deps.push_back(d.get());  // a failed dependency fails this task too
+    for (Ticket& d : task.deps)
+      if (d.valid()) deps.push_back(d.get());  // a failed dependency fails this task too
     start = TraceClock::now();
     span = task.fn(deps);
     end = TraceClock::now();
@@ -192,6 +193,7 @@ double Lane::busy_seconds() const {
 void wait_all(std::vector<Ticket>& tickets) {
   std::exception_ptr first;
   for (Ticket& t : tickets) {
+    if (!t.valid()) continue;
     try {
       t.get();
     } catch (...) {

@@ -129,8 +129,8 @@ void ForwardOps::embed(const ModelWeights& w, const Tensor& x) {
 }
 
 void ForwardOps::layer(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x, const Tensor& cache_k,
-                       const Tensor& cache_v, const AttentionFn& attend) {
-  attention_block(w, inv_freq, x, cache_k, cache_v, attend);
+                       const Tensor& cache_v) {
+  attention_block(w, inv_freq, x, cache_k, cache_v);
   mlp_block(w, x);
 }
 
@@ -145,14 +145,11 @@ void ForwardOps::copy_prefixes(const Tensor& cache_k, const Tensor& cache_v) {
   }
 }
 
-void ForwardOps::attention_block(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x,
-                                 const Tensor& cache_k, const Tensor& cache_v, const AttentionFn& attend) {
+AttentionInputs ForwardOps::attention_inputs(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x) {
   const int64_t T = T_;
-  const Tensor xn = xn_.rows(0, T), pos = pos_.rows(0, T), slots = slots_.rows(0, T);
-  const Tensor q = q_.rows(0, T), k = k_.rows(0, T), v = v_.rows(0, T), attn = attn_.rows(0, T);
+  const Tensor xn = xn_.rows(0, T), pos = pos_.rows(0, T);
+  const Tensor q = q_.rows(0, T), k = k_.rows(0, T), v = v_.rows(0, T);
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
-
-  // Pre-norm: x += o_proj(attention(rope(q), rope(k), v)).
   norm(x, w.attn_norm_w, w.attn_norm_b, xn);
   backend_.linear(xn, w.q_w, w.q_b, q.reshaped({T, qd}));
   backend_.linear(xn, w.k_w, w.k_b, k.reshaped({T, kvd}));
@@ -167,17 +164,29 @@ void ForwardOps::attention_block(const LayerWeights& w, const Tensor& inv_freq, 
     backend_.rope(q, pos, inv_freq);
     backend_.rope(k, pos, inv_freq);
   }
-  const Tensor attn_heads = attn.reshaped({T, cfg_.n_heads, cfg_.head_dim});
-  if (attend) {
-    STRATA_CHECK(copies_.empty(), "internal: prefix copies with delegated attention");
-    attend(q, k, v, attn_heads);
-  } else {
-    backend_.kv_store(k, v, cache_k, cache_v, slots, pos);
-    copy_prefixes(cache_k, cache_v);
-    backend_.attention(q, cache_k, cache_v, slots, pos, cfg_.attention_scale(), attn_heads);
-  }
-  backend_.linear(attn, w.o_w, w.o_b, xn);
-  backend_.add(x, xn, x);
+  return {q, k, v};
+}
+
+void ForwardOps::attention_output(const LayerWeights& w, const Tensor& x, const Tensor& attn) {
+  const int64_t T = x.dim(0);
+  STRATA_CHECK(attn.dim(0) == T && T <= ws_tokens_, "internal: attention output of " << attn.dim(0) << " rows for "
+                                                                                       << T << " hidden rows");
+  const Tensor out = xn_.rows(0, T);
+  backend_.linear(attn.reshaped({T, cfg_.q_dim()}), w.o_w, w.o_b, out);
+  backend_.add(x, out, x);
+}
+
+void ForwardOps::attention_block(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x,
+                                 const Tensor& cache_k, const Tensor& cache_v) {
+  // Pre-norm: x += o_proj(attention(rope(q), rope(k), v)).
+  const int64_t T = T_;
+  const AttentionInputs in = attention_inputs(w, inv_freq, x);
+  const Tensor pos = pos_.rows(0, T), slots = slots_.rows(0, T);
+  const Tensor attn = attn_.rows(0, T).reshaped({T, cfg_.n_heads, cfg_.head_dim});
+  backend_.kv_store(in.k, in.v, cache_k, cache_v, slots, pos);
+  copy_prefixes(cache_k, cache_v);
+  backend_.attention(in.q, cache_k, cache_v, slots, pos, cfg_.attention_scale(), attn);
+  attention_output(w, x, attn);
 }
 
 void ForwardOps::mlp_block(const LayerWeights& w, const Tensor& x) {

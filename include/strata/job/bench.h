@@ -77,8 +77,8 @@ struct BenchCaseResult {
   double ctog_gbps = 0, dtoc_gbps = 0;    // achieved on the links (last repeat)
   double ctog_peak_gbps = 0, dtoc_peak_gbps = 0;  // the profile's
   double peak_gpu = 0, peak_cpu = 0, peak_disk = 0;  // bytes reserved per tier
-  // Attention delegated to the CPU (last repeat): its seconds and cache bytes read per second,
-  // copies and synchronisations included (OffloadReport::cpu_attention_*); 0 without it.
+  // Attention delegated to the CPU (last repeat): its lane's seconds and cache bytes read per
+  // second (OffloadReport::cpu_attention_*); 0 without it.
   double cpu_attention_s = 0, cpu_attention_gbps = 0;
   // The engine thread's waits for the device and its lanes (last repeat): per decode step, and
   // their seconds in all (OffloadReport::host_waits; docs/offload.md, "Events").

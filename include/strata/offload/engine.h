@@ -60,10 +60,10 @@ struct OffloadReport {
   // Prompt tokens the prefill computed: a request's choices in one GPU batch count once, and the
   // positions a prompt copied from a shared prefix not at all.
   int64_t prefill_tokens = 0;
-  // Attention delegated to the CPU (cpu_attention): the compute lane's seconds in it, its copies
-  // of q, k, v and the output and their synchronisations included, and the cache bytes it read
-  // (K and V at every position up to each query's). Their ratio is the engine's rate, to set
-  // beside the profile's cpu_attention_bw, which times the kernel alone.
+  // Attention delegated to the CPU (cpu_attention): the seconds its lane spent attending (the
+  // kernel and the prompt rows a choice copies, not the copies of q, k, v and the output, which
+  // run on the copy lanes), and the cache bytes it read (K and V at every position up to each
+  // query's). Their ratio is the engine's rate, to set beside the profile's cpu_attention_bw.
   double cpu_attention_seconds = 0, cpu_attention_bytes = 0;
   // The waits of the thread that launches GPU work, for the device (sampled tokens, a delegated
   // attention's inputs) or for a lane (a disk read): all of them, their seconds, and those in

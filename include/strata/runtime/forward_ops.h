@@ -26,12 +26,15 @@ struct StepBatch {
   std::vector<int32_t> positions;  // [T], 0-based position within its sequence
   std::vector<int32_t> slots;      // [T], KV cache slot of its sequence
   std::vector<int32_t> logit_rows; // indices into tokens whose logits are wanted (e.g. each sequence's last)
-  std::vector<PrefixCopy> prefix_copies;  // not with an AttentionFn
+  std::vector<PrefixCopy> prefix_copies;  // not with attention_inputs()
 };
 
-// Replaces "store k, v in the cache, then attend" (e.g. attention delegated to the CPU where the
-// cache lives there). q, out: [T, heads, d]; k, v: [T, kv_heads, d]; all on the backend.
-using AttentionFn = std::function<void(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out)>;
+// The attention block's inputs for attention done elsewhere (delegated to the CPU, where the
+// cache lives there): views of the workspace, valid until the next attention_inputs().
+// q: [T, heads, d]; k, v: [T, kv_heads, d].
+struct AttentionInputs {
+  Tensor q, k, v;
+};
 
 class ForwardOps {
 public:
@@ -49,14 +52,20 @@ public:
   int64_t tokens() const { return T_; }
 
   void embed(const ModelWeights& w, const Tensor& x);  // x: [T, h]
-  // x += attention block; x += MLP block. Caches: [S, C, kv_heads, d] (unused when `attend` is set).
+  // x += attention block; x += MLP block. Caches: [S, C, kv_heads, d].
   void layer(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x, const Tensor& cache_k,
-             const Tensor& cache_v, const AttentionFn& attend = nullptr);
+             const Tensor& cache_v);
   // The two halves of layer(), for a schedule that streams a layer's weights half by half: the
   // attention block reads only w's attention tensors, the MLP block only its MLP tensors.
   void attention_block(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x, const Tensor& cache_k,
-                       const Tensor& cache_v, const AttentionFn& attend = nullptr);
+                       const Tensor& cache_v);
   void mlp_block(const LayerWeights& w, const Tensor& x);
+  // The attention block around attention done elsewhere: its inputs (norm, q/k/v projections,
+  // their norms, rope) for this step, then, any time later, x += o_proj(attn) for the rows of x
+  // (attn: [rows, heads, d], the attention's output). Steps of other units may run between the
+  // two; attention_output uses no step state.
+  AttentionInputs attention_inputs(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x);
+  void attention_output(const LayerWeights& w, const Tensor& x, const Tensor& attn);
   // Final norm and LM head on the step's logit rows; valid until the next step.
   Tensor head(const ModelWeights& w, const Tensor& x);
   // For a sequence group computed in several steps: the rows of its whole hidden state x
