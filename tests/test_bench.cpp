@@ -317,6 +317,10 @@ TEST_CASE("bench projects decode from a few measured steps and marks the figures
   CHECK(rows[0]["projected"] == true);
   CHECK(rows[0]["measured"]["decode_steps_run"] == 2);
   CHECK(rows[0]["seconds"]["decode_steps"] == 2);
+  // The engine thread's waits (docs/offload.md, "Events"): per decode step and their seconds.
+  REQUIRE(rows[0].contains("host_waits"));
+  CHECK(rows[0]["host_waits"]["per_decode_step"].get<double>() >= 0);
+  CHECK(rows[0]["host_waits"]["seconds"].get<double>() >= 0);
   std::ifstream md(opt.out / "results.md");
   std::stringstream text;
   text << md.rdbuf();
