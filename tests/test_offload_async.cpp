@@ -224,3 +224,31 @@ TEST_CASE("CUDA: in decode the engine's thread waits for the device only for the
   std::error_code ec;
   std::filesystem::remove_all(offload_dir("async-waits"), ec);
 }
+
+TEST_CASE("async: the reordered CPU-attention runs fail when the CPU skips its wait for q, k and v",
+          "[offload][cuda][async]") {
+  if (!cuda_available() || !emulated_device()) {
+    WARN("needs the emulated CUDA backend, where the order is seeded: skipped");
+    return;
+  }
+  // The second mutation: the CPU attention lane no longer waits for the copy of q, k and v, so it
+  // may attend with the last step's (or the other buffer set's) queries and keys.
+  const ScopedEnv skip("STRATA_TEST_SKIP_EVENT_WAIT", "cpu attention inputs");
+  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
+  const std::vector<GenRequest> reqs = fixture_requests(load_expected("tiny-llama"));
+  std::vector<OffloadOptions> grid;  // six policies that delegate attention
+  for (const OffloadOptions& opt : plain_grid())
+    if (opt.policy.cpu_attention && opt.policy.kv_cache.gpu < 100 && grid.size() < 6) grid.push_back(opt);
+  REQUIRE(grid.size() == 6);
+  std::vector<std::vector<GenResult>> want;
+  {
+    const ScopedEnv keep("STRATA_TEST_SKIP_EVENT_WAIT", "");  // the reference waits
+    want = in_order_runs(model, reqs, grid);
+  }
+  int differ = 0;
+  for (size_t n = 0; n < grid.size(); ++n) differ += reordered_run(model, reqs, grid[n], unsigned(n + 1), want[n], "", true);
+  INFO(differ << " prompts of " << grid.size() * reqs.size() << " differ");
+  CHECK(differ > 0);
+  std::error_code ec;
+  std::filesystem::remove_all(offload_dir("async"), ec);
+}
