@@ -77,6 +77,12 @@ int reordered_run(const ModelBundle& model, const std::vector<GenRequest>& reqs,
   return differ;
 }
 
+// The mutation checks: with the event wait `wait` skipped (STRATA_TEST_SKIP_EVENT_WAIT), the
+// first six policies of the grid that `pick` accepts, reordered, against their in-order runs
+// (which wait); returns how many prompts' tokens differ.
+template <class Pick>
+int differences_without(const std::string& wait, Pick pick);
+
 std::vector<OffloadOptions> plain_grid() {
   std::vector<OffloadOptions> out;
   for (const Policy& p : policy_grid()) {
@@ -86,6 +92,24 @@ std::vector<OffloadOptions> plain_grid() {
     out.push_back(opt);
   }
   return out;
+}
+
+template <class Pick>
+int differences_without(const std::string& wait, Pick pick) {
+  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
+  const std::vector<GenRequest> reqs = fixture_requests(load_expected("tiny-llama"));
+  std::vector<OffloadOptions> grid;
+  for (const OffloadOptions& opt : plain_grid())
+    if (pick(opt.policy) && grid.size() < 6) grid.push_back(opt);
+  REQUIRE(grid.size() == 6);
+  const auto want = in_order_runs(model, reqs, grid);
+  const ScopedEnv skip("STRATA_TEST_SKIP_EVENT_WAIT", wait);
+  int differ = 0;
+  for (size_t n = 0; n < grid.size(); ++n) differ += reordered_run(model, reqs, grid[n], unsigned(n + 1), want[n], "", true);
+  INFO(differ << " prompts of " << grid.size() * reqs.size() << " differ");
+  std::error_code ec;
+  std::filesystem::remove_all(offload_dir("async"), ec);
+  return differ;
 }
 
 }  // namespace
@@ -172,24 +196,8 @@ TEST_CASE("async: the reordered grid fails when the compute stream skips its wai
   }
   // The mutation check: the test-only switch drops one event wait (compute after the weights'
   // copy), so a layer computes from a weight buffer still holding the last layer's weights or the
-  // poison. The reordered runs must notice.
-  const ScopedEnv skip("STRATA_TEST_SKIP_EVENT_WAIT", "weights");
-  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
-  const std::vector<GenRequest> reqs = fixture_requests(load_expected("tiny-llama"));
-  std::vector<OffloadOptions> grid;  // six policies whose weights cross the link
-  for (const OffloadOptions& opt : plain_grid())
-    if (opt.policy.weights.gpu < 100 && grid.size() < 6) grid.push_back(opt);
-  std::vector<std::vector<GenResult>> want;
-  {
-    const ScopedEnv keep("STRATA_TEST_SKIP_EVENT_WAIT", "");  // the reference waits
-    want = in_order_runs(model, reqs, grid);
-  }
-  int differ = 0;
-  for (size_t n = 0; n < grid.size(); ++n) differ += reordered_run(model, reqs, grid[n], unsigned(n + 1), want[n], "", true);
-  INFO(differ << " prompts of " << grid.size() * reqs.size() << " differ");
-  CHECK(differ > 0);
-  std::error_code ec;
-  std::filesystem::remove_all(offload_dir("async"), ec);
+  // poison. The reordered runs must notice, on policies whose weights cross the link.
+  CHECK(differences_without("weights", [](const Policy& p) { return p.weights.gpu < 100; }) > 0);
 }
 
 TEST_CASE("CUDA: in decode the engine's thread waits for the device only for the sampled tokens", "[offload][cuda]") {
@@ -233,22 +241,6 @@ TEST_CASE("async: the reordered CPU-attention runs fail when the CPU skips its w
   }
   // The second mutation: the CPU attention lane no longer waits for the copy of q, k and v, so it
   // may attend with the last step's (or the other buffer set's) queries and keys.
-  const ScopedEnv skip("STRATA_TEST_SKIP_EVENT_WAIT", "cpu attention inputs");
-  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama");
-  const std::vector<GenRequest> reqs = fixture_requests(load_expected("tiny-llama"));
-  std::vector<OffloadOptions> grid;  // six policies that delegate attention
-  for (const OffloadOptions& opt : plain_grid())
-    if (opt.policy.cpu_attention && opt.policy.kv_cache.gpu < 100 && grid.size() < 6) grid.push_back(opt);
-  REQUIRE(grid.size() == 6);
-  std::vector<std::vector<GenResult>> want;
-  {
-    const ScopedEnv keep("STRATA_TEST_SKIP_EVENT_WAIT", "");  // the reference waits
-    want = in_order_runs(model, reqs, grid);
-  }
-  int differ = 0;
-  for (size_t n = 0; n < grid.size(); ++n) differ += reordered_run(model, reqs, grid[n], unsigned(n + 1), want[n], "", true);
-  INFO(differ << " prompts of " << grid.size() * reqs.size() << " differ");
-  CHECK(differ > 0);
-  std::error_code ec;
-  std::filesystem::remove_all(offload_dir("async"), ec);
+  CHECK(differences_without("cpu attention inputs",
+                            [](const Policy& p) { return p.cpu_attention && p.kv_cache.gpu < 100; }) > 0);
 }
