@@ -251,7 +251,7 @@ struct OffloadEngine::Impl {
   }
   // The compute stream's event after the work enqueued so far.
   Ticket compute_done() { return ready_ticket(be.record(Stream::Compute)); }
-  // True (and once per engine a note on stderr) when the test switch names this wait.
+  // True when the test switch STRATA_TEST_SKIP_EVENT_WAIT names this wait (start_lanes notes it on stderr).
   bool skipped(const char* wait) const { return !skip_event_wait.empty() && skip_event_wait == wait; }
   // Returns a held unit's slots to their pools, each free once its last users' tickets have
   // resolved and their events are done. A GPU slot is poisoned then under STRATA_TEST_POISON_RELEASED.

@@ -24,7 +24,6 @@ bool env_set(const char* name) {
 
 namespace engine_detail {
 
-// Enqueues `copy` on the copy stream of `kind`, after `deps` on the device; its span on the stream.
 Lane::Span enqueue_copy(Backend& be, CopyKind kind, const std::vector<Event>& deps, const std::function<void()>& copy) {
   const Stream s = copy_stream(kind);
   for (const Event& e : deps) be.wait(s, e);
@@ -34,7 +33,6 @@ Lane::Span enqueue_copy(Backend& be, CopyKind kind, const std::vector<Event>& de
   return span;
 }
 
-// A disk task's wait: the host cannot read or write pinned memory until the copies before it end.
 void wait_on_host(Backend& be, const std::vector<Event>& deps) {
   for (const Event& e : deps) be.wait_host(e);
 }

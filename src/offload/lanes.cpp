@@ -204,13 +204,4 @@ void wait_all(std::vector<Ticket>& tickets) {
   if (first) std::rethrow_exception(first);
 }
 
-ScopedSpan::ScopedSpan(Trace& trace, int track, std::string name, double* busy)
-    : trace_(trace), track_(track), name_(std::move(name)), busy_(busy), start_(TraceClock::now()) {}
-
-ScopedSpan::~ScopedSpan() {
-  const auto end = TraceClock::now();
-  if (busy_) *busy_ += seconds(start_, end);
-  trace_.record(track_, std::move(name_), start_, end);
-}
-
 }  // namespace strata

@@ -118,18 +118,4 @@ private:
 // buffers the caller is about to release).
 void wait_all(std::vector<Ticket>& tickets);
 
-// Times a piece of work on the calling thread as one trace event of `track`; adds to `busy`.
-class ScopedSpan {
-public:
-  ScopedSpan(Trace& trace, int track, std::string name, double* busy = nullptr);
-  ~ScopedSpan();
-
-private:
-  Trace& trace_;
-  int track_;
-  std::string name_;
-  double* busy_;
-  TraceClock::time_point start_;
-};
-
 }  // namespace strata
