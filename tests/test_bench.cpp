@@ -189,16 +189,20 @@ TEST_CASE("bench --calibrate records lane busy times per phase and writes a refi
                                      "kv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n";
   std::ofstream(dir / "gpu.yaml") << "gpu_batch_size: 2\nnum_gpu_batches: 2\nweights: {gpu: 100, cpu: 0, disk: 0}\n"
                                      "kv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n";
+  std::ofstream(dir / "attend.yaml") << "gpu_batch_size: 2\nnum_gpu_batches: 2\nweights: {gpu: 100, cpu: 0, disk: 0}\n"
+                                        "kv_cache: {gpu: 0, cpu: 100, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n"
+                                        "cpu_attention: true\n";
   std::ofstream(dir / "suite.yaml")
       << "name: cal\ncases:\n"
          "  - {name: weights-cpu, model: opt-125m, prompt_len: 16, gen_len: 4, policy: cpu.yaml}\n"
-         "  - {name: all-gpu, model: opt-125m, prompt_len: 16, gen_len: 4, policy: gpu.yaml}\n";
+         "  - {name: all-gpu, model: opt-125m, prompt_len: 16, gen_len: 4, policy: gpu.yaml}\n"
+         "  - {name: cpu-attention, model: opt-125m, prompt_len: 16, gen_len: 4, policy: attend.yaml}\n";
   BenchOptions opt = cpu_run(dir, "cpu-epyc-2core.yaml");
   opt.calibrate = true;
   std::ostringstream log;
   const std::vector<BenchCaseResult> results = run_bench(opt, log);
   INFO(log.str());
-  REQUIRE(results.size() == 2);
+  REQUIRE(results.size() == 3);
   for (const BenchCaseResult& r : results) {
     REQUIRE(r.status == "ok");
     CHECK(r.prefill_s > 0);
@@ -211,24 +215,33 @@ TEST_CASE("bench --calibrate records lane busy times per phase and writes a refi
   }
   CHECK(results[0].decode_busy[kLaneH2d] > 0);   // weights stream from the cpu tier every step
   CHECK(results[1].decode_busy[kLaneH2d] == 0);  // nothing to copy
+  // The CPU attention lane: busy in decode only, and only where attention is delegated.
+  CHECK(results[0].decode_busy[kLaneCpuAttention] == 0);
+  CHECK(results[2].prefill_busy[kLaneCpuAttention] == 0);
+  CHECK(results[2].decode_busy[kLaneCpuAttention] > 0);
+  CHECK(results[2].decode_busy[kLaneCpuAttention] == Approx(results[2].cpu_attention_s));
 
   // The refined profile loads; the recorded results give the same samples as the run.
   const HardwareProfile refined = load_hardware_profile(opt.out / "calibrated-profile.yaml");
-  CHECK_THAT(refined.description, Catch::Contains("calibrated by strata bench --calibrate over 2 runs"));
-  // The second case is the first's GPU batch twice: their compute terms are multiples, so the
-  // per-unit overhead cannot be told from the GEMMs (test_calibrate.cpp has the arithmetic).
-  CHECK_THAT(log.str(), Catch::Contains("these runs do not determine") && Catch::Contains("overhead"));
+  CHECK_THAT(refined.description, Catch::Contains("calibrated by strata bench --calibrate over 3 runs"));
+  // The delegating case's lane gives the CPU attention its own factor (test_calibrate.cpp has the
+  // arithmetic of every factor).
+  CHECK_THAT(log.str(), Catch::Contains("calibration: median / worst |error|"));
+  CHECK_THAT(refined.description, Catch::Contains("cpu attention x"));
+  CHECK_THAT(refined.description, !Catch::Contains("not determined by these runs: cpu attention"));
   const std::vector<CalibrationSample> from_file = calibration_samples(opt.out / "results.jsonl");
-  REQUIRE(from_file.size() == 2);
+  REQUIRE(from_file.size() == 3);
   CHECK(from_file[0].name == "weights-cpu");
   CHECK(from_file[0].config.n_layers == 12);
   CHECK(from_file[0].policy.weights.cpu == 100);
   CHECK(from_file[0].decode_busy[kLaneH2d] == Approx(results[0].decode_busy[kLaneH2d]));
   CHECK(from_file[1].prefill_s == Approx(results[1].prefill_s));
+  CHECK(from_file[2].decode_busy[kLaneCpuAttention] == Approx(results[2].decode_busy[kLaneCpuAttention]));
   std::ifstream md(opt.out / "calibration.md");
   std::stringstream text;
   text << md.rdbuf();
-  CHECK_THAT(text.str(), Catch::Contains("| weights-cpu | decode |") && Catch::Contains("leave-one-out"));
+  CHECK_THAT(text.str(), Catch::Contains("| weights-cpu | decode |") && Catch::Contains("leave-one-out") &&
+                             Catch::Contains("| disk | cpu attention | wall |"));
 
   // Results written before the busy times were recorded cannot be fitted: say so, naming the case.
   std::ofstream(dir / "old.jsonl") << R"({"name": "x", "engine": "strata", "status": "ok", "model": "opt-125m"})" << "\n";

@@ -1,6 +1,7 @@
 // Calibration of a hardware profile (policy/calibrate.h): the two calibrated terms of the cost model
 // by hand, and the fit recovering known constants from runs made up with them.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 
 #include "policy_fixtures.h"
@@ -35,7 +36,7 @@ CalibrationSample run_on(const HardwareProfile& truth, const std::string& name, 
                                        realized_fractions(p, s.config.n_layers));
   const double l = s.config.n_layers;
   auto lanes = [l](const std::array<double, kNumTerms>& t) {
-    return std::array<double, kNumLanes>{t[COMP] * l, t[CTOG] * l, t[GTOC] * l, (t[DTOC] + t[CTOD]) * l};
+    return std::array<double, kNumLanes>{t[COMP] * l, t[CTOG] * l, t[GTOC] * l, (t[DTOC] + t[CTOD]) * l, t[CATT] * l};
   };
   s.prefill_busy = lanes(terms.prefill);
   s.decode_busy = lanes(terms.decode);
@@ -224,7 +225,7 @@ TEST_CASE("calibration fits staggered runs through their super-steps", "[calibra
   const CalibrationFit f = calibrate_profile(base, runs);
   CHECK(f.gemm_factor == Approx(1.5).epsilon(1e-6));
   CHECK(f.gpu_attention_factor == Approx(2).epsilon(1e-6));
-  CHECK(f.cpu_attention_factor == f.gpu_attention_factor);  // no run delegates attention: it takes the GPU's
+  CHECK(f.cpu_attention_factor == 1);  // no run delegates attention: the profile's rate stands
   CHECK(f.undetermined.empty());
   CHECK(f.overhead_s == Approx(3e-4).epsilon(1e-6));
   CHECK(f.link_factor[kLaneH2d] == Approx(1.4).epsilon(1e-6));
@@ -252,10 +253,11 @@ TEST_CASE("a leave-one-out fit that cannot be made leaves a gap, not a failed ca
 
 TEST_CASE("runs whose compute is one run's multiple fit the parts they determine", "[calibrate]") {
   // The same GPU batch once and twice: every compute term doubles (GEMMs, attention and units of
-  // overhead alike), so only the prefill and decode rows tell terms apart. Two columns can be
-  // fitted; the overhead cannot be told from the GEMMs and is left at 0. Once with attention on
-  // the GPU tier, once delegated to the CPU: each fits its own factor, and the attention no run
-  // has takes the factor it would fold into (the CPU's the GPU's, the GPU's the GEMMs').
+  // overhead alike), so only the prefill and decode rows tell terms apart: two columns can be
+  // fitted. With attention on the GPU tier they are the GEMMs and the attention, and the overhead
+  // cannot be told from the GEMMs (left at 0); with attention delegated to the CPU (its own lane,
+  // its own factor) they are the GEMMs and the overhead (the truth's 0). The GPU attention no run
+  // has takes the GEMMs' factor, the CPU attention no run has keeps the profile's rate.
   const HardwareProfile base = machine();
   const HardwareProfile truth = slower_compute(base, 1.6, 2.5, 1.9);
   for (const bool delegated : {false, true}) {
@@ -272,23 +274,49 @@ TEST_CASE("runs whose compute is one run's multiple fit the parts they determine
       CHECK(f.gpu_attention_factor == f.gemm_factor);
     } else {
       CHECK(f.gpu_attention_factor == Approx(2.5).epsilon(1e-6));
-      CHECK(f.cpu_attention_factor == f.gpu_attention_factor);
+      CHECK(f.cpu_attention_factor == 1);
     }
     CHECK(f.overhead_s == 0);
-    CHECK(f.undetermined == std::vector<std::string>{"overhead"});
-    CHECK_THAT(f.profile.description, Catch::Contains("not determined by these runs: overhead"));
+    CHECK(f.dropped.empty());
+    if (delegated) {
+      CHECK(f.undetermined.empty());
+    } else {
+      CHECK(f.undetermined == std::vector<std::string>{"overhead"});
+      CHECK_THAT(f.profile.description, Catch::Contains("not determined by these runs: overhead"));
+    }
     for (double e : f.error_after) CHECK(std::fabs(e) < 1e-6);
 
-    // Decode alone (runs whose prefill busy time went unrecorded): one row, doubled, so attention
-    // folds into the GEMMs too, and the one factor left is the rows' measured / predicted.
+    // Decode alone (runs whose prefill busy time went unrecorded): one row, doubled, so GPU
+    // attention folds into the GEMMs too, and the one factor left is the rows' measured /
+    // predicted. The CPU attention's lane still fits its own.
     std::vector<CalibrationSample> decode_only = runs;
     for (CalibrationSample& s : decode_only) s.prefill_busy[kLaneCompute] = 0;
     const CalibrationFit g = calibrate_profile(base, decode_only);
-    CHECK(g.undetermined == std::vector<std::string>{delegated ? "cpu attention" : "gpu attention", "overhead"});
+    CHECK(g.undetermined ==
+          (delegated ? std::vector<std::string>{"overhead"} : std::vector<std::string>{"gpu attention", "overhead"}));
     CHECK(g.gpu_attention_factor == g.gemm_factor);
-    CHECK(g.cpu_attention_factor == g.gemm_factor);
+    CHECK(g.cpu_attention_factor == (delegated ? Approx(1.9).epsilon(1e-6) : Approx(1)));
     CHECK(g.overhead_s == 0);
     const auto lanes = predicted_lane_seconds(base, decode_only[0]);  // base: no overhead, no overlap slowdown
     CHECK(g.gemm_factor == Approx(decode_only[0].decode_busy[kLaneCompute] / lanes[1][kLaneCompute]).epsilon(1e-9));
   }
+}
+
+TEST_CASE("runs that delegate attention without a measured CPU attention lane leave its factor at 1", "[calibrate]") {
+  // Results written before the CPU attention had a lane of its own (bench results.jsonl without
+  // "cpu_attention" in the busy times): the lane reads 0, its factor is not fitted and is named.
+  const HardwareProfile base = machine();
+  const HardwareProfile truth = slower_compute(base, 1.6, 2.5, 1.9);
+  std::vector<CalibrationSample> runs = {
+      run_on(truth, "all on gpu", policy_of(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "cache on cpu, cpu attention", policy_of(4, 2, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true)),
+      run_on(truth, "weights on cpu", policy_of(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
+  };
+  REQUIRE(runs[1].decode_busy[kLaneCpuAttention] > 0);
+  runs[1].decode_busy[kLaneCpuAttention] = 0;
+  const CalibrationFit f = calibrate_profile(base, runs);
+  CHECK(f.cpu_attention_factor == 1);
+  CHECK(f.profile.cpu_attention_bw == base.cpu_attention_bw);
+  CHECK(std::find(f.undetermined.begin(), f.undetermined.end(), "cpu attention") != f.undetermined.end());
+  CHECK(f.gemm_factor == Approx(1.6).epsilon(1e-6));  // the compute lane never carried the CPU's work
 }

@@ -112,10 +112,48 @@ TEST_CASE("CPU attention moves q/k/v and the output instead of the cache", "[cos
   const double out = 32 * 2 * h, qkv = 32 * 2 * (h + 2 * h);  // fp16, block of 32
   CHECK(r.decode.terms[CTOG] == Approx((0.75 * W + out) / 10e9));
   CHECK(r.decode.terms[GTOC] == Approx(qkv / 10e9));
-  CHECK(r.decode.terms[COMP] ==
-        Approx(32 * (flops_per_token + head_per_layer) / 10e12 + cache_avg / 10e9));  // 27.7 ms on the CPU
+  CHECK(r.decode.terms[COMP] == Approx(32 * (flops_per_token + head_per_layer) / 10e12));  // 1.33 ms on the GPU
+  CHECK(r.decode.terms[CATT] == Approx(cache_avg / 10e9));                                  // 27.7 ms on the CPU
   // Prefill attention stays on the GPU.
   CHECK(r.prefill.terms[GTOC] == Approx(32 * 512 * 4 * h / 10e9));
+  CHECK(r.prefill.terms[CATT] == 0);
+}
+
+TEST_CASE("CPU attention overlaps the GPU's work of the other GPU batches", "[cost]") {
+  // The engine's pipeline (docs/cost-model.md, "CPU attention"): while the CPU attends for one GPU
+  // batch the GPU runs the others' attention projections; the MLP half and the LM head wait for
+  // the last batch's attention. All weights on the GPU so that compute bounds the stage.
+  const HardwareProfile hw = round_machine();
+  // The share of the GPU's decode FLOPs outside the attention half: 1 - 8 h^2 / (24 h^2 + head).
+  const double serial = 1 - 8 * h * h / (flops_per_token + head_per_layer);  // 0.68
+  for (int ngb : {1, 2, 4}) {
+    INFO(ngb << " GPU batches");
+    const Policy p = policy_of(32 / ngb, ngb, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true);
+    const CostForms F = cost_forms(opt67(), p, wl, hw);
+    CHECK(F.comp_serial_share == Approx(serial));
+    const Prediction r = evaluate(opt67(), p, wl, hw);
+    const double comp = 32 * (flops_per_token + head_per_layer) / 10e12, catt = 32 * 528 * 4 * h / 10e9;
+    REQUIRE(r.decode.terms[COMP] == Approx(comp));
+    REQUIRE(r.decode.terms[CATT] == Approx(catt));
+    // GPU-bound: all GPU work plus one batch's attention; CPU-bound: all attention plus one
+    // batch's projections and the serial part. Here the CPU bounds it.
+    const double expected = std::max(comp + catt / ngb, catt + comp * (serial + (1 - serial) / ngb));
+    CHECK(r.decode.compute == Approx(expected));
+    CHECK(r.decode.total == Approx(expected));
+    CHECK(r.decode.bound == CATT);
+    if (ngb == 1) CHECK(r.decode.total == Approx(comp + catt));  // one GPU batch: nothing to overlap
+  }
+  // GPU-bound the other piece: the GPU's work and one batch's attention.
+  CHECK(compute_stage(10, 4, 4, 0.5) == Approx(10 + 4.0 / 4));
+  CHECK(compute_stage(1, 4, 4, 0.5) == Approx(4 + 1 * (0.5 + 0.5 / 4)));
+  CHECK(compute_stage(3, 0, 4, 0.5) == 3);  // nothing delegated: the GPU's work alone
+  // Without overlap every lane runs in turn: the CPU attention adds.
+  Policy serial_policy = policy_of(8, 4, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true);
+  serial_policy.overlap = false;
+  const Prediction s = evaluate(opt67(), serial_policy, wl, hw);
+  double sum = 0;
+  for (double t : s.decode.terms) sum += t;
+  CHECK(s.decode.total == Approx(sum));
 }
 
 TEST_CASE("disk terms: weights and cache behind the CPU", "[cost]") {
@@ -183,8 +221,8 @@ TEST_CASE("4-bit compression shrinks what moves and adds dequantization", "[cost
   const Prediction b = evaluate(opt67(), big, wl, hw);
   const double big_avg = 128 * 528 * 4 * h;
   CHECK(b.decode.terms[COMP] ==
-        Approx(128 * (flops_per_token + head_per_layer) / hw.gemm_flops(64) + W / 50e9 + big_avg * 0.5 / 100e9 +
-               big_avg * 0.5 / 20e9));
+        Approx(128 * (flops_per_token + head_per_layer) / hw.gemm_flops(64) + W / 50e9 + big_avg * 0.5 / 100e9));
+  CHECK(b.decode.terms[CATT] == Approx(big_avg * 0.5 / 20e9));
 }
 
 TEST_CASE("peak memory per tier", "[cost]") {

@@ -86,6 +86,7 @@ json prediction_json(const Candidate& c) {
   auto stage = [](const StageTime& st) {
     json j;
     for (int t = 0; t < kNumTerms; ++t) j[term_name(t)] = st.terms[t];
+    j["compute"] = st.compute;  // comp and catt as the pipeline overlaps them
     j["total"] = st.total;
     j["bound"] = term_name(st.bound);
     return j;
@@ -120,6 +121,8 @@ void print_prediction(std::ostream& os, const Candidate& c, const TierBytes& bud
     os << "  " << name;
     for (int t = 0; t < kNumTerms; ++t)
       os << "  " << term_name(t) << " " << fixed(st.terms[t] * 1e3, 2) << (t == st.bound ? "*" : "");
+    // Delegated attention overlaps the GPU's work of the other GPU batches (compute_stage).
+    if (st.terms[CATT] > 0) os << "  (comp with catt " << fixed(st.compute * 1e3, 2) << ")";
     os << "  (ms per layer; * bounds it)\n";
   };
   // Staggered, the stages are super-steps (cost_model.h, Prediction).

@@ -250,12 +250,14 @@ private:
         stats.generated_tokens = int64_t(o.policy.block_size()) * c.gen_len;
       }
       r.runs.push_back(measure_of(stats, o.policy.block_size()));
+      // The CPU attention lane works in decode only (FlexGen delegates decode attention alone).
       const std::array<double, kNumLanes> total{after.compute_busy - before.compute_busy, after.h2d_busy - before.h2d_busy,
-                                                after.d2h_busy - before.d2h_busy, after.disk_busy - before.disk_busy};
+                                                after.d2h_busy - before.d2h_busy, after.disk_busy - before.disk_busy,
+                                                after.cpu_attention_seconds - before.cpu_attention_seconds};
       const std::array<double, kNumLanes> prefill{after.prefill_compute_busy - before.prefill_compute_busy,
                                                   after.prefill_h2d_busy - before.prefill_h2d_busy,
                                                   after.prefill_d2h_busy - before.prefill_d2h_busy,
-                                                  after.prefill_disk_busy - before.prefill_disk_busy};
+                                                  after.prefill_disk_busy - before.prefill_disk_busy, 0.0};
       for (int lane = 0; lane < kNumLanes; ++lane) {
         r.prefill_busy[size_t(lane)] += share * prefill[size_t(lane)];
         r.decode_busy[size_t(lane)] += share * (total[size_t(lane)] - prefill[size_t(lane)]);
@@ -325,7 +327,8 @@ json case_json(const BenchSuite& suite, const Machine& m, const std::string& com
   j["host_waits"] = {{"per_decode_step", r.host_waits_per_decode_step}, {"seconds", r.host_wait_s}};
   // Per phase, the wall time and each lane's busy time (what --calibrate fits; mean over repeats).
   auto lanes = [](const std::array<double, kNumLanes>& b) {
-    return json{{"compute", b[kLaneCompute]}, {"cpu_to_gpu", b[kLaneH2d]}, {"gpu_to_cpu", b[kLaneD2h]}, {"disk", b[kLaneDisk]}};
+    return json{{"compute", b[kLaneCompute]}, {"cpu_to_gpu", b[kLaneH2d]}, {"gpu_to_cpu", b[kLaneD2h]},
+                {"disk", b[kLaneDisk]}, {"cpu_attention", b[kLaneCpuAttention]}};
   };
   j["seconds"] = {{"prefill", r.prefill_s}, {"decode", r.decode_s}, {"decode_steps", r.decode_steps_run},
                   {"prefill_busy", lanes(r.prefill_busy)}, {"decode_busy", lanes(r.decode_busy)}};

@@ -75,8 +75,9 @@ std::vector<CalibrationSample> calibration_samples(const std::filesystem::path& 
       s.decode_s = sec.at("decode").get<double>();
       for (auto [key, busy] : {std::pair{"prefill_busy", &s.prefill_busy}, {"decode_busy", &s.decode_busy}}) {
         const nlohmann::json& b = sec.at(key);
+        // "cpu_attention" is absent from results of before it had a lane: unmeasured then (calibrate.h).
         *busy = {b.at("compute").get<double>(), b.at("cpu_to_gpu").get<double>(), b.at("gpu_to_cpu").get<double>(),
-                 b.at("disk").get<double>()};
+                 b.at("disk").get<double>(), b.value("cpu_attention", 0.0)};
       }
       samples.push_back(std::move(s));
     } catch (const nlohmann::json::exception& e) {
@@ -113,25 +114,27 @@ CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<Ca
   md << "| median / worst | | " << summary(f.error_before) << " | " << summary(f.error_after) << " | "
      << summary(f.error_leave_one_out) << " |\n\n"
      << "Fitted: compute lane x" << f.gemm_factor << " on GEMMs and dequantization, x" << f.gpu_attention_factor
-     << " on the GPU tier's attention, x" << f.cpu_attention_factor << " on attention delegated to the CPU, "
-     << f.overhead_s * 1e3 << " ms per layer and unit of work; cpu->gpu x"
+     << " on the GPU tier's attention, " << f.overhead_s * 1e3 << " ms per layer and unit of work; cpu attention x"
+     << f.cpu_attention_factor << "; cpu->gpu x"
      << f.link_factor[kLaneH2d] << ", gpu->cpu x" << f.link_factor[kLaneD2h] << ", disk x"
      << f.link_factor[kLaneDisk] << " (busy time per predicted second); overlap slowdown "
      << f.overlap_slowdown << ".\n\n";
   if (!f.undetermined.empty())
     md << "Not determined by these runs: " << undetermined_list(f) << ". Their compute terms are combinations\n"
-       << "of the others', so the fit kept the CPU attention factor at the GPU attention's, that at the\n"
-       << "GEMM's, and the overhead at 0; cases that differ in GPU batch size, prompt length or attention\n"
-       << "placement would determine them.\n\n";
+       << "of the others', so the fit kept the GPU attention factor at the GEMM's and the overhead at 0;\n"
+       << "cases that differ in GPU batch size, prompt length or attention placement would determine them.\n"
+       << "(\"cpu attention\": no case measured the CPU attention lane; its factor stays 1.)\n\n";
   if (!f.dropped.empty())
     md << "Dropped for their sign: " << dropped_list(f) << ". A negative overhead or a non-positive\n"
        << "attention factor has no physical meaning: the fit set it as for an undetermined part and refitted.\n"
        << "It says the compute terms miss a cost that grows another way than the fitted columns.\n\n";
   md << "## Per term, before calibration\n\n"
      << "Each lane's busy seconds against the cost model's term for it (the base profile), and each\n"
-     << "phase's wall time against the predicted stage total (max of the terms with overlap). A\n"
+     << "phase's wall time against the predicted stage total (with overlap, the max of the links and\n"
+     << "the compute pipeline of the GPU and the CPU attention; docs/cost-model.md). A\n"
      << "staggered case's phases are its super-steps in which some GPU batch prefills, and the others.\n\n"
-     << "| case | phase | compute | cpu->gpu | gpu->cpu | disk | wall |\n|---|---|---|---|---|---|---|\n";
+     << "| case | phase | compute | cpu->gpu | gpu->cpu | disk | cpu attention | wall |\n"
+     << "|---|---|---|---|---|---|---|---|\n";
   auto pair = [](double predicted, double measured) {
     std::ostringstream os;
     os << std::fixed << std::setprecision(3) << predicted << " / " << measured;

@@ -312,9 +312,10 @@ bool OffloadEngine::Impl::compute(int i, int jj, int u) {
       const int buf = attn_turn;
       attn_turn ^= 1;
       const AttentionInputs in = ops.attention_inputs(w, globals.inv_freq, xs);
-      const Ticket out_ready = attend_on_cpu(i, u, j, in, buf);
+      // The span ends before the attention: on the CPU backend it runs inline, timed by its own lane.
       span.end = be.record(Stream::Compute);
       compute_lane->record_span(step_label(t, j, attention, b), std::move(span), host_start, Clock::now());
+      const Ticket out_ready = attend_on_cpu(i, u, j, in, buf);
       finish_delegated();  // the previous unit's, while the CPU attends to this one
       LayerWeights out_proj;  // views of the output projection: all the deferred half reads
       out_proj.o_w = w.o_w;

@@ -22,22 +22,22 @@ PhaseLanes predicted_lanes(const HardwareProfile& hw, const CalibrationSample& s
                                        realized_fractions(s.policy, s.config.n_layers));
   const double l = s.config.n_layers;
   auto lanes = [l](const std::array<double, kNumTerms>& t) {
-    return std::array<double, kNumLanes>{t[COMP] * l, t[CTOG] * l, t[GTOC] * l, (t[DTOC] + t[CTOD]) * l};
+    return std::array<double, kNumLanes>{t[COMP] * l, t[CTOG] * l, t[GTOC] * l, (t[DTOC] + t[CTOD]) * l, t[CATT] * l};
   };
   return {lanes(terms.prefill), lanes(terms.decode)};
 }
 
 // The compute term split into what each compute constant scales: GEMMs and dequantization,
-// attention on the GPU tier, attention delegated to the CPU (on a GPU machine another processor
-// and memory, so its own factor), and units of per-layer overhead (the term with an overhead of
-// 1 s per unit, minus without). The parts add up: cost_model.cpp sums them into COMP.
+// attention on the GPU tier, and units of per-layer overhead (the term with an overhead of 1 s per
+// unit, minus without). The parts add up: cost_model.cpp sums them into COMP. (Attention delegated
+// to the CPU is a lane of its own, CATT.)
 struct ComputeParts {
-  double gemm = 0, gpu_attention = 0, cpu_attention = 0, units = 0;
+  double gemm = 0, gpu_attention = 0, units = 0;
 };
 
 // The compute columns of the fit, in elimination order (a dependent column is the last of a set).
-enum ComputeColumn : int { kColGemm, kColGpuAttention, kColCpuAttention, kColOverhead, kNumColumns };
-const char* const kColumnName[kNumColumns] = {"gemm", "gpu attention", "cpu attention", "overhead"};
+enum ComputeColumn : int { kColGemm, kColGpuAttention, kColOverhead, kNumColumns };
+const char* const kColumnName[kNumColumns] = {"gemm", "gpu attention", "overhead"};
 
 HardwareProfile without_calibration(HardwareProfile hw) {
   hw.compute_overhead_s = 0;
@@ -49,21 +49,16 @@ HardwareProfile without_calibration(HardwareProfile hw) {
 }
 
 std::array<ComputeParts, 2> compute_parts(const HardwareProfile& raw, const CalibrationSample& s) {
-  HardwareProfile no_gpu_attention = raw, no_attention = raw, one_second = raw;
-  for (HardwareProfile* hw : {&no_gpu_attention, &no_attention}) {
-    hw->gpu_attention_bw = kHuge;
-    if (hw->gpu_attention_q4_bw > 0) hw->gpu_attention_q4_bw = kHuge;
-  }
-  no_attention.cpu_attention_bw = kHuge;
-  if (no_attention.cpu_attention_q4_bw > 0) no_attention.cpu_attention_q4_bw = kHuge;
+  HardwareProfile no_attention = raw, one_second = raw;
+  no_attention.gpu_attention_bw = kHuge;
+  if (no_attention.gpu_attention_q4_bw > 0) no_attention.gpu_attention_q4_bw = kHuge;
   one_second.compute_overhead_s = 1;
-  const PhaseLanes all = predicted_lanes(raw, s), without_gpu = predicted_lanes(no_gpu_attention, s),
-                   gemm = predicted_lanes(no_attention, s), plus = predicted_lanes(one_second, s);
+  const PhaseLanes all = predicted_lanes(raw, s), gemm = predicted_lanes(no_attention, s),
+                   plus = predicted_lanes(one_second, s);
   std::array<ComputeParts, 2> parts;
   for (int phase = 0; phase < 2; ++phase) {
     auto comp = [phase](const PhaseLanes& l) { return (phase == 0 ? l.prefill : l.decode)[kLaneCompute]; };
-    parts[size_t(phase)] = {comp(gemm), comp(all) - comp(without_gpu), comp(without_gpu) - comp(gemm),
-                            comp(plus) - comp(all)};
+    parts[size_t(phase)] = {comp(gemm), comp(all) - comp(gemm), comp(plus) - comp(all)};
   }
   return parts;
 }
@@ -78,7 +73,7 @@ struct LeastSquares {
 };
 
 // Least squares of relative residuals: minimize sum ((sum_j c_j a_ij - m_i) / m_i)^2 over the
-// columns in `use`. Solved by Gaussian elimination on the normal equations (at most four
+// columns in `use`. Solved by Gaussian elimination on the normal equations (at most three
 // columns), in column order, so the column reported dependent is the last of a dependent set.
 LeastSquares relative_least_squares(const std::vector<std::vector<double>>& a, const std::vector<double>& m,
                                     const std::vector<bool>& use) {
@@ -115,12 +110,14 @@ LeastSquares relative_least_squares(const std::vector<std::vector<double>>& a, c
 }
 
 constexpr double kMinSeconds = 1e-6;  // lanes busier than this count as observations
+// A fitted overhead above -1 ns per layer-unit is a zero the rounding made negative: kept (as 0).
+constexpr double kNoiseSeconds = 1e-9;
 
 CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSample>& samples) {
   const HardwareProfile raw = without_calibration(base);
   CalibrationFit f;
 
-  // 1. Compute lane: the four columns of ComputeColumn, two phases per sample.
+  // 1. Compute lane: the three columns of ComputeColumn, two phases per sample.
   std::vector<std::vector<double>> rows;
   std::vector<double> measured;
   for (const CalibrationSample& s : samples) {
@@ -129,29 +126,21 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
       const double m = (phase == 0 ? s.prefill_busy : s.decode_busy)[kLaneCompute];
       if (m < kMinSeconds) continue;
       const ComputeParts& p = parts[size_t(phase)];
-      rows.push_back({p.gemm, p.gpu_attention, p.cpu_attention, p.units});
+      rows.push_back({p.gemm, p.gpu_attention, p.units});
       measured.push_back(m);
     }
   }
   if (rows.size() < 2) STRATA_FAIL("calibration: fewer than two phases with a busy compute lane");
   std::vector<bool> use(kNumColumns, true);
-  for (int col : {kColGpuAttention, kColCpuAttention}) {
-    bool any = false;
-    for (const auto& r : rows) any = any || r[size_t(col)] > 0;
-    use[size_t(col)] = any;  // no run has that attention: nothing to fit, nothing to report
-  }
-  // A column the runs cannot determine (say every run is another's multiple: the same phases,
-  // only more GPU batches), or one with a physically meaningless sign, is dropped: the overhead to
-  // 0; the CPU attention's factor to the GPU attention's, and that to the GEMM's (the term folded
-  // into that column).
-  auto fold_into = [&](int column) {
-    return column == kColCpuAttention && use[kColGpuAttention] ? kColGpuAttention : kColGemm;
-  };
+  // No run with attention on the GPU: nothing to fit there, nothing to report.
+  use[kColGpuAttention] = std::any_of(rows.begin(), rows.end(), [](const auto& r) { return r[kColGpuAttention] > 0; });
+  // A column the runs cannot determine (say every run is another's multiple: the same phases, only more GPU batches), or
+  // one with a physically meaningless sign, is dropped: the overhead to 0, the GPU attention's
+  // factor to the GEMM's (its term folded into that column).
   auto drop = [&](int column) {
     use[size_t(column)] = false;
     if (column == kColOverhead) return;
-    const int into = fold_into(column);
-    for (auto& r : rows) r[size_t(into)] += r[size_t(column)], r[size_t(column)] = 0;
+    for (auto& r : rows) r[kColGemm] += r[size_t(column)], r[size_t(column)] = 0;
   };
   std::vector<double> c;
   for (;;) {
@@ -164,12 +153,9 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
     }
     c = ls.coef;
     std::ostringstream why;
-    if (use[kColOverhead] && c[kColOverhead] < 0) {
+    if (use[kColOverhead] && c[kColOverhead] < -kNoiseSeconds) {
       why << "overhead (fitted " << c[kColOverhead] * 1e3 << " ms per layer-unit)";
       drop(kColOverhead);
-    } else if (use[kColCpuAttention] && c[kColCpuAttention] <= 0) {
-      why << "cpu attention (fitted factor " << c[kColCpuAttention] << ")";
-      drop(kColCpuAttention);
     } else if (use[kColGpuAttention] && c[kColGpuAttention] <= 0) {
       why << "gpu attention (fitted factor " << c[kColGpuAttention] << ")";
       drop(kColGpuAttention);
@@ -179,27 +165,37 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
     f.dropped.push_back(why.str());
   }
   if (!use[kColGpuAttention]) c[kColGpuAttention] = c[kColGemm];
-  if (!use[kColCpuAttention]) c[kColCpuAttention] = c[kColGpuAttention];  // folded there, or both into the GEMMs
   if (c[kColGemm] <= 0) STRATA_FAIL("calibration: the compute lane's fit has a non-positive GEMM factor");
   f.gemm_factor = c[kColGemm];
   f.gpu_attention_factor = c[kColGpuAttention];
-  f.cpu_attention_factor = c[kColCpuAttention];
   f.overhead_s = std::max(0.0, c[kColOverhead]);
 
-  // 2. Links: one factor per lane (the disk lane's reads and writes share one).
+  // 2. Links and the CPU attention: one factor per lane (the disk lane's reads and writes share
+  // one); 1 where no run kept the lane busy.
   std::vector<PhaseLanes> lanes;
   for (const CalibrationSample& s : samples) lanes.push_back(predicted_lanes(raw, s));
+  bool attention_unmeasured = false;  // predicted, but no run measured the lane
   for (int lane = kLaneH2d; lane < kNumLanes; ++lane) {
     double num = 0, den = 0;
     for (size_t i = 0; i < samples.size(); ++i)
       for (int phase = 0; phase < 2; ++phase) {
         const double p = (phase == 0 ? lanes[i].prefill : lanes[i].decode)[size_t(lane)];
         const double m = (phase == 0 ? samples[i].prefill_busy : samples[i].decode_busy)[size_t(lane)];
-        if (p < kMinSeconds || m < kMinSeconds) continue;
+        if (p < kMinSeconds) continue;
+        if (m < kMinSeconds) {
+          attention_unmeasured = attention_unmeasured || lane == kLaneCpuAttention;
+          continue;
+        }
         num += p / m;
         den += (p / m) * (p / m);
       }
-    f.link_factor[size_t(lane)] = den > 0 ? num / den : 1.0;
+    const double factor = den > 0 ? num / den : 1.0;
+    if (lane == kLaneCpuAttention) {
+      f.cpu_attention_factor = factor;
+      if (den == 0 && attention_unmeasured) f.undetermined.push_back("cpu attention");
+    } else {
+      f.link_factor[size_t(lane)] = factor;
+    }
   }
 
   // The refined rates.

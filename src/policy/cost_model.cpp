@@ -16,8 +16,13 @@ const char* var_name(int v) {
 }
 
 const char* term_name(int t) {
-  static const char* names[kNumTerms] = {"ctog", "gtoc", "dtoc", "ctod", "comp"};
+  static const char* names[kNumTerms] = {"ctog", "gtoc", "dtoc", "ctod", "comp", "catt"};
   return names[t];
+}
+
+double compute_stage(double comp, double catt, double batches, double serial_share) {
+  if (catt <= 0) return comp;
+  return std::max(comp + catt / batches, catt + comp * (serial_share + (1 - serial_share) / batches));
 }
 
 double LinearForm::at(const Fractions& x) const {
@@ -84,6 +89,7 @@ CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w, D
   z.global_weights = e * double(cfg.param_count() - int64_t(cfg.n_layers) * cfg.layer_param_count());
   const double matmul_params = h * (q + 2 * kv) + q * h + (cfg.mlp == MlpKind::SwiGLU ? 3 : 2) * h * f;
   z.layer_flops_per_token = 2.0 * matmul_params;
+  z.attention_flops_per_token = 2.0 * attn_params;
   z.kv_per_token_fp16 = 2.0 * e * kv;  // K and V, uncompressed
   z.kv_per_token = rc * z.kv_per_token_fp16;
   z.hidden_per_token = e * h;
@@ -163,7 +169,7 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   P[COMP].constant += hw.compute_overhead_s * ngb * std::ceil(gbs / z.prefill_seqs);
 
   // One decode step of one layer. With cpu_attention, attention over the cache on the CPU or disk
-  // runs on the CPU: q, k, v go down and the attention output comes back instead of the cache.
+  // runs on the CPU (CATT): q, k, v go down and the attention output comes back instead of the cache.
   auto& D = F.decode;
   add(D[CTOG], W / ctog, {WC, WD});
   add(D[CTOG], Ag_moved / ctog, {HC, HD});
@@ -183,6 +189,8 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   add(D[CTOD], Ag_moved / ctod, {HD});
   D[COMP].constant = bls * (z.layer_flops_per_token + head_flops / l) / hw.gemm_flops(gbs) +
                      hw.compute_overhead_s * ngb;  // calibrated: once per GPU batch and layer
+  // What of it waits for delegated attention (compute_stage): all but the attention half's GEMMs.
+  F.comp_serial_share = 1 - z.attention_flops_per_token / (z.layer_flops_per_token + head_flops / l);
   // Compressed weights: a decode step of up to quant::kCudaFusedDequantMaxTokens tokens reads the codes in the
   // fused linear (no separate pass; the GEMM term stands for it); a larger GPU batch dequantizes
   // the layer once, shared by the block's GPU batches (the runtime's rule, engine_steps.cpp).
@@ -192,7 +200,8 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   auto attn_bw = [&](double fp16_bw, double q4_bw) { return cc && q4_bw > 0 ? q4_bw : fp16_bw; };
   const double gpu_attn = cache_avg_fp16 / attn_bw(hw.gpu_attention_bw, hw.gpu_attention_q4_bw);
   add(D[COMP], gpu_attn, {CG});
-  add(D[COMP], cpu_attn ? cache_avg_fp16 / attn_bw(hw.cpu_attention_bw, hw.cpu_attention_q4_bw) : gpu_attn, {CC, CD});
+  if (cpu_attn) add(D[CATT], cache_avg_fp16 / attn_bw(hw.cpu_attention_bw, hw.cpu_attention_q4_bw), {CC, CD});
+  else add(D[COMP], gpu_attn, {CC, CD});
 
   // Peak memory, linear in the fractions where the runtime's plan (placement.h) has steps. GPU:
   // global weights, the workspace, the homes of what is placed there, one layer's buffer for
@@ -266,18 +275,23 @@ CostForms with_stagger(CostForms forms, int prefill_batches_per_step) {
 
 namespace {
 
-// With overlap: max + slowdown * (sum - max) (the profile's calibrated shortfall; 0 is the paper's
-// max); without: the sum.
-StageTime stage_of(const std::array<double, kNumTerms>& terms, bool overlap, double slowdown) {
+// With overlap: max + slowdown * (sum - max) over the links and the compute pipeline of `batches`
+// GPU batches (the profile's calibrated shortfall; 0 is the paper's max); without: the sum of the
+// terms, every lane in turn.
+StageTime stage_of(const std::array<double, kNumTerms>& terms, const CostForms& F, double batches) {
   StageTime st;
   st.terms = terms;
-  double sum = 0, max = 0;
-  for (int t = 0; t < kNumTerms; ++t) {
-    if (terms[t] > terms[st.bound]) st.bound = t;
-    sum += terms[t];
-    max = std::max(max, terms[t]);
+  st.compute = compute_stage(terms[COMP], terms[CATT], batches, F.comp_serial_share);
+  const std::array<double, 5> items = {terms[CTOG], terms[GTOC], terms[DTOC], terms[CTOD], st.compute};
+  double sum = 0, max = 0, serial = 0;
+  for (int t = 0; t < 5; ++t) {
+    if (items[size_t(t)] > items[size_t(st.bound)]) st.bound = t;
+    sum += items[size_t(t)];
+    max = std::max(max, items[size_t(t)]);
   }
-  st.total = overlap ? max + slowdown * (sum - max) : sum;
+  if (st.bound == COMP && terms[CATT] > terms[COMP]) st.bound = CATT;
+  for (double t : terms) serial += t;
+  st.total = F.overlap ? max + F.overlap_slowdown * (sum - max) : serial;
   return st;
 }
 
@@ -345,7 +359,7 @@ Prediction predict_staggered(const CostForms& F, const Fractions& x) {
   int most_decoding = 0;
   const std::vector<SuperStep> steps = super_steps(F.num_gpu_batches, F.prefill_batches_per_step, F.gen_len);
   for (size_t t = 0; t < steps.size(); ++t) {
-    const StageTime st = stage_of(super_step_terms(split, steps[t]), F.overlap, F.overlap_slowdown);
+    const StageTime st = stage_of(super_step_terms(split, steps[t]), F, steps[t].prefilling + steps[t].decoding);
     if (t == 0) r.prefill = st;
     if (steps[t].decoding > most_decoding) most_decoding = steps[t].decoding, r.decode = st;
     (steps[t].prefilling > 0 ? prefill : decode) += st.total;
@@ -376,8 +390,8 @@ PhaseTerms phase_terms(const CostForms& F, const Fractions& x) {
 Prediction predict(const CostForms& F, const Fractions& x) {
   if (F.staggered()) return predict_staggered(F, x);
   Prediction r;
-  r.prefill = stage_of(at(F.prefill, x), F.overlap, F.overlap_slowdown);
-  r.decode = stage_of(at(F.decode, x), F.overlap, F.overlap_slowdown);
+  r.prefill = stage_of(at(F.prefill, x), F, F.num_gpu_batches);
+  r.decode = stage_of(at(F.decode, x), F, F.num_gpu_batches);
   finish(r, F, x, r.prefill.total, r.decode.total * (F.gen_len - 1));
   return r;
 }

@@ -86,6 +86,14 @@ class Lp {
   glp_prob* p_;
 };
 
+// a * x + b * y
+LinearForm combined(const LinearForm& x, double a, const LinearForm& y, double b) {
+  LinearForm r;
+  r.constant = a * x.constant + b * y.constant;
+  for (int v = 0; v < kNumVars; ++v) r.coef[v] = a * x.coef[v] + b * y.coef[v];
+  return r;
+}
+
 // Memory rows: the peak on each tier within its budget (rows scaled by the budget).
 void add_memory_rows(Lp& lp, const CostForms& F, const TierBytes& budget, std::optional<Tier> skip = {}) {
   for (Tier t : kTiers) {
@@ -102,34 +110,46 @@ LpSolution solve_placement_lp(const CostForms& F, const TierBytes& budget, std::
   Lp lp;
   const double l = F.n_layers, gen_steps = F.gen_len - 1;
   // T = T_pre * l + T_gen * (n - 1) * l; each stage time is an auxiliary variable bounded below by
-  // its terms (their max, with overlap) or by their sum (without).
+  // its terms (their max, with overlap) or by their sum (without). With overlap the compute is the
+  // pipeline of COMP and CATT (compute_stage): a column P above both of its linear pieces.
   const int tpre = lp.add_col(l), tgen = lp.add_col(gen_steps * l);
+  const double n = F.num_gpu_batches, s = F.comp_serial_share;
   for (auto [forms, col] : {std::pair{&F.prefill, tpre}, std::pair{&F.decode, tgen}}) {
-    LinearForm sum;
-    for (const LinearForm& term : *forms) {
-      sum.constant += term.constant;
-      for (int v = 0; v < kNumVars; ++v) sum.coef[v] += term.coef[v];
-    }
-    const double k = F.overlap_slowdown;
+    const std::array<LinearForm, kNumTerms>& t = *forms;
     if (!F.overlap) {
+      LinearForm sum;
+      for (const LinearForm& term : t) sum = combined(sum, 1.0, term, 1.0);
       lp.add_form_row(sum, {{col, -1.0}}, 0.0);
-    } else if (k <= 0) {
-      for (const LinearForm& term : *forms) lp.add_form_row(term, {{col, -1.0}}, 0.0);
-    } else {
-      // T >= (1 - k) M + k * sum with M >= every term: linear, and tight at the optimum.
-      const int max_col = lp.add_col(0.0);
-      for (const LinearForm& term : *forms) lp.add_form_row(term, {{max_col, -1.0}}, 0.0);
-      LinearForm part = sum;
-      part.constant *= k;
-      for (double& c : part.coef) c *= k;
-      lp.add_form_row(part, {{max_col, 1.0 - k}, {col, -1.0}}, 0.0);
+      continue;
     }
+    const int pipeline = lp.add_col(0.0);
+    lp.add_form_row(combined(t[COMP], 1.0, t[CATT], 1.0 / n), {{pipeline, -1.0}}, 0.0);
+    lp.add_form_row(combined(t[CATT], 1.0, t[COMP], s + (1 - s) / n), {{pipeline, -1.0}}, 0.0);
+    const std::array<const LinearForm*, 4> links = {&t[CTOG], &t[GTOC], &t[DTOC], &t[CTOD]};
+    const double k = F.overlap_slowdown;
+    if (k <= 0) {
+      for (const LinearForm* link : links) lp.add_form_row(*link, {{col, -1.0}}, 0.0);
+      lp.add_row({{pipeline, 1.0}, {col, -1.0}}, GLP_UP, 0.0);
+      continue;
+    }
+    // T >= (1 - k) M + k * (links + P) with M >= every link and P: linear, and tight at the optimum.
+    const int max_col = lp.add_col(0.0);
+    LinearForm links_sum;
+    for (const LinearForm* link : links) {
+      lp.add_form_row(*link, {{max_col, -1.0}}, 0.0);
+      links_sum = combined(links_sum, 1.0, *link, k);
+    }
+    lp.add_row({{pipeline, 1.0}, {max_col, -1.0}}, GLP_UP, 0.0);
+    lp.add_form_row(links_sum, {{pipeline, k}, {max_col, 1.0 - k}, {col, -1.0}}, 0.0);
   }
   add_memory_rows(lp, F, budget);
-  if (max_latency_s) lp.add_row({{tpre, l}, {tgen, gen_steps * l}}, GLP_UP, *max_latency_s);
 
+  // The objective is the latency, so a latency bound only says whether the optimum meets it; as a
+  // row it would change nothing but the vertex the solver returns among equal optima (and so the
+  // rounding), and a bounded search would no longer agree with the frontier (pareto_points).
   LpSolution r;
   if (!lp.solve()) return r;
+  if (max_latency_s && lp.objective() > *max_latency_s * (1 + 1e-9)) return r;
   r.feasible = true;
   r.x = lp.fractions();
   r.total_s = lp.objective();
@@ -497,7 +517,10 @@ std::vector<std::pair<Candidate, CostForms>> collect(const ModelConfig& cfg, con
 SearchResult search_policy(const ModelConfig& cfg, const HardwareProfile& hw, const SearchOptions& opts) {
   const auto start = std::chrono::steady_clock::now();
   SearchResult result;
-  std::vector<std::pair<Candidate, CostForms>> found = collect(cfg, hw, opts, result.lps_solved, false);
+  // Under a latency bound every shape's LP is refined, as for the frontier: the pick under each
+  // bound is then the frontier's row for it.
+  std::vector<std::pair<Candidate, CostForms>> found =
+      collect(cfg, hw, opts, result.lps_solved, opts.max_latency_s.has_value());
   // Re-check the best against the runtime's memory plan until `keep` survive and no unchecked
   // candidate could beat them (a repair only moves layers, so it may lower a throughput).
   for (auto& [c, F] : found) {

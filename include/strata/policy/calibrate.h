@@ -5,10 +5,11 @@
 // time of the lane that carries it, phase by phase, then fits how far the lanes' overlap falls
 // short of the paper's max:
 //   1. compute lane = a_gemm * (GEMM and dequantization term) + a_gpu_attn * (GPU-tier attention)
-//                     + a_cpu_attn * (attention delegated to the CPU)
 //                     + overhead * (layer-units of work)               (least squares, relative)
-//   2. each link lane = its term * a_link                              (least squares, relative)
-//   3. overlap_slowdown: the phase times against max + k (sum - max) of the refined terms
+//   2. each link lane = its term * a_link, and the CPU attention lane = CATT * a_cpu_attn
+//                                                                      (least squares, relative)
+//   3. overlap_slowdown: the phase times against max + k (sum - max) of the refined terms (the
+//      links and the compute pipeline, cost_model.h's StageTime)
 //      (a one-dimensional least squares over k in [0, 1])
 // and folds the factors into a refined profile (rates divided by their factor).
 #pragma once
@@ -23,8 +24,9 @@
 
 namespace strata {
 
-// Lanes of the offloading engine (OffloadReport's busy times), in this order.
-enum Lane4 : int { kLaneCompute, kLaneH2d, kLaneD2h, kLaneDisk, kNumLanes };
+// Lanes of the offloading engine (OffloadReport's busy times), in this order. The CPU attention
+// lane is busy in decode only (OffloadReport::cpu_attention_seconds).
+enum BusyLane : int { kLaneCompute, kLaneH2d, kLaneD2h, kLaneDisk, kLaneCpuAttention, kNumLanes };
 
 // One measured block: what ran and how long each phase and lane took.
 struct CalibrationSample {
@@ -40,15 +42,16 @@ struct CalibrationSample {
 struct CalibrationFit {
   HardwareProfile profile;   // the refined profile
   double gemm_factor = 1, gpu_attention_factor = 1, cpu_attention_factor = 1, overhead_s = 0;
-  // Compute parts the runs could not separate from the ones before them ("gpu attention", "cpu
-  // attention", "overhead"): the CPU attention factor is then the GPU attention's, that one the
-  // GEMM's, the overhead 0. More varied runs determine them.
+  // Compute parts the runs could not separate from the ones before them ("gpu attention",
+  // "overhead"): the GPU attention factor is then the GEMM's, the overhead 0. More varied runs
+  // determine them. "cpu attention": runs delegate attention but none measured its lane (a
+  // results.jsonl from before that lane was recorded); its factor stays 1.
   std::vector<std::string> undetermined;
   // Compute parts the runs did determine but with a meaningless sign (a negative overhead, a
   // non-positive attention factor), as "overhead (fitted -0.12 ms per layer-unit)": dropped like
   // the undetermined ones. A sign drop says the terms miss something that scales another way.
   std::vector<std::string> dropped;
-  std::array<double, kNumLanes> link_factor{1, 1, 1, 1};  // [kLaneCompute] unused
+  std::array<double, kNumLanes> link_factor{1, 1, 1, 1, 1};  // H2d, D2h and Disk (the others unused)
   double overlap_slowdown = 0;
   // Relative error of predicted total throughput per sample (predicted / measured - 1), with the
   // base profile and with the refined one.

@@ -36,9 +36,16 @@ struct LinearForm {
   double at(const Fractions& x) const;
 };
 
-// The five terms of one stage: the four links and compute (GPU and delegated CPU work).
-enum Term : int { CTOG, GTOC, DTOC, CTOD, COMP, kNumTerms };
-const char* term_name(int t);  // "ctog", "gtoc", "dtoc", "ctod", "comp"
+// The six terms of one stage: the four links, the GPU's compute, and the attention delegated to
+// the CPU (cpu_attention's decode; a lane of its own beside the GPU's).
+enum Term : int { CTOG, GTOC, DTOC, CTOD, COMP, CATT, kNumTerms };
+const char* term_name(int t);  // "ctog", "gtoc", "dtoc", "ctod", "comp", "catt"
+
+// COMP and CATT as the engine's pipeline runs them over `batches` GPU batches (docs/cost-model.md,
+// "CPU attention"): while the CPU attends for one batch, the GPU runs the other batches'
+// projections, but the MLP half and the LM head (`serial_share` of COMP) wait for the last batch's
+// attention. max(COMP + CATT / n, CATT + COMP * (s + (1 - s) / n)); COMP alone without CATT.
+double compute_stage(double comp, double catt, double batches, double serial_share);
 
 // Bytes of fp16 elements stored with group-wise quantization: bits/8 per element plus a 2-byte
 // minimum and a 2-byte scale per group (FlexGen's format). Without compression: 2.
@@ -51,6 +58,7 @@ struct CostSizes {
   double dequant_buffer = 0;      // compressed weights: the larger half-layer in fp16 (the runtime's buffer)
   double global_weights = 0;      // embeddings, positions, final norm, head: fp16, always on the GPU
   double layer_flops_per_token = 0;  // 2 per matmul parameter of one layer
+  double attention_flops_per_token = 0;  // the part of it in the attention half (q, k, v, o)
   double kv_per_token = 0;        // K and V of one token of one sequence in one layer, as stored
   double kv_per_token_fp16 = 0;
   double hidden_per_token = 0;    // one hidden state (fp16; activations are never compressed)
@@ -73,6 +81,9 @@ struct CostForms {
   DType dtype = DType::F16;  // the profile's compute dtype: the runtime plan's too
   bool overlap = true;
   double overlap_slowdown = 0;  // the profile's: a stage is max + slowdown * (sum - max) of its terms
+  // The share of the GPU's decode work that waits for delegated attention: the MLP half and the
+  // LM head, by their FLOPs (compute_stage).
+  double comp_serial_share = 1;
   CostSizes sizes;
   std::array<LinearForm, kNumTerms> prefill, decode;
   // Each term as fixed + num_gpu_batches * per batch: the fixed part is the weights' (their reads
@@ -88,8 +99,11 @@ CostForms cost_forms(const ModelConfig& cfg, const Policy& shape, const Workload
 
 struct StageTime {
   std::array<double, kNumTerms> terms{};
-  double total = 0;  // max of the terms with overlap, their sum without
-  int bound = COMP;  // the largest term
+  double compute = 0;  // COMP and CATT together (compute_stage)
+  // With overlap: max + slowdown * (sum - max) over the four links and `compute`; without, the
+  // sum of the six terms.
+  double total = 0;
+  int bound = COMP;  // the largest of the links and `compute` (COMP or CATT, the larger, for it)
 };
 
 // Staggered (CostForms::staggered) the block runs super-steps (docs/cost-model.md "Staggered
