@@ -147,6 +147,12 @@ TEST_CASE("CPU attention overlaps the GPU's work of the other GPU batches", "[co
   CHECK(compute_stage(10, 4, 4, 0.5) == Approx(10 + 4.0 / 4));
   CHECK(compute_stage(1, 4, 4, 0.5) == Approx(4 + 1 * (0.5 + 0.5 / 4)));
   CHECK(compute_stage(3, 0, 4, 0.5) == 3);  // nothing delegated: the GPU's work alone
+  // On the CPU backend (compute dtype F32) the attention runs inline on the compute's cores.
+  HardwareProfile cpu = hw;
+  cpu.compute_dtype = DType::F32;
+  const Prediction inline_run = evaluate(opt67(), policy_of(8, 4, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true), wl, cpu);
+  CHECK(inline_run.decode.terms[CATT] > 0);
+  CHECK(inline_run.decode.compute == Approx(inline_run.decode.terms[COMP] + inline_run.decode.terms[CATT]));
   // Without overlap every lane runs in turn: the CPU attention adds.
   Policy serial_policy = policy_of(8, 4, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true);
   serial_policy.overlap = false;

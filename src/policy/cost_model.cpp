@@ -189,8 +189,10 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   add(D[CTOD], Ag_moved / ctod, {HD});
   D[COMP].constant = bls * (z.layer_flops_per_token + head_flops / l) / hw.gemm_flops(gbs) +
                      hw.compute_overhead_s * ngb;  // calibrated: once per GPU batch and layer
-  // What of it waits for delegated attention (compute_stage): all but the attention half's GEMMs.
-  F.comp_serial_share = 1 - z.attention_flops_per_token / (z.layer_flops_per_token + head_flops / l);
+  // What of it waits for delegated attention (compute_stage): all but the attention half's GEMMs;
+  // on the CPU backend all of it (the attention runs inline on the same cores: G + C).
+  F.comp_serial_share =
+      hw.cpu_backend() ? 1.0 : 1 - z.attention_flops_per_token / (z.layer_flops_per_token + head_flops / l);
   // Compressed weights: a decode step of up to quant::kCudaFusedDequantMaxTokens tokens reads the codes in the
   // fused linear (no separate pass; the GEMM term stands for it); a larger GPU batch dequantizes
   // the layer once, shared by the block's GPU batches (the runtime's rule, engine_steps.cpp).

@@ -27,6 +27,9 @@ struct HardwareProfile {
   // in: F16 on CUDA, F32 on the CPU backend standing in for a GPU. The cost model's byte counts
   // follow it.
   DType compute_dtype = DType::F16;
+  // The CPU backend (compute_dtype F32): its "GPU" is the host's own cores, so work delegated to
+  // the CPU runs inline on them rather than beside the compute (the cost model's pipeline).
+  bool cpu_backend() const { return compute_dtype == DType::F32; }
 
   // Capacities (bytes) usable by Strata on each tier.
   double gpu_mem = 0, cpu_mem = 0, disk_mem = 0;
