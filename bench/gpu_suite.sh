@@ -22,6 +22,9 @@
 #              the search's pick among them) with OUTDIR/hardware.yaml when part profile wrote it,
 #              else $STRATA_HARDWARE or policies/hardware/<gpu>.yaml: OUTDIR/calibrate.tgz holds
 #              results.md (predicted beside measured), calibration.md and calibrated-profile.yaml
+#   peers      issue 36: FlexGen 0.1.8 and Accelerate beside Strata on the same cases (prompt 512,
+#              generation 32), in pairs, fastest first: OUT/peers.tgz and OUT/summary.json. Needs
+#              .whl/ (bench/peers/prepare_offline.py) carried; only by name
 #
 # OUTDIR (default $OUT, else bench/suite-out) receives suite.log (every command and its output),
 # summary.md, hardware.yaml, calib.tsv and policies.tgz (run30), calibrate.tgz. Everything is also
@@ -206,9 +209,76 @@ part_calibrate() {
   [ -d "$dir" ] && tar -C "$out" -czf "$out/calibrate.tgz" calibrate && rm -rf "$dir"
 }
 
+# peer_pair NAME MODEL POLICY ENGINES... : one case (prompt 512, generation 32) in Strata (policy
+# file, or auto under --gpu-mem 16GiB), then in each peer engine named, into $out/peers/NAME/.
+peer_pair() {
+  local name=$1 model=$2 policy=$3; shift 3
+  local dir="$out/peers/$name" steps=${STRATA_PEERS_DECODE_STEPS:-4}
+  mkdir -p "$dir"
+  # decode_steps: decode projected from a few steps, as FlexGen's --debug-mode fewer_batch does.
+  printf 'name: peers-%s\ncases:\n  - {name: %s, model: %s, prompt_len: 512, gen_len: 32, policy: %s, gpu_mem: 16GiB, cpu_mem: %sGiB, decode_steps: %s}\n' \
+    "$name" "$name" "$model" "$policy" "$host_budget" "$steps" > "$dir/suite.yaml"
+  step "strata $name" strata bench --suite "$dir/suite.yaml" --device cuda --hardware "$peers_hw" \
+    --offload-dir "$offload_dir" --out "$dir" --no-progress
+  local engine
+  for engine in "$@"; do
+    case $engine in
+      flexgen) STRATA_SUITE_STEP_TIMEOUT=${STRATA_PEERS_TIMEOUT:-240} step "flexgen $name" \
+                 python3 bench/peers/flexgen_runner.py --suite "$dir/suite.yaml" --out "$dir" --fewer-batch \
+                 --hf-home "$peers_hf" --offload-dir "$offload_dir/flexgen" --strata strata --hardware "$peers_hw" ;;
+      accelerate) STRATA_SUITE_STEP_TIMEOUT=${STRATA_PEERS_TIMEOUT:-240} step "accelerate $name" \
+                 python3 bench/peers/accelerate_runner.py --suite "$dir/suite.yaml" --out "$dir" \
+                 --offload-dir "$offload_dir/accelerate" --strata strata --hardware "$peers_hw" --batch-size 8 ;;
+    esac
+  done
+  cat "$dir/results.jsonl" >> "$out/peers/results.jsonl" 2>/dev/null
+  cat "$dir/peers.jsonl" >> "$out/peers/peers.jsonl" 2>/dev/null
+}
+
+part_peers() {
+  # Offline peers (bench/peers/README.md): FlexGen's wheel from .whl/, its OPT tokenizer from a
+  # cache built here from the repository's GPT-2 BPE, FlexGen patched by flexgen_shim.py.
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/peers-site .whl/*.whl
+    export PYTHONPATH=/tmp/peers-site${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  peers_hf=/tmp/peers-hf
+  python3 bench/peers/opt_tokenizer_cache.py "$peers_hf" > /dev/null
+  peers_hw="$out/hardware.yaml"
+  [ -f "$peers_hw" ] || peers_hw=${STRATA_HARDWARE:-policies/hardware/$gpu_slug.yaml}
+  # The host's CPU budget: its memory less 16 GiB for the system and the pinned staging buffers.
+  host_budget=$(( $(free -g | awk '/Mem:/{print $2}') - 16 ))
+  rm -rf "$out/peers"; mkdir -p "$out/peers/policies"
+  local pol="$out/peers/policies"
+  HF_HOME=$peers_hf step "flexgen shim check" python3 bench/peers/flexgen_shim.py --check
+  # FlexGen's OPT-30B policy: 48 x N, the most GPU batches the host holds (each 48-sequence batch's
+  # fp16 cache is 36 GB beside 48 GB of CPU weights: 1 on a 128 GiB host).
+  local n30=$(( (host_budget - 50) / 36 )); [ "$n30" -ge 1 ] || n30=1
+  write_policy "$pol/opt30-flexgen.yaml" 48 "$n30" 20 80 0 100 0 100 true
+  # FlexGen's 4-bit OPT-30B policy (64 x 8, all on the CPU), scaled: 4-bit weights ~17 GB, a
+  # 64-sequence batch's 4-bit cache ~14 GB.
+  local n4=$(( (host_budget - 25) / 14 )); [ "$n4" -le 8 ] || n4=8; [ "$n4" -ge 1 ] || n4=1
+  write_policy "$pol/opt30-flexgen-4bit.yaml" 64 "$n4" 0 100 0 100 0 100 false
+  printf 'compress_weights: {bits: 4, group_size: 64}\ncompress_kv_cache: {bits: 4, group_size: 64}\n' \
+    >> "$pol/opt30-flexgen-4bit.yaml"
+  # FlexGen's OPT-6.7B 2 x 1 on the GPU (overlap off, as its policy file).
+  write_policy "$pol/opt67-flexgen.yaml" 2 1 100 0 100 0 100 0 false
+  sed -i 's/^overlap: true/overlap: false/' "$pol/opt67-flexgen.yaml"
+  # Pairs first, cheapest first: a call cut short still leaves complete pairs.
+  peer_pair opt67-flexgen-2x1 opt-6.7b "$pol/opt67-flexgen.yaml" flexgen
+  peer_pair opt30-flexgen-48x$n30 opt-30b "$pol/opt30-flexgen.yaml" flexgen
+  peer_pair opt30-flexgen-4bit-64x$n4 opt-30b "$pol/opt30-flexgen-4bit.yaml" flexgen
+  peer_pair opt67-strata-auto opt-6.7b auto
+  peer_pair opt30-strata-auto opt-30b auto accelerate
+  strata bench --report "$out/peers" > /dev/null 2>&1
+  python3 bench/summary_json.py "$out/peers" --commit "$commit" --strata-command "strata bench (bench/gpu_suite.sh peers)"
+  cp "$out/peers/summary.json" "$out/summary.json"
+  tar -C "$out" -czf "$out/peers.tgz" peers && rm -rf "$out/peers"
+}
+
 for part in $parts; do
   case $part in
-    tests|profile|generate|offload|run30|calibrate|quant) "part_$part" ;;
+    tests|profile|generate|offload|run30|calibrate|quant|peers) "part_$part" ;;
     *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;;
   esac
 done

@@ -22,10 +22,15 @@ import common  # noqa: E402
 
 ENGINE = "flexgen"
 DUMMY_PATH = "_DUMMY_"  # flex_opt.py DUMMY_WEIGHT: weights are random, nothing is downloaded
+# Patches FlexGen for torch 2.11 / transformers 5 in memory, then runs `-m flexgen.flex_opt`.
+SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "flexgen_shim.py")
+TOKENIZER_NOTE = ("OPT tokenizer: an offline stand-in (GPT-2 byte-level BPE from tests/fixtures, ids shifted "
+                  "by 4; bench/peers/opt_tokenizer_cache.py); with dummy weights the ids only need to be valid")
 
 
-def flexgen_args(case, policy, log_file, offload_dir, fewer_batch=False, python="python3"):
-    """The command line for one case. CaseError when FlexGen cannot express the case."""
+def flexgen_args(case, policy, log_file, offload_dir, fewer_batch=False, python="python3", shim=True):
+    """The command line for one case (through flexgen_shim.py unless shim is False). CaseError when
+    FlexGen cannot express the case."""
     model = common.hf_model_name(case.model)
     if policy.activations.get("disk", 0):
         raise CaseError_(case, "FlexGen keeps no activations on disk")
@@ -33,10 +38,11 @@ def flexgen_args(case, policy, log_file, offload_dir, fewer_batch=False, python=
         if comp and (int(comp.get("bits", 4)), int(comp.get("group_size", 64))) != (4, 64):
             raise CaseError_(case, f"FlexGen compresses {what} at 4 bits in groups of 64 only")
     w, c, h = policy.weights, policy.kv_cache, policy.activations
-    cmd = [python, "-m", "flexgen.flex_opt", "--model", model, "--path", DUMMY_PATH, "--offload-dir", offload_dir,
-           "--prompt-len", str(case.prompt_len), "--gen-len", str(case.gen_len),
-           "--gpu-batch-size", str(policy.gpu_batch_size), "--num-gpu-batches", str(policy.num_gpu_batches),
-           "--percent", str(w["gpu"]), str(w["cpu"]), str(c["gpu"]), str(c["cpu"]), str(h["gpu"]), str(h["cpu"])]
+    cmd = [python] + ([SHIM] if shim else []) + ["-m", "flexgen.flex_opt"]
+    cmd += ["--model", model, "--path", DUMMY_PATH, "--offload-dir", offload_dir,
+            "--prompt-len", str(case.prompt_len), "--gen-len", str(case.gen_len),
+            "--gpu-batch-size", str(policy.gpu_batch_size), "--num-gpu-batches", str(policy.num_gpu_batches),
+            "--percent", str(w["gpu"]), str(w["cpu"]), str(c["gpu"]), str(c["cpu"]), str(h["gpu"]), str(h["cpu"])]
     if not policy.overlap:
         cmd += ["--overlap", "false"]
     if policy.cpu_attention:
@@ -94,11 +100,19 @@ def measured_from_log(record):
     return {k: record[k] for k in ("prefill_tok_s", "decode_tok_s", "total_tok_s")}
 
 
+def child_env(hf_home, environ=None):
+    """FlexGen's environment: with hf_home, the Hugging Face cache that holds its tokenizer, offline."""
+    env = dict(os.environ if environ is None else environ)
+    if hf_home:
+        env.update(HF_HOME=os.path.abspath(hf_home), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return env
+
+
 def run_case(case, args):
     policy, policy_cmd = common.resolve_policy(case, args.strata, args.hardware)
     log_file = os.path.join(args.out, f"flexgen-{case.name}.log")
     offload = args.offload_dir or tempfile.mkdtemp(prefix="flexgen-offload-")
-    cmd = flexgen_args(case, policy, log_file, offload, args.fewer_batch, args.python)
+    cmd = flexgen_args(case, policy, log_file, offload, args.fewer_batch, args.python, shim=not args.no_shim)
     command = shlex.join(cmd)
     if args.dry_run:
         print(command)
@@ -107,10 +121,12 @@ def run_case(case, args):
     if os.path.exists(log_file):
         os.remove(log_file)
     print(f"[flexgen] {case.name}: {command}", file=sys.stderr, flush=True)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=child_env(args.hf_home))
     with open(os.path.join(args.out, f"flexgen-{case.name}.out"), "w") as f:
         f.write(proc.stdout + proc.stderr)
     extra = {"machine": common.machine(), "policy_source": policy_cmd or case.policy_path()}
+    if args.hf_home:
+        extra["tokenizer"] = TOKENIZER_NOTE
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         status = "out of memory" if "out of memory" in (proc.stderr + proc.stdout).lower() else tail[0][:200]
@@ -129,6 +145,8 @@ def main(argv=None):
     p.add_argument("--fewer-batch", action="store_true", help="FlexGen's --debug-mode fewer_batch (projected decode)")
     p.add_argument("--python", default=sys.executable, help="the Python that has flexgen installed")
     p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per case")
+    p.add_argument("--hf-home", help="HF_HOME holding the OPT tokenizer (opt_tokenizer_cache.py); sets the hub offline")
+    p.add_argument("--no-shim", action="store_true", help="run `python -m flexgen.flex_opt` without flexgen_shim.py")
     args = p.parse_args(argv)
     timed_out = (subprocess.TimeoutExpired, lambda e: f"timed out after {args.timeout:.0f} s")
     return common.run_cases(args, ENGINE, run_case, failures=[timed_out])

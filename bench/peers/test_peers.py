@@ -68,7 +68,9 @@ class FlexGenArgsTest(unittest.TestCase):
         c = next(c for c in common.load_cases("paper-table2") if c.name == "opt-30b-512")
         p = common.load_policy(c.policy_path())
         cmd = flexgen_runner.flexgen_args(c, p, "/tmp/f.log", "/tmp/off", python="py")
-        self.assertEqual(cmd[:3], ["py", "-m", "flexgen.flex_opt"])
+        self.assertEqual(cmd[:4], ["py", flexgen_runner.SHIM, "-m", "flexgen.flex_opt"])
+        self.assertEqual(flexgen_runner.flexgen_args(c, p, "l", "o", python="py", shim=False)[:3],
+                         ["py", "-m", "flexgen.flex_opt"])
         args = " ".join(cmd)
         self.assertIn("--model facebook/opt-30b --path _DUMMY_", args)
         self.assertIn("--prompt-len 512 --gen-len 32", args)
