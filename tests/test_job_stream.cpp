@@ -76,7 +76,8 @@ fs::path openai_file(const std::string& name, int n) {
   return write_file(name, os.str());
 }
 
-JobOptions job(const fs::path& in, const fs::path& out, int batch, int window, bool ordered) {
+// Blocks unless `refill`: most tests here are about blocks and their padding.
+JobOptions job(const fs::path& in, const fs::path& out, int batch, int window, bool ordered, bool refill = false) {
   JobOptions o;
   o.model = std::string(STRATA_FIXTURES_DIR) + "/models/tiny-opt";
   o.device = "cpu";
@@ -87,6 +88,7 @@ JobOptions job(const fs::path& in, const fs::path& out, int batch, int window, b
   o.batch_size = batch;
   o.window = window;
   o.ordered = ordered;
+  o.refill = refill;
   fs::remove(out);
   fs::remove(out.string() + ".partial");
   return o;
@@ -328,6 +330,50 @@ TEST_CASE("streamed jobs give the same answers in any window, completion order o
   }
 }
 
+TEST_CASE("a refilled job answers as one request at a time, in completion order or --ordered", "[job][continuous]") {
+  for (const bool openai : {false, true}) {
+    INFO((openai ? "OpenAI" : "strata") << " format");
+    const int n = 12;
+    const fs::path in = openai ? openai_file("refill_oa.jsonl", n) : strata_file("refill.jsonl", n);
+    std::ostringstream log;
+    const fs::path ref = temp_dir() / "refill_ref.jsonl";
+    run_batch_job(job(in, ref, 1, 1, false), log);
+    std::map<std::string, json> want;
+    std::vector<std::string> input_order;  // one at a time: the lines in input order
+    for (const json& l : read_lines(ref)) want[id_of(l)] = l, input_order.push_back(id_of(l));
+    auto same_answers = [&](const std::vector<json>& lines) {
+      REQUIRE(lines.size() == want.size());
+      for (const json& l : lines) {
+        const json& w = want.at(id_of(l));
+        if (openai) {
+          CHECK(l["error"] == w["error"]);
+          if (!l["response"].is_null()) CHECK(l["response"]["body"]["choices"] == w["response"]["body"]["choices"]);
+        } else {
+          CHECK(l == w);
+        }
+      }
+    };
+    for (const bool ordered : {false, true}) {
+      INFO((ordered ? "--ordered" : "completion order"));
+      std::ostringstream rlog;
+      const fs::path out = temp_dir() / "refill_out.jsonl";
+      const JobSummary s = run_batch_job(job(in, out, 3, 5, ordered, true), rlog);
+      const std::vector<json> lines = read_lines(out);
+      same_answers(lines);
+      CHECK(s.refilled);
+      CHECK(s.blocks == 0);
+      CHECK(s.occupancy > 0);
+      CHECK(s.window_peak == 5);  // windows of 5, 5 and the rest
+      CHECK_THAT(rlog.str(), Catch::Contains("continuous batching: 3 slots, occupancy "));
+      if (ordered) {
+        std::vector<std::string> order;
+        for (const json& l : lines) order.push_back(id_of(l));
+        CHECK(order == input_order);
+      }
+    }
+  }
+}
+
 TEST_CASE("the window bounds the requests held, and --ordered holds back at most one window", "[job]") {
   const fs::path in = strata_file("window.jsonl", 10), out = temp_dir() / "window_out.jsonl";
   std::ostringstream log;
@@ -380,9 +426,11 @@ TEST_CASE("a malformed or repeated line refuses the streamed job before any outp
 }
 
 TEST_CASE("a streamed job resumes: only the ids not yet in OUT.partial run", "[job]") {
+  const bool refill = GENERATE(false, true);
+  INFO((refill ? "continuous batching" : "blocks"));
   const fs::path in = strata_file("resume.jsonl", 6), out = temp_dir() / "resume_out.jsonl";
   std::ostringstream log;
-  JobOptions o = job(in, out, 2, 0, false);
+  JobOptions o = job(in, out, 2, 0, false, refill);
   std::ofstream(out.string() + ".partial") << "{\"id\":\"p1\",\"completion\":\"kept\"}\n"
                                               "{\"id\":\"p4\",\"completion\":\"kept\"}\n{\"id\":\"p5\",\"comp";
   const JobSummary s = run_batch_job(o, log);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <span>
@@ -35,6 +36,7 @@
 #include "strata/policy/search.h"
 #include "strata/profile/profiler.h"
 #include "strata/policy/policy.h"
+#include "strata/runtime/continuous.h"
 #include "strata/runtime/generator.h"
 
 namespace strata {
@@ -131,19 +133,26 @@ private:
   mutable std::string no_chat_ = "'messages' given, but the model has no chat template; give 'prompt'";
 };
 
-// Runs batches through either the resident generator or the offloading engine.
+// Runs batches through either the resident generator or the offloading engine; the resident one
+// also serves a window continuously (refill).
 class Generator {
 public:
   virtual ~Generator() = default;
   virtual size_t batch_size() const = 0;
   virtual std::vector<GenResult> run(const std::vector<GenRequest>& batch, GenStats& stats) = 0;
+  virtual bool refills() const { return false; }
+  // Serves `reqs` in order through batch_size() slots; `finished(i, results)` as request i ends.
+  virtual void serve(const std::vector<GenRequest>&, const std::function<void(size_t, std::vector<GenResult>)>&,
+                     GenStats&) {
+    STRATA_FAIL("internal: this generator does not refill");
+  }
   virtual void finish(std::ostream&) {}
 };
 
 class ResidentGenerator final : public Generator {
 public:
   ResidentGenerator(ModelBundle& model, const JobOptions& opt, std::ostream& log)
-      : backend_(make_backend(opt.device, opt.threads)), batch_(size_t(opt.batch_size)) {
+      : backend_(make_backend(opt.device, opt.threads)), batch_(size_t(opt.batch_size)), refill_(opt.refill) {
     log << "model " << model.config.name << " (" << model.config.n_layers << " layers, "
         << double(model.config.param_count()) / 1e9 << " B parameters) on " << backend_->name() << "\n";
     transformer_ = std::make_unique<Transformer>(
@@ -156,6 +165,23 @@ public:
   std::vector<GenResult> run(const std::vector<GenRequest>& batch, GenStats& stats) override {
     return generate(*transformer_, batch, options_, &stats);
   }
+  bool refills() const override { return refill_; }
+  void serve(const std::vector<GenRequest>& reqs, const std::function<void(size_t, std::vector<GenResult>)>& finished,
+             GenStats& stats) override {
+    ContinuousOptions o;
+    o.slots = int(batch_);
+    o.gen = options_;
+    // A request's choices decode together: as a block grows for them, so do the slots.
+    for (const GenRequest& r : reqs) o.slots = std::max(o.slots, r.n);
+    // Slots as long as the window's longest prompt and answer: a window's cache, sized like a block's.
+    for (size_t i = 0; i < reqs.size(); ++i)
+      o.capacity = std::max(o.capacity, int(reqs[i].prompt.size()) +
+                                            std::max(start_sequence(reqs[i], transformer_->config(), 0, i).max_new, 0));
+    size_t next = 0;
+    run_continuous(
+        *transformer_, o, [&] { return next < reqs.size() ? Admission{&reqs[next], next++} : Admission{}; }, finished,
+        &stats);
+  }
 
 private:
   std::unique_ptr<Backend> backend_;
@@ -163,6 +189,7 @@ private:
   GenOptions options_;
   KeptPrefixes kept_prefixes_;  // the instructions blocks begin with, each computed once
   size_t batch_;
+  bool refill_;
 };
 
 void print_report(const OffloadReport& r, std::ostream& log) {
@@ -353,6 +380,10 @@ JobScan scan_job(const JobOptions& opt, const Shard& shard, const ModelBundle& m
 }
 
 // A request on its way to the writer thread: its answer's results, or none for an error line.
+// Thrown from a continuous run's callback when the writer thread has stopped on an error: the run
+// stops and the writer's error is reported.
+struct WriterGone {};
+
 struct Finished {
   Tokenized request;
   std::vector<GenResult> results;
@@ -485,6 +516,7 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   else {
     // A request's n choices are n sequences of the engine's block, and they run in one block.
     gen = std::make_unique<OffloadGenerator>(model, opt, scan.shape, size_t(scan.sequences), log);
+    if (opt.refill) log << "--policy runs blocks: continuous batching is the resident generator's for now\n";
     if (size_t(scan.max_n) > gen->batch_size())
       STRATA_FAIL(opt.prompts.string() << ":" << scan.max_n_line << ": n = " << scan.max_n
                                        << " choices exceed the policy's block of " << gen->batch_size()
@@ -567,6 +599,26 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
         ps.done += int64_t(errors.size());
         if (!behind.push(std::move(errors))) break;  // the writer failed
       }
+      if (gen->refills()) {
+        // Continuous batching: the window's requests in input order, each taking a slot as one frees.
+        std::vector<GenRequest> reqs;
+        for (size_t k : work) reqs.push_back(make_gen_request(items[k].record, items[k].ids, answers));
+        try {
+          gen->serve(reqs, [&](size_t i, std::vector<GenResult> results) {
+            runs += int64_t(results.size());
+            for (const GenResult& r : results) ps.tokens += int64_t(r.tokens.size());
+            std::vector<Finished> one;
+            one.push_back({std::move(items[work[i]]), std::move(results)});
+            if (!behind.push(std::move(one))) throw WriterGone{};
+            ++ps.done;
+            ps.blocks_done = ps.done, ps.blocks_planned = ps.total;  // the ETA by requests
+            progress.update(ps);
+          }, stats);
+        } catch (const WriterGone&) {
+          writer_gone = true;
+        }
+        continue;
+      }
       const std::vector<std::vector<size_t>> blocks = length_blocks(lengths, block, choices);
       sum.padding_input_order.add(input_order_padding(lengths, block));
       ps.blocks_planned = ps.blocks_done + int64_t(blocks.size()) +
@@ -619,6 +671,8 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   gen->finish(log);
 
   sum.errors = wb.errors_written;
+  sum.refilled = gen->refills();
+  sum.occupancy = stats.occupancy();
   sum.resumed = skipped;
   sum.reorder_peak = wb.reorder_peak;
   sum.first_answer_seconds = wb.first_answer;
@@ -645,9 +699,16 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
       << "\ndecode: " << sum.decode_seconds << " s, "
       << rate(double(sum.generated_tokens - runs), sum.decode_seconds) << " tok/s\ntotal: " << gen_s << " s, "
       << rate(double(sum.generated_tokens), gen_s) << " generated tok/s (wall " << sum.wall_seconds
-      << " s, first answer after " << sum.first_answer_seconds << " s)\npadding efficiency: " << sum.padding.efficiency() << " in " << sum.blocks << " blocks of <= " << block
-      << " (prompt tokens / block rows x longest prompt; " << sum.padding_input_order.efficiency()
-      << " in input order)\nwrote " << opt.out.string() << "\n";
+      << " s, first answer after " << sum.first_answer_seconds << " s)\n";
+  if (sum.refilled)
+    log << "continuous batching: " << block << " slots, occupancy " << 100 * sum.occupancy
+        << "% (slots decoding a live sequence per decode step)\n";
+  else
+    log << "padding efficiency: " << sum.padding.efficiency() << " in " << sum.blocks << " blocks of <= " << block
+        << " (prompt tokens / block rows x longest prompt; " << sum.padding_input_order.efficiency()
+        << " in input order); occupancy " << 100 * sum.occupancy
+        << "% (slots decoding a live sequence per decode step)\n";
+  log << "wrote " << opt.out.string() << "\n";
   return sum;
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <functional>
 
+#include "kv_rows.h"
 #include "strata/core/error.h"
 
 namespace strata {
@@ -18,32 +19,6 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 struct ChoiceGroup {
   size_t first = 0, n = 1;
 };
-
-// Copies positions [0, len) of slot `src` of `from` to slot `dst` of `to`, keys and values of every
-// layer: each is one contiguous run of rows in a cache seen as [slots * capacity, kv_dim].
-void copy_cache_prefix(Backend& be, const KvCache& from, int src, const KvCache& to, int dst, int len) {
-  const size_t row_bytes = from.k[0].nbytes() / (size_t(from.slots) * size_t(from.capacity));
-  for (size_t l = 0; l < from.k.size(); ++l)
-    for (const auto& [f, t] : {std::pair{&from.k[l], &to.k[l]}, std::pair{&from.v[l], &to.v[l]}})
-      be.copy_on_device(static_cast<char*>(t->data) + size_t(dst) * size_t(to.capacity) * row_bytes,
-                        static_cast<char*>(f->data) + size_t(src) * size_t(from.capacity) * row_bytes,
-                        size_t(len) * row_bytes);
-}
-
-// Copies into `slot` the longest beginning of `prompt` that a kept prefix holds, if it is long
-// enough to share, and makes that prefix the most recently used. Returns its length (0: none).
-int copy_kept_prefix(Backend& be, KeptPrefixes* kept, const std::vector<int32_t>& prompt, const KvCache& cache,
-                     int slot, const PrefixSharingOptions& o) {
-  if (!kept) return 0;
-  int best = 0;
-  size_t at = 0;
-  for (size_t e = 0; e < kept->entries.size(); ++e)
-    if (const int n = shareable_length(kept->entries[e].tokens, prompt, o); n > best) best = n, at = e;
-  if (best == 0) return 0;
-  copy_cache_prefix(be, kept->entries[at].rows, 0, cache, slot, best);
-  std::rotate(kept->entries.begin(), kept->entries.begin() + long(at), kept->entries.begin() + long(at) + 1);
-  return best;
-}
 
 // Packs prompt tokens into steps of at most `budget` tokens; a long prompt may span steps, since
 // each token attends to whatever of its sequence is already in the cache. The last prompt
@@ -77,7 +52,7 @@ int64_t prefill(Transformer& model, std::vector<Sequence>& seqs, const std::vect
     const std::vector<int32_t>& prompt = s.request->prompt;
     const SharedPrefix& share = plan[gi];
     const size_t first = share.source >= 0 ? size_t(share.length)
-                                           : size_t(copy_kept_prefix(model.backend(), kept, prompt, cache, s.slot, sharing));
+                                           : size_t(kv_rows::copy_kept_prefix(model.backend(), kept, prompt, cache, s.slot, sharing));
     copied += int64_t(first);
     for (size_t i = first; i < prompt.size(); ++i) {
       if (int64_t(step.tokens.size()) >= budget) flush();
@@ -130,22 +105,7 @@ void keep_prefix(Backend& be, const ModelConfig& cfg, const std::vector<Sequence
   if (shared[best] == 0) return;
   const std::vector<int32_t>& prompt = seqs[groups[best].first].request->prompt;
   std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + kept_prefix_length(lengths[best]));
-  auto& entries = kept.entries;
-  const auto same = std::find_if(entries.begin(), entries.end(), [&](const auto& e) { return e.tokens == tokens; });
-  if (same != entries.end()) {
-    std::rotate(entries.begin(), same, same + 1);
-    return;
-  }
-  KeptPrefixes::Entry next;
-  try {
-    next.rows = make_kv_cache(cfg, be, 1, int(tokens.size()));
-  } catch (const Error&) {
-    return;
-  }
-  copy_cache_prefix(be, cache, seqs[groups[best].first].slot, next.rows, 0, int(tokens.size()));
-  next.tokens = std::move(tokens);
-  entries.insert(entries.begin(), std::move(next));
-  entries.resize(std::min(entries.size(), std::max<size_t>(kept.capacity, 1)));
+  kv_rows::keep(be, cfg, std::move(tokens), cache, seqs[groups[best].first].slot, kept);
 }
 
 // Copies the prompt's keys and values from each group's first slot to the slots of its other
@@ -155,7 +115,7 @@ void share_prompt_cache(Backend& be, std::vector<Sequence>& seqs, const std::vec
   for (const ChoiceGroup& g : groups) {
     if (g.n < 2 || seqs[g.first].done) continue;
     for (size_t c = 1; c < g.n; ++c)
-      copy_cache_prefix(be, cache, seqs[g.first].slot, cache, seqs[g.first + c].slot,
+      kv_rows::copy_prefix(be, cache, seqs[g.first].slot, cache, seqs[g.first + c].slot,
                         int(seqs[g.first].request->prompt.size()));
   }
 }
@@ -182,6 +142,17 @@ KvCache make_batch_cache(Backend& be, const ModelConfig& cfg, int slots, int cap
 }
 
 }  // namespace
+
+void GenStats::add(const GenStats& o) {
+  prefill_seconds += o.prefill_seconds;
+  decode_seconds += o.decode_seconds;
+  prompt_tokens += o.prompt_tokens;
+  generated_tokens += o.generated_tokens;
+  decode_steps += o.decode_steps;
+  shared_prompt_tokens += o.shared_prompt_tokens;
+  decode_slot_steps += o.decode_slot_steps;
+  live_slot_steps += o.live_slot_steps;
+}
 
 std::vector<GenResult> generate(Transformer& model, const std::vector<GenRequest>& requests, const GenOptions& options,
                                 GenStats* stats) {
@@ -232,6 +203,8 @@ std::vector<GenResult> generate(Transformer& model, const std::vector<GenRequest
     for (Sequence* s : active) ++s->length;
     sampler.sample(logits, active);
     ++local.decode_steps;
+    local.decode_slot_steps += int64_t(seqs.size());
+    local.live_slot_steps += int64_t(active.size());
   }
   local.decode_seconds = seconds_since(t0);
 
@@ -241,14 +214,7 @@ std::vector<GenResult> generate(Transformer& model, const std::vector<GenRequest
     local.generated_tokens += int64_t(s.result.tokens.size());
     results.push_back(std::move(s.result));
   }
-  if (stats) {
-    stats->prefill_seconds += local.prefill_seconds;
-    stats->decode_seconds += local.decode_seconds;
-    stats->prompt_tokens += local.prompt_tokens;
-    stats->shared_prompt_tokens += local.shared_prompt_tokens;
-    stats->generated_tokens += local.generated_tokens;
-    stats->decode_steps += local.decode_steps;
-  }
+  if (stats) stats->add(local);
   return results;
 }
 

@@ -1,5 +1,6 @@
 // `strata run`: prompts.jsonl -> check every line (pass 1) -> read and tokenize a window ahead
-// (thread) -> length-aware blocks -> generate (this thread) -> detokenize and write (thread) ->
+// (thread) -> slots refilled as answers finish (continuous batching; --no-refill or --policy:
+// length-aware blocks) -> generate (this thread) -> detokenize and write (thread) ->
 // out.jsonl, in the strata line format or OpenAI's batch format (docs/batch-format.md), optionally
 // one shard of it. Memory holds a window of requests, not the file.
 #pragma once
@@ -20,7 +21,10 @@ struct JobOptions {
   std::filesystem::path errors;            // OpenAI format: error lines go here instead of `out`
   std::string shard;                       // "i/N": only the requests whose id hashes to i mod N
   std::string device = "auto";             // cpu, cuda, auto
-  int batch_size = 32;                     // sequences generated together
+  int batch_size = 32;                     // sequences generated together (continuous batching: slots)
+  // Continuous batching (resident generator): a finished answer's slot takes the next request at
+  // once. false (--no-refill): blocks, each slot waiting for its block's longest answer.
+  bool refill = true;
   int threads = 0;                         // CPU threads (0: all cores)
   int64_t prefill_token_budget = 4096;     // tokens per prefill step
   bool prefill_tokens_given = false;       // --prefill-tokens given: it also overrides a policy's
@@ -55,6 +59,8 @@ struct JobSummary {
   Padding padding_input_order;             // of the same windows cut in input order (FlexGen)
   int64_t window = 0, window_peak = 0;     // the window's size, the most requests it held
   int64_t reorder_peak = 0;                // --ordered: the most lines held back
+  bool refilled = false;                   // continuous batching ran (else blocks)
+  double occupancy = 0;                    // share of slots that decoded a live sequence per decode step
 };
 
 // Runs the whole job; progress and the final summary go to `log`. Throws strata::Error on bad

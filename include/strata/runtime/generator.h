@@ -17,6 +17,11 @@ struct GenStats {
   double prefill_seconds = 0, decode_seconds = 0;
   int64_t prompt_tokens = 0, generated_tokens = 0, decode_steps = 0;
   int64_t shared_prompt_tokens = 0;  // prompt tokens whose cache rows were copied, not computed
+  // Slot occupancy over the steps that decode: slots those steps had, and of them the ones that
+  // decoded a live sequence (the rest wait for their batch's longest, or stand empty).
+  int64_t decode_slot_steps = 0, live_slot_steps = 0;
+  double occupancy() const { return decode_slot_steps > 0 ? double(live_slot_steps) / double(decode_slot_steps) : 0; }
+  void add(const GenStats& o);
 };
 
 // The keys and values of a few prompt prefixes kept from one batch to the next, so that a job whose
