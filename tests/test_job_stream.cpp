@@ -76,6 +76,23 @@ fs::path openai_file(const std::string& name, int n) {
   return write_file(name, os.str());
 }
 
+// Every line answers as `want` (by id) does: the same line, or for OpenAI lines the same error,
+// choices and usage (the ids and timestamps differ).
+void check_same_answers(const std::vector<json>& lines, const std::map<std::string, json>& want, bool openai) {
+  REQUIRE(lines.size() == want.size());
+  for (const json& l : lines) {
+    const json& w = want.at(id_of(l));
+    if (!openai) {
+      CHECK(l == w);
+      continue;
+    }
+    CHECK(l["error"] == w["error"]);
+    if (l["response"].is_null()) continue;
+    CHECK(l["response"]["body"]["choices"] == w["response"]["body"]["choices"]);
+    CHECK(l["response"]["body"]["usage"] == w["response"]["body"]["usage"]);
+  }
+}
+
 // Blocks unless `refill`: most tests here are about blocks and their padding.
 JobOptions job(const fs::path& in, const fs::path& out, int batch, int window, bool ordered, bool refill = false) {
   JobOptions o;
@@ -294,21 +311,7 @@ TEST_CASE("streamed jobs give the same answers in any window, completion order o
     CHECK(ref_order == input_ids);
     REQUIRE(want.size() == input_ids.size());
 
-    auto same_answers = [&](const std::vector<json>& lines) {
-      REQUIRE(lines.size() == want.size());
-      for (const json& l : lines) {
-        const json& w = want.at(id_of(l));
-        if (openai) {
-          CHECK(l["error"] == w["error"]);
-          if (!l["response"].is_null()) {
-            CHECK(l["response"]["body"]["choices"] == w["response"]["body"]["choices"]);
-            CHECK(l["response"]["body"]["usage"] == w["response"]["body"]["usage"]);
-          }
-        } else {
-          CHECK(l == w);
-        }
-      }
-    };
+    auto same_answers = [&](const std::vector<json>& lines) { check_same_answers(lines, want, openai); };
     // Blocks of 4 out of a window of all: completion order differs from input order.
     const fs::path out = temp_dir() / "mix_out.jsonl";
     const JobSummary s = run_batch_job(job(in, out, 4, 0, false), log);
@@ -341,18 +344,7 @@ TEST_CASE("a refilled job answers as one request at a time, in completion order 
     std::map<std::string, json> want;
     std::vector<std::string> input_order;  // one at a time: the lines in input order
     for (const json& l : read_lines(ref)) want[id_of(l)] = l, input_order.push_back(id_of(l));
-    auto same_answers = [&](const std::vector<json>& lines) {
-      REQUIRE(lines.size() == want.size());
-      for (const json& l : lines) {
-        const json& w = want.at(id_of(l));
-        if (openai) {
-          CHECK(l["error"] == w["error"]);
-          if (!l["response"].is_null()) CHECK(l["response"]["body"]["choices"] == w["response"]["body"]["choices"]);
-        } else {
-          CHECK(l == w);
-        }
-      }
-    };
+    auto same_answers = [&](const std::vector<json>& lines) { check_same_answers(lines, want, openai); };
     for (const bool ordered : {false, true}) {
       INFO((ordered ? "--ordered" : "completion order"));
       std::ostringstream rlog;
