@@ -10,7 +10,10 @@
 #include <random>
 
 #include "logprobs_fixture.h"
+#include "policy_fixtures.h"
 #include "strata/core/error.h"
+#include "strata/offload/engine.h"
+#include "temp_files.h"
 #include "strata/runtime/continuous.h"
 
 using namespace strata;
@@ -194,6 +197,29 @@ TEST_CASE("slot occupancy: refilled slots stay busy where a block's wait for its
   CHECK(refill.occupancy() > 0.9);
   CHECK(blocks.occupancy() < 0.75);
   CHECK(refill.decode_steps < blocks.decode_steps);
+}
+
+TEST_CASE("the offloading engine's blocks count their slot occupancy", "[continuous][offload]") {
+  // One block of 4 (two GPU batches of 2) with answers of 1, 2, 3 and 7 tokens: 6 decode steps,
+  // each with the block's 4 slots, of which 3, 2, 1, 1, 1, 1 decode a live sequence.
+  test::FixtureModel l = test::load_fixture_model("tiny-llama", make_cpu_backend(2));
+  std::vector<GenRequest> reqs(4);
+  const int lengths[] = {1, 2, 3, 7};
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    reqs[i].prompt = {int32_t(5 + i), 9, 11};
+    reqs[i].sampling.max_new_tokens = lengths[i];
+    reqs[i].sampling.ignore_eos = true;
+  }
+  OffloadOptions o;
+  o.policy = test::policy_of(2, 2, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
+  o.offload_dir = test::temp_dir("continuous_engine");
+  OffloadEngine engine(l.bundle.config, *l.bundle.weights, *l.backend, o, {3, 7});
+  GenStats stats;
+  engine.generate(reqs, &stats);
+  CHECK(stats.decode_steps == 6);
+  CHECK(stats.decode_slot_steps == 4 * 6);
+  CHECK(stats.live_slot_steps == 3 + 2 + 1 + 1 + 1 + 1);
+  CHECK(stats.occupancy() == Approx(9.0 / 24));
 }
 
 TEST_CASE("continuous batching refuses what it cannot serve and keeps what finished", "[continuous]") {

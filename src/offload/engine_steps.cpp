@@ -545,6 +545,7 @@ std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenReques
       const auto t_step = Clock::now();
       const HostWaits waits_before = host_waits();
       const int64_t device_waits_before = this_thread_host_waits().count;
+      const int64_t live = std::count_if(seqs.begin(), seqs.end(), [](const Sequence& s) { return !s.done; });
       for (int jj = 0; jj < 2 * L; ++jj)
         for (int u = 0; u < n_units(i); ++u) {
           step(i, jj, u, n_steps, has_prev, pi, pjj, pu);
@@ -561,8 +562,13 @@ std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenReques
         totals.decode_device_waits += this_thread_host_waits().count - device_waits_before;
       }
       const std::array<double, 4> busy = lane_busy();
-      if (prefills) add_prefill_busy(busy_before, busy);
-      else ++local.decode_steps;
+      if (prefills) {
+        add_prefill_busy(busy_before, busy);
+      } else {
+        ++local.decode_steps;
+        local.decode_slot_steps += int64_t(seqs.size());  // the block's slots, every one held to its end
+        local.live_slot_steps += live;
+      }
       busy_before = busy;
       last_prefills = prefills;
       if (std::all_of(seqs.begin(), seqs.end(), [](const Sequence& s) { return s.done; })) break;
@@ -589,15 +595,9 @@ std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenReques
     local.generated_tokens += int64_t(seqs[r].result.tokens.size());
     results[result_index[r]] = std::move(seqs[r].result);  // request order, then choice order
   }
-  for (GenStats* s : {&totals.gen, stats}) {
-    if (!s) continue;
-    s->prefill_seconds += local.prefill_seconds;
-    s->decode_seconds += local.decode_seconds;
-    s->prompt_tokens += local.prompt_tokens;
-    s->shared_prompt_tokens += shared_prompt_tokens;
-    s->generated_tokens += local.generated_tokens;
-    s->decode_steps += local.decode_steps;
-  }
+  local.shared_prompt_tokens = shared_prompt_tokens;
+  for (GenStats* s : {&totals.gen, stats})
+    if (s) s->add(local);
   return results;
 }
 
