@@ -11,6 +11,7 @@
 #include "strata/backend/blas_core.h"
 #include "strata/core/error.h"
 #include "strata/core/size.h"
+#include "strata/job/engine_calibration.h"
 #include "strata/offload/disk_store.h"
 #include "strata/profile/profiler.h"
 
@@ -77,7 +78,8 @@ void add_profile_command(CLI::App& app) {
   cmd->add_option("--out", args->out,
                   "where to write the profile; '-' prints it to stdout (default: " +
                       default_hardware_profile_path().string() + ")");
-  cmd->add_flag("--quick", args->quick, "small buffers and few points: seconds instead of minutes (CI)");
+  cmd->add_flag("--quick", args->quick,
+                "small buffers and few points, and no engine runs: seconds instead of minutes (CI)");
   cmd->add_option("--device", args->device, "cpu, cuda or auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
@@ -91,6 +93,7 @@ void add_profile_command(CLI::App& app) {
     opt.offload_dir = args->offload_dir;
     opt.threads = args->threads;
     opt.progress = [](const std::string& line) { std::cerr << "profile: " << line << std::endl; };
+    opt.refine = engine_refinement();
     const auto t0 = std::chrono::steady_clock::now();
     const HardwareProfile hw = profile_machine(opt);
     char took[32];

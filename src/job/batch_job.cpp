@@ -26,6 +26,7 @@
 #include "strata/core/error.h"
 #include "strata/job/answers.h"
 #include "strata/job/blocks.h"
+#include "strata/job/engine_calibration.h"
 #include "strata/job/output.h"
 #include "strata/job/progress.h"
 #include "strata/job/prompt_stream.h"
@@ -278,6 +279,7 @@ public:
     p.backend = backend_->device() == Device::CUDA ? "cuda" : "cpu";
     p.offload_dir = opt_.offload_dir;
     p.threads = opt_.threads;
+    p.refine = engine_refinement();
     return cached_or_measured_profile(p, log, "policy auto");
   }
 

@@ -1,4 +1,5 @@
 #include "strata/job/bench.h"
+#include "strata/job/engine_calibration.h"
 
 #include <algorithm>
 #include <chrono>
@@ -83,17 +84,6 @@ std::string model_spec(const std::string& model) {
   return "dummy:" + model;
 }
 
-// Prompts of exactly `len` tokens, spread over the vocabulary, no EOS stop.
-std::vector<GenRequest> synthetic_requests(int count, int len, int gen, int vocab) {
-  std::vector<GenRequest> reqs(static_cast<size_t>(count));
-  for (int i = 0; i < count; ++i) {
-    for (int t = 0; t < len; ++t) reqs[size_t(i)].prompt.push_back(int32_t((7919LL * (t + 1) + 104729LL * i) % vocab));
-    reqs[size_t(i)].sampling.max_new_tokens = gen;
-    reqs[size_t(i)].sampling.ignore_eos = true;
-  }
-  return reqs;
-}
-
 // FlexGen's definitions: prefill counts prompt tokens; decode the tokens after each sequence's
 // first (which prefill produces); total all generated tokens over both times.
 BenchMeasure measure_of(const GenStats& s, int sequences) {
@@ -147,6 +137,7 @@ std::optional<HardwareProfile> machine_profile(const BenchOptions& opt, const Ba
     p.backend = backend.device() == Device::CUDA ? "cuda" : "cpu";
     p.offload_dir = opt.offload_dir;
     p.threads = opt.threads;
+    p.refine = engine_refinement();
     return cached_or_measured_profile(p, log, "[bench]");
   }
   if (std::filesystem::exists(default_hardware_profile_path())) return load_hardware_profile(default_hardware_profile_path());
@@ -250,17 +241,10 @@ private:
         stats.generated_tokens = int64_t(o.policy.block_size()) * c.gen_len;
       }
       r.runs.push_back(measure_of(stats, o.policy.block_size()));
-      // The CPU attention lane works in decode only (FlexGen delegates decode attention alone).
-      const std::array<double, kNumLanes> total{after.compute_busy - before.compute_busy, after.h2d_busy - before.h2d_busy,
-                                                after.d2h_busy - before.d2h_busy, after.disk_busy - before.disk_busy,
-                                                after.cpu_attention_seconds - before.cpu_attention_seconds};
-      const std::array<double, kNumLanes> prefill{after.prefill_compute_busy - before.prefill_compute_busy,
-                                                  after.prefill_h2d_busy - before.prefill_h2d_busy,
-                                                  after.prefill_d2h_busy - before.prefill_d2h_busy,
-                                                  after.prefill_disk_busy - before.prefill_disk_busy, 0.0};
+      const PhaseBusy busy = busy_between(before, after);
       for (int lane = 0; lane < kNumLanes; ++lane) {
-        r.prefill_busy[size_t(lane)] += share * prefill[size_t(lane)];
-        r.decode_busy[size_t(lane)] += share * (total[size_t(lane)] - prefill[size_t(lane)]);
+        r.prefill_busy[size_t(lane)] += share * busy.prefill[size_t(lane)];
+        r.decode_busy[size_t(lane)] += share * busy.decode[size_t(lane)];
       }
       auto rate = [](const LinkStats& a, const LinkStats& b) {
         const double s = b.seconds - a.seconds;
@@ -458,6 +442,29 @@ void write_results(const BenchOptions& opt, const BenchSuite& suite, const Machi
 }
 
 }  // namespace
+
+std::vector<GenRequest> synthetic_requests(int count, int len, int gen, int vocab) {
+  std::vector<GenRequest> reqs(static_cast<size_t>(count));
+  for (int i = 0; i < count; ++i) {
+    for (int t = 0; t < len; ++t) reqs[size_t(i)].prompt.push_back(int32_t((7919LL * (t + 1) + 104729LL * i) % vocab));
+    reqs[size_t(i)].sampling.max_new_tokens = gen;
+    reqs[size_t(i)].sampling.ignore_eos = true;
+  }
+  return reqs;
+}
+
+PhaseBusy busy_between(const OffloadReport& before, const OffloadReport& after) {
+  // The CPU attention lane works in decode only (FlexGen delegates decode attention alone).
+  const std::array<double, kNumLanes> total{after.compute_busy - before.compute_busy, after.h2d_busy - before.h2d_busy,
+                                            after.d2h_busy - before.d2h_busy, after.disk_busy - before.disk_busy,
+                                            after.cpu_attention_seconds - before.cpu_attention_seconds};
+  PhaseBusy b;
+  b.prefill = {after.prefill_compute_busy - before.prefill_compute_busy,
+               after.prefill_h2d_busy - before.prefill_h2d_busy, after.prefill_d2h_busy - before.prefill_d2h_busy,
+               after.prefill_disk_busy - before.prefill_disk_busy, 0.0};
+  for (int lane = 0; lane < kNumLanes; ++lane) b.decode[size_t(lane)] = total[size_t(lane)] - b.prefill[size_t(lane)];
+  return b;
+}
 
 BenchMeasure BenchCaseResult::mean() const {
   BenchMeasure m;

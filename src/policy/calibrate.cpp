@@ -247,7 +247,8 @@ double throughput_error(const HardwareProfile& hw, const CalibrationSample& s) {
   return (s.prefill_s + s.decode_s) / p.total_s - 1;
 }
 
-CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<CalibrationSample>& samples) {
+CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<CalibrationSample>& samples,
+                                 const std::string& by) {
   if (samples.size() < 2) STRATA_FAIL("calibration needs at least two measured runs, got " << samples.size());
   for (const CalibrationSample& s : samples)
     if (!(s.prefill_s > 0) || !(s.decode_s >= 0) || s.workload.gen_len < 1)
@@ -272,7 +273,7 @@ CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<
       f.error_leave_one_out.push_back(error);
     }
   std::ostringstream d;
-  d << base.description << (base.description.empty() ? "" : "; ") << "calibrated by strata bench --calibrate over "
+  d << base.description << (base.description.empty() ? "" : "; ") << "calibrated by " << by << " over "
     << samples.size() << " runs: compute x" << f.gemm_factor << " (gpu attention x" << f.gpu_attention_factor
     << ", cpu attention x" << f.cpu_attention_factor << "), overhead " << f.overhead_s
     << " s per layer-unit, links x" << f.link_factor[kLaneH2d] << " / x"

@@ -458,6 +458,7 @@ HardwareProfile profile_machine(const ProfileOptions& opt) {
   d << "; GEMMs of one layer with h=" << p.s.hidden << " (CPU: OpenBLAS, " << blas_core() << " kernels); disk " << io
     << " in " << dir.string();
   hw.description = d.str();
+  if (!opt.quick && opt.refine) return opt.refine(hw, dev, opt);
   return hw;
 }
 

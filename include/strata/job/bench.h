@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "strata/model/config.h"
+#include "strata/offload/engine.h"
 #include "strata/policy/calibrate.h"
 #include "strata/policy/policy.h"
 
@@ -31,6 +32,16 @@ struct BenchCase {
   int decode_steps = 0;
   int line = 0;             // in the suite file, for messages
 };
+
+// Prompts of exactly `len` tokens, spread over the vocabulary, no EOS stop, `gen` new tokens each.
+std::vector<GenRequest> synthetic_requests(int count, int len, int gen, int vocab);
+
+// Each lane's busy seconds between two engine reports, split into prefill and decode (the CPU
+// attention lane works in decode only): what calibration compares with the cost model's terms.
+struct PhaseBusy {
+  std::array<double, kNumLanes> prefill{}, decode{};
+};
+PhaseBusy busy_between(const OffloadReport& before, const OffloadReport& after);
 
 struct BenchSuite {
   std::string name;

@@ -63,7 +63,9 @@ struct CalibrationFit {
 // Throws strata::Error with fewer than 2 samples or a sample without measured times. A staggered
 // sample (prefill_batches_per_step) is fitted through its super-steps: its phases are the steps in
 // which some GPU batch prefills and the others, as the engine reports them (cost_model.h, phase_terms).
-CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<CalibrationSample>& samples);
+// `by` names the runs in the refined profile's description ("calibrated by BY over N runs: ...").
+CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<CalibrationSample>& samples,
+                                 const std::string& by = "strata bench --calibrate");
 
 // fit.undetermined as "gpu attention, overhead" ("" when every part was fitted).
 std::string undetermined_list(const CalibrationFit& fit);

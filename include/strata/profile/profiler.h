@@ -11,12 +11,20 @@
 
 namespace strata {
 
+class Backend;
+struct ProfileOptions;
+// Applied last to a full (not quick) measurement, on the measured device, with the profiler's
+// options: the engine's own runs fitting the terms the bare rates miss (job/engine_calibration.h).
+using ProfileRefinement =
+    std::function<HardwareProfile(const HardwareProfile& measured, Backend& device, const ProfileOptions& options)>;
+
 struct ProfileOptions {
   bool quick = false;                      // seconds, small buffers and fewer points (CI)
   std::string backend = "auto";            // "auto", "cpu" or "cuda": the device of the "gpu" tier
   std::filesystem::path offload_dir;       // where disk I/O is measured; empty: default_offload_dir()
   int threads = 0;                         // CPU backend threads (0: all cores)
   std::function<void(const std::string&)> progress;  // one line per finished measurement, or null
+  ProfileRefinement refine;  // null: the bare rates
 };
 
 // Measures capacities, link bandwidths, the GEMM curve, decode attention and CPU FLOP/s. Throws

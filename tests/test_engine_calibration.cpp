@@ -1,0 +1,102 @@
+// The profiler's engine runs (job/engine_calibration.h): the grid's runs keep the lanes busy that
+// each policy should, the fit refines the measured profile and says on what, and a quick profile
+// skips them. The fit's arithmetic is tests/test_calibrate.cpp's.
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "strata/core/error.h"
+#include "strata/job/engine_calibration.h"
+#include "strata/profile/profiler.h"
+#include "temp_files.h"
+#include "test_paths.h"
+
+using namespace strata;
+
+namespace {
+
+EngineCalibrationOptions small_grid(std::vector<std::string>* lines = nullptr) {
+  EngineCalibrationOptions o;
+  o.preset = "opt-125m";
+  o.layers = 2;
+  o.prompt_len = 16;
+  o.gen_len = 4;
+  o.offload_dir = test::temp_dir("engine_calibration");
+  o.threads = 2;
+  if (lines) o.progress = [lines](const std::string& l) { lines->push_back(l); };
+  return o;
+}
+
+// This machine class's measured (uncalibrated) profile, as `strata profile` wrote it.
+HardwareProfile test_profile_for_calibration() {
+  return load_hardware_profile(std::string(STRATA_FIXTURES_DIR) + "/../../policies/hardware/cpu-epyc-2core.yaml");
+}
+
+const CalibrationSample& run_named(const std::vector<CalibrationSample>& runs, const std::string& name) {
+  for (const CalibrationSample& s : runs)
+    if (s.name == name) return s;
+  FAIL("no run " << name);
+  return runs.front();
+}
+
+}  // namespace
+
+TEST_CASE("the profiler's engine runs keep each policy's lanes busy", "[calibrate][profile]") {
+  auto backend = make_cpu_backend(2);
+  std::vector<std::string> lines;
+  const std::vector<CalibrationSample> runs = engine_calibration_runs(*backend, small_grid(&lines));
+  REQUIRE(runs.size() == 7);
+  CHECK(lines.size() == 7);
+  for (const CalibrationSample& s : runs) {
+    INFO(s.name);
+    CHECK(s.config.n_layers == 2);
+    CHECK(s.workload.prompt_len == 16);
+    CHECK(s.prefill_s > 0);
+    CHECK(s.decode_s > 0);
+    CHECK(s.prefill_busy[kLaneCompute] > 0);
+    CHECK(s.decode_busy[kLaneCompute] > 0);
+    CHECK(s.prefill_busy[kLaneCpuAttention] == 0);  // prefill never delegates
+  }
+  CHECK(run_named(runs, "all-gpu-8x1").decode_busy[kLaneH2d] == 0);
+  CHECK(run_named(runs, "weights-cpu-8x1").decode_busy[kLaneH2d] > 0);
+  CHECK(run_named(runs, "weights-half-disk-8x1").decode_busy[kLaneDisk] > 0);
+  CHECK(run_named(runs, "cache-cpu-attn-4x2").decode_busy[kLaneCpuAttention] > 0);
+  CHECK(run_named(runs, "all-gpu-8x1").decode_busy[kLaneCpuAttention] == 0);
+  CHECK(run_named(runs, "weights-cpu-act-cpu-4x2").decode_busy[kLaneD2h] > 0);
+}
+
+TEST_CASE("the engine runs refine the measured profile, and a quick profile skips them", "[calibrate][profile]") {
+  auto backend = make_cpu_backend(2);
+  HardwareProfile measured = test_profile_for_calibration();
+  const CalibrationFit fit = calibrate_on_engine(measured, *backend, small_grid());
+  CHECK(fit.error_after.size() == 7);
+  CHECK_THAT(fit.profile.description,
+             Catch::StartsWith(measured.description) &&
+                 Catch::Contains("calibrated by strata profile on the engine (dummy opt-125m, 2 layers, prompt 16, "
+                                 "generation 4) over 7 runs"));
+  const HardwareProfile back = parse_hardware_profile(hardware_profile_to_yaml(fit.profile), "refined.yaml");
+  CHECK(back.overlap_slowdown == Approx(fit.overlap_slowdown));
+  CHECK(back.cpu_attention_bw == Approx(measured.cpu_attention_bw / fit.cpu_attention_factor));
+
+  // profile_machine applies the refinement to a full measurement only.
+  ProfileOptions quick;
+  quick.quick = true;
+  quick.backend = "cpu";
+  quick.offload_dir = test::temp_dir("engine_calibration_quick");
+  bool refined = false;
+  quick.refine = [&](const HardwareProfile& hw, Backend&, const ProfileOptions&) {
+    refined = true;
+    return hw;
+  };
+  profile_machine(quick);
+  CHECK_FALSE(refined);
+}
+
+TEST_CASE("engine calibration refuses a model it cannot build", "[calibrate]") {
+  auto backend = make_cpu_backend(1);
+  EngineCalibrationOptions o = small_grid();
+  o.layers = 0;
+  CHECK_THROWS_WITH(engine_calibration_runs(*backend, o), Catch::Contains("layers must be at least 1"));
+  o = small_grid();
+  o.preset = "gpt-9";
+  CHECK_THROWS_WITH(engine_calibration_runs(*backend, o), Catch::Contains("unknown model preset 'gpt-9'"));
+}
