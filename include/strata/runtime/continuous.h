@@ -1,4 +1,4 @@
-// Continuous batching in the resident generator (docs/generation.md, "Continuous batching"): a
+// Continuous batching in the resident generator (docs/architecture.md, "Continuous batching"): a
 // fixed set of cache slots, each holding one live sequence; when a sequence finishes (eos, a stop
 // string, its max_new_tokens, the context) its slot takes the next waiting request at once. The
 // newcomer's prompt is computed in the following steps, packed with the other slots' decode tokens
