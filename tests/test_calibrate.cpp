@@ -131,6 +131,9 @@ TEST_CASE("calibration recovers the constants of the machine that made the runs"
   const HardwareProfile back = parse_hardware_profile(hardware_profile_to_yaml(f.profile), "calibrated");
   CHECK(back.compute_overhead_s == Approx(f.profile.compute_overhead_s));
   CHECK(back.overlap_slowdown == Approx(f.profile.overlap_slowdown));
+  CHECK(f.profile.calibrated == "strata bench --calibrate over 8 runs");
+  CHECK(back.calibrated == f.profile.calibrated);
+  CHECK(base.calibrated.empty());
 }
 
 TEST_CASE("a part fitted with a meaningless sign is dropped and reported", "[calibrate]") {

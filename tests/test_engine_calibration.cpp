@@ -69,6 +69,9 @@ TEST_CASE("the engine runs refine the measured profile, and a quick profile skip
   HardwareProfile measured = test_profile_for_calibration();
   const CalibrationFit fit = calibrate_on_engine(measured, *backend, small_grid());
   CHECK(fit.error_after.size() == 7);
+  CHECK(measured.calibrated.empty());  // a profile of the bare rates, as older ones are
+  CHECK(fit.profile.calibrated ==
+        "strata profile on the engine (dummy opt-125m, 2 layers, prompt 16, generation 4) over 7 runs");
   CHECK_THAT(fit.profile.description,
              Catch::StartsWith(measured.description) &&
                  Catch::Contains("calibrated by strata profile on the engine (dummy opt-125m, 2 layers, prompt 16, "

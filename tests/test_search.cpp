@@ -401,6 +401,19 @@ TEST_CASE("strata policy prints the chosen policy as JSON and writes it as YAML"
   const CliResult text = strata_cli(base);
   CHECK(text.code == 0);
   CHECK_THAT(text.output, Catch::Contains("chosen policy") && Catch::Contains("best candidates"));
+  // The paper's machine is bare rates: the prediction says so. A calibrated profile names its fit.
+  CHECK(j["hardware_calibrated"] == false);
+  CHECK_THAT(text.output, Catch::Contains("is not calibrated (bare rates only)"));
+  const fs::path fitted = dir / "fitted.yaml";
+  {
+    std::ifstream in(kPaperMachine);
+    std::ofstream(fitted) << in.rdbuf() << "calibrated: \"a test's fit over 3 runs\"\n";
+  }
+  const std::string fitted_base = "policy --model opt-6.7b --hardware " + fitted.string() + " --prompt-len 512 --gen-len 32";
+  const CliResult fj = strata_cli(fitted_base + " --json");
+  REQUIRE(fj.code == 0);
+  CHECK(nlohmann::json::parse(fj.output)["hardware_calibrated"] == "a test's fit over 3 runs");
+  CHECK_THAT(strata_cli(fitted_base).output, !Catch::Contains("is not calibrated"));
   // A model directory works as well as a preset name.
   const CliResult d = strata_cli("policy --model " + std::string(STRATA_FIXTURES_DIR) + "/models/tiny-opt --hardware " +
                                  kPaperMachine + " --prompt-len 16 --gen-len 8 --json");

@@ -315,6 +315,7 @@ void run(const Args& a, bool latency_given) {
   if (a.json_out) {
     json j = {{"model", cfg.name},
               {"hardware", hw.name},
+              {"hardware_calibrated", hw.calibrated.empty() ? json(false) : json(hw.calibrated)},
               {"workload", {{"prompt_len", a.prompt_len}, {"gen_len", a.gen_len}}},
               {"budget_bytes", tiers_json(opts.budget)},
               {"max_latency_s", opts.max_latency_s ? json(*opts.max_latency_s) : json(nullptr)},
@@ -345,6 +346,10 @@ void run(const Args& a, bool latency_given) {
   os << "\nbudgets: gpu " << format_bytes(opts.budget.gpu) << ", cpu " << format_bytes(opts.budget.cpu) << ", disk "
      << format_bytes(opts.budget.disk);
   if (opts.max_latency_s) os << ", latency " << *opts.max_latency_s << " s";
+  if (hw.calibrated.empty())
+    os << "\nnote: hardware profile " << (hw.name.empty() ? a.hardware : hw.name)
+       << " is not calibrated (bare rates only): its predictions run optimistic; `strata profile` without "
+          "--quick fits it on the engine";
   os << "\n\n" << (searched ? "chosen policy" : "policy " + a.evaluate) << ":\n";
   std::istringstream yaml(policy_to_yaml(best.policy));
   for (std::string line; std::getline(yaml, line);) os << "  " << line << "\n";

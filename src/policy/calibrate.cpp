@@ -282,6 +282,7 @@ CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<
   if (!f.undetermined.empty()) d << " (not determined by these runs: " << undetermined_list(f) << ")";
   if (!f.dropped.empty()) d << " (dropped for their sign: " << dropped_list(f) << ")";
   f.profile.description = d.str();
+  f.profile.calibrated = by + " over " + std::to_string(samples.size()) + " runs";
   return f;
 }
 

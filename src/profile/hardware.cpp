@@ -223,7 +223,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   r.only_keys(root, {"name", "description", "gpu_name", "cpu_name", "gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw",
                      "gpu_to_cpu_bw", "disk_to_cpu_bw", "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw",
                      "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw", "gpu_attention_q4_bw", "cpu_attention_q4_bw", "compute_dtype",
-                     "compute_overhead_s", "overlap_slowdown"},
+                     "compute_overhead_s", "overlap_slowdown", "calibrated"},
               "");
   for (const char* required : {"gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw", "gpu_to_cpu_bw", "disk_to_cpu_bw",
                                "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw", "cpu_attention_bw", "cpu_flops"})
@@ -233,6 +233,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (root["description"]) hw.description = r.text(root["description"], "description");
   if (root["gpu_name"]) hw.gpu_name = r.text(root["gpu_name"], "gpu_name");
   if (root["cpu_name"]) hw.cpu_name = r.text(root["cpu_name"], "cpu_name");
+  if (root["calibrated"]) hw.calibrated = r.text(root["calibrated"], "calibrated");
   if (root["compute_dtype"]) {
     const std::string dt = r.text(root["compute_dtype"], "compute_dtype");
     if (dt != "F16" && dt != "F32") r.fail(root["compute_dtype"], "field 'compute_dtype' must be F16 or F32, got " + dt);
@@ -300,6 +301,7 @@ std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
   optional("gpu_dequant_bw", hw.gpu_dequant_bw, "B/s of output in compute_dtype");
   optional("gpu_attention_q4_bw", hw.gpu_attention_q4_bw, "B/s of the uncompressed KV cache it stands for");
   optional("cpu_attention_q4_bw", hw.cpu_attention_q4_bw, "B/s of the uncompressed KV cache it stands for");
+  if (!hw.calibrated.empty()) os << "calibrated: " << quoted(hw.calibrated) << "\n";
   if (hw.compute_overhead_s > 0 || hw.overlap_slowdown > 0)
     os << "compute_overhead_s: " << number(hw.compute_overhead_s) << "  # per layer and unit of work (calibrated)\n"
        << "overlap_slowdown: " << number(hw.overlap_slowdown) << "  # 0: perfect overlap, 1: none (calibrated)\n";

@@ -22,6 +22,10 @@ struct GemmPoint {
 struct HardwareProfile {
   std::string name;         // e.g. "t4-paper", "h100-x1"
   std::string description;  // where the numbers come from
+  // What fitted the calibrated terms below ("strata profile on the engine (...) over 7 runs"); empty:
+  // the bare rates alone (a --quick profile, or one written before the profile fitted itself), whose
+  // predictions run optimistic (docs/cost-model.md, "Calibration").
+  std::string calibrated;
   std::string gpu_name, cpu_name;
   // The dtype the "gpu" tier computes in and keeps uncompressed weights, cache and activations
   // in: F16 on CUDA, F32 on the CPU backend standing in for a GPU. The cost model's byte counts
