@@ -22,9 +22,15 @@
 #              the search's pick among them) with OUTDIR/hardware.yaml when part profile wrote it,
 #              else $STRATA_HARDWARE or policies/hardware/<gpu>.yaml: OUTDIR/calibrate.tgz holds
 #              results.md (predicted beside measured), calibration.md and calibrated-profile.yaml
+#   engine     issue 34: calibrate-gpu's c2, c3, c5, c7 with the staged baseline build and this one,
+#              bench_generate's resident step at batch 8, bench_cpu_attention at the CPU-attention
+#              shapes: OUT/engine.tgz. Only by name
 #   peers      issue 36: FlexGen 0.1.8 and Accelerate beside Strata on the same cases (prompt 512,
 #              generation 32), in pairs, fastest first: OUT/peers.tgz and OUT/summary.json. Needs
 #              .whl/ (bench/peers/prepare_offline.py) carried; only by name
+#
+# STRATA_SUITE_DEADLINE=S: no step starts later than S seconds into the script, and a running one
+# is cut before it (a device call's limit), so the archives and summaries are always written.
 #
 # OUTDIR (default $OUT, else bench/suite-out) receives suite.log (every command and its output),
 # summary.md, hardware.yaml, calib.tsv and policies.tgz (run30), calibrate.tgz. Everything is also
@@ -45,8 +51,10 @@ export STRATA_TEST_BINARY
 STRATA_TEST_BINARY=$(command -v strata)
 export STRATA_CACHE=${STRATA_CACHE:-/tmp/strata-cache}
 
-commit=$(cat .device/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)  # the staged build's
+# the staged build's ("abc1234 (with uncommitted changes)" on one line)
+commit=$( (cat .device/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown) | paste -sd' ')
 failures=0
+skipped=0
 
 say() { echo "$*" | tee -a "$summary"; }
 # step NAME CMD...: runs one command, its output into suite.log and the terminal, its exit status
@@ -54,8 +62,20 @@ say() { echo "$*" | tee -a "$summary"; }
 step() {
   local name=$1; shift
   echo "### $name: $*" | tee -a "$log"
+  local limit=${STRATA_SUITE_STEP_TIMEOUT:-300}
+  if [ -n "${STRATA_SUITE_DEADLINE:-}" ]; then
+    # A device call has a hard end: a step that cannot finish before it is skipped, and one that
+    # starts is cut in time for the archives and summary.json to be written.
+    local left=$((STRATA_SUITE_DEADLINE - SECONDS - 15))
+    if [ "$left" -lt "${STRATA_SUITE_MIN_STEP:-20}" ]; then
+      say "- $name: skipped (the call's deadline, ${STRATA_SUITE_DEADLINE} s, is near): \`$*\`"
+      skipped=$((skipped + 1))
+      return 124
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
   local t0=$SECONDS
-  timeout "${STRATA_SUITE_STEP_TIMEOUT:-300}" "$@" 2>&1 | tee -a "$log"
+  timeout "$limit" "$@" 2>&1 | tee -a "$log"
   local rc=${PIPESTATUS[0]}
   local status="ok"; [ "$rc" -ne 0 ] && { status="FAILED (exit $rc)"; failures=$((failures + 1)); }
   say "- $name: $status in $((SECONDS - t0)) s: \`$*\`"
@@ -209,6 +229,37 @@ part_calibrate() {
   [ -d "$dir" ] && tar -C "$out" -czf "$out/calibrate.tgz" calibrate && rm -rf "$dir"
 }
 
+# The asynchronous engine's GPU figures (issue 34, point 4): calibrate-gpu's c2 (all on the GPU,
+# 8 x 1) and its CPU-attention policies c3, c5, c7, each first with the baseline build when one is
+# staged (.device/before/strata, bench/pack_device.sh with STRATA_BEFORE_BUILD) and then with this
+# build, pair by pair; bench_generate's resident step at c2's batch; bench_cpu_attention's bare
+# fp16 cache GB/s at each CPU-attention shape and at OPT-30B's 48 x 544. OUT/engine.tgz.
+part_engine() {
+  local dir="$out/engine" hw=${STRATA_HARDWARE:-policies/hardware/$gpu_slug.yaml}
+  local steps=${STRATA_ENGINE_DECODE_STEPS:-8} before=.device/before/strata
+  rm -rf "$dir"; mkdir -p "$dir"
+  local c policy
+  for c in c2:all-gpu-8x1 c3:cache-cpu-attn-16x1 c5:weights-cpu-attn-32x4 c7:act-cpu-attn-48x3; do
+    policy="$root/bench/suites/calibrate-gpu/${c#*:}.yaml"
+    printf 'name: engine-%s\ncases:\n  - {name: %s, model: opt-6.7b, prompt_len: 512, gen_len: 32, gpu_mem: 16GiB, policy: %s, decode_steps: %s}\n' \
+      "${c%%:*}" "${c/:/-}" "$policy" "$steps" > "$dir/${c%%:*}.yaml"
+    if [ -x "$before" ]; then
+      step "engine ${c%%:*} before ($(cat .device/before/commit 2>/dev/null))" "$before" bench --suite "$dir/${c%%:*}.yaml" \
+        --device cuda --hardware "$hw" --offload-dir "$offload_dir" --out "$dir/before" --no-progress
+    fi
+    step "engine ${c%%:*}" strata bench --suite "$dir/${c%%:*}.yaml" --device cuda --hardware "$hw" \
+      --offload-dir "$offload_dir" --out "$dir/after" --no-progress
+  done
+  step "bench_generate opt-6.7b batch 8 (c2's resident step)" bench_generate --model dummy:opt-6.7b --device cuda \
+    --batch 8 --prompt-len 512 --gen-len 32
+  local shape
+  for shape in 16:32 32:32 48:32 48:56; do
+    step "bench_cpu_attention ${shape%%:*} slots x 544, ${shape#*:} heads" bench_cpu_attention --slots "${shape%%:*}" \
+      --context 544 --heads "${shape#*:}" --kv-heads "${shape#*:}" --caches fp16
+  done
+  tar -C "$out" -czf "$out/engine.tgz" engine && rm -rf "$dir"
+}
+
 # peer_pair NAME MODEL POLICY ENGINES... : one case (prompt 512, generation 32) in Strata (policy
 # file, or auto under --gpu-mem 16GiB), then in each peer engine named, into $out/peers/NAME/.
 peer_pair() {
@@ -228,7 +279,8 @@ peer_pair() {
                  --hf-home "$peers_hf" --offload-dir "$offload_dir/flexgen" --strata strata --hardware "$peers_hw" ;;
       accelerate) STRATA_SUITE_STEP_TIMEOUT=${STRATA_PEERS_TIMEOUT:-240} step "accelerate $name" \
                  python3 bench/peers/accelerate_runner.py --suite "$dir/suite.yaml" --out "$dir" \
-                 --offload-dir "$offload_dir/accelerate" --strata strata --hardware "$peers_hw" --batch-size 8 ;;
+                 --offload-dir "$offload_dir/accelerate" --strata strata --hardware "$peers_hw" --batch-size 8 \
+                 --decode-steps "${STRATA_PEERS_ACCELERATE_DECODE_STEPS:-3}" ;;
     esac
   done
   cat "$dir/results.jsonl" >> "$out/peers/results.jsonl" 2>/dev/null
@@ -257,19 +309,23 @@ part_peers() {
   write_policy "$pol/opt30-flexgen.yaml" 48 "$n30" 20 80 0 100 0 100 true
   # FlexGen's 4-bit OPT-30B policy (64 x 8, all on the CPU), scaled: 4-bit weights ~17 GB, a
   # 64-sequence batch's 4-bit cache ~14 GB.
-  local n4=$(( (host_budget - 25) / 14 )); [ "$n4" -le 8 ] || n4=8; [ "$n4" -ge 1 ] || n4=1
+  # STRATA_PEERS_4BIT_MAX_BATCHES cuts it further where a call's time is short (both engines
+  # prefill the whole block, Strata twice with its warm-up).
+  local n4=$(( (host_budget - 25) / 14 )); [ "$n4" -le "${STRATA_PEERS_4BIT_MAX_BATCHES:-8}" ] || n4=${STRATA_PEERS_4BIT_MAX_BATCHES:-8}
+  [ "$n4" -ge 1 ] || n4=1
   write_policy "$pol/opt30-flexgen-4bit.yaml" 64 "$n4" 0 100 0 100 0 100 false
   printf 'compress_weights: {bits: 4, group_size: 64}\ncompress_kv_cache: {bits: 4, group_size: 64}\n' \
     >> "$pol/opt30-flexgen-4bit.yaml"
   # FlexGen's OPT-6.7B 2 x 1 on the GPU (overlap off, as its policy file).
   write_policy "$pol/opt67-flexgen.yaml" 2 1 100 0 100 0 100 0 false
   sed -i 's/^overlap: true/overlap: false/' "$pol/opt67-flexgen.yaml"
-  # Pairs first, cheapest first: a call cut short still leaves complete pairs.
+  # Pairs first, the cheapest one first (it shows whether FlexGen runs at all), then FlexGen's
+  # headline policy and Accelerate: a call cut short still leaves complete pairs.
   peer_pair opt67-flexgen-2x1 opt-6.7b "$pol/opt67-flexgen.yaml" flexgen
   peer_pair opt30-flexgen-48x$n30 opt-30b "$pol/opt30-flexgen.yaml" flexgen
+  peer_pair opt30-strata-auto opt-30b auto accelerate
   peer_pair opt30-flexgen-4bit-64x$n4 opt-30b "$pol/opt30-flexgen-4bit.yaml" flexgen
   peer_pair opt67-strata-auto opt-6.7b auto
-  peer_pair opt30-strata-auto opt-30b auto accelerate
   strata bench --report "$out/peers" > /dev/null 2>&1
   python3 bench/summary_json.py "$out/peers" --commit "$commit" --strata-command "strata bench (bench/gpu_suite.sh peers)"
   cp "$out/peers/summary.json" "$out/summary.json"
@@ -278,7 +334,7 @@ part_peers() {
 
 for part in $parts; do
   case $part in
-    tests|profile|generate|offload|run30|calibrate|quant|peers) "part_$part" ;;
+    tests|profile|generate|offload|run30|calibrate|quant|peers|engine) "part_$part" ;;
     *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;;
   esac
 done
@@ -286,4 +342,5 @@ done
 rm -rf "$offload_dir"
 say ""
 say "failed steps: $failures"
+[ "$skipped" -eq 0 ] || say "skipped steps (deadline): $skipped"
 [ "$failures" -eq 0 ]

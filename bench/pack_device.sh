@@ -5,6 +5,7 @@
 # tool's 64 MiB with the working tree; the tarball is ~26 MiB.
 #
 #   bench/pack_device.sh [BUILD_DIR]      # default build-sm90, built with the programs below
+#   STRATA_BEFORE_BUILD=../before/build-sm90 bench/pack_device.sh   # also a baseline's strata (part engine)
 #   device run, carry [".devpack"]:
 #     mkdir -p .device && tar -C .device -xzf .devpack/dev.tgz && source .device/env.sh && bench/gpu_suite.sh $OUT 1
 set -euo pipefail
@@ -19,7 +20,15 @@ bench/stage_device.sh "${programs[@]}" > /dev/null
 strip -s .device/bin/*
 git rev-parse --short HEAD > .device/commit
 git diff --quiet HEAD -- src include tests bench || echo "(with uncommitted changes)" >> .device/commit
+# A baseline build beside it (issue 34's before/after in one call): its strata, stripped, as
+# .device/before/strata with the commit it was built from (the libraries are this build's).
+if [ -n "${STRATA_BEFORE_BUILD:-}" ]; then
+  mkdir -p .device/before
+  cp "$STRATA_BEFORE_BUILD/strata" .device/before/strata
+  strip -s .device/before/strata
+  git -C "$STRATA_BEFORE_BUILD/.." rev-parse --short HEAD > .device/before/commit
+fi
 grep -qxF '/.devpack/' .git/info/exclude || echo '/.devpack/' >> .git/info/exclude
 mkdir -p .devpack
-tar -C .device -czf .devpack/dev.tgz bin lib env.sh commit
+tar -C .device -czf .devpack/dev.tgz bin lib env.sh commit $( [ -d .device/before ] && echo before )
 du -h .devpack/dev.tgz | awk '{print "packed " $1 " in .devpack/dev.tgz (commit " "'"$(head -1 .device/commit)"'" ")"}'

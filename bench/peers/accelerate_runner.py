@@ -25,9 +25,10 @@ import hf_peer  # noqa: E402
 ENGINE = "accelerate"
 
 
-def plan(case, policy, batch_size=None, gpu_mem_default="", cpu_mem_default=""):
+def plan(case, policy, batch_size=None, gpu_mem_default="", cpu_mem_default="", decode_steps=None):
     """What one run does, as plain data: config, batch, memory caps (bytes; accelerate's
-    max_memory keys: GPU 0 and "cpu"). Caps absent from the case and the defaults: no key."""
+    max_memory keys: GPU 0 and "cpu"), decode steps run (0: all; fewer: decode projected). Caps
+    absent from the case and the defaults: no key."""
     if case.prompt_len + case.gen_len > 2048:
         raise common.CaseError(f"case {case.name}: OPT has 2048 positions, the case needs "
                                f"{case.prompt_len + case.gen_len}")
@@ -39,7 +40,8 @@ def plan(case, policy, batch_size=None, gpu_mem_default="", cpu_mem_default=""):
     if cpu:
         max_memory["cpu"] = common.parse_size(cpu)
     return {"config": hf_peer.opt_config_kwargs(case.model), "batch_size": batch_size or policy.block_size,
-            "max_memory": max_memory, "prompt_len": case.prompt_len, "gen_len": case.gen_len}
+            "max_memory": max_memory, "prompt_len": case.prompt_len, "gen_len": case.gen_len,
+            "decode_steps": decode_steps if decode_steps and decode_steps < case.gen_len - 1 else 0}
 
 
 def build_model(p, offload_dir):
@@ -59,9 +61,8 @@ def build_model(p, offload_dir):
         kwargs["max_memory"] = dict(p["max_memory"])
     device_map = infer_auto_device_map(model, **kwargs)
     model = model.to_empty(device="cpu")
-    with torch.no_grad():  # one fp32 tensor at a time: CPU kernels for fp16 random fills vary by torch version
-        for t in model.parameters():
-            t.copy_(torch.randn(t.shape, dtype=torch.float32).mul_(0.02))
+    with torch.no_grad():
+        hf_peer.fill_random_(list(model.parameters()))
     model.tie_weights()
     model = dispatch_model(model, device_map=device_map, offload_dir=offload_dir)
     model.eval()
@@ -80,14 +81,15 @@ def run_plan(p, offload_dir):
 
 def run_case(case, args):
     policy, policy_cmd = common.resolve_policy(case, args.strata, args.hardware)
-    p = plan(case, policy, args.batch_size, args.default_gpu_mem, args.default_cpu_mem)
+    p = plan(case, policy, args.batch_size, args.default_gpu_mem, args.default_cpu_mem, args.decode_steps)
     command = shlex.join([sys.executable] + sys.argv)
     if args.dry_run:
         print({k: v for k, v in p.items()})
         return None
     offload = args.offload_dir or tempfile.mkdtemp(prefix="accelerate-offload-")
     extra = {"machine": common.machine(), "policy_source": policy_cmd or case.policy_path(),
-             "batch_size": p["batch_size"], "max_memory": {str(k): v for k, v in p["max_memory"].items()}}
+             "batch_size": p["batch_size"], "max_memory": {str(k): v for k, v in p["max_memory"].items()},
+             "projected": bool(p["decode_steps"]), "decode_steps_run": p["decode_steps"] or case.gen_len - 1}
     return hf_peer.run_line(case, ENGINE, policy, p, command, extra, lambda: run_plan(p, offload))
 
 
@@ -97,6 +99,8 @@ def main(argv=None):
     ap.add_argument("--batch-size", type=int, help="sequences per generate() (default: the policy's block)")
     ap.add_argument("--default-gpu-mem", default="", help="GPU cap for cases that give none")
     ap.add_argument("--default-cpu-mem", default="", help="CPU cap for cases that give none")
+    ap.add_argument("--decode-steps", type=int, default=0,
+                    help="run only the first N decode steps and project decode to gen_len (marked projected)")
     ap.add_argument("--offload-dir", help="accelerate's disk offload folder (default: a new temporary one)")
     args = ap.parse_args(argv)
     return common.run_cases(args, ENGINE, run_case)

@@ -21,19 +21,53 @@ def synthetic_prompts(count, length, vocab):
     return [[(7919 * (t + 1) + 104729 * i) % vocab for t in range(length)] for i in range(count)]
 
 
-def measure_from_stamps(t_start, stamps, batch, prompt_len):
-    """stamps: the time after each generated token (the first ends prefill)."""
+def measure_from_stamps(t_start, stamps, batch, prompt_len, gen_len=None):
+    """stamps: the time after each generated token (the first ends prefill). With gen_len beyond
+    the tokens stamped, decode is projected to gen_len from the mean step, as `strata bench`
+    projects a case with decode_steps (and FlexGen's fewer_batch mode)."""
     if not stamps:
         raise ValueError("no token was generated")
     prefill = stamps[0] - t_start
     decode = stamps[-1] - stamps[0]
-    return common.measure(batch * prompt_len, batch * len(stamps), batch, prefill, decode)
+    tokens = len(stamps)
+    if gen_len is not None and gen_len > tokens:
+        if tokens < 2:
+            raise ValueError("a projected decode needs at least one decode step")
+        decode = decode / (tokens - 1) * (gen_len - 1)
+        tokens = gen_len
+    return common.measure(batch * prompt_len, batch * tokens, batch, prefill, decode)
+
+
+def fill_random_(tensors, pool_elements=1 << 24, seed=0):
+    """Fills fp16 weights with N(0, 0.02) values at memory speed: one random pool, tiled. Drawing
+    tens of billions of normals on the CPU takes minutes, and a timing run needs no more than
+    values of the right scale."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    pool = torch.randn(pool_elements, generator=gen, dtype=torch.float32).mul_(0.02)
+    pools = {}
+    for t in tensors:
+        flat = t.view(-1)
+        if t.dtype not in pools:
+            pools[t.dtype] = pool.to(t.dtype)
+        src = pools[t.dtype]
+        for start in range(0, flat.numel(), src.numel()):
+            n = min(src.numel(), flat.numel() - start)
+            flat[start:start + n].copy_(src[:n])
+
+
+def generated_tokens(p):
+    """Tokens the timed run generates: all of gen_len, or the first token and p["decode_steps"]."""
+    steps = p.get("decode_steps") or 0
+    return 1 + steps if 0 < steps < p["gen_len"] - 1 else p["gen_len"]
 
 
 def timed_generate(model, p, **gen_kwargs):
     """Greedy generation of plan `p`'s prompts: a warm-up (prefill and one token), then the timed
-    run, a stopping criterion stamping each step. Returns the measured figures and the peak GPU
-    memory of the timed run."""
+    run, a stopping criterion stamping each step. With p["decode_steps"] below gen_len - 1 only
+    that many decode steps run and decode is projected. Returns the measured figures and the peak
+    GPU memory of the timed run."""
     import torch
     from transformers import StoppingCriteria, StoppingCriteriaList
 
@@ -54,9 +88,10 @@ def timed_generate(model, p, **gen_kwargs):
         torch.cuda.reset_peak_memory_stats()
         stamps.clear()
         t0 = time.perf_counter()
-        model.generate(ids, max_new_tokens=p["gen_len"], min_new_tokens=p["gen_len"],
+        run_tokens = generated_tokens(p)
+        model.generate(ids, max_new_tokens=run_tokens, min_new_tokens=run_tokens,
                        stopping_criteria=StoppingCriteriaList([Stamp()]), **gen)
-    m = measure_from_stamps(t0, stamps, p["batch_size"], p["prompt_len"])
+    m = measure_from_stamps(t0, stamps, p["batch_size"], p["prompt_len"], p["gen_len"])
     return m, {"peak_memory": {"gpu": float(torch.cuda.max_memory_allocated())}}
 
 

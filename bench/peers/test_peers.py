@@ -6,6 +6,7 @@ import io
 import json
 import os
 import tempfile
+import importlib.util
 import unittest
 
 import accelerate_runner
@@ -154,6 +155,33 @@ class AccelerateTest(unittest.TestCase):
         self.assertAlmostEqual(m["prefill_tok_s"], 20.0)
         self.assertAlmostEqual(m["decode_tok_s"], 4.0)
         self.assertAlmostEqual(m["total_tok_s"], 16 / 5)
+
+    def test_projected_timing(self):
+        # gen_len 32 from 3 decode steps of 1 s each: decode 31 s for 31 x 4 tokens.
+        m = hf_peer.measure_from_stamps(0.0, [2.0, 3.0, 4.0, 5.0], 4, 10, gen_len=32)
+        self.assertAlmostEqual(m["decode_tok_s"], 4.0)
+        self.assertAlmostEqual(m["total_tok_s"], 4 * 32 / (2 + 31))
+        with self.assertRaisesRegex(ValueError, "decode step"):
+            hf_peer.measure_from_stamps(0.0, [2.0], 4, 10, gen_len=32)
+
+    def test_decode_steps(self):
+        p = common.Policy(gpu_batch_size=8, num_gpu_batches=1)
+        self.assertEqual(accelerate_runner.plan(case(), p, decode_steps=3)["decode_steps"], 3)
+        self.assertEqual(accelerate_runner.plan(case(), p)["decode_steps"], 0)
+        self.assertEqual(accelerate_runner.plan(case(gen_len=4), p, decode_steps=3)["decode_steps"], 0)
+        self.assertEqual(hf_peer.generated_tokens({"gen_len": 32, "decode_steps": 3}), 4)
+        self.assertEqual(hf_peer.generated_tokens({"gen_len": 32, "decode_steps": 0}), 32)
+        self.assertEqual(hf_peer.generated_tokens({"gen_len": 32}), 32)
+
+    @unittest.skipUnless(importlib.util.find_spec("torch"), "torch is not installed")
+    def test_fill_random(self):
+        import torch
+        a, b = torch.empty(1000, dtype=torch.float16), torch.empty(3, 7, dtype=torch.float32)
+        hf_peer.fill_random_([a, b], pool_elements=64)
+        self.assertTrue(torch.equal(a[:64], a[64:128]))  # tiled
+        self.assertLess(float(a.float().abs().max()), 0.2)
+        self.assertGreater(float(a.float().std()), 0.005)
+        self.assertTrue(torch.equal(b.view(-1).half(), a[:21]))  # one pool, each dtype's copy of it
 
 
 class DeepSpeedTest(unittest.TestCase):
