@@ -24,10 +24,13 @@
 #              results.md (predicted beside measured), calibration.md and calibrated-profile.yaml
 #   engine     issue 34: calibrate-gpu's c2, c3, c5, c7 with the staged baseline build and this one,
 #              bench_generate's resident step at batch 8, bench_cpu_attention at the CPU-attention
-#              shapes: OUT/engine.tgz. Only by name
+#              shapes: OUT/engine.tgz and its cases in OUT/summary.json (with the metrics issue 34
+#              judges by). Only by name
 #   peers      issue 36: FlexGen 0.1.8 and Accelerate beside Strata on the same cases (prompt 512,
-#              generation 32), in pairs, fastest first: OUT/peers.tgz and OUT/summary.json. Needs
-#              .whl/ (bench/peers/prepare_offline.py) carried; only by name
+#              generation 32), in pairs, fastest first: OUT/peers.tgz and OUT/summary.json. A peer's
+#              row already committed for this card kind (bench/results/*-GPU-summary.json) is kept,
+#              not rerun (bench/peers/kept.py; STRATA_PEERS_RERUN=1 reruns). Needs .whl/
+#              (bench/peers/prepare_offline.py) carried; only by name
 #
 # STRATA_SUITE_DEADLINE=S: no step starts later than S seconds into the script, and a running one
 # is cut before it (a device call's limit), so the archives and summaries are always written.
@@ -55,6 +58,8 @@ export STRATA_CACHE=${STRATA_CACHE:-/tmp/strata-cache}
 commit=$( (cat .device/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown) | paste -sd' ')
 failures=0
 skipped=0
+step_skipped=0
+step_seconds=0
 
 say() { echo "$*" | tee -a "$summary"; }
 # step NAME CMD...: runs one command, its output into suite.log and the terminal, its exit status
@@ -70,15 +75,18 @@ step() {
     if [ "$left" -lt "${STRATA_SUITE_MIN_STEP:-20}" ]; then
       say "- $name: skipped (the call's deadline, ${STRATA_SUITE_DEADLINE} s, is near): \`$*\`"
       skipped=$((skipped + 1))
+      step_skipped=1
       return 124
     fi
     [ "$left" -lt "$limit" ] && limit=$left
   fi
   local t0=$SECONDS
+  step_skipped=0
   timeout "$limit" "$@" 2>&1 | tee -a "$log"
   local rc=${PIPESTATUS[0]}
   local status="ok"; [ "$rc" -ne 0 ] && { status="FAILED (exit $rc)"; failures=$((failures + 1)); }
-  say "- $name: $status in $((SECONDS - t0)) s: \`$*\`"
+  step_seconds=$((SECONDS - t0))
+  say "- $name: $status in $step_seconds s: \`$*\`"
   return "$rc"
 }
 catch_summary() {  # the Catch2 result line of the last test run in the log
@@ -237,19 +245,9 @@ part_calibrate() {
 part_engine() {
   local dir="$out/engine" hw=${STRATA_HARDWARE:-policies/hardware/$gpu_slug.yaml}
   local steps=${STRATA_ENGINE_DECODE_STEPS:-8} before=.device/before/strata
-  rm -rf "$dir"; mkdir -p "$dir"
-  local c policy
-  for c in c2:all-gpu-8x1 c3:cache-cpu-attn-16x1 c5:weights-cpu-attn-32x4 c7:act-cpu-attn-48x3; do
-    policy="$root/bench/suites/calibrate-gpu/${c#*:}.yaml"
-    printf 'name: engine-%s\ncases:\n  - {name: %s, model: opt-6.7b, prompt_len: 512, gen_len: 32, gpu_mem: 16GiB, policy: %s, decode_steps: %s}\n' \
-      "${c%%:*}" "${c/:/-}" "$policy" "$steps" > "$dir/${c%%:*}.yaml"
-    if [ -x "$before" ]; then
-      step "engine ${c%%:*} before ($(cat .device/before/commit 2>/dev/null))" "$before" bench --suite "$dir/${c%%:*}.yaml" \
-        --device cuda --hardware "$hw" --offload-dir "$offload_dir" --out "$dir/before" --no-progress
-    fi
-    step "engine ${c%%:*}" strata bench --suite "$dir/${c%%:*}.yaml" --device cuda --hardware "$hw" \
-      --offload-dir "$offload_dir" --out "$dir/after" --no-progress
-  done
+  rm -rf "$dir"; mkdir -p "$dir/before" "$dir/after"
+  [ -f .device/before/commit ] && cp .device/before/commit "$dir/before/commit"
+  # What the pairs are judged against first (half a minute): a call cut short still has it.
   step "bench_generate opt-6.7b batch 8 (c2's resident step)" bench_generate --model dummy:opt-6.7b --device cuda \
     --batch 8 --prompt-len 512 --gen-len 32
   local shape
@@ -257,7 +255,18 @@ part_engine() {
     step "bench_cpu_attention ${shape%%:*} slots x 544, ${shape#*:} heads" bench_cpu_attention --slots "${shape%%:*}" \
       --context 544 --heads "${shape#*:}" --kv-heads "${shape#*:}" --caches fp16
   done
-  tar -C "$out" -czf "$out/engine.tgz" engine && rm -rf "$dir"
+  local c policy
+  for c in c2:all-gpu-8x1 c3:cache-cpu-attn-16x1 c5:weights-cpu-attn-32x4 c7:act-cpu-attn-48x3; do
+    policy="$root/bench/suites/calibrate-gpu/${c#*:}.yaml"
+    printf 'name: engine-%s\ncases:\n  - {name: %s, model: opt-6.7b, prompt_len: 512, gen_len: 32, gpu_mem: 16GiB, policy: %s, decode_steps: %s}\n' \
+      "${c%%:*}" "${c/:/-}" "$policy" "$steps" > "$dir/${c%%:*}.yaml"
+    if [ -x "$before" ]; then
+      step "engine ${c%%:*} before ($(cat .device/before/commit 2>/dev/null))" "$before" bench --suite "$dir/${c%%:*}.yaml" \
+        --device cuda --hardware "$hw" --offload-dir "$offload_dir" --out "$dir/before/${c%%:*}" --no-progress
+    fi
+    step "engine ${c%%:*}" strata bench --suite "$dir/${c%%:*}.yaml" --device cuda --hardware "$hw" \
+      --offload-dir "$offload_dir" --out "$dir/after/${c%%:*}" --no-progress
+  done
 }
 
 # peer_pair NAME MODEL POLICY ENGINES... : one case (prompt 512, generation 32) in Strata (policy
@@ -273,6 +282,13 @@ peer_pair() {
     --offload-dir "$offload_dir" --out "$dir" --no-progress
   local engine
   for engine in "$@"; do
+    # Once per card kind: a peer's ok row committed for this card is kept, not rerun
+    # (STRATA_PEERS_RERUN=1 reruns it).
+    if [ "${STRATA_PEERS_RERUN:-0}" = 0 ] && python3 bench/peers/kept.py --gpu "$gpu_slug" --name "$name" \
+         --engine "$engine" --out "$dir" | tee -a "$log"; [ "${PIPESTATUS[0]}" = 0 ]; then
+      say "- $engine $name: kept from an earlier call on this card kind ($(tail -1 "$dir/peers.jsonl" | grep -o '"kept_from": "[^"]*"'))"
+      continue
+    fi
     case $engine in
       flexgen) STRATA_SUITE_STEP_TIMEOUT=${STRATA_PEERS_TIMEOUT:-240} step "flexgen $name" \
                  python3 bench/peers/flexgen_runner.py --suite "$dir/suite.yaml" --out "$dir" --fewer-batch \
@@ -282,6 +298,12 @@ peer_pair() {
                  --offload-dir "$offload_dir/accelerate" --strata strata --hardware "$peers_hw" --batch-size 8 \
                  --decode-steps "${STRATA_PEERS_ACCELERATE_DECODE_STEPS:-3}" ;;
     esac
+    local rc=$? status
+    if [ "$step_skipped" = 1 ]; then status="not run: the call's deadline came first"
+    elif [ "$rc" = 124 ]; then status="failed: timed out after $step_seconds s (the step's limit)"
+    else status="failed: exit $rc without a result line (suite.log has its output)"; fi
+    [ "$rc" = 0 ] || python3 bench/peers/record_missing.py --suite "$dir/suite.yaml" --out "$dir" --engine "$engine" \
+      --status "$status" | tee -a "$log"
   done
   cat "$dir/results.jsonl" >> "$out/peers/results.jsonl" 2>/dev/null
   cat "$dir/peers.jsonl" >> "$out/peers/peers.jsonl" 2>/dev/null
@@ -327,9 +349,21 @@ part_peers() {
   peer_pair opt30-flexgen-4bit-64x$n4 opt-30b "$pol/opt30-flexgen-4bit.yaml" flexgen
   peer_pair opt67-strata-auto opt-6.7b auto
   strata bench --report "$out/peers" > /dev/null 2>&1
-  python3 bench/summary_json.py "$out/peers" --commit "$commit" --strata-command "strata bench (bench/gpu_suite.sh peers)"
-  cp "$out/peers/summary.json" "$out/summary.json"
-  tar -C "$out" -czf "$out/peers.tgz" peers && rm -rf "$out/peers"
+}
+
+# OUT/summary.json (issue 36, point 3) from parts peers and engine, then their archives.
+write_summary() {
+  [ -d "$out/peers" ] || [ -d "$out/engine" ] || return 0
+  local inputs="$out/peers" args=(--commit "$commit" --strata-build "${commit%% *}" --log "$log"
+    --strata-command "strata bench --suite CASE.yaml --device cuda (bench/gpu_suite.sh $parts)")
+  [ -d "$inputs" ] || { inputs="$out/summary-inputs"; mkdir -p "$inputs"; }
+  [ -d "$out/engine" ] && args+=(--engine "$out/engine")
+  python3 bench/summary_json.py "$inputs" "${args[@]}" && cp "$inputs/summary.json" "$out/summary.json"
+  rm -rf "$out/summary-inputs"
+  local d
+  for d in peers engine; do
+    [ -d "$out/$d" ] && tar -C "$out" -czf "$out/$d.tgz" "$d" && rm -rf "${out:?}/$d"
+  done
 }
 
 for part in $parts; do
@@ -338,6 +372,7 @@ for part in $parts; do
     *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;;
   esac
 done
+write_summary
 [ -d "$out/policies" ] && tar -C "$out" -czf "$out/policies.tgz" policies && rm -rf "$out/policies"
 rm -rf "$offload_dir"
 say ""

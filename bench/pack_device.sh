@@ -5,7 +5,7 @@
 # tool's 64 MiB with the working tree; the tarball is ~26 MiB.
 #
 #   bench/pack_device.sh [BUILD_DIR]      # default build-sm90, built with the programs below
-#   STRATA_BEFORE_BUILD=../before/build-sm90 bench/pack_device.sh   # also a baseline's strata (part engine)
+#   STRATA_BEFORE_BUILD=BASELINE_CHECKOUT/build-sm90 bench/pack_device.sh   # also a baseline's strata (part engine)
 #   device run, carry [".devpack"]:
 #     mkdir -p .device && tar -C .device -xzf .devpack/dev.tgz && source .device/env.sh && bench/gpu_suite.sh $OUT 1
 set -euo pipefail

@@ -13,7 +13,7 @@ import summary_json  # noqa: E402
 import common  # noqa: E402
 
 CASE_KEYS = {"name", "engine", "model", "policy", "prompt_len", "gen_len", "projected", "prefill_tok_s",
-             "decode_tok_s", "total_tok_s", "peak_gpu_bytes", "command", "commit", "status", "metrics"}
+             "decode_tok_s", "total_tok_s", "peak_gpu_bytes", "command", "commit", "date", "status", "metrics"}
 
 
 class SummaryTest(unittest.TestCase):
@@ -61,6 +61,90 @@ class SummaryTest(unittest.TestCase):
             summary_json.main([os.path.join(d, "out"), "--commit", "x"])
             with open(os.path.join(d, "out", "summary.json")) as f:
                 self.assertEqual(json.load(f)["cases"], [])
+
+
+# Lines as the GPU machine printed them (bench/gpu_suite.sh's log, 2026-11-27 on an H200).
+LOG = """### engine c2 before (bf16bec): .device/before/strata bench --suite c2.yaml --device cuda --out engine/before
+| case | engine | model | prompt | gen | block | prefill tok/s | decode tok/s | total tok/s | predicted | error | cpu->gpu GB/s (peak) | peak gpu / cpu / disk |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| c2-all-gpu-8x1 | strata | opt-6.7b | 512 | 32 | 8 x 1 | 30143.57 | 430.18 | 359.35 (projected) | 1005.77 | +180% | 0.00 (54.9) | 14.66 GiB / 0 B / 0 B |
+### engine c2: strata bench --suite c2.yaml --device cuda --out engine/after
+| c2-all-gpu-8x1 | strata | opt-6.7b | 512 | 32 | 8 x 1 | 30283.82 | 452.22 | 374.45 (projected) | 1005.77 | +169% | 0.00 (54.9) | 14.66 GiB / 0 B / 0 B |
+| c4-4bit | strata | opt-6.7b | 512 | 32 | 64 x 2 (4-bit) | 7407.59 | 166.38 | 125.28 | 137.61 | +10% | 57.34 (54.9) | 2.80 GiB / 41.49 GiB / 0 B |
+### bench_generate opt-6.7b batch 8 (c2's resident step): bench_generate --model dummy:opt-6.7b --batch 8
+decode: batch 8, 31 steps, 13.291 ms/step, 601.9 tok/s, weights read at 1002.0 GB/s = 28.0% of copy bandwidth
+cpu decode attention: 48 sequences x 544 positions, 56 query heads / 56 kv heads of 128, F16 queries, 16 threads; read bandwidth 128.7 GB/s
+  fp16          6.332 ms per step, cache read at  118.2 GB/s =  92% of the read bandwidth
+"""
+
+
+class EngineMetricsTest(unittest.TestCase):
+    def test_printed_tables(self):
+        before, after, q4 = summary_json.printed_cases(LOG, "new1234")
+        self.assertEqual((before["name"], before["commit"], after["commit"]), ("c2-all-gpu-8x1", "bf16bec", "new1234"))
+        self.assertEqual(before["measured"], {"prefill_tok_s": 30143.57, "decode_tok_s": 430.18, "total_tok_s": 359.35})
+        self.assertTrue(before["projected"])
+        self.assertFalse(q4["projected"])
+        self.assertEqual(summary_json.block_of(q4), (64, 2))
+        self.assertEqual(before["links"]["cpu_to_gpu_gbps"], 0.0)
+        self.assertEqual(q4["links"]["cpu_to_gpu_gbps"], 57.34)
+        self.assertAlmostEqual(before["peak_memory"]["gpu"], 14.66 * 2**30)
+        self.assertIn("--out engine/after", after["command"])
+
+    def test_compared_figures(self):
+        self.assertEqual(summary_json.resident_steps(LOG), {8: 0.013291})
+        self.assertEqual(summary_json.bare_cpu_attention(LOG), {(48, 544, 56): 118.2})
+
+    def test_metrics(self):
+        resident, bare = {8: 0.010}, {(48, 544, 56): 100.0}
+        gpu_case = {"decode_tok_s": 400.0, "model": "opt-6.7b", "prompt_len": 512, "gen_len": 32}
+        line = {"policy": "gpu_batch_size: 8\nnum_gpu_batches: 1\n", "links": {"cpu_to_gpu_gbps": 0.0}}
+        m = summary_json.engine_metrics(line, gpu_case, resident, bare)
+        self.assertAlmostEqual(m["engine_step_over_resident_step"], 0.020 / 0.010)  # 8 tokens / 400 tok/s
+        self.assertNotIn("decode_fraction_of_bound", m)
+        # OPT-30B, 48 x 1, 4 decode steps in 4 s; the link busy 2.4 s; CPU attention read 120 GB in 1.5 s
+        # (80 GB/s), 1.2 s at the bare 100 GB/s: bound max(0.6, 0.3) s of a 1 s step.
+        offload = {"decode_tok_s": 48.0, "model": "opt-30b", "prompt_len": 512, "gen_len": 32}
+        line = {"policy": "gpu_batch_size: 48\nnum_gpu_batches: 1\n", "links": {"cpu_to_gpu_gbps": 50.0},
+                "cpu_attention": {"seconds": 1.5, "gbps": 80.0},
+                "seconds": {"decode": 4.0, "decode_steps": 4, "decode_busy": {"cpu_to_gpu": 2.4}}}
+        m = summary_json.engine_metrics(line, offload, resident, bare)
+        self.assertAlmostEqual(m["cpu_attention_fraction_of_bare"], 0.8)
+        self.assertAlmostEqual(m["decode_link_s_per_step"], 0.6)
+        self.assertAlmostEqual(m["decode_cache_at_bare_s_per_step"], 0.3)
+        self.assertAlmostEqual(m["decode_fraction_of_bound"], 0.6)
+        self.assertNotIn("engine_step_over_resident_step", m)  # it crosses the link
+        # another shape than the bare kernel's: no fraction
+        self.assertEqual(summary_json.engine_metrics(line, dict(offload, gen_len=64), resident, bare), {})
+
+    def test_engine_folder_and_log(self):
+        after = {"name": "c7", "engine": "strata", "model": "opt-6.7b", "prompt_len": 512, "gen_len": 32,
+                 "status": "ok", "commit": "checkout-dirty", "policy": "gpu_batch_size: 48\nnum_gpu_batches: 3\n",
+                 "measured": {"prefill_tok_s": 1.0, "decode_tok_s": 2.0, "total_tok_s": 3.0}}
+        with tempfile.TemporaryDirectory() as d:
+            for side in ("before/c7", "after/c7"):
+                os.makedirs(os.path.join(d, "engine", side))
+                with open(os.path.join(d, "engine", side, "results.jsonl"), "w") as f:
+                    f.write(json.dumps(after) + "\n")
+            with open(os.path.join(d, "engine", "before", "commit"), "w") as f:
+                f.write("bf16bec\n")
+            with open(os.path.join(d, "suite.log"), "w") as f:
+                f.write(LOG)
+            machine = os.path.join(d, "device-summary.json")
+            with open(machine, "w") as f:
+                json.dump({"gpu": "NVIDIA H200", "driver": "580", "host": {"cores": 16, "mem_gib": 125.9},
+                           "date": "2026-11-27T10:22Z", "commit": "x", "cases": []}, f)
+            summary_json.main([d, "--commit", "new1234", "--strata-build", "new1234", "--engine",
+                               os.path.join(d, "engine"), "--log", os.path.join(d, "suite.log"),
+                               "--machine-from", machine])
+            with open(os.path.join(d, "summary.json")) as f:
+                doc = json.load(f)
+        self.assertEqual((doc["gpu"], doc["host"]["cores"], doc["date"]), ("NVIDIA H200", 16, "2026-11-27T10:22Z"))
+        names = [(c["name"], c["commit"]) for c in doc["cases"]]
+        self.assertEqual(names, [("c7", "bf16bec"), ("c7", "new1234"), ("c2-all-gpu-8x1", "bf16bec"),
+                                 ("c2-all-gpu-8x1", "new1234"), ("c4-4bit", "new1234")])
+        c2_after = doc["cases"][3]
+        self.assertAlmostEqual(c2_after["metrics"]["engine_step_over_resident_step"], 8 / 452.22 / 0.013291)
 
 
 if __name__ == "__main__":
