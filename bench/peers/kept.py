@@ -51,7 +51,7 @@ def peers_line(path, date, case):
         "num_gpu_batches": int(shape.group(2)) if shape else None,
         "measured": dict(measured, repeats=1), "projected": bool(case.get("projected")),
         "command": case.get("command", ""), "commit": case.get("commit"), "date": date,
-        "kept_from": f"{os.path.relpath(path, os.path.dirname(RESULTS))} ({date})",
+        "kept_from": f"{os.path.relpath(path, os.path.dirname(os.path.dirname(RESULTS)))} ({date})",
     }
     if case.get("peak_gpu_bytes") is not None:
         line["peak_memory"] = {"gpu": case["peak_gpu_bytes"]}
