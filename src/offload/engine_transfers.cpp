@@ -42,7 +42,7 @@ void wait_on_host(Backend& be, const std::vector<Event>& deps) {
 void OffloadEngine::Impl::start_lanes() {
   disk_ops_left = opt.fault_after;
   const bool threaded = opt.policy.overlap;
-  compute_lane = std::make_unique<Lane>("compute", threaded, trace, &be);
+  compute_lane = std::make_unique<Lane>("compute", threaded, trace, &be, SpanTiming::Apart);
   h2d = std::make_unique<Lane>("cpu->gpu", threaded, trace, &be);
   d2h = std::make_unique<Lane>("gpu->cpu", threaded, trace, &be);
   disk_lane = std::make_unique<Lane>("disk", threaded, trace, &be);

@@ -43,21 +43,27 @@ Ticket ready_ticket(Event e) {
   return p.get_future().share();
 }
 
-Lane::Lane(std::string name, bool threaded, Trace& trace, Backend* device)
-    : name_(std::move(name)), trace_(trace), track_(trace.track(name_)), threaded_(threaded), device_(device) {
-  if (!threaded_) return;
-  thread_ = std::thread([this] { loop(); });
-  timer_ = std::thread([this] { time_spans(); });
+Lane::Lane(std::string name, bool threaded, Trace& trace, Backend* device, SpanTiming timing)
+    : name_(std::move(name)),
+      trace_(trace),
+      track_(trace.track(name_)),
+      threaded_(threaded),
+      timed_apart_(threaded || timing == SpanTiming::Apart),
+      device_(device) {
+  if (threaded_) thread_ = std::thread([this] { loop(); });
+  if (timed_apart_) timer_ = std::thread([this] { time_spans(); });
 }
 
 Lane::~Lane() {
-  if (!threaded_) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
+  if (threaded_) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
   }
-  cv_.notify_all();
-  thread_.join();
+  if (!timed_apart_) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
     lane_done_ = true;
@@ -115,7 +121,7 @@ void Lane::run(Task& task) {
 void Lane::record_span(std::string label, Span span, TraceClock::time_point host_start, TraceClock::time_point host_end) {
   if (span.end.empty()) {
     add_busy(std::move(label), host_start, host_end);
-  } else if (!threaded_) {
+  } else if (!timed_apart_) {
     Timed t{std::move(label), std::move(span)};
     time(t);
   } else {
@@ -180,7 +186,7 @@ void Lane::time_spans() {
 }
 
 void Lane::settle() {
-  if (!threaded_) return;
+  if (!timed_apart_) return;
   std::unique_lock<std::mutex> lock(mu_);
   timed_cv_.wait(lock, [&] { return queue_.empty() && running_ == 0 && timing_.empty() && timing_busy_ == 0; });
 }

@@ -8,7 +8,7 @@
 // device before it enqueues, and whoever holds a ticket orders itself after the work with no host
 // wait. A copy's busy time is measured by a timing thread that waits for the copy's start and end
 // events after the lane has moved on. With overlap off, tasks run inline on the submitting thread,
-// so the same steps happen one after another. Every task's interval can go to a Chrome trace.
+// so the same steps happen one after another (SpanTiming says who times their device spans). Every task's interval can go to a Chrome trace.
 #pragma once
 #include <chrono>
 #include <condition_variable>
@@ -54,10 +54,18 @@ private:
   std::vector<Event> events_;
 };
 
+// Who waits for a device span's events to time it when the lane's tasks run inline (overlap
+// off): the submitting thread (Inline: the copies then finish before the schedule goes on, as
+// FlexGen's overlap off has them) or the timing thread (Apart: for the compute stream, which is
+// in order by itself, so inline timing would only make the engine wait for every half-layer's
+// kernels). A threaded lane always times apart.
+enum class SpanTiming { Inline, Apart };
+
 class Lane {
 public:
   // `device`: the backend whose streams the lane's tasks enqueue on (waited for by the timing thread).
-  Lane(std::string name, bool threaded, Trace& trace, Backend* device = nullptr);
+  Lane(std::string name, bool threaded, Trace& trace, Backend* device = nullptr,
+       SpanTiming timing = SpanTiming::Inline);
   ~Lane();  // finishes the queued tasks
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
@@ -102,6 +110,7 @@ private:
   Trace& trace_;
   int track_;
   bool threaded_;
+  bool timed_apart_;  // device spans timed by timer_ (threaded, or SpanTiming::Apart)
   Backend* device_;
   mutable std::mutex mu_;
   std::condition_variable cv_, timed_cv_;
