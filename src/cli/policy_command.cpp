@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -15,6 +16,7 @@
 #include "strata/core/size.h"
 #include "strata/model/config.h"
 #include "strata/model/model_loader.h"
+#include "strata/policy/refill.h"
 #include "strata/policy/search.h"
 
 namespace strata::cli {
@@ -163,12 +165,48 @@ void print_table(std::ostream& os, const std::vector<Candidate>& cands) {
 }
 
 struct Args {
-  std::string model, hardware, evaluate, out, gpu_mem, cpu_mem, disk_mem, json_file;
+  std::string model, hardware, evaluate, out, gpu_mem, cpu_mem, disk_mem, json_file, gen_lens;
   int prompt_len = 512, gen_len = 32, top = 5, pareto_points = 12;
-  double max_latency = 0;
+  double max_latency = 0, gen_len_mean = 0;
   bool compress = false, json_out = false, pareto = false;
   std::vector<double> latency_bounds;
 };
+
+// The answer lengths continuous batching is predicted for: --gen-lens FILE (observed), or
+// --gen-len-mean (a mean, every block reaching --gen-len); none given, none predicted.
+std::optional<GenLengths> answer_lengths(const Args& a) {
+  if (!a.gen_lens.empty() && a.gen_len_mean > 0) STRATA_FAIL("--gen-lens and --gen-len-mean: give one of them");
+  if (a.gen_len_mean > 0) {
+    if (a.gen_len_mean > a.gen_len)
+      STRATA_FAIL("--gen-len-mean " << a.gen_len_mean << " is longer than --gen-len " << a.gen_len
+                                    << " (the longest answer, which the policy is sized for)");
+    return GenLengths::assumed(a.gen_len_mean, a.gen_len);
+  }
+  if (a.gen_lens.empty()) return std::nullopt;
+  GenLengths g = GenLengths::from_file(a.gen_lens);
+  const int longest = *std::max_element(g.samples.begin(), g.samples.end());
+  if (longest > a.gen_len)
+    STRATA_FAIL(a.gen_lens << ": an answer of " << longest << " tokens is longer than --gen-len " << a.gen_len
+                           << " (the longest answer, which the policy is sized for)");
+  return g;
+}
+
+json refill_json(const RefillPrediction& r, const GenLengths& g) {
+  return {{"answers", g.samples.size()},         {"mean_len", r.mean_len},
+          {"block_len", r.block_len},            {"blocks_tok_s", r.blocks_tok_s},
+          {"blocks_occupancy", r.blocks_occupancy}, {"refill_tok_s", r.refill_tok_s},
+          {"refill_step_s", r.steady_step.total}, {"refill_bound", term_name(r.steady_step.bound)}};
+}
+
+void print_refill(std::ostream& os, const RefillPrediction& r, const GenLengths& g, const std::string& source) {
+  os << "\ncontinuous batching, answers of " << fixed(r.mean_len, 1) << " tokens on average ("
+     << (g.samples.empty() ? "--gen-len-mean" : std::to_string(g.samples.size()) + " answers in " + source)
+     << "):\n  blocks  " << fixed(r.blocks_tok_s, 2) << " tok/s  (each block waits for its longest answer, "
+     << fixed(r.block_len, 1) << " tokens expected: slots live in " << fixed(100 * r.blocks_occupancy, 0)
+     << "% of its decode steps)\n  refill  " << fixed(r.refill_tok_s, 2) << " tok/s  ("
+     << fixed(r.refill_tok_s / r.blocks_tok_s, 2) << "x; a finished slot takes the next request: each step "
+     << fixed(1e3 * r.steady_step.total, 3) << " ms per layer, bound by " << term_name(r.steady_step.bound) << ")\n";
+}
 
 void write_json_file(const std::string& path, const json& j) {
   std::ofstream f(path);
@@ -297,6 +335,9 @@ void run(const Args& a, bool latency_given) {
     cands = searched->ranked;
   }
   const Candidate& best = cands.front();
+  const std::optional<GenLengths> lengths = answer_lengths(a);
+  std::optional<RefillPrediction> refill;
+  if (lengths) refill = predict_refill(cfg, best.policy, a.prompt_len, *lengths, hw);
   Prediction need_pred = best.prediction;
   need_pred.peak = needed(best.prediction, best.plan_peak);
   const bool ok = fits(need_pred, opts.budget, opts.max_latency_s);
@@ -322,6 +363,7 @@ void run(const Args& a, bool latency_given) {
               {"policy", policy_json(best.policy)},
               {"predicted", prediction_json(best)},
               {"fits", ok}};
+    if (refill) j["continuous_batching"] = refill_json(*refill, *lengths);
     if (searched) {
       json list = json::array();
       for (const Candidate& c : cands)
@@ -354,6 +396,7 @@ void run(const Args& a, bool latency_given) {
   std::istringstream yaml(policy_to_yaml(best.policy));
   for (std::string line; std::getline(yaml, line);) os << "  " << line << "\n";
   print_prediction(os, best, opts.budget);
+  if (refill) print_refill(os, *refill, *lengths, a.gen_lens);
   if (!searched) os << (ok ? "fits the budgets\n" : "DOES NOT FIT the budgets\n");
   if (searched) {
     os << "\nbest candidates:\n";
@@ -375,6 +418,13 @@ void add_policy_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--gen-len", a->gen_len, "generated tokens per sequence")->check(CLI::PositiveNumber)
       ->capture_default_str();
+  cmd->add_option("--gen-lens", a->gen_lens,
+                  "answer lengths (one integer per line, or strata run's output JSONL): also predict continuous "
+                  "batching against blocks for them")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--gen-len-mean", a->gen_len_mean,
+                  "the mean answer length, every block reaching --gen-len: also predict continuous batching")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--gpu-mem", a->gpu_mem, "GPU budget (default: the profile's gpu_mem), e.g. 15GB");
   cmd->add_option("--cpu-mem", a->cpu_mem, "CPU budget (default: the profile's cpu_mem)");
   cmd->add_option("--disk-mem", a->disk_mem, "disk budget (default: the profile's disk_mem)");

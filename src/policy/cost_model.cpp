@@ -275,12 +275,7 @@ CostForms with_stagger(CostForms forms, int prefill_batches_per_step) {
   return forms;
 }
 
-namespace {
-
-// With overlap: max + slowdown * (sum - max) over the links and the compute pipeline of `batches`
-// GPU batches (the profile's calibrated shortfall; 0 is the paper's max); without: the sum of the
-// terms, every lane in turn.
-StageTime stage_of(const std::array<double, kNumTerms>& terms, const CostForms& F, double batches) {
+StageTime stage_time(const std::array<double, kNumTerms>& terms, const CostForms& F, double batches) {
   StageTime st;
   st.terms = terms;
   st.compute = compute_stage(terms[COMP], terms[CATT], batches, F.comp_serial_share);
@@ -295,6 +290,12 @@ StageTime stage_of(const std::array<double, kNumTerms>& terms, const CostForms& 
   for (double t : terms) serial += t;
   st.total = F.overlap ? max + F.overlap_slowdown * (sum - max) : serial;
   return st;
+}
+
+namespace {
+
+StageTime stage_of(const std::array<double, kNumTerms>& terms, const CostForms& F, double batches) {
+  return stage_time(terms, F, batches);
 }
 
 std::array<double, kNumTerms> at(const std::array<LinearForm, kNumTerms>& forms, const Fractions& x) {

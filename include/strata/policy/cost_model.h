@@ -106,6 +106,11 @@ struct StageTime {
   int bound = COMP;  // the largest of the links and `compute` (COMP or CATT, the larger, for it)
 };
 
+// One stage of `terms` (seconds per layer) over `batches` GPU batches. With overlap:
+// max + slowdown * (sum - max) over the links and the compute pipeline (the profile's calibrated
+// shortfall; 0 is the paper's max); without: the sum of the terms, every lane in turn.
+StageTime stage_time(const std::array<double, kNumTerms>& terms, const CostForms& F, double batches);
+
 // Staggered (CostForms::staggered) the block runs super-steps (docs/cost-model.md "Staggered
 // prefill"): `prefill` is then the first super-step (its batches prefilling alone), `decode` the
 // first super-step with the most batches decoding (the schedule's steady state, any batches
