@@ -1,6 +1,7 @@
 // `strata bench`: suites parse with errors naming the line and field; a run measures every case,
 // records the cost model's prediction beside it, reports a case that does not fit and goes on.
 #include "test_paths.h"
+#include "cli_support.h"
 #include "temp_files.h"
 #include <catch2/catch.hpp>
 #include <unistd.h>
@@ -8,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <regex>
 #include <sstream>
 #include <nlohmann/json.hpp>
 
@@ -352,4 +354,30 @@ TEST_CASE("bench projects decode from a few measured steps and marks the figures
   CHECK_THAT(staggered[0].status, Catch::Contains("bench case stag: decode_steps projects") &&
                                       Catch::Contains("staggered prefill (prefill_batches_per_step)"));
   fs::remove_all(dir);
+}
+
+TEST_CASE("strata bench records the commit its binary was built from wherever it runs", "[bench]") {
+  // Run from a folder outside any checkout, the results still name the build's commit (a
+  // baseline's binary staged beside a newer checkout must not take that checkout's id).
+  const std::string source = std::string(STRATA_FIXTURES_DIR) + "/../..";
+  if (test::run_shell("git -C " + source + " rev-parse --git-dir > /dev/null 2>&1").code != 0) {
+    WARN("the source tree is not a git checkout, so the build has no commit id: skipped");
+    return;
+  }
+  const fs::path dir = temp_dir("build_id");
+  test::write_file(dir / "suite.yaml",
+                   "name: id\ncases:\n  - {name: a, model: opt-125m, prompt_len: 8, gen_len: 2, policy: all-gpu.yaml}\n");
+  test::write_file(dir / "all-gpu.yaml",
+                   "gpu_batch_size: 1\nnum_gpu_batches: 1\nweights: {gpu: 100, cpu: 0, disk: 0}\n"
+                   "kv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n");
+  const test::CliResult r = test::run_shell("cd " + dir.string() + " && GIT_CEILING_DIRECTORIES=" +
+                                            dir.parent_path().string() + " " + STRATA_BINARY +
+                                            " bench --suite suite.yaml --device cpu --no-profile --out out --no-progress");
+  REQUIRE(r.code == 0);
+  std::ifstream jl(dir / "out" / "results.jsonl");
+  std::string line;
+  REQUIRE(std::getline(jl, line));
+  const std::string commit = nlohmann::json::parse(line)["commit"].get<std::string>();
+  INFO(commit);
+  CHECK(std::regex_match(commit, std::regex("[0-9a-f]{7,}(-dirty)?")));
 }

@@ -25,6 +25,7 @@
 #include "strata/policy/search.h"
 #include "strata/profile/hardware.h"
 #include "strata/profile/profiler.h"
+#include "strata_build_id.h"  // STRATA_BUILD_ID, generated at build time (src/CMakeLists.txt)
 
 namespace strata {
 
@@ -65,9 +66,11 @@ std::string text(const YamlReader& r, const YAML::Node& n, const std::string& fi
   return n.Scalar();
 }
 
-// The short id of the checkout the run starts in, "-dirty" when it has uncommitted changes
-// ("unknown" outside one).
+// The commit this binary was built from (cmake/build_id.cmake), "-dirty" when the tree had
+// uncommitted changes; a build made without git: the checkout the run starts in ("unknown" outside
+// one). The build's id is the one that matters where a baseline's binary runs in a newer checkout.
 std::string git_commit() {
+  if (std::string(STRATA_BUILD_ID) != "unknown") return STRATA_BUILD_ID;
   std::string out;
   if (FILE* p = popen("git describe --always --dirty --abbrev=7 2>/dev/null", "r")) {
     char buf[64];
