@@ -143,10 +143,18 @@ TEST_CASE("strata policy predicts continuous batching for a job's answer lengths
   CHECK(c["mean_len"].get<double>() == Approx(13.4));
   CHECK(c["refill_tok_s"].get<double>() > c["blocks_tok_s"].get<double>());
   CHECK(c["blocks_occupancy"].get<double>() < 1);
+  // The candidates are ranked by refill's throughput, the chosen policy first.
+  const nlohmann::json cands = nlohmann::json::parse(j.output)["candidates"];
+  REQUIRE(cands.size() >= 2);
+  for (size_t i = 1; i < cands.size(); ++i)
+    CHECK(cands[i - 1]["refill_tok_s"].get<double>() >= cands[i]["refill_tok_s"].get<double>());
+  CHECK(cands[0]["refill_tok_s"].get<double>() == Approx(c["refill_tok_s"].get<double>()));
+  CHECK(cands[0]["policy"] == nlohmann::json::parse(j.output)["policy"]);
   const CliResult text = strata_cli(base + " --gen-len-mean 12");
   REQUIRE(text.code == 0);
   CHECK_THAT(text.output, Catch::Contains("continuous batching, answers of 12.0 tokens") &&
-                              Catch::Contains("blocks ") && Catch::Contains("refill "));
+                              Catch::Contains("blocks ") && Catch::Contains("refill ") &&
+                              Catch::Contains("ranked by refill"));
   CHECK(nlohmann::json::parse(strata_cli(base + " --json").output).count("continuous_batching") == 0);
   // What the options can get wrong.
   CHECK_THAT(strata_cli(base + " --gen-len-mean 40").output, Catch::Contains("longer than --gen-len 32"));

@@ -143,11 +143,12 @@ std::string stagger_str(const Policy& p) {
   return p.start_steps() > 1 ? std::to_string(p.prefill_batches_per_step) : "-";
 }
 
-void print_table(std::ostream& os, const std::vector<Candidate>& cands) {
+// `refill`: each candidate's continuous-batching throughput, a column of its own when given.
+void print_table(std::ostream& os, const std::vector<Candidate>& cands, const std::vector<double>& refill = {}) {
   char line[256];
-  std::snprintf(line, sizeof line, "  %-2s %5s %4s %6s  %-10s %-10s %-10s %-4s %-5s %4s %9s %10s %10s %10s %10s\n",
+  std::snprintf(line, sizeof line, "  %-2s %5s %4s %6s  %-10s %-10s %-10s %-4s %-5s %4s %9s %10s %10s %10s %10s%s\n",
                 "#", "gbs", "ngb", "block", "weights", "kv_cache", "activ.", "cpuA", "4bit", "stag", "tok/s",
-                "latency_s", "gpu", "cpu", "disk");
+                "latency_s", "gpu", "cpu", "disk", refill.empty() ? "" : "     refill");
   os << line;
   for (size_t i = 0; i < cands.size(); ++i) {
     const Candidate& c = cands[i];
@@ -160,7 +161,14 @@ void print_table(std::ostream& os, const std::vector<Candidate>& cands) {
                   compression_str(c.policy).c_str(), stagger_str(c.policy).c_str(), c.prediction.throughput_tok_s,
                   c.prediction.latency_s, format_bytes(need.gpu).c_str(), format_bytes(need.cpu).c_str(),
                   format_bytes(need.disk).c_str());
-    os << line;
+    std::string row = line;
+    if (i < refill.size()) {
+      row.pop_back();  // the newline
+      char cell[32];
+      std::snprintf(cell, sizeof cell, " %10.3f\n", refill[i]);
+      row += cell;
+    }
+    os << row;
   }
 }
 
@@ -322,6 +330,10 @@ void run(const Args& a, bool latency_given) {
   }
   if (!a.latency_bounds.empty()) STRATA_FAIL("--latency-bounds goes with --pareto");
 
+  const std::optional<GenLengths> lengths = answer_lengths(a);
+  // With answer lengths the search's candidates are ranked by continuous batching's steady state:
+  // a wider pool of them, since the LP ranks by blocks of --gen-len.
+  if (lengths) opts.keep = std::max(a.top, 20);
   std::vector<Candidate> cands;
   std::optional<SearchResult> searched;
   if (!a.evaluate.empty()) {
@@ -334,8 +346,17 @@ void run(const Args& a, bool latency_given) {
     searched = search_policy(cfg, hw, opts);
     cands = searched->ranked;
   }
+  std::vector<double> refill_tok_s;
+  if (lengths) {
+    std::vector<std::pair<double, Candidate>> ranked;
+    for (const Candidate& c : cands)
+      ranked.emplace_back(predict_refill(cfg, c.policy, a.prompt_len, *lengths, hw).refill_tok_s, c);
+    std::stable_sort(ranked.begin(), ranked.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    if (ranked.size() > size_t(a.top)) ranked.resize(size_t(a.top));
+    cands.clear();
+    for (auto& [tok_s, c] : ranked) refill_tok_s.push_back(tok_s), cands.push_back(std::move(c));
+  }
   const Candidate& best = cands.front();
-  const std::optional<GenLengths> lengths = answer_lengths(a);
   std::optional<RefillPrediction> refill;
   if (lengths) refill = predict_refill(cfg, best.policy, a.prompt_len, *lengths, hw);
   Prediction need_pred = best.prediction;
@@ -366,12 +387,15 @@ void run(const Args& a, bool latency_given) {
     if (refill) j["continuous_batching"] = refill_json(*refill, *lengths);
     if (searched) {
       json list = json::array();
-      for (const Candidate& c : cands)
+      for (size_t i = 0; i < cands.size(); ++i) {
+        const Candidate& c = cands[i];
         list.push_back({{"policy", policy_json(c.policy)},
                         {"throughput_tok_s", c.prediction.throughput_tok_s},
                         {"latency_s", c.prediction.latency_s},
                         {"peak_bytes", tiers_json(needed(c.prediction, c.plan_peak))},
                         {"lp_throughput_tok_s", c.lp_throughput_tok_s}});
+        if (i < refill_tok_s.size()) list.back()["refill_tok_s"] = refill_tok_s[i];
+      }
       j["candidates"] = list;
       j["search"] = {{"lps_solved", searched->lps_solved}, {"seconds", searched->seconds}};
     }
@@ -399,8 +423,12 @@ void run(const Args& a, bool latency_given) {
   if (refill) print_refill(os, *refill, *lengths, a.gen_lens);
   if (!searched) os << (ok ? "fits the budgets\n" : "DOES NOT FIT the budgets\n");
   if (searched) {
-    os << "\nbest candidates:\n";
-    print_table(os, cands);
+    os << "\nbest candidates"
+       << (lengths ? " (ranked by refill: continuous batching's tok/s for these answer lengths; tok/s is blocks of "
+                     "--gen-len)"
+                   : "")
+       << ":\n";
+    print_table(os, cands, refill_tok_s);
   }
   if (!a.out.empty()) os << "\nwrote " << a.out << "\n";
 }
