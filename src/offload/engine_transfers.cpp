@@ -46,8 +46,12 @@ void OffloadEngine::Impl::start_lanes() {
   h2d = std::make_unique<Lane>("cpu->gpu", threaded, trace, &be);
   d2h = std::make_unique<Lane>("gpu->cpu", threaded, trace, &be);
   disk_lane = std::make_unique<Lane>("disk", threaded, trace, &be);
-  // On the CPU backend the compute is the CPU's own threads: attending inline keeps one user of them.
-  attn_lane = std::make_unique<Lane>("cpu attention", threaded && be.device() != Device::CPU, trace, &be);
+  // On the CPU backend the compute is the CPU's own threads: attending inline keeps one user of
+  // them. With one GPU batch there is no other batch's work for the GPU to do while the CPU
+  // attends (the cost model's compute_stage at n = 1 is serial), so the lane's thread hop is pure
+  // cost: on an H200, calibrate-gpu's 16 x 1 policy decoded at 224 tok/s through the lane against
+  // 268 inline (bench/results/2026-11-27-h200-peers.md).
+  attn_lane = std::make_unique<Lane>("cpu attention", threaded && be.device() != Device::CPU && ngb > 1, trace, &be);
   if (disk) disk_at_start = disk->stats();
   poison_released = env_set("STRATA_TEST_POISON_RELEASED");
   const char* skip = std::getenv("STRATA_TEST_SKIP_EVENT_WAIT");
