@@ -347,18 +347,18 @@ void run(const Args& a, bool latency_given) {
     cands = searched->ranked;
   }
   std::vector<double> refill_tok_s;
+  std::optional<RefillPrediction> refill;  // the chosen policy's
   if (lengths) {
-    std::vector<std::pair<double, Candidate>> ranked;
-    for (const Candidate& c : cands)
-      ranked.emplace_back(predict_refill(cfg, c.policy, a.prompt_len, *lengths, hw).refill_tok_s, c);
-    std::stable_sort(ranked.begin(), ranked.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    std::vector<std::pair<RefillPrediction, Candidate>> ranked;
+    for (const Candidate& c : cands) ranked.emplace_back(predict_refill(cfg, c.policy, a.prompt_len, *lengths, hw), c);
+    std::stable_sort(ranked.begin(), ranked.end(),
+                     [](const auto& x, const auto& y) { return x.first.refill_tok_s > y.first.refill_tok_s; });
     if (ranked.size() > size_t(a.top)) ranked.resize(size_t(a.top));
+    refill = ranked.front().first;
     cands.clear();
-    for (auto& [tok_s, c] : ranked) refill_tok_s.push_back(tok_s), cands.push_back(std::move(c));
+    for (auto& [r, c] : ranked) refill_tok_s.push_back(r.refill_tok_s), cands.push_back(std::move(c));
   }
   const Candidate& best = cands.front();
-  std::optional<RefillPrediction> refill;
-  if (lengths) refill = predict_refill(cfg, best.policy, a.prompt_len, *lengths, hw);
   Prediction need_pred = best.prediction;
   need_pred.peak = needed(best.prediction, best.plan_peak);
   const bool ok = fits(need_pred, opts.budget, opts.max_latency_s);

@@ -294,10 +294,6 @@ StageTime stage_time(const std::array<double, kNumTerms>& terms, const CostForms
 
 namespace {
 
-StageTime stage_of(const std::array<double, kNumTerms>& terms, const CostForms& F, double batches) {
-  return stage_time(terms, F, batches);
-}
-
 std::array<double, kNumTerms> at(const std::array<LinearForm, kNumTerms>& forms, const Fractions& x) {
   std::array<double, kNumTerms> v{};
   for (int t = 0; t < kNumTerms; ++t) v[t] = forms[t].at(x);
@@ -307,7 +303,7 @@ std::array<double, kNumTerms> at(const std::array<LinearForm, kNumTerms>& forms,
 // GPU batches prefilling and decoding in each super-step of a staggered block: batch k prefills
 // in super-step start_step(k) and decodes in the n - 1 after it (policy.h).
 struct SuperStep {
-  int prefilling = 0, decoding = 0;
+  double prefilling = 0, decoding = 0;  // whole batches in a block; shares of them in refill's steady state
 };
 std::vector<SuperStep> super_steps(int num_gpu_batches, int per_step, int gen_len) {
   Policy p;
@@ -362,7 +358,7 @@ Prediction predict_staggered(const CostForms& F, const Fractions& x) {
   int most_decoding = 0;
   const std::vector<SuperStep> steps = super_steps(F.num_gpu_batches, F.prefill_batches_per_step, F.gen_len);
   for (size_t t = 0; t < steps.size(); ++t) {
-    const StageTime st = stage_of(super_step_terms(split, steps[t]), F, steps[t].prefilling + steps[t].decoding);
+    const StageTime st = stage_time(super_step_terms(split, steps[t]), F, steps[t].prefilling + steps[t].decoding);
     if (t == 0) r.prefill = st;
     if (steps[t].decoding > most_decoding) most_decoding = steps[t].decoding, r.decode = st;
     (steps[t].prefilling > 0 ? prefill : decode) += st.total;
@@ -372,6 +368,11 @@ Prediction predict_staggered(const CostForms& F, const Fractions& x) {
 }
 
 }  // namespace
+
+std::array<double, kNumTerms> mixed_step_terms(const CostForms& F, const Fractions& x, double prefilling,
+                                               double decoding) {
+  return super_step_terms(split_at(F, x), SuperStep{prefilling, decoding});
+}
 
 PhaseTerms phase_terms(const CostForms& F, const Fractions& x) {
   PhaseTerms out;
@@ -393,8 +394,8 @@ PhaseTerms phase_terms(const CostForms& F, const Fractions& x) {
 Prediction predict(const CostForms& F, const Fractions& x) {
   if (F.staggered()) return predict_staggered(F, x);
   Prediction r;
-  r.prefill = stage_of(at(F.prefill, x), F, F.num_gpu_batches);
-  r.decode = stage_of(at(F.decode, x), F, F.num_gpu_batches);
+  r.prefill = stage_time(at(F.prefill, x), F, F.num_gpu_batches);
+  r.decode = stage_time(at(F.decode, x), F, F.num_gpu_batches);
   finish(r, F, x, r.prefill.total, r.decode.total * (F.gen_len - 1));
   return r;
 }

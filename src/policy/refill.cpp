@@ -104,13 +104,8 @@ RefillPrediction predict_refill(const ModelConfig& cfg, const Policy& p, int pro
   const CostForms F = cost_forms(cfg, steady, Workload{prompt_len, context_len}, hw);
   const double newcomers = 1.0 / std::max(1.0, r.mean_len);  // the share of slots prefilling per step
   const double batches = F.num_gpu_batches;
-  std::array<double, kNumTerms> terms{};
-  for (int t = 0; t < kNumTerms; ++t) {
-    // The weights are read once for the step's decode and prefill work (super-steps do the same).
-    const double fixed = std::max(F.prefill_fixed[t].at(x), F.decode_fixed[t].at(x));
-    terms[t] = fixed + batches * ((1 - newcomers) * F.decode_batch[t].at(x) + newcomers * F.prefill_batch[t].at(x));
-  }
-  r.steady_step = stage_time(terms, F, batches);
+  // The weights are read once for the step's decode and prefill work, as in a staggered super-step.
+  r.steady_step = stage_time(mixed_step_terms(F, x, batches * newcomers, batches * (1 - newcomers)), F, batches);
   r.refill_tok_s = double(block) / (r.steady_step.total * cfg.n_layers);
   return r;
 }

@@ -111,6 +111,11 @@ struct StageTime {
 // shortfall; 0 is the paper's max); without: the sum of the terms, every lane in turn.
 StageTime stage_time(const std::array<double, kNumTerms>& terms, const CostForms& F, double batches);
 
+// One layer's terms of a step in which `prefilling` GPU batches prefill and `decoding` decode
+// (fractions allowed: refill's steady state): the weights' part once, the per-batch parts per batch.
+std::array<double, kNumTerms> mixed_step_terms(const CostForms& F, const Fractions& x, double prefilling,
+                                               double decoding);
+
 // Staggered (CostForms::staggered) the block runs super-steps (docs/cost-model.md "Staggered
 // prefill"): `prefill` is then the first super-step (its batches prefilling alone), `decode` the
 // first super-step with the most batches decoding (the schedule's steady state, any batches
