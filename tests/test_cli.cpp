@@ -419,6 +419,56 @@ TEST_CASE("strata run --policy offloads, reports, and keeps finished blocks when
   CHECK_THAT(r.output, Catch::Contains("--gpu-mem"));
 }
 
+TEST_CASE("strata run --policy refills its slots and gives the blocks' tokens; --no-refill runs blocks", "[cli][offload][refill]") {
+  // Eleven requests of 1 to 9 answer tokens through a block of 2 x 2, a request with 2 choices,
+  // prompts sharing a beginning.
+  const fs::path prompts = temp_dir() / "refill.jsonl", policy = temp_dir() / "refill.yaml";
+  {
+    std::ofstream p(prompts);
+    for (int i = 0; i < 11; ++i)
+      p << "{\"id\": \"r" << i << "\", \"prompt\": \"Answer briefly and well, please: item " << i
+        << "\", \"max_new_tokens\": " << 1 + (i * 5) % 9 << ", \"ignore_eos\": true" << (i == 4 ? ", \"n\": 2" : "")
+        << "}\n";
+  }
+  std::ofstream(policy) << "gpu_batch_size: 2\nnum_gpu_batches: 2\nweights: {gpu: 0, cpu: 100, disk: 0}\n"
+                           "kv_cache: {gpu: 0, cpu: 100, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n"
+                           "cpu_attention: true\n";
+  const std::string base = "run --model " + kModels + "/tiny-llama --prompts " + prompts.string() +
+                           " --device cpu --no-progress --policy " + policy.string();
+  const fs::path blocks = temp_dir() / "refill_blocks.jsonl", served = temp_dir() / "refill_served.jsonl";
+  fs::remove(blocks);
+  fs::remove(served);
+  Result r = run_strata(base + " --out " + blocks.string() + " --no-refill");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("padding efficiency"));
+  r = run_strata(base + " --out " + served.string());
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("continuous batching: 4 slots, occupancy"));
+  const std::vector<json> want = read_lines(blocks), got = read_lines(served);
+  REQUIRE(got.size() == 11);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO(got[i].dump());
+    CHECK(got[i]["id"] == want[i]["id"]);
+    // The request of 2 choices answers with a list of them.
+    const char* tokens = got[i].contains("choices") ? "choices" : "tokens";
+    CHECK(got[i].contains(tokens));
+    CHECK(got[i].value(tokens, json()) == want[i].value(tokens, json()));
+  }
+
+  // A request of more choices than a GPU batch holds: the job says so and runs blocks.
+  std::ofstream(prompts, std::ios::app) << "{\"id\": \"wide\", \"prompt\": \"x\", \"max_new_tokens\": 2, \"n\": 3}\n";
+  fs::remove(served);
+  r = run_strata(base + " --out " + served.string());
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("n = 3 choices exceed the GPU batch of 2: the job runs blocks") &&
+                           Catch::Contains("padding efficiency"));
+  CHECK(read_lines(served).size() == 12);
+}
+
 TEST_CASE("a FlexGen-shaped policy runs in a small GPU budget and gives the resident tokens", "[cli][offload][slow]") {
   // Two GPU batches of 32 prompts of ~500 tokens (dummy models take one token per byte), weights,
   // cache and activations on the CPU tier, CPU attention: the shape of FlexGen's OPT-30B run, at

@@ -249,7 +249,8 @@ TEST_CASE("the GPU working set follows the prefill step, not the batch's prompts
   // workspace is 1024 tokens of x, q, k, v, attn (5 x 7168) and two MLP halves (2 x 28672) plus 48
   // logit rows of 7168 and of 50272 fp32 logits, and ids; the cache staging holds 2 sequences' K and V of 544
   // positions; the activation staging holds the 2-prompt piece of the hidden state; CPU attention
-  // takes two GPU buffers for its output of a decode step (48 x 7168), one per step in flight.
+  // takes two GPU buffers for its output of a step (1024 x 7168: continuous batching delegates
+  // a step's prompt pieces too), one per step in flight.
   const ModelConfig cfg = *config_preset("opt-30b");
   Policy p = load_policy(std::string(STRATA_FIXTURES_DIR) + "/../../policies/opt-30b-paper.yaml");
   const PlacementPlan plan = plan_placement(cfg, p, {512, 32}, DType::F16);
@@ -262,7 +263,7 @@ TEST_CASE("the GPU working set follows the prefill step, not the batch's prompts
   const double workspace = 1024.0 * (5 * 7168 + 2 * 28672) * 2 + 48.0 * 7168 * 2 + 48.0 * 50272 * 4 + 1024.0 * 4 * 4 + 48 * 4;
   const double staging = double(plan.attn_weight_bytes + plan.mlp_weight_bytes) +
                          3.0 * double(plan.cache_stage_bytes) + 3.0 * double(plan.act_stage_bytes) +
-                         2.0 * 48 * 7168 * 2;
+                         2.0 * 1024 * 7168 * 2;
   CHECK(plan.working.gpu >= workspace + staging);
   CHECK(plan.working.gpu < workspace + staging + 16 * 4096);  // each piece rounded up to 4 KiB
   // The whole-batch prefill of the first runtime needed 9.6 GiB of working buffers here (with a

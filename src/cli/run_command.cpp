@@ -51,7 +51,7 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("!--no-progress", opt->progress, "no progress line");
   cmd->add_flag("!--no-refill", opt->refill,
                 "generate in blocks whose slots all wait for the block's longest answer (default: a finished "
-                "answer's slot takes the next request at once; --policy always runs blocks for now)");
+                "answer's slot takes the next request at once, under --policy too)");
   cmd->add_flag("--ordered", opt->ordered,
                 "write answers in input order (default: completion order; holds back at most one window)");
   cmd->add_option("--window", opt->window,

@@ -266,11 +266,27 @@ public:
           << t << " s\n";
     };
     engine_ = std::make_unique<OffloadEngine>(model.config, *model.weights, *backend_, o, shape);
+    num_gpu_batches_ = o.policy.num_gpu_batches;
     if (o.policy.compress_weights) log << describe_weight_codes(engine_->report(), *o.policy.compress_weights) << "\n";
   }
   size_t batch_size() const override { return size_t(engine_->block_size()); }
   std::vector<GenResult> run(const std::vector<GenRequest>& batch, GenStats& stats) override {
     return engine_->generate(batch, &stats);
+  }
+  // Continuous batching needs each request's choices in one GPU batch; a job with more runs blocks.
+  bool refills() const override { return refill_; }
+  void refill_unless_choices_exceed(int max_n, int line, const std::string& file, std::ostream& log) {
+    const int gbs = engine_->block_size() / num_gpu_batches_;
+    refill_ = opt_.refill && max_n <= gbs;
+    if (opt_.refill && !refill_)
+      log << file << ":" << line << ": n = " << max_n << " choices exceed the GPU batch of " << gbs
+          << ": the job runs blocks (continuous batching keeps a request's choices in one GPU batch)\n";
+  }
+  void serve(const std::vector<GenRequest>& reqs, const std::function<void(size_t, std::vector<GenResult>)>& finished,
+             GenStats& stats) override {
+    size_t next = 0;
+    engine_->serve([&] { return next < reqs.size() ? Admission{&reqs[next], next++} : Admission{}; }, finished,
+                   &stats);
   }
   // --policy auto: this machine's profile (measured once and cached), the tier budgets, and the
   // cost model's search for this job's longest prompt and generation.
@@ -326,6 +342,8 @@ private:
   std::unique_ptr<Backend> backend_;
   const JobOptions& opt_;
   std::unique_ptr<OffloadEngine> engine_;
+  int num_gpu_batches_ = 1;
+  bool refill_ = false;
 };
 
 // What pass 1 learns beside the checks: this shard's requests, and for --policy the exact
@@ -517,8 +535,9 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   if (opt.policy.empty()) gen = std::make_unique<ResidentGenerator>(model, opt, log);
   else {
     // A request's n choices are n sequences of the engine's block, and they run in one block.
-    gen = std::make_unique<OffloadGenerator>(model, opt, scan.shape, size_t(scan.sequences), log);
-    if (opt.refill) log << "--policy runs blocks: continuous batching is the resident generator's for now\n";
+    auto offload = std::make_unique<OffloadGenerator>(model, opt, scan.shape, size_t(scan.sequences), log);
+    offload->refill_unless_choices_exceed(scan.max_n, scan.max_n_line, opt.prompts.string(), log);
+    gen = std::move(offload);
     if (size_t(scan.max_n) > gen->batch_size())
       STRATA_FAIL(opt.prompts.string() << ":" << scan.max_n_line << ": n = " << scan.max_n
                                        << " choices exceed the policy's block of " << gen->batch_size()

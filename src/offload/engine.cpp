@@ -186,7 +186,8 @@ void OffloadEngine::Impl::place_cache_and_activations() {
   if (on_disk(plan.act_tier)) a_pin = SlotPool("pinned activation staging", cpu, 3, plan.act_unit_bytes);
 
   if (opt.policy.cpu_attention && moves(plan.cache_tier)) {
-    const size_t q_bytes = size_t(gbs) * size_t(cfg.q_dim()) * esize, kv_bytes = size_t(gbs) * size_t(cfg.kv_dim()) * esize;
+    const size_t rows = size_t(plan.step_tokens);  // a served step's prompt pieces attend on the CPU too
+    const size_t q_bytes = rows * size_t(cfg.q_dim()) * esize, kv_bytes = rows * size_t(cfg.kv_dim()) * esize;
     for (AttentionBuffers& a : attn_buf) {
       a.q = cpu.take(q_bytes, "cpu attention q");
       a.o = cpu.take(q_bytes, "cpu attention out");
@@ -246,6 +247,11 @@ int OffloadEngine::block_size() const { return impl_->gbs * impl_->ngb; }
 std::vector<GenResult> OffloadEngine::generate(const std::vector<GenRequest>& requests, GenStats* stats) {
   if (requests.empty()) return {};
   return impl_->generate(requests, stats);
+}
+
+void OffloadEngine::serve(const std::function<Admission()>& next,
+                          const std::function<void(size_t, std::vector<GenResult>)>& finished, GenStats* stats) {
+  impl_->serve(next, finished, stats);
 }
 
 OffloadReport OffloadEngine::report() const {

@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -18,6 +19,7 @@
 #include "strata/offload/engine.h"
 #include "strata/offload/lanes.h"
 #include "strata/offload/tiers.h"
+#include "strata/runtime/continuous.h"
 #include "strata/runtime/forward_ops.h"
 #include "strata/runtime/model_weights.h"
 #include "strata/runtime/prefix_sharing.h"
@@ -42,6 +44,9 @@ struct Held {
   Ticket ready;
   int layer = -1;  // activations: the layer whose input this is
   int token = -1;  // kv cache: the token it was loaded for
+  // kv cache on disk: the pinned mirror was read from the home. When not (nothing stored yet),
+  // whatever writes the mirror first waits for the slot's last users itself.
+  bool read = false;
 };
 
 
@@ -64,9 +69,39 @@ struct BatchState {
   std::vector<Sequence*> active;   // the sequences the step computes
   std::vector<int> prompt_start;   // prefill: [active] its first computed position (copied before it)
   std::vector<Sequence*> sampled;  // the sequences of its logit rows: active ones, and in prefill their followers
+  // After the step: the sequences one position longer (decode tokens), and those whose prompt is
+  // now whole in the cache (their length becomes the prompt's).
+  std::vector<Sequence*> advancing, prompt_done;
   // Decode units: (slot, source slot) of each choice that copies its source's prompt rows at token 1.
+  std::vector<std::pair<int, int>> choice_copies;
+  // This step's such copies, before it attends: choice_copies at token 1; when serving, the
+  // choices whose source finished its prompt in the step before.
   std::vector<std::pair<int, int>> shared;
   int slots() const { return int(seqs.size()); }
+};
+
+// Continuous batching (OffloadEngine::serve): a request admitted to slots of one GPU batch. Its
+// first choice computes the prompt, in pieces within the step's token budget; the others copy
+// those rows in the step after the last piece.
+struct ServedRequest {
+  const GenRequest* request = nullptr;
+  size_t tag = 0;
+  int batch = 0;
+  std::vector<int> slots;  // in the batch, first choice first
+  size_t computed = 0;     // prompt positions in the cache (copied or computed)
+  bool prefilled = false;  // the prompt's last piece is in a step built so far
+};
+
+struct ServeState {
+  std::function<Admission()> next;
+  Admission waiting;  // next in line, when no batch has room for its n choices
+  bool drained = false;
+  std::vector<Sequence> seqs;                  // [batch * gbs + slot]
+  std::vector<int> valid;                      // [batch * gbs + slot]: positions stored (or being stored)
+  std::vector<std::vector<int>> free;          // [batch]: free slots, the lowest last
+  std::deque<std::unique_ptr<ServedRequest>> live;  // in admission order
+  std::vector<std::vector<std::pair<int, int>>> copies_next;  // [batch]: choice copies for the next step
+  int64_t step_prompt_tokens = 0, step_decode_tokens = 0;   // this super-step's, over its batches
 };
 
 // Enqueues `copy` on the copy stream of `kind`, after `deps` on the device; its span on the stream.
@@ -90,6 +125,8 @@ using engine_detail::wait_on_host;
 using engine_detail::Held;
 using engine_detail::Home;
 using engine_detail::kPage;
+using engine_detail::ServedRequest;
+using engine_detail::ServeState;
 using engine_detail::SlotRange;
 using engine_detail::StepUnit;
 
@@ -182,7 +219,8 @@ struct OffloadEngine::Impl {
   CodesTally weight_codes;  // how the compressed layers were made at load
   int disk_ops_left = 0;  // fault injection countdown (disk thread only)
 
-  // Per block.
+  // Per block, or per serve() call.
+  std::unique_ptr<ServeState> served;                   // while serving (continuous batching)
   std::vector<BatchState> prefill_units, decode_units;  // the steps' sequence groups
   std::vector<std::vector<StepUnit>> step_units;        // [super-step]: what it computes, in order
   std::vector<Held> w_held;                 // [sub-layer]: 2 j for layer j's attention, 2 j + 1 its MLP
@@ -281,15 +319,15 @@ struct OffloadEngine::Impl {
   // ---------------------------------------------------------------- units
   // Super-step i computes, in each sub-layer, units(i): the prefill units of the GPU batches that
   // start in it and the decode units of those started before, each at its own token.
-  BatchState& unit(int i, int u) { return *step_units[size_t(i)][size_t(u)].state; }
-  const BatchState& unit(int i, int u) const { return *step_units[size_t(i)][size_t(u)].state; }
-  int token(int i, int u) const { return step_units[size_t(i)][size_t(u)].token; }
-  int n_units(int i) const { return int(step_units[size_t(i)].size()); }
-
-  SlotRange load_range(int i, int u) const {  // cache entries that exist before the unit's token t
-    const int t = token(i, u);
-    return {0, t == 0 ? 0 : std::min(unit(i, u).pmax + t - 1, shape.capacity())};
+  // Serving, every super-step i computes each GPU batch's unit at "token" i + 1: all decode-like.
+  BatchState& unit(int i, int u) { return served ? decode_units[size_t(u)] : *step_units[size_t(i)][size_t(u)].state; }
+  const BatchState& unit(int i, int u) const {
+    return served ? decode_units[size_t(u)] : *step_units[size_t(i)][size_t(u)].state;
   }
+  int token(int i, int u) const { return served ? i + 1 : step_units[size_t(i)][size_t(u)].token; }
+  int n_units(int i) const { return served ? ngb : int(step_units[size_t(i)].size()); }
+
+  SlotRange load_range(int i, int u) const;   // cache entries that exist before the unit's token t
   SlotRange store_range(int i, int u) const;  // cache entries token t writes (union over slots)
   // Decode attention on the CPU where the cache lives off the GPU: in place on the CPU tier, over
   // its pinned mirror for disk homes. The cache never crosses to the GPU then.
@@ -412,6 +450,23 @@ struct OffloadEngine::Impl {
   int build_step_units(int n_tokens);
 
   std::vector<GenResult> generate(const std::vector<GenRequest>& requests, GenStats* stats);
+
+  // The per-block (or per-serve) state of the schedule: held units, stores, the sampler.
+  void reset_schedule_state(size_t units);
+
+  // Continuous batching (engine_serve.cpp).
+  void serve(const std::function<Admission()>& next, const std::function<void(size_t, std::vector<GenResult>)>& finished,
+             GenStats* stats);
+  // Fills batch k's free slots with waiting requests, in order.
+  void admit(int k, GenStats& stats);
+  // Serving: batch u's step of super-step i, decode tokens first, then prompt pieces in admission
+  // order within the step's token budget.
+  void build_served_step(int i, int u);
+  // The longest beginning of `l`'s prompt that an earlier request of its batch shares; `ready`:
+  // those rows are stored, so it copies them now (else it waits for them).
+  std::pair<int, int> share_source(const ServedRequest& l, bool& ready) const;
+  // Hands each request whose choices have all ended to `finished` and frees its slots.
+  void report_served(const std::function<void(size_t, std::vector<GenResult>)>& finished, GenStats& stats);
 
   // Busy seconds so far of the compute, cpu->gpu, gpu->cpu and disk lanes; after settle_lanes(),
   // of everything enqueued.

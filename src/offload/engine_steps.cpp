@@ -148,6 +148,10 @@ Ticket OffloadEngine::Impl::attend_on_cpu(int i, int u, int j, const AttentionIn
     Held& h = c_held[size_t(u)][size_t(j)];
     STRATA_CHECK(h.valid && h.token == i, "internal: kv cache mirror of layer " << j << " unit " << u << " missing");
     deps.push_back(h.ready);
+    if (!h.read) {  // nothing was stored to read (a served batch starting over): the mirror's last users
+      const std::vector<Ticket>& free = c_pin.free_after(h.pin);
+      deps.insert(deps.end(), free.begin(), free.end());
+    }
     unit_base = c_pin.data(h.pin);
   } else {
     const std::vector<Ticket>& stored = c_stored[size_t(b.batch)][size_t(j)];
@@ -159,10 +163,15 @@ Ticket OffloadEngine::Impl::attend_on_cpu(int i, int u, int j, const AttentionIn
     size_t dst, src, bytes;
   };
   std::vector<RowCopy> shared_rows;
-  if (token(i, u) == 1)
-    share_prompt_rows(b, base, base + cache_half, [&](char* d, const char* s, size_t n) {
-      shared_rows.push_back({size_t(d - base), size_t(s - base), n});
-    });
+  share_prompt_rows(b, base, base + cache_half, [&](char* d, const char* s, size_t n) {
+    shared_rows.push_back({size_t(d - base), size_t(s - base), n});
+  });
+  // Serving: a newcomer's prompt beginning, copied from an earlier request's slot (ForwardOps does
+  // this for attention on the GPU).
+  for (const PrefixCopy& c : b.step.prefix_copies)
+    for (const size_t half : {size_t(0), cache_half})
+      shared_rows.push_back({half + size_t(c.dst) * slot_pitch(), half + size_t(c.src) * slot_pitch(),
+                             size_t(c.length) * cache_row_bytes()});
   const Tensor ck = cache_view(base, b, Device::CPU), cv = cache_view(base + cache_half, b, Device::CPU);
   std::vector<int32_t> slots = b.step.slots, positions = b.step.positions;
   double bytes_read = 0;
@@ -171,12 +180,13 @@ Ticket OffloadEngine::Impl::attend_on_cpu(int i, int u, int j, const AttentionIn
       "attention", [=, this](const std::vector<Event>& events) {
         wait_on_host(be, events);
         const auto t0 = Clock::now();
-        for (const RowCopy& c : shared_rows) std::memcpy(base + c.dst, base + c.src, c.bytes);
         auto host = [&](void* p, std::initializer_list<int64_t> dims) { return Tensor(p, dt, Device::CPU, dims); };
         const Tensor slots_t(const_cast<int32_t*>(slots.data()), DType::I32, Device::CPU, {T});
         const Tensor pos_t(const_cast<int32_t*>(positions.data()), DType::I32, Device::CPU, {T});
         cpu_attn->kv_store(host(k_host, {T, cfg.n_kv_heads, cfg.head_dim}),
                            host(v_host, {T, cfg.n_kv_heads, cfg.head_dim}), ck, cv, slots_t, pos_t);
+        // After the step's own rows: a source may store the rows it lends in this very step.
+        for (const RowCopy& c : shared_rows) std::memcpy(base + c.dst, base + c.src, c.bytes);
         cpu_attn->attention(host(q_host, {T, cfg.n_heads, cfg.head_dim}), ck, cv, slots_t, pos_t,
                             cfg.attention_scale(), host(o_host, {T, cfg.n_heads, cfg.head_dim}));
         cpu_attention_seconds += seconds_since(t0);
@@ -217,12 +227,16 @@ std::vector<SharedPrefix> OffloadEngine::Impl::plan_unit_sharing(const BatchStat
 }
 
 void OffloadEngine::Impl::build_step(int i, int u) {
+  if (served) return build_served_step(i, u);
   BatchState& b = unit(i, u);
   const bool prefill = token(i, u) == 0;
   b.step = StepBatch();
   b.active.clear();
   b.sampled.clear();
+  b.advancing.clear();
+  b.prompt_done.clear();
   b.prompt_start.clear();
+  b.shared = token(i, u) == 1 ? b.choice_copies : std::vector<std::pair<int, int>>();
   const std::vector<SharedPrefix> share = prefill ? plan_unit_sharing(b) : std::vector<SharedPrefix>();
   std::vector<size_t> order;  // slots; in prefill those computed whole first
   for (int pass = 0; pass < 2; ++pass)
@@ -250,12 +264,14 @@ void OffloadEngine::Impl::build_step(int i, int u) {
     b.step.logit_rows.push_back(int32_t(b.step.tokens.size() - 1));
     b.active.push_back(&seq);
     b.sampled.push_back(&seq);
+    (prefill ? b.prompt_done : b.advancing).push_back(&seq);
     if (!prefill) continue;
     totals.prefill_tokens += int64_t(seq.request->prompt.size()) - b.prompt_start.back();
     shared_prompt_tokens += b.prompt_start.back();
     for (Sequence* f : followers[index_of(seq)]) {  // the same last prompt row, each its own sampler
       b.step.logit_rows.push_back(b.step.logit_rows.back());
       b.sampled.push_back(f);
+      b.prompt_done.push_back(f);
     }
   }
 }
@@ -293,7 +309,7 @@ bool OffloadEngine::Impl::compute(int i, int jj, int u) {
   const Tensor x = hidden_for(i, jj, u, T);
   Tensor ck, cv;
   if (attention && !cpu) std::tie(ck, cv) = cache_for(i, j, u);
-  if (attention && !cpu && t == 1)
+  if (attention && !cpu && !b.shared.empty())
     share_prompt_rows(b, static_cast<char*>(ck.data), static_cast<char*>(cv.data),
                       [this](char* d, const char* s, size_t n) { be.copy_on_device(d, s, n); });
   // Steps of at most the workspace's tokens: a group whose prompts outgrow it runs in pieces, in
@@ -328,13 +344,13 @@ bool OffloadEngine::Impl::compute(int i, int jj, int u) {
   }
   if (jj == 2 * L - 1) {
     if (t == 0) score_prompts(b, x, T);
-    ops.select_logit_rows(b.step.logit_rows, T);
-    const Tensor logits = ops.head(globals, x);
-    if (t == 0)
-      for (Sequence* s : b.sampled) s->length = int(s->request->prompt.size());
-    else
-      for (Sequence* s : b.active) ++s->length;
-    sampler->sample(logits, b.sampled);  // the host waits for the tokens: stop and eos checks
+    for (Sequence* s : b.prompt_done) s->length = int(s->request->prompt.size());
+    for (Sequence* s : b.advancing) ++s->length;
+    if (!b.sampled.empty()) {  // serving, a step may carry only a piece of a prompt
+      ops.select_logit_rows(b.step.logit_rows, T);
+      const Tensor logits = ops.head(globals, x);
+      sampler->sample(logits, b.sampled);  // the host waits for the tokens: stop and eos checks
+    }
   }
   span.end = be.record(Stream::Compute);
   compute_lane->record_span(step_label(t, j, attention, b), std::move(span), host_start, Clock::now());
@@ -452,7 +468,7 @@ void OffloadEngine::Impl::build_units(std::vector<Sequence>& seqs, const std::ve
     source_of[q] = follows ? source_of[prev] : q;
     if (!follows) continue;
     followers[source_of[q]].push_back(&seqs[q]);
-    decode_units[batch].shared.push_back({seqs[q].slot, seqs[source_of[q]].slot});
+    decode_units[batch].choice_copies.push_back({seqs[q].slot, seqs[source_of[q]].slot});
   }
   prefill_units.clear();
   const int m = plan.prefill_seqs;
@@ -514,22 +530,11 @@ std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenReques
   }
   build_units(seqs, batch_begin);
   const int n_steps = build_step_units(n_tokens);
-  dequant_token = dequant_sub = -1;  // super-step numbers restart with every block
   size_t units = 0;
   for (const std::vector<StepUnit>& step_list : step_units) units = std::max(units, step_list.size());
-  w_held.assign(size_t(2 * L), {});
-  w_issued.assign(size_t(2 * L), 0);
-  c_held.assign(units, std::vector<Held>(size_t(L)));
-  c_stored.assign(size_t(ngb), std::vector<std::vector<Ticket>>(size_t(L)));
-  a_held.assign(units, {});
-  a_stored.assign(units, {});
-  a_stored_layer.assign(units, -1);
-  a_stored_token.assign(units, -1);
-  sampler = std::make_unique<StepSampler>(be, cfg, size_t(gbs));
+  reset_schedule_state(units);
 
   GenStats local;
-  shared_prompt_tokens = 0;
-  pending.clear();
   const auto t_start = Clock::now();
   const std::array<double, 4> busy_at_start = lane_busy();
   bool has_prev = false;
@@ -599,6 +604,21 @@ std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenReques
   for (GenStats* s : {&totals.gen, stats})
     if (s) s->add(local);
   return results;
+}
+
+void OffloadEngine::Impl::reset_schedule_state(size_t units) {
+  dequant_token = dequant_sub = -1;  // super-step numbers restart with every block
+  w_held.assign(size_t(2 * L), {});
+  w_issued.assign(size_t(2 * L), 0);
+  c_held.assign(units, std::vector<Held>(size_t(L)));
+  c_stored.assign(size_t(ngb), std::vector<std::vector<Ticket>>(size_t(L)));
+  a_held.assign(units, {});
+  a_stored.assign(units, {});
+  a_stored_layer.assign(units, -1);
+  a_stored_token.assign(units, -1);
+  sampler = std::make_unique<StepSampler>(be, cfg, size_t(gbs));
+  shared_prompt_tokens = 0;
+  pending.clear();
 }
 
 void OffloadEngine::Impl::release_all() {

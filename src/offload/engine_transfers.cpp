@@ -1,5 +1,6 @@
 // The offloading engine's transfers: weights, KV cache and hidden states between their homes
 // (GPU, pinned CPU memory, disk) and the GPU's staging slots, as tickets on the copy and disk lanes.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -185,9 +186,29 @@ Ticket OffloadEngine::Impl::copy_flat(CopyKind kind, char* dst, const char* src,
       std::move(deps));
 }
 
+SlotRange OffloadEngine::Impl::load_range(int i, int u) const {
+  const BatchState& b = unit(i, u);
+  if (served) {
+    // Every slot's stored positions, as far as the steps built so far have written: the step to
+    // load, or (prefetched one step ahead) the step before it, which adds nothing the step reads.
+    // Rows past a slot's own are loaded and stored back unread.
+    const int* valid = served->valid.data() + size_t(b.batch) * size_t(gbs);
+    return {0, std::min(*std::max_element(valid, valid + gbs), shape.capacity())};
+  }
+  const int t = token(i, u);
+  return {0, t == 0 ? 0 : std::min(b.pmax + t - 1, shape.capacity())};
+}
+
 SlotRange OffloadEngine::Impl::store_range(int i, int u) const {
   const BatchState& b = unit(i, u);
   const int t = token(i, u);
+  if (served) {  // what the step writes: its tokens' positions, copied prompt beginnings from 0
+    if (b.step.tokens.empty()) return {};
+    int begin = *std::min_element(b.step.positions.begin(), b.step.positions.end());
+    const int end = *std::max_element(b.step.positions.begin(), b.step.positions.end()) + 1;
+    if (!b.shared.empty() || !b.step.prefix_copies.empty()) begin = 0;
+    return {std::min(begin, shape.capacity()), std::min(end, shape.capacity())};
+  }
   if (t == 0) return {0, std::min(b.pmax, shape.capacity())};
   // Token 1 also copied prompt rows into the followers' slots: they go home too.
   const int begin = t == 1 && !b.shared.empty() ? 0 : b.pmin + t - 1;
@@ -244,10 +265,11 @@ void OffloadEngine::Impl::load_cache_async(int i, int j, int u) {
   if (home.tier == Tier::Disk) {
     h.pin = c_pin.acquire();
     host = c_pin.data(h.pin);
-    if (!r.empty()) {  // else the store (prefill) reads the pages first, after the slot's last users
+    if (!r.empty()) {  // else the store reads the pages first, after the slot's last users
       std::vector<Ticket> read_deps = c_pin.free_after(h.pin);
       read_deps.insert(read_deps.end(), deps.begin(), deps.end());
       deps = {disk_cache_io(false, home.disk_offset, host, r, b, std::move(read_deps))};
+      h.read = true;
     }
   }
   if (mirror_only) {  // the disk read; none for a batch without sequences
@@ -286,8 +308,8 @@ void OffloadEngine::Impl::store_cache(int i, int j, int u, const Ticket& compute
     std::vector<Ticket> deps{computed};
     // A prefill group's pages on disk may share a page with its neighbour group's rows, which
     // this pinned slot never held: read them first, after the neighbours' writes and the slot's
-    // last users.
-    if (home.tier == Tier::Disk && token(i, u) == 0) {
+    // last users (a served batch whose slots all start over holds nothing either).
+    if (home.tier == Tier::Disk && !h.read) {
       std::vector<Ticket> read_deps = c_pin.free_after(h.pin);
       read_deps.insert(read_deps.end(), stored.begin(), stored.end());
       deps.push_back(disk_cache_io(false, home.disk_offset, host, r, b, std::move(read_deps)));

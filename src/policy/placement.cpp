@@ -147,11 +147,14 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   if (count(p.cache_tier, Tier::Disk) > 0) w.cpu += 3.0 * double(p.cache_unit_bytes);
   if (count(p.act_tier, Tier::Disk) > 0) w.cpu += 3.0 * double(p.act_unit_bytes);
   if (policy.cpu_attention && count(p.cache_tier, Tier::Gpu) < L) {
-    // q, k, v and the attention output of a decode step cross to the host and back, two steps'
-    // worth (one crossing while the CPU attends to the other's), with two GPU buffers for the output.
-    w.cpu += 4.0 * double(align_up(size_t(gbs) * size_t(cfg.q_dim()) * e, disk_align));
-    w.cpu += 4.0 * double(align_up(size_t(gbs) * size_t(cfg.kv_dim()) * e, disk_align));
-    w.gpu += 2.0 * double(align_up(size_t(gbs) * size_t(cfg.q_dim()) * e, disk_align));
+    // q, k, v and the attention output of a step cross to the host and back, two steps' worth
+    // (one crossing while the CPU attends to the other's), with two GPU buffers for the output.
+    // A step of continuous batching carries prompt pieces beside the decode tokens: up to
+    // step_tokens of them.
+    const size_t rows = size_t(p.step_tokens);
+    w.cpu += 4.0 * double(align_up(rows * size_t(cfg.q_dim()) * e, disk_align));
+    w.cpu += 4.0 * double(align_up(rows * size_t(cfg.kv_dim()) * e, disk_align));
+    w.gpu += 2.0 * double(align_up(rows * size_t(cfg.q_dim()) * e, disk_align));
   }
   return p;
 }

@@ -19,6 +19,7 @@
 #include "strata/offload/disk_store.h"
 #include "strata/policy/placement.h"
 #include "strata/policy/policy.h"
+#include "strata/runtime/continuous.h"
 #include "strata/runtime/generator.h"
 
 namespace strata {
@@ -102,6 +103,15 @@ public:
   // those in one GPU batch share one prefill of the prompt) within the planned shape.
   // Results as generate()'s in runtime/generator.h: one per choice, in order.
   std::vector<GenResult> generate(const std::vector<GenRequest>& requests, GenStats* stats = nullptr);
+  // Continuous batching (docs/offload.md, "Continuous batching"): the block's gbs x ngb slots each
+  // hold one live sequence, and a slot whose request has ended takes the next one from `next` (as
+  // run_continuous in runtime/continuous.h: a null request ends the stream). A newcomer's prompt
+  // is computed in the following steps of its GPU batch, in pieces beside the batch's decode
+  // tokens within the plan's step of `step_tokens`. `finished(tag, results)` as each request
+  // ends, results in choice order. Requests fit the planned shape, n <= the GPU batch size, and
+  // no prompt scoring (perplexity runs blocks through generate()).
+  void serve(const std::function<Admission()>& next, const std::function<void(size_t, std::vector<GenResult>)>& finished,
+             GenStats* stats = nullptr);
   OffloadReport report() const;
   void write_trace(const std::filesystem::path& file) const;
 

@@ -1,0 +1,240 @@
+// Continuous batching in the offloading engine (OffloadEngine::serve): a finished request's slots
+// take the next requests while the rest of the GPU batch decodes. Hugging Face's greedy tokens
+// over the policy grid with more requests than slots and answers of different lengths; the
+// compressed grid's tokens; each request's results as it gets them alone whatever its neighbours
+// (sampled, n choices, shared prompt beginnings, eos); slot occupancy; what it refuses.
+#include "test_paths.h"
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <random>
+
+#include "logprobs_fixture.h"
+#include "offload_grid.h"
+#include "strata/core/error.h"
+#include "strata/offload/engine.h"
+#include "strata/runtime/continuous.h"
+
+using namespace strata;
+using namespace strata::test;
+using Tokens = std::vector<int32_t>;
+
+namespace {
+
+// Serves `reqs` in order; results by request index, each request reported once.
+std::vector<std::vector<GenResult>> serve_all(OffloadEngine& engine, const std::vector<GenRequest>& reqs,
+                                              GenStats* stats = nullptr) {
+  std::vector<std::vector<GenResult>> out(reqs.size());
+  std::vector<bool> seen(reqs.size(), false);
+  size_t next = 0;
+  engine.serve(
+      [&] { return next < reqs.size() ? Admission{&reqs[next], next++} : Admission{}; },
+      [&](size_t tag, std::vector<GenResult> results) {
+        REQUIRE(tag < reqs.size());
+        CHECK_FALSE(seen[tag]);
+        seen[tag] = true;
+        out[tag] = std::move(results);
+      },
+      stats);
+  for (size_t i = 0; i < reqs.size(); ++i) CHECK(seen[i]);
+  return out;
+}
+
+// The fixture's prompts twice over, answers cut at different lengths: Hugging Face's greedy
+// tokens for a shorter answer are the first tokens of the fixture's 40.
+std::vector<GenRequest> varied_requests(const nlohmann::json& exp, std::vector<Tokens>* want) {
+  const std::vector<GenRequest> base = fixture_requests(exp);
+  const int lengths[] = {40, 3, 17, 1, 29, 8, 40, 2, 11, 23};
+  std::vector<GenRequest> reqs;
+  for (size_t k = 0; k < 2 * base.size(); ++k) {
+    GenRequest r = base[k % base.size()];
+    r.sampling.max_new_tokens = lengths[k % std::size(lengths)];
+    const Tokens full = exp["greedy"][k % base.size()].get<Tokens>();
+    if (want) want->emplace_back(full.begin(), full.begin() + std::min<long>(long(full.size()), r.sampling.max_new_tokens));
+    reqs.push_back(std::move(r));
+  }
+  return reqs;
+}
+
+}  // namespace
+
+TEST_CASE("serving: every policy generates Hugging Face's greedy tokens as slots refill", "[offload][refill]") {
+  auto backend = make_cpu_backend(2);
+  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen3"}) {
+    const nlohmann::json exp = load_expected(name);
+    ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
+    std::vector<Tokens> want;
+    const std::vector<GenRequest> reqs = varied_requests(exp, &want);
+    for (const Policy& policy : policy_grid()) {
+      OffloadOptions opt;
+      opt.policy = policy;
+      opt.offload_dir = offload_dir("serve");
+      OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+      GenStats stats;
+      const auto got = serve_all(engine, reqs, &stats);
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        INFO(name << ", " << describe(policy) << ", request " << i);
+        REQUIRE(got[i].size() == 1);
+        CHECK(got[i][0].tokens == want[i]);
+      }
+      CHECK(stats.prompt_tokens > 0);
+    }
+  }
+}
+
+TEST_CASE("serving, compressed: every placement gives the all-on-GPU compressed blocks' greedy tokens",
+          "[offload][refill][quant]") {
+  // A served step's prompt pieces may take the dequantized GEMM where a block's decode takes the
+  // fused one: greedy tokens stay those of the compressed blocks on the fixtures.
+  auto backend = make_cpu_backend(2);
+  const auto settings = compression_settings();
+  for (const char* name : {"tiny-llama", "tiny-qwen3"}) {
+    ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
+    const std::vector<GenRequest> reqs = varied_requests(load_expected(name), nullptr);
+    std::vector<std::vector<GenResult>> reference;
+    for (const auto& [w, c] : settings) {
+      OffloadOptions opt;
+      opt.policy = policy_of(int(reqs.size()), 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}, false, true);
+      opt.policy.compress_weights = w;
+      opt.policy.compress_kv_cache = c;
+      OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+      reference.push_back(engine.generate(reqs));
+    }
+    const std::vector<OffloadOptions> grid = compressed_grid();
+    for (size_t n = 0; n < grid.size(); ++n) {
+      OffloadEngine engine(model.config, *model.weights, *backend, grid[n], shape_of(reqs));
+      const auto got = serve_all(engine, reqs);
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        INFO(name << ", " << describe(grid[n].policy) << ", " << describe_compression(grid[n].policy) << ", request " << i);
+        REQUIRE(got[i].size() == 1);
+        CHECK(got[i][0].tokens == reference[n % settings.size()][i].tokens);
+      }
+    }
+  }
+}
+
+TEST_CASE("serving: a request's results do not depend on its neighbours or its admission step", "[offload][refill]") {
+  // Random requests cut from a few stems (shared beginnings): sampled and greedy, n choices, eos
+  // on and off, budgets of 0, logprobs, through a rotation of the policy grid. Each request's
+  // results equal those the resident generator gives it alone.
+  FixtureModel l = load_fixture_model("tiny-llama", make_cpu_backend(2));
+  const std::vector<Policy> grid = policy_grid();
+  std::mt19937 rng(41);
+  int64_t shared = 0, refilled = 0;
+  for (int trial = 0; trial < 16; ++trial) {
+    std::vector<Tokens> stems(1 + rng() % 2);
+    for (Tokens& st : stems)
+      for (int i = int(8 + rng() % 24); i > 0; --i) st.push_back(int32_t(3 + rng() % 200));
+    std::vector<GenRequest> reqs(6 + rng() % 10);
+    for (GenRequest& r : reqs) {
+      const Tokens& st = stems[rng() % stems.size()];
+      r.prompt.assign(st.begin(), st.begin() + long(1 + rng() % st.size()));
+      for (int i = int(rng() % 5); i > 0; --i) r.prompt.push_back(int32_t(3 + rng() % 200));
+      r.sampling.max_new_tokens = int(rng() % 12);
+      r.sampling.ignore_eos = rng() % 2 == 0;
+      if (rng() % 2) {
+        r.sampling.temperature = 1.3f;
+        r.sampling.seed = rng() % 1000;
+      }
+      r.logprobs = 1;
+    }
+    OffloadOptions opt;
+    opt.policy = grid[size_t(trial) * 5 % grid.size()];
+    opt.policy.prefill_tokens = 4 + int(rng() % 40);
+    // Choices decode in one GPU batch: n up to its size.
+    for (GenRequest& r : reqs) r.n = 1 + int(rng() % std::min(2, opt.policy.gpu_batch_size));
+    opt.prefix_sharing = {1};
+    opt.offload_dir = offload_dir("serve");
+    INFO("trial " << trial << ": " << reqs.size() << " requests, " << describe(opt.policy));
+    OffloadEngine engine(l.bundle.config, *l.bundle.weights, *l.backend, opt, shape_of(reqs));
+    GenStats stats;
+    const auto got = serve_all(engine, reqs, &stats);
+    shared += stats.shared_prompt_tokens;
+    refilled += int64_t(reqs.size()) > engine.block_size();
+    GenOptions alone;
+    alone.share_prefixes = false;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      INFO("request " << i);
+      const std::vector<GenResult> want = generate(*l.model, {reqs[i]}, alone);
+      REQUIRE(got[i].size() == want.size());
+      for (size_t c = 0; c < want.size(); ++c) {
+        CHECK(got[i][c].tokens == want[c].tokens);
+        CHECK(got[i][c].finish == want[c].finish);
+        REQUIRE(got[i][c].logprobs.size() == want[c].logprobs.size());
+        for (size_t t = 0; t < want[c].logprobs.size(); ++t)
+          CHECK(std::fabs(got[i][c].logprobs[t].sampled.logprob - want[c].logprobs[t].sampled.logprob) <= 1e-4);
+      }
+    }
+  }
+  CHECK(shared > 50);    // newcomers copied the beginnings live requests had computed
+  CHECK(refilled > 8);   // most trials had more requests than slots
+}
+
+TEST_CASE("serving: refilled slots stay busy where a block waits for its longest answer", "[offload][refill]") {
+  // Answers of 1 to 64 tokens (eos ignored) through 2 GPU batches of 2. Every decode token is a
+  // live slot's, and only the newcomers' prefill steps and the last answers' tail leave one idle.
+  FixtureModel l = load_fixture_model("tiny-llama", make_cpu_backend(2));
+  std::mt19937 rng(3);
+  std::vector<GenRequest> reqs(48);
+  int64_t tokens = 0;
+  for (GenRequest& r : reqs) {
+    r.prompt = {int32_t(3 + rng() % 100), int32_t(3 + rng() % 100)};
+    r.sampling.max_new_tokens = 1 + int(rng() % 64);
+    r.sampling.ignore_eos = true;
+    tokens += r.sampling.max_new_tokens;
+  }
+  OffloadOptions o;
+  o.policy = policy_of(2, 2, {0, 100, 0}, {0, 100, 0}, {100, 0, 0}, true);
+  o.offload_dir = offload_dir("serve");
+  OffloadEngine engine(l.bundle.config, *l.bundle.weights, *l.backend, o, shape_of(reqs));
+  GenStats refill, blocks;
+  serve_all(engine, reqs, &refill);
+  run_blocks(engine, reqs);  // warm-up: the blocks' figures below start from a fresh GenStats
+  for (size_t b = 0; b < reqs.size(); b += 4)
+    engine.generate(std::vector<GenRequest>(reqs.begin() + long(b), reqs.begin() + long(b + 4)), &blocks);
+  CHECK(refill.generated_tokens == tokens);
+  CHECK(refill.prompt_tokens == 2 * int64_t(reqs.size()));
+  CHECK(refill.live_slot_steps == tokens - int64_t(reqs.size()));  // each answer's first token is prefill's
+  CHECK(refill.decode_slot_steps == 4 * refill.decode_steps);
+  CHECK(blocks.live_slot_steps == refill.live_slot_steps);
+  INFO("occupancy: refill " << refill.occupancy() << ", blocks " << blocks.occupancy());
+  CHECK(refill.occupancy() > 0.9);
+  CHECK(blocks.occupancy() < 0.75);
+  CHECK(refill.decode_steps < blocks.decode_steps);
+}
+
+TEST_CASE("serving refuses what it cannot serve and keeps what finished", "[offload][refill]") {
+  FixtureModel l = load_fixture_model("tiny-llama", make_cpu_backend(2));
+  GenRequest ok;
+  ok.prompt = {5, 6, 7};
+  ok.sampling.max_new_tokens = 3;
+  GenRequest wide = ok;
+  wide.n = 3;
+  GenRequest longer = ok;
+  longer.sampling.max_new_tokens = 9;
+  GenRequest scored = ok;
+  scored.score_prompt = true;
+  OffloadOptions o;
+  o.policy = policy_of(1, 1, {0, 100, 0}, {0, 100, 0}, {100, 0, 0});
+  o.offload_dir = offload_dir("serve");
+  OffloadEngine engine(l.bundle.config, *l.bundle.weights, *l.backend, o, {3, 3});
+  for (const auto& [bad, why] : {std::pair{&wide, "request 1: n = 3 choices exceed the GPU batch of 1"},
+                                 std::pair{&longer, "request 1 exceeds the planned shape"},
+                                 std::pair{&scored, "scoring its prompt"}}) {
+    // One slot: the first request ends and is handed over before the second is taken.
+    const std::vector<const GenRequest*> queue = {&ok, bad};
+    size_t next = 0;
+    std::vector<size_t> finished;
+    CHECK_THROWS_WITH(engine.serve([&] { return next < queue.size() ? Admission{queue[next], next++} : Admission{}; },
+                                   [&](size_t tag, std::vector<GenResult>) { finished.push_back(tag); }),
+                      Catch::Contains(why));
+    CHECK(finished == std::vector<size_t>{0});
+  }
+  // The engine serves again after a refusal, and an exception from `finished` stops it cleanly.
+  const std::vector<GenRequest> two = {ok, ok};
+  CHECK(serve_all(engine, two).size() == 2);
+  size_t next = 0;
+  CHECK_THROWS_WITH(engine.serve([&] { return next < two.size() ? Admission{&two[next], next++} : Admission{}; },
+                                 [](size_t, std::vector<GenResult>) { STRATA_FAIL("the writer is gone"); }),
+                    Catch::Contains("the writer is gone"));
+  CHECK(serve_all(engine, two).size() == 2);
+}
