@@ -419,7 +419,7 @@ TEST_CASE("strata run --policy offloads, reports, and keeps finished blocks when
   CHECK_THAT(r.output, Catch::Contains("--gpu-mem"));
 }
 
-TEST_CASE("strata run --policy refills its slots and gives the blocks' tokens; --no-refill runs blocks", "[cli][offload][refill]") {
+TEST_CASE("strata run --policy refills its slots and gives the tokens --no-refill gives in blocks", "[cli][offload][refill]") {
   // Eleven requests of 1 to 9 answer tokens through a block of 2 x 2, a request with 2 choices,
   // prompts sharing a beginning.
   const fs::path prompts = temp_dir() / "refill.jsonl", policy = temp_dir() / "refill.yaml";
