@@ -11,6 +11,7 @@
 
 #include "logprobs_fixture.h"
 #include "policy_fixtures.h"
+#include "refill_requests.h"
 #include "strata/core/error.h"
 #include "strata/offload/engine.h"
 #include "temp_files.h"
@@ -50,19 +51,6 @@ std::vector<std::vector<GenResult>> run_all(Transformer& model, const std::vecto
       stats);
   for (size_t i = 0; i < reqs.size(); ++i) CHECK(seen[i]);
   return out;
-}
-
-// Same tokens and finish reason; log-probabilities within `tol`.
-void check_same(const std::vector<GenResult>& got, const std::vector<GenResult>& want, double tol) {
-  REQUIRE(got.size() == want.size());
-  for (size_t c = 0; c < got.size(); ++c) {
-    INFO("choice " << c);
-    CHECK(got[c].tokens == want[c].tokens);
-    CHECK(got[c].finish == want[c].finish);
-    REQUIRE(got[c].logprobs.size() == want[c].logprobs.size());
-    for (size_t t = 0; t < got[c].logprobs.size(); ++t)
-      CHECK(std::fabs(got[c].logprobs[t].sampled.logprob - want[c].logprobs[t].sampled.logprob) <= tol);
-  }
 }
 
 }  // namespace
@@ -145,23 +133,10 @@ TEST_CASE("a request's tokens do not depend on its neighbours or its admission s
   std::mt19937 rng(29);
   int64_t shared = 0;
   for (int trial = 0; trial < 12; ++trial) {
-    std::vector<Tokens> stems(1 + rng() % 2);
-    for (Tokens& st : stems)
-      for (int i = int(4 + rng() % 20); i > 0; --i) st.push_back(int32_t(3 + rng() % 200));
-    std::vector<GenRequest> reqs(3 + rng() % 8);
+    std::vector<GenRequest> reqs = test::stem_requests(rng, 4, 20, 3 + rng() % 8);
     int max_n = 1;
     for (GenRequest& r : reqs) {
-      const Tokens& st = stems[rng() % stems.size()];
-      r.prompt.assign(st.begin(), st.begin() + long(1 + rng() % st.size()));
-      for (int i = int(rng() % 5); i > 0; --i) r.prompt.push_back(int32_t(3 + rng() % 200));
-      r.sampling.max_new_tokens = int(rng() % 12);
-      r.sampling.ignore_eos = rng() % 2 == 0;
-      if (rng() % 2) {
-        r.sampling.temperature = 1.3f;
-        r.sampling.seed = rng() % 1000;
-      }
       r.n = 1 + int(rng() % 2);
-      r.logprobs = 1;
       max_n = std::max(max_n, r.n);
     }
     GenOptions gen;
@@ -179,7 +154,7 @@ TEST_CASE("a request's tokens do not depend on its neighbours or its admission s
     alone.share_prefixes = false;
     for (size_t i = 0; i < reqs.size(); ++i) {
       INFO("request " << i);
-      check_same(got[i], generate(*l.model, {reqs[i]}, alone), 1e-5);
+      test::check_same(got[i], generate(*l.model, {reqs[i]}, alone), 1e-5);
     }
   }
   CHECK(shared > 50);  // newcomers did copy live slots' and kept rows
@@ -210,14 +185,8 @@ TEST_CASE("slot occupancy: refilled slots stay busy where a block's wait for its
   // idles only in its newcomer's prefill step and in the last requests' tail.
   test::FixtureModel l = test::load_fixture_model("tiny-llama", make_cpu_backend(2));
   std::mt19937 rng(3);
-  std::vector<GenRequest> reqs(48);
   int64_t tokens = 0;
-  for (GenRequest& r : reqs) {
-    r.prompt = {int32_t(3 + rng() % 100), int32_t(3 + rng() % 100)};
-    r.sampling.max_new_tokens = 1 + int(rng() % 64);
-    r.sampling.ignore_eos = true;
-    tokens += r.sampling.max_new_tokens;
-  }
+  const std::vector<GenRequest> reqs = test::varied_answer_requests(rng, 48, tokens);
   GenStats refill;
   run_all(*l.model, reqs, 4, GenOptions{}, &refill);
   CHECK(refill.generated_tokens == tokens);

@@ -10,6 +10,7 @@
 
 #include "logprobs_fixture.h"
 #include "offload_grid.h"
+#include "refill_requests.h"
 #include "strata/core/error.h"
 #include "strata/offload/engine.h"
 #include "strata/runtime/continuous.h"
@@ -121,22 +122,7 @@ TEST_CASE("serving: a request's results do not depend on its neighbours or its a
   std::mt19937 rng(41);
   int64_t shared = 0, refilled = 0;
   for (int trial = 0; trial < 16; ++trial) {
-    std::vector<Tokens> stems(1 + rng() % 2);
-    for (Tokens& st : stems)
-      for (int i = int(8 + rng() % 24); i > 0; --i) st.push_back(int32_t(3 + rng() % 200));
-    std::vector<GenRequest> reqs(6 + rng() % 10);
-    for (GenRequest& r : reqs) {
-      const Tokens& st = stems[rng() % stems.size()];
-      r.prompt.assign(st.begin(), st.begin() + long(1 + rng() % st.size()));
-      for (int i = int(rng() % 5); i > 0; --i) r.prompt.push_back(int32_t(3 + rng() % 200));
-      r.sampling.max_new_tokens = int(rng() % 12);
-      r.sampling.ignore_eos = rng() % 2 == 0;
-      if (rng() % 2) {
-        r.sampling.temperature = 1.3f;
-        r.sampling.seed = rng() % 1000;
-      }
-      r.logprobs = 1;
-    }
+    std::vector<GenRequest> reqs = stem_requests(rng, 8, 24, 6 + rng() % 10);
     OffloadOptions opt;
     opt.policy = grid[size_t(trial) * 5 % grid.size()];
     opt.policy.prefill_tokens = 4 + int(rng() % 40);
@@ -154,15 +140,7 @@ TEST_CASE("serving: a request's results do not depend on its neighbours or its a
     alone.share_prefixes = false;
     for (size_t i = 0; i < reqs.size(); ++i) {
       INFO("request " << i);
-      const std::vector<GenResult> want = generate(*l.model, {reqs[i]}, alone);
-      REQUIRE(got[i].size() == want.size());
-      for (size_t c = 0; c < want.size(); ++c) {
-        CHECK(got[i][c].tokens == want[c].tokens);
-        CHECK(got[i][c].finish == want[c].finish);
-        REQUIRE(got[i][c].logprobs.size() == want[c].logprobs.size());
-        for (size_t t = 0; t < want[c].logprobs.size(); ++t)
-          CHECK(std::fabs(got[i][c].logprobs[t].sampled.logprob - want[c].logprobs[t].sampled.logprob) <= 1e-4);
-      }
+      check_same(got[i], generate(*l.model, {reqs[i]}, alone), 1e-4);
     }
   }
   CHECK(shared > 50);    // newcomers copied the beginnings live requests had computed
@@ -174,14 +152,8 @@ TEST_CASE("serving: refilled slots stay busy where a block waits for its longest
   // live slot's, and only the newcomers' prefill steps and the last answers' tail leave one idle.
   FixtureModel l = load_fixture_model("tiny-llama", make_cpu_backend(2));
   std::mt19937 rng(3);
-  std::vector<GenRequest> reqs(48);
   int64_t tokens = 0;
-  for (GenRequest& r : reqs) {
-    r.prompt = {int32_t(3 + rng() % 100), int32_t(3 + rng() % 100)};
-    r.sampling.max_new_tokens = 1 + int(rng() % 64);
-    r.sampling.ignore_eos = true;
-    tokens += r.sampling.max_new_tokens;
-  }
+  const std::vector<GenRequest> reqs = varied_answer_requests(rng, 48, tokens);
   OffloadOptions o;
   o.policy = policy_of(2, 2, {0, 100, 0}, {0, 100, 0}, {100, 0, 0}, true);
   o.offload_dir = offload_dir("serve");
