@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "policy_fixtures.h"
+#include "strata/model/model_loader.h"
 #include "strata/offload/engine.h"
 #include "strata/runtime/generator.h"
 #include "test_paths.h"
@@ -107,6 +108,22 @@ inline std::vector<OffloadOptions> compressed_grid() {
     std::tie(opt.policy.compress_weights, opt.policy.compress_kv_cache) = settings[out.size() % settings.size()];
     opt.offload_dir = offload_dir();
     out.push_back(opt);
+  }
+  return out;
+}
+
+// The reference of the compressed grids: each compression setting with everything on the GPU
+// tier, all requests in one block.
+inline std::vector<std::vector<GenResult>> all_gpu_compressed_runs(const ModelBundle& model, Backend& backend,
+                                                                   const std::vector<GenRequest>& reqs) {
+  std::vector<std::vector<GenResult>> out;
+  for (const auto& [w, c] : compression_settings()) {
+    OffloadOptions opt;
+    opt.policy = policy_of(int(reqs.size()), 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}, false, true);
+    opt.policy.compress_weights = w;
+    opt.policy.compress_kv_cache = c;
+    OffloadEngine engine(model.config, *model.weights, backend, opt, shape_of(reqs));
+    out.push_back(engine.generate(reqs));
   }
   return out;
 }

@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "strata/runtime/generator.h"
 #include "strata/runtime/sequence.h"
 
 namespace strata::test {
@@ -47,6 +48,36 @@ inline std::vector<GenRequest> stem_requests(std::mt19937& rng, int min_stem, in
     r.logprobs = 1;
   }
   return reqs;
+}
+
+// Refill against blocks over the same requests (`tokens` answer tokens, one prefill token each):
+// the same live slot-steps, refill's occupancy above 90% and the blocks' below 75%, fewer steps.
+inline void check_refill_occupancy(const GenStats& refill, const GenStats& blocks, int64_t tokens, size_t requests,
+                                   int slots) {
+  CHECK(refill.generated_tokens == tokens);
+  CHECK(refill.live_slot_steps == tokens - int64_t(requests));  // each answer's first token is prefill's
+  CHECK(refill.decode_slot_steps == slots * refill.decode_steps);
+  CHECK(blocks.live_slot_steps == refill.live_slot_steps);
+  INFO("occupancy: refill " << refill.occupancy() << ", blocks " << blocks.occupancy());
+  CHECK(refill.occupancy() > 0.9);
+  CHECK(blocks.occupancy() < 0.75);
+  CHECK(refill.decode_steps < blocks.decode_steps);
+}
+
+// A request that fits (a 3-token prompt, 3 answer tokens), and two that do not fit a plan for it:
+// 3 choices, and 9 answer tokens.
+struct RefusalRequests {
+  GenRequest ok, wide, longer;
+};
+inline RefusalRequests refusal_requests() {
+  RefusalRequests r;
+  r.ok.prompt = {5, 6, 7};
+  r.ok.sampling.max_new_tokens = 3;
+  r.wide = r.ok;
+  r.wide.n = 3;
+  r.longer = r.ok;
+  r.longer.sampling.max_new_tokens = 9;
+  return r;
 }
 
 // Same tokens and finish reason; log-probabilities within `tol`.

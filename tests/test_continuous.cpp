@@ -189,17 +189,10 @@ TEST_CASE("slot occupancy: refilled slots stay busy where a block's wait for its
   const std::vector<GenRequest> reqs = test::varied_answer_requests(rng, 48, tokens);
   GenStats refill;
   run_all(*l.model, reqs, 4, GenOptions{}, &refill);
-  CHECK(refill.generated_tokens == tokens);
-  CHECK(refill.live_slot_steps == tokens - int64_t(reqs.size()));  // each answer's first token is prefill's
-  CHECK(refill.decode_slot_steps == 4 * refill.decode_steps);
   GenStats blocks;
   for (size_t b = 0; b < reqs.size(); b += 4)
     generate(*l.model, std::vector<GenRequest>(reqs.begin() + long(b), reqs.begin() + long(b + 4)), {}, &blocks);
-  CHECK(blocks.live_slot_steps == refill.live_slot_steps);
-  INFO("occupancy: refill " << refill.occupancy() << ", blocks " << blocks.occupancy());
-  CHECK(refill.occupancy() > 0.9);
-  CHECK(blocks.occupancy() < 0.75);
-  CHECK(refill.decode_steps < blocks.decode_steps);
+  test::check_refill_occupancy(refill, blocks, tokens, reqs.size(), 4);
 }
 
 TEST_CASE("the offloading engine's blocks count their slot occupancy", "[continuous][offload]") {
@@ -227,13 +220,7 @@ TEST_CASE("the offloading engine's blocks count their slot occupancy", "[continu
 
 TEST_CASE("continuous batching refuses what it cannot serve and keeps what finished", "[continuous]") {
   test::FixtureModel l = test::load_fixture_model("tiny-llama", make_cpu_backend(2));
-  GenRequest ok;
-  ok.prompt = {5, 6, 7};
-  ok.sampling.max_new_tokens = 3;
-  GenRequest wide = ok;
-  wide.n = 3;
-  GenRequest longer = ok;
-  longer.sampling.max_new_tokens = 9;
+  const auto [ok, wide, longer] = test::refusal_requests();
   // One slot: the first request finishes and is handed over before the second is taken.
   ContinuousOptions o;
   o.slots = 1;

@@ -69,15 +69,7 @@ TEST_CASE("compressed: every placement gives the all-on-GPU compressed run's gre
   for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-qwen3"}) {
     ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     const std::vector<GenRequest> reqs = fixture_requests(load_expected(name));
-    std::vector<std::vector<GenResult>> reference;
-    for (const auto& [w, c] : settings) {
-      OffloadOptions opt;
-      opt.policy = policy_of(int(reqs.size()), 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}, false, true);
-      opt.policy.compress_weights = w;
-      opt.policy.compress_kv_cache = c;
-      OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
-      reference.push_back(run_blocks(engine, reqs));
-    }
+    const std::vector<std::vector<GenResult>> reference = all_gpu_compressed_runs(model, *backend, reqs);
     const std::vector<OffloadOptions> grid = compressed_grid();
     for (size_t n = 0; n < grid.size(); ++n) {
       const OffloadOptions& opt = grid[n];

@@ -91,15 +91,7 @@ TEST_CASE("serving, compressed: every placement gives the all-on-GPU compressed 
   for (const char* name : {"tiny-llama", "tiny-qwen3"}) {
     ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     const std::vector<GenRequest> reqs = varied_requests(load_expected(name), nullptr);
-    std::vector<std::vector<GenResult>> reference;
-    for (const auto& [w, c] : settings) {
-      OffloadOptions opt;
-      opt.policy = policy_of(int(reqs.size()), 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}, false, true);
-      opt.policy.compress_weights = w;
-      opt.policy.compress_kv_cache = c;
-      OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
-      reference.push_back(engine.generate(reqs));
-    }
+    const std::vector<std::vector<GenResult>> reference = all_gpu_compressed_runs(model, *backend, reqs);
     const std::vector<OffloadOptions> grid = compressed_grid();
     for (size_t n = 0; n < grid.size(); ++n) {
       OffloadEngine engine(model.config, *model.weights, *backend, grid[n], shape_of(reqs));
@@ -163,28 +155,18 @@ TEST_CASE("serving: refilled slots stay busy where a block waits for its longest
   run_blocks(engine, reqs);  // warm-up: the blocks' figures below start from a fresh GenStats
   for (size_t b = 0; b < reqs.size(); b += 4)
     engine.generate(std::vector<GenRequest>(reqs.begin() + long(b), reqs.begin() + long(b + 4)), &blocks);
-  CHECK(refill.generated_tokens == tokens);
   CHECK(refill.prompt_tokens == 2 * int64_t(reqs.size()));
-  CHECK(refill.live_slot_steps == tokens - int64_t(reqs.size()));  // each answer's first token is prefill's
-  CHECK(refill.decode_slot_steps == 4 * refill.decode_steps);
-  CHECK(blocks.live_slot_steps == refill.live_slot_steps);
-  INFO("occupancy: refill " << refill.occupancy() << ", blocks " << blocks.occupancy());
-  CHECK(refill.occupancy() > 0.9);
-  CHECK(blocks.occupancy() < 0.75);
-  CHECK(refill.decode_steps < blocks.decode_steps);
+  check_refill_occupancy(refill, blocks, tokens, reqs.size(), 4);
 }
 
 TEST_CASE("serving refuses what it cannot serve and keeps what finished", "[offload][refill]") {
   FixtureModel l = load_fixture_model("tiny-llama", make_cpu_backend(2));
-  GenRequest ok;
-  ok.prompt = {5, 6, 7};
-  ok.sampling.max_new_tokens = 3;
-  GenRequest wide = ok;
-  wide.n = 3;
-  GenRequest longer = ok;
-  longer.sampling.max_new_tokens = 9;
-  GenRequest scored = ok;
-  scored.score_prompt = true;
+  const auto [ok, wide, longer] = refusal_requests();
+  const GenRequest scored = [&] {
+    GenRequest r = ok;
+    r.score_prompt = true;
+    return r;
+  }();
   OffloadOptions o;
   o.policy = policy_of(1, 1, {0, 100, 0}, {0, 100, 0}, {100, 0, 0});
   o.offload_dir = offload_dir("serve");
