@@ -47,8 +47,12 @@ public:
   int64_t fused_dequant_max_tokens() const override { return in_.fused_dequant_max_tokens(); }
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override { in_.add(a, b, out); }
   void activation(Activation act, const Tensor& x) override { in_.activation(act, x); }
-  void swiglu(const Tensor& g, const Tensor& u, const Tensor& out) override { in_.swiglu(g, u, out); }
+  void swiglu(const Tensor& gu, const Tensor& out) override { in_.swiglu(gu, out); }
   void rope(const Tensor& x, const Tensor& pos, const Tensor& inv_freq) override { in_.rope(x, pos, inv_freq); }
+  void split_qkv(const Tensor& qkv, const Tensor& pos, const Tensor& inv_freq, const Tensor& q, const Tensor& k,
+                 const Tensor& v) override {
+    in_.split_qkv(qkv, pos, inv_freq, q, k, v);
+  }
   void kv_store(const Tensor& k, const Tensor& v, const Tensor& ck, const Tensor& cv, const Tensor& slots,
                 const Tensor& pos) override {
     in_.kv_store(k, v, ck, cv, slots, pos);

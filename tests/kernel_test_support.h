@@ -1,7 +1,9 @@
 // Helpers shared by the kernel tests (test_cpu_attention_f16, test_cpu_quant_ops, test_cuda_*):
 // fp16-representable random data, element counts, and the skip on a machine without a GPU.
 #pragma once
+#include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <initializer_list>
 #include <random>
 #include <vector>
@@ -46,6 +48,55 @@ inline size_t count(std::initializer_list<int64_t> dims) {
   size_t n = 1;
   for (int64_t d : dims) n *= size_t(d);
   return n;
+}
+
+// float64 references of the ops after the stacked projections (Backend::swiglu, split_qkv).
+// gate_up: [T, 2f] -> [T, f].
+inline std::vector<double> swiglu_reference(const std::vector<float>& gate_up, int64_t T, int64_t f) {
+  std::vector<double> out(size_t(T * f));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < f; ++i) {
+      const double g = gate_up[size_t(t * 2 * f + i)], u = gate_up[size_t(t * 2 * f + f + i)];
+      out[size_t(t * f + i)] = g / (1.0 + std::exp(-g)) * u;
+    }
+  return out;
+}
+
+// qkv: [T, (heads + 2 kv_heads) d] -> q [T, heads, d], k and v [T, kv_heads, d] (concatenated in
+// that order in the result), q and k rotated (rotate_half) by positions x inv_freq unless
+// inv_freq is empty. The angle is the fp32 product, as Hugging Face forms it.
+inline std::vector<double> split_qkv_reference(const std::vector<float>& qkv, const std::vector<int32_t>& pos,
+                                               const std::vector<float>& inv_freq, int64_t heads, int64_t kv_heads,
+                                               int64_t d) {
+  const int64_t T = int64_t(pos.size()), qd = heads * d, kvd = kv_heads * d, row = qd + 2 * kvd, half = d / 2;
+  std::vector<double> q(size_t(T * qd)), k(size_t(T * kvd)), v(size_t(T * kvd));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* src = qkv.data() + t * row;
+    for (auto [dst, from, n] : {std::tuple{q.data() + t * qd, src, heads}, {k.data() + t * kvd, src + qd, kv_heads}})
+      for (int64_t hd = 0; hd < n; ++hd)
+        for (int64_t i = 0; i < d; ++i) {
+          const double x = from[hd * d + i];
+          if (inv_freq.empty()) {
+            dst[hd * d + i] = x;
+            continue;
+          }
+          const int64_t j = i % half;
+          const double a = double(float(pos[size_t(t)]) * inv_freq[size_t(j)]);
+          const double partner = from[hd * d + (i < half ? i + half : i - half)];
+          dst[hd * d + i] = i < half ? x * std::cos(a) - partner * std::sin(a) : x * std::cos(a) + partner * std::sin(a);
+        }
+    for (int64_t i = 0; i < kvd; ++i) v[size_t(t * kvd + i)] = src[qd + kvd + i];
+  }
+  q.insert(q.end(), k.begin(), k.end());
+  q.insert(q.end(), v.begin(), v.end());
+  return q;
+}
+
+// Llama's inverse frequencies for heads of d.
+inline std::vector<float> rope_inv_freq_of(int64_t d) {
+  std::vector<float> inv(size_t(d / 2));
+  for (int64_t i = 0; i < d / 2; ++i) inv[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(d));
+  return inv;
 }
 
 inline quant::QuantSpec spec_of(int bits, int group) {

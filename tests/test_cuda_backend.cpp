@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernel_test_support.h"
@@ -280,14 +281,16 @@ TEST_CASE("cuda: add, activations and swiglu match the CPU backend", "[cuda]") {
         expect_close(r.read(g_x), r.read(c_x), 1e-3f, 2e-3f, shape_label(act == Activation::ReLU ? "relu" : "gelu", {T, h}));
       }
 
-      Tensor c_s = r.cpu_out({T, h});
+      // SwiGLU over the stacked gate/up GEMM's rows [T, 2h]: a's row, then b's.
+      std::vector<float> gu;
+      for (int64_t t = 0; t < T; ++t) {
+        gu.insert(gu.end(), a.begin() + t * h, a.begin() + (t + 1) * h);
+        gu.insert(gu.end(), b.begin() + t * h, b.begin() + (t + 1) * h);
+      }
       Tensor g_s = r.gpu_poisoned(DType::F16, {T, h});
-      r.cpu->swiglu(r.cpu_f32(a, {T, h}), r.cpu_f32(b, {T, h}), c_s);
-      r.gpu->swiglu(r.gpu_f16(a, {T, h}), r.gpu_f16(b, {T, h}), g_s);
-      expect_close(r.read(g_s), r.read(c_s), 2e-3f, 2e-3f, shape_label("swiglu", {T, h}));
-      Tensor g_gate = r.gpu_f16(a, {T, h});  // out aliases gate
-      r.gpu->swiglu(g_gate, r.gpu_f16(b, {T, h}), g_gate);
-      expect_close(r.read(g_gate), r.read(c_s), 2e-3f, 2e-3f, shape_label("swiglu in place", {T, h}));
+      r.gpu->swiglu(r.gpu_f16(gu, {T, 2 * h}), g_s);
+      const std::vector<double> want = test::swiglu_reference(gu, T, h);
+      expect_close(r.read(g_s), std::vector<float>(want.begin(), want.end()), 2e-3f, 2e-3f, shape_label("swiglu", {T, h}));
     }
   }
 }
@@ -309,6 +312,39 @@ TEST_CASE("cuda: rope matches the CPU backend, long positions included", "[cuda]
       r.cpu->rope(c_x, r.i32(*r.cpu, pos, {T}), r.cpu_f32(inv_freq, {d / 2}));
       r.gpu->rope(g_x, r.i32(*r.gpu, pos, {T}), r.gpu_f32(inv_freq, {d / 2}));
       expect_close(r.read(g_x), r.read(c_x), 2e-3f, 2e-3f, shape_label("rope", {T, heads, d}));
+    }
+  }
+}
+
+TEST_CASE("cuda: split_qkv splits and rotates the stacked rows as a float64 reference does", "[cuda]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(16);
+  for (int64_t T : {1, 3, 17}) {
+    for (auto [heads, kv_heads, d] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+             {6, 6, 20}, {8, 2, 64}, {4, 1, 128}, {2, 2, 256}}) {
+      for (bool rotate : {true, false}) {
+        Rig r;
+        std::vector<int32_t> pos(static_cast<size_t>(T));
+        for (auto& p : pos) p = int32_t(rng() % 5000);
+        pos[0] = T > 1 ? 131071 : 0;
+        const int64_t qd = heads * d, kvd = kv_heads * d;
+        const std::vector<float> qkv = random_f16(size_t(T * (qd + 2 * kvd)), rng);
+        const std::vector<float> inv = rotate ? test::rope_inv_freq_of(d) : std::vector<float>();
+        Tensor q = r.gpu_poisoned(DType::F16, {T, heads, d});
+        Tensor k = r.gpu_poisoned(DType::F16, {T, kv_heads, d});
+        Tensor v = r.gpu_poisoned(DType::F16, {T, kv_heads, d});
+        r.gpu->split_qkv(r.gpu_f16(qkv, {T, qd + 2 * kvd}), r.i32(*r.gpu, pos, {T}),
+                         rotate ? r.gpu_f32(inv, {d / 2}) : Tensor(), q, k, v);
+        const std::vector<double> want = test::split_qkv_reference(qkv, pos, inv, heads, kv_heads, d);
+        auto part = [&](size_t at, size_t n) { return std::vector<float>(want.begin() + ptrdiff_t(at), want.begin() + ptrdiff_t(at + n)); };
+        const std::string what = std::string(rotate ? "split_qkv rotated" : "split_qkv") + " heads " +
+                                 std::to_string(heads) + "/" + std::to_string(kv_heads);
+        expect_close(r.read(q), part(0, size_t(T * qd)), 2e-3f, 2e-3f, shape_label((what + ": q").c_str(), {T, d}));
+        expect_close(r.read(k), part(size_t(T * qd), size_t(T * kvd)), 2e-3f, 2e-3f,
+                     shape_label((what + ": k").c_str(), {T, d}));
+        expect_close(r.read(v), part(size_t(T * (qd + kvd)), size_t(T * kvd)), 0.0f, 0.0f,
+                     shape_label((what + ": v").c_str(), {T, d}));
+      }
     }
   }
 }

@@ -238,8 +238,9 @@ TEST_CASE("the schedule's buffers and homes take exactly what the plan says", "[
 TEST_CASE("the GPU working set follows the prefill step, not the batch's prompts", "[offload][placement]") {
   // OPT-30B, FlexGen's policy (48 x 3, weights 20/80, cache and activations on the CPU, CPU
   // attention), prompt 512 + 32, fp16. By hand: a step of 1024 tokens holds 2 prompts; the
-  // workspace is 1024 tokens of x, q, k, v, attn (5 x 7168) and two MLP halves (2 x 28672) plus 48
-  // logit rows of 7168 and of 50272 fp32 logits, and ids; the cache staging holds 2 sequences' K and V of 544
+  // workspace is 1024 tokens of x, q, k, v, attn (5 x 7168) and the MLP's fc1 output (28672, which
+  // also holds the stacked q/k/v GEMM's 3 x 7168; ReLU acts in place) plus 48 logit rows of 7168
+  // and of 50272 fp32 logits, and ids; the cache staging holds 2 sequences' K and V of 544
   // positions; the activation staging holds the 2-prompt piece of the hidden state; CPU attention
   // takes two GPU buffers for its output of a step (1024 x 7168: continuous batching delegates
   // a step's prompt pieces too), one per step in flight.
@@ -252,7 +253,7 @@ TEST_CASE("the GPU working set follows the prefill step, not the batch's prompts
   CHECK(plan.act_piece_bytes == size_t(2 * 512 * 7168 * 2));
   CHECK(plan.act_stage_bytes == plan.act_piece_bytes);
   CHECK(plan.act_unit_bytes == 24 * plan.act_piece_bytes);  // the whole batch's prefill hidden state at home
-  const double workspace = 1024.0 * (5 * 7168 + 2 * 28672) * 2 + 48.0 * 7168 * 2 + 48.0 * 50272 * 4 + 1024.0 * 4 * 4 + 48 * 4;
+  const double workspace = 1024.0 * (5 * 7168 + 28672) * 2 + 48.0 * 7168 * 2 + 48.0 * 50272 * 4 + 1024.0 * 4 * 4 + 48 * 4;
   const double staging = double(plan.attn_weight_bytes + plan.mlp_weight_bytes) +
                          3.0 * double(plan.cache_stage_bytes) + 3.0 * double(plan.act_stage_bytes) +
                          2.0 * 1024 * 7168 * 2;

@@ -16,24 +16,26 @@ struct LayerNames {
   const char* opt;
   const char* llama;
 };
+// In block order: a layer's q, k and v weights (and their biases), and SwiGLU's gate and up, are
+// adjacent so that the layout can stack them into one matrix (model_weights.cpp, block_layout).
 constexpr LayerNames kLayerNames[] = {
     {WeightRole::AttnNormW, "self_attn_layer_norm.weight", "input_layernorm.weight"},
     {WeightRole::AttnNormB, "self_attn_layer_norm.bias", nullptr},
-    {WeightRole::QW, "self_attn.q_proj.weight", "self_attn.q_proj.weight"},
-    {WeightRole::QB, "self_attn.q_proj.bias", "self_attn.q_proj.bias"},
     {WeightRole::QNormW, nullptr, "self_attn.q_norm.weight"},
-    {WeightRole::KW, "self_attn.k_proj.weight", "self_attn.k_proj.weight"},
-    {WeightRole::KB, "self_attn.k_proj.bias", "self_attn.k_proj.bias"},
     {WeightRole::KNormW, nullptr, "self_attn.k_norm.weight"},
+    {WeightRole::QW, "self_attn.q_proj.weight", "self_attn.q_proj.weight"},
+    {WeightRole::KW, "self_attn.k_proj.weight", "self_attn.k_proj.weight"},
     {WeightRole::VW, "self_attn.v_proj.weight", "self_attn.v_proj.weight"},
+    {WeightRole::QB, "self_attn.q_proj.bias", "self_attn.q_proj.bias"},
+    {WeightRole::KB, "self_attn.k_proj.bias", "self_attn.k_proj.bias"},
     {WeightRole::VB, "self_attn.v_proj.bias", "self_attn.v_proj.bias"},
     {WeightRole::OW, "self_attn.out_proj.weight", "self_attn.o_proj.weight"},
     {WeightRole::OB, "self_attn.out_proj.bias", "self_attn.o_proj.bias"},
     {WeightRole::MlpNormW, "final_layer_norm.weight", "post_attention_layernorm.weight"},
     {WeightRole::MlpNormB, "final_layer_norm.bias", nullptr},
     {WeightRole::Fc1W, "fc1.weight", "mlp.gate_proj.weight"},
-    {WeightRole::Fc1B, "fc1.bias", nullptr},
     {WeightRole::UpW, nullptr, "mlp.up_proj.weight"},
+    {WeightRole::Fc1B, "fc1.bias", nullptr},
     {WeightRole::Fc2W, "fc2.weight", "mlp.down_proj.weight"},
     {WeightRole::Fc2B, "fc2.bias", nullptr},
 };

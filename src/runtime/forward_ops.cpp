@@ -15,12 +15,16 @@ struct PieceShape {
 
 // The workspace's pieces, in the order of ForwardOps::bind_workspace's targets. Logits are fp32 on
 // every backend (head()).
+// mlp_a_ holds the stacked q/k/v GEMM's output until split_qkv, then the MLP's first GEMM's (gate
+// and up side by side for SwiGLU); mlp_b_ is SwiGLU's product (the other MLPs act in place).
 std::vector<PieceShape> workspace_shapes(const ModelConfig& cfg, DType dt, int64_t T, int64_t R) {
   const int64_t h = cfg.hidden, qd = cfg.q_dim(), f = cfg.intermediate, V = cfg.vocab_size;
+  const bool swiglu = cfg.mlp == MlpKind::SwiGLU;
+  const int64_t a_width = std::max(swiglu ? 2 * f : f, qd + 2 * cfg.kv_dim());
   return {{dt, {T, h}},          {dt, {T, cfg.n_heads, cfg.head_dim}},
           {dt, {T, cfg.n_kv_heads, cfg.head_dim}}, {dt, {T, cfg.n_kv_heads, cfg.head_dim}},
-          {dt, {T, qd}},         {dt, {T, f}},
-          {dt, {T, f}},          {dt, {R, h}},
+          {dt, {T, qd}},         {dt, {T, a_width}},
+          {dt, {swiglu ? T : 0, f}}, {dt, {R, h}},
           {DType::F32, {R, V}},  {DType::I32, {T}},
           {DType::I32, {T}},     {DType::I32, {T}},
           {DType::I32, {T}},     {DType::I32, {R}}};
@@ -30,6 +34,13 @@ size_t piece_bytes(const PieceShape& p) {
   size_t n = dtype_size(p.dt);
   for (int64_t d : p.dims) n *= size_t(d);
   return (n + 255) / 256 * 256;  // every piece 256-byte aligned, as cuBLAS and vector loads like
+}
+
+// The first rows x width elements of a workspace piece, as [rows, width].
+Tensor leading(const Tensor& piece, int64_t rows, int64_t width) {
+  STRATA_CHECK(rows * width <= piece.numel(), "internal: " << rows << " x " << width << " outgrow the piece "
+                                                           << piece.shape_str());
+  return Tensor(piece.data, piece.dtype, piece.device, {rows, width});
 }
 
 }  // namespace
@@ -151,18 +162,21 @@ AttentionInputs ForwardOps::attention_inputs(const LayerWeights& w, const Tensor
   const Tensor q = q_.rows(0, T), k = k_.rows(0, T), v = v_.rows(0, T);
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
   norm(x, w.attn_norm_w, w.attn_norm_b, xn);
-  backend_.linear(xn, w.q_w, w.q_b, q.reshaped({T, qd}));
-  backend_.linear(xn, w.k_w, w.k_b, k.reshaped({T, kvd}));
-  backend_.linear(xn, w.v_w, w.v_b, v.reshaped({T, kvd}));
+  // One GEMM over the stacked q/k/v rows, then one pass that splits its output and rotates q and
+  // k. Qwen3 normalises each head of q and k before the rotation, so there the pass only splits.
+  const Tensor qkv = leading(mlp_a_, T, qd + 2 * kvd);
+  backend_.linear(xn, w.qkv_w, w.qkv_b, qkv);
+  const bool rope = cfg_.pos == PosKind::Rope;
+  backend_.split_qkv(qkv, pos, rope && !cfg_.qk_norm ? inv_freq : Tensor(), q, k, v);
   if (cfg_.qk_norm) {  // Qwen3: every head of q and k normalised on its own, in place
     const Tensor q_heads = q.reshaped({T * cfg_.n_heads, cfg_.head_dim});
     const Tensor k_heads = k.reshaped({T * cfg_.n_kv_heads, cfg_.head_dim});
     backend_.rms_norm(q_heads, w.q_norm_w, cfg_.norm_eps, q_heads);
     backend_.rms_norm(k_heads, w.k_norm_w, cfg_.norm_eps, k_heads);
-  }
-  if (cfg_.pos == PosKind::Rope) {
-    backend_.rope(q, pos, inv_freq);
-    backend_.rope(k, pos, inv_freq);
+    if (rope) {
+      backend_.rope(q, pos, inv_freq);
+      backend_.rope(k, pos, inv_freq);
+    }
   }
   return {q, k, v};
 }
@@ -194,17 +208,19 @@ void ForwardOps::mlp_block(const LayerWeights& w, const Tensor& x) {
   const Tensor xn = xn_.rows(0, T);
   // Pre-norm: x += fc2(act(fc1(x))), or down(silu(gate(x)) * up(x)).
   norm(x, w.mlp_norm_w, w.mlp_norm_b, xn);
-  const Tensor a = mlp_a_.rows(0, T), b = mlp_b_.rows(0, T);
-  backend_.linear(xn, w.fc1_w, w.fc1_b, a);
-  switch (cfg_.mlp) {
-    case MlpKind::ReLU: backend_.activation(Activation::ReLU, a); break;
-    case MlpKind::GELU: backend_.activation(Activation::GELU, a); break;
-    case MlpKind::SwiGLU:
-      backend_.linear(xn, w.up_w, Tensor(), b);
-      backend_.swiglu(a, b, a);
-      break;
+  const int64_t f = cfg_.intermediate;
+  Tensor act;  // the input of fc2 (down)
+  if (cfg_.mlp == MlpKind::SwiGLU) {  // gate and up as one GEMM, side by side in each row
+    const Tensor gate_up = leading(mlp_a_, T, 2 * f);
+    backend_.linear(xn, w.gate_up_w, Tensor(), gate_up);
+    act = mlp_b_.rows(0, T);
+    backend_.swiglu(gate_up, act);
+  } else {
+    act = leading(mlp_a_, T, f);
+    backend_.linear(xn, w.fc1_w, w.fc1_b, act);
+    backend_.activation(cfg_.mlp == MlpKind::ReLU ? Activation::ReLU : Activation::GELU, act);
   }
-  backend_.linear(a, w.fc2_w, w.fc2_b, xn);
+  backend_.linear(act, w.fc2_w, w.fc2_b, xn);
   backend_.add(x, xn, x);
 }
 

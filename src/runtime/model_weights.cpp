@@ -63,19 +63,54 @@ Buffer upload_block(const BlockLayout& layout, const WeightSource& src, Backend&
   return block;
 }
 
+// Whether `role` is stacked under `prev` in one matrix: q, k, v (and their biases), gate and up.
+bool stacks_under(WeightRole prev, WeightRole role) {
+  using R = WeightRole;
+  return (prev == R::QW && role == R::KW) || (prev == R::KW && role == R::VW) || (prev == R::QB && role == R::KB) ||
+         (prev == R::KB && role == R::VB) || (prev == R::Fc1W && role == R::UpW);
+}
+
 BlockLayout block_layout(std::vector<WeightSpec> specs, DType dt, const std::optional<quant::QuantSpec>& compression) {
   const size_t align = 256;  // keeps every view aligned for vector loads and cuBLAS
   BlockLayout b;
   b.dtype = dt;
   b.compression = compression;
   b.specs = std::move(specs);
-  for (const WeightSpec& s : b.specs) {
+  size_t end = 0;  // of the last tensor, before the padding that aligns the next
+  for (size_t i = 0; i < b.specs.size(); ++i) {
+    const WeightSpec& s = b.specs[i];
     const DType stored = compression && is_projection(s.role) ? quant::dtype_of(*compression) : dt;
-    b.offsets.push_back(b.bytes);
+    // A stacked tensor starts where the one above it ends: their rows form one matrix.
+    const size_t offset = i > 0 && stacks_under(b.specs[i - 1].role, s.role) ? end : b.bytes;
+    b.offsets.push_back(offset);
     b.dtypes.push_back(stored);
-    b.bytes += (stored_bytes(s, stored, compression) + align - 1) / align * align;
+    end = offset + stored_bytes(s, stored, compression);
+    b.bytes = (end + align - 1) / align * align;
   }
   return b;
+}
+
+// A view of rows stacked from `top` down through `bottom` (stacks_under), or an empty tensor when
+// either is absent.
+Tensor stacked_view(const Tensor& top, const Tensor& bottom, int64_t rows) {
+  if (top.empty() || bottom.empty()) return Tensor();
+  STRATA_CHECK(static_cast<const char*>(bottom.data) + bottom.nbytes() ==
+                   static_cast<const char*>(top.data) + (top.ndim == 1 ? size_t(rows) * dtype_size(top.dtype)
+                                                                       : size_t(rows) * top.row_bytes()),
+               "internal: stacked projections are not contiguous");
+  Tensor t = top;
+  t.shape[0] = rows;
+  return t;
+}
+
+// The stacked matrices' views over a layer's q/k/v and gate/up (block_layout lays them so).
+void set_stacked_views(LayerWeights& lw) {
+  if (!lw.q_w.empty() && !lw.k_w.empty() && !lw.v_w.empty()) {
+    const int64_t rows = lw.q_w.dim(0) + lw.k_w.dim(0) + lw.v_w.dim(0);
+    lw.qkv_w = stacked_view(lw.q_w, lw.v_w, rows);
+    lw.qkv_b = stacked_view(lw.q_b, lw.v_b, rows);
+  }
+  if (!lw.up_w.empty()) lw.gate_up_w = stacked_view(lw.fc1_w, lw.up_w, lw.fc1_w.dim(0) + lw.up_w.dim(0));
 }
 
 }  // namespace
@@ -189,6 +224,7 @@ LayerWeights layer_views(const BlockLayout& layout, void* base, Device device) {
   LayerWeights lw;
   for (size_t i = 0; i < layout.specs.size(); ++i)
     layer_tensor(lw, layout.specs[i].role) = make_spec_view(layout, i, base, device);
+  set_stacked_views(lw);
   return lw;
 }
 
@@ -207,6 +243,7 @@ LayerWeights dequantized_views(const LayerWeights& w, const BlockLayout& fp_layo
     dst = make_spec_view(fp_layout, i, base, backend.device());
     backend.dequantize_rows(quant::spec_of(src), src.data, dst);
   }
+  set_stacked_views(out);
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernel_test_support.h"
@@ -145,11 +146,17 @@ TEST_CASE("emulated cuda: add, activations, swiglu and the bias add match the CP
     expect_close(floats(x), c.read(c_x), 1e-3, 2e-3, act == Activation::ReLU ? "relu" : "gelu");
   }
 
-  Tensor c_s = c.f32(std::vector<float>(size_t(n)), {T, h});
-  c.be->swiglu(c.f32(a, {T, h}), c.f32(b, {T, h}), c_s);
-  std::vector<__half> gate = a16;  // out aliases gate
-  launch_swiglu(gate.data(), b16.data(), gate.data(), n, nullptr);
-  expect_close(floats(gate), c.read(c_s), 2e-3, 2e-3, "swiglu in place");
+  // SwiGLU over the stacked gate/up GEMM's rows [T, 2h]: a's row, then b's.
+  std::vector<float> gu;
+  for (int64_t t = 0; t < T; ++t) {
+    gu.insert(gu.end(), a.begin() + t * h, a.begin() + (t + 1) * h);
+    gu.insert(gu.end(), b.begin() + t * h, b.begin() + (t + 1) * h);
+  }
+  const std::vector<__half> gu16 = halves(gu);
+  std::vector<__half> product = poisoned(size_t(n));
+  launch_swiglu(gu16.data(), product.data(), T, h, nullptr);
+  const std::vector<double> want_s = swiglu_reference(gu, T, h);
+  expect_close(floats(product), std::vector<float>(want_s.begin(), want_s.end()), 2e-3, 2e-3, "swiglu");
 
   // y += bias, against the sum in fp32.
   const std::vector<float> bias = random_f16(size_t(h), rng);
@@ -184,6 +191,40 @@ TEST_CASE("emulated cuda: rope matches the CPU backend, long positions included"
     p.token_stride = heads * d;
     launch_rope(p, nullptr);
     expect_close(floats(x16), c.read(c_x), 2e-3, 2e-3, label("rope", {T, heads, d}));
+  }
+}
+
+TEST_CASE("emulated cuda: split_qkv splits and rotates the stacked rows as a float64 reference does",
+          "[emulated]") {
+  std::mt19937 rng(16);
+  const int64_t T = 3;
+  for (auto [heads, kv_heads, d] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{6, 6, 20}, {8, 2, 64}, {4, 1, 128}}) {
+    for (bool rotate : {true, false}) {
+      const std::vector<int32_t> pos{131071, 7, int32_t(rng() % 5000)};
+      const int64_t qd = heads * d, kvd = kv_heads * d;
+      const std::vector<float> qkv = random_f16(size_t(T * (qd + 2 * kvd)), rng);
+      const std::vector<float> inv = rotate ? rope_inv_freq_of(d) : std::vector<float>();
+      const std::vector<__half> qkv16 = halves(qkv);
+      std::vector<__half> q = poisoned(size_t(T * qd)), k = poisoned(size_t(T * kvd)), v = poisoned(size_t(T * kvd));
+      SplitQkvParams p{};
+      p.qkv = qkv16.data();
+      p.positions = pos.data();
+      p.inv_freq = rotate ? inv.data() : nullptr;
+      p.q = q.data();
+      p.k = k.data();
+      p.v = v.data();
+      p.tokens = T;
+      p.heads = int(heads);
+      p.kv_heads = int(kv_heads);
+      p.head_dim = int(d);
+      launch_split_qkv(p, nullptr);
+      const std::vector<double> want = split_qkv_reference(qkv, pos, inv, heads, kv_heads, d);
+      auto part = [&](int64_t at, int64_t n) { return std::vector<float>(want.begin() + at, want.begin() + at + n); };
+      const std::string what = label(rotate ? "split_qkv rotated" : "split_qkv", {heads, kv_heads, d});
+      expect_close(floats(q), part(0, T * qd), 2e-3, 2e-3, what + ": q");
+      expect_close(floats(k), part(T * qd, T * kvd), 2e-3, 2e-3, what + ": k");
+      expect_close(floats(v), part(T * (qd + kvd), T * kvd), 0.0, 0.0, what + ": v");
+    }
   }
 }
 

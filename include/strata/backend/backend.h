@@ -167,14 +167,21 @@ public:
   // x = act(x) in place.
   virtual void activation(Activation act, const Tensor& x) = 0;
 
-  // out = silu(gate) * up elementwise. gate, up, out: [T, f]; out may alias gate.
-  virtual void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+  // out[t, i] = silu(gate_up[t, i]) * gate_up[t, f + i]: gate_up [T, 2f] is the stacked gate/up
+  // GEMM's output (gate's f columns, then up's), out [T, f]. out must not alias gate_up.
+  virtual void swiglu(const Tensor& gate_up, const Tensor& out) = 0;
 
   // Rotary embedding in place, Hugging Face's rotate_half convention: for i < d/2 with
   // a = pos[t] * inv_freq[i]: (x[i], x[i + d/2]) <- (x[i] cos a - x[i + d/2] sin a,
   //                                                   x[i + d/2] cos a + x[i] sin a).
   // x: [T, heads, d]; positions: I32 [T]; inv_freq: F32 [d/2] (scaling already applied).
   virtual void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) = 0;
+
+  // The stacked q/k/v GEMM's output qkv [T, (heads + 2 kv_heads) d] (each row q's, then k's, then
+  // v's columns) into q [T, heads, d], k and v [T, kv_heads, d], rotating q and k as rope() does
+  // on the way unless inv_freq is empty. One pass instead of three copies and two rotations.
+  virtual void split_qkv(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const Tensor& q,
+                         const Tensor& k, const Tensor& v) = 0;
 
   // cache_k[slots[t], positions[t]] = k[t], likewise v. (The CPU backend also takes F16 k/v and
   // caches here and in attention(), for attention delegated to the CPU from an fp16 GPU.)

@@ -25,6 +25,10 @@ struct LayerWeights {
   Tensor mlp_norm_w, mlp_norm_b;     // [h]
   Tensor fc1_w, fc1_b, up_w;         // [f, h] (fc1 = gate_proj for SwiGLU), [f]
   Tensor fc2_w, fc2_b;               // [h, f], [h]
+  // Views of the stacked projections, one GEMM each (the block lays their rows back to back):
+  // qkv_w = [q_w; k_w; v_w] [q_dim + 2 kv_dim, h], qkv_b likewise where there are biases, and
+  // SwiGLU's gate_up_w = [fc1_w; up_w] [2f, h]. Empty where a part is absent.
+  Tensor qkv_w, qkv_b, gate_up_w;
 };
 
 struct ModelWeights {
@@ -45,7 +49,8 @@ struct ModelWeights {
 ModelWeights load_model_weights(const ModelConfig& cfg, const WeightSource& source, Backend& backend, int threads = 0);
 
 // The byte layout of one block of tensors (a layer, or the globals) as stored in a Buffer, in
-// pinned memory or on disk: each tensor 256-byte aligned, in weight_specs order. All layers of a
+// pinned memory or on disk: each tensor 256-byte aligned, in weight_specs order, except that a
+// layer's k and v rows follow its q rows, and up's rows follow gate's, with no gap (one matrix). All layers of a
 // model share one layout, so a layer can move between tiers as one contiguous copy.
 //
 // A compressed layer block keeps its projection matrices (q, k, v, o, fc1/gate, up, fc2/down) as

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <string>
 #include <new>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -64,6 +65,36 @@ void check_i32(const Tensor& t, const char* what) {
   STRATA_CHECK(t.device == Device::CPU && t.dtype == DType::I32 && t.data,
                "cpu backend: " << what << " must be a CPU I32 tensor");
 }
+
+// One token's rotary angles (fp32 products, as Hugging Face computes them) and the rotation of
+// its heads, rope()'s arithmetic for rope() and split_qkv() alike.
+class RopeAngles {
+public:
+  explicit RopeAngles(const Tensor& inv_freq)
+      : inv_freq_(inv_freq.ptr<float>()), cos_(size_t(inv_freq.numel())), sin_(size_t(inv_freq.numel())) {}
+  void at(int32_t position) {
+    const float pos = float(position);
+    for (size_t i = 0; i < cos_.size(); ++i) {
+      const float a = pos * inv_freq_[i];
+      cos_[i] = std::cos(a);
+      sin_[i] = std::sin(a);
+    }
+  }
+  // dst's heads = src's rotated (rotate_half); dst may be src.
+  void rotate(const float* src, float* dst, int64_t heads, int64_t d) const {
+    const int64_t half = d / 2;
+    for (int64_t hd = 0; hd < heads; ++hd, src += d, dst += d)
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = src[i], b = src[i + half];
+        dst[i] = a * cos_[size_t(i)] - b * sin_[size_t(i)];
+        dst[i + half] = b * cos_[size_t(i)] + a * sin_[size_t(i)];
+      }
+  }
+
+private:
+  const float* inv_freq_;
+  std::vector<float> cos_, sin_;
+};
 
 // Up to this many tokens, linear() streams the weights itself instead of calling sgemm.
 constexpr int64_t kStreamingMaxTokens = 8;
@@ -255,15 +286,18 @@ public:
     });
   }
 
-  void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override {
-    check_f32(gate, "gate");
-    check_f32(up, "up");
+  void swiglu(const Tensor& gate_up, const Tensor& out) override {
+    check_f32(gate_up, "gate_up");
     check_f32(out, "out");
-    STRATA_CHECK(gate.numel() == up.numel() && gate.numel() == out.numel(), "swiglu: sizes differ");
-    const float *g = gate.ptr<float>(), *u = up.ptr<float>();
-    float* o = out.ptr<float>();
-    for_elements(gate.numel(), [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    const int64_t T = out.dim(0), f = out.row_size();
+    STRATA_CHECK(gate_up.dim(0) == T && gate_up.row_size() == 2 * f && out.data != gate_up.data,
+                 "swiglu: gate_up " << gate_up.shape_str() << " out " << out.shape_str());
+    pool_.parallel_for(T, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const float *g = gate_up.ptr<float>() + t * 2 * f, *u = g + f;
+        float* o = out.ptr<float>() + t * f;
+        for (int64_t i = 0; i < f; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      }
     });
   }
 
@@ -273,24 +307,47 @@ public:
     check_f32(inv_freq, "inv_freq");
     STRATA_CHECK(x.ndim == 3 && positions.numel() == x.dim(0) && inv_freq.numel() * 2 == x.dim(2),
                  "rope: x " << x.shape_str() << " inv_freq " << inv_freq.shape_str());
-    const int64_t heads = x.dim(1), d = x.dim(2), half = d / 2;
+    const int64_t heads = x.dim(1), d = x.dim(2);
     pool_.parallel_for(x.dim(0), [&](int64_t t0, int64_t t1) {
-      std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+      RopeAngles angles(inv_freq);
       for (int64_t t = t0; t < t1; ++t) {
-        const float pos = float(positions.ptr<int32_t>()[t]);
-        for (int64_t i = 0; i < half; ++i) {
-          const float a = pos * inv_freq.ptr<float>()[i];  // fp32 product, as Hugging Face computes it
-          cs[size_t(i)] = std::cos(a);
-          sn[size_t(i)] = std::sin(a);
+        angles.at(positions.ptr<int32_t>()[t]);
+        float* xt = x.ptr<float>() + t * heads * d;
+        angles.rotate(xt, xt, heads, d);
+      }
+    });
+  }
+
+  void split_qkv(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const Tensor& q, const Tensor& k,
+                 const Tensor& v) override {
+    for (const auto& [t, name] : {std::pair{&qkv, "qkv"}, {&q, "q"}, {&k, "k"}, {&v, "v"}}) check_f32(*t, name);
+    check_i32(positions, "positions");
+    const int64_t T = q.dim(0), qd = q.row_size(), kvd = k.row_size();
+    STRATA_CHECK(q.ndim == 3 && k.ndim == 3 && v.ndim == 3 && k.dim(0) == T && v.dim(0) == T && v.row_size() == kvd &&
+                     qkv.dim(0) == T && qkv.row_size() == qd + 2 * kvd && positions.numel() == T,
+                 "split_qkv: qkv " << qkv.shape_str() << " q " << q.shape_str() << " k " << k.shape_str() << " v "
+                                   << v.shape_str());
+    const int64_t d = q.dim(2);
+    const bool rotate = !inv_freq.empty();
+    if (rotate) {
+      check_f32(inv_freq, "inv_freq");
+      STRATA_CHECK(inv_freq.numel() * 2 == d && k.dim(2) == d, "split_qkv: inv_freq " << inv_freq.shape_str());
+    }
+    pool_.parallel_for(T, [&](int64_t t0, int64_t t1) {
+      std::optional<RopeAngles> angles;
+      if (rotate) angles.emplace(inv_freq);
+      for (int64_t t = t0; t < t1; ++t) {
+        const float* src = qkv.ptr<float>() + t * (qd + 2 * kvd);
+        float *qt = q.ptr<float>() + t * qd, *kt = k.ptr<float>() + t * kvd, *vt = v.ptr<float>() + t * kvd;
+        if (rotate) {
+          angles->at(positions.ptr<int32_t>()[t]);
+          angles->rotate(src, qt, q.dim(1), d);
+          angles->rotate(src + qd, kt, k.dim(1), d);
+        } else {
+          std::memcpy(qt, src, size_t(qd) * 4);
+          std::memcpy(kt, src + qd, size_t(kvd) * 4);
         }
-        for (int64_t hd = 0; hd < heads; ++hd) {
-          float* v = x.ptr<float>() + (t * heads + hd) * d;
-          for (int64_t i = 0; i < half; ++i) {
-            const float a = v[i], b = v[i + half];
-            v[i] = a * cs[size_t(i)] - b * sn[size_t(i)];
-            v[i + half] = b * cs[size_t(i)] + a * sn[size_t(i)];
-          }
-        }
+        std::memcpy(vt, src + qd + kvd, size_t(kvd) * 4);
       }
     });
   }

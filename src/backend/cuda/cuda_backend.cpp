@@ -387,14 +387,43 @@ public:
     cuda::launch_activation(kind, f16_mut(x), x.numel(), stream_);
   }
 
-  void swiglu(const Tensor& gate, const Tensor& up, const Tensor& out) override {
-    check_f16(gate, "swiglu", "gate");
-    check_f16(up, "swiglu", "up");
+  void swiglu(const Tensor& gate_up, const Tensor& out) override {
+    check_f16(gate_up, "swiglu", "gate_up");
     check_f16(out, "swiglu", "out");
-    STRATA_CHECK(gate.numel() == up.numel() && gate.numel() == out.numel(),
-                 "cuda swiglu: gate " << gate.shape_str() << " up " << up.shape_str() << " out " << out.shape_str());
+    STRATA_CHECK(gate_up.dim(0) == out.dim(0) && gate_up.row_size() == 2 * out.row_size() && gate_up.data != out.data,
+                 "cuda swiglu: gate_up " << gate_up.shape_str() << " out " << out.shape_str());
     bind();
-    cuda::launch_swiglu(f16(gate), f16(up), f16_mut(out), gate.numel(), stream_);
+    cuda::launch_swiglu(f16(gate_up), f16_mut(out), out.dim(0), out.row_size(), stream_);
+  }
+
+  void split_qkv(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const Tensor& q, const Tensor& k,
+                 const Tensor& v) override {
+    for (const auto& [t, name] : {std::pair{&qkv, "qkv"}, {&q, "q"}, {&k, "k"}, {&v, "v"}}) check_f16(*t, "split_qkv", name);
+    check_i32(positions, "split_qkv", "positions");
+    const int64_t T = q.dim(0);
+    STRATA_CHECK(q.ndim == 3 && k.ndim == 3 && k.shape == v.shape && k.dim(0) == T && k.dim(2) == q.dim(2) &&
+                     qkv.dim(0) == T && qkv.row_size() == q.row_size() + 2 * k.row_size() && positions.numel() == T &&
+                     qkv.row_size() <= INT_MAX,
+                 "cuda split_qkv: qkv " << qkv.shape_str() << " q " << q.shape_str() << " k " << k.shape_str() << " v "
+                                        << v.shape_str());
+    if (!inv_freq.empty()) {
+      check_tensor(inv_freq, DType::F32, "split_qkv", "inv_freq");
+      STRATA_CHECK(q.dim(2) % 2 == 0 && inv_freq.numel() * 2 == q.dim(2),
+                   "cuda split_qkv: inv_freq " << inv_freq.shape_str() << " for heads of " << q.dim(2));
+    }
+    bind();
+    cuda::SplitQkvParams p{};
+    p.qkv = f16(qkv);
+    p.positions = i32(positions);
+    p.inv_freq = inv_freq.empty() ? nullptr : static_cast<const float*>(inv_freq.data);
+    p.q = f16_mut(q);
+    p.k = f16_mut(k);
+    p.v = f16_mut(v);
+    p.tokens = T;
+    p.heads = int(q.dim(1));
+    p.kv_heads = int(k.dim(1));
+    p.head_dim = int(q.dim(2));
+    cuda::launch_split_qkv(p, stream_);
   }
 
   void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override {

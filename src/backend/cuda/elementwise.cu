@@ -1,6 +1,6 @@
 // Elementwise ops on fp16 tensors, computed in fp32: add, ReLU/GELU in place, SwiGLU, bias add.
 // Grid-stride loops; outputs may alias inputs because each element is read and written by the
-// same thread.
+// same thread (SwiGLU's output excepted: it reads two elements of another shape).
 #include <algorithm>
 
 #include "cuda_common.h"
@@ -33,11 +33,15 @@ __global__ void gelu_kernel(__half* x, int64_t n) {
   }
 }
 
-__global__ void swiglu_kernel(const __half* gate, const __half* up, __half* out, int64_t n) {
+// gate_up: [rows, 2f], gate's f columns then up's; out: [rows, f].
+__global__ void swiglu_kernel(const __half* gate_up, __half* out, int64_t rows, int64_t f) {
+  const int64_t n = rows * f;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float g = __half2float(gate[i]);
+    const int64_t t = i / f, c = i - t * f;
+    const __half* row = gate_up + t * 2 * f;
+    const float g = __half2float(row[c]);
     const float silu = g / (1.0f + expf(-g));  // g -> -inf: g / inf = -0, no NaN
-    out[i] = __float2half_rn(silu * __half2float(up[i]));
+    out[i] = __float2half_rn(silu * __half2float(row[f + c]));
   }
 }
 
@@ -69,9 +73,9 @@ void launch_activation(ActKind act, __half* x, int64_t n, cudaStream_t stream) {
   }
 }
 
-void launch_swiglu(const __half* gate, const __half* up, __half* out, int64_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  swiglu_kernel<<<elementwise_blocks(n), kThreads, 0, stream>>>(gate, up, out, n);
+void launch_swiglu(const __half* gate_up, __half* out, int64_t rows, int64_t f, cudaStream_t stream) {
+  if (rows == 0 || f == 0) return;
+  swiglu_kernel<<<elementwise_blocks(rows * f), kThreads, 0, stream>>>(gate_up, out, rows, f);
   STRATA_CUDA_CHECK_LAUNCH("swiglu_kernel", stream);
 }
 

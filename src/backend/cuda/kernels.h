@@ -24,7 +24,8 @@ void launch_rms_norm(const __half* x, const __half* w, float eps, int64_t rows, 
 enum class ActKind : int { ReLU, GELU };
 void launch_add(const __half* a, const __half* b, __half* out, int64_t n, cudaStream_t stream);
 void launch_activation(ActKind act, __half* x, int64_t n, cudaStream_t stream);
-void launch_swiglu(const __half* gate, const __half* up, __half* out, int64_t n, cudaStream_t stream);
+// out[t, c] = silu(gate_up[t, c]) * gate_up[t, f + c]; gate_up: [rows, 2f], out: [rows, f].
+void launch_swiglu(const __half* gate_up, __half* out, int64_t rows, int64_t f, cudaStream_t stream);
 // y[r, c] += bias[c]; y: [rows, cols].
 void launch_bias_add(__half* y, const __half* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 
@@ -39,6 +40,22 @@ struct RopeParams {
   int64_t token_stride;      // elements between tokens (heads * head_dim)
 };
 void launch_rope(const RopeParams& p, cudaStream_t stream);
+// rope.cu: qkv [tokens, (heads + 2 kv_heads) head_dim] (q's columns, k's, v's) into q [tokens,
+// heads, head_dim], k and v [tokens, kv_heads, head_dim], q and k rotated as launch_rope does
+// where inv_freq is not null.
+struct SplitQkvParams {
+  const __half* qkv;
+  const int32_t* positions;  // [tokens]
+  const float* inv_freq;     // [head_dim / 2], or null: copy without rotating
+  __half* q;
+  __half* k;
+  __half* v;
+  int64_t tokens;
+  int heads;
+  int kv_heads;
+  int head_dim;
+};
+void launch_split_qkv(const SplitQkvParams& p, cudaStream_t stream);
 
 // attention.cu. Caches: [slots, capacity, kv_heads, head_dim].
 struct KvStoreParams {

@@ -1,6 +1,7 @@
-// Rotary position embedding in place (Hugging Face rotate_half convention). One block per
-// token: the token's cos/sin table is computed once in shared memory in fp32 with accurate
-// sincosf (the angle grows with the position, so fast intrinsics would lose precision).
+// Rotary position embedding (Hugging Face rotate_half convention), in place, or on the way out
+// of the stacked q/k/v GEMM's rows (split_qkv_kernel). One block per token: the token's cos/sin
+// table is computed once in shared memory in fp32 with accurate sincosf (the angle grows with the
+// position, so fast intrinsics would lose precision).
 #include "cuda_common.h"
 #include "kernels.h"
 
@@ -37,7 +38,58 @@ __global__ void rope_kernel(RopeParams p) {
   }
 }
 
+// One block per token: the token's cos/sin table as rope_kernel's, then q's and k's pairs
+// rotated out of the stacked row, and v copied.
+__global__ void split_qkv_kernel(SplitQkvParams p) {
+  extern __shared__ float table[];  // cos in [0, half), sin in [half, 2 * half); unused unrotated
+  const int half_d = p.head_dim / 2;
+  const int64_t t = blockIdx.x;
+  const bool rotate = p.inv_freq != nullptr;
+  if (rotate) {
+    const float pos = float(p.positions[t]);
+    for (int i = threadIdx.x; i < half_d; i += blockDim.x) {
+      float s, c;
+      sincosf(pos * p.inv_freq[i], &s, &c);
+      table[i] = c;
+      table[half_d + i] = s;
+    }
+    __syncthreads();
+  }
+  const int64_t qd = int64_t(p.heads) * p.head_dim, kvd = int64_t(p.kv_heads) * p.head_dim;
+  const __half* src = p.qkv + t * (qd + 2 * kvd);
+  __half* const dst[2] = {p.q + t * qd, p.k + t * kvd};
+  const int heads[2] = {p.heads, p.kv_heads};
+  for (int part = 0; part < 2; ++part) {  // q, then k
+    const __half* from = part == 0 ? src : src + qd;
+    const int n = rotate ? heads[part] * half_d : heads[part] * p.head_dim;
+    for (int k = threadIdx.x; k < n; k += blockDim.x) {
+      if (!rotate) {
+        dst[part][k] = from[k];
+        continue;
+      }
+      const int head = k / half_d;
+      const int i = k - head * half_d;
+      const int64_t at = int64_t(head) * p.head_dim + i;
+      const float x1 = __half2float(from[at]);
+      const float x2 = __half2float(from[at + half_d]);
+      const float c = table[i];
+      const float s = table[half_d + i];
+      dst[part][at] = __float2half_rn(x1 * c - x2 * s);
+      dst[part][at + half_d] = __float2half_rn(x2 * c + x1 * s);
+    }
+  }
+  __half* vt = p.v + t * kvd;
+  for (int64_t k = threadIdx.x; k < kvd; k += blockDim.x) vt[k] = src[qd + kvd + k];
+}
+
 }  // namespace
+
+void launch_split_qkv(const SplitQkvParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return;
+  const size_t smem = p.inv_freq ? size_t(p.head_dim / 2) * 2 * sizeof(float) : 0;
+  split_qkv_kernel<<<dim3(unsigned(p.tokens)), kThreads, smem, stream>>>(p);
+  STRATA_CUDA_CHECK_LAUNCH("split_qkv_kernel", stream);
+}
 
 void launch_rope(const RopeParams& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.heads == 0 || p.head_dim < 2) return;

@@ -1,0 +1,148 @@
+// The stacked projections (issue 35, point 1): a layer's q, k and v rows, and SwiGLU's gate and up,
+// lie back to back in its block, so each runs as one GEMM; the ops that take their outputs apart
+// (split_qkv, swiglu) against float64 references with poisoned outputs. Hugging Face parity over
+// every family (test_model_hf, test_offload) checks the whole forward pass through them.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kernel_test_support.h"
+#include "strata/backend/backend.h"
+#include "strata/model/config.h"
+#include "strata/runtime/model_weights.h"
+
+using namespace strata;
+using namespace strata::test;
+
+namespace {
+
+std::vector<float> nans(size_t n) { return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()); }
+
+// Host tensors on the CPU backend, from vectors, kept alive with the rig.
+struct Host {
+  std::unique_ptr<Backend> be = make_cpu_backend(2);
+  std::vector<Buffer> keep;
+  Tensor f32(const std::vector<float>& v, std::initializer_list<int64_t> dims) {
+    keep.push_back(be->alloc(v.size() * 4));
+    Tensor t = keep.back().view(0, DType::F32, dims);
+    be->copy_to_device(t.data, v.data(), v.size() * 4);
+    return t;
+  }
+  Tensor i32(const std::vector<int32_t>& v) {
+    keep.push_back(be->alloc(v.size() * 4));
+    Tensor t = keep.back().view(0, DType::I32, {int64_t(v.size())});
+    be->copy_to_device(t.data, v.data(), v.size() * 4);
+    return t;
+  }
+};
+
+void check_close(const float* got, const double* want, size_t n, double tol, const std::string& what) {
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i)
+    if (!(std::fabs(double(got[i]) - want[i]) <= tol * (1.0 + std::fabs(want[i])))) {
+      if (bad++ == 0) INFO(what << ": element " << i << " is " << got[i] << ", want " << want[i]);
+    }
+  INFO(what);
+  CHECK(bad == 0);
+}
+
+// Configs of every layout shape: OPT (biases on q, k, v; no gate), LLaMA with GQA, Qwen2 (biases
+// and GQA), Qwen3 (per-head norms), each cut to two layers.
+std::vector<ModelConfig> layout_configs() {
+  std::vector<ModelConfig> out;
+  for (const char* name : {"opt-125m", "llama-3-8b", "qwen2-7b", "qwen3-8b"}) {
+    ModelConfig c = *config_preset(name);
+    c.n_layers = 2;
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cpu backend: split_qkv splits and rotates the stacked rows as a float64 reference does",
+          "[weights][backend]") {
+  std::mt19937 rng(11);
+  for (auto [heads, kv_heads, d] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {6, 6, 20}, {8, 2, 64}, {4, 1, 128}, {3, 3, 2}}) {
+    for (int64_t T : {1, 3, 17}) {
+      for (bool rotate : {true, false}) {
+        Host h;
+        std::vector<int32_t> pos(static_cast<size_t>(T));
+        for (int32_t& p : pos) p = int32_t(rng() % 5000);
+        pos[0] = 131071;  // a long position: the fp32 angle, not a reduced one
+        const int64_t qd = heads * d, kvd = kv_heads * d;
+        const std::vector<float> qkv = random_floats(size_t(T * (qd + 2 * kvd)), rng, -2.0f, 2.0f, false);
+        const std::vector<float> inv = rotate ? rope_inv_freq_of(d) : std::vector<float>();
+        Tensor q = h.f32(nans(size_t(T * qd)), {T, heads, d});
+        Tensor k = h.f32(nans(size_t(T * kvd)), {T, kv_heads, d});
+        Tensor v = h.f32(nans(size_t(T * kvd)), {T, kv_heads, d});
+        h.be->split_qkv(h.f32(qkv, {T, qd + 2 * kvd}), h.i32(pos), rotate ? h.f32(inv, {d / 2}) : Tensor(), q, k, v);
+        const std::vector<double> want = split_qkv_reference(qkv, pos, inv, heads, kv_heads, d);
+        const std::string what = "heads " + std::to_string(heads) + "/" + std::to_string(kv_heads) + " d " +
+                                 std::to_string(d) + " T " + std::to_string(T) + (rotate ? " rotated" : " copied");
+        check_close(q.ptr<float>(), want.data(), size_t(T * qd), 1e-5, what + ": q");
+        check_close(k.ptr<float>(), want.data() + T * qd, size_t(T * kvd), 1e-5, what + ": k");
+        check_close(v.ptr<float>(), want.data() + T * (qd + kvd), size_t(T * kvd), 0.0, what + ": v");
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu backend: swiglu over the stacked gate/up rows matches a float64 reference", "[weights][backend]") {
+  std::mt19937 rng(12);
+  for (int64_t T : {1, 5}) {
+    for (int64_t f : {1, 7, 300}) {
+      Host h;
+      const std::vector<float> gu = random_floats(size_t(T * 2 * f), rng, -6.0f, 6.0f, false);
+      Tensor out = h.f32(nans(size_t(T * f)), {T, f});
+      h.be->swiglu(h.f32(gu, {T, 2 * f}), out);
+      check_close(out.ptr<float>(), swiglu_reference(gu, T, f).data(), size_t(T * f), 1e-6,
+                  "T " + std::to_string(T) + " f " + std::to_string(f));
+    }
+  }
+  Host h;
+  const Tensor gu = h.f32(std::vector<float>(8), {2, 4});
+  CHECK_THROWS_WITH(h.be->swiglu(gu, h.f32(std::vector<float>(6), {2, 3})), Catch::Contains("swiglu"));
+}
+
+TEST_CASE("a layer block stacks q, k, v (and their biases) and gate, up into one matrix each", "[weights]") {
+  for (const ModelConfig& cfg : layout_configs()) {
+    for (const std::optional<quant::QuantSpec>& comp : {std::optional<quant::QuantSpec>(), std::optional(spec_of(4, 64))}) {
+      INFO(cfg.name << (comp ? ", 4-bit" : ", fp16"));
+      const HalvedLayout halves = halved_layer_layout(cfg, 1, DType::F16, 4096, comp);
+      std::vector<uint8_t> block(halves.layout.bytes);
+      const LayerWeights w = layer_views(halves.layout, block.data(), Device::CPU);
+      const int64_t qd = cfg.q_dim(), kvd = cfg.kv_dim(), f = cfg.intermediate;
+      REQUIRE_FALSE(w.qkv_w.empty());
+      CHECK(w.qkv_w.data == w.q_w.data);
+      CHECK(w.qkv_w.dim(0) == qd + 2 * kvd);
+      CHECK(w.qkv_w.dim(1) == cfg.hidden);
+      CHECK(w.qkv_w.dtype == w.q_w.dtype);
+      CHECK(w.qkv_w.nbytes() == w.q_w.nbytes() + w.k_w.nbytes() + w.v_w.nbytes());
+      CHECK(static_cast<char*>(w.k_w.data) == static_cast<char*>(w.q_w.data) + w.q_w.nbytes());
+      CHECK(static_cast<char*>(w.v_w.data) == static_cast<char*>(w.k_w.data) + w.k_w.nbytes());
+      CHECK(w.qkv_b.empty() == !cfg.qkv_bias);
+      if (cfg.qkv_bias) {
+        CHECK(w.qkv_b.data == w.q_b.data);
+        CHECK(w.qkv_b.numel() == qd + 2 * kvd);
+        CHECK(static_cast<char*>(w.v_b.data) == static_cast<char*>(w.q_b.data) + (qd + kvd) * 2);
+      }
+      CHECK(w.gate_up_w.empty() == (cfg.mlp != MlpKind::SwiGLU));
+      if (!w.gate_up_w.empty()) {
+        CHECK(w.gate_up_w.data == w.fc1_w.data);
+        CHECK(w.gate_up_w.dim(0) == 2 * f);
+        CHECK(static_cast<char*>(w.up_w.data) == static_cast<char*>(w.fc1_w.data) + w.fc1_w.nbytes());
+      }
+      // Either half alone, as the offloading engine streams it, has the same stacks.
+      const LayerWeights attn = layer_views(half_block_layout(halves, 0), block.data(), Device::CPU);
+      CHECK(attn.qkv_w.dim(0) == qd + 2 * kvd);
+      const LayerWeights mlp = layer_views(half_block_layout(halves, 1), block.data() + halves.mlp_offset, Device::CPU);
+      CHECK(mlp.gate_up_w.empty() == (cfg.mlp != MlpKind::SwiGLU));
+      CHECK(mlp.fc2_w.data == static_cast<const void*>(static_cast<const char*>(w.fc2_w.data)));
+    }
+  }
+}
