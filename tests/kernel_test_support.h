@@ -2,8 +2,11 @@
 // fp16-representable random data, element counts, and the skip on a machine without a GPU.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "strata/backend/backend.h"
@@ -47,6 +50,27 @@ inline size_t count(std::initializer_list<int64_t> dims) {
   for (int64_t d : dims) n *= size_t(d);
   return n;
 }
+
+// STRATA_SPLIT_KV (src/backend/cuda/split_kv.h) set for a scope: a CUDA backend made inside it
+// sends every attention call the tensor-core kernel leaves through the split-KV kernels with
+// `chunks` chunks ("0": never; "auto": the rule).
+class SplitKvSetting {
+public:
+  explicit SplitKvSetting(const std::string& chunks) {
+    if (const char* old = std::getenv(kName)) saved_ = old;
+    setenv(kName, chunks.c_str(), 1);
+  }
+  ~SplitKvSetting() {
+    if (saved_) setenv(kName, saved_->c_str(), 1);
+    else unsetenv(kName);
+  }
+  SplitKvSetting(const SplitKvSetting&) = delete;
+  SplitKvSetting& operator=(const SplitKvSetting&) = delete;
+
+private:
+  static constexpr const char* kName = "STRATA_SPLIT_KV";
+  std::optional<std::string> saved_;
+};
 
 inline quant::QuantSpec spec_of(int bits, int group) {
   quant::QuantSpec s;

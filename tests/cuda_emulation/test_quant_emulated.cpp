@@ -293,6 +293,7 @@ TEST_CASE("emulated cuda: each quantized kernel once, for ThreadSanitizer", "[em
     check_quant_linear(spec_of(bits, 32), 3, 5, 72, true, 0, 0, rng);
     check_quant_linear(spec_of(bits, 32), 2, 3, 40, false, 4, 2, rng);  // the scalar loads
     check_quant_attention(spec_of(bits, 32), 2, 2, 1, 40, 1, 70, {0, 0}, {69, 5}, 1.0f, rng);
+    check_quant_attention(spec_of(bits, 32), 2, 4, 1, 40, 1, 160, {0, 0}, {150, 5}, 1.0f, rng, false, 3);  // split-KV
     std::vector<int32_t> slots, pos;
     packed_tokens({{0, 0, 20}, {1, 0, 50}}, slots, pos);
     check_quant_attention(spec_of(bits, 32), int64_t(slots.size()), 2, 1, 32, 2, 70, slots, pos, 1.0f, rng, true);
