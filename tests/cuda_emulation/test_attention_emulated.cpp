@@ -332,8 +332,9 @@ TEST_CASE("split_kv_chunks splits decode of few sequences over long contexts, no
   // Short contexts: fewer than two tiles a chunk.
   CHECK(split_kv_chunks(1, 32, 32, 100, h100) == 1);
   CHECK(split_kv_chunks(1, 32, 32, 256, h100) == 2);
-  // A smaller GPU splits less.
+  // A smaller GPU splits less; 16 query heads a kv head take two blocks a chunk.
   CHECK(split_kv_chunks(1, 32, 32, 4096, 1) == 1);
+  CHECK(split_kv_chunks(1, 32, 2, 8192, 20) == 10);
 
   int setting = 0;
   CHECK((parse_split_kv(nullptr, setting) && setting == kSplitKvAuto));

@@ -4,7 +4,7 @@
 // The per-token kernel (attention.cu) runs tokens x heads blocks, each over its token's whole
 // context: a decode step of one sequence and 32 heads fills 32 of an H100's 132 SMs, and under GQA
 // each query head reads its kv head's rows again. split_attention_kernel instead runs a block per
-// (token, kv head, up to kSplitGroupHeads of its query heads, chunk of the keys): the group's
+// (token, kv head, up to kSplitKvGroupHeads of its query heads, chunk of the keys): the group's
 // scaled queries sit in shared memory, and each K and V row is read once for all of them.
 // split_kv.h's rule picks the chunk count. Per 64-key tile:
 // 1. scores: a warp per key (two in flight), lanes across the head dim, each lane's products for
@@ -33,7 +33,7 @@ constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTile = kSplitKvTileKeys;
 constexpr int kKeyUnroll = 2;
-constexpr int kGroup = kSplitGroupHeads;
+constexpr int kGroup = kSplitKvGroupHeads;
 static_assert(kThreads >= kQueryTile, "load_query_tile needs a thread per token of a tile");
 static_assert(kSplitKvMaxChunks <= 32, "the merge weighs the chunks with one warp");
 

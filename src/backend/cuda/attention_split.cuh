@@ -31,7 +31,7 @@ struct SplitBlock {
   int key_end;
 };
 
-// Block x is (token, kv head, group of up to kSplitGroupHeads of its query heads), y the chunk.
+// Block x is (token, kv head, group of up to kSplitKvGroupHeads of its query heads), y the chunk.
 // Chunk c of a token with `tiles` key tiles holds tiles [c * per, (c + 1) * per), per = ceil(tiles /
 // splits), so chunks past the last tile are empty. False (for every thread of the block) when the
 // token is invalid (the merge writes its NaN) or its tile went to the tensor-core kernel. Every
@@ -39,13 +39,13 @@ struct SplitBlock {
 template <class Params>
 __device__ __forceinline__ bool split_block(const Params& p, int splits, SplitBlock& b) {
   const int group = p.heads / p.kv_heads;
-  const int head_groups = (group + kSplitGroupHeads - 1) / kSplitGroupHeads;
+  const int head_groups = (group + kSplitKvGroupHeads - 1) / kSplitKvGroupHeads;
   const int64_t x = blockIdx.x;
   const int hg = int(x % head_groups);
   b.kv_head = int(x / head_groups % p.kv_heads);
   b.token = x / head_groups / p.kv_heads;
-  b.head0 = b.kv_head * group + hg * kSplitGroupHeads;
-  b.heads = min(kSplitGroupHeads, group - hg * kSplitGroupHeads);
+  b.head0 = b.kv_head * group + hg * kSplitKvGroupHeads;
+  b.heads = min(kSplitKvGroupHeads, group - hg * kSplitKvGroupHeads);
   if (p.skip_tensor_core_tiles) {
     __shared__ int32_t slot_s[kQueryTile];
     __shared__ int32_t pos_s[kQueryTile];
@@ -68,8 +68,8 @@ __device__ __forceinline__ bool split_block(const Params& p, int splits, SplitBl
 // steps trade halves of v with the partner lane instead of summing all eight, so it takes
 // log2(width) + 4 shuffles rather than 8 log2(width). Returns the sum of value
 // (lane % width) / (width / 8), which that lane then holds (v is clobbered).
-__device__ __forceinline__ float group_sum8(float (&v)[kSplitGroupHeads], int width) {
-  static_assert(kSplitGroupHeads == 8, "three halving steps");
+__device__ __forceinline__ float group_sum8(float (&v)[kSplitKvGroupHeads], int width) {
+  static_assert(kSplitKvGroupHeads == 8, "three halving steps");
   const int lane = threadIdx.x & 31;
   int o = width / 2;
   bool upper = (lane & o) != 0;  // keeps values 4..7, sends 0..3
@@ -94,9 +94,9 @@ __device__ __forceinline__ float group_sum8(float (&v)[kSplitGroupHeads], int wi
 
 // The running softmax state of a split block's query heads, in shared memory.
 struct SplitSoftmax {
-  float m[kSplitGroupHeads];      // running max score
-  float l[kSplitGroupHeads];      // running denominator
-  float alpha[kSplitGroupHeads];  // this tile's rescale of earlier sums, exp(m_old - m_new)
+  float m[kSplitKvGroupHeads];      // running max score
+  float l[kSplitKvGroupHeads];      // running denominator
+  float alpha[kSplitKvGroupHeads];  // this tile's rescale of earlier sums, exp(m_old - m_new)
 };
 
 // One tile's online-softmax step for each of `heads` query heads: p_s[g][j] (j < n <= kTile) holds
@@ -149,11 +149,11 @@ SplitKvMergeParams split_merge_params(const Params& p, const SplitKvScratch& s, 
   return m;
 }
 
-// Blocks of a split launch in x: (token, kv head, group of up to kSplitGroupHeads query heads).
+// Blocks of a split launch in x: (token, kv head, group of up to kSplitKvGroupHeads query heads).
 template <class Params>
 unsigned split_grid_x(const Params& p) {
   const int group = p.heads / p.kv_heads;
-  return unsigned(p.tokens * p.kv_heads * ((group + kSplitGroupHeads - 1) / kSplitGroupHeads));
+  return unsigned(p.tokens * p.kv_heads * ((group + kSplitKvGroupHeads - 1) / kSplitKvGroupHeads));
 }
 
 }  // namespace strata::cuda

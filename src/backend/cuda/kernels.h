@@ -8,6 +8,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "split_kv.h"
+
 namespace strata::cuda {
 
 // embedding.cu: out[i] = src[idx[i]] (or += when accumulate). src: [src_rows, width],
@@ -81,12 +83,11 @@ void launch_attention(const AttentionParams& p, cudaStream_t stream);
 
 // attention_split.cu: split-KV decode attention (flash-decoding). Each (token, kv head)'s keys
 // [0, positions[t]] are cut into `splits` chunks of whole 64-key tiles; a block takes one chunk for
-// up to kSplitGroupHeads query heads of one kv head (each K/V row read once for all of them) and
+// up to kSplitKvGroupHeads query heads of one kv head (each K/V row read once for all of them) and
 // writes, per query head, its partial: the unnormalized output sum_j exp(s_j - m) v_j, the chunk's
 // max score m (-inf for an empty chunk) and denominator l = sum_j exp(s_j - m). The merge kernel
 // then writes out = sum_c exp(m_c - M) acc_c / sum_c exp(m_c - M) l_c, M = max_c m_c.
 // split_kv.h says when to split and into how many chunks.
-constexpr int kSplitGroupHeads = 8;
 struct SplitKvScratch {
   float* acc = nullptr;  // [tokens, heads, splits, head_dim]
   float* max = nullptr;  // [tokens, heads, splits]

@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kThreads) quant_attention_kernel(const QuantAt
 }
 
 // Split-KV decode over quantized caches: attention_split.cu's design (a block per token, kv head,
-// up to kSplitGroupHeads of its query heads and chunk of the keys; partials merged by
+// up to kSplitKvGroupHeads of its query heads and chunk of the keys; partials merged by
 // split_kv_merge_kernel) with the reads of the kernel above. Scores: `seg` lanes per key (a power
 // of two >= the row's words, at least 8 so group_sum8 can leave each lane one head), each lane
 // dequantizing a word once for all the group's heads. Output: thread i takes word i % words of
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kThreads)
     split_quant_attention_kernel(const QuantAttentionParams p, const SplitKvScratch part, int seg) {
   constexpr int kPer = 32 / kBits;
   constexpr int kMaxWords = kMaxHeadDim / kPer;
-  constexpr int kGroup = kSplitGroupHeads;
+  constexpr int kGroup = kSplitKvGroupHeads;
   constexpr int kSplitKeyUnroll = 2;
   __shared__ float q_s[kGroup][kMaxHeadDim];  // q_s[g][k * kMaxWords + u]: element k of word u of head g
   __shared__ float p_s[kGroup][kTile];
@@ -293,7 +293,7 @@ __global__ void __launch_bounds__(kThreads)
 void launch_split_quant_attention(const QuantAttentionParams& p, const SplitKvScratch& s, cudaStream_t stream) {
   if (p.tokens == 0 || p.heads == 0 || p.row.n == 0) return;
   const int words = int(p.row.code_bytes / 4);
-  int seg = kSplitGroupHeads;  // lanes per key in the score phase
+  int seg = kSplitKvGroupHeads;  // lanes per key in the score phase
   while (seg < words && seg < 32) seg *= 2;
   const dim3 grid(split_grid_x(p), unsigned(s.splits));
   if (p.row.bits == 4) split_quant_attention_kernel<4><<<grid, kThreads, 0, stream>>>(p, s, seg);

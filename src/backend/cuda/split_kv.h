@@ -11,22 +11,25 @@ constexpr int kSplitKvTileKeys = 64;     // keys per tile of the attention kerne
 constexpr int kSplitKvMaxChunks = 32;    // the merge stages one weight per chunk in shared memory
 constexpr int kSplitKvMinTilesPerChunk = 2;
 constexpr int kSplitKvBlocksPerSm = 2;   // fewer blocks than this per SM leave SMs idle
+constexpr int kSplitKvGroupHeads = 8;    // query heads of one kv head that a split block holds
 
 // Chunks for one attention call of `tokens` queries of `heads` heads (`kv_heads` kv heads) over
 // contexts of at most `max_keys` keys, on a GPU of `sm_count` SMs. 1: no split (the per-token
 // kernel). The per-token kernel runs tokens x heads blocks; when that is at least
 // kSplitKvBlocksPerSm per SM the GPU is full and splitting only adds the merge. Otherwise the split
-// kernel runs tokens x kv_heads blocks per chunk (a block holds a kv head's query heads), and the
-// chunk count aims at kSplitKvBlocksPerSm blocks per SM, keeping at least kSplitKvMinTilesPerChunk
-// tiles of keys per chunk so each block's loads outweigh its partial's write and merge. Chosen
-// from this occupancy arithmetic; not yet timed on a GPU (docs/cuda-backend.md).
+// kernel runs tokens x kv_heads blocks per chunk (a block holds up to kSplitKvGroupHeads query
+// heads of a kv head; more take several blocks), and the chunk count aims at kSplitKvBlocksPerSm
+// blocks per SM, keeping at least kSplitKvMinTilesPerChunk tiles of keys per chunk so each
+// block's loads outweigh its partial's write and merge. Chosen from this occupancy arithmetic;
+// not yet timed on a GPU (docs/cuda-backend.md).
 inline int split_kv_chunks(int64_t tokens, int heads, int kv_heads, int64_t max_keys, int sm_count) {
   if (tokens <= 0 || heads <= 0 || kv_heads <= 0 || sm_count <= 0) return 1;
   const int64_t target_blocks = int64_t(kSplitKvBlocksPerSm) * sm_count;
   if (tokens * heads >= target_blocks) return 1;
   const int64_t tiles = (max_keys + kSplitKvTileKeys - 1) / kSplitKvTileKeys;
   const int64_t by_length = tiles / kSplitKvMinTilesPerChunk;
-  const int64_t blocks_per_chunk = tokens * kv_heads;
+  const int64_t group = heads / kv_heads;
+  const int64_t blocks_per_chunk = tokens * kv_heads * ((group + kSplitKvGroupHeads - 1) / kSplitKvGroupHeads);
   const int64_t by_occupancy = (target_blocks + blocks_per_chunk - 1) / blocks_per_chunk;
   int64_t chunks = by_occupancy < by_length ? by_occupancy : by_length;
   if (chunks > kSplitKvMaxChunks) chunks = kSplitKvMaxChunks;
