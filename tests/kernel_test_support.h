@@ -3,9 +3,12 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
-#include <tuple>
+#include <cstdlib>
 #include <initializer_list>
+#include <optional>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "strata/backend/backend.h"
@@ -98,6 +101,27 @@ inline std::vector<float> rope_inv_freq_of(int64_t d) {
   for (int64_t i = 0; i < d / 2; ++i) inv[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(d));
   return inv;
 }
+
+// STRATA_SPLIT_KV (src/backend/cuda/split_kv.h) set for a scope: a CUDA backend made inside it
+// sends every attention call the tensor-core kernel leaves through the split-KV kernels with
+// `chunks` chunks ("0": never; "auto": the rule).
+class SplitKvSetting {
+public:
+  explicit SplitKvSetting(const std::string& chunks) {
+    if (const char* old = std::getenv(kName)) saved_ = old;
+    setenv(kName, chunks.c_str(), 1);
+  }
+  ~SplitKvSetting() {
+    if (saved_) setenv(kName, saved_->c_str(), 1);
+    else unsetenv(kName);
+  }
+  SplitKvSetting(const SplitKvSetting&) = delete;
+  SplitKvSetting& operator=(const SplitKvSetting&) = delete;
+
+private:
+  static constexpr const char* kName = "STRATA_SPLIT_KV";
+  std::optional<std::string> saved_;
+};
 
 inline quant::QuantSpec spec_of(int bits, int group) {
   quant::QuantSpec s;

@@ -440,6 +440,50 @@ TEST_CASE("cuda: attention over a long context with peaked scores", "[cuda]") {
   check_attention(2, 4, 4, 64, 2, 4100, {1, 0}, {4099, 2047}, 1.0f, rng);
 }
 
+// The split-KV kernels (attention_split.cu) with chunk counts forced through STRATA_SPLIT_KV (each
+// check makes its backend inside the setting): one chunk (the shared K/V reads of a GQA group
+// alone), three, and eight (more chunks than a short context has tiles, so some are empty). The
+// tests above run the rule's choice ("auto"), which on a GPU splits their long contexts.
+TEST_CASE("cuda: split-KV decode attention matches the CPU backend", "[cuda][split]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  // Tokens of three slots: 334 keys (six tiles), 65, a whole tile of 64, 63, a single key; a
+  // step of T tokens takes the first T.
+  const std::vector<int32_t> all_slots{0, 1, 2, 0, 1}, all_pos{333, 64, 63, 62, 0};
+  for (const char* chunks : {"1", "3", "8"}) {
+    test::SplitKvSetting setting(chunks);
+    INFO("STRATA_SPLIT_KV=" << chunks);
+    for (int64_t d : {64, 80, 128, 15}) {
+      for (auto [heads, kv_heads] : std::vector<std::pair<int64_t, int64_t>>{{4, 4}, {8, 2}, {16, 2}, {12, 1}}) {
+        for (int64_t T : {1, 3, 5}) {
+          const std::vector<int32_t> slots(all_slots.begin(), all_slots.begin() + T);
+          const std::vector<int32_t> pos(all_pos.begin(), all_pos.begin() + T);
+          check_attention(T, heads, kv_heads, d, 3, 340, slots, pos, 1.0f, rng);
+        }
+      }
+    }
+    // The largest head dim, a scalar one over 128, a misaligned q.
+    check_attention(2, 8, 2, 256, 2, 340, {1, 0}, {200, 64}, 1.0f, rng);
+    check_attention(2, 4, 4, 161, 2, 340, {1, 0}, {200, 64}, 1.0f, rng);
+    check_attention(2, 4, 2, 64, 2, 340, {1, 0}, {150, 7}, 1.0f, rng, 2);
+  }
+  // 32 chunks (the most) over a long context with peaked scores: chunk maxima far apart.
+  test::SplitKvSetting most("32");
+  check_attention(3, 8, 2, 128, 1, 4100, {0, 0, 0}, {4099, 64, 4000}, 6.0f, rng);
+  // Decode tokens ahead of a prompt: the tensor-core kernel takes the prompt's tiles, the split
+  // kernels the rest.
+  std::vector<int32_t> slots, pos;
+  for (int32_t s = 0; s < 5; ++s) {
+    slots.push_back(s);
+    pos.push_back(40 + 60 * s);
+  }
+  for (int32_t i = 0; i < 70; ++i) {
+    slots.push_back(5);
+    pos.push_back(i);
+  }
+  check_attention(int64_t(slots.size()), 8, 2, 64, 6, 600, slots, pos, 1.0f, rng);
+}
+
 namespace {
 
 // Tokens of sequences packed one after another, as a prefill step lays them out: each entry is

@@ -243,6 +243,33 @@ TEST_CASE("cuda: attention over quantized caches matches double arithmetic over 
   }
 }
 
+// The split-KV kernels over quantized caches (quant_attention.cu) with forced chunk counts (a
+// backend made inside each STRATA_SPLIT_KV setting): 1, 3, and 8 (empty chunks).
+TEST_CASE("cuda: split-KV decode over quantized caches matches double arithmetic", "[cuda][quant][split]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(28);
+  const std::vector<int32_t> all_slots{0, 1, 2, 0, 1}, all_pos{333, 64, 63, 62, 0};
+  for (const char* chunks : {"1", "3", "8"}) {
+    SplitKvSetting setting(chunks);
+    INFO("STRATA_SPLIT_KV=" << chunks);
+    Gpu g;
+    for (int bits : {4, 8})
+      for (int64_t d : {64, 80, 128, 33})
+        for (auto [heads, kv_heads] : std::vector<std::pair<int64_t, int64_t>>{{4, 4}, {8, 2}, {16, 2}, {12, 1}})
+          for (int64_t T : {1, 5}) {
+            const std::vector<int32_t> slots(all_slots.begin(), all_slots.begin() + T);
+            const std::vector<int32_t> pos(all_pos.begin(), all_pos.begin() + T);
+            check_quant_attention(g, spec_of(bits, d == 80 ? 64 : 32), T, heads, kv_heads, d, 3, 340, slots, pos, 1.0f,
+                                  rng);
+          }
+    for (int bits : {4, 8}) check_quant_attention(g, spec_of(bits, 64), 2, 8, 2, 256, 2, 340, {1, 0}, {200, 64}, 1.0f, rng);
+  }
+  SplitKvSetting most("32");
+  Gpu g;
+  for (int bits : {4, 8})
+    check_quant_attention(g, spec_of(bits, 128), 2, 8, 1, 128, 1, 2000, {0, 0}, {1999, 700}, 8.0f, rng);
+}
+
 TEST_CASE("cuda: prefill over quantized caches on tensor cores", "[cuda][quant]") {
   STRATA_REQUIRE_GPU();
   Gpu g;

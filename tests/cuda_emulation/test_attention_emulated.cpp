@@ -1,6 +1,7 @@
-// The CUDA attention kernels (src/backend/cuda/attention.cu, attention_tc.cu) run on the CPU
-// through the emulation in fake/, against attention computed here in double precision over the
-// same fp16 inputs. What this proves and what it does not: README.md beside this file.
+// The CUDA attention kernels (src/backend/cuda/attention.cu, attention_tc.cu, attention_split.cu)
+// run on the CPU through the emulation in fake/, against attention computed here in double
+// precision over the same fp16 inputs, outputs and split scratch poisoned with NaN. What this
+// proves and what it does not: README.md beside this file.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "split_kv.h"
 
 namespace {
 
@@ -34,7 +36,8 @@ struct Result {
   std::vector<double> want;
 };
 
-Result run_case(const Case& c, Kernels kernels, std::mt19937& rng) {
+// splits > 0: the split-KV kernels with that many chunks instead of the per-token kernel.
+Result run_case(const Case& c, Kernels kernels, std::mt19937& rng, int splits = 0) {
   std::vector<int32_t> slots, positions;
   for (const Run& r : c.runs) {
     for (int32_t i = 0; i < r.count; ++i) {
@@ -74,7 +77,15 @@ Result run_case(const Case& c, Kernels kernels, std::mt19937& rng) {
     launch_tensor_core_attention(p, nullptr);
     p.skip_tensor_core_tiles = true;
   }
-  if (kernels != Kernels::TensorCoresOnly) launch_attention(p, nullptr);
+  std::vector<float> scratch;  // poisoned: a partial the split kernel fails to write is NaN
+  if (kernels != Kernels::TensorCoresOnly && splits > 0) {
+    const size_t bytes = split_kv_scratch_bytes(T, int(heads), int(d), splits);
+    scratch.assign(bytes / sizeof(float) + 64, NAN);
+    void* at = scratch.data() + (256 - reinterpret_cast<uintptr_t>(scratch.data()) % 256) % 256 / sizeof(float);
+    launch_split_attention(p, split_kv_scratch(at, T, int(heads), int(d), splits), nullptr);
+  } else if (kernels != Kernels::TensorCoresOnly) {
+    launch_attention(p, nullptr);
+  }
 
   Result r;
   for (const __half& h : out) r.got.push_back(__half2float(h));
@@ -110,12 +121,14 @@ Result run_case(const Case& c, Kernels kernels, std::mt19937& rng) {
   return r;
 }
 
-// Every element within 2e-3 + 1e-2 |want| (the [cuda] tests' bound); NaN never passes.
+// Every element within 2e-3 + 1e-2 |want| (the [cuda] tests' bound); NaN passes only where it is
+// wanted (an invalid token's output).
 void expect_close(const Result& r, const std::string& label) {
   INFO(label);
   size_t bad = 0;
   for (size_t i = 0; i < r.got.size(); ++i) {
-    if (!(std::fabs(r.got[i] - r.want[i]) <= 2e-3 + 1e-2 * std::fabs(r.want[i]))) ++bad;
+    if (std::isnan(r.want[i]) ? !std::isnan(r.got[i]) : !(std::fabs(r.got[i] - r.want[i]) <= 2e-3 + 1e-2 * std::fabs(r.want[i])))
+      ++bad;
   }
   CHECK(bad == 0);
 }
@@ -197,4 +210,138 @@ TEST_CASE("emulated: the tensor-core kernel takes prefill tiles and leaves decod
   // writes NaN for that token alone).
   Case invalid{{{0, 0, 20}, {0, 700, 1}, {0, 21, 10}}, 2, 1, 32, 1};
   CHECK(tokens_unwritten(run_case(invalid, Kernels::TensorCoresOnly, rng), invalid, 0, 31));
+}
+
+TEST_CASE("emulated: split-KV decode attention matches a double reference", "[emulated][split]") {
+  std::mt19937 rng(4);
+  // Five tokens of three slots: 1 key, 63, a whole tile of 64, one past it, and 334 (six tiles).
+  // Chunk counts 1 (the shared K/V reads alone), 3, and 8 (more chunks than tiles: empty chunks).
+  const std::vector<Run> decode{{1, 0, 1}, {0, 62, 1}, {2, 63, 1}, {1, 64, 1}, {0, 333, 1}};
+  for (int d : {64, 80, 128, 15}) {
+    // GQA ratios 1, 4, 8, and 12 (a kv head's query heads in two blocks, of 8 and 4).
+    for (auto [heads, kv_heads] : std::vector<std::pair<int, int>>{{2, 2}, {4, 1}, {16, 2}, {12, 1}}) {
+      for (int splits : {1, 3, 8}) {
+        Case c{decode, heads, kv_heads, d, 3, 340};
+        expect_close(run_case(c, Kernels::PerTokenOnly, rng, splits),
+                     "d " + std::to_string(d) + " heads " + std::to_string(heads) + "/" + std::to_string(kv_heads) +
+                         " splits " + std::to_string(splits));
+      }
+    }
+  }
+  // One token over 334 keys in up to 32 chunks (26 of them empty); head dim 256 (the largest),
+  // and a scalar head dim over 128 (two value units a thread).
+  expect_close(run_case(Case{{{0, 333, 1}}, 8, 1, 64, 1, 340}, Kernels::PerTokenOnly, rng, kSplitKvMaxChunks),
+               "32 chunks");
+  expect_close(run_case(Case{{{1, 200, 1}, {0, 64, 1}}, 8, 2, 256, 2, 340}, Kernels::PerTokenOnly, rng, 4), "d 256");
+  expect_close(run_case(Case{{{1, 200, 1}, {0, 64, 1}}, 4, 4, 161, 2, 340}, Kernels::PerTokenOnly, rng, 4), "d 161");
+  // Peaked scores: the chunks' maxima differ widely, so the merge's rescale matters.
+  expect_close(run_case(Case{{{0, 1000, 1}, {0, 300, 1}}, 8, 1, 128, 1, 1100, 6.0f}, Kernels::PerTokenOnly, rng, 5),
+               "peaked scores");
+  // A misaligned q takes the scalar loads; an invalid position writes NaN for its token alone.
+  Case misaligned{{{1, 150, 1}, {0, 7, 1}}, 4, 2, 64, 2, 340};
+  misaligned.q_offset = 1;
+  expect_close(run_case(misaligned, Kernels::PerTokenOnly, rng, 3), "misaligned q");
+  expect_close(run_case(Case{{{0, 100, 1}, {1, 500, 1}, {1, 90, 1}}, 4, 1, 64, 2, 340}, Kernels::PerTokenOnly, rng, 3),
+               "invalid position");
+  // After the tensor-core kernel: the split kernels leave the tiles it took (the prompt's last 11
+  // tokens) and take the decode tokens ahead of it.
+  Case mixed{{{0, 40, 1}, {1, 7, 1}, {2, 300, 1}, {3, 0, 1}, {4, 99, 1}, {5, 0, 70}}, 4, 1, 32, 6, 340};
+  expect_close(run_case(mixed, Kernels::Both, rng, 3), "decode tokens ahead of a prompt");
+}
+
+namespace {
+
+// The merge alone over hand-made partials of one token and head: chunk c has max m[c] (-inf: an
+// empty or fully masked chunk, whose acc and l are 0), denominator l[c] and output sum acc[c].
+void check_merge(const std::vector<float>& m, int d, std::mt19937& rng) {
+  INFO("merge of " << m.size() << " chunks, head dim " << d);
+  const int splits = int(m.size());
+  std::uniform_real_distribution<float> uniform(0.5f, 2.0f);
+  std::vector<float> scratch(split_kv_scratch_bytes(1, 1, d, splits) / sizeof(float) + 64, NAN);
+  void* at = scratch.data() + (256 - reinterpret_cast<uintptr_t>(scratch.data()) % 256) % 256 / sizeof(float);
+  SplitKvScratch part = split_kv_scratch(at, 1, 1, d, splits);
+  double l_all = 0, m_all = -INFINITY;
+  for (float x : m) m_all = std::max(m_all, double(x));
+  std::vector<double> want(size_t(d), 0.0);
+  for (int c = 0; c < splits; ++c) {
+    const bool empty = m[size_t(c)] == -INFINITY;
+    part.max[c] = m[size_t(c)];
+    part.sum[c] = empty ? 0.0f : uniform(rng);
+    const double w = empty ? 0.0 : std::exp(double(m[size_t(c)]) - m_all);
+    l_all += w * part.sum[c];
+    for (int i = 0; i < d; ++i) {
+      part.acc[c * d + i] = empty ? 0.0f : uniform(rng) - 1.25f;
+      want[size_t(i)] += w * part.acc[c * d + i];
+    }
+  }
+  const int32_t slot = 0, pos = 10;
+  std::vector<__half> out(size_t(d), __float2half_rn(NAN));
+  SplitKvMergeParams p{};
+  p.part = part;
+  p.out = out.data();
+  p.slots = &slot;
+  p.positions = &pos;
+  p.tokens = 1;
+  p.heads = 1;
+  p.head_dim = d;
+  p.slot_count = 1;
+  p.capacity = 11;
+  launch_split_kv_merge(p, nullptr);
+  size_t bad = 0;
+  for (int i = 0; i < d; ++i) {
+    const double w = want[size_t(i)] / l_all, got = __half2float(out[size_t(i)]);
+    if (!(std::fabs(got - w) <= 1e-3 * std::fabs(w) + 1e-6)) ++bad;  // fp16 rounding, with room for fp32 sums
+  }
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("emulated: the split-KV merge weighs chunks by their maxima and skips empty ones", "[emulated][split]") {
+  std::mt19937 rng(5);
+  check_merge({0.5f}, 64, rng);
+  check_merge({3.0f, -INFINITY, -INFINITY}, 80, rng);                 // the chunks past the last tile
+  check_merge({-INFINITY, 1.0f, -20.0f, 4.0f}, 128, rng);             // an empty chunk first
+  check_merge({-30.0f, 2.0f, 1.5f, -INFINITY, 0.0f, 2.5f, 9.0f}, 15, rng);
+  std::vector<float> many(size_t(kSplitKvMaxChunks), -INFINITY);
+  many[7] = -3.0f;
+  many[31] = 5.0f;
+  check_merge(many, 256, rng);
+}
+
+// Small enough for CI's ThreadSanitizer run (.ci/run): a missing barrier in the split kernel or
+// the merge shows there as a data race. Four query heads of a kv head, three chunks (one empty
+// for the short token), half2 and scalar loads.
+TEST_CASE("emulated: the split-KV kernels once, for ThreadSanitizer", "[emulated][split][tsan]") {
+  std::mt19937 rng(6);
+  expect_close(run_case(Case{{{0, 150, 1}, {1, 5, 1}}, 4, 1, 64, 2, 160}, Kernels::PerTokenOnly, rng, 3), "half2");
+  expect_close(run_case(Case{{{0, 150, 1}, {1, 5, 1}}, 4, 1, 15, 2, 160}, Kernels::PerTokenOnly, rng, 3), "scalar");
+}
+
+TEST_CASE("split_kv_chunks splits decode of few sequences over long contexts, not big batches", "[emulated][split]") {
+  const int h100 = 132;
+  // One sequence, 32 heads (8 kv heads), 4096 keys: 32 blocks for 132 SMs; 8 blocks a chunk, so 32
+  // chunks (capped) of two tiles.
+  CHECK(split_kv_chunks(1, 32, 8, 4096, h100) == 32);
+  // The same without GQA: 32 blocks a chunk, 9 chunks reach 2 blocks per SM.
+  CHECK(split_kv_chunks(1, 32, 32, 4096, h100) == 9);
+  CHECK(split_kv_chunks(4, 32, 32, 2048, h100) == 3);
+  // Enough blocks already: 16 or 64 sequences of 32 heads.
+  CHECK(split_kv_chunks(16, 32, 32, 4096, h100) == 1);
+  CHECK(split_kv_chunks(64, 32, 8, 4096, h100) == 1);
+  // Short contexts: fewer than two tiles a chunk.
+  CHECK(split_kv_chunks(1, 32, 32, 100, h100) == 1);
+  CHECK(split_kv_chunks(1, 32, 32, 256, h100) == 2);
+  // A smaller GPU splits less; 16 query heads a kv head take two blocks a chunk.
+  CHECK(split_kv_chunks(1, 32, 32, 4096, 1) == 1);
+  CHECK(split_kv_chunks(1, 32, 2, 8192, 20) == 10);
+
+  int setting = 0;
+  CHECK((parse_split_kv(nullptr, setting) && setting == kSplitKvAuto));
+  CHECK((parse_split_kv("auto", setting) && setting == kSplitKvAuto));
+  CHECK((parse_split_kv("0", setting) && setting == 0));
+  CHECK((parse_split_kv("7", setting) && setting == 7));
+  CHECK_FALSE(parse_split_kv("33", setting));
+  CHECK_FALSE(parse_split_kv("on", setting));
+  CHECK_FALSE(parse_split_kv("-1", setting));
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "split_kv.h"
 #include "quant_kernel_cases.h"
 
 using namespace strata;
@@ -172,10 +173,11 @@ TEST_CASE("emulated cuda: kv_store quantizes cache rows as the host reference do
 namespace {
 
 // Both attention kernels as the backend runs them: the tensor-core one for the prefill tiles it
-// takes (`tensor_cores`; then the fp16 operand bound), then the per-token one.
+// takes (`tensor_cores`; then the fp16 operand bound), then the per-token one, or with splits > 0
+// the split-KV kernels with that many chunks (scratch poisoned with NaN).
 void check_quant_attention(const quant::QuantSpec& spec, int64_t T, int64_t heads, int64_t kv_heads, int64_t d,
                            int64_t S, int64_t C, const std::vector<int32_t>& slots, const std::vector<int32_t>& pos,
-                           float q_range, std::mt19937& rng, bool tensor_cores = false) {
+                           float q_range, std::mt19937& rng, bool tensor_cores = false, int splits = 0) {
   QuantAttentionCase c = make_quant_attention_case(spec, T, heads, kv_heads, d, S, C, slots, pos, q_range, rng);
   if (tensor_cores) allow_fp16_operands(c);
   Arena a;
@@ -198,10 +200,15 @@ void check_quant_attention(const quant::QuantSpec& spec, int64_t T, int64_t head
     launch_tensor_core_quant_attention(p, nullptr);
     p.skip_tensor_core_tiles = true;
   }
-  launch_quant_attention(p, nullptr);
+  if (splits > 0) {
+    const size_t bytes = split_kv_scratch_bytes(T, int(heads), int(d), splits);
+    launch_split_quant_attention(p, split_kv_scratch(a.put(nullptr, bytes), T, int(heads), int(d), splits), nullptr);
+  } else {
+    launch_quant_attention(p, nullptr);
+  }
   expect_within(read_f16(p.out, c.q.size()), c.want, c.tol,
-                label("attention bits group T heads kv_heads d C",
-                      {spec.bits, spec.group_size, T, heads, kv_heads, d, C}));
+                label("attention bits group T heads kv_heads d C splits",
+                      {spec.bits, spec.group_size, T, heads, kv_heads, d, C, splits}));
 }
 
 }  // namespace
@@ -223,6 +230,36 @@ TEST_CASE("emulated cuda: attention over quantized caches matches double arithme
     check_quant_attention(spec_of(bits, 32), 3, 4, 2, 33, 2, 130, {1, 0, 1}, {129, 65, 7}, 1.0f, rng);
     check_quant_attention(spec_of(bits, 128), 2, 4, 4, 64, 1, 400, {0, 0}, {399, 200}, 8.0f, rng);
   }
+}
+
+TEST_CASE("emulated cuda: split-KV decode over quantized caches matches double arithmetic", "[emulated][quant][split]") {
+  std::mt19937 rng(27);
+  // Five tokens of three slots: 1 key, 63, a whole tile of 64, one past it, and 334 (six tiles);
+  // chunk counts 1 (the shared K/V reads alone), 3, and 8 (more chunks than tiles).
+  const std::vector<int32_t> slots{1, 0, 2, 1, 0}, pos{0, 62, 63, 64, 333};
+  const std::vector<int> groups{32, 64, 128};
+  size_t next_group = 0;
+  for (int bits : {4, 8})
+    for (int64_t d : {64, 80, 128, 33})
+      for (auto [heads, kv_heads] : std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {4, 1}, {16, 2}})
+        for (int splits : {1, 3, 8}) {
+          const int group = groups[next_group++ % groups.size()];
+          check_quant_attention(spec_of(bits, group), 5, heads, kv_heads, d, 3, 340, slots, pos, 1.0f, rng, false,
+                                splits);
+        }
+  for (int bits : {4, 8}) {
+    // The largest head dim (64 code words at 8 bits), a ratio of 12 (two blocks of a kv head's
+    // heads), 32 chunks over six tiles, and peaked scores over 1001 keys in five chunks.
+    check_quant_attention(spec_of(bits, 64), 2, 8, 2, 256, 2, 340, {1, 0}, {200, 64}, 1.0f, rng, false, 4);
+    check_quant_attention(spec_of(bits, 32), 2, 12, 1, 64, 2, 340, {1, 0}, {300, 10}, 1.0f, rng, false, 3);
+    check_quant_attention(spec_of(bits, 32), 1, 8, 1, 64, 1, 340, {0}, {333}, 1.0f, rng, false, kSplitKvMaxChunks);
+    check_quant_attention(spec_of(bits, 128), 2, 8, 1, 128, 1, 1100, {0, 0}, {1000, 300}, 8.0f, rng, false, 5);
+  }
+  // After the tensor-core kernel: decode tokens ahead of a prompt take the split kernels.
+  std::vector<int32_t> mixed_slots, mixed_pos;
+  packed_tokens({{0, 40, 1}, {1, 7, 1}, {2, 200, 1}, {0, 41, 1}, {3, 0, 1}, {1, 0, 70}}, mixed_slots, mixed_pos);
+  check_quant_attention(spec_of(4, 64), int64_t(mixed_slots.size()), 4, 1, 64, 4, 300, mixed_slots, mixed_pos, 1.0f,
+                        rng, true, 3);
 }
 
 TEST_CASE("emulated cuda: prefill over quantized caches on tensor cores", "[emulated][quant]") {
@@ -256,6 +293,7 @@ TEST_CASE("emulated cuda: each quantized kernel once, for ThreadSanitizer", "[em
     check_quant_linear(spec_of(bits, 32), 3, 5, 72, true, 0, 0, rng);
     check_quant_linear(spec_of(bits, 32), 2, 3, 40, false, 4, 2, rng);  // the scalar loads
     check_quant_attention(spec_of(bits, 32), 2, 2, 1, 40, 1, 70, {0, 0}, {69, 5}, 1.0f, rng);
+    check_quant_attention(spec_of(bits, 32), 2, 4, 1, 40, 1, 160, {0, 0}, {150, 5}, 1.0f, rng, false, 3);  // split-KV
     std::vector<int32_t> slots, pos;
     packed_tokens({{0, 0, 20}, {1, 0, 50}}, slots, pos);
     check_quant_attention(spec_of(bits, 32), int64_t(slots.size()), 2, 1, 32, 2, 70, slots, pos, 1.0f, rng, true);

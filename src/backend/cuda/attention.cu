@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "attention_split.cuh"
 #include "attention_tiles.cuh"
 #include "cuda_common.h"
 #include "device_utils.cuh"
@@ -155,8 +156,6 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
   }
 }
 
-bool aligned4(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 0; }
-
 }  // namespace
 
 void launch_kv_store(const KvStoreParams& p, cudaStream_t stream) {
@@ -168,9 +167,7 @@ void launch_kv_store(const KvStoreParams& p, cudaStream_t stream) {
 void launch_attention(const AttentionParams& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.heads == 0 || p.head_dim == 0) return;
   const dim3 grid(unsigned(p.tokens * p.heads));  // (token, head) = (x / heads, x % heads)
-  const bool pairs = p.head_dim % 2 == 0 && aligned4(p.q) && aligned4(p.cache_k) && aligned4(p.cache_v) &&
-                     aligned4(p.out);
-  if (pairs) {
+  if (half2_attention(p)) {
     attention_kernel<true><<<grid, kThreads, 0, stream>>>(p);
     STRATA_CUDA_CHECK_LAUNCH("attention_kernel<pairs>", stream);
   } else {

@@ -10,12 +10,14 @@
 #include <vector>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <sstream>
 #include <string>
 
 #include "cuda_common.h"
 #include "kernels.h"
+#include "split_kv.h"
 #include "strata/backend/backend.h"
 
 namespace strata {
@@ -117,6 +119,13 @@ public:
       STRATA_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
       STRATA_CUDA_CHECK(cudaMalloc(&workspace_, kCublasWorkspaceBytes));
       STRATA_CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace_, kCublasWorkspaceBytes));
+      cudaDeviceProp prop{};
+      STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_));
+      sm_count_ = prop.multiProcessorCount;
+      const char* split = std::getenv("STRATA_SPLIT_KV");
+      STRATA_CHECK(cuda::parse_split_kv(split, split_kv_setting_),
+                   "STRATA_SPLIT_KV=" << split << ": expected auto, 0 (never split) or a chunk count up to "
+                                      << cuda::kSplitKvMaxChunks);
     } catch (...) {
       destroy();
       throw;
@@ -526,7 +535,13 @@ public:
       cuda::launch_tensor_core_attention(p, stream_);
       p.skip_tensor_core_tiles = true;
     }
-    cuda::launch_attention(p, stream_);
+    const int chunks = split_kv_chunks(T, heads, kv_heads, cache_k.dim(1));
+    if (chunks == 0) {
+      cuda::launch_attention(p, stream_);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(split_mu_);
+    cuda::launch_split_attention(p, split_scratch(T, int(heads), int(d), chunks), stream_);
   }
 
   void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) override {
@@ -685,7 +700,43 @@ private:
       cuda::launch_tensor_core_quant_attention(p, stream_);
       p.skip_tensor_core_tiles = true;
     }
-    cuda::launch_quant_attention(p, stream_);
+    const int chunks = split_kv_chunks(q.dim(0), heads, kv_heads, cache_k.dim(1));
+    if (chunks == 0) {
+      cuda::launch_quant_attention(p, stream_);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(split_mu_);
+    cuda::launch_split_quant_attention(p, split_scratch(q.dim(0), int(heads), int(d), chunks), stream_);
+  }
+
+  // Chunks of split-KV attention for a call (split_kv.h's rule, or STRATA_SPLIT_KV's count); 0:
+  // the per-token kernel. The host does not know the step's positions (they live on the device),
+  // so the rule takes the cache's capacity as the longest context; each block cuts its chunk from
+  // its own token's position, so on shorter contexts the later chunks are empty and return at once.
+  int split_kv_chunks(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t capacity) const {
+    if (split_kv_setting_ != cuda::kSplitKvAuto) return split_kv_setting_;
+    const int chunks = cuda::split_kv_chunks(tokens, int(heads), int(kv_heads), capacity, sm_count_);
+    return chunks > 1 ? chunks : 0;
+  }
+
+  // The split kernels' partials, grow-only (a few MiB under the rule: tokens x heads < 2 x SMs,
+  // at most kSplitKvMaxChunks chunks). Callers hold split_mu_ from here through the launch, so
+  // two threads' partials never share it. Before freeing a smaller one the stream drains, since
+  // only its kernels read it.
+  cuda::SplitKvScratch split_scratch(int64_t tokens, int heads, int head_dim, int chunks) {
+    const size_t bytes = cuda::split_kv_scratch_bytes(tokens, heads, head_dim, chunks);
+    if (bytes > split_scratch_bytes_) {
+      if (split_scratch_) {
+        TimedHostWait wait;
+        STRATA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        STRATA_CUDA_CHECK(cudaFree(split_scratch_));
+        split_scratch_ = nullptr;
+        split_scratch_bytes_ = 0;
+      }
+      STRATA_CUDA_CHECK(cudaMalloc(&split_scratch_, bytes));
+      split_scratch_bytes_ = bytes;
+    }
+    return cuda::split_kv_scratch(split_scratch_, tokens, heads, head_dim, chunks);
   }
 
   // Makes this backend's GPU current for the calling thread (cheap; callers may use many threads).
@@ -706,6 +757,7 @@ private:
     if (stream_) (void)cudaStreamSynchronize(stream_);
     if (cublas_) (void)cublasDestroy(cublas_);
     if (workspace_) (void)cudaFree(workspace_);
+    if (split_scratch_) (void)cudaFree(split_scratch_);
     if (stream_) (void)cudaStreamDestroy(stream_);
     for (cudaStream_t& s : copy_streams_) {
       if (s) (void)cudaStreamDestroy(s);
@@ -722,6 +774,8 @@ private:
     }
     cublas_ = nullptr;
     workspace_ = nullptr;
+    split_scratch_ = nullptr;
+    split_scratch_bytes_ = 0;
     stream_ = nullptr;
   }
 
@@ -731,6 +785,11 @@ private:
   cudaEvent_t copy_done_[2] = {nullptr, nullptr};      // each copy stream's last copy, waited on by blocking
   cublasHandle_t cublas_ = nullptr;
   void* workspace_ = nullptr;
+  int sm_count_ = 0;
+  int split_kv_setting_ = cuda::kSplitKvAuto;  // STRATA_SPLIT_KV, read at construction
+  void* split_scratch_ = nullptr;
+  size_t split_scratch_bytes_ = 0;
+  std::mutex split_mu_;
   std::shared_ptr<EventPool> events_;
   // upload()'s ring of pinned buffers, each with the event of its last copy.
   struct Staging {

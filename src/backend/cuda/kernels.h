@@ -2,10 +2,13 @@
 // plain parameter struct and a stream, returns at once for empty work, and checks its launch.
 // Shapes are validated by the entries in cuda_backend.cpp; all layouts are contiguous row-major.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include "split_kv.h"
 
 namespace strata::cuda {
 
@@ -94,6 +97,26 @@ struct AttentionParams {
 };
 // Per-token kernel: a block per (token, query head); every step shape, every head dim.
 void launch_attention(const AttentionParams& p, cudaStream_t stream);
+
+// attention_split.cu: split-KV decode attention (flash-decoding). Each (token, kv head)'s keys
+// [0, positions[t]] are cut into `splits` chunks of whole 64-key tiles; a block takes one chunk for
+// up to kSplitKvGroupHeads query heads of one kv head (each K/V row read once for all of them) and
+// writes, per query head, its partial: the unnormalized output sum_j exp(s_j - m) v_j, the chunk's
+// max score m (-inf for an empty chunk) and denominator l = sum_j exp(s_j - m). The merge kernel
+// then writes out = sum_c exp(m_c - M) acc_c / sum_c exp(m_c - M) l_c, M = max_c m_c.
+// split_kv.h says when to split and into how many chunks.
+struct SplitKvScratch {
+  float* acc = nullptr;  // [tokens, heads, splits, head_dim]
+  float* max = nullptr;  // [tokens, heads, splits]
+  float* sum = nullptr;  // [tokens, heads, splits]
+  int splits = 0;        // 1..kSplitKvMaxChunks (split_kv.h)
+};
+// Bytes of scratch for a launch, and its partials carved out of `buffer` (256-byte aligned).
+size_t split_kv_scratch_bytes(int64_t tokens, int heads, int head_dim, int splits);
+SplitKvScratch split_kv_scratch(void* buffer, int64_t tokens, int heads, int head_dim, int splits);
+// Both kernels (split, then merge) on one stream; skip_tensor_core_tiles is honoured as by
+// launch_attention. Head dims up to kMaxHeadDim, any GQA ratio.
+void launch_split_attention(const AttentionParams& p, const SplitKvScratch& s, cudaStream_t stream);
 
 // attention_tc.cu: the query tiles of prefill runs (attention_tiles.cuh says which) on tensor
 // cores; launch_attention with skip_tensor_core_tiles then does the rest. Head dims that are
@@ -193,6 +216,24 @@ struct QuantAttentionParams {
   bool skip_tensor_core_tiles = false;  // leave the tiles the tensor-core kernel takes
 };
 void launch_quant_attention(const QuantAttentionParams& p, cudaStream_t stream);
+// quant_attention.cu: split-KV decode over quantized caches, attention_split.cu's design and
+// merge (launch_split_attention above).
+void launch_split_quant_attention(const QuantAttentionParams& p, const SplitKvScratch& s, cudaStream_t stream);
+// attention_split.cu: the merge of both split launchers, one block per (token, query head). Token
+// fields as in the attention params; an invalid slot or position writes NaN, as the kernels do.
+struct SplitKvMergeParams {
+  SplitKvScratch part;
+  __half* out;               // [tokens, heads, head_dim]
+  const int32_t* slots;
+  const int32_t* positions;
+  int64_t tokens;
+  int heads;
+  int head_dim;
+  int slot_count;
+  int capacity;
+  bool skip_tensor_core_tiles = false;
+};
+void launch_split_kv_merge(const SplitKvMergeParams& p, cudaStream_t stream);
 // attention_tc.cu: the tensor-core kernel over quantized caches (rows dequantized by the
 // reference formula into shared memory as fp16), for the same tiles and head dims.
 void launch_tensor_core_quant_attention(const QuantAttentionParams& p, cudaStream_t stream);
