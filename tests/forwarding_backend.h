@@ -49,6 +49,10 @@ public:
   void activation(Activation act, const Tensor& x) override { in_.activation(act, x); }
   void swiglu(const Tensor& gu, const Tensor& out) override { in_.swiglu(gu, out); }
   void rope(const Tensor& x, const Tensor& pos, const Tensor& inv_freq) override { in_.rope(x, pos, inv_freq); }
+  void add_norm(const Tensor& x, const Tensor& delta, Norm norm, const Tensor& w, const Tensor& b, float eps,
+                const Tensor& out) override {
+    in_.add_norm(x, delta, norm, w, b, eps, out);
+  }
   void split_qkv(const Tensor& qkv, const Tensor& pos, const Tensor& inv_freq, const Tensor& q, const Tensor& k,
                  const Tensor& v) override {
     in_.split_qkv(qkv, pos, inv_freq, q, k, v);

@@ -316,6 +316,36 @@ TEST_CASE("cuda: rope matches the CPU backend, long positions included", "[cuda]
   }
 }
 
+TEST_CASE("cuda: add_norm adds the residual and norms it as add then norm do", "[cuda]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(4);
+  for (int64_t T : {1, 3, 17}) {
+    for (int64_t h : {72, 1000, 4096}) {
+      Rig r;
+      const std::vector<float> x = random_f16(size_t(T * h), rng, 2.0f, 4.0f), d = random_f16(size_t(T * h), rng);
+      const std::vector<float> w = random_f16(size_t(h), rng, 0.5f, 1.5f), b = random_f16(size_t(h), rng, -0.5f, 0.5f);
+      for (int kind = 0; kind < 3; ++kind) {  // layer norm with and without a bias, rms norm
+        const Backend::Norm norm = kind == 2 ? Backend::Norm::Rms : Backend::Norm::Layer;
+        const float eps = kind == 2 ? 1e-6f : 1e-5f;
+        // Separately on the GPU: the fused op must give the same bits.
+        Tensor sx = r.gpu_f16(x, {T, h}), want = r.gpu_poisoned(DType::F16, {T, h});
+        r.gpu->add(sx, r.gpu_f16(d, {T, h}), sx);
+        if (kind == 2) r.gpu->rms_norm(sx, r.gpu_f16(w, {h}), eps, want);
+        else r.gpu->layer_norm(sx, r.gpu_f16(w, {h}), kind == 0 ? r.gpu_f16(b, {h}) : Tensor(), eps, want);
+        Tensor fx = r.gpu_f16(x, {T, h}), delta = r.gpu_f16(d, {T, h});
+        r.gpu->add_norm(fx, delta, norm, r.gpu_f16(w, {h}), kind == 0 ? r.gpu_f16(b, {h}) : Tensor(), eps, delta);
+        const std::string what = std::string("add_norm ") + std::to_string(kind);
+        expect_close(r.read(fx), r.read(sx), 0.0f, 0.0f, shape_label((what + ": x").c_str(), {T, h}));
+        expect_close(r.read(delta), r.read(want), 0.0f, 0.0f, shape_label((what + ": out").c_str(), {T, h}));
+        Tensor cx = r.cpu_f32(x, {T, h}), cout = r.cpu_out({T, h});
+        r.cpu->add_norm(cx, r.cpu_f32(d, {T, h}), norm, r.cpu_f32(w, {h}), kind == 0 ? r.cpu_f32(b, {h}) : Tensor(), eps,
+                        cout);
+        expect_close(r.read(delta), r.read(cout), 3e-3f, 3e-3f, shape_label((what + ": against the CPU").c_str(), {T, h}));
+      }
+    }
+  }
+}
+
 TEST_CASE("cuda: split_qkv splits and rotates the stacked rows as a float64 reference does", "[cuda]") {
   STRATA_REQUIRE_GPU();
   std::mt19937 rng(16);

@@ -15,12 +15,13 @@ struct PieceShape {
 
 // The workspace's pieces, in the order of ForwardOps::bind_workspace's targets. Logits are fp32 on
 // every backend (head()).
-// mlp_a_ holds the stacked q/k/v GEMM's output until split_qkv, then the MLP's first GEMM's (gate
-// and up side by side for SwiGLU); mlp_b_ is SwiGLU's product (the other MLPs act in place).
+// mlp_a_ holds the stacked q/k/v GEMM's output until split_qkv, the output projection's in layer()
+// until its add_norm, then the MLP's first GEMM's (gate and up side by side for SwiGLU); mlp_b_ is
+// SwiGLU's product (the other MLPs act in place).
 std::vector<PieceShape> workspace_shapes(const ModelConfig& cfg, DType dt, int64_t T, int64_t R) {
   const int64_t h = cfg.hidden, qd = cfg.q_dim(), f = cfg.intermediate, V = cfg.vocab_size;
   const bool swiglu = cfg.mlp == MlpKind::SwiGLU;
-  const int64_t a_width = std::max(swiglu ? 2 * f : f, qd + 2 * cfg.kv_dim());
+  const int64_t a_width = std::max({swiglu ? 2 * f : f, qd + 2 * cfg.kv_dim(), h});
   return {{dt, {T, h}},          {dt, {T, cfg.n_heads, cfg.head_dim}},
           {dt, {T, cfg.n_kv_heads, cfg.head_dim}}, {dt, {T, cfg.n_kv_heads, cfg.head_dim}},
           {dt, {T, qd}},         {dt, {T, a_width}},
@@ -134,15 +135,33 @@ void ForwardOps::norm(const Tensor& x, const Tensor& w, const Tensor& b, const T
   else backend_.rms_norm(x, w, cfg_.norm_eps, out);
 }
 
+Backend::Norm ForwardOps::norm_kind() const {
+  return cfg_.norm == NormKind::LayerNorm ? Backend::Norm::Layer : Backend::Norm::Rms;
+}
+
 void ForwardOps::embed(const ModelWeights& w, const Tensor& x) {
   backend_.embedding(ids_.rows(0, T_), w.embed, x, false);
   if (cfg_.pos == PosKind::Learned) backend_.embedding(pos_shifted_.rows(0, T_), w.pos_embed, x, true);
 }
 
-void ForwardOps::layer(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x, const Tensor& cache_k,
-                       const Tensor& cache_v) {
-  attention_block(w, inv_freq, x, cache_k, cache_v);
-  mlp_block(w, x);
+void ForwardOps::attention_norm(const LayerWeights& w, const Tensor& x) {
+  norm(x, w.attn_norm_w, w.attn_norm_b, xn_.rows(0, T_));
+}
+
+// Each residual add runs with the norm after it (add_norm): the attention's with the MLP's norm,
+// the MLP's with the next layer's attention norm; the last layer's add is a plain add (the head
+// norms only its logit rows).
+void ForwardOps::layer(const LayerWeights& w, const LayerWeights* next, const Tensor& inv_freq, const Tensor& x,
+                       const Tensor& cache_k, const Tensor& cache_v) {
+  const int64_t T = T_, h = cfg_.hidden;
+  const Tensor xn = xn_.rows(0, T);
+  const Tensor attn = attend(project_qkv(w, inv_freq), cache_k, cache_v);
+  const Tensor o = leading(mlp_a_, T, h);  // free until the MLP's first GEMM
+  backend_.linear(attn.reshaped({T, cfg_.q_dim()}), w.o_w, w.o_b, o);
+  backend_.add_norm(x, o, norm_kind(), w.mlp_norm_w, w.mlp_norm_b, cfg_.norm_eps, xn);
+  const Tensor y = mlp_from_normed(w);
+  if (next) backend_.add_norm(x, y, norm_kind(), next->attn_norm_w, next->attn_norm_b, cfg_.norm_eps, xn);
+  else backend_.add(x, y, x);
 }
 
 // The step's prefix copies in one layer's caches ([S, C, ...]: a slot's positions are contiguous).
@@ -157,11 +176,15 @@ void ForwardOps::copy_prefixes(const Tensor& cache_k, const Tensor& cache_v) {
 }
 
 AttentionInputs ForwardOps::attention_inputs(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x) {
+  attention_norm(w, x);
+  return project_qkv(w, inv_freq);
+}
+
+AttentionInputs ForwardOps::project_qkv(const LayerWeights& w, const Tensor& inv_freq) {
   const int64_t T = T_;
   const Tensor xn = xn_.rows(0, T), pos = pos_.rows(0, T);
   const Tensor q = q_.rows(0, T), k = k_.rows(0, T), v = v_.rows(0, T);
   const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
-  norm(x, w.attn_norm_w, w.attn_norm_b, xn);
   // One GEMM over the stacked q/k/v rows, then one pass that splits its output and rotates q and
   // k. Qwen3 normalises each head of q and k before the rotation, so there the pass only splits.
   const Tensor qkv = leading(mlp_a_, T, qd + 2 * kvd);
@@ -193,21 +216,28 @@ void ForwardOps::attention_output(const LayerWeights& w, const Tensor& x, const 
 void ForwardOps::attention_block(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x,
                                  const Tensor& cache_k, const Tensor& cache_v) {
   // Pre-norm: x += o_proj(attention(rope(q), rope(k), v)).
+  attention_output(w, x, attend(attention_inputs(w, inv_freq, x), cache_k, cache_v));
+}
+
+Tensor ForwardOps::attend(const AttentionInputs& in, const Tensor& cache_k, const Tensor& cache_v) {
   const int64_t T = T_;
-  const AttentionInputs in = attention_inputs(w, inv_freq, x);
   const Tensor pos = pos_.rows(0, T), slots = slots_.rows(0, T);
   const Tensor attn = attn_.rows(0, T).reshaped({T, cfg_.n_heads, cfg_.head_dim});
   backend_.kv_store(in.k, in.v, cache_k, cache_v, slots, pos);
   copy_prefixes(cache_k, cache_v);
   backend_.attention(in.q, cache_k, cache_v, slots, pos, cfg_.attention_scale(), attn);
-  attention_output(w, x, attn);
+  return attn;
 }
 
 void ForwardOps::mlp_block(const LayerWeights& w, const Tensor& x) {
+  // Pre-norm: x += fc2(act(fc1(x))), or down(silu(gate(x)) * up(x)).
+  norm(x, w.mlp_norm_w, w.mlp_norm_b, xn_.rows(0, T_));
+  backend_.add(x, mlp_from_normed(w), x);
+}
+
+Tensor ForwardOps::mlp_from_normed(const LayerWeights& w) {
   const int64_t T = T_;
   const Tensor xn = xn_.rows(0, T);
-  // Pre-norm: x += fc2(act(fc1(x))), or down(silu(gate(x)) * up(x)).
-  norm(x, w.mlp_norm_w, w.mlp_norm_b, xn);
   const int64_t f = cfg_.intermediate;
   Tensor act;  // the input of fc2 (down)
   if (cfg_.mlp == MlpKind::SwiGLU) {  // gate and up as one GEMM, side by side in each row
@@ -221,7 +251,7 @@ void ForwardOps::mlp_block(const LayerWeights& w, const Tensor& x) {
     backend_.activation(cfg_.mlp == MlpKind::ReLU ? Activation::ReLU : Activation::GELU, act);
   }
   backend_.linear(act, w.fc2_w, w.fc2_b, xn);
-  backend_.add(x, xn, x);
+  return xn;
 }
 
 void ForwardOps::select_logit_rows(const std::vector<int32_t>& rows, int64_t tokens) {

@@ -46,7 +46,11 @@ Tensor Transformer::forward(const StepBatch& batch, KvCache& cache) {
   ops_.begin_step(batch, cache.slots, cache.capacity);
   const Tensor x = x_.rows(0, T);
   ops_.embed(w_, x);
-  for (int l = 0; l < cfg_.n_layers; ++l) ops_.layer(w_.layers[size_t(l)], w_.inv_freq, x, cache.k[size_t(l)], cache.v[size_t(l)]);
+  ops_.attention_norm(w_.layers[0], x);
+  for (int l = 0; l < cfg_.n_layers; ++l) {
+    const LayerWeights* next = l + 1 < cfg_.n_layers ? &w_.layers[size_t(l + 1)] : nullptr;
+    ops_.layer(w_.layers[size_t(l)], next, w_.inv_freq, x, cache.k[size_t(l)], cache.v[size_t(l)]);
+  }
   return ops_.head(w_, x);
 }
 

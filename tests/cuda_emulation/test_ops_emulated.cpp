@@ -123,6 +123,37 @@ TEST_CASE("emulated cuda: layer_norm and rms_norm match the CPU backend", "[emul
   }
 }
 
+TEST_CASE("emulated cuda: add_norm is add then norm, bit for bit, in one launch", "[emulated]") {
+  std::mt19937 rng(4);
+  for (int64_t T : {1, 5}) {
+    for (int64_t h : {72, 1000}) {
+      const std::vector<float> x = random_f16(size_t(T * h), rng, 2.0f, 4.0f), d = random_f16(size_t(T * h), rng);
+      const std::vector<float> w = random_f16(size_t(h), rng, 0.5f, 1.5f), b = random_f16(size_t(h), rng, -0.5f, 0.5f);
+      const std::vector<__half> x16 = halves(x), d16 = halves(d), w16 = halves(w), b16 = halves(b);
+      for (int kind = 0; kind < 3; ++kind) {  // layer norm with and without a bias, rms norm
+        const bool rms = kind == 2;
+        const __half* bias = kind == 0 ? b16.data() : nullptr;
+        std::vector<__half> sum = poisoned(size_t(T * h)), want = poisoned(size_t(T * h));
+        launch_add(x16.data(), d16.data(), sum.data(), T * h, nullptr);
+        if (rms) launch_rms_norm(sum.data(), w16.data(), 1e-6f, T, h, want.data(), nullptr);
+        else launch_layer_norm(sum.data(), w16.data(), bias, 1e-5f, T, h, want.data(), nullptr);
+        std::vector<__half> fx = x16, delta = d16;  // out aliases delta, as ForwardOps::layer has it
+        if (rms) launch_add_rms_norm(fx.data(), delta.data(), w16.data(), 1e-6f, T, h, delta.data(), nullptr);
+        else launch_add_layer_norm(fx.data(), delta.data(), w16.data(), bias, 1e-5f, T, h, delta.data(), nullptr);
+        const std::string what = label(rms ? "add_rms_norm" : "add_layer_norm", {T, h, kind});
+        expect_close(floats(fx), floats(sum), 0.0, 0.0, what + ": x");
+        expect_close(floats(delta), floats(want), 0.0, 0.0, what + ": out");
+        // And against the CPU backend's fp32 add_norm.
+        Cpu c;
+        Tensor cx = c.f32(x, {T, h}), cout = c.f32(std::vector<float>(size_t(T * h)), {T, h});
+        c.be->add_norm(cx, c.f32(d, {T, h}), rms ? Backend::Norm::Rms : Backend::Norm::Layer, c.f32(w, {h}),
+                       kind == 0 ? c.f32(b, {h}) : Tensor(), rms ? 1e-6f : 1e-5f, cout);
+        expect_close(floats(delta), c.read(cout), 3e-3, 3e-3, what + ": against the CPU");
+      }
+    }
+  }
+}
+
 TEST_CASE("emulated cuda: add, activations, swiglu and the bias add match the CPU backend", "[emulated]") {
   std::mt19937 rng(5);
   const int64_t T = 3, h = 1001;

@@ -152,6 +152,13 @@ public:
   // out = x / sqrt(mean(x^2) + eps) * w per row, in fp32. out may alias x.
   virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) = 0;
 
+  // The residual add and the next norm in one pass: x += delta (as add()), then out = the norm of
+  // the new x (layer_norm with w and b, b possibly empty; or rms_norm with w), the same values as
+  // the two ops one after the other. out may alias delta, not x.
+  enum class Norm { Layer, Rms };
+  virtual void add_norm(const Tensor& x, const Tensor& delta, Norm norm, const Tensor& w, const Tensor& b, float eps,
+                        const Tensor& out) = 0;
+
   // y = x @ w^T + bias. x: [T, in], w: [out, in] (Hugging Face layout), bias: [out] or empty,
   // y: [T, out]. Accumulates in fp32. y must not alias x.
   // w may be quantized (Q4/Q8, groups along `in`, quant.h): then the op dequantizes each weight row

@@ -52,9 +52,13 @@ public:
   int64_t tokens() const { return T_; }
 
   void embed(const ModelWeights& w, const Tensor& x);  // x: [T, h]
-  // x += attention block; x += MLP block. Caches: [S, C, kv_heads, d].
-  void layer(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x, const Tensor& cache_k,
-             const Tensor& cache_v);
+  // The whole stack, layer by layer: attention_norm(first layer, x), then layer() for each with the
+  // layer after it (nullptr for the last). layer() does x += attention block; x += MLP block
+  // (caches: [S, C, kv_heads, d]), each residual add fused with the norm that follows it, so it
+  // expects its attention's normed input in the workspace, from attention_norm or the layer before.
+  void attention_norm(const LayerWeights& w, const Tensor& x);
+  void layer(const LayerWeights& w, const LayerWeights* next, const Tensor& inv_freq, const Tensor& x,
+             const Tensor& cache_k, const Tensor& cache_v);
   // The two halves of layer(), for a schedule that streams a layer's weights half by half: the
   // attention block reads only w's attention tensors, the MLP block only its MLP tensors.
   void attention_block(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x, const Tensor& cache_k,
@@ -79,7 +83,14 @@ public:
 private:
   void upload_indices(const StepBatch& batch);
   void norm(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out);
+  Backend::Norm norm_kind() const;
   void copy_prefixes(const Tensor& cache_k, const Tensor& cache_v);
+  // q, k, v (split, normed per head, rotated) from the normed input in the workspace.
+  AttentionInputs project_qkv(const LayerWeights& w, const Tensor& inv_freq);
+  // kv_store, the step's prefix copies, attention: the output [T, heads, d] in the workspace.
+  Tensor attend(const AttentionInputs& in, const Tensor& cache_k, const Tensor& cache_v);
+  // The MLP from the normed input in the workspace; its output [T, h] (in the normed input's place).
+  Tensor mlp_from_normed(const LayerWeights& w);
 
   const ModelConfig& cfg_;
   Backend& backend_;

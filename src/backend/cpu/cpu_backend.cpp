@@ -174,42 +174,32 @@ public:
   }
 
   void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out) override {
-    check_f32(x, "x");
-    check_f32(w, "w");
-    check_f32(out, "out");
-    const int64_t h = x.row_size();
-    STRATA_CHECK(w.numel() == h && out.numel() == x.numel(), "layer_norm: shapes");
-    const float* bias = b.empty() ? nullptr : b.ptr<float>();
+    check_norm("layer_norm", x, w, out);
     pool_.parallel_for(x.dim(0), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* xr = x.ptr<float>() + r * h;
-        float* o = out.ptr<float>() + r * h;
-        double mean = 0, var = 0;
-        for (int64_t i = 0; i < h; ++i) mean += xr[i];
-        mean /= double(h);
-        for (int64_t i = 0; i < h; ++i) var += (xr[i] - mean) * (xr[i] - mean);
-        var /= double(h);
-        const float inv = float(1.0 / std::sqrt(var + eps));
-        for (int64_t i = 0; i < h; ++i)
-          o[i] = (xr[i] - float(mean)) * inv * w.ptr<float>()[i] + (bias ? bias[i] : 0.0f);
-      }
+      for (int64_t r = r0; r < r1; ++r) norm_row(x, Norm::Layer, w, b, eps, out, r);
     });
   }
 
   void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
-    check_f32(x, "x");
-    check_f32(w, "w");
-    check_f32(out, "out");
+    check_norm("rms_norm", x, w, out);
+    pool_.parallel_for(x.dim(0), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) norm_row(x, Norm::Rms, w, Tensor(), eps, out, r);
+    });
+  }
+
+  void add_norm(const Tensor& x, const Tensor& delta, Norm norm, const Tensor& w, const Tensor& b, float eps,
+                const Tensor& out) override {
+    check_norm("add_norm", x, w, out);
+    check_f32(delta, "delta");
+    STRATA_CHECK(delta.numel() == x.numel() && out.data != x.data, "add_norm: delta " << delta.shape_str() << " out "
+                                                                                      << out.shape_str());
     const int64_t h = x.row_size();
-    STRATA_CHECK(w.numel() == h && out.numel() == x.numel(), "rms_norm: shapes");
     pool_.parallel_for(x.dim(0), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
-        const float* xr = x.ptr<float>() + r * h;
-        float* o = out.ptr<float>() + r * h;
-        double ss = 0;
-        for (int64_t i = 0; i < h; ++i) ss += double(xr[i]) * xr[i];
-        const float inv = float(1.0 / std::sqrt(ss / double(h) + eps));
-        for (int64_t i = 0; i < h; ++i) o[i] = xr[i] * inv * w.ptr<float>()[i];
+        float* xr = x.ptr<float>() + r * h;
+        const float* dr = delta.ptr<float>() + r * h;
+        for (int64_t i = 0; i < h; ++i) xr[i] += dr[i];
+        norm_row(x, norm, w, b, eps, out, r);
       }
     });
   }
@@ -284,6 +274,38 @@ public:
           break;
       }
     });
+  }
+
+  void check_norm(const char* op, const Tensor& x, const Tensor& w, const Tensor& out) {
+    check_f32(x, "x");
+    check_f32(w, "w");
+    check_f32(out, "out");
+    STRATA_CHECK(w.numel() == x.row_size() && out.numel() == x.numel(), op << ": x " << x.shape_str() << " w "
+                                                                           << w.shape_str() << " out " << out.shape_str());
+  }
+
+  // Row r of out = the norm of x's row r (statistics in double).
+  static void norm_row(const Tensor& x, Norm norm, const Tensor& w, const Tensor& b, float eps, const Tensor& out,
+                       int64_t r) {
+    const int64_t h = x.row_size();
+    const float* xr = x.ptr<float>() + r * h;
+    const float* wr = w.ptr<float>();
+    float* o = out.ptr<float>() + r * h;
+    if (norm == Norm::Rms) {
+      double ss = 0;
+      for (int64_t i = 0; i < h; ++i) ss += double(xr[i]) * xr[i];
+      const float inv = float(1.0 / std::sqrt(ss / double(h) + eps));
+      for (int64_t i = 0; i < h; ++i) o[i] = xr[i] * inv * wr[i];
+      return;
+    }
+    const float* bias = b.empty() ? nullptr : b.ptr<float>();
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < h; ++i) mean += xr[i];
+    mean /= double(h);
+    for (int64_t i = 0; i < h; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    var /= double(h);
+    const float inv = float(1.0 / std::sqrt(var + eps));
+    for (int64_t i = 0; i < h; ++i) o[i] = (xr[i] - float(mean)) * inv * wr[i] + (bias ? bias[i] : 0.0f);
   }
 
   void swiglu(const Tensor& gate_up, const Tensor& out) override {

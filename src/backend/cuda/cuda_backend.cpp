@@ -337,6 +337,24 @@ public:
     cuda::launch_rms_norm(f16(x), f16(w), eps, x.dim(0), h, f16_mut(out), stream_);
   }
 
+  void add_norm(const Tensor& x, const Tensor& delta, Norm norm, const Tensor& w, const Tensor& b, float eps,
+                const Tensor& out) override {
+    for (const auto& [t, name] : {std::pair{&x, "x"}, {&delta, "delta"}, {&w, "w"}, {&out, "out"}})
+      check_f16(*t, "add_norm", name);
+    const int64_t h = x.row_size();
+    STRATA_CHECK(w.numel() == h && delta.numel() == x.numel() && out.dim(0) == x.dim(0) && out.numel() == x.numel() &&
+                     out.data != x.data && (b.empty() || (norm == Norm::Layer && b.numel() == h)),
+                 "cuda add_norm: x " << x.shape_str() << " delta " << delta.shape_str() << " w " << w.shape_str()
+                                     << " out " << out.shape_str());
+    if (!b.empty()) check_f16(b, "add_norm", "b");
+    bind();
+    if (norm == Norm::Layer)
+      cuda::launch_add_layer_norm(f16_mut(x), f16(delta), f16(w), b.empty() ? nullptr : f16(b), eps, x.dim(0), h,
+                                  f16_mut(out), stream_);
+    else
+      cuda::launch_add_rms_norm(f16_mut(x), f16(delta), f16(w), eps, x.dim(0), h, f16_mut(out), stream_);
+  }
+
   // Up to 16 tokens (kQuantLinearTokens) the fused kernel reads a quantized matrix once; each
   // token adds one fp32 FMA per weight on CUDA cores, and beyond 16 each further 16 tokens re-read
   // the weights. Estimated on an H100 (not yet measured): the fused kernel is bound by its

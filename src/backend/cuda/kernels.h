@@ -22,6 +22,12 @@ void launch_layer_norm(const __half* x, const __half* w, const __half* b, float 
                        __half* out, cudaStream_t stream);
 void launch_rms_norm(const __half* x, const __half* w, float eps, int64_t rows, int64_t h, __half* out,
                      cudaStream_t stream);
+// norm.cu, the residual add first: x += delta (rounded to fp16 as launch_add does), then out =
+// the norm of the new x. delta: [rows, h]; out may alias delta, not x.
+void launch_add_layer_norm(__half* x, const __half* delta, const __half* w, const __half* b, float eps, int64_t rows,
+                           int64_t h, __half* out, cudaStream_t stream);
+void launch_add_rms_norm(__half* x, const __half* delta, const __half* w, float eps, int64_t rows, int64_t h,
+                         __half* out, cudaStream_t stream);
 
 // elementwise.cu
 enum class ActKind : int { ReLU, GELU };

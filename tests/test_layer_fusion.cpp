@@ -1,6 +1,7 @@
-// The stacked projections (issue 35, point 1): a layer's q, k and v rows, and SwiGLU's gate and up,
-// lie back to back in its block, so each runs as one GEMM; the ops that take their outputs apart
-// (split_qkv, swiglu) against float64 references with poisoned outputs. Hugging Face parity over
+// A layer in fewer passes (issue 35, points 1 and 2). The stacked projections: a layer's q, k and v
+// rows, and SwiGLU's gate and up, lie back to back in its block, so each runs as one GEMM; the ops
+// that take their outputs apart (split_qkv, swiglu). The residual add fused with the next norm
+// (add_norm). Each op against a float64 reference with poisoned outputs; Hugging Face parity over
 // every family (test_model_hf, test_offload) checks the whole forward pass through them.
 #include <catch2/catch.hpp>
 
@@ -143,6 +144,52 @@ TEST_CASE("a layer block stacks q, k, v (and their biases) and gate, up into one
       const LayerWeights mlp = layer_views(half_block_layout(halves, 1), block.data() + halves.mlp_offset, Device::CPU);
       CHECK(mlp.gate_up_w.empty() == (cfg.mlp != MlpKind::SwiGLU));
       CHECK(mlp.fc2_w.data == static_cast<const void*>(static_cast<const char*>(w.fc2_w.data)));
+    }
+  }
+}
+
+TEST_CASE("cpu backend: add_norm adds the residual and norms it as a float64 reference does", "[weights][backend]") {
+  std::mt19937 rng(13);
+  for (int64_t T : {1, 4}) {
+    for (int64_t h : {1, 72, 1001}) {
+      for (Backend::Norm norm : {Backend::Norm::Layer, Backend::Norm::Rms}) {
+        for (bool bias : {false, true}) {
+          if (bias && norm == Backend::Norm::Rms) continue;
+          Host hst;
+          const std::vector<float> x = random_floats(size_t(T * h), rng, -3.0f, 3.0f, false);
+          const std::vector<float> d = random_floats(size_t(T * h), rng, -3.0f, 3.0f, false);
+          const std::vector<float> w = random_floats(size_t(h), rng, 0.5f, 1.5f, false);
+          const std::vector<float> b = random_floats(size_t(h), rng, -0.5f, 0.5f, false);
+          const float eps = 1e-5f;
+          std::vector<double> want_x(size_t(T * h)), want(size_t(T * h));
+          for (int64_t r = 0; r < T; ++r) {
+            double mean = 0, ss = 0;
+            for (int64_t i = 0; i < h; ++i) {
+              const double v = double(float(x[size_t(r * h + i)] + d[size_t(r * h + i)]));  // add() rounds to fp32
+              want_x[size_t(r * h + i)] = v;
+              mean += v / double(h);
+            }
+            for (int64_t i = 0; i < h; ++i) {
+              const double v = want_x[size_t(r * h + i)] - (norm == Backend::Norm::Layer ? mean : 0.0);
+              ss += v * v / double(h);
+            }
+            for (int64_t i = 0; i < h; ++i) {
+              const double v = want_x[size_t(r * h + i)] - (norm == Backend::Norm::Layer ? mean : 0.0);
+              want[size_t(r * h + i)] = v / std::sqrt(ss + eps) * w[size_t(i)] + (bias ? b[size_t(i)] : 0.0);
+            }
+          }
+          Tensor tx = hst.f32(x, {T, h}), out = hst.f32(nans(size_t(T * h)), {T, h});
+          hst.be->add_norm(tx, hst.f32(d, {T, h}), norm, hst.f32(w, {h}), bias ? hst.f32(b, {h}) : Tensor(), eps, out);
+          const std::string what = std::string(norm == Backend::Norm::Layer ? "layer" : "rms") + (bias ? "+bias" : "") +
+                                   " T " + std::to_string(T) + " h " + std::to_string(h);
+          check_close(tx.ptr<float>(), want_x.data(), size_t(T * h), 0.0, what + ": x");
+          check_close(out.ptr<float>(), want.data(), size_t(T * h), 2e-5, what + ": out");
+          // out may alias delta: the output projection's buffer takes the normed input.
+          Tensor tx2 = hst.f32(x, {T, h}), delta = hst.f32(d, {T, h});
+          hst.be->add_norm(tx2, delta, norm, hst.f32(w, {h}), bias ? hst.f32(b, {h}) : Tensor(), eps, delta);
+          check_close(delta.ptr<float>(), want.data(), size_t(T * h), 2e-5, what + ": out aliasing delta");
+        }
+      }
     }
   }
 }
