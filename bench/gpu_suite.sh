@@ -26,6 +26,9 @@
 #              bench_generate's resident step at batch 8, bench_cpu_attention at the CPU-attention
 #              shapes: OUT/engine.tgz and its cases in OUT/summary.json (with the metrics issue 34
 #              judges by). Only by name
+#   kernels    issue 35: bench_generate's batch-1 decode and 4096-token prefill on dummy:opt-6.7b and
+#              dummy:llama-3-8b with the staged baseline's bench_generate and this one,
+#              then bench_decode_attention under STRATA_SPLIT_KV=0, auto and 8. Only by name
 #   peers      issue 36: FlexGen 0.1.8 and Accelerate beside Strata on the same cases (prompt 512,
 #              generation 32), in pairs, fastest first: OUT/peers.tgz and OUT/summary.json. A peer's
 #              row already committed for this card kind (bench/results/*-GPU-summary.json) is kept,
@@ -269,6 +272,28 @@ part_engine() {
   done
 }
 
+# Issue 35's kernels, before (the staged baseline's bench_generate, when packed) and after: the
+# resident decode step at batch 1 and a 4096-token prefill of OPT-6.7B and of LLaMA-3-8B (SwiGLU,
+# GQA: the stacked projections' other shapes; 16 GB in fp16), then decode attention
+# alone under STRATA_SPLIT_KV=0 (the per-token kernel), auto (the rule) and forced chunk counts.
+part_kernels() {
+  local before=.device/before/bench_generate model
+  for model in opt-6.7b llama-3-8b; do
+    local args=(--model "dummy:$model" --device cuda --batch 1 --prompt-len 32 --gen-len 32 --prefill-tokens 4096)
+    [ -x "$before" ] && step "bench_generate $model before ($(cat .device/before/commit 2>/dev/null))" "$before" "${args[@]}"
+    step "bench_generate $model" bench_generate "${args[@]}"
+  done
+  command -v bench_decode_attention >/dev/null || { say "- bench_decode_attention not staged: skipped"; return; }
+  local shape split slots ctx heads kvh
+  for shape in 1:4096:32:8 1:32768:32:8 4:2048:32:32 16:2048:32:32 64:1024:32:8; do
+    IFS=: read -r slots ctx heads kvh <<< "$shape"
+    for split in 0 auto 8; do
+      step "decode attention $slots x $ctx, $heads/$kvh heads, STRATA_SPLIT_KV=$split" env STRATA_SPLIT_KV=$split \
+        bench_decode_attention --slots "$slots" --context "$ctx" --heads "$heads" --kv-heads "$kvh" --head-dim 128
+    done
+  done
+}
+
 # peer_pair NAME MODEL POLICY ENGINES... : one case (prompt 512, generation 32) in Strata (policy
 # file, or auto under --gpu-mem 16GiB), then in each peer engine named, into $out/peers/NAME/.
 peer_pair() {
@@ -368,7 +393,7 @@ write_summary() {
 
 for part in $parts; do
   case $part in
-    tests|profile|generate|offload|run30|calibrate|quant|peers|engine) "part_$part" ;;
+    tests|profile|generate|offload|run30|calibrate|quant|peers|engine|kernels) "part_$part" ;;
     *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;;
   esac
 done

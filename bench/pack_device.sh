@@ -13,7 +13,7 @@ build=${1:-build-sm90}
 top=$(git rev-parse --show-toplevel)
 cd "$top"
 programs=("$build/strata" "$build/tests/strata_tests")
-for b in bench_generate bench_offload bench_disk bench_quant bench_cpu_attention; do
+for b in bench_generate bench_offload bench_disk bench_quant bench_cpu_attention bench_decode_attention; do
   programs+=("$build/bench/$b")
 done
 bench/stage_device.sh "${programs[@]}" > /dev/null
@@ -21,11 +21,17 @@ strip -s .device/bin/*
 git rev-parse --short HEAD > .device/commit
 git diff --quiet HEAD -- src include tests bench || echo "(with uncommitted changes)" >> .device/commit
 # A baseline build beside it (issue 34's before/after in one call): its strata, stripped, as
-# .device/before/strata with the commit it was built from (the libraries are this build's).
+# .device/before/strata (and bench_generate) with the commit it was built from (the libraries are
+# this build's).
 if [ -n "${STRATA_BEFORE_BUILD:-}" ]; then
   mkdir -p .device/before
   cp "$STRATA_BEFORE_BUILD/strata" .device/before/strata
   strip -s .device/before/strata
+  # and its bench_generate (part kernels), where it was built
+  if [ -x "$STRATA_BEFORE_BUILD/bench/bench_generate" ]; then
+    cp "$STRATA_BEFORE_BUILD/bench/bench_generate" .device/before/bench_generate
+    strip -s .device/before/bench_generate
+  fi
   git -C "$STRATA_BEFORE_BUILD/.." rev-parse --short HEAD > .device/before/commit
 fi
 grep -qxF '/.devpack/' .git/info/exclude || echo '/.devpack/' >> .git/info/exclude
