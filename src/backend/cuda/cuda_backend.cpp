@@ -126,6 +126,11 @@ public:
       STRATA_CHECK(cuda::parse_split_kv(split, split_kv_setting_),
                    "STRATA_SPLIT_KV=" << split << ": expected auto, 0 (never split) or a chunk count up to "
                                       << cuda::kSplitKvMaxChunks);
+      // The rule splits only calls of fewer than kSplitKvBlocksPerSm x SMs (token, head) pairs, so
+      // their partials fit a buffer sized once here (8.7 MB on 132 SMs): no allocation, and no
+      // drain of the stream to free a smaller one, in the middle of a run.
+      if (split_kv_setting_ == cuda::kSplitKvAuto)
+        (void)split_scratch(int64_t(cuda::kSplitKvBlocksPerSm) * sm_count_, 1, cuda::kMaxHeadDim, cuda::kSplitKvMaxChunks);
     } catch (...) {
       destroy();
       throw;
