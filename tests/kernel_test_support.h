@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -121,6 +122,30 @@ public:
 private:
   static constexpr const char* kName = "STRATA_SPLIT_KV";
   std::optional<std::string> saved_;
+};
+
+// Tensors on a CPU backend made from host vectors, kept alive with it: the reference side of the
+// kernel tests.
+struct CpuTensors {
+  std::unique_ptr<Backend> be = make_cpu_backend(2);
+  std::vector<Buffer> keep;
+  Tensor f32(const std::vector<float>& v, std::initializer_list<int64_t> dims) {
+    keep.push_back(be->alloc(v.size() * 4));
+    Tensor t = keep.back().view(0, DType::F32, dims);
+    be->copy_to_device(t.data, v.data(), v.size() * 4);
+    return t;
+  }
+  Tensor i32(const std::vector<int32_t>& v) {
+    keep.push_back(be->alloc(v.size() * 4));
+    Tensor t = keep.back().view(0, DType::I32, {int64_t(v.size())});
+    be->copy_to_device(t.data, v.data(), v.size() * 4);
+    return t;
+  }
+  std::vector<float> read(const Tensor& t) {
+    std::vector<float> v(size_t(t.numel()));
+    be->copy_to_host_f32(t, v.data());
+    return v;
+  }
 };
 
 inline quant::QuantSpec spec_of(int bits, int group) {

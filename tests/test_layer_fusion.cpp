@@ -22,23 +22,7 @@ namespace {
 
 std::vector<float> nans(size_t n) { return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()); }
 
-// Host tensors on the CPU backend, from vectors, kept alive with the rig.
-struct Host {
-  std::unique_ptr<Backend> be = make_cpu_backend(2);
-  std::vector<Buffer> keep;
-  Tensor f32(const std::vector<float>& v, std::initializer_list<int64_t> dims) {
-    keep.push_back(be->alloc(v.size() * 4));
-    Tensor t = keep.back().view(0, DType::F32, dims);
-    be->copy_to_device(t.data, v.data(), v.size() * 4);
-    return t;
-  }
-  Tensor i32(const std::vector<int32_t>& v) {
-    keep.push_back(be->alloc(v.size() * 4));
-    Tensor t = keep.back().view(0, DType::I32, {int64_t(v.size())});
-    be->copy_to_device(t.data, v.data(), v.size() * 4);
-    return t;
-  }
-};
+using Host = CpuTensors;
 
 void check_close(const float* got, const double* want, size_t n, double tol, const std::string& what) {
   size_t bad = 0;

@@ -24,28 +24,7 @@ using namespace strata::cuda;
 
 namespace {
 
-// The CPU backend's result of an op over fp32 tensors made from host vectors.
-struct Cpu {
-  std::unique_ptr<Backend> be = make_cpu_backend(2);
-  std::vector<Buffer> keep;
-  Tensor f32(const std::vector<float>& v, std::initializer_list<int64_t> dims) {
-    keep.push_back(be->alloc(v.size() * 4));
-    Tensor t = keep.back().view(0, DType::F32, dims);
-    be->copy_to_device(t.data, v.data(), v.size() * 4);
-    return t;
-  }
-  Tensor i32(const std::vector<int32_t>& v) {
-    keep.push_back(be->alloc(v.size() * 4));
-    Tensor t = keep.back().view(0, DType::I32, {int64_t(v.size())});
-    be->copy_to_device(t.data, v.data(), v.size() * 4);
-    return t;
-  }
-  std::vector<float> read(const Tensor& t) {
-    std::vector<float> v(size_t(t.numel()));
-    be->copy_to_host_f32(t, v.data());
-    return v;
-  }
-};
+using Cpu = CpuTensors;
 
 // fp16 buffers for the emulated kernels: a copy of v, or the 0xFF poison (fp16 NaN).
 std::vector<__half> halves(const std::vector<float>& v) {

@@ -11,18 +11,24 @@ namespace {
 
 constexpr int kThreads = 128;
 
-__global__ void rope_kernel(RopeParams p) {
-  extern __shared__ float table[];  // cos in [0, half), sin in [half, 2 * half)
-  const int half_d = p.head_dim / 2;
-  const int64_t t = blockIdx.x;
-  const float pos = float(p.positions[t]);
+// The token's cos (table[0, half)) and sin (table[half, 2 half)) of position x inv_freq, then a
+// barrier: every thread reads the whole table after.
+__device__ void fill_rope_table(float* table, int32_t position, const float* inv_freq, int half_d) {
+  const float pos = float(position);
   for (int i = threadIdx.x; i < half_d; i += blockDim.x) {
     float s, c;
-    sincosf(pos * p.inv_freq[i], &s, &c);
+    sincosf(pos * inv_freq[i], &s, &c);
     table[i] = c;
     table[half_d + i] = s;
   }
   __syncthreads();
+}
+
+__global__ void rope_kernel(RopeParams p) {
+  extern __shared__ float table[];  // cos in [0, half), sin in [half, 2 * half)
+  const int half_d = p.head_dim / 2;
+  const int64_t t = blockIdx.x;
+  fill_rope_table(table, p.positions[t], p.inv_freq, half_d);
   __half* xt = p.x + t * p.token_stride;
   const int pairs = p.heads * half_d;
   for (int k = threadIdx.x; k < pairs; k += blockDim.x) {
@@ -45,16 +51,7 @@ __global__ void split_qkv_kernel(SplitQkvParams p) {
   const int half_d = p.head_dim / 2;
   const int64_t t = blockIdx.x;
   const bool rotate = p.inv_freq != nullptr;
-  if (rotate) {
-    const float pos = float(p.positions[t]);
-    for (int i = threadIdx.x; i < half_d; i += blockDim.x) {
-      float s, c;
-      sincosf(pos * p.inv_freq[i], &s, &c);
-      table[i] = c;
-      table[half_d + i] = s;
-    }
-    __syncthreads();
-  }
+  if (rotate) fill_rope_table(table, p.positions[t], p.inv_freq, half_d);  // uniform over the block
   const int64_t qd = int64_t(p.heads) * p.head_dim, kvd = int64_t(p.kv_heads) * p.head_dim;
   const __half* src = p.qkv + t * (qd + 2 * kvd);
   __half* const dst[2] = {p.q + t * qd, p.k + t * kvd};
