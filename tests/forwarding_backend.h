@@ -53,6 +53,10 @@ public:
                 const Tensor& out) override {
     in_.add_norm(x, delta, norm, w, b, eps, out);
   }
+  void split_qkv_store(const Tensor& qkv, const Tensor& pos, const Tensor& inv_freq, const Tensor& q, const Tensor& slots,
+                       const Tensor& cache_k, const Tensor& cache_v) override {
+    in_.split_qkv_store(qkv, pos, inv_freq, q, slots, cache_k, cache_v);
+  }
   void split_qkv(const Tensor& qkv, const Tensor& pos, const Tensor& inv_freq, const Tensor& q, const Tensor& k,
                  const Tensor& v) override {
     in_.split_qkv(qkv, pos, inv_freq, q, k, v);

@@ -379,6 +379,42 @@ TEST_CASE("cuda: split_qkv splits and rotates the stacked rows as a float64 refe
   }
 }
 
+TEST_CASE("cuda: split_qkv_store puts k and v in their cache rows and leaves the others", "[cuda]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(18);
+  const int64_t S = 3, C = 37;
+  for (int64_t T : {1, 3, 17}) {
+    for (auto [heads, kv_heads, d] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{6, 2, 20}, {32, 8, 128}}) {
+      Rig r;
+      std::vector<int32_t> slots(static_cast<size_t>(T)), pos(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t) {  // distinct (slot, position) pairs
+        slots[size_t(t)] = int32_t(t % S);
+        pos[size_t(t)] = int32_t((t * 7 + 5) % C);
+      }
+      const int64_t qd = heads * d, kvd = kv_heads * d;
+      const std::vector<float> qkv = random_f16(size_t(T * (qd + 2 * kvd)), rng);
+      const std::vector<float> inv = test::rope_inv_freq_of(d);
+      const std::vector<float> old = random_f16(size_t(S * C * kvd), rng, 5.0f, 6.0f);
+      Tensor q = r.gpu_poisoned(DType::F16, {T, heads, d});
+      Tensor ck = r.gpu_f16(old, {S, C, kv_heads, d}), cv = r.gpu_f16(old, {S, C, kv_heads, d});
+      r.gpu->split_qkv_store(r.gpu_f16(qkv, {T, qd + 2 * kvd}), r.i32(*r.gpu, pos, {T}), r.gpu_f32(inv, {d / 2}), q,
+                             r.i32(*r.gpu, slots, {T}), ck, cv);
+      const std::vector<double> want = test::split_qkv_reference(qkv, pos, inv, heads, kv_heads, d);
+      std::vector<float> want_k(old), want_v(old);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < kvd; ++i) {
+          const size_t row = size_t((slots[size_t(t)] * C + pos[size_t(t)]) * kvd + i);
+          want_k[row] = float(want[size_t(T * qd + t * kvd + i)]);
+          want_v[row] = float(want[size_t(T * (qd + kvd) + t * kvd + i)]);
+        }
+      expect_close(r.read(q), std::vector<float>(want.begin(), want.begin() + T * qd), 2e-3f, 2e-3f,
+                   shape_label("split_qkv_store: q", {T, heads, d}));
+      expect_close(r.read(ck), want_k, 2e-3f, 2e-3f, shape_label("split_qkv_store: cache k", {T, heads, d}));
+      expect_close(r.read(cv), want_v, 0.0f, 0.0f, shape_label("split_qkv_store: cache v", {T, heads, d}));
+    }
+  }
+}
+
 TEST_CASE("cuda: kv_store writes exactly the addressed cache rows", "[cuda]") {
   STRATA_REQUIRE_GPU();
   std::mt19937 rng(7);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "kernel_test_support.h"
@@ -73,6 +74,41 @@ TEST_CASE("cpu backend: split_qkv splits and rotates the stacked rows as a float
         check_close(k.ptr<float>(), want.data() + T * qd, size_t(T * kvd), 1e-5, what + ": k");
         check_close(v.ptr<float>(), want.data() + T * (qd + kvd), size_t(T * kvd), 0.0, what + ": v");
       }
+    }
+  }
+}
+
+TEST_CASE("cpu backend: split_qkv_store puts k and v in their cache rows and leaves the others", "[weights][backend]") {
+  std::mt19937 rng(14);
+  const int64_t S = 3, C = 9;
+  for (auto [heads, kv_heads, d] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{6, 2, 20}, {4, 4, 64}}) {
+    for (bool rotate : {true, false}) {
+      Host h;
+      const std::vector<int32_t> slots{2, 0, 2, 1}, pos{0, 8, 5, 3};
+      const int64_t T = 4, qd = heads * d, kvd = kv_heads * d;
+      const std::vector<float> qkv = random_floats(size_t(T * (qd + 2 * kvd)), rng, -2.0f, 2.0f, false);
+      const std::vector<float> inv = rotate ? rope_inv_freq_of(d) : std::vector<float>();
+      const std::vector<float> old_k = random_floats(size_t(S * C * kvd), rng, 5.0f, 6.0f, false);
+      const std::vector<float> old_v = random_floats(size_t(S * C * kvd), rng, 5.0f, 6.0f, false);
+      Tensor q = h.f32(nans(size_t(T * qd)), {T, heads, d});
+      Tensor ck = h.f32(old_k, {S, C, kv_heads, d}), cv = h.f32(old_v, {S, C, kv_heads, d});
+      h.be->split_qkv_store(h.f32(qkv, {T, qd + 2 * kvd}), h.i32(pos), rotate ? h.f32(inv, {d / 2}) : Tensor(), q,
+                            h.i32(slots), ck, cv);
+      const std::vector<double> want = split_qkv_reference(qkv, pos, inv, heads, kv_heads, d);
+      std::vector<double> want_k(old_k.begin(), old_k.end()), want_v(old_v.begin(), old_v.end());
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t i = 0; i < kvd; ++i) {
+          const size_t row = size_t((slots[size_t(t)] * C + pos[size_t(t)]) * kvd + i);
+          want_k[row] = want[size_t(T * qd + t * kvd + i)];
+          want_v[row] = want[size_t(T * (qd + kvd) + t * kvd + i)];
+        }
+      const std::string what = "heads " + std::to_string(heads) + "/" + std::to_string(kv_heads) + (rotate ? " rotated" : "");
+      check_close(q.ptr<float>(), want.data(), size_t(T * qd), 1e-5, what + ": q");
+      check_close(ck.ptr<float>(), want_k.data(), want_k.size(), 1e-5, what + ": cache k");
+      check_close(cv.ptr<float>(), want_v.data(), want_v.size(), 0.0, what + ": cache v");
+      CHECK_THROWS_WITH(h.be->split_qkv_store(h.f32(qkv, {T, qd + 2 * kvd}), h.i32({0, 9, 0, 0}), Tensor(), q,
+                                              h.i32(slots), ck, cv),
+                        Catch::Contains("position 9 outside the cache"));
     }
   }
 }

@@ -155,7 +155,7 @@ void ForwardOps::layer(const LayerWeights& w, const LayerWeights* next, const Te
                        const Tensor& cache_k, const Tensor& cache_v) {
   const int64_t T = T_, h = cfg_.hidden;
   const Tensor xn = xn_.rows(0, T);
-  const Tensor attn = attend(project_qkv(w, inv_freq), cache_k, cache_v);
+  const Tensor attn = attention_from_normed(w, inv_freq, cache_k, cache_v);
   const Tensor o = leading(mlp_a_, T, h);  // free until the MLP's first GEMM
   backend_.linear(attn.reshaped({T, cfg_.q_dim()}), w.o_w, w.o_b, o);
   backend_.add_norm(x, o, norm_kind(), w.mlp_norm_w, w.mlp_norm_b, cfg_.norm_eps, xn);
@@ -180,17 +180,20 @@ AttentionInputs ForwardOps::attention_inputs(const LayerWeights& w, const Tensor
   return project_qkv(w, inv_freq);
 }
 
+Tensor ForwardOps::qkv_projection(const LayerWeights& w) {
+  const Tensor qkv = leading(mlp_a_, T_, cfg_.q_dim() + 2 * cfg_.kv_dim());
+  backend_.linear(xn_.rows(0, T_), w.qkv_w, w.qkv_b, qkv);
+  return qkv;
+}
+
 AttentionInputs ForwardOps::project_qkv(const LayerWeights& w, const Tensor& inv_freq) {
   const int64_t T = T_;
-  const Tensor xn = xn_.rows(0, T), pos = pos_.rows(0, T);
+  const Tensor pos = pos_.rows(0, T);
   const Tensor q = q_.rows(0, T), k = k_.rows(0, T), v = v_.rows(0, T);
-  const int64_t qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
   // One GEMM over the stacked q/k/v rows, then one pass that splits its output and rotates q and
   // k. Qwen3 normalises each head of q and k before the rotation, so there the pass only splits.
-  const Tensor qkv = leading(mlp_a_, T, qd + 2 * kvd);
-  backend_.linear(xn, w.qkv_w, w.qkv_b, qkv);
   const bool rope = cfg_.pos == PosKind::Rope;
-  backend_.split_qkv(qkv, pos, rope && !cfg_.qk_norm ? inv_freq : Tensor(), q, k, v);
+  backend_.split_qkv(qkv_projection(w), pos, rope && !cfg_.qk_norm ? inv_freq : Tensor(), q, k, v);
   if (cfg_.qk_norm) {  // Qwen3: every head of q and k normalised on its own, in place
     const Tensor q_heads = q.reshaped({T * cfg_.n_heads, cfg_.head_dim});
     const Tensor k_heads = k.reshaped({T * cfg_.n_kv_heads, cfg_.head_dim});
@@ -216,16 +219,32 @@ void ForwardOps::attention_output(const LayerWeights& w, const Tensor& x, const 
 void ForwardOps::attention_block(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x,
                                  const Tensor& cache_k, const Tensor& cache_v) {
   // Pre-norm: x += o_proj(attention(rope(q), rope(k), v)).
-  attention_output(w, x, attend(attention_inputs(w, inv_freq, x), cache_k, cache_v));
+  attention_norm(w, x);
+  attention_output(w, x, attention_from_normed(w, inv_freq, cache_k, cache_v));
 }
 
-Tensor ForwardOps::attend(const AttentionInputs& in, const Tensor& cache_k, const Tensor& cache_v) {
+// Where the cache holds the activation dtype and no per-head norm comes between the split and the
+// rotation, k and v go from the stacked GEMM's output straight into the cache (split_qkv_store):
+// one pass instead of a split and a kv_store.
+Tensor ForwardOps::attention_from_normed(const LayerWeights& w, const Tensor& inv_freq, const Tensor& cache_k,
+                                         const Tensor& cache_v) {
+  const DType dt = backend_.activation_dtype();
+  if (cfg_.qk_norm || cache_k.dtype != dt || cache_v.dtype != dt) {
+    const AttentionInputs in = project_qkv(w, inv_freq);
+    backend_.kv_store(in.k, in.v, cache_k, cache_v, slots_.rows(0, T_), pos_.rows(0, T_));
+    return attend_stored(in.q, cache_k, cache_v);
+  }
+  const Tensor q = q_.rows(0, T_);
+  backend_.split_qkv_store(qkv_projection(w), pos_.rows(0, T_), cfg_.pos == PosKind::Rope ? inv_freq : Tensor(), q,
+                           slots_.rows(0, T_), cache_k, cache_v);
+  return attend_stored(q, cache_k, cache_v);
+}
+
+Tensor ForwardOps::attend_stored(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v) {
   const int64_t T = T_;
-  const Tensor pos = pos_.rows(0, T), slots = slots_.rows(0, T);
   const Tensor attn = attn_.rows(0, T).reshaped({T, cfg_.n_heads, cfg_.head_dim});
-  backend_.kv_store(in.k, in.v, cache_k, cache_v, slots, pos);
   copy_prefixes(cache_k, cache_v);
-  backend_.attention(in.q, cache_k, cache_v, slots, pos, cfg_.attention_scale(), attn);
+  backend_.attention(q, cache_k, cache_v, slots_.rows(0, T), pos_.rows(0, T), cfg_.attention_scale(), attn);
   return attn;
 }
 

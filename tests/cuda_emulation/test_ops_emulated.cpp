@@ -238,6 +238,50 @@ TEST_CASE("emulated cuda: split_qkv splits and rotates the stacked rows as a flo
   }
 }
 
+TEST_CASE("emulated cuda: split_qkv with the caches writes k and v into exactly the addressed rows", "[emulated]") {
+  std::mt19937 rng(17);
+  const int64_t T = 4, S = 3, C = 9;
+  for (auto [heads, kv_heads, d] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{6, 2, 20}, {4, 4, 64}}) {
+    // The last token's slot is outside the cache: it writes no row (as kv_store), but its q.
+    const std::vector<int32_t> slots{2, 0, 2, 3}, pos{0, 8, 5, 3};
+    const int64_t qd = heads * d, kvd = kv_heads * d;
+    const std::vector<float> qkv = random_f16(size_t(T * (qd + 2 * kvd)), rng);
+    const std::vector<float> inv = rope_inv_freq_of(d);
+    const std::vector<float> old = random_f16(size_t(S * C * kvd), rng, 5.0f, 6.0f);
+    const std::vector<__half> qkv16 = halves(qkv);
+    std::vector<__half> q = poisoned(size_t(T * qd)), ck = halves(old), cv = halves(old);
+    SplitQkvParams p{};
+    p.qkv = qkv16.data();
+    p.positions = pos.data();
+    p.inv_freq = inv.data();
+    p.q = q.data();
+    p.cache_k = ck.data();
+    p.cache_v = cv.data();
+    p.slots = slots.data();
+    p.slot_count = int(S);
+    p.capacity = int(C);
+    p.tokens = T;
+    p.heads = int(heads);
+    p.kv_heads = int(kv_heads);
+    p.head_dim = int(d);
+    launch_split_qkv(p, nullptr);
+    const std::vector<double> want = split_qkv_reference(qkv, pos, inv, heads, kv_heads, d);
+    std::vector<float> want_k(old), want_v(old);
+    for (int64_t t = 0; t < T; ++t) {
+      if (slots[size_t(t)] >= S) continue;
+      for (int64_t i = 0; i < kvd; ++i) {
+        const size_t row = size_t((slots[size_t(t)] * C + pos[size_t(t)]) * kvd + i);
+        want_k[row] = float(want[size_t(T * qd + t * kvd + i)]);
+        want_v[row] = float(want[size_t(T * (qd + kvd) + t * kvd + i)]);
+      }
+    }
+    const std::string what = label("split_qkv into the caches", {heads, kv_heads, d});
+    expect_close(floats(q), std::vector<float>(want.begin(), want.begin() + T * qd), 2e-3, 2e-3, what + ": q");
+    expect_close(floats(ck), want_k, 2e-3, 2e-3, what + ": cache k");
+    expect_close(floats(cv), want_v, 0.0, 0.0, what + ": cache v");
+  }
+}
+
 TEST_CASE("emulated cuda: kv_store writes exactly the addressed cache rows", "[emulated]") {
   std::mt19937 rng(7);
   const int64_t T = 5, S = 3, C = 37;

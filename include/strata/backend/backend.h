@@ -189,6 +189,11 @@ public:
   // on the way unless inv_freq is empty. One pass instead of three copies and two rotations.
   virtual void split_qkv(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const Tensor& q,
                          const Tensor& k, const Tensor& v) = 0;
+  // split_qkv with kv_store in the same pass: q as split_qkv writes it, k (rotated) and v straight
+  // into cache_k and cache_v [S, C, kv_heads, d] at (slots[t], positions[t]). Caches of the
+  // activation dtype only: a quantized cache takes split_qkv, then kv_store.
+  virtual void split_qkv_store(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const Tensor& q,
+                               const Tensor& slots, const Tensor& cache_k, const Tensor& cache_v) = 0;
 
   // cache_k[slots[t], positions[t]] = k[t], likewise v. (The CPU backend also takes F16 k/v and
   // caches here and in attention(), for attention delegated to the CPU from an fp16 GPU.)

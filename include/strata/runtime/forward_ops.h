@@ -87,8 +87,14 @@ private:
   void copy_prefixes(const Tensor& cache_k, const Tensor& cache_v);
   // q, k, v (split, normed per head, rotated) from the normed input in the workspace.
   AttentionInputs project_qkv(const LayerWeights& w, const Tensor& inv_freq);
-  // kv_store, the step's prefix copies, attention: the output [T, heads, d] in the workspace.
-  Tensor attend(const AttentionInputs& in, const Tensor& cache_k, const Tensor& cache_v);
+  // The stacked q/k/v GEMM over the normed input: its output [T, q_dim + 2 kv_dim] in the workspace.
+  Tensor qkv_projection(const LayerWeights& w);
+  // From the normed input: q, k and v, k and v stored in the caches, the step's prefix copies, and
+  // attention; its output [T, heads, d] in the workspace.
+  Tensor attention_from_normed(const LayerWeights& w, const Tensor& inv_freq, const Tensor& cache_k,
+                               const Tensor& cache_v);
+  // The step's prefix copies and attention over caches that hold the step's keys and values.
+  Tensor attend_stored(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v);
   // The MLP from the normed input in the workspace; its output [T, h] (in the normed input's place).
   Tensor mlp_from_normed(const LayerWeights& w);
 

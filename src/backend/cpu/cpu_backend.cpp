@@ -276,6 +276,42 @@ public:
     });
   }
 
+  // split_qkv's pass with each token's k and v rows written where kv_rows(t) points.
+  template <class KvRows>
+  void split_qkv_into(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const Tensor& q,
+                      int64_t kv_heads, KvRows kv_rows) {
+    check_f32(qkv, "qkv");
+    check_f32(q, "q");
+    check_i32(positions, "positions");
+    const int64_t T = q.dim(0), qd = q.row_size(), d = q.dim(2), kvd = kv_heads * d;
+    STRATA_CHECK(q.ndim == 3 && qkv.dim(0) == T && qkv.row_size() == qd + 2 * kvd && positions.numel() == T,
+                 "split_qkv: qkv " << qkv.shape_str() << " q " << q.shape_str() << " for " << kv_heads << " kv heads");
+    const bool rotate = !inv_freq.empty();
+    if (rotate) {
+      check_f32(inv_freq, "inv_freq");
+      STRATA_CHECK(inv_freq.numel() * 2 == d, "split_qkv: inv_freq " << inv_freq.shape_str());
+    }
+    for (int64_t t = 0; t < T; ++t) kv_rows(t);  // checks every destination before any write
+    pool_.parallel_for(T, [&](int64_t t0, int64_t t1) {
+      std::optional<RopeAngles> angles;
+      if (rotate) angles.emplace(inv_freq);
+      for (int64_t t = t0; t < t1; ++t) {
+        const float* src = qkv.ptr<float>() + t * (qd + 2 * kvd);
+        float* qt = q.ptr<float>() + t * qd;
+        const auto [kt, vt] = kv_rows(t);
+        if (rotate) {
+          angles->at(positions.ptr<int32_t>()[t]);
+          angles->rotate(src, qt, q.dim(1), d);
+          angles->rotate(src + qd, kt, kv_heads, d);
+        } else {
+          std::memcpy(qt, src, size_t(qd) * 4);
+          std::memcpy(kt, src + qd, size_t(kvd) * 4);
+        }
+        std::memcpy(vt, src + qd + kvd, size_t(kvd) * 4);
+      }
+    });
+  }
+
   void check_norm(const char* op, const Tensor& x, const Tensor& w, const Tensor& out) {
     check_f32(x, "x");
     check_f32(w, "w");
@@ -342,35 +378,32 @@ public:
 
   void split_qkv(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const Tensor& q, const Tensor& k,
                  const Tensor& v) override {
-    for (const auto& [t, name] : {std::pair{&qkv, "qkv"}, {&q, "q"}, {&k, "k"}, {&v, "v"}}) check_f32(*t, name);
-    check_i32(positions, "positions");
-    const int64_t T = q.dim(0), qd = q.row_size(), kvd = k.row_size();
-    STRATA_CHECK(q.ndim == 3 && k.ndim == 3 && v.ndim == 3 && k.dim(0) == T && v.dim(0) == T && v.row_size() == kvd &&
-                     qkv.dim(0) == T && qkv.row_size() == qd + 2 * kvd && positions.numel() == T,
-                 "split_qkv: qkv " << qkv.shape_str() << " q " << q.shape_str() << " k " << k.shape_str() << " v "
-                                   << v.shape_str());
-    const int64_t d = q.dim(2);
-    const bool rotate = !inv_freq.empty();
-    if (rotate) {
-      check_f32(inv_freq, "inv_freq");
-      STRATA_CHECK(inv_freq.numel() * 2 == d && k.dim(2) == d, "split_qkv: inv_freq " << inv_freq.shape_str());
-    }
-    pool_.parallel_for(T, [&](int64_t t0, int64_t t1) {
-      std::optional<RopeAngles> angles;
-      if (rotate) angles.emplace(inv_freq);
-      for (int64_t t = t0; t < t1; ++t) {
-        const float* src = qkv.ptr<float>() + t * (qd + 2 * kvd);
-        float *qt = q.ptr<float>() + t * qd, *kt = k.ptr<float>() + t * kvd, *vt = v.ptr<float>() + t * kvd;
-        if (rotate) {
-          angles->at(positions.ptr<int32_t>()[t]);
-          angles->rotate(src, qt, q.dim(1), d);
-          angles->rotate(src + qd, kt, k.dim(1), d);
-        } else {
-          std::memcpy(qt, src, size_t(qd) * 4);
-          std::memcpy(kt, src + qd, size_t(kvd) * 4);
-        }
-        std::memcpy(vt, src + qd + kvd, size_t(kvd) * 4);
-      }
+    check_f32(k, "k");
+    check_f32(v, "v");
+    const int64_t kvd = k.row_size();
+    STRATA_CHECK(k.ndim == 3 && v.ndim == 3 && k.dim(0) == q.dim(0) && v.dim(0) == q.dim(0) && v.row_size() == kvd &&
+                     k.dim(2) == q.dim(2),
+                 "split_qkv: q " << q.shape_str() << " k " << k.shape_str() << " v " << v.shape_str());
+    split_qkv_into(qkv, positions, inv_freq, q, k.dim(1), [&](int64_t t) {
+      return std::pair{k.ptr<float>() + t * kvd, v.ptr<float>() + t * kvd};
+    });
+  }
+
+  void split_qkv_store(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const Tensor& q,
+                       const Tensor& slots, const Tensor& cache_k, const Tensor& cache_v) override {
+    check_f32(cache_k, "cache_k");
+    check_f32(cache_v, "cache_v");
+    check_i32(slots, "slots");
+    STRATA_CHECK(cache_k.ndim == 4 && cache_k.shape == cache_v.shape && cache_k.dim(3) == q.dim(2) &&
+                     slots.numel() == q.dim(0),
+                 "split_qkv_store: q " << q.shape_str() << " caches " << cache_k.shape_str());
+    const int64_t S = cache_k.dim(0), C = cache_k.dim(1), kvd = cache_k.dim(2) * cache_k.dim(3);
+    split_qkv_into(qkv, positions, inv_freq, q, cache_k.dim(2), [&](int64_t t) {
+      const int32_t s = slots.ptr<int32_t>()[t], p = positions.ptr<int32_t>()[t];
+      STRATA_CHECK(s >= 0 && s < S && p >= 0 && p < C, "split_qkv_store: slot " << s << " position " << p
+                                                                                 << " outside the cache");
+      const int64_t row = (int64_t(s) * C + p) * kvd;
+      return std::pair{cache_k.ptr<float>() + row, cache_v.ptr<float>() + row};
     });
   }
 

@@ -430,31 +430,30 @@ public:
 
   void split_qkv(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const Tensor& q, const Tensor& k,
                  const Tensor& v) override {
-    for (const auto& [t, name] : {std::pair{&qkv, "qkv"}, {&q, "q"}, {&k, "k"}, {&v, "v"}}) check_f16(*t, "split_qkv", name);
-    check_i32(positions, "split_qkv", "positions");
-    const int64_t T = q.dim(0);
-    STRATA_CHECK(q.ndim == 3 && k.ndim == 3 && k.shape == v.shape && k.dim(0) == T && k.dim(2) == q.dim(2) &&
-                     qkv.dim(0) == T && qkv.row_size() == q.row_size() + 2 * k.row_size() && positions.numel() == T &&
-                     qkv.row_size() <= INT_MAX,
-                 "cuda split_qkv: qkv " << qkv.shape_str() << " q " << q.shape_str() << " k " << k.shape_str() << " v "
-                                        << v.shape_str());
-    if (!inv_freq.empty()) {
-      check_tensor(inv_freq, DType::F32, "split_qkv", "inv_freq");
-      STRATA_CHECK(q.dim(2) % 2 == 0 && inv_freq.numel() * 2 == q.dim(2),
-                   "cuda split_qkv: inv_freq " << inv_freq.shape_str() << " for heads of " << q.dim(2));
-    }
-    bind();
-    cuda::SplitQkvParams p{};
-    p.qkv = f16(qkv);
-    p.positions = i32(positions);
-    p.inv_freq = inv_freq.empty() ? nullptr : static_cast<const float*>(inv_freq.data);
-    p.q = f16_mut(q);
+    check_f16(k, "split_qkv", "k");
+    check_f16(v, "split_qkv", "v");
+    STRATA_CHECK(k.ndim == 3 && k.shape == v.shape && k.dim(0) == q.dim(0) && k.dim(2) == q.dim(2),
+                 "cuda split_qkv: q " << q.shape_str() << " k " << k.shape_str() << " v " << v.shape_str());
+    cuda::SplitQkvParams p = split_qkv_params(qkv, positions, inv_freq, q, k.dim(1));
     p.k = f16_mut(k);
     p.v = f16_mut(v);
-    p.tokens = T;
-    p.heads = int(q.dim(1));
-    p.kv_heads = int(k.dim(1));
-    p.head_dim = int(q.dim(2));
+    cuda::launch_split_qkv(p, stream_);
+  }
+
+  void split_qkv_store(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const Tensor& q,
+                       const Tensor& slots, const Tensor& cache_k, const Tensor& cache_v) override {
+    check_f16(cache_k, "split_qkv_store", "cache_k");
+    check_f16(cache_v, "split_qkv_store", "cache_v");
+    check_i32(slots, "split_qkv_store", "slots");
+    STRATA_CHECK(cache_k.ndim == 4 && cache_k.shape == cache_v.shape && cache_k.dim(3) == q.dim(2) &&
+                     slots.numel() == q.dim(0) && cache_k.dim(0) <= INT_MAX && cache_k.dim(1) <= INT_MAX,
+                 "cuda split_qkv_store: q " << q.shape_str() << " caches " << cache_k.shape_str());
+    cuda::SplitQkvParams p = split_qkv_params(qkv, positions, inv_freq, q, cache_k.dim(2));
+    p.cache_k = f16_mut(cache_k);
+    p.cache_v = f16_mut(cache_v);
+    p.slots = i32(slots);
+    p.slot_count = int(cache_k.dim(0));
+    p.capacity = int(cache_k.dim(1));
     cuda::launch_split_qkv(p, stream_);
   }
 
@@ -730,6 +729,35 @@ private:
     }
     std::lock_guard<std::mutex> lock(split_mu_);
     cuda::launch_split_quant_attention(p, split_scratch(q.dim(0), int(heads), int(d), chunks), stream_);
+  }
+
+  // split_qkv's checks and parameters but for where k and v go.
+  cuda::SplitQkvParams split_qkv_params(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq,
+                                        const Tensor& q, int64_t kv_heads) {
+    check_f16(qkv, "split_qkv", "qkv");
+    check_f16(q, "split_qkv", "q");
+    check_i32(positions, "split_qkv", "positions");
+    const int64_t T = q.dim(0);
+    STRATA_CHECK(q.ndim == 3 && qkv.dim(0) == T && qkv.row_size() == q.row_size() + 2 * kv_heads * q.dim(2) &&
+                     positions.numel() == T && qkv.row_size() <= INT_MAX,
+                 "cuda split_qkv: qkv " << qkv.shape_str() << " q " << q.shape_str() << " for " << kv_heads
+                                        << " kv heads");
+    if (!inv_freq.empty()) {
+      check_tensor(inv_freq, DType::F32, "split_qkv", "inv_freq");
+      STRATA_CHECK(q.dim(2) % 2 == 0 && inv_freq.numel() * 2 == q.dim(2),
+                   "cuda split_qkv: inv_freq " << inv_freq.shape_str() << " for heads of " << q.dim(2));
+    }
+    bind();
+    cuda::SplitQkvParams p{};
+    p.qkv = f16(qkv);
+    p.positions = i32(positions);
+    p.inv_freq = inv_freq.empty() ? nullptr : static_cast<const float*>(inv_freq.data);
+    p.q = f16_mut(q);
+    p.tokens = T;
+    p.heads = int(q.dim(1));
+    p.kv_heads = int(kv_heads);
+    p.head_dim = int(q.dim(2));
+    return p;
   }
 
   // Chunks of split-KV attention for a call (split_kv.h's rule, or STRATA_SPLIT_KV's count); 0:

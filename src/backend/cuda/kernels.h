@@ -50,15 +50,22 @@ struct RopeParams {
 };
 void launch_rope(const RopeParams& p, cudaStream_t stream);
 // rope.cu: qkv [tokens, (heads + 2 kv_heads) head_dim] (q's columns, k's, v's) into q [tokens,
-// heads, head_dim], k and v [tokens, kv_heads, head_dim], q and k rotated as launch_rope does
-// where inv_freq is not null.
+// heads, head_dim], k and v [tokens, kv_heads, head_dim] (or the caches), q and k rotated as
+// launch_rope does where inv_freq is not null.
 struct SplitQkvParams {
   const __half* qkv;
   const int32_t* positions;  // [tokens]
   const float* inv_freq;     // [head_dim / 2], or null: copy without rotating
   __half* q;
-  __half* k;
+  __half* k;                 // [tokens, kv_heads, head_dim], or null: into the caches
   __half* v;
+  // With k and v null: k and v into cache rows (slots[t], positions[t]) of [slot_count, capacity,
+  // kv_heads, head_dim] caches, kv_store_kernel's addressing (no write outside the cache).
+  __half* cache_k = nullptr;
+  __half* cache_v = nullptr;
+  const int32_t* slots = nullptr;
+  int slot_count = 0;
+  int capacity = 0;
   int64_t tokens;
   int heads;
   int kv_heads;

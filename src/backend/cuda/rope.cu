@@ -45,7 +45,8 @@ __global__ void rope_kernel(RopeParams p) {
 }
 
 // One block per token: the token's cos/sin table as rope_kernel's, then q's and k's pairs
-// rotated out of the stacked row, and v copied.
+// rotated out of the stacked row, and v copied; k and v go to the token's cache rows instead where
+// the caches are given (split_qkv_store).
 __global__ void split_qkv_kernel(SplitQkvParams p) {
   extern __shared__ float table[];  // cos in [0, half), sin in [half, 2 * half); unused unrotated
   const int half_d = p.head_dim / 2;
@@ -54,9 +55,19 @@ __global__ void split_qkv_kernel(SplitQkvParams p) {
   if (rotate) fill_rope_table(table, p.positions[t], p.inv_freq, half_d);  // uniform over the block
   const int64_t qd = int64_t(p.heads) * p.head_dim, kvd = int64_t(p.kv_heads) * p.head_dim;
   const __half* src = p.qkv + t * (qd + 2 * kvd);
-  __half* const dst[2] = {p.q + t * qd, p.k + t * kvd};
+  __half* kt = p.k ? p.k + t * kvd : nullptr;
+  __half* vt = p.v ? p.v + t * kvd : nullptr;
+  if (p.cache_k != nullptr) {  // the cache store fused in: the token's row, or none (as kv_store)
+    const int slot = p.slots[t], pos = p.positions[t];
+    const bool inside = slot >= 0 && slot < p.slot_count && pos >= 0 && pos < p.capacity;
+    const int64_t row = (int64_t(slot) * p.capacity + pos) * kvd;
+    kt = inside ? p.cache_k + row : nullptr;
+    vt = inside ? p.cache_v + row : nullptr;
+  }
+  __half* const dst[2] = {p.q + t * qd, kt};
   const int heads[2] = {p.heads, p.kv_heads};
   for (int part = 0; part < 2; ++part) {  // q, then k
+    if (dst[part] == nullptr) continue;  // uniform over the block
     const __half* from = part == 0 ? src : src + qd;
     const int n = rotate ? heads[part] * half_d : heads[part] * p.head_dim;
     for (int k = threadIdx.x; k < n; k += blockDim.x) {
@@ -75,7 +86,7 @@ __global__ void split_qkv_kernel(SplitQkvParams p) {
       dst[part][at + half_d] = __float2half_rn(x2 * c + x1 * s);
     }
   }
-  __half* vt = p.v + t * kvd;
+  if (vt == nullptr) return;
   for (int64_t k = threadIdx.x; k < kvd; k += blockDim.x) vt[k] = src[qd + kvd + k];
 }
 
