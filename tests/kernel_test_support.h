@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "strata/backend/backend.h"
@@ -94,6 +95,25 @@ inline std::vector<double> split_qkv_reference(const std::vector<float>& qkv, co
   q.insert(q.end(), k.begin(), k.end());
   q.insert(q.end(), v.begin(), v.end());
   return q;
+}
+
+// The caches [S, C, kv_heads * d] (`old`, as doubles) after split_qkv_store writes the reference's
+// k and v (split_qkv_reference's result, for T tokens of q_dim qd) at (slots[t], positions[t]);
+// a token whose slot is outside the cache writes nothing. Returns {k cache, v cache}.
+inline std::pair<std::vector<double>, std::vector<double>> caches_after_store(
+    const std::vector<float>& old, const std::vector<double>& split, const std::vector<int32_t>& slots,
+    const std::vector<int32_t>& pos, int64_t qd, int64_t kvd, int64_t S, int64_t C) {
+  const int64_t T = int64_t(pos.size());
+  std::vector<double> k(old.begin(), old.end()), v(old.begin(), old.end());
+  for (int64_t t = 0; t < T; ++t) {
+    if (slots[size_t(t)] < 0 || slots[size_t(t)] >= S) continue;
+    for (int64_t i = 0; i < kvd; ++i) {
+      const size_t row = size_t((slots[size_t(t)] * C + pos[size_t(t)]) * kvd + i);
+      k[row] = split[size_t(T * qd + t * kvd + i)];
+      v[row] = split[size_t(T * (qd + kvd) + t * kvd + i)];
+    }
+  }
+  return {k, v};
 }
 
 // Llama's inverse frequencies for heads of d.

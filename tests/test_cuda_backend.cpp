@@ -400,17 +400,13 @@ TEST_CASE("cuda: split_qkv_store puts k and v in their cache rows and leaves the
       r.gpu->split_qkv_store(r.gpu_f16(qkv, {T, qd + 2 * kvd}), r.i32(*r.gpu, pos, {T}), r.gpu_f32(inv, {d / 2}), q,
                              r.i32(*r.gpu, slots, {T}), ck, cv);
       const std::vector<double> want = test::split_qkv_reference(qkv, pos, inv, heads, kv_heads, d);
-      std::vector<float> want_k(old), want_v(old);
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t i = 0; i < kvd; ++i) {
-          const size_t row = size_t((slots[size_t(t)] * C + pos[size_t(t)]) * kvd + i);
-          want_k[row] = float(want[size_t(T * qd + t * kvd + i)]);
-          want_v[row] = float(want[size_t(T * (qd + kvd) + t * kvd + i)]);
-        }
+      const auto [want_k, want_v] = test::caches_after_store(old, want, slots, pos, qd, kvd, S, C);
       expect_close(r.read(q), std::vector<float>(want.begin(), want.begin() + T * qd), 2e-3f, 2e-3f,
                    shape_label("split_qkv_store: q", {T, heads, d}));
-      expect_close(r.read(ck), want_k, 2e-3f, 2e-3f, shape_label("split_qkv_store: cache k", {T, heads, d}));
-      expect_close(r.read(cv), want_v, 0.0f, 0.0f, shape_label("split_qkv_store: cache v", {T, heads, d}));
+      expect_close(r.read(ck), std::vector<float>(want_k.begin(), want_k.end()), 2e-3f, 2e-3f,
+                   shape_label("split_qkv_store: cache k", {T, heads, d}));
+      expect_close(r.read(cv), std::vector<float>(want_v.begin(), want_v.end()), 0.0f, 0.0f,
+                   shape_label("split_qkv_store: cache v", {T, heads, d}));
     }
   }
 }

@@ -95,13 +95,8 @@ TEST_CASE("cpu backend: split_qkv_store puts k and v in their cache rows and lea
       h.be->split_qkv_store(h.f32(qkv, {T, qd + 2 * kvd}), h.i32(pos), rotate ? h.f32(inv, {d / 2}) : Tensor(), q,
                             h.i32(slots), ck, cv);
       const std::vector<double> want = split_qkv_reference(qkv, pos, inv, heads, kv_heads, d);
-      std::vector<double> want_k(old_k.begin(), old_k.end()), want_v(old_v.begin(), old_v.end());
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t i = 0; i < kvd; ++i) {
-          const size_t row = size_t((slots[size_t(t)] * C + pos[size_t(t)]) * kvd + i);
-          want_k[row] = want[size_t(T * qd + t * kvd + i)];
-          want_v[row] = want[size_t(T * (qd + kvd) + t * kvd + i)];
-        }
+      const std::vector<double> want_k = caches_after_store(old_k, want, slots, pos, qd, kvd, S, C).first;
+      const std::vector<double> want_v = caches_after_store(old_v, want, slots, pos, qd, kvd, S, C).second;
       const std::string what = "heads " + std::to_string(heads) + "/" + std::to_string(kv_heads) + (rotate ? " rotated" : "");
       check_close(q.ptr<float>(), want.data(), size_t(T * qd), 1e-5, what + ": q");
       check_close(ck.ptr<float>(), want_k.data(), want_k.size(), 1e-5, what + ": cache k");

@@ -204,6 +204,26 @@ TEST_CASE("emulated cuda: rope matches the CPU backend, long positions included"
   }
 }
 
+namespace {
+
+// launch_split_qkv's parameters for fp16 rows qkv of pos.size() tokens into q; k and v (or the
+// caches) are the caller's.
+SplitQkvParams split_params(const std::vector<__half>& qkv, const std::vector<int32_t>& pos, const float* inv_freq,
+                            std::vector<__half>& q, int64_t heads, int64_t kv_heads, int64_t d) {
+  SplitQkvParams p{};
+  p.qkv = qkv.data();
+  p.positions = pos.data();
+  p.inv_freq = inv_freq;
+  p.q = q.data();
+  p.tokens = int64_t(pos.size());
+  p.heads = int(heads);
+  p.kv_heads = int(kv_heads);
+  p.head_dim = int(d);
+  return p;
+}
+
+}  // namespace
+
 TEST_CASE("emulated cuda: split_qkv splits and rotates the stacked rows as a float64 reference does",
           "[emulated]") {
   std::mt19937 rng(16);
@@ -216,17 +236,9 @@ TEST_CASE("emulated cuda: split_qkv splits and rotates the stacked rows as a flo
       const std::vector<float> inv = rotate ? rope_inv_freq_of(d) : std::vector<float>();
       const std::vector<__half> qkv16 = halves(qkv);
       std::vector<__half> q = poisoned(size_t(T * qd)), k = poisoned(size_t(T * kvd)), v = poisoned(size_t(T * kvd));
-      SplitQkvParams p{};
-      p.qkv = qkv16.data();
-      p.positions = pos.data();
-      p.inv_freq = rotate ? inv.data() : nullptr;
-      p.q = q.data();
+      SplitQkvParams p = split_params(qkv16, pos, rotate ? inv.data() : nullptr, q, heads, kv_heads, d);
       p.k = k.data();
       p.v = v.data();
-      p.tokens = T;
-      p.heads = int(heads);
-      p.kv_heads = int(kv_heads);
-      p.head_dim = int(d);
       launch_split_qkv(p, nullptr);
       const std::vector<double> want = split_qkv_reference(qkv, pos, inv, heads, kv_heads, d);
       auto part = [&](int64_t at, int64_t n) { return std::vector<float>(want.begin() + at, want.begin() + at + n); };
@@ -250,35 +262,19 @@ TEST_CASE("emulated cuda: split_qkv with the caches writes k and v into exactly 
     const std::vector<float> old = random_f16(size_t(S * C * kvd), rng, 5.0f, 6.0f);
     const std::vector<__half> qkv16 = halves(qkv);
     std::vector<__half> q = poisoned(size_t(T * qd)), ck = halves(old), cv = halves(old);
-    SplitQkvParams p{};
-    p.qkv = qkv16.data();
-    p.positions = pos.data();
-    p.inv_freq = inv.data();
-    p.q = q.data();
+    SplitQkvParams p = split_params(qkv16, pos, inv.data(), q, heads, kv_heads, d);
     p.cache_k = ck.data();
     p.cache_v = cv.data();
     p.slots = slots.data();
     p.slot_count = int(S);
     p.capacity = int(C);
-    p.tokens = T;
-    p.heads = int(heads);
-    p.kv_heads = int(kv_heads);
-    p.head_dim = int(d);
     launch_split_qkv(p, nullptr);
     const std::vector<double> want = split_qkv_reference(qkv, pos, inv, heads, kv_heads, d);
-    std::vector<float> want_k(old), want_v(old);
-    for (int64_t t = 0; t < T; ++t) {
-      if (slots[size_t(t)] >= S) continue;
-      for (int64_t i = 0; i < kvd; ++i) {
-        const size_t row = size_t((slots[size_t(t)] * C + pos[size_t(t)]) * kvd + i);
-        want_k[row] = float(want[size_t(T * qd + t * kvd + i)]);
-        want_v[row] = float(want[size_t(T * (qd + kvd) + t * kvd + i)]);
-      }
-    }
+    const auto [want_k, want_v] = caches_after_store(old, want, slots, pos, qd, kvd, S, C);
     const std::string what = label("split_qkv into the caches", {heads, kv_heads, d});
     expect_close(floats(q), std::vector<float>(want.begin(), want.begin() + T * qd), 2e-3, 2e-3, what + ": q");
-    expect_close(floats(ck), want_k, 2e-3, 2e-3, what + ": cache k");
-    expect_close(floats(cv), want_v, 0.0, 0.0, what + ": cache v");
+    expect_close(floats(ck), std::vector<float>(want_k.begin(), want_k.end()), 2e-3, 2e-3, what + ": cache k");
+    expect_close(floats(cv), std::vector<float>(want_v.begin(), want_v.end()), 0.0, 0.0, what + ": cache v");
   }
 }
 
