@@ -48,6 +48,9 @@ public:
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override { in_.add(a, b, out); }
   void activation(Activation act, const Tensor& x) override { in_.activation(act, x); }
   void swiglu(const Tensor& gu, const Tensor& out) override { in_.swiglu(gu, out); }
+  void combine_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, const Tensor& out) override {
+    in_.combine_rows(src, rows, weights, out);
+  }
   void rope(const Tensor& x, const Tensor& pos, const Tensor& inv_freq) override { in_.rope(x, pos, inv_freq); }
   void add_norm(const Tensor& x, const Tensor& delta, Norm norm, const Tensor& w, const Tensor& b, float eps,
                 const Tensor& out) override {

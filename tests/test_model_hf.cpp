@@ -19,7 +19,7 @@ namespace {
 
 const char* kModels[] = {"tiny-opt",  "tiny-llama", "tiny-qwen2",         "tiny-llama3",
                          "tiny-phi3", "tiny-qwen3", "tiny-phi3-longrope", "tiny-llama-gptq",
-                         "tiny-llama-gptq-actorder", "tiny-llama-awq"};
+                         "tiny-llama-gptq-actorder", "tiny-llama-awq", "tiny-mixtral", "tiny-qwen3-moe"};
 
 json load_expected(const std::string& model) {
   std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/models/" + model + "/expected.json");

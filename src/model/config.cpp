@@ -16,10 +16,15 @@ namespace strata {
 
 using json = nlohmann::json;
 
-int64_t ModelConfig::layer_param_count() const {
+bool ModelConfig::sparse_layer(int layer) const {
+  return moe() && !std::binary_search(dense_layers.begin(), dense_layers.end(), layer);
+}
+
+int64_t ModelConfig::layer_param_count(int layer) const {
   const int64_t h = hidden, f = intermediate;
   int64_t n = int64_t(h) * (q_dim() + 2 * kv_dim()) + int64_t(q_dim()) * h;  // q, k, v, o
-  n += (mlp == MlpKind::SwiGLU ? 3 : 2) * h * f;
+  if (sparse_layer(layer)) n += int64_t(n_experts) * (h + 3 * h * int64_t(expert_intermediate));  // router, experts
+  else n += (mlp == MlpKind::SwiGLU ? 3 : 2) * h * f;
   n += (norm_bias ? 4 : 2) * h;                                              // two norms
   if (qkv_bias) n += q_dim() + 2 * kv_dim();
   if (o_bias) n += h;
@@ -28,14 +33,49 @@ int64_t ModelConfig::layer_param_count() const {
   return n;
 }
 
-int64_t ModelConfig::param_count() const {
-  int64_t n = int64_t(n_layers) * layer_param_count();
-  n += int64_t(vocab_size) * hidden;                          // token embedding
+int64_t ModelConfig::layer_param_count() const {
+  int64_t most = 0;
+  for (int l = 0; l < n_layers; ++l) {
+    most = std::max(most, layer_param_count(l));
+    if (uniform_layers()) break;
+  }
+  return most;
+}
+
+int64_t ModelConfig::global_param_count() const {
+  int64_t n = int64_t(vocab_size) * hidden;                   // token embedding
   if (!tied_embeddings) n += int64_t(vocab_size) * hidden;    // lm_head
   if (pos == PosKind::Learned) n += int64_t(max_positions + pos_offset) * hidden;
   n += (norm_bias ? 2 : 1) * int64_t(hidden);                 // final norm
   return n;
 }
+
+int64_t ModelConfig::param_count() const {
+  int64_t n = global_param_count();
+  if (uniform_layers()) return n + int64_t(n_layers) * layer_param_count();
+  for (int l = 0; l < n_layers; ++l) n += layer_param_count(l);
+  return n;
+}
+
+namespace {
+
+// A mixture of experts' fields (validate()).
+void validate_experts(const ModelConfig& c) {
+  if (c.arch != Arch::Llama || c.mlp != MlpKind::SwiGLU)
+    STRATA_FAIL(c.name << ": mixtures of experts are supported for SwiGLU (LLaMA-family) layers only");
+  if (c.experts_per_token <= 0 || c.experts_per_token > c.n_experts)
+    STRATA_FAIL(c.name << ": num_experts_per_tok " << c.experts_per_token << " must be between 1 and the "
+                     << c.n_experts << " experts");
+  if (c.n_experts > 4096) STRATA_FAIL(c.name << ": " << c.n_experts << " experts, above the limit of 4096");
+  if (c.expert_intermediate <= 0 || c.expert_intermediate > (1 << 22))
+    STRATA_FAIL(c.name << ": the experts' intermediate size " << c.expert_intermediate << " must be in [1, 2^22]");
+  for (size_t i = 0; i < c.dense_layers.size(); ++i)
+    if (c.dense_layers[i] < 0 || c.dense_layers[i] >= c.n_layers || (i > 0 && c.dense_layers[i] <= c.dense_layers[i - 1]))
+      STRATA_FAIL(c.name << ": dense (mlp_only) layer " << c.dense_layers[i] << " outside the " << c.n_layers
+                       << " layers or out of order");
+}
+
+}  // namespace
 
 void ModelConfig::validate() const {
   auto positive = [&](int v, const char* field) {
@@ -86,7 +126,9 @@ void ModelConfig::validate() const {
     if (!(f > 0.0f && std::isfinite(f))) STRATA_FAIL(name << ": RoPE frequency factor " << f << " is not positive");
   for (int e : eos_ids)
     if (e < 0 || e >= vocab_size) STRATA_FAIL(name << ": eos_token_id " << e << " outside the vocabulary");
+  if (moe()) validate_experts(*this);
 }
+
 
 namespace {
 
@@ -237,6 +279,38 @@ void read_longrope(const json& j, const json& scaling, const std::string& file, 
   c.max_positions = std::min(c.max_positions, original);
 }
 
+// Mixtral (num_local_experts; the experts' width is intermediate_size; top-k weights always
+// renormalised) and Qwen3-MoE (num_experts, moe_intermediate_size, norm_topk_prob; layer l's MLP is
+// sparse unless l is in mlp_only_layers or (l + 1) is not a multiple of decoder_sparse_step, as in
+// transformers' Qwen3MoeDecoderLayer).
+void read_experts(const json& j, const std::string& file, const std::string& model_type, ModelConfig& c) {
+  const bool mixtral = model_type == "mixtral";
+  // Qwen3-MoE checkpoints say num_experts; transformers 5 writes num_local_experts for both.
+  const char* count_key = !mixtral && j.contains("num_experts") ? "num_experts" : "num_local_experts";
+  c.moe_naming = mixtral ? MoeNaming::Mixtral : MoeNaming::Qwen3Moe;
+  c.n_experts = require_int(j, count_key);
+  c.experts_per_token = require_int(j, "num_experts_per_tok");
+  if (c.n_experts <= 0) STRATA_FAIL(file << ": " << count_key << " is " << c.n_experts << "; expected at least 1");
+  if (c.experts_per_token <= 0 || c.experts_per_token > c.n_experts)
+    STRATA_FAIL(file << ": num_experts_per_tok " << c.experts_per_token << " must be between 1 and " << count_key
+                     << " (" << c.n_experts << ")");
+  if (mixtral) {
+    c.expert_intermediate = c.intermediate;
+    return;
+  }
+  c.expert_intermediate = require_int(j, "moe_intermediate_size");
+  c.norm_topk_prob = get_or<bool>(j, "norm_topk_prob", false);  // transformers' Qwen3MoeConfig default
+  const int step = get_or<int>(j, "decoder_sparse_step", 1);
+  if (step <= 0) STRATA_FAIL(file << ": decoder_sparse_step " << step << " is not positive");
+  std::vector<int> mlp_only = id_list(j, "mlp_only_layers");
+  for (int l = 0; l < c.n_layers; ++l)
+    if (std::find(mlp_only.begin(), mlp_only.end(), l) != mlp_only.end() || (l + 1) % step != 0)
+      c.dense_layers.push_back(l);
+  for (int l : mlp_only)
+    if (l < 0 || l >= c.n_layers)
+      STRATA_FAIL(file << ": mlp_only_layers names layer " << l << " of " << c.n_layers);
+}
+
 void read_llama(const json& j, const std::string& file, const std::string& model_type, ModelConfig& c) {
   c.arch = Arch::Llama;
   c.hidden = require_int(j, "hidden_size");
@@ -253,15 +327,17 @@ void read_llama(const json& j, const std::string& file, const std::string& model
   const std::string act = get_or<std::string>(j, "hidden_act", "silu");
   if (act != "silu") STRATA_FAIL(file << ": hidden_act '" << act << "' is not supported (silu)");
   c.qkv_bias = model_type == "qwen2" ? true : get_or<bool>(j, "attention_bias", false);
-  c.qk_norm = model_type == "qwen3";  // Qwen3: q_norm and k_norm over each head, before RoPE
+  c.qk_norm = model_type == "qwen3" || model_type == "qwen3_moe";  // q_norm, k_norm over each head, before RoPE
   c.o_bias = model_type == "qwen2" ? false : get_or<bool>(j, "attention_bias", false);
   if (get_or<bool>(j, "mlp_bias", false)) STRATA_FAIL(file << ": mlp_bias=true is not supported");
   c.tied_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
-  if (model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" || model_type == "phi3") {
+  if (model_type == "mistral" || model_type == "mixtral" || model_type == "qwen2" || model_type == "qwen3" ||
+      model_type == "qwen3_moe" || model_type == "phi3") {
     // Sliding-window attention differs from full attention only for sequences longer than the
     // window (a query sees keys less than `window` positions back): the context becomes the
     // window, and everything served is exact (Mistral 7B v0.1: 4096 of 32768).
-    const bool sliding = get_or<bool>(j, "use_sliding_window", model_type != "qwen2" && model_type != "qwen3");
+    const bool sliding =
+        get_or<bool>(j, "use_sliding_window", model_type == "mistral" || model_type == "mixtral" || model_type == "phi3");
     const int window = get_or<int>(j, "sliding_window", 0);
     if (sliding && window > 0 && window < c.max_positions) c.max_positions = c.sliding_window = window;
   }
@@ -295,6 +371,7 @@ void read_llama(const json& j, const std::string& file, const std::string& model
   }
   if (get_or<float>(rope, "partial_rotary_factor", get_or<float>(j, "partial_rotary_factor", 1.0f)) != 1.0f)
     STRATA_FAIL(file << ": partial rotary is not supported");
+  if (model_type == "mixtral" || model_type == "qwen3_moe") read_experts(j, file, model_type, c);
 }
 
 }  // namespace
@@ -322,9 +399,11 @@ ModelConfig config_from_hf_json_text(const std::string& text, const std::filesys
     const std::string model_type = get_or<std::string>(j, "model_type", "");
     if (model_type == "opt") read_opt(j, file, c);
     else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
-             model_type == "phi3")
+             model_type == "phi3" || model_type == "mixtral" || model_type == "qwen3_moe")
       read_llama(j, file, model_type, c);  // Phi-3: LLaMA with fused projections (split_fused_projections)
-    else STRATA_FAIL(file << ": model_type '" << model_type << "' is not supported (opt, llama, mistral, qwen2, qwen3, phi3)");
+    else
+      STRATA_FAIL(file << ": model_type '" << model_type
+                       << "' is not supported (opt, llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe)");
     c.vocab_size = require_int(j, "vocab_size");
     std::vector<int> bos = id_list(j, "bos_token_id");
     c.bos_id = bos.empty() ? -1 : bos[0];
@@ -420,6 +499,31 @@ const std::map<std::string, ModelConfig>& presets() {
       q3.eos_ids = {151645, 151643};
       m[q3.name] = q3;
     }
+    // Mixtral-8x7B-v0.1 (config.json): 8 experts of 14336, 2 per token, 32768 positions, no sliding
+    // window. 46.7B parameters, 12.9B active.
+    ModelConfig mixtral = llama_preset("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, 1000000.0f, 32768);
+    mixtral.norm_eps = 1e-5f;
+    mixtral.n_experts = 8;
+    mixtral.experts_per_token = 2;
+    mixtral.expert_intermediate = 14336;
+    mixtral.moe_naming = MoeNaming::Mixtral;
+    mixtral.bos_id = 1;
+    mixtral.eos_ids = {2};
+    m[mixtral.name] = mixtral;
+    // Qwen3-30B-A3B (config.json): 128 experts of 768, 8 per token, renormalised, every layer sparse,
+    // head_dim 128 (32 heads x 128 = 4096 > hidden 2048). 30.5B parameters, 3.3B active.
+    ModelConfig a3b = llama_preset("qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 151936, 1000000.0f, 40960);
+    a3b.head_dim = 128;
+    a3b.qk_norm = true;
+    a3b.norm_eps = 1e-6f;
+    a3b.n_experts = 128;
+    a3b.experts_per_token = 8;
+    a3b.expert_intermediate = 768;
+    a3b.norm_topk_prob = true;
+    a3b.moe_naming = MoeNaming::Qwen3Moe;
+    a3b.bos_id = -1;
+    a3b.eos_ids = {151645, 151643};
+    m[a3b.name] = a3b;
     return m;
   }();
   return table;

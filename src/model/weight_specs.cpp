@@ -69,15 +69,32 @@ std::vector<int64_t> shape_of(const ModelConfig& c, WeightRole r) {
   }
 }
 
+// A sparse layer's MLP after its norm: the router, then each expert's gate, up (adjacent, so that
+// the layout stacks them as one [2f, h] matrix) and down, in Mixtral's or Qwen3-MoE's names.
+void add_expert_specs(const ModelConfig& c, const std::string& prefix, std::vector<WeightSpec>& specs) {
+  const bool mixtral = c.moe_naming == MoeNaming::Mixtral;
+  const std::string moe = prefix + (mixtral ? "block_sparse_moe." : "mlp.");
+  const int64_t h = c.hidden, f = c.expert_intermediate;
+  specs.push_back({WeightRole::RouterW, moe + "gate.weight", {c.n_experts, h}});
+  for (int e = 0; e < c.n_experts; ++e) {
+    const std::string expert = moe + "experts." + std::to_string(e) + ".";
+    specs.push_back({WeightRole::ExpertGateW, expert + (mixtral ? "w1.weight" : "gate_proj.weight"), {f, h}, e});
+    specs.push_back({WeightRole::ExpertUpW, expert + (mixtral ? "w3.weight" : "up_proj.weight"), {f, h}, e});
+    specs.push_back({WeightRole::ExpertDownW, expert + (mixtral ? "w2.weight" : "down_proj.weight"), {h, f}, e});
+  }
+}
+
 }  // namespace
 
 std::vector<WeightSpec> layer_weight_specs(const ModelConfig& c, int layer) {
-  const bool opt = c.arch == Arch::OPT;
+  const bool opt = c.arch == Arch::OPT, sparse = c.sparse_layer(layer);
   const std::string prefix = (opt ? "model.decoder.layers." : "model.layers.") + std::to_string(layer) + ".";
   std::vector<WeightSpec> specs;
   for (const LayerNames& n : kLayerNames) {
     const char* name = opt ? n.opt : n.llama;
-    if (name && present(c, n.role)) specs.push_back({n.role, prefix + name, shape_of(c, n.role)});
+    const bool dense_mlp = n.role == WeightRole::Fc1W || n.role == WeightRole::UpW || n.role == WeightRole::Fc2W;
+    if (name && present(c, n.role) && !(sparse && dense_mlp)) specs.push_back({n.role, prefix + name, shape_of(c, n.role)});
+    if (sparse && n.role == WeightRole::MlpNormW) add_expert_specs(c, prefix, specs);
   }
   return specs;
 }

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "strata/core/error.h"
+#include "strata/runtime/moe_routing.h"
 
 namespace strata {
 namespace {
@@ -18,17 +20,26 @@ struct PieceShape {
 // mlp_a_ holds the stacked q/k/v GEMM's output until split_qkv, the output projection's in layer()
 // until its add_norm, then the MLP's first GEMM's (gate and up side by side for SwiGLU); mlp_b_ is
 // SwiGLU's product (the other MLPs act in place).
+// A mixture of experts adds the router's logits, the step's T k assignments' rows (each expert's
+// gathered inputs, then its outputs in their place), and the routing's three index pieces; each
+// expert's gate/up output and SwiGLU product reuse mlp_a_ and mlp_b_ (an expert takes at most T
+// rows).
 std::vector<PieceShape> workspace_shapes(const ModelConfig& cfg, DType dt, int64_t T, int64_t R) {
-  const int64_t h = cfg.hidden, qd = cfg.q_dim(), f = cfg.intermediate, V = cfg.vocab_size;
+  const int64_t h = cfg.hidden, qd = cfg.q_dim(), V = cfg.vocab_size;
+  const int64_t f = std::max(cfg.intermediate, cfg.expert_intermediate);
   const bool swiglu = cfg.mlp == MlpKind::SwiGLU;
   const int64_t a_width = std::max({swiglu ? 2 * f : f, qd + 2 * cfg.kv_dim(), h});
+  const int64_t routed = cfg.moe() ? T * cfg.experts_per_token : 0, E = cfg.moe() ? cfg.n_experts : 0;
   return {{dt, {T, h}},          {dt, {T, cfg.n_heads, cfg.head_dim}},
           {dt, {T, cfg.n_kv_heads, cfg.head_dim}}, {dt, {T, cfg.n_kv_heads, cfg.head_dim}},
           {dt, {T, qd}},         {dt, {T, a_width}},
           {dt, {swiglu ? T : 0, f}}, {dt, {R, h}},
           {DType::F32, {R, V}},  {DType::I32, {T}},
           {DType::I32, {T}},     {DType::I32, {T}},
-          {DType::I32, {T}},     {DType::I32, {R}}};
+          {DType::I32, {T}},     {DType::I32, {R}},
+          {dt, {routed, h}},     {DType::F32, {cfg.moe() ? T : 0, E}},
+          {DType::I32, {routed}}, {DType::I32, {routed}},
+          {DType::F32, {routed}}};
 }
 
 size_t piece_bytes(const PieceShape& p) {
@@ -55,8 +66,10 @@ size_t ForwardOps::workspace_bytes(const ModelConfig& cfg, DType dt, int64_t T, 
 }
 
 void ForwardOps::bind_workspace(void* base, int64_t T, int64_t R) {
-  Tensor* const targets[] = {&xn_,   &q_,   &k_,  &v_,           &attn_,  &mlp_a_, &mlp_b_,
-                             &last_, &logits_, &ids_, &pos_, &pos_shifted_, &slots_, &rows_};
+  Tensor* const targets[] = {&xn_,     &q_,      &k_,         &v_,        &attn_,       &mlp_a_,
+                             &mlp_b_,  &last_,   &logits_,    &ids_,      &pos_,        &pos_shifted_,
+                             &slots_,  &rows_,   &moe_rows_,  &router_,   &moe_gather_, &moe_combine_,
+                             &moe_weights_};
   const std::vector<PieceShape> shapes = workspace_shapes(cfg_, backend_.activation_dtype(), T, R);
   size_t offset = 0;
   for (size_t i = 0; i < shapes.size(); ++i) {
@@ -255,6 +268,7 @@ void ForwardOps::mlp_block(const LayerWeights& w, const Tensor& x) {
 }
 
 Tensor ForwardOps::mlp_from_normed(const LayerWeights& w) {
+  if (w.sparse()) return experts_from_normed(w);
   const int64_t T = T_;
   const Tensor xn = xn_.rows(0, T);
   const int64_t f = cfg_.intermediate;
@@ -270,6 +284,48 @@ Tensor ForwardOps::mlp_from_normed(const LayerWeights& w) {
     backend_.activation(cfg_.mlp == MlpKind::ReLU ? Activation::ReLU : Activation::GELU, act);
   }
   backend_.linear(act, w.fc2_w, w.fc2_b, xn);
+  return xn;
+}
+
+// The router's logits come to the host (a wait for the step's work so far), which picks each
+// token's experts and groups the step's rows by expert (route_tokens); one upload sends the
+// groups back. Then every active expert runs its SwiGLU over its contiguous rows: one gate/up
+// GEMM, one down GEMM, whose output replaces its inputs. combine_rows sums each token's k
+// outputs, weighted, into the normed input's place.
+Tensor ForwardOps::experts_from_normed(const LayerWeights& w) {
+  const int64_t T = T_, E = cfg_.n_experts, k = cfg_.experts_per_token;
+  const int64_t f = cfg_.expert_intermediate, A = T * k;
+  const Tensor xn = xn_.rows(0, T), logits = router_.rows(0, T);
+  backend_.linear(xn, w.router_w, Tensor(), logits);
+  std::vector<float> host(size_t(T * E));
+  backend_.copy_to_host_f32(logits, host.data());
+  const MoeRouting r = route_tokens(host.data(), T, int(E), int(k), cfg_.norm_topk_prob);
+  last_routing_ = {T, r.active_experts()};
+
+  // gather, combine_rows and combine_weights as one upload, laid out as bind_workspace laid
+  // their pieces (the three are adjacent, each 256-byte aligned).
+  const size_t rows_at = size_t(static_cast<char*>(moe_combine_.data) - static_cast<char*>(moe_gather_.data));
+  const size_t weights_at = size_t(static_cast<char*>(moe_weights_.data) - static_cast<char*>(moe_gather_.data));
+  std::vector<uint8_t> staged(weights_at + size_t(A) * 4);
+  std::memcpy(staged.data(), r.gather.data(), size_t(A) * 4);
+  std::memcpy(staged.data() + rows_at, r.combine_rows.data(), size_t(A) * 4);
+  std::memcpy(staged.data() + weights_at, r.combine_weights.data(), size_t(A) * 4);
+  backend_.upload(moe_gather_.data, staged.data(), staged.size());
+
+  const Tensor routed = moe_rows_.rows(0, A);
+  backend_.gather_rows(xn, moe_gather_.rows(0, A), routed);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t begin = r.expert_begin[size_t(e)], n = r.expert_begin[size_t(e) + 1] - begin;
+    if (n == 0) continue;
+    const ExpertWeights& x = w.experts[size_t(e)];
+    const Tensor rows = routed.rows(begin, n);
+    const Tensor gate_up = leading(mlp_a_, n, 2 * f), act = leading(mlp_b_, n, f);
+    backend_.linear(rows, x.gate_up_w, Tensor(), gate_up);
+    backend_.swiglu(gate_up, act);
+    backend_.linear(act, x.down_w, Tensor(), rows);
+  }
+  backend_.combine_rows(routed, moe_combine_.rows(0, A).reshaped({T, k}), moe_weights_.rows(0, A).reshaped({T, k}),
+                        xn);
   return xn;
 }
 

@@ -67,7 +67,8 @@ Buffer upload_block(const BlockLayout& layout, const WeightSource& src, Backend&
 bool stacks_under(WeightRole prev, WeightRole role) {
   using R = WeightRole;
   return (prev == R::QW && role == R::KW) || (prev == R::KW && role == R::VW) || (prev == R::QB && role == R::KB) ||
-         (prev == R::KB && role == R::VB) || (prev == R::Fc1W && role == R::UpW);
+         (prev == R::KB && role == R::VB) || (prev == R::Fc1W && role == R::UpW) ||
+         (prev == R::ExpertGateW && role == R::ExpertUpW);
 }
 
 BlockLayout block_layout(std::vector<WeightSpec> specs, DType dt, const std::optional<quant::QuantSpec>& compression) {
@@ -111,6 +112,7 @@ void set_stacked_views(LayerWeights& lw) {
     lw.qkv_b = stacked_view(lw.q_b, lw.v_b, rows);
   }
   if (!lw.up_w.empty()) lw.gate_up_w = stacked_view(lw.fc1_w, lw.up_w, lw.fc1_w.dim(0) + lw.up_w.dim(0));
+  for (ExpertWeights& e : lw.experts) e.gate_up_w = stacked_view(e.gate_w, e.up_w, e.gate_w.dim(0) + e.up_w.dim(0));
 }
 
 }  // namespace
@@ -118,13 +120,14 @@ void set_stacked_views(LayerWeights& lw) {
 bool is_projection(WeightRole role) {
   switch (role) {
     case WeightRole::QW: case WeightRole::KW: case WeightRole::VW: case WeightRole::OW:
-    case WeightRole::Fc1W: case WeightRole::UpW: case WeightRole::Fc2W: return true;
+    case WeightRole::Fc1W: case WeightRole::UpW: case WeightRole::Fc2W:
+    case WeightRole::ExpertGateW: case WeightRole::ExpertUpW: case WeightRole::ExpertDownW: return true;
     default: return false;
   }
 }
 
-const Tensor& layer_tensor(const LayerWeights& lw, WeightRole role) {
-  switch (role) {
+const Tensor& layer_tensor(const LayerWeights& lw, const WeightSpec& spec) {
+  switch (spec.role) {
     case WeightRole::AttnNormW: return lw.attn_norm_w;
     case WeightRole::AttnNormB: return lw.attn_norm_b;
     case WeightRole::QW: return lw.q_w;
@@ -144,11 +147,19 @@ const Tensor& layer_tensor(const LayerWeights& lw, WeightRole role) {
     case WeightRole::UpW: return lw.up_w;
     case WeightRole::Fc2W: return lw.fc2_w;
     case WeightRole::Fc2B: return lw.fc2_b;
+    case WeightRole::RouterW: return lw.router_w;
+    case WeightRole::ExpertGateW: case WeightRole::ExpertUpW: case WeightRole::ExpertDownW: {
+      STRATA_CHECK(spec.expert >= 0 && size_t(spec.expert) < lw.experts.size(),
+                   "internal: " << spec.name << " names expert " << spec.expert << " of " << lw.experts.size());
+      const ExpertWeights& e = lw.experts[size_t(spec.expert)];
+      return spec.role == WeightRole::ExpertGateW ? e.gate_w : spec.role == WeightRole::ExpertUpW ? e.up_w : e.down_w;
+    }
     default: STRATA_FAIL("internal: not a layer role");
   }
 }
-Tensor& layer_tensor(LayerWeights& lw, WeightRole role) {
-  return const_cast<Tensor&>(layer_tensor(static_cast<const LayerWeights&>(lw), role));
+Tensor& layer_tensor(LayerWeights& lw, const WeightSpec& spec) {
+  if (spec.expert >= 0 && size_t(spec.expert) >= lw.experts.size()) lw.experts.resize(size_t(spec.expert) + 1);
+  return const_cast<Tensor&>(layer_tensor(static_cast<const LayerWeights&>(lw), spec));
 }
 
 BlockLayout layer_block_layout(const ModelConfig& cfg, int layer, DType dtype,
@@ -223,7 +234,7 @@ void read_block(const BlockLayout& layout, const WeightSource& src, void* host_d
 LayerWeights layer_views(const BlockLayout& layout, void* base, Device device) {
   LayerWeights lw;
   for (size_t i = 0; i < layout.specs.size(); ++i)
-    layer_tensor(lw, layout.specs[i].role) = make_spec_view(layout, i, base, device);
+    layer_tensor(lw, layout.specs[i]) = make_spec_view(layout, i, base, device);
   set_stacked_views(lw);
   return lw;
 }
@@ -231,9 +242,8 @@ LayerWeights layer_views(const BlockLayout& layout, void* base, Device device) {
 LayerWeights dequantized_views(const LayerWeights& w, const BlockLayout& fp_layout, void* base, Backend& backend) {
   LayerWeights out;
   for (size_t i = 0; i < fp_layout.specs.size(); ++i) {
-    const WeightRole role = fp_layout.specs[i].role;
-    const Tensor& src = layer_tensor(w, role);
-    Tensor& dst = layer_tensor(out, role);
+    const Tensor& src = layer_tensor(w, fp_layout.specs[i]);
+    Tensor& dst = layer_tensor(out, fp_layout.specs[i]);
     if (!src.quantized()) {
       dst = src;
       continue;

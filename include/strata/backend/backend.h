@@ -216,6 +216,11 @@ public:
   // out[i] = x[rows[i]]. x: [T, h]; rows: I32 [B]; out: [B, h].
   virtual void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) = 0;
 
+  // A mixture of experts' weighted sum of each token's expert outputs:
+  // out[t] = sum over j < k of weights[t, j] * src[rows[t, j]], accumulated in fp32 in j's order.
+  // src: [A, h]; rows: I32 [T, k], each in [0, A); weights: F32 [T, k]; out: [T, h], not aliasing src.
+  virtual void combine_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, const Tensor& out) = 0;
+
   // out[i] = argmax_j logits[i, j] (lowest index on ties). logits: [B, V]; out: I32 [B].
   virtual void argmax_rows(const Tensor& logits, const Tensor& out) = 0;
 

@@ -13,6 +13,9 @@ enum class Arch : uint8_t { OPT, Llama };
 enum class NormKind : uint8_t { LayerNorm, RMSNorm };
 enum class PosKind : uint8_t { Learned, Rope };
 enum class MlpKind : uint8_t { ReLU, GELU, SwiGLU };
+// Whose tensor names a mixture-of-experts layer uses (weight_specs.cpp): Mixtral's
+// block_sparse_moe.experts.N.w1/w3/w2, or Qwen3-MoE's mlp.experts.N.gate/up/down_proj.
+enum class MoeNaming : uint8_t { Mixtral, Qwen3Moe };
 
 struct RopeScaling {      // Hugging Face rope_scaling with rope_type "llama3"
   float factor = 1.0f;
@@ -52,6 +55,18 @@ struct ModelConfig {
   bool norm_bias = false;           // LayerNorm bias (OPT)
   bool qk_norm = false;             // RMSNorm of each query and key head before RoPE (Qwen3)
   bool tied_embeddings = false;     // lm_head shares the token embedding
+  // Mixture of experts (Mixtral, Qwen3-MoE): a sparse layer's MLP is `n_experts` SwiGLU experts of
+  // width `expert_intermediate`, of which a linear router picks `experts_per_token` for each token
+  // (softmax over all experts, top k, then the k weights renormalised to sum to 1 when
+  // `norm_topk_prob`: always for Mixtral). 0 experts: a dense model.
+  int n_experts = 0;
+  int experts_per_token = 0;
+  int expert_intermediate = 0;
+  bool norm_topk_prob = true;
+  MoeNaming moe_naming = MoeNaming::Mixtral;
+  // Layers whose MLP stays dense (width `intermediate`) in a MoE model: Qwen3-MoE's mlp_only_layers
+  // and the layers decoder_sparse_step skips, ascending.
+  std::vector<int> dense_layers;
   int bos_id = -1;
   std::vector<int> eos_ids;         // generation stops at any of these
   int pad_id = -1;
@@ -60,14 +75,22 @@ struct ModelConfig {
   int kv_dim() const { return n_kv_heads * head_dim; }
   // The softmax's score scale: 1 / sqrt(head_dim), times LongRoPE's attention factor squared.
   float attention_scale() const;
-  // Parameters of one transformer layer and of the whole model (embeddings and head included).
+  bool moe() const { return n_experts > 0; }
+  // Whether layer l's MLP is a mixture of experts.
+  bool sparse_layer(int layer) const;
+  // Whether every layer has the same tensors (the offloading engine's one block layout needs it).
+  bool uniform_layers() const { return dense_layers.empty() || int(dense_layers.size()) == n_layers; }
+  // Parameters of one transformer layer (the largest, where they differ), of layer l, of the whole
+  // model (embeddings and head included) and of its globals (embeddings, final norm, head).
   int64_t layer_param_count() const;
+  int64_t layer_param_count(int layer) const;
   int64_t param_count() const;
+  int64_t global_param_count() const;
   void validate() const;            // throws strata::Error naming the bad field
 };
 
 // Reads a Hugging Face config.json (OPTForCausalLM, LlamaForCausalLM, MistralForCausalLM,
-// Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM). Unsupported variants (e.g. OPT-350m's projection) are refused by name.
+// Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM). Unsupported variants (e.g. OPT-350m's projection) are refused by name.
 ModelConfig config_from_hf_json(const std::filesystem::path& config_json);
 // The same from the file's text in memory (the fuzz target): `source` names it in errors, and its
 // parent directory names the model.

@@ -13,6 +13,8 @@ enum class WeightRole : uint8_t {
   // per layer
   AttnNormW, AttnNormB, QW, QB, QNormW, KW, KB, KNormW, VW, VB, OW, OB,  // QNorm/KNorm: Qwen3's per-head norms
   MlpNormW, MlpNormB, Fc1W, Fc1B, UpW, Fc2W, Fc2B,  // Fc1 is LLaMA's gate_proj, Fc2 its down_proj
+  // a mixture-of-experts layer's MLP: the router [experts, h], and each expert's SwiGLU
+  RouterW, ExpertGateW, ExpertUpW, ExpertDownW,
   // whole model
   Embed, PosEmbed, FinalNormW, FinalNormB, LmHead,
 };
@@ -21,6 +23,7 @@ struct WeightSpec {
   WeightRole role;
   std::string name;             // e.g. "model.layers.3.self_attn.q_proj.weight"
   std::vector<int64_t> shape;   // Hugging Face layout, [out, in] for projections
+  int expert = -1;              // which expert, for the Expert* roles
   int64_t numel() const;
 };
 

@@ -76,6 +76,13 @@ public:
   // ([tokens, h]) that head() then reads, in place of the last step's logit rows.
   void select_logit_rows(const std::vector<int32_t>& rows, int64_t tokens);
 
+  // The last mixture-of-experts layer's routing: its tokens and how many experts they activated.
+  struct RoutingCount {
+    int64_t tokens = 0;
+    int active_experts = 0;
+  };
+  RoutingCount last_routing() const { return last_routing_; }
+
   // The step's slots and positions on the backend (I32 [T]).
   Tensor slots() const { return slots_.rows(0, T_); }
   Tensor positions() const { return pos_.rows(0, T_); }
@@ -97,6 +104,8 @@ private:
   Tensor attend_stored(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v);
   // The MLP from the normed input in the workspace; its output [T, h] (in the normed input's place).
   Tensor mlp_from_normed(const LayerWeights& w);
+  // The same for a mixture-of-experts layer: routing, each active expert's GEMMs over its tokens.
+  Tensor experts_from_normed(const LayerWeights& w);
 
   const ModelConfig& cfg_;
   Backend& backend_;
@@ -105,6 +114,8 @@ private:
   std::vector<PrefixCopy> copies_;
   Tensor xn_, q_, k_, v_, attn_, mlp_a_, mlp_b_, last_, logits_;
   Tensor ids_, pos_, pos_shifted_, slots_, rows_;
+  Tensor moe_rows_, router_, moe_gather_, moe_combine_, moe_weights_;  // mixtures of experts only
+  RoutingCount last_routing_;
   void* indices_ = nullptr;        // where the index pieces start (upload_indices lays them out)
   std::vector<int32_t> uploaded_;  // their contents on the device, as last uploaded
 };

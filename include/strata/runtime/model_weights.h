@@ -16,6 +16,13 @@ namespace strata {
 
 class ThreadPool;
 
+// One expert of a mixture-of-experts layer: a SwiGLU MLP of width f, its gate and up rows stacked.
+struct ExpertWeights {
+  Tensor gate_w, up_w;  // [f, h]
+  Tensor down_w;        // [h, f]
+  Tensor gate_up_w;     // [2f, h], the view of gate_w and up_w as one matrix
+};
+
 struct LayerWeights {
   Buffer block;
   Tensor attn_norm_w, attn_norm_b;   // [h]
@@ -29,6 +36,10 @@ struct LayerWeights {
   // qkv_w = [q_w; k_w; v_w] [q_dim + 2 kv_dim, h], qkv_b likewise where there are biases, and
   // SwiGLU's gate_up_w = [fc1_w; up_w] [2f, h]. Empty where a part is absent.
   Tensor qkv_w, qkv_b, gate_up_w;
+  // A sparse (mixture-of-experts) layer's MLP in place of fc1/up/fc2: the router and the experts.
+  Tensor router_w;  // [experts, h]
+  std::vector<ExpertWeights> experts;
+  bool sparse() const { return !router_w.empty(); }
 };
 
 struct ModelWeights {
@@ -105,9 +116,9 @@ LayerWeights layer_views(const BlockLayout& layout, void* base, Device device);
 // (the same tensors uncompressed: a half_block_layout or layer layout without compression); its
 // other tensors stay views of w. Enqueued on `backend`'s compute stream.
 LayerWeights dequantized_views(const LayerWeights& w, const BlockLayout& fp_layout, void* base, Backend& backend);
-// The view of `role` in a layer's weights.
-Tensor& layer_tensor(LayerWeights& w, WeightRole role);
-const Tensor& layer_tensor(const LayerWeights& w, WeightRole role);
+// The view of `spec`'s tensor in a layer's weights (grown to hold an expert it names).
+Tensor& layer_tensor(LayerWeights& w, const WeightSpec& spec);
+const Tensor& layer_tensor(const LayerWeights& w, const WeightSpec& spec);
 // Sets the global views of `mw` (embeddings, norms, head) on a globals block at `base`.
 void set_global_views(const ModelConfig& cfg, const BlockLayout& layout, void* base, Device device, ModelWeights& mw);
 // Fails naming the first tensor of `source` that no block used (and that is not ignorable).

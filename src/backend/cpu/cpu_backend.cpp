@@ -481,6 +481,33 @@ public:
     }
   }
 
+  void combine_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, const Tensor& out) override {
+    check_f32(src, "src");
+    check_i32(rows, "rows");
+    check_f32(weights, "weights");
+    check_f32(out, "out");
+    const int64_t T = out.dim(0), h = out.row_size(), k = rows.row_size();
+    STRATA_CHECK(rows.dim(0) == T && weights.dim(0) == T && weights.row_size() == k && src.row_size() == h &&
+                     src.data != out.data,
+                 "combine_rows: src " << src.shape_str() << " rows " << rows.shape_str() << " weights "
+                                      << weights.shape_str() << " out " << out.shape_str());
+    for (int64_t i = 0; i < rows.numel(); ++i) {
+      const int32_t r = rows.ptr<int32_t>()[i];
+      STRATA_CHECK(r >= 0 && r < src.dim(0), "combine_rows: row " << r << " outside " << src.shape_str());
+    }
+    pool_.parallel_for(T, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        float* o = out.ptr<float>() + t * h;
+        std::fill(o, o + h, 0.0f);
+        for (int64_t j = 0; j < k; ++j) {
+          const float wj = weights.ptr<float>()[t * k + j];
+          const float* x = src.ptr<float>() + int64_t(rows.ptr<int32_t>()[t * k + j]) * h;
+          for (int64_t i = 0; i < h; ++i) o[i] += wj * x[i];
+        }
+      }
+    });
+  }
+
   void quantize_rows(const quant::QuantSpec& spec, const Tensor& x, void* q) override {
     STRATA_CHECK(x.device == Device::CPU && x.ndim >= 1, "quantize_rows: x must be a tensor on the CPU");
     const int64_t n = x.dim(x.ndim - 1), rows = n > 0 ? x.numel() / n : 0;

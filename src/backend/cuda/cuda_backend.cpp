@@ -578,6 +578,21 @@ public:
     cuda::launch_gather_rows(f16(x), x.dim(0), i32(rows), rows.numel(), h, false, f16_mut(out), stream_);
   }
 
+  void combine_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, const Tensor& out) override {
+    check_f16(src, "combine_rows", "src");
+    check_i32(rows, "combine_rows", "rows");
+    check_tensor(weights, DType::F32, "combine_rows", "weights");
+    check_f16(out, "combine_rows", "out");
+    const int64_t T = out.dim(0), h = out.row_size(), k = rows.row_size();
+    STRATA_CHECK(rows.dim(0) == T && weights.dim(0) == T && weights.row_size() == k && src.row_size() == h &&
+                     src.data != out.data,
+                 "cuda combine_rows: src " << src.shape_str() << " rows " << rows.shape_str() << " weights "
+                                           << weights.shape_str() << " out " << out.shape_str());
+    bind();
+    cuda::launch_combine_rows(f16(src), src.dim(0), i32(rows), static_cast<const float*>(weights.data), T, k, h,
+                              f16_mut(out), stream_);
+  }
+
   void quantize_rows(const quant::QuantSpec& spec, const Tensor& x, void* q) override {
     const cuda::QuantParams p = quant_params(spec, x, q, "quantize_rows", "x");
     bind();

@@ -1,5 +1,6 @@
-// Row gathers: token embedding lookup (optionally accumulating, for learned positions) and
-// gather_rows (picking the last token of each sequence before the LM head). One block per row.
+// Row gathers: token embedding lookup (optionally accumulating, for learned positions),
+// gather_rows (picking the last token of each sequence before the LM head; a mixture of experts'
+// rows for each expert) and combine_rows (a token's expert outputs, weighted). One block per row.
 #include <cmath>
 
 #include "cuda_common.h"
@@ -28,7 +29,33 @@ __global__ void gather_rows_kernel(const __half* __restrict__ src, int64_t src_r
   }
 }
 
+__global__ void combine_rows_kernel(const __half* __restrict__ src, int64_t src_rows, const int32_t* __restrict__ rows,
+                                    const float* __restrict__ weights, int64_t k, int64_t width,
+                                    __half* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  __half* dst = out + t * width;
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t r = rows[t * k + j];
+    if (r < 0 || r >= src_rows) {
+      for (int64_t i = threadIdx.x; i < width; i += blockDim.x) dst[i] = __float2half_rn(NAN);
+      return;
+    }
+  }
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < k; ++j) acc += weights[t * k + j] * __half2float(src[int64_t(rows[t * k + j]) * width + i]);
+    dst[i] = __float2half_rn(acc);
+  }
+}
+
 }  // namespace
+
+void launch_combine_rows(const __half* src, int64_t src_rows, const int32_t* rows, const float* weights, int64_t T,
+                         int64_t k, int64_t h, __half* out, cudaStream_t stream) {
+  if (T == 0 || h == 0) return;
+  combine_rows_kernel<<<dim3(unsigned(T)), row_block_threads(h), 0, stream>>>(src, src_rows, rows, weights, k, h, out);
+  STRATA_CUDA_CHECK_LAUNCH("combine_rows_kernel", stream);
+}
 
 void launch_gather_rows(const __half* src, int64_t src_rows, const int32_t* idx, int64_t n, int64_t width,
                         bool accumulate, __half* out, cudaStream_t stream) {

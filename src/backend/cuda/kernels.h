@@ -34,6 +34,10 @@ enum class ActKind : int { ReLU, GELU };
 void launch_add(const __half* a, const __half* b, __half* out, int64_t n, cudaStream_t stream);
 void launch_activation(ActKind act, __half* x, int64_t n, cudaStream_t stream);
 // out[t, c] = silu(gate_up[t, c]) * gate_up[t, f + c]; gate_up: [rows, 2f], out: [rows, f].
+// out[t] = sum_j weights[t k + j] * src[rows[t k + j]] (fp32 sums, j in order); src: [src_rows, h],
+// out: [T, h]. A row outside src gives NaN (callers validate on the host).
+void launch_combine_rows(const __half* src, int64_t src_rows, const int32_t* rows, const float* weights, int64_t T,
+                         int64_t k, int64_t h, __half* out, cudaStream_t stream);
 void launch_swiglu(const __half* gate_up, __half* out, int64_t rows, int64_t f, cudaStream_t stream);
 // y[r, c] += bias[c]; y: [rows, cols].
 void launch_bias_add(__half* y, const __half* bias, int64_t rows, int64_t cols, cudaStream_t stream);
