@@ -1,5 +1,5 @@
-// LLaMA-family models stored as GGUF (architectures llama, which Mistral files use too, qwen2,
-// qwen3 and phi3): config from <arch>.* metadata, tensors under Hugging Face names (with llama.cpp's q/k
+// LLaMA-family models stored as GGUF (architectures llama, which Mistral and Mixtral files use
+// too, qwen2, qwen3, qwen3moe and phi3): config from <arch>.* metadata, tensors under Hugging Face names (with llama.cpp's q/k
 // RoPE row permutation undone where its converter applied it), and the tokenizer from
 // tokenizer.ggml.*.
 #include <algorithm>
@@ -36,9 +36,9 @@ int token_id_field(const GgufFile& f, std::string_view key, int vocab) {
 // phi3 (LLaMA with fused projections).
 std::string llama_family_arch(const GgufFile& f) {
   std::string arch = f.get_string("general.architecture");
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "phi3")
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "phi3")
     STRATA_FAIL("GGUF file " << f.path() << ": unsupported architecture '" << arch
-                             << "' (supported: llama, qwen2, qwen3, phi3)");
+                             << "' (supported: llama, qwen2, qwen3, qwen3moe, phi3)");
   return arch;
 }
 
@@ -119,7 +119,36 @@ void read_rope_scaling(const GgufFile& f, const std::string& arch, ModelConfig& 
 
 // llama.cpp's converter permutes q/k rows for its RoPE layout only for llama (Qwen2's rows are
 // stored as in Hugging Face: ggml's NEOX RoPE reads them that way).
-bool permuted_qk(const std::string& arch) { return arch == "llama"; }  // not qwen2, qwen3, phi3
+bool permuted_qk(const std::string& arch) { return arch == "llama"; }  // not qwen2, qwen3(moe), phi3
+
+// A mixture of experts' tensors: the router (ffn_gate_inp) and each layer's experts stacked in
+// one 3-D tensor per projection, [experts, rows, cols] (ne fastest-first: cols, rows, experts).
+// Mixtral's files are architecture llama, Qwen3-MoE's qwen3moe; the HF names differ (weight_specs).
+struct ExpertPart {
+  const char* gguf;
+  const char* mixtral;
+  const char* qwen;
+};
+constexpr ExpertPart kExpertParts[] = {{"ffn_gate_exps", "w1", "gate_proj"},
+                                       {"ffn_up_exps", "w3", "up_proj"},
+                                       {"ffn_down_exps", "w2", "down_proj"}};
+
+std::string moe_prefix(int layer, const std::string& arch) {
+  return "model.layers." + std::to_string(layer) + (arch == "qwen3moe" ? ".mlp." : ".block_sparse_moe.");
+}
+
+// blk.<N>.<part>.<weight|bias> -> {N, part, suffix}; false when the name is not of that form.
+bool split_block_name(const std::string& g, int& n, std::string& part, std::string& suffix) {
+  if (g.rfind("blk.", 0) != 0) return false;
+  size_t p1 = g.find('.', 4);
+  if (p1 == std::string::npos || p1 == 4) return false;
+  auto [end, ec] = std::from_chars(g.data() + 4, g.data() + p1, n);
+  if (ec != std::errc() || end != g.data() + p1) return false;
+  size_t p2 = g.rfind('.');
+  if (p2 <= p1) return false;
+  part = g.substr(p1 + 1, p2 - p1 - 1), suffix = g.substr(p2 + 1);
+  return suffix == "weight" || suffix == "bias";
+}
 
 // GGUF tensor name -> Hugging Face name ("" when unknown). Phi-3's fused tensors keep their fused
 // HF names (split_fused_projections cuts them): attn_qkv, and ffn_up holding gate and up.
@@ -138,17 +167,10 @@ std::string hf_name(const std::string& g, const std::string& arch) {
       {"ffn_down", "mlp.down_proj"},     {"attn_qkv", "self_attn.qkv_proj"},
       {"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"},
   };
-  // blk.<N>.<part>.<weight|bias>
-  if (g.rfind("blk.", 0) != 0) return "";
-  size_t p1 = g.find('.', 4);
-  if (p1 == std::string::npos || p1 == 4) return "";
   int n = 0;
-  auto [end, ec] = std::from_chars(g.data() + 4, g.data() + p1, n);
-  if (ec != std::errc() || end != g.data() + p1) return "";
-  size_t p2 = g.rfind('.');
-  if (p2 <= p1) return "";
-  std::string part = g.substr(p1 + 1, p2 - p1 - 1), suffix = g.substr(p2 + 1);
-  if (suffix != "weight" && suffix != "bias") return "";
+  std::string part, suffix;
+  if (!split_block_name(g, n, part, suffix)) return "";
+  if (part == "ffn_gate_inp" && suffix == "weight") return moe_prefix(n, arch) + "gate.weight";
   auto it = layer.find(part);
   if (it == layer.end()) return "";
   const std::string hf_part = arch == "phi3" && part == "ffn_up" ? "mlp.gate_up_proj" : it->second;
@@ -165,6 +187,7 @@ public:
     const bool permuted = permuted_qk(arch);
     for (const GgufTensorInfo& t : file_.tensors()) {
       if (rope_tensor(t.name)) continue;  // part of the config (config_from_gguf), not a weight
+      if (add_experts(t, arch)) continue;
       std::string h = hf_name(t.name, arch);
       // Biases the forward pass has no place for (an MLP's, a norm's) would be dropped silently.
       const bool unused_bias = h.ends_with(".bias") && !h.ends_with("q_proj.bias") && !h.ends_with("k_proj.bias") &&
@@ -181,10 +204,32 @@ public:
 
   std::string describe() const override { return file_.path(); }
   bool contains(const std::string& name) const override { return map_.count(name) != 0; }
+
+  // A 3-D expert tensor shows as one HF matrix per expert, rows [e rows, (e + 1) rows) of it.
+  bool add_experts(const GgufTensorInfo& t, const std::string& arch) {
+    int layer = 0;
+    std::string part, suffix;
+    if (!split_block_name(t.name, layer, part, suffix) || suffix != "weight") return false;
+    const ExpertPart* found = nullptr;
+    for (const ExpertPart& p : kExpertParts)
+      if (part == p.gguf) found = &p;
+    if (!found) return false;
+    if (t.ne.size() != 3 || t.ne[2] <= 0)
+      STRATA_FAIL("GGUF file " << file_.path() << ": expert tensor '" << t.name << "' is not 3-D [experts, rows, cols]");
+    for (int64_t e = 0; e < t.ne[2]; ++e) {
+      std::string h = moe_prefix(layer, arch) + "experts." + std::to_string(e) + "." +
+                      (arch == "qwen3moe" ? found->qwen : found->mixtral) + ".weight";
+      map_.emplace(h, Entry{&t, 0, e * t.ne[1], t.ne[1]});
+      names_.push_back(std::move(h));
+    }
+    return true;
+  }
   std::vector<std::string> names() const override { return names_; }
 
   std::vector<int64_t> shape(const std::string& name) const override {
-    const GgufTensorInfo& t = *get(name).info;
+    const Entry& e = get(name);
+    const GgufTensorInfo& t = *e.info;
+    if (e.slice_rows) return {e.slice_rows, t.ne[0]};
     return std::vector<int64_t>(t.ne.rbegin(), t.ne.rend());  // ggml ne is fastest-first
   }
 
@@ -229,7 +274,8 @@ private:
     const GgufTensorInfo& t = *e.info;
     const int code_bits = ggml_affine_code_bits(t.type);
     // ggml's groups are 32 elements; a larger group would join two scales.
-    if (code_bits == 0 || code_bits > spec.bits || spec.group_size != 32 || t.ne.size() != 2) return false;
+    if (code_bits == 0 || code_bits > spec.bits || spec.group_size != 32 || (t.ne.size() != 2 && !e.slice_rows))
+      return false;
     const RowMap rows = row_map(e);
     const size_t out_row = quant::row_bytes(spec, rows.row_len);
     std::atomic<bool> packed{true};
@@ -249,11 +295,12 @@ private:
   struct Entry {
     const GgufTensorInfo* info;
     int permute_heads;  // 0: stored as in HF
+    int64_t first_row = 0, slice_rows = 0;  // an expert's rows of a 3-D tensor (slice_rows > 0)
   };
   // Where HF row r of a tensor is stored. llama.cpp's converter stores HF row (h, j, i) -- head h,
   // half j, index i < head_dim/2 -- of a permuted q/k at row (h, i, j).
   struct RowMap {
-    int64_t row_len = 0, n_rows = 0;
+    int64_t row_len = 0, n_rows = 0, first_row = 0;
     uint64_t row_bytes = 0;
     bool vec = false;      // a 1-D tensor (bias): one ggml row, permuted as n rows of 1 element
     int64_t head_dim = 0;  // 0: rows stored as in HF
@@ -262,7 +309,9 @@ private:
       const int64_t h = r / head_dim, w = r % head_dim, half = head_dim / 2;
       return h * head_dim + (w % half) * 2 + w / half;
     }
-    const uint8_t* row(const GgufTensorInfo& t, int64_t r) const { return t.data + uint64_t(stored(r)) * row_bytes; }
+    const uint8_t* row(const GgufTensorInfo& t, int64_t r) const {
+      return t.data + uint64_t(first_row + stored(r)) * row_bytes;
+    }
   };
   RowMap row_map(const Entry& e) const {
     const GgufTensorInfo& t = *e.info;
@@ -272,6 +321,7 @@ private:
     m.n_rows = m.row_len == 0 ? 0 : t.numel / m.row_len;
     m.row_bytes = uint64_t(m.row_len / ti->block_size) * uint64_t(ti->type_size);
     m.vec = t.ne.size() <= 1;
+    if (e.slice_rows) m.first_row = e.first_row, m.n_rows = e.slice_rows;
     const int64_t perm_rows = m.vec ? m.row_len : m.n_rows;
     if (e.permute_heads) {
       if (perm_rows % e.permute_heads != 0 || (perm_rows / e.permute_heads) % 2 != 0)
@@ -294,6 +344,37 @@ private:
   std::unordered_map<std::string, Entry> map_;
   std::vector<std::string> names_;
 };
+
+}  // namespace
+
+namespace {
+
+// <arch>.expert_count and expert_used_count; Qwen3-MoE's experts have their own width
+// (expert_feed_forward_length). A layer without a router (ffn_gate_inp) is dense. The top-k
+// weights are renormalised as llama.cpp does for these architectures unless
+// <arch>.expert_weights_norm says false (transformers' Qwen3-MoE norm_topk_prob).
+void read_experts(const GgufFile& f, const std::string& arch, ModelConfig& c) {
+  const std::string count_key = arch + ".expert_count", used_key = arch + ".expert_used_count";
+  if (!f.has(count_key)) {
+    if (arch == "qwen3moe") STRATA_FAIL("GGUF file " << f.path() << ": qwen3moe without " << count_key);
+    return;
+  }
+  c.n_experts = positive_int(f, count_key, f.get_int(count_key));
+  if (!f.has(used_key)) STRATA_FAIL("GGUF file " << f.path() << ": " << count_key << " without " << used_key);
+  c.experts_per_token = positive_int(f, used_key, f.get_int(used_key));
+  if (c.experts_per_token > c.n_experts)
+    STRATA_FAIL("GGUF file " << f.path() << ": " << used_key << " " << c.experts_per_token << " is above "
+                             << count_key << " " << c.n_experts);
+  const std::string width_key = arch + ".expert_feed_forward_length";
+  c.expert_intermediate = f.has(width_key) ? positive_int(f, width_key, f.get_int(width_key)) : c.intermediate;
+  const std::string norm_key = arch + ".expert_weights_norm";
+  c.norm_topk_prob = f.has(norm_key) ? f.get_bool(norm_key) : true;
+  c.moe_naming = arch == "qwen3moe" ? MoeNaming::Qwen3Moe : MoeNaming::Mixtral;
+  for (int l = 0; l < c.n_layers; ++l)
+    if (!f.find_tensor("blk." + std::to_string(l) + ".ffn_gate_inp.weight")) c.dense_layers.push_back(l);
+  if (int(c.dense_layers.size()) == c.n_layers)
+    STRATA_FAIL("GGUF file " << f.path() << ": " << count_key << " is set but no layer has a router (ffn_gate_inp)");
+}
 
 }  // namespace
 
@@ -349,6 +430,8 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   c.qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
   c.o_bias = f.find_tensor("blk.0.attn_output.bias") != nullptr;
   c.qk_norm = f.find_tensor("blk.0.attn_q_norm.weight") != nullptr;  // Qwen3
+
+  read_experts(f, arch, c);
 
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
   c.bos_id = token_id_field(f, "tokenizer.ggml.bos_token_id", c.vocab_size);
