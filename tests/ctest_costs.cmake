@@ -5,7 +5,7 @@
 # exists is ignored by ctest, so tests/check_ctest_costs.py fails on one.
 set(strata_slow_tests
   [=[emulated-backend/CUDA compressed: every placement gives the all-on-GPU compressed run's greedy tokens]=] 361
-  [=[emulated-backend/CUDA: offloaded policies give the resident CUDA run's greedy tokens]=] 77
+  [=[emulated-backend/CUDA: offloaded policies give the resident CUDA run's greedy tokens]=] 95
   [=[emulated-backend/async: compressed placements give the in-order run's tokens with the device's work reordered]=] 102
   [=[emulated-backend/async: every policy gives the in-order run's tokens with the device's work reordered]=] 83
   [=[emulated-backend/async: attention delegated to the CPU gives the in-order run's tokens with the device's work reordered]=] 85

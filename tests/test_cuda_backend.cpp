@@ -295,6 +295,26 @@ TEST_CASE("cuda: add, activations and swiglu match the CPU backend", "[cuda]") {
   }
 }
 
+TEST_CASE("cuda: combine_rows sums each token's weighted expert rows as the CPU backend does", "[cuda][moe]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const auto& [T, k, h, A] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 1, 72, 1}, {3, 2, 1001, 6},
+                                   {17, 8, 4096, 136}}) {
+    Rig r;
+    const std::vector<float> src = random_f16(size_t(A * h), rng, -4.0f, 4.0f);
+    std::vector<float> w(size_t(T * k));
+    for (float& v : w) v = u(rng);
+    std::vector<int32_t> rows(size_t(T * k));
+    for (int32_t& x : rows) x = int32_t(rng() % uint32_t(A));
+    Tensor c_out = r.cpu_out({T, h});
+    Tensor g_out = r.gpu_poisoned(DType::F16, {T, h});
+    r.cpu->combine_rows(r.cpu_f32(src, {A, h}), r.i32(*r.cpu, rows, {T, k}), r.cpu_f32(w, {T, k}), c_out);
+    r.gpu->combine_rows(r.gpu_f16(src, {A, h}), r.i32(*r.gpu, rows, {T, k}), r.gpu_f32(w, {T, k}), g_out);
+    expect_close(r.read(g_out), r.read(c_out), 2e-3f, 2e-3f, shape_label("combine_rows", {T, k, h, A}));
+  }
+}
+
 TEST_CASE("cuda: rope matches the CPU backend, long positions included", "[cuda]") {
   STRATA_REQUIRE_GPU();
   std::mt19937 rng(6);

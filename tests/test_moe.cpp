@@ -17,6 +17,7 @@
 #include "strata/backend/backend.h"
 #include "strata/model/config.h"
 #include "strata/model/model_loader.h"
+#include "strata/offload/engine.h"
 #include "strata/runtime/moe_routing.h"
 #include "temp_files.h"
 #include "test_support.h"
@@ -230,4 +231,20 @@ TEST_CASE("gguf: Qwen3-MoE (qwen3moe, a dense layer, no renormalisation) gives t
   CHECK(b.weights->contains("model.layers.2.mlp.experts.5.up_proj.weight"));
   CHECK(b.weights->contains("model.layers.1.mlp.up_proj.weight"));
   test::check_hf_outputs(b, exp);
+}
+
+TEST_CASE("moe: the offloading engine refuses a model whose layers differ, naming them", "[moe][offload]") {
+  // tiny-qwen3-moe's layer 1 is dense (mlp_only_layers): the engine's one block layout cannot
+  // hold both kinds, and says so before any work.
+  auto backend = make_cpu_backend(1);
+  ModelBundle b = open_model(kModels + "tiny-qwen3-moe");
+  OffloadOptions opt;
+  opt.policy.gpu_batch_size = 1;
+  opt.policy.num_gpu_batches = 1;
+  opt.offload_dir = test::temp_dir("moe-engine");
+  PlanShape shape;
+  shape.prompt_len = 4;
+  shape.gen_len = 2;
+  CHECK_THROWS_WITH(OffloadEngine(b.config, *b.weights, *backend, opt, shape),
+                    Catch::Contains("dense MLP in layers 1") && Catch::Contains("runs resident only"));
 }

@@ -40,7 +40,9 @@ TEST_CASE("every policy generates Hugging Face's greedy tokens", "[offload]") {
   auto backend = make_cpu_backend(2);
   // tiny-phi3-longrope: LongRoPE's attention factor must reach CPU-delegated attention too.
   // tiny-qwen3: the per-head q/k norms travel in the attention half of a streamed layer.
-  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-phi3-longrope", "tiny-qwen3"}) {
+  // tiny-mixtral: a mixture of experts' router and experts travel in the MLP half.
+  for (const char* name :
+       {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-phi3-longrope", "tiny-qwen3", "tiny-mixtral"}) {
     const json exp = load_expected(name);
     ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     const std::vector<GenRequest> reqs = fixture_requests(exp);
@@ -66,7 +68,7 @@ TEST_CASE("compressed: every placement gives the all-on-GPU compressed run's gre
   auto backend = make_cpu_backend(2);
   const auto settings = compression_settings();
   // tiny-qwen3: a head dim of 24, so every cache group is a shorter last group.
-  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-qwen3"}) {
+  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-qwen3", "tiny-mixtral"}) {
     ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     const std::vector<GenRequest> reqs = fixture_requests(load_expected(name));
     const std::vector<std::vector<GenResult>> reference = all_gpu_compressed_runs(model, *backend, reqs);
@@ -453,8 +455,9 @@ TEST_CASE("CUDA: offloaded policies give the resident CUDA run's greedy tokens",
   // GPU batch at a time (a whole-batch prefill step, then one token per sequence), so wherever
   // the tensors live the tokens must be identical. (The resident run is checked against HF in
   // tests/test_model_hf.cpp.) CPU attention sums in another order and is left out here.
+  // tiny-mixtral: the router's logits go to the host and the experts' GEMMs run over their rows.
   auto backend = make_cuda_backend(0);
-  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3"}) {
+  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-mixtral"}) {
     const json exp = load_expected(name);
     ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     const std::vector<GenRequest> reqs = fixture_requests(exp);

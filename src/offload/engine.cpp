@@ -224,6 +224,13 @@ OffloadEngine::OffloadEngine(const ModelConfig& cfg, const WeightSource& weights
                              const OffloadOptions& options, const PlanShape& shape)
     : impl_(std::make_unique<Impl>(cfg, backend, with_fault_from_env(options), shape)) {
   cfg.validate();
+  if (!cfg.uniform_layers()) {
+    std::string dense;
+    for (int l : cfg.dense_layers) dense += (dense.empty() ? "" : ", ") + std::to_string(l);
+    STRATA_FAIL(cfg.name << ": the offloading engine streams one layer layout, and this model's layers differ (dense "
+                         << "MLP in layers " << dense << ", experts in the others: mlp_only_layers / "
+                         << "decoder_sparse_step); it runs resident only");
+  }
   const Policy& p = options.policy;
   STRATA_CHECK(p.gpu_batch_size > 0 && p.num_gpu_batches > 0, "policy: batch sizes must be positive");
   // The last generated token is sampled but never fed back, so it takes no position: a prompt of

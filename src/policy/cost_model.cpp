@@ -86,7 +86,7 @@ CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w, D
   z.layer_weights = rw * z.layer_weights_fp16;
   const double attn_params = h * (q + 2 * kv) + q * h, mlp_params = (cfg.mlp == MlpKind::SwiGLU ? 3 : 2) * h * f;
   z.dequant_buffer = e * std::max(attn_params, mlp_params);
-  z.global_weights = e * double(cfg.param_count() - int64_t(cfg.n_layers) * cfg.layer_param_count());
+  z.global_weights = e * double(cfg.global_param_count());
   const double matmul_params = h * (q + 2 * kv) + q * h + (cfg.mlp == MlpKind::SwiGLU ? 3 : 2) * h * f;
   z.layer_flops_per_token = 2.0 * matmul_params;
   z.attention_flops_per_token = 2.0 * attn_params;

@@ -313,3 +313,34 @@ TEST_CASE("emulated cuda: kv_store writes exactly the addressed cache rows", "[e
     expect_close(floats(cv), want_v, 0.0, 0.0, label("kv_store v", {kvh, d}));
   }
 }
+
+TEST_CASE("emulated cuda: combine_rows sums each token's weighted rows as float64 does", "[emulated]") {
+  // A mixture of experts' combine: out[t] = sum_j w[t, j] src[rows[t, j]], fp32 sums of fp16 rows,
+  // one fp16 rounding at the end. Odd shapes; poisoned output; a row outside src gives NaN.
+  std::mt19937 rng(12);
+  for (const auto& [T, k, h, A] : {std::tuple{1, 1, 1, 1}, {3, 2, 65, 6}, {17, 3, 1000, 51}}) {
+    const std::vector<float> src = random_f16(size_t(A * h), rng);
+    std::vector<float> w(size_t(T * k));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (float& v : w) v = u(rng);
+    std::vector<int32_t> rows(size_t(T * k));
+    for (int32_t& r : rows) r = int32_t(rng() % uint32_t(A));
+    std::vector<double> want(size_t(T * h));
+    for (int t = 0; t < T; ++t)
+      for (int c = 0; c < h; ++c)
+        for (int j = 0; j < k; ++j)
+          want[size_t(t * h + c)] += double(w[size_t(t * k + j)]) * src[size_t(rows[size_t(t * k + j)] * h + c)];
+    const std::vector<__half> src16 = halves(src);
+    std::vector<__half> out = poisoned(size_t(T * h));
+    launch_combine_rows(src16.data(), A, rows.data(), w.data(), T, k, h, out.data(), nullptr);
+    std::vector<double> tol(want.size());
+    for (size_t i = 0; i < want.size(); ++i) tol[i] = 1e-6 + std::ldexp(std::fabs(want[i]), -10);  // fp16 rounding
+    expect_within(floats(out), want, tol, label("combine_rows", {T, k, h, A}));
+  }
+  const std::vector<__half> src16 = halves({1.0f, 2.0f});
+  const std::vector<int32_t> bad = {1};
+  const std::vector<float> w = {1.0f};
+  std::vector<__half> out = poisoned(2);
+  launch_combine_rows(src16.data(), 1, bad.data(), w.data(), 1, 1, 2, out.data(), nullptr);
+  CHECK(std::isnan(__half2float(out[0])));
+}
