@@ -410,3 +410,15 @@ TEST_CASE("without staggering the prediction is FlexGen's schedule, exactly", "[
     CHECK(same.decode.total == r.decode.total);
   }
 }
+
+TEST_CASE("a mixture of experts moves all its experts and computes k of them per token", "[cost][moe]") {
+  // Mixtral-8x7B: h 4096, 32 heads and 8 kv heads of 128, 8 experts of 14336, 2 per token. A layer
+  // stores q, k, v, o (4096 x 6144 + 4096 x 4096), the router (8 x 4096), 8 experts (3 x 4096 x
+  // 14336 each) and two RMSNorms; a token runs q, k, v, o, the router and 2 experts.
+  const ModelConfig mx = *config_preset("mixtral-8x7b");
+  const double hm = 4096, f = 14336, attn = hm * 6144 + hm * hm, experts = 8 * 3 * hm * f + 8 * hm;
+  const CostForms F = cost_forms(mx, policy_of(8, 4, {0, 100, 0}, {0, 100, 0}, {100, 0, 0}), wl, round_machine());
+  CHECK(F.sizes.layer_weights_fp16 == 2.0 * (attn + experts + 2 * hm));
+  CHECK(F.sizes.layer_flops_per_token == 2.0 * (attn + 2 * 3 * hm * f + 8 * hm));
+  CHECK(F.sizes.dequant_buffer == 2.0 * experts);  // the MLP half, every expert
+}

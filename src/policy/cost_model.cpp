@@ -84,11 +84,18 @@ CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w, D
   CostSizes z;
   z.layer_weights_fp16 = e * double(cfg.layer_param_count());
   z.layer_weights = rw * z.layer_weights_fp16;
-  const double attn_params = h * (q + 2 * kv) + q * h, mlp_params = (cfg.mlp == MlpKind::SwiGLU ? 3 : 2) * h * f;
+  const double attn_params = h * (q + 2 * kv) + q * h;
+  // The MLP half's matrices, and those one token multiplies by: a mixture of experts stores all
+  // its experts (and the router) but runs each token through k of them (ForwardOps).
+  double mlp_params = (cfg.mlp == MlpKind::SwiGLU ? 3 : 2) * h * f, mlp_token_params = mlp_params;
+  if (cfg.moe()) {
+    const double experts = cfg.n_experts, fe = cfg.expert_intermediate;
+    mlp_params = experts * 3 * h * fe + experts * h;
+    mlp_token_params = cfg.experts_per_token * 3 * h * fe + experts * h;
+  }
   z.dequant_buffer = e * std::max(attn_params, mlp_params);
   z.global_weights = e * double(cfg.global_param_count());
-  const double matmul_params = h * (q + 2 * kv) + q * h + (cfg.mlp == MlpKind::SwiGLU ? 3 : 2) * h * f;
-  z.layer_flops_per_token = 2.0 * matmul_params;
+  z.layer_flops_per_token = 2.0 * (attn_params + mlp_token_params);
   z.attention_flops_per_token = 2.0 * attn_params;
   z.kv_per_token_fp16 = 2.0 * e * kv;  // K and V, uncompressed
   z.kv_per_token = rc * z.kv_per_token_fp16;
