@@ -399,6 +399,18 @@ TEST_CASE("cuda: split_qkv splits and rotates the stacked rows as a float64 refe
   }
 }
 
+namespace {
+// Slots and positions of T tokens, no two the same (slot, position) of an S x C cache.
+std::pair<std::vector<int32_t>, std::vector<int32_t>> distinct_cache_rows(int64_t T, int64_t S, int64_t C) {
+  std::vector<int32_t> slots(static_cast<size_t>(T)), pos(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    slots[size_t(t)] = int32_t(t % S);
+    pos[size_t(t)] = int32_t((t * 7 + 5) % C);
+  }
+  return {slots, pos};
+}
+}  // namespace
+
 TEST_CASE("cuda: split_qkv_store puts k and v in their cache rows and leaves the others", "[cuda]") {
   STRATA_REQUIRE_GPU();
   std::mt19937 rng(18);
@@ -406,11 +418,7 @@ TEST_CASE("cuda: split_qkv_store puts k and v in their cache rows and leaves the
   for (int64_t T : {1, 3, 17}) {
     for (auto [heads, kv_heads, d] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{6, 2, 20}, {32, 8, 128}}) {
       Rig r;
-      std::vector<int32_t> slots(static_cast<size_t>(T)), pos(static_cast<size_t>(T));
-      for (int64_t t = 0; t < T; ++t) {  // distinct (slot, position) pairs
-        slots[size_t(t)] = int32_t(t % S);
-        pos[size_t(t)] = int32_t((t * 7 + 5) % C);
-      }
+      const auto [slots, pos] = distinct_cache_rows(T, S, C);
       const int64_t qd = heads * d, kvd = kv_heads * d;
       const std::vector<float> qkv = random_f16(size_t(T * (qd + 2 * kvd)), rng);
       const std::vector<float> inv = test::rope_inv_freq_of(d);
@@ -427,6 +435,44 @@ TEST_CASE("cuda: split_qkv_store puts k and v in their cache rows and leaves the
                    shape_label("split_qkv_store: cache k", {T, heads, d}));
       expect_close(r.read(cv), std::vector<float>(want_v.begin(), want_v.end()), 0.0f, 0.0f,
                    shape_label("split_qkv_store: cache v", {T, heads, d}));
+    }
+  }
+}
+
+TEST_CASE("cuda: split_qkv_store into quantized caches stores the bytes split_qkv then kv_store store", "[cuda][quant]") {
+  STRATA_REQUIRE_GPU();
+  std::mt19937 rng(19);
+  const int64_t S = 3, C = 37, T = 17;
+  for (const quant::QuantSpec spec : {quant::QuantSpec{4, 32}, quant::QuantSpec{4, 64}, quant::QuantSpec{8, 128}}) {
+    for (auto [heads, kv_heads, d] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{6, 2, 20}, {32, 8, 128}}) {
+      Rig r;
+      const auto [slots, pos] = distinct_cache_rows(T, S, C);
+      const int64_t qd = heads * d, kvd = kv_heads * d;
+      const std::vector<float> qkv = random_f16(size_t(T * (qd + 2 * kvd)), rng);
+      const std::vector<float> inv = test::rope_inv_freq_of(d);
+      const DType qt = quant::dtype_of(spec);
+      const size_t cache_bytes = size_t(S * C * kv_heads) * quant::row_bytes(spec, d);
+      auto cache = [&] {  // poisoned: the rows no token addresses must keep their bytes in both
+        Tensor c = r.gpu_poisoned(DType::F16, {int64_t(cache_bytes / 2)});
+        return Tensor::quantized(c.data, qt, spec.group_size, Device::CUDA, {S, C, kv_heads, d});
+      };
+      const Tensor fk = cache(), fv = cache(), uk = cache(), uv = cache();
+      Tensor fq = r.gpu_poisoned(DType::F16, {T, heads, d}), uq = r.gpu_poisoned(DType::F16, {T, heads, d});
+      Tensor k = r.gpu_poisoned(DType::F16, {T, kv_heads, d}), v = r.gpu_poisoned(DType::F16, {T, kv_heads, d});
+      const Tensor g_qkv = r.gpu_f16(qkv, {T, qd + 2 * kvd}), g_pos = r.i32(*r.gpu, pos, {T});
+      const Tensor g_slots = r.i32(*r.gpu, slots, {T}), g_inv = r.gpu_f32(inv, {d / 2});
+      r.gpu->split_qkv_store(g_qkv, g_pos, g_inv, fq, g_slots, fk, fv);
+      r.gpu->split_qkv(g_qkv, g_pos, g_inv, uq, k, v);
+      r.gpu->kv_store(k, v, uk, uv, g_slots, g_pos);
+      auto bytes = [&](const Tensor& t, size_t n) {
+        std::vector<uint8_t> b(n);
+        r.gpu->copy_to_host(b.data(), t.data, n);
+        return b;
+      };
+      INFO(spec.bits << "-bit, group " << spec.group_size << ", heads " << heads << "/" << kv_heads << ", d " << d);
+      CHECK(bytes(fq, size_t(T * qd) * 2) == bytes(uq, size_t(T * qd) * 2));
+      CHECK(bytes(fk, cache_bytes) == bytes(uk, cache_bytes));
+      CHECK(bytes(fv, cache_bytes) == bytes(uv, cache_bytes));
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <tuple>
@@ -14,6 +15,7 @@
 #include "kernel_test_support.h"
 #include "strata/backend/backend.h"
 #include "strata/model/config.h"
+#include "strata/quant/quant.h"
 #include "strata/runtime/model_weights.h"
 
 using namespace strata;
@@ -105,6 +107,42 @@ TEST_CASE("cpu backend: split_qkv_store puts k and v in their cache rows and lea
                                               h.i32(slots), ck, cv),
                         Catch::Contains("position 9 outside the cache"));
     }
+  }
+}
+
+TEST_CASE("cpu backend: split_qkv_store into quantized caches stores the codes of the split rows", "[weights][backend][quant]") {
+  // The split rows (checked against float64 above), quantized by the host reference into their
+  // cache rows; the others keep their bytes.
+  std::mt19937 rng(15);
+  const int64_t S = 3, C = 9, T = 4, heads = 6, kv_heads = 2, d = 20, qd = heads * d, kvd = kv_heads * d;
+  const std::vector<int32_t> slots{2, 0, 2, 1}, pos{0, 8, 5, 3};
+  for (const quant::QuantSpec spec : {quant::QuantSpec{4, 32}, quant::QuantSpec{8, 64}}) {
+    Host h;
+    const std::vector<float> qkv = random_floats(size_t(T * (qd + 2 * kvd)), rng, -2.0f, 2.0f, false);
+    const std::vector<float> inv = rope_inv_freq_of(d);
+    const size_t row_bytes = quant::row_bytes(spec, d), cache_bytes = size_t(S * C * kv_heads) * row_bytes;
+    std::vector<uint8_t> ck(cache_bytes), cv(cache_bytes);
+    for (uint8_t& b : ck) b = uint8_t(rng());
+    cv = ck;
+    std::vector<uint8_t> want_k = ck, want_v = cv;
+    Tensor q = h.f32(nans(size_t(T * qd)), {T, heads, d});
+    Tensor k = h.f32(nans(size_t(T * kvd)), {T, kv_heads, d}), v = h.f32(nans(size_t(T * kvd)), {T, kv_heads, d});
+    h.be->split_qkv(h.f32(qkv, {T, qd + 2 * kvd}), h.i32(pos), h.f32(inv, {d / 2}), q, k, v);
+    for (int64_t t = 0; t < T; ++t) {
+      const size_t at = size_t((slots[size_t(t)] * C + pos[size_t(t)]) * kv_heads) * row_bytes;
+      quant::quantize_rows(spec, k.ptr<float>() + t * kvd, DType::F32, kv_heads, d, want_k.data() + at);
+      quant::quantize_rows(spec, v.ptr<float>() + t * kvd, DType::F32, kv_heads, d, want_v.data() + at);
+    }
+    const DType qt = quant::dtype_of(spec);
+    const Tensor cache_k = Tensor::quantized(ck.data(), qt, spec.group_size, Device::CPU, {S, C, kv_heads, d});
+    const Tensor cache_v = Tensor::quantized(cv.data(), qt, spec.group_size, Device::CPU, {S, C, kv_heads, d});
+    Tensor q2 = h.f32(nans(size_t(T * qd)), {T, heads, d});
+    h.be->split_qkv_store(h.f32(qkv, {T, qd + 2 * kvd}), h.i32(pos), h.f32(inv, {d / 2}), q2, h.i32(slots), cache_k,
+                          cache_v);
+    INFO(spec.bits << "-bit, group " << spec.group_size);
+    CHECK(std::memcmp(q2.ptr<float>(), q.ptr<float>(), size_t(T * qd) * 4) == 0);
+    CHECK(ck == want_k);
+    CHECK(cv == want_v);
   }
 }
 

@@ -18,6 +18,8 @@
 #include "strata/model/config.h"
 #include "strata/model/model_loader.h"
 #include "strata/offload/engine.h"
+#include "strata/policy/cost_model.h"
+#include "strata/runtime/generator.h"
 #include "strata/runtime/moe_routing.h"
 #include "temp_files.h"
 #include "test_support.h"
@@ -247,4 +249,55 @@ TEST_CASE("moe: the offloading engine refuses a model whose layers differ, namin
   shape.gen_len = 2;
   CHECK_THROWS_WITH(OffloadEngine(b.config, *b.weights, *backend, opt, shape),
                     Catch::Contains("dense MLP in layers 1") && Catch::Contains("runs resident only"));
+}
+
+TEST_CASE("moe: the expected distinct experts of a step are what uniform routing activates", "[moe][cost]") {
+  CHECK(expected_active_experts(8, 2, 1) == Approx(2.0));
+  CHECK(expected_active_experts(128, 8, 1) == Approx(8.0));
+  CHECK(expected_active_experts(8, 2, 0) == 0.0);
+  CHECK(expected_active_experts(8, 8, 3) == Approx(8.0));
+  // The runtime's own count (route_tokens over iid Gaussian logits: every k-subset equally
+  // likely) averaged over many steps, against the formula: a few standard errors apart at most.
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const auto& [E, k, B] : {std::tuple{8, 2, 4}, {64, 6, 12}, {128, 8, 3}}) {
+    const int steps = 3000;
+    double sum = 0, sum_sq = 0;
+    std::vector<float> logits(size_t(B * E));
+    for (int s = 0; s < steps; ++s) {
+      for (float& v : logits) v = normal(rng);
+      const double active = route_tokens(logits.data(), B, E, k, true).active_experts();
+      sum += active;
+      sum_sq += active * active;
+    }
+    const double mean = sum / steps, sd = std::sqrt(std::max(0.0, sum_sq / steps - mean * mean));
+    INFO("E " << E << " k " << k << " B " << B << ": measured " << mean << ", formula "
+              << expected_active_experts(E, k, B));
+    CHECK(std::fabs(mean - expected_active_experts(E, k, B)) <= 4 * sd / std::sqrt(double(steps)));
+  }
+}
+
+TEST_CASE("moe: generation reports its sparse layers' routing", "[moe][model]") {
+  auto backend = make_cpu_backend(2);
+  ModelBundle b = open_model(kModels + "tiny-mixtral");
+  Transformer model(b.config, load_model_weights(b.config, *b.weights, *backend), *backend);
+  const json exp = read_json(kModels + "tiny-mixtral/expected.json");
+  std::vector<GenRequest> reqs = test::fixture_requests(exp);
+  GenOptions opt;
+  opt.prefill_token_budget = 1 << 20;  // one prefill step for the batch
+  GenStats stats;
+  const std::vector<GenResult> got = generate(model, reqs, opt, &stats);
+  int64_t prompt_tokens = 0, decode_tokens = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    prompt_tokens += int64_t(reqs[i].prompt.size());
+    decode_tokens += int64_t(got[i].tokens.size()) - 1;  // the last token is sampled, never fed back
+  }
+  // Both layers are sparse: each forward step routes its tokens twice (prefill steps, then one per
+  // decode step), every computed token once per layer.
+  const int64_t prefill_layer_steps = stats.routing.layer_steps - 2 * stats.decode_steps;
+  CHECK(prefill_layer_steps >= 2);
+  CHECK(prefill_layer_steps % 2 == 0);
+  CHECK(stats.routing.tokens == 2 * (prompt_tokens - stats.shared_prompt_tokens + decode_tokens));
+  CHECK(stats.routing.active_experts <= 4 * stats.routing.layer_steps);
+  CHECK(stats.routing.active_experts >= 2 * stats.routing.layer_steps);  // k = 2 distinct per token
 }

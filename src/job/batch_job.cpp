@@ -729,6 +729,15 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
         << " (prompt tokens / block rows x longest prompt; " << sum.padding_input_order.efficiency()
         << " in input order); occupancy " << 100 * sum.occupancy
         << "% (slots decoding a live sequence per decode step)\n";
+  if (stats.routing.layer_steps > 0) {
+    const RoutingTotals& r = stats.routing;
+    const double tokens = double(r.tokens) / double(r.layer_steps);
+    const ModelConfig& cfg = model.config;
+    log << "experts: " << double(r.active_experts) / double(r.layer_steps) << " of " << cfg.n_experts
+        << " active per sparse layer step, " << tokens << " tokens a step (" << cfg.experts_per_token
+        << " each; uniform routing would activate "
+        << expected_active_experts(cfg.n_experts, cfg.experts_per_token, tokens) << ")\n";
+  }
   log << "wrote " << opt.out.string() << "\n";
   return sum;
 }

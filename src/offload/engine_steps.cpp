@@ -535,6 +535,7 @@ std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenReques
   reset_schedule_state(units);
 
   GenStats local;
+  const RoutingTotals routed_before = ops.routing_totals();
   const auto t_start = Clock::now();
   const std::array<double, 4> busy_at_start = lane_busy();
   bool has_prev = false;
@@ -601,6 +602,7 @@ std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenReques
     results[result_index[r]] = std::move(seqs[r].result);  // request order, then choice order
   }
   local.shared_prompt_tokens = shared_prompt_tokens;
+  local.routing = ops.routing_totals() - routed_before;
   for (GenStats* s : {&totals.gen, stats})
     if (s) s->add(local);
   return results;

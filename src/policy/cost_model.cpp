@@ -31,6 +31,12 @@ double LinearForm::at(const Fractions& x) const {
   return v;
 }
 
+double expected_active_experts(int experts, int k, double tokens) {
+  if (experts <= 0 || k <= 0 || tokens <= 0) return 0;
+  const double e = experts;
+  return e * (1.0 - std::pow(1.0 - std::min(double(k), e) / e, tokens));
+}
+
 double stored_bytes_per_element(const std::optional<Compression>& c) {
   if (!c) return 2.0;
   return c->bits / 8.0 + 4.0 / c->group_size;  // packed values + fp16 min and scale per group

@@ -253,7 +253,9 @@ void run_continuous(Transformer& model, const ContinuousOptions& options, const 
   if (options.slots < 1) STRATA_FAIL("continuous batching needs at least one slot, got " << options.slots);
   if (options.capacity < 1) STRATA_FAIL("continuous batching needs slots of at least one position, got " << options.capacity);
   GenStats local;
+  const RoutingTotals routed_before = model.routing_totals();
   Batcher(model, options).run(next, finished, local);
+  local.routing = model.routing_totals() - routed_before;
   if (stats) stats->add(local);
 }
 

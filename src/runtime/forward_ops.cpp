@@ -236,13 +236,14 @@ void ForwardOps::attention_block(const LayerWeights& w, const Tensor& inv_freq, 
   attention_output(w, x, attention_from_normed(w, inv_freq, cache_k, cache_v));
 }
 
-// Where the cache holds the activation dtype and no per-head norm comes between the split and the
-// rotation, k and v go from the stacked GEMM's output straight into the cache (split_qkv_store):
-// one pass instead of a split and a kv_store.
+// Where the cache holds the activation dtype or quantized rows, and no per-head norm comes between
+// the split and the rotation, k and v go from the stacked GEMM's output straight into the cache
+// (split_qkv_store): one pass instead of a split and a kv_store.
 Tensor ForwardOps::attention_from_normed(const LayerWeights& w, const Tensor& inv_freq, const Tensor& cache_k,
                                          const Tensor& cache_v) {
   const DType dt = backend_.activation_dtype();
-  if (cfg_.qk_norm || cache_k.dtype != dt || cache_v.dtype != dt) {
+  auto storable = [dt](const Tensor& c) { return c.dtype == dt || c.quantized(); };
+  if (cfg_.qk_norm || !storable(cache_k) || !storable(cache_v)) {
     const AttentionInputs in = project_qkv(w, inv_freq);
     backend_.kv_store(in.k, in.v, cache_k, cache_v, slots_.rows(0, T_), pos_.rows(0, T_));
     return attend_stored(in.q, cache_k, cache_v);
@@ -300,7 +301,9 @@ Tensor ForwardOps::experts_from_normed(const LayerWeights& w) {
   std::vector<float> host(size_t(T * E));
   backend_.copy_to_host_f32(logits, host.data());
   const MoeRouting r = route_tokens(host.data(), T, int(E), int(k), cfg_.norm_topk_prob);
-  last_routing_ = {T, r.active_experts()};
+  ++routing_.layer_steps;
+  routing_.tokens += T;
+  routing_.active_experts += r.active_experts();
 
   // gather, combine_rows and combine_weights as one upload, laid out as bind_workspace laid
   // their pieces (the three are adjacent, each 256-byte aligned).

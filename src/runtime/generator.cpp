@@ -152,6 +152,9 @@ void GenStats::add(const GenStats& o) {
   shared_prompt_tokens += o.shared_prompt_tokens;
   decode_slot_steps += o.decode_slot_steps;
   live_slot_steps += o.live_slot_steps;
+  routing.layer_steps += o.routing.layer_steps;
+  routing.tokens += o.routing.tokens;
+  routing.active_experts += o.routing.active_experts;
 }
 
 std::vector<GenResult> generate(Transformer& model, const std::vector<GenRequest>& requests, const GenOptions& options,
@@ -176,6 +179,7 @@ std::vector<GenResult> generate(Transformer& model, const std::vector<GenRequest
   StepSampler sampler(model.backend(), cfg, seqs.size());
 
   GenStats local;
+  const RoutingTotals routed_before = model.routing_totals();
   auto t0 = Clock::now();
   const std::vector<SharedPrefix> plan = plan_prefill(seqs, groups, options);
   KeptPrefixes* kept = options.share_prefixes ? options.kept_prefixes : nullptr;
@@ -214,6 +218,7 @@ std::vector<GenResult> generate(Transformer& model, const std::vector<GenRequest
     local.generated_tokens += int64_t(s.result.tokens.size());
     results.push_back(std::move(s.result));
   }
+  local.routing = model.routing_totals() - routed_before;
   if (stats) stats->add(local);
   return results;
 }

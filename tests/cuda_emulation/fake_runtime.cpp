@@ -30,6 +30,13 @@
 
 struct EmulatedStream {
   uint64_t id;  // the scheduler's order among streams: the same calls give the same ids' order
+  // While capturing (cudaStreamBeginCapture): the work recorded so far; invalid after a call that
+  // a capture cannot hold.
+  std::unique_ptr<std::vector<std::function<void()>>> capture;
+  bool capture_invalid = false;
+};
+struct EmulatedGraph {
+  std::vector<std::function<void()>> work;
 };
 struct EmulatedEvent {
   unsigned flags = 0;
@@ -197,6 +204,29 @@ void queue_launch(cudaStream_t stream, std::function<void()>&& kernel) {
   scheduler().enqueue(stream_id(stream), Item{std::move(kernel), nullptr});
 }
 
+// Stream capture: the stream's work goes to its recording instead (a capture is one thread's, on
+// its own stream, so the recording needs no lock).
+std::atomic<int> capturing_streams{0};
+EmulatedStream* capturing(cudaStream_t stream) {
+  auto* s = static_cast<EmulatedStream*>(stream);
+  return s != nullptr && s->capture ? s : nullptr;
+}
+// emu::launch_queue while any stream captures: record the launch, else queue or run it.
+void dispatch_launch(cudaStream_t stream, std::function<void()>&& kernel) {
+  if (EmulatedStream* s = capturing(stream)) return s->capture->push_back(std::move(kernel));
+  if (async_on()) return queue_launch(stream, std::move(kernel));
+  kernel();
+}
+void set_launch_queue() {
+  emu::launch_queue.store(capturing_streams.load() > 0 ? &dispatch_launch : async_on() ? &queue_launch : nullptr,
+                          std::memory_order_release);
+}
+// A call a capture cannot hold: the capture becomes invalid and the call fails, as on a GPU.
+cudaError_t refuse_in_capture(EmulatedStream* s) {
+  s->capture_invalid = true;
+  return fail(cudaErrorStreamCaptureUnsupported);
+}
+
 void Scheduler::configure() {
   const char* v = std::getenv("STRATA_EMULATED_ASYNC");
   const bool async = v != nullptr && v[0] != '\0' && std::strcmp(v, "0") != 0;
@@ -216,12 +246,13 @@ void Scheduler::configure() {
   seed_ = seed;
   rng_.seed(seed);
   on.store(async, std::memory_order_relaxed);
-  emu::launch_queue.store(async ? &queue_launch : nullptr, std::memory_order_release);
+  set_launch_queue();
 }
 
-// Runs `work` now (synchronous mode) or queues it on the stream.
+// Runs `work` now (synchronous mode), queues it on the stream, or records it (a capture).
 template <class Work>
 void submit(cudaStream_t stream, Work work) {
+  if (EmulatedStream* s = capturing(stream)) return s->capture->push_back(std::move(work));
   if (!async_on()) return work();
   scheduler().enqueue(stream_id(stream), Item{std::move(work), nullptr});
 }
@@ -354,15 +385,18 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  if (EmulatedStream* s = capturing(stream)) return refuse_in_capture(s);
   if (async_on()) scheduler().sync_stream(stream_id(stream));
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned) {
   if (!event) return fail(cudaErrorInvalidValue);
+  if (EmulatedStream* s = capturing(stream)) return refuse_in_capture(s);
   if (async_on()) scheduler().wait(stream_id(stream), event);
   return cudaSuccess;
 }
 cudaError_t cudaDeviceSynchronize() {
+  if (capturing_streams.load() > 0) return fail(cudaErrorStreamCaptureUnsupported);
   if (async_on()) scheduler().drain();
   return cudaSuccess;
 }
@@ -376,6 +410,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (!event) return fail(cudaErrorInvalidValue);
+  if (EmulatedStream* s = capturing(stream)) return refuse_in_capture(s);
   if (async_on()) scheduler().record(stream_id(stream), event);
   return cudaSuccess;
 }
@@ -412,6 +447,46 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t str
   if (bytes == 0) return cudaSuccess;
   if (!on_device(ptr, bytes)) return fail(cudaErrorInvalidValue);
   submit(stream, [=] { std::memset(ptr, value, bytes); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode) {
+  auto* s = static_cast<EmulatedStream*>(stream);
+  if (s == nullptr || s->capture) return fail(cudaErrorInvalidValue);  // stream 0, or capturing already
+  s->capture = std::make_unique<std::vector<std::function<void()>>>();
+  s->capture_invalid = false;
+  capturing_streams.fetch_add(1);
+  set_launch_queue();
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  EmulatedStream* s = capturing(stream);
+  if (s == nullptr || graph == nullptr) return fail(cudaErrorInvalidValue);
+  std::unique_ptr<std::vector<std::function<void()>>> work = std::move(s->capture);
+  capturing_streams.fetch_sub(1);
+  set_launch_queue();
+  *graph = nullptr;
+  if (s->capture_invalid) return fail(cudaErrorStreamCaptureInvalidated);
+  *graph = new EmulatedGraph{std::move(*work)};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  if (exec == nullptr || graph == nullptr) return fail(cudaErrorInvalidValue);
+  *exec = new EmulatedGraph{graph->work};
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  if (exec == nullptr) return fail(cudaErrorInvalidValue);
+  if (EmulatedStream* s = capturing(stream)) return refuse_in_capture(s);  // no graphs inside graphs here
+  for (const std::function<void()>& work : exec->work) submit(stream, work);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete exec;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete graph;
   return cudaSuccess;
 }
 

@@ -375,3 +375,64 @@ TEST_CASE("emulated async: host threads issuing and synchronising at once", "[em
     for (int r = 0; r < kRounds; ++r) CHECK(results[size_t(t * kRounds + r)] == r * 10 + t);
   }
 }
+
+TEST_CASE("emulated graphs: a capture records a stream's work, and each replay redoes it in order", "[emulated][graphs]") {
+  for (const char* seed : {static_cast<const char*>(nullptr), "5"}) {
+    Mode mode(seed);
+    Stream s, other;
+    DeviceBytes d(kBytes);
+    HostBytes h(kBytes, 7);
+    trace.clear();
+    REQUIRE(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    int index = 1;
+    launch_trace(0, index, s.s);
+    index = 2;  // the launch copied its arguments: the graph keeps 1
+    REQUIRE(cudaMemcpyAsync(d.p, h.p, kBytes, cudaMemcpyHostToDevice, s.s) == cudaSuccess);
+    launch_trace(0, index, s.s);
+    launch_trace(1, 9, other.s);  // another stream's launch runs as ever
+    REQUIRE(cudaStreamSynchronize(other.s) == cudaSuccess);
+    CHECK(trace == std::vector<std::pair<int, int>>{{1, 9}});  // nothing of the capture ran
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(s.s, &graph) == cudaSuccess);
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    REQUIRE(cudaGraphDestroy(graph) == cudaSuccess);
+    for (int replay = 0; replay < 2; ++replay) {
+      std::memset(h.p, 40 + replay, kBytes);  // the copy reads the host bytes as they are at the replay
+      REQUIRE(cudaGraphLaunch(exec, s.s) == cudaSuccess);
+    }
+    REQUIRE(cudaStreamSynchronize(s.s) == cudaSuccess);
+    CHECK(trace == std::vector<std::pair<int, int>>{{1, 9}, {0, 1}, {0, 2}, {0, 1}, {0, 2}});
+    HostBytes back(kBytes);
+    REQUIRE(cudaMemcpyAsync(back.p, d.p, kBytes, cudaMemcpyDeviceToHost, s.s) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s.s) == cudaSuccess);
+    CHECK(back.all(41));
+    REQUIRE(cudaGraphExecDestroy(exec) == cudaSuccess);
+  }
+}
+
+TEST_CASE("emulated graphs: waiting for a capturing stream fails and invalidates the capture, as on a GPU",
+          "[emulated][graphs]") {
+  Stream s;
+  Event e;
+  trace.clear();
+  for (int how = 0; how < 3; ++how) {
+    REQUIRE(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    CHECK(cudaStreamBeginCapture(s.s, cudaStreamCaptureModeThreadLocal) == cudaErrorInvalidValue);
+    launch_trace(0, how, s.s);
+    const cudaError_t refused = how == 0   ? cudaStreamSynchronize(s.s)
+                                : how == 1 ? cudaDeviceSynchronize()
+                                           : cudaEventRecord(e.e, s.s);
+    CHECK(refused == cudaErrorStreamCaptureUnsupported);
+    cudaGraph_t graph = reinterpret_cast<cudaGraph_t>(&s);
+    const cudaError_t ended = cudaStreamEndCapture(s.s, &graph);
+    if (how != 1) {  // a call on the capturing stream itself invalidates its capture
+      CHECK(ended == cudaErrorStreamCaptureInvalidated);
+      CHECK(graph == nullptr);
+    }
+    if (graph) cudaGraphDestroy(graph);
+  }
+  CHECK(trace.empty());  // captured launches never ran
+  CHECK(cudaStreamEndCapture(s.s, nullptr) == cudaErrorInvalidValue);  // not capturing
+  (void)cudaGetLastError();
+}

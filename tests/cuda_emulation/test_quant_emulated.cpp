@@ -8,6 +8,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels.h"
@@ -298,4 +299,66 @@ TEST_CASE("emulated cuda: each quantized kernel once, for ThreadSanitizer", "[em
     packed_tokens({{0, 0, 20}, {1, 0, 50}}, slots, pos);
     check_quant_attention(spec_of(bits, 32), int64_t(slots.size()), 2, 1, 32, 2, 70, slots, pos, 1.0f, rng, true);
   }
+}
+
+TEST_CASE("emulated cuda: split_qkv into quantized caches stores the codes of the split rows, in exactly the addressed rows",
+          "[emulated][quant]") {
+  // The fused store (split_qkv_store on quantized caches) against the host reference: the split
+  // kernel's own k and v rows (launch_split_qkv into buffers, checked against float64 in
+  // test_ops_emulated.cpp) quantized by quant::quantize_rows into a copy of the old cache. Bytes
+  // equal, the rows of no token untouched, a token outside the cache writing nothing but its q.
+  std::mt19937 rng(31);
+  const int64_t S = 3, C = 9;
+  const std::vector<int32_t> slots{2, 0, 2, 3}, pos{0, 8, 5, 3};
+  const int64_t T = int64_t(slots.size());
+  for (int bits : {4, 8})
+    for (int group : {32, 64})
+      for (auto [heads, kv_heads, d] : std::vector<std::tuple<int, int, int>>{{6, 2, 20}, {4, 4, 64}, {8, 2, 128}})
+        for (bool rotate : {true, false}) {
+          const quant::QuantSpec spec = spec_of(bits, group);
+          const std::string what =
+              label("split_qkv quantized store bits group heads kv_heads d rotate", {bits, group, heads, kv_heads, d, rotate});
+          INFO(what);
+          const int64_t qd = int64_t(heads) * d, kvd = int64_t(kv_heads) * d;
+          const std::vector<float> qkv = random_f16(size_t(T * (qd + 2 * kvd)), rng);
+          const std::vector<float> inv = rotate ? rope_inv_freq_of(d) : std::vector<float>();
+          const size_t row_bytes = quant::row_bytes(spec, d), cache_bytes = size_t(S * C * kv_heads) * row_bytes;
+          std::vector<uint8_t> old(cache_bytes);
+          for (uint8_t& b : old) b = uint8_t(rng());
+          Arena a;
+          // The unfused reference: split into k and v, then the host quantizes each (token, head) row.
+          SplitQkvParams split{};
+          split.qkv = a.f16(qkv);
+          split.positions = pos.data();
+          split.inv_freq = rotate ? inv.data() : nullptr;
+          split.q = a.put<__half>(nullptr, size_t(T * qd) * 2);
+          split.k = a.put<__half>(nullptr, size_t(T * kvd) * 2);
+          split.v = a.put<__half>(nullptr, size_t(T * kvd) * 2);
+          split.tokens = T;
+          split.heads = heads;
+          split.kv_heads = kv_heads;
+          split.head_dim = d;
+          launch_split_qkv(split, nullptr);
+          std::vector<uint8_t> want_k = old, want_v = old;
+          for (int64_t t = 0; t < T; ++t) {
+            if (slots[size_t(t)] >= S) continue;
+            const size_t at = size_t((slots[size_t(t)] * C + pos[size_t(t)]) * kv_heads) * row_bytes;
+            quant::quantize_rows(spec, split.k + t * kvd, DType::F16, kv_heads, d, want_k.data() + at);
+            quant::quantize_rows(spec, split.v + t * kvd, DType::F16, kv_heads, d, want_v.data() + at);
+          }
+          // The fused store.
+          SplitQkvParams fused = split;
+          fused.q = a.put<__half>(nullptr, size_t(T * qd) * 2);
+          fused.k = fused.v = nullptr;
+          fused.quant_cache_k = a.put(old.data(), cache_bytes);
+          fused.quant_cache_v = a.put(old.data(), cache_bytes);
+          fused.quant_row = quant_row_layout(bits, group, d);
+          fused.slots = slots.data();
+          fused.slot_count = int(S);
+          fused.capacity = int(C);
+          launch_split_qkv(fused, nullptr);
+          expect_same_bytes(bytes_of(fused.q, size_t(T * qd) * 2), bytes_of(split.q, size_t(T * qd) * 2), what + ": q");
+          expect_same_bytes(bytes_of(fused.quant_cache_k, cache_bytes), want_k, what + ": cache k");
+          expect_same_bytes(bytes_of(fused.quant_cache_v, cache_bytes), want_v, what + ": cache v");
+        }
 }

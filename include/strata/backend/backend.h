@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -140,6 +141,19 @@ public:
   // Sets device bytes to `byte` on the compute stream (a released buffer's poison, in tests).
   virtual void fill(void* dst, uint8_t byte, size_t bytes) = 0;
 
+  // ---- graphs: the compute stream's work recorded once and replayed with one launch ----
+  // Records the ops `enqueue` puts on the compute stream without running them: kernel
+  // arguments, addresses and shapes are fixed at the capture, so a replay redoes the same work on
+  // whatever the buffers hold by then. Null where the backend has no graphs (the CPU) or the work
+  // cannot be captured (an op that waits for the device, or another error): nothing then ran, and
+  // the caller runs `enqueue` itself.
+  virtual std::shared_ptr<void> capture(const std::function<void()>& enqueue) {
+    (void)enqueue;
+    return nullptr;
+  }
+  // Enqueues a captured graph's work on the compute stream.
+  virtual void replay(const std::shared_ptr<void>& graph) { (void)graph; }
+
   // ---- ops; shapes in comments: T tokens, h hidden, V vocab, S cache slots, C cache capacity ----
   // out[t] = table[ids[t]] (or +=, when accumulate). ids: I32 [T], table: [V, h], out: [T, h].
   // Ids must be in [0, V): callers validate them on the host.
@@ -191,7 +205,7 @@ public:
                          const Tensor& k, const Tensor& v) = 0;
   // split_qkv with kv_store in the same pass: q as split_qkv writes it, k (rotated) and v straight
   // into cache_k and cache_v [S, C, kv_heads, d] at (slots[t], positions[t]). Caches of the
-  // activation dtype only: a quantized cache takes split_qkv, then kv_store.
+  // activation dtype, or quantized ones (k and v quantized as kv_store does, to the same bytes).
   virtual void split_qkv_store(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const Tensor& q,
                                const Tensor& slots, const Tensor& cache_k, const Tensor& cache_v) = 0;
 

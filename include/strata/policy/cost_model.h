@@ -47,6 +47,11 @@ const char* term_name(int t);  // "ctog", "gtoc", "dtoc", "ctod", "comp", "catt"
 // attention. max(COMP + CATT / n, CATT + COMP * (s + (1 - s) / n)); COMP alone without CATT.
 double compute_stage(double comp, double catt, double batches, double serial_share);
 
+// The distinct experts a step of `tokens` tokens activates in expectation when each picks k of
+// `experts` uniformly: experts (1 - (1 - k / experts)^tokens). A trained router is not uniform, so
+// the runtime's count (GenStats::routing) is at most this, and lower where tokens agree.
+double expected_active_experts(int experts, int k, double tokens);
+
 // Bytes of fp16 elements stored with group-wise quantization: bits/8 per element plus a 2-byte
 // minimum and a 2-byte scale per group (FlexGen's format). Without compression: 2.
 double stored_bytes_per_element(const std::optional<Compression>& c);

@@ -20,6 +20,15 @@ struct PrefixCopy {
   int32_t src = 0, dst = 0, length = 0;
 };
 
+// Mixture-of-experts layer steps: their count, the tokens they routed and the distinct experts
+// those activated, each summed over the steps.
+struct RoutingTotals {
+  int64_t layer_steps = 0, tokens = 0, active_experts = 0;
+  RoutingTotals operator-(const RoutingTotals& o) const {
+    return {layer_steps - o.layer_steps, tokens - o.tokens, active_experts - o.active_experts};
+  }
+};
+
 // A packed step: tokens from any number of sequences, each with its cache slot and position.
 struct StepBatch {
   std::vector<int32_t> tokens;     // [T]
@@ -76,12 +85,10 @@ public:
   // ([tokens, h]) that head() then reads, in place of the last step's logit rows.
   void select_logit_rows(const std::vector<int32_t>& rows, int64_t tokens);
 
-  // The last mixture-of-experts layer's routing: its tokens and how many experts they activated.
-  struct RoutingCount {
-    int64_t tokens = 0;
-    int active_experts = 0;
-  };
-  RoutingCount last_routing() const { return last_routing_; }
+  // Every mixture-of-experts layer step so far: how many, the tokens routed, and the distinct
+  // experts those tokens activated (summed over the steps). The cost model's expected count is
+  // expected_active_experts (cost_model.h).
+  RoutingTotals routing_totals() const { return routing_; }
 
   // The step's slots and positions on the backend (I32 [T]).
   Tensor slots() const { return slots_.rows(0, T_); }
@@ -115,7 +122,7 @@ private:
   Tensor xn_, q_, k_, v_, attn_, mlp_a_, mlp_b_, last_, logits_;
   Tensor ids_, pos_, pos_shifted_, slots_, rows_;
   Tensor moe_rows_, router_, moe_gather_, moe_combine_, moe_weights_;  // mixtures of experts only
-  RoutingCount last_routing_;
+  RoutingTotals routing_;
   void* indices_ = nullptr;        // where the index pieces start (upload_indices lays them out)
   std::vector<int32_t> uploaded_;  // their contents on the device, as last uploaded
 };

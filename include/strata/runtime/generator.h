@@ -21,6 +21,8 @@ struct GenStats {
   // decoded a live sequence (the rest wait for their batch's longest, or stand empty).
   int64_t decode_slot_steps = 0, live_slot_steps = 0;
   double occupancy() const { return decode_slot_steps > 0 ? double(live_slot_steps) / double(decode_slot_steps) : 0; }
+  // Mixtures of experts: the routing of every sparse layer step (ForwardOps::routing_totals).
+  RoutingTotals routing;
   void add(const GenStats& o);
 };
 

@@ -391,6 +391,16 @@ public:
 
   void split_qkv_store(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const Tensor& q,
                        const Tensor& slots, const Tensor& cache_k, const Tensor& cache_v) override {
+    if (cache_k.quantized() || cache_v.quantized()) {
+      // No launch to save on the CPU: split into scratch rows, then quantize them as kv_store does.
+      const int64_t T = q.dim(0), kvd = cache_k.dim(2) * cache_k.dim(3);
+      std::vector<float> k(size_t(T * kvd)), v(k.size());
+      split_qkv_into(qkv, positions, inv_freq, q, cache_k.dim(2),
+                     [&](int64_t t) { return std::pair{k.data() + t * kvd, v.data() + t * kvd}; });
+      const Tensor kt(k.data(), DType::F32, Device::CPU, {T, cache_k.dim(2), cache_k.dim(3)});
+      const Tensor vt(v.data(), DType::F32, Device::CPU, {T, cache_k.dim(2), cache_k.dim(3)});
+      return kv_store(kt, vt, cache_k, cache_v, slots, positions);
+    }
     check_f32(cache_k, "cache_k");
     check_f32(cache_v, "cache_v");
     check_i32(slots, "slots");

@@ -250,6 +250,34 @@ public:
     STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   }
 
+  std::shared_ptr<void> capture(const std::function<void()>& enqueue) override {
+    bind();
+    // Thread-local mode: the engine's copy threads may call unsafe APIs meanwhile on other streams.
+    if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    bool enqueued = true;
+    try {
+      enqueue();
+    } catch (const Error&) {  // an op the capture could not hold; the caller runs the work eagerly
+      enqueued = false;
+    }
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    const bool made = enqueued && ended == cudaSuccess && graph && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    if (graph) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();  // a failed capture's error is answered by running eagerly, not kept
+    if (!made) return nullptr;
+    return std::shared_ptr<void>(exec, [](void* e) { (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(e)); });
+  }
+
+  void replay(const std::shared_ptr<void>& graph) override {
+    bind();
+    STRATA_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph.get()), stream_));
+  }
+
   void synchronize() override {
     bind();
     TimedHostWait wait;
@@ -442,15 +470,27 @@ public:
 
   void split_qkv_store(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const Tensor& q,
                        const Tensor& slots, const Tensor& cache_k, const Tensor& cache_v) override {
-    check_f16(cache_k, "split_qkv_store", "cache_k");
-    check_f16(cache_v, "split_qkv_store", "cache_v");
+    const bool quantized = cache_k.quantized() || cache_v.quantized();
+    cuda::QuantRowLayout l{};
+    if (quantized) {
+      l = quant_caches(cache_k, cache_v, "split_qkv_store");
+    } else {
+      check_f16(cache_k, "split_qkv_store", "cache_k");
+      check_f16(cache_v, "split_qkv_store", "cache_v");
+    }
     check_i32(slots, "split_qkv_store", "slots");
     STRATA_CHECK(cache_k.ndim == 4 && cache_k.shape == cache_v.shape && cache_k.dim(3) == q.dim(2) &&
                      slots.numel() == q.dim(0) && cache_k.dim(0) <= INT_MAX && cache_k.dim(1) <= INT_MAX,
                  "cuda split_qkv_store: q " << q.shape_str() << " caches " << cache_k.shape_str());
     cuda::SplitQkvParams p = split_qkv_params(qkv, positions, inv_freq, q, cache_k.dim(2));
-    p.cache_k = f16_mut(cache_k);
-    p.cache_v = f16_mut(cache_v);
+    if (quantized) {
+      p.quant_cache_k = static_cast<uint8_t*>(cache_k.data);
+      p.quant_cache_v = static_cast<uint8_t*>(cache_v.data);
+      p.quant_row = l;
+    } else {
+      p.cache_k = f16_mut(cache_k);
+      p.cache_v = f16_mut(cache_v);
+    }
     p.slots = i32(slots);
     p.slot_count = int(cache_k.dim(0));
     p.capacity = int(cache_k.dim(1));

@@ -53,6 +53,31 @@ struct RopeParams {
   int64_t token_stride;      // elements between tokens (heads * head_dim)
 };
 void launch_rope(const RopeParams& p, cudaStream_t stream);
+// ---- group-wise quantized rows (include/strata/quant/quant.h's format) ----
+// A row of n elements: codes (4-bit: element 2k in the low nibble of byte k; 8-bit: one byte
+// each) padded with zeros to a multiple of 4 bytes, then `groups` fp16 scales, then `groups` fp16
+// minimums; the last group is shorter when group does not divide n. Rows are a multiple of 4
+// bytes, so in a 4-byte-aligned buffer (the entries check it) every row's code words and
+// parameters are aligned.
+struct QuantRowLayout {
+  int n = 0;               // elements per row
+  int group = 0;           // 32, 64 or 128
+  int bits = 0;            // 4 or 8
+  int groups = 0;          // ceil(n / group)
+  int64_t code_bytes = 0;  // ceil(n * bits / 32) * 4
+  int64_t row_bytes = 0;   // code_bytes + 4 * groups
+};
+inline QuantRowLayout quant_row_layout(int bits, int group, int n) {
+  QuantRowLayout l;
+  l.n = n;
+  l.group = group;
+  l.bits = bits;
+  l.groups = (n + group - 1) / group;
+  l.code_bytes = (int64_t(n) * bits + 31) / 32 * 4;
+  l.row_bytes = l.code_bytes + 4 * int64_t(l.groups);
+  return l;
+}
+
 // rope.cu: qkv [tokens, (heads + 2 kv_heads) head_dim] (q's columns, k's, v's) into q [tokens,
 // heads, head_dim], k and v [tokens, kv_heads, head_dim] (or the caches), q and k rotated as
 // launch_rope does where inv_freq is not null.
@@ -67,6 +92,11 @@ struct SplitQkvParams {
   // kv_heads, head_dim] caches, kv_store_kernel's addressing (no write outside the cache).
   __half* cache_k = nullptr;
   __half* cache_v = nullptr;
+  // Or quantized caches (quant_row's rows, one per (slot, position, kv head)): k and v quantized
+  // into them as launch_quant_kv_store does, bit for bit.
+  uint8_t* quant_cache_k = nullptr;
+  uint8_t* quant_cache_v = nullptr;
+  QuantRowLayout quant_row{};
   const int32_t* slots = nullptr;
   int slot_count = 0;
   int capacity = 0;
@@ -145,31 +175,6 @@ void launch_tensor_core_attention(const AttentionParams& p, cudaStream_t stream)
 // sampling.cu: out[r] = argmax over logits[r, :] (lowest index on ties; NaN never wins).
 void launch_argmax_rows(const __half* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
 void launch_argmax_rows(const float* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
-
-// ---- group-wise quantized rows (include/strata/quant/quant.h's format) ----
-// A row of n elements: codes (4-bit: element 2k in the low nibble of byte k; 8-bit: one byte
-// each) padded with zeros to a multiple of 4 bytes, then `groups` fp16 scales, then `groups` fp16
-// minimums; the last group is shorter when group does not divide n. Rows are a multiple of 4
-// bytes, so in a 4-byte-aligned buffer (the entries check it) every row's code words and
-// parameters are aligned.
-struct QuantRowLayout {
-  int n = 0;               // elements per row
-  int group = 0;           // 32, 64 or 128
-  int bits = 0;            // 4 or 8
-  int groups = 0;          // ceil(n / group)
-  int64_t code_bytes = 0;  // ceil(n * bits / 32) * 4
-  int64_t row_bytes = 0;   // code_bytes + 4 * groups
-};
-inline QuantRowLayout quant_row_layout(int bits, int group, int n) {
-  QuantRowLayout l;
-  l.n = n;
-  l.group = group;
-  l.bits = bits;
-  l.groups = (n + group - 1) / group;
-  l.code_bytes = (int64_t(n) * bits + 31) / 32 * 4;
-  l.row_bytes = l.code_bytes + 4 * int64_t(l.groups);
-  return l;
-}
 
 // quant.cu: rows x n fp16 (or fp32, when *_f32) elements to quantized rows and back. Quantizing
 // is bit-identical to the host reference (quant.cpp); dequantizing computes its formula,

@@ -4,6 +4,7 @@
 // position, so fast intrinsics would lose precision).
 #include "cuda_common.h"
 #include "kernels.h"
+#include "quant_common.cuh"
 
 namespace strata::cuda {
 
@@ -24,24 +25,34 @@ __device__ void fill_rope_table(float* table, int32_t position, const float* inv
   __syncthreads();
 }
 
-__global__ void rope_kernel(RopeParams p) {
-  extern __shared__ float table[];  // cos in [0, half), sin in [half, 2 * half)
-  const int half_d = p.head_dim / 2;
-  const int64_t t = blockIdx.x;
-  fill_rope_table(table, p.positions[t], p.inv_freq, half_d);
-  __half* xt = p.x + t * p.token_stride;
-  const int pairs = p.heads * half_d;
-  for (int k = threadIdx.x; k < pairs; k += blockDim.x) {
+// A token's `heads` heads of head_dim from `from` to `to`, each pair rotated by the token's table
+// (rotate_half) or copied as they are; the block's threads share the pairs. `to` may be `from`.
+__device__ void rotate_heads(const __half* from, __half* to, int heads, int head_dim, const float* table, bool rotate) {
+  const int half_d = head_dim / 2;
+  const int n = rotate ? heads * half_d : heads * head_dim;
+  for (int k = threadIdx.x; k < n; k += blockDim.x) {
+    if (!rotate) {
+      to[k] = from[k];
+      continue;
+    }
     const int head = k / half_d;
     const int i = k - head * half_d;
-    __half* xh = xt + int64_t(head) * p.head_dim;
-    const float x1 = __half2float(xh[i]);
-    const float x2 = __half2float(xh[i + half_d]);
+    const int64_t at = int64_t(head) * head_dim + i;
+    const float x1 = __half2float(from[at]);
+    const float x2 = __half2float(from[at + half_d]);
     const float c = table[i];
     const float s = table[half_d + i];
-    xh[i] = __float2half_rn(x1 * c - x2 * s);
-    xh[i + half_d] = __float2half_rn(x2 * c + x1 * s);
+    to[at] = __float2half_rn(x1 * c - x2 * s);
+    to[at + half_d] = __float2half_rn(x2 * c + x1 * s);
   }
+}
+
+__global__ void rope_kernel(RopeParams p) {
+  extern __shared__ float table[];  // cos in [0, half), sin in [half, 2 * half)
+  const int64_t t = blockIdx.x;
+  fill_rope_table(table, p.positions[t], p.inv_freq, p.head_dim / 2);
+  __half* xt = p.x + t * p.token_stride;
+  rotate_heads(xt, xt, p.heads, p.head_dim, table, true);  // in place: each pair read, then written, by one thread
 }
 
 // One block per token: the token's cos/sin table as rope_kernel's, then q's and k's pairs
@@ -64,38 +75,57 @@ __global__ void split_qkv_kernel(SplitQkvParams p) {
     kt = inside ? p.cache_k + row : nullptr;
     vt = inside ? p.cache_v + row : nullptr;
   }
-  __half* const dst[2] = {p.q + t * qd, kt};
-  const int heads[2] = {p.heads, p.kv_heads};
-  for (int part = 0; part < 2; ++part) {  // q, then k
-    if (dst[part] == nullptr) continue;  // uniform over the block
-    const __half* from = part == 0 ? src : src + qd;
-    const int n = rotate ? heads[part] * half_d : heads[part] * p.head_dim;
-    for (int k = threadIdx.x; k < n; k += blockDim.x) {
-      if (!rotate) {
-        dst[part][k] = from[k];
-        continue;
-      }
-      const int head = k / half_d;
-      const int i = k - head * half_d;
-      const int64_t at = int64_t(head) * p.head_dim + i;
-      const float x1 = __half2float(from[at]);
-      const float x2 = __half2float(from[at + half_d]);
-      const float c = table[i];
-      const float s = table[half_d + i];
-      dst[part][at] = __float2half_rn(x1 * c - x2 * s);
-      dst[part][at + half_d] = __float2half_rn(x2 * c + x1 * s);
-    }
-  }
+  rotate_heads(src, p.q + t * qd, p.heads, p.head_dim, table, rotate);
+  if (kt != nullptr) rotate_heads(src + qd, kt, p.kv_heads, p.head_dim, table, rotate);  // uniform over the block
   if (vt == nullptr) return;
   for (int64_t k = threadIdx.x; k < kvd; k += blockDim.x) vt[k] = src[qd + kvd + k];
+}
+
+// split_qkv_store into quantized caches, one block per token: q as split_qkv_kernel writes it; k
+// rotated into shared memory, rounded to fp16 (the value kv_store would read back); then each warp
+// quantizes groups of the token's k and v rows into its cache rows with warp_quantize_group, as
+// quant_kv_store_kernel does, so the codes are the unfused path's bit for bit.
+__global__ void split_qkv_quant_kernel(SplitQkvParams p) {
+  extern __shared__ float shared[];  // the cos/sin table where rotating, then k's row
+  const int half_d = p.head_dim / 2;
+  const int64_t t = blockIdx.x;
+  const bool rotate = p.inv_freq != nullptr;
+  float* table = shared;
+  __half* k_row = reinterpret_cast<__half*>(shared + (rotate ? p.head_dim : 0));
+  if (rotate) fill_rope_table(table, p.positions[t], p.inv_freq, half_d);  // uniform over the block
+  const int64_t qd = int64_t(p.heads) * p.head_dim, kvd = int64_t(p.kv_heads) * p.head_dim;
+  const __half* src = p.qkv + t * (qd + 2 * kvd);
+  rotate_heads(src, p.q + t * qd, p.heads, p.head_dim, table, rotate);
+  rotate_heads(src + qd, k_row, p.kv_heads, p.head_dim, table, rotate);
+  __syncthreads();
+  const int slot = p.slots[t], pos = p.positions[t];
+  if (slot < 0 || slot >= p.slot_count || pos < 0 || pos >= p.capacity) return;  // as kv_store: no write
+  const QuantRowLayout& l = p.quant_row;
+  const int64_t k_groups = int64_t(p.kv_heads) * l.groups;
+  const __half* v_row = src + qd + kvd;
+  for (int64_t g = threadIdx.x >> 5; g < 2 * k_groups; g += blockDim.x >> 5) {  // uniform over each warp
+    const bool is_v = g >= k_groups;
+    const int64_t rg = is_v ? g - k_groups : g;
+    const int64_t head = rg / l.groups;
+    const int64_t cache_row = (int64_t(slot) * p.capacity + pos) * p.kv_heads + head;
+    uint8_t* out = (is_v ? p.quant_cache_v : p.quant_cache_k) + cache_row * l.row_bytes;
+    const __half* row = (is_v ? v_row : k_row) + head * l.n;
+    warp_quantize_group(l, int(rg % l.groups), [row](int i) { return __half2float(row[i]); }, out);
+  }
 }
 
 }  // namespace
 
 void launch_split_qkv(const SplitQkvParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
-  const size_t smem = p.inv_freq ? size_t(p.head_dim / 2) * 2 * sizeof(float) : 0;
-  split_qkv_kernel<<<dim3(unsigned(p.tokens)), kThreads, smem, stream>>>(p);
+  const size_t table = p.inv_freq ? size_t(p.head_dim / 2) * 2 * sizeof(float) : 0;
+  if (p.quant_cache_k != nullptr) {
+    const size_t smem = table + size_t(p.kv_heads) * size_t(p.head_dim) * sizeof(__half);
+    split_qkv_quant_kernel<<<dim3(unsigned(p.tokens)), kThreads, smem, stream>>>(p);
+    STRATA_CUDA_CHECK_LAUNCH("split_qkv_quant_kernel", stream);
+    return;
+  }
+  split_qkv_kernel<<<dim3(unsigned(p.tokens)), kThreads, table, stream>>>(p);
   STRATA_CUDA_CHECK_LAUNCH("split_qkv_kernel", stream);
 }
 

@@ -16,6 +16,8 @@ constexpr cudaError_t cudaErrorMemoryAllocation = 2;
 constexpr cudaError_t cudaErrorNoDevice = 100;
 constexpr cudaError_t cudaErrorInvalidDevice = 101;
 constexpr cudaError_t cudaErrorNotReady = 600;
+constexpr cudaError_t cudaErrorStreamCaptureUnsupported = 900;
+constexpr cudaError_t cudaErrorStreamCaptureInvalidated = 901;
 
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
@@ -30,6 +32,15 @@ constexpr unsigned cudaEventDisableTiming = 0x02;
 constexpr unsigned cudaHostAllocPortable = 0x01;
 
 using cudaEvent_t = struct EmulatedEvent*;
+// A captured stream's work: its kernels (arguments copied at the launch), copies and GEMMs, in
+// order. cudaGraphExec_t is the same list, replayed onto a stream by cudaGraphLaunch.
+using cudaGraph_t = struct EmulatedGraph*;
+using cudaGraphExec_t = struct EmulatedGraph*;
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2
+};
 
 struct cudaDeviceProp {
   char name[256];
@@ -67,3 +78,15 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                               size_t rows, cudaMemcpyKind kind, cudaStream_t stream);
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream = nullptr);
+
+// Stream capture. While a stream captures, work enqueued on it is recorded, not run; waiting for
+// it (cudaStreamSynchronize, cudaDeviceSynchronize) or recording events on it fails with
+// cudaErrorStreamCaptureUnsupported and invalidates the capture, as on a GPU (events are stricter
+// here: CUDA would record them as graph dependencies), so a capture that would break on a GPU
+// breaks here too.
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
