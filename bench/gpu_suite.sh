@@ -27,7 +27,8 @@
 #              shapes: OUT/engine.tgz and its cases in OUT/summary.json (with the metrics issue 34
 #              judges by). Only by name
 #   kernels    issue 35: bench_generate's batch-1 decode and 4096-token prefill on dummy:opt-6.7b and
-#              dummy:llama-3-8b with the staged baseline's bench_generate and this one,
+#              dummy:llama-3-8b with the staged baseline's bench_generate and this one (step graphs
+#              on, then STRATA_CUDA_GRAPHS=0),
 #              then bench_decode_attention under STRATA_SPLIT_KV=0, auto and 8. Only by name
 #   peers      issue 36: FlexGen 0.1.8 and Accelerate beside Strata on the same cases (prompt 512,
 #              generation 32), in pairs, fastest first: OUT/peers.tgz and OUT/summary.json. A peer's
@@ -272,8 +273,8 @@ part_engine() {
   done
 }
 
-# Issue 35's kernels, before (the staged baseline's bench_generate, when packed) and after: the
-# resident decode step at batch 1 and a 4096-token prefill of OPT-6.7B and of LLaMA-3-8B (SwiGLU,
+# Issue 35's kernels, before (the staged baseline's bench_generate, when packed) and after, with
+# step graphs and without: the resident decode step at batch 1 and a 4096-token prefill of OPT-6.7B and of LLaMA-3-8B (SwiGLU,
 # GQA: the stacked projections' other shapes; 16 GB in fp16), then decode attention
 # alone under STRATA_SPLIT_KV=0 (the per-token kernel), auto (the rule) and forced chunk counts.
 part_kernels() {
@@ -282,6 +283,7 @@ part_kernels() {
     local args=(--model "dummy:$model" --device cuda --batch 1 --prompt-len 32 --gen-len 32 --prefill-tokens 4096)
     [ -x "$before" ] && step "bench_generate $model before ($(cat .device/before/commit 2>/dev/null))" "$before" "${args[@]}"
     step "bench_generate $model" bench_generate "${args[@]}"
+    step "bench_generate $model, STRATA_CUDA_GRAPHS=0" env STRATA_CUDA_GRAPHS=0 bench_generate "${args[@]}"
   done
   command -v bench_decode_attention >/dev/null || { say "- bench_decode_attention not staged: skipped"; return; }
   local shape split slots ctx heads kvh

@@ -4,7 +4,7 @@
 # discovered Catch cases (TEST_INCLUDE_FILES, tests/CMakeLists.txt); a name that no longer
 # exists is ignored by ctest, so tests/check_ctest_costs.py fails on one.
 set(strata_slow_tests
-  [=[emulated-backend/CUDA compressed: every placement gives the all-on-GPU compressed run's greedy tokens]=] 361
+  [=[emulated-backend/CUDA compressed: every placement gives the all-on-GPU compressed run's greedy tokens]=] 450
   [=[emulated-backend/CUDA: offloaded policies give the resident CUDA run's greedy tokens]=] 95
   [=[emulated-backend/async: compressed placements give the in-order run's tokens with the device's work reordered]=] 102
   [=[emulated-backend/async: every policy gives the in-order run's tokens with the device's work reordered]=] 83
