@@ -544,3 +544,30 @@ TEST_CASE("gguf: SmolLM2-135M-Instruct Q4_1 against transformers", "[gguf]") {
     CHECK(tok.encode(text) == c["ids"].get<std::vector<int32_t>>());
   }
 }
+
+TEST_CASE("gguf: a mixture of experts with more experts per token than experts, or no router, is refused",
+          "[gguf][moe]") {
+  const std::vector<uint8_t> original = slurp(fixture("tiny_mixtral.gguf"));
+  {
+    std::vector<uint8_t> bytes = original;
+    const std::string key = "llama.expert_used_count";
+    const size_t at = find_bytes(bytes, key) + key.size();
+    uint32_t type = 0;
+    std::memcpy(&type, bytes.data() + at, 4);
+    REQUIRE(type == 4);  // GGUF uint32: the value follows
+    poke<uint32_t>(bytes, at + 4, 9);
+    GgufFile f = GgufFile::from_bytes(std::move(bytes), "mem.gguf");
+    CHECK_THROWS_WITH(config_from_gguf(f), Catch::Contains("mem.gguf") && Catch::Contains("expert_used_count 9") &&
+                                               Catch::Contains("expert_count 4"));
+  }
+  {
+    // Each router renamed (same length, so the file stays valid): experts but no layer routes.
+    std::vector<uint8_t> bytes = original;
+    for (const std::string layer : {"0", "1"}) {
+      const std::string name = "blk." + layer + ".ffn_gate_inp.weight", renamed = "blk." + layer + ".ffn_gate_inx.weight";
+      std::memcpy(bytes.data() + find_bytes(bytes, name), renamed.data(), renamed.size());
+    }
+    GgufFile f = GgufFile::from_bytes(std::move(bytes), "mem.gguf");
+    CHECK_THROWS_WITH(config_from_gguf(f), Catch::Contains("no layer has a router"));
+  }
+}
