@@ -3,6 +3,7 @@
 #pragma once
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -133,6 +134,29 @@ inline std::string describe_compression(const Policy& p) {
     return c ? std::to_string(c->bits) + "-bit g" + std::to_string(c->group_size) : std::string("off");
   };
   return "weights " + one(p.compress_weights) + ", cache " + one(p.compress_kv_cache);
+}
+
+// Two runs that compute in different precisions or orders (the CPU's fp32 beside the GPU's fp16):
+// every step's log-probability of the token both chose within `tolerance`, and where the tokens
+// part, `want`'s top two within `tolerance` of each other there. The requests asked for 2 logprobs.
+inline void check_tokens_within_margin(const std::vector<GenResult>& got, const std::vector<GenResult>& want,
+                                       double tolerance) {
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("prompt " << i);
+    REQUIRE(got[i].logprobs.size() == got[i].tokens.size());
+    REQUIRE(want[i].logprobs.size() == want[i].tokens.size());
+    for (size_t t = 0; t < std::min(got[i].tokens.size(), want[i].tokens.size()); ++t) {
+      INFO("token " << t);
+      if (got[i].tokens[t] != want[i].tokens[t]) {
+        const std::vector<TokenLogprob>& top = want[i].logprobs[t].top;
+        REQUIRE(top.size() == 2);
+        CHECK(top[0].logprob - top[1].logprob < tolerance);
+        break;
+      }
+      CHECK(std::fabs(got[i].logprobs[t].sampled.logprob - want[i].logprobs[t].sampled.logprob) < tolerance);
+    }
+  }
 }
 
 }  // namespace strata::test

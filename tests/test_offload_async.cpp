@@ -259,3 +259,59 @@ TEST_CASE("async: the reordered CPU-attention runs fail when the CPU skips its w
   CHECK(differences_without("cpu attention inputs",
                             [](const Policy& p) { return p.cpu_attention && p.kv_cache.gpu < 100; }) > 0);
 }
+
+namespace {
+
+// tiny-mixtral with its weights on the CPU tier, the cache and hidden states on each tier, over
+// batch shapes, computing its experts there in decode or in both phases, each run reordered by
+// its own seed against its in-order run; returns how many prompts' tokens differ (failing the case
+// unless `count_only`).
+int cpu_experts_reordered(bool count_only) {
+  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-mixtral");
+  const std::vector<GenRequest> reqs = fixture_requests(load_expected("tiny-mixtral"));
+  const TierSplit G{100, 0, 0}, C{0, 100, 0}, D{0, 0, 100}, M{34, 33, 33};
+  const std::vector<Policy> policies = {policy_of(2, 2, C, G, G),       policy_of(1, 3, C, C, G, true),
+                                        policy_of(3, 2, C, G, C),       policy_of(2, 1, C, D, G),
+                                        policy_of(4, 2, C, M, M, true), policy_of(1, 2, C, G, D)};
+  std::vector<OffloadOptions> grid;
+  for (const Policy& p : policies) {
+    OffloadOptions opt;
+    opt.policy = p;
+    opt.policy.cpu_experts_decode = true;
+    opt.policy.cpu_experts_prefill = grid.size() % 2 == 1;
+    opt.offload_dir = offload_dir("async-experts");
+    grid.push_back(opt);
+  }
+  const auto want = in_order_runs(model, reqs, grid);
+  int differ = 0;
+  for (size_t n = 0; n < grid.size(); ++n)
+    differ += reordered_run(model, reqs, grid[n], unsigned(500 + n), want[n], "tiny-mixtral cpu_experts", count_only);
+  std::error_code ec;
+  std::filesystem::remove_all(offload_dir("async-experts"), ec);
+  return differ;
+}
+
+}  // namespace
+
+TEST_CASE("async: experts computed on the CPU give the in-order run's tokens with the device's work reordered",
+          "[offload][cuda][async][moe]") {
+  if (!cuda_available()) {
+    WARN("no GPU: skipped");
+    return;
+  }
+  // The hidden rows' copies to the host and back, the CPU lane's MLP halves, and the next
+  // sub-layer's wait for the copy back, all reordered.
+  CHECK(cpu_experts_reordered(false) == 0);
+}
+
+TEST_CASE("async: the reordered CPU-experts runs fail when the GPU skips its wait for the CPU's rows",
+          "[offload][cuda][async][moe]") {
+  if (!cuda_available() || !emulated_device()) {
+    WARN("needs the emulated CUDA backend, where the order is seeded: skipped");
+    return;
+  }
+  // The mutation: the sub-layer after an MLP half computed on the CPU no longer waits for its
+  // rows' copy back, so it reads the hidden state from before the MLP (or mid-copy).
+  const ScopedEnv skip("STRATA_TEST_SKIP_EVENT_WAIT", "cpu experts output");
+  CHECK(cpu_experts_reordered(true) > 0);
+}

@@ -195,12 +195,32 @@ void OffloadEngine::Impl::place_cache_and_activations() {
       a.v = cpu.take(kv_bytes, "cpu attention v");
       a.out = gpu.take(q_bytes, "cpu attention out (gpu)");
     }
-    if (be.device() == Device::CPU) {
-      cpu_attn = &be;
-    } else {
-      cpu_backend_owned = make_cpu_backend(opt.cpu_threads);
-      cpu_attn = cpu_backend_owned.get();
-    }
+    use_cpu_backend();
+  }
+  if (cpu_experts_used(cfg, opt.policy, plan.weight_tier)) {
+    use_cpu_backend();
+    const int64_t max_rows = plan.step_tokens;
+    const size_t rows_bytes = size_t(max_rows) * size_t(cfg.hidden);
+    for (MlpBuffers& m : mlp_buf) m.rows = cpu.take(rows_bytes * esize, "cpu experts rows");
+    if (dt != DType::F32) mlp_f32 = cpu.take(rows_bytes * 4, "cpu experts rows (fp32)");
+    cpu_mlp_ops = std::make_unique<ForwardOps>(cfg, *cpu_attn);
+    cpu_mlp_ops->bind_workspace(cpu.take(ForwardOps::workspace_bytes(cfg, DType::F32, max_rows, 1), "cpu experts workspace"),
+                                max_rows, 1);
+    cpu_mlp_weights.resize(size_t(L));
+    for (int l = 0; l < L; ++l)
+      if (weight_home[size_t(l)].tier == Tier::Cpu)
+        cpu_mlp_weights[size_t(l)] =
+            layer_views(half_layout[1], weight_home[size_t(l)].ptr + halves.mlp_offset, Device::CPU);
+  }
+}
+
+void OffloadEngine::Impl::use_cpu_backend() {
+  if (cpu_attn) return;
+  if (be.device() == Device::CPU) {
+    cpu_attn = &be;
+  } else {
+    cpu_backend_owned = make_cpu_backend(opt.cpu_threads);
+    cpu_attn = cpu_backend_owned.get();
   }
 }
 
@@ -232,6 +252,9 @@ OffloadEngine::OffloadEngine(const ModelConfig& cfg, const WeightSource& weights
                          << "decoder_sparse_step); it runs resident only");
   }
   const Policy& p = options.policy;
+  STRATA_CHECK(cfg.n_experts > 0 || !(p.cpu_experts_prefill || p.cpu_experts_decode),
+               "policy: cpu_experts is " << cpu_experts_name(p) << ", but " << cfg.name
+                                         << " has no experts (the option is for mixtures of experts)");
   STRATA_CHECK(p.gpu_batch_size > 0 && p.num_gpu_batches > 0, "policy: batch sizes must be positive");
   // The last generated token is sampled but never fed back, so it takes no position: a prompt of
   // the whole context may still produce (or, scoring, just end with) one token.
@@ -267,6 +290,7 @@ OffloadReport OffloadEngine::report() const {
   r.compute_busy = m.compute_lane->busy_seconds();
   r.cpu_attention_seconds = m.cpu_attention_seconds.load();
   r.cpu_attention_bytes = m.cpu_attention_bytes.load();
+  r.cpu_experts_seconds = m.cpu_experts_seconds.load();
   r.h2d_busy = m.h2d->busy_seconds();
   r.d2h_busy = m.d2h->busy_seconds();
   r.disk_busy = m.disk_lane->busy_seconds();

@@ -77,6 +77,9 @@ struct BatchState {
   // This step's such copies, before it attends: choice_copies at token 1; when serving, the
   // choices whose source finished its prompt in the step before.
   std::vector<std::pair<int, int>> shared;
+  // Its hidden state's copy back from an MLP half computed on the CPU (experts_on_cpu): the next
+  // sub-layer's compute waits for it.
+  Ticket mlp_written;
   int slots() const { return int(seqs.size()); }
 };
 
@@ -202,6 +205,40 @@ struct OffloadEngine::Impl {
   std::atomic<double> cpu_attention_seconds{0}, cpu_attention_bytes{0};  // OffloadReport's
   int64_t shared_prompt_tokens = 0;  // this block's prompt tokens copied from a shared prefix
 
+  // Experts computed where they live (policy cpu_experts; docs/moe.md): a layer homed on the CPU
+  // tier runs its MLP half (router and experts) on the CPU over its pinned home, on the CPU
+  // attention lane; the hidden state crosses to the host and back instead of the half's weights.
+  // Two pinned buffers of hidden rows, taken in turn, each free after its copy back.
+  std::unique_ptr<ForwardOps> cpu_mlp_ops;  // on cpu_attn's backend, its workspace in pinned memory
+  std::vector<LayerWeights> cpu_mlp_weights;  // [layer]: views of the MLP half at its CPU home
+  struct MlpBuffers {
+    char* rows = nullptr;  // pinned, the activation dtype
+    Ticket free;           // its last copy back to the GPU
+  };
+  std::array<MlpBuffers, 2> mlp_buf;
+  int mlp_turn = 0;
+  char* mlp_f32 = nullptr;  // the rows widened to F32 for the CPU backend (only when dt is F16)
+  std::atomic<double> cpu_experts_seconds{0};
+  bool experts_on_cpu(int t, int j) const {
+    return cpu_mlp_ops && opt.policy.cpu_experts(t == 0) && plan.weight_tier[size_t(j)] == Tier::Cpu;
+  }
+  // Whether some unit of super-step i computes sub-layer jj on the GPU, so its weights move.
+  bool gpu_computes(int i, int jj) const {
+    if (jj % 2 == 0 || !cpu_mlp_ops) return true;
+    for (int u = 0; u < n_units(i); ++u)
+      if (!experts_on_cpu(token(i, u), jj / 2)) return true;
+    return false;
+  }
+  // The routing of both ForwardOps (the GPU's and the CPU's).
+  RoutingTotals routing_totals() const {
+    RoutingTotals r = ops.routing_totals();
+    if (cpu_mlp_ops) {
+      const RoutingTotals c = cpu_mlp_ops->routing_totals();
+      r.layer_steps += c.layer_steps, r.tokens += c.tokens, r.active_experts += c.active_experts;
+    }
+    return r;
+  }
+
   // Schedule.
   ForwardOps ops;
   Trace trace;
@@ -277,6 +314,9 @@ struct OffloadEngine::Impl {
   }
 
   void start_lanes();
+  // The CPU backend that delegated work (attention, experts) runs on: the engine's own on the CPU
+  // backend, else one made for it.
+  void use_cpu_backend();
 
   // ---------------------------------------------------------------- events
   // The event a ticket resolves to; counts the engine thread's wait when the lane has not got
@@ -386,6 +426,10 @@ struct OffloadEngine::Impl {
   Ticket attend_on_cpu(int i, int u, int j, const AttentionInputs& in, int buf);
   // Enqueues the pending delegated step's output projection, if any.
   void finish_delegated();
+  // Sub-layer jj's MLP half for rows x of unit u's step (tokens [t0, t0 + rows)) on the CPU: x
+  // crosses to the host, the CPU lane computes x += MLP(x) over the half's CPU home, x crosses
+  // back. Returns the copy back's ticket. Nothing here waits on the host.
+  Ticket mlp_on_cpu(int i, int jj, int u, const Tensor& x, int64_t t0);
 
   // Token 1, before attending: copies each follower's prompt keys and values from its source's
   // slot, in the unit's cache rows wherever they are (K at k_base, V at v_base, slots a pitch apart).

@@ -204,7 +204,7 @@ void OffloadEngine::Impl::serve(const std::function<Admission()>& next,
   reset_schedule_state(size_t(ngb));
 
   GenStats local;
-  const RoutingTotals routed_before = ops.routing_totals();
+  const RoutingTotals routed_before = routing_totals();
   const auto t_start = Clock::now();
   bool has_prev = false;
   int pi = 0, pjj = 0, pu = 0;
@@ -262,7 +262,7 @@ void OffloadEngine::Impl::serve(const std::function<Admission()>& next,
   served.reset();
   totals.schedule_seconds += seconds_since(t_start);
   local.shared_prompt_tokens = shared_prompt_tokens;
-  local.routing = ops.routing_totals() - routed_before;
+  local.routing = routing_totals() - routed_before;
   for (GenStats* g : {&totals.gen, stats})
     if (g) g->add(local);
 }

@@ -72,7 +72,11 @@ const LayerWeights& OffloadEngine::Impl::dequantized_for(int i, int jj) {
 }
 
 Tensor OffloadEngine::Impl::hidden_for(int i, int jj, int u, int64_t T) {
-  const BatchState& b = unit(i, u);
+  BatchState& b = unit(i, u);
+  if (b.mlp_written.valid()) {  // the MLP half before this sub-layer ran on the CPU
+    if (!skipped("cpu experts output")) compute_after(b.mlp_written);
+    b.mlp_written = Ticket();
+  }
   const Home& home = act_home[size_t(b.batch)];
   char* p = nullptr;
   if (home.tier == Tier::Gpu) {
@@ -200,6 +204,38 @@ Ticket OffloadEngine::Impl::attend_on_cpu(int i, int u, int j, const AttentionIn
   return a.o_read;
 }
 
+Ticket OffloadEngine::Impl::mlp_on_cpu(int i, int jj, int u, const Tensor& x, int64_t t0) {
+  MlpBuffers& m = mlp_buf[size_t(mlp_turn)];
+  mlp_turn ^= 1;
+  const BatchState& b = unit(i, u);
+  const int64_t T = x.dim(0);
+  const size_t bytes = x.nbytes();
+  char* rows = m.rows;
+  const Ticket copied =
+      copy_flat(CopyKind::DeviceToHost, rows, static_cast<const char*>(x.data), bytes, "experts input", {compute_done(), m.free});
+  // What the task needs of the step, by value: the engine builds the next steps meanwhile.
+  const StepBatch step = slice(b.step, t0, t0 + T);
+  const int slots = b.slots();
+  const LayerWeights* w = &cpu_mlp_weights[size_t(jj / 2)];
+  const Ticket computed = attn_lane->submit(
+      "experts", [=, this](const std::vector<Event>& events) {
+        wait_on_host(be, events);
+        const auto start = Clock::now();
+        // The CPU backend computes in F32: fp16 rows are widened and narrowed around the half.
+        Tensor xf(dt == DType::F32 ? static_cast<void*>(rows) : static_cast<void*>(mlp_f32), DType::F32, Device::CPU,
+                  {T, cfg.hidden});
+        if (dt != DType::F32) convert_elements(rows, dt, mlp_f32, DType::F32, size_t(T * cfg.hidden));
+        cpu_mlp_ops->begin_step(step, slots, shape.capacity());
+        cpu_mlp_ops->mlp_block(*w, xf);
+        if (dt != DType::F32) convert_elements(mlp_f32, DType::F32, rows, dt, size_t(T * cfg.hidden));
+        cpu_experts_seconds += seconds_since(start);
+        return Lane::Span{};
+      },
+      {copied});
+  m.free = copy_flat(CopyKind::HostToDevice, static_cast<char*>(x.data), rows, bytes, "experts output", {computed});
+  return m.free;
+}
+
 void OffloadEngine::Impl::finish_delegated() {
   PendingOutput& p = pending_output;
   if (!p.valid) return;
@@ -305,8 +341,12 @@ bool OffloadEngine::Impl::compute(int i, int jj, int u) {
   const auto host_start = Clock::now();
   Lane::Span span{be.record(Stream::Compute), Event()};
   const int64_t T = int64_t(b.step.tokens.size());
-  const LayerWeights& w = weight_quant && T > be.fused_dequant_max_tokens() ? dequantized_for(i, jj) : weights_for(jj);
+  const bool cpu_mlp = !attention && experts_on_cpu(t, j);
+  const LayerWeights& w = cpu_mlp ? cpu_mlp_weights[size_t(j)]
+                          : weight_quant && T > be.fused_dequant_max_tokens() ? dequantized_for(i, jj)
+                                                                               : weights_for(jj);
   const Tensor x = hidden_for(i, jj, u, T);
+  Ticket mlp_written;  // cpu_mlp: the last piece's copy back (the copies back run in order)
   Tensor ck, cv;
   if (attention && !cpu) std::tie(ck, cv) = cache_for(i, j, u);
   if (attention && !cpu && !b.shared.empty())
@@ -322,7 +362,9 @@ bool OffloadEngine::Impl::compute(int i, int jj, int u) {
     ops.begin_step(slice(b.step, t0, t1), b.slots(), shape.capacity());
     const Tensor xs = x.rows(t0, t1 - t0);
     if (jj == 0) ops.embed(globals, xs);
-    if (!attention) {
+    if (cpu_mlp) {
+      mlp_written = mlp_on_cpu(i, jj, u, xs, t0);
+    } else if (!attention) {
       ops.mlp_block(w, xs);
     } else if (cpu) {
       const int buf = attn_turn;
@@ -342,6 +384,8 @@ bool OffloadEngine::Impl::compute(int i, int jj, int u) {
       ops.attention_block(w, globals.inv_freq, xs, ck, cv);
     }
   }
+  if (cpu_mlp && jj == 2 * L - 1) compute_after(mlp_written);  // the head reads it now
+  else if (cpu_mlp) b.mlp_written = mlp_written;
   if (jj == 2 * L - 1) {
     if (t == 0) score_prompts(b, x, T);
     for (Sequence* s : b.prompt_done) s->length = int(s->request->prompt.size());
@@ -354,7 +398,8 @@ bool OffloadEngine::Impl::compute(int i, int jj, int u) {
   }
   span.end = be.record(Stream::Compute);
   compute_lane->record_span(step_label(t, j, attention, b), std::move(span), host_start, Clock::now());
-  finished = compute_done();
+  // The hidden state's store (offloaded activations) waits for the CPU's result.
+  finished = cpu_mlp && jj != 2 * L - 1 ? mlp_written : compute_done();
   return false;
 }
 
@@ -415,7 +460,9 @@ void OffloadEngine::Impl::step(int i, int jj, int u, int n_steps, bool has_prev,
   // Part u of the next sub-layer's weights: FlexGen loads them all at the first unit and waits
   // for them there, so a load longer than that unit's compute stalls it while the other units'
   // compute goes uncovered.
-  if (jj + 1 < subs || i + 1 < n_steps) load_weights_async((jj + 1) % subs, u, n_units(i));
+  // Not for an MLP half every unit of its super-step computes on the CPU (experts_on_cpu).
+  const int wi = jj + 1 < subs ? i : i + 1;
+  if (wi < n_steps && gpu_computes(wi, (jj + 1) % subs)) load_weights_async((jj + 1) % subs, u, n_units(i));
   // Before the loads: the next step may be this unit's, loading what it stored. Only a previous
   // delegated step of this sub-layer (another unit) stores after this step's compute, which
   // enqueues its output projection.
@@ -535,7 +582,7 @@ std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenReques
   reset_schedule_state(units);
 
   GenStats local;
-  const RoutingTotals routed_before = ops.routing_totals();
+  const RoutingTotals routed_before = routing_totals();
   const auto t_start = Clock::now();
   const std::array<double, 4> busy_at_start = lane_busy();
   bool has_prev = false;
@@ -602,7 +649,7 @@ std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenReques
     results[result_index[r]] = std::move(seqs[r].result);  // request order, then choice order
   }
   local.shared_prompt_tokens = shared_prompt_tokens;
-  local.routing = ops.routing_totals() - routed_before;
+  local.routing = routing_totals() - routed_before;
   for (GenStats* s : {&totals.gen, stats})
     if (s) s->add(local);
   return results;

@@ -156,7 +156,20 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
     w.cpu += 4.0 * double(align_up(rows * size_t(cfg.kv_dim()) * e, disk_align));
     w.gpu += 2.0 * double(align_up(rows * size_t(cfg.q_dim()) * e, disk_align));
   }
+  if (cpu_experts_used(cfg, policy, p.weight_tier)) {
+    // Experts computed on the CPU (docs/moe.md): two buffers of a step's hidden rows crossing to
+    // the host and back, the CPU's workspace, and the rows widened to fp32 for it.
+    const size_t rows = size_t(p.step_tokens) * size_t(cfg.hidden);
+    w.cpu += 2.0 * double(align_up(rows * e, disk_align));
+    w.cpu += double(align_up(ForwardOps::workspace_bytes(cfg, DType::F32, p.step_tokens, 1), disk_align));
+    if (dtype != DType::F32) w.cpu += double(align_up(rows * 4, disk_align));
+  }
   return p;
+}
+
+bool cpu_experts_used(const ModelConfig& cfg, const Policy& policy, const std::vector<Tier>& weight_tier) {
+  return cfg.n_experts > 0 && (policy.cpu_experts_prefill || policy.cpu_experts_decode) &&
+         std::count(weight_tier.begin(), weight_tier.end(), Tier::Cpu) > 0;
 }
 
 std::string describe_plan(const PlacementPlan& plan, const Policy& policy) {

@@ -87,7 +87,7 @@ Policy parse_policy(const std::string& text, const std::string& source) {
     r.fail(root["compress_activations"], "field 'compress_activations': activations cannot be compressed (only "
                                          "compress_weights and compress_kv_cache)");
   r.only_keys(root, {"gpu_batch_size", "num_gpu_batches", "weights", "kv_cache", "activations", "overlap",
-                     "cpu_attention", "compress_weights", "compress_kv_cache", "prefill_tokens",
+                     "cpu_attention", "cpu_experts", "compress_weights", "compress_kv_cache", "prefill_tokens",
                      "prefill_batches_per_step"}, "");
   Policy p;
   for (const char* required : {"gpu_batch_size", "num_gpu_batches", "weights", "kv_cache", "activations"})
@@ -99,6 +99,13 @@ Policy parse_policy(const std::string& text, const std::string& source) {
   p.activations = r.split(root["activations"], "activations");
   if (root["overlap"]) p.overlap = r.boolean(root["overlap"], "overlap");
   if (root["cpu_attention"]) p.cpu_attention = r.boolean(root["cpu_attention"], "cpu_attention");
+  if (const YAML::Node n = root["cpu_experts"]) {
+    const std::string v = n.IsScalar() ? n.Scalar() : "";
+    if (v != "none" && v != "decode" && v != "prefill" && v != "both")
+      r.fail(n, "field 'cpu_experts' must be none, decode, prefill or both, got '" + (n.IsScalar() ? v : "a " + std::string(n.IsMap() ? "map" : "list")) + "'");
+    p.cpu_experts_decode = v == "decode" || v == "both";
+    p.cpu_experts_prefill = v == "prefill" || v == "both";
+  }
   p.compress_weights = r.compression(root["compress_weights"], "compress_weights");
   p.compress_kv_cache = r.compression(root["compress_kv_cache"], "compress_kv_cache");
   if (root["prefill_tokens"]) p.prefill_tokens = r.integer(root["prefill_tokens"], "prefill_tokens", 1, 1 << 24);
@@ -125,6 +132,11 @@ Policy load_policy(const std::filesystem::path& file) {
   return parse_policy(ss.str(), file.string());
 }
 
+const char* cpu_experts_name(const Policy& p) {
+  if (p.cpu_experts_prefill) return p.cpu_experts_decode ? "both" : "prefill";
+  return p.cpu_experts_decode ? "decode" : "none";
+}
+
 std::string policy_to_yaml(const Policy& p) {
   std::ostringstream os;
   auto split = [&](const char* name, const TierSplit& s) {
@@ -139,6 +151,7 @@ std::string policy_to_yaml(const Policy& p) {
   split("activations: ", p.activations);
   os << "overlap: " << (p.overlap ? "true" : "false") << "\ncpu_attention: " << (p.cpu_attention ? "true" : "false")
      << "\n";
+  if (p.cpu_experts_prefill || p.cpu_experts_decode) os << "cpu_experts: " << cpu_experts_name(p) << "\n";
   comp("compress_weights: ", p.compress_weights);
   comp("compress_kv_cache: ", p.compress_kv_cache);
   if (p.prefill_tokens > 0) os << "prefill_tokens: " << p.prefill_tokens << "\n";

@@ -66,6 +66,8 @@ struct OffloadReport {
   // run on the copy lanes), and the cache bytes it read (K and V at every position up to each
   // query's). Their ratio is the engine's rate, to set beside the profile's cpu_attention_bw.
   double cpu_attention_seconds = 0, cpu_attention_bytes = 0;
+  // Experts computed on the CPU (policy cpu_experts): the seconds the CPU lane spent on MLP halves.
+  double cpu_experts_seconds = 0;
   // The waits of the thread that launches GPU work, for the device (sampled tokens, a delegated
   // attention's inputs) or for a lane (a disk read): all of them, their seconds, and those in
   // decode steps (the steady state; docs/offload.md, "Events"), of which for the device.

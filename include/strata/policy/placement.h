@@ -76,6 +76,10 @@ struct PlacementPlan {
   TierSplit realized_weights, realized_kv_cache, realized_activations;
 };
 
+// Whether the policy computes some layer's experts on the CPU: a mixture of experts, cpu_experts
+// in some phase, and some layer's weights on the CPU tier.
+bool cpu_experts_used(const ModelConfig& cfg, const Policy& policy, const std::vector<Tier>& weight_tier);
+
 // The quantization spec of a policy's compression field.
 std::optional<quant::QuantSpec> quant_spec(const std::optional<Compression>& c);
 

@@ -24,6 +24,11 @@ struct Policy {
   TierSplit weights, kv_cache, activations;
   bool overlap = true;        // overlap I/O with compute
   bool cpu_attention = false; // decode attention on the CPU where the KV cache lives there
+  // Mixtures of experts: in which phases a layer whose weights live on the CPU tier computes its
+  // MLP half (router and experts) on the CPU, over its pinned home, instead of moving it to the
+  // GPU (docs/moe.md, "Experts computed where they live"). Few tokens touch few experts, so a
+  // decode step reads a fraction of what moving the half would copy; a prefill touches them all.
+  bool cpu_experts_prefill = false, cpu_experts_decode = false;
   std::optional<Compression> compress_weights, compress_kv_cache;
   // Tokens per prefill step (the GPU workspace holds one step); 0: kDefaultPrefillTokens.
   int prefill_tokens = 0;
@@ -34,6 +39,7 @@ struct Policy {
   int prefill_batches_per_step = 0;
 
   int block_size() const { return gpu_batch_size * num_gpu_batches; }
+  bool cpu_experts(bool prefill) const { return prefill ? cpu_experts_prefill : cpu_experts_decode; }
   // The token step in which GPU batch k prefills, and the steps over which the block's batches start.
   int start_step(int k) const { return prefill_batches_per_step > 0 ? k / prefill_batches_per_step : 0; }
   int start_steps() const { return start_step(num_gpu_batches - 1) + 1; }
@@ -54,6 +60,9 @@ struct PrefillSteps {
 PrefillSteps prefill_steps(const Policy& p, int prompt_len);
 
 // Parses and validates; errors name the source, the line and the field.
+// The YAML spelling of the two cpu_experts flags: none, decode, prefill or both.
+const char* cpu_experts_name(const Policy& p);
+
 Policy parse_policy(const std::string& yaml_text, const std::string& source_name = "<policy>");
 Policy load_policy(const std::filesystem::path& file);
 std::string policy_to_yaml(const Policy& p);

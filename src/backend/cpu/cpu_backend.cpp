@@ -57,6 +57,17 @@ void check_f32_or_f16(const Tensor& t, const char* what) {
   STRATA_CHECK(t.device == Device::CPU && (t.dtype == DType::F32 || t.dtype == DType::F16) && t.data,
                "cpu backend: " << what << " must be a CPU F32 or F16 tensor, got " << dtype_name(t.dtype));
 }
+// A weight vector (a norm's scale or shift, a bias) as F32: itself, or widened from F16 into
+// `store`. The offloading engine computes experts on the CPU over the GPU's fp16 weights.
+Tensor widened(const Tensor& t, std::vector<float>& store, const char* what) {
+  if (t.empty() || t.dtype == DType::F32) return t;
+  check_f32_or_f16(t, what);
+  store.resize(size_t(t.numel()));
+  copy_converted(t.data, t.dtype, store.data(), DType::F32, t.numel());
+  Tensor w(store.data(), DType::F32, Device::CPU, {t.numel()});
+  return w;
+}
+
 void check_same_dtype(const Tensor& a, const char* a_name, const Tensor& b, const char* b_name) {
   STRATA_CHECK(a.dtype == b.dtype, "cpu backend: " << a_name << " and " << b_name << " must share one dtype, got "
                                                    << dtype_name(a.dtype) << " and " << dtype_name(b.dtype));
@@ -173,22 +184,28 @@ public:
     });
   }
 
-  void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out) override {
+  void layer_norm(const Tensor& x, const Tensor& w16, const Tensor& b16, float eps, const Tensor& out) override {
+    std::vector<float> ws, bs;
+    const Tensor w = widened(w16, ws, "w"), b = widened(b16, bs, "b");
     check_norm("layer_norm", x, w, out);
     pool_.parallel_for(x.dim(0), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) norm_row(x, Norm::Layer, w, b, eps, out, r);
     });
   }
 
-  void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
+  void rms_norm(const Tensor& x, const Tensor& w16, float eps, const Tensor& out) override {
+    std::vector<float> ws;
+    const Tensor w = widened(w16, ws, "w");
     check_norm("rms_norm", x, w, out);
     pool_.parallel_for(x.dim(0), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) norm_row(x, Norm::Rms, w, Tensor(), eps, out, r);
     });
   }
 
-  void add_norm(const Tensor& x, const Tensor& delta, Norm norm, const Tensor& w, const Tensor& b, float eps,
+  void add_norm(const Tensor& x, const Tensor& delta, Norm norm, const Tensor& w16, const Tensor& b16, float eps,
                 const Tensor& out) override {
+    std::vector<float> ws, bs;
+    const Tensor w = widened(w16, ws, "w"), b = widened(b16, bs, "b");
     check_norm("add_norm", x, w, out);
     check_f32(delta, "delta");
     STRATA_CHECK(delta.numel() == x.numel() && out.data != x.data, "add_norm: delta " << delta.shape_str() << " out "
@@ -206,8 +223,11 @@ public:
 
   int64_t fused_dequant_max_tokens() const override { return kFusedDequantMaxTokens; }
 
-  void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) override {
+  void linear(const Tensor& x, const Tensor& w, const Tensor& bias16, const Tensor& y) override {
+    std::vector<float> bs;
+    const Tensor bias = widened(bias16, bs, "bias");
     if (w.quantized()) return linear_quantized(x, w, bias, y);
+    if (w.dtype == DType::F16) return linear_f16(x, w, bias, y);
     check_f32(x, "x");
     check_f32(w, "w");
     check_f32(y, "y");
@@ -566,6 +586,47 @@ private:
     constexpr int64_t kPoolMin = int64_t(1) << 15;
     if (n < kPoolMin) fn(int64_t(0), n);
     else pool_.parallel_for(n, fn);
+  }
+
+  // y = x @ w^T + bias over fp16 weights (the GPU's copy, computed where it lives): a few tokens
+  // stream each row once, widened in registers; more tokens widen blocks of rows for sgemm.
+  void linear_f16(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+    check_f32(x, "x");
+    check_f32(y, "y");
+    const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
+    STRATA_CHECK(w.device == Device::CPU && w.data && w.ndim == 2 && w.dim(1) == in && y.dim(0) == T &&
+                     y.row_size() == out,
+                 "linear: x " << x.shape_str() << " w " << w.shape_str() << " y " << y.shape_str());
+    STRATA_CHECK(y.data != x.data, "linear: y must not alias x");
+    if (!bias.empty()) {
+      check_f32(bias, "bias");
+      STRATA_CHECK(bias.numel() == out, "linear: bias " << bias.shape_str());
+    }
+    if (T == 0) return;
+    const float* b = bias.empty() ? nullptr : bias.ptr<float>();
+    const f16* wp = w.ptr<f16>();
+    float* yp = y.ptr<float>();
+    if (T <= kStreamingMaxTokens) {
+      pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
+        for (int64_t o = o0; o < o1; ++o)
+          for (int64_t t = 0; t < T; ++t) yp[t * out + o] = (b ? b[o] : 0.0f) + dot(x.ptr<float>() + t * in, wp + o * in, in);
+      });
+      return;
+    }
+    // Blocks of about 16 MB of widened rows: sgemm's packing amortizes over T tokens.
+    const int64_t block = std::max<int64_t>(64, (int64_t(1) << 22) / std::max<int64_t>(in, 1));
+    std::vector<float> rows;
+    for (int64_t o = 0; o < out; o += block) {
+      const int64_t n = std::min(block, out - o);
+      rows.resize(size_t(n * in));
+      pool_.parallel_for(n, [&](int64_t r0, int64_t r1) {
+        f16_to_f32(wp + (o + r0) * in, rows.data() + r0 * in, (r1 - r0) * in);
+      });
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t r = 0; r < n; ++r) yp[t * out + o + r] = b ? b[o + r] : 0.0f;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(n), int(in), 1.0f, x.ptr<float>(), int(in),
+                  rows.data(), int(in), 1.0f, yp + o, int(out));
+    }
   }
 
   // y = x @ dequantized(w)^T + bias: each weight row is dequantized once into a per-thread fp32
