@@ -381,3 +381,56 @@ TEST_CASE("strata bench records the commit its binary was built from wherever it
   INFO(commit);
   CHECK(std::regex_match(commit, std::regex("[0-9a-f]{7,}(-dirty)?")));
 }
+
+TEST_CASE("bench cuts a preset to a few layers, and records bytes moved, routing and a digest of the tokens",
+          "[bench][moe]") {
+  CHECK(bench_config("opt-125m", 2).n_layers == 2);
+  CHECK(bench_config("dummy:opt-125m", 0).n_layers == 12);
+  CHECK_THROWS_WITH(bench_config("opt-125m", 13), Catch::Contains("has 12 layers, not 13"));
+  CHECK_THROWS_WITH(parse_bench_suite("cases:\n  - {name: b, model: some/dir, prompt_len: 4, gen_len: 2, policy: p, "
+                                      "layers: 2}\n", "s.yaml"),
+                    Catch::Contains("s.yaml:2:") && Catch::Contains("'layers' cuts a preset"));
+  // tiny-mixtral (a model directory) with its experts moved and computed on the CPU in decode: the
+  // same tokens, the hidden rows crossing instead of the MLP halves, the decode steps' routing
+  // beside the cost model's expectation; and a preset cut to 2 layers.
+  const fs::path dir = temp_dir("moe");
+  const std::string policy = "gpu_batch_size: 4\nnum_gpu_batches: 1\nweights: {gpu: 0, cpu: 100, disk: 0}\n"
+                             "kv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n";
+  std::ofstream(dir / "moved.yaml") << policy;
+  std::ofstream(dir / "computed.yaml") << policy << "cpu_experts: decode\n";
+  const std::string model = std::string(STRATA_FIXTURES_DIR) + "/models/tiny-mixtral";
+  std::ofstream(dir / "suite.yaml") << "name: moe\ncases:\n"
+                                    << "  - {name: moved, model: " << model << ", prompt_len: 8, gen_len: 6, policy: moved.yaml}\n"
+                                    << "  - {name: computed, model: " << model << ", prompt_len: 8, gen_len: 6, policy: computed.yaml}\n"
+                                    << "  - {name: cut, model: opt-125m, prompt_len: 8, gen_len: 2, policy: moved.yaml, layers: 2}\n";
+  BenchOptions opt = cpu_run(dir, "t4-paper.yaml");
+  std::ostringstream log;
+  const std::vector<BenchCaseResult> results = run_bench(opt, log);
+  INFO(log.str());
+  REQUIRE(results.size() == 3);
+  for (const BenchCaseResult& r : results) REQUIRE(r.status == "ok");
+  const BenchCaseResult &moved = results[0], &computed = results[1];
+  CHECK(moved.tokens_digest == computed.tokens_digest);
+  CHECK(moved.gtoc_bytes == 0);
+  CHECK(computed.gtoc_bytes > 0);
+  CHECK(computed.ctog_bytes < moved.ctog_bytes);
+  CHECK(computed.cpu_experts_s > 0);
+  CHECK(moved.cpu_experts_s == 0);
+  // 4 tokens a decode step, 2 of 4 experts each: at most 4 distinct, and 4 (1 - (1/2)^4) = 3.75 expected.
+  CHECK(moved.decode_active_experts > 0);
+  CHECK(moved.decode_active_experts <= 4);
+  CHECK(moved.decode_active_experts_expected == Approx(3.75));
+  CHECK(computed.decode_active_experts == moved.decode_active_experts);
+  // The predicted bytes follow the same split (the cost model's terms back to bytes).
+  CHECK(computed.ctog_bytes_predicted < moved.ctog_bytes_predicted);
+  CHECK(computed.gtoc_bytes_predicted > 0);
+  CHECK(results[2].config.n_layers == 2);
+  const std::vector<nlohmann::json> rows = read_jsonl(opt.out / "results.jsonl");
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[1]["moe"]["cpu_experts"] == "decode");
+  CHECK(rows[1]["bytes"]["gpu_to_cpu"].get<double>() == computed.gtoc_bytes);
+  CHECK(rows[0]["tokens_digest"] == rows[1]["tokens_digest"]);
+  CHECK(rows[2]["layers"] == 2);
+  CHECK(rows[2].count("moe") == 0);
+  fs::remove_all(dir);
+}

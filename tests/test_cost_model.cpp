@@ -422,3 +422,39 @@ TEST_CASE("a mixture of experts moves all its experts and computes k of them per
   CHECK(F.sizes.layer_flops_per_token == 2.0 * (attn + 2 * 3 * hm * f + 8 * hm));
   CHECK(F.sizes.dequant_buffer == 2.0 * experts);  // the MLP half, every expert
 }
+
+TEST_CASE("experts on the CPU: the attention half and the hidden rows move, the CPU reads the active experts",
+          "[cost][moe]") {
+  // Mixtral-8x7B, weights on the CPU tier, cache and activations on the GPU, 8 x 4 sequences.
+  // Decode with cpu_experts: per layer the link carries the attention half (the layer less the
+  // router and experts) and the block's hidden rows both ways; the CPU reads the router and the
+  // experts a GPU batch of 8 tokens activates in expectation, 8 (1 - (1 - 2/8)^8) = 7.199, at the
+  // CPU attention's 10 GB/s, or computes their 2 x (2 experts + router) FLOPs per token at 1
+  // TFLOP/s, the slower of the two, for each of the 4 GPU batches; the GPU no longer runs them.
+  const ModelConfig mx = *config_preset("mixtral-8x7b");
+  const double hm = 4096, f = 14336, expert = 3 * hm * f, router = 8 * hm;
+  const double layer = 2.0 * (hm * 6144 + hm * hm + 8 * expert + router + 2 * hm);
+  const double attn_half = layer - 2.0 * (8 * expert + router), rows = 32 * 2 * hm;
+  const Policy moved = policy_of(8, 4, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
+  Policy computed = moved;
+  computed.cpu_experts_decode = true;
+  const HardwareProfile hw = round_machine();
+  const Prediction a = evaluate(mx, moved, wl, hw), b = evaluate(mx, computed, wl, hw);
+  CHECK(a.decode.terms[CTOG] == Approx(layer / 10e9));
+  CHECK(b.decode.terms[CTOG] == Approx((attn_half + rows) / 10e9));
+  CHECK(b.decode.terms[GTOC] == Approx(rows / 10e9));
+  const double active = 8 * (1 - std::pow(1 - 2.0 / 8, 8));
+  const double read = 2.0 * (router + active * expert) / 10e9, flops = 8 * 2.0 * (2 * expert + router) / 1e12;
+  CHECK(b.decode.terms[CATT] == Approx(4 * std::max(read, flops)));
+  CHECK(a.decode.terms[COMP] - b.decode.terms[COMP] == Approx(32 * 2.0 * (2 * expert + router) / 10e12));
+  // Prefill is untouched without cpu_experts_prefill; with it the whole prompt's rows cross.
+  CHECK(b.prefill.terms[CTOG] == Approx(a.prefill.terms[CTOG]));
+  computed.cpu_experts_prefill = true;
+  const Prediction c = evaluate(mx, computed, wl, hw);
+  CHECK(c.prefill.terms[CTOG] == Approx((attn_half + 512 * rows) / 10e9));
+  CHECK(c.prefill.terms[CATT] > 0);
+  // A dense model ignores the option.
+  Policy dense = policy_of(8, 4, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
+  dense.cpu_experts_decode = true;
+  CHECK(evaluate(opt67(), dense, wl, hw).decode.terms[CTOG] == Approx(W / 10e9));
+}

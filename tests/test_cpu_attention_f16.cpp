@@ -5,7 +5,9 @@
 // bytes (NaN in both dtypes) beforehand so an element left unwritten shows up.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <cstring>
 #include <initializer_list>
 #include <iterator>
@@ -302,5 +304,53 @@ TEST_CASE("cpu attention: chunked prefill runs match a double reference", "[cpu_
     check_steps(sh, steps, DType::F32, DType::F32, 1e-5, 1e-5);
     check_steps(sh, steps, DType::F32, DType::F16, 1e-5, 1e-5);
     check_steps(sh, steps, DType::F16, DType::F16, 5e-4, 1e-3);
+  }
+}
+
+// Experts computed on the CPU (policy cpu_experts) read the GPU's fp16 weights where they live:
+// linear takes fp16 weights (and an fp16 bias) beside fp32 activations, for a few tokens (rows
+// streamed) and for many (rows widened in blocks for sgemm), and the norms take fp16 scales and
+// shifts. Odd sizes, poisoned outputs, against float64 over the same fp16-representable values.
+TEST_CASE("cpu backend: fp16 weights in linear and the norms match a double reference", "[cpu_attention][moe]") {
+  Rig r;
+  std::mt19937 rng(1357);
+  for (const auto& [T, in, out] : {std::tuple{1, 37, 29}, {5, 64, 33}, {8, 130, 7}, {9, 70, 300}, {40, 33, 65}}) {
+    INFO("T " << T << " in " << in << " out " << out);
+    const std::vector<float> x = random_f16(size_t(T * in), rng), w = random_f16(size_t(out * in), rng),
+                             bias = random_f16(size_t(out), rng);
+    const Tensor xt = r.floats(DType::F32, x, {T, in}), wt = r.floats(DType::F16, w, {out, in});
+    const Tensor bt = r.floats(DType::F16, bias, {out}), y = r.poisoned(DType::F32, {T, out});
+    r.be->linear(xt, wt, bt, y);
+    const std::vector<float> got = r.read(y);
+    double worst = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t o = 0; o < out; ++o) {
+        double want = bias[size_t(o)];
+        for (int64_t i = 0; i < in; ++i) want += double(x[size_t(t * in + i)]) * w[size_t(o * in + i)];
+        worst = std::max(worst, std::fabs(got[size_t(t * out + o)] - want));
+      }
+    CHECK(worst < 1e-4 * in);  // fp32 accumulation over `in` products of magnitude <= 1
+  }
+  const int64_t T = 3, h = 45;
+  const std::vector<float> x = random_f16(size_t(T * h), rng), w = random_f16(size_t(h), rng), b = random_f16(size_t(h), rng);
+  const Tensor xt = r.floats(DType::F32, x, {T, h});
+  for (const bool rms : {true, false}) {
+    INFO((rms ? "rms_norm" : "layer_norm"));
+    const Tensor o = r.poisoned(DType::F32, {T, h});
+    if (rms) r.be->rms_norm(xt, r.floats(DType::F16, w, {h}), 1e-5f, o);
+    else r.be->layer_norm(xt, r.floats(DType::F16, w, {h}), r.floats(DType::F16, b, {h}), 1e-5f, o);
+    const std::vector<float> got = r.read(o);
+    for (int64_t t = 0; t < T; ++t) {
+      double mean = 0, sq = 0;
+      for (int64_t i = 0; i < h; ++i) mean += x[size_t(t * h + i)], sq += double(x[size_t(t * h + i)]) * x[size_t(t * h + i)];
+      mean /= double(h);
+      const double var = sq / double(h) - mean * mean;
+      for (int64_t i = 0; i < h; ++i) {
+        const double xi = x[size_t(t * h + i)];
+        const double want = rms ? xi / std::sqrt(sq / double(h) + 1e-5) * w[size_t(i)]
+                                : (xi - mean) / std::sqrt(var + 1e-5) * w[size_t(i)] + b[size_t(i)];
+        CHECK(got[size_t(t * h + i)] == Approx(want).margin(1e-5));
+      }
+    }
   }
 }

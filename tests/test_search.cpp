@@ -540,3 +540,60 @@ TEST_CASE("a staggered choice survives strata policy --out and --evaluate", "[se
                              Catch::Contains(" start per step over "));
   fs::remove_all(dir);
 }
+
+TEST_CASE("the search computes Mixtral's experts on the CPU in decode only, where that beats moving them",
+          "[search][moe]") {
+  // Mixtral-8x7B under 16 GB of GPU memory and a minute per block: most layers live on the CPU
+  // tier and blocks are small. Moving a layer's 2.8 GB of experts over the 12 GB/s link costs
+  // 235 ms per layer and step; a decode step's few tokens touch a few experts, which a CPU
+  // streaming weights at 60 GB/s reads or computes sooner. A prefill step's thousands of tokens
+  // touch every expert at 0.7 GFLOP each per layer, beyond the CPU's 1 TFLOP/s. So decode computes
+  // them where they live and prefill moves them; with a slow CPU nothing is computed there.
+  // (Without the latency bound the search picks blocks of 1600 sequences, whose decode steps
+  // activate every expert for 160 tokens a GPU batch: moving them wins there, and it does.)
+  const ModelConfig mx = *config_preset("mixtral-8x7b");
+  SearchOptions opts;
+  opts.workload = {512, 32};
+  opts.budget = {16e9, 200e9, 1e12};
+  opts.max_latency_s = 60;
+  HardwareProfile hw = machine();
+  hw.cpu_attention_bw = 60e9;
+  const SearchResult fast = search_policy(mx, hw, opts);
+  const Policy& best = fast.ranked.front().policy;
+  INFO(policy_to_yaml(best));
+  CHECK(best.weights.cpu > 0);
+  CHECK(best.cpu_experts_decode);
+  CHECK_FALSE(best.cpu_experts_prefill);
+  // Brute force over the phases at the chosen placement: the choice is the fastest of the four.
+  double fastest = 0;
+  for (const bool prefill : {false, true})
+    for (const bool decode : {false, true}) {
+      Policy p = best;
+      p.cpu_experts_prefill = prefill;
+      p.cpu_experts_decode = decode;
+      fastest = std::max(fastest, evaluate(mx, p, opts.workload, hw).throughput_tok_s);
+    }
+  CHECK(evaluate(mx, best, opts.workload, hw).throughput_tok_s == Approx(fastest).epsilon(1e-9));
+  hw.cpu_attention_bw = 1e9;
+  hw.cpu_flops = 1e10;
+  opts.max_latency_s.reset();  // nothing meets it on this CPU
+  const Policy& slow = search_policy(mx, hw, opts).ranked.front().policy;
+  INFO(policy_to_yaml(slow));
+  CHECK_FALSE(slow.cpu_experts_decode);
+  CHECK_FALSE(slow.cpu_experts_prefill);
+}
+
+TEST_CASE("the LP with experts on the CPU equals a brute-force grid over the fractions", "[search][moe]") {
+  // Experts on the CPU make the GPU's compute fall as the CPU tier's share of the weights grows
+  // (a negative coefficient): the LP must still find the grid's optimum.
+  const HardwareProfile hw = machine();
+  Policy decode = shape(16, 4, false), both = shape(8, 2, true);
+  decode.cpu_experts_decode = true;
+  both.cpu_experts_decode = both.cpu_experts_prefill = true;
+  const std::vector<Instance> cases = {
+      {"decode", "qwen3-30b-a3b", decode, {256, 16}, {16e9, 80e9, 1e12}, {}},
+      {"both phases, cpu attention", "qwen3-30b-a3b", both, {128, 8}, {16e9, 80e9, 1e12}, {}},
+  };
+  for (const Instance& in : cases)
+    SECTION(in.name) { check_lp_against_grid(in, hw); }
+}

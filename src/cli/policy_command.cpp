@@ -71,7 +71,8 @@ json policy_json(const Policy& p) {
   return {{"gpu_batch_size", p.gpu_batch_size}, {"num_gpu_batches", p.num_gpu_batches},
           {"weights", split(p.weights)},        {"kv_cache", split(p.kv_cache)},
           {"activations", split(p.activations)}, {"overlap", p.overlap},
-          {"cpu_attention", p.cpu_attention},   {"compress_weights", comp(p.compress_weights)},
+          {"cpu_attention", p.cpu_attention},   {"cpu_experts", cpu_experts_name(p)},
+          {"compress_weights", comp(p.compress_weights)},
           {"compress_kv_cache", comp(p.compress_kv_cache)}, {"prefill_batches_per_step", p.prefill_batches_per_step}};
 }
 
@@ -138,6 +139,11 @@ void print_prediction(std::ostream& os, const Candidate& c, const TierBytes& bud
   os << "\n";
 }
 
+// The tables' "cpuX" column: the phases whose experts the CPU computes (mixtures of experts).
+const char* cpu_experts_str(const Policy& p) {
+  return p.cpu_experts_prefill || p.cpu_experts_decode ? cpu_experts_name(p) : "-";
+}
+
 // The tables' "stag" column: GPU batches starting per super-step, "-" for FlexGen's schedule.
 std::string stagger_str(const Policy& p) {
   return p.start_steps() > 1 ? std::to_string(p.prefill_batches_per_step) : "-";
@@ -146,19 +152,19 @@ std::string stagger_str(const Policy& p) {
 // `refill`: each candidate's continuous-batching throughput, a column of its own when given.
 void print_table(std::ostream& os, const std::vector<Candidate>& cands, const std::vector<double>& refill = {}) {
   char line[256];
-  std::snprintf(line, sizeof line, "  %-2s %5s %4s %6s  %-10s %-10s %-10s %-4s %-5s %4s %9s %10s %10s %10s %10s%s\n",
-                "#", "gbs", "ngb", "block", "weights", "kv_cache", "activ.", "cpuA", "4bit", "stag", "tok/s",
+  std::snprintf(line, sizeof line, "  %-2s %5s %4s %6s  %-10s %-10s %-10s %-4s %-7s %-5s %4s %9s %10s %10s %10s %10s%s\n",
+                "#", "gbs", "ngb", "block", "weights", "kv_cache", "activ.", "cpuA", "cpuX", "4bit", "stag", "tok/s",
                 "latency_s", "gpu", "cpu", "disk", refill.empty() ? "" : "     refill");
   os << line;
   for (size_t i = 0; i < cands.size(); ++i) {
     const Candidate& c = cands[i];
     const TierBytes need = needed(c.prediction, c.plan_peak);
     std::snprintf(line, sizeof line,
-                  "  %-2zu %5d %4d %6d  %-10s %-10s %-10s %-4s %-5s %4s %9.3f %10.1f %10s %10s %10s\n", i + 1,
+                  "  %-2zu %5d %4d %6d  %-10s %-10s %-10s %-4s %-7s %-5s %4s %9.3f %10.1f %10s %10s %10s\n", i + 1,
                   c.policy.gpu_batch_size, c.policy.num_gpu_batches, c.policy.block_size(),
                   split_str(c.policy.weights).c_str(), split_str(c.policy.kv_cache).c_str(),
                   split_str(c.policy.activations).c_str(), c.policy.cpu_attention ? "yes" : "no",
-                  compression_str(c.policy).c_str(), stagger_str(c.policy).c_str(), c.prediction.throughput_tok_s,
+                  cpu_experts_str(c.policy), compression_str(c.policy).c_str(), stagger_str(c.policy).c_str(), c.prediction.throughput_tok_s,
                   c.prediction.latency_s, format_bytes(need.gpu).c_str(), format_bytes(need.cpu).c_str(),
                   format_bytes(need.disk).c_str());
     std::string row = line;
@@ -285,8 +291,9 @@ void run_pareto(const Args& a, const ModelConfig& cfg, const HardwareProfile& hw
      << format_bytes(opts.budget.cpu) << ", disk " << format_bytes(opts.budget.disk)
      << "\n\nthe best policy within each latency bound (latency: the time of one block):\n";
   char line[256];
-  std::snprintf(line, sizeof line, "  %10s %10s %9s %5s %4s %6s  %-10s %-10s %-10s %-4s %-5s %4s\n", "bound_s",
-                "latency_s", "tok/s", "gbs", "ngb", "block", "weights", "kv_cache", "activ.", "cpuA", "4bit", "stag");
+  std::snprintf(line, sizeof line, "  %10s %10s %9s %5s %4s %6s  %-10s %-10s %-10s %-4s %-7s %-5s %4s\n", "bound_s",
+                "latency_s", "tok/s", "gbs", "ngb", "block", "weights", "kv_cache", "activ.", "cpuA", "cpuX", "4bit",
+                "stag");
   os << line;
   for (const ParetoPoint& pt : points) {
     if (!pt.best) {
@@ -295,11 +302,11 @@ void run_pareto(const Args& a, const ModelConfig& cfg, const HardwareProfile& hw
       continue;
     }
     const Candidate& c = *pt.best;
-    std::snprintf(line, sizeof line, "  %10.3g %10.3g %9.3f %5d %4d %6d  %-10s %-10s %-10s %-4s %-5s %4s\n",
+    std::snprintf(line, sizeof line, "  %10.3g %10.3g %9.3f %5d %4d %6d  %-10s %-10s %-10s %-4s %-7s %-5s %4s\n",
                   pt.max_latency_s, c.prediction.latency_s, c.prediction.throughput_tok_s, c.policy.gpu_batch_size,
                   c.policy.num_gpu_batches, c.policy.block_size(), split_str(c.policy.weights).c_str(),
                   split_str(c.policy.kv_cache).c_str(), split_str(c.policy.activations).c_str(),
-                  c.policy.cpu_attention ? "yes" : "no", compression_str(c.policy).c_str(),
+                  c.policy.cpu_attention ? "yes" : "no", cpu_experts_str(c.policy), compression_str(c.policy).c_str(),
                   stagger_str(c.policy).c_str());
     os << line;
   }

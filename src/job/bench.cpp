@@ -20,6 +20,7 @@
 #include "strata/core/yaml_reader.h"
 #include "strata/model/config.h"
 #include "strata/model/model_loader.h"
+#include "strata/model/weight_source.h"
 #include "strata/offload/engine.h"
 #include "strata/policy/cost_model.h"
 #include "strata/policy/search.h"
@@ -79,6 +80,15 @@ std::string git_commit() {
   }
   while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
   return out.empty() ? "unknown" : out;
+}
+
+// FNV-1a over the tokens of every result, in order.
+uint64_t tokens_digest(const std::vector<GenResult>& results) {
+  uint64_t h = 1469598103934665603ull;
+  for (const GenResult& r : results)
+    for (int32_t t : r.tokens)
+      for (int b = 0; b < 4; ++b) h = (h ^ ((uint32_t(t) >> (8 * b)) & 0xFF)) * 1099511628211ull;
+  return h;
 }
 
 // A model spec: a preset name runs on dummy weights.
@@ -183,6 +193,10 @@ private:
   void run_case(const BenchSuite& suite, const BenchCase& c, size_t index, BenchCaseResult& r, Progress& progress) {
     progress.say(index, c.name, "loading " + c.model);
     ModelBundle model = open_model(model_spec(c.model));
+    if (c.layers > 0) {
+      model.config = bench_config(c.model, c.layers);
+      model.weights = make_dummy_source(model.config);
+    }
     OffloadOptions o;
     const std::string gpu = c.gpu_mem.empty() ? opt_.gpu_mem : c.gpu_mem;
     const std::string cpu = c.cpu_mem.empty() ? opt_.cpu_mem : c.cpu_mem;
@@ -206,7 +220,16 @@ private:
     r.policy_yaml = policy_to_yaml(o.policy);
     r.policy = o.policy;
     r.config = model.config;
-    if (hw_) r.predicted = measure_of(evaluate(model.config, o.policy, w, *hw_), o.policy, c);
+    if (hw_) {
+      const Prediction pred = evaluate(model.config, o.policy, w, *hw_);
+      r.predicted = measure_of(pred, o.policy, c);
+      // Seconds per layer on each link, back to bytes over the block's layers and steps.
+      const double steps = double(model.config.n_layers), decode_steps = steps * (c.gen_len - 1);
+      r.ctog_bytes_predicted =
+          (pred.prefill.terms[CTOG] * steps + pred.decode.terms[CTOG] * decode_steps) * hw_->cpu_to_gpu_bw;
+      r.gtoc_bytes_predicted =
+          (pred.prefill.terms[GTOC] * steps + pred.decode.terms[GTOC] * decode_steps) * hw_->gpu_to_cpu_bw;
+    }
     if (hw_) {
       r.ctog_peak_gbps = hw_->cpu_to_gpu_bw / 1e9;
       r.dtoc_peak_gbps = hw_->disk_to_cpu_bw / 1e9;
@@ -228,13 +251,25 @@ private:
     std::vector<GenRequest> warm = reqs;
     for (GenRequest& q : warm) q.sampling.max_new_tokens = 1;
     progress.say(index, c.name, "warm-up");
-    engine.generate(warm);
+    GenStats warm_stats;
+    engine.generate(warm, &warm_stats);
     for (int k = 0; k < opt_.repeat; ++k) {
       progress.say(index, c.name, "run " + std::to_string(k + 1) + "/" + std::to_string(opt_.repeat));
       const OffloadReport before = engine.report();
       GenStats stats;
-      engine.generate(reqs, &stats);
+      const std::vector<GenResult> results = engine.generate(reqs, &stats);
       const OffloadReport after = engine.report();
+      r.tokens_digest = tokens_digest(results);
+      r.ctog_bytes = double(after.cpu_to_gpu.bytes - before.cpu_to_gpu.bytes);
+      r.gtoc_bytes = double(after.gpu_to_cpu.bytes - before.gpu_to_cpu.bytes);
+      r.cpu_experts_s = after.cpu_experts_seconds - before.cpu_experts_seconds;
+      const RoutingTotals decode_routing = stats.routing - warm_stats.routing;  // the same prompts' prefill
+      if (decode_routing.layer_steps > 0) {
+        r.decode_active_experts = double(decode_routing.active_experts) / double(decode_routing.layer_steps);
+        r.decode_active_experts_expected = expected_active_experts(
+            model.config.n_experts, model.config.experts_per_token,
+            double(decode_routing.tokens) / double(decode_routing.layer_steps));
+      }
       const double share = 1.0 / opt_.repeat;
       r.prefill_s += share * stats.prefill_seconds;
       r.decode_s += share * stats.decode_seconds;
@@ -312,6 +347,17 @@ json case_json(const BenchSuite& suite, const Machine& m, const std::string& com
   j["peak_memory"] = {{"gpu", r.peak_gpu}, {"cpu", r.peak_cpu}, {"disk", r.peak_disk}};
   if (r.cpu_attention_s > 0) j["cpu_attention"] = {{"seconds", r.cpu_attention_s}, {"gbps", r.cpu_attention_gbps}};
   j["host_waits"] = {{"per_decode_step", r.host_waits_per_decode_step}, {"seconds", r.host_wait_s}};
+  j["bytes"] = {{"cpu_to_gpu", r.ctog_bytes}, {"gpu_to_cpu", r.gtoc_bytes}};
+  if (r.predicted) j["bytes"].update({{"cpu_to_gpu_predicted", r.ctog_bytes_predicted}, {"gpu_to_cpu_predicted", r.gtoc_bytes_predicted}});
+  std::ostringstream digest;
+  digest << std::hex << std::setw(16) << std::setfill('0') << r.tokens_digest;
+  j["tokens_digest"] = digest.str();
+  if (c.layers > 0) j["layers"] = c.layers;
+  if (r.config.moe())
+    j["moe"] = {{"cpu_experts", cpu_experts_name(r.policy)},
+                {"cpu_experts_seconds", r.cpu_experts_s},
+                {"decode_active_experts", r.decode_active_experts},
+                {"decode_active_experts_expected", r.decode_active_experts_expected}};
   // Per phase, the wall time and each lane's busy time (what --calibrate fits; mean over repeats).
   auto lanes = [](const std::array<double, kNumLanes>& b) {
     return json{{"compute", b[kLaneCompute]}, {"cpu_to_gpu", b[kLaneH2d]}, {"gpu_to_cpu", b[kLaneD2h]},
@@ -446,6 +492,19 @@ void write_results(const BenchOptions& opt, const BenchSuite& suite, const Machi
 
 }  // namespace
 
+ModelConfig bench_config(const std::string& model, int layers) {
+  const std::string name = model.rfind("dummy:", 0) == 0 ? model.substr(6) : model;
+  const std::optional<ModelConfig> preset = config_preset(name);
+  STRATA_CHECK(preset || layers == 0, "model '" << model << "': only a preset can be cut to " << layers << " layers");
+  ModelConfig cfg = preset ? *preset : open_model(model).config;
+  if (layers == 0) return cfg;
+  STRATA_CHECK(layers <= cfg.n_layers, "model '" << model << "' has " << cfg.n_layers << " layers, not " << layers);
+  cfg.n_layers = layers;
+  cfg.dense_layers.erase(std::remove_if(cfg.dense_layers.begin(), cfg.dense_layers.end(), [&](int l) { return l >= layers; }),
+                         cfg.dense_layers.end());
+  return cfg;
+}
+
 std::vector<GenRequest> synthetic_requests(int count, int len, int gen, int vocab) {
   std::vector<GenRequest> reqs(static_cast<size_t>(count));
   for (int i = 0; i < count; ++i) {
@@ -510,7 +569,7 @@ BenchSuite parse_bench_suite(const std::string& yaml_text, const std::string& so
   for (const YAML::Node& n : root["cases"]) {
     if (!n.IsMap()) r.fail(n, "each case is a map {name, model, prompt_len, gen_len, policy, ...}");
     r.only_keys(n, {"name", "model", "prompt_len", "gen_len", "policy", "compress", "gpu_mem", "cpu_mem", "disk_mem",
-                    "decode_steps"},
+                    "decode_steps", "layers"},
                 "case.");
     for (const char* required : {"name", "model", "prompt_len", "gen_len", "policy"})
       if (!n[required]) r.fail(n, std::string("case: missing field '") + required + "'");
@@ -524,6 +583,11 @@ BenchSuite parse_bench_suite(const std::string& yaml_text, const std::string& so
     c.gen_len = positive_int(r, n["gen_len"], "gen_len");
     c.policy = text(r, n["policy"], "policy");
     if (n["decode_steps"]) c.decode_steps = positive_int(r, n["decode_steps"], "decode_steps");
+    if (n["layers"]) {
+      c.layers = positive_int(r, n["layers"], "layers");
+      if (!config_preset(c.model.rfind("dummy:", 0) == 0 ? c.model.substr(6) : c.model))
+        r.fail(n["layers"], "field 'layers' cuts a preset (dummy weights); model '" + c.model + "' is not one");
+    }
     if (n["compress"]) {
       try {
         c.compress = n["compress"].as<bool>();

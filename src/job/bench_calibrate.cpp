@@ -64,9 +64,7 @@ std::vector<CalibrationSample> calibration_samples(const std::filesystem::path& 
     try {
       CalibrationSample s;
       s.name = name;
-      const std::string model = row.at("model").get<std::string>();
-      const std::optional<ModelConfig> preset = config_preset(model);
-      s.config = preset ? *preset : open_model(model).config;
+      s.config = bench_config(row.at("model").get<std::string>(), row.value("layers", 0));
       s.policy = parse_policy(row.at("policy").get<std::string>(), file.string() + ": case " + name);
       const nlohmann::json& sec = row.at("seconds");
       const int gen_len = row.at("gen_len").get<int>();

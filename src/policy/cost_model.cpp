@@ -76,6 +76,7 @@ void check_inputs(const ModelConfig& cfg, const Policy& p, const Workload& w, co
   positive(hw.cpu_to_disk_bw, "cpu_to_disk_bw");
   positive(hw.gpu_attention_bw, "gpu_attention_bw");
   positive(hw.cpu_attention_bw, "cpu_attention_bw");
+  if (cfg.moe() && (p.cpu_experts_prefill || p.cpu_experts_decode)) positive(hw.cpu_flops, "cpu_flops");
   if (hw.gpu_gemm.empty()) STRATA_FAIL("hardware profile " << hw.name << ": gpu_gemm has no points");
 }
 
@@ -100,6 +101,13 @@ CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w, D
     mlp_token_params = cfg.experts_per_token * 3 * h * fe + experts * h;
   }
   z.dequant_buffer = e * std::max(attn_params, mlp_params);
+  z.mlp_weights_fp16 = e * mlp_params;
+  z.mlp_weights = rw * z.mlp_weights_fp16;
+  z.mlp_flops_per_token = 2.0 * mlp_token_params;
+  if (cfg.moe()) {
+    z.expert_weights_fp16 = e * 3.0 * h * cfg.expert_intermediate;
+    z.router_weights_fp16 = e * double(cfg.n_experts) * h;
+  }
   z.global_weights = e * double(cfg.global_param_count());
   z.layer_flops_per_token = 2.0 * (attn_params + mlp_token_params);
   z.attention_flops_per_token = 2.0 * attn_params;
@@ -118,6 +126,18 @@ CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w, D
   z.workspace = double(ForwardOps::workspace_bytes(cfg, dt, steps.step_tokens, int64_t(gbs)));
   return z;
 }
+
+}  // namespace
+
+double cpu_experts_seconds(const ModelConfig& cfg, const CostSizes& z, double tokens, bool compressed,
+                           const HardwareProfile& hw) {
+  const double active = expected_active_experts(cfg.n_experts, cfg.experts_per_token, tokens);
+  const double bw = compressed && hw.cpu_attention_q4_bw > 0 ? hw.cpu_attention_q4_bw : hw.cpu_attention_bw;
+  const double read = (z.router_weights_fp16 + active * z.expert_weights_fp16) / bw;
+  return std::max(read, tokens * z.mlp_flops_per_token / hw.cpu_flops);
+}
+
+namespace {
 
 // Adds `seconds` (or bytes) per unit of each fraction in `vars` to `form`.
 void add(LinearForm& form, double seconds, std::initializer_list<int> vars) {
@@ -159,8 +179,15 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   // Prefill of one layer. Weights not on the GPU cross PCIe (from disk through the CPU); the
   // prompt's KV cache and the hidden states go out to their tiers and the hidden states come back
   // for the next layer. Attention runs on the GPU (FlexGen delegates only decode attention).
+  // Experts computed where they live (cpu_experts): in the phases it names, a layer on the CPU
+  // tier moves only its attention half; its hidden rows cross to the host and back instead, and
+  // the CPU lane (CATT) computes the MLP half while the GPU computes the rest
+  // (docs/cost-model.md, "Experts on the CPU").
+  const bool experts_p = cfg.moe() && p.cpu_experts_prefill, experts_d = cfg.moe() && p.cpu_experts_decode;
+  const double W_attn = W - z.mlp_weights;
   auto& P = F.prefill;
-  add(P[CTOG], W / ctog, {WC, WD});
+  add(P[CTOG], W / ctog, {WD});
+  add(P[CTOG], (experts_p ? W_attn : W) / ctog, {WC});
   add(P[CTOG], Ap_moved / ctog, {HC, HD});
   add(P[GTOC], cache_prefill / gtoc, {CC, CD});
   add(P[GTOC], Ap_moved / gtoc, {HC, HD});
@@ -179,12 +206,27 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   if (cc) P[COMP].constant += bls * s * z.kv_per_token_fp16 / dequant_bw;  // quantizing the prompt's cache
   // Calibrated per-unit work outside the terms above: once per prefill group and layer. The
   // runtime cuts groups within each GPU batch (engine_steps.cpp, build_units).
-  P[COMP].constant += hw.compute_overhead_s * ngb * std::ceil(gbs / z.prefill_seqs);
+  const double prefill_groups = ngb * std::ceil(gbs / z.prefill_seqs);
+  P[COMP].constant += hw.compute_overhead_s * prefill_groups;
+  if (experts_p) {
+    const double group_tokens = std::min(z.prefill_seqs, gbs) * s;
+    add(P[CTOG], Ap / ctog, {WC});
+    add(P[GTOC], Ap / gtoc, {WC});
+    add(P[COMP], -bls * s * z.mlp_flops_per_token / hw.gemm_flops(std::min(z.step_tokens, gbs * s)), {WC});
+    add(P[CATT], prefill_groups * cpu_experts_seconds(cfg, z, group_tokens, cw, hw), {WC});
+    if (cw) add(P[COMP], -z.mlp_weights_fp16 / dequant_bw, {WC});  // its half is never dequantized
+  }
 
   // One decode step of one layer. With cpu_attention, attention over the cache on the CPU or disk
   // runs on the CPU (CATT): q, k, v go down and the attention output comes back instead of the cache.
   auto& D = F.decode;
-  add(D[CTOG], W / ctog, {WC, WD});
+  add(D[CTOG], W / ctog, {WD});
+  add(D[CTOG], (experts_d ? W_attn : W) / ctog, {WC});
+  if (experts_d) {
+    add(D[CTOG], Ag / ctog, {WC});
+    add(D[GTOC], Ag / gtoc, {WC});
+    add(D[CATT], ngb * cpu_experts_seconds(cfg, z, gbs, cw, hw), {WC});
+  }
   add(D[CTOG], Ag_moved / ctog, {HC, HD});
   add(D[GTOC], Ag_moved / gtoc, {HC, HD});
   if (cpu_attn) {
@@ -202,6 +244,7 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   add(D[CTOD], Ag_moved / ctod, {HD});
   D[COMP].constant = bls * (z.layer_flops_per_token + head_flops / l) / hw.gemm_flops(gbs) +
                      hw.compute_overhead_s * ngb;  // calibrated: once per GPU batch and layer
+  if (experts_d) add(D[COMP], -bls * z.mlp_flops_per_token / hw.gemm_flops(gbs), {WC});
   // What of it waits for delegated attention (compute_stage): all but the attention half's GEMMs;
   // on the CPU backend all of it (the attention runs inline on the same cores: G + C).
   F.comp_serial_share =
@@ -209,7 +252,10 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   // Compressed weights: a decode step of up to quant::kCudaFusedDequantMaxTokens tokens reads the codes in the
   // fused linear (no separate pass; the GEMM term stands for it); a larger GPU batch dequantizes
   // the layer once, shared by the block's GPU batches (the runtime's rule, engine_steps.cpp).
-  if (cw && gbs > double(quant::kCudaFusedDequantMaxTokens)) D[COMP].constant += z.layer_weights_fp16 / dequant_bw;
+  if (cw && gbs > double(quant::kCudaFusedDequantMaxTokens)) {
+    D[COMP].constant += z.layer_weights_fp16 / dequant_bw;
+    if (experts_d) add(D[COMP], -z.mlp_weights_fp16 / dequant_bw, {WC});
+  }
   // Attention reads the cache where it is computed; a compressed cache is read as codes and
   // dequantized in registers, at the profile's rate over a 4-bit cache where it has one.
   auto attn_bw = [&](double fp16_bw, double q4_bw) { return cc && q4_bw > 0 ? q4_bw : fp16_bw; };
@@ -244,6 +290,11 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   add(C, 3 * act_unit, {HD});
   // Delegated attention: q/k/v and the output of one GPU batch, and its fp32 scores.
   if (cpu_attn) C.constant += gbs * (e * (2 * cfg.q_dim() + 2 * cfg.kv_dim()) + 4.0 * cfg.n_heads * (s + n));
+  // Experts on the CPU: two buffers of a step's hidden rows, the rows in fp32 and the CPU's
+  // workspace (placement.cpp); counted whatever the fractions, an upper bound where none is on the CPU.
+  if (experts_p || experts_d)
+    C.constant += z.step_tokens * h_dim * (2 * e + 4) +
+                  double(ForwardOps::workspace_bytes(cfg, DType::F32, int64_t(z.step_tokens), 1));
   LinearForm& Dk = F.peak[int(Tier::Disk)];
   add(Dk, l * W, {WD});
   add(Dk, l * Cm, {CD});

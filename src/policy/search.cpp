@@ -198,6 +198,7 @@ struct Shape {
   int gbs, ngb;
   bool cpu_attention;
   bool compress_weights, compress_cache;
+  bool cpu_experts_prefill = false, cpu_experts_decode = false;
 };
 
 Policy make_policy(const Shape& s) {
@@ -206,6 +207,8 @@ Policy make_policy(const Shape& s) {
   p.num_gpu_batches = s.ngb;
   p.overlap = true;
   p.cpu_attention = s.cpu_attention;
+  p.cpu_experts_prefill = s.cpu_experts_prefill;
+  p.cpu_experts_decode = s.cpu_experts_decode;
   if (s.compress_weights) p.compress_weights = Compression{4, 64};
   if (s.compress_cache) p.compress_kv_cache = Compression{4, 64};
   return p;
@@ -226,11 +229,15 @@ const std::vector<int>& batch_counts() {
 // Sequences per block at most: beyond this a job's blocks become too coarse to be practical.
 constexpr int kMaxBlock = 8192;
 
-std::vector<Shape> option_sets(bool allow_compression) {
+// A mixture of experts also tries its experts computed on the CPU in each phase: decode steps
+// activate few experts, prefill steps nearly all, so the phases choose apart.
+std::vector<Shape> option_sets(bool allow_compression, bool moe) {
   std::vector<Shape> v;
   for (int cw = 0; cw <= int(allow_compression); ++cw)
     for (int cc = 0; cc <= int(allow_compression); ++cc)
-      for (int ca = 0; ca <= 1; ++ca) v.push_back({0, 0, bool(ca), bool(cw), bool(cc)});
+      for (int ca = 0; ca <= 1; ++ca)
+        for (int xp = 0; xp <= int(moe); ++xp)
+          for (int xd = 0; xd <= int(moe); ++xd) v.push_back({0, 0, bool(ca), bool(cw), bool(cc), bool(xp), bool(xd)});
   return v;
 }
 
@@ -472,7 +479,7 @@ std::vector<std::pair<Candidate, CostForms>> collect(const ModelConfig& cfg, con
                                                      const SearchOptions& opts, int& lps_solved, bool refine_all) {
   std::vector<std::pair<Candidate, CostForms>> found;
   double best_found = 0;       // best throughput of a rounded candidate so far
-  for (Shape options : option_sets(opts.allow_compression)) {
+  for (Shape options : option_sets(opts.allow_compression, cfg.moe() && hw.cpu_flops > 0)) {
     for (int gbs : batch_sizes()) {
       bool any = false;
       double best_here = 0;  // best LP throughput for this GPU batch size
@@ -494,6 +501,8 @@ std::vector<std::pair<Candidate, CostForms>> collect(const ModelConfig& cfg, con
         // With all the cache on the GPU there is nothing to delegate: the twin without CPU
         // attention is the same policy.
         if (c && shape.cpu_attention && c->policy.kv_cache.gpu == 100) c.reset();
+        // Nor experts on the CPU without a layer there.
+        if (c && (shape.cpu_experts_prefill || shape.cpu_experts_decode) && c->policy.weights.cpu == 0) c.reset();
         // Ranked by the schedule it will run: staggering only adds to the LP's rounded throughput.
         if (c) c = with_best_stagger(F, std::move(*c), opts);
         if (c) best_found = std::max(best_found, c->prediction.throughput_tok_s);

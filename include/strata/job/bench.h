@@ -30,8 +30,15 @@ struct BenchCase {
   // > 0 and < gen_len - 1: run only this many decode steps and project decode to gen_len - 1 steps
   // from their mean (FlexGen's fewer_batch); the table marks the figures "projected".
   int decode_steps = 0;
+  // > 0: a preset cut to its first `layers` layers (dummy weights only), for shapes too large to
+  // run whole on the machine (a Mixtral-shaped layer is 5.6 GB in fp32).
+  int layers = 0;
   int line = 0;             // in the suite file, for messages
 };
+
+// The preset `model` (a name or dummy:NAME) cut to `layers` layers (0: whole); a model directory
+// or file cannot be cut. The config the bench runs and calibration re-reads.
+ModelConfig bench_config(const std::string& model, int layers);
 
 // Prompts of exactly `len` tokens, spread over the vocabulary, no EOS stop, `gen` new tokens each.
 std::vector<GenRequest> synthetic_requests(int count, int len, int gen, int vocab);
@@ -94,6 +101,15 @@ struct BenchCaseResult {
   // The engine thread's waits for the device and its lanes (last repeat): per decode step, and
   // their seconds in all (OffloadReport::host_waits; docs/offload.md, "Events").
   double host_waits_per_decode_step = 0, host_wait_s = 0;
+  // Bytes over the links in one run (last repeat) and the cost model's for the policy.
+  double ctog_bytes = 0, gtoc_bytes = 0, ctog_bytes_predicted = 0, gtoc_bytes_predicted = 0;
+  // Mixtures of experts (last repeat): the CPU lane's seconds on experts (cpu_experts), and the
+  // distinct experts a decode step's GPU batch activated per sparse layer, measured (the run's
+  // routing less its prefill's: the warm-up's) and as the cost model expects for uniform routing.
+  double cpu_experts_s = 0, decode_active_experts = 0, decode_active_experts_expected = 0;
+  // FNV-1a of every generated token of the run in request order: equal across placements of one
+  // model and workload when their greedy tokens are.
+  uint64_t tokens_digest = 0;
   // What calibration needs (mean over repeats): the model, the policy run, the phases' seconds
   // and each lane's busy seconds per phase (compute, cpu->gpu, gpu->cpu, disk).
   ModelConfig config;

@@ -74,7 +74,19 @@ struct CostSizes {
   double prefill_seqs = 1;        // prompts per prefill group (policy.h, prefill_steps)
   double step_tokens = 0;         // tokens of the largest step: the GEMMs' rows in prefill
   double workspace = 0;           // the forward pass's GPU buffers, sized for one step
+  // The MLP half: stored and in the compute dtype, and 2 per parameter one token multiplies by.
+  double mlp_weights = 0, mlp_weights_fp16 = 0, mlp_flops_per_token = 0;
+  // Mixtures of experts: one expert's matrices and the router, in the compute dtype.
+  double expert_weights_fp16 = 0, router_weights_fp16 = 0;
 };
+
+// Seconds for the CPU to compute one MoE layer's MLP half over a step of `tokens` tokens where its
+// weights live (policy cpu_experts; docs/cost-model.md "Experts on the CPU"): the roofline of
+// reading the router and the experts those tokens activate in expectation
+// (expected_active_experts) at the CPU's streaming rate over weight rows (the CPU attention's
+// rate: the same dot products of fp32 rows with stored rows), and their FLOPs at cpu_flops.
+double cpu_experts_seconds(const ModelConfig& cfg, const CostSizes& z, double tokens, bool compressed,
+                           const HardwareProfile& hw);
 
 // The linear forms for one (gpu_batch_size, num_gpu_batches, options); the policy's fractions
 // are not used. Times are seconds per layer for the whole block. Peaks are bytes per tier: the
