@@ -30,6 +30,10 @@
 #              dummy:llama-3-8b with the staged baseline's bench_generate and this one (step graphs
 #              on, then STRATA_CUDA_GRAPHS=0),
 #              then bench_decode_attention under STRATA_SPLIT_KV=0, auto and 8. Only by name
+#   moe        issue 39: dummy:mixtral-8x7b under --gpu-mem 16GiB, prompt 512, generation 32 (decode
+#              projected from 4 steps): the search's policy, then 16 x 2 with 2 of 32 layers on the
+#              GPU and the experts moved, and the same computing them on the CPU in decode (cpu_experts):
+#              OUT/moe.tgz and its cases in OUT/summary.json. Only by name
 #   peers      issue 36: FlexGen 0.1.8 and Accelerate beside Strata on the same cases (prompt 512,
 #              generation 32), in pairs, fastest first: OUT/peers.tgz and OUT/summary.json. A peer's
 #              row already committed for this card kind (bench/results/*-GPU-summary.json) is kept,
@@ -296,6 +300,29 @@ part_kernels() {
   done
 }
 
+# Issue 39's GPU figure: Mixtral-8x7B under 16 GiB, the search's choice first (a call cut short
+# still has it), then experts moved against experts computed where they live, one policy apart.
+part_moe() {
+  local dir="$out/moe" hw="$out/hardware.yaml"
+  [ -f "$hw" ] || hw=${STRATA_HARDWARE:-policies/hardware/$gpu_slug.yaml}
+  rm -rf "$dir"; mkdir -p "$dir"
+  local base="gpu_batch_size: 16\nnum_gpu_batches: 2\nweights: {gpu: 6, cpu: 94, disk: 0}\nkv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n"
+  printf "$base" > "$dir/moved.yaml"
+  printf "${base}cpu_experts: decode\n" > "$dir/cpu-decode.yaml"
+  {
+    echo "name: moe-gpu"
+    echo "cases:"
+    local c
+    for c in auto:auto moved:"$dir/moved.yaml" cpu-decode:"$dir/cpu-decode.yaml"; do
+      echo "  - {name: mixtral-${c%%:*}, model: mixtral-8x7b, prompt_len: 512, gen_len: 32, gpu_mem: 16GiB, decode_steps: 4, policy: ${c#*:}}"
+    done
+  } > "$dir/suite.yaml"
+  STRATA_SUITE_STEP_TIMEOUT=${STRATA_SUITE_MOE_TIMEOUT:-480} step "bench moe-gpu (mixtral-8x7b)" \
+    strata bench --suite "$dir/suite.yaml" --device cuda --hardware "$hw" --offload-dir "$offload_dir" \
+    --out "$dir/run" --no-progress
+  [ -f "$dir/run/results.md" ] && tee -a "$summary" < "$dir/run/results.md"
+}
+
 # peer_pair NAME MODEL POLICY ENGINES... : one case (prompt 512, generation 32) in Strata (policy
 # file, or auto under --gpu-mem 16GiB), then in each peer engine named, into $out/peers/NAME/.
 peer_pair() {
@@ -380,22 +407,26 @@ part_peers() {
 
 # OUT/summary.json (issue 36, point 3) from parts peers and engine, then their archives.
 write_summary() {
-  [ -d "$out/peers" ] || [ -d "$out/engine" ] || return 0
+  [ -d "$out/peers" ] || [ -d "$out/engine" ] || [ -d "$out/moe" ] || return 0
   local inputs="$out/peers" args=(--commit "$commit" --strata-build "${commit%% *}" --log "$log"
     --strata-command "strata bench --suite CASE.yaml --device cuda (bench/gpu_suite.sh $parts)")
   [ -d "$inputs" ] || { inputs="$out/summary-inputs"; mkdir -p "$inputs"; }
   [ -d "$out/engine" ] && args+=(--engine "$out/engine")
+  if [ -f "$out/moe/run/results.jsonl" ]; then  # --results replaces the default: name both
+    [ -f "$inputs/results.jsonl" ] && args+=(--results "$inputs/results.jsonl")
+    args+=(--results "$out/moe/run/results.jsonl")
+  fi
   python3 bench/summary_json.py "$inputs" "${args[@]}" && cp "$inputs/summary.json" "$out/summary.json"
   rm -rf "$out/summary-inputs"
   local d
-  for d in peers engine; do
+  for d in peers engine moe; do
     [ -d "$out/$d" ] && tar -C "$out" -czf "$out/$d.tgz" "$d" && rm -rf "${out:?}/$d"
   done
 }
 
 for part in $parts; do
   case $part in
-    tests|profile|generate|offload|run30|calibrate|quant|peers|engine|kernels) "part_$part" ;;
+    tests|profile|generate|offload|run30|calibrate|quant|peers|engine|kernels|moe) "part_$part" ;;
     *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;;
   esac
 done

@@ -77,7 +77,7 @@ def case_of(line, commit, strata_command=""):
     ok = line.get("status", "ok") == "ok" and bool(m)
     metrics = {}
     if engine == "strata":
-        for key in ("links", "cpu_attention", "host_waits"):
+        for key in ("links", "cpu_attention", "host_waits", "bytes", "moe"):
             metrics.update(numbers(line.get(key), key + "."))
         if "decode_steps_run" in m:
             metrics["decode_steps_run"] = m["decode_steps_run"]

@@ -458,3 +458,39 @@ TEST_CASE("experts on the CPU: the attention half and the hidden rows move, the 
   dense.cpu_experts_decode = true;
   CHECK(evaluate(opt67(), dense, wl, hw).decode.terms[CTOG] == Approx(W / 10e9));
 }
+
+TEST_CASE("experts placed apart: the attention halves follow the fractions, the experts' tiers are fixed",
+          "[cost][moe]") {
+  // Mixtral-8x7B with every attention half on the GPU and every MLP half on the CPU tier
+  // (expert_weights {0, 100, 0}): a decode step moves each layer's router and experts, Wm, and
+  // nothing else; the GPU holds 32 attention halves and one MLP buffer instead of 32 layers;
+  // the CPU holds the 32 MLP halves. The fractions now price the attention halves alone.
+  const ModelConfig mx = *config_preset("mixtral-8x7b");
+  const double hm = 4096, f = 14336, Wm = 2.0 * (8 * 3 * hm * f + 8 * hm);
+  const HardwareProfile hw = round_machine();
+  const Policy all_gpu = policy_of(8, 4, {100, 0, 0}, {100, 0, 0}, {100, 0, 0});
+  Policy apart = all_gpu;
+  apart.expert_weights = TierSplit{0, 100, 0};
+  const Prediction a = evaluate(mx, all_gpu, wl, hw), b = evaluate(mx, apart, wl, hw);
+  CHECK(a.decode.terms[CTOG] == 0);
+  CHECK(b.decode.terms[CTOG] == Approx(Wm / 10e9));
+  CHECK(b.prefill.terms[CTOG] == Approx(Wm / 10e9));
+  CHECK(b.peak.cpu == Approx(32 * Wm));
+  CHECK(b.peak.gpu == Approx(a.peak.gpu - 32 * Wm + Wm));
+  // The same forms for any attention split: moving attention halves to the CPU adds their bytes.
+  const CostForms F = cost_forms(mx, apart, wl, hw);
+  const double Wa = F.sizes.layer_weights - Wm;
+  CHECK(F.decode[CTOG].coef[WC] == Approx(Wa / 10e9));
+  CHECK(F.decode[CTOG].constant == Approx(Wm / 10e9));
+  // Computed on the CPU in decode: the rows cross instead, and the CPU reads the active experts.
+  apart.cpu_experts_decode = true;
+  const Prediction c = evaluate(mx, apart, wl, hw);
+  const double rows = 32 * 2 * hm;
+  CHECK(c.decode.terms[CTOG] == Approx(rows / 10e9));
+  CHECK(c.decode.terms[GTOC] == Approx(rows / 10e9));
+  CHECK(c.decode.terms[CATT] > 0);
+  // Tied (no expert_weights), the same policy's weights on the CPU move whole layers: the forms
+  // of before experts could be placed apart.
+  const Prediction tied = evaluate(mx, policy_of(8, 4, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}), wl, hw);
+  CHECK(tied.decode.terms[CTOG] == Approx((Wa + Wm) / 10e9));
+}

@@ -263,9 +263,9 @@ TEST_CASE("async: the reordered CPU-attention runs fail when the CPU skips its w
 namespace {
 
 // tiny-mixtral with its weights on the CPU tier, the cache and hidden states on each tier, over
-// batch shapes, computing its experts there in decode or in both phases, each run reordered by
-// its own seed against its in-order run; returns how many prompts' tokens differ (failing the case
-// unless `count_only`).
+// batch shapes, computing its experts there in decode or in both phases, and with its MLP halves
+// placed apart; each run reordered by its own seed against its in-order run; returns how many
+// prompts' tokens differ (failing the case unless `count_only`).
 int cpu_experts_reordered(bool count_only) {
   ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-mixtral");
   const std::vector<GenRequest> reqs = fixture_requests(load_expected("tiny-mixtral"));
@@ -282,6 +282,16 @@ int cpu_experts_reordered(bool count_only) {
     opt.offload_dir = offload_dir("async-experts");
     grid.push_back(opt);
   }
+  // The halves apart (expert_weights): attention resident and experts computed on the CPU; and
+  // attention on the CPU tier with experts streaming from disk (moved: the MLP half's own pinned
+  // buffer and disk reads).
+  grid.push_back(grid.front());
+  grid.back().policy = policy_of(2, 2, G, G, G);
+  grid.back().policy.expert_weights = C;
+  grid.back().policy.cpu_experts_decode = true;
+  grid.push_back(grid.back());
+  grid.back().policy = policy_of(3, 2, C, M, G);
+  grid.back().policy.expert_weights = D;
   const auto want = in_order_runs(model, reqs, grid);
   int differ = 0;
   for (size_t n = 0; n < grid.size(); ++n)

@@ -585,14 +585,18 @@ TEST_CASE("the search computes Mixtral's experts on the CPU in decode only, wher
 
 TEST_CASE("the LP with experts on the CPU equals a brute-force grid over the fractions", "[search][moe]") {
   // Experts on the CPU make the GPU's compute fall as the CPU tier's share of the weights grows
-  // (a negative coefficient): the LP must still find the grid's optimum.
+  // (a negative coefficient), and experts placed apart turn the MLP halves into constants: the
+  // LP must still find the grid's optimum.
   const HardwareProfile hw = machine();
-  Policy decode = shape(16, 4, false), both = shape(8, 2, true);
+  Policy decode = shape(16, 4, false), both = shape(8, 2, true), apart = shape(16, 2, false);
   decode.cpu_experts_decode = true;
   both.cpu_experts_decode = both.cpu_experts_prefill = true;
+  apart.expert_weights = TierSplit{0, 100, 0};  // the fractions place the attention halves alone
+  apart.cpu_experts_decode = true;
   const std::vector<Instance> cases = {
       {"decode", "qwen3-30b-a3b", decode, {256, 16}, {16e9, 80e9, 1e12}, {}},
       {"both phases, cpu attention", "qwen3-30b-a3b", both, {128, 8}, {16e9, 80e9, 1e12}, {}},
+      {"experts apart", "qwen3-30b-a3b", apart, {256, 16}, {4e9, 80e9, 1e12}, {}},
   };
   for (const Instance& in : cases)
     SECTION(in.name) { check_lp_against_grid(in, hw); }

@@ -117,6 +117,20 @@ class EngineMetricsTest(unittest.TestCase):
         # another shape than the bare kernel's: no fraction
         self.assertEqual(summary_json.engine_metrics(line, dict(offload, gen_len=64), resident, bare), {})
 
+    def test_moe_metrics(self):
+        # strata bench's bytes moved and a mixture of experts' routing become metrics; the
+        # cpu_experts phase (a word) does not
+        line = {"name": "mixtral-cpu-decode", "measured": {"total_tok_s": 1.0},
+                "bytes": {"cpu_to_gpu": 2e9, "gpu_to_cpu": 1e6, "cpu_to_gpu_predicted": 2.2e9},
+                "moe": {"cpu_experts": "decode", "cpu_experts_seconds": 3.5, "decode_active_experts": 7.9,
+                        "decode_active_experts_expected": 7.96}}
+        m = summary_json.case_of(line, "abc")["metrics"]
+        self.assertEqual(m["bytes.cpu_to_gpu"], 2e9)
+        self.assertEqual(m["bytes.cpu_to_gpu_predicted"], 2.2e9)
+        self.assertEqual(m["moe.decode_active_experts"], 7.9)
+        self.assertEqual(m["moe.cpu_experts_seconds"], 3.5)
+        self.assertNotIn("moe.cpu_experts", m)
+
     def test_engine_folder_and_log(self):
         after = {"name": "c7", "engine": "strata", "model": "opt-6.7b", "prompt_len": 512, "gen_len": 32,
                  "status": "ok", "commit": "checkout-dirty", "policy": "gpu_batch_size: 48\nnum_gpu_batches: 3\n",

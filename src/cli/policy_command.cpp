@@ -69,7 +69,9 @@ json policy_json(const Policy& p) {
     return c ? json{{"bits", c->bits}, {"group_size", c->group_size}} : json(nullptr);
   };
   return {{"gpu_batch_size", p.gpu_batch_size}, {"num_gpu_batches", p.num_gpu_batches},
-          {"weights", split(p.weights)},        {"kv_cache", split(p.kv_cache)},
+          {"weights", split(p.weights)},
+          {"expert_weights", p.expert_weights ? split(*p.expert_weights) : json(nullptr)},
+          {"kv_cache", split(p.kv_cache)},
           {"activations", split(p.activations)}, {"overlap", p.overlap},
           {"cpu_attention", p.cpu_attention},   {"cpu_experts", cpu_experts_name(p)},
           {"compress_weights", comp(p.compress_weights)},
@@ -139,6 +141,10 @@ void print_prediction(std::ostream& os, const Candidate& c, const TierBytes& bud
   os << "\n";
 }
 
+// The tables' "experts" column: the MLP halves' split where the policy places them apart, "=" where
+// they follow the weights.
+std::string experts_str(const Policy& p) { return p.expert_weights ? split_str(*p.expert_weights) : "="; }
+
 // The tables' "cpuX" column: the phases whose experts the CPU computes (mixtures of experts).
 const char* cpu_experts_str(const Policy& p) {
   return p.cpu_experts_prefill || p.cpu_experts_decode ? cpu_experts_name(p) : "-";
@@ -152,17 +158,17 @@ std::string stagger_str(const Policy& p) {
 // `refill`: each candidate's continuous-batching throughput, a column of its own when given.
 void print_table(std::ostream& os, const std::vector<Candidate>& cands, const std::vector<double>& refill = {}) {
   char line[256];
-  std::snprintf(line, sizeof line, "  %-2s %5s %4s %6s  %-10s %-10s %-10s %-4s %-7s %-5s %4s %9s %10s %10s %10s %10s%s\n",
-                "#", "gbs", "ngb", "block", "weights", "kv_cache", "activ.", "cpuA", "cpuX", "4bit", "stag", "tok/s",
+  std::snprintf(line, sizeof line, "  %-2s %5s %4s %6s  %-10s %-10s %-10s %-10s %-4s %-7s %-5s %4s %9s %10s %10s %10s %10s%s\n",
+                "#", "gbs", "ngb", "block", "weights", "experts", "kv_cache", "activ.", "cpuA", "cpuX", "4bit", "stag", "tok/s",
                 "latency_s", "gpu", "cpu", "disk", refill.empty() ? "" : "     refill");
   os << line;
   for (size_t i = 0; i < cands.size(); ++i) {
     const Candidate& c = cands[i];
     const TierBytes need = needed(c.prediction, c.plan_peak);
     std::snprintf(line, sizeof line,
-                  "  %-2zu %5d %4d %6d  %-10s %-10s %-10s %-4s %-7s %-5s %4s %9.3f %10.1f %10s %10s %10s\n", i + 1,
+                  "  %-2zu %5d %4d %6d  %-10s %-10s %-10s %-10s %-4s %-7s %-5s %4s %9.3f %10.1f %10s %10s %10s\n", i + 1,
                   c.policy.gpu_batch_size, c.policy.num_gpu_batches, c.policy.block_size(),
-                  split_str(c.policy.weights).c_str(), split_str(c.policy.kv_cache).c_str(),
+                  split_str(c.policy.weights).c_str(), experts_str(c.policy).c_str(), split_str(c.policy.kv_cache).c_str(),
                   split_str(c.policy.activations).c_str(), c.policy.cpu_attention ? "yes" : "no",
                   cpu_experts_str(c.policy), compression_str(c.policy).c_str(), stagger_str(c.policy).c_str(), c.prediction.throughput_tok_s,
                   c.prediction.latency_s, format_bytes(need.gpu).c_str(), format_bytes(need.cpu).c_str(),
@@ -291,9 +297,9 @@ void run_pareto(const Args& a, const ModelConfig& cfg, const HardwareProfile& hw
      << format_bytes(opts.budget.cpu) << ", disk " << format_bytes(opts.budget.disk)
      << "\n\nthe best policy within each latency bound (latency: the time of one block):\n";
   char line[256];
-  std::snprintf(line, sizeof line, "  %10s %10s %9s %5s %4s %6s  %-10s %-10s %-10s %-4s %-7s %-5s %4s\n", "bound_s",
-                "latency_s", "tok/s", "gbs", "ngb", "block", "weights", "kv_cache", "activ.", "cpuA", "cpuX", "4bit",
-                "stag");
+  std::snprintf(line, sizeof line, "  %10s %10s %9s %5s %4s %6s  %-10s %-10s %-10s %-10s %-4s %-7s %-5s %4s\n", "bound_s",
+                "latency_s", "tok/s", "gbs", "ngb", "block", "weights", "experts", "kv_cache", "activ.", "cpuA", "cpuX",
+                "4bit", "stag");
   os << line;
   for (const ParetoPoint& pt : points) {
     if (!pt.best) {
@@ -302,10 +308,10 @@ void run_pareto(const Args& a, const ModelConfig& cfg, const HardwareProfile& hw
       continue;
     }
     const Candidate& c = *pt.best;
-    std::snprintf(line, sizeof line, "  %10.3g %10.3g %9.3f %5d %4d %6d  %-10s %-10s %-10s %-4s %-7s %-5s %4s\n",
+    std::snprintf(line, sizeof line, "  %10.3g %10.3g %9.3f %5d %4d %6d  %-10s %-10s %-10s %-10s %-4s %-7s %-5s %4s\n",
                   pt.max_latency_s, c.prediction.latency_s, c.prediction.throughput_tok_s, c.policy.gpu_batch_size,
                   c.policy.num_gpu_batches, c.policy.block_size(), split_str(c.policy.weights).c_str(),
-                  split_str(c.policy.kv_cache).c_str(), split_str(c.policy.activations).c_str(),
+                  experts_str(c.policy).c_str(), split_str(c.policy.kv_cache).c_str(), split_str(c.policy.activations).c_str(),
                   c.policy.cpu_attention ? "yes" : "no", cpu_experts_str(c.policy), compression_str(c.policy).c_str(),
                   stagger_str(c.policy).c_str());
     os << line;

@@ -132,25 +132,28 @@ void OffloadEngine::Impl::load_weights(const WeightSource& src) {
     for (int half : {0, 1}) fp_half_layout[half] = half_block_layout(fp, half);
   }
   const size_t bytes = plan.layer_weight_bytes;
-  // Disk-bound layers pass through an aligned host buffer (O_DIRECT wants aligned memory).
+  // The layer is read whole into an aligned host buffer (O_DIRECT wants aligned memory), then
+  // each half goes to its own home: the policy may place a mixture of experts' halves apart.
   std::unique_ptr<char, void (*)(void*)> bounce(static_cast<char*>(std::aligned_alloc(kPage, bytes)), std::free);
   weight_home.resize(size_t(L));
-  resident_layers.resize(size_t(L));
+  for (auto& r : resident) r.resize(size_t(L));
   for (int l = 0; l < L; ++l) {
     const BlockLayout layout = halved_layer_layout(cfg, l, dt, kPage, weight_quant).layout;  // same offsets, this layer's names
-    Home& h = weight_home[size_t(l)] = place(plan.weight_tier[size_t(l)], bytes, "layer weights");
-    if (h.tier == Tier::Cpu) {
-      read_block(layout, src, h.ptr, used, &weight_codes, &pool);
-      if (opt.on_layer_loaded) opt.on_layer_loaded(l + 1, L);
-      continue;
-    }
     std::memset(bounce.get(), 0, bytes);
     read_block(layout, src, bounce.get(), used, &weight_codes, &pool);
-    if (h.tier == Tier::Gpu) {
-      be.copy_to_device(h.ptr, bounce.get(), bytes);
-      resident_layers[size_t(l)] = layer_views(halves.layout, h.ptr, be.device());
-    } else {
-      disk->write(h.disk_offset, bounce.get(), bytes);
+    for (int half : {0, 1}) {
+      const size_t half_bytes = half ? halves.mlp_bytes : halves.attn_bytes;
+      const char* data = bounce.get() + (half ? halves.mlp_offset : 0);
+      Home& h = weight_home[size_t(l)][size_t(half)] =
+          place(plan.half_tier(l, half), half_bytes, half ? "layer weights (mlp)" : "layer weights (attention)");
+      if (h.tier == Tier::Cpu) {
+        std::memcpy(h.ptr, data, half_bytes);
+      } else if (h.tier == Tier::Gpu) {
+        be.copy_to_device(h.ptr, data, half_bytes);
+        resident[size_t(half)][size_t(l)] = layer_views(half_layout[half], h.ptr, be.device());
+      } else {
+        disk->write(h.disk_offset, data, half_bytes);
+      }
     }
     if (opt.on_layer_loaded) opt.on_layer_loaded(l + 1, L);
   }
@@ -172,16 +175,12 @@ void OffloadEngine::Impl::place_cache_and_activations() {
   if (plan.dequant_bytes > 0) dequant_mem = gpu.take(plan.dequant_bytes, "dequantized weights");
   // A layer streams half by half (attention, then MLP), each half loading while the other
   // computes: one slot per half is the double buffer.
-  if (moves(plan.weight_tier)) {
-    w_gpu[0] = SlotPool("gpu attention weight buffer", gpu, 1, halves.attn_bytes);
-    w_gpu[1] = SlotPool("gpu mlp weight buffer", gpu, 1, halves.mlp_bytes);
-  }
+  if (moves(plan.weight_tier)) w_gpu[0] = SlotPool("gpu attention weight buffer", gpu, 1, halves.attn_bytes);
+  if (moves(plan.expert_tier)) w_gpu[1] = SlotPool("gpu mlp weight buffer", gpu, 1, halves.mlp_bytes);
   if (moves(plan.cache_tier)) c_gpu = SlotPool("gpu cache staging", gpu, 3, plan.cache_stage_bytes);
   if (moves(plan.act_tier)) a_gpu = SlotPool("gpu activation staging", gpu, 3, plan.act_stage_bytes);
-  if (on_disk(plan.weight_tier)) {
-    w_pin[0] = SlotPool("pinned attention weight buffer", cpu, 1, halves.attn_bytes);
-    w_pin[1] = SlotPool("pinned mlp weight buffer", cpu, 1, halves.mlp_bytes);
-  }
+  if (on_disk(plan.weight_tier)) w_pin[0] = SlotPool("pinned attention weight buffer", cpu, 1, halves.attn_bytes);
+  if (on_disk(plan.expert_tier)) w_pin[1] = SlotPool("pinned mlp weight buffer", cpu, 1, halves.mlp_bytes);
   if (on_disk(plan.cache_tier)) c_pin = SlotPool("pinned cache staging", cpu, 3, plan.cache_unit_bytes);
   if (on_disk(plan.act_tier)) a_pin = SlotPool("pinned activation staging", cpu, 3, plan.act_unit_bytes);
 
@@ -197,7 +196,7 @@ void OffloadEngine::Impl::place_cache_and_activations() {
     }
     use_cpu_backend();
   }
-  if (cpu_experts_used(cfg, opt.policy, plan.weight_tier)) {
+  if (cpu_experts_used(cfg, opt.policy, plan.expert_tier)) {
     use_cpu_backend();
     const int64_t max_rows = plan.step_tokens;
     const size_t rows_bytes = size_t(max_rows) * size_t(cfg.hidden);
@@ -208,9 +207,8 @@ void OffloadEngine::Impl::place_cache_and_activations() {
                                 max_rows, 1);
     cpu_mlp_weights.resize(size_t(L));
     for (int l = 0; l < L; ++l)
-      if (weight_home[size_t(l)].tier == Tier::Cpu)
-        cpu_mlp_weights[size_t(l)] =
-            layer_views(half_layout[1], weight_home[size_t(l)].ptr + halves.mlp_offset, Device::CPU);
+      if (weight_home[size_t(l)][1].tier == Tier::Cpu)
+        cpu_mlp_weights[size_t(l)] = layer_views(half_layout[1], weight_home[size_t(l)][1].ptr, Device::CPU);
   }
 }
 
@@ -255,6 +253,8 @@ OffloadEngine::OffloadEngine(const ModelConfig& cfg, const WeightSource& weights
   STRATA_CHECK(cfg.n_experts > 0 || !(p.cpu_experts_prefill || p.cpu_experts_decode),
                "policy: cpu_experts is " << cpu_experts_name(p) << ", but " << cfg.name
                                          << " has no experts (the option is for mixtures of experts)");
+  STRATA_CHECK(cfg.n_experts > 0 || !p.expert_weights,
+               "policy: expert_weights places experts, but " << cfg.name << " has none (the field is for mixtures of experts)");
   STRATA_CHECK(p.gpu_batch_size > 0 && p.num_gpu_batches > 0, "policy: batch sizes must be positive");
   // The last generated token is sampled but never fed back, so it takes no position: a prompt of
   // the whole context may still produce (or, scoring, just end with) one token.

@@ -163,8 +163,8 @@ struct OffloadEngine::Impl {
   LayerWeights dequantized;
   int dequant_token = -1, dequant_sub = -1;
   ModelWeights globals;  // embeddings, final norm, head and inv_freq; layers unused
-  std::vector<Home> weight_home;
-  std::vector<LayerWeights> resident_layers;  // views of GPU-homed layers
+  std::vector<std::array<Home, 2>> weight_home;       // [layer][half]: each half has its own home
+  std::array<std::vector<LayerWeights>, 2> resident;  // [half][layer]: views of GPU-homed halves
   LayerWeights staged_weights;                // views of the layer being computed from a GPU buffer
   std::vector<std::vector<Home>> cache_home;  // [batch][layer]
   std::vector<Home> act_home;                 // [batch]
@@ -220,7 +220,7 @@ struct OffloadEngine::Impl {
   char* mlp_f32 = nullptr;  // the rows widened to F32 for the CPU backend (only when dt is F16)
   std::atomic<double> cpu_experts_seconds{0};
   bool experts_on_cpu(int t, int j) const {
-    return cpu_mlp_ops && opt.policy.cpu_experts(t == 0) && plan.weight_tier[size_t(j)] == Tier::Cpu;
+    return cpu_mlp_ops && opt.policy.cpu_experts(t == 0) && plan.expert_tier[size_t(j)] == Tier::Cpu;
   }
   // Whether some unit of super-step i computes sub-layer jj on the GPU, so its weights move.
   bool gpu_computes(int i, int jj) const {

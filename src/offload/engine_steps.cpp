@@ -55,7 +55,7 @@ std::vector<std::vector<Choice>> pack_choices(const std::vector<GenRequest>& req
 
 const LayerWeights& OffloadEngine::Impl::weights_for(int jj) {
   const int j = jj / 2, half = jj % 2;
-  if (plan.weight_tier[size_t(j)] == Tier::Gpu) return resident_layers[size_t(j)];
+  if (plan.half_tier(j, half) == Tier::Gpu) return resident[size_t(half)][size_t(j)];
   load_weights_async(jj);  // no-op when prefetched
   Held& h = w_held[size_t(jj)];
   if (!skipped("weights")) compute_after(h.ready);

@@ -218,9 +218,9 @@ SlotRange OffloadEngine::Impl::store_range(int i, int u) const {
 Ticket OffloadEngine::Impl::load_weights_async(int jj, int part, int parts) {
   Held& h = w_held[size_t(jj)];
   const int j = jj / 2, half = jj % 2;
-  if (plan.weight_tier[size_t(j)] == Tier::Gpu) return Ticket();
-  const Home& home = weight_home[size_t(j)];
-  const size_t offset = half ? halves.mlp_offset : 0, bytes = half ? halves.mlp_bytes : halves.attn_bytes;
+  if (plan.half_tier(j, half) == Tier::Gpu) return Ticket();
+  const Home& home = weight_home[size_t(j)][size_t(half)];
+  const size_t bytes = half ? halves.mlp_bytes : halves.attn_bytes;
   // Parts end on page boundaries (O_DIRECT reads), the last at the end of the half.
   const size_t end = part + 1 >= parts ? bytes : std::min(bytes, align_up(bytes / size_t(parts) * size_t(part + 1), kPage));
   size_t& issued = w_issued[size_t(jj)];
@@ -236,11 +236,11 @@ Ticket OffloadEngine::Impl::load_weights_async(int jj, int part, int parts) {
     }
   }
   if (issued >= end) return Ticket();
-  const char* src = home.ptr + offset + issued;
+  const char* src = home.ptr + issued;
   if (h.ready.valid()) deps.push_back(h.ready);
   if (home.tier == Tier::Disk) {
     char* pinned = w_pin[half].data(h.pin) + issued;
-    deps.push_back(disk_io(false, home.disk_offset + offset + issued, pinned, end - issued, "weights read",
+    deps.push_back(disk_io(false, home.disk_offset + issued, pinned, end - issued, "weights read",
                            std::move(pinned_free)));
     src = pinned;
   }

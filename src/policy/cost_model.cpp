@@ -184,14 +184,28 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   // the CPU lane (CATT) computes the MLP half while the GPU computes the rest
   // (docs/cost-model.md, "Experts on the CPU").
   const bool experts_p = cfg.moe() && p.cpu_experts_prefill, experts_d = cfg.moe() && p.cpu_experts_decode;
-  const double W_attn = W - z.mlp_weights;
+  // A layer's weights as its two halves: the attention half Wa follows the fractions wg, wc, wd;
+  // the MLP half Wm too, unless the policy places a mixture of experts' MLP halves apart
+  // (expert_weights): their tiers are then fixed (the runtime's whole layers), constants here.
+  const double Wm = z.mlp_weights, Wa = W - Wm;
+  const bool apart = cfg.moe() && p.expert_weights.has_value();
+  std::array<double, 3> xm{};  // the MLP halves' realized fractions, when apart
+  if (apart)
+    for (Tier t : assign_tiers(cfg.n_layers, *p.expert_weights)) xm[size_t(t)] += 1.0 / l;
+  // Adds `v` per unit of MLP halves on tier t: a coefficient of w_t, or, apart, a constant.
+  auto add_mlp = [&](LinearForm& f, double v, Tier t) {
+    if (apart) f.constant += v * xm[size_t(t)];
+    else f.coef[WG + int(t)] += v;
+  };
   auto& P = F.prefill;
-  add(P[CTOG], W / ctog, {WD});
-  add(P[CTOG], (experts_p ? W_attn : W) / ctog, {WC});
+  add(P[CTOG], Wa / ctog, {WC, WD});
+  add_mlp(P[CTOG], Wm / ctog, Tier::Disk);
+  if (!experts_p) add_mlp(P[CTOG], Wm / ctog, Tier::Cpu);
   add(P[CTOG], Ap_moved / ctog, {HC, HD});
   add(P[GTOC], cache_prefill / gtoc, {CC, CD});
   add(P[GTOC], Ap_moved / gtoc, {HC, HD});
-  add(P[DTOC], W / dtoc, {WD});
+  add(P[DTOC], Wa / dtoc, {WD});
+  add_mlp(P[DTOC], Wm / dtoc, Tier::Disk);
   add(P[DTOC], Ap_moved / dtoc, {HD});
   add(P[CTOD], cache_prefill / ctod, {CD});
   add(P[CTOD], Ap_moved / ctod, {HD});
@@ -210,22 +224,23 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   P[COMP].constant += hw.compute_overhead_s * prefill_groups;
   if (experts_p) {
     const double group_tokens = std::min(z.prefill_seqs, gbs) * s;
-    add(P[CTOG], Ap / ctog, {WC});
-    add(P[GTOC], Ap / gtoc, {WC});
-    add(P[COMP], -bls * s * z.mlp_flops_per_token / hw.gemm_flops(std::min(z.step_tokens, gbs * s)), {WC});
-    add(P[CATT], prefill_groups * cpu_experts_seconds(cfg, z, group_tokens, cw, hw), {WC});
-    if (cw) add(P[COMP], -z.mlp_weights_fp16 / dequant_bw, {WC});  // its half is never dequantized
+    add_mlp(P[CTOG], Ap / ctog, Tier::Cpu);
+    add_mlp(P[GTOC], Ap / gtoc, Tier::Cpu);
+    add_mlp(P[COMP], -bls * s * z.mlp_flops_per_token / hw.gemm_flops(std::min(z.step_tokens, gbs * s)), Tier::Cpu);
+    add_mlp(P[CATT], prefill_groups * cpu_experts_seconds(cfg, z, group_tokens, cw, hw), Tier::Cpu);
+    if (cw) add_mlp(P[COMP], -z.mlp_weights_fp16 / dequant_bw, Tier::Cpu);  // its half is never dequantized
   }
 
   // One decode step of one layer. With cpu_attention, attention over the cache on the CPU or disk
   // runs on the CPU (CATT): q, k, v go down and the attention output comes back instead of the cache.
   auto& D = F.decode;
-  add(D[CTOG], W / ctog, {WD});
-  add(D[CTOG], (experts_d ? W_attn : W) / ctog, {WC});
+  add(D[CTOG], Wa / ctog, {WC, WD});
+  add_mlp(D[CTOG], Wm / ctog, Tier::Disk);
+  if (!experts_d) add_mlp(D[CTOG], Wm / ctog, Tier::Cpu);
   if (experts_d) {
-    add(D[CTOG], Ag / ctog, {WC});
-    add(D[GTOC], Ag / gtoc, {WC});
-    add(D[CATT], ngb * cpu_experts_seconds(cfg, z, gbs, cw, hw), {WC});
+    add_mlp(D[CTOG], Ag / ctog, Tier::Cpu);
+    add_mlp(D[GTOC], Ag / gtoc, Tier::Cpu);
+    add_mlp(D[CATT], ngb * cpu_experts_seconds(cfg, z, gbs, cw, hw), Tier::Cpu);
   }
   add(D[CTOG], Ag_moved / ctog, {HC, HD});
   add(D[GTOC], Ag_moved / gtoc, {HC, HD});
@@ -237,14 +252,15 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
     add(D[CTOG], z.cache_avg / ctog, {CC, CD});
     add(D[GTOC], cache_new / gtoc, {CC, CD});
   }
-  add(D[DTOC], W / dtoc, {WD});
+  add(D[DTOC], Wa / dtoc, {WD});
+  add_mlp(D[DTOC], Wm / dtoc, Tier::Disk);
   add(D[DTOC], z.cache_avg / dtoc, {CD});
   add(D[DTOC], Ag_moved / dtoc, {HD});
   add(D[CTOD], cache_new / ctod, {CD});
   add(D[CTOD], Ag_moved / ctod, {HD});
   D[COMP].constant = bls * (z.layer_flops_per_token + head_flops / l) / hw.gemm_flops(gbs) +
                      hw.compute_overhead_s * ngb;  // calibrated: once per GPU batch and layer
-  if (experts_d) add(D[COMP], -bls * z.mlp_flops_per_token / hw.gemm_flops(gbs), {WC});
+  if (experts_d) add_mlp(D[COMP], -bls * z.mlp_flops_per_token / hw.gemm_flops(gbs), Tier::Cpu);
   // What of it waits for delegated attention (compute_stage): all but the attention half's GEMMs;
   // on the CPU backend all of it (the attention runs inline on the same cores: G + C).
   F.comp_serial_share =
@@ -254,7 +270,7 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   // the layer once, shared by the block's GPU batches (the runtime's rule, engine_steps.cpp).
   if (cw && gbs > double(quant::kCudaFusedDequantMaxTokens)) {
     D[COMP].constant += z.layer_weights_fp16 / dequant_bw;
-    if (experts_d) add(D[COMP], -z.mlp_weights_fp16 / dequant_bw, {WC});
+    if (experts_d) add_mlp(D[COMP], -z.mlp_weights_fp16 / dequant_bw, Tier::Cpu);
   }
   // Attention reads the cache where it is computed; a compressed cache is read as codes and
   // dequantized in registers, at the profile's rate over a 4-bit cache where it has one.
@@ -274,16 +290,26 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   const double cache_group = z.prefill_seqs * (s + n) * z.kv_per_token;
   const double act_stage = std::max(z.prefill_seqs * s, gbs) * z.hidden_per_token;
   LinearForm& G = F.peak[int(Tier::Gpu)];
-  G.constant = z.global_weights + z.workspace + W;
-  add(G, l * W - W, {WG});  // resident layers need no transfer buffer
+  // Each half's transfer buffer, unless every such half is resident; tied halves interpolate.
+  G.constant = z.global_weights + z.workspace + Wa;
+  add(G, l * Wa - Wa, {WG});
+  if (apart) {
+    G.constant += l * Wm * xm[0] + (xm[0] < 1 ? Wm : 0.0);
+  } else {
+    G.constant += Wm;
+    add(G, l * Wm - Wm, {WG});
+  }
   add(G, l * Cm, {CG});
   add(G, 3 * (cpu_attn ? cache_group : cache_unit), {CC, CD});
   add(G, Ap, {HG});
   add(G, 3 * act_stage, {HC, HD});
   if (cw) G.constant += z.dequant_buffer;  // the larger half-layer, dequantized for long steps
   LinearForm& C = F.peak[int(Tier::Cpu)];
-  add(C, l * W, {WC});
-  add(C, W, {WD});
+  add(C, l * Wa, {WC});
+  add(C, Wa, {WD});  // the pinned buffer of a half read from disk
+  add_mlp(C, l * Wm, Tier::Cpu);
+  if (apart) C.constant += xm[2] > 0 ? Wm : 0.0;
+  else add(C, Wm, {WD});
   add(C, l * Cm, {CC});
   add(C, 3 * cache_unit, {CD});
   add(C, Ap, {HC});
@@ -296,7 +322,8 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
     C.constant += z.step_tokens * h_dim * (2 * e + 4) +
                   double(ForwardOps::workspace_bytes(cfg, DType::F32, int64_t(z.step_tokens), 1));
   LinearForm& Dk = F.peak[int(Tier::Disk)];
-  add(Dk, l * W, {WD});
+  add(Dk, l * Wa, {WD});
+  add_mlp(Dk, l * Wm, Tier::Disk);
   add(Dk, l * Cm, {CD});
   add(Dk, Ap, {HD});
   return F;

@@ -79,6 +79,7 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   p.step_tokens = steps.step_tokens;
 
   p.weight_tier = assign_tiers(L, policy.weights);
+  p.expert_tier = policy.expert_weights ? assign_tiers(L, *policy.expert_weights) : p.weight_tier;
   p.cache_tier = assign_tiers(L, policy.kv_cache);
   p.act_tier = assign_tiers(ngb, policy.activations);  // one hidden state per GPU batch
 
@@ -110,16 +111,18 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   p.act_stage_bytes = std::max(p.act_piece_bytes, decode_rows);
 
   p.realized_weights = realized(p.weight_tier);
+  p.realized_expert_weights = realized(p.expert_tier);
   p.realized_kv_cache = realized(p.cache_tier);
   p.realized_activations = realized(p.act_tier);
 
-  p.weights = bytes_by_tier(p.weight_tier, double(p.layer_weight_bytes), 1);
+  p.weights = bytes_by_tier(p.weight_tier, double(p.attn_weight_bytes), 1);
+  p.weights += bytes_by_tier(p.expert_tier, double(p.mlp_weight_bytes), 1);
   p.weights.gpu += double(p.global_weight_bytes);
   p.kv_cache = bytes_by_tier(p.cache_tier, double(p.cache_unit_bytes), ngb);
   p.activations = bytes_by_tier(p.act_tier, double(p.act_unit_bytes), 1);
 
   // Working buffers, as the schedule allocates them (src/offload/engine.cpp, engine_steps.cpp).
-  const bool weights_move = count(p.weight_tier, Tier::Gpu) < L;
+  const bool attn_moves = count(p.weight_tier, Tier::Gpu) < L, mlp_moves = count(p.expert_tier, Tier::Gpu) < L;
   const bool cache_moves = count(p.cache_tier, Tier::Gpu) < L;
   const bool acts_move = count(p.act_tier, Tier::Gpu) < ngb;
   TierBytes& w = p.working;
@@ -129,7 +132,8 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   // Weights stream half a layer at a time, each half loading while the other computes: one
   // buffer per half, one layer in all. Cache and hidden states: the unit computed, the next one
   // loaded and the previous one stored.
-  if (weights_move) w.gpu += double(p.attn_weight_bytes + p.mlp_weight_bytes);
+  if (attn_moves) w.gpu += double(p.attn_weight_bytes);
+  if (mlp_moves) w.gpu += double(p.mlp_weight_bytes);
   // Compressed weights are read as codes by the fused linear in decode; a step with more tokens
   // dequantizes its half-layer once (for every unit of the block) into one buffer of the larger
   // uncompressed half.
@@ -143,7 +147,8 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   if (acts_move) w.gpu += 3.0 * double(p.act_stage_bytes);
   // Disk transfers pass through pinned mirrors of whole units (O_DIRECT needs the file's page
   // alignment in memory too).
-  if (count(p.weight_tier, Tier::Disk) > 0) w.cpu += double(p.attn_weight_bytes + p.mlp_weight_bytes);
+  if (count(p.weight_tier, Tier::Disk) > 0) w.cpu += double(p.attn_weight_bytes);
+  if (count(p.expert_tier, Tier::Disk) > 0) w.cpu += double(p.mlp_weight_bytes);
   if (count(p.cache_tier, Tier::Disk) > 0) w.cpu += 3.0 * double(p.cache_unit_bytes);
   if (count(p.act_tier, Tier::Disk) > 0) w.cpu += 3.0 * double(p.act_unit_bytes);
   if (policy.cpu_attention && count(p.cache_tier, Tier::Gpu) < L) {
@@ -156,7 +161,7 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
     w.cpu += 4.0 * double(align_up(rows * size_t(cfg.kv_dim()) * e, disk_align));
     w.gpu += 2.0 * double(align_up(rows * size_t(cfg.q_dim()) * e, disk_align));
   }
-  if (cpu_experts_used(cfg, policy, p.weight_tier)) {
+  if (cpu_experts_used(cfg, policy, p.expert_tier)) {
     // Experts computed on the CPU (docs/moe.md): two buffers of a step's hidden rows crossing to
     // the host and back, the CPU's workspace, and the rows widened to fp32 for it.
     const size_t rows = size_t(p.step_tokens) * size_t(cfg.hidden);
@@ -167,9 +172,9 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   return p;
 }
 
-bool cpu_experts_used(const ModelConfig& cfg, const Policy& policy, const std::vector<Tier>& weight_tier) {
+bool cpu_experts_used(const ModelConfig& cfg, const Policy& policy, const std::vector<Tier>& expert_tier) {
   return cfg.n_experts > 0 && (policy.cpu_experts_prefill || policy.cpu_experts_decode) &&
-         std::count(weight_tier.begin(), weight_tier.end(), Tier::Cpu) > 0;
+         std::count(expert_tier.begin(), expert_tier.end(), Tier::Cpu) > 0;
 }
 
 std::string describe_plan(const PlacementPlan& plan, const Policy& policy) {
@@ -183,7 +188,15 @@ std::string describe_plan(const PlacementPlan& plan, const Policy& policy) {
     }
     os << "  [policy " << asked.gpu << "/" << asked.cpu << "/" << asked.disk << ", by " << unit << "]\n";
   };
-  line("weights    ", plan.weights, plan.realized_weights, policy.weights, "layer");
+  if (policy.expert_weights) {  // each half its own split
+    const TierBytes experts = bytes_by_tier(plan.expert_tier, double(plan.mlp_weight_bytes), 1);
+    TierBytes rest = plan.weights;
+    for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) rest.at(t) -= experts.at(t);
+    line("weights    ", rest, plan.realized_weights, policy.weights, "attention half");
+    line("experts    ", experts, plan.realized_expert_weights, *policy.expert_weights, "MLP half");
+  } else {
+    line("weights    ", plan.weights, plan.realized_weights, policy.weights, "layer");
+  }
   line("kv_cache   ", plan.kv_cache, plan.realized_kv_cache, policy.kv_cache, "layer");
   line("activations", plan.activations, plan.realized_activations, policy.activations, "GPU batch");
   auto spec = [](const Compression& c) { return std::to_string(c.bits) + "-bit, groups of " + std::to_string(c.group_size); };

@@ -86,7 +86,7 @@ Policy parse_policy(const std::string& text, const std::string& source) {
   if (root["compress_activations"])
     r.fail(root["compress_activations"], "field 'compress_activations': activations cannot be compressed (only "
                                          "compress_weights and compress_kv_cache)");
-  r.only_keys(root, {"gpu_batch_size", "num_gpu_batches", "weights", "kv_cache", "activations", "overlap",
+  r.only_keys(root, {"gpu_batch_size", "num_gpu_batches", "weights", "expert_weights", "kv_cache", "activations", "overlap",
                      "cpu_attention", "cpu_experts", "compress_weights", "compress_kv_cache", "prefill_tokens",
                      "prefill_batches_per_step"}, "");
   Policy p;
@@ -97,6 +97,7 @@ Policy parse_policy(const std::string& text, const std::string& source) {
   p.weights = r.split(root["weights"], "weights");
   p.kv_cache = r.split(root["kv_cache"], "kv_cache");
   p.activations = r.split(root["activations"], "activations");
+  if (root["expert_weights"]) p.expert_weights = r.split(root["expert_weights"], "expert_weights");
   if (root["overlap"]) p.overlap = r.boolean(root["overlap"], "overlap");
   if (root["cpu_attention"]) p.cpu_attention = r.boolean(root["cpu_attention"], "cpu_attention");
   if (const YAML::Node n = root["cpu_experts"]) {
@@ -147,6 +148,7 @@ std::string policy_to_yaml(const Policy& p) {
   };
   os << "gpu_batch_size: " << p.gpu_batch_size << "\nnum_gpu_batches: " << p.num_gpu_batches << "\n";
   split("weights:     ", p.weights);
+  if (p.expert_weights) split("expert_weights: ", *p.expert_weights);
   split("kv_cache:    ", p.kv_cache);
   split("activations: ", p.activations);
   os << "overlap: " << (p.overlap ? "true" : "false") << "\ncpu_attention: " << (p.cpu_attention ? "true" : "false")

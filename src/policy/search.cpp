@@ -199,6 +199,7 @@ struct Shape {
   bool cpu_attention;
   bool compress_weights, compress_cache;
   bool cpu_experts_prefill = false, cpu_experts_decode = false;
+  bool experts_apart = false;  // every MLP half on the CPU tier, the LP placing the attention halves
 };
 
 Policy make_policy(const Shape& s) {
@@ -209,6 +210,7 @@ Policy make_policy(const Shape& s) {
   p.cpu_attention = s.cpu_attention;
   p.cpu_experts_prefill = s.cpu_experts_prefill;
   p.cpu_experts_decode = s.cpu_experts_decode;
+  if (s.experts_apart) p.expert_weights = TierSplit{0, 100, 0};
   if (s.compress_weights) p.compress_weights = Compression{4, 64};
   if (s.compress_cache) p.compress_kv_cache = Compression{4, 64};
   return p;
@@ -229,15 +231,21 @@ const std::vector<int>& batch_counts() {
 // Sequences per block at most: beyond this a job's blocks become too coarse to be practical.
 constexpr int kMaxBlock = 8192;
 
-// A mixture of experts also tries its experts computed on the CPU in each phase: decode steps
-// activate few experts, prefill steps nearly all, so the phases choose apart.
+// A mixture of experts also tries its experts computed on the CPU in decode, or in both phases
+// (decode steps activate few experts, prefill steps nearly all; prefill alone never pays where
+// decode does not), and its MLP halves all on the CPU tier apart from the attention halves, which
+// the LP then places (MoE-Lightning's placement).
 std::vector<Shape> option_sets(bool allow_compression, bool moe) {
   std::vector<Shape> v;
+  const std::vector<std::pair<bool, bool>> phases =
+      moe ? std::vector<std::pair<bool, bool>>{{false, false}, {false, true}, {true, true}}
+          : std::vector<std::pair<bool, bool>>{{false, false}};
   for (int cw = 0; cw <= int(allow_compression); ++cw)
     for (int cc = 0; cc <= int(allow_compression); ++cc)
       for (int ca = 0; ca <= 1; ++ca)
-        for (int xp = 0; xp <= int(moe); ++xp)
-          for (int xd = 0; xd <= int(moe); ++xd) v.push_back({0, 0, bool(ca), bool(cw), bool(cc), bool(xp), bool(xd)});
+        for (const auto& [xp, xd] : phases)
+          for (int apart = 0; apart <= int(moe); ++apart)
+            v.push_back({0, 0, bool(ca), bool(cw), bool(cc), xp, xd, bool(apart)});
   return v;
 }
 
@@ -502,7 +510,8 @@ std::vector<std::pair<Candidate, CostForms>> collect(const ModelConfig& cfg, con
         // attention is the same policy.
         if (c && shape.cpu_attention && c->policy.kv_cache.gpu == 100) c.reset();
         // Nor experts on the CPU without a layer there.
-        if (c && (shape.cpu_experts_prefill || shape.cpu_experts_decode) && c->policy.weights.cpu == 0) c.reset();
+        const int experts_on_cpu = shape.expert_weights ? shape.expert_weights->cpu : c ? c->policy.weights.cpu : 0;
+        if (c && (shape.cpu_experts_prefill || shape.cpu_experts_decode) && experts_on_cpu == 0) c.reset();
         // Ranked by the schedule it will run: staggering only adds to the LP's rounded throughput.
         if (c) c = with_best_stagger(F, std::move(*c), opts);
         if (c) best_found = std::max(best_found, c->prediction.throughput_tok_s);

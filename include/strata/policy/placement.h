@@ -43,7 +43,9 @@ struct PlanShape {
 };
 
 struct PlacementPlan {
-  std::vector<Tier> weight_tier;  // per layer
+  std::vector<Tier> weight_tier;  // per layer: its attention half's, and its MLP half's unless...
+  std::vector<Tier> expert_tier;  // ... the policy places experts apart: per layer, its MLP half's
+  Tier half_tier(int layer, int half) const { return (half ? expert_tier : weight_tier)[size_t(layer)]; }
   std::vector<Tier> cache_tier;   // per layer, the same for every GPU batch
   std::vector<Tier> act_tier;     // per GPU batch: where its hidden state lives between layers
 
@@ -74,11 +76,12 @@ struct PlacementPlan {
 
   // Realized percentages (of bytes of the class), for reports beside the policy's request.
   TierSplit realized_weights, realized_kv_cache, realized_activations;
+  TierSplit realized_expert_weights;  // the MLP halves' (equal to realized_weights unless apart)
 };
 
 // Whether the policy computes some layer's experts on the CPU: a mixture of experts, cpu_experts
-// in some phase, and some layer's weights on the CPU tier.
-bool cpu_experts_used(const ModelConfig& cfg, const Policy& policy, const std::vector<Tier>& weight_tier);
+// in some phase, and some layer's MLP half on the CPU tier.
+bool cpu_experts_used(const ModelConfig& cfg, const Policy& policy, const std::vector<Tier>& expert_tier);
 
 // The quantization spec of a policy's compression field.
 std::optional<quant::QuantSpec> quant_spec(const std::optional<Compression>& c);

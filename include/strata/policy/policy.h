@@ -22,6 +22,10 @@ struct Policy {
   int gpu_batch_size = 1;   // sequences per GPU batch
   int num_gpu_batches = 1;  // GPU batches per block
   TierSplit weights, kv_cache, activations;
+  // Mixtures of experts: where each layer's MLP half (its router and experts) lives, apart from
+  // its attention half, which `weights` then places alone (docs/moe.md, "Experts placed apart").
+  // Unset: the whole layer follows `weights`.
+  std::optional<TierSplit> expert_weights;
   bool overlap = true;        // overlap I/O with compute
   bool cpu_attention = false; // decode attention on the CPU where the KV cache lives there
   // Mixtures of experts: in which phases a layer whose weights live on the CPU tier computes its

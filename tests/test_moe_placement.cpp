@@ -1,7 +1,8 @@
-// Experts computed where they live (policy cpu_experts, docs/moe.md): a mixture of experts' MLP
-// half on the CPU tier runs on the CPU in the phases the policy names. Greedy tokens are
-// Hugging Face's (tests/fixtures/models/tiny-mixtral, made by make_moe_fixtures.py) whatever the
-// phase and placement; the bytes moved are the hidden rows instead of the half's weights.
+// Where a mixture of experts' MLP halves live and run (docs/moe.md): placed apart from the
+// attention halves (policy expert_weights), and computed on the CPU where they live in the phases
+// the policy names (cpu_experts). Greedy tokens are Hugging Face's (tests/fixtures/models/
+// tiny-mixtral, made by make_moe_fixtures.py) whatever the placement and phase; the bytes moved
+// are what the placement says.
 #include "test_paths.h"
 #include <catch2/catch.hpp>
 #include <string>
@@ -30,7 +31,95 @@ Policy with_cpu_experts(Policy p, bool prefill, bool decode) {
   return p;
 }
 
+// The policy grid with the MLP halves placed apart: each policy's experts on another split than
+// its weights (every tier alone, mixed, and the two halves of a layer on different tiers), and
+// computed on the CPU in no phase, in decode, or in both, in turn.
+std::vector<Policy> apart_grid() {
+  const std::vector<TierSplit> splits = {{0, 100, 0}, {100, 0, 0}, {0, 0, 100}, {34, 33, 33}, {50, 50, 0}, {0, 50, 50}};
+  std::vector<Policy> out;
+  for (Policy p : policy_grid()) {
+    TierSplit x = splits[out.size() % splits.size()];
+    if (x.gpu == p.weights.gpu && x.cpu == p.weights.cpu) x = splits[(out.size() + 1) % splits.size()];
+    p.expert_weights = x;
+    const int phase = int(out.size() / 2) % 3;
+    out.push_back(with_cpu_experts(p, phase == 2, phase != 0));
+  }
+  return out;
+}
+
+std::string describe_experts(const Policy& p) {
+  const TierSplit& x = *p.expert_weights;
+  return describe(p) + ", experts " + std::to_string(x.gpu) + "/" + std::to_string(x.cpu) + "/" + std::to_string(x.disk) +
+         ", cpu_experts " + cpu_experts_name(p);
+}
+
 }  // namespace
+
+TEST_CASE("moe: experts placed apart give Hugging Face's greedy tokens, in the memory the plan says",
+          "[moe][offload]") {
+  // Each half streams from its own home, so the tokens are exactly those of every other policy on
+  // the CPU backend; the plan reserves each half's buffers by its own tiers.
+  auto backend = make_cpu_backend(2);
+  ModelBundle model = open_model(kModels + "tiny-mixtral");
+  const json exp = load_expected("tiny-mixtral");
+  const std::vector<GenRequest> reqs = fixture_requests(exp);
+  int halves_apart = 0;
+  for (const Policy& policy : apart_grid()) {
+    OffloadOptions opt;
+    opt.policy = policy;
+    opt.offload_dir = offload_dir("experts-apart");
+    OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+    const std::vector<GenResult> got = run_blocks(engine, reqs);
+    REQUIRE(got.size() == reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      INFO(describe_experts(policy) << ", prompt " << i);
+      CHECK(got[i].tokens == exp["greedy"][i].get<std::vector<int32_t>>());
+    }
+    const PlacementPlan& plan = engine.plan();
+    halves_apart += plan.weight_tier != plan.expert_tier;
+    const TierBytes planned = plan.peak(), used = engine.report().used;
+    for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) {
+      INFO(describe_experts(policy) << ", " << tier_name(t) << ": plan " << planned.at(t) << ", used " << used.at(t));
+      CHECK(used.at(t) <= planned.at(t));
+      CHECK(planned.at(t) - used.at(t) < 4096);
+    }
+  }
+  CHECK(halves_apart >= 20);
+}
+
+TEST_CASE("moe: attention on the GPU and experts on the CPU move only the experts, or only hidden rows",
+          "[moe][offload]") {
+  // MoE-Lightning's placement: the attention halves resident, the MLP halves on the CPU tier. Moved,
+  // every step carries every layer's MLP half and nothing else; computed on the CPU in decode,
+  // decode steps carry each layer's hidden rows both ways instead.
+  auto backend = make_cpu_backend(2);
+  ModelBundle model = open_model(kModels + "tiny-mixtral");
+  std::vector<GenRequest> reqs = fixture_requests(load_expected("tiny-mixtral"));
+  for (GenRequest& r : reqs) r.sampling.ignore_eos = true;
+  const int n_tokens = reqs.front().sampling.max_new_tokens, L = model.config.n_layers;
+  Policy moved = policy_of(int(reqs.size()), 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0});
+  moved.expert_weights = TierSplit{0, 100, 0};
+  auto run = [&](const Policy& p) {
+    OffloadOptions opt;
+    opt.policy = p;
+    opt.offload_dir = offload_dir("experts-apart-bytes");
+    OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+    for (const GenResult& r : engine.generate(reqs)) REQUIRE(int(r.tokens.size()) == n_tokens);
+    return std::pair{engine.report(), engine.plan()};
+  };
+  const auto [a, plan] = run(moved);
+  const auto [b, plan_b] = run(with_cpu_experts(moved, false, true));
+  CHECK(a.cpu_to_gpu.bytes == double(n_tokens) * L * double(plan.mlp_weight_bytes));
+  CHECK(a.gpu_to_cpu.bytes == 0);
+  const double crossed = double(n_tokens - 1) * L * double(reqs.size()) * double(model.config.hidden) * 4;
+  CHECK(b.cpu_to_gpu.bytes == double(L) * double(plan.mlp_weight_bytes) + crossed);  // prefill moves them
+  CHECK(b.gpu_to_cpu.bytes == crossed);
+  // The plan: no attention buffer on the GPU (every attention half is resident), one MLP buffer.
+  const PlacementPlan whole = plan_placement(model.config, policy_of(int(reqs.size()), 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}),
+                                             shape_of(reqs), DType::F32);
+  CHECK(whole.working.gpu - plan.working.gpu == double(plan.attn_weight_bytes));
+  CHECK(plan.weights.cpu == double(L) * double(plan.mlp_weight_bytes));
+}
 
 TEST_CASE("policy: cpu_experts reads none, decode, prefill or both and writes them back", "[policy][moe]") {
   const std::string base = "gpu_batch_size: 2\nnum_gpu_batches: 1\nweights: {gpu: 0, cpu: 100}\n"
@@ -49,6 +138,21 @@ TEST_CASE("policy: cpu_experts reads none, decode, prefill or both and writes th
   CHECK_THROWS_WITH(parse_policy(base + "cpu_experts: sometimes\n", "p.yaml"),
                     Catch::Contains("p.yaml:6") && Catch::Contains("cpu_experts") && Catch::Contains("sometimes"));
   CHECK_THROWS_WITH(parse_policy(base + "cpu_experts: [decode]\n", "p.yaml"), Catch::Contains("a list"));
+}
+
+TEST_CASE("policy: expert_weights places the MLP halves apart and writes back", "[policy][moe]") {
+  const std::string base = "gpu_batch_size: 2\nnum_gpu_batches: 1\nweights: {gpu: 100}\n"
+                           "kv_cache: {gpu: 100}\nactivations: {gpu: 100}\n";
+  CHECK_FALSE(parse_policy(base).expert_weights.has_value());
+  const Policy p = parse_policy(base + "expert_weights: {gpu: 25, cpu: 50, disk: 25}\n");
+  REQUIRE(p.expert_weights.has_value());
+  CHECK(p.expert_weights->gpu == 25);
+  CHECK(p.expert_weights->disk == 25);
+  const Policy again = parse_policy(policy_to_yaml(p));
+  REQUIRE(again.expert_weights.has_value());
+  CHECK(again.expert_weights->cpu == 50);
+  CHECK_THROWS_WITH(parse_policy(base + "expert_weights: {gpu: 50, cpu: 40}\n", "p.yaml"),
+                    Catch::Contains("p.yaml:6") && Catch::Contains("expert_weights") && Catch::Contains("sum to 90"));
 }
 
 TEST_CASE("moe: experts computed on the CPU give Hugging Face's greedy tokens in every phase and placement",
@@ -146,6 +250,51 @@ TEST_CASE("moe: cpu_experts on a dense model fails naming the option", "[moe][of
   opt.offload_dir = offload_dir("cpu-experts-dense");
   CHECK_THROWS_WITH(OffloadEngine(model.config, *model.weights, *backend, opt, PlanShape{4, 2}),
                     Catch::Contains("cpu_experts is decode") && Catch::Contains("has no experts"));
+}
+
+TEST_CASE("moe: expert_weights on a dense model fails naming the field", "[moe][offload]") {
+  auto backend = make_cpu_backend(1);
+  ModelBundle model = open_model(kModels + "tiny-llama");
+  OffloadOptions opt;
+  opt.policy = policy_of(1, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0});
+  opt.policy.expert_weights = TierSplit{0, 100, 0};
+  opt.offload_dir = offload_dir("experts-apart-dense");
+  CHECK_THROWS_WITH(OffloadEngine(model.config, *model.weights, *backend, opt, PlanShape{4, 2}),
+                    Catch::Contains("expert_weights") && Catch::Contains("has none"));
+}
+
+TEST_CASE("CUDA: experts placed apart give the all-on-GPU run's tokens", "[moe][offload][cuda]") {
+  if (!cuda_available()) {
+    WARN("no GPU: skipped");
+    return;
+  }
+  // Moving the halves from their own homes runs the same fp16 kernels on the same shapes as the
+  // same batch shape with every class on the GPU: not a token may change (CPU attention and CPU
+  // experts sum in another order and are left out; the CPU experts' case is below).
+  auto backend = make_cuda_backend(0);
+  ModelBundle model = open_model(kModels + "tiny-mixtral");
+  const std::vector<GenRequest> reqs = fixture_requests(load_expected("tiny-mixtral"));
+  int n = 0;
+  for (Policy policy : apart_grid()) {
+    if (policy.cpu_attention) continue;
+    policy.cpu_experts_prefill = policy.cpu_experts_decode = false;
+    OffloadOptions opt;
+    opt.policy = policy;
+    opt.offload_dir = offload_dir("experts-apart-cuda");
+    OffloadOptions resident = opt;
+    resident.policy.weights = resident.policy.kv_cache = resident.policy.activations = {100, 0, 0};
+    resident.policy.expert_weights.reset();
+    OffloadEngine ref(model.config, *model.weights, *backend, resident, shape_of(reqs));
+    const std::vector<GenResult> want = run_blocks(ref, reqs);
+    OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+    const std::vector<GenResult> got = run_blocks(engine, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      INFO(describe_experts(policy) << ", prompt " << i);
+      CHECK(got[i].tokens == want[i].tokens);
+    }
+    ++n;
+  }
+  CHECK(n >= 10);
 }
 
 TEST_CASE("CUDA: experts computed on the CPU give the GPU's tokens where their margin allows", "[moe][offload][cuda]") {
