@@ -367,6 +367,34 @@ std::vector<json> read_lines(const fs::path& file) {
 }
 }  // namespace
 
+TEST_CASE("strata run --policy with experts apart and computed on the CPU gives the resident tokens and reports them",
+          "[cli][offload][moe]") {
+  const fs::path prompts = temp_dir() / "moe.jsonl", policy = temp_dir() / "experts-apart.yaml";
+  {
+    std::ofstream p(prompts);
+    for (int i = 0; i < 5; ++i)
+      p << "{\"id\": \"m" << i << "\", \"prompt\": \"hello number " << i << "\", \"max_new_tokens\": 4, \"ignore_eos\": true}\n";
+  }
+  std::ofstream(policy) << "gpu_batch_size: 2\nnum_gpu_batches: 2\nweights: {gpu: 100, cpu: 0, disk: 0}\n"
+                           "expert_weights: {gpu: 0, cpu: 100, disk: 0}\ncpu_experts: decode\n"
+                           "kv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n";
+  const std::string base = "run --model " + kModels + "/tiny-mixtral --prompts " + prompts.string() +
+                           " --device cpu --no-progress --offload-dir " + (temp_dir() / "offload-moe").string();
+  const fs::path ref = temp_dir() / "moe_ref.jsonl", out = temp_dir() / "moe_out.jsonl";
+  fs::remove(ref);
+  fs::remove(out);
+  Result r = run_strata(base + " --out " + ref.string());
+  REQUIRE(r.code == 0);
+  r = run_strata(base + " --out " + out.string() + " --policy " + policy.string() + " --report --verbose");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("experts    :") && Catch::Contains("[policy 0/100/0, by MLP half]") &&
+                           Catch::Contains("cpu experts: ") && Catch::Contains("of MLP halves on the CPU lane"));
+  const std::vector<json> want = read_lines(ref), got = read_lines(out);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i]["tokens"] == want[i]["tokens"]);
+}
+
 TEST_CASE("strata run --policy offloads, reports, and keeps finished blocks when the disk fails", "[cli][offload]") {
   const fs::path prompts = temp_dir() / "offload.jsonl", policy = temp_dir() / "disk-weights.yaml";
   {

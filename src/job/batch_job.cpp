@@ -222,6 +222,10 @@ void print_report(const OffloadReport& r, std::ostream& log) {
         << r.cpu_attention_seconds << " s (" << rate(r.cpu_attention_bytes / 1e9, r.cpu_attention_seconds)
         << " GB/s on its own lane), " << std::setprecision(0)
         << 100 * r.cpu_attention_seconds / std::max(r.schedule_seconds, 1e-9) << "% of the schedule's wall time\n";
+  if (r.cpu_experts_seconds > 0)
+    log << std::setprecision(2) << "  cpu experts: " << r.cpu_experts_seconds << " s of MLP halves on the CPU lane, "
+        << std::setprecision(0) << 100 * r.cpu_experts_seconds / std::max(r.schedule_seconds, 1e-9)
+        << "% of the schedule's wall time\n";
   log << std::setprecision(2)
       << "  disk->cpu: " << gbps(r.disk_to_cpu) << "\n  cpu->gpu:  " << gbps(r.cpu_to_gpu)
       << "\n  gpu->cpu:  " << gbps(r.gpu_to_cpu) << "\n  cpu->disk: " << gbps(r.cpu_to_disk) << "\n"

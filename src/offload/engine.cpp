@@ -131,28 +131,27 @@ void OffloadEngine::Impl::load_weights(const WeightSource& src) {
     const HalvedLayout fp = halved_layer_layout(cfg, 0, dt, kPage);
     for (int half : {0, 1}) fp_half_layout[half] = half_block_layout(fp, half);
   }
-  const size_t bytes = plan.layer_weight_bytes;
-  // The layer is read whole into an aligned host buffer (O_DIRECT wants aligned memory), then
-  // each half goes to its own home: the policy may place a mixture of experts' halves apart.
-  std::unique_ptr<char, void (*)(void*)> bounce(static_cast<char*>(std::aligned_alloc(kPage, bytes)), std::free);
+  // Each half of a layer has its own home (a mixture of experts may place its halves apart): a
+  // CPU home is read in place, a GPU or disk one through an aligned host buffer (O_DIRECT wants
+  // aligned memory) of the larger half.
+  const size_t bounce_bytes = std::max(halves.attn_bytes, halves.mlp_bytes);
+  std::unique_ptr<char, void (*)(void*)> bounce(static_cast<char*>(std::aligned_alloc(kPage, bounce_bytes)), std::free);
   weight_home.resize(size_t(L));
   for (auto& r : resident) r.resize(size_t(L));
   for (int l = 0; l < L; ++l) {
-    const BlockLayout layout = halved_layer_layout(cfg, l, dt, kPage, weight_quant).layout;  // same offsets, this layer's names
-    std::memset(bounce.get(), 0, bytes);
-    read_block(layout, src, bounce.get(), used, &weight_codes, &pool);
+    const HalvedLayout layer = halved_layer_layout(cfg, l, dt, kPage, weight_quant);  // same offsets, this layer's names
     for (int half : {0, 1}) {
-      const size_t half_bytes = half ? halves.mlp_bytes : halves.attn_bytes;
-      const char* data = bounce.get() + (half ? halves.mlp_offset : 0);
+      const size_t bytes = half ? halves.mlp_bytes : halves.attn_bytes;
       Home& h = weight_home[size_t(l)][size_t(half)] =
-          place(plan.half_tier(l, half), half_bytes, half ? "layer weights (mlp)" : "layer weights (attention)");
-      if (h.tier == Tier::Cpu) {
-        std::memcpy(h.ptr, data, half_bytes);
-      } else if (h.tier == Tier::Gpu) {
-        be.copy_to_device(h.ptr, data, half_bytes);
+          place(plan.half_tier(l, half), bytes, half ? "layer weights (mlp)" : "layer weights (attention)");
+      char* dst = h.tier == Tier::Cpu ? h.ptr : bounce.get();
+      if (h.tier != Tier::Cpu) std::memset(dst, 0, bytes);
+      read_block(half_block_layout(layer, half), src, dst, used, &weight_codes, &pool);
+      if (h.tier == Tier::Gpu) {
+        be.copy_to_device(h.ptr, dst, bytes);
         resident[size_t(half)][size_t(l)] = layer_views(half_layout[half], h.ptr, be.device());
-      } else {
-        disk->write(h.disk_offset, data, half_bytes);
+      } else if (h.tier == Tier::Disk) {
+        disk->write(h.disk_offset, dst, bytes);
       }
     }
     if (opt.on_layer_loaded) opt.on_layer_loaded(l + 1, L);
