@@ -390,6 +390,16 @@ TEST_CASE("bench cuts a preset to a few layers, and records bytes moved, routing
   CHECK_THROWS_WITH(parse_bench_suite("cases:\n  - {name: b, model: some/dir, prompt_len: 4, gen_len: 2, policy: p, "
                                       "layers: 2}\n", "s.yaml"),
                     Catch::Contains("s.yaml:2:") && Catch::Contains("'layers' cuts a preset"));
+  CHECK(parse_bench_suite("cases:\n  - {name: b, model: m, prompt_len: 4, gen_len: 2, policy: auto, max_latency: 2.5}\n",
+                          "s.yaml")
+            .cases[0]
+            .max_latency_s == 2.5);
+  CHECK_THROWS_WITH(parse_bench_suite("cases:\n  - {name: b, model: m, prompt_len: 4, gen_len: 2, policy: p.yaml, "
+                                      "max_latency: 3}\n", "s.yaml"),
+                    Catch::Contains("s.yaml:2:") && Catch::Contains("needs policy auto"));
+  CHECK_THROWS_WITH(parse_bench_suite("cases:\n  - {name: b, model: m, prompt_len: 4, gen_len: 2, policy: auto, "
+                                      "max_latency: -1}\n", "s.yaml"),
+                    Catch::Contains("'max_latency' must be a positive number"));
   // tiny-mixtral (a model directory) with its experts moved and computed on the CPU in decode: the
   // same tokens, the hidden rows crossing instead of the MLP halves, the decode steps' routing
   // beside the cost model's expectation; and a preset cut to 2 layers.

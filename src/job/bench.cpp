@@ -62,6 +62,15 @@ int positive_int(const YamlReader& r, const YAML::Node& n, const std::string& fi
   r.fail(n, "field '" + field + "' must be a positive integer");
 }
 
+double positive_number(const YamlReader& r, const YAML::Node& n, const std::string& field) {
+  try {
+    const double v = n.as<double>();
+    if (v > 0) return v;
+  } catch (const YAML::Exception&) {
+  }
+  r.fail(n, "field '" + field + "' must be a positive number");
+}
+
 std::string text(const YamlReader& r, const YAML::Node& n, const std::string& field) {
   if (!n.IsScalar() || n.Scalar().empty()) r.fail(n, "field '" + field + "' must be a non-empty string");
   return n.Scalar();
@@ -213,6 +222,7 @@ private:
       s.workload = w;
       s.budget = default_budgets(*backend_, o);
       s.allow_compression = c.compress;
+      if (c.max_latency_s > 0) s.max_latency_s = c.max_latency_s;
       o.policy = search_policy(model.config, *hw_, s).ranked.front().policy;
     } else {
       o.policy = load_policy(suite.dir / c.policy);
@@ -569,7 +579,7 @@ BenchSuite parse_bench_suite(const std::string& yaml_text, const std::string& so
   for (const YAML::Node& n : root["cases"]) {
     if (!n.IsMap()) r.fail(n, "each case is a map {name, model, prompt_len, gen_len, policy, ...}");
     r.only_keys(n, {"name", "model", "prompt_len", "gen_len", "policy", "compress", "gpu_mem", "cpu_mem", "disk_mem",
-                    "decode_steps", "layers"},
+                    "decode_steps", "layers", "max_latency"},
                 "case.");
     for (const char* required : {"name", "model", "prompt_len", "gen_len", "policy"})
       if (!n[required]) r.fail(n, std::string("case: missing field '") + required + "'");
@@ -583,6 +593,10 @@ BenchSuite parse_bench_suite(const std::string& yaml_text, const std::string& so
     c.gen_len = positive_int(r, n["gen_len"], "gen_len");
     c.policy = text(r, n["policy"], "policy");
     if (n["decode_steps"]) c.decode_steps = positive_int(r, n["decode_steps"], "decode_steps");
+    if (n["max_latency"]) {
+      c.max_latency_s = positive_number(r, n["max_latency"], "max_latency");
+      if (c.policy != "auto") r.fail(n["max_latency"], "field 'max_latency' bounds the search: it needs policy auto");
+    }
     if (n["layers"]) {
       c.layers = positive_int(r, n["layers"], "layers");
       if (!config_preset(c.model.rfind("dummy:", 0) == 0 ? c.model.substr(6) : c.model))

@@ -33,6 +33,7 @@ struct BenchCase {
   // > 0: a preset cut to its first `layers` layers (dummy weights only), for shapes too large to
   // run whole on the machine (a Mixtral-shaped layer is 5.6 GB in fp32).
   int layers = 0;
+  double max_latency_s = 0;  // > 0, with policy auto: the search's bound on a block's time (seconds)
   int line = 0;             // in the suite file, for messages
 };
 
