@@ -226,20 +226,23 @@ public:
   void linear(const Tensor& x, const Tensor& w, const Tensor& bias16, const Tensor& y) override {
     std::vector<float> bs;
     const Tensor bias = widened(bias16, bs, "bias");
-    if (w.quantized()) return linear_quantized(x, w, bias, y);
-    if (w.dtype == DType::F16) return linear_f16(x, w, bias, y);
+    // fp32 activations, weights as fp32, fp16 (the GPU's, read in place) or codes.
     check_f32(x, "x");
-    check_f32(w, "w");
     check_f32(y, "y");
+    if (w.quantized()) check_quantized(w, "w");
+    else if (w.dtype != DType::F16) check_f32(w, "w");
+    STRATA_CHECK(w.device == Device::CPU && w.data, "cpu backend: w must be a CPU tensor");
     const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
     STRATA_CHECK(w.ndim == 2 && w.dim(1) == in && y.dim(0) == T && y.row_size() == out,
                  "linear: x " << x.shape_str() << " w " << w.shape_str() << " y " << y.shape_str());
     STRATA_CHECK(y.data != x.data, "linear: y must not alias x");
-    if (T == 0) return;
     if (!bias.empty()) {
       check_f32(bias, "bias");
       STRATA_CHECK(bias.numel() == out, "linear: bias " << bias.shape_str());
     }
+    if (T == 0) return;
+    if (w.quantized()) return linear_quantized(x, w, bias, y);
+    if (w.dtype == DType::F16) return linear_f16(x, w, bias, y);
     if (T == 1) {  // one token: OpenBLAS's matrix-vector product is tuned for exactly this
       if (!bias.empty()) std::memcpy(y.data, bias.data, size_t(out) * 4);
       cblas_sgemv(CblasRowMajor, CblasNoTrans, int(out), int(in), 1.0f, w.ptr<float>(), int(in), x.ptr<float>(), 1,
@@ -590,19 +593,9 @@ private:
 
   // y = x @ w^T + bias over fp16 weights (the GPU's copy, computed where it lives): a few tokens
   // stream each row once, widened in registers; more tokens widen blocks of rows for sgemm.
+  // (linear() checked the arguments.)
   void linear_f16(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
-    check_f32(x, "x");
-    check_f32(y, "y");
     const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
-    STRATA_CHECK(w.device == Device::CPU && w.data && w.ndim == 2 && w.dim(1) == in && y.dim(0) == T &&
-                     y.row_size() == out,
-                 "linear: x " << x.shape_str() << " w " << w.shape_str() << " y " << y.shape_str());
-    STRATA_CHECK(y.data != x.data, "linear: y must not alias x");
-    if (!bias.empty()) {
-      check_f32(bias, "bias");
-      STRATA_CHECK(bias.numel() == out, "linear: bias " << bias.shape_str());
-    }
-    if (T == 0) return;
     const float* b = bias.empty() ? nullptr : bias.ptr<float>();
     const f16* wp = w.ptr<f16>();
     float* yp = y.ptr<float>();
@@ -631,19 +624,9 @@ private:
 
   // y = x @ dequantized(w)^T + bias: each weight row is dequantized once into a per-thread fp32
   // row and dotted with every token, so the codes are the only weight bytes read.
+  // (linear() checked the arguments.)
   void linear_quantized(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
-    check_f32(x, "x");
-    check_quantized(w, "w");
-    check_f32(y, "y");
     const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
-    STRATA_CHECK(w.ndim == 2 && w.dim(1) == in && y.dim(0) == T && y.row_size() == out,
-                 "linear: x " << x.shape_str() << " w " << w.shape_str() << " y " << y.shape_str());
-    STRATA_CHECK(y.data != x.data, "linear: y must not alias x");
-    if (!bias.empty()) {
-      check_f32(bias, "bias");
-      STRATA_CHECK(bias.numel() == out, "linear: bias " << bias.shape_str());
-    }
-    if (T == 0) return;
     const quant::QuantSpec spec = quant::spec_of(w);
     const size_t row_bytes = quant::row_bytes(spec, in);
     const float* b = bias.empty() ? nullptr : bias.ptr<float>();
