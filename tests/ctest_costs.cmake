@@ -13,6 +13,8 @@ set(strata_slow_tests
   [=[every policy generates Hugging Face's greedy tokens]=] 50
   [=[emulated-backend/CUDA: attention delegated to the CPU gives the GPU attention's tokens where their margin allows]=] 27
   [=[compressed: every placement gives the all-on-GPU compressed run's greedy tokens]=] 42
+  [=[emulated-backend/CUDA: experts placed apart give the all-on-GPU run's tokens]=] 18
+  [=[emulated-backend/CUDA: experts computed on the CPU give the GPU's tokens where their margin allows]=] 17
   [=[emulated-backend/CUDA: GPTQ and AWQ codes cross the links and give transformers' NLLs within fp16 tolerance]=] 10
   [=[emulated-backend/CUDA: logits match Hugging Face within fp16 tolerance, greedy where the margin allows]=] 11)
 list(LENGTH strata_slow_tests n)
