@@ -231,12 +231,7 @@ struct OffloadEngine::Impl {
   }
   // The routing of both ForwardOps (the GPU's and the CPU's).
   RoutingTotals routing_totals() const {
-    RoutingTotals r = ops.routing_totals();
-    if (cpu_mlp_ops) {
-      const RoutingTotals c = cpu_mlp_ops->routing_totals();
-      r.layer_steps += c.layer_steps, r.tokens += c.tokens, r.active_experts += c.active_experts;
-    }
-    return r;
+    return cpu_mlp_ops ? ops.routing_totals() + cpu_mlp_ops->routing_totals() : ops.routing_totals();
   }
 
   // Schedule.

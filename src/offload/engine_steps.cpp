@@ -359,7 +359,8 @@ bool OffloadEngine::Impl::compute(int i, int jj, int u) {
   if (cpu) compute_after(qkv_read);  // the workspace's q, k, v of the last delegated step have crossed
   for (int64_t t0 = 0; t0 < T; t0 += step_max) {
     const int64_t t1 = std::min(T, t0 + step_max);
-    ops.begin_step(slice(b.step, t0, t1), b.slots(), shape.capacity());
+    // (The CPU's half begins its own step: the GPU's indices would go unread.)
+    if (!cpu_mlp) ops.begin_step(slice(b.step, t0, t1), b.slots(), shape.capacity());
     const Tensor xs = x.rows(t0, t1 - t0);
     if (jj == 0) ops.embed(globals, xs);
     if (cpu_mlp) {

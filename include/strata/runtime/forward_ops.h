@@ -24,6 +24,9 @@ struct PrefixCopy {
 // those activated, each summed over the steps.
 struct RoutingTotals {
   int64_t layer_steps = 0, tokens = 0, active_experts = 0;
+  RoutingTotals operator+(const RoutingTotals& o) const {
+    return {layer_steps + o.layer_steps, tokens + o.tokens, active_experts + o.active_experts};
+  }
   RoutingTotals operator-(const RoutingTotals& o) const {
     return {layer_steps - o.layer_steps, tokens - o.tokens, active_experts - o.active_experts};
   }
