@@ -459,6 +459,32 @@ TEST_CASE("experts on the CPU: the attention half and the hidden rows move, the 
   CHECK(evaluate(opt67(), dense, wl, hw).decode.terms[CTOG] == Approx(W / 10e9));
 }
 
+TEST_CASE("experts on the CPU are priced at the profile's weight-streaming rate, else at its attention rate",
+          "[cost][moe]") {
+  // The same Mixtral decode as above: a GPU batch of 8 tokens reads the router and 7.199 experts
+  // in expectation. With cpu_weight_bw 40 GB/s the read takes a quarter of its time at the CPU
+  // attention's 10 GB/s; 4-bit experts are read at cpu_weight_q4_bw (in the fp16 bytes they stand
+  // for). Without the weight rates (an older profile) both fall back to the attention rates.
+  const ModelConfig mx = *config_preset("mixtral-8x7b");
+  const double hm = 4096, f = 14336, expert = 3 * hm * f, router = 8 * hm;
+  const double active = 8 * (1 - std::pow(1 - 2.0 / 8, 8)), fp16_read = 2.0 * (router + active * expert);
+  Policy computed = policy_of(8, 4, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
+  computed.cpu_experts_decode = true;
+  HardwareProfile hw = round_machine();
+  hw.cpu_attention_q4_bw = 20e9;
+  CHECK(cpu_weight_rate(hw, false) == 10e9);
+  CHECK(cpu_weight_rate(hw, true) == 20e9);
+  CHECK(evaluate(mx, computed, wl, hw).decode.terms[CATT] == Approx(4 * fp16_read / 10e9));
+  hw.cpu_weight_bw = 40e9;
+  hw.cpu_weight_q4_bw = 80e9;
+  CHECK(cpu_weight_rate(hw, false) == 40e9);
+  CHECK(cpu_weight_rate(hw, true) == 80e9);
+  CHECK(evaluate(mx, computed, wl, hw).decode.terms[CATT] == Approx(4 * fp16_read / 40e9));
+  Policy q4 = computed;
+  q4.compress_weights = Compression{4, 64};
+  CHECK(evaluate(mx, q4, wl, hw).decode.terms[CATT] == Approx(4 * fp16_read / 80e9));
+}
+
 TEST_CASE("experts placed apart: the attention halves follow the fractions, the experts' tiers are fixed",
           "[cost][moe]") {
   // Mixtral-8x7B with every attention half on the GPU and every MLP half on the CPU tier

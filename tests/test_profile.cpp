@@ -54,6 +54,9 @@ void check_sane(const HardwareProfile& hw) {
   // 4-bit: dequantization through the backend's kernel, attention over a 4-bit cache on both.
   for (double bw : {hw.gpu_dequant_bw, hw.gpu_attention_q4_bw}) CHECK(plausible(bw, 1e7, 1e13));
   CHECK(plausible(hw.cpu_attention_q4_bw, 1e7, 1e12));
+  // A CPU linear streaming weights for two tokens (experts computed on the CPU), plain and 4-bit.
+  CHECK(plausible(hw.cpu_weight_bw, 1e7, 1e12));
+  CHECK(plausible(hw.cpu_weight_q4_bw, 1e7, 1e12));
   REQUIRE(hw.gpu_gemm.size() >= 2);
   CHECK(hw.gpu_gemm.front().tokens == 1);
   for (size_t i = 0; i < hw.gpu_gemm.size(); ++i) {
@@ -87,6 +90,8 @@ void check_round_trip(const HardwareProfile& hw) {
   CHECK(back.gpu_attention_q4_bw == hw.gpu_attention_q4_bw);
   CHECK(back.compute_dtype == hw.compute_dtype);
   CHECK(back.cpu_attention_q4_bw == hw.cpu_attention_q4_bw);
+  CHECK(back.cpu_weight_bw == hw.cpu_weight_bw);
+  CHECK(back.cpu_weight_q4_bw == hw.cpu_weight_q4_bw);
 }
 
 HardwareProfile quick_profile(const std::string& backend, const fs::path& dir, int& progress_lines) {

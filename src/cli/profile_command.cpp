@@ -43,6 +43,7 @@ void print_summary(const HardwareProfile& hw, std::ostream& os) {
   row("cpu -> disk", format_rate(hw.cpu_to_disk_bw, "B/s"));
   row("gpu attention", format_rate(hw.gpu_attention_bw, "B/s of KV cache"));
   row("cpu attention", format_rate(hw.cpu_attention_bw, "B/s of KV cache"));
+  if (hw.cpu_weight_bw > 0) row("cpu weights", format_rate(hw.cpu_weight_bw, "B/s streamed by a linear for 2 tokens"));
   row("cpu GEMM", format_rate(hw.cpu_flops, "FLOP/s") + " (OpenBLAS, " + blas_core() + " kernels)");
   for (size_t i = 0; i < hw.gpu_gemm.size(); ++i) {
     char tokens[32];

@@ -129,10 +129,17 @@ CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w, D
 
 }  // namespace
 
+double cpu_weight_rate(const HardwareProfile& hw, bool compressed) {
+  if (compressed && hw.cpu_weight_q4_bw > 0) return hw.cpu_weight_q4_bw;
+  if (!compressed && hw.cpu_weight_bw > 0) return hw.cpu_weight_bw;
+  // A profile without the weight rates (older, or hand-written): the CPU attention lane's.
+  return compressed && hw.cpu_attention_q4_bw > 0 ? hw.cpu_attention_q4_bw : hw.cpu_attention_bw;
+}
+
 double cpu_experts_seconds(const ModelConfig& cfg, const CostSizes& z, double tokens, bool compressed,
                            const HardwareProfile& hw) {
   const double active = expected_active_experts(cfg.n_experts, cfg.experts_per_token, tokens);
-  const double bw = compressed && hw.cpu_attention_q4_bw > 0 ? hw.cpu_attention_q4_bw : hw.cpu_attention_bw;
+  const double bw = cpu_weight_rate(hw, compressed);
   const double read = (z.router_weights_fp16 + active * z.expert_weights_fp16) / bw;
   return std::max(read, tokens * z.mlp_flops_per_token / hw.cpu_flops);
 }

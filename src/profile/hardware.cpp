@@ -222,7 +222,8 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (!root.IsMap()) throw Error(source + ": a hardware profile is a YAML map of fields");
   r.only_keys(root, {"name", "description", "gpu_name", "cpu_name", "gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw",
                      "gpu_to_cpu_bw", "disk_to_cpu_bw", "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw",
-                     "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw", "gpu_attention_q4_bw", "cpu_attention_q4_bw", "compute_dtype",
+                     "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw", "gpu_attention_q4_bw", "cpu_attention_q4_bw", "cpu_weight_bw",
+                     "cpu_weight_q4_bw", "compute_dtype",
                      "compute_overhead_s", "overlap_slowdown", "calibrated"},
               "");
   for (const char* required : {"gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw", "gpu_to_cpu_bw", "disk_to_cpu_bw",
@@ -255,6 +256,8 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
     hw.gpu_attention_q4_bw = r.bandwidth(root["gpu_attention_q4_bw"], "gpu_attention_q4_bw", true);
   if (root["cpu_attention_q4_bw"])
     hw.cpu_attention_q4_bw = r.bandwidth(root["cpu_attention_q4_bw"], "cpu_attention_q4_bw", true);
+  if (root["cpu_weight_bw"]) hw.cpu_weight_bw = r.bandwidth(root["cpu_weight_bw"], "cpu_weight_bw", true);
+  if (root["cpu_weight_q4_bw"]) hw.cpu_weight_q4_bw = r.bandwidth(root["cpu_weight_q4_bw"], "cpu_weight_q4_bw", true);
   if (root["compute_overhead_s"]) hw.compute_overhead_s = r.number(root["compute_overhead_s"], "compute_overhead_s", 1.0);
   if (root["overlap_slowdown"]) hw.overlap_slowdown = r.number(root["overlap_slowdown"], "overlap_slowdown", 1.0);
   return hw;
@@ -301,6 +304,8 @@ std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
   optional("gpu_dequant_bw", hw.gpu_dequant_bw, "B/s of output in compute_dtype");
   optional("gpu_attention_q4_bw", hw.gpu_attention_q4_bw, "B/s of the uncompressed KV cache it stands for");
   optional("cpu_attention_q4_bw", hw.cpu_attention_q4_bw, "B/s of the uncompressed KV cache it stands for");
+  optional("cpu_weight_bw", hw.cpu_weight_bw, "B/s of weights a CPU linear streams for a few tokens");
+  optional("cpu_weight_q4_bw", hw.cpu_weight_q4_bw, "B/s of the uncompressed weights 4-bit codes stand for");
   if (!hw.calibrated.empty()) os << "calibrated: " << quoted(hw.calibrated) << "\n";
   if (hw.compute_overhead_s > 0 || hw.overlap_slowdown > 0)
     os << "compute_overhead_s: " << number(hw.compute_overhead_s) << "  # per layer and unit of work (calibrated)\n"

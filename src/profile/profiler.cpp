@@ -341,6 +341,37 @@ struct Profiler {
     return bw;
   }
 
+  // A CPU linear streaming one [4h, h] weight matrix, stored in `wdt`, for 2 tokens: decode's few
+  // tokens per expert where experts are computed where they live (cpu_experts), in bytes of the
+  // weights read per second. With `q4`, the weights are 4-bit (group 64) codes and the rate counts
+  // the `wdt` bytes they stand for (as the cost model divides uncompressed bytes by it).
+  double weight_stream(Backend& be, DType wdt, int64_t h, size_t free_bytes, const char* label, bool q4 = false) {
+    const int64_t tokens = 2;
+    const DType xt = be.activation_dtype();
+    int64_t rows = 4 * h;
+    while (rows > 256 && size_t(rows * h) * (dtype_size(wdt) + dtype_size(xt)) > free_bytes / 4) rows /= 2;
+    const size_t dense_bytes = size_t(rows * h) * dtype_size(wdt);
+    Buffer w = be.alloc(q4 ? size_t(rows) * quantized_row_bytes(4, 64, h) : dense_bytes);
+    if (q4) {  // codes from random data, so every group has a real scale
+      Buffer fp = be.alloc(size_t(rows * h) * dtype_size(xt));
+      fill_random(be, fp, 8, xt);
+      be.quantize_rows(kQ4G64, fp.view(0, xt, {rows, h}), w.data());
+    } else {
+      fill_random(be, w, 8, wdt);
+    }
+    Buffer act = be.alloc(size_t(tokens * (h + rows)) * dtype_size(xt));
+    fill_random(be, act, 9, xt);
+    const Tensor x = act.view(0, xt, {tokens, h}), y = act.view(size_t(tokens * h) * dtype_size(xt), xt, {tokens, rows});
+    const Tensor wt = q4 ? Tensor::quantized(w.data(), DType::Q4, 64, be.device(), {rows, h}) : w.view(0, wdt, {rows, h});
+    const double sec = time_op(be, s.reps, s.min_sample_s, [&] { be.linear(x, wt, {}, y); });
+    const double bw = round4(double(dense_bytes) / sec);
+    say(std::string(label) + " weight streaming: " + format_rate(bw, "B/s") +
+        (q4 ? " of the uncompressed weights 4-bit codes stand for (" : " of weights (") + std::to_string(rows) + " x " +
+        std::to_string(h) + ", " + (q4 ? std::string("4-bit g64") : std::string(dtype_name(wdt))) + ", " +
+        std::to_string(tokens) + " tokens)");
+    return bw;
+  }
+
   // 4-bit (group 64) dequantization of one h x 4h matrix through the backend's kernel, in bytes of
   // output (the compute dtype) per second (what the runtime does once per (token, sub-layer) for
   // long steps).
@@ -444,10 +475,15 @@ HardwareProfile profile_machine(const ProfileOptions& opt) {
     // CPU FLOP/s where the delegated work's GEMMs saturate: a few hundred tokens.
     const std::vector<GemmPoint> c = p.gemm_curve(cpu, p.s.hidden / 2, {256}, p.host_free, "cpu");
     hw.cpu_flops = c.back().flops_per_s;
+    // The CPU tier keeps weights as the GPU computes in them (fp16).
+    hw.cpu_weight_bw = p.weight_stream(cpu, cache_dt, p.s.hidden, p.host_free, "cpu");
+    hw.cpu_weight_q4_bw = p.weight_stream(cpu, cache_dt, p.s.hidden, p.host_free, "cpu", true);
   } else {  // the CPU is the compute device: its curve is already measured
     hw.cpu_attention_bw = hw.gpu_attention_bw;
     hw.cpu_attention_q4_bw = hw.gpu_attention_q4_bw;
     for (const GemmPoint& g : hw.gpu_gemm) hw.cpu_flops = std::max(hw.cpu_flops, g.flops_per_s);
+    hw.cpu_weight_bw = p.weight_stream(dev, cache_dt, p.s.hidden, p.host_free, "cpu");
+    hw.cpu_weight_q4_bw = p.weight_stream(dev, cache_dt, p.s.hidden, p.host_free, "cpu", true);
   }
 
   hw.name = on_gpu ? slug(hw.gpu_name) : "cpu-" + slug(hw.cpu_name);

@@ -80,11 +80,17 @@ struct CostSizes {
   double expert_weights_fp16 = 0, router_weights_fp16 = 0;
 };
 
+// Bytes per second of compute-dtype weights a CPU linear streams for a few tokens: the profile's
+// cpu_weight_bw (cpu_weight_q4_bw over 4-bit codes), or, where the profile lacks them, its CPU
+// attention rate (the same dot products of fp32 rows with stored rows, but calibrated for the
+// attention lane's fixed costs: an understatement, bench/results/2026-11-27-cpu-moe.md).
+double cpu_weight_rate(const HardwareProfile& hw, bool compressed);
+
 // Seconds for the CPU to compute one MoE layer's MLP half over a step of `tokens` tokens where its
 // weights live (policy cpu_experts; docs/cost-model.md "Experts on the CPU"): the roofline of
 // reading the router and the experts those tokens activate in expectation
-// (expected_active_experts) at the CPU's streaming rate over weight rows (the CPU attention's
-// rate: the same dot products of fp32 rows with stored rows), and their FLOPs at cpu_flops.
+// (expected_active_experts) at the CPU's streaming rate over weight rows (cpu_weight_rate), and
+// their FLOPs at cpu_flops.
 double cpu_experts_seconds(const ModelConfig& cfg, const CostSizes& z, double tokens, bool compressed,
                            const HardwareProfile& hw);
 

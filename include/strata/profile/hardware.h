@@ -56,6 +56,13 @@ struct HardwareProfile {
   double gpu_dequant_bw = 0;
   double gpu_attention_q4_bw = 0, cpu_attention_q4_bw = 0;
 
+  // Optional (0 = unknown): a CPU linear streaming a weight matrix for decode's few tokens (experts
+  // computed where they live, cpu_experts), in bytes per second of the weights as the CPU tier keeps
+  // them (compute_dtype), and over 4-bit (group 64) codes in bytes of the compute_dtype weights they
+  // stand for. Unknown, the cost model falls back to cpu_attention_bw (cpu_attention_q4_bw), which
+  // calibration scales for the attention lane's fixed costs and so understates a stream of rows.
+  double cpu_weight_bw = 0, cpu_weight_q4_bw = 0;
+
   // Calibration (0 = none; `strata bench --calibrate` fits them to measured runs, docs/cost-model.md).
   // compute_overhead_s: seconds of compute-lane work outside the modeled GEMMs, attention and
   // dequantization (norms, residuals, sampling, launches), per layer and unit of work (a prefill
