@@ -302,6 +302,9 @@ part_kernels() {
 
 # Issue 39's GPU figure: Mixtral-8x7B under 16 GiB, the search's choice first (a call cut short
 # still has it), then experts moved against experts computed where they live, one policy apart.
+# Run part profile first where time allows: its profile has the CPU weight-streaming rate that
+# prices experts on the CPU; the shipped GPU profiles predate it (the model then falls back to the
+# CPU attention rate, bench/results/2026-11-28-cpu-moe-weight-rate.md).
 part_moe() {
   local dir="$out/moe" hw="$out/hardware.yaml"
   [ -f "$hw" ] || hw=${STRATA_HARDWARE:-policies/hardware/$gpu_slug.yaml}
