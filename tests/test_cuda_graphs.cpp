@@ -12,10 +12,12 @@
 #include "strata/backend/backend.h"
 #include "strata/model/model_loader.h"
 #include "strata/runtime/generator.h"
+#include "graphs_setting.h"
 #include "test_support.h"
 
 using namespace strata;
 using nlohmann::json;
+using strata::test::GraphsSetting;
 
 namespace {
 
@@ -24,23 +26,6 @@ json load_expected(const std::string& model) {
   REQUIRE(in.good());
   return json::parse(in);
 }
-
-// STRATA_CUDA_GRAPHS for the scope; the Transformer reads it when it is made.
-class GraphsSetting {
-public:
-  explicit GraphsSetting(const char* v) {
-    if (const char* old = std::getenv("STRATA_CUDA_GRAPHS")) old_ = old, had_ = true;
-    setenv("STRATA_CUDA_GRAPHS", v, 1);
-  }
-  ~GraphsSetting() {
-    if (had_) setenv("STRATA_CUDA_GRAPHS", old_.c_str(), 1);
-    else unsetenv("STRATA_CUDA_GRAPHS");
-  }
-
-private:
-  std::string old_;
-  bool had_ = false;
-};
 
 struct Run {
   std::vector<GenResult> results;

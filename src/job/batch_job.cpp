@@ -226,6 +226,7 @@ void print_report(const OffloadReport& r, std::ostream& log) {
     log << std::setprecision(2) << "  cpu experts: " << r.cpu_experts_seconds << " s of MLP halves on the CPU lane, "
         << std::setprecision(0) << 100 * r.cpu_experts_seconds / std::max(r.schedule_seconds, 1e-9)
         << "% of the schedule's wall time\n";
+  if (r.graph_replays > 0) log << "  cuda graphs: " << r.graph_replays << " layer halves replayed from a captured graph\n";
   log << std::setprecision(2)
       << "  disk->cpu: " << gbps(r.disk_to_cpu) << "\n  cpu->gpu:  " << gbps(r.cpu_to_gpu)
       << "\n  gpu->cpu:  " << gbps(r.gpu_to_cpu) << "\n  cpu->disk: " << gbps(r.cpu_to_disk) << "\n"

@@ -290,6 +290,7 @@ OffloadReport OffloadEngine::report() const {
   r.cpu_attention_seconds = m.cpu_attention_seconds.load();
   r.cpu_attention_bytes = m.cpu_attention_bytes.load();
   r.cpu_experts_seconds = m.cpu_experts_seconds.load();
+  r.graph_replays = m.graphs.replays();
   r.h2d_busy = m.h2d->busy_seconds();
   r.d2h_busy = m.d2h->busy_seconds();
   r.disk_busy = m.disk_lane->busy_seconds();

@@ -24,6 +24,7 @@
 #include "strata/runtime/model_weights.h"
 #include "strata/runtime/prefix_sharing.h"
 #include "strata/runtime/sequence.h"
+#include "strata/runtime/step_graphs.h"
 
 namespace strata {
 namespace engine_detail {
@@ -236,6 +237,9 @@ struct OffloadEngine::Impl {
 
   // Schedule.
   ForwardOps ops;
+  // A half's GPU work replayed from a graph where its addresses and token count came before
+  // (STRATA_CUDA_GRAPHS=0 turns it off); OffloadReport::graph_replays counts the replays.
+  StepGraphs graphs;
   Trace trace;
   // The compute lane only times the compute stream's spans (the engine's thread enqueues them).
   std::unique_ptr<Lane> compute_lane, h2d, d2h, disk_lane, attn_lane;
@@ -272,7 +276,8 @@ struct OffloadEngine::Impl {
 
   Impl(const ModelConfig& c, Backend& b, const OffloadOptions& o, const PlanShape& s)
       : cfg(c), be(b), opt(o), shape(s), dt(b.activation_dtype()), esize(dtype_size(dt)), L(c.n_layers),
-        gbs(o.policy.gpu_batch_size), ngb(o.policy.num_gpu_batches), ops(cfg, b), trace(o.trace) {
+        gbs(o.policy.gpu_batch_size), ngb(o.policy.num_gpu_batches), ops(cfg, b),
+        graphs(b, cuda_graphs_allowed() && b.device() == Device::CUDA, size_t(4 * L * ngb + 64)), trace(o.trace) {
     weight_quant = quant_spec(o.policy.compress_weights);
     cache_quant = quant_spec(o.policy.compress_kv_cache);
     cache_row = cache_quant ? size_t(cfg.n_kv_heads) * quant::row_bytes(*cache_quant, cfg.head_dim)
@@ -448,6 +453,9 @@ struct OffloadEngine::Impl {
   // Sub-layer jj (layer jj / 2's attention block when even, its MLP block when odd) for unit u;
   // true when its output projection is deferred (a delegated attention: finish_delegated).
   bool compute(int i, int jj, int u);
+  // A half the GPU computes from `w` over the unit's rows x (and the cache views, for attention),
+  // sub-layer 0 embedding first; through `graphs` where `graphable` (docs/offload.md, "Graphs").
+  void gpu_half(int jj, const LayerWeights& w, const Tensor& x, const Tensor& ck, const Tensor& cv, bool graphable);
 
   // Prefill's last sub-layer: the next-token NLL of every prompt position of the unit's sequences
   // that asked for it, through the head a workspace's worth of rows at a time (host reduction).

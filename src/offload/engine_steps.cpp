@@ -362,12 +362,14 @@ bool OffloadEngine::Impl::compute(int i, int jj, int u) {
     // (The CPU's half begins its own step: the GPU's indices would go unread.)
     if (!cpu_mlp) ops.begin_step(slice(b.step, t0, t1), b.slots(), shape.capacity());
     const Tensor xs = x.rows(t0, t1 - t0);
+    if (!cpu && !cpu_mlp) {
+      gpu_half(jj, w, xs, ck, cv, T <= step_max && b.step.prefix_copies.empty());
+      continue;
+    }
     if (jj == 0) ops.embed(globals, xs);
     if (cpu_mlp) {
       mlp_written = mlp_on_cpu(i, jj, u, xs, t0);
-    } else if (!attention) {
-      ops.mlp_block(w, xs);
-    } else if (cpu) {
+    } else {
       const int buf = attn_turn;
       attn_turn ^= 1;
       const AttentionInputs in = ops.attention_inputs(w, globals.inv_freq, xs);
@@ -381,8 +383,6 @@ bool OffloadEngine::Impl::compute(int i, int jj, int u) {
       out_proj.o_b = w.o_b;
       pending_output = {true, std::move(out_proj), xs, buf, out_ready, -1, step_label(t, j, attention, b) + " out"};
       return true;  // one piece: a delegated step is never split
-    } else {
-      ops.attention_block(w, globals.inv_freq, xs, ck, cv);
     }
   }
   if (cpu_mlp && jj == 2 * L - 1) compute_after(mlp_written);  // the head reads it now
@@ -402,6 +402,41 @@ bool OffloadEngine::Impl::compute(int i, int jj, int u) {
   // The hidden state's store (offloaded activations) waits for the CPU's result.
   finished = cpu_mlp && jj != 2 * L - 1 ? mlp_written : compute_done();
   return false;
+}
+
+// A graph's key holds what its capture fixes: which half (and whether it embeds first), the token
+// count, the unit's rows and cache views, and the addresses of the half's weights: a resident
+// layer's own, or a GPU buffer's, which every layer passing through that buffer shares (so one
+// graph serves them all; the buffer's contents arrive before the replay, as before the launches).
+// What a step changes (ids, positions, slots) is uploaded outside it by begin_step. Eager: a step
+// in pieces or copying prompt rows between slots (their addresses vary), and a sparse layer's MLP
+// (its routing reads the router's logits on the host).
+void OffloadEngine::Impl::gpu_half(int jj, const LayerWeights& w, const Tensor& x, const Tensor& ck, const Tensor& cv,
+                                   bool graphable) {
+  const bool attention = jj % 2 == 0;
+  auto work = [&] {
+    if (jj == 0) ops.embed(globals, x);
+    if (attention) ops.attention_block(w, globals.inv_freq, x, ck, cv);
+    else ops.mlp_block(w, x);
+    return Tensor();
+  };
+  if (!graphs.enabled() || !graphable || (!attention && w.sparse())) {
+    work();
+    return;
+  }
+  using G = StepGraphs;
+  StepGraphs::Key key{jj == 0 ? 2 : attention ? 0 : 1, x.dim(0), G::address(x.data), G::address(ck.data),
+                      G::address(cv.data)};
+  const Tensor* const attention_tensors[] = {&w.attn_norm_w, &w.attn_norm_b, &w.q_w, &w.q_b, &w.k_w, &w.k_b, &w.v_w,
+                                             &w.v_b, &w.q_norm_w, &w.k_norm_w, &w.o_w, &w.o_b, &w.qkv_w, &w.qkv_b};
+  const Tensor* const mlp_tensors[] = {&w.mlp_norm_w, &w.mlp_norm_b, &w.fc1_w, &w.fc1_b, &w.up_w,
+                                       &w.fc2_w, &w.fc2_b, &w.gate_up_w};
+  if (attention)
+    for (const Tensor* t : attention_tensors) key.push_back(G::address(t->data));
+  else
+    for (const Tensor* t : mlp_tensors) key.push_back(G::address(t->data));
+  if (attention) key.insert(key.end(), {ck.dim(0), ck.dim(1)});  // the cache's slots and capacity
+  graphs.run(key, work);
 }
 
 void OffloadEngine::Impl::score_prompts(const BatchState& b, const Tensor& x, int64_t T) {

@@ -25,23 +25,19 @@ KvCache make_kv_cache(const ModelConfig& cfg, Backend& backend, int slots, int c
 
 namespace {
 
-// STRATA_CUDA_GRAPHS=0 turns step graphs off (docs/cuda-backend.md, "Graphs").
-bool graphs_allowed() {
-  const char* v = std::getenv("STRATA_CUDA_GRAPHS");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
-
-// At most this many step shapes keep a graph; past it they start over (continuous batching's
-// steps take many sizes, and each graph holds its kernels' parameters).
+// At most this many step shapes keep a graph (each holds its kernels' parameters).
 constexpr size_t kMaxStepGraphs = 64;
 
 }  // namespace
 
 Transformer::Transformer(ModelConfig cfg, ModelWeights weights, Backend& backend)
-    : cfg_(std::move(cfg)), w_(std::move(weights)), backend_(backend), ops_(cfg_, backend) {
+    // A mixture of experts' routing reads the router's logits on the host mid-step: no graph holds it.
+    : graphs_(backend, cuda_graphs_allowed() && !cfg.moe(), kMaxStepGraphs),
+      cfg_(std::move(cfg)),
+      w_(std::move(weights)),
+      backend_(backend),
+      ops_(cfg_, backend) {
   cfg_.validate();
-  // A mixture of experts' routing reads the router's logits on the host mid-step: no graph holds it.
-  graphs_on_ = graphs_allowed() && !cfg_.moe();
 }
 
 void Transformer::ensure_workspace(int64_t T, int64_t R) {
@@ -66,20 +62,10 @@ Tensor Transformer::forward(const StepBatch& batch, KvCache& cache) {
   const int64_t T = int64_t(batch.tokens.size()), R = int64_t(batch.logit_rows.size());
   ensure_workspace(std::max<int64_t>(T, 1), std::max<int64_t>(R, 1));
   ops_.begin_step(batch, cache.slots, cache.capacity);
-  if (!graphs_on_ || !batch.prefix_copies.empty()) return run_layers(T, cache);
-  if (graphs_.size() >= kMaxStepGraphs) graphs_.clear();
-  StepGraph& g = graphs_[GraphKey{T, R, ws_.data(), cache.storage.data(), cache.slots, cache.capacity}];
-  if (!g.exec) {
-    if (g.failed || ++g.seen < 2) return run_layers(T, cache);  // a shape seen once: capturing costs more than it saves
-    g.exec = backend_.capture([&] { g.logits = run_layers(T, cache); });
-    if (!g.exec) {  // nothing ran: no graphs on this backend, or an op the capture cannot hold
-      g.failed = true;
-      return run_layers(T, cache);
-    }
-  }
-  backend_.replay(g.exec);
-  ++graph_replays_;
-  return g.logits;
+  if (!graphs_.enabled() || !batch.prefix_copies.empty()) return run_layers(T, cache);
+  return graphs_.run({T, R, StepGraphs::address(ws_.data()), StepGraphs::address(cache.storage.data()), cache.slots,
+                      cache.capacity},
+                     [&] { return run_layers(T, cache); });
 }
 
 Tensor Transformer::run_layers(int64_t T, KvCache& cache) {

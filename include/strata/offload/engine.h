@@ -68,6 +68,8 @@ struct OffloadReport {
   double cpu_attention_seconds = 0, cpu_attention_bytes = 0;
   // Experts computed on the CPU (policy cpu_experts): the seconds the CPU lane spent on MLP halves.
   double cpu_experts_seconds = 0;
+  // Layer halves the GPU ran by replaying a captured graph (docs/offload.md, "Graphs").
+  int64_t graph_replays = 0;
   // The waits of the thread that launches GPU work, for the device (sampled tokens, a delegated
   // attention's inputs) or for a lane (a disk read): all of them, their seconds, and those in
   // decode steps (the steady state; docs/offload.md, "Events"), of which for the device.

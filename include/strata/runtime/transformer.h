@@ -4,15 +4,14 @@
 // asked for. Prefill (many tokens per sequence) and decode (one per sequence) are the same call.
 #pragma once
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <tuple>
 #include <vector>
 
 #include "strata/backend/backend.h"
 #include "strata/model/config.h"
 #include "strata/runtime/forward_ops.h"
 #include "strata/runtime/model_weights.h"
+#include "strata/runtime/step_graphs.h"
 
 namespace strata {
 
@@ -36,26 +35,16 @@ public:
   // Mixture-of-experts routing over every forward() so far.
   RoutingTotals routing_totals() const { return ops_.routing_totals(); }
   // Steps that replayed a captured graph instead of launching op by op.
-  int64_t graph_replays() const { return graph_replays_; }
+  int64_t graph_replays() const { return graphs_.replays(); }
 
 private:
   void ensure_workspace(int64_t tokens, int64_t rows);
   // The layer stack and head over the step begun in ops_: logits [R, vocab].
   Tensor run_layers(int64_t tokens, KvCache& cache);
 
-  // A step shape's graph (Backend::capture): the second step of a shape captures it, later ones
-  // replay it. Keyed by everything a capture fixes: tokens, logit rows, the workspace and the
-  // cache (address, slots, capacity). `failed`: the capture did not work; the shape runs eagerly.
-  struct StepGraph {
-    int seen = 0;
-    bool failed = false;
-    std::shared_ptr<void> exec;
-    Tensor logits;
-  };
-  using GraphKey = std::tuple<int64_t, int64_t, const void*, const void*, int, int>;
-  std::map<GraphKey, StepGraph> graphs_;
-  bool graphs_on_ = false;
-  int64_t graph_replays_ = 0;
+  // Step graphs: keyed by everything a capture fixes: tokens, logit rows, the workspace and the
+  // cache (address, slots, capacity).
+  StepGraphs graphs_;
 
   ModelConfig cfg_;
   ModelWeights w_;
