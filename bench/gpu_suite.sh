@@ -28,8 +28,8 @@
 #              judges by). Only by name
 #   kernels    issue 35: bench_generate's batch-1 decode and 4096-token prefill on dummy:opt-6.7b and
 #              dummy:llama-3-8b with the staged baseline's bench_generate and this one (step graphs
-#              on, then STRATA_CUDA_GRAPHS=0),
-#              then bench_decode_attention under STRATA_SPLIT_KV=0, auto and 8. Only by name
+#              on, then STRATA_CUDA_GRAPHS=0), bench_offload's batch-8 engine with its layer-half
+#              graphs on and off, then bench_decode_attention under STRATA_SPLIT_KV=0, auto and 8. Only by name
 #   moe        issue 39: dummy:mixtral-8x7b under --gpu-mem 16GiB, prompt 512, generation 32 (decode
 #              projected from 4 steps): the search's policy, then 16 x 2 with 2 of 32 layers on the
 #              GPU and the experts moved, and the same computing them on the CPU in decode (cpu_experts):
@@ -289,6 +289,11 @@ part_kernels() {
     step "bench_generate $model" bench_generate "${args[@]}"
     step "bench_generate $model, STRATA_CUDA_GRAPHS=0" env STRATA_CUDA_GRAPHS=0 bench_generate "${args[@]}"
   done
+  # The engine's per-layer-half graphs (docs/offload.md, "Graphs"): its resident decode step at
+  # batch 8 with and without them.
+  local offload_args=(--model dummy:opt-6.7b --device cuda --batch 8 --gen-len 16 --skip-disk)
+  step "bench_offload opt-6.7b batch 8 (engine graphs)" bench_offload "${offload_args[@]}"
+  step "bench_offload opt-6.7b batch 8, STRATA_CUDA_GRAPHS=0" env STRATA_CUDA_GRAPHS=0 bench_offload "${offload_args[@]}"
   command -v bench_decode_attention >/dev/null || { say "- bench_decode_attention not staged: skipped"; return; }
   local shape split slots ctx heads kvh
   for shape in 1:4096:32:8 1:32768:32:8 4:2048:32:32 16:2048:32:32 64:1024:32:8; do
