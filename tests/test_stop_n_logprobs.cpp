@@ -481,10 +481,16 @@ TEST_CASE("the offloading engine prefills the choices of a request in one GPU ba
         for (size_t i = 0; i < singles.size(); ++i) {
           INFO("sequence " << i);
           CHECK(shared[i].tokens == alone[i].tokens);
-          // The prompt's rows sit in steps of other sizes alone: float32 sums in another order.
+          // The prompt's rows sit in steps of other sizes alone: float32 sums in another order. A
+          // 4-bit cache can round such a last-bit difference of a key or value to the neighbouring
+          // code, which moves an NLL by up to ~1e-3 (docs/offload.md, "The same tokens": 8.4e-4 in
+          // the serving test; 9.5e-4 here on a Xeon whose OpenBLAS picks AVX-512 kernels by the
+          // step's rows, 2026-11-28, where 1e-4 failed at db1333f already), so there the bound is
+          // twice that; the tokens must still be equal.
+          const double nll_tolerance = p.compress ? 2e-3 : 1e-4;
           REQUIRE(shared[i].prompt_nll.size() == alone[i].prompt_nll.size());
           for (size_t t = 0; t < alone[i].prompt_nll.size(); ++t)
-            CHECK(std::fabs(shared[i].prompt_nll[t] - alone[i].prompt_nll[t]) <= 1e-4);
+            CHECK(std::fabs(shared[i].prompt_nll[t] - alone[i].prompt_nll[t]) <= nll_tolerance);
           if (!p.compress) CHECK(shared[i].tokens == resident[i].tokens);
         }
         CHECK(shared[0].prompt_nll.size() == r.prompt.size() - 1);
