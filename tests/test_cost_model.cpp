@@ -483,6 +483,16 @@ TEST_CASE("experts on the CPU are priced at the profile's weight-streaming rate,
   Policy q4 = computed;
   q4.compress_weights = Compression{4, 64};
   CHECK(evaluate(mx, q4, wl, hw).decode.terms[CATT] == Approx(4 * fp16_read / 80e9));
+  // With a CPU linear curve (10 GFLOP/s at 1 token, 40 at 8, linear in log tokens between): the
+  // router's GEMM over the batch's 8 tokens at 40, and each active expert over the 8 x 2 / 7.199 =
+  // 2.222 tokens routed to it, at 10 + 30 log(2.222) / log(8) = 21.52 GFLOP/s. 4-bit experts keep
+  // the roofline above.
+  hw.cpu_gemm = {{1, 10e9}, {8, 40e9}};
+  const double per_expert = 8 * 2 / active, rate = 10e9 + 30e9 * std::log(per_expert) / std::log(8.0);
+  CHECK(rate == Approx(21.52e9).epsilon(1e-3));
+  const double curve_s = 2.0 * 8 * router / 40e9 + 2.0 * 8 * 2 * expert / rate;
+  CHECK(evaluate(mx, computed, wl, hw).decode.terms[CATT] == Approx(4 * curve_s));
+  CHECK(evaluate(mx, q4, wl, hw).decode.terms[CATT] == Approx(4 * fp16_read / 80e9));
 }
 
 TEST_CASE("experts placed apart: the attention halves follow the fractions, the experts' tiers are fixed",

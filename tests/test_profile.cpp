@@ -57,6 +57,11 @@ void check_sane(const HardwareProfile& hw) {
   // A CPU linear streaming weights for two tokens (experts computed on the CPU), plain and 4-bit.
   CHECK(plausible(hw.cpu_weight_bw, 1e7, 1e12));
   CHECK(plausible(hw.cpu_weight_q4_bw, 1e7, 1e12));
+  // ... and its FLOP/s from 1 to 256 tokens.
+  REQUIRE(hw.cpu_gemm.size() == 7);
+  CHECK(hw.cpu_gemm.front().tokens == 1);
+  CHECK(hw.cpu_gemm.back().tokens == 256);
+  for (const GemmPoint& g : hw.cpu_gemm) CHECK(plausible(g.flops_per_s, 1e7, 1e14));
   REQUIRE(hw.gpu_gemm.size() >= 2);
   CHECK(hw.gpu_gemm.front().tokens == 1);
   for (size_t i = 0; i < hw.gpu_gemm.size(); ++i) {
@@ -92,6 +97,11 @@ void check_round_trip(const HardwareProfile& hw) {
   CHECK(back.cpu_attention_q4_bw == hw.cpu_attention_q4_bw);
   CHECK(back.cpu_weight_bw == hw.cpu_weight_bw);
   CHECK(back.cpu_weight_q4_bw == hw.cpu_weight_q4_bw);
+  REQUIRE(back.cpu_gemm.size() == hw.cpu_gemm.size());
+  for (size_t i = 0; i < hw.cpu_gemm.size(); ++i) {
+    CHECK(back.cpu_gemm[i].tokens == hw.cpu_gemm[i].tokens);
+    CHECK(back.cpu_gemm[i].flops_per_s == hw.cpu_gemm[i].flops_per_s);
+  }
 }
 
 HardwareProfile quick_profile(const std::string& backend, const fs::path& dir, int& progress_lines) {

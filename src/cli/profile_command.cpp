@@ -45,11 +45,15 @@ void print_summary(const HardwareProfile& hw, std::ostream& os) {
   row("cpu attention", format_rate(hw.cpu_attention_bw, "B/s of KV cache"));
   if (hw.cpu_weight_bw > 0) row("cpu weights", format_rate(hw.cpu_weight_bw, "B/s streamed by a linear for 2 tokens"));
   row("cpu GEMM", format_rate(hw.cpu_flops, "FLOP/s") + " (OpenBLAS, " + blas_core() + " kernels)");
-  for (size_t i = 0; i < hw.gpu_gemm.size(); ++i) {
-    char tokens[32];
-    std::snprintf(tokens, sizeof tokens, "%6.0f tokens: ", hw.gpu_gemm[i].tokens);
-    row(i == 0 ? "gpu GEMM" : "", tokens + format_rate(hw.gpu_gemm[i].flops_per_s, "FLOP/s"));
-  }
+  auto curve = [&](const char* label, const std::vector<GemmPoint>& points) {
+    for (size_t i = 0; i < points.size(); ++i) {
+      char tokens[32];
+      std::snprintf(tokens, sizeof tokens, "%6.0f tokens: ", points[i].tokens);
+      row(i == 0 ? label : "", tokens + format_rate(points[i].flops_per_s, "FLOP/s"));
+    }
+  };
+  curve("gpu GEMM", hw.gpu_gemm);
+  curve("cpu linear", hw.cpu_gemm);
 }
 
 // Writes through a temporary file and a rename, so an interrupted run leaves no half a profile.

@@ -107,6 +107,8 @@ CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w, D
   if (cfg.moe()) {
     z.expert_weights_fp16 = e * 3.0 * h * cfg.expert_intermediate;
     z.router_weights_fp16 = e * double(cfg.n_experts) * h;
+    z.expert_params = 3.0 * h * cfg.expert_intermediate;
+    z.router_params = double(cfg.n_experts) * h;
   }
   z.global_weights = e * double(cfg.global_param_count());
   z.layer_flops_per_token = 2.0 * (attn_params + mlp_token_params);
@@ -139,6 +141,11 @@ double cpu_weight_rate(const HardwareProfile& hw, bool compressed) {
 double cpu_experts_seconds(const ModelConfig& cfg, const CostSizes& z, double tokens, bool compressed,
                            const HardwareProfile& hw) {
   const double active = expected_active_experts(cfg.n_experts, cfg.experts_per_token, tokens);
+  if (!compressed && !hw.cpu_gemm.empty()) {
+    const double per_expert = tokens * cfg.experts_per_token / active;  // active * per_expert = tokens k
+    return 2.0 * tokens * z.router_params / hw.cpu_gemm_flops(tokens) +
+           2.0 * tokens * cfg.experts_per_token * z.expert_params / hw.cpu_gemm_flops(per_expert);
+  }
   const double bw = cpu_weight_rate(hw, compressed);
   const double read = (z.router_weights_fp16 + active * z.expert_weights_fp16) / bw;
   return std::max(read, tokens * z.mlp_flops_per_token / hw.cpu_flops);

@@ -197,19 +197,28 @@ std::string quoted(const std::string& s) {
 
 }  // namespace
 
-double HardwareProfile::gemm_flops(double tokens) const {
-  if (gpu_gemm.empty()) throw Error("hardware profile '" + name + "': no GEMM curve (gpu_gemm is empty)");
-  if (tokens <= gpu_gemm.front().tokens) return gpu_gemm.front().flops_per_s;
-  for (size_t i = 1; i < gpu_gemm.size(); ++i) {
-    const GemmPoint &a = gpu_gemm[i - 1], &b = gpu_gemm[i];
-    STRATA_CHECK(b.tokens > a.tokens, "hardware profile '" << name << "': gpu_gemm token counts must increase");
+namespace {
+
+// Linear in log(tokens) between a curve's points, its end values outside them.
+double interpolate(const std::vector<GemmPoint>& curve, double tokens, const std::string& profile, const char* field) {
+  if (curve.empty()) throw Error("hardware profile '" + profile + "': no GEMM curve (" + field + " is empty)");
+  if (tokens <= curve.front().tokens) return curve.front().flops_per_s;
+  for (size_t i = 1; i < curve.size(); ++i) {
+    const GemmPoint &a = curve[i - 1], &b = curve[i];
+    STRATA_CHECK(b.tokens > a.tokens, "hardware profile '" << profile << "': " << field << " token counts must increase");
     if (tokens <= b.tokens) {
       const double f = (std::log(tokens) - std::log(a.tokens)) / (std::log(b.tokens) - std::log(a.tokens));
       return a.flops_per_s + f * (b.flops_per_s - a.flops_per_s);
     }
   }
-  return gpu_gemm.back().flops_per_s;
+  return curve.back().flops_per_s;
 }
+
+}  // namespace
+
+double HardwareProfile::gemm_flops(double tokens) const { return interpolate(gpu_gemm, tokens, name, "gpu_gemm"); }
+
+double HardwareProfile::cpu_gemm_flops(double tokens) const { return interpolate(cpu_gemm, tokens, name, "cpu_gemm"); }
 
 HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& source) {
   Reader r{source};
@@ -223,7 +232,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   r.only_keys(root, {"name", "description", "gpu_name", "cpu_name", "gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw",
                      "gpu_to_cpu_bw", "disk_to_cpu_bw", "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw",
                      "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw", "gpu_attention_q4_bw", "cpu_attention_q4_bw", "cpu_weight_bw",
-                     "cpu_weight_q4_bw", "compute_dtype",
+                     "cpu_weight_q4_bw", "cpu_gemm", "compute_dtype",
                      "compute_overhead_s", "overlap_slowdown", "calibrated"},
               "");
   for (const char* required : {"gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw", "gpu_to_cpu_bw", "disk_to_cpu_bw",
@@ -256,6 +265,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
     hw.gpu_attention_q4_bw = r.bandwidth(root["gpu_attention_q4_bw"], "gpu_attention_q4_bw", true);
   if (root["cpu_attention_q4_bw"])
     hw.cpu_attention_q4_bw = r.bandwidth(root["cpu_attention_q4_bw"], "cpu_attention_q4_bw", true);
+  if (root["cpu_gemm"]) hw.cpu_gemm = r.gemm_curve(root["cpu_gemm"], "cpu_gemm");
   if (root["cpu_weight_bw"]) hw.cpu_weight_bw = r.bandwidth(root["cpu_weight_bw"], "cpu_weight_bw", true);
   if (root["cpu_weight_q4_bw"]) hw.cpu_weight_q4_bw = r.bandwidth(root["cpu_weight_q4_bw"], "cpu_weight_q4_bw", true);
   if (root["compute_overhead_s"]) hw.compute_overhead_s = r.number(root["compute_overhead_s"], "compute_overhead_s", 1.0);
@@ -290,10 +300,13 @@ std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
   per_s("gpu_to_cpu_bw", hw.gpu_to_cpu_bw, "B/s");
   per_s("disk_to_cpu_bw", hw.disk_to_cpu_bw, "B/s");
   per_s("cpu_to_disk_bw", hw.cpu_to_disk_bw, "B/s");
-  os << "gpu_gemm:  # GEMM throughput by tokens (rows of x in x @ w^T)\n";
-  for (const GemmPoint& p : hw.gpu_gemm)
-    os << "  - {tokens: " << number(p.tokens) << ", flops_per_s: " << number(p.flops_per_s) << "}  # "
-       << format_rate(p.flops_per_s, "FLOP/s") << "\n";
+  auto curve = [&](const char* key, const std::vector<GemmPoint>& points, const char* what) {
+    os << key << ":  # " << what << " by tokens (rows of x in x @ w^T)\n";
+    for (const GemmPoint& p : points)
+      os << "  - {tokens: " << number(p.tokens) << ", flops_per_s: " << number(p.flops_per_s) << "}  # "
+         << format_rate(p.flops_per_s, "FLOP/s") << "\n";
+  };
+  curve("gpu_gemm", hw.gpu_gemm, "GEMM throughput");
   per_s("gpu_attention_bw", hw.gpu_attention_bw, "B/s of KV cache");
   per_s("cpu_attention_bw", hw.cpu_attention_bw, "B/s of KV cache");
   per_s("cpu_flops", hw.cpu_flops, "FLOP/s");
@@ -306,6 +319,7 @@ std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
   optional("cpu_attention_q4_bw", hw.cpu_attention_q4_bw, "B/s of the uncompressed KV cache it stands for");
   optional("cpu_weight_bw", hw.cpu_weight_bw, "B/s of weights a CPU linear streams for a few tokens");
   optional("cpu_weight_q4_bw", hw.cpu_weight_q4_bw, "B/s of the uncompressed weights 4-bit codes stand for");
+  if (!hw.cpu_gemm.empty()) curve("cpu_gemm", hw.cpu_gemm, "a CPU linear's throughput over the CPU tier's weights");
   if (!hw.calibrated.empty()) os << "calibrated: " << quoted(hw.calibrated) << "\n";
   if (hw.compute_overhead_s > 0 || hw.overlap_slowdown > 0)
     os << "compute_overhead_s: " << number(hw.compute_overhead_s) << "  # per layer and unit of work (calibrated)\n"

@@ -341,17 +341,19 @@ struct Profiler {
     return bw;
   }
 
-  // A CPU linear streaming one [4h, h] weight matrix, stored in `wdt`, for 2 tokens: decode's few
-  // tokens per expert where experts are computed where they live (cpu_experts), in bytes of the
-  // weights read per second. With `q4`, the weights are 4-bit (group 64) codes and the rate counts
-  // the `wdt` bytes they stand for (as the cost model divides uncompressed bytes by it).
-  double weight_stream(Backend& be, DType wdt, int64_t h, size_t free_bytes, const char* label, bool q4 = false) {
-    const int64_t tokens = 2;
+  // Seconds of a CPU linear over one [rows, h] weight matrix stored in `wdt` (with `q4`, as 4-bit
+  // group-64 codes) for each of `tokens`: the CPU tier's weights in the CPU's hands, as experts
+  // computed where they live (cpu_experts). rows = 4h, fewer where memory is short.
+  struct CpuLinear {
+    int64_t rows = 0;
+    std::vector<double> seconds;  // per token count
+  };
+  CpuLinear cpu_linear(Backend& be, DType wdt, int64_t h, size_t free_bytes, const std::vector<int64_t>& tokens, bool q4) {
     const DType xt = be.activation_dtype();
+    const int64_t max_t = *std::max_element(tokens.begin(), tokens.end());
     int64_t rows = 4 * h;
     while (rows > 256 && size_t(rows * h) * (dtype_size(wdt) + dtype_size(xt)) > free_bytes / 4) rows /= 2;
-    const size_t dense_bytes = size_t(rows * h) * dtype_size(wdt);
-    Buffer w = be.alloc(q4 ? size_t(rows) * quantized_row_bytes(4, 64, h) : dense_bytes);
+    Buffer w = be.alloc(q4 ? size_t(rows) * quantized_row_bytes(4, 64, h) : size_t(rows * h) * dtype_size(wdt));
     if (q4) {  // codes from random data, so every group has a real scale
       Buffer fp = be.alloc(size_t(rows * h) * dtype_size(xt));
       fill_random(be, fp, 8, xt);
@@ -359,17 +361,42 @@ struct Profiler {
     } else {
       fill_random(be, w, 8, wdt);
     }
-    Buffer act = be.alloc(size_t(tokens * (h + rows)) * dtype_size(xt));
+    Buffer act = be.alloc(size_t(max_t * (h + rows)) * dtype_size(xt));
     fill_random(be, act, 9, xt);
-    const Tensor x = act.view(0, xt, {tokens, h}), y = act.view(size_t(tokens * h) * dtype_size(xt), xt, {tokens, rows});
     const Tensor wt = q4 ? Tensor::quantized(w.data(), DType::Q4, 64, be.device(), {rows, h}) : w.view(0, wdt, {rows, h});
-    const double sec = time_op(be, s.reps, s.min_sample_s, [&] { be.linear(x, wt, {}, y); });
-    const double bw = round4(double(dense_bytes) / sec);
-    say(std::string(label) + " weight streaming: " + format_rate(bw, "B/s") +
-        (q4 ? " of the uncompressed weights 4-bit codes stand for (" : " of weights (") + std::to_string(rows) + " x " +
-        std::to_string(h) + ", " + (q4 ? std::string("4-bit g64") : std::string(dtype_name(wdt))) + ", " +
-        std::to_string(tokens) + " tokens)");
+    CpuLinear out{rows, {}};
+    for (int64_t t : tokens) {
+      const Tensor x = act.view(0, xt, {t, h}), y = act.view(size_t(max_t * h) * dtype_size(xt), xt, {t, rows});
+      out.seconds.push_back(time_op(be, s.reps, s.min_sample_s, [&] { be.linear(x, wt, {}, y); }));
+    }
+    return out;
+  }
+
+  // Bytes of `wdt` weights a CPU linear streams per second for 2 tokens (decode's few per expert);
+  // with `q4` over 4-bit codes, counted as the `wdt` bytes they stand for (as the cost model
+  // divides uncompressed bytes by it).
+  double weight_stream(Backend& be, DType wdt, int64_t h, size_t free_bytes, bool q4 = false) {
+    const CpuLinear l = cpu_linear(be, wdt, h, free_bytes, {2}, q4);
+    const double bw = round4(double(l.rows * h) * double(dtype_size(wdt)) / l.seconds[0]);
+    say(std::string("cpu weight streaming: ") + format_rate(bw, "B/s") +
+        (q4 ? " of the uncompressed weights 4-bit codes stand for (" : " of weights (") + std::to_string(l.rows) + " x " +
+        std::to_string(h) + ", " + (q4 ? std::string("4-bit g64") : std::string(dtype_name(wdt))) + ", 2 tokens)");
     return bw;
+  }
+
+  // FLOP/s of a CPU linear over `wdt` weights from 1 to 256 tokens.
+  std::vector<GemmPoint> cpu_gemm_curve(Backend& be, DType wdt, int64_t h, size_t free_bytes) {
+    const std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 64, 256};
+    const CpuLinear l = cpu_linear(be, wdt, h, free_bytes, tokens, false);
+    std::vector<GemmPoint> curve;
+    std::ostringstream line;
+    line << "cpu linear over " << dtype_name(wdt) << " weights (" << l.rows << " x " << h << "):";
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      curve.push_back({double(tokens[i]), round4(2.0 * double(tokens[i] * l.rows * h) / l.seconds[i])});
+      line << " " << tokens[i] << " tokens " << format_rate(curve.back().flops_per_s, "FLOP/s") << (i + 1 < tokens.size() ? "," : "");
+    }
+    say(line.str());
+    return curve;
   }
 
   // 4-bit (group 64) dequantization of one h x 4h matrix through the backend's kernel, in bytes of
@@ -476,14 +503,16 @@ HardwareProfile profile_machine(const ProfileOptions& opt) {
     const std::vector<GemmPoint> c = p.gemm_curve(cpu, p.s.hidden / 2, {256}, p.host_free, "cpu");
     hw.cpu_flops = c.back().flops_per_s;
     // The CPU tier keeps weights as the GPU computes in them (fp16).
-    hw.cpu_weight_bw = p.weight_stream(cpu, cache_dt, p.s.hidden, p.host_free, "cpu");
-    hw.cpu_weight_q4_bw = p.weight_stream(cpu, cache_dt, p.s.hidden, p.host_free, "cpu", true);
+    hw.cpu_weight_bw = p.weight_stream(cpu, cache_dt, p.s.hidden, p.host_free);
+    hw.cpu_weight_q4_bw = p.weight_stream(cpu, cache_dt, p.s.hidden, p.host_free, true);
+    hw.cpu_gemm = p.cpu_gemm_curve(cpu, cache_dt, p.s.hidden, p.host_free);
   } else {  // the CPU is the compute device: its curve is already measured
     hw.cpu_attention_bw = hw.gpu_attention_bw;
     hw.cpu_attention_q4_bw = hw.gpu_attention_q4_bw;
     for (const GemmPoint& g : hw.gpu_gemm) hw.cpu_flops = std::max(hw.cpu_flops, g.flops_per_s);
-    hw.cpu_weight_bw = p.weight_stream(dev, cache_dt, p.s.hidden, p.host_free, "cpu");
-    hw.cpu_weight_q4_bw = p.weight_stream(dev, cache_dt, p.s.hidden, p.host_free, "cpu", true);
+    hw.cpu_weight_bw = p.weight_stream(dev, cache_dt, p.s.hidden, p.host_free);
+    hw.cpu_weight_q4_bw = p.weight_stream(dev, cache_dt, p.s.hidden, p.host_free, true);
+    hw.cpu_gemm = p.cpu_gemm_curve(dev, cache_dt, p.s.hidden, p.host_free);
   }
 
   hw.name = on_gpu ? slug(hw.gpu_name) : "cpu-" + slug(hw.cpu_name);

@@ -76,8 +76,10 @@ struct CostSizes {
   double workspace = 0;           // the forward pass's GPU buffers, sized for one step
   // The MLP half: stored and in the compute dtype, and 2 per parameter one token multiplies by.
   double mlp_weights = 0, mlp_weights_fp16 = 0, mlp_flops_per_token = 0;
-  // Mixtures of experts: one expert's matrices and the router, in the compute dtype.
+  // Mixtures of experts: one expert's matrices and the router, in the compute dtype and in
+  // parameters.
   double expert_weights_fp16 = 0, router_weights_fp16 = 0;
+  double expert_params = 0, router_params = 0;
 };
 
 // Bytes per second of compute-dtype weights a CPU linear streams for a few tokens: the profile's
@@ -87,10 +89,11 @@ struct CostSizes {
 double cpu_weight_rate(const HardwareProfile& hw, bool compressed);
 
 // Seconds for the CPU to compute one MoE layer's MLP half over a step of `tokens` tokens where its
-// weights live (policy cpu_experts; docs/cost-model.md "Experts on the CPU"): the roofline of
-// reading the router and the experts those tokens activate in expectation
-// (expected_active_experts) at the CPU's streaming rate over weight rows (cpu_weight_rate), and
-// their FLOPs at cpu_flops.
+// weights live (policy cpu_experts; docs/cost-model.md "Experts on the CPU"). With the profile's
+// cpu_gemm curve: the router's GEMM over the tokens, and each expert those tokens activate in
+// expectation (expected_active_experts) over the tokens routed to it, tokens x k / E_act, at the
+// curve's rate for that many. Without it, or over 4-bit experts: the roofline of reading the router
+// and the active experts at cpu_weight_rate and their FLOPs at cpu_flops.
 double cpu_experts_seconds(const ModelConfig& cfg, const CostSizes& z, double tokens, bool compressed,
                            const HardwareProfile& hw);
 

@@ -62,6 +62,11 @@ struct HardwareProfile {
   // stand for. Unknown, the cost model falls back to cpu_attention_bw (cpu_attention_q4_bw), which
   // calibration scales for the attention lane's fixed costs and so understates a stream of rows.
   double cpu_weight_bw = 0, cpu_weight_q4_bw = 0;
+  // Optional (empty = unknown): a CPU linear's FLOP/s by tokens over one [4h, h] matrix stored as
+  // the CPU tier keeps weights (compute_dtype), from 1 token (a stream of rows) to 256 (sgemm): the
+  // rate an expert computed on the CPU runs at with the tokens routed to it, few in decode and many
+  // in prefill. Interpolated as gpu_gemm.
+  std::vector<GemmPoint> cpu_gemm;
 
   // Calibration (0 = none; `strata bench --calibrate` fits them to measured runs, docs/cost-model.md).
   // compute_overhead_s: seconds of compute-lane work outside the modeled GEMMs, attention and
@@ -74,6 +79,8 @@ struct HardwareProfile {
 
   // FLOP/s of an fp16 GEMM with `tokens` rows (interpolated on gpu_gemm). Throws when empty.
   double gemm_flops(double tokens) const;
+  // The same on cpu_gemm. Throws when empty.
+  double cpu_gemm_flops(double tokens) const;
 };
 
 // YAML round trip; parse errors name the file, the line and the field; unknown keys are errors.
