@@ -277,7 +277,7 @@ struct OffloadEngine::Impl {
   Impl(const ModelConfig& c, Backend& b, const OffloadOptions& o, const PlanShape& s)
       : cfg(c), be(b), opt(o), shape(s), dt(b.activation_dtype()), esize(dtype_size(dt)), L(c.n_layers),
         gbs(o.policy.gpu_batch_size), ngb(o.policy.num_gpu_batches), ops(cfg, b),
-        graphs(b, cuda_graphs_allowed() && b.device() == Device::CUDA, size_t(4 * L * ngb + 64)), trace(o.trace) {
+        graphs(b, cuda_graphs_allowed(), size_t(4 * L * ngb + 64)), trace(o.trace) {
     weight_quant = quant_spec(o.policy.compress_weights);
     cache_quant = quant_spec(o.policy.compress_kv_cache);
     cache_row = cache_quant ? size_t(cfg.n_kv_heads) * quant::row_bytes(*cache_quant, cfg.head_dim)

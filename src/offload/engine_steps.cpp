@@ -427,14 +427,8 @@ void OffloadEngine::Impl::gpu_half(int jj, const LayerWeights& w, const Tensor& 
   using G = StepGraphs;
   StepGraphs::Key key{jj == 0 ? 2 : attention ? 0 : 1, x.dim(0), G::address(x.data), G::address(ck.data),
                       G::address(cv.data)};
-  const Tensor* const attention_tensors[] = {&w.attn_norm_w, &w.attn_norm_b, &w.q_w, &w.q_b, &w.k_w, &w.k_b, &w.v_w,
-                                             &w.v_b, &w.q_norm_w, &w.k_norm_w, &w.o_w, &w.o_b, &w.qkv_w, &w.qkv_b};
-  const Tensor* const mlp_tensors[] = {&w.mlp_norm_w, &w.mlp_norm_b, &w.fc1_w, &w.fc1_b, &w.up_w,
-                                       &w.fc2_w, &w.fc2_b, &w.gate_up_w};
-  if (attention)
-    for (const Tensor* t : attention_tensors) key.push_back(G::address(t->data));
-  else
-    for (const Tensor* t : mlp_tensors) key.push_back(G::address(t->data));
+  // The half's tensors as its block lays them out (the stacked views start at their first part).
+  for (const WeightSpec& spec : half_layout[jj % 2].specs) key.push_back(G::address(layer_tensor(w, spec).data));
   if (attention) key.insert(key.end(), {ck.dim(0), ck.dim(1)});  // the cache's slots and capacity
   graphs.run(key, work);
 }

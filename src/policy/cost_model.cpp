@@ -105,10 +105,10 @@ CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w, D
   z.mlp_weights = rw * z.mlp_weights_fp16;
   z.mlp_flops_per_token = 2.0 * mlp_token_params;
   if (cfg.moe()) {
-    z.expert_weights_fp16 = e * 3.0 * h * cfg.expert_intermediate;
-    z.router_weights_fp16 = e * double(cfg.n_experts) * h;
     z.expert_params = 3.0 * h * cfg.expert_intermediate;
     z.router_params = double(cfg.n_experts) * h;
+    z.expert_weights_fp16 = e * z.expert_params;
+    z.router_weights_fp16 = e * z.router_params;
   }
   z.global_weights = e * double(cfg.global_param_count());
   z.layer_flops_per_token = 2.0 * (attn_params + mlp_token_params);

@@ -372,15 +372,14 @@ struct Profiler {
     return out;
   }
 
-  // Bytes of `wdt` weights a CPU linear streams per second for 2 tokens (decode's few per expert);
-  // with `q4` over 4-bit codes, counted as the `wdt` bytes they stand for (as the cost model
+  // Bytes of `wdt` weights per second a CPU linear streams over 4-bit (group 64) codes for 2 tokens
+  // (decode's few per expert), counted as the `wdt` bytes the codes stand for (as the cost model
   // divides uncompressed bytes by it).
-  double weight_stream(Backend& be, DType wdt, int64_t h, size_t free_bytes, bool q4 = false) {
-    const CpuLinear l = cpu_linear(be, wdt, h, free_bytes, {2}, q4);
+  double codes_stream(Backend& be, DType wdt, int64_t h, size_t free_bytes) {
+    const CpuLinear l = cpu_linear(be, wdt, h, free_bytes, {2}, true);
     const double bw = round4(double(l.rows * h) * double(dtype_size(wdt)) / l.seconds[0]);
-    say(std::string("cpu weight streaming: ") + format_rate(bw, "B/s") +
-        (q4 ? " of the uncompressed weights 4-bit codes stand for (" : " of weights (") + std::to_string(l.rows) + " x " +
-        std::to_string(h) + ", " + (q4 ? std::string("4-bit g64") : std::string(dtype_name(wdt))) + ", 2 tokens)");
+    say("cpu weight streaming over 4-bit g64 codes: " + format_rate(bw, "B/s") + " of the " + dtype_name(wdt) +
+        " weights they stand for (" + std::to_string(l.rows) + " x " + std::to_string(h) + ", 2 tokens)");
     return bw;
   }
 
@@ -502,18 +501,18 @@ HardwareProfile profile_machine(const ProfileOptions& opt) {
     // CPU FLOP/s where the delegated work's GEMMs saturate: a few hundred tokens.
     const std::vector<GemmPoint> c = p.gemm_curve(cpu, p.s.hidden / 2, {256}, p.host_free, "cpu");
     hw.cpu_flops = c.back().flops_per_s;
-    // The CPU tier keeps weights as the GPU computes in them (fp16).
-    hw.cpu_weight_bw = p.weight_stream(cpu, cache_dt, p.s.hidden, p.host_free);
-    hw.cpu_weight_q4_bw = p.weight_stream(cpu, cache_dt, p.s.hidden, p.host_free, true);
-    hw.cpu_gemm = p.cpu_gemm_curve(cpu, cache_dt, p.s.hidden, p.host_free);
   } else {  // the CPU is the compute device: its curve is already measured
     hw.cpu_attention_bw = hw.gpu_attention_bw;
     hw.cpu_attention_q4_bw = hw.gpu_attention_q4_bw;
     for (const GemmPoint& g : hw.gpu_gemm) hw.cpu_flops = std::max(hw.cpu_flops, g.flops_per_s);
-    hw.cpu_weight_bw = p.weight_stream(dev, cache_dt, p.s.hidden, p.host_free);
-    hw.cpu_weight_q4_bw = p.weight_stream(dev, cache_dt, p.s.hidden, p.host_free, true);
-    hw.cpu_gemm = p.cpu_gemm_curve(dev, cache_dt, p.s.hidden, p.host_free);
   }
+  // The CPU's linear over the CPU tier's weights, kept as the compute device computes in them. Its
+  // 2-token point is the weight-streaming rate: 2 FLOPs per weight and token.
+  hw.cpu_gemm = p.cpu_gemm_curve(cpu, cache_dt, p.s.hidden, p.host_free);
+  const GemmPoint& two = hw.cpu_gemm[1];
+  STRATA_CHECK(two.tokens == 2, "internal: the CPU linear curve's second point is not 2 tokens");
+  hw.cpu_weight_bw = round4(two.flops_per_s / (2.0 * two.tokens) * double(dtype_size(cache_dt)));
+  hw.cpu_weight_q4_bw = p.codes_stream(cpu, cache_dt, p.s.hidden, p.host_free);
 
   hw.name = on_gpu ? slug(hw.gpu_name) : "cpu-" + slug(hw.cpu_name);
   std::ostringstream d;

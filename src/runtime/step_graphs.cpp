@@ -12,7 +12,7 @@ bool cuda_graphs_allowed() {
 }
 
 StepGraphs::StepGraphs(Backend& backend, bool enabled, size_t max_graphs)
-    : backend_(backend), enabled_(enabled), max_graphs_(max_graphs) {}
+    : backend_(backend), enabled_(enabled && backend.device() == Device::CUDA), max_graphs_(max_graphs) {}
 
 // When full, the keys that never captured go first (a shape seen once, or whose capture failed:
 // continuous batching's steps take many sizes); only if that frees nothing do the graphs go too.

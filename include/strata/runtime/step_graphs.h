@@ -23,7 +23,8 @@ public:
   // kernels with the same arguments each time, reading what changes from the device's memory.
   using Key = std::vector<int64_t>;
 
-  // `enabled` false: run() always runs the work eagerly. At most `max_graphs` keys are kept.
+  // `enabled` false, or a backend without graphs (the CPU): run() always runs the work eagerly.
+  // At most `max_graphs` keys are kept.
   StepGraphs(Backend& backend, bool enabled, size_t max_graphs);
 
   bool enabled() const { return enabled_; }
