@@ -189,3 +189,22 @@ TEST_CASE("gemm_flops interpolates in log tokens and holds the ends", "[hardware
   CHECK(hw.gemm_flops(1) == 7e12);
   CHECK(hw.gemm_flops(4096) == 7e12);
 }
+
+TEST_CASE("the CPU weight terms are optional, and a bad CPU linear curve names its field", "[hardware]") {
+  // A profile written before strata profile measured them loads with them unknown (the cost model
+  // then falls back to the CPU attention rate and the roofline).
+  const HardwareProfile old = parse_hardware_profile(with_units(), "hw.yaml");
+  CHECK(old.cpu_weight_bw == 0);
+  CHECK(old.cpu_weight_q4_bw == 0);
+  CHECK(old.cpu_gemm.empty());
+  CHECK_THROWS_WITH(old.cpu_gemm_flops(4), Catch::Contains("no GEMM curve (cpu_gemm is empty)"));
+  const std::string curve = "cpu_gemm:\n  - {tokens: 1, flops_per_s: 16 GFLOP/s}\n  - {tokens: 8, flops_per_s: 48 GFLOP/s}\n";
+  const HardwareProfile with = parse_hardware_profile(with_units("cpu_weight_bw: 19GB/s\n" + curve), "hw.yaml");
+  CHECK(with.cpu_weight_bw == Approx(19e9));
+  CHECK(with.cpu_gemm_flops(8) == Approx(48e9));
+  CHECK_THROWS_WITH(parse_hardware_profile(with_units("cpu_gemm:\n  - {tokens: 8, flops_per_s: 1e9}\n  - {tokens: 2, flops_per_s: 2e9}\n"),
+                                           "hw.yaml"),
+                    Catch::Contains("hw.yaml:18: field 'cpu_gemm[1].tokens': token counts must increase"));
+  CHECK_THROWS_WITH(parse_hardware_profile(with_units("cpu_weight_bw: fast\n"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:16: field 'cpu_weight_bw' must be a bandwidth"));
+}
