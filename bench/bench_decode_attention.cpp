@@ -31,6 +31,7 @@ namespace {
 
 struct Args {
   std::string device = "cuda";
+  DType dtype = DType::F16;  // --dtype fp16|bf16: the activations, q and the uncompressed cache
   int64_t slots = 1, context = 4096, heads = 32, kv_heads = 8, head_dim = 128, layers = 0;
   std::string caches = "f16,q4,q8";
 };
@@ -39,6 +40,7 @@ Args parse(int argc, char** argv) {
   Args a;
   bench::for_each_option(argc, argv, [&](const std::string& k, const std::string& v) {
     if (k == "--device") a.device = v;
+    else if (k == "--dtype") a.dtype = gpu_activation_dtype(v, DType::F16);
     else if (k == "--slots") a.slots = std::stoll(v);
     else if (k == "--context") a.context = std::stoll(v);
     else if (k == "--heads") a.heads = std::stoll(v);
@@ -67,15 +69,15 @@ size_t row_bytes(const Format& f, int64_t d) {
   return quant::row_bytes(spec, d);
 }
 
-// One layer's K (or V) cache bytes: random rows in the format, the same for every copy.
-std::vector<uint8_t> cache_bytes(const Format& f, int64_t rows, int64_t d, uint32_t seed) {
+// One layer's K (or V) cache bytes: random rows in the format (16-bit rows in `act`), the same for every copy.
+std::vector<uint8_t> cache_bytes(const Format& f, int64_t rows, int64_t d, uint32_t seed, DType act) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   std::vector<float> x(size_t(rows * d));
   for (float& v : x) v = dist(rng);
   std::vector<uint8_t> bytes(size_t(rows) * row_bytes(f, d));
   if (f.bits == 0) {
-    convert_elements(x.data(), DType::F32, bytes.data(), DType::F16, x.size());
+    convert_elements(x.data(), DType::F32, bytes.data(), act, x.size());
   } else {
     quant::QuantSpec spec;
     spec.bits = f.bits;
@@ -90,24 +92,25 @@ void run(Backend& be, const Args& a, const Format& f, double copy_gbps) {
   const int64_t rows = T * C * KV;
   const size_t layer_bytes = size_t(rows) * row_bytes(f, d);  // K or V of one layer
   const int64_t layers = a.layers > 0 ? a.layers : std::max<int64_t>(1, int64_t((size_t(1) << 30) / (2 * layer_bytes)));
-  const std::vector<uint8_t> k_host = cache_bytes(f, rows, d, 1), v_host = cache_bytes(f, rows, d, 2);
+  const std::vector<uint8_t> k_host = cache_bytes(f, rows, d, 1, be.activation_dtype()),
+                              v_host = cache_bytes(f, rows, d, 2, be.activation_dtype());
   std::vector<Buffer> keep;
   std::vector<Tensor> ks, vs;
   for (int64_t l = 0; l < layers; ++l) {
     for (auto [host, list] : {std::pair{&k_host, &ks}, std::pair{&v_host, &vs}}) {
       keep.push_back(be.alloc(layer_bytes));
       be.copy_to_device(keep.back().data(), host->data(), layer_bytes);
-      list->push_back(f.bits == 0 ? keep.back().view(0, DType::F16, {T, C, KV, d})
+      list->push_back(f.bits == 0 ? keep.back().view(0, be.activation_dtype(), {T, C, KV, d})
                                   : Tensor::quantized(keep.back().data(), f.bits == 4 ? DType::Q4 : DType::Q8, 64,
                                                       be.device(), {T, C, KV, d}));
     }
   }
-  const std::vector<uint8_t> q_host = cache_bytes(Format{"f16", 0}, T * H, d, 3);
+  const std::vector<uint8_t> q_host = cache_bytes(Format{"f16", 0}, T * H, d, 3, be.activation_dtype());
   keep.push_back(be.alloc(q_host.size()));
   be.copy_to_device(keep.back().data(), q_host.data(), q_host.size());
-  const Tensor q = keep.back().view(0, DType::F16, {T, H, d});
+  const Tensor q = keep.back().view(0, be.activation_dtype(), {T, H, d});
   keep.push_back(be.alloc(q_host.size()));
-  const Tensor out = keep.back().view(0, DType::F16, {T, H, d});
+  const Tensor out = keep.back().view(0, be.activation_dtype(), {T, H, d});
   std::vector<int32_t> idx(size_t(2 * T));
   for (int64_t i = 0; i < T; ++i) {
     idx[size_t(i)] = int32_t(i);              // slots
@@ -148,11 +151,11 @@ void run(Backend& be, const Args& a, const Format& f, double copy_gbps) {
 int main(int argc, char** argv) try {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const Args a = parse(argc, argv);
-  std::unique_ptr<Backend> be = make_backend(a.device);
+  std::unique_ptr<Backend> be = make_backend(a.device, 0, a.dtype);
   const char* split = std::getenv("STRATA_SPLIT_KV");
   const double copy_gbps = bench::measure_copy_gbps(*be);
   std::printf("decode attention on %s; STRATA_SPLIT_KV=%s; device copy bandwidth (read + write) %.1f GB/s\n",
-              be->name(), split ? split : "(unset: auto)", copy_gbps);
+              backend_label(*be).c_str(), split ? split : "(unset: auto)", copy_gbps);
   for (const Format& f : {Format{"f16", 0}, Format{"q4", 4}, Format{"q8", 8}})
     if (("," + a.caches + ",").find("," + f.name + ",") != std::string::npos) run(*be, a, f, copy_gbps);
   return 0;

@@ -4,7 +4,7 @@
 //  - prefill: the share of an N-token prefill spent in the GEMMs, from timing the same GEMM
 //    shapes alone, and the GEMMs' achieved TFLOP/s.
 // Usage: bench_generate [--model dummy:opt-6.7b] [--device cuda] [--batch 1] [--prompt-len 32]
-//                       [--gen-len 32] [--prefill-tokens 4096]
+//                       [--gen-len 32] [--prefill-tokens 4096] [--dtype fp16|bf16|auto]
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -27,7 +27,7 @@ using bench::seconds;
 namespace {
 
 struct Args {
-  std::string model = "dummy:opt-6.7b", device = "auto";
+  std::string model = "dummy:opt-6.7b", device = "auto", dtype = "fp16";  // --dtype fp16|bf16|auto
   int batch = 1, prompt_len = 32, gen_len = 32, prefill_tokens = 4096, threads = 0;
 };
 
@@ -37,6 +37,7 @@ Args parse(int argc, char** argv) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--model") a.model = v;
     else if (k == "--device") a.device = v;
+    else if (k == "--dtype") a.dtype = v;
     else if (k == "--batch") a.batch = std::stoi(v);
     else if (k == "--prompt-len") a.prompt_len = std::stoi(v);
     else if (k == "--gen-len") a.gen_len = std::stoi(v);
@@ -53,8 +54,9 @@ int main(int argc, char** argv) try {
   strata::use_best_blas_core(argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe (tee, a log) as they are printed
   const Args args = parse(argc, argv);
-  std::unique_ptr<Backend> be = make_backend(args.device, args.threads);
   ModelBundle mb = open_model(args.model);
+  std::unique_ptr<Backend> be =
+      make_backend(args.device, args.threads, gpu_activation_dtype(args.dtype, mb.config.checkpoint_dtype));
   const ModelConfig cfg = mb.config;
   const double copy_gbps = measure_copy_gbps(*be);
   Transformer model(cfg, load_model_weights(cfg, *mb.weights, *be), *be);

@@ -289,6 +289,9 @@ part_kernels() {
     step "bench_generate $model" bench_generate "${args[@]}"
     step "bench_generate $model, STRATA_CUDA_GRAPHS=0" env STRATA_CUDA_GRAPHS=0 bench_generate "${args[@]}"
   done
+  # bf16 (issue 35, point 5): LLaMA-3-8B is a bf16 release; the same steps in bf16 beside fp16's.
+  step "bench_generate llama-3-8b --dtype bf16" bench_generate --model dummy:llama-3-8b --device cuda --batch 1 \
+    --prompt-len 32 --gen-len 32 --prefill-tokens 4096 --dtype bf16
   # The engine's per-layer-half graphs (docs/offload.md, "Graphs"): its resident decode step at
   # batch 8 with and without them.
   local offload_args=(--model dummy:opt-6.7b --device cuda --batch 8 --gen-len 16 --skip-disk)
@@ -303,6 +306,8 @@ part_kernels() {
         bench_decode_attention --slots "$slots" --context "$ctx" --heads "$heads" --kv-heads "$kvh" --head-dim 128
     done
   done
+  step "decode attention 1 x 32768, 32/8 heads, bf16" bench_decode_attention --slots 1 --context 32768 --heads 32 \
+    --kv-heads 8 --head-dim 128 --dtype bf16
 }
 
 # Issue 39's GPU figure: Mixtral-8x7B under 16 GiB, the search's choice first (a call cut short

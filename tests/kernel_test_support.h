@@ -1,5 +1,5 @@
 // Helpers shared by the kernel tests (test_cpu_attention_f16, test_cpu_quant_ops, test_cuda_*):
-// fp16-representable random data, element counts, and the skip on a machine without a GPU.
+// fp16- or bf16-representable random data, element counts, and the skip on a machine without a GPU.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -29,13 +29,29 @@
 namespace strata::test {
 
 inline float round_f16(float x) { return half_to_float(float_to_half(x)); }
+inline float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
+// x rounded to nearest even in F16 or BF16; F32: x itself.
+inline float round_to(DType dt, float x) {
+  return dt == DType::F16 ? round_f16(x) : dt == DType::BF16 ? round_bf16(x) : x;
+}
 
-// n values uniform in [lo, hi), rounded to fp16 where `fp16` (so fp16 and fp32 copies are equal).
-inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo, float hi, bool fp16) {
+// Unit roundoff of F16 (2^-11), BF16 (2^-8) or F32 (2^-24): the largest relative error of one
+// rounding to nearest in the normal range.
+inline double unit_roundoff(DType dt) {
+  return std::ldexp(1.0, dt == DType::F16 ? -11 : dt == DType::BF16 ? -8 : -24);
+}
+
+// n values uniform in [lo, hi), rounded to `dt` (so the F16 or BF16 copy and the fp32 one are
+// equal).
+inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo, float hi, DType dt) {
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<float> v(n);
-  for (float& x : v) x = fp16 ? round_f16(dist(rng)) : dist(rng);
+  for (float& x : v) x = round_to(dt, dist(rng));
   return v;
+}
+// The same, rounded to fp16 where `fp16`.
+inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo, float hi, bool fp16) {
+  return random_floats(n, rng, lo, hi, fp16 ? DType::F16 : DType::F32);
 }
 
 inline std::vector<float> random_f16(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
@@ -45,6 +61,12 @@ inline std::vector<float> random_f16(size_t n, std::mt19937& rng, float lo = -1.
 inline std::vector<uint16_t> to_half(const std::vector<float>& v) {
   std::vector<uint16_t> h(v.size());
   for (size_t i = 0; i < v.size(); ++i) h[i] = float_to_half(v[i]);
+  return h;
+}
+// The F16 or BF16 bits of v.
+inline std::vector<uint16_t> to_bits(const std::vector<float>& v, DType dt) {
+  std::vector<uint16_t> h(v.size());
+  for (size_t i = 0; i < v.size(); ++i) h[i] = dt == DType::BF16 ? float_to_bf16(v[i]) : float_to_half(v[i]);
   return h;
 }
 

@@ -2,7 +2,9 @@
 // tests (test_cuda_quant.cpp) and their CPU emulation (cuda_emulation/test_quant_emulated.cpp).
 // Expected values come from the host quantization reference (include/strata/quant/quant.h,
 // itself checked against numpy in test_quant.cpp) and plain double arithmetic, never from CUDA
-// code. Error bounds are worst-case, so no case is flaky.
+// code. Error bounds are worst-case, so no case is flaky. Activations (inputs and outputs) are fp16
+// unless a case is made with `act` = DType::BF16 (the emulated tests run both); a bound's output
+// rounding is then bf16's, 2^-8 relative instead of 2^-11.
 #pragma once
 #include <catch2/catch.hpp>
 
@@ -73,23 +75,23 @@ inline void expect_within(const std::vector<float>& got, const std::vector<doubl
 
 // Rows 1..5 of a [6, n] input get the cases where the reference's order matters: a zero minimum
 // that is -0 first (row 1) or +0 first (row 2), a constant row (scale 0, row 3), a row of zeros of
-// both signs (row 4) and a non-positive row whose maximum is a zero (row 5).
-inline void add_special_rows(std::vector<float>& x, int64_t n, std::mt19937& rng) {
+// both signs (row 4) and a non-positive row whose maximum is a zero (row 5); values rounded to `dt`.
+inline void add_special_rows(std::vector<float>& x, int64_t n, std::mt19937& rng, DType dt = DType::F16) {
   std::uniform_real_distribution<float> pos(0.25f, 2.0f);
   for (int64_t i = 0; i < n; ++i) {
     const auto at = [&](int64_t r) -> float& { return x[size_t(r * n + i)]; };
-    at(1) = i % 5 == 0 ? -0.0f : i % 5 == 2 ? 0.0f : round_f16(pos(rng));
-    at(2) = i % 5 == 0 ? 0.0f : i % 5 == 2 ? -0.0f : round_f16(pos(rng));
+    at(1) = i % 5 == 0 ? -0.0f : i % 5 == 2 ? 0.0f : round_to(dt, pos(rng));
+    at(2) = i % 5 == 0 ? 0.0f : i % 5 == 2 ? -0.0f : round_to(dt, pos(rng));
     at(3) = 0.75f;
     at(4) = i % 2 == 0 ? -0.0f : 0.0f;
-    at(5) = i % 3 == 0 ? (i % 2 == 0 ? -0.0f : 0.0f) : -round_f16(pos(rng));
+    at(5) = i % 3 == 0 ? (i % 2 == 0 ? -0.0f : 0.0f) : -round_to(dt, pos(rng));
   }
 }
 
 
 // y = x @ dequant(w)^T + bias against double arithmetic over the host's dequantized weights and
-// the fp16 x. Error bound per output (all worst-case, so no flakiness):
-//  - fp16 output rounding: 2^-11 |y|, plus 2^-24 for fp16's subnormal step;
+// the fp16 (or bf16: `act`) x. Error bound per output (all worst-case, so no flakiness):
+//  - output rounding: 2^-11 |y| (bf16: 2^-8 |y|), plus 2^-24 for fp16's subnormal step;
 //  - fp32 arithmetic: each lane sums in/32 products in sequence, then 5 shuffle levels; the
 //    kernel's dequantization (one FMA) differs from the reference's (product rounded, then the
 //    add) by at most 2 ulp of |code * scale| + |w| <= 2 (|w| + |min|). So the error is at most
@@ -97,13 +99,13 @@ inline void add_special_rows(std::vector<float>& x, int64_t n, std::mt19937& rng
 // A lost element costs |x w| ~ sum / in, far above the (in/16 + 16) * 2^-24 * sum allowed.
 struct QuantLinearCase {
   std::vector<uint8_t> w;   // [out] quantized rows of `in`
-  std::vector<float> x;     // [T, in], fp16 values
-  std::vector<float> bias;  // [out] fp16 values, or empty
+  std::vector<float> x;     // [T, in], values of act
+  std::vector<float> bias;  // [out] values of act, or empty
   std::vector<double> want, tol;  // [T, out]
 };
 
 inline QuantLinearCase make_quant_linear_case(const quant::QuantSpec& spec, int64_t T, int64_t out, int64_t in,
-                                              bool with_bias, std::mt19937& rng) {
+                                              bool with_bias, std::mt19937& rng, DType act = DType::F16) {
   QuantLinearCase c;
   std::vector<float> w = random_floats(size_t(out * in), rng, -1.0f, 1.0f, false);
   for (int64_t o = 0; o < out; o += 3)  // rows far from zero: the minimum term dominates
@@ -113,8 +115,8 @@ inline QuantLinearCase make_quant_linear_case(const quant::QuantSpec& spec, int6
   quant::quantize_rows(spec, w.data(), DType::F32, out, in, c.w.data());
   std::vector<float> wd(w.size());
   quant::dequantize_rows(spec, c.w.data(), out, in, wd.data(), DType::F32);
-  c.x = random_floats(size_t(T * in), rng, -1.0f, 1.0f, true);
-  if (with_bias) c.bias = random_floats(size_t(out), rng, -1.0f, 1.0f, true);
+  c.x = random_floats(size_t(T * in), rng, -1.0f, 1.0f, act);
+  if (with_bias) c.bias = random_floats(size_t(out), rng, -1.0f, 1.0f, act);
 
   c.want.resize(size_t(T * out));
   c.tol.resize(c.want.size());
@@ -132,7 +134,7 @@ inline QuantLinearCase make_quant_linear_case(const quant::QuantSpec& spec, int6
         mag += std::fabs(xi) * mag_w[size_t(i)];
       }
       c.want[size_t(t * out + o)] = sum;
-      c.tol[size_t(t * out + o)] = kHalfUlp16 * std::fabs(sum) + double(in / 16 + 16) * kUlp32 * mag + kUlp32;
+      c.tol[size_t(t * out + o)] = unit_roundoff(act) * std::fabs(sum) + double(in / 16 + 16) * kUlp32 * mag + kUlp32;
     }
   }
   return c;
@@ -145,17 +147,17 @@ inline QuantLinearCase make_quant_linear_case(const quant::QuantSpec& spec, int6
 struct QuantKvStoreCase {
   static constexpr int64_t S = 3, C = 5;
   std::vector<int32_t> slots{0, 2, 1, 0, 2, 3, 1}, pos{0, 4, 2, 4, 0, 1, 5};
-  std::vector<float> k, v;  // [T, kv_heads, d], fp16 values
+  std::vector<float> k, v;  // [T, kv_heads, d], values of act
   std::vector<uint8_t> want_k, want_v;
   size_t cache_bytes = 0;
 };
 
 inline QuantKvStoreCase make_quant_kv_store_case(const quant::QuantSpec& spec, int64_t d, int64_t kv_heads,
-                                                 std::mt19937& rng) {
+                                                 std::mt19937& rng, DType act = DType::F16) {
   QuantKvStoreCase c;
   const int64_t T = int64_t(c.slots.size());
-  c.k = random_floats(size_t(T * kv_heads * d), rng, -2.0f, 2.0f, true);
-  c.v = random_floats(size_t(T * kv_heads * d), rng, -2.0f, 2.0f, true);
+  c.k = random_floats(size_t(T * kv_heads * d), rng, -2.0f, 2.0f, act);
+  c.v = random_floats(size_t(T * kv_heads * d), rng, -2.0f, 2.0f, act);
   for (int64_t i = 0; i < d; ++i) {
     c.k[size_t(i)] = i % 4 == 0 ? -0.0f : i % 4 == 1 ? 0.0f : std::fabs(c.k[size_t(i)]);  // a zero minimum
     c.v[size_t(kv_heads * d + i)] = 0.375f;                                              // a constant row
@@ -164,14 +166,14 @@ inline QuantKvStoreCase make_quant_kv_store_case(const quant::QuantSpec& spec, i
   c.cache_bytes = size_t(c.S * c.C * kv_heads) * row_bytes;
   c.want_k.assign(c.cache_bytes, 0xFF);
   c.want_v.assign(c.cache_bytes, 0xFF);
-  const std::vector<uint16_t> kh = to_half(c.k), vh = to_half(c.v);
+  const std::vector<uint16_t> kh = to_bits(c.k, act), vh = to_bits(c.v, act);
   for (int64_t t = 0; t < T; ++t) {
     if (c.slots[size_t(t)] >= c.S || c.pos[size_t(t)] >= c.C) continue;
     for (int64_t h = 0; h < kv_heads; ++h) {
       const size_t src = size_t((t * kv_heads + h) * d);
       const size_t dst = size_t((c.slots[size_t(t)] * c.C + c.pos[size_t(t)]) * kv_heads + h) * row_bytes;
-      quant::quantize_rows(spec, kh.data() + src, DType::F16, 1, d, c.want_k.data() + dst);
-      quant::quantize_rows(spec, vh.data() + src, DType::F16, 1, d, c.want_v.data() + dst);
+      quant::quantize_rows(spec, kh.data() + src, act, 1, d, c.want_k.data() + dst);
+      quant::quantize_rows(spec, vh.data() + src, act, 1, d, c.want_v.data() + dst);
     }
   }
   return c;
@@ -181,7 +183,7 @@ inline QuantKvStoreCase make_quant_kv_store_case(const quant::QuantSpec& spec, i
 // bound per output element o_i = sum_j p_j v_ji. `key(j, i)` and `value(j, i)` give an element
 // and a magnitude that bounds what the kernel's sums over it can lose (|k| for a kernel that
 // reads the values themselves; |c s| + |m| for one that sums codes and minimums apart):
-//  - output rounding: out_rel |o_i| + 2^-24 (2^-11 for fp16 outputs);
+//  - output rounding: out_rel |o_i| + 2^-24 (out_rel: 2^-11 for fp16 outputs, 2^-8 for bf16);
 //  - a score s_j is off by at most ds = (d + 16) 2^-24 (scale sum_i |q_i| mag(k_ji) + 2 max |s|)
 //    (the scaled query's rounding, the fp32 dot product, the subtraction of the running max);
 //    each weight then by ds plus a few ulp per exp and per tile rescale, the normalization by as
@@ -221,10 +223,10 @@ void attention_row_reference(const float* q, int64_t n, int64_t d, double scale,
 
 // Attention over a quantized cache against double arithmetic over the host's dequantized cache
 // (the kernels dequantize by the same fp32 formula, so keys and values are the same numbers), with
-// attention_row_reference's bound for fp16 outputs.
+// attention_row_reference's bound for fp16 (or bf16: `act`) outputs.
 struct QuantAttentionCase {
   std::vector<uint8_t> k, v;  // [S, C, kv_heads] quantized rows of d
-  std::vector<float> q;       // [T, heads, d], fp16 values
+  std::vector<float> q;       // [T, heads, d], values of act
   float scale = 0;
   std::vector<double> want, tol;  // [T, heads, d]
 };
@@ -232,7 +234,7 @@ struct QuantAttentionCase {
 inline QuantAttentionCase make_quant_attention_case(const quant::QuantSpec& spec, int64_t T, int64_t heads,
                                                     int64_t kv_heads, int64_t d, int64_t S, int64_t C,
                                                     const std::vector<int32_t>& slots, const std::vector<int32_t>& pos,
-                                                    float q_range, std::mt19937& rng) {
+                                                    float q_range, std::mt19937& rng, DType act = DType::F16) {
   QuantAttentionCase c;
   const int64_t rows = S * C * kv_heads;
   const std::vector<float> ck = random_floats(size_t(rows * d), rng, -1.0f, 1.0f, false);
@@ -245,7 +247,7 @@ inline QuantAttentionCase make_quant_attention_case(const quant::QuantSpec& spec
   std::vector<float> kd(ck.size()), vd(cv.size());
   quant::dequantize_rows(spec, c.k.data(), rows, d, kd.data(), DType::F32);
   quant::dequantize_rows(spec, c.v.data(), rows, d, vd.data(), DType::F32);
-  c.q = random_floats(size_t(T * heads * d), rng, -q_range, q_range, true);
+  c.q = random_floats(size_t(T * heads * d), rng, -q_range, q_range, act);
   c.scale = 1.0f / std::sqrt(float(d));
 
   c.want.resize(c.q.size());
@@ -261,7 +263,7 @@ inline QuantAttentionCase make_quant_attention_case(const quant::QuantSpec& spec
         };
       };
       const size_t k = size_t((t * heads + h) * d);
-      attention_row_reference(c.q.data() + k, n, d, double(c.scale), element(kd), element(vd), kHalfUlp16,
+      attention_row_reference(c.q.data() + k, n, d, double(c.scale), element(kd), element(vd), unit_roundoff(act),
                               c.want.data() + k, c.tol.data() + k);
     }
   return c;
@@ -269,9 +271,12 @@ inline QuantAttentionCase make_quant_attention_case(const quant::QuantSpec& spec
 
 // Prefill tiles over quantized caches take the tensor-core kernel (attention_tc.cu), which rounds
 // the dequantized keys and values and the softmax weights to fp16 for its MMAs: the fp16
-// attention tests' bound, 2e-3 + 1e-2 |o|, instead of the fp32 kernel's.
-inline void allow_fp16_operands(QuantAttentionCase& c) {
-  for (size_t i = 0; i < c.want.size(); ++i) c.tol[i] = std::max(c.tol[i], 2e-3 + 1e-2 * std::fabs(c.want[i]));
+// attention tests' bound, 2e-3 + 1e-2 |o|, instead of the fp32 kernel's. With bf16 operands
+// (`act`) every one of those roundings errs by up to 2^-8 instead of 2^-11, so the bound is 8 times
+// that.
+inline void allow_fp16_operands(QuantAttentionCase& c, DType act = DType::F16) {
+  const double k = unit_roundoff(act) / unit_roundoff(DType::F16);
+  for (size_t i = 0; i < c.want.size(); ++i) c.tol[i] = std::max(c.tol[i], k * (2e-3 + 1e-2 * std::fabs(c.want[i])));
 }
 
 // The (slot, position) of each token of sequences packed one after another as a prefill step

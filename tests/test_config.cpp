@@ -122,6 +122,24 @@ TEST_CASE("a sliding window shorter than the context becomes the context", "[con
   CHECK(wide.sliding_window == 0);
 }
 
+TEST_CASE("the checkpoint's dtype comes from torch_dtype or dtype; a bad one names the file and field", "[config]") {
+  const std::string head = R"({"model_type":"llama","hidden_size":64,"intermediate_size":8,"num_hidden_layers":2,
+      "num_attention_heads":4,"vocab_size":100,"max_position_embeddings":64)";
+  CHECK(config_from_hf_json(write_config(head + "}")).checkpoint_dtype == DType::F16);
+  CHECK(config_from_hf_json(write_config(head + R"(,"torch_dtype":"bfloat16"})")).checkpoint_dtype == DType::BF16);
+  CHECK(config_from_hf_json(write_config(head + R"(,"torch_dtype":"float32"})")).checkpoint_dtype == DType::F32);
+  // transformers 5 writes "dtype" beside the classic key; it wins.
+  CHECK(config_from_hf_json(write_config(head + R"(,"dtype":"bfloat16","torch_dtype":"float16"})")).checkpoint_dtype ==
+        DType::BF16);
+  const fs::path bad = write_config(head + R"(,"torch_dtype":"int8"})");
+  CHECK_THROWS_WITH(config_from_hf_json(bad), Catch::Contains(bad.string()) && Catch::Contains("'torch_dtype' is int8"));
+  CHECK_THROWS_WITH(config_from_hf_json(write_config(head + R"(,"dtype":16})")), Catch::Contains("'dtype' must be a string"));
+  // The presets of bf16 releases (Llama 3, Qwen, Mixtral) run in bf16 under --dtype auto; OPT in fp16.
+  CHECK(config_preset("llama-3-8b")->checkpoint_dtype == DType::BF16);
+  CHECK(config_preset("mixtral-8x7b")->checkpoint_dtype == DType::BF16);
+  CHECK(config_preset("opt-6.7b")->checkpoint_dtype == DType::F16);
+}
+
 TEST_CASE("llama3 RoPE scaling matches the transformers formula", "[config]") {
   ModelConfig c = *config_preset("llama-3.1-8b");
   const std::vector<float> inv = rope_inv_freq(c);

@@ -80,14 +80,14 @@ std::vector<std::array<double, 2>> exact_values(const quant::QuantSpec& spec, co
 // Decode attention over quantized caches k, v ([S, C, kv_heads] rows of d) in double over their
 // exact values, with quant_kernel_cases.h's worst-case bound (a score summed per group as
 // s_g (q . c) + m_g (sum of q) loses at most ulps of sum_i |q_i| (|c_i s| + |m|), a value row
-// summed as codes and minimums apart likewise), for fp32 or fp16 outputs.
+// summed as codes and minimums apart likewise), for outputs rounded to `out_rel` (relative).
 struct DecodeReference {
   std::vector<double> want, tol;
 };
 DecodeReference decode_reference(const quant::QuantSpec& spec, const std::vector<uint8_t>& k, const std::vector<uint8_t>& v,
                                  const std::vector<float>& q, int64_t heads, int64_t kv_heads, int64_t d, int64_t C,
                                  const std::vector<int32_t>& slots, const std::vector<int32_t>& pos, double scale,
-                                 bool f16_out) {
+                                 double out_rel) {
   const std::vector<std::array<double, 2>> kx = exact_values(spec, k, d), vx = exact_values(spec, v, d);
   DecodeReference r;
   r.want.resize(q.size());
@@ -102,7 +102,7 @@ DecodeReference decode_reference(const quant::QuantSpec& spec, const std::vector
       };
       const size_t at = size_t((int64_t(t) * heads + h) * d);
       test::attention_row_reference(q.data() + at, pos[t] + 1, d, scale, element(kx), element(vx),
-                                    f16_out ? test::kHalfUlp16 : test::kUlp32, r.want.data() + at, r.tol.data() + at);
+                                    out_rel, r.want.data() + at, r.tol.data() + at);
     }
   return r;
 }
@@ -210,25 +210,26 @@ TEST_CASE("cpu: kv_store quantizes each head's row as the reference does, attent
         const size_t rb = quant::row_bytes(s, d);
         INFO("heads " << heads << "/" << kvh << ", d " << d << ", " << bits << "-bit g" << group);
         // Fill positions 0..C-2 of every slot from rows quantized by the reference, then store T more
-        // tokens with kv_store (fp32 and fp16 inputs), at the last position of some slots and over
-        // earlier positions of others.
+        // tokens with kv_store (fp32, fp16 and bf16 inputs), at the last position of some slots and
+        // over earlier positions of others.
         std::vector<float> k0 = normal(size_t(S * C * kvh * d), rng), v0 = normal(size_t(S * C * kvh * d), rng);
         Quantized kq = quantize(s, k0, S * C * kvh, d), vq = quantize(s, v0, S * C * kvh, d);
         const std::vector<int32_t> slots{0, 1, 2, 1, 0}, pos{8, 8, 3, 0, 5};
         std::vector<float> kn = normal(size_t(T * kvh * d), rng), vn = normal(size_t(T * kvh * d), rng);
-        for (DType in_dt : {DType::F32, DType::F16}) {
+        for (DType in_dt : {DType::F32, DType::F16, DType::BF16}) {
           std::vector<uint8_t> ck = kq.codes, cv = vq.codes;
           const Tensor cache_k = Tensor::quantized(ck.data(), quant::dtype_of(s), group, Device::CPU, {S, C, kvh, d});
           const Tensor cache_v = Tensor::quantized(cv.data(), quant::dtype_of(s), group, Device::CPU, {S, C, kvh, d});
           std::vector<uint16_t> kn16(kn.size()), vn16(vn.size());
-          for (size_t i = 0; i < kn.size(); ++i) kn16[i] = float_to_half(kn[i]), vn16[i] = float_to_half(vn[i]);
-          const Tensor k = in_dt == DType::F32 ? f32(kn, {T, kvh, d}) : Tensor(kn16.data(), DType::F16, Device::CPU, {T, kvh, d});
-          const Tensor v = in_dt == DType::F32 ? f32(vn, {T, kvh, d}) : Tensor(vn16.data(), DType::F16, Device::CPU, {T, kvh, d});
+          convert_elements(kn.data(), DType::F32, kn16.data(), in_dt == DType::F32 ? DType::F16 : in_dt, kn.size());
+          convert_elements(vn.data(), DType::F32, vn16.data(), in_dt == DType::F32 ? DType::F16 : in_dt, vn.size());
+          const Tensor k = in_dt == DType::F32 ? f32(kn, {T, kvh, d}) : Tensor(kn16.data(), in_dt, Device::CPU, {T, kvh, d});
+          const Tensor v = in_dt == DType::F32 ? f32(vn, {T, kvh, d}) : Tensor(vn16.data(), in_dt, Device::CPU, {T, kvh, d});
           std::vector<int32_t> sl = slots, ps = pos;
           const Tensor st(sl.data(), DType::I32, Device::CPU, {T}), pt(ps.data(), DType::I32, Device::CPU, {T});
           be->kv_store(k, v, cache_k, cache_v, st, pt);
 
-          // The bytes: every stored row is the reference's quantization of that (fp16-rounded) row.
+          // The bytes: every stored row is the reference's quantization of that (16-bit-rounded) row.
           std::vector<uint8_t> want_k = kq.codes, want_v = vq.codes;
           for (int64_t t = 0; t < T; ++t) {
             const size_t at = size_t((slots[size_t(t)] * C + pos[size_t(t)]) * kvh) * rb;
@@ -241,7 +242,7 @@ TEST_CASE("cpu: kv_store quantizes each head's row as the reference does, attent
           // Attention over the codes: double arithmetic over their exact values.
           std::vector<float> q = normal(size_t(T * heads * d), rng), got(q.size(), NAN);
           be->attention(f32(q, {T, heads, d}), cache_k, cache_v, st, pt, 0.3f, f32(got, {T, heads, d}));
-          expect_within(got, decode_reference(s, ck, cv, q, heads, kvh, d, C, slots, pos, 0.3, false));
+          expect_within(got, decode_reference(s, ck, cv, q, heads, kvh, d, C, slots, pos, 0.3, test::kUlp32));
         }
       }
 }
@@ -282,8 +283,8 @@ TEST_CASE("cpu: prefill attention over quantized caches equals it over their deq
 // Decode steps over long contexts (several key tiles, so the online softmax rescales the codes'
 // sums and the minimums' sums between them): multi-head rows read packed, grouped-query rows
 // widened once, head dims with a short last group (80 at group 64 or 128), a head dim that is not a
-// multiple of 16 (dequantized by the reference formula instead), fp32 and fp16 queries, and peaked
-// scores.
+// multiple of 16 (dequantized by the reference formula instead), fp32, fp16 and bf16 queries, and
+// peaked scores.
 TEST_CASE("cpu: decode attention over quantized caches matches double arithmetic over the exact values",
           "[quant][cpu_attention]") {
   auto be = make_cpu_backend(2);
@@ -314,14 +315,23 @@ TEST_CASE("cpu: decode attention over quantized caches matches double arithmetic
           const float scale = 1.0f / std::sqrt(float(d));
           std::vector<float> got(q.size(), NAN);
           be->attention(f32(q, {T, heads, d}), cache_k, cache_v, st, pt, scale, f32(got, {T, heads, d}));
-          expect_within(got, decode_reference(s, ck, cv, q, heads, kvh, d, C, slots, pos, double(scale), false));
+          expect_within(got, decode_reference(s, ck, cv, q, heads, kvh, d, C, slots, pos, double(scale), test::kUlp32));
 
           std::vector<uint16_t> q16 = to_half(q), out16(q.size(), 0xFFFF);
           be->attention(Tensor(q16.data(), DType::F16, Device::CPU, {T, heads, d}), cache_k, cache_v, st, pt, scale,
                         Tensor(out16.data(), DType::F16, Device::CPU, {T, heads, d}));
           std::vector<float> got16(q.size());
           for (size_t i = 0; i < got16.size(); ++i) got16[i] = half_to_float(out16[i]);
-          expect_within(got16, decode_reference(s, ck, cv, q, heads, kvh, d, C, slots, pos, double(scale), true));
+          expect_within(got16, decode_reference(s, ck, cv, q, heads, kvh, d, C, slots, pos, double(scale), test::kHalfUlp16));
+
+          // bf16 queries (q rounded to bf16) and outputs, rounded to nearest even (2^-8 relative).
+          std::vector<uint16_t> qbf(q.size()), outbf(q.size(), 0xFFFF);
+          std::vector<float> q_bf(q.size()), gotbf(q.size());
+          for (size_t i = 0; i < q.size(); ++i) qbf[i] = float_to_bf16(q[i]), q_bf[i] = bf16_to_float(qbf[i]);
+          be->attention(Tensor(qbf.data(), DType::BF16, Device::CPU, {T, heads, d}), cache_k, cache_v, st, pt, scale,
+                        Tensor(outbf.data(), DType::BF16, Device::CPU, {T, heads, d}));
+          for (size_t i = 0; i < gotbf.size(); ++i) gotbf[i] = bf16_to_float(outbf[i]);
+          expect_within(gotbf, decode_reference(s, ck, cv, q_bf, heads, kvh, d, C, slots, pos, double(scale), 0x1p-8));
         }
 }
 
@@ -382,15 +392,15 @@ TEST_CASE("cpu: packed codes read in blocks give each (query, row) pair what it 
       }
 }
 
-TEST_CASE("cpu: fp32 and fp16 rows read in blocks give each (query, row) pair what it gets alone", "[cpu_attention]") {
+TEST_CASE("cpu: fp32, fp16 and bf16 rows read in blocks give each (query, row) pair what it gets alone", "[cpu_attention]") {
   std::mt19937 rng(6);
   constexpr int kN = cpu::kBlock;
   auto check = [&](auto stored, int64_t n) {
     using T = decltype(stored);
-    INFO((std::is_same_v<T, float> ? "fp32" : "fp16") << " rows of " << n);
+    INFO((std::is_same_v<T, float> ? "fp32" : std::is_same_v<T, cpu::f16> ? "fp16" : "bf16") << " rows of " << n);
     const std::vector<float> x = normal(size_t(kN * n), rng);
     std::vector<T> data(x.size());
-    for (size_t i = 0; i < x.size(); ++i) data[i] = std::is_same_v<T, float> ? T(x[i]) : T(float_to_half(x[i]));
+    cpu::from_f32(x.data(), data.data(), int64_t(x.size()));
     const T* rows[kN];
     for (int r = 0; r < kN; ++r) rows[r] = data.data() + r * n;
     const std::vector<float> q = normal(size_t(kN * n), rng), w = normal(kN * kN, rng), y0 = normal(size_t(kN * n), rng);
@@ -419,6 +429,63 @@ TEST_CASE("cpu: fp32 and fp16 rows read in blocks give each (query, row) pair wh
   // Multiples of 16 and the scalar tails after them (head dims such as 20 and 72).
   for (int64_t n : {16, 20, 64, 72, 128}) {
     check(float(), n);
-    check(uint16_t(), n);
+    check(cpu::f16(), n);
+    check(cpu::bf16(), n);
   }
+}
+
+// The rows' conversions (cpu_simd.h) against dtype.h's scalar ones, bit for bit, in vector lanes
+// and scalar tails: fp32 -> bf16 rounds to nearest even (ties both ways, carries into the exponent
+// and to infinity) and keeps NaNs quiet as float_to_bf16 does; bf16 -> fp32 is exact; fp16 both
+// ways on finite values and infinities.
+TEST_CASE("cpu: rows convert between fp32 and fp16 or bf16 as dtype.h's scalar conversions do", "[cpu_attention]") {
+  std::mt19937 rng(12);
+  std::uniform_int_distribution<uint32_t> bits;
+  const int64_t n = 8 * 40 + 5;
+  std::vector<uint32_t> words(static_cast<size_t>(n));
+  for (uint32_t& w : words) w = bits(rng);
+  // Every third word's low half a tie (0x8000) or just under one (0x7fff), on random top halves
+  // (odd or even); specials at both ends.
+  for (size_t i = 0; i < words.size(); i += 3) words[i] = (words[i] & 0xffff0000u) | (i % 2 ? 0x8000u : 0x7fffu);
+  const uint32_t special[] = {0x7f7fffff, 0xff7f8000, 0x7f800000, 0xff800000, 0x7fc00000, 0x7f800001, 0x7fff8000, 0xffffffff,
+                              0x00000000, 0x80000000, 0x00008000, 0x00018000, 0x3f808000, 0x3f818000, 0x3f7fffff};
+  for (size_t i = 0; i < std::size(special); ++i) words[i * 7] = words[size_t(n) - 1 - i] = special[i];
+  std::vector<float> x(words.size());
+  std::memcpy(x.data(), words.data(), words.size() * 4);
+
+  std::vector<cpu::bf16> b(x.size());
+  cpu::from_f32(x.data(), b.data(), n);
+  std::vector<float> widened(x.size());
+  cpu::to_f32(b.data(), widened.data(), n);
+  size_t bad = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    uint32_t w;
+    std::memcpy(&w, &widened[i], 4);
+    bad += uint16_t(b[i]) != float_to_bf16(x[i]);
+    bad += w != uint32_t(uint16_t(b[i])) << 16;
+  }
+  CHECK(bad == 0);
+
+  // fp16 over the same words with exponents brought into [2^-26, 2^18) (fp16's subnormals, normals
+  // and overflow) and every third one a tie, and fp16's edges; no NaNs (F16C keeps NaN payloads
+  // that the scalar functions do not).
+  std::vector<float> finite(x.size());
+  for (size_t i = 0; i < words.size(); ++i) {
+    uint32_t w = (words[i] & 0x807fffffu) | (uint32_t(127 - 26) + (words[i] >> 23 & 0xffu) % 44) << 23;
+    if (i % 3 == 0) w = (w & 0xffffe000u) | 0x1000u;
+    std::memcpy(&finite[i], &w, 4);
+  }
+  for (float v : {65504.0f, 65519.0f, 65520.0f, -70000.0f, 1.0f + 1.0f / 2048, 1.0f + 3.0f / 2048, 5.96e-8f, 2.98e-8f,
+                  INFINITY, -INFINITY, 0.0f, -0.0f})
+    finite.push_back(v);
+  std::vector<cpu::f16> h(finite.size());
+  std::vector<float> back(finite.size());
+  cpu::from_f32(finite.data(), h.data(), int64_t(finite.size()));
+  cpu::to_f32(h.data(), back.data(), int64_t(h.size()));
+  size_t bad16 = 0;
+  for (size_t i = 0; i < finite.size(); ++i) {
+    bad16 += h[i] != float_to_half(finite[i]);
+    bad16 += !(back[i] == half_to_float(h[i]));
+  }
+  CHECK(bad16 == 0);
 }

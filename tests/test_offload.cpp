@@ -15,6 +15,7 @@
 #include "offload_grid.h"
 #include "policy_fixtures.h"
 #include "strata/backend/backend.h"
+#include "strata/backend/device_info.h"
 #include "strata/model/config.h"
 #include "strata/model/model_loader.h"
 #include "strata/offload/engine.h"
@@ -566,4 +567,54 @@ TEST_CASE("CUDA: attention delegated to the CPU gives the GPU attention's tokens
   }
   CHECK(delegated >= 8);
   CHECK(with_codes >= 2);
+}
+
+TEST_CASE("CUDA bf16: offloaded policies give the all-on-GPU bf16 run's tokens, delegated attention within margin",
+          "[offload][cuda][bf16]") {
+  if (!cuda_available() || !cuda_has_bf16(0)) {
+    WARN("no GPU with bf16: skipped");
+    return;
+  }
+  // The bf16 engine keeps bf16 rows in every tier (weights, the cache, activations) and hands the
+  // CPU bf16 rows for delegated attention. Without delegation a placement runs the same kernels on
+  // the same shapes as the same policy with everything on the GPU, so the tokens are identical.
+  // (Not the resident generator's: its whole-prompt prefill takes the tensor-core tiles, whose
+  // weights P round to bf16, where a 3-token prefill step does not; in bf16 that moves near-ties.)
+  // With delegation the CPU sums in fp32 and rounds once, the GPU elsewhere: the tolerance is the
+  // fp16 case's above (0.05) scaled by bf16's unit roundoff over fp16's (2^-8 / 2^-11 = 8), 0.4.
+  constexpr double kTolerance = 0.4;
+  auto backend = make_cuda_backend(0, DType::BF16);
+  for (const char* name : {"tiny-llama3", "tiny-opt"}) {
+    ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
+    std::vector<GenRequest> reqs = fixture_requests(load_expected(name));
+    for (GenRequest& r : reqs) r.logprobs = 2;
+    int placed = 0, delegated = 0;
+    for (const Policy& policy : policy_grid()) {
+      const bool all_gpu = policy.weights.gpu == 100 && policy.kv_cache.gpu == 100 && policy.activations.gpu == 100;
+      if (all_gpu || (policy.cpu_attention ? delegated >= 2 : placed >= 3)) continue;  // the grids above cover placement
+      OffloadOptions opt;
+      opt.policy = policy;
+      opt.offload_dir = offload_dir();
+      OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+      const std::vector<GenResult> got = run_blocks(engine, reqs);
+      OffloadOptions ref = opt;
+      ref.policy.weights = ref.policy.kv_cache = ref.policy.activations = {100, 0, 0};
+      ref.policy.cpu_attention = false;
+      OffloadEngine ref_engine(model.config, *model.weights, *backend, ref, shape_of(reqs));
+      const std::vector<GenResult> want = run_blocks(ref_engine, reqs);
+      INFO(name << ", " << describe(policy));
+      if (policy.cpu_attention) {
+        check_tokens_within_margin(got, want, kTolerance);
+        ++delegated;
+        continue;
+      }
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        INFO("prompt " << i);
+        CHECK(got[i].tokens == want[i].tokens);
+      }
+      ++placed;
+    }
+    CHECK(placed == 3);
+    CHECK(delegated == 2);
+  }
 }

@@ -26,6 +26,9 @@ std::string cpu_model_name() {
 std::string cuda_device_name(int) {
   throw Error("this strata was built without the CUDA backend: no GPU name to report");
 }
+CudaCapability cuda_compute_capability(int) {
+  throw Error("this strata was built without the CUDA backend: no GPU to query");
+}
 #endif
 
 }  // namespace strata

@@ -24,6 +24,11 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--device", opt->device, "cpu, cuda or auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
+  cmd->add_option("--dtype", opt->dtype,
+                  "GPU activations and weights: auto (bf16 for a bf16 checkpoint on sm_80 and newer, else fp16), "
+                  "fp16 or bf16; the cpu backend computes in fp32")
+      ->check(CLI::IsMember({"auto", "fp16", "bf16"}))
+      ->capture_default_str();
   cmd->add_option("--hardware", opt->hardware,
                   "hardware profile for predictions and policy: auto (default: the cached one of strata profile, "
                   "measured now when there is none)");

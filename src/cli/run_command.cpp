@@ -25,6 +25,11 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--device", opt->device, "cpu, cuda or auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
+  cmd->add_option("--dtype", opt->dtype,
+                  "GPU activations and weights: auto (bf16 for a bf16 checkpoint on sm_80 and newer, else fp16), "
+                  "fp16 or bf16; the cpu backend computes in fp32")
+      ->check(CLI::IsMember({"auto", "fp16", "bf16"}))
+      ->capture_default_str();
   cmd->add_option("--batch-size", opt->batch_size, "sequences generated together")->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--threads", opt->threads, "CPU threads: the cpu backend, CPU attention under --policy, loading the weights and checking the input (0: all cores)")->capture_default_str();

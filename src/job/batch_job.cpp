@@ -153,9 +153,11 @@ public:
 class ResidentGenerator final : public Generator {
 public:
   ResidentGenerator(ModelBundle& model, const JobOptions& opt, std::ostream& log)
-      : backend_(make_backend(opt.device, opt.threads)), batch_(size_t(opt.batch_size)), refill_(opt.refill) {
+      : backend_(make_backend(opt.device, opt.threads, gpu_activation_dtype(opt.dtype, model.config.checkpoint_dtype))),
+        batch_(size_t(opt.batch_size)),
+        refill_(opt.refill) {
     log << "model " << model.config.name << " (" << model.config.n_layers << " layers, "
-        << double(model.config.param_count()) / 1e9 << " B parameters) on " << backend_->name() << "\n";
+        << double(model.config.param_count()) / 1e9 << " B parameters) on " << backend_label(*backend_) << "\n";
     transformer_ = std::make_unique<Transformer>(
         model.config, load_model_weights(model.config, *model.weights, *backend_, opt.threads), *backend_);
     options_.prefill_token_budget = opt.prefill_token_budget;
@@ -239,7 +241,8 @@ void print_report(const OffloadReport& r, std::ostream& log) {
 class OffloadGenerator final : public Generator {
 public:
   OffloadGenerator(ModelBundle& model, const JobOptions& opt, const PlanShape& shape, size_t prompts, std::ostream& log)
-      : backend_(make_backend(opt.device, opt.threads)), opt_(opt) {
+      : backend_(make_backend(opt.device, opt.threads, gpu_activation_dtype(opt.dtype, model.config.checkpoint_dtype))),
+        opt_(opt) {
     OffloadOptions o;
     if (!opt.gpu_mem.empty()) o.gpu_budget = double(parse_size(opt.gpu_mem, "--gpu-mem"));
     if (!opt.cpu_mem.empty()) o.cpu_budget = double(parse_size(opt.cpu_mem, "--cpu-mem"));
@@ -252,7 +255,7 @@ public:
     o.cpu_threads = opt.threads;
     o.share_prefixes = opt.share_prefixes;
     log << "model " << model.config.name << " (" << model.config.n_layers << " layers, "
-        << double(model.config.param_count()) / 1e9 << " B parameters) on " << backend_->name() << ", policy "
+        << double(model.config.param_count()) / 1e9 << " B parameters) on " << backend_label(*backend_) << ", policy "
         << opt.policy.string() << ": block " << o.policy.gpu_batch_size << " x " << o.policy.num_gpu_batches
         << ", prompt <= " << shape.prompt_len << ", generation <= " << shape.gen_len
         << ", prefill steps of <= " << o.policy.prefill_step_tokens() << " tokens"

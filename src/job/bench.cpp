@@ -173,7 +173,8 @@ struct Machine {
 class Runner {
 public:
   Runner(const BenchOptions& opt, std::ostream& log) : opt_(opt), log_(log) {
-    backend_ = make_backend(opt.device, opt.threads);
+    // One backend serves every case, so `auto` cannot follow each model's checkpoint: fp16.
+    backend_ = make_backend(opt.device, opt.threads, gpu_activation_dtype(opt.dtype, DType::F16));
     hw_ = machine_profile(opt, *backend_, log);
     machine_.backend = backend_->name();
     machine_.gpu = backend_->device() == Device::CUDA ? cuda_device_name(0) : "none (cpu backend)";

@@ -200,9 +200,10 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt, std::ostream& log)
 
   if (!opt.policy.empty()) return score_with_policy(model, opt, ids, context, log);
 
-  std::unique_ptr<Backend> backend = make_backend(opt.device, opt.threads);
+  std::unique_ptr<Backend> backend =
+      make_backend(opt.device, opt.threads, gpu_activation_dtype(opt.dtype, cfg.checkpoint_dtype));
   log << "model " << cfg.name << " (" << cfg.n_layers << " layers, " << double(cfg.param_count()) / 1e9
-      << " B parameters) on " << backend->name() << "; " << ids.size() << " tokens in windows of " << context << "\n";
+      << " B parameters) on " << backend_label(*backend) << "; " << ids.size() << " tokens in windows of " << context << "\n";
   Transformer transformer(cfg, load_model_weights(cfg, *model.weights, *backend, opt.threads), *backend);
   model.weights.reset();  // the mapping is no longer needed once the weights are on the backend
 

@@ -27,11 +27,12 @@ PerplexityResult score_with_policy(ModelBundle& model, const PerplexityOptions& 
   if (!opt.disk_mem.empty()) o.disk_budget = double(parse_size(opt.disk_mem, "--disk-mem"));
   o.offload_dir = opt.offload_dir;
   o.cpu_threads = opt.threads;
-  std::unique_ptr<Backend> backend = make_backend(opt.device, opt.threads);
+  std::unique_ptr<Backend> backend =
+      make_backend(opt.device, opt.threads, gpu_activation_dtype(opt.dtype, model.config.checkpoint_dtype));
   int64_t longest = 0;
   for (const TokenWindow& w : windows) longest = std::max(longest, w.size);
   const PlanShape shape{int(longest), 1};  // each window generates one token, which is not scored
-  log << "model " << model.config.name << " on " << backend->name() << ", policy " << opt.policy.string() << ": block "
+  log << "model " << model.config.name << " on " << backend_label(*backend) << ", policy " << opt.policy.string() << ": block "
       << o.policy.gpu_batch_size << " x " << o.policy.num_gpu_batches << "; " << ids.size() << " tokens in "
       << windows.size() << " windows of " << context << "\n";
   OffloadEngine engine(model.config, *model.weights, *backend, o, shape);

@@ -384,6 +384,25 @@ ModelConfig config_from_hf_json(const std::filesystem::path& path) {
   return config_from_hf_json_text(text.str(), path);
 }
 
+namespace {
+
+// config.json's "torch_dtype" (or transformers 5's "dtype"): bfloat16, float16 or float32; F16
+// when absent (only a bf16 checkpoint changes what `--dtype auto` picks).
+DType checkpoint_dtype(const json& j, const std::string& file) {
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    if (!j[key].is_string()) STRATA_FAIL(file << ": '" << key << "' must be a string");
+    const std::string dt = j[key].get<std::string>();
+    if (dt == "bfloat16") return DType::BF16;
+    if (dt == "float16") return DType::F16;
+    if (dt == "float32") return DType::F32;
+    STRATA_FAIL(file << ": '" << key << "' is " << dt << " (expected bfloat16, float16 or float32)");
+  }
+  return DType::F16;
+}
+
+}  // namespace
+
 ModelConfig config_from_hf_json_text(const std::string& text, const std::filesystem::path& path) {
   json j;
   try {
@@ -410,6 +429,7 @@ ModelConfig config_from_hf_json_text(const std::string& text, const std::filesys
     c.eos_ids = id_list(j, "eos_token_id");
     std::vector<int> pad = id_list(j, "pad_token_id");
     c.pad_id = pad.empty() ? -1 : pad[0];
+    c.checkpoint_dtype = checkpoint_dtype(j, file);
   } catch (const Error& e) {
     const std::string msg = e.what();
     if (msg.rfind(file, 0) == 0) throw;
@@ -465,6 +485,7 @@ ModelConfig llama_preset(const char* name, int hidden, int layers, int heads, in
   c.mlp = MlpKind::SwiGLU;
   c.bos_id = 128000;
   c.eos_ids = {128001, 128009};
+  c.checkpoint_dtype = DType::BF16;  // Llama 3, Qwen 2/3 and Mixtral ship bf16 weights
   return c;
 }
 

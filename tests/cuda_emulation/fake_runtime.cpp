@@ -8,6 +8,7 @@
 // kind calls device memory lies inside one cudaMalloc allocation and the host side does not,
 // which catches a host pointer handed to the device or the reverse (a kernel's arguments are not
 // checked). Arguments are checked when the call is made, in either mode.
+#include <cuda_bf16.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -100,6 +101,13 @@ bool sides_ok(void* dst, size_t dst_span, const void* src, size_t src_span, cuda
 
 float half_bits_to_float(uint16_t bits) { return float(std::bit_cast<_Float16>(bits)); }
 uint16_t float_to_half_bits(float f) { return std::bit_cast<uint16_t>(_Float16(f)); }
+// A 16-bit element of a GEMM operand (fp16 or bf16) as float, and back with round to nearest even.
+float element_to_float(uint16_t bits, cudaDataType type) {
+  return type == CUDA_R_16BF ? __bfloat162float(__nv_bfloat16{bits}) : half_bits_to_float(bits);
+}
+uint16_t float_to_element(float f, cudaDataType type) {
+  return type == CUDA_R_16BF ? __float2bfloat16_rn(f).bits : float_to_half_bits(f);
+}
 
 // The asynchronous mode's one scheduler for the process. Each stream has a FIFO queue of items (a
 // copy, memset, kernel, GEMM, an event's record, or a wait for a record); an item can run when it
@@ -259,14 +267,14 @@ void submit(cudaStream_t stream, Work work) {
 
 // C = alpha op(A) op(B) + beta C for cublasGemmEx, its arguments checked.
 void gemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int k, float al, const uint16_t* a,
-          int lda, const uint16_t* b, int ldb, float be, void* C, cudaDataType c_type, int ldc) {
+          int lda, const uint16_t* b, int ldb, cudaDataType ab_type, float be, void* C, cudaDataType c_type, int ldc) {
   for (int j = 0; j < n; ++j)
     for (int i = 0; i < m; ++i) {
       float acc = 0;
       for (int l = 0; l < k; ++l) {
         const uint16_t av = transa == CUBLAS_OP_N ? a[size_t(i) + size_t(l) * size_t(lda)] : a[size_t(l) + size_t(i) * size_t(lda)];
         const uint16_t bv = transb == CUBLAS_OP_N ? b[size_t(l) + size_t(j) * size_t(ldb)] : b[size_t(j) + size_t(l) * size_t(ldb)];
-        acc += half_bits_to_float(av) * half_bits_to_float(bv);
+        acc += element_to_float(av, ab_type) * element_to_float(bv, ab_type);
       }
       const size_t at = size_t(i) + size_t(j) * size_t(ldc);
       if (c_type == CUDA_R_32F) {
@@ -274,7 +282,7 @@ void gemm(cublasOperation_t transa, cublasOperation_t transb, int m, int n, int 
         c[at] = al * acc + (be != 0.0f ? be * c[at] : 0.0f);  // beta 0: C is not read, as cuBLAS
       } else {
         uint16_t* c = static_cast<uint16_t*>(C);
-        c[at] = float_to_half_bits(al * acc + (be != 0.0f ? be * half_bits_to_float(c[at]) : 0.0f));
+        c[at] = float_to_element(al * acc + (be != 0.0f ? be * element_to_float(c[at], c_type) : 0.0f), c_type);
       }
     }
 }
@@ -294,6 +302,12 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   std::strncpy(prop->name, "Emulated CUDA device (host)", sizeof(prop->name) - 1);
   prop->totalGlobalMem = kEmulatedDeviceBytes;
   prop->major = 9;
+  // STRATA_EMULATED_CC=75 plays an older card (compute capability 7.5), for the checks that refuse
+  // what it lacks (bf16 below 8.0).
+  if (const char* cc = std::getenv("STRATA_EMULATED_CC"); cc && std::atoi(cc) > 0) {
+    prop->major = std::atoi(cc) / 10;
+    prop->minor = std::atoi(cc) % 10;
+  }
   prop->multiProcessorCount = 1;
   return cudaSuccess;
 }
@@ -531,7 +545,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
                             cudaDataType b_type, int ldb, const void* beta, void* C, cudaDataType c_type, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t) {
   if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (a_type != CUDA_R_16F || b_type != CUDA_R_16F || (c_type != CUDA_R_16F && c_type != CUDA_R_32F) ||
+  if ((a_type != CUDA_R_16F && a_type != CUDA_R_16BF) || b_type != a_type || (c_type != a_type && c_type != CUDA_R_32F) ||
       compute != CUBLAS_COMPUTE_32F)
     return CUBLAS_STATUS_NOT_SUPPORTED;
   const int a_rows = transa == CUBLAS_OP_N ? m : k, b_rows = transb == CUBLAS_OP_N ? k : n;
@@ -549,6 +563,6 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
   const auto* a = static_cast<const uint16_t*>(A);
   const auto* b = static_cast<const uint16_t*>(B);
-  submit(handle->stream, [=] { gemm(transa, transb, m, n, k, al, a, lda, b, ldb, be, C, c_type, ldc); });
+  submit(handle->stream, [=] { gemm(transa, transb, m, n, k, al, a, lda, b, ldb, a_type, be, C, c_type, ldc); });
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -1,21 +1,24 @@
 // The CUDA attention kernels (src/backend/cuda/attention.cu, attention_tc.cu, attention_split.cu)
 // run on the CPU through the emulation in fake/, against attention computed here in double
-// precision over the same fp16 inputs, outputs and split scratch poisoned with NaN. What this
-// proves and what it does not: README.md beside this file.
+// precision over the same inputs, outputs and split scratch poisoned with NaN; every case for fp16
+// and for bf16 activations. What this proves and what it does not: README.md beside this file.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "emulated_act.h"
 #include "kernels.h"
 #include "split_kv.h"
 
 namespace {
 
 using namespace strata::cuda;
+using strata::test::act_tol;
 
 // Sequences packed one after another, as a step lays them out: (slot, first position, tokens).
 struct Run {
@@ -29,14 +32,17 @@ struct Case {
   int heads = 2, kv_heads = 1, head_dim = 64, slot_count = 1, capacity = 600;
   float q_range = 1.0f;
   size_t q_offset = 0;  // elements: a q that is not 16-byte aligned
+  float kv_scale = 1.0f;  // keys and values times kv_scale, q divided by it (a power of two)
 };
 
 struct Result {
   std::vector<float> got;   // NaN where no kernel wrote
   std::vector<double> want;
+  double atol = 0, rtol = 0;  // the bound, for the activation type
 };
 
 // splits > 0: the split-KV kernels with that many chunks instead of the per-token kernel.
+template <class Act>
 Result run_case(const Case& c, Kernels kernels, std::mt19937& rng, int splits = 0) {
   std::vector<int32_t> slots, positions;
   for (const Run& r : c.runs) {
@@ -48,14 +54,15 @@ Result run_case(const Case& c, Kernels kernels, std::mt19937& rng, int splits = 
   const int64_t T = int64_t(slots.size()), d = c.head_dim, heads = c.heads, kvh = c.kv_heads;
   const size_t q_elems = size_t(T * heads * d), cache_elems = size_t(c.slot_count) * c.capacity * kvh * d;
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  std::vector<__half> q_buffer(q_elems + 16), cache_k(cache_elems), cache_v(cache_elems);
-  __half* q = q_buffer.data() + c.q_offset;
-  for (size_t i = 0; i < q_elems; ++i) q[i] = __float2half_rn(uniform(rng) * c.q_range);
-  for (__half& x : cache_k) x = __float2half_rn(uniform(rng));
-  for (__half& x : cache_v) x = __float2half_rn(uniform(rng));
-  std::vector<__half> out(q_elems, __float2half_rn(NAN));
+  std::vector<Act> q_buffer(q_elems + 16), cache_k(cache_elems), cache_v(cache_elems);
+  Act* q = q_buffer.data() + c.q_offset;
+  for (size_t i = 0; i < q_elems; ++i)
+    q[i] = from_float<Act>(to_float(from_float<Act>(uniform(rng) * c.q_range)) / c.kv_scale);
+  for (Act& x : cache_k) x = from_float<Act>(to_float(from_float<Act>(uniform(rng))) * c.kv_scale);
+  for (Act& x : cache_v) x = from_float<Act>(to_float(from_float<Act>(uniform(rng))) * c.kv_scale);
+  std::vector<Act> out(q_elems, from_float<Act>(NAN));
 
-  AttentionParams p{};
+  AttentionParams<Act> p{};
   p.q = q;
   p.cache_k = cache_k.data();
   p.cache_v = cache_v.data();
@@ -88,7 +95,11 @@ Result run_case(const Case& c, Kernels kernels, std::mt19937& rng, int splits = 
   }
 
   Result r;
-  for (const __half& h : out) r.got.push_back(__half2float(h));
+  for (const Act& h : out) r.got.push_back(to_float(h));
+  // The [cuda] tests' fp16 bound, 2e-3 + 1e-2 |want| for values of magnitude up to 1, made Act's;
+  // attention is linear in the values, so the absolute term scales with them.
+  r.atol = act_tol<Act>(2e-3) * c.kv_scale;
+  r.rtol = act_tol<Act>(1e-2);
   r.want.resize(q_elems);
   for (int64_t t = 0; t < T; ++t) {
     const bool valid = slots[size_t(t)] >= 0 && slots[size_t(t)] < c.slot_count && positions[size_t(t)] >= 0 &&
@@ -97,15 +108,16 @@ Result run_case(const Case& c, Kernels kernels, std::mt19937& rng, int splits = 
       for (int64_t e = 0; e < d; ++e) r.want[size_t((t * heads + h) * d + e)] = NAN;  // the kernels write NaN
     for (int64_t h = 0; h < heads && valid; ++h) {
       const int64_t kv_head = h / (heads / kvh);
-      auto cache_at = [&](const std::vector<__half>& cache, int64_t pos, int64_t e) {
-        return double(__half2float(cache[size_t(((slots[size_t(t)] * c.capacity + pos) * kvh + kv_head) * d + e)]));
+      auto cache_at = [&](const std::vector<Act>& cache, int64_t pos, int64_t e) {
+        return double(to_float(cache[size_t(((slots[size_t(t)] * c.capacity + pos) * kvh + kv_head) * d + e)]));
       };
       const int64_t n_keys = positions[size_t(t)] + 1;
       std::vector<double> w(static_cast<size_t>(n_keys));
       double max_score = -INFINITY;
       for (int64_t j = 0; j < n_keys; ++j) {
         double s = 0;
-        for (int64_t e = 0; e < d; ++e) s += double(__half2float(q[size_t((t * heads + h) * d + e)])) * cache_at(cache_k, j, e);
+        for (int64_t e = 0; e < d; ++e)
+          s += double(to_float(q[size_t((t * heads + h) * d + e)])) * cache_at(cache_k, j, e);
         w[size_t(j)] = s * p.scale;
         max_score = std::max(max_score, w[size_t(j)]);
       }
@@ -121,13 +133,14 @@ Result run_case(const Case& c, Kernels kernels, std::mt19937& rng, int splits = 
   return r;
 }
 
-// Every element within 2e-3 + 1e-2 |want| (the [cuda] tests' bound); NaN passes only where it is
-// wanted (an invalid token's output).
+// Every element within r.atol + r.rtol |want| (the [cuda] tests' bound, run_case); NaN passes only
+// where it is wanted (an invalid token's output).
 void expect_close(const Result& r, const std::string& label) {
   INFO(label);
   size_t bad = 0;
   for (size_t i = 0; i < r.got.size(); ++i) {
-    if (std::isnan(r.want[i]) ? !std::isnan(r.got[i]) : !(std::fabs(r.got[i] - r.want[i]) <= 2e-3 + 1e-2 * std::fabs(r.want[i])))
+    if (std::isnan(r.want[i]) ? !std::isnan(r.got[i])
+                              : !(std::fabs(r.got[i] - r.want[i]) <= r.atol + r.rtol * std::fabs(r.want[i])))
       ++bad;
   }
   CHECK(bad == 0);
@@ -151,7 +164,8 @@ bool tokens_unwritten(const Result& r, const Case& c, int64_t first, int64_t las
 
 }  // namespace
 
-TEST_CASE("emulated: the per-token kernel matches a double reference", "[emulated]") {
+TEMPLATE_TEST_CASE("emulated: the per-token kernel matches a double reference", "[emulated]", __half, bf16) {
+  using Act = TestType;
   // The kernel that has run on an H100 (2026-11-23): this checks the emulation itself.
   std::mt19937 rng(1);
   Case c;
@@ -162,57 +176,63 @@ TEST_CASE("emulated: the per-token kernel matches a double reference", "[emulate
   c.capacity = 130;
   for (int d : {20, 64}) {
     c.head_dim = d;
-    expect_close(run_case(c, Kernels::PerTokenOnly, rng), "per-token, d " + std::to_string(d));
+    expect_close(run_case<Act>(c, Kernels::PerTokenOnly, rng), "per-token, d " + std::to_string(d));
   }
 }
 
-TEST_CASE("emulated: prefill attention on tensor cores matches a double reference", "[emulated]") {
+TEMPLATE_TEST_CASE("emulated: prefill attention on tensor cores matches a double reference", "[emulated]",
+                   __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(2);
   for (int d : {16, 64, 80, 96, 128}) {
     Case one{{{1, 0, 200}}, 2, 1, d, 3};                                  // four tiles, the last partial
     Case packed{{{2, 0, 37}, {0, 0, 100}, {1, 0, 90}}, 2, 2, d, 3};       // sequences meet inside tiles
-    expect_close(run_case(one, Kernels::Both, rng), "one prompt, d " + std::to_string(d));
-    expect_close(run_case(packed, Kernels::Both, rng), "three packed prompts, d " + std::to_string(d));
+    expect_close(run_case<Act>(one, Kernels::Both, rng), "one prompt, d " + std::to_string(d));
+    expect_close(run_case<Act>(packed, Kernels::Both, rng), "three packed prompts, d " + std::to_string(d));
   }
   Case chunk{{{0, 300, 128}}, 4, 1, 128, 2};  // a second chunk reads the first chunk's keys
-  expect_close(run_case(chunk, Kernels::Both, rng), "second chunk");
+  expect_close(run_case<Act>(chunk, Kernels::Both, rng), "second chunk");
   Case misaligned{{{1, 0, 150}}, 2, 2, 64, 2};
   misaligned.q_offset = 1;  // 2 bytes: the scalar loads
-  expect_close(run_case(misaligned, Kernels::Both, rng), "misaligned q");
+  expect_close(run_case<Act>(misaligned, Kernels::Both, rng), "misaligned q");
   Case peaked{{{0, 1900, 100}}, 2, 1, 128, 1, 2000, 6.0f};  // the running max moves between key tiles
-  expect_close(run_case(peaked, Kernels::Both, rng), "peaked scores");
+  expect_close(run_case<Act>(peaked, Kernels::Both, rng), "peaked scores");
 }
 
-TEST_CASE("emulated: the tensor-core kernel takes prefill tiles and leaves decode tiles", "[emulated]") {
+TEMPLATE_TEST_CASE("emulated: the tensor-core kernel takes prefill tiles and leaves decode tiles", "[emulated]",
+                   __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(3);
   // Five decode tokens ahead of a prompt of 70: tile 0 holds six runs (declined), tile 1 the
   // prompt's last 11 tokens (taken).
   Case mixed{{{0, 40, 1}, {1, 7, 1}, {2, 300, 1}, {3, 0, 1}, {4, 99, 1}, {5, 0, 70}}, 2, 1, 32, 6};
-  const Result alone = run_case(mixed, Kernels::TensorCoresOnly, rng);
+  const Result alone = run_case<Act>(mixed, Kernels::TensorCoresOnly, rng);
   CHECK(tokens_unwritten(alone, mixed, 0, 64));
   CHECK(tokens_written(alone, mixed, 64, 75));
-  expect_close(run_case(mixed, Kernels::Both, rng), "decode tokens ahead of a prompt");
+  expect_close(run_case<Act>(mixed, Kernels::Both, rng), "decode tokens ahead of a prompt");
 
   // Four runs of 16 (taken), then five runs in 64 tokens (declined).
   Case runs{{{0, 0, 16}, {1, 10, 16}, {2, 20, 16}, {3, 30, 16}, {0, 16, 12}, {1, 26, 13}, {2, 36, 13}, {3, 46, 13},
              {4, 0, 13}},
             2, 1, 32, 5};
-  const Result tc = run_case(runs, Kernels::TensorCoresOnly, rng);
+  const Result tc = run_case<Act>(runs, Kernels::TensorCoresOnly, rng);
   CHECK(tokens_written(tc, runs, 0, 64));
   CHECK(tokens_unwritten(tc, runs, 64, 128));
-  expect_close(run_case(runs, Kernels::Both, rng), "four runs, then five");
+  expect_close(run_case<Act>(runs, Kernels::Both, rng), "four runs, then five");
 
   // Two runs of 4 tokens each in a tile of 8: fewer than 8 tokens per run, declined.
   Case short_runs{{{0, 0, 4}, {1, 0, 4}}, 2, 1, 32, 2};
-  CHECK(tokens_unwritten(run_case(short_runs, Kernels::TensorCoresOnly, rng), short_runs, 0, 8));
+  CHECK(tokens_unwritten(run_case<Act>(short_runs, Kernels::TensorCoresOnly, rng), short_runs, 0, 8));
 
   // An invalid position anywhere in a tile leaves the whole tile to the per-token kernel (which
   // writes NaN for that token alone).
   Case invalid{{{0, 0, 20}, {0, 700, 1}, {0, 21, 10}}, 2, 1, 32, 1};
-  CHECK(tokens_unwritten(run_case(invalid, Kernels::TensorCoresOnly, rng), invalid, 0, 31));
+  CHECK(tokens_unwritten(run_case<Act>(invalid, Kernels::TensorCoresOnly, rng), invalid, 0, 31));
 }
 
-TEST_CASE("emulated: split-KV decode attention matches a double reference", "[emulated][split]") {
+TEMPLATE_TEST_CASE("emulated: split-KV decode attention matches a double reference", "[emulated][split]",
+                   __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(4);
   // Five tokens of three slots: 1 key, 63, a whole tile of 64, one past it, and 334 (six tiles).
   // Chunk counts 1 (the shared K/V reads alone), 3, and 8 (more chunks than tiles: empty chunks).
@@ -222,7 +242,7 @@ TEST_CASE("emulated: split-KV decode attention matches a double reference", "[em
     for (auto [heads, kv_heads] : std::vector<std::pair<int, int>>{{2, 2}, {4, 1}, {16, 2}, {12, 1}}) {
       for (int splits : {1, 3, 8}) {
         Case c{decode, heads, kv_heads, d, 3, 340};
-        expect_close(run_case(c, Kernels::PerTokenOnly, rng, splits),
+        expect_close(run_case<Act>(c, Kernels::PerTokenOnly, rng, splits),
                      "d " + std::to_string(d) + " heads " + std::to_string(heads) + "/" + std::to_string(kv_heads) +
                          " splits " + std::to_string(splits));
       }
@@ -230,29 +250,34 @@ TEST_CASE("emulated: split-KV decode attention matches a double reference", "[em
   }
   // One token over 334 keys in up to 32 chunks (26 of them empty); head dim 256 (the largest),
   // and a scalar head dim over 128 (two value units a thread).
-  expect_close(run_case(Case{{{0, 333, 1}}, 8, 1, 64, 1, 340}, Kernels::PerTokenOnly, rng, kSplitKvMaxChunks),
+  expect_close(run_case<Act>(Case{{{0, 333, 1}}, 8, 1, 64, 1, 340}, Kernels::PerTokenOnly, rng, kSplitKvMaxChunks),
                "32 chunks");
-  expect_close(run_case(Case{{{1, 200, 1}, {0, 64, 1}}, 8, 2, 256, 2, 340}, Kernels::PerTokenOnly, rng, 4), "d 256");
-  expect_close(run_case(Case{{{1, 200, 1}, {0, 64, 1}}, 4, 4, 161, 2, 340}, Kernels::PerTokenOnly, rng, 4), "d 161");
+  expect_close(run_case<Act>(Case{{{1, 200, 1}, {0, 64, 1}}, 8, 2, 256, 2, 340}, Kernels::PerTokenOnly, rng, 4),
+               "d 256");
+  expect_close(run_case<Act>(Case{{{1, 200, 1}, {0, 64, 1}}, 4, 4, 161, 2, 340}, Kernels::PerTokenOnly, rng, 4),
+               "d 161");
   // Peaked scores: the chunks' maxima differ widely, so the merge's rescale matters.
-  expect_close(run_case(Case{{{0, 1000, 1}, {0, 300, 1}}, 8, 1, 128, 1, 1100, 6.0f}, Kernels::PerTokenOnly, rng, 5),
-               "peaked scores");
+  expect_close(
+      run_case<Act>(Case{{{0, 1000, 1}, {0, 300, 1}}, 8, 1, 128, 1, 1100, 6.0f}, Kernels::PerTokenOnly, rng, 5),
+      "peaked scores");
   // A misaligned q takes the scalar loads; an invalid position writes NaN for its token alone.
   Case misaligned{{{1, 150, 1}, {0, 7, 1}}, 4, 2, 64, 2, 340};
   misaligned.q_offset = 1;
-  expect_close(run_case(misaligned, Kernels::PerTokenOnly, rng, 3), "misaligned q");
-  expect_close(run_case(Case{{{0, 100, 1}, {1, 500, 1}, {1, 90, 1}}, 4, 1, 64, 2, 340}, Kernels::PerTokenOnly, rng, 3),
-               "invalid position");
+  expect_close(run_case<Act>(misaligned, Kernels::PerTokenOnly, rng, 3), "misaligned q");
+  expect_close(
+      run_case<Act>(Case{{{0, 100, 1}, {1, 500, 1}, {1, 90, 1}}, 4, 1, 64, 2, 340}, Kernels::PerTokenOnly, rng, 3),
+      "invalid position");
   // After the tensor-core kernel: the split kernels leave the tiles it took (the prompt's last 11
   // tokens) and take the decode tokens ahead of it.
   Case mixed{{{0, 40, 1}, {1, 7, 1}, {2, 300, 1}, {3, 0, 1}, {4, 99, 1}, {5, 0, 70}}, 4, 1, 32, 6, 340};
-  expect_close(run_case(mixed, Kernels::Both, rng, 3), "decode tokens ahead of a prompt");
+  expect_close(run_case<Act>(mixed, Kernels::Both, rng, 3), "decode tokens ahead of a prompt");
 }
 
 namespace {
 
 // The merge alone over hand-made partials of one token and head: chunk c has max m[c] (-inf: an
 // empty or fully masked chunk, whose acc and l are 0), denominator l[c] and output sum acc[c].
+template <class Act>
 void check_merge(const std::vector<float>& m, int d, std::mt19937& rng) {
   INFO("merge of " << m.size() << " chunks, head dim " << d);
   const int splits = int(m.size());
@@ -275,8 +300,8 @@ void check_merge(const std::vector<float>& m, int d, std::mt19937& rng) {
     }
   }
   const int32_t slot = 0, pos = 10;
-  std::vector<__half> out(size_t(d), __float2half_rn(NAN));
-  SplitKvMergeParams p{};
+  std::vector<Act> out(size_t(d), from_float<Act>(NAN));
+  SplitKvMergeParams<Act> p{};
   p.part = part;
   p.out = out.data();
   p.slots = &slot;
@@ -289,33 +314,58 @@ void check_merge(const std::vector<float>& m, int d, std::mt19937& rng) {
   launch_split_kv_merge(p, nullptr);
   size_t bad = 0;
   for (int i = 0; i < d; ++i) {
-    const double w = want[size_t(i)] / l_all, got = __half2float(out[size_t(i)]);
-    if (!(std::fabs(got - w) <= 1e-3 * std::fabs(w) + 1e-6)) ++bad;  // fp16 rounding, with room for fp32 sums
+    const double w = want[size_t(i)] / l_all, got = to_float(out[size_t(i)]);
+    // fp16 rounding, with room for fp32 sums (act_tol: made Act's)
+    if (!(std::fabs(got - w) <= act_tol<Act>(1e-3 * std::fabs(w) + 1e-6))) ++bad;
   }
   CHECK(bad == 0);
 }
 
 }  // namespace
 
-TEST_CASE("emulated: the split-KV merge weighs chunks by their maxima and skips empty ones", "[emulated][split]") {
+TEMPLATE_TEST_CASE("emulated: the split-KV merge weighs chunks by their maxima and skips empty ones",
+                   "[emulated][split]", __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(5);
-  check_merge({0.5f}, 64, rng);
-  check_merge({3.0f, -INFINITY, -INFINITY}, 80, rng);                 // the chunks past the last tile
-  check_merge({-INFINITY, 1.0f, -20.0f, 4.0f}, 128, rng);             // an empty chunk first
-  check_merge({-30.0f, 2.0f, 1.5f, -INFINITY, 0.0f, 2.5f, 9.0f}, 15, rng);
+  check_merge<Act>({0.5f}, 64, rng);
+  check_merge<Act>({3.0f, -INFINITY, -INFINITY}, 80, rng);      // the chunks past the last tile
+  check_merge<Act>({-INFINITY, 1.0f, -20.0f, 4.0f}, 128, rng);  // an empty chunk first
+  check_merge<Act>({-30.0f, 2.0f, 1.5f, -INFINITY, 0.0f, 2.5f, 9.0f}, 15, rng);
   std::vector<float> many(size_t(kSplitKvMaxChunks), -INFINITY);
   many[7] = -3.0f;
   many[31] = 5.0f;
-  check_merge(many, 256, rng);
+  check_merge<Act>(many, 256, rng);
 }
 
 // Small enough for CI's ThreadSanitizer run (.ci/run): a missing barrier in the split kernel or
 // the merge shows there as a data race. Four query heads of a kv head, three chunks (one empty
 // for the short token), half2 and scalar loads.
-TEST_CASE("emulated: the split-KV kernels once, for ThreadSanitizer", "[emulated][split][tsan]") {
+TEMPLATE_TEST_CASE("emulated: the split-KV kernels once, for ThreadSanitizer", "[emulated][split][tsan]",
+                   __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(6);
-  expect_close(run_case(Case{{{0, 150, 1}, {1, 5, 1}}, 4, 1, 64, 2, 160}, Kernels::PerTokenOnly, rng, 3), "half2");
-  expect_close(run_case(Case{{{0, 150, 1}, {1, 5, 1}}, 4, 1, 15, 2, 160}, Kernels::PerTokenOnly, rng, 3), "scalar");
+  expect_close(run_case<Act>(Case{{{0, 150, 1}, {1, 5, 1}}, 4, 1, 64, 2, 160}, Kernels::PerTokenOnly, rng, 3), "half2");
+  expect_close(run_case<Act>(Case{{{0, 150, 1}, {1, 5, 1}}, 4, 1, 15, 2, 160}, Kernels::PerTokenOnly, rng, 3),
+               "scalar");
+}
+
+TEST_CASE("emulated: bf16 attention over keys and values of 1e6, past fp16's 65504", "[emulated][bf16]") {
+  // Keys and values times 2^20 (about 1e6; bf16 values, fp16 infinities), q divided by it: the
+  // same scores, outputs of 1e5 to 1e6 through the per-token, tensor-core and split-KV kernels,
+  // within the bf16 bound with its absolute term times 2^20 (run_case).
+  std::mt19937 rng(7);
+  const float M = 0x1p20f;
+  Case decode{{{0, 40, 1}, {1, 0, 1}, {2, 300, 1}}, 4, 2, 64, 3, 340};
+  decode.kv_scale = M;
+  expect_close(run_case<bf16>(decode, Kernels::PerTokenOnly, rng), "per-token");
+  expect_close(run_case<bf16>(decode, Kernels::PerTokenOnly, rng, 3), "split-KV, 3 chunks");
+  Case prefill{{{2, 0, 37}, {0, 0, 100}, {1, 0, 90}}, 2, 2, 128, 3};
+  prefill.kv_scale = M;
+  const Result r = run_case<bf16>(prefill, Kernels::Both, rng);
+  expect_close(r, "tensor cores");
+  double largest = 0;
+  for (float x : r.got) largest = std::max(largest, double(std::fabs(x)));
+  CHECK(largest > 65504.0);  // outputs fp16 could not hold either
 }
 
 TEST_CASE("split_kv_chunks splits decode of few sequences over long contexts, not big batches", "[emulated][split]") {

@@ -1,6 +1,7 @@
 // The remaining CUDA kernels (embedding.cu, norm.cu, elementwise.cu, rope.cu, attention.cu's
 // kv_store) on the CPU through the emulation in fake/, against the CPU backend on the same
-// fp16-exact inputs, with the tolerances of tests/test_cuda_backend.cpp (fewer shapes). These
+// inputs, exact in the activation type, with the tolerances of tests/test_cuda_backend.cpp (fewer
+// shapes). Every case runs for fp16 and for bf16 (tolerances: act_tol in emulated_act.h). The fp16
 // kernels have run on an H100; here they are kept under test for changes made without one.
 #include <catch2/catch.hpp>
 
@@ -11,8 +12,10 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
+#include "emulated_act.h"
 #include "kernel_test_support.h"
 #include "kernels.h"
 #include "quant_kernel_cases.h"
@@ -26,134 +29,126 @@ namespace {
 
 using Cpu = CpuTensors;
 
-// fp16 buffers for the emulated kernels: a copy of v, or the 0xFF poison (fp16 NaN).
-std::vector<__half> halves(const std::vector<float>& v) {
-  std::vector<__half> h(v.size());
-  for (size_t i = 0; i < v.size(); ++i) h[i] = __float2half_rn(v[i]);
-  return h;
-}
-std::vector<__half> poisoned(size_t n) {
-  std::vector<__half> h(n);
-  std::memset(h.data(), 0xFF, n * 2);
-  return h;
-}
-std::vector<float> floats(const std::vector<__half>& h) {
-  std::vector<float> v(h.size());
-  for (size_t i = 0; i < h.size(); ++i) v[i] = __half2float(h[i]);
-  return v;
-}
-
-// Every element within atol + rtol |want|; NaN never passes.
+// Every element within atol + rtol |want|, fp16's tolerances made Act's (act_tol); NaN never passes.
+template <class Act>
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, double atol, double rtol,
                   const std::string& what) {
   std::vector<double> w(want.begin(), want.end()), tol(want.size());
-  for (size_t i = 0; i < want.size(); ++i) tol[i] = atol + rtol * std::fabs(w[i]);
-  expect_within(got, w, tol, what);
+  for (size_t i = 0; i < want.size(); ++i) tol[i] = act_tol<Act>(atol) + act_tol<Act>(rtol) * std::fabs(w[i]);
+  expect_within(got, w, tol, what + (std::is_same_v<Act, bf16> ? " (bf16)" : " (fp16)"));
 }
 
 }  // namespace
 
-TEST_CASE("emulated cuda: embedding and gather_rows match the CPU backend", "[emulated]") {
+TEMPLATE_TEST_CASE("emulated cuda: embedding and gather_rows match the CPU backend", "[emulated]", __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(2);
   for (int64_t T : {1, 17}) {
     for (int64_t h : {72, 1000}) {
       Cpu c;
       const int64_t V = 300;
-      const std::vector<float> table = random_f16(size_t(V * h), rng);
+      const std::vector<float> table = random_act<Act>(size_t(V * h), rng);
       std::vector<int32_t> ids(static_cast<size_t>(T));
       for (auto& id : ids) id = int32_t(rng() % V);
       ids[0] = int32_t(V - 1);
-      const std::vector<float> base = random_f16(size_t(T * h), rng);
-      const std::vector<__half> table16 = halves(table);
+      const std::vector<float> base = random_act<Act>(size_t(T * h), rng);
+      const std::vector<Act> table16 = elements<Act>(table);
       for (bool accumulate : {false, true}) {
         Tensor c_out = c.f32(base, {T, h});
         c.be->embedding(c.i32(ids), c.f32(table, {V, h}), c_out, accumulate);
-        std::vector<__half> out = accumulate ? halves(base) : poisoned(size_t(T * h));
+        std::vector<Act> out = accumulate ? elements<Act>(base) : poisoned<Act>(size_t(T * h));
         launch_gather_rows(table16.data(), V, ids.data(), T, h, accumulate, out.data(), nullptr);
-        expect_close(floats(out), c.read(c_out), accumulate ? 1e-3 : 0.0, accumulate ? 1e-3 : 0.0,
-                     label(accumulate ? "embedding+=" : "embedding", {T, h}));
+        expect_close<Act>(floats(out), c.read(c_out), accumulate ? 1e-3 : 0.0, accumulate ? 1e-3 : 0.0,
+                          label(accumulate ? "embedding+=" : "embedding", {T, h}));
       }
     }
   }
 }
 
-TEST_CASE("emulated cuda: layer_norm and rms_norm match the CPU backend", "[emulated][tsan]") {
+TEMPLATE_TEST_CASE("emulated cuda: layer_norm and rms_norm match the CPU backend", "[emulated][tsan]", __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(3);
   for (int64_t T : {1, 5}) {
     for (int64_t h : {72, 1000}) {
       Cpu c;
-      const std::vector<float> x = random_f16(size_t(T * h), rng, 2.0f, 4.0f);  // an offset tests the mean
-      const std::vector<float> w = random_f16(size_t(h), rng, 0.5f, 1.5f);
-      const std::vector<float> b = random_f16(size_t(h), rng, -0.5f, 0.5f);
-      const std::vector<__half> x16 = halves(x), w16 = halves(w), b16 = halves(b);
+      const std::vector<float> x = random_act<Act>(size_t(T * h), rng, 2.0f, 4.0f);  // an offset tests the mean
+      const std::vector<float> w = random_act<Act>(size_t(h), rng, 0.5f, 1.5f);
+      const std::vector<float> b = random_act<Act>(size_t(h), rng, -0.5f, 0.5f);
+      const std::vector<Act> x16 = elements<Act>(x), w16 = elements<Act>(w), b16 = elements<Act>(b);
       for (bool with_bias : {true, false}) {
         Tensor c_out = c.f32(std::vector<float>(size_t(T * h)), {T, h});
         c.be->layer_norm(c.f32(x, {T, h}), c.f32(w, {h}), with_bias ? c.f32(b, {h}) : Tensor(), 1e-5f, c_out);
-        std::vector<__half> out = poisoned(size_t(T * h));
+        std::vector<Act> out = poisoned<Act>(size_t(T * h));
         launch_layer_norm(x16.data(), w16.data(), with_bias ? b16.data() : nullptr, 1e-5f, T, h, out.data(), nullptr);
-        expect_close(floats(out), c.read(c_out), 3e-3, 3e-3, label("layer_norm", {T, h, with_bias}));
+        expect_close<Act>(floats(out), c.read(c_out), 3e-3, 3e-3, label("layer_norm", {T, h, with_bias}));
       }
       Tensor c_out = c.f32(std::vector<float>(size_t(T * h)), {T, h});
       c.be->rms_norm(c.f32(x, {T, h}), c.f32(w, {h}), 1e-6f, c_out);
-      std::vector<__half> in_place = x16;  // out aliases x
+      std::vector<Act> in_place = x16;  // out aliases x
       launch_rms_norm(in_place.data(), w16.data(), 1e-6f, T, h, in_place.data(), nullptr);
-      expect_close(floats(in_place), c.read(c_out), 3e-3, 3e-3, label("rms_norm in place", {T, h}));
+      expect_close<Act>(floats(in_place), c.read(c_out), 3e-3, 3e-3, label("rms_norm in place", {T, h}));
     }
   }
 }
 
-TEST_CASE("emulated cuda: add_norm is add then norm, bit for bit, in one launch", "[emulated]") {
+TEMPLATE_TEST_CASE("emulated cuda: add_norm is add then norm, bit for bit, in one launch", "[emulated]", __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(4);
   for (int64_t T : {1, 5}) {
     for (int64_t h : {72, 1000}) {
-      const std::vector<float> x = random_f16(size_t(T * h), rng, 2.0f, 4.0f), d = random_f16(size_t(T * h), rng);
-      const std::vector<float> w = random_f16(size_t(h), rng, 0.5f, 1.5f), b = random_f16(size_t(h), rng, -0.5f, 0.5f);
-      const std::vector<__half> x16 = halves(x), d16 = halves(d), w16 = halves(w), b16 = halves(b);
+      const std::vector<float> x = random_act<Act>(size_t(T * h), rng, 2.0f, 4.0f),
+                               d = random_act<Act>(size_t(T * h), rng);
+      const std::vector<float> w = random_act<Act>(size_t(h), rng, 0.5f, 1.5f),
+                               b = random_act<Act>(size_t(h), rng, -0.5f, 0.5f);
+      const std::vector<Act> x16 = elements<Act>(x), d16 = elements<Act>(d), w16 = elements<Act>(w),
+                             b16 = elements<Act>(b);
       for (int kind = 0; kind < 3; ++kind) {  // layer norm with and without a bias, rms norm
         const bool rms = kind == 2;
-        const __half* bias = kind == 0 ? b16.data() : nullptr;
-        std::vector<__half> sum = poisoned(size_t(T * h)), want = poisoned(size_t(T * h));
+        const Act* bias = kind == 0 ? b16.data() : nullptr;
+        std::vector<Act> sum = poisoned<Act>(size_t(T * h)), want = poisoned<Act>(size_t(T * h));
         launch_add(x16.data(), d16.data(), sum.data(), T * h, nullptr);
         if (rms) launch_rms_norm(sum.data(), w16.data(), 1e-6f, T, h, want.data(), nullptr);
         else launch_layer_norm(sum.data(), w16.data(), bias, 1e-5f, T, h, want.data(), nullptr);
-        std::vector<__half> fx = x16, delta = d16;  // out aliases delta, as ForwardOps::layer has it
+        std::vector<Act> fx = x16, delta = d16;  // out aliases delta, as ForwardOps::layer has it
         if (rms) launch_add_rms_norm(fx.data(), delta.data(), w16.data(), 1e-6f, T, h, delta.data(), nullptr);
         else launch_add_layer_norm(fx.data(), delta.data(), w16.data(), bias, 1e-5f, T, h, delta.data(), nullptr);
         const std::string what = label(rms ? "add_rms_norm" : "add_layer_norm", {T, h, kind});
-        expect_close(floats(fx), floats(sum), 0.0, 0.0, what + ": x");
-        expect_close(floats(delta), floats(want), 0.0, 0.0, what + ": out");
+        expect_close<Act>(floats(fx), floats(sum), 0.0, 0.0, what + ": x");
+        expect_close<Act>(floats(delta), floats(want), 0.0, 0.0, what + ": out");
         // And against the CPU backend's fp32 add_norm.
         Cpu c;
         Tensor cx = c.f32(x, {T, h}), cout = c.f32(std::vector<float>(size_t(T * h)), {T, h});
         c.be->add_norm(cx, c.f32(d, {T, h}), rms ? Backend::Norm::Rms : Backend::Norm::Layer, c.f32(w, {h}),
                        kind == 0 ? c.f32(b, {h}) : Tensor(), rms ? 1e-6f : 1e-5f, cout);
-        expect_close(floats(delta), c.read(cout), 3e-3, 3e-3, what + ": against the CPU");
+        expect_close<Act>(floats(delta), c.read(cout), 3e-3, 3e-3, what + ": against the CPU");
       }
     }
   }
 }
 
-TEST_CASE("emulated cuda: add, activations, swiglu and the bias add match the CPU backend", "[emulated]") {
+TEMPLATE_TEST_CASE("emulated cuda: add, activations, swiglu and the bias add match the CPU backend", "[emulated]",
+                   __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(5);
   const int64_t T = 3, h = 1001;
   Cpu c;
-  const std::vector<float> a = random_f16(size_t(T * h), rng, -4.0f, 4.0f);
-  const std::vector<float> b = random_f16(size_t(T * h), rng, -4.0f, 4.0f);
-  const std::vector<__half> a16 = halves(a), b16 = halves(b);
+  const std::vector<float> a = random_act<Act>(size_t(T * h), rng, -4.0f, 4.0f);
+  const std::vector<float> b = random_act<Act>(size_t(T * h), rng, -4.0f, 4.0f);
+  const std::vector<Act> a16 = elements<Act>(a), b16 = elements<Act>(b);
   const int64_t n = T * h;
 
   Tensor c_sum = c.f32(std::vector<float>(size_t(n)), {T, h});
   c.be->add(c.f32(a, {T, h}), c.f32(b, {T, h}), c_sum);
-  std::vector<__half> sum = poisoned(size_t(n));
+  std::vector<Act> sum = poisoned<Act>(size_t(n));
   launch_add(a16.data(), b16.data(), sum.data(), n, nullptr);
-  expect_close(floats(sum), c.read(c_sum), 1e-3, 1e-3, "add");
+  expect_close<Act>(floats(sum), c.read(c_sum), 1e-3, 1e-3, "add");
 
   for (Activation act : {Activation::ReLU, Activation::GELU}) {
     Tensor c_x = c.f32(a, {T, h});
     c.be->activation(act, c_x);
-    std::vector<__half> x = a16;
+    std::vector<Act> x = a16;
     launch_activation(act == Activation::ReLU ? ActKind::ReLU : ActKind::GELU, x.data(), n, nullptr);
-    expect_close(floats(x), c.read(c_x), 1e-3, 2e-3, act == Activation::ReLU ? "relu" : "gelu");
+    expect_close<Act>(floats(x), c.read(c_x), 1e-3, 2e-3, act == Activation::ReLU ? "relu" : "gelu");
   }
 
   // SwiGLU over the stacked gate/up GEMM's rows [T, 2h]: a's row, then b's.
@@ -162,24 +157,26 @@ TEST_CASE("emulated cuda: add, activations, swiglu and the bias add match the CP
     gu.insert(gu.end(), a.begin() + t * h, a.begin() + (t + 1) * h);
     gu.insert(gu.end(), b.begin() + t * h, b.begin() + (t + 1) * h);
   }
-  const std::vector<__half> gu16 = halves(gu);
-  std::vector<__half> product = poisoned(size_t(n));
+  const std::vector<Act> gu16 = elements<Act>(gu);
+  std::vector<Act> product = poisoned<Act>(size_t(n));
   launch_swiglu(gu16.data(), product.data(), T, h, nullptr);
   const std::vector<double> want_s = swiglu_reference(gu, T, h);
-  expect_close(floats(product), std::vector<float>(want_s.begin(), want_s.end()), 2e-3, 2e-3, "swiglu");
+  expect_close<Act>(floats(product), std::vector<float>(want_s.begin(), want_s.end()), 2e-3, 2e-3, "swiglu");
 
   // y += bias, against the sum in fp32.
-  const std::vector<float> bias = random_f16(size_t(h), rng);
+  const std::vector<float> bias = random_act<Act>(size_t(h), rng);
   std::vector<float> want(static_cast<size_t>(n));
   for (int64_t r = 0; r < T; ++r)
     for (int64_t k = 0; k < h; ++k) want[size_t(r * h + k)] = a[size_t(r * h + k)] + bias[size_t(k)];
-  std::vector<__half> y = a16;
-  const std::vector<__half> bias16 = halves(bias);
+  std::vector<Act> y = a16;
+  const std::vector<Act> bias16 = elements<Act>(bias);
   launch_bias_add(y.data(), bias16.data(), T, h, nullptr);
-  expect_close(floats(y), want, 2e-3, 2e-3, "bias add");
+  expect_close<Act>(floats(y), want, 2e-3, 2e-3, "bias add");
 }
 
-TEST_CASE("emulated cuda: rope matches the CPU backend, long positions included", "[emulated][tsan]") {
+TEMPLATE_TEST_CASE("emulated cuda: rope matches the CPU backend, long positions included", "[emulated][tsan]",
+                   __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(6);
   const int64_t T = 3;
   for (auto [heads, d] : std::vector<std::pair<int64_t, int64_t>>{{6, 20}, {2, 128}}) {
@@ -187,11 +184,11 @@ TEST_CASE("emulated cuda: rope matches the CPU backend, long positions included"
     std::vector<float> inv_freq(size_t(d / 2));
     for (int64_t i = 0; i < d / 2; ++i) inv_freq[size_t(i)] = std::pow(10000.0f, -2.0f * float(i) / float(d));
     const std::vector<int32_t> pos{131071, 7, int32_t(rng() % 5000)};
-    const std::vector<float> x = random_f16(size_t(T * heads * d), rng);
+    const std::vector<float> x = random_act<Act>(size_t(T * heads * d), rng);
     Tensor c_x = c.f32(x, {T, heads, d});
     c.be->rope(c_x, c.i32(pos), c.f32(inv_freq, {d / 2}));
-    std::vector<__half> x16 = halves(x);
-    RopeParams p{};
+    std::vector<Act> x16 = elements<Act>(x);
+    RopeParams<Act> p{};
     p.x = x16.data();
     p.positions = pos.data();
     p.inv_freq = inv_freq.data();
@@ -200,17 +197,18 @@ TEST_CASE("emulated cuda: rope matches the CPU backend, long positions included"
     p.head_dim = int(d);
     p.token_stride = heads * d;
     launch_rope(p, nullptr);
-    expect_close(floats(x16), c.read(c_x), 2e-3, 2e-3, label("rope", {T, heads, d}));
+    expect_close<Act>(floats(x16), c.read(c_x), 2e-3, 2e-3, label("rope", {T, heads, d}));
   }
 }
 
 namespace {
 
-// launch_split_qkv's parameters for fp16 rows qkv of pos.size() tokens into q; k and v (or the
+// launch_split_qkv's parameters for rows qkv of pos.size() tokens into q; k and v (or the
 // caches) are the caller's.
-SplitQkvParams split_params(const std::vector<__half>& qkv, const std::vector<int32_t>& pos, const float* inv_freq,
-                            std::vector<__half>& q, int64_t heads, int64_t kv_heads, int64_t d) {
-  SplitQkvParams p{};
+template <class Act>
+SplitQkvParams<Act> split_params(const std::vector<Act>& qkv, const std::vector<int32_t>& pos, const float* inv_freq,
+                            std::vector<Act>& q, int64_t heads, int64_t kv_heads, int64_t d) {
+  SplitQkvParams<Act> p{};
   p.qkv = qkv.data();
   p.positions = pos.data();
   p.inv_freq = inv_freq;
@@ -224,45 +222,50 @@ SplitQkvParams split_params(const std::vector<__half>& qkv, const std::vector<in
 
 }  // namespace
 
-TEST_CASE("emulated cuda: split_qkv splits and rotates the stacked rows as a float64 reference does",
-          "[emulated]") {
+TEMPLATE_TEST_CASE("emulated cuda: split_qkv splits and rotates the stacked rows as a float64 reference does",
+                   "[emulated]", __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(16);
   const int64_t T = 3;
-  for (auto [heads, kv_heads, d] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{6, 6, 20}, {8, 2, 64}, {4, 1, 128}}) {
+  for (auto [heads, kv_heads, d] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{6, 6, 20}, {8, 2, 64}, {4, 1, 128}}) {
     for (bool rotate : {true, false}) {
       const std::vector<int32_t> pos{131071, 7, int32_t(rng() % 5000)};
       const int64_t qd = heads * d, kvd = kv_heads * d;
-      const std::vector<float> qkv = random_f16(size_t(T * (qd + 2 * kvd)), rng);
+      const std::vector<float> qkv = random_act<Act>(size_t(T * (qd + 2 * kvd)), rng);
       const std::vector<float> inv = rotate ? rope_inv_freq_of(d) : std::vector<float>();
-      const std::vector<__half> qkv16 = halves(qkv);
-      std::vector<__half> q = poisoned(size_t(T * qd)), k = poisoned(size_t(T * kvd)), v = poisoned(size_t(T * kvd));
-      SplitQkvParams p = split_params(qkv16, pos, rotate ? inv.data() : nullptr, q, heads, kv_heads, d);
+      const std::vector<Act> qkv16 = elements<Act>(qkv);
+      std::vector<Act> q = poisoned<Act>(size_t(T * qd)), k = poisoned<Act>(size_t(T * kvd)),
+                       v = poisoned<Act>(size_t(T * kvd));
+      SplitQkvParams<Act> p = split_params(qkv16, pos, rotate ? inv.data() : nullptr, q, heads, kv_heads, d);
       p.k = k.data();
       p.v = v.data();
       launch_split_qkv(p, nullptr);
       const std::vector<double> want = split_qkv_reference(qkv, pos, inv, heads, kv_heads, d);
       auto part = [&](int64_t at, int64_t n) { return std::vector<float>(want.begin() + at, want.begin() + at + n); };
       const std::string what = label(rotate ? "split_qkv rotated" : "split_qkv", {heads, kv_heads, d});
-      expect_close(floats(q), part(0, T * qd), 2e-3, 2e-3, what + ": q");
-      expect_close(floats(k), part(T * qd, T * kvd), 2e-3, 2e-3, what + ": k");
-      expect_close(floats(v), part(T * (qd + kvd), T * kvd), 0.0, 0.0, what + ": v");
+      expect_close<Act>(floats(q), part(0, T * qd), 2e-3, 2e-3, what + ": q");
+      expect_close<Act>(floats(k), part(T * qd, T * kvd), 2e-3, 2e-3, what + ": k");
+      expect_close<Act>(floats(v), part(T * (qd + kvd), T * kvd), 0.0, 0.0, what + ": v");
     }
   }
 }
 
-TEST_CASE("emulated cuda: split_qkv with the caches writes k and v into exactly the addressed rows", "[emulated]") {
+TEMPLATE_TEST_CASE("emulated cuda: split_qkv with the caches writes k and v into exactly the addressed rows",
+                   "[emulated]", __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(17);
   const int64_t T = 4, S = 3, C = 9;
   for (auto [heads, kv_heads, d] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{6, 2, 20}, {4, 4, 64}}) {
     // The last token's slot is outside the cache: it writes no row (as kv_store), but its q.
     const std::vector<int32_t> slots{2, 0, 2, 3}, pos{0, 8, 5, 3};
     const int64_t qd = heads * d, kvd = kv_heads * d;
-    const std::vector<float> qkv = random_f16(size_t(T * (qd + 2 * kvd)), rng);
+    const std::vector<float> qkv = random_act<Act>(size_t(T * (qd + 2 * kvd)), rng);
     const std::vector<float> inv = rope_inv_freq_of(d);
-    const std::vector<float> old = random_f16(size_t(S * C * kvd), rng, 5.0f, 6.0f);
-    const std::vector<__half> qkv16 = halves(qkv);
-    std::vector<__half> q = poisoned(size_t(T * qd)), ck = halves(old), cv = halves(old);
-    SplitQkvParams p = split_params(qkv16, pos, inv.data(), q, heads, kv_heads, d);
+    const std::vector<float> old = random_act<Act>(size_t(S * C * kvd), rng, 5.0f, 6.0f);
+    const std::vector<Act> qkv16 = elements<Act>(qkv);
+    std::vector<Act> q = poisoned<Act>(size_t(T * qd)), ck = elements<Act>(old), cv = elements<Act>(old);
+    SplitQkvParams<Act> p = split_params(qkv16, pos, inv.data(), q, heads, kv_heads, d);
     p.cache_k = ck.data();
     p.cache_v = cv.data();
     p.slots = slots.data();
@@ -272,20 +275,22 @@ TEST_CASE("emulated cuda: split_qkv with the caches writes k and v into exactly 
     const std::vector<double> want = split_qkv_reference(qkv, pos, inv, heads, kv_heads, d);
     const auto [want_k, want_v] = caches_after_store(old, want, slots, pos, qd, kvd, S, C);
     const std::string what = label("split_qkv into the caches", {heads, kv_heads, d});
-    expect_close(floats(q), std::vector<float>(want.begin(), want.begin() + T * qd), 2e-3, 2e-3, what + ": q");
-    expect_close(floats(ck), std::vector<float>(want_k.begin(), want_k.end()), 2e-3, 2e-3, what + ": cache k");
-    expect_close(floats(cv), std::vector<float>(want_v.begin(), want_v.end()), 0.0, 0.0, what + ": cache v");
+    expect_close<Act>(floats(q), std::vector<float>(want.begin(), want.begin() + T * qd), 2e-3, 2e-3, what + ": q");
+    expect_close<Act>(floats(ck), std::vector<float>(want_k.begin(), want_k.end()), 2e-3, 2e-3, what + ": cache k");
+    expect_close<Act>(floats(cv), std::vector<float>(want_v.begin(), want_v.end()), 0.0, 0.0, what + ": cache v");
   }
 }
 
-TEST_CASE("emulated cuda: kv_store writes exactly the addressed cache rows", "[emulated]") {
+TEMPLATE_TEST_CASE("emulated cuda: kv_store writes exactly the addressed cache rows", "[emulated]", __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(7);
   const int64_t T = 5, S = 3, C = 37;
   for (auto [kvh, d] : std::vector<std::pair<int64_t, int64_t>>{{2, 20}, {8, 128}}) {
     // Distinct (slot, position) pairs, the last position included, and one token out of range.
     const std::vector<int32_t> slots{0, 1, 2, 0, 3}, pos{int32_t(C - 1), 5, 12, 30, 0};
-    const std::vector<float> k = random_f16(size_t(T * kvh * d), rng), v = random_f16(size_t(T * kvh * d), rng);
-    const std::vector<float> cache = random_f16(size_t(S * C * kvh * d), rng);
+    const std::vector<float> k = random_act<Act>(size_t(T * kvh * d), rng),
+                             v = random_act<Act>(size_t(T * kvh * d), rng);
+    const std::vector<float> cache = random_act<Act>(size_t(S * C * kvh * d), rng);
     std::vector<float> want_k = cache, want_v = cache;
     for (int64_t t = 0; t < T; ++t) {
       if (slots[size_t(t)] >= S) continue;
@@ -295,9 +300,9 @@ TEST_CASE("emulated cuda: kv_store writes exactly the addressed cache rows", "[e
         want_v[at] = v[size_t(t * kvh * d + i)];
       }
     }
-    const std::vector<__half> k16 = halves(k), v16 = halves(v);
-    std::vector<__half> ck = halves(cache), cv = halves(cache);
-    KvStoreParams p{};
+    const std::vector<Act> k16 = elements<Act>(k), v16 = elements<Act>(v);
+    std::vector<Act> ck = elements<Act>(cache), cv = elements<Act>(cache);
+    KvStoreParams<Act> p{};
     p.k = k16.data();
     p.v = v16.data();
     p.cache_k = ck.data();
@@ -309,17 +314,19 @@ TEST_CASE("emulated cuda: kv_store writes exactly the addressed cache rows", "[e
     p.slot_count = int(S);
     p.capacity = int(C);
     launch_kv_store(p, nullptr);
-    expect_close(floats(ck), want_k, 0.0, 0.0, label("kv_store k", {kvh, d}));
-    expect_close(floats(cv), want_v, 0.0, 0.0, label("kv_store v", {kvh, d}));
+    expect_close<Act>(floats(ck), want_k, 0.0, 0.0, label("kv_store k", {kvh, d}));
+    expect_close<Act>(floats(cv), want_v, 0.0, 0.0, label("kv_store v", {kvh, d}));
   }
 }
 
-TEST_CASE("emulated cuda: combine_rows sums each token's weighted rows as float64 does", "[emulated]") {
-  // A mixture of experts' combine: out[t] = sum_j w[t, j] src[rows[t, j]], fp32 sums of fp16 rows,
-  // one fp16 rounding at the end. Odd shapes; poisoned output; a row outside src gives NaN.
+TEMPLATE_TEST_CASE("emulated cuda: combine_rows sums each token's weighted rows as float64 does", "[emulated]",
+                   __half, bf16) {
+  using Act = TestType;
+  // A mixture of experts' combine: out[t] = sum_j w[t, j] src[rows[t, j]], fp32 sums of 16-bit
+  // rows, one rounding to Act at the end. Odd shapes; poisoned output; a row outside src gives NaN.
   std::mt19937 rng(12);
   for (const auto& [T, k, h, A] : {std::tuple{1, 1, 1, 1}, {3, 2, 65, 6}, {17, 3, 1000, 51}}) {
-    const std::vector<float> src = random_f16(size_t(A * h), rng);
+    const std::vector<float> src = random_act<Act>(size_t(A * h), rng);
     std::vector<float> w(size_t(T * k));
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
     for (float& v : w) v = u(rng);
@@ -330,17 +337,71 @@ TEST_CASE("emulated cuda: combine_rows sums each token's weighted rows as float6
       for (int c = 0; c < h; ++c)
         for (int j = 0; j < k; ++j)
           want[size_t(t * h + c)] += double(w[size_t(t * k + j)]) * src[size_t(rows[size_t(t * k + j)] * h + c)];
-    const std::vector<__half> src16 = halves(src);
-    std::vector<__half> out = poisoned(size_t(T * h));
+    const std::vector<Act> src16 = elements<Act>(src);
+    std::vector<Act> out = poisoned<Act>(size_t(T * h));
     launch_combine_rows(src16.data(), A, rows.data(), w.data(), T, k, h, out.data(), nullptr);
     std::vector<double> tol(want.size());
-    for (size_t i = 0; i < want.size(); ++i) tol[i] = 1e-6 + std::ldexp(std::fabs(want[i]), -10);  // fp16 rounding
+    for (size_t i = 0; i < want.size(); ++i)  // fp16 rounding (2 u16), made Act's
+      tol[i] = act_tol<Act>(1e-6 + std::ldexp(std::fabs(want[i]), -10));
     expect_within(floats(out), want, tol, label("combine_rows", {T, k, h, A}));
   }
-  const std::vector<__half> src16 = halves({1.0f, 2.0f});
+  const std::vector<Act> src16 = elements<Act>({1.0f, 2.0f});
   const std::vector<int32_t> bad = {1};
   const std::vector<float> w = {1.0f};
-  std::vector<__half> out = poisoned(2);
+  std::vector<Act> out = poisoned<Act>(2);
   launch_combine_rows(src16.data(), 1, bad.data(), w.data(), 1, 1, 2, out.data(), nullptr);
-  CHECK(std::isnan(__half2float(out[0])));
+  CHECK(std::isnan(to_float(out[0])));
+}
+
+TEST_CASE("emulated cuda: bf16 carries activations of 1e6, past fp16's 65504, through the norms and add",
+          "[emulated][bf16]") {
+  // Residual streams of bf16 checkpoints outgrow fp16 (act_types.cuh). Inputs are the bf16 values
+  // of the cases above times M = 2^20 (about 1e6): still bf16 values, beyond fp16's 65504 (no fp16
+  // run could take them). Scaling by a power of two is exact, so the bounds are those above with
+  // their absolute terms times M where the result scales with the inputs (add, the sum of
+  // add_norm) and unchanged where it does not (the norms: eps aside, norm(M x) = norm(x)).
+  const float M = 0x1p20f;
+  std::mt19937 rng(9);
+  const int64_t T = 5, h = 1000;
+  const auto big = [&](float lo, float hi) {
+    std::vector<float> v = random_act<bf16>(size_t(T * h), rng, lo, hi);
+    for (float& x : v) x *= M;
+    return v;
+  };
+  const std::vector<float> x = big(2.0f, 4.0f), d = big(-1.0f, 1.0f), a = big(-4.0f, 4.0f);
+  const std::vector<float> w = random_act<bf16>(size_t(h), rng, 0.5f, 1.5f),
+                           b = random_act<bf16>(size_t(h), rng, -0.5f, 0.5f);
+  CHECK(std::fabs(x[0]) > 65504.0f);
+  const std::vector<bf16> x16 = elements<bf16>(x), d16 = elements<bf16>(d), a16 = elements<bf16>(a);
+  const std::vector<bf16> w16 = elements<bf16>(w), b16 = elements<bf16>(b);
+  Cpu c;
+
+  Tensor c_out = c.f32(std::vector<float>(size_t(T * h)), {T, h});
+  c.be->layer_norm(c.f32(x, {T, h}), c.f32(w, {h}), c.f32(b, {h}), 1e-5f, c_out);
+  std::vector<bf16> out = poisoned<bf16>(size_t(T * h));
+  launch_layer_norm(x16.data(), w16.data(), b16.data(), 1e-5f, T, h, out.data(), nullptr);
+  expect_close<bf16>(floats(out), c.read(c_out), 3e-3, 3e-3, "layer_norm of 1e6");
+
+  c.be->rms_norm(c.f32(x, {T, h}), c.f32(w, {h}), 1e-6f, c_out);
+  out = poisoned<bf16>(size_t(T * h));
+  launch_rms_norm(x16.data(), w16.data(), 1e-6f, T, h, out.data(), nullptr);
+  expect_close<bf16>(floats(out), c.read(c_out), 3e-3, 3e-3, "rms_norm of 1e6");
+
+  Tensor c_sum = c.f32(std::vector<float>(size_t(T * h)), {T, h});
+  c.be->add(c.f32(a, {T, h}), c.f32(d, {T, h}), c_sum);
+  out = poisoned<bf16>(size_t(T * h));
+  launch_add(a16.data(), d16.data(), out.data(), T * h, nullptr);
+  expect_close<bf16>(floats(out), c.read(c_sum), 1e-3 * M, 1e-3, "add of 1e6");
+
+  for (bool rms : {false, true}) {
+    Tensor cx = c.f32(x, {T, h}), cout = c.f32(std::vector<float>(size_t(T * h)), {T, h});
+    c.be->add_norm(cx, c.f32(d, {T, h}), rms ? Backend::Norm::Rms : Backend::Norm::Layer, c.f32(w, {h}),
+                   rms ? Tensor() : c.f32(b, {h}), rms ? 1e-6f : 1e-5f, cout);
+    std::vector<bf16> fx = x16, delta = d16;
+    if (rms) launch_add_rms_norm(fx.data(), delta.data(), w16.data(), 1e-6f, T, h, delta.data(), nullptr);
+    else launch_add_layer_norm(fx.data(), delta.data(), w16.data(), b16.data(), 1e-5f, T, h, delta.data(), nullptr);
+    const std::string what = rms ? "add_rms_norm of 1e6" : "add_layer_norm of 1e6";
+    expect_close<bf16>(floats(fx), c.read(cx), 1e-3 * M, 1e-3, what + ": x");
+    expect_close<bf16>(floats(delta), c.read(cout), 3e-3, 3e-3, what + ": out");
+  }
 }

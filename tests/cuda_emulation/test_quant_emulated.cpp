@@ -1,7 +1,8 @@
 // The quantized CUDA kernels (src/backend/cuda/quant.cu, quant_linear.cu, quant_attention.cu),
 // which have never run on a GPU, run on the CPU through the emulation in fake/: the cases of
 // tests/test_cuda_quant.cpp (fewer shapes), calling the launchers directly on host memory, with
-// the expected values and bounds of tests/quant_kernel_cases.h.
+// the expected values and bounds of tests/quant_kernel_cases.h; every case for fp16 and for bf16
+// activations (TestType), quantize and dequantize also for fp32 rows.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -9,8 +10,10 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
+#include "emulated_act.h"
 #include "kernels.h"
 #include "split_kv.h"
 #include "quant_kernel_cases.h"
@@ -33,17 +36,13 @@ struct Arena {
     if (src) std::memcpy(base + offset, src, bytes);
     return reinterpret_cast<T*>(base + offset);
   }
-  const __half* f16(const std::vector<float>& v, size_t offset = 0) {
-    const std::vector<uint16_t> h = to_half(v);
-    return put<const __half>(h.data(), h.size() * 2, offset);
+  // A copy of v in E (values of E).
+  template <class E>
+  const E* of(const std::vector<float>& v, size_t offset = 0) {
+    const std::vector<E> e = elements<E>(v);
+    return put<const E>(e.data(), e.size() * sizeof(E), offset);
   }
 };
-
-std::vector<float> read_f16(const __half* p, size_t n) {
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = __half2float(p[i]);
-  return v;
-}
 std::vector<uint8_t> bytes_of(const void* p, size_t n) {
   const uint8_t* b = static_cast<const uint8_t*>(p);
   return std::vector<uint8_t>(b, b + n);
@@ -53,100 +52,108 @@ std::vector<uint8_t> bytes_of(const void* p, size_t n) {
 
 namespace {
 
-// Quantize (bytes equal the host reference's) and dequantize the host's bytes (values equal bit
-// for bit, also at an output address that rules out vector stores); rows 1..5 special.
-void check_quantize_round_trip(int bits, int group, int64_t n, bool f32, std::mt19937& rng) {
+// Rows of E (__half, bf16 or float): quantize (bytes equal the host reference's) and dequantize
+// the host's bytes (values equal bit for bit, also at an output address that rules out vector
+// stores); rows 1..5 special.
+template <class E>
+void check_quantize_round_trip(int bits, int group, int64_t n, std::mt19937& rng) {
   const int64_t rows = 6;
+  const DType dt = dtype_of<E>;
   const quant::QuantSpec spec = spec_of(bits, group);
-  const std::string what = label(f32 ? "f32 bits group n" : "f16 bits group n", {bits, group, n});
+  const std::string what = label((std::string(dtype_name(dt)) + " bits group n").c_str(), {bits, group, n});
   INFO(what);
   Arena a;
-  std::vector<float> x = random_floats(size_t(rows * n), rng, -3.0f, 3.0f, !f32);
-  add_special_rows(x, n, rng);
+  // (fp32 rows get special rows of fp16 values, as in the GPU test.)
+  std::vector<float> x = random_floats(size_t(rows * n), rng, -3.0f, 3.0f, dt);
+  add_special_rows(x, n, rng, dt == DType::F32 ? DType::F16 : dt);
   const size_t qbytes = size_t(rows) * quant::row_bytes(spec, n);
   std::vector<uint8_t> want(qbytes);
-  const std::vector<uint16_t> xh = to_half(x);
-  quant::quantize_rows(spec, f32 ? static_cast<const void*>(x.data()) : xh.data(), f32 ? DType::F32 : DType::F16, rows,
-                       n, want.data());
+  const std::vector<E> xe = elements<E>(x);
+  quant::quantize_rows(spec, xe.data(), dt, rows, n, want.data());
 
   QuantParams p;
   p.rows = rows;
   p.row = quant_row_layout(bits, group, int(n));
   uint8_t* q = a.put(nullptr, qbytes);
-  launch_quantize_rows(p, f32 ? static_cast<const void*>(a.put(x.data(), x.size() * 4)) : a.f16(x), f32, q, nullptr);
+  launch_quantize_rows(p, a.of<E>(x), q, nullptr);
   expect_same_bytes(bytes_of(q, qbytes), want, "quantize " + what);
 
-  const DType out_dt = f32 ? DType::F32 : DType::F16;
-  const size_t out_bytes = size_t(rows * n) * dtype_size(out_dt);
+  const size_t out_bytes = size_t(rows * n) * sizeof(E);
   std::vector<uint8_t> back(out_bytes);
-  quant::dequantize_rows(spec, want.data(), rows, n, back.data(), out_dt);
+  quant::dequantize_rows(spec, want.data(), rows, n, back.data(), dt);
   const uint8_t* qd = a.put(want.data(), qbytes);
-  for (size_t offset : {size_t(0), dtype_size(out_dt)}) {
-    void* out = a.put(nullptr, out_bytes, offset);
-    launch_dequantize_rows(p, qd, out, f32, nullptr);
+  for (size_t offset : {size_t(0), sizeof(E)}) {
+    E* out = a.put<E>(nullptr, out_bytes, offset);
+    launch_dequantize_rows(p, qd, out, nullptr);
     expect_same_bytes(bytes_of(out, out_bytes), back, "dequantize " + what + " offset " + std::to_string(offset));
   }
 }
 
 }  // namespace
 
-TEST_CASE("emulated cuda: quantize/dequantize equal the host reference for any row length", "[emulated][quant]") {
+TEMPLATE_TEST_CASE("emulated cuda: quantize/dequantize equal the host reference for any row length",
+                   "[emulated][quant]", __half, bf16) {
   std::mt19937 rng(21);
   for (int bits : {4, 8})
     for (int group : {32, 64, 128})
-      for (int64_t n : {1, 20, 33, 64, 200, 1000})
-        for (bool f32 : {false, true}) check_quantize_round_trip(bits, group, n, f32, rng);
+      for (int64_t n : {1, 20, 33, 64, 200, 1000}) {
+        check_quantize_round_trip<TestType>(bits, group, n, rng);
+        if (std::is_same_v<TestType, __half>) check_quantize_round_trip<float>(bits, group, n, rng);  // once
+      }
 }
 
 namespace {
 
+template <class Act>
 void check_quant_linear(const quant::QuantSpec& spec, int64_t T, int64_t out, int64_t in, bool with_bias,
                         size_t w_offset, size_t x_offset, std::mt19937& rng) {
-  const QuantLinearCase c = make_quant_linear_case(spec, T, out, in, with_bias, rng);
+  const QuantLinearCase c = make_quant_linear_case(spec, T, out, in, with_bias, rng, dtype_of<Act>);
   Arena a;
-  QuantLinearParams p;
-  p.x = a.f16(c.x, x_offset);
+  QuantLinearParams<Act> p;
+  p.x = a.of<Act>(c.x, x_offset);
   p.w = a.put(c.w.data(), c.w.size(), w_offset);
-  p.bias = with_bias ? a.f16(c.bias) : nullptr;
-  p.y = a.put<__half>(nullptr, size_t(T * out) * 2);
+  p.bias = with_bias ? a.of<Act>(c.bias) : nullptr;
+  p.y = a.put<Act>(nullptr, size_t(T * out) * sizeof(Act));
   p.tokens = T;
   p.out = int(out);
   p.row = quant_row_layout(spec.bits, spec.group_size, int(in));
   launch_quant_linear(p, nullptr);
-  expect_within(read_f16(p.y, size_t(T * out)), c.want, c.tol,
+  expect_within(floats(p.y, size_t(T * out)), c.want, c.tol,
                 label("linear bits group T out in bias w_offset x_offset",
                       {spec.bits, spec.group_size, T, out, in, with_bias, int64_t(w_offset), int64_t(x_offset)}));
 }
 
 }  // namespace
 
-TEST_CASE("emulated cuda: fused dequant linear matches double arithmetic over the reference's weights",
-          "[emulated][quant]") {
+TEMPLATE_TEST_CASE("emulated cuda: fused dequant linear matches double arithmetic over the reference's weights",
+                   "[emulated][quant]", __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(22);
   for (int bits : {4, 8})
     for (int group : {32, 64, 128})
       for (auto [out, in] : std::vector<std::pair<int64_t, int64_t>>{{37, 72}, {29, 200}})
         for (int64_t T : {1, 7, 17})  // 17: a second pass over the weights
-          check_quant_linear(spec_of(bits, group), T, out, in, T % 2 == 1, 0, 0, rng);
+          check_quant_linear<Act>(spec_of(bits, group), T, out, in, T % 2 == 1, 0, 0, rng);
   // Views that rule out the vector loads: w 4-byte aligned only, x 2-byte aligned only.
   for (int bits : {4, 8})
     for (int64_t T : {3, 16}) {
-      check_quant_linear(spec_of(bits, 64), T, 45, 264, true, 4, 2, rng);
-      check_quant_linear(spec_of(bits, 32), T, 45, 264, false, 4, 0, rng);
+      check_quant_linear<Act>(spec_of(bits, 64), T, 45, 264, true, 4, 2, rng);
+      check_quant_linear<Act>(spec_of(bits, 32), T, 45, 264, false, 4, 0, rng);
     }
 }
 
 namespace {
 
+template <class Act>
 void check_quant_kv_store(int bits, int group, int64_t d, int64_t kv_heads, std::mt19937& rng) {
   const quant::QuantSpec spec = spec_of(bits, group);
   const std::string what = label("kv_store bits group d kv_heads", {bits, group, d, kv_heads});
   INFO(what);
-  const QuantKvStoreCase c = make_quant_kv_store_case(spec, d, kv_heads, rng);
+  const QuantKvStoreCase c = make_quant_kv_store_case(spec, d, kv_heads, rng, dtype_of<Act>);
   Arena a;
-  QuantKvStoreParams p;
-  p.k = a.f16(c.k);
-  p.v = a.f16(c.v);
+  QuantKvStoreParams<Act> p;
+  p.k = a.of<Act>(c.k);
+  p.v = a.of<Act>(c.v);
   p.cache_k = a.put(nullptr, c.cache_bytes);
   p.cache_v = a.put(nullptr, c.cache_bytes);
   p.slots = a.put<const int32_t>(c.slots.data(), c.slots.size() * 4);
@@ -163,12 +170,14 @@ void check_quant_kv_store(int bits, int group, int64_t d, int64_t kv_heads, std:
 
 }  // namespace
 
-TEST_CASE("emulated cuda: kv_store quantizes cache rows as the host reference does", "[emulated][quant]") {
+TEMPLATE_TEST_CASE("emulated cuda: kv_store quantizes cache rows as the host reference does", "[emulated][quant]",
+                   __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(23);
   for (int bits : {4, 8})
     for (int group : {32, 64, 128})
       for (int64_t d : {20, 16, 33, 64, 128})
-        for (int64_t kv_heads : {1, 3}) check_quant_kv_store(bits, group, d, kv_heads, rng);
+        for (int64_t kv_heads : {1, 3}) check_quant_kv_store<Act>(bits, group, d, kv_heads, rng);
 }
 
 namespace {
@@ -176,19 +185,21 @@ namespace {
 // Both attention kernels as the backend runs them: the tensor-core one for the prefill tiles it
 // takes (`tensor_cores`; then the fp16 operand bound), then the per-token one, or with splits > 0
 // the split-KV kernels with that many chunks (scratch poisoned with NaN).
+template <class Act>
 void check_quant_attention(const quant::QuantSpec& spec, int64_t T, int64_t heads, int64_t kv_heads, int64_t d,
                            int64_t S, int64_t C, const std::vector<int32_t>& slots, const std::vector<int32_t>& pos,
                            float q_range, std::mt19937& rng, bool tensor_cores = false, int splits = 0) {
-  QuantAttentionCase c = make_quant_attention_case(spec, T, heads, kv_heads, d, S, C, slots, pos, q_range, rng);
-  if (tensor_cores) allow_fp16_operands(c);
+  QuantAttentionCase c =
+      make_quant_attention_case(spec, T, heads, kv_heads, d, S, C, slots, pos, q_range, rng, dtype_of<Act>);
+  if (tensor_cores) allow_fp16_operands(c, dtype_of<Act>);
   Arena a;
-  QuantAttentionParams p;
-  p.q = a.f16(c.q);
+  QuantAttentionParams<Act> p;
+  p.q = a.of<Act>(c.q);
   p.cache_k = a.put(c.k.data(), c.k.size());
   p.cache_v = a.put(c.v.data(), c.v.size());
   p.slots = a.put<const int32_t>(slots.data(), slots.size() * 4);
   p.positions = a.put<const int32_t>(pos.data(), pos.size() * 4);
-  p.out = a.put<__half>(nullptr, c.q.size() * 2);
+  p.out = a.put<Act>(nullptr, c.q.size() * sizeof(Act));
   p.tokens = T;
   p.heads = int(heads);
   p.kv_heads = int(kv_heads);
@@ -207,15 +218,17 @@ void check_quant_attention(const quant::QuantSpec& spec, int64_t T, int64_t head
   } else {
     launch_quant_attention(p, nullptr);
   }
-  expect_within(read_f16(p.out, c.q.size()), c.want, c.tol,
+  expect_within(floats(p.out, c.q.size()), c.want, c.tol,
                 label("attention bits group T heads kv_heads d C splits",
                       {spec.bits, spec.group_size, T, heads, kv_heads, d, C, splits}));
 }
 
 }  // namespace
 
-TEST_CASE("emulated cuda: attention over quantized caches matches double arithmetic over the dequantized cache",
-          "[emulated][quant]") {
+TEMPLATE_TEST_CASE(
+    "emulated cuda: attention over quantized caches matches double arithmetic over the dequantized cache",
+    "[emulated][quant]", __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(24);
   const int64_t S = 2, C = 150;
   // A single key, a whole 64-key tile, one key past it, the whole cache, and a random position.
@@ -224,16 +237,18 @@ TEST_CASE("emulated cuda: attention over quantized caches matches double arithme
     for (int group : {32, 64, 128})
       for (auto [heads, kv_heads] : std::vector<std::pair<int64_t, int64_t>>{{6, 2}, {4, 1}})
         for (int64_t d : {20, 16, 64, 128})
-          check_quant_attention(spec_of(bits, group), 5, heads, kv_heads, d, S, C, slots, pos, 1.0f, rng);
+          check_quant_attention<Act>(spec_of(bits, group), 5, heads, kv_heads, d, S, C, slots, pos, 1.0f, rng);
   // The largest head dim (64 code words a row at 8 bits), an odd one, peaked scores.
   for (int bits : {4, 8}) {
-    check_quant_attention(spec_of(bits, 64), 3, 4, 2, 256, 2, 130, {0, 1, 1}, {129, 64, 0}, 1.0f, rng);
-    check_quant_attention(spec_of(bits, 32), 3, 4, 2, 33, 2, 130, {1, 0, 1}, {129, 65, 7}, 1.0f, rng);
-    check_quant_attention(spec_of(bits, 128), 2, 4, 4, 64, 1, 400, {0, 0}, {399, 200}, 8.0f, rng);
+    check_quant_attention<Act>(spec_of(bits, 64), 3, 4, 2, 256, 2, 130, {0, 1, 1}, {129, 64, 0}, 1.0f, rng);
+    check_quant_attention<Act>(spec_of(bits, 32), 3, 4, 2, 33, 2, 130, {1, 0, 1}, {129, 65, 7}, 1.0f, rng);
+    check_quant_attention<Act>(spec_of(bits, 128), 2, 4, 4, 64, 1, 400, {0, 0}, {399, 200}, 8.0f, rng);
   }
 }
 
-TEST_CASE("emulated cuda: split-KV decode over quantized caches matches double arithmetic", "[emulated][quant][split]") {
+TEMPLATE_TEST_CASE("emulated cuda: split-KV decode over quantized caches matches double arithmetic",
+                   "[emulated][quant][split]", __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(27);
   // Five tokens of three slots: 1 key, 63, a whole tile of 64, one past it, and 334 (six tiles);
   // chunk counts 1 (the shared K/V reads alone), 3, and 8 (more chunks than tiles).
@@ -245,25 +260,26 @@ TEST_CASE("emulated cuda: split-KV decode over quantized caches matches double a
       for (auto [heads, kv_heads] : std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {4, 1}, {16, 2}})
         for (int splits : {1, 3, 8}) {
           const int group = groups[next_group++ % groups.size()];
-          check_quant_attention(spec_of(bits, group), 5, heads, kv_heads, d, 3, 340, slots, pos, 1.0f, rng, false,
-                                splits);
+          check_quant_attention<Act>(spec_of(bits, group), 5, heads, kv_heads, d, 3, 340, slots, pos, 1.0f, rng, false,
+                                     splits);
         }
   for (int bits : {4, 8}) {
     // The largest head dim (64 code words at 8 bits), a ratio of 12 (two blocks of a kv head's
     // heads), 32 chunks over six tiles, and peaked scores over 1001 keys in five chunks.
-    check_quant_attention(spec_of(bits, 64), 2, 8, 2, 256, 2, 340, {1, 0}, {200, 64}, 1.0f, rng, false, 4);
-    check_quant_attention(spec_of(bits, 32), 2, 12, 1, 64, 2, 340, {1, 0}, {300, 10}, 1.0f, rng, false, 3);
-    check_quant_attention(spec_of(bits, 32), 1, 8, 1, 64, 1, 340, {0}, {333}, 1.0f, rng, false, kSplitKvMaxChunks);
-    check_quant_attention(spec_of(bits, 128), 2, 8, 1, 128, 1, 1100, {0, 0}, {1000, 300}, 8.0f, rng, false, 5);
+    check_quant_attention<Act>(spec_of(bits, 64), 2, 8, 2, 256, 2, 340, {1, 0}, {200, 64}, 1.0f, rng, false, 4);
+    check_quant_attention<Act>(spec_of(bits, 32), 2, 12, 1, 64, 2, 340, {1, 0}, {300, 10}, 1.0f, rng, false, 3);
+    check_quant_attention<Act>(spec_of(bits, 32), 1, 8, 1, 64, 1, 340, {0}, {333}, 1.0f, rng, false, kSplitKvMaxChunks);
+    check_quant_attention<Act>(spec_of(bits, 128), 2, 8, 1, 128, 1, 1100, {0, 0}, {1000, 300}, 8.0f, rng, false, 5);
   }
   // After the tensor-core kernel: decode tokens ahead of a prompt take the split kernels.
   std::vector<int32_t> mixed_slots, mixed_pos;
   packed_tokens({{0, 40, 1}, {1, 7, 1}, {2, 200, 1}, {0, 41, 1}, {3, 0, 1}, {1, 0, 70}}, mixed_slots, mixed_pos);
-  check_quant_attention(spec_of(4, 64), int64_t(mixed_slots.size()), 4, 1, 64, 4, 300, mixed_slots, mixed_pos, 1.0f,
-                        rng, true, 3);
+  check_quant_attention<Act>(spec_of(4, 64), int64_t(mixed_slots.size()), 4, 1, 64, 4, 300, mixed_slots, mixed_pos,
+                             1.0f, rng, true, 3);
 }
 
-TEST_CASE("emulated cuda: prefill over quantized caches on tensor cores", "[emulated][quant]") {
+TEMPLATE_TEST_CASE("emulated cuda: prefill over quantized caches on tensor cores", "[emulated][quant]", __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(26);
   for (int bits : {4, 8})
     for (int64_t d : {16, 64, 128}) {
@@ -271,38 +287,45 @@ TEST_CASE("emulated cuda: prefill over quantized caches on tensor cores", "[emul
       // declined beside one taken).
       std::vector<int32_t> slots, pos;
       packed_tokens({{2, 0, 37}, {0, 0, 100}, {1, 0, 90}}, slots, pos);
-      check_quant_attention(spec_of(bits, 32), int64_t(slots.size()), 2, 1, d, 3, 300, slots, pos, 1.0f, rng, true);
+      check_quant_attention<Act>(spec_of(bits, 32), int64_t(slots.size()), 2, 1, d, 3, 300, slots, pos, 1.0f, rng,
+                                 true);
       slots.clear();
       pos.clear();
       packed_tokens({{0, 40, 1}, {1, 7, 1}, {2, 200, 1}, {0, 41, 1}, {3, 0, 1}, {1, 0, 70}}, slots, pos);
-      check_quant_attention(spec_of(bits, 64), int64_t(slots.size()), 4, 2, d, 4, 300, slots, pos, 1.0f, rng, true);
+      check_quant_attention<Act>(spec_of(bits, 64), int64_t(slots.size()), 4, 2, d, 4, 300, slots, pos, 1.0f, rng,
+                                 true);
     }
   // A second chunk of a prompt, peaked scores across key tiles.
   std::vector<int32_t> slots, pos;
   packed_tokens({{0, 200, 80}}, slots, pos);
-  check_quant_attention(spec_of(4, 128), int64_t(slots.size()), 2, 2, 128, 1, 300, slots, pos, 6.0f, rng, true);
+  check_quant_attention<Act>(spec_of(4, 128), int64_t(slots.size()), 2, 2, 128, 1, 300, slots, pos, 6.0f, rng, true);
 }
 
 // One shape per quantized kernel, each bit width: small enough for CI's ThreadSanitizer run
 // (.ci/run), where a barrier missing between lanes or warps shows as a data race.
-TEST_CASE("emulated cuda: each quantized kernel once, for ThreadSanitizer", "[emulated][quant][tsan]") {
+TEMPLATE_TEST_CASE("emulated cuda: each quantized kernel once, for ThreadSanitizer", "[emulated][quant][tsan]",
+                   __half, bf16) {
+  using Act = TestType;
   std::mt19937 rng(25);
   for (int bits : {4, 8}) {
-    check_quantize_round_trip(bits, 32, 72, false, rng);
-    check_quantize_round_trip(bits, 32, 33, true, rng);
-    check_quant_kv_store(bits, 32, 33, 2, rng);
-    check_quant_linear(spec_of(bits, 32), 3, 5, 72, true, 0, 0, rng);
-    check_quant_linear(spec_of(bits, 32), 2, 3, 40, false, 4, 2, rng);  // the scalar loads
-    check_quant_attention(spec_of(bits, 32), 2, 2, 1, 40, 1, 70, {0, 0}, {69, 5}, 1.0f, rng);
-    check_quant_attention(spec_of(bits, 32), 2, 4, 1, 40, 1, 160, {0, 0}, {150, 5}, 1.0f, rng, false, 3);  // split-KV
+    check_quantize_round_trip<Act>(bits, 32, 72, rng);
+    if (std::is_same_v<Act, __half>) check_quantize_round_trip<float>(bits, 32, 33, rng);
+    check_quant_kv_store<Act>(bits, 32, 33, 2, rng);
+    check_quant_linear<Act>(spec_of(bits, 32), 3, 5, 72, true, 0, 0, rng);
+    check_quant_linear<Act>(spec_of(bits, 32), 2, 3, 40, false, 4, 2, rng);  // the scalar loads
+    check_quant_attention<Act>(spec_of(bits, 32), 2, 2, 1, 40, 1, 70, {0, 0}, {69, 5}, 1.0f, rng);
+    // split-KV
+    check_quant_attention<Act>(spec_of(bits, 32), 2, 4, 1, 40, 1, 160, {0, 0}, {150, 5}, 1.0f, rng, false, 3);
     std::vector<int32_t> slots, pos;
     packed_tokens({{0, 0, 20}, {1, 0, 50}}, slots, pos);
-    check_quant_attention(spec_of(bits, 32), int64_t(slots.size()), 2, 1, 32, 2, 70, slots, pos, 1.0f, rng, true);
+    check_quant_attention<Act>(spec_of(bits, 32), int64_t(slots.size()), 2, 1, 32, 2, 70, slots, pos, 1.0f, rng, true);
   }
 }
 
-TEST_CASE("emulated cuda: split_qkv into quantized caches stores the codes of the split rows, in exactly the addressed rows",
-          "[emulated][quant]") {
+TEMPLATE_TEST_CASE(
+    "emulated cuda: split_qkv into quantized caches stores the codes of the split rows, in exactly the addressed rows",
+    "[emulated][quant]", __half, bf16) {
+  using Act = TestType;
   // The fused store (split_qkv_store on quantized caches) against the host reference: the split
   // kernel's own k and v rows (launch_split_qkv into buffers, checked against float64 in
   // test_ops_emulated.cpp) quantized by quant::quantize_rows into a copy of the old cache. Bytes
@@ -316,24 +339,24 @@ TEST_CASE("emulated cuda: split_qkv into quantized caches stores the codes of th
       for (auto [heads, kv_heads, d] : std::vector<std::tuple<int, int, int>>{{6, 2, 20}, {4, 4, 64}, {8, 2, 128}})
         for (bool rotate : {true, false}) {
           const quant::QuantSpec spec = spec_of(bits, group);
-          const std::string what =
-              label("split_qkv quantized store bits group heads kv_heads d rotate", {bits, group, heads, kv_heads, d, rotate});
+          const std::string what = label("split_qkv quantized store bits group heads kv_heads d rotate",
+                                         {bits, group, heads, kv_heads, d, rotate});
           INFO(what);
           const int64_t qd = int64_t(heads) * d, kvd = int64_t(kv_heads) * d;
-          const std::vector<float> qkv = random_f16(size_t(T * (qd + 2 * kvd)), rng);
+          const std::vector<float> qkv = random_act<Act>(size_t(T * (qd + 2 * kvd)), rng);
           const std::vector<float> inv = rotate ? rope_inv_freq_of(d) : std::vector<float>();
           const size_t row_bytes = quant::row_bytes(spec, d), cache_bytes = size_t(S * C * kv_heads) * row_bytes;
           std::vector<uint8_t> old(cache_bytes);
           for (uint8_t& b : old) b = uint8_t(rng());
           Arena a;
           // The unfused reference: split into k and v, then the host quantizes each (token, head) row.
-          SplitQkvParams split{};
-          split.qkv = a.f16(qkv);
+          SplitQkvParams<Act> split{};
+          split.qkv = a.of<Act>(qkv);
           split.positions = pos.data();
           split.inv_freq = rotate ? inv.data() : nullptr;
-          split.q = a.put<__half>(nullptr, size_t(T * qd) * 2);
-          split.k = a.put<__half>(nullptr, size_t(T * kvd) * 2);
-          split.v = a.put<__half>(nullptr, size_t(T * kvd) * 2);
+          split.q = a.put<Act>(nullptr, size_t(T * qd) * 2);
+          split.k = a.put<Act>(nullptr, size_t(T * kvd) * 2);
+          split.v = a.put<Act>(nullptr, size_t(T * kvd) * 2);
           split.tokens = T;
           split.heads = heads;
           split.kv_heads = kv_heads;
@@ -343,12 +366,12 @@ TEST_CASE("emulated cuda: split_qkv into quantized caches stores the codes of th
           for (int64_t t = 0; t < T; ++t) {
             if (slots[size_t(t)] >= S) continue;
             const size_t at = size_t((slots[size_t(t)] * C + pos[size_t(t)]) * kv_heads) * row_bytes;
-            quant::quantize_rows(spec, split.k + t * kvd, DType::F16, kv_heads, d, want_k.data() + at);
-            quant::quantize_rows(spec, split.v + t * kvd, DType::F16, kv_heads, d, want_v.data() + at);
+            quant::quantize_rows(spec, split.k + t * kvd, dtype_of<Act>, kv_heads, d, want_k.data() + at);
+            quant::quantize_rows(spec, split.v + t * kvd, dtype_of<Act>, kv_heads, d, want_v.data() + at);
           }
           // The fused store.
-          SplitQkvParams fused = split;
-          fused.q = a.put<__half>(nullptr, size_t(T * qd) * 2);
+          SplitQkvParams<Act> fused = split;
+          fused.q = a.put<Act>(nullptr, size_t(T * qd) * 2);
           fused.k = fused.v = nullptr;
           fused.quant_cache_k = a.put(old.data(), cache_bytes);
           fused.quant_cache_v = a.put(old.data(), cache_bytes);

@@ -254,9 +254,17 @@ std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
 size_t host_memory_available();
 // True when the binary has the CUDA backend and a GPU is present.
 bool cuda_available();
-// Throws strata::Error when CUDA is unavailable.
-std::unique_ptr<Backend> make_cuda_backend(int device_index = 0);
-// "cpu", "cuda" or "auto" (cuda when available).
-std::unique_ptr<Backend> make_backend(const std::string& name, int threads = 0);
+// Throws strata::Error when CUDA is unavailable, and for BF16 activations on a card without bf16
+// (compute capability below 8.0), naming its capability.
+std::unique_ptr<Backend> make_cuda_backend(int device_index = 0, DType activations = DType::F16);
+// "cpu", "cuda" or "auto" (cuda when available); gpu_activations: the CUDA backend's dtype (the
+// CPU backend computes in F32 whatever it is).
+std::unique_ptr<Backend> make_backend(const std::string& name, int threads = 0,
+                                      DType gpu_activations = DType::F16);
+// The backend for a log line: "cpu", or "cuda (fp16)" / "cuda (bf16)".
+std::string backend_label(const Backend& be);
+// `--dtype`: "fp16", "bf16", or "auto": bf16 for a bf16 checkpoint where GPU 0 has bf16 (or no GPU
+// is present), fp16 otherwise. Anything else fails naming the option.
+DType gpu_activation_dtype(const std::string& requested, DType checkpoint);
 
 }  // namespace strata

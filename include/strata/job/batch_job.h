@@ -21,6 +21,7 @@ struct JobOptions {
   std::filesystem::path errors;            // OpenAI format: error lines go here instead of `out`
   std::string shard;                       // "i/N": only the requests whose id hashes to i mod N
   std::string device = "auto";             // cpu, cuda, auto
+  std::string dtype = "auto";  // the GPU's activations: auto (the checkpoint's), fp16, bf16
   int batch_size = 32;                     // sequences generated together (continuous batching: slots)
   // Continuous batching (resident generator): a finished answer's slot takes the next request at
   // once. false (--no-refill): blocks, each slot waiting for its block's longest answer.

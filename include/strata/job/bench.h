@@ -66,6 +66,7 @@ BenchSuite load_bench_suite(const std::string& file_or_name);
 struct BenchOptions {
   std::string suite;
   std::string device = "auto";
+  std::string dtype = "auto";  // the GPU's activations (--dtype): auto (fp16 here), fp16, bf16
   // Profile for predictions and `auto`. Empty: the cached one of `strata profile`, measured and
   // cached first when there is none, unless measure_profile is false (--no-profile: then no
   // predictions).

@@ -62,6 +62,7 @@ struct PerplexityOptions {
   std::filesystem::path text;        // UTF-8 text file
   std::filesystem::path policy;      // empty: resident on --device; else the offloading engine
   std::string device = "auto";       // cpu, cuda, auto
+  std::string dtype = "auto";  // the GPU's activations: auto (the checkpoint's), fp16, bf16
   int context = 0;                   // window size in tokens; 0: min(512, the model's context)
   int threads = 0;                   // CPU threads (0: all cores)
   bool progress = true;              // progress line on the log stream

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "strata/core/dtype.h"
+
 namespace strata {
 
 enum class Arch : uint8_t { OPT, Llama };
@@ -67,6 +69,9 @@ struct ModelConfig {
   // Layers whose MLP stays dense (width `intermediate`) in a MoE model: Qwen3-MoE's mlp_only_layers
   // and the layers decoder_sparse_step skips, ascending.
   std::vector<int> dense_layers;
+  // The dtype the checkpoint was trained and saved in (config.json's torch_dtype, transformers
+  // 5's dtype): `--dtype auto` runs a BF16 checkpoint in bf16 on the GPU. F16 when unstated.
+  DType checkpoint_dtype = DType::F16;
   int bos_id = -1;
   std::vector<int> eos_ids;         // generation stops at any of these
   int pad_id = -1;

@@ -1,7 +1,8 @@
 // The CPU backend: fp32 everywhere, OpenBLAS for the GEMMs, a thread pool for the rest.
 // It is the reference the CUDA kernels are tested against and the stand-in GPU in CI.
-// kv_store and attention also take fp16 data (converted on the fly, computed in fp32): with
-// cpu_attention the GPU computes in fp16 and delegates decode attention to the KV cache in CPU memory.
+// kv_store and attention also take fp16 and bf16 data (converted on the fly, computed in fp32):
+// with cpu_attention the GPU computes in 16 bits and delegates decode attention to the KV cache in
+// CPU memory.
 #include <cblas.h>
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
@@ -29,39 +30,43 @@
 namespace strata {
 namespace {
 
+using cpu::bf16;
 using cpu::dot;
 using cpu::f16;
-using cpu::f16_to_f32;
-using cpu::f32_to_f16;
 // Tags for attention over caches of group-wise quantized rows, and for a tile that reads their
 // packed codes in place (cpu_quant.h).
 struct QuantRow {};
 struct PackedCodes {};
 
-// Copies n values from src to dst, converting between F32 and F16 when their dtypes differ.
+// Copies n values from src to dst, converting between F32, F16 and BF16 when their dtypes differ:
+// to or from fp32 with the rows' conversions, fp16 <-> bf16 (activations of one 16-bit type, a
+// cache of the other) by convert_elements, through fp32 with one rounding.
 inline void copy_converted(const void* src, DType src_dt, void* dst, DType dst_dt, int64_t n) {
   if (src_dt == dst_dt)
     std::memcpy(dst, src, size_t(n) * dtype_size(src_dt));
-  else if (src_dt == DType::F16)
-    f16_to_f32(static_cast<const f16*>(src), static_cast<float*>(dst), n);
+  else if (dst_dt == DType::F32)
+    cpu::to_f32(src, src_dt, static_cast<float*>(dst), n);
+  else if (src_dt == DType::F32)
+    cpu::from_f32(static_cast<const float*>(src), dst, dst_dt, n);
   else
-    f32_to_f16(static_cast<const float*>(src), static_cast<f16*>(dst), n);
+    convert_elements(src, src_dt, dst, dst_dt, size_t(n));
 }
 
 void check_f32(const Tensor& t, const char* what) {
   STRATA_CHECK(t.device == Device::CPU && t.dtype == DType::F32 && t.data,
                "cpu backend: " << what << " must be a CPU F32 tensor, got " << dtype_name(t.dtype));
 }
-// For kv_store and attention, which also take fp16 data.
-void check_f32_or_f16(const Tensor& t, const char* what) {
-  STRATA_CHECK(t.device == Device::CPU && (t.dtype == DType::F32 || t.dtype == DType::F16) && t.data,
-               "cpu backend: " << what << " must be a CPU F32 or F16 tensor, got " << dtype_name(t.dtype));
+// For kv_store and attention, which also take the GPU's 16-bit data.
+void check_f32_or_16bit(const Tensor& t, const char* what) {
+  STRATA_CHECK(t.device == Device::CPU && (t.dtype == DType::F32 || t.dtype == DType::F16 || t.dtype == DType::BF16) &&
+                   t.data,
+               "cpu backend: " << what << " must be a CPU F32, F16 or BF16 tensor, got " << dtype_name(t.dtype));
 }
-// A weight vector (a norm's scale or shift, a bias) as F32: itself, or widened from F16 into
-// `store`. The offloading engine computes experts on the CPU over the GPU's fp16 weights.
+// A weight vector (a norm's scale or shift, a bias) as F32: itself, or widened from F16 or BF16
+// into `store`. The offloading engine computes experts on the CPU over the GPU's 16-bit weights.
 Tensor widened(const Tensor& t, std::vector<float>& store, const char* what) {
   if (t.empty() || t.dtype == DType::F32) return t;
-  check_f32_or_f16(t, what);
+  check_f32_or_16bit(t, what);
   store.resize(size_t(t.numel()));
   copy_converted(t.data, t.dtype, store.data(), DType::F32, t.numel());
   Tensor w(store.data(), DType::F32, Device::CPU, {t.numel()});
@@ -226,11 +231,11 @@ public:
   void linear(const Tensor& x, const Tensor& w, const Tensor& bias16, const Tensor& y) override {
     std::vector<float> bs;
     const Tensor bias = widened(bias16, bs, "bias");
-    // fp32 activations, weights as fp32, fp16 (the GPU's, read in place) or codes.
+    // fp32 activations, weights as fp32, fp16 or bf16 (the GPU's, read in place) or codes.
     check_f32(x, "x");
     check_f32(y, "y");
     if (w.quantized()) check_quantized(w, "w");
-    else if (w.dtype != DType::F16) check_f32(w, "w");
+    else if (w.dtype != DType::F16 && w.dtype != DType::BF16) check_f32(w, "w");
     STRATA_CHECK(w.device == Device::CPU && w.data, "cpu backend: w must be a CPU tensor");
     const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
     STRATA_CHECK(w.ndim == 2 && w.dim(1) == in && y.dim(0) == T && y.row_size() == out,
@@ -242,7 +247,8 @@ public:
     }
     if (T == 0) return;
     if (w.quantized()) return linear_quantized(x, w, bias, y);
-    if (w.dtype == DType::F16) return linear_f16(x, w, bias, y);
+    if (w.dtype == DType::F16) return linear_16bit<f16>(x, w, bias, y);
+    if (w.dtype == DType::BF16) return linear_16bit<bf16>(x, w, bias, y);
     if (T == 1) {  // one token: OpenBLAS's matrix-vector product is tuned for exactly this
       if (!bias.empty()) std::memcpy(y.data, bias.data, size_t(out) * 4);
       cblas_sgemv(CblasRowMajor, CblasNoTrans, int(out), int(in), 1.0f, w.ptr<float>(), int(in), x.ptr<float>(), 1,
@@ -443,10 +449,10 @@ public:
   void kv_store(const Tensor& k, const Tensor& v, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
                 const Tensor& positions) override {
     if (cache_k.quantized()) return kv_store_quantized(k, v, cache_k, cache_v, slots, positions);
-    check_f32_or_f16(k, "k");
-    check_f32_or_f16(v, "v");
-    check_f32_or_f16(cache_k, "cache_k");
-    check_f32_or_f16(cache_v, "cache_v");
+    check_f32_or_16bit(k, "k");
+    check_f32_or_16bit(v, "v");
+    check_f32_or_16bit(cache_k, "cache_k");
+    check_f32_or_16bit(cache_v, "cache_v");
     check_same_dtype(k, "k", v, "v");
     check_same_dtype(cache_k, "cache_k", cache_v, "cache_v");
     check_i32(slots, "slots");
@@ -464,18 +470,18 @@ public:
     }
   }
 
-  // q and out share one dtype, cache_k and cache_v another; each may be F32 or F16.
+  // q and out share one dtype, cache_k and cache_v another; each may be F32, F16 or BF16.
   void attention(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
                  const Tensor& positions, float scale, const Tensor& out) override {
-    check_f32_or_f16(q, "q");
-    check_f32_or_f16(out, "out");
+    check_f32_or_16bit(q, "q");
+    check_f32_or_16bit(out, "out");
     if (cache_k.quantized()) {
       check_quantized(cache_k, "cache_k");
       check_quantized(cache_v, "cache_v");
       STRATA_CHECK(cache_k.dtype == cache_v.dtype && cache_k.group == cache_v.group, "attention: cache_k and cache_v differ");
     } else {
-      check_f32_or_f16(cache_k, "cache_k");
-      check_f32_or_f16(cache_v, "cache_v");
+      check_f32_or_16bit(cache_k, "cache_k");
+      check_f32_or_16bit(cache_v, "cache_v");
       check_same_dtype(cache_k, "cache_k", cache_v, "cache_v");
     }
     check_same_dtype(q, "q", out, "out");
@@ -487,18 +493,13 @@ public:
     // Prefill runs attend a tile of queries at a time; decode tokens stream the cache.
     const std::vector<cpu::QueryRun> runs = cpu::query_runs(slots.ptr<int32_t>(), positions.ptr<int32_t>(), q.dim(0));
     if (cpu::has_prefill_run(runs)) return cpu::attend_runs(pool_, q, cache_k, cache_v, runs, scale, out);
-    const bool q16 = q.dtype == DType::F16, cache16 = cache_k.dtype == DType::F16;
-    if (cache_k.quantized()) {
-      if (q16) attend<f16, QuantRow>(q, cache_k, cache_v, slots, positions, scale, out);
-      else attend<float, QuantRow>(q, cache_k, cache_v, slots, positions, scale, out);
-    } else if (!q16 && !cache16)
-      attend<float, float>(q, cache_k, cache_v, slots, positions, scale, out);
-    else if (!q16)
-      attend<float, f16>(q, cache_k, cache_v, slots, positions, scale, out);
-    else if (!cache16)
-      attend<f16, float>(q, cache_k, cache_v, slots, positions, scale, out);
-    else
-      attend<f16, f16>(q, cache_k, cache_v, slots, positions, scale, out);
+    cpu::with_element(q.dtype, [&](auto q_element) {
+      using Q = decltype(q_element);
+      if (cache_k.quantized()) return attend<Q, QuantRow>(q, cache_k, cache_v, slots, positions, scale, out);
+      cpu::with_element(cache_k.dtype, [&](auto cache_element) {
+        attend<Q, decltype(cache_element)>(q, cache_k, cache_v, slots, positions, scale, out);
+      });
+    });
   }
 
   void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) override {
@@ -591,13 +592,14 @@ private:
     else pool_.parallel_for(n, fn);
   }
 
-  // y = x @ w^T + bias over fp16 weights (the GPU's copy, computed where it lives): a few tokens
-  // stream each row once, widened in registers; more tokens widen blocks of rows for sgemm.
-  // (linear() checked the arguments.)
-  void linear_f16(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+  // y = x @ w^T + bias over 16-bit weights W (f16 or bf16: the GPU's copy, computed where it
+  // lives): a few tokens stream each row once, widened in registers; more tokens widen blocks of
+  // rows for sgemm. (linear() checked the arguments.)
+  template <class W>
+  void linear_16bit(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
     const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
     const float* b = bias.empty() ? nullptr : bias.ptr<float>();
-    const f16* wp = w.ptr<f16>();
+    const W* wp = w.ptr<W>();
     float* yp = y.ptr<float>();
     if (T <= kStreamingMaxTokens) {
       pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
@@ -613,7 +615,7 @@ private:
       const int64_t n = std::min(block, out - o);
       rows.resize(size_t(n * in));
       pool_.parallel_for(n, [&](int64_t r0, int64_t r1) {
-        f16_to_f32(wp + (o + r0) * in, rows.data() + r0 * in, (r1 - r0) * in);
+        cpu::to_f32(wp + (o + r0) * in, rows.data() + r0 * in, (r1 - r0) * in);
       });
       for (int64_t t = 0; t < T; ++t)
         for (int64_t r = 0; r < n; ++r) yp[t * out + o + r] = b ? b[o + r] : 0.0f;
@@ -677,8 +679,8 @@ private:
   // kv_store into quantized caches: each (token, kv head) row is quantized by the reference.
   void kv_store_quantized(const Tensor& k, const Tensor& v, const Tensor& cache_k, const Tensor& cache_v,
                           const Tensor& slots, const Tensor& positions) {
-    check_f32_or_f16(k, "k");
-    check_f32_or_f16(v, "v");
+    check_f32_or_16bit(k, "k");
+    check_f32_or_16bit(v, "v");
     check_same_dtype(k, "k", v, "v");
     check_quantized(cache_k, "cache_k");
     check_quantized(cache_v, "cache_v");
@@ -700,9 +702,9 @@ private:
   }
 
   // Decode attention() (one token per sequence; prefill runs go to cpu_prefill_attention.cpp) with
-  // q and out of element type Q and caches of element type Cache (float, f16, or QuantRow for
-  // quantized rows), arguments already checked; scores, softmax and the weighted sum of values in
-  // fp32. Decode attention is bound by reading the cache, so the loop is shaped by
+  // q and out of element type Q (float, f16 or bf16) and caches of element type Cache (the same,
+  // or QuantRow for quantized rows), arguments already checked; scores, softmax and the weighted
+  // sum of values in fp32. Decode attention is bound by reading the cache, so the loop is shaped by
   // memory (docs/offload.md, "CPU attention"):
   // - A work item is one token and a run of consecutive kv heads with all of their query heads,
   //   so a key or value row is read once for its whole grouped-query group, and the run's rows of
@@ -711,10 +713,11 @@ private:
   //   does not follow it across pages.
   // - Keys are visited in tiles of kTile with an online softmax (running max and denominator per
   //   query row), so the scores stay in L1 whatever the context; exponentials eight at a time.
-  // - Rows are read as stored. fp16 rows are widened in registers (F16C), in blocks of up to
-  //   cpu::kBlock (query, position) pairs of one kv head: a grouped-query group's queries, else
-  //   four positions. Each widening of a row serves the block's queries, and the rows share the
-  //   queries' loads (or the outputs' loads and stores). fp32 rows: one dot per pair.
+  // - Rows are read as stored. fp16 and bf16 rows are widened in registers (F16C for fp16, a
+  //   shift for bf16), in blocks of up to cpu::kBlock (query, position) pairs of one kv head: a
+  //   grouped-query group's queries, else four positions. Each widening of a row serves the
+  //   block's queries, and the rows share the queries' loads (or the outputs' loads and stores).
+  //   fp32 rows: one dot per pair.
   // - Quantized rows are read as codes (cpu_quant.h), in the same blocks: the queries and the
   //   output are kept in code order, a score is sum_g s_g (q . c) + m_g (sum of q over g), and the
   //   minimums' share of the output is summed per group and added at the end. Head dims that are
@@ -758,8 +761,7 @@ private:
         const int32_t s = slots.ptr<int32_t>()[t], p = positions.ptr<int32_t>()[t];
         STRATA_CHECK(s >= 0 && s < S && p >= 0 && p < C, "attention: slot " << s << " position " << p);
         const int64_t q0 = (t * heads + h0 * group) * d;  // the item's first query element
-        if constexpr (std::is_same_v<Q, f16>) f16_to_f32(q.ptr<f16>() + q0, qs.data(), rows * d);
-        else std::memcpy(qs.data(), q.ptr<float>() + q0, size_t(rows * d) * 4);
+        cpu::to_f32(q.ptr<Q>() + q0, qs.data(), rows * d);
         if (coded)
           for (int64_t r = 0; r < rows; ++r) {
             float* qr = qs.data() + r * d;
@@ -790,8 +792,9 @@ private:
           return widened.data();
         };
         // The tile's scores and weighted values for query rows r over run rows stored as Row
-        // (float, f16 or PackedCodes; float for dequantized rows too), f16 and codes in blocks of
-        // block_queries queries of a kv head by block_rows positions (`at`: their run rows).
+        // (float, f16, bf16 or PackedCodes; float for dequantized rows too), 16-bit rows and codes
+        // in blocks of block_queries queries of a kv head by block_rows positions (`at`: their run
+        // rows).
         auto tile = [&](auto row_kind, int64_t start, int64_t n) {
           using Row = decltype(row_kind);
           constexpr bool packed = std::is_same_v<Row, PackedCodes>;
@@ -873,8 +876,7 @@ private:
           const float inv = 1.0f / l[size_t(r)];
           for (float* x = orow; x != orow + d; ++x) *x *= inv;
         }
-        if constexpr (std::is_same_v<Q, f16>) f32_to_f16(o.data(), out.ptr<f16>() + q0, rows * d);
-        else std::memcpy(out.ptr<float>() + q0, o.data(), size_t(rows * d) * 4);
+        cpu::from_f32(o.data(), out.ptr<Q>() + q0, rows * d);
       }
     });
   }

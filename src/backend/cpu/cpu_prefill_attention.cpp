@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <type_traits>
 
 #include "strata/core/dtype.h"
@@ -47,9 +46,8 @@ struct CacheRows {
   // Row (slot, position, head) as d floats: the reference's dequantization for quantized rows.
   void widen(int32_t slot, int64_t position, int64_t head, float* dst) const {
     const uint8_t* row = base + ((size_t(slot) * size_t(C) + size_t(position)) * size_t(kv_heads) + size_t(head)) * row_bytes;
-    if (dtype == DType::F32) std::memcpy(dst, row, size_t(d) * 4);
-    else if (dtype == DType::F16) f16_to_f32(reinterpret_cast<const f16*>(row), dst, d);
-    else dequantize_row_f32(row, spec.bits, spec.group_size, d, dst);
+    if (is_quantized(dtype)) dequantize_row_f32(row, spec.bits, spec.group_size, d, dst);
+    else to_f32(row, dtype, dst, d);
   }
 };
 
@@ -136,7 +134,10 @@ void attend_runs(ThreadPool& pool, const Tensor& q, const Tensor& cache_k, const
   }
   // The costliest items first, so the pool's last chunks are short and the threads finish together.
   std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.cost() > b.cost(); });
-  const bool q16 = q.dtype == DType::F16;
+  // q and out as bytes: rows of F32, F16 or BF16.
+  const char* q_bytes = q.ptr<char>();
+  char* out_bytes = out.ptr<char>();
+  const size_t es = dtype_size(q.dtype);
 
   pool.parallel_for(int64_t(items.size()), [&](int64_t i0, int64_t i1) {
     const int64_t max_rows = item_tokens * group;
@@ -150,8 +151,7 @@ void attend_runs(ThreadPool& pool, const Tensor& q, const Tensor& cache_k, const
       // The item's query rows: for each token, the group query heads of its kv head, adjacent in q.
       for (int64_t t = 0; t < item.tokens; ++t) {
         const int64_t at = ((item.first_token + t) * heads + item.kv_head * group) * d;
-        if (q16) f16_to_f32(q.ptr<f16>() + at, qs.data() + t * group * d, group * d);
-        else std::memcpy(qs.data() + t * group * d, q.ptr<float>() + at, size_t(group * d) * 4);
+        to_f32(q_bytes + size_t(at) * es, q.dtype, qs.data() + t * group * d, group * d);
       }
       std::fill(o.begin(), o.begin() + rows * dp, 0.0f);
       std::fill(m.begin(), m.begin() + rows, -INFINITY);
@@ -195,8 +195,7 @@ void attend_runs(ThreadPool& pool, const Tensor& q, const Tensor& cache_k, const
         float* x = o.data() + r * dp;
         for (int64_t i = 0; i < d; ++i) x[i] *= inv;
         const int64_t at = ((item.first_token + r / group) * heads + item.kv_head * group + r % group) * d;
-        if (q16) f32_to_f16(x, out.ptr<f16>() + at, d);
-        else std::memcpy(out.ptr<float>() + at, x, size_t(d) * 4);
+        from_f32(x, out_bytes + size_t(at) * es, out.dtype, d);
       }
     }
   });

@@ -24,8 +24,8 @@ std::vector<QueryRun> query_runs(const int32_t* slots, const int32_t* positions,
 // Whether the step is a prefill worth tiling: some run holds more than one token.
 bool has_prefill_run(const std::vector<QueryRun>& runs);
 
-// attention() over runs: q and out [T, heads, d] of F32 or F16; caches [S, C, kv_heads, d] of F32,
-// F16, Q4 or Q8 (arguments already checked by the backend). Token t attends positions
+// attention() over runs: q and out [T, heads, d] of F32, F16 or BF16; caches [S, C, kv_heads, d]
+// of F32, F16, BF16, Q4 or Q8 (arguments already checked by the backend). Token t attends positions
 // [0, its own] of its slot. Scores, softmax and the weighted sum in fp32.
 void attend_runs(ThreadPool& pool, const Tensor& q, const Tensor& cache_k, const Tensor& cache_v,
                  const std::vector<QueryRun>& runs, float scale, const Tensor& out);

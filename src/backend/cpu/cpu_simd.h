@@ -1,4 +1,5 @@
-// SIMD building blocks of the CPU backend's kernels (AVX2, FMA and F16C where the build has them).
+// SIMD building blocks of the CPU backend's kernels (AVX2, FMA and F16C where the build has them),
+// and the fp32 <-> fp16 / bf16 conversions of its rows.
 // Shared by cpu_backend.cpp and cpu_quant.cpp (whose scaled-codes dot and axpy are these over a
 // widened row). Every multiply-add is an explicit FMA (std::fma in scalar tails), whatever the
 // translation unit's -ffp-contract setting.
@@ -9,13 +10,16 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "strata/core/dtype.h"
 
 namespace strata::cpu {
 
-// fp16 values travel as their IEEE bit patterns, as in strata/core/dtype.h.
+// fp16 values travel as their IEEE bit patterns, as in strata/core/dtype.h; bf16 values too (the
+// top halves of fp32s), in a type of their own so that kernels can take either as an element type.
 using f16 = uint16_t;
+enum class bf16 : uint16_t {};
 
 #if defined(__AVX2__) && defined(__FMA__)
 inline float hsum(__m256 s) {
@@ -27,6 +31,22 @@ inline float hsum(__m256 s) {
 #if defined(__F16C__)
 inline __m256 load_f16x8(const f16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 #endif
+#if defined(__AVX2__)
+// Eight bf16s widened exactly: each shifted into the top half of an fp32 lane.
+inline __m256 load_bf16x8(const bf16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+// Eight values of a row (fp32, fp16 or bf16) as fp32: what the kernels below widen with.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const f16* p) { return load_f16x8(p); }
+inline __m256 load8(const bf16* p) { return load_bf16x8(p); }
+#endif
+inline float value_at(const float* p, int64_t i) { return p[i]; }
+inline float value_at(const f16* p, int64_t i) { return half_to_float(p[i]); }
+inline float value_at(const bf16* p, int64_t i) { return bf16_to_float(uint16_t(p[i])); }
 
 // Dot product and axpy with explicit SIMD: without it the compiler keeps float sums in order and
 // runs one lane at a time. Four accumulators hide the FMA latency so the loop streams at memory
@@ -60,34 +80,22 @@ inline void axpy_with(float alpha, float* y, int64_t n, [[maybe_unused]] Load8 l
   for (; i < n; ++i) y[i] = std::fma(alpha, at(i), y[i]);
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {
-#if defined(__AVX2__)
-  return dot_with(a, n, [b](int64_t i) { return _mm256_loadu_ps(b + i); }, [b](int64_t i) { return b[i]; });
+// dot(a, b) and axpy(alpha, x, y) over a row b / x of fp32, fp16 or bf16 (a cache row or a weight
+// row), 16-bit values widened 8 at a time in registers.
+template <class T>
+inline float dot(const float* a, const T* b, int64_t n) {
+#if defined(__AVX2__) && defined(__FMA__)
+  return dot_with(a, n, [b](int64_t i) { return load8(b + i); }, [b](int64_t i) { return value_at(b, i); });
 #else
-  return dot_with(a, n, [](int64_t) { return 0; }, [b](int64_t i) { return b[i]; });
+  return dot_with(a, n, [](int64_t) { return 0; }, [b](int64_t i) { return value_at(b, i); });
 #endif
 }
-inline void axpy(float alpha, const float* x, float* y, int64_t n) {
-#if defined(__AVX2__)
-  axpy_with(alpha, y, n, [x](int64_t i) { return _mm256_loadu_ps(x + i); }, [x](int64_t i) { return x[i]; });
+template <class T>
+inline void axpy(float alpha, const T* x, float* y, int64_t n) {
+#if defined(__AVX2__) && defined(__FMA__)
+  axpy_with(alpha, y, n, [x](int64_t i) { return load8(x + i); }, [x](int64_t i) { return value_at(x, i); });
 #else
-  axpy_with(alpha, y, n, [](int64_t) { return 0; }, [x](int64_t i) { return x[i]; });
-#endif
-}
-
-// The same with fp16 b / x (a cache row), widened 8 values at a time with F16C.
-inline float dot(const float* a, const f16* b, int64_t n) {
-#if defined(__F16C__)
-  return dot_with(a, n, [b](int64_t i) { return load_f16x8(b + i); }, [b](int64_t i) { return half_to_float(b[i]); });
-#else
-  return dot_with(a, n, [](int64_t) { return 0; }, [b](int64_t i) { return half_to_float(b[i]); });
-#endif
-}
-inline void axpy(float alpha, const f16* x, float* y, int64_t n) {
-#if defined(__F16C__)
-  axpy_with(alpha, y, n, [x](int64_t i) { return load_f16x8(x + i); }, [x](int64_t i) { return half_to_float(x[i]); });
-#else
-  axpy_with(alpha, y, n, [](int64_t) { return 0; }, [x](int64_t i) { return half_to_float(x[i]); });
+  axpy_with(alpha, y, n, [](int64_t) { return 0; }, [x](int64_t i) { return value_at(x, i); });
 #endif
 }
 
@@ -119,13 +127,9 @@ void with_block(int queries, int count, F&& f) {
     default: return f.template operator()<4, 1>();
   }
 }
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const f16* p) { return load_f16x8(p); }
 #endif
-inline float value_at(const float* p, int64_t i) { return p[i]; }
-inline float value_at(const f16* p, int64_t i) { return half_to_float(p[i]); }
 
-// out[k out_stride + r] = query k . rows[r] for a block of fp32 or fp16 rows of n.
+// out[k out_stride + r] = query k . rows[r] for a block of fp32, fp16 or bf16 rows of n.
 template <class T>
 void dot_block(const float* q, int queries, const T* const* rows, int count, int64_t n, float* out,
                int64_t out_stride) {
@@ -219,15 +223,25 @@ inline float exp_shifted_sum(float* x, int64_t n, float mx) {
   return sum;
 }
 
-// fp16 <-> fp32 conversion of n values (fp32 -> fp16 rounds to nearest even, like float_to_half).
-inline void f16_to_f32(const f16* src, float* dst, int64_t n) {
+// Rows of n fp32, fp16 or bf16 values to fp32 and back; fp32 -> 16 bits rounds to nearest even,
+// like float_to_half and float_to_bf16.
+inline void to_f32(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, size_t(n) * 4); }
+inline void to_f32(const f16* src, float* dst, int64_t n) {
   int64_t i = 0;
 #if defined(__F16C__)
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_f16x8(src + i));
 #endif
   for (; i < n; ++i) dst[i] = half_to_float(src[i]);
 }
-inline void f32_to_f16(const float* src, f16* dst, int64_t n) {
+inline void to_f32(const bf16* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_bf16x8(src + i));
+#endif
+  for (; i < n; ++i) dst[i] = value_at(src, i);
+}
+inline void from_f32(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, size_t(n) * 4); }
+inline void from_f32(const float* src, f16* dst, int64_t n) {
   int64_t i = 0;
 #if defined(__F16C__)
   for (; i + 8 <= n; i += 8)
@@ -235,6 +249,46 @@ inline void f32_to_f16(const float* src, f16* dst, int64_t n) {
                      _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #endif
   for (; i < n; ++i) dst[i] = float_to_half(src[i]);
+}
+inline void from_f32(const float* src, bf16* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  // float_to_bf16's integer rounding eight lanes at a time: adding 0x7fff plus the lowest kept bit
+  // carries into the top half exactly when the bits cut off are over half, or half with an odd
+  // top half (ties to even). NaNs are kept quiet instead, as float_to_bf16 keeps them: rounding
+  // could carry a NaN's payload into an infinity.
+  const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff), quiet = _mm256_set1_epi32(0x40);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(src + i);
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
+    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(half, odd)), 16);
+    const __m256i nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), quiet);
+    const __m256i top = _mm256_blendv_epi8(rounded, nan, _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+    // Lanes hold values below 2^16, so packing with unsigned saturation keeps them; the packed
+    // halves of the two 128-bit lanes are then brought together.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0xD8);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_castsi256_si128(packed));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = bf16(float_to_bf16(src[i]));
+}
+
+// Calls f(T()) with T the element type of float dtype dt: float, f16 or bf16.
+template <class F>
+decltype(auto) with_element(DType dt, F&& f) {
+  switch (dt) {
+    case DType::F16: return f(f16());
+    case DType::BF16: return f(bf16());
+    default: return f(float());
+  }
+}
+// to_f32 and from_f32 for a row of float dtype dt.
+inline void to_f32(const void* src, DType dt, float* dst, int64_t n) {
+  with_element(dt, [&](auto e) { to_f32(static_cast<const decltype(e)*>(src), dst, n); });
+}
+inline void from_f32(const float* src, void* dst, DType dt, int64_t n) {
+  with_element(dt, [&](auto e) { from_f32(src, static_cast<decltype(e)*>(dst), n); });
 }
 
 }  // namespace strata::cpu

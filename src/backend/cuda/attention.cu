@@ -28,7 +28,8 @@ constexpr int kKeyUnroll = 4;
 constexpr int kUnitsPerThread = kMaxHeadDim / kThreads;  // output elements (or pairs) per thread
 static_assert(kThreads >= kQueryTile, "load_query_tile needs a thread per token of a tile");
 
-__global__ void kv_store_kernel(const KvStoreParams p) {
+template <class T>
+__global__ void kv_store_kernel(const KvStoreParams<T> p) {
   const int64_t t = blockIdx.x;
   const int slot = p.slots[t];
   const int pos = p.positions[t];
@@ -41,8 +42,8 @@ __global__ void kv_store_kernel(const KvStoreParams p) {
   }
 }
 
-template <bool kPairs>
-__global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionParams p) {
+template <bool kPairs, class T>
+__global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionParams<T> p) {
   constexpr int kVec = kPairs ? 2 : 1;
   __shared__ float q_s[kMaxHeadDim];
   __shared__ float p_s[kTile];
@@ -54,19 +55,19 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
   const int d = p.head_dim;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  __half* out = p.out + t * p.q_token_stride + int64_t(head) * d;
+  T* out = p.out + t * p.q_token_stride + int64_t(head) * d;
   const int slot = p.slots[t];
   const int pos = p.positions[t];
   if (slot < 0 || slot >= p.slot_count || pos < 0 || pos >= p.capacity) {  // uniform over the block
-    for (int i = threadIdx.x; i < d; i += kThreads) out[i] = __float2half_rn(NAN);
+    for (int i = threadIdx.x; i < d; i += kThreads) out[i] = from_float<T>(NAN);
     return;
   }
   const int kv_head = head / (p.heads / p.kv_heads);
-  const __half* q = p.q + t * p.q_token_stride + int64_t(head) * d;
-  for (int i = threadIdx.x; i < d; i += kThreads) q_s[i] = __half2float(q[i]) * p.scale;
+  const T* q = p.q + t * p.q_token_stride + int64_t(head) * d;
+  for (int i = threadIdx.x; i < d; i += kThreads) q_s[i] = to_float(q[i]) * p.scale;
   const int64_t base = int64_t(slot) * p.kv_slot_stride + int64_t(kv_head) * d;
-  const __half* kb = p.cache_k + base;
-  const __half* vb = p.cache_v + base;
+  const T* kb = p.cache_k + base;
+  const T* vb = p.cache_v + base;
   __syncthreads();
 
   const int units = d / kVec;
@@ -91,13 +92,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
         const int j = j0 + r * kWarps;
         s[r] = 0.0f;
         if (j < n) {
-          const __half* krow = kb + int64_t(start + j) * p.kv_pos_stride;
+          const T* krow = kb + int64_t(start + j) * p.kv_pos_stride;
           for (int u = lane; u < units; u += 32) {
             if constexpr (kPairs) {
-              const float2 kf = __half22float2(reinterpret_cast<const __half2*>(krow)[u]);
+              const float2 kf = to_float2(reinterpret_cast<const Pair<T>*>(krow)[u]);
               s[r] += q_s[2 * u] * kf.x + q_s[2 * u + 1] * kf.y;
             } else {
-              s[r] += q_s[u] * __half2float(krow[u]);
+              s[r] += q_s[u] * to_float(krow[u]);
             }
           }
         }
@@ -127,14 +128,14 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
       float a1 = kPairs ? acc[c][kVec - 1] * alpha : 0.0f;
 #pragma unroll 8
       for (int j = 0; j < n; ++j) {
-        const __half* vrow = vb + int64_t(start + j) * p.kv_pos_stride;
+        const T* vrow = vb + int64_t(start + j) * p.kv_pos_stride;
         const float w = p_s[j];
         if constexpr (kPairs) {
-          const float2 vf = __half22float2(reinterpret_cast<const __half2*>(vrow)[u]);
+          const float2 vf = to_float2(reinterpret_cast<const Pair<T>*>(vrow)[u]);
           a0 += w * vf.x;
           a1 += w * vf.y;
         } else {
-          a0 += w * __half2float(vrow[u]);
+          a0 += w * to_float(vrow[u]);
         }
       }
       acc[c][0] = a0;
@@ -149,22 +150,24 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
     const int u = threadIdx.x + c * kThreads;
     if (u >= units) continue;
     if constexpr (kPairs) {
-      reinterpret_cast<__half2*>(out)[u] = __floats2half2_rn(acc[c][0] * inv_l, acc[c][kVec - 1] * inv_l);
+      reinterpret_cast<Pair<T>*>(out)[u] = pair_from_floats<T>(acc[c][0] * inv_l, acc[c][kVec - 1] * inv_l);
     } else {
-      out[u] = __float2half_rn(acc[c][0] * inv_l);
+      out[u] = from_float<T>(acc[c][0] * inv_l);
     }
   }
 }
 
 }  // namespace
 
-void launch_kv_store(const KvStoreParams& p, cudaStream_t stream) {
+template <class T>
+void launch_kv_store(const KvStoreParams<T>& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.row == 0) return;
   kv_store_kernel<<<dim3(unsigned(p.tokens)), row_block_threads(p.row), 0, stream>>>(p);
   STRATA_CUDA_CHECK_LAUNCH("kv_store_kernel", stream);
 }
 
-void launch_attention(const AttentionParams& p, cudaStream_t stream) {
+template <class T>
+void launch_attention(const AttentionParams<T>& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.heads == 0 || p.head_dim == 0) return;
   const dim3 grid(unsigned(p.tokens * p.heads));  // (token, head) = (x / heads, x % heads)
   if (half2_attention(p)) {
@@ -175,5 +178,10 @@ void launch_attention(const AttentionParams& p, cudaStream_t stream) {
     STRATA_CUDA_CHECK_LAUNCH("attention_kernel<scalar>", stream);
   }
 }
+
+#define STRATA_INSTANTIATE(T)                                                  \
+  template void launch_kv_store<T>(const KvStoreParams<T>&, cudaStream_t);    \
+  template void launch_attention<T>(const AttentionParams<T>&, cudaStream_t);
+STRATA_FOR_EACH_ACT(STRATA_INSTANTIATE)
 
 }  // namespace strata::cuda

@@ -37,8 +37,8 @@ constexpr int kGroup = kSplitKvGroupHeads;
 static_assert(kThreads >= kQueryTile, "load_query_tile needs a thread per token of a tile");
 static_assert(kSplitKvMaxChunks <= 32, "the merge weighs the chunks with one warp");
 
-template <bool kPairs>
-__global__ void __launch_bounds__(kThreads) split_attention_kernel(const AttentionParams p, const SplitKvScratch part) {
+template <bool kPairs, class T>
+__global__ void __launch_bounds__(kThreads) split_attention_kernel(const AttentionParams<T> p, const SplitKvScratch part) {
   constexpr int kVec = kPairs ? 2 : 1;
   __shared__ float q_s[kGroup][kMaxHeadDim];
   __shared__ float p_s[kGroup][kTile];
@@ -50,15 +50,15 @@ __global__ void __launch_bounds__(kThreads) split_attention_kernel(const Attenti
   const int d = p.head_dim;
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const __half* q = p.q + b.token * p.q_token_stride + int64_t(b.head0) * d;  // the group's heads are adjacent
-  for (int i = threadIdx.x; i < b.heads * d; i += kThreads) q_s[i / d][i % d] = __half2float(q[i]) * p.scale;
+  const T* q = p.q + b.token * p.q_token_stride + int64_t(b.head0) * d;  // the group's heads are adjacent
+  for (int i = threadIdx.x; i < b.heads * d; i += kThreads) q_s[i / d][i % d] = to_float(q[i]) * p.scale;
   if (threadIdx.x < kGroup) {
     sm.m[threadIdx.x] = -INFINITY;
     sm.l[threadIdx.x] = 0.0f;
   }
   const int64_t base = int64_t(b.slot) * p.kv_slot_stride + int64_t(b.kv_head) * d;
-  const __half* kb = p.cache_k + base;
-  const __half* vb = p.cache_v + base;
+  const T* kb = p.cache_k + base;
+  const T* vb = p.cache_v + base;
   __syncthreads();
 
   const int units = d / kVec;
@@ -86,15 +86,15 @@ __global__ void __launch_bounds__(kThreads) split_attention_kernel(const Attenti
         for (int g = 0; g < kGroup; ++g) s[r][g] = 0.0f;
         const int j = j0 + r * kWarps;
         if (j >= n) continue;
-        const __half* krow = kb + int64_t(start + j) * p.kv_pos_stride;
+        const T* krow = kb + int64_t(start + j) * p.kv_pos_stride;
         for (int u = lane; u < units; u += 32) {
           if constexpr (kPairs) {
-            const float2 kf = __half22float2(reinterpret_cast<const __half2*>(krow)[u]);
+            const float2 kf = to_float2(reinterpret_cast<const Pair<T>*>(krow)[u]);
 #pragma unroll
             for (int g = 0; g < kGroup; ++g)
               if (g < b.heads) s[r][g] += q_s[g][2 * u] * kf.x + q_s[g][2 * u + 1] * kf.y;
           } else {
-            const float kf = __half2float(krow[u]);
+            const float kf = to_float(krow[u]);
 #pragma unroll
             for (int g = 0; g < kGroup; ++g)
               if (g < b.heads) s[r][g] += q_s[g][u] * kf;
@@ -124,18 +124,18 @@ __global__ void __launch_bounds__(kThreads) split_attention_kernel(const Attenti
     }
     if (kg < key_groups) {
       for (int j = kg; j < n; j += key_groups) {
-        const __half* vrow = vb + int64_t(start + j) * p.kv_pos_stride;
+        const T* vrow = vb + int64_t(start + j) * p.kv_pos_stride;
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
           const int u = ku + c * kThreads;
           if (c >= unit_reps || u >= units) continue;
           float v[kVec];
           if constexpr (kPairs) {
-            const float2 vf = __half22float2(reinterpret_cast<const __half2*>(vrow)[u]);
+            const float2 vf = to_float2(reinterpret_cast<const Pair<T>*>(vrow)[u]);
             v[0] = vf.x;
             v[kVec - 1] = vf.y;
           } else {
-            v[0] = __half2float(vrow[u]);
+            v[0] = to_float(vrow[u]);
           }
 #pragma unroll
           for (int g = 0; g < kGroup; ++g) {
@@ -185,18 +185,19 @@ __global__ void __launch_bounds__(kThreads) split_attention_kernel(const Attenti
 
 // out = sum_c w_c acc_c / sum_c w_c l_c, w_c = exp(m_c - M), M = max_c m_c; an empty chunk
 // (m_c = -inf) weighs 0 rather than exp(-inf - M).
-__global__ void __launch_bounds__(kThreads) split_kv_merge_kernel(const SplitKvMergeParams p) {
+template <class T>
+__global__ void __launch_bounds__(kThreads) split_kv_merge_kernel(const SplitKvMergeParams<T> p) {
   __shared__ float w_s[kSplitKvMaxChunks];
   __shared__ float inv_l_s;
   int64_t t;
   int head;
   if (!per_token_block(p, t, head)) return;  // uniform over the block
   const int d = p.head_dim;
-  __half* out = p.out + (t * p.heads + head) * d;
+  T* out = p.out + (t * p.heads + head) * d;
   const int slot = p.slots[t];
   const int pos = p.positions[t];
   if (slot < 0 || slot >= p.slot_count || pos < 0 || pos >= p.capacity) {  // uniform over the block
-    for (int i = threadIdx.x; i < d; i += kThreads) out[i] = __float2half_rn(NAN);
+    for (int i = threadIdx.x; i < d; i += kThreads) out[i] = from_float<T>(NAN);
     return;
   }
   const int splits = p.part.splits;
@@ -215,7 +216,7 @@ __global__ void __launch_bounds__(kThreads) split_kv_merge_kernel(const SplitKvM
   for (int i = threadIdx.x; i < d; i += kThreads) {
     float o = 0.0f;
     for (int c = 0; c < splits; ++c) o += w_s[c] * acc[int64_t(c) * d + i];
-    out[i] = __float2half_rn(o * inv_l_s);
+    out[i] = from_float<T>(o * inv_l_s);
   }
 }
 
@@ -241,13 +242,15 @@ SplitKvScratch split_kv_scratch(void* buffer, int64_t tokens, int heads, int hea
   return s;
 }
 
-void launch_split_kv_merge(const SplitKvMergeParams& p, cudaStream_t stream) {
+template <class T>
+void launch_split_kv_merge(const SplitKvMergeParams<T>& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.heads == 0 || p.head_dim == 0) return;
   split_kv_merge_kernel<<<dim3(unsigned(p.tokens * p.heads)), kThreads, 0, stream>>>(p);
   STRATA_CUDA_CHECK_LAUNCH("split_kv_merge_kernel", stream);
 }
 
-void launch_split_attention(const AttentionParams& p, const SplitKvScratch& s, cudaStream_t stream) {
+template <class T>
+void launch_split_attention(const AttentionParams<T>& p, const SplitKvScratch& s, cudaStream_t stream) {
   if (p.tokens == 0 || p.heads == 0 || p.head_dim == 0) return;
   const dim3 grid(split_grid_x(p), unsigned(s.splits));
   if (half2_attention(p)) {
@@ -259,5 +262,10 @@ void launch_split_attention(const AttentionParams& p, const SplitKvScratch& s, c
   }
   launch_split_kv_merge(split_merge_params(p, s, p.head_dim), stream);
 }
+
+#define STRATA_INSTANTIATE(T)                                                                          \
+  template void launch_split_kv_merge<T>(const SplitKvMergeParams<T>&, cudaStream_t);                 \
+  template void launch_split_attention<T>(const AttentionParams<T>&, const SplitKvScratch&, cudaStream_t);
+STRATA_FOR_EACH_ACT(STRATA_INSTANTIATE)
 
 }  // namespace strata::cuda

@@ -12,9 +12,10 @@
 
 namespace strata::cuda {
 
-// Whether the fp16 attention kernels take half2 loads: an even head dim and 4-byte-aligned q,
-// caches and output (host code).
-inline bool half2_attention(const AttentionParams& p) {
+// Whether the attention kernels take pair loads (half2, bfloat162): an even head dim and
+// 4-byte-aligned q, caches and output (host code).
+template <class T>
+bool half2_attention(const AttentionParams<T>& p) {
   const auto aligned4 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 4 == 0; };
   return p.head_dim % 2 == 0 && aligned4(p.q) && aligned4(p.cache_k) && aligned4(p.cache_v) && aligned4(p.out);
 }
@@ -133,9 +134,9 @@ __device__ __forceinline__ int64_t split_partial(int64_t token, int heads, int h
 }
 
 // The merge's parameters for a split launch of either attention params (host code).
-template <class Params>
-SplitKvMergeParams split_merge_params(const Params& p, const SplitKvScratch& s, int head_dim) {
-  SplitKvMergeParams m{};
+template <template <class> class Params, class T>
+SplitKvMergeParams<T> split_merge_params(const Params<T>& p, const SplitKvScratch& s, int head_dim) {
+  SplitKvMergeParams<T> m{};
   m.part = s;
   m.out = p.out;
   m.slots = p.slots;

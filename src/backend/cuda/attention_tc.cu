@@ -3,11 +3,12 @@
 //
 // The per-token kernel reads a token's whole prefix for every token: a prefill of T tokens reads
 // K and V T^2/2 times over, on CUDA cores. Here one block's 64 queries share every key and value
-// row it loads, and QK^T and PV run as 16x16x16 half-precision MMAs (wmma) with fp32 sums:
+// row it loads, and QK^T and PV run as 16x16x16 MMAs (wmma) in the activation type, fp32 sums:
 //   - the queries sit in shared memory; four warps own 16 query rows each;
 //   - keys and values stream through shared memory in tiles of kKeyTile;
 //   - per tile: S = Q K^T (fp32) -> shared memory; an online softmax per row (two lanes per row,
-//     which hold its running max and denominator) turns S into weights P, stored fp16;
+//     which hold its running max and denominator) turns S into weights P, stored in the
+//     activation type (the MMA takes both operands in one type);
 //     the output O, kept in accumulator fragments, is rescaled by exp(m_old - m_new) per row and
 //     O += P V;
 //   - the rows of a fragment are not specified by the wmma API, so each thread learns the row of
@@ -16,12 +17,15 @@
 // A tile may hold up to kMaxTileRuns runs of one slot (packed sequences meet inside a tile);
 // each run is one pass over that slot's keys, and the rows of other runs are masked out of it.
 // Tiles the rule in attention_tiles.cuh declines (decode steps) are left to the per-token kernel.
-// Caches are fp16 (Fp16Cache) or group-wise quantized (QuantCache: rows dequantized by the
-// reference formula while loading, then rounded to fp16 for the MMAs).
+// Caches hold the activation type (DenseCache) or group-wise quantized rows (QuantCache: rows
+// dequantized by the reference formula while loading, then rounded to the activation type for the
+// MMAs). bf16 MMAs need sm_80: compiled for older cards the bf16 kernels trap, and the backend
+// never runs bf16 there.
 #include <mma.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_tiles.cuh"
 #include "cuda_common.h"
@@ -41,16 +45,27 @@ constexpr int kTcThreads = kTcWarps * 32;
 constexpr int kKeyTile = 32;  // keys per step: a row's two lanes take 16 each in the softmax
 constexpr int kKeySplits = kKeyTile / 16;
 
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major>;
-using FragKeys = wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major>;  // K^T
-using FragValues = wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major>;
+template <class T>
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
+template <class T>
+using FragKeys = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;  // K^T
+template <class T>
+using FragValues = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
 using FragAcc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 constexpr int kAccElems = FragAcc::num_elements;
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+template <class T>
+constexpr bool kHasTensorCores = !std::is_same_v<T, bf16>;
+#else
+template <class T>
+constexpr bool kHasTensorCores = true;
+#endif
+
 // dst[r, 0:d) = src[r * stride, +d) for r < rows, zeros for rows <= r < max_rows; dst dense
 // ([max_rows, d]). kVec16: src, stride and d allow 16-byte loads (d % 8 == 0).
-template <bool kVec16>
-__device__ void load_rows(__half* dst, const __half* src, int64_t stride, int rows, int max_rows, int d) {
+template <bool kVec16, class T>
+__device__ void load_rows(T* dst, const T* src, int64_t stride, int rows, int max_rows, int d) {
   if constexpr (kVec16) {
     const int per_row = d / 8;
     for (int e = threadIdx.x; e < max_rows * per_row; e += blockDim.x) {
@@ -62,44 +77,46 @@ __device__ void load_rows(__half* dst, const __half* src, int64_t stride, int ro
   } else {
     for (int e = threadIdx.x; e < max_rows * d; e += blockDim.x) {
       const int r = e / d, c = e % d;
-      dst[e] = r < rows ? src[r * stride + c] : __float2half_rn(0.0f);
+      dst[e] = r < rows ? src[r * stride + c] : from_float<T>(0.0f);
     }
   }
 }
 
 // Where the key and value rows come from: load_keys fills k_s and v_s ([kKeyTile, d], dense)
 // with rows [k0, k0 + n) of (slot, kv_head), zeros past n.
-template <bool kVec16>  // 16-byte loads (q and the caches allow them)
-struct Fp16Cache {
-  using Params = AttentionParams;
+template <bool kVec16, class T>  // 16-byte loads (q and the caches allow them)
+struct DenseCache {
+  using Elem = T;
+  using Params = AttentionParams<T>;
   static constexpr bool kVecQ = kVec16;
   __device__ static int head_dim(const Params& p) { return p.head_dim; }
   __device__ static int64_t q_stride(const Params& p) { return p.q_token_stride; }
-  __device__ static void load_keys(const Params& p, int slot, int kv_head, int k0, int n, __half* k_s, __half* v_s) {
+  __device__ static void load_keys(const Params& p, int slot, int kv_head, int k0, int n, T* k_s, T* v_s) {
     const int64_t at = int64_t(slot) * p.kv_slot_stride + int64_t(kv_head) * p.head_dim + int64_t(k0) * p.kv_pos_stride;
     load_rows<kVec16>(k_s, p.cache_k + at, p.kv_pos_stride, n, kKeyTile, p.head_dim);
     load_rows<kVec16>(v_s, p.cache_v + at, p.kv_pos_stride, n, kKeyTile, p.head_dim);
   }
 };
 
-// The elements of code word u of a quantized row as fp16, dequantized by the reference formula.
-template <int kBits>
-__device__ __forceinline__ void dequantize_word(const uint8_t* row, const QuantRowLayout& l, int u, __half* dst) {
+// The elements of code word u of a quantized row as T, dequantized by the reference formula.
+template <int kBits, class T>
+__device__ __forceinline__ void dequantize_word(const uint8_t* row, const QuantRowLayout& l, int u, T* dst) {
   constexpr int kPer = 32 / kBits;
   const uint32_t word = reinterpret_cast<const uint32_t*>(row)[u];
   const float2 sm = group_params(row, l, u * kPer / l.group);
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) dst[k] = __float2half_rn(dequant_ref(word_code<kBits>(word, k), sm.x, sm.y));
+  for (int k = 0; k < kPer; ++k) dst[k] = from_float<T>(dequant_ref(word_code<kBits>(word, k), sm.x, sm.y));
 }
 
-template <int kBits>
+template <int kBits, class T>
 struct QuantCache {
-  using Params = QuantAttentionParams;
+  using Elem = T;
+  using Params = QuantAttentionParams<T>;
   static constexpr bool kVecQ = false;  // q is read once per block
   __device__ static int head_dim(const Params& p) { return p.row.n; }
   __device__ static int64_t q_stride(const Params& p) { return int64_t(p.heads) * p.row.n; }
   // A thread per code word; rows of a multiple of 16 elements end on a whole word.
-  __device__ static void load_keys(const Params& p, int slot, int kv_head, int k0, int n, __half* k_s, __half* v_s) {
+  __device__ static void load_keys(const Params& p, int slot, int kv_head, int k0, int n, T* k_s, T* v_s) {
     constexpr int kPer = 32 / kBits;
     const QuantRowLayout& l = p.row;
     const int words = l.n / kPer;
@@ -107,14 +124,14 @@ struct QuantCache {
     const int64_t at = ((int64_t(slot) * p.capacity + k0) * p.kv_heads + kv_head) * l.row_bytes;
     for (int e = threadIdx.x; e < kKeyTile * words; e += blockDim.x) {
       const int r = e / words, u = e % words;
-      __half* k_dst = k_s + r * l.n + u * kPer;
-      __half* v_dst = v_s + r * l.n + u * kPer;
+      T* k_dst = k_s + r * l.n + u * kPer;
+      T* v_dst = v_s + r * l.n + u * kPer;
       if (r < n) {
         dequantize_word<kBits>(p.cache_k + at + r * pos_stride, l, u, k_dst);
         dequantize_word<kBits>(p.cache_v + at + r * pos_stride, l, u, v_dst);
       } else {
 #pragma unroll
-        for (int k = 0; k < kPer; ++k) k_dst[k] = v_dst[k] = __float2half_rn(0.0f);
+        for (int k = 0; k < kPer; ++k) k_dst[k] = v_dst[k] = from_float<T>(0.0f);
       }
     }
   }
@@ -122,13 +139,14 @@ struct QuantCache {
 
 // kChunks: head dims up to kChunks * 16 (the output's accumulator fragments per warp).
 template <int kChunks, class Cache>
-__global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const typename Cache::Params p) {
+__device__ void attention_tc_body(const typename Cache::Params& p) {
+  using T = typename Cache::Elem;
   constexpr int kMaxD = kChunks * 16;
-  __shared__ __align__(32) __half q_s[kQueryTile * kMaxD];
-  __shared__ __align__(32) __half k_s[kKeyTile * kMaxD];
-  __shared__ __align__(32) __half v_s[kKeyTile * kMaxD];
+  __shared__ __align__(32) T q_s[kQueryTile * kMaxD];
+  __shared__ __align__(32) T k_s[kKeyTile * kMaxD];
+  __shared__ __align__(32) T v_s[kKeyTile * kMaxD];
   __shared__ __align__(32) float s_s[kQueryTile * kKeyTile];  // scores; at the end, output staging
-  __shared__ __align__(32) __half p_s[kQueryTile * kKeyTile];
+  __shared__ __align__(32) T p_s[kQueryTile * kKeyTile];
   __shared__ __align__(32) float row_ids_s[16 * 16];
   __shared__ float alpha_s[kQueryTile];  // this tile's rescale factor per row, then 1 / denominator
   __shared__ int32_t slot_s[kQueryTile];
@@ -188,11 +206,11 @@ __global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const typename
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         if (c >= chunks) continue;
-        FragA qa;
+        FragA<T> qa;
         wmma::load_matrix_sync(qa, q_s + row0 * d + c * 16, d);
 #pragma unroll
         for (int j = 0; j < kKeySplits; ++j) {
-          FragKeys kb;
+          FragKeys<T> kb;
           wmma::load_matrix_sync(kb, k_s + j * 16 * d + c * 16, d);
           wmma::mma_sync(s[j], qa, kb, s[j]);
         }
@@ -222,13 +240,13 @@ __global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const typename
         }
         tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
         const float m_new = fmaxf(m_run, tile_max);  // finite in a run: key 0 is live in its first tile
-        __half* p_row = p_s + row * kKeyTile;
+        T* p_row = p_s + row * kKeyTile;
         float sum = 0.0f;
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
           const float e = score[i] == -INFINITY ? 0.0f : expf(score[i] - m_new);
           sum += e;
-          p_row[first_col + ((i + r) & 15)] = __float2half_rn(e);
+          p_row[first_col + ((i + r) & 15)] = from_float<T>(e);
         }
         sum += __shfl_xor_sync(kFullMask, sum, 1);
         float alpha = 1.0f;  // rows outside the run keep their output as it is
@@ -245,7 +263,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const typename
       float alpha[kAccElems];
 #pragma unroll
       for (int i = 0; i < kAccElems; ++i) alpha[i] = alpha_s[elem_row[i]];
-      FragA pa[kKeySplits];
+      FragA<T> pa[kKeySplits];
 #pragma unroll
       for (int j = 0; j < kKeySplits; ++j) wmma::load_matrix_sync(pa[j], p_s + row0 * kKeyTile + j * 16, kKeyTile);
 #pragma unroll
@@ -255,7 +273,7 @@ __global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const typename
         for (int i = 0; i < kAccElems; ++i) o[c].x[i] *= alpha[i];
 #pragma unroll
         for (int j = 0; j < kKeySplits; ++j) {
-          FragValues vb;
+          FragValues<T> vb;
           wmma::load_matrix_sync(vb, v_s + j * 16 * d + c * 16, d);
           wmma::mma_sync(o[c], pa[j], vb, o[c]);
         }
@@ -265,14 +283,14 @@ __global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const typename
     rb = re;
   }
 
-  // Divide by the denominators and write fp16, staging 16 x 16 blocks in this warp's rows of s_s.
+  // Divide by the denominators and write T, staging 16 x 16 blocks in this warp's rows of s_s.
   if ((lane & 1) == 0) alpha_s[row0 + (lane >> 1)] = l_run > 0.0f ? 1.0f / l_run : 0.0f;
   __syncwarp();
   float inv_l[kAccElems];
 #pragma unroll
   for (int i = 0; i < kAccElems; ++i) inv_l[i] = alpha_s[elem_row[i]];
   float* stage = s_s + row0 * kKeyTile;
-  __half* out = p.out + t0 * q_stride + int64_t(head) * d;
+  T* out = p.out + t0 * q_stride + int64_t(head) * d;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     if (c >= chunks) continue;
@@ -282,9 +300,19 @@ __global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const typename
     __syncwarp();
     for (int e = lane; e < 16 * 16; e += 32) {
       const int row = row0 + e / 16;
-      if (row < n_tokens) out[row * q_stride + c * 16 + e % 16] = __float2half_rn(stage[e]);
+      if (row < n_tokens) out[row * q_stride + c * 16 + e % 16] = from_float<T>(stage[e]);
     }
     __syncwarp();
+  }
+}
+
+template <int kChunks, class Cache>
+__global__ void __launch_bounds__(kTcThreads) attention_tc_kernel(const typename Cache::Params p) {
+  if constexpr (kHasTensorCores<typename Cache::Elem>) {
+    attention_tc_body<kChunks, Cache>(p);
+  } else {
+    (void)Cache::kVecQ;  // used by the body only; keeps nvcc from warning it is unreferenced
+    __trap();            // never launched: the backend refuses bf16 below sm_80
   }
 }
 
@@ -311,22 +339,29 @@ bool tensor_core_attention_supports(int head_dim, int64_t tokens) {
          ceil_div(tokens, kQueryTile) <= 65535;  // tiles are the grid's y
 }
 
-void launch_tensor_core_attention(const AttentionParams& p, cudaStream_t stream) {
+template <class T>
+void launch_tensor_core_attention(const AttentionParams<T>& p, cudaStream_t stream) {
   const bool vec16 = aligned16(p.q) && aligned16(p.cache_k) && aligned16(p.cache_v) && p.q_token_stride % 8 == 0 &&
                      p.kv_pos_stride % 8 == 0;
   if (vec16) {
-    launch_tc<Fp16Cache<true>>(p, p.head_dim, "attention_tc_kernel<fp16, vec16>", stream);
+    launch_tc<DenseCache<true, T>>(p, p.head_dim, "attention_tc_kernel<dense, vec16>", stream);
   } else {
-    launch_tc<Fp16Cache<false>>(p, p.head_dim, "attention_tc_kernel<fp16>", stream);
+    launch_tc<DenseCache<false, T>>(p, p.head_dim, "attention_tc_kernel<dense>", stream);
   }
 }
 
-void launch_tensor_core_quant_attention(const QuantAttentionParams& p, cudaStream_t stream) {
+template <class T>
+void launch_tensor_core_quant_attention(const QuantAttentionParams<T>& p, cudaStream_t stream) {
   if (p.row.bits == 4) {
-    launch_tc<QuantCache<4>>(p, p.row.n, "attention_tc_kernel<q4>", stream);
+    launch_tc<QuantCache<4, T>>(p, p.row.n, "attention_tc_kernel<q4>", stream);
   } else {
-    launch_tc<QuantCache<8>>(p, p.row.n, "attention_tc_kernel<q8>", stream);
+    launch_tc<QuantCache<8, T>>(p, p.row.n, "attention_tc_kernel<q8>", stream);
   }
 }
+
+#define STRATA_INSTANTIATE(T)                                                                       \
+  template void launch_tensor_core_attention<T>(const AttentionParams<T>&, cudaStream_t);          \
+  template void launch_tensor_core_quant_attention<T>(const QuantAttentionParams<T>&, cudaStream_t);
+STRATA_FOR_EACH_ACT(STRATA_INSTANTIATE)
 
 }  // namespace strata::cuda

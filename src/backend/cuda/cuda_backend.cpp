@@ -19,6 +19,7 @@
 #include "kernels.h"
 #include "split_kv.h"
 #include "strata/backend/backend.h"
+#include "strata/backend/device_info.h"
 
 namespace strata {
 namespace {
@@ -77,7 +78,6 @@ void check_tensor(const Tensor& t, DType dtype, const char* op, const char* what
                                          << dtype_name(t.dtype) << " " << t.shape_str());
   STRATA_CHECK(t.data != nullptr || t.numel() == 0, "cuda " << op << ": " << what << " has no data");
 }
-void check_f16(const Tensor& t, const char* op, const char* what) { check_tensor(t, DType::F16, op, what); }
 void check_i32(const Tensor& t, const char* op, const char* what) { check_tensor(t, DType::I32, op, what); }
 
 // A quantized (Q4/Q8) tensor on the GPU, 4-byte aligned (its rows are a multiple of 4 bytes, so
@@ -101,13 +101,21 @@ cuda::QuantRowLayout row_layout(const quant::QuantSpec& spec, int64_t n, const c
   return l;
 }
 
-const __half* f16(const Tensor& t) { return static_cast<const __half*>(t.data); }
-__half* f16_mut(const Tensor& t) { return static_cast<__half*>(t.data); }
+// A tensor's elements as the kernels' type E (checked by the entry before).
+template <class E>
+const E* elems(const Tensor& t) {
+  return static_cast<const E*>(t.data);
+}
+template <class E>
+E* elems_mut(const Tensor& t) {
+  return static_cast<E*>(t.data);
+}
 const int32_t* i32(const Tensor& t) { return static_cast<const int32_t*>(t.data); }
 
 class CudaBackend final : public Backend {
 public:
-  explicit CudaBackend(int device) : device_(device) {
+  // act: the activation dtype, F16 or BF16 (make_cuda_backend checks the card supports it).
+  CudaBackend(int device, DType act) : device_(device), act_(act) {
     STRATA_CUDA_CHECK(cudaSetDevice(device_));
     STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     try {
@@ -140,7 +148,7 @@ public:
 
   const char* name() const override { return "cuda"; }
   Device device() const override { return Device::CUDA; }
-  DType activation_dtype() const override { return DType::F16; }
+  DType activation_dtype() const override { return act_; }
 
   // ---- memory and copies ----
   Buffer alloc(size_t bytes) override {
@@ -334,58 +342,70 @@ public:
   // ---- ops ----
   void embedding(const Tensor& ids, const Tensor& table, const Tensor& out, bool accumulate) override {
     check_i32(ids, "embedding", "ids");
-    check_f16(table, "embedding", "table");
-    check_f16(out, "embedding", "out");
+    check_act(table, "embedding", "table");
+    check_act(out, "embedding", "out");
     STRATA_CHECK(table.ndim == 2 && out.dim(0) == ids.numel() && out.row_size() == table.dim(1),
                  "cuda embedding: ids " << ids.shape_str() << " table " << table.shape_str() << " out "
                                         << out.shape_str());
     bind();
-    cuda::launch_gather_rows(f16(table), table.dim(0), i32(ids), ids.numel(), table.dim(1), accumulate,
-                             f16_mut(out), stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::launch_gather_rows(elems<E>(table), table.dim(0), i32(ids), ids.numel(), table.dim(1), accumulate,
+                               elems_mut<E>(out), stream_);
+    });
   }
 
   void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out) override {
-    check_f16(x, "layer_norm", "x");
-    check_f16(w, "layer_norm", "w");
-    check_f16(out, "layer_norm", "out");
+    check_act(x, "layer_norm", "x");
+    check_act(w, "layer_norm", "w");
+    check_act(out, "layer_norm", "out");
     const int64_t h = x.row_size();
     STRATA_CHECK(w.numel() == h && out.dim(0) == x.dim(0) && out.numel() == x.numel(),
                  "cuda layer_norm: x " << x.shape_str() << " w " << w.shape_str() << " out " << out.shape_str());
     if (!b.empty()) {
-      check_f16(b, "layer_norm", "b");
+      check_act(b, "layer_norm", "b");
       STRATA_CHECK(b.numel() == h, "cuda layer_norm: b " << b.shape_str() << " for rows of " << h);
     }
     bind();
-    cuda::launch_layer_norm(f16(x), f16(w), b.empty() ? nullptr : f16(b), eps, x.dim(0), h, f16_mut(out), stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::launch_layer_norm(elems<E>(x), elems<E>(w), b.empty() ? nullptr : elems<E>(b), eps, x.dim(0), h, elems_mut<E>(out), stream_);
+    });
   }
 
   void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
-    check_f16(x, "rms_norm", "x");
-    check_f16(w, "rms_norm", "w");
-    check_f16(out, "rms_norm", "out");
+    check_act(x, "rms_norm", "x");
+    check_act(w, "rms_norm", "w");
+    check_act(out, "rms_norm", "out");
     const int64_t h = x.row_size();
     STRATA_CHECK(w.numel() == h && out.dim(0) == x.dim(0) && out.numel() == x.numel(),
                  "cuda rms_norm: x " << x.shape_str() << " w " << w.shape_str() << " out " << out.shape_str());
     bind();
-    cuda::launch_rms_norm(f16(x), f16(w), eps, x.dim(0), h, f16_mut(out), stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::launch_rms_norm(elems<E>(x), elems<E>(w), eps, x.dim(0), h, elems_mut<E>(out), stream_);
+    });
   }
 
   void add_norm(const Tensor& x, const Tensor& delta, Norm norm, const Tensor& w, const Tensor& b, float eps,
                 const Tensor& out) override {
     for (const auto& [t, name] : {std::pair{&x, "x"}, {&delta, "delta"}, {&w, "w"}, {&out, "out"}})
-      check_f16(*t, "add_norm", name);
+      check_act(*t, "add_norm", name);
     const int64_t h = x.row_size();
     STRATA_CHECK(w.numel() == h && delta.numel() == x.numel() && out.dim(0) == x.dim(0) && out.numel() == x.numel() &&
                      out.data != x.data && (b.empty() || (norm == Norm::Layer && b.numel() == h)),
                  "cuda add_norm: x " << x.shape_str() << " delta " << delta.shape_str() << " w " << w.shape_str()
                                      << " out " << out.shape_str());
-    if (!b.empty()) check_f16(b, "add_norm", "b");
+    if (!b.empty()) check_act(b, "add_norm", "b");
     bind();
-    if (norm == Norm::Layer)
-      cuda::launch_add_layer_norm(f16_mut(x), f16(delta), f16(w), b.empty() ? nullptr : f16(b), eps, x.dim(0), h,
-                                  f16_mut(out), stream_);
-    else
-      cuda::launch_add_rms_norm(f16_mut(x), f16(delta), f16(w), eps, x.dim(0), h, f16_mut(out), stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      if (norm == Norm::Layer)
+        cuda::launch_add_layer_norm(elems_mut<E>(x), elems<E>(delta), elems<E>(w), b.empty() ? nullptr : elems<E>(b), eps, x.dim(0), h,
+                                    elems_mut<E>(out), stream_);
+      else
+        cuda::launch_add_rms_norm(elems_mut<E>(x), elems<E>(delta), elems<E>(w), eps, x.dim(0), h, elems_mut<E>(out), stream_);
+    });
   }
 
   // Up to 16 tokens (kQuantLinearTokens) the fused kernel reads a quantized matrix once; each
@@ -404,11 +424,11 @@ public:
       quant_linear(x, w, bias, y);
       return;
     }
-    check_f16(x, "linear", "x");
-    check_f16(w, "linear", "w");
+    check_act(x, "linear", "x");
+    check_act(w, "linear", "w");
     // y may be fp32 (the head's logits, forward_ops.cpp): cuBLAS stores its fp32 accumulators as they are.
     const bool y_f32 = y.dtype == DType::F32;
-    check_tensor(y, y_f32 ? DType::F32 : DType::F16, "linear", "y");
+    check_tensor(y, y_f32 ? DType::F32 : act_, "linear", "y");
     STRATA_CHECK(!y_f32 || bias.empty(), "cuda linear: an fp32 output takes no bias");
     const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
     STRATA_CHECK(w.ndim == 2 && w.dim(1) == in && y.dim(0) == T && y.row_size() == out,
@@ -416,56 +436,73 @@ public:
     STRATA_CHECK(y.data != x.data, "cuda linear: y must not alias x");
     STRATA_CHECK(T <= INT_MAX && in <= INT_MAX && out <= INT_MAX, "cuda linear: dimensions exceed cuBLAS's int");
     if (!bias.empty()) {
-      check_f16(bias, "linear", "bias");
+      check_act(bias, "linear", "bias");
       STRATA_CHECK(bias.numel() == out, "cuda linear: bias " << bias.shape_str() << " for " << out << " outputs");
     }
     if (T == 0 || out == 0) return;
     bind();
     const float alpha = 1.0f;
     const float beta = 0.0f;
-    STRATA_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(T), int(in), &alpha, w.data,
-                                     CUDA_R_16F, int(in), x.data, CUDA_R_16F, int(in), &beta, y.data,
-                                     y_f32 ? CUDA_R_32F : CUDA_R_16F, int(out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    const cudaDataType act = act_ == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    STRATA_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, int(out), int(T), int(in), &alpha, w.data, act,
+                                     int(in), x.data, act, int(in), &beta, y.data, y_f32 ? CUDA_R_32F : act, int(out),
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     STRATA_CUDA_CHECK_LAUNCH("cublasGemmEx (linear)", stream_);
-    if (!bias.empty()) cuda::launch_bias_add(f16_mut(y), f16(bias), T, out, stream_);
+    if (bias.empty()) return;
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::launch_bias_add(elems_mut<E>(y), elems<E>(bias), T, out, stream_);
+    });
   }
 
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
-    check_f16(a, "add", "a");
-    check_f16(b, "add", "b");
-    check_f16(out, "add", "out");
+    check_act(a, "add", "a");
+    check_act(b, "add", "b");
+    check_act(out, "add", "out");
     STRATA_CHECK(a.numel() == b.numel() && a.numel() == out.numel(),
                  "cuda add: a " << a.shape_str() << " b " << b.shape_str() << " out " << out.shape_str());
     bind();
-    cuda::launch_add(f16(a), f16(b), f16_mut(out), a.numel(), stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::launch_add(elems<E>(a), elems<E>(b), elems_mut<E>(out), a.numel(), stream_);
+    });
   }
 
   void activation(Activation act, const Tensor& x) override {
-    check_f16(x, "activation", "x");
+    check_act(x, "activation", "x");
     bind();
-    const cuda::ActKind kind = act == Activation::ReLU ? cuda::ActKind::ReLU : cuda::ActKind::GELU;
-    cuda::launch_activation(kind, f16_mut(x), x.numel(), stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      const cuda::ActKind kind = act == Activation::ReLU ? cuda::ActKind::ReLU : cuda::ActKind::GELU;
+      cuda::launch_activation(kind, elems_mut<E>(x), x.numel(), stream_);
+    });
   }
 
   void swiglu(const Tensor& gate_up, const Tensor& out) override {
-    check_f16(gate_up, "swiglu", "gate_up");
-    check_f16(out, "swiglu", "out");
+    check_act(gate_up, "swiglu", "gate_up");
+    check_act(out, "swiglu", "out");
     STRATA_CHECK(gate_up.dim(0) == out.dim(0) && gate_up.row_size() == 2 * out.row_size() && gate_up.data != out.data,
                  "cuda swiglu: gate_up " << gate_up.shape_str() << " out " << out.shape_str());
     bind();
-    cuda::launch_swiglu(f16(gate_up), f16_mut(out), out.dim(0), out.row_size(), stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::launch_swiglu(elems<E>(gate_up), elems_mut<E>(out), out.dim(0), out.row_size(), stream_);
+    });
   }
 
   void split_qkv(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const Tensor& q, const Tensor& k,
                  const Tensor& v) override {
-    check_f16(k, "split_qkv", "k");
-    check_f16(v, "split_qkv", "v");
+    check_act(k, "split_qkv", "k");
+    check_act(v, "split_qkv", "v");
     STRATA_CHECK(k.ndim == 3 && k.shape == v.shape && k.dim(0) == q.dim(0) && k.dim(2) == q.dim(2),
                  "cuda split_qkv: q " << q.shape_str() << " k " << k.shape_str() << " v " << v.shape_str());
-    cuda::SplitQkvParams p = split_qkv_params(qkv, positions, inv_freq, q, k.dim(1));
-    p.k = f16_mut(k);
-    p.v = f16_mut(v);
-    cuda::launch_split_qkv(p, stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::SplitQkvParams<E> p = split_qkv_params<E>(qkv, positions, inv_freq, q, k.dim(1));
+      p.k = elems_mut<E>(k);
+      p.v = elems_mut<E>(v);
+      cuda::launch_split_qkv(p, stream_);
+    });
   }
 
   void split_qkv_store(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const Tensor& q,
@@ -475,30 +512,33 @@ public:
     if (quantized) {
       l = quant_caches(cache_k, cache_v, "split_qkv_store");
     } else {
-      check_f16(cache_k, "split_qkv_store", "cache_k");
-      check_f16(cache_v, "split_qkv_store", "cache_v");
+      check_act(cache_k, "split_qkv_store", "cache_k");
+      check_act(cache_v, "split_qkv_store", "cache_v");
     }
     check_i32(slots, "split_qkv_store", "slots");
     STRATA_CHECK(cache_k.ndim == 4 && cache_k.shape == cache_v.shape && cache_k.dim(3) == q.dim(2) &&
                      slots.numel() == q.dim(0) && cache_k.dim(0) <= INT_MAX && cache_k.dim(1) <= INT_MAX,
                  "cuda split_qkv_store: q " << q.shape_str() << " caches " << cache_k.shape_str());
-    cuda::SplitQkvParams p = split_qkv_params(qkv, positions, inv_freq, q, cache_k.dim(2));
-    if (quantized) {
-      p.quant_cache_k = static_cast<uint8_t*>(cache_k.data);
-      p.quant_cache_v = static_cast<uint8_t*>(cache_v.data);
-      p.quant_row = l;
-    } else {
-      p.cache_k = f16_mut(cache_k);
-      p.cache_v = f16_mut(cache_v);
-    }
-    p.slots = i32(slots);
-    p.slot_count = int(cache_k.dim(0));
-    p.capacity = int(cache_k.dim(1));
-    cuda::launch_split_qkv(p, stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::SplitQkvParams<E> p = split_qkv_params<E>(qkv, positions, inv_freq, q, cache_k.dim(2));
+      if (quantized) {
+        p.quant_cache_k = static_cast<uint8_t*>(cache_k.data);
+        p.quant_cache_v = static_cast<uint8_t*>(cache_v.data);
+        p.quant_row = l;
+      } else {
+        p.cache_k = elems_mut<E>(cache_k);
+        p.cache_v = elems_mut<E>(cache_v);
+      }
+      p.slots = i32(slots);
+      p.slot_count = int(cache_k.dim(0));
+      p.capacity = int(cache_k.dim(1));
+      cuda::launch_split_qkv(p, stream_);
+    });
   }
 
   void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override {
-    check_f16(x, "rope", "x");
+    check_act(x, "rope", "x");
     check_i32(positions, "rope", "positions");
     check_tensor(inv_freq, DType::F32, "rope", "inv_freq");
     STRATA_CHECK(x.ndim == 3 && x.dim(2) % 2 == 0 && positions.numel() == x.dim(0) &&
@@ -506,15 +546,18 @@ public:
                  "cuda rope: x " << x.shape_str() << " positions " << positions.shape_str() << " inv_freq "
                                  << inv_freq.shape_str());
     bind();
-    cuda::RopeParams p{};
-    p.x = f16_mut(x);
-    p.positions = i32(positions);
-    p.inv_freq = static_cast<const float*>(inv_freq.data);
-    p.tokens = x.dim(0);
-    p.heads = int(x.dim(1));
-    p.head_dim = int(x.dim(2));
-    p.token_stride = x.dim(1) * x.dim(2);
-    cuda::launch_rope(p, stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::RopeParams<E> p{};
+      p.x = elems_mut<E>(x);
+      p.positions = i32(positions);
+      p.inv_freq = static_cast<const float*>(inv_freq.data);
+      p.tokens = x.dim(0);
+      p.heads = int(x.dim(1));
+      p.head_dim = int(x.dim(2));
+      p.token_stride = x.dim(1) * x.dim(2);
+      cuda::launch_rope(p, stream_);
+    });
   }
 
   void kv_store(const Tensor& k, const Tensor& v, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
@@ -523,10 +566,10 @@ public:
       quant_kv_store(k, v, cache_k, cache_v, slots, positions);
       return;
     }
-    check_f16(k, "kv_store", "k");
-    check_f16(v, "kv_store", "v");
-    check_f16(cache_k, "kv_store", "cache_k");
-    check_f16(cache_v, "kv_store", "cache_v");
+    check_act(k, "kv_store", "k");
+    check_act(v, "kv_store", "v");
+    check_act(cache_k, "kv_store", "cache_k");
+    check_act(cache_v, "kv_store", "cache_v");
     check_i32(slots, "kv_store", "slots");
     check_i32(positions, "kv_store", "positions");
     STRATA_CHECK(cache_k.ndim == 4 && cache_v.ndim == 4 && cache_k.shape == cache_v.shape,
@@ -537,18 +580,21 @@ public:
                  "cuda kv_store: k " << k.shape_str() << " v " << v.shape_str() << " cache " << cache_k.shape_str()
                                      << " slots " << slots.shape_str() << " positions " << positions.shape_str());
     bind();
-    cuda::KvStoreParams p{};
-    p.k = f16(k);
-    p.v = f16(v);
-    p.cache_k = f16_mut(cache_k);
-    p.cache_v = f16_mut(cache_v);
-    p.slots = i32(slots);
-    p.positions = i32(positions);
-    p.tokens = T;
-    p.row = row;
-    p.slot_count = int(cache_k.dim(0));
-    p.capacity = int(cache_k.dim(1));
-    cuda::launch_kv_store(p, stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::KvStoreParams<E> p{};
+      p.k = elems<E>(k);
+      p.v = elems<E>(v);
+      p.cache_k = elems_mut<E>(cache_k);
+      p.cache_v = elems_mut<E>(cache_v);
+      p.slots = i32(slots);
+      p.positions = i32(positions);
+      p.tokens = T;
+      p.row = row;
+      p.slot_count = int(cache_k.dim(0));
+      p.capacity = int(cache_k.dim(1));
+      cuda::launch_kv_store(p, stream_);
+    });
   }
 
   void attention(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
@@ -557,12 +603,12 @@ public:
       quant_attention(q, cache_k, cache_v, slots, positions, scale, out);
       return;
     }
-    check_f16(q, "attention", "q");
-    check_f16(cache_k, "attention", "cache_k");
-    check_f16(cache_v, "attention", "cache_v");
+    check_act(q, "attention", "q");
+    check_act(cache_k, "attention", "cache_k");
+    check_act(cache_v, "attention", "cache_v");
     check_i32(slots, "attention", "slots");
     check_i32(positions, "attention", "positions");
-    check_f16(out, "attention", "out");
+    check_act(out, "attention", "out");
     STRATA_CHECK(q.ndim == 3 && cache_k.ndim == 4 && cache_v.ndim == 4 && cache_k.shape == cache_v.shape,
                  "cuda attention: q " << q.shape_str() << " caches " << cache_k.shape_str() << " and "
                                       << cache_v.shape_str());
@@ -576,96 +622,114 @@ public:
     STRATA_CHECK(heads <= 65535 && T * heads <= INT_MAX && cache_k.dim(0) <= INT_MAX && cache_k.dim(1) <= INT_MAX,
                  "cuda attention: cache " << cache_k.shape_str() << " or " << heads << " heads too large");
     bind();
-    cuda::AttentionParams p{};
-    p.q = f16(q);
-    p.cache_k = f16(cache_k);
-    p.cache_v = f16(cache_v);
-    p.slots = i32(slots);
-    p.positions = i32(positions);
-    p.out = f16_mut(out);
-    p.tokens = T;
-    p.heads = int(heads);
-    p.kv_heads = int(kv_heads);
-    p.head_dim = int(d);
-    p.slot_count = int(cache_k.dim(0));
-    p.capacity = int(cache_k.dim(1));
-    p.scale = scale;
-    p.q_token_stride = heads * d;
-    p.kv_pos_stride = kv_heads * d;
-    p.kv_slot_stride = cache_k.dim(1) * kv_heads * d;
-    if (cuda::tensor_core_attention_enabled() && cuda::tensor_core_attention_supports(int(d), T)) {
-      cuda::launch_tensor_core_attention(p, stream_);
-      p.skip_tensor_core_tiles = true;
-    }
-    const int chunks = split_kv_chunks(T, heads, kv_heads, cache_k.dim(1));
-    if (chunks == 0) {
-      cuda::launch_attention(p, stream_);
-      return;
-    }
-    std::lock_guard<std::mutex> lock(split_mu_);
-    cuda::launch_split_attention(p, split_scratch(T, int(heads), int(d), chunks), stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::AttentionParams<E> p{};
+      p.q = elems<E>(q);
+      p.cache_k = elems<E>(cache_k);
+      p.cache_v = elems<E>(cache_v);
+      p.slots = i32(slots);
+      p.positions = i32(positions);
+      p.out = elems_mut<E>(out);
+      p.tokens = T;
+      p.heads = int(heads);
+      p.kv_heads = int(kv_heads);
+      p.head_dim = int(d);
+      p.slot_count = int(cache_k.dim(0));
+      p.capacity = int(cache_k.dim(1));
+      p.scale = scale;
+      p.q_token_stride = heads * d;
+      p.kv_pos_stride = kv_heads * d;
+      p.kv_slot_stride = cache_k.dim(1) * kv_heads * d;
+      if (cuda::tensor_core_attention_enabled() && cuda::tensor_core_attention_supports(int(d), T)) {
+        cuda::launch_tensor_core_attention(p, stream_);
+        p.skip_tensor_core_tiles = true;
+      }
+      const int chunks = split_kv_chunks(T, heads, kv_heads, cache_k.dim(1));
+      if (chunks == 0) {
+        cuda::launch_attention(p, stream_);
+        return;
+      }
+      std::lock_guard<std::mutex> lock(split_mu_);
+      cuda::launch_split_attention(p, split_scratch(T, int(heads), int(d), chunks), stream_);
+    });
   }
 
   void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) override {
-    check_f16(x, "gather_rows", "x");
+    check_act(x, "gather_rows", "x");
     check_i32(rows, "gather_rows", "rows");
-    check_f16(out, "gather_rows", "out");
+    check_act(out, "gather_rows", "out");
     const int64_t h = x.row_size();
     STRATA_CHECK(out.dim(0) == rows.numel() && out.row_size() == h,
                  "cuda gather_rows: x " << x.shape_str() << " rows " << rows.shape_str() << " out "
                                         << out.shape_str());
     bind();
-    cuda::launch_gather_rows(f16(x), x.dim(0), i32(rows), rows.numel(), h, false, f16_mut(out), stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::launch_gather_rows(elems<E>(x), x.dim(0), i32(rows), rows.numel(), h, false, elems_mut<E>(out), stream_);
+    });
   }
 
   void combine_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, const Tensor& out) override {
-    check_f16(src, "combine_rows", "src");
+    check_act(src, "combine_rows", "src");
     check_i32(rows, "combine_rows", "rows");
     check_tensor(weights, DType::F32, "combine_rows", "weights");
-    check_f16(out, "combine_rows", "out");
+    check_act(out, "combine_rows", "out");
     const int64_t T = out.dim(0), h = out.row_size(), k = rows.row_size();
     STRATA_CHECK(rows.dim(0) == T && weights.dim(0) == T && weights.row_size() == k && src.row_size() == h &&
                      src.data != out.data,
                  "cuda combine_rows: src " << src.shape_str() << " rows " << rows.shape_str() << " weights "
                                            << weights.shape_str() << " out " << out.shape_str());
     bind();
-    cuda::launch_combine_rows(f16(src), src.dim(0), i32(rows), static_cast<const float*>(weights.data), T, k, h,
-                              f16_mut(out), stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::launch_combine_rows(elems<E>(src), src.dim(0), i32(rows), static_cast<const float*>(weights.data), T, k, h,
+                                elems_mut<E>(out), stream_);
+    });
   }
 
   void quantize_rows(const quant::QuantSpec& spec, const Tensor& x, void* q) override {
     const cuda::QuantParams p = quant_params(spec, x, q, "quantize_rows", "x");
     bind();
-    cuda::launch_quantize_rows(p, x.data, x.dtype == DType::F32, static_cast<uint8_t*>(q), stream_);
+    dispatch_float(x.dtype, [&](auto e) {
+      using E = decltype(e);
+      cuda::launch_quantize_rows(p, elems<E>(x), static_cast<uint8_t*>(q), stream_);
+    });
   }
 
   void dequantize_rows(const quant::QuantSpec& spec, const void* q, const Tensor& out) override {
     const cuda::QuantParams p = quant_params(spec, out, q, "dequantize_rows", "out");
     bind();
-    cuda::launch_dequantize_rows(p, static_cast<const uint8_t*>(q), out.data, out.dtype == DType::F32, stream_);
+    dispatch_float(out.dtype, [&](auto e) {
+      using E = decltype(e);
+      cuda::launch_dequantize_rows(p, static_cast<const uint8_t*>(q), elems_mut<E>(out), stream_);
+    });
   }
 
   void argmax_rows(const Tensor& logits, const Tensor& out) override {
     const bool f32 = logits.dtype == DType::F32;
-    check_tensor(logits, f32 ? DType::F32 : DType::F16, "argmax_rows", "logits");
+    check_tensor(logits, f32 ? DType::F32 : act_, "argmax_rows", "logits");
     check_i32(out, "argmax_rows", "out");
     const int64_t V = logits.row_size();
     STRATA_CHECK(out.numel() == logits.dim(0) && V > 0 && V <= INT_MAX,
                  "cuda argmax_rows: logits " << logits.shape_str() << " out " << out.shape_str());
     bind();
     int32_t* ids = static_cast<int32_t*>(out.data);
-    if (f32) cuda::launch_argmax_rows(static_cast<const float*>(logits.data), logits.dim(0), V, ids, stream_);
-    else cuda::launch_argmax_rows(f16(logits), logits.dim(0), V, ids, stream_);
+    dispatch_float(logits.dtype, [&](auto e) {
+      using E = decltype(e);
+      cuda::launch_argmax_rows(elems<E>(logits), logits.dim(0), V, ids, stream_);
+    });
   }
 
 private:
-  // Rows, row length and spec of a quantize/dequantize call, checked (F16 or F32 rows on the GPU,
-  // the quantized buffer 4-byte aligned).
-  static cuda::QuantParams quant_params(const quant::QuantSpec& spec, const Tensor& t, const void* q, const char* op,
-                                        const char* what) {
+  // Rows, row length and spec of a quantize/dequantize call, checked (rows of the activation
+  // dtype or F32 on the GPU, the quantized buffer 4-byte aligned).
+  cuda::QuantParams quant_params(const quant::QuantSpec& spec, const Tensor& t, const void* q, const char* op,
+                                 const char* what) const {
     STRATA_CHECK(t.device == Device::CUDA && t.ndim >= 1, "cuda " << op << ": " << what << " must be on the GPU");
-    STRATA_CHECK(t.dtype == DType::F16 || t.dtype == DType::F32,
-                 "cuda " << op << ": " << what << " must be F16 or F32, got " << dtype_name(t.dtype));
+    STRATA_CHECK(t.dtype == act_ || t.dtype == DType::F32, "cuda " << op << ": " << what << " must be "
+                                                                    << dtype_name(act_) << " or F32, got "
+                                                                    << dtype_name(t.dtype));
     STRATA_CHECK(reinterpret_cast<uintptr_t>(q) % 4 == 0, "cuda " << op << ": the quantized buffer must be 4-byte aligned");
     const int64_t n = t.dim(t.ndim - 1);
     cuda::QuantParams p;
@@ -676,28 +740,31 @@ private:
 
   // linear() with a quantized w: the fused dequant kernel (quant_linear.cu).
   void quant_linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
-    check_f16(x, "linear", "x");
-    check_f16(y, "linear", "y");
+    check_act(x, "linear", "x");
+    check_act(y, "linear", "y");
     const quant::QuantSpec spec = check_quantized(w, "linear", "w");
     const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
     STRATA_CHECK(w.ndim == 2 && w.dim(1) == in && y.dim(0) == T && y.row_size() == out && out <= INT_MAX,
                  "cuda linear: x " << x.shape_str() << " w " << w.shape_str() << " y " << y.shape_str());
     STRATA_CHECK(y.data != x.data, "cuda linear: y must not alias x");
     if (!bias.empty()) {
-      check_f16(bias, "linear", "bias");
+      check_act(bias, "linear", "bias");
       STRATA_CHECK(bias.numel() == out, "cuda linear: bias " << bias.shape_str() << " for " << out << " outputs");
     }
     if (T == 0 || out == 0) return;
     bind();
-    cuda::QuantLinearParams p{};
-    p.x = f16(x);
-    p.w = static_cast<const uint8_t*>(w.data);
-    p.bias = bias.empty() ? nullptr : f16(bias);
-    p.y = f16_mut(y);
-    p.tokens = T;
-    p.out = int(out);
-    p.row = row_layout(spec, in, "linear");
-    cuda::launch_quant_linear(p, stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::QuantLinearParams<E> p{};
+      p.x = elems<E>(x);
+      p.w = static_cast<const uint8_t*>(w.data);
+      p.bias = bias.empty() ? nullptr : elems<E>(bias);
+      p.y = elems_mut<E>(y);
+      p.tokens = T;
+      p.out = int(out);
+      p.row = row_layout(spec, in, "linear");
+      cuda::launch_quant_linear(p, stream_);
+    });
   }
 
   // Both caches quantized alike, [S, C, kv_heads, d]; returns the layout of one (position, head) row.
@@ -716,8 +783,8 @@ private:
 
   void quant_kv_store(const Tensor& k, const Tensor& v, const Tensor& cache_k, const Tensor& cache_v,
                       const Tensor& slots, const Tensor& positions) {
-    check_f16(k, "kv_store", "k");
-    check_f16(v, "kv_store", "v");
+    check_act(k, "kv_store", "k");
+    check_act(v, "kv_store", "v");
     check_i32(slots, "kv_store", "slots");
     check_i32(positions, "kv_store", "positions");
     const cuda::QuantRowLayout l = quant_caches(cache_k, cache_v, "kv_store");
@@ -727,27 +794,30 @@ private:
                  "cuda kv_store: k " << k.shape_str() << " v " << v.shape_str() << " cache " << cache_k.shape_str()
                                      << " slots " << slots.shape_str() << " positions " << positions.shape_str());
     bind();
-    cuda::QuantKvStoreParams p{};
-    p.k = f16(k);
-    p.v = f16(v);
-    p.cache_k = static_cast<uint8_t*>(cache_k.data);
-    p.cache_v = static_cast<uint8_t*>(cache_v.data);
-    p.slots = i32(slots);
-    p.positions = i32(positions);
-    p.tokens = T;
-    p.kv_heads = int(kv_heads);
-    p.slot_count = int(cache_k.dim(0));
-    p.capacity = int(cache_k.dim(1));
-    p.row = l;
-    cuda::launch_quant_kv_store(p, stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::QuantKvStoreParams<E> p{};
+      p.k = elems<E>(k);
+      p.v = elems<E>(v);
+      p.cache_k = static_cast<uint8_t*>(cache_k.data);
+      p.cache_v = static_cast<uint8_t*>(cache_v.data);
+      p.slots = i32(slots);
+      p.positions = i32(positions);
+      p.tokens = T;
+      p.kv_heads = int(kv_heads);
+      p.slot_count = int(cache_k.dim(0));
+      p.capacity = int(cache_k.dim(1));
+      p.row = l;
+      cuda::launch_quant_kv_store(p, stream_);
+    });
   }
 
   void quant_attention(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
                        const Tensor& positions, float scale, const Tensor& out) {
-    check_f16(q, "attention", "q");
+    check_act(q, "attention", "q");
     check_i32(slots, "attention", "slots");
     check_i32(positions, "attention", "positions");
-    check_f16(out, "attention", "out");
+    check_act(out, "attention", "out");
     const cuda::QuantRowLayout l = quant_caches(cache_k, cache_v, "attention");
     STRATA_CHECK(q.ndim == 3, "cuda attention: q " << q.shape_str());
     const int64_t T = q.dim(0), heads = q.dim(1), d = q.dim(2), kv_heads = cache_k.dim(2);
@@ -759,38 +829,42 @@ private:
     STRATA_CHECK(d <= cuda::kMaxHeadDim, "cuda attention: head dim " << d << " exceeds " << cuda::kMaxHeadDim);
     STRATA_CHECK(heads <= 65535 && q.dim(0) * heads <= INT_MAX, "cuda attention: " << heads << " heads too many");
     bind();
-    cuda::QuantAttentionParams p{};
-    p.q = f16(q);
-    p.cache_k = static_cast<const uint8_t*>(cache_k.data);
-    p.cache_v = static_cast<const uint8_t*>(cache_v.data);
-    p.slots = i32(slots);
-    p.positions = i32(positions);
-    p.out = f16_mut(out);
-    p.tokens = T;
-    p.heads = int(heads);
-    p.kv_heads = int(kv_heads);
-    p.slot_count = int(cache_k.dim(0));
-    p.capacity = int(cache_k.dim(1));
-    p.scale = scale;
-    p.row = l;
-    if (cuda::tensor_core_attention_enabled() && cuda::tensor_core_attention_supports(l.n, q.dim(0))) {
-      cuda::launch_tensor_core_quant_attention(p, stream_);
-      p.skip_tensor_core_tiles = true;
-    }
-    const int chunks = split_kv_chunks(q.dim(0), heads, kv_heads, cache_k.dim(1));
-    if (chunks == 0) {
-      cuda::launch_quant_attention(p, stream_);
-      return;
-    }
-    std::lock_guard<std::mutex> lock(split_mu_);
-    cuda::launch_split_quant_attention(p, split_scratch(q.dim(0), int(heads), int(d), chunks), stream_);
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::QuantAttentionParams<E> p{};
+      p.q = elems<E>(q);
+      p.cache_k = static_cast<const uint8_t*>(cache_k.data);
+      p.cache_v = static_cast<const uint8_t*>(cache_v.data);
+      p.slots = i32(slots);
+      p.positions = i32(positions);
+      p.out = elems_mut<E>(out);
+      p.tokens = T;
+      p.heads = int(heads);
+      p.kv_heads = int(kv_heads);
+      p.slot_count = int(cache_k.dim(0));
+      p.capacity = int(cache_k.dim(1));
+      p.scale = scale;
+      p.row = l;
+      if (cuda::tensor_core_attention_enabled() && cuda::tensor_core_attention_supports(l.n, q.dim(0))) {
+        cuda::launch_tensor_core_quant_attention(p, stream_);
+        p.skip_tensor_core_tiles = true;
+      }
+      const int chunks = split_kv_chunks(q.dim(0), heads, kv_heads, cache_k.dim(1));
+      if (chunks == 0) {
+        cuda::launch_quant_attention(p, stream_);
+        return;
+      }
+      std::lock_guard<std::mutex> lock(split_mu_);
+      cuda::launch_split_quant_attention(p, split_scratch(q.dim(0), int(heads), int(d), chunks), stream_);
+    });
   }
 
   // split_qkv's checks and parameters but for where k and v go.
-  cuda::SplitQkvParams split_qkv_params(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq,
+  template <class E>
+  cuda::SplitQkvParams<E> split_qkv_params(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq,
                                         const Tensor& q, int64_t kv_heads) {
-    check_f16(qkv, "split_qkv", "qkv");
-    check_f16(q, "split_qkv", "q");
+    check_act(qkv, "split_qkv", "qkv");
+    check_act(q, "split_qkv", "q");
     check_i32(positions, "split_qkv", "positions");
     const int64_t T = q.dim(0);
     STRATA_CHECK(q.ndim == 3 && qkv.dim(0) == T && qkv.row_size() == q.row_size() + 2 * kv_heads * q.dim(2) &&
@@ -803,11 +877,11 @@ private:
                    "cuda split_qkv: inv_freq " << inv_freq.shape_str() << " for heads of " << q.dim(2));
     }
     bind();
-    cuda::SplitQkvParams p{};
-    p.qkv = f16(qkv);
+    cuda::SplitQkvParams<E> p{};
+    p.qkv = elems<E>(qkv);
     p.positions = i32(positions);
     p.inv_freq = inv_freq.empty() ? nullptr : static_cast<const float*>(inv_freq.data);
-    p.q = f16_mut(q);
+    p.q = elems_mut<E>(q);
     p.tokens = T;
     p.heads = int(q.dim(1));
     p.kv_heads = int(kv_heads);
@@ -844,6 +918,20 @@ private:
     }
     return cuda::split_kv_scratch(split_scratch_, tokens, heads, head_dim, chunks);
   }
+
+  // The activation dtype's tensors reach the kernels as their element type: f(__half{}) or
+  // f(bf16{}); dispatch_float also takes F32 tensors (f(float{})).
+  template <class F>
+  void dispatch(F&& f) const {
+    if (act_ == DType::BF16) f(cuda::bf16{});
+    else f(__half{});
+  }
+  template <class F>
+  void dispatch_float(DType dt, F&& f) const {
+    if (dt == DType::F32) f(float{});
+    else dispatch(f);
+  }
+  void check_act(const Tensor& t, const char* op, const char* what) const { check_tensor(t, act_, op, what); }
 
   // Makes this backend's GPU current for the calling thread (cheap; callers may use many threads).
   void bind() const { STRATA_CUDA_CHECK(cudaSetDevice(device_)); }
@@ -886,6 +974,7 @@ private:
   }
 
   int device_ = 0;
+  DType act_ = DType::F16;
   cudaStream_t stream_ = nullptr;
   cudaStream_t copy_streams_[2] = {nullptr, nullptr};  // host-to-device, device-to-host
   cudaEvent_t copy_done_[2] = {nullptr, nullptr};      // each copy stream's last copy, waited on by blocking
@@ -927,7 +1016,7 @@ bool cuda_available() {
   return available;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device_index) {
+std::unique_ptr<Backend> make_cuda_backend(int device_index, DType activations) {
   cudaError_t err = cudaSuccess;
   const int n = device_count(&err);
   if (err != cudaSuccess)
@@ -936,7 +1025,17 @@ std::unique_ptr<Backend> make_cuda_backend(int device_index) {
   if (n == 0) STRATA_FAIL("cuda: no GPU found; use --device cpu");
   if (device_index < 0 || device_index >= n)
     STRATA_FAIL("cuda: GPU index " << device_index << " out of range (" << n << " GPU(s) found)");
-  return std::make_unique<CudaBackend>(device_index);
+  STRATA_CHECK(activations == DType::F16 || activations == DType::BF16,
+               "cuda: activations must be F16 or BF16, got " << dtype_name(activations));
+  if (activations == DType::BF16 && !cuda_has_bf16(device_index)) {
+    const CudaCapability cc = cuda_compute_capability(device_index);
+    STRATA_FAIL("cuda: --dtype bf16 needs compute capability 8.0 or newer (Ampere); GPU " << device_index << " ("
+                                                                                      << cuda_device_name(device_index)
+                                                                                      << ") has " << cc.major << "."
+                                                                                      << cc.minor
+                                                                                      << "; use --dtype fp16");
+  }
+  return std::make_unique<CudaBackend>(device_index, activations);
 }
 
 }  // namespace strata

@@ -1,12 +1,14 @@
 // Launchers of the CUDA kernels, one per op family (*.cu). Each takes raw device pointers or a
 // plain parameter struct and a stream, returns at once for empty work, and checks its launch.
+// T, the activation element type, is __half or bf16 (act_types.cuh); each .cu instantiates both.
 // Shapes are validated by the entries in cuda_backend.cpp; all layouts are contiguous row-major.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include "act_types.cuh"
 
 #include "split_kv.h"
 
@@ -14,37 +16,48 @@ namespace strata::cuda {
 
 // embedding.cu: out[i] = src[idx[i]] (or += when accumulate). src: [src_rows, width],
 // idx: [n], out: [n, width]. An index outside [0, src_rows) writes NaN rather than reading wild.
-void launch_gather_rows(const __half* src, int64_t src_rows, const int32_t* idx, int64_t n, int64_t width,
-                        bool accumulate, __half* out, cudaStream_t stream);
+template <class T>
+void launch_gather_rows(const T* src, int64_t src_rows, const int32_t* idx, int64_t n, int64_t width,
+                        bool accumulate, T* out, cudaStream_t stream);
 
 // norm.cu: one block per row; x, out: [rows, h] (out may alias x); w, b: [h], b may be null.
-void launch_layer_norm(const __half* x, const __half* w, const __half* b, float eps, int64_t rows, int64_t h,
-                       __half* out, cudaStream_t stream);
-void launch_rms_norm(const __half* x, const __half* w, float eps, int64_t rows, int64_t h, __half* out,
+template <class T>
+void launch_layer_norm(const T* x, const T* w, const T* b, float eps, int64_t rows, int64_t h,
+                       T* out, cudaStream_t stream);
+template <class T>
+void launch_rms_norm(const T* x, const T* w, float eps, int64_t rows, int64_t h, T* out,
                      cudaStream_t stream);
-// norm.cu, the residual add first: x += delta (rounded to fp16 as launch_add does), then out =
+// norm.cu, the residual add first: x += delta (rounded to T as launch_add does), then out =
 // the norm of the new x. delta: [rows, h]; out may alias delta, not x.
-void launch_add_layer_norm(__half* x, const __half* delta, const __half* w, const __half* b, float eps, int64_t rows,
-                           int64_t h, __half* out, cudaStream_t stream);
-void launch_add_rms_norm(__half* x, const __half* delta, const __half* w, float eps, int64_t rows, int64_t h,
-                         __half* out, cudaStream_t stream);
+template <class T>
+void launch_add_layer_norm(T* x, const T* delta, const T* w, const T* b, float eps, int64_t rows,
+                           int64_t h, T* out, cudaStream_t stream);
+template <class T>
+void launch_add_rms_norm(T* x, const T* delta, const T* w, float eps, int64_t rows, int64_t h,
+                         T* out, cudaStream_t stream);
 
 // elementwise.cu
 enum class ActKind : int { ReLU, GELU };
-void launch_add(const __half* a, const __half* b, __half* out, int64_t n, cudaStream_t stream);
-void launch_activation(ActKind act, __half* x, int64_t n, cudaStream_t stream);
+template <class T>
+void launch_add(const T* a, const T* b, T* out, int64_t n, cudaStream_t stream);
+template <class T>
+void launch_activation(ActKind act, T* x, int64_t n, cudaStream_t stream);
 // out[t, c] = silu(gate_up[t, c]) * gate_up[t, f + c]; gate_up: [rows, 2f], out: [rows, f].
 // out[t] = sum_j weights[t k + j] * src[rows[t k + j]] (fp32 sums, j in order); src: [src_rows, h],
-// out: [T, h]. A row outside src gives NaN (callers validate on the host).
-void launch_combine_rows(const __half* src, int64_t src_rows, const int32_t* rows, const float* weights, int64_t T,
-                         int64_t k, int64_t h, __half* out, cudaStream_t stream);
-void launch_swiglu(const __half* gate_up, __half* out, int64_t rows, int64_t f, cudaStream_t stream);
+// out: [tokens, h]. A row outside src gives NaN (callers validate on the host).
+template <class T>
+void launch_combine_rows(const T* src, int64_t src_rows, const int32_t* rows, const float* weights,
+                         int64_t tokens, int64_t k, int64_t h, T* out, cudaStream_t stream);
+template <class T>
+void launch_swiglu(const T* gate_up, T* out, int64_t rows, int64_t f, cudaStream_t stream);
 // y[r, c] += bias[c]; y: [rows, cols].
-void launch_bias_add(__half* y, const __half* bias, int64_t rows, int64_t cols, cudaStream_t stream);
+template <class T>
+void launch_bias_add(T* y, const T* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 
 // rope.cu: x: [tokens, heads, head_dim] rotated in place; head_dim even.
+template <class T>
 struct RopeParams {
-  __half* x;
+  T* x;
   const int32_t* positions;  // [tokens]
   const float* inv_freq;     // [head_dim / 2]
   int64_t tokens;
@@ -52,7 +65,8 @@ struct RopeParams {
   int head_dim;
   int64_t token_stride;      // elements between tokens (heads * head_dim)
 };
-void launch_rope(const RopeParams& p, cudaStream_t stream);
+template <class T>
+void launch_rope(const RopeParams<T>& p, cudaStream_t stream);
 // ---- group-wise quantized rows (include/strata/quant/quant.h's format) ----
 // A row of n elements: codes (4-bit: element 2k in the low nibble of byte k; 8-bit: one byte
 // each) padded with zeros to a multiple of 4 bytes, then `groups` fp16 scales, then `groups` fp16
@@ -81,17 +95,18 @@ inline QuantRowLayout quant_row_layout(int bits, int group, int n) {
 // rope.cu: qkv [tokens, (heads + 2 kv_heads) head_dim] (q's columns, k's, v's) into q [tokens,
 // heads, head_dim], k and v [tokens, kv_heads, head_dim] (or the caches), q and k rotated as
 // launch_rope does where inv_freq is not null.
+template <class T>
 struct SplitQkvParams {
-  const __half* qkv;
+  const T* qkv;
   const int32_t* positions;  // [tokens]
   const float* inv_freq;     // [head_dim / 2], or null: copy without rotating
-  __half* q;
-  __half* k;                 // [tokens, kv_heads, head_dim], or null: into the caches
-  __half* v;
+  T* q;
+  T* k;                 // [tokens, kv_heads, head_dim], or null: into the caches
+  T* v;
   // With k and v null: k and v into cache rows (slots[t], positions[t]) of [slot_count, capacity,
   // kv_heads, head_dim] caches, kv_store_kernel's addressing (no write outside the cache).
-  __half* cache_k = nullptr;
-  __half* cache_v = nullptr;
+  T* cache_k = nullptr;
+  T* cache_v = nullptr;
   // Or quantized caches (quant_row's rows, one per (slot, position, kv head)): k and v quantized
   // into them as launch_quant_kv_store does, bit for bit.
   uint8_t* quant_cache_k = nullptr;
@@ -105,14 +120,16 @@ struct SplitQkvParams {
   int kv_heads;
   int head_dim;
 };
-void launch_split_qkv(const SplitQkvParams& p, cudaStream_t stream);
+template <class T>
+void launch_split_qkv(const SplitQkvParams<T>& p, cudaStream_t stream);
 
 // attention.cu. Caches: [slots, capacity, kv_heads, head_dim].
+template <class T>
 struct KvStoreParams {
-  const __half* k;           // [tokens, kv_heads, head_dim]
-  const __half* v;
-  __half* cache_k;
-  __half* cache_v;
+  const T* k;           // [tokens, kv_heads, head_dim]
+  const T* v;
+  T* cache_k;
+  T* cache_v;
   const int32_t* slots;      // [tokens]
   const int32_t* positions;  // [tokens]
   int64_t tokens;
@@ -120,16 +137,18 @@ struct KvStoreParams {
   int slot_count;
   int capacity;
 };
-void launch_kv_store(const KvStoreParams& p, cudaStream_t stream);
+template <class T>
+void launch_kv_store(const KvStoreParams<T>& p, cudaStream_t stream);
 
 constexpr int kMaxHeadDim = 256;
+template <class T>
 struct AttentionParams {
-  const __half* q;           // [tokens, heads, head_dim]
-  const __half* cache_k;
-  const __half* cache_v;
+  const T* q;           // [tokens, heads, head_dim]
+  const T* cache_k;
+  const T* cache_v;
   const int32_t* slots;      // [tokens]
   const int32_t* positions;  // [tokens]; token t attends to cache positions [0, positions[t]]
-  __half* out;               // [tokens, heads, head_dim]
+  T* out;               // [tokens, heads, head_dim]
   int64_t tokens;
   int heads;
   int kv_heads;
@@ -143,7 +162,8 @@ struct AttentionParams {
   bool skip_tensor_core_tiles = false;  // per-token kernel: leave the tiles the tensor-core kernel takes
 };
 // Per-token kernel: a block per (token, query head); every step shape, every head dim.
-void launch_attention(const AttentionParams& p, cudaStream_t stream);
+template <class T>
+void launch_attention(const AttentionParams<T>& p, cudaStream_t stream);
 
 // attention_split.cu: split-KV decode attention (flash-decoding). Each (token, kv head)'s keys
 // [0, positions[t]] are cut into `splits` chunks of whole 64-key tiles; a block takes one chunk for
@@ -163,34 +183,41 @@ size_t split_kv_scratch_bytes(int64_t tokens, int heads, int head_dim, int split
 SplitKvScratch split_kv_scratch(void* buffer, int64_t tokens, int heads, int head_dim, int splits);
 // Both kernels (split, then merge) on one stream; skip_tensor_core_tiles is honoured as by
 // launch_attention. Head dims up to kMaxHeadDim, any GQA ratio.
-void launch_split_attention(const AttentionParams& p, const SplitKvScratch& s, cudaStream_t stream);
+template <class T>
+void launch_split_attention(const AttentionParams<T>& p, const SplitKvScratch& s, cudaStream_t stream);
 
 // attention_tc.cu: the query tiles of prefill runs (attention_tiles.cuh says which) on tensor
 // cores; launch_attention with skip_tensor_core_tiles then does the rest. Head dims that are
 // multiples of 16 up to kTensorCoreMaxHeadDim, steps of up to 65535 tiles of 64 tokens.
 constexpr int kTensorCoreMaxHeadDim = 128;
 bool tensor_core_attention_supports(int head_dim, int64_t tokens);
-void launch_tensor_core_attention(const AttentionParams& p, cudaStream_t stream);
+template <class T>
+void launch_tensor_core_attention(const AttentionParams<T>& p, cudaStream_t stream);
 
 // sampling.cu: out[r] = argmax over logits[r, :] (lowest index on ties; NaN never wins).
-void launch_argmax_rows(const __half* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
-void launch_argmax_rows(const float* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
+// L: __half, bf16 or float.
+template <class L>
+void launch_argmax_rows(const L* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
 
-// quant.cu: rows x n fp16 (or fp32, when *_f32) elements to quantized rows and back. Quantizing
+// quant.cu: rows x n fp16, bf16 or fp32 elements to quantized rows and back. Quantizing
 // is bit-identical to the host reference (quant.cpp); dequantizing computes its formula,
 // float(code) * scale rounded, plus minimum rounded, so values are identical too.
 struct QuantParams {
   int64_t rows = 0;
   QuantRowLayout row;
 };
-void launch_quantize_rows(const QuantParams& p, const void* x, bool x_f32, uint8_t* q, cudaStream_t stream);
-void launch_dequantize_rows(const QuantParams& p, const uint8_t* q, void* out, bool out_f32, cudaStream_t stream);
+// E: __half, bf16 or float.
+template <class E>
+void launch_quantize_rows(const QuantParams& p, const E* x, uint8_t* q, cudaStream_t stream);
+template <class E>
+void launch_dequantize_rows(const QuantParams& p, const uint8_t* q, E* out, cudaStream_t stream);
 
 // quant.cu: kv_store into quantized caches. Each (token, kv head) row of head_dim elements of k
 // and v is quantized (as quantize_rows would) into cache row (slot, position, head).
+template <class T>
 struct QuantKvStoreParams {
-  const __half* k;           // [tokens, kv_heads, head_dim]
-  const __half* v;
+  const T* k;           // [tokens, kv_heads, head_dim]
+  const T* v;
   uint8_t* cache_k;          // [slots, capacity, kv_heads] rows of row.row_bytes
   uint8_t* cache_v;
   const int32_t* slots;      // [tokens]
@@ -201,33 +228,37 @@ struct QuantKvStoreParams {
   int capacity;
   QuantRowLayout row;        // n = head_dim
 };
-void launch_quant_kv_store(const QuantKvStoreParams& p, cudaStream_t stream);
+template <class T>
+void launch_quant_kv_store(const QuantKvStoreParams<T>& p, cudaStream_t stream);
 
 // quant_linear.cu: y[T, out] = x[T, in] @ dequant(w)^T (+ bias), fp32 accumulation, weights
 // dequantized in registers. One pass over the weights serves up to kQuantLinearTokens tokens;
 // more tokens take one pass per kQuantLinearTokens (correct, but the weights are re-read).
 constexpr int kQuantLinearTokens = 16;
+template <class T>
 struct QuantLinearParams {
-  const __half* x;     // [tokens, in]
+  const T* x;     // [tokens, in]
   const uint8_t* w;    // [out] quantized rows of `in` elements
-  const __half* bias;  // [out] or null
-  __half* y;           // [tokens, out]
+  const T* bias;  // [out] or null
+  T* y;           // [tokens, out]
   int64_t tokens;
   int out;
   QuantRowLayout row;  // n = in
 };
-void launch_quant_linear(const QuantLinearParams& p, cudaStream_t stream);
+template <class T>
+void launch_quant_linear(const QuantLinearParams<T>& p, cudaStream_t stream);
 
 // quant_attention.cu: attention() over quantized caches ([slots, capacity, kv_heads] rows of
 // head_dim), same semantics as launch_attention; keys and values are dequantized in registers by
 // the reference formula (float(code) * scale rounded, plus minimum rounded).
+template <class T>
 struct QuantAttentionParams {
-  const __half* q;           // [tokens, heads, head_dim]
+  const T* q;           // [tokens, heads, head_dim]
   const uint8_t* cache_k;
   const uint8_t* cache_v;
   const int32_t* slots;      // [tokens]
   const int32_t* positions;  // [tokens]; token t attends to cache positions [0, positions[t]]
-  __half* out;               // [tokens, heads, head_dim]
+  T* out;               // [tokens, heads, head_dim]
   int64_t tokens;
   int heads;
   int kv_heads;
@@ -237,15 +268,18 @@ struct QuantAttentionParams {
   QuantRowLayout row;        // n = head_dim <= kMaxHeadDim
   bool skip_tensor_core_tiles = false;  // leave the tiles the tensor-core kernel takes
 };
-void launch_quant_attention(const QuantAttentionParams& p, cudaStream_t stream);
+template <class T>
+void launch_quant_attention(const QuantAttentionParams<T>& p, cudaStream_t stream);
 // quant_attention.cu: split-KV decode over quantized caches, attention_split.cu's design and
 // merge (launch_split_attention above).
-void launch_split_quant_attention(const QuantAttentionParams& p, const SplitKvScratch& s, cudaStream_t stream);
+template <class T>
+void launch_split_quant_attention(const QuantAttentionParams<T>& p, const SplitKvScratch& s, cudaStream_t stream);
 // attention_split.cu: the merge of both split launchers, one block per (token, query head). Token
 // fields as in the attention params; an invalid slot or position writes NaN, as the kernels do.
+template <class T>
 struct SplitKvMergeParams {
   SplitKvScratch part;
-  __half* out;               // [tokens, heads, head_dim]
+  T* out;               // [tokens, heads, head_dim]
   const int32_t* slots;
   const int32_t* positions;
   int64_t tokens;
@@ -255,9 +289,11 @@ struct SplitKvMergeParams {
   int capacity;
   bool skip_tensor_core_tiles = false;
 };
-void launch_split_kv_merge(const SplitKvMergeParams& p, cudaStream_t stream);
+template <class T>
+void launch_split_kv_merge(const SplitKvMergeParams<T>& p, cudaStream_t stream);
 // attention_tc.cu: the tensor-core kernel over quantized caches (rows dequantized by the
-// reference formula into shared memory as fp16), for the same tiles and head dims.
-void launch_tensor_core_quant_attention(const QuantAttentionParams& p, cudaStream_t stream);
+// reference formula into shared memory as T), for the same tiles and head dims.
+template <class T>
+void launch_tensor_core_quant_attention(const QuantAttentionParams<T>& p, cudaStream_t stream);
 
 }  // namespace strata::cuda

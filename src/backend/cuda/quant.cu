@@ -17,9 +17,6 @@ constexpr int kWarpsPerBlock = 8;
 constexpr int kDequantThreads = 256;
 constexpr int64_t kMaxBlocks = 65535;
 
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(float v) { return v; }
-
 // Warp w of the grid takes groups w, w + warps, ...; the group index is uniform across the warp,
 // so the shuffles inside warp_quantize_group stay converged.
 template <class T>
@@ -30,13 +27,14 @@ __global__ void quantize_kernel(const QuantParams p, const T* __restrict__ x, ui
        g += int64_t(gridDim.x) * kWarpsPerBlock) {
     const int64_t r = g / l.groups;
     const T* xr = x + r * l.n;
-    warp_quantize_group(l, int(g % l.groups), [xr](int i) { return to_f32(xr[i]); }, q + r * l.row_bytes);
+    warp_quantize_group(l, int(g % l.groups), [xr](int i) { return to_float(xr[i]); }, q + r * l.row_bytes);
   }
 }
 
 // Rows are [k rows..., v rows...], each tokens * kv_heads rows of head_dim; a token whose slot or
 // position is out of range writes nothing (callers validate them on the host).
-__global__ void quant_kv_store_kernel(const QuantKvStoreParams p) {
+template <class T>
+__global__ void quant_kv_store_kernel(const QuantKvStoreParams<T> p) {
   const QuantRowLayout& l = p.row;
   const int64_t rows = p.tokens * p.kv_heads, total = 2 * rows * l.groups;
   for (int64_t g = int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5); g < total;
@@ -47,10 +45,10 @@ __global__ void quant_kv_store_kernel(const QuantKvStoreParams p) {
     const int64_t t = r / p.kv_heads;
     const int slot = p.slots[t], pos = p.positions[t];
     if (slot < 0 || slot >= p.slot_count || pos < 0 || pos >= p.capacity) continue;  // uniform over the warp
-    const __half* src = (is_v ? p.v : p.k) + r * l.n;
+    const T* src = (is_v ? p.v : p.k) + r * l.n;
     const int64_t cache_row = (int64_t(slot) * p.capacity + pos) * p.kv_heads + r % p.kv_heads;
     uint8_t* dst = (is_v ? p.cache_v : p.cache_k) + cache_row * l.row_bytes;
-    warp_quantize_group(l, int(rg % l.groups), [src](int i) { return __half2float(src[i]); }, dst);
+    warp_quantize_group(l, int(rg % l.groups), [src](int i) { return to_float(src[i]); }, dst);
   }
 }
 
@@ -60,10 +58,7 @@ template <int kN, class T>
 __device__ __forceinline__ void store_values(T* out, const float (&v)[kN], int count) {
   alignas(16) T t[kN];
 #pragma unroll
-  for (int k = 0; k < kN; ++k) {
-    if constexpr (sizeof(T) == 2) t[k] = __float2half_rn(v[k]);
-    else t[k] = v[k];
-  }
+  for (int k = 0; k < kN; ++k) t[k] = from_float<T>(v[k]);
   constexpr int kBytes = kN * int(sizeof(T));
   const uintptr_t addr = reinterpret_cast<uintptr_t>(out);
   if (count == kN && kBytes >= 16 && addr % 16 == 0) {
@@ -111,26 +106,34 @@ void launch_dequantize_as(const QuantParams& p, const uint8_t* q, T* out, cudaSt
 
 }  // namespace
 
-void launch_quantize_rows(const QuantParams& p, const void* x, bool x_f32, uint8_t* q, cudaStream_t stream) {
+template <class E>
+void launch_quantize_rows(const QuantParams& p, const E* x, uint8_t* q, cudaStream_t stream) {
   const int64_t groups = p.rows * p.row.groups;
   if (groups == 0) return;
-  const unsigned blocks = grid_for(groups, kWarpsPerBlock);
-  if (x_f32) quantize_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(p, static_cast<const float*>(x), q);
-  else quantize_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(p, static_cast<const __half*>(x), q);
+  quantize_kernel<<<grid_for(groups, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(p, x, q);
   STRATA_CUDA_CHECK_LAUNCH("quantize_kernel", stream);
 }
 
-void launch_dequantize_rows(const QuantParams& p, const uint8_t* q, void* out, bool out_f32, cudaStream_t stream) {
+template <class E>
+void launch_dequantize_rows(const QuantParams& p, const uint8_t* q, E* out, cudaStream_t stream) {
   if (p.rows == 0 || p.row.n == 0) return;
-  if (out_f32) launch_dequantize_as(p, q, static_cast<float*>(out), stream);
-  else launch_dequantize_as(p, q, static_cast<__half*>(out), stream);
+  launch_dequantize_as(p, q, out, stream);
 }
 
-void launch_quant_kv_store(const QuantKvStoreParams& p, cudaStream_t stream) {
+template <class T>
+void launch_quant_kv_store(const QuantKvStoreParams<T>& p, cudaStream_t stream) {
   const int64_t groups = 2 * p.tokens * p.kv_heads * p.row.groups;
   if (groups == 0) return;
   quant_kv_store_kernel<<<grid_for(groups, kWarpsPerBlock), kWarpsPerBlock * 32, 0, stream>>>(p);
   STRATA_CUDA_CHECK_LAUNCH("quant_kv_store_kernel", stream);
 }
+
+#define STRATA_INSTANTIATE_ROWS(E)                                                              \
+  template void launch_quantize_rows<E>(const QuantParams&, const E*, uint8_t*, cudaStream_t); \
+  template void launch_dequantize_rows<E>(const QuantParams&, const uint8_t*, E*, cudaStream_t);
+STRATA_FOR_EACH_ACT(STRATA_INSTANTIATE_ROWS)
+STRATA_INSTANTIATE_ROWS(float)
+#define STRATA_INSTANTIATE(T) template void launch_quant_kv_store<T>(const QuantKvStoreParams<T>&, cudaStream_t);
+STRATA_FOR_EACH_ACT(STRATA_INSTANTIATE)
 
 }  // namespace strata::cuda

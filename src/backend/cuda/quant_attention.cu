@@ -45,8 +45,8 @@ __device__ __forceinline__ float word_dot(const uint8_t* row, const QuantRowLayo
   return s;
 }
 
-template <int kBits>
-__global__ void __launch_bounds__(kThreads) quant_attention_kernel(const QuantAttentionParams p, int seg) {
+template <int kBits, class T>
+__global__ void __launch_bounds__(kThreads) quant_attention_kernel(const QuantAttentionParams<T> p, int seg) {
   constexpr int kPer = 32 / kBits;
   constexpr int kMaxWords = kMaxHeadDim / kPer;
   __shared__ float q_s[kMaxHeadDim];
@@ -62,18 +62,18 @@ __global__ void __launch_bounds__(kThreads) quant_attention_kernel(const QuantAt
   const int words = int(l.code_bytes / 4);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  __half* out = p.out + (t * p.heads + head) * d;
+  T* out = p.out + (t * p.heads + head) * d;
   const int slot = p.slots[t];
   const int pos = p.positions[t];
   if (slot < 0 || slot >= p.slot_count || pos < 0 || pos >= p.capacity) {  // uniform over the block
-    for (int i = threadIdx.x; i < d; i += kThreads) out[i] = __float2half_rn(NAN);
+    for (int i = threadIdx.x; i < d; i += kThreads) out[i] = from_float<T>(NAN);
     return;
   }
   const int kv_head = head / (p.heads / p.kv_heads);
-  const __half* q = p.q + (t * p.heads + head) * d;
+  const T* q = p.q + (t * p.heads + head) * d;
   for (int i = threadIdx.x; i < kMaxHeadDim; i += kThreads) {
     const int e = (i % kMaxWords) * kPer + i / kMaxWords;  // element k = i / kMaxWords of word i % kMaxWords
-    q_s[i] = e < d ? __half2float(q[e]) * p.scale : 0.0f;
+    q_s[i] = e < d ? to_float(q[e]) * p.scale : 0.0f;
   }
   // Row of cache position j: ((slot * capacity + j) * kv_heads + kv_head) * row_bytes.
   const int64_t pos_stride = int64_t(p.kv_heads) * l.row_bytes;
@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) quant_attention_kernel(const QuantAt
   for (int i = threadIdx.x; i < d; i += kThreads) {
     float o = 0.0f;
     for (int g = 0; g < key_groups; ++g) o += o_s[g * words * kPer + i];
-    out[i] = __float2half_rn(o * inv_l);
+    out[i] = from_float<T>(o * inv_l);
   }
 }
 
@@ -160,9 +160,9 @@ __global__ void __launch_bounds__(kThreads) quant_attention_kernel(const QuantAt
 // of two >= the row's words, at least 8 so group_sum8 can leave each lane one head), each lane
 // dequantizing a word once for all the group's heads. Output: thread i takes word i % words of
 // the value rows of keys i / words, i / words + 128 / words, ..., for every head.
-template <int kBits>
+template <int kBits, class T>
 __global__ void __launch_bounds__(kThreads)
-    split_quant_attention_kernel(const QuantAttentionParams p, const SplitKvScratch part, int seg) {
+    split_quant_attention_kernel(const QuantAttentionParams<T> p, const SplitKvScratch part, int seg) {
   constexpr int kPer = 32 / kBits;
   constexpr int kMaxWords = kMaxHeadDim / kPer;
   constexpr int kGroup = kSplitKvGroupHeads;
@@ -179,11 +179,11 @@ __global__ void __launch_bounds__(kThreads)
   const int words = int(l.code_bytes / 4);
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const __half* q = p.q + (b.token * p.heads + b.head0) * d;  // the group's heads are adjacent
+  const T* q = p.q + (b.token * p.heads + b.head0) * d;  // the group's heads are adjacent
   for (int i = threadIdx.x; i < b.heads * kMaxHeadDim; i += kThreads) {
     const int g = i / kMaxHeadDim, r = i % kMaxHeadDim;
     const int e = (r % kMaxWords) * kPer + r / kMaxWords;  // element k = r / kMaxWords of word r % kMaxWords
-    q_s[g][r] = e < d ? __half2float(q[g * d + e]) * p.scale : 0.0f;
+    q_s[g][r] = e < d ? to_float(q[g * d + e]) * p.scale : 0.0f;
   }
   if (threadIdx.x < kGroup) {
     sm.m[threadIdx.x] = -INFINITY;
@@ -290,7 +290,8 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void launch_split_quant_attention(const QuantAttentionParams& p, const SplitKvScratch& s, cudaStream_t stream) {
+template <class T>
+void launch_split_quant_attention(const QuantAttentionParams<T>& p, const SplitKvScratch& s, cudaStream_t stream) {
   if (p.tokens == 0 || p.heads == 0 || p.row.n == 0) return;
   const int words = int(p.row.code_bytes / 4);
   int seg = kSplitKvGroupHeads;  // lanes per key in the score phase
@@ -302,7 +303,8 @@ void launch_split_quant_attention(const QuantAttentionParams& p, const SplitKvSc
   launch_split_kv_merge(split_merge_params(p, s, p.row.n), stream);
 }
 
-void launch_quant_attention(const QuantAttentionParams& p, cudaStream_t stream) {
+template <class T>
+void launch_quant_attention(const QuantAttentionParams<T>& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.heads == 0 || p.row.n == 0) return;
   const int words = int(p.row.code_bytes / 4);
   int seg = 1;  // lanes per key in the score phase
@@ -312,5 +314,11 @@ void launch_quant_attention(const QuantAttentionParams& p, cudaStream_t stream) 
   else quant_attention_kernel<8><<<grid, kThreads, 0, stream>>>(p, seg);
   STRATA_CUDA_CHECK_LAUNCH("quant_attention_kernel", stream);
 }
+
+#define STRATA_INSTANTIATE(T)                                                                                \
+  template void launch_split_quant_attention<T>(const QuantAttentionParams<T>&, const SplitKvScratch&,      \
+                                                cudaStream_t);                                              \
+  template void launch_quant_attention<T>(const QuantAttentionParams<T>&, cudaStream_t);
+STRATA_FOR_EACH_ACT(STRATA_INSTANTIATE)
 
 }  // namespace strata::cuda

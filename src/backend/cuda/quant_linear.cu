@@ -66,25 +66,25 @@ __device__ __forceinline__ void load_codes(uint32_t (&c)[kWords], const uint8_t*
 
 // Stages x[t0 + t][k0 + e] (0 outside [T, in]) for t < kTokens, e < kTileK, in the swizzled layout.
 // Thread i writes float4 i, so the stores are conflict-free; x_vec: 8-byte loads are aligned.
-template <int kTokens>
-__device__ __forceinline__ void stage_x(float4* x_s, const QuantLinearParams& p, int64_t t0, int64_t k0, bool x_vec) {
+template <int kTokens, class T>
+__device__ __forceinline__ void stage_x(float4* x_s, const QuantLinearParams<T>& p, int64_t t0, int64_t k0, bool x_vec) {
   const int64_t in = p.row.n;
   for (int i = threadIdx.x; i < kTokens * kSubBlocks * 32; i += kThreads) {
     const int t = i / (kSubBlocks * 32), b = (i / 32) % kSubBlocks, lane = i % 32;
     const int64_t e = k0 + lane * kChunk + b * 4;  // element of the row
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (t0 + t < p.tokens && e < in) {
-      const __half* src = p.x + (t0 + t) * in + e;
+      const T* src = p.x + (t0 + t) * in + e;
       if (x_vec && e + 4 <= in) {
         const uint2 raw = *reinterpret_cast<const uint2*>(src);
-        const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&raw.x));
-        const float2 b2 = __half22float2(*reinterpret_cast<const __half2*>(&raw.y));
+        const float2 a = to_float2(*reinterpret_cast<const Pair<T>*>(&raw.x));
+        const float2 b2 = to_float2(*reinterpret_cast<const Pair<T>*>(&raw.y));
         v = make_float4(a.x, a.y, b2.x, b2.y);
       } else {
         float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-          if (e + k < in) f[k] = __half2float(src[k]);
+          if (e + k < in) f[k] = to_float(src[k]);
         v = make_float4(f[0], f[1], f[2], f[3]);
       }
     }
@@ -93,8 +93,8 @@ __device__ __forceinline__ void stage_x(float4* x_s, const QuantLinearParams& p,
 }
 
 // (Minimum 1 block per SM in the launch bounds: without it ptxas capped registers lower and spilled.)
-template <int kBits, int kTokens>
-__global__ void __launch_bounds__(kThreads, 1) quant_linear_kernel(const QuantLinearParams p, bool w_vec, bool x_vec) {
+template <int kBits, int kTokens, class T>
+__global__ void __launch_bounds__(kThreads, 1) quant_linear_kernel(const QuantLinearParams<T> p, bool w_vec, bool x_vec) {
   constexpr int kWords = chunk_words<kBits>();
   __shared__ float4 x_s[kTokens * kSubBlocks * 32];
   const QuantRowLayout& l = p.row;
@@ -179,8 +179,8 @@ __global__ void __launch_bounds__(kThreads, 1) quant_linear_kernel(const QuantLi
         const float sum = warp_sum(acc[t][r]);
         const int row = row0 + r;
         if (lane == (t * kRows + r) % 32 && t0 + t < p.tokens && row < p.out) {
-          const float bias = p.bias ? __half2float(p.bias[row]) : 0.0f;
-          p.y[(t0 + t) * p.out + row] = __float2half_rn(sum + bias);
+          const float bias = p.bias ? to_float(p.bias[row]) : 0.0f;
+          p.y[(t0 + t) * p.out + row] = from_float<T>(sum + bias);
         }
       }
   }
@@ -188,8 +188,8 @@ __global__ void __launch_bounds__(kThreads, 1) quant_linear_kernel(const QuantLi
 
 bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % unsigned(bytes) == 0; }
 
-template <int kBits, int kTokens>
-void launch_shape(const QuantLinearParams& p, cudaStream_t stream) {
+template <int kBits, int kTokens, class T>
+void launch_shape(const QuantLinearParams<T>& p, cudaStream_t stream) {
   constexpr int kVecBytes = chunk_words<kBits>() * 4;
   const bool w_vec = aligned(p.w, kVecBytes) && p.row.row_bytes % kVecBytes == 0;
   const bool x_vec = aligned(p.x, 8) && p.row.n % 4 == 0;
@@ -200,8 +200,8 @@ void launch_shape(const QuantLinearParams& p, cudaStream_t stream) {
   STRATA_CUDA_CHECK_LAUNCH("quant_linear_kernel", stream);
 }
 
-template <int kBits>
-void launch_bits(const QuantLinearParams& p, cudaStream_t stream) {
+template <int kBits, class T>
+void launch_bits(const QuantLinearParams<T>& p, cudaStream_t stream) {
   // The fewest tokens per pass that cover T: each token slot costs its FMAs whether used or not.
   if (p.tokens <= 1) launch_shape<kBits, 1>(p, stream);
   else if (p.tokens <= 2) launch_shape<kBits, 2>(p, stream);
@@ -212,10 +212,14 @@ void launch_bits(const QuantLinearParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-void launch_quant_linear(const QuantLinearParams& p, cudaStream_t stream) {
+template <class T>
+void launch_quant_linear(const QuantLinearParams<T>& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.out == 0 || p.row.n == 0) return;
   if (p.row.bits == 4) launch_bits<4>(p, stream);
   else launch_bits<8>(p, stream);
 }
+
+#define STRATA_INSTANTIATE(T) template void launch_quant_linear<T>(const QuantLinearParams<T>&, cudaStream_t);
+STRATA_FOR_EACH_ACT(STRATA_INSTANTIATE)
 
 }  // namespace strata::cuda

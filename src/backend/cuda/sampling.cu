@@ -15,8 +15,6 @@ constexpr int kThreads = 512;
 // Does candidate (v, i) beat the current best (bv, bi)? NaN never wins (comparisons are false).
 __device__ __forceinline__ bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
 
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(float v) { return v; }
 
 template <class T>
 __global__ void argmax_rows_kernel(const T* __restrict__ logits, int64_t cols, int32_t* __restrict__ out) {
@@ -73,12 +71,13 @@ void launch_argmax(const T* logits, int64_t rows, int64_t cols, int32_t* out, cu
 
 }  // namespace
 
-void launch_argmax_rows(const __half* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream) {
+template <class L>
+void launch_argmax_rows(const L* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream) {
   launch_argmax(logits, rows, cols, out, stream);
 }
 
-void launch_argmax_rows(const float* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream) {
-  launch_argmax(logits, rows, cols, out, stream);
-}
+template void launch_argmax_rows<__half>(const __half*, int64_t, int64_t, int32_t*, cudaStream_t);
+template void launch_argmax_rows<bf16>(const bf16*, int64_t, int64_t, int32_t*, cudaStream_t);
+template void launch_argmax_rows<float>(const float*, int64_t, int64_t, int32_t*, cudaStream_t);
 
 }  // namespace strata::cuda

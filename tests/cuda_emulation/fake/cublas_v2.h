@@ -1,5 +1,5 @@
 // Stands in for cuBLAS's header in the emulated build: the one GEMM the backend calls
-// (cublasGemmEx, fp16 inputs, fp32 accumulation, column-major as cuBLAS), served on the host by
+// (cublasGemmEx, fp16 or bf16 inputs, fp32 accumulation, column-major as cuBLAS), served on the host by
 // ../fake_runtime.cpp. Values as in cublas_api.h and library_types.h.
 #pragma once
 #include "cuda_runtime.h"
@@ -12,7 +12,7 @@ constexpr cublasStatus_t CUBLAS_STATUS_NOT_SUPPORTED = 15;
 
 using cublasHandle_t = struct EmulatedCublas*;
 enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
-enum cudaDataType { CUDA_R_32F = 0, CUDA_R_16F = 2 };
+enum cudaDataType { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
 enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };
 enum cublasGemmAlgo_t { CUBLAS_GEMM_DEFAULT = -1 };
 

@@ -405,6 +405,11 @@ template <class T>
 T __ldg(const T* p) {
   return *p;
 }
+// A device trap: the emulation stops the test, as a trapped kernel stops the GPU.
+inline void __trap() {
+  std::fprintf(stderr, "emulation: __trap() reached\n");
+  std::abort();
+}
 inline float __uint_as_float(uint32_t u) { return std::bit_cast<float>(u); }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }

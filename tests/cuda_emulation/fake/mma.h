@@ -10,6 +10,7 @@
 #include <random>
 #include <type_traits>
 
+#include "cuda_bf16.h"
 #include "cuda_fp16.h"
 #include "emulation.h"
 
@@ -49,8 +50,12 @@ inline void check_operand(const void* ptr, unsigned ldm, unsigned element_bytes)
   }
 }
 
-template <class Use, class Layout>
-void load_matrix_sync(fragment<Use, 16, 16, 16, __half, Layout>& f, const __half* ptr, unsigned ldm) {
+inline float element_value(__half h) { return __half2float(h); }
+inline float element_value(__nv_bfloat16 h) { return __bfloat162float(h); }
+
+// fp16 or bf16 operands (bf16: sm_80 and newer on a device).
+template <class Use, class Layout, class T>
+void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* ptr, unsigned ldm) {
   check_operand(ptr, ldm, 2);
   for (int i = 0; i < 8; ++i) {
     const int at = f.position(emu::lane(), i), r = at / 16, c = at % 16;
@@ -80,14 +85,14 @@ inline void fill_fragment(Accumulator& f, float v) {
   for (float& e : f.x) e = v;
 }
 
-template <class LayoutA, class LayoutB>
-void mma_sync(Accumulator& d, const fragment<matrix_a, 16, 16, 16, __half, LayoutA>& a,
-              const fragment<matrix_b, 16, 16, 16, __half, LayoutB>& b, const Accumulator& c) {
+template <class LayoutA, class LayoutB, class T>
+void mma_sync(Accumulator& d, const fragment<matrix_a, 16, 16, 16, T, LayoutA>& a,
+              const fragment<matrix_b, 16, 16, 16, T, LayoutB>& b, const Accumulator& c) {
   emu::Warp& w = emu::warp();
   const int lane = emu::lane();
   for (int i = 0; i < 8; ++i) {
-    w.a[a.position(lane, i)] = __half2float(a.x[i]);
-    w.b[b.position(lane, i)] = __half2float(b.x[i]);
+    w.a[a.position(lane, i)] = element_value(a.x[i]);
+    w.b[b.position(lane, i)] = element_value(b.x[i]);
     w.c[c.position(lane, i)] = c.x[i];
   }
   w.bar.arrive_and_wait();
