@@ -486,13 +486,26 @@ TEST_CASE("experts on the CPU are priced at the profile's weight-streaming rate,
   // With a CPU linear curve (10 GFLOP/s at 1 token, 40 at 8, linear in log tokens between): the
   // router's GEMM over the batch's 8 tokens at 40, and each active expert over the 8 x 2 / 7.199 =
   // 2.222 tokens routed to it, at 10 + 30 log(2.222) / log(8) = 21.52 GFLOP/s. 4-bit experts keep
-  // the roofline above.
+  // the roofline above until the profile has a curve over codes too.
   hw.cpu_gemm = {{1, 10e9}, {8, 40e9}};
   const double per_expert = 8 * 2 / active, rate = 10e9 + 30e9 * std::log(per_expert) / std::log(8.0);
   CHECK(rate == Approx(21.52e9).epsilon(1e-3));
   const double curve_s = 2.0 * 8 * router / 40e9 + 2.0 * 8 * 2 * expert / rate;
   CHECK(evaluate(mx, computed, wl, hw).decode.terms[CATT] == Approx(4 * curve_s));
   CHECK(evaluate(mx, q4, wl, hw).decode.terms[CATT] == Approx(4 * fp16_read / 80e9));
+  // With the curve over 4-bit codes (5 GFLOP/s at 1 token, 20 at 8): 4-bit experts at
+  // 5 + 15 log(2.222) / log(8) = 10.76 GFLOP/s, the router (kept in the compute dtype) still on
+  // cpu_gemm's 40; the uncompressed experts do not change.
+  hw.cpu_gemm_q4 = {{1, 5e9}, {8, 20e9}};
+  const double q4_rate = 5e9 + 15e9 * std::log(per_expert) / std::log(8.0);
+  CHECK(q4_rate == Approx(10.76e9).epsilon(1e-3));
+  CHECK(evaluate(mx, q4, wl, hw).decode.terms[CATT] ==
+        Approx(4 * (2.0 * 8 * router / 40e9 + 2.0 * 8 * 2 * expert / q4_rate)));
+  CHECK(evaluate(mx, computed, wl, hw).decode.terms[CATT] == Approx(4 * curve_s));
+  // A profile with the codes' curve alone prices the router on it too.
+  hw.cpu_gemm.clear();
+  CHECK(evaluate(mx, q4, wl, hw).decode.terms[CATT] ==
+        Approx(4 * (2.0 * 8 * router / 20e9 + 2.0 * 8 * 2 * expert / q4_rate)));
 }
 
 TEST_CASE("experts placed apart: the attention halves follow the fractions, the experts' tiers are fixed",

@@ -197,11 +197,19 @@ TEST_CASE("the CPU weight terms are optional, and a bad CPU linear curve names i
   CHECK(old.cpu_weight_bw == 0);
   CHECK(old.cpu_weight_q4_bw == 0);
   CHECK(old.cpu_gemm.empty());
+  CHECK(old.cpu_gemm_q4.empty());
   CHECK_THROWS_WITH(old.cpu_gemm_flops(4), Catch::Contains("no GEMM curve (cpu_gemm is empty)"));
+  CHECK_THROWS_WITH(old.cpu_gemm_q4_flops(4), Catch::Contains("no GEMM curve (cpu_gemm_q4 is empty)"));
   const std::string curve = "cpu_gemm:\n  - {tokens: 1, flops_per_s: 16 GFLOP/s}\n  - {tokens: 8, flops_per_s: 48 GFLOP/s}\n";
   const HardwareProfile with = parse_hardware_profile(with_units("cpu_weight_bw: 19GB/s\n" + curve), "hw.yaml");
   CHECK(with.cpu_weight_bw == Approx(19e9));
   CHECK(with.cpu_gemm_flops(8) == Approx(48e9));
+  const HardwareProfile q4 = parse_hardware_profile(
+      with_units("cpu_gemm_q4:\n  - {tokens: 1, flops_per_s: 4 GFLOP/s}\n  - {tokens: 16, flops_per_s: 12 GFLOP/s}\n"), "hw.yaml");
+  CHECK(q4.cpu_gemm_q4_flops(4) == Approx(8e9));  // halfway in log tokens
+  CHECK(parse_hardware_profile(hardware_profile_to_yaml(q4), "back.yaml").cpu_gemm_q4_flops(16) == Approx(12e9));
+  CHECK_THROWS_WITH(parse_hardware_profile(with_units("cpu_gemm_q4:\n  - {tokens: 2, flops_per_s: slow}\n"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:17: field 'cpu_gemm_q4[0].flops_per_s'"));
   CHECK_THROWS_WITH(parse_hardware_profile(with_units("cpu_gemm:\n  - {tokens: 8, flops_per_s: 1e9}\n  - {tokens: 2, flops_per_s: 2e9}\n"),
                                            "hw.yaml"),
                     Catch::Contains("hw.yaml:18: field 'cpu_gemm[1].tokens': token counts must increase"));

@@ -58,10 +58,18 @@ void check_sane(const HardwareProfile& hw) {
   CHECK(plausible(hw.cpu_weight_bw, 1e7, 1e12));
   CHECK(plausible(hw.cpu_weight_q4_bw, 1e7, 1e12));
   // ... and its FLOP/s from 1 to 256 tokens.
-  REQUIRE(hw.cpu_gemm.size() == 7);
-  CHECK(hw.cpu_gemm.front().tokens == 1);
-  CHECK(hw.cpu_gemm.back().tokens == 256);
-  for (const GemmPoint& g : hw.cpu_gemm) CHECK(plausible(g.flops_per_s, 1e7, 1e14));
+  // ... and its FLOP/s from 1 to 256 tokens, over the weights and over their 4-bit codes; the
+  // streaming rates are the curves' 2-token points (2 FLOPs per weight and token).
+  for (const std::vector<GemmPoint>* curve : {&hw.cpu_gemm, &hw.cpu_gemm_q4}) {
+    REQUIRE(curve->size() == 7);
+    CHECK(curve->front().tokens == 1);
+    CHECK((*curve)[1].tokens == 2);
+    CHECK(curve->back().tokens == 256);
+    for (const GemmPoint& g : *curve) CHECK(plausible(g.flops_per_s, 1e7, 1e14));
+  }
+  const double bytes = double(dtype_size(hw.compute_dtype));
+  CHECK(hw.cpu_weight_bw == Approx(hw.cpu_gemm[1].flops_per_s / 4 * bytes).epsilon(1e-3));
+  CHECK(hw.cpu_weight_q4_bw == Approx(hw.cpu_gemm_q4[1].flops_per_s / 4 * bytes).epsilon(1e-3));
   REQUIRE(hw.gpu_gemm.size() >= 2);
   CHECK(hw.gpu_gemm.front().tokens == 1);
   for (size_t i = 0; i < hw.gpu_gemm.size(); ++i) {
@@ -98,6 +106,8 @@ void check_round_trip(const HardwareProfile& hw) {
   CHECK(back.cpu_weight_bw == hw.cpu_weight_bw);
   CHECK(back.cpu_weight_q4_bw == hw.cpu_weight_q4_bw);
   REQUIRE(back.cpu_gemm.size() == hw.cpu_gemm.size());
+  REQUIRE(back.cpu_gemm_q4.size() == hw.cpu_gemm_q4.size());
+  for (size_t i = 0; i < hw.cpu_gemm_q4.size(); ++i) CHECK(back.cpu_gemm_q4[i].flops_per_s == hw.cpu_gemm_q4[i].flops_per_s);
   for (size_t i = 0; i < hw.cpu_gemm.size(); ++i) {
     CHECK(back.cpu_gemm[i].tokens == hw.cpu_gemm[i].tokens);
     CHECK(back.cpu_gemm[i].flops_per_s == hw.cpu_gemm[i].flops_per_s);

@@ -141,10 +141,14 @@ double cpu_weight_rate(const HardwareProfile& hw, bool compressed) {
 double cpu_experts_seconds(const ModelConfig& cfg, const CostSizes& z, double tokens, bool compressed,
                            const HardwareProfile& hw) {
   const double active = expected_active_experts(cfg.n_experts, cfg.experts_per_token, tokens);
-  if (!compressed && !hw.cpu_gemm.empty()) {
+  const std::vector<GemmPoint>& expert_curve = compressed ? hw.cpu_gemm_q4 : hw.cpu_gemm;
+  if (!expert_curve.empty()) {
     const double per_expert = tokens * cfg.experts_per_token / active;  // active * per_expert = tokens k
-    return 2.0 * tokens * z.router_params / hw.cpu_gemm_flops(tokens) +
-           2.0 * tokens * cfg.experts_per_token * z.expert_params / hw.cpu_gemm_flops(per_expert);
+    // The router stays in the compute dtype when the experts are codes (docs/moe.md).
+    const double router_flops = hw.cpu_gemm.empty() ? hw.cpu_gemm_q4_flops(tokens) : hw.cpu_gemm_flops(tokens);
+    const double expert_flops = compressed ? hw.cpu_gemm_q4_flops(per_expert) : hw.cpu_gemm_flops(per_expert);
+    return 2.0 * tokens * z.router_params / router_flops +
+           2.0 * tokens * cfg.experts_per_token * z.expert_params / expert_flops;
   }
   const double bw = cpu_weight_rate(hw, compressed);
   const double read = (z.router_weights_fp16 + active * z.expert_weights_fp16) / bw;

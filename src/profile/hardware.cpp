@@ -220,6 +220,10 @@ double HardwareProfile::gemm_flops(double tokens) const { return interpolate(gpu
 
 double HardwareProfile::cpu_gemm_flops(double tokens) const { return interpolate(cpu_gemm, tokens, name, "cpu_gemm"); }
 
+double HardwareProfile::cpu_gemm_q4_flops(double tokens) const {
+  return interpolate(cpu_gemm_q4, tokens, name, "cpu_gemm_q4");
+}
+
 HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& source) {
   Reader r{source};
   YAML::Node root;
@@ -232,7 +236,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   r.only_keys(root, {"name", "description", "gpu_name", "cpu_name", "gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw",
                      "gpu_to_cpu_bw", "disk_to_cpu_bw", "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw",
                      "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw", "gpu_attention_q4_bw", "cpu_attention_q4_bw", "cpu_weight_bw",
-                     "cpu_weight_q4_bw", "cpu_gemm", "compute_dtype",
+                     "cpu_weight_q4_bw", "cpu_gemm", "cpu_gemm_q4", "compute_dtype",
                      "compute_overhead_s", "overlap_slowdown", "calibrated"},
               "");
   for (const char* required : {"gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw", "gpu_to_cpu_bw", "disk_to_cpu_bw",
@@ -266,6 +270,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (root["cpu_attention_q4_bw"])
     hw.cpu_attention_q4_bw = r.bandwidth(root["cpu_attention_q4_bw"], "cpu_attention_q4_bw", true);
   if (root["cpu_gemm"]) hw.cpu_gemm = r.gemm_curve(root["cpu_gemm"], "cpu_gemm");
+  if (root["cpu_gemm_q4"]) hw.cpu_gemm_q4 = r.gemm_curve(root["cpu_gemm_q4"], "cpu_gemm_q4");
   if (root["cpu_weight_bw"]) hw.cpu_weight_bw = r.bandwidth(root["cpu_weight_bw"], "cpu_weight_bw", true);
   if (root["cpu_weight_q4_bw"]) hw.cpu_weight_q4_bw = r.bandwidth(root["cpu_weight_q4_bw"], "cpu_weight_q4_bw", true);
   if (root["compute_overhead_s"]) hw.compute_overhead_s = r.number(root["compute_overhead_s"], "compute_overhead_s", 1.0);
@@ -320,6 +325,7 @@ std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
   optional("cpu_weight_bw", hw.cpu_weight_bw, "B/s of weights a CPU linear streams for a few tokens");
   optional("cpu_weight_q4_bw", hw.cpu_weight_q4_bw, "B/s of the uncompressed weights 4-bit codes stand for");
   if (!hw.cpu_gemm.empty()) curve("cpu_gemm", hw.cpu_gemm, "a CPU linear's throughput over the CPU tier's weights");
+  if (!hw.cpu_gemm_q4.empty()) curve("cpu_gemm_q4", hw.cpu_gemm_q4, "the same over 4-bit g64 codes");
   if (!hw.calibrated.empty()) os << "calibrated: " << quoted(hw.calibrated) << "\n";
   if (hw.compute_overhead_s > 0 || hw.overlap_slowdown > 0)
     os << "compute_overhead_s: " << number(hw.compute_overhead_s) << "  # per layer and unit of work (calibrated)\n"

@@ -372,24 +372,15 @@ struct Profiler {
     return out;
   }
 
-  // Bytes of `wdt` weights per second a CPU linear streams over 4-bit (group 64) codes for 2 tokens
-  // (decode's few per expert), counted as the `wdt` bytes the codes stand for (as the cost model
-  // divides uncompressed bytes by it).
-  double codes_stream(Backend& be, DType wdt, int64_t h, size_t free_bytes) {
-    const CpuLinear l = cpu_linear(be, wdt, h, free_bytes, {2}, true);
-    const double bw = round4(double(l.rows * h) * double(dtype_size(wdt)) / l.seconds[0]);
-    say("cpu weight streaming over 4-bit g64 codes: " + format_rate(bw, "B/s") + " of the " + dtype_name(wdt) +
-        " weights they stand for (" + std::to_string(l.rows) + " x " + std::to_string(h) + ", 2 tokens)");
-    return bw;
-  }
-
-  // FLOP/s of a CPU linear over `wdt` weights from 1 to 256 tokens.
-  std::vector<GemmPoint> cpu_gemm_curve(Backend& be, DType wdt, int64_t h, size_t free_bytes) {
+  // FLOP/s of a CPU linear over `wdt` weights (with `q4`, over 4-bit group-64 codes of them) from
+  // 1 to 256 tokens. The second point is 2 tokens: the weight-streaming rates come from it.
+  std::vector<GemmPoint> cpu_gemm_curve(Backend& be, DType wdt, int64_t h, size_t free_bytes, bool q4) {
     const std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 64, 256};
-    const CpuLinear l = cpu_linear(be, wdt, h, free_bytes, tokens, false);
+    const CpuLinear l = cpu_linear(be, wdt, h, free_bytes, tokens, q4);
     std::vector<GemmPoint> curve;
     std::ostringstream line;
-    line << "cpu linear over " << dtype_name(wdt) << " weights (" << l.rows << " x " << h << "):";
+    line << "cpu linear over " << (q4 ? std::string("4-bit g64 codes of ") : std::string()) << dtype_name(wdt)
+         << " weights (" << l.rows << " x " << h << "):";
     for (size_t i = 0; i < tokens.size(); ++i) {
       curve.push_back({double(tokens[i]), round4(2.0 * double(tokens[i] * l.rows * h) / l.seconds[i])});
       line << " " << tokens[i] << " tokens " << format_rate(curve.back().flops_per_s, "FLOP/s") << (i + 1 < tokens.size() ? "," : "");
@@ -508,11 +499,16 @@ HardwareProfile profile_machine(const ProfileOptions& opt) {
   }
   // The CPU's linear over the CPU tier's weights, kept as the compute device computes in them. Its
   // 2-token point is the weight-streaming rate: 2 FLOPs per weight and token.
-  hw.cpu_gemm = p.cpu_gemm_curve(cpu, cache_dt, p.s.hidden, p.host_free);
-  const GemmPoint& two = hw.cpu_gemm[1];
-  STRATA_CHECK(two.tokens == 2, "internal: the CPU linear curve's second point is not 2 tokens");
-  hw.cpu_weight_bw = round4(two.flops_per_s / (2.0 * two.tokens) * double(dtype_size(cache_dt)));
-  hw.cpu_weight_q4_bw = p.codes_stream(cpu, cache_dt, p.s.hidden, p.host_free);
+  // The same over 4-bit codes, whose 2-token point counts the compute-dtype bytes they stand for.
+  hw.cpu_gemm = p.cpu_gemm_curve(cpu, cache_dt, p.s.hidden, p.host_free, false);
+  hw.cpu_gemm_q4 = p.cpu_gemm_curve(cpu, cache_dt, p.s.hidden, p.host_free, true);
+  const auto weight_rate = [&](const std::vector<GemmPoint>& curve) {
+    const GemmPoint& two = curve[1];
+    STRATA_CHECK(two.tokens == 2, "internal: the CPU linear curve's second point is not 2 tokens");
+    return round4(two.flops_per_s / (2.0 * two.tokens) * double(dtype_size(cache_dt)));
+  };
+  hw.cpu_weight_bw = weight_rate(hw.cpu_gemm);
+  hw.cpu_weight_q4_bw = weight_rate(hw.cpu_gemm_q4);
 
   hw.name = on_gpu ? slug(hw.gpu_name) : "cpu-" + slug(hw.cpu_name);
   std::ostringstream d;

@@ -67,6 +67,9 @@ struct HardwareProfile {
   // rate an expert computed on the CPU runs at with the tokens routed to it, few in decode and many
   // in prefill. Interpolated as gpu_gemm.
   std::vector<GemmPoint> cpu_gemm;
+  // Optional (empty = unknown): the same linear over 4-bit (group 64) codes, in FLOP/s of the
+  // multiply-adds (2 per weight and token, as cpu_gemm): 4-bit experts computed on the CPU.
+  std::vector<GemmPoint> cpu_gemm_q4;
 
   // Calibration (0 = none; `strata bench --calibrate` fits them to measured runs, docs/cost-model.md).
   // compute_overhead_s: seconds of compute-lane work outside the modeled GEMMs, attention and
@@ -79,8 +82,9 @@ struct HardwareProfile {
 
   // FLOP/s of an fp16 GEMM with `tokens` rows (interpolated on gpu_gemm). Throws when empty.
   double gemm_flops(double tokens) const;
-  // The same on cpu_gemm. Throws when empty.
+  // The same on cpu_gemm and cpu_gemm_q4. Throw when empty.
   double cpu_gemm_flops(double tokens) const;
+  double cpu_gemm_q4_flops(double tokens) const;
 };
 
 // YAML round trip; parse errors name the file, the line and the field; unknown keys are errors.
