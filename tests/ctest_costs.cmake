@@ -18,7 +18,8 @@ set(strata_slow_tests
   [=[emulated-backend/CUDA: GPTQ and AWQ codes cross the links and give transformers' NLLs within fp16 tolerance]=] 10
   [=[emulated-backend/CUDA: logits match Hugging Face within fp16 tolerance, greedy where the margin allows]=] 11
   [=[emulated-backend/CUDA bf16: logits within twice transformers' own bf16 error, greedy where the margin allows]=] 14
-  [=[emulated-backend/CUDA bf16: offloaded policies give the all-on-GPU bf16 run's tokens, delegated attention within margin]=] 11)
+  [=[emulated-backend/CUDA bf16: offloaded policies give the all-on-GPU bf16 run's tokens, delegated attention within margin]=] 11
+  [=[emulated-backend/cuda: split-KV decode attention matches the CPU backend]=] 8)
 list(LENGTH strata_slow_tests n)
 math(EXPR last "${n} - 1")
 foreach(i RANGE 0 ${last} 2)
