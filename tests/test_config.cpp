@@ -122,7 +122,7 @@ TEST_CASE("a sliding window shorter than the context becomes the context", "[con
   CHECK(wide.sliding_window == 0);
 }
 
-TEST_CASE("the checkpoint's dtype comes from torch_dtype or dtype; a bad one names the file and field", "[config]") {
+TEST_CASE("the checkpoint's dtype comes from torch_dtype or dtype, and a bad one names the file and field", "[config]") {
   const std::string head = R"({"model_type":"llama","hidden_size":64,"intermediate_size":8,"num_hidden_layers":2,
       "num_attention_heads":4,"vocab_size":100,"max_position_embeddings":64)";
   CHECK(config_from_hf_json(write_config(head + "}")).checkpoint_dtype == DType::F16);
