@@ -781,7 +781,7 @@ TEST_CASE("cuda: quantize_rows and dequantize_rows equal the host reference byte
       }
 }
 
-TEST_CASE("--dtype: auto follows a bf16 checkpoint where the GPU has bf16, and bad names are refused", "[bf16]") {
+TEST_CASE("the GPU dtype: --dtype auto follows a bf16 checkpoint where the GPU has bf16, and bad names are refused", "[bf16]") {
   CHECK(gpu_activation_dtype("fp16", DType::BF16) == DType::F16);
   CHECK(gpu_activation_dtype("bf16", DType::F16) == DType::BF16);
   CHECK(gpu_activation_dtype("auto", DType::F16) == DType::F16);

@@ -369,7 +369,8 @@ public:
     bind();
     dispatch([&](auto e) {
       using E = decltype(e);
-      cuda::launch_layer_norm(elems<E>(x), elems<E>(w), b.empty() ? nullptr : elems<E>(b), eps, x.dim(0), h, elems_mut<E>(out), stream_);
+      cuda::launch_layer_norm(elems<E>(x), elems<E>(w), b.empty() ? nullptr : elems<E>(b), eps, x.dim(0), h,
+                              elems_mut<E>(out), stream_);
     });
   }
 
@@ -401,10 +402,11 @@ public:
     dispatch([&](auto e) {
       using E = decltype(e);
       if (norm == Norm::Layer)
-        cuda::launch_add_layer_norm(elems_mut<E>(x), elems<E>(delta), elems<E>(w), b.empty() ? nullptr : elems<E>(b), eps, x.dim(0), h,
-                                    elems_mut<E>(out), stream_);
+        cuda::launch_add_layer_norm(elems_mut<E>(x), elems<E>(delta), elems<E>(w), b.empty() ? nullptr : elems<E>(b), eps,
+                                    x.dim(0), h, elems_mut<E>(out), stream_);
       else
-        cuda::launch_add_rms_norm(elems_mut<E>(x), elems<E>(delta), elems<E>(w), eps, x.dim(0), h, elems_mut<E>(out), stream_);
+        cuda::launch_add_rms_norm(elems_mut<E>(x), elems<E>(delta), elems<E>(w), eps, x.dim(0), h, elems_mut<E>(out),
+                                  stream_);
     });
   }
 
