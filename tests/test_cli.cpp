@@ -556,6 +556,9 @@ TEST_CASE("strata run --policy auto searches a policy for the cached profile and
   INFO(r.output);
   REQUIRE(r.code == 0);
   REQUIRE(fs::exists(cache / "hardware.yaml"));
+  // The summary names the CPU linear's curves over the weights and over their 4-bit codes.
+  CHECK_THAT(r.output, Catch::Contains("cpu linear ") && Catch::Contains("cpu linear q4 ") &&
+                           Catch::Contains("cpu q4 weights"));
 
   const fs::path prompts = temp_dir() / "auto.jsonl", ref = temp_dir() / "auto_ref.jsonl", out = temp_dir() / "auto_out.jsonl";
   {

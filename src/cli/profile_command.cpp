@@ -44,6 +44,8 @@ void print_summary(const HardwareProfile& hw, std::ostream& os) {
   row("gpu attention", format_rate(hw.gpu_attention_bw, "B/s of KV cache"));
   row("cpu attention", format_rate(hw.cpu_attention_bw, "B/s of KV cache"));
   if (hw.cpu_weight_bw > 0) row("cpu weights", format_rate(hw.cpu_weight_bw, "B/s streamed by a linear for 2 tokens"));
+  if (hw.cpu_weight_q4_bw > 0)
+    row("cpu q4 weights", format_rate(hw.cpu_weight_q4_bw, "B/s of the weights 4-bit codes stand for, 2 tokens"));
   row("cpu GEMM", format_rate(hw.cpu_flops, "FLOP/s") + " (OpenBLAS, " + blas_core() + " kernels)");
   auto curve = [&](const char* label, const std::vector<GemmPoint>& points) {
     for (size_t i = 0; i < points.size(); ++i) {
@@ -54,6 +56,7 @@ void print_summary(const HardwareProfile& hw, std::ostream& os) {
   };
   curve("gpu GEMM", hw.gpu_gemm);
   curve("cpu linear", hw.cpu_gemm);
+  curve("cpu linear q4", hw.cpu_gemm_q4);
 }
 
 // Writes through a temporary file and a rename, so an interrupted run leaves no half a profile.
