@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "strata/backend/backend.h"
@@ -63,6 +64,33 @@ void check_greedy_where_margin_allows(const std::string& name, const char* dtype
   }
 }
 
+// Each prompt's last-position logits from the CUDA run against HF's fp32 ones, within
+// allowed(prompt, HF's logits); then its greedy tokens against HF's where the margin allows
+// (check_greedy_where_margin_allows), at the largest allowance of the prompts.
+void check_cuda_against_hf(const std::string& name, const char* dtype, Transformer& model, const json& exp,
+                           const std::function<float(size_t, const std::vector<float>&)>& allowed) {
+  float tolerance = 0;
+  std::vector<GenRequest> reqs;
+  for (size_t p = 0; p < exp["prompts"].size(); ++p) {
+    const std::vector<int32_t> prompt = ids_of(exp["prompts"][p]);
+    const std::vector<float> got = test::last_logits(model, prompt);
+    const std::vector<float> want = exp["last_logits"][p].get<std::vector<float>>();
+    REQUIRE(got.size() == want.size());
+    const float allow = allowed(p, want);
+    float worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+    tolerance = std::max(tolerance, allow);
+    INFO(name << " prompt " << p << ": max |diff| " << worst << " against HF's fp32, allowed " << allow << " (CUDA, "
+              << dtype << ")");
+    CHECK(worst <= allow);
+    GenRequest r;
+    r.prompt = prompt;
+    r.sampling.max_new_tokens = exp["max_new_tokens"].get<int>();
+    reqs.push_back(r);
+  }
+  check_greedy_where_margin_allows(name, dtype, exp, generate(model, reqs), tolerance);
+}
+
 }  // namespace
 
 TEST_CASE("last-position logits match Hugging Face (fp32, CPU)", "[model][hf]") {
@@ -118,24 +146,11 @@ TEST_CASE("CUDA: logits match Hugging Face within fp16 tolerance, greedy where t
       Loaded l = load(name, "cuda");
       // fp16 weights and activations, fp32 accumulation: an fp16 rounding (2^-11 relative) at each
       // of a few dozen ops per layer. Allowed: 1e-2 absolute plus 2e-3 of the largest logit.
-      float tolerance = 0;
-      std::vector<GenRequest> reqs;
-      for (size_t p = 0; p < exp["prompts"].size(); ++p) {
-        const std::vector<int32_t> prompt = ids_of(exp["prompts"][p]);
-        const std::vector<float> got = test::last_logits(*l.model, prompt);
-        const std::vector<float> want = exp["last_logits"][p].get<std::vector<float>>();
-        float scale = 0, worst = 0;
+      check_cuda_against_hf(name, "fp16", *l.model, exp, [](size_t, const std::vector<float>& want) {
+        float scale = 0;
         for (float w : want) scale = std::max(scale, std::fabs(w));
-        for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
-        tolerance = std::max(tolerance, 1e-2f + 2e-3f * scale);
-        INFO(name << " prompt " << p << ": max |diff| " << worst << " (CUDA, fp16)");
-        CHECK(worst <= 1e-2f + 2e-3f * scale);
-        GenRequest r;
-        r.prompt = prompt;
-        r.sampling.max_new_tokens = exp["max_new_tokens"].get<int>();
-        reqs.push_back(r);
-      }
-      check_greedy_where_margin_allows(name, "fp16", exp, generate(*l.model, reqs), tolerance);
+        return 1e-2f + 2e-3f * scale;
+      });
     }
   }
 }
@@ -163,27 +178,11 @@ TEST_CASE("CUDA bf16: logits within twice transformers' own bf16 error, greedy w
       REQUIRE(bf16["prompts"] == exp["prompts"]);
       Loaded l = load(name, "cuda", DType::BF16);
       REQUIRE(l.backend->activation_dtype() == DType::BF16);
-      float tolerance = 0;
-      std::vector<GenRequest> reqs;
-      for (size_t p = 0; p < exp["prompts"].size(); ++p) {
-        const std::vector<int32_t> prompt = ids_of(exp["prompts"][p]);
-        const std::vector<float> got = test::last_logits(*l.model, prompt);
-        const std::vector<float> want = exp["last_logits"][p].get<std::vector<float>>();
-        REQUIRE(got.size() == want.size());
-        const float allowed = 2.0f * bf16["bf16_vs_fp32_max_abs_diff"][p].get<float>();
-        float worst = 0;
-        for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
-        tolerance = std::max(tolerance, allowed);
-        INFO(name << " prompt " << p << ": max |diff| " << worst << " against fp32, allowed " << allowed
-                  << " (twice transformers' bf16 error)");
-        CHECK(worst <= allowed);
-        GenRequest r;
-        r.prompt = prompt;
-        r.sampling.max_new_tokens = exp["max_new_tokens"].get<int>();
-        reqs.push_back(r);
-      }
-      // (transformers' own bf16 greedy leaves fp32's after greedy_bf16_matches_fp32 tokens too.)
-      check_greedy_where_margin_allows(name, "bf16", exp, generate(*l.model, reqs), tolerance);
+      // Twice transformers' own bf16 error. (Its bf16 greedy leaves fp32's early too:
+      // greedy_bf16_matches_fp32.)
+      check_cuda_against_hf(name, "bf16", *l.model, exp, [&](size_t p, const std::vector<float>&) {
+        return 2.0f * bf16["bf16_vs_fp32_max_abs_diff"][p].get<float>();
+      });
     }
   }
 }
