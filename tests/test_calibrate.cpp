@@ -25,10 +25,11 @@ HardwareProfile machine() {
 
 // A run as a machine with the profile `truth` would measure it: each lane busy for its predicted
 // terms, each phase as long as its predicted stage.
-CalibrationSample run_on(const HardwareProfile& truth, const std::string& name, const Policy& p) {
+CalibrationSample run_on(const HardwareProfile& truth, const std::string& name, const Policy& p, int layers = 0) {
   CalibrationSample s;
   s.name = name;
   s.config = *config_preset("opt-125m");
+  if (layers > 0) s.config.n_layers = layers;
   s.policy = p;
   s.workload = {64, 8};
   const Prediction pr = evaluate(s.config, p, s.workload, truth);
@@ -65,14 +66,17 @@ TEST_CASE("the calibrated overhead and overlap shortfall enter the stage times a
   HardwareProfile hw = machine();
   const CostForms plain = cost_forms(cfg, p, w, hw);
   hw.compute_overhead_s = 1e-3;
+  hw.step_overhead_s = 6e-3;
   hw.overlap_slowdown = 0.5;
   const CostForms cal = cost_forms(cfg, p, w, hw);
   // Prefill runs in groups of whole prompts (4096-token steps hold all 12 prompts of 64: one
-  // group); decode runs the 3 GPU batches: one overhead per group or batch and layer.
+  // group); decode runs the 3 GPU batches: one overhead per group or batch and layer, and one step
+  // overhead per group or batch, which the per-layer terms carry as a twelfth each (12 layers).
   const PrefillSteps steps = prefill_steps(p, w.prompt_len);
   const double groups = std::ceil(12.0 / steps.seqs);
-  CHECK(cal.prefill[COMP].constant == Approx(plain.prefill[COMP].constant + 1e-3 * groups));
-  CHECK(cal.decode[COMP].constant == Approx(plain.decode[COMP].constant + 3e-3));
+  REQUIRE(cfg.n_layers == 12);
+  CHECK(cal.prefill[COMP].constant == Approx(plain.prefill[COMP].constant + (1e-3 + 6e-3 / 12) * groups));
+  CHECK(cal.decode[COMP].constant == Approx(plain.decode[COMP].constant + 3 * (1e-3 + 6e-3 / 12)));
   const Prediction pr = evaluate(cfg, p, w, hw);
   for (const StageTime* st : {&pr.prefill, &pr.decode}) {
     double sum = 0, max = 0;
@@ -128,6 +132,7 @@ TEST_CASE("calibration recovers the constants of the machine that made the runs"
   }
   CHECK(worst_before > 0.3);  // the base profile was far off: the fit had something to do
   // The refined profile survives its YAML round trip.
+  CHECK(f.step_overhead_s == 0);  // one layer count: no step part to fit, and none reported
   const HardwareProfile back = parse_hardware_profile(hardware_profile_to_yaml(f.profile), "calibrated");
   CHECK(back.compute_overhead_s == Approx(f.profile.compute_overhead_s));
   CHECK(back.overlap_slowdown == Approx(f.profile.overlap_slowdown));
@@ -155,7 +160,7 @@ TEST_CASE("a part fitted with a meaningless sign is dropped and reported", "[cal
   CHECK_THAT(f.dropped[0], Catch::StartsWith("overhead (fitted -0.2") && Catch::EndsWith(" ms per layer-unit)"));
   CHECK(f.overhead_s == 0);
   CHECK(f.profile.compute_overhead_s == 0);
-  CHECK_THAT(f.profile.description, Catch::Contains("dropped for their sign: overhead (fitted -0.2"));
+  CHECK_THAT(f.profile.description, Catch::Contains("dropped: overhead (fitted -0.2"));
   CHECK(dropped_list(f) == f.dropped[0]);
 
   // The same runs from a machine with a positive overhead drop nothing.
@@ -176,6 +181,90 @@ TEST_CASE("calibration refuses too few runs and a profile field out of range", "
   CHECK_THROWS_WITH(parse_hardware_profile(yaml, "hw.yaml"),
                     Catch::Contains("hw.yaml:") && Catch::Contains("overlap_slowdown") &&
                         Catch::Contains("from 0 to 1"));
+  yaml = hardware_profile_to_yaml(base) + "step_overhead_s: -0.001\n";
+  CHECK_THROWS_WITH(parse_hardware_profile(yaml, "hw.yaml"),
+                    Catch::Contains("hw.yaml:") && Catch::Contains("step_overhead_s") && Catch::Contains("from 0 to 1"));
+}
+
+TEST_CASE("runs of two layer counts tell the overhead per step from the overhead per layer", "[calibrate]") {
+  // A machine with work per layer-unit and per step-unit (the embedding, sampling, the head's
+  // launches): runs of one layer count see only their sum per step, runs of 4 and 12 layers each.
+  const HardwareProfile base = machine();
+  HardwareProfile truth = slower_compute(base, 1.6, 2.5);
+  truth.compute_overhead_s = 3e-4;
+  truth.step_overhead_s = 2e-3;
+  const std::vector<std::pair<const char*, Policy>> grid = {
+      {"all on gpu", policy_of(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})},
+      {"two batches", policy_of(4, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})},
+      {"weights on cpu", policy_of(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})},
+      {"cache on cpu, cpu attention", policy_of(4, 2, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true)},
+  };
+  std::vector<CalibrationSample> one_count, two_counts;
+  for (const auto& [name, p] : grid) {
+    one_count.push_back(run_on(truth, name, p, 4));
+    two_counts.push_back(run_on(truth, name, p, 4));
+    two_counts.push_back(run_on(truth, std::string(name) + ", 12 layers", p, 12));
+  }
+  const CalibrationFit f = calibrate_profile(base, two_counts);
+  CHECK(f.undetermined.empty());
+  CHECK(f.dropped.empty());
+  CHECK(f.gemm_factor == Approx(1.6).epsilon(1e-6));
+  CHECK(f.gpu_attention_factor == Approx(2.5).epsilon(1e-6));
+  CHECK(f.overhead_s == Approx(3e-4).epsilon(1e-6));
+  CHECK(f.step_overhead_s == Approx(2e-3).epsilon(1e-6));
+  CHECK(f.profile.step_overhead_s == f.step_overhead_s);
+  for (double e : f.error_after) CHECK(std::fabs(e) < 1e-6);
+  CHECK_THAT(f.profile.description, Catch::Contains("s per step-unit"));
+  const HardwareProfile back = parse_hardware_profile(hardware_profile_to_yaml(f.profile), "calibrated");
+  CHECK(back.step_overhead_s == Approx(2e-3));
+
+  // One layer count: the step part is no column of its own. What it costs per step lands in the
+  // per-layer overhead (as 2e-3 / 4 more per layer-unit), which then predicts these runs exactly
+  // but not the 12-layer ones.
+  const CalibrationFit g = calibrate_profile(base, one_count);
+  CHECK(g.step_overhead_s == 0);
+  CHECK(g.undetermined.empty());
+  CHECK(g.overhead_s == Approx(3e-4 + 2e-3 / 4).epsilon(1e-6));
+  CHECK(std::fabs(throughput_error(g.profile, two_counts[1])) > 0.01);
+}
+
+TEST_CASE("a part the runs' scatter could have made is dropped and reported", "[calibrate]") {
+  // The GPU attention of opt-125m at 72 positions is a small part of the compute. Runs whose
+  // compute busy times scatter by +-10% around a machine with attention at the profile's rate fit
+  // some factor for it, but one whose standard error is comparable to itself: the fit folds it into
+  // the GEMMs' (as for an undetermined part) and names it, instead of keeping a free factor.
+  const HardwareProfile base = machine();
+  const HardwareProfile truth = slower_compute(base, 1.6, 1.6);
+  std::vector<CalibrationSample> runs = {
+      run_on(truth, "all on gpu", policy_of(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "two batches", policy_of(4, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "weights on cpu", policy_of(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "four batches", policy_of(2, 4, {50, 50, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "sixteen", policy_of(16, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
+  };
+  const double scatter[] = {1.1, 0.9, 0.92, 1.08, 1.05, 0.95, 0.9, 1.1, 1.07, 0.93};
+  size_t i = 0;
+  for (CalibrationSample& s : runs)
+    for (auto* busy : {&s.prefill_busy, &s.decode_busy}) (*busy)[kLaneCompute] *= scatter[i++];
+  const CalibrationFit f = calibrate_profile(base, runs);
+  INFO(dropped_list(f));
+  REQUIRE(!f.dropped.empty());
+  CHECK_THAT(f.dropped[0], Catch::StartsWith("gpu attention (fitted factor ") && Catch::Contains(" +- factor ") &&
+                               Catch::EndsWith("within the runs' scatter)"));
+  CHECK(f.gpu_attention_factor == f.gemm_factor);
+  CHECK(f.gemm_factor == Approx(1.6).epsilon(0.1));
+  // The truth has no overhead: what the scatter fits for it goes the same way.
+  CHECK(f.dropped.size() == 2);
+  CHECK_THAT(dropped_list(f), Catch::Contains("; overhead (fitted "));
+  CHECK(f.overhead_s == 0);
+  CHECK_THAT(f.profile.description, Catch::Contains("dropped: gpu attention (fitted factor "));
+
+  // Without the scatter the same runs fit the truth: nothing is dropped.
+  std::vector<CalibrationSample> exact;
+  for (const CalibrationSample& s : runs) exact.push_back(run_on(truth, s.name, s.policy));
+  const CalibrationFit g = calibrate_profile(base, exact);
+  CHECK(g.dropped.empty());
+  CHECK(g.gpu_attention_factor == Approx(1.6).epsilon(1e-6));
 }
 
 TEST_CASE("a staggered block's phase terms are its super-steps' sums", "[calibrate]") {

@@ -18,6 +18,7 @@ EngineCalibrationOptions small_grid(std::vector<std::string>* lines = nullptr) {
   EngineCalibrationOptions o;
   o.preset = "opt-125m";
   o.layers = 2;
+  o.short_layers = 1;
   o.prompt_len = 16;
   o.gen_len = 4;
   o.offload_dir = test::temp_dir("engine_calibration");
@@ -44,11 +45,16 @@ TEST_CASE("the profiler's engine runs keep each policy's lanes busy", "[calibrat
   auto backend = make_cpu_backend(2);
   std::vector<std::string> lines;
   const std::vector<CalibrationSample> runs = engine_calibration_runs(*backend, small_grid(&lines));
-  REQUIRE(runs.size() == 7);
-  CHECK(lines.size() == 7);
-  for (const CalibrationSample& s : runs) {
+  REQUIRE(runs.size() == 14);
+  CHECK(lines.size() == 14);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const CalibrationSample& s = runs[i];
     INFO(s.name);
-    CHECK(s.config.n_layers == 2);
+    // The grid at 2 layers, then again at 1 (named so), for the fit's step overhead.
+    CHECK(s.config.n_layers == (i < 7 ? 2 : 1));
+    CHECK(s.name == (i < 7 ? runs[i].name : runs[i - 7].name + "-1l"));
+    CHECK(s.policy.weights.gpu == runs[i % 7].policy.weights.gpu);
+    CHECK(s.policy.num_gpu_batches == runs[i % 7].policy.num_gpu_batches);
     CHECK(s.workload.prompt_len == 16);
     CHECK(s.prefill_s > 0);
     CHECK(s.decode_s > 0);
@@ -68,14 +74,16 @@ TEST_CASE("the engine runs refine the measured profile, and a quick profile skip
   auto backend = make_cpu_backend(2);
   HardwareProfile measured = test_profile_for_calibration();
   const CalibrationFit fit = calibrate_on_engine(measured, *backend, small_grid());
-  CHECK(fit.error_after.size() == 7);
+  CHECK(fit.error_after.size() == 14);
   CHECK(measured.calibrated.empty());  // a profile of the bare rates, as older ones are
   CHECK(fit.profile.calibrated ==
-        "strata profile on the engine (dummy opt-125m, 2 layers, prompt 16, generation 4) over 7 runs");
+        "strata profile on the engine (dummy opt-125m, 2 and 1 layers, prompt 16, generation 4) over 14 runs");
   CHECK_THAT(fit.profile.description,
              Catch::StartsWith(measured.description) &&
-                 Catch::Contains("calibrated by strata profile on the engine (dummy opt-125m, 2 layers, prompt 16, "
-                                 "generation 4) over 7 runs"));
+                 Catch::Contains("calibrated by strata profile on the engine (dummy opt-125m, 2 and 1 layers, prompt 16, "
+                                 "generation 4) over 14 runs"));
+  // Two layer counts: the step overhead is a column of the fit, fitted or else dropped by name.
+  CHECK((fit.step_overhead_s > 0 || dropped_list(fit).find("step overhead (fitted") != std::string::npos));
   const HardwareProfile back = parse_hardware_profile(hardware_profile_to_yaml(fit.profile), "refined.yaml");
   CHECK(back.overlap_slowdown == Approx(fit.overlap_slowdown));
   CHECK(back.cpu_attention_bw == Approx(measured.cpu_attention_bw / fit.cpu_attention_factor));
@@ -99,6 +107,9 @@ TEST_CASE("engine calibration refuses a model it cannot build", "[calibrate]") {
   EngineCalibrationOptions o = small_grid();
   o.layers = 0;
   CHECK_THROWS_WITH(engine_calibration_runs(*backend, o), Catch::Contains("layers must be at least 1"));
+  o = small_grid();
+  o.short_layers = -1;
+  CHECK_THROWS_WITH(engine_calibration_runs(*backend, o), Catch::Contains("short_layers must be 0 (none) or more, got -1"));
   o = small_grid();
   o.preset = "gpt-9";
   CHECK_THROWS_WITH(engine_calibration_runs(*backend, o), Catch::Contains("unknown model preset 'gpt-9'"));

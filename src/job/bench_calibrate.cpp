@@ -112,7 +112,8 @@ CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<Ca
   md << "| median / worst | | " << summary(f.error_before) << " | " << summary(f.error_after) << " | "
      << summary(f.error_leave_one_out) << " |\n\n"
      << "Fitted: compute lane x" << f.gemm_factor << " on GEMMs and dequantization, x" << f.gpu_attention_factor
-     << " on the GPU tier's attention, " << f.overhead_s * 1e3 << " ms per layer and unit of work; cpu attention x"
+     << " on the GPU tier's attention, " << f.overhead_s * 1e3 << " ms per layer and unit of work, "
+     << f.step_overhead_s * 1e3 << " ms per step and unit of work outside the layers; cpu attention x"
      << f.cpu_attention_factor << "; cpu->gpu x"
      << f.link_factor[kLaneH2d] << ", gpu->cpu x" << f.link_factor[kLaneD2h] << ", disk x"
      << f.link_factor[kLaneDisk] << " (busy time per predicted second); overlap slowdown "
@@ -123,9 +124,10 @@ CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<Ca
        << "cases that differ in GPU batch size, prompt length or attention placement would determine them.\n"
        << "(\"cpu attention\": no case measured the CPU attention lane; its factor stays 1.)\n\n";
   if (!f.dropped.empty())
-    md << "Dropped for their sign: " << dropped_list(f) << ". A negative overhead or a non-positive\n"
-       << "attention factor has no physical meaning: the fit set it as for an undetermined part and refitted.\n"
-       << "It says the compute terms miss a cost that grows another way than the fitted columns.\n\n";
+    md << "Dropped: " << dropped_list(f) << ". A negative overhead or a non-positive attention factor\n"
+       << "has no physical meaning, and a part less than 3 standard errors from 0 is one the runs' scatter\n"
+       << "could have made: the fit set each as for an undetermined part and refitted. A sign drop says the\n"
+       << "compute terms miss a cost that grows another way than the fitted columns.\n\n";
   md << "## Per term, before calibration\n\n"
      << "Each lane's busy seconds against the cost model's term for it (the base profile), and each\n"
      << "phase's wall time against the predicted stage total (with overlap, the max of the links and\n"
@@ -156,7 +158,7 @@ CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<Ca
     log << "[bench] calibration: these runs do not determine " << undetermined_list(f)
         << " (kept at the factor it folds into / 0; see " << md_path.string() << ")\n";
   if (!f.dropped.empty())
-    log << "[bench] calibration: dropped for their sign: " << dropped_list(f) << " (see " << md_path.string() << ")\n";
+    log << "[bench] calibration: dropped: " << dropped_list(f) << " (see " << md_path.string() << ")\n";
   return f;
 }
 

@@ -28,19 +28,21 @@ PhaseLanes predicted_lanes(const HardwareProfile& hw, const CalibrationSample& s
 }
 
 // The compute term split into what each compute constant scales: GEMMs and dequantization,
-// attention on the GPU tier, and units of per-layer overhead (the term with an overhead of 1 s per
-// unit, minus without). The parts add up: cost_model.cpp sums them into COMP. (Attention delegated
-// to the CPU is a lane of its own, CATT.)
+// attention on the GPU tier, units of per-layer overhead (the term with an overhead of 1 s per
+// unit, minus without) and units of per-step overhead (the same with 1 s per unit and step). The
+// parts add up: cost_model.cpp sums them into COMP. (Attention delegated to the CPU is a lane of
+// its own, CATT.)
 struct ComputeParts {
-  double gemm = 0, gpu_attention = 0, units = 0;
+  double gemm = 0, gpu_attention = 0, units = 0, step_units = 0;
 };
 
 // The compute columns of the fit, in elimination order (a dependent column is the last of a set).
-enum ComputeColumn : int { kColGemm, kColGpuAttention, kColOverhead, kNumColumns };
-const char* const kColumnName[kNumColumns] = {"gemm", "gpu attention", "overhead"};
+enum ComputeColumn : int { kColGemm, kColGpuAttention, kColOverhead, kColStepOverhead, kNumColumns };
+const char* const kColumnName[kNumColumns] = {"gemm", "gpu attention", "overhead", "step overhead"};
 
 HardwareProfile without_calibration(HardwareProfile hw) {
   hw.compute_overhead_s = 0;
+  hw.step_overhead_s = 0;
   hw.overlap_slowdown = 0;
   // Dequantization falls back to the attention rate when unmeasured; pin it so that changing the
   // attention rates below leaves it alone.
@@ -49,16 +51,17 @@ HardwareProfile without_calibration(HardwareProfile hw) {
 }
 
 std::array<ComputeParts, 2> compute_parts(const HardwareProfile& raw, const CalibrationSample& s) {
-  HardwareProfile no_attention = raw, one_second = raw;
+  HardwareProfile no_attention = raw, one_second = raw, one_step_second = raw;
   no_attention.gpu_attention_bw = kHuge;
   if (no_attention.gpu_attention_q4_bw > 0) no_attention.gpu_attention_q4_bw = kHuge;
   one_second.compute_overhead_s = 1;
+  one_step_second.step_overhead_s = 1;
   const PhaseLanes all = predicted_lanes(raw, s), gemm = predicted_lanes(no_attention, s),
-                   plus = predicted_lanes(one_second, s);
+                   plus = predicted_lanes(one_second, s), plus_step = predicted_lanes(one_step_second, s);
   std::array<ComputeParts, 2> parts;
   for (int phase = 0; phase < 2; ++phase) {
     auto comp = [phase](const PhaseLanes& l) { return (phase == 0 ? l.prefill : l.decode)[kLaneCompute]; };
-    parts[size_t(phase)] = {comp(gemm), comp(all) - comp(gemm), comp(plus) - comp(all)};
+    parts[size_t(phase)] = {comp(gemm), comp(all) - comp(gemm), comp(plus) - comp(all), comp(plus_step) - comp(all)};
   }
   return parts;
 }
@@ -67,22 +70,28 @@ std::array<ComputeParts, 2> compute_parts(const HardwareProfile& raw, const Cali
 // combination of the columns before it: the runs do not tell it apart from them.
 constexpr double kDependentPivot = 1e-10;
 
+// A mean squared relative residual below this is rounding: the fit is exact.
+constexpr double kRoundingResidual = 1e-18;
+
 struct LeastSquares {
-  std::vector<double> coef;  // 0 for unused columns
-  int dependent = -1;        // a column the runs cannot separate from the others; coef unset then
+  std::vector<double> coef;       // 0 for unused columns
+  std::vector<double> std_error;  // each coefficient's standard error (0 for unused columns, or with no spare rows)
+  int dependent = -1;             // a column the runs cannot separate from the others; coef unset then
 };
 
 // Least squares of relative residuals: minimize sum ((sum_j c_j a_ij - m_i) / m_i)^2 over the
-// columns in `use`. Solved by Gaussian elimination on the normal equations (at most three
-// columns), in column order, so the column reported dependent is the last of a dependent set.
+// columns in `use`. Solved by Gauss-Jordan elimination on the normal equations (at most four
+// columns), in column order, so the column reported dependent is the last of a dependent set. The
+// same elimination inverts the normal matrix, whose diagonal times the residuals' variance is each
+// coefficient's variance.
 LeastSquares relative_least_squares(const std::vector<std::vector<double>>& a, const std::vector<double>& m,
                                     const std::vector<bool>& use) {
   const size_t k = use.size();
   std::vector<size_t> cols;
   for (size_t j = 0; j < k; ++j)
     if (use[j]) cols.push_back(j);
-  const size_t n = cols.size();
-  std::vector<std::vector<double>> A(n, std::vector<double>(n + 1, 0.0));
+  const size_t n = cols.size(), width = 2 * n + 1;  // [normal matrix | right side | identity]
+  std::vector<std::vector<double>> A(n, std::vector<double>(width, 0.0));
   for (size_t i = 0; i < m.size(); ++i) {
     const double w = 1.0 / (m[i] * m[i]);
     for (size_t r = 0; r < n; ++r) {
@@ -90,6 +99,7 @@ LeastSquares relative_least_squares(const std::vector<std::vector<double>>& a, c
       A[r][n] += w * a[i][cols[r]] * m[i];
     }
   }
+  for (size_t r = 0; r < n; ++r) A[r][n + 1 + r] = 1;
   std::vector<double> norm(n);
   for (size_t c = 0; c < n; ++c) norm[c] = A[c][c];
   LeastSquares out;
@@ -101,12 +111,52 @@ LeastSquares relative_least_squares(const std::vector<std::vector<double>>& a, c
     for (size_t r = 0; r < n; ++r) {
       if (r == p) continue;
       const double f = A[r][p] / A[p][p];
-      for (size_t c = p; c <= n; ++c) A[r][c] -= f * A[p][c];
+      for (size_t c = p; c < width; ++c) A[r][c] -= f * A[p][c];
     }
   }
   out.coef.assign(k, 0.0);
+  out.std_error.assign(k, 0.0);
   for (size_t r = 0; r < n; ++r) out.coef[cols[r]] = A[r][n] / A[r][r];
+  if (m.size() > n) {
+    double squares = 0;
+    for (size_t i = 0; i < m.size(); ++i) {
+      double predicted = 0;
+      for (size_t j : cols) predicted += out.coef[j] * a[i][j];
+      squares += std::pow((predicted - m[i]) / m[i], 2);
+    }
+    // Residuals at rounding level are exact runs (made-up ones, in tests): no scatter to weigh.
+    const double variance = squares / double(m.size()) < kRoundingResidual ? 0 : squares / double(m.size() - n);
+    for (size_t r = 0; r < n; ++r) out.std_error[cols[r]] = std::sqrt(variance * A[r][n + 1 + r] / A[r][r]);
+  }
   return out;
+}
+
+// A part is fitted only if it lies this many standard errors from 0: a smaller one the runs'
+// scatter could have made (a factor of x30 on an attention that is 1% of the compute, fitted to
+// runs 10% apart), and keeping it would trade a measured rate for a free factor.
+constexpr double kMinStdErrors = 3;
+
+// The column other than the GEMMs' whose coefficient lies fewest standard errors from 0, if that
+// is under kMinStdErrors; -1 if none.
+int least_determined(const LeastSquares& ls, const std::vector<bool>& use) {
+  int worst = -1;
+  double worst_ratio = kMinStdErrors;
+  for (int j = kColGemm + 1; j < kNumColumns; ++j) {
+    if (!use[size_t(j)] || ls.std_error[size_t(j)] <= 0) continue;
+    const double ratio = std::fabs(ls.coef[size_t(j)]) / ls.std_error[size_t(j)];
+    if (ratio < worst_ratio) worst = j, worst_ratio = ratio;
+  }
+  return worst;
+}
+
+// A compute column's coefficient as the profile reads it: overheads in ms, the attention a factor.
+std::string in_units(int column, double v) {
+  std::ostringstream s;
+  s.precision(3);
+  if (column == kColOverhead) s << v * 1e3 << " ms per layer-unit";
+  else if (column == kColStepOverhead) s << v * 1e3 << " ms per step-unit";
+  else s << "factor " << v;
+  return s.str();
 }
 
 constexpr double kMinSeconds = 1e-6;  // lanes busier than this count as observations
@@ -117,7 +167,7 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   const HardwareProfile raw = without_calibration(base);
   CalibrationFit f;
 
-  // 1. Compute lane: the three columns of ComputeColumn, two phases per sample.
+  // 1. Compute lane: the columns of ComputeColumn, two phases per sample.
   std::vector<std::vector<double>> rows;
   std::vector<double> measured;
   for (const CalibrationSample& s : samples) {
@@ -126,7 +176,7 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
       const double m = (phase == 0 ? s.prefill_busy : s.decode_busy)[kLaneCompute];
       if (m < kMinSeconds) continue;
       const ComputeParts& p = parts[size_t(phase)];
-      rows.push_back({p.gemm, p.gpu_attention, p.units});
+      rows.push_back({p.gemm, p.gpu_attention, p.units, p.step_units});
       measured.push_back(m);
     }
   }
@@ -134,12 +184,17 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   std::vector<bool> use(kNumColumns, true);
   // No run with attention on the GPU: nothing to fit there, nothing to report.
   use[kColGpuAttention] = std::any_of(rows.begin(), rows.end(), [](const auto& r) { return r[kColGpuAttention] > 0; });
+  // With one layer count, work per step and per layer step are the same column up to the layers:
+  // only runs of two layer counts or more tell them apart, and only then is there a step part to fit.
+  use[kColStepOverhead] = std::any_of(samples.begin(), samples.end(), [&](const CalibrationSample& s) {
+    return s.config.n_layers != samples.front().config.n_layers;
+  });
   // A column the runs cannot determine (say every run is another's multiple: the same phases, only more GPU batches), or
-  // one with a physically meaningless sign, is dropped: the overhead to 0, the GPU attention's
+  // one with a physically meaningless sign, is dropped: an overhead to 0, the GPU attention's
   // factor to the GEMM's (its term folded into that column).
   auto drop = [&](int column) {
     use[size_t(column)] = false;
-    if (column == kColOverhead) return;
+    if (column == kColOverhead || column == kColStepOverhead) return;
     for (auto& r : rows) r[kColGemm] += r[size_t(column)], r[size_t(column)] = 0;
   };
   std::vector<double> c;
@@ -154,11 +209,18 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
     c = ls.coef;
     std::ostringstream why;
     if (use[kColOverhead] && c[kColOverhead] < -kNoiseSeconds) {
-      why << "overhead (fitted " << c[kColOverhead] * 1e3 << " ms per layer-unit)";
+      why << "overhead (fitted " << in_units(kColOverhead, c[kColOverhead]) << ")";
       drop(kColOverhead);
+    } else if (use[kColStepOverhead] && c[kColStepOverhead] < -kNoiseSeconds) {
+      why << "step overhead (fitted " << in_units(kColStepOverhead, c[kColStepOverhead]) << ")";
+      drop(kColStepOverhead);
     } else if (use[kColGpuAttention] && c[kColGpuAttention] <= 0) {
-      why << "gpu attention (fitted factor " << c[kColGpuAttention] << ")";
+      why << "gpu attention (fitted " << in_units(kColGpuAttention, c[kColGpuAttention]) << ")";
       drop(kColGpuAttention);
+    } else if (const int vague = least_determined(ls, use); vague > 0) {
+      why << kColumnName[vague] << " (fitted " << in_units(vague, c[size_t(vague)]) << " +- "
+          << in_units(vague, ls.std_error[size_t(vague)]) << ": within the runs' scatter)";
+      drop(vague);
     } else {
       break;
     }
@@ -169,6 +231,7 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   f.gemm_factor = c[kColGemm];
   f.gpu_attention_factor = c[kColGpuAttention];
   f.overhead_s = std::max(0.0, c[kColOverhead]);
+  f.step_overhead_s = std::max(0.0, c[kColStepOverhead]);
 
   // 2. Links and the CPU attention: one factor per lane (the disk lane's reads and writes share
   // one); 1 where no run kept the lane busy.
@@ -205,6 +268,7 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   for (double* bw : {&hw.gpu_attention_bw, &hw.gpu_attention_q4_bw}) *bw /= f.gpu_attention_factor;
   for (double* bw : {&hw.cpu_attention_bw, &hw.cpu_attention_q4_bw}) *bw /= f.cpu_attention_factor;  // 0 (unmeasured) stays 0
   hw.compute_overhead_s = f.overhead_s;
+  hw.step_overhead_s = f.step_overhead_s;
   hw.cpu_to_gpu_bw /= f.link_factor[kLaneH2d];
   hw.gpu_to_cpu_bw /= f.link_factor[kLaneD2h];
   hw.disk_to_cpu_bw /= f.link_factor[kLaneDisk];
@@ -276,11 +340,11 @@ CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<
   d << base.description << (base.description.empty() ? "" : "; ") << "calibrated by " << by << " over "
     << samples.size() << " runs: compute x" << f.gemm_factor << " (gpu attention x" << f.gpu_attention_factor
     << ", cpu attention x" << f.cpu_attention_factor << "), overhead " << f.overhead_s
-    << " s per layer-unit, links x" << f.link_factor[kLaneH2d] << " / x"
+    << " s per layer-unit and " << f.step_overhead_s << " s per step-unit, links x" << f.link_factor[kLaneH2d] << " / x"
     << f.link_factor[kLaneD2h] << " / disk x" << f.link_factor[kLaneDisk] << ", overlap slowdown "
     << f.overlap_slowdown;
   if (!f.undetermined.empty()) d << " (not determined by these runs: " << undetermined_list(f) << ")";
-  if (!f.dropped.empty()) d << " (dropped for their sign: " << dropped_list(f) << ")";
+  if (!f.dropped.empty()) d << " (dropped: " << dropped_list(f) << ")";
   f.profile.description = d.str();
   f.profile.calibrated = by + " over " + std::to_string(samples.size()) + " runs";
   return f;

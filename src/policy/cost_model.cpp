@@ -238,8 +238,9 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   if (cc) P[COMP].constant += bls * s * z.kv_per_token_fp16 / dequant_bw;  // quantizing the prompt's cache
   // Calibrated per-unit work outside the terms above: once per prefill group and layer. The
   // runtime cuts groups within each GPU batch (engine_steps.cpp, build_units).
+  // And once per prefill group and step outside the layers, spread over them as the head is.
   const double prefill_groups = ngb * std::ceil(gbs / z.prefill_seqs);
-  P[COMP].constant += hw.compute_overhead_s * prefill_groups;
+  P[COMP].constant += (hw.compute_overhead_s + hw.step_overhead_s / l) * prefill_groups;
   if (experts_p) {
     const double group_tokens = std::min(z.prefill_seqs, gbs) * s;
     add_mlp(P[CTOG], Ap / ctog, Tier::Cpu);
@@ -277,7 +278,7 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   add(D[CTOD], cache_new / ctod, {CD});
   add(D[CTOD], Ag_moved / ctod, {HD});
   D[COMP].constant = bls * (z.layer_flops_per_token + head_flops / l) / hw.gemm_flops(gbs) +
-                     hw.compute_overhead_s * ngb;  // calibrated: once per GPU batch and layer
+                     (hw.compute_overhead_s + hw.step_overhead_s / l) * ngb;  // calibrated: per GPU batch (and layer)
   if (experts_d) add_mlp(D[COMP], -bls * z.mlp_flops_per_token / hw.gemm_flops(gbs), Tier::Cpu);
   // What of it waits for delegated attention (compute_stage): all but the attention half's GEMMs;
   // on the CPU backend all of it (the attention runs inline on the same cores: G + C).

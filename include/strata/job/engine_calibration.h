@@ -19,6 +19,9 @@ namespace strata {
 struct EngineCalibrationOptions {
   std::string preset;   // the model class: empty picks opt-1.3b on the CPU backend, opt-6.7b on a GPU
   int layers = 4;       // of the preset's: the rates are per layer, so a few are enough
+  // Every policy again at this many layers (0: none): what a step costs outside its layers shows
+  // only between runs of two layer counts (the fit's step overhead).
+  int short_layers = 2;
   int prompt_len = 64, gen_len = 8;
   std::filesystem::path offload_dir;  // the grid's disk case writes here; empty: default_offload_dir()
   int threads = 0;                    // CPU threads for the engine's CPU work (0: all cores)
@@ -27,7 +30,8 @@ struct EngineCalibrationOptions {
 
 // The grid: every lane busy in two runs at least (all on the GPU tier in one and two GPU batches,
 // weights on the CPU, half on the CPU, half on disk, the cache on the CPU with CPU attention,
-// activations on the CPU), each run measured once after a warm-up. Runs that do not fit the
+// activations on the CPU), at `layers` and again at `short_layers`, each run measured once after a
+// warm-up. Runs that do not fit the
 // backend's memory are left out; throws when fewer than two fit.
 std::vector<CalibrationSample> engine_calibration_runs(Backend& backend, const EngineCalibrationOptions& options);
 

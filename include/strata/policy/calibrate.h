@@ -5,7 +5,9 @@
 // time of the lane that carries it, phase by phase, then fits how far the lanes' overlap falls
 // short of the paper's max:
 //   1. compute lane = a_gemm * (GEMM and dequantization term) + a_gpu_attn * (GPU-tier attention)
-//                     + overhead * (layer-units of work)               (least squares, relative)
+//                     + overhead * (layer-units of work)
+//                     + step_overhead * (step-units: work per step outside the layers; fitted
+//                       only when the runs have two layer counts or more)  (least squares, relative)
 //   2. each link lane = its term * a_link, and the CPU attention lane = CATT * a_cpu_attn
 //                                                                      (least squares, relative)
 //   3. overlap_slowdown: the phase times against max + k (sum - max) of the refined terms (the
@@ -41,15 +43,17 @@ struct CalibrationSample {
 // A lane's fit: measured busy = factor * predicted (or, for compute, the three-part form).
 struct CalibrationFit {
   HardwareProfile profile;   // the refined profile
-  double gemm_factor = 1, gpu_attention_factor = 1, cpu_attention_factor = 1, overhead_s = 0;
+  double gemm_factor = 1, gpu_attention_factor = 1, cpu_attention_factor = 1, overhead_s = 0, step_overhead_s = 0;
   // Compute parts the runs could not separate from the ones before them ("gpu attention",
   // "overhead"): the GPU attention factor is then the GEMM's, the overhead 0. More varied runs
   // determine them. "cpu attention": runs delegate attention but none measured its lane (a
   // results.jsonl from before that lane was recorded); its factor stays 1.
   std::vector<std::string> undetermined;
   // Compute parts the runs did determine but with a meaningless sign (a negative overhead, a
-  // non-positive attention factor), as "overhead (fitted -0.12 ms per layer-unit)": dropped like
-  // the undetermined ones. A sign drop says the terms miss something that scales another way.
+  // non-positive attention factor), as "overhead (fitted -0.12 ms per layer-unit)", or less than 3
+  // standard errors from 0 ("gpu attention (fitted factor 6.4 +- factor 11: within the runs'
+  // scatter)"): dropped like the undetermined ones. A sign drop says the terms miss something that
+  // scales another way; a scatter drop, that the runs are too noisy or the part too small to tell.
   std::vector<std::string> dropped;
   std::array<double, kNumLanes> link_factor{1, 1, 1, 1, 1};  // H2d, D2h and Disk (the others unused)
   double overlap_slowdown = 0;

@@ -77,7 +77,11 @@ struct HardwareProfile {
   // group or a decode GPU batch). overlap_slowdown: how far overlapped lanes fall short of perfect
   // overlap, in [0, 1]: a stage takes max(terms) + overlap_slowdown * (sum(terms) - max(terms))
   // (0: the paper's max; 1: no overlap at all, as when copies and compute share the same cores).
+  // step_overhead_s: seconds of compute-lane work per unit of work and step outside every layer
+  // (the embedding, the head's launches, sampling, the step's token uploads): what a whole step
+  // costs beyond L times a layer, told apart from compute_overhead_s by runs of two layer counts.
   double compute_overhead_s = 0;
+  double step_overhead_s = 0;
   double overlap_slowdown = 0;
 
   // FLOP/s of an fp16 GEMM with `tokens` rows (interpolated on gpu_gemm). Throws when empty.
