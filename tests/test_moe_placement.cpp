@@ -121,6 +121,69 @@ TEST_CASE("moe: attention on the GPU and experts on the CPU move only the expert
   CHECK(plan.weights.cpu == double(L) * double(plan.mlp_weight_bytes));
 }
 
+TEST_CASE("moe: dense MLPs among experts stream with each layer's half at its own size", "[moe][offload]") {
+  // tiny-qwen3-moe's layer 1 is dense (mlp_only_layers): its MLP half is a SwiGLU of width 96, the
+  // others a router and 6 experts of width 32. Over the apart grid (every tier, every cpu_experts
+  // phase) the engine gives Hugging Face's tokens in the memory its plan says.
+  auto backend = make_cpu_backend(2);
+  ModelBundle model = open_model(kModels + "tiny-qwen3-moe");
+  const ModelConfig& cfg = model.config;
+  REQUIRE(cfg.n_layers == 3);
+  REQUIRE(!cfg.sparse_layer(1));
+  const json exp = load_expected("tiny-qwen3-moe");
+  const std::vector<GenRequest> reqs = fixture_requests(exp);
+  for (const Policy& policy : apart_grid()) {
+    OffloadOptions opt;
+    opt.policy = policy;
+    opt.offload_dir = offload_dir("mixed-layers");
+    OffloadEngine engine(cfg, *model.weights, *backend, opt, shape_of(reqs));
+    const std::vector<GenResult> got = run_blocks(engine, reqs);
+    REQUIRE(got.size() == reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      INFO(describe_experts(policy) << ", prompt " << i);
+      CHECK(got[i].tokens == exp["greedy"][i].get<std::vector<int32_t>>());
+    }
+    const TierBytes planned = engine.plan().peak(), used = engine.report().used;
+    for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) {
+      INFO(describe_experts(policy) << ", " << tier_name(t) << ": plan " << planned.at(t) << ", used " << used.at(t));
+      CHECK(used.at(t) <= planned.at(t));
+      CHECK(planned.at(t) - used.at(t) < 4096);
+    }
+  }
+
+  // The bytes: attention resident, the MLP halves on the CPU tier. Moved, each step carries each
+  // layer's own half (the dense one smaller here); computed on the CPU in decode, the sparse layers
+  // send hidden rows instead, and the dense layer's half still moves (a dense MLP computed where it
+  // lives would read all of it there).
+  std::vector<GenRequest> fixed = reqs;
+  for (GenRequest& r : fixed) r.sampling.ignore_eos = true;
+  const int n_tokens = fixed.front().sampling.max_new_tokens;
+  for (const GenRequest& r : fixed) REQUIRE(r.sampling.max_new_tokens == n_tokens);
+  Policy moved = policy_of(int(fixed.size()), 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0});
+  moved.expert_weights = TierSplit{0, 100, 0};
+  auto run = [&](const Policy& p) {
+    OffloadOptions opt;
+    opt.policy = p;
+    opt.offload_dir = offload_dir("mixed-layers-bytes");
+    OffloadEngine engine(cfg, *model.weights, *backend, opt, shape_of(fixed));
+    for (const GenResult& r : engine.generate(fixed)) REQUIRE(int(r.tokens.size()) == n_tokens);
+    return std::pair{engine.report(), engine.plan()};
+  };
+  // Each kind's MLP half as the layer block lays it out (fp32 on the CPU backend, page-aligned).
+  const size_t dense = halved_layer_layout(cfg, 1, DType::F32, 4096).mlp_bytes;
+  const size_t sparse = halved_layer_layout(cfg, 0, DType::F32, 4096).mlp_bytes;
+  REQUIRE(dense != sparse);
+  const auto [a, plan] = run(moved);
+  CHECK(plan.mlp_weight_bytes == std::max(dense, sparse));  // the buffer holds either kind
+  CHECK(plan.mlp_weights.cpu == double(dense + 2 * sparse));
+  CHECK(a.cpu_to_gpu.bytes == double(n_tokens) * double(dense + 2 * sparse));
+  CHECK(a.gpu_to_cpu.bytes == 0);
+  const auto [b, plan_b] = run(with_cpu_experts(moved, false, true));
+  const double crossed = double(n_tokens - 1) * 2 * double(fixed.size()) * double(cfg.hidden) * 4;
+  CHECK(b.cpu_to_gpu.bytes == double(dense + 2 * sparse) + double(n_tokens - 1) * double(dense) + crossed);
+  CHECK(b.gpu_to_cpu.bytes == crossed);
+}
+
 TEST_CASE("policy: cpu_experts reads none, decode, prefill or both and writes them back", "[policy][moe]") {
   const std::string base = "gpu_batch_size: 2\nnum_gpu_batches: 1\nweights: {gpu: 0, cpu: 100}\n"
                            "kv_cache: {gpu: 100}\nactivations: {gpu: 100}\n";

@@ -42,8 +42,9 @@ TEST_CASE("every policy generates Hugging Face's greedy tokens", "[offload]") {
   // tiny-phi3-longrope: LongRoPE's attention factor must reach CPU-delegated attention too.
   // tiny-qwen3: the per-head q/k norms travel in the attention half of a streamed layer.
   // tiny-mixtral: a mixture of experts' router and experts travel in the MLP half.
-  for (const char* name :
-       {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-phi3-longrope", "tiny-qwen3", "tiny-mixtral"}) {
+  // tiny-qwen3-moe: a dense MLP half among sparse ones (mlp_only_layers), each its own size.
+  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-phi3-longrope", "tiny-qwen3",
+                           "tiny-mixtral", "tiny-qwen3-moe"}) {
     const json exp = load_expected(name);
     ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     const std::vector<GenRequest> reqs = fixture_requests(exp);
@@ -69,7 +70,8 @@ TEST_CASE("compressed: every placement gives the all-on-GPU compressed run's gre
   auto backend = make_cpu_backend(2);
   const auto settings = compression_settings();
   // tiny-qwen3: a head dim of 24, so every cache group is a shorter last group.
-  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-qwen3", "tiny-mixtral"}) {
+  for (const char* name :
+       {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-qwen3", "tiny-mixtral", "tiny-qwen3-moe"}) {
     ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     const std::vector<GenRequest> reqs = fixture_requests(load_expected(name));
     const std::vector<std::vector<GenResult>> reference = all_gpu_compressed_runs(model, *backend, reqs);
@@ -457,8 +459,9 @@ TEST_CASE("CUDA: offloaded policies give the resident CUDA run's greedy tokens",
   // the tensors live the tokens must be identical. (The resident run is checked against HF in
   // tests/test_model_hf.cpp.) CPU attention sums in another order and is left out here.
   // tiny-mixtral: the router's logits go to the host and the experts' GEMMs run over their rows.
+  // tiny-qwen3-moe: a dense layer among sparse ones.
   auto backend = make_cuda_backend(0);
-  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-mixtral"}) {
+  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-mixtral", "tiny-qwen3-moe"}) {
     const json exp = load_expected(name);
     ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     const std::vector<GenRequest> reqs = fixture_requests(exp);
@@ -497,7 +500,8 @@ TEST_CASE("CUDA compressed: every placement gives the all-on-GPU compressed run'
   // Same batch shape and prefill steps, so the same kernels (fused or dequantized, by step size)
   // run on the same codes whatever the tiers: moving codes must not change a token. CPU attention
   // sums in another order and is left out, as above. tiny-mixtral: 4-bit experts, fused for the
-  // few tokens an expert gets in decode, dequantized with its half-layer for prefill.
+  // few tokens an expert gets in decode, dequantized with its half-layer for prefill. (tiny-qwen3-moe's
+  // two kinds of layer run the CPU backend's compressed grid only: this case is CI's longest.)
   auto backend = make_cuda_backend(0);
   for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-mixtral"}) {
     ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);

@@ -125,23 +125,27 @@ void OffloadEngine::Impl::load_weights(const WeightSource& src) {
     globals.inv_freq = Tensor(p, DType::F32, be.device(), {int64_t(inv.size())});
   }
 
-  halves = halved_layer_layout(cfg, 0, dt, kPage, weight_quant);
-  for (int half : {0, 1}) half_layout[half] = half_block_layout(halves, half);
-  if (weight_quant) {
-    const HalvedLayout fp = halved_layer_layout(cfg, 0, dt, kPage);
-    for (int half : {0, 1}) fp_half_layout[half] = half_block_layout(fp, half);
+  const std::vector<HalvedLayout> stored = layer_kinds(cfg, dt, kPage, weight_quant);
+  const std::vector<HalvedLayout> fp = weight_quant ? layer_kinds(cfg, dt, kPage, std::nullopt) : stored;
+  kinds.resize(stored.size());
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    kinds[k].halves = stored[k];
+    for (int half : {0, 1}) {
+      kinds[k].half_layout[half] = half_block_layout(stored[k], half);
+      kinds[k].fp_half_layout[half] = half_block_layout(fp[k], half);
+    }
   }
   // Each half of a layer has its own home (a mixture of experts may place its halves apart): a
   // CPU home is read in place, a GPU or disk one through an aligned host buffer (O_DIRECT wants
   // aligned memory) of the larger half.
-  const size_t bounce_bytes = std::max(halves.attn_bytes, halves.mlp_bytes);
+  const size_t bounce_bytes = std::max(largest_half(0), largest_half(1));
   std::unique_ptr<char, void (*)(void*)> bounce(static_cast<char*>(std::aligned_alloc(kPage, bounce_bytes)), std::free);
   weight_home.resize(size_t(L));
   for (auto& r : resident) r.resize(size_t(L));
   for (int l = 0; l < L; ++l) {
     const HalvedLayout layer = halved_layer_layout(cfg, l, dt, kPage, weight_quant);  // same offsets, this layer's names
     for (int half : {0, 1}) {
-      const size_t bytes = half ? halves.mlp_bytes : halves.attn_bytes;
+      const size_t bytes = half_bytes(l, half);
       Home& h = weight_home[size_t(l)][size_t(half)] =
           place(plan.half_tier(l, half), bytes, half ? "layer weights (mlp)" : "layer weights (attention)");
       char* dst = h.tier == Tier::Cpu ? h.ptr : bounce.get();
@@ -149,7 +153,7 @@ void OffloadEngine::Impl::load_weights(const WeightSource& src) {
       read_block(half_block_layout(layer, half), src, dst, used, &weight_codes, &pool);
       if (h.tier == Tier::Gpu) {
         be.copy_to_device(h.ptr, dst, bytes);
-        resident[size_t(half)][size_t(l)] = layer_views(half_layout[half], h.ptr, be.device());
+        resident[size_t(half)][size_t(l)] = layer_views(kind(l).half_layout[half], h.ptr, be.device());
       } else if (h.tier == Tier::Disk) {
         disk->write(h.disk_offset, dst, bytes);
       }
@@ -174,12 +178,12 @@ void OffloadEngine::Impl::place_cache_and_activations() {
   if (plan.dequant_bytes > 0) dequant_mem = gpu.take(plan.dequant_bytes, "dequantized weights");
   // A layer streams half by half (attention, then MLP), each half loading while the other
   // computes: one slot per half is the double buffer.
-  if (moves(plan.weight_tier)) w_gpu[0] = SlotPool("gpu attention weight buffer", gpu, 1, halves.attn_bytes);
-  if (moves(plan.expert_tier)) w_gpu[1] = SlotPool("gpu mlp weight buffer", gpu, 1, halves.mlp_bytes);
+  if (moves(plan.weight_tier)) w_gpu[0] = SlotPool("gpu attention weight buffer", gpu, 1, largest_half(0));
+  if (moves(plan.expert_tier)) w_gpu[1] = SlotPool("gpu mlp weight buffer", gpu, 1, largest_half(1));
   if (moves(plan.cache_tier)) c_gpu = SlotPool("gpu cache staging", gpu, 3, plan.cache_stage_bytes);
   if (moves(plan.act_tier)) a_gpu = SlotPool("gpu activation staging", gpu, 3, plan.act_stage_bytes);
-  if (on_disk(plan.weight_tier)) w_pin[0] = SlotPool("pinned attention weight buffer", cpu, 1, halves.attn_bytes);
-  if (on_disk(plan.expert_tier)) w_pin[1] = SlotPool("pinned mlp weight buffer", cpu, 1, halves.mlp_bytes);
+  if (on_disk(plan.weight_tier)) w_pin[0] = SlotPool("pinned attention weight buffer", cpu, 1, largest_half(0));
+  if (on_disk(plan.expert_tier)) w_pin[1] = SlotPool("pinned mlp weight buffer", cpu, 1, largest_half(1));
   if (on_disk(plan.cache_tier)) c_pin = SlotPool("pinned cache staging", cpu, 3, plan.cache_unit_bytes);
   if (on_disk(plan.act_tier)) a_pin = SlotPool("pinned activation staging", cpu, 3, plan.act_unit_bytes);
 
@@ -206,8 +210,8 @@ void OffloadEngine::Impl::place_cache_and_activations() {
                                 max_rows, 1);
     cpu_mlp_weights.resize(size_t(L));
     for (int l = 0; l < L; ++l)
-      if (weight_home[size_t(l)][1].tier == Tier::Cpu)
-        cpu_mlp_weights[size_t(l)] = layer_views(half_layout[1], weight_home[size_t(l)][1].ptr, Device::CPU);
+      if (weight_home[size_t(l)][1].tier == Tier::Cpu && cfg.sparse_layer(l))
+        cpu_mlp_weights[size_t(l)] = layer_views(kind(l).half_layout[1], weight_home[size_t(l)][1].ptr, Device::CPU);
   }
 }
 
@@ -241,13 +245,6 @@ OffloadEngine::OffloadEngine(const ModelConfig& cfg, const WeightSource& weights
                              const OffloadOptions& options, const PlanShape& shape)
     : impl_(std::make_unique<Impl>(cfg, backend, with_fault_from_env(options), shape)) {
   cfg.validate();
-  if (!cfg.uniform_layers()) {
-    std::string dense;
-    for (int l : cfg.dense_layers) dense += (dense.empty() ? "" : ", ") + std::to_string(l);
-    STRATA_FAIL(cfg.name << ": the offloading engine streams one layer layout, and this model's layers differ (dense "
-                         << "MLP in layers " << dense << ", experts in the others: mlp_only_layers / "
-                         << "decoder_sparse_step); it runs resident only");
-  }
   const Policy& p = options.policy;
   STRATA_CHECK(cfg.n_experts > 0 || !(p.cpu_experts_prefill || p.cpu_experts_decode),
                "policy: cpu_experts is " << cpu_experts_name(p) << ", but " << cfg.name

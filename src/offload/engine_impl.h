@@ -154,12 +154,27 @@ struct OffloadEngine::Impl {
   DiskIoStats disk_at_start;
 
   // Homes.
-  HalvedLayout halves;         // a layer's block: attention tensors, then MLP tensors page-aligned
-  BlockLayout half_layout[2];  // each half's tensors, offsets from the half's start
+  // A layer's block by kind (placement.h, layer_kinds): one for a model whose layers are alike,
+  // the dense and the sparse kind for dense MLPs among experts (Qwen3-MoE's mlp_only_layers).
+  struct LayerKind {
+    HalvedLayout halves;         // attention tensors, then MLP tensors, each half page-aligned
+    BlockLayout half_layout[2];  // each half's tensors, offsets from the half's start
+    // Compressed weights, for steps too long for the fused linear: a half-layer dequantized once
+    // per (token, sub-layer) and shared by all units of the block.
+    BlockLayout fp_half_layout[2];
+  };
+  std::vector<LayerKind> kinds;
+  const LayerKind& kind(int layer) const { return kinds[kinds.size() > 1 && cfg.sparse_layer(layer) ? 1 : 0]; }
+  size_t half_bytes(int layer, int half) const {
+    const HalvedLayout& h = kind(layer).halves;
+    return half ? h.mlp_bytes : h.attn_bytes;
+  }
+  size_t largest_half(int half) const {
+    size_t most = 0;
+    for (const LayerKind& k : kinds) most = std::max(most, half ? k.halves.mlp_bytes : k.halves.attn_bytes);
+    return most;
+  }
   std::optional<quant::QuantSpec> weight_quant, cache_quant;  // the policy's compression
-  // Compressed weights, for steps too long for the fused linear: a half-layer dequantized once per
-  // (token, sub-layer) and shared by all units of the block.
-  BlockLayout fp_half_layout[2];
   char* dequant_mem = nullptr;
   LayerWeights dequantized;
   int dequant_token = -1, dequant_sub = -1;
@@ -220,8 +235,10 @@ struct OffloadEngine::Impl {
   int mlp_turn = 0;
   char* mlp_f32 = nullptr;  // the rows widened to F32 for the CPU backend (only when dt is F16)
   std::atomic<double> cpu_experts_seconds{0};
+  // A dense MLP among experts always moves: computing it on the CPU would read all of it there.
   bool experts_on_cpu(int t, int j) const {
-    return cpu_mlp_ops && opt.policy.cpu_experts(t == 0) && plan.expert_tier[size_t(j)] == Tier::Cpu;
+    return cpu_mlp_ops && opt.policy.cpu_experts(t == 0) && plan.expert_tier[size_t(j)] == Tier::Cpu &&
+           cfg.sparse_layer(j);
   }
   // Whether some unit of super-step i computes sub-layer jj on the GPU, so its weights move.
   bool gpu_computes(int i, int jj) const {

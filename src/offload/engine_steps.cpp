@@ -59,14 +59,14 @@ const LayerWeights& OffloadEngine::Impl::weights_for(int jj) {
   load_weights_async(jj);  // no-op when prefetched
   Held& h = w_held[size_t(jj)];
   if (!skipped("weights")) compute_after(h.ready);
-  staged_weights = layer_views(half_layout[half], w_gpu[half].data(h.gpu), be.device());
+  staged_weights = layer_views(kind(j).half_layout[half], w_gpu[half].data(h.gpu), be.device());
   return staged_weights;
 }
 
 const LayerWeights& OffloadEngine::Impl::dequantized_for(int i, int jj) {
   if (dequant_token == i && dequant_sub == jj) return dequantized;
   dequant_token = dequant_sub = -1;  // stale until the kernels below are enqueued
-  dequantized = dequantized_views(weights_for(jj), fp_half_layout[jj % 2], dequant_mem, be);
+  dequantized = dequantized_views(weights_for(jj), kind(jj / 2).fp_half_layout[jj % 2], dequant_mem, be);
   dequant_token = i, dequant_sub = jj;
   return dequantized;
 }
@@ -428,7 +428,7 @@ void OffloadEngine::Impl::gpu_half(int jj, const LayerWeights& w, const Tensor& 
   StepGraphs::Key key{jj == 0 ? 2 : attention ? 0 : 1, x.dim(0), G::address(x.data), G::address(ck.data),
                       G::address(cv.data)};
   // The half's tensors as its block lays them out (the stacked views start at their first part).
-  for (const WeightSpec& spec : half_layout[jj % 2].specs) key.push_back(G::address(layer_tensor(w, spec).data));
+  for (const WeightSpec& spec : kind(jj / 2).half_layout[jj % 2].specs) key.push_back(G::address(layer_tensor(w, spec).data));
   if (attention) key.insert(key.end(), {ck.dim(0), ck.dim(1)});  // the cache's slots and capacity
   graphs.run(key, work);
 }

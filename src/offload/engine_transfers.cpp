@@ -220,7 +220,7 @@ Ticket OffloadEngine::Impl::load_weights_async(int jj, int part, int parts) {
   const int j = jj / 2, half = jj % 2;
   if (plan.half_tier(j, half) == Tier::Gpu) return Ticket();
   const Home& home = weight_home[size_t(j)][size_t(half)];
-  const size_t bytes = half ? halves.mlp_bytes : halves.attn_bytes;
+  const size_t bytes = half_bytes(j, half);
   // Parts end on page boundaries (O_DIRECT reads), the last at the end of the half.
   const size_t end = part + 1 >= parts ? bytes : std::min(bytes, align_up(bytes / size_t(parts) * size_t(part + 1), kPage));
   size_t& issued = w_issued[size_t(jj)];

@@ -66,6 +66,29 @@ std::optional<quant::QuantSpec> quant_spec(const std::optional<Compression>& c) 
   return q;
 }
 
+namespace {
+
+// The first layer whose MLP is (or is not) a mixture of experts; 0 if none is.
+int first_layer_of_kind(const ModelConfig& cfg, bool sparse) {
+  for (int l = 0; l < cfg.n_layers; ++l)
+    if (cfg.sparse_layer(l) == sparse) return l;
+  return 0;
+}
+
+const HalvedLayout& largest(const std::vector<HalvedLayout>& kinds) {
+  return *std::max_element(kinds.begin(), kinds.end(),
+                           [](const HalvedLayout& a, const HalvedLayout& b) { return a.layout.bytes < b.layout.bytes; });
+}
+
+}  // namespace
+
+std::vector<HalvedLayout> layer_kinds(const ModelConfig& cfg, DType dtype, size_t align,
+                                      const std::optional<quant::QuantSpec>& compression) {
+  std::vector<HalvedLayout> kinds = {halved_layer_layout(cfg, first_layer_of_kind(cfg, false), dtype, align, compression)};
+  if (!cfg.uniform_layers()) kinds.push_back(halved_layer_layout(cfg, first_layer_of_kind(cfg, true), dtype, align, compression));
+  return kinds;
+}
+
 PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const PlanShape& shape, DType dtype) {
   STRATA_CHECK(shape.prompt_len > 0 && shape.gen_len >= 0, "plan: prompt length must be positive");
   const size_t e = dtype_size(dtype);
@@ -88,11 +111,14 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   // A cache position: kv_heads rows of head_dim, each quantized on its own when compressed.
   const size_t kv_row = cq ? size_t(cfg.n_kv_heads) * quant::row_bytes(*cq, cfg.head_dim) : size_t(cfg.kv_dim()) * e;
   const size_t h_row = size_t(cfg.hidden) * e;
-  // A layer's block as it streams: its attention half, then its MLP half, each page-aligned.
-  const HalvedLayout halves = halved_layer_layout(cfg, 0, dtype, disk_align, wq);
+  // A layer's block as it streams: its attention half, then its MLP half, each page-aligned. A
+  // model with dense MLPs among sparse ones (mlp_only_layers) has two kinds of layer: the buffers
+  // take the larger, the homes each layer's own.
+  const std::vector<HalvedLayout> kinds = layer_kinds(cfg, dtype, disk_align, wq);
+  const HalvedLayout& halves = largest(kinds);
   p.layer_weight_bytes = halves.layout.bytes;
   p.attn_weight_bytes = halves.attn_bytes;
-  p.mlp_weight_bytes = halves.mlp_bytes;
+  for (const HalvedLayout& k : kinds) p.mlp_weight_bytes = std::max(p.mlp_weight_bytes, k.mlp_bytes);
   p.global_weight_bytes = align_up(global_block_layout(cfg, dtype).bytes, disk_align);
   p.cache_unit_bytes = 2 * align_up(size_t(gbs) * size_t(C) * kv_row, disk_align);
   // Decode brings a layer's cache to the GPU unless it is there already or the CPU attends to it
@@ -116,7 +142,9 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   p.realized_activations = realized(p.act_tier);
 
   p.weights = bytes_by_tier(p.weight_tier, double(p.attn_weight_bytes), 1);
-  p.weights += bytes_by_tier(p.expert_tier, double(p.mlp_weight_bytes), 1);
+  for (int l = 0; l < L; ++l)
+    p.mlp_weights.at(p.expert_tier[size_t(l)]) += double(kinds[kinds.size() > 1 && cfg.sparse_layer(l)].mlp_bytes);
+  p.weights += p.mlp_weights;
   p.weights.gpu += double(p.global_weight_bytes);
   p.kv_cache = bytes_by_tier(p.cache_tier, double(p.cache_unit_bytes), ngb);
   p.activations = bytes_by_tier(p.act_tier, double(p.act_unit_bytes), 1);
@@ -137,10 +165,10 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   // Compressed weights are read as codes by the fused linear in decode; a step with more tokens
   // dequantizes its half-layer once (for every unit of the block) into one buffer of the larger
   // uncompressed half.
-  const HalvedLayout fp = wq ? halved_layer_layout(cfg, 0, dtype, disk_align) : halves;
-  p.uncompressed_layer_bytes = fp.layout.bytes;
+  const std::vector<HalvedLayout> fp = wq ? layer_kinds(cfg, dtype, disk_align, std::nullopt) : kinds;
+  p.uncompressed_layer_bytes = largest(fp).layout.bytes;
   if (wq) {
-    p.dequant_bytes = std::max(fp.attn_bytes, fp.mlp_bytes);
+    for (const HalvedLayout& k : fp) p.dequant_bytes = std::max({p.dequant_bytes, k.attn_bytes, k.mlp_bytes});
     w.gpu += double(p.dequant_bytes);
   }
   if (cache_moves) w.gpu += 3.0 * double(p.cache_stage_bytes);
@@ -189,7 +217,7 @@ std::string describe_plan(const PlacementPlan& plan, const Policy& policy) {
     os << "  [policy " << asked.gpu << "/" << asked.cpu << "/" << asked.disk << ", by " << unit << "]\n";
   };
   if (policy.expert_weights) {  // each half its own split
-    const TierBytes experts = bytes_by_tier(plan.expert_tier, double(plan.mlp_weight_bytes), 1);
+    const TierBytes& experts = plan.mlp_weights;
     TierBytes rest = plan.weights;
     for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) rest.at(t) -= experts.at(t);
     line("weights    ", rest, plan.realized_weights, policy.weights, "attention half");

@@ -21,6 +21,7 @@
 #include "strata/model/config.h"
 #include "strata/policy/policy.h"
 #include "strata/quant/quant.h"
+#include "strata/runtime/model_weights.h"
 
 namespace strata {
 
@@ -63,7 +64,10 @@ struct PlacementPlan {
 
   // Sizes of one unit (bytes).
   size_t layer_weight_bytes = 0, global_weight_bytes = 0;
-  size_t attn_weight_bytes = 0, mlp_weight_bytes = 0;  // a layer's two halves as they stream
+  // A layer's two halves as they stream; with dense MLPs among sparse ones (mlp_only_layers), the
+  // larger kind's (what a buffer holds). `mlp_weights`: the MLP halves' homes, each its own size.
+  size_t attn_weight_bytes = 0, mlp_weight_bytes = 0;
+  TierBytes mlp_weights;
   size_t cache_unit_bytes = 0;   // K and V of one layer for one GPU batch at full capacity (its home)
   size_t cache_stage_bytes = 0;  // a GPU staging slot: the slots of a prefill unit, or of a whole
                                  // GPU batch where decode brings the cache to the GPU
@@ -81,6 +85,11 @@ struct PlacementPlan {
 
 // Whether the policy computes some layer's experts on the CPU: a mixture of experts, cpu_experts
 // in some phase, and some layer's MLP half on the CPU tier.
+// A layer's block by kind: one for a model whose layers are alike; for dense MLPs among sparse
+// ones (Qwen3-MoE's mlp_only_layers), the dense kind then the sparse (ModelConfig::sparse_layer).
+std::vector<HalvedLayout> layer_kinds(const ModelConfig& cfg, DType dtype, size_t align,
+                                      const std::optional<quant::QuantSpec>& compression);
+
 bool cpu_experts_used(const ModelConfig& cfg, const Policy& policy, const std::vector<Tier>& expert_tier);
 
 // The quantization spec of a policy's compression field.
