@@ -321,9 +321,14 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   add(G, l * Wa - Wa, {WG});
   if (fixed) {
     G.constant += l * Wm * xm[0] + (xm[0] < 1 ? Wm : 0.0);
+  } else if (free) {
+    // The buffer whole: every split but all resident needs it, and spread over mg, as tied, it
+    // would favour MLP halves on the GPU by a share of a buffer their rounding then lacks.
+    G.constant += Wm;
+    add(G, l * Wm, {MG});
   } else {
     G.constant += Wm;
-    add(G, l * Wm - Wm, {mlp_vars});
+    add(G, l * Wm - Wm, {WG});
   }
   add(G, l * Cm, {CG});
   add(G, 3 * (cpu_attn ? cache_group : cache_unit), {CC, CD});

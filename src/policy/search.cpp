@@ -257,13 +257,19 @@ std::vector<Shape> option_sets(bool allow_compression, bool moe) {
 }
 
 // Layer counts on (gpu, cpu) near the LP's fractions of one class: floor and ceiling of each.
-std::vector<std::pair<int, int>> nearby_counts(double g, double c, int n) {
+// `disk_too`: also the floor and ceiling of the disk's count, the CPU taking the rest.
+std::vector<std::pair<int, int>> nearby_counts(double g, double c, int n, bool disk_too = false) {
   std::vector<std::pair<int, int>> v;
-  for (int ng : {int(std::floor(g * n + 1e-9)), int(std::ceil(g * n - 1e-9))})
-    for (int nc : {int(std::floor(c * n + 1e-9)), int(std::ceil(c * n - 1e-9))})
-      if (ng >= 0 && nc >= 0 && ng + nc <= n &&
-          std::find(v.begin(), v.end(), std::pair{ng, nc}) == v.end())
-        v.push_back({ng, nc});
+  auto add = [&](int ng, int nc) {
+    if (ng >= 0 && nc >= 0 && ng + nc <= n && std::find(v.begin(), v.end(), std::pair{ng, nc}) == v.end())
+      v.push_back({ng, nc});
+  };
+  auto near = [n](double f) { return std::array<int, 2>{int(std::floor(f * n + 1e-9)), int(std::ceil(f * n - 1e-9))}; };
+  for (int ng : near(g))
+    for (int nc : near(c)) add(ng, nc);
+  if (disk_too)
+    for (int ng : near(g))
+      for (int nd : near(1 - g - c)) add(ng, n - ng - nd);
   return v;
 }
 
@@ -299,7 +305,9 @@ std::optional<Priced> round_to_units(const ModelConfig& cfg, const HardwareProfi
   std::vector<Rounded> splits[4];
   for (int cls = 0; cls < lp_vars(F) / 3; ++cls) {
     const int units = class_units(cls, shape, F.n_layers);
-    for (auto [ng, nc] : nearby_counts(lp.x[3 * cls], lp.x[3 * cls + 1], units))
+    // A layer's MLP half is most of its bytes: rounded onto the disk it can cost more than the
+    // LP's share there gained, so the CPU may take the disk's fraction of a layer instead.
+    for (auto [ng, nc] : nearby_counts(lp.x[3 * cls], lp.x[3 * cls + 1], units, cls == kExperts))
       if (auto s = split_for_layers(units, ng, nc))
         splits[cls].push_back({*s, double(ng) / units, double(nc) / units, double(units - ng - nc) / units});
   }
