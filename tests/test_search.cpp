@@ -1,5 +1,6 @@
-// The policy search: the LP against a brute-force grid over the nine fractions, the constraints
-// of every returned policy, and the diagnosis when nothing fits.
+// The policy search: the LP against a brute-force grid over the nine fractions (twelve with a
+// mixture of experts' MLP halves placed apart), the constraints of every returned policy, and the
+// diagnosis when nothing fits.
 #include "test_paths.h"
 #include <sys/wait.h>
 #include <unistd.h>
@@ -93,10 +94,10 @@ struct Instance {
 
 // The LP's optimum against a brute-force grid: no grid point beats it, and the grid comes within
 // what one step can change (a bound from the coefficients, and relatively: the instances here are
-// within 7%, under one step).
-// `experts`: Free grids the MLP halves' fractions too, in steps of 0.1 like the weights', and the
-// KV cache's and activations' in steps of 0.25 (four classes at 0.1 would take minutes); the
-// bounds then take each class's step.
+// within 10%, under one step). With ExpertSplit::Free the grid takes the MLP halves' fractions
+// too, in steps of 0.1 like the weights', and the KV cache's and activations' in steps of 0.25
+// (four classes at 0.1 would take minutes); the bounds then take each class's step, and the
+// relative one the coarsest.
 LpSolution check_lp_against_grid(const Instance& in, const HardwareProfile& hw,
                                  ExpertSplit experts = ExpertSplit::Fixed) {
   const CostForms F = cost_forms(*config_preset(in.model), in.shape, in.w, hw, experts);
@@ -697,7 +698,10 @@ struct MixtralOn16GiB {
   }
 };
 
-bool partial_split(const Policy& p) { return p.expert_weights && p.expert_weights->gpu > 0 && p.expert_weights->gpu < 100; }
+// Some MLP halves on the GPU, not all.
+bool partial_split(const Policy& p) {
+  return p.expert_weights && p.expert_weights->gpu > 0 && p.expert_weights->gpu < 100;
+}
 
 }  // namespace
 
@@ -727,7 +731,8 @@ TEST_CASE("the search splits Mixtral's MLP halves between the GPU and the CPU wh
   CHECK(tput > 1.03 * best_on_cpu);
   // And the best of them over every batch shape and options the search tries.
   for (const Candidate& c : search_candidates(m.cfg, m.hw, m.opts))
-    if (!c.policy.expert_weights || c.policy.expert_weights->gpu == 0) CHECK(tput > 1.03 * c.prediction.throughput_tok_s);
+    if (!c.policy.expert_weights || c.policy.expert_weights->gpu == 0)
+      CHECK(tput > 1.03 * c.prediction.throughput_tok_s);
 }
 
 TEST_CASE("a searched expert split is the one priced and re-checked against the runtime's plan", "[search][moe]") {

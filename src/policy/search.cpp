@@ -5,6 +5,7 @@
 #include <glpk.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <limits>
