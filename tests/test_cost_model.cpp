@@ -543,3 +543,50 @@ TEST_CASE("experts placed apart: the attention halves follow the fractions, the 
   const Prediction tied = evaluate(mx, policy_of(8, 4, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}), wl, hw);
   CHECK(tied.decode.terms[CTOG] == Approx((Wa + Wm) / 10e9));
 }
+
+TEST_CASE("the MLP halves' own fractions price what a fixed expert_weights prices at the same split", "[cost][moe]") {
+  // ExpertSplit::Free makes the MLP halves' shares the variables mg, mc, md (the search's second
+  // weight class). At a whole-layer split they give evaluate's terms and, off the disk and short
+  // of all resident, its peaks: the GPU's MLP buffer is counted whole, as the runtime allocates it.
+  const ModelConfig mx = *config_preset("mixtral-8x7b");
+  const double hm = 4096, f = 14336, Wm = 2.0 * (8 * 3 * hm * f + 8 * hm);
+  const HardwareProfile hw = round_machine();
+  Policy p = policy_of(8, 4, {25, 75, 0}, {100, 0, 0}, {100, 0, 0});
+  p.expert_weights = TierSplit{25, 75, 0};
+  p.cpu_experts_decode = true;
+  const CostForms F = cost_forms(mx, p, wl, hw, ExpertSplit::Free);
+  CHECK(F.experts_free);
+  CHECK(F.decode[DTOC].coef[MD] == Approx(Wm / 2e9));
+  CHECK(F.prefill[CTOG].coef[MC] == Approx(Wm / 10e9));  // prefill moves them
+  CHECK(F.decode[CATT].coef[MC] > 0);                     // decode computes them where they live
+  CHECK(F.peak[int(Tier::Gpu)].coef[MG] == Approx(32 * Wm));
+  CHECK(F.peak[int(Tier::Cpu)].coef[MC] == Approx(32 * Wm));
+  const Fractions x = realized_fractions(p, 32);
+  CHECK(x[MG] == 0.25);
+  CHECK(x[MC] == 0.75);
+  const Prediction free = predict(F, x), fixed = evaluate(mx, p, wl, hw);
+  for (int t = 0; t < kNumTerms; ++t) {
+    CHECK(free.prefill.terms[t] == Approx(fixed.prefill.terms[t]).margin(1e-15));
+    CHECK(free.decode.terms[t] == Approx(fixed.decode.terms[t]).margin(1e-15));
+  }
+  CHECK(free.total_s == Approx(fixed.total_s));
+  for (Tier t : {Tier::Gpu, Tier::Cpu, Tier::Disk}) CHECK(free.peak.at(t) == Approx(fixed.peak.at(t)));
+  // The policy's own split is not read: the fractions are the LP's to choose.
+  auto same_forms = [](const CostForms& a, const CostForms& b) {
+    auto same = [](const LinearForm& x, const LinearForm& y) { return x.constant == y.constant && x.coef == y.coef; };
+    for (int t = 0; t < kNumTerms; ++t)
+      if (!same(a.prefill[t], b.prefill[t]) || !same(a.decode[t], b.decode[t])) return false;
+    for (int t = 0; t < 3; ++t)
+      if (!same(a.peak[t], b.peak[t])) return false;
+    return true;
+  };
+  Policy other = p;
+  other.expert_weights = TierSplit{0, 100, 0};
+  CHECK(same_forms(cost_forms(mx, other, wl, hw, ExpertSplit::Free), F));
+  // A dense model has no MLP halves to place apart: the same forms either way, none on m.
+  const Policy dense = policy_of(8, 4, {25, 75, 0}, {100, 0, 0}, {100, 0, 0});
+  const CostForms a = cost_forms(opt67(), dense, wl, hw, ExpertSplit::Free), b = cost_forms(opt67(), dense, wl, hw);
+  CHECK_FALSE(a.experts_free);
+  CHECK(same_forms(a, b));
+  for (int v = MG; v <= MD; ++v) CHECK(b.peak[int(Tier::Gpu)].coef[v] == 0);
+}

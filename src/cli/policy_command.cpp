@@ -97,7 +97,9 @@ json prediction_json(const Candidate& c) {
     return j;
   };
   json fr;
-  for (int v = 0; v < kNumVars; ++v) fr[var_name(v)] = rounded(p.fractions[v], 6);
+  // The MLP halves' fractions only where they are placed apart: tied, wg, wc, wd place them.
+  const int vars = c.policy.expert_weights ? kNumVars : int(MG);
+  for (int v = 0; v < vars; ++v) fr[var_name(v)] = rounded(p.fractions[v], 6);
   return {{"throughput_tok_s", p.throughput_tok_s},
           {"latency_s", p.latency_s},
           {"prefill_s", p.prefill_s},

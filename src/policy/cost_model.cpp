@@ -1,4 +1,4 @@
-// FlexGen's cost model as linear forms in the nine placement fractions (docs/cost-model.md).
+// FlexGen's cost model as linear forms in the placement fractions (docs/cost-model.md).
 #include "strata/policy/cost_model.h"
 
 #include <algorithm>
@@ -11,7 +11,7 @@
 namespace strata {
 
 const char* var_name(int v) {
-  static const char* names[kNumVars] = {"wg", "wc", "wd", "cg", "cc", "cd", "hg", "hc", "hd"};
+  static const char* names[kNumVars] = {"wg", "wc", "wd", "cg", "cc", "cd", "hg", "hc", "hd", "mg", "mc", "md"};
   return names[v];
 }
 
@@ -44,8 +44,10 @@ double stored_bytes_per_element(const std::optional<Compression>& c) {
 
 Fractions requested_fractions(const Policy& p) {
   auto f = [](int pct) { return pct / 100.0; };
-  return {f(p.weights.gpu),  f(p.weights.cpu),  f(p.weights.disk),  f(p.kv_cache.gpu),   f(p.kv_cache.cpu),
-          f(p.kv_cache.disk), f(p.activations.gpu), f(p.activations.cpu), f(p.activations.disk)};
+  const TierSplit m = p.expert_weights.value_or(TierSplit{0, 0, 0});
+  return {f(p.weights.gpu),     f(p.weights.cpu),     f(p.weights.disk),     f(p.kv_cache.gpu),
+          f(p.kv_cache.cpu),    f(p.kv_cache.disk),   f(p.activations.gpu),  f(p.activations.cpu),
+          f(p.activations.disk), f(m.gpu),            f(m.cpu),              f(m.disk)};
 }
 
 Fractions realized_fractions(const Policy& p, int n_layers) {
@@ -56,6 +58,7 @@ Fractions realized_fractions(const Policy& p, int n_layers) {
   count(p.weights, n_layers, WG);
   count(p.kv_cache, n_layers, CG);
   count(p.activations, p.num_gpu_batches, HG);
+  if (p.expert_weights) count(*p.expert_weights, n_layers, MG);
   return x;
 }
 
@@ -163,7 +166,8 @@ void add(LinearForm& form, double seconds, std::initializer_list<int> vars) {
 }
 
 // The forms of cost_forms without their split by GPU batches.
-CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload& w, const HardwareProfile& hw) {
+CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload& w, const HardwareProfile& hw,
+                        ExpertSplit experts) {
   CostForms F;
   F.n_layers = cfg.n_layers;
   F.gen_len = w.gen_len;
@@ -203,17 +207,21 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   // (docs/cost-model.md, "Experts on the CPU").
   const bool experts_p = cfg.moe() && p.cpu_experts_prefill, experts_d = cfg.moe() && p.cpu_experts_decode;
   // A layer's weights as its two halves: the attention half Wa follows the fractions wg, wc, wd;
-  // the MLP half Wm too, unless the policy places a mixture of experts' MLP halves apart
-  // (expert_weights): their tiers are then fixed (the runtime's whole layers), constants here.
+  // the MLP half Wm too, unless a mixture of experts' MLP halves are placed apart: at the
+  // policy's expert_weights, whose tiers are then fixed (the runtime's whole layers), constants
+  // here; or, for the search, at fractions of their own, mg, mc, md.
   const double Wm = z.mlp_weights, Wa = W - Wm;
-  const bool apart = cfg.moe() && p.expert_weights.has_value();
-  std::array<double, 3> xm{};  // the MLP halves' realized fractions, when apart
-  if (apart)
+  const bool free = cfg.moe() && experts == ExpertSplit::Free;
+  const bool fixed = cfg.moe() && p.expert_weights.has_value() && !free;
+  F.experts_free = free;
+  const int mlp_vars = free ? MG : WG;  // the MLP halves' fractions on gpu, cpu, disk, unless fixed
+  std::array<double, 3> xm{};  // the MLP halves' realized fractions, when fixed
+  if (fixed)
     for (Tier t : assign_tiers(cfg.n_layers, *p.expert_weights)) xm[size_t(t)] += 1.0 / l;
-  // Adds `v` per unit of MLP halves on tier t: a coefficient of w_t, or, apart, a constant.
+  // Adds `v` per unit of MLP halves on tier t: a coefficient of their fraction there, or a constant.
   auto add_mlp = [&](LinearForm& f, double v, Tier t) {
-    if (apart) f.constant += v * xm[size_t(t)];
-    else f.coef[WG + int(t)] += v;
+    if (fixed) f.constant += v * xm[size_t(t)];
+    else f.coef[mlp_vars + int(t)] += v;
   };
   auto& P = F.prefill;
   add(P[CTOG], Wa / ctog, {WC, WD});
@@ -312,8 +320,13 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   // Each half's transfer buffer, unless every such half is resident; tied halves interpolate.
   G.constant = z.global_weights + z.workspace + Wa;
   add(G, l * Wa - Wa, {WG});
-  if (apart) {
+  if (fixed) {
     G.constant += l * Wm * xm[0] + (xm[0] < 1 ? Wm : 0.0);
+  } else if (free) {
+    // The buffer whole: every split but all resident needs it, and spread over mg, as tied, it
+    // would favour MLP halves on the GPU by a share of a buffer their rounding then lacks.
+    G.constant += Wm;
+    add(G, l * Wm, {MG});
   } else {
     G.constant += Wm;
     add(G, l * Wm - Wm, {WG});
@@ -327,8 +340,8 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   add(C, l * Wa, {WC});
   add(C, Wa, {WD});  // the pinned buffer of a half read from disk
   add_mlp(C, l * Wm, Tier::Cpu);
-  if (apart) C.constant += xm[2] > 0 ? Wm : 0.0;
-  else add(C, Wm, {WD});
+  if (fixed) C.constant += xm[2] > 0 ? Wm : 0.0;
+  else add(C, Wm, {mlp_vars + 2});
   add(C, l * Cm, {CC});
   add(C, 3 * cache_unit, {CD});
   add(C, Ap, {HC});
@@ -358,11 +371,11 @@ LinearForm difference(const LinearForm& a, const LinearForm& b) {
 // Every term is affine in the number of GPU batches (the weights' part does not grow with it), so
 // the forms at one and two GPU batches give both parts exactly.
 void split_by_batches(CostForms& F, const ModelConfig& cfg, const Policy& p, const Workload& w,
-                      const HardwareProfile& hw) {
+                      const HardwareProfile& hw, ExpertSplit experts) {
   Policy one = p, two = p;
   one.num_gpu_batches = 1;
   two.num_gpu_batches = 2;
-  const CostForms F1 = unsplit_forms(cfg, one, w, hw), F2 = unsplit_forms(cfg, two, w, hw);
+  const CostForms F1 = unsplit_forms(cfg, one, w, hw, experts), F2 = unsplit_forms(cfg, two, w, hw, experts);
   for (int t = 0; t < kNumTerms; ++t) {
     F.prefill_batch[t] = difference(F2.prefill[t], F1.prefill[t]);
     F.prefill_fixed[t] = difference(F1.prefill[t], F.prefill_batch[t]);
@@ -373,10 +386,11 @@ void split_by_batches(CostForms& F, const ModelConfig& cfg, const Policy& p, con
 
 }  // namespace
 
-CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w, const HardwareProfile& hw) {
+CostForms cost_forms(const ModelConfig& cfg, const Policy& p, const Workload& w, const HardwareProfile& hw,
+                     ExpertSplit experts) {
   check_inputs(cfg, p, w, hw);
-  CostForms F = unsplit_forms(cfg, p, w, hw);
-  split_by_batches(F, cfg, p, w, hw);
+  CostForms F = unsplit_forms(cfg, p, w, hw, experts);
+  split_by_batches(F, cfg, p, w, hw, experts);
   return F;
 }
 

@@ -5,6 +5,7 @@
 #include <glpk.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -18,14 +19,18 @@ namespace {
 
 constexpr Tier kTiers[3] = {Tier::Gpu, Tier::Cpu, Tier::Disk};
 
-// A small LP over columns 1..9 (the fractions, in Var order) and any auxiliary columns.
+// The fractions an LP over the forms chooses: the nine of weights, KV cache and activations, and
+// the MLP halves' three where the forms leave their split free.
+int lp_vars(const CostForms& F) { return F.experts_free ? kNumVars : int(MG); }
+
+// A small LP over columns 1..lp_vars (the fractions, in Var order) and any auxiliary columns.
 class Lp {
  public:
-  Lp() : p_(glp_create_prob()) {
+  explicit Lp(const CostForms& F) : p_(glp_create_prob()), vars_(lp_vars(F)) {
     glp_set_obj_dir(p_, GLP_MIN);
-    glp_add_cols(p_, kNumVars);
-    for (int v = 0; v < kNumVars; ++v) glp_set_col_bnds(p_, v + 1, GLP_DB, 0.0, 1.0);
-    for (int cls = 0; cls < 3; ++cls)  // each class sums to 1
+    glp_add_cols(p_, vars_);
+    for (int v = 0; v < vars_; ++v) glp_set_col_bnds(p_, v + 1, GLP_DB, 0.0, 1.0);
+    for (int cls = 0; cls < vars_ / 3; ++cls)  // each class sums to 1
       add_row({{3 * cls + 1, 1.0}, {3 * cls + 2, 1.0}, {3 * cls + 3, 1.0}}, GLP_FX, 1.0);
   }
   ~Lp() { glp_delete_prob(p_); }
@@ -57,7 +62,7 @@ class Lp {
   // form(x) - sum aux <= rhs, scaled by 1/scale for conditioning.
   void add_form_row(const LinearForm& form, std::vector<std::pair<int, double>> aux, double rhs, double scale = 1) {
     std::vector<std::pair<int, double>> terms;
-    for (int v = 0; v < kNumVars; ++v) terms.push_back({v + 1, form.coef[v] / scale});
+    for (int v = 0; v < vars_; ++v) terms.push_back({v + 1, form.coef[v] / scale});
     for (auto& [col, c] : aux) terms.push_back({col, c / scale});
     add_row(terms, GLP_UP, (rhs - form.constant) / scale);
   }
@@ -78,12 +83,14 @@ class Lp {
   double objective() const { return glp_get_obj_val(p_); }
   Fractions fractions() const {
     Fractions x{};
-    for (int v = 0; v < kNumVars; ++v) x[v] = std::clamp(value(v + 1), 0.0, 1.0);
+    for (int v = 0; v < vars_; ++v) x[v] = std::clamp(value(v + 1), 0.0, 1.0);
     return x;
   }
+  int vars() const { return vars_; }
 
  private:
   glp_prob* p_;
+  int vars_;
 };
 
 // a * x + b * y
@@ -107,7 +114,7 @@ void add_memory_rows(Lp& lp, const CostForms& F, const TierBytes& budget, std::o
 
 LpSolution solve_placement_lp(const CostForms& F, const TierBytes& budget, std::optional<double> max_latency_s,
                               double refine_above_tok_s) {
-  Lp lp;
+  Lp lp(F);
   const double l = F.n_layers, gen_steps = F.gen_len - 1;
   // T = T_pre * l + T_gen * (n - 1) * l; each stage time is an auxiliary variable bounded below by
   // its terms (their max, with overlap) or by their sum (without). With overlap the compute is the
@@ -161,7 +168,7 @@ LpSolution solve_placement_lp(const CostForms& F, const TierBytes& budget, std::
   lp.add_row({{tpre, l}, {tgen, gen_steps * l}}, GLP_UP, r.total_s * (1 + 1e-9) + 1e-12);
   lp.set_objective(tpre, 0);
   lp.set_objective(tgen, 0);
-  for (int v = 0; v < kNumVars; ++v) {
+  for (int v = 0; v < lp.vars(); ++v) {
     double c = 0;
     for (const LinearForm& t : F.prefill) c += l * t.coef[v];
     for (const LinearForm& t : F.decode) c += gen_steps * l * t.coef[v];
@@ -199,7 +206,9 @@ struct Shape {
   bool cpu_attention;
   bool compress_weights, compress_cache;
   bool cpu_experts_prefill = false, cpu_experts_decode = false;
-  bool experts_apart = false;  // every MLP half on the CPU tier, the LP placing the attention halves
+  // The MLP halves placed apart from the attention halves, the LP choosing both splits
+  // (ExpertSplit::Free): a second weight class.
+  bool experts_apart = false;
 };
 
 Policy make_policy(const Shape& s) {
@@ -210,7 +219,6 @@ Policy make_policy(const Shape& s) {
   p.cpu_attention = s.cpu_attention;
   p.cpu_experts_prefill = s.cpu_experts_prefill;
   p.cpu_experts_decode = s.cpu_experts_decode;
-  if (s.experts_apart) p.expert_weights = TierSplit{0, 100, 0};
   if (s.compress_weights) p.compress_weights = Compression{4, 64};
   if (s.compress_cache) p.compress_kv_cache = Compression{4, 64};
   return p;
@@ -233,8 +241,8 @@ constexpr int kMaxBlock = 8192;
 
 // A mixture of experts also tries its experts computed on the CPU in decode, or in both phases
 // (decode steps activate few experts, prefill steps nearly all; prefill alone never pays where
-// decode does not), and its MLP halves all on the CPU tier apart from the attention halves, which
-// the LP then places (MoE-Lightning's placement).
+// decode does not), and its MLP halves placed apart from the attention halves, the LP choosing
+// both splits (MoE-Lightning's placement, every MLP half on the CPU, among them).
 std::vector<Shape> option_sets(bool allow_compression, bool moe) {
   std::vector<Shape> v;
   const std::vector<std::pair<bool, bool>> phases =
@@ -250,13 +258,19 @@ std::vector<Shape> option_sets(bool allow_compression, bool moe) {
 }
 
 // Layer counts on (gpu, cpu) near the LP's fractions of one class: floor and ceiling of each.
-std::vector<std::pair<int, int>> nearby_counts(double g, double c, int n) {
+// `disk_too`: also the floor and ceiling of the disk's count, the CPU taking the rest.
+std::vector<std::pair<int, int>> nearby_counts(double g, double c, int n, bool disk_too = false) {
   std::vector<std::pair<int, int>> v;
-  for (int ng : {int(std::floor(g * n + 1e-9)), int(std::ceil(g * n - 1e-9))})
-    for (int nc : {int(std::floor(c * n + 1e-9)), int(std::ceil(c * n - 1e-9))})
-      if (ng >= 0 && nc >= 0 && ng + nc <= n &&
-          std::find(v.begin(), v.end(), std::pair{ng, nc}) == v.end())
-        v.push_back({ng, nc});
+  auto add = [&](int ng, int nc) {
+    if (ng >= 0 && nc >= 0 && ng + nc <= n && std::find(v.begin(), v.end(), std::pair{ng, nc}) == v.end())
+      v.push_back({ng, nc});
+  };
+  auto near = [n](double f) { return std::array<int, 2>{int(std::floor(f * n + 1e-9)), int(std::ceil(f * n - 1e-9))}; };
+  for (int ng : near(g))
+    for (int nc : near(c)) add(ng, nc);
+  if (disk_too)
+    for (int ng : near(g))
+      for (int nd : near(1 - g - c)) add(ng, n - ng - nd);
   return v;
 }
 
@@ -268,43 +282,63 @@ double load(const CostForms& F, const Prediction& p) {
   return F.n_layers * (pre + (F.gen_len - 1) * gen);
 }
 
-// Units each class is placed in: layers for weights and KV cache, GPU batches for activations.
+// The classes a policy places, in Var order: weights, KV cache, activations, and the MLP halves
+// where they are apart (expert_weights). Units: layers, but GPU batches for activations.
+constexpr int kExperts = 3;
+int num_classes(const Policy& p) { return p.expert_weights ? 4 : 3; }
 int class_units(int cls, const Policy& p, int n_layers) { return cls == 2 ? p.num_gpu_batches : n_layers; }
-TierSplit& class_split(int cls, Policy& p) { return cls == 0 ? p.weights : cls == 1 ? p.kv_cache : p.activations; }
+TierSplit& class_split(int cls, Policy& p) {
+  return cls == 0 ? p.weights : cls == 1 ? p.kv_cache : cls == 2 ? p.activations : *p.expert_weights;
+}
 
-// The best realizable policy among the roundings of the LP's fractions that still fits.
-std::optional<Candidate> round_to_units(const Policy& shape, const CostForms& F, const LpSolution& lp,
-                                        const SearchOptions& opts) {
+// A candidate paired with the forms that price it.
+using Priced = std::pair<Candidate, CostForms>;
+
+// The best realizable policy among the roundings of the LP's fractions that still fits. Where
+// the LP chose the MLP halves' split, each rounding of it is priced as evaluate prices the policy
+// (its split fixed: constants, with the runtime's buffers, not the LP's interpolation of them).
+std::optional<Priced> round_to_units(const ModelConfig& cfg, const HardwareProfile& hw, const Policy& shape,
+                                     const CostForms& F, const LpSolution& lp, const SearchOptions& opts) {
   struct Rounded {
     TierSplit split;
-    double gpu, cpu, disk;  // the realized fractions
+    double gpu = 0, cpu = 0, disk = 0;  // the realized fractions
   };
-  std::vector<Rounded> splits[3];
-  for (int cls = 0; cls < 3; ++cls) {
+  std::vector<Rounded> splits[4];
+  for (int cls = 0; cls < lp_vars(F) / 3; ++cls) {
     const int units = class_units(cls, shape, F.n_layers);
-    for (auto [ng, nc] : nearby_counts(lp.x[3 * cls], lp.x[3 * cls + 1], units))
+    // A layer's MLP half is most of its bytes: rounded onto the disk it can cost more than the
+    // LP's share there gained, so the CPU may take the disk's fraction of a layer instead.
+    for (auto [ng, nc] : nearby_counts(lp.x[3 * cls], lp.x[3 * cls + 1], units, cls == kExperts))
       if (auto s = split_for_layers(units, ng, nc))
         splits[cls].push_back({*s, double(ng) / units, double(nc) / units, double(units - ng - nc) / units});
   }
-  std::optional<Candidate> best;
+  if (!F.experts_free) splits[kExperts].push_back({});  // tied: the weights' split places them
+  std::optional<Priced> best;
   double best_load = 0;
-  for (const Rounded& w : splits[0])
-    for (const Rounded& c : splits[1])
-      for (const Rounded& h : splits[2]) {
-        Policy p = shape;
-        p.weights = w.split;
-        p.kv_cache = c.split;
-        p.activations = h.split;
-        const Prediction pred = predict(F, {w.gpu, w.cpu, w.disk, c.gpu, c.cpu, c.disk, h.gpu, h.cpu, h.disk});
-        if (!fits(pred, opts.budget, opts.max_latency_s)) continue;
-        // The fastest; among equally fast ones (a link that does not bound T), the least load.
-        const double t = pred.throughput_tok_s, best_t = best ? best->prediction.throughput_tok_s : 0;
-        const double ld = load(F, pred);
-        if (!best || t > best_t * (1 + 1e-9) || (t >= best_t * (1 - 1e-9) && ld < best_load)) {
-          best = Candidate{p, pred, lp.x, double(F.block_size) * F.gen_len / lp.total_s, std::nullopt};
-          best_load = ld;
+  for (const Rounded& m : splits[kExperts]) {
+    Policy placed = shape;
+    if (F.experts_free) placed.expert_weights = m.split;
+    const CostForms forms = F.experts_free ? cost_forms(cfg, placed, opts.workload, hw) : F;
+    for (const Rounded& w : splits[0])
+      for (const Rounded& c : splits[1])
+        for (const Rounded& h : splits[2]) {
+          Policy p = placed;
+          p.weights = w.split;
+          p.kv_cache = c.split;
+          p.activations = h.split;
+          const Prediction pred = predict(forms, {w.gpu, w.cpu, w.disk, c.gpu, c.cpu, c.disk, h.gpu, h.cpu, h.disk,
+                                                  m.gpu, m.cpu, m.disk});
+          if (!fits(pred, opts.budget, opts.max_latency_s)) continue;
+          // The fastest; among equally fast ones (a link that does not bound T), the least load.
+          const double t = pred.throughput_tok_s, best_t = best ? best->first.prediction.throughput_tok_s : 0;
+          const double ld = load(forms, pred);
+          if (!best || t > best_t * (1 + 1e-9) || (t >= best_t * (1 - 1e-9) && ld < best_load)) {
+            best = Priced{Candidate{p, pred, lp.x, double(F.block_size) * F.gen_len / lp.total_s, std::nullopt},
+                          forms};
+            best_load = ld;
+          }
         }
-      }
+  }
   return best;
 }
 
@@ -351,17 +385,19 @@ double overflow(const Candidate& c, const TierBytes& budget) {
 // Re-checks a candidate against the runtime's memory plan; when that is over a budget, moves one
 // layer of one class to a neighbouring tier at a time (the move that most reduces the overflow)
 // until it fits. Returns nothing when no sequence of moves makes it fit.
-std::optional<Candidate> recheck(const ModelConfig& cfg, const CostForms& F, Candidate c, const SearchOptions& opts) {
+std::optional<Candidate> recheck(const ModelConfig& cfg, const HardwareProfile& hw, CostForms F, Candidate c,
+                                 const SearchOptions& opts) {
   const int n = cfg.n_layers;
-  const CostForms staggered = with_stagger(F, c.policy.prefill_batches_per_step);
+  CostForms staggered = with_stagger(F, c.policy.prefill_batches_per_step);
   c.plan_peak = runtime_peak(cfg, c.policy, opts.workload, F.dtype);
-  for (int step = 0; step < 3 * n; ++step) {
+  for (int step = 0; step < num_classes(c.policy) * n; ++step) {
     const double over = overflow(c, opts.budget);
     // Moves change the placement, and so perhaps the best stagger.
     if (over == 0 && fits(c.prediction, opts.budget, opts.max_latency_s)) return with_best_stagger(F, c, opts);
     std::optional<Candidate> best_move;
+    std::optional<CostForms> best_move_forms;
     double best_over = over;
-    for (int cls = 0; cls < 3; ++cls) {
+    for (int cls = 0; cls < num_classes(c.policy); ++cls) {
       const int units = class_units(cls, c.policy, n);
       int count[3] = {0, 0, 0};
       for (Tier t : assign_tiers(units, class_split(cls, c.policy))) ++count[int(t)];
@@ -375,18 +411,23 @@ std::optional<Candidate> recheck(const ModelConfig& cfg, const CostForms& F, Can
           if (!s) continue;
           Candidate m = c;
           class_split(cls, m.policy) = *s;
-          m.prediction = predict(staggered, realized_fractions(m.policy, n));
+          // Moved MLP halves placed apart change the constants that price them.
+          std::optional<CostForms> refixed;
+          if (cls == kExperts) refixed = cost_forms(cfg, m.policy, opts.workload, hw);
+          m.prediction = predict(refixed ? *refixed : staggered, realized_fractions(m.policy, n));
           m.plan_peak = runtime_peak(cfg, m.policy, opts.workload, F.dtype);
           const double o = overflow(m, opts.budget);
           if (o < best_over || (o == best_over && best_move &&
                                 m.prediction.throughput_tok_s > best_move->prediction.throughput_tok_s)) {
             best_over = o;
             best_move = std::move(m);
+            best_move_forms = std::move(refixed);
           }
         }
     }
     if (!best_move) return std::nullopt;
     c = std::move(*best_move);
+    if (best_move_forms) F = staggered = std::move(*best_move_forms);
   }
   return std::nullopt;
 }
@@ -404,7 +445,7 @@ std::string describe_shape(const Policy& p) {
 // The least a tier must hold for the forms: minimize its peak, with the other tiers within their
 // budgets (or unlimited when `others_free`). Infinity when the other tiers cannot make room.
 double least_on_tier(const CostForms& F, Tier t, const TierBytes& budget, bool others_free) {
-  Lp lp;
+  Lp lp(F);
   const int m = lp.add_col(1.0);
   lp.add_form_row(F.peak[int(t)], {{m, -1.0}}, 0.0, 1e9);
   if (!others_free) add_memory_rows(lp, F, budget, t);
@@ -471,6 +512,14 @@ double least_on_tier(const CostForms& F, Tier t, const TierBytes& budget, bool o
 
 namespace {
 
+// Whether a policy's CPU attention and CPU experts have something on the CPU to compute: with all
+// the cache on the GPU, or no MLP half on the CPU tier, its twin without them is the same policy.
+bool delegates_to_cpu(const Policy& p) {
+  if (p.cpu_attention && p.kv_cache.gpu == 100) return false;
+  const TierSplit& experts = p.expert_weights ? *p.expert_weights : p.weights;
+  return !((p.cpu_experts_prefill || p.cpu_experts_decode) && experts.cpu == 0);
+}
+
 // Best throughput first; equal throughputs (a compute-bound model scales T with the block) by
 // lower latency. Throughput is compared at a relative 1e-9 so that the order stays strict.
 bool by_throughput(const Candidate& a, const Candidate& b) {
@@ -496,7 +545,8 @@ std::vector<std::pair<Candidate, CostForms>> collect(const ModelConfig& cfg, con
         options.gbs = gbs;
         options.ngb = ngb;
         const Policy shape = make_policy(options);
-        CostForms F = cost_forms(cfg, shape, opts.workload, hw);
+        const CostForms F = cost_forms(cfg, shape, opts.workload, hw,
+                                       options.experts_apart ? ExpertSplit::Free : ExpertSplit::Fixed);
         // The second phase only for LPs that may rank: an LP's throughput bounds its rounding's.
         const LpSolution lp = solve_placement_lp(F, opts.budget, opts.max_latency_s, refine_all ? 0 : 0.8 * best_found);
         ++lps_solved;
@@ -505,17 +555,12 @@ std::vector<std::pair<Candidate, CostForms>> collect(const ModelConfig& cfg, con
         any = true;
         const double tput = double(F.block_size) * F.gen_len / lp.total_s;
         best_here = std::max(best_here, tput);
-        auto c = round_to_units(shape, F, lp, opts);
-        // With all the cache on the GPU there is nothing to delegate: the twin without CPU
-        // attention is the same policy.
-        if (c && shape.cpu_attention && c->policy.kv_cache.gpu == 100) c.reset();
-        // Nor experts on the CPU without a layer there.
-        const int experts_on_cpu = shape.expert_weights ? shape.expert_weights->cpu : c ? c->policy.weights.cpu : 0;
-        if (c && (shape.cpu_experts_prefill || shape.cpu_experts_decode) && experts_on_cpu == 0) c.reset();
+        std::optional<Priced> c = round_to_units(cfg, hw, shape, F, lp, opts);
+        if (c && !delegates_to_cpu(c->first.policy)) c.reset();
         // Ranked by the schedule it will run: staggering only adds to the LP's rounded throughput.
-        if (c) c = with_best_stagger(F, std::move(*c), opts);
-        if (c) best_found = std::max(best_found, c->prediction.throughput_tok_s);
-        if (c) found.push_back({std::move(*c), std::move(F)});
+        if (c) c->first = with_best_stagger(c->second, std::move(c->first), opts);
+        if (c) best_found = std::max(best_found, c->first.prediction.throughput_tok_s);
+        if (c) found.push_back(std::move(*c));
         // Past its peak, throughput falls as the block pushes data to slower tiers (FlexGen stops
         // at the first fall; a margin keeps plateaus). The shapes skipped take longer per block
         // too, so they are off the latency-throughput frontier as well.
@@ -544,7 +589,7 @@ SearchResult search_policy(const ModelConfig& cfg, const HardwareProfile& hw, co
   for (auto& [c, F] : found) {
     const int k = std::max(opts.keep, 1);
     if (int(result.ranked.size()) >= k && !by_throughput(c, result.ranked[k - 1])) break;
-    if (auto ok = recheck(cfg, F, std::move(c), opts)) {
+    if (auto ok = recheck(cfg, hw, std::move(F), std::move(c), opts)) {
       result.ranked.push_back(std::move(*ok));
       std::stable_sort(result.ranked.begin(), result.ranked.end(), by_throughput);
     }
@@ -562,7 +607,7 @@ std::vector<Candidate> search_candidates(const ModelConfig& cfg, const HardwareP
   if (lps_solved) *lps_solved = lps;
   std::vector<Candidate> out;
   for (auto& [c, F] : found)
-    if (auto ok = recheck(cfg, F, std::move(c), opts)) out.push_back(std::move(*ok));
+    if (auto ok = recheck(cfg, hw, std::move(F), std::move(c), opts)) out.push_back(std::move(*ok));
   std::stable_sort(out.begin(), out.end(), by_throughput);
   if (out.empty()) no_policy_fits(cfg, hw, opts);
   return out;

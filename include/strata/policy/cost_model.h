@@ -2,7 +2,7 @@
 // search"; every term is defined in docs/cost-model.md): for a model, a policy, a workload and a
 // machine, the time of one block and the peak memory on each tier. It runs nothing.
 //
-// Every time term and every memory term is linear in the nine placement fractions, so one set of
+// Every time term and every memory term is linear in the placement fractions, so one set of
 // linear forms serves both `evaluate` (a dot product) and the search's LP (rows of constraints).
 #pragma once
 #include <array>
@@ -19,14 +19,18 @@ struct Workload {
   int gen_len = 32;      // n: tokens generated for every sequence
 };
 
-// The nine placement fractions: weights (w), KV cache (c), activations (h) on gpu/cpu/disk.
-enum Var : int { WG, WC, WD, CG, CC, CD, HG, HC, HD, kNumVars };
+// The placement fractions: weights (w), KV cache (c), activations (h) on gpu/cpu/disk, and a
+// mixture of experts' MLP halves placed apart (m: expert_weights). The forms use m only where the
+// search chooses that split (ExpertSplit::Free); otherwise w places the MLP halves too (tied), or
+// the policy's expert_weights fixes them (constants).
+enum Var : int { WG, WC, WD, CG, CC, CD, HG, HC, HD, MG, MC, MD, kNumVars };
 using Fractions = std::array<double, kNumVars>;
 const char* var_name(int v);  // "wg", "wc", ...
 
-Fractions requested_fractions(const Policy& p);  // the policy's percentages / 100
-// What the runtime realizes (placement.h): whole layers of weights and KV cache, whole GPU
-// batches of activations, per tier (assign_tiers), as fractions.
+// The policy's percentages / 100 (m from expert_weights, 0 without).
+Fractions requested_fractions(const Policy& p);
+// What the runtime realizes (placement.h): whole layers of weights and KV cache (and of MLP halves
+// placed apart), whole GPU batches of activations, per tier (assign_tiers), as fractions.
 Fractions realized_fractions(const Policy& p, int n_layers);
 
 // constant + sum_i coef[i] * x[i]
@@ -97,6 +101,12 @@ double cpu_weight_rate(const HardwareProfile& hw, bool compressed);
 double cpu_experts_seconds(const ModelConfig& cfg, const CostSizes& z, double tokens, bool compressed,
                            const HardwareProfile& hw);
 
+// How the forms price a mixture of experts' MLP halves placed apart: at the policy's
+// expert_weights, as constants (evaluate), or as the fractions mg, mc, md, a second weight class
+// beside wg, wc, wd for the search's LP to choose (the policy's expert_weights is then not used).
+// For a dense model both are the tied forms.
+enum class ExpertSplit { Fixed, Free };
+
 // The linear forms for one (gpu_batch_size, num_gpu_batches, options); the policy's fractions
 // are not used. Times are seconds per layer for the whole block. Peaks are bytes per tier: the
 // runtime reserves every buffer before the first step, so prefill and decode share one peak.
@@ -105,6 +115,7 @@ struct CostForms {
   int num_gpu_batches = 1;
   int prefill_batches_per_step = 0;  // the policy's (policy.h); the terms do not depend on it
   DType dtype = DType::F16;  // the profile's compute dtype: the runtime plan's too
+  bool experts_free = false;  // the MLP halves' fractions mg, mc, md are variables (ExpertSplit::Free)
   bool overlap = true;
   double overlap_slowdown = 0;  // the profile's: a stage is max + slowdown * (sum - max) of its terms
   // The share of the GPU's decode work that waits for delegated attention: the MLP half and the
@@ -121,7 +132,8 @@ struct CostForms {
   // Whether predict runs the staggered schedule: some GPU batches start after the first step.
   bool staggered() const { return prefill_batches_per_step > 0 && prefill_batches_per_step < num_gpu_batches; }
 };
-CostForms cost_forms(const ModelConfig& cfg, const Policy& shape, const Workload& w, const HardwareProfile& hw);
+CostForms cost_forms(const ModelConfig& cfg, const Policy& shape, const Workload& w, const HardwareProfile& hw,
+                     ExpertSplit experts = ExpertSplit::Fixed);
 
 struct StageTime {
   std::array<double, kNumTerms> terms{};

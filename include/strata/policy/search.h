@@ -1,6 +1,7 @@
 // The policy search (FlexGen section 4.3; docs/cost-model.md): for every GPU batch size, number of
-// GPU batches and on/off option, a linear program over the nine placement fractions (GLPK); the
-// optimum is rounded to whole layers, as the runtime places them, and checked again.
+// GPU batches and on/off option, a linear program over the placement fractions (GLPK: nine, and
+// for a mixture of experts' MLP halves placed apart three more); the optimum is rounded to whole
+// layers, as the runtime places them, and checked again.
 #pragma once
 #include <optional>
 #include <vector>
