@@ -122,6 +122,16 @@ TEST_CASE("calibration recovers the constants of the machine that made the runs"
   CHECK(f.link_factor[kLaneDisk] == Approx(1.2).epsilon(1e-6));
   CHECK(f.overlap_slowdown == Approx(0.35).margin(1e-9));
   CHECK(f.profile.cpu_to_gpu_bw == Approx(truth.cpu_to_gpu_bw).epsilon(1e-6));
+  // Both GEMM curves take the GEMMs' factor (base has one curve: a second one, scaled alike).
+  HardwareProfile two = base;
+  two.gpu_gemm_hidden = 768;  // opt-125m's: the runs are priced on gpu_gemm either way
+  two.gpu_gemm2 = {{1, 0.2e12}, {256, 10e12}};
+  two.gpu_gemm2_hidden = 4096;
+  const CalibrationFit f2 = calibrate_profile(two, runs);
+  CHECK(f2.gemm_factor == Approx(1.6).epsilon(1e-6));
+  REQUIRE(f2.profile.gpu_gemm2.size() == 2);
+  CHECK(f2.profile.gpu_gemm2[1].flops_per_s == Approx(10e12 / f2.gemm_factor));
+  CHECK(f2.profile.gpu_gemm2_hidden == 4096);
   REQUIRE(f.error_before.size() == runs.size());
   REQUIRE(f.error_leave_one_out.size() == runs.size());
   double worst_before = 0;

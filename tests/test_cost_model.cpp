@@ -105,6 +105,31 @@ TEST_CASE("per-layer terms of a CPU-offloading policy", "[cost]") {
   CHECK(r.latency_s == r.total_s);
 }
 
+TEST_CASE("a model's GEMMs are priced at its own hidden size where the profile has two curves", "[cost]") {
+  // OPT-6.7B (h = 4096) and OPT-1.3B (h = 2048) on a profile with curves at both sizes: each is
+  // priced exactly as by a profile holding only its own size's curve; a profile with one curve
+  // prices both on it, as before.
+  HardwareProfile one = round_machine();
+  one.gpu_gemm = {{1, 0.5e12}, {64, 20e12}, {4096, 40e12}};
+  HardwareProfile small = round_machine();
+  small.gpu_gemm = {{1, 0.8e12}, {64, 14e12}, {4096, 30e12}};
+  HardwareProfile both = one;
+  both.gpu_gemm_hidden = 4096;
+  both.gpu_gemm2 = small.gpu_gemm;
+  both.gpu_gemm2_hidden = 2048;
+  const Policy p = policy_of(8, 2, {50, 50, 0}, {0, 100, 0}, {100, 0, 0});
+  for (const auto& [model, alone] : {std::pair{"opt-6.7b", &one}, std::pair{"opt-1.3b", &small}}) {
+    INFO(model);
+    const ModelConfig cfg = *config_preset(model);
+    const Prediction got = evaluate(cfg, p, wl, both), want = evaluate(cfg, p, wl, *alone);
+    CHECK(got.prefill.terms[COMP] == Approx(want.prefill.terms[COMP]).epsilon(1e-12));
+    CHECK(got.decode.terms[COMP] == Approx(want.decode.terms[COMP]).epsilon(1e-12));
+    CHECK(got.throughput_tok_s == Approx(want.throughput_tok_s).epsilon(1e-12));
+  }
+  const ModelConfig cfg13 = *config_preset("opt-1.3b");
+  CHECK(evaluate(cfg13, p, wl, one).decode.terms[COMP] != Approx(evaluate(cfg13, p, wl, both).decode.terms[COMP]));
+}
+
 TEST_CASE("CPU attention moves q/k/v and the output instead of the cache", "[cost]") {
   const HardwareProfile hw = round_machine();
   const Prediction r = evaluate(opt67(), policy_of(8, 4, {25, 75, 0}, {0, 100, 0}, {100, 0, 0}, true), wl, hw);

@@ -216,3 +216,50 @@ TEST_CASE("the CPU weight terms are optional, and a bad CPU linear curve names i
   CHECK_THROWS_WITH(parse_hardware_profile(with_units("cpu_weight_bw: fast\n"), "hw.yaml"),
                     Catch::Contains("hw.yaml:16: field 'cpu_weight_bw' must be a bandwidth"));
 }
+
+TEST_CASE("a second GEMM curve prices a model at its own hidden size", "[hardware]") {
+  // Two curves, at h = 4096 and h = 2048: a model's rate lies between them linearly in log h (a
+  // geometric mean halfway), each curve interpolated in log tokens first, held at the nearer
+  // curve outside the two sizes. Without the second curve, or its sizes, every h gets gpu_gemm.
+  HardwareProfile hw;
+  hw.gpu_gemm = {{1, 1e12}, {16, 16e12}};
+  CHECK(hw.gemm_flops(4, 2048) == Approx(hw.gemm_flops(4)));
+  hw.gpu_gemm_hidden = 4096;
+  hw.gpu_gemm2 = {{1, 4e12}, {16, 4e12}};
+  CHECK(hw.gemm_flops(4, 2048) == Approx(hw.gemm_flops(4)));  // gpu_gemm2_hidden unknown
+  hw.gpu_gemm2_hidden = 2048;
+  // 4 tokens: 8.5e12 on gpu_gemm (halfway in log tokens from 1 to 16), 4e12 on gpu_gemm2.
+  REQUIRE(hw.gemm_flops(4) == Approx(8.5e12));
+  CHECK(hw.gemm_flops(4, 4096) == Approx(8.5e12));
+  CHECK(hw.gemm_flops(4, 2048) == Approx(4e12));
+  CHECK(hw.gemm_flops(4, std::sqrt(4096.0 * 2048.0)) == Approx(std::sqrt(8.5e12 * 4e12)));
+  CHECK(hw.gemm_flops(4, 768) == Approx(4e12));     // below the smaller size: its curve
+  CHECK(hw.gemm_flops(4, 12288) == Approx(8.5e12)); // above the larger: its curve
+  CHECK(hw.gemm_flops(16, 2048) == Approx(4e12));
+
+  // The round trip keeps both curves and sizes.
+  HardwareProfile full = sample();
+  full.gpu_gemm_hidden = 4096;
+  full.gpu_gemm2 = {{1, 0.5e12}, {64, 30e12}};
+  full.gpu_gemm2_hidden = 8192;
+  const HardwareProfile back = parse_hardware_profile(hardware_profile_to_yaml(full), "back.yaml");
+  check_equal(back, full);
+  CHECK(back.gpu_gemm_hidden == 4096);
+  CHECK(back.gpu_gemm2_hidden == 8192);
+  REQUIRE(back.gpu_gemm2.size() == 2);
+  CHECK(back.gpu_gemm2[1].flops_per_s == 30e12);
+  CHECK(back.gemm_flops(64, 8192) == Approx(30e12));
+
+  // A profile without them (every one before 2026-11-28) loads as before.
+  const HardwareProfile old = parse_hardware_profile(with_units(), "hw.yaml");
+  CHECK(old.gpu_gemm_hidden == 0);
+  CHECK(old.gpu_gemm2.empty());
+  // A second curve needs both sizes, named (at the curve's first point).
+  const std::string curve2 = "gpu_gemm2:\n  - {tokens: 1, flops_per_s: 1e12}\n";
+  CHECK_THROWS_WITH(parse_hardware_profile(with_units("gpu_gemm_hidden: 4096\n" + curve2), "hw.yaml"),
+                    Catch::Contains("hw.yaml:18: field 'gpu_gemm2' needs 'gpu_gemm2_hidden'"));
+  CHECK_THROWS_WITH(parse_hardware_profile(with_units(curve2 + "gpu_gemm2_hidden: 2048\n"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:17: field 'gpu_gemm2' needs 'gpu_gemm_hidden'"));
+  CHECK_THROWS_WITH(parse_hardware_profile(with_units("gpu_gemm_hidden: -2\n"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:16: field 'gpu_gemm_hidden' must be a number"));
+}

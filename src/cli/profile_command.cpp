@@ -54,7 +54,9 @@ void print_summary(const HardwareProfile& hw, std::ostream& os) {
       row(i == 0 ? label : "", tokens + format_rate(points[i].flops_per_s, "FLOP/s"));
     }
   };
-  curve("gpu GEMM", hw.gpu_gemm);
+  const auto at_h = [](const char* what, double h) { return std::string(what) + " h=" + std::to_string(int64_t(h)); };
+  curve(hw.gpu_gemm_hidden > 0 ? at_h("gpu GEMM", hw.gpu_gemm_hidden).c_str() : "gpu GEMM", hw.gpu_gemm);
+  if (!hw.gpu_gemm2.empty()) curve(at_h("gpu GEMM", hw.gpu_gemm2_hidden).c_str(), hw.gpu_gemm2);
   curve("cpu linear", hw.cpu_gemm);
   curve("cpu linear q4", hw.cpu_gemm_q4);
 }

@@ -235,14 +235,14 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   add(P[DTOC], Ap_moved / dtoc, {HD});
   add(P[CTOD], cache_prefill / ctod, {CD});
   add(P[CTOD], Ap_moved / ctod, {HD});
-  P[COMP].constant = bls * s * z.layer_flops_per_token / hw.gemm_flops(std::min(z.step_tokens, gbs * s)) +
-                     bls * 4.0 * s * s * cfg.q_dim() / hw.gemm_flops(s);  // QK^T and AV per head
+  P[COMP].constant = bls * s * z.layer_flops_per_token / hw.gemm_flops(std::min(z.step_tokens, gbs * s), h_dim) +
+                     bls * 4.0 * s * s * cfg.q_dim() / hw.gemm_flops(s, h_dim);  // QK^T and AV per head
   if (cw) P[COMP].constant += z.layer_weights_fp16 / dequant_bw;
   // The LM head runs after the last layer on the logit rows (a prefill group's last tokens, a
   // decode step's GPU batch): a per-step cost, spread over the layers here so the stage totals
   // carry it. FlexGen's model leaves it out; for OPT-125M it is 45% of a decode step's FLOPs.
   const double head_flops = 2.0 * double(cfg.vocab_size) * h_dim;
-  P[COMP].constant += bls * head_flops / hw.gemm_flops(z.prefill_seqs) / l;
+  P[COMP].constant += bls * head_flops / hw.gemm_flops(z.prefill_seqs, h_dim) / l;
   if (cc) P[COMP].constant += bls * s * z.kv_per_token_fp16 / dequant_bw;  // quantizing the prompt's cache
   // Calibrated per-unit work outside the terms above: once per prefill group and layer. The
   // runtime cuts groups within each GPU batch (engine_steps.cpp, build_units).
@@ -253,7 +253,7 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
     const double group_tokens = std::min(z.prefill_seqs, gbs) * s;
     add_mlp(P[CTOG], Ap / ctog, Tier::Cpu);
     add_mlp(P[GTOC], Ap / gtoc, Tier::Cpu);
-    add_mlp(P[COMP], -bls * s * z.mlp_flops_per_token / hw.gemm_flops(std::min(z.step_tokens, gbs * s)), Tier::Cpu);
+    add_mlp(P[COMP], -bls * s * z.mlp_flops_per_token / hw.gemm_flops(std::min(z.step_tokens, gbs * s), h_dim), Tier::Cpu);
     add_mlp(P[CATT], prefill_groups * cpu_experts_seconds(cfg, z, group_tokens, cw, hw), Tier::Cpu);
     if (cw) add_mlp(P[COMP], -z.mlp_weights_fp16 / dequant_bw, Tier::Cpu);  // its half is never dequantized
   }
@@ -285,9 +285,9 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   add(D[DTOC], Ag_moved / dtoc, {HD});
   add(D[CTOD], cache_new / ctod, {CD});
   add(D[CTOD], Ag_moved / ctod, {HD});
-  D[COMP].constant = bls * (z.layer_flops_per_token + head_flops / l) / hw.gemm_flops(gbs) +
+  D[COMP].constant = bls * (z.layer_flops_per_token + head_flops / l) / hw.gemm_flops(gbs, h_dim) +
                      (hw.compute_overhead_s + hw.step_overhead_s / l) * ngb;  // calibrated: per GPU batch (and layer)
-  if (experts_d) add_mlp(D[COMP], -bls * z.mlp_flops_per_token / hw.gemm_flops(gbs), Tier::Cpu);
+  if (experts_d) add_mlp(D[COMP], -bls * z.mlp_flops_per_token / hw.gemm_flops(gbs, h_dim), Tier::Cpu);
   // What of it waits for delegated attention (compute_stage): all but the attention half's GEMMs;
   // on the CPU backend all of it (the attention runs inline on the same cores: G + C).
   F.comp_serial_share =

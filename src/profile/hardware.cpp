@@ -218,6 +218,18 @@ double interpolate(const std::vector<GemmPoint>& curve, double tokens, const std
 
 double HardwareProfile::gemm_flops(double tokens) const { return interpolate(gpu_gemm, tokens, name, "gpu_gemm"); }
 
+double HardwareProfile::gemm_flops(double tokens, double hidden) const {
+  const double at_h1 = gemm_flops(tokens);
+  if (gpu_gemm2.empty() || gpu_gemm_hidden <= 0 || gpu_gemm2_hidden <= 0 || gpu_gemm2_hidden == gpu_gemm_hidden)
+    return at_h1;
+  const double at_h2 = interpolate(gpu_gemm2, tokens, name, "gpu_gemm2");
+  // Linear in log(h) between the two curves' rates (geometric), held at the nearer one outside.
+  const double f = std::clamp((std::log(hidden) - std::log(gpu_gemm_hidden)) /
+                                  (std::log(gpu_gemm2_hidden) - std::log(gpu_gemm_hidden)),
+                              0.0, 1.0);
+  return std::exp((1 - f) * std::log(at_h1) + f * std::log(at_h2));
+}
+
 double HardwareProfile::cpu_gemm_flops(double tokens) const { return interpolate(cpu_gemm, tokens, name, "cpu_gemm"); }
 
 double HardwareProfile::cpu_gemm_q4_flops(double tokens) const {
@@ -236,7 +248,8 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   r.only_keys(root, {"name", "description", "gpu_name", "cpu_name", "gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw",
                      "gpu_to_cpu_bw", "disk_to_cpu_bw", "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw",
                      "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw", "gpu_attention_q4_bw", "cpu_attention_q4_bw", "cpu_weight_bw",
-                     "cpu_weight_q4_bw", "cpu_gemm", "cpu_gemm_q4", "compute_dtype",
+                     "cpu_weight_q4_bw", "cpu_gemm", "cpu_gemm_q4", "compute_dtype", "gpu_gemm_hidden", "gpu_gemm2",
+                     "gpu_gemm2_hidden",
                      "compute_overhead_s", "step_overhead_s", "overlap_slowdown", "calibrated"},
               "");
   for (const char* required : {"gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw", "gpu_to_cpu_bw", "disk_to_cpu_bw",
@@ -261,6 +274,14 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   hw.disk_to_cpu_bw = r.bandwidth(root["disk_to_cpu_bw"], "disk_to_cpu_bw");
   hw.cpu_to_disk_bw = r.bandwidth(root["cpu_to_disk_bw"], "cpu_to_disk_bw");
   hw.gpu_gemm = r.gemm_curve(root["gpu_gemm"], "gpu_gemm");
+  if (root["gpu_gemm_hidden"]) hw.gpu_gemm_hidden = r.number(root["gpu_gemm_hidden"], "gpu_gemm_hidden", 1e6);
+  if (root["gpu_gemm2"]) {
+    hw.gpu_gemm2 = r.gemm_curve(root["gpu_gemm2"], "gpu_gemm2");
+    if (!root["gpu_gemm2_hidden"]) r.fail(root["gpu_gemm2"], "field 'gpu_gemm2' needs 'gpu_gemm2_hidden', the hidden size it was measured at");
+    if (!(hw.gpu_gemm_hidden > 0))
+      r.fail(root["gpu_gemm2"], "field 'gpu_gemm2' needs 'gpu_gemm_hidden', the hidden size gpu_gemm was measured at");
+  }
+  if (root["gpu_gemm2_hidden"]) hw.gpu_gemm2_hidden = r.number(root["gpu_gemm2_hidden"], "gpu_gemm2_hidden", 1e6);
   hw.gpu_attention_bw = r.bandwidth(root["gpu_attention_bw"], "gpu_attention_bw");
   hw.cpu_attention_bw = r.bandwidth(root["cpu_attention_bw"], "cpu_attention_bw");
   hw.cpu_flops = r.flops(root["cpu_flops"], "cpu_flops");
@@ -313,6 +334,11 @@ std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
          << format_rate(p.flops_per_s, "FLOP/s") << "\n";
   };
   curve("gpu_gemm", hw.gpu_gemm, "GEMM throughput");
+  if (hw.gpu_gemm_hidden > 0) os << "gpu_gemm_hidden: " << number(hw.gpu_gemm_hidden) << "  # h of gpu_gemm's layers\n";
+  if (!hw.gpu_gemm2.empty()) {
+    curve("gpu_gemm2", hw.gpu_gemm2, "the same over layers of gpu_gemm2_hidden");
+    os << "gpu_gemm2_hidden: " << number(hw.gpu_gemm2_hidden) << "\n";
+  }
   per_s("gpu_attention_bw", hw.gpu_attention_bw, "B/s of KV cache");
   per_s("cpu_attention_bw", hw.cpu_attention_bw, "B/s of KV cache");
   per_s("cpu_flops", hw.cpu_flops, "FLOP/s");

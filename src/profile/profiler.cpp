@@ -64,6 +64,10 @@ struct Settings {
   double disk_pass_s;                // a slow disk gets fewer bytes than disk_bytes
   int64_t hidden;                    // GEMM shapes: one transformer layer of this hidden size
   std::vector<int64_t> gemm_tokens;
+  // The same curve at a second hidden size (0: none), over these token counts: a GEMM's rate
+  // depends on its matrices' size too, and the cost model prices a model's own (gpu_gemm2).
+  int64_t hidden2 = 0;
+  std::vector<int64_t> gemm2_tokens;
   double gemm_max_run_s;             // stop growing the token count once one layer takes this long
   int reps;                          // timed samples per kernel measurement
   double min_sample_s;               // back-to-back calls per sample, so short kernels time well
@@ -95,6 +99,11 @@ Settings settings_for(bool quick, bool on_gpu) {
     s.disk_pass_s = 8;
     s.hidden = 4096;
     for (int64_t t = 1; t <= 8192; t *= 2) s.gemm_tokens.push_back(t);
+    // A GPU's models reach past h = 4096 (OPT-30B 7168, Llama 3 70B 8192); the CPU backend's are
+    // smaller (OPT-1.3B 2048), and its long GEMMs take seconds: up to 1024 tokens there.
+    s.hidden2 = on_gpu ? 8192 : 2048;
+    for (int64_t t : s.gemm_tokens)
+      if (on_gpu || t <= 1024) s.gemm2_tokens.push_back(t);
     s.gemm_max_run_s = 1.5;
     s.reps = 5;
     s.min_sample_s = 0.02;
@@ -478,6 +487,15 @@ HardwareProfile profile_machine(const ProfileOptions& opt) {
   p.copies(hw);
   const std::string io = p.disk(hw, dir);
   hw.gpu_gemm = p.gemm_curve(dev, p.s.hidden, p.s.gemm_tokens, p.dev_free, on_gpu ? "gpu" : "cpu");
+  hw.gpu_gemm_hidden = double(p.s.hidden);
+  if (p.s.hidden2 > 0) {
+    try {
+      hw.gpu_gemm2 = p.gemm_curve(dev, p.s.hidden2, p.s.gemm2_tokens, p.dev_free, on_gpu ? "gpu" : "cpu");
+      hw.gpu_gemm2_hidden = double(p.s.hidden2);
+    } catch (const Error& e) {  // too little memory for that layer: the one curve prices every model
+      p.say(std::string("GEMMs of h = ") + std::to_string(p.s.hidden2) + " left out: " + e.what());
+    }
+  }
   const DType cache_dt = dev.activation_dtype();
   hw.gpu_attention_bw =
       p.attention(dev, cache_dt, p.s.attn_slots, p.s.attn_context, p.dev_free, on_gpu ? "gpu" : "cpu");

@@ -46,6 +46,14 @@ struct HardwareProfile {
   // machine without one); attention for decode as bytes of KV cache read per second, on the GPU
   // and on the CPU (for cpu_attention); CPU fp32 FLOP/s for delegated work.
   std::vector<GemmPoint> gpu_gemm;
+  // Optional (0 / empty = unknown): the hidden size h of the layers gpu_gemm was measured on, and
+  // the same curve over layers of another hidden size (gpu_gemm2, h = gpu_gemm2_hidden). With
+  // both, a model's GEMMs are priced at its own h, between the two curves in log h (at the nearer
+  // one outside them): a GEMM's rate depends on its matrices' size as well as its rows (on the
+  // 2-core VM, 4-token GEMMs of h = 2048 ran 1.46x the rate of h = 4096's, 1024-token ones 0.95x).
+  double gpu_gemm_hidden = 0;
+  std::vector<GemmPoint> gpu_gemm2;
+  double gpu_gemm2_hidden = 0;
   double gpu_attention_bw = 0, cpu_attention_bw = 0;
   double cpu_flops = 0;
 
@@ -86,6 +94,9 @@ struct HardwareProfile {
 
   // FLOP/s of an fp16 GEMM with `tokens` rows (interpolated on gpu_gemm). Throws when empty.
   double gemm_flops(double tokens) const;
+  // The same for the layers of a model of hidden size `hidden`: between gpu_gemm and gpu_gemm2
+  // where the profile has both, gemm_flops(tokens) otherwise.
+  double gemm_flops(double tokens, double hidden) const;
   // The same on cpu_gemm and cpu_gemm_q4. Throw when empty.
   double cpu_gemm_flops(double tokens) const;
   double cpu_gemm_q4_flops(double tokens) const;
