@@ -113,7 +113,8 @@ CalibrationFit write_calibration(const HardwareProfile& hw, const std::vector<Ca
      << summary(f.error_leave_one_out) << " |\n\n"
      << "Fitted: compute lane x" << f.gemm_factor << " on GEMMs and dequantization, x" << f.gpu_attention_factor
      << " on the GPU tier's attention, " << f.overhead_s * 1e3 << " ms per layer and unit of work, "
-     << f.step_overhead_s * 1e3 << " ms per step and unit of work outside the layers; cpu attention x"
+     << f.step_overhead_s * 1e3 << " ms per step and unit of work outside the layers, " << f.link_interference
+     << " s per second of the stage's copies; cpu attention x"
      << f.cpu_attention_factor << "; cpu->gpu x"
      << f.link_factor[kLaneH2d] << ", gpu->cpu x" << f.link_factor[kLaneD2h] << ", disk x"
      << f.link_factor[kLaneDisk] << " (busy time per predicted second); overlap slowdown "

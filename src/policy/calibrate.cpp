@@ -29,20 +29,22 @@ PhaseLanes predicted_lanes(const HardwareProfile& hw, const CalibrationSample& s
 
 // The compute term split into what each compute constant scales: GEMMs and dequantization,
 // attention on the GPU tier, units of per-layer overhead (the term with an overhead of 1 s per
-// unit, minus without) and units of per-step overhead (the same with 1 s per unit and step). The
-// parts add up: cost_model.cpp sums them into COMP. (Attention delegated to the CPU is a lane of
+// unit, minus without), units of per-step overhead (the same with 1 s per unit and step) and the
+// stage's link seconds (the same with a link interference of 1). The parts add up: cost_model.cpp
+// sums them into COMP. (Attention delegated to the CPU is a lane of
 // its own, CATT.)
 struct ComputeParts {
-  double gemm = 0, gpu_attention = 0, units = 0, step_units = 0;
+  double gemm = 0, gpu_attention = 0, units = 0, step_units = 0, links = 0;
 };
 
 // The compute columns of the fit, in elimination order (a dependent column is the last of a set).
-enum ComputeColumn : int { kColGemm, kColGpuAttention, kColOverhead, kColStepOverhead, kNumColumns };
-const char* const kColumnName[kNumColumns] = {"gemm", "gpu attention", "overhead", "step overhead"};
+enum ComputeColumn : int { kColGemm, kColGpuAttention, kColOverhead, kColStepOverhead, kColLinkInterference, kNumColumns };
+const char* const kColumnName[kNumColumns] = {"gemm", "gpu attention", "overhead", "step overhead", "link interference"};
 
 HardwareProfile without_calibration(HardwareProfile hw) {
   hw.compute_overhead_s = 0;
   hw.step_overhead_s = 0;
+  hw.link_interference = 0;
   hw.overlap_slowdown = 0;
   // Dequantization falls back to the attention rate when unmeasured; pin it so that changing the
   // attention rates below leaves it alone.
@@ -51,17 +53,20 @@ HardwareProfile without_calibration(HardwareProfile hw) {
 }
 
 std::array<ComputeParts, 2> compute_parts(const HardwareProfile& raw, const CalibrationSample& s) {
-  HardwareProfile no_attention = raw, one_second = raw, one_step_second = raw;
+  HardwareProfile no_attention = raw, one_second = raw, one_step_second = raw, interfering = raw;
   no_attention.gpu_attention_bw = kHuge;
   if (no_attention.gpu_attention_q4_bw > 0) no_attention.gpu_attention_q4_bw = kHuge;
   one_second.compute_overhead_s = 1;
   one_step_second.step_overhead_s = 1;
+  interfering.link_interference = 1;
   const PhaseLanes all = predicted_lanes(raw, s), gemm = predicted_lanes(no_attention, s),
-                   plus = predicted_lanes(one_second, s), plus_step = predicted_lanes(one_step_second, s);
+                   plus = predicted_lanes(one_second, s), plus_step = predicted_lanes(one_step_second, s),
+                   plus_links = predicted_lanes(interfering, s);
   std::array<ComputeParts, 2> parts;
   for (int phase = 0; phase < 2; ++phase) {
     auto comp = [phase](const PhaseLanes& l) { return (phase == 0 ? l.prefill : l.decode)[kLaneCompute]; };
-    parts[size_t(phase)] = {comp(gemm), comp(all) - comp(gemm), comp(plus) - comp(all), comp(plus_step) - comp(all)};
+    parts[size_t(phase)] = {comp(gemm), comp(all) - comp(gemm), comp(plus) - comp(all), comp(plus_step) - comp(all),
+                            comp(plus_links) - comp(all)};
   }
   return parts;
 }
@@ -80,7 +85,7 @@ struct LeastSquares {
 };
 
 // Least squares of relative residuals: minimize sum ((sum_j c_j a_ij - m_i) / m_i)^2 over the
-// columns in `use`. Solved by Gauss-Jordan elimination on the normal equations (at most four
+// columns in `use`. Solved by Gauss-Jordan elimination on the normal equations (at most five
 // columns), in column order, so the column reported dependent is the last of a dependent set. The
 // same elimination inverts the normal matrix, whose diagonal times the residuals' variance is each
 // coefficient's variance.
@@ -155,6 +160,7 @@ std::string in_units(int column, double v) {
   s.precision(3);
   if (column == kColOverhead) s << v * 1e3 << " ms per layer-unit";
   else if (column == kColStepOverhead) s << v * 1e3 << " ms per step-unit";
+  else if (column == kColLinkInterference) s << v << " s per link-second";
   else s << "factor " << v;
   return s.str();
 }
@@ -167,73 +173,8 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   const HardwareProfile raw = without_calibration(base);
   CalibrationFit f;
 
-  // 1. Compute lane: the columns of ComputeColumn, two phases per sample.
-  std::vector<std::vector<double>> rows;
-  std::vector<double> measured;
-  for (const CalibrationSample& s : samples) {
-    const auto parts = compute_parts(raw, s);
-    for (int phase = 0; phase < 2; ++phase) {
-      const double m = (phase == 0 ? s.prefill_busy : s.decode_busy)[kLaneCompute];
-      if (m < kMinSeconds) continue;
-      const ComputeParts& p = parts[size_t(phase)];
-      rows.push_back({p.gemm, p.gpu_attention, p.units, p.step_units});
-      measured.push_back(m);
-    }
-  }
-  if (rows.size() < 2) STRATA_FAIL("calibration: fewer than two phases with a busy compute lane");
-  std::vector<bool> use(kNumColumns, true);
-  // No run with attention on the GPU: nothing to fit there, nothing to report.
-  use[kColGpuAttention] = std::any_of(rows.begin(), rows.end(), [](const auto& r) { return r[kColGpuAttention] > 0; });
-  // With one layer count, work per step and per layer step are the same column up to the layers:
-  // only runs of two layer counts or more tell them apart, and only then is there a step part to fit.
-  use[kColStepOverhead] = std::any_of(samples.begin(), samples.end(), [&](const CalibrationSample& s) {
-    return s.config.n_layers != samples.front().config.n_layers;
-  });
-  // A column the runs cannot determine (say every run is another's multiple: the same phases, only more GPU batches), or
-  // one with a physically meaningless sign, is dropped: an overhead to 0, the GPU attention's
-  // factor to the GEMM's (its term folded into that column).
-  auto drop = [&](int column) {
-    use[size_t(column)] = false;
-    if (column == kColOverhead || column == kColStepOverhead) return;
-    for (auto& r : rows) r[kColGemm] += r[size_t(column)], r[size_t(column)] = 0;
-  };
-  std::vector<double> c;
-  for (;;) {
-    const LeastSquares ls = relative_least_squares(rows, measured, use);
-    if (ls.dependent == kColGemm) STRATA_FAIL("calibration: the runs do not determine the compute lane (no GEMM time predicted)");
-    if (ls.dependent > 0) {
-      f.undetermined.push_back(kColumnName[ls.dependent]);
-      drop(ls.dependent);
-      continue;
-    }
-    c = ls.coef;
-    std::ostringstream why;
-    if (use[kColOverhead] && c[kColOverhead] < -kNoiseSeconds) {
-      why << "overhead (fitted " << in_units(kColOverhead, c[kColOverhead]) << ")";
-      drop(kColOverhead);
-    } else if (use[kColStepOverhead] && c[kColStepOverhead] < -kNoiseSeconds) {
-      why << "step overhead (fitted " << in_units(kColStepOverhead, c[kColStepOverhead]) << ")";
-      drop(kColStepOverhead);
-    } else if (use[kColGpuAttention] && c[kColGpuAttention] <= 0) {
-      why << "gpu attention (fitted " << in_units(kColGpuAttention, c[kColGpuAttention]) << ")";
-      drop(kColGpuAttention);
-    } else if (const int vague = least_determined(ls, use); vague > 0) {
-      why << kColumnName[vague] << " (fitted " << in_units(vague, c[size_t(vague)]) << " +- "
-          << in_units(vague, ls.std_error[size_t(vague)]) << ": within the runs' scatter)";
-      drop(vague);
-    } else {
-      break;
-    }
-    f.dropped.push_back(why.str());
-  }
-  if (!use[kColGpuAttention]) c[kColGpuAttention] = c[kColGemm];
-  if (c[kColGemm] <= 0) STRATA_FAIL("calibration: the compute lane's fit has a non-positive GEMM factor");
-  f.gemm_factor = c[kColGemm];
-  f.gpu_attention_factor = c[kColGpuAttention];
-  f.overhead_s = std::max(0.0, c[kColOverhead]);
-  f.step_overhead_s = std::max(0.0, c[kColStepOverhead]);
-
-  // 2. Links and the CPU attention: one factor per lane (the disk lane's reads and writes share
+  // 1. Links and the CPU attention (first: the compute lane's share of the copies is priced on the
+  // refined links): one factor per lane (the disk lane's reads and writes share
   // one); 1 where no run kept the lane busy.
   std::vector<PhaseLanes> lanes;
   for (const CalibrationSample& s : samples) lanes.push_back(predicted_lanes(raw, s));
@@ -261,8 +202,86 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
     }
   }
 
+  HardwareProfile linked = raw;  // the bare rates with the links refined
+  linked.cpu_to_gpu_bw /= f.link_factor[kLaneH2d];
+  linked.gpu_to_cpu_bw /= f.link_factor[kLaneD2h];
+  linked.disk_to_cpu_bw /= f.link_factor[kLaneDisk];
+  linked.cpu_to_disk_bw /= f.link_factor[kLaneDisk];
+
+  // 2. Compute lane: the columns of ComputeColumn, two phases per sample.
+  std::vector<std::vector<double>> rows;
+  std::vector<double> measured;
+  for (const CalibrationSample& s : samples) {
+    const auto parts = compute_parts(linked, s);
+    for (int phase = 0; phase < 2; ++phase) {
+      const double m = (phase == 0 ? s.prefill_busy : s.decode_busy)[kLaneCompute];
+      if (m < kMinSeconds) continue;
+      const ComputeParts& p = parts[size_t(phase)];
+      rows.push_back({p.gemm, p.gpu_attention, p.units, p.step_units, p.links});
+      measured.push_back(m);
+    }
+  }
+  if (rows.size() < 2) STRATA_FAIL("calibration: fewer than two phases with a busy compute lane");
+  std::vector<bool> use(kNumColumns, true);
+  // No run with attention on the GPU: nothing to fit there, nothing to report.
+  use[kColGpuAttention] = std::any_of(rows.begin(), rows.end(), [](const auto& r) { return r[kColGpuAttention] > 0; });
+  // With one layer count, work per step and per layer step are the same column up to the layers:
+  // only runs of two layer counts or more tell them apart, and only then is there a step part to fit.
+  use[kColStepOverhead] = std::any_of(samples.begin(), samples.end(), [&](const CalibrationSample& s) {
+    return s.config.n_layers != samples.front().config.n_layers;
+  });
+  // No run that moves anything: no copies to slow the compute.
+  use[kColLinkInterference] = std::any_of(rows.begin(), rows.end(), [](const auto& r) { return r[kColLinkInterference] > 0; });
+  // A column the runs cannot determine (say every run is another's multiple: the same phases, only more GPU batches), or
+  // one with a physically meaningless sign, is dropped: an overhead to 0, the GPU attention's
+  // factor to the GEMM's (its term folded into that column).
+  auto drop = [&](int column) {
+    use[size_t(column)] = false;
+    if (column != kColGpuAttention) return;
+    for (auto& r : rows) r[kColGemm] += r[size_t(column)], r[size_t(column)] = 0;
+  };
+  std::vector<double> c;
+  for (;;) {
+    const LeastSquares ls = relative_least_squares(rows, measured, use);
+    if (ls.dependent == kColGemm) STRATA_FAIL("calibration: the runs do not determine the compute lane (no GEMM time predicted)");
+    if (ls.dependent > 0) {
+      f.undetermined.push_back(kColumnName[ls.dependent]);
+      drop(ls.dependent);
+      continue;
+    }
+    c = ls.coef;
+    std::ostringstream why;
+    if (use[kColOverhead] && c[kColOverhead] < -kNoiseSeconds) {
+      why << "overhead (fitted " << in_units(kColOverhead, c[kColOverhead]) << ")";
+      drop(kColOverhead);
+    } else if (use[kColStepOverhead] && c[kColStepOverhead] < -kNoiseSeconds) {
+      why << "step overhead (fitted " << in_units(kColStepOverhead, c[kColStepOverhead]) << ")";
+      drop(kColStepOverhead);
+    } else if (use[kColLinkInterference] && c[kColLinkInterference] < -kNoiseSeconds) {
+      why << "link interference (fitted " << in_units(kColLinkInterference, c[kColLinkInterference]) << ")";
+      drop(kColLinkInterference);
+    } else if (use[kColGpuAttention] && c[kColGpuAttention] <= 0) {
+      why << "gpu attention (fitted " << in_units(kColGpuAttention, c[kColGpuAttention]) << ")";
+      drop(kColGpuAttention);
+    } else if (const int vague = least_determined(ls, use); vague > 0) {
+      why << kColumnName[vague] << " (fitted " << in_units(vague, c[size_t(vague)]) << " +- "
+          << in_units(vague, ls.std_error[size_t(vague)]) << ": within the runs' scatter)";
+      drop(vague);
+    } else {
+      break;
+    }
+    f.dropped.push_back(why.str());
+  }
+  if (!use[kColGpuAttention]) c[kColGpuAttention] = c[kColGemm];
+  if (c[kColGemm] <= 0) STRATA_FAIL("calibration: the compute lane's fit has a non-positive GEMM factor");
+  f.gemm_factor = c[kColGemm];
+  f.gpu_attention_factor = c[kColGpuAttention];
+  f.overhead_s = std::max(0.0, c[kColOverhead]);
+  f.step_overhead_s = std::max(0.0, c[kColStepOverhead]);
+  f.link_interference = std::max(0.0, c[kColLinkInterference]);
+
   // The refined rates.
-  HardwareProfile hw = raw;
+  HardwareProfile hw = linked;
   for (std::vector<GemmPoint>* curve : {&hw.gpu_gemm, &hw.gpu_gemm2})
     for (GemmPoint& g : *curve) g.flops_per_s /= f.gemm_factor;
   hw.gpu_dequant_bw /= f.gemm_factor;
@@ -270,10 +289,7 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   for (double* bw : {&hw.cpu_attention_bw, &hw.cpu_attention_q4_bw}) *bw /= f.cpu_attention_factor;  // 0 (unmeasured) stays 0
   hw.compute_overhead_s = f.overhead_s;
   hw.step_overhead_s = f.step_overhead_s;
-  hw.cpu_to_gpu_bw /= f.link_factor[kLaneH2d];
-  hw.gpu_to_cpu_bw /= f.link_factor[kLaneD2h];
-  hw.disk_to_cpu_bw /= f.link_factor[kLaneDisk];
-  hw.cpu_to_disk_bw /= f.link_factor[kLaneDisk];
+  hw.link_interference = f.link_interference;
 
   // 3. Overlap: the phases' wall time against the refined terms, k on a grid of 0.005.
   double best_k = 0, best = kHuge;
@@ -341,7 +357,8 @@ CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<
   d << base.description << (base.description.empty() ? "" : "; ") << "calibrated by " << by << " over "
     << samples.size() << " runs: compute x" << f.gemm_factor << " (gpu attention x" << f.gpu_attention_factor
     << ", cpu attention x" << f.cpu_attention_factor << "), overhead " << f.overhead_s
-    << " s per layer-unit and " << f.step_overhead_s << " s per step-unit, links x" << f.link_factor[kLaneH2d] << " / x"
+    << " s per layer-unit and " << f.step_overhead_s << " s per step-unit, link interference "
+    << f.link_interference << ", links x" << f.link_factor[kLaneH2d] << " / x"
     << f.link_factor[kLaneD2h] << " / disk x" << f.link_factor[kLaneDisk] << ", overlap slowdown "
     << f.overlap_slowdown;
   if (!f.undetermined.empty()) d << " (not determined by these runs: " << undetermined_list(f) << ")";

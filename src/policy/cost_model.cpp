@@ -165,6 +165,13 @@ void add(LinearForm& form, double seconds, std::initializer_list<int> vars) {
   for (int v : vars) form.coef[v] += seconds;
 }
 
+// to += k * from.
+void add_scaled(LinearForm& to, const LinearForm& from, double k) {
+  if (k == 0) return;
+  to.constant += k * from.constant;
+  for (int v = 0; v < kNumVars; ++v) to.coef[v] += k * from.coef[v];
+}
+
 // The forms of cost_forms without their split by GPU batches.
 CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload& w, const HardwareProfile& hw,
                         ExpertSplit experts) {
@@ -306,6 +313,10 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   add(D[COMP], gpu_attn, {CG});
   if (cpu_attn) add(D[CATT], cache_avg_fp16 / attn_bw(hw.cpu_attention_bw, hw.cpu_attention_q4_bw), {CC, CD});
   else add(D[COMP], gpu_attn, {CC, CD});
+  // Copies that run on the compute's own cores (the CPU backend's memcpy and disk threads) slow it:
+  // the calibrated link_interference seconds of compute per second of link work in the stage.
+  for (auto* stage : {&P, &D})
+    for (int link : {CTOG, GTOC, DTOC, CTOD}) add_scaled((*stage)[COMP], (*stage)[link], hw.link_interference);
 
   // Peak memory, linear in the fractions where the runtime's plan (placement.h) has steps. GPU:
   // global weights, the workspace, the homes of what is placed there, one layer's buffer for

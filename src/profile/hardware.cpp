@@ -250,7 +250,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
                      "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw", "gpu_attention_q4_bw", "cpu_attention_q4_bw", "cpu_weight_bw",
                      "cpu_weight_q4_bw", "cpu_gemm", "cpu_gemm_q4", "compute_dtype", "gpu_gemm_hidden", "gpu_gemm2",
                      "gpu_gemm2_hidden",
-                     "compute_overhead_s", "step_overhead_s", "overlap_slowdown", "calibrated"},
+                     "compute_overhead_s", "step_overhead_s", "link_interference", "overlap_slowdown", "calibrated"},
               "");
   for (const char* required : {"gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw", "gpu_to_cpu_bw", "disk_to_cpu_bw",
                                "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw", "cpu_attention_bw", "cpu_flops"})
@@ -296,6 +296,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (root["cpu_weight_q4_bw"]) hw.cpu_weight_q4_bw = r.bandwidth(root["cpu_weight_q4_bw"], "cpu_weight_q4_bw", true);
   if (root["compute_overhead_s"]) hw.compute_overhead_s = r.number(root["compute_overhead_s"], "compute_overhead_s", 1.0);
   if (root["step_overhead_s"]) hw.step_overhead_s = r.number(root["step_overhead_s"], "step_overhead_s", 1.0);
+  if (root["link_interference"]) hw.link_interference = r.number(root["link_interference"], "link_interference", 10.0);
   if (root["overlap_slowdown"]) hw.overlap_slowdown = r.number(root["overlap_slowdown"], "overlap_slowdown", 1.0);
   return hw;
 }
@@ -354,9 +355,10 @@ std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
   if (!hw.cpu_gemm.empty()) curve("cpu_gemm", hw.cpu_gemm, "a CPU linear's throughput over the CPU tier's weights");
   if (!hw.cpu_gemm_q4.empty()) curve("cpu_gemm_q4", hw.cpu_gemm_q4, "the same over 4-bit g64 codes");
   if (!hw.calibrated.empty()) os << "calibrated: " << quoted(hw.calibrated) << "\n";
-  if (hw.compute_overhead_s > 0 || hw.step_overhead_s > 0 || hw.overlap_slowdown > 0)
+  if (hw.compute_overhead_s > 0 || hw.step_overhead_s > 0 || hw.link_interference > 0 || hw.overlap_slowdown > 0)
     os << "compute_overhead_s: " << number(hw.compute_overhead_s) << "  # per layer and unit of work (calibrated)\n"
        << "step_overhead_s: " << number(hw.step_overhead_s) << "  # per step and unit of work, outside the layers (calibrated)\n"
+       << "link_interference: " << number(hw.link_interference) << "  # compute seconds lost per second of copies (calibrated)\n"
        << "overlap_slowdown: " << number(hw.overlap_slowdown) << "  # 0: perfect overlap, 1: none (calibrated)\n";
   return os.str();
 }

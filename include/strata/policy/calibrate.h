@@ -7,9 +7,11 @@
 //   1. compute lane = a_gemm * (GEMM and dequantization term) + a_gpu_attn * (GPU-tier attention)
 //                     + overhead * (layer-units of work)
 //                     + step_overhead * (step-units: work per step outside the layers; fitted
-//                       only when the runs have two layer counts or more)  (least squares, relative)
+//                       only when the runs have two layer counts or more)
+//                     + link_interference * (the stage's link seconds, at the refined link rates:
+//                       copies on the compute's own cores slow it)     (least squares, relative)
 //   2. each link lane = its term * a_link, and the CPU attention lane = CATT * a_cpu_attn
-//                                                                      (least squares, relative)
+//      (least squares, relative; fitted first, since 1. prices the copies at these rates)
 //   3. overlap_slowdown: the phase times against max + k (sum - max) of the refined terms (the
 //      links and the compute pipeline, cost_model.h's StageTime)
 //      (a one-dimensional least squares over k in [0, 1])
@@ -44,6 +46,7 @@ struct CalibrationSample {
 struct CalibrationFit {
   HardwareProfile profile;   // the refined profile
   double gemm_factor = 1, gpu_attention_factor = 1, cpu_attention_factor = 1, overhead_s = 0, step_overhead_s = 0;
+  double link_interference = 0;  // compute seconds per second of the stage's (refined) link work
   // Compute parts the runs could not separate from the ones before them ("gpu attention",
   // "overhead"): the GPU attention factor is then the GEMM's, the overhead 0. More varied runs
   // determine them. "cpu attention": runs delegate attention but none measured its lane (a

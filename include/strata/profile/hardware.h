@@ -88,8 +88,12 @@ struct HardwareProfile {
   // step_overhead_s: seconds of compute-lane work per unit of work and step outside every layer
   // (the embedding, the head's launches, sampling, the step's token uploads): what a whole step
   // costs beyond L times a layer, told apart from compute_overhead_s by runs of two layer counts.
+  // link_interference: seconds the compute lane loses per second of link work in the same stage,
+  // where copies run on the compute's own cores and memory (the CPU backend; near 0 on a GPU,
+  // whose copies are DMA engines').
   double compute_overhead_s = 0;
   double step_overhead_s = 0;
+  double link_interference = 0;
   double overlap_slowdown = 0;
 
   // FLOP/s of an fp16 GEMM with `tokens` rows (interpolated on gpu_gemm). Throws when empty.
