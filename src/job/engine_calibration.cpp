@@ -19,17 +19,20 @@ struct GridPolicy {
   int gbs, ngb;
   TierSplit weights, cache, activations;
   bool cpu_attention = false;
+  // Run again at the short layer count too: the four whose compute differs most in units and
+  // copies are enough to tell a step's cost from a layer's, and the profile stays under 2 minutes.
+  bool at_short_count = false;
 };
 
 // calibrate-cpu's grid (bench/suites/calibrate-cpu.yaml) without its 4-bit case: what every
 // compute column and lane needs to be told apart (docs/cost-model.md, "Calibration").
 const GridPolicy kGrid[] = {
-    {"all-gpu-8x1", 8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}},
-    {"all-gpu-4x2", 4, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}},
-    {"weights-cpu-8x1", 8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}},
+    {"all-gpu-8x1", 8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}, false, true},
+    {"all-gpu-4x2", 4, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}, false, true},
+    {"weights-cpu-8x1", 8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}, false, true},
     {"weights-half-cpu-4x2", 4, 2, {50, 50, 0}, {100, 0, 0}, {100, 0, 0}},
     {"weights-half-disk-8x1", 8, 1, {50, 0, 50}, {100, 0, 0}, {100, 0, 0}},
-    {"cache-cpu-attn-4x2", 4, 2, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true},
+    {"cache-cpu-attn-4x2", 4, 2, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true, true},
     {"weights-cpu-act-cpu-4x2", 4, 2, {0, 100, 0}, {100, 0, 0}, {0, 100, 0}},
 };
 
@@ -117,9 +120,11 @@ std::vector<CalibrationSample> engine_calibration_runs(Backend& backend, const E
   for (const int layers : layer_counts(o)) {
     const ModelConfig cfg = grid_model(backend, o, layers);
     const std::unique_ptr<WeightSource> weights = make_dummy_source(cfg);
+    const bool short_count = layers != o.layers;
     for (const GridPolicy& g : kGrid)
-      if (std::optional<CalibrationSample> s = run_grid_policy(backend, o, cfg, *weights, g, layers != o.layers))
-        samples.push_back(std::move(*s));
+      if (!short_count || g.at_short_count)
+        if (std::optional<CalibrationSample> s = run_grid_policy(backend, o, cfg, *weights, g, short_count))
+          samples.push_back(std::move(*s));
   }
   if (samples.size() < 2) STRATA_FAIL("engine calibration: fewer than two runs fit this machine's memory");
   return samples;

@@ -30,7 +30,8 @@ struct EngineCalibrationOptions {
 
 // The grid: every lane busy in two runs at least (all on the GPU tier in one and two GPU batches,
 // weights on the CPU, half on the CPU, half on disk, the cache on the CPU with CPU attention,
-// activations on the CPU), at `layers` and again at `short_layers`, each run measured once after a
+// activations on the CPU) at `layers`, four of them (both all on the GPU tier, weights on the CPU,
+// the cache on the CPU with CPU attention) again at `short_layers`, each run measured once after a
 // warm-up. Runs that do not fit the
 // backend's memory are left out; throws when fewer than two fit.
 std::vector<CalibrationSample> engine_calibration_runs(Backend& backend, const EngineCalibrationOptions& options);
