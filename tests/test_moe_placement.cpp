@@ -182,6 +182,31 @@ TEST_CASE("moe: dense MLPs among experts stream with each layer's half at its ow
   const double crossed = double(n_tokens - 1) * 2 * double(fixed.size()) * double(cfg.hidden) * 4;
   CHECK(b.cpu_to_gpu.bytes == double(dense + 2 * sparse) + double(n_tokens - 1) * double(dense) + crossed);
   CHECK(b.gpu_to_cpu.bytes == crossed);
+
+  // Compressed (4-bit weights and cache): each kind's codes cross the links and a prefill step
+  // dequantizes either kind's half into the one buffer. Every placement at one batch shape gives
+  // the tokens of the same shape with everything on the GPU tier.
+  for (Policy p : {policy_of(int(fixed.size()), 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}),
+                   policy_of(int(fixed.size()), 1, {0, 0, 100}, {0, 100, 0}, {100, 0, 0}), moved,
+                   with_cpu_experts(moved, false, true)}) {
+    p.compress_weights = Compression{4, 64};
+    p.compress_kv_cache = Compression{4, 64};
+    Policy resident = p;
+    resident.weights = resident.kv_cache = resident.activations = {100, 0, 0};
+    resident.expert_weights.reset();
+    resident.cpu_experts_prefill = resident.cpu_experts_decode = false;
+    const bool on_cpu = p.cpu_experts_decode;
+    INFO(describe(p) << (on_cpu ? ", cpu_experts decode" : ""));
+    OffloadOptions opt, ref;
+    opt.policy = p;
+    ref.policy = resident;
+    opt.offload_dir = ref.offload_dir = offload_dir("mixed-layers-compressed");
+    OffloadEngine engine(cfg, *model.weights, *backend, opt, shape_of(reqs)),
+        ref_engine(cfg, *model.weights, *backend, ref, shape_of(reqs));
+    const std::vector<GenResult> got = run_blocks(engine, reqs), want = run_blocks(ref_engine, reqs);
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i) CHECK(got[i].tokens == want[i].tokens);
+  }
 }
 
 TEST_CASE("policy: cpu_experts reads none, decode, prefill or both and writes them back", "[policy][moe]") {
