@@ -164,7 +164,7 @@ struct OffloadEngine::Impl {
     BlockLayout fp_half_layout[2];
   };
   std::vector<LayerKind> kinds;
-  const LayerKind& kind(int layer) const { return kinds[kinds.size() > 1 && cfg.sparse_layer(layer) ? 1 : 0]; }
+  const LayerKind& kind(int layer) const { return kinds[layer_kind(cfg, layer)]; }
   size_t half_bytes(int layer, int half) const {
     const HalvedLayout& h = kind(layer).halves;
     return half ? h.mlp_bytes : h.attn_bytes;

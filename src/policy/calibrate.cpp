@@ -31,8 +31,7 @@ PhaseLanes predicted_lanes(const HardwareProfile& hw, const CalibrationSample& s
 // attention on the GPU tier, units of per-layer overhead (the term with an overhead of 1 s per
 // unit, minus without), units of per-step overhead (the same with 1 s per unit and step) and the
 // stage's link seconds (the same with a link interference of 1). The parts add up: cost_model.cpp
-// sums them into COMP. (Attention delegated to the CPU is a lane of
-// its own, CATT.)
+// sums them into COMP. (Attention delegated to the CPU is a lane of its own, CATT.)
 struct ComputeParts {
   double gemm = 0, gpu_attention = 0, units = 0, step_units = 0, links = 0;
 };
@@ -169,13 +168,21 @@ constexpr double kMinSeconds = 1e-6;  // lanes busier than this count as observa
 // A fitted overhead above -1 ns per layer-unit is a zero the rounding made negative: kept (as 0).
 constexpr double kNoiseSeconds = 1e-9;
 
+// The first fitted column whose sign has no physical meaning (a negative overhead or share of the
+// copies, a non-positive GPU attention factor), or -1.
+int wrong_sign(const std::vector<double>& c, const std::vector<bool>& use) {
+  for (int j : {kColOverhead, kColStepOverhead, kColLinkInterference})
+    if (use[size_t(j)] && c[size_t(j)] < -kNoiseSeconds) return j;
+  return use[kColGpuAttention] && c[kColGpuAttention] <= 0 ? kColGpuAttention : -1;
+}
+
 CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSample>& samples) {
   const HardwareProfile raw = without_calibration(base);
   CalibrationFit f;
 
   // 1. Links and the CPU attention (first: the compute lane's share of the copies is priced on the
-  // refined links): one factor per lane (the disk lane's reads and writes share
-  // one); 1 where no run kept the lane busy.
+  // refined links): one factor per lane (the disk lane's reads and writes share one); 1 where no
+  // run kept the lane busy.
   std::vector<PhaseLanes> lanes;
   for (const CalibrationSample& s : samples) lanes.push_back(predicted_lanes(raw, s));
   bool attention_unmeasured = false;  // predicted, but no run measured the lane
@@ -251,18 +258,9 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
     }
     c = ls.coef;
     std::ostringstream why;
-    if (use[kColOverhead] && c[kColOverhead] < -kNoiseSeconds) {
-      why << "overhead (fitted " << in_units(kColOverhead, c[kColOverhead]) << ")";
-      drop(kColOverhead);
-    } else if (use[kColStepOverhead] && c[kColStepOverhead] < -kNoiseSeconds) {
-      why << "step overhead (fitted " << in_units(kColStepOverhead, c[kColStepOverhead]) << ")";
-      drop(kColStepOverhead);
-    } else if (use[kColLinkInterference] && c[kColLinkInterference] < -kNoiseSeconds) {
-      why << "link interference (fitted " << in_units(kColLinkInterference, c[kColLinkInterference]) << ")";
-      drop(kColLinkInterference);
-    } else if (use[kColGpuAttention] && c[kColGpuAttention] <= 0) {
-      why << "gpu attention (fitted " << in_units(kColGpuAttention, c[kColGpuAttention]) << ")";
-      drop(kColGpuAttention);
+    if (const int bad = wrong_sign(c, use); bad >= 0) {
+      why << kColumnName[bad] << " (fitted " << in_units(bad, c[size_t(bad)]) << ")";
+      drop(bad);
     } else if (const int vague = least_determined(ls, use); vague > 0) {
       why << kColumnName[vague] << " (fitted " << in_units(vague, c[size_t(vague)]) << " +- "
           << in_units(vague, ls.std_error[size_t(vague)]) << ": within the runs' scatter)";

@@ -143,7 +143,7 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
 
   p.weights = bytes_by_tier(p.weight_tier, double(p.attn_weight_bytes), 1);
   for (int l = 0; l < L; ++l)
-    p.mlp_weights.at(p.expert_tier[size_t(l)]) += double(kinds[kinds.size() > 1 && cfg.sparse_layer(l)].mlp_bytes);
+    p.mlp_weights.at(p.expert_tier[size_t(l)]) += double(kinds[layer_kind(cfg, l)].mlp_bytes);
   p.weights += p.mlp_weights;
   p.weights.gpu += double(p.global_weight_bytes);
   p.kv_cache = bytes_by_tier(p.cache_tier, double(p.cache_unit_bytes), ngb);

@@ -89,6 +89,10 @@ struct PlacementPlan {
 // ones (Qwen3-MoE's mlp_only_layers), the dense kind then the sparse (ModelConfig::sparse_layer).
 std::vector<HalvedLayout> layer_kinds(const ModelConfig& cfg, DType dtype, size_t align,
                                       const std::optional<quant::QuantSpec>& compression);
+// Layer `layer`'s index in layer_kinds.
+inline size_t layer_kind(const ModelConfig& cfg, int layer) {
+  return !cfg.uniform_layers() && cfg.sparse_layer(layer) ? 1 : 0;
+}
 
 bool cpu_experts_used(const ModelConfig& cfg, const Policy& policy, const std::vector<Tier>& expert_tier);
 
