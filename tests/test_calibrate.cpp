@@ -264,6 +264,91 @@ TEST_CASE("runs of two layer counts tell the overhead per step from the overhead
   CHECK(std::fabs(throughput_error(g.profile, two_counts[1])) > 0.01);
 }
 
+TEST_CASE("probes of two layer counts measure the overheads, which the fit then holds", "[calibrate]") {
+  // A machine with work per layer-unit and per step-unit, probed (as the profile probes it) with
+  // all-on-GPU blocks in one and two GPU batches at 4 and 12 layers.
+  const HardwareProfile base = machine();
+  HardwareProfile with_overheads = base;
+  with_overheads.compute_overhead_s = 3e-4;
+  with_overheads.step_overhead_s = 2e-3;
+  const Policy one = policy_of(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}),
+               two = policy_of(4, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0});
+  std::vector<CalibrationSample> probes, short_only;
+  for (int layers : {4, 12})
+    for (const Policy& p : {one, two}) probes.push_back(run_on(with_overheads, "probe", p, layers));
+  const MeasuredOverheads m = measure_overheads(base, probes, "the probes");
+  CHECK(m.layer_s == Approx(3e-4).epsilon(1e-6));
+  CHECK(m.step_s == Approx(2e-3).epsilon(1e-6));
+  CHECK(m.on == "the probes");
+
+  // The same machine with slower GEMMs and attention, its grid fitted with the overheads held: the
+  // fit recovers the rest, and holds them even from runs of one layer count.
+  HardwareProfile truth = slower_compute(with_overheads, 1.6, 2.5);
+  truth.link_interference = 0.3;
+  const std::vector<CalibrationSample> runs = {
+      run_on(truth, "all on gpu", one),
+      run_on(truth, "two batches", two),
+      run_on(truth, "weights on cpu", policy_of(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "weights half disk", policy_of(4, 2, {0, 50, 50}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "cache on cpu, cpu attention", policy_of(4, 2, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true)),
+      // Every lane busy in two runs at least, so that leaving one out still determines its factor.
+      run_on(truth, "cache half on disk", policy_of(4, 2, {100, 0, 0}, {0, 50, 50}, {100, 0, 0})),
+      run_on(truth, "weights and cache on cpu, cpu attention", policy_of(8, 2, {0, 100, 0}, {0, 100, 0}, {100, 0, 0}, true)),
+  };
+  const CalibrationFit f = calibrate_profile(base, runs, "the grid", &m);
+  CHECK(f.undetermined.empty());
+  CHECK(f.dropped.empty());
+  CHECK(f.gemm_factor == Approx(1.6).epsilon(1e-6));
+  CHECK(f.gpu_attention_factor == Approx(2.5).epsilon(1e-6));
+  CHECK(f.link_interference == Approx(0.3).epsilon(1e-6));
+  CHECK(f.overhead_s == m.layer_s);
+  CHECK(f.step_overhead_s == m.step_s);
+  CHECK(f.profile.compute_overhead_s == m.layer_s);
+  CHECK(f.profile.step_overhead_s == m.step_s);
+  for (double e : f.error_after) CHECK(std::fabs(e) < 1e-6);
+  for (double e : f.error_leave_one_out) CHECK(std::fabs(e) < 1e-6);
+  CHECK_THAT(f.profile.description, Catch::Contains("s per step-unit (measured on the probes)"));
+
+  // Held overheads that are off are not refitted: the other parts take the misfit.
+  MeasuredOverheads none = m;
+  none.layer_s = none.step_s = 0;
+  const CalibrationFit g = calibrate_profile(base, runs, "the grid", &none);
+  CHECK(g.overhead_s == 0);
+  CHECK(g.step_overhead_s == 0);
+  CHECK(g.gemm_factor > 1.6);
+}
+
+TEST_CASE("probes of one layer count measure the overhead per layer only, and a negative part is none", "[calibrate]") {
+  const HardwareProfile base = machine();
+  HardwareProfile truth = base;
+  truth.compute_overhead_s = 3e-4;
+  truth.step_overhead_s = 2e-3;
+  const Policy one = policy_of(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}),
+               two = policy_of(4, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0});
+  // One layer count: a step's part is the layers' (2e-3 / 4 more per layer-unit).
+  const MeasuredOverheads m =
+      measure_overheads(base, {run_on(truth, "probe", one, 4), run_on(truth, "probe", two, 4)}, "four layers");
+  CHECK(m.step_s == 0);
+  CHECK(m.layer_s == Approx(3e-4 + 2e-3 / 4).epsilon(1e-6));
+
+  // Probes whose time per step falls with the layers (here a negative step part): it is measured
+  // as none, and the per-layer part fitted alone lies between the two counts' per-unit figures.
+  truth.step_overhead_s = -5e-4;
+  std::vector<CalibrationSample> probes;
+  for (int layers : {4, 12})
+    for (const Policy& p : {one, two}) probes.push_back(run_on(truth, "probe", p, layers));
+  const MeasuredOverheads n = measure_overheads(base, probes, "both");
+  CHECK(n.step_s == 0);
+  CHECK(n.layer_s > 3e-4 - 5e-4 / 4);
+  CHECK(n.layer_s < 3e-4 - 5e-4 / 12);
+
+  // Probes whose compute the terms already account for: no overhead at all.
+  const MeasuredOverheads none = measure_overheads(base, {run_on(base, "probe", one, 4), run_on(base, "probe", two, 12)}, "bare");
+  CHECK(none.layer_s == Approx(0).margin(1e-12));
+  CHECK(none.step_s == Approx(0).margin(1e-12));
+  CHECK_THROWS_WITH(measure_overheads(base, {}, "nothing"), Catch::Contains("no probe runs"));
+}
+
 TEST_CASE("a part the runs' scatter could have made is dropped and reported", "[calibrate]") {
   // The GPU attention of opt-125m at 72 positions is a small part of the compute. Runs whose
   // compute busy times scatter by +-10% around a machine with attention at the profile's rate fit

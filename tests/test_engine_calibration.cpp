@@ -45,21 +45,12 @@ TEST_CASE("the profiler's engine runs keep each policy's lanes busy", "[calibrat
   auto backend = make_cpu_backend(2);
   std::vector<std::string> lines;
   const std::vector<CalibrationSample> runs = engine_calibration_runs(*backend, small_grid(&lines));
-  REQUIRE(runs.size() == 11);
-  CHECK(lines.size() == 11);
-  // The grid at 2 layers, then four of it again at 1 (named so), for the fit's step overhead.
-  const std::vector<std::string> again = {"all-gpu-8x1", "all-gpu-4x2", "weights-cpu-8x1", "cache-cpu-attn-4x2"};
-  for (size_t i = 0; i < runs.size(); ++i) {
-    const CalibrationSample& s = runs[i];
+  REQUIRE(runs.size() == 7);
+  CHECK(lines.size() == 7);
+  for (const CalibrationSample& s : runs) {
     INFO(s.name);
-    CHECK(s.config.n_layers == (i < 7 ? 2 : 1));
-    if (i >= 7) {
-      const CalibrationSample& twin = run_named(runs, again[i - 7]);
-      CHECK(s.name == twin.name + "-1l");
-      CHECK(s.policy.weights.gpu == twin.policy.weights.gpu);
-      CHECK(s.policy.num_gpu_batches == twin.policy.num_gpu_batches);
-      CHECK(s.policy.cpu_attention == twin.policy.cpu_attention);
-    }
+    CHECK(s.config.n_layers == 2);
+    CHECK(s.config.hidden == 768);
     CHECK(s.workload.prompt_len == 16);
     CHECK(s.prefill_s > 0);
     CHECK(s.decode_s > 0);
@@ -75,20 +66,59 @@ TEST_CASE("the profiler's engine runs keep each policy's lanes busy", "[calibrat
   CHECK(run_named(runs, "weights-cpu-act-cpu-4x2").decode_busy[kLaneD2h] > 0);
 }
 
+TEST_CASE("the overhead probes run a model whose layers do almost no work at two layer counts", "[calibrate][profile]") {
+  auto backend = make_cpu_backend(2);
+  std::vector<std::string> lines;
+  const std::vector<CalibrationSample> probes = overhead_probe_runs(*backend, small_grid(&lines));
+  REQUIRE(probes.size() == 4);
+  CHECK(lines.size() == 4);
+  const std::vector<std::string> names = {"all-gpu-8x1", "all-gpu-4x2", "all-gpu-8x1-1l", "all-gpu-4x2-1l"};
+  const ModelConfig grid_model = *config_preset("opt-125m");
+  for (size_t i = 0; i < probes.size(); ++i) {
+    const CalibrationSample& s = probes[i];
+    INFO(s.name);
+    CHECK(s.name == names[i]);
+    CHECK(s.config.name == "opt-125m-narrow");
+    CHECK(s.config.n_layers == (i < 2 ? 2 : 1));
+    CHECK(s.config.hidden == 64);
+    CHECK(s.config.n_heads * s.config.head_dim == 64);
+    CHECK(s.config.intermediate == 256);
+    CHECK(s.config.vocab_size == grid_model.vocab_size);  // the head and the sampling as the model's
+    CHECK(s.workload.prompt_len == 8);
+    CHECK(s.workload.gen_len == 4);
+    CHECK(s.policy.weights.gpu == 100);
+    CHECK(s.policy.num_gpu_batches == (i % 2 == 0 ? 1 : 2));
+    CHECK(s.prefill_busy[kLaneCompute] > 0);
+    CHECK(s.decode_busy[kLaneCompute] > 0);
+    CHECK(s.decode_busy[kLaneH2d] == 0);  // nothing moves
+  }
+  // Real blocks cost something beyond the terms' GEMMs and attention (the sampling over the
+  // vocabulary, the engine's bookkeeping); neither part is negative.
+  const MeasuredOverheads m = measure_overheads(test_profile_for_calibration(), probes, "the probes");
+  CHECK(m.layer_s >= 0);
+  CHECK(m.step_s >= 0);
+  CHECK(m.layer_s + m.step_s > 0);
+}
+
 TEST_CASE("the engine runs refine the measured profile, and a quick profile skips them", "[calibrate][profile]") {
   auto backend = make_cpu_backend(2);
   HardwareProfile measured = test_profile_for_calibration();
   const CalibrationFit fit = calibrate_on_engine(measured, *backend, small_grid());
-  CHECK(fit.error_after.size() == 11);
+  CHECK(fit.error_after.size() == 7);
   CHECK(measured.calibrated.empty());  // a profile of the bare rates, as older ones are
   CHECK(fit.profile.calibrated ==
-        "strata profile on the engine (dummy opt-125m, 2 and 1 layers, prompt 16, generation 4) over 11 runs");
+        "strata profile on the engine (dummy opt-125m, 2 layers, prompt 16, generation 4) over 7 runs");
   CHECK_THAT(fit.profile.description,
              Catch::StartsWith(measured.description) &&
-                 Catch::Contains("calibrated by strata profile on the engine (dummy opt-125m, 2 and 1 layers, prompt 16, "
-                                 "generation 4) over 11 runs"));
-  // Two layer counts: the step overhead is a column of the fit, fitted or else dropped by name.
-  CHECK((fit.step_overhead_s > 0 || dropped_list(fit).find("step overhead (fitted") != std::string::npos));
+                 Catch::Contains("calibrated by strata profile on the engine (dummy opt-125m, 2 layers, prompt 16, "
+                                 "generation 4) over 7 runs") &&
+                 Catch::Contains("per step-unit (measured on opt-125m-narrow (hidden 64), 2 and 1 layers, prompt 8)"));
+  // The overheads are the probes', not columns of the fit: never dropped, never negative.
+  CHECK(fit.overhead_s >= 0);
+  CHECK(fit.step_overhead_s >= 0);
+  CHECK(fit.overhead_s + fit.step_overhead_s > 0);
+  CHECK(fit.profile.compute_overhead_s == fit.overhead_s);
+  CHECK(dropped_list(fit).find("overhead") == std::string::npos);
   const HardwareProfile back = parse_hardware_profile(hardware_profile_to_yaml(fit.profile), "refined.yaml");
   CHECK(back.overlap_slowdown == Approx(fit.overlap_slowdown));
   CHECK(back.cpu_attention_bw == Approx(measured.cpu_attention_bw / fit.cpu_attention_factor));
@@ -114,7 +144,7 @@ TEST_CASE("engine calibration refuses a model it cannot build", "[calibrate]") {
   CHECK_THROWS_WITH(engine_calibration_runs(*backend, o), Catch::Contains("layers must be at least 1"));
   o = small_grid();
   o.short_layers = -1;
-  CHECK_THROWS_WITH(engine_calibration_runs(*backend, o), Catch::Contains("short_layers must be 0 (none) or more, got -1"));
+  CHECK_THROWS_WITH(overhead_probe_runs(*backend, o), Catch::Contains("short_layers must be 0 (none) or more, got -1"));
   o = small_grid();
   o.preset = "gpt-9";
   CHECK_THROWS_WITH(engine_calibration_runs(*backend, o), Catch::Contains("unknown model preset 'gpt-9'"));

@@ -59,6 +59,19 @@ void print_summary(const HardwareProfile& hw, std::ostream& os) {
   if (!hw.gpu_gemm2.empty()) curve(at_h("gpu GEMM", hw.gpu_gemm2_hidden).c_str(), hw.gpu_gemm2);
   curve("cpu linear", hw.cpu_gemm);
   curve("cpu linear q4", hw.cpu_gemm_q4);
+  if (hw.calibrated.empty()) return;
+  auto ms = [](double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g ms", s * 1e3);
+    return std::string(buf);
+  };
+  char fractions[96];
+  std::snprintf(fractions, sizeof fractions, "%.2f s of compute per second of copies, overlap slowdown %.3g",
+                hw.link_interference, hw.overlap_slowdown);
+  row("overheads", ms(hw.compute_overhead_s) + " per layer step and unit of work, " + ms(hw.step_overhead_s) +
+                       " per step and unit");
+  row("interference", fractions);
+  row("calibrated by", hw.calibrated);
 }
 
 // Writes through a temporary file and a rename, so an interrupted run leaves no half a profile.

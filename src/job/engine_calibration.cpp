@@ -19,22 +19,43 @@ struct GridPolicy {
   int gbs, ngb;
   TierSplit weights, cache, activations;
   bool cpu_attention = false;
-  // Run again at the short layer count too: the four whose compute differs most in units and
-  // copies are enough to tell a step's cost from a layer's, and the profile stays under 2 minutes.
-  bool at_short_count = false;
 };
 
 // calibrate-cpu's grid (bench/suites/calibrate-cpu.yaml) without its 4-bit case: what every
 // compute column and lane needs to be told apart (docs/cost-model.md, "Calibration").
 const GridPolicy kGrid[] = {
-    {"all-gpu-8x1", 8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}, false, true},
-    {"all-gpu-4x2", 4, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}, false, true},
-    {"weights-cpu-8x1", 8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}, false, true},
+    {"all-gpu-8x1", 8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}},
+    {"all-gpu-4x2", 4, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}},
+    {"weights-cpu-8x1", 8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0}},
     {"weights-half-cpu-4x2", 4, 2, {50, 50, 0}, {100, 0, 0}, {100, 0, 0}},
     {"weights-half-disk-8x1", 8, 1, {50, 0, 50}, {100, 0, 0}, {100, 0, 0}},
-    {"cache-cpu-attn-4x2", 4, 2, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true, true},
+    {"cache-cpu-attn-4x2", 4, 2, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true},
     {"weights-cpu-act-cpu-4x2", 4, 2, {0, 100, 0}, {100, 0, 0}, {0, 100, 0}},
 };
+
+// The probes: all on the GPU tier in one GPU batch and in two (twice the units of work per step).
+const GridPolicy kProbes[] = {kGrid[0], kGrid[1]};
+
+// A probe's model: the grid model's architecture with layers too narrow to do measurable work
+// (hidden 64, two heads of 32, MLP 256; its own vocabulary, so the head and the sampling over it
+// cost what they do), and a short prompt: what its compute lane is busy for is the engine's cost
+// per layer step and per step, which the terms do not price.
+constexpr int kProbeHidden = 64, kProbeHeads = 2, kProbePromptLen = 8;
+// Blocks measured per probe: each is a few milliseconds long, which the scheduler's noise moves by
+// a third (three blocks a probe left the step part's sign to chance on the 2-core VM); ten steady
+// it for a fraction of a second.
+constexpr int kProbeRepeats = 10;
+
+ModelConfig probe_model(ModelConfig cfg) {
+  cfg.name += "-narrow";
+  cfg.hidden = kProbeHidden;
+  cfg.intermediate = 4 * kProbeHidden;
+  if (cfg.n_experts > 0) cfg.expert_intermediate = 4 * kProbeHidden;
+  cfg.n_kv_heads = cfg.n_kv_heads < cfg.n_heads ? 1 : kProbeHeads;
+  cfg.n_heads = kProbeHeads;
+  cfg.head_dim = kProbeHidden / kProbeHeads;
+  return cfg;
+}
 
 ModelConfig grid_model(const Backend& backend, const EngineCalibrationOptions& o, int layers) {
   const std::string preset = !o.preset.empty() ? o.preset : backend.device() == Device::CUDA ? "opt-6.7b" : "opt-1.3b";
@@ -64,11 +85,12 @@ std::string layers_text(const std::vector<CalibrationSample>& runs) {
   return text + " layers";
 }
 
-// One grid policy on the engine: a warm-up block, then a measured one; nullopt (said on the
-// progress) when a tier is too small for it. A run at the short layer count is named so.
+// One grid policy on the engine: a warm-up block, then `repeats` measured ones (their sums);
+// nullopt (said on the progress) when a tier is too small for it. A run at the short layer count
+// is named so.
 std::optional<CalibrationSample> run_grid_policy(Backend& backend, const EngineCalibrationOptions& o,
                                                  const ModelConfig& cfg, const WeightSource& weights,
-                                                 const GridPolicy& g, bool short_count) {
+                                                 const GridPolicy& g, bool short_count, Workload w, int repeats = 1) {
   Policy p;
   p.gpu_batch_size = g.gbs;
   p.num_gpu_batches = g.ngb;
@@ -84,21 +106,29 @@ std::optional<CalibrationSample> run_grid_policy(Backend& backend, const EngineC
   s.name = short_count ? std::string(g.name) + "-" + std::to_string(cfg.n_layers) + "l" : g.name;
   s.config = cfg;
   s.policy = p;
-  s.workload = {o.prompt_len, o.gen_len};
+  s.workload = w;
   try {
-    OffloadEngine engine(cfg, weights, backend, opt, {o.prompt_len, o.gen_len});
-    const std::vector<GenRequest> reqs = synthetic_requests(p.block_size(), o.prompt_len, o.gen_len, cfg.vocab_size);
+    OffloadEngine engine(cfg, weights, backend, opt, {w.prompt_len, w.gen_len});
+    const std::vector<GenRequest> reqs = synthetic_requests(p.block_size(), w.prompt_len, w.gen_len, cfg.vocab_size);
     std::vector<GenRequest> warm = reqs;  // first touches of every buffer stay out of the figures
     for (GenRequest& r : warm) r.sampling.max_new_tokens = 1;
     engine.generate(warm);
-    const OffloadReport before = engine.report();
-    GenStats stats;
-    engine.generate(reqs, &stats);
-    const PhaseBusy busy = busy_between(before, engine.report());
-    s.prefill_s = stats.prefill_seconds;
-    s.decode_s = stats.decode_seconds;
-    s.prefill_busy = busy.prefill;
-    s.decode_busy = busy.decode;
+    for (int i = 0; i < repeats; ++i) {
+      const OffloadReport before = engine.report();
+      GenStats stats;
+      engine.generate(reqs, &stats);
+      const PhaseBusy busy = busy_between(before, engine.report());
+      s.prefill_s += stats.prefill_seconds;
+      s.decode_s += stats.decode_seconds;
+      for (int lane = 0; lane < kNumLanes; ++lane) {
+        s.prefill_busy[size_t(lane)] += busy.prefill[size_t(lane)];
+        s.decode_busy[size_t(lane)] += busy.decode[size_t(lane)];
+      }
+    }
+    if (repeats > 1) {  // the sample stands for one block
+      s.prefill_s /= repeats, s.decode_s /= repeats;
+      for (int lane = 0; lane < kNumLanes; ++lane) s.prefill_busy[size_t(lane)] /= repeats, s.decode_busy[size_t(lane)] /= repeats;
+    }
   } catch (const Error& e) {  // a tier too small for this run: the others still fit the profile
     if (o.progress) o.progress("engine calibration: " + s.name + " left out: " + e.what());
     return std::nullopt;
@@ -117,26 +147,49 @@ std::optional<CalibrationSample> run_grid_policy(Backend& backend, const EngineC
 
 std::vector<CalibrationSample> engine_calibration_runs(Backend& backend, const EngineCalibrationOptions& o) {
   std::vector<CalibrationSample> samples;
-  for (const int layers : layer_counts(o)) {
-    const ModelConfig cfg = grid_model(backend, o, layers);
-    const std::unique_ptr<WeightSource> weights = make_dummy_source(cfg);
-    const bool short_count = layers != o.layers;
-    for (const GridPolicy& g : kGrid)
-      if (!short_count || g.at_short_count)
-        if (std::optional<CalibrationSample> s = run_grid_policy(backend, o, cfg, *weights, g, short_count))
-          samples.push_back(std::move(*s));
-  }
+  const ModelConfig cfg = grid_model(backend, o, o.layers);
+  const std::unique_ptr<WeightSource> weights = make_dummy_source(cfg);
+  for (const GridPolicy& g : kGrid)
+    if (std::optional<CalibrationSample> s =
+            run_grid_policy(backend, o, cfg, *weights, g, false, {o.prompt_len, o.gen_len}))
+      samples.push_back(std::move(*s));
   if (samples.size() < 2) STRATA_FAIL("engine calibration: fewer than two runs fit this machine's memory");
   return samples;
 }
 
+std::vector<CalibrationSample> overhead_probe_runs(Backend& backend, const EngineCalibrationOptions& o) {
+  std::vector<CalibrationSample> probes;
+  for (const int layers : layer_counts(o)) {
+    const ModelConfig cfg = probe_model(grid_model(backend, o, layers));
+    const std::unique_ptr<WeightSource> weights = make_dummy_source(cfg);
+    for (const GridPolicy& g : kProbes)
+      if (std::optional<CalibrationSample> s = run_grid_policy(backend, o, cfg, *weights, g, layers != o.layers,
+                                                               {kProbePromptLen, o.gen_len}, kProbeRepeats))
+        probes.push_back(std::move(*s));
+  }
+  if (probes.empty()) STRATA_FAIL("engine calibration: no overhead probe fits this machine's memory");
+  return probes;
+}
+
 CalibrationFit calibrate_on_engine(const HardwareProfile& measured, Backend& backend,
                                    const EngineCalibrationOptions& options) {
+  const std::vector<CalibrationSample> probes = overhead_probe_runs(backend, options);
+  std::ostringstream on;
+  on << probes.front().config.name << " (hidden " << kProbeHidden << "), " << layers_text(probes) << ", prompt "
+     << kProbePromptLen;
+  const MeasuredOverheads overheads = measure_overheads(measured, probes, on.str());
+  if (options.progress) {
+    std::ostringstream line;
+    line.precision(3);
+    line << "engine calibration: overheads measured on " << on.str() << ": " << overheads.layer_s * 1e3
+         << " ms per layer-unit, " << overheads.step_s * 1e3 << " ms per step-unit";
+    options.progress(line.str());
+  }
   const std::vector<CalibrationSample> runs = engine_calibration_runs(backend, options);
   std::ostringstream by;
   by << "strata profile on the engine (dummy " << runs.front().config.name << ", " << layers_text(runs)
      << ", prompt " << options.prompt_len << ", generation " << options.gen_len << ")";
-  return calibrate_profile(measured, runs, by.str());
+  return calibrate_profile(measured, runs, by.str(), &overheads);
 }
 
 ProfileRefinement engine_refinement() {

@@ -83,13 +83,15 @@ struct LeastSquares {
   int dependent = -1;             // a column the runs cannot separate from the others; coef unset then
 };
 
-// Least squares of relative residuals: minimize sum ((sum_j c_j a_ij - m_i) / m_i)^2 over the
-// columns in `use`. Solved by Gauss-Jordan elimination on the normal equations (at most five
+// Least squares of relative residuals: minimize sum ((sum_j c_j a_ij - m_i) / w_i)^2 over the
+// columns in `use`, w_i the measured time m_i unless `scale` gives another (the time a target
+// m_i was cut from: the fit then weighs each run by its whole measured time). Solved by Gauss-Jordan elimination on the normal equations (at most five
 // columns), in column order, so the column reported dependent is the last of a dependent set. The
 // same elimination inverts the normal matrix, whose diagonal times the residuals' variance is each
 // coefficient's variance.
 LeastSquares relative_least_squares(const std::vector<std::vector<double>>& a, const std::vector<double>& m,
-                                    const std::vector<bool>& use) {
+                                    const std::vector<bool>& use, const std::vector<double>& scale = {}) {
+  auto weight_of = [&](size_t i) { return scale.empty() ? m[i] : scale[i]; };
   const size_t k = use.size();
   std::vector<size_t> cols;
   for (size_t j = 0; j < k; ++j)
@@ -97,7 +99,7 @@ LeastSquares relative_least_squares(const std::vector<std::vector<double>>& a, c
   const size_t n = cols.size(), width = 2 * n + 1;  // [normal matrix | right side | identity]
   std::vector<std::vector<double>> A(n, std::vector<double>(width, 0.0));
   for (size_t i = 0; i < m.size(); ++i) {
-    const double w = 1.0 / (m[i] * m[i]);
+    const double w = 1.0 / (weight_of(i) * weight_of(i));
     for (size_t r = 0; r < n; ++r) {
       for (size_t c = 0; c < n; ++c) A[r][c] += w * a[i][cols[r]] * a[i][cols[c]];
       A[r][n] += w * a[i][cols[r]] * m[i];
@@ -126,7 +128,7 @@ LeastSquares relative_least_squares(const std::vector<std::vector<double>>& a, c
     for (size_t i = 0; i < m.size(); ++i) {
       double predicted = 0;
       for (size_t j : cols) predicted += out.coef[j] * a[i][j];
-      squares += std::pow((predicted - m[i]) / m[i], 2);
+      squares += std::pow((predicted - m[i]) / weight_of(i), 2);
     }
     // Residuals at rounding level are exact runs (made-up ones, in tests): no scatter to weigh.
     const double variance = squares / double(m.size()) < kRoundingResidual ? 0 : squares / double(m.size() - n);
@@ -176,7 +178,8 @@ int wrong_sign(const std::vector<double>& c, const std::vector<bool>& use) {
   return use[kColGpuAttention] && c[kColGpuAttention] <= 0 ? kColGpuAttention : -1;
 }
 
-CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSample>& samples) {
+CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSample>& samples,
+                   const MeasuredOverheads* overheads) {
   const HardwareProfile raw = without_calibration(base);
   CalibrationFit f;
 
@@ -216,8 +219,10 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   linked.cpu_to_disk_bw /= f.link_factor[kLaneDisk];
 
   // 2. Compute lane: the columns of ComputeColumn, two phases per sample.
+  // Measured overheads are no columns: their seconds come off each measured time, which still
+  // weighs its run.
   std::vector<std::vector<double>> rows;
-  std::vector<double> measured;
+  std::vector<double> measured, scale;
   for (const CalibrationSample& s : samples) {
     const auto parts = compute_parts(linked, s);
     for (int phase = 0; phase < 2; ++phase) {
@@ -225,7 +230,8 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
       if (m < kMinSeconds) continue;
       const ComputeParts& p = parts[size_t(phase)];
       rows.push_back({p.gemm, p.gpu_attention, p.units, p.step_units, p.links});
-      measured.push_back(m);
+      measured.push_back(overheads ? m - overheads->layer_s * p.units - overheads->step_s * p.step_units : m);
+      scale.push_back(m);
     }
   }
   if (rows.size() < 2) STRATA_FAIL("calibration: fewer than two phases with a busy compute lane");
@@ -237,6 +243,7 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   use[kColStepOverhead] = std::any_of(samples.begin(), samples.end(), [&](const CalibrationSample& s) {
     return s.config.n_layers != samples.front().config.n_layers;
   });
+  if (overheads) use[kColOverhead] = use[kColStepOverhead] = false;
   // No run that moves anything: no copies to slow the compute.
   use[kColLinkInterference] = std::any_of(rows.begin(), rows.end(), [](const auto& r) { return r[kColLinkInterference] > 0; });
   // A column the runs cannot determine (say every run is another's multiple: the same phases, only more GPU batches), or
@@ -249,7 +256,7 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   };
   std::vector<double> c;
   for (;;) {
-    const LeastSquares ls = relative_least_squares(rows, measured, use);
+    const LeastSquares ls = relative_least_squares(rows, measured, use, scale);
     if (ls.dependent == kColGemm) STRATA_FAIL("calibration: the runs do not determine the compute lane (no GEMM time predicted)");
     if (ls.dependent > 0) {
       f.undetermined.push_back(kColumnName[ls.dependent]);
@@ -274,8 +281,8 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   if (c[kColGemm] <= 0) STRATA_FAIL("calibration: the compute lane's fit has a non-positive GEMM factor");
   f.gemm_factor = c[kColGemm];
   f.gpu_attention_factor = c[kColGpuAttention];
-  f.overhead_s = std::max(0.0, c[kColOverhead]);
-  f.step_overhead_s = std::max(0.0, c[kColStepOverhead]);
+  f.overhead_s = overheads ? overheads->layer_s : std::max(0.0, c[kColOverhead]);
+  f.step_overhead_s = overheads ? overheads->step_s : std::max(0.0, c[kColStepOverhead]);
   f.link_interference = std::max(0.0, c[kColLinkInterference]);
 
   // The refined rates.
@@ -326,13 +333,55 @@ double throughput_error(const HardwareProfile& hw, const CalibrationSample& s) {
   return (s.prefill_s + s.decode_s) / p.total_s - 1;
 }
 
+MeasuredOverheads measure_overheads(const HardwareProfile& base, const std::vector<CalibrationSample>& probes,
+                                    const std::string& on) {
+  if (probes.empty()) STRATA_FAIL("overhead measurement: no probe runs");
+  const HardwareProfile raw = without_calibration(base);
+  enum { kUnits, kStepUnits };
+  std::vector<std::vector<double>> rows;
+  std::vector<double> beyond_terms, measured;
+  for (const CalibrationSample& s : probes) {
+    const auto parts = compute_parts(raw, s);
+    for (int phase = 0; phase < 2; ++phase) {
+      const double m = (phase == 0 ? s.prefill_busy : s.decode_busy)[kLaneCompute];
+      if (m < kMinSeconds) continue;
+      const ComputeParts& p = parts[size_t(phase)];
+      rows.push_back({p.units, p.step_units});
+      beyond_terms.push_back(m - p.gemm - p.gpu_attention - p.links);
+      measured.push_back(m);
+    }
+  }
+  if (rows.size() < 2) STRATA_FAIL("overhead measurement: fewer than two probe phases with a busy compute lane");
+  std::vector<bool> use = {true, std::any_of(probes.begin(), probes.end(), [&](const CalibrationSample& s) {
+                             return s.config.n_layers != probes.front().config.n_layers;
+                           })};
+  MeasuredOverheads out;
+  out.on = on;
+  // A negative part (the other absorbing the probes' scatter) is measured as none: the other alone.
+  for (;;) {
+    const LeastSquares ls = relative_least_squares(rows, beyond_terms, use, measured);
+    if (ls.dependent >= 0) {
+      use[size_t(ls.dependent)] = false;
+    } else if (use[kStepUnits] && ls.coef[kStepUnits] < 0) {
+      use[kStepUnits] = false;
+    } else if (use[kUnits] && ls.coef[kUnits] < 0) {
+      use[kUnits] = false;
+    } else {
+      out.layer_s = ls.coef[kUnits];
+      out.step_s = ls.coef[kStepUnits];
+      return out;
+    }
+    if (!use[kUnits] && !use[kStepUnits]) return out;  // the probes' time is all in the terms
+  }
+}
+
 CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<CalibrationSample>& samples,
-                                 const std::string& by) {
+                                 const std::string& by, const MeasuredOverheads* overheads) {
   if (samples.size() < 2) STRATA_FAIL("calibration needs at least two measured runs, got " << samples.size());
   for (const CalibrationSample& s : samples)
     if (!(s.prefill_s > 0) || !(s.decode_s >= 0) || s.workload.gen_len < 1)
       STRATA_FAIL("calibration: run " << s.name << " has no measured prefill time");
-  CalibrationFit f = fit(base, samples);
+  CalibrationFit f = fit(base, samples, overheads);
   for (const CalibrationSample& s : samples) {
     f.error_before.push_back(throughput_error(base, s));
     f.error_after.push_back(throughput_error(f.profile, s));
@@ -346,7 +395,7 @@ CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<
       // rest): no out-of-sample figure for it then, rather than no calibration at all.
       double error = std::nan("");
       try {
-        error = throughput_error(fit(base, rest).profile, samples[i]);
+        error = throughput_error(fit(base, rest, overheads).profile, samples[i]);
       } catch (const Error&) {
       }
       f.error_leave_one_out.push_back(error);
@@ -355,7 +404,8 @@ CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<
   d << base.description << (base.description.empty() ? "" : "; ") << "calibrated by " << by << " over "
     << samples.size() << " runs: compute x" << f.gemm_factor << " (gpu attention x" << f.gpu_attention_factor
     << ", cpu attention x" << f.cpu_attention_factor << "), overhead " << f.overhead_s
-    << " s per layer-unit and " << f.step_overhead_s << " s per step-unit, link interference "
+    << " s per layer-unit and " << f.step_overhead_s << " s per step-unit"
+    << (overheads ? " (measured on " + overheads->on + ")" : std::string()) << ", link interference "
     << f.link_interference << ", links x" << f.link_factor[kLaneH2d] << " / x"
     << f.link_factor[kLaneD2h] << " / disk x" << f.link_factor[kLaneDisk] << ", overlap slowdown "
     << f.overlap_slowdown;

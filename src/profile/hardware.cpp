@@ -356,8 +356,8 @@ std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
   if (!hw.cpu_gemm_q4.empty()) curve("cpu_gemm_q4", hw.cpu_gemm_q4, "the same over 4-bit g64 codes");
   if (!hw.calibrated.empty()) os << "calibrated: " << quoted(hw.calibrated) << "\n";
   if (hw.compute_overhead_s > 0 || hw.step_overhead_s > 0 || hw.link_interference > 0 || hw.overlap_slowdown > 0)
-    os << "compute_overhead_s: " << number(hw.compute_overhead_s) << "  # per layer and unit of work (calibrated)\n"
-       << "step_overhead_s: " << number(hw.step_overhead_s) << "  # per step and unit of work, outside the layers (calibrated)\n"
+    os << "compute_overhead_s: " << number(hw.compute_overhead_s) << "  # per layer and unit of work (measured or calibrated)\n"
+       << "step_overhead_s: " << number(hw.step_overhead_s) << "  # per step and unit of work, outside the layers (measured or calibrated)\n"
        << "link_interference: " << number(hw.link_interference) << "  # compute seconds lost per second of copies (calibrated)\n"
        << "overlap_slowdown: " << number(hw.overlap_slowdown) << "  # 0: perfect overlap, 1: none (calibrated)\n";
   return os.str();

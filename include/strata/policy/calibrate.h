@@ -67,12 +67,31 @@ struct CalibrationFit {
   std::vector<double> error_leave_one_out;
 };
 
+// The compute lane's work outside the cost model's terms, measured rather than fitted: per unit
+// of work and layer (CalibrationFit::overhead_s) and per unit and step outside the layers
+// (step_overhead_s), in seconds.
+struct MeasuredOverheads {
+  double layer_s = 0, step_s = 0;
+  std::string on;  // what they were measured on, for the profile's description
+};
+
+// Overheads from probe runs: blocks of a model whose layers do almost no work (engine_calibration.h),
+// at two layer counts or more for a step part. Their compute lane's busy time less what the
+// terms predict, fitted to the units of work per layer and per step (relative least squares). A
+// part that comes out negative is measured as 0, the other fitted alone. Throws with no probe
+// phase measured.
+MeasuredOverheads measure_overheads(const HardwareProfile& base, const std::vector<CalibrationSample>& probes,
+                                    const std::string& on);
+
 // Throws strata::Error with fewer than 2 samples or a sample without measured times. A staggered
 // sample (prefill_batches_per_step) is fitted through its super-steps: its phases are the steps in
 // which some GPU batch prefills and the others, as the engine reports them (cost_model.h, phase_terms).
 // `by` names the runs in the refined profile's description ("calibrated by BY over N runs: ...").
+// With `overheads`, the two overheads are those, not columns of the fit: each run's compute less
+// them is fitted to the other parts.
 CalibrationFit calibrate_profile(const HardwareProfile& base, const std::vector<CalibrationSample>& samples,
-                                 const std::string& by = "strata bench --calibrate");
+                                 const std::string& by = "strata bench --calibrate",
+                                 const MeasuredOverheads* overheads = nullptr);
 
 // fit.undetermined as "gpu attention, overhead" ("" when every part was fitted).
 std::string undetermined_list(const CalibrationFit& fit);

@@ -79,7 +79,8 @@ struct HardwareProfile {
   // multiply-adds (2 per weight and token, as cpu_gemm): 4-bit experts computed on the CPU.
   std::vector<GemmPoint> cpu_gemm_q4;
 
-  // Calibration (0 = none; `strata bench --calibrate` fits them to measured runs, docs/cost-model.md).
+  // Calibration (0 = none; `strata bench --calibrate` fits them to measured runs, and `strata
+  // profile` to its engine runs after measuring the two overheads on probes; docs/cost-model.md).
   // compute_overhead_s: seconds of compute-lane work outside the modeled GEMMs, attention and
   // dequantization (norms, residuals, sampling, launches), per layer and unit of work (a prefill
   // group or a decode GPU batch). overlap_slowdown: how far overlapped lanes fall short of perfect
