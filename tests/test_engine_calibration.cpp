@@ -149,3 +149,26 @@ TEST_CASE("engine calibration refuses a model it cannot build", "[calibrate]") {
   o.preset = "gpt-9";
   CHECK_THROWS_WITH(engine_calibration_runs(*backend, o), Catch::Contains("unknown model preset 'gpt-9'"));
 }
+
+TEST_CASE("CUDA: the overhead probes run on the GPU backend", "[cuda][calibrate]") {
+  if (!cuda_available()) {
+    WARN("no GPU: skipped");
+    return;
+  }
+  // The probes' narrow layers (two heads of 32) take the CUDA kernels' small-shape paths; the
+  // profile on a GPU depends on them (a probe that throws would be left out, and none left fails
+  // the profile). On the emulated backend in CI, on a GPU under [cuda].
+  auto backend = make_cuda_backend(0);
+  EngineCalibrationOptions o = small_grid();
+  o.gen_len = 2;
+  const std::vector<CalibrationSample> probes = overhead_probe_runs(*backend, o);
+  REQUIRE(probes.size() == 4);
+  for (const CalibrationSample& s : probes) {
+    INFO(s.name);
+    CHECK(s.prefill_busy[kLaneCompute] > 0);
+    CHECK(s.decode_busy[kLaneCompute] > 0);
+  }
+  // (What the overheads come to is the GPU's own figure, reported by gpu_suite.sh's profile; the
+  // emulated backend's event times are not a GPU's.)
+  CHECK_NOTHROW(measure_overheads(test_profile_for_calibration(), probes, "the probes"));
+}
