@@ -57,6 +57,17 @@ HardwareProfile slower_compute(const HardwareProfile& base, double gemm, double 
   return hw;
 }
 
+// The profile's overhead probes: all on the GPU tier in one GPU batch and in two.
+const Policy kProbeOneBatch = policy_of(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0});
+const Policy kProbeTwoBatches = policy_of(4, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0});
+
+// `hw` with 3e-4 s of compute per layer-unit and 2e-3 s per step-unit outside the terms.
+HardwareProfile with_overheads(HardwareProfile hw) {
+  hw.compute_overhead_s = 3e-4;
+  hw.step_overhead_s = 2e-3;
+  return hw;
+}
+
 }  // namespace
 
 TEST_CASE("the calibrated overhead and overlap shortfall enter the stage times as documented", "[calibrate]") {
@@ -268,14 +279,10 @@ TEST_CASE("probes of two layer counts measure the overheads, which the fit then 
   // A machine with work per layer-unit and per step-unit, probed (as the profile probes it) with
   // all-on-GPU blocks in one and two GPU batches at 4 and 12 layers.
   const HardwareProfile base = machine();
-  HardwareProfile with_overheads = base;
-  with_overheads.compute_overhead_s = 3e-4;
-  with_overheads.step_overhead_s = 2e-3;
-  const Policy one = policy_of(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}),
-               two = policy_of(4, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0});
-  std::vector<CalibrationSample> probes, short_only;
+  const Policy &one = kProbeOneBatch, &two = kProbeTwoBatches;
+  std::vector<CalibrationSample> probes;
   for (int layers : {4, 12})
-    for (const Policy& p : {one, two}) probes.push_back(run_on(with_overheads, "probe", p, layers));
+    for (const Policy& p : {one, two}) probes.push_back(run_on(with_overheads(base), "probe", p, layers));
   const MeasuredOverheads m = measure_overheads(base, probes, "the probes");
   CHECK(m.layer_s == Approx(3e-4).epsilon(1e-6));
   CHECK(m.step_s == Approx(2e-3).epsilon(1e-6));
@@ -283,7 +290,7 @@ TEST_CASE("probes of two layer counts measure the overheads, which the fit then 
 
   // The same machine with slower GEMMs and attention, its grid fitted with the overheads held: the
   // fit recovers the rest, and holds them even from runs of one layer count.
-  HardwareProfile truth = slower_compute(with_overheads, 1.6, 2.5);
+  HardwareProfile truth = slower_compute(with_overheads(base), 1.6, 2.5);
   truth.link_interference = 0.3;
   const std::vector<CalibrationSample> runs = {
       run_on(truth, "all on gpu", one),
@@ -320,11 +327,8 @@ TEST_CASE("probes of two layer counts measure the overheads, which the fit then 
 
 TEST_CASE("probes of one layer count measure the overhead per layer only, and a negative part is none", "[calibrate]") {
   const HardwareProfile base = machine();
-  HardwareProfile truth = base;
-  truth.compute_overhead_s = 3e-4;
-  truth.step_overhead_s = 2e-3;
-  const Policy one = policy_of(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}),
-               two = policy_of(4, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0});
+  HardwareProfile truth = with_overheads(base);
+  const Policy &one = kProbeOneBatch, &two = kProbeTwoBatches;
   // One layer count: a step's part is the layers' (2e-3 / 4 more per layer-unit).
   const MeasuredOverheads m =
       measure_overheads(base, {run_on(truth, "probe", one, 4), run_on(truth, "probe", two, 4)}, "four layers");

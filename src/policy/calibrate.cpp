@@ -170,6 +170,19 @@ constexpr double kMinSeconds = 1e-6;  // lanes busier than this count as observa
 // A fitted overhead above -1 ns per layer-unit is a zero the rounding made negative: kept (as 0).
 constexpr double kNoiseSeconds = 1e-9;
 
+// Calls fn(measured compute seconds, the phase's compute parts under `hw`) for each phase of each
+// sample whose compute lane was busy.
+template <class Fn>
+void for_each_busy_compute(const HardwareProfile& hw, const std::vector<CalibrationSample>& samples, Fn fn) {
+  for (const CalibrationSample& s : samples) {
+    const auto parts = compute_parts(hw, s);
+    for (int phase = 0; phase < 2; ++phase) {
+      const double m = (phase == 0 ? s.prefill_busy : s.decode_busy)[kLaneCompute];
+      if (m >= kMinSeconds) fn(m, parts[size_t(phase)]);
+    }
+  }
+}
+
 // The first fitted column whose sign has no physical meaning (a negative overhead or share of the
 // copies, a non-positive GPU attention factor), or -1.
 int wrong_sign(const std::vector<double>& c, const std::vector<bool>& use) {
@@ -223,17 +236,11 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   // weighs its run.
   std::vector<std::vector<double>> rows;
   std::vector<double> measured, scale;
-  for (const CalibrationSample& s : samples) {
-    const auto parts = compute_parts(linked, s);
-    for (int phase = 0; phase < 2; ++phase) {
-      const double m = (phase == 0 ? s.prefill_busy : s.decode_busy)[kLaneCompute];
-      if (m < kMinSeconds) continue;
-      const ComputeParts& p = parts[size_t(phase)];
-      rows.push_back({p.gemm, p.gpu_attention, p.units, p.step_units, p.links});
-      measured.push_back(overheads ? m - overheads->layer_s * p.units - overheads->step_s * p.step_units : m);
-      scale.push_back(m);
-    }
-  }
+  for_each_busy_compute(linked, samples, [&](double m, const ComputeParts& p) {
+    rows.push_back({p.gemm, p.gpu_attention, p.units, p.step_units, p.links});
+    measured.push_back(overheads ? m - overheads->layer_s * p.units - overheads->step_s * p.step_units : m);
+    scale.push_back(m);
+  });
   if (rows.size() < 2) STRATA_FAIL("calibration: fewer than two phases with a busy compute lane");
   std::vector<bool> use(kNumColumns, true);
   // No run with attention on the GPU: nothing to fit there, nothing to report.
@@ -340,17 +347,11 @@ MeasuredOverheads measure_overheads(const HardwareProfile& base, const std::vect
   enum { kUnits, kStepUnits };
   std::vector<std::vector<double>> rows;
   std::vector<double> beyond_terms, measured;
-  for (const CalibrationSample& s : probes) {
-    const auto parts = compute_parts(raw, s);
-    for (int phase = 0; phase < 2; ++phase) {
-      const double m = (phase == 0 ? s.prefill_busy : s.decode_busy)[kLaneCompute];
-      if (m < kMinSeconds) continue;
-      const ComputeParts& p = parts[size_t(phase)];
-      rows.push_back({p.units, p.step_units});
-      beyond_terms.push_back(m - p.gemm - p.gpu_attention - p.links);
-      measured.push_back(m);
-    }
-  }
+  for_each_busy_compute(raw, probes, [&](double m, const ComputeParts& p) {
+    rows.push_back({p.units, p.step_units});
+    beyond_terms.push_back(m - p.gemm - p.gpu_attention - p.links);
+    measured.push_back(m);
+  });
   if (rows.size() < 2) STRATA_FAIL("overhead measurement: fewer than two probe phases with a busy compute lane");
   std::vector<bool> use = {true, std::any_of(probes.begin(), probes.end(), [&](const CalibrationSample& s) {
                              return s.config.n_layers != probes.front().config.n_layers;
