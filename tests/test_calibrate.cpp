@@ -283,7 +283,7 @@ TEST_CASE("probes of two layer counts measure the overheads, which the fit then 
   std::vector<CalibrationSample> probes;
   for (int layers : {4, 12})
     for (const Policy& p : {one, two}) probes.push_back(run_on(with_overheads(base), "probe", p, layers));
-  const MeasuredOverheads m = measure_overheads(base, probes, "the probes");
+  const MeasuredOverheads m = measure_overheads(base, probes, "the probes").value();
   CHECK(m.layer_s == Approx(3e-4).epsilon(1e-6));
   CHECK(m.step_s == Approx(2e-3).epsilon(1e-6));
   CHECK(m.on == "the probes");
@@ -331,7 +331,7 @@ TEST_CASE("probes of one layer count measure the overhead per layer only, and a 
   const Policy &one = kProbeOneBatch, &two = kProbeTwoBatches;
   // One layer count: a step's part is the layers' (2e-3 / 4 more per layer-unit).
   const MeasuredOverheads m =
-      measure_overheads(base, {run_on(truth, "probe", one, 4), run_on(truth, "probe", two, 4)}, "four layers");
+      measure_overheads(base, {run_on(truth, "probe", one, 4), run_on(truth, "probe", two, 4)}, "four layers").value();
   CHECK(m.step_s == 0);
   CHECK(m.layer_s == Approx(3e-4 + 2e-3 / 4).epsilon(1e-6));
 
@@ -341,16 +341,24 @@ TEST_CASE("probes of one layer count measure the overhead per layer only, and a 
   std::vector<CalibrationSample> probes;
   for (int layers : {4, 12})
     for (const Policy& p : {one, two}) probes.push_back(run_on(truth, "probe", p, layers));
-  const MeasuredOverheads n = measure_overheads(base, probes, "both");
+  const MeasuredOverheads n = measure_overheads(base, probes, "both").value();
   CHECK(n.step_s == 0);
   CHECK(n.layer_s > 3e-4 - 5e-4 / 4);
   CHECK(n.layer_s < 3e-4 - 5e-4 / 12);
 
   // Probes whose compute the terms already account for: no overhead at all.
-  const MeasuredOverheads none = measure_overheads(base, {run_on(base, "probe", one, 4), run_on(base, "probe", two, 12)}, "bare");
+  const MeasuredOverheads none =
+      measure_overheads(base, {run_on(base, "probe", one, 4), run_on(base, "probe", two, 12)}, "bare").value();
   CHECK(none.layer_s == Approx(0).margin(1e-12));
   CHECK(none.step_s == Approx(0).margin(1e-12));
   CHECK_THROWS_WITH(measure_overheads(base, {}, "nothing"), Catch::Contains("no probe runs"));
+
+  // Probes whose compute lane read no time (a backend that cannot time blocks this short): not
+  // measured, rather than measured as 0.
+  std::vector<CalibrationSample> unseen = {run_on(truth, "probe", one, 4), run_on(truth, "probe", two, 12)};
+  for (CalibrationSample& s : unseen) s.prefill_busy[kLaneCompute] = s.decode_busy[kLaneCompute] = 0;
+  unseen[1].decode_busy[kLaneCompute] = 1e-3;  // one phase alone cannot tell the two parts
+  CHECK_FALSE(measure_overheads(base, unseen, "unseen").has_value());
 }
 
 TEST_CASE("a part the runs' scatter could have made is dropped and reported", "[calibrate]") {

@@ -94,7 +94,7 @@ TEST_CASE("the overhead probes run a model whose layers do almost no work at two
   }
   // Real blocks cost something beyond the terms' GEMMs and attention (the sampling over the
   // vocabulary, the engine's bookkeeping); neither part is negative.
-  const MeasuredOverheads m = measure_overheads(test_profile_for_calibration(), probes, "the probes");
+  const MeasuredOverheads m = measure_overheads(test_profile_for_calibration(), probes, "the probes").value();
   CHECK(m.layer_s >= 0);
   CHECK(m.step_s >= 0);
   CHECK(m.layer_s + m.step_s > 0);
@@ -165,10 +165,11 @@ TEST_CASE("CUDA: the overhead probes run on the GPU backend", "[cuda][calibrate]
   REQUIRE(probes.size() == 4);
   for (const CalibrationSample& s : probes) {
     INFO(s.name);
-    CHECK(s.prefill_busy[kLaneCompute] > 0);
-    CHECK(s.decode_busy[kLaneCompute] > 0);
+    CHECK(s.config.hidden == 64);
+    CHECK(s.prefill_s > 0);
+    CHECK(s.decode_s > 0);
   }
-  // (What the overheads come to is the GPU's own figure, reported by gpu_suite.sh's profile; the
-  // emulated backend's event times are not a GPU's.)
-  CHECK_NOTHROW(measure_overheads(test_profile_for_calibration(), probes, "the probes"));
+  // What the overheads come to is the GPU's own figure, reported by gpu_suite.sh's profile: the
+  // emulated backend's lanes, timed by its events, are not a GPU's (they can read 0: the profile
+  // then fits the overheads to the grid, as measure_overheads returns none).
 }

@@ -18,6 +18,7 @@
 // and folds the factors into a refined profile (rates divided by their factor).
 #pragma once
 #include <array>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,10 +79,11 @@ struct MeasuredOverheads {
 // Overheads from probe runs: blocks of a model whose layers do almost no work (engine_calibration.h),
 // at two layer counts or more for a step part. Their compute lane's busy time less what the
 // terms predict, fitted to the units of work per layer and per step (relative least squares). A
-// part that comes out negative is measured as 0, the other fitted alone. Throws with no probe
-// phase measured.
-MeasuredOverheads measure_overheads(const HardwareProfile& base, const std::vector<CalibrationSample>& probes,
-                                    const std::string& on);
+// part that comes out negative is measured as 0, the other fitted alone. nullopt when fewer than
+// two probe phases kept the compute lane measurably busy (a backend whose lane times read 0 for
+// blocks this short); throws with no probes.
+std::optional<MeasuredOverheads> measure_overheads(const HardwareProfile& base,
+                                                   const std::vector<CalibrationSample>& probes, const std::string& on);
 
 // Throws strata::Error with fewer than 2 samples or a sample without measured times. A staggered
 // sample (prefill_batches_per_step) is fitted through its super-steps: its phases are the steps in
