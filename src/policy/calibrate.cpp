@@ -85,11 +85,11 @@ struct LeastSquares {
 };
 
 // Least squares of relative residuals: minimize sum ((sum_j c_j a_ij - m_i) / w_i)^2 over the
-// columns in `use`, w_i the measured time m_i unless `scale` gives another (the time a target
-// m_i was cut from: the fit then weighs each run by its whole measured time). Solved by Gauss-Jordan elimination on the normal equations (at most five
-// columns), in column order, so the column reported dependent is the last of a dependent set. The
-// same elimination inverts the normal matrix, whose diagonal times the residuals' variance is each
-// coefficient's variance.
+// columns in `use`, w_i the measured time m_i unless `scale` gives another (the time a target m_i
+// was cut from: the fit then weighs each run by its whole measured time). Solved by Gauss-Jordan
+// elimination on the normal equations (at most five columns), in column order, so the column
+// reported dependent is the last of a dependent set. The same elimination inverts the normal
+// matrix, whose diagonal times the residuals' variance is each coefficient's variance.
 LeastSquares relative_least_squares(const std::vector<std::vector<double>>& a, const std::vector<double>& m,
                                     const std::vector<bool>& use, const std::vector<double>& scale = {}) {
   auto weight_of = [&](size_t i) { return scale.empty() ? m[i] : scale[i]; };
