@@ -79,7 +79,7 @@ TEST_CASE("the overhead probes run a model whose layers do almost no work at two
     INFO(s.name);
     CHECK(s.name == names[i]);
     CHECK(s.config.name == "opt-125m-narrow");
-    CHECK(s.config.n_layers == (i < 2 ? 2 : 1));
+    CHECK(s.config.n_layers == (i < 2 ? 8 : 1));  // 4 x the grid's, and short_layers
     CHECK(s.config.hidden == 64);
     CHECK(s.config.n_heads * s.config.head_dim == 64);
     CHECK(s.config.intermediate == 256);
@@ -112,7 +112,7 @@ TEST_CASE("the engine runs refine the measured profile, and a quick profile skip
              Catch::StartsWith(measured.description) &&
                  Catch::Contains("calibrated by strata profile on the engine (dummy opt-125m, 2 layers, prompt 16, "
                                  "generation 4) over 7 runs") &&
-                 Catch::Contains("per step-unit (measured on opt-125m-narrow (hidden 64), 2 and 1 layers, prompt 8)"));
+                 Catch::Contains("per step-unit (measured on opt-125m-narrow (hidden 64), 8 and 1 layers, prompt 8)"));
   // The overheads are the probes', not columns of the fit: never dropped, never negative.
   CHECK(fit.overhead_s >= 0);
   CHECK(fit.step_overhead_s >= 0);

@@ -45,6 +45,9 @@ constexpr int kProbeHidden = 64, kProbeHeads = 2, kProbePromptLen = 8;
 // a third (three blocks a probe left the step part's sign to chance on the 2-core VM); ten steady
 // it for a fraction of a second.
 constexpr int kProbeRepeats = 10;
+// The probes' long layer count, in grid layers: a narrow layer step costs about 0.05 ms on the 2-core
+// VM, so 4 and 2 layers differ by less than the blocks' noise; 16 and 2 tell it (and cost ~10 ms).
+constexpr int kProbeLayerFactor = 4;
 
 ModelConfig probe_model(ModelConfig cfg) {
   cfg.name += "-narrow";
@@ -66,11 +69,12 @@ ModelConfig grid_model(const Backend& backend, const EngineCalibrationOptions& o
   return *cfg;
 }
 
-// The layer counts the grid runs at: `layers`, and `short_layers` where that is another count.
-std::vector<int> layer_counts(const EngineCalibrationOptions& o) {
+// The layer counts the probes run at: kProbeLayerFactor times `layers`, and `short_layers` where
+// that is another count.
+std::vector<int> probe_layer_counts(const EngineCalibrationOptions& o) {
   if (o.short_layers < 0) STRATA_FAIL("engine calibration: short_layers must be 0 (none) or more, got " << o.short_layers);
-  std::vector<int> v = {o.layers};
-  if (o.short_layers > 0 && o.short_layers != o.layers) v.push_back(o.short_layers);
+  std::vector<int> v = {kProbeLayerFactor * o.layers};
+  if (o.short_layers > 0 && o.short_layers != v.front()) v.push_back(o.short_layers);
   return v;
 }
 
@@ -159,11 +163,11 @@ std::vector<CalibrationSample> engine_calibration_runs(Backend& backend, const E
 
 std::vector<CalibrationSample> overhead_probe_runs(Backend& backend, const EngineCalibrationOptions& o) {
   std::vector<CalibrationSample> probes;
-  for (const int layers : layer_counts(o)) {
+  for (const int layers : probe_layer_counts(o)) {
     const ModelConfig cfg = probe_model(grid_model(backend, o, layers));
     const std::unique_ptr<WeightSource> weights = make_dummy_source(cfg);
     for (const GridPolicy& g : kProbes)
-      if (std::optional<CalibrationSample> s = run_grid_policy(backend, o, cfg, *weights, g, layers != o.layers,
+      if (std::optional<CalibrationSample> s = run_grid_policy(backend, o, cfg, *weights, g, layers == o.short_layers,
                                                                {kProbePromptLen, o.gen_len}, kProbeRepeats))
         probes.push_back(std::move(*s));
   }

@@ -20,8 +20,8 @@ namespace strata {
 struct EngineCalibrationOptions {
   std::string preset;   // the model class: empty picks opt-1.3b on the CPU backend, opt-6.7b on a GPU
   int layers = 4;       // of the preset's: the rates are per layer, so a few are enough
-  // The overhead probes again at this many layers (0: none): what a step costs outside its layers
-  // shows only between runs of two layer counts (the step overhead).
+  // The overhead probes again at this many layers (0: none; their other count is 4 x `layers`):
+  // what a step costs outside its layers shows only between runs of two layer counts.
   int short_layers = 2;
   int prompt_len = 64, gen_len = 8;
   std::filesystem::path offload_dir;  // the grid's disk case writes here; empty: default_offload_dir()
@@ -36,9 +36,9 @@ struct EngineCalibrationOptions {
 std::vector<CalibrationSample> engine_calibration_runs(Backend& backend, const EngineCalibrationOptions& options);
 
 // The overhead probes (policy/calibrate.h, measure_overheads): the model narrowed to layers that do
-// almost no work (hidden 64), all on the GPU tier in one GPU batch and in two, at `layers` and
-// `short_layers`, prompt 8, each the mean of ten blocks after a warm-up. The progress names each
-// as a grid run. Throws when none fits.
+// almost no work (hidden 64), all on the GPU tier in one GPU batch and in two, at 4 x `layers`
+// (up to the preset's) and `short_layers`, prompt 8, each the mean of ten blocks after a warm-up.
+// The progress names each as a grid run. Throws when none fits.
 std::vector<CalibrationSample> overhead_probe_runs(Backend& backend, const EngineCalibrationOptions& options);
 
 // `measured` refined by the probes' overheads and the fit of the grid's runs; its description says
