@@ -129,10 +129,9 @@ std::optional<CalibrationSample> run_grid_policy(Backend& backend, const EngineC
         s.decode_busy[size_t(lane)] += busy.decode[size_t(lane)];
       }
     }
-    if (repeats > 1) {  // the sample stands for one block
-      s.prefill_s /= repeats, s.decode_s /= repeats;
-      for (int lane = 0; lane < kNumLanes; ++lane) s.prefill_busy[size_t(lane)] /= repeats, s.decode_busy[size_t(lane)] /= repeats;
-    }
+    // The sample stands for one block.
+    s.prefill_s /= repeats, s.decode_s /= repeats;
+    for (int lane = 0; lane < kNumLanes; ++lane) s.prefill_busy[size_t(lane)] /= repeats, s.decode_busy[size_t(lane)] /= repeats;
   } catch (const Error& e) {  // a tier too small for this run: the others still fit the profile
     if (o.progress) o.progress("engine calibration: " + s.name + " left out: " + e.what());
     return std::nullopt;
