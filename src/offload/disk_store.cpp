@@ -176,45 +176,78 @@ struct DiskStore::Impl {
                               << " bytes at offset " << offset << " failed at offset " << at << ": " << why);
   }
 
-  void transfer(bool is_write, size_t offset, char* buf, size_t bytes);
-  void transfer_pread(bool is_write, size_t offset, char* buf, size_t bytes);
-  void transfer_uring(bool is_write, size_t offset, char* buf, size_t bytes);
+  size_t transfer(bool is_write, std::vector<DiskRange> ranges);
+  void transfer_pread(bool is_write, const DiskRange& r);
+  void transfer_uring(bool is_write, const std::vector<DiskRange>& ranges);
 };
 
-void DiskStore::Impl::transfer(bool is_write, size_t offset, char* buf, size_t bytes) {
-  if (bytes == 0) return;
+// Ranges in file order, each joined with the next where the two meet or overlap in the file and
+// lie the same way in memory (a KV cache's neighbouring rows, or two rows' shared page): fewer,
+// larger pieces for the device, and no page moved twice.
+static std::vector<DiskRange> merged_ranges(std::vector<DiskRange> ranges) {
+  std::erase_if(ranges, [](const DiskRange& r) { return r.bytes == 0; });
+  std::sort(ranges.begin(), ranges.end(), [](const DiskRange& a, const DiskRange& b) { return a.offset < b.offset; });
+  auto memory_at = [](const DiskRange& r, size_t offset) { return static_cast<char*>(r.host) + (offset - r.offset); };
+  std::vector<DiskRange> out;
+  for (const DiskRange& r : ranges) {
+    if (!out.empty()) {
+      DiskRange& last = out.back();
+      const size_t last_end = last.offset + last.bytes;
+      if (r.offset <= last_end && memory_at(last, r.offset) == r.host) {
+        last.bytes = std::max(last_end, r.offset + r.bytes) - last.offset;
+        continue;
+      }
+      // Pieces in flight complete in any order: two places in memory for one byte of the file
+      // would leave which one wins to chance.
+      STRATA_CHECK(r.offset >= last_end, "disk store: ranges at offsets " << last.offset << " and " << r.offset
+                                                                          << " overlap in the file but not in memory");
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+size_t DiskStore::Impl::transfer(bool is_write, std::vector<DiskRange> ranges) {
+  ranges = merged_ranges(std::move(ranges));
+  if (ranges.empty()) return 0;
   const auto t0 = std::chrono::steady_clock::now();
-  if (uring) transfer_uring(is_write, offset, buf, bytes);
-  else transfer_pread(is_write, offset, buf, bytes);
+  if (uring) transfer_uring(is_write, ranges);
+  else
+    for (const DiskRange& r : ranges) transfer_pread(is_write, r);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  size_t bytes = 0;
+  for (const DiskRange& r : ranges) bytes += r.bytes;
   std::lock_guard<std::mutex> lock(stats_mutex);
   (is_write ? stats.bytes_written : stats.bytes_read) += bytes;
   (is_write ? stats.write_seconds : stats.read_seconds) += s;
+  return bytes;
 }
 
-void DiskStore::Impl::transfer_pread(bool is_write, size_t offset, char* buf, size_t bytes) {
-  // One call for the whole request: with O_DIRECT the block layer splits it into device-sized
+void DiskStore::Impl::transfer_pread(bool is_write, const DiskRange& range) {
+  // One call for the whole range: with O_DIRECT the block layer splits it into device-sized
   // pieces in parallel. Loop for short transfers (the kernel caps one call at ~2 GiB).
+  char* buf = static_cast<char*>(range.host);
   size_t done = 0;
-  while (done < bytes) {
-    const size_t at = offset + done;
-    ssize_t r = is_write ? ::pwrite(fd, buf + done, bytes - done, off_t(at))
-                         : ::pread(fd, buf + done, bytes - done, off_t(at));
+  while (done < range.bytes) {
+    const size_t at = range.offset + done;
+    ssize_t r = is_write ? ::pwrite(fd, buf + done, range.bytes - done, off_t(at))
+                         : ::pread(fd, buf + done, range.bytes - done, off_t(at));
     int err = r < 0 ? errno : 0;
     if (int injected = take_fault(is_write)) err = injected, r = -1;
     if (r < 0) {
       if (err == EINTR) continue;
-      fail(is_write, offset, bytes, at, errno_text(err));
+      fail(is_write, range.offset, range.bytes, at, errno_text(err));
     }
-    if (r == 0) fail(is_write, offset, bytes, at, is_write ? "no bytes written" : "short read (end of file)");
+    if (r == 0) fail(is_write, range.offset, range.bytes, at, is_write ? "no bytes written" : "short read (end of file)");
     done += size_t(r);
   }
 }
 
-void DiskStore::Impl::transfer_uring(bool is_write, size_t offset, char* buf, size_t bytes) {
+void DiskStore::Impl::transfer_uring(bool is_write, const std::vector<DiskRange>& ranges) {
   struct Piece {
     size_t at, len;
     char* buf;
+    size_t range;  // which of `ranges` it is part of, for the error
   };
   Piece pieces[kQueueDepth];
   unsigned free_list[kQueueDepth], n_free = kQueueDepth;
@@ -230,18 +263,20 @@ void DiskStore::Impl::transfer_uring(bool is_write, size_t offset, char* buf, si
     io_uring_sqe_set_data64(sqe, idx);
   };
 
-  size_t next = 0;  // first byte of the request not yet handed to a piece
+  size_t range = 0, next = 0;  // the first byte not yet handed to a piece: `next` bytes into `range`
   unsigned live = 0;
   int first_err = 0;
-  size_t err_at = 0;
+  size_t err_range = 0, err_at = 0;
   std::string err_why;
-  while (next < bytes || live > 0) {
+  while (range < ranges.size() || live > 0) {
     // On an error, stop issuing but drain what is in flight: the kernel may still be writing into
     // the caller's buffer, which must not be released while we throw.
-    while (first_err == 0 && next < bytes && n_free > 0) {
+    while (first_err == 0 && range < ranges.size() && n_free > 0) {
+      const DiskRange& r = ranges[range];
       const unsigned idx = free_list[--n_free];
-      pieces[idx] = Piece{offset + next, std::min(kChunk, bytes - next), buf + next};
+      pieces[idx] = Piece{r.offset + next, std::min(kChunk, r.bytes - next), static_cast<char*>(r.host) + next, range};
       next += pieces[idx].len;
+      if (next == r.bytes) ++range, next = 0;
       queue(idx);
       ++live;
     }
@@ -250,7 +285,8 @@ void DiskStore::Impl::transfer_uring(bool is_write, size_t offset, char* buf, si
       if (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) continue;
       // The ring itself failed: nothing more can be reaped, so in-flight pieces are lost. This
       // does not happen short of a kernel bug; say so instead of hanging.
-      fail(is_write, offset, bytes, offset + next, std::string("io_uring_submit_and_wait: ") + std::strerror(-rc));
+      const DiskRange& r = ranges[std::min(range, ranges.size() - 1)];
+      fail(is_write, r.offset, r.bytes, r.offset + next, std::string("io_uring_submit_and_wait: ") + std::strerror(-rc));
     }
     struct io_uring_cqe* cqe = nullptr;
     while (io_uring_peek_cqe(&ring, &cqe) == 0 && cqe) {
@@ -268,11 +304,11 @@ void DiskStore::Impl::transfer_uring(bool is_write, size_t offset, char* buf, si
       }
       bool done = false;
       if (res < 0) {
-        if (first_err == 0) first_err = -res, err_at = p.at, err_why = errno_text(-res);
+        if (first_err == 0) first_err = -res, err_range = p.range, err_at = p.at, err_why = errno_text(-res);
         done = true;
       } else if (res == 0) {
         if (first_err == 0) {
-          first_err = EIO, err_at = p.at;
+          first_err = EIO, err_range = p.range, err_at = p.at;
           err_why = is_write ? "no bytes written" : "short read (end of file)";
         }
         done = true;
@@ -288,7 +324,7 @@ void DiskStore::Impl::transfer_uring(bool is_write, size_t offset, char* buf, si
       }
     }
   }
-  if (first_err != 0) fail(is_write, offset, bytes, err_at, err_why);
+  if (first_err != 0) fail(is_write, ranges[err_range].offset, ranges[err_range].bytes, err_at, err_why);
 }
 
 DiskStore::Impl::~Impl() {
@@ -391,15 +427,21 @@ static void check_args(const DiskStore& s, const char* op, size_t offset, const 
                              << " is past its capacity of " << s.capacity() << " bytes");
 }
 
-void DiskStore::read(size_t offset, void* dst, size_t bytes) {
-  check_args(*this, "read", offset, dst, bytes);
-  impl_->transfer(false, offset, static_cast<char*>(dst), bytes);
-}
+void DiskStore::read(size_t offset, void* dst, size_t bytes) { read({DiskRange{offset, dst, bytes}}); }
 
 void DiskStore::write(size_t offset, const void* src, size_t bytes) {
-  check_args(*this, "write", offset, src, bytes);
   // io_uring and pwrite take the buffer as non-const for symmetry with reads; they only read it.
-  impl_->transfer(true, offset, static_cast<char*>(const_cast<void*>(src)), bytes);
+  write({DiskRange{offset, const_cast<void*>(src), bytes}});
+}
+
+size_t DiskStore::read(const std::vector<DiskRange>& ranges) {
+  for (const DiskRange& r : ranges) check_args(*this, "read", r.offset, r.host, r.bytes);
+  return impl_->transfer(false, ranges);
+}
+
+size_t DiskStore::write(const std::vector<DiskRange>& ranges) {
+  for (const DiskRange& r : ranges) check_args(*this, "write", r.offset, r.host, r.bytes);
+  return impl_->transfer(true, ranges);
 }
 
 const char* DiskStore::io_name() const {

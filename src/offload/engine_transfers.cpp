@@ -142,16 +142,17 @@ Ticket OffloadEngine::Impl::disk_cache_io(bool write, size_t disk_offset, char* 
   return disk_lane->submit(
       write ? "kv cache write" : "kv cache read", [=, this](const std::vector<Event>& events) {
         wait_on_host(be, events);
+        // Each sequence's rows of K and of V, all in one call: their pieces in flight together.
+        std::vector<DiskRange> ranges;
         for (size_t half = 0; half < 2; ++half)
           for (int s = first; s < last; ++s) {
             const size_t lo = half * cache_half + size_t(s) * pitch + size_t(r.begin) * row;
             const size_t hi = half * cache_half + size_t(s) * pitch + size_t(r.end) * row;
             const size_t a = lo / kPage * kPage, b = std::min(align_up(hi, kPage), 2 * cache_half);
-            before_disk_io(write);
-            if (write) disk->write(disk_offset + a, pinned_unit + a, b - a);
-            else disk->read(disk_offset + a, pinned_unit + a, b - a);
-            (write ? bytes_ctod : bytes_dtoc) += b - a;
+            ranges.push_back({disk_offset + a, pinned_unit + a, b - a});
           }
+        before_disk_io(write);
+        (write ? bytes_ctod : bytes_dtoc) += write ? disk->write(ranges) : disk->read(ranges);
         return Lane::Span{};
       },
       std::move(deps));

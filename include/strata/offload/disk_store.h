@@ -13,10 +13,18 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace strata {
 
 enum class DiskIoMode : uint8_t { Auto, IoUring, Pread };  // Auto: io_uring, else pread
+
+// One piece of a scattered transfer: `bytes` at `offset` in the file, to or from `host`.
+struct DiskRange {
+  size_t offset;
+  void* host;
+  size_t bytes;
+};
 
 struct DiskIoStats {
   uint64_t bytes_read = 0, bytes_written = 0;
@@ -51,6 +59,14 @@ public:
   // offset and the size, and the OS's reason; "disk full" is said as such.
   void read(size_t offset, void* dst, size_t bytes);
   void write(size_t offset, const void* src, size_t bytes);
+  // Scattered I/O in one call: the pieces of every range in flight together (through io_uring),
+  // so many small ranges (a KV cache's rows of each sequence) reach the device's bandwidth where
+  // one call per range would wait out each one's latency. Ranges that meet in the file and in
+  // memory go as one; ranges that overlap in the file must overlap in memory the same way. The
+  // same alignment rules and errors as above; an error names its range. Returns the bytes moved
+  // (a page two ranges share counts once).
+  size_t read(const std::vector<DiskRange>& ranges);
+  size_t write(const std::vector<DiskRange>& ranges);
 
   const std::filesystem::path& path() const { return path_; }
   size_t capacity() const { return capacity_; }

@@ -39,7 +39,8 @@ struct OffloadOptions {
   bool share_prefixes = true;
   PrefixSharingOptions prefix_sharing;
   // Fault injection for tests: the `fault_after`-th disk read or write of the schedule (counting
-  // from 1) fails as a device error would. Also read from STRATA_DISK_FAULT=read:N or write:N.
+  // from 1; a unit's scattered cache rows are one) fails as a device error would. Also read from
+  // STRATA_DISK_FAULT=read:N or write:N.
   DiskFault fault = DiskFault::None;
   int fault_after = 0;
 };
