@@ -46,13 +46,15 @@ CalibrationSample run_on(const HardwareProfile& truth, const std::string& name, 
   return s;
 }
 
-// `base` with GEMMs (and dequantization) `gemm` times, the GPU tier's attention `attention` times
-// and attention delegated to the CPU `cpu_attention` times (default: `attention`) slower.
+// `base` with GEMMs (and dequantization) `gemm` times, the GPU tier's attention (decode's, and
+// prefill's where measured) `attention` times and attention delegated to the CPU `cpu_attention`
+// times (default: `attention`) slower.
 HardwareProfile slower_compute(const HardwareProfile& base, double gemm, double attention, double cpu_attention = 0) {
   HardwareProfile hw = base;
   for (GemmPoint& g : hw.gpu_gemm) g.flops_per_s /= gemm;
   hw.gpu_dequant_bw /= gemm;
   hw.gpu_attention_bw /= attention;
+  for (GemmPoint& g : hw.gpu_prefill_attention) g.flops_per_s /= attention;
   hw.cpu_attention_bw /= cpu_attention > 0 ? cpu_attention : attention;
   return hw;
 }
@@ -179,6 +181,34 @@ TEST_CASE("calibration recovers the constants of the machine that made the runs"
   CHECK(f.profile.calibrated == "strata bench --calibrate over 8 runs");
   CHECK(back.calibrated == f.profile.calibrated);
   CHECK(base.calibrated.empty());
+}
+
+TEST_CASE("a measured prefill attention rate is fitted with the GPU tier's decode attention", "[calibrate]") {
+  // Runs long enough in prompt for prefill attention to show: the GPU tier's attention factor
+  // scales the prefill curve too, and the GEMMs' factor leaves it alone.
+  HardwareProfile base = machine();
+  base.gpu_prefill_attention = {{32, 0.5e12}, {512, 2e12}};
+  const HardwareProfile truth = slower_compute(base, 1.3, 2.2);
+  const std::vector<CalibrationSample> runs = {
+      run_on(truth, "all on gpu", policy_of(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "two batches", policy_of(4, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "weights on cpu", policy_of(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0})),
+      run_on(truth, "cache on cpu, cpu attention", policy_of(4, 2, {100, 0, 0}, {0, 100, 0}, {100, 0, 0}, true)),
+  };
+  const CalibrationFit f = calibrate_profile(base, runs);
+  CHECK(f.dropped.empty());
+  CHECK(f.gemm_factor == Approx(1.3).epsilon(1e-6));
+  CHECK(f.gpu_attention_factor == Approx(2.2).epsilon(1e-6));
+  REQUIRE(f.profile.gpu_prefill_attention.size() == 2);
+  CHECK(f.profile.gpu_prefill_attention[1].flops_per_s == Approx(2e12 / 2.2).epsilon(1e-6));
+  for (double e : f.error_after) CHECK(std::fabs(e) < 1e-6);
+  // Priced as a GEMM instead (the profile without the curve), the same runs fit worse.
+  HardwareProfile unmeasured = base;
+  unmeasured.gpu_prefill_attention.clear();
+  const CalibrationFit g = calibrate_profile(unmeasured, runs);
+  double worst = 0;
+  for (double e : g.error_after) worst = std::max(worst, std::fabs(e));
+  CHECK(worst > 1e-3);
 }
 
 TEST_CASE("a part fitted with a meaningless sign is dropped and reported", "[calibrate]") {

@@ -89,6 +89,14 @@ TEST_CASE("per-layer terms of a CPU-offloading policy", "[cost]") {
   const double prefill_head = 32 * head_per_layer / 10e12;                   // 0.4 ms: 32 logit rows
   CHECK(r.prefill.terms[COMP] == Approx(prefill_gemm + prefill_attn + prefill_head));
   CHECK(r.prefill.bound == COMP);
+  // With a measured prefill attention curve: QK^T and AV over the causal half, 2 s (s + 1) q_dim
+  // per prompt, at the curve's rate for s = 512 (halfway in log s from 256 to 1024: 3 TFLOP/s).
+  HardwareProfile measured = hw;
+  measured.gpu_prefill_attention = {{256, 2e12}, {1024, 4e12}};
+  const Prediction m = evaluate(opt67(), p, wl, measured);
+  const double measured_attn = 32 * 2.0 * 512 * 513 * h / 3e12;  // 22.9 ms
+  CHECK(m.prefill.terms[COMP] == Approx(prefill_gemm + measured_attn + prefill_head));
+  CHECK(m.decode.terms[COMP] == Approx(r.decode.terms[COMP]));  // decode attention is the cache's bandwidth
   // Decode: weights and the whole cache come over PCIe for GPU attention; the new K, V go back.
   CHECK(r.decode.terms[CTOG] == Approx((0.75 * W + cache_avg) / 10e9));     // 57.9 ms
   CHECK(r.decode.terms[GTOC] == Approx(32 * 4 * h / 10e9));

@@ -217,6 +217,32 @@ TEST_CASE("the CPU weight terms are optional, and a bad CPU linear curve names i
                     Catch::Contains("hw.yaml:16: field 'cpu_weight_bw' must be a bandwidth"));
 }
 
+TEST_CASE("the prefill attention curve round-trips and interpolates by prompt length", "[hardware]") {
+  HardwareProfile hw = sample();
+  CHECK(hw.prefill_attention_flops(512) == 0);  // unknown: the cost model's fallback prices it
+  hw.gpu_prefill_attention = {{128, 50e9}, {512, 70e9}, {2048, 90e9}};
+  CHECK(hw.prefill_attention_flops(64) == Approx(50e9));    // held below the first length
+  CHECK(hw.prefill_attention_flops(256) == Approx(60e9));   // halfway in log s
+  CHECK(hw.prefill_attention_flops(1024) == Approx(80e9));
+  CHECK(hw.prefill_attention_flops(8192) == Approx(90e9));  // held above the last
+  const std::string yaml = hardware_profile_to_yaml(hw);
+  CHECK_THAT(yaml, Catch::Contains("gpu_prefill_attention:  # causal prefill attention (QK^T and AV) by prompt length"));
+  const HardwareProfile back = parse_hardware_profile(yaml, "back.yaml");
+  check_equal(back, hw);
+  REQUIRE(back.gpu_prefill_attention.size() == 3);
+  CHECK(back.gpu_prefill_attention[2].tokens == 2048);
+  CHECK(back.gpu_prefill_attention[2].flops_per_s == 90e9);
+  // Every profile before it loads without one; a malformed one is named with its line.
+  CHECK(parse_hardware_profile(with_units(), "hw.yaml").gpu_prefill_attention.empty());
+  CHECK_THROWS_WITH(parse_hardware_profile(with_units("gpu_prefill_attention: []\n"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:16: field 'gpu_prefill_attention' must be a non-empty list"));
+  CHECK_THROWS_WITH(
+      parse_hardware_profile(with_units("gpu_prefill_attention:\n  - {tokens: 512, flops_per_s: 1e9}\n"
+                                        "  - {tokens: 128, flops_per_s: 1e9}\n"),
+                             "hw.yaml"),
+      Catch::Contains("hw.yaml:18: field 'gpu_prefill_attention[1].tokens': token counts must increase"));
+}
+
 TEST_CASE("a second GEMM curve prices a model at its own hidden size", "[hardware]") {
   // Two curves, at h = 4096 and h = 2048: a model's rate lies between them linearly in log h (a
   // geometric mean halfway), each curve interpolated in log tokens first, held at the nearer

@@ -70,6 +70,11 @@ void check_sane(const HardwareProfile& hw) {
   const double bytes = double(dtype_size(hw.compute_dtype));
   CHECK(hw.cpu_weight_bw == Approx(hw.cpu_gemm[1].flops_per_s / 4 * bytes).epsilon(1e-3));
   CHECK(hw.cpu_weight_q4_bw == Approx(hw.cpu_gemm_q4[1].flops_per_s / 4 * bytes).epsilon(1e-3));
+  // Causal prefill attention from a 128-token prompt up (128 and 512 in a quick profile).
+  REQUIRE(hw.gpu_prefill_attention.size() >= 2);
+  CHECK(hw.gpu_prefill_attention.front().tokens == 128);
+  CHECK(hw.gpu_prefill_attention[1].tokens == 512);
+  for (const GemmPoint& g : hw.gpu_prefill_attention) CHECK(plausible(g.flops_per_s, 1e7, 1e16));
   REQUIRE(hw.gpu_gemm.size() >= 2);
   CHECK(hw.gpu_gemm.front().tokens == 1);
   for (size_t i = 0; i < hw.gpu_gemm.size(); ++i) {
@@ -105,6 +110,11 @@ void check_round_trip(const HardwareProfile& hw) {
   CHECK(back.cpu_attention_q4_bw == hw.cpu_attention_q4_bw);
   CHECK(back.cpu_weight_bw == hw.cpu_weight_bw);
   CHECK(back.cpu_weight_q4_bw == hw.cpu_weight_q4_bw);
+  REQUIRE(back.gpu_prefill_attention.size() == hw.gpu_prefill_attention.size());
+  for (size_t i = 0; i < hw.gpu_prefill_attention.size(); ++i) {
+    CHECK(back.gpu_prefill_attention[i].tokens == hw.gpu_prefill_attention[i].tokens);
+    CHECK(back.gpu_prefill_attention[i].flops_per_s == hw.gpu_prefill_attention[i].flops_per_s);
+  }
   REQUIRE(back.cpu_gemm.size() == hw.cpu_gemm.size());
   REQUIRE(back.cpu_gemm_q4.size() == hw.cpu_gemm_q4.size());
   for (size_t i = 0; i < hw.cpu_gemm_q4.size(); ++i) CHECK(back.cpu_gemm_q4[i].flops_per_s == hw.cpu_gemm_q4[i].flops_per_s);

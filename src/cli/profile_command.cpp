@@ -47,16 +47,18 @@ void print_summary(const HardwareProfile& hw, std::ostream& os) {
   if (hw.cpu_weight_q4_bw > 0)
     row("cpu q4 weights", format_rate(hw.cpu_weight_q4_bw, "B/s of the weights 4-bit codes stand for, 2 tokens"));
   row("cpu GEMM", format_rate(hw.cpu_flops, "FLOP/s") + " (OpenBLAS, " + blas_core() + " kernels)");
-  auto curve = [&](const char* label, const std::vector<GemmPoint>& points) {
+  // `x` formats a point's x value: its tokens, or a prompt length.
+  auto curve = [&](const char* label, const std::vector<GemmPoint>& points, const char* x = "%6.0f tokens: ") {
     for (size_t i = 0; i < points.size(); ++i) {
-      char tokens[32];
-      std::snprintf(tokens, sizeof tokens, "%6.0f tokens: ", points[i].tokens);
-      row(i == 0 ? label : "", tokens + format_rate(points[i].flops_per_s, "FLOP/s"));
+      char at[32];
+      std::snprintf(at, sizeof at, x, points[i].tokens);
+      row(i == 0 ? label : "", at + format_rate(points[i].flops_per_s, "FLOP/s"));
     }
   };
   const auto at_h = [](const char* what, double h) { return std::string(what) + " h=" + std::to_string(int64_t(h)); };
   curve(hw.gpu_gemm_hidden > 0 ? at_h("gpu GEMM", hw.gpu_gemm_hidden).c_str() : "gpu GEMM", hw.gpu_gemm);
   if (!hw.gpu_gemm2.empty()) curve(at_h("gpu GEMM", hw.gpu_gemm2_hidden).c_str(), hw.gpu_gemm2);
+  curve("gpu prefill attention", hw.gpu_prefill_attention, "prompt %5.0f: ");
   curve("cpu linear", hw.cpu_gemm);
   curve("cpu linear q4", hw.cpu_gemm_q4);
   if (hw.calibrated.empty()) return;

@@ -29,9 +29,10 @@ PhaseLanes predicted_lanes(const HardwareProfile& hw, const CalibrationSample& s
 }
 
 // The compute term split into what each compute constant scales: GEMMs and dequantization,
-// attention on the GPU tier, units of per-layer overhead (the term with an overhead of 1 s per
-// unit, minus without), units of per-step overhead (the same with 1 s per unit and step) and the
-// stage's link seconds (the same with a link interference of 1). The parts add up: cost_model.cpp
+// attention on the GPU tier (decode's, and prefill's where the profile measured its rate), units
+// of per-layer overhead (the term with an overhead of 1 s per unit, minus without), units of
+// per-step overhead (the same with 1 s per unit and step) and the stage's link seconds (the same
+// with a link interference of 1). The parts add up: cost_model.cpp
 // sums them into COMP. (Attention delegated to the CPU is a lane of its own, CATT.)
 struct ComputeParts {
   double gemm = 0, gpu_attention = 0, units = 0, step_units = 0, links = 0;
@@ -56,6 +57,7 @@ std::array<ComputeParts, 2> compute_parts(const HardwareProfile& raw, const Cali
   HardwareProfile no_attention = raw, one_second = raw, one_step_second = raw, interfering = raw;
   no_attention.gpu_attention_bw = kHuge;
   if (no_attention.gpu_attention_q4_bw > 0) no_attention.gpu_attention_q4_bw = kHuge;
+  for (GemmPoint& g : no_attention.gpu_prefill_attention) g.flops_per_s = kHuge;
   one_second.compute_overhead_s = 1;
   one_step_second.step_overhead_s = 1;
   interfering.link_interference = 1;
@@ -299,6 +301,7 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
     for (GemmPoint& g : *curve) g.flops_per_s /= f.gemm_factor;
   hw.gpu_dequant_bw /= f.gemm_factor;
   for (double* bw : {&hw.gpu_attention_bw, &hw.gpu_attention_q4_bw}) *bw /= f.gpu_attention_factor;
+  for (GemmPoint& g : hw.gpu_prefill_attention) g.flops_per_s /= f.gpu_attention_factor;
   for (double* bw : {&hw.cpu_attention_bw, &hw.cpu_attention_q4_bw}) *bw /= f.cpu_attention_factor;  // 0 (unmeasured) stays 0
   hw.compute_overhead_s = f.overhead_s;
   hw.step_overhead_s = f.step_overhead_s;

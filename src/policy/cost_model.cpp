@@ -242,8 +242,13 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   add(P[DTOC], Ap_moved / dtoc, {HD});
   add(P[CTOD], cache_prefill / ctod, {CD});
   add(P[CTOD], Ap_moved / ctod, {HD});
+  // Attention (QK^T and AV per head): over the causal half at the profile's measured prefill rate,
+  // or, in a profile without one, as GEMMs of s rows over the whole s x s.
+  const double prefill_attention = hw.gpu_prefill_attention.empty()
+                                       ? 4.0 * s * s * cfg.q_dim() / hw.gemm_flops(s, h_dim)
+                                       : 2.0 * s * (s + 1) * cfg.q_dim() / hw.prefill_attention_flops(s);
   P[COMP].constant = bls * s * z.layer_flops_per_token / hw.gemm_flops(std::min(z.step_tokens, gbs * s), h_dim) +
-                     bls * 4.0 * s * s * cfg.q_dim() / hw.gemm_flops(s, h_dim);  // QK^T and AV per head
+                     bls * prefill_attention;
   if (cw) P[COMP].constant += z.layer_weights_fp16 / dequant_bw;
   // The LM head runs after the last layer on the logit rows (a prefill group's last tokens, a
   // decode step's GPU batch): a per-step cost, spread over the layers here so the stage totals

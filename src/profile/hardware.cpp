@@ -230,6 +230,10 @@ double HardwareProfile::gemm_flops(double tokens, double hidden) const {
   return std::exp((1 - f) * std::log(at_h1) + f * std::log(at_h2));
 }
 
+double HardwareProfile::prefill_attention_flops(double prompt_len) const {
+  return gpu_prefill_attention.empty() ? 0 : interpolate(gpu_prefill_attention, prompt_len, name, "gpu_prefill_attention");
+}
+
 double HardwareProfile::cpu_gemm_flops(double tokens) const { return interpolate(cpu_gemm, tokens, name, "cpu_gemm"); }
 
 double HardwareProfile::cpu_gemm_q4_flops(double tokens) const {
@@ -249,7 +253,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
                      "gpu_to_cpu_bw", "disk_to_cpu_bw", "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw",
                      "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw", "gpu_attention_q4_bw", "cpu_attention_q4_bw", "cpu_weight_bw",
                      "cpu_weight_q4_bw", "cpu_gemm", "cpu_gemm_q4", "compute_dtype", "gpu_gemm_hidden", "gpu_gemm2",
-                     "gpu_gemm2_hidden",
+                     "gpu_gemm2_hidden", "gpu_prefill_attention",
                      "compute_overhead_s", "step_overhead_s", "link_interference", "overlap_slowdown", "calibrated"},
               "");
   for (const char* required : {"gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw", "gpu_to_cpu_bw", "disk_to_cpu_bw",
@@ -282,6 +286,8 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
       r.fail(root["gpu_gemm2"], "field 'gpu_gemm2' needs 'gpu_gemm_hidden', the hidden size gpu_gemm was measured at");
   }
   if (root["gpu_gemm2_hidden"]) hw.gpu_gemm2_hidden = r.number(root["gpu_gemm2_hidden"], "gpu_gemm2_hidden", 1e6);
+  if (root["gpu_prefill_attention"])
+    hw.gpu_prefill_attention = r.gemm_curve(root["gpu_prefill_attention"], "gpu_prefill_attention");
   hw.gpu_attention_bw = r.bandwidth(root["gpu_attention_bw"], "gpu_attention_bw");
   hw.cpu_attention_bw = r.bandwidth(root["cpu_attention_bw"], "cpu_attention_bw");
   hw.cpu_flops = r.flops(root["cpu_flops"], "cpu_flops");
@@ -328,8 +334,9 @@ std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
   per_s("gpu_to_cpu_bw", hw.gpu_to_cpu_bw, "B/s");
   per_s("disk_to_cpu_bw", hw.disk_to_cpu_bw, "B/s");
   per_s("cpu_to_disk_bw", hw.cpu_to_disk_bw, "B/s");
-  auto curve = [&](const char* key, const std::vector<GemmPoint>& points, const char* what) {
-    os << key << ":  # " << what << " by tokens (rows of x in x @ w^T)\n";
+  auto curve = [&](const char* key, const std::vector<GemmPoint>& points, const char* what,
+                   const char* by = "by tokens (rows of x in x @ w^T)") {
+    os << key << ":  # " << what << " " << by << "\n";
     for (const GemmPoint& p : points)
       os << "  - {tokens: " << number(p.tokens) << ", flops_per_s: " << number(p.flops_per_s) << "}  # "
          << format_rate(p.flops_per_s, "FLOP/s") << "\n";
@@ -340,6 +347,9 @@ std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
     curve("gpu_gemm2", hw.gpu_gemm2, "the same over layers of gpu_gemm2_hidden");
     os << "gpu_gemm2_hidden: " << number(hw.gpu_gemm2_hidden) << "\n";
   }
+  if (!hw.gpu_prefill_attention.empty())
+    curve("gpu_prefill_attention", hw.gpu_prefill_attention, "causal prefill attention (QK^T and AV)",
+          "by prompt length (tokens: s)");
   per_s("gpu_attention_bw", hw.gpu_attention_bw, "B/s of KV cache");
   per_s("cpu_attention_bw", hw.cpu_attention_bw, "B/s of KV cache");
   per_s("cpu_flops", hw.cpu_flops, "FLOP/s");

@@ -72,6 +72,9 @@ struct Settings {
   int reps;                          // timed samples per kernel measurement
   double min_sample_s;               // back-to-back calls per sample, so short kernels time well
   int64_t attn_slots, attn_context;  // decode attention: sequences x cached tokens
+  // Prefill attention: prompt lengths, each over enough sequences for prefill_tokens in all.
+  std::vector<int64_t> prefill_lens;
+  int64_t prefill_tokens;
 };
 
 Settings settings_for(bool quick, bool on_gpu) {
@@ -90,6 +93,8 @@ Settings settings_for(bool quick, bool on_gpu) {
     s.min_sample_s = 0.002;
     s.attn_slots = on_gpu ? 16 : 8;
     s.attn_context = 512;
+    s.prefill_lens = {128, 512};
+    s.prefill_tokens = 1024;
   } else {
     s.copy_bytes = size_t(1) << 30;
     s.copy_reps = 5;
@@ -109,6 +114,9 @@ Settings settings_for(bool quick, bool on_gpu) {
     s.min_sample_s = 0.02;
     s.attn_slots = on_gpu ? 64 : 16;
     s.attn_context = 1024;
+    // The CPU backend's kernel takes ~0.1 s for one 1024-token prompt; a GPU reaches long contexts.
+    s.prefill_lens = on_gpu ? std::vector<int64_t>{128, 512, 2048, 8192} : std::vector<int64_t>{128, 512, 1024};
+    s.prefill_tokens = on_gpu ? 8192 : 1024;
   }
   return s;
 }
@@ -350,6 +358,45 @@ struct Profiler {
     return bw;
   }
 
+  // Causal prefill attention by prompt length: each sequence's s query rows against its own s
+  // cached positions (the runtime's prefill step after kv_store), over max(1, prefill_tokens / s)
+  // sequences, 32 heads of 128, in FLOP/s of QK^T and AV over the causal half (2 s (s + 1) per head
+  // dimension and sequence).
+  std::vector<GemmPoint> prefill_attention(Backend& be, DType dt, size_t free_bytes, const char* label) {
+    const size_t es = dtype_size(dt);
+    const int64_t heads = 32, d = 128;
+    std::vector<GemmPoint> curve;
+    for (int64_t len : s.prefill_lens) {
+      const int64_t seqs = std::max<int64_t>(1, s.prefill_tokens / len), T = seqs * len;
+      const size_t rows_bytes = size_t(T * heads * d) * es;  // q, out, and K and V's caches alike
+      if (4 * rows_bytes > free_bytes / 2) break;
+      Buffer ck = be.alloc(rows_bytes), cv = be.alloc(rows_bytes), qo = be.alloc(2 * rows_bytes);
+      fill_random(be, ck, 6, dt);
+      fill_random(be, cv, 7, dt);
+      fill_random(be, qo, 8, dt);
+      std::vector<int32_t> host_idx(size_t(2 * T));
+      for (int64_t t = 0; t < T; ++t) {
+        host_idx[size_t(t)] = int32_t(t / len);        // slots
+        host_idx[size_t(T + t)] = int32_t(t % len);    // positions
+      }
+      Buffer idx = be.alloc(host_idx.size() * 4);
+      be.copy_to_device(idx.data(), host_idx.data(), host_idx.size() * 4);
+      const Tensor slot_t = idx.view(0, DType::I32, {T}), pos_t = idx.view(size_t(T) * 4, DType::I32, {T});
+      const Tensor cache_k = ck.view(0, dt, {seqs, len, heads, d}), cache_v = cv.view(0, dt, {seqs, len, heads, d});
+      const Tensor q = qo.view(0, dt, {T, heads, d}), out = qo.view(rows_bytes, dt, {T, heads, d});
+      const float scale = float(1.0 / std::sqrt(double(d)));
+      const double sec = time_op(be, s.reps, s.min_sample_s, [&] { be.attention(q, cache_k, cache_v, slot_t, pos_t, scale, out); });
+      const double flops = round4(double(seqs) * 2.0 * double(len) * double(len + 1) * double(heads * d) / sec);
+      curve.push_back({double(len), flops});
+      char ms[32];
+      std::snprintf(ms, sizeof ms, "%.3g ms", sec * 1e3);
+      say(std::string(label) + " prefill attention, prompt " + std::to_string(len) + " x " + std::to_string(seqs) +
+          ": " + format_rate(flops, "FLOP/s") + " (" + ms + ", " + std::to_string(heads) + " heads of " +
+          std::to_string(d) + ", " + dtype_name(dt) + ")");
+    }
+    return curve;
+  }
+
   // Seconds of a CPU linear over one [rows, h] weight matrix stored in `wdt` (with `q4`, as 4-bit
   // group-64 codes) for each of `tokens`: the CPU tier's weights in the CPU's hands, as experts
   // computed where they live (cpu_experts). rows = 4h, fewer where memory is short.
@@ -501,6 +548,7 @@ HardwareProfile profile_machine(const ProfileOptions& opt) {
       p.attention(dev, cache_dt, p.s.attn_slots, p.s.attn_context, p.dev_free, on_gpu ? "gpu" : "cpu");
   hw.gpu_attention_q4_bw =
       p.attention(dev, cache_dt, p.s.attn_slots, p.s.attn_context, p.dev_free, on_gpu ? "gpu" : "cpu", true);
+  hw.gpu_prefill_attention = p.prefill_attention(dev, cache_dt, p.dev_free, on_gpu ? "gpu" : "cpu");
   hw.gpu_dequant_bw = p.dequant(dev, p.s.hidden, on_gpu ? "gpu" : "cpu");
   if (on_gpu) {
     // The CPU attends to the offloaded cache as the GPU wrote it (fp16); an fp32 figure overstated

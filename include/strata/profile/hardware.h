@@ -56,6 +56,11 @@ struct HardwareProfile {
   double gpu_gemm2_hidden = 0;
   double gpu_attention_bw = 0, cpu_attention_bw = 0;
   double cpu_flops = 0;
+  // Optional (empty = unknown): causal prefill attention on the GPU by prompt length (`tokens`
+  // holds the prompt's s), in FLOP/s of its QK^T and AV (2 s (s + 1) q_dim per sequence and layer),
+  // measured over 32 heads of 128. Unknown, the cost model prices it as a GEMM of s rows over the
+  // whole s x s (the bare rate the CPU backend's own kernel ran 2.3-3.1x slower than, 2026-11-28).
+  std::vector<GemmPoint> gpu_prefill_attention;
 
   // Optional (0 = unknown): 4-bit (group 64) dequantization of a weight matrix on the GPU, bytes of
   // output (compute_dtype) per second; decode attention over a 4-bit (group 64) cache on the GPU
@@ -102,6 +107,9 @@ struct HardwareProfile {
   // The same for the layers of a model of hidden size `hidden`: between gpu_gemm and gpu_gemm2
   // where the profile has both, gemm_flops(tokens) otherwise.
   double gemm_flops(double tokens, double hidden) const;
+  // FLOP/s of causal prefill attention over a prompt of `prompt_len` (gpu_prefill_attention,
+  // interpolated as gpu_gemm); 0 where the profile has no such curve.
+  double prefill_attention_flops(double prompt_len) const;
   // The same on cpu_gemm and cpu_gemm_q4. Throw when empty.
   double cpu_gemm_flops(double tokens) const;
   double cpu_gemm_q4_flops(double tokens) const;
