@@ -299,7 +299,7 @@ public:
           for (int64_t i = i0; i < i1; ++i) p[i] = std::max(p[i], 0.0f);
           break;
         case Activation::GELU:  // exact erf form, as transformers' "gelu"
-          for (int64_t i = i0; i < i1; ++i) p[i] = 0.5f * p[i] * (1.0f + std::erf(p[i] * float(M_SQRT1_2)));
+          cpu::gelu_inplace(p + i0, i1 - i0);
           break;
       }
     });
