@@ -46,13 +46,14 @@ CalibrationSample run_on(const HardwareProfile& truth, const std::string& name, 
   return s;
 }
 
-// `base` with GEMMs (and dequantization) `gemm` times, the GPU tier's attention (decode's, and
+// `base` with GEMMs (and dequantization and elementwise work) `gemm` times, the GPU tier's attention (decode's, and
 // prefill's where measured) `attention` times and attention delegated to the CPU `cpu_attention`
 // times (default: `attention`) slower.
 HardwareProfile slower_compute(const HardwareProfile& base, double gemm, double attention, double cpu_attention = 0) {
   HardwareProfile hw = base;
   for (GemmPoint& g : hw.gpu_gemm) g.flops_per_s /= gemm;
   hw.gpu_dequant_bw /= gemm;
+  hw.gpu_elementwise_s *= gemm;
   hw.gpu_attention_bw /= attention;
   for (GemmPoint& g : hw.gpu_prefill_attention) g.flops_per_s /= attention;
   hw.cpu_attention_bw /= cpu_attention > 0 ? cpu_attention : attention;
@@ -188,6 +189,7 @@ TEST_CASE("a measured prefill attention rate is fitted with the GPU tier's decod
   // scales the prefill curve too, and the GEMMs' factor leaves it alone.
   HardwareProfile base = machine();
   base.gpu_prefill_attention = {{32, 0.5e12}, {512, 2e12}};
+  base.gpu_elementwise_s = 1e-11;  // the GEMMs' factor scales the elementwise work too
   const HardwareProfile truth = slower_compute(base, 1.3, 2.2);
   const std::vector<CalibrationSample> runs = {
       run_on(truth, "all on gpu", policy_of(8, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0})),
@@ -201,6 +203,7 @@ TEST_CASE("a measured prefill attention rate is fitted with the GPU tier's decod
   CHECK(f.gpu_attention_factor == Approx(2.2).epsilon(1e-6));
   REQUIRE(f.profile.gpu_prefill_attention.size() == 2);
   CHECK(f.profile.gpu_prefill_attention[1].flops_per_s == Approx(2e12 / 2.2).epsilon(1e-6));
+  CHECK(f.profile.gpu_elementwise_s == Approx(1.3e-11).epsilon(1e-6));
   for (double e : f.error_after) CHECK(std::fabs(e) < 1e-6);
   // Priced as a GEMM instead (the profile without the curve), the same runs fit worse.
   HardwareProfile unmeasured = base;

@@ -97,6 +97,13 @@ TEST_CASE("per-layer terms of a CPU-offloading policy", "[cost]") {
   const double measured_attn = 32 * 2.0 * 512 * 513 * h / 3e12;  // 22.9 ms
   CHECK(m.prefill.terms[COMP] == Approx(prefill_gemm + measured_attn + prefill_head));
   CHECK(m.decode.terms[COMP] == Approx(r.decode.terms[COMP]));  // decode attention is the cache's bandwidth
+  // A measured elementwise rate: 2 ns per token and hidden unit, for the prompt's 32 x 512 tokens
+  // in prefill and the block's 32 in each decode step.
+  HardwareProfile elementwise = hw;
+  elementwise.gpu_elementwise_s = 2e-9;
+  const Prediction e = evaluate(opt67(), p, wl, elementwise);
+  CHECK(e.prefill.terms[COMP] == Approx(r.prefill.terms[COMP] + 32 * 512 * h * 2e-9));  // + 134 ms
+  CHECK(e.decode.terms[COMP] == Approx(r.decode.terms[COMP] + 32 * h * 2e-9));          // + 0.26 ms
   // Decode: weights and the whole cache come over PCIe for GPU attention; the new K, V go back.
   CHECK(r.decode.terms[CTOG] == Approx((0.75 * W + cache_avg) / 10e9));     // 57.9 ms
   CHECK(r.decode.terms[GTOC] == Approx(32 * 4 * h / 10e9));

@@ -217,7 +217,7 @@ TEST_CASE("the CPU weight terms are optional, and a bad CPU linear curve names i
                     Catch::Contains("hw.yaml:16: field 'cpu_weight_bw' must be a bandwidth"));
 }
 
-TEST_CASE("the prefill attention curve round-trips and interpolates by prompt length", "[hardware]") {
+TEST_CASE("the prefill attention curve and the elementwise rate round-trip", "[hardware]") {
   HardwareProfile hw = sample();
   CHECK(hw.prefill_attention_flops(512) == 0);  // unknown: the cost model's fallback prices it
   hw.gpu_prefill_attention = {{128, 50e9}, {512, 70e9}, {2048, 90e9}};
@@ -232,8 +232,14 @@ TEST_CASE("the prefill attention curve round-trips and interpolates by prompt le
   REQUIRE(back.gpu_prefill_attention.size() == 3);
   CHECK(back.gpu_prefill_attention[2].tokens == 2048);
   CHECK(back.gpu_prefill_attention[2].flops_per_s == 90e9);
-  // Every profile before it loads without one; a malformed one is named with its line.
+  // The elementwise rate rides along.
+  hw.gpu_elementwise_s = 4.5e-9;
+  CHECK(parse_hardware_profile(hardware_profile_to_yaml(hw), "back.yaml").gpu_elementwise_s == 4.5e-9);
+  CHECK_THROWS_WITH(parse_hardware_profile(with_units("gpu_elementwise_s: -1\n"), "hw.yaml"),
+                    Catch::Contains("hw.yaml:16: field 'gpu_elementwise_s' must be a number from 0 to 1"));
+  // Every profile before them loads without either; a malformed curve is named with its line.
   CHECK(parse_hardware_profile(with_units(), "hw.yaml").gpu_prefill_attention.empty());
+  CHECK(parse_hardware_profile(with_units(), "hw.yaml").gpu_elementwise_s == 0);
   CHECK_THROWS_WITH(parse_hardware_profile(with_units("gpu_prefill_attention: []\n"), "hw.yaml"),
                     Catch::Contains("hw.yaml:16: field 'gpu_prefill_attention' must be a non-empty list"));
   CHECK_THROWS_WITH(

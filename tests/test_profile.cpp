@@ -70,6 +70,8 @@ void check_sane(const HardwareProfile& hw) {
   const double bytes = double(dtype_size(hw.compute_dtype));
   CHECK(hw.cpu_weight_bw == Approx(hw.cpu_gemm[1].flops_per_s / 4 * bytes).epsilon(1e-3));
   CHECK(hw.cpu_weight_q4_bw == Approx(hw.cpu_gemm_q4[1].flops_per_s / 4 * bytes).epsilon(1e-3));
+  // A layer's elementwise work: between 1 ps (a GPU's HBM) and 1 us per token and hidden unit.
+  CHECK(plausible(hw.gpu_elementwise_s, 1e-12, 1e-6));
   // Causal prefill attention from a 128-token prompt up (128 and 512 in a quick profile).
   REQUIRE(hw.gpu_prefill_attention.size() >= 2);
   CHECK(hw.gpu_prefill_attention.front().tokens == 128);
@@ -110,6 +112,7 @@ void check_round_trip(const HardwareProfile& hw) {
   CHECK(back.cpu_attention_q4_bw == hw.cpu_attention_q4_bw);
   CHECK(back.cpu_weight_bw == hw.cpu_weight_bw);
   CHECK(back.cpu_weight_q4_bw == hw.cpu_weight_q4_bw);
+  CHECK(back.gpu_elementwise_s == hw.gpu_elementwise_s);
   REQUIRE(back.gpu_prefill_attention.size() == hw.gpu_prefill_attention.size());
   for (size_t i = 0; i < hw.gpu_prefill_attention.size(); ++i) {
     CHECK(back.gpu_prefill_attention[i].tokens == hw.gpu_prefill_attention[i].tokens);

@@ -300,6 +300,7 @@ CalibrationFit fit(const HardwareProfile& base, const std::vector<CalibrationSam
   for (std::vector<GemmPoint>* curve : {&hw.gpu_gemm, &hw.gpu_gemm2})
     for (GemmPoint& g : *curve) g.flops_per_s /= f.gemm_factor;
   hw.gpu_dequant_bw /= f.gemm_factor;
+  hw.gpu_elementwise_s *= f.gemm_factor;  // the compute lane's own work, with the GEMMs
   for (double* bw : {&hw.gpu_attention_bw, &hw.gpu_attention_q4_bw}) *bw /= f.gpu_attention_factor;
   for (GemmPoint& g : hw.gpu_prefill_attention) g.flops_per_s /= f.gpu_attention_factor;
   for (double* bw : {&hw.cpu_attention_bw, &hw.cpu_attention_q4_bw}) *bw /= f.cpu_attention_factor;  // 0 (unmeasured) stays 0

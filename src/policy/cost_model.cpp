@@ -247,8 +247,11 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   const double prefill_attention = hw.gpu_prefill_attention.empty()
                                        ? 4.0 * s * s * cfg.q_dim() / hw.gemm_flops(s, h_dim)
                                        : 2.0 * s * (s + 1) * cfg.q_dim() / hw.prefill_attention_flops(s);
+  // A layer's elementwise work (norms, residual adds, the activation) for each token, at the
+  // profile's measured seconds per token and hidden unit (0 in a profile without it).
+  const double elementwise_per_token = hw.gpu_elementwise_s * h_dim;
   P[COMP].constant = bls * s * z.layer_flops_per_token / hw.gemm_flops(std::min(z.step_tokens, gbs * s), h_dim) +
-                     bls * prefill_attention;
+                     bls * prefill_attention + bls * s * elementwise_per_token;
   if (cw) P[COMP].constant += z.layer_weights_fp16 / dequant_bw;
   // The LM head runs after the last layer on the logit rows (a prefill group's last tokens, a
   // decode step's GPU batch): a per-step cost, spread over the layers here so the stage totals
@@ -298,6 +301,7 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   add(D[CTOD], cache_new / ctod, {CD});
   add(D[CTOD], Ag_moved / ctod, {HD});
   D[COMP].constant = bls * (z.layer_flops_per_token + head_flops / l) / hw.gemm_flops(gbs, h_dim) +
+                     bls * elementwise_per_token +
                      (hw.compute_overhead_s + hw.step_overhead_s / l) * ngb;  // calibrated: per GPU batch (and layer)
   if (experts_d) add_mlp(D[COMP], -bls * z.mlp_flops_per_token / hw.gemm_flops(gbs, h_dim), Tier::Cpu);
   // What of it waits for delegated attention (compute_stage): all but the attention half's GEMMs;

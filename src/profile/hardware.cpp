@@ -253,7 +253,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
                      "gpu_to_cpu_bw", "disk_to_cpu_bw", "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw",
                      "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw", "gpu_attention_q4_bw", "cpu_attention_q4_bw", "cpu_weight_bw",
                      "cpu_weight_q4_bw", "cpu_gemm", "cpu_gemm_q4", "compute_dtype", "gpu_gemm_hidden", "gpu_gemm2",
-                     "gpu_gemm2_hidden", "gpu_prefill_attention",
+                     "gpu_gemm2_hidden", "gpu_prefill_attention", "gpu_elementwise_s",
                      "compute_overhead_s", "step_overhead_s", "link_interference", "overlap_slowdown", "calibrated"},
               "");
   for (const char* required : {"gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw", "gpu_to_cpu_bw", "disk_to_cpu_bw",
@@ -291,6 +291,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   hw.gpu_attention_bw = r.bandwidth(root["gpu_attention_bw"], "gpu_attention_bw");
   hw.cpu_attention_bw = r.bandwidth(root["cpu_attention_bw"], "cpu_attention_bw");
   hw.cpu_flops = r.flops(root["cpu_flops"], "cpu_flops");
+  if (root["gpu_elementwise_s"]) hw.gpu_elementwise_s = r.number(root["gpu_elementwise_s"], "gpu_elementwise_s", 1.0);
   if (root["gpu_dequant_bw"]) hw.gpu_dequant_bw = r.bandwidth(root["gpu_dequant_bw"], "gpu_dequant_bw", true);
   if (root["gpu_attention_q4_bw"])
     hw.gpu_attention_q4_bw = r.bandwidth(root["gpu_attention_q4_bw"], "gpu_attention_q4_bw", true);
@@ -357,6 +358,8 @@ std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
     if (v > 0) per_s(key, v, unit);
     else os << key << ": 0  # not measured\n";
   };
+  if (hw.gpu_elementwise_s > 0)
+    os << "gpu_elementwise_s: " << number(hw.gpu_elementwise_s) << "  # per token and hidden unit of a layer's norms, adds and activation\n";
   optional("gpu_dequant_bw", hw.gpu_dequant_bw, "B/s of output in compute_dtype");
   optional("gpu_attention_q4_bw", hw.gpu_attention_q4_bw, "B/s of the uncompressed KV cache it stands for");
   optional("cpu_attention_q4_bw", hw.cpu_attention_q4_bw, "B/s of the uncompressed KV cache it stands for");

@@ -448,6 +448,39 @@ struct Profiler {
   // 4-bit (group 64) dequantization of one h x 4h matrix through the backend's kernel, in bytes of
   // output (the compute dtype) per second (what the runtime does once per (token, sub-layer) for
   // long steps).
+  // A layer's elementwise work outside its GEMMs and attention, as the runtime runs it for T
+  // tokens: two layer norms, two residual adds and the MLP's GELU over [T, 4h]; in seconds per
+  // token and hidden unit (it grows as T h, where the GEMMs grow as T h^2).
+  double elementwise(Backend& be, int64_t h, size_t free_bytes, const char* label) {
+    const DType dt = be.activation_dtype();
+    const size_t es = dtype_size(dt);
+    int64_t T = 1024;
+    while (T > 64 && size_t(8 * T * h) * es > free_bytes / 4) T /= 2;
+    Buffer xb = be.alloc(size_t(3 * T * h) * es), mb = be.alloc(size_t(4 * T * h) * es), wb = be.alloc(size_t(2 * h) * es);
+    fill_random(be, xb, 9, dt);
+    fill_random(be, mb, 10, dt);
+    fill_random(be, wb, 11, dt);
+    const size_t rows = size_t(T * h) * es;
+    const Tensor x = xb.view(0, dt, {T, h}), y = xb.view(rows, dt, {T, h}), n = xb.view(2 * rows, dt, {T, h});
+    const Tensor mid = mb.view(0, dt, {T, 4 * h}), w = wb.view(0, dt, {h}), b = wb.view(size_t(h) * es, dt, {h});
+    // Each call leaves x = norm output + y, so repeated calls stay bounded. Repeated GELU shrinks
+    // values in (0, 1) about 2x a call: the CPU's few calls per sample stay far from fp32's
+    // subnormals (which would slow it), and a GPU's fp16 ones cost it nothing.
+    const double sec = time_op(be, s.reps, s.min_sample_s, [&] {
+      be.layer_norm(x, w, b, 1e-5f, n);
+      be.add(x, y, x);
+      be.layer_norm(x, w, b, 1e-5f, n);
+      be.activation(Activation::GELU, mid);
+      be.add(n, y, x);
+    });
+    const double per = sec / double(T * h);
+    char ns[48];
+    std::snprintf(ns, sizeof ns, "%.3g ns", per * 1e9);
+    say(std::string(label) + " elementwise work of a layer: " + ns + " per token and hidden unit (" + std::to_string(T) +
+        " tokens, h = " + std::to_string(h) + ", " + dtype_name(dt) + ")");
+    return per;
+  }
+
   double dequant(Backend& be, int64_t h, const char* label) {
     const DType dt = be.activation_dtype();
     const int64_t rows = 4 * h;
@@ -550,6 +583,7 @@ HardwareProfile profile_machine(const ProfileOptions& opt) {
       p.attention(dev, cache_dt, p.s.attn_slots, p.s.attn_context, p.dev_free, on_gpu ? "gpu" : "cpu", true);
   hw.gpu_prefill_attention = p.prefill_attention(dev, cache_dt, p.dev_free, on_gpu ? "gpu" : "cpu");
   hw.gpu_dequant_bw = p.dequant(dev, p.s.hidden, on_gpu ? "gpu" : "cpu");
+  hw.gpu_elementwise_s = p.elementwise(dev, p.s.hidden, p.dev_free, on_gpu ? "gpu" : "cpu");
   if (on_gpu) {
     // The CPU attends to the offloaded cache as the GPU wrote it (fp16); an fp32 figure overstated
     // it 3x on the first H100 run (74 GB/s profiled, 24 GB/s in the engine).

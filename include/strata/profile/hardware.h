@@ -62,6 +62,13 @@ struct HardwareProfile {
   // whole s x s (the bare rate the CPU backend's own kernel ran 2.3-3.1x slower than, 2026-11-28).
   std::vector<GemmPoint> gpu_prefill_attention;
 
+  // Optional (0 = unknown): seconds per token and hidden unit of a layer's elementwise work
+  // outside its GEMMs and attention (two norms, two residual adds, the MLP's activation over 4h),
+  // measured at h = gpu_gemm_hidden. It grows as tokens x h where the GEMMs grow as tokens x h^2,
+  // so it is a larger share of a narrow model's layer (OPT-125M's prefill: 10 ns per token and
+  // hidden unit on the 2-core VM before the GELU was vectorized, 6% of its time after).
+  double gpu_elementwise_s = 0;
+
   // Optional (0 = unknown): 4-bit (group 64) dequantization of a weight matrix on the GPU, bytes of
   // output (compute_dtype) per second; decode attention over a 4-bit (group 64) cache on the GPU
   // and on the CPU, in bytes of the uncompressed (compute_dtype) cache it stands for per second
