@@ -445,9 +445,6 @@ struct Profiler {
     return curve;
   }
 
-  // 4-bit (group 64) dequantization of one h x 4h matrix through the backend's kernel, in bytes of
-  // output (the compute dtype) per second (what the runtime does once per (token, sub-layer) for
-  // long steps).
   // A layer's elementwise work outside its GEMMs and attention, as the runtime runs it for T
   // tokens: two layer norms, two residual adds and the MLP's GELU over [T, 4h]; in seconds per
   // token and hidden unit (it grows as T h, where the GEMMs grow as T h^2).
@@ -481,6 +478,9 @@ struct Profiler {
     return per;
   }
 
+  // 4-bit (group 64) dequantization of one h x 4h matrix through the backend's kernel, in bytes of
+  // output (the compute dtype) per second (what the runtime does once per (token, sub-layer) for
+  // long steps).
   double dequant(Backend& be, int64_t h, const char* label) {
     const DType dt = be.activation_dtype();
     const int64_t rows = 4 * h;
