@@ -59,14 +59,14 @@ struct HardwareProfile {
   // Optional (empty = unknown): causal prefill attention on the GPU by prompt length (`tokens`
   // holds the prompt's s), in FLOP/s of its QK^T and AV (2 s (s + 1) q_dim per sequence and layer),
   // measured over 32 heads of 128. Unknown, the cost model prices it as a GEMM of s rows over the
-  // whole s x s (the bare rate the CPU backend's own kernel ran 2.3-3.1x slower than, 2026-11-28).
+  // whole s x s (at s = 128 the CPU backend's own kernel takes 2.1x that, 2026-11-28).
   std::vector<GemmPoint> gpu_prefill_attention;
 
   // Optional (0 = unknown): seconds per token and hidden unit of a layer's elementwise work
   // outside its GEMMs and attention (two norms, two residual adds, the MLP's activation over 4h),
   // measured at h = gpu_gemm_hidden. It grows as tokens x h where the GEMMs grow as tokens x h^2,
-  // so it is a larger share of a narrow model's layer (OPT-125M's prefill: 10 ns per token and
-  // hidden unit on the 2-core VM before the GELU was vectorized, 6% of its time after).
+  // so it is a larger share of a narrow model's layer (on the 2-core VM, 8.0-8.3 ns per token and
+  // hidden unit at h = 4096: bench/results/2026-11-28-cpu-prefill-attention.md).
   double gpu_elementwise_s = 0;
 
   // Optional (0 = unknown): 4-bit (group 64) dequantization of a weight matrix on the GPU, bytes of

@@ -234,9 +234,9 @@ inline float exp_shifted_sum(float* x, int64_t n, float mx) {
 // x[i] = x Phi(x) = x (1 + erf(x / sqrt 2)) / 2 for n values in place: transformers' exact "gelu".
 // Eight at a time, erfc(z) for z = |x| / sqrt 2 by Abramowitz and Stegun 7.1.26 (a degree-5
 // polynomial in t = 1 / (1 + p z) times e^(-z^2): |error| <= 1.5e-7), so a value is within
-// 0.75e-7 |x| and a few ulp of the float64 one (tests/test_cpu_gelu.cpp). The scalar std::erf
-// took 1.8 ns a value on two cores, 6 ms of each OPT-125M layer's 1024-token prefill (a tenth of
-// it); this takes a quarter of that (2026-11-28, 2-core VM).
+// 0.75e-7 |x| and a few ulp of the float64 one (tests/test_cpu_gelu.cpp). About 4x the scalar
+// std::erf on the 2-core VM, where that was a tenth of OPT-125M's prefill (2026-11-28,
+// bench/results/2026-11-28-cpu-prefill-attention.md).
 inline void gelu_inplace(float* x, int64_t n) {
   int64_t i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
