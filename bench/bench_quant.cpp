@@ -2,18 +2,24 @@
 //  1. kernels on the device backend, 4-bit group 64 over an [f, h] and an [h, f] weight:
 //     - dequantize_rows: bytes read (codes) + written (fp output) per second, against the device's
 //       copy bandwidth (read + write);
-//     - the fused quantized linear at T tokens: code bytes read per second against the copy
+//     - the quantized linear at T tokens: code bytes read per second against the copy
 //       bandwidth, and its time against the uncompressed linear of the same shape, alone and after
-//       dequantizing the matrix (the runtime's path beyond the fused limit);
+//       dequantizing the matrix (the engine's path beyond the fused limit); a mixture of experts'
+//       expert matrices;
 //     - quantization at load on the host (fp16 rows to codes, one thread);
 //  2. the decode step of a model through the offloading engine with its weights on the CPU tier
 //     and on disk, compressed (4-bit g64) and not: step time and bytes per step on each link.
+//  1b. with --beside-sgemm: the linear over codes of the first matrix on the CPU, alone and beside
+//     another thread's sgemm loop (the CPU lane's experts beside the CPU backend's compute).
 // Usage: bench_quant [--model dummy:opt-1.3b] [--device auto] [--batch 8] [--gen-len 8]
 //                    [--prompt-len 32] [--offload-dir DIR] [--skip-disk] [--skip-engine]
+//                    [--beside-sgemm]
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench_common.h"
@@ -34,13 +40,14 @@ namespace {
 
 struct Args : bench::EngineArgs {
   bool skip_engine = false;
+  bool beside_sgemm = false;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
   a.batch = 8;
   a.gen_len = 8;
-  bench::parse_engine_args(argc, argv, a, {{"--skip-engine", &a.skip_engine}});
+  bench::parse_engine_args(argc, argv, a, {{"--skip-engine", &a.skip_engine}, {"--beside-sgemm", &a.beside_sgemm}});
   return a;
 }
 
@@ -110,7 +117,10 @@ void kernels(Backend& be, int64_t out, int64_t in, double copy_gbps) {
 
   const int64_t max_t = be.fused_dequant_max_tokens();
   std::vector<int64_t> tokens{1};
-  for (int64_t T : {int64_t(4), int64_t(8), max_t})  // 8: where the fused kernel's lead ends on a GPU
+  // 8: where the fused kernel's lead ends on a GPU; 24 to 64: a caller's linear over codes beyond
+  // the engine's limit (experts computed on the CPU), which the CPU backend dequantizes in blocks
+  // beyond 24 tokens (cpu_backend.cpp).
+  for (int64_t T : {int64_t(4), int64_t(8), max_t, int64_t(24), int64_t(32), int64_t(64)})
     if (T > tokens.back()) tokens.push_back(T);
   for (int64_t T : tokens) {
     Buffer xb = be.alloc(size_t(T * in) * es), yb = be.alloc(size_t(T * out) * es);
@@ -121,10 +131,50 @@ void kernels(Backend& be, int64_t out, int64_t in, double copy_gbps) {
     // What the runtime does instead above fused_dequant_max_tokens() (engine_steps.cpp).
     const double deq_fp_s = deq_s + fp_s;
     const double gbps = double(code_bytes) / fused_s / 1e9;
-    std::printf("  fused linear T=%-3lld %.3f ms: codes at %.1f GB/s = %.0f%% of copy bandwidth; %s linear %.3f ms "
+    std::printf("  linear over codes T=%-3lld %.3f ms: codes at %.1f GB/s = %.0f%% of copy bandwidth; %s linear %.3f ms "
                 "(%.2fx), dequantize + %s linear %.3f ms (%.2fx)\n",
                 (long long)T, 1e3 * fused_s, gbps, 100 * gbps / copy_gbps, dtype_name(dt), 1e3 * fp_s, fp_s / fused_s,
                 dtype_name(dt), 1e3 * deq_fp_s, deq_fp_s / fused_s);
+  }
+}
+
+// The linear over codes of one [out, in] matrix at a few token counts, alone and while another
+// thread runs a 256-token GEMM over an [h, h] matrix on a second CPU backend without pause: what
+// the CPU lane's experts meet where the CPU backend stands in for the GPU (mean of ~1 s of calls).
+void beside_sgemm(int64_t out, int64_t in, int64_t h) {
+  const quant::QuantSpec spec{4, 64};
+  auto be = make_cpu_backend(0), other = make_cpu_backend(0);
+  Buffer wb = be->alloc(size_t(out * in) * 4), qb = be->alloc(size_t(out) * quant::row_bytes(spec, in));
+  fill(*be, wb.view(0, DType::F32, {out, in}), 1);
+  be->quantize_rows(spec, wb.view(0, DType::F32, {out, in}), qb.data());
+  const Tensor wq = Tensor::quantized(qb.data(), DType::Q4, spec.group_size, Device::CPU, {out, in});
+  const int64_t gT = 256;
+  Buffer gx = other->alloc(size_t(gT * h) * 4), gw = other->alloc(size_t(h * h) * 4), gy = other->alloc(size_t(gT * h) * 4);
+  fill(*other, gx.view(0, DType::F32, {gT, h}), 2);
+  fill(*other, gw.view(0, DType::F32, {h, h}), 3);
+  for (bool busy : {false, true}) {
+    std::atomic<bool> stop{false};
+    std::thread lane;
+    if (busy)
+      lane = std::thread([&] {
+        while (!stop) other->linear(gx.view(0, DType::F32, {gT, h}), gw.view(0, DType::F32, {h, h}), Tensor(),
+                                    gy.view(0, DType::F32, {gT, h}));
+      });
+    for (int64_t T : {16, 24, 32, 48}) {
+      Buffer xb = be->alloc(size_t(T * in) * 4), yb = be->alloc(size_t(T * out) * 4);
+      fill(*be, xb.view(0, DType::F32, {T, in}), 4);
+      int calls = 0;
+      const auto t0 = Clock::now();
+      while (seconds(t0, Clock::now()) < 1.0 || calls < 3) {
+        be->linear(xb.view(0, DType::F32, {T, in}), wq, Tensor(), yb.view(0, DType::F32, {T, out}));
+        ++calls;
+      }
+      std::printf("  [%lld x %lld] linear over codes T=%-3lld %s: %.3f ms a call\n", (long long)out, (long long)in,
+                  (long long)T, busy ? "beside another thread's sgemm" : "alone                        ",
+                  1e3 * seconds(t0, Clock::now()) / calls);
+    }
+    stop = true;
+    if (lane.joinable()) lane.join();
   }
 }
 
@@ -172,11 +222,18 @@ int main(int argc, char** argv) try {
   const double copy_gbps = bench::measure_copy_gbps(*be);
   std::printf("model %s on %s (%s); device copy bandwidth (read + write) %.1f GB/s\n", mb.config.name.c_str(),
               be->name(), dtype_name(be->activation_dtype()), copy_gbps);
-  std::printf("\n1. kernels, 4-bit group 64, the model's MLP matrices (fused linear up to %lld tokens)\n",
-              (long long)be->fused_dequant_max_tokens());
-  kernels(*be, mb.config.intermediate, mb.config.hidden, copy_gbps);
-  kernels(*be, mb.config.hidden, mb.config.intermediate, copy_gbps);
-  load_quantization(mb.config.intermediate, mb.config.hidden);
+  std::printf("\n1. kernels, 4-bit group 64, the model's %s matrices (the engine's fused linear up to %lld tokens)\n",
+              mb.config.moe() ? "expert" : "MLP", (long long)be->fused_dequant_max_tokens());
+  // A mixture of experts' matrices are an expert's gate and up as one [2f, h] and its down [h, f].
+  const bool moe = mb.config.moe();
+  const int64_t f = moe ? mb.config.expert_intermediate : mb.config.intermediate, h = mb.config.hidden;
+  kernels(*be, moe ? 2 * f : f, h, copy_gbps);
+  kernels(*be, h, f, copy_gbps);
+  load_quantization(f, h);
+  if (a.beside_sgemm) {
+    std::printf("\n1b. the linear over codes beside another thread's sgemm (CPU backends)\n");
+    beside_sgemm(moe ? 2 * f : f, h, h);
+  }
   if (a.skip_engine) return 0;
   std::printf("\n2. decode step through the offloading engine, batch %d, prompt %d, %d new tokens\n", a.batch,
               a.prompt_len, a.gen_len);

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_quant.h"
@@ -147,6 +148,26 @@ void expect_linear_of_exact_values(const quant::QuantSpec& s, const std::vector<
   CHECK(far == 0);
 }
 
+// A linear over the reference's dequantized fp32 values, summed in any order (sgemv, sgemm): within
+// 1e-5 of the magnitude sum of a double reference (NaN never passes).
+void expect_linear_of_values(const std::vector<float>& values, const std::vector<float>& x,
+                             const std::vector<float>& bias, int64_t T, int64_t out, int64_t in,
+                             const std::vector<float>& got) {
+  int far = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < out; ++o) {
+      double ref = bias[size_t(o)], mag = std::fabs(bias[size_t(o)]);
+      for (int64_t i = 0; i < in; ++i) {
+        const double term = double(x[size_t(t * in + i)]) * double(values[size_t(o * in + i)]);
+        ref += term;
+        mag += std::fabs(term);
+      }
+      if (!(std::fabs(got[size_t(t * out + o)] - ref) <= 1e-5 * mag)) ++far;
+    }
+  INFO(far << " outputs off");
+  CHECK(far == 0);
+}
+
 }  // namespace
 
 TEST_CASE("cpu: a linear over quantized weights computes over the values the reference describes", "[quant][cpu_attention]") {
@@ -181,20 +202,61 @@ TEST_CASE("cpu: a linear over quantized weights computes over the values the ref
             // Both stream each (dequantized) weight row through the same dot product: equal to the bit.
             CHECK(got == want);
           } else {  // sgemv / sgemm sum in another order: within fp32 rounding of a double reference
-            int far = 0;
-            for (int64_t t = 0; t < T; ++t)
-              for (int64_t o = 0; o < out; ++o) {
-                double ref = bias[size_t(o)], mag = std::fabs(bias[size_t(o)]);
-                for (int64_t i = 0; i < in; ++i) {
-                  ref += double(x[size_t(t * in + i)]) * double(q.values[size_t(o * in + i)]);
-                  mag += std::fabs(double(x[size_t(t * in + i)]) * double(q.values[size_t(o * in + i)]));
-                }
-                if (std::fabs(got[size_t(t * out + o)] - ref) > 1e-5 * mag) ++far;
-              }
-            CHECK(far == 0);
+            expect_linear_of_values(q.values, x, bias, T, out, in, got);
           }
         }
       }
+}
+
+TEST_CASE("cpu: a quantized linear over many tokens runs sgemm over blocks of dequantized rows", "[quant]") {
+  // Beyond 24 tokens (cpu_backend.cpp, kLinearCodesMaxTokens) the CPU backend dequantizes about
+  // 16 MB of rows at a time (4M values: 1024 rows of 4096), so 1100 rows take two blocks, the
+  // second partial; a second call reuses the first's buffer.
+  auto be = make_cpu_backend(2);
+  std::mt19937 rng(12);
+  const int64_t in = 4096, out = 1100;
+  for (int bits : {4, 8}) {
+    const quant::QuantSpec s = spec_of(bits, 64);
+    std::vector<float> w = normal(size_t(out * in), rng, 0.2f), bias = normal(size_t(out), rng);
+    Quantized q = quantize(s, w, out, in);
+    const Tensor wq = Tensor::quantized(q.codes.data(), quant::dtype_of(s), 64, Device::CPU, {out, in});
+    for (int64_t T : {25, 40}) {
+      INFO(bits << "-bit g64, T " << T);
+      std::vector<float> x = normal(size_t(T * in), rng), got(size_t(T * out), NAN);
+      be->linear(f32(x, {T, in}), wq, f32(bias, {out}), f32(got, {T, out}));
+      expect_linear_of_values(q.values, x, bias, T, out, in, got);
+    }
+  }
+}
+
+TEST_CASE("cpu: linears from two threads at once, over fp32 weights and over codes, give each thread's results", "[quant]") {
+  // Where the CPU backend stands in for the GPU, the engine's compute and its CPU lane (experts
+  // computed on the CPU) call linear at the same time; their BLAS calls take turns (cpu_backend.cpp).
+  std::mt19937 rng(13);
+  const int64_t in = 512, out = 300, T = 40;
+  std::vector<float> w = normal(size_t(out * in), rng, 0.2f), bias = normal(size_t(out), rng);
+  Quantized q = quantize(spec_of(4, 64), w, out, in);
+  const Tensor wq = Tensor::quantized(q.codes.data(), quant::dtype_of(spec_of(4, 64)), 64, Device::CPU, {out, in});
+  const Tensor wf = f32(w, {out, in});
+  std::vector<float> x = normal(size_t(T * in), rng);
+  const auto run = [&](Backend& be, const Tensor& weights) {
+    std::vector<float> y(size_t(T * out), NAN);
+    be.linear(f32(x, {T, in}), weights, f32(bias, {out}), f32(y, {T, out}));
+    return y;
+  };
+  auto first = make_cpu_backend(2), second = make_cpu_backend(2);
+  const std::vector<float> want_f = run(*first, wf), want_q = run(*first, wq);
+  expect_linear_of_values(w, x, bias, T, out, in, want_f);
+  expect_linear_of_values(q.values, x, bias, T, out, in, want_q);
+  int differ = 0;
+  std::thread other([&] {
+    for (int i = 0; i < 30; ++i) differ += run(*second, i % 2 ? wq : wf) != (i % 2 ? want_q : want_f);
+  });
+  int differ_here = 0;
+  for (int i = 0; i < 30; ++i) differ_here += run(*first, i % 2 ? wf : wq) != (i % 2 ? want_f : want_q);
+  other.join();
+  CHECK(differ == 0);
+  CHECK(differ_here == 0);
 }
 
 TEST_CASE("cpu: kv_store quantizes each head's row as the reference does, attention reads the codes", "[quant][cpu_attention]") {

@@ -10,10 +10,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <memory>
+#include <mutex>
 #include <new>
 #include <optional>
 #include <type_traits>
@@ -114,12 +117,61 @@ private:
 
 // Up to this many tokens, linear() streams the weights itself instead of calling sgemm.
 constexpr int64_t kStreamingMaxTokens = 8;
-// Up to this many tokens a quantized linear reads the codes itself (linear_codes); beyond it,
-// dequantizing the matrix once and calling sgemm wins. On a 2-core Xeon (OpenBLAS Cooperlake
-// kernels, OPT-1.3B's MLP matrices, 4-bit g64) the codes took 0.4-0.5x the time of dequantize +
-// sgemm at 8 tokens, 0.75-0.9x at 16, 1.3-1.7x at 32 (bench/results/2026-11-26-cpu-linear-codes.md).
-// The CUDA backend's limit is 16 too (quant::kCudaFusedDequantMaxTokens), which the cost model prices.
+// Up to this many tokens the engine computes a quantized step with linear over the codes; beyond
+// it, it dequantizes the sub-layer once for every unit of its block and runs the plain GEMM. On a
+// 2-core Xeon (OpenBLAS Cooperlake kernels, OPT-1.3B's MLP matrices, 4-bit g64) the codes took
+// 0.4-0.5x the time of dequantize + sgemm at 8 tokens, 0.75-0.9x at 16, 1.3-1.7x at 32
+// (bench/results/2026-11-26-cpu-linear-codes.md). The CUDA backend's limit is 16 too
+// (quant::kCudaFusedDequantMaxTokens), which the cost model prices.
 constexpr int64_t kFusedDequantMaxTokens = 16;
+// Up to this many tokens linear() itself reads a quantized weight's codes; beyond it, it
+// dequantizes blocks of rows for sgemm, once per call (a caller's many tokens over a matrix it
+// does not dequantize first: the engine's experts computed on the CPU). On Mixtral's and
+// Qwen3-30B-A3B's expert matrices at 24 tokens the codes took 0.64-0.89x the time of dequantizing
+// the matrix first on Mixtral's and 1.06-1.16x on Qwen's, which dequantize in cache; at 64 the
+// blocks take 0.41-0.62x the codes' time (bench/results/2026-11-28-cpu-moe-q4-sgemm.md).
+constexpr int64_t kLinearCodesMaxTokens = 24;
+
+// OpenBLAS serves one call at a time; a thread that calls while another's call runs does not
+// sleep but competes for the cores, and with as many BLAS threads as cores both crawl (on the
+// 2-core VM a scratch program saw a 32-token linear of a Qwen3-30B-A3B expert take 8-27x its time
+// alone beside another thread's sgemm loop). The engine calls from two threads where the CPU
+// backend stands in for the GPU and the CPU lane computes experts, so every linear that calls BLAS
+// takes one turn for all its calls: the second caller sleeps, and callers take turns in the order
+// they came (a plain mutex let a thread calling back to back keep it while the other waited; a
+// turn per sgemm made a linear over blocks of dequantized rows wait once per block).
+// `bench_quant --beside-sgemm` measures it (bench/results/2026-11-28-cpu-moe-q4-sgemm.md).
+class BlasTurns {
+public:
+  void lock() {
+    std::unique_lock<std::mutex> hold(m_);
+    const uint64_t mine = next_++;
+    turn_.wait(hold, [&] { return serving_ == mine; });
+  }
+  void unlock() {
+    {
+      std::lock_guard<std::mutex> hold(m_);
+      ++serving_;
+    }
+    turn_.notify_all();
+  }
+
+private:
+  std::mutex m_;
+  std::condition_variable turn_;
+  uint64_t next_ = 0, serving_ = 0;
+};
+BlasTurns& blas_turns() {
+  static BlasTurns turns;
+  return turns;
+}
+
+// y[T, n] = x[T, k] @ w[n, k]^T + beta y, row-major with leading dimensions k, k and ldy. The
+// caller holds a BLAS turn.
+void sgemm_xwt(int64_t T, int64_t n, int64_t k, const float* x, const float* w, float beta, float* y, int64_t ldy) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(n), int(k), 1.0f, x, int(k), w, int(k), beta, y,
+              int(ldy));
+}
 
 void check_quantized(const Tensor& t, const char* what) {
   STRATA_CHECK(t.device == Device::CPU && t.quantized() && t.data,
@@ -251,6 +303,7 @@ public:
     if (w.dtype == DType::BF16) return linear_16bit<bf16>(x, w, bias, y);
     if (T == 1) {  // one token: OpenBLAS's matrix-vector product is tuned for exactly this
       if (!bias.empty()) std::memcpy(y.data, bias.data, size_t(out) * 4);
+      std::lock_guard<BlasTurns> turn(blas_turns());
       cblas_sgemv(CblasRowMajor, CblasNoTrans, int(out), int(in), 1.0f, w.ptr<float>(), int(in), x.ptr<float>(), 1,
                   bias.empty() ? 0.0f : 1.0f, y.ptr<float>(), 1);
       return;
@@ -273,8 +326,8 @@ public:
       for (int64_t t = 0; t < T; ++t) std::memcpy(y.ptr<float>() + t * out, bias.data, size_t(out) * 4);
       beta = 1.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(out), int(in), 1.0f, x.ptr<float>(), int(in),
-                w.ptr<float>(), int(in), beta, y.ptr<float>(), int(out));
+    std::lock_guard<BlasTurns> turn(blas_turns());
+    sgemm_xwt(T, out, in, x.ptr<float>(), w.ptr<float>(), beta, y.ptr<float>(), out);
   }
 
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
@@ -608,30 +661,56 @@ private:
       });
       return;
     }
-    // Blocks of about 16 MB of widened rows: sgemm's packing amortizes over T tokens.
+    linear_widened_blocks(x, b, y, out, [&](int64_t r0, int64_t n, float* rows) { cpu::to_f32(wp + r0 * in, rows, n * in); });
+  }
+
+  // y = x @ w^T + bias over weights that sgemm cannot read (16-bit or codes), for enough tokens
+  // that widening them first pays: blocks of about 16 MB of fp32 rows, widened on the pool by
+  // widen(first_row, rows, out), then one sgemm a block, whose packing amortizes over T tokens.
+  template <class Widen>
+  void linear_widened_blocks(const Tensor& x, const float* b, const Tensor& y, int64_t out, Widen widen) {
+    const int64_t T = x.dim(0), in = x.row_size();
+    float* yp = y.ptr<float>();
     const int64_t block = std::max<int64_t>(64, (int64_t(1) << 22) / std::max<int64_t>(in, 1));
-    std::vector<float> rows;
+    float* rows = widened_rows(size_t(std::min(block, out) * in));
+    std::lock_guard<BlasTurns> turn(blas_turns());
     for (int64_t o = 0; o < out; o += block) {
       const int64_t n = std::min(block, out - o);
-      rows.resize(size_t(n * in));
-      pool_.parallel_for(n, [&](int64_t r0, int64_t r1) {
-        cpu::to_f32(wp + (o + r0) * in, rows.data() + r0 * in, (r1 - r0) * in);
-      });
+      pool_.parallel_for(n, [&](int64_t r0, int64_t r1) { widen(o + r0, r1 - r0, rows + r0 * in); });
       for (int64_t t = 0; t < T; ++t)
         for (int64_t r = 0; r < n; ++r) yp[t * out + o + r] = b ? b[o + r] : 0.0f;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(T), int(n), int(in), 1.0f, x.ptr<float>(), int(in),
-                  rows.data(), int(in), 1.0f, yp + o, int(out));
+      sgemm_xwt(T, n, in, x.ptr<float>(), rows, 1.0f, yp + o, out);
     }
   }
 
-  // y = x @ dequantized(w)^T + bias: each weight row is dequantized once into a per-thread fp32
-  // row and dotted with every token, so the codes are the only weight bytes read.
-  // (linear() checked the arguments.)
+  // The calling thread's buffer for widened weight rows, kept between calls: a fresh one (up to
+  // 16 MB) pays its zeroing and page faults on every call, which a small expert's linear feels.
+  static float* widened_rows(size_t n) {
+    thread_local std::unique_ptr<float[]> buffer;
+    thread_local size_t capacity = 0;
+    if (capacity < n) {
+      buffer.reset(new float[n]);
+      capacity = n;
+    }
+    return buffer.get();
+  }
+
+  // y = x @ dequantized(w)^T + bias. Up to kLinearCodesMaxTokens tokens only the codes are read:
+  // in place (linear_codes), or each row dequantized once into a per-thread fp32 row and dotted
+  // with every token. Beyond it, blocks of dequantized rows go through sgemm: a CPU computing an
+  // expert over a prefill's tokens (the engine's cpu_experts) runs near sgemm's rate, not the dot
+  // products'. (linear() checked the arguments.)
   void linear_quantized(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
     const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
     const quant::QuantSpec spec = quant::spec_of(w);
     const size_t row_bytes = quant::row_bytes(spec, in);
     const float* b = bias.empty() ? nullptr : bias.ptr<float>();
+    if (T > kLinearCodesMaxTokens)
+      return linear_widened_blocks(x, b, y, out, [&](int64_t r0, int64_t n, float* rows) {
+        for (int64_t r = 0; r < n; ++r)
+          cpu::dequantize_row_f32(w.ptr<uint8_t>() + size_t(r0 + r) * row_bytes, spec.bits, spec.group_size, in,
+                                  rows + r * in);
+      });
     if (cpu::codes_row_ok(spec.group_size, in)) return linear_codes(x, w, b, y, spec);
     pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
       std::vector<float> wr(static_cast<size_t>(in));
