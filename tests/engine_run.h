@@ -14,6 +14,7 @@
 #include "strata/model/model_loader.h"
 #include "strata/offload/engine.h"
 #include "temp_files.h"
+#include "worst_error.h"
 
 namespace strata::test {
 
@@ -67,7 +68,7 @@ inline EngineRun run_engine(const ModelBundle& model, const nlohmann::json& exp,
 inline double max_nll_error(const std::vector<double>& got, const std::vector<double>& want) {
   REQUIRE(got.size() == want.size());
   double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+  for (size_t i = 0; i < got.size(); ++i) worst = worst_of(worst, std::fabs(got[i] - want[i]));
   return worst;
 }
 

@@ -8,6 +8,7 @@
 #include "strata/core/error.h"
 #include "strata/policy/calibrate.h"
 #include "strata/policy/cost_model.h"
+#include "worst_error.h"
 
 using namespace strata;
 using test::policy_of;
@@ -210,7 +211,7 @@ TEST_CASE("a measured prefill attention rate is fitted with the GPU tier's decod
   unmeasured.gpu_prefill_attention.clear();
   const CalibrationFit g = calibrate_profile(unmeasured, runs);
   double worst = 0;
-  for (double e : g.error_after) worst = std::max(worst, std::fabs(e));
+  for (double e : g.error_after) worst = test::worst_of(worst, std::fabs(e));
   CHECK(worst > 1e-3);
 }
 

@@ -9,6 +9,7 @@
 #include "strata/core/error.h"
 #include "strata/core/tensor.h"
 #include "strata/core/thread_pool.h"
+#include "worst_error.h"
 
 using namespace strata;
 
@@ -113,4 +114,13 @@ TEST_CASE("thread pool covers every index once and rethrows errors", "[core]") {
   int calls = 0;
   pool.parallel_for(0, [&](int64_t, int64_t) { ++calls; });
   CHECK(calls == 0);
+}
+
+TEST_CASE("the tests' largest error keeps a NaN, where std::max would drop it", "[core]") {
+  CHECK(test::worst_of(0.5, 2.0) == 2.0);
+  CHECK(test::worst_of(2.0f, 0.5f) == 2.0f);
+  CHECK(std::isnan(test::worst_of(0.0, std::nan(""))));
+  // Once NaN, it stays NaN, so a bound check after the loop fails.
+  CHECK(std::isnan(test::worst_of(test::worst_of(0.0f, std::nanf("")), 1.0f)));
+  CHECK_FALSE(test::worst_of(test::worst_of(0.0, std::nan("")), 0.0) <= 1.0);
 }

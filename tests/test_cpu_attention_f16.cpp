@@ -22,6 +22,7 @@
 #include "strata/backend/backend.h"
 #include "strata/core/dtype.h"
 #include "strata/core/error.h"
+#include "worst_error.h"
 
 using namespace strata;
 using test::count;
@@ -498,7 +499,7 @@ TEST_CASE("cpu backend: fp16 and bf16 weights in linear and the norms match a do
       for (int64_t o = 0; o < out; ++o) {
         double want = bias[size_t(o)];
         for (int64_t i = 0; i < in; ++i) want += double(x[size_t(t * in + i)]) * w[size_t(o * in + i)];
-        worst = std::max(worst, std::fabs(got[size_t(t * out + o)] - want));
+        worst = test::worst_of(worst, std::fabs(got[size_t(t * out + o)] - want));
       }
     CHECK(worst < 1e-4 * double(in));  // fp32 accumulation over `in` products of magnitude <= 1
   };

@@ -24,6 +24,7 @@
 #include "strata/runtime/model_weights.h"
 #include "strata/runtime/transformer.h"
 #include "test_support.h"
+#include "worst_error.h"
 
 using namespace strata;
 using json = nlohmann::json;
@@ -158,8 +159,8 @@ TEST_CASE("gguf codes: compressed at group 32, the file's codes cross the links 
     REQUIRE(got.size() == want.size());
     double worst = 0, worst_exact = 0;
     for (size_t i = 0; i < got.size(); ++i) {
-      worst = std::max(worst, std::fabs(got[i] - want[i]));
-      worst_exact = std::max(worst_exact, std::fabs(got[i] - exact[i]));
+      worst = test::worst_of(worst, std::fabs(got[i] - want[i]));
+      worst_exact = test::worst_of(worst_exact, std::fabs(got[i] - exact[i]));
     }
     INFO("prompt " << p << ": max |NLL difference| " << worst << " (" << worst_exact << " from the exact values)");
     CHECK(worst < 5e-5);
@@ -191,7 +192,7 @@ TEST_CASE("CUDA: the file's codes cross the links and give transformers' NLLs wi
     const std::vector<double>& got = run.results[p].prompt_nll;
     REQUIRE(got.size() == want.size());
     double worst = 0;
-    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+    for (size_t i = 0; i < got.size(); ++i) worst = test::worst_of(worst, std::fabs(got[i] - want[i]));
     INFO("prompt " << p << ": max |NLL difference| " << worst << " (CUDA)");
     CHECK(worst < 5e-2);
   }

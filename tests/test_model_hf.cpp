@@ -13,6 +13,7 @@
 #include "strata/model/model_loader.h"
 #include "strata/runtime/generator.h"
 #include "test_support.h"
+#include "worst_error.h"
 
 using namespace strata;
 using nlohmann::json;
@@ -78,7 +79,7 @@ void check_cuda_against_hf(const std::string& name, const char* dtype, Transform
     REQUIRE(got.size() == want.size());
     const float allow = allowed(p, want);
     float worst = 0;
-    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+    for (size_t i = 0; i < got.size(); ++i) worst = test::worst_of(worst, std::fabs(got[i] - want[i]));
     tolerance = std::max(tolerance, allow);
     INFO(name << " prompt " << p << ": max |diff| " << worst << " against HF's fp32, allowed " << allow << " (CUDA, "
               << dtype << ")");

@@ -18,6 +18,7 @@
 #include "strata/model/packed_checkpoint.h"
 #include "strata/model/safetensors.h"
 #include "test_support.h"
+#include "worst_error.h"
 
 using namespace strata;
 using json = nlohmann::json;
@@ -228,7 +229,7 @@ TEST_CASE("gptq: checkpoint_format gptq_v2 stores the zero itself, not the zero 
   const std::vector<float> got = test::last_logits(model, exp["prompts"][4].get<std::vector<int32_t>>());
   const std::vector<float> want = exp["last_logits"][4].get<std::vector<float>>();
   float worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+  for (size_t i = 0; i < got.size(); ++i) worst = test::worst_of(worst, std::fabs(got[i] - want[i]));
   CHECK(worst > 0.1f);
 }
 

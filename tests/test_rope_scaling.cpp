@@ -11,6 +11,7 @@
 #include "strata/core/error.h"
 #include "strata/model/config.h"
 #include "strata/model/gguf.h"
+#include "worst_error.h"
 
 using namespace strata;
 using nlohmann::json;
@@ -30,7 +31,7 @@ double worst_frequency_error(const ModelConfig& cfg, const json& rope_case) {
   const std::vector<double> want = rope_case["inv_freq"].get<std::vector<double>>();
   REQUIRE(got.size() == want.size());
   double worst = 0;
-  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]) / want[i]);
+  for (size_t i = 0; i < got.size(); ++i) worst = test::worst_of(worst, std::fabs(got[i] - want[i]) / want[i]);
   return worst;
 }
 

@@ -12,6 +12,7 @@
 #include "strata/runtime/generator.h"
 #include "strata/runtime/model_weights.h"
 #include "strata/runtime/transformer.h"
+#include "worst_error.h"
 
 namespace strata::test {
 
@@ -43,7 +44,7 @@ inline void check_hf_last_logits(Transformer& model, const nlohmann::json& exp) 
     REQUIRE(got.size() == want.size());
     float scale = 0, worst = 0;
     for (float w : want) scale = std::max(scale, std::fabs(w));
-    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+    for (size_t i = 0; i < got.size(); ++i) worst = worst_of(worst, std::fabs(got[i] - want[i]));
     INFO("prompt " << p << " (" << prompt.size() << " tokens): max |diff| " << worst << ", max |logit| " << scale);
     CHECK(worst <= 2e-5f + 1e-5f * scale);
   }
