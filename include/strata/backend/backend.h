@@ -179,7 +179,7 @@ public:
   // in registers as it reads it (a fused dequant-GEMV/GEMM) and never writes an fp copy. It is
   // exact for any T, but on CUDA fast only up to fused_dequant_max_tokens(); callers with more
   // tokens dequantize the matrix once (dequantize_rows) and run the plain GEMM over it. (The CPU
-  // backend does that itself beyond the limit, a block of rows at a time, so a caller that cannot
+  // backend does that itself beyond 24 tokens, a block of rows at a time, so a caller that cannot
   // hold the whole dequantized matrix, such as the engine's experts on the CPU, is fast too.)
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) = 0;
   virtual int64_t fused_dequant_max_tokens() const = 0;
