@@ -11,12 +11,16 @@
 //     and on disk, compressed (4-bit g64) and not: step time and bytes per step on each link.
 //  1b. with --beside-sgemm: the linear over codes of the first matrix on the CPU, alone and beside
 //     another thread's sgemm loop (the CPU lane's experts beside the CPU backend's compute).
+//  1c. with --cold: the linear over codes of both matrices on the CPU, over one matrix every call
+//     (its codes stay cached) and over copies taken in turn, 1 GiB in all (read from memory, as the
+//     engine reads the CPU tier's weights and as strata profile times them).
 // Usage: bench_quant [--model dummy:opt-1.3b] [--device auto] [--batch 8] [--gen-len 8]
 //                    [--prompt-len 32] [--offload-dir DIR] [--skip-disk] [--skip-engine]
-//                    [--beside-sgemm]
+//                    [--beside-sgemm] [--cold]
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -30,6 +34,7 @@
 #include "strata/core/size.h"
 #include "strata/model/model_loader.h"
 #include "strata/offload/engine.h"
+#include "strata/profile/profiler.h"
 #include "strata/quant/quant.h"
 
 using namespace strata;
@@ -41,13 +46,14 @@ namespace {
 struct Args : bench::EngineArgs {
   bool skip_engine = false;
   bool beside_sgemm = false;
+  bool cold = false;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
   a.batch = 8;
   a.gen_len = 8;
-  bench::parse_engine_args(argc, argv, a, {{"--skip-engine", &a.skip_engine}, {"--beside-sgemm", &a.beside_sgemm}});
+  bench::parse_engine_args(argc, argv, a, {{"--skip-engine", &a.skip_engine}, {"--beside-sgemm", &a.beside_sgemm}, {"--cold", &a.cold}});
   return a;
 }
 
@@ -178,6 +184,36 @@ void beside_sgemm(int64_t out, int64_t in, int64_t h) {
   }
 }
 
+// The linear over codes of one [out, in] matrix on the CPU at a few token counts: over the same
+// matrix every call, whose codes stay in the caches, and over copies of it in turn, 1 GiB in all
+// (cold_weight_copies, as strata profile's CPU linear curves): each call reads its codes from memory,
+// as the engine reads the CPU tier's weights once a step.
+void cached_and_cold(int64_t out, int64_t in) {
+  const quant::QuantSpec spec{4, 64};
+  auto be = make_cpu_backend(0);
+  const size_t bytes = size_t(out) * quant::row_bytes(spec, in);
+  const size_t copies = cold_weight_copies(bytes, size_t(1) << 30, be->available_memory());
+  Buffer wb = be->alloc(size_t(out * in) * 4), qb = be->alloc(copies * bytes);
+  fill(*be, wb.view(0, DType::F32, {out, in}), 1);
+  be->quantize_rows(spec, wb.view(0, DType::F32, {out, in}), qb.data());
+  for (size_t c = 1; c < copies; ++c) std::memcpy(static_cast<char*>(qb.data()) + c * bytes, qb.data(), bytes);
+  auto codes = [&](size_t c) {
+    return Tensor::quantized(static_cast<char*>(qb.data()) + c * bytes, DType::Q4, spec.group_size, Device::CPU, {out, in});
+  };
+  for (int64_t T : {1, 2, 4, 8, 16, 24, 32, 64}) {
+    Buffer xb = be->alloc(size_t(T * in) * 4), yb = be->alloc(size_t(T * out) * 4);
+    const Tensor x = xb.view(0, DType::F32, {T, in}), y = yb.view(0, DType::F32, {T, out});
+    fill(*be, x, 4);
+    const double cached_s = time_per_call(*be, [&] { be->linear(x, codes(0), Tensor(), y); });
+    size_t next = 0;
+    const double cold_s = time_per_call(*be, [&] { be->linear(x, codes(next++ % copies), Tensor(), y); });
+    std::printf("  [%lld x %lld] linear over codes T=%-3lld cached %.3f ms, from memory (%zu copies) %.3f ms = %.2fx; "
+                "codes at %.1f / %.1f GB/s\n",
+                (long long)out, (long long)in, (long long)T, 1e3 * cached_s, copies, 1e3 * cold_s, cold_s / cached_s,
+                double(bytes) / cached_s / 1e9, double(bytes) / cold_s / 1e9);
+  }
+}
+
 struct EngineRun {
   double step_ms = 0, ctog_per_step = 0, dtoc_per_step = 0, dtoc_gbps = 0, layer_bytes = 0;
 };
@@ -233,6 +269,11 @@ int main(int argc, char** argv) try {
   if (a.beside_sgemm) {
     std::printf("\n1b. the linear over codes beside another thread's sgemm (CPU backends)\n");
     beside_sgemm(moe ? 2 * f : f, h, h);
+  }
+  if (a.cold) {
+    std::printf("\n1c. the linear over codes, cached and from memory (CPU backend)\n");
+    cached_and_cold(moe ? 2 * f : f, h);
+    cached_and_cold(h, f);
   }
   if (a.skip_engine) return 0;
   std::printf("\n2. decode step through the offloading engine, batch %d, prompt %d, %d new tokens\n", a.batch,

@@ -202,3 +202,20 @@ TEST_CASE("strata profile has a default path under the cache", "[profile]") {
   CHECK(p.filename() == "hardware.yaml");
   CHECK(default_offload_dir().filename() == "offload");
 }
+
+TEST_CASE("the CPU linear's weights take enough copies to leave every cache", "[profile]") {
+  const size_t MiB = size_t(1) << 20, GiB = size_t(1) << 30;
+  // A full profile's 4-bit codes of 16384 x 4096 (38 MB) over 1 GiB: 28 copies, 1.06 GB in all.
+  const size_t codes = size_t(16384) * quantized_row_bytes(4, 64, 4096);
+  CHECK(cold_weight_copies(codes, GiB, 64 * GiB) == 28);
+  CHECK(28 * codes <= GiB);
+  // fp32 16384 x 4096 (256 MiB): 4.
+  CHECK(cold_weight_copies(256 * MiB, GiB, 64 * GiB) == 4);
+  // Short memory: within a quarter of it (2 GiB free: 512 MiB, 14 copies of the codes).
+  CHECK(cold_weight_copies(codes, GiB, 2 * GiB) == 14);
+  // Never none, never more than 64.
+  CHECK(cold_weight_copies(2 * GiB, GiB, 64 * GiB) == 1);
+  CHECK(cold_weight_copies(256 * MiB, GiB, 512 * MiB) == 1);
+  CHECK(cold_weight_copies(MiB, GiB, 64 * GiB) == 64);
+  CHECK(cold_weight_copies(0, GiB, 64 * GiB) == 1);
+}

@@ -72,6 +72,8 @@ struct Settings {
   int reps;                          // timed samples per kernel measurement
   double min_sample_s;               // back-to-back calls per sample, so short kernels time well
   int64_t attn_slots, attn_context;  // decode attention: sequences x cached tokens
+  // The CPU linear's weights, in all: copies of its matrix, one per call in turn (cpu_linear).
+  size_t cpu_weights_bytes;
   // Prefill attention: prompt lengths, each over enough sequences for prefill_tokens in all.
   std::vector<int64_t> prefill_lens;
   int64_t prefill_tokens;
@@ -93,6 +95,7 @@ Settings settings_for(bool quick, bool on_gpu) {
     s.min_sample_s = 0.002;
     s.attn_slots = on_gpu ? 16 : 8;
     s.attn_context = 512;
+    s.cpu_weights_bytes = size_t(64) << 20;
     s.prefill_lens = {128, 512};
     s.prefill_tokens = 1024;
   } else {
@@ -114,6 +117,7 @@ Settings settings_for(bool quick, bool on_gpu) {
     s.min_sample_s = 0.02;
     s.attn_slots = on_gpu ? 64 : 16;
     s.attn_context = 1024;
+    s.cpu_weights_bytes = size_t(1) << 30;
     // The CPU backend's kernel takes ~0.1 s for one 1024-token prompt; a GPU reaches long contexts.
     s.prefill_lens = on_gpu ? std::vector<int64_t>{128, 512, 2048, 8192} : std::vector<int64_t>{128, 512, 1024};
     s.prefill_tokens = on_gpu ? 8192 : 1024;
@@ -397,9 +401,14 @@ struct Profiler {
     return curve;
   }
 
-  // Seconds of a CPU linear over one [rows, h] weight matrix stored in `wdt` (with `q4`, as 4-bit
+  // Seconds of a CPU linear over a [rows, h] weight matrix stored in `wdt` (with `q4`, as 4-bit
   // group-64 codes) for each of `tokens`: the CPU tier's weights in the CPU's hands, as experts
   // computed where they live (cpu_experts). rows = 4h, fewer where memory is short.
+  // The engine reads each of those weights once a step, from memory: one matrix timed again and
+  // again stays in the last-level cache (4-bit codes of 16384 x 4096 are 38 MB): on the 2-core VM
+  // the codes kernel read them 2x as fast at 1 to 4 tokens as from memory, and the blocks and sgemm
+  // 1.4x at 64 (bench/results/2026-11-28-cpu-cold-weights.md). So the calls take copies in turn,
+  // s.cpu_weights_bytes of them in all (as memory allows): no call finds its weights cached.
   struct CpuLinear {
     int64_t rows = 0;
     std::vector<double> seconds;  // per token count
@@ -409,21 +418,29 @@ struct Profiler {
     const int64_t max_t = *std::max_element(tokens.begin(), tokens.end());
     int64_t rows = 4 * h;
     while (rows > 256 && size_t(rows * h) * (dtype_size(wdt) + dtype_size(xt)) > free_bytes / 4) rows /= 2;
-    Buffer w = be.alloc(q4 ? size_t(rows) * quantized_row_bytes(4, 64, h) : size_t(rows * h) * dtype_size(wdt));
+    const size_t matrix_bytes = q4 ? size_t(rows) * quantized_row_bytes(4, 64, h) : size_t(rows * h) * dtype_size(wdt);
+    const size_t copies = cold_weight_copies(matrix_bytes, s.cpu_weights_bytes, free_bytes);
+    Buffer w = be.alloc(copies * matrix_bytes);
     if (q4) {  // codes from random data, so every group has a real scale
       Buffer fp = be.alloc(size_t(rows * h) * dtype_size(xt));
       fill_random(be, fp, 8, xt);
       be.quantize_rows(kQ4G64, fp.view(0, xt, {rows, h}), w.data());
+      for (size_t c = 1; c < copies; ++c)
+        be.copy_on_device(static_cast<char*>(w.data()) + c * matrix_bytes, w.data(), matrix_bytes);
     } else {
       fill_random(be, w, 8, wdt);
     }
     Buffer act = be.alloc(size_t(max_t * (h + rows)) * dtype_size(xt));
     fill_random(be, act, 9, xt);
-    const Tensor wt = q4 ? Tensor::quantized(w.data(), DType::Q4, 64, be.device(), {rows, h}) : w.view(0, wdt, {rows, h});
+    auto matrix = [&](size_t c) {
+      void* at = static_cast<char*>(w.data()) + c * matrix_bytes;
+      return q4 ? Tensor::quantized(at, DType::Q4, 64, be.device(), {rows, h}) : Tensor(at, wdt, be.device(), {rows, h});
+    };
     CpuLinear out{rows, {}};
+    size_t next = 0;
     for (int64_t t : tokens) {
       const Tensor x = act.view(0, xt, {t, h}), y = act.view(size_t(max_t * h) * dtype_size(xt), xt, {t, rows});
-      out.seconds.push_back(time_op(be, s.reps, s.min_sample_s, [&] { be.linear(x, wt, {}, y); }));
+      out.seconds.push_back(time_op(be, s.reps, s.min_sample_s, [&] { be.linear(x, matrix(next++ % copies), {}, y); }));
     }
     return out;
   }
@@ -536,6 +553,12 @@ HardwareProfile cached_or_measured_profile(const ProfileOptions& options, std::o
   std::ofstream(path) << hardware_profile_to_yaml(hw);
   log << who << ": wrote " << path.string() << "\n";
   return hw;
+}
+
+size_t cold_weight_copies(size_t matrix_bytes, size_t want_bytes, size_t free_bytes) {
+  if (matrix_bytes == 0) return 1;
+  const size_t fit = std::min(want_bytes, free_bytes / 4) / matrix_bytes;
+  return std::clamp<size_t>(fit, 1, 64);
 }
 
 HardwareProfile profile_machine(const ProfileOptions& opt) {

@@ -2,6 +2,7 @@
 // (the Backend's pinned copies and ops, the DiskStore's io_uring I/O) so the hardware profile holds
 // what the runtime achieves, not what a datasheet promises.
 #pragma once
+#include <cstddef>
 #include <filesystem>
 #include <functional>
 #include <ostream>
@@ -31,6 +32,11 @@ struct ProfileOptions {
 // strata::Error when a device or the offload directory is unusable. Allocates at most about a
 // quarter of free memory on each tier and removes its disk file before returning.
 HardwareProfile profile_machine(const ProfileOptions& options);
+
+// How many copies of a `matrix_bytes` weight matrix the CPU linear's calls take in turn, so that
+// no call finds its weights in a cache (the engine reads the CPU tier's weights once a step, from
+// memory): enough for `want_bytes` in all, within a quarter of `free_bytes`; at least 1, at most 64.
+size_t cold_weight_copies(size_t matrix_bytes, size_t want_bytes, size_t free_bytes);
 
 // Where `strata profile` writes by default and `--policy auto` looks first:
 // ${STRATA_CACHE:-~/.cache/strata}/hardware.yaml.
