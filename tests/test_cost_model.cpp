@@ -548,6 +548,33 @@ TEST_CASE("experts on the CPU are priced at the profile's weight-streaming rate,
         Approx(4 * (2.0 * 8 * router / 20e9 + 2.0 * 8 * 2 * expert / q4_rate)));
 }
 
+TEST_CASE("experts on the CPU: each matrix at its own size's rate, between the small and the large curve",
+          "[cost][moe]") {
+  // Qwen3-30B-A3B's decode of a GPU batch of 8 tokens: 8 x 8 = 64 routed to 128 (1 - (1 - 1/16)^8)
+  // = 51.62 active experts, 1.240 tokens each. Curves flat in tokens: the large matrix (64M
+  // weights) at 40 GFLOP/s, the small (1M) at 10; each matrix at 10 x 4^(log(P / 1M) / log(64)),
+  // geometric in log(weights): the router [128, 2048] (262144 weights) below the small one, so at
+  // 10; gate and up [1536, 2048] (3.15M) at 14.65; down [2048, 768] (1.57M) at 11.63.
+  const ModelConfig qw = *config_preset("qwen3-30b-a3b");
+  const double hq = 2048, fq = 768, routed = 8 * 8;
+  auto rate = [](double params) { return 10e9 * std::pow(4.0, std::log(params / 1e6) / std::log(64.0)); };
+  CHECK(rate(2 * fq * hq) == Approx(14.65e9).epsilon(1e-3));
+  CHECK(rate(hq * fq) == Approx(11.63e9).epsilon(1e-3));
+  Policy computed = policy_of(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
+  computed.cpu_experts_decode = true;
+  HardwareProfile hw = round_machine();
+  hw.cpu_gemm = {{1, 40e9}};
+  hw.cpu_gemm_params = 64e6;
+  hw.cpu_gemm_small = {{1, 10e9}};
+  hw.cpu_gemm_small_params = 1e6;
+  const double expected = 2.0 * 8 * 128 * hq / 10e9 + 2.0 * routed * 2 * fq * hq / rate(2 * fq * hq) +
+                          2.0 * routed * hq * fq / rate(hq * fq);
+  CHECK(evaluate(qw, computed, wl, hw).decode.terms[CATT] == Approx(expected));
+  // Without the small curve every matrix is at the large one's 40.
+  hw.cpu_gemm_small.clear();
+  CHECK(evaluate(qw, computed, wl, hw).decode.terms[CATT] == Approx(2.0 * 8 * (128 * hq + 8 * 3 * fq * hq) / 40e9));
+}
+
 TEST_CASE("experts placed apart: the attention halves follow the fractions, the experts' tiers are fixed",
           "[cost][moe]") {
   // Mixtral-8x7B with every attention half on the GPU and every MLP half on the CPU tier

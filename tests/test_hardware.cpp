@@ -217,6 +217,45 @@ TEST_CASE("the CPU weight terms are optional, and a bad CPU linear curve names i
                     Catch::Contains("hw.yaml:16: field 'cpu_weight_bw' must be a bandwidth"));
 }
 
+TEST_CASE("a CPU linear over a matrix between the small curve's and the large one's is priced between them",
+          "[hardware]") {
+  // Large matrix: 64M weights, 40 GFLOP/s at every token count (one point); small: 4M weights,
+  // 10 GFLOP/s. Geometric in log(weights): at 16M (halfway in log) sqrt(10 x 40) = 20; at or
+  // beyond either end, that end's rate; the 4-bit curves likewise on their own points.
+  HardwareProfile hw = parse_hardware_profile(
+      with_units("cpu_gemm:\n  - {tokens: 1, flops_per_s: 40e9}\n"
+                 "cpu_gemm_q4:\n  - {tokens: 1, flops_per_s: 20e9}\n  - {tokens: 4, flops_per_s: 80e9}\n"
+                 "cpu_gemm_params: 64e6\n"
+                 "cpu_gemm_small:\n  - {tokens: 1, flops_per_s: 10e9}\n"
+                 "cpu_gemm_q4_small:\n  - {tokens: 1, flops_per_s: 5e9}\n  - {tokens: 4, flops_per_s: 20e9}\n"
+                 "cpu_gemm_small_params: 4e6\n"),
+      "hw.yaml");
+  CHECK(hw.cpu_linear_flops(1, 16e6, false) == Approx(20e9));
+  CHECK(hw.cpu_linear_flops(8, 4e6, false) == Approx(10e9));
+  CHECK(hw.cpu_linear_flops(8, 1e6, false) == Approx(10e9));
+  CHECK(hw.cpu_linear_flops(8, 64e6, false) == Approx(40e9));
+  CHECK(hw.cpu_linear_flops(8, 1e9, false) == Approx(40e9));
+  // 4-bit at 2 tokens: 50 (large) and 12.5 (small) GFLOP/s, halfway in log tokens; 25 at 16M.
+  CHECK(hw.cpu_linear_flops(2, 64e6, true) == Approx(50e9));
+  CHECK(hw.cpu_linear_flops(2, 4e6, true) == Approx(12.5e9));
+  CHECK(hw.cpu_linear_flops(2, 16e6, true) == Approx(25e9));
+  // Round trip.
+  const HardwareProfile back = parse_hardware_profile(hardware_profile_to_yaml(hw), "back.yaml");
+  CHECK(back.cpu_linear_flops(2, 16e6, true) == Approx(25e9));
+  CHECK(back.cpu_gemm_small_params == 4e6);
+  CHECK(back.cpu_gemm_params == 64e6);
+  // Without the small curve (a profile from before it): the large curve at every size.
+  hw.cpu_gemm_small.clear();
+  hw.cpu_gemm_q4_small.clear();
+  CHECK(hw.cpu_linear_flops(1, 4e6, false) == Approx(40e9));
+  CHECK(hw.cpu_linear_flops(2, 4e6, true) == Approx(50e9));
+  // A small curve without the weights it was measured over names the missing fields.
+  CHECK_THROWS_WITH(parse_hardware_profile(with_units("cpu_gemm:\n  - {tokens: 1, flops_per_s: 40e9}\n"
+                                                      "cpu_gemm_small:\n  - {tokens: 1, flops_per_s: 10e9}\n"),
+                                           "hw.yaml"),
+                    Catch::Contains("hw.yaml:19: field 'cpu_gemm_small' needs 'cpu_gemm_small_params' and 'cpu_gemm_params'"));
+}
+
 TEST_CASE("the prefill attention curve and the elementwise rate round-trip", "[hardware]") {
   HardwareProfile hw = sample();
   CHECK(hw.prefill_attention_flops(512) == 0);  // unknown: the cost model's fallback prices it

@@ -67,6 +67,15 @@ void check_sane(const HardwareProfile& hw) {
     CHECK(curve->back().tokens == 256);
     for (const GemmPoint& g : *curve) CHECK(plausible(g.flops_per_s, 1e7, 1e14));
   }
+  // The same two curves over a small expert's matrix [1536, 2048], below the large one's weights.
+  for (const std::vector<GemmPoint>* curve : {&hw.cpu_gemm_small, &hw.cpu_gemm_q4_small}) {
+    REQUIRE(curve->size() == 7);
+    CHECK(curve->front().tokens == 1);
+    CHECK(curve->back().tokens == 256);
+    for (const GemmPoint& g : *curve) CHECK(plausible(g.flops_per_s, 1e7, 1e14));
+  }
+  CHECK(hw.cpu_gemm_small_params == 1536.0 * 2048.0);
+  CHECK(hw.cpu_gemm_params > hw.cpu_gemm_small_params);
   const double bytes = double(dtype_size(hw.compute_dtype));
   CHECK(hw.cpu_weight_bw == Approx(hw.cpu_gemm[1].flops_per_s / 4 * bytes).epsilon(1e-3));
   CHECK(hw.cpu_weight_q4_bw == Approx(hw.cpu_gemm_q4[1].flops_per_s / 4 * bytes).epsilon(1e-3));
@@ -124,6 +133,14 @@ void check_round_trip(const HardwareProfile& hw) {
   for (size_t i = 0; i < hw.cpu_gemm.size(); ++i) {
     CHECK(back.cpu_gemm[i].tokens == hw.cpu_gemm[i].tokens);
     CHECK(back.cpu_gemm[i].flops_per_s == hw.cpu_gemm[i].flops_per_s);
+  }
+  CHECK(back.cpu_gemm_params == hw.cpu_gemm_params);
+  CHECK(back.cpu_gemm_small_params == hw.cpu_gemm_small_params);
+  REQUIRE(back.cpu_gemm_small.size() == hw.cpu_gemm_small.size());
+  REQUIRE(back.cpu_gemm_q4_small.size() == hw.cpu_gemm_q4_small.size());
+  for (size_t i = 0; i < hw.cpu_gemm_small.size(); ++i) {
+    CHECK(back.cpu_gemm_small[i].flops_per_s == hw.cpu_gemm_small[i].flops_per_s);
+    CHECK(back.cpu_gemm_q4_small[i].flops_per_s == hw.cpu_gemm_q4_small[i].flops_per_s);
   }
 }
 
@@ -213,9 +230,10 @@ TEST_CASE("the CPU linear's weights take enough copies to leave every cache", "[
   CHECK(cold_weight_copies(256 * MiB, GiB, 64 * GiB) == 4);
   // Short memory: within a quarter of it (2 GiB free: 512 MiB, 14 copies of the codes).
   CHECK(cold_weight_copies(codes, GiB, 2 * GiB) == 14);
-  // Never none, never more than 64.
+  // A small expert's codes (1.8 MB): 1 GiB of them. Never none.
+  const size_t small = size_t(1536) * quantized_row_bytes(4, 64, 2048);
+  CHECK(cold_weight_copies(small, GiB, 64 * GiB) == GiB / small);
   CHECK(cold_weight_copies(2 * GiB, GiB, 64 * GiB) == 1);
   CHECK(cold_weight_copies(256 * MiB, GiB, 512 * MiB) == 1);
-  CHECK(cold_weight_copies(MiB, GiB, 64 * GiB) == 64);
   CHECK(cold_weight_copies(0, GiB, 64 * GiB) == 1);
 }

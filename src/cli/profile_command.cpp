@@ -61,6 +61,8 @@ void print_summary(const HardwareProfile& hw, std::ostream& os) {
   curve("gpu prefill attention", hw.gpu_prefill_attention, "prompt %5.0f: ");
   curve("cpu linear", hw.cpu_gemm);
   curve("cpu linear q4", hw.cpu_gemm_q4);
+  curve("cpu linear, small", hw.cpu_gemm_small);
+  curve("cpu linear q4, small", hw.cpu_gemm_q4_small);
   if (hw.calibrated.empty()) return;
   auto ms = [](double s) {
     char buf[32];

@@ -147,11 +147,14 @@ double cpu_experts_seconds(const ModelConfig& cfg, const CostSizes& z, double to
   const std::vector<GemmPoint>& expert_curve = compressed ? hw.cpu_gemm_q4 : hw.cpu_gemm;
   if (!expert_curve.empty()) {
     const double per_expert = tokens * cfg.experts_per_token / active;  // active * per_expert = tokens k
-    // The router stays in the compute dtype when the experts are codes (docs/moe.md).
-    const double router_flops = hw.cpu_gemm.empty() ? hw.cpu_gemm_q4_flops(tokens) : hw.cpu_gemm_flops(tokens);
-    const double expert_flops = compressed ? hw.cpu_gemm_q4_flops(per_expert) : hw.cpu_gemm_flops(per_expert);
+    // The router stays in the compute dtype when the experts are codes (docs/moe.md). Each matrix
+    // at its own size's rate: an expert's gate and up [2f, h] and its down [h, f].
+    const double router_flops = hw.cpu_gemm.empty() ? hw.cpu_linear_flops(tokens, z.router_params, true)
+                                                    : hw.cpu_linear_flops(tokens, z.router_params, false);
+    const double h = cfg.hidden, f = cfg.expert_intermediate, routed = tokens * cfg.experts_per_token;
     return 2.0 * tokens * z.router_params / router_flops +
-           2.0 * tokens * cfg.experts_per_token * z.expert_params / expert_flops;
+           2.0 * routed * (2 * f * h) / hw.cpu_linear_flops(per_expert, 2 * f * h, compressed) +
+           2.0 * routed * (h * f) / hw.cpu_linear_flops(per_expert, h * f, compressed);
   }
   const double bw = cpu_weight_rate(hw, compressed);
   const double read = (z.router_weights_fp16 + active * z.expert_weights_fp16) / bw;

@@ -240,6 +240,18 @@ double HardwareProfile::cpu_gemm_q4_flops(double tokens) const {
   return interpolate(cpu_gemm_q4, tokens, name, "cpu_gemm_q4");
 }
 
+double HardwareProfile::cpu_linear_flops(double tokens, double params, bool q4) const {
+  const double large = q4 ? cpu_gemm_q4_flops(tokens) : cpu_gemm_flops(tokens);
+  const std::vector<GemmPoint>& small_curve = q4 ? cpu_gemm_q4_small : cpu_gemm_small;
+  if (small_curve.empty() || cpu_gemm_params <= 0 || cpu_gemm_small_params <= 0 || cpu_gemm_small_params >= cpu_gemm_params)
+    return large;
+  const double small = interpolate(small_curve, tokens, name, q4 ? "cpu_gemm_q4_small" : "cpu_gemm_small");
+  const double f = std::clamp((std::log(params) - std::log(cpu_gemm_small_params)) /
+                                  (std::log(cpu_gemm_params) - std::log(cpu_gemm_small_params)),
+                              0.0, 1.0);
+  return std::exp((1 - f) * std::log(small) + f * std::log(large));
+}
+
 HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& source) {
   Reader r{source};
   YAML::Node root;
@@ -252,7 +264,8 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   r.only_keys(root, {"name", "description", "gpu_name", "cpu_name", "gpu_mem", "cpu_mem", "disk_mem", "cpu_to_gpu_bw",
                      "gpu_to_cpu_bw", "disk_to_cpu_bw", "cpu_to_disk_bw", "gpu_gemm", "gpu_attention_bw",
                      "cpu_attention_bw", "cpu_flops", "gpu_dequant_bw", "gpu_attention_q4_bw", "cpu_attention_q4_bw", "cpu_weight_bw",
-                     "cpu_weight_q4_bw", "cpu_gemm", "cpu_gemm_q4", "compute_dtype", "gpu_gemm_hidden", "gpu_gemm2",
+                     "cpu_weight_q4_bw", "cpu_gemm", "cpu_gemm_q4", "cpu_gemm_params", "cpu_gemm_small",
+                     "cpu_gemm_q4_small", "cpu_gemm_small_params", "compute_dtype", "gpu_gemm_hidden", "gpu_gemm2",
                      "gpu_gemm2_hidden", "gpu_prefill_attention", "gpu_elementwise_s",
                      "compute_overhead_s", "step_overhead_s", "link_interference", "overlap_slowdown", "calibrated"},
               "");
@@ -299,6 +312,16 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
     hw.cpu_attention_q4_bw = r.bandwidth(root["cpu_attention_q4_bw"], "cpu_attention_q4_bw", true);
   if (root["cpu_gemm"]) hw.cpu_gemm = r.gemm_curve(root["cpu_gemm"], "cpu_gemm");
   if (root["cpu_gemm_q4"]) hw.cpu_gemm_q4 = r.gemm_curve(root["cpu_gemm_q4"], "cpu_gemm_q4");
+  if (root["cpu_gemm_params"]) hw.cpu_gemm_params = r.number(root["cpu_gemm_params"], "cpu_gemm_params", 1e9);
+  if (root["cpu_gemm_small_params"])
+    hw.cpu_gemm_small_params = r.number(root["cpu_gemm_small_params"], "cpu_gemm_small_params", 1e9);
+  for (const char* key : {"cpu_gemm_small", "cpu_gemm_q4_small"}) {
+    if (!root[key]) continue;
+    (std::string(key) == "cpu_gemm_small" ? hw.cpu_gemm_small : hw.cpu_gemm_q4_small) = r.gemm_curve(root[key], key);
+    if (!(hw.cpu_gemm_small_params > 0 && hw.cpu_gemm_params > 0))
+      r.fail(root[key], std::string("field '") + key +
+                            "' needs 'cpu_gemm_small_params' and 'cpu_gemm_params', the weights of the two matrices it was measured over");
+  }
   if (root["cpu_weight_bw"]) hw.cpu_weight_bw = r.bandwidth(root["cpu_weight_bw"], "cpu_weight_bw", true);
   if (root["cpu_weight_q4_bw"]) hw.cpu_weight_q4_bw = r.bandwidth(root["cpu_weight_q4_bw"], "cpu_weight_q4_bw", true);
   if (root["compute_overhead_s"]) hw.compute_overhead_s = r.number(root["compute_overhead_s"], "compute_overhead_s", 1.0);
@@ -367,6 +390,11 @@ std::string hardware_profile_to_yaml(const HardwareProfile& hw) {
   optional("cpu_weight_q4_bw", hw.cpu_weight_q4_bw, "B/s of the uncompressed weights 4-bit codes stand for");
   if (!hw.cpu_gemm.empty()) curve("cpu_gemm", hw.cpu_gemm, "a CPU linear's throughput over the CPU tier's weights");
   if (!hw.cpu_gemm_q4.empty()) curve("cpu_gemm_q4", hw.cpu_gemm_q4, "the same over 4-bit g64 codes");
+  if (hw.cpu_gemm_params > 0) os << "cpu_gemm_params: " << number(hw.cpu_gemm_params) << "  # weights of their matrix\n";
+  if (!hw.cpu_gemm_small.empty()) curve("cpu_gemm_small", hw.cpu_gemm_small, "cpu_gemm over a small matrix");
+  if (!hw.cpu_gemm_q4_small.empty()) curve("cpu_gemm_q4_small", hw.cpu_gemm_q4_small, "cpu_gemm_q4 over the small matrix");
+  if (hw.cpu_gemm_small_params > 0)
+    os << "cpu_gemm_small_params: " << number(hw.cpu_gemm_small_params) << "  # weights of the small matrix\n";
   if (!hw.calibrated.empty()) os << "calibrated: " << quoted(hw.calibrated) << "\n";
   if (hw.compute_overhead_s > 0 || hw.step_overhead_s > 0 || hw.link_interference > 0 || hw.overlap_slowdown > 0)
     os << "compute_overhead_s: " << number(hw.compute_overhead_s) << "  # per layer and unit of work (measured or calibrated)\n"

@@ -32,6 +32,8 @@ namespace {
 
 // FlexGen's default compression, the one the search tries.
 const quant::QuantSpec kQ4G64{4, 64};
+// The small matrix of the CPU linear's second curves: an expert of Qwen3-30B-A3B ([2 x 768, 2048]).
+constexpr int64_t kSmallRows = 1536, kSmallCols = 2048;
 
 using Clock = std::chrono::steady_clock;
 
@@ -403,7 +405,7 @@ struct Profiler {
 
   // Seconds of a CPU linear over a [rows, h] weight matrix stored in `wdt` (with `q4`, as 4-bit
   // group-64 codes) for each of `tokens`: the CPU tier's weights in the CPU's hands, as experts
-  // computed where they live (cpu_experts). rows = 4h, fewer where memory is short.
+  // computed where they live (cpu_experts). Fewer rows where memory is short.
   // The engine reads each of those weights once a step, from memory: one matrix timed again and
   // again stays in the last-level cache (4-bit codes of 16384 x 4096 are 38 MB): on the 2-core VM
   // the codes kernel read them 2x as fast at 1 to 4 tokens as from memory, and the blocks and sgemm
@@ -413,10 +415,10 @@ struct Profiler {
     int64_t rows = 0;
     std::vector<double> seconds;  // per token count
   };
-  CpuLinear cpu_linear(Backend& be, DType wdt, int64_t h, size_t free_bytes, const std::vector<int64_t>& tokens, bool q4) {
+  CpuLinear cpu_linear(Backend& be, DType wdt, int64_t rows, int64_t h, size_t free_bytes, const std::vector<int64_t>& tokens,
+                       bool q4) {
     const DType xt = be.activation_dtype();
     const int64_t max_t = *std::max_element(tokens.begin(), tokens.end());
-    int64_t rows = 4 * h;
     while (rows > 256 && size_t(rows * h) * (dtype_size(wdt) + dtype_size(xt)) > free_bytes / 4) rows /= 2;
     const size_t matrix_bytes = q4 ? size_t(rows) * quantized_row_bytes(4, 64, h) : size_t(rows * h) * dtype_size(wdt);
     const size_t copies = cold_weight_copies(matrix_bytes, s.cpu_weights_bytes, free_bytes);
@@ -445,21 +447,26 @@ struct Profiler {
     return out;
   }
 
-  // FLOP/s of a CPU linear over `wdt` weights (with `q4`, over 4-bit group-64 codes of them) from
-  // 1 to 256 tokens. The second point is 2 tokens: the weight-streaming rates come from it.
-  std::vector<GemmPoint> cpu_gemm_curve(Backend& be, DType wdt, int64_t h, size_t free_bytes, bool q4) {
-    const std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 64, 256};
-    const CpuLinear l = cpu_linear(be, wdt, h, free_bytes, tokens, q4);
+  // FLOP/s of a CPU linear over a [rows, h] matrix of `wdt` weights (with `q4`, over 4-bit
+  // group-64 codes of them) from 1 to 256 tokens, and the weights it was timed over. The second
+  // point is 2 tokens: the weight-streaming rates come from it.
+  struct CpuCurve {
     std::vector<GemmPoint> curve;
+    double params = 0;
+  };
+  CpuCurve cpu_gemm_curve(Backend& be, DType wdt, int64_t rows, int64_t h, size_t free_bytes, bool q4) {
+    const std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 64, 256};
+    const CpuLinear l = cpu_linear(be, wdt, rows, h, free_bytes, tokens, q4);
+    CpuCurve out{{}, double(l.rows * h)};
     std::ostringstream line;
     line << "cpu linear over " << (q4 ? std::string("4-bit g64 codes of ") : std::string()) << dtype_name(wdt)
          << " weights (" << l.rows << " x " << h << "):";
     for (size_t i = 0; i < tokens.size(); ++i) {
-      curve.push_back({double(tokens[i]), round4(2.0 * double(tokens[i] * l.rows * h) / l.seconds[i])});
-      line << " " << tokens[i] << " tokens " << format_rate(curve.back().flops_per_s, "FLOP/s") << (i + 1 < tokens.size() ? "," : "");
+      out.curve.push_back({double(tokens[i]), round4(2.0 * double(tokens[i] * l.rows * h) / l.seconds[i])});
+      line << " " << tokens[i] << " tokens " << format_rate(out.curve.back().flops_per_s, "FLOP/s") << (i + 1 < tokens.size() ? "," : "");
     }
     say(line.str());
-    return curve;
+    return out;
   }
 
   // A layer's elementwise work outside its GEMMs and attention, as the runtime runs it for T
@@ -558,7 +565,7 @@ HardwareProfile cached_or_measured_profile(const ProfileOptions& options, std::o
 size_t cold_weight_copies(size_t matrix_bytes, size_t want_bytes, size_t free_bytes) {
   if (matrix_bytes == 0) return 1;
   const size_t fit = std::min(want_bytes, free_bytes / 4) / matrix_bytes;
-  return std::clamp<size_t>(fit, 1, 64);
+  return std::max<size_t>(fit, 1);
 }
 
 HardwareProfile profile_machine(const ProfileOptions& opt) {
@@ -623,8 +630,16 @@ HardwareProfile profile_machine(const ProfileOptions& opt) {
   // The CPU's linear over the CPU tier's weights, kept as the compute device computes in them. Its
   // 2-token point is the weight-streaming rate: 2 FLOPs per weight and token.
   // The same over 4-bit codes, whose 2-token point counts the compute-dtype bytes they stand for.
-  hw.cpu_gemm = p.cpu_gemm_curve(cpu, cache_dt, p.s.hidden, p.host_free, false);
-  hw.cpu_gemm_q4 = p.cpu_gemm_curve(cpu, cache_dt, p.s.hidden, p.host_free, true);
+  const Profiler::CpuCurve plain = p.cpu_gemm_curve(cpu, cache_dt, 4 * p.s.hidden, p.s.hidden, p.host_free, false),
+                           codes = p.cpu_gemm_curve(cpu, cache_dt, 4 * p.s.hidden, p.s.hidden, p.host_free, true);
+  hw.cpu_gemm = plain.curve;
+  hw.cpu_gemm_q4 = codes.curve;
+  hw.cpu_gemm_params = std::min(plain.params, codes.params);
+  // The same over a small expert's matrix (Qwen3-30B-A3B's gate and up): what a call's fixed costs
+  // take from a fine-grained mixture of experts.
+  hw.cpu_gemm_small = p.cpu_gemm_curve(cpu, cache_dt, kSmallRows, kSmallCols, p.host_free, false).curve;
+  hw.cpu_gemm_q4_small = p.cpu_gemm_curve(cpu, cache_dt, kSmallRows, kSmallCols, p.host_free, true).curve;
+  hw.cpu_gemm_small_params = double(kSmallRows * kSmallCols);
   const auto weight_rate = [&](const std::vector<GemmPoint>& curve) {
     const GemmPoint& two = curve[1];
     STRATA_CHECK(two.tokens == 2, "internal: the CPU linear curve's second point is not 2 tokens");

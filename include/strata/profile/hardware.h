@@ -90,6 +90,14 @@ struct HardwareProfile {
   // Optional (empty = unknown): the same linear over 4-bit (group 64) codes, in FLOP/s of the
   // multiply-adds (2 per weight and token, as cpu_gemm): 4-bit experts computed on the CPU.
   std::vector<GemmPoint> cpu_gemm_q4;
+  // The weights of the matrix cpu_gemm and cpu_gemm_q4 were timed over (rows x h; 0 = unknown),
+  // and optional (empty = unknown) the same two curves over a small matrix of cpu_gemm_small_params
+  // weights ([1536, 2048]: an expert of Qwen3-30B-A3B's size). A call's fixed costs (the thread
+  // pool's hand-off, the query's coding) weigh on a small matrix: on the 2-core VM its codes read
+  // at half the large matrix's rate for 1 or 2 tokens. cpu_linear_flops prices a matrix between them.
+  double cpu_gemm_params = 0;
+  std::vector<GemmPoint> cpu_gemm_small, cpu_gemm_q4_small;
+  double cpu_gemm_small_params = 0;
 
   // Calibration (0 = none; `strata bench --calibrate` fits them to measured runs, and `strata
   // profile` to its engine runs after measuring the two overheads on probes; docs/cost-model.md).
@@ -120,6 +128,11 @@ struct HardwareProfile {
   // The same on cpu_gemm and cpu_gemm_q4. Throw when empty.
   double cpu_gemm_flops(double tokens) const;
   double cpu_gemm_q4_flops(double tokens) const;
+  // A CPU linear's FLOP/s with `tokens` rows over a matrix of `params` weights, stored (q4: as
+  // 4-bit codes) as the CPU tier keeps them: linear in log(params) between the small matrix's curve
+  // and the large one's rates (geometric), held at the nearer outside them; the large curve alone
+  // where the profile has no small one. Throws when the large curve is empty.
+  double cpu_linear_flops(double tokens, double params, bool q4) const;
 };
 
 // YAML round trip; parse errors name the file, the line and the field; unknown keys are errors.

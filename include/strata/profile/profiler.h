@@ -35,7 +35,7 @@ HardwareProfile profile_machine(const ProfileOptions& options);
 
 // How many copies of a `matrix_bytes` weight matrix the CPU linear's calls take in turn, so that
 // no call finds its weights in a cache (the engine reads the CPU tier's weights once a step, from
-// memory): enough for `want_bytes` in all, within a quarter of `free_bytes`; at least 1, at most 64.
+// memory): enough for `want_bytes` in all, within a quarter of `free_bytes`; at least 1.
 size_t cold_weight_copies(size_t matrix_bytes, size_t want_bytes, size_t free_bytes);
 
 // Where `strata profile` writes by default and `--policy auto` looks first:
