@@ -93,8 +93,8 @@ struct HardwareProfile {
   // The weights of the matrix cpu_gemm and cpu_gemm_q4 were timed over (rows x h; 0 = unknown),
   // and optional (empty = unknown) the same two curves over a small matrix of cpu_gemm_small_params
   // weights ([1536, 2048]: an expert of Qwen3-30B-A3B's size). A call's fixed costs (the thread
-  // pool's hand-off, the query's coding) weigh on a small matrix: on the 2-core VM its codes read
-  // at half the large matrix's rate for 1 or 2 tokens. cpu_linear_flops prices a matrix between them.
+  // pool's hand-off, the query's coding) weigh on a small matrix: on the 2-core VM it ran at about
+  // 0.6x the large matrix's rate for 1 or 2 tokens. cpu_linear_flops prices a matrix between them.
   double cpu_gemm_params = 0;
   std::vector<GemmPoint> cpu_gemm_small, cpu_gemm_q4_small;
   double cpu_gemm_small_params = 0;
