@@ -149,8 +149,7 @@ double cpu_experts_seconds(const ModelConfig& cfg, const CostSizes& z, double to
     const double per_expert = tokens * cfg.experts_per_token / active;  // active * per_expert = tokens k
     // The router stays in the compute dtype when the experts are codes (docs/moe.md). Each matrix
     // at its own size's rate: an expert's gate and up [2f, h] and its down [h, f].
-    const double router_flops = hw.cpu_gemm.empty() ? hw.cpu_linear_flops(tokens, z.router_params, true)
-                                                    : hw.cpu_linear_flops(tokens, z.router_params, false);
+    const double router_flops = hw.cpu_linear_flops(tokens, z.router_params, hw.cpu_gemm.empty());
     const double h = cfg.hidden, f = cfg.expert_intermediate, routed = tokens * cfg.experts_per_token;
     return 2.0 * tokens * z.router_params / router_flops +
            2.0 * routed * (2 * f * h) / hw.cpu_linear_flops(per_expert, 2 * f * h, compressed) +

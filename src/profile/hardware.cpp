@@ -11,6 +11,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "strata/core/error.h"
 #include "strata/core/yaml_reader.h"
@@ -315,9 +316,9 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   if (root["cpu_gemm_params"]) hw.cpu_gemm_params = r.number(root["cpu_gemm_params"], "cpu_gemm_params", 1e9);
   if (root["cpu_gemm_small_params"])
     hw.cpu_gemm_small_params = r.number(root["cpu_gemm_small_params"], "cpu_gemm_small_params", 1e9);
-  for (const char* key : {"cpu_gemm_small", "cpu_gemm_q4_small"}) {
+  for (const auto& [key, curve] : {std::pair{"cpu_gemm_small", &hw.cpu_gemm_small}, {"cpu_gemm_q4_small", &hw.cpu_gemm_q4_small}}) {
     if (!root[key]) continue;
-    (std::string(key) == "cpu_gemm_small" ? hw.cpu_gemm_small : hw.cpu_gemm_q4_small) = r.gemm_curve(root[key], key);
+    *curve = r.gemm_curve(root[key], key);
     if (!(hw.cpu_gemm_small_params > 0 && hw.cpu_gemm_params > 0))
       r.fail(root[key], std::string("field '") + key +
                             "' needs 'cpu_gemm_small_params' and 'cpu_gemm_params', the weights of the two matrices it was measured over");

@@ -637,9 +637,11 @@ HardwareProfile profile_machine(const ProfileOptions& opt) {
   hw.cpu_gemm_params = std::min(plain.params, codes.params);
   // The same over a small expert's matrix (Qwen3-30B-A3B's gate and up): what a call's fixed costs
   // take from a fine-grained mixture of experts.
-  hw.cpu_gemm_small = p.cpu_gemm_curve(cpu, cache_dt, kSmallRows, kSmallCols, p.host_free, false).curve;
-  hw.cpu_gemm_q4_small = p.cpu_gemm_curve(cpu, cache_dt, kSmallRows, kSmallCols, p.host_free, true).curve;
-  hw.cpu_gemm_small_params = double(kSmallRows * kSmallCols);
+  const Profiler::CpuCurve small_plain = p.cpu_gemm_curve(cpu, cache_dt, kSmallRows, kSmallCols, p.host_free, false),
+                           small_codes = p.cpu_gemm_curve(cpu, cache_dt, kSmallRows, kSmallCols, p.host_free, true);
+  hw.cpu_gemm_small = small_plain.curve;
+  hw.cpu_gemm_q4_small = small_codes.curve;
+  hw.cpu_gemm_small_params = std::min(small_plain.params, small_codes.params);
   const auto weight_rate = [&](const std::vector<GemmPoint>& curve) {
     const GemmPoint& two = curve[1];
     STRATA_CHECK(two.tokens == 2, "internal: the CPU linear curve's second point is not 2 tokens");
