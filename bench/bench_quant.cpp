@@ -14,9 +14,12 @@
 //  1c. with --cold: the linear over codes of both matrices on the CPU, over one matrix every call
 //     (its codes stay cached) and over copies taken in turn, 1 GiB in all (read from memory, as the
 //     engine reads the CPU tier's weights and as strata profile times them).
+//  1d. with --grouped, for a mixture of experts: a step's active experts on the CPU at batch 1 to
+//     32, one linear() each against one Backend::linears() per matrix kind (the engine's
+//     experts computed on the CPU), 4-bit codes and fp32.
 // Usage: bench_quant [--model dummy:opt-1.3b] [--device auto] [--batch 8] [--gen-len 8]
 //                    [--prompt-len 32] [--offload-dir DIR] [--skip-disk] [--skip-engine]
-//                    [--beside-sgemm] [--cold]
+//                    [--beside-sgemm] [--cold] [--grouped]
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -24,6 +27,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "bench_common.h"
@@ -47,13 +51,14 @@ struct Args : bench::EngineArgs {
   bool skip_engine = false;
   bool beside_sgemm = false;
   bool cold = false;
+  bool grouped = false;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
   a.batch = 8;
   a.gen_len = 8;
-  bench::parse_engine_args(argc, argv, a, {{"--skip-engine", &a.skip_engine}, {"--beside-sgemm", &a.beside_sgemm}, {"--cold", &a.cold}});
+  bench::parse_engine_args(argc, argv, a, {{"--skip-engine", &a.skip_engine}, {"--beside-sgemm", &a.beside_sgemm}, {"--cold", &a.cold}, {"--grouped", &a.grouped}});
   return a;
 }
 
@@ -214,6 +219,77 @@ void cached_and_cold(int64_t out, int64_t in) {
   }
 }
 
+// A step's active experts on the CPU (an engine's cpu_experts): B tokens each choose k of the E
+// experts at random; each active expert's gate/up [2f, h] and down [h, f] linears over its tokens,
+// one linear() each (how the experts ran until Backend::linears) against one linears() per
+// matrix kind. One layer's E experts lie in memory, 4-bit g64 codes or fp32.
+void grouped_experts(const ModelConfig& cfg, bool q4) {
+  const quant::QuantSpec spec{4, 64};
+  auto be = make_cpu_backend(0);
+  const int64_t E = cfg.n_experts, k = cfg.experts_per_token, f = cfg.expert_intermediate, h = cfg.hidden;
+  const auto bytes_of = [&](int64_t out, int64_t in) {
+    return q4 ? size_t(out) * quant::row_bytes(spec, in) : size_t(out * in) * 4;
+  };
+  const size_t gu_bytes = bytes_of(2 * f, h), down_bytes = bytes_of(h, f);
+  if (E * (gu_bytes + down_bytes) > be->available_memory() / 4) {
+    std::printf("  %s experts: one layer's %s does not fit a quarter of free memory, skipped\n", q4 ? "4-bit" : "fp32",
+                format_bytes(double(E * (gu_bytes + down_bytes))).c_str());
+    return;
+  }
+  Buffer gub = be->alloc(size_t(E) * gu_bytes), downb = be->alloc(size_t(E) * down_bytes);
+  const auto matrix = [&](Buffer& b, size_t bytes, int64_t e, int64_t out, int64_t in) {
+    void* at = static_cast<char*>(b.data()) + size_t(e) * bytes;
+    return q4 ? Tensor::quantized(at, DType::Q4, spec.group_size, Device::CPU, {out, in})
+              : Tensor(at, DType::F32, Device::CPU, {out, in});
+  };
+  for (auto [b, bytes, out, in] : {std::tuple{&gub, gu_bytes, 2 * f, h}, std::tuple{&downb, down_bytes, h, f}}) {
+    Buffer wb = be->alloc(size_t(out * in) * 4);  // one expert's values, copied to every expert
+    fill(*be, wb.view(0, DType::F32, {out, in}), 1);
+    if (q4) be->quantize_rows(spec, wb.view(0, DType::F32, {out, in}), b->data());
+    else std::memcpy(b->data(), wb.data(), bytes);
+    for (int64_t e = 1; e < E; ++e) std::memcpy(static_cast<char*>(b->data()) + size_t(e) * bytes, b->data(), bytes);
+  }
+  for (int64_t B : {1, 4, 8, 16, 32}) {
+    std::mt19937 rng{uint32_t(B)};
+    std::vector<int64_t> count(size_t(E), 0), order(static_cast<size_t>(E));
+    for (int64_t t = 0; t < B; ++t) {
+      for (int64_t e = 0; e < E; ++e) order[size_t(e)] = e;
+      std::shuffle(order.begin(), order.end(), rng);
+      for (int64_t j = 0; j < k; ++j) ++count[size_t(order[size_t(j)])];
+    }
+    const int64_t A = B * k;
+    Buffer xb = be->alloc(size_t(A * h) * 4), gb = be->alloc(size_t(A * 2 * f) * 4), ab = be->alloc(size_t(A * f) * 4);
+    const Tensor x = xb.view(0, DType::F32, {A, h}), gate_up = gb.view(0, DType::F32, {A, 2 * f}),
+                 act = ab.view(0, DType::F32, {A, f});
+    fill(*be, x, 2);
+    fill(*be, act, 3);
+    std::vector<Backend::LinearJob> gu_jobs, down_jobs;
+    int64_t row = 0, active = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t n = count[size_t(e)];
+      if (n == 0) continue;
+      ++active;
+      gu_jobs.push_back({x.rows(row, n), matrix(gub, gu_bytes, e, 2 * f, h), gate_up.rows(row, n)});
+      down_jobs.push_back({act.rows(row, n), matrix(downb, down_bytes, e, h, f), x.rows(row, n)});
+      row += n;
+    }
+    const double one_by_one_s = time_per_call(*be, [&] {
+      for (const auto& j : gu_jobs) be->linear(j.x, j.w, Tensor(), j.y);
+      for (const auto& j : down_jobs) be->linear(j.x, j.w, Tensor(), j.y);
+    });
+    const double grouped_s = time_per_call(*be, [&] {
+      be->linears(gu_jobs);
+      be->linears(down_jobs);
+    });
+    const double read = double(active) * double(gu_bytes + down_bytes);
+    std::printf("  %s B=%-3lld %3lld of %lld experts active, %.2f tokens each: one linear each %.3f ms, linears() %.3f "
+                "ms = %.2fx; weights read at %.1f / %.1f GB/s\n",
+                q4 ? "4-bit" : "fp32 ", (long long)B, (long long)active, (long long)E, double(A) / double(active),
+                1e3 * one_by_one_s, 1e3 * grouped_s, one_by_one_s / grouped_s, read / one_by_one_s / 1e9,
+                read / grouped_s / 1e9);
+  }
+}
+
 struct EngineRun {
   double step_ms = 0, ctog_per_step = 0, dtoc_per_step = 0, dtoc_gbps = 0, layer_bytes = 0;
 };
@@ -274,6 +350,11 @@ int main(int argc, char** argv) try {
     std::printf("\n1c. the linear over codes, cached and from memory (CPU backend)\n");
     cached_and_cold(moe ? 2 * f : f, h);
     cached_and_cold(h, f);
+  }
+  if (a.grouped && moe) {
+    std::printf("\n1d. a step's active experts on the CPU, one linear each against one linears() (CPU backend)\n");
+    grouped_experts(mb.config, true);
+    grouped_experts(mb.config, false);
   }
   if (a.skip_engine) return 0;
   std::printf("\n2. decode step through the offloading engine, batch %d, prompt %d, %d new tokens\n", a.batch,

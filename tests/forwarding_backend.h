@@ -44,6 +44,7 @@ public:
   }
   void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override { in_.rms_norm(x, w, eps, out); }
   void linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override { in_.linear(x, w, b, y); }
+  void linears(const std::vector<LinearJob>& jobs) override { in_.linears(jobs); }
   int64_t fused_dequant_max_tokens() const override { return in_.fused_dequant_max_tokens(); }
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override { in_.add(a, b, out); }
   void activation(Activation act, const Tensor& x) override { in_.activation(act, x); }

@@ -548,31 +548,53 @@ TEST_CASE("experts on the CPU are priced at the profile's weight-streaming rate,
         Approx(4 * (2.0 * 8 * router / 20e9 + 2.0 * 8 * 2 * expert / q4_rate)));
 }
 
-TEST_CASE("experts on the CPU: each matrix at its own size's rate, between the small and the large curve",
+TEST_CASE("experts on the CPU: each matrix at its own size's rate, or the step's experts together at theirs",
           "[cost][moe]") {
-  // Qwen3-30B-A3B's decode of a GPU batch of 8 tokens: 8 x 8 = 64 routed to 128 (1 - (1 - 1/16)^8)
-  // = 51.62 active experts, 1.240 tokens each. Curves flat in tokens: the large matrix (64M
-  // weights) at 40 GFLOP/s, the small (1M) at 10; each matrix at 10 x 4^(log(P / 1M) / log(64)),
-  // geometric in log(weights): the router [128, 2048] (262144 weights) below the small one, so at
-  // 10; gate and up [1536, 2048] (3.15M) at 14.65; down [2048, 768] (1.57M) at 11.63.
+  // Qwen3-30B-A3B. Curves flat in tokens: the large matrix (64M weights) at 40 GFLOP/s, the small
+  // (1M) at 10; a matrix of P weights at 10 x 4^(log(P / 1M) / log(64)), geometric in log(weights),
+  // held at 10 below 1M and at 40 above 64M. The router [128, 2048] (262144 weights) is below the
+  // small one, so at 10.
   const ModelConfig qw = *config_preset("qwen3-30b-a3b");
-  const double hq = 2048, fq = 768, routed = 8 * 8;
-  auto rate = [](double params) { return 10e9 * std::pow(4.0, std::log(params / 1e6) / std::log(64.0)); };
-  CHECK(rate(2 * fq * hq) == Approx(14.65e9).epsilon(1e-3));
-  CHECK(rate(hq * fq) == Approx(11.63e9).epsilon(1e-3));
+  const double hq = 2048, fq = 768, gate_up = 2 * fq * hq, down = hq * fq;
+  auto rate = [](double params) {
+    return 10e9 * std::pow(4.0, std::clamp(std::log(params / 1e6) / std::log(64.0), 0.0, 1.0));
+  };
+  CHECK(rate(gate_up) == Approx(14.65e9).epsilon(1e-3));
+  CHECK(rate(down) == Approx(11.63e9).epsilon(1e-3));
   Policy computed = policy_of(8, 1, {0, 100, 0}, {100, 0, 0}, {100, 0, 0});
   computed.cpu_experts_decode = true;
   HardwareProfile hw = round_machine();
   hw.cpu_gemm = {{1, 40e9}};
+  hw.cpu_gemm_q4 = {{1, 40e9}};
   hw.cpu_gemm_params = 64e6;
   hw.cpu_gemm_small = {{1, 10e9}};
+  hw.cpu_gemm_q4_small = {{1, 10e9}};
   hw.cpu_gemm_small_params = 1e6;
-  const double expected = 2.0 * 8 * 128 * hq / 10e9 + 2.0 * routed * 2 * fq * hq / rate(2 * fq * hq) +
-                          2.0 * routed * hq * fq / rate(hq * fq);
-  CHECK(evaluate(qw, computed, wl, hw).decode.terms[CATT] == Approx(expected));
+  const CostSizes z = cost_forms(qw, computed, wl, hw).sizes;
+  const auto seconds = [&](double tokens, double gate_up_rate, double down_rate) {
+    const double routed = tokens * 8;
+    return 2.0 * tokens * 128 * hq / 10e9 + 2.0 * routed * gate_up / gate_up_rate + 2.0 * routed * down / down_rate;
+  };
+  // A decode step's GPU batch of 8 tokens: 8 x 8 = 64 routed to 128 (1 - (1 - 1/16)^8) = 51.62
+  // active experts, 1.240 tokens each, within the streaming limits (8 tokens over fp32, 24 over
+  // codes: cpu_linear.h). The experts' gate/up run in one region, their downs in another
+  // (Backend::linears): 51.62 x 3.15M and 51.62 x 1.57M weights, both above the large matrix, at 40.
+  const double active = 128 * (1 - std::pow(1 - 1.0 / 16, 8));
+  CHECK(active * down > 64e6);
+  CHECK(evaluate(qw, computed, wl, hw).decode.terms[CATT] == Approx(seconds(8, 40e9, 40e9)));
+  CHECK(cpu_experts_seconds(qw, z, 8, false, hw) == Approx(seconds(8, 40e9, 40e9)));
+  CHECK(cpu_experts_seconds(qw, z, 8, true, hw) == Approx(seconds(8, 40e9, 40e9)));
+  // 512 tokens (a prefill): all 128 experts active (to 1e-14), 32 tokens each, beyond both limits:
+  // each expert's own linears, each matrix at its own size's rate.
+  CHECK(cpu_experts_seconds(qw, z, 512, false, hw) == Approx(seconds(512, rate(gate_up), rate(down))));
+  CHECK(cpu_experts_seconds(qw, z, 512, true, hw) == Approx(seconds(512, rate(gate_up), rate(down))));
+  // 256 tokens, 16 each: beyond the fp32 limit, within the codes' one.
+  CHECK(cpu_experts_seconds(qw, z, 256, false, hw) == Approx(seconds(256, rate(gate_up), rate(down))));
+  CHECK(cpu_experts_seconds(qw, z, 256, true, hw) == Approx(seconds(256, 40e9, 40e9)));
   // Without the small curve every matrix is at the large one's 40.
   hw.cpu_gemm_small.clear();
   CHECK(evaluate(qw, computed, wl, hw).decode.terms[CATT] == Approx(2.0 * 8 * (128 * hq + 8 * 3 * fq * hq) / 40e9));
+  CHECK(cpu_experts_seconds(qw, z, 512, false, hw) == Approx(2.0 * 512 * (128 * hq + 8 * 3 * fq * hq) / 40e9));
 }
 
 TEST_CASE("experts placed apart: the attention halves follow the fractions, the experts' tiers are fixed",

@@ -12,6 +12,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <string>
 #include <thread>
@@ -257,6 +258,80 @@ TEST_CASE("cpu: linears from two threads at once, over fp32 weights and over cod
   other.join();
   CHECK(differ == 0);
   CHECK(differ_here == 0);
+}
+
+TEST_CASE("cpu: linears over few tokens share one parallel region and give each job what linear() gives it",
+          "[quant][moe]") {
+  // Backend::linears (a step's active experts): the CPU backend runs the jobs at or below their
+  // streaming limit (8 tokens over fp32 and 16-bit weights, 24 over codes) in one parallel region,
+  // in units of rows that never span two jobs; the others, one linear() each. Odd shapes, every
+  // weight type and both sides of each limit, over 1 to 7 threads, with poisoned outputs.
+  struct Case {
+    DType dt;
+    int bits, group;
+    int64_t in, out, T;
+  };
+  const Case cases[] = {
+      {DType::F32, 0, 0, 96, 37, 1},   {DType::F32, 0, 0, 130, 5, 3},   {DType::F32, 0, 0, 64, 200, 8},
+      {DType::F32, 0, 0, 96, 41, 9},   {DType::F16, 0, 0, 128, 33, 2},  {DType::F16, 0, 0, 72, 19, 9},
+      {DType::BF16, 0, 0, 100, 23, 5}, {DType::Q4, 4, 64, 256, 37, 1},  {DType::Q4, 4, 64, 256, 130, 24},
+      {DType::Q4, 4, 64, 256, 29, 25}, {DType::Q8, 8, 32, 128, 61, 7},  {DType::Q4, 4, 32, 72, 13, 4},
+      {DType::Q4, 4, 64, 512, 3, 2},
+  };
+  std::mt19937 rng(14);
+  struct Job {
+    std::vector<float> x, values;  // the values the weight holds, exactly
+    std::vector<float> w32;
+    std::vector<uint16_t> w16;
+    Quantized q;
+    Tensor w;
+  };
+  std::vector<Job> jobs(std::size(cases));
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Case& c = cases[i];
+    Job& j = jobs[i];
+    j.x = normal(size_t(c.T * c.in), rng);
+    const std::vector<float> w = normal(size_t(c.out * c.in), rng, 0.2f);
+    if (c.bits) {
+      j.q = quantize(spec_of(c.bits, c.group), w, c.out, c.in);
+      j.values = j.q.values;
+      j.w = Tensor::quantized(j.q.codes.data(), c.dt, c.group, Device::CPU, {c.out, c.in});
+    } else if (c.dt == DType::F32) {
+      j.w32 = j.values = w;
+      j.w = f32(j.w32, {c.out, c.in});
+    } else {
+      j.w16 = test::to_bits(w, c.dt);
+      for (uint16_t b : j.w16) j.values.push_back(c.dt == DType::BF16 ? bf16_to_float(b) : half_to_float(b));
+      j.w = Tensor(j.w16.data(), c.dt, Device::CPU, {c.out, c.in});
+    }
+  }
+  std::vector<std::vector<float>> one_thread;
+  for (int threads : {1, 2, 3, 7}) {
+    auto be = make_cpu_backend(threads);
+    std::vector<std::vector<float>> got(jobs.size());
+    std::vector<Backend::LinearJob> work;
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const Case& c = cases[i];
+      got[i].assign(size_t(c.T * c.out), NAN);
+      work.push_back({f32(jobs[i].x, {c.T, c.in}), jobs[i].w, f32(got[i], {c.T, c.out})});
+    }
+    be->linears(work);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const Case& c = cases[i];
+      INFO(threads << " threads, " << dtype_name(c.dt) << " [" << c.out << " x " << c.in << "], T " << c.T);
+      const std::vector<float> zeros(size_t(c.out), 0.0f);
+      if (c.bits && c.T <= 24 && cpu::codes_row_ok(c.group, c.in))
+        expect_linear_of_exact_values(spec_of(c.bits, c.group), jobs[i].q.codes, jobs[i].x, zeros, c.T, c.out, c.in, got[i]);
+      else
+        expect_linear_of_values(jobs[i].values, jobs[i].x, zeros, c.T, c.out, c.in, got[i]);
+      std::vector<float> want(size_t(c.T * c.out), NAN);
+      be->linear(f32(jobs[i].x, {c.T, c.in}), jobs[i].w, Tensor(), f32(want, {c.T, c.out}));
+      // One fp32 token: linear() calls sgemv, linears() streams the rows (checked above).
+      if (!(c.dt == DType::F32 && c.T == 1)) CHECK(got[i] == want);
+    }
+    if (one_thread.empty()) one_thread = got;
+    else CHECK(got == one_thread);  // how the rows were shared changes no bit
+  }
 }
 
 TEST_CASE("cpu: kv_store quantizes each head's row as the reference does, attention reads the codes", "[quant][cpu_attention]") {

@@ -21,9 +21,9 @@ struct PieceShape {
 // until its add_norm, then the MLP's first GEMM's (gate and up side by side for SwiGLU); mlp_b_ is
 // SwiGLU's product (the other MLPs act in place).
 // A mixture of experts adds the router's logits, the step's T k assignments' rows (each expert's
-// gathered inputs, then its outputs in their place), and the routing's three index pieces; each
-// expert's gate/up output and SwiGLU product reuse mlp_a_ and mlp_b_ (an expert takes at most T
-// rows).
+// gathered inputs, then its outputs in their place), and the routing's three index pieces; the
+// experts' gate/up outputs and SwiGLU products reuse mlp_a_ and mlp_b_, as many experts' side by
+// side as fit (an expert takes at most T rows).
 std::vector<PieceShape> workspace_shapes(const ModelConfig& cfg, DType dt, int64_t T, int64_t R) {
   const int64_t h = cfg.hidden, qd = cfg.q_dim(), V = cfg.vocab_size;
   const int64_t f = std::max(cfg.intermediate, cfg.expert_intermediate);
@@ -291,7 +291,7 @@ Tensor ForwardOps::mlp_from_normed(const LayerWeights& w) {
 // The router's logits come to the host (a wait for the step's work so far), which picks each
 // token's experts and groups the step's rows by expert (route_tokens); one upload sends the
 // groups back. Then every active expert runs its SwiGLU over its contiguous rows: one gate/up
-// GEMM, one down GEMM, whose output replaces its inputs. combine_rows sums each token's k
+// GEMM, one down GEMM, whose output replaces its inputs (many experts' GEMMs in one linears()). combine_rows sums each token's k
 // outputs, weighted, into the normed input's place.
 Tensor ForwardOps::experts_from_normed(const LayerWeights& w) {
   const int64_t T = T_, E = cfg_.n_experts, k = cfg_.experts_per_token;
@@ -317,15 +317,30 @@ Tensor ForwardOps::experts_from_normed(const LayerWeights& w) {
 
   const Tensor routed = moe_rows_.rows(0, A);
   backend_.gather_rows(xn, moe_gather_.rows(0, A), routed);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t begin = r.expert_begin[size_t(e)], n = r.expert_begin[size_t(e) + 1] - begin;
-    if (n == 0) continue;
-    const ExpertWeights& x = w.experts[size_t(e)];
-    const Tensor rows = routed.rows(begin, n);
-    const Tensor gate_up = leading(mlp_a_, n, 2 * f), act = leading(mlp_b_, n, f);
-    backend_.linear(rows, x.gate_up_w, Tensor(), gate_up);
+  // The experts go in runs whose gate/up outputs fit mlp_a_ and SwiGLU products mlp_b_ side by
+  // side (a run takes at least one expert: an expert has at most T rows). Each run is one
+  // linears() over its experts' gate/up, one swiglu over all their rows and one linears() over
+  // their downs. Qwen3-MoE's narrow experts take one run a step, Mixtral's two.
+  const int64_t fits = std::min(mlp_a_.numel() / (2 * f), mlp_b_.numel() / f);
+  const std::vector<int32_t>& at = r.expert_begin;
+  std::vector<Backend::LinearJob> gate_up_jobs, down_jobs;
+  for (int64_t e = 0, end = 0; e < E; e = end) {
+    while (end < E && at[size_t(end) + 1] - at[size_t(e)] <= fits) ++end;
+    const int64_t first = at[size_t(e)], S = at[size_t(end)] - first;
+    if (S == 0) continue;
+    const Tensor gate_up = leading(mlp_a_, S, 2 * f), act = leading(mlp_b_, S, f);
+    gate_up_jobs.clear();
+    down_jobs.clear();
+    for (int64_t x = e; x < end; ++x) {
+      const int64_t begin = at[size_t(x)], n = at[size_t(x) + 1] - begin;
+      if (n == 0) continue;
+      const ExpertWeights& ew = w.experts[size_t(x)];
+      gate_up_jobs.push_back({routed.rows(begin, n), ew.gate_up_w, gate_up.rows(begin - first, n)});
+      down_jobs.push_back({act.rows(begin - first, n), ew.down_w, routed.rows(begin, n)});
+    }
+    backend_.linears(gate_up_jobs);
     backend_.swiglu(gate_up, act);
-    backend_.linear(act, x.down_w, Tensor(), rows);
+    backend_.linears(down_jobs);
   }
   backend_.combine_rows(routed, moe_combine_.rows(0, A).reshaped({T, k}), moe_weights_.rows(0, A).reshaped({T, k}),
                         xn);

@@ -184,6 +184,17 @@ public:
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) = 0;
   virtual int64_t fused_dequant_max_tokens() const = 0;
 
+  // Independent linears without bias (a mixture of experts' active experts): each y = x @ w^T as
+  // linear() computes it, with no y aliasing another job's x or y. By default one linear() each.
+  // The CPU backend runs those over few tokens in one parallel region: a small expert's matrix
+  // then costs no wake of the thread pool of its own (docs/moe.md, "The forward pass").
+  struct LinearJob {
+    Tensor x, w, y;
+  };
+  virtual void linears(const std::vector<LinearJob>& jobs) {
+    for (const LinearJob& j : jobs) linear(j.x, j.w, Tensor(), j.y);
+  }
+
   // out = a + b elementwise; out may alias a or b.
   virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
 

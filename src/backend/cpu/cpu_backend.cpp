@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "strata/backend/backend.h"
+#include "strata/backend/cpu_linear.h"
 #include "strata/core/error.h"
 #include "strata/core/thread_pool.h"
 #include "strata/quant/quant.h"
@@ -115,8 +117,7 @@ private:
   std::vector<float> cos_, sin_;
 };
 
-// Up to this many tokens, linear() streams the weights itself instead of calling sgemm.
-constexpr int64_t kStreamingMaxTokens = 8;
+using cpu_linear::kStreamingMaxTokens;
 // Up to this many tokens the engine computes a quantized step with linear over the codes; beyond
 // it, it dequantizes the sub-layer once for every unit of its block and runs the plain GEMM. On a
 // 2-core Xeon (OpenBLAS Cooperlake kernels, OPT-1.3B's MLP matrices, 4-bit g64) the codes took
@@ -124,13 +125,7 @@ constexpr int64_t kStreamingMaxTokens = 8;
 // (bench/results/2026-11-26-cpu-linear-codes.md). The CUDA backend's limit is 16 too
 // (quant::kCudaFusedDequantMaxTokens), which the cost model prices.
 constexpr int64_t kFusedDequantMaxTokens = 16;
-// Up to this many tokens linear() itself reads a quantized weight's codes; beyond it, it
-// dequantizes blocks of rows for sgemm, once per call (a caller's many tokens over a matrix it
-// does not dequantize first: the engine's experts computed on the CPU). On Mixtral's and
-// Qwen3-30B-A3B's expert matrices at 24 tokens the codes took 0.64-0.89x the time of dequantizing
-// the matrix first on Mixtral's and 1.06-1.16x on Qwen's, which dequantize in cache; at 64 the
-// blocks take 0.41-0.62x the codes' time (bench/results/2026-11-28-cpu-moe-q4-sgemm.md).
-constexpr int64_t kLinearCodesMaxTokens = 24;
+using cpu_linear::kCodesMaxTokens;
 
 // OpenBLAS serves one call at a time; a thread that calls while another's call runs does not
 // sleep but competes for the cores, and with as many BLAS threads as cores both crawl (on the
@@ -176,6 +171,24 @@ void sgemm_xwt(int64_t T, int64_t n, int64_t k, const float* x, const float* w, 
 void check_quantized(const Tensor& t, const char* what) {
   STRATA_CHECK(t.device == Device::CPU && t.quantized() && t.data,
                "cpu backend: " << what << " must be a quantized (Q4/Q8) CPU tensor, got " << dtype_name(t.dtype));
+}
+
+// linear()'s arguments: fp32 activations, weights as fp32, fp16 or bf16 (the GPU's, read in
+// place) or codes, bias fp32 or empty.
+void check_linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+  check_f32(x, "x");
+  check_f32(y, "y");
+  if (w.quantized()) check_quantized(w, "w");
+  else if (w.dtype != DType::F16 && w.dtype != DType::BF16) check_f32(w, "w");
+  STRATA_CHECK(w.device == Device::CPU && w.data, "cpu backend: w must be a CPU tensor");
+  const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
+  STRATA_CHECK(w.ndim == 2 && w.dim(1) == in && y.dim(0) == T && y.row_size() == out,
+               "linear: x " << x.shape_str() << " w " << w.shape_str() << " y " << y.shape_str());
+  STRATA_CHECK(y.data != x.data, "linear: y must not alias x");
+  if (!bias.empty()) {
+    check_f32(bias, "bias");
+    STRATA_CHECK(bias.numel() == out, "linear: bias " << bias.shape_str());
+  }
 }
 
 class CpuBackend final : public Backend {
@@ -283,51 +296,43 @@ public:
   void linear(const Tensor& x, const Tensor& w, const Tensor& bias16, const Tensor& y) override {
     std::vector<float> bs;
     const Tensor bias = widened(bias16, bs, "bias");
-    // fp32 activations, weights as fp32, fp16 or bf16 (the GPU's, read in place) or codes.
-    check_f32(x, "x");
-    check_f32(y, "y");
-    if (w.quantized()) check_quantized(w, "w");
-    else if (w.dtype != DType::F16 && w.dtype != DType::BF16) check_f32(w, "w");
-    STRATA_CHECK(w.device == Device::CPU && w.data, "cpu backend: w must be a CPU tensor");
+    check_linear(x, w, bias, y);
     const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
-    STRATA_CHECK(w.ndim == 2 && w.dim(1) == in && y.dim(0) == T && y.row_size() == out,
-                 "linear: x " << x.shape_str() << " w " << w.shape_str() << " y " << y.shape_str());
-    STRATA_CHECK(y.data != x.data, "linear: y must not alias x");
-    if (!bias.empty()) {
-      check_f32(bias, "bias");
-      STRATA_CHECK(bias.numel() == out, "linear: bias " << bias.shape_str());
-    }
     if (T == 0) return;
-    if (w.quantized()) return linear_quantized(x, w, bias, y);
-    if (w.dtype == DType::F16) return linear_16bit<f16>(x, w, bias, y);
-    if (w.dtype == DType::BF16) return linear_16bit<bf16>(x, w, bias, y);
-    if (T == 1) {  // one token: OpenBLAS's matrix-vector product is tuned for exactly this
-      if (!bias.empty()) std::memcpy(y.data, bias.data, size_t(out) * 4);
+    const float* b = bias.empty() ? nullptr : bias.ptr<float>();
+    if (T == 1 && w.dtype == DType::F32) {  // one token: OpenBLAS's matrix-vector product is tuned for exactly this
+      if (b) std::memcpy(y.data, b, size_t(out) * 4);
       std::lock_guard<BlasTurns> turn(blas_turns());
       cblas_sgemv(CblasRowMajor, CblasNoTrans, int(out), int(in), 1.0f, w.ptr<float>(), int(in), x.ptr<float>(), 1,
-                  bias.empty() ? 0.0f : 1.0f, y.ptr<float>(), 1);
+                  b ? 1.0f : 0.0f, y.ptr<float>(), 1);
       return;
     }
-    if (T <= kStreamingMaxTokens) {
-      // Few tokens (decode): stream each weight row once against every token. OpenBLAS would
-      // first pack all of w, which for small T costs as much as the multiplication itself.
-      const float* b = bias.empty() ? nullptr : bias.ptr<float>();
-      pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
-        for (int64_t o = o0; o < o1; ++o) {
-          const float* wr = w.ptr<float>() + o * in;
-          for (int64_t t = 0; t < T; ++t)
-            y.ptr<float>()[t * out + o] = (b ? b[o] : 0.0f) + dot(x.ptr<float>() + t * in, wr, in);
-        }
-      });
-      return;
-    }
+    if (T <= cpu_linear::streamed_max_tokens(w.quantized())) return run_streamed({streamed(x, w, b, y)});
+    if (w.quantized()) return linear_quantized_blocks(x, w, b, y);
+    if (w.dtype == DType::F16) return linear_16bit_blocks<f16>(x, w, b, y);
+    if (w.dtype == DType::BF16) return linear_16bit_blocks<bf16>(x, w, b, y);
     float beta = 0.0f;
-    if (!bias.empty()) {  // BLAS adds to y when beta = 1, so y starts as the bias
-      for (int64_t t = 0; t < T; ++t) std::memcpy(y.ptr<float>() + t * out, bias.data, size_t(out) * 4);
+    if (b) {  // BLAS adds to y when beta = 1, so y starts as the bias
+      for (int64_t t = 0; t < T; ++t) std::memcpy(y.ptr<float>() + t * out, b, size_t(out) * 4);
       beta = 1.0f;
     }
     std::lock_guard<BlasTurns> turn(blas_turns());
     sgemm_xwt(T, out, in, x.ptr<float>(), w.ptr<float>(), beta, y.ptr<float>(), out);
+  }
+
+  // The jobs over few tokens share one parallel region, each output row computed as linear()
+  // computes it (a single fp32 token streams its rows here, where linear() calls sgemv); the
+  // others run one linear() each.
+  void linears(const std::vector<LinearJob>& jobs) override {
+    std::vector<StreamedLinear> few;
+    for (const LinearJob& j : jobs) {
+      check_linear(j.x, j.w, Tensor(), j.y);
+      const int64_t T = j.x.dim(0);
+      if (T == 0) continue;
+      if (T <= cpu_linear::streamed_max_tokens(j.w.quantized())) few.push_back(streamed(j.x, j.w, nullptr, j.y));
+      else linear(j.x, j.w, Tensor(), j.y);
+    }
+    run_streamed(few);
   }
 
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
@@ -645,23 +650,139 @@ private:
     else pool_.parallel_for(n, fn);
   }
 
-  // y = x @ w^T + bias over 16-bit weights W (f16 or bf16: the GPU's copy, computed where it
-  // lives): a few tokens stream each row once, widened in registers; more tokens widen blocks of
-  // rows for sgemm. (linear() checked the arguments.)
-  template <class W>
-  void linear_16bit(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
+  // A linear over few tokens (at most cpu_linear::streamed_max_tokens) that computes each output
+  // row on its own: rows(o0, o1) writes y's columns [o0, o1) for every token, reading those weight
+  // rows once. A range starts at a multiple of `align` (the codes kernel's blocks of rows), so a
+  // row's arithmetic does not depend on how the rows are shared among threads.
+  struct StreamedLinear {
+    int64_t out = 0, align = 1;
+    std::function<void(int64_t, int64_t)> rows;
+  };
+
+  // The streamed form of y = x @ w^T + b (linear() checked the arguments): each weight row read
+  // once against every token, as fp32 or 16-bit values (widened in registers), or as codes, in
+  // place (streamed_codes) or each row dequantized into an fp32 row first.
+  static StreamedLinear streamed(const Tensor& x, const Tensor& w, const float* b, const Tensor& y) {
+    if (w.dtype == DType::F16) return streamed_rows(x, w.ptr<f16>(), b, y);
+    if (w.dtype == DType::BF16) return streamed_rows(x, w.ptr<bf16>(), b, y);
+    if (!w.quantized()) return streamed_rows(x, w.ptr<float>(), b, y);
+    const quant::QuantSpec spec = quant::spec_of(w);
     const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
-    const float* b = bias.empty() ? nullptr : bias.ptr<float>();
-    const W* wp = w.ptr<W>();
+    if (cpu::codes_row_ok(spec.group_size, in)) return streamed_codes(x, w, b, y, spec);
+    const size_t row_bytes = quant::row_bytes(spec, in);
+    const uint8_t* codes = w.ptr<uint8_t>();
+    return {out, cpu::kBlock, [=](int64_t o0, int64_t o1) {
+              std::vector<float> block(static_cast<size_t>(cpu::kBlock * in));
+              const float* rows[cpu::kBlock];
+              for (int64_t o = o0; o < o1; o += cpu::kBlock) {
+                const int64_t chunk = std::min<int64_t>(cpu::kBlock, o1 - o);
+                for (int64_t r = 0; r < chunk; ++r) {
+                  cpu::dequantize_row_f32(codes + size_t(o + r) * row_bytes, spec.bits, spec.group_size, in,
+                                          block.data() + r * in);
+                  rows[r] = block.data() + r * in;
+                }
+                dot_rows(x, rows, chunk, o, b, y);
+              }
+            }};
+  }
+
+  template <class W>
+  static StreamedLinear streamed_rows(const Tensor& x, const W* wp, const float* b, const Tensor& y) {
+    const int64_t in = x.row_size(), out = y.row_size();
+    return {out, cpu::kBlock, [=](int64_t o0, int64_t o1) {
+              const W* rows[cpu::kBlock];
+              for (int64_t o = o0; o < o1; o += cpu::kBlock) {
+                const int64_t chunk = std::min<int64_t>(cpu::kBlock, o1 - o);
+                for (int64_t r = 0; r < chunk; ++r) rows[r] = wp + (o + r) * in;
+                dot_rows(x, rows, chunk, o, b, y);
+              }
+            }};
+  }
+
+  // y[t, o + r] = b[o + r] + x_t . rows[r] for every token t and up to cpu::kBlock rows, in blocks
+  // of (token, row) pairs: four rows for one token, else up to four tokens sharing each load of a
+  // row. A pair's sum does not depend on its block (cpu_simd.h).
+  template <class W>
+  static void dot_rows(const Tensor& x, const W* const* rows, int64_t chunk, int64_t o, const float* b, const Tensor& y) {
+    const int64_t T = x.dim(0), in = x.row_size(), out = y.row_size();
     float* yp = y.ptr<float>();
-    if (T <= kStreamingMaxTokens) {
-      pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
-        for (int64_t o = o0; o < o1; ++o)
-          for (int64_t t = 0; t < T; ++t) yp[t * out + o] = (b ? b[o] : 0.0f) + dot(x.ptr<float>() + t * in, wp + o * in, in);
-      });
-      return;
+    for (int64_t t0 = 0; t0 < T; t0 += cpu::kBlock) {
+      const int queries = int(std::min<int64_t>(cpu::kBlock, T - t0)), per_block = cpu::kBlock / queries;
+      for (int64_t r = 0; r < chunk; r += per_block)
+        cpu::dot_block(x.ptr<float>() + t0 * in, queries, rows + r, int(std::min<int64_t>(per_block, chunk - r)), in,
+                       yp + t0 * out + o + r, out);
     }
-    linear_widened_blocks(x, b, y, out, [&](int64_t r0, int64_t n, float* rows) { cpu::to_f32(wp + r0 * in, rows, n * in); });
+    if (b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t r = 0; r < chunk; ++r) yp[t * out + o + r] += b[o + r];
+  }
+
+  // Over codes that can be read in place (cpu_quant.h): y[t, o] is sum_g s_g (x_t . c_g) + m_g (sum
+  // of x_t over g), each token in code order with its group sums computed once, here, and the
+  // weight rows read as codes in blocks of cpu::kBlock (token, row) pairs: four rows for one
+  // token, else up to four tokens sharing each widening of a row.
+  static StreamedLinear streamed_codes(const Tensor& x, const Tensor& w, const float* bias, const Tensor& y,
+                                       const quant::QuantSpec& spec) {
+    const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
+    const int64_t groups = (in + spec.group_size - 1) / spec.group_size;
+    const size_t row_bytes = quant::row_bytes(spec, in);
+    auto coded = std::make_shared<std::vector<float>>(size_t(T * in));
+    auto sums = std::make_shared<std::vector<float>>(size_t(T * groups));
+    for (int64_t t = 0; t < T; ++t)
+      cpu::to_coded_query(spec.bits, spec.group_size, x.ptr<float>() + t * in, in, coded->data() + t * in,
+                          sums->data() + t * groups);
+    const uint8_t* codes = w.ptr<uint8_t>();
+    float* yp = y.ptr<float>();
+    return {out, cpu::kBlock, [=](int64_t o0, int64_t o1) {
+              for (int64_t o = o0; o < o1; o += cpu::kBlock) {
+                const int64_t chunk = std::min<int64_t>(cpu::kBlock, o1 - o);
+                const uint8_t* rows[cpu::kBlock];
+                for (int64_t r = 0; r < chunk; ++r) rows[r] = codes + size_t(o + r) * row_bytes;
+                for (int64_t t0 = 0; t0 < T; t0 += cpu::kBlock) {
+                  const int queries = int(std::min<int64_t>(cpu::kBlock, T - t0)), per_block = cpu::kBlock / queries;
+                  for (int64_t r = 0; r < chunk; r += per_block)
+                    cpu::dot_packed_codes(coded->data() + t0 * in, sums->data() + t0 * groups, queries, rows + r,
+                                          int(std::min<int64_t>(per_block, chunk - r)), spec.bits, spec.group_size,
+                                          in, yp + t0 * out + o + r, out);
+                }
+                if (bias)
+                  for (int64_t t = 0; t < T; ++t)
+                    for (int64_t r = 0; r < chunk; ++r) yp[t * out + o + r] += bias[o + r];
+              }
+            }};
+  }
+
+  // One parallel region over the rows of every linear in `work`, in units of about a 16th of a
+  // thread's share (rounded up to each linear's alignment; a unit never spans two linears): one
+  // wake of the pool for a step's small experts instead of one each.
+  void run_streamed(const std::vector<StreamedLinear>& work) {
+    int64_t rows = 0;
+    for (const StreamedLinear& l : work) rows += l.out;
+    if (rows == 0) return;
+    const int64_t target = std::max<int64_t>(1, rows / (int64_t(pool_.size()) * 16));
+    std::vector<int64_t> unit(work.size()), first_unit(work.size() + 1, 0);
+    for (size_t i = 0; i < work.size(); ++i) {
+      unit[i] = (target + work[i].align - 1) / work[i].align * work[i].align;
+      first_unit[i + 1] = first_unit[i] + (work[i].out + unit[i] - 1) / unit[i];
+    }
+    pool_.parallel_for(first_unit.back(), [&](int64_t u0, int64_t u1) {
+      size_t i = size_t(std::upper_bound(first_unit.begin(), first_unit.end(), u0) - first_unit.begin()) - 1;
+      while (u0 < u1) {
+        while (first_unit[i + 1] <= u0) ++i;
+        const int64_t last = std::min(u1, first_unit[i + 1]);
+        work[i].rows((u0 - first_unit[i]) * unit[i], std::min(work[i].out, (last - first_unit[i]) * unit[i]));
+        u0 = last;
+      }
+    });
+  }
+
+  // y = x @ w^T + b over 16-bit weights W (f16 or bf16: the GPU's copy, computed where it lives)
+  // for more tokens than stream: blocks of rows widened for sgemm.
+  template <class W>
+  void linear_16bit_blocks(const Tensor& x, const Tensor& w, const float* b, const Tensor& y) {
+    const int64_t in = x.row_size();
+    const W* wp = w.ptr<W>();
+    linear_widened_blocks(x, b, y, w.dim(0), [&](int64_t r0, int64_t n, float* rows) { cpu::to_f32(wp + r0 * in, rows, n * in); });
   }
 
   // y = x @ w^T + bias over weights that sgemm cannot read (16-bit or codes), for enough tokens
@@ -695,63 +816,17 @@ private:
     return buffer.get();
   }
 
-  // y = x @ dequantized(w)^T + bias. Up to kLinearCodesMaxTokens tokens only the codes are read:
-  // in place (linear_codes), or each row dequantized once into a per-thread fp32 row and dotted
-  // with every token. Beyond it, blocks of dequantized rows go through sgemm: a CPU computing an
-  // expert over a prefill's tokens (the engine's cpu_experts) runs near sgemm's rate, not the dot
-  // products'. (linear() checked the arguments.)
-  void linear_quantized(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) {
-    const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
+  // y = x @ dequantized(w)^T + b for more tokens than the codes are read for: blocks of
+  // dequantized rows through sgemm, so a CPU computing an expert over a prefill's tokens (the
+  // engine's cpu_experts) runs near sgemm's rate, not the dot products'.
+  void linear_quantized_blocks(const Tensor& x, const Tensor& w, const float* b, const Tensor& y) {
+    const int64_t in = x.row_size();
     const quant::QuantSpec spec = quant::spec_of(w);
     const size_t row_bytes = quant::row_bytes(spec, in);
-    const float* b = bias.empty() ? nullptr : bias.ptr<float>();
-    if (T > kLinearCodesMaxTokens)
-      return linear_widened_blocks(x, b, y, out, [&](int64_t r0, int64_t n, float* rows) {
-        for (int64_t r = 0; r < n; ++r)
-          cpu::dequantize_row_f32(w.ptr<uint8_t>() + size_t(r0 + r) * row_bytes, spec.bits, spec.group_size, in,
-                                  rows + r * in);
-      });
-    if (cpu::codes_row_ok(spec.group_size, in)) return linear_codes(x, w, b, y, spec);
-    pool_.parallel_for(out, [&](int64_t o0, int64_t o1) {
-      std::vector<float> wr(static_cast<size_t>(in));
-      for (int64_t o = o0; o < o1; ++o) {
-        cpu::dequantize_row_f32(w.ptr<uint8_t>() + size_t(o) * row_bytes, spec.bits, spec.group_size, in, wr.data());
-        for (int64_t t = 0; t < T; ++t)
-          y.ptr<float>()[t * out + o] = (b ? b[o] : 0.0f) + dot(x.ptr<float>() + t * in, wr.data(), in);
-      }
-    });
-  }
-
-  // linear_quantized over rows whose codes can be read in place (cpu_quant.h): y[t, o] is
-  // sum_g s_g (x_t . c_g) + m_g (sum of x_t over g), each token in code order with its group sums
-  // computed once, and the weight rows read as codes in blocks of cpu::kBlock (token, row) pairs:
-  // four rows for one token, else up to four tokens sharing each widening of a row.
-  void linear_codes(const Tensor& x, const Tensor& w, const float* bias, const Tensor& y, const quant::QuantSpec& spec) {
-    const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
-    const int64_t groups = (in + spec.group_size - 1) / spec.group_size;
-    const size_t row_bytes = quant::row_bytes(spec, in);
-    std::vector<float> coded(size_t(T * in)), sums(size_t(T * groups));
-    for (int64_t t = 0; t < T; ++t)
-      cpu::to_coded_query(spec.bits, spec.group_size, x.ptr<float>() + t * in, in, coded.data() + t * in,
-                          sums.data() + t * groups);
-    const uint8_t* codes = w.ptr<uint8_t>();
-    float* yp = y.ptr<float>();
-    pool_.parallel_for((out + cpu::kBlock - 1) / cpu::kBlock, [&](int64_t c0, int64_t c1) {
-      for (int64_t o = c0 * cpu::kBlock; o < std::min(out, c1 * cpu::kBlock); o += cpu::kBlock) {
-        const int64_t chunk = std::min<int64_t>(cpu::kBlock, out - o);
-        const uint8_t* rows[cpu::kBlock];
-        for (int64_t r = 0; r < chunk; ++r) rows[r] = codes + size_t(o + r) * row_bytes;
-        for (int64_t t0 = 0; t0 < T; t0 += cpu::kBlock) {
-          const int queries = int(std::min<int64_t>(cpu::kBlock, T - t0)), per_block = cpu::kBlock / queries;
-          for (int64_t r = 0; r < chunk; r += per_block)
-            cpu::dot_packed_codes(coded.data() + t0 * in, sums.data() + t0 * groups, queries, rows + r,
-                                  int(std::min<int64_t>(per_block, chunk - r)), spec.bits, spec.group_size, in,
-                                  yp + t0 * out + o + r, out);
-        }
-        if (bias)
-          for (int64_t t = 0; t < T; ++t)
-            for (int64_t r = 0; r < chunk; ++r) yp[t * out + o + r] += bias[o + r];
-      }
+    linear_widened_blocks(x, b, y, w.dim(0), [&](int64_t r0, int64_t n, float* rows) {
+      for (int64_t r = 0; r < n; ++r)
+        cpu::dequantize_row_f32(w.ptr<uint8_t>() + size_t(r0 + r) * row_bytes, spec.bits, spec.group_size, in,
+                                rows + r * in);
     });
   }
 
