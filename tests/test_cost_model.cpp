@@ -597,6 +597,43 @@ TEST_CASE("experts on the CPU: each matrix at its own size's rate, or the step's
   CHECK(cpu_experts_seconds(qw, z, 512, false, hw) == Approx(2.0 * 512 * (128 * hq + 8 * 3 * fq * hq) / 40e9));
 }
 
+TEST_CASE("a mixture of experts' GEMMs are priced over the rows routed to each expert", "[cost][moe]") {
+  // Qwen3-30B-A3B with everything on the GPU, and a GEMM curve that rises with rows: 1 TFLOP/s at
+  // 1 row, 64 at 64 and beyond (HardwareProfile::gemm_flops interpolates it). The attention
+  // half's, the router's and the head's GEMMs run over a step's rows; each active expert's over the
+  // rows routed to it, rows k / E_act(rows) on average (ForwardOps groups a step's rows by expert).
+  const ModelConfig qw = *config_preset("qwen3-30b-a3b");
+  HardwareProfile hw = round_machine();
+  hw.gpu_gemm = {{1, 1e12}, {64, 64e12}};
+  const CostForms F = cost_forms(qw, policy_of(8, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}), wl, hw);
+  const double hq = 2048, experts = 2.0 * 8 * 3 * hq * 768, bls = 16, s = 512;
+  const double head = 2.0 * double(qw.vocab_size) * hq / qw.n_layers;
+  CHECK(F.sizes.expert_flops_per_token == experts);
+  const auto rate = [&](double rows) { return hw.gemm_flops(rows, hq); };
+  // Decode, a GPU batch of 8: 64 routed rows over 128 (1 - (1 - 1/16)^8) = 51.62 active experts,
+  // 1.240 each, where the curve gives a sixth of its rate for the batch's 8 rows.
+  const double decode_rows = 8 * 8 / expected_active_experts(128, 8, 8);
+  CHECK(decode_rows == Approx(1.240).epsilon(1e-3));
+  CHECK(rate(decode_rows) < rate(8) / 5);
+  CHECK(F.decode[COMP].constant ==
+        Approx(bls * (F.sizes.layer_flops_per_token - experts + head) / rate(8) + bls * experts / rate(decode_rows)));
+  // Prefill in steps of min(step tokens, 8 x 512) rows; the experts over rows x 8 / E_act(rows).
+  const double rows = std::min(F.sizes.step_tokens, 8 * s), prefill_rows = rows * 8 / expected_active_experts(128, 8, rows);
+  CHECK(prefill_rows == Approx(rows / 16).epsilon(1e-6));  // every expert active
+  const double attention = 4.0 * s * s * qw.q_dim() / rate(s);
+  CHECK(F.prefill[COMP].constant ==
+        Approx(bls * s * (F.sizes.layer_flops_per_token - experts) / rate(rows) + bls * s * experts / rate(prefill_rows) +
+               bls * attention + bls * 2.0 * double(qw.vocab_size) * hq / rate(F.sizes.prefill_seqs) / qw.n_layers));
+  // 4-bit weights in a decode batch within the fused linear's limit (16): the codes are read in
+  // the fused linear, which the GEMM term over the batch's rows stands for, experts included.
+  Policy q4 = policy_of(8, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0});
+  q4.compress_weights = Compression{4, 64};
+  CHECK(cost_forms(qw, q4, wl, hw).decode[COMP].constant ==
+        Approx(bls * (F.sizes.layer_flops_per_token + head) / rate(8)));
+  // A dense model's GEMMs all run over the step's rows.
+  CHECK(cost_forms(opt67(), policy_of(8, 2, {100, 0, 0}, {100, 0, 0}, {100, 0, 0}), wl, hw).sizes.expert_flops_per_token == 0);
+}
+
 TEST_CASE("experts placed apart: the attention halves follow the fractions, the experts' tiers are fixed",
           "[cost][moe]") {
   // Mixtral-8x7B with every attention half on the GPU and every MLP half on the CPU tier

@@ -210,7 +210,7 @@ TEST_CASE("cpu: a linear over quantized weights computes over the values the ref
 }
 
 TEST_CASE("cpu: a quantized linear over many tokens runs sgemm over blocks of dequantized rows", "[quant]") {
-  // Beyond 24 tokens (cpu_backend.cpp, kLinearCodesMaxTokens) the CPU backend dequantizes about
+  // Beyond 24 tokens (cpu_linear.h, kCodesMaxTokens) the CPU backend dequantizes about
   // 16 MB of rows at a time (4M values: 1024 rows of 4096), so 1100 rows take two blocks, the
   // second partial; a second call reuses the first's buffer.
   auto be = make_cpu_backend(2);

@@ -111,6 +111,7 @@ CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w, D
   if (cfg.moe()) {
     z.expert_params = 3.0 * h * cfg.expert_intermediate;
     z.router_params = double(cfg.n_experts) * h;
+    z.expert_flops_per_token = 2.0 * cfg.experts_per_token * z.expert_params;
     z.expert_weights_fp16 = e * z.expert_params;
     z.router_weights_fp16 = e * z.router_params;
   }
@@ -256,8 +257,25 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   // A layer's elementwise work (norms, residual adds, the activation) for each token, at the
   // profile's measured seconds per token and hidden unit (0 in a profile without it).
   const double elementwise_per_token = hw.gpu_elementwise_s * h_dim;
-  P[COMP].constant = bls * s * z.layer_flops_per_token / hw.gemm_flops(std::min(z.step_tokens, gbs * s), h_dim) +
-                     bls * prefill_attention + bls * s * elementwise_per_token;
+  // The GEMMs of `tokens` tokens that run `rows` at a time. A mixture of experts' experts run
+  // over the rows routed to each: rows k / E_act(rows) on average (ForwardOps), where the GEMM
+  // reads an expert's weights for far fewer rows than the step's. Not where a compressed decode
+  // step reads the codes in the fused linear (gbs within its limit): there the GEMM term over the
+  // step's rows stands for it, as for every other matrix (the profile has no GPU curve over codes).
+  const bool fused_codes = cw && gbs <= double(quant::kCudaFusedDequantMaxTokens);
+  const auto gemm_seconds = [&](double tokens, double flops_per_token, double rows, bool by_expert = true) {
+    const double expert_flops = by_expert ? z.expert_flops_per_token : 0;  // every caller's flops include them
+    double seconds = tokens * (flops_per_token - expert_flops) / hw.gemm_flops(rows, h_dim);
+    if (expert_flops > 0) {
+      const double per_expert =
+          rows * cfg.experts_per_token / expected_active_experts(cfg.n_experts, cfg.experts_per_token, rows);
+      seconds += tokens * expert_flops / hw.gemm_flops(per_expert, h_dim);
+    }
+    return seconds;
+  };
+  const double prefill_rows = std::min(z.step_tokens, gbs * s);
+  P[COMP].constant = gemm_seconds(bls * s, z.layer_flops_per_token, prefill_rows) + bls * prefill_attention +
+                     bls * s * elementwise_per_token;
   if (cw) P[COMP].constant += z.layer_weights_fp16 / dequant_bw;
   // The LM head runs after the last layer on the logit rows (a prefill group's last tokens, a
   // decode step's GPU batch): a per-step cost, spread over the layers here so the stage totals
@@ -274,7 +292,7 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
     const double group_tokens = std::min(z.prefill_seqs, gbs) * s;
     add_mlp(P[CTOG], Ap / ctog, Tier::Cpu);
     add_mlp(P[GTOC], Ap / gtoc, Tier::Cpu);
-    add_mlp(P[COMP], -bls * s * z.mlp_flops_per_token / hw.gemm_flops(std::min(z.step_tokens, gbs * s), h_dim), Tier::Cpu);
+    add_mlp(P[COMP], -gemm_seconds(bls * s, z.mlp_flops_per_token, prefill_rows), Tier::Cpu);
     add_mlp(P[CATT], prefill_groups * cpu_experts_seconds(cfg, z, group_tokens, cw, hw), Tier::Cpu);
     if (cw) add_mlp(P[COMP], -z.mlp_weights_fp16 / dequant_bw, Tier::Cpu);  // its half is never dequantized
   }
@@ -306,10 +324,10 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   add(D[DTOC], Ag_moved / dtoc, {HD});
   add(D[CTOD], cache_new / ctod, {CD});
   add(D[CTOD], Ag_moved / ctod, {HD});
-  D[COMP].constant = bls * (z.layer_flops_per_token + head_flops / l) / hw.gemm_flops(gbs, h_dim) +
+  D[COMP].constant = gemm_seconds(bls, z.layer_flops_per_token + head_flops / l, gbs, !fused_codes) +
                      bls * elementwise_per_token +
                      (hw.compute_overhead_s + hw.step_overhead_s / l) * ngb;  // calibrated: per GPU batch (and layer)
-  if (experts_d) add_mlp(D[COMP], -bls * z.mlp_flops_per_token / hw.gemm_flops(gbs, h_dim), Tier::Cpu);
+  if (experts_d) add_mlp(D[COMP], -gemm_seconds(bls, z.mlp_flops_per_token, gbs, !fused_codes), Tier::Cpu);
   // What of it waits for delegated attention (compute_stage): all but the attention half's GEMMs;
   // on the CPU backend all of it (the attention runs inline on the same cores: G + C).
   F.comp_serial_share =

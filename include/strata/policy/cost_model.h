@@ -84,6 +84,7 @@ struct CostSizes {
   // parameters.
   double expert_weights_fp16 = 0, router_weights_fp16 = 0;
   double expert_params = 0, router_params = 0;
+  double expert_flops_per_token = 0;  // the k experts' part of layer_flops_per_token (2 k expert_params)
 };
 
 // Bytes per second of compute-dtype weights a CPU linear streams for a few tokens: the profile's

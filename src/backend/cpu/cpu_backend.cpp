@@ -117,7 +117,6 @@ private:
   std::vector<float> cos_, sin_;
 };
 
-using cpu_linear::kStreamingMaxTokens;
 // Up to this many tokens the engine computes a quantized step with linear over the codes; beyond
 // it, it dequantizes the sub-layer once for every unit of its block and runs the plain GEMM. On a
 // 2-core Xeon (OpenBLAS Cooperlake kernels, OPT-1.3B's MLP matrices, 4-bit g64) the codes took
@@ -125,7 +124,7 @@ using cpu_linear::kStreamingMaxTokens;
 // (bench/results/2026-11-26-cpu-linear-codes.md). The CUDA backend's limit is 16 too
 // (quant::kCudaFusedDequantMaxTokens), which the cost model prices.
 constexpr int64_t kFusedDequantMaxTokens = 16;
-using cpu_linear::kCodesMaxTokens;
+// linear()'s own limits, where it changes kernel with the token count: cpu_linear.h.
 
 // OpenBLAS serves one call at a time; a thread that calls while another's call runs does not
 // sleep but competes for the cores, and with as many BLAS threads as cores both crawl (on the
@@ -661,13 +660,13 @@ private:
 
   // The streamed form of y = x @ w^T + b (linear() checked the arguments): each weight row read
   // once against every token, as fp32 or 16-bit values (widened in registers), or as codes, in
-  // place (streamed_codes) or each row dequantized into an fp32 row first.
+  // place (streamed_codes) or dequantized into fp32 rows first, a block of rows at a time.
   static StreamedLinear streamed(const Tensor& x, const Tensor& w, const float* b, const Tensor& y) {
     if (w.dtype == DType::F16) return streamed_rows(x, w.ptr<f16>(), b, y);
     if (w.dtype == DType::BF16) return streamed_rows(x, w.ptr<bf16>(), b, y);
     if (!w.quantized()) return streamed_rows(x, w.ptr<float>(), b, y);
     const quant::QuantSpec spec = quant::spec_of(w);
-    const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
+    const int64_t in = x.row_size(), out = w.dim(0);
     if (cpu::codes_row_ok(spec.group_size, in)) return streamed_codes(x, w, b, y, spec);
     const size_t row_bytes = quant::row_bytes(spec, in);
     const uint8_t* codes = w.ptr<uint8_t>();
