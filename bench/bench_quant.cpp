@@ -14,8 +14,8 @@
 //  1c. with --cold: the linear over codes of both matrices on the CPU, over one matrix every call
 //     (its codes stay cached) and over copies taken in turn, 1 GiB in all (read from memory, as the
 //     engine reads the CPU tier's weights and as strata profile times them).
-//  1d. with --grouped, for a mixture of experts: a step's active experts on the CPU at batch 1 to
-//     32, one linear() each against one Backend::linears() per matrix kind (the engine's
+//  1d. with --grouped, for a mixture of experts: a step's active experts on the CPU at 1 to 256
+//     tokens (decode batches and a prefill's), one linear() each against one Backend::linears() per matrix kind (the engine's
 //     experts computed on the CPU), 4-bit codes and fp32.
 // Usage: bench_quant [--model dummy:opt-1.3b] [--device auto] [--batch 8] [--gen-len 8]
 //                    [--prompt-len 32] [--offload-dir DIR] [--skip-disk] [--skip-engine]
@@ -249,7 +249,7 @@ void grouped_experts(const ModelConfig& cfg, bool q4) {
     else std::memcpy(b->data(), wb.data(), bytes);
     for (int64_t e = 1; e < E; ++e) std::memcpy(static_cast<char*>(b->data()) + size_t(e) * bytes, b->data(), bytes);
   }
-  for (int64_t B : {1, 4, 8, 16, 32}) {
+  for (int64_t B : {1, 4, 8, 16, 32, 128, 256}) {
     std::mt19937 rng{uint32_t(B)};
     std::vector<int64_t> count(size_t(E), 0), order(static_cast<size_t>(E));
     for (int64_t t = 0; t < B; ++t) {
@@ -281,12 +281,12 @@ void grouped_experts(const ModelConfig& cfg, bool q4) {
       be->linears(gu_jobs);
       be->linears(down_jobs);
     });
-    const double read = double(active) * double(gu_bytes + down_bytes);
+    const double read = double(active) * double(gu_bytes + down_bytes), flops = 2.0 * double(A) * double(3 * f * h);
     std::printf("  %s B=%-3lld %3lld of %lld experts active, %.2f tokens each: one linear each %.3f ms, linears() %.3f "
-                "ms = %.2fx; weights read at %.1f / %.1f GB/s\n",
+                "ms = %.2fx; weights read at %.1f / %.1f GB/s, %.1f / %.1f GFLOP/s\n",
                 q4 ? "4-bit" : "fp32 ", (long long)B, (long long)active, (long long)E, double(A) / double(active),
                 1e3 * one_by_one_s, 1e3 * grouped_s, one_by_one_s / grouped_s, read / one_by_one_s / 1e9,
-                read / grouped_s / 1e9);
+                read / grouped_s / 1e9, flops / one_by_one_s / 1e9, flops / grouped_s / 1e9);
   }
 }
 
