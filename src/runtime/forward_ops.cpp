@@ -320,7 +320,7 @@ Tensor ForwardOps::experts_from_normed(const LayerWeights& w) {
   // The experts go in runs whose gate/up outputs fit mlp_a_ and SwiGLU products mlp_b_ side by
   // side (a run takes at least one expert: an expert has at most T rows). Each run is one
   // linears() over its experts' gate/up, one swiglu over all their rows and one linears() over
-  // their downs. Qwen3-MoE's narrow experts take one run a step, Mixtral's two.
+  // their downs. Qwen3-MoE's narrow experts take one run a step, Mixtral's at least two.
   const int64_t fits = std::min(mlp_a_.numel() / (2 * f), mlp_b_.numel() / f);
   const std::vector<int32_t>& at = r.expert_begin;
   std::vector<Backend::LinearJob> gate_up_jobs, down_jobs;
