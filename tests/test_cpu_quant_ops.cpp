@@ -262,9 +262,10 @@ TEST_CASE("cpu: linears from two threads at once, over fp32 weights and over cod
 
 TEST_CASE("cpu: linears over few tokens share one parallel region and give each job what linear() gives it",
           "[quant][moe]") {
-  // Backend::linears (a step's active experts): the CPU backend runs the jobs at or below their
-  // streaming limit (8 tokens over fp32 and 16-bit weights, 24 over codes) in one parallel region,
-  // in units of rows that never span two jobs; the others, one linear() each. Odd shapes, every
+  // Backend::linears (a step's active experts): the CPU backend runs the jobs that linear() would
+  // stream (up to 8 tokens over fp32 and 16-bit weights but a single fp32 token, up to 24 over
+  // codes) in one parallel region, in units of rows that never span two jobs; the others, one
+  // linear() each. Odd shapes, every
   // weight type and both sides of each limit, over 1 to 7 threads, with poisoned outputs.
   struct Case {
     DType dt;
@@ -326,8 +327,7 @@ TEST_CASE("cpu: linears over few tokens share one parallel region and give each 
         expect_linear_of_values(jobs[i].values, jobs[i].x, zeros, c.T, c.out, c.in, got[i]);
       std::vector<float> want(size_t(c.T * c.out), NAN);
       be->linear(f32(jobs[i].x, {c.T, c.in}), jobs[i].w, Tensor(), f32(want, {c.T, c.out}));
-      // One fp32 token: linear() calls sgemv, linears() streams the rows (checked above).
-      if (!(c.dt == DType::F32 && c.T == 1)) CHECK(got[i] == want);
+      CHECK(got[i] == want);
     }
     if (one_thread.empty()) one_thread = got;
     else CHECK(got == one_thread);  // how the rows were shared changes no bit

@@ -306,7 +306,7 @@ public:
                   b ? 1.0f : 0.0f, y.ptr<float>(), 1);
       return;
     }
-    if (T <= cpu_linear::streamed_max_tokens(w.quantized())) return run_streamed({streamed(x, w, b, y)});
+    if (streams(T, w)) return run_streamed({streamed(x, w, b, y)});
     if (w.quantized()) return linear_quantized_blocks(x, w, b, y);
     if (w.dtype == DType::F16) return linear_16bit_blocks<f16>(x, w, b, y);
     if (w.dtype == DType::BF16) return linear_16bit_blocks<bf16>(x, w, b, y);
@@ -319,16 +319,16 @@ public:
     sgemm_xwt(T, out, in, x.ptr<float>(), w.ptr<float>(), beta, y.ptr<float>(), out);
   }
 
-  // The jobs over few tokens share one parallel region, each output row computed as linear()
-  // computes it (a single fp32 token streams its rows here, where linear() calls sgemv); the
-  // others run one linear() each.
+  // The jobs that linear() would stream share one parallel region, each output row computed as
+  // linear() computes it; the others (a single fp32 token, for sgemv; more tokens than stream) run
+  // one linear() each.
   void linears(const std::vector<LinearJob>& jobs) override {
     std::vector<StreamedLinear> few;
     for (const LinearJob& j : jobs) {
       check_linear(j.x, j.w, Tensor(), j.y);
       const int64_t T = j.x.dim(0);
       if (T == 0) continue;
-      if (T <= cpu_linear::streamed_max_tokens(j.w.quantized())) few.push_back(streamed(j.x, j.w, nullptr, j.y));
+      if (streams(T, j.w)) few.push_back(streamed(j.x, j.w, nullptr, j.y));
       else linear(j.x, j.w, Tensor(), j.y);
     }
     run_streamed(few);
@@ -649,6 +649,12 @@ private:
     else pool_.parallel_for(n, fn);
   }
 
+  // Whether linear() streams T tokens over w: within cpu_linear::streamed_max_tokens, but a single
+  // fp32 token, which OpenBLAS's sgemv serves.
+  static bool streams(int64_t T, const Tensor& w) {
+    return T <= cpu_linear::streamed_max_tokens(w.quantized()) && !(T == 1 && w.dtype == DType::F32);
+  }
+
   // A linear over few tokens (at most cpu_linear::streamed_max_tokens) that computes each output
   // row on its own: rows(o0, o1) writes y's columns [o0, o1) for every token, reading those weight
   // rows once. A range starts at a multiple of `align` (the codes kernel's blocks of rows), so a
@@ -660,7 +666,7 @@ private:
 
   // The streamed form of y = x @ w^T + b (linear() checked the arguments): each weight row read
   // once against every token, as fp32 or 16-bit values (widened in registers), or as codes, in
-  // place (streamed_codes) or dequantized into fp32 rows first, a block of rows at a time.
+  // place (streamed_codes) or each row dequantized into an fp32 row first.
   static StreamedLinear streamed(const Tensor& x, const Tensor& w, const float* b, const Tensor& y) {
     if (w.dtype == DType::F16) return streamed_rows(x, w.ptr<f16>(), b, y);
     if (w.dtype == DType::BF16) return streamed_rows(x, w.ptr<bf16>(), b, y);
@@ -670,50 +676,27 @@ private:
     if (cpu::codes_row_ok(spec.group_size, in)) return streamed_codes(x, w, b, y, spec);
     const size_t row_bytes = quant::row_bytes(spec, in);
     const uint8_t* codes = w.ptr<uint8_t>();
-    return {out, cpu::kBlock, [=](int64_t o0, int64_t o1) {
-              std::vector<float> block(static_cast<size_t>(cpu::kBlock * in));
-              const float* rows[cpu::kBlock];
-              for (int64_t o = o0; o < o1; o += cpu::kBlock) {
-                const int64_t chunk = std::min<int64_t>(cpu::kBlock, o1 - o);
-                for (int64_t r = 0; r < chunk; ++r) {
-                  cpu::dequantize_row_f32(codes + size_t(o + r) * row_bytes, spec.bits, spec.group_size, in,
-                                          block.data() + r * in);
-                  rows[r] = block.data() + r * in;
-                }
-                dot_rows(x, rows, chunk, o, b, y);
+    const int64_t T = x.dim(0);
+    const float* xp = x.ptr<float>();
+    float* yp = y.ptr<float>();
+    return {out, 1, [=](int64_t o0, int64_t o1) {
+              std::vector<float> wr(static_cast<size_t>(in));
+              for (int64_t o = o0; o < o1; ++o) {
+                cpu::dequantize_row_f32(codes + size_t(o) * row_bytes, spec.bits, spec.group_size, in, wr.data());
+                for (int64_t t = 0; t < T; ++t) yp[t * out + o] = (b ? b[o] : 0.0f) + dot(xp + t * in, wr.data(), in);
               }
             }};
   }
 
   template <class W>
   static StreamedLinear streamed_rows(const Tensor& x, const W* wp, const float* b, const Tensor& y) {
-    const int64_t in = x.row_size(), out = y.row_size();
-    return {out, cpu::kBlock, [=](int64_t o0, int64_t o1) {
-              const W* rows[cpu::kBlock];
-              for (int64_t o = o0; o < o1; o += cpu::kBlock) {
-                const int64_t chunk = std::min<int64_t>(cpu::kBlock, o1 - o);
-                for (int64_t r = 0; r < chunk; ++r) rows[r] = wp + (o + r) * in;
-                dot_rows(x, rows, chunk, o, b, y);
-              }
-            }};
-  }
-
-  // y[t, o + r] = b[o + r] + x_t . rows[r] for every token t and up to cpu::kBlock rows, in blocks
-  // of (token, row) pairs: four rows for one token, else up to four tokens sharing each load of a
-  // row. A pair's sum does not depend on its block (cpu_simd.h).
-  template <class W>
-  static void dot_rows(const Tensor& x, const W* const* rows, int64_t chunk, int64_t o, const float* b, const Tensor& y) {
     const int64_t T = x.dim(0), in = x.row_size(), out = y.row_size();
+    const float* xp = x.ptr<float>();
     float* yp = y.ptr<float>();
-    for (int64_t t0 = 0; t0 < T; t0 += cpu::kBlock) {
-      const int queries = int(std::min<int64_t>(cpu::kBlock, T - t0)), per_block = cpu::kBlock / queries;
-      for (int64_t r = 0; r < chunk; r += per_block)
-        cpu::dot_block(x.ptr<float>() + t0 * in, queries, rows + r, int(std::min<int64_t>(per_block, chunk - r)), in,
-                       yp + t0 * out + o + r, out);
-    }
-    if (b)
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t r = 0; r < chunk; ++r) yp[t * out + o + r] += b[o + r];
+    return {out, 1, [=](int64_t o0, int64_t o1) {
+              for (int64_t o = o0; o < o1; ++o)
+                for (int64_t t = 0; t < T; ++t) yp[t * out + o] = (b ? b[o] : 0.0f) + dot(xp + t * in, wp + o * in, in);
+            }};
   }
 
   // Over codes that can be read in place (cpu_quant.h): y[t, o] is sum_g s_g (x_t . c_g) + m_g (sum
