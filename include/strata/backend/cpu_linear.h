@@ -19,7 +19,8 @@ constexpr int64_t kStreamingMaxTokens = 8;
 constexpr int64_t kCodesMaxTokens = 24;
 
 // Linears at or below their streaming limit (the two above) compute each output row on its own,
-// so Backend::linears runs several of them (a step's experts) in one parallel region.
+// so Backend::linears runs several of them (a step's experts) in one parallel region. A single
+// token over fp32 weights goes to OpenBLAS's sgemv instead, in linear() and linears() alike.
 constexpr int64_t streamed_max_tokens(bool quantized) { return quantized ? kCodesMaxTokens : kStreamingMaxTokens; }
 
 }  // namespace strata::cpu_linear
