@@ -15,8 +15,8 @@
 //     (its codes stay cached) and over copies taken in turn, 1 GiB in all (read from memory, as the
 //     engine reads the CPU tier's weights and as strata profile times them).
 //  1d. with --grouped, for a mixture of experts: a step's active experts on the CPU at 1 to 256
-//     tokens (decode batches and a prefill's), one linear() each against one Backend::linears() per matrix kind (the engine's
-//     experts computed on the CPU), 4-bit codes and fp32.
+//     tokens (decode batches and a prefill's), one linear() each against one Backend::linears()
+//     per matrix kind (the engine's experts computed on the CPU), 4-bit codes and fp32.
 // Usage: bench_quant [--model dummy:opt-1.3b] [--device auto] [--batch 8] [--gen-len 8]
 //                    [--prompt-len 32] [--offload-dir DIR] [--skip-disk] [--skip-engine]
 //                    [--beside-sgemm] [--cold] [--grouped]

@@ -291,8 +291,8 @@ Tensor ForwardOps::mlp_from_normed(const LayerWeights& w) {
 // The router's logits come to the host (a wait for the step's work so far), which picks each
 // token's experts and groups the step's rows by expert (route_tokens); one upload sends the
 // groups back. Then every active expert runs its SwiGLU over its contiguous rows: one gate/up
-// GEMM, one down GEMM, whose output replaces its inputs (many experts' GEMMs in one linears()). combine_rows sums each token's k
-// outputs, weighted, into the normed input's place.
+// GEMM, one down GEMM, whose output replaces its inputs (many experts' GEMMs in one linears()).
+// combine_rows sums each token's k outputs, weighted, into the normed input's place.
 Tensor ForwardOps::experts_from_normed(const LayerWeights& w) {
   const int64_t T = T_, E = cfg_.n_experts, k = cfg_.experts_per_token;
   const int64_t f = cfg_.expert_intermediate, A = T * k;

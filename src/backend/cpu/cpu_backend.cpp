@@ -683,7 +683,7 @@ private:
               std::vector<float> wr(static_cast<size_t>(in));
               for (int64_t o = o0; o < o1; ++o) {
                 cpu::dequantize_row_f32(codes + size_t(o) * row_bytes, spec.bits, spec.group_size, in, wr.data());
-                for (int64_t t = 0; t < T; ++t) yp[t * out + o] = (b ? b[o] : 0.0f) + dot(xp + t * in, wr.data(), in);
+                row_times_tokens(xp, T, in, wr.data(), b, o, yp, out);
               }
             }};
   }
@@ -694,9 +694,15 @@ private:
     const float* xp = x.ptr<float>();
     float* yp = y.ptr<float>();
     return {out, 1, [=](int64_t o0, int64_t o1) {
-              for (int64_t o = o0; o < o1; ++o)
-                for (int64_t t = 0; t < T; ++t) yp[t * out + o] = (b ? b[o] : 0.0f) + dot(xp + t * in, wp + o * in, in);
+              for (int64_t o = o0; o < o1; ++o) row_times_tokens(xp, T, in, wp + o * in, b, o, yp, out);
             }};
+  }
+
+  // y[t, o] = b[o] + x_t . row for each of the T tokens: output column o of a streamed linear.
+  template <class W>
+  static void row_times_tokens(const float* x, int64_t T, int64_t in, const W* row, const float* b, int64_t o, float* y,
+                               int64_t out) {
+    for (int64_t t = 0; t < T; ++t) y[t * out + o] = (b ? b[o] : 0.0f) + dot(x + t * in, row, in);
   }
 
   // Over codes that can be read in place (cpu_quant.h): y[t, o] is sum_g s_g (x_t . c_g) + m_g (sum
