@@ -17,9 +17,11 @@
 //  1d. with --grouped, for a mixture of experts: a step's active experts on the CPU at 1 to 256
 //     tokens (decode batches and a prefill's), one linear() each against one Backend::linears()
 //     per matrix kind (the engine's experts computed on the CPU), 4-bit codes and fp32.
+//  1e. with --streamed: a linear over fp32, fp16 and bf16 weights on the CPU at 1 to 8 tokens
+//     (each weight row streamed against every token) and at 16, weights read from memory.
 // Usage: bench_quant [--model dummy:opt-1.3b] [--device auto] [--batch 8] [--gen-len 8]
 //                    [--prompt-len 32] [--offload-dir DIR] [--skip-disk] [--skip-engine]
-//                    [--beside-sgemm] [--cold] [--grouped]
+//                    [--beside-sgemm] [--cold] [--grouped] [--streamed]
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -52,13 +54,14 @@ struct Args : bench::EngineArgs {
   bool beside_sgemm = false;
   bool cold = false;
   bool grouped = false;
+  bool streamed = false;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
   a.batch = 8;
   a.gen_len = 8;
-  bench::parse_engine_args(argc, argv, a, {{"--skip-engine", &a.skip_engine}, {"--beside-sgemm", &a.beside_sgemm}, {"--cold", &a.cold}, {"--grouped", &a.grouped}});
+  bench::parse_engine_args(argc, argv, a, {{"--skip-engine", &a.skip_engine}, {"--beside-sgemm", &a.beside_sgemm}, {"--cold", &a.cold}, {"--grouped", &a.grouped}, {"--streamed", &a.streamed}});
   return a;
 }
 
@@ -219,6 +222,37 @@ void cached_and_cold(int64_t out, int64_t in) {
   }
 }
 
+// A linear over fp32, fp16 and bf16 weights [out, in] on the CPU at 1 to 8 tokens (the streamed
+// rows; fp32's single token goes to sgemv) and at 16 (sgemm; widened blocks for 16-bit), the
+// weights read from memory: copies taken in turn, 1 GiB in all. fp16 and bf16 weights are what
+// the CPU computes in for a GPU's CPU tier (experts and delegated layers on the CPU).
+void streamed_weights(int64_t out, int64_t in) {
+  auto be = make_cpu_backend(0);
+  const double copy_gbps = bench::measure_copy_gbps(*be);
+  std::printf("  host copy bandwidth (read + write) %.1f GB/s\n", copy_gbps);
+  for (DType dt : {DType::F32, DType::F16, DType::BF16}) {
+    const size_t bytes = size_t(out * in) * dtype_size(dt);
+    const size_t copies = cold_weight_copies(bytes, size_t(1) << 30, be->available_memory());
+    Buffer wb = be->alloc(copies * bytes);
+    fill(*be, wb.view(0, dt, {out, in}), 1);
+    for (size_t c = 1; c < copies; ++c) std::memcpy(static_cast<char*>(wb.data()) + c * bytes, wb.data(), bytes);
+    for (int64_t T : {1, 2, 3, 4, 6, 8, 16}) {
+      Buffer xb = be->alloc(size_t(T * in) * 4), yb = be->alloc(size_t(T * out) * 4);
+      const Tensor x = xb.view(0, DType::F32, {T, in}), y = yb.view(0, DType::F32, {T, out});
+      fill(*be, x, 4);
+      size_t next = 0;
+      const double s = time_per_call(*be, [&] {
+        be->linear(x, Tensor(static_cast<char*>(wb.data()) + (next++ % copies) * bytes, dt, Device::CPU, {out, in}),
+                   Tensor(), y);
+      });
+      const double gbps = double(bytes) / s / 1e9;
+      std::printf("  [%lld x %lld] %-4s T=%-2lld %.3f ms: weights at %.1f GB/s = %.0f%% of copy bandwidth, %.1f GFLOP/s\n",
+                  (long long)out, (long long)in, dtype_name(dt), (long long)T, 1e3 * s, gbps, 100 * gbps / copy_gbps,
+                  2.0 * double(T * out * in) / s / 1e9);
+    }
+  }
+}
+
 // A step's active experts on the CPU (an engine's cpu_experts): B tokens each choose k of the E
 // experts at random; each active expert's gate/up [2f, h] and down [h, f] linears over its tokens,
 // one linear() each (how the experts ran until Backend::linears) against one linears() per
@@ -355,6 +389,10 @@ int main(int argc, char** argv) try {
     std::printf("\n1d. a step's active experts on the CPU, one linear each against one linears() (CPU backend)\n");
     grouped_experts(mb.config, true);
     grouped_experts(mb.config, false);
+  }
+  if (a.streamed) {
+    std::printf("\n1e. a linear over fp32 and 16-bit weights at few tokens, from memory (CPU backend)\n");
+    streamed_weights(moe ? 2 * f : f, h);
   }
   if (a.skip_engine) return 0;
   std::printf("\n2. decode step through the offloading engine, batch %d, prompt %d, %d new tokens\n", a.batch,

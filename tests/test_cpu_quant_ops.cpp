@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -265,8 +266,8 @@ TEST_CASE("cpu: linears over few tokens share one parallel region and give each 
   // Backend::linears (a step's active experts): the CPU backend runs the jobs that linear() would
   // stream (up to 8 tokens over fp32 and 16-bit weights but a single fp32 token, up to 24 over
   // codes) in one parallel region, in units of rows that never span two jobs; the others, one
-  // linear() each. Odd shapes, every
-  // weight type and both sides of each limit, over 1 to 7 threads, with poisoned outputs.
+  // linear() each. Odd shapes, every weight type and both sides of each limit (a single token
+  // over 16-bit rows, whose rows go in blocks), over 1 to 7 threads, with poisoned outputs.
   struct Case {
     DType dt;
     int bits, group;
@@ -277,7 +278,7 @@ TEST_CASE("cpu: linears over few tokens share one parallel region and give each 
       {DType::F32, 0, 0, 96, 41, 9},   {DType::F16, 0, 0, 128, 33, 2},  {DType::F16, 0, 0, 72, 19, 9},
       {DType::BF16, 0, 0, 100, 23, 5}, {DType::Q4, 4, 64, 256, 37, 1},  {DType::Q4, 4, 64, 256, 130, 24},
       {DType::Q4, 4, 64, 256, 29, 25}, {DType::Q8, 8, 32, 128, 61, 7},  {DType::Q4, 4, 32, 72, 13, 4},
-      {DType::Q4, 4, 64, 512, 3, 2},
+      {DType::Q4, 4, 64, 512, 3, 2},   {DType::F16, 0, 0, 40, 7, 1},    {DType::BF16, 0, 0, 33, 4, 1},
   };
   std::mt19937 rng(14);
   struct Job {
@@ -565,6 +566,56 @@ TEST_CASE("cpu: fp32, fp16 and bf16 rows read in blocks give each (query, row) p
   };
   // Multiples of 16 and the scalar tails after them (head dims such as 20 and 72).
   for (int64_t n : {16, 20, 64, 72, 128}) {
+    check(float(), n);
+    check(cpu::f16(), n);
+    check(cpu::bf16(), n);
+  }
+}
+
+// A streamed linear's (token, row) pairs (cpu_backend.cpp): blocks of every shape dot_pairs takes,
+// over lengths that exercise its 32-float strides, its 8-float tail and its scalar tail, give each
+// pair exactly what dot() gives it alone, so a linear's result does not depend on how its tokens
+// and rows are grouped. The outputs start poisoned, and each lands at its own stride.
+TEST_CASE("cpu: fp32, fp16 and bf16 weight rows dotted in pairs give each pair what dot() gives it", "[quant]") {
+  std::mt19937 rng(7);
+  constexpr int kMax = cpu::kDotPairs;
+  auto check = [&](auto stored, int64_t n) {
+    using T = decltype(stored);
+    INFO((std::is_same_v<T, float> ? "fp32" : std::is_same_v<T, cpu::f16> ? "fp16" : "bf16") << " rows of " << n);
+    const std::vector<float> x = normal(size_t(kMax * n), rng);
+    std::vector<T> data(x.size());
+    cpu::from_f32(x.data(), data.data(), int64_t(x.size()));
+    const T* rows[kMax];
+    for (int r = 0; r < kMax; ++r) rows[r] = data.data() + r * n;
+    const std::vector<float> q = normal(size_t(kMax * n), rng);
+    int shapes = 0;
+    for (int queries = 1; queries <= kMax; ++queries)
+      for (int count = 1; queries * count <= kMax; ++count) {
+        INFO(queries << " queries by " << count << " rows");
+        ++shapes;
+        constexpr int64_t kStride = 5;
+        std::vector<float> out(size_t(kMax * kStride), std::numeric_limits<float>::quiet_NaN());
+        cpu::dot_pairs(q.data(), queries, rows, count, n, out.data(), kStride);
+        for (int k = 0; k < kMax; ++k)
+          for (int r = 0; r < kStride; ++r) {
+            const float got = out[size_t(k * kStride + r)];
+            if (k >= queries || r >= count) {  // outside the block: untouched
+              CHECK(std::isnan(got));
+              continue;
+            }
+            const float alone = cpu::dot(q.data() + k * n, rows[r], n);
+            CHECK(std::memcmp(&alone, &got, 4) == 0);
+            double want = 0, magnitude = 0;
+            for (int64_t i = 0; i < n; ++i) {
+              want += double(q[size_t(k * n + i)]) * double(cpu::value_at(rows[r], i));
+              magnitude += std::fabs(double(q[size_t(k * n + i)]) * double(cpu::value_at(rows[r], i)));
+            }
+            CHECK(std::fabs(double(got) - want) <= double(n) * 0x1p-23 * magnitude);
+          }
+      }
+    CHECK(shapes == 5);  // 1x1, 1x2, 1x3, 2x1, 3x1
+  };
+  for (int64_t n : {1, 7, 8, 15, 31, 32, 33, 40, 63, 64, 96, 100, 257}) {
     check(float(), n);
     check(cpu::f16(), n);
     check(cpu::bf16(), n);

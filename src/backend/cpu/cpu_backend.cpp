@@ -694,15 +694,33 @@ private:
     const float* xp = x.ptr<float>();
     float* yp = y.ptr<float>();
     return {out, 1, [=](int64_t o0, int64_t o1) {
-              for (int64_t o = o0; o < o1; ++o) row_times_tokens(xp, T, in, wp + o * in, b, o, yp, out);
+              if (T > 1) {
+                for (int64_t o = o0; o < o1; ++o) row_times_tokens(xp, T, in, wp + o * in, b, o, yp, out);
+                return;
+              }
+              // One token (over 16-bit weights; fp32 goes to sgemv): rows in blocks that share its loads.
+              for (int64_t o = o0; o < o1; o += cpu::kDotPairs) {
+                const int count = int(std::min<int64_t>(cpu::kDotPairs, o1 - o));
+                const W* rows[cpu::kDotPairs];
+                for (int r = 0; r < count; ++r) rows[r] = wp + (o + r) * in;
+                cpu::dot_pairs(xp, 1, rows, count, in, yp + o, 1);
+                for (int r = 0; r < count; ++r) yp[o + r] = (b ? b[o + r] : 0.0f) + yp[o + r];
+              }
             }};
   }
 
-  // y[t, o] = b[o] + x_t . row for each of the T tokens: output column o of a streamed linear.
+  // y[t, o] = b[o] + x_t . row for each of the T tokens: output column o of a streamed linear,
+  // the tokens in blocks of up to cpu::kDotPairs that share each widening of the row.
   template <class W>
   static void row_times_tokens(const float* x, int64_t T, int64_t in, const W* row, const float* b, int64_t o, float* y,
                                int64_t out) {
-    for (int64_t t = 0; t < T; ++t) y[t * out + o] = (b ? b[o] : 0.0f) + dot(x + t * in, row, in);
+    const int64_t blocks = (T + cpu::kDotPairs - 1) / cpu::kDotPairs;
+    for (int64_t k = 0, t0 = 0; k < blocks; ++k) {
+      const int queries = int(T / blocks + (k < T % blocks ? 1 : 0));  // 8 tokens: 3, 3, 2
+      cpu::dot_pairs(x + t0 * in, queries, &row, 1, in, y + t0 * out + o, out);
+      t0 += queries;
+    }
+    for (int64_t t = 0; t < T; ++t) y[t * out + o] = (b ? b[o] : 0.0f) + y[t * out + o];
   }
 
   // Over codes that can be read in place (cpu_quant.h): y[t, o] is sum_g s_g (x_t . c_g) + m_g (sum

@@ -99,6 +99,59 @@ inline void axpy(float alpha, const T* x, float* y, int64_t n) {
 #endif
 }
 
+// out[k out_stride + r] = dot(q_k, rows[r], n) for a block of `queries` queries (consecutive, n
+// floats apart) by `count` rows, queries x count <= kDotPairs, each pair bit for bit what dot()
+// gives it: its own four accumulators over the same strides, reduced in the same order. The pairs
+// share each widening and load of a row or a query, which dot() repeats for every pair (a linear's
+// few tokens over a weight row, or one token over a few rows). Three pairs' twelve accumulators
+// still leave AVX2's sixteen registers room for the loads.
+constexpr int kDotPairs = 3;
+#if defined(__AVX2__) && defined(__FMA__)
+template <int Q, int R, class T>
+void dot_pairs_of_shape(const float* q, const T* const* rows, int64_t n, float* out, int64_t out_stride) {
+  __m256 s[Q * R][4];
+  for (auto& pair : s)
+    for (__m256& acc : pair) acc = _mm256_setzero_ps();
+  // One 8-float chunk j of every pair: each row's chunk widened once, each query's loaded once per row.
+  const auto chunk = [&](int64_t i, int j) {
+#pragma GCC unroll 3
+    for (int r = 0; r < R; ++r) {
+      const __m256 b = load8(rows[r] + i);
+#pragma GCC unroll 3
+      for (int k = 0; k < Q; ++k) s[k * R + r][j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + k * n + i), b, s[k * R + r][j]);
+    }
+  };
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) chunk(i + 8 * j, j);
+  }
+  for (; i + 8 <= n; i += 8) chunk(i, 0);
+  for (int k = 0; k < Q; ++k)
+    for (int r = 0; r < R; ++r) {
+      const __m256* p = s[k * R + r];
+      float acc = hsum(_mm256_add_ps(_mm256_add_ps(p[0], p[1]), _mm256_add_ps(p[2], p[3])));
+      for (int64_t t = i; t < n; ++t) acc = std::fma(q[k * n + t], value_at(rows[r], t), acc);
+      out[k * out_stride + r] = acc;
+    }
+}
+#endif
+template <class T>
+void dot_pairs(const float* q, int queries, const T* const* rows, int count, int64_t n, float* out, int64_t out_stride) {
+#if defined(__AVX2__) && defined(__FMA__)
+  switch (queries * 4 + count) {
+    case 4 + 1: return dot_pairs_of_shape<1, 1>(q, rows, n, out, out_stride);
+    case 4 + 2: return dot_pairs_of_shape<1, 2>(q, rows, n, out, out_stride);
+    case 4 + 3: return dot_pairs_of_shape<1, 3>(q, rows, n, out, out_stride);
+    case 8 + 1: return dot_pairs_of_shape<2, 1>(q, rows, n, out, out_stride);
+    case 12 + 1: return dot_pairs_of_shape<3, 1>(q, rows, n, out, out_stride);
+    default: break;
+  }
+#endif
+  for (int k = 0; k < queries; ++k)
+    for (int r = 0; r < count; ++r) out[k * out_stride + r] = dot(q + k * n, rows[r], n);
+}
+
 // Decode attention's blocks: up to kBlock (query, row) pairs, `queries` queries (consecutive, n
 // floats apart) by `count` rows (consecutive positions of one kv head; for the linear over codes,
 // tokens by weight rows), so that each widening of a
