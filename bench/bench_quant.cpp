@@ -14,9 +14,10 @@
 //  1c. with --cold: the linear over codes of both matrices on the CPU, over one matrix every call
 //     (its codes stay cached) and over copies taken in turn, 1 GiB in all (read from memory, as the
 //     engine reads the CPU tier's weights and as strata profile times them).
-//  1d. with --grouped, for a mixture of experts: a step's active experts on the CPU at 1 to 256
-//     tokens (decode batches and a prefill's), one linear() each against one Backend::linears()
-//     per matrix kind (the engine's experts computed on the CPU), 4-bit codes and fp32.
+//  1d. with --grouped, for a mixture of experts: a step's active experts on the device backend at
+//     1 to 256 tokens (decode batches and a prefill's), one linear() each against one
+//     Backend::linears() per matrix kind (on the CPU: the engine's experts computed there; on a
+//     GPU: the grouped launches of the fused linear), 4-bit codes and the activation dtype.
 //  1e. with --streamed: a linear over fp32, fp16 and bf16 weights on the CPU at 1 to 8 tokens
 //     (each weight row streamed against every token) and at 16, weights read from memory.
 // Usage: bench_quant [--model dummy:opt-1.3b] [--device auto] [--batch 8] [--gen-len 8]
@@ -253,35 +254,41 @@ void streamed_weights(int64_t out, int64_t in) {
   }
 }
 
-// A step's active experts on the CPU (an engine's cpu_experts): B tokens each choose k of the E
-// experts at random; each active expert's gate/up [2f, h] and down [h, f] linears over its tokens,
-// one linear() each (how the experts ran until Backend::linears) against one linears() per
-// matrix kind. One layer's E experts lie in memory, 4-bit g64 codes or fp32.
-void grouped_experts(const ModelConfig& cfg, bool q4) {
+// A step's active experts (on the CPU: an engine's cpu_experts; on a GPU: a resident or moved
+// layer's): B tokens each choose k of the E experts at random; each active expert's gate/up
+// [2f, h] and down [h, f] linears over its tokens, one linear() each (how the experts ran until
+// Backend::linears) against one linears() per matrix kind. One layer's E experts lie in the
+// backend's memory, 4-bit g64 codes or the activation dtype (fp32 on the CPU, fp16 on a GPU).
+void grouped_experts(Backend& be, const ModelConfig& cfg, bool q4) {
   const quant::QuantSpec spec{4, 64};
-  auto be = make_cpu_backend(0);
+  const DType act = be.activation_dtype();
   const int64_t E = cfg.n_experts, k = cfg.experts_per_token, f = cfg.expert_intermediate, h = cfg.hidden;
   const auto bytes_of = [&](int64_t out, int64_t in) {
-    return q4 ? size_t(out) * quant::row_bytes(spec, in) : size_t(out * in) * 4;
+    return q4 ? size_t(out) * quant::row_bytes(spec, in) : size_t(out * in) * dtype_size(act);
   };
   const size_t gu_bytes = bytes_of(2 * f, h), down_bytes = bytes_of(h, f);
-  if (E * (gu_bytes + down_bytes) > be->available_memory() / 4) {
-    std::printf("  %s experts: one layer's %s does not fit a quarter of free memory, skipped\n", q4 ? "4-bit" : "fp32",
+  const char* kind = q4 ? "4-bit" : dtype_name(act);
+  if (E * (gu_bytes + down_bytes) > be.available_memory() / 4) {
+    std::printf("  %s experts: one layer's %s does not fit a quarter of free memory, skipped\n", kind,
                 format_bytes(double(E * (gu_bytes + down_bytes))).c_str());
     return;
   }
-  Buffer gub = be->alloc(size_t(E) * gu_bytes), downb = be->alloc(size_t(E) * down_bytes);
+  Buffer gub = be.alloc(size_t(E) * gu_bytes), downb = be.alloc(size_t(E) * down_bytes);
   const auto matrix = [&](Buffer& b, size_t bytes, int64_t e, int64_t out, int64_t in) {
     void* at = static_cast<char*>(b.data()) + size_t(e) * bytes;
-    return q4 ? Tensor::quantized(at, DType::Q4, spec.group_size, Device::CPU, {out, in})
-              : Tensor(at, DType::F32, Device::CPU, {out, in});
+    return q4 ? Tensor::quantized(at, DType::Q4, spec.group_size, be.device(), {out, in})
+              : Tensor(at, act, be.device(), {out, in});
   };
   for (auto [b, bytes, out, in] : {std::tuple{&gub, gu_bytes, 2 * f, h}, std::tuple{&downb, down_bytes, h, f}}) {
-    Buffer wb = be->alloc(size_t(out * in) * 4);  // one expert's values, copied to every expert
-    fill(*be, wb.view(0, DType::F32, {out, in}), 1);
-    if (q4) be->quantize_rows(spec, wb.view(0, DType::F32, {out, in}), b->data());
-    else std::memcpy(b->data(), wb.data(), bytes);
-    for (int64_t e = 1; e < E; ++e) std::memcpy(static_cast<char*>(b->data()) + size_t(e) * bytes, b->data(), bytes);
+    // One expert's values, made on the host and copied to every expert.
+    std::mt19937 rng(1);
+    std::normal_distribution<float> dist(0.0f, 0.05f);
+    std::vector<float> values(size_t(out * in));
+    for (float& v : values) v = dist(rng);
+    std::vector<uint8_t> expert(bytes);
+    if (q4) quant::quantize_rows(spec, values.data(), DType::F32, out, in, expert.data());
+    else convert_elements(values.data(), DType::F32, expert.data(), act, values.size());
+    for (int64_t e = 0; e < E; ++e) be.copy_to_device(static_cast<char*>(b->data()) + size_t(e) * bytes, expert.data(), bytes);
   }
   for (int64_t B : {1, 4, 8, 16, 32, 128, 256}) {
     std::mt19937 rng{uint32_t(B)};
@@ -292,11 +299,11 @@ void grouped_experts(const ModelConfig& cfg, bool q4) {
       for (int64_t j = 0; j < k; ++j) ++count[size_t(order[size_t(j)])];
     }
     const int64_t A = B * k;
-    Buffer xb = be->alloc(size_t(A * h) * 4), gb = be->alloc(size_t(A * 2 * f) * 4), ab = be->alloc(size_t(A * f) * 4);
-    const Tensor x = xb.view(0, DType::F32, {A, h}), gate_up = gb.view(0, DType::F32, {A, 2 * f}),
-                 act = ab.view(0, DType::F32, {A, f});
-    fill(*be, x, 2);
-    fill(*be, act, 3);
+    const size_t es = dtype_size(act);
+    Buffer xb = be.alloc(size_t(A * h) * es), gb = be.alloc(size_t(A * 2 * f) * es), ab = be.alloc(size_t(A * f) * es);
+    const Tensor x = xb.view(0, act, {A, h}), gate_up = gb.view(0, act, {A, 2 * f}), swiglu = ab.view(0, act, {A, f});
+    fill(be, x, 2);
+    fill(be, swiglu, 3);
     std::vector<Backend::LinearJob> gu_jobs, down_jobs;
     int64_t row = 0, active = 0;
     for (int64_t e = 0; e < E; ++e) {
@@ -304,21 +311,21 @@ void grouped_experts(const ModelConfig& cfg, bool q4) {
       if (n == 0) continue;
       ++active;
       gu_jobs.push_back({x.rows(row, n), matrix(gub, gu_bytes, e, 2 * f, h), gate_up.rows(row, n)});
-      down_jobs.push_back({act.rows(row, n), matrix(downb, down_bytes, e, h, f), x.rows(row, n)});
+      down_jobs.push_back({swiglu.rows(row, n), matrix(downb, down_bytes, e, h, f), x.rows(row, n)});
       row += n;
     }
-    const double one_by_one_s = time_per_call(*be, [&] {
-      for (const auto& j : gu_jobs) be->linear(j.x, j.w, Tensor(), j.y);
-      for (const auto& j : down_jobs) be->linear(j.x, j.w, Tensor(), j.y);
+    const double one_by_one_s = time_per_call(be, [&] {
+      for (const auto& j : gu_jobs) be.linear(j.x, j.w, Tensor(), j.y);
+      for (const auto& j : down_jobs) be.linear(j.x, j.w, Tensor(), j.y);
     });
-    const double grouped_s = time_per_call(*be, [&] {
-      be->linears(gu_jobs);
-      be->linears(down_jobs);
+    const double grouped_s = time_per_call(be, [&] {
+      be.linears(gu_jobs);
+      be.linears(down_jobs);
     });
     const double read = double(active) * double(gu_bytes + down_bytes), flops = 2.0 * double(A) * double(3 * f * h);
     std::printf("  %s B=%-3lld %3lld of %lld experts active, %.2f tokens each: one linear each %.3f ms, linears() %.3f "
                 "ms = %.2fx; weights read at %.1f / %.1f GB/s, %.1f / %.1f GFLOP/s\n",
-                q4 ? "4-bit" : "fp32 ", (long long)B, (long long)active, (long long)E, double(A) / double(active),
+                kind, (long long)B, (long long)active, (long long)E, double(A) / double(active),
                 1e3 * one_by_one_s, 1e3 * grouped_s, one_by_one_s / grouped_s, read / one_by_one_s / 1e9,
                 read / grouped_s / 1e9, flops / one_by_one_s / 1e9, flops / grouped_s / 1e9);
   }
@@ -386,9 +393,9 @@ int main(int argc, char** argv) try {
     cached_and_cold(h, f);
   }
   if (a.grouped && moe) {
-    std::printf("\n1d. a step's active experts on the CPU, one linear each against one linears() (CPU backend)\n");
-    grouped_experts(mb.config, true);
-    grouped_experts(mb.config, false);
+    std::printf("\n1d. a step's active experts, one linear each against one linears() (%s backend)\n", be->name());
+    grouped_experts(*be, mb.config, true);
+    grouped_experts(*be, mb.config, false);
   }
   if (a.streamed) {
     std::printf("\n1e. a linear over fp32 and 16-bit weights at few tokens, from memory (CPU backend)\n");

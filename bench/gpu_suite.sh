@@ -33,8 +33,9 @@
 #   moe        issue 39: dummy:mixtral-8x7b under --gpu-mem 16GiB, prompt 512, generation 32 (decode
 #              projected from 4 steps): the search's policy, then 16 x 2 with 2 of 32 layers on the
 #              GPU and the experts moved, and the same computing them on the CPU in decode (cpu_experts):
-#              OUT/moe.tgz and its cases in OUT/summary.json; then bench_quant --cold --grouped on the
-#              host CPU over Qwen3-30B-A3B's expert matrices (when staged). Only by name
+#              OUT/moe.tgz and its cases in OUT/summary.json; then bench_quant --grouped on the GPU
+#              and --cold --grouped on the host CPU over Qwen3-30B-A3B's expert matrices (when
+#              staged). Only by name
 #   peers      issue 36: FlexGen 0.1.8 and Accelerate beside Strata on the same cases (prompt 512,
 #              generation 32), in pairs, fastest first: OUT/peers.tgz and OUT/summary.json. A peer's
 #              row already committed for this card kind (bench/results/*-GPU-summary.json) is kept,
@@ -335,9 +336,13 @@ part_moe() {
     strata bench --suite "$dir/suite.yaml" --device cuda --hardware "$hw" --offload-dir "$offload_dir" \
     --out "$dir/run" --no-progress
   [ -f "$dir/run/results.md" ] && tee -a "$summary" < "$dir/run/results.md"
-  # The host's CPU over Qwen3-30B-A3B's expert matrices (the CPU lane's experts): the linear over
-  # codes cached and from memory, and a step's experts one linear each against Backend::linears.
+  # Qwen3-30B-A3B's expert matrices: on the GPU, the fused linear and a step's experts one launch
+  # each against the grouped launches (Backend::linears); on the host's CPU (the CPU lane's
+  # experts), the linear over codes cached and from memory, and the experts one linear each
+  # against one parallel region.
   if command -v bench_quant > /dev/null; then
+    STRATA_SUITE_STEP_TIMEOUT=120 step "bench_quant experts on the GPU" \
+      bash -c "bench_quant --model dummy:qwen3-30b-a3b --skip-engine --device cuda --grouped > '$dir/bench_quant-experts-gpu.txt' 2>&1; rc=\$?; cat '$dir/bench_quant-experts-gpu.txt'; exit \$rc"
     STRATA_SUITE_STEP_TIMEOUT=120 step "bench_quant experts on the host CPU" \
       bash -c "bench_quant --model dummy:qwen3-30b-a3b --skip-engine --device cpu --cold --grouped > '$dir/bench_quant-experts.txt' 2>&1; rc=\$?; cat '$dir/bench_quant-experts.txt'; exit \$rc"
   fi

@@ -486,6 +486,29 @@ void for_each_block(F&& f) {
           f(queries, count, k0, r0);
         }
 }
+
+// `count` random rows of n values stored as T (fp32, fp16 or bf16), back to back.
+template <class T>
+std::vector<T> stored_rows(int count, int64_t n, std::mt19937& rng) {
+  const std::vector<float> x = normal(size_t(count * n), rng);
+  std::vector<T> data(x.size());
+  cpu::from_f32(x.data(), data.data(), int64_t(x.size()));
+  return data;
+}
+template <class T>
+const char* row_type() {
+  return std::is_same_v<T, float> ? "fp32" : std::is_same_v<T, cpu::f16> ? "fp16" : "bf16";
+}
+// got is within fp32 rounding of the double dot product of q and row.
+template <class T>
+void check_near_double_dot(const float* q, const T* row, int64_t n, float got) {
+  double want = 0, magnitude = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    want += double(q[i]) * double(cpu::value_at(row, i));
+    magnitude += std::fabs(double(q[i]) * double(cpu::value_at(row, i)));
+  }
+  CHECK(std::fabs(double(got) - want) <= double(n) * 0x1p-23 * magnitude);
+}
 }  // namespace
 
 TEST_CASE("cpu: packed codes read in blocks give each (query, row) pair what it gets alone", "[quant][cpu_attention]") {
@@ -535,10 +558,8 @@ TEST_CASE("cpu: fp32, fp16 and bf16 rows read in blocks give each (query, row) p
   constexpr int kN = cpu::kBlock;
   auto check = [&](auto stored, int64_t n) {
     using T = decltype(stored);
-    INFO((std::is_same_v<T, float> ? "fp32" : std::is_same_v<T, cpu::f16> ? "fp16" : "bf16") << " rows of " << n);
-    const std::vector<float> x = normal(size_t(kN * n), rng);
-    std::vector<T> data(x.size());
-    cpu::from_f32(x.data(), data.data(), int64_t(x.size()));
+    INFO(row_type<T>() << " rows of " << n);
+    const std::vector<T> data = stored_rows<T>(kN, n, rng);
     const T* rows[kN];
     for (int r = 0; r < kN; ++r) rows[r] = data.data() + r * n;
     const std::vector<float> q = normal(size_t(kN * n), rng), w = normal(kN * kN, rng), y0 = normal(size_t(kN * n), rng);
@@ -552,13 +573,7 @@ TEST_CASE("cpu: fp32, fp16 and bf16 rows read in blocks give each (query, row) p
                 float alone;
                 cpu::dot_block(q.data() + k * n, 1, rows + r, 1, n, &alone, 1);
                 CHECK(std::memcmp(&alone, &together[(k - k0) * kN + (r - r0)], 4) == 0);
-                // And within fp32 rounding of the double dot product.
-                double want = 0, magnitude = 0;
-                for (int64_t i = 0; i < n; ++i) {
-                  want += double(q[size_t(k * n + i)]) * double(cpu::value_at(rows[r], i));
-                  magnitude += std::fabs(double(q[size_t(k * n + i)]) * double(cpu::value_at(rows[r], i)));
-                }
-                CHECK(std::fabs(double(alone) - want) <= double(n) * 0x1p-23 * magnitude);
+                check_near_double_dot(q.data() + k * n, rows[r], n, alone);
                 cpu::axpy_block(w.data() + k * kN + r, kN, 1, rows + r, 1, n, y_alone.data() + k * n);
               }
             CHECK(std::memcmp(y_alone.data(), y.data(), y.size() * 4) == 0);
@@ -581,10 +596,8 @@ TEST_CASE("cpu: fp32, fp16 and bf16 weight rows dotted in pairs give each pair w
   constexpr int kMax = cpu::kDotPairs;
   auto check = [&](auto stored, int64_t n) {
     using T = decltype(stored);
-    INFO((std::is_same_v<T, float> ? "fp32" : std::is_same_v<T, cpu::f16> ? "fp16" : "bf16") << " rows of " << n);
-    const std::vector<float> x = normal(size_t(kMax * n), rng);
-    std::vector<T> data(x.size());
-    cpu::from_f32(x.data(), data.data(), int64_t(x.size()));
+    INFO(row_type<T>() << " rows of " << n);
+    const std::vector<T> data = stored_rows<T>(kMax, n, rng);
     const T* rows[kMax];
     for (int r = 0; r < kMax; ++r) rows[r] = data.data() + r * n;
     const std::vector<float> q = normal(size_t(kMax * n), rng);
@@ -605,12 +618,7 @@ TEST_CASE("cpu: fp32, fp16 and bf16 weight rows dotted in pairs give each pair w
             }
             const float alone = cpu::dot(q.data() + k * n, rows[r], n);
             CHECK(std::memcmp(&alone, &got, 4) == 0);
-            double want = 0, magnitude = 0;
-            for (int64_t i = 0; i < n; ++i) {
-              want += double(q[size_t(k * n + i)]) * double(cpu::value_at(rows[r], i));
-              magnitude += std::fabs(double(q[size_t(k * n + i)]) * double(cpu::value_at(rows[r], i)));
-            }
-            CHECK(std::fabs(double(got) - want) <= double(n) * 0x1p-23 * magnitude);
+            check_near_double_dot(q.data() + k * n, rows[r], n, got);
           }
       }
     CHECK(shapes == 5);  // 1x1, 1x2, 1x3, 2x1, 3x1

@@ -173,6 +173,58 @@ TEST_CASE("cuda: fused dequant linear matches double arithmetic over the referen
   check_quant_linear(g, spec_of(4, 64), 4, 33, 11008, false, 0, 0, rng);
 }
 
+// Backend::linears (a decode step's experts): jobs over codes within one pass of the fused kernel
+// go in grouped launches, per weight shape and token tier; the others (more tokens, fp16 weights)
+// one linear() each. Every job against double arithmetic, and bit for bit what linear() gives it.
+TEST_CASE("cuda: linears over codes give each job what linear() gives it", "[cuda][quant][moe]") {
+  STRATA_REQUIRE_GPU();
+  Gpu g;
+  std::mt19937 rng(24);
+  struct Job {
+    int bits, group;
+    int64_t out, in, T;
+  };
+  // Two expert shapes of each bit width, every token tier, 17 tokens (linear()).
+  std::vector<Job> specs;
+  const int64_t counts[] = {1, 2, 1, 3, 6, 5, 1, 9, 16, 17, 1, 4};
+  for (size_t i = 0; i < 48; ++i) {
+    const int bits = i % 3 == 2 ? 8 : 4;
+    const bool down = i % 2 == 1;
+    specs.push_back({bits, 64, down ? 40 : 74, down ? 37 : 128, counts[i % std::size(counts)]});
+  }
+  std::vector<QuantLinearCase> cases;
+  std::vector<Backend::LinearJob> jobs;
+  for (const Job& j : specs) {
+    cases.push_back(make_quant_linear_case(spec_of(j.bits, j.group), j.T, j.out, j.in, false, rng));
+    const QuantLinearCase& c = cases.back();
+    jobs.push_back({g.f16(c.x, {j.T, j.in}), g.quantized(&c.w, c.w.size(), j.bits, j.group, {j.out, j.in}),
+                    g.poisoned(DType::F16, {j.T, j.out})});
+  }
+  // And one over fp16 weights, which cuBLAS computes.
+  const std::vector<float> w16 = random_floats(size_t(24 * 40), rng, -1.0f, 1.0f, DType::F16),
+                           x16 = random_floats(size_t(3 * 40), rng, -1.0f, 1.0f, DType::F16);
+  jobs.push_back({g.f16(x16, {3, 40}), g.f16(w16, {24, 40}), g.poisoned(DType::F16, {3, 24})});
+  g.be->linears(jobs);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const Job& j = specs[i];
+    const std::string what = label("linears job bits out in T", {int64_t(i), j.bits, j.out, j.in, j.T});
+    expect_within(g.read(jobs[i].y), cases[i].want, cases[i].tol, what);
+    const Tensor alone = g.poisoned(DType::F16, {j.T, j.out});
+    g.be->linear(jobs[i].x, jobs[i].w, Tensor(), alone);
+    CHECK(g.bytes(jobs[i].y.data, jobs[i].y.nbytes()) == g.bytes(alone.data, alone.nbytes()));
+  }
+  const std::vector<float> y16 = g.read(jobs.back().y);
+  for (int64_t t = 0; t < 3; ++t)
+    for (int64_t o = 0; o < 24; ++o) {
+      double want = 0, mag = 0;
+      for (int64_t i = 0; i < 40; ++i) {
+        want += double(x16[size_t(t * 40 + i)]) * double(w16[size_t(o * 40 + i)]);
+        mag += std::fabs(double(x16[size_t(t * 40 + i)]) * double(w16[size_t(o * 40 + i)]));
+      }
+      CHECK(std::fabs(double(y16[size_t(t * 24 + o)]) - want) <= 0x1p-10 * mag + 1e-6);
+    }
+}
+
 TEST_CASE("cuda: kv_store quantizes cache rows as the host reference does", "[cuda][quant]") {
   STRATA_REQUIRE_GPU();
   Gpu g;

@@ -142,6 +142,47 @@ TEMPLATE_TEST_CASE("emulated cuda: fused dequant linear matches double arithmeti
     }
 }
 
+// launch_quant_linears: 110 jobs over one weight shape (67 at the 1-token tier: two launches),
+// every token tier and empty jobs, each job against double arithmetic and bit for bit what
+// launch_quant_linear gives it alone; outputs start poisoned.
+TEMPLATE_TEST_CASE("emulated cuda: grouped fused linears give each job what its own launch gives it", "[emulated][quant]",
+                   __half, bf16) {
+  using Act = TestType;
+  std::mt19937 rng(23);
+  for (auto [bits, group, out, in] : {std::tuple{4, 32, 37, 72}, std::tuple{8, 64, 20, 200}}) {
+    const quant::QuantSpec spec = spec_of(bits, group);
+    const QuantRowLayout row = quant_row_layout(bits, group, int(in));
+    const int64_t counts[] = {1, 1, 1, 2, 1, 1, 3, 1, 0, 1, 5, 1, 16, 1, 8, 1, 9, 1, 4, 1};  // 13 of 20 at 1
+    Arena a;
+    std::vector<QuantLinearCase> cases;
+    std::vector<QuantLinearJob<Act>> jobs;
+    for (int i = 0; i < 110; ++i) {
+      const int64_t T = counts[i % std::size(counts)];
+      cases.push_back(make_quant_linear_case(spec, T, out, in, false, rng, dtype_of<Act>));
+      const QuantLinearCase& c = cases.back();
+      jobs.push_back({a.of<Act>(c.x), a.put(c.w.data(), c.w.size()), a.put<Act>(nullptr, size_t(T * out) * sizeof(Act) + 8), T});
+    }
+    launch_quant_linears(jobs.data(), int(jobs.size()), int(out), row, nullptr);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const int64_t T = jobs[i].tokens;
+      const std::string what = label("linears job bits T", {int64_t(i), bits, T});
+      expect_within(floats(jobs[i].y, size_t(T * out)), cases[i].want, cases[i].tol, what);
+      const uint8_t* past = reinterpret_cast<const uint8_t*>(jobs[i].y + T * out);
+      CHECK(bytes_of(past, 8) == std::vector<uint8_t>(8, 0xFF));  // nothing written past the job's rows
+      QuantLinearParams<Act> p{};
+      p.x = jobs[i].x;
+      p.w = jobs[i].w;
+      p.y = a.put<Act>(nullptr, size_t(T * out) * sizeof(Act));
+      p.tokens = T;
+      p.out = int(out);
+      p.row = row;
+      launch_quant_linear(p, nullptr);
+      expect_same_bytes(bytes_of(jobs[i].y, size_t(T * out) * sizeof(Act)), bytes_of(p.y, size_t(T * out) * sizeof(Act)),
+                        what + " against its own launch");
+    }
+  }
+}
+
 namespace {
 
 template <class Act>

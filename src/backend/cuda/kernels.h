@@ -247,6 +247,20 @@ struct QuantLinearParams {
 };
 template <class T>
 void launch_quant_linear(const QuantLinearParams<T>& p, cudaStream_t stream);
+// quant_linear.cu: independent linears without bias over matrices of one shape [out, n] and
+// layout, each of at most kQuantLinearTokens tokens (a mixture of experts' active experts in a
+// decode step): one launch per token tier in use instead of one per job, each job computed as
+// launch_quant_linear computes it alone, bit for bit.
+template <class T>
+struct QuantLinearJob {
+  const T* x;        // [tokens, n]
+  const uint8_t* w;  // [out] quantized rows
+  T* y;              // [tokens, out]
+  int64_t tokens;    // 0 to kQuantLinearTokens
+};
+template <class T>
+void launch_quant_linears(const QuantLinearJob<T>* jobs, int count, int out, const QuantRowLayout& row,
+                          cudaStream_t stream);
 
 // quant_attention.cu: attention() over quantized caches ([slots, capacity, kv_heads] rows of
 // head_dim), same semantics as launch_attention; keys and values are dequantized in registers by

@@ -17,6 +17,7 @@
 // the 32 lanes' float4 reads of one (token, b) are consecutive: no bank conflicts.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda_common.h"
 #include "kernels.h"
@@ -92,11 +93,10 @@ __device__ __forceinline__ void stage_x(float4* x_s, const QuantLinearParams<T>&
   }
 }
 
-// (Minimum 1 block per SM in the launch bounds: without it ptxas capped registers lower and spilled.)
+// One block's rows of y for every pass of kTokens tokens; x_s is the block's shared tile of x.
 template <int kBits, int kTokens, class T>
-__global__ void __launch_bounds__(kThreads, 1) quant_linear_kernel(const QuantLinearParams<T> p, bool w_vec, bool x_vec) {
+__device__ __forceinline__ void quant_linear_rows(const QuantLinearParams<T>& p, bool w_vec, bool x_vec, float4* x_s) {
   constexpr int kWords = chunk_words<kBits>();
-  __shared__ float4 x_s[kTokens * kSubBlocks * 32];
   const QuantRowLayout& l = p.row;
   const int lane = threadIdx.x & 31;
   const int row0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kRows;
@@ -186,28 +186,104 @@ __global__ void __launch_bounds__(kThreads, 1) quant_linear_kernel(const QuantLi
   }
 }
 
+// (Minimum 1 block per SM in the launch bounds: without it ptxas capped registers lower and spilled.)
+template <int kBits, int kTokens, class T>
+__global__ void __launch_bounds__(kThreads, 1) quant_linear_kernel(const QuantLinearParams<T> p, bool w_vec, bool x_vec) {
+  __shared__ float4 x_s[kTokens * kSubBlocks * 32];
+  quant_linear_rows<kBits, kTokens>(p, w_vec, x_vec, x_s);
+}
+
+// A launch's jobs for launch_quant_linears travel in the kernel's parameters, which hold 4 KB on
+// every architecture: 64 jobs of 32 bytes leave room for the rest.
+constexpr int kJobsPerLaunch = 64;
+template <class T>
+struct QuantLinearJobs {
+  QuantLinearJob<T> job[kJobsPerLaunch];
+  int out;
+  QuantRowLayout row;
+};
+
+// Job blockIdx.z of the launch (every job at most kTokens tokens: one pass over its weights).
+template <int kBits, int kTokens, class T>
+__global__ void __launch_bounds__(kThreads, 1) quant_linears_kernel(const QuantLinearJobs<T> g, bool w_vec, bool x_vec) {
+  __shared__ float4 x_s[kTokens * kSubBlocks * 32];
+  const QuantLinearJob<T>& j = g.job[blockIdx.z];
+  const QuantLinearParams<T> p{j.x, j.w, nullptr, j.y, j.tokens, g.out, g.row};
+  quant_linear_rows<kBits, kTokens>(p, w_vec, x_vec, x_s);
+}
+
 bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % unsigned(bytes) == 0; }
+template <int kBits>
+constexpr int vec_bytes() { return chunk_words<kBits>() * 4; }
+int64_t row_blocks(int out) { return ceil_div(int64_t(out), int64_t(kWarps) * kRows); }
 
 template <int kBits, int kTokens, class T>
 void launch_shape(const QuantLinearParams<T>& p, cudaStream_t stream) {
-  constexpr int kVecBytes = chunk_words<kBits>() * 4;
-  const bool w_vec = aligned(p.w, kVecBytes) && p.row.row_bytes % kVecBytes == 0;
+  const bool w_vec = aligned(p.w, vec_bytes<kBits>()) && p.row.row_bytes % vec_bytes<kBits>() == 0;
   const bool x_vec = aligned(p.x, 8) && p.row.n % 4 == 0;
-  const int64_t blocks = ceil_div(p.out, int64_t(kWarps) * kRows);
   const int64_t token_passes = std::min<int64_t>(ceil_div(p.tokens, kTokens), 65535);
-  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(token_passes));
+  const dim3 grid(static_cast<unsigned>(row_blocks(p.out)), static_cast<unsigned>(token_passes));
   quant_linear_kernel<kBits, kTokens><<<grid, kThreads, 0, stream>>>(p, w_vec, x_vec);
   STRATA_CUDA_CHECK_LAUNCH("quant_linear_kernel", stream);
 }
 
-template <int kBits, class T>
-void launch_bits(const QuantLinearParams<T>& p, cudaStream_t stream) {
-  // The fewest tokens per pass that cover T: each token slot costs its FMAs whether used or not.
-  if (p.tokens <= 1) launch_shape<kBits, 1>(p, stream);
-  else if (p.tokens <= 2) launch_shape<kBits, 2>(p, stream);
-  else if (p.tokens <= 4) launch_shape<kBits, 4>(p, stream);
-  else if (p.tokens <= 8) launch_shape<kBits, 8>(p, stream);
-  else launch_shape<kBits, kQuantLinearTokens>(p, stream);
+template <int kBits, int kTokens, class T>
+void launch_jobs(const QuantLinearJobs<T>& g, int count, cudaStream_t stream) {
+  bool w_vec = g.row.row_bytes % vec_bytes<kBits>() == 0, x_vec = g.row.n % 4 == 0;
+  for (int i = 0; i < count; ++i) {
+    w_vec = w_vec && aligned(g.job[i].w, vec_bytes<kBits>());
+    x_vec = x_vec && aligned(g.job[i].x, 8);
+  }
+  const dim3 grid(static_cast<unsigned>(row_blocks(g.out)), 1, static_cast<unsigned>(count));
+  quant_linears_kernel<kBits, kTokens><<<grid, kThreads, 0, stream>>>(g, w_vec, x_vec);
+  STRATA_CUDA_CHECK_LAUNCH("quant_linears_kernel", stream);
+}
+
+// The fewest tokens per pass that cover T: each token slot costs its FMAs whether used or not.
+int token_tier(int64_t tokens) {
+  for (int tier : {1, 2, 4, 8})
+    if (tokens <= tier) return tier;
+  return kQuantLinearTokens;
+}
+
+// f(bits, tokens) with the weights' bits and a token tier as std::integral_constants.
+template <class F>
+void with_shape(int bits, int tier, F&& f) {
+  const auto tokens = [&](auto b) {
+    switch (tier) {
+      case 1: return f(b, std::integral_constant<int, 1>{});
+      case 2: return f(b, std::integral_constant<int, 2>{});
+      case 4: return f(b, std::integral_constant<int, 4>{});
+      case 8: return f(b, std::integral_constant<int, 8>{});
+      default: return f(b, std::integral_constant<int, kQuantLinearTokens>{});
+    }
+  };
+  if (bits == 4) tokens(std::integral_constant<int, 4>{});
+  else tokens(std::integral_constant<int, 8>{});
+}
+
+// launch_quant_linears' jobs at one token tier (each job at its own tier, as launch_quant_linear
+// runs it alone), kJobsPerLaunch a launch.
+template <class T>
+void launch_tier(const QuantLinearJob<T>* jobs, int count, int out, const QuantRowLayout& row, int tier,
+                 cudaStream_t stream) {
+  QuantLinearJobs<T> g{};
+  g.out = out;
+  g.row = row;
+  int n = 0;
+  const auto flush = [&] {
+    if (n > 0)
+      with_shape(row.bits, tier, [&](auto bits, auto tokens) {
+        launch_jobs<decltype(bits)::value, decltype(tokens)::value>(g, n, stream);
+      });
+    n = 0;
+  };
+  for (int i = 0; i < count; ++i) {
+    if (jobs[i].tokens == 0 || token_tier(jobs[i].tokens) != tier) continue;
+    g.job[n++] = jobs[i];
+    if (n == kJobsPerLaunch) flush();
+  }
+  flush();
 }
 
 }  // namespace
@@ -215,11 +291,20 @@ void launch_bits(const QuantLinearParams<T>& p, cudaStream_t stream) {
 template <class T>
 void launch_quant_linear(const QuantLinearParams<T>& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.out == 0 || p.row.n == 0) return;
-  if (p.row.bits == 4) launch_bits<4>(p, stream);
-  else launch_bits<8>(p, stream);
+  with_shape(p.row.bits, token_tier(p.tokens),
+             [&](auto bits, auto tokens) { launch_shape<decltype(bits)::value, decltype(tokens)::value>(p, stream); });
 }
 
-#define STRATA_INSTANTIATE(T) template void launch_quant_linear<T>(const QuantLinearParams<T>&, cudaStream_t);
+template <class T>
+void launch_quant_linears(const QuantLinearJob<T>* jobs, int count, int out, const QuantRowLayout& row,
+                          cudaStream_t stream) {
+  if (out == 0 || row.n == 0) return;
+  for (int tier : {1, 2, 4, 8, kQuantLinearTokens}) launch_tier(jobs, count, out, row, tier, stream);
+}
+
+#define STRATA_INSTANTIATE(T)                                                      \
+  template void launch_quant_linear<T>(const QuantLinearParams<T>&, cudaStream_t); \
+  template void launch_quant_linears<T>(const QuantLinearJob<T>*, int, int, const QuantRowLayout&, cudaStream_t);
 STRATA_FOR_EACH_ACT(STRATA_INSTANTIATE)
 
 }  // namespace strata::cuda

@@ -302,14 +302,15 @@ void launch(Kernel kernel, dim3 grid, int threads, size_t shared_bytes, const Ar
     threadIdx.x = unsigned(tid);
     blockDim = dim3(unsigned(threads));
     gridDim = grid;
-    for (unsigned by = 0; by < grid.y; ++by) {
-      for (unsigned bx = 0; bx < grid.x; ++bx) {
-        blockIdx.x = bx;
-        blockIdx.y = by;
-        kernel(args...);
-        ctx.bar.arrive_and_wait();  // every thread has left this block (returns are block-uniform)
-      }
-    }
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+      for (unsigned by = 0; by < grid.y; ++by)
+        for (unsigned bx = 0; bx < grid.x; ++bx) {
+          blockIdx.x = bx;
+          blockIdx.y = by;
+          blockIdx.z = bz;
+          kernel(args...);
+          ctx.bar.arrive_and_wait();  // every thread has left this block (returns are block-uniform)
+        }
   });
 }
 
