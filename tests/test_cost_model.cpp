@@ -579,19 +579,28 @@ TEST_CASE("experts on the CPU: each matrix at its own size's rate, or the step's
   // active experts, 1.240 tokens each. Over 4-bit codes, within the codes kernel's 24 tokens
   // (cpu_linear.h), the experts' gate/up run in one region and their downs in another
   // (Backend::linears): 51.62 x 3.15M and 51.62 x 1.57M weights, both above the large matrix, at
-  // 40. fp32 experts are priced one by one (most get one token, which runs alone): at their sizes.
+  // 40. So do a GPU host's fp16 experts (compute dtype F16), which stream up to 8 tokens each.
   const double active = 128 * (1 - std::pow(1 - 1.0 / 16, 8));
   CHECK(active * down > 64e6);
-  CHECK(evaluate(qw, computed, wl, hw).decode.terms[CATT] == Approx(seconds(8, rate(gate_up), rate(down))));
-  CHECK(cpu_experts_seconds(qw, z, 8, false, hw) == Approx(seconds(8, rate(gate_up), rate(down))));
+  CHECK(evaluate(qw, computed, wl, hw).decode.terms[CATT] == Approx(seconds(8, 40e9, 40e9)));
+  CHECK(cpu_experts_seconds(qw, z, 8, false, hw) == Approx(seconds(8, 40e9, 40e9)));
   CHECK(cpu_experts_seconds(qw, z, 8, true, hw) == Approx(seconds(8, 40e9, 40e9)));
   // 512 tokens (a prefill): all 128 experts active (to 1e-14), 32 tokens each, beyond the codes'
   // limit: each expert's own linears, each matrix at its own size's rate.
   CHECK(cpu_experts_seconds(qw, z, 512, false, hw) == Approx(seconds(512, rate(gate_up), rate(down))));
   CHECK(cpu_experts_seconds(qw, z, 512, true, hw) == Approx(seconds(512, rate(gate_up), rate(down))));
-  // 256 tokens, 16 each: within the codes' limit.
+  // 256 tokens, 16 each: within the codes' limit, beyond the 16-bit weights' 8.
   CHECK(cpu_experts_seconds(qw, z, 256, false, hw) == Approx(seconds(256, rate(gate_up), rate(down))));
   CHECK(cpu_experts_seconds(qw, z, 256, true, hw) == Approx(seconds(256, 40e9, 40e9)));
+  // The CPU backend's fp32 experts: a single token runs alone (sgemv), so at 1.24 tokens each the
+  // experts are priced one by one; at 32 tokens, 2.29 each over 111.75 active, together.
+  hw.compute_dtype = DType::F32;
+  CHECK(cpu_experts_seconds(qw, z, 8, false, hw) == Approx(seconds(8, rate(gate_up), rate(down))));
+  const double active32 = 128 * (1 - std::pow(1 - 1.0 / 16, 32));
+  CHECK(32 * 8 / active32 == Approx(2.290).epsilon(1e-3));
+  CHECK(cpu_experts_seconds(qw, z, 32, false, hw) == Approx(seconds(32, 40e9, 40e9)));
+  CHECK(cpu_experts_seconds(qw, z, 8, true, hw) == Approx(seconds(8, 40e9, 40e9)));
+  hw.compute_dtype = DType::F16;
   // Without the small curve every matrix is at the large one's 40.
   hw.cpu_gemm_small.clear();
   CHECK(evaluate(qw, computed, wl, hw).decode.terms[CATT] == Approx(2.0 * 8 * (128 * hq + 8 * 3 * fq * hq) / 40e9));

@@ -150,14 +150,17 @@ double cpu_experts_seconds(const ModelConfig& cfg, const CostSizes& z, double to
   if (!expert_curve.empty()) {
     const double per_expert = tokens * cfg.experts_per_token / active;  // active * per_expert = tokens k
     // The router stays in the compute dtype when the experts are codes (docs/moe.md). Each matrix
-    // at its own size's rate: an expert's gate and up [2f, h] and its down [h, f]. Experts over
-    // codes within the codes kernel's limit run together, one parallel region per kind of matrix
-    // (Backend::linears), which reads like one matrix of all the active experts' weights. fp32
-    // experts are priced one by one: at a decode step's one or two tokens each, most get one,
-    // which runs alone (sgemv).
+    // at its own size's rate: an expert's gate and up [2f, h] and its down [h, f]. Experts that
+    // the CPU backend streams (cpu_linear.h) run together, one parallel region per kind of matrix
+    // (Backend::linears), which reads like one matrix of all the active experts' weights: over
+    // codes up to 24 tokens each, over 16-bit weights (a GPU host's) up to 8. Over fp32 (the CPU
+    // backend's) a single token goes to sgemv alone, so there they run together from a mean of 2.
     const double router_flops = hw.cpu_linear_flops(tokens, z.router_params, hw.cpu_gemm.empty());
     const double h = cfg.hidden, f = cfg.expert_intermediate, routed = tokens * cfg.experts_per_token;
-    const double together = compressed && per_expert <= double(cpu_linear::kCodesMaxTokens) ? active : 1.0;
+    const bool streamed = compressed ? per_expert <= double(cpu_linear::kCodesMaxTokens)
+                                     : per_expert <= double(cpu_linear::kStreamingMaxTokens) &&
+                                           (!hw.cpu_backend() || per_expert >= 2.0);
+    const double together = streamed ? active : 1.0;
     return 2.0 * tokens * z.router_params / router_flops +
            2.0 * routed * (2 * f * h) / hw.cpu_linear_flops(per_expert, together * 2 * f * h, compressed) +
            2.0 * routed * (h * f) / hw.cpu_linear_flops(per_expert, together * h * f, compressed);
