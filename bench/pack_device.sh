@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Packs the GPU suite's programs for the device tool: stages them with bench/stage_device.sh
 # (programs + the libraries the GPU machine lacks), strips them, and writes one gzip tarball,
-# .devpack/dev.tgz (git-ignored). The staged tree is ~81 MiB (OpenBLAS alone 36 MiB), over the
-# tool's 64 MiB with the working tree; the tarball is ~26 MiB.
+# .devpack/dev.tgz (git-ignored), then checks that what a call carries fits the tool's 64 MiB:
+# the tracked and untracked files, .devpack and .whl (if present). Every program links all the
+# kernels, so build it for the card alone and without line tables (the default):
+# -DCMAKE_CUDA_ARCHITECTURES=90-real. Then the tarball is 27 MiB and a call carries 54 MiB
+# (2026-11-29; with -lineinfo and PTX the tarball was 40 MiB, and 67 MiB with the tree: over).
+# A baseline's programs (STRATA_BEFORE_BUILD, below) add ~3 MiB each if built the same way.
 #
 #   bench/pack_device.sh [BUILD_DIR]      # default build-sm90, built with the programs below
 #   STRATA_BEFORE_BUILD=BASELINE_CHECKOUT/build-sm90 bench/pack_device.sh   # also a baseline's strata (part engine)
@@ -38,3 +42,15 @@ grep -qxF '/.devpack/' .git/info/exclude || echo '/.devpack/' >> .git/info/exclu
 mkdir -p .devpack
 tar -C .device -czf .devpack/dev.tgz bin lib env.sh commit $( [ -d .device/before ] && echo before )
 du -h .devpack/dev.tgz | awk '{print "packed " $1 " in .devpack/dev.tgz (commit " "'"$(head -1 .device/commit)"'" ")"}'
+# What a device call carries with .devpack (and .whl, for the peers): over 64 MiB the call fails
+# before it starts, at device time's cost.
+tree=$( { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 -r stat -c %s -- 2>/dev/null |
+        awk '{s += $1} END {print s + 0}')
+carried=$(du -sb .devpack $( [ -d .whl ] && echo .whl ) | awk '{s += $1} END {print s}')
+mib=$(( (tree + carried) / 1048576 ))
+echo "a call carries ${mib} MiB of 64: the tree $(( tree / 1048576 )), .devpack$( [ -d .whl ] && echo ' and .whl') $(( carried / 1048576 ))"
+if (( tree + carried > 64 * 1048576 )); then
+  echo "pack_device: over the device tool's 64 MiB; build with -DCMAKE_CUDA_ARCHITECTURES=90-real and without" \
+       "-DSTRATA_CUDA_LINEINFO=ON, or pack fewer programs" >&2
+  exit 1
+fi
