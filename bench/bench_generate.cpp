@@ -2,7 +2,8 @@
 //  - decode: achieved GB/s of weight reads per decode step against the device's measured copy
 //    bandwidth (every step reads every weight once, so weight bytes / step time is the rate);
 //  - prefill: the share of an N-token prefill spent in the GEMMs, from timing the same GEMM
-//    shapes alone, and the GEMMs' achieved TFLOP/s.
+//    shapes alone, and the GEMMs' achieved TFLOP/s;
+//  - on CUDA, the launches a decode step issues (kernels and cuBLAS calls; a graph replay is one).
 // Usage: bench_generate [--model dummy:opt-6.7b] [--device cuda] [--batch 1] [--prompt-len 32]
 //                       [--gen-len 32] [--prefill-tokens 4096] [--dtype fp16|bf16|auto]
 #include <chrono>
@@ -74,12 +75,29 @@ int main(int argc, char** argv) try {
   }
   generate(model, reqs);  // warm-up
   GenStats st;
+  const int64_t launches_before = device_launches_issued();
   generate(model, reqs, {}, &st);
+  const int64_t launches = device_launches_issued() - launches_before;
   const double step_s = st.decode_seconds / double(st.decode_steps);
   const double decode_gbps = weight_bytes / step_s / 1e9;
   std::printf("decode: batch %d, %lld steps, %.3f ms/step, %.1f tok/s, weights read at %.1f GB/s = %.1f%% of copy bandwidth\n",
               args.batch, (long long)st.decode_steps, step_s * 1e3, double(args.batch) / step_s, decode_gbps,
               100.0 * decode_gbps / copy_gbps);
+  if (be->device() == Device::CUDA && st.decode_steps > 0) {
+    // Launches of the decode steps alone: the run above less the same prompts to their first
+    // token (the prefill and its sampling, no decode step).
+    std::vector<GenRequest> first = reqs;
+    for (GenRequest& r : first) r.sampling.max_new_tokens = 1;
+    GenStats first_st;
+    const int64_t first_before = device_launches_issued();
+    generate(model, first, {}, &first_st);
+    const int64_t first_launches = device_launches_issued() - first_before;
+    const int64_t steps = st.decode_steps - first_st.decode_steps;
+    if (steps > 0)
+      std::printf("launches: %.1f per decode step (%lld over %lld steps, graph replays counting one)\n",
+                  double(launches - first_launches) / double(steps), (long long)(launches - first_launches),
+                  (long long)steps);
+  }
 
   // Prefill of `prefill_tokens` tokens in one step, then the same GEMMs alone.
   const int64_t T = args.prefill_tokens;

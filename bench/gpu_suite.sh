@@ -284,6 +284,7 @@ part_engine() {
 # GQA: the stacked projections' other shapes; 16 GB in fp16), then decode attention
 # alone under STRATA_SPLIT_KV=0 (the per-token kernel), auto (the rule) and forced chunk counts.
 part_kernels() {
+  kernels_ran=1  # write_summary: its metrics come from the log (bench/summary_json.py, kernel_cases)
   local before=.device/before/bench_generate model
   for model in opt-6.7b llama-3-8b; do
     local args=(--model "dummy:$model" --device cuda --batch 1 --prompt-len 32 --gen-len 32 --prefill-tokens 4096)
@@ -430,9 +431,9 @@ part_peers() {
   strata bench --report "$out/peers" > /dev/null 2>&1
 }
 
-# OUT/summary.json (issue 36, point 3) from parts peers and engine, then their archives.
+# OUT/summary.json (issue 36, point 3) from parts peers, engine, moe and kernels, then their archives.
 write_summary() {
-  [ -d "$out/peers" ] || [ -d "$out/engine" ] || [ -d "$out/moe" ] || return 0
+  [ -d "$out/peers" ] || [ -d "$out/engine" ] || [ -d "$out/moe" ] || [ -n "${kernels_ran:-}" ] || return 0
   local inputs="$out/peers" args=(--commit "$commit" --strata-build "${commit%% *}" --log "$log"
     --strata-command "strata bench --suite CASE.yaml --device cuda (bench/gpu_suite.sh $parts)")
   [ -d "$inputs" ] || { inputs="$out/summary-inputs"; mkdir -p "$inputs"; }

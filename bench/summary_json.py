@@ -21,7 +21,10 @@ engine_step_over_resident_step (all-GPU cases at the resident run's batch),
 cpu_attention_fraction_of_bare (the engine's CPU attention GB/s over the bare kernel's at the same
 sequences, context and heads), decode_fraction_of_bound (the decode step's bound, the larger of the
 busy cpu->gpu link time and the cache bytes read at the bare kernel's GB/s, over the measured step;
-GPU compute, milliseconds for these batches, is left out of the bound).
+GPU compute, milliseconds for these batches, is left out of the bound). The log's bench_generate
+and bench_decode_attention steps also become resident cases with the metrics of issue 35, point 7:
+weights_read_fraction, launches_per_decode_step, prefill_gemm_share, attention_read_fraction
+(kernel_cases).
 """
 import argparse
 import datetime
@@ -82,6 +85,7 @@ def case_of(line, commit, strata_command=""):
         if "decode_steps_run" in m:
             metrics["decode_steps_run"] = m["decode_steps_run"]
         metrics.update(numbers(line.get("predicted"), "predicted."))
+        metrics.update(line.get("metrics") or {})
     else:
         metrics.update(numbers(line.get(engine) if isinstance(line.get(engine), dict) else {}, engine + "."))
         for key in ("peak_gpu_gb", "prefill_tok_s", "decode_tok_s", "total_tok_s"):  # already fields
@@ -138,6 +142,7 @@ def summary(out_dir, commit=None, strata_command="", results=None, gpu=None, dri
             log_text += f.read() + "\n"
     have = {(line.get("name"), line.get("commit")) for line in lines}
     lines += [line for line in printed_cases(log_text, strata_build or commit) if (line["name"], line["commit"]) not in have]
+    lines += kernel_cases(log_text, strata_build or commit)
     cases = [case_of(line, commit, strata_command) for line in lines]
     resident, bare = resident_steps(log_text), bare_cpu_attention(log_text)
     for case, line in zip(cases, lines):
@@ -205,6 +210,63 @@ def printed_cases(log_text, commit):
             "source": "the results table printed in the call's log",
         })
     return out
+
+
+# Part kernels (issue 35, point 7): bench_generate's resident decode and prefill, and
+# bench_decode_attention's calls, as printed in the call's log.
+DECODE = re.compile(r"^decode: batch (?P<batch>\d+), \d+ steps, [\d.]+ ms/step, (?P<tok_s>[\d.]+) tok/s, weights read "
+                    r"at [\d.]+ GB/s = (?P<percent>[\d.]+)% of copy bandwidth")
+LAUNCHES = re.compile(r"^launches: (?P<per_step>[\d.]+) per decode step")
+PREFILL = re.compile(r"^prefill: (?P<tokens>\d+) tokens in [\d.]+ ms \((?P<tok_s>[\d.]+) tok/s\); the same GEMMs alone "
+                     r"take [\d.]+ ms = (?P<percent>[\d.]+)% of prefill")
+ATTENTION = re.compile(r"^(?P<cache>f16|q4|q8)\s+(?P<slots>\d+) x (?P<context>\d+) tokens, (?P<heads>\d+) heads "
+                       r"\((?P<kv>\d+) kv\) of \d+: .*?\(\s*(?P<percent>[\d.]+)% of copy\)")
+OPTION = re.compile(r"--(?P<key>[a-z-]+) (?P<value>\S+)")
+
+
+def kernel_cases(log_text, commit):
+    """Resident cases from part kernels' bench_generate and bench_decode_attention steps, each with
+    the metrics issue 35 judges by: weights_read_fraction and launches_per_decode_step (decode),
+    prefill_gemm_share (prefill), attention_read_fraction (decode attention, of copy bandwidth)."""
+    out, step, command, case = [], "", "", None
+    for raw in log_text.splitlines():
+        m = STEP.match(raw)
+        if m:
+            step, command, case = m.group("step"), m.group("command"), None
+            continue
+        if step.startswith("bench_generate"):
+            opts = dict(OPTION.findall(command))
+            if case is None:
+                before = BEFORE.search(step)
+                variant = "".join(f" {v}" for v in re.findall(r"\bSTRATA_\w+=\S+", command))
+                variant += " bf16" if opts.get("dtype") == "bf16" else ""
+                case = {"name": f"{opts.get('model', '?').removeprefix('dummy:')} resident b{opts.get('batch', '?')}"
+                                f"{variant}", "engine": "strata", "model": opts.get("model", "").removeprefix("dummy:"),
+                        "policy": "resident (bench_generate)", "prompt_len": int(opts.get("prompt-len", 0)) or None,
+                        "gen_len": int(opts.get("gen-len", 0)) or None, "status": "ok", "measured": {},
+                        "metrics": {}, "commit": before.group("commit") if before else commit, "command": command}
+                out.append(case)
+            if m := DECODE.match(raw):
+                case["measured"]["decode_tok_s"] = float(m.group("tok_s"))
+                case["metrics"]["weights_read_fraction"] = float(m.group("percent")) / 100
+            elif m := LAUNCHES.match(raw):
+                case["metrics"]["launches_per_decode_step"] = float(m.group("per_step"))
+            elif m := PREFILL.match(raw):
+                case["measured"]["prefill_tok_s"] = float(m.group("tok_s"))
+                case["metrics"]["prefill_gemm_share"] = float(m.group("percent")) / 100
+                case["metrics"]["prefill_tokens"] = int(m.group("tokens"))
+        elif step.startswith("decode attention") and (m := ATTENTION.match(raw)):
+            split = re.search(r"STRATA_SPLIT_KV=(\S+)", command)
+            dtype = " bf16" if "--dtype bf16" in command else ""
+            out.append({
+                "name": f"decode attention {m.group('cache')}{dtype} {m.group('slots')} x {m.group('context')}, "
+                        f"{m.group('heads')}/{m.group('kv')} heads, split {split.group(1) if split else 'auto'}",
+                "engine": "strata", "model": "", "policy": "bench_decode_attention", "prompt_len": None,
+                "gen_len": None, "status": "ok", "measured": {}, "commit": commit, "command": command,
+                "metrics": {"attention_read_fraction": float(m.group("percent")) / 100,
+                            "batch": int(m.group("slots")), "context": int(m.group("context"))},
+            })
+    return [c for c in out if c["measured"] or c["metrics"]]
 
 
 RESIDENT = re.compile(r"^decode: batch (\d+), \d+ steps, ([\d.]+) ms/step", re.M)

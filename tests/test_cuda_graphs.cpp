@@ -83,3 +83,27 @@ TEST_CASE("cuda graphs: the CPU backend has none and runs every step eagerly", "
   const json exp = load_expected("tiny-llama");
   for (size_t i = 0; i < run.results.size(); ++i) CHECK(run.results[i].tokens == exp["greedy"][i].get<std::vector<int32_t>>());
 }
+
+TEST_CASE("cuda graphs: a replay is one launch issued, and the launches recorded into a graph none",
+          "[cuda][graphs]") {
+  if (!cuda_available()) {
+    WARN("no GPU: skipped");
+    return;
+  }
+  auto backend = make_cuda_backend(0);
+  Buffer buf = backend->alloc(3 * 64 * 2);
+  const Tensor a = buf.view(0, DType::F16, {64}), b = buf.view(128, DType::F16, {64}), c = buf.view(256, DType::F16, {64});
+  const auto three_adds = [&] {
+    for (int i = 0; i < 3; ++i) backend->add(a, b, c);
+  };
+  int64_t before = device_launches_issued();
+  three_adds();
+  CHECK(device_launches_issued() - before == 3);
+  before = device_launches_issued();
+  const std::shared_ptr<void> graph = backend->capture(three_adds);
+  REQUIRE(graph);
+  CHECK(device_launches_issued() - before == 0);
+  backend->replay(graph);
+  backend->synchronize();
+  CHECK(device_launches_issued() - before == 1);
+}

@@ -15,7 +15,9 @@
 #include <initializer_list>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernel_test_support.h"
@@ -204,7 +206,22 @@ TEST_CASE("cuda: linears over codes give each job what linear() gives it", "[cud
   const std::vector<float> w16 = random_floats(size_t(24 * 40), rng, -1.0f, 1.0f, DType::F16),
                            x16 = random_floats(size_t(3 * 40), rng, -1.0f, 1.0f, DType::F16);
   jobs.push_back({g.f16(x16, {3, 40}), g.f16(w16, {24, 40}), g.poisoned(DType::F16, {3, 24})});
+  // Launches issued: one per weight shape and token tier (the fewest of 1, 2, 4, 8, 16 tokens a
+  // pass that cover a job), one per job of 17 tokens, and one cuBLAS GEMM.
+  const auto tier = [](int64_t T) {
+    for (int64_t tokens : {1, 2, 4, 8})
+      if (T <= tokens) return tokens;
+    return int64_t(16);
+  };
+  std::set<std::tuple<int64_t, int64_t, int, int64_t>> launches;
+  int64_t alone = 1;
+  for (const Job& j : specs) {
+    if (j.T > 16) ++alone;
+    else launches.insert({j.out, j.in, j.bits, tier(j.T)});
+  }
+  const int64_t before = device_launches_issued();
   g.be->linears(jobs);
+  CHECK(device_launches_issued() - before == int64_t(launches.size()) + alone);
   for (size_t i = 0; i < specs.size(); ++i) {
     const Job& j = specs[i];
     const std::string what = label("linears job bits out in T", {int64_t(i), j.bits, j.out, j.in, j.T});

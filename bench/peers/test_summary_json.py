@@ -78,6 +78,49 @@ cpu decode attention: 48 sequences x 544 positions, 56 query heads / 56 kv heads
 """
 
 
+# Part kernels' steps as bench/gpu_suite.sh logs them (the programs' lines as they print them).
+KERNELS_LOG = """### bench_generate opt-6.7b before (518c070): .device/before/bench_generate --model dummy:opt-6.7b --device cuda --batch 1 --prompt-len 32 --gen-len 32 --prefill-tokens 4096
+decode: batch 1, 31 steps, 6.590 ms/step, 151.7 tok/s, weights read at 2022.0 GB/s = 57.0% of copy bandwidth
+prefill: 4096 tokens in 480.1 ms (8531 tok/s); the same GEMMs alone take 196.8 ms = 41.0% of prefill, at 560.1 TFLOP/s
+### bench_generate opt-6.7b: bench_generate --model dummy:opt-6.7b --device cuda --batch 1 --prompt-len 32 --gen-len 32 --prefill-tokens 4096
+decode: batch 1, 31 steps, 5.100 ms/step, 196.1 tok/s, weights read at 2613.0 GB/s = 73.6% of copy bandwidth
+launches: 1.0 per decode step (31 over 31 steps, graph replays counting one)
+prefill: 4096 tokens in 400.0 ms (10240 tok/s); the same GEMMs alone take 260.0 ms = 65.0% of prefill, at 424.0 TFLOP/s
+### bench_generate opt-6.7b, STRATA_CUDA_GRAPHS=0: env STRATA_CUDA_GRAPHS=0 bench_generate --model dummy:opt-6.7b --device cuda --batch 1 --prompt-len 32 --gen-len 32 --prefill-tokens 4096
+decode: batch 1, 31 steps, 5.900 ms/step, 169.5 tok/s, weights read at 2258.6 GB/s = 63.6% of copy bandwidth
+launches: 418.0 per decode step (12958 over 31 steps, graph replays counting one)
+### bench_generate llama-3-8b --dtype bf16: bench_generate --model dummy:llama-3-8b --device cuda --batch 1 --prompt-len 32 --gen-len 32 --prefill-tokens 4096 --dtype bf16
+bench_generate: out of memory
+### decode attention 1 x 32768, 32/8 heads, STRATA_SPLIT_KV=auto: env STRATA_SPLIT_KV=auto bench_decode_attention --slots 1 --context 32768 --heads 32 --kv-heads 8 --head-dim 128
+decode attention on cuda (NVIDIA H200, fp16); STRATA_SPLIT_KV=auto; device copy bandwidth (read + write) 3540.2 GB/s
+f16  1 x 32768 tokens, 32 heads (8 kv) of 128:    30.12 us a call,  2228.4 GB/s of cache (63% of copy), 40 layers, 33000 calls
+q4   1 x 32768 tokens, 32 heads (8 kv) of 128:    12.50 us a call,  1500.0 GB/s of cache (42% of copy), 120 layers, 80000 calls
+"""
+
+
+class KernelMetricsTest(unittest.TestCase):
+    def test_kernel_cases(self):
+        cases = summary_json.kernel_cases(KERNELS_LOG, "new1234")
+        names = [(c["name"], c["commit"]) for c in cases]
+        self.assertEqual(names, [("opt-6.7b resident b1", "518c070"), ("opt-6.7b resident b1", "new1234"),
+                                 ("opt-6.7b resident b1 STRATA_CUDA_GRAPHS=0", "new1234"),
+                                 ("decode attention f16 1 x 32768, 32/8 heads, split auto", "new1234"),
+                                 ("decode attention q4 1 x 32768, 32/8 heads, split auto", "new1234")])
+        before, after, eager, f16, q4 = cases
+        self.assertEqual(before["metrics"], {"weights_read_fraction": 0.57, "prefill_gemm_share": 0.41,
+                                             "prefill_tokens": 4096})
+        self.assertEqual(after["metrics"]["launches_per_decode_step"], 1.0)
+        self.assertEqual(eager["metrics"]["launches_per_decode_step"], 418.0)
+        self.assertEqual(after["measured"], {"decode_tok_s": 196.1, "prefill_tok_s": 10240.0})
+        self.assertEqual((after["prompt_len"], after["gen_len"], after["model"]), (32, 32, "opt-6.7b"))
+        self.assertEqual(f16["metrics"], {"attention_read_fraction": 0.63, "batch": 1, "context": 32768})
+        self.assertEqual(q4["metrics"]["attention_read_fraction"], 0.42)
+        # In the summary: the figures and metrics of a case (the failed bf16 step has none: no case)
+        case = summary_json.case_of(after, "new1234")
+        self.assertEqual((case["decode_tok_s"], case["prefill_tok_s"], case["total_tok_s"]), (196.1, 10240.0, None))
+        self.assertEqual(case["metrics"]["weights_read_fraction"], 0.736)
+
+
 class EngineMetricsTest(unittest.TestCase):
     def test_printed_tables(self):
         before, after, q4 = summary_json.printed_cases(LOG, "new1234")
@@ -156,7 +199,8 @@ class EngineMetricsTest(unittest.TestCase):
         self.assertEqual((doc["gpu"], doc["host"]["cores"], doc["date"]), ("NVIDIA H200", 16, "2026-11-27T10:22Z"))
         names = [(c["name"], c["commit"]) for c in doc["cases"]]
         self.assertEqual(names, [("c7", "bf16bec"), ("c7", "new1234"), ("c2-all-gpu-8x1", "bf16bec"),
-                                 ("c2-all-gpu-8x1", "new1234"), ("c4-4bit", "new1234")])
+                                 ("c2-all-gpu-8x1", "new1234"), ("c4-4bit", "new1234"),
+                                 ("opt-6.7b resident b8", "new1234")])
         c2_after = doc["cases"][3]
         self.assertAlmostEqual(c2_after["metrics"]["engine_step_over_resident_step"], 8 / 452.22 / 0.013291)
 

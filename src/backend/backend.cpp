@@ -9,6 +9,7 @@ namespace strata {
 
 #ifndef STRATA_HAVE_CUDA
 bool cuda_available() { return false; }
+int64_t device_launches_issued() { return 0; }
 std::unique_ptr<Backend> make_cuda_backend(int, DType) {
   throw Error("this strata was built without the CUDA backend (no nvcc at build time); use --device cpu");
 }

@@ -267,6 +267,10 @@ std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
 size_t host_memory_available();
 // True when the binary has the CUDA backend and a GPU is present.
 bool cuda_available();
+// Device work the CUDA backend has issued in this process, for benchmarks (launches per decode
+// step): kernel launches and launching library calls (a cuBLAS GEMM counts one), a graph's
+// replay one, the launches recorded into a graph none. 0 in a build without CUDA.
+int64_t device_launches_issued();
 // Throws strata::Error when CUDA is unavailable, and for BF16 activations on a card without bf16
 // (compute capability below 8.0), naming its capability.
 std::unique_ptr<Backend> make_cuda_backend(int device_index = 0, DType activations = DType::F16);

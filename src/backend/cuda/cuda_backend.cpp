@@ -267,6 +267,7 @@ public:
     }
     bool enqueued = true;
     try {
+      const cuda::RecordingLaunches recording;
       enqueue();
     } catch (const Error&) {  // an op the capture could not hold; the caller runs the work eagerly
       enqueued = false;
@@ -284,6 +285,7 @@ public:
   void replay(const std::shared_ptr<void>& graph) override {
     bind();
     STRATA_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph.get()), stream_));
+    cuda::count_graph_launch();
   }
 
   void synchronize() override {
@@ -1059,6 +1061,8 @@ bool cuda_available() {
   static const bool available = device_count(nullptr) > 0;
   return available;
 }
+
+int64_t device_launches_issued() { return cuda::launches_issued(); }
 
 std::unique_ptr<Backend> make_cuda_backend(int device_index, DType activations) {
   cudaError_t err = cudaSuccess;

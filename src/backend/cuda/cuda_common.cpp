@@ -1,6 +1,7 @@
 // Error reporting for CUDA and cuBLAS calls and the STRATA_CUDA_SYNC debug switch.
 #include "cuda_common.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -37,7 +38,18 @@ bool tensor_core_attention_enabled() {
   return enabled;
 }
 
+namespace {
+std::atomic<int64_t> g_launches{0};
+thread_local bool t_recording = false;
+}  // namespace
+
+int64_t launches_issued() { return g_launches.load(std::memory_order_relaxed); }
+void count_graph_launch() { g_launches.fetch_add(1, std::memory_order_relaxed); }
+RecordingLaunches::RecordingLaunches() { t_recording = true; }
+RecordingLaunches::~RecordingLaunches() { t_recording = false; }
+
 void check_launch(const char* what, cudaStream_t stream, const char* file, int line) {
+  if (!t_recording) g_launches.fetch_add(1, std::memory_order_relaxed);
   cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess && sync_debug_enabled()) err = cudaStreamSynchronize(stream);
   if (err != cudaSuccess) {

@@ -24,6 +24,20 @@ bool tensor_core_attention_enabled();
 // and, in debug mode, synchronizes the stream so an asynchronous fault is charged to `what`.
 void check_launch(const char* what, cudaStream_t stream, const char* file, int line);
 
+// Device work issued in this process (device_launches_issued in strata/backend/backend.h): every
+// check_launch counts one launch, except on a thread that is recording into a graph (its
+// launches run only when the graph does); a graph's replay counts one.
+int64_t launches_issued();
+void count_graph_launch();
+// Marks the calling thread as recording into a graph (CudaBackend::capture) while alive.
+class RecordingLaunches {
+public:
+  RecordingLaunches();
+  ~RecordingLaunches();
+  RecordingLaunches(const RecordingLaunches&) = delete;
+  RecordingLaunches& operator=(const RecordingLaunches&) = delete;
+};
+
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace strata::cuda
