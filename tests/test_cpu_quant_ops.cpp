@@ -487,13 +487,19 @@ void for_each_block(F&& f) {
         }
 }
 
-// `count` random rows of n values stored as T (fp32, fp16 or bf16), back to back.
+// `count` random rows of n values stored as T (fp32, fp16 or bf16), back to back, and their starts.
 template <class T>
-std::vector<T> stored_rows(int count, int64_t n, std::mt19937& rng) {
+struct StoredRows {
+  std::vector<T> data;
+  std::vector<const T*> rows;
+};
+template <class T>
+StoredRows<T> stored_rows(int count, int64_t n, std::mt19937& rng) {
   const std::vector<float> x = normal(size_t(count * n), rng);
-  std::vector<T> data(x.size());
-  cpu::from_f32(x.data(), data.data(), int64_t(x.size()));
-  return data;
+  StoredRows<T> s{std::vector<T>(x.size()), {}};
+  cpu::from_f32(x.data(), s.data.data(), int64_t(x.size()));
+  for (int r = 0; r < count; ++r) s.rows.push_back(s.data.data() + r * n);
+  return s;
 }
 template <class T>
 const char* row_type() {
@@ -559,9 +565,8 @@ TEST_CASE("cpu: fp32, fp16 and bf16 rows read in blocks give each (query, row) p
   auto check = [&](auto stored, int64_t n) {
     using T = decltype(stored);
     INFO(row_type<T>() << " rows of " << n);
-    const std::vector<T> data = stored_rows<T>(kN, n, rng);
-    const T* rows[kN];
-    for (int r = 0; r < kN; ++r) rows[r] = data.data() + r * n;
+    const StoredRows<T> made = stored_rows<T>(kN, n, rng);
+    const T* const* rows = made.rows.data();
     const std::vector<float> q = normal(size_t(kN * n), rng), w = normal(kN * kN, rng), y0 = normal(size_t(kN * n), rng);
     for_each_block([&](int queries, int count, int k0, int r0) {
             float together[kN * kN];
@@ -597,9 +602,8 @@ TEST_CASE("cpu: fp32, fp16 and bf16 weight rows dotted in pairs give each pair w
   auto check = [&](auto stored, int64_t n) {
     using T = decltype(stored);
     INFO(row_type<T>() << " rows of " << n);
-    const std::vector<T> data = stored_rows<T>(kMax, n, rng);
-    const T* rows[kMax];
-    for (int r = 0; r < kMax; ++r) rows[r] = data.data() + r * n;
+    const StoredRows<T> made = stored_rows<T>(kMax, n, rng);
+    const T* const* rows = made.rows.data();
     const std::vector<float> q = normal(size_t(kMax * n), rng);
     int shapes = 0;
     for (int queries = 1; queries <= kMax; ++queries)
