@@ -459,6 +459,41 @@ public:
     });
   }
 
+  // Jobs over quantized weights within one pass of the fused kernel (a decode step's experts): one
+  // grouped launch per matrix shape and token tier (quant_linear.cu) instead of one per job, each
+  // job computed as linear() computes it alone. The others run one linear() each.
+  void linears(const std::vector<LinearJob>& jobs) override {
+    struct Group {
+      int64_t out, in;
+      quant::QuantSpec spec;
+      std::vector<const LinearJob*> jobs;
+    };
+    std::vector<Group> groups;
+    for (const LinearJob& j : jobs) {
+      if (!j.w.quantized() || j.x.dim(0) > cuda::kQuantLinearTokens) {
+        linear(j.x, j.w, Tensor(), j.y);
+        continue;
+      }
+      const quant::QuantSpec spec = check_quant_linear(j.x, j.w, Tensor(), j.y);
+      const int64_t out = j.w.dim(0), in = j.x.row_size();
+      auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
+        return g.out == out && g.in == in && g.spec.bits == spec.bits && g.spec.group_size == spec.group_size;
+      });
+      if (g == groups.end()) g = groups.insert(groups.end(), Group{out, in, spec, {}});
+      g->jobs.push_back(&j);
+    }
+    if (groups.empty()) return;
+    bind();
+    for (const Group& g : groups)
+      dispatch([&](auto e) {
+        using E = decltype(e);
+        std::vector<cuda::QuantLinearJob<E>> q;
+        for (const LinearJob* j : g.jobs)
+          q.push_back({elems<E>(j->x), static_cast<const uint8_t*>(j->w.data), elems_mut<E>(j->y), j->x.dim(0)});
+        cuda::launch_quant_linears(q.data(), int(q.size()), int(g.out), row_layout(g.spec, g.in, "linears"), stream_);
+      });
+  }
+
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override {
     check_act(a, "add", "a");
     check_act(b, "add", "b");
@@ -740,41 +775,6 @@ private:
     p.row = row_layout(spec, n, op);
     p.rows = t.numel() / n;
     return p;
-  }
-
-  // Jobs over quantized weights within one pass of the fused kernel (a decode step's experts): one
-  // grouped launch per matrix shape and token tier (quant_linear.cu) instead of one per job, each
-  // job computed as linear() computes it alone. The others run one linear() each.
-  void linears(const std::vector<LinearJob>& jobs) override {
-    struct Group {
-      int64_t out, in;
-      quant::QuantSpec spec;
-      std::vector<const LinearJob*> jobs;
-    };
-    std::vector<Group> groups;
-    for (const LinearJob& j : jobs) {
-      if (!j.w.quantized() || j.x.dim(0) > cuda::kQuantLinearTokens) {
-        linear(j.x, j.w, Tensor(), j.y);
-        continue;
-      }
-      const quant::QuantSpec spec = check_quant_linear(j.x, j.w, Tensor(), j.y);
-      const int64_t out = j.w.dim(0), in = j.x.row_size();
-      auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
-        return g.out == out && g.in == in && g.spec.bits == spec.bits && g.spec.group_size == spec.group_size;
-      });
-      if (g == groups.end()) g = groups.insert(groups.end(), Group{out, in, spec, {}});
-      g->jobs.push_back(&j);
-    }
-    if (groups.empty()) return;
-    bind();
-    for (const Group& g : groups)
-      dispatch([&](auto e) {
-        using E = decltype(e);
-        std::vector<cuda::QuantLinearJob<E>> q;
-        for (const LinearJob* j : g.jobs)
-          q.push_back({elems<E>(j->x), static_cast<const uint8_t*>(j->w.data), elems_mut<E>(j->y), j->x.dim(0)});
-        cuda::launch_quant_linears(q.data(), int(q.size()), int(g.out), row_layout(g.spec, g.in, "linears"), stream_);
-      });
   }
 
   // linear()'s checks for a quantized w; returns its spec.
