@@ -81,11 +81,17 @@ double time_per_call(Backend& be, F op) {
   return seconds(t0, Clock::now()) / reps;
 }
 
-void fill(Backend& be, const Tensor& t, uint32_t seed) {
+// n values drawn from N(0, 0.05^2): a weight's or an activation's scale.
+std::vector<float> normal_values(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, 0.05f);
-  std::vector<float> host(size_t(t.numel()));
-  for (float& x : host) x = dist(rng);
+  std::vector<float> values(n);
+  for (float& x : values) x = dist(rng);
+  return values;
+}
+
+void fill(Backend& be, const Tensor& t, uint32_t seed) {
+  const std::vector<float> host = normal_values(size_t(t.numel()), seed);
   std::vector<uint8_t> conv(t.nbytes());
   convert_elements(host.data(), DType::F32, conv.data(), t.dtype, host.size());
   be.copy_to_device(t.data, conv.data(), conv.size());
@@ -281,10 +287,7 @@ void grouped_experts(Backend& be, const ModelConfig& cfg, bool q4) {
   };
   for (auto [b, bytes, out, in] : {std::tuple{&gub, gu_bytes, 2 * f, h}, std::tuple{&downb, down_bytes, h, f}}) {
     // One expert's values, made on the host and copied to every expert.
-    std::mt19937 rng(1);
-    std::normal_distribution<float> dist(0.0f, 0.05f);
-    std::vector<float> values(size_t(out * in));
-    for (float& v : values) v = dist(rng);
+    const std::vector<float> values = normal_values(size_t(out * in), 1);
     std::vector<uint8_t> expert(bytes);
     if (q4) quant::quantize_rows(spec, values.data(), DType::F32, out, in, expert.data());
     else convert_elements(values.data(), DType::F32, expert.data(), act, values.size());

@@ -217,10 +217,16 @@ template <int kBits>
 constexpr int vec_bytes() { return chunk_words<kBits>() * 4; }
 int64_t row_blocks(int out) { return ceil_div(int64_t(out), int64_t(kWarps) * kRows); }
 
+// Whether the kernel may read w's codes, and x, in vector loads.
+template <int kBits>
+bool w_vectors(const uint8_t* w, const QuantRowLayout& row) {
+  return aligned(w, vec_bytes<kBits>()) && row.row_bytes % vec_bytes<kBits>() == 0;
+}
+bool x_vectors(const void* x, const QuantRowLayout& row) { return aligned(x, 8) && row.n % 4 == 0; }
+
 template <int kBits, int kTokens, class T>
 void launch_shape(const QuantLinearParams<T>& p, cudaStream_t stream) {
-  const bool w_vec = aligned(p.w, vec_bytes<kBits>()) && p.row.row_bytes % vec_bytes<kBits>() == 0;
-  const bool x_vec = aligned(p.x, 8) && p.row.n % 4 == 0;
+  const bool w_vec = w_vectors<kBits>(p.w, p.row), x_vec = x_vectors(p.x, p.row);
   const int64_t token_passes = std::min<int64_t>(ceil_div(p.tokens, kTokens), 65535);
   const dim3 grid(static_cast<unsigned>(row_blocks(p.out)), static_cast<unsigned>(token_passes));
   quant_linear_kernel<kBits, kTokens><<<grid, kThreads, 0, stream>>>(p, w_vec, x_vec);
@@ -229,19 +235,21 @@ void launch_shape(const QuantLinearParams<T>& p, cudaStream_t stream) {
 
 template <int kBits, int kTokens, class T>
 void launch_jobs(const QuantLinearJobs<T>& g, int count, cudaStream_t stream) {
-  bool w_vec = g.row.row_bytes % vec_bytes<kBits>() == 0, x_vec = g.row.n % 4 == 0;
+  bool w_vec = true, x_vec = true;
   for (int i = 0; i < count; ++i) {
-    w_vec = w_vec && aligned(g.job[i].w, vec_bytes<kBits>());
-    x_vec = x_vec && aligned(g.job[i].x, 8);
+    w_vec = w_vec && w_vectors<kBits>(g.job[i].w, g.row);
+    x_vec = x_vec && x_vectors(g.job[i].x, g.row);
   }
   const dim3 grid(static_cast<unsigned>(row_blocks(g.out)), 1, static_cast<unsigned>(count));
   quant_linears_kernel<kBits, kTokens><<<grid, kThreads, 0, stream>>>(g, w_vec, x_vec);
   STRATA_CUDA_CHECK_LAUNCH("quant_linears_kernel", stream);
 }
 
-// The fewest tokens per pass that cover T: each token slot costs its FMAs whether used or not.
+// The token counts a pass is compiled for. A linear takes the fewest that cover its tokens: each
+// token slot costs its FMAs whether used or not.
+constexpr int kTokenTiers[] = {1, 2, 4, 8, kQuantLinearTokens};
 int token_tier(int64_t tokens) {
-  for (int tier : {1, 2, 4, 8})
+  for (int tier : kTokenTiers)
     if (tokens <= tier) return tier;
   return kQuantLinearTokens;
 }
@@ -299,7 +307,7 @@ template <class T>
 void launch_quant_linears(const QuantLinearJob<T>* jobs, int count, int out, const QuantRowLayout& row,
                           cudaStream_t stream) {
   if (out == 0 || row.n == 0) return;
-  for (int tier : {1, 2, 4, 8, kQuantLinearTokens}) launch_tier(jobs, count, out, row, tier, stream);
+  for (int tier : kTokenTiers) launch_tier(jobs, count, out, row, tier, stream);
 }
 
 #define STRATA_INSTANTIATE(T)                                                      \
