@@ -1,26 +1,32 @@
-// STRATA_CUDA_GRAPHS for a scope: the Transformer and the offloading engine read it when made.
+// An environment variable set for a scope: STRATA_CUDA_GRAPHS (GraphsSetting) or another the
+// Transformer and the offloading engine read when made (STRATA_DEVICE_ROUTING).
 #pragma once
 #include <cstdlib>
 #include <string>
 
 namespace strata::test {
 
-class GraphsSetting {
+class EnvSetting {
 public:
-  explicit GraphsSetting(const char* v) {
-    if (const char* old = std::getenv("STRATA_CUDA_GRAPHS")) old_ = old, had_ = true;
-    setenv("STRATA_CUDA_GRAPHS", v, 1);
+  EnvSetting(const char* name, const char* v) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    setenv(name, v, 1);
   }
-  ~GraphsSetting() {
-    if (had_) setenv("STRATA_CUDA_GRAPHS", old_.c_str(), 1);
-    else unsetenv("STRATA_CUDA_GRAPHS");
+  ~EnvSetting() {
+    if (had_) setenv(name_.c_str(), old_.c_str(), 1);
+    else unsetenv(name_.c_str());
   }
-  GraphsSetting(const GraphsSetting&) = delete;
-  GraphsSetting& operator=(const GraphsSetting&) = delete;
+  EnvSetting(const EnvSetting&) = delete;
+  EnvSetting& operator=(const EnvSetting&) = delete;
 
 private:
-  std::string old_;
+  std::string name_, old_;
   bool had_ = false;
+};
+
+class GraphsSetting : public EnvSetting {
+public:
+  explicit GraphsSetting(const char* v) : EnvSetting("STRATA_CUDA_GRAPHS", v) {}
 };
 
 }  // namespace strata::test

@@ -26,6 +26,7 @@
 #include "strata/core/dtype.h"
 #include "strata/core/error.h"
 #include "strata/quant/quant.h"
+#include "strata/runtime/moe_routing.h"
 
 using namespace strata;
 using namespace strata::test;  // kernel_test_support.h, quant_kernel_cases.h
@@ -240,6 +241,64 @@ TEST_CASE("cuda: linears over codes give each job what linear() gives it", "[cud
       }
       CHECK(std::fabs(double(y16[size_t(t * 24 + o)]) - want) <= 0x1p-10 * mag + 1e-6);
     }
+}
+
+TEST_CASE("cuda: experts routed on the device give route_tokens' routing and each expert linear()'s rows",
+          "[cuda][quant][moe]") {
+  STRATA_REQUIRE_GPU();
+  Gpu g;
+  std::mt19937 rng(25);
+  const int64_t T = 7, E = 12, k = 3, A = T * k, out = 37, in = 72;
+  const std::vector<float> logits = random_floats(size_t(T * E), rng, -3.0f, 3.0f, false);
+  const MoeRouting want = route_tokens(logits.data(), T, int(E), int(k), true);
+  const Backend::DeviceRouting r{g.poisoned(DType::I32, {A}),     g.poisoned(DType::I32, {A}),
+                                 g.poisoned(DType::F32, {A}),     g.poisoned(DType::I32, {E + 1}),
+                                 g.poisoned(DType::I32, {E}),     g.i32({0, 0, 0})};
+  std::vector<Tensor> w;
+  std::vector<std::vector<uint8_t>> codes;
+  for (int64_t e = 0; e < E; ++e) {
+    codes.push_back(make_quant_linear_case(spec_of(4, 32), 1, out, in, false, rng).w);
+    w.push_back(g.quantized(&codes.back(), codes.back().size(), 4, 32, {out, in}));
+  }
+  // Codes of up to 16 tokens a step route on the device; fp16 experts and longer steps do not.
+  CHECK(g.be->routes_on_device(T, E, k, w[0]));
+  CHECK(!g.be->routes_on_device(17, E, k, w[0]));
+  CHECK(!g.be->routes_on_device(T, 257, k, w[0]));
+  CHECK(!g.be->routes_on_device(T, E, k, g.poisoned(DType::F16, {out, in})));
+
+  const Tensor x = g.f16(random_floats(size_t(A * in), rng, -1.0f, 1.0f, DType::F16), {A, in});
+  const Tensor y = g.poisoned(DType::F16, {A, out});
+  const int64_t before = device_launches_issued();
+  g.be->route_experts(g.f32(logits, {T, E}), k, true, r);
+  g.be->routed_linears(x, w, r, T, y);
+  CHECK(device_launches_issued() - before == 2);  // one for the routing, one for every expert
+
+  const auto ints = [&](const Tensor& t) {
+    std::vector<int32_t> v(size_t(t.numel()));
+    g.be->copy_to_host(v.data(), t.data, t.nbytes());
+    return v;
+  };
+  CHECK(ints(r.gather) == want.gather);
+  CHECK(ints(r.combine_rows) == want.combine_rows);
+  CHECK(ints(r.expert_begin) == want.expert_begin);
+  std::vector<int32_t> active;
+  for (int64_t e = 0; e < E; ++e)
+    if (want.expert_begin[size_t(e + 1)] > want.expert_begin[size_t(e)]) active.push_back(int32_t(e));
+  active.resize(size_t(E), -1);
+  CHECK(ints(r.active) == active);
+  CHECK(ints(r.totals) == std::vector<int32_t>{1, int32_t(T), want.active_experts()});
+  const std::vector<float> weights = g.read(r.combine_weights);
+  for (size_t i = 0; i < weights.size(); ++i)  // expf may differ from the host's in its last place
+    CHECK(std::fabs(weights[i] - want.combine_weights[i]) <= 1e-6f * want.combine_weights[i]);
+
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t first = want.expert_begin[size_t(e)], n = want.expert_begin[size_t(e + 1)] - first;
+    if (n == 0) continue;
+    const Tensor alone = g.poisoned(DType::F16, {n, out});
+    g.be->linear(x.rows(first, n), w[size_t(e)], Tensor(), alone);
+    INFO("expert " << e << ", " << n << " rows");
+    CHECK(g.bytes(y.rows(first, n).data, size_t(n * out) * 2) == g.bytes(alone.data, alone.nbytes()));
+  }
 }
 
 TEST_CASE("cuda: kv_store quantizes cache rows as the host reference does", "[cuda][quant]") {

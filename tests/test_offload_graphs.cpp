@@ -5,6 +5,7 @@
 // work and refuses what a capture cannot hold, as CUDA does.
 #include "test_paths.h"
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <optional>
 #include <random>
 #include <string>
@@ -95,9 +96,9 @@ TEST_CASE("engine graphs: replayed layer halves give the eager run's tokens and 
     return;
   }
   auto backend = make_cuda_backend(0);
-  // tiny-mixtral: its attention halves replay, its sparse MLP halves run eagerly (the routing
-  // reads the router's logits on the host). The compressed placement (slow on the emulation) and
-  // delegated attention run on the dense models.
+  // tiny-mixtral: its attention halves replay, its fp16 experts' MLP halves run eagerly (their
+  // routing reads the router's logits on the host; experts over codes are the next case's). The
+  // compressed placement (slow on the emulation) and delegated attention run on the dense models.
   for (const char* name : {"tiny-llama", "tiny-opt", "tiny-mixtral"}) {
     const ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     std::vector<GenRequest> reqs = fixture_requests(load_expected(name));
@@ -151,4 +152,59 @@ TEST_CASE("engine graphs: the CPU backend runs every half eagerly", "[offload][g
   CHECK(run.replays == 0);
   for (size_t i = 0; i < reqs.size(); ++i)
     CHECK(run.results[i][0].tokens == exp["greedy"][i].get<std::vector<int32_t>>());
+}
+
+TEST_CASE("engine graphs: experts over codes route on the device, replay, and give the host-routed run's tokens",
+          "[offload][cuda][graphs][moe]") {
+  if (!cuda_available()) {
+    WARN("no GPU: skipped");
+    return;
+  }
+  auto backend = make_cuda_backend(0);
+  const ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-mixtral");
+  std::vector<GenRequest> reqs = fixture_requests(load_expected("tiny-mixtral"));
+  for (GenRequest& r : reqs) r.logprobs = 2;
+  const TierSplit G{100, 0, 0}, H{50, 50, 0};
+  // Resident layers, and half of them through the GPU's weight buffers; 4-bit experts, whose
+  // decode steps (2 tokens a GPU batch) route on the device.
+  for (const OffloadOptions& opt : {options_of(policy_of(2, 2, G, G, G), Compression{4, 64}),
+                                    options_of(policy_of(2, 2, H, G, G), Compression{4, 64})}) {
+    INFO(describe(opt.policy));
+    struct Routed {
+      Run run;
+      RoutingTotals routing;
+    };
+    const auto run = [&](const char* device_routing, const char* graphs) {
+      EnvSetting routing_setting("STRATA_DEVICE_ROUTING", device_routing);
+      GraphsSetting graphs_setting(graphs);
+      OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
+      Routed r;
+      for (GenResult& g : run_blocks(engine, reqs)) r.run.results.push_back({std::move(g)});
+      r.run.replays = engine.report().graph_replays;
+      r.routing = engine.report().gen.routing;
+      return r;
+    };
+    const Routed host = run("0", "1"), device = run("1", "0"), graphed = run("1", "1");
+    // The same experts chosen, counted on the device as on the host.
+    CHECK(device.routing.layer_steps == host.routing.layer_steps);
+    CHECK(device.routing.tokens == host.routing.tokens);
+    CHECK(device.routing.active_experts == host.routing.active_experts);
+    CHECK(graphed.routing.active_experts == host.routing.active_experts);
+    // The same kernels on the same bytes, but for the routing weights' softmax, whose expf the
+    // device may round differently in the last place: within that of the host-routed run.
+    REQUIRE(device.run.results.size() == host.run.results.size());
+    for (size_t i = 0; i < host.run.results.size(); ++i) {
+      const GenResult &d = device.run.results[i][0], &h = host.run.results[i][0];
+      INFO("request " << i);
+      CHECK(d.tokens == h.tokens);
+      REQUIRE(d.logprobs.size() == h.logprobs.size());
+      for (size_t t = 0; t < h.logprobs.size(); ++t)
+        CHECK(std::fabs(d.logprobs[t].sampled.logprob - h.logprobs[t].sampled.logprob) <= 1e-3);
+    }
+    // Graphs hold the sparse MLP halves too now: more replays than with the host's routing,
+    // and bit for bit the eager run.
+    CHECK(device.run.replays == 0);
+    CHECK(graphed.run.replays > host.run.replays);
+    check_identical(graphed.run, device.run);
+  }
 }

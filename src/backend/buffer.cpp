@@ -51,4 +51,12 @@ void Backend::copy_to_host_f32(const Tensor& src, float* host_dst) {
   convert_elements(staging.data(), src.dtype, host_dst, DType::F32, size_t(src.numel()));
 }
 
+// Callers ask routes_on_device first; a backend that says yes overrides both.
+void Backend::route_experts(const Tensor&, int64_t, bool, const DeviceRouting&) {
+  STRATA_FAIL("internal: the " << name() << " backend does not route experts on the device");
+}
+void Backend::routed_linears(const Tensor&, const std::vector<Tensor>&, const DeviceRouting&, int64_t, const Tensor&) {
+  STRATA_FAIL("internal: the " << name() << " backend does not route experts on the device");
+}
+
 }  // namespace strata

@@ -410,7 +410,7 @@ bool OffloadEngine::Impl::compute(int i, int jj, int u) {
 // graph serves them all; the buffer's contents arrive before the replay, as before the launches).
 // What a step changes (ids, positions, slots) is uploaded outside it by begin_step. Eager: a step
 // in pieces or copying prompt rows between slots (their addresses vary), and a sparse layer's MLP
-// (its routing reads the router's logits on the host).
+// routed on the host (it reads the router's logits mid-step; ForwardOps::routes_on_device).
 void OffloadEngine::Impl::gpu_half(int jj, const LayerWeights& w, const Tensor& x, const Tensor& ck, const Tensor& cv,
                                    bool graphable) {
   const bool attention = jj % 2 == 0;
@@ -420,7 +420,7 @@ void OffloadEngine::Impl::gpu_half(int jj, const LayerWeights& w, const Tensor& 
     else ops.mlp_block(w, x);
     return Tensor();
   };
-  if (!graphs.enabled() || !graphable || (!attention && w.sparse())) {
+  if (!graphs.enabled() || !graphable || (!attention && w.sparse() && !ops.routes_on_device(w))) {
     work();
     return;
   }

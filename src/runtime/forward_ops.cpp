@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "strata/core/error.h"
@@ -21,25 +22,36 @@ struct PieceShape {
 // until its add_norm, then the MLP's first GEMM's (gate and up side by side for SwiGLU); mlp_b_ is
 // SwiGLU's product (the other MLPs act in place).
 // A mixture of experts adds the router's logits, the step's T k assignments' rows (each expert's
-// gathered inputs, then its outputs in their place), and the routing's three index pieces; the
+// gathered inputs, then its outputs in their place), and the routing's index pieces; the
 // experts' gate/up outputs and SwiGLU products reuse mlp_a_ and mlp_b_, as many experts' side by
-// side as fit (an expert takes at most T rows).
+// side as fit (an expert takes at most T rows). Routed on the device, a step's experts are one
+// run (the host does not know their rows), so mlp_a_ and mlp_b_ hold all T k rows of a step of up
+// to kDeviceRoutedTokens tokens.
+constexpr int64_t kDeviceRoutedTokens = 16;  // the CUDA backend's limit (cuda::kMaxRoutedTokens)
+
 std::vector<PieceShape> workspace_shapes(const ModelConfig& cfg, DType dt, int64_t T, int64_t R) {
   const int64_t h = cfg.hidden, qd = cfg.q_dim(), V = cfg.vocab_size;
   const int64_t f = std::max(cfg.intermediate, cfg.expert_intermediate);
   const bool swiglu = cfg.mlp == MlpKind::SwiGLU;
   const int64_t a_width = std::max({swiglu ? 2 * f : f, qd + 2 * cfg.kv_dim(), h});
-  const int64_t routed = cfg.moe() ? T * cfg.experts_per_token : 0, E = cfg.moe() ? cfg.n_experts : 0;
+  const int64_t k = cfg.moe() ? cfg.experts_per_token : 0, E = cfg.moe() ? cfg.n_experts : 0;
+  const int64_t routed = T * k, device_routed = std::min(T, kDeviceRoutedTokens) * k;
+  const auto rows_for = [](int64_t rows, int64_t elements, int64_t width) {
+    return std::max(rows, (elements + width - 1) / width);
+  };
+  const int64_t a_rows = rows_for(T, device_routed * 2 * cfg.expert_intermediate, a_width);
+  const int64_t b_rows = swiglu ? rows_for(T, device_routed * cfg.expert_intermediate, f) : 0;
   return {{dt, {T, h}},          {dt, {T, cfg.n_heads, cfg.head_dim}},
           {dt, {T, cfg.n_kv_heads, cfg.head_dim}}, {dt, {T, cfg.n_kv_heads, cfg.head_dim}},
-          {dt, {T, qd}},         {dt, {T, a_width}},
-          {dt, {swiglu ? T : 0, f}}, {dt, {R, h}},
+          {dt, {T, qd}},         {dt, {a_rows, a_width}},
+          {dt, {b_rows, f}},     {dt, {R, h}},
           {DType::F32, {R, V}},  {DType::I32, {T}},
           {DType::I32, {T}},     {DType::I32, {T}},
           {DType::I32, {T}},     {DType::I32, {R}},
           {dt, {routed, h}},     {DType::F32, {cfg.moe() ? T : 0, E}},
           {DType::I32, {routed}}, {DType::I32, {routed}},
-          {DType::F32, {routed}}};
+          {DType::F32, {routed}}, {DType::I32, {cfg.moe() ? E + 1 : 0}},
+          {DType::I32, {std::min(E, device_routed)}}};
 }
 
 size_t piece_bytes(const PieceShape& p) {
@@ -69,7 +81,7 @@ void ForwardOps::bind_workspace(void* base, int64_t T, int64_t R) {
   Tensor* const targets[] = {&xn_,     &q_,      &k_,         &v_,        &attn_,       &mlp_a_,
                              &mlp_b_,  &last_,   &logits_,    &ids_,      &pos_,        &pos_shifted_,
                              &slots_,  &rows_,   &moe_rows_,  &router_,   &moe_gather_, &moe_combine_,
-                             &moe_weights_};
+                             &moe_weights_, &moe_begin_, &moe_active_};
   const std::vector<PieceShape> shapes = workspace_shapes(cfg_, backend_.activation_dtype(), T, R);
   size_t offset = 0;
   for (size_t i = 0; i < shapes.size(); ++i) {
@@ -288,16 +300,69 @@ Tensor ForwardOps::mlp_from_normed(const LayerWeights& w) {
   return xn;
 }
 
-// The router's logits come to the host (a wait for the step's work so far), which picks each
+// Routing on the device where the backend does it for this step (routes_on_device); otherwise
+// the router's logits come to the host (a wait for the step's work so far), which picks each
 // token's experts and groups the step's rows by expert (route_tokens); one upload sends the
 // groups back. Then every active expert runs its SwiGLU over its contiguous rows: one gate/up
 // GEMM, one down GEMM, whose output replaces its inputs (many experts' GEMMs in one linears()).
 // combine_rows sums each token's k outputs, weighted, into the normed input's place.
 Tensor ForwardOps::experts_from_normed(const LayerWeights& w) {
-  const int64_t T = T_, E = cfg_.n_experts, k = cfg_.experts_per_token;
-  const int64_t f = cfg_.expert_intermediate, A = T * k;
+  const int64_t T = T_, k = cfg_.experts_per_token, A = T * k;
   const Tensor xn = xn_.rows(0, T), logits = router_.rows(0, T);
   backend_.linear(xn, w.router_w, Tensor(), logits);
+  const Tensor routed = moe_rows_.rows(0, A);
+  if (routes_on_device(w)) experts_routed_on_device(w, logits, routed);
+  else experts_routed_on_host(w, logits, routed);
+  backend_.combine_rows(routed, moe_combine_.rows(0, A).reshaped({T, k}), moe_weights_.rows(0, A).reshaped({T, k}),
+                        xn);
+  return xn;
+}
+
+bool device_routing_allowed() {
+  const char* v = std::getenv("STRATA_DEVICE_ROUTING");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+bool ForwardOps::routes_on_device(const LayerWeights& w) const {
+  if (!w.sparse() || T_ > kDeviceRoutedTokens || !device_routing_) return false;
+  const ExpertWeights& e = w.experts.front();
+  return backend_.routes_on_device(T_, cfg_.n_experts, cfg_.experts_per_token, e.gate_up_w) &&
+         backend_.routes_on_device(T_, cfg_.n_experts, cfg_.experts_per_token, e.down_w);
+}
+
+bool ForwardOps::step_routes_on_device(const std::vector<LayerWeights>& layers) const {
+  for (const LayerWeights& w : layers)
+    if (w.sparse() && !routes_on_device(w)) return false;
+  return true;
+}
+
+// The step's experts are one run: mlp_a_ and mlp_b_ hold all T k rows (workspace_shapes), and each
+// routed_linears launch reads every expert's rows from the routing on the device.
+void ForwardOps::experts_routed_on_device(const LayerWeights& w, const Tensor& logits, const Tensor& routed) {
+  const int64_t T = T_, E = cfg_.n_experts, k = cfg_.experts_per_token, f = cfg_.expert_intermediate, A = T * k;
+  if (routing_counts_.bytes() == 0) {  // first use, never inside a capture (a key's first run is eager)
+    routing_counts_ = backend_.alloc(3 * sizeof(int32_t));
+    backend_.fill(routing_counts_.data(), 0, routing_counts_.bytes());
+  }
+  const Backend::DeviceRouting r{moe_gather_.rows(0, A), moe_combine_.rows(0, A), moe_weights_.rows(0, A),
+                                 moe_begin_.rows(0, E + 1), moe_active_.rows(0, std::min(E, A)),
+                                 routing_counts_.view(0, DType::I32, {3})};
+  backend_.route_experts(logits, k, cfg_.norm_topk_prob, r);
+  backend_.gather_rows(xn_.rows(0, T), r.gather, routed);
+  std::vector<Tensor> gate_up_w, down_w;
+  for (const ExpertWeights& e : w.experts) {
+    gate_up_w.push_back(e.gate_up_w);
+    down_w.push_back(e.down_w);
+  }
+  const Tensor gate_up = leading(mlp_a_, A, 2 * f), act = leading(mlp_b_, A, f);
+  backend_.routed_linears(routed, gate_up_w, r, T, gate_up);
+  backend_.swiglu(gate_up, act);
+  backend_.routed_linears(act, down_w, r, T, routed);
+}
+
+void ForwardOps::experts_routed_on_host(const LayerWeights& w, const Tensor& logits, const Tensor& routed) {
+  const int64_t T = T_, E = cfg_.n_experts, k = cfg_.experts_per_token;
+  const int64_t f = cfg_.expert_intermediate, A = T * k;
   std::vector<float> host(size_t(T * E));
   backend_.copy_to_host_f32(logits, host.data());
   const MoeRouting r = route_tokens(host.data(), T, int(E), int(k), cfg_.norm_topk_prob);
@@ -315,8 +380,7 @@ Tensor ForwardOps::experts_from_normed(const LayerWeights& w) {
   std::memcpy(staged.data() + weights_at, r.combine_weights.data(), size_t(A) * 4);
   backend_.upload(moe_gather_.data, staged.data(), staged.size());
 
-  const Tensor routed = moe_rows_.rows(0, A);
-  backend_.gather_rows(xn, moe_gather_.rows(0, A), routed);
+  backend_.gather_rows(xn_.rows(0, T), moe_gather_.rows(0, A), routed);
   // The experts go in runs whose gate/up outputs fit mlp_a_ and SwiGLU products mlp_b_ side by
   // side (a run takes at least one expert: an expert has at most T rows). Each run is one
   // linears() over its experts' gate/up, one swiglu over all their rows and one linears() over
@@ -342,9 +406,17 @@ Tensor ForwardOps::experts_from_normed(const LayerWeights& w) {
     backend_.swiglu(gate_up, act);
     backend_.linears(down_jobs);
   }
-  backend_.combine_rows(routed, moe_combine_.rows(0, A).reshaped({T, k}), moe_weights_.rows(0, A).reshaped({T, k}),
-                        xn);
-  return xn;
+}
+
+// The device's counts join the host's, and restart from zero (int32 counters, read rarely).
+RoutingTotals ForwardOps::routing_totals() const {
+  if (routing_counts_.bytes() > 0) {
+    int32_t counts[3];
+    backend_.copy_to_host(counts, routing_counts_.data(), sizeof counts);
+    routing_ = routing_ + RoutingTotals{counts[0], counts[1], counts[2]};
+    backend_.fill(routing_counts_.data(), 0, routing_counts_.bytes());
+  }
+  return routing_;
 }
 
 void ForwardOps::select_logit_rows(const std::vector<int32_t>& rows, int64_t tokens) {

@@ -31,8 +31,7 @@ constexpr size_t kMaxStepGraphs = 64;
 }  // namespace
 
 Transformer::Transformer(ModelConfig cfg, ModelWeights weights, Backend& backend)
-    // A mixture of experts' routing reads the router's logits on the host mid-step: no graph holds it.
-    : graphs_(backend, cuda_graphs_allowed() && !cfg.moe(), kMaxStepGraphs),
+    : graphs_(backend, cuda_graphs_allowed(), kMaxStepGraphs),
       cfg_(std::move(cfg)),
       w_(std::move(weights)),
       backend_(backend),
@@ -57,12 +56,14 @@ void Transformer::ensure_workspace(int64_t T, int64_t R) {
 
 // A step whose shape came before replays that shape's graph: its ids, positions and slots are
 // uploaded first (begin_step), outside the graph, and the graph's kernels read them from the
-// workspace. A step that copies prompt rows between slots runs eagerly (the copies' addresses vary).
+// workspace. A step that copies prompt rows between slots runs eagerly (the copies' addresses vary),
+// as does a mixture of experts' step routed on the host (it reads the router's logits mid-step).
 Tensor Transformer::forward(const StepBatch& batch, KvCache& cache) {
   const int64_t T = int64_t(batch.tokens.size()), R = int64_t(batch.logit_rows.size());
   ensure_workspace(std::max<int64_t>(T, 1), std::max<int64_t>(R, 1));
   ops_.begin_step(batch, cache.slots, cache.capacity);
-  if (!graphs_.enabled() || !batch.prefix_copies.empty()) return run_layers(T, cache);
+  if (!graphs_.enabled() || !batch.prefix_copies.empty() || !ops_.step_routes_on_device(w_.layers))
+    return run_layers(T, cache);
   return graphs_.run({T, R, StepGraphs::address(ws_.data()), StepGraphs::address(cache.storage.data()), cache.slots,
                       cache.capacity},
                      [&] { return run_layers(T, cache); });

@@ -405,3 +405,89 @@ TEST_CASE("emulated cuda: bf16 carries activations of 1e6, past fp16's 65504, th
     expect_close<bf16>(floats(delta), c.read(cout), 3e-3, 3e-3, what + ": out");
   }
 }
+
+namespace {
+
+// Routing by its definition in float64: softmax, the k largest probabilities (the lower expert on
+// a tie), renormalised or not; then the assignments grouped by expert, tokens ascending in each.
+struct Routed {
+  std::vector<int32_t> gather, combine_rows, begin, active;
+  std::vector<double> weights;
+  int distinct = 0;
+};
+Routed route_by_definition(const std::vector<float>& logits, int T, int E, int k, bool renormalize) {
+  std::vector<std::vector<int>> chosen(static_cast<size_t>(T));
+  std::vector<double> weights;
+  for (int t = 0; t < T; ++t) {
+    const float* row = logits.data() + size_t(t) * size_t(E);
+    double top = row[0], sum = 0;
+    for (int e = 0; e < E; ++e) top = std::max(top, double(row[e]));
+    std::vector<double> p(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) sum += p[size_t(e)] = std::exp(double(row[e]) - top);
+    std::vector<int> order(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) order[size_t(e)] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[size_t(a)] > p[size_t(b)]; });
+    std::vector<int> mine(order.begin(), order.begin() + k);
+    double picked = 0;
+    for (int e : mine) picked += p[size_t(e)] / sum;
+    std::sort(mine.begin(), mine.end());
+    for (int e : mine) weights.push_back(p[size_t(e)] / sum / (renormalize ? picked : 1.0));
+    chosen[size_t(t)] = mine;
+  }
+  Routed r;
+  r.weights = weights;
+  r.begin.push_back(0);
+  r.combine_rows.resize(size_t(T * k));
+  for (int e = 0; e < E; ++e) {
+    for (int t = 0; t < T; ++t)
+      for (int j = 0; j < k; ++j)
+        if (chosen[size_t(t)][size_t(j)] == e) {
+          r.combine_rows[size_t(t * k + j)] = int32_t(r.gather.size());
+          r.gather.push_back(t);
+        }
+    if (int(r.gather.size()) > r.begin.back()) r.active.push_back(e);
+    r.begin.push_back(int32_t(r.gather.size()));
+  }
+  r.distinct = int(r.active.size());
+  r.active.resize(size_t(std::min(E, T * k)), -1);
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("emulated cuda: experts routed on the device as float64 routes them", "[emulated]") {
+  // Mixtral's 2 of 8, Qwen3-MoE's 8 of 128 unrenormalised, every limit (16 tokens, 16 of 256), k
+  // equal to E, and tokens whose logits tie (the lower experts win). Poisoned outputs; the totals
+  // count on from what they held.
+  std::mt19937 rng(31);
+  for (const auto& [T, E, k, renormalize] :
+       {std::tuple{1, 8, 2, true}, {3, 8, 2, true}, {16, 128, 8, false}, {5, 60, 4, true}, {16, 256, 16, true},
+        {7, 3, 3, false}, {16, 256, 1, true}, {9, 33, 5, false}}) {
+    const std::string what = label("route T E k renormalize", {T, E, k, renormalize});
+    INFO(what);
+    std::vector<float> logits = random_floats(size_t(T * E), rng, -4.0f, 4.0f, false);
+    if (T > 2)  // token 1: every logit equal; token 2: a tie across the k-th place
+      for (int e = 0; e < E; ++e) {
+        logits[size_t(E + e)] = 0.5f;
+        if (e % 2 == 1) logits[size_t(2 * E + e)] = 3.0f;
+      }
+    const Routed want = route_by_definition(logits, T, E, k, renormalize);
+    const int A = T * k, slots = std::min(E, A);
+    std::vector<int32_t> gather(size_t(A), -7), rows(size_t(A), -7), begin(size_t(E + 1), -7), active(size_t(slots), -7);
+    std::vector<float> weights(size_t(A), NAN);
+    int32_t totals[3] = {5, 6, 7};
+    RouteExpertsParams p{logits.data(), gather.data(), rows.data(), weights.data(), begin.data(), active.data(),
+                         totals, T, E, k, slots, renormalize};
+    launch_route_experts(p, nullptr);
+    CHECK(gather == want.gather);
+    CHECK(rows == want.combine_rows);
+    CHECK(begin == want.begin);
+    CHECK(active == want.active);
+    std::vector<double> tol(want.weights.size());
+    for (size_t i = 0; i < tol.size(); ++i) tol[i] = 1e-7 + 1e-5 * want.weights[i];  // float sums of E terms
+    expect_within(std::vector<float>(weights), want.weights, tol, what + " weights");
+    CHECK(totals[0] == 6);
+    CHECK(totals[1] == 6 + T);
+    CHECK(totals[2] == 7 + want.distinct);
+  }
+}

@@ -248,6 +248,30 @@ public:
   // src: [A, h]; rows: I32 [T, k], each in [0, A); weights: F32 [T, k]; out: [T, h], not aliasing src.
   virtual void combine_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, const Tensor& out) = 0;
 
+  // ---- a mixture of experts' routing kept on the device (docs/moe.md, "Routing on the device") ----
+  // Where the router's logits are, on the compute stream: route_tokens' result (moe_routing.h)
+  // without its trip to the host, and each active expert's linear over its rows, so that the step
+  // never waits for the device and can be captured in a graph.
+  // gather, combine_rows: I32 [T k]; combine_weights: F32 [T k]; expert_begin: I32 [E + 1];
+  // active: I32 [min(E, T k)], the active experts ascending, then -1; totals: I32 [3], to which
+  // each routing adds 1, T and the number of distinct experts (ForwardOps::routing_totals).
+  struct DeviceRouting {
+    Tensor gather, combine_rows, combine_weights, expert_begin, active, totals;
+  };
+  // Whether this backend routes a step of `tokens` tokens, k of `experts` experts each, on the
+  // device, with expert weights like `expert_w` (one expert's matrix; every expert's alike).
+  virtual bool routes_on_device(int64_t tokens, int64_t experts, int64_t k, const Tensor& expert_w) const {
+    (void)tokens, (void)experts, (void)k, (void)expert_w;
+    return false;
+  }
+  // logits: F32 [T, E]. Where routes_on_device holds.
+  virtual void route_experts(const Tensor& logits, int64_t k, bool renormalize, const DeviceRouting& r);
+  // For each expert e that r names active: y rows [expert_begin[e], expert_begin[e + 1]) =
+  // x's rows @ w[e]^T, as linear() computes them. x: [T k, in], rows grouped by expert as
+  // route_experts grouped them; y: [T k, out]; max_rows: T, which bounds any expert's rows.
+  virtual void routed_linears(const Tensor& x, const std::vector<Tensor>& w, const DeviceRouting& r, int64_t max_rows,
+                              const Tensor& y);
+
   // out[i] = argmax_j logits[i, j] (lowest index on ties). logits: [B, V]; out: I32 [B].
   virtual void argmax_rows(const Tensor& logits, const Tensor& out) = 0;
 

@@ -48,6 +48,10 @@ struct AttentionInputs {
   Tensor q, k, v;
 };
 
+// STRATA_DEVICE_ROUTING=0 routes every mixture-of-experts step on the host; anything else, or
+// unset, routes on the device where the backend can (Backend::routes_on_device).
+bool device_routing_allowed();
+
 class ForwardOps {
 public:
   ForwardOps(const ModelConfig& cfg, Backend& backend);
@@ -91,7 +95,12 @@ public:
   // Every mixture-of-experts layer step so far: how many, the tokens routed, and the distinct
   // experts those tokens activated (summed over the steps). The cost model's expected count is
   // expected_active_experts (cost_model.h).
-  RoutingTotals routing_totals() const { return routing_; }
+  // Reading them waits for the device where it counts them (routing on the device).
+  RoutingTotals routing_totals() const;
+  // Whether this step's sparse layers route on the device (no trip to the host mid-step, so the
+  // step can be captured in a graph): w's, or every one of `layers`. Dense layers need nothing.
+  bool routes_on_device(const LayerWeights& w) const;
+  bool step_routes_on_device(const std::vector<LayerWeights>& layers) const;
 
   // The step's slots and positions on the backend (I32 [T]).
   Tensor slots() const { return slots_.rows(0, T_); }
@@ -116,6 +125,9 @@ private:
   Tensor mlp_from_normed(const LayerWeights& w);
   // The same for a mixture-of-experts layer: routing, each active expert's GEMMs over its tokens.
   Tensor experts_from_normed(const LayerWeights& w);
+  // Its routing and experts, into `routed` ([T k, h]: each expert's inputs, then its outputs).
+  void experts_routed_on_device(const LayerWeights& w, const Tensor& logits, const Tensor& routed);
+  void experts_routed_on_host(const LayerWeights& w, const Tensor& logits, const Tensor& routed);
 
   const ModelConfig& cfg_;
   Backend& backend_;
@@ -125,7 +137,10 @@ private:
   Tensor xn_, q_, k_, v_, attn_, mlp_a_, mlp_b_, last_, logits_;
   Tensor ids_, pos_, pos_shifted_, slots_, rows_;
   Tensor moe_rows_, router_, moe_gather_, moe_combine_, moe_weights_;  // mixtures of experts only
-  RoutingTotals routing_;
+  Tensor moe_begin_, moe_active_;                                     // routed on the device only
+  bool device_routing_ = device_routing_allowed();
+  mutable RoutingTotals routing_;  // the host's counts, and the device's as last read
+  Buffer routing_counts_;          // the device's: I32 [3], as Backend::DeviceRouting's totals
   void* indices_ = nullptr;        // where the index pieces start (upload_indices lays them out)
   std::vector<int32_t> uploaded_;  // their contents on the device, as last uploaded
 };

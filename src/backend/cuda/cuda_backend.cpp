@@ -727,6 +727,74 @@ public:
     });
   }
 
+  // A decode step's experts over 4- or 8-bit codes: each expert's rows fit one pass of the fused
+  // linear, whose grouped launch reads the routing from the device (moe_route.cu, quant_linear.cu).
+  // Other experts (fp16 weights: cuBLAS needs each expert's row count on the host) and more
+  // tokens route on the host.
+  bool routes_on_device(int64_t tokens, int64_t experts, int64_t k, const Tensor& expert_w) const override {
+    return expert_w.quantized() && tokens >= 1 && tokens <= cuda::kMaxRoutedTokens && k <= cuda::kMaxRoutedK &&
+           experts <= cuda::kMaxRoutedExperts && k <= experts;
+  }
+
+  void route_experts(const Tensor& logits, int64_t k, bool renormalize, const DeviceRouting& r) override {
+    check_tensor(logits, DType::F32, "route_experts", "logits");
+    const int64_t T = logits.dim(0), E = logits.row_size(), A = T * k;
+    STRATA_CHECK(T >= 1 && T <= cuda::kMaxRoutedTokens && k >= 1 && k <= cuda::kMaxRoutedK && k <= E &&
+                     E <= cuda::kMaxRoutedExperts,
+                 "cuda route_experts: " << k << " of " << E << " experts for " << T << " tokens (at most "
+                                        << cuda::kMaxRoutedTokens << " tokens, " << cuda::kMaxRoutedK << " of "
+                                        << cuda::kMaxRoutedExperts << ")");
+    check_routing(r, T, E, k, "route_experts");
+    cuda::RouteExpertsParams p{};
+    p.logits = static_cast<const float*>(logits.data);
+    p.gather = static_cast<int32_t*>(r.gather.data);
+    p.combine_rows = static_cast<int32_t*>(r.combine_rows.data);
+    p.combine_weights = static_cast<float*>(r.combine_weights.data);
+    p.expert_begin = static_cast<int32_t*>(r.expert_begin.data);
+    p.active = static_cast<int32_t*>(r.active.data);
+    p.totals = static_cast<int32_t*>(r.totals.data);
+    p.tokens = int(T);
+    p.experts = int(E);
+    p.k = int(k);
+    p.active_slots = int(std::min(E, A));
+    p.renormalize = renormalize;
+    bind();
+    cuda::launch_route_experts(p, stream_);
+  }
+
+  void routed_linears(const Tensor& x, const std::vector<Tensor>& w, const DeviceRouting& r, int64_t max_rows,
+                      const Tensor& y) override {
+    STRATA_CHECK(!w.empty() && w.size() <= size_t(cuda::kMaxRoutedExperts) && max_rows >= 1 &&
+                     max_rows <= cuda::kQuantLinearTokens,
+                 "cuda routed_linears: " << w.size() << " experts of at most " << max_rows << " rows");
+    const int64_t experts = int64_t(w.size()), in = x.row_size(), out = w[0].dim(0);
+    check_routing(r, max_rows, experts, r.gather.numel() / max_rows, "routed_linears");
+    const quant::QuantSpec spec = check_quant_linear(x, w[0], Tensor(), y);
+    for (const Tensor& we : w) {
+      const quant::QuantSpec s = check_quantized(we, "routed_linears", "w");
+      STRATA_CHECK(we.ndim == 2 && we.dim(0) == out && we.dim(1) == in && s.bits == spec.bits &&
+                       s.group_size == spec.group_size,
+                   "cuda routed_linears: expert weights " << we.shape_str() << " unlike the first's "
+                                                          << w[0].shape_str());
+    }
+    STRATA_CHECK(x.dim(0) == r.gather.numel(), "cuda routed_linears: x " << x.shape_str() << " for "
+                                                                          << r.gather.numel() << " routed rows");
+    bind();
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::RoutedQuantLinears<E> g{};
+      for (size_t i = 0; i < w.size(); ++i) g.w[i] = static_cast<const uint8_t*>(w[i].data);
+      g.x = elems<E>(x);
+      g.y = elems_mut<E>(y);
+      g.expert_begin = i32(r.expert_begin);
+      g.active = i32(r.active);
+      g.active_slots = int(r.active.numel());
+      g.out = int(out);
+      g.row = row_layout(spec, in, "routed_linears");
+      cuda::launch_routed_quant_linears(g, int(experts), max_rows, stream_);
+    });
+  }
+
   void quantize_rows(const quant::QuantSpec& spec, const Tensor& x, void* q) override {
     const cuda::QuantParams p = quant_params(spec, x, q, "quantize_rows", "x");
     bind();
@@ -903,6 +971,24 @@ private:
       std::lock_guard<std::mutex> lock(split_mu_);
       cuda::launch_split_quant_attention(p, split_scratch(q.dim(0), int(heads), int(d), chunks), stream_);
     });
+  }
+
+  // The routing's pieces for T tokens choosing k of E experts (backend.h, DeviceRouting).
+  static void check_routing(const DeviceRouting& r, int64_t T, int64_t E, int64_t k, const char* op) {
+    check_i32(r.gather, op, "gather");
+    check_i32(r.combine_rows, op, "combine_rows");
+    check_tensor(r.combine_weights, DType::F32, op, "combine_weights");
+    check_i32(r.expert_begin, op, "expert_begin");
+    check_i32(r.active, op, "active");
+    check_i32(r.totals, op, "totals");
+    const int64_t A = T * k;
+    STRATA_CHECK(r.gather.numel() == A && r.combine_rows.numel() == A && r.combine_weights.numel() == A &&
+                     r.expert_begin.numel() == E + 1 && r.active.numel() == std::min(E, A) && r.totals.numel() == 3,
+                 "cuda " << op << ": routing pieces gather " << r.gather.shape_str() << " combine_rows "
+                         << r.combine_rows.shape_str() << " combine_weights " << r.combine_weights.shape_str()
+                         << " expert_begin " << r.expert_begin.shape_str() << " active " << r.active.shape_str()
+                         << " totals " << r.totals.shape_str() << " for " << T << " tokens choosing " << k << " of "
+                         << E << " experts");
   }
 
   // split_qkv's checks and parameters but for where k and v go.

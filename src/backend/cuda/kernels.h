@@ -262,6 +262,49 @@ template <class T>
 void launch_quant_linears(const QuantLinearJob<T>* jobs, int count, int out, const QuantRowLayout& row,
                           cudaStream_t stream);
 
+// ---- a mixture of experts' routing kept on the device (a decode step's few tokens) ----
+constexpr int kMaxRoutedTokens = kQuantLinearTokens;  // an expert's rows: one pass of the fused linear
+constexpr int kMaxRoutedK = 16;                        // experts per token
+constexpr int kMaxRoutedExperts = 256;                 // experts per layer (their weights travel in parameters)
+// moe_route.cu: route_tokens' result (src/runtime/moe_routing.cpp) for `tokens` rows of fp32
+// logits [tokens, experts], bit for bit but for expf's last place: the T k assignments sorted by
+// expert (tokens ascending within one) in gather, each token's k rows and weights in combine_rows
+// and combine_weights (its experts ascending), expert e's rows from expert_begin[e] to
+// expert_begin[e + 1], and the active experts ascending in active (then -1 to active_slots).
+// totals[0..2] += 1, tokens and the distinct experts (GenStats' routing counts).
+struct RouteExpertsParams {
+  const float* logits;
+  int32_t* gather;           // [tokens k]
+  int32_t* combine_rows;     // [tokens k]
+  float* combine_weights;    // [tokens k]
+  int32_t* expert_begin;     // [experts + 1]
+  int32_t* active;           // [active_slots], active_slots = min(experts, tokens k)
+  int32_t* totals;           // [3]
+  int tokens;                // at most kMaxRoutedTokens
+  int experts;               // at most kMaxRoutedExperts
+  int k;                     // at most kMaxRoutedK
+  int active_slots;
+  bool renormalize;
+};
+void launch_route_experts(const RouteExpertsParams& p, cudaStream_t stream);
+// quant_linear.cu: each active expert's linear over its rows, as launch_quant_linear computes it
+// alone, bit for bit, with the routing read from the device: slot z of active names expert e (or
+// -1: nothing), whose rows expert_begin[e] to expert_begin[e + 1] of x and y it computes with
+// w[e]. One launch for every expert; max_rows (at most kQuantLinearTokens) bounds any expert's rows.
+template <class T>
+struct RoutedQuantLinears {
+  const uint8_t* w[kMaxRoutedExperts];  // each expert's [out] quantized rows
+  const T* x;                           // [rows, n], rows grouped by expert
+  T* y;                                 // [rows, out]
+  const int32_t* expert_begin;
+  const int32_t* active;
+  int active_slots;
+  int out;
+  QuantRowLayout row;
+};
+template <class T>
+void launch_routed_quant_linears(const RoutedQuantLinears<T>& g, int experts, int64_t max_rows, cudaStream_t stream);
+
 // quant_attention.cu: attention() over quantized caches ([slots, capacity, kv_heads] rows of
 // head_dim), same semantics as launch_attention; keys and values are dequantized in registers by
 // the reference formula (float(code) * scale rounded, plus minimum rounded).

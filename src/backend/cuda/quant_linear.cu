@@ -212,6 +212,30 @@ __global__ void __launch_bounds__(kThreads, 1) quant_linears_kernel(const QuantL
   quant_linear_rows<kBits, kTokens>(p, w_vec, x_vec, x_s);
 }
 
+// The expert of slot blockIdx.z (launch_routed_quant_linears), its rows at the token tier they
+// would get alone: every tier up to kMaxTier is compiled in, and the expert's row count, read from
+// the device, picks one. x_s is sized for kMaxTier.
+template <int kBits, int kMaxTier, class T>
+__global__ void __launch_bounds__(kThreads, 1) routed_quant_linears_kernel(const RoutedQuantLinears<T> g, bool w_vec,
+                                                                          bool x_vec) {
+  __shared__ float4 x_s[kMaxTier * kSubBlocks * 32];
+  const int e = g.active[blockIdx.z];
+  if (e < 0) return;
+  const int64_t first = g.expert_begin[e], rows = g.expert_begin[e + 1] - first;
+  const QuantLinearParams<T> p{g.x + first * g.row.n, g.w[e], nullptr, g.y + first * g.out, rows, g.out, g.row};
+  if (rows <= 1) quant_linear_rows<kBits, 1>(p, w_vec, x_vec, x_s);
+  else if constexpr (kMaxTier >= 2) {
+    if (rows <= 2) quant_linear_rows<kBits, 2>(p, w_vec, x_vec, x_s);
+    else if constexpr (kMaxTier >= 4) {
+      if (rows <= 4) quant_linear_rows<kBits, 4>(p, w_vec, x_vec, x_s);
+      else if constexpr (kMaxTier >= 8) {
+        if (rows <= 8) quant_linear_rows<kBits, 8>(p, w_vec, x_vec, x_s);
+        else if constexpr (kMaxTier >= kQuantLinearTokens) quant_linear_rows<kBits, kQuantLinearTokens>(p, w_vec, x_vec, x_s);
+      }
+    }
+  }
+}
+
 bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % unsigned(bytes) == 0; }
 template <int kBits>
 constexpr int vec_bytes() { return chunk_words<kBits>() * 4; }
@@ -297,6 +321,19 @@ void launch_tier(const QuantLinearJob<T>* jobs, int count, int out, const QuantR
 }  // namespace
 
 template <class T>
+void launch_routed_quant_linears(const RoutedQuantLinears<T>& g, int experts, int64_t max_rows, cudaStream_t stream) {
+  if (g.active_slots == 0 || g.out == 0 || g.row.n == 0 || max_rows == 0) return;
+  with_shape(g.row.bits, token_tier(max_rows), [&](auto bits, auto tokens) {
+    constexpr int kBits = decltype(bits)::value, kMaxTier = decltype(tokens)::value;
+    bool w_vec = true;
+    for (int e = 0; e < experts; ++e) w_vec = w_vec && w_vectors<kBits>(g.w[e], g.row);
+    const dim3 grid(static_cast<unsigned>(row_blocks(g.out)), 1, static_cast<unsigned>(g.active_slots));
+    routed_quant_linears_kernel<kBits, kMaxTier><<<grid, kThreads, 0, stream>>>(g, w_vec, x_vectors(g.x, g.row));
+    STRATA_CUDA_CHECK_LAUNCH("routed_quant_linears_kernel", stream);
+  });
+}
+
+template <class T>
 void launch_quant_linear(const QuantLinearParams<T>& p, cudaStream_t stream) {
   if (p.tokens == 0 || p.out == 0 || p.row.n == 0) return;
   with_shape(p.row.bits, token_tier(p.tokens),
@@ -312,7 +349,8 @@ void launch_quant_linears(const QuantLinearJob<T>* jobs, int count, int out, con
 
 #define STRATA_INSTANTIATE(T)                                                      \
   template void launch_quant_linear<T>(const QuantLinearParams<T>&, cudaStream_t); \
-  template void launch_quant_linears<T>(const QuantLinearJob<T>*, int, int, const QuantRowLayout&, cudaStream_t);
+  template void launch_quant_linears<T>(const QuantLinearJob<T>*, int, int, const QuantRowLayout&, cudaStream_t); \
+  template void launch_routed_quant_linears<T>(const RoutedQuantLinears<T>&, int, int64_t, cudaStream_t);
 STRATA_FOR_EACH_ACT(STRATA_INSTANTIATE)
 
 }  // namespace strata::cuda
