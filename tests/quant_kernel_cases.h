@@ -12,7 +12,6 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <initializer_list>
 #include <random>
 #include <string>
@@ -99,6 +98,7 @@ inline void add_special_rows(std::vector<float>& x, int64_t n, std::mt19937& rng
 // A lost element costs |x w| ~ sum / in, far above the (in/16 + 16) * 2^-24 * sum allowed.
 struct QuantLinearCase {
   std::vector<uint8_t> w;   // [out] quantized rows of `in`
+  std::vector<float> w16;   // [out, in] 16-bit weights' values instead (make_plain_linear_case)
   std::vector<float> x;     // [T, in], values of act
   std::vector<float> bias;  // [out] values of act, or empty
   std::vector<double> want, tol;  // [T, out]
@@ -137,6 +137,28 @@ inline QuantLinearCase make_quant_linear_case(const quant::QuantSpec& spec, int6
       c.tol[size_t(t * out + o)] = unit_roundoff(act) * std::fabs(sum) + double(in / 16 + 16) * kUlp32 * mag + kUlp32;
     }
   }
+  return c;
+}
+
+// The same over 16-bit weights (values exact in `act`, rows of it as a routed launch reads them).
+inline QuantLinearCase make_plain_linear_case(int64_t T, int64_t out, int64_t in, std::mt19937& rng, DType act) {
+  QuantLinearCase c;
+  c.w16 = random_floats(size_t(out * in), rng, -1.0f, 1.0f, act);
+  const std::vector<float>& w = c.w16;
+  c.x = random_floats(size_t(T * in), rng, -1.0f, 1.0f, act);
+  c.want.resize(size_t(T * out));
+  c.tol.resize(c.want.size());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < out; ++o) {
+      double sum = 0, mag = 0;
+      for (int64_t i = 0; i < in; ++i) {
+        const double p = double(c.x[size_t(t * in + i)]) * double(w[size_t(o * in + i)]);
+        sum += p;
+        mag += std::fabs(p);
+      }
+      c.want[size_t(t * out + o)] = sum;
+      c.tol[size_t(t * out + o)] = unit_roundoff(act) * std::fabs(sum) + double(in / 16 + 16) * kUlp32 * mag + kUlp32;
+    }
   return c;
 }
 

@@ -260,11 +260,13 @@ TEST_CASE("cuda: experts routed on the device give route_tokens' routing and eac
     codes.push_back(make_quant_linear_case(spec_of(4, 32), 1, out, in, false, rng).w);
     w.push_back(g.quantized(&codes.back(), codes.back().size(), 4, 32, {out, in}));
   }
-  // Codes of up to 16 tokens a step route on the device; fp16 experts and longer steps do not.
+  // Steps of up to 16 tokens route on the device, over codes or fp16 rows of whole 4-byte words;
+  // longer steps, more than 256 experts and odd fp16 rows do not.
   CHECK(g.be->routes_on_device(T, E, k, w[0]));
+  CHECK(g.be->routes_on_device(T, E, k, g.poisoned(DType::F16, {out, in})));
   CHECK(!g.be->routes_on_device(17, E, k, w[0]));
   CHECK(!g.be->routes_on_device(T, 257, k, w[0]));
-  CHECK(!g.be->routes_on_device(T, E, k, g.poisoned(DType::F16, {out, in})));
+  CHECK(!g.be->routes_on_device(T, E, k, g.poisoned(DType::F16, {out, in + 1})));
 
   const Tensor x = g.f16(random_floats(size_t(A * in), rng, -1.0f, 1.0f, DType::F16), {A, in});
   const Tensor y = g.poisoned(DType::F16, {A, out});
@@ -298,6 +300,28 @@ TEST_CASE("cuda: experts routed on the device give route_tokens' routing and eac
     g.be->linear(x.rows(first, n), w[size_t(e)], Tensor(), alone);
     INFO("expert " << e << ", " << n << " rows");
     CHECK(g.bytes(y.rows(first, n).data, size_t(n * out) * 2) == g.bytes(alone.data, alone.nbytes()));
+  }
+
+  // fp16 experts through the same routing: each expert's rows within the bound of double
+  // arithmetic over its weights (cuBLAS, which linear() runs, sums in another order).
+  std::vector<QuantLinearCase> plain;
+  std::vector<Tensor> w16;
+  std::vector<float> x16;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = std::max<int32_t>(want.expert_begin[size_t(e + 1)] - want.expert_begin[size_t(e)], 1);
+    plain.push_back(make_plain_linear_case(n, out, in, rng, DType::F16));
+    w16.push_back(g.f16(plain.back().w16, {out, in}));
+    if (want.expert_begin[size_t(e + 1)] > want.expert_begin[size_t(e)])
+      x16.insert(x16.end(), plain.back().x.begin(), plain.back().x.end());
+  }
+  const Tensor y16 = g.poisoned(DType::F16, {A, out});
+  g.be->routed_linears(g.f16(x16, {A, in}), w16, r, T, y16);
+  const std::vector<float> got16 = g.read(y16);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t first = want.expert_begin[size_t(e)], n = want.expert_begin[size_t(e + 1)] - first;
+    if (n == 0) continue;
+    expect_within(std::vector<float>(got16.begin() + first * out, got16.begin() + (first + n) * out),
+                  plain[size_t(e)].want, plain[size_t(e)].tol, label("fp16 expert rows", {e, n}));
   }
 }
 

@@ -96,9 +96,9 @@ TEST_CASE("engine graphs: replayed layer halves give the eager run's tokens and 
     return;
   }
   auto backend = make_cuda_backend(0);
-  // tiny-mixtral: its attention halves replay, its fp16 experts' MLP halves run eagerly (their
-  // routing reads the router's logits on the host; experts over codes are the next case's). The
-  // compressed placement (slow on the emulation) and delegated attention run on the dense models.
+  // tiny-mixtral: its attention halves and its decode steps' MLP halves (routed on the device)
+  // replay. The compressed placement (slow on the emulation) and delegated attention run on the
+  // dense models.
   for (const char* name : {"tiny-llama", "tiny-opt", "tiny-mixtral"}) {
     const ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     std::vector<GenRequest> reqs = fixture_requests(load_expected(name));
@@ -166,7 +166,8 @@ TEST_CASE("engine graphs: experts over codes route on the device, replay, and gi
   for (GenRequest& r : reqs) r.logprobs = 2;
   const TierSplit G{100, 0, 0}, H{50, 50, 0};
   // Resident layers, and half of them through the GPU's weight buffers; 4-bit experts, whose
-  // decode steps (2 tokens a GPU batch) route on the device.
+  // decode steps (2 tokens a GPU batch) route on the device and run the kernel their host-routed
+  // steps run (fp16 experts run cuBLAS there, in another summation order).
   for (const OffloadOptions& opt : {options_of(policy_of(2, 2, G, G, G), Compression{4, 64}),
                                     options_of(policy_of(2, 2, H, G, G), Compression{4, 64})}) {
     INFO(describe(opt.policy));

@@ -188,17 +188,20 @@ TEMPLATE_TEST_CASE("emulated cuda: routed fused linears give each active expert 
   using Act = TestType;
   // Experts' rows as the device's routing lays them out: each expert's rows contiguous, their
   // count read from expert_begin, every token tier up to max_rows in one launch; inactive
-  // experts (no rows) and the active list's -1 slots compute nothing. Each expert's rows must be
-  // bit for bit its own launch_quant_linear's; nothing past the routed rows is written.
+  // experts (no rows) and the active list's -1 slots compute nothing. Each expert's rows within
+  // the bound of double arithmetic and, over codes, bit for bit its own launch_quant_linear's;
+  // 16-bit weight rows (bits 16) have no launch of their own. Nothing past the routed rows is
+  // written.
   std::mt19937 rng(29);
   struct Shape {
     int bits, group, out, in, max_rows;
     std::vector<int64_t> rows;  // each expert's
   };
   for (const Shape& s : {Shape{4, 32, 37, 72, 16, {16, 0, 9, 1, 5, 0, 2, 3, 16, 8, 4, 0}},
-                         Shape{8, 64, 20, 200, 2, {1, 2, 0, 2, 1, 0, 0}}, Shape{4, 128, 45, 130, 1, {1, 1, 0, 1}}}) {
-    const quant::QuantSpec spec = spec_of(s.bits, s.group);
-    const QuantRowLayout row = quant_row_layout(s.bits, s.group, s.in);
+                         Shape{8, 64, 20, 200, 2, {1, 2, 0, 2, 1, 0, 0}}, Shape{4, 128, 45, 130, 1, {1, 1, 0, 1}},
+                         Shape{16, 0, 37, 74, 16, {3, 0, 16, 1, 2, 9}}, Shape{16, 0, 24, 530, 4, {4, 1, 0, 3}}}) {
+    const bool codes = s.bits != 16;
+    const QuantRowLayout row = codes ? quant_row_layout(s.bits, s.group, s.in) : plain_row_layout(s.in);
     const int E = int(s.rows.size());
     std::vector<int32_t> begin = {0}, active;
     for (int e = 0; e < E; ++e) {
@@ -208,13 +211,17 @@ TEMPLATE_TEST_CASE("emulated cuda: routed fused linears give each active expert 
     const int64_t A = begin.back();
     active.resize(active.size() + 2, -1);  // slots past the active experts
     Arena a;
-    RoutedQuantLinears<Act> g{};
+    RoutedLinears<Act> g{};
     std::vector<QuantLinearCase> cases;
+    std::vector<float> x;
     for (int e = 0; e < E; ++e) {
-      cases.push_back(make_quant_linear_case(spec, 1, s.out, s.in, false, rng, dtype_of<Act>));
-      g.w[e] = a.put(cases.back().w.data(), cases.back().w.size());
+      const int64_t n = std::max<int64_t>(s.rows[size_t(e)], 1);  // an inactive expert's weights all the same
+      cases.push_back(codes ? make_quant_linear_case(spec_of(s.bits, s.group), n, s.out, s.in, false, rng, dtype_of<Act>)
+                            : make_plain_linear_case(n, s.out, s.in, rng, dtype_of<Act>));
+      const QuantLinearCase& c = cases.back();
+      g.w[e] = codes ? a.put(c.w.data(), c.w.size()) : reinterpret_cast<const uint8_t*>(a.of<Act>(c.w16));
+      if (s.rows[size_t(e)] > 0) x.insert(x.end(), c.x.begin(), c.x.end());
     }
-    const std::vector<float> x = random_floats(size_t(A * s.in), rng, -1.0f, 1.0f, dtype_of<Act>);
     g.x = a.of<Act>(x);
     g.y = a.put<Act>(nullptr, size_t(A * s.out) * sizeof(Act) + 8);
     g.expert_begin = a.put<const int32_t>(begin.data(), begin.size() * 4);
@@ -222,10 +229,13 @@ TEMPLATE_TEST_CASE("emulated cuda: routed fused linears give each active expert 
     g.active_slots = int(active.size());
     g.out = s.out;
     g.row = row;
-    launch_routed_quant_linears(g, E, s.max_rows, nullptr);
+    launch_routed_linears(g, E, s.max_rows, nullptr);
     for (int e = 0; e < E; ++e) {
       const int64_t n = s.rows[size_t(e)], first = begin[size_t(e)];
       if (n == 0) continue;
+      const std::string what = label("routed expert bits rows", {e, s.bits, n});
+      expect_within(floats(g.y + first * s.out, size_t(n * s.out)), cases[size_t(e)].want, cases[size_t(e)].tol, what);
+      if (!codes) continue;
       QuantLinearParams<Act> p{};
       p.x = g.x + first * s.in;
       p.w = g.w[e];
@@ -235,8 +245,7 @@ TEMPLATE_TEST_CASE("emulated cuda: routed fused linears give each active expert 
       p.row = row;
       launch_quant_linear(p, nullptr);
       expect_same_bytes(bytes_of(g.y + first * s.out, size_t(n * s.out) * sizeof(Act)),
-                        bytes_of(p.y, size_t(n * s.out) * sizeof(Act)),
-                        label("routed expert bits rows", {e, s.bits, n}) + " against its own launch");
+                        bytes_of(p.y, size_t(n * s.out) * sizeof(Act)), what + " against its own launch");
     }
     CHECK(bytes_of(g.y + A * s.out, 8) == std::vector<uint8_t>(8, 0xFF));
   }

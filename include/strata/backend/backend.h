@@ -267,8 +267,9 @@ public:
   // logits: F32 [T, E]. Where routes_on_device holds.
   virtual void route_experts(const Tensor& logits, int64_t k, bool renormalize, const DeviceRouting& r);
   // For each expert e that r names active: y rows [expert_begin[e], expert_begin[e + 1]) =
-  // x's rows @ w[e]^T, as linear() computes them. x: [T k, in], rows grouped by expert as
-  // route_experts grouped them; y: [T k, out]; max_rows: T, which bounds any expert's rows.
+  // x's rows @ w[e]^T: as linear() computes them over codes; over 16-bit weights within the same
+  // bound, in another summation order. x: [T k, in], rows grouped by expert as route_experts
+  // grouped them; y: [T k, out]; max_rows: T, which bounds any expert's rows.
   virtual void routed_linears(const Tensor& x, const std::vector<Tensor>& w, const DeviceRouting& r, int64_t max_rows,
                               const Tensor& y);
 

@@ -727,12 +727,14 @@ public:
     });
   }
 
-  // A decode step's experts over 4- or 8-bit codes: each expert's rows fit one pass of the fused
-  // linear, whose grouped launch reads the routing from the device (moe_route.cu, quant_linear.cu).
-  // Other experts (fp16 weights: cuBLAS needs each expert's row count on the host) and more
-  // tokens route on the host.
+  // A decode step's experts: each expert's rows fit one pass of the fused linear, whose routed
+  // launch reads the routing from the device (moe_route.cu, quant_linear.cu), over 4- or 8-bit
+  // codes or 16-bit rows of whole 4-byte words. Longer steps route on the host.
   bool routes_on_device(int64_t tokens, int64_t experts, int64_t k, const Tensor& expert_w) const override {
-    return expert_w.quantized() && tokens >= 1 && tokens <= cuda::kMaxRoutedTokens && k <= cuda::kMaxRoutedK &&
+    const bool rows_fit = expert_w.quantized() || (expert_w.dtype == act_ && expert_w.ndim == 2 &&
+                                                   expert_w.dim(1) % 2 == 0 &&
+                                                   reinterpret_cast<uintptr_t>(expert_w.data) % 4 == 0);
+    return rows_fit && tokens >= 1 && tokens <= cuda::kMaxRoutedTokens && k <= cuda::kMaxRoutedK &&
            experts <= cuda::kMaxRoutedExperts && k <= experts;
   }
 
@@ -769,20 +771,36 @@ public:
                  "cuda routed_linears: " << w.size() << " experts of at most " << max_rows << " rows");
     const int64_t experts = int64_t(w.size()), in = x.row_size(), out = w[0].dim(0);
     check_routing(r, max_rows, experts, r.gather.numel() / max_rows, "routed_linears");
-    const quant::QuantSpec spec = check_quant_linear(x, w[0], Tensor(), y);
+    check_act(x, "routed_linears", "x");
+    check_act(y, "routed_linears", "y");
+    STRATA_CHECK(x.dim(0) == r.gather.numel() && y.dim(0) == x.dim(0) && y.row_size() == out && out <= INT_MAX &&
+                     in <= INT_MAX / 8 && x.data != y.data,
+                 "cuda routed_linears: x " << x.shape_str() << " y " << y.shape_str() << " for " << r.gather.numel()
+                                           << " routed rows of experts " << w[0].shape_str());
+    const bool codes = w[0].quantized();
+    const quant::QuantSpec spec = codes ? check_quantized(w[0], "routed_linears", "w") : quant::QuantSpec{};
     for (const Tensor& we : w) {
-      const quant::QuantSpec s = check_quantized(we, "routed_linears", "w");
-      STRATA_CHECK(we.ndim == 2 && we.dim(0) == out && we.dim(1) == in && s.bits == spec.bits &&
-                       s.group_size == spec.group_size,
+      if (codes) {
+        const quant::QuantSpec s = check_quantized(we, "routed_linears", "w");
+        STRATA_CHECK(s.bits == spec.bits && s.group_size == spec.group_size,
+                     "cuda routed_linears: experts quantized differently (" << dtype_name(we.dtype) << "/"
+                                                                           << we.group << ", " << dtype_name(w[0].dtype)
+                                                                           << "/" << w[0].group << ")");
+      } else {
+        check_act(we, "routed_linears", "w");
+        STRATA_CHECK(in % 2 == 0 && reinterpret_cast<uintptr_t>(we.data) % 4 == 0,
+                     "cuda routed_linears: 16-bit expert rows must be whole 4-byte words, 4-byte aligned (rows of "
+                         << in << ")");
+      }
+      STRATA_CHECK(we.ndim == 2 && we.dim(0) == out && we.dim(1) == in,
                    "cuda routed_linears: expert weights " << we.shape_str() << " unlike the first's "
-                                                          << w[0].shape_str());
+                                                          << w[0].shape_str() << " for rows of " << in);
     }
-    STRATA_CHECK(x.dim(0) == r.gather.numel(), "cuda routed_linears: x " << x.shape_str() << " for "
-                                                                          << r.gather.numel() << " routed rows");
+    const cuda::QuantRowLayout row = codes ? row_layout(spec, in, "routed_linears") : cuda::plain_row_layout(int(in));
     bind();
     dispatch([&](auto e) {
       using E = decltype(e);
-      cuda::RoutedQuantLinears<E> g{};
+      cuda::RoutedLinears<E> g{};
       for (size_t i = 0; i < w.size(); ++i) g.w[i] = static_cast<const uint8_t*>(w[i].data);
       g.x = elems<E>(x);
       g.y = elems_mut<E>(y);
@@ -790,8 +808,8 @@ public:
       g.active = i32(r.active);
       g.active_slots = int(r.active.numel());
       g.out = int(out);
-      g.row = row_layout(spec, in, "routed_linears");
-      cuda::launch_routed_quant_linears(g, int(experts), max_rows, stream_);
+      g.row = row;
+      cuda::launch_routed_linears(g, int(experts), max_rows, stream_);
     });
   }
 

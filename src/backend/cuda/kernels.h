@@ -76,7 +76,7 @@ void launch_rope(const RopeParams<T>& p, cudaStream_t stream);
 struct QuantRowLayout {
   int n = 0;               // elements per row
   int group = 0;           // 32, 64 or 128
-  int bits = 0;            // 4 or 8
+  int bits = 0;            // 4 or 8 (16: plain 16-bit rows, plain_row_layout)
   int groups = 0;          // ceil(n / group)
   int64_t code_bytes = 0;  // ceil(n * bits / 32) * 4
   int64_t row_bytes = 0;   // code_bytes + 4 * groups
@@ -291,9 +291,11 @@ void launch_route_experts(const RouteExpertsParams& p, cudaStream_t stream);
 // alone, bit for bit, with the routing read from the device: slot z of active names expert e (or
 // -1: nothing), whose rows expert_begin[e] to expert_begin[e + 1] of x and y it computes with
 // w[e]. One launch for every expert; max_rows (at most kQuantLinearTokens) bounds any expert's rows.
+// Weights of 4- or 8-bit codes (row.bits), or 16-bit rows of T (row = plain_row_layout(n): fp32
+// sums of x w, one rounding to T, as the codes' kernel sums).
 template <class T>
-struct RoutedQuantLinears {
-  const uint8_t* w[kMaxRoutedExperts];  // each expert's [out] quantized rows
+struct RoutedLinears {
+  const uint8_t* w[kMaxRoutedExperts];  // each expert's [out] rows
   const T* x;                           // [rows, n], rows grouped by expert
   T* y;                                 // [rows, out]
   const int32_t* expert_begin;
@@ -302,8 +304,16 @@ struct RoutedQuantLinears {
   int out;
   QuantRowLayout row;
 };
+// The layout of a row of n 16-bit elements (n even: rows of whole 4-byte words) for RoutedLinears.
+inline QuantRowLayout plain_row_layout(int n) {
+  QuantRowLayout l;
+  l.n = n;
+  l.bits = 16;
+  l.code_bytes = l.row_bytes = int64_t(n) * 2;
+  return l;
+}
 template <class T>
-void launch_routed_quant_linears(const RoutedQuantLinears<T>& g, int experts, int64_t max_rows, cudaStream_t stream);
+void launch_routed_linears(const RoutedLinears<T>& g, int experts, int64_t max_rows, cudaStream_t stream);
 
 // quant_attention.cu: attention() over quantized caches ([slots, capacity, kv_heads] rows of
 // head_dim), same semantics as launch_attention; keys and values are dequantized in registers by

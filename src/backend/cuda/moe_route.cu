@@ -1,6 +1,6 @@
 // A mixture of experts' routing on the device, for a decode step's few tokens: what route_tokens
 // (src/runtime/moe_routing.cpp) computes on the host, written where the gather, the experts'
-// linears (launch_routed_quant_linears) and combine_rows read it, so that the step never waits
+// linears (launch_routed_linears) and combine_rows read it, so that the step never waits
 // for the router's logits on the host and can be captured in a graph.
 //
 // One warp. Lane t routes token t as the host does, in the same order of float operations: the

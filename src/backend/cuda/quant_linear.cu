@@ -15,6 +15,11 @@
 //
 // Shared memory holds x as [token][sub-block b][lane] float4s (x[t][16 lane + 4 b .. + 4]), so
 // the 32 lanes' float4 reads of one (token, b) are consecutive: no bank conflicts.
+//
+// The routed launch (a decode step's experts, their rows read from the routing on the device)
+// also takes 16-bit weights (kBits 16: rows of T, no groups), which cuBLAS cannot take with row
+// counts it does not know on the host: the same loop, each weight converted instead of
+// dequantized.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -39,7 +44,7 @@ constexpr int kSubBlocks = kChunk / 4;  // float4 reads of x per lane, token and
 constexpr int kRows = 2;
 
 template <int kBits>
-constexpr int chunk_words() { return kChunk * kBits / 32; }  // code words per lane and row: 2 or 4
+constexpr int chunk_words() { return kChunk * kBits / 32; }  // words per lane and row: 2, 4 or 8 (16-bit)
 
 // kWords code words of one row from word first_word on (this lane's 16 codes of a tile); words past
 // the row's codes read as 0 (their x is 0 too). vec: rows and the base are aligned for one vector load.
@@ -48,7 +53,11 @@ __device__ __forceinline__ void load_codes(uint32_t (&c)[kWords], const uint8_t*
                                            int64_t code_words, bool vec) {
   const uint32_t* src = reinterpret_cast<const uint32_t*>(row) + first_word;
   if (vec && first_word + kWords <= code_words) {
-    if constexpr (kWords == 2) {
+    if constexpr (kWords == 8) {
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(src)), b = __ldg(reinterpret_cast<const uint4*>(src) + 1);
+      c[0] = a.x, c[1] = a.y, c[2] = a.z, c[3] = a.w;
+      c[4] = b.x, c[5] = b.y, c[6] = b.z, c[7] = b.w;
+    } else if constexpr (kWords == 2) {
       const uint2 v = __ldg(reinterpret_cast<const uint2*>(src));
       c[0] = v.x;
       c[1] = v.y;
@@ -134,23 +143,32 @@ __device__ __forceinline__ void quant_linear_rows(const QuantLinearParams<T>& p,
 
       // This lane's 16 elements lie in one group; past the row's end the clamped group's
       // parameters are finite and x is 0.
-      const int64_t chunk_group = (k0 + int64_t(lane) * kChunk) / l.group;
-      const int group = chunk_group < l.groups ? int(chunk_group) : l.groups - 1;
       float2 sm[kRows];
+      if constexpr (kBits != 16) {
+        const int64_t chunk_group = (k0 + int64_t(lane) * kChunk) / l.group;
+        const int group = chunk_group < l.groups ? int(chunk_group) : l.groups - 1;
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) sm[r] = group_params(rows[r], l, group);
+        for (int r = 0; r < kRows; ++r) sm[r] = group_params(rows[r], l, group);
+      }
 
 #pragma unroll
       for (int b = 0; b < kSubBlocks; ++b) {
         float w[kRows][4];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r)
+        for (int r = 0; r < kRows; ++r) {
+          if constexpr (kBits == 16) {  // elements 4b .. 4b + 3 are words 2b and 2b + 1
+            const float2 lo = to_float2(*reinterpret_cast<const Pair<T>*>(&cur[r][2 * b]));
+            const float2 hi = to_float2(*reinterpret_cast<const Pair<T>*>(&cur[r][2 * b + 1]));
+            w[r][0] = lo.x, w[r][1] = lo.y, w[r][2] = hi.x, w[r][3] = hi.y;
+          } else {
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const int e = b * 4 + k;  // element of the chunk
-            constexpr int kPer = 32 / kBits;
-            w[r][k] = fmaf(word_code<kBits>(cur[r][e / kPer], e % kPer), sm[r].x, sm[r].y);
+            for (int k = 0; k < 4; ++k) {
+              const int e = b * 4 + k;  // element of the chunk
+              constexpr int kPer = 32 / kBits;
+              w[r][k] = fmaf(word_code<kBits>(cur[r][e / kPer], e % kPer), sm[r].x, sm[r].y);
+            }
           }
+        }
 #pragma unroll
         for (int t = 0; t < kTokens; ++t) {
           const float4 xv = x_s[(t * kSubBlocks + b) * 32 + lane];
@@ -212,12 +230,11 @@ __global__ void __launch_bounds__(kThreads, 1) quant_linears_kernel(const QuantL
   quant_linear_rows<kBits, kTokens>(p, w_vec, x_vec, x_s);
 }
 
-// The expert of slot blockIdx.z (launch_routed_quant_linears), its rows at the token tier they
+// The expert of slot blockIdx.z (launch_routed_linears), its rows at the token tier they
 // would get alone: every tier up to kMaxTier is compiled in, and the expert's row count, read from
 // the device, picks one. x_s is sized for kMaxTier.
 template <int kBits, int kMaxTier, class T>
-__global__ void __launch_bounds__(kThreads, 1) routed_quant_linears_kernel(const RoutedQuantLinears<T> g, bool w_vec,
-                                                                          bool x_vec) {
+__global__ void __launch_bounds__(kThreads, 1) routed_linears_kernel(const RoutedLinears<T> g, bool w_vec, bool x_vec) {
   __shared__ float4 x_s[kMaxTier * kSubBlocks * 32];
   const int e = g.active[blockIdx.z];
   if (e < 0) return;
@@ -291,7 +308,8 @@ void with_shape(int bits, int tier, F&& f) {
     }
   };
   if (bits == 4) tokens(std::integral_constant<int, 4>{});
-  else tokens(std::integral_constant<int, 8>{});
+  else if (bits == 8) tokens(std::integral_constant<int, 8>{});
+  else tokens(std::integral_constant<int, 16>{});  // 16-bit rows (the routed launch only)
 }
 
 // launch_quant_linears' jobs at one token tier (each job at its own tier, as launch_quant_linear
@@ -321,15 +339,15 @@ void launch_tier(const QuantLinearJob<T>* jobs, int count, int out, const QuantR
 }  // namespace
 
 template <class T>
-void launch_routed_quant_linears(const RoutedQuantLinears<T>& g, int experts, int64_t max_rows, cudaStream_t stream) {
+void launch_routed_linears(const RoutedLinears<T>& g, int experts, int64_t max_rows, cudaStream_t stream) {
   if (g.active_slots == 0 || g.out == 0 || g.row.n == 0 || max_rows == 0) return;
   with_shape(g.row.bits, token_tier(max_rows), [&](auto bits, auto tokens) {
     constexpr int kBits = decltype(bits)::value, kMaxTier = decltype(tokens)::value;
     bool w_vec = true;
     for (int e = 0; e < experts; ++e) w_vec = w_vec && w_vectors<kBits>(g.w[e], g.row);
     const dim3 grid(static_cast<unsigned>(row_blocks(g.out)), 1, static_cast<unsigned>(g.active_slots));
-    routed_quant_linears_kernel<kBits, kMaxTier><<<grid, kThreads, 0, stream>>>(g, w_vec, x_vectors(g.x, g.row));
-    STRATA_CUDA_CHECK_LAUNCH("routed_quant_linears_kernel", stream);
+    routed_linears_kernel<kBits, kMaxTier><<<grid, kThreads, 0, stream>>>(g, w_vec, x_vectors(g.x, g.row));
+    STRATA_CUDA_CHECK_LAUNCH("routed_linears_kernel", stream);
   });
 }
 
@@ -350,7 +368,7 @@ void launch_quant_linears(const QuantLinearJob<T>* jobs, int count, int out, con
 #define STRATA_INSTANTIATE(T)                                                      \
   template void launch_quant_linear<T>(const QuantLinearParams<T>&, cudaStream_t); \
   template void launch_quant_linears<T>(const QuantLinearJob<T>*, int, int, const QuantRowLayout&, cudaStream_t); \
-  template void launch_routed_quant_linears<T>(const RoutedQuantLinears<T>&, int, int64_t, cudaStream_t);
+  template void launch_routed_linears<T>(const RoutedLinears<T>&, int, int64_t, cudaStream_t);
 STRATA_FOR_EACH_ACT(STRATA_INSTANTIATE)
 
 }  // namespace strata::cuda
