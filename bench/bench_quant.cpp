@@ -17,7 +17,8 @@
 //  1d. with --grouped, for a mixture of experts: a step's active experts on the device backend at
 //     1 to 256 tokens (decode batches and a prefill's), one linear() each against one
 //     Backend::linears() per matrix kind (on the CPU: the engine's experts computed there; on a
-//     GPU: the grouped launches of the fused linear), 4-bit codes and the activation dtype.
+//     GPU: the grouped launches of the fused linear), 4-bit codes and the activation dtype; on a
+//     GPU, at up to 16 tokens, also routed on the device (the routing and the routed launches).
 //  1e. with --streamed: a linear over fp32, fp16 and bf16 weights on the CPU at 1 to 8 tokens
 //     (each weight row streamed against every token) and at 16, weights read from memory.
 // Usage: bench_quant [--model dummy:opt-1.3b] [--device auto] [--batch 8] [--gen-len 8]
@@ -260,6 +261,36 @@ void streamed_weights(int64_t out, int64_t in) {
   }
 }
 
+// The same step routed on the device (a GPU's decode steps, ForwardOps::routes_on_device): the
+// routing from B tokens' logits (near-uniform) and the two routed launches over all E experts,
+// which read each expert's rows from it; beside the linears() above, which the host's routing
+// (a wait for the device per layer, not timed there) would feed.
+template <class Matrix>
+void routed_experts(Backend& be, const ModelConfig& cfg, int64_t B, const Tensor& x, const Tensor& gate_up,
+                    const Tensor& swiglu, Buffer& gub, Buffer& downb, const Matrix& matrix) {
+  const int64_t E = cfg.n_experts, k = cfg.experts_per_token, f = cfg.expert_intermediate, h = cfg.hidden, A = B * k;
+  Buffer logits_b = be.alloc(size_t(B * E) * 4), index_b = be.alloc(size_t(4 * A + 2 * E + 8) * 4);
+  const Tensor logits = logits_b.view(0, DType::F32, {B, E});
+  fill(be, logits, 4);
+  const auto piece = [&](int64_t at, DType dt, int64_t n) { return index_b.view(size_t(at) * 4, dt, {n}); };
+  const Backend::DeviceRouting r{piece(0, DType::I32, A),         piece(A, DType::I32, A),
+                                 piece(2 * A, DType::F32, A),     piece(3 * A, DType::I32, E + 1),
+                                 piece(3 * A + E + 1, DType::I32, std::min(E, A)),
+                                 piece(4 * A + 2 * E + 1, DType::I32, 3)};
+  std::vector<Tensor> gu_w, down_w;
+  for (int64_t e = 0; e < E; ++e) {
+    gu_w.push_back(matrix(gub, gub.bytes() / size_t(E), e, 2 * f, h));
+    down_w.push_back(matrix(downb, downb.bytes() / size_t(E), e, h, f));
+  }
+  const double routed_s = time_per_call(be, [&] {
+    be.route_experts(logits, k, cfg.norm_topk_prob, r);
+    be.routed_linears(x, gu_w, r, B, gate_up);
+    be.routed_linears(swiglu, down_w, r, B, x);
+  });
+  std::printf("      routed on the device (the routing and two launches over all %lld experts): %.3f ms\n",
+              (long long)E, 1e3 * routed_s);
+}
+
 // A step's active experts (on the CPU: an engine's cpu_experts; on a GPU: a resident or moved
 // layer's): B tokens each choose k of the E experts at random; each active expert's gate/up
 // [2f, h] and down [h, f] linears over its tokens, one linear() each (how the experts ran until
@@ -331,6 +362,7 @@ void grouped_experts(Backend& be, const ModelConfig& cfg, bool q4) {
                 kind, (long long)B, (long long)active, (long long)E, double(A) / double(active),
                 1e3 * one_by_one_s, 1e3 * grouped_s, one_by_one_s / grouped_s, read / one_by_one_s / 1e9,
                 read / grouped_s / 1e9, flops / one_by_one_s / 1e9, flops / grouped_s / 1e9);
+    if (be.routes_on_device(B, E, k, gu_jobs.front().w)) routed_experts(be, cfg, B, x, gate_up, swiglu, gub, downb, matrix);
   }
 }
 
