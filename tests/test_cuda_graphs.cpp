@@ -57,9 +57,11 @@ TEST_CASE("cuda graphs: replayed decode steps give the tokens and log-probabilit
   }
   auto backend = make_cuda_backend(0);
   // Learned positions (OPT), RoPE with GQA (LLaMA), per-head norms (Qwen3), GPTQ codes read by the
-  // fused linear, and a mixture of experts, whose decode steps route on the device (its prefill
-  // steps, on the host, run eagerly).
-  for (const char* name : {"tiny-opt", "tiny-llama", "tiny-qwen3", "tiny-llama-gptq", "tiny-mixtral"}) {
+  // fused linear, and mixtures of experts, whose decode steps route on the device (their prefill
+  // steps, on the host, run eagerly): Mixtral's renormalised top 2, and Qwen3-MoE's top k without
+  // renormalisation beside a dense layer.
+  for (const char* name :
+       {"tiny-opt", "tiny-llama", "tiny-qwen3", "tiny-llama-gptq", "tiny-mixtral", "tiny-qwen3-moe"}) {
     INFO(name);
     const Run eager = generate_with(name, *backend, "0");
     const Run graphed = generate_with(name, *backend, "1");
