@@ -455,39 +455,53 @@ Routed route_by_definition(const std::vector<float>& logits, int T, int E, int k
 
 }  // namespace
 
+namespace {
+
+// launch_route_experts against the definition for T tokens choosing k of E experts. Token 1's
+// logits all tie, token 2's tie across the k-th place (the lower experts win). Poisoned outputs;
+// the totals count on from what they held.
+void check_routing(int T, int E, int k, bool renormalize, std::mt19937& rng) {
+  const std::string what = label("route T E k renormalize", {T, E, k, renormalize});
+  INFO(what);
+  std::vector<float> logits = random_floats(size_t(T * E), rng, -4.0f, 4.0f, false);
+  if (T > 2)
+    for (int e = 0; e < E; ++e) {
+      logits[size_t(E + e)] = 0.5f;
+      if (e % 2 == 1) logits[size_t(2 * E + e)] = 3.0f;
+    }
+  const Routed want = route_by_definition(logits, T, E, k, renormalize);
+  const int A = T * k, slots = std::min(E, A);
+  std::vector<int32_t> gather(size_t(A), -7), rows(size_t(A), -7), begin(size_t(E + 1), -7), active(size_t(slots), -7);
+  std::vector<float> weights(size_t(A), NAN);
+  int32_t totals[3] = {5, 6, 7};
+  RouteExpertsParams p{logits.data(), gather.data(), rows.data(), weights.data(), begin.data(), active.data(),
+                       totals, T, E, k, slots, renormalize};
+  launch_route_experts(p, nullptr);
+  CHECK(gather == want.gather);
+  CHECK(rows == want.combine_rows);
+  CHECK(begin == want.begin);
+  CHECK(active == want.active);
+  std::vector<double> tol(want.weights.size());
+  for (size_t i = 0; i < tol.size(); ++i) tol[i] = 1e-7 + 1e-5 * want.weights[i];  // float sums of E terms
+  expect_within(std::vector<float>(weights), want.weights, tol, what + " weights");
+  CHECK(totals[0] == 6);
+  CHECK(totals[1] == 6 + T);
+  CHECK(totals[2] == 7 + want.distinct);
+}
+
+}  // namespace
+
 TEST_CASE("emulated cuda: experts routed on the device as float64 routes them", "[emulated]") {
   // Mixtral's 2 of 8, Qwen3-MoE's 8 of 128 unrenormalised, every limit (16 tokens, 16 of 256), k
-  // equal to E, and tokens whose logits tie (the lower experts win). Poisoned outputs; the totals
-  // count on from what they held.
+  // equal to E, more experts than threads of a warp.
   std::mt19937 rng(31);
   for (const auto& [T, E, k, renormalize] :
        {std::tuple{1, 8, 2, true}, {3, 8, 2, true}, {16, 128, 8, false}, {5, 60, 4, true}, {16, 256, 16, true},
-        {7, 3, 3, false}, {16, 256, 1, true}, {9, 33, 5, false}}) {
-    const std::string what = label("route T E k renormalize", {T, E, k, renormalize});
-    INFO(what);
-    std::vector<float> logits = random_floats(size_t(T * E), rng, -4.0f, 4.0f, false);
-    if (T > 2)  // token 1: every logit equal; token 2: a tie across the k-th place
-      for (int e = 0; e < E; ++e) {
-        logits[size_t(E + e)] = 0.5f;
-        if (e % 2 == 1) logits[size_t(2 * E + e)] = 3.0f;
-      }
-    const Routed want = route_by_definition(logits, T, E, k, renormalize);
-    const int A = T * k, slots = std::min(E, A);
-    std::vector<int32_t> gather(size_t(A), -7), rows(size_t(A), -7), begin(size_t(E + 1), -7), active(size_t(slots), -7);
-    std::vector<float> weights(size_t(A), NAN);
-    int32_t totals[3] = {5, 6, 7};
-    RouteExpertsParams p{logits.data(), gather.data(), rows.data(), weights.data(), begin.data(), active.data(),
-                         totals, T, E, k, slots, renormalize};
-    launch_route_experts(p, nullptr);
-    CHECK(gather == want.gather);
-    CHECK(rows == want.combine_rows);
-    CHECK(begin == want.begin);
-    CHECK(active == want.active);
-    std::vector<double> tol(want.weights.size());
-    for (size_t i = 0; i < tol.size(); ++i) tol[i] = 1e-7 + 1e-5 * want.weights[i];  // float sums of E terms
-    expect_within(std::vector<float>(weights), want.weights, tol, what + " weights");
-    CHECK(totals[0] == 6);
-    CHECK(totals[1] == 6 + T);
-    CHECK(totals[2] == 7 + want.distinct);
-  }
+        {7, 3, 3, false}, {16, 256, 1, true}, {9, 33, 5, false}})
+    check_routing(T, E, k, renormalize, rng);
+}
+
+TEST_CASE("emulated cuda: the routing kernel once, for ThreadSanitizer", "[emulated][tsan]") {
+  std::mt19937 rng(32);
+  check_routing(3, 40, 3, true, rng);  // two warps of tokens' shared rows, then a thread per expert
 }

@@ -1,111 +1,134 @@
 // A mixture of experts' routing on the device, for a decode step's few tokens: what route_tokens
 // (src/runtime/moe_routing.cpp) computes on the host, written where the gather, the experts'
-// linears (launch_routed_linears) and combine_rows read it, so that the step never waits
-// for the router's logits on the host and can be captured in a graph.
+// linears (launch_routed_linears) and combine_rows read it, so that the step never waits for the
+// router's logits on the host and can be captured in a graph.
 //
-// One warp. Lane t routes token t as the host does, in the same order of float operations: the
-// softmax's sum over the experts in order, then k passes over the experts for the k largest
-// probabilities (the lower expert on a tie), summed in that order for the renormalisation, then
-// the k sorted ascending. The counting sort by expert follows: each lane counts and places the
-// assignments of the experts congruent to it modulo 32, walking the assignments in token order,
-// so each expert's tokens stay ascending; lane 0 turns the counts into offsets in between.
+// One block; warp t routes token t with the host's float operations in the host's order: its
+// lanes compute exp(logit - max) for the experts congruent to them mod 32, lane 0 sums them in
+// expert order and the lanes divide; k warp-wide argmax rounds pick the largest probabilities
+// (the lower expert on a tie), lane 0 summing them in that order for the renormalisation; lane 0
+// sorts the k ascending. Then thread e counts expert e's assignments, its first row (a sum over
+// the experts before it) and its slot among the active experts, and places its assignments,
+// walking them in token order, so each expert's tokens stay ascending. Everything is a loop of at
+// most 256 steps on a thread of its own: no atomics, the same result every run.
 #include <cmath>
 
 #include "cuda_common.h"
+#include "device_utils.cuh"
 #include "kernels.h"
 
 namespace strata::cuda {
 
 namespace {
 
-constexpr int kLanes = 32;
-static_assert(kMaxRoutedTokens <= kLanes, "a lane per token");
+constexpr int kThreads = kMaxRoutedTokens * 32;  // a warp per token
+static_assert(kMaxRoutedExperts <= kThreads, "a thread per expert");
 
-__global__ void route_experts_kernel(const RouteExpertsParams p) {
+// The better of two candidates: the larger probability, the lower expert on a tie (-1: none).
+__device__ __forceinline__ void keep_better(float& p, int& e, float other_p, int other_e) {
+  if (other_e >= 0 && (e < 0 || other_p > p || (other_p == p && other_e < e))) {
+    p = other_p;
+    e = other_e;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) route_experts_kernel(const RouteExpertsParams p) {
+  __shared__ float prob[kMaxRoutedTokens][kMaxRoutedExperts];
   __shared__ int32_t chosen[kMaxRoutedTokens * kMaxRoutedK];  // each token's experts, ascending
   __shared__ float weight[kMaxRoutedTokens * kMaxRoutedK];
-  __shared__ int32_t begin[kMaxRoutedExperts + 1];
-  const int lane = threadIdx.x, E = p.experts, k = p.k, A = p.tokens * k;
+  __shared__ int32_t count[kMaxRoutedExperts];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, E = p.experts, k = p.k, A = p.tokens * k;
 
-  if (lane < p.tokens) {
-    const float* row = p.logits + int64_t(lane) * E;
-    float top = row[0];
-    for (int e = 1; e < E; ++e) top = fmaxf(top, row[e]);
+  if (warp < p.tokens) {
+    const float* row = p.logits + int64_t(warp) * E;
+    float* pr = prob[warp];
+    float top = -INFINITY;
+    for (int e = lane; e < E; e += 32) top = fmaxf(top, row[e]);
+    top = warp_max(top);
+    for (int e = lane; e < E; e += 32) pr[e] = expf(row[e] - top);
+    __syncwarp();
     float sum = 0.0f;
-    for (int e = 0; e < E; ++e) sum += expf(row[e] - top);
-    int32_t* mine = chosen + lane * k;
-    float* w = weight + lane * k;
+    if (lane == 0)
+      for (int e = 0; e < E; ++e) sum += pr[e];
+    sum = __shfl_sync(kFullMask, sum, 0);
+    for (int e = lane; e < E; e += 32) pr[e] /= sum;
+    __syncwarp();
+    int32_t* mine = chosen + warp * k;
+    float* w = weight + warp * k;
     float picked = 0.0f;
     for (int j = 0; j < k; ++j) {
-      int best = 0;
-      float best_p = -1.0f;
-      for (int e = 0; e < E; ++e) {
+      float best_p = 0.0f;
+      int best = -1;
+      for (int e = lane; e < E; e += 32) {
         bool taken = false;
         for (int i = 0; i < j; ++i) taken = taken || mine[i] == e;
-        const float pe = expf(row[e] - top) / sum;
-        if (!taken && pe > best_p) {  // strictly greater: the lower expert wins a tie
-          best = e;
-          best_p = pe;
-        }
+        if (!taken) keep_better(best_p, best, pr[e], e);
       }
-      mine[j] = best;
-      w[j] = best_p;
-      picked += best_p;
+      for (int o = 16; o > 0; o >>= 1) {
+        const float other_p = __shfl_xor_sync(kFullMask, best_p, o);
+        const int other = __shfl_xor_sync(kFullMask, best, o);
+        keep_better(best_p, best, other_p, other);
+      }
+      if (lane == 0) {
+        mine[j] = best;
+        w[j] = best_p;
+        picked += best_p;
+      }
+      __syncwarp();
     }
-    for (int j = 1; j < k; ++j)  // ascending expert order, each weight with its expert
-      for (int i = j; i > 0 && mine[i - 1] > mine[i]; --i) {
-        const int32_t e = mine[i];
-        mine[i] = mine[i - 1];
-        mine[i - 1] = e;
-        const float x = w[i];
-        w[i] = w[i - 1];
-        w[i - 1] = x;
-      }
-    if (p.renormalize)
-      for (int j = 0; j < k; ++j) w[j] /= picked;
+    if (lane == 0) {
+      for (int j = 1; j < k; ++j)  // ascending expert order, each weight with its expert
+        for (int i = j; i > 0 && mine[i - 1] > mine[i]; --i) {
+          const int32_t e = mine[i];
+          mine[i] = mine[i - 1];
+          mine[i - 1] = e;
+          const float x = w[i];
+          w[i] = w[i - 1];
+          w[i - 1] = x;
+        }
+      if (p.renormalize)
+        for (int j = 0; j < k; ++j) w[j] /= picked;
+    }
   }
   __syncthreads();
 
-  for (int e = lane; e < E; e += kLanes) {
+  const int e = threadIdx.x;
+  if (e < E) {
     int n = 0;
     for (int i = 0; i < A; ++i) n += chosen[i] == e;
-    begin[e + 1] = n;
+    count[e] = n;
   }
   __syncthreads();
-  if (lane == 0) {
-    begin[0] = 0;
-    int active = 0;
-    for (int e = 0; e < E; ++e) {
-      active += begin[e + 1] > 0;
-      begin[e + 1] += begin[e];
+  if (e < E) {
+    int first = 0, slot = 0;  // expert e's first row, and its slot among the active experts
+    for (int x = 0; x < e; ++x) {
+      first += count[x];
+      slot += count[x] > 0;
     }
-    int slot = 0;
-    for (int e = 0; e < E && slot < p.active_slots; ++e)
-      if (begin[e + 1] > begin[e]) p.active[slot++] = e;
-    for (; slot < p.active_slots; ++slot) p.active[slot] = -1;
-    p.totals[0] += 1;  // one routed layer step, its tokens, its distinct experts
-    p.totals[1] += p.tokens;
-    p.totals[2] += active;
-  }
-  __syncthreads();
-
-  for (int e = lane; e < E; e += kLanes) {
-    int next = begin[e];
+    p.expert_begin[e] = first;
+    if (e == E - 1) {
+      p.expert_begin[E] = first + count[e];
+      const int active = slot + (count[e] > 0);
+      for (int s = active; s < p.active_slots; ++s) p.active[s] = -1;
+      p.totals[0] += 1;  // one routed layer step, its tokens, its distinct experts
+      p.totals[1] += p.tokens;
+      p.totals[2] += active;
+    }
+    if (count[e] > 0) p.active[slot] = e;
     for (int i = 0; i < A; ++i)
       if (chosen[i] == e) {
-        p.gather[next] = i / k;
-        p.combine_rows[i] = next++;
+        p.gather[first] = i / k;
+        p.combine_rows[i] = first++;
       }
   }
-  for (int e = lane; e <= E; e += kLanes) p.expert_begin[e] = begin[e];
-  for (int i = lane; i < A; i += kLanes) p.combine_weights[i] = weight[i];
+  for (int i = threadIdx.x; i < A; i += kThreads) p.combine_weights[i] = weight[i];
 }
 
 }  // namespace
 
 void launch_route_experts(const RouteExpertsParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
-  route_experts_kernel<<<1, kLanes, 0, stream>>>(p);
+  route_experts_kernel<<<1, kThreads, 0, stream>>>(p);
   STRATA_CUDA_CHECK_LAUNCH("route_experts_kernel", stream);
 }
 
