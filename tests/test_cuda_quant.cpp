@@ -260,11 +260,12 @@ TEST_CASE("cuda: experts routed on the device give route_tokens' routing and eac
     codes.push_back(make_quant_linear_case(spec_of(4, 32), 1, out, in, false, rng).w);
     w.push_back(g.quantized(&codes.back(), codes.back().size(), 4, 32, {out, in}));
   }
-  // Steps of up to 16 tokens route on the device, over codes or fp16 rows of whole 4-byte words;
+  // Steps of up to 64 tokens route on the device, over codes or fp16 rows of whole 4-byte words;
   // longer steps, more than 256 experts and odd fp16 rows do not.
   CHECK(g.be->routes_on_device(T, E, k, w[0]));
+  CHECK(g.be->routes_on_device(64, E, k, w[0]));
   CHECK(g.be->routes_on_device(T, E, k, g.poisoned(DType::F16, {out, in})));
-  CHECK(!g.be->routes_on_device(17, E, k, w[0]));
+  CHECK(!g.be->routes_on_device(65, E, k, w[0]));
   CHECK(!g.be->routes_on_device(T, 257, k, w[0]));
   CHECK(!g.be->routes_on_device(T, E, k, g.poisoned(DType::F16, {out, in + 1})));
 

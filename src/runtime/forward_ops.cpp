@@ -26,8 +26,16 @@ struct PieceShape {
 // experts' gate/up outputs and SwiGLU products reuse mlp_a_ and mlp_b_, as many experts' side by
 // side as fit (an expert takes at most T rows). Routed on the device, a step's experts are one
 // run (the host does not know their rows), so mlp_a_ and mlp_b_ hold all T k rows of a step of up
-// to kDeviceRoutedTokens tokens.
-constexpr int64_t kDeviceRoutedTokens = 16;  // the CUDA backend's limit (cuda::kMaxRoutedTokens)
+// to device_routed_tokens(cfg) tokens.
+
+// The most tokens a step may route on the device: 16, where no expert gets more rows than one pass
+// of the fused linear takes (kQuantLinearTokens), or up to 64 while the step's mean rows per
+// expert stay at most 4 (Qwen3-MoE's 8 of 128 up to 64 tokens, Mixtral's 2 of 8 up to 16), so an
+// expert past 16 rows, which the fused linear reads in a second pass, stays rare.
+int64_t device_routed_tokens(const ModelConfig& cfg) {
+  if (!cfg.moe()) return 0;
+  return std::max<int64_t>(16, std::min<int64_t>(64, 4 * cfg.n_experts / cfg.experts_per_token));
+}
 
 std::vector<PieceShape> workspace_shapes(const ModelConfig& cfg, DType dt, int64_t T, int64_t R) {
   const int64_t h = cfg.hidden, qd = cfg.q_dim(), V = cfg.vocab_size;
@@ -35,7 +43,7 @@ std::vector<PieceShape> workspace_shapes(const ModelConfig& cfg, DType dt, int64
   const bool swiglu = cfg.mlp == MlpKind::SwiGLU;
   const int64_t a_width = std::max({swiglu ? 2 * f : f, qd + 2 * cfg.kv_dim(), h});
   const int64_t k = cfg.moe() ? cfg.experts_per_token : 0, E = cfg.moe() ? cfg.n_experts : 0;
-  const int64_t routed = T * k, device_routed = std::min(T, kDeviceRoutedTokens) * k;
+  const int64_t routed = T * k, device_routed = std::min(T, device_routed_tokens(cfg)) * k;
   const auto rows_for = [](int64_t rows, int64_t elements, int64_t width) {
     return std::max(rows, (elements + width - 1) / width);
   };
@@ -324,7 +332,7 @@ bool device_routing_allowed() {
 }
 
 bool ForwardOps::routes_on_device(const LayerWeights& w) const {
-  if (!w.sparse() || T_ > kDeviceRoutedTokens || !device_routing_) return false;
+  if (!w.sparse() || T_ > device_routed_tokens(cfg_) || !device_routing_) return false;
   const ExpertWeights& e = w.experts.front();
   return backend_.routes_on_device(T_, cfg_.n_experts, cfg_.experts_per_token, e.gate_up_w) &&
          backend_.routes_on_device(T_, cfg_.n_experts, cfg_.experts_per_token, e.down_w);

@@ -492,12 +492,13 @@ void check_routing(int T, int E, int k, bool renormalize, std::mt19937& rng) {
 }  // namespace
 
 TEST_CASE("emulated cuda: experts routed on the device as float64 routes them", "[emulated]") {
-  // Mixtral's 2 of 8, Qwen3-MoE's 8 of 128 unrenormalised, every limit (16 tokens, 16 of 256), k
-  // equal to E, more experts than threads of a warp.
+  // Mixtral's 2 of 8, Qwen3-MoE's 8 of 128 unrenormalised, every limit (64 tokens, 16 of 256), k
+  // equal to E, more experts than threads of a warp, more tokens than warps (a warp routes several).
   std::mt19937 rng(31);
   for (const auto& [T, E, k, renormalize] :
        {std::tuple{1, 8, 2, true}, {3, 8, 2, true}, {16, 128, 8, false}, {5, 60, 4, true}, {16, 256, 16, true},
-        {7, 3, 3, false}, {16, 256, 1, true}, {9, 33, 5, false}})
+        {7, 3, 3, false}, {16, 256, 1, true}, {9, 33, 5, false}, {64, 128, 8, false}, {40, 256, 16, true},
+        {33, 9, 2, true}})
     check_routing(T, E, k, renormalize, rng);
 }
 

@@ -187,7 +187,8 @@ TEMPLATE_TEST_CASE("emulated cuda: routed fused linears give each active expert 
                    "[emulated][quant]", __half, bf16) {
   using Act = TestType;
   // Experts' rows as the device's routing lays them out: each expert's rows contiguous, their
-  // count read from expert_begin, every token tier up to max_rows in one launch; inactive
+  // count read from expert_begin, every token tier up to max_rows in one launch (past 16 rows, a
+  // pass per 16, as launch_quant_linear takes them); inactive
   // experts (no rows) and the active list's -1 slots compute nothing. Each expert's rows within
   // the bound of double arithmetic and, over codes, bit for bit its own launch_quant_linear's;
   // 16-bit weight rows (bits 16) have no launch of their own. Nothing past the routed rows is
@@ -199,7 +200,9 @@ TEMPLATE_TEST_CASE("emulated cuda: routed fused linears give each active expert 
   };
   for (const Shape& s : {Shape{4, 32, 37, 72, 16, {16, 0, 9, 1, 5, 0, 2, 3, 16, 8, 4, 0}},
                          Shape{8, 64, 20, 200, 2, {1, 2, 0, 2, 1, 0, 0}}, Shape{4, 128, 45, 130, 1, {1, 1, 0, 1}},
-                         Shape{16, 0, 37, 74, 16, {3, 0, 16, 1, 2, 9}}, Shape{16, 0, 24, 530, 4, {4, 1, 0, 3}}}) {
+                         Shape{16, 0, 37, 74, 16, {3, 0, 16, 1, 2, 9}}, Shape{16, 0, 24, 530, 4, {4, 1, 0, 3}},
+                         // More rows than one pass takes (a step of up to 64 tokens): two and three passes.
+                         Shape{4, 64, 20, 128, 40, {40, 0, 17, 1, 6}}, Shape{16, 0, 20, 64, 40, {33, 2}}}) {
     const bool codes = s.bits != 16;
     const QuantRowLayout row = codes ? quant_row_layout(s.bits, s.group, s.in) : plain_row_layout(s.in);
     const int E = int(s.rows.size());

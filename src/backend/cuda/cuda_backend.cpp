@@ -727,9 +727,10 @@ public:
     });
   }
 
-  // A decode step's experts: each expert's rows fit one pass of the fused linear, whose routed
-  // launch reads the routing from the device (moe_route.cu, quant_linear.cu), over 4- or 8-bit
-  // codes or 16-bit rows of whole 4-byte words. Longer steps route on the host.
+  // A decode step's experts: the fused linear's routed launch reads the routing from the device
+  // (moe_route.cu, quant_linear.cu), over 4- or 8-bit codes or 16-bit rows of whole 4-byte words.
+  // Longer steps route on the host (ForwardOps asks for fewer tokens still where an expert would
+  // often get more rows than one pass of the fused linear takes).
   bool routes_on_device(int64_t tokens, int64_t experts, int64_t k, const Tensor& expert_w) const override {
     const bool rows_fit = expert_w.quantized() || (expert_w.dtype == act_ && expert_w.ndim == 2 &&
                                                    expert_w.dim(1) % 2 == 0 &&
@@ -767,7 +768,7 @@ public:
   void routed_linears(const Tensor& x, const std::vector<Tensor>& w, const DeviceRouting& r, int64_t max_rows,
                       const Tensor& y) override {
     STRATA_CHECK(!w.empty() && w.size() <= size_t(cuda::kMaxRoutedExperts) && max_rows >= 1 &&
-                     max_rows <= cuda::kQuantLinearTokens,
+                     max_rows <= cuda::kMaxRoutedTokens,
                  "cuda routed_linears: " << w.size() << " experts of at most " << max_rows << " rows");
     const int64_t experts = int64_t(w.size()), in = x.row_size(), out = w[0].dim(0);
     check_routing(r, max_rows, experts, r.gather.numel() / max_rows, "routed_linears");

@@ -263,9 +263,9 @@ void launch_quant_linears(const QuantLinearJob<T>* jobs, int count, int out, con
                           cudaStream_t stream);
 
 // ---- a mixture of experts' routing kept on the device (a decode step's few tokens) ----
-constexpr int kMaxRoutedTokens = kQuantLinearTokens;  // an expert's rows: one pass of the fused linear
-constexpr int kMaxRoutedK = 16;                        // experts per token
-constexpr int kMaxRoutedExperts = 256;                 // experts per layer (their weights travel in parameters)
+constexpr int kMaxRoutedTokens = 64;     // a step's tokens
+constexpr int kMaxRoutedK = 16;          // experts per token
+constexpr int kMaxRoutedExperts = 256;   // experts per layer (their weights travel in parameters)
 // moe_route.cu: route_tokens' result (src/runtime/moe_routing.cpp) for `tokens` rows of fp32
 // logits [tokens, experts], bit for bit but for expf's last place: the T k assignments sorted by
 // expert (tokens ascending within one) in gather, each token's k rows and weights in combine_rows
@@ -290,7 +290,8 @@ void launch_route_experts(const RouteExpertsParams& p, cudaStream_t stream);
 // quant_linear.cu: each active expert's linear over its rows, as launch_quant_linear computes it
 // alone, bit for bit, with the routing read from the device: slot z of active names expert e (or
 // -1: nothing), whose rows expert_begin[e] to expert_begin[e + 1] of x and y it computes with
-// w[e]. One launch for every expert; max_rows (at most kQuantLinearTokens) bounds any expert's rows.
+// w[e]. One launch for every expert; max_rows bounds any expert's rows (an expert of more than
+// kQuantLinearTokens rows takes a pass over its weights per kQuantLinearTokens, as alone).
 // Weights of 4- or 8-bit codes (row.bits), or 16-bit rows of T (row = plain_row_layout(n): fp32
 // sums of x w, one rounding to T, as the codes' kernel sums).
 template <class T>

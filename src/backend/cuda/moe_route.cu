@@ -3,14 +3,15 @@
 // linears (launch_routed_linears) and combine_rows read it, so that the step never waits for the
 // router's logits on the host and can be captured in a graph.
 //
-// One block; warp t routes token t with the host's float operations in the host's order: its
-// lanes compute exp(logit - max) for the experts congruent to them mod 32, lane 0 sums them in
-// expert order and the lanes divide; k warp-wide argmax rounds pick the largest probabilities
-// (the lower expert on a tie), lane 0 summing them in that order for the renormalisation; lane 0
-// sorts the k ascending. Then thread e counts expert e's assignments, its first row (a sum over
-// the experts before it) and its slot among the active experts, and places its assignments,
-// walking them in token order, so each expert's tokens stay ascending. Everything is a loop of at
-// most 256 steps on a thread of its own: no atomics, the same result every run.
+// One block of 16 warps; warp w routes tokens w, w + 16, ... with the host's float operations in
+// the host's order: its lanes compute exp(logit - max) for the experts congruent to them mod 32,
+// lane 0 sums them in expert order and the lanes divide; k warp-wide argmax rounds pick the
+// largest probabilities (the lower expert on a tie), lane 0 summing them in that order for the
+// renormalisation; lane 0 sorts the k ascending. Then thread e counts expert e's assignments, its
+// first row (a sum over the experts before it) and its slot among the active experts, and places
+// its assignments, walking them in token order, so each expert's tokens stay ascending. Each
+// thread loops over at most the step's T k assignments or E experts: no atomics, the same result
+// every run.
 #include <cmath>
 
 #include "cuda_common.h"
@@ -21,7 +22,8 @@ namespace strata::cuda {
 
 namespace {
 
-constexpr int kThreads = kMaxRoutedTokens * 32;  // a warp per token
+constexpr int kWarps = 16;
+constexpr int kThreads = kWarps * 32;
 static_assert(kMaxRoutedExperts <= kThreads, "a thread per expert");
 
 // The better of two candidates: the larger probability, the lower expert on a tie (-1: none).
@@ -33,14 +35,14 @@ __device__ __forceinline__ void keep_better(float& p, int& e, float other_p, int
 }
 
 __global__ void __launch_bounds__(kThreads) route_experts_kernel(const RouteExpertsParams p) {
-  __shared__ float prob[kMaxRoutedTokens][kMaxRoutedExperts];
+  __shared__ float prob[kWarps][kMaxRoutedExperts];  // each warp's token's probabilities
   __shared__ int32_t chosen[kMaxRoutedTokens * kMaxRoutedK];  // each token's experts, ascending
   __shared__ float weight[kMaxRoutedTokens * kMaxRoutedK];
   __shared__ int32_t count[kMaxRoutedExperts];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, E = p.experts, k = p.k, A = p.tokens * k;
 
-  if (warp < p.tokens) {
-    const float* row = p.logits + int64_t(warp) * E;
+  for (int t = warp; t < p.tokens; t += kWarps) {
+    const float* row = p.logits + int64_t(t) * E;
     float* pr = prob[warp];
     float top = -INFINITY;
     for (int e = lane; e < E; e += 32) top = fmaxf(top, row[e]);
@@ -53,8 +55,8 @@ __global__ void __launch_bounds__(kThreads) route_experts_kernel(const RouteExpe
     sum = __shfl_sync(kFullMask, sum, 0);
     for (int e = lane; e < E; e += 32) pr[e] /= sum;
     __syncwarp();
-    int32_t* mine = chosen + warp * k;
-    float* w = weight + warp * k;
+    int32_t* mine = chosen + t * k;
+    float* w = weight + t * k;
     float picked = 0.0f;
     for (int j = 0; j < k; ++j) {
       float best_p = 0.0f;
@@ -89,6 +91,7 @@ __global__ void __launch_bounds__(kThreads) route_experts_kernel(const RouteExpe
       if (p.renormalize)
         for (int j = 0; j < k; ++j) w[j] /= picked;
     }
+    __syncwarp();  // the next token's probabilities go where this one's were
   }
   __syncthreads();
 
