@@ -34,7 +34,8 @@
 #              projected from 4 steps): the search's policy, then 16 x 2 with 2 of 32 layers on the
 #              GPU and the experts moved, and the same computing them on the CPU in decode (cpu_experts):
 #              OUT/moe.tgz and its cases in OUT/summary.json; resident 4-bit Qwen3-30B-A3B and Mixtral
-#              (8 and 4 layers, batch 8) routed on the host, then on the device; then bench_quant --grouped on the GPU
+#              (4 and 2 layers, batch 8; Qwen3 also 64) routed on the host, then on the device; then
+#              bench_quant --grouped on the GPU
 #              and --cold --grouped on the host CPU over Qwen3-30B-A3B's expert matrices (when
 #              staged). Only by name
 #   peers      issue 36: FlexGen 0.1.8 and Accelerate beside Strata on the same cases (prompt 512,
@@ -339,17 +340,22 @@ part_moe() {
     --out "$dir/run" --no-progress
   [ -f "$dir/run/results.md" ] && tee -a "$summary" < "$dir/run/results.md"
   # Routing on the device against the host's round trip per sparse layer (STRATA_DEVICE_ROUTING=0):
-  # resident 4-bit experts, 8 tokens a decode step, cut to 8 and 4 layers; the device's run
+  # resident 4-bit experts, 8 tokens a decode step (and Qwen3-MoE's 64, which route on the device
+  # too), cut to 4 and 2 layers (each case loads and quantizes its weights); the device's run
   # replays its layer halves as graphs, the host's only the attention halves.
-  printf 'gpu_batch_size: 8\nnum_gpu_batches: 1\nweights: {gpu: 100, cpu: 0, disk: 0}\nkv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\ncompress_weights: {bits: 4, group_size: 64}\n' \
-    > "$dir/resident-q4.yaml"
+  local b
+  for b in 8 64; do
+    printf 'gpu_batch_size: %s\nnum_gpu_batches: 1\nweights: {gpu: 100, cpu: 0, disk: 0}\nkv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\ncompress_weights: {bits: 4, group_size: 64}\n' \
+      "$b" > "$dir/resident-q4-b$b.yaml"
+  done
   local where
   for where in host device; do
     {
       echo "name: moe-routing-$where"
       echo "cases:"
-      echo "  - {name: qwen3-30b-a3b-8l-q4-b8-$where-routing, model: qwen3-30b-a3b, layers: 8, prompt_len: 128, gen_len: 32, decode_steps: 16, policy: $dir/resident-q4.yaml}"
-      echo "  - {name: mixtral-8x7b-4l-q4-b8-$where-routing, model: mixtral-8x7b, layers: 4, prompt_len: 128, gen_len: 32, decode_steps: 16, policy: $dir/resident-q4.yaml}"
+      echo "  - {name: qwen3-30b-a3b-4l-q4-b8-$where-routing, model: qwen3-30b-a3b, layers: 4, prompt_len: 128, gen_len: 32, decode_steps: 16, policy: $dir/resident-q4-b8.yaml}"
+      echo "  - {name: mixtral-8x7b-2l-q4-b8-$where-routing, model: mixtral-8x7b, layers: 2, prompt_len: 128, gen_len: 32, decode_steps: 16, policy: $dir/resident-q4-b8.yaml}"
+      echo "  - {name: qwen3-30b-a3b-4l-q4-b64-$where-routing, model: qwen3-30b-a3b, layers: 4, prompt_len: 128, gen_len: 32, decode_steps: 16, policy: $dir/resident-q4-b64.yaml}"
     } > "$dir/routing-$where.yaml"
     STRATA_DEVICE_ROUTING=$([ $where = host ] && echo 0 || echo 1) STRATA_SUITE_STEP_TIMEOUT=120 \
       step "bench moe routing on the $where" strata bench --suite "$dir/routing-$where.yaml" --device cuda \
