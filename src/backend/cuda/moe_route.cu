@@ -3,15 +3,16 @@
 // linears (launch_routed_linears) and combine_rows read it, so that the step never waits for the
 // router's logits on the host and can be captured in a graph.
 //
-// One block of 16 warps; warp w routes tokens w, w + 16, ... with the host's float operations in
-// the host's order: its lanes compute exp(logit - max) for the experts congruent to them mod 32,
-// lane 0 sums them in expert order and the lanes divide; k warp-wide argmax rounds pick the
-// largest probabilities (the lower expert on a tie), lane 0 summing them in that order for the
-// renormalisation; lane 0 sorts the k ascending. Then thread e counts expert e's assignments, its
-// first row (a sum over the experts before it) and its slot among the active experts, and places
-// its assignments, walking them in token order, so each expert's tokens stay ascending. Each
-// thread loops over at most the step's T k assignments or E experts: no atomics, the same result
-// every run.
+// One block of W warps (enough for the tokens, up to 16, and a thread per expert); warp w routes
+// tokens w, w + W, ... with the host's float operations in the host's order: its lanes compute
+// exp(logit - max) for the experts congruent to them mod 32, lane 0 sums them in expert order and
+// the lanes divide; k warp-wide argmax rounds pick the largest probabilities (the lower expert on
+// a tie), lane 0 summing them in that order for the renormalisation; lane 0 sorts the k
+// ascending. Then thread e counts expert e's assignments, its first row (a sum over the experts
+// before it) and its slot among the active experts, and places its assignments, walking them in
+// token order, so each expert's tokens stay ascending. Each thread loops over at most the step's
+// T k assignments or E experts: no atomics, the same result every run.
+#include <algorithm>
 #include <cmath>
 
 #include "cuda_common.h"
@@ -22,7 +23,7 @@ namespace strata::cuda {
 
 namespace {
 
-constexpr int kWarps = 16;
+constexpr int kWarps = 16;  // at most; a launch takes a warp per token up to this, and a thread per expert
 constexpr int kThreads = kWarps * 32;
 static_assert(kMaxRoutedExperts <= kThreads, "a thread per expert");
 
@@ -41,7 +42,8 @@ __global__ void __launch_bounds__(kThreads) route_experts_kernel(const RouteExpe
   __shared__ int32_t count[kMaxRoutedExperts];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, E = p.experts, k = p.k, A = p.tokens * k;
 
-  for (int t = warp; t < p.tokens; t += kWarps) {
+  const int warps = int(blockDim.x) / 32;
+  for (int t = warp; t < p.tokens; t += warps) {
     const float* row = p.logits + int64_t(t) * E;
     float* pr = prob[warp];
     float top = -INFINITY;
@@ -124,14 +126,17 @@ __global__ void __launch_bounds__(kThreads) route_experts_kernel(const RouteExpe
         p.combine_rows[i] = first++;
       }
   }
-  for (int i = threadIdx.x; i < A; i += kThreads) p.combine_weights[i] = weight[i];
+  for (int i = threadIdx.x; i < A; i += int(blockDim.x)) p.combine_weights[i] = weight[i];
 }
 
 }  // namespace
 
 void launch_route_experts(const RouteExpertsParams& p, cudaStream_t stream) {
   if (p.tokens == 0) return;
-  route_experts_kernel<<<1, kThreads, 0, stream>>>(p);
+  // Enough warps for the tokens (up to 16) and threads for the experts, no more: a decode step of
+  // Mixtral's 8 experts at batch 2 takes 64 threads, not 512.
+  const int warps = std::max(std::min(p.tokens, kWarps), (p.experts + 31) / 32);
+  route_experts_kernel<<<1, warps * 32, 0, stream>>>(p);
   STRATA_CUDA_CHECK_LAUNCH("route_experts_kernel", stream);
 }
 
