@@ -127,9 +127,9 @@ void run_lanes(int threads, const Body& body) {
   LanePool::instance().run(threads, body);
 }
 #else
-// Cooperative lanes: one fiber per lane, resumed in turn by the launching thread. A lane runs
-// until it waits at a barrier or returns; the last lane to arrive opens the barrier, and the
-// lanes waiting there go on when their turn comes. threadIdx is per host thread, so it is set to
+// Cooperative lanes: one fiber per lane, run in rounds from the launching thread. A lane runs
+// until it waits at a barrier or returns, then switches to the round's next lane; the last lane
+// to arrive opens the barrier, and the lanes waiting there go on when their turn comes. threadIdx is per host thread, so it is set to
 // the lane's own before each resume. On x86-64 a fiber switch is strata_emu_switch
 // (../fiber_switch.cpp), elsewhere ucontext's swapcontext.
 #if defined(__x86_64__)
@@ -148,26 +148,22 @@ public:
     job_ = &job;
     while (int(fibers_.size()) < threads) fibers_.push_back(std::make_unique<Fiber>(fibers_.size()));
     for (int tid = 0; tid < threads; ++tid) fibers_[size_t(tid)]->prepare(&scheduler_);
-    for (int left = threads; left > 0;) {
+    threads_ = live_ = threads;
+    // A round resumes every live lane once: each lane that waits or finishes switches straight to
+    // the next live lane, the round's last back here (one switch a lane, not two).
+    while (live_ > 0) {
       const uint64_t before = progress_;
-      for (int tid = 0; tid < threads; ++tid) {
-        Fiber& f = *fibers_[size_t(tid)];
-        if (f.done) continue;
-        current_ = tid;
-        threadIdx = uint3{};
-        threadIdx.x = unsigned(tid);
-        swap(scheduler_, f.context);
-        if (f.done) --left, ++progress_;
-      }
-      if (left > 0 && progress_ == before) {
+      const int first = next_live(0);
+      resume(scheduler_, first);
+      if (live_ > 0 && progress_ == before) {
         std::fprintf(stderr, "emulation: every lane waits at a barrier that cannot open (a barrier in divergent code?)\n");
         std::abort();
       }
     }
     job_ = nullptr;
   }
-  // Called by a lane at a barrier it cannot pass yet: back to the launching thread's loop.
-  void yield() { swap(fibers_[size_t(current_)]->context, scheduler_); }
+  // Called by a lane at a barrier it cannot pass yet: on to the round's next lane.
+  void yield() { pass_on(); }
   void opened() { ++progress_; }
 
 private:
@@ -220,21 +216,36 @@ private:
     swapcontext(&from.uc, &to.uc);
 #endif
   }
+  int next_live(int tid) const {
+    while (tid < threads_ && fibers_[size_t(tid)]->done) ++tid;
+    return tid;
+  }
+  // Saves the running context in `from` and resumes lane `tid`, or the launching thread's loop
+  // when the round has no lane left (tid == threads_).
+  void resume(Context& from, int tid) {
+    if (tid == threads_) return swap(from, scheduler_);
+    current_ = tid;
+    threadIdx = uint3{};
+    threadIdx.x = unsigned(tid);
+    swap(from, fibers_[size_t(tid)]->context);
+  }
+  // From the running lane to the next live lane of the round.
+  void pass_on() { resume(fibers_[size_t(current_)]->context, next_live(current_ + 1)); }
   static void start() {
     FiberLanes& self = instance();
     Fiber& f = *self.fibers_[size_t(self.current_)];
     (*self.job_)(self.current_);
     f.done = true;
-#if defined(__x86_64__)
-    swap(f.context, self.scheduler_);  // never resumed: the next launch prepares the fiber afresh
+    --self.live_, ++self.progress_;
+    self.pass_on();  // never resumed: the next launch prepares the fiber afresh
     std::abort();
-#endif  // else returning resumes the scheduler (uc_link)
   }
   std::mutex launch_mu_;
   std::vector<std::unique_ptr<Fiber>> fibers_;
   const std::function<void(int)>* job_ = nullptr;
   Context scheduler_;
   int current_ = 0;
+  int threads_ = 0, live_ = 0;  // the launch's lanes, and those not yet returned
   uint64_t progress_ = 0;  // barriers opened and lanes finished: a round without any is a deadlock
 };
 
