@@ -35,9 +35,10 @@ TEST_CASE("OpenAI batch lines are read with their body fields", "[job]") {
   std::vector<std::string> warnings;
   const std::string text =
       chat_line("c1", {{"max_completion_tokens", 5}, {"temperature", 0.7}, {"top_p", 0.5}, {"seed", 42},
-                       {"presence_penalty", 0}, {"n", 1}, {"logprobs", false}, {"stop", nullptr}}) +
+                       {"user", "u1"}, {"frequency_penalty", 0.25}, {"n", 1}, {"logprobs", false}, {"stop", nullptr}}) +
       "\n" +
-      completion_line("c2", {{"max_tokens", 3}, {"presence_penalty", 1}, {"model", "x"}, {"stop", json::array()}}) +
+      completion_line("c2", {{"max_tokens", 3}, {"presence_penalty", 1}, {"logit_bias", {{"7", -1}}}, {"model", "x"},
+                             {"stop", json::array()}}) +
       json{{"custom_id", "c3"},
            {"method", "POST"},
            {"url", "/v1/chat/completions"},
@@ -65,6 +66,7 @@ TEST_CASE("OpenAI batch lines are read with their body fields", "[job]") {
   CHECK(recs[0].sampling.temperature == 0.7f);
   CHECK(recs[0].sampling.top_p == 0.5f);
   CHECK(recs[0].sampling.seed == 42);
+  CHECK(recs[0].sampling.frequency_penalty == 0.25f);
   CHECK(recs[0].n == 1);
   CHECK(recs[0].logprobs == -1);  // logprobs false
   CHECK_FALSE(recs[0].stop);      // stop null: not given, the job's --stop applies
@@ -75,13 +77,15 @@ TEST_CASE("OpenAI batch lines are read with their body fields", "[job]") {
   CHECK(recs[1].prompt == "hello");
   CHECK(recs[1].model == "x");
   CHECK(recs[1].sampling.max_new_tokens == 3);
+  CHECK(recs[1].sampling.presence_penalty == 1.0f);
+  CHECK(recs[1].sampling.logit_bias == std::vector<std::pair<int32_t, float>>{{7, -1.0f}});
   CHECK_FALSE(recs[1].error);
   CHECK(recs[2].sampling.max_new_tokens == 9);  // the command line's default
   REQUIRE(recs[2].messages.size() == 2);
   CHECK(recs[2].messages[1].content == "ab");
   // One warning per unknown field name, not per line.
   REQUIRE(warnings.size() == 2);
-  CHECK_THAT(warnings[0], Catch::Contains("oa_ok.jsonl:1: ignoring unknown field 'body.presence_penalty'"));
+  CHECK_THAT(warnings[0], Catch::Contains("oa_ok.jsonl:1: ignoring unknown field 'body.user'"));
   CHECK_THAT(warnings[1], Catch::Contains("oa_ok.jsonl:4: ignoring unknown field 'meta'"));
 }
 
@@ -214,6 +218,14 @@ TEST_CASE("well-formed OpenAI requests that cannot be served carry an error", "[
       {completion_line("16", {{"max_tokens", 4}, {"max_completion_tokens", 5}}), "invalid_value", "disagree"},
       {chat_line("17", {{"stream", true}}), "unsupported_parameter", "body.stream"},
       {chat_line("18", {{"n", 0}}), "invalid_value", "body.n must be in [1, 128], got 0"},
+      {chat_line("19", {{"frequency_penalty", -2.5}}), "invalid_value", "body.frequency_penalty must be in [-2, 2]"},
+      {chat_line("20", {{"presence_penalty", "0.5"}}), "invalid_type", "body.presence_penalty must be a number"},
+      {completion_line("21", {{"logit_bias", {{"50256", 200}}}}), "invalid_value",
+       "body.logit_bias[\"50256\"] must be in [-100, 100], got 200"},
+      {chat_line("22", {{"logit_bias", {{"a", 1}}}}), "invalid_value", "body.logit_bias keys must be token ids"},
+      {chat_line("23", {{"logit_bias", 5}}), "invalid_type", "body.logit_bias must be an object"},
+      {chat_line("24", {{"min_p", -0.1}}), "invalid_value", "body.min_p must be in [0, 1]"},
+      {chat_line("25", {{"repetition_penalty", -1}}), "invalid_value", "body.repetition_penalty must be > 0"},
   };
   std::string text;
   for (const Case& c : cases) text += c.line;

@@ -131,6 +131,23 @@ TEST_CASE("strata run rejects bad input before writing anything", "[cli]") {
   r = run_strata("run --model dummy:opt-9b --prompts " + prompts.string() + " --out " + out.string());
   CHECK(r.code != 0);
   CHECK_THAT(r.output, Catch::Contains("unknown preset 'opt-9b'"));
+
+  // A logit bias on a token the model does not have, and penalties out of range on the command line.
+  std::ofstream(prompts) << "{\"id\": 1, \"prompt\": \"fine\"}\n{\"id\": 2, \"prompt\": \"x\", \"logit_bias\": "
+                            "{\"4000\": 1}}\n";
+  r = run_strata("run --model " + kModels + "/tiny-opt --prompts " + prompts.string() + " --out " + out.string() +
+                 " --device cpu");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("bad.jsonl:2: logit_bias token 4000 is outside the model's vocabulary of 1000"));
+  CHECK_FALSE(fs::exists(out));
+  CHECK_FALSE(fs::exists(out.string() + ".partial"));
+  for (const char* flag : {"--repetition-penalty 0", "--frequency-penalty 3", "--presence-penalty -2.5", "--min-p 2"}) {
+    r = run_strata("run --model " + kModels + "/tiny-opt --prompts " + prompts.string() + " --out " + out.string() +
+                   " --device cpu " + flag);
+    INFO(flag << ": " << r.output);
+    CHECK(r.code != 0);
+    CHECK_THAT(r.output, Catch::Contains(std::string(flag).substr(0, std::string(flag).find(' '))));
+  }
 }
 
 TEST_CASE("strata run with a truncated weights file fails naming the file", "[cli]") {

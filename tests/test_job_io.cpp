@@ -1,6 +1,7 @@
 // The batch job's input validation and its resumable output file.
 #include "temp_files.h"
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -44,6 +45,44 @@ TEST_CASE("prompt lines are read with their sampling fields", "[job]") {
   CHECK(recs[1].sampling.seed == 11);
   REQUIRE(warnings.size() == 1);
   CHECK_THAT(warnings[0], Catch::Contains("unknown field 'meta'"));
+}
+
+TEST_CASE("prompt lines carry min_p, the penalties and a logit bias", "[job][sampler]") {
+  SamplingParams defaults;
+  defaults.repetition_penalty = 1.2f;
+  const auto recs = read_prompts(write_file("adjust.jsonl",
+                                            "{\"id\": 1, \"prompt\": \"a\"}\n"
+                                            "{\"id\": 2, \"prompt\": \"b\", \"min_p\": 0.05,"
+                                            " \"repetition_penalty\": 1.1, \"frequency_penalty\": -0.5,"
+                                            " \"presence_penalty\": 2, \"logit_bias\": {\"17\": -100, \"3\": 2.5}}\n"),
+                                 defaults);
+  REQUIRE(recs.size() == 2);
+  CHECK(recs[0].sampling.repetition_penalty == 1.2f);  // the job's default
+  CHECK(recs[0].sampling.logit_bias.empty());
+  const SamplingParams& s = recs[1].sampling;
+  CHECK(s.min_p == 0.05f);
+  CHECK(s.repetition_penalty == 1.1f);
+  CHECK(s.frequency_penalty == -0.5f);
+  CHECK(s.presence_penalty == 2.0f);
+  std::vector<std::pair<int32_t, float>> bias = s.logit_bias;
+  std::sort(bias.begin(), bias.end());
+  CHECK(bias == std::vector<std::pair<int32_t, float>>{{3, 2.5f}, {17, -100.0f}});
+
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"\"min_p\": 1.5", "field 'min_p' must be in [0, 1], got 1.5"},
+      {"\"repetition_penalty\": 0", "field 'repetition_penalty' must be > 0, got 0"},
+      {"\"frequency_penalty\": 2.5", "field 'frequency_penalty' must be in [-2, 2], got 2.5"},
+      {"\"presence_penalty\": \"1\"", "field 'presence_penalty' must be a number"},
+      {"\"logit_bias\": [1]", "field 'logit_bias' must be an object of token ids and biases"},
+      {"\"logit_bias\": {\"x\": 1}", "field 'logit_bias' keys must be token ids"},
+      {"\"logit_bias\": {\"-1\": 1}", "field 'logit_bias' keys must be token ids"},
+      {"\"logit_bias\": {\"5\": 101}", "field 'logit_bias'[\"5\"] must be in [-100, 100], got 101"},
+      {"\"logit_bias\": {\"5\": null}", "field 'logit_bias'[\"5\"] must be a number"}};
+  for (size_t i = 0; i < bad.size(); ++i) {
+    INFO(bad[i].first);
+    const fs::path p = write_file("adjust-bad.jsonl", "{\"id\": 1, \"prompt\": \"a\", " + bad[i].first + "}\n");
+    CHECK_THROWS_WITH(read_prompts(p, {}), Catch::Contains("adjust-bad.jsonl:1: " + bad[i].second));
+  }
 }
 
 TEST_CASE("strata lines' messages carry OpenAI's tool calls on assistant messages", "[job][chat]") {

@@ -47,6 +47,20 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--top-k", opt->defaults.top_k, "default top-k (0: off)")->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option("--min-p", opt->defaults.min_p, "default min-p (0: off)")->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--repetition-penalty", opt->defaults.repetition_penalty,
+                  "default repetition penalty over the prompt's and the answer's tokens (1: off)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", opt->defaults.frequency_penalty,
+                  "default frequency penalty over the answer's tokens (0: off)")
+      ->check(CLI::Range(-2.0, 2.0))
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", opt->defaults.presence_penalty,
+                  "default presence penalty over the answer's tokens (0: off)")
+      ->check(CLI::Range(-2.0, 2.0))
+      ->capture_default_str();
   cmd->add_option("--seed", opt->defaults.seed, "default seed")->capture_default_str();
   cmd->add_flag("--ignore-eos", opt->defaults.ignore_eos, "generate max_new_tokens even past EOS (benchmarks)");
   cmd->add_option("--stop", opt->stop,

@@ -1,7 +1,10 @@
 #include "strata/job/prompts.h"
 
+#include <cfloat>
 #include <charconv>
+#include <cmath>
 #include <fstream>
+#include <functional>
 #include <istream>
 #include <optional>
 #include <set>
@@ -15,8 +18,10 @@ using json = nlohmann::json;
 
 namespace {
 
-const std::set<std::string> kKnownKeys = {"id", "prompt", "messages", "max_new_tokens", "temperature", "top_p",
-                                          "top_k", "seed", "ignore_eos", "stop", "n", "logprobs"};
+const std::set<std::string> kKnownKeys = {
+    "id",   "prompt", "messages", "max_new_tokens", "temperature",        "top_p",             "top_k",
+    "seed", "ignore_eos", "stop", "n",              "logprobs",           "min_p",             "repetition_penalty",
+    "frequency_penalty",  "presence_penalty",       "logit_bias"};
 
 struct LineContext {
   std::string where;  // "file:line"
@@ -33,6 +38,57 @@ double get_number(const json& obj, const char* key, const LineContext& ctx) {
   const json& v = obj[key];
   if (!v.is_number()) ctx.fail(std::string("field '") + key + "' must be a number, got " + v.dump());
   return v.get<double>();
+}
+
+// Why a field's value is refused: the OpenAI format's error code and the message.
+struct FieldError {
+  std::string code, message;
+};
+
+// min_p, the penalties and logit_bias, read alike in both formats (null: not given). `name`
+// spells a field as its format does ("field 'min_p'", "body.min_p").
+std::optional<FieldError> read_logit_adjustments(const json& obj, const std::function<std::string(const char*)>& name,
+                                                 SamplingParams& s) {
+  struct Range {
+    const char* key;
+    float* value;
+    double lo, hi;  // hi HUGE_VAL: any x > lo that fits a float
+    const char* allowed;
+  };
+  const Range ranges[] = {{"min_p", &s.min_p, 0, 1, "in [0, 1]"},
+                          {"repetition_penalty", &s.repetition_penalty, 0, HUGE_VAL, "> 0"},
+                          {"frequency_penalty", &s.frequency_penalty, -2, 2, "in [-2, 2]"},
+                          {"presence_penalty", &s.presence_penalty, -2, 2, "in [-2, 2]"}};
+  for (const Range& r : ranges) {
+    if (!obj.contains(r.key) || obj[r.key].is_null()) continue;
+    const json& v = obj[r.key];
+    if (!v.is_number()) return FieldError{"invalid_type", name(r.key) + " must be a number, got " + v.dump()};
+    const double x = v.get<double>();
+    const bool ok = r.hi == HUGE_VAL ? x > r.lo && x <= FLT_MAX : x >= r.lo && x <= r.hi;
+    if (!ok) return FieldError{"invalid_value", name(r.key) + " must be " + r.allowed + ", got " + v.dump()};
+    *r.value = float(x);
+  }
+  if (!obj.contains("logit_bias") || obj["logit_bias"].is_null()) return std::nullopt;
+  const json& bias = obj["logit_bias"];
+  if (!bias.is_object())
+    return FieldError{"invalid_type",
+                      name("logit_bias") + " must be an object of token ids and biases, got " + bias.dump()};
+  s.logit_bias.clear();
+  for (const auto& [key, value] : bias.items()) {
+    int32_t id = -1;
+    const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (key.empty() || ec != std::errc() || end != key.data() + key.size() || id < 0)
+      return FieldError{"invalid_value",
+                        name("logit_bias") + " keys must be token ids (\"0\", \"42\", ...), got \"" + key + "\""};
+    if (!value.is_number())
+      return FieldError{"invalid_type",
+                        name("logit_bias") + "[\"" + key + "\"] must be a number, got " + value.dump()};
+    if (!(value.get<double>() >= -100 && value.get<double>() <= 100))
+      return FieldError{"invalid_value",
+                        name("logit_bias") + "[\"" + key + "\"] must be in [-100, 100], got " + value.dump()};
+    s.logit_bias.emplace_back(id, value.get<float>());
+  }
+  return std::nullopt;
 }
 
 void read_sampling(const json& obj, const LineContext& ctx, SamplingParams& s) {
@@ -66,6 +122,8 @@ void read_sampling(const json& obj, const LineContext& ctx, SamplingParams& s) {
     if (!obj["ignore_eos"].is_boolean()) ctx.fail("field 'ignore_eos' must be true or false");
     s.ignore_eos = obj["ignore_eos"].get<bool>();
   }
+  if (const auto e = read_logit_adjustments(obj, [](const char* key) { return std::string("field '") + key + "'"; }, s))
+    ctx.fail(e->message);
 }
 
 // "stop": a string or an array of strings. Returns the strings, or why not.
@@ -122,10 +180,12 @@ std::vector<ChatMessage> read_messages(const json& v, const LineContext& ctx) {
 // ---- The OpenAI batch format ----------------------------------------------------------------
 
 const std::set<std::string> kOpenAITopKeys = {"custom_id", "method", "url", "body"};
-// Body fields we read; top_k and ignore_eos are extensions (vLLM takes them too).
-const std::set<std::string> kOpenAIBodyKeys = {"model", "messages", "prompt", "max_tokens", "max_completion_tokens",
-                                               "temperature", "top_p", "seed", "stop", "n", "logprobs",
-                                               "top_logprobs", "stream", "top_k", "ignore_eos"};
+// Body fields we read; top_k, min_p, repetition_penalty and ignore_eos are extensions (vLLM takes
+// them too).
+const std::set<std::string> kOpenAIBodyKeys = {
+    "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
+    "logprobs", "top_logprobs", "stream", "frequency_penalty", "presence_penalty", "logit_bias", "top_k", "min_p",
+    "repetition_penalty", "ignore_eos"};
 
 [[noreturn]] void refuse(const std::string& code, const std::string& message) { throw ServeError{code, message}; }
 
@@ -202,6 +262,8 @@ void read_openai_body(const json& body, PromptRecord& r) {
     if (!body["ignore_eos"].is_boolean()) refuse("invalid_type", "body.ignore_eos must be true or false");
     s.ignore_eos = body["ignore_eos"].get<bool>();
   }
+  if (const auto e = read_logit_adjustments(body, [](const char* key) { return std::string("body.") + key; }, s))
+    refuse(e->code, e->message);
   if (given(body, "n")) {
     const int64_t n = body_int(body, "n");
     if (n < 1 || n > kMaxChoices)

@@ -6,7 +6,42 @@
 
 #include "strata/core/error.h"
 
+// Built with -ffp-contract=off (src/CMakeLists.txt): a penalty's multiply and subtract round
+// separately, as the tensor operations of transformers and vLLM do.
+
 namespace strata {
+
+void adjust_logits(float* logits, int64_t vocab, const SamplingParams& p, std::span<const int32_t> prompt,
+                   std::span<const int32_t> answer) {
+  auto in_vocab = [vocab](int32_t id) { return id >= 0 && id < vocab; };
+  for (const auto& [token, bias] : p.logit_bias)
+    if (in_vocab(token)) logits[token] += bias;
+  if (p.repetition_penalty != 1.0f) {
+    std::vector<int32_t> seen(prompt.begin(), prompt.end());
+    seen.insert(seen.end(), answer.begin(), answer.end());
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (int32_t id : seen) {
+      if (!in_vocab(id)) continue;
+      float& l = logits[id];
+      l = l < 0 ? l * p.repetition_penalty : l / p.repetition_penalty;
+    }
+  }
+  if (p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f) {
+    std::vector<int32_t> ids(answer.begin(), answer.end());
+    std::sort(ids.begin(), ids.end());
+    for (size_t i = 0; i < ids.size();) {
+      size_t j = i;
+      while (j < ids.size() && ids[j] == ids[i]) ++j;
+      if (in_vocab(ids[i])) {
+        float& l = logits[ids[i]];
+        l -= p.frequency_penalty * float(j - i);
+        l -= p.presence_penalty;
+      }
+      i = j;
+    }
+  }
+}
 
 std::vector<std::pair<int32_t, double>> sampling_distribution(const float* logits, int64_t vocab,
                                                               const SamplingParams& params) {
@@ -47,10 +82,29 @@ std::vector<std::pair<int32_t, double>> sampling_distribution(const float* logit
     dist.resize(n);
     for (auto& d : dist) d.second /= before;
   }
+  if (params.min_p > 0.0f) {
+    // transformers' rule: drop each token whose probability is below min_p times the first's
+    // (the first always stays); renormalising before does not change the ratio.
+    const double floor = double(params.min_p) * dist[0].second;
+    size_t n = 1;
+    while (n < dist.size() && dist[n].second >= floor) ++n;
+    if (n < dist.size()) {
+      dist.resize(n);
+      double kept = 0;
+      for (const auto& d : dist) kept += d.second;
+      for (auto& d : dist) d.second /= kept;
+    }
+  }
   return dist;
 }
 
-int32_t Sampler::sample(const float* logits, int64_t vocab) {
+int32_t Sampler::sample(const float* logits, int64_t vocab, std::span<const int32_t> prompt,
+                        std::span<const int32_t> answer) {
+  if (params_.adjusts_logits()) {
+    adjusted_.assign(logits, logits + vocab);
+    adjust_logits(adjusted_.data(), vocab, params_, prompt, answer);
+    logits = adjusted_.data();
+  }
   if (params_.greedy()) return int32_t(std::max_element(logits, logits + vocab) - logits);
   const auto dist = sampling_distribution(logits, vocab, params_);
   const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);

@@ -30,6 +30,14 @@ Sequence start_sequence(const GenRequest& r, const ModelConfig& cfg, int slot, s
   if (room < 0 || (room == 0 && !r.score_prompt))
     STRATA_FAIL("request " << index << ": prompt of " << r.prompt.size() << " tokens fills the model's context of "
                            << cfg.max_positions);
+  const SamplingParams& sp = r.sampling;
+  if (!(sp.repetition_penalty > 0.0f) || !(sp.min_p >= 0.0f && sp.min_p <= 1.0f))
+    STRATA_FAIL("request " << index << ": repetition_penalty must be > 0 and min_p in [0, 1], got "
+                           << sp.repetition_penalty << " and " << sp.min_p);
+  for (const auto& [token, bias] : sp.logit_bias)
+    if (token < 0 || token >= cfg.vocab_size)
+      STRATA_FAIL("request " << index << ": logit_bias token " << token << " is outside the model's vocabulary of "
+                             << cfg.vocab_size);
   Sequence s;
   s.request = &r;
   s.slot = slot;
@@ -48,8 +56,10 @@ StepSampler::StepSampler(Backend& backend, const ModelConfig& cfg, size_t max_ro
 void StepSampler::sample(const Tensor& logits, const std::vector<Sequence*>& seqs) {
   const int64_t R = int64_t(seqs.size()), V = logits.row_size();
   picks_.resize(size_t(R));
-  const bool all_greedy =
-      std::all_of(seqs.begin(), seqs.end(), [](const Sequence* s) { return s->request->sampling.greedy(); });
+  // A row whose logits are adjusted (penalties, bias) is sampled on the host even when greedy.
+  const bool all_greedy = std::all_of(seqs.begin(), seqs.end(), [](const Sequence* s) {
+    return s->request->sampling.greedy() && !s->request->sampling.adjusts_logits();
+  });
   const bool any_logprobs =
       std::any_of(seqs.begin(), seqs.end(), [](const Sequence* s) { return s->request->logprobs >= 0; });
   // Greedy rows take the backend's argmax whether or not logprobs are asked for, so asking
@@ -64,7 +74,10 @@ void StepSampler::sample(const Tensor& logits, const std::vector<Sequence*>& seq
     backend_.copy_to_host_f32(logits, host_logits_.data());
   }
   if (!all_greedy)
-    for (int64_t r = 0; r < R; ++r) picks_[size_t(r)] = seqs[size_t(r)]->sampler.sample(host_logits_.data() + r * V, V);
+    for (int64_t r = 0; r < R; ++r) {
+      Sequence& s = *seqs[size_t(r)];
+      picks_[size_t(r)] = s.sampler.sample(host_logits_.data() + r * V, V, s.request->prompt, s.result.tokens);
+    }
   for (int64_t r = 0; r < R; ++r) {
     Sequence& s = *seqs[size_t(r)];
     const int32_t tok = picks_[size_t(r)];

@@ -1,8 +1,10 @@
-// Token sampling: greedy, temperature, top-k and top-p, applied in that order as Hugging Face's
+// Token sampling: the logits adjusted (logit bias, repetition, frequency and presence penalties),
+// then greedy, or temperature, top-k, top-p and min-p applied in that order as Hugging Face's
 // generate() does. Each sequence owns a seeded generator, so results do not depend on batching.
 #pragma once
 #include <cstdint>
 #include <random>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -14,12 +16,30 @@ struct SamplingParams {
   float temperature = 0.0f;  // 0: greedy
   int top_k = 0;             // 0: off
   float top_p = 1.0f;        // 1: off
+  float min_p = 0.0f;        // 0: off; drops tokens less probable than min_p times the most probable
+  // Adjustments of the raw logits, before temperature, so greedy decoding takes them too
+  // (adjust_logits below). Off at their defaults.
+  float repetition_penalty = 1.0f;  // > 0; transformers' and vLLM's: prompt and answer tokens
+  float frequency_penalty = 0.0f;   // OpenAI's: per occurrence in the answer
+  float presence_penalty = 0.0f;    // OpenAI's: once a token is in the answer
+  std::vector<std::pair<int32_t, float>> logit_bias;  // OpenAI's (token, bias)
   uint64_t seed = 0;
   int max_new_tokens = 32;
   bool ignore_eos = false;   // keep generating past EOS (benchmarks)
 
   bool greedy() const { return temperature <= 0.0f || top_k == 1; }
+  bool adjusts_logits() const {
+    return repetition_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f || !logit_bias.empty();
+  }
 };
+
+// The logits sampling reads, in place, in vLLM's order: each biased token's logit_bias added;
+// then every distinct token of the prompt and the answer so far penalised as transformers'
+// RepetitionPenaltyLogitsProcessor does (a positive logit divided by repetition_penalty, another
+// multiplied); then each token of the answer lowered by frequency_penalty times its count, then by
+// presence_penalty, as OpenAI documents them. In fp32, one rounding per operation, as those do.
+void adjust_logits(float* logits, int64_t vocab, const SamplingParams& params, std::span<const int32_t> prompt,
+                   std::span<const int32_t> answer);
 
 // -log softmax(logits)[target], in double with the maximum subtracted first (scoring a text, e.g.
 // perplexity). Throws strata::Error when the row holds a non-finite value (an fp16 overflow shows
@@ -44,21 +64,25 @@ struct StepLogprobs {
 // log_softmax in double (maximum subtracted first) of one row; ties in `top` go to the lower id.
 StepLogprobs step_logprobs(const float* logits, int64_t vocab, int32_t sampled, int top);
 
-// The distribution sample() draws from: temperature, then top-k, then top-p, then softmax, as
-// transformers' TemperatureLogitsWarper, TopKLogitsWarper and TopPLogitsWarper. Returns
-// (token, probability) pairs, most probable first; probabilities sum to 1.
+// The distribution sample() draws from the (adjusted) logits: temperature, then top-k, then top-p,
+// then min-p, as transformers' TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper and
+// MinPLogitsWarper. Returns (token, probability) pairs, most probable first; probabilities sum to 1.
 std::vector<std::pair<int32_t, double>> sampling_distribution(const float* logits, int64_t vocab,
                                                               const SamplingParams& params);
 
 class Sampler {
 public:
   explicit Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) {}
-  // Picks a token from one row of logits (float32, length vocab).
-  int32_t sample(const float* logits, int64_t vocab);
+  // Picks a token from one row of raw logits (float32, length vocab); the prompt and the answer
+  // so far feed the penalties.
+  int32_t sample(const float* logits, int64_t vocab, std::span<const int32_t> prompt = {},
+                 std::span<const int32_t> answer = {});
+  const SamplingParams& params() const { return params_; }
 
 private:
   SamplingParams params_;
   std::mt19937_64 rng_;
+  std::vector<float> adjusted_;  // a row's logits after adjust_logits
 };
 
 }  // namespace strata

@@ -68,8 +68,9 @@ public:
   StepSampler(Backend& backend, const ModelConfig& cfg, size_t max_rows);
 
   // Samples one token per sequence from the rows of `logits` (row i belongs to seqs[i]) and
-  // updates their state (EOS, stop check, length limit). When every row is greedy, the argmax
-  // runs on the backend and only the ids cross to the host, unless a row asks for logprobs.
+  // updates their state (EOS, stop check, length limit). When every row is greedy over its raw
+  // logits (no penalty or bias), the argmax runs on the backend and only the ids cross to the
+  // host, unless a row asks for logprobs. Logprobs are always of the raw logits.
   void sample(const Tensor& logits, const std::vector<Sequence*>& seqs);
 
 private:
