@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
+#include <random>
 #include <nlohmann/json.hpp>
 
 #include "offload_grid.h"
@@ -171,6 +172,53 @@ TEST_CASE("a sampler draws from the adjusted logits and logprobs stay those of t
   r.sampling.repetition_penalty = 1.0f;
   r.sampling.min_p = 1.5f;
   CHECK_THROWS_WITH(start_sequence(r, cfg, 0, 3), Catch::Contains("min_p in [0, 1]"));
+}
+
+TEST_CASE("a step's rows sampled on host threads give each row's own sampler's draw and logprobs", "[sampler]") {
+  // 12 rows of a 50k vocabulary: past the size at which StepSampler spreads rows over threads.
+  constexpr int64_t R = 12, V = 50000;
+  auto backend = make_cpu_backend(2);
+  ModelConfig cfg;
+  cfg.vocab_size = int(V);
+  cfg.max_positions = 64;
+  cfg.eos_ids = {int32_t(V - 1)};
+  Buffer buf = backend->alloc(size_t(R * V) * 4);
+  const Tensor logits = buf.view(0, DType::F32, {R, V});
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  auto* host = static_cast<float*>(logits.data);
+  for (int64_t i = 0; i < R * V; ++i) host[i] = normal(rng);
+  std::vector<GenRequest> reqs(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    GenRequest& q = reqs[size_t(r)];
+    q.prompt = {int32_t(r), 5, 7};
+    q.sampling.seed = uint64_t(100 + r);
+    q.sampling.max_new_tokens = 4;
+    if (r % 3 != 2) q.sampling.temperature = 0.8f;  // every third row greedy, over adjusted logits
+    if (r % 4 == 1) q.sampling.top_p = 0.9f;
+    if (r % 4 == 3) q.sampling.top_k = 20;
+    if (r % 2 == 0) q.sampling.repetition_penalty = 1.3f;
+    if (r % 5 == 0) q.logprobs = 3;
+  }
+  std::vector<Sequence> seqs;
+  for (int64_t r = 0; r < R; ++r) seqs.push_back(start_sequence(reqs[size_t(r)], cfg, int(r), size_t(r)));
+  std::vector<Sequence*> rows;
+  for (Sequence& s : seqs) rows.push_back(&s);
+  StepSampler sampler(*backend, cfg, size_t(R));
+  sampler.sample(logits, rows);
+  for (int64_t r = 0; r < R; ++r) {
+    INFO("row " << r);
+    const GenRequest& q = reqs[size_t(r)];
+    const int32_t want = Sampler(q.sampling).sample(host + r * V, V, q.prompt, {});
+    REQUIRE(seqs[size_t(r)].result.tokens.size() == 1);
+    CHECK(seqs[size_t(r)].result.tokens[0] == want);
+    if (q.logprobs < 0) continue;
+    REQUIRE(seqs[size_t(r)].result.logprobs.size() == 1);
+    const StepLogprobs lp = step_logprobs(host + r * V, V, want, q.logprobs);
+    CHECK(seqs[size_t(r)].result.logprobs[0].sampled.logprob == lp.sampled.logprob);
+    REQUIRE(seqs[size_t(r)].result.logprobs[0].top.size() == 3);
+    CHECK(seqs[size_t(r)].result.logprobs[0].top[2].token == lp.top[2].token);
+  }
 }
 
 TEST_CASE("greedy under penalties and a logit bias gives transformers' tokens (CPU, resident and engine)",

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 #include "strata/core/error.h"
@@ -43,58 +44,90 @@ void adjust_logits(float* logits, int64_t vocab, const SamplingParams& p, std::s
   }
 }
 
-std::vector<std::pair<int32_t, double>> sampling_distribution(const float* logits, int64_t vocab,
-                                                              const SamplingParams& params) {
-  // Candidates by logit, best first. Among equal logits the higher id comes first: transformers'
-  // top-p sorts ascending (stably) and cuts from the low end, so it drops the lower ids of a tie.
-  std::vector<int32_t> order(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), 0);
+namespace {
+
+using Weighted = std::pair<int32_t, double>;  // a token and its probability
+
+// Fills `dist` with the tokens sampling may draw and their probabilities (summing to 1), after
+// temperature, top-k, top-p and min-p. Only top-p needs an order, and only as far as its mass
+// reaches, so the candidates are sorted (by logit, best first; among equal logits the higher id
+// first: transformers' top-p sorts ascending, stably, and cuts from the low end, so it drops the
+// lower ids of a tie) in growing prefixes until it does; with `sorted` the result is sorted whole.
+// A row of a 128k vocabulary thus costs a pass and its exponentials, not a sort of 128k tokens.
+void warp(const float* logits, int64_t vocab, const SamplingParams& params, bool sorted, std::vector<Weighted>& dist) {
   auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a > b); };
-  size_t keep = order.size();
-  if (params.top_k > 0 && size_t(params.top_k) < keep) {
+  auto by_logit_w = [&](const Weighted& a, const Weighted& b) { return by_logit(a.first, b.first); };
+  if (params.top_k > 0 && params.top_k < vocab) {
+    // The k-th largest logit by selection over a copy, then every token at or above it:
     // transformers keeps every token whose logit ties the k-th largest, so we do too.
-    keep = size_t(params.top_k);
-    std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(keep), order.end(), by_logit);
-    const float kth = logits[order[keep - 1]];
-    std::sort(order.begin() + std::ptrdiff_t(keep), order.end(), by_logit);
-    while (keep < order.size() && logits[order[keep]] == kth) ++keep;
-    order.resize(keep);
+    thread_local std::vector<float> values;
+    values.assign(logits, logits + vocab);
+    std::nth_element(values.begin(), values.begin() + (params.top_k - 1), values.end(), std::greater<float>());
+    const float kth = values[size_t(params.top_k - 1)];
+    dist.clear();
+    for (int64_t i = 0; i < vocab; ++i)
+      if (logits[i] >= kth) dist.push_back({int32_t(i), 0.0});
   } else {
-    std::sort(order.begin(), order.end(), by_logit);
+    dist.resize(static_cast<size_t>(vocab));
+    for (int64_t i = 0; i < vocab; ++i) dist[size_t(i)] = {int32_t(i), 0.0};
   }
 
-  std::vector<std::pair<int32_t, double>> dist(order.size());
   const double inv_t = params.temperature > 0 ? 1.0 / double(params.temperature) : 1.0;
-  const double top = double(logits[order[0]]) * inv_t;
+  float best = -INFINITY;
+  for (const Weighted& w : dist) best = std::max(best, logits[w.first]);
+  const double top = double(best) * inv_t;
   double sum = 0;
-  for (size_t i = 0; i < order.size(); ++i) {
-    dist[i] = {order[i], std::exp(double(logits[order[i]]) * inv_t - top)};
-    sum += dist[i].second;
+  for (Weighted& w : dist) {
+    w.second = std::exp(double(logits[w.first]) * inv_t - top);
+    sum += w.second;
   }
-  for (auto& d : dist) d.second /= sum;
+  for (Weighted& w : dist) w.second /= sum;
 
+  size_t in_order = 0;  // dist[0, in_order) is sorted and precedes the rest
   if (params.top_p < 1.0f) {
     // Keep each token whose more probable predecessors hold less than top_p of the mass (at least
     // one), which is transformers' rule "drop tokens whose ascending cumulative mass <= 1 - top_p".
     double before = 0;
     size_t n = 0;
-    while (n < dist.size() && (n == 0 || before < double(params.top_p))) before += dist[n++].second;
+    for (bool more = true; more;) {
+      const size_t m = std::min(dist.size(), std::max<size_t>(64, 4 * in_order));
+      std::partial_sort(dist.begin() + std::ptrdiff_t(in_order), dist.begin() + std::ptrdiff_t(m), dist.end(),
+                        by_logit_w);
+      for (; n < m && (n == 0 || before < double(params.top_p)); ++n) before += dist[n].second;
+      more = n == m && m < dist.size();
+      in_order = m;
+    }
     dist.resize(n);
-    for (auto& d : dist) d.second /= before;
+    in_order = n;
+    for (Weighted& w : dist) w.second /= before;
   }
   if (params.min_p > 0.0f) {
-    // transformers' rule: drop each token whose probability is below min_p times the first's
-    // (the first always stays); renormalising before does not change the ratio.
-    const double floor = double(params.min_p) * dist[0].second;
-    size_t n = 1;
-    while (n < dist.size() && dist[n].second >= floor) ++n;
-    if (n < dist.size()) {
-      dist.resize(n);
-      double kept = 0;
-      for (const auto& d : dist) kept += d.second;
-      for (auto& d : dist) d.second /= kept;
+    // transformers' rule: drop each token whose probability is below min_p times the most
+    // probable's (which always stays); renormalising before does not change the ratio.
+    double most = 0;
+    for (const Weighted& w : dist) most = std::max(most, w.second);
+    const double floor = double(params.min_p) * most;
+    auto kept = [&](const Weighted& w) { return w.second >= floor; };
+    // After top-p the tokens are sorted, and those kept are a prefix; otherwise order is free.
+    const auto kept_end = in_order == dist.size() ? std::partition_point(dist.begin(), dist.end(), kept)
+                                                  : std::partition(dist.begin(), dist.end(), kept);
+    if (kept_end != dist.end()) {
+      dist.erase(kept_end, dist.end());
+      in_order = std::min(in_order, dist.size());
+      double mass = 0;
+      for (const Weighted& w : dist) mass += w.second;
+      for (Weighted& w : dist) w.second /= mass;
     }
   }
+  if (sorted && in_order < dist.size()) std::sort(dist.begin(), dist.end(), by_logit_w);
+}
+
+}  // namespace
+
+std::vector<std::pair<int32_t, double>> sampling_distribution(const float* logits, int64_t vocab,
+                                                              const SamplingParams& params) {
+  std::vector<Weighted> dist;
+  warp(logits, vocab, params, /*sorted=*/true, dist);
   return dist;
 }
 
@@ -106,7 +139,10 @@ int32_t Sampler::sample(const float* logits, int64_t vocab, std::span<const int3
     logits = adjusted_.data();
   }
   if (params_.greedy()) return int32_t(std::max_element(logits, logits + vocab) - logits);
-  const auto dist = sampling_distribution(logits, vocab, params_);
+  // The same distribution as sampling_distribution's, in the order warp() leaves it: a draw takes
+  // the token whose share of [0, 1) holds u, wherever that share lies.
+  thread_local std::vector<Weighted> dist;
+  warp(logits, vocab, params_, /*sorted=*/false, dist);
   const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
   double cum = 0;
   for (const auto& [token, p] : dist) {

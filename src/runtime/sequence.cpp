@@ -1,8 +1,12 @@
 #include "strata/runtime/sequence.h"
 
 #include <algorithm>
+#include <functional>
+#include <mutex>
+#include <thread>
 
 #include "strata/core/error.h"
+#include "strata/core/thread_pool.h"
 
 namespace strata {
 
@@ -49,6 +53,24 @@ Sequence start_sequence(const GenRequest& r, const ModelConfig& cfg, int slot, s
   return s;
 }
 
+namespace {
+
+// The host's sampling rows: a row of a 128k vocabulary drawn with temperature, or its logprobs,
+// costs about a millisecond of one thread (bench/bench_sampling.cpp), so a batch of 64 on one
+// thread would outlast a resident model's decode step. One pool for the process, made on first
+// use; a second StepSampler sampling at the same moment (none does today) runs its rows alone.
+// Small steps stay on the calling thread, where the pool's wake-up would cost more.
+void on_host_rows(int64_t elements, int64_t rows, const std::function<void(int64_t, int64_t)>& fn) {
+  constexpr int64_t kParallelElements = int64_t(1) << 18;
+  static std::mutex busy;
+  std::unique_lock<std::mutex> lock(busy, std::defer_lock);
+  if (rows < 2 || elements < kParallelElements || !lock.try_lock()) return fn(0, rows);
+  static ThreadPool pool(int(std::clamp(std::thread::hardware_concurrency(), 1u, 16u)));
+  pool.parallel_for(rows, fn);
+}
+
+}  // namespace
+
 StepSampler::StepSampler(Backend& backend, const ModelConfig& cfg, size_t max_rows) : backend_(backend), cfg_(cfg) {
   argmax_buf_ = backend.alloc(std::max<size_t>(max_rows, 1) * 4);
 }
@@ -72,18 +94,24 @@ void StepSampler::sample(const Tensor& logits, const std::vector<Sequence*>& seq
   if (!all_greedy || any_logprobs) {
     host_logits_.resize(size_t(R * V));
     backend_.copy_to_host_f32(logits, host_logits_.data());
+    // Each row's draw and logprobs read only its own logits and sequence, so rows go in parallel
+    // and the tokens do not depend on the threads.
+    row_logprobs_.resize(size_t(R));
+    on_host_rows(R * V, R, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        Sequence& s = *seqs[size_t(r)];
+        const float* row = host_logits_.data() + r * V;
+        if (!all_greedy) picks_[size_t(r)] = s.sampler.sample(row, V, s.request->prompt, s.result.tokens);
+        if (s.request->logprobs >= 0)
+          row_logprobs_[size_t(r)] = step_logprobs(row, V, picks_[size_t(r)], s.request->logprobs);
+      }
+    });
   }
-  if (!all_greedy)
-    for (int64_t r = 0; r < R; ++r) {
-      Sequence& s = *seqs[size_t(r)];
-      picks_[size_t(r)] = s.sampler.sample(host_logits_.data() + r * V, V, s.request->prompt, s.result.tokens);
-    }
   for (int64_t r = 0; r < R; ++r) {
     Sequence& s = *seqs[size_t(r)];
     const int32_t tok = picks_[size_t(r)];
     s.result.tokens.push_back(tok);
-    if (s.request->logprobs >= 0)
-      s.result.logprobs.push_back(step_logprobs(host_logits_.data() + r * V, V, tok, s.request->logprobs));
+    if (s.request->logprobs >= 0) s.result.logprobs.push_back(std::move(row_logprobs_[size_t(r)]));
     const bool is_eos = std::find(cfg_.eos_ids.begin(), cfg_.eos_ids.end(), tok) != cfg_.eos_ids.end();
     if (is_eos && !s.request->sampling.ignore_eos) {
       s.done = true;

@@ -70,7 +70,8 @@ public:
   // Samples one token per sequence from the rows of `logits` (row i belongs to seqs[i]) and
   // updates their state (EOS, stop check, length limit). When every row is greedy over its raw
   // logits (no penalty or bias), the argmax runs on the backend and only the ids cross to the
-  // host, unless a row asks for logprobs. Logprobs are always of the raw logits.
+  // host, unless a row asks for logprobs. Logprobs are always of the raw logits. Rows sampled or
+  // scored on the host run on a pool of host threads when the step is large.
   void sample(const Tensor& logits, const std::vector<Sequence*>& seqs);
 
 private:
@@ -79,6 +80,7 @@ private:
   Buffer argmax_buf_;
   std::vector<int32_t> picks_;
   std::vector<float> host_logits_;
+  std::vector<StepLogprobs> row_logprobs_;
 };
 
 }  // namespace strata
