@@ -1,7 +1,8 @@
-// Logit adjustments (logit bias, repetition, frequency and presence penalties) and min-p, against
-// transformers' logits processors and OpenAI's documented formula
-// (tests/fixtures/sampling/make_penalty_fixtures.py), and greedy generation under them against
-// transformers' generate() on the tiny models, through the resident generator and the engine.
+// Logit adjustments (logit bias, repetition, frequency and presence penalties) against
+// transformers' logits processor and OpenAI's documented formula
+// (tests/fixtures/sampling/make_penalty_fixtures.py), greedy generation under them against
+// transformers' generate() on the tiny models, through the resident generator and the engine, and
+// a step's rows sampled on host threads. (min-p's distributions: test_sampler.cpp.)
 #include "test_paths.h"
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -86,6 +87,22 @@ int check_greedy(const GreedyCases& cases, const std::vector<GenResult>& got, do
   return checked;
 }
 
+const char* const kModels[] = {"tiny-llama", "tiny-opt"};
+
+// Each model's greedy cases through a resident Transformer on `backend`; returns the cases held
+// to transformers' tokens.
+int check_resident(Backend& backend, const json& fx, double tolerance) {
+  int checked = 0;
+  for (const char* name : kModels) {
+    INFO(name);
+    ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
+    const GreedyCases cases = greedy_cases(fx, name);
+    Transformer resident(model.config, load_model_weights(model.config, *model.weights, backend), backend);
+    checked += check_greedy(cases, generate(resident, cases.requests), tolerance);
+  }
+  return checked;
+}
+
 }  // namespace
 
 TEST_CASE("logit adjustments equal transformers' repetition penalty and OpenAI's frequency and presence penalties",
@@ -108,29 +125,6 @@ TEST_CASE("logit adjustments equal transformers' repetition penalty and OpenAI's
     }
   }
   CHECK_FALSE(SamplingParams{}.adjusts_logits());
-}
-
-TEST_CASE("min-p distributions equal transformers' MinPLogitsWarper after temperature, top-k and top-p",
-          "[sampler]") {
-  const json fx = load_penalties()["min_p"];
-  REQUIRE(fx["cases"].size() == 12);
-  for (const json& c : fx["cases"]) {
-    const std::vector<float> logits = fx["logit_sets"][c["logits"].get<std::string>()].get<std::vector<float>>();
-    const std::vector<double> want = c["probs"].get<std::vector<double>>();
-    SamplingParams p;
-    p.temperature = c["temperature"].get<float>();
-    p.top_k = c["top_k"].get<int>();
-    p.top_p = c["top_p"].get<float>();
-    p.min_p = c["min_p"].get<float>();
-    std::vector<double> got(logits.size(), 0.0);
-    for (const auto& [tok, prob] : sampling_distribution(logits.data(), int64_t(logits.size()), p))
-      got[size_t(tok)] = prob;
-    INFO(c["logits"] << " t=" << p.temperature << " k=" << p.top_k << " p=" << p.top_p << " min_p=" << p.min_p);
-    for (size_t i = 0; i < want.size(); ++i) {
-      CHECK((want[i] == 0.0) == (got[i] == 0.0));  // the same support exactly
-      CHECK(got[i] == Approx(want[i]).margin(1e-6));
-    }
-  }
 }
 
 TEST_CASE("a sampler draws from the adjusted logits and logprobs stay those of the raw ones", "[sampler]") {
@@ -225,15 +219,12 @@ TEST_CASE("greedy under penalties and a logit bias gives transformers' tokens (C
           "[sampler][model][hf]") {
   const json fx = load_penalties();
   auto backend = make_cpu_backend(2);
-  int checked = 0;
-  for (const char* name : {"tiny-llama", "tiny-opt"}) {
-    INFO(name);
+  // fp32 on both sides: the logits agree to ~1e-5 on these models.
+  int checked = check_resident(*backend, fx, 1e-3);
+  for (const char* name : kModels) {
+    INFO(name << ", engine");
     ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     const GreedyCases cases = greedy_cases(fx, name);
-    Transformer resident(model.config, load_model_weights(model.config, *model.weights, *backend), *backend);
-    // fp32 on both sides: the logits agree to ~1e-5 on these models.
-    checked += check_greedy(cases, generate(resident, cases.requests), 1e-3);
-
     OffloadOptions opt;
     opt.policy = test::policy_of(int(cases.requests.size()), 1, {0, 100, 0}, {0, 100, 0}, {100, 0, 0},
                                  /*cpu_attention=*/true);
@@ -254,15 +245,7 @@ TEST_CASE("CUDA: greedy under penalties and a logit bias gives transformers' tok
   }
   // The adjusted rows are sampled on the host from the GPU's fp16 logits; 0.05 is the other
   // margin-bound CUDA tests' logit tolerance at these models' logits.
-  const json fx = load_penalties();
   auto backend = make_cuda_backend(0);
-  int checked = 0;
-  for (const char* name : {"tiny-llama", "tiny-opt"}) {
-    INFO(name);
-    ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
-    const GreedyCases cases = greedy_cases(fx, name);
-    Transformer resident(model.config, load_model_weights(model.config, *model.weights, *backend), *backend);
-    checked += check_greedy(cases, generate(resident, cases.requests), 0.05);
-  }
+  const int checked = check_resident(*backend, load_penalties(), 0.05);
   CHECK(checked == 7);  // the fixture's cases past 0.05 (the plain prompts' gaps are below it)
 }

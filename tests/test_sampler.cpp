@@ -9,11 +9,18 @@
 
 using namespace strata;
 
-TEST_CASE("warped distributions equal transformers' logits warpers", "[sampler]") {
-  std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/sampling/warped_probs.json");
+namespace {
+
+nlohmann::json load_fixture(const std::string& file) {
+  std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/sampling/" + file);
   REQUIRE(in.good());
-  const auto fx = nlohmann::json::parse(in);
-  REQUIRE(fx["cases"].size() == 24);
+  return nlohmann::json::parse(in);
+}
+
+// A fixture's distributions (its logit_sets and cases of temperature, top_k, top_p, min_p and
+// transformers' probs) against sampling_distribution: the same support exactly, each probability
+// within 1e-6.
+void check_against_transformers(const nlohmann::json& fx) {
   for (const auto& c : fx["cases"]) {
     const std::vector<float> logits = fx["logit_sets"][c["logits"].get<std::string>()].get<std::vector<float>>();
     const std::vector<double> want = c["probs"].get<std::vector<double>>();
@@ -21,14 +28,31 @@ TEST_CASE("warped distributions equal transformers' logits warpers", "[sampler]"
     p.temperature = c["temperature"].get<float>();
     p.top_k = c["top_k"].get<int>();
     p.top_p = c["top_p"].get<float>();
+    p.min_p = c.value("min_p", 0.0f);
     std::vector<double> got(logits.size(), 0.0);
-    for (const auto& [tok, prob] : sampling_distribution(logits.data(), int64_t(logits.size()), p)) got[size_t(tok)] = prob;
-    INFO(c["logits"] << " t=" << p.temperature << " k=" << p.top_k << " p=" << p.top_p);
+    for (const auto& [tok, prob] : sampling_distribution(logits.data(), int64_t(logits.size()), p))
+      got[size_t(tok)] = prob;
+    INFO(c["logits"] << " t=" << p.temperature << " k=" << p.top_k << " p=" << p.top_p << " min_p=" << p.min_p);
     for (size_t i = 0; i < want.size(); ++i) {
       CHECK((want[i] == 0.0) == (got[i] == 0.0));  // the same support exactly
       CHECK(got[i] == Approx(want[i]).margin(1e-6));
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("warped distributions equal transformers' logits warpers", "[sampler]") {
+  const auto fx = load_fixture("warped_probs.json");
+  REQUIRE(fx["cases"].size() == 24);
+  check_against_transformers(fx);
+}
+
+TEST_CASE("min-p distributions equal transformers' MinPLogitsWarper after temperature, top-k and top-p",
+          "[sampler]") {
+  const auto fx = load_fixture("penalties.json")["min_p"];
+  REQUIRE(fx["cases"].size() == 12);
+  check_against_transformers(fx);
 }
 
 TEST_CASE("greedy picks the first maximum, sampling is seeded and follows the distribution", "[sampler]") {
