@@ -4,8 +4,11 @@
 //  - prefill: the share of an N-token prefill spent in the GEMMs, from timing the same GEMM
 //    shapes alone, and the GEMMs' achieved TFLOP/s;
 //  - on CUDA, the launches a decode step issues (kernels and cuBLAS calls; a graph replay is one).
+//  - with --temperature (and --top-p), every sequence samples: the decode step then includes the
+//    logits' copy to the host and the host's draws (StepSampler), which greedy decoding skips.
 // Usage: bench_generate [--model dummy:opt-6.7b] [--device cuda] [--batch 1] [--prompt-len 32]
 //                       [--gen-len 32] [--prefill-tokens 4096] [--dtype fp16|bf16|auto]
+//                       [--temperature 0] [--top-p 1]
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -30,6 +33,7 @@ namespace {
 struct Args {
   std::string model = "dummy:opt-6.7b", device = "auto", dtype = "fp16";  // --dtype fp16|bf16|auto
   int batch = 1, prompt_len = 32, gen_len = 32, prefill_tokens = 4096, threads = 0;
+  float temperature = 0.0f, top_p = 1.0f;  // 0: greedy
 };
 
 Args parse(int argc, char** argv) {
@@ -44,6 +48,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--gen-len") a.gen_len = std::stoi(v);
     else if (k == "--prefill-tokens") a.prefill_tokens = std::stoi(v);
     else if (k == "--threads") a.threads = std::stoi(v);
+    else if (k == "--temperature") a.temperature = std::stof(v);
+    else if (k == "--top-p") a.top_p = std::stof(v);
     else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); std::exit(2); }
   }
   return a;
@@ -72,6 +78,9 @@ int main(int argc, char** argv) try {
     for (int i = 0; i < args.prompt_len; ++i) reqs[size_t(b)].prompt.push_back(int32_t((b * 131 + i * 17) % cfg.vocab_size));
     reqs[size_t(b)].sampling.max_new_tokens = args.gen_len;
     reqs[size_t(b)].sampling.ignore_eos = true;
+    reqs[size_t(b)].sampling.temperature = args.temperature;
+    reqs[size_t(b)].sampling.top_p = args.top_p;
+    reqs[size_t(b)].sampling.seed = uint64_t(b);
   }
   generate(model, reqs);  // warm-up
   GenStats st;
@@ -80,8 +89,8 @@ int main(int argc, char** argv) try {
   const int64_t launches = device_launches_issued() - launches_before;
   const double step_s = st.decode_seconds / double(st.decode_steps);
   const double decode_gbps = weight_bytes / step_s / 1e9;
-  std::printf("decode: batch %d, %lld steps, %.3f ms/step, %.1f tok/s, weights read at %.1f GB/s = %.1f%% of copy bandwidth\n",
-              args.batch, (long long)st.decode_steps, step_s * 1e3, double(args.batch) / step_s, decode_gbps,
+  std::printf("decode%s: batch %d, %lld steps, %.3f ms/step, %.1f tok/s, weights read at %.1f GB/s = %.1f%% of copy bandwidth\n",
+              args.temperature > 0 ? " (sampled)" : "", args.batch, (long long)st.decode_steps, step_s * 1e3, double(args.batch) / step_s, decode_gbps,
               100.0 * decode_gbps / copy_gbps);
   if (be->device() == Device::CUDA && st.decode_steps > 0) {
     // Launches of the decode steps alone: the run above less the same prompts to their first

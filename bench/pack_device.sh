@@ -17,7 +17,7 @@ build=${1:-build-sm90}
 top=$(git rev-parse --show-toplevel)
 cd "$top"
 programs=("$build/strata" "$build/tests/strata_tests")
-for b in bench_generate bench_offload bench_disk bench_quant bench_cpu_attention bench_decode_attention; do
+for b in bench_generate bench_offload bench_disk bench_quant bench_cpu_attention bench_decode_attention bench_sampling; do
   programs+=("$build/bench/$b")
 done
 bench/stage_device.sh "${programs[@]}" > /dev/null

@@ -214,7 +214,7 @@ def printed_cases(log_text, commit):
 
 # Part kernels (issue 35, point 7): bench_generate's resident decode and prefill, and
 # bench_decode_attention's calls, as printed in the call's log.
-DECODE = re.compile(r"^decode: batch (?P<batch>\d+), \d+ steps, [\d.]+ ms/step, (?P<tok_s>[\d.]+) tok/s, weights read "
+DECODE = re.compile(r"^decode(?: \(sampled\))?: batch (?P<batch>\d+), \d+ steps, [\d.]+ ms/step, (?P<tok_s>[\d.]+) tok/s, weights read "
                     r"at [\d.]+ GB/s = (?P<percent>[\d.]+)% of copy bandwidth")
 LAUNCHES = re.compile(r"^launches: (?P<per_step>[\d.]+) per decode step")
 PREFILL = re.compile(r"^prefill: (?P<tokens>\d+) tokens in [\d.]+ ms \((?P<tok_s>[\d.]+) tok/s\); the same GEMMs alone "
@@ -240,6 +240,7 @@ def kernel_cases(log_text, commit):
                 before = BEFORE.search(step)
                 variant = "".join(f" {v}" for v in re.findall(r"\bSTRATA_\w+=\S+", command))
                 variant += " bf16" if opts.get("dtype") == "bf16" else ""
+                variant += " sampled" if float(opts.get("temperature", 0)) > 0 else ""
                 case = {"name": f"{opts.get('model', '?').removeprefix('dummy:')} resident b{opts.get('batch', '?')}"
                                 f"{variant}", "engine": "strata", "model": opts.get("model", "").removeprefix("dummy:"),
                         "policy": "resident (bench_generate)", "prompt_len": int(opts.get("prompt-len", 0)) or None,
@@ -269,14 +270,21 @@ def kernel_cases(log_text, commit):
     return [c for c in out if c["measured"] or c["metrics"]]
 
 
-RESIDENT = re.compile(r"^decode: batch (\d+), \d+ steps, ([\d.]+) ms/step", re.M)
+DECODE_STEP = re.compile(r"^decode: batch (\d+), \d+ steps, ([\d.]+) ms/step")
 BARE = re.compile(r"cpu decode attention: (\d+) sequences x (\d+) positions, (\d+) query heads / (\d+) kv heads"
                   r"[^\n]*\n\s+fp16\s+[\d.]+ ms per step, cache read at\s+([\d.]+) GB/s")
 
 
 def resident_steps(log_text):
-    """bench_generate's resident decode step: {batch: seconds}."""
-    return {int(b): float(ms) / 1e3 for b, ms in RESIDENT.findall(log_text)}
+    """bench_generate's resident greedy decode step: {(model, batch): seconds}, the model as the
+    step's --model gives it without "dummy:" (another model's step at the same batch is no bound)."""
+    out, model = {}, None
+    for raw in log_text.splitlines():
+        if m := STEP.match(raw):
+            model = dict(OPTION.findall(m.group("command"))).get("model", "").removeprefix("dummy:") or None
+        elif (m := DECODE_STEP.match(raw)) and model:
+            out[(model, int(m.group(1)))] = float(m.group(2)) / 1e3
+    return out
 
 
 def bare_cpu_attention(log_text):
@@ -303,11 +311,11 @@ def engine_metrics(line, case, resident, bare):
     gbs, ngb = block
     step = gbs * ngb / decode  # seconds per decode step, from the measured (or projected) rate
     ctog = (line.get("links") or {}).get("cpu_to_gpu_gbps")
-    if ctog == 0 and gbs * ngb in resident:
-        out["engine_step_s"] = step
-        out["resident_step_s"] = resident[gbs * ngb]
-        out["engine_step_over_resident_step"] = step / resident[gbs * ngb]
     name = str(case.get("model", "")).replace("facebook/", "")
+    if ctog == 0 and (name, gbs * ngb) in resident:
+        out["engine_step_s"] = step
+        out["resident_step_s"] = resident[(name, gbs * ngb)]
+        out["engine_step_over_resident_step"] = step / resident[(name, gbs * ngb)]
     heads = OPT_PRESETS.get(name, (0, 0, 0))[2]
     shape = (gbs, case["prompt_len"] + case["gen_len"], heads)
     attention = line.get("cpu_attention") or {}

@@ -226,6 +226,8 @@ TEST_CASE("well-formed OpenAI requests that cannot be served carry an error", "[
       {chat_line("23", {{"logit_bias", 5}}), "invalid_type", "body.logit_bias must be an object"},
       {chat_line("24", {{"min_p", -0.1}}), "invalid_value", "body.min_p must be in [0, 1]"},
       {chat_line("25", {{"repetition_penalty", -1}}), "invalid_value", "body.repetition_penalty must be > 0"},
+      {chat_line("26", {{"max_tokens", 4}, {"min_tokens", 5}}), "invalid_value", "body.min_tokens must be in [0, 4]"},
+      {chat_line("27", {{"stop_token_ids", {"a"}}}), "invalid_value", "body.stop_token_ids must hold token ids"},
   };
   std::string text;
   for (const Case& c : cases) text += c.line;

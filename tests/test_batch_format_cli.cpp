@@ -65,6 +65,7 @@ TEST_CASE("strata run answers an OpenAI batch file with Hugging Face's greedy co
     f << completion_request("long", std::string(400, 'a') + " " + std::string(400, 'b'), {{"unknown_knob", 1}}).dump()
       << "\n";
     f << completion_request("bias", "x", {{"logit_bias", {{"1000", 5}}}}).dump() << "\n";  // tiny-llama has 1000 ids
+    f << completion_request("stop-id", "x", {{"stop_token_ids", {3, 1001}}}).dump() << "\n";
     f << completion_request("embed", "x").dump() << "\n";
   }
   {  // an unsupported url on the last line
@@ -83,9 +84,9 @@ TEST_CASE("strata run answers an OpenAI batch file with Hugging Face's greedy co
   INFO(r.output);
   REQUIRE(r.code == 0);
   CHECK_THAT(r.output, Catch::Contains("ignoring unknown field 'body.unknown_knob'"));
-  CHECK_THAT(r.output, Catch::Contains("5 requests cannot be served"));
+  CHECK_THAT(r.output, Catch::Contains("6 requests cannot be served"));
   const auto got = by_custom_id(read_lines(out));
-  REQUIRE(got.size() == fx["cases"].size() + 5);
+  REQUIRE(got.size() == fx["cases"].size() + 6);
   for (const json& c : fx["cases"]) {
     const json& line = got.at("case-" + c["id"].dump());
     CHECK(line["error"].is_null());
@@ -115,6 +116,8 @@ TEST_CASE("strata run answers an OpenAI batch file with Hugging Face's greedy co
   CHECK(error_of("bias")["code"] == "invalid_value");
   CHECK_THAT(error_of("bias")["message"].get<std::string>(),
              Catch::Contains("logit_bias token 1000 is outside the model's vocabulary of 1000"));
+  CHECK_THAT(error_of("stop-id")["message"].get<std::string>(),
+             Catch::Contains("stop_token_ids token 1001 is outside the model's vocabulary of 1000"));
 
   // With --errors, the error lines go to their own file.
   const fs::path out2 = temp_dir() / "batch_out2.jsonl", errs = temp_dir() / "batch_errors.jsonl";
@@ -126,7 +129,7 @@ TEST_CASE("strata run answers an OpenAI batch file with Hugging Face's greedy co
   REQUIRE(r2.code == 0);
   CHECK(read_lines(out2).size() == fx["cases"].size());
   const auto e = by_custom_id(read_lines(errs));
-  CHECK(e.size() == 5);
+  CHECK(e.size() == 6);
   CHECK(e.count("long") == 1);
   CHECK_FALSE(fs::exists(errs.string() + ".partial"));
 }

@@ -54,7 +54,8 @@ TEST_CASE("prompt lines carry min_p, the penalties and a logit bias", "[job][sam
                                             "{\"id\": 1, \"prompt\": \"a\"}\n"
                                             "{\"id\": 2, \"prompt\": \"b\", \"min_p\": 0.05,"
                                             " \"repetition_penalty\": 1.1, \"frequency_penalty\": -0.5,"
-                                            " \"presence_penalty\": 2, \"logit_bias\": {\"17\": -100, \"3\": 2.5}}\n"),
+                                            " \"presence_penalty\": 2, \"logit_bias\": {\"17\": -100, \"3\": 2.5},"
+                                            " \"min_tokens\": 5, \"stop_token_ids\": [9, 4]}\n"),
                                  defaults);
   REQUIRE(recs.size() == 2);
   CHECK(recs[0].sampling.repetition_penalty == 1.2f);  // the job's default
@@ -67,6 +68,8 @@ TEST_CASE("prompt lines carry min_p, the penalties and a logit bias", "[job][sam
   std::vector<std::pair<int32_t, float>> bias = s.logit_bias;
   std::sort(bias.begin(), bias.end());
   CHECK(bias == std::vector<std::pair<int32_t, float>>{{3, 2.5f}, {17, -100.0f}});
+  CHECK(s.min_tokens == 5);
+  CHECK(s.stop_token_ids == std::vector<int32_t>{9, 4});
 
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"\"min_p\": 1.5", "field 'min_p' must be in [0, 1], got 1.5"},
@@ -77,7 +80,11 @@ TEST_CASE("prompt lines carry min_p, the penalties and a logit bias", "[job][sam
       {"\"logit_bias\": {\"x\": 1}", "field 'logit_bias' keys must be token ids"},
       {"\"logit_bias\": {\"-1\": 1}", "field 'logit_bias' keys must be token ids"},
       {"\"logit_bias\": {\"5\": 101}", "field 'logit_bias'[\"5\"] must be in [-100, 100], got 101"},
-      {"\"logit_bias\": {\"5\": null}", "field 'logit_bias'[\"5\"] must be a number"}};
+      {"\"logit_bias\": {\"5\": null}", "field 'logit_bias'[\"5\"] must be a number"},
+      {"\"min_tokens\": 9, \"max_new_tokens\": 8", "field 'min_tokens' must be in [0, 8] (the most tokens to generate)"},
+      {"\"min_tokens\": 1.5", "field 'min_tokens' must be an integer"},
+      {"\"stop_token_ids\": 5", "field 'stop_token_ids' must be an array of token ids"},
+      {"\"stop_token_ids\": [5, -1]", "field 'stop_token_ids' must hold token ids, got -1"}};
   for (size_t i = 0; i < bad.size(); ++i) {
     INFO(bad[i].first);
     const fs::path p = write_file("adjust-bad.jsonl", "{\"id\": 1, \"prompt\": \"a\", " + bad[i].first + "}\n");

@@ -5,6 +5,7 @@
 // a step's rows sampled on host threads. (min-p's distributions: test_sampler.cpp.)
 #include "test_paths.h"
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <random>
@@ -31,23 +32,24 @@ json load_penalties() {
 
 SamplingParams params_of(const json& c) {
   SamplingParams p;
-  p.repetition_penalty = c["repetition_penalty"].get<float>();
-  p.frequency_penalty = c["frequency_penalty"].get<float>();
-  p.presence_penalty = c["presence_penalty"].get<float>();
-  for (const json& b : c["bias"]) p.logit_bias.emplace_back(b[0].get<int32_t>(), b[1].get<float>());
+  p.repetition_penalty = c.value("repetition_penalty", 1.0f);
+  p.frequency_penalty = c.value("frequency_penalty", 0.0f);
+  p.presence_penalty = c.value("presence_penalty", 0.0f);
+  for (const json& b : c.value("bias", json::array())) p.logit_bias.emplace_back(b[0].get<int32_t>(), b[1].get<float>());
+  p.min_tokens = c.value("min_tokens", 0);
+  p.stop_token_ids = c.value("stop_token_ids", std::vector<int32_t>{});
   return p;
 }
 
-// The greedy cases of one model as requests, with the plain greedy continuation of its second
-// prompt (expected.json, cut to the cases' length) among them: rows of every kind in one batch.
+// The cases of one model in a section of the fixture ("greedy", "ends") as requests.
 struct GreedyCases {
   std::vector<GenRequest> requests;
   std::vector<std::vector<int32_t>> want;
   std::vector<double> gaps;
 };
-GreedyCases greedy_cases(const json& fx, const std::string& model) {
+GreedyCases cases_of(const json& fx, const char* section, const std::string& model) {
   GreedyCases out;
-  for (const json& c : fx["greedy"]) {
+  for (const json& c : fx[section]) {
     if (c["model"] != model) continue;
     GenRequest r;
     r.prompt = c["prompt"].get<std::vector<int32_t>>();
@@ -57,6 +59,13 @@ GreedyCases greedy_cases(const json& fx, const std::string& model) {
     out.want.push_back(c["greedy"].get<std::vector<int32_t>>());
     out.gaps.push_back(c["min_top2_gap"].get<double>());
   }
+  return out;
+}
+
+// The "greedy" cases, with the plain greedy continuation of the model's second prompt
+// (expected.json, cut to the cases' length) among them: rows of every kind in one batch.
+GreedyCases greedy_cases(const json& fx, const std::string& model) {
+  GreedyCases out = cases_of(fx, "greedy", model);
   std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/models/" + model + "/expected.json");
   const json exp = json::parse(in);
   GenRequest plain;
@@ -235,6 +244,35 @@ TEST_CASE("greedy under penalties and a logit bias gives transformers' tokens (C
   CHECK(checked == 38);  // both paths: 17 of the fixture's 18 cases and both plain prompts
   std::error_code ec;
   std::filesystem::remove_all(test::offload_dir("penalties"), ec);
+}
+
+TEST_CASE("min_tokens and stop_token_ids end answers where transformers' generate() ends them", "[sampler][model][hf]") {
+  const json fx = load_penalties();
+  auto backend = make_cpu_backend(2);
+  int checked = 0, stopped = 0, held = 0;
+  for (const char* name : kModels) {
+    INFO(name);
+    ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
+    const GreedyCases cases = cases_of(fx, "ends", name);
+    REQUIRE_FALSE(cases.requests.empty());
+    Transformer resident(model.config, load_model_weights(model.config, *model.weights, *backend), *backend);
+    const std::vector<GenResult> got = generate(resident, cases.requests);
+    checked += check_greedy(cases, got, 1e-3);
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (cases.gaps[i] <= 1e-3 || got[i].tokens != cases.want[i]) continue;
+      const SamplingParams& p = cases.requests[i].sampling;
+      const int32_t last = cases.want[i].back();
+      const bool stop_id = std::count(p.stop_token_ids.begin(), p.stop_token_ids.end(), last) > 0;
+      const bool eos = std::count(model.config.eos_ids.begin(), model.config.eos_ids.end(), last) > 0;
+      INFO("case " << i);
+      CHECK(got[i].finish == (stop_id ? FinishReason::Stop : eos ? FinishReason::Eos : FinishReason::Length));
+      stopped += stop_id ? 1 : 0;
+      held += p.min_tokens > 0 && int(got[i].tokens.size()) > p.min_tokens - 1 ? 1 : 0;
+    }
+  }
+  CHECK(checked == 7);  // of the fixture's 8 cases, those past the margin
+  CHECK(stopped >= 4);
+  CHECK(held >= 2);
 }
 
 TEST_CASE("CUDA: greedy under penalties and a logit bias gives transformers' tokens where the margin allows",

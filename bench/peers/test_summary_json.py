@@ -91,6 +91,8 @@ decode: batch 1, 31 steps, 5.900 ms/step, 169.5 tok/s, weights read at 2258.6 GB
 launches: 418.0 per decode step (12958 over 31 steps, graph replays counting one)
 ### bench_generate llama-3-8b --dtype bf16: bench_generate --model dummy:llama-3-8b --device cuda --batch 1 --prompt-len 32 --gen-len 32 --prefill-tokens 4096 --dtype bf16
 bench_generate: out of memory
+### bench_generate llama-3-8b batch 64 sampled: bench_generate --model dummy:llama-3-8b --device cuda --batch 64 --prompt-len 32 --gen-len 16 --prefill-tokens 512 --temperature 0.8 --top-p 0.95
+decode (sampled): batch 64, 15 steps, 30.000 ms/step, 2133.3 tok/s, weights read at 535.0 GB/s = 15.1% of copy bandwidth
 ### decode attention 1 x 32768, 32/8 heads, STRATA_SPLIT_KV=auto: env STRATA_SPLIT_KV=auto bench_decode_attention --slots 1 --context 32768 --heads 32 --kv-heads 8 --head-dim 128
 decode attention on cuda (NVIDIA H200, fp16); STRATA_SPLIT_KV=auto; device copy bandwidth (read + write) 3540.2 GB/s
 f16  1 x 32768 tokens, 32 heads (8 kv) of 128:    30.12 us a call,  2228.4 GB/s of cache (63% of copy), 40 layers, 33000 calls
@@ -104,9 +106,11 @@ class KernelMetricsTest(unittest.TestCase):
         names = [(c["name"], c["commit"]) for c in cases]
         self.assertEqual(names, [("opt-6.7b resident b1", "518c070"), ("opt-6.7b resident b1", "new1234"),
                                  ("opt-6.7b resident b1 STRATA_CUDA_GRAPHS=0", "new1234"),
+                                 ("llama-3-8b resident b64 sampled", "new1234"),
                                  ("decode attention f16 1 x 32768, 32/8 heads, split auto", "new1234"),
                                  ("decode attention q4 1 x 32768, 32/8 heads, split auto", "new1234")])
-        before, after, eager, f16, q4 = cases
+        before, after, eager, sampled, f16, q4 = cases
+        self.assertEqual(sampled["measured"], {"decode_tok_s": 2133.3})
         self.assertEqual(before["metrics"], {"weights_read_fraction": 0.57, "prefill_gemm_share": 0.41,
                                              "prefill_tokens": 4096})
         self.assertEqual(after["metrics"]["launches_per_decode_step"], 1.0)
@@ -135,11 +139,15 @@ class EngineMetricsTest(unittest.TestCase):
         self.assertIn("--out engine/after", after["command"])
 
     def test_compared_figures(self):
-        self.assertEqual(summary_json.resident_steps(LOG), {8: 0.013291})
+        self.assertEqual(summary_json.resident_steps(LOG), {("opt-6.7b", 8): 0.013291})
+        # another model's step at the same batch is kept apart (part kernels runs LLaMA-3-8B too)
+        other = LOG + "### bench_generate llama-3-8b batch 8: bench_generate --model dummy:llama-3-8b --batch 8\n" \
+            "decode: batch 8, 15 steps, 20.000 ms/step, 400.0 tok/s, weights read at 800.0 GB/s = 22.0% of copy bandwidth\n"
+        self.assertEqual(summary_json.resident_steps(other), {("opt-6.7b", 8): 0.013291, ("llama-3-8b", 8): 0.020})
         self.assertEqual(summary_json.bare_cpu_attention(LOG), {(48, 544, 56): 118.2})
 
     def test_metrics(self):
-        resident, bare = {8: 0.010}, {(48, 544, 56): 100.0}
+        resident, bare = {("opt-6.7b", 8): 0.010}, {(48, 544, 56): 100.0}
         gpu_case = {"decode_tok_s": 400.0, "model": "opt-6.7b", "prompt_len": 512, "gen_len": 32}
         line = {"policy": "gpu_batch_size: 8\nnum_gpu_batches: 1\n", "links": {"cpu_to_gpu_gbps": 0.0}}
         m = summary_json.engine_metrics(line, gpu_case, resident, bare)

@@ -60,7 +60,7 @@ public:
   PromptTokenizer(const ModelBundle& model, std::string file) : model_(model), file_(std::move(file)) {}
 
   // The ids of a servable request. One that cannot be served (no chat template, no tokens, fills
-  // the context, a logit_bias token past the vocabulary) throws "FILE:LINE: why" in the strata
+  // the context, a logit_bias or stop token past the vocabulary) throws "FILE:LINE: why" in the strata
   // format and returns the error for OpenAI.
   std::variant<std::vector<int32_t>, ServeError> tokenize(const PromptRecord& r) const {
     if (r.error) return *r.error;
@@ -70,11 +70,15 @@ public:
       if (!openai) throw Error(where + ": " + why);
       return ServeError{code, why};
     };
+    const int vocab = model_.config.vocab_size;
+    auto past_vocab = [&](const char* field, int32_t token) {
+      return unservable("invalid_value", std::string(field) + " token " + std::to_string(token) +
+                                             " is outside the model's vocabulary of " + std::to_string(vocab));
+    };
     for (const auto& [token, bias] : r.sampling.logit_bias)
-      if (token >= model_.config.vocab_size)
-        return unservable("invalid_value", "logit_bias token " + std::to_string(token) +
-                                               " is outside the model's vocabulary of " +
-                                               std::to_string(model_.config.vocab_size));
+      if (token >= vocab) return past_vocab("logit_bias", token);
+    for (int32_t token : r.sampling.stop_token_ids)
+      if (token >= vocab) return past_vocab("stop_token_ids", token);
     std::optional<std::string> text;
     try {
       text = render(r);
@@ -374,8 +378,8 @@ struct JobScan {
 
 // Pass 1. Tokenizes only where a count must be exact: a strata prompt that might fill the
 // context (its byte bound reaches it), and under --policy a prompt that might be the job's
-// longest or have its generation cut by the context; and a strata prompt with a logit bias, whose
-// ids tokenize() checks against the vocabulary. Everything else is checked untokenized.
+// longest or have its generation cut by the context; and a strata prompt with a logit bias or stop
+// token ids, whose ids tokenize() checks against the vocabulary. Everything else is checked untokenized.
 JobScan scan_job(const JobOptions& opt, const Shard& shard, const ModelBundle& model, const PromptTokenizer& tok,
                  std::ostream& log) {
   JobScan s;
@@ -390,7 +394,8 @@ JobScan scan_job(const JobOptions& opt, const Shard& shard, const ModelBundle& m
         const std::optional<int64_t> bound = tok.token_bound(r);
         const int max_new = r.sampling.max_new_tokens;
         const bool strata_check =
-            r.format == InputFormat::Strata && (!bound || *bound >= ctx || !r.sampling.logit_bias.empty());
+            r.format == InputFormat::Strata &&
+            (!bound || *bound >= ctx || !r.sampling.logit_bias.empty() || !r.sampling.stop_token_ids.empty());
         const bool plan_check = plan && (!bound || *bound > s.shape.prompt_len || int64_t(max_new) > ctx - *bound);
         int64_t len = -1;  // unknown, but at most *bound
         if (strata_check || plan_check) {

@@ -21,7 +21,7 @@ namespace {
 const std::set<std::string> kKnownKeys = {
     "id",   "prompt", "messages", "max_new_tokens", "temperature",        "top_p",             "top_k",
     "seed", "ignore_eos", "stop", "n",              "logprobs",           "min_p",             "repetition_penalty",
-    "frequency_penalty",  "presence_penalty",       "logit_bias"};
+    "frequency_penalty",  "presence_penalty",       "logit_bias", "min_tokens", "stop_token_ids"};
 
 struct LineContext {
   std::string where;  // "file:line"
@@ -45,8 +45,9 @@ struct FieldError {
   std::string code, message;
 };
 
-// min_p, the penalties and logit_bias, read alike in both formats (null: not given). `name`
-// spells a field as its format does ("field 'min_p'", "body.min_p").
+// min_p, the penalties, logit_bias, min_tokens and stop_token_ids, read alike in both formats
+// (null: not given), after the format's own fields (min_tokens is checked against the answer's
+// length). `name` spells a field as its format does ("field 'min_p'", "body.min_p").
 std::optional<FieldError> read_logit_adjustments(const json& obj, const std::function<std::string(const char*)>& name,
                                                  SamplingParams& s) {
   struct Range {
@@ -67,6 +68,26 @@ std::optional<FieldError> read_logit_adjustments(const json& obj, const std::fun
     const bool ok = r.hi == HUGE_VAL ? x > r.lo && x <= FLT_MAX : x >= r.lo && x <= r.hi;
     if (!ok) return FieldError{"invalid_value", name(r.key) + " must be " + r.allowed + ", got " + v.dump()};
     *r.value = float(x);
+  }
+  if (obj.contains("min_tokens") && !obj["min_tokens"].is_null()) {
+    const json& v = obj["min_tokens"];
+    if (!v.is_number_integer())
+      return FieldError{"invalid_type", name("min_tokens") + " must be an integer, got " + v.dump()};
+    if (v.get<int64_t>() < 0 || v.get<int64_t>() > s.max_new_tokens)
+      return FieldError{"invalid_value", name("min_tokens") + " must be in [0, " + std::to_string(s.max_new_tokens) +
+                                             "] (the most tokens to generate), got " + v.dump()};
+    s.min_tokens = v.get<int>();
+  }
+  if (obj.contains("stop_token_ids") && !obj["stop_token_ids"].is_null()) {
+    const json& v = obj["stop_token_ids"];
+    if (!v.is_array())
+      return FieldError{"invalid_type", name("stop_token_ids") + " must be an array of token ids, got " + v.dump()};
+    s.stop_token_ids.clear();
+    for (const json& id : v) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+        return FieldError{"invalid_value", name("stop_token_ids") + " must hold token ids, got " + id.dump()};
+      s.stop_token_ids.push_back(id.get<int32_t>());
+    }
   }
   if (!obj.contains("logit_bias") || obj["logit_bias"].is_null()) return std::nullopt;
   const json& bias = obj["logit_bias"];
@@ -180,12 +201,12 @@ std::vector<ChatMessage> read_messages(const json& v, const LineContext& ctx) {
 // ---- The OpenAI batch format ----------------------------------------------------------------
 
 const std::set<std::string> kOpenAITopKeys = {"custom_id", "method", "url", "body"};
-// Body fields we read; top_k, min_p, repetition_penalty and ignore_eos are extensions (vLLM takes
-// them too).
+// Body fields we read; top_k, min_p, repetition_penalty, min_tokens, stop_token_ids and ignore_eos
+// are extensions (vLLM takes them too).
 const std::set<std::string> kOpenAIBodyKeys = {
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
     "logprobs", "top_logprobs", "stream", "frequency_penalty", "presence_penalty", "logit_bias", "top_k", "min_p",
-    "repetition_penalty", "ignore_eos"};
+    "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids"};
 
 [[noreturn]] void refuse(const std::string& code, const std::string& message) { throw ServeError{code, message}; }
 

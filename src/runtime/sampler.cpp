@@ -48,15 +48,25 @@ namespace {
 
 using Weighted = std::pair<int32_t, double>;  // a token and its probability
 
+// Grows the sorted prefix dist[0, in_order) of a row's candidates: by logit, best first; among
+// equal logits the higher id first (transformers' top-p sorts ascending, stably, and cuts from the
+// low end, so it drops the lower ids of a tie). Sorting 64, then 256, ... tokens finds a peaked
+// row's nucleus or draw without sorting a 128k vocabulary.
+void sort_more(const float* logits, std::vector<Weighted>& dist, size_t& in_order) {
+  auto by_logit = [&](const Weighted& a, const Weighted& b) {
+    return logits[a.first] > logits[b.first] || (logits[a.first] == logits[b.first] && a.first > b.first);
+  };
+  const size_t m = std::min(dist.size(), std::max<size_t>(64, 4 * in_order));
+  std::partial_sort(dist.begin() + std::ptrdiff_t(in_order), dist.begin() + std::ptrdiff_t(m), dist.end(), by_logit);
+  in_order = m;
+}
+
 // Fills `dist` with the tokens sampling may draw and their probabilities (summing to 1), after
-// temperature, top-k, top-p and min-p. Only top-p needs an order, and only as far as its mass
-// reaches, so the candidates are sorted (by logit, best first; among equal logits the higher id
-// first: transformers' top-p sorts ascending, stably, and cuts from the low end, so it drops the
-// lower ids of a tie) in growing prefixes until it does; with `sorted` the result is sorted whole.
-// A row of a 128k vocabulary thus costs a pass and its exponentials, not a sort of 128k tokens.
-void warp(const float* logits, int64_t vocab, const SamplingParams& params, bool sorted, std::vector<Weighted>& dist) {
-  auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a > b); };
-  auto by_logit_w = [&](const Weighted& a, const Weighted& b) { return by_logit(a.first, b.first); };
+// temperature, top-k, top-p and min-p, and returns how many of them lead in sorted order
+// (sort_more's): only top-p needs an order, and only as far as its mass reaches. With `sorted` the
+// whole result is sorted. A row of a 128k vocabulary thus costs a pass and its exponentials, not
+// a sort of 128k tokens.
+size_t warp(const float* logits, int64_t vocab, const SamplingParams& params, bool sorted, std::vector<Weighted>& dist) {
   if (params.top_k > 0 && params.top_k < vocab) {
     // The k-th largest logit by selection over a copy, then every token at or above it:
     // transformers keeps every token whose logit ties the k-th largest, so we do too.
@@ -90,12 +100,9 @@ void warp(const float* logits, int64_t vocab, const SamplingParams& params, bool
     double before = 0;
     size_t n = 0;
     for (bool more = true; more;) {
-      const size_t m = std::min(dist.size(), std::max<size_t>(64, 4 * in_order));
-      std::partial_sort(dist.begin() + std::ptrdiff_t(in_order), dist.begin() + std::ptrdiff_t(m), dist.end(),
-                        by_logit_w);
-      for (; n < m && (n == 0 || before < double(params.top_p)); ++n) before += dist[n].second;
-      more = n == m && m < dist.size();
-      in_order = m;
+      sort_more(logits, dist, in_order);
+      for (; n < in_order && (n == 0 || before < double(params.top_p)); ++n) before += dist[n].second;
+      more = n == in_order && in_order < dist.size();
     }
     dist.resize(n);
     in_order = n;
@@ -119,7 +126,8 @@ void warp(const float* logits, int64_t vocab, const SamplingParams& params, bool
       for (Weighted& w : dist) w.second /= mass;
     }
   }
-  if (sorted && in_order < dist.size()) std::sort(dist.begin(), dist.end(), by_logit_w);
+  while (sorted && in_order < dist.size()) sort_more(logits, dist, in_order);
+  return in_order;
 }
 
 }  // namespace
@@ -133,22 +141,30 @@ std::vector<std::pair<int32_t, double>> sampling_distribution(const float* logit
 
 int32_t Sampler::sample(const float* logits, int64_t vocab, std::span<const int32_t> prompt,
                         std::span<const int32_t> answer) {
-  if (params_.adjusts_logits()) {
+  if (adjusts(answer.size())) {
     adjusted_.assign(logits, logits + vocab);
     adjust_logits(adjusted_.data(), vocab, params_, prompt, answer);
+    if (answer.size() < size_t(std::max(params_.min_tokens, 0)))  // as MinNewTokensLengthLogitsProcessor
+      for (int32_t t : ends_)
+        if (t >= 0 && t < vocab) adjusted_[size_t(t)] = -INFINITY;
     logits = adjusted_.data();
   }
   if (params_.greedy()) return int32_t(std::max_element(logits, logits + vocab) - logits);
-  // The same distribution as sampling_distribution's, in the order warp() leaves it: a draw takes
-  // the token whose share of [0, 1) holds u, wherever that share lies.
+  // sampling_distribution's walk, most probable first, sorted only as far as the draw reaches. The
+  // order matters beyond the distribution: two runs whose logits differ in the last bits (a
+  // step's size picks the GEMM) then part only where two candidates tie to those bits and trade
+  // places, not where a draw falls within that rounding of a boundary between untied tokens
+  // (docs/offload.md, "The same tokens").
   thread_local std::vector<Weighted> dist;
-  warp(logits, vocab, params_, /*sorted=*/false, dist);
+  size_t in_order = warp(logits, vocab, params_, /*sorted=*/false, dist);
   const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
   double cum = 0;
-  for (const auto& [token, p] : dist) {
-    cum += p;
-    if (u < cum) return token;
+  for (size_t i = 0; i < dist.size(); ++i) {
+    if (i == in_order) sort_more(logits, dist, in_order);
+    cum += dist[i].second;
+    if (u < cum) return dist[i].first;
   }
+  while (in_order < dist.size()) sort_more(logits, dist, in_order);
   return dist.back().first;
 }
 

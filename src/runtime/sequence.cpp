@@ -42,12 +42,19 @@ Sequence start_sequence(const GenRequest& r, const ModelConfig& cfg, int slot, s
     if (token < 0 || token >= cfg.vocab_size)
       STRATA_FAIL("request " << index << ": logit_bias token " << token << " is outside the model's vocabulary of "
                              << cfg.vocab_size);
+  for (int32_t token : sp.stop_token_ids)
+    if (token < 0 || token >= cfg.vocab_size)
+      STRATA_FAIL("request " << index << ": stop_token_ids token " << token << " is outside the model's vocabulary of "
+                             << cfg.vocab_size);
+  if (sp.min_tokens < 0) STRATA_FAIL("request " << index << ": min_tokens must be >= 0, got " << sp.min_tokens);
   Sequence s;
   s.request = &r;
   s.slot = slot;
   SamplingParams p = r.sampling;
   p.seed += uint64_t(choice);  // wraps: every choice its own stream
-  s.sampler = Sampler(p);
+  std::vector<int32_t> ends = p.stop_token_ids;
+  if (!p.ignore_eos) ends.insert(ends.end(), cfg.eos_ids.begin(), cfg.eos_ids.end());
+  s.sampler = Sampler(p, std::move(ends));
   s.max_new = std::min(r.sampling.max_new_tokens, std::max(room, r.score_prompt ? 1 : 0));
   s.done = s.max_new <= 0;
   return s;
@@ -78,9 +85,10 @@ StepSampler::StepSampler(Backend& backend, const ModelConfig& cfg, size_t max_ro
 void StepSampler::sample(const Tensor& logits, const std::vector<Sequence*>& seqs) {
   const int64_t R = int64_t(seqs.size()), V = logits.row_size();
   picks_.resize(size_t(R));
-  // A row whose logits are adjusted (penalties, bias) is sampled on the host even when greedy.
+  // A row whose logits are adjusted (penalties, bias, ends held back) is sampled on the host even
+  // when greedy.
   const bool all_greedy = std::all_of(seqs.begin(), seqs.end(), [](const Sequence* s) {
-    return s->request->sampling.greedy() && !s->request->sampling.adjusts_logits();
+    return s->request->sampling.greedy() && !s->sampler.adjusts(s->result.tokens.size());
   });
   const bool any_logprobs =
       std::any_of(seqs.begin(), seqs.end(), [](const Sequence* s) { return s->request->logprobs >= 0; });
@@ -113,9 +121,13 @@ void StepSampler::sample(const Tensor& logits, const std::vector<Sequence*>& seq
     s.result.tokens.push_back(tok);
     if (s.request->logprobs >= 0) s.result.logprobs.push_back(std::move(row_logprobs_[size_t(r)]));
     const bool is_eos = std::find(cfg_.eos_ids.begin(), cfg_.eos_ids.end(), tok) != cfg_.eos_ids.end();
+    const std::vector<int32_t>& stop_ids = s.request->sampling.stop_token_ids;
     if (is_eos && !s.request->sampling.ignore_eos) {
       s.done = true;
       s.result.finish = FinishReason::Eos;
+    } else if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) {
+      s.done = true;
+      s.result.finish = FinishReason::Stop;
     } else if (s.request->stop && s.request->stop(s.result.tokens)) {
       s.done = true;
       s.result.finish = FinishReason::Stop;

@@ -2,6 +2,7 @@
 // then greedy, or temperature, top-k, top-p and min-p applied in that order as Hugging Face's
 // generate() does. Each sequence owns a seeded generator, so results do not depend on batching.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <span>
@@ -23,6 +24,10 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // OpenAI's: per occurrence in the answer
   float presence_penalty = 0.0f;    // OpenAI's: once a token is in the answer
   std::vector<std::pair<int32_t, float>> logit_bias;  // OpenAI's (token, bias)
+  // vLLM's: the answer also ends at any of these tokens (finish "stop"), and neither they nor
+  // EOS can be drawn before the answer holds min_tokens tokens (transformers' min_new_tokens).
+  std::vector<int32_t> stop_token_ids;
+  int min_tokens = 0;
   uint64_t seed = 0;
   int max_new_tokens = 32;
   bool ignore_eos = false;   // keep generating past EOS (benchmarks)
@@ -72,7 +77,13 @@ std::vector<std::pair<int32_t, double>> sampling_distribution(const float* logit
 
 class Sampler {
 public:
-  explicit Sampler(const SamplingParams& p) : params_(p), rng_(p.seed) {}
+  // `ends`: the tokens min_tokens holds back (the model's EOS ids and the stop ids).
+  explicit Sampler(const SamplingParams& p, std::vector<int32_t> ends = {})
+      : params_(p), rng_(p.seed), ends_(std::move(ends)) {}
+  // Whether the next draw, after an answer of `answer_len` tokens, reads adjusted logits.
+  bool adjusts(size_t answer_len) const {
+    return params_.adjusts_logits() || (answer_len < size_t(std::max(params_.min_tokens, 0)) && !ends_.empty());
+  }
   // Picks a token from one row of raw logits (float32, length vocab); the prompt and the answer
   // so far feed the penalties.
   int32_t sample(const float* logits, int64_t vocab, std::span<const int32_t> prompt = {},
@@ -82,6 +93,7 @@ public:
 private:
   SamplingParams params_;
   std::mt19937_64 rng_;
+  std::vector<int32_t> ends_;
   std::vector<float> adjusted_;  // a row's logits after adjust_logits
 };
 

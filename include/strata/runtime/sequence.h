@@ -31,7 +31,8 @@ struct GenRequest {
   StopCheck stop;               // empty: none
 };
 
-// Eos: an EOS token; Stop: the request's StopCheck; Length: max_new_tokens or the context.
+// Eos: an EOS token; Stop: the request's StopCheck or one of its stop_token_ids; Length:
+// max_new_tokens or the context.
 enum class FinishReason : uint8_t { Eos, Length, Stop };
 const char* finish_reason_name(FinishReason r);
 
