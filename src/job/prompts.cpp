@@ -19,9 +19,9 @@ using json = nlohmann::json;
 namespace {
 
 const std::set<std::string> kKnownKeys = {
-    "id",   "prompt", "messages", "max_new_tokens", "temperature",        "top_p",             "top_k",
-    "seed", "ignore_eos", "stop", "n",              "logprobs",           "min_p",             "repetition_penalty",
-    "frequency_penalty",  "presence_penalty",       "logit_bias", "min_tokens", "stop_token_ids"};
+    "id", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos", "stop", "n",
+    "logprobs", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
+    "stop_token_ids"};
 
 struct LineContext {
   std::string where;  // "file:line"
@@ -48,8 +48,9 @@ struct FieldError {
 // min_p, the penalties, logit_bias, min_tokens and stop_token_ids, read alike in both formats
 // (null: not given), after the format's own fields (min_tokens is checked against the answer's
 // length). `name` spells a field as its format does ("field 'min_p'", "body.min_p").
-std::optional<FieldError> read_logit_adjustments(const json& obj, const std::function<std::string(const char*)>& name,
-                                                 SamplingParams& s) {
+std::optional<FieldError> read_sampling_extensions(const json& obj,
+                                                   const std::function<std::string(const char*)>& name,
+                                                   SamplingParams& s) {
   struct Range {
     const char* key;
     float* value;
@@ -143,8 +144,8 @@ void read_sampling(const json& obj, const LineContext& ctx, SamplingParams& s) {
     if (!obj["ignore_eos"].is_boolean()) ctx.fail("field 'ignore_eos' must be true or false");
     s.ignore_eos = obj["ignore_eos"].get<bool>();
   }
-  if (const auto e = read_logit_adjustments(obj, [](const char* key) { return std::string("field '") + key + "'"; }, s))
-    ctx.fail(e->message);
+  auto field = [](const char* key) { return std::string("field '") + key + "'"; };
+  if (const auto e = read_sampling_extensions(obj, field, s)) ctx.fail(e->message);
 }
 
 // "stop": a string or an array of strings. Returns the strings, or why not.
@@ -283,8 +284,8 @@ void read_openai_body(const json& body, PromptRecord& r) {
     if (!body["ignore_eos"].is_boolean()) refuse("invalid_type", "body.ignore_eos must be true or false");
     s.ignore_eos = body["ignore_eos"].get<bool>();
   }
-  if (const auto e = read_logit_adjustments(body, [](const char* key) { return std::string("body.") + key; }, s))
-    refuse(e->code, e->message);
+  auto field = [](const char* key) { return std::string("body.") + key; };
+  if (const auto e = read_sampling_extensions(body, field, s)) refuse(e->code, e->message);
   if (given(body, "n")) {
     const int64_t n = body_int(body, "n");
     if (n < 1 || n > kMaxChoices)

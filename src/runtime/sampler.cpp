@@ -144,7 +144,7 @@ int32_t Sampler::sample(const float* logits, int64_t vocab, std::span<const int3
   if (adjusts(answer.size())) {
     adjusted_.assign(logits, logits + vocab);
     adjust_logits(adjusted_.data(), vocab, params_, prompt, answer);
-    if (answer.size() < size_t(std::max(params_.min_tokens, 0)))  // as MinNewTokensLengthLogitsProcessor
+    if (holds_back(answer.size()))  // as MinNewTokensLengthLogitsProcessor
       for (int32_t t : ends_)
         if (t >= 0 && t < vocab) adjusted_[size_t(t)] = -INFINITY;
     logits = adjusted_.data();

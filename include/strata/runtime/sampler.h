@@ -81,16 +81,18 @@ public:
   explicit Sampler(const SamplingParams& p, std::vector<int32_t> ends = {})
       : params_(p), rng_(p.seed), ends_(std::move(ends)) {}
   // Whether the next draw, after an answer of `answer_len` tokens, reads adjusted logits.
-  bool adjusts(size_t answer_len) const {
-    return params_.adjusts_logits() || (answer_len < size_t(std::max(params_.min_tokens, 0)) && !ends_.empty());
-  }
+  bool adjusts(size_t answer_len) const { return params_.adjusts_logits() || holds_back(answer_len); }
   // Picks a token from one row of raw logits (float32, length vocab); the prompt and the answer
   // so far feed the penalties.
   int32_t sample(const float* logits, int64_t vocab, std::span<const int32_t> prompt = {},
                  std::span<const int32_t> answer = {});
-  const SamplingParams& params() const { return params_; }
 
 private:
+  // Whether min_tokens still holds the ends back after an answer of `answer_len` tokens.
+  bool holds_back(size_t answer_len) const {
+    return !ends_.empty() && answer_len < size_t(std::max(params_.min_tokens, 0));
+  }
+
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<int32_t> ends_;
