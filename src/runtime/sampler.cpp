@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <numeric>
+#include <utility>
 
 #include "strata/core/error.h"
 
@@ -157,7 +158,7 @@ int32_t Sampler::sample(const float* logits, int64_t vocab, std::span<const int3
   // (docs/offload.md, "The same tokens").
   thread_local std::vector<Weighted> dist;
   size_t in_order = warp(logits, vocab, params_, /*sorted=*/false, dist);
-  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  const double u = next_uniform();
   double cum = 0;
   for (size_t i = 0; i < dist.size(); ++i) {
     if (i == in_order) sort_more(logits, dist, in_order);
@@ -166,6 +167,83 @@ int32_t Sampler::sample(const float* logits, int64_t vocab, std::span<const int3
   }
   while (in_order < dist.size()) sort_more(logits, dist, in_order);
   return dist.back().first;
+}
+
+namespace {
+
+// sample()'s draw over a row's candidates, step for step as warp() and the walk take it over the
+// full row (the same expressions, so the same probabilities given the same normaliser); nullopt
+// where a step would reach past the candidates.
+std::optional<int32_t> draw_from(const RowCandidates& c, const SamplingParams& params, double u) {
+  if (c.count == 0 || !std::isfinite(c.sum_t) || !(c.sum_t > 0)) return std::nullopt;
+  const double inv_t = params.temperature > 0 ? 1.0 / double(params.temperature) : 1.0;
+  const double top = double(c.max) * inv_t;
+  auto weight = [&](int64_t i) { return std::exp(double(c.logits[i]) * inv_t - top); };
+  int64_t kept = c.count;             // the drawable tokens among the candidates: a prefix
+  bool complete = c.count == c.vocab;  // whether the prefix holds every drawable token
+  double sum = c.sum_t;
+  if (params.top_k > 0 && params.top_k < c.vocab) {
+    if (params.top_k > c.count) return std::nullopt;
+    const float kth = c.logits[params.top_k - 1];
+    kept = params.top_k;
+    while (kept < c.count && c.logits[kept] >= kth) ++kept;  // the k-th's ties stay
+    if (kept == c.count && !complete) return std::nullopt;   // and may run on past the candidates
+    complete = true;
+    // warp() sums the kept tokens' weights in id order.
+    thread_local std::vector<Weighted> by_id;
+    by_id.clear();
+    for (int64_t i = 0; i < kept; ++i) by_id.push_back({c.ids[i], weight(i)});
+    std::sort(by_id.begin(), by_id.end());
+    sum = 0;
+    for (const Weighted& w : by_id) sum += w.second;
+  }
+  thread_local std::vector<double> p;
+  p.resize(size_t(kept));
+  for (int64_t i = 0; i < kept; ++i) p[size_t(i)] = weight(i) / sum;
+  if (params.top_p < 1.0f) {
+    double before = 0;
+    int64_t n = 0;
+    for (; n < kept && (n == 0 || before < double(params.top_p)); ++n) before += p[size_t(n)];
+    if (n == kept && !complete && before < double(params.top_p)) return std::nullopt;
+    kept = n;
+    complete = true;
+    for (int64_t i = 0; i < kept; ++i) p[size_t(i)] /= before;
+  }
+  if (params.min_p > 0.0f) {
+    const double floor = double(params.min_p) * p[0];  // the first is the most probable
+    int64_t n = 0;
+    while (n < kept && p[size_t(n)] >= floor) ++n;
+    if (n == kept && !complete) return std::nullopt;
+    if (n < kept) {
+      kept = n;
+      double mass = 0;
+      for (int64_t i = 0; i < kept; ++i) mass += p[size_t(i)];
+      for (int64_t i = 0; i < kept; ++i) p[size_t(i)] /= mass;
+    }
+    complete = true;
+  }
+  double cum = 0;
+  for (int64_t i = 0; i < kept; ++i) {
+    cum += p[size_t(i)];
+    if (u < cum) return c.ids[i];
+  }
+  if (complete) return c.ids[kept - 1];
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int32_t> Sampler::sample(const RowCandidates& c, size_t answer_len) {
+  if (params_.greedy() || adjusts(answer_len)) return std::nullopt;
+  const double u = next_uniform();
+  std::optional<int32_t> token = draw_from(c, params_, u);
+  if (!token) pending_uniform_ = u;
+  return token;
+}
+
+double Sampler::next_uniform() {
+  if (pending_uniform_) return *std::exchange(pending_uniform_, std::nullopt);
+  return std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
 }
 
 double token_nll(const float* logits, int64_t vocab, int32_t target) {
@@ -205,6 +283,32 @@ StepLogprobs step_logprobs(const float* logits, int64_t vocab, int32_t sampled, 
       return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
     });
     for (size_t i = 0; i < k; ++i) out.top.push_back({order[i], double(logits[order[i]]) - log_z});
+  }
+  return out;
+}
+
+std::optional<StepLogprobs> step_logprobs(const RowCandidates& c, int32_t sampled, int top) {
+  if (!std::isfinite(c.sum_1) || !(c.sum_1 > 0)) return std::nullopt;
+  const int32_t* at = std::find(c.ids, c.ids + c.count, sampled);
+  if (at == c.ids + c.count) return std::nullopt;
+  const double log_z = double(c.max) + std::log(c.sum_1);
+  StepLogprobs out;
+  out.sampled = {sampled, double(c.logits[at - c.ids]) - log_z};
+  const int64_t k = std::clamp<int64_t>(top, 0, c.vocab);
+  if (k == 0) return out;
+  if (k > c.count) return std::nullopt;
+  // The k best with every tie of the k-th, re-sorted with the lower id first among ties.
+  int64_t m = k;
+  while (m < c.count && c.logits[m] == c.logits[k - 1]) ++m;
+  if (m == c.count && c.count < c.vocab) return std::nullopt;
+  std::vector<int64_t> order(static_cast<size_t>(m));
+  std::iota(order.begin(), order.end(), int64_t(0));
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return c.logits[a] > c.logits[b] || (c.logits[a] == c.logits[b] && c.ids[a] < c.ids[b]);
+  });
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t at_i = order[size_t(i)];
+    out.top.push_back({c.ids[at_i], double(c.logits[at_i]) - log_z});
   }
   return out;
 }

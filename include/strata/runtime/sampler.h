@@ -4,12 +4,14 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <utility>
 #include <vector>
 
 #include "strata/core/thread_pool.h"
+#include "strata/runtime/row_candidates.h"
 
 namespace strata {
 
@@ -68,6 +70,9 @@ struct StepLogprobs {
 };
 // log_softmax in double (maximum subtracted first) of one row; ties in `top` go to the lower id.
 StepLogprobs step_logprobs(const float* logits, int64_t vocab, int32_t sampled, int top);
+// The same from a row's candidates (row_candidates.h), the normaliser being theirs; nullopt when
+// the sampled token or the top's last ties are not among them.
+std::optional<StepLogprobs> step_logprobs(const RowCandidates& c, int32_t sampled, int top);
 
 // The distribution sample() draws from the (adjusted) logits: temperature, then top-k, then top-p,
 // then min-p, as transformers' TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper and
@@ -86,6 +91,12 @@ public:
   // so far feed the penalties.
   int32_t sample(const float* logits, int64_t vocab, std::span<const int32_t> prompt = {},
                  std::span<const int32_t> answer = {});
+  // The same draw from a row's candidates (row_candidates.h) where they decide it, the
+  // distribution's normaliser being theirs. Otherwise nullopt, and the caller passes the full row
+  // to sample() above, whose draw then reuses this call's uniform number: the sequence's random
+  // stream is the same either way. Greedy rows and rows whose logits are adjusted get nullopt
+  // without a draw (the backend's argmax serves the first, the full row the second).
+  std::optional<int32_t> sample(const RowCandidates& c, size_t answer_len);
 
 private:
   // Whether min_tokens still holds the ends back after an answer of `answer_len` tokens.
@@ -94,7 +105,12 @@ private:
   }
 
   SamplingParams params_;
+  // The next uniform number of the sequence's stream: a candidates' draw's that fell back, or a
+  // fresh one.
+  double next_uniform();
+
   std::mt19937_64 rng_;
+  std::optional<double> pending_uniform_;
   std::vector<int32_t> ends_;
   std::vector<float> adjusted_;  // a row's logits after adjust_logits
 };
