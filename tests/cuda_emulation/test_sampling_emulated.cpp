@@ -1,17 +1,19 @@
-// sampling.cu's argmax_rows on the CPU through the emulation in fake/, fp16, bf16 and fp32 logits
-// (the fp32 path, which the head writes since 2026-11-25, and the bf16 one have not run on a GPU
-// yet). Expected indices come from a plain loop here: the largest value, the lowest index among
+// sampling.cu's argmax_rows and row_candidates on the CPU through the emulation in fake/, fp16,
+// bf16 and fp32 logits (argmax's fp32 path, which the head writes since 2026-11-25, and its bf16
+// one have not run on a GPU yet; row_candidates has never run on one). Expected indices come from a plain loop here: the largest value, the lowest index among
 // equals, NaN never wins, and a row with no winner (all NaN) reports 0.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <type_traits>
 #include <vector>
 
 #include "kernels.h"
+#include "strata/runtime/row_candidates.h"
 
 namespace {
 
@@ -64,6 +66,75 @@ TEMPLATE_TEST_CASE("emulated cuda: argmax_rows over fp16, bf16 and fp32 logits",
     for (size_t r = 0; r < rows.size(); ++r) {
       INFO("row " << r);
       CHECK(got[r] == expected_argmax(rows[r]));
+    }
+  }
+}
+
+// sampling.cu's row_candidates against compute_row_candidates (row_candidates.h): the same
+// candidates bit for bit, in the same order, and the same sums but for their order (a tree over
+// the block's threads against the reference's index order). Rows with ties on a coarse grid
+// (ranks then differ only in their ids), masked tokens, signed zeros, NaN, and capacities below,
+// at and above the row's length; the output poisoned first.
+TEMPLATE_TEST_CASE("emulated cuda: row_candidates against the host reference", "[emulated][tsan]", __half, bf16,
+                   float) {
+  using L = TestType;
+  using strata::cuda::from_float;
+  using strata::cuda::to_float;
+  std::mt19937 rng(41);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t cols : {1, 7, 600, 3000}) {
+    std::vector<std::vector<float>> rows;
+    for (float scale : {5.0f, 0.2f}) {
+      std::vector<float> r(static_cast<size_t>(cols));
+      for (float& x : r) x = to_float(from_float<L>(scale * normal(rng)));
+      rows.push_back(r);
+    }
+    std::vector<float> grid(static_cast<size_t>(cols));
+    for (float& x : grid) x = std::round(2.0f * normal(rng)) / 2.0f;
+    rows.push_back(grid);
+    std::vector<float> masked = rows[0];
+    for (size_t i = 0; i < masked.size(); i += 2) masked[i] = -INFINITY;
+    rows.push_back(masked);
+    std::vector<float> zeros(static_cast<size_t>(cols), -1.0f);
+    for (size_t i = 0; i < zeros.size(); i += 3) zeros[i] = i % 2 ? 0.0f : -0.0f;
+    rows.push_back(zeros);
+    std::vector<float> nan_row = rows[1];
+    nan_row[nan_row.size() / 2] = std::numeric_limits<float>::quiet_NaN();
+    rows.push_back(nan_row);
+    const std::vector<float> temperatures = {0.0f, 0.7f, 1.3f, 1.0f, 0.5f, 2.0f};
+    std::vector<L> flat;
+    for (const auto& r : rows)
+      for (float x : r) flat.push_back(from_float<L>(x));
+    for (int capacity : {1, 8, 64, int(strata::kMaxRowCandidates)}) {
+      INFO("cols " << cols << " capacity " << capacity);
+      const size_t row_bytes = strata::row_candidates_bytes(capacity);
+      std::vector<uint8_t> got(rows.size() * row_bytes, 0xAB);
+      strata::cuda::launch_row_candidates(flat.data(), int64_t(rows.size()), cols, temperatures.data(), capacity,
+                                          got.data(), nullptr);
+      std::vector<uint8_t> expected(row_bytes);
+      for (size_t r = 0; r < rows.size(); ++r) {
+        INFO("row " << r);
+        strata::compute_row_candidates(rows[r].data(), cols, temperatures[r], capacity, expected.data());
+        const auto e = strata::read_row_candidates(expected.data(), 0, capacity, cols);
+        const auto g = strata::read_row_candidates(got.data(), int64_t(r), capacity, cols);
+        CHECK(g.max == e.max);
+        REQUIRE(g.count == e.count);
+        for (int sums : {0, 1}) {
+          const double x = sums ? g.sum_1 : g.sum_t, y = sums ? e.sum_1 : e.sum_t;
+          if (std::isnan(y)) {
+            CHECK(std::isnan(x));
+          } else {
+            CHECK(std::abs(x - y) <= 1e-13 * y);
+          }
+        }
+        int wrong_ids = 0, wrong_logits = 0;
+        for (int32_t i = 0; i < g.count; ++i) {
+          wrong_ids += g.ids[i] != e.ids[i];
+          wrong_logits += std::memcmp(&g.logits[i], &e.logits[i], 4) != 0;
+        }
+        CHECK(wrong_ids == 0);
+        CHECK(wrong_logits == 0);
+      }
     }
   }
 }

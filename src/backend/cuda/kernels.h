@@ -198,6 +198,12 @@ void launch_tensor_core_attention(const AttentionParams<T>& p, cudaStream_t stre
 // L: __half, bf16 or float.
 template <class L>
 void launch_argmax_rows(const L* logits, int64_t rows, int64_t cols, int32_t* out, cudaStream_t stream);
+// sampling.cu: each row's sampling candidates in runtime/row_candidates.h's layout, `capacity`
+// (<= kMaxRowCandidates) per row, as compute_row_candidates writes them but for the sums' order
+// (a tree over the block's threads). temperatures: one per row; 0 sums at temperature 1.
+template <class L>
+void launch_row_candidates(const L* logits, int64_t rows, int64_t cols, const float* temperatures, int capacity,
+                           uint8_t* out, cudaStream_t stream);
 
 // quant.cu: rows x n fp16, bf16 or fp32 elements to quantized rows and back. Quantizing
 // is bit-identical to the host reference (quant.cpp); dequantizing computes its formula,

@@ -423,6 +423,11 @@ inline void __trap() {
   std::abort();
 }
 inline float __uint_as_float(uint32_t u) { return std::bit_cast<float>(u); }
+inline uint32_t __float_as_uint(float f) { return std::bit_cast<uint32_t>(f); }
+// Atomic adds (row_candidates' histograms and slots): real host atomics, since under
+// ThreadSanitizer the lanes are threads.
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
