@@ -75,6 +75,10 @@ public:
   }
   void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) override { in_.gather_rows(x, rows, out); }
   void argmax_rows(const Tensor& logits, const Tensor& out) override { in_.argmax_rows(logits, out); }
+  bool samples_on_device() const override { return in_.samples_on_device(); }
+  void row_candidates(const Tensor& logits, const Tensor& temperatures, int64_t capacity, void* out) override {
+    in_.row_candidates(logits, temperatures, capacity, out);
+  }
   void quantize_rows(const quant::QuantSpec& spec, const Tensor& x, void* q) override { in_.quantize_rows(spec, x, q); }
   void dequantize_rows(const quant::QuantSpec& spec, const void* q, const Tensor& out) override {
     in_.dequantize_rows(spec, q, out);

@@ -3,15 +3,19 @@
 // the candidates cannot decide, and logprobs from candidates must equal the full row's. The full
 // row's sampler is itself checked against transformers' warpers (test_sampler.cpp), so this file
 // only needs the two paths to agree; compute_row_candidates sums in index order, as the full
-// row's path does, so agreement is exact.
+// row's path does, so agreement is exact. On the GPU (the emulated backend in CI) the step's
+// sampler draws from the device's candidates and must give the host's draws.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <random>
 #include <vector>
 
+#include "forwarding_backend.h"
+#include "strata/backend/backend.h"
 #include "strata/runtime/row_candidates.h"
 #include "strata/runtime/sampler.h"
+#include "strata/runtime/sequence.h"
 
 using namespace strata;
 
@@ -182,4 +186,99 @@ TEST_CASE("row candidates: the reference orders by logit, the higher id first am
   }
   CHECK(c.sum_t == sum_t);
   CHECK(c.sum_1 == sum_1);
+}
+
+namespace {
+
+// Records the sizes of the copies to the host, to tell a full row's copy from a step's.
+class CopyCountingBackend : public test::ForwardingBackend {
+public:
+  using ForwardingBackend::ForwardingBackend;
+  void copy_to_host(void* d, const void* s, size_t n) override {
+    copies.push_back(n);
+    ForwardingBackend::copy_to_host(d, s, n);
+  }
+  std::vector<size_t> copies;
+};
+
+}  // namespace
+
+TEST_CASE("CUDA: a step's sampled rows drawn from their candidates give the host's draws and logprobs",
+          "[sampler][cuda]") {
+  if (!cuda_available()) {
+    WARN("no GPU: skipped");
+    return;
+  }
+  // 14 rows of a 3000-token vocabulary (past the 1024 candidates): greedy, sampled with each
+  // warper, adjusted (their logits must cross whole), and flat rows whose draws often fall past
+  // their candidates. Several steps, so that sequences that fell back go on drawing in step.
+  constexpr int64_t R = 14, V = 3000;
+  constexpr int kSteps = 6;
+  auto cuda = make_cuda_backend(0);
+  CopyCountingBackend backend(*cuda);
+  ModelConfig cfg;
+  cfg.vocab_size = int(V);
+  cfg.max_positions = 64;
+  cfg.eos_ids = {int32_t(V + 1)};  // never drawn: every row runs all the steps
+  std::mt19937 rng(12);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> host(static_cast<size_t>(R * V));
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t i = 0; i < V; ++i) host[size_t(r * V + i)] = (r >= 10 ? 0.05f : 3.0f) * normal(rng);
+  Buffer buf = backend.alloc(host.size() * 4);
+  backend.copy_to_device(buf.data(), host.data(), host.size() * 4);
+  const Tensor logits = buf.view(0, DType::F32, {R, V});
+
+  std::vector<GenRequest> reqs(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    GenRequest& q = reqs[size_t(r)];
+    q.prompt = {int32_t(r), 5};
+    q.sampling.seed = uint64_t(300 + r);
+    q.sampling.max_new_tokens = kSteps;
+    if (r != 0 && r != 1) q.sampling.temperature = r % 2 ? 0.8f : 1.2f;  // rows 0 and 1 greedy
+    if (r == 3 || r == 11) q.sampling.top_p = 0.9f;
+    if (r == 4 || r == 12) q.sampling.top_k = 40;
+    if (r == 5) q.sampling.min_p = 0.1f;
+    if (r == 6 || r == 1) q.sampling.repetition_penalty = 1.4f;
+    if (r == 7) q.sampling.logit_bias = {{17, 5.0f}};
+    if (r % 3 == 0) q.logprobs = r == 9 ? 0 : 5;
+  }
+  std::vector<Sequence> seqs;
+  for (int64_t r = 0; r < R; ++r) seqs.push_back(start_sequence(reqs[size_t(r)], cfg, int(r), size_t(r)));
+  std::vector<Sequence*> rows;
+  for (Sequence& s : seqs) rows.push_back(&s);
+  StepSampler sampler(backend, cfg, size_t(R));
+  for (int step = 0; step < kSteps; ++step) sampler.sample(logits, rows);
+
+  for (int64_t r = 0; r < R; ++r) {
+    INFO("row " << r);
+    const GenRequest& q = reqs[size_t(r)];
+    const Sequence& s = seqs[size_t(r)];
+    REQUIRE(s.result.tokens.size() == size_t(kSteps));
+    Sampler reference(q.sampling);
+    std::vector<int32_t> answer;
+    for (int step = 0; step < kSteps; ++step) {
+      INFO("step " << step);
+      const float* row = host.data() + r * V;
+      answer.push_back(reference.sample(row, V, q.prompt, answer));
+      CHECK(s.result.tokens[size_t(step)] == answer.back());
+      if (q.logprobs < 0) continue;
+      const StepLogprobs want = step_logprobs(row, V, answer.back(), q.logprobs);
+      const StepLogprobs& got = s.result.logprobs[size_t(step)];
+      CHECK(got.sampled.logprob == Approx(want.sampled.logprob).margin(1e-9));
+      REQUIRE(got.top.size() == want.top.size());
+      for (size_t i = 0; i < got.top.size(); ++i) {
+        CHECK(got.top[i].token == want.top[i].token);
+        CHECK(got.top[i].logprob == Approx(want.top[i].logprob).margin(1e-9));
+      }
+    }
+  }
+  // No step copied all its logits; the adjusted rows and the flat rows' late draws copied theirs.
+  const size_t row_bytes = size_t(V) * 4;
+  int64_t row_copies = 0;
+  for (size_t n : backend.copies) {
+    CHECK(n < size_t(R) * row_bytes);
+    row_copies += n == row_bytes;
+  }
+  CHECK(row_copies >= 2 * kSteps + 3);
 }

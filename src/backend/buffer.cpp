@@ -58,5 +58,9 @@ void Backend::route_experts(const Tensor&, int64_t, bool, const DeviceRouting&) 
 void Backend::routed_linears(const Tensor&, const std::vector<Tensor>&, const DeviceRouting&, int64_t, const Tensor&) {
   STRATA_FAIL("internal: the " << name() << " backend does not route experts on the device");
 }
+// Callers ask samples_on_device first.
+void Backend::row_candidates(const Tensor&, const Tensor&, int64_t, void*) {
+  STRATA_FAIL("internal: the " << name() << " backend does not sample on the device");
+}
 
 }  // namespace strata

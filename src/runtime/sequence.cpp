@@ -79,42 +79,104 @@ void on_host_rows(int64_t elements, int64_t rows, const std::function<void(int64
 }  // namespace
 
 StepSampler::StepSampler(Backend& backend, const ModelConfig& cfg, size_t max_rows) : backend_(backend), cfg_(cfg) {
-  argmax_buf_ = backend.alloc(std::max<size_t>(max_rows, 1) * 4);
+  const size_t rows = std::max<size_t>(max_rows, 1);
+  argmax_buf_ = backend.alloc(rows * 4);
+  if (backend.samples_on_device()) {
+    temperatures_buf_ = backend.alloc(rows * 4);
+    candidates_buf_ = backend.alloc(rows * row_candidates_bytes(kCandidates));
+  }
 }
 
+namespace {
+
+// A row the backend's argmax serves: greedy over its raw logits.
+bool plain_greedy(const Sequence* s) {
+  return s->request->sampling.greedy() && !s->sampler.adjusts(s->result.tokens.size());
+}
+
+}  // namespace
+
 void StepSampler::sample(const Tensor& logits, const std::vector<Sequence*>& seqs) {
-  const int64_t R = int64_t(seqs.size()), V = logits.row_size();
+  const int64_t R = int64_t(seqs.size());
   picks_.resize(size_t(R));
-  // A row whose logits are adjusted (penalties, bias, ends held back) is sampled on the host even
-  // when greedy.
-  const bool all_greedy = std::all_of(seqs.begin(), seqs.end(), [](const Sequence* s) {
-    return s->request->sampling.greedy() && !s->sampler.adjusts(s->result.tokens.size());
-  });
+  row_logprobs_.resize(size_t(R));
+  const bool all_greedy = std::all_of(seqs.begin(), seqs.end(), plain_greedy);
+  const bool any_greedy = std::any_of(seqs.begin(), seqs.end(), plain_greedy);
   const bool any_logprobs =
       std::any_of(seqs.begin(), seqs.end(), [](const Sequence* s) { return s->request->logprobs >= 0; });
+  const bool on_device = backend_.samples_on_device();
   // Greedy rows take the backend's argmax whether or not logprobs are asked for, so asking
-  // never changes the tokens.
-  if (all_greedy) {
+  // never changes the tokens. On the host a mixed step's greedy rows take the host's (the same).
+  decided_.assign(size_t(R), 0);
+  if (all_greedy || (on_device && any_greedy)) {
     Tensor ids = argmax_buf_.view(0, DType::I32, {R});
     backend_.argmax_rows(logits, ids);
     backend_.copy_to_host(picks_.data(), ids.data, size_t(R) * 4);
+    for (int64_t r = 0; r < R; ++r) decided_[size_t(r)] = plain_greedy(seqs[size_t(r)]);
   }
+  full_rows_.clear();
   if (!all_greedy || any_logprobs) {
-    host_logits_.resize(size_t(R * V));
-    backend_.copy_to_host_f32(logits, host_logits_.data());
-    // Each row's draw and logprobs read only its own logits and sequence, so rows go in parallel
-    // and the tokens do not depend on the threads.
-    row_logprobs_.resize(size_t(R));
-    on_host_rows(R * V, R, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        Sequence& s = *seqs[size_t(r)];
-        const float* row = host_logits_.data() + r * V;
-        if (!all_greedy) picks_[size_t(r)] = s.sampler.sample(row, V, s.request->prompt, s.result.tokens);
-        if (s.request->logprobs >= 0)
-          row_logprobs_[size_t(r)] = step_logprobs(row, V, picks_[size_t(r)], s.request->logprobs);
-      }
-    });
+    if (on_device) {
+      sample_from_candidates(logits, seqs);
+    } else {
+      for (int64_t r = 0; r < R; ++r) full_rows_.push_back(r);
+    }
   }
+  if (!full_rows_.empty()) sample_full_rows(logits, seqs);
+  finish(seqs);
+}
+
+void StepSampler::sample_from_candidates(const Tensor& logits, const std::vector<Sequence*>& seqs) {
+  const int64_t R = int64_t(seqs.size()), V = logits.row_size();
+  temperatures_.resize(size_t(R));
+  for (int64_t r = 0; r < R; ++r) temperatures_[size_t(r)] = seqs[size_t(r)]->request->sampling.temperature;
+  backend_.copy_to_device(temperatures_buf_.data(), temperatures_.data(), size_t(R) * 4);
+  backend_.row_candidates(logits, temperatures_buf_.view(0, DType::F32, {R}), kCandidates, candidates_buf_.data());
+  host_candidates_.resize(size_t(R) * row_candidates_bytes(kCandidates));
+  backend_.copy_to_host(host_candidates_.data(), candidates_buf_.data(), host_candidates_.size());
+  for (int64_t r = 0; r < R; ++r) {
+    Sequence& s = *seqs[size_t(r)];
+    const RowCandidates c = read_row_candidates(host_candidates_.data(), r, kCandidates, V);
+    bool full_row = false;
+    if (!decided_[size_t(r)]) {
+      const std::optional<int32_t> token = s.sampler.sample(c, s.result.tokens.size());
+      full_row = !token;
+      if (token) picks_[size_t(r)] = *token, decided_[size_t(r)] = 1;
+    }
+    if (!full_row && s.request->logprobs >= 0) {
+      std::optional<StepLogprobs> lp = step_logprobs(c, picks_[size_t(r)], s.request->logprobs);
+      full_row = !lp;
+      if (lp) row_logprobs_[size_t(r)] = std::move(*lp);
+    }
+    if (full_row) full_rows_.push_back(r);
+  }
+}
+
+void StepSampler::sample_full_rows(const Tensor& logits, const std::vector<Sequence*>& seqs) {
+  const int64_t F = int64_t(full_rows_.size()), V = logits.row_size();
+  host_logits_.resize(size_t(F * V));
+  if (F == int64_t(seqs.size())) {
+    backend_.copy_to_host_f32(logits, host_logits_.data());
+  } else {
+    for (int64_t i = 0; i < F; ++i)
+      backend_.copy_to_host_f32(logits.rows(full_rows_[size_t(i)], 1), host_logits_.data() + i * V);
+  }
+  // Each row's draw and logprobs read only its own logits and sequence, so rows go in parallel
+  // and the tokens do not depend on the threads.
+  on_host_rows(F * V, F, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r = full_rows_[size_t(i)];
+      Sequence& s = *seqs[size_t(r)];
+      const float* row = host_logits_.data() + i * V;
+      if (!decided_[size_t(r)]) picks_[size_t(r)] = s.sampler.sample(row, V, s.request->prompt, s.result.tokens);
+      if (s.request->logprobs >= 0)
+        row_logprobs_[size_t(r)] = step_logprobs(row, V, picks_[size_t(r)], s.request->logprobs);
+    }
+  });
+}
+
+void StepSampler::finish(const std::vector<Sequence*>& seqs) {
+  const int64_t R = int64_t(seqs.size());
   for (int64_t r = 0; r < R; ++r) {
     Sequence& s = *seqs[size_t(r)];
     const int32_t tok = picks_[size_t(r)];

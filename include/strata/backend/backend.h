@@ -276,6 +276,15 @@ public:
   // out[i] = argmax_j logits[i, j] (lowest index on ties). logits: [B, V]; out: I32 [B].
   virtual void argmax_rows(const Tensor& logits, const Tensor& out) = 0;
 
+  // Whether row_candidates runs here: where logits live apart from the host (the GPU), so that
+  // sampled rows copy their candidates rather than their rows.
+  virtual bool samples_on_device() const { return false; }
+  // Each row's sampling candidates (runtime/row_candidates.h) at temperatures[i] (0: sums at 1).
+  // logits: [R, V], F32 or the activation dtype; temperatures: F32 [R]; out: R x
+  // row_candidates_bytes(capacity) bytes on the device, capacity <= kMaxRowCandidates. Where
+  // samples_on_device holds.
+  virtual void row_candidates(const Tensor& logits, const Tensor& temperatures, int64_t capacity, void* out);
+
   // Group-wise quantization in the format and by the formula of include/strata/quant/quant.h.
   // x, out: [rows, n] float tensors on the device (n = the last dimension; the activation dtype,
   // or F32/F16/BF16 on the CPU); q: rows x quant::row_bytes(spec, n) bytes on the device.

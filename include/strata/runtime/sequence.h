@@ -73,14 +73,31 @@ public:
   // logits (no penalty or bias), the argmax runs on the backend and only the ids cross to the
   // host, unless a row asks for logprobs. Logprobs are always of the raw logits. Rows sampled or
   // scored on the host run on a pool of host threads when the step is large.
+  // On a backend that samples on the device (the GPU), sampled rows and logprobs copy each row's
+  // candidates (row_candidates.h: its largest logits and its sums), not its logits, and only the
+  // rows those cannot decide copy their logits.
   void sample(const Tensor& logits, const std::vector<Sequence*>& seqs);
 
+  // Candidates a row brings to the host: a draw of a model's distribution at temperature 1 almost
+  // always lands among its top 1024 tokens, and these are 8 KiB against a 128k vocabulary's 512.
+  static constexpr int64_t kCandidates = kMaxRowCandidates;
+
 private:
+  void sample_from_candidates(const Tensor& logits, const std::vector<Sequence*>& seqs);
+  void sample_full_rows(const Tensor& logits, const std::vector<Sequence*>& seqs);
+  // Each sequence takes its token, and ends at EOS, a stop or its length.
+  void finish(const std::vector<Sequence*>& seqs);
+
   Backend& backend_;
   const ModelConfig& cfg_;
   Buffer argmax_buf_;
+  Buffer temperatures_buf_, candidates_buf_;  // where samples_on_device
   std::vector<int32_t> picks_;
-  std::vector<float> host_logits_;
+  std::vector<char> decided_;      // picks_[r] holds row r's token
+  std::vector<int64_t> full_rows_;  // rows whose logits come to the host
+  std::vector<float> temperatures_;
+  std::vector<uint8_t> host_candidates_;
+  std::vector<float> host_logits_;  // full_rows_' logits, in their order
   std::vector<StepLogprobs> row_logprobs_;
 };
 

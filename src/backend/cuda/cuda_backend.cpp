@@ -20,6 +20,7 @@
 #include "split_kv.h"
 #include "strata/backend/backend.h"
 #include "strata/backend/device_info.h"
+#include "strata/runtime/row_candidates.h"
 
 namespace strata {
 namespace {
@@ -844,6 +845,25 @@ public:
     dispatch_float(logits.dtype, [&](auto e) {
       using E = decltype(e);
       cuda::launch_argmax_rows(elems<E>(logits), logits.dim(0), V, ids, stream_);
+    });
+  }
+
+  bool samples_on_device() const override { return true; }
+
+  void row_candidates(const Tensor& logits, const Tensor& temperatures, int64_t capacity, void* out) override {
+    const bool f32 = logits.dtype == DType::F32;
+    check_tensor(logits, f32 ? DType::F32 : act_, "row_candidates", "logits");
+    check_tensor(temperatures, DType::F32, "row_candidates", "temperatures");
+    const int64_t V = logits.row_size();
+    STRATA_CHECK(temperatures.numel() == logits.dim(0) && V > 0 && V <= INT_MAX && capacity > 0 &&
+                     capacity <= kMaxRowCandidates && reinterpret_cast<uintptr_t>(out) % 8 == 0,
+                 "cuda row_candidates: logits " << logits.shape_str() << " temperatures " << temperatures.shape_str()
+                                                << " capacity " << capacity);
+    bind();
+    dispatch_float(logits.dtype, [&](auto e) {
+      using E = decltype(e);
+      cuda::launch_row_candidates(elems<E>(logits), logits.dim(0), V, static_cast<const float*>(temperatures.data),
+                                  int(capacity), static_cast<uint8_t*>(out), stream_);
     });
   }
 

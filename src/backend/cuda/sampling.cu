@@ -109,8 +109,8 @@ __device__ __forceinline__ double block_sum_f64(double v, double* partial) {
 // by radix selection (a byte of the 64-bit rank per pass, from the top, until the bucket holding
 // the last candidate is taken whole), gathered and sorted by a bitonic network in shared memory.
 template <class T>
-__global__ void row_candidates_kernel(const T* __restrict__ logits, int64_t cols, const float* __restrict__ temperatures,
-                                      int capacity, uint8_t* __restrict__ out) {
+__global__ void row_candidates_kernel(const T* __restrict__ logits, int64_t cols,
+                                      const float* __restrict__ temperatures, int capacity, uint8_t* __restrict__ out) {
   __shared__ float max_part[kCandidateWarps];
   __shared__ double sum_part[kCandidateWarps];
   __shared__ unsigned hist[256];
