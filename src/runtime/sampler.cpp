@@ -197,22 +197,27 @@ std::optional<int32_t> draw_from(const RowCandidates& c, const SamplingParams& p
     sum = 0;
     for (const Weighted& w : by_id) sum += w.second;
   }
+  // Probabilities as the walks reach them: a draw or a nucleus usually ends within tens of the
+  // 1024 candidates. The renormalisations below divide only entries already reached.
   thread_local std::vector<double> p;
-  p.resize(size_t(kept));
-  for (int64_t i = 0; i < kept; ++i) p[size_t(i)] = weight(i) / sum;
+  p.clear();
+  auto prob = [&](int64_t i) {
+    while (int64_t(p.size()) <= i) p.push_back(weight(int64_t(p.size())) / sum);
+    return p[size_t(i)];
+  };
   if (params.top_p < 1.0f) {
     double before = 0;
     int64_t n = 0;
-    for (; n < kept && (n == 0 || before < double(params.top_p)); ++n) before += p[size_t(n)];
+    for (; n < kept && (n == 0 || before < double(params.top_p)); ++n) before += prob(n);
     if (n == kept && !complete && before < double(params.top_p)) return std::nullopt;
     kept = n;
     complete = true;
     for (int64_t i = 0; i < kept; ++i) p[size_t(i)] /= before;
   }
   if (params.min_p > 0.0f) {
-    const double floor = double(params.min_p) * p[0];  // the first is the most probable
+    const double floor = double(params.min_p) * prob(0);  // the first is the most probable
     int64_t n = 0;
-    while (n < kept && p[size_t(n)] >= floor) ++n;
+    while (n < kept && prob(n) >= floor) ++n;
     if (n == kept && !complete) return std::nullopt;
     if (n < kept) {
       kept = n;
@@ -224,7 +229,7 @@ std::optional<int32_t> draw_from(const RowCandidates& c, const SamplingParams& p
   }
   double cum = 0;
   for (int64_t i = 0; i < kept; ++i) {
-    cum += p[size_t(i)];
+    cum += prob(i);
     if (u < cum) return c.ids[i];
   }
   if (complete) return c.ids[kept - 1];
