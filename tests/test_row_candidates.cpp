@@ -7,6 +7,7 @@
 // sampler draws from the device's candidates and must give the host's draws.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -209,10 +210,12 @@ TEST_CASE("CUDA: a step's sampled rows drawn from their candidates give the host
     WARN("no GPU: skipped");
     return;
   }
-  // 14 rows of a 3000-token vocabulary (past the 1024 candidates): greedy, sampled with each
-  // warper, adjusted (their logits must cross whole), and flat rows whose draws often fall past
-  // their candidates. Several steps, so that sequences that fell back go on drawing in step.
-  constexpr int64_t R = 14, V = 3000;
+  // 32 rows of a 3000-token vocabulary (past the 1024 candidates): greedy, sampled with each
+  // warper, adjusted (their logits must cross whole), and four flat rows whose draws often fall
+  // past their candidates. Several steps, so that sequences that fell back go on drawing in step.
+  // At most 7 rows fall back a step, within StepSampler's quarter of the step: those cross one by
+  // one.
+  constexpr int64_t R = 32, V = 3000;
   constexpr int kSteps = 6;
   auto cuda = make_cuda_backend(0);
   CopyCountingBackend backend(*cuda);
@@ -224,7 +227,7 @@ TEST_CASE("CUDA: a step's sampled rows drawn from their candidates give the host
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> host(static_cast<size_t>(R * V));
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t i = 0; i < V; ++i) host[size_t(r * V + i)] = (r >= 10 ? 0.05f : 3.0f) * normal(rng);
+    for (int64_t i = 0; i < V; ++i) host[size_t(r * V + i)] = (r >= 10 && r < 14 ? 0.05f : 3.0f) * normal(rng);
   Buffer buf = backend.alloc(host.size() * 4);
   backend.copy_to_device(buf.data(), host.data(), host.size() * 4);
   const Tensor logits = buf.view(0, DType::F32, {R, V});
@@ -281,4 +284,24 @@ TEST_CASE("CUDA: a step's sampled rows drawn from their candidates give the host
     row_copies += n == row_bytes;
   }
   CHECK(row_copies >= 2 * kSteps + 3);
+
+  // A step most of whose rows fall back (every row flat) copies its logits once.
+  for (int64_t r = 0; r < R; ++r) std::copy_n(host.data() + 10 * V, V, host.begin() + r * V);
+  backend.copy_to_device(buf.data(), host.data(), host.size() * 4);
+  std::vector<GenRequest> flat(static_cast<size_t>(R));
+  std::vector<Sequence> flat_seqs;
+  for (int64_t r = 0; r < R; ++r) {
+    GenRequest& q = flat[size_t(r)];
+    q.prompt = {1, 2};
+    q.sampling.temperature = 1.0f;
+    q.sampling.seed = uint64_t(r);  // the candidates hold about a third of the mass: most draws fall past
+    q.sampling.max_new_tokens = 1;
+    flat_seqs.push_back(start_sequence(q, cfg, int(r), size_t(r)));
+  }
+  std::vector<Sequence*> flat_rows;
+  for (Sequence& s : flat_seqs) flat_rows.push_back(&s);
+  backend.copies.clear();
+  sampler.sample(logits, flat_rows);
+  CHECK(std::count(backend.copies.begin(), backend.copies.end(), size_t(R) * row_bytes) == 1);
+  CHECK(std::count(backend.copies.begin(), backend.copies.end(), row_bytes) == 0);
 }

@@ -153,9 +153,12 @@ void StepSampler::sample_from_candidates(const Tensor& logits, const std::vector
 }
 
 void StepSampler::sample_full_rows(const Tensor& logits, const std::vector<Sequence*>& seqs) {
-  const int64_t F = int64_t(full_rows_.size()), V = logits.row_size();
-  host_logits_.resize(size_t(F * V));
-  if (F == int64_t(seqs.size())) {
+  const int64_t R = int64_t(seqs.size()), F = int64_t(full_rows_.size()), V = logits.row_size();
+  // A few rows are copied one by one (each copy waits for the device); past a quarter of the
+  // step, one copy of all of them costs less than their waits.
+  const bool whole = F * 4 > R;
+  host_logits_.resize(size_t((whole ? R : F) * V));
+  if (whole) {
     backend_.copy_to_host_f32(logits, host_logits_.data());
   } else {
     for (int64_t i = 0; i < F; ++i)
@@ -167,7 +170,7 @@ void StepSampler::sample_full_rows(const Tensor& logits, const std::vector<Seque
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t r = full_rows_[size_t(i)];
       Sequence& s = *seqs[size_t(r)];
-      const float* row = host_logits_.data() + i * V;
+      const float* row = host_logits_.data() + (whole ? r : i) * V;
       if (!decided_[size_t(r)]) picks_[size_t(r)] = s.sampler.sample(row, V, s.request->prompt, s.result.tokens);
       if (s.request->logprobs >= 0)
         row_logprobs_[size_t(r)] = step_logprobs(row, V, picks_[size_t(r)], s.request->logprobs);

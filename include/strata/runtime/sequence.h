@@ -97,7 +97,7 @@ private:
   std::vector<int64_t> full_rows_;  // rows whose logits come to the host
   std::vector<float> temperatures_;
   std::vector<uint8_t> host_candidates_;
-  std::vector<float> host_logits_;  // full_rows_' logits, in their order
+  std::vector<float> host_logits_;  // the step's logits, or full_rows_' in their order
   std::vector<StepLogprobs> row_logprobs_;
 };
 
