@@ -4,11 +4,14 @@
 //  - prefill: the share of an N-token prefill spent in the GEMMs, from timing the same GEMM
 //    shapes alone, and the GEMMs' achieved TFLOP/s;
 //  - on CUDA, the launches a decode step issues (kernels and cuBLAS calls; a graph replay is one).
-//  - with --temperature (and --top-p), every sequence samples: the decode step then includes the
-//    logits' copy to the host and the host's draws (StepSampler), which greedy decoding skips.
+//  - with --temperature (and --top-p, --top-k), every sequence samples: the decode step then
+//    includes StepSampler's sampling, which greedy decoding skips: on a GPU each row's candidates
+//    (docs/cuda-backend.md, "Sampling on the device") and, for rows they cannot decide, the
+//    logits' copy and the host's draws. Dummy weights give flat rows whose top-p 0.95 nucleus runs
+//    past the candidates; top-k 50 stays within them.
 // Usage: bench_generate [--model dummy:opt-6.7b] [--device cuda] [--batch 1] [--prompt-len 32]
 //                       [--gen-len 32] [--prefill-tokens 4096] [--dtype fp16|bf16|auto]
-//                       [--temperature 0] [--top-p 1]
+//                       [--temperature 0] [--top-p 1] [--top-k 0]
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -34,6 +37,7 @@ struct Args {
   std::string model = "dummy:opt-6.7b", device = "auto", dtype = "fp16";  // --dtype fp16|bf16|auto
   int batch = 1, prompt_len = 32, gen_len = 32, prefill_tokens = 4096, threads = 0;
   float temperature = 0.0f, top_p = 1.0f;  // 0: greedy
+  int top_k = 0;
 };
 
 Args parse(int argc, char** argv) {
@@ -50,6 +54,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--threads") a.threads = std::stoi(v);
     else if (k == "--temperature") a.temperature = std::stof(v);
     else if (k == "--top-p") a.top_p = std::stof(v);
+    else if (k == "--top-k") a.top_k = std::stoi(v);
     else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); std::exit(2); }
   }
   return a;
@@ -80,6 +85,7 @@ int main(int argc, char** argv) try {
     reqs[size_t(b)].sampling.ignore_eos = true;
     reqs[size_t(b)].sampling.temperature = args.temperature;
     reqs[size_t(b)].sampling.top_p = args.top_p;
+    reqs[size_t(b)].sampling.top_k = args.top_k;
     reqs[size_t(b)].sampling.seed = uint64_t(b);
   }
   generate(model, reqs);  // warm-up

@@ -30,8 +30,9 @@
 #              dummy:llama-3-8b with the staged baseline's bench_generate and this one (step graphs
 #              on, then STRATA_CUDA_GRAPHS=0), bench_offload's batch-8 engine with its layer-half
 #              graphs on and off, then bench_decode_attention under STRATA_SPLIT_KV=0, auto and 8; also
-#              LLaMA-3-8B's decode at batch 64 greedy and sampled (temperature 0.8, top-p 0.95: the host's
-#              draws) and bench_sampling on one host thread. Only by name
+#              LLaMA-3-8B's decode at batch 64 greedy and sampled (temperature 0.8 with top-p 0.95,
+#              whose flat dummy rows fall back to the host, and with top-k 50, drawn from the device's
+#              candidates) and bench_sampling (one host thread, then the device step). Only by name
 #   moe        issue 39: dummy:mixtral-8x7b under --gpu-mem 16GiB, prompt 512, generation 32 (decode
 #              projected from 4 steps): the search's policy, then 16 x 2 with 2 of 32 layers on the
 #              GPU and the experts moved, and the same computing them on the CPU in decode (cpu_experts):
@@ -299,12 +300,15 @@ part_kernels() {
   # bf16 (issue 35, point 5): LLaMA-3-8B is a bf16 release; the same steps in bf16 beside fp16's.
   step "bench_generate llama-3-8b --dtype bf16" bench_generate --model dummy:llama-3-8b --device cuda --batch 1 \
     --prompt-len 32 --gen-len 32 --prefill-tokens 4096 --dtype bf16
-  # Host sampling (bench/results/2026-11-29-cpu-sampling.md): LLaMA-3-8B's 128k vocabulary at batch
-  # 64, greedy (the device's argmax) against every row sampled on the host's pool of threads; then
-  # one row on one host thread.
+  # Sampling (bench/results/2026-11-29-cpu-sampling*.md): LLaMA-3-8B's 128k vocabulary at batch 64,
+  # greedy (the device's argmax) against every row sampled; then bench_sampling.
   local sampled_args=(--model dummy:llama-3-8b --device cuda --batch 64 --prompt-len 32 --gen-len 16 --prefill-tokens 512)
   step "bench_generate llama-3-8b batch 64 greedy" bench_generate "${sampled_args[@]}"
   step "bench_generate llama-3-8b batch 64 sampled" bench_generate "${sampled_args[@]}" --temperature 0.8 --top-p 0.95
+  # Dummy weights' rows are flat: top-p 0.95 above falls back to the rows' logits, top-k 50 stays
+  # within their device-made candidates (docs/cuda-backend.md, "Sampling on the device").
+  step "bench_generate llama-3-8b batch 64 sampled, top-k 50" bench_generate "${sampled_args[@]}" --temperature 0.8 \
+    --top-k 50
   command -v bench_sampling >/dev/null && step "bench_sampling" bench_sampling --vocab 128256 --repeat 30
   # The engine's per-layer-half graphs (docs/offload.md, "Graphs"): its resident decode step at
   # batch 8 with and without them.

@@ -241,6 +241,7 @@ def kernel_cases(log_text, commit):
                 variant = "".join(f" {v}" for v in re.findall(r"\bSTRATA_\w+=\S+", command))
                 variant += " bf16" if opts.get("dtype") == "bf16" else ""
                 variant += " sampled" if float(opts.get("temperature", 0)) > 0 else ""
+                variant += f" top-k {opts['top-k']}" if int(opts.get("top-k", 0)) > 0 else ""
                 case = {"name": f"{opts.get('model', '?').removeprefix('dummy:')} resident b{opts.get('batch', '?')}"
                                 f"{variant}", "engine": "strata", "model": opts.get("model", "").removeprefix("dummy:"),
                         "policy": "resident (bench_generate)", "prompt_len": int(opts.get("prompt-len", 0)) or None,

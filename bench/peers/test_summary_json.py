@@ -93,6 +93,8 @@ launches: 418.0 per decode step (12958 over 31 steps, graph replays counting one
 bench_generate: out of memory
 ### bench_generate llama-3-8b batch 64 sampled: bench_generate --model dummy:llama-3-8b --device cuda --batch 64 --prompt-len 32 --gen-len 16 --prefill-tokens 512 --temperature 0.8 --top-p 0.95
 decode (sampled): batch 64, 15 steps, 30.000 ms/step, 2133.3 tok/s, weights read at 535.0 GB/s = 15.1% of copy bandwidth
+### bench_generate llama-3-8b batch 64 sampled, top-k 50: bench_generate --model dummy:llama-3-8b --device cuda --batch 64 --prompt-len 32 --gen-len 16 --prefill-tokens 512 --temperature 0.8 --top-k 50
+decode (sampled): batch 64, 15 steps, 12.000 ms/step, 5333.3 tok/s, weights read at 1337.5 GB/s = 37.8% of copy bandwidth
 ### decode attention 1 x 32768, 32/8 heads, STRATA_SPLIT_KV=auto: env STRATA_SPLIT_KV=auto bench_decode_attention --slots 1 --context 32768 --heads 32 --kv-heads 8 --head-dim 128
 decode attention on cuda (NVIDIA H200, fp16); STRATA_SPLIT_KV=auto; device copy bandwidth (read + write) 3540.2 GB/s
 f16  1 x 32768 tokens, 32 heads (8 kv) of 128:    30.12 us a call,  2228.4 GB/s of cache (63% of copy), 40 layers, 33000 calls
@@ -107,10 +109,12 @@ class KernelMetricsTest(unittest.TestCase):
         self.assertEqual(names, [("opt-6.7b resident b1", "518c070"), ("opt-6.7b resident b1", "new1234"),
                                  ("opt-6.7b resident b1 STRATA_CUDA_GRAPHS=0", "new1234"),
                                  ("llama-3-8b resident b64 sampled", "new1234"),
+                                 ("llama-3-8b resident b64 sampled top-k 50", "new1234"),
                                  ("decode attention f16 1 x 32768, 32/8 heads, split auto", "new1234"),
                                  ("decode attention q4 1 x 32768, 32/8 heads, split auto", "new1234")])
-        before, after, eager, sampled, f16, q4 = cases
+        before, after, eager, sampled, top_k, f16, q4 = cases
         self.assertEqual(sampled["measured"], {"decode_tok_s": 2133.3})
+        self.assertEqual(top_k["measured"], {"decode_tok_s": 5333.3})
         self.assertEqual(before["metrics"], {"weights_read_fraction": 0.57, "prefill_gemm_share": 0.41,
                                              "prefill_tokens": 4096})
         self.assertEqual(after["metrics"]["launches_per_decode_step"], 1.0)

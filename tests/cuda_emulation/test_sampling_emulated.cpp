@@ -75,14 +75,15 @@ TEMPLATE_TEST_CASE("emulated cuda: argmax_rows over fp16, bf16 and fp32 logits",
 // the block's threads against the reference's index order). Rows with ties on a coarse grid
 // (ranks then differ only in their ids), masked tokens, signed zeros, NaN, and capacities below,
 // at and above the row's length; the output poisoned first.
-TEMPLATE_TEST_CASE("emulated cuda: row_candidates against the host reference", "[emulated][tsan]", __half, bf16,
-                   float) {
-  using L = TestType;
+namespace {
+
+template <class L>
+void check_row_candidates(std::initializer_list<int64_t> col_counts, std::initializer_list<int> capacities) {
   using strata::cuda::from_float;
   using strata::cuda::to_float;
   std::mt19937 rng(41);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (int64_t cols : {1, 7, 600, 3000}) {
+  for (int64_t cols : col_counts) {
     std::vector<std::vector<float>> rows;
     for (float scale : {5.0f, 0.2f}) {
       std::vector<float> r(static_cast<size_t>(cols));
@@ -105,7 +106,7 @@ TEMPLATE_TEST_CASE("emulated cuda: row_candidates against the host reference", "
     std::vector<L> flat;
     for (const auto& r : rows)
       for (float x : r) flat.push_back(from_float<L>(x));
-    for (int capacity : {1, 8, 64, int(strata::kMaxRowCandidates)}) {
+    for (int capacity : capacities) {
       INFO("cols " << cols << " capacity " << capacity);
       const size_t row_bytes = strata::row_candidates_bytes(capacity);
       std::vector<uint8_t> got(rows.size() * row_bytes, 0xAB);
@@ -137,4 +138,15 @@ TEMPLATE_TEST_CASE("emulated cuda: row_candidates against the host reference", "
       }
     }
   }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("emulated cuda: row_candidates against the host reference", "[emulated]", __half, bf16, float) {
+  check_row_candidates<TestType>({1, 7, 600, 3000}, {1, 8, 64, int(strata::kMaxRowCandidates)});
+}
+
+// The same under ThreadSanitizer (.ci/run), one shape: the whole grid takes minutes there.
+TEST_CASE("emulated cuda: row_candidates, one shape", "[emulated][tsan]") {
+  check_row_candidates<__half>({600}, {64, int(strata::kMaxRowCandidates)});
 }
