@@ -700,3 +700,49 @@ TEST_CASE("CUDA: n choices copy the prompt's fp16 cache rows and equal single ru
       CHECK(std::fabs(one.logprobs[t].sampled.logprob - all[i].logprobs[t].sampled.logprob) <= 1e-2);
   }
 }
+
+TEST_CASE("min_tokens holds stop strings back, in the generator's check and in the answer's text", "[stop]") {
+  CHECK(first_stop("abcabc", {"bc"}, 2) == 1);  // the first match ends at 3, past 2
+  CHECK(first_stop("abcabc", {"bc"}, 3) == 4);  // it ends at 3, not past it: the second counts
+  CHECK(first_stop("abcabc", {"bc", "ca"}, 4) == 4);
+  CHECK(first_stop("abc", {"bc"}, 3) == std::string::npos);
+
+  // Greedy decoding of a byte tokenizer over logits that spell "abcabx", stop string "ab".
+  const Tokenizer tok = Tokenizer::bytes_only();
+  auto backend = make_cpu_backend(1);
+  ModelConfig cfg;
+  cfg.vocab_size = 256;
+  cfg.max_positions = 64;
+  const std::string spelled = "abcabx";
+  Buffer buf = backend->alloc(256 * 4);
+  const Tensor logits = buf.view(0, DType::F32, {1, 256});
+  auto generate = [&](int min_tokens) {
+    PromptRecord rec;
+    rec.id = "m";
+    rec.sampling.min_tokens = min_tokens;
+    rec.sampling.max_new_tokens = int(spelled.size());
+    AnswerSettings settings{&tok, {"ab"}, "tiny", 0};
+    GenRequest req = make_gen_request(rec, {'q'}, settings);
+    Sequence s = start_sequence(req, cfg, 0, 0);
+    StepSampler sampler(*backend, cfg, 1);
+    for (size_t i = 0; i < spelled.size() && !s.done; ++i) {
+      std::fill_n(static_cast<float*>(logits.data), 256, 0.0f);
+      static_cast<float*>(logits.data)[static_cast<unsigned char>(spelled[i])] = 5.0f;
+      sampler.sample(logits, {&s});
+    }
+    const GenResult result = s.result;
+    return std::make_pair(result, answer_line(rec, 1, std::span(&result, 1), settings));
+  };
+  const auto [early, early_line] = generate(0);
+  CHECK(early.tokens.size() == 2);  // "ab" ends the answer at once
+  CHECK(early.finish == FinishReason::Stop);
+  CHECK(early_line["completion"] == "");
+  const auto [held, held_line] = generate(4);
+  CHECK(held.tokens.size() == 5);  // "ab" within the first 4 tokens is passed over; "abcab" ends it
+  CHECK(held.finish == FinishReason::Stop);
+  CHECK(held_line["completion"] == "abc");
+  CHECK(held_line["finish_reason"] == "stop");
+  const auto [at, at_line] = generate(2);
+  CHECK(at.tokens.size() == 2);  // the match ends in the 2nd token, which min_tokens 2 allows
+  CHECK(at_line["completion"] == "");
+}

@@ -114,9 +114,15 @@ struct ChoiceText {
   bool stopped = false;  // cut at a stop string
 };
 
-ChoiceText choice_text(const Tokenizer& tok, const GenResult& g, const std::vector<std::string>& stops) {
+// min_tokens: the answer's first min_tokens - 1 tokens hold no stop string (as the generator's
+// stop check, which waits for min_tokens tokens).
+ChoiceText choice_text(const Tokenizer& tok, const GenResult& g, const std::vector<std::string>& stops,
+                       int min_tokens) {
   ChoiceText c{tok.decode(g.tokens, /*skip_special=*/true), false};
-  const size_t cut = first_stop(c.text, stops);
+  const size_t held = std::min(g.tokens.size(), size_t(std::max(min_tokens - 1, 0)));
+  const size_t ends_after =
+      held == 0 ? 0 : tok.decode(std::span(g.tokens).first(held), /*skip_special=*/true).size();
+  const size_t cut = first_stop(c.text, stops, ends_after);
   if (cut != std::string::npos) {
     c.text.resize(cut);
     c.stopped = true;
@@ -130,10 +136,10 @@ const std::vector<std::string>& stops_of(const PromptRecord& r, const AnswerSett
 
 }  // namespace
 
-size_t first_stop(std::string_view text, const std::vector<std::string>& stops) {
+size_t first_stop(std::string_view text, const std::vector<std::string>& stops, size_t ends_after) {
   size_t best = std::string::npos;
   for (const std::string& s : stops)
-    if (!s.empty()) best = std::min(best, text.find(s));
+    if (!s.empty()) best = std::min(best, text.find(s, ends_after >= s.size() ? ends_after - s.size() + 1 : 0));
   return best;
 }
 
@@ -194,7 +200,7 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
     c.model = r.model.empty() ? s.model_name : r.model;
     c.created = s.created;
     for (const GenResult& g : choices) {
-      const ChoiceText t = choice_text(tok, g, stops);
+      const ChoiceText t = choice_text(tok, g, stops, r.sampling.min_tokens);
       CompletionChoice choice;
       choice.text = t.text;
       choice.finish_reason = t.stopped || g.finish != FinishReason::Length ? "stop" : "length";
@@ -208,7 +214,7 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
 
   // The strata format: one choice in the top-level fields, as before n existed; n > 1 in "choices".
   auto choice_json = [&](const GenResult& g) {
-    const ChoiceText t = choice_text(tok, g, stops);
+    const ChoiceText t = choice_text(tok, g, stops, r.sampling.min_tokens);
     json j;
     j["completion"] = t.text;
     j["tokens"] = g.tokens;

@@ -193,7 +193,8 @@ void StepSampler::finish(const std::vector<Sequence*>& seqs) {
     } else if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) {
       s.done = true;
       s.result.finish = FinishReason::Stop;
-    } else if (s.request->stop && s.request->stop(s.result.tokens)) {
+    } else if (s.request->stop && s.result.tokens.size() >= size_t(std::max(s.request->sampling.min_tokens, 0)) &&
+               s.request->stop(s.result.tokens)) {  // min_tokens holds stop strings back too (vLLM)
       s.done = true;
       s.result.finish = FinishReason::Stop;
     } else if (int(s.result.tokens.size()) >= s.max_new) {

@@ -40,7 +40,9 @@ nlohmann::json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::sp
 StopCheck make_stop_check(const Tokenizer& tokenizer, std::vector<std::string> stops);
 
 // Where the first of the stop strings begins in `text` (the earliest match of any), or npos.
-size_t first_stop(std::string_view text, const std::vector<std::string>& stops);
+// Only matches that end past byte `ends_after` count: min_tokens' boundary (the text of an
+// answer's first min_tokens - 1 tokens), before which vLLM looks for no stop string.
+size_t first_stop(std::string_view text, const std::vector<std::string>& stops, size_t ends_after = 0);
 
 // A token as OpenAI shows it: its bytes when they are valid UTF-8, else "bytes:\xNN..." (the
 // legacy API's form for a piece of a character).
