@@ -130,7 +130,7 @@ void StepSampler::sample_from_candidates(const Tensor& logits, const std::vector
   const int64_t R = int64_t(seqs.size()), V = logits.row_size();
   temperatures_.resize(size_t(R));
   for (int64_t r = 0; r < R; ++r) temperatures_[size_t(r)] = seqs[size_t(r)]->request->sampling.temperature;
-  backend_.copy_to_device(temperatures_buf_.data(), temperatures_.data(), size_t(R) * 4);
+  backend_.upload(temperatures_buf_.data(), temperatures_.data(), size_t(R) * 4);  // no wait: ordered before the kernel
   backend_.row_candidates(logits, temperatures_buf_.view(0, DType::F32, {R}), kCandidates, candidates_buf_.data());
   host_candidates_.resize(size_t(R) * row_candidates_bytes(kCandidates));
   backend_.copy_to_host(host_candidates_.data(), candidates_buf_.data(), host_candidates_.size());
