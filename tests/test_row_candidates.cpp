@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "candidate_test_rows.h"
 #include "forwarding_backend.h"
 #include "strata/backend/backend.h"
 #include "strata/runtime/row_candidates.h"
@@ -22,27 +23,18 @@ using namespace strata;
 
 namespace {
 
-// Rows that exercise the candidates' limits: peaked (a draw inside the first few), flat (draws
-// and nuclei past a small capacity), ties on a coarse grid (top-k's and logprobs' tie runs),
-// masked tokens at -inf, and signed zeros (which tie).
 std::vector<std::vector<float>> test_rows(int64_t vocab, std::mt19937& rng) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<std::vector<float>> rows;
-  for (float scale : {6.0f, 0.3f}) {
-    std::vector<float> r(static_cast<size_t>(vocab));
-    for (float& x : r) x = scale * normal(rng);
-    rows.push_back(r);
+  return test::candidate_test_rows(vocab, rng, [](float x) { return x; });
+}
+
+// Each vocabulary, capacity and row of the grid the host tests walk.
+template <class Fn>
+void for_each_row(std::mt19937& rng, Fn&& fn) {
+  for (int64_t vocab : {50, 3000}) {
+    const auto rows = test_rows(vocab, rng);
+    for (int64_t capacity : {int64_t(8), int64_t(64), kMaxRowCandidates})
+      for (size_t r = 0; r < rows.size(); ++r) fn(vocab, capacity, r, rows[r]);
   }
-  std::vector<float> grid(static_cast<size_t>(vocab));
-  for (float& x : grid) x = std::round(2.0f * normal(rng)) / 2.0f;
-  rows.push_back(grid);
-  std::vector<float> masked = rows[0];
-  for (size_t i = 0; i < masked.size(); i += 3) masked[i] = -INFINITY;
-  rows.push_back(masked);
-  std::vector<float> zeros(static_cast<size_t>(vocab), -3.0f);
-  for (size_t i = 0; i < zeros.size(); i += 7) zeros[i] = (i / 7) % 2 ? 0.0f : -0.0f;
-  rows.push_back(zeros);
-  return rows;
 }
 
 std::vector<SamplingParams> test_params() {
@@ -69,33 +61,27 @@ std::vector<uint8_t> candidates_of(const std::vector<float>& row, float temperat
 TEST_CASE("row candidates: the same draws as the full row, falling back where they cannot decide", "[sampler]") {
   std::mt19937 rng(5);
   int64_t decided = 0, fell_back = 0;
-  for (int64_t vocab : {50, 3000}) {
-    const auto rows = test_rows(vocab, rng);
-    for (int64_t capacity : {int64_t(8), int64_t(64), kMaxRowCandidates}) {
-      for (size_t r = 0; r < rows.size(); ++r) {
-        for (const SamplingParams& params : test_params()) {
-          const auto bytes = candidates_of(rows[r], params.temperature, capacity);
-          const RowCandidates c = read_row_candidates(bytes.data(), 0, capacity, vocab);
-          Sampler full(params), from_candidates(params);
-          for (int step = 0; step < 12; ++step) {
-            INFO("vocab " << vocab << " capacity " << capacity << " row " << r << " t " << params.temperature
-                          << " k " << params.top_k << " p " << params.top_p << " min_p " << params.min_p
-                          << " step " << step);
-            const int32_t expected = full.sample(rows[r].data(), vocab);
-            std::optional<int32_t> got = from_candidates.sample(c, 0);
-            if (got) {
-              ++decided;
-            } else {
-              ++fell_back;
-              CHECK(capacity < vocab);  // candidates holding the whole row always decide
-              got = from_candidates.sample(rows[r].data(), vocab);
-            }
-            REQUIRE(*got == expected);
-          }
+  for_each_row(rng, [&](int64_t vocab, int64_t capacity, size_t r, const std::vector<float>& row) {
+    for (const SamplingParams& params : test_params()) {
+      const auto bytes = candidates_of(row, params.temperature, capacity);
+      const RowCandidates c = read_row_candidates(bytes.data(), 0, capacity, vocab);
+      Sampler full(params), from_candidates(params);
+      for (int step = 0; step < 12; ++step) {
+        INFO("vocab " << vocab << " capacity " << capacity << " row " << r << " t " << params.temperature << " k "
+                      << params.top_k << " p " << params.top_p << " min_p " << params.min_p << " step " << step);
+        const int32_t expected = full.sample(row.data(), vocab);
+        std::optional<int32_t> got = from_candidates.sample(c, 0);
+        if (got) {
+          ++decided;
+        } else {
+          ++fell_back;
+          CHECK(capacity < vocab);  // candidates holding the whole row always decide
+          got = from_candidates.sample(row.data(), vocab);
         }
+        REQUIRE(*got == expected);
       }
     }
-  }
+  });
   // Both paths ran, many times (flat rows at capacity 8 fall back on most draws).
   CHECK(decided > 10000);
   CHECK(fell_back > 5000);
@@ -132,36 +118,31 @@ TEST_CASE("row candidates: a row with NaN falls back to the full row", "[sampler
 TEST_CASE("row candidates: logprobs equal the full row's, or fall back", "[sampler]") {
   std::mt19937 rng(9);
   int64_t decided = 0, fell_back = 0;
-  for (int64_t vocab : {50, 3000}) {
-    const auto rows = test_rows(vocab, rng);
-    for (int64_t capacity : {int64_t(8), int64_t(64), kMaxRowCandidates}) {
-      for (size_t r = 0; r < rows.size(); ++r) {
-        const auto bytes = candidates_of(rows[r], 0.0f, capacity);
-        const RowCandidates c = read_row_candidates(bytes.data(), 0, capacity, vocab);
-        for (int top : {0, 1, 5, 20}) {
-          for (int64_t pick = 0; pick < std::min<int64_t>(c.count, 12); pick += 3) {
-            INFO("vocab " << vocab << " capacity " << capacity << " row " << r << " top " << top << " pick " << pick);
-            const int32_t sampled = c.ids[pick];
-            const StepLogprobs expected = step_logprobs(rows[r].data(), vocab, sampled, top);
-            const std::optional<StepLogprobs> got = step_logprobs(c, sampled, top);
-            if (!got) {
-              ++fell_back;
-              CHECK(capacity < vocab);
-              continue;
-            }
-            ++decided;
-            CHECK(got->sampled.token == expected.sampled.token);
-            CHECK(got->sampled.logprob == expected.sampled.logprob);
-            REQUIRE(got->top.size() == expected.top.size());
-            for (size_t i = 0; i < got->top.size(); ++i) {
-              CHECK(got->top[i].token == expected.top[i].token);
-              CHECK(got->top[i].logprob == expected.top[i].logprob);
-            }
-          }
+  for_each_row(rng, [&](int64_t vocab, int64_t capacity, size_t r, const std::vector<float>& row) {
+    const auto bytes = candidates_of(row, 0.0f, capacity);
+    const RowCandidates c = read_row_candidates(bytes.data(), 0, capacity, vocab);
+    for (int top : {0, 1, 5, 20}) {
+      for (int64_t pick = 0; pick < std::min<int64_t>(c.count, 12); pick += 3) {
+        INFO("vocab " << vocab << " capacity " << capacity << " row " << r << " top " << top << " pick " << pick);
+        const int32_t sampled = c.ids[pick];
+        const StepLogprobs expected = step_logprobs(row.data(), vocab, sampled, top);
+        const std::optional<StepLogprobs> got = step_logprobs(c, sampled, top);
+        if (!got) {
+          ++fell_back;
+          CHECK(capacity < vocab);
+          continue;
+        }
+        ++decided;
+        CHECK(got->sampled.token == expected.sampled.token);
+        CHECK(got->sampled.logprob == expected.sampled.logprob);
+        REQUIRE(got->top.size() == expected.top.size());
+        for (size_t i = 0; i < got->top.size(); ++i) {
+          CHECK(got->top[i].token == expected.top[i].token);
+          CHECK(got->top[i].logprob == expected.top[i].logprob);
         }
       }
     }
-  }
+  });
   CHECK(fell_back > 0);
   CHECK(decided > 4 * fell_back);
   // A token that is not among the candidates needs the full row.
@@ -199,7 +180,12 @@ public:
     copies.push_back(n);
     ForwardingBackend::copy_to_host(d, s, n);
   }
+  void row_candidates(const Tensor& logits, const Tensor& temperatures, int64_t capacity, void* out) override {
+    ++candidate_launches;
+    ForwardingBackend::row_candidates(logits, temperatures, capacity, out);
+  }
   std::vector<size_t> copies;
+  int candidate_launches = 0;
 };
 
 }  // namespace
@@ -304,4 +290,16 @@ TEST_CASE("CUDA: a step's sampled rows drawn from their candidates give the host
   sampler.sample(logits, flat_rows);
   CHECK(std::count(backend.copies.begin(), backend.copies.end(), size_t(R) * row_bytes) == 1);
   CHECK(std::count(backend.copies.begin(), backend.copies.end(), row_bytes) == 0);
+  CHECK(backend.candidate_launches == kSteps + 1);
+
+  // A step whose rows are all adjusted (no logprobs) has no use for candidates: no launch.
+  for (GenRequest& q : flat) q.sampling.repetition_penalty = 1.2f;
+  flat_seqs.clear();
+  for (int64_t r = 0; r < R; ++r) flat_seqs.push_back(start_sequence(flat[size_t(r)], cfg, int(r), size_t(r)));
+  flat_rows.clear();
+  for (Sequence& s : flat_seqs) flat_rows.push_back(&s);
+  backend.copies.clear();
+  sampler.sample(logits, flat_rows);
+  CHECK(backend.candidate_launches == kSteps + 1);
+  CHECK(std::count(backend.copies.begin(), backend.copies.end(), size_t(R) * row_bytes) == 1);
 }

@@ -114,9 +114,14 @@ void StepSampler::sample(const Tensor& logits, const std::vector<Sequence*>& seq
     backend_.copy_to_host(picks_.data(), ids.data, size_t(R) * 4);
     for (int64_t r = 0; r < R; ++r) decided_[size_t(r)] = plain_greedy(seqs[size_t(r)]);
   }
+  // Rows the candidates may serve: unadjusted sampled rows and any asking for logprobs.
+  const bool candidates_serve = std::any_of(seqs.begin(), seqs.end(), [](const Sequence* s) {
+    const bool sampled = !s->request->sampling.greedy() && !s->sampler.adjusts(s->result.tokens.size());
+    return sampled || s->request->logprobs >= 0;
+  });
   full_rows_.clear();
   if (!all_greedy || any_logprobs) {
-    if (on_device) {
+    if (on_device && candidates_serve) {
       sample_from_candidates(logits, seqs);
     } else {
       for (int64_t r = 0; r < R; ++r) full_rows_.push_back(r);

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "candidate_test_rows.h"
 #include "kernels.h"
 #include "strata/runtime/row_candidates.h"
 
@@ -82,23 +83,8 @@ void check_row_candidates(std::initializer_list<int64_t> col_counts, std::initia
   using strata::cuda::from_float;
   using strata::cuda::to_float;
   std::mt19937 rng(41);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int64_t cols : col_counts) {
-    std::vector<std::vector<float>> rows;
-    for (float scale : {5.0f, 0.2f}) {
-      std::vector<float> r(static_cast<size_t>(cols));
-      for (float& x : r) x = to_float(from_float<L>(scale * normal(rng)));
-      rows.push_back(r);
-    }
-    std::vector<float> grid(static_cast<size_t>(cols));
-    for (float& x : grid) x = std::round(2.0f * normal(rng)) / 2.0f;
-    rows.push_back(grid);
-    std::vector<float> masked = rows[0];
-    for (size_t i = 0; i < masked.size(); i += 2) masked[i] = -INFINITY;
-    rows.push_back(masked);
-    std::vector<float> zeros(static_cast<size_t>(cols), -1.0f);
-    for (size_t i = 0; i < zeros.size(); i += 3) zeros[i] = i % 2 ? 0.0f : -0.0f;
-    rows.push_back(zeros);
+    auto rows = strata::test::candidate_test_rows(cols, rng, [](float x) { return to_float(from_float<L>(x)); });
     std::vector<float> nan_row = rows[1];
     nan_row[nan_row.size() / 2] = std::numeric_limits<float>::quiet_NaN();
     rows.push_back(nan_row);
