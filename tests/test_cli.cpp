@@ -141,7 +141,8 @@ TEST_CASE("strata run rejects bad input before writing anything", "[cli]") {
   CHECK_THAT(r.output, Catch::Contains("bad.jsonl:2: logit_bias token 4000 is outside the model's vocabulary of 1000"));
   CHECK_FALSE(fs::exists(out));
   CHECK_FALSE(fs::exists(out.string() + ".partial"));
-  for (const char* flag : {"--repetition-penalty 0", "--frequency-penalty 3", "--presence-penalty -2.5", "--min-p 2"}) {
+  for (const char* flag :
+       {"--repetition-penalty 0", "--frequency-penalty 3", "--presence-penalty -2.5", "--min-p 2", "--min-tokens -1"}) {
     r = run_strata("run --model " + kModels + "/tiny-opt --prompts " + prompts.string() + " --out " + out.string() +
                    " --device cpu " + flag);
     INFO(flag << ": " << r.output);

@@ -71,6 +71,18 @@ TEST_CASE("prompt lines carry min_p, the penalties and a logit bias", "[job][sam
   CHECK(s.min_tokens == 5);
   CHECK(s.stop_token_ids == std::vector<int32_t>{9, 4});
 
+  // A default min_tokens (--min-tokens) yields to a line's own and to its shorter limit.
+  defaults.min_tokens = 12;
+  const auto held = read_prompts(write_file("held.jsonl",
+                                            "{\"id\": 1, \"prompt\": \"a\", \"max_new_tokens\": 20}\n"
+                                            "{\"id\": 2, \"prompt\": \"b\", \"max_new_tokens\": 8}\n"
+                                            "{\"id\": 3, \"prompt\": \"c\", \"min_tokens\": 2}\n"),
+                                 defaults);
+  REQUIRE(held.size() == 3);
+  CHECK(held[0].sampling.min_tokens == 12);
+  CHECK(held[1].sampling.min_tokens == 8);
+  CHECK(held[2].sampling.min_tokens == 2);
+
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"\"min_p\": 1.5", "field 'min_p' must be in [0, 1], got 1.5"},
       {"\"repetition_penalty\": 0", "field 'repetition_penalty' must be > 0, got 0"},

@@ -61,6 +61,11 @@ void add_run_command(CLI::App& app) {
                   "default presence penalty over the answer's tokens (0: off)")
       ->check(CLI::Range(-2.0, 2.0))
       ->capture_default_str();
+  cmd->add_option("--min-tokens", opt->defaults.min_tokens,
+                  "default min_tokens: EOS, stop ids and stop strings are held back until an answer is this long "
+                  "(at most its line's max tokens)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--seed", opt->defaults.seed, "default seed")->capture_default_str();
   cmd->add_flag("--ignore-eos", opt->defaults.ignore_eos, "generate max_new_tokens even past EOS (benchmarks)");
   cmd->add_option("--stop", opt->stop,

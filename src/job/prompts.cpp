@@ -70,6 +70,8 @@ std::optional<FieldError> read_sampling_extensions(const json& obj,
     if (!ok) return FieldError{"invalid_value", name(r.key) + " must be " + r.allowed + ", got " + v.dump()};
     *r.value = float(x);
   }
+  // The job's default (--min-tokens) never outlasts a line's own limit.
+  s.min_tokens = std::min(s.min_tokens, s.max_new_tokens);
   if (obj.contains("min_tokens") && !obj["min_tokens"].is_null()) {
     const json& v = obj["min_tokens"];
     if (!v.is_number_integer())
