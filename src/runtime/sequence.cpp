@@ -79,12 +79,12 @@ void on_host_rows(int64_t elements, int64_t rows, const std::function<void(int64
 }  // namespace
 
 StepSampler::StepSampler(Backend& backend, const ModelConfig& cfg, size_t max_rows) : backend_(backend), cfg_(cfg) {
-  const size_t rows = std::max<size_t>(max_rows, 1);
-  argmax_buf_ = backend.alloc(rows * 4);
-  if (backend.samples_on_device()) {
-    temperatures_buf_ = backend.alloc(rows * 4);
-    candidates_buf_ = backend.alloc(rows * row_candidates_bytes(kCandidates));
-  }
+  // One allocation (the engine makes a StepSampler per block, and a CUDA free waits for the
+  // device): the argmax's ids, then where the device samples the temperatures and, 8-aligned, the
+  // candidates.
+  max_rows_ = std::max<size_t>(max_rows, 1);
+  const bool on_device = backend.samples_on_device();
+  device_buf_ = backend.alloc(max_rows_ * 8 + (on_device ? max_rows_ * row_candidates_bytes(kCandidates) : 0));
 }
 
 namespace {
@@ -109,7 +109,7 @@ void StepSampler::sample(const Tensor& logits, const std::vector<Sequence*>& seq
   // never changes the tokens. On the host a mixed step's greedy rows take the host's (the same).
   decided_.assign(size_t(R), 0);
   if (all_greedy || (on_device && any_greedy)) {
-    Tensor ids = argmax_buf_.view(0, DType::I32, {R});
+    Tensor ids = device_buf_.view(0, DType::I32, {R});
     backend_.argmax_rows(logits, ids);
     backend_.copy_to_host(picks_.data(), ids.data, size_t(R) * 4);
     for (int64_t r = 0; r < R; ++r) decided_[size_t(r)] = plain_greedy(seqs[size_t(r)]);
@@ -135,10 +135,12 @@ void StepSampler::sample_from_candidates(const Tensor& logits, const std::vector
   const int64_t R = int64_t(seqs.size()), V = logits.row_size();
   temperatures_.resize(size_t(R));
   for (int64_t r = 0; r < R; ++r) temperatures_[size_t(r)] = seqs[size_t(r)]->request->sampling.temperature;
-  backend_.upload(temperatures_buf_.data(), temperatures_.data(), size_t(R) * 4);  // no wait: ordered before the kernel
-  backend_.row_candidates(logits, temperatures_buf_.view(0, DType::F32, {R}), kCandidates, candidates_buf_.data());
+  const Tensor temperatures = device_buf_.view(max_rows_ * 4, DType::F32, {R});
+  void* candidates = static_cast<char*>(device_buf_.data()) + max_rows_ * 8;
+  backend_.upload(temperatures.data, temperatures_.data(), size_t(R) * 4);  // no wait: ordered before the kernel
+  backend_.row_candidates(logits, temperatures, kCandidates, candidates);
   host_candidates_.resize(size_t(R) * row_candidates_bytes(kCandidates));
-  backend_.copy_to_host(host_candidates_.data(), candidates_buf_.data(), host_candidates_.size());
+  backend_.copy_to_host(host_candidates_.data(), candidates, host_candidates_.size());
   for (int64_t r = 0; r < R; ++r) {
     Sequence& s = *seqs[size_t(r)];
     const RowCandidates c = read_row_candidates(host_candidates_.data(), r, kCandidates, V);

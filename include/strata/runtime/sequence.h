@@ -90,8 +90,8 @@ private:
 
   Backend& backend_;
   const ModelConfig& cfg_;
-  Buffer argmax_buf_;
-  Buffer temperatures_buf_, candidates_buf_;  // where samples_on_device
+  size_t max_rows_ = 0;
+  Buffer device_buf_;  // the argmax's ids, the rows' temperatures, their candidates
   std::vector<int32_t> picks_;
   std::vector<char> decided_;      // picks_[r] holds row r's token
   std::vector<int64_t> full_rows_;  // rows whose logits come to the host
