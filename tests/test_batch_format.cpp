@@ -228,6 +228,12 @@ TEST_CASE("well-formed OpenAI requests that cannot be served carry an error", "[
       {chat_line("25", {{"repetition_penalty", -1}}), "invalid_value", "body.repetition_penalty must be > 0"},
       {chat_line("26", {{"max_tokens", 4}, {"min_tokens", 5}}), "invalid_value", "body.min_tokens must be in [0, 4]"},
       {chat_line("27", {{"stop_token_ids", {"a"}}}), "invalid_value", "body.stop_token_ids must hold token ids"},
+      {chat_line("28", {{"response_format", {{"type", "json_schema"}, {"json_schema", json::object()}}}}),
+       "unsupported_value", "body.response_format type \"json_schema\" is not supported"},
+      {chat_line("29", {{"response_format", "json_object"}}), "invalid_type",
+       "body.response_format must be an object with a string \"type\""},
+      {completion_line("30", {{"response_format", {{"type", "yaml"}}}}), "invalid_value",
+       "body.response_format type must be \"text\" or \"json_object\", got \"yaml\""},
   };
   std::string text;
   for (const Case& c : cases) text += c.line;

@@ -151,6 +151,42 @@ TEST_CASE("strata run rejects bad input before writing anything", "[cli]") {
   }
 }
 
+TEST_CASE("strata run --response-format json_object holds answers to one JSON document", "[cli][json]") {
+  const fs::path prompts = temp_dir() / "json.jsonl";
+  std::ofstream(prompts) << "{\"id\": 1, \"prompt\": \"Reply in JSON.\", \"max_new_tokens\": 40}\n"
+                            "{\"id\": 2, \"prompt\": \"Free text.\", \"max_new_tokens\": 12, "
+                            "\"response_format\": {\"type\": \"text\"}}\n"
+                            "{\"id\": 3, \"prompt\": \"Hello\", \"max_new_tokens\": 40, \"temperature\": 0.8, \"seed\": 5}\n";
+  auto answers = [&](const std::string& flags) {
+    const fs::path out = temp_dir() / "json_out.jsonl";
+    fs::remove(out);
+    const Result r = run_strata("run --model " + kModels + "/tiny-llama --prompts " + prompts.string() + " --out " +
+                                out.string() + " --device cpu --ordered" + flags);
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    std::vector<json> lines;
+    std::ifstream in(out);
+    for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+    REQUIRE(lines.size() == 3);
+    return lines;
+  };
+  const std::vector<json> held = answers(" --response-format json_object"), free = answers("");
+  CHECK(held[1] == free[1]);  // the line that asks for text
+  for (int i : {0, 2}) {
+    INFO(held[size_t(i)].dump());
+    const std::string text = held[size_t(i)]["completion"];
+    REQUIRE_FALSE(text.empty());
+    CHECK((text[0] == '{' || text[0] == '['));
+    CHECK(held[size_t(i)]["tokens"] != free[size_t(i)]["tokens"]);
+    if (held[size_t(i)]["finish_reason"] == "stop") CHECK(json::accept(text));
+    else CHECK(held[size_t(i)]["completion_tokens"] == 40);
+  }
+  const Result bad = run_strata("run --model " + kModels + "/tiny-llama --prompts " + prompts.string() + " --out " +
+                                (temp_dir() / "json_bad.jsonl").string() + " --device cpu --response-format xml");
+  CHECK(bad.code != 0);
+  CHECK_THAT(bad.output, Catch::Contains("--response-format"));
+}
+
 TEST_CASE("strata run with a truncated weights file fails naming the file", "[cli]") {
   const fs::path dir = temp_dir() / "truncated-model";
   fs::create_directories(dir);

@@ -104,6 +104,37 @@ TEST_CASE("prompt lines carry min_p, the penalties and a logit bias", "[job][sam
   }
 }
 
+TEST_CASE("both formats carry response_format; unset leaves the job's default", "[job][json]") {
+  const auto recs = read_prompts(
+      write_file("format.jsonl", "{\"id\": 1, \"prompt\": \"a\", \"response_format\": {\"type\": \"json_object\"}}\n"
+                                 "{\"id\": 2, \"prompt\": \"b\", \"response_format\": {\"type\": \"text\"}}\n"
+                                 "{\"id\": 3, \"prompt\": \"c\", \"response_format\": null}\n"),
+      {});
+  REQUIRE(recs.size() == 3);
+  CHECK(recs[0].response_format == ResponseFormat::JsonObject);
+  CHECK(recs[1].response_format == ResponseFormat::Text);
+  CHECK_FALSE(recs[2].response_format.has_value());
+  const auto oa = read_prompts(
+      write_file("format-oa.jsonl",
+                 "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": "
+                 "\"json_object\"}}}\n"),
+      {});
+  REQUIRE(oa.size() == 1);
+  CHECK_FALSE(oa[0].error);
+  CHECK(oa[0].response_format == ResponseFormat::JsonObject);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"\"response_format\": \"json_object\"", "field 'response_format' must be an object with a string \"type\""},
+      {"\"response_format\": {\"type\": \"json_schema\"}",
+       "field 'response_format' type \"json_schema\" is not supported"},
+      {"\"response_format\": {\"type\": \"xml\"}", "field 'response_format' type must be \"text\" or \"json_object\""}};
+  for (const auto& [field, message] : bad) {
+    INFO(field);
+    const fs::path p = write_file("format-bad.jsonl", "{\"id\": 1, \"prompt\": \"a\", " + field + "}\n");
+    CHECK_THROWS_WITH(read_prompts(p, {}), Catch::Contains("format-bad.jsonl:1: " + message));
+  }
+}
+
 TEST_CASE("strata lines' messages carry OpenAI's tool calls on assistant messages", "[job][chat]") {
   const auto recs = read_prompts(
       write_file("tools.jsonl",

@@ -1,3 +1,4 @@
+#include <map>
 #include <iostream>
 
 #include "commands.h"
@@ -72,6 +73,13 @@ void add_run_command(CLI::App& app) {
                   "stop string for lines that give no \"stop\" (repeat for up to 4): a completion ends at its "
                   "first match, which is cut from the text")
       ->allow_extra_args(false);
+  const std::map<std::string, ResponseFormat> formats = {{"text", ResponseFormat::Text},
+                                                          {"json_object", ResponseFormat::JsonObject}};
+  cmd->add_option("--response-format", opt->response_format,
+                  "for lines that give no response_format: text, or json_object (each answer one JSON object or "
+                  "array, ending at its closing bracket)")
+      ->transform(CLI::CheckedTransformer(formats, CLI::ignore_case))
+      ->default_str("text");
   cmd->add_flag("!--no-progress", opt->progress, "no progress line");
   cmd->add_flag("!--no-refill", opt->refill,
                 "generate in blocks whose slots all wait for the block's longest answer (default: a finished "

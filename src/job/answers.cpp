@@ -187,7 +187,18 @@ GenRequest make_gen_request(const PromptRecord& r, std::vector<int32_t> prompt, 
   g.n = r.n;
   g.logprobs = r.logprobs;
   g.stop = make_stop_check(*s.tokenizer, stops_of(r, s));
+  if (r.response_format.value_or(s.default_response_format) == ResponseFormat::JsonObject) {
+    STRATA_CHECK(s.json_vocabulary, "a JSON answer asked for without the job's JSON vocabulary");
+    g.json = s.json_vocabulary;
+  }
   return g;
+}
+
+std::shared_ptr<const JsonVocabulary> json_vocabulary(const Tokenizer& tokenizer) {
+  std::vector<std::string> bytes(size_t(tokenizer.vocab_size()));
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id)
+    if (!tokenizer.is_special(id)) bytes[size_t(id)] = tokenizer.token_bytes(id);
+  return std::make_shared<const JsonVocabulary>(std::move(bytes));
 }
 
 json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const GenResult> choices,

@@ -21,7 +21,7 @@ namespace {
 const std::set<std::string> kKnownKeys = {
     "id", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos", "stop", "n",
     "logprobs", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
-    "stop_token_ids"};
+    "stop_token_ids", "response_format"};
 
 struct LineContext {
   std::string where;  // "file:line"
@@ -172,8 +172,35 @@ std::optional<std::vector<std::string>> parse_stop(const json& v, std::string& w
   return out;
 }
 
-// The strata format's extensions beyond sampling: stop strings, choices, logprobs.
+// response_format, OpenAI's object in both formats: {"type": "text"} or {"type": "json_object"}
+// (null: not given). json_schema is refused by name: a schema we did not enforce would pass for one
+// we did.
+std::optional<FieldError> read_response_format(const json& obj, const std::function<std::string(const char*)>& name,
+                                               PromptRecord& r) {
+  if (!obj.contains("response_format") || obj["response_format"].is_null()) return std::nullopt;
+  const json& v = obj["response_format"];
+  if (!v.is_object() || !v.contains("type") || !v["type"].is_string())
+    return FieldError{"invalid_type", name("response_format") +
+                                          " must be an object with a string \"type\" (\"text\" or \"json_object\"), got " +
+                                          v.dump()};
+  const std::string type = v["type"].get<std::string>();
+  if (type == "text") r.response_format = ResponseFormat::Text;
+  else if (type == "json_object") r.response_format = ResponseFormat::JsonObject;
+  else if (type == "json_schema")
+    return FieldError{"unsupported_value", name("response_format") +
+                                               " type \"json_schema\" is not supported; \"json_object\" holds answers to "
+                                               "any JSON object or array"};
+  else
+    return FieldError{"invalid_value", name("response_format") + " type must be \"text\" or \"json_object\", got " +
+                                           v["type"].dump()};
+  return std::nullopt;
+}
+
+// The strata format's extensions beyond sampling: stop strings, choices, logprobs, the response
+// format.
 void read_strata_extras(const json& obj, const LineContext& ctx, PromptRecord& r) {
+  auto field = [](const char* key) { return std::string("field '") + key + "'"; };
+  if (const auto e = read_response_format(obj, field, r)) ctx.fail(e->message);
   if (obj.contains("stop") && !obj["stop"].is_null()) {  // null: not given
     std::string why;
     r.stop = parse_stop(obj["stop"], why);
@@ -205,11 +232,11 @@ std::vector<ChatMessage> read_messages(const json& v, const LineContext& ctx) {
 
 const std::set<std::string> kOpenAITopKeys = {"custom_id", "method", "url", "body"};
 // Body fields we read; top_k, min_p, repetition_penalty, min_tokens, stop_token_ids and ignore_eos
-// are extensions (vLLM takes them too).
+// are extensions (vLLM takes them too). response_format: "text" and "json_object".
 const std::set<std::string> kOpenAIBodyKeys = {
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
     "logprobs", "top_logprobs", "stream", "frequency_penalty", "presence_penalty", "logit_bias", "top_k", "min_p",
-    "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids"};
+    "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "response_format"};
 
 [[noreturn]] void refuse(const std::string& code, const std::string& message) { throw ServeError{code, message}; }
 
@@ -288,6 +315,7 @@ void read_openai_body(const json& body, PromptRecord& r) {
   }
   auto field = [](const char* key) { return std::string("body.") + key; };
   if (const auto e = read_sampling_extensions(body, field, s)) refuse(e->code, e->message);
+  if (const auto e = read_response_format(body, field, r)) refuse(e->code, e->message);
   if (given(body, "n")) {
     const int64_t n = body_int(body, "n");
     if (n < 1 || n > kMaxChoices)

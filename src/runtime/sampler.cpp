@@ -150,6 +150,29 @@ int32_t Sampler::sample(const float* logits, int64_t vocab, std::span<const int3
         if (t >= 0 && t < vocab) adjusted_[size_t(t)] = -INFINITY;
     logits = adjusted_.data();
   }
+  if (json_) return sample_json(adjusted_.data(), vocab);
+  return draw(logits, vocab);
+}
+
+int32_t Sampler::sample_json(float* logits, int64_t vocab) {
+  // A greedy answer whose argmax the grammar allows needs no mask: the masked argmax is the same
+  // token (the lowest id among equal maxima either way).
+  if (params_.greedy()) {
+    const int32_t best = int32_t(std::max_element(logits, logits + vocab) - logits);
+    if (json_->accepts(best)) {
+      json_->advance(best);
+      return best;
+    }
+  }
+  if (json_->mask(logits, vocab) == 0)
+    STRATA_FAIL("JSON answer: no token of the model's vocabulary can continue it (the tokenizer lacks the bytes "
+                "JSON needs next)");
+  const int32_t token = draw(logits, vocab);
+  json_->advance(token);
+  return token;
+}
+
+int32_t Sampler::draw(const float* logits, int64_t vocab) {
   if (params_.greedy()) return int32_t(std::max_element(logits, logits + vocab) - logits);
   // sampling_distribution's walk, most probable first, sorted only as far as the draw reaches. The
   // order matters beyond the distribution: two runs whose logits differ in the last bits (a

@@ -3,6 +3,7 @@
 // are docs/batch-format.md's.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "strata/job/prompts.h"
 #include "strata/model/tokenizer.h"
+#include "strata/runtime/json_grammar.h"
 #include "strata/runtime/sequence.h"
 
 namespace strata {
@@ -20,10 +22,20 @@ struct AnswerSettings {
   std::vector<std::string> default_stop;  // --stop: for records that give no "stop"
   std::string model_name;                 // OpenAI "model" when the body names none
   int64_t created = 0;                    // OpenAI "created" (Unix seconds)
+  // --response-format: for records that give no response_format.
+  ResponseFormat default_response_format = ResponseFormat::Text;
+  // The tokenizer's vocabulary for JSON answers (json_vocabulary below); made by the job when a
+  // record may ask for one.
+  std::shared_ptr<const JsonVocabulary> json_vocabulary;
 };
 
-// The request generating `r` from its prompt tokens: sampling, n choices, logprobs, and a stop
-// check that ends a choice as soon as its text holds one of the stop strings.
+// The tokenizer's tokens as JSON answers draw them: each token's bytes, special tokens none
+// (never drawn inside a document; the answer ends at its closing bracket).
+std::shared_ptr<const JsonVocabulary> json_vocabulary(const Tokenizer& tokenizer);
+
+// The request generating `r` from its prompt tokens: sampling, n choices, logprobs, a stop check
+// that ends a choice as soon as its text holds one of the stop strings, and the JSON grammar when
+// the record (or the job's default) asks for json_object.
 GenRequest make_gen_request(const PromptRecord& r, std::vector<int32_t> prompt, const AnswerSettings& s);
 
 // The output line answering `r` (strata or OpenAI format, as it came) from its choices' results,

@@ -31,6 +31,9 @@ struct ServeError {
   std::string code, message;
 };
 
+// OpenAI's response_format: free text, or one JSON object or array (json_grammar.h).
+enum class ResponseFormat : uint8_t { Text, JsonObject };
+
 struct PromptRecord {
   nlohmann::json id;        // strata: "id" (string or integer); OpenAI: "custom_id" (string)
   std::string id_key;       // id.dump(): unique key for duplicate checks and resume
@@ -46,6 +49,7 @@ struct PromptRecord {
   // -1: no logprobs; k >= 0: each generated token's log-probability and the k most probable
   // tokens (chat: logprobs true + top_logprobs k; completions: logprobs k; strata: logprobs k).
   int logprobs = -1;
+  std::optional<ResponseFormat> response_format;  // unset: the job's default (--response-format)
   std::string model;                 // OpenAI body.model, echoed in the response ("" if absent)
   std::optional<ServeError> error;   // OpenAI only: answer with this error instead of generating
 };

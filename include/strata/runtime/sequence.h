@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -29,10 +30,13 @@ struct GenRequest {
   int n = 1;
   int logprobs = -1;            // >= 0: record GenResult::logprobs with this many top tokens
   StopCheck stop;               // empty: none
+  // Non-null: each choice is one JSON object or array, drawn only among the tokens the grammar
+  // allows (json_grammar.h), and ends (finish Stop) at the bracket that closes it.
+  std::shared_ptr<const JsonVocabulary> json;
 };
 
-// Eos: an EOS token; Stop: the request's StopCheck or one of its stop_token_ids; Length:
-// max_new_tokens or the context.
+// Eos: an EOS token; Stop: the request's StopCheck, one of its stop_token_ids or a JSON answer's
+// closing bracket; Length: max_new_tokens or the context.
 enum class FinishReason : uint8_t { Eos, Length, Stop };
 const char* finish_reason_name(FinishReason r);
 

@@ -1,0 +1,259 @@
+// JSON answers (response_format json_object): the grammar's token masks against xgrammar's builtin
+// JSON grammar over five vocabularies, greedy answers against transformers' generate() with
+// xgrammar's logits processor on the tiny models (tests/fixtures/json/make_json_fixtures.py), and
+// the automaton's own edges: where a document ends, how deep it nests, sampled answers.
+#include "test_paths.h"
+#include <catch2/catch.hpp>
+#include <cctype>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "offload_grid.h"
+#include "strata/job/answers.h"
+#include "strata/model/model_loader.h"
+#include "strata/model/tokenizer.h"
+#include "strata/offload/engine.h"
+#include "strata/runtime/generator.h"
+#include "strata/runtime/json_grammar.h"
+#include "strata/runtime/sequence.h"
+#include "test_support.h"
+
+using namespace strata;
+using nlohmann::json;
+
+namespace {
+
+const std::string kFixtures = STRATA_FIXTURES_DIR;
+
+const json& fixture() {
+  static const json fx = [] {
+    std::ifstream in(kFixtures + "/json/json_masks.json");
+    REQUIRE(in.good());
+    return json::parse(in);
+  }();
+  return fx;
+}
+
+std::string base64_decode(const std::string& text) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    return c == '+' ? 62 : c == '/' ? 63 : -1;
+  };
+  std::string out;
+  int bits = 0, acc = 0;
+  for (char c : text) {
+    const int v = value(c);
+    if (v < 0) continue;  // '=' padding
+    acc = (acc << 6) | v, bits += 6;
+    if (bits >= 8) out.push_back(char((acc >> (bits -= 8)) & 0xFF));
+  }
+  return out;
+}
+
+Tokenizer load_tokenizer(const std::string& relative) {
+  const std::string path = kFixtures + "/" + relative;
+  return relative.ends_with(".json") ? Tokenizer::from_tokenizer_json(path) : Tokenizer::from_dir(path);
+}
+
+JsonState state_after(const std::string& text) {
+  JsonState s;
+  for (char c : text) REQUIRE(json_step(s, uint8_t(c)));
+  return s;
+}
+
+bool bit(const std::vector<uint64_t>& mask, int64_t id) { return (mask[size_t(id) / 64] >> (id % 64)) & 1; }
+
+// The fixture's greedy cases of one model as requests held to JSON.
+struct JsonCases {
+  std::vector<GenRequest> requests;
+  std::vector<json> cases;
+};
+JsonCases json_cases(const std::string& model, const std::shared_ptr<const JsonVocabulary>& vocabulary) {
+  JsonCases out;
+  for (const json& c : fixture()["greedy"]) {
+    if (c["model"] != model) continue;
+    GenRequest r;
+    r.prompt = c["prompt"].get<std::vector<int32_t>>();
+    r.sampling.max_new_tokens = c["max_new_tokens"].get<int>();
+    r.json = vocabulary;
+    out.requests.push_back(r);
+    out.cases.push_back(c);
+  }
+  return out;
+}
+
+// Tokens equal xgrammar's wherever the smallest top-2 gap of the masked logits exceeds
+// `tolerance`; a document that closed ends the answer (finish Stop) and parses. Returns the cases
+// held to that.
+int check_json_greedy(const JsonCases& cases, const std::vector<GenResult>& got, const Tokenizer& tokenizer,
+                      double tolerance) {
+  REQUIRE(got.size() == cases.cases.size());
+  int checked = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const json& c = cases.cases[i];
+    if (c["min_top2_gap"].get<double>() <= tolerance) continue;
+    INFO("case " << i << ", prompt " << c["prompt"].dump());
+    CHECK(got[i].tokens == c["greedy"].get<std::vector<int32_t>>());
+    const bool closed = c["closed"].get<bool>();
+    CHECK(got[i].finish == (closed ? FinishReason::Stop : FinishReason::Length));
+    if (closed) CHECK(json::accept(tokenizer.decode(got[i].tokens)));
+    ++checked;
+  }
+  return checked;
+}
+
+const char* const kModels[] = {"tiny-llama", "tiny-opt"};
+
+}  // namespace
+
+TEST_CASE("JSON token masks equal xgrammar's builtin JSON grammar's", "[sampler][json]") {
+  int cases = 0;
+  for (const auto& [name, entry] : fixture()["masks"].items()) {
+    INFO(name);
+    const Tokenizer tokenizer = load_tokenizer(entry["tokenizer"].get<std::string>());
+    const auto vocabulary = json_vocabulary(tokenizer);
+    const int64_t vocab = entry["vocab_size"].get<int64_t>();
+    REQUIRE(vocabulary->size() <= vocab);
+    for (const json& c : entry["cases"]) {
+      const std::string prefix = base64_decode(c["prefix"].get<std::string>());
+      const std::string want = base64_decode(c["allowed"].get<std::string>());
+      REQUIRE(int64_t(want.size()) == (vocab + 7) / 8);
+      INFO("prefix \"" << prefix << "\"");
+      const JsonState state = state_after(prefix);
+      CHECK_FALSE(json_complete(state));
+      const std::vector<uint64_t>& got = *vocabulary->allowed(state);
+      int wrong = 0, allowed = 0;
+      for (int64_t id = 0; id < vocab; ++id) {
+        const bool expected = (uint8_t(want[size_t(id / 8)]) >> (id % 8)) & 1;
+        const bool mine = id < vocabulary->size() && bit(got, id);
+        allowed += expected;
+        // The token-by-token check agrees with the walk over the sorted vocabulary.
+        if (id < vocabulary->size() && vocabulary->accepts(state, int32_t(id)) != mine) ++wrong;
+        if (expected == mine) continue;
+        if (++wrong <= 5)
+          UNSCOPED_INFO("token " << id << " \"" << tokenizer.token_bytes(int32_t(id)) << "\": xgrammar "
+                                 << (expected ? "allows" : "refuses") << " it");
+      }
+      CHECK(wrong == 0);
+      CHECK(allowed > 0);
+      ++cases;
+    }
+  }
+  CHECK(cases == 31 + 4 * 188);
+}
+
+TEST_CASE("greedy JSON answers are transformers' with xgrammar's logits processor (CPU, resident and engine)",
+          "[sampler][json][model][hf]") {
+  auto backend = make_cpu_backend(2);
+  int checked = 0, closed = 0;
+  for (const char* name : kModels) {
+    INFO(name);
+    ModelBundle model = open_model(kFixtures + "/models/" + name);
+    const JsonCases cases = json_cases(name, json_vocabulary(*model.tokenizer));
+    REQUIRE(cases.requests.size() == 5);
+    Transformer resident(model.config, load_model_weights(model.config, *model.weights, *backend), *backend);
+    checked += check_json_greedy(cases, generate(resident, cases.requests), *model.tokenizer, 1e-3);
+
+    OffloadOptions opt;
+    opt.policy = test::policy_of(int(cases.requests.size()), 1, {0, 100, 0}, {0, 100, 0}, {100, 0, 0},
+                                 /*cpu_attention=*/true);
+    opt.offload_dir = test::offload_dir("json");
+    OffloadEngine engine(model.config, *model.weights, *backend, opt, test::shape_of(cases.requests));
+    checked += check_json_greedy(cases, engine.generate(cases.requests), *model.tokenizer, 1e-3);
+    for (const json& c : cases.cases) closed += c["closed"].get<bool>() ? 1 : 0;
+  }
+  CHECK(checked == 20);  // every case past the margin, both paths
+  CHECK(closed >= 3);    // documents that close, and so end the answer early
+  std::error_code ec;
+  std::filesystem::remove_all(test::offload_dir("json"), ec);
+}
+
+TEST_CASE("CUDA: greedy JSON answers are transformers' with xgrammar's where the margin allows", "[sampler][json][cuda]") {
+  if (!cuda_available()) {
+    WARN("no GPU: skipped");
+    return;
+  }
+  auto backend = make_cuda_backend(0);
+  int checked = 0;
+  for (const char* name : kModels) {
+    INFO(name);
+    ModelBundle model = open_model(kFixtures + "/models/" + name);
+    const JsonCases cases = json_cases(name, json_vocabulary(*model.tokenizer));
+    Transformer resident(model.config, load_model_weights(model.config, *model.weights, *backend), *backend);
+    // 0.05: the margin-bound CUDA tests' logit tolerance (fp16 logits).
+    checked += check_json_greedy(cases, generate(resident, cases.requests), *model.tokenizer, 0.05);
+  }
+  CHECK(checked == 8);  // the fixture's cases past 0.05
+}
+
+TEST_CASE("a JSON document ends at its closing bracket, numbers end at what follows them", "[sampler][json]") {
+  auto ends = [](const std::string& text) { return json_complete(state_after(text)); };
+  CHECK(ends("{}"));
+  CHECK(ends("[ 1 , -2.5e+3 , {\"a\" : [true, false, null]} ]"));
+  CHECK(ends("{\"k\":\"\\u00e9\\n\xe2\x82\xac\"}"));
+  CHECK_FALSE(ends("{\"a\":1"));
+  CHECK_FALSE(ends("[[]"));
+  JsonState done = state_after("{}");
+  CHECK_FALSE(json_step(done, ' '));  // nothing after the document, not even whitespace
+  JsonState root;
+  CHECK_FALSE(json_step(root, ' '));  // nor before it
+  CHECK_FALSE(json_step(root, '1'));  // the root is an object or an array
+  for (const char* bad : {"[01", "[1.]", "[-]", "[1e]", "[tru ", "{\"a\" 1", "{,", "[1,]", "{\"a\":1,}", "[\"\x01",
+                          "[\"\\x", "[\"\\u12g", "[\"\xc0", "[\"\xe0\x80", "[\"\xf4\x90", "[\"\x80", "[1}", "{\"a\":1]"}) {
+    INFO(bad);
+    JsonState s;
+    const std::string text = bad;
+    bool ok = true;
+    for (char c : text) ok = ok && json_step(s, uint8_t(c));
+    CHECK_FALSE(ok);
+  }
+  // Nesting stops at kMaxJsonDepth.
+  JsonState nested = state_after(std::string(size_t(kMaxJsonDepth), '['));
+  CHECK_FALSE(json_step(nested, '['));
+  CHECK(json_step(nested, ']'));
+}
+
+TEST_CASE("sampled JSON answers draw only what the grammar allows, and closed ones parse", "[sampler][json][model]") {
+  auto backend = make_cpu_backend(2);
+  ModelBundle model = open_model(kFixtures + "/models/tiny-llama");
+  const auto vocabulary = json_vocabulary(*model.tokenizer);
+  std::vector<GenRequest> requests;
+  for (int i = 0; i < 6; ++i) {
+    GenRequest r;
+    r.prompt = {1, 15 + i, 300, 7};
+    r.sampling.temperature = i % 2 ? 0.7f : 1.0f;
+    r.sampling.top_p = i % 3 ? 1.0f : 0.9f;
+    r.sampling.top_k = i == 4 ? 20 : 0;
+    r.sampling.seed = uint64_t(100 + i);
+    r.sampling.max_new_tokens = 48;
+    r.n = 2;
+    r.json = vocabulary;
+    requests.push_back(r);
+  }
+  Transformer resident(model.config, load_model_weights(model.config, *model.weights, *backend), *backend);
+  const std::vector<GenResult> got = generate(resident, requests);
+  REQUIRE(got.size() == 12);
+  int closed = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("answer " << i);
+    JsonState s;
+    for (int32_t t : got[i].tokens) {
+      REQUIRE(vocabulary->accepts(s, t));
+      s = vocabulary->after(s, t);
+    }
+    CHECK(json_complete(s) == (got[i].finish == FinishReason::Stop));
+    if (!json_complete(s)) continue;
+    ++closed;
+    const std::string text = model.tokenizer->decode(got[i].tokens);
+    // nlohmann refuses the surrogates (escaped, or encoded from ED A0) that xgrammar's grammar lets through.
+    bool surrogate = false;
+    for (size_t at = 0; at + 3 < text.size(); ++at)
+      surrogate |= (text.compare(at, 2, "\\u") == 0 && (text[at + 2] | 0x20) == 'd' && std::isxdigit(text[at + 3]) &&
+                    (text[at + 3] >= '8' || std::isalpha(text[at + 3]))) ||
+                   (uint8_t(text[at]) == 0xED && uint8_t(text[at + 1]) >= 0xA0);
+    if (!surrogate) CHECK(json::accept(text));
+  }
+  CHECK(closed >= 2);
+}
