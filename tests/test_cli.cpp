@@ -187,6 +187,28 @@ TEST_CASE("strata run --response-format json_object holds answers to one JSON do
   CHECK_THAT(bad.output, Catch::Contains("--response-format"));
 }
 
+TEST_CASE("strata run answers a batch file whose every request is refused with its error lines", "[cli][job]") {
+  // A json_schema request is well-formed but unserved: the job has nothing to generate and still
+  // finishes its output.
+  const fs::path prompts = temp_dir() / "refused.jsonl", out = temp_dir() / "refused_out.jsonl";
+  std::ofstream(prompts) << "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", "
+                            "\"body\": {\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"response_format\": "
+                            "{\"type\": \"json_schema\", \"json_schema\": {}}}}\n";
+  fs::remove(out);
+  for (const char* flags : {"", " --no-refill"}) {
+    const Result r = run_strata("run --model " + kModels + "/tiny-llama --prompts " + prompts.string() + " --out " +
+                                out.string() + " --device cpu" + flags);
+    INFO(flags << ": " << r.output);
+    REQUIRE(r.code == 0);
+    std::ifstream in(out);
+    std::string line;
+    REQUIRE(std::getline(in, line));
+    CHECK(json::parse(line)["error"]["code"] == "unsupported_value");
+    CHECK_FALSE(std::getline(in, line));
+    fs::remove(out);
+  }
+}
+
 TEST_CASE("strata run with a truncated weights file fails naming the file", "[cli]") {
   const fs::path dir = temp_dir() / "truncated-model";
   fs::create_directories(dir);

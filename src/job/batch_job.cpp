@@ -642,6 +642,7 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
         ps.done += int64_t(errors.size());
         if (!behind.push(std::move(errors))) break;  // the writer failed
       }
+      if (work.empty()) continue;  // a window of error lines only: nothing to generate
       if (gen->refills()) {
         // Continuous batching: the window's requests in input order, each taking a slot as one frees.
         std::vector<GenRequest> reqs;
