@@ -5,6 +5,7 @@
 #include "test_paths.h"
 #include <catch2/catch.hpp>
 #include <cctype>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -186,6 +187,39 @@ TEST_CASE("CUDA: greedy JSON answers are transformers' with xgrammar's where the
     checked += check_json_greedy(cases, generate(resident, cases.requests), *model.tokenizer, 0.05);
   }
   CHECK(checked == 8);  // the fixture's cases past 0.05
+}
+
+TEST_CASE("a row's JSON mask refuses exactly the tokens its state refuses, and every id past the vocabulary",
+          "[sampler][json]") {
+  for (const char* name : {"tokenizer/gpt2/tokenizer.json", "models/tiny-opt"}) {
+    INFO(name);
+    const Tokenizer tokenizer = load_tokenizer(name);
+    const auto vocabulary = json_vocabulary(tokenizer);
+    const std::vector<int32_t> doc = tokenizer.encode("{\"k\": [1.5, \"t\\u00e9xt \u00e9\", true], \"n\": {}}");
+    // Rows as long as the vocabulary, shorter (a mask word cut) and longer (a model's padded ids).
+    for (int64_t extra : {int64_t(0), int64_t(-37), int64_t(339)}) {
+      const int64_t V = vocabulary->size() + extra;
+      JsonMatcher m(vocabulary);
+      JsonState s;
+      for (size_t i = 0; i < doc.size(); ++i) {
+        std::vector<float> row(size_t(V), 1.0f);
+        const int64_t kept = m.mask(row.data(), V);
+        const std::vector<uint64_t>& want = *vocabulary->allowed(s);
+        int64_t wrong = 0, allowed = 0;
+        for (int64_t id = 0; id < V; ++id) {
+          const bool ok = id < vocabulary->size() && bit(want, id);
+          allowed += ok;
+          wrong += (row[size_t(id)] == 1.0f) != ok || (!ok && row[size_t(id)] != -INFINITY);
+        }
+        CHECK(wrong == 0);
+        CHECK(kept == allowed);
+        REQUIRE(m.accepts(doc[i]));
+        m.advance(doc[i]);
+        s = vocabulary->after(s, doc[i]);
+      }
+      CHECK(m.complete());
+    }
+  }
 }
 
 TEST_CASE("a JSON document ends at its closing bracket, numbers end at what follows them", "[sampler][json]") {

@@ -1,6 +1,7 @@
 #include "strata/runtime/json_grammar.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <numeric>
 
@@ -296,11 +297,21 @@ int64_t JsonMatcher::mask(float* logits, int64_t vocab) const {
   const std::shared_ptr<const std::vector<uint64_t>> allowed = vocabulary_->allowed(state_);
   const int64_t known = std::min(vocab, vocabulary_->size());
   int64_t kept = 0;
-  for (int64_t id = 0; id < known; ++id) {
-    if (((*allowed)[size_t(id) / 64] >> (id % 64)) & 1) ++kept;
-    else logits[id] = -INFINITY;
+  // A word at a time: inside a string nearly every word allows all its 64 tokens, elsewhere
+  // nearly every word allows none.
+  for (int64_t base = 0; base < known; base += 64) {
+    const int64_t n = std::min<int64_t>(64, known - base);
+    const uint64_t word = (*allowed)[size_t(base / 64)] & (n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1);
+    kept += std::popcount(word);
+    if (n == 64 && word == ~uint64_t(0)) continue;
+    if (word == 0) {
+      std::fill(logits + base, logits + base + n, -INFINITY);
+      continue;
+    }
+    for (int64_t i = 0; i < n; ++i)
+      if (!((word >> i) & 1)) logits[base + i] = -INFINITY;
   }
-  for (int64_t id = known; id < vocab; ++id) logits[id] = -INFINITY;
+  std::fill(logits + known, logits + std::max(known, vocab), -INFINITY);
   return kept;
 }
 
