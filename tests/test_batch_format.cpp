@@ -229,11 +229,15 @@ TEST_CASE("well-formed OpenAI requests that cannot be served carry an error", "[
       {chat_line("26", {{"max_tokens", 4}, {"min_tokens", 5}}), "invalid_value", "body.min_tokens must be in [0, 4]"},
       {chat_line("27", {{"stop_token_ids", {"a"}}}), "invalid_value", "body.stop_token_ids must hold token ids"},
       {chat_line("28", {{"response_format", {{"type", "json_schema"}, {"json_schema", json::object()}}}}),
-       "unsupported_value", "body.response_format type \"json_schema\" is not supported"},
+       "invalid_value", "body.response_format of type \"json_schema\" needs \"json_schema\": {\"schema\": {...}}"},
       {chat_line("29", {{"response_format", "json_object"}}), "invalid_type",
        "body.response_format must be an object with a string \"type\""},
       {completion_line("30", {{"response_format", {{"type", "yaml"}}}}), "invalid_value",
-       "body.response_format type must be \"text\" or \"json_object\", got \"yaml\""},
+       "body.response_format type must be \"text\", \"json_object\" or \"json_schema\", got \"yaml\""},
+      {chat_line("31", {{"response_format",
+                         {{"type", "json_schema"},
+                          {"json_schema", {{"name", "x"}, {"schema", {{"type", "object"}, {"minProperties", 1}}}}}}}}),
+       "unsupported_value", "body.response_format.json_schema.schema: keyword 'minProperties' at # is not supported"},
   };
   std::string text;
   for (const Case& c : cases) text += c.line;

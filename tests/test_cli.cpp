@@ -187,13 +187,50 @@ TEST_CASE("strata run --response-format json_object holds answers to one JSON do
   CHECK_THAT(bad.output, Catch::Contains("--response-format"));
 }
 
+TEST_CASE("strata run --json-schema holds the lines without a response_format to the schema", "[cli][json]") {
+  const fs::path prompts = temp_dir() / "schema.jsonl", schema = temp_dir() / "schema.json",
+                 out = temp_dir() / "schema_out.jsonl";
+  std::ofstream(prompts) << "{\"id\": 1, \"prompt\": \"Who?\", \"max_new_tokens\": 24}\n"
+                            "{\"id\": 2, \"prompt\": \"Free text.\", \"max_new_tokens\": 12, "
+                            "\"response_format\": {\"type\": \"text\"}}\n";
+  // "zeta" first, though it sorts last: the answer must open with it.
+  std::ofstream(schema) << R"({"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}},
+                               "required": ["zeta", "alpha"]})";
+  fs::remove(out);
+  Result r = run_strata("run --model " + kModels + "/tiny-llama --prompts " + prompts.string() + " --out " +
+                        out.string() + " --device cpu --ordered --json-schema " + schema.string());
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  std::ifstream in(out);
+  std::string line;
+  REQUIRE(std::getline(in, line));
+  const std::string text = json::parse(line)["completion"];
+  const size_t key = text.find_first_not_of(" \n\r\t", 1);
+  REQUIRE(key != std::string::npos);
+  CHECK(text[0] == '{');
+  CHECK(text.compare(key, 6, "\"zeta\"") == 0);
+  REQUIRE(std::getline(in, line));
+  CHECK(json::parse(line)["completion"].get<std::string>().rfind("{", 0) != 0);  // text, unheld
+
+  std::ofstream(schema) << R"({"type": "object", "properties": {"a": {"type": "string", "format": "date"}}})";
+  r = run_strata("run --model " + kModels + "/tiny-llama --prompts " + prompts.string() + " --out " + out.string() +
+                 " --device cpu --json-schema " + schema.string());
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains(schema.string() + ": keyword 'format' at #/properties/a is not supported"));
+  r = run_strata("run --model " + kModels + "/tiny-llama --prompts " + prompts.string() + " --out " + out.string() +
+                 " --device cpu --json-schema " + schema.string() + " --response-format json_object");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("give --json-schema or --response-format json_object, not both"));
+}
+
 TEST_CASE("strata run answers a batch file whose every request is refused with its error lines", "[cli][job]") {
-  // A json_schema request is well-formed but unserved: the job has nothing to generate and still
-  // finishes its output.
+  // A schema with a keyword Strata does not enforce is well-formed but unserved: the job has
+  // nothing to generate and still finishes its output.
   const fs::path prompts = temp_dir() / "refused.jsonl", out = temp_dir() / "refused_out.jsonl";
   std::ofstream(prompts) << "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", "
                             "\"body\": {\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"response_format\": "
-                            "{\"type\": \"json_schema\", \"json_schema\": {}}}}\n";
+                            "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": {\"type\": \"object\", "
+                            "\"properties\": {\"a\": {\"type\": \"string\", \"pattern\": \"x\"}}}}}}}\n";
   fs::remove(out);
   for (const char* flags : {"", " --no-refill"}) {
     const Result r = run_strata("run --model " + kModels + "/tiny-llama --prompts " + prompts.string() + " --out " +

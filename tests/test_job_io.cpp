@@ -104,7 +104,7 @@ TEST_CASE("prompt lines carry min_p, the penalties and a logit bias", "[job][sam
   }
 }
 
-TEST_CASE("both formats carry response_format; unset leaves the job's default", "[job][json]") {
+TEST_CASE("both formats carry response_format, and unset it leaves the job's default", "[job][json]") {
   const auto recs = read_prompts(
       write_file("format.jsonl", "{\"id\": 1, \"prompt\": \"a\", \"response_format\": {\"type\": \"json_object\"}}\n"
                                  "{\"id\": 2, \"prompt\": \"b\", \"response_format\": {\"type\": \"text\"}}\n"
@@ -123,11 +123,26 @@ TEST_CASE("both formats carry response_format; unset leaves the job's default", 
   REQUIRE(oa.size() == 1);
   CHECK_FALSE(oa[0].error);
   CHECK(oa[0].response_format == ResponseFormat::JsonObject);
+  // A schema keeps its keys in the order written: its properties come in that order.
+  const auto schema = read_prompts(
+      write_file("format-schema.jsonl",
+                 "{\"id\": 1, \"prompt\": \"a\", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
+                 "{\"name\": \"p\", \"schema\": {\"type\": \"object\", \"properties\": {\"zeta\": {\"type\": "
+                 "\"string\"}, \"alpha\": {\"type\": \"integer\"}}, \"required\": [\"zeta\", \"alpha\"]}}}}\n"),
+      {});
+  REQUIRE(schema.size() == 1);
+  CHECK(schema[0].response_format == ResponseFormat::JsonSchema);
+  CHECK(schema[0].json_schema == "{\"type\":\"object\",\"properties\":{\"zeta\":{\"type\":\"string\"},\"alpha\":{\"type\":"
+                                 "\"integer\"}},\"required\":[\"zeta\",\"alpha\"]}");
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"\"response_format\": \"json_object\"", "field 'response_format' must be an object with a string \"type\""},
       {"\"response_format\": {\"type\": \"json_schema\"}",
-       "field 'response_format' type \"json_schema\" is not supported"},
-      {"\"response_format\": {\"type\": \"xml\"}", "field 'response_format' type must be \"text\" or \"json_object\""}};
+       "field 'response_format' of type \"json_schema\" needs \"json_schema\": {\"schema\": {...}}"},
+      {"\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": {\"type\": \"object\", "
+       "\"properties\": {\"a\": {\"type\": \"string\", \"maxLength\": 5}}}}}",
+       "field 'response_format'.json_schema.schema: keyword 'maxLength' at #/properties/a is not supported"},
+      {"\"response_format\": {\"type\": \"xml\"}",
+       "field 'response_format' type must be \"text\", \"json_object\" or \"json_schema\""}};
   for (const auto& [field, message] : bad) {
     INFO(field);
     const fs::path p = write_file("format-bad.jsonl", "{\"id\": 1, \"prompt\": \"a\", " + field + "}\n");

@@ -1,11 +1,39 @@
-#include <map>
+#include <fstream>
 #include <iostream>
+#include <map>
+#include <sstream>
 
 #include "commands.h"
 #include "strata/backend/backend.h"
+#include "strata/core/error.h"
 #include "strata/job/batch_job.h"
+#include "strata/runtime/json_schema.h"
 
 namespace strata::cli {
+
+namespace {
+
+// --json-schema's file as the schema's text, its keys in the order written; refused here, before
+// any work, when Strata cannot hold answers to it.
+std::string read_json_schema_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::ordered_json schema;
+  try {
+    schema = nlohmann::ordered_json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    STRATA_FAIL(path << ": invalid JSON: " << e.what());
+  }
+  try {
+    compile_json_schema(schema);
+  } catch (const JsonSchemaError& e) {
+    STRATA_FAIL(path << ": " << e.what());
+  }
+  return schema.dump();
+}
+
+}  // namespace
 
 void add_run_command(CLI::App& app) {
   auto opt = std::make_shared<JobOptions>();
@@ -80,6 +108,10 @@ void add_run_command(CLI::App& app) {
                   "array, ending at its closing bracket)")
       ->transform(CLI::CheckedTransformer(formats, CLI::ignore_case))
       ->default_str("text");
+  auto* schema = cmd->add_option("--json-schema", opt->json_schema,
+                                 "JSON schema file for lines that give no response_format: each answer a document of "
+                                 "it (docs/batch-format.md, \"JSON answers\")")
+                     ->check(CLI::ExistingFile);
   cmd->add_flag("!--no-progress", opt->progress, "no progress line");
   cmd->add_flag("!--no-refill", opt->refill,
                 "generate in blocks whose slots all wait for the block's longest answer (default: a finished "
@@ -107,8 +139,14 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--verbose", opt->verbose, "print the realized placement before starting");
   cmd->add_flag("--report", opt->report, "print throughput, stream busy times, bytes per link and peak memory");
   cmd->add_option("--trace", opt->trace, "write a Chrome trace-event timeline (Perfetto) of the schedule");
-  cmd->callback([opt, prefill] {
+  cmd->callback([opt, prefill, schema] {
     opt->prefill_tokens_given = prefill->count() > 0;
+    if (schema->count() > 0) {
+      if (opt->response_format != ResponseFormat::Text)
+        STRATA_FAIL("give --json-schema or --response-format json_object, not both");
+      opt->json_schema = read_json_schema_file(opt->json_schema);
+      opt->response_format = ResponseFormat::JsonSchema;
+    }
     run_batch_job(*opt, std::cerr);
   });
 }

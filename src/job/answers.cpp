@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "strata/job/output.h"
+#include "strata/runtime/json_schema.h"
 
 namespace strata {
 using json = nlohmann::json;
@@ -187,11 +188,33 @@ GenRequest make_gen_request(const PromptRecord& r, std::vector<int32_t> prompt, 
   g.n = r.n;
   g.logprobs = r.logprobs;
   g.stop = make_stop_check(*s.tokenizer, stops_of(r, s));
-  if (r.response_format.value_or(s.default_response_format) == ResponseFormat::JsonObject) {
+  const ResponseFormat format = r.response_format.value_or(s.default_response_format);
+  if (format == ResponseFormat::JsonObject) {
     STRATA_CHECK(s.json_vocabulary, "a JSON answer asked for without the job's JSON vocabulary");
-    g.json = s.json_vocabulary;
+    g.grammar = s.json_vocabulary;
+  } else if (format == ResponseFormat::JsonSchema) {
+    STRATA_CHECK(s.schema_grammars, "a JSON schema answer asked for without the job's schema grammars");
+    g.grammar = s.schema_grammars->get(r.response_format ? r.json_schema : s.default_json_schema);
   }
   return g;
+}
+
+std::shared_ptr<const AnswerGrammar> SchemaGrammars::get(const std::string& schema) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::shared_ptr<const AnswerGrammar>& g = grammars_[schema];
+  if (!g)
+    g = std::make_shared<const JsonSchemaGrammar>(compile_json_schema(nlohmann::ordered_json::parse(schema)), tokens_);
+  return g;
+}
+
+AnswerSettings answer_settings(const Tokenizer& tokenizer, std::vector<std::string> default_stop,
+                               std::string model_name, int64_t created, ResponseFormat default_response_format,
+                               std::string default_json_schema) {
+  AnswerSettings s{&tokenizer,           std::move(default_stop),        std::move(model_name),
+                   created,              default_response_format,         std::move(default_json_schema),
+                   json_vocabulary(tokenizer), nullptr};
+  s.schema_grammars = std::make_shared<SchemaGrammars>(s.json_vocabulary->tokens());
+  return s;
 }
 
 std::shared_ptr<const JsonVocabulary> json_vocabulary(const Tokenizer& tokenizer) {

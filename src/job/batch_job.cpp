@@ -581,8 +581,8 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
     log << "resuming " << writer.partial_path().string() << ": " << done_before << " of " << scan.mine
         << " prompts already done\n";
   const int64_t created = int64_t(std::time(nullptr));
-  const AnswerSettings answers{&*model.tokenizer, opt.stop, model.config.name, created, opt.response_format,
-                               json_vocabulary(*model.tokenizer)};
+  const AnswerSettings answers = answer_settings(*model.tokenizer, opt.stop, model.config.name, created,
+                                                 opt.response_format, opt.json_schema);
 
   const size_t block = gen->batch_size();
   const size_t window = opt.window > 0 ? size_t(opt.window) : std::max<size_t>(8 * block, 4096);

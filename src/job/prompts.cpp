@@ -12,6 +12,7 @@
 
 #include "strata/core/error.h"
 #include "strata/model/chat_json.h"
+#include "strata/runtime/json_schema.h"
 
 namespace strata {
 using json = nlohmann::json;
@@ -186,13 +187,34 @@ std::optional<FieldError> read_response_format(const json& obj, const std::funct
   const std::string type = v["type"].get<std::string>();
   if (type == "text") r.response_format = ResponseFormat::Text;
   else if (type == "json_object") r.response_format = ResponseFormat::JsonObject;
-  else if (type == "json_schema")
-    return FieldError{"unsupported_value", name("response_format") +
-                                               " type \"json_schema\" is not supported; \"json_object\" holds answers to "
-                                               "any JSON object or array"};
-  else
-    return FieldError{"invalid_value", name("response_format") + " type must be \"text\" or \"json_object\", got " +
+  else if (type == "json_schema") {
+    if (!v.contains("json_schema") || !v["json_schema"].is_object() || !v["json_schema"].contains("schema") ||
+        !v["json_schema"]["schema"].is_object())
+      return FieldError{"invalid_value", name("response_format") +
+                                             " of type \"json_schema\" needs \"json_schema\": {\"schema\": {...}}"};
+    r.response_format = ResponseFormat::JsonSchema;  // the schema is read in key order by read_json_schema
+  } else {
+    return FieldError{"invalid_value", name("response_format") +
+                                           " type must be \"text\", \"json_object\" or \"json_schema\", got " +
                                            v["type"].dump()};
+  }
+  return std::nullopt;
+}
+
+// A json_schema record's schema, read again from the line's text with its keys in the order
+// written (objects' properties keep it; nlohmann's json sorts them) and compiled, so that a schema
+// Strata cannot hold answers to is refused before any output.
+std::optional<FieldError> read_json_schema(std::string_view text, bool openai, PromptRecord& r) {
+  const nlohmann::ordered_json line = nlohmann::ordered_json::parse(text);
+  const nlohmann::ordered_json& schema =
+      (openai ? line["body"] : line)["response_format"]["json_schema"]["schema"];
+  try {
+    compile_json_schema(schema);
+  } catch (const JsonSchemaError& e) {
+    return FieldError{"unsupported_value", std::string(openai ? "body.response_format" : "field 'response_format'") +
+                                               ".json_schema.schema: " + e.what()};
+  }
+  r.json_schema = schema.dump();
   return std::nullopt;
 }
 
@@ -429,6 +451,8 @@ std::optional<PromptRecord> PromptLineParser::parse(std::string_view text, int l
   r.sampling = defaults_;
   if (r.format == InputFormat::OpenAIBatch) {
     read_openai_line(obj, ctx, r, warned_keys_, warn_);
+    if (!r.error && r.response_format == ResponseFormat::JsonSchema)
+      if (const auto e = read_json_schema(text, /*openai=*/true, r)) r.error = ServeError{e->code, e->message};
     return r;
   }
   if (!obj.contains("id")) ctx.fail("missing field 'id' (or 'custom_id', for the OpenAI batch format)");
@@ -449,6 +473,8 @@ std::optional<PromptRecord> PromptLineParser::parse(std::string_view text, int l
   }
   read_sampling(obj, ctx, r.sampling);
   read_strata_extras(obj, ctx, r);
+  if (r.response_format == ResponseFormat::JsonSchema)
+    if (const auto e = read_json_schema(text, /*openai=*/false, r)) ctx.fail(e->message);
   for (const auto& [key, value] : obj.items())
     if (!kKnownKeys.count(key) && warned_keys_.insert(key).second && warn_)
       warn_(ctx.where + ": ignoring unknown field '" + key + "'");

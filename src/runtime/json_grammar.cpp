@@ -1,9 +1,6 @@
 #include "strata/runtime/json_grammar.h"
 
 #include <algorithm>
-#include <bit>
-#include <cmath>
-#include <numeric>
 
 #include "strata/core/error.h"
 
@@ -228,25 +225,10 @@ size_t JsonVocabulary::StateHash::operator()(const JsonState& s) const {
   return size_t(h ^ (h >> 29));
 }
 
-JsonVocabulary::JsonVocabulary(std::vector<std::string> token_bytes) : bytes_(std::move(token_bytes)) {
-  for (size_t id = 0; id < bytes_.size(); ++id)
-    if (!bytes_[id].empty()) sorted_.push_back(int32_t(id));
-  std::sort(sorted_.begin(), sorted_.end(), [&](int32_t a, int32_t b) { return bytes_[size_t(a)] < bytes_[size_t(b)]; });
-  shared_.assign(sorted_.size(), 0);
-  for (size_t i = 0; i < sorted_.size(); ++i) {
-    const std::string& t = bytes_[size_t(sorted_[i])];
-    longest_ = std::max(longest_, t.size());
-    if (i == 0) continue;
-    const std::string& prev = bytes_[size_t(sorted_[i - 1])];
-    const auto diff = std::mismatch(t.begin(), t.end(), prev.begin(), prev.end());
-    shared_[i] = uint32_t(diff.first - t.begin());
-  }
-}
-
 bool JsonVocabulary::accepts(const JsonState& s, int32_t id) const {
-  if (id < 0 || id >= size() || bytes_[size_t(id)].empty()) return false;
+  if (!tokens_->known(id)) return false;
   JsonState t = s;
-  for (char c : bytes_[size_t(id)])
+  for (char c : tokens_->bytes(id))
     if (!json_step(t, uint8_t(c))) return false;
   return true;
 }
@@ -254,65 +236,20 @@ bool JsonVocabulary::accepts(const JsonState& s, int32_t id) const {
 JsonState JsonVocabulary::after(const JsonState& s, int32_t id) const {
   STRATA_CHECK(accepts(s, id), "JSON answer: token " << id << " cannot come next");
   JsonState t = s;
-  for (char c : bytes_[size_t(id)]) json_step(t, uint8_t(c));
+  for (char c : tokens_->bytes(id)) json_step(t, uint8_t(c));
   return t;
 }
 
-// One walk over the sorted tokens. at[k] is the state after the first k bytes of the token last
-// walked, valid for k <= valid; a token sharing more than `valid` bytes with the one before starts
-// with a refused prefix and is skipped without reading a byte.
-std::vector<uint64_t> JsonVocabulary::compute_mask(const JsonState& s) const {
-  std::vector<uint64_t> mask(size_t((size() + 63) / 64), 0);
-  std::vector<JsonState> at(longest_ + 1);
-  at[0] = s;
-  size_t valid = 0;
-  for (size_t i = 0; i < sorted_.size(); ++i) {
-    if (shared_[i] > valid) continue;
-    const std::string& t = bytes_[size_t(sorted_[i])];
-    size_t k = shared_[i];
-    for (; k < t.size(); ++k) {
-      at[k + 1] = at[k];
-      if (!json_step(at[k + 1], uint8_t(t[k]))) break;
-    }
-    valid = k;
-    if (k == t.size()) mask[size_t(sorted_[i]) / 64] |= uint64_t(1) << (sorted_[i] % 64);
-  }
-  return mask;
+std::shared_ptr<const std::vector<uint64_t>> JsonVocabulary::allowed(const JsonState& s) const {
+  return masks_.get(s, [&] { return tokens_->allowed(s, json_step); });
 }
 
-std::shared_ptr<const std::vector<uint64_t>> JsonVocabulary::allowed(const JsonState& s) const {
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    if (auto it = cache_.find(s); it != cache_.end()) return it->second;
-  }
-  // Computed outside the lock: two rows in the same new state compute it twice, alike.
-  auto mask = std::make_shared<const std::vector<uint64_t>>(compute_mask(s));
-  std::lock_guard<std::mutex> lock(cache_mutex_);
-  if (cache_.size() >= kCachedMasks) cache_.clear();
-  cache_.emplace(s, mask);
-  return mask;
+std::unique_ptr<AnswerCursor> JsonVocabulary::start() const {
+  return std::make_unique<JsonMatcher>(shared_from_this());
 }
 
 int64_t JsonMatcher::mask(float* logits, int64_t vocab) const {
-  const std::shared_ptr<const std::vector<uint64_t>> allowed = vocabulary_->allowed(state_);
-  const int64_t known = std::min(vocab, vocabulary_->size());
-  int64_t kept = 0;
-  // A word at a time: inside a string nearly every word allows all its 64 tokens, elsewhere
-  // nearly every word allows none.
-  for (int64_t base = 0; base < known; base += 64) {
-    const int64_t n = std::min<int64_t>(64, known - base);
-    const uint64_t word = (*allowed)[size_t(base / 64)] & (n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1);
-    kept += std::popcount(word);
-    if (n == 64 && word == ~uint64_t(0)) continue;
-    if (word == 0) {
-      std::fill(logits + base, logits + base + n, -INFINITY);
-      continue;
-    }
-    for (int64_t i = 0; i < n; ++i)
-      if (!((word >> i) & 1)) logits[base + i] = -INFINITY;
-  }
-  std::fill(logits + known, logits + std::max(known, vocab), -INFINITY);
-  return kept;
+  return apply_token_mask(*vocabulary_->allowed(state_), vocabulary_->size(), logits, vocab);
 }
 
 }  // namespace strata

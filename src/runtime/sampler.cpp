@@ -150,25 +150,26 @@ int32_t Sampler::sample(const float* logits, int64_t vocab, std::span<const int3
         if (t >= 0 && t < vocab) adjusted_[size_t(t)] = -INFINITY;
     logits = adjusted_.data();
   }
-  if (json_) return sample_json(adjusted_.data(), vocab);
+  if (answer_.cursor) return sample_held(adjusted_.data(), vocab);
   return draw(logits, vocab);
 }
 
-int32_t Sampler::sample_json(float* logits, int64_t vocab) {
+int32_t Sampler::sample_held(float* logits, int64_t vocab) {
+  AnswerCursor& cursor = *answer_.cursor;
   // A greedy answer whose argmax the grammar allows needs no mask: the masked argmax is the same
   // token (the lowest id among equal maxima either way).
   if (params_.greedy()) {
     const int32_t best = int32_t(std::max_element(logits, logits + vocab) - logits);
-    if (json_->accepts(best)) {
-      json_->advance(best);
+    if (cursor.accepts(best)) {
+      cursor.advance(best);
       return best;
     }
   }
-  if (json_->mask(logits, vocab) == 0)
-    STRATA_FAIL("JSON answer: no token of the model's vocabulary can continue it (the tokenizer lacks the bytes "
-                "JSON needs next)");
+  if (cursor.mask(logits, vocab) == 0)
+    STRATA_FAIL("structured answer: no token of the model's vocabulary can continue it (the tokenizer lacks the "
+                "bytes the grammar needs next)");
   const int32_t token = draw(logits, vocab);
-  json_->advance(token);
+  cursor.advance(token);
   return token;
 }
 

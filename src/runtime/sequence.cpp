@@ -54,7 +54,7 @@ Sequence start_sequence(const GenRequest& r, const ModelConfig& cfg, int slot, s
   p.seed += uint64_t(choice);  // wraps: every choice its own stream
   std::vector<int32_t> ends = p.stop_token_ids;
   if (!p.ignore_eos) ends.insert(ends.end(), cfg.eos_ids.begin(), cfg.eos_ids.end());
-  s.sampler = Sampler(p, std::move(ends), r.json);
+  s.sampler = Sampler(p, std::move(ends), r.grammar.get());
   s.max_new = std::min(r.sampling.max_new_tokens, std::max(room, r.score_prompt ? 1 : 0));
   s.done = s.max_new <= 0;
   return s;
@@ -197,7 +197,7 @@ void StepSampler::finish(const std::vector<Sequence*>& seqs) {
     if (is_eos && !s.request->sampling.ignore_eos) {
       s.done = true;
       s.result.finish = FinishReason::Eos;
-    } else if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end() || s.sampler.json_complete()) {
+    } else if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end() || s.sampler.answer_complete()) {
       s.done = true;
       s.result.finish = FinishReason::Stop;
     } else if (s.request->stop && s.result.tokens.size() >= size_t(std::max(s.request->sampling.min_tokens, 0)) &&

@@ -3,7 +3,9 @@
 // are docs/batch-format.md's.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -17,17 +19,38 @@
 
 namespace strata {
 
+// The grammars of a job's JSON schemas, one per distinct schema text (a job's lines usually share
+// one), so that each state's mask is computed once for the job; thread-safe.
+class SchemaGrammars {
+public:
+  explicit SchemaGrammars(std::shared_ptr<const SortedVocabulary> tokens) : tokens_(std::move(tokens)) {}
+  // The grammar of PromptRecord::json_schema's text (checked when the record was read).
+  std::shared_ptr<const AnswerGrammar> get(const std::string& schema);
+
+private:
+  std::shared_ptr<const SortedVocabulary> tokens_;
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<const AnswerGrammar>> grammars_;
+};
+
 struct AnswerSettings {
   const Tokenizer* tokenizer = nullptr;   // must outlive the requests made with these settings
   std::vector<std::string> default_stop;  // --stop: for records that give no "stop"
   std::string model_name;                 // OpenAI "model" when the body names none
   int64_t created = 0;                    // OpenAI "created" (Unix seconds)
-  // --response-format: for records that give no response_format.
+  // --response-format / --json-schema: for records that give no response_format.
   ResponseFormat default_response_format = ResponseFormat::Text;
-  // The tokenizer's vocabulary for JSON answers (json_vocabulary below); made by the job when a
-  // record may ask for one.
+  std::string default_json_schema;
+  // The tokenizer's vocabulary for JSON answers (json_vocabulary below), and the job's schemas'
+  // grammars over it.
   std::shared_ptr<const JsonVocabulary> json_vocabulary;
+  std::shared_ptr<SchemaGrammars> schema_grammars;
 };
+
+// Settings whose JSON vocabulary and schema grammars are made from `tokenizer`.
+AnswerSettings answer_settings(const Tokenizer& tokenizer, std::vector<std::string> default_stop,
+                               std::string model_name, int64_t created, ResponseFormat default_response_format,
+                               std::string default_json_schema = {});
 
 // The tokenizer's tokens as JSON answers draw them: each token's bytes, special tokens none
 // (never drawn inside a document; the answer ends at its closing bracket).

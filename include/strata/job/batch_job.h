@@ -32,8 +32,10 @@ struct JobOptions {
   bool prefill_tokens_given = false;       // --prefill-tokens given: it also overrides a policy's
   SamplingParams defaults;                 // for fields a prompt line leaves out
   std::vector<std::string> stop;           // --stop: stop strings for lines that give no "stop"
-  // --response-format: for lines that give no response_format (json_object: one JSON document each).
+  // --response-format / --json-schema: for lines that give no response_format (json_object: one
+  // JSON document each; JsonSchema: a document of json_schema, the schema's text).
   ResponseFormat response_format = ResponseFormat::Text;
+  std::string json_schema;
   bool progress = true;                    // progress line on the log stream
   bool ordered = false;                    // write in input order (a reorder buffer of one window)
   int window = 0;                          // requests read ahead and grouped by length; 0: max(8 blocks, 4096)

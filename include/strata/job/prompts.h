@@ -31,8 +31,9 @@ struct ServeError {
   std::string code, message;
 };
 
-// OpenAI's response_format: free text, or one JSON object or array (json_grammar.h).
-enum class ResponseFormat : uint8_t { Text, JsonObject };
+// OpenAI's response_format: free text, one JSON object or array (json_grammar.h), or a document of
+// a JSON schema (json_schema.h).
+enum class ResponseFormat : uint8_t { Text, JsonObject, JsonSchema };
 
 struct PromptRecord {
   nlohmann::json id;        // strata: "id" (string or integer); OpenAI: "custom_id" (string)
@@ -50,6 +51,7 @@ struct PromptRecord {
   // tokens (chat: logprobs true + top_logprobs k; completions: logprobs k; strata: logprobs k).
   int logprobs = -1;
   std::optional<ResponseFormat> response_format;  // unset: the job's default (--response-format)
+  std::string json_schema;  // JsonSchema: the schema's text, its keys in the order written
   std::string model;                 // OpenAI body.model, echoed in the response ("" if absent)
   std::optional<ServeError> error;   // OpenAI only: answer with this error instead of generating
 };

@@ -11,10 +11,10 @@
 #pragma once
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
+
+#include "strata/runtime/answer_grammar.h"
 
 namespace strata {
 
@@ -41,54 +41,44 @@ bool json_step(JsonState& s, uint8_t byte);
 // Whether the text so far is a whole JSON object or array (the answer ends there).
 bool json_complete(const JsonState& s);
 
-// A tokenizer's vocabulary laid out for masks: its tokens' bytes sorted, with how many leading
-// bytes each shares with the one before, so that a walk from a state reads each distinct prefix
-// once and skips every token that starts with a refused prefix. Shared by a job's sequences;
-// thread-safe.
-class JsonVocabulary {
+// Answers held to one JSON object or array (response_format json_object) over a tokenizer's
+// vocabulary. Shared by a job's sequences; thread-safe. Made with make_shared (its cursors share it).
+class JsonVocabulary : public AnswerGrammar, public std::enable_shared_from_this<JsonVocabulary> {
 public:
-  // token_bytes[id]: the bytes token `id` stands for; "" for special tokens and unused ids, which
-  // are never allowed (EOS included: the answer ends at the closing bracket instead).
-  explicit JsonVocabulary(std::vector<std::string> token_bytes);
+  // token_bytes[id]: as SortedVocabulary's.
+  explicit JsonVocabulary(std::vector<std::string> token_bytes)
+      : tokens_(std::make_shared<const SortedVocabulary>(std::move(token_bytes))) {}
 
-  int64_t size() const { return int64_t(bytes_.size()); }
+  int64_t size() const { return tokens_->size(); }
+  // The layout, shared with the job's JSON schema grammars.
+  const std::shared_ptr<const SortedVocabulary>& tokens() const { return tokens_; }
   // Whether token `id` may follow state `s` (its every byte accepted).
   bool accepts(const JsonState& s, int32_t id) const;
   // The state after token `id`, which accepts() must allow.
   JsonState after(const JsonState& s, int32_t id) const;
-  // The tokens that may follow `s`: bit id of the mask (size() bits, 64 to a word). Computed
-  // once per distinct state and kept (a JSON answer returns to few states: inside a string at
-  // the same depth, between members, ...) up to kCachedMasks of them.
+  // The tokens that may follow `s` (SortedVocabulary::allowed's mask), computed once per state.
   std::shared_ptr<const std::vector<uint64_t>> allowed(const JsonState& s) const;
 
-  static constexpr size_t kCachedMasks = 1024;
+  std::unique_ptr<AnswerCursor> start() const override;
 
 private:
-  std::vector<uint64_t> compute_mask(const JsonState& s) const;
-
-  std::vector<std::string> bytes_;  // by id
-  std::vector<int32_t> sorted_;     // ids with bytes, by their bytes
-  std::vector<uint32_t> shared_;    // shared_[i]: leading bytes sorted_[i] shares with sorted_[i - 1]
-  size_t longest_ = 0;
-
   struct StateHash {
     size_t operator()(const JsonState& s) const;
   };
-  mutable std::mutex cache_mutex_;
-  mutable std::unordered_map<JsonState, std::shared_ptr<const std::vector<uint64_t>>, StateHash> cache_;
+  std::shared_ptr<const SortedVocabulary> tokens_;
+  MaskCache<JsonState, StateHash> masks_;
 };
 
-// One answer's place in the grammar.
-class JsonMatcher {
+// One answer's place in the JSON grammar.
+class JsonMatcher : public AnswerCursor {
 public:
   explicit JsonMatcher(std::shared_ptr<const JsonVocabulary> vocabulary) : vocabulary_(std::move(vocabulary)) {}
 
-  bool accepts(int32_t token) const { return vocabulary_->accepts(state_, token); }
-  void advance(int32_t token) { state_ = vocabulary_->after(state_, token); }
-  bool complete() const { return json_complete(state_); }
-  // Sets to -inf the logits of the tokens that cannot come next (ids past the vocabulary too);
-  // returns how many may.
-  int64_t mask(float* logits, int64_t vocab) const;
+  std::unique_ptr<AnswerCursor> clone() const override { return std::make_unique<JsonMatcher>(*this); }
+  bool accepts(int32_t token) const override { return vocabulary_->accepts(state_, token); }
+  void advance(int32_t token) override { state_ = vocabulary_->after(state_, token); }
+  bool complete() const override { return json_complete(state_); }
+  int64_t mask(float* logits, int64_t vocab) const override;
 
 private:
   std::shared_ptr<const JsonVocabulary> vocabulary_;

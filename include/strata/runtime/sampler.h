@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "strata/core/thread_pool.h"
-#include "strata/runtime/json_grammar.h"
+#include "strata/runtime/answer_grammar.h"
 #include "strata/runtime/row_candidates.h"
 
 namespace strata {
@@ -83,24 +83,23 @@ std::vector<std::pair<int32_t, double>> sampling_distribution(const float* logit
 
 class Sampler {
 public:
-  // `ends`: the tokens min_tokens holds back (the model's EOS ids and the stop ids). `json`: hold
-  // the answer to one JSON object or array (json_grammar.h); null: free text.
-  explicit Sampler(const SamplingParams& p, std::vector<int32_t> ends = {},
-                   std::shared_ptr<const JsonVocabulary> json = nullptr)
+  // `ends`: the tokens min_tokens holds back (the model's EOS ids and the stop ids). `grammar`:
+  // hold the answer to it (answer_grammar.h: a JSON object, a JSON schema); null: free text.
+  explicit Sampler(const SamplingParams& p, std::vector<int32_t> ends = {}, const AnswerGrammar* grammar = nullptr)
       : params_(p), rng_(p.seed), ends_(std::move(ends)) {
-    if (json) json_.emplace(std::move(json));
+    if (grammar) answer_.cursor = grammar->start();
   }
-  // Whether the next draw, after an answer of `answer_len` tokens, reads adjusted logits (a JSON
-  // answer's mask is an adjustment).
+  // Whether the next draw, after an answer of `answer_len` tokens, reads adjusted logits (a
+  // grammar's mask is an adjustment).
   bool adjusts(size_t answer_len) const {
-    return params_.adjusts_logits() || holds_back(answer_len) || json_.has_value();
+    return params_.adjusts_logits() || holds_back(answer_len) || answer_.cursor != nullptr;
   }
-  // Whether the answer is held to JSON and its value is complete: it ends there.
-  bool json_complete() const { return json_ && json_->complete(); }
+  // Whether the answer is held to a grammar and is a whole document: it ends there.
+  bool answer_complete() const { return answer_.cursor && answer_.cursor->complete(); }
   // Picks a token from one row of raw logits (float32, length vocab); the prompt and the answer
-  // so far feed the penalties. A JSON answer draws only among the tokens its grammar allows next
-  // (the others' logits are -inf before temperature and the warpers, as vLLM's logits processors
-  // run before sampling) and moves on by the token drawn.
+  // so far feed the penalties. An answer held to a grammar draws only among the tokens it allows
+  // next (the others' logits are -inf before temperature and the warpers, as vLLM's logits
+  // processors run before sampling) and moves on by the token drawn.
   int32_t sample(const float* logits, int64_t vocab, std::span<const int32_t> prompt = {},
                  std::span<const int32_t> answer = {});
   // The same draw from a row's candidates (row_candidates.h) where they decide it, the
@@ -123,13 +122,21 @@ private:
 
   std::mt19937_64 rng_;
   std::optional<double> pending_uniform_;
-  // sample()'s choice among the tokens a JSON answer allows next.
-  int32_t sample_json(float* logits, int64_t vocab);
+  // sample()'s choice among the tokens the answer's grammar allows next.
+  int32_t sample_held(float* logits, int64_t vocab);
   // The draw over warped logits (greedy: their argmax).
   int32_t draw(const float* logits, int64_t vocab);
 
   std::vector<int32_t> ends_;
-  std::optional<JsonMatcher> json_;
+  // The answer's place in its grammar; copied with the sampler (a request's choices start alike).
+  struct Cursor {
+    std::unique_ptr<AnswerCursor> cursor;
+    Cursor() = default;
+    Cursor(const Cursor& o) : cursor(o.cursor ? o.cursor->clone() : nullptr) {}
+    Cursor(Cursor&&) noexcept = default;
+    Cursor& operator=(const Cursor& o) { return *this = Cursor(o); }
+    Cursor& operator=(Cursor&&) noexcept = default;
+  } answer_;
   std::vector<float> adjusted_;  // a row's logits after adjust_logits
 };
 

@@ -30,13 +30,14 @@ struct GenRequest {
   int n = 1;
   int logprobs = -1;            // >= 0: record GenResult::logprobs with this many top tokens
   StopCheck stop;               // empty: none
-  // Non-null: each choice is one JSON object or array, drawn only among the tokens the grammar
-  // allows (json_grammar.h), and ends (finish Stop) at the bracket that closes it.
-  std::shared_ptr<const JsonVocabulary> json;
+  // Non-null: each choice is one document of this grammar (answer_grammar.h: a JSON object or
+  // array, a JSON schema's), drawn only among the tokens it allows, and ends (finish Stop) where
+  // the document does.
+  std::shared_ptr<const AnswerGrammar> grammar;
 };
 
-// Eos: an EOS token; Stop: the request's StopCheck, one of its stop_token_ids or a JSON answer's
-// closing bracket; Length: max_new_tokens or the context.
+// Eos: an EOS token; Stop: the request's StopCheck, one of its stop_token_ids or the end of a
+// grammar's document; Length: max_new_tokens or the context.
 enum class FinishReason : uint8_t { Eos, Length, Stop };
 const char* finish_reason_name(FinishReason r);
 

@@ -1,0 +1,559 @@
+#include "strata/runtime/json_schema.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "strata/core/error.h"
+
+namespace strata {
+
+using ordered_json = nlohmann::ordered_json;
+
+// A network of nodes: an edge reads a byte in [lo, hi], or moves without reading (Eps), or calls
+// a rule and comes back to its target when the rule reaches an end node.
+struct SchemaEdge {
+  enum Kind : uint8_t { Bytes, Eps, Call };
+  Kind kind = Eps;
+  uint8_t lo = 0, hi = 0;
+  uint32_t target = 0;
+  uint32_t rule = 0;  // Call: the rule called
+};
+struct SchemaNode {
+  std::vector<SchemaEdge> edges;
+  bool end = false;   // the rule returns here
+  bool reads = false;  // has a Bytes edge
+};
+struct JsonSchemaRules {
+  std::vector<SchemaNode> nodes;
+  std::vector<uint32_t> starts;  // rule -> its first node
+  uint32_t root = 0;             // the root's rule
+};
+
+namespace {
+
+// A stack deeper than this (nested calls) is dropped: documents nest at most about this deep.
+constexpr size_t kMaxStack = 256;
+
+const std::set<std::string> kAnnotations = {"title", "description", "default", "examples", "$schema", "$id",
+                                            "$comment", "deprecated", "readOnly", "writeOnly"};
+
+std::string pointer_child(const std::string& at, const std::string& key) {
+  std::string escaped;
+  for (char c : key) escaped += c == '~' ? std::string("~0") : c == '/' ? std::string("~1") : std::string(1, c);
+  return at + "/" + escaped;
+}
+
+class Compiler {
+public:
+  explicit Compiler(const ordered_json& root) : root_(root) {}
+
+  std::shared_ptr<JsonSchemaRules> compile() {
+    r_ = std::make_shared<JsonSchemaRules>();
+    const ordered_json& resolved = resolve(root_, "#");
+    const std::string type = single_type(resolved);
+    if (type != "object" && type != "array")
+      throw JsonSchemaError("the schema's root (#) must be an object or an array, as the answer ends where it closes");
+    r_->root = schema_rule(root_, "#");
+    return r_;
+  }
+
+private:
+  // ---- the network ----
+  uint32_t node() {
+    r_->nodes.emplace_back();
+    return uint32_t(r_->nodes.size() - 1);
+  }
+  void bytes(uint32_t a, uint8_t lo, uint8_t hi, uint32_t b) {
+    r_->nodes[a].edges.push_back({SchemaEdge::Bytes, lo, hi, b, 0});
+    r_->nodes[a].reads = true;
+  }
+  void byte(uint32_t a, char c, uint32_t b) { bytes(a, uint8_t(c), uint8_t(c), b); }
+  void eps(uint32_t a, uint32_t b) { r_->nodes[a].edges.push_back({SchemaEdge::Eps, 0, 0, b, 0}); }
+  void call(uint32_t a, uint32_t rule, uint32_t b) { r_->nodes[a].edges.push_back({SchemaEdge::Call, 0, 0, b, rule}); }
+  // The text `s` read from `a`; returns the node after it.
+  uint32_t literal(uint32_t a, const std::string& s) {
+    for (char c : s) {
+      const uint32_t n = node();
+      byte(a, c, n);
+      a = n;
+    }
+    return a;
+  }
+  // [ \n\r\t]* after `a`: a node that loops on whitespace.
+  uint32_t ws(uint32_t a) {
+    const uint32_t n = node();
+    eps(a, n);
+    for (char c : {' ', '\n', '\r', '\t'}) byte(n, c, n);
+    return n;
+  }
+  struct Rule {
+    uint32_t id, start, end;
+  };
+  Rule new_rule() {
+    const uint32_t start = node(), end = node();
+    r_->nodes[end].end = true;
+    r_->starts.push_back(start);
+    return {uint32_t(r_->starts.size() - 1), start, end};
+  }
+
+  // ---- xgrammar's basic rules ----
+  uint32_t string_rule() {
+    if (string_) return *string_;
+    const Rule r = new_rule();
+    const uint32_t body = node(), esc = node(), c1 = node(), c2 = node();
+    byte(r.start, '"', body);
+    byte(body, '"', r.end);
+    bytes(body, 0x20, 0x21, body);
+    bytes(body, 0x23, 0x5B, body);
+    bytes(body, 0x5D, 0x7F, body);
+    byte(body, '\\', esc);
+    for (char c : std::string("\"\\/bfnrt")) byte(esc, c, body);
+    uint32_t hex = node();
+    byte(esc, 'u', hex);
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t next = i == 3 ? body : node();
+      bytes(hex, '0', '9', next), bytes(hex, 'a', 'f', next), bytes(hex, 'A', 'F', next);
+      hex = next;
+    }
+    // UTF-8 as RFC 3629 writes it, the surrogates' ED A0..BF let through (xgrammar's decoding).
+    bytes(c1, 0x80, 0xBF, body);
+    bytes(c2, 0x80, 0xBF, c1);
+    bytes(body, 0xC2, 0xDF, c1);
+    const uint32_t e0 = node(), f0 = node(), f13 = node(), f4 = node();
+    byte(body, char(0xE0), e0), bytes(e0, 0xA0, 0xBF, c1);
+    bytes(body, 0xE1, 0xEF, c2);
+    byte(body, char(0xF0), f0), bytes(f0, 0x90, 0xBF, c2);
+    bytes(body, 0xF1, 0xF3, f13), bytes(f13, 0x80, 0xBF, c2);
+    byte(body, char(0xF4), f4), bytes(f4, 0x80, 0x8F, c2);
+    string_ = r.id;
+    return r.id;
+  }
+  // -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+  uint32_t number_rule() {
+    if (number_) return *number_;
+    const Rule r = new_rule();
+    const uint32_t sign = node(), digits = node(), integer = node(), frac1 = node(), frac = node(), expo = node(),
+                   exp1 = node(), exp2 = node(), exp3 = node();
+    byte(r.start, '-', sign);
+    eps(r.start, sign);
+    byte(sign, '0', integer);
+    bytes(sign, '1', '9', digits);
+    bytes(digits, '0', '9', digits);
+    eps(digits, integer);
+    byte(integer, '.', frac1);
+    bytes(frac1, '0', '9', frac);
+    bytes(frac, '0', '9', frac);
+    eps(integer, expo), eps(frac, expo);
+    byte(expo, 'e', exp1), byte(expo, 'E', exp1);
+    byte(exp1, '+', exp2), byte(exp1, '-', exp2);
+    eps(exp1, exp2);
+    bytes(exp2, '0', '9', exp3);
+    bytes(exp3, '0', '9', exp3);
+    eps(expo, r.end), eps(exp3, r.end);
+    number_ = r.id;
+    return r.id;
+  }
+  // 0 | -?[1-9][0-9]*
+  uint32_t integer_rule() {
+    if (integer_) return *integer_;
+    const Rule r = new_rule();
+    const uint32_t minus = node(), digits = node();
+    byte(r.start, '0', r.end);
+    byte(r.start, '-', minus);
+    bytes(r.start, '1', '9', digits);
+    bytes(minus, '1', '9', digits);
+    bytes(digits, '0', '9', digits);
+    eps(digits, r.end);
+    integer_ = r.id;
+    return r.id;
+  }
+  uint32_t literals_rule(const std::vector<std::string>& texts) {
+    const Rule r = new_rule();
+    for (const std::string& t : texts) eps(literal(r.start, t), r.end);
+    return r.id;
+  }
+  uint32_t boolean_rule() {
+    if (!boolean_) boolean_ = literals_rule({"true", "false"});
+    return *boolean_;
+  }
+  uint32_t null_rule() {
+    if (!null_) null_ = literals_rule({"null"});
+    return *null_;
+  }
+  // "[" ws (item (ws "," ws item)*)? ws "]"
+  uint32_t array_rule(uint32_t item) {
+    const Rule r = new_rule();
+    const uint32_t open = node(), after = node();
+    byte(r.start, '[', open);
+    const uint32_t first = ws(open);
+    byte(first, ']', r.end);
+    call(first, item, after);
+    const uint32_t between = ws(after);
+    byte(between, ']', r.end);
+    const uint32_t comma = node();
+    byte(between, ',', comma);
+    call(ws(comma), item, after);
+    return r.id;
+  }
+  // "{" ws (string ws ":" ws value (ws "," ws string ws ":" ws value)*)? ws "}"
+  uint32_t object_rule(uint32_t value) {
+    const Rule r = new_rule();
+    const uint32_t open = node(), key = node(), after = node();
+    byte(r.start, '{', open);
+    const uint32_t first = ws(open);
+    byte(first, '}', r.end);
+    call(first, string_rule(), key);
+    const uint32_t colon = node();
+    byte(ws(key), ':', colon);
+    call(ws(colon), value, after);
+    const uint32_t between = ws(after);
+    byte(between, '}', r.end);
+    const uint32_t comma = node();
+    byte(between, ',', comma);
+    call(ws(comma), string_rule(), key);
+    return r.id;
+  }
+  uint32_t any_rule() {
+    if (any_) return *any_;
+    const Rule r = new_rule();
+    any_ = r.id;  // arrays and objects of any values call it back
+    for (uint32_t alt : {number_rule(), string_rule(), boolean_rule(), null_rule(), array_rule(r.id), object_rule(r.id)})
+      call(r.start, alt, r.end);
+    return r.id;
+  }
+
+  // ---- schemas ----
+  const ordered_json& resolve(const ordered_json& s, const std::string& at) const {
+    if (!s.is_object() || !s.contains("$ref")) return s;
+    const ordered_json& ref = s["$ref"];
+    if (!ref.is_string()) throw JsonSchemaError("'$ref' at " + at + " must be a string");
+    const std::string text = ref.get<std::string>();
+    for (const char* section : {"$defs", "definitions"}) {
+      const std::string prefix = std::string("#/") + section + "/";
+      if (text.rfind(prefix, 0) != 0) continue;
+      const std::string name = text.substr(prefix.size());
+      if (root_.contains(section) && root_[section].is_object() && root_[section].contains(name))
+        return root_[section][name];
+      throw JsonSchemaError("'$ref' at " + at + ": " + text + " is not in the schema");
+    }
+    throw JsonSchemaError("'$ref' at " + at + ": only references into #/$defs/ or #/definitions/ are supported, got " +
+                          text);
+  }
+
+  // The schema's one type: its "type" when a string, else "object" or "array" where properties or
+  // items say so; "" otherwise.
+  static std::string single_type(const ordered_json& s) {
+    if (!s.is_object()) return "";
+    if (s.contains("type") && s["type"].is_string()) return s["type"].get<std::string>();
+    if (s.contains("type")) return "";
+    if (s.contains("properties") || s.contains("required")) return "object";
+    if (s.contains("items")) return "array";
+    return "";
+  }
+
+  uint32_t schema_rule(const ordered_json& s, const std::string& at) {
+    if (s.is_boolean()) {
+      if (s.get<bool>()) return any_rule();
+      throw JsonSchemaError("the schema at " + at + " is false: no value can match it");
+    }
+    if (!s.is_object()) throw JsonSchemaError("the schema at " + at + " must be an object, got " + s.dump());
+    if (s.contains("$ref")) {
+      for (const auto& [key, value] : s.items())
+        if (key != "$ref" && !kAnnotations.count(key) && key != "$defs" && key != "definitions")
+          throw JsonSchemaError("keyword '" + key + "' beside '$ref' at " + at + " is not supported");
+      const ordered_json& target = resolve(s, at);
+      const std::string ref = s["$ref"].get<std::string>();
+      if (auto it = refs_.find(ref); it != refs_.end()) return it->second;
+      // A rule stands for the reference before its schema is compiled, so that it may recurse.
+      const Rule r = new_rule();
+      refs_[ref] = r.id;
+      call(r.start, schema_rule(target, ref), r.end);
+      return r.id;
+    }
+    static const std::set<std::string> kKnown = {"type", "properties", "required", "additionalProperties", "items",
+                                                 "enum", "const", "anyOf", "oneOf", "$defs", "definitions"};
+    for (const auto& [key, value] : s.items())
+      if (!kKnown.count(key) && !kAnnotations.count(key))
+        throw JsonSchemaError("keyword '" + key + "' at " + at + " is not supported");
+    if (s.contains("enum") || s.contains("const")) return constants_rule(s, at);
+    for (const char* key : {"anyOf", "oneOf"}) {
+      if (!s.contains(key)) continue;
+      const ordered_json& alts = s[key];
+      if (!alts.is_array() || alts.empty())
+        throw JsonSchemaError("'" + std::string(key) + "' at " + at + " must be a non-empty array of schemas");
+      for (const auto& [k, v] : s.items())
+        if (k != key && !kAnnotations.count(k) && k != "$defs" && k != "definitions")
+          throw JsonSchemaError("keyword '" + k + "' beside '" + key + "' at " + at + " is not supported");
+      const Rule r = new_rule();
+      for (size_t i = 0; i < alts.size(); ++i)
+        call(r.start, schema_rule(alts[i], pointer_child(pointer_child(at, key), std::to_string(i))), r.end);
+      return r.id;
+    }
+    if (s.contains("type") && s["type"].is_array()) {
+      const Rule r = new_rule();
+      for (const ordered_json& t : s["type"]) {
+        if (!t.is_string()) throw JsonSchemaError("'type' at " + at + " must name types, got " + t.dump());
+        call(r.start, typed_rule(s, t.get<std::string>(), at), r.end);
+      }
+      return r.id;
+    }
+    if (s.contains("type") && !s["type"].is_string())
+      throw JsonSchemaError("'type' at " + at + " must be a string or an array of strings");
+    const std::string type = single_type(s);
+    if (type.empty()) return any_rule();
+    return typed_rule(s, type, at);
+  }
+
+  uint32_t typed_rule(const ordered_json& s, const std::string& type, const std::string& at) {
+    if (type != "object" && (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")))
+      throw JsonSchemaError("object keywords at " + at + " on a schema of type '" + type + "' are not supported");
+    if (type != "array" && s.contains("items"))
+      throw JsonSchemaError("'items' at " + at + " on a schema of type '" + type + "' is not supported");
+    if (type == "string") return string_rule();
+    if (type == "number") return number_rule();
+    if (type == "integer") return integer_rule();
+    if (type == "boolean") return boolean_rule();
+    if (type == "null") return null_rule();
+    if (type == "array")
+      return array_rule(s.contains("items") ? schema_rule(s["items"], pointer_child(at, "items")) : any_rule());
+    if (type == "object") return properties_rule(s, at);
+    throw JsonSchemaError("'type' at " + at + ": unknown type '" + type + "'");
+  }
+
+  // enum / const of scalars: their JSON texts.
+  uint32_t constants_rule(const ordered_json& s, const std::string& at) {
+    std::vector<std::string> texts;
+    auto add = [&](const ordered_json& v, const std::string& where) {
+      if (v.is_object() || v.is_array())
+        throw JsonSchemaError("'" + where + "' at " + at + " holds an object or array; only scalars are supported");
+      texts.push_back(v.dump());
+    };
+    if (s.contains("const")) add(s["const"], "const");
+    if (s.contains("enum")) {
+      if (!s["enum"].is_array() || s["enum"].empty())
+        throw JsonSchemaError("'enum' at " + at + " must be a non-empty array");
+      for (const ordered_json& v : s["enum"]) add(v, "enum");
+    }
+    for (const auto& [key, value] : s.items())
+      if (key != "enum" && key != "const" && key != "type" && !kAnnotations.count(key))
+        throw JsonSchemaError("keyword '" + key + "' beside 'enum' or 'const' at " + at + " is not supported");
+    return literals_rule(texts);
+  }
+
+  // xgrammar's strict object: the properties in order, each required one present, optional ones
+  // skippable, no other key.
+  uint32_t properties_rule(const ordered_json& s, const std::string& at) {
+    if (s.contains("additionalProperties") && s["additionalProperties"] != ordered_json(false))
+      throw JsonSchemaError("'additionalProperties' at " + at + " is supported only as false (the default)");
+    if (!s.contains("properties")) {
+      if (s.contains("required") && !s["required"].empty())
+        throw JsonSchemaError("'required' at " + at + " names properties the schema does not define");
+      return s.contains("additionalProperties") ? empty_object_rule() : object_rule(any_rule());
+    }
+    const ordered_json& props = s["properties"];
+    if (!props.is_object()) throw JsonSchemaError("'properties' at " + at + " must be an object");
+    std::vector<std::string> names;
+    std::vector<uint32_t> values;
+    for (const auto& [name, sub] : props.items()) {
+      names.push_back(name);
+      values.push_back(schema_rule(sub, pointer_child(pointer_child(at, "properties"), name)));
+    }
+    std::vector<bool> required(names.size(), false);
+    if (s.contains("required")) {
+      if (!s["required"].is_array()) throw JsonSchemaError("'required' at " + at + " must be an array of names");
+      for (const ordered_json& n : s["required"]) {
+        const auto it = n.is_string() ? std::find(names.begin(), names.end(), n.get<std::string>()) : names.end();
+        if (it == names.end())
+          throw JsonSchemaError("'required' at " + at + " names " + n.dump() + ", which 'properties' does not define");
+        required[size_t(it - names.begin())] = true;
+      }
+    }
+    const size_t n = names.size();
+    const Rule r = new_rule();
+    if (n == 0) {
+      call(r.start, empty_object_rule(), r.end);
+      return r.id;
+    }
+    // after[i]: the node after property i's value.
+    std::vector<uint32_t> after(n);
+    for (uint32_t& a : after) a = node();
+    // From `from` (whitespace read), property j's key, colon and value, to after[j].
+    auto member = [&](uint32_t from, size_t j) {
+      const uint32_t key_end = literal(from, ordered_json(names[j]).dump());
+      const uint32_t colon = node();
+      byte(ws(key_end), ':', colon);
+      call(ws(colon), values[j], after[j]);
+    };
+    // The properties that may come first after property i (i = n: the start): up to and
+    // including the next required one.
+    auto next_members = [&](size_t first) {
+      std::vector<size_t> out;
+      for (size_t j = first; j < n; ++j) {
+        out.push_back(j);
+        if (required[j]) break;
+      }
+      return out;
+    };
+    auto none_required_from = [&](size_t first) {
+      return std::none_of(required.begin() + int64_t(first), required.end(), [](bool b) { return b; });
+    };
+    const uint32_t open = node();
+    byte(r.start, '{', open);
+    const uint32_t first = ws(open);
+    for (size_t j : next_members(0)) member(first, j);
+    if (none_required_from(0)) byte(first, '}', r.end);
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t between = ws(after[i]);
+      if (none_required_from(i + 1)) byte(between, '}', r.end);
+      const std::vector<size_t> next = next_members(i + 1);
+      if (next.empty()) continue;
+      const uint32_t comma = node();
+      byte(between, ',', comma);
+      const uint32_t key_at = ws(comma);
+      for (size_t j : next) member(key_at, j);
+    }
+    return r.id;
+  }
+
+  uint32_t empty_object_rule() {
+    const Rule r = new_rule();
+    const uint32_t open = node();
+    byte(r.start, '{', open);
+    byte(ws(open), '}', r.end);
+    return r.id;
+  }
+
+  const ordered_json& root_;
+  std::shared_ptr<JsonSchemaRules> r_;
+  std::optional<uint32_t> string_, number_, integer_, boolean_, null_, any_;
+  std::map<std::string, uint32_t> refs_;
+};
+
+// Every position the stack reaches without reading a byte: `reads` gets each stack whose node
+// reads; returns whether the root's rule returned (the document is whole).
+template <class Reads>
+bool close_stack(const JsonSchemaRules& r, const std::vector<uint32_t>& stack, Reads reads) {
+  bool whole = false;
+  std::vector<std::vector<uint32_t>> work{stack};
+  while (!work.empty()) {
+    std::vector<uint32_t> s = std::move(work.back());
+    work.pop_back();
+    const SchemaNode& n = r.nodes[s.back()];
+    if (n.reads) reads(s);
+    if (n.end) {
+      if (s.size() == 1) whole = true;
+      else {
+        s.pop_back();
+        work.push_back(std::move(s));
+        continue;  // an end node has no edges of its own
+      }
+    }
+    for (const SchemaEdge& e : n.edges) {
+      if (e.kind == SchemaEdge::Eps) {
+        std::vector<uint32_t> t = s;
+        t.back() = e.target;
+        work.push_back(std::move(t));
+      } else if (e.kind == SchemaEdge::Call && s.size() < kMaxStack) {
+        std::vector<uint32_t> t = s;
+        t.back() = e.target;
+        t.push_back(r.starts[e.rule]);
+        work.push_back(std::move(t));
+      }
+    }
+  }
+  return whole;
+}
+
+}  // namespace
+
+std::shared_ptr<const JsonSchemaRules> compile_json_schema(const ordered_json& schema) {
+  return Compiler(schema).compile();
+}
+
+JsonSchemaGrammar::JsonSchemaGrammar(std::shared_ptr<const JsonSchemaRules> rules,
+                                     std::shared_ptr<const SortedVocabulary> tokens)
+    : rules_(std::move(rules)), tokens_(std::move(tokens)) {}
+
+JsonSchemaState JsonSchemaGrammar::start_state() const { return {{{rules_->starts[rules_->root]}}}; }
+
+bool JsonSchemaGrammar::step(JsonSchemaState& s, uint8_t b) const {
+  std::vector<std::vector<uint32_t>> next;
+  for (const std::vector<uint32_t>& stack : s.stacks)
+    close_stack(*rules_, stack, [&](const std::vector<uint32_t>& at) {
+      for (const SchemaEdge& e : rules_->nodes[at.back()].edges)
+        if (e.kind == SchemaEdge::Bytes && e.lo <= b && b <= e.hi) {
+          next.push_back(at);
+          next.back().back() = e.target;
+        }
+    });
+  std::sort(next.begin(), next.end());
+  next.erase(std::unique(next.begin(), next.end()), next.end());
+  s.stacks = std::move(next);
+  return !s.stacks.empty();
+}
+
+bool JsonSchemaGrammar::complete(const JsonSchemaState& s) const {
+  bool whole = false;
+  for (const std::vector<uint32_t>& stack : s.stacks) whole |= close_stack(*rules_, stack, [](const auto&) {});
+  return whole;
+}
+
+bool JsonSchemaGrammar::accepts(const JsonSchemaState& s, int32_t token) const {
+  if (!tokens_->known(token)) return false;
+  JsonSchemaState t = s;
+  for (char c : tokens_->bytes(token))
+    if (!step(t, uint8_t(c))) return false;
+  return true;
+}
+
+JsonSchemaState JsonSchemaGrammar::after(const JsonSchemaState& s, int32_t token) const {
+  STRATA_CHECK(accepts(s, token), "JSON schema answer: token " << token << " cannot come next");
+  JsonSchemaState t = s;
+  for (char c : tokens_->bytes(token)) step(t, uint8_t(c));
+  return t;
+}
+
+size_t JsonSchemaGrammar::StateHash::operator()(const JsonSchemaState& s) const {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const std::vector<uint32_t>& stack : s.stacks) {
+    for (uint32_t v : stack) h = (h ^ v) * 0x100000001B3ull;
+    h = (h ^ 0xFFFFFFFFull) * 0x100000001B3ull;
+  }
+  return size_t(h);
+}
+
+std::shared_ptr<const std::vector<uint64_t>> JsonSchemaGrammar::allowed(const JsonSchemaState& s) const {
+  return masks_.get(s, [&] {
+    return tokens_->allowed(s, [this](JsonSchemaState& t, uint8_t b) { return step(t, b); });
+  });
+}
+
+namespace {
+
+class SchemaCursor : public AnswerCursor {
+public:
+  explicit SchemaCursor(std::shared_ptr<const JsonSchemaGrammar> grammar)
+      : grammar_(std::move(grammar)), state_(grammar_->start_state()) {}
+  std::unique_ptr<AnswerCursor> clone() const override { return std::make_unique<SchemaCursor>(*this); }
+  bool accepts(int32_t token) const override { return grammar_->accepts(state_, token); }
+  void advance(int32_t token) override { state_ = grammar_->after(state_, token); }
+  bool complete() const override { return grammar_->complete(state_); }
+  int64_t mask(float* logits, int64_t vocab) const override {
+    return apply_token_mask(*grammar_->allowed(state_), grammar_->size(), logits, vocab);
+  }
+
+private:
+  std::shared_ptr<const JsonSchemaGrammar> grammar_;
+  JsonSchemaState state_;
+};
+
+}  // namespace
+
+std::unique_ptr<AnswerCursor> JsonSchemaGrammar::start() const {
+  return std::make_unique<SchemaCursor>(shared_from_this());
+}
+
+}  // namespace strata
