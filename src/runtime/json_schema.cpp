@@ -23,8 +23,9 @@ struct SchemaEdge {
 };
 struct SchemaNode {
   std::vector<SchemaEdge> edges;
-  bool end = false;   // the rule returns here
+  bool end = false;    // the rule returns here
   bool reads = false;  // has a Bytes edge
+  bool moves = false;  // has an Eps or Call edge
 };
 struct JsonSchemaRules {
   std::vector<SchemaNode> nodes;
@@ -71,8 +72,14 @@ private:
     r_->nodes[a].reads = true;
   }
   void byte(uint32_t a, char c, uint32_t b) { bytes(a, uint8_t(c), uint8_t(c), b); }
-  void eps(uint32_t a, uint32_t b) { r_->nodes[a].edges.push_back({SchemaEdge::Eps, 0, 0, b, 0}); }
-  void call(uint32_t a, uint32_t rule, uint32_t b) { r_->nodes[a].edges.push_back({SchemaEdge::Call, 0, 0, b, rule}); }
+  void eps(uint32_t a, uint32_t b) {
+    r_->nodes[a].edges.push_back({SchemaEdge::Eps, 0, 0, b, 0});
+    r_->nodes[a].moves = true;
+  }
+  void call(uint32_t a, uint32_t rule, uint32_t b) {
+    r_->nodes[a].edges.push_back({SchemaEdge::Call, 0, 0, b, rule});
+    r_->nodes[a].moves = true;
+  }
   // The text `s` read from `a`; returns the node after it.
   uint32_t literal(uint32_t a, const std::string& s) {
     for (char c : s) {
@@ -480,6 +487,22 @@ JsonSchemaGrammar::JsonSchemaGrammar(std::shared_ptr<const JsonSchemaRules> rule
 JsonSchemaState JsonSchemaGrammar::start_state() const { return {{{rules_->starts[rules_->root]}}}; }
 
 bool JsonSchemaGrammar::step(JsonSchemaState& s, uint8_t b) const {
+  // One stack at a node that only reads (inside a string, in a number's digits), as most bytes
+  // find it: the byte moves its top, with no closure to take and nothing to allocate.
+  if (s.stacks.size() == 1) {
+    const SchemaNode& n = rules_->nodes[s.stacks[0].back()];
+    if (n.reads && !n.moves && !n.end) {
+      int matches = 0;
+      uint32_t target = 0;
+      for (const SchemaEdge& e : n.edges)
+        if (e.lo <= b && b <= e.hi) ++matches, target = e.target;
+      if (matches <= 1) {
+        if (matches == 0) s.stacks.clear();
+        else s.stacks[0].back() = target;
+        return matches == 1;
+      }
+    }
+  }
   std::vector<std::vector<uint32_t>> next;
   for (const std::vector<uint32_t>& stack : s.stacks)
     close_stack(*rules_, stack, [&](const std::vector<uint32_t>& at) {
