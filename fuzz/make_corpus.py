@@ -44,6 +44,19 @@ def prompts():
         '{"role": "tool", "tool_call_id": "c1", "content": "22 C"}]}}\n'
         '{"custom_id": "t2", "url": "/v1/chat/completions", "body": {"messages": [{"role": "assistant", '
         '"tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}]}}\n')
+    schema = ('{"type": "object", "properties": {"z": {"type": ["string", "null"]}, "a": {"anyOf": [{"$ref": '
+              '"#/$defs/n"}, {"enum": [1, "x", true]}]}, "l": {"type": "array", "items": {"type": "integer"}}}, '
+              '"required": ["z"], "$defs": {"n": {"type": "object", "properties": {"k": {"$ref": "#/$defs/n"}}}}}')
+    put("prompts_fuzz", "openai_response_format.jsonl",
+        '{"custom_id": "j1", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "x"}], '
+        '"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": ' + schema + '}}}}\n'
+        '{"custom_id": "j2", "url": "/v1/completions", "body": {"prompt": "x", "response_format": '
+        '{"type": "json_object"}}}\n'
+        '{"custom_id": "j3", "url": "/v1/completions", "body": {"prompt": "x", "response_format": {"type": '
+        '"json_schema", "json_schema": {"schema": {"type": "object", "properties": {"p": {"pattern": "a"}}}}}}}\n')
+    put("prompts_fuzz", "strata_response_format.jsonl",
+        '{"id": 1, "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": '
+        + schema + '}}}\n{"id": 2, "prompt": "y", "response_format": {"type": "text"}}\n')
 
 
 def yaml_files():

@@ -194,7 +194,8 @@ TEST_CASE("strata run --json-schema holds the lines without a response_format to
                             "{\"id\": 2, \"prompt\": \"Free text.\", \"max_new_tokens\": 12, "
                             "\"response_format\": {\"type\": \"text\"}}\n";
   // "zeta" first, though it sorts last: the answer must open with it.
-  std::ofstream(schema) << R"({"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}},
+  std::ofstream(schema) << R"({"type": "object",
+                               "properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"}},
                                "required": ["zeta", "alpha"]})";
   fs::remove(out);
   Result r = run_strata("run --model " + kModels + "/tiny-llama --prompts " + prompts.string() + " --out " +
@@ -228,7 +229,8 @@ TEST_CASE("strata run answers a batch file whose every request is refused with i
   // nothing to generate and still finishes its output.
   const fs::path prompts = temp_dir() / "refused.jsonl", out = temp_dir() / "refused_out.jsonl";
   std::ofstream(prompts) << "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", "
-                            "\"body\": {\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"response_format\": "
+                            "\"body\": {\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                            "\"response_format\": "
                             "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": {\"type\": \"object\", "
                             "\"properties\": {\"a\": {\"type\": \"string\", \"pattern\": \"x\"}}}}}}}\n";
   fs::remove(out);

@@ -8,7 +8,8 @@ namespace strata {
 SortedVocabulary::SortedVocabulary(std::vector<std::string> token_bytes) : bytes_(std::move(token_bytes)) {
   for (size_t id = 0; id < bytes_.size(); ++id)
     if (!bytes_[id].empty()) sorted_.push_back(int32_t(id));
-  std::sort(sorted_.begin(), sorted_.end(), [&](int32_t a, int32_t b) { return bytes_[size_t(a)] < bytes_[size_t(b)]; });
+  std::sort(sorted_.begin(), sorted_.end(),
+            [&](int32_t a, int32_t b) { return bytes_[size_t(a)] < bytes_[size_t(b)]; });
   shared_.assign(sorted_.size(), 0);
   for (size_t i = 0; i < sorted_.size(); ++i) {
     const std::string& t = bytes_[size_t(sorted_[i])];

@@ -37,6 +37,8 @@ namespace {
 
 // A stack deeper than this (nested calls) is dropped: documents nest at most about this deep.
 constexpr size_t kMaxStack = 256;
+// Subschemas nested deeper than this are refused.
+constexpr int kMaxSchemaDepth = 64;
 
 const std::set<std::string> kAnnotations = {"title", "description", "default", "examples", "$schema", "$id",
                                             "$comment", "deprecated", "readOnly", "writeOnly"};
@@ -58,6 +60,7 @@ public:
     if (type != "object" && type != "array")
       throw JsonSchemaError("the schema's root (#) must be an object or an array, as the answer ends where it closes");
     r_->root = schema_rule(root_, "#");
+    refuse_empty_references();
     return r_;
   }
 
@@ -227,8 +230,9 @@ private:
     if (any_) return *any_;
     const Rule r = new_rule();
     any_ = r.id;  // arrays and objects of any values call it back
-    for (uint32_t alt : {number_rule(), string_rule(), boolean_rule(), null_rule(), array_rule(r.id), object_rule(r.id)})
-      call(r.start, alt, r.end);
+    const uint32_t alternatives[] = {number_rule(),      string_rule(),      boolean_rule(),
+                                     null_rule(),        array_rule(r.id),   object_rule(r.id)};
+    for (uint32_t alt : alternatives) call(r.start, alt, r.end);
     return r.id;
   }
 
@@ -262,6 +266,14 @@ private:
   }
 
   uint32_t schema_rule(const ordered_json& s, const std::string& at) {
+    // Subschemas nest in the compiler's own stack: a line's schema cannot overflow it.
+    if (++depth_ > kMaxSchemaDepth)
+      throw JsonSchemaError("the schema at " + at + " nests deeper than " + std::to_string(kMaxSchemaDepth) +
+                            " levels");
+    struct Leave {
+      int& depth;
+      ~Leave() { --depth; }
+    } leave{depth_};
     if (s.is_boolean()) {
       if (s.get<bool>()) return any_rule();
       throw JsonSchemaError("the schema at " + at + " is false: no value can match it");
@@ -303,7 +315,7 @@ private:
       const Rule r = new_rule();
       for (const ordered_json& t : s["type"]) {
         if (!t.is_string()) throw JsonSchemaError("'type' at " + at + " must name types, got " + t.dump());
-        call(r.start, typed_rule(s, t.get<std::string>(), at), r.end);
+        call(r.start, typed_rule(s, t.get<std::string>(), at, /*listed=*/true), r.end);
       }
       return r.id;
     }
@@ -314,10 +326,14 @@ private:
     return typed_rule(s, type, at);
   }
 
-  uint32_t typed_rule(const ordered_json& s, const std::string& type, const std::string& at) {
-    if (type != "object" && (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")))
+  // A value of `type` under the schema's other keywords. In a type list (`listed`) each type takes
+  // the keywords that apply to it (["object", "null"] with properties: an object of those, or
+  // null); alone, keywords of another type are refused.
+  uint32_t typed_rule(const ordered_json& s, const std::string& type, const std::string& at, bool listed = false) {
+    if (!listed && type != "object" &&
+        (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")))
       throw JsonSchemaError("object keywords at " + at + " on a schema of type '" + type + "' are not supported");
-    if (type != "array" && s.contains("items"))
+    if (!listed && type != "array" && s.contains("items"))
       throw JsonSchemaError("'items' at " + at + " on a schema of type '" + type + "' is not supported");
     if (type == "string") return string_rule();
     if (type == "number") return number_rule();
@@ -425,6 +441,35 @@ private:
     return r.id;
   }
 
+  // A reference that can reach no value ({"$ref": "#/$defs/A"} as A itself, or through others
+  // like it) would leave an answer that takes it with no token to draw: refused. A rule reaches a
+  // value when a path from its start to its end reads bytes and calls only rules that do (the
+  // fixpoint over all rules; every rule but a reference's reads by construction).
+  void refuse_empty_references() const {
+    const JsonSchemaRules& r = *r_;
+    std::vector<char> reaches(r.starts.size(), 0);
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t rule = 0; rule < r.starts.size(); ++rule) {
+        if (reaches[rule]) continue;
+        std::vector<uint32_t> work{r.starts[rule]};
+        std::set<uint32_t> seen(work.begin(), work.end());
+        while (!work.empty() && !reaches[rule]) {
+          const uint32_t at = work.back();
+          work.pop_back();
+          if (r.nodes[at].end) reaches[rule] = 1;
+          for (const SchemaEdge& e : r.nodes[at].edges) {
+            const bool passes = e.kind != SchemaEdge::Call || reaches[e.rule];
+            if (passes && seen.insert(e.target).second) work.push_back(e.target);
+          }
+        }
+        changed |= reaches[rule] != 0;
+      }
+    }
+    for (const auto& [ref, rule] : refs_)
+      if (!reaches[rule]) throw JsonSchemaError("'$ref' " + ref + " reaches no value: it refers back to itself");
+  }
+
   uint32_t empty_object_rule() {
     const Rule r = new_rule();
     const uint32_t open = node();
@@ -437,6 +482,7 @@ private:
   std::shared_ptr<JsonSchemaRules> r_;
   std::optional<uint32_t> string_, number_, integer_, boolean_, null_, any_;
   std::map<std::string, uint32_t> refs_;
+  int depth_ = 0;
 };
 
 // Every position the stack reaches without reading a byte: `reads` gets each stack whose node

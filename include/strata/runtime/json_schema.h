@@ -15,6 +15,7 @@
 // Any other keyword (minLength, pattern, minimum, minItems, additionalProperties true, allOf, ...)
 // is refused, naming it and where it is: a constraint we did not enforce would pass for one we did.
 // Annotations (title, description, default, examples, $schema, $id, $comment, ...) are ignored.
+// Subschemas nest at most 64 deep.
 #pragma once
 #include <cstdint>
 #include <memory>
