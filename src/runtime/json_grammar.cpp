@@ -226,17 +226,13 @@ size_t JsonVocabulary::StateHash::operator()(const JsonState& s) const {
 }
 
 bool JsonVocabulary::accepts(const JsonState& s, int32_t id) const {
-  if (!tokens_->known(id)) return false;
   JsonState t = s;
-  for (char c : tokens_->bytes(id))
-    if (!json_step(t, uint8_t(c))) return false;
-  return true;
+  return tokens_->read(t, id, json_step);
 }
 
 JsonState JsonVocabulary::after(const JsonState& s, int32_t id) const {
-  STRATA_CHECK(accepts(s, id), "JSON answer: token " << id << " cannot come next");
   JsonState t = s;
-  for (char c : tokens_->bytes(id)) json_step(t, uint8_t(c));
+  STRATA_CHECK(tokens_->read(t, id, json_step), "JSON answer: token " << id << " cannot come next");
   return t;
 }
 

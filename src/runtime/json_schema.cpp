@@ -571,17 +571,14 @@ bool JsonSchemaGrammar::complete(const JsonSchemaState& s) const {
 }
 
 bool JsonSchemaGrammar::accepts(const JsonSchemaState& s, int32_t token) const {
-  if (!tokens_->known(token)) return false;
   JsonSchemaState t = s;
-  for (char c : tokens_->bytes(token))
-    if (!step(t, uint8_t(c))) return false;
-  return true;
+  return tokens_->read(t, token, [this](JsonSchemaState& u, uint8_t b) { return step(u, b); });
 }
 
 JsonSchemaState JsonSchemaGrammar::after(const JsonSchemaState& s, int32_t token) const {
-  STRATA_CHECK(accepts(s, token), "JSON schema answer: token " << token << " cannot come next");
   JsonSchemaState t = s;
-  for (char c : tokens_->bytes(token)) step(t, uint8_t(c));
+  STRATA_CHECK(tokens_->read(t, token, [this](JsonSchemaState& u, uint8_t b) { return step(u, b); }),
+               "JSON schema answer: token " << token << " cannot come next");
   return t;
 }
 

@@ -47,6 +47,16 @@ public:
   const std::string& bytes(int32_t id) const { return bytes_[size_t(id)]; }
   bool known(int32_t id) const { return id >= 0 && id < size() && !bytes_[size_t(id)].empty(); }
 
+  // Moves `s` by token `id`'s bytes, each through `step(State&, uint8_t) -> bool`; false when the
+  // token is unknown or a byte is refused (`s` is then unspecified).
+  template <class State, class Step>
+  bool read(State& s, int32_t id, Step step) const {
+    if (!known(id)) return false;
+    for (char c : bytes_[size_t(id)])
+      if (!step(s, uint8_t(c))) return false;
+    return true;
+  }
+
   // The tokens every byte of which `step(State&, uint8_t) -> bool` accepts from `start`: bit id of
   // the mask (size() bits, 64 to a word). at[k] is the state after the first k bytes of the token
   // last walked, valid for k <= valid; a token sharing more than `valid` bytes with the one before
