@@ -49,6 +49,9 @@ public:
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override { in_.add(a, b, out); }
   void activation(Activation act, const Tensor& x) override { in_.activation(act, x); }
   void swiglu(const Tensor& gu, const Tensor& out) override { in_.swiglu(gu, out); }
+  void geglu(const Tensor& gu, const Tensor& out) override { in_.geglu(gu, out); }
+  void scale(const Tensor& x, float s) override { in_.scale(x, s); }
+  void soft_cap(const Tensor& x, float cap) override { in_.soft_cap(x, cap); }
   void combine_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, const Tensor& out) override {
     in_.combine_rows(src, rows, weights, out);
   }
@@ -70,8 +73,8 @@ public:
     in_.kv_store(k, v, ck, cv, slots, pos);
   }
   void attention(const Tensor& q, const Tensor& ck, const Tensor& cv, const Tensor& slots, const Tensor& pos,
-                 float scale, const Tensor& out) override {
-    in_.attention(q, ck, cv, slots, pos, scale, out);
+                 const AttentionSpec& spec, const Tensor& out) override {
+    in_.attention(q, ck, cv, slots, pos, spec, out);
   }
   void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) override { in_.gather_rows(x, rows, out); }
   void argmax_rows(const Tensor& logits, const Tensor& out) override { in_.argmax_rows(logits, out); }

@@ -185,7 +185,7 @@ TEST_CASE("a layer block stacks q, k, v (and their biases) and gate, up into one
         CHECK(w.qkv_b.numel() == qd + 2 * kvd);
         CHECK(static_cast<char*>(w.v_b.data) == static_cast<char*>(w.q_b.data) + (qd + kvd) * 2);
       }
-      CHECK(w.gate_up_w.empty() == (cfg.mlp != MlpKind::SwiGLU));
+      CHECK(w.gate_up_w.empty() == !cfg.gated_mlp());
       if (!w.gate_up_w.empty()) {
         CHECK(w.gate_up_w.data == w.fc1_w.data);
         CHECK(w.gate_up_w.dim(0) == 2 * f);
@@ -195,7 +195,7 @@ TEST_CASE("a layer block stacks q, k, v (and their biases) and gate, up into one
       const LayerWeights attn = layer_views(half_block_layout(halves, 0), block.data(), Device::CPU);
       CHECK(attn.qkv_w.dim(0) == qd + 2 * kvd);
       const LayerWeights mlp = layer_views(half_block_layout(halves, 1), block.data() + halves.mlp_offset, Device::CPU);
-      CHECK(mlp.gate_up_w.empty() == (cfg.mlp != MlpKind::SwiGLU));
+      CHECK(mlp.gate_up_w.empty() == !cfg.gated_mlp());
       CHECK(mlp.fc2_w.data == static_cast<const void*>(static_cast<const char*>(w.fc2_w.data)));
     }
   }

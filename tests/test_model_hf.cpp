@@ -22,7 +22,8 @@ namespace {
 
 const char* kModels[] = {"tiny-opt",  "tiny-llama", "tiny-qwen2",         "tiny-llama3",
                          "tiny-phi3", "tiny-qwen3", "tiny-phi3-longrope", "tiny-llama-gptq",
-                         "tiny-llama-gptq-actorder", "tiny-llama-awq", "tiny-mixtral", "tiny-qwen3-moe"};
+                         "tiny-llama-gptq-actorder", "tiny-llama-awq", "tiny-mixtral", "tiny-qwen3-moe",
+                         "tiny-gemma2", "tiny-gemma3", "tiny-gemma3-mm"};
 
 json load_expected(const std::string& model, const char* file = "expected.json") {
   std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/models/" + model + "/" + file);

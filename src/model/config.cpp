@@ -16,6 +16,10 @@ namespace strata {
 
 using json = nlohmann::json;
 
+bool ModelConfig::window_layer(int layer) const {
+  return layer_window > 0 && std::binary_search(window_layers.begin(), window_layers.end(), layer);
+}
+
 bool ModelConfig::sparse_layer(int layer) const {
   return moe() && !std::binary_search(dense_layers.begin(), dense_layers.end(), layer);
 }
@@ -24,8 +28,9 @@ int64_t ModelConfig::layer_param_count(int layer) const {
   const int64_t h = hidden, f = intermediate;
   int64_t n = int64_t(h) * (q_dim() + 2 * kv_dim()) + int64_t(q_dim()) * h;  // q, k, v, o
   if (sparse_layer(layer)) n += int64_t(n_experts) * (h + 3 * h * int64_t(expert_intermediate));  // router, experts
-  else n += (mlp == MlpKind::SwiGLU ? 3 : 2) * h * f;
+  else n += (gated_mlp() ? 3 : 2) * h * f;
   n += (norm_bias ? 4 : 2) * h;                                              // two norms
+  if (sandwich_norms) n += 2 * h;                                            // and Gemma's two more
   if (qkv_bias) n += q_dim() + 2 * kv_dim();
   if (o_bias) n += h;
   if (mlp_bias) n += f + h;
@@ -127,6 +132,16 @@ void ModelConfig::validate() const {
   for (int e : eos_ids)
     if (e < 0 || e >= vocab_size) STRATA_FAIL(name << ": eos_token_id " << e << " outside the vocabulary");
   if (moe()) validate_experts(*this);
+  for (size_t i = 0; i < window_layers.size(); ++i)
+    if (window_layers[i] < 0 || window_layers[i] >= n_layers || (i > 0 && window_layers[i] <= window_layers[i - 1]))
+      STRATA_FAIL(name << ": sliding-window layer " << window_layers[i] << " outside the " << n_layers
+                       << " layers or out of order");
+  if (!window_layers.empty() && layer_window <= 0)
+    STRATA_FAIL(name << ": sliding-window layers need a window > 0, got " << layer_window);
+  for (float v : {embed_scale, query_scale, attn_softcap, final_softcap, local_rope_theta})
+    if (!(v >= 0.0f && std::isfinite(v)))
+      STRATA_FAIL(name << ": Gemma setting " << v << " (embedding scale, query_pre_attn_scalar, soft cap or local "
+                       << "RoPE base) is not a finite number >= 0");
 }
 
 
@@ -374,6 +389,102 @@ void read_llama(const json& j, const std::string& file, const std::string& model
   if (model_type == "mixtral" || model_type == "qwen3_moe") read_experts(j, file, model_type, c);
 }
 
+// Gemma 2 (gemma2) and Gemma 3's text model (gemma3_text, or a multimodal gemma3's text_config,
+// read by the caller): LLaMA's layer with GeGLU, (1 + w) norms, a norm after the attention and
+// after the MLP too, embeddings times sqrt(hidden), scores scaled by query_pre_attn_scalar, and
+// sliding-window layers among full ones (layer_types, else Gemma 2's even layers and Gemma 3's
+// five in six). Gemma 2 soft-caps scores and logits; Gemma 3 normalises q and k per head and
+// rotates its sliding layers with rope_local_base_freq, unscaled.
+void read_gemma(const json& j, const std::string& file, const std::string& model_type, ModelConfig& c) {
+  const bool gemma2 = model_type == "gemma2";
+  c.arch = Arch::Llama;
+  c.hidden = require_int(j, "hidden_size");
+  c.intermediate = require_int(j, "intermediate_size");
+  c.n_layers = require_int(j, "num_hidden_layers");
+  c.n_heads = require_int(j, "num_attention_heads");
+  c.n_kv_heads = get_or<int>(j, "num_key_value_heads", c.n_heads);
+  c.head_dim = get_or<int>(j, "head_dim", 256);
+  c.max_positions = get_or<int>(j, "max_position_embeddings", gemma2 ? 8192 : 131072);
+  c.norm = NormKind::RMSNorm;
+  c.norm_eps = get_or<float>(j, "rms_norm_eps", 1e-6f);
+  c.norm_plus_one = true;
+  c.sandwich_norms = true;
+  c.pos = PosKind::Rope;
+  c.mlp = MlpKind::GeGLU;
+  // Gemma's files name the activation hidden_activation (hidden_act too in older ones).
+  const std::string act = get_or<std::string>(j, "hidden_activation", get_or<std::string>(j, "hidden_act", "gelu_pytorch_tanh"));
+  if (act != "gelu_pytorch_tanh" && act != "gelu_tanh")
+    STRATA_FAIL(file << ": hidden_activation '" << act << "' is not supported (gelu_pytorch_tanh)");
+  if (get_or<bool>(j, "attention_bias", false)) STRATA_FAIL(file << ": attention_bias=true is not supported for Gemma");
+  if (get_or<bool>(j, "use_bidirectional_attention", false))  // EmbeddingGemma: an encoder, not a generator
+    STRATA_FAIL(file << ": use_bidirectional_attention=true (an embedding model) is not supported");
+  c.qk_norm = !gemma2;
+  c.tied_embeddings = get_or<bool>(j, "tie_word_embeddings", true);
+  c.embed_scale = std::sqrt(float(c.hidden));
+  c.query_scale = get_or<float>(j, "query_pre_attn_scalar", float(c.head_dim));
+  if (!(c.query_scale > 0.0f)) STRATA_FAIL(file << ": query_pre_attn_scalar " << c.query_scale << " is not positive");
+  c.attn_softcap = get_or<float>(j, "attn_logit_softcapping", 0.0f);
+  c.final_softcap = get_or<float>(j, "final_logit_softcapping", 0.0f);
+  if (c.attn_softcap < 0.0f || c.final_softcap < 0.0f)
+    STRATA_FAIL(file << ": attn_logit_softcapping and final_logit_softcapping must be positive or null");
+
+  c.layer_window = get_or<int>(j, "sliding_window", gemma2 ? 4096 : 512);
+  if (c.layer_window <= 0) STRATA_FAIL(file << ": sliding_window " << c.layer_window << " is not positive");
+  auto types = j.find("layer_types");
+  if (types != j.end() && !types->is_null()) {
+    if (!types->is_array() || int(types->size()) != c.n_layers)
+      STRATA_FAIL(file << ": layer_types must list num_hidden_layers (" << c.n_layers << ") layer types");
+    for (int l = 0; l < c.n_layers; ++l) {
+      const json& t = (*types)[size_t(l)];
+      const std::string kind = t.is_string() ? t.get<std::string>() : "";
+      if (kind == "sliding_attention") c.window_layers.push_back(l);
+      else if (kind != "full_attention")
+        STRATA_FAIL(file << ": layer_types[" << l << "] is " << t.dump() << " (sliding_attention or full_attention)");
+    }
+  } else {
+    const int pattern = gemma2 ? 2 : get_or<int>(j, "sliding_window_pattern", 6);
+    if (pattern <= 0) STRATA_FAIL(file << ": sliding_window_pattern " << pattern << " is not positive");
+    for (int l = 0; l < c.n_layers; ++l)
+      if ((l + 1) % pattern != 0) c.window_layers.push_back(l);
+  }
+
+  // RoPE: one setting for every layer (Gemma 2, and Gemma 3's files before transformers 5), or
+  // transformers 5's rope_parameters per layer type.
+  json full = json::object(), sliding = json::object();
+  auto params = j.find("rope_parameters");
+  if (params != j.end() && params->is_object() && params->contains("full_attention")) {
+    full = (*params)["full_attention"];
+    sliding = params->value("sliding_attention", json::object());
+  } else {
+    full = j.contains("rope_scaling") && j["rope_scaling"].is_object() ? j["rope_scaling"] : json::object();
+    if (params != j.end() && params->is_object()) full.update(*params);
+  }
+  c.rope_theta = get_or<float>(full, "rope_theta", get_or<float>(j, "rope_theta", 10000.0f));
+  const std::string rope_type = get_or<std::string>(full, "rope_type", get_or<std::string>(full, "type", "default"));
+  if (rope_type == "linear") read_linear_rope(full, file, c);
+  else if (rope_type != "default")
+    STRATA_FAIL(file << ": rope scaling type '" << rope_type << "' is not supported for Gemma (linear)");
+  if (!gemma2) {
+    c.local_rope_theta = get_or<float>(sliding, "rope_theta", get_or<float>(j, "rope_local_base_freq", 10000.0f));
+    const std::string local_type = get_or<std::string>(sliding, "rope_type", "default");
+    if (local_type != "default")
+      STRATA_FAIL(file << ": sliding layers' rope type '" << local_type << "' is not supported (default)");
+  }
+}
+
+// A multimodal Gemma 3 (Gemma3ForConditionalGeneration): its text_config is a gemma3_text config,
+// whose missing keys take Gemma3TextConfig's defaults; the ids may sit at the top level.
+json gemma3_text_config(const json& j, const std::string& file) {
+  auto it = j.find("text_config");
+  if (it == j.end() || !it->is_object()) STRATA_FAIL(file << ": a gemma3 config needs a text_config object");
+  json text = *it;
+  for (const char* key : {"vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype",
+                          "tie_word_embeddings"})
+    if (!text.contains(key) && j.contains(key)) text[key] = j[key];
+  if (!text.contains("vocab_size")) text["vocab_size"] = 262208;  // Gemma3TextConfig's default
+  return text;
+}
+
 }  // namespace
 
 ModelConfig config_from_hf_json(const std::filesystem::path& path) {
@@ -415,14 +526,20 @@ ModelConfig config_from_hf_json_text(const std::string& text, const std::filesys
   ModelConfig c;
   c.name = path.parent_path().filename().string();
   try {
-    const std::string model_type = get_or<std::string>(j, "model_type", "");
+    std::string model_type = get_or<std::string>(j, "model_type", "");
+    if (model_type == "gemma3") {
+      j = gemma3_text_config(j, file);
+      model_type = "gemma3_text";
+    }
     if (model_type == "opt") read_opt(j, file, c);
+    else if (model_type == "gemma2" || model_type == "gemma3_text") read_gemma(j, file, model_type, c);
     else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
              model_type == "phi3" || model_type == "mixtral" || model_type == "qwen3_moe")
       read_llama(j, file, model_type, c);  // Phi-3: LLaMA with fused projections (split_fused_projections)
     else
       STRATA_FAIL(file << ": model_type '" << model_type
-                       << "' is not supported (opt, llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe)");
+                       << "' is not supported (opt, llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe, gemma2, "
+                          "gemma3_text, gemma3)");
     c.vocab_size = require_int(j, "vocab_size");
     std::vector<int> bos = id_list(j, "bos_token_id");
     c.bos_id = bos.empty() ? -1 : bos[0];
@@ -585,29 +702,41 @@ std::vector<float> yarn_freq_divisors(int head_dim, float rope_theta, double fac
 double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
 
 float ModelConfig::attention_scale() const {
-  return rope_attention_factor * rope_attention_factor / std::sqrt(float(head_dim));
+  return rope_attention_factor * rope_attention_factor / std::sqrt(query_scale > 0.0f ? query_scale : float(head_dim));
 }
+
+namespace {
+
+// 1 / base ** (2i / d) for i < d / 2, the same float32 expression as transformers.
+std::vector<float> plain_inv_freq(float base, int d) {
+  std::vector<float> inv(size_t(d / 2));
+  for (int i = 0; i < d / 2; ++i) inv[size_t(i)] = 1.0f / std::pow(base, float(2 * i) / float(d));
+  return inv;
+}
+
+}  // namespace
 
 std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
   const int d = cfg.head_dim;
-  std::vector<float> inv(size_t(d / 2));
-  for (int i = 0; i < d / 2; ++i) {
-    // Same float32 expression as transformers: 1 / base ** (2i / d).
-    inv[size_t(i)] = 1.0f / std::pow(cfg.rope_theta, float(2 * i) / float(d));
-  }
+  std::vector<float> inv = plain_inv_freq(cfg.rope_theta, d);
   for (size_t i = 0; i < cfg.rope_freq_factors.size() && i < inv.size(); ++i) inv[i] /= cfg.rope_freq_factors[i];
-  if (!cfg.rope_scaling) return inv;
-  const RopeScaling& s = *cfg.rope_scaling;
-  const float old_len = float(s.original_max_positions);
-  const float low_wavelen = old_len / s.low_freq_factor, high_wavelen = old_len / s.high_freq_factor;
-  for (float& f : inv) {
-    const float wavelen = 2.0f * float(M_PI) / f;
-    if (wavelen > low_wavelen) {
-      f = f / s.factor;  // low frequencies: fully interpolated
-    } else if (wavelen >= high_wavelen) {  // medium: blend between interpolated and original
-      const float smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-      f = (1.0f - smooth) * f / s.factor + smooth * f;
+  if (cfg.rope_scaling) {
+    const RopeScaling& s = *cfg.rope_scaling;
+    const float old_len = float(s.original_max_positions);
+    const float low_wavelen = old_len / s.low_freq_factor, high_wavelen = old_len / s.high_freq_factor;
+    for (float& f : inv) {
+      const float wavelen = 2.0f * float(M_PI) / f;
+      if (wavelen > low_wavelen) {
+        f = f / s.factor;  // low frequencies: fully interpolated
+      } else if (wavelen >= high_wavelen) {  // medium: blend between interpolated and original
+        const float smooth = (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        f = (1.0f - smooth) * f / s.factor + smooth * f;
+      }
     }
+  }
+  if (cfg.local_rope_theta > 0.0f) {  // Gemma 3's sliding layers: their own base, unscaled
+    const std::vector<float> local = plain_inv_freq(cfg.local_rope_theta, d);
+    inv.insert(inv.end(), local.begin(), local.end());
   }
   return inv;
 }

@@ -123,6 +123,7 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     b.packed = read_packed_format(path);
     std::unique_ptr<WeightSource> weights = b.packed ? make_packed_source(path, *b.packed) : make_safetensors_source(path);
     if (!b.packed) refuse_unmarked_codes(*weights, path);
+    if (b.config.norm_plus_one) weights = gemma_source(std::move(weights));
     b.weights = split_fused_projections(std::move(weights), b.config);
     const fs::path tok = tokenizer_dir.empty() ? path : tokenizer_dir;
     if (fs::exists(tok / "tokenizer.json") || fs::exists(tok / "vocab.json")) b.tokenizer = Tokenizer::from_dir(tok);

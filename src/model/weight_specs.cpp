@@ -31,6 +31,7 @@ constexpr LayerNames kLayerNames[] = {
     {WeightRole::VB, "self_attn.v_proj.bias", "self_attn.v_proj.bias"},
     {WeightRole::OW, "self_attn.out_proj.weight", "self_attn.o_proj.weight"},
     {WeightRole::OB, "self_attn.out_proj.bias", "self_attn.o_proj.bias"},
+    {WeightRole::PostAttnNormW, nullptr, "post_attention_layernorm.weight"},  // Gemma's; LLaMA's MLP norm
     {WeightRole::MlpNormW, "final_layer_norm.weight", "post_attention_layernorm.weight"},
     {WeightRole::MlpNormB, "final_layer_norm.bias", nullptr},
     {WeightRole::Fc1W, "fc1.weight", "mlp.gate_proj.weight"},
@@ -38,6 +39,7 @@ constexpr LayerNames kLayerNames[] = {
     {WeightRole::Fc1B, "fc1.bias", nullptr},
     {WeightRole::Fc2W, "fc2.weight", "mlp.down_proj.weight"},
     {WeightRole::Fc2B, "fc2.bias", nullptr},
+    {WeightRole::PostMlpNormW, nullptr, "post_feedforward_layernorm.weight"},
 };
 
 // Whether the config has this tensor, and its shape in Hugging Face layout.
@@ -47,8 +49,9 @@ bool present(const ModelConfig& c, WeightRole r) {
     case WeightRole::QB: case WeightRole::KB: case WeightRole::VB: return c.qkv_bias;
     case WeightRole::OB: return c.o_bias;
     case WeightRole::Fc1B: case WeightRole::Fc2B: return c.mlp_bias;
-    case WeightRole::UpW: return c.mlp == MlpKind::SwiGLU;
+    case WeightRole::UpW: return c.gated_mlp();
     case WeightRole::QNormW: case WeightRole::KNormW: return c.qk_norm;
+    case WeightRole::PostAttnNormW: case WeightRole::PostMlpNormW: return c.sandwich_norms;
     default: return true;
   }
 }
@@ -92,6 +95,8 @@ std::vector<WeightSpec> layer_weight_specs(const ModelConfig& c, int layer) {
   std::vector<WeightSpec> specs;
   for (const LayerNames& n : kLayerNames) {
     const char* name = opt ? n.opt : n.llama;
+    // Gemma's norm before the MLP (LLaMA's post_attention_layernorm normalises the MLP's input).
+    if (c.sandwich_norms && n.role == WeightRole::MlpNormW) name = "pre_feedforward_layernorm.weight";
     const bool dense_mlp = n.role == WeightRole::Fc1W || n.role == WeightRole::UpW || n.role == WeightRole::Fc2W;
     if (name && present(c, n.role) && !(sparse && dense_mlp)) specs.push_back({n.role, prefix + name, shape_of(c, n.role)});
     if (sparse && n.role == WeightRole::MlpNormW) add_expert_specs(c, prefix, specs);

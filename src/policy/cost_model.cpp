@@ -98,7 +98,7 @@ CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w, D
   const double attn_params = h * (q + 2 * kv) + q * h;
   // The MLP half's matrices, and those one token multiplies by: a mixture of experts stores all
   // its experts (and the router) but runs each token through k of them (ForwardOps).
-  double mlp_params = (cfg.mlp == MlpKind::SwiGLU ? 3 : 2) * h * f, mlp_token_params = mlp_params;
+  double mlp_params = (cfg.gated_mlp() ? 3 : 2) * h * f, mlp_token_params = mlp_params;
   if (cfg.moe()) {
     const double experts = cfg.n_experts, fe = cfg.expert_intermediate;
     mlp_params = experts * 3 * h * fe + experts * h;

@@ -40,7 +40,7 @@ int64_t device_routed_tokens(const ModelConfig& cfg) {
 std::vector<PieceShape> workspace_shapes(const ModelConfig& cfg, DType dt, int64_t T, int64_t R) {
   const int64_t h = cfg.hidden, qd = cfg.q_dim(), V = cfg.vocab_size;
   const int64_t f = std::max(cfg.intermediate, cfg.expert_intermediate);
-  const bool swiglu = cfg.mlp == MlpKind::SwiGLU;
+  const bool swiglu = cfg.gated_mlp();
   const int64_t a_width = std::max({swiglu ? 2 * f : f, qd + 2 * cfg.kv_dim(), h});
   const int64_t k = cfg.moe() ? cfg.experts_per_token : 0, E = cfg.moe() ? cfg.n_experts : 0;
   const int64_t routed = T * k, device_routed = std::min(T, device_routed_tokens(cfg)) * k;
@@ -78,6 +78,18 @@ Tensor leading(const Tensor& piece, int64_t rows, int64_t width) {
 }  // namespace
 
 ForwardOps::ForwardOps(const ModelConfig& cfg, Backend& backend) : cfg_(cfg), backend_(backend) {}
+
+LayerAttention layer_attention(const ModelConfig& cfg, const Tensor& rope_table, int layer) {
+  LayerAttention a;
+  const bool window = cfg.window_layer(layer);
+  a.spec = AttentionSpec(cfg.attention_scale(), window ? cfg.layer_window : 0, cfg.attn_softcap);
+  if (rope_table.empty()) return a;
+  const int64_t half = cfg.head_dim / 2, row = cfg.local_rope_layer(layer) ? 1 : 0;
+  STRATA_CHECK(rope_table.numel() >= (row + 1) * half,
+               "internal: RoPE table of " << rope_table.numel() << " frequencies for layer " << layer);
+  a.inv_freq = Tensor(static_cast<float*>(rope_table.data) + row * half, DType::F32, rope_table.device, {half});
+  return a;
+}
 
 size_t ForwardOps::workspace_bytes(const ModelConfig& cfg, DType dt, int64_t T, int64_t R) {
   size_t total = 0;
@@ -174,6 +186,8 @@ Backend::Norm ForwardOps::norm_kind() const {
 
 void ForwardOps::embed(const ModelWeights& w, const Tensor& x) {
   backend_.embedding(ids_.rows(0, T_), w.embed, x, false);
+  // Gemma: times sqrt(hidden), rounded to the activation dtype as transformers rounds it.
+  if (cfg_.embed_scale > 0.0f) backend_.scale(x, round_to_dtype(cfg_.embed_scale, backend_.activation_dtype()));
   if (cfg_.pos == PosKind::Learned) backend_.embedding(pos_shifted_.rows(0, T_), w.pos_embed, x, true);
 }
 
@@ -184,15 +198,17 @@ void ForwardOps::attention_norm(const LayerWeights& w, const Tensor& x) {
 // Each residual add runs with the norm after it (add_norm): the attention's with the MLP's norm,
 // the MLP's with the next layer's attention norm; the last layer's add is a plain add (the head
 // norms only its logit rows).
-void ForwardOps::layer(const LayerWeights& w, const LayerWeights* next, const Tensor& inv_freq, const Tensor& x,
+void ForwardOps::layer(const LayerWeights& w, const LayerWeights* next, const LayerAttention& a, const Tensor& x,
                        const Tensor& cache_k, const Tensor& cache_v) {
   const int64_t T = T_, h = cfg_.hidden;
   const Tensor xn = xn_.rows(0, T);
-  const Tensor attn = attention_from_normed(w, inv_freq, cache_k, cache_v);
+  const Tensor attn = attention_from_normed(w, a, cache_k, cache_v);
   const Tensor o = leading(mlp_a_, T, h);  // free until the MLP's first GEMM
   backend_.linear(attn.reshaped({T, cfg_.q_dim()}), w.o_w, w.o_b, o);
+  post_norm(w.post_attn_norm_w, o);
   backend_.add_norm(x, o, norm_kind(), w.mlp_norm_w, w.mlp_norm_b, cfg_.norm_eps, xn);
   const Tensor y = mlp_from_normed(w);
+  post_norm(w.post_mlp_norm_w, y);
   if (next) backend_.add_norm(x, y, norm_kind(), next->attn_norm_w, next->attn_norm_b, cfg_.norm_eps, xn);
   else backend_.add(x, y, x);
 }
@@ -208,9 +224,13 @@ void ForwardOps::copy_prefixes(const Tensor& cache_k, const Tensor& cache_v) {
   }
 }
 
-AttentionInputs ForwardOps::attention_inputs(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x) {
+void ForwardOps::post_norm(const Tensor& w, const Tensor& y) {
+  if (cfg_.sandwich_norms) backend_.rms_norm(y, w, cfg_.norm_eps, y);
+}
+
+AttentionInputs ForwardOps::attention_inputs(const LayerWeights& w, const LayerAttention& a, const Tensor& x) {
   attention_norm(w, x);
-  return project_qkv(w, inv_freq);
+  return project_qkv(w, a);
 }
 
 Tensor ForwardOps::qkv_projection(const LayerWeights& w) {
@@ -219,7 +239,8 @@ Tensor ForwardOps::qkv_projection(const LayerWeights& w) {
   return qkv;
 }
 
-AttentionInputs ForwardOps::project_qkv(const LayerWeights& w, const Tensor& inv_freq) {
+AttentionInputs ForwardOps::project_qkv(const LayerWeights& w, const LayerAttention& a) {
+  const Tensor& inv_freq = a.inv_freq;
   const int64_t T = T_;
   const Tensor pos = pos_.rows(0, T);
   const Tensor q = q_.rows(0, T), k = k_.rows(0, T), v = v_.rows(0, T);
@@ -246,46 +267,50 @@ void ForwardOps::attention_output(const LayerWeights& w, const Tensor& x, const 
                                                                                        << T << " hidden rows");
   const Tensor out = xn_.rows(0, T);
   backend_.linear(attn.reshaped({T, cfg_.q_dim()}), w.o_w, w.o_b, out);
+  post_norm(w.post_attn_norm_w, out);
   backend_.add(x, out, x);
 }
 
-void ForwardOps::attention_block(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x,
+void ForwardOps::attention_block(const LayerWeights& w, const LayerAttention& a, const Tensor& x,
                                  const Tensor& cache_k, const Tensor& cache_v) {
   // Pre-norm: x += o_proj(attention(rope(q), rope(k), v)).
   attention_norm(w, x);
-  attention_output(w, x, attention_from_normed(w, inv_freq, cache_k, cache_v));
+  attention_output(w, x, attention_from_normed(w, a, cache_k, cache_v));
 }
 
 // Where the cache holds the activation dtype or quantized rows, and no per-head norm comes between
 // the split and the rotation, k and v go from the stacked GEMM's output straight into the cache
 // (split_qkv_store): one pass instead of a split and a kv_store.
-Tensor ForwardOps::attention_from_normed(const LayerWeights& w, const Tensor& inv_freq, const Tensor& cache_k,
+Tensor ForwardOps::attention_from_normed(const LayerWeights& w, const LayerAttention& a, const Tensor& cache_k,
                                          const Tensor& cache_v) {
   const DType dt = backend_.activation_dtype();
   auto storable = [dt](const Tensor& c) { return c.dtype == dt || c.quantized(); };
   if (cfg_.qk_norm || !storable(cache_k) || !storable(cache_v)) {
-    const AttentionInputs in = project_qkv(w, inv_freq);
+    const AttentionInputs in = project_qkv(w, a);
     backend_.kv_store(in.k, in.v, cache_k, cache_v, slots_.rows(0, T_), pos_.rows(0, T_));
-    return attend_stored(in.q, cache_k, cache_v);
+    return attend_stored(in.q, a.spec, cache_k, cache_v);
   }
   const Tensor q = q_.rows(0, T_);
-  backend_.split_qkv_store(qkv_projection(w), pos_.rows(0, T_), cfg_.pos == PosKind::Rope ? inv_freq : Tensor(), q,
+  backend_.split_qkv_store(qkv_projection(w), pos_.rows(0, T_), cfg_.pos == PosKind::Rope ? a.inv_freq : Tensor(), q,
                            slots_.rows(0, T_), cache_k, cache_v);
-  return attend_stored(q, cache_k, cache_v);
+  return attend_stored(q, a.spec, cache_k, cache_v);
 }
 
-Tensor ForwardOps::attend_stored(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v) {
+Tensor ForwardOps::attend_stored(const Tensor& q, const AttentionSpec& spec, const Tensor& cache_k,
+                                 const Tensor& cache_v) {
   const int64_t T = T_;
   const Tensor attn = attn_.rows(0, T).reshaped({T, cfg_.n_heads, cfg_.head_dim});
   copy_prefixes(cache_k, cache_v);
-  backend_.attention(q, cache_k, cache_v, slots_.rows(0, T), pos_.rows(0, T), cfg_.attention_scale(), attn);
+  backend_.attention(q, cache_k, cache_v, slots_.rows(0, T), pos_.rows(0, T), spec, attn);
   return attn;
 }
 
 void ForwardOps::mlp_block(const LayerWeights& w, const Tensor& x) {
   // Pre-norm: x += fc2(act(fc1(x))), or down(silu(gate(x)) * up(x)).
   norm(x, w.mlp_norm_w, w.mlp_norm_b, xn_.rows(0, T_));
-  backend_.add(x, mlp_from_normed(w), x);
+  const Tensor y = mlp_from_normed(w);
+  post_norm(w.post_mlp_norm_w, y);
+  backend_.add(x, y, x);
 }
 
 Tensor ForwardOps::mlp_from_normed(const LayerWeights& w) {
@@ -294,11 +319,12 @@ Tensor ForwardOps::mlp_from_normed(const LayerWeights& w) {
   const Tensor xn = xn_.rows(0, T);
   const int64_t f = cfg_.intermediate;
   Tensor act;  // the input of fc2 (down)
-  if (cfg_.mlp == MlpKind::SwiGLU) {  // gate and up as one GEMM, side by side in each row
+  if (cfg_.gated_mlp()) {  // gate and up as one GEMM, side by side in each row
     const Tensor gate_up = leading(mlp_a_, T, 2 * f);
     backend_.linear(xn, w.gate_up_w, Tensor(), gate_up);
     act = mlp_b_.rows(0, T);
-    backend_.swiglu(gate_up, act);
+    if (cfg_.mlp == MlpKind::GeGLU) backend_.geglu(gate_up, act);
+    else backend_.swiglu(gate_up, act);
   } else {
     act = leading(mlp_a_, T, f);
     backend_.linear(xn, w.fc1_w, w.fc1_b, act);
@@ -448,6 +474,7 @@ Tensor ForwardOps::head(const ModelWeights& w, const Tensor& x) {
   backend_.gather_rows(x, rows, last);
   norm(last, w.final_norm_w, w.final_norm_b, last);
   backend_.linear(last, w.lm_head, Tensor(), logits);
+  if (cfg_.final_softcap > 0.0f) backend_.soft_cap(logits, cfg_.final_softcap);  // Gemma 2
   return logits;
 }
 

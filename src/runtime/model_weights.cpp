@@ -147,6 +147,8 @@ const Tensor& layer_tensor(const LayerWeights& lw, const WeightSpec& spec) {
     case WeightRole::UpW: return lw.up_w;
     case WeightRole::Fc2W: return lw.fc2_w;
     case WeightRole::Fc2B: return lw.fc2_b;
+    case WeightRole::PostAttnNormW: return lw.post_attn_norm_w;
+    case WeightRole::PostMlpNormW: return lw.post_mlp_norm_w;
     case WeightRole::RouterW: return lw.router_w;
     case WeightRole::ExpertGateW: case WeightRole::ExpertUpW: case WeightRole::ExpertDownW: {
       STRATA_CHECK(spec.expert >= 0 && size_t(spec.expert) < lw.experts.size(),

@@ -5,6 +5,7 @@
 // the backend's compute stream; copies to the host synchronize. Work on the compute stream and the
 // two copy streams is ordered across streams by Events alone (docs/offload.md, "Events").
 #pragma once
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -43,6 +44,22 @@ private:
 };
 
 enum class Activation : uint8_t { ReLU, GELU };
+
+// How attention() turns scores into weights: softmax over the keys a token sees of scale * (q . k).
+// window > 0 (a sliding-window layer: Gemma 2 and 3, one layer in two or five in six) lets token t
+// see only keys (positions[t] - window, positions[t]]; softcap > 0 (Gemma 2) passes each scaled
+// score through softcap * tanh(score / softcap) before the softmax. A bare float is a plain scale.
+struct AttentionSpec {
+  AttentionSpec(float scale_ = 1.0f, int window_ = 0, float softcap_ = 0.0f)  // NOLINT: implicit from a scale
+      : scale(scale_), window(window_), softcap(softcap_) {}
+  float scale;
+  int window;
+  float softcap;
+  // The first key position token at `position` sees.
+  int first_key(int position) const { return window > 0 && position >= window ? position - window + 1 : 0; }
+  // The score after the soft cap (itself when softcap is 0).
+  float cap(float score) const { return softcap > 0.0f ? softcap * std::tanh(score / softcap) : score; }
+};
 
 // Direction of a copy between host memory and the backend's device. Each direction has its own
 // copy stream (CUDA), separate from the compute stream, so the offloading schedule overlaps them.
@@ -204,6 +221,15 @@ public:
   // out[t, i] = silu(gate_up[t, i]) * gate_up[t, f + i]: gate_up [T, 2f] is the stacked gate/up
   // GEMM's output (gate's f columns, then up's), out [T, f]. out must not alias gate_up.
   virtual void swiglu(const Tensor& gate_up, const Tensor& out) = 0;
+  // The same with GELU's tanh approximation (PyTorch's gelu(approximate="tanh"), Gemma's
+  // gelu_pytorch_tanh) in place of silu: GeGLU.
+  virtual void geglu(const Tensor& gate_up, const Tensor& out) = 0;
+
+  // x *= s in place, in fp32 (Gemma's embeddings times sqrt(hidden)).
+  virtual void scale(const Tensor& x, float s) = 0;
+  // x = cap * tanh(x / cap) in place, in fp32 (Gemma 2's final logit soft cap). x: F32 or the
+  // activation dtype.
+  virtual void soft_cap(const Tensor& x, float cap) = 0;
 
   // Rotary embedding in place, Hugging Face's rotate_half convention: for i < d/2 with
   // a = pos[t] * inv_freq[i]: (x[i], x[i + d/2]) <- (x[i] cos a - x[i + d/2] sin a,
@@ -233,12 +259,12 @@ public:
   virtual void kv_store(const Tensor& k, const Tensor& v, const Tensor& cache_k, const Tensor& cache_v,
                         const Tensor& slots, const Tensor& positions) = 0;
 
-  // Causal attention over the cache: token t attends to cache entries [0, positions[t]] of slot
-  // slots[t] (its own key included, so kv_store runs first). Query head h reads kv head
-  // h / (heads / kv_heads) (grouped- and multi-query). Softmax in fp32 with scores * scale.
-  // q, out: [T, heads, d]; caches as in kv_store.
+  // Causal attention over the cache: token t attends to cache entries [spec.first_key(positions[t]),
+  // positions[t]] of slot slots[t] (its own key included, so kv_store runs first). Query head h
+  // reads kv head h / (heads / kv_heads) (grouped- and multi-query). Softmax in fp32 of the scores
+  // as spec makes them. q, out: [T, heads, d]; caches as in kv_store.
   virtual void attention(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
-                         const Tensor& positions, float scale, const Tensor& out) = 0;
+                         const Tensor& positions, const AttentionSpec& spec, const Tensor& out) = 0;
 
   // out[i] = x[rows[i]]. x: [T, h]; rows: I32 [B]; out: [B, h].
   virtual void gather_rows(const Tensor& x, const Tensor& rows, const Tensor& out) = 0;

@@ -31,6 +31,13 @@ inline float bf16_to_float(uint16_t b) {
 }
 uint16_t float_to_bf16(float f);  // round to nearest even
 
+// f rounded to a float type's precision (F16, BF16; F32: itself), as a float.
+inline float round_to_dtype(float f, DType dt) {
+  if (dt == DType::F16) return half_to_float(float_to_half(f));
+  if (dt == DType::BF16) return bf16_to_float(float_to_bf16(f));
+  return f;
+}
+
 // Converts n elements between float types (F32/F16/BF16); same-type conversion is a copy.
 void convert_elements(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n);
 

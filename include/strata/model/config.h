@@ -14,7 +14,8 @@ namespace strata {
 enum class Arch : uint8_t { OPT, Llama };
 enum class NormKind : uint8_t { LayerNorm, RMSNorm };
 enum class PosKind : uint8_t { Learned, Rope };
-enum class MlpKind : uint8_t { ReLU, GELU, SwiGLU };
+// SwiGLU: down(silu(gate) * up); GeGLU (Gemma): down(gelu_tanh(gate) * up).
+enum class MlpKind : uint8_t { ReLU, GELU, SwiGLU, GeGLU };
 // Whose tensor names a mixture-of-experts layer uses (weight_specs.cpp): Mixtral's
 // block_sparse_moe.experts.N.w1/w3/w2, or Qwen3-MoE's mlp.experts.N.gate/up/down_proj.
 enum class MoeNaming : uint8_t { Mixtral, Qwen3Moe };
@@ -69,6 +70,19 @@ struct ModelConfig {
   // Layers whose MLP stays dense (width `intermediate`) in a MoE model: Qwen3-MoE's mlp_only_layers
   // and the layers decoder_sparse_step skips, ascending.
   std::vector<int> dense_layers;
+  // Gemma 2 and 3 (model_type gemma2, gemma3_text, gemma3's text model):
+  float embed_scale = 0.0f;         // > 0: the token embeddings times this (sqrt(hidden))
+  bool norm_plus_one = false;       // RMSNorm scales by 1 + w: the loader adds the 1 to the stored w
+  bool sandwich_norms = false;      // a norm after the attention and after the MLP, before each residual add
+  float query_scale = 0.0f;         // > 0: scores scale by 1 / sqrt(this), not of head_dim (query_pre_attn_scalar)
+  float attn_softcap = 0.0f;        // > 0: scores soft-capped, cap * tanh(s / cap) (Gemma 2)
+  float final_softcap = 0.0f;       // > 0: logits soft-capped likewise (Gemma 2)
+  // Sliding-window layers: each token sees the last `layer_window` positions (its own included);
+  // the other layers see the whole context. Gemma 3's sliding layers rotate with base
+  // `local_rope_theta` and no scaling (0: as the others).
+  int layer_window = 0;
+  std::vector<int> window_layers;   // ascending
+  float local_rope_theta = 0.0f;
   // The dtype the checkpoint was trained and saved in (config.json's torch_dtype, transformers
   // 5's dtype): `--dtype auto` runs a BF16 checkpoint in bf16 on the GPU. F16 when unstated.
   DType checkpoint_dtype = DType::F16;
@@ -81,6 +95,11 @@ struct ModelConfig {
   // The softmax's score scale: 1 / sqrt(head_dim), times LongRoPE's attention factor squared.
   float attention_scale() const;
   bool moe() const { return n_experts > 0; }
+  bool gated_mlp() const { return mlp == MlpKind::SwiGLU || mlp == MlpKind::GeGLU; }
+  // Whether layer l attends through a sliding window (layer_window), and whether its RoPE
+  // frequencies are the local ones (rope_inv_freq's second row).
+  bool window_layer(int layer) const;
+  bool local_rope_layer(int layer) const { return local_rope_theta > 0.0f && window_layer(layer); }
   // Whether layer l's MLP is a mixture of experts.
   bool sparse_layer(int layer) const;
   // Whether every layer has the same tensors (the offloading engine's one block layout needs it).
@@ -105,7 +124,9 @@ ModelConfig config_from_hf_json_text(const std::string& text, const std::filesys
 std::optional<ModelConfig> config_preset(const std::string& name);
 std::vector<std::string> config_preset_names();
 
-// RoPE inverse frequencies [head_dim / 2], with llama3 scaling applied when configured.
+// RoPE inverse frequencies [head_dim / 2], with llama3 scaling applied when configured; then, when
+// local_rope_theta is set, the sliding layers' [head_dim / 2] (that base, no scaling): the rows of
+// the table ForwardOps picks a layer's row from (layer_attention).
 std::vector<float> rope_inv_freq(const ModelConfig& cfg);
 
 // YaRN as transformers computes it (static: the same at every length), as the divisor of each

@@ -56,6 +56,10 @@ std::unique_ptr<WeightSource> make_safetensors_source(std::shared_ptr<const Safe
 // Shows Phi-3's fused qkv_proj and gate_up_proj as LLaMA's q/k/v_proj and gate/up_proj (rows cut
 // out on reading); any other tensor passes through. Without fused tensors it changes nothing.
 std::unique_ptr<WeightSource> split_fused_projections(std::unique_ptr<WeightSource> inner, const ModelConfig& cfg);
+// Gemma's safetensors checkpoints: norms shown as 1 + the stored w (Gemma's RMSNorm), a
+// multimodal Gemma 3's text tensors under LLaMA's names and its vision tensors hidden
+// (gemma_source.cpp). For configs with norm_plus_one.
+std::unique_ptr<WeightSource> gemma_source(std::unique_ptr<WeightSource> inner);
 // Deterministic small random values for every tensor the config implies; fast, no files.
 std::unique_ptr<WeightSource> make_dummy_source(const ModelConfig& cfg, uint64_t seed = 0);
 

@@ -13,6 +13,7 @@ enum class WeightRole : uint8_t {
   // per layer
   AttnNormW, AttnNormB, QW, QB, QNormW, KW, KB, KNormW, VW, VB, OW, OB,  // QNorm/KNorm: Qwen3's per-head norms
   MlpNormW, MlpNormB, Fc1W, Fc1B, UpW, Fc2W, Fc2B,  // Fc1 is LLaMA's gate_proj, Fc2 its down_proj
+  PostAttnNormW, PostMlpNormW,  // Gemma's norms of the attention's and the MLP's outputs (sandwich_norms)
   // a mixture-of-experts layer's MLP: the router [experts, h], and each expert's SwiGLU
   RouterW, ExpertGateW, ExpertUpW, ExpertDownW,
   // whole model

@@ -48,6 +48,16 @@ struct AttentionInputs {
   Tensor q, k, v;
 };
 
+// What differs between layers' attention (Gemma's sliding-window layers among full ones): the
+// RoPE frequencies (F32 [head_dim / 2]; empty without RoPE) and how scores become weights.
+struct LayerAttention {
+  Tensor inv_freq;
+  AttentionSpec spec;
+};
+// Layer l's, from the model's table of frequencies (rope_inv_freq's rows, uploaded: ModelWeights::
+// inv_freq; empty without RoPE).
+LayerAttention layer_attention(const ModelConfig& cfg, const Tensor& rope_table, int layer);
+
 // STRATA_DEVICE_ROUTING=0 routes every mixture-of-experts step on the host; anything else, or
 // unset, routes on the device where the backend can (Backend::routes_on_device).
 bool device_routing_allowed();
@@ -73,18 +83,18 @@ public:
   // (caches: [S, C, kv_heads, d]), each residual add fused with the norm that follows it, so it
   // expects its attention's normed input in the workspace, from attention_norm or the layer before.
   void attention_norm(const LayerWeights& w, const Tensor& x);
-  void layer(const LayerWeights& w, const LayerWeights* next, const Tensor& inv_freq, const Tensor& x,
+  void layer(const LayerWeights& w, const LayerWeights* next, const LayerAttention& a, const Tensor& x,
              const Tensor& cache_k, const Tensor& cache_v);
   // The two halves of layer(), for a schedule that streams a layer's weights half by half: the
   // attention block reads only w's attention tensors, the MLP block only its MLP tensors.
-  void attention_block(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x, const Tensor& cache_k,
+  void attention_block(const LayerWeights& w, const LayerAttention& a, const Tensor& x, const Tensor& cache_k,
                        const Tensor& cache_v);
   void mlp_block(const LayerWeights& w, const Tensor& x);
   // The attention block around attention done elsewhere: its inputs (norm, q/k/v projections,
   // their norms, rope) for this step, then, any time later, x += o_proj(attn) for the rows of x
   // (attn: [rows, heads, d], the attention's output). Steps of other units may run between the
   // two; attention_output uses no step state.
-  AttentionInputs attention_inputs(const LayerWeights& w, const Tensor& inv_freq, const Tensor& x);
+  AttentionInputs attention_inputs(const LayerWeights& w, const LayerAttention& a, const Tensor& x);
   void attention_output(const LayerWeights& w, const Tensor& x, const Tensor& attn);
   // Final norm and LM head on the step's logit rows; valid until the next step.
   Tensor head(const ModelWeights& w, const Tensor& x);
@@ -112,15 +122,17 @@ private:
   Backend::Norm norm_kind() const;
   void copy_prefixes(const Tensor& cache_k, const Tensor& cache_v);
   // q, k, v (split, normed per head, rotated) from the normed input in the workspace.
-  AttentionInputs project_qkv(const LayerWeights& w, const Tensor& inv_freq);
+  AttentionInputs project_qkv(const LayerWeights& w, const LayerAttention& a);
   // The stacked q/k/v GEMM over the normed input: its output [T, q_dim + 2 kv_dim] in the workspace.
   Tensor qkv_projection(const LayerWeights& w);
   // From the normed input: q, k and v, k and v stored in the caches, the step's prefix copies, and
   // attention; its output [T, heads, d] in the workspace.
-  Tensor attention_from_normed(const LayerWeights& w, const Tensor& inv_freq, const Tensor& cache_k,
+  Tensor attention_from_normed(const LayerWeights& w, const LayerAttention& a, const Tensor& cache_k,
                                const Tensor& cache_v);
   // The step's prefix copies and attention over caches that hold the step's keys and values.
-  Tensor attend_stored(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v);
+  Tensor attend_stored(const Tensor& q, const AttentionSpec& spec, const Tensor& cache_k, const Tensor& cache_v);
+  // Gemma's norm of a block's output before its residual add (sandwich_norms), in place.
+  void post_norm(const Tensor& w, const Tensor& y);
   // The MLP from the normed input in the workspace; its output [T, h] (in the normed input's place).
   Tensor mlp_from_normed(const LayerWeights& w);
   // The same for a mixture-of-experts layer: routing, each active expert's GEMMs over its tokens.

@@ -32,6 +32,7 @@ struct LayerWeights {
   Tensor mlp_norm_w, mlp_norm_b;     // [h]
   Tensor fc1_w, fc1_b, up_w;         // [f, h] (fc1 = gate_proj for SwiGLU), [f]
   Tensor fc2_w, fc2_b;               // [h, f], [h]
+  Tensor post_attn_norm_w, post_mlp_norm_w;  // [h], sandwich_norms only
   // Views of the stacked projections, one GEMM each (the block lays their rows back to back):
   // qkv_w = [q_w; k_w; v_w] [q_dim + 2 kv_dim, h], qkv_b likewise where there are biases, and
   // SwiGLU's gate_up_w = [fc1_w; up_w] [2f, h]. Empty where a part is absent.

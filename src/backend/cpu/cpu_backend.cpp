@@ -57,6 +57,12 @@ inline void copy_converted(const void* src, DType src_dt, void* dst, DType dst_d
     convert_elements(src, src_dt, dst, dst_dt, size_t(n));
 }
 
+// PyTorch's gelu(approximate="tanh") in fp32.
+inline float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
 void check_f32(const Tensor& t, const char* what) {
   STRATA_CHECK(t.device == Device::CPU && t.dtype == DType::F32 && t.data,
                "cpu backend: " << what << " must be a CPU F32 tensor, got " << dtype_name(t.dtype));
@@ -445,6 +451,38 @@ public:
     });
   }
 
+  void geglu(const Tensor& gate_up, const Tensor& out) override {
+    check_f32(gate_up, "gate_up");
+    check_f32(out, "out");
+    const int64_t T = out.dim(0), f = out.row_size();
+    STRATA_CHECK(gate_up.dim(0) == T && gate_up.row_size() == 2 * f && out.data != gate_up.data,
+                 "geglu: gate_up " << gate_up.shape_str() << " out " << out.shape_str());
+    pool_.parallel_for(T, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const float *g = gate_up.ptr<float>() + t * 2 * f, *u = g + f;
+        float* o = out.ptr<float>() + t * f;
+        for (int64_t i = 0; i < f; ++i) o[i] = gelu_tanh(g[i]) * u[i];
+      }
+    });
+  }
+
+  void scale(const Tensor& x, float s) override {
+    check_f32(x, "x");
+    float* p = x.ptr<float>();
+    for_elements(x.numel(), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) p[i] *= s;
+    });
+  }
+
+  void soft_cap(const Tensor& x, float cap) override {
+    check_f32(x, "x");
+    STRATA_CHECK(cap > 0.0f, "soft_cap: cap " << cap << " is not positive");
+    float* p = x.ptr<float>();
+    for_elements(x.numel(), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) p[i] = cap * std::tanh(p[i] / cap);
+    });
+  }
+
   void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override {
     check_f32(x, "x");
     check_i32(positions, "positions");
@@ -529,7 +567,7 @@ public:
 
   // q and out share one dtype, cache_k and cache_v another; each may be F32, F16 or BF16.
   void attention(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
-                 const Tensor& positions, float scale, const Tensor& out) override {
+                 const Tensor& positions, const AttentionSpec& spec, const Tensor& out) override {
     check_f32_or_16bit(q, "q");
     check_f32_or_16bit(out, "out");
     if (cache_k.quantized()) {
@@ -549,12 +587,12 @@ public:
                  "attention: q " << q.shape_str() << " cache " << cache_k.shape_str());
     // Prefill runs attend a tile of queries at a time; decode tokens stream the cache.
     const std::vector<cpu::QueryRun> runs = cpu::query_runs(slots.ptr<int32_t>(), positions.ptr<int32_t>(), q.dim(0));
-    if (cpu::has_prefill_run(runs)) return cpu::attend_runs(pool_, q, cache_k, cache_v, runs, scale, out);
+    if (cpu::has_prefill_run(runs)) return cpu::attend_runs(pool_, q, cache_k, cache_v, runs, spec, out);
     cpu::with_element(q.dtype, [&](auto q_element) {
       using Q = decltype(q_element);
-      if (cache_k.quantized()) return attend<Q, QuantRow>(q, cache_k, cache_v, slots, positions, scale, out);
+      if (cache_k.quantized()) return attend<Q, QuantRow>(q, cache_k, cache_v, slots, positions, spec, out);
       cpu::with_element(cache_k.dtype, [&](auto cache_element) {
-        attend<Q, decltype(cache_element)>(q, cache_k, cache_v, slots, positions, scale, out);
+        attend<Q, decltype(cache_element)>(q, cache_k, cache_v, slots, positions, spec, out);
       });
     });
   }
@@ -885,7 +923,7 @@ private:
   //   instead, one position at a time.
   template <class Q, class Cache>
   void attend(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
-              const Tensor& positions, float scale, const Tensor& out) {
+              const Tensor& positions, const AttentionSpec& scores, const Tensor& out) {
     constexpr bool quantized = std::is_same_v<Cache, QuantRow>;
     constexpr int64_t kTile = 64, kPrefetchAhead = 4;
     const int64_t T = q.dim(0), heads = q.dim(1), d = q.dim(2);
@@ -991,7 +1029,10 @@ private:
               for (int64_t r = 0; r < rows; ++r)
                 sc[size_t(r * kTile + j)] = cpu::dot(qs.data() + r * d, static_cast<const float*>(at[0]) + (r / group) * d, d);
             for (int64_t r = 0; r < rows; ++r)
-              for (int c = 0; c < count; ++c) sc[size_t(r * kTile + j + c)] *= scale;
+              for (int c = 0; c < count; ++c) {
+                float& score = sc[size_t(r * kTile + j + c)];
+                score = scores.cap(score * scores.scale);
+              }
           }
           for (int64_t r = 0; r < rows; ++r) {  // online softmax: the tile's weights, old sums rescaled
             float* row_sc = sc.data() + r * kTile;
@@ -1021,7 +1062,7 @@ private:
                 cpu::axpy(sc[size_t(r * kTile + j)], static_cast<const float*>(at[0]) + (r / group) * d, o.data() + r * d, d);
           }
         };
-        for (int64_t start = 0; start <= p; start += kTile) {
+        for (int64_t start = scores.first_key(p); start <= p; start += kTile) {
           const int64_t n = std::min<int64_t>(kTile, p + 1 - start);
           if (coded) tile(PackedCodes(), start, n);
           else if (widen) tile(float(), start, n);

@@ -117,7 +117,7 @@ bool has_prefill_run(const std::vector<QueryRun>& runs) {
 }
 
 void attend_runs(ThreadPool& pool, const Tensor& q, const Tensor& cache_k, const Tensor& cache_v,
-                 const std::vector<QueryRun>& runs, float scale, const Tensor& out) {
+                 const std::vector<QueryRun>& runs, const AttentionSpec& spec, const Tensor& out) {
   const CacheRows keys(cache_k), values(cache_v);
   const int64_t heads = q.dim(1), d = q.dim(2), S = cache_k.dim(0), C = keys.C, kv_heads = keys.kv_heads;
   const int64_t group = heads / kv_heads, dp = round_up8(d);
@@ -156,7 +156,8 @@ void attend_runs(ThreadPool& pool, const Tensor& q, const Tensor& cache_k, const
       std::fill(o.begin(), o.begin() + rows * dp, 0.0f);
       std::fill(m.begin(), m.begin() + rows, -INFINITY);
       std::fill(l.begin(), l.begin() + rows, 0.0f);
-      for (int64_t start = 0; start <= p_last; start += kKeys) {
+      // Keys from the first that the item's first token sees (a sliding window starts later).
+      for (int64_t start = spec.first_key(int(p0)); start <= p_last; start += kKeys) {
         const int64_t n = std::min(kKeys, p_last + 1 - start);
         for (int64_t j = 0; j < n; ++j) {
           keys.widen(item.slot, start + j, item.kv_head, row.data());
@@ -176,15 +177,19 @@ void attend_runs(ThreadPool& pool, const Tensor& q, const Tensor& cache_k, const
           }
         };
         multiply_item_rows(qs, d, kt.data(), kKeys, d, round_up8(n), false, sc, kKeys);
-        for (int64_t r = r0; r < rows; ++r) {  // online softmax over the keys row r may see
+        for (int64_t r = r0; r < rows; ++r) {  // online softmax over the keys [first, seen) row r may see
           float* s = sc.data() + r * kKeys;
-          const int64_t seen = std::min(n, p0 + r / group + 1 - start);
-          for (int64_t j = 0; j < seen; ++j) s[j] *= scale;
-          const float mx = std::max(m[size_t(r)], *std::max_element(s, s + seen));
+          const int64_t position = p0 + r / group;
+          const int64_t seen = std::min(n, position + 1 - start);
+          const int64_t first = std::clamp<int64_t>(spec.first_key(int(position)) - start, 0, seen);
+          std::fill(s, s + first, 0.0f);  // keys behind the window weigh nothing
+          std::fill(s + seen, s + n, 0.0f);  // nor do keys after the token
+          if (first == seen) continue;  // the whole tile is behind this token's window
+          for (int64_t j = first; j < seen; ++j) s[j] = spec.cap(s[j] * spec.scale);
+          const float mx = std::max(m[size_t(r)], *std::max_element(s + first, s + seen));
           const float alpha = std::exp(m[size_t(r)] - mx);  // 0 on the first tile
-          l[size_t(r)] = l[size_t(r)] * alpha + exp_shifted_sum(s, seen, mx);
+          l[size_t(r)] = l[size_t(r)] * alpha + exp_shifted_sum(s + first, seen - first, mx);
           m[size_t(r)] = mx;
-          std::fill(s + seen, s + n, 0.0f);  // masked keys weigh nothing
           if (alpha != 1.0f)
             for (float* x = o.data() + r * dp; x != o.data() + (r + 1) * dp; ++x) *x *= alpha;
         }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "strata/backend/backend.h"
 #include "strata/core/tensor.h"
 #include "strata/core/thread_pool.h"
 
@@ -26,8 +27,8 @@ bool has_prefill_run(const std::vector<QueryRun>& runs);
 
 // attention() over runs: q and out [T, heads, d] of F32, F16 or BF16; caches [S, C, kv_heads, d]
 // of F32, F16, BF16, Q4 or Q8 (arguments already checked by the backend). Token t attends positions
-// [0, its own] of its slot. Scores, softmax and the weighted sum in fp32.
+// [spec.first_key(its own), its own] of its slot. Scores, softmax and the weighted sum in fp32.
 void attend_runs(ThreadPool& pool, const Tensor& q, const Tensor& cache_k, const Tensor& cache_v,
-                 const std::vector<QueryRun>& runs, float scale, const Tensor& out);
+                 const std::vector<QueryRun>& runs, const AttentionSpec& spec, const Tensor& out);
 
 }  // namespace strata::cpu

@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
     for (int e = 0; e < kVec; ++e) acc[c][e] = 0.0f;
 
   const int n_keys = pos + 1;
-  for (int start = 0; start < n_keys; start += kTile) {
+  for (int start = first_key(pos, p.window); start < n_keys; start += kTile) {
     const int n = min(kTile, n_keys - start);
 
     // 1. Scores of this tile's keys into p_s; each warp tracks the max of its keys.
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
       }
 #pragma unroll
       for (int r = 0; r < kKeyUnroll; ++r) {
-        const float sr = warp_sum(s[r]);  // j < n is uniform over the warp
+        const float sr = cap_score(warp_sum(s[r]), p.softcap);  // j < n is uniform over the warp
         const int j = j0 + r * kWarps;
         if (j < n) {
           if (lane == 0) p_s[j] = sr;

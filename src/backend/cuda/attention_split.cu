@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) split_attention_kernel(const Attenti
       for (int r = 0; r < kKeyUnroll; ++r) {
         const float sum = group_sum8(s[r], 32);  // head lane / 4's score; lanes 4g..4g+3 hold it
         const int j = j0 + r * kWarps, g = lane >> 2;
-        if (j < n && (lane & 3) == 0 && g < b.heads) p_s[g][j] = sum;
+        if (j < n && (lane & 3) == 0 && g < b.heads) p_s[g][j] = cap_score(sum, p.softcap);
       }
     }
     __syncthreads();

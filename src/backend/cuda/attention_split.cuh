@@ -33,8 +33,9 @@ struct SplitBlock {
 };
 
 // Block x is (token, kv head, group of up to kSplitKvGroupHeads of its query heads), y the chunk.
-// Chunk c of a token with `tiles` key tiles holds tiles [c * per, (c + 1) * per), per = ceil(tiles /
-// splits), so chunks past the last tile are empty. False (for every thread of the block) when the
+// Chunk c of a token whose keys [first_key, pos] touch `tiles` key tiles (from the one holding
+// first_key) holds those tiles' [c * per, (c + 1) * per), per = ceil(tiles / splits), cut to the
+// token's keys, so chunks past the last tile are empty. False (for every thread of the block) when the
 // token is invalid (the merge writes its NaN) or its tile went to the tensor-core kernel. Every
 // thread must call it.
 template <class Params>
@@ -56,11 +57,12 @@ __device__ __forceinline__ bool split_block(const Params& p, int splits, SplitBl
   const int pos = p.positions[b.token];
   if (b.slot < 0 || b.slot >= p.slot_count || pos < 0 || pos >= p.capacity) return false;
   constexpr int kTile = kSplitKvTileKeys;
-  const int tiles = pos / kTile + 1;
+  const int lo = first_key(pos, p.window), lo_tile = lo / kTile;
+  const int tiles = pos / kTile + 1 - lo_tile;
   const int per = (tiles + splits - 1) / splits;
   const int first = min(int(blockIdx.y) * per, tiles);
-  b.key_begin = first * kTile;
-  b.key_end = min(min(first + per, tiles) * kTile, pos + 1);
+  b.key_begin = max((lo_tile + first) * kTile, lo);
+  b.key_end = min((lo_tile + min(first + per, tiles)) * kTile, pos + 1);
   return true;
 }
 

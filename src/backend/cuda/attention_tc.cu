@@ -184,15 +184,19 @@ __device__ void attention_tc_body(const typename Cache::Params& p) {
   float l_run = 0.0f;
 
   for (int rb = 0; rb < n_tokens;) {
-    // The run [rb, re): consecutive tokens of one slot; its keys are [0, max position].
+    // The run [rb, re): consecutive tokens of one slot; its keys are [first key of its lowest
+    // position, max position].
     const int slot = slot_s[rb];
     int re = rb + 1;
-    int max_pos = pos_s[rb];
-    while (re < n_tokens && slot_s[re] == slot) max_pos = max(max_pos, pos_s[re++]);
+    int max_pos = pos_s[rb], min_pos = pos_s[rb];
+    while (re < n_tokens && slot_s[re] == slot) {
+      max_pos = max(max_pos, pos_s[re]);
+      min_pos = min(min_pos, pos_s[re++]);
+    }
     const bool warp_in_run = row0 < re && row0 + kRowsPerWarp > rb;
     const int n_keys = max_pos + 1;
 
-    for (int k0 = 0; k0 < n_keys; k0 += kKeyTile) {
+    for (int k0 = first_key(min_pos, p.window); k0 < n_keys; k0 += kKeyTile) {
       const int n = min(kKeyTile, n_keys - k0);
       __syncthreads();  // every warp is done with the previous tile's k_s and v_s
       Cache::load_keys(p, slot, kv_head, k0, n, k_s, v_s);
@@ -229,17 +233,20 @@ __device__ void attention_tc_body(const typename Cache::Params& p) {
         const int row = row0 + r;
         const bool in_run = row >= rb && row < re;  // else another run's token, or past the step
         const int row_pos = pos_s[row];
+        const int row_first = first_key(row_pos, p.window);
         float score[16];
         float tile_max = -INFINITY;
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
           const int col = first_col + ((i + r) & 15);
-          const bool live = in_run && col < n && k0 + col <= row_pos;
-          score[i] = live ? s_w[r * kKeyTile + col] * p.scale : -INFINITY;
+          const bool live = in_run && col < n && k0 + col <= row_pos && k0 + col >= row_first;
+          score[i] = live ? cap_score(s_w[r * kKeyTile + col] * p.scale, p.softcap) : -INFINITY;
           tile_max = fmaxf(tile_max, score[i]);
         }
         tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
-        const float m_new = fmaxf(m_run, tile_max);  // finite in a run: key 0 is live in its first tile
+        // -inf while a sliding window has shown the row no key yet (the run's lower positions
+        // start the keys earlier); the row then keeps its empty sums.
+        const float m_new = fmaxf(m_run, tile_max);
         T* p_row = p_s + row * kKeyTile;
         float sum = 0.0f;
 #pragma unroll
@@ -249,8 +256,8 @@ __device__ void attention_tc_body(const typename Cache::Params& p) {
           p_row[first_col + ((i + r) & 15)] = from_float<T>(e);
         }
         sum += __shfl_xor_sync(kFullMask, sum, 1);
-        float alpha = 1.0f;  // rows outside the run keep their output as it is
-        if (in_run) {
+        float alpha = 1.0f;  // rows outside the run, or shown no key yet, keep their output as it is
+        if (in_run && m_new != -INFINITY) {
           alpha = expf(m_run - m_new);  // 0 on the row's first tile (m_run = -inf)
           l_run = l_run * alpha + sum;
           m_run = m_new;

@@ -13,6 +13,15 @@ constexpr int kQueryTile = 64;        // consecutive query tokens of one block o
 constexpr int kMaxTileRuns = 4;       // runs of one slot a tile may hold (packed prefill: 1 or 2)
 constexpr int kMinTokensPerRun = 8;   // fewer (decode steps) stay with the per-token kernel
 
+// The first key a token at `pos` sees: window > 0 limits it to the last `window` positions
+// (AttentionSpec::first_key).
+__device__ __forceinline__ int first_key(int pos, int window) { return window > 0 && pos >= window ? pos - window + 1 : 0; }
+
+// A scaled score after the soft cap (AttentionSpec::cap): softcap * tanh(s / softcap), or s.
+__device__ __forceinline__ float cap_score(float s, float softcap) {
+  return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
+}
+
 // Loads the slots and positions of query tile `tile` into slot_s / pos_s ([kQueryTile]; -1 past
 // the step's end) and says whether the tiled kernel takes the tile: every token valid, at most
 // kMaxTileRuns runs of consecutive tokens sharing a slot, and at least kMinTokensPerRun tokens

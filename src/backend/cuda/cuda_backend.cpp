@@ -530,6 +530,41 @@ public:
     });
   }
 
+  void geglu(const Tensor& gate_up, const Tensor& out) override {
+    check_act(gate_up, "geglu", "gate_up");
+    check_act(out, "geglu", "out");
+    STRATA_CHECK(gate_up.dim(0) == out.dim(0) && gate_up.row_size() == 2 * out.row_size() && gate_up.data != out.data,
+                 "cuda geglu: gate_up " << gate_up.shape_str() << " out " << out.shape_str());
+    bind();
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      cuda::launch_geglu(elems<E>(gate_up), elems_mut<E>(out), out.dim(0), out.row_size(), stream_);
+    });
+  }
+
+  // x: the activation dtype, or F32 (logits).
+  template <class F>
+  void act_or_f32(const Tensor& x, const char* op, F&& launch) {
+    STRATA_CHECK(x.device == Device::CUDA && x.data && (x.dtype == DType::F32 || x.dtype == act_),
+                 "cuda " << op << ": x must be a CUDA F32 or " << dtype_name(act_) << " tensor, got "
+                         << dtype_name(x.dtype));
+    bind();
+    if (x.dtype == DType::F32) return launch(static_cast<float*>(x.data));
+    dispatch([&](auto e) {
+      using E = decltype(e);
+      launch(elems_mut<E>(x));
+    });
+  }
+
+  void scale(const Tensor& x, float s) override {
+    act_or_f32(x, "scale", [&](auto* p) { cuda::launch_scale(p, s, x.numel(), stream_); });
+  }
+
+  void soft_cap(const Tensor& x, float cap) override {
+    STRATA_CHECK(cap > 0.0f, "cuda soft_cap: cap " << cap << " is not positive");
+    act_or_f32(x, "soft_cap", [&](auto* p) { cuda::launch_soft_cap(p, cap, x.numel(), stream_); });
+  }
+
   void split_qkv(const Tensor& qkv, const Tensor& positions, const Tensor& inv_freq, const Tensor& q, const Tensor& k,
                  const Tensor& v) override {
     check_act(k, "split_qkv", "k");
@@ -638,9 +673,9 @@ public:
   }
 
   void attention(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
-                 const Tensor& positions, float scale, const Tensor& out) override {
+                 const Tensor& positions, const AttentionSpec& spec, const Tensor& out) override {
     if (cache_k.quantized() || cache_v.quantized()) {
-      quant_attention(q, cache_k, cache_v, slots, positions, scale, out);
+      quant_attention(q, cache_k, cache_v, slots, positions, spec, out);
       return;
     }
     check_act(q, "attention", "q");
@@ -677,7 +712,9 @@ public:
       p.head_dim = int(d);
       p.slot_count = int(cache_k.dim(0));
       p.capacity = int(cache_k.dim(1));
-      p.scale = scale;
+      p.scale = spec.scale;
+      p.window = spec.window;
+      p.softcap = spec.softcap;
       p.q_token_stride = heads * d;
       p.kv_pos_stride = kv_heads * d;
       p.kv_slot_stride = cache_k.dim(1) * kv_heads * d;
@@ -685,7 +722,7 @@ public:
         cuda::launch_tensor_core_attention(p, stream_);
         p.skip_tensor_core_tiles = true;
       }
-      const int chunks = split_kv_chunks(T, heads, kv_heads, cache_k.dim(1));
+      const int chunks = split_kv_chunks(T, heads, kv_heads, window_keys(spec, cache_k.dim(1)));
       if (chunks == 0) {
         cuda::launch_attention(p, stream_);
         return;
@@ -966,7 +1003,7 @@ private:
   }
 
   void quant_attention(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& slots,
-                       const Tensor& positions, float scale, const Tensor& out) {
+                       const Tensor& positions, const AttentionSpec& spec, const Tensor& out) {
     check_act(q, "attention", "q");
     check_i32(slots, "attention", "slots");
     check_i32(positions, "attention", "positions");
@@ -996,13 +1033,15 @@ private:
       p.kv_heads = int(kv_heads);
       p.slot_count = int(cache_k.dim(0));
       p.capacity = int(cache_k.dim(1));
-      p.scale = scale;
+      p.scale = spec.scale;
+      p.window = spec.window;
+      p.softcap = spec.softcap;
       p.row = l;
       if (cuda::tensor_core_attention_enabled() && cuda::tensor_core_attention_supports(l.n, q.dim(0))) {
         cuda::launch_tensor_core_quant_attention(p, stream_);
         p.skip_tensor_core_tiles = true;
       }
-      const int chunks = split_kv_chunks(q.dim(0), heads, kv_heads, cache_k.dim(1));
+      const int chunks = split_kv_chunks(q.dim(0), heads, kv_heads, window_keys(spec, cache_k.dim(1)));
       if (chunks == 0) {
         cuda::launch_quant_attention(p, stream_);
         return;
@@ -1068,6 +1107,11 @@ private:
     if (split_kv_setting_ != cuda::kSplitKvAuto) return split_kv_setting_;
     const int chunks = cuda::split_kv_chunks(tokens, int(heads), int(kv_heads), capacity, sm_count_);
     return chunks > 1 ? chunks : 0;
+  }
+  // The most keys one token reads: the capacity, or a sliding window shorter than it (plus the
+  // tile the window may start inside).
+  static int64_t window_keys(const AttentionSpec& spec, int64_t capacity) {
+    return spec.window > 0 ? std::min<int64_t>(capacity, int64_t(spec.window) + cuda::kSplitKvTileKeys) : capacity;
   }
 
   // The split kernels' partials, grow-only (a few MiB under the rule: tokens x heads < 2 x SMs,

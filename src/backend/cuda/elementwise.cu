@@ -1,4 +1,5 @@
-// Elementwise ops on fp16 or bf16 tensors, computed in fp32: add, ReLU/GELU in place, SwiGLU, bias add.
+// Elementwise ops on fp16 or bf16 tensors, computed in fp32: add, ReLU/GELU in place, SwiGLU and
+// GeGLU, bias add, scale and soft cap (those two also over fp32 logits).
 // Grid-stride loops; outputs may alias inputs because each element is read and written by the
 // same thread (SwiGLU's output excepted: it reads two elements of another shape).
 #include <algorithm>
@@ -36,17 +37,35 @@ __global__ void gelu_kernel(T* x, int64_t n) {
   }
 }
 
-// gate_up: [rows, 2f], gate's f columns then up's; out: [rows, f].
-template <class T>
-__global__ void swiglu_kernel(const T* gate_up, T* out, int64_t rows, int64_t f) {
+// PyTorch's gelu(approximate="tanh").
+__device__ __forceinline__ float gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+// gate_up: [rows, 2f], gate's f columns then up's; out: [rows, f]. kGelu: GeGLU's gate.
+template <bool kGelu, class T>
+__global__ void gated_kernel(const T* gate_up, T* out, int64_t rows, int64_t f) {
   const int64_t n = rows * f;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / f, c = i - t * f;
     const T* row = gate_up + t * 2 * f;
     const float g = to_float(row[c]);
-    const float silu = g / (1.0f + expf(-g));  // g -> -inf: g / inf = -0, no NaN
-    out[i] = from_float<T>(silu * to_float(row[f + c]));
+    // silu: g -> -inf gives g / inf = -0, no NaN
+    const float gate = kGelu ? gelu_tanh(g) : g / (1.0f + expf(-g));
+    out[i] = from_float<T>(gate * to_float(row[f + c]));
   }
+}
+
+template <class T>
+__global__ void scale_kernel(T* x, float s, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = from_float<T>(to_float(x[i]) * s);
+}
+
+template <class T>
+__global__ void soft_cap_kernel(T* x, float cap, int64_t n) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = from_float<T>(cap * tanhf(to_float(x[i]) / cap));
 }
 
 template <class T>
@@ -83,8 +102,29 @@ void launch_activation(ActKind act, T* x, int64_t n, cudaStream_t stream) {
 template <class T>
 void launch_swiglu(const T* gate_up, T* out, int64_t rows, int64_t f, cudaStream_t stream) {
   if (rows == 0 || f == 0) return;
-  swiglu_kernel<<<elementwise_blocks(rows * f), kThreads, 0, stream>>>(gate_up, out, rows, f);
-  STRATA_CUDA_CHECK_LAUNCH("swiglu_kernel", stream);
+  gated_kernel<false><<<elementwise_blocks(rows * f), kThreads, 0, stream>>>(gate_up, out, rows, f);
+  STRATA_CUDA_CHECK_LAUNCH("gated_kernel<silu>", stream);
+}
+
+template <class T>
+void launch_geglu(const T* gate_up, T* out, int64_t rows, int64_t f, cudaStream_t stream) {
+  if (rows == 0 || f == 0) return;
+  gated_kernel<true><<<elementwise_blocks(rows * f), kThreads, 0, stream>>>(gate_up, out, rows, f);
+  STRATA_CUDA_CHECK_LAUNCH("gated_kernel<gelu_tanh>", stream);
+}
+
+template <class T>
+void launch_scale(T* x, float s, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  scale_kernel<<<elementwise_blocks(n), kThreads, 0, stream>>>(x, s, n);
+  STRATA_CUDA_CHECK_LAUNCH("scale_kernel", stream);
+}
+
+template <class T>
+void launch_soft_cap(T* x, float cap, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  soft_cap_kernel<<<elementwise_blocks(n), kThreads, 0, stream>>>(x, cap, n);
+  STRATA_CUDA_CHECK_LAUNCH("soft_cap_kernel", stream);
 }
 
 template <class T>
@@ -98,7 +138,14 @@ void launch_bias_add(T* y, const T* bias, int64_t rows, int64_t cols, cudaStream
   template void launch_add<T>(const T*, const T*, T*, int64_t, cudaStream_t);             \
   template void launch_activation<T>(ActKind, T*, int64_t, cudaStream_t);                 \
   template void launch_swiglu<T>(const T*, T*, int64_t, int64_t, cudaStream_t);           \
+  template void launch_geglu<T>(const T*, T*, int64_t, int64_t, cudaStream_t);            \
   template void launch_bias_add<T>(T*, const T*, int64_t, int64_t, cudaStream_t);
 STRATA_FOR_EACH_ACT(STRATA_INSTANTIATE)
+#undef STRATA_INSTANTIATE
+#define STRATA_INSTANTIATE(T)                                                             \
+  template void launch_scale<T>(T*, float, int64_t, cudaStream_t);                        \
+  template void launch_soft_cap<T>(T*, float, int64_t, cudaStream_t);
+STRATA_FOR_EACH_ACT(STRATA_INSTANTIATE)
+STRATA_INSTANTIATE(float)
 
 }  // namespace strata::cuda

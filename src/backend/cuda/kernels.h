@@ -50,6 +50,14 @@ void launch_combine_rows(const T* src, int64_t src_rows, const int32_t* rows, co
                          int64_t tokens, int64_t k, int64_t h, T* out, cudaStream_t stream);
 template <class T>
 void launch_swiglu(const T* gate_up, T* out, int64_t rows, int64_t f, cudaStream_t stream);
+// The same with gelu(approximate="tanh") for silu (GeGLU).
+template <class T>
+void launch_geglu(const T* gate_up, T* out, int64_t rows, int64_t f, cudaStream_t stream);
+// x *= s; x = cap * tanh(x / cap), in fp32. T: the activation types and float (logits).
+template <class T>
+void launch_scale(T* x, float s, int64_t n, cudaStream_t stream);
+template <class T>
+void launch_soft_cap(T* x, float cap, int64_t n, cudaStream_t stream);
 // y[r, c] += bias[c]; y: [rows, cols].
 template <class T>
 void launch_bias_add(T* y, const T* bias, int64_t rows, int64_t cols, cudaStream_t stream);
@@ -160,6 +168,8 @@ struct AttentionParams {
   int64_t kv_pos_stride;     // kv_heads * head_dim
   int64_t kv_slot_stride;    // capacity * kv_heads * head_dim
   bool skip_tensor_core_tiles = false;  // per-token kernel: leave the tiles the tensor-core kernel takes
+  int window = 0;            // > 0: token t sees keys (positions[t] - window, positions[t]] (AttentionSpec)
+  float softcap = 0.0f;      // > 0: scaled scores become softcap * tanh(score / softcap)
 };
 // Per-token kernel: a block per (token, query head); every step shape, every head dim.
 template <class T>
@@ -341,6 +351,8 @@ struct QuantAttentionParams {
   float scale;
   QuantRowLayout row;        // n = head_dim <= kMaxHeadDim
   bool skip_tensor_core_tiles = false;  // leave the tiles the tensor-core kernel takes
+  int window = 0;            // as in AttentionParams
+  float softcap = 0.0f;
 };
 template <class T>
 void launch_quant_attention(const QuantAttentionParams<T>& p, cudaStream_t stream);

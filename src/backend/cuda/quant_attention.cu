@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kThreads) quant_attention_kernel(const QuantAt
   for (int k = 0; k < kPer; ++k) acc[k] = 0.0f;
 
   const int n_keys = pos + 1;
-  for (int start = 0; start < n_keys; start += kTile) {
+  for (int start = first_key(pos, p.window); start < n_keys; start += kTile) {
     const int n = min(kTile, n_keys - start);
 
     // 1. Scores of this tile's keys into p_s; each warp tracks the max of its keys.
@@ -114,6 +114,7 @@ __global__ void __launch_bounds__(kThreads) quant_attention_kernel(const QuantAt
         for (int o = seg / 2; o > 0; o >>= 1) s[r] += __shfl_xor_sync(kFullMask, s[r], o);  // within the key's lanes
         const int j = j0 + r * kWarps * keys_per_pass + sub;
         if (j < n) {
+          s[r] = cap_score(s[r], p.softcap);
           if (u0 == 0) p_s[j] = s[r];
           wmax = fmaxf(wmax, s[r]);
         }
@@ -234,7 +235,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int r = 0; r < kSplitKeyUnroll; ++r) {
         const float sum = group_sum8(s[r], seg);  // within the key's lanes
         const int j = j0 + r * kWarps * keys_per_pass + sub, g = u0 / (seg / kGroup);
-        if (j < n && u0 % (seg / kGroup) == 0 && g < b.heads) p_s[g][j] = sum;
+        if (j < n && u0 % (seg / kGroup) == 0 && g < b.heads) p_s[g][j] = cap_score(sum, p.softcap);
       }
     }
     __syncthreads();
