@@ -211,29 +211,31 @@ inline QuantKvStoreCase make_quant_kv_store_case(const quant::QuantSpec& spec, i
 //    each weight then by ds plus a few ulp per exp and per tile rescale, the normalization by as
 //    much again, and the sums over n keys by n ulp: |error| <= (2 ds + (n + 64) 2^-22) sum_j p_j
 //    mag(v_ji). We allow 4 ds + (n + 256) 2^-21.
+// Keys [first, n) only (a sliding window); softcap > 0 caps the scaled scores, softcap tanh(s /
+// softcap), whose slope is at most 1, so the bound stands.
 template <class Element>
 void attention_row_reference(const float* q, int64_t n, int64_t d, double scale, Element key, Element value,
-                             double out_rel, double* want, double* tol) {
-  std::vector<double> s(static_cast<size_t>(n)), p(s.size());
+                             double out_rel, double* want, double* tol, int64_t first = 0, double softcap = 0) {
+  std::vector<double> s(static_cast<size_t>(n)), p(s.size(), 0.0);
   double s_max = -INFINITY, s_abs = 0, qk_abs = 0, denom = 0;
-  for (int64_t j = 0; j < n; ++j) {
+  for (int64_t j = first; j < n; ++j) {
     double dot = 0, mag = 0;
     for (int64_t i = 0; i < d; ++i) {
       const std::array<double, 2> k = key(j, i);
       dot += double(q[i]) * k[0];
       mag += std::fabs(double(q[i])) * k[1];
     }
-    s[size_t(j)] = dot * scale;
+    s[size_t(j)] = softcap > 0 ? softcap * std::tanh(dot * scale / softcap) : dot * scale;
     s_max = std::max(s_max, s[size_t(j)]);
     s_abs = std::max(s_abs, std::fabs(s[size_t(j)]));
     qk_abs = std::max(qk_abs, mag * scale);
   }
-  for (int64_t j = 0; j < n; ++j) denom += p[size_t(j)] = std::exp(s[size_t(j)] - s_max);
+  for (int64_t j = first; j < n; ++j) denom += p[size_t(j)] = std::exp(s[size_t(j)] - s_max);
   const double ds = double(d + 16) * kUlp32 * (qk_abs + 2 * s_abs);
   const double eps = 4 * ds + double(n + 256) * std::ldexp(1.0, -21);
   for (int64_t i = 0; i < d; ++i) {
     double o = 0, mag = 0;
-    for (int64_t j = 0; j < n; ++j) {
+    for (int64_t j = first; j < n; ++j) {
       const std::array<double, 2> v = value(j, i);
       o += p[size_t(j)] / denom * v[0];
       mag += p[size_t(j)] / denom * v[1];
@@ -251,13 +253,18 @@ struct QuantAttentionCase {
   std::vector<float> q;       // [T, heads, d], values of act
   float scale = 0;
   std::vector<double> want, tol;  // [T, heads, d]
+  int window = 0;                  // AttentionSpec's window and soft cap
+  float softcap = 0.0f;
 };
 
 inline QuantAttentionCase make_quant_attention_case(const quant::QuantSpec& spec, int64_t T, int64_t heads,
                                                     int64_t kv_heads, int64_t d, int64_t S, int64_t C,
                                                     const std::vector<int32_t>& slots, const std::vector<int32_t>& pos,
-                                                    float q_range, std::mt19937& rng, DType act = DType::F16) {
+                                                    float q_range, std::mt19937& rng, DType act = DType::F16,
+                                                    int window = 0, float softcap = 0.0f) {
   QuantAttentionCase c;
+  c.window = window;
+  c.softcap = softcap;
   const int64_t rows = S * C * kv_heads;
   const std::vector<float> ck = random_floats(size_t(rows * d), rng, -1.0f, 1.0f, false);
   const std::vector<float> cv = random_floats(size_t(rows * d), rng, -1.0f, 1.0f, false);
@@ -285,8 +292,9 @@ inline QuantAttentionCase make_quant_attention_case(const quant::QuantSpec& spec
         };
       };
       const size_t k = size_t((t * heads + h) * d);
+      const int64_t first = window > 0 ? std::max<int64_t>(0, n - window) : 0;
       attention_row_reference(c.q.data() + k, n, d, double(c.scale), element(kd), element(vd), unit_roundoff(act),
-                              c.want.data() + k, c.tol.data() + k);
+                              c.want.data() + k, c.tol.data() + k, first, double(softcap));
     }
   return c;
 }

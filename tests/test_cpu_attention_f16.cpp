@@ -107,7 +107,8 @@ public:
   explicit Reference(const Shape& sh)
       : sh_(sh), k_(size_t(sh.S * sh.C * sh.kv_heads * sh.d)), v_(k_.size()) {}
 
-  std::vector<double> step(const Step& st, double scale) {
+  // Keys [pos - window + 1, pos] only when window > 0; scores soft-capped when softcap > 0.
+  std::vector<double> step(const Step& st, double scale, int window = 0, double softcap = 0) {
     const int64_t T = int64_t(st.slots.size()), row = sh_.kv_heads * sh_.d;
     for (int64_t t = 0; t < T; ++t)
       for (int64_t i = 0; i < row; ++i) {
@@ -120,18 +121,20 @@ public:
     for (int64_t t = 0; t < T; ++t)
       for (int64_t h = 0; h < sh_.heads; ++h) {
         const int64_t n = st.positions[t] + 1, hk = h / group;
+        const int64_t first = window > 0 ? std::max<int64_t>(0, n - window) : 0;
         auto at = [&](int64_t j) { return size_t(((st.slots[t] * sh_.C + j) * sh_.kv_heads + hk) * sh_.d); };
-        std::vector<double> w(static_cast<size_t>(n));
+        std::vector<double> w(static_cast<size_t>(n), 0.0);
         double mx = -INFINITY, sum = 0;
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = first; j < n; ++j) {
           double s = 0;
           for (int64_t i = 0; i < sh_.d; ++i) s += double(st.q[size_t((t * sh_.heads + h) * sh_.d + i)]) * k_[at(j) + size_t(i)];
-          w[size_t(j)] = s * scale;
+          s *= scale;
+          w[size_t(j)] = softcap > 0 ? softcap * std::tanh(s / softcap) : s;
           mx = std::max(mx, w[size_t(j)]);
         }
-        for (double& x : w) sum += (x = std::exp(x - mx));
+        for (int64_t j = first; j < n; ++j) sum += (w[size_t(j)] = std::exp(w[size_t(j)] - mx));
         double* o = out.data() + (t * sh_.heads + h) * sh_.d;
-        for (int64_t j = 0; j < n; ++j)
+        for (int64_t j = first; j < n; ++j)
           for (int64_t i = 0; i < sh_.d; ++i) o[i] += w[size_t(j)] / sum * v_[at(j) + size_t(i)];
       }
     return out;
@@ -158,9 +161,10 @@ Step random_step(const Shape& sh, std::vector<int32_t> slots, std::vector<int32_
 
 // Runs `steps` through kv_store + attention with activations of dtype `act` and caches of dtype
 // `cache` (fresh caches of zeros), returning each step's output as floats.
-std::vector<std::vector<float>> run_steps(const Shape& sh, const std::vector<Step>& steps, DType act, DType cache) {
+std::vector<std::vector<float>> run_steps(const Shape& sh, const std::vector<Step>& steps, DType act, DType cache,
+                                          int window = 0, float softcap = 0.0f) {
   Rig r;
-  const float scale = 1.0f / std::sqrt(float(sh.d));
+  const AttentionSpec spec(1.0f / std::sqrt(float(sh.d)), window, softcap);
   const Tensor ck = r.floats(cache, std::vector<float>(count({sh.S, sh.C, sh.kv_heads, sh.d}), 0.0f),
                              {sh.S, sh.C, sh.kv_heads, sh.d});
   const Tensor cv = r.floats(cache, std::vector<float>(size_t(ck.numel()), 0.0f), {sh.S, sh.C, sh.kv_heads, sh.d});
@@ -171,20 +175,21 @@ std::vector<std::vector<float>> run_steps(const Shape& sh, const std::vector<Ste
     r.be->kv_store(r.floats(act, st.k, {T, sh.kv_heads, sh.d}), r.floats(act, st.v, {T, sh.kv_heads, sh.d}), ck, cv,
                    slots, positions);
     const Tensor out = r.poisoned(act, {T, sh.heads, sh.d});
-    r.be->attention(r.floats(act, st.q, {T, sh.heads, sh.d}), ck, cv, slots, positions, scale, out);
+    r.be->attention(r.floats(act, st.q, {T, sh.heads, sh.d}), ck, cv, slots, positions, spec, out);
     outs.push_back(r.read(out));
   }
   return outs;
 }
 
 // run_steps, comparing each step's output to the reference within atol + rtol * |ref|.
-void check_steps(const Shape& sh, const std::vector<Step>& steps, DType act, DType cache, double atol, double rtol) {
+void check_steps(const Shape& sh, const std::vector<Step>& steps, DType act, DType cache, double atol, double rtol,
+                 int window = 0, float softcap = 0.0f) {
   const float scale = 1.0f / std::sqrt(float(sh.d));
-  const std::vector<std::vector<float>> outs = run_steps(sh, steps, act, cache);
+  const std::vector<std::vector<float>> outs = run_steps(sh, steps, act, cache, window, softcap);
   Reference ref(sh);
   for (size_t n = 0; n < steps.size(); ++n) {
     const std::vector<float>& got = outs[n];
-    const std::vector<double> want = ref.step(steps[n], double(scale));
+    const std::vector<double> want = ref.step(steps[n], double(scale), window, double(softcap));
     size_t bad = 0;
     double worst = 0;
     for (size_t i = 0; i < got.size(); ++i) {
@@ -193,7 +198,7 @@ void check_steps(const Shape& sh, const std::vector<Step>& steps, DType act, DTy
       if (!(err <= atol + rtol * std::abs(want[i]))) ++bad;  // NaN (unwritten) counts as bad
     }
     INFO("step " << n << ", activations " << dtype_name(act) << ", caches " << dtype_name(cache) << ", d " << sh.d
-                 << ": worst abs error " << worst);
+                 << ", window " << window << ", softcap " << softcap << ": worst abs error " << worst);
     CHECK(bad == 0);
   }
 }
@@ -448,6 +453,27 @@ TEST_CASE("cpu attention: chunked prefill runs match a double reference", "[cpu_
                                     random_step(sh, s3, p3, rng, round_16bit)};
     check_bf16_pairs(sh, steps16);
   }
+}
+
+// Gemma's sliding-window and soft-capped attention (AttentionSpec): decode tokens and prefill runs
+// (the chunked prompt of the test above: rows whose windows start apart inside one key tile, a
+// second chunk whose window starts past the first chunk's keys), windows of one key, under a tile,
+// a tile's 64, past it and past the context, a soft cap that bends q's wide scores.
+TEST_CASE("cpu attention: sliding windows and soft caps match a double reference", "[cpu_attention]") {
+  std::mt19937 rng(97531);
+  const Shape sh{8, 2, 40, 3, 260};
+  std::vector<int32_t> s1, p1, s2, p2;
+  for (int32_t i = 0; i < 100; ++i) s1.push_back(0), p1.push_back(i);
+  for (int32_t i = 0; i < 30; ++i) s1.push_back(2), p1.push_back(i);
+  for (int32_t i = 100; i < 231; ++i) s2.push_back(0), p2.push_back(i);
+  s2.push_back(2), p2.push_back(30);  // a decode token
+  s2.push_back(1), p2.push_back(0);   // and a one-token prompt
+  const std::vector<Step> steps{random_step(sh, s1, p1, rng), random_step(sh, s2, p2, rng)};
+  for (int window : {1, 5, 64, 70, 1000})
+    for (float softcap : {0.0f, 2.0f}) {
+      check_steps(sh, steps, DType::F32, DType::F32, 1e-5, 1e-5, window, softcap);
+      check_steps(sh, steps, DType::F16, DType::F16, 5e-4, 1e-3, window, softcap);
+    }
 }
 
 // Over q, k and v that the 16-bit types hold, 16-bit activations run fp32's arithmetic over fp32's

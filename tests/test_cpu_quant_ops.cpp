@@ -90,7 +90,7 @@ struct DecodeReference {
 DecodeReference decode_reference(const quant::QuantSpec& spec, const std::vector<uint8_t>& k, const std::vector<uint8_t>& v,
                                  const std::vector<float>& q, int64_t heads, int64_t kv_heads, int64_t d, int64_t C,
                                  const std::vector<int32_t>& slots, const std::vector<int32_t>& pos, double scale,
-                                 double out_rel) {
+                                 double out_rel, int window = 0, double softcap = 0) {
   const std::vector<std::array<double, 2>> kx = exact_values(spec, k, d), vx = exact_values(spec, v, d);
   DecodeReference r;
   r.want.resize(q.size());
@@ -104,8 +104,9 @@ DecodeReference decode_reference(const quant::QuantSpec& spec, const std::vector
         };
       };
       const size_t at = size_t((int64_t(t) * heads + h) * d);
-      test::attention_row_reference(q.data() + at, pos[t] + 1, d, scale, element(kx), element(vx),
-                                    out_rel, r.want.data() + at, r.tol.data() + at);
+      const int64_t n = pos[t] + 1, first = window > 0 ? std::max<int64_t>(0, n - window) : 0;
+      test::attention_row_reference(q.data() + at, n, d, scale, element(kx), element(vx), out_rel, r.want.data() + at,
+                                    r.tol.data() + at, first, softcap);
     }
   return r;
 }
@@ -470,6 +471,54 @@ TEST_CASE("cpu: decode attention over quantized caches matches double arithmetic
                         Tensor(outbf.data(), DType::BF16, Device::CPU, {T, heads, d}));
           for (size_t i = 0; i < gotbf.size(); ++i) gotbf[i] = bf16_to_float(outbf[i]);
           expect_within(gotbf, decode_reference(s, ck, cv, q_bf, heads, kvh, d, C, slots, pos, double(scale), 0x1p-8));
+        }
+}
+
+// Gemma's sliding windows and soft caps over quantized caches: decode read as codes (and
+// dequantized, d 40) against double arithmetic, and prefill runs against the same runs over the
+// dequantized values.
+TEST_CASE("cpu: sliding windows and soft caps over quantized caches", "[quant][cpu_attention]") {
+  auto be = make_cpu_backend(2);
+  std::mt19937 rng(13);
+  for (int64_t d : {64, 40})
+    for (int bits : {4, 8})
+      for (int window : {1, 5, 64, 70})
+        for (float softcap : {0.0f, 2.0f}) {
+          const int64_t heads = 6, kvh = 2, S = 3, C = 300;
+          const quant::QuantSpec s = spec_of(bits, 32);
+          INFO("d " << d << ", " << bits << "-bit, window " << window << ", softcap " << softcap);
+          std::vector<uint8_t> ck(size_t(S * C * kvh) * quant::row_bytes(s, d)), cv(ck.size());
+          const std::vector<float> k0 = test::random_floats(size_t(S * C * kvh * d), rng, -1.0f, 1.0f, false);
+          const std::vector<float> v0 = test::random_floats(k0.size(), rng, -1.0f, 1.0f, false);
+          quant::quantize_rows(s, k0.data(), DType::F32, S * C * kvh, d, ck.data());
+          quant::quantize_rows(s, v0.data(), DType::F32, S * C * kvh, d, cv.data());
+          const Tensor cache_k = Tensor::quantized(ck.data(), quant::dtype_of(s), 32, Device::CPU, {S, C, kvh, d});
+          const Tensor cache_v = Tensor::quantized(cv.data(), quant::dtype_of(s), 32, Device::CPU, {S, C, kvh, d});
+          const AttentionSpec spec(1.0f / std::sqrt(float(d)), window, softcap);
+          std::vector<int32_t> slots{0, 1, 2, 1, 0}, pos{299, 63, 140, 5, 64};
+          const int64_t T = int64_t(slots.size());
+          const Tensor st(slots.data(), DType::I32, Device::CPU, {T}), pt(pos.data(), DType::I32, Device::CPU, {T});
+          std::vector<float> q = test::random_floats(size_t(T * heads * d), rng, -6.0f, 6.0f, true);
+          std::vector<float> got(q.size(), NAN);
+          be->attention(f32(q, {T, heads, d}), cache_k, cache_v, st, pt, spec, f32(got, {T, heads, d}));
+          expect_within(got, decode_reference(s, ck, cv, q, heads, kvh, d, C, slots, pos, double(spec.scale),
+                                              test::kUlp32, window, double(softcap)));
+
+          std::vector<int32_t> sl, ps;  // two prefill runs
+          for (int32_t p = 60; p < 150; ++p) sl.push_back(0), ps.push_back(p);
+          for (int32_t p = 0; p < 70; ++p) sl.push_back(1), ps.push_back(p);
+          const int64_t R = int64_t(sl.size());
+          const Tensor rs(sl.data(), DType::I32, Device::CPU, {R}), rp(ps.data(), DType::I32, Device::CPU, {R});
+          std::vector<float> fk(size_t(S * C * kvh * d)), fv(fk.size());
+          quant::dequantize_rows(s, ck.data(), S * C * kvh, d, fk.data(), DType::F32);
+          quant::dequantize_rows(s, cv.data(), S * C * kvh, d, fv.data(), DType::F32);
+          std::vector<float> qr = test::random_floats(size_t(R * heads * d), rng, -6.0f, 6.0f, true);
+          std::vector<float> coded(qr.size(), NAN), plain(qr.size(), NAN);
+          be->attention(f32(qr, {R, heads, d}), cache_k, cache_v, rs, rp, spec, f32(coded, {R, heads, d}));
+          be->attention(f32(qr, {R, heads, d}), f32(fk, {S, C, kvh, d}), f32(fv, {S, C, kvh, d}), rs, rp, spec,
+                        f32(plain, {R, heads, d}));
+          CHECK(coded == plain);
+          CHECK(std::none_of(coded.begin(), coded.end(), [](float x) { return std::isnan(x); }));
         }
 }
 

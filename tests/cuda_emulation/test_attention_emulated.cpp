@@ -33,6 +33,8 @@ struct Case {
   float q_range = 1.0f;
   size_t q_offset = 0;  // elements: a q that is not 16-byte aligned
   float kv_scale = 1.0f;  // keys and values times kv_scale, q divided by it (a power of two)
+  int window = 0;         // AttentionSpec's sliding window and soft cap (Gemma)
+  float softcap = 0.0f;
 };
 
 struct Result {
@@ -79,6 +81,8 @@ Result run_case(const Case& c, Kernels kernels, std::mt19937& rng, int splits = 
   p.q_token_stride = heads * d;
   p.kv_pos_stride = kvh * d;
   p.kv_slot_stride = c.capacity * kvh * d;
+  p.window = c.window;
+  p.softcap = c.softcap;
   if (kernels != Kernels::PerTokenOnly) {
     REQUIRE(tensor_core_attention_supports(int(d), T));
     launch_tensor_core_attention(p, nullptr);
@@ -112,20 +116,23 @@ Result run_case(const Case& c, Kernels kernels, std::mt19937& rng, int splits = 
         return double(to_float(cache[size_t(((slots[size_t(t)] * c.capacity + pos) * kvh + kv_head) * d + e)]));
       };
       const int64_t n_keys = positions[size_t(t)] + 1;
-      std::vector<double> w(static_cast<size_t>(n_keys));
+      // Keys [first, n_keys): a sliding window's last c.window positions.
+      const int64_t first = c.window > 0 ? std::max<int64_t>(0, n_keys - c.window) : 0;
+      std::vector<double> w(static_cast<size_t>(n_keys), 0.0);
       double max_score = -INFINITY;
-      for (int64_t j = 0; j < n_keys; ++j) {
+      for (int64_t j = first; j < n_keys; ++j) {
         double s = 0;
         for (int64_t e = 0; e < d; ++e)
           s += double(to_float(q[size_t((t * heads + h) * d + e)])) * cache_at(cache_k, j, e);
-        w[size_t(j)] = s * p.scale;
+        s *= p.scale;
+        w[size_t(j)] = c.softcap > 0 ? c.softcap * std::tanh(s / c.softcap) : s;
         max_score = std::max(max_score, w[size_t(j)]);
       }
       double sum = 0;
-      for (double& x : w) sum += (x = std::exp(x - max_score));
+      for (int64_t j = first; j < n_keys; ++j) sum += (w[size_t(j)] = std::exp(w[size_t(j)] - max_score));
       for (int64_t e = 0; e < d; ++e) {
         double o = 0;
-        for (int64_t j = 0; j < n_keys; ++j) o += w[size_t(j)] * cache_at(cache_v, j, e);
+        for (int64_t j = first; j < n_keys; ++j) o += w[size_t(j)] * cache_at(cache_v, j, e);
         r.want[size_t((t * heads + h) * d + e)] = o / sum;
       }
     }
@@ -322,6 +329,31 @@ void check_merge(const std::vector<float>& m, int d, std::mt19937& rng) {
 }
 
 }  // namespace
+
+TEMPLATE_TEST_CASE("emulated: sliding windows and soft caps in every attention kernel match a double reference",
+                   "[emulated][split]", __half, bf16) {
+  using Act = TestType;
+  // Gemma's attention: token t sees keys (pos - window, pos], scores soft-capped. Windows of one
+  // key, shorter than a tile, a tile's 64, past it, and past the context; a cap low enough that
+  // tanh bends the scores (peaked: q times 4). Prefill tiles (tensor cores, with a sliding layer's
+  // rows whose windows start apart inside one key tile), decode through the per-token kernel, and
+  // the split kernels with 1, 3 and 8 chunks (chunks cut from the window's first tile).
+  std::mt19937 rng(31);
+  for (int window : {1, 5, 64, 70, 1000})
+    for (float softcap : {0.0f, 2.0f}) {
+      const std::string what = "window " + std::to_string(window) + " softcap " + std::to_string(softcap);
+      Case prefill{{{1, 0, 150}, {0, 40, 90}}, 4, 2, 64, 2, 400, 4.0f};
+      prefill.window = window;
+      prefill.softcap = softcap;
+      expect_close(run_case<Act>(prefill, Kernels::Both, rng), "prefill, " + what);
+      Case decode{{{0, 0, 1}, {1, 63, 1}, {2, 64, 1}, {0, 333, 1}, {1, 399, 1}}, 8, 2, 80, 3, 400, 4.0f};
+      decode.window = window;
+      decode.softcap = softcap;
+      expect_close(run_case<Act>(decode, Kernels::PerTokenOnly, rng), "decode, " + what);
+      for (int splits : {1, 3, 8}) expect_close(run_case<Act>(decode, Kernels::PerTokenOnly, rng, splits),
+                                                "split " + std::to_string(splits) + ", " + what);
+    }
+}
 
 TEMPLATE_TEST_CASE("emulated: the split-KV merge weighs chunks by their maxima and skips empty ones",
                    "[emulated][split]", __half, bf16) {

@@ -300,9 +300,10 @@ namespace {
 template <class Act>
 void check_quant_attention(const quant::QuantSpec& spec, int64_t T, int64_t heads, int64_t kv_heads, int64_t d,
                            int64_t S, int64_t C, const std::vector<int32_t>& slots, const std::vector<int32_t>& pos,
-                           float q_range, std::mt19937& rng, bool tensor_cores = false, int splits = 0) {
-  QuantAttentionCase c =
-      make_quant_attention_case(spec, T, heads, kv_heads, d, S, C, slots, pos, q_range, rng, dtype_of<Act>);
+                           float q_range, std::mt19937& rng, bool tensor_cores = false, int splits = 0,
+                           int window = 0, float softcap = 0.0f) {
+  QuantAttentionCase c = make_quant_attention_case(spec, T, heads, kv_heads, d, S, C, slots, pos, q_range, rng,
+                                                   dtype_of<Act>, window, softcap);
   if (tensor_cores) allow_fp16_operands(c, dtype_of<Act>);
   Arena a;
   QuantAttentionParams<Act> p;
@@ -318,6 +319,8 @@ void check_quant_attention(const quant::QuantSpec& spec, int64_t T, int64_t head
   p.slot_count = int(S);
   p.capacity = int(C);
   p.scale = c.scale;
+  p.window = window;
+  p.softcap = softcap;
   p.row = quant_row_layout(spec.bits, spec.group_size, int(d));
   if (tensor_cores) {
     REQUIRE(tensor_core_attention_supports(int(d), T));
@@ -331,8 +334,8 @@ void check_quant_attention(const quant::QuantSpec& spec, int64_t T, int64_t head
     launch_quant_attention(p, nullptr);
   }
   expect_within(floats(p.out, c.q.size()), c.want, c.tol,
-                label("attention bits group T heads kv_heads d C splits",
-                      {spec.bits, spec.group_size, T, heads, kv_heads, d, C, splits}));
+                label("attention bits group T heads kv_heads d C splits window",
+                      {spec.bits, spec.group_size, T, heads, kv_heads, d, C, splits, window}));
 }
 
 }  // namespace
@@ -388,6 +391,28 @@ TEMPLATE_TEST_CASE("emulated cuda: split-KV decode over quantized caches matches
   packed_tokens({{0, 40, 1}, {1, 7, 1}, {2, 200, 1}, {0, 41, 1}, {3, 0, 1}, {1, 0, 70}}, mixed_slots, mixed_pos);
   check_quant_attention<Act>(spec_of(4, 64), int64_t(mixed_slots.size()), 4, 1, 64, 4, 300, mixed_slots, mixed_pos,
                              1.0f, rng, true, 3);
+}
+
+TEMPLATE_TEST_CASE("emulated cuda: sliding windows and soft caps over quantized caches match double arithmetic",
+                   "[emulated][quant][split]", __half, bf16) {
+  using Act = TestType;
+  std::mt19937 rng(28);
+  // Gemma's attention over 4- and 8-bit caches: windows of one key, within a tile, a tile's 64,
+  // past it and past the context, a soft cap that bends peaked scores; the per-token kernel, the
+  // split kernels (chunks cut from the window's first tile) and prefill tiles on tensor cores.
+  const std::vector<int32_t> slots{1, 0, 2, 1, 0}, pos{0, 62, 63, 64, 333};
+  std::vector<int32_t> prompt_slots, prompt_pos;
+  packed_tokens({{1, 0, 150}, {0, 40, 90}}, prompt_slots, prompt_pos);
+  for (int bits : {4, 8})
+    for (int window : {1, 5, 64, 70, 1000})
+      for (float softcap : {0.0f, 2.0f}) {
+        check_quant_attention<Act>(spec_of(bits, 32), 5, 8, 2, 64, 3, 340, slots, pos, 4.0f, rng, false, 0, window,
+                                   softcap);
+        check_quant_attention<Act>(spec_of(bits, 64), 5, 8, 2, 64, 3, 340, slots, pos, 4.0f, rng, false, 3, window,
+                                   softcap);
+        check_quant_attention<Act>(spec_of(bits, 32), int64_t(prompt_slots.size()), 4, 2, 64, 2, 340, prompt_slots,
+                                   prompt_pos, 4.0f, rng, true, 0, window, softcap);
+      }
 }
 
 TEMPLATE_TEST_CASE("emulated cuda: prefill over quantized caches on tensor cores", "[emulated][quant]", __half, bf16) {
