@@ -43,8 +43,10 @@ TEST_CASE("every policy generates Hugging Face's greedy tokens", "[offload]") {
   // tiny-qwen3: the per-head q/k norms travel in the attention half of a streamed layer.
   // tiny-mixtral: a mixture of experts' router and experts travel in the MLP half.
   // tiny-qwen3-moe: a dense MLP half among sparse ones (mlp_only_layers), each its own size.
+  // tiny-gemma2, tiny-gemma3: each layer's window, soft cap and RoPE reach CPU-delegated attention,
+  // and Gemma's norms after the attention and the MLP travel in their halves.
   for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-phi3-longrope", "tiny-qwen3",
-                           "tiny-mixtral", "tiny-qwen3-moe"}) {
+                           "tiny-mixtral", "tiny-qwen3-moe", "tiny-gemma2", "tiny-gemma3"}) {
     const json exp = load_expected(name);
     ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     const std::vector<GenRequest> reqs = fixture_requests(exp);

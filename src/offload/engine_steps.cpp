@@ -381,6 +381,7 @@ bool OffloadEngine::Impl::compute(int i, int jj, int u) {
       LayerWeights out_proj;  // views of the output projection: all the deferred half reads
       out_proj.o_w = w.o_w;
       out_proj.o_b = w.o_b;
+      out_proj.post_attn_norm_w = w.post_attn_norm_w;  // Gemma's norm of the projection's output
       pending_output = {true, std::move(out_proj), xs, buf, out_ready, -1, step_label(t, j, attention, b) + " out"};
       return true;  // one piece: a delegated step is never split
     }
