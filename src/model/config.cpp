@@ -662,6 +662,46 @@ const std::map<std::string, ModelConfig>& presets() {
     a3b.bos_id = -1;
     a3b.eos_ids = {151645, 151643};
     m[a3b.name] = a3b;
+    // Gemma 2 9B and 27B, Gemma 3 1B, 12B and 27B (config.json; Gemma 3's 12B and 27B from
+    // text_config): GeGLU, (1 + w) norms before and after each block, embeddings times sqrt(hidden),
+    // tied. Gemma 2: even layers slide over 4096 of 8192 positions, scores soft-capped at 50 and
+    // logits at 30. Gemma 3: five layers in six slide (512 positions for 1B, 1024 above), q/k norms,
+    // sliding layers rotate with base 1e4, the others with 1e6 (scaled linearly by 8 above 1B).
+    struct GemmaShape {
+      const char* name;
+      int hidden, layers, heads, kv_heads, head_dim, inter, window, query_scale;
+    };
+    for (const GemmaShape& g : {GemmaShape{"gemma-2-9b", 3584, 42, 16, 8, 256, 14336, 4096, 256},
+                                GemmaShape{"gemma-2-27b", 4608, 46, 32, 16, 128, 36864, 4096, 144},
+                                GemmaShape{"gemma-3-1b", 1152, 26, 4, 1, 256, 6912, 512, 256},
+                                GemmaShape{"gemma-3-12b", 3840, 48, 16, 8, 256, 15360, 1024, 256},
+                                GemmaShape{"gemma-3-27b", 5376, 62, 32, 16, 128, 21504, 1024, 168}}) {
+      const bool gemma2 = std::string(g.name).starts_with("gemma-2");
+      ModelConfig c = llama_preset(g.name, g.hidden, g.layers, g.heads, g.kv_heads, g.inter,
+                                   gemma2 ? 256000 : g.hidden == 1152 ? 262144 : 262208,
+                                   gemma2 ? 10000.0f : 1000000.0f, gemma2 ? 8192 : g.hidden == 1152 ? 32768 : 131072);
+      c.head_dim = g.head_dim;
+      c.mlp = MlpKind::GeGLU;
+      c.norm_eps = 1e-6f;
+      c.norm_plus_one = c.sandwich_norms = c.tied_embeddings = true;
+      c.embed_scale = std::sqrt(float(g.hidden));
+      c.query_scale = float(g.query_scale);
+      c.layer_window = g.window;
+      for (int l = 0; l < g.layers; ++l)
+        if ((l + 1) % (gemma2 ? 2 : 6) != 0) c.window_layers.push_back(l);
+      if (gemma2) {
+        c.attn_softcap = 50.0f;
+        c.final_softcap = 30.0f;
+      } else {
+        c.qk_norm = true;
+        c.local_rope_theta = 10000.0f;
+        if (g.hidden != 1152) c.rope_freq_factors.assign(size_t(g.head_dim / 2), 8.0f);
+      }
+      c.bos_id = 2;
+      c.eos_ids = {1, gemma2 ? 107 : 106};  // <eos>, <end_of_turn>
+      c.pad_id = 0;
+      m[c.name] = c;
+    }
     return m;
   }();
   return table;
