@@ -93,7 +93,8 @@ TEST_CASE("chat templates are recognized by family", "[chat]") {
       {"qwen2", ChatFormat::ChatML},        {"smollm2", ChatFormat::ChatML},
       {"qwen2.5", ChatFormat::Qwen25},      {"qwen2.5-gguf", ChatFormat::Qwen25},
       {"qwen2.5-base", ChatFormat::Qwen25}, {"qwen3", ChatFormat::Qwen3},
-      {"phi3.5", ChatFormat::Phi35}};
+      {"phi3.5", ChatFormat::Phi35},        {"gemma", ChatFormat::Gemma},
+      {"gemma3", ChatFormat::Gemma3},       {"gemma3-escaped-newlines", ChatFormat::Gemma3}};
   for (const auto& [name, format] : families) {
     INFO(name);
     CHECK(ChatTemplate::parse(ex["templates"][name]["source"].get<std::string>()).format() == format);

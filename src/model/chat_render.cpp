@@ -111,6 +111,9 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
       return render_zephyr(messages, add_generation_prompt);
     case ChatFormat::Phi35:
       return render_phi35(messages, add_generation_prompt);
+    case ChatFormat::Gemma:
+    case ChatFormat::Gemma3:
+      return render_gemma(messages, add_generation_prompt);
   }
   return {};
 }
@@ -306,6 +309,26 @@ std::string ChatTemplate::render_phi35(const std::vector<ChatMessage>& messages,
     if ((m.role == "system" && !m.content.empty()) || m.role == "user" || m.role == "assistant")
       out += "<|" + m.role + "|>\n" + m.content + "<|end|>\n";
   return out + (gen ? "<|assistant|>\n" : tokens_.eos);
+}
+
+// Gemma: <start_of_turn>role (the assistant's is "model"), the trimmed content, <end_of_turn>;
+// roles alternate from a user's. Gemma 2 refuses a system message; Gemma 3 writes its text (as
+// given) and a blank line at the start of the first turn.
+std::string ChatTemplate::render_gemma(const std::vector<ChatMessage>& messages, bool gen) const {
+  if (messages.empty()) raise("no messages (the template reads messages[0])");
+  const bool system = messages[0].role == "system";
+  if (system && format_ == ChatFormat::Gemma) raise("System role not supported");
+  std::string out = tokens_.bos;
+  const std::string prefix = system ? messages[0].content + "\n\n" : "";
+  for (size_t i = system ? 1 : 0, k = 0; i < messages.size(); ++i, ++k) {
+    const ChatMessage& m = messages[i];
+    if ((m.role == "user") != (k % 2 == 0)) raise("Conversation roles must alternate user/assistant/user/assistant/...");
+    out += "<start_of_turn>" + (m.role == "assistant" ? std::string("model") : m.role) + "\n";
+    if (k == 0) out += prefix;
+    out += trim(m.content) + "<end_of_turn>\n";
+  }
+  if (gen) out += "<start_of_turn>model\n";
+  return out;
 }
 
 }  // namespace strata

@@ -480,6 +480,65 @@ bool is_phi35(const std::string& n) {
          "{%endif%}{%endfor%}{%ifadd_generation_prompt%}{{'<|assistant|>\\n'}}{%else%}{{eos_token}}{%endif%}";
 }
 
+// Gemma 1 and 2 (google/gemma-2-9b-it): no system role, "model" for the assistant.
+bool is_gemma(const std::string& n) {
+  static const std::string reference = normalize_exact(
+      "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+      "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+      "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+      "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+      "{% endif %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}"
+      "{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\\n'}}{% endif %}");
+  return n == reference;
+}
+
+// Gemma 3 (google/gemma-3-*-it, laid out to fit the page): a system message's text and a blank
+// line open the first turn.
+bool is_gemma3(const std::string& n) {
+  static const std::string reference = normalize_exact(
+      "{{ bos_token }}\n"
+      "{%- if messages[0]['role'] == 'system' -%}\n"
+      "    {%- if messages[0]['content'] is string -%}\n"
+      "        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n"
+      "    {%- else -%}\n"
+      "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}\n"
+      "    {%- endif -%}\n"
+      "    {%- set loop_messages = messages[1:] -%}\n"
+      "{%- else -%}\n"
+      "    {%- set first_user_prefix = \"\" -%}\n"
+      "    {%- set loop_messages = messages -%}\n"
+      "{%- endif -%}\n"
+      "{%- for message in loop_messages -%}\n"
+      "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+      "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+      "    {%- endif -%}\n"
+      "    {%- if (message['role'] == 'assistant') -%}\n"
+      "        {%- set role = \"model\" -%}\n"
+      "    {%- else -%}\n"
+      "        {%- set role = message['role'] -%}\n"
+      "    {%- endif -%}\n"
+      "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}\n"
+      "    {%- if message['content'] is string -%}\n"
+      "        {{ message['content'] | trim }}\n"
+      "    {%- elif message['content'] is iterable -%}\n"
+      "        {%- for item in message['content'] -%}\n"
+      "            {%- if item['type'] == 'image' -%}\n"
+      "                {{ '<start_of_image>' }}\n"
+      "            {%- elif item['type'] == 'text' -%}\n"
+      "                {{ item['text'] | trim }}\n"
+      "            {%- endif -%}\n"
+      "        {%- endfor -%}\n"
+      "    {%- else -%}\n"
+      "        {{ raise_exception(\"Invalid content type\") }}\n"
+      "    {%- endif -%}\n"
+      "    {{ '<end_of_turn>\\n' }}\n"
+      "{%- endfor -%}\n"
+      "{%- if add_generation_prompt -%}\n"
+      "    {{'<start_of_turn>model\\n'}}\n"
+      "{%- endif -%}\n");
+  return n == reference;
+}
+
 // The first literal assigned to date_string: Llama 3.1's default.
 std::string date_default(const std::string& n) {
   const std::string_view head = "{%setdate_string='";
@@ -532,10 +591,14 @@ ChatTemplate ChatTemplate::parse(std::string_view source, ChatTokens tokens) {
     t.format_ = ChatFormat::Zephyr;
   else if (is_phi35(n))
     t.format_ = ChatFormat::Phi35;
+  else if (is_gemma(n))
+    t.format_ = ChatFormat::Gemma;
+  else if (is_gemma3(n))
+    t.format_ = ChatFormat::Gemma3;
   else
     STRATA_FAIL(
         "unsupported chat template (understood: ChatML, Qwen2.5, Qwen3, Llama 3, Llama 3.1/3.2, Llama 2, "
-        "Mistral Instruct v0.1/v0.2, Zephyr, Phi-3.5)");
+        "Mistral Instruct v0.1/v0.2, Zephyr, Phi-3.5, Gemma 2, Gemma 3)");
   if (t.format_ == ChatFormat::Llama31) {
     t.date_is_today_ =
         n.find("{%ifstrftime_nowisdefined%}{%setdate_string=strftime_now('%d %b %Y')%}") != std::string::npos;

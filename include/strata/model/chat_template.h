@@ -29,7 +29,7 @@ struct ChatMessage {
   std::vector<ChatToolCall> tool_calls = {};  // only Qwen2.5, Qwen3 and Llama 3.1 / 3.2 render them
 };
 
-enum class ChatFormat { ChatML, Qwen25, Qwen3, Llama3, Llama31, Llama2, Mistral, Zephyr, Phi35 };
+enum class ChatFormat { ChatML, Qwen25, Qwen3, Llama3, Llama31, Llama2, Mistral, Zephyr, Phi35, Gemma, Gemma3 };
 
 // The template's bos_token and eos_token: tokenizer_config.json's strings, or the text of the
 // model's BOS / EOS tokens (GGUF). Templates that write them render them as text; the tokenizer
@@ -71,6 +71,7 @@ private:
   std::string render_mistral(const std::vector<ChatMessage>& messages) const;
   std::string render_zephyr(const std::vector<ChatMessage>& messages, bool gen) const;
   std::string render_phi35(const std::vector<ChatMessage>& messages, bool gen) const;
+  std::string render_gemma(const std::vector<ChatMessage>& messages, bool gen) const;
 
   ChatFormat format_ = ChatFormat::ChatML;
   ChatTokens tokens_;
