@@ -321,12 +321,12 @@ TEST_CASE("tokenizer loading errors name the file and the problem", "[tokenizer]
   }
 }
 
-// SentencePiece-style BPE (LLaMA-2, Mistral, TinyLlama): three small tokenizers of the shapes
+// SentencePiece-style BPE (LLaMA-2, Mistral, TinyLlama, Gemma): four small tokenizers of the shapes
 // Hugging Face writes, with ids and decodings from Hugging Face tokenizers
 // (tests/fixtures/tokenizer/make_sentencepiece_fixtures.py).
 TEST_CASE("SentencePiece-style tokenizer.json files encode and decode exactly as Hugging Face", "[tokenizer]") {
   const nlohmann::json all = load_json(kFixtures / "sentencepiece_cases.json");
-  REQUIRE(all.size() == 3);
+  REQUIRE(all.size() == 4);
   for (const auto& [name, fixture] : all.items()) {
     INFO(name);
     const Tokenizer tok = Tokenizer::from_tokenizer_json(kFixtures / fixture["tokenizer"].get<std::string>());

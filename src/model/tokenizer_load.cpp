@@ -151,6 +151,19 @@ void load_pre_tokenizer(const json& pre, TokenizerModel& m) {
   }
 }
 
+// Replace(" " -> "\u2581").
+bool is_space_replace(const json& r) {
+  return type_of(r) == "Replace" && r.contains("pattern") && r["pattern"].value("String", std::string()) == " " &&
+         r.value("content", std::string()) == "\u2581";
+}
+
+// Gemma's pre-tokenizer, Split(" ", merged_with_previous): after its normalizer wrote every space
+// "\u2581" there is no " " left to split at.
+bool is_space_split(const json& p) {
+  return type_of(p) == "Split" && p.contains("pattern") && p["pattern"].value("String", std::string()) == " " &&
+         p.value("behavior", std::string()) == "MergedWithPrevious" && !p.value("invert", false);
+}
+
 // SentencePiece-style tokenizers: LLaMA-2's normalizer, Sequence[Prepend("\u2581"), Replace(" ", "\u2581")].
 bool is_metaspace_normalizer(const json& n) {
   if (type_of(n) != "Sequence" || !n.contains("normalizers") || n["normalizers"].size() != 2) return false;
@@ -235,9 +248,15 @@ void load_normalizer_pre_tokenizer_decoder(const json& j, TokenizerModel& m) {
                            << "only none is supported there");
     m.metaspace.emplace();
     m.metaspace->prepend = Prepend::EveryPiece;
+  } else if (!no_normalizer && is_space_replace(n)) {  // Gemma's: no dummy prefix
+    if (!pre.is_null() && !is_space_split(pre))
+      STRATA_FAIL(m.source << ": pre_tokenizer is " << pre.dump().substr(0, 200) << " beside the Replace normalizer; "
+                           << "only none or Split(\" \", merged_with_previous) is supported there");
+    m.metaspace.emplace();
+    m.metaspace->prepend = Prepend::Never;
   } else if (!no_normalizer) {
-    STRATA_FAIL(m.source << ": normalizer.type is '" << type_of(n) << "'; only none, or SentencePiece's Sequence["
-                         << "Prepend(\"\u2581\"), Replace(\" \" -> \"\u2581\")], is supported");
+    STRATA_FAIL(m.source << ": normalizer.type is '" << type_of(n) << "'; only none, SentencePiece's Sequence["
+                         << "Prepend(\"\u2581\"), Replace(\" \" -> \"\u2581\")], or Gemma's Replace alone is supported");
   } else if (type_of(pre) == "Metaspace") {
     m.metaspace.emplace();
     m.metaspace->prepend = prepend_scheme(pre, m, "pre_tokenizer");
