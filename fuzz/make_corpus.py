@@ -117,7 +117,8 @@ def tokenizers():
                       # SentencePiece-style: ids 3..258 are the <0xXX> byte tokens
                       ("tests/fixtures/tokenizer/sp-normalizer/tokenizer.json", 340),
                       ("tests/fixtures/tokenizer/sp-metaspace/tokenizer.json", 340),
-                      ("tests/fixtures/tokenizer/sp-metaspace-split/tokenizer.json", 340)]:
+                      ("tests/fixtures/tokenizer/sp-metaspace-split/tokenizer.json", 340),
+                      ("tests/fixtures/tokenizer/sp-gemma/tokenizer.json", 340)]:
         j = json.loads((ROOT / src).read_text())
         vocab = {t: i for t, i in j["model"]["vocab"].items() if i < keep}
         merges = []
@@ -133,7 +134,8 @@ def tokenizers():
 
 
 def configs():
-    for name in ["tiny-opt", "tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-llama-gptq"]:
+    for name in ["tiny-opt", "tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-llama-gptq", "tiny-gemma2",
+                 "tiny-gemma3", "tiny-gemma3-mm"]:
         put("config_fuzz", name + ".json", (ROOT / "tests/fixtures/models" / name / "config.json").read_bytes())
 
 
