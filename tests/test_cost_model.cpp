@@ -159,6 +159,29 @@ TEST_CASE("CPU attention moves q/k/v and the output instead of the cache", "[cos
   CHECK(r.prefill.terms[CATT] == 0);
 }
 
+TEST_CASE("sliding-window layers are priced reading their window, stored and moved whole", "[cost]") {
+  // OPT-6.7B's shape with half its layers sliding over 132 positions: at s = 512, n = 32 the
+  // average context is 528, so those layers read a quarter of the cache and the step reads
+  // (16 + 16 / 4) / 32 = 5/8 of it; the cache's copies and home stay whole.
+  const HardwareProfile hw = round_machine();
+  ModelConfig windowed = opt67();
+  windowed.layer_window = 132;
+  for (int l = 0; l < windowed.n_layers; l += 2) windowed.window_layers.push_back(l);
+  const Policy cpu_attention = policy_of(8, 4, {25, 75, 0}, {0, 100, 0}, {100, 0, 0}, true);
+  const Prediction whole = evaluate(opt67(), cpu_attention, wl, hw);
+  const Prediction slid = evaluate(windowed, cpu_attention, wl, hw);
+  CHECK(cost_forms(windowed, cpu_attention, wl, hw).sizes.attended_fraction == Approx(5.0 / 8));
+  CHECK(slid.decode.terms[CATT] == Approx(whole.decode.terms[CATT] * 5 / 8));
+  CHECK(slid.decode.terms[CTOG] == Approx(whole.decode.terms[CTOG]));
+  const Policy gpu_cache = policy_of(8, 4, {25, 75, 0}, {0, 100, 0}, {100, 0, 0});
+  const double gpu_attn = 32 * 528 * 4 * h / hw.gpu_attention_bw;  // the cache the GPU reads, whole
+  CHECK(evaluate(windowed, gpu_cache, wl, hw).decode.terms[COMP] ==
+        Approx(evaluate(opt67(), gpu_cache, wl, hw).decode.terms[COMP] - gpu_attn * 3 / 8));
+  // A window past the context reads everything.
+  windowed.layer_window = 4096;
+  CHECK(cost_forms(windowed, cpu_attention, wl, hw).sizes.attended_fraction == 1.0);
+}
+
 TEST_CASE("CPU attention overlaps the GPU's work of the other GPU batches", "[cost]") {
   // The engine's pipeline (docs/cost-model.md, "CPU attention"): while the CPU attends for one GPU
   // batch the GPU runs the others' attention projections; the MLP half and the LM head wait for

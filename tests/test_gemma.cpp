@@ -16,6 +16,7 @@
 #include "strata/model/model_loader.h"
 #include "strata/model/weight_source.h"
 #include "strata/runtime/forward_ops.h"
+#include "edited_model.h"
 #include "temp_files.h"
 #include "test_support.h"
 
@@ -33,17 +34,8 @@ json read_json(const fs::path& p) {
   return json::parse(in);
 }
 
-// A copy of a fixture model whose config.json `edit` changed.
 fs::path edited_model(const std::string& model, const std::function<void(json&)>& edit) {
-  static int made = 0;
-  const fs::path dir = test::temp_dir("gemma") / std::to_string(made++);
-  fs::create_directories(dir);
-  for (const fs::directory_entry& e : fs::directory_iterator(kModels + model))
-    fs::copy_file(e.path(), dir / e.path().filename());
-  json cfg = read_json(dir / "config.json");
-  edit(cfg);
-  std::ofstream(dir / "config.json") << cfg.dump();
-  return dir;
+  return test::edited_model(model, edit, "gemma");
 }
 
 void refused(const std::string& model, const std::function<void(json&)>& edit, const std::string& says) {
@@ -135,7 +127,7 @@ TEST_CASE("gemma: per-layer attention: the window and soft cap, the RoPE row", "
   CHECK(AttentionSpec(1.0f).cap(100.0f) == 100.0f);
 }
 
-TEST_CASE("gemma: norms read as 1 + w; a multimodal checkpoint's vision tensors stay hidden", "[gemma][safetensors]") {
+TEST_CASE("gemma: norms read as 1 + w and a multimodal checkpoint's vision tensors stay hidden", "[gemma][safetensors]") {
   const ModelBundle b = open_model(kModels + "tiny-gemma3-mm");
   const std::vector<std::string> names = b.weights->names();
   for (const std::string& n : names) {

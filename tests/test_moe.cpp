@@ -21,6 +21,7 @@
 #include "strata/policy/cost_model.h"
 #include "strata/runtime/generator.h"
 #include "strata/runtime/moe_routing.h"
+#include "edited_model.h"
 #include "temp_files.h"
 #include "test_support.h"
 
@@ -38,17 +39,8 @@ json read_json(const fs::path& path) {
   return json::parse(in);
 }
 
-// A copy of a fixture model directory whose config.json is edited by `edit`.
 fs::path edited_model(const std::string& model, const std::function<void(json&)>& edit) {
-  static int made = 0;
-  const fs::path dir = test::temp_dir("moe") / std::to_string(made++);
-  fs::create_directories(dir);
-  for (const fs::directory_entry& e : fs::directory_iterator(kModels + model))
-    fs::copy_file(e.path(), dir / e.path().filename());
-  json cfg = read_json(dir / "config.json");
-  edit(cfg);
-  std::ofstream(dir / "config.json") << cfg.dump();
-  return dir;
+  return test::edited_model(model, edit, "moe");
 }
 
 }  // namespace

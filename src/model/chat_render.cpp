@@ -322,7 +322,8 @@ std::string ChatTemplate::render_gemma(const std::vector<ChatMessage>& messages,
   const std::string prefix = system ? messages[0].content + "\n\n" : "";
   for (size_t i = system ? 1 : 0, k = 0; i < messages.size(); ++i, ++k) {
     const ChatMessage& m = messages[i];
-    if ((m.role == "user") != (k % 2 == 0)) raise("Conversation roles must alternate user/assistant/user/assistant/...");
+    if ((m.role == "user") != (k % 2 == 0))
+      raise("Conversation roles must alternate user/assistant/user/assistant/...");
     out += "<start_of_turn>" + (m.role == "assistant" ? std::string("model") : m.role) + "\n";
     if (k == 0) out += prefix;
     out += trim(m.content) + "<end_of_turn>\n";

@@ -326,18 +326,25 @@ void read_experts(const json& j, const std::string& file, const std::string& mod
       STRATA_FAIL(file << ": mlp_only_layers names layer " << l << " of " << c.n_layers);
 }
 
-void read_llama(const json& j, const std::string& file, const std::string& model_type, ModelConfig& c) {
+// The sizes every LLaMA-style config.json gives (Gemma's too), with its RMSNorm and RoPE; head_dim
+// and max_position_embeddings default to the family's.
+void read_llama_shape(const json& j, int default_head_dim, int default_positions, ModelConfig& c) {
   c.arch = Arch::Llama;
   c.hidden = require_int(j, "hidden_size");
   c.intermediate = require_int(j, "intermediate_size");
   c.n_layers = require_int(j, "num_hidden_layers");
   c.n_heads = require_int(j, "num_attention_heads");
   c.n_kv_heads = get_or<int>(j, "num_key_value_heads", c.n_heads);
-  c.head_dim = get_or<int>(j, "head_dim", c.n_heads > 0 ? c.hidden / c.n_heads : 0);
-  c.max_positions = get_or<int>(j, "max_position_embeddings", 2048);
+  c.head_dim = get_or<int>(j, "head_dim", default_head_dim);
+  c.max_positions = get_or<int>(j, "max_position_embeddings", default_positions);
   c.norm = NormKind::RMSNorm;
   c.norm_eps = get_or<float>(j, "rms_norm_eps", 1e-6f);
   c.pos = PosKind::Rope;
+}
+
+void read_llama(const json& j, const std::string& file, const std::string& model_type, ModelConfig& c) {
+  const int heads = get_or<int>(j, "num_attention_heads", 0);
+  read_llama_shape(j, heads > 0 ? get_or<int>(j, "hidden_size", 0) / heads : 0, 2048, c);
   c.mlp = MlpKind::SwiGLU;
   const std::string act = get_or<std::string>(j, "hidden_act", "silu");
   if (act != "silu") STRATA_FAIL(file << ": hidden_act '" << act << "' is not supported (silu)");
@@ -397,22 +404,13 @@ void read_llama(const json& j, const std::string& file, const std::string& model
 // rotates its sliding layers with rope_local_base_freq, unscaled.
 void read_gemma(const json& j, const std::string& file, const std::string& model_type, ModelConfig& c) {
   const bool gemma2 = model_type == "gemma2";
-  c.arch = Arch::Llama;
-  c.hidden = require_int(j, "hidden_size");
-  c.intermediate = require_int(j, "intermediate_size");
-  c.n_layers = require_int(j, "num_hidden_layers");
-  c.n_heads = require_int(j, "num_attention_heads");
-  c.n_kv_heads = get_or<int>(j, "num_key_value_heads", c.n_heads);
-  c.head_dim = get_or<int>(j, "head_dim", 256);
-  c.max_positions = get_or<int>(j, "max_position_embeddings", gemma2 ? 8192 : 131072);
-  c.norm = NormKind::RMSNorm;
-  c.norm_eps = get_or<float>(j, "rms_norm_eps", 1e-6f);
+  read_llama_shape(j, 256, gemma2 ? 8192 : 131072, c);
   c.norm_plus_one = true;
   c.sandwich_norms = true;
-  c.pos = PosKind::Rope;
   c.mlp = MlpKind::GeGLU;
   // Gemma's files name the activation hidden_activation (hidden_act too in older ones).
-  const std::string act = get_or<std::string>(j, "hidden_activation", get_or<std::string>(j, "hidden_act", "gelu_pytorch_tanh"));
+  const std::string act =
+      get_or<std::string>(j, "hidden_activation", get_or<std::string>(j, "hidden_act", "gelu_pytorch_tanh"));
   if (act != "gelu_pytorch_tanh" && act != "gelu_tanh")
     STRATA_FAIL(file << ": hidden_activation '" << act << "' is not supported (gelu_pytorch_tanh)");
   if (get_or<bool>(j, "attention_bias", false)) STRATA_FAIL(file << ": attention_bias=true is not supported for Gemma");

@@ -256,7 +256,8 @@ void load_normalizer_pre_tokenizer_decoder(const json& j, TokenizerModel& m) {
     m.metaspace->prepend = Prepend::Never;
   } else if (!no_normalizer) {
     STRATA_FAIL(m.source << ": normalizer.type is '" << type_of(n) << "'; only none, SentencePiece's Sequence["
-                         << "Prepend(\"\u2581\"), Replace(\" \" -> \"\u2581\")], or Gemma's Replace alone is supported");
+                         << "Prepend(\"\u2581\"), Replace(\" \" -> \"\u2581\")], or Gemma's Replace alone is "
+                         << "supported");
   } else if (type_of(pre) == "Metaspace") {
     m.metaspace.emplace();
     m.metaspace->prepend = prepend_scheme(pre, m, "pre_tokenizer");

@@ -432,7 +432,8 @@ void OffloadEngine::Impl::gpu_half(int jj, const LayerWeights& w, const Tensor& 
   for (const WeightSpec& spec : kind(jj / 2).half_layout[jj % 2].specs) key.push_back(G::address(layer_tensor(w, spec).data));
   // The cache's slots and capacity, and the layer's window and RoPE row (Gemma's layers differ).
   if (attention)
-    key.insert(key.end(), {ck.dim(0), ck.dim(1), cfg.window_layer(jj / 2) ? 1 : 0, cfg.local_rope_layer(jj / 2) ? 1 : 0});
+    key.insert(key.end(),
+               {ck.dim(0), ck.dim(1), cfg.window_layer(jj / 2) ? 1 : 0, cfg.local_rope_layer(jj / 2) ? 1 : 0});
   graphs.run(key, work);
 }
 

@@ -123,6 +123,11 @@ CostSizes sizes_of(const ModelConfig& cfg, const Policy& p, const Workload& w, D
   z.hidden_per_token = e * h;
   z.cache_avg = bls * (s + n / 2.0) * z.kv_per_token;  // the context grows from s to s + n
   z.cache_capacity = bls * (s + n) * z.kv_per_token;
+  if (!cfg.window_layers.empty() && cfg.layer_window > 0) {
+    const double context = s + n / 2.0, windowed = double(cfg.window_layers.size());
+    const double read = std::min(1.0, cfg.layer_window / std::max(context, 1.0));
+    z.attended_fraction = (cfg.n_layers - windowed + windowed * read) / cfg.n_layers;
+  }
   z.act_prefill = bls * s * z.hidden_per_token;
   z.act_decode = bls * z.hidden_per_token;
   // The runtime's own workspace (its attention never materializes the scores), sized for its
@@ -347,9 +352,10 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   // Attention reads the cache where it is computed; a compressed cache is read as codes and
   // dequantized in registers, at the profile's rate over a 4-bit cache where it has one.
   auto attn_bw = [&](double fp16_bw, double q4_bw) { return cc && q4_bw > 0 ? q4_bw : fp16_bw; };
-  const double gpu_attn = cache_avg_fp16 / attn_bw(hw.gpu_attention_bw, hw.gpu_attention_q4_bw);
+  const double attended = cache_avg_fp16 * z.attended_fraction;
+  const double gpu_attn = attended / attn_bw(hw.gpu_attention_bw, hw.gpu_attention_q4_bw);
   add(D[COMP], gpu_attn, {CG});
-  if (cpu_attn) add(D[CATT], cache_avg_fp16 / attn_bw(hw.cpu_attention_bw, hw.cpu_attention_q4_bw), {CC, CD});
+  if (cpu_attn) add(D[CATT], attended / attn_bw(hw.cpu_attention_bw, hw.cpu_attention_q4_bw), {CC, CD});
   else add(D[COMP], gpu_attn, {CC, CD});
   // Copies that run on the compute's own cores (the CPU backend's memcpy and disk threads) slow it:
   // the calibrated link_interference seconds of compute per second of link work in the stage.

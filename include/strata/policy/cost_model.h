@@ -73,6 +73,10 @@ struct CostSizes {
   double hidden_per_token = 0;    // one hidden state (fp16; activations are never compressed)
   double cache_avg = 0;           // C: KV cache of one layer read per decode step, whole block, as stored
   double cache_capacity = 0;      // KV cache of one layer at s + n tokens, whole block, as stored
+  // The share of cache_avg a decode step's attention reads, over the layers: 1, or less where
+  // sliding-window layers (Gemma) read only their window of an average context s + n / 2. The
+  // cache is still stored and moved whole.
+  double attended_fraction = 1;
   double act_prefill = 0;         // hidden states of the block after one layer in prefill
   double act_decode = 0;          // ... in one decode step
   double prefill_seqs = 1;        // prompts per prefill group (policy.h, prefill_steps)

@@ -436,35 +436,28 @@ public:
     for (int64_t i = 0; i < h; ++i) o[i] = (xr[i] - float(mean)) * inv * wr[i] + (bias ? bias[i] : 0.0f);
   }
 
-  void swiglu(const Tensor& gate_up, const Tensor& out) override {
+  // out[t, i] = gate(gate_up[t, i]) * gate_up[t, f + i] (swiglu, geglu).
+  template <class Gate>
+  void gated(const Tensor& gate_up, const Tensor& out, const char* op, Gate gate) {
     check_f32(gate_up, "gate_up");
     check_f32(out, "out");
     const int64_t T = out.dim(0), f = out.row_size();
     STRATA_CHECK(gate_up.dim(0) == T && gate_up.row_size() == 2 * f && out.data != gate_up.data,
-                 "swiglu: gate_up " << gate_up.shape_str() << " out " << out.shape_str());
+                 op << ": gate_up " << gate_up.shape_str() << " out " << out.shape_str());
     pool_.parallel_for(T, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         const float *g = gate_up.ptr<float>() + t * 2 * f, *u = g + f;
         float* o = out.ptr<float>() + t * f;
-        for (int64_t i = 0; i < f; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+        for (int64_t i = 0; i < f; ++i) o[i] = gate(g[i]) * u[i];
       }
     });
   }
 
-  void geglu(const Tensor& gate_up, const Tensor& out) override {
-    check_f32(gate_up, "gate_up");
-    check_f32(out, "out");
-    const int64_t T = out.dim(0), f = out.row_size();
-    STRATA_CHECK(gate_up.dim(0) == T && gate_up.row_size() == 2 * f && out.data != gate_up.data,
-                 "geglu: gate_up " << gate_up.shape_str() << " out " << out.shape_str());
-    pool_.parallel_for(T, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        const float *g = gate_up.ptr<float>() + t * 2 * f, *u = g + f;
-        float* o = out.ptr<float>() + t * f;
-        for (int64_t i = 0; i < f; ++i) o[i] = gelu_tanh(g[i]) * u[i];
-      }
-    });
+  void swiglu(const Tensor& gate_up, const Tensor& out) override {
+    gated(gate_up, out, "swiglu", [](float g) { return g / (1.0f + std::exp(-g)); });
   }
+
+  void geglu(const Tensor& gate_up, const Tensor& out) override { gated(gate_up, out, "geglu", gelu_tanh); }
 
   void scale(const Tensor& x, float s) override {
     check_f32(x, "x");

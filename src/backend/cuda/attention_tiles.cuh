@@ -15,7 +15,9 @@ constexpr int kMinTokensPerRun = 8;   // fewer (decode steps) stay with the per-
 
 // The first key a token at `pos` sees: window > 0 limits it to the last `window` positions
 // (AttentionSpec::first_key).
-__device__ __forceinline__ int first_key(int pos, int window) { return window > 0 && pos >= window ? pos - window + 1 : 0; }
+__device__ __forceinline__ int first_key(int pos, int window) {
+  return window > 0 && pos >= window ? pos - window + 1 : 0;
+}
 
 // A scaled score after the soft cap (AttentionSpec::cap): softcap * tanh(s / softcap), or s.
 __device__ __forceinline__ float cap_score(float s, float softcap) {

@@ -518,28 +518,28 @@ public:
     });
   }
 
-  void swiglu(const Tensor& gate_up, const Tensor& out) override {
-    check_act(gate_up, "swiglu", "gate_up");
-    check_act(out, "swiglu", "out");
+  // The checks of swiglu and geglu, then launch(gate_up, out, rows, f) in the activation type.
+  template <class Launch>
+  void gated(const Tensor& gate_up, const Tensor& out, const char* op, Launch launch) {
+    check_act(gate_up, op, "gate_up");
+    check_act(out, op, "out");
     STRATA_CHECK(gate_up.dim(0) == out.dim(0) && gate_up.row_size() == 2 * out.row_size() && gate_up.data != out.data,
-                 "cuda swiglu: gate_up " << gate_up.shape_str() << " out " << out.shape_str());
+                 "cuda " << op << ": gate_up " << gate_up.shape_str() << " out " << out.shape_str());
     bind();
     dispatch([&](auto e) {
       using E = decltype(e);
-      cuda::launch_swiglu(elems<E>(gate_up), elems_mut<E>(out), out.dim(0), out.row_size(), stream_);
+      launch(elems<E>(gate_up), elems_mut<E>(out), out.dim(0), out.row_size());
     });
   }
 
+  void swiglu(const Tensor& gate_up, const Tensor& out) override {
+    gated(gate_up, out, "swiglu",
+          [&](auto* g, auto* o, int64_t rows, int64_t f) { cuda::launch_swiglu(g, o, rows, f, stream_); });
+  }
+
   void geglu(const Tensor& gate_up, const Tensor& out) override {
-    check_act(gate_up, "geglu", "gate_up");
-    check_act(out, "geglu", "out");
-    STRATA_CHECK(gate_up.dim(0) == out.dim(0) && gate_up.row_size() == 2 * out.row_size() && gate_up.data != out.data,
-                 "cuda geglu: gate_up " << gate_up.shape_str() << " out " << out.shape_str());
-    bind();
-    dispatch([&](auto e) {
-      using E = decltype(e);
-      cuda::launch_geglu(elems<E>(gate_up), elems_mut<E>(out), out.dim(0), out.row_size(), stream_);
-    });
+    gated(gate_up, out, "geglu",
+          [&](auto* g, auto* o, int64_t rows, int64_t f) { cuda::launch_geglu(g, o, rows, f, stream_); });
   }
 
   // x: the activation dtype, or F32 (logits).
