@@ -36,13 +36,14 @@ std::vector<strata::ChatMessage> conversation(std::string_view s) {
 
 bool ascii_python_space(char c) { return c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f); }
 
-// What a user message's content must appear as in the output. Llama 3, 3.1 and 2 write it through
-// Python's str.strip(): with the ASCII spaces stripped, a core that begins and ends with an ASCII
-// byte is exactly what strip() keeps, whatever lies between. Otherwise (a non-ASCII end may be a
-// Unicode space) nothing is checked.
+// What a user message's content must appear as in the output. Llama 3, 3.1 and 2 and Gemma write
+// it through Python's str.strip(): with the ASCII spaces stripped, a core that begins and ends with
+// an ASCII byte is exactly what strip() keeps, whatever lies between. Otherwise (a non-ASCII end
+// may be a Unicode space) nothing is checked.
 std::optional<std::string> expected_content(strata::ChatFormat format, const std::string& content) {
-  if (format != strata::ChatFormat::Llama3 && format != strata::ChatFormat::Llama31 &&
-      format != strata::ChatFormat::Llama2)
+  using F = strata::ChatFormat;
+  if (format != F::Llama3 && format != F::Llama31 && format != F::Llama2 && format != F::Gemma &&
+      format != F::Gemma3)
     return content;
   size_t begin = 0, end = content.size();
   while (begin < end && ascii_python_space(content[begin])) ++begin;

@@ -37,32 +37,46 @@ struct RemoveSharedDir {
 
 }  // namespace
 
+namespace {
+
+void check_policy_grid(const char* name, Backend& backend) {
+  const json exp = load_expected(name);
+  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
+  const std::vector<GenRequest> reqs = fixture_requests(exp);
+  for (const Policy& policy : policy_grid()) {
+    OffloadOptions opt;
+    opt.policy = policy;
+    opt.offload_dir = offload_dir();
+    OffloadEngine engine(model.config, *model.weights, backend, opt, shape_of(reqs));
+    const std::vector<GenResult> got = run_blocks(engine, reqs);
+    REQUIRE(got.size() == reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      INFO(name << ", " << describe(policy) << ", prompt " << i);
+      CHECK(got[i].tokens == exp["greedy"][i].get<std::vector<int32_t>>());
+    }
+  }
+}
+
+}  // namespace
+
+// Gemma's layers in the same grid: each layer's window, soft cap and RoPE row reach CPU-delegated
+// attention, and the norms after the attention and the MLP travel in their halves. (Apart from the
+// test below so that CI's AddressSanitizer stage, which runs [offload], stays within its time.)
+TEST_CASE("every policy generates Hugging Face's greedy tokens for Gemma's sliding windows and soft caps",
+          "[gemma][policy_grid]") {
+  auto backend = make_cpu_backend(2);
+  for (const char* name : {"tiny-gemma2", "tiny-gemma3"}) check_policy_grid(name, *backend);
+}
+
 TEST_CASE("every policy generates Hugging Face's greedy tokens", "[offload]") {
   auto backend = make_cpu_backend(2);
   // tiny-phi3-longrope: LongRoPE's attention factor must reach CPU-delegated attention too.
   // tiny-qwen3: the per-head q/k norms travel in the attention half of a streamed layer.
   // tiny-mixtral: a mixture of experts' router and experts travel in the MLP half.
   // tiny-qwen3-moe: a dense MLP half among sparse ones (mlp_only_layers), each its own size.
-  // tiny-gemma2, tiny-gemma3: each layer's window, soft cap and RoPE reach CPU-delegated attention,
-  // and Gemma's norms after the attention and the MLP travel in their halves.
   for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-phi3-longrope", "tiny-qwen3",
-                           "tiny-mixtral", "tiny-qwen3-moe", "tiny-gemma2", "tiny-gemma3"}) {
-    const json exp = load_expected(name);
-    ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
-    const std::vector<GenRequest> reqs = fixture_requests(exp);
-    for (const Policy& policy : policy_grid()) {
-      OffloadOptions opt;
-      opt.policy = policy;
-      opt.offload_dir = offload_dir();
-      OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
-      const std::vector<GenResult> got = run_blocks(engine, reqs);
-      REQUIRE(got.size() == reqs.size());
-      for (size_t i = 0; i < reqs.size(); ++i) {
-        INFO(name << ", " << describe(policy) << ", prompt " << i);
-        CHECK(got[i].tokens == exp["greedy"][i].get<std::vector<int32_t>>());
-      }
-    }
-  }
+                           "tiny-mixtral", "tiny-qwen3-moe"})
+    check_policy_grid(name, *backend);
 }
 
 TEST_CASE("compressed: every placement gives the all-on-GPU compressed run's greedy tokens", "[offload][quant]") {

@@ -99,6 +99,15 @@ void load_added_tokens(const json& added, TokenizerModel& m) {
 
 std::string type_of(const json& j) { return j.is_object() ? j.value("type", std::string("?")) : j.dump(); }
 
+// Hugging Face matches a normalized added token in the normalized text. Where normalization only
+// writes spaces "\u2581" (Gemma's Replace, no Prepend), a token holding neither, and stripping no
+// whitespace around it (the normalized text has none), matches where it matches in the raw text.
+bool matches_as_normalized(const AddedTokenRule& rule, const MetaspaceOptions& metaspace) {
+  const std::string& s = rule.token.content;
+  return metaspace.prepend == MetaspaceOptions::Prepend::Never && s.find(' ') == std::string::npos &&
+         s.find("\u2581") == std::string::npos && !rule.lstrip && !rule.rstrip && !rule.single_word;
+}
+
 void load_split(const json& split, TokenizerModel& m, const std::string& where) {
   const json& pattern = split.at("pattern");
   bool literal = false;
@@ -306,9 +315,10 @@ Tokenizer Tokenizer::from_tokenizer_json_text(const std::string& text, const std
     if (j.contains("added_tokens")) load_added_tokens(j["added_tokens"], *m);
     if (m->metaspace)
       for (const AddedTokenRule& rule : m->added)
-        if (rule.normalized)  // HF would match it against the normalized text ("\u2581" for spaces)
+        if (rule.normalized && !matches_as_normalized(rule, *m->metaspace))
           STRATA_FAIL(m->source << ": added token '" << rule.token.content << "' is normalized; with a "
-                                << "SentencePiece-style tokenizer only unnormalized added tokens are supported");
+                                << "SentencePiece-style tokenizer only unnormalized added tokens are supported (and, "
+                                << "beside Gemma's Replace normalizer, normalized ones without spaces or strip flags)");
   } catch (const json::exception& e) {
     // A field of the wrong JSON type (e.g. a string where an id should be).
     STRATA_FAIL(m->source << ": unexpected tokenizer.json structure: " << e.what());
