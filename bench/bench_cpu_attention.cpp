@@ -14,7 +14,9 @@
 //   bandwidth at 16 x 544 tokens of 32 heads), a rate the engine never sees.
 // Usage: bench_cpu_attention [--threads N] [--slots 16] [--context 1024] [--heads 32]
 //                            [--kv-heads 32] [--head-dim 128] [--act f16] [--mode decode|prefill]
-//                            [--caches fp32,fp16,q4,q8] [--layers N]
+//                            [--caches fp32,fp16,q4,q8] [--layers N] [--window W] [--softcap X]
+// - `--window W`, `--softcap X`: a Gemma sliding-window layer (each token reads the last W positions;
+//   GB/s counts the bytes of those) and its soft-capped scores (AttentionSpec).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -45,6 +47,8 @@ struct Args {
   bool prefill = false;
   int64_t layers = 0;  // decode: cache copies to rotate over (0: enough for 2 GiB)
   std::string caches = "fp32,fp16,q4,q8";  // which cache formats to time
+  int window = 0;         // AttentionSpec's sliding window (0: the whole context)
+  float softcap = 0.0f;   // and soft cap
 };
 
 Args parse(int argc, char** argv) {
@@ -58,6 +62,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--kv-heads") a.kv_heads = std::stoll(v);
     else if (k == "--head-dim") a.head_dim = std::stoll(v);
     else if (k == "--layers") a.layers = std::stoll(v);
+    else if (k == "--window") a.window = std::stoi(v);
+    else if (k == "--softcap") a.softcap = std::stof(v);
     else if (k == "--act") a.act = v == "f32" ? DType::F32 : DType::F16;
     else if (k == "--mode") {
       STRATA_CHECK(v == "decode" || v == "prefill", "--mode is decode or prefill, not " << v);
@@ -172,10 +178,10 @@ void run_case(Backend& be, const Args& a, const Case& c, double peak) {
   convert_elements(q32.data(), DType::F32, qb.data(), a.act, q32.size());
   const Tensor q = qb.view(0, a.act, {T, a.heads, d}), out = ob.view(0, a.act, {T, a.heads, d});
   const Tensor st(slots.data(), DType::I32, Device::CPU, {T}), pt(positions.data(), DType::I32, Device::CPU, {T});
-  const float scale = 1.0f / std::sqrt(float(d));
+  const AttentionSpec scores(1.0f / std::sqrt(float(d)), a.window, a.softcap);
   size_t layer = 0;
   const double sec = fastest_call([&] {
-    be.attention(q, cache(kbs[layer]), cache(vbs[layer]), st, pt, scale, out);
+    be.attention(q, cache(kbs[layer]), cache(vbs[layer]), st, pt, scores, out);
     layer = (layer + 1) % kbs.size();
   });
   if (a.prefill) {
@@ -185,7 +191,9 @@ void run_case(Backend& be, const Args& a, const Case& c, double peak) {
                 100 * gflops / peak);
     return;
   }
-  const double gbps = 2.0 * double(cache_bytes) / sec / 1e9;
+  // Decode reads each sequence's last min(C, window) positions.
+  const double read = a.window > 0 ? std::min(1.0, double(a.window) / double(C)) : 1.0;
+  const double gbps = 2.0 * double(cache_bytes) * read / sec / 1e9;
   std::printf("  %-10s %8.3f ms per step, cache read at %6.1f GB/s = %3.0f%% of the read bandwidth (%lld layers, "
               "%.2f GiB)\n",
               c.name, 1e3 * sec, gbps, 100 * gbps / peak, (long long)layers, 2.0 * double(cache_bytes) * double(layers) / (1 << 30));
@@ -209,9 +217,9 @@ int main(int argc, char** argv) try {
   } else {
     peak = read_gbps(threads);
     std::printf("cpu decode attention: %lld sequences x %lld positions, %lld query heads / %lld kv heads of %lld, %s "
-                "queries, %d threads; read bandwidth %.1f GB/s\n",
+                "queries, %d threads; read bandwidth %.1f GB/s; window %d, soft cap %g\n",
                 (long long)a.slots, (long long)a.context, (long long)a.heads, (long long)a.kv_heads,
-                (long long)a.head_dim, dtype_name(a.act), threads, peak);
+                (long long)a.head_dim, dtype_name(a.act), threads, peak, a.window, double(a.softcap));
   }
   const std::pair<const char*, Case> cases[] = {{"fp32", {"fp32", DType::F32, 0}},
                                                 {"fp16", {"fp16", DType::F16, 0}},
