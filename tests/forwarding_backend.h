@@ -50,6 +50,9 @@ public:
   void activation(Activation act, const Tensor& x) override { in_.activation(act, x); }
   void swiglu(const Tensor& gu, const Tensor& out) override { in_.swiglu(gu, out); }
   void geglu(const Tensor& gu, const Tensor& out) override { in_.geglu(gu, out); }
+  void clamped_swiglu(const Tensor& gu, const Tensor& out, float limit, float alpha) override {
+    in_.clamped_swiglu(gu, out, limit, alpha);
+  }
   void scale(const Tensor& x, float s) override { in_.scale(x, s); }
   void soft_cap(const Tensor& x, float cap) override { in_.soft_cap(x, cap); }
   void combine_rows(const Tensor& src, const Tensor& rows, const Tensor& weights, const Tensor& out) override {

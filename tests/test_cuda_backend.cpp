@@ -298,8 +298,11 @@ TEST_CASE("cuda: linear matches the CPU backend", "[cuda]") {
       r.cpu->linear(r.cpu_f32(x, {T, in}), r.cpu_f32(w, {out, in}), Tensor(), c_y);
       r.gpu->linear(r.gpu_act(x, {T, in}), r.gpu_act(w, {out, in}), Tensor(), g_y);
       expect_close(r.read(g_y), r.read(c_y), 1e-4f, 1e-4f, shape_label("linear fp32 out", {T, in, out}));
-      CHECK_THROWS_WITH(r.gpu->linear(r.gpu_act(x, {T, in}), r.gpu_act(w, {out, in}), r.gpu_act(bias, {out}), g_y),
-                        Catch::Contains("fp32 output takes no bias"));
+      // With a bias (GPT-OSS's router): added to the fp32 sums in fp32.
+      Tensor g_yb = r.gpu_poisoned(DType::F32, {T, out});
+      r.cpu->linear(r.cpu_f32(x, {T, in}), r.cpu_f32(w, {out, in}), r.cpu_f32(bias, {out}), c_y);
+      r.gpu->linear(r.gpu_act(x, {T, in}), r.gpu_act(w, {out, in}), r.gpu_act(bias, {out}), g_yb);
+      expect_close(r.read(g_yb), r.read(c_y), 1e-4f, 1e-4f, shape_label("linear fp32 out, bias", {T, in, out}));
     }
   }
 }

@@ -106,15 +106,15 @@ TEST_CASE("gemma: per-layer attention: the window and soft cap, the RoPE row", "
   const ModelConfig g3 = config_from_hf_json(kModels + "tiny-gemma3/config.json");
   std::vector<float> table = rope_inv_freq(g3);
   const Tensor rope(table.data(), DType::F32, Device::CPU, {int64_t(table.size())});
-  const LayerAttention sliding = layer_attention(g3, rope, 0), full = layer_attention(g3, rope, 2);
+  const LayerAttention sliding = layer_attention(g3, rope, Tensor(), 0), full = layer_attention(g3, rope, Tensor(), 2);
   CHECK(sliding.spec.window == 8);
   CHECK(full.spec.window == 0);
   CHECK(sliding.inv_freq.data == table.data() + 16);  // the local row
   CHECK(full.inv_freq.data == table.data());
   CHECK(sliding.inv_freq.numel() == 16);
   const ModelConfig g2 = config_from_hf_json(kModels + "tiny-gemma2/config.json");
-  CHECK(layer_attention(g2, Tensor(), 1).spec.softcap == 5.0f);
-  CHECK(layer_attention(g2, Tensor(), 1).inv_freq.empty());
+  CHECK(layer_attention(g2, Tensor(), Tensor(), 1).spec.softcap == 5.0f);
+  CHECK(layer_attention(g2, Tensor(), Tensor(), 1).inv_freq.empty());
 
   // Window w: a token at position p sees (p - w, p].
   const AttentionSpec spec(1.0f, 8);

@@ -16,6 +16,7 @@ size_t dtype_size(DType dt) {
     case DType::F16: return 2;
     case DType::BF16: return 2;
     case DType::I32: return 4;
+    case DType::U8: return 1;
     case DType::Q4:
     case DType::Q8: break;
   }
@@ -30,6 +31,7 @@ const char* dtype_name(DType dt) {
     case DType::I32: return "I32";
     case DType::Q4: return "Q4";
     case DType::Q8: return "Q8";
+    case DType::U8: return "U8";
   }
   return "?";
 }

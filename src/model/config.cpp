@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 #include <type_traits>
 
 #include "strata/core/error.h"
@@ -35,6 +36,9 @@ int64_t ModelConfig::layer_param_count(int layer) const {
   if (o_bias) n += h;
   if (mlp_bias) n += f + h;
   if (qk_norm) n += 2 * head_dim;
+  if (attn_sinks) n += n_heads;
+  if (sparse_layer(layer) && router_bias) n += n_experts;
+  if (sparse_layer(layer) && expert_bias) n += int64_t(n_experts) * (2 * int64_t(expert_intermediate) + h);
   return n;
 }
 
@@ -66,7 +70,7 @@ namespace {
 
 // A mixture of experts' fields (validate()).
 void validate_experts(const ModelConfig& c) {
-  if (c.arch != Arch::Llama || c.mlp != MlpKind::SwiGLU)
+  if (c.arch != Arch::Llama || (c.mlp != MlpKind::SwiGLU && c.mlp != MlpKind::ClampedSwiGLU))
     STRATA_FAIL(c.name << ": mixtures of experts are supported for SwiGLU (LLaMA-family) layers only");
   if (c.experts_per_token <= 0 || c.experts_per_token > c.n_experts)
     STRATA_FAIL(c.name << ": num_experts_per_tok " << c.experts_per_token << " must be between 1 and the "
@@ -142,6 +146,11 @@ void ModelConfig::validate() const {
     if (!(v >= 0.0f && std::isfinite(v)))
       STRATA_FAIL(name << ": Gemma setting " << v << " (embedding scale, query_pre_attn_scalar, soft cap or local "
                        << "RoPE base) is not a finite number >= 0");
+  if (mlp == MlpKind::ClampedSwiGLU &&
+      !(glu_limit > 0.0f && std::isfinite(glu_limit) && glu_alpha > 0.0f && std::isfinite(glu_alpha)))
+    STRATA_FAIL(name << ": swiglu_limit " << glu_limit << " and swiglu_alpha " << glu_alpha
+                     << " must be finite and positive");
+  if (attn_sinks && n_heads > 256) STRATA_FAIL(name << ": attention sinks for " << n_heads << " heads (at most 256)");
 }
 
 
@@ -396,6 +405,23 @@ void read_llama(const json& j, const std::string& file, const std::string& model
   if (model_type == "mixtral" || model_type == "qwen3_moe") read_experts(j, file, model_type, c);
 }
 
+// transformers 5's layer_types (Gemma, GPT-OSS): each layer's sliding_attention or full_attention,
+// the sliding ones into window_layers. False when config.json has none.
+bool read_layer_types(const json& j, const std::string& file, ModelConfig& c) {
+  auto types = j.find("layer_types");
+  if (types == j.end() || types->is_null()) return false;
+  if (!types->is_array() || int(types->size()) != c.n_layers)
+    STRATA_FAIL(file << ": layer_types must list num_hidden_layers (" << c.n_layers << ") layer types");
+  for (int l = 0; l < c.n_layers; ++l) {
+    const json& t = (*types)[size_t(l)];
+    const std::string kind = t.is_string() ? t.get<std::string>() : "";
+    if (kind == "sliding_attention") c.window_layers.push_back(l);
+    else if (kind != "full_attention")
+      STRATA_FAIL(file << ": layer_types[" << l << "] is " << t.dump() << " (sliding_attention or full_attention)");
+  }
+  return true;
+}
+
 // Gemma 2 (gemma2) and Gemma 3's text model (gemma3_text, or a multimodal gemma3's text_config,
 // read by the caller): LLaMA's layer with GeGLU, (1 + w) norms, a norm after the attention and
 // after the MLP too, embeddings times sqrt(hidden), scores scaled by query_pre_attn_scalar, and
@@ -428,18 +454,7 @@ void read_gemma(const json& j, const std::string& file, const std::string& model
 
   c.layer_window = get_or<int>(j, "sliding_window", gemma2 ? 4096 : 512);
   if (c.layer_window <= 0) STRATA_FAIL(file << ": sliding_window " << c.layer_window << " is not positive");
-  auto types = j.find("layer_types");
-  if (types != j.end() && !types->is_null()) {
-    if (!types->is_array() || int(types->size()) != c.n_layers)
-      STRATA_FAIL(file << ": layer_types must list num_hidden_layers (" << c.n_layers << ") layer types");
-    for (int l = 0; l < c.n_layers; ++l) {
-      const json& t = (*types)[size_t(l)];
-      const std::string kind = t.is_string() ? t.get<std::string>() : "";
-      if (kind == "sliding_attention") c.window_layers.push_back(l);
-      else if (kind != "full_attention")
-        STRATA_FAIL(file << ": layer_types[" << l << "] is " << t.dump() << " (sliding_attention or full_attention)");
-    }
-  } else {
+  if (!read_layer_types(j, file, c)) {
     const int pattern = gemma2 ? 2 : get_or<int>(j, "sliding_window_pattern", 6);
     if (pattern <= 0) STRATA_FAIL(file << ": sliding_window_pattern " << pattern << " is not positive");
     for (int l = 0; l < c.n_layers; ++l)
@@ -468,6 +483,53 @@ void read_gemma(const json& j, const std::string& file, const std::string& model
     if (local_type != "default")
       STRATA_FAIL(file << ": sliding layers' rope type '" << local_type << "' is not supported (default)");
   }
+}
+
+// GPT-OSS (gpt_oss): LLaMA's attention with biases on q, k, v and o and a learned sink logit per
+// query head, sliding-window layers (layer_types, else the even ones) among full ones, YaRN; every
+// MLP is a mixture of experts whose router and experts have biases and whose experts apply the
+// clamped SwiGLU. Its router takes the top k of the logits and softmaxes them: the weights of
+// softmax, top k and renormalisation (route_tokens), so norm_topk_prob.
+void read_gpt_oss(const json& j, const std::string& file, ModelConfig& c) {
+  read_llama_shape(j, 64, 131072, c);
+  c.norm_eps = get_or<float>(j, "rms_norm_eps", 1e-5f);
+  const std::string act = get_or<std::string>(j, "hidden_act", "silu");
+  if (act != "silu") STRATA_FAIL(file << ": hidden_act '" << act << "' is not supported (silu)");
+  c.mlp = MlpKind::ClampedSwiGLU;
+  c.glu_limit = get_or<float>(j, "swiglu_limit", 7.0f);
+  c.glu_alpha = get_or<float>(j, "swiglu_alpha", 1.702f);
+  if (!(c.glu_limit > 0.0f) || !(c.glu_alpha > 0.0f))
+    STRATA_FAIL(file << ": swiglu_limit " << c.glu_limit << " and swiglu_alpha " << c.glu_alpha << " must be positive");
+  c.qkv_bias = c.o_bias = get_or<bool>(j, "attention_bias", true);
+  c.attn_sinks = true;
+  c.tied_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
+
+  c.moe_naming = MoeNaming::GptOss;
+  c.n_experts = require_int(j, j.contains("num_local_experts") ? "num_local_experts" : "num_experts");
+  c.experts_per_token = require_int(j, "num_experts_per_tok");
+  if (c.n_experts <= 0 || c.experts_per_token <= 0 || c.experts_per_token > c.n_experts)
+    STRATA_FAIL(file << ": num_experts_per_tok " << c.experts_per_token << " must be between 1 and num_local_experts ("
+                     << c.n_experts << ")");
+  c.expert_intermediate = c.intermediate;
+  c.norm_topk_prob = true;
+  c.router_bias = c.expert_bias = true;
+
+  c.layer_window = get_or<int>(j, "sliding_window", 128);
+  if (c.layer_window <= 0) STRATA_FAIL(file << ": sliding_window " << c.layer_window << " is not positive");
+  if (!read_layer_types(j, file, c))
+    for (int l = 0; l < c.n_layers; l += 2) c.window_layers.push_back(l);
+
+  // RoPE: transformers 5's rope_parameters, or the Hub's rope_theta and rope_scaling; YaRN (factor
+  // 32 over 4096 positions, truncate false) when neither says, as GptOssConfig defaults.
+  json scaling = {{"rope_type", "yarn"}, {"factor", 32.0}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
+                  {"truncate", false}, {"original_max_position_embeddings", 4096}};
+  for (const char* key : {"rope_scaling", "rope_parameters"})
+    if (j.contains(key) && j[key].is_object()) scaling = j[key];
+  c.rope_theta = get_or<float>(scaling, "rope_theta", get_or<float>(j, "rope_theta", 150000.0f));
+  const std::string rope_type = get_or<std::string>(scaling, "rope_type", get_or<std::string>(scaling, "type", "default"));
+  if (rope_type == "yarn") read_yarn(j, scaling, file, c);
+  else if (rope_type != "default")
+    STRATA_FAIL(file << ": rope scaling type '" << rope_type << "' is not supported for GPT-OSS (yarn)");
 }
 
 // A multimodal Gemma 3 (Gemma3ForConditionalGeneration): its text_config is a gemma3_text config,
@@ -531,13 +593,14 @@ ModelConfig config_from_hf_json_text(const std::string& text, const std::filesys
     }
     if (model_type == "opt") read_opt(j, file, c);
     else if (model_type == "gemma2" || model_type == "gemma3_text") read_gemma(j, file, model_type, c);
+    else if (model_type == "gpt_oss") read_gpt_oss(j, file, c);
     else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
              model_type == "phi3" || model_type == "mixtral" || model_type == "qwen3_moe")
       read_llama(j, file, model_type, c);  // Phi-3: LLaMA with fused projections (split_fused_projections)
     else
       STRATA_FAIL(file << ": model_type '" << model_type
                        << "' is not supported (opt, llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe, gemma2, "
-                          "gemma3_text, gemma3)");
+                          "gemma3_text, gemma3, gpt_oss)");
     c.vocab_size = require_int(j, "vocab_size");
     std::vector<int> bos = id_list(j, "bos_token_id");
     c.bos_id = bos.empty() ? -1 : bos[0];
@@ -698,6 +761,30 @@ const std::map<std::string, ModelConfig>& presets() {
       c.bos_id = 2;
       c.eos_ids = {1, gemma2 ? 107 : 106};  // <eos>, <end_of_turn>
       c.pad_id = 0;
+      m[c.name] = c;
+    }
+    // gpt-oss-20b and -120b (config.json): 32 or 128 experts of 2880, 4 per token, 64 query heads
+    // and 8 kv heads of 64, even layers sliding over 128 positions, sinks, biases, YaRN (factor 32
+    // over 4096, base 150000). 20.9B and 116.8B parameters, 3.6B and 5.1B active.
+    for (const auto& [name, layers, experts] : {std::tuple{"gpt-oss-20b", 24, 32}, std::tuple{"gpt-oss-120b", 36, 128}}) {
+      ModelConfig c = llama_preset(name, 2880, layers, 64, 8, 2880, 201088, 150000.0f, 131072);
+      c.head_dim = 64;
+      c.norm_eps = 1e-5f;
+      c.mlp = MlpKind::ClampedSwiGLU;
+      c.glu_limit = 7.0f;
+      c.glu_alpha = 1.702f;
+      c.qkv_bias = c.o_bias = c.attn_sinks = c.router_bias = c.expert_bias = true;
+      c.n_experts = experts;
+      c.experts_per_token = 4;
+      c.expert_intermediate = 2880;
+      c.moe_naming = MoeNaming::GptOss;
+      c.layer_window = 128;
+      for (int l = 0; l < layers; l += 2) c.window_layers.push_back(l);
+      c.rope_freq_factors = yarn_freq_divisors(64, 150000.0f, 32.0, 4096, 32, 1, false);
+      c.rope_attention_factor = float(yarn_mscale(32.0));
+      c.bos_id = 199998;
+      c.eos_ids = {200002, 199999, 200012};  // <|return|>, <|endoftext|>, <|call|>
+      c.pad_id = 199999;
       m[c.name] = c;
     }
     return m;

@@ -33,6 +33,7 @@ public:
     for (const WeightSpec& s : global_weight_specs(cfg)) specs_[s.name] = s;
     for (int l = 0; l < cfg.n_layers; ++l)
       for (const WeightSpec& s : layer_weight_specs(cfg, l)) specs_[s.name] = s;
+    for (const WeightSpec& s : attention_sink_specs(cfg)) specs_[s.name] = s;
   }
   std::string describe() const override { return "dummy:" + cfg_.name; }
   bool contains(const std::string& name) const override { return specs_.count(name) != 0; }

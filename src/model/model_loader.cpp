@@ -121,7 +121,9 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     if (!fs::exists(path / "config.json")) STRATA_FAIL(spec << ": no config.json in the model directory");
     b.config = config_from_hf_json(path / "config.json");
     b.packed = read_packed_format(path);
-    std::unique_ptr<WeightSource> weights = b.packed ? make_packed_source(path, *b.packed) : make_safetensors_source(path);
+    std::unique_ptr<WeightSource> weights = b.packed                                   ? make_packed_source(path, *b.packed)
+                                            : b.config.moe_naming == MoeNaming::GptOss ? gpt_oss_source(path, b.config)
+                                                                                       : make_safetensors_source(path);
     if (!b.packed) refuse_unmarked_codes(*weights, path);
     if (b.config.norm_plus_one) weights = gemma_source(std::move(weights));
     b.weights = split_fused_projections(std::move(weights), b.config);

@@ -119,6 +119,8 @@ std::optional<PackedFormat> packed_format_from_config_text(const std::string& te
   const json& q = c["quantization_config"];
   if (!q.is_object()) STRATA_FAIL(file << ": quantization_config is not an object");
   if (!q.contains("quant_method")) STRATA_FAIL(file << ": quantization_config has no quant_method");
+  // GPT-OSS's MXFP4 experts are no packed format: gpt_oss_source reads them.
+  if (q["quant_method"] == "mxfp4" && c.value("model_type", json()) == "gpt_oss") return std::nullopt;
   return parse_format(q, file + ": quantization_config");
 }
 

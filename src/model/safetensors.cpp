@@ -38,6 +38,7 @@ bool parse_dtype(const std::string& s, DType* out) {
   else if (s == "F16") *out = DType::F16;
   else if (s == "BF16") *out = DType::BF16;
   else if (s == "I32") *out = DType::I32;  // a GPTQ checkpoint's packed codes and group indices
+  else if (s == "U8") *out = DType::U8;    // GPT-OSS's MXFP4 blocks and scales
   else return false;
   return true;
 }
@@ -113,7 +114,7 @@ std::vector<SafetensorsEntry> parse_header(const fs::path& path, const uint8_t* 
     e.name = name;
     e.file = path;
     const std::string dt = t["dtype"].get<std::string>();
-    if (!parse_dtype(dt, &e.dtype)) STRATA_FAIL(where << " has unsupported dtype " << dt << " (supported: F32, F16, BF16, I32)");
+    if (!parse_dtype(dt, &e.dtype)) STRATA_FAIL(where << " has unsupported dtype " << dt << " (supported: F32, F16, BF16, I32, U8)");
 
     uint64_t numel = 1;
     for (const json& d : t["shape"]) {

@@ -28,9 +28,10 @@ private:
     if (dst_dtype != DType::F32 && dst_dtype != DType::F16 && dst_dtype != DType::BF16)
       STRATA_FAIL(e.file.string() << ": tensor '" << name << "' cannot be read as " << dtype_name(dst_dtype)
                                   << " (F32, F16 or BF16 only)");
-    if (e.dtype == DType::I32)
-      STRATA_FAIL(e.file.string() << ": tensor '" << name << "' is I32, not a weight Strata reads as floats"
-                                  << " (packed GPTQ codes are read through config.json's quantization_config)");
+    if (e.dtype == DType::I32 || e.dtype == DType::U8)
+      STRATA_FAIL(e.file.string() << ": tensor '" << name << "' is " << dtype_name(e.dtype)
+                                  << ", not a weight Strata reads as floats (packed GPTQ codes are read through "
+                                  << "config.json's quantization_config, MXFP4 experts through a gpt_oss config)");
     const size_t n = e.nbytes / dtype_size(e.dtype);
     // The data area starts wherever the header ends, so elements may be misaligned; the
     // converter loads them as typed values, which must be aligned.

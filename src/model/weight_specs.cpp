@@ -73,17 +73,25 @@ std::vector<int64_t> shape_of(const ModelConfig& c, WeightRole r) {
 }
 
 // A sparse layer's MLP after its norm: the router, then each expert's gate, up (adjacent, so that
-// the layout stacks them as one [2f, h] matrix) and down, in Mixtral's or Qwen3-MoE's names.
+// the layout stacks them as one [2f, h] matrix; their biases likewise) and down, in Mixtral's,
+// Qwen3-MoE's or GPT-OSS's names (gpt_oss_source shows its fused experts as Qwen3-MoE's).
 void add_expert_specs(const ModelConfig& c, const std::string& prefix, std::vector<WeightSpec>& specs) {
   const bool mixtral = c.moe_naming == MoeNaming::Mixtral;
   const std::string moe = prefix + (mixtral ? "block_sparse_moe." : "mlp.");
+  const std::string router = moe + (c.moe_naming == MoeNaming::GptOss ? "router." : "gate.");
   const int64_t h = c.hidden, f = c.expert_intermediate;
-  specs.push_back({WeightRole::RouterW, moe + "gate.weight", {c.n_experts, h}});
+  specs.push_back({WeightRole::RouterW, router + "weight", {c.n_experts, h}});
+  if (c.router_bias) specs.push_back({WeightRole::RouterB, router + "bias", {c.n_experts}});
   for (int e = 0; e < c.n_experts; ++e) {
     const std::string expert = moe + "experts." + std::to_string(e) + ".";
     specs.push_back({WeightRole::ExpertGateW, expert + (mixtral ? "w1.weight" : "gate_proj.weight"), {f, h}, e});
     specs.push_back({WeightRole::ExpertUpW, expert + (mixtral ? "w3.weight" : "up_proj.weight"), {f, h}, e});
+    if (c.expert_bias) {
+      specs.push_back({WeightRole::ExpertGateB, expert + "gate_proj.bias", {f}, e});
+      specs.push_back({WeightRole::ExpertUpB, expert + "up_proj.bias", {f}, e});
+    }
     specs.push_back({WeightRole::ExpertDownW, expert + (mixtral ? "w2.weight" : "down_proj.weight"), {h, f}, e});
+    if (c.expert_bias) specs.push_back({WeightRole::ExpertDownB, expert + "down_proj.bias", {h}, e});
   }
 }
 
@@ -117,6 +125,14 @@ std::vector<WeightSpec> global_weight_specs(const ModelConfig& c) {
     s.push_back({WeightRole::FinalNormW, "model.norm.weight", {h}});
   }
   if (!c.tied_embeddings) s.push_back({WeightRole::LmHead, "lm_head.weight", {V, h}});
+  return s;
+}
+
+std::vector<WeightSpec> attention_sink_specs(const ModelConfig& c) {
+  std::vector<WeightSpec> s;
+  if (!c.attn_sinks) return s;
+  for (int l = 0; l < c.n_layers; ++l)
+    s.push_back({WeightRole::AttnSinks, "model.layers." + std::to_string(l) + ".self_attn.sinks", {c.n_heads}});
   return s;
 }
 

@@ -118,6 +118,13 @@ void OffloadEngine::Impl::load_weights(const WeightSource& src) {
   char* g = gpu.take(gl.bytes, "global weights");
   be.copy_to_device(g, staging.data(), gl.bytes);
   set_global_views(cfg, gl, g, be.device(), globals);
+  globals.attn_sinks_host = read_attention_sinks(cfg, src, used);
+  if (!globals.attn_sinks_host.empty()) {
+    const size_t bytes = globals.attn_sinks_host.size() * 4;
+    char* p = gpu.take(bytes, "attention sinks");
+    be.copy_to_device(p, globals.attn_sinks_host.data(), bytes);
+    globals.attn_sinks = Tensor(p, DType::F32, be.device(), {cfg.n_layers, cfg.n_heads});
+  }
   if (cfg.pos == PosKind::Rope) {
     const std::vector<float> inv = rope_inv_freq(cfg);
     char* p = gpu.take(inv.size() * 4, "rope frequencies");

@@ -178,7 +178,13 @@ struct OffloadEngine::Impl {
   char* dequant_mem = nullptr;
   LayerWeights dequantized;
   int dequant_token = -1, dequant_sub = -1;
-  ModelWeights globals;  // embeddings, final norm, head and inv_freq; layers unused
+  ModelWeights globals;  // embeddings, final norm, head, inv_freq and sinks; layers unused
+  // The host copy of the sinks (GPT-OSS) as a table for attention delegated to the CPU.
+  Tensor host_sinks() const {
+    if (globals.attn_sinks_host.empty()) return Tensor();
+    return Tensor(const_cast<float*>(globals.attn_sinks_host.data()), DType::F32, Device::CPU,
+                  {cfg.n_layers, cfg.n_heads});
+  }
   std::vector<std::array<Home, 2>> weight_home;       // [layer][half]: each half has its own home
   std::array<std::vector<LayerWeights>, 2> resident;  // [half][layer]: views of GPU-homed halves
   LayerWeights staged_weights;                // views of the layer being computed from a GPU buffer

@@ -192,7 +192,8 @@ Ticket OffloadEngine::Impl::attend_on_cpu(int i, int u, int j, const AttentionIn
         // After the step's own rows: a source may store the rows it lends in this very step.
         for (const RowCopy& c : shared_rows) std::memcpy(base + c.dst, base + c.src, c.bytes);
         cpu_attn->attention(host(q_host, {T, cfg.n_heads, cfg.head_dim}), ck, cv, slots_t, pos_t,
-                            layer_attention(cfg, Tensor(), j).spec, host(o_host, {T, cfg.n_heads, cfg.head_dim}));
+                            layer_attention(cfg, Tensor(), host_sinks(), j).spec,
+                            host(o_host, {T, cfg.n_heads, cfg.head_dim}));
         cpu_attention_seconds += seconds_since(t0);
         cpu_attention_bytes += bytes_read;
         return Lane::Span{};
@@ -372,7 +373,7 @@ bool OffloadEngine::Impl::compute(int i, int jj, int u) {
     } else {
       const int buf = attn_turn;
       attn_turn ^= 1;
-      const AttentionInputs in = ops.attention_inputs(w, layer_attention(cfg, globals.inv_freq, j), xs);
+      const AttentionInputs in = ops.attention_inputs(w, layer_attention(cfg, globals.inv_freq, globals.attn_sinks, j), xs);
       // The span ends before the attention: on the CPU backend it runs inline, timed by its own lane.
       span.end = be.record(Stream::Compute);
       compute_lane->record_span(step_label(t, j, attention, b), std::move(span), host_start, Clock::now());
@@ -417,7 +418,7 @@ void OffloadEngine::Impl::gpu_half(int jj, const LayerWeights& w, const Tensor& 
   const bool attention = jj % 2 == 0;
   auto work = [&] {
     if (jj == 0) ops.embed(globals, x);
-    if (attention) ops.attention_block(w, layer_attention(cfg, globals.inv_freq, jj / 2), x, ck, cv);
+    if (attention) ops.attention_block(w, layer_attention(cfg, globals.inv_freq, globals.attn_sinks, jj / 2), x, ck, cv);
     else ops.mlp_block(w, x);
     return Tensor();
   };
@@ -430,10 +431,11 @@ void OffloadEngine::Impl::gpu_half(int jj, const LayerWeights& w, const Tensor& 
                       G::address(cv.data)};
   // The half's tensors as its block lays them out (the stacked views start at their first part).
   for (const WeightSpec& spec : kind(jj / 2).half_layout[jj % 2].specs) key.push_back(G::address(layer_tensor(w, spec).data));
-  // The cache's slots and capacity, and the layer's window and RoPE row (Gemma's layers differ).
+  // The cache's slots and capacity, the layer's window and RoPE row (Gemma's layers differ), and
+  // its row of sinks (GPT-OSS: each layer its own, so its own graph).
   if (attention)
-    key.insert(key.end(),
-               {ck.dim(0), ck.dim(1), cfg.window_layer(jj / 2) ? 1 : 0, cfg.local_rope_layer(jj / 2) ? 1 : 0});
+    key.insert(key.end(), {ck.dim(0), ck.dim(1), cfg.window_layer(jj / 2) ? 1 : 0,
+                           cfg.local_rope_layer(jj / 2) ? 1 : 0, cfg.attn_sinks ? jj / 2 : -1});
   graphs.run(key, work);
 }
 

@@ -157,6 +157,7 @@ PlacementPlan plan_placement(const ModelConfig& cfg, const Policy& policy, const
   // Every piece is carved at 4 KiB alignment (src/offload/tiers.cpp), so count it rounded up.
   w.gpu += double(align_up(ForwardOps::workspace_bytes(cfg, dtype, p.step_tokens, gbs), disk_align));
   if (cfg.pos == PosKind::Rope) w.gpu += double(align_up(size_t(cfg.head_dim / 2) * 4, disk_align));
+  if (cfg.attn_sinks) w.gpu += double(align_up(size_t(cfg.n_layers) * size_t(cfg.n_heads) * 4, disk_align));
   // Weights stream half a layer at a time, each half loading while the other computes: one
   // buffer per half, one layer in all. Cache and hidden states: the unit computed, the next one
   // loaded and the previous one stored.

@@ -79,10 +79,16 @@ Tensor leading(const Tensor& piece, int64_t rows, int64_t width) {
 
 ForwardOps::ForwardOps(const ModelConfig& cfg, Backend& backend) : cfg_(cfg), backend_(backend) {}
 
-LayerAttention layer_attention(const ModelConfig& cfg, const Tensor& rope_table, int layer) {
+LayerAttention layer_attention(const ModelConfig& cfg, const Tensor& rope_table, const Tensor& sinks_table, int layer) {
   LayerAttention a;
   const bool window = cfg.window_layer(layer);
   a.spec = AttentionSpec(cfg.attention_scale(), window ? cfg.layer_window : 0, cfg.attn_softcap);
+  if (cfg.attn_sinks) {
+    STRATA_CHECK(sinks_table.dtype == DType::F32 && sinks_table.numel() == int64_t(cfg.n_layers) * cfg.n_heads,
+                 "internal: attention sinks " << sinks_table.shape_str() << " for " << cfg.n_layers << " layers of "
+                                              << cfg.n_heads << " heads");
+    a.spec.sinks = static_cast<const float*>(sinks_table.data) + int64_t(layer) * cfg.n_heads;
+  }
   if (rope_table.empty()) return a;
   const int64_t half = cfg.head_dim / 2, row = cfg.local_rope_layer(layer) ? 1 : 0;
   STRATA_CHECK(rope_table.numel() >= (row + 1) * half,
@@ -323,8 +329,7 @@ Tensor ForwardOps::mlp_from_normed(const LayerWeights& w) {
     const Tensor gate_up = leading(mlp_a_, T, 2 * f);
     backend_.linear(xn, w.gate_up_w, Tensor(), gate_up);
     act = mlp_b_.rows(0, T);
-    if (cfg_.mlp == MlpKind::GeGLU) backend_.geglu(gate_up, act);
-    else backend_.swiglu(gate_up, act);
+    gated_activation(gate_up, act);
   } else {
     act = leading(mlp_a_, T, f);
     backend_.linear(xn, w.fc1_w, w.fc1_b, act);
@@ -332,6 +337,12 @@ Tensor ForwardOps::mlp_from_normed(const LayerWeights& w) {
   }
   backend_.linear(act, w.fc2_w, w.fc2_b, xn);
   return xn;
+}
+
+void ForwardOps::gated_activation(const Tensor& gate_up, const Tensor& act) {
+  if (cfg_.mlp == MlpKind::GeGLU) backend_.geglu(gate_up, act);
+  else if (cfg_.mlp == MlpKind::ClampedSwiGLU) backend_.clamped_swiglu(gate_up, act, cfg_.glu_limit, cfg_.glu_alpha);
+  else backend_.swiglu(gate_up, act);
 }
 
 // Routing on the device where the backend does it for this step (routes_on_device); otherwise
@@ -343,7 +354,7 @@ Tensor ForwardOps::mlp_from_normed(const LayerWeights& w) {
 Tensor ForwardOps::experts_from_normed(const LayerWeights& w) {
   const int64_t T = T_, k = cfg_.experts_per_token, A = T * k;
   const Tensor xn = xn_.rows(0, T), logits = router_.rows(0, T);
-  backend_.linear(xn, w.router_w, Tensor(), logits);
+  backend_.linear(xn, w.router_w, w.router_b, logits);
   const Tensor routed = moe_rows_.rows(0, A);
   if (routes_on_device(w)) experts_routed_on_device(w, logits, routed);
   else experts_routed_on_host(w, logits, routed);
@@ -357,8 +368,9 @@ bool device_routing_allowed() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
+// Experts with biases (GPT-OSS) route on the host: routed_linears adds none.
 bool ForwardOps::routes_on_device(const LayerWeights& w) const {
-  if (!w.sparse() || T_ > device_routed_tokens(cfg_) || !device_routing_) return false;
+  if (!w.sparse() || T_ > device_routed_tokens(cfg_) || !device_routing_ || cfg_.expert_bias) return false;
   const ExpertWeights& e = w.experts.front();
   return backend_.routes_on_device(T_, cfg_.n_experts, cfg_.experts_per_token, e.gate_up_w) &&
          backend_.routes_on_device(T_, cfg_.n_experts, cfg_.experts_per_token, e.down_w);
@@ -390,7 +402,7 @@ void ForwardOps::experts_routed_on_device(const LayerWeights& w, const Tensor& l
   }
   const Tensor gate_up = leading(mlp_a_, A, 2 * f), act = leading(mlp_b_, A, f);
   backend_.routed_linears(routed, gate_up_w, r, T, gate_up);
-  backend_.swiglu(gate_up, act);
+  gated_activation(gate_up, act);
   backend_.routed_linears(act, down_w, r, T, routed);
 }
 
@@ -433,11 +445,11 @@ void ForwardOps::experts_routed_on_host(const LayerWeights& w, const Tensor& log
       const int64_t begin = at[size_t(x)], n = at[size_t(x) + 1] - begin;
       if (n == 0) continue;
       const ExpertWeights& ew = w.experts[size_t(x)];
-      gate_up_jobs.push_back({routed.rows(begin, n), ew.gate_up_w, gate_up.rows(begin - first, n)});
-      down_jobs.push_back({act.rows(begin - first, n), ew.down_w, routed.rows(begin, n)});
+      gate_up_jobs.push_back({routed.rows(begin, n), ew.gate_up_w, gate_up.rows(begin - first, n), ew.gate_up_b});
+      down_jobs.push_back({act.rows(begin - first, n), ew.down_w, routed.rows(begin, n), ew.down_b});
     }
     backend_.linears(gate_up_jobs);
-    backend_.swiglu(gate_up, act);
+    gated_activation(gate_up, act);
     backend_.linears(down_jobs);
   }
 }

@@ -68,7 +68,7 @@ bool stacks_under(WeightRole prev, WeightRole role) {
   using R = WeightRole;
   return (prev == R::QW && role == R::KW) || (prev == R::KW && role == R::VW) || (prev == R::QB && role == R::KB) ||
          (prev == R::KB && role == R::VB) || (prev == R::Fc1W && role == R::UpW) ||
-         (prev == R::ExpertGateW && role == R::ExpertUpW);
+         (prev == R::ExpertGateW && role == R::ExpertUpW) || (prev == R::ExpertGateB && role == R::ExpertUpB);
 }
 
 BlockLayout block_layout(std::vector<WeightSpec> specs, DType dt, const std::optional<quant::QuantSpec>& compression) {
@@ -112,7 +112,10 @@ void set_stacked_views(LayerWeights& lw) {
     lw.qkv_b = stacked_view(lw.q_b, lw.v_b, rows);
   }
   if (!lw.up_w.empty()) lw.gate_up_w = stacked_view(lw.fc1_w, lw.up_w, lw.fc1_w.dim(0) + lw.up_w.dim(0));
-  for (ExpertWeights& e : lw.experts) e.gate_up_w = stacked_view(e.gate_w, e.up_w, e.gate_w.dim(0) + e.up_w.dim(0));
+  for (ExpertWeights& e : lw.experts) {
+    e.gate_up_w = stacked_view(e.gate_w, e.up_w, e.gate_w.dim(0) + e.up_w.dim(0));
+    if (!e.gate_b.empty()) e.gate_up_b = stacked_view(e.gate_b, e.up_b, e.gate_b.dim(0) + e.up_b.dim(0));
+  }
 }
 
 }  // namespace
@@ -150,11 +153,20 @@ const Tensor& layer_tensor(const LayerWeights& lw, const WeightSpec& spec) {
     case WeightRole::PostAttnNormW: return lw.post_attn_norm_w;
     case WeightRole::PostMlpNormW: return lw.post_mlp_norm_w;
     case WeightRole::RouterW: return lw.router_w;
-    case WeightRole::ExpertGateW: case WeightRole::ExpertUpW: case WeightRole::ExpertDownW: {
+    case WeightRole::RouterB: return lw.router_b;
+    case WeightRole::ExpertGateW: case WeightRole::ExpertUpW: case WeightRole::ExpertDownW:
+    case WeightRole::ExpertGateB: case WeightRole::ExpertUpB: case WeightRole::ExpertDownB: {
       STRATA_CHECK(spec.expert >= 0 && size_t(spec.expert) < lw.experts.size(),
                    "internal: " << spec.name << " names expert " << spec.expert << " of " << lw.experts.size());
       const ExpertWeights& e = lw.experts[size_t(spec.expert)];
-      return spec.role == WeightRole::ExpertGateW ? e.gate_w : spec.role == WeightRole::ExpertUpW ? e.up_w : e.down_w;
+      switch (spec.role) {
+        case WeightRole::ExpertGateW: return e.gate_w;
+        case WeightRole::ExpertUpW: return e.up_w;
+        case WeightRole::ExpertDownW: return e.down_w;
+        case WeightRole::ExpertGateB: return e.gate_b;
+        case WeightRole::ExpertUpB: return e.up_b;
+        default: return e.down_b;
+      }
     }
     default: STRATA_FAIL("internal: not a layer role");
   }
@@ -274,6 +286,21 @@ void set_global_views(const ModelConfig& cfg, const BlockLayout& layout, void* b
   if (cfg.tied_embeddings) mw.lm_head = mw.embed;
 }
 
+std::vector<float> read_attention_sinks(const ModelConfig& cfg, const WeightSource& src, std::set<std::string>& used) {
+  std::vector<float> sinks;
+  for (const WeightSpec& s : attention_sink_specs(cfg)) {
+    const std::string name = stored_name(src, s.name);
+    const std::vector<int64_t> shape = src.shape(name);
+    if (shape != s.shape)
+      STRATA_FAIL(src.describe() << ": tensor '" << name << "' has shape " << shape_str(shape) << ", the config implies "
+                                 << shape_str(s.shape));
+    sinks.resize(sinks.size() + size_t(s.numel()));
+    src.read(name, DType::F32, sinks.data() + sinks.size() - size_t(s.numel()));
+    used.insert(name);
+  }
+  return sinks;
+}
+
 void check_no_extra_tensors(const ModelConfig& cfg, const WeightSource& src, const std::set<std::string>& used) {
   for (const std::string& name : src.names())
     if (!used.count(name) && !is_ignorable_weight(cfg, name))
@@ -305,8 +332,15 @@ ModelWeights load_model_weights(const ModelConfig& cfg, const WeightSource& src,
     lw = layer_views(layout, block.data(), backend.device());
     lw.block = std::move(block);
   }
+  mw.attn_sinks_host = read_attention_sinks(cfg, src, used);
   check_no_extra_tensors(cfg, src, used);
 
+  if (!mw.attn_sinks_host.empty()) {
+    const size_t bytes = mw.attn_sinks_host.size() * 4;
+    mw.sinks_buffer = backend.alloc(bytes);
+    backend.copy_to_device(mw.sinks_buffer.data(), mw.attn_sinks_host.data(), bytes);
+    mw.attn_sinks = mw.sinks_buffer.view(0, DType::F32, {cfg.n_layers, cfg.n_heads});
+  }
   if (cfg.pos == PosKind::Rope) {
     const std::vector<float> inv = rope_inv_freq(cfg);
     Buffer buf = backend.alloc(inv.size() * 4);

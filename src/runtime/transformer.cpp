@@ -75,7 +75,7 @@ Tensor Transformer::run_layers(int64_t T, KvCache& cache) {
   ops_.attention_norm(w_.layers[0], x);
   for (int l = 0; l < cfg_.n_layers; ++l) {
     const LayerWeights* next = l + 1 < cfg_.n_layers ? &w_.layers[size_t(l + 1)] : nullptr;
-    ops_.layer(w_.layers[size_t(l)], next, layer_attention(cfg_, w_.inv_freq, l), x, cache.k[size_t(l)],
+    ops_.layer(w_.layers[size_t(l)], next, layer_attention(cfg_, w_.inv_freq, w_.attn_sinks, l), x, cache.k[size_t(l)],
                cache.v[size_t(l)]);
   }
   return ops_.head(w_, x);

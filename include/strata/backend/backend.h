@@ -5,6 +5,7 @@
 // the backend's compute stream; copies to the host synchronize. Work on the compute stream and the
 // two copy streams is ordered across streams by Events alone (docs/offload.md, "Events").
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -46,20 +47,34 @@ private:
 enum class Activation : uint8_t { ReLU, GELU };
 
 // How attention() turns scores into weights: softmax over the keys a token sees of scale * (q . k).
-// window > 0 (a sliding-window layer: Gemma 2 and 3, one layer in two or five in six) lets token t
-// see only keys (positions[t] - window, positions[t]]; softcap > 0 (Gemma 2) passes each scaled
-// score through softcap * tanh(score / softcap) before the softmax. A bare float is a plain scale.
+// window > 0 (a sliding-window layer: Gemma 2 and 3, GPT-OSS, one layer in two or five in six)
+// lets token t see only keys (positions[t] - window, positions[t]]; softcap > 0 (Gemma 2) passes
+// each scaled score through softcap * tanh(score / softcap) before the softmax. sinks (GPT-OSS:
+// F32 [heads], in the memory of the backend that attends) give query head h one more logit,
+// sinks[h], that joins the softmax's sum and weighs no value, so a head can attend to nothing.
+// A bare float is a plain scale.
 struct AttentionSpec {
   AttentionSpec(float scale_ = 1.0f, int window_ = 0, float softcap_ = 0.0f)  // NOLINT: implicit from a scale
       : scale(scale_), window(window_), softcap(softcap_) {}
   float scale;
   int window;
   float softcap;
+  const float* sinks = nullptr;
   // The first key position token at `position` sees.
   int first_key(int position) const { return window > 0 && position >= window ? position - window + 1 : 0; }
   // The score after the soft cap (itself when softcap is 0).
   float cap(float score) const { return softcap > 0.0f ? softcap * std::tanh(score / softcap) : score; }
 };
+
+// What multiplies a row's weighted sum of values (accumulated against its running max m, with
+// softmax sum l) to give its output: 1 / l, or with a sink logit the sink's share of the sum as
+// well, 1 / (l + exp(sink - m)), computed against the larger of m and the sink so neither
+// exponential overflows.
+inline float softmax_normalizer(float m, float l, const float* sink) {
+  if (sink == nullptr) return 1.0f / l;
+  const float top = std::max(m, *sink), shift = std::exp(m - top);
+  return shift / (l * shift + std::exp(*sink - top));
+}
 
 // Direction of a copy between host memory and the backend's device. Each direction has its own
 // copy stream (CUDA), separate from the compute stream, so the offloading schedule overlaps them.
@@ -201,15 +216,16 @@ public:
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& y) = 0;
   virtual int64_t fused_dequant_max_tokens() const = 0;
 
-  // Independent linears without bias (a mixture of experts' active experts): each y = x @ w^T as
-  // linear() computes it, with no y aliasing another job's x or y. By default one linear() each.
-  // The CPU backend runs those over few tokens in one parallel region: a small expert's matrix
-  // then costs no wake of the thread pool of its own (docs/moe.md, "The forward pass").
+  // Independent linears (a mixture of experts' active experts): each y = x @ w^T + b as linear()
+  // computes it (b empty: none; GPT-OSS's experts have one), with no y aliasing another job's x
+  // or y. By default one linear() each. The CPU backend runs those over few tokens in one parallel
+  // region: a small expert's matrix then costs no wake of the thread pool of its own (docs/moe.md,
+  // "The forward pass").
   struct LinearJob {
-    Tensor x, w, y;
+    Tensor x, w, y, b;
   };
   virtual void linears(const std::vector<LinearJob>& jobs) {
-    for (const LinearJob& j : jobs) linear(j.x, j.w, Tensor(), j.y);
+    for (const LinearJob& j : jobs) linear(j.x, j.w, j.b, j.y);
   }
 
   // out = a + b elementwise; out may alias a or b.
@@ -224,6 +240,9 @@ public:
   // The same with GELU's tanh approximation (PyTorch's gelu(approximate="tanh"), Gemma's
   // gelu_pytorch_tanh) in place of silu: GeGLU.
   virtual void geglu(const Tensor& gate_up, const Tensor& out) = 0;
+  // GPT-OSS's experts: out = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g =
+  // min(gate, limit) (MlpKind::ClampedSwiGLU); layout as swiglu.
+  virtual void clamped_swiglu(const Tensor& gate_up, const Tensor& out, float limit, float alpha) = 0;
 
   // x *= s in place, in fp32 (Gemma's embeddings times sqrt(hidden)).
   virtual void scale(const Tensor& x, float s) = 0;

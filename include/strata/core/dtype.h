@@ -8,7 +8,8 @@ namespace strata {
 
 // Q4 and Q8: rows of group-wise quantized codes (include/strata/quant/quant.h). Their elements have
 // no size of their own; a quantized tensor's bytes come from quantized_row_bytes() over its rows.
-enum class DType : uint8_t { F32, F16, BF16, I32, Q4, Q8 };
+// U8: raw bytes of a checkpoint (GPT-OSS's MXFP4 blocks and scales), read by the source that knows them.
+enum class DType : uint8_t { F32, F16, BF16, I32, Q4, Q8, U8 };
 
 size_t dtype_size(DType dt);  // throws for Q4 and Q8
 inline bool is_quantized(DType dt) { return dt == DType::Q4 || dt == DType::Q8; }

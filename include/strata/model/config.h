@@ -14,11 +14,14 @@ namespace strata {
 enum class Arch : uint8_t { OPT, Llama };
 enum class NormKind : uint8_t { LayerNorm, RMSNorm };
 enum class PosKind : uint8_t { Learned, Rope };
-// SwiGLU: down(silu(gate) * up); GeGLU (Gemma): down(gelu_tanh(gate) * up).
-enum class MlpKind : uint8_t { ReLU, GELU, SwiGLU, GeGLU };
+// SwiGLU: down(silu(gate) * up); GeGLU (Gemma): down(gelu_tanh(gate) * up); ClampedSwiGLU
+// (GPT-OSS's experts): down((up' + 1) * g sigmoid(alpha g)), g = min(gate, limit), up' = up
+// clamped to [-limit, limit] (ModelConfig::glu_limit, glu_alpha).
+enum class MlpKind : uint8_t { ReLU, GELU, SwiGLU, GeGLU, ClampedSwiGLU };
 // Whose tensor names a mixture-of-experts layer uses (weight_specs.cpp): Mixtral's
-// block_sparse_moe.experts.N.w1/w3/w2, or Qwen3-MoE's mlp.experts.N.gate/up/down_proj.
-enum class MoeNaming : uint8_t { Mixtral, Qwen3Moe };
+// block_sparse_moe.experts.N.w1/w3/w2, Qwen3-MoE's mlp.experts.N.gate/up/down_proj, or GPT-OSS's
+// (Qwen3-MoE's experts, as gpt_oss_source shows its fused ones, and mlp.router).
+enum class MoeNaming : uint8_t { Mixtral, Qwen3Moe, GptOss };
 
 struct RopeScaling {      // Hugging Face rope_scaling with rope_type "llama3"
   float factor = 1.0f;
@@ -83,6 +86,13 @@ struct ModelConfig {
   int layer_window = 0;
   std::vector<int> window_layers;   // ascending
   float local_rope_theta = 0.0f;
+  // GPT-OSS: every layer's softmax has a learned sink logit per query head (AttentionSpec::sinks),
+  // the router and the experts have biases, and the experts' SwiGLU is clamped (ClampedSwiGLU).
+  bool attn_sinks = false;
+  bool router_bias = false;
+  bool expert_bias = false;
+  float glu_limit = 0.0f;
+  float glu_alpha = 1.0f;
   // The dtype the checkpoint was trained and saved in (config.json's torch_dtype, transformers
   // 5's dtype): `--dtype auto` runs a BF16 checkpoint in bf16 on the GPU. F16 when unstated.
   DType checkpoint_dtype = DType::F16;
@@ -95,7 +105,7 @@ struct ModelConfig {
   // The softmax's score scale: 1 / sqrt(head_dim), times LongRoPE's attention factor squared.
   float attention_scale() const;
   bool moe() const { return n_experts > 0; }
-  bool gated_mlp() const { return mlp == MlpKind::SwiGLU || mlp == MlpKind::GeGLU; }
+  bool gated_mlp() const { return mlp == MlpKind::SwiGLU || mlp == MlpKind::GeGLU || mlp == MlpKind::ClampedSwiGLU; }
   // Whether layer l attends through a sliding window (layer_window), and whether its RoPE
   // frequencies are the local ones (rope_inv_freq's second row).
   bool window_layer(int layer) const;
@@ -114,7 +124,8 @@ struct ModelConfig {
 };
 
 // Reads a Hugging Face config.json (OPTForCausalLM, LlamaForCausalLM, MistralForCausalLM,
-// Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM). Unsupported variants (e.g. OPT-350m's projection) are refused by name.
+// Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM,
+// Gemma 2 and 3, GptOssForCausalLM). Unsupported variants (e.g. OPT-350m's projection) are refused by name.
 ModelConfig config_from_hf_json(const std::filesystem::path& config_json);
 // The same from the file's text in memory (the fuzz target): `source` names it in errors, and its
 // parent directory names the model.

@@ -60,6 +60,10 @@ std::unique_ptr<WeightSource> split_fused_projections(std::unique_ptr<WeightSour
 // multimodal Gemma 3's text tensors under LLaMA's names and its vision tensors hidden
 // (gemma_source.cpp). For configs with norm_plus_one.
 std::unique_ptr<WeightSource> gemma_source(std::unique_ptr<WeightSource> inner);
+// GPT-OSS's safetensors checkpoint at `path`: each layer's fused experts (gate_up_proj,
+// down_proj and their biases, as floats or MXFP4 blocks and scales) shown as each expert's
+// tensors under Qwen3-MoE's names (gpt_oss_source.cpp); other tensors as stored.
+std::unique_ptr<WeightSource> gpt_oss_source(const std::filesystem::path& path, const ModelConfig& cfg);
 // Deterministic small random values for every tensor the config implies; fast, no files.
 std::unique_ptr<WeightSource> make_dummy_source(const ModelConfig& cfg, uint64_t seed = 0);
 

@@ -14,8 +14,11 @@ enum class WeightRole : uint8_t {
   AttnNormW, AttnNormB, QW, QB, QNormW, KW, KB, KNormW, VW, VB, OW, OB,  // QNorm/KNorm: Qwen3's per-head norms
   MlpNormW, MlpNormB, Fc1W, Fc1B, UpW, Fc2W, Fc2B,  // Fc1 is LLaMA's gate_proj, Fc2 its down_proj
   PostAttnNormW, PostMlpNormW,  // Gemma's norms of the attention's and the MLP's outputs (sandwich_norms)
-  // a mixture-of-experts layer's MLP: the router [experts, h], and each expert's SwiGLU
-  RouterW, ExpertGateW, ExpertUpW, ExpertDownW,
+  // a mixture-of-experts layer's MLP: the router [experts, h], and each expert's SwiGLU (biases:
+  // GPT-OSS)
+  RouterW, RouterB, ExpertGateW, ExpertUpW, ExpertGateB, ExpertUpB, ExpertDownW, ExpertDownB,
+  // GPT-OSS's sink logits [heads], per layer: read into a table beside the blocks (attention_sink_specs)
+  AttnSinks,
   // whole model
   Embed, PosEmbed, FinalNormW, FinalNormB, LmHead,
 };
@@ -30,6 +33,9 @@ struct WeightSpec {
 
 std::vector<WeightSpec> layer_weight_specs(const ModelConfig& cfg, int layer);
 std::vector<WeightSpec> global_weight_specs(const ModelConfig& cfg);  // lm_head only when untied
+// Each layer's attention sinks (attn_sinks; else none), which no block holds: the forward pass
+// reads them as one F32 table [layers, heads] (read_attention_sinks).
+std::vector<WeightSpec> attention_sink_specs(const ModelConfig& cfg);
 // Stored tensors a loader may skip: a tied lm_head saved anyway, rotary inv_freq buffers.
 bool is_ignorable_weight(const ModelConfig& cfg, const std::string& name);
 

@@ -48,15 +48,17 @@ struct AttentionInputs {
   Tensor q, k, v;
 };
 
-// What differs between layers' attention (Gemma's sliding-window layers among full ones): the
-// RoPE frequencies (F32 [head_dim / 2]; empty without RoPE) and how scores become weights.
+// What differs between layers' attention (Gemma's sliding-window layers among full ones, GPT-OSS's
+// sinks): the RoPE frequencies (F32 [head_dim / 2]; empty without RoPE) and how scores become
+// weights.
 struct LayerAttention {
   Tensor inv_freq;
   AttentionSpec spec;
 };
 // Layer l's, from the model's table of frequencies (rope_inv_freq's rows, uploaded: ModelWeights::
-// inv_freq; empty without RoPE).
-LayerAttention layer_attention(const ModelConfig& cfg, const Tensor& rope_table, int layer);
+// inv_freq; empty without RoPE) and of sinks (ModelWeights::attn_sinks, or a view of its host
+// copy for attention on the CPU; empty without sinks), each where the attention runs.
+LayerAttention layer_attention(const ModelConfig& cfg, const Tensor& rope_table, const Tensor& sinks_table, int layer);
 
 // STRATA_DEVICE_ROUTING=0 routes every mixture-of-experts step on the host; anything else, or
 // unset, routes on the device where the backend can (Backend::routes_on_device).
@@ -133,6 +135,9 @@ private:
   Tensor attend_stored(const Tensor& q, const AttentionSpec& spec, const Tensor& cache_k, const Tensor& cache_v);
   // Gemma's norm of a block's output before its residual add (sandwich_norms), in place.
   void post_norm(const Tensor& w, const Tensor& y);
+  // act = the gated MLP's activation of gate_up ([rows, 2f], gate then up): SwiGLU, GeGLU or
+  // GPT-OSS's clamped SwiGLU, as the config says.
+  void gated_activation(const Tensor& gate_up, const Tensor& act);
   // The MLP from the normed input in the workspace; its output [T, h] (in the normed input's place).
   Tensor mlp_from_normed(const LayerWeights& w);
   // The same for a mixture-of-experts layer: routing, each active expert's GEMMs over its tokens.

@@ -21,6 +21,7 @@ struct ExpertWeights {
   Tensor gate_w, up_w;  // [f, h]
   Tensor down_w;        // [h, f]
   Tensor gate_up_w;     // [2f, h], the view of gate_w and up_w as one matrix
+  Tensor gate_b, up_b, down_b, gate_up_b;  // [f], [f], [h], [2f]: GPT-OSS's biases (expert_bias)
 };
 
 struct LayerWeights {
@@ -39,6 +40,7 @@ struct LayerWeights {
   Tensor qkv_w, qkv_b, gate_up_w;
   // A sparse (mixture-of-experts) layer's MLP in place of fc1/up/fc2: the router and the experts.
   Tensor router_w;  // [experts, h]
+  Tensor router_b;  // [experts], router_bias only
   std::vector<ExpertWeights> experts;
   bool sparse() const { return !router_w.empty(); }
 };
@@ -50,8 +52,13 @@ struct ModelWeights {
   Tensor final_norm_w, final_norm_b;
   Tensor lm_head;        // [V, h]; a view of embed when tied
   Tensor inv_freq;       // F32 [head_dim / 2], RoPE only
+  // GPT-OSS's attention sinks, F32 [layers, heads] (attn_sinks only): on the backend for its
+  // attention, and on the host for attention delegated to the CPU.
+  Tensor attn_sinks;
+  std::vector<float> attn_sinks_host;
   std::vector<LayerWeights> layers;
   Buffer rope_buffer;    // owns inv_freq
+  Buffer sinks_buffer;   // owns attn_sinks
 };
 
 // Reads every tensor the config implies from `source`, checks shapes, converts to the backend's
@@ -122,6 +129,9 @@ Tensor& layer_tensor(LayerWeights& w, const WeightSpec& spec);
 const Tensor& layer_tensor(const LayerWeights& w, const WeightSpec& spec);
 // Sets the global views of `mw` (embeddings, norms, head) on a globals block at `base`.
 void set_global_views(const ModelConfig& cfg, const BlockLayout& layout, void* base, Device device, ModelWeights& mw);
+// The attention sinks of every layer (attention_sink_specs), F32 [layers, heads], shape-checked,
+// their names recorded in `used`; empty without attn_sinks.
+std::vector<float> read_attention_sinks(const ModelConfig& cfg, const WeightSource& source, std::set<std::string>& used);
 // Fails naming the first tensor of `source` that no block used (and that is not ignorable).
 void check_no_extra_tensors(const ModelConfig& cfg, const WeightSource& source, const std::set<std::string>& used);
 

@@ -330,12 +330,15 @@ public:
   // one linear() each.
   void linears(const std::vector<LinearJob>& jobs) override {
     std::vector<StreamedLinear> few;
-    for (const LinearJob& j : jobs) {
-      check_linear(j.x, j.w, Tensor(), j.y);
+    std::vector<std::vector<float>> biases(jobs.size());  // widened to fp32, alive until run_streamed
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const LinearJob& j = jobs[i];
+      const Tensor bias = widened(j.b, biases[i], "bias");
+      check_linear(j.x, j.w, bias, j.y);
       const int64_t T = j.x.dim(0);
       if (T == 0) continue;
-      if (streams(T, j.w)) few.push_back(streamed(j.x, j.w, nullptr, j.y));
-      else linear(j.x, j.w, Tensor(), j.y);
+      if (streams(T, j.w)) few.push_back(streamed(j.x, j.w, bias.empty() ? nullptr : bias.ptr<float>(), j.y));
+      else linear(j.x, j.w, j.b, j.y);
     }
     run_streamed(few);
   }
@@ -436,9 +439,9 @@ public:
     for (int64_t i = 0; i < h; ++i) o[i] = (xr[i] - float(mean)) * inv * wr[i] + (bias ? bias[i] : 0.0f);
   }
 
-  // out[t, i] = gate(gate_up[t, i]) * gate_up[t, f + i] (swiglu, geglu).
-  template <class Gate>
-  void gated(const Tensor& gate_up, const Tensor& out, const char* op, Gate gate) {
+  // out[t, i] = combine(gate_up[t, i], gate_up[t, f + i]): gate(g) * up for swiglu and geglu.
+  template <class Combine>
+  void gated(const Tensor& gate_up, const Tensor& out, const char* op, Combine combine) {
     check_f32(gate_up, "gate_up");
     check_f32(out, "out");
     const int64_t T = out.dim(0), f = out.row_size();
@@ -448,16 +451,25 @@ public:
       for (int64_t t = t0; t < t1; ++t) {
         const float *g = gate_up.ptr<float>() + t * 2 * f, *u = g + f;
         float* o = out.ptr<float>() + t * f;
-        for (int64_t i = 0; i < f; ++i) o[i] = gate(g[i]) * u[i];
+        for (int64_t i = 0; i < f; ++i) o[i] = combine(g[i], u[i]);
       }
     });
   }
 
   void swiglu(const Tensor& gate_up, const Tensor& out) override {
-    gated(gate_up, out, "swiglu", [](float g) { return g / (1.0f + std::exp(-g)); });
+    gated(gate_up, out, "swiglu", [](float g, float u) { return g / (1.0f + std::exp(-g)) * u; });
   }
 
-  void geglu(const Tensor& gate_up, const Tensor& out) override { gated(gate_up, out, "geglu", gelu_tanh); }
+  void geglu(const Tensor& gate_up, const Tensor& out) override {
+    gated(gate_up, out, "geglu", [](float g, float u) { return gelu_tanh(g) * u; });
+  }
+
+  void clamped_swiglu(const Tensor& gate_up, const Tensor& out, float limit, float alpha) override {
+    gated(gate_up, out, "clamped_swiglu", [limit, alpha](float g, float u) {
+      g = std::min(g, limit);
+      return (std::clamp(u, -limit, limit) + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
+    });
+  }
 
   void scale(const Tensor& x, float s) override {
     check_f32(x, "x");
@@ -1067,7 +1079,8 @@ private:
             cpu::from_code_order(spec.bits, orow, d, reorder.data());
             for (int64_t i = 0; i < d; ++i) orow[i] = reorder[size_t(i)] + min_sums[size_t(r * code_groups + i / spec.group_size)];
           }
-          const float inv = 1.0f / l[size_t(r)];
+          const float* sink = scores.sinks ? scores.sinks + h0 * group + r : nullptr;
+          const float inv = softmax_normalizer(m[size_t(r)], l[size_t(r)], sink);
           for (float* x = orow; x != orow + d; ++x) *x *= inv;
         }
         cpu::from_f32(o.data(), out.ptr<Q>() + q0, rows * d);

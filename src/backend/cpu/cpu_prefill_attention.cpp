@@ -196,7 +196,8 @@ void attend_runs(ThreadPool& pool, const Tensor& q, const Tensor& cache_k, const
         multiply_item_rows(sc, kKeys, vt.data(), dp, n, dp, true, o, dp);
       }
       for (int64_t r = 0; r < rows; ++r) {
-        const float inv = 1.0f / l[size_t(r)];
+        const float* sink = spec.sinks ? spec.sinks + item.kv_head * group + r % group : nullptr;
+        const float inv = softmax_normalizer(m[size_t(r)], l[size_t(r)], sink);
         float* x = o.data() + r * dp;
         for (int64_t i = 0; i < d; ++i) x[i] *= inv;
         const int64_t at = ((item.first_token + r / group) * heads + item.kv_head * group + r % group) * d;

@@ -144,7 +144,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const AttentionPara
     __syncthreads();  // p_s and tile_max_s are rewritten by the next tile
   }
 
-  const float inv_l = 1.0f / block_sum(l_part);  // >= 1: the max key contributes exp(0)
+  // l >= 1: the max key contributes exp(0).
+  const float inv_l = softmax_normalizer(m_run, block_sum(l_part), p.sinks, head);
 #pragma unroll
   for (int c = 0; c < kUnitsPerThread; ++c) {
     const int u = threadIdx.x + c * kThreads;

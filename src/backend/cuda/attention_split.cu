@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(kThreads) split_kv_merge_kernel(const SplitKvM
     const float w = c < splits && m != -INFINITY ? expf(m - m_all) : 0.0f;
     const float l = warp_sum(c < splits ? w * p.part.sum[first + c] : 0.0f);
     if (c < splits) w_s[c] = w;
-    if (c == 0) inv_l_s = 1.0f / l;  // >= 1: the chunk of the max key contributes exp(0)
+    if (c == 0) inv_l_s = softmax_normalizer(m_all, l, p.sinks, head);  // l >= 1: the max key's chunk gives exp(0)
   }
   __syncthreads();
   const float* acc = p.part.acc + first * d;

@@ -149,6 +149,7 @@ SplitKvMergeParams<T> split_merge_params(const Params<T>& p, const SplitKvScratc
   m.slot_count = p.slot_count;
   m.capacity = p.capacity;
   m.skip_tensor_core_tiles = p.skip_tensor_core_tiles;
+  m.sinks = p.sinks;
   return m;
 }
 

@@ -291,7 +291,7 @@ __device__ void attention_tc_body(const typename Cache::Params& p) {
   }
 
   // Divide by the denominators and write T, staging 16 x 16 blocks in this warp's rows of s_s.
-  if ((lane & 1) == 0) alpha_s[row0 + (lane >> 1)] = l_run > 0.0f ? 1.0f / l_run : 0.0f;
+  if ((lane & 1) == 0) alpha_s[row0 + (lane >> 1)] = l_run > 0.0f ? softmax_normalizer(m_run, l_run, p.sinks, head) : 0.0f;
   __syncwarp();
   float inv_l[kAccElems];
 #pragma unroll

@@ -24,6 +24,16 @@ __device__ __forceinline__ float cap_score(float s, float softcap) {
   return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
 }
 
+// What multiplies a row's weighted sum of values (accumulated against its running max m, softmax
+// sum l) to give query head `head`'s output: 1 / l, or with the head's sink logit (sinks: F32
+// [heads], or null) 1 / (l + exp(sink - m)), against the larger of m and the sink
+// (softmax_normalizer in backend.h).
+__device__ __forceinline__ float softmax_normalizer(float m, float l, const float* sinks, int head) {
+  if (sinks == nullptr) return 1.0f / l;
+  const float s = sinks[head], top = fmaxf(m, s), shift = expf(m - top);
+  return shift / (l * shift + expf(s - top));
+}
+
 // Loads the slots and positions of query tile `tile` into slot_s / pos_s ([kQueryTile]; -1 past
 // the step's end) and says whether the tiled kernel takes the tile: every token valid, at most
 // kMaxTileRuns runs of consecutive tokens sharing a slot, and at least kMinTokensPerRun tokens

@@ -434,7 +434,6 @@ public:
     // y may be fp32 (the head's logits, forward_ops.cpp): cuBLAS stores its fp32 accumulators as they are.
     const bool y_f32 = y.dtype == DType::F32;
     check_tensor(y, y_f32 ? DType::F32 : act_, "linear", "y");
-    STRATA_CHECK(!y_f32 || bias.empty(), "cuda linear: an fp32 output takes no bias");
     const int64_t T = x.dim(0), in = x.row_size(), out = w.dim(0);
     STRATA_CHECK(w.ndim == 2 && w.dim(1) == in && y.dim(0) == T && y.row_size() == out,
                  "cuda linear: x " << x.shape_str() << " w " << w.shape_str() << " y " << y.shape_str());
@@ -456,7 +455,8 @@ public:
     if (bias.empty()) return;
     dispatch([&](auto e) {
       using E = decltype(e);
-      cuda::launch_bias_add(elems_mut<E>(y), elems<E>(bias), T, out, stream_);
+      if (y_f32) cuda::launch_bias_add(static_cast<float*>(y.data), elems<E>(bias), T, out, stream_);
+      else cuda::launch_bias_add(elems_mut<E>(y), elems<E>(bias), T, out, stream_);
     });
   }
 
@@ -472,10 +472,10 @@ public:
     std::vector<Group> groups;
     for (const LinearJob& j : jobs) {
       if (!j.w.quantized() || j.x.dim(0) > cuda::kQuantLinearTokens) {
-        linear(j.x, j.w, Tensor(), j.y);
+        linear(j.x, j.w, j.b, j.y);
         continue;
       }
-      const quant::QuantSpec spec = check_quant_linear(j.x, j.w, Tensor(), j.y);
+      const quant::QuantSpec spec = check_quant_linear(j.x, j.w, j.b, j.y);
       const int64_t out = j.w.dim(0), in = j.x.row_size();
       auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
         return g.out == out && g.in == in && g.spec.bits == spec.bits && g.spec.group_size == spec.group_size;
@@ -492,6 +492,8 @@ public:
         for (const LinearJob* j : g.jobs)
           q.push_back({elems<E>(j->x), static_cast<const uint8_t*>(j->w.data), elems_mut<E>(j->y), j->x.dim(0)});
         cuda::launch_quant_linears(q.data(), int(q.size()), int(g.out), row_layout(g.spec, g.in, "linears"), stream_);
+        for (const LinearJob* j : g.jobs)  // biases after the grouped launch (GPT-OSS's experts)
+          if (!j->b.empty()) cuda::launch_bias_add(elems_mut<E>(j->y), elems<E>(j->b), j->x.dim(0), g.out, stream_);
       });
   }
 
@@ -540,6 +542,12 @@ public:
   void geglu(const Tensor& gate_up, const Tensor& out) override {
     gated(gate_up, out, "geglu",
           [&](auto* g, auto* o, int64_t rows, int64_t f) { cuda::launch_geglu(g, o, rows, f, stream_); });
+  }
+
+  void clamped_swiglu(const Tensor& gate_up, const Tensor& out, float limit, float alpha) override {
+    gated(gate_up, out, "clamped_swiglu", [&](auto* g, auto* o, int64_t rows, int64_t f) {
+      cuda::launch_clamped_swiglu(g, o, rows, f, limit, alpha, stream_);
+    });
   }
 
   // x: the activation dtype, or F32 (logits).
@@ -715,6 +723,7 @@ public:
       p.scale = spec.scale;
       p.window = spec.window;
       p.softcap = spec.softcap;
+      p.sinks = spec.sinks;
       p.q_token_stride = heads * d;
       p.kv_pos_stride = kv_heads * d;
       p.kv_slot_stride = cache_k.dim(1) * kv_heads * d;
@@ -1036,6 +1045,7 @@ private:
       p.scale = spec.scale;
       p.window = spec.window;
       p.softcap = spec.softcap;
+      p.sinks = spec.sinks;
       p.row = l;
       if (cuda::tensor_core_attention_enabled() && cuda::tensor_core_attention_supports(l.n, q.dim(0))) {
         cuda::launch_tensor_core_quant_attention(p, stream_);

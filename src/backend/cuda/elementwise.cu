@@ -42,17 +42,26 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
-// gate_up: [rows, 2f], gate's f columns then up's; out: [rows, f]. kGelu: GeGLU's gate.
-template <bool kGelu, class T>
-__global__ void gated_kernel(const T* gate_up, T* out, int64_t rows, int64_t f) {
+enum class GateKind { Silu, Gelu, Clamped };
+
+// gate_up: [rows, 2f], gate's f columns then up's; out: [rows, f]. SwiGLU, GeGLU, or GPT-OSS's
+// clamped SwiGLU: (clamp(up, -limit, limit) + 1) * g sigmoid(alpha g), g = min(gate, limit).
+template <GateKind kKind, class T>
+__global__ void gated_kernel(const T* gate_up, T* out, int64_t rows, int64_t f, float limit, float alpha) {
   const int64_t n = rows * f;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / f, c = i - t * f;
     const T* row = gate_up + t * 2 * f;
-    const float g = to_float(row[c]);
+    const float g = to_float(row[c]), u = to_float(row[f + c]);
     // silu: g -> -inf gives g / inf = -0, no NaN
-    const float gate = kGelu ? gelu_tanh(g) : g / (1.0f + expf(-g));
-    out[i] = from_float<T>(gate * to_float(row[f + c]));
+    if constexpr (kKind == GateKind::Gelu) {
+      out[i] = from_float<T>(gelu_tanh(g) * u);
+    } else if constexpr (kKind == GateKind::Silu) {
+      out[i] = from_float<T>(g / (1.0f + expf(-g)) * u);
+    } else {
+      const float gc = fminf(g, limit);
+      out[i] = from_float<T>((fminf(fmaxf(u, -limit), limit) + 1.0f) * (gc / (1.0f + expf(-alpha * gc))));
+    }
   }
 }
 
@@ -68,11 +77,11 @@ __global__ void soft_cap_kernel(T* x, float cap, int64_t n) {
     x[i] = from_float<T>(cap * tanhf(to_float(x[i]) / cap));
 }
 
-template <class T>
-__global__ void bias_add_kernel(T* y, const T* __restrict__ bias, int64_t rows, int64_t cols) {
+template <class Y, class B>
+__global__ void bias_add_kernel(Y* y, const B* __restrict__ bias, int64_t rows, int64_t cols) {
   const int64_t n = rows * cols;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    y[i] = from_float<T>(to_float(y[i]) + to_float(bias[i % cols]));
+    y[i] = from_float<Y>(to_float(y[i]) + to_float(bias[i % cols]));
 }
 
 }  // namespace
@@ -102,15 +111,24 @@ void launch_activation(ActKind act, T* x, int64_t n, cudaStream_t stream) {
 template <class T>
 void launch_swiglu(const T* gate_up, T* out, int64_t rows, int64_t f, cudaStream_t stream) {
   if (rows == 0 || f == 0) return;
-  gated_kernel<false><<<elementwise_blocks(rows * f), kThreads, 0, stream>>>(gate_up, out, rows, f);
+  gated_kernel<GateKind::Silu><<<elementwise_blocks(rows * f), kThreads, 0, stream>>>(gate_up, out, rows, f, 0, 0);
   STRATA_CUDA_CHECK_LAUNCH("gated_kernel<silu>", stream);
 }
 
 template <class T>
 void launch_geglu(const T* gate_up, T* out, int64_t rows, int64_t f, cudaStream_t stream) {
   if (rows == 0 || f == 0) return;
-  gated_kernel<true><<<elementwise_blocks(rows * f), kThreads, 0, stream>>>(gate_up, out, rows, f);
+  gated_kernel<GateKind::Gelu><<<elementwise_blocks(rows * f), kThreads, 0, stream>>>(gate_up, out, rows, f, 0, 0);
   STRATA_CUDA_CHECK_LAUNCH("gated_kernel<gelu_tanh>", stream);
+}
+
+template <class T>
+void launch_clamped_swiglu(const T* gate_up, T* out, int64_t rows, int64_t f, float limit, float alpha,
+                           cudaStream_t stream) {
+  if (rows == 0 || f == 0) return;
+  const unsigned blocks = elementwise_blocks(rows * f);
+  gated_kernel<GateKind::Clamped><<<blocks, kThreads, 0, stream>>>(gate_up, out, rows, f, limit, alpha);
+  STRATA_CUDA_CHECK_LAUNCH("gated_kernel<clamped>", stream);
 }
 
 template <class T>
@@ -127,8 +145,8 @@ void launch_soft_cap(T* x, float cap, int64_t n, cudaStream_t stream) {
   STRATA_CUDA_CHECK_LAUNCH("soft_cap_kernel", stream);
 }
 
-template <class T>
-void launch_bias_add(T* y, const T* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
+template <class Y, class B>
+void launch_bias_add(Y* y, const B* bias, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return;
   bias_add_kernel<<<elementwise_blocks(rows * cols), kThreads, 0, stream>>>(y, bias, rows, cols);
   STRATA_CUDA_CHECK_LAUNCH("bias_add_kernel", stream);
@@ -139,7 +157,9 @@ void launch_bias_add(T* y, const T* bias, int64_t rows, int64_t cols, cudaStream
   template void launch_activation<T>(ActKind, T*, int64_t, cudaStream_t);                 \
   template void launch_swiglu<T>(const T*, T*, int64_t, int64_t, cudaStream_t);           \
   template void launch_geglu<T>(const T*, T*, int64_t, int64_t, cudaStream_t);            \
-  template void launch_bias_add<T>(T*, const T*, int64_t, int64_t, cudaStream_t);
+  template void launch_clamped_swiglu<T>(const T*, T*, int64_t, int64_t, float, float, cudaStream_t); \
+  template void launch_bias_add<T, T>(T*, const T*, int64_t, int64_t, cudaStream_t);      \
+  template void launch_bias_add<float, T>(float*, const T*, int64_t, int64_t, cudaStream_t);
 STRATA_FOR_EACH_ACT(STRATA_INSTANTIATE)
 #undef STRATA_INSTANTIATE
 #define STRATA_INSTANTIATE(T)                                                             \

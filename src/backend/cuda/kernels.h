@@ -53,14 +53,19 @@ void launch_swiglu(const T* gate_up, T* out, int64_t rows, int64_t f, cudaStream
 // The same with gelu(approximate="tanh") for silu (GeGLU).
 template <class T>
 void launch_geglu(const T* gate_up, T* out, int64_t rows, int64_t f, cudaStream_t stream);
+// GPT-OSS's clamped SwiGLU (Backend::clamped_swiglu).
+template <class T>
+void launch_clamped_swiglu(const T* gate_up, T* out, int64_t rows, int64_t f, float limit, float alpha,
+                           cudaStream_t stream);
 // x *= s; x = cap * tanh(x / cap), in fp32. T: the activation types and float (logits).
 template <class T>
 void launch_scale(T* x, float s, int64_t n, cudaStream_t stream);
 template <class T>
 void launch_soft_cap(T* x, float cap, int64_t n, cudaStream_t stream);
-// y[r, c] += bias[c]; y: [rows, cols].
-template <class T>
-void launch_bias_add(T* y, const T* bias, int64_t rows, int64_t cols, cudaStream_t stream);
+// y[r, c] += bias[c]; y: [rows, cols] of the activation type or float (a router's fp32 logits),
+// bias of the activation type.
+template <class Y, class B>
+void launch_bias_add(Y* y, const B* bias, int64_t rows, int64_t cols, cudaStream_t stream);
 
 // rope.cu: x: [tokens, heads, head_dim] rotated in place; head_dim even.
 template <class T>
@@ -170,6 +175,7 @@ struct AttentionParams {
   bool skip_tensor_core_tiles = false;  // per-token kernel: leave the tiles the tensor-core kernel takes
   int window = 0;            // > 0: token t sees keys (positions[t] - window, positions[t]] (AttentionSpec)
   float softcap = 0.0f;      // > 0: scaled scores become softcap * tanh(score / softcap)
+  const float* sinks = nullptr;  // F32 [heads]: each query head's sink logit (AttentionSpec), or none
 };
 // Per-token kernel: a block per (token, query head); every step shape, every head dim.
 template <class T>
@@ -353,6 +359,7 @@ struct QuantAttentionParams {
   bool skip_tensor_core_tiles = false;  // leave the tiles the tensor-core kernel takes
   int window = 0;            // as in AttentionParams
   float softcap = 0.0f;
+  const float* sinks = nullptr;
 };
 template <class T>
 void launch_quant_attention(const QuantAttentionParams<T>& p, cudaStream_t stream);
@@ -374,6 +381,7 @@ struct SplitKvMergeParams {
   int slot_count;
   int capacity;
   bool skip_tensor_core_tiles = false;
+  const float* sinks = nullptr;  // as in AttentionParams: the merge adds each head's sink
 };
 template <class T>
 void launch_split_kv_merge(const SplitKvMergeParams<T>& p, cudaStream_t stream);

@@ -147,7 +147,8 @@ __global__ void __launch_bounds__(kThreads) quant_attention_kernel(const QuantAt
   // output, so o_s[kg * words * kPer + i] is element i of it.
 #pragma unroll
   for (int k = 0; k < kPer; ++k) o_s[threadIdx.x * kPer + k] = acc[k];
-  const float inv_l = 1.0f / block_sum(l_part);  // >= 1: the max key contributes exp(0); syncs o_s too
+  // l >= 1: the max key contributes exp(0); block_sum syncs o_s too.
+  const float inv_l = softmax_normalizer(m_run, block_sum(l_part), p.sinks, head);
   for (int i = threadIdx.x; i < d; i += kThreads) {
     float o = 0.0f;
     for (int g = 0; g < key_groups; ++g) o += o_s[g * words * kPer + i];
