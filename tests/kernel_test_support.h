@@ -1,6 +1,7 @@
 // Helpers shared by the kernel tests (test_cpu_attention_f16, test_cpu_quant_ops, test_cuda_*):
 // fp16- or bf16-representable random data, element counts, and the skip on a machine without a GPU.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -85,6 +86,20 @@ inline std::vector<double> swiglu_reference(const std::vector<float>& gate_up, i
     for (int64_t i = 0; i < f; ++i) {
       const double g = gate_up[size_t(t * 2 * f + i)], u = gate_up[size_t(t * 2 * f + f + i)];
       out[size_t(t * f + i)] = g / (1.0 + std::exp(-g)) * u;
+    }
+  return out;
+}
+
+// GPT-OSS's clamped SwiGLU (Backend::clamped_swiglu): (clamp(u, -limit, limit) + 1) g
+// sigmoid(alpha g), g = min(gate, limit).
+inline std::vector<double> clamped_swiglu_reference(const std::vector<float>& gate_up, int64_t T, int64_t f,
+                                                    double limit, double alpha) {
+  std::vector<double> out(size_t(T * f));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < f; ++i) {
+      const double g = std::min(double(gate_up[size_t(t * 2 * f + i)]), limit);
+      const double u = std::clamp(double(gate_up[size_t(t * 2 * f + f + i)]), -limit, limit);
+      out[size_t(t * f + i)] = (u + 1.0) * g / (1.0 + std::exp(-alpha * g));
     }
   return out;
 }

@@ -212,10 +212,12 @@ inline QuantKvStoreCase make_quant_kv_store_case(const quant::QuantSpec& spec, i
 //    much again, and the sums over n keys by n ulp: |error| <= (2 ds + (n + 64) 2^-22) sum_j p_j
 //    mag(v_ji). We allow 4 ds + (n + 256) 2^-21.
 // Keys [first, n) only (a sliding window); softcap > 0 caps the scaled scores, softcap tanh(s /
-// softcap), whose slope is at most 1, so the bound stands.
+// softcap), whose slope is at most 1, so the bound stands. A sink logit (GPT-OSS) joins the
+// softmax's sum and weighs no value: the weights shrink, and the bound with them.
 template <class Element>
 void attention_row_reference(const float* q, int64_t n, int64_t d, double scale, Element key, Element value,
-                             double out_rel, double* want, double* tol, int64_t first = 0, double softcap = 0) {
+                             double out_rel, double* want, double* tol, int64_t first = 0, double softcap = 0,
+                             const float* sink = nullptr) {
   std::vector<double> s(static_cast<size_t>(n)), p(s.size(), 0.0);
   double s_max = -INFINITY, s_abs = 0, qk_abs = 0, denom = 0;
   for (int64_t j = first; j < n; ++j) {
@@ -230,7 +232,9 @@ void attention_row_reference(const float* q, int64_t n, int64_t d, double scale,
     s_abs = std::max(s_abs, std::fabs(s[size_t(j)]));
     qk_abs = std::max(qk_abs, mag * scale);
   }
+  if (sink) s_max = std::max(s_max, double(*sink));
   for (int64_t j = first; j < n; ++j) denom += p[size_t(j)] = std::exp(s[size_t(j)] - s_max);
+  if (sink) denom += std::exp(double(*sink) - s_max);
   const double ds = double(d + 16) * kUlp32 * (qk_abs + 2 * s_abs);
   const double eps = 4 * ds + double(n + 256) * std::ldexp(1.0, -21);
   for (int64_t i = 0; i < d; ++i) {
@@ -253,18 +257,21 @@ struct QuantAttentionCase {
   std::vector<float> q;       // [T, heads, d], values of act
   float scale = 0;
   std::vector<double> want, tol;  // [T, heads, d]
-  int window = 0;                  // AttentionSpec's window and soft cap
+  int window = 0;                  // AttentionSpec's window, soft cap and sinks ([heads] or none)
   float softcap = 0.0f;
+  std::vector<float> sinks;
 };
 
 inline QuantAttentionCase make_quant_attention_case(const quant::QuantSpec& spec, int64_t T, int64_t heads,
                                                     int64_t kv_heads, int64_t d, int64_t S, int64_t C,
                                                     const std::vector<int32_t>& slots, const std::vector<int32_t>& pos,
                                                     float q_range, std::mt19937& rng, DType act = DType::F16,
-                                                    int window = 0, float softcap = 0.0f) {
+                                                    int window = 0, float softcap = 0.0f,
+                                                    const std::vector<float>& sinks = {}) {
   QuantAttentionCase c;
   c.window = window;
   c.softcap = softcap;
+  c.sinks = sinks;
   const int64_t rows = S * C * kv_heads;
   const std::vector<float> ck = random_floats(size_t(rows * d), rng, -1.0f, 1.0f, false);
   const std::vector<float> cv = random_floats(size_t(rows * d), rng, -1.0f, 1.0f, false);
@@ -294,7 +301,8 @@ inline QuantAttentionCase make_quant_attention_case(const quant::QuantSpec& spec
       const size_t k = size_t((t * heads + h) * d);
       const int64_t first = window > 0 ? std::max<int64_t>(0, n - window) : 0;
       attention_row_reference(c.q.data() + k, n, d, double(c.scale), element(kd), element(vd), unit_roundoff(act),
-                              c.want.data() + k, c.tol.data() + k, first, double(softcap));
+                              c.want.data() + k, c.tol.data() + k, first, double(softcap),
+                              sinks.empty() ? nullptr : &sinks[size_t(h)]);
     }
   return c;
 }

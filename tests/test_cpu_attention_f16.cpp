@@ -107,8 +107,10 @@ public:
   explicit Reference(const Shape& sh)
       : sh_(sh), k_(size_t(sh.S * sh.C * sh.kv_heads * sh.d)), v_(k_.size()) {}
 
-  // Keys [pos - window + 1, pos] only when window > 0; scores soft-capped when softcap > 0.
-  std::vector<double> step(const Step& st, double scale, int window = 0, double softcap = 0) {
+  // Keys [pos - window + 1, pos] only when window > 0; scores soft-capped when softcap > 0; head
+  // h's sink logit sinks[h] in the softmax's sum when sinks are given.
+  std::vector<double> step(const Step& st, double scale, int window = 0, double softcap = 0,
+                           const std::vector<float>& sinks = {}) {
     const int64_t T = int64_t(st.slots.size()), row = sh_.kv_heads * sh_.d;
     for (int64_t t = 0; t < T; ++t)
       for (int64_t i = 0; i < row; ++i) {
@@ -132,7 +134,9 @@ public:
           w[size_t(j)] = softcap > 0 ? softcap * std::tanh(s / softcap) : s;
           mx = std::max(mx, w[size_t(j)]);
         }
+        if (!sinks.empty()) mx = std::max(mx, double(sinks[size_t(h)]));
         for (int64_t j = first; j < n; ++j) sum += (w[size_t(j)] = std::exp(w[size_t(j)] - mx));
+        if (!sinks.empty()) sum += std::exp(double(sinks[size_t(h)]) - mx);
         double* o = out.data() + (t * sh_.heads + h) * sh_.d;
         for (int64_t j = first; j < n; ++j)
           for (int64_t i = 0; i < sh_.d; ++i) o[i] += w[size_t(j)] / sum * v_[at(j) + size_t(i)];
@@ -162,9 +166,10 @@ Step random_step(const Shape& sh, std::vector<int32_t> slots, std::vector<int32_
 // Runs `steps` through kv_store + attention with activations of dtype `act` and caches of dtype
 // `cache` (fresh caches of zeros), returning each step's output as floats.
 std::vector<std::vector<float>> run_steps(const Shape& sh, const std::vector<Step>& steps, DType act, DType cache,
-                                          int window = 0, float softcap = 0.0f) {
+                                          int window = 0, float softcap = 0.0f, const std::vector<float>& sinks = {}) {
   Rig r;
-  const AttentionSpec spec(1.0f / std::sqrt(float(sh.d)), window, softcap);
+  AttentionSpec spec(1.0f / std::sqrt(float(sh.d)), window, softcap);
+  spec.sinks = sinks.empty() ? nullptr : sinks.data();
   const Tensor ck = r.floats(cache, std::vector<float>(count({sh.S, sh.C, sh.kv_heads, sh.d}), 0.0f),
                              {sh.S, sh.C, sh.kv_heads, sh.d});
   const Tensor cv = r.floats(cache, std::vector<float>(size_t(ck.numel()), 0.0f), {sh.S, sh.C, sh.kv_heads, sh.d});
@@ -183,13 +188,13 @@ std::vector<std::vector<float>> run_steps(const Shape& sh, const std::vector<Ste
 
 // run_steps, comparing each step's output to the reference within atol + rtol * |ref|.
 void check_steps(const Shape& sh, const std::vector<Step>& steps, DType act, DType cache, double atol, double rtol,
-                 int window = 0, float softcap = 0.0f) {
+                 int window = 0, float softcap = 0.0f, const std::vector<float>& sinks = {}) {
   const float scale = 1.0f / std::sqrt(float(sh.d));
-  const std::vector<std::vector<float>> outs = run_steps(sh, steps, act, cache, window, softcap);
+  const std::vector<std::vector<float>> outs = run_steps(sh, steps, act, cache, window, softcap, sinks);
   Reference ref(sh);
   for (size_t n = 0; n < steps.size(); ++n) {
     const std::vector<float>& got = outs[n];
-    const std::vector<double> want = ref.step(steps[n], double(scale), window, double(softcap));
+    const std::vector<double> want = ref.step(steps[n], double(scale), window, double(softcap), sinks);
     size_t bad = 0;
     double worst = 0;
     for (size_t i = 0; i < got.size(); ++i) {
@@ -198,7 +203,8 @@ void check_steps(const Shape& sh, const std::vector<Step>& steps, DType act, DTy
       if (!(err <= atol + rtol * std::abs(want[i]))) ++bad;  // NaN (unwritten) counts as bad
     }
     INFO("step " << n << ", activations " << dtype_name(act) << ", caches " << dtype_name(cache) << ", d " << sh.d
-                 << ", window " << window << ", softcap " << softcap << ": worst abs error " << worst);
+                 << ", window " << window << ", softcap " << softcap << ", sinks " << !sinks.empty()
+                 << ": worst abs error " << worst);
     CHECK(bad == 0);
   }
 }
@@ -474,6 +480,31 @@ TEST_CASE("cpu attention: sliding windows and soft caps match a double reference
       check_steps(sh, steps, DType::F32, DType::F32, 1e-5, 1e-5, window, softcap);
       check_steps(sh, steps, DType::F16, DType::F16, 5e-4, 1e-3, window, softcap);
     }
+}
+
+// GPT-OSS's sinks (AttentionSpec::sinks): one logit per query head joins each softmax's sum, so a
+// head's weights sum to less than one. Per head: sinks around the scores' range, one far above
+// them (the head attends to almost nothing: the normalizer's larger-of-max-and-sink form keeps
+// the exponentials finite), one far below (plain attention); with and without a window.
+TEST_CASE("cpu attention: sink logits match a double reference", "[cpu_attention]") {
+  std::mt19937 rng(24680);
+  const Shape sh{8, 2, 40, 3, 260};
+  std::vector<int32_t> s1, p1, s2, p2;
+  for (int32_t i = 0; i < 100; ++i) s1.push_back(0), p1.push_back(i);
+  for (int32_t i = 0; i < 30; ++i) s1.push_back(2), p1.push_back(i);
+  for (int32_t i = 100; i < 180; ++i) s2.push_back(0), p2.push_back(i);
+  s2.push_back(2), p2.push_back(30);  // a decode token
+  const std::vector<Step> steps{random_step(sh, s1, p1, rng), random_step(sh, s2, p2, rng)};
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> sinks(static_cast<size_t>(sh.heads));
+  for (float& s : sinks) s = normal(rng);
+  sinks[1] = 60.0f;
+  sinks[6] = -60.0f;
+  for (int window : {0, 5, 70}) {
+    check_steps(sh, steps, DType::F32, DType::F32, 1e-5, 1e-5, window, 0.0f, sinks);
+    check_steps(sh, steps, DType::F16, DType::F16, 5e-4, 1e-3, window, 0.0f, sinks);
+    check_steps(sh, steps, DType::F32, DType::F32, 1e-5, 1e-5, window, 2.0f, sinks);
+  }
 }
 
 // Over q, k and v that the 16-bit types hold, 16-bit activations run fp32's arithmetic over fp32's

@@ -90,7 +90,8 @@ struct DecodeReference {
 DecodeReference decode_reference(const quant::QuantSpec& spec, const std::vector<uint8_t>& k, const std::vector<uint8_t>& v,
                                  const std::vector<float>& q, int64_t heads, int64_t kv_heads, int64_t d, int64_t C,
                                  const std::vector<int32_t>& slots, const std::vector<int32_t>& pos, double scale,
-                                 double out_rel, int window = 0, double softcap = 0) {
+                                 double out_rel, int window = 0, double softcap = 0,
+                                 const std::vector<float>& sinks = {}) {
   const std::vector<std::array<double, 2>> kx = exact_values(spec, k, d), vx = exact_values(spec, v, d);
   DecodeReference r;
   r.want.resize(q.size());
@@ -106,7 +107,7 @@ DecodeReference decode_reference(const quant::QuantSpec& spec, const std::vector
       const size_t at = size_t((int64_t(t) * heads + h) * d);
       const int64_t n = pos[t] + 1, first = window > 0 ? std::max<int64_t>(0, n - window) : 0;
       test::attention_row_reference(q.data() + at, n, d, scale, element(kx), element(vx), out_rel, r.want.data() + at,
-                                    r.tol.data() + at, first, softcap);
+                                    r.tol.data() + at, first, softcap, sinks.empty() ? nullptr : &sinks[size_t(h)]);
     }
   return r;
 }
@@ -474,19 +475,23 @@ TEST_CASE("cpu: decode attention over quantized caches matches double arithmetic
         }
 }
 
-// Gemma's sliding windows and soft caps over quantized caches: decode read as codes (and
-// dequantized, d 40) against double arithmetic, and prefill runs against the same runs over the
-// dequantized values.
-TEST_CASE("cpu: sliding windows and soft caps over quantized caches", "[quant][cpu_attention]") {
+// Gemma's sliding windows and soft caps, and GPT-OSS's sinks, over quantized caches: decode read
+// as codes (and dequantized, d 40) against double arithmetic, and prefill runs against the same
+// runs over the dequantized values.
+TEST_CASE("cpu: sliding windows, soft caps and sinks over quantized caches", "[quant][cpu_attention]") {
   auto be = make_cpu_backend(2);
   std::mt19937 rng(13);
+  const std::vector<float> head_sinks{-1.5f, 0.5f, 3.0f, 40.0f, -40.0f, 1.0f};
   for (int64_t d : {64, 40})
     for (int bits : {4, 8})
-      for (int window : {1, 5, 64, 70})
-        for (float softcap : {0.0f, 2.0f}) {
+      for (int window : {0, 1, 5, 64, 70})
+        for (int variant : {0, 1, 2}) {  // plain, soft-capped, with sinks
+          const float softcap = variant == 1 ? 2.0f : 0.0f;
+          const std::vector<float> sinks = variant == 2 ? head_sinks : std::vector<float>();
           const int64_t heads = 6, kvh = 2, S = 3, C = 300;
           const quant::QuantSpec s = spec_of(bits, 32);
-          INFO("d " << d << ", " << bits << "-bit, window " << window << ", softcap " << softcap);
+          INFO("d " << d << ", " << bits << "-bit, window " << window << ", softcap " << softcap << ", sinks "
+                    << !sinks.empty());
           std::vector<uint8_t> ck(size_t(S * C * kvh) * quant::row_bytes(s, d)), cv(ck.size());
           const std::vector<float> k0 = test::random_floats(size_t(S * C * kvh * d), rng, -1.0f, 1.0f, false);
           const std::vector<float> v0 = test::random_floats(k0.size(), rng, -1.0f, 1.0f, false);
@@ -494,7 +499,8 @@ TEST_CASE("cpu: sliding windows and soft caps over quantized caches", "[quant][c
           quant::quantize_rows(s, v0.data(), DType::F32, S * C * kvh, d, cv.data());
           const Tensor cache_k = Tensor::quantized(ck.data(), quant::dtype_of(s), 32, Device::CPU, {S, C, kvh, d});
           const Tensor cache_v = Tensor::quantized(cv.data(), quant::dtype_of(s), 32, Device::CPU, {S, C, kvh, d});
-          const AttentionSpec spec(1.0f / std::sqrt(float(d)), window, softcap);
+          AttentionSpec spec(1.0f / std::sqrt(float(d)), window, softcap);
+          spec.sinks = sinks.empty() ? nullptr : sinks.data();
           std::vector<int32_t> slots{0, 1, 2, 1, 0}, pos{299, 63, 140, 5, 64};
           const int64_t T = int64_t(slots.size());
           const Tensor st(slots.data(), DType::I32, Device::CPU, {T}), pt(pos.data(), DType::I32, Device::CPU, {T});
@@ -502,7 +508,7 @@ TEST_CASE("cpu: sliding windows and soft caps over quantized caches", "[quant][c
           std::vector<float> got(q.size(), NAN);
           be->attention(f32(q, {T, heads, d}), cache_k, cache_v, st, pt, spec, f32(got, {T, heads, d}));
           expect_within(got, decode_reference(s, ck, cv, q, heads, kvh, d, C, slots, pos, double(spec.scale),
-                                              test::kUlp32, window, double(softcap)));
+                                              test::kUlp32, window, double(softcap), sinks));
 
           std::vector<int32_t> sl, ps;  // two prefill runs
           for (int32_t p = 60; p < 150; ++p) sl.push_back(0), ps.push_back(p);

@@ -339,6 +339,12 @@ TEST_CASE("cuda: add, activations and swiglu match the CPU backend", "[cuda]") {
       r.gpu->swiglu(r.gpu_act(gu, {T, 2 * h}), g_s);
       const std::vector<double> want = test::swiglu_reference(gu, T, h);
       r.close(r.read(g_s), std::vector<float>(want.begin(), want.end()), 2e-3f, 2e-3f, shape_label("swiglu", {T, h}));
+      // GPT-OSS's clamped SwiGLU, a limit inside the values' range [-4, 4].
+      Tensor g_c = r.act_poisoned({T, h});
+      r.gpu->clamped_swiglu(r.gpu_act(gu, {T, 2 * h}), g_c, 1.5f, 1.702f);
+      const std::vector<double> clamped = test::clamped_swiglu_reference(gu, T, h, 1.5, 1.702f);
+      r.close(r.read(g_c), std::vector<float>(clamped.begin(), clamped.end()), 2e-3f, 2e-3f,
+              shape_label("clamped swiglu", {T, h}));
     }
   }
 }

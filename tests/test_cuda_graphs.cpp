@@ -61,7 +61,8 @@ TEST_CASE("cuda graphs: replayed decode steps give the tokens and log-probabilit
   // steps, on the host, run eagerly): Mixtral's renormalised top 2, and Qwen3-MoE's top k without
   // renormalisation beside a dense layer.
   for (const char* name :
-       {"tiny-opt", "tiny-llama", "tiny-qwen3", "tiny-llama-gptq", "tiny-mixtral", "tiny-qwen3-moe", "tiny-gemma3"}) {
+       {"tiny-opt", "tiny-llama", "tiny-qwen3", "tiny-llama-gptq", "tiny-mixtral", "tiny-qwen3-moe", "tiny-gemma3",
+        "tiny-gpt-oss"}) {
     INFO(name);
     const Run eager = generate_with(name, *backend, "0");
     const Run graphed = generate_with(name, *backend, "1");

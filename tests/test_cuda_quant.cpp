@@ -303,6 +303,22 @@ TEST_CASE("cuda: experts routed on the device give route_tokens' routing and eac
     CHECK(g.bytes(y.rows(first, n).data, size_t(n * out) * 2) == g.bytes(alone.data, alone.nbytes()));
   }
 
+  // With each expert's bias (GPT-OSS): its rows are linear()'s with that bias, bit for bit.
+  std::vector<Tensor> biases;
+  for (int64_t e = 0; e < E; ++e) biases.push_back(g.f16(random_floats(size_t(out), rng, -1.0f, 1.0f, DType::F16), {out}));
+  const Tensor yb = g.poisoned(DType::F16, {A, out});
+  g.be->routed_linears(x, w, r, T, yb, biases);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t first = want.expert_begin[size_t(e)], n = want.expert_begin[size_t(e + 1)] - first;
+    if (n == 0) continue;
+    const Tensor alone = g.poisoned(DType::F16, {n, out});
+    g.be->linear(x.rows(first, n), w[size_t(e)], biases[size_t(e)], alone);
+    INFO("expert " << e << ", " << n << " rows, with bias");
+    CHECK(g.bytes(yb.rows(first, n).data, size_t(n * out) * 2) == g.bytes(alone.data, alone.nbytes()));
+  }
+  CHECK_THROWS_WITH(g.be->routed_linears(x, w, r, T, yb, std::vector<Tensor>(biases.begin(), biases.begin() + 2)),
+                    Catch::Contains("2 biases for 12 experts"));
+
   // fp16 experts through the same routing: each expert's rows within the bound of double
   // arithmetic over its weights (cuBLAS, which linear() runs, sums in another order).
   std::vector<QuantLinearCase> plain;

@@ -163,6 +163,20 @@ TEST_CASE("cpu backend: swiglu over the stacked gate/up rows matches a float64 r
   CHECK_THROWS_WITH(h.be->swiglu(gu, h.f32(std::vector<float>(6), {2, 3})), Catch::Contains("swiglu"));
 }
 
+TEST_CASE("cpu backend: GPT-OSS's clamped swiglu matches a float64 reference", "[weights][backend]") {
+  std::mt19937 rng(14);
+  for (int64_t T : {1, 5})
+    for (int64_t f : {1, 7, 300})
+      for (float limit : {1.5f, 7.0f}) {  // values in [-6, 6]: a limit that clamps many, and one that clamps none
+        Host h;
+        const std::vector<float> gu = random_floats(size_t(T * 2 * f), rng, -6.0f, 6.0f, false);
+        Tensor out = h.f32(nans(size_t(T * f)), {T, f});
+        h.be->clamped_swiglu(h.f32(gu, {T, 2 * f}), out, limit, 1.702f);
+        check_close(out.ptr<float>(), clamped_swiglu_reference(gu, T, f, limit, 1.702f).data(), size_t(T * f), 1e-6,
+                    "T " + std::to_string(T) + " f " + std::to_string(f) + " limit " + std::to_string(limit));
+      }
+}
+
 TEST_CASE("a layer block stacks q, k, v (and their biases) and gate, up into one matrix each", "[weights]") {
   for (const ModelConfig& cfg : layout_configs()) {
     for (const std::optional<quant::QuantSpec>& comp : {std::optional<quant::QuantSpec>(), std::optional(spec_of(4, 64))}) {

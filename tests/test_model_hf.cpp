@@ -196,9 +196,17 @@ TEST_CASE("CUDA bf16: logits within twice transformers' own bf16 error, greedy w
       Loaded l = load(name, "cuda", DType::BF16);
       REQUIRE(l.backend->activation_dtype() == DType::BF16);
       // Twice transformers' own bf16 error. (Its bf16 greedy leaves fp32's early too:
-      // greedy_bf16_matches_fp32.)
+      // greedy_bf16_matches_fp32.) Mixtures of experts: twice its largest over the prompts. Their
+      // error is set by routing flips, a token's k-th and (k+1)-th experts trading places when
+      // their router logits are closer than bf16 resolves (min_route_gap: 3e-3 for tiny-gpt-oss,
+      // whose bf16 run flips 15 of 720 choices in transformers), so which prompt a flip lands in
+      // is chance, not a property of the prompt: measured on the emulated backend, tiny-gpt-oss's
+      // prompt 0 is 0.235 from fp32 routed on the device (0.190 on the host) where transformers'
+      // bf16 is 0.099 there and 0.289 on prompt 2.
+      float model_worst = 0;
+      for (const json& d : bf16["bf16_vs_fp32_max_abs_diff"]) model_worst = std::max(model_worst, d.get<float>());
       check_cuda_against_hf(name, "bf16", *l.model, exp, [&](size_t p, const std::vector<float>&) {
-        return 2.0f * bf16["bf16_vs_fp32_max_abs_diff"][p].get<float>();
+        return 2.0f * (exp.contains("min_route_gap") ? model_worst : bf16["bf16_vs_fp32_max_abs_diff"][p].get<float>());
       });
     }
   }

@@ -16,7 +16,9 @@
 #include "policy_fixtures.h"
 #include "refill_requests.h"
 #include "strata/backend/backend.h"
+#include "strata/model/config.h"
 #include "strata/model/model_loader.h"
+#include "strata/model/weight_source.h"
 #include "strata/offload/engine.h"
 
 using namespace strata;
@@ -117,6 +119,32 @@ TEST_CASE("engine graphs: replayed layer halves give the eager run's tokens and 
       check_identical(graphed, eager);
     }
   }
+}
+
+TEST_CASE("engine graphs: each layer's attention sinks are its own", "[offload][cuda][graphs][gpt_oss]") {
+  if (!cuda_available()) {
+    WARN("no GPU: skipped");
+    return;
+  }
+  // GPT-OSS's layers differ by their sinks alone where their windows agree: tiny-gpt-oss's shape
+  // with six layers (dummy weights; sinks drawn like every other weight), weights and caches
+  // through shared GPU buffers, three units a layer, so unit b of layers 1, 3 and 5 meets the same
+  // addresses (cache staging buffer b of three). One graph for them would attend with layer 1's
+  // sinks in all three.
+  auto backend = make_cuda_backend(0);
+  ModelBundle model;
+  model.config = config_from_hf_json(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-gpt-oss/config.json");
+  model.config.n_layers = 6;
+  model.config.window_layers = {0, 2, 4};
+  model.weights = make_dummy_source(model.config, 7);
+  std::vector<GenRequest> reqs = fixture_requests(load_expected("tiny-gpt-oss"));
+  for (GenRequest& r : reqs) r.logprobs = 2;
+  const TierSplit C{0, 100, 0}, G{100, 0, 0};
+  const OffloadOptions opt = options_of(policy_of(2, 3, C, C, G));
+  const Run eager = run_with(model, *backend, opt, reqs, false, "0");
+  const Run graphed = run_with(model, *backend, opt, reqs, false, "1");
+  CHECK(graphed.replays > 0);
+  check_identical(graphed, eager);
 }
 
 TEST_CASE("engine graphs: served requests give the eager run's results, steps of every size beside",

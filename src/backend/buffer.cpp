@@ -55,7 +55,8 @@ void Backend::copy_to_host_f32(const Tensor& src, float* host_dst) {
 void Backend::route_experts(const Tensor&, int64_t, bool, const DeviceRouting&) {
   STRATA_FAIL("internal: the " << name() << " backend does not route experts on the device");
 }
-void Backend::routed_linears(const Tensor&, const std::vector<Tensor>&, const DeviceRouting&, int64_t, const Tensor&) {
+void Backend::routed_linears(const Tensor&, const std::vector<Tensor>&, const DeviceRouting&, int64_t, const Tensor&,
+                             const std::vector<Tensor>&) {
   STRATA_FAIL("internal: the " << name() << " backend does not route experts on the device");
 }
 // Callers ask samples_on_device first.

@@ -505,7 +505,7 @@ void read_gpt_oss(const json& j, const std::string& file, ModelConfig& c) {
   c.tied_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
 
   c.moe_naming = MoeNaming::GptOss;
-  c.n_experts = require_int(j, j.contains("num_local_experts") ? "num_local_experts" : "num_experts");
+  c.n_experts = require_int(j, j.contains("num_experts") ? "num_experts" : "num_local_experts");
   c.experts_per_token = require_int(j, "num_experts_per_tok");
   if (c.n_experts <= 0 || c.experts_per_token <= 0 || c.experts_per_token > c.n_experts)
     STRATA_FAIL(file << ": num_experts_per_tok " << c.experts_per_token << " must be between 1 and num_local_experts ("

@@ -368,9 +368,8 @@ bool device_routing_allowed() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
-// Experts with biases (GPT-OSS) route on the host: routed_linears adds none.
 bool ForwardOps::routes_on_device(const LayerWeights& w) const {
-  if (!w.sparse() || T_ > device_routed_tokens(cfg_) || !device_routing_ || cfg_.expert_bias) return false;
+  if (!w.sparse() || T_ > device_routed_tokens(cfg_) || !device_routing_) return false;
   const ExpertWeights& e = w.experts.front();
   return backend_.routes_on_device(T_, cfg_.n_experts, cfg_.experts_per_token, e.gate_up_w) &&
          backend_.routes_on_device(T_, cfg_.n_experts, cfg_.experts_per_token, e.down_w);
@@ -395,15 +394,17 @@ void ForwardOps::experts_routed_on_device(const LayerWeights& w, const Tensor& l
                                  routing_counts_.view(0, DType::I32, {3})};
   backend_.route_experts(logits, k, cfg_.norm_topk_prob, r);
   backend_.gather_rows(xn_.rows(0, T), r.gather, routed);
-  std::vector<Tensor> gate_up_w, down_w;
+  std::vector<Tensor> gate_up_w, down_w, gate_up_b, down_b;  // biases: GPT-OSS's
   for (const ExpertWeights& e : w.experts) {
     gate_up_w.push_back(e.gate_up_w);
     down_w.push_back(e.down_w);
+    if (!e.gate_up_b.empty()) gate_up_b.push_back(e.gate_up_b);
+    if (!e.down_b.empty()) down_b.push_back(e.down_b);
   }
   const Tensor gate_up = leading(mlp_a_, A, 2 * f), act = leading(mlp_b_, A, f);
-  backend_.routed_linears(routed, gate_up_w, r, T, gate_up);
+  backend_.routed_linears(routed, gate_up_w, r, T, gate_up, gate_up_b);
   gated_activation(gate_up, act);
-  backend_.routed_linears(act, down_w, r, T, routed);
+  backend_.routed_linears(act, down_w, r, T, routed, down_b);
 }
 
 void ForwardOps::experts_routed_on_host(const LayerWeights& w, const Tensor& logits, const Tensor& routed) {

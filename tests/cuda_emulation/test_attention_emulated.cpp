@@ -35,6 +35,7 @@ struct Case {
   float kv_scale = 1.0f;  // keys and values times kv_scale, q divided by it (a power of two)
   int window = 0;         // AttentionSpec's sliding window and soft cap (Gemma)
   float softcap = 0.0f;
+  std::vector<float> sinks;  // [heads]: GPT-OSS's sink logits, or none
 };
 
 struct Result {
@@ -83,6 +84,7 @@ Result run_case(const Case& c, Kernels kernels, std::mt19937& rng, int splits = 
   p.kv_slot_stride = c.capacity * kvh * d;
   p.window = c.window;
   p.softcap = c.softcap;
+  p.sinks = c.sinks.empty() ? nullptr : c.sinks.data();
   if (kernels != Kernels::PerTokenOnly) {
     REQUIRE(tensor_core_attention_supports(int(d), T));
     launch_tensor_core_attention(p, nullptr);
@@ -128,7 +130,9 @@ Result run_case(const Case& c, Kernels kernels, std::mt19937& rng, int splits = 
         w[size_t(j)] = c.softcap > 0 ? c.softcap * std::tanh(s / c.softcap) : s;
         max_score = std::max(max_score, w[size_t(j)]);
       }
-      double sum = 0;
+      const double sink = c.sinks.empty() ? -INFINITY : double(c.sinks[size_t(h)]);
+      max_score = std::max(max_score, sink);
+      double sum = std::exp(sink - max_score);  // 0 without sinks
       for (int64_t j = first; j < n_keys; ++j) sum += (w[size_t(j)] = std::exp(w[size_t(j)] - max_score));
       for (int64_t e = 0; e < d; ++e) {
         double o = 0;
@@ -353,6 +357,29 @@ TEMPLATE_TEST_CASE("emulated: sliding windows and soft caps in every attention k
       for (int splits : {1, 3, 8}) expect_close(run_case<Act>(decode, Kernels::PerTokenOnly, rng, splits),
                                                 "split " + std::to_string(splits) + ", " + what);
     }
+}
+
+TEMPLATE_TEST_CASE("emulated: sink logits in every attention kernel match a double reference", "[emulated][split]",
+                   __half, bf16) {
+  using Act = TestType;
+  // GPT-OSS's attention: each query head's sink logit joins its softmax's sum (the split kernels
+  // add it in the merge). Sinks near the scores, far above them (the head attends to almost
+  // nothing) and far below; whole context and a window, as in the test above.
+  std::mt19937 rng(37);
+  const std::vector<float> sinks{0.5f, -1.0f, 50.0f, 2.0f, -50.0f, 1.5f, 0.0f, 3.0f};
+  for (int window : {0, 5, 70}) {
+    const std::string what = "window " + std::to_string(window);
+    Case prefill{{{1, 0, 150}, {0, 40, 90}}, 4, 2, 64, 2, 400, 4.0f};
+    prefill.window = window;
+    prefill.sinks.assign(sinks.begin(), sinks.begin() + 4);
+    expect_close(run_case<Act>(prefill, Kernels::Both, rng), "prefill, sinks, " + what);
+    Case decode{{{0, 0, 1}, {1, 63, 1}, {2, 64, 1}, {0, 333, 1}, {1, 399, 1}}, 8, 2, 80, 3, 400, 4.0f};
+    decode.window = window;
+    decode.sinks = sinks;
+    expect_close(run_case<Act>(decode, Kernels::PerTokenOnly, rng), "decode, sinks, " + what);
+    for (int splits : {1, 3, 8}) expect_close(run_case<Act>(decode, Kernels::PerTokenOnly, rng, splits),
+                                              "split " + std::to_string(splits) + ", sinks, " + what);
+  }
 }
 
 TEMPLATE_TEST_CASE("emulated: the split-KV merge weighs chunks by their maxima and skips empty ones",

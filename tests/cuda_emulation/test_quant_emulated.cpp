@@ -301,9 +301,9 @@ template <class Act>
 void check_quant_attention(const quant::QuantSpec& spec, int64_t T, int64_t heads, int64_t kv_heads, int64_t d,
                            int64_t S, int64_t C, const std::vector<int32_t>& slots, const std::vector<int32_t>& pos,
                            float q_range, std::mt19937& rng, bool tensor_cores = false, int splits = 0,
-                           int window = 0, float softcap = 0.0f) {
+                           int window = 0, float softcap = 0.0f, const std::vector<float>& sinks = {}) {
   QuantAttentionCase c = make_quant_attention_case(spec, T, heads, kv_heads, d, S, C, slots, pos, q_range, rng,
-                                                   dtype_of<Act>, window, softcap);
+                                                   dtype_of<Act>, window, softcap, sinks);
   if (tensor_cores) allow_fp16_operands(c, dtype_of<Act>);
   Arena a;
   QuantAttentionParams<Act> p;
@@ -321,6 +321,7 @@ void check_quant_attention(const quant::QuantSpec& spec, int64_t T, int64_t head
   p.scale = c.scale;
   p.window = window;
   p.softcap = softcap;
+  p.sinks = sinks.empty() ? nullptr : a.put<const float>(sinks.data(), sinks.size() * 4);
   p.row = quant_row_layout(spec.bits, spec.group_size, int(d));
   if (tensor_cores) {
     REQUIRE(tensor_core_attention_supports(int(d), T));
@@ -413,6 +414,29 @@ TEMPLATE_TEST_CASE("emulated cuda: sliding windows and soft caps over quantized 
         check_quant_attention<Act>(spec_of(bits, 32), int64_t(prompt_slots.size()), 4, 2, 64, 2, 340, prompt_slots,
                                    prompt_pos, 4.0f, rng, true, 0, window, softcap);
       }
+}
+
+TEMPLATE_TEST_CASE("emulated cuda: sink logits over quantized caches match double arithmetic",
+                   "[emulated][quant][split]", __half, bf16) {
+  using Act = TestType;
+  std::mt19937 rng(29);
+  // GPT-OSS's sinks over 4- and 8-bit caches: the per-token kernel, the split kernels (the merge
+  // adds each head's sink) and prefill tiles on tensor cores; sinks near, far above and far below
+  // the scores; whole context and a window.
+  const std::vector<float> sinks{0.5f, -1.0f, 50.0f, 2.0f, -50.0f, 1.5f, 0.0f, 3.0f};
+  const std::vector<float> four(sinks.begin(), sinks.begin() + 4);
+  const std::vector<int32_t> slots{1, 0, 2, 1, 0}, pos{0, 62, 63, 64, 333};
+  std::vector<int32_t> prompt_slots, prompt_pos;
+  packed_tokens({{1, 0, 150}, {0, 40, 90}}, prompt_slots, prompt_pos);
+  for (int bits : {4, 8})
+    for (int window : {0, 70}) {
+      check_quant_attention<Act>(spec_of(bits, 32), 5, 8, 2, 64, 3, 340, slots, pos, 4.0f, rng, false, 0, window,
+                                 0.0f, sinks);
+      check_quant_attention<Act>(spec_of(bits, 64), 5, 8, 2, 64, 3, 340, slots, pos, 4.0f, rng, false, 3, window,
+                                 0.0f, sinks);
+      check_quant_attention<Act>(spec_of(bits, 32), int64_t(prompt_slots.size()), 4, 2, 64, 2, 340, prompt_slots,
+                                 prompt_pos, 4.0f, rng, true, 0, window, 0.0f, four);
+    }
 }
 
 TEMPLATE_TEST_CASE("emulated cuda: prefill over quantized caches on tensor cores", "[emulated][quant]", __half, bf16) {

@@ -312,11 +312,12 @@ public:
   // logits: F32 [T, E]. Where routes_on_device holds.
   virtual void route_experts(const Tensor& logits, int64_t k, bool renormalize, const DeviceRouting& r);
   // For each expert e that r names active: y rows [expert_begin[e], expert_begin[e + 1]) =
-  // x's rows @ w[e]^T: as linear() computes them over codes; over 16-bit weights within the same
-  // bound, in another summation order. x: [T k, in], rows grouped by expert as route_experts
-  // grouped them; y: [T k, out]; max_rows: T, which bounds any expert's rows.
+  // x's rows @ w[e]^T (+ bias[e], GPT-OSS's experts, where biases are given): as linear()
+  // computes them over codes; over 16-bit weights within the same bound, in another summation
+  // order. x: [T k, in], rows grouped by expert as route_experts grouped them; y: [T k, out];
+  // max_rows: T, which bounds any expert's rows.
   virtual void routed_linears(const Tensor& x, const std::vector<Tensor>& w, const DeviceRouting& r, int64_t max_rows,
-                              const Tensor& y);
+                              const Tensor& y, const std::vector<Tensor>& bias = {});
 
   // out[i] = argmax_j logits[i, j] (lowest index on ties). logits: [B, V]; out: I32 [B].
   virtual void argmax_rows(const Tensor& logits, const Tensor& out) = 0;

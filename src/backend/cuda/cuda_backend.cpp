@@ -813,7 +813,7 @@ public:
   }
 
   void routed_linears(const Tensor& x, const std::vector<Tensor>& w, const DeviceRouting& r, int64_t max_rows,
-                      const Tensor& y) override {
+                      const Tensor& y, const std::vector<Tensor>& bias = {}) override {
     STRATA_CHECK(!w.empty() && w.size() <= size_t(cuda::kMaxRoutedExperts) && max_rows >= 1 &&
                      max_rows <= cuda::kMaxRoutedTokens,
                  "cuda routed_linears: " << w.size() << " experts of at most " << max_rows << " rows");
@@ -844,12 +844,19 @@ public:
                    "cuda routed_linears: expert weights " << we.shape_str() << " unlike the first's "
                                                           << w[0].shape_str() << " for rows of " << in);
     }
+    STRATA_CHECK(bias.empty() || bias.size() == w.size(),
+                 "cuda routed_linears: " << bias.size() << " biases for " << w.size() << " experts");
+    for (const Tensor& b : bias) {
+      check_act(b, "routed_linears", "bias");
+      STRATA_CHECK(b.numel() == out, "cuda routed_linears: bias " << b.shape_str() << " for " << out << " outputs");
+    }
     const cuda::QuantRowLayout row = codes ? row_layout(spec, in, "routed_linears") : cuda::plain_row_layout(int(in));
     bind();
     dispatch([&](auto e) {
       using E = decltype(e);
       cuda::RoutedLinears<E> g{};
       for (size_t i = 0; i < w.size(); ++i) g.w[i] = static_cast<const uint8_t*>(w[i].data);
+      for (size_t i = 0; i < bias.size(); ++i) g.b[i] = elems<E>(bias[i]);
       g.x = elems<E>(x);
       g.y = elems_mut<E>(y);
       g.expert_begin = i32(r.expert_begin);

@@ -319,6 +319,7 @@ void launch_route_experts(const RouteExpertsParams& p, cudaStream_t stream);
 template <class T>
 struct RoutedLinears {
   const uint8_t* w[kMaxRoutedExperts];  // each expert's [out] rows
+  const T* b[kMaxRoutedExperts];        // each expert's bias [out], or null
   const T* x;                           // [rows, n], rows grouped by expert
   T* y;                                 // [rows, out]
   const int32_t* expert_begin;

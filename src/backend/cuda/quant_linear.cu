@@ -239,7 +239,7 @@ __global__ void __launch_bounds__(kThreads, 1) routed_linears_kernel(const Route
   const int e = g.active[blockIdx.z];
   if (e < 0) return;
   const int64_t first = g.expert_begin[e], rows = g.expert_begin[e + 1] - first;
-  const QuantLinearParams<T> p{g.x + first * g.row.n, g.w[e], nullptr, g.y + first * g.out, rows, g.out, g.row};
+  const QuantLinearParams<T> p{g.x + first * g.row.n, g.w[e], g.b[e], g.y + first * g.out, rows, g.out, g.row};
   if (rows <= 1) quant_linear_rows<kBits, 1>(p, w_vec, x_vec, x_s);
   else if constexpr (kMaxTier >= 2) {
     if (rows <= 2) quant_linear_rows<kBits, 2>(p, w_vec, x_vec, x_s);
