@@ -21,6 +21,7 @@ namespace {
 const fs::path kFixtures = fs::path(STRATA_FIXTURES_DIR) / "tokenizer";
 const fs::path kGpt2Dir = kFixtures / "gpt2";
 const fs::path kLlama3Json = kFixtures / "llama3-style" / "tokenizer.json";
+const fs::path kO200kJson = kFixtures / "o200k-style" / "tokenizer.json";
 
 nlohmann::json load_json(const fs::path& file) {
   std::ifstream in(file);
@@ -124,6 +125,17 @@ TEST_CASE("LLaMA-3-style Split + ByteLevel tokenizer encodes exactly as Hugging 
   Tokenizer tok = Tokenizer::from_tokenizer_json(kLlama3Json);
   check_encode_cases(tok, cases["cases"]);
   CHECK(tok.is_special(*tok.token_id("<|im_end|>")));
+}
+
+// GPT-OSS's o200k_harmony shape: o200k's split (letters by case class, marks with them,
+// case-insensitive contractions, '/' kept with punctuation) and harmony's special tokens.
+TEST_CASE("o200k-style Split + ByteLevel tokenizer encodes and decodes exactly as Hugging Face", "[tokenizer]") {
+  const auto cases = load_json(kFixtures / "o200k_cases.json");
+  Tokenizer tok = Tokenizer::from_tokenizer_json(kO200kJson);
+  check_encode_cases(tok, cases["cases"]);
+  check_round_trip(tok, cases["cases"]);
+  check_decode_cases(tok, cases["decode_cases"]);
+  CHECK(tok.is_special(*tok.token_id("<|return|>")));
 }
 
 TEST_CASE("decode(encode(text)) gives the text back", "[tokenizer]") {
