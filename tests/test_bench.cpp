@@ -388,6 +388,11 @@ TEST_CASE("bench cuts a preset to a few layers, and records bytes moved, routing
   CHECK(bench_config("opt-125m", 2).n_layers == 2);
   CHECK(bench_config("dummy:opt-125m", 0).n_layers == 12);
   CHECK_THROWS_WITH(bench_config("opt-125m", 13), Catch::Contains("has 12 layers, not 13"));
+  // The per-layer lists follow the cut: GPT-OSS's and Gemma's sliding layers, Qwen3-MoE's dense ones.
+  const ModelConfig gpt_oss = bench_config("gpt-oss-20b", 3);
+  CHECK(gpt_oss.window_layers == std::vector<int>{0, 2});
+  CHECK_NOTHROW(gpt_oss.validate());
+  CHECK(bench_config("gemma-3-1b", 7).window_layers == std::vector<int>{0, 1, 2, 3, 4, 6});
   CHECK_THROWS_WITH(parse_bench_suite("cases:\n  - {name: b, model: some/dir, prompt_len: 4, gen_len: 2, policy: p, "
                                       "layers: 2}\n", "s.yaml"),
                     Catch::Contains("s.yaml:2:") && Catch::Contains("'layers' cuts a preset"));

@@ -510,9 +510,7 @@ ModelConfig bench_config(const std::string& model, int layers) {
   ModelConfig cfg = preset ? *preset : open_model(model).config;
   if (layers == 0) return cfg;
   STRATA_CHECK(layers <= cfg.n_layers, "model '" << model << "' has " << cfg.n_layers << " layers, not " << layers);
-  cfg.n_layers = layers;
-  cfg.dense_layers.erase(std::remove_if(cfg.dense_layers.begin(), cfg.dense_layers.end(), [&](int l) { return l >= layers; }),
-                         cfg.dense_layers.end());
+  cfg.keep_layers(layers);
   return cfg;
 }
 

@@ -65,7 +65,7 @@ ModelConfig grid_model(const Backend& backend, const EngineCalibrationOptions& o
   std::optional<ModelConfig> cfg = config_preset(preset);
   if (!cfg) STRATA_FAIL("engine calibration: unknown model preset '" << preset << "'");
   if (layers < 1) STRATA_FAIL("engine calibration: layers must be at least 1, got " << layers);
-  cfg->n_layers = std::min(cfg->n_layers, layers);
+  cfg->keep_layers(std::min(cfg->n_layers, layers));
   return *cfg;
 }
 

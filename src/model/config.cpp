@@ -25,6 +25,12 @@ bool ModelConfig::sparse_layer(int layer) const {
   return moe() && !std::binary_search(dense_layers.begin(), dense_layers.end(), layer);
 }
 
+void ModelConfig::keep_layers(int layers) {
+  n_layers = layers;
+  for (std::vector<int>* list : {&dense_layers, &window_layers})
+    list->erase(std::remove_if(list->begin(), list->end(), [&](int l) { return l >= layers; }), list->end());
+}
+
 int64_t ModelConfig::layer_param_count(int layer) const {
   const int64_t h = hidden, f = intermediate;
   int64_t n = int64_t(h) * (q_dim() + 2 * kv_dim()) + int64_t(q_dim()) * h;  // q, k, v, o

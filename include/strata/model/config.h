@@ -121,6 +121,8 @@ struct ModelConfig {
   int64_t param_count() const;
   int64_t global_param_count() const;
   void validate() const;            // throws strata::Error naming the bad field
+  // The first `layers` layers only (a benchmark's cut model): the per-layer lists trimmed to them.
+  void keep_layers(int layers);
 };
 
 // Reads a Hugging Face config.json (OPTForCausalLM, LlamaForCausalLM, MistralForCausalLM,
