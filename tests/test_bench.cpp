@@ -182,8 +182,8 @@ TEST_CASE("the shipped suites parse and name policies that load", "[bench]") {
       if (c.policy != "auto") CHECK_NOTHROW(load_policy(s.dir / c.policy));
     ++n;
   }
-  CHECK(n == 10);  // smoke-cpu, calibrate-cpu, overlap-cpu, paper-table2, h100, calibrate-gpu, profile-accuracy-cpu,
-                   // moe-cpu, moe-cpu-q4, moe-cpu-both
+  CHECK(n == 11);  // smoke-cpu, calibrate-cpu, overlap-cpu, paper-table2, h100, calibrate-gpu, profile-accuracy-cpu,
+                   // moe-cpu, moe-cpu-q4, moe-cpu-both, gpt-oss-cpu-q4
 }
 
 TEST_CASE("bench --calibrate records lane busy times per phase and writes a refined profile", "[bench][calibrate]") {
