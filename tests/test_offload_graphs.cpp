@@ -100,8 +100,8 @@ TEST_CASE("engine graphs: replayed layer halves give the eager run's tokens and 
   auto backend = make_cuda_backend(0);
   // tiny-mixtral: its attention halves and its decode steps' MLP halves (routed on the device)
   // replay. The compressed placement (slow on the emulation) and delegated attention run on the
-  // dense models. tiny-gemma3: its sliding-window and full layers pass through the same GPU
-  // buffers, so a graph captured for one must not replay for the other (the key names the window).
+  // dense models. tiny-gemma3: its sliding-window and full layers through these placements (the
+  // graphs they share across layers: the test below, where only the key's window tells them apart).
   for (const char* name : {"tiny-llama", "tiny-opt", "tiny-mixtral", "tiny-gemma3"}) {
     const ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     std::vector<GenRequest> reqs = fixture_requests(load_expected(name));
@@ -121,30 +121,36 @@ TEST_CASE("engine graphs: replayed layer halves give the eager run's tokens and 
   }
 }
 
-TEST_CASE("engine graphs: each layer's attention sinks are its own", "[offload][cuda][graphs][gpt_oss]") {
+TEST_CASE("engine graphs: layers that differ only in their window, RoPE row or sinks keep their own graphs",
+          "[offload][cuda][graphs][gpt_oss][gemma]") {
   if (!cuda_available()) {
     WARN("no GPU: skipped");
     return;
   }
-  // GPT-OSS's layers differ by their sinks alone where their windows agree: tiny-gpt-oss's shape
-  // with six layers (dummy weights; sinks drawn like every other weight), weights and caches
-  // through shared GPU buffers, three units a layer, so unit b of layers 1, 3 and 5 meets the same
-  // addresses (cache staging buffer b of three). One graph for them would attend with layer 1's
-  // sinks in all three.
+  // Six layers of a tiny model's shape (dummy weights; sinks drawn like every other weight),
+  // weights and caches through shared GPU buffers, three units a layer, so unit b of layers 1 to
+  // 5 meets the same addresses (cache staging buffer b of three): only the key's window, RoPE
+  // row and sinks tell their attention halves apart. GPT-OSS: layers 1, 3 and 5 share a window
+  // and differ by their sinks; Gemma 3: sliding layers 1, 3, 4 beside full layers 2 and 5, whose
+  // window and RoPE row differ. One graph for them would attend as the first layer captured.
   auto backend = make_cuda_backend(0);
-  ModelBundle model;
-  model.config = config_from_hf_json(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-gpt-oss/config.json");
-  model.config.n_layers = 6;
-  model.config.window_layers = {0, 2, 4};
-  model.weights = make_dummy_source(model.config, 7);
-  std::vector<GenRequest> reqs = fixture_requests(load_expected("tiny-gpt-oss"));
-  for (GenRequest& r : reqs) r.logprobs = 2;
-  const TierSplit C{0, 100, 0}, G{100, 0, 0};
-  const OffloadOptions opt = options_of(policy_of(2, 3, C, C, G));
-  const Run eager = run_with(model, *backend, opt, reqs, false, "0");
-  const Run graphed = run_with(model, *backend, opt, reqs, false, "1");
-  CHECK(graphed.replays > 0);
-  check_identical(graphed, eager);
+  for (const auto& [name, windows] : {std::pair{"tiny-gpt-oss", std::vector<int>{0, 2, 4}},
+                                      std::pair{"tiny-gemma3", std::vector<int>{0, 1, 3, 4}}}) {
+    INFO(name);
+    ModelBundle model;
+    model.config = config_from_hf_json(std::string(STRATA_FIXTURES_DIR) + "/models/" + name + "/config.json");
+    model.config.n_layers = 6;
+    model.config.window_layers = windows;
+    model.weights = make_dummy_source(model.config, 7);
+    std::vector<GenRequest> reqs = fixture_requests(load_expected(name));
+    for (GenRequest& r : reqs) r.logprobs = 2;
+    const TierSplit C{0, 100, 0}, G{100, 0, 0};
+    const OffloadOptions opt = options_of(policy_of(2, 3, C, C, G));
+    const Run eager = run_with(model, *backend, opt, reqs, false, "0");
+    const Run graphed = run_with(model, *backend, opt, reqs, false, "1");
+    CHECK(graphed.replays > 0);
+    check_identical(graphed, eager);
+  }
 }
 
 TEST_CASE("engine graphs: served requests give the eager run's results, steps of every size beside",
