@@ -496,29 +496,33 @@ void read_gemma(const json& j, const std::string& file, const std::string& model
 // MLP is a mixture of experts whose router and experts have biases and whose experts apply the
 // clamped SwiGLU. Its router takes the top k of the logits and softmaxes them: the weights of
 // softmax, top k and renormalisation (route_tokens), so norm_topk_prob.
-void read_gpt_oss(const json& j, const std::string& file, ModelConfig& c) {
-  read_llama_shape(j, 64, 131072, c);
-  c.norm_eps = get_or<float>(j, "rms_norm_eps", 1e-5f);
-  const std::string act = get_or<std::string>(j, "hidden_act", "silu");
-  if (act != "silu") STRATA_FAIL(file << ": hidden_act '" << act << "' is not supported (silu)");
+// What every GPT-OSS shares (read_gpt_oss, the presets), over a LLaMA shape: the clamped SwiGLU
+// with GptOssConfig's limit and gain, sinks, biases on the attention, the router and the experts
+// (as wide as intermediate), top-k-then-softmax routing.
+void set_gpt_oss_fields(ModelConfig& c) {
+  c.norm_eps = 1e-5f;
   c.mlp = MlpKind::ClampedSwiGLU;
-  c.glu_limit = get_or<float>(j, "swiglu_limit", 7.0f);
-  c.glu_alpha = get_or<float>(j, "swiglu_alpha", 1.702f);
-  if (!(c.glu_limit > 0.0f) || !(c.glu_alpha > 0.0f))
-    STRATA_FAIL(file << ": swiglu_limit " << c.glu_limit << " and swiglu_alpha " << c.glu_alpha << " must be positive");
-  c.qkv_bias = c.o_bias = get_or<bool>(j, "attention_bias", true);
-  c.attn_sinks = true;
-  c.tied_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
-
+  c.glu_limit = 7.0f;
+  c.glu_alpha = 1.702f;
+  c.qkv_bias = c.o_bias = c.attn_sinks = c.router_bias = c.expert_bias = true;
   c.moe_naming = MoeNaming::GptOss;
-  c.n_experts = require_int(j, j.contains("num_experts") ? "num_experts" : "num_local_experts");
-  c.experts_per_token = require_int(j, "num_experts_per_tok");
-  if (c.n_experts <= 0 || c.experts_per_token <= 0 || c.experts_per_token > c.n_experts)
-    STRATA_FAIL(file << ": num_experts_per_tok " << c.experts_per_token << " must be between 1 and num_local_experts ("
-                     << c.n_experts << ")");
   c.expert_intermediate = c.intermediate;
   c.norm_topk_prob = true;
-  c.router_bias = c.expert_bias = true;
+}
+
+void read_gpt_oss(const json& j, const std::string& file, ModelConfig& c) {
+  read_llama_shape(j, 64, 131072, c);
+  set_gpt_oss_fields(c);  // validate() checks the expert counts and the SwiGLU's settings
+  c.norm_eps = get_or<float>(j, "rms_norm_eps", c.norm_eps);
+  const std::string act = get_or<std::string>(j, "hidden_act", "silu");
+  if (act != "silu") STRATA_FAIL(file << ": hidden_act '" << act << "' is not supported (silu)");
+  c.glu_limit = get_or<float>(j, "swiglu_limit", c.glu_limit);
+  c.glu_alpha = get_or<float>(j, "swiglu_alpha", c.glu_alpha);
+  c.qkv_bias = c.o_bias = get_or<bool>(j, "attention_bias", true);
+  c.tied_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
+  c.n_experts = require_int(j, j.contains("num_experts") ? "num_experts" : "num_local_experts");
+  if (c.n_experts <= 0) STRATA_FAIL(file << ": num_local_experts is " << c.n_experts << "; expected at least 1");
+  c.experts_per_token = require_int(j, "num_experts_per_tok");
 
   c.layer_window = get_or<int>(j, "sliding_window", 128);
   if (c.layer_window <= 0) STRATA_FAIL(file << ": sliding_window " << c.layer_window << " is not positive");
@@ -775,15 +779,9 @@ const std::map<std::string, ModelConfig>& presets() {
     for (const auto& [name, layers, experts] : {std::tuple{"gpt-oss-20b", 24, 32}, std::tuple{"gpt-oss-120b", 36, 128}}) {
       ModelConfig c = llama_preset(name, 2880, layers, 64, 8, 2880, 201088, 150000.0f, 131072);
       c.head_dim = 64;
-      c.norm_eps = 1e-5f;
-      c.mlp = MlpKind::ClampedSwiGLU;
-      c.glu_limit = 7.0f;
-      c.glu_alpha = 1.702f;
-      c.qkv_bias = c.o_bias = c.attn_sinks = c.router_bias = c.expert_bias = true;
+      set_gpt_oss_fields(c);
       c.n_experts = experts;
       c.experts_per_token = 4;
-      c.expert_intermediate = 2880;
-      c.moe_naming = MoeNaming::GptOss;
       c.layer_window = 128;
       for (int l = 0; l < layers; l += 2) c.window_layers.push_back(l);
       c.rope_freq_factors = yarn_freq_divisors(64, 150000.0f, 32.0, 4096, 32, 1, false);

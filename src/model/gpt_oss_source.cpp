@@ -174,34 +174,34 @@ private:
     if (it == parts_.end()) return plain_->read(visible(name), dst_dtype, dst, pool);
     const Part& p = it->second;
     const LayerExperts& l = *p.layer;
-    // A matrix row by row: row r of the part is row `row_of(r)` of the expert's [out, in].
     const bool gate_up = p.kind == Part::GateUp || p.kind == Part::GateUpBias;
-    const int64_t rows = p.kind == Part::GateUp ? f_ : p.kind == Part::Down ? h_ : 1;
-    const int64_t cols = p.kind == Part::GateUp ? h_ : p.kind == Part::Down ? f_ : gate_up ? f_ : h_;
+    const bool bias = p.kind == Part::GateUpBias || p.kind == Part::DownBias;
+    const int64_t out = gate_up ? 2 * f_ : h_;  // the expert's stored rows [out, in] (a bias: its width)
+    const int64_t rows = bias ? 1 : gate_up ? f_ : h_, cols = bias ? out / (gate_up ? 2 : 1) : gate_up ? h_ : f_;
+    auto row_of = [&](int64_t r) { return gate_up ? 2 * r + p.which : r; };  // the part's row r in [out, ...]
+    // The stored tensors, looked up once: an MXFP4 matrix's blocks and scales, else floats.
+    const std::string& blocks = bias ? std::string() : gate_up ? l.gate_up_blocks : l.down_blocks;
+    const SafetensorsEntry* mx_blocks = blocks.empty() ? nullptr : &set_->get(blocks);
+    const SafetensorsEntry* mx_scales = mx_blocks ? &set_->get(gate_up ? l.gate_up_scales : l.down_scales) : nullptr;
+    const std::string& plain = bias ? (gate_up ? l.gate_up_bias : l.down_bias) : gate_up ? l.gate_up : l.down;
+    const SafetensorsEntry* floats = mx_blocks ? nullptr : &set_->get(plain);
+    // A float row's element c sits at first(r) + c * stride: a bias is its expert's row of [E, out]
+    // (gate or up: every other entry), a matrix row a column of the expert's [in, out].
+    auto first = [&](int64_t r) { return bias ? p.expert * out + row_of(0) : p.expert * cols * out + row_of(r); };
+    const int64_t stride = bias ? (gate_up ? 2 : 1) : out;
     const size_t out_size = dtype_size(dst_dtype);
-    auto row_of = [&](int64_t r) { return gate_up ? 2 * r + p.which : r; };
-    auto write_row = [&](int64_t r, const float* values) {
-      convert_elements(values, DType::F32, static_cast<uint8_t*>(dst) + size_t(r * cols) * out_size, dst_dtype,
-                       size_t(cols));
-    };
     auto rows_in = [&](int64_t r0, int64_t r1) {
       std::vector<float> row(static_cast<size_t>(cols));
       for (int64_t r = r0; r < r1; ++r) {
-        if (p.kind == Part::GateUpBias || p.kind == Part::DownBias) {
-          const SafetensorsEntry& e = set_->get(gate_up ? l.gate_up_bias : l.down_bias);
-          const int64_t width = gate_up ? 2 * f_ : h_, es = int64_t(dtype_size(e.dtype));
-          for (int64_t c = 0; c < cols; ++c)
-            row[size_t(c)] = load_float(e.data + ((p.expert * width) + (gate_up ? 2 * c + p.which : c)) * es, e.dtype);
-        } else if (const std::string& blocks = gate_up ? l.gate_up_blocks : l.down_blocks; !blocks.empty()) {
-          decode_mxfp4_row(set_->get(blocks), set_->get(gate_up ? l.gate_up_scales : l.down_scales),
-                           gate_up ? 2 * f_ : h_, p.expert, row_of(r), cols, row.data());
-        } else {  // [E, in, out]: the row is a column of the stored expert
-          const SafetensorsEntry& e = set_->get(gate_up ? l.gate_up : l.down);
-          const int64_t out = gate_up ? 2 * f_ : h_, es = int64_t(dtype_size(e.dtype));
-          const uint8_t* base = e.data + (p.expert * cols * out + row_of(r)) * es;
-          for (int64_t c = 0; c < cols; ++c) row[size_t(c)] = load_float(base + c * out * es, e.dtype);
+        if (mx_blocks) {
+          decode_mxfp4_row(*mx_blocks, *mx_scales, out, p.expert, row_of(r), cols, row.data());
+        } else {
+          const int64_t es = int64_t(dtype_size(floats->dtype));
+          const uint8_t* base = floats->data + first(r) * es;
+          for (int64_t c = 0; c < cols; ++c) row[size_t(c)] = load_float(base + c * stride * es, floats->dtype);
         }
-        write_row(r, row.data());
+        convert_elements(row.data(), DType::F32, static_cast<uint8_t*>(dst) + size_t(r * cols) * out_size, dst_dtype,
+                         size_t(cols));
       }
     };
     if (pool && rows > 1) pool->parallel_for(rows, rows_in);

@@ -218,15 +218,25 @@ BlockLayout global_block_layout(const ModelConfig& cfg, DType dtype) {
   return block_layout(global_weight_specs(cfg), dtype, std::nullopt);
 }
 
+namespace {
+
+// The stored name of `s`'s tensor, whose shape must be the one the config implies.
+std::string checked_stored_name(const WeightSource& src, const WeightSpec& s) {
+  const std::string name = stored_name(src, s.name);
+  const std::vector<int64_t> shape = src.shape(name);
+  if (shape != s.shape)
+    STRATA_FAIL(src.describe() << ": tensor '" << name << "' has shape " << shape_str(shape) << ", the config implies "
+                               << shape_str(s.shape));
+  return name;
+}
+
+}  // namespace
+
 void read_block(const BlockLayout& layout, const WeightSource& src, void* host_dst, std::set<std::string>& used,
                 CodesTally* tally, ThreadPool* pool) {
   for (size_t i = 0; i < layout.specs.size(); ++i) {
     const WeightSpec& s = layout.specs[i];
-    const std::string name = stored_name(src, s.name);
-    const std::vector<int64_t> shape = src.shape(name);
-    if (shape != s.shape)
-      STRATA_FAIL(src.describe() << ": tensor '" << name << "' has shape " << shape_str(shape) << ", the config implies "
-                                 << shape_str(s.shape));
+    const std::string name = checked_stored_name(src, s);
     uint8_t* dst = static_cast<uint8_t*>(host_dst) + layout.offsets[i];
     if (is_quantized(layout.dtypes[i])) {
       if (src.read_codes(name, *layout.compression, dst, pool)) {  // the file's own codes
@@ -289,11 +299,7 @@ void set_global_views(const ModelConfig& cfg, const BlockLayout& layout, void* b
 std::vector<float> read_attention_sinks(const ModelConfig& cfg, const WeightSource& src, std::set<std::string>& used) {
   std::vector<float> sinks;
   for (const WeightSpec& s : attention_sink_specs(cfg)) {
-    const std::string name = stored_name(src, s.name);
-    const std::vector<int64_t> shape = src.shape(name);
-    if (shape != s.shape)
-      STRATA_FAIL(src.describe() << ": tensor '" << name << "' has shape " << shape_str(shape) << ", the config implies "
-                                 << shape_str(s.shape));
+    const std::string name = checked_stored_name(src, s);
     sinks.resize(sinks.size() + size_t(s.numel()));
     src.read(name, DType::F32, sinks.data() + sinks.size() - size_t(s.numel()));
     used.insert(name);
