@@ -271,3 +271,77 @@ TEST_CASE("a model directory's chat template: chat_template.jinja, else tokenize
   CHECK(chat.chat_template == "{{ bos_token }}J\n");
   CHECK(chat.tokens.bos.empty());
 }
+
+namespace {
+
+nlohmann::ordered_json harmony_cases() {
+  std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/chat/harmony_cases.json");
+  REQUIRE(in);
+  return nlohmann::ordered_json::parse(in);
+}
+
+ChatTemplate harmony_template(const nlohmann::ordered_json& ex) {
+  ChatTemplate tpl = ChatTemplate::parse(ex["source"].get<std::string>());
+  REQUIRE(tpl.format() == ChatFormat::Harmony);
+  tpl.set_today(ex["today"].get<std::string>());
+  return tpl;
+}
+
+}  // namespace
+
+// Expected texts: Jinja2 rendering GPT-OSS's published template (make_harmony_cases.py).
+TEST_CASE("GPT-OSS's harmony template renders as Jinja2 renders it, refusals included", "[chat][harmony]") {
+  const auto ex = harmony_cases();
+  const ChatTemplate tpl = harmony_template(ex);
+  int rendered = 0, refused = 0, efforts = 0;
+  for (const auto& c : ex["cases"]) {
+    const std::vector<ChatMessage> msgs = messages_of(c);
+    const bool gen = c["add_generation_prompt"].get<bool>();
+    ChatOptions options;
+    if (c.contains("reasoning_effort")) options.reasoning_effort = c["reasoning_effort"].get<std::string>(), ++efforts;
+    INFO(c["messages"].dump() << (gen ? " + generation prompt" : "") << " effort '" << options.reasoning_effort << "'");
+    if (c.contains("undefined")) {
+      CHECK_THROWS_AS(tpl.render(msgs, gen, options), ChatTemplateError);
+      ++refused;
+    } else if (c.contains("error")) {
+      CHECK_THROWS_MATCHES(tpl.render(msgs, gen, options), ChatTemplateError,
+                           Catch::Message(c["error"].get<std::string>()));
+      ++refused;
+    } else if (c.contains("strata_refuses")) {  // Jinja renders it, dropping a message or a call
+      CHECK_THROWS_MATCHES(tpl.render(msgs, gen, options), ChatTemplateError,
+                           Catch::Message(c["strata_refuses"].get<std::string>()));
+      ++refused;
+    } else {
+      CHECK(tpl.render(msgs, gen, options) == c["text"].get<std::string>());
+      ++rendered;
+    }
+  }
+  CHECK(rendered >= 35);
+  CHECK(refused >= 15);
+  CHECK(efforts == 4);
+}
+
+TEST_CASE("GPT-OSS's template is recognized whole; a changed rendering path is refused", "[chat][harmony]") {
+  const auto ex = harmony_cases();
+  const std::string source = ex["source"].get<std::string>();
+  CHECK(ChatTemplate::parse(source).format() == ChatFormat::Harmony);
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"Knowledge cutoff: 2024-06", "Knowledge cutoff: 2025-01"},
+           {"\"# Instructions\\n\\n\"", "\"# Instructions\\n\""},
+           {"+ \"<|return|>\"", "+ \"<|end|>\""},
+           {"<|start|>assistant\n{%- endif -%}", "<|start|>assistant<|channel|>final<|message|>\n{%- endif -%}"},
+           {"{%- set reasoning_effort = \"medium\" %}", "{%- set reasoning_effort = \"high\" %}"}}) {
+    INFO(from);
+    CHECK_THROWS_WITH(ChatTemplate::parse(edited(source, from, to)), Catch::Contains("unsupported chat template"));
+  }
+}
+
+TEST_CASE("a harmony rendering tokenizes with the harmony special tokens", "[chat][harmony]") {
+  const auto ex = harmony_cases();
+  const ChatTemplate tpl = harmony_template(ex);
+  const Tokenizer tok = Tokenizer::from_dir(std::string(STRATA_FIXTURES_DIR) + "/tokenizer/o200k-style");
+  for (const auto& c : ex["token_cases"]) {
+    INFO(c["messages"].dump());
+    CHECK(tok.encode(tpl.render(messages_of(c))) == c["ids"].get<std::vector<int32_t>>());
+  }
+}

@@ -100,6 +100,32 @@ TEST_CASE("unsupported variants are refused by name", "[config]") {
   CHECK_THROWS_WITH(config_from_hf_json("/nonexistent/config.json"), Catch::Contains("cannot open"));
 }
 
+TEST_CASE("generation_config.json's eos_token_id joins the config's end tokens", "[config]") {
+  ModelConfig c = config_from_hf_json(kFixtures + "/models/tiny-llama/config.json");
+  REQUIRE(c.eos_ids == std::vector<int>{2});
+  const fs::path dir = test::temp_dir("generation-config");
+  auto with = [&](const std::string& text) {
+    std::ofstream(dir / "generation_config.json") << text;
+    ModelConfig copy = c;
+    read_generation_eos(dir / "generation_config.json", copy);
+    return copy.eos_ids;
+  };
+  CHECK(with(R"({"eos_token_id": [2, 7, 7, 9]})") == std::vector<int>{2, 7, 9});  // after the config's, once each
+  CHECK(with(R"({"eos_token_id": 5})") == std::vector<int>{2, 5});
+  CHECK(with(R"({"temperature": 0.6})") == std::vector<int>{2});
+  CHECK(with(R"({"eos_token_id": null})") == std::vector<int>{2});
+  ModelConfig absent = c;
+  read_generation_eos(dir / "missing.json", absent);
+  CHECK(absent.eos_ids == std::vector<int>{2});
+  const std::string file = (dir / "generation_config.json").string();
+  CHECK_THROWS_WITH(with(R"({"eos_token_id": [2, 1000]})"),
+                    Catch::Contains(file) && Catch::Contains("eos_token_id 1000 outside the vocabulary"));
+  CHECK_THROWS_WITH(with(R"({"eos_token_id": -1})"), Catch::Contains(file) && Catch::Contains("outside"));
+  CHECK_THROWS_WITH(with(R"({"eos_token_id": "2"})"), Catch::Contains(file) && Catch::Contains("eos_token_id"));
+  CHECK_THROWS_WITH(with("{not json"), Catch::Contains(file) && Catch::Contains("invalid JSON"));
+  CHECK_THROWS_WITH(with("[2]"), Catch::Contains(file) && Catch::Contains("expected a JSON object"));
+}
+
 TEST_CASE("a sliding window shorter than the context becomes the context", "[config]") {
   // Mistral 7B v0.1's shape: full attention and a 4096 window agree on every sequence of at most
   // 4096 tokens, so those are served and longer ones refused as past the context.

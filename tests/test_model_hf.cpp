@@ -12,6 +12,7 @@
 #include "strata/backend/device_info.h"
 #include "strata/model/model_loader.h"
 #include "strata/runtime/generator.h"
+#include "edited_model.h"
 #include "test_support.h"
 #include "worst_error.h"
 
@@ -135,6 +136,28 @@ TEST_CASE("batched greedy generation matches Hugging Face token for token", "[mo
       }
     }
   }
+}
+
+// transformers' generate() stops at generation_config.json's eos_token_id: a token of the greedy
+// answer named there ends it, itself included.
+TEST_CASE("generation_config.json's end tokens stop greedy generation where transformers' would", "[model][hf]") {
+  const json exp = load_expected("tiny-llama");
+  const std::vector<int32_t> want = ids_of(exp["greedy"][0]);
+  const int32_t stop = want[4];
+  const size_t first = size_t(std::find(want.begin(), want.end(), stop) - want.begin());
+  REQUIRE(stop != exp["eos_token_id"].get<int>());
+  const std::filesystem::path dir = test::edited_model("tiny-llama", [](json&) {}, "generation-eos");
+  std::ofstream(dir / "generation_config.json") << json{{"eos_token_id", {2, stop}}}.dump();
+  ModelBundle b = open_model(dir.string());
+  CHECK(b.config.eos_ids == std::vector<int>{2, stop});
+  auto backend = make_cpu_backend(2);
+  Transformer model(b.config, load_model_weights(b.config, *b.weights, *backend), *backend);
+  GenRequest r;
+  r.prompt = ids_of(exp["prompts"][0]);
+  r.sampling.max_new_tokens = exp["max_new_tokens"].get<int>();
+  const std::vector<GenResult> got = generate(model, {r}, GenOptions{});
+  CHECK(got[0].tokens == std::vector<int32_t>(want.begin(), want.begin() + std::ptrdiff_t(first + 1)));
+  CHECK(got[0].finish == FinishReason::Eos);
 }
 
 TEST_CASE("CUDA: logits match Hugging Face within fp16 tolerance, greedy where the margin allows", "[model][hf][cuda]") {

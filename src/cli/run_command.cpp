@@ -112,6 +112,10 @@ void add_run_command(CLI::App& app) {
                                  "JSON schema file for lines that give no response_format: each answer a document of "
                                  "it (docs/batch-format.md, \"JSON answers\")")
                      ->check(CLI::ExistingFile);
+  cmd->add_option("--reasoning-effort", opt->reasoning_effort,
+                  "for lines that give no reasoning_effort: low, medium or high, what GPT-OSS's chat template writes "
+                  "in its system message (default: the template's, medium)")
+      ->check(CLI::IsMember({"low", "medium", "high"}));
   cmd->add_flag("!--no-progress", opt->progress, "no progress line");
   cmd->add_flag("!--no-refill", opt->refill,
                 "generate in blocks whose slots all wait for the block's longest answer (default: a finished "

@@ -113,16 +113,24 @@ json strata_logprobs(const Tokenizer& tok, const GenResult& g) {
 struct ChoiceText {
   std::string text;
   bool stopped = false;  // cut at a stop string
+  std::optional<std::string> reasoning;  // a harmony answer's
 };
 
+// The answer's text (a harmony answer's final channel) and reasoning, from its first `tokens`.
+ChoiceText answer_text(const Tokenizer& tok, const HarmonyTokens* harmony, std::span<const int32_t> tokens) {
+  if (!harmony) return {tok.decode(tokens, /*skip_special=*/true), false, std::nullopt};
+  HarmonyAnswer a = split_harmony(tok, *harmony, tokens);
+  return {std::move(a.content), false, std::move(a.reasoning)};
+}
+
 // min_tokens: the answer's first min_tokens - 1 tokens hold no stop string (as the generator's
-// stop check, which waits for min_tokens tokens).
+// stop check, which waits for min_tokens tokens). A harmony answer's stop strings are looked for
+// in its final text only.
 ChoiceText choice_text(const Tokenizer& tok, const GenResult& g, const std::vector<std::string>& stops,
-                       int min_tokens) {
-  ChoiceText c{tok.decode(g.tokens, /*skip_special=*/true), false};
+                       int min_tokens, const HarmonyTokens* harmony) {
+  ChoiceText c = answer_text(tok, harmony, g.tokens);
   const size_t held = std::min(g.tokens.size(), size_t(std::max(min_tokens - 1, 0)));
-  const size_t ends_after =
-      held == 0 ? 0 : tok.decode(std::span(g.tokens).first(held), /*skip_special=*/true).size();
+  const size_t ends_after = held == 0 ? 0 : answer_text(tok, harmony, std::span(g.tokens).first(held)).text.size();
   const size_t cut = first_stop(c.text, stops, ends_after);
   if (cut != std::string::npos) {
     c.text.resize(cut);
@@ -135,6 +143,11 @@ const std::vector<std::string>& stops_of(const PromptRecord& r, const AnswerSett
   return r.stop ? *r.stop : s.default_stop;
 }
 
+// Chat answers of a harmony template (GPT-OSS) are harmony; raw prompts' are read as text.
+const HarmonyTokens* harmony_of(const PromptRecord& r, const AnswerSettings& s) {
+  return s.harmony && !r.messages.empty() ? &*s.harmony : nullptr;
+}
+
 }  // namespace
 
 size_t first_stop(std::string_view text, const std::vector<std::string>& stops, size_t ends_after) {
@@ -144,28 +157,52 @@ size_t first_stop(std::string_view text, const std::vector<std::string>& stops, 
   return best;
 }
 
+namespace {
+
+// Whether the text of `generated` holds one of `stops` ending in its last token (earlier matches
+// would have stopped it already): that token's bytes and at most longest - 1 bytes before them.
+bool ends_in_stop(const Tokenizer& tokenizer, const std::vector<std::string>& stops, size_t longest,
+                  std::span<const int32_t> generated) {
+  if (generated.empty() || tokenizer.is_special(generated.back())) return false;  // no new text
+  size_t first = generated.size() - 1, before = 0;
+  while (first > 0 && before + 1 < longest) {
+    --first;
+    if (!tokenizer.is_special(generated[first])) before += tokenizer.token_bytes(generated[first]).size();
+  }
+  // From the start, the text as the answer will read it: a SentencePiece decoder drops the
+  // first token's leading space, which the tokens' bytes still hold.
+  std::string bytes = first == 0 ? tokenizer.decode(generated, /*skip_special=*/true) : std::string();
+  for (size_t i = first; first > 0 && i < generated.size(); ++i)
+    if (!tokenizer.is_special(generated[i])) bytes += tokenizer.token_bytes(generated[i]);
+  for (const std::string& s : stops)
+    if (bytes.find(s) != std::string::npos) return true;
+  return false;
+}
+
+size_t longest_of(const std::vector<std::string>& stops) {
+  size_t longest = 0;
+  for (const std::string& s : stops) longest = std::max(longest, s.size());
+  return longest;
+}
+
+}  // namespace
+
 StopCheck make_stop_check(const Tokenizer& tokenizer, std::vector<std::string> stops) {
   std::erase_if(stops, [](const std::string& s) { return s.empty(); });
   if (stops.empty()) return {};
-  size_t longest = 0;
-  for (const std::string& s : stops) longest = std::max(longest, s.size());
+  const size_t longest = longest_of(stops);
   return [&tokenizer, stops = std::move(stops), longest](std::span<const int32_t> generated) {
-    if (generated.empty() || tokenizer.is_special(generated.back())) return false;  // no new text
-    // A match found now ends in the last token's bytes and starts at most longest - 1 bytes
-    // before them. Earlier matches would have stopped the sequence already.
-    size_t first = generated.size() - 1, before = 0;
-    while (first > 0 && before + 1 < longest) {
-      --first;
-      if (!tokenizer.is_special(generated[first])) before += tokenizer.token_bytes(generated[first]).size();
-    }
-    // From the start, the text as the answer will read it: a SentencePiece decoder drops the
-    // first token's leading space, which the tokens' bytes still hold.
-    std::string bytes = first == 0 ? tokenizer.decode(generated, /*skip_special=*/true) : std::string();
-    for (size_t i = first; first > 0 && i < generated.size(); ++i)
-      if (!tokenizer.is_special(generated[i])) bytes += tokenizer.token_bytes(generated[i]);
-    for (const std::string& s : stops)
-      if (bytes.find(s) != std::string::npos) return true;
-    return false;
+    return ends_in_stop(tokenizer, stops, longest, generated);
+  };
+}
+
+StopCheck make_harmony_stop_check(const Tokenizer& tokenizer, const HarmonyTokens& h, std::vector<std::string> stops) {
+  std::erase_if(stops, [](const std::string& s) { return s.empty(); });
+  if (stops.empty()) return {};
+  const size_t longest = longest_of(stops);
+  return [&tokenizer, h, stops = std::move(stops), longest](std::span<const int32_t> generated) {
+    const std::optional<size_t> begin = final_text_begin(tokenizer, h, generated);
+    return begin && ends_in_stop(tokenizer, stops, longest, generated.subspan(*begin));
   };
 }
 
@@ -187,7 +224,9 @@ GenRequest make_gen_request(const PromptRecord& r, std::vector<int32_t> prompt, 
   g.sampling = r.sampling;
   g.n = r.n;
   g.logprobs = r.logprobs;
-  g.stop = make_stop_check(*s.tokenizer, stops_of(r, s));
+  const HarmonyTokens* harmony = harmony_of(r, s);
+  g.stop = harmony ? make_harmony_stop_check(*s.tokenizer, *harmony, stops_of(r, s))
+                   : make_stop_check(*s.tokenizer, stops_of(r, s));
   const ResponseFormat format = r.response_format.value_or(s.default_response_format);
   if (format == ResponseFormat::JsonObject) {
     STRATA_CHECK(s.json_vocabulary, "a JSON answer asked for without the job's JSON vocabulary");
@@ -196,6 +235,9 @@ GenRequest make_gen_request(const PromptRecord& r, std::vector<int32_t> prompt, 
     STRATA_CHECK(s.schema_grammars, "a JSON schema answer asked for without the job's schema grammars");
     g.grammar = s.schema_grammars->get(r.response_format ? r.json_schema : s.default_json_schema);
   }
+  if (g.grammar && harmony)  // the document is the final channel's text; the reasoning runs free
+    g.grammar = harmony_final_grammar(std::move(g.grammar), s.json_vocabulary->tokens(), *harmony,
+                                      s.tokenizer->vocab_size());
   return g;
 }
 
@@ -212,7 +254,7 @@ AnswerSettings answer_settings(const Tokenizer& tokenizer, std::vector<std::stri
                                std::string default_json_schema) {
   AnswerSettings s{&tokenizer,           std::move(default_stop),        std::move(model_name),
                    created,              default_response_format,         std::move(default_json_schema),
-                   json_vocabulary(tokenizer), nullptr};
+                   json_vocabulary(tokenizer), nullptr,                         std::nullopt};
   s.schema_grammars = std::make_shared<SchemaGrammars>(s.json_vocabulary->tokens());
   return s;
 }
@@ -228,15 +270,17 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
                  const AnswerSettings& s) {
   const Tokenizer& tok = *s.tokenizer;
   const std::vector<std::string>& stops = stops_of(r, s);
+  const HarmonyTokens* harmony = harmony_of(r, s);
   if (r.format == InputFormat::OpenAIBatch) {
     Completion c;
     c.prompt_tokens = prompt_tokens;
     c.model = r.model.empty() ? s.model_name : r.model;
     c.created = s.created;
     for (const GenResult& g : choices) {
-      const ChoiceText t = choice_text(tok, g, stops, r.sampling.min_tokens);
+      ChoiceText t = choice_text(tok, g, stops, r.sampling.min_tokens, harmony);
       CompletionChoice choice;
       choice.text = t.text;
+      choice.reasoning = std::move(t.reasoning);
       choice.finish_reason = t.stopped || g.finish != FinishReason::Length ? "stop" : "length";
       if (r.logprobs >= 0)
         choice.logprobs = r.endpoint == Endpoint::ChatCompletions ? chat_logprobs(tok, g) : completion_logprobs(tok, g, r.prompt);
@@ -248,9 +292,10 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
 
   // The strata format: one choice in the top-level fields, as before n existed; n > 1 in "choices".
   auto choice_json = [&](const GenResult& g) {
-    const ChoiceText t = choice_text(tok, g, stops, r.sampling.min_tokens);
+    const ChoiceText t = choice_text(tok, g, stops, r.sampling.min_tokens, harmony);
     json j;
     j["completion"] = t.text;
+    if (t.reasoning) j["reasoning"] = *t.reasoning;
     j["tokens"] = g.tokens;
     j["completion_tokens"] = g.tokens.size();
     j["finish_reason"] = t.stopped ? "stop" : finish_reason_name(g.finish);
@@ -262,6 +307,7 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
   if (choices.size() == 1) {
     json c = choice_json(choices[0]);
     line["completion"] = std::move(c["completion"]);
+    if (c.contains("reasoning")) line["reasoning"] = std::move(c["reasoning"]);
     line["tokens"] = std::move(c["tokens"]);
     line["prompt_tokens"] = prompt_tokens;
     line["completion_tokens"] = std::move(c["completion_tokens"]);

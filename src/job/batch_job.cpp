@@ -57,7 +57,21 @@ struct Tokenized {
 // count must be exact, and by the reader thread for every request.
 class PromptTokenizer {
 public:
-  PromptTokenizer(const ModelBundle& model, std::string file) : model_(model), file_(std::move(file)) {}
+  PromptTokenizer(const ModelBundle& model, std::string file, std::string reasoning_effort)
+      : model_(model), file_(std::move(file)), reasoning_effort_(std::move(reasoning_effort)) {}
+
+  // The model's chat template, parsed on first use (nullopt: none, or one that cannot be used).
+  const std::optional<ChatTemplate>& chat() const {
+    std::call_once(chat_once_, [this] {
+      if (model_.chat_template.empty()) return;
+      try {
+        chat_ = ChatTemplate::parse(model_.chat_template, model_.chat_tokens);
+      } catch (const Error& e) {
+        no_chat_ = std::string("'messages' given, but the model's chat template cannot be used: ") + e.what();
+      }
+    });
+    return chat_;
+  }
 
   // The ids of a servable request. One that cannot be served (no chat template, no tokens, fills
   // the context, a logit_bias or stop token past the vocabulary) throws "FILE:LINE: why" in the strata
@@ -125,20 +139,14 @@ private:
   // template (parsed on first use: an unsupported template fails only a job that needs it).
   std::optional<std::string> render(const PromptRecord& r) const {
     if (r.messages.empty()) return r.prompt;
-    std::call_once(chat_once_, [this] {
-      if (model_.chat_template.empty()) return;
-      try {
-        chat_ = ChatTemplate::parse(model_.chat_template, model_.chat_tokens);
-      } catch (const Error& e) {
-        no_chat_ = std::string("'messages' given, but the model's chat template cannot be used: ") + e.what();
-      }
-    });
-    if (!chat_) return std::nullopt;
-    return chat_->render(r.messages, /*add_generation_prompt=*/true);
+    if (!chat()) return std::nullopt;
+    const ChatOptions options{r.reasoning_effort.empty() ? reasoning_effort_ : r.reasoning_effort};
+    return chat_->render(r.messages, /*add_generation_prompt=*/true, options);
   }
 
   const ModelBundle& model_;
   std::string file_;
+  std::string reasoning_effort_;  // --reasoning-effort
   mutable std::once_flag chat_once_;
   mutable std::optional<ChatTemplate> chat_;
   mutable std::string no_chat_ = "'messages' given, but the model has no chat template; give 'prompt'";
@@ -533,7 +541,7 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   ModelBundle model = open_model(opt.model, opt.tokenizer);
   if (!model.tokenizer) STRATA_FAIL(opt.model << ": the model has no tokenizer files; pass --tokenizer DIR");
   if (model.packed) log << packed_load_note(*model.packed) << "\n";
-  const PromptTokenizer tok(model, opt.prompts.string());
+  const PromptTokenizer tok(model, opt.prompts.string(), opt.reasoning_effort);
 
   // Pass 1: check every line before touching the device or the output.
   const JobScan scan = scan_job(opt, shard, model, tok, log);
@@ -581,8 +589,14 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
     log << "resuming " << writer.partial_path().string() << ": " << done_before << " of " << scan.mine
         << " prompts already done\n";
   const int64_t created = int64_t(std::time(nullptr));
-  const AnswerSettings answers = answer_settings(*model.tokenizer, opt.stop, model.config.name, created,
-                                                 opt.response_format, opt.json_schema);
+  AnswerSettings answers = answer_settings(*model.tokenizer, opt.stop, model.config.name, created,
+                                           opt.response_format, opt.json_schema);
+  if (tok.chat() && tok.chat()->format() == ChatFormat::Harmony) {
+    answers.harmony = HarmonyTokens::of(*model.tokenizer);
+    if (!answers.harmony)
+      STRATA_FAIL(opt.model << ": the chat template is GPT-OSS's harmony format, but the tokenizer lacks one of "
+                               "<|start|>, <|end|>, <|message|>, <|channel|>, <|constrain|>, <|return|>, <|call|>");
+  }
 
   const size_t block = gen->batch_size();
   const size_t window = opt.window > 0 ? size_t(opt.window) : std::max<size_t>(8 * block, 4096);

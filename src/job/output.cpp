@@ -251,8 +251,12 @@ nlohmann::json openai_response_line(const PromptRecord& r, const Completion& c) 
   const std::vector<CompletionChoice>& list = c.choices.empty() ? one : c.choices;
   for (size_t i = 0; i < list.size(); ++i) {
     json choice = {{"index", i}, {"logprobs", list[i].logprobs}, {"finish_reason", list[i].finish_reason}};
-    if (chat) choice["message"] = {{"role", "assistant"}, {"content", list[i].text}};
-    else choice["text"] = list[i].text;
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", list[i].text}};
+      if (list[i].reasoning) choice["message"]["reasoning_content"] = *list[i].reasoning;
+    } else {
+      choice["text"] = list[i].text;
+    }
     choices.push_back(std::move(choice));
   }
   const json body = {{"id", (chat ? "chatcmpl-" : "cmpl-") + hex},

@@ -17,12 +17,16 @@
 namespace strata {
 using json = nlohmann::json;
 
+bool valid_reasoning_effort(const std::string& effort) {
+  return effort == "low" || effort == "medium" || effort == "high";
+}
+
 namespace {
 
 const std::set<std::string> kKnownKeys = {
     "id", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos", "stop", "n",
     "logprobs", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
-    "stop_token_ids", "response_format"};
+    "stop_token_ids", "response_format", "reasoning_effort"};
 
 struct LineContext {
   std::string where;  // "file:line"
@@ -201,6 +205,21 @@ std::optional<FieldError> read_response_format(const json& obj, const std::funct
   return std::nullopt;
 }
 
+// reasoning_effort (OpenAI's, in both formats): "low", "medium" or "high" (null: not given), what
+// GPT-OSS's template writes in its system message; other templates do not read it.
+std::optional<FieldError> read_reasoning_effort(const json& obj, const std::function<std::string(const char*)>& name,
+                                                PromptRecord& r) {
+  if (!obj.contains("reasoning_effort") || obj["reasoning_effort"].is_null()) return std::nullopt;
+  const json& v = obj["reasoning_effort"];
+  if (!v.is_string())
+    return FieldError{"invalid_type", name("reasoning_effort") + " must be a string, got " + v.dump()};
+  if (!valid_reasoning_effort(v.get<std::string>()))
+    return FieldError{"invalid_value",
+                      name("reasoning_effort") + " must be \"low\", \"medium\" or \"high\", got " + v.dump()};
+  r.reasoning_effort = v.get<std::string>();
+  return std::nullopt;
+}
+
 // A json_schema record's schema, read again from the line's text with its keys in the order
 // written (objects' properties keep it; nlohmann's json sorts them) and compiled, so that a schema
 // Strata cannot hold answers to is refused before any output.
@@ -223,6 +242,7 @@ std::optional<FieldError> read_json_schema(std::string_view text, bool openai, P
 void read_strata_extras(const json& obj, const LineContext& ctx, PromptRecord& r) {
   auto field = [](const char* key) { return std::string("field '") + key + "'"; };
   if (const auto e = read_response_format(obj, field, r)) ctx.fail(e->message);
+  if (const auto e = read_reasoning_effort(obj, field, r)) ctx.fail(e->message);
   if (obj.contains("stop") && !obj["stop"].is_null()) {  // null: not given
     std::string why;
     r.stop = parse_stop(obj["stop"], why);
@@ -258,7 +278,8 @@ const std::set<std::string> kOpenAITopKeys = {"custom_id", "method", "url", "bod
 const std::set<std::string> kOpenAIBodyKeys = {
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
     "logprobs", "top_logprobs", "stream", "frequency_penalty", "presence_penalty", "logit_bias", "top_k", "min_p",
-    "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "response_format"};
+    "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "response_format",
+    "reasoning_effort"};
 
 [[noreturn]] void refuse(const std::string& code, const std::string& message) { throw ServeError{code, message}; }
 
@@ -338,6 +359,7 @@ void read_openai_body(const json& body, PromptRecord& r) {
   auto field = [](const char* key) { return std::string("body.") + key; };
   if (const auto e = read_sampling_extensions(body, field, s)) refuse(e->code, e->message);
   if (const auto e = read_response_format(body, field, r)) refuse(e->code, e->message);
+  if (const auto e = read_reasoning_effort(body, field, r)) refuse(e->code, e->message);
   if (given(body, "n")) {
     const int64_t n = body_int(body, "n");
     if (n < 1 || n > kMaxChoices)

@@ -2,6 +2,7 @@
 // (the template's text is in tests/fixtures/chat/make_chat_cases.py), so that the output and the
 // conversations it refuses are transformers' to the byte.
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "strata/model/chat_json.h"
 #include "strata/model/chat_template.h"
@@ -65,6 +66,15 @@ std::string arguments_json(const ChatToolCall& call) {
   }
 }
 
+// A string as the template's tojson prints it (json.dumps(ensure_ascii=False)).
+std::string json_string(const std::string& s, const char* what) {
+  try {
+    return nlohmann::json(s).dump(-1, ' ', /*ensure_ascii=*/false);
+  } catch (const nlohmann::json::exception&) {  // type_error 316: not UTF-8, so no Python string
+    raise(std::string(what) + " is not valid UTF-8");
+  }
+}
+
 // Python's str.lstrip('\n') / rstrip('\n'), and s.split(sep)[0] / [-1].
 std::string_view lstrip_newlines(std::string_view s) { return s.substr(std::min(s.find_first_not_of('\n'), s.size())); }
 std::string_view rstrip_newlines(std::string_view s) {
@@ -86,10 +96,12 @@ void append_tool_response(const std::vector<ChatMessage>& messages, size_t i, st
 
 }  // namespace
 
-std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                 const ChatOptions& options) const {
   // The other families' templates never look at tool_calls: rendering the content alone would drop
   // the calls without a word.
-  if (format_ != ChatFormat::Qwen25 && format_ != ChatFormat::Qwen3 && format_ != ChatFormat::Llama31)
+  if (format_ != ChatFormat::Qwen25 && format_ != ChatFormat::Qwen3 && format_ != ChatFormat::Llama31 &&
+      format_ != ChatFormat::Harmony)
     for (const ChatMessage& m : messages)
       if (!m.tool_calls.empty()) raise("this chat template does not render tool calls");
   switch (format_) {
@@ -114,6 +126,8 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
     case ChatFormat::Gemma:
     case ChatFormat::Gemma3:
       return render_gemma(messages, add_generation_prompt);
+    case ChatFormat::Harmony:
+      return render_harmony(messages, add_generation_prompt, options);
   }
   return {};
 }
@@ -240,15 +254,74 @@ std::string ChatTemplate::render_llama31(const std::vector<ChatMessage>& message
       out += "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"" + call.name + "\", \"parameters\": " +
              arguments_json(call) + "}<|eot_id|>";
     } else {
-      out += "<|start_header_id|>ipython<|end_header_id|>\n\n";
-      try {
-        out += nlohmann::json(m.content).dump(-1, ' ', /*ensure_ascii=*/false) + "<|eot_id|>";
-      } catch (const nlohmann::json::exception&) {  // type_error 316: not UTF-8, so no Python string
-        raise("a tool message's content is not valid UTF-8");
-      }
+      out += "<|start_header_id|>ipython<|end_header_id|>\n\n" + json_string(m.content, "a tool message's content") +
+             "<|eot_id|>";
     }
   }
   if (gen) out += kLlama3Generation;
+  return out;
+}
+
+// GPT-OSS's harmony format: a system message of the model's identity, the date and the reasoning
+// effort; the first system or developer message as the developer's instructions; each answer in
+// the final channel (earlier reasoning dropped); a tool call in the commentary channel to
+// functions.NAME, its analysis kept only while no later answer exists; a tool result from
+// functions.NAME, the last call's. Roles the template skips without a word are refused here, and
+// so are two calls in one message (the template renders the first alone).
+std::string ChatTemplate::render_harmony(const std::vector<ChatMessage>& messages, bool gen,
+                                         const ChatOptions& options) const {
+  if (messages.empty()) raise("no messages (the template reads messages[0])");
+  const std::string& effort = options.reasoning_effort.empty() ? std::string("medium") : options.reasoning_effort;
+  std::string out =
+      "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: "
+      "2024-06\nCurrent date: " +
+      today_ + "\n\nReasoning: " + effort +
+      "\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>";
+  size_t first = 0;
+  if (messages[0].role == "developer" || messages[0].role == "system") {
+    if (!messages[0].content.empty())
+      out += "<|start|>developer<|message|># Instructions\n\n" + messages[0].content + "\n\n<|end|>";
+    first = 1;
+  }
+  auto answer_follows = [&](size_t i) {
+    for (size_t j = i + 1; j < messages.size(); ++j)
+      if (messages[j].role == "assistant" && messages[j].tool_calls.empty()) return true;
+    return false;
+  };
+  std::optional<std::string> last_call;
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "assistant") {
+      if (m.content.find("<|channel|>analysis<|message|>") != std::string::npos ||
+          m.content.find("<|channel|>final<|message|>") != std::string::npos)
+        raise(
+            "You have passed a message containing <|channel|> tags in the content field. Instead of doing this, you "
+            "should pass analysis messages (the string between '<|message|>' and '<|end|>') in the 'thinking' field, "
+            "and final messages (the string between '<|message|>' and '<|end|>') in the 'content' field.");
+      if (!m.tool_calls.empty()) {
+        if (m.tool_calls.size() > 1) raise("the GPT-OSS template renders one tool call per message");
+        const ChatToolCall& call = m.tool_calls[0];
+        if (!m.content.empty() && !answer_follows(i))
+          out += "<|start|>assistant<|channel|>analysis<|message|>" + m.content + "<|end|>";
+        out += "<|start|>assistant to=functions." + call.name + "<|channel|>commentary json<|message|>" +
+               arguments_json(call) + "<|call|>";
+        last_call = call.name;
+      } else {
+        const bool last = i + 1 == messages.size() && !gen;
+        out += "<|start|>assistant<|channel|>final<|message|>" + m.content + (last ? "<|return|>" : "<|end|>");
+        if (!last) last_call.reset();
+      }
+    } else if (m.role == "tool") {
+      if (!last_call) raise("Message has tool role, but there was no previous assistant message with a tool call!");
+      out += "<|start|>functions." + *last_call + " to=assistant<|channel|>commentary<|message|>" +
+             json_string(m.content, "a tool message's content") + "<|end|>";
+    } else if (m.role == "user") {
+      out += "<|start|>user<|message|>" + m.content + "<|end|>";
+    } else {
+      raise("the GPT-OSS template drops a '" + m.role + "' message after the first");
+    }
+  }
+  if (gen) out += "<|start|>assistant";
   return out;
 }
 

@@ -539,6 +539,54 @@ bool is_gemma3(const std::string& n) {
   return n == reference;
 }
 
+// GPT-OSS (openai/gpt-oss-20b and -120b): the harmony format. The template's rendering path is
+// matched whole, tool branches and refusals included; its tool-definition macros are not, since
+// batch requests define no tools.
+bool is_harmony(const std::string& n) {
+  static const std::string system_head =
+      "{%setmodel_identity='You are ChatGPT, a large language model trained by OpenAI.'%}"
+      "{%endif%}{{model_identity+'\\n'}}{{'Knowledge cutoff: 2024-06\\n'}}"
+      "{{'Current date: '+strftime_now('%Y-%m-%d')+'\\n\\n'}}{%ifreasoning_effortisnotdefined%}"
+      "{%setreasoning_effort='medium'%}{%endif%}{{'Reasoning: '+reasoning_effort+'\\n\\n'}}";
+  static const std::string system_tail_and_developer =
+      "{{'# Valid channels: analysis, commentary, final. Channel must be included for every message.'}}"
+      "{%iftools%}{{'\\nCalls to these tools must go to the commentary channel: \\'functions\\'.'}}"
+      "{%endif%}{%endmacro%}{{'<|start|>system<|message|>'}}{{build_system_message()}}"
+      "{{'<|end|>'}}{%ifmessages[0].role=='developer'ormessages[0].role=='system'%}"
+      "{%setdeveloper_message=messages[0].content%}{%setloop_messages=messages[1:]%}"
+      "{%else%}{%setdeveloper_message=''%}{%setloop_messages=messages%}"
+      "{%endif%}{%ifdeveloper_messageortools%}{{'<|start|>developer<|message|>'}}"
+      "{%ifdeveloper_message%}{{'# Instructions\\n\\n'}}{{developer_message}}"
+      "{{'\\n\\n'}}{%endif%}{%iftools%}{{'# Tools\\n\\n'}}{{render_tool_namespace('functions',tools)}}"
+      "{%endif%}{{'<|end|>'}}{%endif%}";
+  static const std::string messages_and_generation =
+      "{%setlast_tool_call=namespace(name=none)%}{%formessageinloop_messages%}"
+      "{%ifmessage['role']=='assistant'%}{%if'content'inmessage%}{%if'<|channel|>analysis<|message|>'inmessage['content']or'<|channel|>final<|message|>'inmessage['content']%}"
+      "{{raise_exception('You have passed a message containing <|channel|> tags in the content field. Instead of doing this, you should pass analysis messages (the string between \\'<|message|>\\' and \\'<|end|>\\') in the \\'thinking\\' field, and final messages (the string between \\'<|message|>\\' and \\'<|end|>\\') in the \\'content\\' field.')}}"
+      "{%endif%}{%endif%}{%if'thinking'inmessage%}{%if'<|channel|>analysis<|message|>'inmessage.thinkingor'<|channel|>final<|message|>'inmessage.thinking%}"
+      "{{raise_exception('You have passed a message containing <|channel|> tags in the thinking field. Instead of doing this, you should pass analysis messages (the string between \\'<|message|>\\' and \\'<|end|>\\') in the \\'thinking\\' field, and final messages (the string between \\'<|message|>\\' and \\'<|end|>\\') in the \\'content\\' field.')}}"
+      "{%endif%}{%endif%}{%if'tool_calls'inmessage%}{%setfuture_final_message=namespace(found=false)%}"
+      "{%forfuture_messageinloop_messages[loop.index:]%}{%iffuture_message['role']=='assistant'and'tool_calls'notinfuture_message%}"
+      "{%setfuture_final_message.found=true%}{%endif%}{%endfor%}{%settool_call=message.tool_calls[0]%}"
+      "{%iftool_call.function%}{%settool_call=tool_call.function%}{%endif%}"
+      "{%ifmessage['content']andmessage.thinking%}{{raise_exception('Cannot pass both content and thinking in an assistant message with tool calls! Put the analysis message in one or the other, but not both.')}}"
+      "{%elifmessage['content']andnotfuture_final_message.found%}{{'<|start|>assistant<|channel|>analysis<|message|>'+message['content']+'<|end|>'}}"
+      "{%elifmessage.thinkingandnotfuture_final_message.found%}{{'<|start|>assistant<|channel|>analysis<|message|>'+message.thinking+'<|end|>'}}"
+      "{%endif%}{{'<|start|>assistant to='}}{{'functions.'+tool_call.name+'<|channel|>commentary '}}"
+      "{{(tool_call.content_typeiftool_call.content_typeisdefinedelse'json')+'<|message|>'}}"
+      "{{tool_call.arguments|tojson}}{{'<|call|>'}}{%setlast_tool_call.name=tool_call.name%}"
+      "{%elifloop.lastandnotadd_generation_prompt%}{%if'thinking'inmessage%}"
+      "{{'<|start|>assistant<|channel|>analysis<|message|>'+message.thinking+'<|end|>'}}"
+      "{%endif%}{{'<|start|>assistant<|channel|>final<|message|>'+message['content']+'<|return|>'}}"
+      "{%else%}{{'<|start|>assistant<|channel|>final<|message|>'+message['content']+'<|end|>'}}"
+      "{%setlast_tool_call.name=none%}{%endif%}{%elifmessage['role']=='tool'%}"
+      "{%iflast_tool_call.nameisnone%}{{raise_exception('Message has tool role, but there was no previous assistant message with a tool call!')}}"
+      "{%endif%}{{'<|start|>functions.'+last_tool_call.name}}{{' to=assistant<|channel|>commentary<|message|>'+message['content']|tojson+'<|end|>'}}"
+      "{%elifmessage['role']=='user'%}{{'<|start|>user<|message|>'+message['content']+'<|end|>'}}"
+      "{%endif%}{%endfor%}{%ifadd_generation_prompt%}{{'<|start|>assistant'}}{%endif%}";
+  return has_all(n, {system_head, system_tail_and_developer}) && n.ends_with(messages_and_generation);
+}
+
 // The first literal assigned to date_string: Llama 3.1's default.
 std::string date_default(const std::string& n) {
   const std::string_view head = "{%setdate_string='";
@@ -548,12 +596,13 @@ std::string date_default(const std::string& n) {
   return end == std::string::npos ? std::string() : n.substr(q, end - q);
 }
 
-std::string today() {
+// strftime_now(format): the local date, the C locale's English month names as Python's.
+std::string today(const char* format) {
   const std::time_t now = std::time(nullptr);
   std::tm local{};
   localtime_r(&now, &local);
   char buf[32];
-  std::strftime(buf, sizeof buf, "%d %b %Y", &local);  // the C locale's English month, as Python's
+  std::strftime(buf, sizeof buf, format, &local);
   return buf;
 }
 
@@ -595,16 +644,18 @@ ChatTemplate ChatTemplate::parse(std::string_view source, ChatTokens tokens) {
     t.format_ = ChatFormat::Gemma;
   else if (is_gemma3(n))
     t.format_ = ChatFormat::Gemma3;
+  else if (is_harmony(n))
+    t.format_ = ChatFormat::Harmony, t.today_ = today("%Y-%m-%d");
   else
     STRATA_FAIL(
         "unsupported chat template (understood: ChatML, Qwen2.5, Qwen3, Llama 3, Llama 3.1/3.2, Llama 2, "
-        "Mistral Instruct v0.1/v0.2, Zephyr, Phi-3.5, Gemma 2, Gemma 3)");
+        "Mistral Instruct v0.1/v0.2, Zephyr, Phi-3.5, Gemma 2, Gemma 3, GPT-OSS)");
   if (t.format_ == ChatFormat::Llama31) {
     t.date_is_today_ =
         n.find("{%ifstrftime_nowisdefined%}{%setdate_string=strftime_now('%d %b %Y')%}") != std::string::npos;
     t.date_ = date_default(n);
     if (t.date_is_today_)
-      t.today_ = today();
+      t.today_ = today("%d %b %Y");
     else if (t.date_.empty())
       STRATA_FAIL("unsupported chat template (Llama 3.1 without a date_string default)");
   }

@@ -565,6 +565,32 @@ ModelConfig config_from_hf_json(const std::filesystem::path& path) {
   return config_from_hf_json_text(text.str(), path);
 }
 
+void read_generation_eos(const std::filesystem::path& path, ModelConfig& c) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return;
+  std::ostringstream text;
+  text << in.rdbuf();
+  const std::string file = path.string();
+  json j;
+  try {
+    j = json::parse(text.str());
+  } catch (const json::exception& e) {
+    STRATA_FAIL(file << ": invalid JSON: " << e.what());
+  }
+  if (!j.is_object()) STRATA_FAIL(file << ": expected a JSON object");
+  std::vector<int> ids;
+  try {
+    ids = id_list(j, "eos_token_id");
+  } catch (const Error& e) {
+    STRATA_FAIL(file << ": " << e.what());
+  }
+  for (int id : ids) {
+    if (id < 0 || id >= c.vocab_size)
+      STRATA_FAIL(file << ": eos_token_id " << id << " outside the vocabulary of " << c.vocab_size);
+    if (std::find(c.eos_ids.begin(), c.eos_ids.end(), id) == c.eos_ids.end()) c.eos_ids.push_back(id);
+  }
+}
+
 namespace {
 
 // config.json's "torch_dtype" (or transformers 5's "dtype"): bfloat16, float16 or float32; F16

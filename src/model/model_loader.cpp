@@ -120,6 +120,7 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
   if (fs::is_directory(path)) {
     if (!fs::exists(path / "config.json")) STRATA_FAIL(spec << ": no config.json in the model directory");
     b.config = config_from_hf_json(path / "config.json");
+    read_generation_eos(path / "generation_config.json", b.config);
     b.packed = read_packed_format(path);
     std::unique_ptr<WeightSource> weights = b.packed                                   ? make_packed_source(path, *b.packed)
                                             : b.config.moe_naming == MoeNaming::GptOss ? gpt_oss_source(path, b.config)

@@ -6,12 +6,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "strata/job/harmony.h"
 #include "strata/job/prompts.h"
 #include "strata/model/tokenizer.h"
 #include "strata/runtime/json_grammar.h"
@@ -45,6 +47,9 @@ struct AnswerSettings {
   // grammars over it.
   std::shared_ptr<const JsonVocabulary> json_vocabulary;
   std::shared_ptr<SchemaGrammars> schema_grammars;
+  // Set when the chat template is GPT-OSS's: chat records' answers are harmony (job/harmony.h),
+  // split into the final text and the reasoning, stop strings and JSON held to the final text.
+  std::optional<HarmonyTokens> harmony;
 };
 
 // Settings whose JSON vocabulary and schema grammars are made from `tokenizer`.
@@ -73,6 +78,8 @@ nlohmann::json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::sp
 // bytes of the last token and of as many earlier tokens as a match ending in it could reach.
 // Empty when `stops` is.
 StopCheck make_stop_check(const Tokenizer& tokenizer, std::vector<std::string> stops);
+// The same over a harmony answer's final-channel text only (job/harmony.h).
+StopCheck make_harmony_stop_check(const Tokenizer& tokenizer, const HarmonyTokens& h, std::vector<std::string> stops);
 
 // Where the first of the stop strings begins in `text` (the earliest match of any), or npos.
 // Only matches that end past byte `ends_after` count: min_tokens' boundary (the text of an

@@ -36,6 +36,8 @@ struct JobOptions {
   // JSON document each; JsonSchema: a document of json_schema, the schema's text).
   ResponseFormat response_format = ResponseFormat::Text;
   std::string json_schema;
+  // --reasoning-effort: for lines that give no reasoning_effort (GPT-OSS's template; "" its default).
+  std::string reasoning_effort;
   bool progress = true;                    // progress line on the log stream
   bool ordered = false;                    // write in input order (a reorder buffer of one window)
   int window = 0;                          // requests read ahead and grouped by length; 0: max(8 blocks, 4096)

@@ -78,6 +78,8 @@ struct CompletionChoice {
   std::string text;
   std::string finish_reason;  // OpenAI's: "stop" (EOS or a stop string) or "length"
   nlohmann::json logprobs;    // null unless asked for; the endpoint's shape (job/answers.h)
+  // A harmony answer's reasoning (GPT-OSS): a chat message's "reasoning_content".
+  std::optional<std::string> reasoning = std::nullopt;
 };
 struct Completion {
   std::vector<CompletionChoice> choices;  // indexed 0 .. n-1; empty: the one choice below

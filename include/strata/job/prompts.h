@@ -52,6 +52,8 @@ struct PromptRecord {
   int logprobs = -1;
   std::optional<ResponseFormat> response_format;  // unset: the job's default (--response-format)
   std::string json_schema;  // JsonSchema: the schema's text, its keys in the order written
+  // "low", "medium" or "high": GPT-OSS's reasoning (ChatOptions); empty: the job's default.
+  std::string reasoning_effort;
   std::string model;                 // OpenAI body.model, echoed in the response ("" if absent)
   std::optional<ServeError> error;   // OpenAI only: answer with this error instead of generating
 };
@@ -60,6 +62,9 @@ inline constexpr int kMaxStopStrings = 4;          // as OpenAI
 inline constexpr int kMaxChoices = 128;            // as OpenAI's chat n
 inline constexpr int kMaxTopLogprobs = 20;         // chat top_logprobs (and the strata format), as OpenAI
 inline constexpr int kMaxCompletionLogprobs = 5;   // legacy completions logprobs, as OpenAI
+
+// Whether `effort` is a reasoning_effort Strata passes on: "low", "medium" or "high".
+bool valid_reasoning_effort(const std::string& effort);
 
 // Why a list of stop strings is refused (too many, an empty one), or "" when it is fine.
 std::string stop_strings_error(const std::vector<std::string>& stop);

@@ -1,7 +1,7 @@
 // Chat templates: turns {role, content} messages into the prompt text a chat model was trained on.
 // The Jinja source is recognized by its shape, not executed. Understood: ChatML (Qwen2-Instruct,
 // SmolLM, Hermes), Qwen2.5, Qwen3, Llama 3, Llama 3.1 / 3.2, Llama 2 chat, Mistral Instruct v0.1 /
-// v0.2, Zephyr (TinyLlama Chat) and Phi-3.5. Each renders what transformers' apply_chat_template(tokenize=False)
+// v0.2, Zephyr (TinyLlama Chat), Phi-3.5, Gemma 2 and 3, and GPT-OSS's harmony format. Each renders what transformers' apply_chat_template(tokenize=False)
 // returns for that template (tests/fixtures/chat/make_chat_cases.py); any other template is
 // refused rather than rendered wrongly. docs/batch-format.md "Chat templates" lists what each
 // family does.
@@ -26,10 +26,18 @@ struct ChatToolCall {
 struct ChatMessage {
   std::string role;     // "system", "user", "assistant", "tool", ...
   std::string content;  // OpenAI's null content beside tool_calls is ""
-  std::vector<ChatToolCall> tool_calls = {};  // only Qwen2.5, Qwen3 and Llama 3.1 / 3.2 render them
+  std::vector<ChatToolCall> tool_calls = {};  // only Qwen2.5, Qwen3, Llama 3.1 / 3.2 and GPT-OSS render them
 };
 
-enum class ChatFormat { ChatML, Qwen25, Qwen3, Llama3, Llama31, Llama2, Mistral, Zephyr, Phi35, Gemma, Gemma3 };
+enum class ChatFormat { ChatML, Qwen25, Qwen3, Llama3, Llama31, Llama2, Mistral, Zephyr, Phi35, Gemma, Gemma3, Harmony };
+
+// What a request passes to the template beside its messages (apply_chat_template's keyword
+// arguments). Templates that do not read a field ignore it.
+struct ChatOptions {
+  // GPT-OSS's "Reasoning: ..." line ("low", "medium" or "high"; empty: the template's default,
+  // medium). OpenAI's reasoning_effort.
+  std::string reasoning_effort;
+};
 
 // The template's bos_token and eos_token: tokenizer_config.json's strings, or the text of the
 // model's BOS / EOS tokens (GGUF). Templates that write them render them as text; the tokenizer
@@ -53,12 +61,14 @@ public:
 
   // What transformers' apply_chat_template(messages, tokenize=False, add_generation_prompt=...)
   // returns for the recognized template; throws ChatTemplateError where the template raises.
-  std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true) const;
+  std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true,
+                     const ChatOptions& options = {}) const;
 
   ChatFormat format() const { return format_; }
   // ChatML and Qwen2.5: inserted as the first message when messages[0] is not a system message.
   const std::optional<std::string>& default_system() const { return default_system_; }
-  // Llama 3.2's "Today Date", from strftime_now("%d %b %Y") at parse time; tests set it.
+  // Llama 3.2's "Today Date" and GPT-OSS's "Current date", from strftime_now at parse time
+  // ("%d %b %Y" and "%Y-%m-%d"); tests set it, in the family's format.
   void set_today(std::string date) { today_ = std::move(date); }
 
 private:
@@ -72,6 +82,7 @@ private:
   std::string render_zephyr(const std::vector<ChatMessage>& messages, bool gen) const;
   std::string render_phi35(const std::vector<ChatMessage>& messages, bool gen) const;
   std::string render_gemma(const std::vector<ChatMessage>& messages, bool gen) const;
+  std::string render_harmony(const std::vector<ChatMessage>& messages, bool gen, const ChatOptions& options) const;
 
   ChatFormat format_ = ChatFormat::ChatML;
   ChatTokens tokens_;

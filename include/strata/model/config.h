@@ -132,6 +132,12 @@ ModelConfig config_from_hf_json(const std::filesystem::path& config_json);
 // The same from the file's text in memory (the fuzz target): `source` names it in errors, and its
 // parent directory names the model.
 ModelConfig config_from_hf_json_text(const std::string& text, const std::filesystem::path& source);
+// generation_config.json's eos_token_id (an id or a list) joins the config's end tokens, after
+// them: transformers' generate() stops at the generation config's ids, which chat models list
+// there (GPT-OSS's <|call|>, Llama 3's <|eot_id|> where config.json names only one). Nothing
+// when `file` does not exist; throws strata::Error naming the file for bad JSON or an id outside
+// the vocabulary.
+void read_generation_eos(const std::filesystem::path& file, ModelConfig& c);
 
 // Built-in shapes for benchmarks with dummy weights: opt-125m ... opt-175b, llama-3-8b, ...
 std::optional<ModelConfig> config_preset(const std::string& name);
