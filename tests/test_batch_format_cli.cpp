@@ -3,6 +3,7 @@
 #include "test_paths.h"
 #include "temp_files.h"
 #include <catch2/catch.hpp>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "cli_support.h"
+#include "strata/model/tokenizer.h"
 
 using nlohmann::json;
 namespace fs = std::filesystem;
@@ -310,4 +312,97 @@ TEST_CASE("OpenAI chat requests render with a Llama 2 or Llama 3 template, as ap
       CHECK(got.at("twice")["error"].is_null());
     }
   }
+}
+
+// tiny-gpt-oss with GPT-OSS's chat template (harmony_cases.json's source) and the harmony special
+// tokens added to its tokenizer at ids its embedding has but its vocabulary does not use.
+static fs::path harmony_model(const json& ex) {
+  const fs::path dir = temp_dir() / "tiny-gpt-oss-harmony";
+  fs::remove_all(dir);
+  fs::copy(kModels + "/tiny-gpt-oss", dir, fs::copy_options::recursive);
+  json tok;
+  {
+    std::ifstream in(dir / "tokenizer.json");
+    tok = json::parse(in);
+  }
+  int id = 990;
+  for (const char* t : {"<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>"})
+    tok["added_tokens"].push_back({{"id", id++}, {"content", t}, {"single_word", false}, {"lstrip", false},
+                                   {"rstrip", false}, {"normalized", false}, {"special", true}});
+  std::ofstream(dir / "tokenizer.json") << tok.dump();
+  std::ofstream(dir / "chat_template.jinja") << ex["source"].get<std::string>();
+  return dir;
+}
+
+TEST_CASE("GPT-OSS chat requests: harmony prompts at the asked reasoning effort, answers with their reasoning",
+          "[cli][harmony]") {
+  std::ifstream cases_in(std::string(STRATA_FIXTURES_DIR) + "/chat/harmony_cases.json");
+  const json ex = json::parse(cases_in);
+  const fs::path dir = harmony_model(ex);
+  const strata::Tokenizer tok = strata::Tokenizer::from_dir(dir);
+  // Jinja2's rendering with the date the job's strftime_now gives.
+  char today[16];
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  std::strftime(today, sizeof today, "%Y-%m-%d", &local);
+  auto prompt_tokens = [&](const json& messages, const std::string& effort) -> size_t {
+    for (const json& c : ex["cases"])
+      if (c["messages"] == messages && c["add_generation_prompt"] == true && c.value("reasoning_effort", "") == effort) {
+        std::string text = c["text"].get<std::string>();
+        const std::string fixture_date = "Current date: " + ex["today"].get<std::string>();
+        text.replace(text.find(fixture_date), fixture_date.size(), std::string("Current date: ") + today);
+        return tok.encode(text).size();
+      }
+    FAIL("no case for " << messages.dump() << " at effort '" << effort << "'");
+    return 0;
+  };
+  const json messages = {{{"role", "system"}, {"content", "You are terse."}}, {{"role", "user"}, {"content", "Name a prime."}}};
+  auto request = [&](const std::string& id, const json& extra) {
+    json body = {{"messages", messages}, {"max_completion_tokens", 6}};
+    body.update(extra);
+    return json{{"custom_id", id}, {"method", "POST"}, {"url", "/v1/chat/completions"}, {"body", body}}.dump() + "\n";
+  };
+  const fs::path in = temp_dir() / "harmony.jsonl", out = temp_dir() / "harmony_out.jsonl";
+  std::ofstream(in) << request("default", json::object()) << request("high", {{"reasoning_effort", "high"}})
+                    << request("extreme", {{"reasoning_effort", "extreme"}});
+  for (const std::string flag : {"", " --reasoning-effort low"}) {
+    INFO("flag:" << flag);
+    fs::remove(out);
+    const CliResult r = run_strata("run --model " + dir.string() + " -i " + in.string() + " -o " + out.string() +
+                                   " --device cpu --no-progress" + flag);
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    const std::map<std::string, json> got = by_custom_id(read_lines(out));
+    REQUIRE(got.size() == 3);
+    const json& body = got.at("default")["response"]["body"];
+    CHECK(body["usage"]["prompt_tokens"] == prompt_tokens(messages, flag.empty() ? "" : "low"));
+    CHECK(got.at("high")["response"]["body"]["usage"]["prompt_tokens"] == prompt_tokens(messages, "high"));
+    const json& message = body["choices"][0]["message"];
+    CHECK(message["content"].is_string());
+    CHECK(message["reasoning_content"].is_string());
+    CHECK(got.at("extreme")["error"]["code"] == "invalid_value");
+    CHECK_THAT(got.at("extreme")["error"]["message"].get<std::string>(), Catch::Contains("reasoning_effort"));
+  }
+  // The strata format: "reasoning" beside "completion"; a bad effort fails the file at its line.
+  const fs::path strata_in = temp_dir() / "harmony_strata.jsonl";
+  std::ofstream(strata_in) << json{{"id", 1}, {"messages", messages}, {"max_new_tokens", 4}}.dump() << "\n";
+  fs::remove(out);
+  CliResult r = run_strata("run --model " + dir.string() + " -i " + strata_in.string() + " -o " + out.string() +
+                           " --device cpu --no-progress");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const std::vector<json> lines = read_lines(out);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0]["reasoning"].is_string());
+  CHECK(lines[0]["prompt_tokens"] == prompt_tokens(messages, ""));
+  std::ofstream(strata_in) << json{{"id", 1}, {"messages", messages}, {"reasoning_effort", "max"}}.dump() << "\n";
+  r = run_strata("run --model " + dir.string() + " -i " + strata_in.string() + " -o " + out.string() +
+                 " --device cpu --no-progress");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains(strata_in.string() + ":1") && Catch::Contains("reasoning_effort"));
+  r = run_strata("run --model " + dir.string() + " -i " + strata_in.string() + " -o " + out.string() +
+                 " --device cpu --no-progress --reasoning-effort max");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("--reasoning-effort"));
 }

@@ -1,0 +1,217 @@
+// GPT-OSS's answers in the harmony format (job/harmony.h): split into the final channel's text and
+// the reasoning, stop strings looked for in the final text only, JSON held to the final channel.
+// Answers are written as harmony text (OpenAI's format: a header <|channel|>NAME ... <|message|>,
+// the text, then <|end|>, <|return|> or <|call|>) and tokenized with the o200k-style fixture, whose
+// added tokens are the harmony special tokens.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "strata/job/answers.h"
+#include "strata/job/harmony.h"
+#include "strata/job/output.h"
+#include "test_paths.h"
+
+using namespace strata;
+using json = nlohmann::json;
+
+namespace {
+
+const Tokenizer& o200k() {
+  static const Tokenizer tok = Tokenizer::from_dir(std::string(STRATA_FIXTURES_DIR) + "/tokenizer/o200k-style");
+  return tok;
+}
+
+const HarmonyTokens& harmony() {
+  static const HarmonyTokens h = *HarmonyTokens::of(o200k());
+  return h;
+}
+
+std::vector<int32_t> ids(const std::string& text) { return o200k().encode(text); }
+
+HarmonyAnswer split(const std::string& text) { return split_harmony(o200k(), harmony(), ids(text)); }
+
+}  // namespace
+
+TEST_CASE("harmony special tokens are found by their text, or the tokenizer is not harmony's", "[harmony]") {
+  const HarmonyTokens& h = harmony();
+  CHECK(o200k().token_bytes(h.start) == "<|start|>");
+  CHECK(o200k().token_bytes(h.end) == "<|end|>");
+  CHECK(o200k().token_bytes(h.message) == "<|message|>");
+  CHECK(o200k().token_bytes(h.channel) == "<|channel|>");
+  CHECK(o200k().token_bytes(h.constrain) == "<|constrain|>");
+  CHECK(o200k().token_bytes(h.return_) == "<|return|>");
+  CHECK(o200k().token_bytes(h.call) == "<|call|>");
+  CHECK_FALSE(HarmonyTokens::of(Tokenizer::from_dir(std::string(STRATA_FIXTURES_DIR) + "/tokenizer/gpt2")));
+}
+
+TEST_CASE("a harmony answer splits into its final text and its reasoning", "[harmony]") {
+  auto check = [](const std::string& text, const std::string& content, const std::string& reasoning) {
+    INFO(text);
+    const HarmonyAnswer a = split(text);
+    CHECK(a.content == content);
+    CHECK(a.reasoning == reasoning);
+  };
+  check("<|channel|>analysis<|message|>The user greets.<|end|><|start|>assistant<|channel|>final<|message|>"
+        "Hello there!<|return|>",
+        "Hello there!", "The user greets.");
+  // Cut by the token limit: in the reasoning, in the final text, in a header.
+  check("<|channel|>analysis<|message|>Thinking about", "", "Thinking about");
+  check("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>final<|message|>Par", "Par", "a");
+  check("<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>fin", "", "a");
+  check("<|channel|>anal", "", "");
+  // A final answer at once; a channel name ends at a space; a recipient before the channel and a
+  // constraint after it; messages of a channel one a line.
+  check("<|channel|>final<|message|>été ☃ \"q\"<|return|>", "été ☃ \"q\"", "");
+  check("<|channel|>final json<|message|>{}<|return|>", "{}", "");
+  check(" to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{\"city\": \"Oslo\"}<|call|>", "",
+        "{\"city\": \"Oslo\"}");
+  check("<|channel|>analysis<|message|>one<|end|><|start|>assistant<|channel|>analysis<|message|>two<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>x<|end|><|start|>assistant<|channel|>final<|message|>y",
+        "x\ny", "one\ntwo");
+  // A message without a channel is not final; neither is one whose header starts anew.
+  check("<|channel|>final<|message|>a<|end|><|start|>assistant<|message|>b<|return|>", "a", "b");
+  // No header at all: the text is the answer, special tokens left out.
+  check("plain words<|return|>", "plain words", "");
+  check("", "", "");
+}
+
+TEST_CASE("stop strings end a harmony answer in its final text only", "[harmony]") {
+  const std::string reasoning = "<|channel|>analysis<|message|>I could say STOP here.<|end|>";
+  const std::string answer = "<|start|>assistant<|channel|>final<|message|>Go, then STOP and rest";
+  const std::vector<int32_t> tokens = ids(reasoning + answer);
+  const StopCheck plain = make_stop_check(o200k(), {"STOP"});
+  const StopCheck check = make_harmony_stop_check(o200k(), harmony(), {"STOP"});
+  size_t plain_at = 0, harmony_at = 0;
+  for (size_t n = 1; n <= tokens.size(); ++n) {
+    const std::span<const int32_t> prefix(tokens.data(), n);
+    if (!plain_at && plain(prefix)) plain_at = n;
+    if (!harmony_at && check(prefix)) harmony_at = n;
+  }
+  REQUIRE(plain_at > 0);
+  CHECK(o200k().decode(std::span(tokens).first(plain_at), true).ends_with("I could say STOP"));
+  REQUIRE(harmony_at > 0);
+  const HarmonyAnswer cut = split_harmony(o200k(), harmony(), std::span(tokens).first(harmony_at));
+  CHECK(cut.content == "Go, then STOP");
+  CHECK(cut.reasoning == "I could say STOP here.");
+  // Where the check looks: the final text since its <|message|>, nothing else.
+  const std::vector<int32_t> header_only = ids("<|channel|>final<|message|>");
+  CHECK_FALSE(final_text_begin(o200k(), harmony(), header_only));
+  const std::vector<int32_t> in_final = ids("<|channel|>final<|message|>Hi");
+  CHECK(final_text_begin(o200k(), harmony(), in_final) == std::optional<size_t>(header_only.size()));
+  CHECK_FALSE(final_text_begin(o200k(), harmony(), ids("<|channel|>analysis<|message|>Hi")));
+  CHECK(final_text_begin(o200k(), harmony(), ids("no header")) == std::optional<size_t>(0));
+  CHECK_FALSE(make_harmony_stop_check(o200k(), harmony(), {}));
+}
+
+TEST_CASE("a JSON answer of a harmony model is held to its final channel", "[harmony][json]") {
+  const auto vocabulary = json_vocabulary(o200k());
+  const auto grammar = harmony_final_grammar(vocabulary, vocabulary->tokens(), harmony(), o200k().vocab_size());
+  std::unique_ptr<AnswerCursor> c = grammar->start();
+  const int64_t vocab = o200k().vocab_size() + 24;  // the model's rows past the tokenizer's
+  std::vector<float> logits(size_t(vocab), 0.0f);
+  auto allowed = [&](const AnswerCursor& cursor) {
+    std::fill(logits.begin(), logits.end(), 0.0f);
+    const int64_t n = cursor.mask(logits.data(), vocab);
+    int64_t finite = 0;
+    for (float l : logits) finite += std::isfinite(l) ? 1 : 0;
+    CHECK(finite == n);
+    return n;
+  };
+  // The reasoning runs free: every token of the tokenizer, none past it.
+  const int64_t all = allowed(*c);
+  CHECK(all == o200k().vocab_size());
+  for (int32_t t : ids("<|channel|>analysis<|message|>Think: not JSON at all.<|end|><|start|>assistant")) {
+    REQUIRE(c->accepts(t));
+    c->advance(t);
+    CHECK_FALSE(c->complete());
+  }
+  CHECK(allowed(*c) == all);
+  CHECK_FALSE(c->accepts(int32_t(o200k().vocab_size())));
+  // A commentary header's <|message|> does not start the document; the final one's does.
+  for (int32_t t : ids("<|channel|>commentary<|message|>x<|end|><|start|>assistant<|channel|>final<|message|>")) {
+    REQUIRE(c->accepts(t));
+    c->advance(t);
+  }
+  const int64_t in_json = allowed(*c);
+  CHECK(in_json < all);
+  CHECK_FALSE(c->accepts(ids("Sure")[0]));
+  CHECK_FALSE(c->accepts(harmony().return_));
+  for (int32_t t : ids("{\"a\": [1, 2]}")) {
+    CHECK_FALSE(c->complete());
+    REQUIRE(c->accepts(t));
+    c->advance(t);
+  }
+  CHECK(c->complete());
+  // Clones keep their own place.
+  std::unique_ptr<AnswerCursor> fresh = grammar->start();
+  std::unique_ptr<AnswerCursor> copy = fresh->clone();
+  copy->advance(harmony().channel);
+  CHECK(allowed(*fresh) == all);
+}
+
+TEST_CASE("harmony answers in both output formats: reasoning beside the final text", "[harmony][batch]") {
+  AnswerSettings s = answer_settings(o200k(), {}, "gpt-oss", 1700000000, ResponseFormat::Text);
+  s.harmony = harmony();
+  const std::vector<int32_t> answer =
+      ids("<|channel|>analysis<|message|>Short.<|end|><|start|>assistant<|channel|>final<|message|>Yes. END more");
+  GenResult g;
+  g.tokens = answer;
+  g.finish = FinishReason::Length;
+
+  PromptRecord chat;
+  chat.id = "q1";
+  chat.format = InputFormat::OpenAIBatch;
+  chat.endpoint = Endpoint::ChatCompletions;
+  chat.messages = {{"user", "Is it?"}};
+  chat.stop = std::vector<std::string>{"END"};
+  const json line = answer_line(chat, 12, std::span(&g, 1), s);
+  const json& choice = line["response"]["body"]["choices"][0];
+  CHECK(choice["message"]["content"] == "Yes. ");
+  CHECK(choice["message"]["reasoning_content"] == "Short.");
+  CHECK(choice["finish_reason"] == "stop");  // cut at the stop string
+  CHECK(line["response"]["body"]["usage"]["completion_tokens"] == answer.size());
+
+  PromptRecord strata;
+  strata.id = 7;
+  strata.messages = {{"user", "Is it?"}};
+  const json plain = answer_line(strata, 12, std::span(&g, 1), s);
+  CHECK(plain["completion"] == "Yes. END more");
+  CHECK(plain["reasoning"] == "Short.");
+  CHECK(plain["finish_reason"] == "length");
+  CHECK(plain["tokens"] == answer);
+
+  // A raw prompt's answer is text (its prompt need not be harmony), and so is every answer of a
+  // job whose template is not GPT-OSS's.
+  PromptRecord raw;
+  raw.id = 8;
+  raw.prompt = "<|start|>user<|message|>Is it?<|end|><|start|>assistant";
+  const json raw_line = answer_line(raw, 12, std::span(&g, 1), s);
+  CHECK(raw_line["completion"] == o200k().decode(answer, true));
+  CHECK_FALSE(raw_line.contains("reasoning"));
+  s.harmony.reset();
+  CHECK_FALSE(answer_line(strata, 12, std::span(&g, 1), s).contains("reasoning"));
+  CHECK_FALSE(answer_line(chat, 12, std::span(&g, 1), s)["response"]["body"]["choices"][0]["message"].contains(
+      "reasoning_content"));
+}
+
+TEST_CASE("a harmony chat request's JSON answer and stop strings are held to the final text", "[harmony][batch]") {
+  AnswerSettings s = answer_settings(o200k(), {"STOP"}, "gpt-oss", 1700000000, ResponseFormat::JsonObject);
+  s.harmony = harmony();
+  PromptRecord chat;
+  chat.id = 1;
+  chat.messages = {{"user", "JSON please"}};
+  const GenRequest g = make_gen_request(chat, ids("x"), s);
+  REQUIRE(g.grammar);
+  std::unique_ptr<AnswerCursor> c = g.grammar->start();
+  CHECK(c->accepts(harmony().channel));  // the reasoning first: not a JSON document's first token
+  REQUIRE(g.stop);
+  CHECK_FALSE(g.stop(ids("<|channel|>analysis<|message|>STOP")));
+  CHECK(g.stop(ids("<|channel|>final<|message|>STOP")));
+  PromptRecord raw;
+  raw.id = 2;
+  raw.prompt = "x";
+  const GenRequest r = make_gen_request(raw, ids("x"), s);
+  CHECK_FALSE(r.grammar->start()->accepts(harmony().channel));  // a raw prompt's answer is the document
+  CHECK(r.stop(ids("<|channel|>analysis<|message|>STOP")));
+}
