@@ -4,7 +4,8 @@
 // "role\tcontent" (a line without a tab is a user message). A recognized template renders the
 // conversation with and without the generation prompt. Traps: the two renders disagree on
 // refusing, the prompt-less one is not a prefix of the other (every family appends the generation
-// prompt last; Phi-3.5 writes EOS in its place, which is left out of the comparison), or a user
+// prompt last; Phi-3.5 writes EOS in its place, which is left out of the comparison; GPT-OSS ends
+// a last assistant message with <|return|> rather than <|end|>), or a user
 // message's content is missing from the output. strata::Error (and its
 // ChatTemplateError) is the expected way to refuse; anything else is a bug.
 #include <cstddef>
@@ -86,6 +87,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (t->format() == strata::ChatFormat::Phi35) {  // without the generation prompt it ends with EOS
     if (!prefix.ends_with("</s>")) __builtin_trap();
     prefix.remove_suffix(4);
+  }
+  if (t->format() == strata::ChatFormat::Harmony && prefix.ends_with("<|return|>")) {
+    if (!messages.empty() && messages.back().role != "assistant") __builtin_trap();
+    prefix.remove_suffix(std::string_view("<|return|>").size());
   }
   if (with->compare(0, prefix.size(), prefix) != 0) __builtin_trap();
   for (const strata::ChatMessage& m : messages) {

@@ -54,6 +54,9 @@ def prompts():
         '{"type": "json_object"}}}\n'
         '{"custom_id": "j3", "url": "/v1/completions", "body": {"prompt": "x", "response_format": {"type": '
         '"json_schema", "json_schema": {"schema": {"type": "object", "properties": {"p": {"pattern": "a"}}}}}}}\n')
+    put("prompts_fuzz", "reasoning_effort.jsonl",
+        '{"id": 1, "messages": [{"role": "user", "content": "x"}], "reasoning_effort": "high"}\n'
+        '{"id": 2, "prompt": "y", "reasoning_effort": null}\n')
     put("prompts_fuzz", "strata_response_format.jsonl",
         '{"id": 1, "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": '
         + schema + '}}}\n{"id": 2, "prompt": "y", "response_format": {"type": "text"}}\n')
@@ -174,6 +177,8 @@ def chat_templates():
         put("chat_template_fuzz", name + ".txt", t["source"] + "\n----\n" + conversation)
     smollm2 = json.loads((ROOT / "tests/fixtures/gguf/smollm2_hf.json").read_text())["chat_template"]
     put("chat_template_fuzz", "smollm2_chatml.txt", smollm2 + "\n----\nuser\tHi\nassistant\tHello!\ntool\t{}\n")
+    harmony = json.loads((ROOT / "tests/fixtures/chat/harmony_cases.json").read_text())["source"]
+    put("chat_template_fuzz", "gpt-oss-harmony.txt", harmony + "\n----\n" + conversation)
 
 
 def sentencepiece_vocabs():

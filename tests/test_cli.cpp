@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -434,6 +435,39 @@ TEST_CASE("strata tokenize --messages renders Qwen2.5's tool calls and results a
                               "\"a\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": \"{}\"}}]}]'");
   CHECK(r.code != 0);
   CHECK_THAT(r.output, Catch::Contains("--messages[0].tool_calls is for assistant messages only"));
+}
+
+TEST_CASE("strata tokenize --messages renders GPT-OSS's harmony template at a reasoning effort", "[cli][chat][harmony]") {
+  std::ifstream cases_in(std::string(STRATA_FIXTURES_DIR) + "/chat/harmony_cases.json");
+  const json ex = json::parse(cases_in);
+  const fs::path dir = temp_dir() / "tok-harmony";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::copy(std::string(STRATA_FIXTURES_DIR) + "/tokenizer/o200k-style/tokenizer.json", dir / "tokenizer.json");
+  std::ofstream(dir / "chat_template.jinja") << ex["source"].get<std::string>();
+  char today[16];
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  std::strftime(today, sizeof today, "%Y-%m-%d", &local);
+  int checked = 0;
+  for (const json& c : ex["cases"]) {
+    if (!c.contains("reasoning_effort") || !c["add_generation_prompt"].get<bool>()) continue;
+    const std::string effort = c["reasoning_effort"].get<std::string>();
+    std::string want = c["text"].get<std::string>();
+    const std::string fixture_date = "Current date: " + ex["today"].get<std::string>();
+    want.replace(want.find(fixture_date), fixture_date.size(), std::string("Current date: ") + today);
+    const Result r = run_strata("tokenize --model " + dir.string() + " --render --reasoning-effort " + effort +
+                                " --messages '" + c["messages"].dump() + "'");
+    INFO(effort << ": " << r.output);
+    CHECK(r.code == 0);
+    CHECK(r.output == want);
+    ++checked;
+  }
+  CHECK(checked == 2);
+  const Result r = run_strata("tokenize --model " + dir.string() + " --text hi --reasoning-effort low");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("go with --messages"));
 }
 
 TEST_CASE("a model larger than the backend's memory is refused before loading", "[cli]") {

@@ -26,7 +26,7 @@ std::vector<ChatMessage> parse_messages(const std::string& text) {
 
 void add_tokenize_command(CLI::App& app) {
   struct Args {
-    std::string model, text, decode, messages;
+    std::string model, text, decode, messages, reasoning_effort;
     bool skip_special = false, render = false, no_generation_prompt = false;
   };
   auto a = std::make_shared<Args>();
@@ -44,11 +44,14 @@ void add_tokenize_command(CLI::App& app) {
   cmd->add_flag("--render", a->render, "with --messages: print the rendered text instead of ids");
   cmd->add_flag("--no-generation-prompt", a->no_generation_prompt,
                 "with --messages: leave out the assistant turn's opening (add_generation_prompt=False)");
-  cmd->callback([a, text, dec, msgs] {
+  auto* effort = cmd->add_option("--reasoning-effort", a->reasoning_effort,
+                                 "with --messages: low, medium or high, as a request's reasoning_effort (GPT-OSS)")
+                     ->check(CLI::IsMember({"low", "medium", "high"}));
+  cmd->callback([a, text, dec, msgs, effort] {
     if (text->count() == 0 && dec->count() == 0 && msgs->count() == 0)
       throw Error("tokenize: give --text, --decode or --messages");
-    if ((a->render || a->no_generation_prompt) && msgs->count() == 0)
-      throw Error("tokenize: --render and --no-generation-prompt go with --messages");
+    if ((a->render || a->no_generation_prompt || effort->count() > 0) && msgs->count() == 0)
+      throw Error("tokenize: --render, --no-generation-prompt and --reasoning-effort go with --messages");
     // Malformed messages are refused before the model is opened (a large model takes seconds).
     const std::vector<ChatMessage> messages = msgs->count() ? parse_messages(a->messages) : std::vector<ChatMessage>{};
     std::optional<Tokenizer> tok;
@@ -72,7 +75,8 @@ void add_tokenize_command(CLI::App& app) {
     if (msgs->count()) {
       if (chat_template.empty()) throw Error(a->model + ": no chat template");
       const std::string rendered =
-          ChatTemplate::parse(chat_template, chat_tokens).render(messages, !a->no_generation_prompt);
+          ChatTemplate::parse(chat_template, chat_tokens)
+              .render(messages, !a->no_generation_prompt, ChatOptions{a->reasoning_effort});
       if (a->render) std::cout << rendered;  // as it is: a chat's text often ends in a newline
       else std::cout << nlohmann::json(tok->encode(rendered)).dump() << "\n";
       return;
