@@ -56,7 +56,10 @@ def prompts():
         '"json_schema", "json_schema": {"schema": {"type": "object", "properties": {"p": {"pattern": "a"}}}}}}}\n')
     put("prompts_fuzz", "reasoning_effort.jsonl",
         '{"id": 1, "messages": [{"role": "user", "content": "x"}], "reasoning_effort": "high"}\n'
-        '{"id": 2, "prompt": "y", "reasoning_effort": null}\n')
+        '{"id": 2, "prompt": "y", "reasoning_effort": null, "chat_template_kwargs": {"enable_thinking": false}}\n')
+    put("prompts_fuzz", "openai_chat_template_kwargs.jsonl",
+        '{"custom_id": "k", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "x"}], '
+        '"chat_template_kwargs": {"enable_thinking": true, "reasoning_effort": "low", "x": 1}}}\n')
     put("prompts_fuzz", "strata_response_format.jsonl",
         '{"id": 1, "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": '
         + schema + '}}}\n{"id": 2, "prompt": "y", "response_format": {"type": "text"}}\n')

@@ -406,3 +406,64 @@ TEST_CASE("GPT-OSS chat requests: harmony prompts at the asked reasoning effort,
   CHECK(r.code != 0);
   CHECK_THAT(r.output, Catch::Contains("--reasoning-effort"));
 }
+
+TEST_CASE("Qwen3 chat requests: enable_thinking through chat_template_kwargs or --no-thinking, reasoning split off",
+          "[cli][reasoning]") {
+  std::ifstream cases_in(std::string(STRATA_FIXTURES_DIR) + "/chat/chat_cases.json");
+  const json ex = json::parse(cases_in);
+  // tiny-qwen3 with Qwen3's template and <think>, </think> added to its tokenizer (not special, as
+  // in Qwen3's), at ids its embedding has but its vocabulary does not use.
+  const fs::path dir = temp_dir() / "tiny-qwen3-think";
+  fs::remove_all(dir);
+  fs::copy(kModels + "/tiny-qwen3", dir, fs::copy_options::recursive);
+  json tok_json;
+  {
+    std::ifstream in(dir / "tokenizer.json");
+    tok_json = json::parse(in);
+  }
+  int id = 990;
+  for (const char* t : {"<think>", "</think>"})
+    tok_json["added_tokens"].push_back({{"id", id++}, {"content", t}, {"single_word", false}, {"lstrip", false},
+                                        {"rstrip", false}, {"normalized", false}, {"special", false}});
+  std::ofstream(dir / "tokenizer.json") << tok_json.dump();
+  std::ofstream(dir / "chat_template.jinja") << ex["templates"]["qwen3"]["source"].get<std::string>();
+  const strata::Tokenizer tok = strata::Tokenizer::from_dir(dir);
+  const json messages = {{{"role", "user"}, {"content", "What is the capital of France?"}}};
+  auto prompt_tokens = [&](std::optional<bool> thinking) -> size_t {
+    for (const json& c : ex["cases"])
+      if (c["template"] == "qwen3" && c["messages"] == messages && c["add_generation_prompt"] == true &&
+          (thinking ? c.contains("enable_thinking") && c["enable_thinking"] == *thinking : !c.contains("enable_thinking")))
+        return tok.encode(c["text"].get<std::string>()).size();
+    FAIL("no qwen3 case");
+    return 0;
+  };
+  REQUIRE(prompt_tokens(false) > prompt_tokens(std::nullopt));
+  REQUIRE(prompt_tokens(true) == prompt_tokens(std::nullopt));
+  auto request = [&](const std::string& custom_id, const json& extra) {
+    json body = {{"messages", messages}, {"max_completion_tokens", 4}};
+    body.update(extra);
+    return json{{"custom_id", custom_id}, {"method", "POST"}, {"url", "/v1/chat/completions"}, {"body", body}}.dump() +
+           "\n";
+  };
+  const fs::path in = temp_dir() / "think.jsonl", out = temp_dir() / "think_out.jsonl";
+  std::ofstream(in) << request("default", json::object())
+                    << request("off", {{"chat_template_kwargs", {{"enable_thinking", false}}}})
+                    << request("on", {{"chat_template_kwargs", {{"enable_thinking", true}}}})
+                    << request("unknown", {{"chat_template_kwargs", {{"add_vision_id", true}}}});
+  for (const bool no_thinking : {false, true}) {
+    fs::remove(out);
+    const CliResult r = run_strata("run --model " + dir.string() + " -i " + in.string() + " -o " + out.string() +
+                                   " --device cpu --no-progress" + (no_thinking ? " --no-thinking" : ""));
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    const std::map<std::string, json> got = by_custom_id(read_lines(out));
+    auto prompt = [&](const std::string& custom_id) { return got.at(custom_id)["response"]["body"]["usage"]["prompt_tokens"]; };
+    CHECK(prompt("default") == prompt_tokens(no_thinking ? std::optional<bool>(false) : std::nullopt));
+    CHECK(prompt("off") == prompt_tokens(false));
+    CHECK(prompt("on") == prompt_tokens(true));
+    CHECK(got.at("default")["response"]["body"]["choices"][0]["message"]["reasoning_content"].is_string());
+    CHECK(got.at("unknown")["error"]["code"] == "unsupported_value");
+    CHECK_THAT(got.at("unknown")["error"]["message"].get<std::string>(),
+               Catch::Contains("chat_template_kwargs.add_vision_id"));
+  }
+}

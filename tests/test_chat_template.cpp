@@ -59,25 +59,30 @@ std::string edited(std::string s, const std::string& from, const std::string& to
 TEST_CASE("chat templates render as Jinja2 renders them, refusals included", "[chat]") {
   const auto ex = chat_cases();
   const std::string today = ex["today"].get<std::string>();
-  int rendered = 0, refused = 0;
+  int rendered = 0, refused = 0, thinking = 0;
   for (const auto& c : ex["cases"]) {
     const std::string name = c["template"].get<std::string>();
     const ChatTemplate tpl = parse_fixture(ex["templates"][name], today);
     const std::vector<ChatMessage> msgs = messages_of(c);
     const bool gen = c["add_generation_prompt"].get<bool>();
-    INFO(name << ": " << c["messages"].dump() << (gen ? " + generation prompt" : ""));
+    ChatOptions options;
+    if (c.contains("enable_thinking")) options.enable_thinking = c["enable_thinking"].get<bool>(), ++thinking;
+    INFO(name << ": " << c["messages"].dump() << (gen ? " + generation prompt" : "")
+              << (options.enable_thinking ? (*options.enable_thinking ? " thinking" : " not thinking") : ""));
     if (c.contains("undefined")) {  // Jinja's own error (no messages[0]), in its words, not Strata's
-      CHECK_THROWS_AS(tpl.render(msgs, gen), ChatTemplateError);
+      CHECK_THROWS_AS(tpl.render(msgs, gen, options), ChatTemplateError);
       ++refused;
     } else if (c.contains("error")) {
-      CHECK_THROWS_MATCHES(tpl.render(msgs, gen), ChatTemplateError, Catch::Message(c["error"].get<std::string>()));
+      CHECK_THROWS_MATCHES(tpl.render(msgs, gen, options), ChatTemplateError,
+                           Catch::Message(c["error"].get<std::string>()));
       ++refused;
     } else {
-      CHECK(tpl.render(msgs, gen) == c["text"].get<std::string>());
+      CHECK(tpl.render(msgs, gen, options) == c["text"].get<std::string>());
       ++rendered;
     }
   }
   CHECK(rendered > 400);
+  CHECK(thinking == 16);
   CHECK(refused >= 20);
 }
 

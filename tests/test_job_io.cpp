@@ -150,6 +150,47 @@ TEST_CASE("both formats carry response_format, and unset it leaves the job's def
   }
 }
 
+TEST_CASE("both formats carry reasoning_effort and chat_template_kwargs, unset leaving the job's default",
+          "[job][chat]") {
+  const auto recs = read_prompts(
+      write_file("kwargs.jsonl",
+                 "{\"id\": 1, \"prompt\": \"a\", \"reasoning_effort\": \"low\"}\n"
+                 "{\"id\": 2, \"prompt\": \"b\", \"chat_template_kwargs\": {\"enable_thinking\": false, "
+                 "\"reasoning_effort\": \"high\"}}\n"
+                 "{\"id\": 3, \"prompt\": \"c\", \"reasoning_effort\": null, \"chat_template_kwargs\": null}\n"),
+      {});
+  REQUIRE(recs.size() == 3);
+  CHECK(recs[0].reasoning_effort == "low");
+  CHECK_FALSE(recs[0].enable_thinking);
+  CHECK(recs[1].reasoning_effort == "high");
+  CHECK(recs[1].enable_thinking == std::optional<bool>(false));
+  CHECK(recs[2].reasoning_effort.empty());
+  CHECK_FALSE(recs[2].enable_thinking);
+  const auto oa = read_prompts(
+      write_file("kwargs-oa.jsonl",
+                 "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"reasoning_effort\": \"medium\", "
+                 "\"chat_template_kwargs\": {\"enable_thinking\": true}}}\n"),
+      {});
+  REQUIRE(oa.size() == 1);
+  CHECK_FALSE(oa[0].error);
+  CHECK(oa[0].reasoning_effort == "medium");
+  CHECK(oa[0].enable_thinking == std::optional<bool>(true));
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"\"reasoning_effort\": \"minimal\"", "field 'reasoning_effort' must be \"low\", \"medium\" or \"high\""},
+      {"\"reasoning_effort\": true", "field 'reasoning_effort' must be a string"},
+      {"\"chat_template_kwargs\": []", "field 'chat_template_kwargs' must be an object"},
+      {"\"chat_template_kwargs\": {\"enable_thinking\": 0}",
+       "field 'chat_template_kwargs'.enable_thinking must be true or false"},
+      {"\"chat_template_kwargs\": {\"custom_instructions\": \"x\"}",
+       "field 'chat_template_kwargs'.custom_instructions is not supported"}};
+  for (const auto& [field, message] : bad) {
+    INFO(field);
+    const fs::path p = write_file("kwargs-bad.jsonl", "{\"id\": 1, \"prompt\": \"a\", " + field + "}\n");
+    CHECK_THROWS_WITH(read_prompts(p, {}), Catch::Contains("kwargs-bad.jsonl:1: " + message));
+  }
+}
+
 TEST_CASE("strata lines' messages carry OpenAI's tool calls on assistant messages", "[job][chat]") {
   const auto recs = read_prompts(
       write_file("tools.jsonl",

@@ -116,6 +116,9 @@ void add_run_command(CLI::App& app) {
                   "for lines that give no reasoning_effort: low, medium or high, what GPT-OSS's chat template writes "
                   "in its system message (default: the template's, medium)")
       ->check(CLI::IsMember({"low", "medium", "high"}));
+  cmd->add_flag("--no-thinking", opt->no_thinking,
+                "for lines whose chat_template_kwargs do not set enable_thinking: false, so that Qwen3 answers "
+                "without reasoning (its template closes an empty <think> block)");
   cmd->add_flag("!--no-progress", opt->progress, "no progress line");
   cmd->add_flag("!--no-refill", opt->refill,
                 "generate in blocks whose slots all wait for the block's longest answer (default: a finished "

@@ -113,24 +113,31 @@ json strata_logprobs(const Tokenizer& tok, const GenResult& g) {
 struct ChoiceText {
   std::string text;
   bool stopped = false;  // cut at a stop string
-  std::optional<std::string> reasoning;  // a harmony answer's
+  std::optional<std::string> reasoning;  // a reasoning answer's (job/reasoning.h)
 };
 
-// The answer's text (a harmony answer's final channel) and reasoning, from its first `tokens`.
-ChoiceText answer_text(const Tokenizer& tok, const HarmonyTokens* harmony, std::span<const int32_t> tokens) {
-  if (!harmony) return {tok.decode(tokens, /*skip_special=*/true), false, std::nullopt};
-  HarmonyAnswer a = split_harmony(tok, *harmony, tokens);
+// How a chat record's answer reasons (job/reasoning.h): GPT-OSS's harmony channels, Qwen3's
+// <think> block, or not at all (raw prompts' answers are read as text).
+struct Reasoning {
+  const HarmonyTokens* harmony = nullptr;
+  const ThinkTokens* think = nullptr;
+};
+
+// The answer's text (the part after its reasoning) and reasoning, from its first `tokens`.
+ChoiceText answer_text(const Tokenizer& tok, const Reasoning& how, std::span<const int32_t> tokens) {
+  if (!how.harmony && !how.think) return {tok.decode(tokens, /*skip_special=*/true), false, std::nullopt};
+  ReasonedAnswer a = how.harmony ? split_harmony(tok, *how.harmony, tokens) : split_think(tok, *how.think, tokens);
   return {std::move(a.content), false, std::move(a.reasoning)};
 }
 
 // min_tokens: the answer's first min_tokens - 1 tokens hold no stop string (as the generator's
-// stop check, which waits for min_tokens tokens). A harmony answer's stop strings are looked for
-// in its final text only.
+// stop check, which waits for min_tokens tokens). A reasoning answer's stop strings are looked for
+// in the answer after its reasoning only.
 ChoiceText choice_text(const Tokenizer& tok, const GenResult& g, const std::vector<std::string>& stops,
-                       int min_tokens, const HarmonyTokens* harmony) {
-  ChoiceText c = answer_text(tok, harmony, g.tokens);
+                       int min_tokens, const Reasoning& how) {
+  ChoiceText c = answer_text(tok, how, g.tokens);
   const size_t held = std::min(g.tokens.size(), size_t(std::max(min_tokens - 1, 0)));
-  const size_t ends_after = held == 0 ? 0 : answer_text(tok, harmony, std::span(g.tokens).first(held)).text.size();
+  const size_t ends_after = held == 0 ? 0 : answer_text(tok, how, std::span(g.tokens).first(held)).text.size();
   const size_t cut = first_stop(c.text, stops, ends_after);
   if (cut != std::string::npos) {
     c.text.resize(cut);
@@ -143,9 +150,9 @@ const std::vector<std::string>& stops_of(const PromptRecord& r, const AnswerSett
   return r.stop ? *r.stop : s.default_stop;
 }
 
-// Chat answers of a harmony template (GPT-OSS) are harmony; raw prompts' are read as text.
-const HarmonyTokens* harmony_of(const PromptRecord& r, const AnswerSettings& s) {
-  return s.harmony && !r.messages.empty() ? &*s.harmony : nullptr;
+Reasoning reasoning_of(const PromptRecord& r, const AnswerSettings& s) {
+  if (r.messages.empty()) return {};
+  return {s.harmony ? &*s.harmony : nullptr, s.think ? &*s.think : nullptr};
 }
 
 }  // namespace
@@ -196,6 +203,16 @@ StopCheck make_stop_check(const Tokenizer& tokenizer, std::vector<std::string> s
   };
 }
 
+StopCheck make_think_stop_check(const Tokenizer& tokenizer, const ThinkTokens& t, std::vector<std::string> stops) {
+  std::erase_if(stops, [](const std::string& s) { return s.empty(); });
+  if (stops.empty()) return {};
+  const size_t longest = longest_of(stops);
+  return [&tokenizer, t, stops = std::move(stops), longest](std::span<const int32_t> generated) {
+    const std::optional<size_t> begin = think_answer_begin(t, generated);
+    return begin && ends_in_stop(tokenizer, stops, longest, generated.subspan(*begin));
+  };
+}
+
 StopCheck make_harmony_stop_check(const Tokenizer& tokenizer, const HarmonyTokens& h, std::vector<std::string> stops) {
   std::erase_if(stops, [](const std::string& s) { return s.empty(); });
   if (stops.empty()) return {};
@@ -224,9 +241,10 @@ GenRequest make_gen_request(const PromptRecord& r, std::vector<int32_t> prompt, 
   g.sampling = r.sampling;
   g.n = r.n;
   g.logprobs = r.logprobs;
-  const HarmonyTokens* harmony = harmony_of(r, s);
-  g.stop = harmony ? make_harmony_stop_check(*s.tokenizer, *harmony, stops_of(r, s))
-                   : make_stop_check(*s.tokenizer, stops_of(r, s));
+  const Reasoning how = reasoning_of(r, s);
+  g.stop = how.harmony ? make_harmony_stop_check(*s.tokenizer, *how.harmony, stops_of(r, s))
+           : how.think ? make_think_stop_check(*s.tokenizer, *how.think, stops_of(r, s))
+                       : make_stop_check(*s.tokenizer, stops_of(r, s));
   const ResponseFormat format = r.response_format.value_or(s.default_response_format);
   if (format == ResponseFormat::JsonObject) {
     STRATA_CHECK(s.json_vocabulary, "a JSON answer asked for without the job's JSON vocabulary");
@@ -235,9 +253,12 @@ GenRequest make_gen_request(const PromptRecord& r, std::vector<int32_t> prompt, 
     STRATA_CHECK(s.schema_grammars, "a JSON schema answer asked for without the job's schema grammars");
     g.grammar = s.schema_grammars->get(r.response_format ? r.json_schema : s.default_json_schema);
   }
-  if (g.grammar && harmony)  // the document is the final channel's text; the reasoning runs free
-    g.grammar = harmony_final_grammar(std::move(g.grammar), s.json_vocabulary->tokens(), *harmony,
+  // The document is the answer after the reasoning, which runs free.
+  if (g.grammar && how.harmony)
+    g.grammar = harmony_final_grammar(std::move(g.grammar), s.json_vocabulary->tokens(), *how.harmony,
                                       s.tokenizer->vocab_size());
+  else if (g.grammar && how.think)
+    g.grammar = think_answer_grammar(std::move(g.grammar), *how.think, s.tokenizer->vocab_size());
   return g;
 }
 
@@ -254,7 +275,8 @@ AnswerSettings answer_settings(const Tokenizer& tokenizer, std::vector<std::stri
                                std::string default_json_schema) {
   AnswerSettings s{&tokenizer,           std::move(default_stop),        std::move(model_name),
                    created,              default_response_format,         std::move(default_json_schema),
-                   json_vocabulary(tokenizer), nullptr,                         std::nullopt};
+                   json_vocabulary(tokenizer), nullptr,                         std::nullopt,
+                   std::nullopt};
   s.schema_grammars = std::make_shared<SchemaGrammars>(s.json_vocabulary->tokens());
   return s;
 }
@@ -270,14 +292,14 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
                  const AnswerSettings& s) {
   const Tokenizer& tok = *s.tokenizer;
   const std::vector<std::string>& stops = stops_of(r, s);
-  const HarmonyTokens* harmony = harmony_of(r, s);
+  const Reasoning how = reasoning_of(r, s);
   if (r.format == InputFormat::OpenAIBatch) {
     Completion c;
     c.prompt_tokens = prompt_tokens;
     c.model = r.model.empty() ? s.model_name : r.model;
     c.created = s.created;
     for (const GenResult& g : choices) {
-      ChoiceText t = choice_text(tok, g, stops, r.sampling.min_tokens, harmony);
+      ChoiceText t = choice_text(tok, g, stops, r.sampling.min_tokens, how);
       CompletionChoice choice;
       choice.text = t.text;
       choice.reasoning = std::move(t.reasoning);
@@ -292,7 +314,7 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
 
   // The strata format: one choice in the top-level fields, as before n existed; n > 1 in "choices".
   auto choice_json = [&](const GenResult& g) {
-    const ChoiceText t = choice_text(tok, g, stops, r.sampling.min_tokens, harmony);
+    const ChoiceText t = choice_text(tok, g, stops, r.sampling.min_tokens, how);
     json j;
     j["completion"] = t.text;
     if (t.reasoning) j["reasoning"] = *t.reasoning;

@@ -57,8 +57,8 @@ struct Tokenized {
 // count must be exact, and by the reader thread for every request.
 class PromptTokenizer {
 public:
-  PromptTokenizer(const ModelBundle& model, std::string file, std::string reasoning_effort)
-      : model_(model), file_(std::move(file)), reasoning_effort_(std::move(reasoning_effort)) {}
+  PromptTokenizer(const ModelBundle& model, std::string file, ChatOptions defaults)
+      : model_(model), file_(std::move(file)), defaults_(std::move(defaults)) {}
 
   // The model's chat template, parsed on first use (nullopt: none, or one that cannot be used).
   const std::optional<ChatTemplate>& chat() const {
@@ -140,13 +140,14 @@ private:
   std::optional<std::string> render(const PromptRecord& r) const {
     if (r.messages.empty()) return r.prompt;
     if (!chat()) return std::nullopt;
-    const ChatOptions options{r.reasoning_effort.empty() ? reasoning_effort_ : r.reasoning_effort};
+    const ChatOptions options{r.reasoning_effort.empty() ? defaults_.reasoning_effort : r.reasoning_effort,
+                              r.enable_thinking ? r.enable_thinking : defaults_.enable_thinking};
     return chat_->render(r.messages, /*add_generation_prompt=*/true, options);
   }
 
   const ModelBundle& model_;
   std::string file_;
-  std::string reasoning_effort_;  // --reasoning-effort
+  ChatOptions defaults_;  // --reasoning-effort, --no-thinking
   mutable std::once_flag chat_once_;
   mutable std::optional<ChatTemplate> chat_;
   mutable std::string no_chat_ = "'messages' given, but the model has no chat template; give 'prompt'";
@@ -541,7 +542,8 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   ModelBundle model = open_model(opt.model, opt.tokenizer);
   if (!model.tokenizer) STRATA_FAIL(opt.model << ": the model has no tokenizer files; pass --tokenizer DIR");
   if (model.packed) log << packed_load_note(*model.packed) << "\n";
-  const PromptTokenizer tok(model, opt.prompts.string(), opt.reasoning_effort);
+  const PromptTokenizer tok(model, opt.prompts.string(),
+                            ChatOptions{opt.reasoning_effort, opt.no_thinking ? std::optional<bool>(false) : std::nullopt});
 
   // Pass 1: check every line before touching the device or the output.
   const JobScan scan = scan_job(opt, shard, model, tok, log);
@@ -591,6 +593,8 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   const int64_t created = int64_t(std::time(nullptr));
   AnswerSettings answers = answer_settings(*model.tokenizer, opt.stop, model.config.name, created,
                                            opt.response_format, opt.json_schema);
+  if (tok.chat() && tok.chat()->format() == ChatFormat::Qwen3)
+    answers.think = ThinkTokens::of(*model.tokenizer);  // none: answers read as text
   if (tok.chat() && tok.chat()->format() == ChatFormat::Harmony) {
     answers.harmony = HarmonyTokens::of(*model.tokenizer);
     if (!answers.harmony)

@@ -1,4 +1,4 @@
-#include "strata/job/harmony.h"
+#include "strata/job/reasoning.h"
 
 #include <algorithm>
 #include <limits>
@@ -50,8 +50,8 @@ bool has_structure(const HarmonyTokens& h, std::span<const int32_t> generated) {
 
 }  // namespace
 
-HarmonyAnswer split_harmony(const Tokenizer& tokenizer, const HarmonyTokens& h, std::span<const int32_t> generated) {
-  HarmonyAnswer a;
+ReasonedAnswer split_harmony(const Tokenizer& tokenizer, const HarmonyTokens& h, std::span<const int32_t> generated) {
+  ReasonedAnswer a;
   if (!has_structure(h, generated)) {
     a.content = tokenizer.decode(generated, /*skip_special=*/true);
     return a;

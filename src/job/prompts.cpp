@@ -26,7 +26,7 @@ namespace {
 const std::set<std::string> kKnownKeys = {
     "id", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos", "stop", "n",
     "logprobs", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
-    "stop_token_ids", "response_format", "reasoning_effort"};
+    "stop_token_ids", "response_format", "reasoning_effort", "chat_template_kwargs"};
 
 struct LineContext {
   std::string where;  // "file:line"
@@ -220,6 +220,33 @@ std::optional<FieldError> read_reasoning_effort(const json& obj, const std::func
   return std::nullopt;
 }
 
+// chat_template_kwargs (vLLM's, in both formats): what a request passes to the chat template beside
+// its messages. Strata renders templates itself, so only the arguments it knows are taken:
+// enable_thinking (Qwen3) and reasoning_effort (GPT-OSS, as the top-level field); any other is
+// refused by name rather than dropped.
+std::optional<FieldError> read_chat_template_kwargs(const json& obj,
+                                                    const std::function<std::string(const char*)>& name,
+                                                    PromptRecord& r) {
+  if (!obj.contains("chat_template_kwargs") || obj["chat_template_kwargs"].is_null()) return std::nullopt;
+  const json& v = obj["chat_template_kwargs"];
+  const std::string field = name("chat_template_kwargs");
+  if (!v.is_object()) return FieldError{"invalid_type", field + " must be an object, got " + v.dump()};
+  for (const auto& [key, value] : v.items()) {
+    if (key == "enable_thinking") {
+      if (!value.is_boolean())
+        return FieldError{"invalid_type", field + ".enable_thinking must be true or false, got " + value.dump()};
+      r.enable_thinking = value.get<bool>();
+    } else if (key == "reasoning_effort") {
+      if (const auto e = read_reasoning_effort(v, [&](const char* k) { return field + "." + k; }, r)) return e;
+    } else {
+      return FieldError{"unsupported_value", field + "." + key +
+                                                 " is not supported (Strata renders templates itself: "
+                                                 "enable_thinking and reasoning_effort are read)"};
+    }
+  }
+  return std::nullopt;
+}
+
 // A json_schema record's schema, read again from the line's text with its keys in the order
 // written (objects' properties keep it; nlohmann's json sorts them) and compiled, so that a schema
 // Strata cannot hold answers to is refused before any output.
@@ -243,6 +270,7 @@ void read_strata_extras(const json& obj, const LineContext& ctx, PromptRecord& r
   auto field = [](const char* key) { return std::string("field '") + key + "'"; };
   if (const auto e = read_response_format(obj, field, r)) ctx.fail(e->message);
   if (const auto e = read_reasoning_effort(obj, field, r)) ctx.fail(e->message);
+  if (const auto e = read_chat_template_kwargs(obj, field, r)) ctx.fail(e->message);
   if (obj.contains("stop") && !obj["stop"].is_null()) {  // null: not given
     std::string why;
     r.stop = parse_stop(obj["stop"], why);
@@ -279,7 +307,7 @@ const std::set<std::string> kOpenAIBodyKeys = {
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
     "logprobs", "top_logprobs", "stream", "frequency_penalty", "presence_penalty", "logit_bias", "top_k", "min_p",
     "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "response_format",
-    "reasoning_effort"};
+    "reasoning_effort", "chat_template_kwargs"};
 
 [[noreturn]] void refuse(const std::string& code, const std::string& message) { throw ServeError{code, message}; }
 
@@ -360,6 +388,7 @@ void read_openai_body(const json& body, PromptRecord& r) {
   if (const auto e = read_sampling_extensions(body, field, s)) refuse(e->code, e->message);
   if (const auto e = read_response_format(body, field, r)) refuse(e->code, e->message);
   if (const auto e = read_reasoning_effort(body, field, r)) refuse(e->code, e->message);
+  if (const auto e = read_chat_template_kwargs(body, field, r)) refuse(e->code, e->message);
   if (given(body, "n")) {
     const int64_t n = body_int(body, "n");
     if (n < 1 || n > kMaxChoices)

@@ -110,7 +110,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
     case ChatFormat::Qwen25:
       return render_qwen25(messages, add_generation_prompt);
     case ChatFormat::Qwen3:
-      return render_qwen3(messages, add_generation_prompt);
+      return render_qwen3(messages, add_generation_prompt, options);
     case ChatFormat::Llama3:
       return render_llama3(messages, add_generation_prompt);
     case ChatFormat::Llama31:
@@ -177,7 +177,8 @@ std::string ChatTemplate::render_qwen25(const std::vector<ChatMessage>& messages
 // only for messages after the last user query (the last user message that is not a wrapped
 // <tool_response>): the last message, or one that had reasoning. Tool calls follow the content,
 // one newline apart; arguments that hold a JSON string are written as the string itself.
-std::string ChatTemplate::render_qwen3(const std::vector<ChatMessage>& messages, bool gen) const {
+std::string ChatTemplate::render_qwen3(const std::vector<ChatMessage>& messages, bool gen,
+                                       const ChatOptions& options) const {
   if (messages.empty()) raise("no messages (the template reads messages[0])");
   std::string out;
   if (messages[0].role == "system") out += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
@@ -222,6 +223,7 @@ std::string ChatTemplate::render_qwen3(const std::vector<ChatMessage>& messages,
     }
   }
   if (gen) out += "<|im_start|>assistant\n";
+  if (gen && options.enable_thinking == false) out += "<think>\n\n</think>\n\n";
   return out;
 }
 

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "strata/job/harmony.h"
+#include "strata/job/reasoning.h"
 #include "strata/job/prompts.h"
 #include "strata/model/tokenizer.h"
 #include "strata/runtime/json_grammar.h"
@@ -47,9 +47,11 @@ struct AnswerSettings {
   // grammars over it.
   std::shared_ptr<const JsonVocabulary> json_vocabulary;
   std::shared_ptr<SchemaGrammars> schema_grammars;
-  // Set when the chat template is GPT-OSS's: chat records' answers are harmony (job/harmony.h),
+  // Set when the chat template is GPT-OSS's: chat records' answers are harmony (job/reasoning.h),
   // split into the final text and the reasoning, stop strings and JSON held to the final text.
   std::optional<HarmonyTokens> harmony;
+  // Set when the chat template is Qwen3's: chat records' answers split at their </think>.
+  std::optional<ThinkTokens> think;
 };
 
 // Settings whose JSON vocabulary and schema grammars are made from `tokenizer`.
@@ -78,8 +80,10 @@ nlohmann::json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::sp
 // bytes of the last token and of as many earlier tokens as a match ending in it could reach.
 // Empty when `stops` is.
 StopCheck make_stop_check(const Tokenizer& tokenizer, std::vector<std::string> stops);
-// The same over a harmony answer's final-channel text only (job/harmony.h).
+// The same over a harmony answer's final-channel text only, or a Qwen3 answer's text after its
+// </think> (job/reasoning.h).
 StopCheck make_harmony_stop_check(const Tokenizer& tokenizer, const HarmonyTokens& h, std::vector<std::string> stops);
+StopCheck make_think_stop_check(const Tokenizer& tokenizer, const ThinkTokens& t, std::vector<std::string> stops);
 
 // Where the first of the stop strings begins in `text` (the earliest match of any), or npos.
 // Only matches that end past byte `ends_after` count: min_tokens' boundary (the text of an

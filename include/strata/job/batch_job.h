@@ -38,6 +38,8 @@ struct JobOptions {
   std::string json_schema;
   // --reasoning-effort: for lines that give no reasoning_effort (GPT-OSS's template; "" its default).
   std::string reasoning_effort;
+  // --no-thinking: enable_thinking false for lines that do not set it (Qwen3 answers without reasoning).
+  bool no_thinking = false;
   bool progress = true;                    // progress line on the log stream
   bool ordered = false;                    // write in input order (a reorder buffer of one window)
   int window = 0;                          // requests read ahead and grouped by length; 0: max(8 blocks, 4096)

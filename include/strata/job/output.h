@@ -78,7 +78,8 @@ struct CompletionChoice {
   std::string text;
   std::string finish_reason;  // OpenAI's: "stop" (EOS or a stop string) or "length"
   nlohmann::json logprobs;    // null unless asked for; the endpoint's shape (job/answers.h)
-  // A harmony answer's reasoning (GPT-OSS): a chat message's "reasoning_content".
+  // A reasoning answer's reasoning (GPT-OSS, Qwen3; job/reasoning.h): a chat message's
+  // "reasoning_content".
   std::optional<std::string> reasoning = std::nullopt;
 };
 struct Completion {

@@ -54,6 +54,8 @@ struct PromptRecord {
   std::string json_schema;  // JsonSchema: the schema's text, its keys in the order written
   // "low", "medium" or "high": GPT-OSS's reasoning (ChatOptions); empty: the job's default.
   std::string reasoning_effort;
+  // chat_template_kwargs.enable_thinking (Qwen3; ChatOptions); unset: the job's default.
+  std::optional<bool> enable_thinking;
   std::string model;                 // OpenAI body.model, echoed in the response ("" if absent)
   std::optional<ServeError> error;   // OpenAI only: answer with this error instead of generating
 };

@@ -37,6 +37,9 @@ struct ChatOptions {
   // GPT-OSS's "Reasoning: ..." line ("low", "medium" or "high"; empty: the template's default,
   // medium). OpenAI's reasoning_effort.
   std::string reasoning_effort;
+  // Qwen3's enable_thinking: false closes an empty <think> block in the generation prompt, so the
+  // model answers without reasoning; unset or true: the template's default (it reasons).
+  std::optional<bool> enable_thinking;
 };
 
 // The template's bos_token and eos_token: tokenizer_config.json's strings, or the text of the
@@ -74,7 +77,7 @@ public:
 private:
   std::string render_chatml(const std::vector<ChatMessage>& messages, bool gen) const;
   std::string render_qwen25(const std::vector<ChatMessage>& messages, bool gen) const;
-  std::string render_qwen3(const std::vector<ChatMessage>& messages, bool gen) const;
+  std::string render_qwen3(const std::vector<ChatMessage>& messages, bool gen, const ChatOptions& options) const;
   std::string render_llama3(const std::vector<ChatMessage>& messages, bool gen) const;
   std::string render_llama31(const std::vector<ChatMessage>& messages, bool gen) const;
   std::string render_llama2(const std::vector<ChatMessage>& messages) const;

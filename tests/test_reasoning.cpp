@@ -1,14 +1,16 @@
-// GPT-OSS's answers in the harmony format (job/harmony.h): split into the final channel's text and
-// the reasoning, stop strings looked for in the final text only, JSON held to the final channel.
-// Answers are written as harmony text (OpenAI's format: a header <|channel|>NAME ... <|message|>,
-// the text, then <|end|>, <|return|> or <|call|>) and tokenized with the o200k-style fixture, whose
-// added tokens are the harmony special tokens.
+// Answers that reason first (job/reasoning.h): split into the answer and the reasoning, stop strings
+// looked for in the answer only, JSON held to the answer. GPT-OSS's harmony answers are written as
+// harmony text (OpenAI's format: a header <|channel|>NAME ... <|message|>, the text, then <|end|>,
+// <|return|> or <|call|>) and tokenized with the o200k-style fixture, whose added tokens are the
+// harmony special tokens; Qwen3's as "<think>...</think>" text with a Llama-3-style tokenizer to
+// which <think> and </think> are added as Qwen3's tokenizer has them (not special).
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "strata/job/answers.h"
-#include "strata/job/harmony.h"
+#include "strata/job/reasoning.h"
 #include "strata/job/output.h"
 #include "test_paths.h"
 
@@ -29,11 +31,29 @@ const HarmonyTokens& harmony() {
 
 std::vector<int32_t> ids(const std::string& text) { return o200k().encode(text); }
 
-HarmonyAnswer split(const std::string& text) { return split_harmony(o200k(), harmony(), ids(text)); }
+const Tokenizer& qwen3_like() {
+  static const Tokenizer tok = [] {
+    std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/tokenizer/llama3-style/tokenizer.json");
+    json t = json::parse(in);
+    int id = 1006;
+    for (const char* text : {"<think>", "</think>"})
+      t["added_tokens"].push_back({{"id", id++}, {"content", text}, {"single_word", false}, {"lstrip", false},
+                                   {"rstrip", false}, {"normalized", false}, {"special", false}});
+    return Tokenizer::from_tokenizer_json_text(t.dump(), "llama3-style + think");
+  }();
+  return tok;
+}
+
+const ThinkTokens& think() {
+  static const ThinkTokens t = *ThinkTokens::of(qwen3_like());
+  return t;
+}
+
+ReasonedAnswer split(const std::string& text) { return split_harmony(o200k(), harmony(), ids(text)); }
 
 }  // namespace
 
-TEST_CASE("harmony special tokens are found by their text, or the tokenizer is not harmony's", "[harmony]") {
+TEST_CASE("harmony special tokens are found by their text, or the tokenizer is not harmony's", "[reasoning]") {
   const HarmonyTokens& h = harmony();
   CHECK(o200k().token_bytes(h.start) == "<|start|>");
   CHECK(o200k().token_bytes(h.end) == "<|end|>");
@@ -45,10 +65,10 @@ TEST_CASE("harmony special tokens are found by their text, or the tokenizer is n
   CHECK_FALSE(HarmonyTokens::of(Tokenizer::from_dir(std::string(STRATA_FIXTURES_DIR) + "/tokenizer/gpt2")));
 }
 
-TEST_CASE("a harmony answer splits into its final text and its reasoning", "[harmony]") {
+TEST_CASE("a harmony answer splits into its final text and its reasoning", "[reasoning]") {
   auto check = [](const std::string& text, const std::string& content, const std::string& reasoning) {
     INFO(text);
-    const HarmonyAnswer a = split(text);
+    const ReasonedAnswer a = split(text);
     CHECK(a.content == content);
     CHECK(a.reasoning == reasoning);
   };
@@ -76,7 +96,7 @@ TEST_CASE("a harmony answer splits into its final text and its reasoning", "[har
   check("", "", "");
 }
 
-TEST_CASE("stop strings end a harmony answer in its final text only", "[harmony]") {
+TEST_CASE("stop strings end a harmony answer in its final text only", "[reasoning]") {
   const std::string reasoning = "<|channel|>analysis<|message|>I could say STOP here.<|end|>";
   const std::string answer = "<|start|>assistant<|channel|>final<|message|>Go, then STOP and rest";
   const std::vector<int32_t> tokens = ids(reasoning + answer);
@@ -91,7 +111,7 @@ TEST_CASE("stop strings end a harmony answer in its final text only", "[harmony]
   REQUIRE(plain_at > 0);
   CHECK(o200k().decode(std::span(tokens).first(plain_at), true).ends_with("I could say STOP"));
   REQUIRE(harmony_at > 0);
-  const HarmonyAnswer cut = split_harmony(o200k(), harmony(), std::span(tokens).first(harmony_at));
+  const ReasonedAnswer cut = split_harmony(o200k(), harmony(), std::span(tokens).first(harmony_at));
   CHECK(cut.content == "Go, then STOP");
   CHECK(cut.reasoning == "I could say STOP here.");
   // Where the check looks: the final text since its <|message|>, nothing else.
@@ -104,7 +124,7 @@ TEST_CASE("stop strings end a harmony answer in its final text only", "[harmony]
   CHECK_FALSE(make_harmony_stop_check(o200k(), harmony(), {}));
 }
 
-TEST_CASE("a JSON answer of a harmony model is held to its final channel", "[harmony][json]") {
+TEST_CASE("a JSON answer of a harmony model is held to its final channel", "[reasoning][json]") {
   const auto vocabulary = json_vocabulary(o200k());
   const auto grammar = harmony_final_grammar(vocabulary, vocabulary->tokens(), harmony(), o200k().vocab_size());
   std::unique_ptr<AnswerCursor> c = grammar->start();
@@ -150,7 +170,7 @@ TEST_CASE("a JSON answer of a harmony model is held to its final channel", "[har
   CHECK(allowed(*fresh) == all);
 }
 
-TEST_CASE("harmony answers in both output formats: reasoning beside the final text", "[harmony][batch]") {
+TEST_CASE("harmony answers in both output formats: reasoning beside the final text", "[reasoning][batch]") {
   AnswerSettings s = answer_settings(o200k(), {}, "gpt-oss", 1700000000, ResponseFormat::Text);
   s.harmony = harmony();
   const std::vector<int32_t> answer =
@@ -195,7 +215,7 @@ TEST_CASE("harmony answers in both output formats: reasoning beside the final te
       "reasoning_content"));
 }
 
-TEST_CASE("a harmony chat request's JSON answer and stop strings are held to the final text", "[harmony][batch]") {
+TEST_CASE("a harmony chat request's JSON answer and stop strings are held to the final text", "[reasoning][batch]") {
   AnswerSettings s = answer_settings(o200k(), {"STOP"}, "gpt-oss", 1700000000, ResponseFormat::JsonObject);
   s.harmony = harmony();
   PromptRecord chat;
@@ -214,4 +234,99 @@ TEST_CASE("a harmony chat request's JSON answer and stop strings are held to the
   const GenRequest r = make_gen_request(raw, ids("x"), s);
   CHECK_FALSE(r.grammar->start()->accepts(harmony().channel));  // a raw prompt's answer is the document
   CHECK(r.stop(ids("<|channel|>analysis<|message|>STOP")));
+}
+
+TEST_CASE("a Qwen3 answer splits at its </think>", "[reasoning]") {
+  auto check = [](const std::string& text, const std::string& content, const std::string& reasoning) {
+    INFO(text);
+    const ReasonedAnswer a = split_think(qwen3_like(), think(), qwen3_like().encode(text));
+    CHECK(a.content == content);
+    CHECK(a.reasoning == reasoning);
+  };
+  CHECK(qwen3_like().token_bytes(think().start) == "<think>");
+  CHECK(qwen3_like().token_bytes(think().end) == "</think>");
+  check("<think>\nThe user asks.\n\n</think>\n\nParis.\n", "Paris.\n", "The user asks.");
+  check("<think>\ncut short", "", "cut short");
+  check("<think>\n\n</think>\n\nNo reasoning.", "No reasoning.", "");
+  check("Plain answer, thinking off.<|im_end|>", "Plain answer, thinking off.", "");
+  check("reasoning without its opening tag</think>answer", "answer", "reasoning without its opening tag");
+  check("\n<think>a</think>b</think>c", "b</think>c", "a");  // the first close ends the reasoning
+  CHECK_FALSE(ThinkTokens::of(o200k()));
+}
+
+TEST_CASE("stop strings and JSON answers of a Qwen3 answer are held to the text after </think>", "[reasoning][json]") {
+  const Tokenizer& tok = qwen3_like();
+  const StopCheck check = make_think_stop_check(tok, think(), {"END"});
+  CHECK_FALSE(check(tok.encode("<think>\nI will END it")));
+  CHECK(check(tok.encode("<think>\nI will END it</think>\n\nDone. END")));
+  CHECK(check(tok.encode("No think: END")));
+  CHECK(think_answer_begin(think(), tok.encode("<think>x")) == std::nullopt);
+  const std::vector<int32_t> closed = tok.encode("<think>x</think>");
+  CHECK(think_answer_begin(think(), closed) == std::optional<size_t>(closed.size()));
+  CHECK(think_answer_begin(think(), tok.encode("y")) == std::optional<size_t>(0));
+
+  const auto vocabulary = json_vocabulary(tok);
+  const auto grammar = think_answer_grammar(vocabulary, think(), tok.vocab_size());
+  const int64_t vocab = tok.vocab_size();
+  std::vector<float> logits(size_t(vocab), 0.0f);
+  auto allowed = [&](const AnswerCursor& c) {
+    std::fill(logits.begin(), logits.end(), 0.0f);
+    return c.mask(logits.data(), vocab);
+  };
+  {  // thinking first: free until </think>, then a document from its first token
+    std::unique_ptr<AnswerCursor> c = grammar->start();
+    const int64_t at_start = allowed(*c);
+    CHECK(std::isfinite(logits[size_t(think().start)]));
+    CHECK(c->accepts(think().start));
+    CHECK_FALSE(c->accepts(tok.encode("Sure")[0]));
+    c->advance(think().start);
+    CHECK(allowed(*c) == vocab);
+    for (int32_t t : tok.encode("\nJSON? {not yet\n")) {
+      REQUIRE(c->accepts(t));
+      c->advance(t);
+    }
+    CHECK_FALSE(c->complete());
+    c->advance(think().end);
+    CHECK(allowed(*c) == at_start - 1);  // the document's first tokens, <think> no more
+    CHECK_FALSE(std::isfinite(logits[size_t(think().start)]));
+    CHECK_FALSE(c->accepts(tok.encode("\n")[0]));
+    for (int32_t t : tok.encode("[1]")) {
+      CHECK_FALSE(c->complete());
+      REQUIRE(c->accepts(t));
+      c->advance(t);
+    }
+    CHECK(c->complete());
+  }
+  {  // no thinking (enable_thinking false): the document from the first token
+    std::unique_ptr<AnswerCursor> c = grammar->start();
+    for (int32_t t : tok.encode("{}")) {
+      REQUIRE(c->accepts(t));
+      c->advance(t);
+    }
+    CHECK(c->complete());
+    CHECK_FALSE(c->accepts(think().start));
+  }
+}
+
+TEST_CASE("Qwen3 chat answers carry their reasoning in both output formats", "[reasoning][batch]") {
+  AnswerSettings s = answer_settings(qwen3_like(), {}, "qwen3", 1700000000, ResponseFormat::Text);
+  s.think = think();
+  GenResult g;
+  g.tokens = qwen3_like().encode("<think>\nHmm.\n</think>\n\nYes.");
+  g.finish = FinishReason::Eos;
+  PromptRecord chat;
+  chat.id = "q";
+  chat.format = InputFormat::OpenAIBatch;
+  chat.endpoint = Endpoint::ChatCompletions;
+  chat.messages = {{"user", "?"}};
+  const json line = answer_line(chat, 5, std::span(&g, 1), s);
+  CHECK(line["response"]["body"]["choices"][0]["message"]["content"] == "Yes.");
+  CHECK(line["response"]["body"]["choices"][0]["message"]["reasoning_content"] == "Hmm.");
+  PromptRecord strata;
+  strata.id = 1;
+  strata.messages = {{"user", "?"}};
+  const json plain = answer_line(strata, 5, std::span(&g, 1), s);
+  CHECK(plain["completion"] == "Yes.");
+  CHECK(plain["reasoning"] == "Hmm.");
+  CHECK(plain["finish_reason"] == "eos");
 }
