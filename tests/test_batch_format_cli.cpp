@@ -314,23 +314,24 @@ TEST_CASE("OpenAI chat requests render with a Llama 2 or Llama 3 template, as ap
   }
 }
 
-// tiny-gpt-oss with GPT-OSS's chat template (harmony_cases.json's source) and the harmony special
-// tokens added to its tokenizer at ids its embedding has but its vocabulary does not use.
-static fs::path harmony_model(const json& ex) {
-  const fs::path dir = temp_dir() / "tiny-gpt-oss-harmony";
+// A copy of a tiny model with `template_source` as its chat_template.jinja and `tokens` added to its
+// tokenizer from id 990 (ids its embedding has but its vocabulary does not use), special or not.
+static fs::path model_with_chat(const std::string& model, const std::string& template_source,
+                                std::initializer_list<const char*> tokens, bool special) {
+  const fs::path dir = temp_dir() / (model + "-chat-tokens");
   fs::remove_all(dir);
-  fs::copy(kModels + "/tiny-gpt-oss", dir, fs::copy_options::recursive);
+  fs::copy(kModels + "/" + model, dir, fs::copy_options::recursive);
   json tok;
   {
     std::ifstream in(dir / "tokenizer.json");
     tok = json::parse(in);
   }
   int id = 990;
-  for (const char* t : {"<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>"})
+  for (const char* t : tokens)
     tok["added_tokens"].push_back({{"id", id++}, {"content", t}, {"single_word", false}, {"lstrip", false},
-                                   {"rstrip", false}, {"normalized", false}, {"special", true}});
+                                   {"rstrip", false}, {"normalized", false}, {"special", special}});
   std::ofstream(dir / "tokenizer.json") << tok.dump();
-  std::ofstream(dir / "chat_template.jinja") << ex["source"].get<std::string>();
+  std::ofstream(dir / "chat_template.jinja") << template_source;
   return dir;
 }
 
@@ -338,7 +339,10 @@ TEST_CASE("GPT-OSS chat requests: harmony prompts at the asked reasoning effort,
           "[cli][harmony]") {
   std::ifstream cases_in(std::string(STRATA_FIXTURES_DIR) + "/chat/harmony_cases.json");
   const json ex = json::parse(cases_in);
-  const fs::path dir = harmony_model(ex);
+  // GPT-OSS's template (harmony_cases.json's source) and the harmony special tokens.
+  const fs::path dir = model_with_chat("tiny-gpt-oss", ex["source"].get<std::string>(),
+                                       {"<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>"},
+                                       /*special=*/true);
   const strata::Tokenizer tok = strata::Tokenizer::from_dir(dir);
   // Jinja2's rendering with the date the job's strftime_now gives.
   char today[16];
@@ -411,22 +415,9 @@ TEST_CASE("Qwen3 chat requests: enable_thinking through chat_template_kwargs or 
           "[cli][reasoning]") {
   std::ifstream cases_in(std::string(STRATA_FIXTURES_DIR) + "/chat/chat_cases.json");
   const json ex = json::parse(cases_in);
-  // tiny-qwen3 with Qwen3's template and <think>, </think> added to its tokenizer (not special, as
-  // in Qwen3's), at ids its embedding has but its vocabulary does not use.
-  const fs::path dir = temp_dir() / "tiny-qwen3-think";
-  fs::remove_all(dir);
-  fs::copy(kModels + "/tiny-qwen3", dir, fs::copy_options::recursive);
-  json tok_json;
-  {
-    std::ifstream in(dir / "tokenizer.json");
-    tok_json = json::parse(in);
-  }
-  int id = 990;
-  for (const char* t : {"<think>", "</think>"})
-    tok_json["added_tokens"].push_back({{"id", id++}, {"content", t}, {"single_word", false}, {"lstrip", false},
-                                        {"rstrip", false}, {"normalized", false}, {"special", false}});
-  std::ofstream(dir / "tokenizer.json") << tok_json.dump();
-  std::ofstream(dir / "chat_template.jinja") << ex["templates"]["qwen3"]["source"].get<std::string>();
+  // Qwen3's template, and <think>, </think> added to the tokenizer (not special, as in Qwen3's).
+  const fs::path dir = model_with_chat("tiny-qwen3", ex["templates"]["qwen3"]["source"].get<std::string>(),
+                                       {"<think>", "</think>"}, /*special=*/false);
   const strata::Tokenizer tok = strata::Tokenizer::from_dir(dir);
   const json messages = {{{"role", "user"}, {"content", "What is the capital of France?"}}};
   auto prompt_tokens = [&](std::optional<bool> thinking) -> size_t {

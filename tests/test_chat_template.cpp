@@ -54,6 +54,25 @@ std::string edited(std::string s, const std::string& from, const std::string& to
   return s.replace(p, from.size(), to);
 }
 
+// One fixture case: Jinja2's text, or its refusal (`error`; `undefined`: Jinja's own words), or
+// Strata's deliberate one (`strata_refuses`). Counts it as rendered or refused.
+void check_case(const ChatTemplate& tpl, const nlohmann::ordered_json& c, const ChatOptions& options, int& rendered,
+                int& refused) {
+  const std::vector<ChatMessage> msgs = messages_of(c);
+  const bool gen = c["add_generation_prompt"].get<bool>();
+  if (c.contains("undefined")) {
+    CHECK_THROWS_AS(tpl.render(msgs, gen, options), ChatTemplateError);
+  } else if (c.contains("error") || c.contains("strata_refuses")) {
+    const std::string message = c.contains("error") ? c["error"].get<std::string>() : c["strata_refuses"].get<std::string>();
+    CHECK_THROWS_MATCHES(tpl.render(msgs, gen, options), ChatTemplateError, Catch::Message(message));
+  } else {
+    CHECK(tpl.render(msgs, gen, options) == c["text"].get<std::string>());
+    ++rendered;
+    return;
+  }
+  ++refused;
+}
+
 }  // namespace
 
 TEST_CASE("chat templates render as Jinja2 renders them, refusals included", "[chat]") {
@@ -63,23 +82,11 @@ TEST_CASE("chat templates render as Jinja2 renders them, refusals included", "[c
   for (const auto& c : ex["cases"]) {
     const std::string name = c["template"].get<std::string>();
     const ChatTemplate tpl = parse_fixture(ex["templates"][name], today);
-    const std::vector<ChatMessage> msgs = messages_of(c);
-    const bool gen = c["add_generation_prompt"].get<bool>();
     ChatOptions options;
     if (c.contains("enable_thinking")) options.enable_thinking = c["enable_thinking"].get<bool>(), ++thinking;
-    INFO(name << ": " << c["messages"].dump() << (gen ? " + generation prompt" : "")
+    INFO(name << ": " << c["messages"].dump() << (c["add_generation_prompt"].get<bool>() ? " + generation prompt" : "")
               << (options.enable_thinking ? (*options.enable_thinking ? " thinking" : " not thinking") : ""));
-    if (c.contains("undefined")) {  // Jinja's own error (no messages[0]), in its words, not Strata's
-      CHECK_THROWS_AS(tpl.render(msgs, gen, options), ChatTemplateError);
-      ++refused;
-    } else if (c.contains("error")) {
-      CHECK_THROWS_MATCHES(tpl.render(msgs, gen, options), ChatTemplateError,
-                           Catch::Message(c["error"].get<std::string>()));
-      ++refused;
-    } else {
-      CHECK(tpl.render(msgs, gen, options) == c["text"].get<std::string>());
-      ++rendered;
-    }
+    check_case(tpl, c, options, rendered, refused);
   }
   CHECK(rendered > 400);
   CHECK(thinking == 16);
@@ -300,26 +307,11 @@ TEST_CASE("GPT-OSS's harmony template renders as Jinja2 renders it, refusals inc
   const ChatTemplate tpl = harmony_template(ex);
   int rendered = 0, refused = 0, efforts = 0;
   for (const auto& c : ex["cases"]) {
-    const std::vector<ChatMessage> msgs = messages_of(c);
-    const bool gen = c["add_generation_prompt"].get<bool>();
     ChatOptions options;
     if (c.contains("reasoning_effort")) options.reasoning_effort = c["reasoning_effort"].get<std::string>(), ++efforts;
-    INFO(c["messages"].dump() << (gen ? " + generation prompt" : "") << " effort '" << options.reasoning_effort << "'");
-    if (c.contains("undefined")) {
-      CHECK_THROWS_AS(tpl.render(msgs, gen, options), ChatTemplateError);
-      ++refused;
-    } else if (c.contains("error")) {
-      CHECK_THROWS_MATCHES(tpl.render(msgs, gen, options), ChatTemplateError,
-                           Catch::Message(c["error"].get<std::string>()));
-      ++refused;
-    } else if (c.contains("strata_refuses")) {  // Jinja renders it, dropping a message or a call
-      CHECK_THROWS_MATCHES(tpl.render(msgs, gen, options), ChatTemplateError,
-                           Catch::Message(c["strata_refuses"].get<std::string>()));
-      ++refused;
-    } else {
-      CHECK(tpl.render(msgs, gen, options) == c["text"].get<std::string>());
-      ++rendered;
-    }
+    INFO(c["messages"].dump() << (c["add_generation_prompt"].get<bool>() ? " + generation prompt" : "") << " effort '"
+                              << options.reasoning_effort << "'");
+    check_case(tpl, c, options, rendered, refused);
   }
   CHECK(rendered >= 35);
   CHECK(refused >= 15);
