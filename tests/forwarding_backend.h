@@ -42,7 +42,9 @@ public:
   void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out) override {
     in_.layer_norm(x, w, b, eps, out);
   }
-  void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override { in_.rms_norm(x, w, eps, out); }
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out, float w_offset = 0.0f) override {
+    in_.rms_norm(x, w, eps, out, w_offset);
+  }
   void linear(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) override { in_.linear(x, w, b, y); }
   void linears(const std::vector<LinearJob>& jobs) override { in_.linears(jobs); }
   int64_t fused_dequant_max_tokens() const override { return in_.fused_dequant_max_tokens(); }
@@ -60,8 +62,8 @@ public:
   }
   void rope(const Tensor& x, const Tensor& pos, const Tensor& inv_freq) override { in_.rope(x, pos, inv_freq); }
   void add_norm(const Tensor& x, const Tensor& delta, Norm norm, const Tensor& w, const Tensor& b, float eps,
-                const Tensor& out) override {
-    in_.add_norm(x, delta, norm, w, b, eps, out);
+                const Tensor& out, float w_offset = 0.0f) override {
+    in_.add_norm(x, delta, norm, w, b, eps, out, w_offset);
   }
   void split_qkv_store(const Tensor& qkv, const Tensor& pos, const Tensor& inv_freq, const Tensor& q, const Tensor& slots,
                        const Tensor& cache_k, const Tensor& cache_v) override {

@@ -318,7 +318,7 @@ TEST_CASE("GPT-OSS's harmony template renders as Jinja2 renders it, refusals inc
   CHECK(efforts == 4);
 }
 
-TEST_CASE("GPT-OSS's template is recognized whole; a changed rendering path is refused", "[chat][harmony]") {
+TEST_CASE("GPT-OSS's template is recognized whole and a changed rendering path is refused", "[chat][harmony]") {
   const auto ex = harmony_cases();
   const std::string source = ex["source"].get<std::string>();
   CHECK(ChatTemplate::parse(source).format() == ChatFormat::Harmony);

@@ -57,7 +57,8 @@ private:
     const uint64_t key = fnv1a(name) ^ (seed_ * 0x9e3779b97f4a7c15ull);
     auto fill = [&](size_t begin, size_t end) {
       for (size_t i = begin; i < end; ++i) {
-        float v = is_bias ? 0.0f : 1.0f;
+        // A norm scales by 1: w = 1, or w = 0 where the norm adds the 1 itself (Gemma).
+        float v = is_bias || (is_norm && cfg_.norm_plus_one) ? 0.0f : 1.0f;
         if (!is_bias && !is_norm) v = (float(splitmix64(key + i) >> 40) / float(1 << 24) - 0.5f) * 0.04f;
         switch (dst_dtype) {
           case DType::F32: static_cast<float*>(dst)[i] = v; break;

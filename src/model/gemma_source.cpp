@@ -1,11 +1,10 @@
-// Gemma checkpoints as the loader reads LLaMA's. Two differences are taken away on reading:
-// - Gemma's RMSNorm scales by (1 + w) (transformers' Gemma3RMSNorm): every norm's stored w is
-//   shown with the 1 added, so the forward pass runs the plain RMSNorm. (llama.cpp's GGUF
-//   converter adds it itself, so GGUF files are not wrapped.)
-// - Gemma 3's multimodal checkpoints (Gemma3ForConditionalGeneration: 4B, 12B, 27B) keep the text
-//   model under language_model.model. (transformers 4) or model.language_model. (transformers 5),
-//   beside a vision tower that a text job never reads: the text tensors are shown under LLaMA's
-//   model. names and the vision tensors not at all.
+// Gemma checkpoints as the loader reads LLaMA's. Gemma's RMSNorm scales by (1 + w) (transformers'
+// Gemma3RMSNorm): the norms add the 1 themselves, in fp32 (ForwardOps::norm_offset), since a
+// 16-bit 1 + w would round w away; the stored w is read as it is.
+// What this source takes away: Gemma 3's multimodal checkpoints (Gemma3ForConditionalGeneration:
+// 4B, 12B, 27B) keep the text model under language_model.model. (transformers 4) or
+// model.language_model. (transformers 5), beside a vision tower that a text job never reads: the
+// text tensors are shown under LLaMA's model. names and the vision tensors not at all.
 #include <string_view>
 #include <unordered_map>
 
@@ -49,14 +48,7 @@ public:
 
 private:
   void read_into(const std::string& name, DType dst_dtype, void* dst, ThreadPool* pool) const override {
-    if (!name.ends_with("norm.weight")) return inner_->read(stored(name), dst_dtype, dst, pool);
-    std::vector<int64_t> dims = shape(name);
-    size_t n = 1;
-    for (int64_t d : dims) n *= size_t(d);
-    std::vector<float> w(n);
-    inner_->read(stored(name), DType::F32, w.data(), pool);
-    for (float& x : w) x += 1.0f;  // in fp32, as transformers computes 1 + w
-    convert_elements(w.data(), DType::F32, dst, dst_dtype, n);
+    inner_->read(stored(name), dst_dtype, dst, pool);
   }
 
   bool read_codes_into(const std::string& name, const quant::QuantSpec& spec, void* dst,

@@ -183,8 +183,10 @@ void ForwardOps::upload_indices(const StepBatch& batch) {
 
 void ForwardOps::norm(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out) {
   if (cfg_.norm == NormKind::LayerNorm) backend_.layer_norm(x, w, b, cfg_.norm_eps, out);
-  else backend_.rms_norm(x, w, cfg_.norm_eps, out);
+  else backend_.rms_norm(x, w, cfg_.norm_eps, out, norm_offset());
 }
+
+float ForwardOps::norm_offset() const { return cfg_.norm_plus_one ? 1.0f : 0.0f; }
 
 Backend::Norm ForwardOps::norm_kind() const {
   return cfg_.norm == NormKind::LayerNorm ? Backend::Norm::Layer : Backend::Norm::Rms;
@@ -212,10 +214,10 @@ void ForwardOps::layer(const LayerWeights& w, const LayerWeights* next, const La
   const Tensor o = leading(mlp_a_, T, h);  // free until the MLP's first GEMM
   backend_.linear(attn.reshaped({T, cfg_.q_dim()}), w.o_w, w.o_b, o);
   post_norm(w.post_attn_norm_w, o);
-  backend_.add_norm(x, o, norm_kind(), w.mlp_norm_w, w.mlp_norm_b, cfg_.norm_eps, xn);
+  backend_.add_norm(x, o, norm_kind(), w.mlp_norm_w, w.mlp_norm_b, cfg_.norm_eps, xn, norm_offset());
   const Tensor y = mlp_from_normed(w);
   post_norm(w.post_mlp_norm_w, y);
-  if (next) backend_.add_norm(x, y, norm_kind(), next->attn_norm_w, next->attn_norm_b, cfg_.norm_eps, xn);
+  if (next) backend_.add_norm(x, y, norm_kind(), next->attn_norm_w, next->attn_norm_b, cfg_.norm_eps, xn, norm_offset());
   else backend_.add(x, y, x);
 }
 
@@ -231,7 +233,7 @@ void ForwardOps::copy_prefixes(const Tensor& cache_k, const Tensor& cache_v) {
 }
 
 void ForwardOps::post_norm(const Tensor& w, const Tensor& y) {
-  if (cfg_.sandwich_norms) backend_.rms_norm(y, w, cfg_.norm_eps, y);
+  if (cfg_.sandwich_norms) backend_.rms_norm(y, w, cfg_.norm_eps, y, norm_offset());
 }
 
 AttentionInputs ForwardOps::attention_inputs(const LayerWeights& w, const LayerAttention& a, const Tensor& x) {
@@ -257,8 +259,8 @@ AttentionInputs ForwardOps::project_qkv(const LayerWeights& w, const LayerAttent
   if (cfg_.qk_norm) {  // Qwen3: every head of q and k normalised on its own, in place
     const Tensor q_heads = q.reshaped({T * cfg_.n_heads, cfg_.head_dim});
     const Tensor k_heads = k.reshaped({T * cfg_.n_kv_heads, cfg_.head_dim});
-    backend_.rms_norm(q_heads, w.q_norm_w, cfg_.norm_eps, q_heads);
-    backend_.rms_norm(k_heads, w.k_norm_w, cfg_.norm_eps, k_heads);
+    backend_.rms_norm(q_heads, w.q_norm_w, cfg_.norm_eps, q_heads, norm_offset());
+    backend_.rms_norm(k_heads, w.k_norm_w, cfg_.norm_eps, k_heads, norm_offset());
     if (rope) {
       backend_.rope(q, pos, inv_freq);
       backend_.rope(k, pos, inv_freq);

@@ -91,6 +91,69 @@ TEMPLATE_TEST_CASE("emulated cuda: layer_norm and rms_norm match the CPU backend
   }
 }
 
+// Gemma's norms scale by 1 + w: the kernels add the 1 in fp32 (w_offset). Against a float64
+// reference over weights near 0, where a 16-bit 1 + w (one weight, as Strata stored it before)
+// would round w away: the kernels' error must be the output's one rounding (plus fp32 arithmetic),
+// and below what the folded weight costs.
+TEMPLATE_TEST_CASE("emulated cuda: RMS norms with a weight offset (Gemma's 1 + w) against float64", "[emulated]",
+                   __half, bf16) {
+  using Act = TestType;
+  std::mt19937 rng(5);
+  for (int64_t T : {1, 3}) {
+    for (int64_t h : {72, 1000}) {
+      const std::vector<float> x = random_act<Act>(size_t(T * h), rng, -3.0f, 3.0f),
+                               d = random_act<Act>(size_t(T * h), rng);
+      const std::vector<float> w = random_act<Act>(size_t(h), rng, -0.06f, 0.06f);
+      std::vector<float> folded(w.size());
+      for (size_t i = 0; i < w.size(); ++i) folded[i] = strata::cuda::to_float(strata::cuda::from_float<Act>(1.0f + w[i]));
+      const std::vector<Act> x16 = elements<Act>(x), d16 = elements<Act>(d), w16 = elements<Act>(w),
+                             folded16 = elements<Act>(folded);
+      // The reference of x + delta (rounded to Act, as the kernels' residual add rounds it) normed.
+      std::vector<float> sum(x.size());
+      for (size_t i = 0; i < x.size(); ++i) sum[i] = strata::cuda::to_float(strata::cuda::from_float<Act>(x[i] + d[i]));
+      auto reference = [&](const std::vector<float>& in) {
+        std::vector<double> y(in.size());
+        for (int64_t t = 0; t < T; ++t) {
+          double ss = 0;
+          for (int64_t i = 0; i < h; ++i) ss += double(in[size_t(t * h + i)]) * in[size_t(t * h + i)];
+          const double inv = 1.0 / std::sqrt(ss / double(h) + 1e-6);
+          for (int64_t i = 0; i < h; ++i) y[size_t(t * h + i)] = in[size_t(t * h + i)] * inv * (1.0 + w[size_t(i)]);
+        }
+        return y;
+      };
+      auto worst = [](const std::vector<float>& got, const std::vector<double>& want) {
+        double e = 0;
+        for (size_t i = 0; i < got.size(); ++i) e = std::max(e, std::fabs(got[i] - want[i]) / (std::fabs(want[i]) + 1e-3));
+        return e;
+      };
+      std::vector<Act> out = poisoned<Act>(size_t(T * h)), out_folded = poisoned<Act>(size_t(T * h));
+      launch_rms_norm(x16.data(), w16.data(), 1e-6f, T, h, out.data(), nullptr, 1.0f);
+      launch_rms_norm(x16.data(), folded16.data(), 1e-6f, T, h, out_folded.data(), nullptr);
+      const double bound = 1.01 * unit_roundoff(dtype_of<Act>) + 1e-5;
+      const double offset_error = worst(floats(out), reference(x)), folded_error = worst(floats(out_folded), reference(x));
+      INFO(label("rms_norm with w_offset 1", {T, h}) << ": " << offset_error << " (folded weight: " << folded_error << ")");
+      CHECK(offset_error <= bound);
+      CHECK(offset_error < folded_error);
+      std::vector<Act> fx = x16, delta = d16;
+      launch_add_rms_norm(fx.data(), delta.data(), w16.data(), 1e-6f, T, h, delta.data(), nullptr, 1.0f);
+      CHECK(worst(floats(delta), reference(sum)) <= bound);
+      // The CPU backend, in fp32, to the same reference.
+      Cpu c;
+      Tensor c_out = c.f32(std::vector<float>(size_t(T * h)), {T, h});
+      c.be->rms_norm(c.f32(x, {T, h}), c.f32(w, {h}), 1e-6f, c_out, 1.0f);
+      CHECK(worst(c.read(c_out), reference(x)) <= 1e-5);
+      Tensor cx = c.f32(x, {T, h}), c_sum = c.f32(std::vector<float>(size_t(T * h)), {T, h});
+      c.be->add_norm(cx, c.f32(d, {T, h}), Backend::Norm::Rms, c.f32(w, {h}), Tensor(), 1e-6f, c_sum, 1.0f);
+      std::vector<float> exact_sum(x.size());
+      for (size_t i = 0; i < x.size(); ++i) exact_sum[i] = x[i] + d[i];
+      CHECK(worst(c.read(c_sum), reference(exact_sum)) <= 1e-5);
+      CHECK_THROWS_WITH(c.be->add_norm(cx, c.f32(d, {T, h}), Backend::Norm::Layer, c.f32(w, {h}), Tensor(), 1e-5f, c_sum,
+                                       1.0f),
+                        Catch::Contains("offset is for RMS norms"));
+    }
+  }
+}
+
 TEMPLATE_TEST_CASE("emulated cuda: add_norm is add then norm, bit for bit, in one launch", "[emulated]", __half, bf16) {
   using Act = TestType;
   std::mt19937 rng(4);

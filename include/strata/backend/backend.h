@@ -195,15 +195,17 @@ public:
   // x, out: [T, h]; w, b: [h]. out may alias x.
   virtual void layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps, const Tensor& out) = 0;
 
-  // out = x / sqrt(mean(x^2) + eps) * w per row, in fp32. out may alias x.
-  virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) = 0;
+  // out = x / sqrt(mean(x^2) + eps) * (w_offset + w) per row, in fp32. out may alias x. w_offset 1:
+  // Gemma's norms, which scale by 1 + w, the sum in fp32 as transformers computes it (a 16-bit
+  // 1 + w would round w away).
+  virtual void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out, float w_offset = 0.0f) = 0;
 
   // The residual add and the next norm in one pass: x += delta (as add()), then out = the norm of
-  // the new x (layer_norm with w and b, b possibly empty; or rms_norm with w), the same values as
-  // the two ops one after the other. out may alias delta, not x.
+  // the new x (layer_norm with w and b, b possibly empty; or rms_norm with w and w_offset), the
+  // same values as the two ops one after the other. out may alias delta, not x.
   enum class Norm { Layer, Rms };
   virtual void add_norm(const Tensor& x, const Tensor& delta, Norm norm, const Tensor& w, const Tensor& b, float eps,
-                        const Tensor& out) = 0;
+                        const Tensor& out, float w_offset = 0.0f) = 0;
 
   // y = x @ w^T + bias. x: [T, in], w: [out, in] (Hugging Face layout), bias: [out] or empty,
   // y: [T, out]. Accumulates in fp32. y must not alias x.

@@ -75,7 +75,7 @@ struct ModelConfig {
   std::vector<int> dense_layers;
   // Gemma 2 and 3 (model_type gemma2, gemma3_text, gemma3's text model):
   float embed_scale = 0.0f;         // > 0: the token embeddings times this (sqrt(hidden))
-  bool norm_plus_one = false;       // RMSNorm scales by 1 + w: the loader adds the 1 to the stored w
+  bool norm_plus_one = false;       // RMSNorm scales by 1 + w: the norms add the 1 in fp32 (Gemma)
   bool sandwich_norms = false;      // a norm after the attention and after the MLP, before each residual add
   float query_scale = 0.0f;         // > 0: scores scale by 1 / sqrt(this), not of head_dim (query_pre_attn_scalar)
   float attn_softcap = 0.0f;        // > 0: scores soft-capped, cap * tanh(s / cap) (Gemma 2)

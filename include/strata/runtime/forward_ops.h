@@ -122,6 +122,8 @@ private:
   void upload_indices(const StepBatch& batch);
   void norm(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out);
   Backend::Norm norm_kind() const;
+  // What RMS norms add to their weights: 1 for Gemma's (1 + w), else 0.
+  float norm_offset() const;
   void copy_prefixes(const Tensor& cache_k, const Tensor& cache_v);
   // q, k, v (split, normed per head, rotated) from the normed input in the workspace.
   AttentionInputs project_qkv(const LayerWeights& w, const LayerAttention& a);

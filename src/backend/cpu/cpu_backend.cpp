@@ -264,34 +264,35 @@ public:
     const Tensor w = widened(w16, ws, "w"), b = widened(b16, bs, "b");
     check_norm("layer_norm", x, w, out);
     pool_.parallel_for(x.dim(0), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) norm_row(x, Norm::Layer, w, b, eps, out, r);
+      for (int64_t r = r0; r < r1; ++r) norm_row(x, Norm::Layer, w, b, eps, 0.0f, out, r);
     });
   }
 
-  void rms_norm(const Tensor& x, const Tensor& w16, float eps, const Tensor& out) override {
+  void rms_norm(const Tensor& x, const Tensor& w16, float eps, const Tensor& out, float w_offset = 0.0f) override {
     std::vector<float> ws;
     const Tensor w = widened(w16, ws, "w");
     check_norm("rms_norm", x, w, out);
     pool_.parallel_for(x.dim(0), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) norm_row(x, Norm::Rms, w, Tensor(), eps, out, r);
+      for (int64_t r = r0; r < r1; ++r) norm_row(x, Norm::Rms, w, Tensor(), eps, w_offset, out, r);
     });
   }
 
   void add_norm(const Tensor& x, const Tensor& delta, Norm norm, const Tensor& w16, const Tensor& b16, float eps,
-                const Tensor& out) override {
+                const Tensor& out, float w_offset = 0.0f) override {
     std::vector<float> ws, bs;
     const Tensor w = widened(w16, ws, "w"), b = widened(b16, bs, "b");
     check_norm("add_norm", x, w, out);
     check_f32(delta, "delta");
     STRATA_CHECK(delta.numel() == x.numel() && out.data != x.data, "add_norm: delta " << delta.shape_str() << " out "
                                                                                       << out.shape_str());
+    STRATA_CHECK(norm == Norm::Rms || w_offset == 0.0f, "add_norm: a weight offset is for RMS norms");
     const int64_t h = x.row_size();
     pool_.parallel_for(x.dim(0), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         float* xr = x.ptr<float>() + r * h;
         const float* dr = delta.ptr<float>() + r * h;
         for (int64_t i = 0; i < h; ++i) xr[i] += dr[i];
-        norm_row(x, norm, w, b, eps, out, r);
+        norm_row(x, norm, w, b, eps, w_offset, out, r);
       }
     });
   }
@@ -416,8 +417,8 @@ public:
   }
 
   // Row r of out = the norm of x's row r (statistics in double).
-  static void norm_row(const Tensor& x, Norm norm, const Tensor& w, const Tensor& b, float eps, const Tensor& out,
-                       int64_t r) {
+  static void norm_row(const Tensor& x, Norm norm, const Tensor& w, const Tensor& b, float eps, float w_offset,
+                       const Tensor& out, int64_t r) {
     const int64_t h = x.row_size();
     const float* xr = x.ptr<float>() + r * h;
     const float* wr = w.ptr<float>();
@@ -426,7 +427,7 @@ public:
       double ss = 0;
       for (int64_t i = 0; i < h; ++i) ss += double(xr[i]) * xr[i];
       const float inv = float(1.0 / std::sqrt(ss / double(h) + eps));
-      for (int64_t i = 0; i < h; ++i) o[i] = xr[i] * inv * wr[i];
+      for (int64_t i = 0; i < h; ++i) o[i] = xr[i] * inv * (w_offset + wr[i]);
       return;
     }
     const float* bias = b.empty() ? nullptr : b.ptr<float>();

@@ -377,7 +377,7 @@ public:
     });
   }
 
-  void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out) override {
+  void rms_norm(const Tensor& x, const Tensor& w, float eps, const Tensor& out, float w_offset = 0.0f) override {
     check_act(x, "rms_norm", "x");
     check_act(w, "rms_norm", "w");
     check_act(out, "rms_norm", "out");
@@ -387,12 +387,13 @@ public:
     bind();
     dispatch([&](auto e) {
       using E = decltype(e);
-      cuda::launch_rms_norm(elems<E>(x), elems<E>(w), eps, x.dim(0), h, elems_mut<E>(out), stream_);
+      cuda::launch_rms_norm(elems<E>(x), elems<E>(w), eps, x.dim(0), h, elems_mut<E>(out), stream_, w_offset);
     });
   }
 
   void add_norm(const Tensor& x, const Tensor& delta, Norm norm, const Tensor& w, const Tensor& b, float eps,
-                const Tensor& out) override {
+                const Tensor& out, float w_offset = 0.0f) override {
+    STRATA_CHECK(norm == Norm::Rms || w_offset == 0.0f, "cuda add_norm: a weight offset is for RMS norms");
     for (const auto& [t, name] : {std::pair{&x, "x"}, {&delta, "delta"}, {&w, "w"}, {&out, "out"}})
       check_act(*t, "add_norm", name);
     const int64_t h = x.row_size();
@@ -409,7 +410,7 @@ public:
                                     x.dim(0), h, elems_mut<E>(out), stream_);
       else
         cuda::launch_add_rms_norm(elems_mut<E>(x), elems<E>(delta), elems<E>(w), eps, x.dim(0), h, elems_mut<E>(out),
-                                  stream_);
+                                  stream_, w_offset);
     });
   }
 

@@ -21,12 +21,13 @@ void launch_gather_rows(const T* src, int64_t src_rows, const int32_t* idx, int6
                         bool accumulate, T* out, cudaStream_t stream);
 
 // norm.cu: one block per row; x, out: [rows, h] (out may alias x); w, b: [h], b may be null.
+// RMS norms scale by w_offset + w (1 for Gemma's), the sum in fp32.
 template <class T>
 void launch_layer_norm(const T* x, const T* w, const T* b, float eps, int64_t rows, int64_t h,
                        T* out, cudaStream_t stream);
 template <class T>
 void launch_rms_norm(const T* x, const T* w, float eps, int64_t rows, int64_t h, T* out,
-                     cudaStream_t stream);
+                     cudaStream_t stream, float w_offset = 0.0f);
 // norm.cu, the residual add first: x += delta (rounded to T as launch_add does), then out =
 // the norm of the new x. delta: [rows, h]; out may alias delta, not x.
 template <class T>
@@ -34,7 +35,7 @@ void launch_add_layer_norm(T* x, const T* delta, const T* w, const T* b, float e
                            int64_t h, T* out, cudaStream_t stream);
 template <class T>
 void launch_add_rms_norm(T* x, const T* delta, const T* w, float eps, int64_t rows, int64_t h,
-                         T* out, cudaStream_t stream);
+                         T* out, cudaStream_t stream, float w_offset = 0.0f);
 
 // elementwise.cu
 enum class ActKind : int { ReLU, GELU };

@@ -45,7 +45,7 @@ __global__ void layer_norm_kernel(T* x, const T* delta, const T* __restrict__ w,
 }
 
 template <class T>
-__global__ void rms_norm_kernel(T* x, const T* delta, const T* __restrict__ w, float eps, int64_t h,
+__global__ void rms_norm_kernel(T* x, const T* delta, const T* __restrict__ w, float eps, float w_offset, int64_t h,
                                 T* out) {
   const int64_t row = blockIdx.x;
   T* xr = x + row * h;
@@ -53,7 +53,7 @@ __global__ void rms_norm_kernel(T* x, const T* delta, const T* __restrict__ w, f
   const float ss = load_row(xr, delta ? delta + row * h : nullptr, h, [](float v) { return v * v; });
   const float inv_rms = 1.0f / sqrtf(block_sum(ss) / float(h) + eps);
   for (int64_t i = threadIdx.x; i < h; i += blockDim.x)
-    outr[i] = from_float<T>(to_float(xr[i]) * inv_rms * to_float(w[i]));
+    outr[i] = from_float<T>(to_float(xr[i]) * inv_rms * (w_offset + to_float(w[i])));
 }
 
 }  // namespace
@@ -68,8 +68,8 @@ void launch_layer_norm(const T* x, const T* w, const T* b, float eps, int64_t ro
 
 template <class T>
 void launch_rms_norm(const T* x, const T* w, float eps, int64_t rows, int64_t h, T* out,
-                     cudaStream_t stream) {
-  launch_add_rms_norm<T>(const_cast<T*>(x), nullptr, w, eps, rows, h, out, stream);
+                     cudaStream_t stream, float w_offset) {
+  launch_add_rms_norm<T>(const_cast<T*>(x), nullptr, w, eps, rows, h, out, stream, w_offset);
 }
 
 template <class T>
@@ -82,18 +82,18 @@ void launch_add_layer_norm(T* x, const T* delta, const T* w, const T* b, float e
 
 template <class T>
 void launch_add_rms_norm(T* x, const T* delta, const T* w, float eps, int64_t rows, int64_t h,
-                         T* out, cudaStream_t stream) {
+                         T* out, cudaStream_t stream, float w_offset) {
   if (rows == 0 || h == 0) return;
-  rms_norm_kernel<<<dim3(unsigned(rows)), row_block_threads(h), 0, stream>>>(x, delta, w, eps, h, out);
+  rms_norm_kernel<<<dim3(unsigned(rows)), row_block_threads(h), 0, stream>>>(x, delta, w, eps, w_offset, h, out);
   STRATA_CUDA_CHECK_LAUNCH("rms_norm_kernel", stream);
 }
 
 #define STRATA_INSTANTIATE(T)                                                                                    \
   template void launch_layer_norm<T>(const T*, const T*, const T*, float, int64_t, int64_t, T*, cudaStream_t);   \
-  template void launch_rms_norm<T>(const T*, const T*, float, int64_t, int64_t, T*, cudaStream_t);               \
+  template void launch_rms_norm<T>(const T*, const T*, float, int64_t, int64_t, T*, cudaStream_t, float);        \
   template void launch_add_layer_norm<T>(T*, const T*, const T*, const T*, float, int64_t, int64_t, T*,          \
                                          cudaStream_t);                                                         \
-  template void launch_add_rms_norm<T>(T*, const T*, const T*, float, int64_t, int64_t, T*, cudaStream_t);
+  template void launch_add_rms_norm<T>(T*, const T*, const T*, float, int64_t, int64_t, T*, cudaStream_t, float);
 STRATA_FOR_EACH_ACT(STRATA_INSTANTIATE)
 
 }  // namespace strata::cuda
