@@ -186,41 +186,35 @@ bool ends_in_stop(const Tokenizer& tokenizer, const std::vector<std::string>& st
   return false;
 }
 
-size_t longest_of(const std::vector<std::string>& stops) {
+// A stop check over the answer's text from the token `answer_begin(generated)` names (nullopt: the
+// last token is no answer text, so no check).
+template <class AnswerBegin>
+StopCheck stop_check(const Tokenizer& tokenizer, std::vector<std::string> stops, AnswerBegin answer_begin) {
+  std::erase_if(stops, [](const std::string& s) { return s.empty(); });
+  if (stops.empty()) return {};
   size_t longest = 0;
   for (const std::string& s : stops) longest = std::max(longest, s.size());
-  return longest;
+  return [&tokenizer, stops = std::move(stops), longest, answer_begin](std::span<const int32_t> generated) {
+    const std::optional<size_t> begin = answer_begin(generated);
+    return begin && ends_in_stop(tokenizer, stops, longest, generated.subspan(*begin));
+  };
 }
 
 }  // namespace
 
 StopCheck make_stop_check(const Tokenizer& tokenizer, std::vector<std::string> stops) {
-  std::erase_if(stops, [](const std::string& s) { return s.empty(); });
-  if (stops.empty()) return {};
-  const size_t longest = longest_of(stops);
-  return [&tokenizer, stops = std::move(stops), longest](std::span<const int32_t> generated) {
-    return ends_in_stop(tokenizer, stops, longest, generated);
-  };
+  return stop_check(tokenizer, std::move(stops), [](std::span<const int32_t>) { return std::optional<size_t>(0); });
 }
 
 StopCheck make_think_stop_check(const Tokenizer& tokenizer, const ThinkTokens& t, std::vector<std::string> stops) {
-  std::erase_if(stops, [](const std::string& s) { return s.empty(); });
-  if (stops.empty()) return {};
-  const size_t longest = longest_of(stops);
-  return [&tokenizer, t, stops = std::move(stops), longest](std::span<const int32_t> generated) {
-    const std::optional<size_t> begin = think_answer_begin(t, generated);
-    return begin && ends_in_stop(tokenizer, stops, longest, generated.subspan(*begin));
-  };
+  return stop_check(tokenizer, std::move(stops),
+                    [t](std::span<const int32_t> generated) { return think_answer_begin(t, generated); });
 }
 
 StopCheck make_harmony_stop_check(const Tokenizer& tokenizer, const HarmonyTokens& h, std::vector<std::string> stops) {
-  std::erase_if(stops, [](const std::string& s) { return s.empty(); });
-  if (stops.empty()) return {};
-  const size_t longest = longest_of(stops);
-  return [&tokenizer, h, stops = std::move(stops), longest](std::span<const int32_t> generated) {
-    const std::optional<size_t> begin = final_text_begin(tokenizer, h, generated);
-    return begin && ends_in_stop(tokenizer, stops, longest, generated.subspan(*begin));
-  };
+  return stop_check(tokenizer, std::move(stops), [&tokenizer, h](std::span<const int32_t> generated) {
+    return final_text_begin(tokenizer, h, generated);
+  });
 }
 
 std::string token_text(const Tokenizer& tokenizer, int32_t id) {

@@ -593,9 +593,9 @@ JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
   const int64_t created = int64_t(std::time(nullptr));
   AnswerSettings answers = answer_settings(*model.tokenizer, opt.stop, model.config.name, created,
                                            opt.response_format, opt.json_schema);
-  if (tok.chat() && tok.chat()->format() == ChatFormat::Qwen3)
-    answers.think = ThinkTokens::of(*model.tokenizer);  // none: answers read as text
-  if (tok.chat() && tok.chat()->format() == ChatFormat::Harmony) {
+  const std::optional<ChatFormat> chat_format = tok.chat() ? std::optional(tok.chat()->format()) : std::nullopt;
+  if (chat_format == ChatFormat::Qwen3) answers.think = ThinkTokens::of(*model.tokenizer);  // none: answers read as text
+  if (chat_format == ChatFormat::Harmony) {
     answers.harmony = HarmonyTokens::of(*model.tokenizer);
     if (!answers.harmony)
       STRATA_FAIL(opt.model << ": the chat template is GPT-OSS's harmony format, but the tokenizer lacks one of "
