@@ -67,6 +67,58 @@ TEST_CASE("strata run writes Hugging Face's greedy completions for a JSONL file"
   CHECK_FALSE(fs::exists(out.string() + ".partial"));
 }
 
+TEST_CASE("strata run takes the model's recommended sampling settings where no flag or line gives one", "[cli]") {
+  std::ifstream fin(kModels + "/tiny-llama-cli.json");
+  const json fx = json::parse(fin);
+  const fs::path model = temp_dir() / "recommending-llama";
+  fs::remove_all(model);
+  fs::copy(kModels + "/tiny-llama", model);
+  std::ofstream(model / "generation_config.json")
+      << R"({"do_sample": true, "temperature": 0.8, "top_k": 20, "max_new_tokens": 6, "eos_token_id": 2})";
+  // Line "sampled" gives no sampling field; line "greedy" asks for temperature 0.
+  const json& c = fx["cases"][0];
+  const fs::path prompts = temp_dir() / "recommended.jsonl";
+  std::ofstream(prompts) << json{{"id", "sampled"}, {"prompt", c["prompt"]}}.dump() << "\n"
+                         << json{{"id", "greedy"}, {"prompt", c["prompt"]}, {"temperature", 0}}.dump() << "\n";
+  auto run = [&](const std::string& name, const std::string& flags) {
+    const fs::path out = temp_dir() / (name + ".jsonl");
+    fs::remove(out);
+    const Result r = run_strata("run --model " + model.string() + " --prompts " + prompts.string() + " --out " +
+                                out.string() + " --device cpu --ordered " + flags);
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    std::map<std::string, json> tokens;
+    std::ifstream in(out);
+    for (std::string line; std::getline(in, line);) {
+      const json j = json::parse(line);
+      tokens[j["id"].get<std::string>()] = j["tokens"];
+    }
+    return std::make_pair(r.output, tokens);
+  };
+  // transformers' greedy answer, cut at the recommended 6 tokens.
+  const std::vector<int> greedy_16 = c["greedy"].get<std::vector<int>>();
+  const json greedy(std::vector<int>(greedy_16.begin(), greedy_16.begin() + std::min<size_t>(6, greedy_16.size())));
+
+  const auto [log, taken] = run("taken", "");
+  CHECK_THAT(log, Catch::Contains("sampling defaults from " + (model / "generation_config.json").string() +
+                                  ": temperature 0.8, top_k 20, max_new_tokens 6"));
+  CHECK(taken.at("greedy") == greedy);  // the line's temperature wins, the length is the model's
+  CHECK(taken.at("sampled").size() == 6);
+  REQUIRE(taken.at("sampled") != greedy);  // the recommended temperature changed the answer
+  // The same settings given as flags, the model's ignored: the same answers.
+  const auto [log_none, flags] = run("flags", "--generation-config none --temperature 0.8 --top-k 20 --max-new-tokens 6");
+  CHECK_THAT(log_none, !Catch::Contains("sampling defaults from"));
+  CHECK(flags == taken);
+  // A flag given replaces the model's setting; the others are still taken.
+  const auto [log_flag, greedy_flag] = run("flag", "--temperature 0");
+  CHECK_THAT(log_flag, Catch::Contains("top_k 20, max_new_tokens 6") && !Catch::Contains("temperature 0.8"));
+  CHECK(greedy_flag.at("sampled") == greedy);
+  const Result bad = run_strata("run --model " + model.string() + " --prompts " + prompts.string() + " --out " +
+                                (temp_dir() / "bad.jsonl").string() + " --device cpu --generation-config vllm");
+  CHECK(bad.code != 0);
+  CHECK_THAT(bad.output, Catch::Contains("--generation-config") && Catch::Contains("auto,none"));
+}
+
 TEST_CASE("strata run on a LLaMA-2-shaped model directory: BOS, chat template, byte fallback as transformers", "[cli]") {
   // tiny-llama2: the SentencePiece-style tokenizer.json with LLaMA-2's post-processor and chat
   // template (tests/fixtures/models/make_llama2_fixture.py). Text prompts get <s> from

@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "strata/core/error.h"
 #include "strata/model/config.h"
@@ -107,7 +108,7 @@ TEST_CASE("generation_config.json's eos_token_id joins the config's end tokens",
   auto with = [&](const std::string& text) {
     std::ofstream(dir / "generation_config.json") << text;
     ModelConfig copy = c;
-    read_generation_eos(dir / "generation_config.json", copy);
+    read_generation_config(dir / "generation_config.json", copy);
     return copy.eos_ids;
   };
   CHECK(with(R"({"eos_token_id": [2, 7, 7, 9]})") == std::vector<int>{2, 7, 9});  // after the config's, once each
@@ -115,7 +116,7 @@ TEST_CASE("generation_config.json's eos_token_id joins the config's end tokens",
   CHECK(with(R"({"temperature": 0.6})") == std::vector<int>{2});
   CHECK(with(R"({"eos_token_id": null})") == std::vector<int>{2});
   ModelConfig absent = c;
-  read_generation_eos(dir / "missing.json", absent);
+  CHECK(read_generation_config(dir / "missing.json", absent).empty());
   CHECK(absent.eos_ids == std::vector<int>{2});
   const std::string file = (dir / "generation_config.json").string();
   CHECK_THROWS_WITH(with(R"({"eos_token_id": [2, 1000]})"),
@@ -124,6 +125,61 @@ TEST_CASE("generation_config.json's eos_token_id joins the config's end tokens",
   CHECK_THROWS_WITH(with(R"({"eos_token_id": "2"})"), Catch::Contains(file) && Catch::Contains("eos_token_id"));
   CHECK_THROWS_WITH(with("{not json"), Catch::Contains(file) && Catch::Contains("invalid JSON"));
   CHECK_THROWS_WITH(with("[2]"), Catch::Contains(file) && Catch::Contains("expected a JSON object"));
+}
+
+TEST_CASE("generation_config.json's sampling settings are read as vLLM and transformers read them", "[config]") {
+  const ModelConfig c = config_from_hf_json(kFixtures + "/models/tiny-llama/config.json");
+  const fs::path dir = test::temp_dir("generation-sampling");
+  const std::string file = (dir / "generation_config.json").string();
+  auto read = [&](const std::string& text) {
+    std::ofstream(dir / "generation_config.json") << text;
+    ModelConfig copy = c;
+    return read_generation_config(dir / "generation_config.json", copy);
+  };
+  // Qwen3's published file: every named setting, the file named as their source.
+  RecommendedSampling r = read(R"({"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95,
+                                   "eos_token_id": [2], "bos_token_id": 1})");
+  CHECK(r.temperature == 0.6f);
+  CHECK(r.top_k == 20);
+  CHECK(r.top_p == 0.95f);
+  CHECK_FALSE(r.min_p);
+  CHECK_FALSE(r.repetition_penalty);
+  CHECK_FALSE(r.max_new_tokens);
+  CHECK(r.source == file);
+  // Gemma 3's: sampling without a temperature samples at generate()'s default, 1.
+  r = read(R"({"do_sample": true, "top_k": 64, "top_p": 0.95})");
+  CHECK(r.temperature == 1.0f);
+  CHECK(r.top_k == 64);
+  // No do_sample: what is named counts (vLLM), nothing else is made up.
+  r = read(R"({"temperature": 0.7, "repetition_penalty": 1.05, "min_p": 0.1, "max_new_tokens": 100})");
+  CHECK(r.temperature == 0.7f);
+  CHECK(r.repetition_penalty == 1.05f);
+  CHECK(r.min_p == 0.1f);
+  CHECK(r.max_new_tokens == 100);
+  CHECK_FALSE(r.top_p);
+  // do_sample false: generate() decodes greedily, so the sampling settings are not taken; the
+  // penalty and the length still are.
+  r = read(R"({"do_sample": false, "temperature": 0.6, "top_p": 0.9, "top_k": 5, "min_p": 0.2,
+               "repetition_penalty": 1.1, "max_new_tokens": 64})");
+  CHECK_FALSE(r.temperature);
+  CHECK_FALSE(r.top_p);
+  CHECK_FALSE(r.top_k);
+  CHECK_FALSE(r.min_p);
+  CHECK(r.repetition_penalty == 1.1f);
+  CHECK(r.max_new_tokens == 64);
+  CHECK(read(R"({"top_k": -1})").top_k == 0);  // off, as vLLM's -1
+  CHECK(read(R"({"temperature": null, "do_sample": null})").empty());
+  CHECK(read(R"({"eos_token_id": 2})").empty());
+
+  // A setting the sampler cannot take fails naming the file and the field.
+  for (const char* bad : {R"({"temperature": -0.5})", R"({"top_p": 1.5})", R"({"top_p": 0})", R"({"min_p": 2})",
+                          R"({"top_k": -2})", R"({"top_k": 2.5})", R"({"repetition_penalty": 0})",
+                          R"({"max_new_tokens": 0})", R"({"temperature": "0.6"})"}) {
+    INFO(bad);
+    const std::string field = nlohmann::json::parse(bad).begin().key();
+    CHECK_THROWS_WITH(read(bad), Catch::Contains(file) && Catch::Contains(field));
+  }
+  CHECK_THROWS_WITH(read(R"({"do_sample": "yes"})"), Catch::Contains(file) && Catch::Contains("do_sample"));
 }
 
 TEST_CASE("a sliding window shorter than the context becomes the context", "[config]") {

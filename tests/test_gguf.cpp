@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <tuple>
 
 #include "strata/core/error.h"
 #include "strata/model/chat_template.h"
@@ -437,6 +438,65 @@ TEST_CASE("gguf: llama mapping refuses other architectures", "[gguf]") {
   CHECK_THROWS_WITH(config_from_gguf(f), Catch::Contains("synthetic") && Catch::Contains("supported: llama, qwen2"));
   CHECK_THROWS_WITH(make_gguf_source(f), Catch::Contains("architecture"));
   CHECK_THROWS_WITH(tokenizer_from_gguf(f), Catch::Contains("tokenizer.ggml.model"));
+}
+
+namespace {
+
+// A GGUF v3 file of metadata only: (key, type, value bytes) per entry, as the spec lays them out.
+std::vector<uint8_t> metadata_only_gguf(const std::vector<std::tuple<std::string, uint32_t, std::vector<uint8_t>>>& kvs) {
+  std::vector<uint8_t> b = {'G', 'G', 'U', 'F'};
+  auto put = [&b](const auto& v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);
+    b.insert(b.end(), p, p + sizeof v);
+  };
+  put(uint32_t(3));
+  put(uint64_t(0));  // tensors
+  put(uint64_t(kvs.size()));
+  for (const auto& [key, type, value] : kvs) {
+    put(uint64_t(key.size()));
+    b.insert(b.end(), key.begin(), key.end());
+    put(type);
+    b.insert(b.end(), value.begin(), value.end());
+  }
+  b.resize((b.size() + 31) / 32 * 32, 0);
+  return b;
+}
+
+template <class T>
+std::vector<uint8_t> value_bytes(T v) {
+  std::vector<uint8_t> b(sizeof v);
+  std::memcpy(b.data(), &v, sizeof v);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("gguf: general.sampling.* are the file's recommended sampling settings, as llama.cpp reads them", "[gguf]") {
+  constexpr uint32_t kU32 = 4, kI32 = 5, kF32 = 6;
+  const GgufFile f = GgufFile::from_bytes(metadata_only_gguf({{"general.sampling.temp", kF32, value_bytes(0.6f)},
+                                                               {"general.sampling.top_k", kI32, value_bytes(int32_t(20))},
+                                                               {"general.sampling.top_p", kF32, value_bytes(0.95f)},
+                                                               {"general.sampling.min_p", kF32, value_bytes(0.05f)},
+                                                               {"general.sampling.penalty_repeat", kF32, value_bytes(1.1f)}}),
+                                          "sampling.gguf");
+  const RecommendedSampling r = recommended_sampling_from_gguf(f);
+  CHECK(r.temperature == 0.6f);
+  CHECK(r.top_k == 20);
+  CHECK(r.top_p == 0.95f);
+  CHECK(r.min_p == 0.05f);
+  CHECK(r.repetition_penalty == 1.1f);
+  CHECK_FALSE(r.max_new_tokens);
+  CHECK(r.source == "sampling.gguf");
+  CHECK(recommended_sampling_from_gguf(GgufFile::open(fixture("tiny_llama.gguf"))).empty());
+  CHECK(recommended_sampling_from_gguf(GgufFile::from_bytes(
+                                           metadata_only_gguf({{"general.sampling.top_k", kU32, value_bytes(uint32_t(0))}})))
+            .top_k == 0);
+  CHECK_THROWS_WITH(recommended_sampling_from_gguf(GgufFile::from_bytes(
+                        metadata_only_gguf({{"general.sampling.top_p", kF32, value_bytes(1.5f)}}), "bad.gguf")),
+                    Catch::Contains("bad.gguf") && Catch::Contains("general.sampling.top_p"));
+  CHECK_THROWS_WITH(recommended_sampling_from_gguf(GgufFile::from_bytes(
+                        metadata_only_gguf({{"general.sampling.temp", kF32, value_bytes(-1.0f)}}), "bad.gguf")),
+                    Catch::Contains("bad.gguf") && Catch::Contains("general.sampling.temp"));
 }
 
 TEST_CASE("gguf: tokenizer metadata of the tiny llama", "[gguf]") {

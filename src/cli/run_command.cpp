@@ -62,23 +62,25 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--batch-size", opt->batch_size, "sequences generated together")->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--threads", opt->threads, "CPU threads: the cpu backend, CPU attention under --policy, loading the weights and checking the input (0: all cores)")->capture_default_str();
+  // The flags a model's recommended sampling settings do not replace when given.
+  std::map<std::string, CLI::Option*> sampling_flags;
   auto* prefill = cmd->add_option("--prefill-tokens", opt->prefill_token_budget,
                                   "tokens per prefill step (under --policy: the policy's prefill_tokens, else 1024)")
                        ->check(CLI::PositiveNumber)
                        ->capture_default_str();
-  cmd->add_option("--max-new-tokens", opt->defaults.max_new_tokens, "default when a line gives none")
+  sampling_flags["max_new_tokens"] = cmd->add_option("--max-new-tokens", opt->defaults.max_new_tokens, "default when a line gives none")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  cmd->add_option("--temperature", opt->defaults.temperature, "default temperature (0: greedy)")
+  sampling_flags["temperature"] = cmd->add_option("--temperature", opt->defaults.temperature, "default temperature (0: greedy; see --generation-config)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  cmd->add_option("--top-p", opt->defaults.top_p, "default nucleus mass")->check(CLI::Range(0.0, 1.0))
+  sampling_flags["top_p"] = cmd->add_option("--top-p", opt->defaults.top_p, "default nucleus mass")->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
-  cmd->add_option("--top-k", opt->defaults.top_k, "default top-k (0: off)")->check(CLI::NonNegativeNumber)
+  sampling_flags["top_k"] = cmd->add_option("--top-k", opt->defaults.top_k, "default top-k (0: off)")->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  cmd->add_option("--min-p", opt->defaults.min_p, "default min-p (0: off)")->check(CLI::Range(0.0, 1.0))
+  sampling_flags["min_p"] = cmd->add_option("--min-p", opt->defaults.min_p, "default min-p (0: off)")->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
-  cmd->add_option("--repetition-penalty", opt->defaults.repetition_penalty,
+  sampling_flags["repetition_penalty"] = cmd->add_option("--repetition-penalty", opt->defaults.repetition_penalty,
                   "default repetition penalty over the prompt's and the answer's tokens (1: off)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -96,6 +98,13 @@ void add_run_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--seed", opt->defaults.seed, "default seed")->capture_default_str();
+  auto generation_config = std::make_shared<std::string>("auto");
+  cmd->add_option("--generation-config", *generation_config,
+                  "auto: the sampling settings the model recommends (generation_config.json's temperature, top_p, "
+                  "top_k, min_p, repetition_penalty, max_new_tokens; a GGUF's general.sampling.*) replace the "
+                  "defaults above whose flag is not given, as vLLM and llama.cpp take them; none: Strata's defaults")
+      ->check(CLI::IsMember({"auto", "none"}))
+      ->capture_default_str();
   cmd->add_flag("--ignore-eos", opt->defaults.ignore_eos, "generate max_new_tokens even past EOS (benchmarks)");
   cmd->add_option("--stop", opt->stop,
                   "stop string for lines that give no \"stop\" (repeat for up to 4): a completion ends at its "
@@ -146,8 +155,11 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--verbose", opt->verbose, "print the realized placement before starting");
   cmd->add_flag("--report", opt->report, "print throughput, stream busy times, bytes per link and peak memory");
   cmd->add_option("--trace", opt->trace, "write a Chrome trace-event timeline (Perfetto) of the schedule");
-  cmd->callback([opt, prefill, schema] {
+  cmd->callback([opt, prefill, schema, sampling_flags, generation_config] {
     opt->prefill_tokens_given = prefill->count() > 0;
+    opt->model_sampling = *generation_config == "auto";
+    for (const auto& [field, flag] : sampling_flags)
+      if (flag->count() > 0) opt->defaults_given.insert(field);
     if (schema->count() > 0) {
       if (opt->response_format != ResponseFormat::Text)
         STRATA_FAIL("give --json-schema or --response-format json_object, not both");

@@ -527,21 +527,55 @@ std::exception_ptr write_behind(BoundedQueue<std::vector<Finished>>& behind, Wri
   return error;
 }
 
+// The job's options with the model's recommended sampling settings taken (--generation-config
+// auto), said once in the log.
+JobOptions with_model_sampling(const JobOptions& options, const RecommendedSampling& model, std::ostream& log) {
+  JobOptions opt = options;
+  if (!opt.model_sampling || model.empty()) return opt;
+  const std::vector<std::string> taken = take_recommended_sampling(opt.defaults, model, opt.defaults_given);
+  if (taken.empty()) return opt;
+  log << "sampling defaults from " << model.source << ":";
+  for (size_t i = 0; i < taken.size(); ++i) log << (i ? ", " : " ") << taken[i];
+  log << " (request fields and flags override them; --generation-config none keeps Strata's)\n";
+  return opt;
+}
+
 }  // namespace
 
-JobSummary run_batch_job(const JobOptions& opt, std::ostream& log) {
-  if (opt.batch_size < 1) STRATA_FAIL("--batch-size must be at least 1, got " << opt.batch_size);
-  if (const std::string why = stop_strings_error(opt.stop); !why.empty()) STRATA_FAIL("--stop " << why);
-  if (opt.window < 0) STRATA_FAIL("--window must be >= 0 (0: the default), got " << opt.window);
-  if (opt.allow_compression && opt.policy != "auto")
+std::vector<std::string> take_recommended_sampling(SamplingParams& defaults, const RecommendedSampling& model,
+                                                   const std::set<std::string>& given) {
+  std::vector<std::string> taken;
+  auto take = [&](const char* field, const auto& value, auto& into) {
+    if (!value || given.count(field)) return;
+    into = *value;
+    std::ostringstream os;
+    os << field << " " << *value;
+    taken.push_back(os.str());
+  };
+  take("temperature", model.temperature, defaults.temperature);
+  take("top_p", model.top_p, defaults.top_p);
+  take("top_k", model.top_k, defaults.top_k);
+  take("min_p", model.min_p, defaults.min_p);
+  take("repetition_penalty", model.repetition_penalty, defaults.repetition_penalty);
+  take("max_new_tokens", model.max_new_tokens, defaults.max_new_tokens);
+  return taken;
+}
+
+JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
+  if (options.batch_size < 1) STRATA_FAIL("--batch-size must be at least 1, got " << options.batch_size);
+  if (const std::string why = stop_strings_error(options.stop); !why.empty()) STRATA_FAIL("--stop " << why);
+  if (options.window < 0) STRATA_FAIL("--window must be >= 0 (0: the default), got " << options.window);
+  if (options.allow_compression && options.policy != "auto")
     STRATA_FAIL("--compress is for --policy auto (a policy file gives its own compress_weights and compress_kv_cache)");
   const auto wall0 = Clock::now();
-  const Shard shard = opt.shard.empty() ? Shard{} : parse_shard(opt.shard);
-  if (!opt.errors.empty() && std::filesystem::weakly_canonical(opt.errors) == std::filesystem::weakly_canonical(opt.out))
+  const Shard shard = options.shard.empty() ? Shard{} : parse_shard(options.shard);
+  if (!options.errors.empty() &&
+      std::filesystem::weakly_canonical(options.errors) == std::filesystem::weakly_canonical(options.out))
     STRATA_FAIL("--errors must name another file than --out (without --errors, error lines go to --out)");
-  ModelBundle model = open_model(opt.model, opt.tokenizer);
-  if (!model.tokenizer) STRATA_FAIL(opt.model << ": the model has no tokenizer files; pass --tokenizer DIR");
+  ModelBundle model = open_model(options.model, options.tokenizer);
+  if (!model.tokenizer) STRATA_FAIL(options.model << ": the model has no tokenizer files; pass --tokenizer DIR");
   if (model.packed) log << packed_load_note(*model.packed) << "\n";
+  const JobOptions opt = with_model_sampling(options, model.sampling, log);
   const PromptTokenizer tok(model, opt.prompts.string(),
                             ChatOptions{opt.reasoning_effort, opt.no_thinking ? std::optional<bool>(false) : std::nullopt});
 

@@ -557,37 +557,83 @@ json gemma3_text_config(const json& j, const std::string& file) {
 
 }  // namespace
 
-ModelConfig config_from_hf_json(const std::filesystem::path& path) {
+namespace {
+
+// A file's bytes, or nothing when it cannot be opened.
+std::optional<std::string> file_text(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) STRATA_FAIL("cannot open model config " << path.string());
+  if (!in) return std::nullopt;
   std::ostringstream text;
   text << in.rdbuf();
-  return config_from_hf_json_text(text.str(), path);
+  return text.str();
 }
 
-void read_generation_eos(const std::filesystem::path& path, ModelConfig& c) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return;
-  std::ostringstream text;
-  text << in.rdbuf();
+// generation_config.json's sampling settings (RecommendedSampling), each checked against the
+// range the sampler takes; `null` counts as absent. Errors name the field, the caller the file.
+RecommendedSampling recommended_sampling(const json& j) {
+  RecommendedSampling r;
+  auto number = [&](const char* key, auto in_range, const char* range) -> std::optional<float> {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return std::nullopt;
+    const float v = as_float(*it, key);
+    if (!in_range(v)) STRATA_FAIL(key << " " << it->dump() << " must be " << range);
+    return v;
+  };
+  std::optional<bool> do_sample;  // absent: vLLM takes what is named
+  if (auto it = j.find("do_sample"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) STRATA_FAIL("do_sample must be true or false, got " << it->dump());
+    do_sample = it->get<bool>();
+  }
+  if (do_sample.value_or(true)) {
+    r.temperature = number("temperature", [](float v) { return v >= 0; }, ">= 0");
+    r.top_p = number("top_p", [](float v) { return v > 0 && v <= 1; }, "in (0, 1]");
+    r.min_p = number("min_p", [](float v) { return v >= 0 && v <= 1; }, "in [0, 1]");
+    if (auto it = j.find("top_k"); it != j.end() && !it->is_null()) {
+      const int k = as_int(*it, "top_k");
+      if (k < -1) STRATA_FAIL("top_k " << k << " must be >= 0 (0 or -1: off)");
+      r.top_k = std::max(k, 0);
+    }
+    if (!r.temperature && do_sample) r.temperature = 1.0f;  // generate()'s default
+  }
+  r.repetition_penalty = number("repetition_penalty", [](float v) { return v > 0; }, "> 0");
+  if (auto it = j.find("max_new_tokens"); it != j.end() && !it->is_null()) {
+    const int n = as_int(*it, "max_new_tokens");
+    if (n < 1) STRATA_FAIL("max_new_tokens " << n << " must be at least 1");
+    r.max_new_tokens = n;
+  }
+  return r;
+}
+
+}  // namespace
+
+ModelConfig config_from_hf_json(const std::filesystem::path& path) {
+  const std::optional<std::string> text = file_text(path);
+  if (!text) STRATA_FAIL("cannot open model config " << path.string());
+  return config_from_hf_json_text(*text, path);
+}
+
+RecommendedSampling read_generation_config(const std::filesystem::path& path, ModelConfig& c) {
+  const std::optional<std::string> text = file_text(path);
+  if (!text) return {};
   const std::string file = path.string();
   json j;
   try {
-    j = json::parse(text.str());
+    j = json::parse(*text);
   } catch (const json::exception& e) {
     STRATA_FAIL(file << ": invalid JSON: " << e.what());
   }
   if (!j.is_object()) STRATA_FAIL(file << ": expected a JSON object");
-  std::vector<int> ids;
   try {
-    ids = id_list(j, "eos_token_id");
+    for (int id : id_list(j, "eos_token_id")) {
+      if (id < 0 || id >= c.vocab_size)
+        STRATA_FAIL("eos_token_id " << id << " outside the vocabulary of " << c.vocab_size);
+      if (std::find(c.eos_ids.begin(), c.eos_ids.end(), id) == c.eos_ids.end()) c.eos_ids.push_back(id);
+    }
+    RecommendedSampling r = recommended_sampling(j);
+    r.source = file;
+    return r;
   } catch (const Error& e) {
     STRATA_FAIL(file << ": " << e.what());
-  }
-  for (int id : ids) {
-    if (id < 0 || id >= c.vocab_size)
-      STRATA_FAIL(file << ": eos_token_id " << id << " outside the vocabulary of " << c.vocab_size);
-    if (std::find(c.eos_ids.begin(), c.eos_ids.end(), id) == c.eos_ids.end()) c.eos_ids.push_back(id);
   }
 }
 

@@ -4,6 +4,7 @@
 // tokenizer.ggml.*.
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <charconv>
 #include <cstring>
@@ -377,6 +378,29 @@ void read_experts(const GgufFile& f, const std::string& arch, ModelConfig& c) {
 }
 
 }  // namespace
+
+RecommendedSampling recommended_sampling_from_gguf(const GgufFile& f) {
+  RecommendedSampling r;
+  r.source = f.path();
+  auto number = [&](const char* name, auto in_range, const char* range) -> std::optional<float> {
+    const std::string key = std::string("general.sampling.") + name;
+    const std::optional<double> v = f.get_float_opt(key);
+    if (!v) return std::nullopt;
+    if (!(std::fabs(*v) <= double(FLT_MAX)) || !in_range(float(*v)))
+      STRATA_FAIL("GGUF file " << f.path() << ": " << key << " " << *v << " must be " << range);
+    return float(*v);
+  };
+  r.temperature = number("temp", [](float v) { return v >= 0; }, ">= 0");
+  r.top_p = number("top_p", [](float v) { return v > 0 && v <= 1; }, "in (0, 1]");
+  r.min_p = number("min_p", [](float v) { return v >= 0 && v <= 1; }, "in [0, 1]");
+  r.repetition_penalty = number("penalty_repeat", [](float v) { return v > 0; }, "> 0");
+  if (const std::optional<int64_t> k = f.get_int_opt("general.sampling.top_k")) {
+    if (*k > INT32_MAX)
+      STRATA_FAIL("GGUF file " << f.path() << ": general.sampling.top_k " << *k << " does not fit in 32 bits");
+    r.top_k = int(std::max<int64_t>(*k, 0));  // llama.cpp: <= 0 is off
+  }
+  return r;
+}
 
 ModelConfig config_from_gguf(const GgufFile& f) {
   const std::string arch = llama_family_arch(f);

@@ -120,7 +120,7 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
   if (fs::is_directory(path)) {
     if (!fs::exists(path / "config.json")) STRATA_FAIL(spec << ": no config.json in the model directory");
     b.config = config_from_hf_json(path / "config.json");
-    read_generation_eos(path / "generation_config.json", b.config);
+    b.sampling = read_generation_config(path / "generation_config.json", b.config);
     b.packed = read_packed_format(path);
     std::unique_ptr<WeightSource> weights = b.packed                                   ? make_packed_source(path, *b.packed)
                                             : b.config.moe_naming == MoeNaming::GptOss ? gpt_oss_source(path, b.config)
@@ -139,6 +139,7 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
   if (path.extension() == ".gguf") {
     const GgufFile file = GgufFile::open(path);
     b.config = config_from_gguf(file);
+    b.sampling = recommended_sampling_from_gguf(file);
     b.tokenizer = tokenizer_dir.empty() ? tokenizer_from_gguf(file) : Tokenizer::from_dir(tokenizer_dir);
     // Without the flag llama.cpp adds BOS for a SentencePiece vocabulary, not for byte-level BPE.
     b.add_bos = file.has("tokenizer.ggml.add_bos_token") ? file.get_bool("tokenizer.ggml.add_bos_token")

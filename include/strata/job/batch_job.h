@@ -6,11 +6,13 @@
 #pragma once
 #include <filesystem>
 #include <iosfwd>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "strata/job/blocks.h"
 #include "strata/job/prompts.h"
+#include "strata/model/config.h"
 #include "strata/runtime/sampler.h"
 
 namespace strata {
@@ -31,6 +33,11 @@ struct JobOptions {
   int64_t prefill_token_budget = 4096;     // tokens per prefill step
   bool prefill_tokens_given = false;       // --prefill-tokens given: it also overrides a policy's
   SamplingParams defaults;                 // for fields a prompt line leaves out
+  // --generation-config auto (true): the model's recommended sampling settings
+  // (RecommendedSampling: generation_config.json, GGUF general.sampling.*) replace those
+  // defaults whose flag was not given, as vLLM and llama.cpp take them; none (false): Strata's.
+  bool model_sampling = true;
+  std::set<std::string> defaults_given;    // sampling flags given, by field name ("temperature")
   std::vector<std::string> stop;           // --stop: stop strings for lines that give no "stop"
   // --response-format / --json-schema: for lines that give no response_format (json_object: one
   // JSON document each; JsonSchema: a document of json_schema, the schema's text).
@@ -72,6 +79,12 @@ struct JobSummary {
   bool refilled = false;                   // continuous batching ran (else blocks)
   double occupancy = 0;                    // share of slots that decoded a live sequence per decode step
 };
+
+// Takes each of the model's recommended settings into `defaults` unless its field (temperature,
+// top_p, top_k, min_p, repetition_penalty, max_new_tokens) is in `given`; returns "field value"
+// for each taken, for the job's log.
+std::vector<std::string> take_recommended_sampling(SamplingParams& defaults, const RecommendedSampling& model,
+                                                   const std::set<std::string>& given);
 
 // Runs the whole job; progress and the final summary go to `log`. Throws strata::Error on bad
 // input (before any generation) and on failures (finished batches stay in OUT.partial).

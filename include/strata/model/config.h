@@ -132,12 +132,31 @@ ModelConfig config_from_hf_json(const std::filesystem::path& config_json);
 // The same from the file's text in memory (the fuzz target): `source` names it in errors, and its
 // parent directory names the model.
 ModelConfig config_from_hf_json_text(const std::string& text, const std::filesystem::path& source);
-// generation_config.json's eos_token_id (an id or a list) joins the config's end tokens, after
-// them: transformers' generate() stops at the generation config's ids, which chat models list
-// there (GPT-OSS's <|call|>, Llama 3's <|eot_id|> where config.json names only one). Nothing
-// when `file` does not exist; throws strata::Error naming the file for bad JSON or an id outside
-// the vocabulary.
-void read_generation_eos(const std::filesystem::path& file, ModelConfig& c);
+// The sampling settings a checkpoint's makers recommend, each set only where its file names it:
+// generation_config.json's temperature, top_p, top_k, min_p, repetition_penalty and
+// max_new_tokens, or a GGUF's general.sampling.* (gguf.h). vLLM (its default `--generation-config
+// auto`) and llama.cpp take them as the defaults of requests that give none; so does `strata run`.
+struct RecommendedSampling {
+  std::optional<float> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int> top_k;  // 0: off
+  std::optional<int> max_new_tokens;
+  std::string source;        // the file that names them
+  bool empty() const {
+    return !temperature && !top_p && !min_p && !repetition_penalty && !top_k && !max_new_tokens;
+  }
+};
+
+// A model directory's generation_config.json (nothing when `file` does not exist):
+// - its eos_token_id (an id or a list) joins the config's end tokens, after them: transformers'
+//   generate() stops at the generation config's ids, which chat models list there (GPT-OSS's
+//   <|call|>, Llama 3's <|eot_id|> where config.json names only one);
+// - its sampling settings are returned. As vLLM reads them, a named value counts whether or not
+//   do_sample is; as transformers' generate() reads them, `do_sample: false` keeps decoding greedy
+//   (temperature, top_p, top_k and min_p are then not taken), and `do_sample: true` without a
+//   temperature samples at 1.
+// Throws strata::Error naming the file and field for bad JSON, an id outside the vocabulary, or a
+// setting out of its range.
+RecommendedSampling read_generation_config(const std::filesystem::path& file, ModelConfig& c);
 
 // Built-in shapes for benchmarks with dummy weights: opt-125m ... opt-175b, llama-3-8b, ...
 std::optional<ModelConfig> config_preset(const std::string& name);

@@ -143,6 +143,9 @@ private:
 // Maps llama.* and tokenizer.ggml.* metadata onto a ModelConfig (Arch::Llama, RMSNorm, RoPE,
 // SwiGLU; tied embeddings when the file has no output.weight).
 ModelConfig config_from_gguf(const GgufFile& file);
+// The sampling settings the file recommends (general.sampling.temp, top_p, top_k, min_p,
+// penalty_repeat, as llama.cpp reads them), each checked against the sampler's range.
+RecommendedSampling recommended_sampling_from_gguf(const GgufFile& file);
 // Tensors under Hugging Face names and layouts, with llama.cpp's q/k row permutation undone.
 // The source refers to `file`, which must outlive it.
 std::unique_ptr<WeightSource> make_gguf_source(const GgufFile& file);

@@ -22,6 +22,7 @@ struct ModelBundle {
   std::string chat_template;           // empty when the model has none
   ChatTokens chat_tokens;              // the template's bos_token / eos_token strings
   std::optional<PackedFormat> packed;  // set for a GPTQ or AWQ checkpoint (packed_checkpoint.h)
+  RecommendedSampling sampling;        // generation_config.json's or the GGUF's; none for dummy models
 };
 
 // tokenizer_dir, when given, replaces the model's own tokenizer (or the byte stand-in of dummy models).
