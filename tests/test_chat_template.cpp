@@ -78,18 +78,24 @@ void check_case(const ChatTemplate& tpl, const nlohmann::ordered_json& c, const 
 TEST_CASE("chat templates render as Jinja2 renders them, refusals included", "[chat]") {
   const auto ex = chat_cases();
   const std::string today = ex["today"].get<std::string>();
-  int rendered = 0, refused = 0, thinking = 0;
+  int rendered = 0, refused = 0, thinking = 0, with_tools = 0;
   for (const auto& c : ex["cases"]) {
     const std::string name = c["template"].get<std::string>();
     const ChatTemplate tpl = parse_fixture(ex["templates"][name], today);
     ChatOptions options;
     if (c.contains("enable_thinking")) options.enable_thinking = c["enable_thinking"].get<bool>(), ++thinking;
+    if (c.contains("tools")) {
+      for (const auto& tool : c["tools"]) options.tools.push_back(tool.dump());  // in the keys' order
+      ++with_tools;
+    }
     INFO(name << ": " << c["messages"].dump() << (c["add_generation_prompt"].get<bool>() ? " + generation prompt" : "")
-              << (options.enable_thinking ? (*options.enable_thinking ? " thinking" : " not thinking") : ""));
+              << (options.enable_thinking ? (*options.enable_thinking ? " thinking" : " not thinking") : "")
+              << (c.contains("tools") ? " tools " + c["tools"].dump() : ""));
     check_case(tpl, c, options, rendered, refused);
   }
   CHECK(rendered > 400);
   CHECK(thinking == 16);
+  CHECK(with_tools == 64);
   CHECK(refused >= 20);
 }
 
@@ -233,6 +239,18 @@ TEST_CASE("tool calls: rendered by Qwen2.5 and Llama 3.1, refused by the familie
   }
   CHECK_THROWS_WITH(parse("qwen2.5").render({{"assistant", "", {{"f", std::string(100000, '[')}}}}),
                     Catch::Contains("nested deeper than 512"));
+  // Tool definitions: the families Strata does not write them for refuse them, rather than
+  // rendering a prompt that never names the tools (Llama 3.1's template would write them).
+  ChatOptions tools;
+  tools.tools = {R"({"type": "function", "function": {"name": "f"}})"};
+  for (const char* name : {"chatml", "llama3", "llama3.1", "llama2", "mistral", "phi3.5", "gemma3"}) {
+    INFO(name);
+    CHECK_THROWS_MATCHES(parse(name).render({{"user", "x"}}, true, tools), ChatTemplateError,
+                         Catch::Message("Strata renders tool definitions for Qwen2.5 and Qwen3 only"));
+    CHECK_FALSE(parse(name).renders_tools());
+  }
+  tools.tools = {"{\"name\": NaN}"};
+  CHECK_THROWS_WITH(parse("qwen3").render({{"user", "x"}}, true, tools), Catch::StartsWith("a tool: "));
 }
 
 TEST_CASE("python_tojson prints JSON as Python's json.dumps(json.loads(text), ensure_ascii=False)", "[chat]") {

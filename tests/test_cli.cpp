@@ -437,43 +437,46 @@ TEST_CASE("strata tokenize --messages prints apply_chat_template's ids and text"
   CHECK_THAT(r.output, Catch::Contains("no chat template"));
 }
 
-TEST_CASE("strata tokenize --messages renders Qwen2.5's tool calls and results as Jinja2 does", "[cli][chat]") {
+TEST_CASE("strata tokenize --messages renders Qwen2.5's tools, tool calls and results as Jinja2 does", "[cli][chat]") {
   std::ifstream cases_in(std::string(STRATA_FIXTURES_DIR) + "/chat/chat_cases.json");
-  const json ex = json::parse(cases_in);
-  const json& tpl = ex["templates"]["qwen2.5"];
+  const nlohmann::ordered_json ex = nlohmann::ordered_json::parse(cases_in);  // tools keep their keys' order
+  using ojson = nlohmann::ordered_json;
+  const ojson& tpl = ex["templates"]["qwen2.5"];
   // A tokenizer with <|im_start|> and <|im_end|> as special tokens, and Qwen2.5's template.
   const fs::path dir = temp_dir() / "tok-qwen2.5";
   fs::remove_all(dir);
   fs::create_directories(dir);
   fs::copy(std::string(STRATA_FIXTURES_DIR) + "/tokenizer/llama3-style/tokenizer.json", dir / "tokenizer.json");
-  std::ofstream(dir / "tokenizer_config.json") << json{{"chat_template", tpl["source"]}, {"bos_token", nullptr},
-                                                       {"eos_token", tpl["eos_token"]}}
+  std::ofstream(dir / "tokenizer_config.json") << json{{"chat_template", tpl["source"].get<std::string>()},
+                                                       {"bos_token", nullptr},
+                                                       {"eos_token", tpl["eos_token"].get<std::string>()}}
                                                       .dump();
-  auto quoted = [](const json& j) {  // for the shell: '...' with each ' written '\''
+  auto quoted = [](const ojson& j) {  // for the shell: '...' with each ' written '\''
     std::string q = "'";
     for (char ch : j.dump()) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
     return q + "'";
   };
   // Requests carry a tool call's arguments as OpenAI does, a string of JSON: the fixture's
   // conversations with object arguments (transformers' spelling) are left to test_chat_template.
-  auto openai_arguments = [](const json& messages) {
-    for (const json& m : messages)
-      for (const json& call : m.value("tool_calls", json::array()))
+  auto openai_arguments = [](const ojson& messages) {
+    for (const ojson& m : messages)
+      for (const ojson& call : m.value("tool_calls", ojson::array()))
         if (!call["function"]["arguments"].is_string()) return false;
     return true;
   };
-  int rendered = 0, tokenized = 0;
-  for (const json& c : ex["cases"]) {
+  int rendered = 0, tokenized = 0, with_tools = 0;
+  for (const ojson& c : ex["cases"]) {
     if (c["template"] != "qwen2.5" || !c.contains("text") || !openai_arguments(c["messages"])) continue;
-    INFO(c["messages"].dump());
+    INFO(c["messages"].dump() << (c.contains("tools") ? " tools " + c["tools"].dump() : ""));
     const Result r = run_strata("tokenize --model " + dir.string() + " --render " +
                                 (c["add_generation_prompt"] ? "" : "--no-generation-prompt ") + "--messages " +
-                                quoted(c["messages"]));
+                                quoted(c["messages"]) + (c.contains("tools") ? " --tools " + quoted(c["tools"]) : ""));
     CHECK(r.code == 0);
     CHECK(r.output == c["text"].get<std::string>());
     ++rendered;
+    with_tools += c.contains("tools");
   }
-  for (const json& c : ex["token_cases"]) {
+  for (const ojson& c : ex["token_cases"]) {
     if (c["template"] != "qwen2.5" || !openai_arguments(c["messages"])) continue;
     INFO(c["messages"].dump());
     const Result r = run_strata("tokenize --model " + dir.string() + " --messages " + quoted(c["messages"]));
@@ -482,8 +485,13 @@ TEST_CASE("strata tokenize --messages renders Qwen2.5's tool calls and results a
     ++tokenized;
   }
   CHECK(rendered >= 30);
+  CHECK(with_tools >= 8);
   CHECK(tokenized == 4);
-  const Result r = run_strata("tokenize --model " + dir.string() + " --messages '[{\"role\": \"user\", \"content\": " +
+  Result r = run_strata("tokenize --model " + dir.string() + " --messages '[{\"role\": \"user\", \"content\": " +
+                        "\"a\"}]' --tools '[{\"type\": \"function\", \"function\": {}}]'");
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("--tools[0].function.name must be a string"));
+  r = run_strata("tokenize --model " + dir.string() + " --messages '[{\"role\": \"user\", \"content\": " +
                               "\"a\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": \"{}\"}}]}]'");
   CHECK(r.code != 0);
   CHECK_THAT(r.output, Catch::Contains("--messages[0].tool_calls is for assistant messages only"));

@@ -22,11 +22,22 @@ std::vector<ChatMessage> parse_messages(const std::string& text) {
   return read_chat_messages(v, "--messages", /*text_parts=*/false);  // a ChatMessageError is a strata::Error
 }
 
+// --tools: a request's "tools", each kept in its keys' order.
+std::vector<std::string> parse_tools(const std::string& text) {
+  nlohmann::ordered_json v;
+  try {
+    v = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(std::string("--tools: invalid JSON: ") + e.what());
+  }
+  return read_chat_tools(v, "--tools");
+}
+
 }  // namespace
 
 void add_tokenize_command(CLI::App& app) {
   struct Args {
-    std::string model, text, decode, messages, reasoning_effort;
+    std::string model, text, decode, messages, reasoning_effort, tools;
     bool skip_special = false, render = false, no_generation_prompt = false;
   };
   auto a = std::make_shared<Args>();
@@ -47,13 +58,18 @@ void add_tokenize_command(CLI::App& app) {
   auto* effort = cmd->add_option("--reasoning-effort", a->reasoning_effort,
                                  "with --messages: low, medium or high, as a request's reasoning_effort (GPT-OSS)")
                      ->check(CLI::IsMember({"low", "medium", "high"}));
-  cmd->callback([a, text, dec, msgs, effort] {
+  auto* tools = cmd->add_option("--tools", a->tools,
+                                "with --messages: JSON array of tools [{\"type\": \"function\", \"function\": {...}}], "
+                                "as a request's tools (Qwen2.5 and Qwen3 templates)");
+  cmd->callback([a, text, dec, msgs, effort, tools] {
     if (text->count() == 0 && dec->count() == 0 && msgs->count() == 0)
       throw Error("tokenize: give --text, --decode or --messages");
-    if ((a->render || a->no_generation_prompt || effort->count() > 0) && msgs->count() == 0)
-      throw Error("tokenize: --render, --no-generation-prompt and --reasoning-effort go with --messages");
+    if ((a->render || a->no_generation_prompt || effort->count() > 0 || tools->count() > 0) && msgs->count() == 0)
+      throw Error("tokenize: --render, --no-generation-prompt, --reasoning-effort and --tools go with --messages");
     // Malformed messages are refused before the model is opened (a large model takes seconds).
     const std::vector<ChatMessage> messages = msgs->count() ? parse_messages(a->messages) : std::vector<ChatMessage>{};
+    ChatOptions options{a->reasoning_effort};
+    if (tools->count()) options.tools = parse_tools(a->tools);
     std::optional<Tokenizer> tok;
     std::string chat_template;
     ChatTokens chat_tokens;
@@ -76,7 +92,7 @@ void add_tokenize_command(CLI::App& app) {
       if (chat_template.empty()) throw Error(a->model + ": no chat template");
       const std::string rendered =
           ChatTemplate::parse(chat_template, chat_tokens)
-              .render(messages, !a->no_generation_prompt, ChatOptions{a->reasoning_effort});
+              .render(messages, !a->no_generation_prompt, options);
       if (a->render) std::cout << rendered;  // as it is: a chat's text often ends in a newline
       else std::cout << nlohmann::json(tok->encode(rendered)).dump() << "\n";
       return;

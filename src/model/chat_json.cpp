@@ -197,4 +197,28 @@ std::vector<ChatMessage> read_chat_messages(const nlohmann::json& v, const std::
   return out;
 }
 
+std::vector<std::string> read_chat_tools(const nlohmann::ordered_json& tools, const std::string& field) {
+  if (!tools.is_array()) throw ChatMessageError("invalid_type", field + " must be an array of tools");
+  std::vector<std::string> out;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string at = field + "[" + std::to_string(i) + "]";
+    const nlohmann::ordered_json& t = tools[i];
+    if (!t.is_object()) throw ChatMessageError("invalid_type", at + " must be an object");
+    if (t.contains("type") && t["type"] != "function")
+      throw ChatMessageError("unsupported_value", at + ".type must be \"function\"");
+    if (!t.contains("function") || !t["function"].is_object())
+      throw ChatMessageError("invalid_type", at + ".function must be an object with a 'name'");
+    if (!t["function"].contains("name") || !t["function"]["name"].is_string())
+      throw ChatMessageError("invalid_type", at + ".function.name must be a string");
+    std::string text;
+    try {
+      text = t.dump();
+    } catch (const nlohmann::json::exception&) {  // type_error 316: not UTF-8
+      throw ChatMessageError("invalid_value", at + " holds text that is not valid UTF-8");
+    }
+    out.push_back(std::move(text));
+  }
+  return out;
+}
+
 }  // namespace strata

@@ -87,6 +87,28 @@ std::string_view after_last(std::string_view s, std::string_view sep) {
   return p == std::string_view::npos ? s : s.substr(p + sep.size());
 }
 
+// Qwen's "# Tools" system text after the system message: each tool's JSON between <tools> tags,
+// then how to call one (the example call's braces doubled in Qwen2.5's GGUF copies).
+std::string qwen_tools_text(const std::vector<std::string>& tools, bool example_braces) {
+  std::string out =
+      "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+      "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+  for (const std::string& tool : tools) {
+    try {
+      out += "\n" + python_tojson(tool);
+    } catch (const ChatTemplateError& e) {
+      raise(std::string("a tool: ") + e.what());
+    }
+  }
+  const char* example = example_braces ? "{{\"name\": <function-name>, \"arguments\": <args-json-object>}}"
+                                       : "{\"name\": <function-name>, \"arguments\": <args-json-object>}";
+  out += std::string(
+             "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+             "<tool_call></tool_call> XML tags:\n<tool_call>\n") +
+         example + "\n</tool_call><|im_end|>\n";
+  return out;
+}
+
 // Qwen's tool results: consecutive tool messages share one user turn, each in <tool_response>.
 void append_tool_response(const std::vector<ChatMessage>& messages, size_t i, std::string& out) {
   if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
@@ -104,11 +126,12 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
       format_ != ChatFormat::Harmony)
     for (const ChatMessage& m : messages)
       if (!m.tool_calls.empty()) raise("this chat template does not render tool calls");
+  if (!options.tools.empty() && !renders_tools()) raise("Strata renders tool definitions for Qwen2.5 and Qwen3 only");
   switch (format_) {
     case ChatFormat::ChatML:
       return render_chatml(messages, add_generation_prompt);
     case ChatFormat::Qwen25:
-      return render_qwen25(messages, add_generation_prompt);
+      return render_qwen25(messages, add_generation_prompt, options);
     case ChatFormat::Qwen3:
       return render_qwen3(messages, add_generation_prompt, options);
     case ChatFormat::Llama3:
@@ -144,15 +167,18 @@ std::string ChatTemplate::render_chatml(const std::vector<ChatMessage>& messages
   return out;
 }
 
-// The system turn always first (messages[0]'s or the default); tool results as user turns of
-// <tool_response> blocks, consecutive ones sharing a turn; an assistant's tool calls as
-// <tool_call> blocks of {"name", "arguments"} JSON after its content. Other roles are skipped, as
-// is a system message that is not first (it is not: the template's loop writes it).
-std::string ChatTemplate::render_qwen25(const std::vector<ChatMessage>& messages, bool gen) const {
+// The system turn always first (messages[0]'s or the default, then the tools when there are
+// any); tool results as user turns of <tool_response> blocks, consecutive ones sharing a turn; an
+// assistant's tool calls as <tool_call> blocks of {"name", "arguments"} JSON after its content.
+// Other roles are skipped, as is a system message that is not first (it is not: the template's
+// loop writes it).
+std::string ChatTemplate::render_qwen25(const std::vector<ChatMessage>& messages, bool gen,
+                                        const ChatOptions& options) const {
   if (messages.empty()) raise("no messages (the template reads messages[0])");
   std::string out = "<|im_start|>system\n";
   out += messages[0].role == "system" ? messages[0].content : default_system_.value_or("");
-  out += "<|im_end|>\n";
+  if (options.tools.empty()) out += "<|im_end|>\n";
+  else out += "\n\n" + qwen_tools_text(options.tools, tools_example_braces_);
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     if (m.role == "user" || (m.role == "system" && i > 0) || (m.role == "assistant" && m.tool_calls.empty())) {
@@ -181,7 +207,11 @@ std::string ChatTemplate::render_qwen3(const std::vector<ChatMessage>& messages,
                                        const ChatOptions& options) const {
   if (messages.empty()) raise("no messages (the template reads messages[0])");
   std::string out;
-  if (messages[0].role == "system") out += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
+  if (!options.tools.empty())
+    out += "<|im_start|>system\n" + (messages[0].role == "system" ? messages[0].content + "\n\n" : "") +
+           qwen_tools_text(options.tools, false);
+  else if (messages[0].role == "system")
+    out += "<|im_start|>system\n" + messages[0].content + "<|im_end|>\n";
   size_t last_query = messages.size() - 1;
   for (size_t i = messages.size(); i-- > 0;) {
     const std::string_view c = messages[i].content;

@@ -389,13 +389,14 @@ const std::vector<std::string>& qwen3_references() {
 // A template that is one of a family's references.
 struct ReferenceMatch {
   std::optional<std::string> system;  // the text in its holes, when the reference has them
+  size_t index = 0;                   // which reference matched
 };
 
 std::optional<ReferenceMatch> match_any(const std::string& n, const std::vector<std::string>& references) {
-  for (const std::string& reference : references)
-    if (std::optional<std::string> text = match_reference(n, reference)) {
-      if (reference.find(kHole) == std::string::npos) return ReferenceMatch{};
-      return ReferenceMatch{std::move(text)};
+  for (size_t i = 0; i < references.size(); ++i)
+    if (std::optional<std::string> text = match_reference(n, references[i])) {
+      if (references[i].find(kHole) == std::string::npos) return ReferenceMatch{std::nullopt, i};
+      return ReferenceMatch{std::move(text), i};
     }
   return std::nullopt;
 }
@@ -622,6 +623,7 @@ ChatTemplate ChatTemplate::parse(std::string_view source, ChatTokens tokens) {
   if (std::optional<ReferenceMatch> qwen = match_any(n, qwen25_references())) {
     t.format_ = ChatFormat::Qwen25;
     t.default_system_ = std::move(qwen->system);
+    t.tools_example_braces_ = qwen->index == 1;  // qwen25_references()' second
     return t;
   }
   if (match_any(n, qwen3_references())) {

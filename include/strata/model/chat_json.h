@@ -30,6 +30,11 @@ std::vector<ChatToolCall> read_tool_calls(const nlohmann::json& message, const s
 // batch job's formats and `strata tokenize --messages` all read messages here.
 std::vector<ChatMessage> read_chat_messages(const nlohmann::json& messages, const std::string& field, bool text_parts);
 
+// A request's tools (OpenAI's `tools`: [{"type": "function", "function": {"name", "description",
+// "parameters"}}, ...]), each tool's JSON text in its keys' order (ChatOptions::tools). `field`
+// names the array in errors ("body.tools").
+std::vector<std::string> read_chat_tools(const nlohmann::ordered_json& tools, const std::string& field);
+
 // JSON text printed as transformers' tojson prints the value json.loads makes of it:
 // json.dumps(ensure_ascii=False), so ", " and ": " between items, keys in their order (a repeated
 // key keeps its first place and its last value), non-ASCII as it is, floats as Python's repr

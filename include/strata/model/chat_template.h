@@ -40,6 +40,9 @@ struct ChatOptions {
   // Qwen3's enable_thinking: false closes an empty <think> block in the generation prompt, so the
   // model answers without reasoning; unset or true: the template's default (it reasons).
   std::optional<bool> enable_thinking;
+  // The tools the model may call (OpenAI's request `tools`), each one's JSON text; printed as the
+  // template's tojson prints them. Only templates whose renders_tools() is true take them.
+  std::vector<std::string> tools;
 };
 
 // The template's bos_token and eos_token: tokenizer_config.json's strings, or the text of the
@@ -68,6 +71,9 @@ public:
                      const ChatOptions& options = {}) const;
 
   ChatFormat format() const { return format_; }
+  // Whether render() writes ChatOptions::tools: Qwen2.5's and Qwen3's "# Tools" system turn, whose
+  // answers call tools in <tool_call> blocks (job/tool_calls.h).
+  bool renders_tools() const { return format_ == ChatFormat::Qwen25 || format_ == ChatFormat::Qwen3; }
   // ChatML and Qwen2.5: inserted as the first message when messages[0] is not a system message.
   const std::optional<std::string>& default_system() const { return default_system_; }
   // Llama 3.2's "Today Date" and GPT-OSS's "Current date", from strftime_now at parse time
@@ -76,7 +82,7 @@ public:
 
 private:
   std::string render_chatml(const std::vector<ChatMessage>& messages, bool gen) const;
-  std::string render_qwen25(const std::vector<ChatMessage>& messages, bool gen) const;
+  std::string render_qwen25(const std::vector<ChatMessage>& messages, bool gen, const ChatOptions& options) const;
   std::string render_qwen3(const std::vector<ChatMessage>& messages, bool gen, const ChatOptions& options) const;
   std::string render_llama3(const std::vector<ChatMessage>& messages, bool gen) const;
   std::string render_llama31(const std::vector<ChatMessage>& messages, bool gen) const;
@@ -94,6 +100,7 @@ private:
   std::string date_;             // Llama 3.1: the template's date_string default
   bool date_is_today_ = false;   // Llama 3.2: strftime_now, so today's date
   std::string today_;
+  bool tools_example_braces_ = false;  // Qwen2.5 GGUF copies: the tools turn's example call in {{ }}
 };
 
 }  // namespace strata
