@@ -458,3 +458,64 @@ TEST_CASE("Qwen3 chat requests: enable_thinking through chat_template_kwargs or 
                Catch::Contains("chat_template_kwargs.add_vision_id"));
   }
 }
+
+TEST_CASE("chat requests with tools: Qwen3's prompt lists them as Jinja2 writes it, other templates refuse them",
+          "[cli][tools]") {
+  std::ifstream cases_in(std::string(STRATA_FIXTURES_DIR) + "/chat/chat_cases.json");
+  const nlohmann::ordered_json ex = nlohmann::ordered_json::parse(cases_in);  // tools in their keys' order
+  const fs::path qwen3 = model_with_chat("tiny-qwen3", ex["templates"]["qwen3"]["source"].get<std::string>(),
+                                         {"<think>", "</think>", "<tool_call>", "</tool_call>"}, /*special=*/false);
+  const fs::path chatml = model_with_chat("tiny-llama3", ex["templates"]["chatml"]["source"].get<std::string>(), {},
+                                          /*special=*/false);
+  {  // a context that holds the tools' system turn (the tiny model's 128 positions do not)
+    json config;
+    std::ifstream(qwen3 / "config.json") >> config;
+    config["max_position_embeddings"] = 1024;
+    std::ofstream(qwen3 / "config.json") << config.dump();
+  }
+  const nlohmann::ordered_json messages = {{{"role", "user"}, {"content", "What is the capital of France?"}}};
+  const nlohmann::ordered_json* expected = nullptr;  // Jinja2's rendering with the first tool list
+  for (const auto& c : ex["cases"])
+    if (c["template"] == "qwen3" && c["messages"] == messages && c["add_generation_prompt"] == true &&
+        c.contains("tools") && c["tools"][0]["function"]["name"] == "get_weather")
+      expected = &c;
+  REQUIRE(expected);
+  const nlohmann::ordered_json& tools = (*expected)["tools"];
+  auto request = [&](const std::string& custom_id, const nlohmann::ordered_json& extra) {
+    nlohmann::ordered_json body = {{"messages", messages}, {"max_completion_tokens", 3}};
+    body.update(extra);
+    return nlohmann::ordered_json{
+               {"custom_id", custom_id}, {"method", "POST"}, {"url", "/v1/chat/completions"}, {"body", body}}
+               .dump() +
+           "\n";
+  };
+  const fs::path in = temp_dir() / "tools.jsonl";
+  std::ofstream(in) << request("auto", {{"tools", tools}}) << request("none", {{"tools", tools}, {"tool_choice", "none"}})
+                    << request("required", {{"tools", tools}, {"tool_choice", "required"}})
+                    << request("plain", nlohmann::ordered_json::object());
+  auto run = [&](const fs::path& model) {
+    const fs::path out = temp_dir() / (model.filename().string() + "-tools.jsonl");
+    fs::remove(out);
+    const CliResult r = run_strata("run --model " + model.string() + " -i " + in.string() + " -o " + out.string() +
+                                   " --device cpu --no-progress");
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.output, !Catch::Contains("ignoring unknown field"));
+    return by_custom_id(read_lines(out));
+  };
+  const strata::Tokenizer tok = strata::Tokenizer::from_dir(qwen3);
+  const size_t with_tools = tok.encode((*expected)["text"].get<std::string>()).size();
+  auto got = run(qwen3);
+  auto usage = [&](const char* id) { return got.at(id)["response"]["body"]["usage"]["prompt_tokens"].get<size_t>(); };
+  CHECK(usage("auto") == with_tools);
+  CHECK(usage("none") == with_tools);  // "none" shows the tools, as vLLM does
+  CHECK(usage("plain") < with_tools);
+  CHECK(got.at("required")["error"]["code"] == "unsupported_value");
+  CHECK_THAT(got.at("required")["error"]["message"].get<std::string>(), Catch::Contains("body.tool_choice"));
+  // A template Strata writes no tools into: the request is refused, not answered without its tools.
+  got = run(chatml);
+  CHECK(got.at("auto")["error"]["code"] == "unsupported_value");
+  CHECK_THAT(got.at("auto")["error"]["message"].get<std::string>(),
+             Catch::Contains("body.tools") && Catch::Contains("Qwen2.5's and Qwen3's"));
+  CHECK(got.at("plain")["error"].is_null());
+}

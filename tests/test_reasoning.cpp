@@ -329,4 +329,16 @@ TEST_CASE("Qwen3 chat answers carry their reasoning in both output formats", "[r
   CHECK(plain["completion"] == "Yes.");
   CHECK(plain["reasoning"] == "Hmm.");
   CHECK(plain["finish_reason"] == "eos");
+
+  // With tools: the calls are read from the answer after the reasoning, as vLLM runs its reasoning
+  // parser before its tool parser.
+  s.hermes_tool_calls = true;
+  chat.tools = {R"({"type": "function", "function": {"name": "f"}})"};
+  g.tokens = qwen3_like().encode(
+      "<think>\nCall f.\n</think>\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>");
+  const json called = answer_line(chat, 5, std::span(&g, 1), s)["response"]["body"]["choices"][0];
+  CHECK(called["message"]["reasoning_content"] == "Call f.");
+  CHECK(called["message"]["content"].is_null());
+  CHECK(called["message"]["tool_calls"][0]["function"] == json{{"name", "f"}, {"arguments", "{\"x\": 1}"}});
+  CHECK(called["finish_reason"] == "tool_calls");
 }

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "strata/job/output.h"
+#include "strata/job/tool_calls.h"
 #include "strata/runtime/json_schema.h"
 
 namespace strata {
@@ -155,6 +156,22 @@ Reasoning reasoning_of(const PromptRecord& r, const AnswerSettings& s) {
   return {s.harmony ? &*s.harmony : nullptr, s.think ? &*s.think : nullptr};
 }
 
+// The tool calls in a choice's text (after its reasoning and any stop string), for a chat record
+// that offers tools and lets the model call them, with a template that writes <tool_call> blocks:
+// OpenAI's tool_calls, and the text before them left in `text`. Null when nothing was called.
+json take_tool_calls(const PromptRecord& r, const AnswerSettings& s, size_t choice, std::string& text) {
+  if (r.messages.empty() || r.tools.empty() || !r.read_tool_calls || !s.hermes_tool_calls) return nullptr;
+  ToolCallAnswer a = read_hermes_tool_calls(text);
+  if (a.calls.empty()) return nullptr;
+  json calls = json::array();
+  for (size_t k = 0; k < a.calls.size(); ++k)
+    calls.push_back({{"id", tool_call_id(r, choice, k)},
+                     {"type", "function"},
+                     {"function", {{"name", a.calls[k].name}, {"arguments", a.calls[k].arguments}}}});
+  text = a.content.value_or("");
+  return calls;
+}
+
 }  // namespace
 
 size_t first_stop(std::string_view text, const std::vector<std::string>& stops, size_t ends_after) {
@@ -295,9 +312,13 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
     for (const GenResult& g : choices) {
       ChoiceText t = choice_text(tok, g, stops, r.sampling.min_tokens, how);
       CompletionChoice choice;
+      choice.tool_calls = take_tool_calls(r, s, c.choices.size(), t.text);
       choice.text = t.text;
       choice.reasoning = std::move(t.reasoning);
-      choice.finish_reason = t.stopped || g.finish != FinishReason::Length ? "stop" : "length";
+      // As vLLM's: an answer that called tools finishes with "tool_calls", however it ended.
+      choice.finish_reason = !choice.tool_calls.is_null()             ? "tool_calls"
+                             : t.stopped || g.finish != FinishReason::Length ? "stop"
+                                                                            : "length";
       if (r.logprobs >= 0)
         choice.logprobs = r.endpoint == Endpoint::ChatCompletions ? chat_logprobs(tok, g) : completion_logprobs(tok, g, r.prompt);
       c.completion_tokens += int64_t(g.tokens.size());
@@ -307,23 +328,26 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
   }
 
   // The strata format: one choice in the top-level fields, as before n existed; n > 1 in "choices".
-  auto choice_json = [&](const GenResult& g) {
-    const ChoiceText t = choice_text(tok, g, stops, r.sampling.min_tokens, how);
+  auto choice_json = [&](const GenResult& g, size_t index) {
+    ChoiceText t = choice_text(tok, g, stops, r.sampling.min_tokens, how);
+    const json calls = take_tool_calls(r, s, index, t.text);
     json j;
     j["completion"] = t.text;
     if (t.reasoning) j["reasoning"] = *t.reasoning;
+    if (!calls.is_null()) j["tool_calls"] = calls;
     j["tokens"] = g.tokens;
     j["completion_tokens"] = g.tokens.size();
-    j["finish_reason"] = t.stopped ? "stop" : finish_reason_name(g.finish);
+    j["finish_reason"] = !calls.is_null() ? "tool_calls" : t.stopped ? "stop" : finish_reason_name(g.finish);
     if (r.logprobs >= 0) j["logprobs"] = strata_logprobs(tok, g);
     return j;
   };
   json line;
   line["id"] = r.id;
   if (choices.size() == 1) {
-    json c = choice_json(choices[0]);
+    json c = choice_json(choices[0], 0);
     line["completion"] = std::move(c["completion"]);
     if (c.contains("reasoning")) line["reasoning"] = std::move(c["reasoning"]);
+    if (c.contains("tool_calls")) line["tool_calls"] = std::move(c["tool_calls"]);
     line["tokens"] = std::move(c["tokens"]);
     line["prompt_tokens"] = prompt_tokens;
     line["completion_tokens"] = std::move(c["completion_tokens"]);
@@ -335,7 +359,7 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
   int64_t total = 0;
   json list = json::array();
   for (size_t i = 0; i < choices.size(); ++i) {
-    json c = choice_json(choices[i]);
+    json c = choice_json(choices[i], i);
     c["index"] = i;
     total += int64_t(choices[i].tokens.size());
     list.push_back(std::move(c));

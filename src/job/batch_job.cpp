@@ -93,6 +93,10 @@ public:
       if (token >= vocab) return past_vocab("logit_bias", token);
     for (int32_t token : r.sampling.stop_token_ids)
       if (token >= vocab) return past_vocab("stop_token_ids", token);
+    if (!r.tools.empty() && chat() && !chat()->renders_tools())
+      return unservable("unsupported_value", std::string(openai ? "body.tools" : "field 'tools'") +
+                                                 ": Strata writes tool definitions into Qwen2.5's and Qwen3's chat "
+                                                 "templates only, not this model's");
     std::optional<std::string> text;
     try {
       text = render(r);
@@ -141,7 +145,7 @@ private:
     if (r.messages.empty()) return r.prompt;
     if (!chat()) return std::nullopt;
     const ChatOptions options{r.reasoning_effort.empty() ? defaults_.reasoning_effort : r.reasoning_effort,
-                              r.enable_thinking ? r.enable_thinking : defaults_.enable_thinking};
+                              r.enable_thinking ? r.enable_thinking : defaults_.enable_thinking, r.tools};
     return chat_->render(r.messages, /*add_generation_prompt=*/true, options);
   }
 
@@ -629,6 +633,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
                                            opt.response_format, opt.json_schema);
   const std::optional<ChatFormat> chat_format = tok.chat() ? std::optional(tok.chat()->format()) : std::nullopt;
   if (chat_format == ChatFormat::Qwen3) answers.think = ThinkTokens::of(*model.tokenizer);  // none: answers read as text
+  answers.hermes_tool_calls = tok.chat() && tok.chat()->renders_tools();
   if (chat_format == ChatFormat::Harmony) {
     answers.harmony = HarmonyTokens::of(*model.tokenizer);
     if (!answers.harmony)

@@ -252,8 +252,11 @@ nlohmann::json openai_response_line(const PromptRecord& r, const Completion& c) 
   for (size_t i = 0; i < list.size(); ++i) {
     json choice = {{"index", i}, {"logprobs", list[i].logprobs}, {"finish_reason", list[i].finish_reason}};
     if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", list[i].text}};
+      const bool called = !list[i].tool_calls.is_null();
+      choice["message"] = {{"role", "assistant"},
+                           {"content", called && list[i].text.empty() ? json(nullptr) : json(list[i].text)}};
       if (list[i].reasoning) choice["message"]["reasoning_content"] = *list[i].reasoning;
+      if (called) choice["message"]["tool_calls"] = list[i].tool_calls;
     } else {
       choice["text"] = list[i].text;
     }

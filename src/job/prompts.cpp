@@ -26,7 +26,7 @@ namespace {
 const std::set<std::string> kKnownKeys = {
     "id", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos", "stop", "n",
     "logprobs", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
-    "stop_token_ids", "response_format", "reasoning_effort", "chat_template_kwargs"};
+    "stop_token_ids", "response_format", "reasoning_effort", "chat_template_kwargs", "tools", "tool_choice"};
 
 struct LineContext {
   std::string where;  // "file:line"
@@ -264,6 +264,41 @@ std::optional<FieldError> read_json_schema(std::string_view text, bool openai, P
   return std::nullopt;
 }
 
+// tools and tool_choice (OpenAI's, in both formats), read again from the line's text so that each
+// tool keeps its keys' order (the template prints them in it). tool_choice "auto" (the default)
+// reads answers for tool calls, "none" shows the tools but reads answers as text; "required" and a
+// named function would need the answer held to a call, which Strata does not do yet.
+std::optional<FieldError> read_tools(std::string_view text, bool openai, const json& obj, PromptRecord& r) {
+  const std::string where = openai ? "body." : "field '";
+  auto field = [&](const char* key) { return openai ? where + key : where + key + "'"; };
+  const bool has_tools = obj.contains("tools") && !obj["tools"].is_null();
+  if (obj.contains("tool_choice") && !obj["tool_choice"].is_null()) {
+    const json& c = obj["tool_choice"];
+    const std::string choice = c.is_string() ? c.get<std::string>() : "";
+    if (!c.is_string() && !c.is_object())
+      return FieldError{"invalid_type", field("tool_choice") + " must be a string or an object, got " + c.dump()};
+    if (c.is_string() && choice != "none" && choice != "auto" && choice != "required")
+      return FieldError{"invalid_value",
+                        field("tool_choice") + " must be \"none\", \"auto\", \"required\" or a function, got " + c.dump()};
+    if (choice == "none") r.read_tool_calls = false;
+    if (c.is_object() || choice == "required") {
+      if (!has_tools) return FieldError{"invalid_value", field("tool_choice") + " " + c.dump() + " needs tools"};
+      return FieldError{"unsupported_value", field("tool_choice") + " " + c.dump() +
+                                                 " is not supported (\"auto\" and \"none\" are: Strata does not hold "
+                                                 "an answer to a call)"};
+    }
+  }
+  if (!has_tools) return std::nullopt;
+  if (r.messages.empty()) return FieldError{"invalid_value", field("tools") + " are for chat messages"};
+  const nlohmann::ordered_json line = nlohmann::ordered_json::parse(text);
+  try {
+    r.tools = read_chat_tools((openai ? line["body"] : line)["tools"], openai ? "body.tools" : "field 'tools'");
+  } catch (const ChatMessageError& e) {
+    return FieldError{e.code, e.what()};
+  }
+  return std::nullopt;
+}
+
 // The strata format's extensions beyond sampling: stop strings, choices, logprobs, the response
 // format.
 void read_strata_extras(const json& obj, const LineContext& ctx, PromptRecord& r) {
@@ -307,7 +342,7 @@ const std::set<std::string> kOpenAIBodyKeys = {
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
     "logprobs", "top_logprobs", "stream", "frequency_penalty", "presence_penalty", "logit_bias", "top_k", "min_p",
     "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "response_format",
-    "reasoning_effort", "chat_template_kwargs"};
+    "reasoning_effort", "chat_template_kwargs", "tools", "tool_choice"};
 
 [[noreturn]] void refuse(const std::string& code, const std::string& message) { throw ServeError{code, message}; }
 
@@ -504,6 +539,8 @@ std::optional<PromptRecord> PromptLineParser::parse(std::string_view text, int l
     read_openai_line(obj, ctx, r, warned_keys_, warn_);
     if (!r.error && r.response_format == ResponseFormat::JsonSchema)
       if (const auto e = read_json_schema(text, /*openai=*/true, r)) r.error = ServeError{e->code, e->message};
+    if (!r.error && obj.contains("body") && obj["body"].is_object())
+      if (const auto e = read_tools(text, /*openai=*/true, obj["body"], r)) r.error = ServeError{e->code, e->message};
     return r;
   }
   if (!obj.contains("id")) ctx.fail("missing field 'id' (or 'custom_id', for the OpenAI batch format)");
@@ -526,6 +563,7 @@ std::optional<PromptRecord> PromptLineParser::parse(std::string_view text, int l
   read_strata_extras(obj, ctx, r);
   if (r.response_format == ResponseFormat::JsonSchema)
     if (const auto e = read_json_schema(text, /*openai=*/false, r)) ctx.fail(e->message);
+  if (const auto e = read_tools(text, /*openai=*/false, obj, r)) ctx.fail(e->message);
   for (const auto& [key, value] : obj.items())
     if (!kKnownKeys.count(key) && warned_keys_.insert(key).second && warn_)
       warn_(ctx.where + ": ignoring unknown field '" + key + "'");

@@ -52,6 +52,9 @@ struct AnswerSettings {
   std::optional<HarmonyTokens> harmony;
   // Set when the chat template is Qwen3's: chat records' answers split at their </think>.
   std::optional<ThinkTokens> think;
+  // Set when the chat template writes tools (Qwen2.5, Qwen3): the answers of chat records with
+  // tools are read for <tool_call> blocks (job/tool_calls.h).
+  bool hermes_tool_calls = false;
 };
 
 // Settings whose JSON vocabulary and schema grammars are made from `tokenizer`.

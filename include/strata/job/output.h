@@ -81,6 +81,9 @@ struct CompletionChoice {
   // A reasoning answer's reasoning (GPT-OSS, Qwen3; job/reasoning.h): a chat message's
   // "reasoning_content".
   std::optional<std::string> reasoning = std::nullopt;
+  // The answer's tool calls (job/tool_calls.h), OpenAI's message.tool_calls; null when it called
+  // none. With calls, `text` is the text before them and an empty one is a null content.
+  nlohmann::json tool_calls = nullptr;
 };
 struct Completion {
   std::vector<CompletionChoice> choices;  // indexed 0 .. n-1; empty: the one choice below

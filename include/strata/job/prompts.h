@@ -56,6 +56,12 @@ struct PromptRecord {
   std::string reasoning_effort;
   // chat_template_kwargs.enable_thinking (Qwen3; ChatOptions); unset: the job's default.
   std::optional<bool> enable_thinking;
+  // The tools the model may call (OpenAI's `tools`, chat only), each one's JSON text in its keys'
+  // order (ChatOptions::tools); empty: none.
+  std::vector<std::string> tools;
+  // tool_choice "auto" (true, the default) reads an answer's tool calls (job/tool_calls.h);
+  // "none" (false) shows the tools but reads the answer as text.
+  bool read_tool_calls = true;
   std::string model;                 // OpenAI body.model, echoed in the response ("" if absent)
   std::optional<ServeError> error;   // OpenAI only: answer with this error instead of generating
 };

@@ -1,0 +1,37 @@
+// An answer's tool calls, read as vLLM's tool parsers read them, so that a batch request with
+// `tools` is answered with OpenAI's message.tool_calls. Qwen2.5 and Qwen3 (the "hermes" format)
+// write each call as <tool_call>{"name": ..., "arguments": {...}}</tool_call> after any text.
+// docs/batch-format.md, "Tool calls".
+#pragma once
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/job/prompts.h"
+
+namespace strata {
+
+struct ToolCall {
+  std::string name;
+  std::string arguments;  // JSON text, as json.dumps(ensure_ascii=False) prints the call's arguments
+};
+
+struct ToolCallAnswer {
+  std::vector<ToolCall> calls;  // empty: the answer called nothing, or a call could not be read
+  // The text before the first <tool_call>; nullopt when that is empty (OpenAI's null content). With
+  // no calls read, the whole answer.
+  std::optional<std::string> content;
+};
+
+// vLLM's hermes parser: each <tool_call>...</tool_call> block (the last one may be cut short by
+// the token limit and run to the end) holds one JSON object with a string "name" and any JSON
+// "arguments"; if any block is not such an object, no call is read and the answer is all text.
+ToolCallAnswer read_hermes_tool_calls(std::string_view answer);
+
+// The id of a request's choice's k-th call, "call_" and 24 hex digits: the same on every run and
+// shard (vLLM draws random ones; a resumed job must not change what it already wrote).
+std::string tool_call_id(const PromptRecord& r, size_t choice, size_t k);
+
+}  // namespace strata

@@ -1,0 +1,168 @@
+// Tool calls (job/tool_calls.h): read from answers as vLLM's hermes parser reads them
+// (tests/fixtures/chat/make_tool_call_cases.py), written as OpenAI's message.tool_calls, and the
+// request fields tools and tool_choice read in both input formats.
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "strata/job/answers.h"
+#include "strata/job/output.h"
+#include "strata/job/prompts.h"
+#include "strata/job/tool_calls.h"
+#include "test_paths.h"
+
+using namespace strata;
+using json = nlohmann::json;
+
+namespace {
+
+const Tokenizer& llama3_style() {
+  static const Tokenizer tok = Tokenizer::from_dir(std::string(STRATA_FIXTURES_DIR) + "/tokenizer/llama3-style");
+  return tok;
+}
+
+const std::string kTools = R"([{"type": "function", "function": {"name": "get_weather", "parameters": {}}}])";
+
+// One line through the parser of its format.
+PromptRecord parse_line(const std::string& line) {
+  PromptLineParser parser("in.jsonl", SamplingParams{});
+  return *parser.parse(line, 1);
+}
+
+std::string openai_line(const std::string& body_fields) {
+  return R"({"custom_id": "c", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": )"
+         R"([{"role": "user", "content": "hi"}])" + body_fields + "}}";
+}
+
+}  // namespace
+
+TEST_CASE("tool calls are read from answers as vLLM's hermes parser reads them", "[job][tools]") {
+  std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/chat/tool_call_cases.json");
+  const json ex = json::parse(in);
+  int called = 0;
+  for (const json& c : ex["cases"]) {
+    const std::string answer = c["answer"].get<std::string>();
+    INFO(answer);
+    const ToolCallAnswer got = read_hermes_tool_calls(answer);
+    REQUIRE(got.calls.size() == c["calls"].size());
+    CHECK(got.calls.empty() == !c["called"].get<bool>());
+    for (size_t k = 0; k < got.calls.size(); ++k) {
+      CHECK(got.calls[k].name == c["calls"][k]["name"].get<std::string>());
+      CHECK(got.calls[k].arguments == c["calls"][k]["arguments"].get<std::string>());
+    }
+    if (c["content"].is_null()) CHECK_FALSE(got.content);
+    else CHECK(got.content == c["content"].get<std::string>());
+    called += c["called"].get<bool>();
+  }
+  CHECK(called == 14);
+}
+
+TEST_CASE("a tool call's id is the same for the same request, choice and call, and differs otherwise", "[job][tools]") {
+  PromptRecord a, b;
+  a.id = "req-1";
+  b.id = "req-2";
+  std::set<std::string> ids;
+  for (const PromptRecord* r : {&a, &b})
+    for (size_t choice : {0, 1})
+      for (size_t k : {0, 1}) {
+        const std::string id = tool_call_id(*r, choice, k);
+        CHECK(id == tool_call_id(*r, choice, k));
+        CHECK(id.size() == 29);
+        CHECK(id.rfind("call_", 0) == 0);
+        CHECK(id.find_first_not_of("0123456789abcdef", 5) == std::string::npos);
+        ids.insert(id);
+      }
+  CHECK(ids.size() == 8);
+}
+
+TEST_CASE("an answer that calls tools is written as OpenAI's tool_calls, in both formats", "[job][tools][batch]") {
+  AnswerSettings s = answer_settings(llama3_style(), {}, "qwen", 1700000000, ResponseFormat::Text);
+  s.hermes_tool_calls = true;
+  GenResult g;
+  g.tokens = llama3_style().encode(
+      "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n"
+      "</tool_call>");
+  g.finish = FinishReason::Eos;
+  PromptRecord chat = parse_line(openai_line(R"(, "tools": )" + kTools));
+  REQUIRE_FALSE(chat.error);
+  REQUIRE(chat.tools.size() == 1);
+  const json line = answer_line(chat, 5, std::span(&g, 1), s);
+  const json& choice = line["response"]["body"]["choices"][0];
+  CHECK(choice["finish_reason"] == "tool_calls");
+  CHECK(choice["message"]["content"] == "Checking.\n");
+  REQUIRE(choice["message"]["tool_calls"].size() == 1);
+  const json& call = choice["message"]["tool_calls"][0];
+  CHECK(call["id"] == tool_call_id(chat, 0, 0));
+  CHECK(call["type"] == "function");
+  CHECK(call["function"]["name"] == "get_weather");
+  CHECK(call["function"]["arguments"] == R"({"city": "Paris", "days": 2})");
+
+  // The strata format: the same calls beside the text before them.
+  PromptRecord strata = parse_line(R"({"id": 3, "messages": [{"role": "user", "content": "hi"}], "tools": )" + kTools + "}");
+  const json plain = answer_line(strata, 5, std::span(&g, 1), s);
+  CHECK(plain["completion"] == "Checking.\n");
+  CHECK(plain["finish_reason"] == "tool_calls");
+  CHECK(plain["tool_calls"][0]["function"] == call["function"]);
+  CHECK(plain["tool_calls"][0]["id"] == tool_call_id(strata, 0, 0));
+
+  // Nothing before the call: a null content. Two choices: their own ids.
+  GenResult only = g;
+  only.tokens = llama3_style().encode("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>");
+  chat.n = 2;
+  const GenResult both[] = {only, only};
+  const json two = answer_line(chat, 5, both, s)["response"]["body"]["choices"];
+  CHECK(two[0]["message"]["content"].is_null());
+  CHECK(two[1]["message"]["tool_calls"][0]["id"] == tool_call_id(chat, 1, 0));
+  CHECK(two[0]["message"]["tool_calls"][0]["id"] != two[1]["message"]["tool_calls"][0]["id"]);
+
+  // tool_choice "none", a request without tools, or a template that writes no tools: the answer is text.
+  const std::string text = llama3_style().decode(g.tokens, true);
+  PromptRecord none = parse_line(openai_line(R"(, "tools": )" + kTools + R"(, "tool_choice": "none")"));
+  PromptRecord no_tools = parse_line(openai_line(""));
+  for (const PromptRecord* r : {&none, &no_tools}) {
+    const json c = answer_line(*r, 5, std::span(&g, 1), s)["response"]["body"]["choices"][0];
+    CHECK(c["message"]["content"] == text);
+    CHECK_FALSE(c["message"].contains("tool_calls"));
+    CHECK(c["finish_reason"] == "stop");
+  }
+  s.hermes_tool_calls = false;
+  CHECK(answer_line(chat, 5, both, s)["response"]["body"]["choices"][0]["message"]["content"] ==
+        llama3_style().decode(only.tokens, true));
+}
+
+TEST_CASE("tools and tool_choice are read in both formats, each tool in its keys' order", "[job][tools]") {
+  // The keys' order as written, not sorted: the template prints each tool as it came.
+  const PromptRecord r = parse_line(openai_line(
+      R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": 2}}}], "tool_choice": "auto")"));
+  REQUIRE_FALSE(r.error);
+  CHECK(r.tools == std::vector<std::string>{R"({"type":"function","function":{"name":"f","parameters":{"z":1,"a":2}}})"});
+  CHECK(r.read_tool_calls);
+  CHECK_FALSE(parse_line(openai_line(R"(, "tools": )" + kTools + R"(, "tool_choice": "none")")).read_tool_calls);
+  CHECK(parse_line(openai_line(R"(, "tools": [])")).tools.empty());
+  CHECK(parse_line(openai_line(R"(, "tools": null)")).tools.empty());
+
+  // OpenAI lines that cannot be served are error lines naming the field.
+  const std::pair<std::string, std::string> refused[] = {
+      {R"(, "tools": {})", "invalid_type"},
+      {R"(, "tools": [{"type": "function", "function": {"description": "no name"}}])", "invalid_type"},
+      {R"(, "tools": [{"type": "retrieval", "function": {"name": "f"}}])", "unsupported_value"},
+      {R"(, "tools": )" + kTools + R"(, "tool_choice": "required")", "unsupported_value"},
+      {R"(, "tools": )" + kTools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})",
+       "unsupported_value"},
+      {R"(, "tool_choice": "required")", "invalid_value"},
+      {R"(, "tool_choice": "sometimes")", "invalid_value"},
+      {R"(, "tool_choice": 1)", "invalid_type"}};
+  for (const auto& [fields, code] : refused) {
+    INFO(fields);
+    const PromptRecord e = parse_line(openai_line(fields));
+    REQUIRE(e.error);
+    CHECK(e.error->code == code);
+    CHECK_THAT(e.error->message, Catch::Contains("body.tool"));
+  }
+  // The strata format: a bad line stops the job, naming the field.
+  CHECK_THROWS_WITH(parse_line(R"({"id": 1, "prompt": "p", "tools": )" + kTools + "}"),
+                    Catch::Contains("in.jsonl:1") && Catch::Contains("'tools' are for chat messages"));
+  CHECK_THROWS_WITH(parse_line(R"({"id": 1, "messages": [{"role": "user", "content": "x"}], "tools": [1]})"),
+                    Catch::Contains("field 'tools'[0] must be an object"));
+}
