@@ -60,6 +60,15 @@ def prompts():
     put("prompts_fuzz", "openai_chat_template_kwargs.jsonl",
         '{"custom_id": "k", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "x"}], '
         '"chat_template_kwargs": {"enable_thinking": true, "reasoning_effort": "low", "x": 1}}}\n')
+    put("prompts_fuzz", "openai_tools.jsonl",
+        '{"custom_id": "t", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": '
+        '[{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", '
+        '"parameters": {"z": 1, "a": [1e16, null]}}}], "tool_choice": "auto"}}\n'
+        '{"custom_id": "u", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": '
+        '[{"role": "user", "content": "x"}], "tools": [{"function": {}}], "tool_choice": {"type": "function"}}}\n')
+    put("prompts_fuzz", "strata_tools.jsonl",
+        '{"id": 1, "messages": [{"role": "user", "content": "x"}], "tools": [], "tool_choice": "none"}\n'
+        '{"id": 2, "prompt": "y", "tools": [{"type": "function", "function": {"name": "g"}}]}\n')
     put("prompts_fuzz", "strata_response_format.jsonl",
         '{"id": 1, "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": '
         + schema + '}}}\n{"id": 2, "prompt": "y", "response_format": {"type": "text"}}\n')
