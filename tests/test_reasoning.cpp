@@ -342,3 +342,31 @@ TEST_CASE("Qwen3 chat answers carry their reasoning in both output formats", "[r
   CHECK(called["message"]["tool_calls"][0]["function"] == json{{"name", "f"}, {"arguments", "{\"x\": 1}"}});
   CHECK(called["finish_reason"] == "tool_calls");
 }
+
+TEST_CASE("a Qwen3 answer with thinking off is all content, its JSON held from the first token", "[reasoning][batch]") {
+  AnswerSettings s = answer_settings(qwen3_like(), {}, "qwen3", 1700000000, ResponseFormat::JsonObject);
+  s.think = think();
+  PromptRecord chat;
+  chat.id = "q";
+  chat.messages = {{"user", "?"}};
+  // Thinking on (the template's default): the answer may reason first.
+  CHECK(make_gen_request(chat, {1}, s).grammar->start()->accepts(think().start));
+  // Off, by the record or by --no-thinking where the record says nothing: the prompt closed the
+  // think block, so the answer is the document from its first token, as vLLM's guided decoding holds it.
+  chat.enable_thinking = false;
+  CHECK_FALSE(make_gen_request(chat, {1}, s).grammar->start()->accepts(think().start));
+  chat.enable_thinking.reset();
+  s.thinking_off = true;
+  CHECK_FALSE(make_gen_request(chat, {1}, s).grammar->start()->accepts(think().start));
+  chat.enable_thinking = true;  // the record's own setting wins
+  CHECK(make_gen_request(chat, {1}, s).grammar->start()->accepts(think().start));
+
+  s.default_response_format = ResponseFormat::Text;
+  chat.enable_thinking = false;
+  GenResult g;
+  g.tokens = qwen3_like().encode("<think>\nHmm.\n</think>\n\nYes.");
+  g.finish = FinishReason::Eos;
+  const json plain = answer_line(chat, 5, std::span(&g, 1), s);
+  CHECK(plain["completion"] == qwen3_like().decode(g.tokens, true));
+  CHECK_FALSE(plain.contains("reasoning"));
+}

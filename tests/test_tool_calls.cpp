@@ -148,8 +148,16 @@ TEST_CASE("tools and tool_choice are read in both formats, each tool in its keys
       {R"(, "tools": [{"type": "function", "function": {"description": "no name"}}])", "invalid_type"},
       {R"(, "tools": [{"type": "retrieval", "function": {"name": "f"}}])", "unsupported_value"},
       {R"(, "tools": )" + kTools + R"(, "tool_choice": "required")", "unsupported_value"},
-      {R"(, "tools": )" + kTools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})",
+      {R"(, "tools": )" + kTools + R"(, "tool_choice": {"type": "function", "function": {"name": "other"}})",
+       "invalid_value"},
+      {R"(, "tools": )" + kTools + R"(, "tool_choice": {"function": {"name": "get_weather"}})", "invalid_value"},
+      {R"(, "tools": )" + kTools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}},)"
+       R"( "response_format": {"type": "json_object"})",
+       "invalid_value"},
+      {R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": )"
+       R"({"x": {"type": "number", "minimum": 0}}}}}], "tool_choice": {"type": "function", "function": {"name": "f"}})",
        "unsupported_value"},
+      {R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})", "invalid_value"},
       {R"(, "tool_choice": "required")", "invalid_value"},
       {R"(, "tool_choice": "sometimes")", "invalid_value"},
       {R"(, "tool_choice": 1)", "invalid_type"}};
@@ -165,4 +173,39 @@ TEST_CASE("tools and tool_choice are read in both formats, each tool in its keys
                     Catch::Contains("in.jsonl:1") && Catch::Contains("'tools' are for chat messages"));
   CHECK_THROWS_WITH(parse_line(R"({"id": 1, "messages": [{"role": "user", "content": "x"}], "tools": [1]})"),
                     Catch::Contains("field 'tools'[0] must be an object"));
+}
+
+TEST_CASE("a named tool_choice holds the answer to the function's parameters and writes it as the call", "[job][tools]") {
+  const std::string tools =
+      R"([{"type": "function", "function": {"name": "other"}}, {"type": "function", "function": {"name": "get_weather", )"
+      R"("parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, )"
+      R"("required": ["city"]}}}])";
+  const std::string named = R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})";
+  PromptRecord r = parse_line(openai_line(R"(, "tools": )" + tools + named));
+  REQUIRE_FALSE(r.error);
+  CHECK(r.named_tool == "get_weather");
+  CHECK(r.response_format == ResponseFormat::JsonSchema);
+  // The parameters' schema in its keys' order: properties keep the order they were written in.
+  CHECK(r.json_schema ==
+        R"({"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}},"required":["city"]})");
+  // A function without parameters: any JSON object.
+  const PromptRecord bare = parse_line(openai_line(R"(, "tools": )" + tools +
+                                                   R"(, "tool_choice": {"type": "function", "function": {"name": "other"}})"));
+  CHECK(bare.response_format == ResponseFormat::JsonObject);
+  CHECK(bare.named_tool == "other");
+
+  AnswerSettings s = answer_settings(llama3_style(), {}, "qwen", 1700000000, ResponseFormat::Text);
+  s.hermes_tool_calls = true;
+  GenResult g;
+  g.tokens = llama3_style().encode(R"({"city": "Oslo", "days":3})");
+  g.finish = FinishReason::Eos;
+  const json choice = answer_line(r, 5, std::span(&g, 1), s)["response"]["body"]["choices"][0];
+  CHECK(choice["message"]["content"].is_null());
+  CHECK(choice["message"]["tool_calls"] ==
+        json::array({{{"id", tool_call_id(r, 0, 0)},
+                      {"type", "function"},
+                      {"function", {{"name", "get_weather"}, {"arguments", R"({"city": "Oslo", "days":3})"}}}}}));
+  CHECK(choice["finish_reason"] == "stop");  // as OpenAI's forced call
+  // The request that would be generated carries the schema's grammar.
+  CHECK(make_gen_request(r, {1, 2}, s).grammar != nullptr);
 }

@@ -153,21 +153,35 @@ const std::vector<std::string>& stops_of(const PromptRecord& r, const AnswerSett
 
 Reasoning reasoning_of(const PromptRecord& r, const AnswerSettings& s) {
   if (r.messages.empty()) return {};
-  return {s.harmony ? &*s.harmony : nullptr, s.think ? &*s.think : nullptr};
+  const bool thinking = r.enable_thinking.value_or(!s.thinking_off);
+  return {s.harmony ? &*s.harmony : nullptr, s.think && thinking ? &*s.think : nullptr};
+}
+
+// OpenAI's tool call `k` of a request's choice.
+json tool_call_json(const PromptRecord& r, size_t choice, size_t k, const std::string& name, const std::string& arguments) {
+  return {{"id", tool_call_id(r, choice, k)},
+          {"type", "function"},
+          {"function", {{"name", name}, {"arguments", arguments}}}};
 }
 
 // The tool calls in a choice's text (after its reasoning and any stop string), for a chat record
-// that offers tools and lets the model call them, with a template that writes <tool_call> blocks:
-// OpenAI's tool_calls, and the text before them left in `text`. Null when nothing was called.
+// that offers tools: OpenAI's tool_calls, and the text before them left in `text`; null when
+// nothing was called. A named tool_choice's answer is its one call's arguments, the text then
+// empty (as vLLM writes it). Otherwise the answer is read for <tool_call> blocks when the model
+// may call tools and its template writes them.
 json take_tool_calls(const PromptRecord& r, const AnswerSettings& s, size_t choice, std::string& text) {
-  if (r.messages.empty() || r.tools.empty() || !r.read_tool_calls || !s.hermes_tool_calls) return nullptr;
+  if (r.messages.empty() || r.tools.empty()) return nullptr;
+  if (!r.named_tool.empty()) {
+    json calls = json::array({tool_call_json(r, choice, 0, r.named_tool, text)});
+    text.clear();
+    return calls;
+  }
+  if (!r.read_tool_calls || !s.hermes_tool_calls) return nullptr;
   ToolCallAnswer a = read_hermes_tool_calls(text);
   if (a.calls.empty()) return nullptr;
   json calls = json::array();
   for (size_t k = 0; k < a.calls.size(); ++k)
-    calls.push_back({{"id", tool_call_id(r, choice, k)},
-                     {"type", "function"},
-                     {"function", {{"name", a.calls[k].name}, {"arguments", a.calls[k].arguments}}}});
+    calls.push_back(tool_call_json(r, choice, k, a.calls[k].name, a.calls[k].arguments));
   text = a.content.value_or("");
   return calls;
 }
@@ -315,8 +329,9 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
       choice.tool_calls = take_tool_calls(r, s, c.choices.size(), t.text);
       choice.text = t.text;
       choice.reasoning = std::move(t.reasoning);
-      // As vLLM's: an answer that called tools finishes with "tool_calls", however it ended.
-      choice.finish_reason = !choice.tool_calls.is_null()             ? "tool_calls"
+      // As vLLM's: an answer whose calls were read finishes with "tool_calls", however it ended; a
+      // named function's finishes as the answer did (OpenAI's too).
+      choice.finish_reason = !choice.tool_calls.is_null() && r.named_tool.empty() ? "tool_calls"
                              : t.stopped || g.finish != FinishReason::Length ? "stop"
                                                                             : "length";
       if (r.logprobs >= 0)
@@ -337,7 +352,9 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
     if (!calls.is_null()) j["tool_calls"] = calls;
     j["tokens"] = g.tokens;
     j["completion_tokens"] = g.tokens.size();
-    j["finish_reason"] = !calls.is_null() ? "tool_calls" : t.stopped ? "stop" : finish_reason_name(g.finish);
+    j["finish_reason"] = !calls.is_null() && r.named_tool.empty() ? "tool_calls"
+                         : t.stopped                              ? "stop"
+                                                                  : finish_reason_name(g.finish);
     if (r.logprobs >= 0) j["logprobs"] = strata_logprobs(tok, g);
     return j;
   };

@@ -633,6 +633,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
                                            opt.response_format, opt.json_schema);
   const std::optional<ChatFormat> chat_format = tok.chat() ? std::optional(tok.chat()->format()) : std::nullopt;
   if (chat_format == ChatFormat::Qwen3) answers.think = ThinkTokens::of(*model.tokenizer);  // none: answers read as text
+  answers.thinking_off = opt.no_thinking;
   answers.hermes_tool_calls = tok.chat() && tok.chat()->renders_tools();
   if (chat_format == ChatFormat::Harmony) {
     answers.harmony = HarmonyTokens::of(*model.tokenizer);

@@ -266,12 +266,14 @@ std::optional<FieldError> read_json_schema(std::string_view text, bool openai, P
 
 // tools and tool_choice (OpenAI's, in both formats), read again from the line's text so that each
 // tool keeps its keys' order (the template prints them in it). tool_choice "auto" (the default)
-// reads answers for tool calls, "none" shows the tools but reads answers as text; "required" and a
-// named function would need the answer held to a call, which Strata does not do yet.
+// reads answers for tool calls, "none" shows the tools but reads answers as text, and a named
+// function holds the answer to that function's parameters (its JSON schema, or any object when it
+// has none), as vLLM's guided decoding does. "required" would need a schema of a non-empty array
+// of calls, which the schema grammar does not hold (minItems).
 std::optional<FieldError> read_tools(std::string_view text, bool openai, const json& obj, PromptRecord& r) {
-  const std::string where = openai ? "body." : "field '";
-  auto field = [&](const char* key) { return openai ? where + key : where + key + "'"; };
+  auto field = [&](const std::string& key) { return openai ? "body." + key : "field '" + key + "'"; };
   const bool has_tools = obj.contains("tools") && !obj["tools"].is_null();
+  std::string named;  // tool_choice {"type": "function", "function": {"name": ...}}
   if (obj.contains("tool_choice") && !obj["tool_choice"].is_null()) {
     const json& c = obj["tool_choice"];
     const std::string choice = c.is_string() ? c.get<std::string>() : "";
@@ -280,23 +282,55 @@ std::optional<FieldError> read_tools(std::string_view text, bool openai, const j
     if (c.is_string() && choice != "none" && choice != "auto" && choice != "required")
       return FieldError{"invalid_value",
                         field("tool_choice") + " must be \"none\", \"auto\", \"required\" or a function, got " + c.dump()};
-    if (choice == "none") r.read_tool_calls = false;
-    if (c.is_object() || choice == "required") {
-      if (!has_tools) return FieldError{"invalid_value", field("tool_choice") + " " + c.dump() + " needs tools"};
-      return FieldError{"unsupported_value", field("tool_choice") + " " + c.dump() +
-                                                 " is not supported (\"auto\" and \"none\" are: Strata does not hold "
-                                                 "an answer to a call)"};
+    if (c.is_object()) {
+      if (c.value("type", "") != "function" || !c.contains("function") || !c["function"].is_object() ||
+          !c["function"].contains("name") || !c["function"]["name"].is_string())
+        return FieldError{"invalid_value", field("tool_choice") +
+                                               " must be {\"type\": \"function\", \"function\": {\"name\": ...}}, got " +
+                                               c.dump()};
+      named = c["function"]["name"].get<std::string>();
     }
+    if (!has_tools && (c.is_object() || choice == "required"))
+      return FieldError{"invalid_value", field("tool_choice") + " " + c.dump() + " needs tools"};
+    if (choice == "required")
+      return FieldError{"unsupported_value", field("tool_choice") +
+                                                 " \"required\" is not supported (\"auto\", \"none\" and a named "
+                                                 "function are)"};
+    if (choice == "none") r.read_tool_calls = false;
   }
   if (!has_tools) return std::nullopt;
   if (r.messages.empty()) return FieldError{"invalid_value", field("tools") + " are for chat messages"};
   const nlohmann::ordered_json line = nlohmann::ordered_json::parse(text);
+  const nlohmann::ordered_json& tools = (openai ? line["body"] : line)["tools"];
   try {
-    r.tools = read_chat_tools((openai ? line["body"] : line)["tools"], openai ? "body.tools" : "field 'tools'");
+    r.tools = read_chat_tools(tools, field("tools"));
   } catch (const ChatMessageError& e) {
     return FieldError{e.code, e.what()};
   }
-  return std::nullopt;
+  if (named.empty()) return std::nullopt;
+  // The named function's answer: a document of its parameters.
+  if (r.response_format && *r.response_format != ResponseFormat::Text)
+    return FieldError{"invalid_value", field("tool_choice") + " names a function, whose parameters are the answer's "
+                                                              "format: give no response_format beside it"};
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const nlohmann::ordered_json& f = tools[i]["function"];
+    if (f["name"] != named) continue;
+    r.named_tool = named;
+    if (!f.contains("parameters") || f["parameters"].is_null()) {
+      r.response_format = ResponseFormat::JsonObject;
+      return std::nullopt;
+    }
+    try {
+      compile_json_schema(f["parameters"]);
+    } catch (const JsonSchemaError& e) {
+      return FieldError{"unsupported_value",
+                        field("tools") + "[" + std::to_string(i) + "].function.parameters: " + e.what()};
+    }
+    r.response_format = ResponseFormat::JsonSchema;
+    r.json_schema = f["parameters"].dump();
+    return std::nullopt;
+  }
+  return FieldError{"invalid_value", field("tool_choice") + " names '" + named + "', which is not in " + field("tools")};
 }
 
 // The strata format's extensions beyond sampling: stop strings, choices, logprobs, the response

@@ -50,8 +50,12 @@ struct AnswerSettings {
   // Set when the chat template is GPT-OSS's: chat records' answers are harmony (job/reasoning.h),
   // split into the final text and the reasoning, stop strings and JSON held to the final text.
   std::optional<HarmonyTokens> harmony;
-  // Set when the chat template is Qwen3's: chat records' answers split at their </think>.
+  // Set when the chat template is Qwen3's: chat records' answers split at their </think>, unless the
+  // record's prompt closed the think block (enable_thinking false, the record's or, where it gives
+  // none, --no-thinking's): that answer is all content and a JSON grammar holds it from its first
+  // token, as vLLM's reasoning parser and guided decoding do once the prompt ends the reasoning.
   std::optional<ThinkTokens> think;
+  bool thinking_off = false;  // --no-thinking
   // Set when the chat template writes tools (Qwen2.5, Qwen3): the answers of chat records with
   // tools are read for <tool_call> blocks (job/tool_calls.h).
   bool hermes_tool_calls = false;

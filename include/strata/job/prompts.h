@@ -62,6 +62,9 @@ struct PromptRecord {
   // tool_choice "auto" (true, the default) reads an answer's tool calls (job/tool_calls.h);
   // "none" (false) shows the tools but reads the answer as text.
   bool read_tool_calls = true;
+  // tool_choice naming a function: the answer is held to its parameters (response_format is set
+  // to their schema) and written as one call of it.
+  std::string named_tool;
   std::string model;                 // OpenAI body.model, echoed in the response ("" if absent)
   std::optional<ServeError> error;   // OpenAI only: answer with this error instead of generating
 };
