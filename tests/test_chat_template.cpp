@@ -95,7 +95,7 @@ TEST_CASE("chat templates render as Jinja2 renders them, refusals included", "[c
   }
   CHECK(rendered > 400);
   CHECK(thinking == 16);
-  CHECK(with_tools == 64);
+  CHECK(with_tools == 96);
   CHECK(refused >= 20);
 }
 
@@ -243,12 +243,17 @@ TEST_CASE("tool calls: rendered by Qwen2.5 and Llama 3.1, refused by the familie
   // rendering a prompt that never names the tools (Llama 3.1's template would write them).
   ChatOptions tools;
   tools.tools = {R"({"type": "function", "function": {"name": "f"}})"};
-  for (const char* name : {"chatml", "llama3", "llama3.1", "llama2", "mistral", "phi3.5", "gemma3"}) {
+  for (const char* name : {"chatml", "llama3", "llama2", "mistral", "phi3.5", "gemma3"}) {
     INFO(name);
     CHECK_THROWS_MATCHES(parse(name).render({{"user", "x"}}, true, tools), ChatTemplateError,
-                         Catch::Message("Strata renders tool definitions for Qwen2.5 and Qwen3 only"));
+                         Catch::Message("Strata renders tool definitions for Qwen2.5, Qwen3 and Llama 3.1 / 3.2 only"));
     CHECK_FALSE(parse(name).renders_tools());
   }
+  // Llama 3.1 writes the tools into the first message after the system's, dropping that message's
+  // tool calls without a word: refused here.
+  const std::vector<ChatMessage> call_first = {{"system", "s"}, {"assistant", "", {{"f", "{}"}}}, {"user", "x"}};
+  CHECK_THROWS_WITH(parse("llama3.1").render(call_first, true, tools), Catch::Contains("cannot carry tool calls"));
+  CHECK_NOTHROW(parse("llama3.1").render(call_first));  // without tools, the calls are written
   tools.tools = {"{\"name\": NaN}"};
   CHECK_THROWS_WITH(parse("qwen3").render({{"user", "x"}}, true, tools), Catch::StartsWith("a tool: "));
 }
@@ -264,6 +269,12 @@ TEST_CASE("python_tojson prints JSON as Python's json.dumps(json.loads(text), en
   CHECK_THROWS_WITH(python_tojson("123456789012345678901"), "an integer beyond 64 bits: 123456789012345678901");
   CHECK_THROWS_WITH(python_tojson("{x"), Catch::StartsWith("not JSON: "));
   CHECK_THROWS_AS(python_tojson("1E400"), ChatTemplateError);  // Python: Infinity, which is not JSON
+  // tojson(indent=N), as json.dumps(..., indent=N) prints (Python 3.11).
+  CHECK(python_tojson(R"({"a": [], "b": {}, "c": [1, {"d": null, "e": 1e16}], "\u00e9": "x"})", 2) ==
+        "{\n  \"a\": [],\n  \"b\": {},\n  \"c\": [\n    1,\n    {\n      \"d\": null,\n      \"e\": 1e+16\n"
+        "    }\n  ],\n  \"\xc3\xa9\": \"x\"\n}");
+  CHECK(python_tojson("[[]]", 0) == "[\n[]\n]");
+  CHECK(python_tojson("\"s\"", 4) == "\"s\"");
 }
 
 TEST_CASE("a rendered chat tokenizes as apply_chat_template's: the template's BOS and EOS are the special tokens",

@@ -332,7 +332,7 @@ TEST_CASE("Qwen3 chat answers carry their reasoning in both output formats", "[r
 
   // With tools: the calls are read from the answer after the reasoning, as vLLM runs its reasoning
   // parser before its tool parser.
-  s.hermes_tool_calls = true;
+  s.tool_calls = ToolCallFormat::Hermes;
   chat.tools = {R"({"type": "function", "function": {"name": "f"}})"};
   g.tokens = qwen3_like().encode(
       "<think>\nCall f.\n</think>\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>");

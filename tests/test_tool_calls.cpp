@@ -35,16 +35,14 @@ std::string openai_line(const std::string& body_fields) {
          R"([{"role": "user", "content": "hi"}])" + body_fields + "}}";
 }
 
-}  // namespace
-
-TEST_CASE("tool calls are read from answers as vLLM's hermes parser reads them", "[job][tools]") {
-  std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/chat/tool_call_cases.json");
-  const json ex = json::parse(in);
+// Each answer of `cases` (make_tool_call_cases.py) read by `read`; returns how many called tools.
+template <class Read>
+int check_cases(const json& cases, Read read) {
   int called = 0;
-  for (const json& c : ex["cases"]) {
+  for (const json& c : cases) {
     const std::string answer = c["answer"].get<std::string>();
     INFO(answer);
-    const ToolCallAnswer got = read_hermes_tool_calls(answer);
+    const ToolCallAnswer got = read(answer);
     REQUIRE(got.calls.size() == c["calls"].size());
     CHECK(got.calls.empty() == !c["called"].get<bool>());
     for (size_t k = 0; k < got.calls.size(); ++k) {
@@ -55,7 +53,25 @@ TEST_CASE("tool calls are read from answers as vLLM's hermes parser reads them",
     else CHECK(got.content == c["content"].get<std::string>());
     called += c["called"].get<bool>();
   }
-  CHECK(called == 14);
+  return called;
+}
+
+const json& tool_call_cases() {
+  static const json ex = [] {
+    std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/chat/tool_call_cases.json");
+    return json::parse(in);
+  }();
+  return ex;
+}
+
+}  // namespace
+
+TEST_CASE("tool calls are read from answers as vLLM's hermes parser reads them", "[job][tools]") {
+  CHECK(check_cases(tool_call_cases()["cases"], read_hermes_tool_calls) == 14);
+}
+
+TEST_CASE("Llama 3.1's JSON tool calls are read as vLLM's llama3_json parser reads them", "[job][tools]") {
+  CHECK(check_cases(tool_call_cases()["llama3_json"], read_llama3_json_tool_calls) == 9);
 }
 
 TEST_CASE("a tool call's id is the same for the same request, choice and call, and differs otherwise", "[job][tools]") {
@@ -78,7 +94,7 @@ TEST_CASE("a tool call's id is the same for the same request, choice and call, a
 
 TEST_CASE("an answer that calls tools is written as OpenAI's tool_calls, in both formats", "[job][tools][batch]") {
   AnswerSettings s = answer_settings(llama3_style(), {}, "qwen", 1700000000, ResponseFormat::Text);
-  s.hermes_tool_calls = true;
+  s.tool_calls = ToolCallFormat::Hermes;
   GenResult g;
   g.tokens = llama3_style().encode(
       "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n"
@@ -126,9 +142,19 @@ TEST_CASE("an answer that calls tools is written as OpenAI's tool_calls, in both
     CHECK_FALSE(c["message"].contains("tool_calls"));
     CHECK(c["finish_reason"] == "stop");
   }
-  s.hermes_tool_calls = false;
+  s.tool_calls = ToolCallFormat::None;
   CHECK(answer_line(chat, 5, both, s)["response"]["body"]["choices"][0]["message"]["content"] ==
         llama3_style().decode(only.tokens, true));
+
+  // Llama 3.1's template: a JSON call, "parameters" read as the arguments, the content null.
+  s.tool_calls = ToolCallFormat::Llama3Json;
+  chat.n = 1;
+  GenResult llama = g;
+  llama.tokens = llama3_style().encode(R"({"name": "get_weather", "parameters": {"city": "Paris"}})");
+  const json c = answer_line(chat, 5, std::span(&llama, 1), s)["response"]["body"]["choices"][0];
+  CHECK(c["message"]["content"].is_null());
+  CHECK(c["message"]["tool_calls"][0]["function"] == json{{"name", "get_weather"}, {"arguments", R"({"city": "Paris"})"}});
+  CHECK(c["finish_reason"] == "tool_calls");
 }
 
 TEST_CASE("tools and tool_choice are read in both formats, each tool in its keys' order", "[job][tools]") {
@@ -195,7 +221,7 @@ TEST_CASE("a named tool_choice holds the answer to the function's parameters and
   CHECK(bare.named_tool == "other");
 
   AnswerSettings s = answer_settings(llama3_style(), {}, "qwen", 1700000000, ResponseFormat::Text);
-  s.hermes_tool_calls = true;
+  s.tool_calls = ToolCallFormat::Hermes;
   GenResult g;
   g.tokens = llama3_style().encode(R"({"city": "Oslo", "days":3})");
   g.finish = FinishReason::Eos;

@@ -167,8 +167,8 @@ json tool_call_json(const PromptRecord& r, size_t choice, size_t k, const std::s
 // The tool calls in a choice's text (after its reasoning and any stop string), for a chat record
 // that offers tools: OpenAI's tool_calls, and the text before them left in `text`; null when
 // nothing was called. A named tool_choice's answer is its one call's arguments, the text then
-// empty (as vLLM writes it). Otherwise the answer is read for <tool_call> blocks when the model
-// may call tools and its template writes them.
+// empty (as vLLM writes it). Otherwise the answer is read for calls, in its template's format,
+// when the model may call tools.
 json take_tool_calls(const PromptRecord& r, const AnswerSettings& s, size_t choice, std::string& text) {
   if (r.messages.empty() || r.tools.empty()) return nullptr;
   if (!r.named_tool.empty()) {
@@ -176,8 +176,9 @@ json take_tool_calls(const PromptRecord& r, const AnswerSettings& s, size_t choi
     text.clear();
     return calls;
   }
-  if (!r.read_tool_calls || !s.hermes_tool_calls) return nullptr;
-  ToolCallAnswer a = read_hermes_tool_calls(text);
+  if (!r.read_tool_calls || s.tool_calls == ToolCallFormat::None) return nullptr;
+  ToolCallAnswer a =
+      s.tool_calls == ToolCallFormat::Hermes ? read_hermes_tool_calls(text) : read_llama3_json_tool_calls(text);
   if (a.calls.empty()) return nullptr;
   json calls = json::array();
   for (size_t k = 0; k < a.calls.size(); ++k)

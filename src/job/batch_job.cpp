@@ -95,8 +95,8 @@ public:
       if (token >= vocab) return past_vocab("stop_token_ids", token);
     if (!r.tools.empty() && chat() && !chat()->renders_tools())
       return unservable("unsupported_value", std::string(openai ? "body.tools" : "field 'tools'") +
-                                                 ": Strata writes tool definitions into Qwen2.5's and Qwen3's chat "
-                                                 "templates only, not this model's");
+                                                 ": Strata writes tool definitions into the chat templates of "
+                                                 "Qwen2.5, Qwen3 and Llama 3.1 / 3.2 only, not this model's");
     std::optional<std::string> text;
     try {
       text = render(r);
@@ -634,7 +634,8 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
   const std::optional<ChatFormat> chat_format = tok.chat() ? std::optional(tok.chat()->format()) : std::nullopt;
   if (chat_format == ChatFormat::Qwen3) answers.think = ThinkTokens::of(*model.tokenizer);  // none: answers read as text
   answers.thinking_off = opt.no_thinking;
-  answers.hermes_tool_calls = tok.chat() && tok.chat()->renders_tools();
+  if (chat_format == ChatFormat::Qwen25 || chat_format == ChatFormat::Qwen3) answers.tool_calls = ToolCallFormat::Hermes;
+  if (chat_format == ChatFormat::Llama31) answers.tool_calls = ToolCallFormat::Llama3Json;
   if (chat_format == ChatFormat::Harmony) {
     answers.harmony = HarmonyTokens::of(*model.tokenizer);
     if (!answers.harmony)

@@ -11,23 +11,47 @@ namespace {
 
 constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>";
 
-// The call in one block's text, as json.loads reads it then vLLM takes it apart: nullopt when the
-// text is not a JSON object with a string "name" and an "arguments".
-std::optional<ToolCall> read_call(std::string_view text) {
+// The call in one JSON text, as json.loads reads it and vLLM takes it apart: nullopt when the text
+// is not a JSON object with a string "name" and `arguments` (else, where given, `or_else`).
+std::optional<ToolCall> read_call(std::string_view text, const char* arguments = "arguments",
+                                  const char* or_else = nullptr) {
   nlohmann::ordered_json call;
   try {
     call = nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::exception&) {
     return std::nullopt;
   }
-  if (!call.is_object() || !call.contains("name") || !call["name"].is_string() || !call.contains("arguments"))
-    return std::nullopt;
+  if (!call.is_object() || !call.contains("name") || !call["name"].is_string()) return std::nullopt;
+  const char* key = call.contains(arguments) || !or_else ? arguments : or_else;
+  if (!call.contains(key)) return std::nullopt;
   try {
     // ordered_json keeps the keys' order, and python_tojson prints numbers as Python does.
-    return ToolCall{call["name"].get<std::string>(), python_tojson(call["arguments"].dump())};
+    return ToolCall{call["name"].get<std::string>(), python_tojson(call[key].dump())};
   } catch (const Error&) {  // nothing json.loads would have read differently reaches here
     return std::nullopt;
   }
+}
+
+// One past the '}' that closes the object opening at `begin`, brackets counted outside strings;
+// npos when it never closes. For valid JSON, where JSONDecoder.raw_decode stops; for anything else
+// the parse that follows fails, as raw_decode would.
+size_t object_end(std::string_view s, size_t begin) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = begin; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if ((c == '}' || c == ']') && --depth == 0) {
+      return i + 1;
+    }
+  }
+  return std::string_view::npos;
 }
 
 }  // namespace
@@ -49,6 +73,24 @@ ToolCallAnswer read_hermes_tool_calls(std::string_view answer) {
   }
   if (first > 0) out.content = std::string(answer.substr(0, first));
   return out;
+}
+
+ToolCallAnswer read_llama3_json_tool_calls(std::string_view answer) {
+  const ToolCallAnswer text{{}, std::string(answer)};
+  ToolCallAnswer out;
+  size_t end = 0;  // one past the last object read; a '{' before or at it is skipped
+  bool read = false;
+  for (size_t at = answer.find('{'); at != std::string_view::npos; at = answer.find('{', at + 1)) {
+    if (read && at <= end) continue;
+    const size_t close = object_end(answer, at);
+    if (close == std::string_view::npos) return text;
+    std::optional<ToolCall> call = read_call(answer.substr(at, close - at), "arguments", "parameters");
+    if (!call) return text;
+    out.calls.push_back(std::move(*call));
+    end = close, read = true;
+  }
+  if (out.calls.empty()) return text;
+  return out;  // content null: vLLM drops the text around the calls
 }
 
 std::string tool_call_id(const PromptRecord& r, size_t choice, size_t k) {

@@ -71,7 +71,20 @@ std::string python_float(double x) {
   return out;
 }
 
-void print(const ordered_json& v, std::string& out) {
+// json.dumps: ", " and ": " between items; with an indent (>= 0), each item on its own line, that
+// many spaces deeper a level, "," between items (no trailing space) and empty containers as [] {}.
+void print(const ordered_json& v, int indent, int level, std::string& out) {
+  auto open = [&](char bracket, size_t size) {
+    out += bracket;
+    if (indent >= 0 && size > 0) out += '\n' + std::string(size_t(indent * (level + 1)), ' ');
+  };
+  auto separator = [&] {
+    return indent < 0 ? std::string(", ") : ",\n" + std::string(size_t(indent * (level + 1)), ' ');
+  };
+  auto close = [&](char bracket, size_t size) {
+    if (indent >= 0 && size > 0) out += '\n' + std::string(size_t(indent * level), ' ');
+    out += bracket;
+  };
   switch (v.type()) {
     case ordered_json::value_t::number_integer:
       out += std::to_string(v.get<int64_t>());
@@ -83,21 +96,21 @@ void print(const ordered_json& v, std::string& out) {
       out += python_float(v.get<double>());
       break;
     case ordered_json::value_t::array: {
-      out += '[';
-      const char* sep = "";
-      for (const ordered_json& x : v) out += sep, print(x, out), sep = ", ";
-      out += ']';
+      open('[', v.size());
+      std::string sep;
+      for (const ordered_json& x : v) out += sep, print(x, indent, level + 1, out), sep = separator();
+      close(']', v.size());
       break;
     }
     case ordered_json::value_t::object: {
-      out += '{';
-      const char* sep = "";
+      open('{', v.size());
+      std::string sep;
       for (const auto& [key, x] : v.items()) {
         out += sep + ordered_json(key).dump(-1, ' ', false) + ": ";
-        print(x, out);
-        sep = ", ";
+        print(x, indent, level + 1, out);
+        sep = separator();
       }
-      out += '}';
+      close('}', v.size());
       break;
     }
     default:  // null, true, false, strings: Python escapes what nlohmann escapes, the same way
@@ -107,13 +120,13 @@ void print(const ordered_json& v, std::string& out) {
 
 }  // namespace
 
-std::string python_tojson(std::string_view json_text) {
+std::string python_tojson(std::string_view json_text, int indent) {
   JsonCheck check;
   if (!ordered_json::sax_parse(json_text, &check)) throw ChatTemplateError(check.error);
   // Parsed into an ordered object, a repeated key keeps its first place and takes its last value,
   // as in the dict json.loads builds.
   std::string out;
-  print(ordered_json::parse(json_text), out);
+  print(ordered_json::parse(json_text), indent, 0, out);
   return out;
 }
 

@@ -126,7 +126,8 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
       format_ != ChatFormat::Harmony)
     for (const ChatMessage& m : messages)
       if (!m.tool_calls.empty()) raise("this chat template does not render tool calls");
-  if (!options.tools.empty() && !renders_tools()) raise("Strata renders tool definitions for Qwen2.5 and Qwen3 only");
+  if (!options.tools.empty() && !renders_tools())
+    raise("Strata renders tool definitions for Qwen2.5, Qwen3 and Llama 3.1 / 3.2 only");
   switch (format_) {
     case ChatFormat::ChatML:
       return render_chatml(messages, add_generation_prompt);
@@ -137,7 +138,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
     case ChatFormat::Llama3:
       return render_llama3(messages, add_generation_prompt);
     case ChatFormat::Llama31:
-      return render_llama31(messages, add_generation_prompt);
+      return render_llama31(messages, add_generation_prompt, options);
     case ChatFormat::Llama2:
       return render_llama2(messages);
     case ChatFormat::Mistral:
@@ -269,13 +270,35 @@ std::string ChatTemplate::render_llama3(const std::vector<ChatMessage>& messages
 // "ipython" turns holding the content as a JSON string (the template's tojson of a string); a
 // message with tool calls (one, else the template raises) is an assistant turn holding
 // {"name", "parameters"} JSON, whatever its role and content.
-std::string ChatTemplate::render_llama31(const std::vector<ChatMessage>& messages, bool gen) const {
+std::string ChatTemplate::render_llama31(const std::vector<ChatMessage>& messages, bool gen,
+                                        const ChatOptions& options) const {
   size_t first = 0;
   std::string system;
   if (!messages.empty() && messages[0].role == "system") system = trim(messages[0].content), first = 1;
-  std::string out =
-      tokens_.bos + "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n";
+  const bool tools = !options.tools.empty();
+  std::string out = tokens_.bos + "<|start_header_id|>system<|end_header_id|>\n\n" +
+                    (tools ? "Environment: ipython\n" : "") + "Cutting Knowledge Date: December 2023\n";
   out += "Today Date: " + (date_is_today_ ? today_ : date_) + "\n\n" + system + "<|eot_id|>";
+  // The tools go into the first message after the system's (tools_in_user_message's default),
+  // written as a user turn whatever its role.
+  if (tools) {
+    if (first == messages.size()) raise("Cannot put tools in the first user message when there's no first user message!");
+    if (!messages[first].tool_calls.empty())  // the template would write its content alone
+      raise("the first message after the system message carries the tools, and cannot carry tool calls");
+    out +=
+        "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a "
+        "function call with its proper arguments that best answers the given prompt.\n\nRespond in the format "
+        "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n";
+    for (const std::string& tool : options.tools) {
+      try {
+        out += python_tojson(tool, 4) + "\n\n";
+      } catch (const ChatTemplateError& e) {
+        raise(std::string("a tool: ") + e.what());
+      }
+    }
+    out += trim(messages[first].content) + "<|eot_id|>";
+    ++first;
+  }
   for (size_t i = first; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     if (m.role != "tool" && m.role != "ipython" && m.tool_calls.empty()) {

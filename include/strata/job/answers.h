@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "strata/job/reasoning.h"
+#include "strata/job/tool_calls.h"
 #include "strata/job/prompts.h"
 #include "strata/model/tokenizer.h"
 #include "strata/runtime/json_grammar.h"
@@ -56,9 +57,9 @@ struct AnswerSettings {
   // token, as vLLM's reasoning parser and guided decoding do once the prompt ends the reasoning.
   std::optional<ThinkTokens> think;
   bool thinking_off = false;  // --no-thinking
-  // Set when the chat template writes tools (Qwen2.5, Qwen3): the answers of chat records with
-  // tools are read for <tool_call> blocks (job/tool_calls.h).
-  bool hermes_tool_calls = false;
+  // How the answers of chat records with tools are read for calls (job/tool_calls.h): the chat
+  // template's family's (Qwen2.5, Qwen3: <tool_call> blocks; Llama 3.1 / 3.2: JSON objects).
+  ToolCallFormat tool_calls = ToolCallFormat::None;
 };
 
 // Settings whose JSON vocabulary and schema grammars are made from `tokenizer`.

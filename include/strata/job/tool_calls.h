@@ -1,9 +1,11 @@
 // An answer's tool calls, read as vLLM's tool parsers read them, so that a batch request with
-// `tools` is answered with OpenAI's message.tool_calls. Qwen2.5 and Qwen3 (the "hermes" format)
-// write each call as <tool_call>{"name": ..., "arguments": {...}}</tool_call> after any text.
-// docs/batch-format.md, "Tool calls".
+// `tools` is answered with OpenAI's message.tool_calls. Qwen2.5 and Qwen3 (vLLM's "hermes" parser)
+// write each call as <tool_call>{"name": ..., "arguments": {...}}</tool_call> after any text;
+// Llama 3.1 and 3.2 ("llama3_json") as a JSON object {"name": ..., "parameters": {...}}.
+// docs/batch-format.md, "Tool calls from answers".
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -29,6 +31,15 @@ struct ToolCallAnswer {
 // the token limit and run to the end) holds one JSON object with a string "name" and any JSON
 // "arguments"; if any block is not such an object, no call is read and the answer is all text.
 ToolCallAnswer read_hermes_tool_calls(std::string_view answer);
+
+// vLLM's llama3_json parser: every "{" that does not lie in (or right at the end of) an object
+// already read starts a JSON object with a string "name" and "arguments" (else "parameters"); if
+// any such object is not a call (or not JSON), no call is read and the answer is all text. With
+// calls, the content is null: the text around them is dropped, as there.
+ToolCallAnswer read_llama3_json_tool_calls(std::string_view answer);
+
+// Which of the two an answer is read with: the chat template's family's.
+enum class ToolCallFormat : uint8_t { None, Hermes, Llama3Json };
 
 // The id of a request's choice's k-th call, "call_" and 24 hex digits: the same on every run and
 // shard (vLLM draws random ones; a resumed job must not change what it already wrote).

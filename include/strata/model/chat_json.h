@@ -39,7 +39,8 @@ std::vector<std::string> read_chat_tools(const nlohmann::ordered_json& tools, co
 // json.dumps(ensure_ascii=False), so ", " and ": " between items, keys in their order (a repeated
 // key keeps its first place and its last value), non-ASCII as it is, floats as Python's repr
 // (1e+16, 1e-05, 1000000000000000.0). Throws ChatTemplateError for text that is not JSON or that
-// holds an integer beyond 64 bits (Python keeps it exact, a double would not).
-std::string python_tojson(std::string_view json_text);
+// holds an integer beyond 64 bits (Python keeps it exact, a double would not). `indent` >= 0 is
+// tojson(indent=N): each item on its own line, N spaces a level, "," between items.
+std::string python_tojson(std::string_view json_text, int indent = -1);
 
 }  // namespace strata

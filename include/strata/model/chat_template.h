@@ -71,9 +71,12 @@ public:
                      const ChatOptions& options = {}) const;
 
   ChatFormat format() const { return format_; }
-  // Whether render() writes ChatOptions::tools: Qwen2.5's and Qwen3's "# Tools" system turn, whose
-  // answers call tools in <tool_call> blocks (job/tool_calls.h).
-  bool renders_tools() const { return format_ == ChatFormat::Qwen25 || format_ == ChatFormat::Qwen3; }
+  // Whether render() writes ChatOptions::tools: Qwen2.5's and Qwen3's "# Tools" system turn (their
+  // answers call tools in <tool_call> blocks), Llama 3.1's and 3.2's first user turn (their
+  // answers are JSON calls); job/tool_calls.h reads both.
+  bool renders_tools() const {
+    return format_ == ChatFormat::Qwen25 || format_ == ChatFormat::Qwen3 || format_ == ChatFormat::Llama31;
+  }
   // ChatML and Qwen2.5: inserted as the first message when messages[0] is not a system message.
   const std::optional<std::string>& default_system() const { return default_system_; }
   // Llama 3.2's "Today Date" and GPT-OSS's "Current date", from strftime_now at parse time
@@ -85,7 +88,7 @@ private:
   std::string render_qwen25(const std::vector<ChatMessage>& messages, bool gen, const ChatOptions& options) const;
   std::string render_qwen3(const std::vector<ChatMessage>& messages, bool gen, const ChatOptions& options) const;
   std::string render_llama3(const std::vector<ChatMessage>& messages, bool gen) const;
-  std::string render_llama31(const std::vector<ChatMessage>& messages, bool gen) const;
+  std::string render_llama31(const std::vector<ChatMessage>& messages, bool gen, const ChatOptions& options) const;
   std::string render_llama2(const std::vector<ChatMessage>& messages) const;
   std::string render_mistral(const std::vector<ChatMessage>& messages) const;
   std::string render_zephyr(const std::vector<ChatMessage>& messages, bool gen) const;
