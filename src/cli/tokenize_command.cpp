@@ -60,7 +60,7 @@ void add_tokenize_command(CLI::App& app) {
                      ->check(CLI::IsMember({"low", "medium", "high"}));
   auto* tools = cmd->add_option("--tools", a->tools,
                                 "with --messages: JSON array of tools [{\"type\": \"function\", \"function\": {...}}], "
-                                "as a request's tools (Qwen2.5 and Qwen3 templates)");
+                                "as a request's tools (Qwen2.5, Qwen3, Llama 3.1 / 3.2 templates)");
   cmd->callback([a, text, dec, msgs, effort, tools] {
     if (text->count() == 0 && dec->count() == 0 && msgs->count() == 0)
       throw Error("tokenize: give --text, --decode or --messages");

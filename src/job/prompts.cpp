@@ -264,51 +264,44 @@ std::optional<FieldError> read_json_schema(std::string_view text, bool openai, P
   return std::nullopt;
 }
 
-// tools and tool_choice (OpenAI's, in both formats), read again from the line's text so that each
-// tool keeps its keys' order (the template prints them in it). tool_choice "auto" (the default)
-// reads answers for tool calls, "none" shows the tools but reads answers as text, and a named
-// function holds the answer to that function's parameters (its JSON schema, or any object when it
-// has none), as vLLM's guided decoding does. "required" would need a schema of a non-empty array
-// of calls, which the schema grammar does not hold (minItems).
-std::optional<FieldError> read_tools(std::string_view text, bool openai, const json& obj, PromptRecord& r) {
-  auto field = [&](const std::string& key) { return openai ? "body." + key : "field '" + key + "'"; };
-  const bool has_tools = obj.contains("tools") && !obj["tools"].is_null();
-  std::string named;  // tool_choice {"type": "function", "function": {"name": ...}}
-  if (obj.contains("tool_choice") && !obj["tool_choice"].is_null()) {
-    const json& c = obj["tool_choice"];
-    const std::string choice = c.is_string() ? c.get<std::string>() : "";
-    if (!c.is_string() && !c.is_object())
-      return FieldError{"invalid_type", field("tool_choice") + " must be a string or an object, got " + c.dump()};
-    if (c.is_string() && choice != "none" && choice != "auto" && choice != "required")
-      return FieldError{"invalid_value",
-                        field("tool_choice") + " must be \"none\", \"auto\", \"required\" or a function, got " + c.dump()};
-    if (c.is_object()) {
-      if (c.value("type", "") != "function" || !c.contains("function") || !c["function"].is_object() ||
-          !c["function"].contains("name") || !c["function"]["name"].is_string())
-        return FieldError{"invalid_value", field("tool_choice") +
-                                               " must be {\"type\": \"function\", \"function\": {\"name\": ...}}, got " +
-                                               c.dump()};
-      named = c["function"]["name"].get<std::string>();
-    }
-    if (!has_tools && (c.is_object() || choice == "required"))
-      return FieldError{"invalid_value", field("tool_choice") + " " + c.dump() + " needs tools"};
-    if (choice == "required")
-      return FieldError{"unsupported_value", field("tool_choice") +
-                                                 " \"required\" is not supported (\"auto\", \"none\" and a named "
-                                                 "function are)"};
-    if (choice == "none") r.read_tool_calls = false;
+using FieldName = std::function<std::string(const std::string&)>;
+
+// tool_choice: "auto" (the default) reads answers for tool calls, "none" shows the tools but reads
+// answers as text, and {"type": "function", "function": {"name": N}} sets `named` to N. "required"
+// would need a schema of a non-empty array of calls, which the schema grammar does not hold
+// (minItems).
+std::optional<FieldError> read_tool_choice(const json& obj, bool has_tools, const FieldName& field, PromptRecord& r,
+                                           std::string& named) {
+  if (!obj.contains("tool_choice") || obj["tool_choice"].is_null()) return std::nullopt;
+  const json& c = obj["tool_choice"];
+  const std::string choice = c.is_string() ? c.get<std::string>() : "";
+  if (!c.is_string() && !c.is_object())
+    return FieldError{"invalid_type", field("tool_choice") + " must be a string or an object, got " + c.dump()};
+  if (c.is_string() && choice != "none" && choice != "auto" && choice != "required")
+    return FieldError{"invalid_value",
+                      field("tool_choice") + " must be \"none\", \"auto\", \"required\" or a function, got " + c.dump()};
+  if (c.is_object()) {
+    if (c.value("type", "") != "function" || !c.contains("function") || !c["function"].is_object() ||
+        !c["function"].contains("name") || !c["function"]["name"].is_string())
+      return FieldError{"invalid_value", field("tool_choice") +
+                                             " must be {\"type\": \"function\", \"function\": {\"name\": ...}}, got " +
+                                             c.dump()};
+    named = c["function"]["name"].get<std::string>();
   }
-  if (!has_tools) return std::nullopt;
-  if (r.messages.empty()) return FieldError{"invalid_value", field("tools") + " are for chat messages"};
-  const nlohmann::ordered_json line = nlohmann::ordered_json::parse(text);
-  const nlohmann::ordered_json& tools = (openai ? line["body"] : line)["tools"];
-  try {
-    r.tools = read_chat_tools(tools, field("tools"));
-  } catch (const ChatMessageError& e) {
-    return FieldError{e.code, e.what()};
-  }
-  if (named.empty()) return std::nullopt;
-  // The named function's answer: a document of its parameters.
+  if (!has_tools && (c.is_object() || choice == "required"))
+    return FieldError{"invalid_value", field("tool_choice") + " " + c.dump() + " needs tools"};
+  if (choice == "required")
+    return FieldError{"unsupported_value", field("tool_choice") +
+                                               " \"required\" is not supported (\"auto\", \"none\" and a named "
+                                               "function are)"};
+  r.read_tool_calls = choice != "none";
+  return std::nullopt;
+}
+
+// A named function's answer is a document of its parameters (any JSON object when it has none),
+// as vLLM's guided decoding holds it: the record's response format becomes that schema.
+std::optional<FieldError> hold_to_named_tool(const nlohmann::ordered_json& tools, const std::string& named,
+                                             const FieldName& field, PromptRecord& r) {
   if (r.response_format && *r.response_format != ResponseFormat::Text)
     return FieldError{"invalid_value", field("tool_choice") + " names a function, whose parameters are the answer's "
                                                               "format: give no response_format beside it"};
@@ -323,14 +316,32 @@ std::optional<FieldError> read_tools(std::string_view text, bool openai, const j
     try {
       compile_json_schema(f["parameters"]);
     } catch (const JsonSchemaError& e) {
-      return FieldError{"unsupported_value",
-                        field("tools") + "[" + std::to_string(i) + "].function.parameters: " + e.what()};
+      return FieldError{"unsupported_value", field("tools") + "[" + std::to_string(i) + "].function.parameters: " + e.what()};
     }
     r.response_format = ResponseFormat::JsonSchema;
     r.json_schema = f["parameters"].dump();
     return std::nullopt;
   }
   return FieldError{"invalid_value", field("tool_choice") + " names '" + named + "', which is not in " + field("tools")};
+}
+
+// tools and tool_choice (OpenAI's, in both formats; chat only). The tools are read again from the
+// line's text so that each keeps its keys' order (the template prints them in it).
+std::optional<FieldError> read_tools(std::string_view text, bool openai, const json& obj, PromptRecord& r) {
+  const FieldName field = [openai](const std::string& key) { return openai ? "body." + key : "field '" + key + "'"; };
+  const bool has_tools = obj.contains("tools") && !obj["tools"].is_null();
+  std::string named;
+  if (const auto e = read_tool_choice(obj, has_tools, field, r, named)) return e;
+  if (!has_tools) return std::nullopt;
+  if (r.messages.empty()) return FieldError{"invalid_value", field("tools") + " are for chat messages"};
+  const nlohmann::ordered_json line = nlohmann::ordered_json::parse(text);
+  const nlohmann::ordered_json& tools = (openai ? line["body"] : line)["tools"];
+  try {
+    r.tools = read_chat_tools(tools, field("tools"));
+  } catch (const ChatMessageError& e) {
+    return FieldError{e.code, e.what()};
+  }
+  return named.empty() ? std::nullopt : hold_to_named_tool(tools, named, field, r);
 }
 
 // The strata format's extensions beyond sampling: stop strings, choices, logprobs, the response
