@@ -130,6 +130,23 @@ std::string python_tojson(std::string_view json_text, int indent) {
   return out;
 }
 
+namespace {
+
+// What OpenAI's {"type": "function", "function": {"name": ...}} entries (a request's tools, a
+// message's tool calls) all need; `type_code` is the error code of another type.
+template <class Json>
+void check_function_entry(const Json& e, const std::string& at, const char* type_code, const char* function_needs) {
+  if (!e.is_object()) throw ChatMessageError("invalid_type", at + " must be an object");
+  if (e.contains("type") && e["type"] != "function")
+    throw ChatMessageError(type_code, at + ".type must be \"function\"");
+  if (!e.contains("function") || !e["function"].is_object())
+    throw ChatMessageError("invalid_type", at + ".function must be an object with " + function_needs);
+  if (!e["function"].contains("name") || !e["function"]["name"].is_string())
+    throw ChatMessageError("invalid_type", at + ".function.name must be a string");
+}
+
+}  // namespace
+
 std::vector<ChatToolCall> read_tool_calls(const nlohmann::json& message, const std::string& at) {
   std::vector<ChatToolCall> calls;
   if (!message.contains("tool_calls") || message["tool_calls"].is_null()) return calls;
@@ -140,15 +157,8 @@ std::vector<ChatToolCall> read_tool_calls(const nlohmann::json& message, const s
     throw ChatMessageError("invalid_value", where + " is for assistant messages only");
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string at_call = where + "[" + std::to_string(i) + "]";
-    const nlohmann::json& c = v[i];
-    if (!c.is_object()) throw ChatMessageError("invalid_type", at_call + " must be an object");
-    if (c.contains("type") && c["type"] != "function")
-      throw ChatMessageError("invalid_value", at_call + ".type must be \"function\"");
-    if (!c.contains("function") || !c["function"].is_object())
-      throw ChatMessageError("invalid_type", at_call + ".function must be an object with 'name' and 'arguments'");
-    const nlohmann::json& f = c["function"];
-    if (!f.contains("name") || !f["name"].is_string())
-      throw ChatMessageError("invalid_type", at_call + ".function.name must be a string");
+    check_function_entry(v[i], at_call, "invalid_value", "'name' and 'arguments'");
+    const nlohmann::json& f = v[i]["function"];
     // A string, as OpenAI sends it: an object here would already have lost its key order.
     if (!f.contains("arguments") || !f["arguments"].is_string())
       throw ChatMessageError("invalid_type", at_call + ".function.arguments must be a string of JSON");
@@ -216,13 +226,7 @@ std::vector<std::string> read_chat_tools(const nlohmann::ordered_json& tools, co
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string at = field + "[" + std::to_string(i) + "]";
     const nlohmann::ordered_json& t = tools[i];
-    if (!t.is_object()) throw ChatMessageError("invalid_type", at + " must be an object");
-    if (t.contains("type") && t["type"] != "function")
-      throw ChatMessageError("unsupported_value", at + ".type must be \"function\"");
-    if (!t.contains("function") || !t["function"].is_object())
-      throw ChatMessageError("invalid_type", at + ".function must be an object with a 'name'");
-    if (!t["function"].contains("name") || !t["function"]["name"].is_string())
-      throw ChatMessageError("invalid_type", at + ".function.name must be a string");
+    check_function_entry(t, at, "unsupported_value", "a 'name'");
     std::string text;
     try {
       text = t.dump();
