@@ -1,8 +1,9 @@
 // libFuzzer entry for chat templates: ChatTemplate::parse (the Jinja source from GGUF
 // tokenizer.chat_template or tokenizer_config.json) and render. The input is split at its first
 // "\n----\n": the template before it, a conversation after it, one message a line as
-// "role\tcontent" (a line without a tab is a user message). A recognized template renders the
-// conversation with and without the generation prompt. Traps: the two renders disagree on
+// "role\tcontent" (a line without a tab is a user message; a line "tools\tJSON" is a tool
+// definition instead, ChatOptions::tools). A recognized template renders the conversation with and
+// without the generation prompt. Traps: the two renders disagree on
 // refusing, the prompt-less one is not a prefix of the other (every family appends the generation
 // prompt last; Phi-3.5 writes EOS in its place, which is left out of the comparison; GPT-OSS ends
 // a last assistant message with <|return|> rather than <|end|>), or a user
@@ -20,7 +21,7 @@
 
 namespace {
 
-std::vector<strata::ChatMessage> conversation(std::string_view s) {
+std::vector<strata::ChatMessage> conversation(std::string_view s, strata::ChatOptions& options) {
   std::vector<strata::ChatMessage> messages;
   while (!s.empty()) {
     const size_t eol = s.find('\n');
@@ -29,6 +30,8 @@ std::vector<strata::ChatMessage> conversation(std::string_view s) {
     const size_t tab = line.find('\t');
     if (tab == std::string_view::npos)
       messages.push_back({"user", std::string(line)});
+    else if (line.substr(0, tab) == "tools")
+      options.tools.emplace_back(line.substr(tab + 1));
     else
       messages.push_back({std::string(line.substr(0, tab)), std::string(line.substr(tab + 1))});
   }
@@ -56,9 +59,9 @@ std::optional<std::string> expected_content(strata::ChatFormat format, const std
 }
 
 std::optional<std::string> render(const strata::ChatTemplate& t, const std::vector<strata::ChatMessage>& messages,
-                                  bool gen) {
+                                  bool gen, const strata::ChatOptions& options) {
   try {
-    return t.render(messages, gen);
+    return t.render(messages, gen, options);
   } catch (const strata::Error&) {
     return std::nullopt;
   }
@@ -71,8 +74,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   constexpr std::string_view kSeparator = "\n----\n";
   const size_t cut = input.find(kSeparator);
   const std::string_view source = input.substr(0, cut);
-  const std::vector<strata::ChatMessage> messages =
-      conversation(cut == std::string_view::npos ? std::string_view() : input.substr(cut + kSeparator.size()));
+  strata::ChatOptions options;
+  const std::vector<strata::ChatMessage> messages = conversation(
+      cut == std::string_view::npos ? std::string_view() : input.substr(cut + kSeparator.size()), options);
   std::optional<strata::ChatTemplate> t;
   try {
     t = strata::ChatTemplate::parse(source, {"<s>", "</s>"});
@@ -80,7 +84,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   t->set_today("26 Jul 2024");
-  const std::optional<std::string> with = render(*t, messages, true), without = render(*t, messages, false);
+  const std::optional<std::string> with = render(*t, messages, true, options),
+                                   without = render(*t, messages, false, options);
   if (with.has_value() != without.has_value()) __builtin_trap();
   if (!with) return 0;
   std::string_view prefix = *without;

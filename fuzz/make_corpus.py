@@ -191,6 +191,11 @@ def chat_templates():
     put("chat_template_fuzz", "smollm2_chatml.txt", smollm2 + "\n----\nuser\tHi\nassistant\tHello!\ntool\t{}\n")
     harmony = json.loads((ROOT / "tests/fixtures/chat/harmony_cases.json").read_text())["source"]
     put("chat_template_fuzz", "gpt-oss-harmony.txt", harmony + "\n----\n" + conversation)
+    # Tool definitions ("tools\tJSON" lines) for the templates that write them.
+    tool_line = 'tools\t{"type": "function", "function": {"name": "f", "parameters": {"a": [1e16, {}], "b": null}}}\n'
+    for name in ("qwen2.5", "qwen3", "llama3.1"):
+        put("chat_template_fuzz", name + "-tools.txt", cases["templates"][name]["source"] + "\n----\n" + tool_line +
+            "system\tBe brief.\nuser\tWeather?\n")
 
 
 def sentencepiece_vocabs():
