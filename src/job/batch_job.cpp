@@ -634,8 +634,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
   const std::optional<ChatFormat> chat_format = tok.chat() ? std::optional(tok.chat()->format()) : std::nullopt;
   if (chat_format == ChatFormat::Qwen3) answers.think = ThinkTokens::of(*model.tokenizer);  // none: answers read as text
   answers.thinking_off = opt.no_thinking;
-  if (chat_format == ChatFormat::Qwen25 || chat_format == ChatFormat::Qwen3) answers.tool_calls = ToolCallFormat::Hermes;
-  if (chat_format == ChatFormat::Llama31) answers.tool_calls = ToolCallFormat::Llama3Json;
+  if (chat_format) answers.tool_calls = tool_call_format(*chat_format);
   if (chat_format == ChatFormat::Harmony) {
     answers.harmony = HarmonyTokens::of(*model.tokenizer);
     if (!answers.harmony)

@@ -93,6 +93,18 @@ ToolCallAnswer read_llama3_json_tool_calls(std::string_view answer) {
   return out;  // content null: vLLM drops the text around the calls
 }
 
+ToolCallFormat tool_call_format(ChatFormat family) {
+  switch (family) {
+    case ChatFormat::Qwen25:
+    case ChatFormat::Qwen3:
+      return ToolCallFormat::Hermes;
+    case ChatFormat::Llama31:
+      return ToolCallFormat::Llama3Json;
+    default:
+      return ToolCallFormat::None;
+  }
+}
+
 std::string tool_call_id(const PromptRecord& r, size_t choice, size_t k) {
   const std::string key = id_text(r.id) + "\n" + std::to_string(choice) + "\n" + std::to_string(k);
   char buf[32];

@@ -87,6 +87,15 @@ std::string_view after_last(std::string_view s, std::string_view sep) {
   return p == std::string_view::npos ? s : s.substr(p + sep.size());
 }
 
+// A tool definition as the template's tojson (or tojson(indent=N)) prints it.
+std::string tool_json(const std::string& tool, int indent = -1) {
+  try {
+    return python_tojson(tool, indent);
+  } catch (const ChatTemplateError& e) {
+    raise(std::string("a tool: ") + e.what());
+  }
+}
+
 // Qwen's "# Tools" system text after the system message: each tool's JSON between <tools> tags,
 // then how to call one (the example call's braces doubled in Qwen2.5's GGUF copies).
 std::string qwen_tools_text(const std::vector<std::string>& tools, bool example_braces) {
@@ -94,11 +103,7 @@ std::string qwen_tools_text(const std::vector<std::string>& tools, bool example_
       "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
       "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
   for (const std::string& tool : tools) {
-    try {
-      out += "\n" + python_tojson(tool);
-    } catch (const ChatTemplateError& e) {
-      raise(std::string("a tool: ") + e.what());
-    }
+    out += "\n" + tool_json(tool);
   }
   const char* example = example_braces ? "{{\"name\": <function-name>, \"arguments\": <args-json-object>}}"
                                        : "{\"name\": <function-name>, \"arguments\": <args-json-object>}";
@@ -290,11 +295,7 @@ std::string ChatTemplate::render_llama31(const std::vector<ChatMessage>& message
         "function call with its proper arguments that best answers the given prompt.\n\nRespond in the format "
         "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n";
     for (const std::string& tool : options.tools) {
-      try {
-        out += python_tojson(tool, 4) + "\n\n";
-      } catch (const ChatTemplateError& e) {
-        raise(std::string("a tool: ") + e.what());
-      }
+      out += tool_json(tool, 4) + "\n\n";
     }
     out += trim(messages[first].content) + "<|eot_id|>";
     ++first;

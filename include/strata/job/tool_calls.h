@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "strata/job/prompts.h"
+#include "strata/model/chat_template.h"
 
 namespace strata {
 
@@ -40,6 +41,9 @@ ToolCallAnswer read_llama3_json_tool_calls(std::string_view answer);
 
 // Which of the two an answer is read with: the chat template's family's.
 enum class ToolCallFormat : uint8_t { None, Hermes, Llama3Json };
+// The format answers of a template family call tools in: None exactly for the families whose
+// templates Strata writes no tools into (ChatTemplate::renders_tools).
+ToolCallFormat tool_call_format(ChatFormat family);
 
 // The id of a request's choice's k-th call, "call_" and 24 hex digits: the same on every run and
 // shard (vLLM draws random ones; a resumed job must not change what it already wrote).
