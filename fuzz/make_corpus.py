@@ -66,6 +66,12 @@ def prompts():
         '"parameters": {"z": 1, "a": [1e16, null]}}}], "tool_choice": "auto"}}\n'
         '{"custom_id": "u", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": '
         '[{"role": "user", "content": "x"}], "tools": [{"function": {}}], "tool_choice": {"type": "function"}}}\n')
+    put("prompts_fuzz", "openai_tools_required.jsonl",
+        '{"custom_id": "r", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "x"}], '
+        '"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": '
+        '{"i": {"$ref": "#/$defs/I"}, "l": {"type": "array", "items": {}, "minItems": 2, "maxItems": 3}}, '
+        '"$defs": {"I": {"type": "integer"}}}}}, {"type": "function", "function": {"name": "g", "parameters": {'
+        '"$defs": {"I": {"type": "string"}}}}}], "tool_choice": "required"}}\n')
     put("prompts_fuzz", "strata_tools.jsonl",
         '{"id": 1, "messages": [{"role": "user", "content": "x"}], "tools": [], "tool_choice": "none"}\n'
         '{"id": 2, "prompt": "y", "tools": [{"type": "function", "function": {"name": "g"}}]}\n')

@@ -173,7 +173,11 @@ TEST_CASE("tools and tool_choice are read in both formats, each tool in its keys
       {R"(, "tools": {})", "invalid_type"},
       {R"(, "tools": [{"type": "function", "function": {"description": "no name"}}])", "invalid_type"},
       {R"(, "tools": [{"type": "retrieval", "function": {"name": "f"}}])", "unsupported_value"},
-      {R"(, "tools": )" + kTools + R"(, "tool_choice": "required")", "unsupported_value"},
+      {R"(, "tools": )" + kTools + R"(, "tool_choice": "required", "response_format": {"type": "json_object"})",
+       "invalid_value"},
+      {R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": )"
+       R"({"x": {"type": "string", "pattern": "a+"}}}}}], "tool_choice": "required")",
+       "unsupported_value"},
       {R"(, "tools": )" + kTools + R"(, "tool_choice": {"type": "function", "function": {"name": "other"}})",
        "invalid_value"},
       {R"(, "tools": )" + kTools + R"(, "tool_choice": {"function": {"name": "get_weather"}})", "invalid_value"},
@@ -234,4 +238,86 @@ TEST_CASE("a named tool_choice holds the answer to the function's parameters and
   CHECK(choice["finish_reason"] == "stop");  // as OpenAI's forced call
   // The request that would be generated carries the schema's grammar.
   CHECK(make_gen_request(r, {1, 2}, s).grammar != nullptr);
+}
+
+TEST_CASE("tool_choice required holds the answer to an array of calls and writes them as the calls", "[job][tools]") {
+  const std::string tools =
+      R"([{"type": "function", "function": {"name": "other"}}, {"type": "function", "function": {"name": "get_weather", )"
+      R"("parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])";
+  const PromptRecord r = parse_line(openai_line(R"(, "tools": )" + tools + R"(, "tool_choice": "required")"));
+  REQUIRE_FALSE(r.error);
+  CHECK(r.tool_calls_required);
+  CHECK(r.named_tool.empty());
+  CHECK(r.response_format == ResponseFormat::JsonSchema);
+  // One object per tool, its name a constant, its parameters an empty object where it has none.
+  CHECK(nlohmann::ordered_json::parse(r.json_schema) == nlohmann::ordered_json::parse(R"({"type": "array", "minItems": 1,
+      "items": {"anyOf": [
+        {"type": "object", "properties": {"name": {"enum": ["other"]}, "parameters": {"type": "object", "properties": {}}},
+         "required": ["name", "parameters"]},
+        {"type": "object", "properties": {"name": {"enum": ["get_weather"]}, "parameters": {"type": "object",
+         "properties": {"city": {"type": "string"}}, "required": ["city"]}}, "required": ["name", "parameters"]}]}})"));
+
+  AnswerSettings s = answer_settings(llama3_style(), {}, "qwen", 1700000000, ResponseFormat::Text);
+  s.tool_calls = ToolCallFormat::Hermes;
+  auto choice_of = [&](const std::string& answer, FinishReason finish) {
+    GenResult g;
+    g.tokens = llama3_style().encode(answer);
+    g.finish = finish;
+    return answer_line(r, 5, std::span(&g, 1), s)["response"]["body"]["choices"][0];
+  };
+  // The arguments are each call's parameters as json.dumps(ensure_ascii=False) prints them.
+  const json both = choice_of(R"([{"name":"get_weather","parameters":{"city":"Zürich"}}, {"name": "other", "parameters": {}}])",
+                              FinishReason::Eos);
+  CHECK(both["message"]["content"].is_null());
+  CHECK(both["message"]["tool_calls"] ==
+        json::array({{{"id", tool_call_id(r, 0, 0)},
+                      {"type", "function"},
+                      {"function", {{"name", "get_weather"}, {"arguments", R"({"city": "Zürich"})"}}}},
+                     {{"id", tool_call_id(r, 0, 1)},
+                      {"type", "function"},
+                      {"function", {{"name", "other"}, {"arguments", "{}"}}}}}));
+  CHECK(both["finish_reason"] == "stop");  // as the answer ended, as a named function's
+  // Cut by the token limit: no calls, the text is the answer.
+  const json cut = choice_of(R"([{"name": "get_weather", "parame)", FinishReason::Length);
+  INFO(cut.dump());
+  CHECK_FALSE(cut["message"].contains("tool_calls"));
+  CHECK(cut["message"]["content"] == R"([{"name": "get_weather", "parame)");
+  CHECK(cut["finish_reason"] == "length");
+  CHECK(make_gen_request(r, {1, 2}, s).grammar != nullptr);
+}
+
+TEST_CASE("the schema of required tool calls hoists each tool's definitions, refusing two of one name", "[job][tools]") {
+  using ordered = nlohmann::ordered_json;
+  const ordered item_def = {{"type", "object"}, {"properties", {{"n", {{"type", "integer"}}}}}};
+  auto tool = [](const std::string& name, const ordered& defs) {
+    return ordered{{"type", "function"},
+                   {"function",
+                    {{"name", name},
+                     {"parameters", {{"type", "object"},
+                                     {"properties", {{"item", {{"$ref", "#/$defs/Item"}}}}},
+                                     {"$defs", defs}}}}}};
+  };
+  const ordered schema = required_tool_calls_schema(ordered::array({tool("a", {{"Item", item_def}})}));
+  CHECK(schema["$defs"] == ordered{{"Item", item_def}});
+  CHECK_FALSE(schema["items"]["properties"]["parameters"].contains("$defs"));  // one tool: items is its object
+  // Two tools that define Item alike share it; differently, the request is refused.
+  CHECK(required_tool_calls_schema(ordered::array({tool("a", {{"Item", item_def}}), tool("b", {{"Item", item_def}})}))
+            ["$defs"].size() == 1);
+  CHECK_THROWS_WITH(
+      required_tool_calls_schema(ordered::array({tool("a", {{"Item", item_def}}), tool("b", {{"Item", {{"type", "string"}}}})})),
+      Catch::Contains("tools define '$defs/Item' differently"));
+  const PromptRecord e = parse_line(openai_line(
+      R"(, "tools": [{"type": "function", "function": {"name": "a", "parameters": {"type": "object", "$defs": {"I": {"type": "string"}}}}},)"
+      R"( {"type": "function", "function": {"name": "b", "parameters": {"type": "object", "$defs": {"I": {"type": "integer"}}}}}],)"
+      R"( "tool_choice": "required")"));
+  REQUIRE(e.error);
+  CHECK(e.error->code == "unsupported_value");
+  CHECK_THAT(e.error->message, Catch::Contains("body.tools with tool_choice \"required\""));
+  // Answers that are not an array of calls are read as none.
+  CHECK_FALSE(read_required_tool_calls("[]"));
+  CHECK_FALSE(read_required_tool_calls(R"({"name": "a", "parameters": {}})"));
+  CHECK_FALSE(read_required_tool_calls(R"([{"name": "a"}])"));
+  REQUIRE(read_required_tool_calls(R"([{"name": "a", "parameters": {"x": 1.0, "y": [true, null]}}])"));
+  CHECK(read_required_tool_calls(R"([{"name": "a", "parameters": {"x": 1.0, "y": [true, null]}}])")->at(0).arguments ==
+        R"({"x": 1.0, "y": [true, null]})");
 }

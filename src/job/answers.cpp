@@ -157,6 +157,9 @@ Reasoning reasoning_of(const PromptRecord& r, const AnswerSettings& s) {
   return {s.harmony ? &*s.harmony : nullptr, s.think && thinking ? &*s.think : nullptr};
 }
 
+// tool_choice named a function or was "required": the answer was held to its calls.
+bool calls_forced(const PromptRecord& r) { return !r.named_tool.empty() || r.tool_calls_required; }
+
 // OpenAI's tool call `k` of a request's choice.
 json tool_call_json(const PromptRecord& r, size_t choice, size_t k, const std::string& name, const std::string& arguments) {
   return {{"id", tool_call_id(r, choice, k)},
@@ -166,13 +169,22 @@ json tool_call_json(const PromptRecord& r, size_t choice, size_t k, const std::s
 
 // The tool calls in a choice's text (after its reasoning and any stop string), for a chat record
 // that offers tools: OpenAI's tool_calls, and the text before them left in `text`; null when
-// nothing was called. A named tool_choice's answer is its one call's arguments, the text then
-// empty (as vLLM writes it). Otherwise the answer is read for calls, in its template's format,
-// when the model may call tools.
+// nothing was called. A named tool_choice's answer is its one call's arguments, and "required"'s
+// a JSON array of calls, the text then empty (as vLLM writes them). Otherwise the answer is read
+// for calls, in its template's format, when the model may call tools.
 json take_tool_calls(const PromptRecord& r, const AnswerSettings& s, size_t choice, std::string& text) {
   if (r.messages.empty() || r.tools.empty()) return nullptr;
   if (!r.named_tool.empty()) {
     json calls = json::array({tool_call_json(r, choice, 0, r.named_tool, text)});
+    text.clear();
+    return calls;
+  }
+  if (r.tool_calls_required) {
+    const std::optional<std::vector<ToolCall>> read = read_required_tool_calls(text);
+    if (!read) return nullptr;  // cut by the token limit: the text is the answer
+    json calls = json::array();
+    for (size_t k = 0; k < read->size(); ++k)
+      calls.push_back(tool_call_json(r, choice, k, (*read)[k].name, (*read)[k].arguments));
     text.clear();
     return calls;
   }
@@ -331,8 +343,8 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
       choice.text = t.text;
       choice.reasoning = std::move(t.reasoning);
       // As vLLM's: an answer whose calls were read finishes with "tool_calls", however it ended; a
-      // named function's finishes as the answer did (OpenAI's too).
-      choice.finish_reason = !choice.tool_calls.is_null() && r.named_tool.empty() ? "tool_calls"
+      // named function's or "required"'s finishes as the answer did (OpenAI's too).
+      choice.finish_reason = !choice.tool_calls.is_null() && !calls_forced(r) ? "tool_calls"
                              : t.stopped || g.finish != FinishReason::Length ? "stop"
                                                                             : "length";
       if (r.logprobs >= 0)
@@ -353,9 +365,9 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
     if (!calls.is_null()) j["tool_calls"] = calls;
     j["tokens"] = g.tokens;
     j["completion_tokens"] = g.tokens.size();
-    j["finish_reason"] = !calls.is_null() && r.named_tool.empty() ? "tool_calls"
-                         : t.stopped                              ? "stop"
-                                                                  : finish_reason_name(g.finish);
+    j["finish_reason"] = !calls.is_null() && !calls_forced(r) ? "tool_calls"
+                         : t.stopped                          ? "stop"
+                                                              : finish_reason_name(g.finish);
     if (r.logprobs >= 0) j["logprobs"] = strata_logprobs(tok, g);
     return j;
   };

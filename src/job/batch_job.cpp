@@ -581,7 +581,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
   if (model.packed) log << packed_load_note(*model.packed) << "\n";
   const JobOptions opt = with_model_sampling(options, model.sampling, log);
   const PromptTokenizer tok(model, opt.prompts.string(),
-                            ChatOptions{opt.reasoning_effort, opt.no_thinking ? std::optional<bool>(false) : std::nullopt});
+                            ChatOptions{opt.reasoning_effort, opt.no_thinking ? std::optional<bool>(false) : std::nullopt, {}});
 
   // Pass 1: check every line before touching the device or the output.
   const JobScan scan = scan_job(opt, shard, model, tok, log);

@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "strata/core/error.h"
+#include "strata/job/tool_calls.h"
 #include "strata/model/chat_json.h"
 #include "strata/runtime/json_schema.h"
 
@@ -267,9 +268,8 @@ std::optional<FieldError> read_json_schema(std::string_view text, bool openai, P
 using FieldName = std::function<std::string(const std::string&)>;
 
 // tool_choice: "auto" (the default) reads answers for tool calls, "none" shows the tools but reads
-// answers as text, and {"type": "function", "function": {"name": N}} sets `named` to N. "required"
-// would need a schema of a non-empty array of calls, which the schema grammar does not hold
-// (minItems).
+// answers as text, {"type": "function", "function": {"name": N}} sets `named` to N and "required"
+// sets r.tool_calls_required.
 std::optional<FieldError> read_tool_choice(const json& obj, bool has_tools, const FieldName& field, PromptRecord& r,
                                            std::string& named) {
   if (!obj.contains("tool_choice") || obj["tool_choice"].is_null()) return std::nullopt;
@@ -290,11 +290,29 @@ std::optional<FieldError> read_tool_choice(const json& obj, bool has_tools, cons
   }
   if (!has_tools && (c.is_object() || choice == "required"))
     return FieldError{"invalid_value", field("tool_choice") + " " + c.dump() + " needs tools"};
-  if (choice == "required")
-    return FieldError{"unsupported_value", field("tool_choice") +
-                                               " \"required\" is not supported (\"auto\", \"none\" and a named "
-                                               "function are)"};
+  r.tool_calls_required = choice == "required";
   r.read_tool_calls = choice != "none";
+  return std::nullopt;
+}
+
+// tool_choice sets the answer's format: give no other beside it.
+std::optional<FieldError> refuse_response_format(const PromptRecord& r, const FieldName& field) {
+  if (r.response_format && *r.response_format != ResponseFormat::Text)
+    return FieldError{"invalid_value", field("tool_choice") + " " +
+                                           (r.tool_calls_required ? "\"required\" holds the answer to calls"
+                                                                  : "names a function, whose parameters are") +
+                                           " the answer's format: give no response_format beside it"};
+  return std::nullopt;
+}
+
+// Tool i's parameters, a schema that answers are held to: unsupported_value naming the keyword
+// Strata does not enforce.
+std::optional<FieldError> check_parameters(const nlohmann::ordered_json& tools, size_t i, const FieldName& field) {
+  try {
+    compile_json_schema(tools[i]["function"]["parameters"]);
+  } catch (const JsonSchemaError& e) {
+    return FieldError{"unsupported_value", field("tools") + "[" + std::to_string(i) + "].function.parameters: " + e.what()};
+  }
   return std::nullopt;
 }
 
@@ -302,9 +320,7 @@ std::optional<FieldError> read_tool_choice(const json& obj, bool has_tools, cons
 // as vLLM's guided decoding holds it: the record's response format becomes that schema.
 std::optional<FieldError> hold_to_named_tool(const nlohmann::ordered_json& tools, const std::string& named,
                                              const FieldName& field, PromptRecord& r) {
-  if (r.response_format && *r.response_format != ResponseFormat::Text)
-    return FieldError{"invalid_value", field("tool_choice") + " names a function, whose parameters are the answer's "
-                                                              "format: give no response_format beside it"};
+  if (const auto e = refuse_response_format(r, field)) return e;
   for (size_t i = 0; i < tools.size(); ++i) {
     const nlohmann::ordered_json& f = tools[i]["function"];
     if (f["name"] != named) continue;
@@ -313,16 +329,32 @@ std::optional<FieldError> hold_to_named_tool(const nlohmann::ordered_json& tools
       r.response_format = ResponseFormat::JsonObject;
       return std::nullopt;
     }
-    try {
-      compile_json_schema(f["parameters"]);
-    } catch (const JsonSchemaError& e) {
-      return FieldError{"unsupported_value", field("tools") + "[" + std::to_string(i) + "].function.parameters: " + e.what()};
-    }
+    if (const auto e = check_parameters(tools, i, field)) return e;
     r.response_format = ResponseFormat::JsonSchema;
     r.json_schema = f["parameters"].dump();
     return std::nullopt;
   }
   return FieldError{"invalid_value", field("tool_choice") + " names '" + named + "', which is not in " + field("tools")};
+}
+
+// "required": the answer is a non-empty array of calls of the tools (required_tool_calls_schema).
+std::optional<FieldError> hold_to_tool_calls(const nlohmann::ordered_json& tools, const FieldName& field,
+                                             PromptRecord& r) {
+  if (const auto e = refuse_response_format(r, field)) return e;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const nlohmann::ordered_json& f = tools[i]["function"];
+    if (f.contains("parameters") && f["parameters"].is_object() && !f["parameters"].empty())
+      if (const auto e = check_parameters(tools, i, field)) return e;
+  }
+  try {
+    const nlohmann::ordered_json schema = required_tool_calls_schema(tools);
+    compile_json_schema(schema);
+    r.json_schema = schema.dump();
+  } catch (const JsonSchemaError& e) {
+    return FieldError{"unsupported_value", field("tools") + " with tool_choice \"required\": " + e.what()};
+  }
+  r.response_format = ResponseFormat::JsonSchema;
+  return std::nullopt;
 }
 
 // tools and tool_choice (OpenAI's, in both formats; chat only). The tools are read again from the
@@ -341,6 +373,7 @@ std::optional<FieldError> read_tools(std::string_view text, bool openai, const j
   } catch (const ChatMessageError& e) {
     return FieldError{e.code, e.what()};
   }
+  if (r.tool_calls_required) return hold_to_tool_calls(tools, field, r);
   return named.empty() ? std::nullopt : hold_to_named_tool(tools, named, field, r);
 }
 

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/model/chat_json.h"
+#include "strata/runtime/json_schema.h"
 
 namespace strata {
 
@@ -91,6 +92,60 @@ ToolCallAnswer read_llama3_json_tool_calls(std::string_view answer) {
   }
   if (out.calls.empty()) return text;
   return out;  // content null: vLLM drops the text around the calls
+}
+
+nlohmann::ordered_json required_tool_calls_schema(const nlohmann::ordered_json& tools) {
+  using ordered_json = nlohmann::ordered_json;
+  ordered_json alternatives = ordered_json::array(), hoisted = ordered_json::object();
+  for (const ordered_json& tool : tools) {
+    const ordered_json& f = tool["function"];
+    ordered_json parameters = f.contains("parameters") && f["parameters"].is_object() && !f["parameters"].empty()
+                                  ? f["parameters"]
+                                  : ordered_json{{"type", "object"}, {"properties", ordered_json::object()}};
+    for (const char* section : {"$defs", "definitions"}) {
+      if (!parameters.contains(section)) continue;
+      if (!parameters[section].is_object())
+        throw JsonSchemaError("'" + std::string(section) + "' of the parameters of '" + f["name"].get<std::string>() +
+                              "' must be an object");
+      for (const auto& [name, schema] : parameters[section].items()) {
+        ordered_json& slot = hoisted[section][name];
+        if (!slot.is_null() && slot != schema)
+          throw JsonSchemaError("tools define '" + std::string(section) + "/" + name +
+                                "' differently, which tool_choice \"required\" cannot hold answers to");
+        slot = schema;
+      }
+      parameters.erase(section);
+    }
+    alternatives.push_back({{"type", "object"},
+                            {"properties", {{"name", {{"enum", ordered_json::array({f["name"]})}}}, {"parameters", std::move(parameters)}}},
+                            {"required", ordered_json::array({"name", "parameters"})}});
+  }
+  ordered_json schema = {{"type", "array"},
+                         {"minItems", 1},
+                         {"items", alternatives.size() == 1 ? alternatives[0] : ordered_json{{"anyOf", alternatives}}}};
+  for (const auto& [section, defs] : hoisted.items()) schema[section] = defs;
+  return schema;
+}
+
+std::optional<std::vector<ToolCall>> read_required_tool_calls(std::string_view answer) {
+  nlohmann::ordered_json calls;
+  try {
+    calls = nlohmann::ordered_json::parse(answer);
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+  if (!calls.is_array() || calls.empty()) return std::nullopt;
+  std::vector<ToolCall> out;
+  for (const auto& call : calls) {
+    if (!call.is_object() || !call.contains("name") || !call["name"].is_string() || !call.contains("parameters"))
+      return std::nullopt;
+    try {
+      out.push_back({call["name"].get<std::string>(), python_tojson(call["parameters"].dump())});
+    } catch (const Error&) {
+      return std::nullopt;
+    }
+  }
+  return out;
 }
 
 ToolCallFormat tool_call_format(ChatFormat family) {

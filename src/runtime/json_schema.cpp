@@ -39,6 +39,8 @@ namespace {
 constexpr size_t kMaxStack = 256;
 // Subschemas nested deeper than this are refused.
 constexpr int kMaxSchemaDepth = 64;
+// minItems and maxItems unroll their items: bounds above this are refused.
+constexpr int64_t kMaxCountedItems = 1024;
 
 const std::set<std::string> kAnnotations = {"title", "description", "default", "examples", "$schema", "$id",
                                             "$comment", "deprecated", "readOnly", "writeOnly"};
@@ -193,19 +195,30 @@ private:
     if (!null_) null_ = literals_rule({"null"});
     return *null_;
   }
-  // "[" ws (item (ws "," ws item)*)? ws "]"
-  uint32_t array_rule(uint32_t item) {
+  // "[" ws (item (ws "," ws item)*)? ws "]" with at least min_items items and at most max_items
+  // (-1: any number), xgrammar's minItems and maxItems: the items a bound counts are unrolled.
+  uint32_t array_rule(uint32_t item, int64_t min_items = 0, int64_t max_items = -1) {
     const Rule r = new_rule();
-    const uint32_t open = node(), after = node();
+    const uint32_t open = node();
     byte(r.start, '[', open);
-    const uint32_t first = ws(open);
-    byte(first, ']', r.end);
-    call(first, item, after);
-    const uint32_t between = ws(after);
-    byte(between, ']', r.end);
-    const uint32_t comma = node();
-    byte(between, ',', comma);
-    call(ws(comma), item, after);
+    uint32_t before = ws(open);  // where the next item starts
+    if (min_items == 0) byte(before, ']', r.end);
+    // Items 1..last are unrolled; without an upper bound the last one loops.
+    const int64_t last = max_items >= 0 ? max_items : std::max<int64_t>(min_items, 1);
+    for (int64_t k = 1; k <= last; ++k) {
+      const uint32_t after = node();
+      call(before, item, after);
+      const uint32_t between = ws(after);
+      if (k >= min_items) byte(between, ']', r.end);
+      if (k == last && max_items >= 0) break;
+      const uint32_t comma = node();
+      byte(between, ',', comma);
+      if (k == last) {
+        call(ws(comma), item, after);
+        break;
+      }
+      before = ws(comma);
+    }
     return r.id;
   }
   // "{" ws (string ws ":" ws value (ws "," ws string ws ":" ws value)*)? ws "}"
@@ -261,7 +274,7 @@ private:
     if (s.contains("type") && s["type"].is_string()) return s["type"].get<std::string>();
     if (s.contains("type")) return "";
     if (s.contains("properties") || s.contains("required")) return "object";
-    if (s.contains("items")) return "array";
+    if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) return "array";
     return "";
   }
 
@@ -293,7 +306,8 @@ private:
       return r.id;
     }
     static const std::set<std::string> kKnown = {"type", "properties", "required", "additionalProperties", "items",
-                                                 "enum", "const", "anyOf", "oneOf", "$defs", "definitions"};
+                                                 "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "$defs",
+                                                 "definitions"};
     for (const auto& [key, value] : s.items())
       if (!kKnown.count(key) && !kAnnotations.count(key))
         throw JsonSchemaError("keyword '" + key + "' at " + at + " is not supported");
@@ -333,17 +347,42 @@ private:
     if (!listed && type != "object" &&
         (s.contains("properties") || s.contains("required") || s.contains("additionalProperties")))
       throw JsonSchemaError("object keywords at " + at + " on a schema of type '" + type + "' are not supported");
-    if (!listed && type != "array" && s.contains("items"))
-      throw JsonSchemaError("'items' at " + at + " on a schema of type '" + type + "' is not supported");
+    for (const char* key : {"items", "minItems", "maxItems"})
+      if (!listed && type != "array" && s.contains(key))
+        throw JsonSchemaError("'" + std::string(key) + "' at " + at + " on a schema of type '" + type +
+                              "' is not supported");
     if (type == "string") return string_rule();
     if (type == "number") return number_rule();
     if (type == "integer") return integer_rule();
     if (type == "boolean") return boolean_rule();
     if (type == "null") return null_rule();
-    if (type == "array")
-      return array_rule(s.contains("items") ? schema_rule(s["items"], pointer_child(at, "items")) : any_rule());
+    if (type == "array") {
+      const int64_t min_items = item_count(s, "minItems", at, 0), max_items = item_count(s, "maxItems", at, -1);
+      if (max_items >= 0 && min_items > max_items)
+        throw JsonSchemaError("'minItems' at " + at + " (" + std::to_string(min_items) + ") exceeds 'maxItems' (" +
+                              std::to_string(max_items) + "): no array can match");
+      // xgrammar reads an array without items but with a bound as one of no items (strict mode):
+      // refused rather than read either way.
+      if (!s.contains("items") && (s.contains("minItems") || s.contains("maxItems")))
+        throw JsonSchemaError("'" + std::string(s.contains("minItems") ? "minItems" : "maxItems") + "' at " + at +
+                              " without 'items' is not supported");
+      return array_rule(s.contains("items") ? schema_rule(s["items"], pointer_child(at, "items")) : any_rule(),
+                        min_items, max_items);
+    }
     if (type == "object") return properties_rule(s, at);
     throw JsonSchemaError("'type' at " + at + ": unknown type '" + type + "'");
+  }
+
+  // minItems or maxItems: a count up to kMaxCountedItems; `absent` where the schema has none.
+  static int64_t item_count(const ordered_json& s, const char* key, const std::string& at, int64_t absent) {
+    if (!s.contains(key)) return absent;
+    const ordered_json& v = s[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0)
+      throw JsonSchemaError("'" + std::string(key) + "' at " + at + " must be a non-negative integer, got " + v.dump());
+    if (v.get<int64_t>() > kMaxCountedItems)
+      throw JsonSchemaError("'" + std::string(key) + "' at " + at + " above " + std::to_string(kMaxCountedItems) +
+                            " is not supported, got " + v.dump());
+    return v.get<int64_t>();
   }
 
   // enum / const of scalars: their JSON texts.

@@ -65,6 +65,9 @@ struct PromptRecord {
   // tool_choice naming a function: the answer is held to its parameters (response_format is set
   // to their schema) and written as one call of it.
   std::string named_tool;
+  // tool_choice "required": the answer is held to a non-empty array of calls of the tools
+  // (required_tool_calls_schema, job/tool_calls.h) and written as those calls.
+  bool tool_calls_required = false;
   std::string model;                 // OpenAI body.model, echoed in the response ("" if absent)
   std::optional<ServeError> error;   // OpenAI only: answer with this error instead of generating
 };

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -38,6 +39,18 @@ ToolCallAnswer read_hermes_tool_calls(std::string_view answer);
 // any such object is not a call (or not JSON), no call is read and the answer is all text. With
 // calls, the content is null: the text around them is dropped, as there.
 ToolCallAnswer read_llama3_json_tool_calls(std::string_view answer);
+
+// tool_choice "required", as vLLM holds such answers: the schema of a non-empty JSON array of
+// calls, each {"name": one of `tools`' names, "parameters": that tool's parameters schema (an
+// empty object where it has none)}. `tools` as the request wrote them (OpenAI's function tools);
+// each one's $defs and definitions move to the schema's root, where its references point. Throws
+// JsonSchemaError (runtime/json_schema.h) when two tools define one name differently.
+nlohmann::ordered_json required_tool_calls_schema(const nlohmann::ordered_json& tools);
+
+// The calls of an answer held to that schema, each one's arguments its "parameters" printed as
+// json.dumps(ensure_ascii=False) prints them; nullopt when the answer is not such an array (the
+// token limit cut it).
+std::optional<std::vector<ToolCall>> read_required_tool_calls(std::string_view answer);
 
 // Which of the two an answer is read with: the chat template's family's.
 enum class ToolCallFormat : uint8_t { None, Hermes, Llama3Json };

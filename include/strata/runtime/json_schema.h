@@ -7,12 +7,14 @@
 // - objects: the `properties` in the schema's order, each `required` one present, the optional
 //   ones skippable, nothing else (additionalProperties false, xgrammar's strict default); an
 //   object schema without `properties` takes any object;
-// - arrays of `items` (any value without it); strings, numbers, integers (no "-0"), booleans,
-//   null; `enum` and `const` of scalars; `anyOf`/`oneOf`; a `type` list; `$ref` into `$defs` or
-//   `definitions`, recursion included; a schema without a type: any value;
+// - arrays of `items` (any value without it), with minItems and maxItems (up to 1024; either
+//   needs `items`, whose absence xgrammar then reads as no items);
+// - strings, numbers, integers (no "-0"), booleans, null; `enum` and `const` of scalars;
+//   `anyOf`/`oneOf`; a `type` list; `$ref` into `$defs` or `definitions`, recursion included; a
+//   schema without a type: any value;
 // - whitespace between tokens of JSON as in the json_object grammar; the root is an object or an
 //   array, and the answer ends where it closes.
-// Any other keyword (minLength, pattern, minimum, minItems, additionalProperties true, allOf, ...)
+// Any other keyword (minLength, pattern, minimum, uniqueItems, additionalProperties true, allOf, ...)
 // is refused, naming it and where it is: a constraint we did not enforce would pass for one we did.
 // Annotations (title, description, default, examples, $schema, $id, $comment, ...) are ignored.
 // Subschemas nest at most 64 deep.
