@@ -802,3 +802,27 @@ TEST_CASE("strata run --policy auto searches a policy for the cached profile and
   CHECK_THAT(r.output, Catch::Contains("--compress is for --policy auto"));
   CHECK_FALSE(fs::exists(out));
 }
+
+TEST_CASE("strata run on MXFP4 experts says which policy keeps them, and that policy keeps them", "[cli][gpt_oss]") {
+  const fs::path prompts = temp_dir() / "mxfp4_prompts.jsonl", policy = temp_dir() / "mxfp4_8_32.yaml";
+  std::ofstream(prompts) << "{\"id\": 1, \"prompt\": \"hello\", \"max_new_tokens\": 3}\n";
+  std::ofstream(policy) << "gpu_batch_size: 1\nnum_gpu_batches: 1\nweights: {gpu: 0, cpu: 100, disk: 0}\n"
+                           "kv_cache: {gpu: 100, cpu: 0, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n"
+                           "compress_weights: {bits: 8, group_size: 32}\n";
+  const fs::path out = temp_dir() / "mxfp4_out.jsonl";
+  fs::remove(out);
+  const Result r = run_strata("run --model " + kModels + "/tiny-gpt-oss-mxfp4 --prompts " + prompts.string() +
+                              " --out " + out.string() + " --device cpu --no-progress --report --verbose --policy " +
+                              policy.string() + " --offload-dir " + (temp_dir() / "offload-mxfp4").string());
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("weights: MXFP4 experts; a policy with compress_weights {bits: 8, "
+                                       "group_size: 32} keeps their values exactly"));
+  // 3 layers x 6 experts x gate, up, down keep the file's values; q, k, v, o are quantized.
+  CHECK_THAT(r.output, Catch::Contains("54 matrices keep the file's codes, 12 quantized at load"));
+  // A float checkpoint has nothing to say.
+  const Result plain = run_strata("run --model " + kModels + "/tiny-gpt-oss --prompts " + prompts.string() + " --out " +
+                                  (temp_dir() / "gpt_oss_out.jsonl").string() + " --device cpu --no-progress");
+  REQUIRE(plain.code == 0);
+  CHECK_THAT(plain.output, !Catch::Contains("MXFP4"));
+}

@@ -19,10 +19,12 @@
 #include "strata/model/weight_source.h"
 #include "strata/offload/engine.h"
 #include "strata/policy/placement.h"
+#include "strata/quant/quant.h"
 #include "strata/runtime/forward_ops.h"
 #include "strata/runtime/generator.h"
 #include "strata/runtime/model_weights.h"
 #include "edited_model.h"
+#include "engine_run.h"
 #include "offload_grid.h"
 #include "test_support.h"
 
@@ -197,6 +199,47 @@ TEST_CASE("gpt-oss: an expert's tensors are the fused tensor's interleaved colum
     CHECK(ub[size_t(i)] == gate_up_b[size_t(e * 2 * f + 2 * i + 1)]);
   }
   for (int64_t j = 0; j < h; ++j) CHECK(db[size_t(j)] == down_b[size_t(e * h + j)]);
+}
+
+TEST_CASE("gpt-oss: MXFP4 experts are Strata's 8-bit rows of group 32 exactly, and cross the links as such",
+          "[gpt_oss][quant][offload]") {
+  ModelBundle b = open_model(kModels + "tiny-gpt-oss-mxfp4");
+  const std::string l = "model.layers.2.mlp.experts.";
+  for (const std::string name : {l + "3.gate_proj.weight", l + "3.up_proj.weight", l + "0.down_proj.weight"}) {
+    INFO(name);
+    const std::vector<int64_t> shape = b.weights->shape(name);
+    const int64_t rows = shape[0], cols = shape[1];
+    std::vector<float> values(size_t(rows * cols)), decoded(size_t(rows * cols));
+    b.weights->read(name, DType::F32, values.data());
+    const quant::QuantSpec spec{8, 32};
+    std::vector<uint8_t> codes(quant::row_bytes(spec, cols) * size_t(rows));
+    REQUIRE(b.weights->read_codes(name, spec, codes.data()));
+    quant::dequantize_rows(spec, codes.data(), rows, cols, decoded.data(), DType::F32);
+    CHECK(decoded == values);  // the file's values, bit for bit
+    // No other spec holds them exactly: the loader quantizes what read() gives.
+    for (const quant::QuantSpec other : {quant::QuantSpec{4, 32}, quant::QuantSpec{8, 64}})
+      CHECK_FALSE(b.weights->read_codes(name, other, codes.data()));
+  }
+  // Biases, attention weights and float experts have no codes.
+  CHECK_FALSE(b.weights->read_codes(l + "3.gate_proj.bias", {8, 32}, std::vector<uint8_t>(4096).data()));
+  ModelBundle floats = open_model(kModels + "tiny-gpt-oss");
+  std::vector<uint8_t> scratch(quant::row_bytes({8, 32}, 64) * 32);
+  CHECK_FALSE(floats.weights->read_codes(l + "3.gate_proj.weight", {8, 32}, scratch.data()));
+
+  // Through the engine at {8, 32}: every expert matrix keeps the file's values (3 layers x 6
+  // experts x gate, up, down) and the attention's q, k, v and o are quantized at load, so the
+  // tokens are transformers' with just those four matrices a layer quantized (make_quant.py's
+  // round trip: the fixture's "compressed_8_32", whose smallest top-2 gap is 0.01).
+  const json exp = load_expected("tiny-gpt-oss-mxfp4");
+  const test::EngineRun run = test::run_engine(b, exp, test::compressed_weights_policy(8, 32));
+  CHECK(run.report.weights_kept_codes == 3 * 6 * 3);
+  CHECK(run.report.weights_quantized == 3 * 4);
+  const json& want = exp["compressed_8_32"]["greedy"];
+  REQUIRE(run.results.size() == want.size());
+  for (size_t i = 0; i < run.results.size(); ++i) {
+    INFO("prompt " << i);
+    CHECK(run.results[i].tokens == want[i].get<std::vector<int32_t>>());
+  }
 }
 
 TEST_CASE("gpt-oss: a layer block stacks each expert's gate and up biases like its matrices", "[gpt_oss][weights]") {

@@ -578,7 +578,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
     STRATA_FAIL("--errors must name another file than --out (without --errors, error lines go to --out)");
   ModelBundle model = open_model(options.model, options.tokenizer);
   if (!model.tokenizer) STRATA_FAIL(options.model << ": the model has no tokenizer files; pass --tokenizer DIR");
-  if (model.packed) log << packed_load_note(*model.packed) << "\n";
+  if (!model.load_note.empty()) log << model.load_note << "\n";
   const JobOptions opt = with_model_sampling(options, model.sampling, log);
   const PromptTokenizer tok(model, opt.prompts.string(),
                             ChatOptions{opt.reasoning_effort, opt.no_thinking ? std::optional<bool>(false) : std::nullopt, {}});

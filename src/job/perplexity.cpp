@@ -180,7 +180,7 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt, std::ostream& log)
   const std::string text = read_text_file(opt.text);
   ModelBundle model = open_model(opt.model);
   if (!model.tokenizer) STRATA_FAIL(model.config.name << ": the model has no tokenizer files");
-  if (model.packed && opt.progress) log << packed_load_note(*model.packed) << "\n";
+  if (!model.load_note.empty() && opt.progress) log << model.load_note << "\n";
   const ModelConfig& cfg = model.config;
   int context = opt.context;
   if (context == 0) context = std::min(kDefaultContext, cfg.max_positions);

@@ -8,6 +8,13 @@
 // them as each expert's Linear tensors under Qwen3-MoE's names (mlp.experts.E.gate_proj.weight
 // [f, h], ... .down_proj.bias [h]), cut out on reading, so a layer's experts load as any other
 // mixture's and the loader's compression applies to them alike.
+//
+// MXFP4 rows are also Strata's 8-bit rows of group 32 exactly (read_codes): e2m1 value v of a group
+// of exponent s is code 2v + 12 (0 .. 24) under scale 2^(s - 1) and minimum -6 * 2^s, so a policy
+// compressing weights at {bits: 8, group_size: 32} moves the experts at 9 bits a value, not 16,
+// and not quantized a second time.
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -102,6 +109,10 @@ public:
   }
 
   std::string describe() const override { return plain_->describe(); }
+  bool has_mxfp4() const {
+    return std::any_of(layers_.begin(), layers_.end(),
+                       [](const auto& l) { return !l->gate_up_blocks.empty() || !l->down_blocks.empty(); });
+  }
   bool contains(const std::string& name) const override {
     return parts_.count(name) != 0 || (set_->contains(name) && !stored_.count(name));
   }
@@ -208,20 +219,64 @@ private:
     else rows_in(0, rows);
   }
 
+  bool read_codes_into(const std::string& name, const quant::QuantSpec& spec, void* dst,
+                       ThreadPool* pool) const override {
+    auto it = parts_.find(name);
+    if (it == parts_.end()) return plain_->read_codes(visible(name), spec, dst, pool);
+    const Part& p = it->second;
+    if (spec.bits != 8 || spec.group_size != kMxGroup || (p.kind != Part::GateUp && p.kind != Part::Down)) return false;
+    const bool gate_up = p.kind == Part::GateUp;
+    const std::string& blocks = gate_up ? p.layer->gate_up_blocks : p.layer->down_blocks;
+    if (blocks.empty()) return false;  // float experts: the loader quantizes them
+    const SafetensorsEntry& mx_blocks = set_->get(blocks);
+    const SafetensorsEntry& mx_scales = set_->get(gate_up ? p.layer->gate_up_scales : p.layer->down_scales);
+    const int64_t out = gate_up ? 2 * f_ : h_, rows = gate_up ? f_ : h_, cols = gate_up ? h_ : f_;
+    const size_t row_bytes = quant::row_bytes(spec, cols);
+    std::atomic<bool> exact{true};
+    auto rows_in = [&](int64_t r0, int64_t r1) {
+      const int64_t groups = cols / kMxGroup;
+      std::vector<uint8_t> codes(static_cast<size_t>(cols));
+      std::vector<float> scales(static_cast<size_t>(groups)), mins(static_cast<size_t>(groups));
+      for (int64_t r = r0; r < r1 && exact; ++r) {
+        const MxRow mx = mxfp4_row(mx_blocks, mx_scales, out, p.expert, gate_up ? 2 * r + p.which : r, cols);
+        for (int64_t g = 0; g < groups; ++g) {
+          scales[size_t(g)] = std::ldexp(0.5f, mx.exponent(g));
+          mins[size_t(g)] = std::ldexp(-6.0f, mx.exponent(g));
+          for (int64_t c = g * kMxGroup; c < (g + 1) * kMxGroup; ++c)
+            codes[size_t(c)] = uint8_t(int(2.0f * kFp4Values[mx.nibble(c)]) + 12);
+        }
+        // A group far from 1 whose scale or minimum fp16 would round: the values are read instead.
+        const bool fits = std::all_of(scales.begin(), scales.end(), fp16_exact) &&
+                          std::all_of(mins.begin(), mins.end(), fp16_exact) &&
+                          quant::pack_row(spec, cols, codes.data(), scales.data(), mins.data(),
+                                          static_cast<uint8_t*>(dst) + size_t(r) * row_bytes);
+        if (!fits) exact = false;
+      }
+    };
+    if (pool && rows > 1) pool->parallel_for(rows, rows_in);
+    else rows_in(0, rows);
+    return exact;
+  }
+
+  static bool fp16_exact(float v) { return half_to_float(float_to_half(v)) == v; }
+
+  // One row of an MXFP4 matrix: element c's e2m1 code and its group's power of two.
+  struct MxRow {
+    const uint8_t* blocks;  // two codes a byte, the low nibble the even element
+    const uint8_t* scales;  // a group's exponent biased by 127
+    int nibble(int64_t c) const { return c % 2 ? blocks[c / 2] >> 4 : blocks[c / 2] & 15; }
+    int exponent(int64_t g) const { return int(scales[g]) - 127; }
+  };
   // Row `row` of expert `expert` of an MXFP4 matrix of `out` rows of `in` values.
+  static MxRow mxfp4_row(const SafetensorsEntry& blocks, const SafetensorsEntry& scales, int64_t out, int expert,
+                         int64_t row, int64_t in) {
+    const int64_t groups = in / kMxGroup, r = int64_t(expert) * out + row;
+    return {blocks.data + r * groups * (kMxGroup / 2), scales.data + r * groups};
+  }
   static void decode_mxfp4_row(const SafetensorsEntry& blocks, const SafetensorsEntry& scales, int64_t out,
                                int expert, int64_t row, int64_t in, float* values) {
-    const int64_t groups = in / kMxGroup, r = int64_t(expert) * out + row;
-    const uint8_t* b = blocks.data + r * groups * (kMxGroup / 2);
-    const uint8_t* s = scales.data + r * groups;
-    for (int64_t g = 0; g < groups; ++g) {
-      const int exponent = int(s[g]) - 127;
-      for (int i = 0; i < kMxGroup / 2; ++i) {
-        const uint8_t byte = b[g * (kMxGroup / 2) + i];
-        values[g * kMxGroup + 2 * i] = std::ldexp(kFp4Values[byte & 15], exponent);
-        values[g * kMxGroup + 2 * i + 1] = std::ldexp(kFp4Values[byte >> 4], exponent);
-      }
-    }
+    const MxRow mx = mxfp4_row(blocks, scales, out, expert, row, in);
+    for (int64_t c = 0; c < in; ++c) values[c] = std::ldexp(kFp4Values[mx.nibble(c)], mx.exponent(c / kMxGroup));
   }
 
   std::shared_ptr<const SafetensorsSet> set_;
@@ -235,8 +290,16 @@ private:
 
 }  // namespace
 
-std::unique_ptr<WeightSource> gpt_oss_source(const std::filesystem::path& path, const ModelConfig& cfg) {
-  return std::make_unique<GptOssSource>(std::make_shared<const SafetensorsSet>(SafetensorsSet::open(path)), path, cfg);
+std::unique_ptr<WeightSource> gpt_oss_source(const std::filesystem::path& path, const ModelConfig& cfg, bool* mxfp4) {
+  auto source =
+      std::make_unique<GptOssSource>(std::make_shared<const SafetensorsSet>(SafetensorsSet::open(path)), path, cfg);
+  if (mxfp4) *mxfp4 = source->has_mxfp4();
+  return source;
+}
+
+std::string mxfp4_load_note() {
+  return "weights: MXFP4 experts; a policy with compress_weights {bits: 8, group_size: 32} keeps their values "
+         "exactly (9 bits each), otherwise they are dequantized at load";
 }
 
 }  // namespace strata

@@ -122,9 +122,12 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     b.config = config_from_hf_json(path / "config.json");
     b.sampling = read_generation_config(path / "generation_config.json", b.config);
     b.packed = read_packed_format(path);
-    std::unique_ptr<WeightSource> weights = b.packed                                   ? make_packed_source(path, *b.packed)
-                                            : b.config.moe_naming == MoeNaming::GptOss ? gpt_oss_source(path, b.config)
-                                                                                       : make_safetensors_source(path);
+    bool mxfp4 = false;
+    std::unique_ptr<WeightSource> weights = b.packed ? make_packed_source(path, *b.packed)
+                                            : b.config.moe_naming == MoeNaming::GptOss
+                                                ? gpt_oss_source(path, b.config, &mxfp4)
+                                                : make_safetensors_source(path);
+    b.load_note = b.packed ? packed_load_note(*b.packed) : mxfp4 ? mxfp4_load_note() : "";
     if (!b.packed) refuse_unmarked_codes(*weights, path);
     if (b.config.norm_plus_one) weights = gemma_source(std::move(weights));
     b.weights = split_fused_projections(std::move(weights), b.config);

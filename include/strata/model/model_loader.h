@@ -22,6 +22,9 @@ struct ModelBundle {
   std::string chat_template;           // empty when the model has none
   ChatTokens chat_tokens;              // the template's bos_token / eos_token strings
   std::optional<PackedFormat> packed;  // set for a GPTQ or AWQ checkpoint (packed_checkpoint.h)
+  // A line for the job's log on how the checkpoint's codes load (GPTQ/AWQ, MXFP4 experts): which
+  // compress_weights keeps them. Empty for other checkpoints.
+  std::string load_note;
   RecommendedSampling sampling;        // generation_config.json's or the GGUF's; none for dummy models
 };
 

@@ -62,8 +62,13 @@ std::unique_ptr<WeightSource> split_fused_projections(std::unique_ptr<WeightSour
 std::unique_ptr<WeightSource> gemma_source(std::unique_ptr<WeightSource> inner);
 // GPT-OSS's safetensors checkpoint at `path`: each layer's fused experts (gate_up_proj,
 // down_proj and their biases, as floats or MXFP4 blocks and scales) shown as each expert's
-// tensors under Qwen3-MoE's names (gpt_oss_source.cpp); other tensors as stored.
-std::unique_ptr<WeightSource> gpt_oss_source(const std::filesystem::path& path, const ModelConfig& cfg);
+// tensors under Qwen3-MoE's names (gpt_oss_source.cpp); other tensors as stored. MXFP4 matrices
+// are also read_codes() at {8 bits, group 32}, exactly; `mxfp4`, when given, is set to whether
+// any are stored so.
+std::unique_ptr<WeightSource> gpt_oss_source(const std::filesystem::path& path, const ModelConfig& cfg,
+                                             bool* mxfp4 = nullptr);
+// The line a job logs about a GPT-OSS checkpoint with MXFP4 experts: which policy keeps them.
+std::string mxfp4_load_note();
 // Deterministic small random values for every tensor the config implies; fast, no files.
 std::unique_ptr<WeightSource> make_dummy_source(const ModelConfig& cfg, uint64_t seed = 0);
 
