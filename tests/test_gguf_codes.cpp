@@ -212,6 +212,10 @@ TEST_CASE("gguf codes: which matrices keep their codes depends on the spec", "[g
     CHECK(wide.report.weights_kept_codes == 0);
     CHECK(wide.report.weights_quantized == 14);
   }
+  // What the search tries under --compress: 8-bit rows of group 32 keep every matrix's codes.
+  REQUIRE(model.weights->codes_spec());
+  CHECK(model.weights->codes_spec()->bits == 8);
+  CHECK(model.weights->codes_spec()->group_size == 32);
   CHECK(describe_weight_codes(four.report, Compression{4, 32}) ==
         "compressed weights (4-bit, group 32): 7 matrices keep the file's codes, 7 quantized at load");
 }

@@ -225,6 +225,13 @@ TEST_CASE("gpt-oss: MXFP4 experts are Strata's 8-bit rows of group 32 exactly, a
   ModelBundle floats = open_model(kModels + "tiny-gpt-oss");
   std::vector<uint8_t> scratch(quant::row_bytes({8, 32}, 64) * 32);
   CHECK_FALSE(floats.weights->read_codes(l + "3.gate_proj.weight", {8, 32}, scratch.data()));
+  // What the search tries under --compress, and the job's note.
+  REQUIRE(b.weights->codes_spec());
+  CHECK(b.weights->codes_spec()->bits == 8);
+  CHECK(b.weights->codes_spec()->group_size == 32);
+  CHECK_FALSE(floats.weights->codes_spec());
+  CHECK_THAT(b.load_note, Contains("{bits: 8, group_size: 32}"));
+  CHECK(floats.load_note.empty());
 
   // Through the engine at {8, 32}: every expert matrix keeps the file's values (3 layers x 6
   // experts x gate, up, down) and the attention's q, k, v and o are quantized at load, so the

@@ -103,6 +103,21 @@ TEST_CASE("gptq: the format comes from config.json's quantization_config", "[gpt
   CHECK(b.weights->contains("model.layers.0.self_attn.k_proj.weight"));
   CHECK_FALSE(b.weights->contains("model.layers.0.self_attn.k_proj.qweight"));
   for (const std::string& name : b.weights->names()) CHECK_FALSE(name.ends_with(".qzeros"));
+  // The compression that keeps the codes (the search tries it under --compress): 4 bits, the
+  // largest of Strata's groups dividing 64; groups of 48 keep none.
+  REQUIRE(b.weights->codes_spec());
+  CHECK(b.weights->codes_spec()->bits == 4);
+  CHECK(b.weights->codes_spec()->group_size == 64);
+  auto format = [](int bits, int group) {
+    PackedFormat f;
+    f.bits = bits, f.group_size = group;
+    return f;
+  };
+  CHECK(packed_codes_spec(format(8, 256))->group_size == 128);
+  CHECK(packed_codes_spec(format(8, 256))->bits == 8);
+  CHECK(packed_codes_spec(format(2, 0))->bits == 4);  // one group per row: any of Strata's divides it
+  CHECK_FALSE(packed_codes_spec(format(4, 48)));
+  CHECK_FALSE(open_model(model_dir("tiny-llama").string()).weights->codes_spec());
 }
 
 TEST_CASE("gptq, awq: compressed, the file's codes cross the links and give transformers' results",

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <set>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -754,4 +755,30 @@ TEST_CASE("a searched expert split is the one priced and re-checked against the 
     }
   }
   CHECK(partial > 0);
+}
+
+TEST_CASE("with compression allowed, the search tries the checkpoint's own codes", "[search]") {
+  const HardwareProfile hw = machine();
+  const ModelConfig cfg = *config_preset("opt-6.7b");
+  SearchOptions opts;
+  opts.budget = {4e9, 64e9, 1e12};  // tight on the GPU: compressed weights pay
+  // The weight compressions among the candidates, as (bits, group).
+  auto weight_specs = [&](const SearchOptions& o) {
+    std::set<std::pair<int, int>> specs;
+    for (const Candidate& c : search_candidates(cfg, hw, o))
+      specs.insert(c.policy.compress_weights ? std::pair{c.policy.compress_weights->bits, c.policy.compress_weights->group_size}
+                                             : std::pair{0, 0});
+    return specs;
+  };
+  // Without --compress the file's codes change nothing: weights stay uncompressed.
+  opts.kept_codes = Compression{8, 32};
+  CHECK(weight_specs(opts) == std::set<std::pair<int, int>>{{0, 0}});
+  // 8-bit codes (MXFP4 experts, Q8_0): beside 4-bit group 64, the throughput deciding.
+  opts.allow_compression = true;
+  CHECK(weight_specs(opts) == std::set<std::pair<int, int>>{{0, 0}, {4, 64}, {8, 32}});
+  // 4-bit codes (Q4_0, GPTQ 4-bit group 128): in its place, the file's values kept.
+  opts.kept_codes = Compression{4, 128};
+  CHECK(weight_specs(opts) == std::set<std::pair<int, int>>{{0, 0}, {4, 128}});
+  opts.kept_codes.reset();
+  CHECK(weight_specs(opts) == std::set<std::pair<int, int>>{{0, 0}, {4, 64}});
 }

@@ -39,6 +39,20 @@ ModelConfig resolve_model(const std::string& spec) {
                          << "), a model directory with config.json, or a .gguf file");
 }
 
+// The compression that keeps a checkpoint's own codes (WeightSource::codes_spec), where its weights
+// are here to say: a config.json alone, or a preset, has none.
+std::optional<Compression> kept_codes_of(const std::string& spec) {
+  const fs::path p(spec);
+  bool weights = fs::is_regular_file(p) && p.extension() == ".gguf";
+  if (fs::is_directory(p))
+    for (const fs::directory_entry& e : fs::directory_iterator(p))
+      weights = weights || e.path().extension() == ".safetensors";
+  if (!weights) return std::nullopt;
+  const auto codes = open_model(spec).weights->codes_spec();
+  if (!codes) return std::nullopt;
+  return Compression{codes->bits, codes->group_size};
+}
+
 double rounded(double v, int digits) {  // for JSON fields that read better short
   const double scale = std::pow(10.0, digits);
   return std::round(v * scale) / scale;
@@ -54,11 +68,12 @@ std::string split_str(const TierSplit& s) {
   return std::to_string(s.gpu) + "/" + std::to_string(s.cpu) + "/" + std::to_string(s.disk);
 }
 
+// "w4", "kv4", "w8+kv4": what is compressed, and to how many bits.
 std::string compression_str(const Policy& p) {
-  if (p.compress_weights && p.compress_kv_cache) return "w+kv";
-  if (p.compress_weights) return "w";
-  if (p.compress_kv_cache) return "kv";
-  return "-";
+  std::string s;
+  if (p.compress_weights) s = "w" + std::to_string(p.compress_weights->bits);
+  if (p.compress_kv_cache) s += (s.empty() ? "kv" : "+kv") + std::to_string(p.compress_kv_cache->bits);
+  return s.empty() ? "-" : s;
 }
 
 json tiers_json(const TierBytes& b) { return {{"gpu", b.gpu}, {"cpu", b.cpu}, {"disk", b.disk}}; }
@@ -160,15 +175,15 @@ std::string stagger_str(const Policy& p) {
 // `refill`: each candidate's continuous-batching throughput, a column of its own when given.
 void print_table(std::ostream& os, const std::vector<Candidate>& cands, const std::vector<double>& refill = {}) {
   char line[256];
-  std::snprintf(line, sizeof line, "  %-2s %5s %4s %6s  %-10s %-10s %-10s %-10s %-4s %-7s %-5s %4s %9s %10s %10s %10s %10s%s\n",
-                "#", "gbs", "ngb", "block", "weights", "experts", "kv_cache", "activ.", "cpuA", "cpuX", "4bit", "stag", "tok/s",
+  std::snprintf(line, sizeof line, "  %-2s %5s %4s %6s  %-10s %-10s %-10s %-10s %-4s %-7s %-6s %4s %9s %10s %10s %10s %10s%s\n",
+                "#", "gbs", "ngb", "block", "weights", "experts", "kv_cache", "activ.", "cpuA", "cpuX", "quant", "stag", "tok/s",
                 "latency_s", "gpu", "cpu", "disk", refill.empty() ? "" : "     refill");
   os << line;
   for (size_t i = 0; i < cands.size(); ++i) {
     const Candidate& c = cands[i];
     const TierBytes need = needed(c.prediction, c.plan_peak);
     std::snprintf(line, sizeof line,
-                  "  %-2zu %5d %4d %6d  %-10s %-10s %-10s %-10s %-4s %-7s %-5s %4s %9.3f %10.1f %10s %10s %10s\n", i + 1,
+                  "  %-2zu %5d %4d %6d  %-10s %-10s %-10s %-10s %-4s %-7s %-6s %4s %9.3f %10.1f %10s %10s %10s\n", i + 1,
                   c.policy.gpu_batch_size, c.policy.num_gpu_batches, c.policy.block_size(),
                   split_str(c.policy.weights).c_str(), experts_str(c.policy).c_str(), split_str(c.policy.kv_cache).c_str(),
                   split_str(c.policy.activations).c_str(), c.policy.cpu_attention ? "yes" : "no",
@@ -299,9 +314,9 @@ void run_pareto(const Args& a, const ModelConfig& cfg, const HardwareProfile& hw
      << format_bytes(opts.budget.cpu) << ", disk " << format_bytes(opts.budget.disk)
      << "\n\nthe best policy within each latency bound (latency: the time of one block):\n";
   char line[256];
-  std::snprintf(line, sizeof line, "  %10s %10s %9s %5s %4s %6s  %-10s %-10s %-10s %-10s %-4s %-7s %-5s %4s\n", "bound_s",
+  std::snprintf(line, sizeof line, "  %10s %10s %9s %5s %4s %6s  %-10s %-10s %-10s %-10s %-4s %-7s %-6s %4s\n", "bound_s",
                 "latency_s", "tok/s", "gbs", "ngb", "block", "weights", "experts", "kv_cache", "activ.", "cpuA", "cpuX",
-                "4bit", "stag");
+                "quant", "stag");
   os << line;
   for (const ParetoPoint& pt : points) {
     if (!pt.best) {
@@ -310,7 +325,7 @@ void run_pareto(const Args& a, const ModelConfig& cfg, const HardwareProfile& hw
       continue;
     }
     const Candidate& c = *pt.best;
-    std::snprintf(line, sizeof line, "  %10.3g %10.3g %9.3f %5d %4d %6d  %-10s %-10s %-10s %-10s %-4s %-7s %-5s %4s\n",
+    std::snprintf(line, sizeof line, "  %10.3g %10.3g %9.3f %5d %4d %6d  %-10s %-10s %-10s %-10s %-4s %-7s %-6s %4s\n",
                   pt.max_latency_s, c.prediction.latency_s, c.prediction.throughput_tok_s, c.policy.gpu_batch_size,
                   c.policy.num_gpu_batches, c.policy.block_size(), split_str(c.policy.weights).c_str(),
                   experts_str(c.policy).c_str(), split_str(c.policy.kv_cache).c_str(), split_str(c.policy.activations).c_str(),
@@ -333,6 +348,7 @@ void run(const Args& a, bool latency_given) {
   if (!a.cpu_mem.empty()) opts.budget.cpu = double(parse_size(a.cpu_mem, "--cpu-mem"));
   if (!a.disk_mem.empty()) opts.budget.disk = double(parse_size(a.disk_mem, "--disk-mem"));
   opts.allow_compression = a.compress;
+  if (a.compress) opts.kept_codes = kept_codes_of(a.model);
   if (latency_given) opts.max_latency_s = a.max_latency;
   opts.keep = a.top;
   if (a.pareto) {
@@ -471,7 +487,8 @@ void add_policy_command(CLI::App& app) {
   cmd->add_option("--gpu-mem", a->gpu_mem, "GPU budget (default: the profile's gpu_mem), e.g. 15GB");
   cmd->add_option("--cpu-mem", a->cpu_mem, "CPU budget (default: the profile's cpu_mem)");
   cmd->add_option("--disk-mem", a->disk_mem, "disk budget (default: the profile's disk_mem)");
-  cmd->add_flag("--compress", a->compress, "also consider 4-bit weights and KV cache");
+  cmd->add_flag("--compress", a->compress,
+                "also consider 4-bit weights and KV cache, and the weights' own codes (GPTQ/AWQ, GGUF, MXFP4)");
   auto* lat = cmd->add_option("--max-latency", a->max_latency, "bound on the time of one block, seconds")
                   ->check(CLI::PositiveNumber);
   cmd->add_flag("--json", a->json_out, "print one JSON object");

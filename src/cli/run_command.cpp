@@ -146,7 +146,8 @@ void add_run_command(CLI::App& app) {
                   "cached profile); offloads weights, KV cache and activations; its block replaces --batch-size")
       ->check(CLI::ExistingFile | CLI::IsMember({"auto"}));
   cmd->add_flag("--compress", opt->allow_compression,
-                "with --policy auto: also consider 4-bit weights and KV cache (group 64), as strata policy --compress");
+                "with --policy auto: also consider 4-bit weights and KV cache (group 64) and the weights' own codes "
+                "(GPTQ/AWQ, GGUF, MXFP4), as strata policy --compress");
   cmd->add_option("--gpu-mem", opt->gpu_mem, "GPU tier budget, e.g. 16GiB (default: free device memory)");
   cmd->add_option("--cpu-mem", opt->cpu_mem, "pinned CPU tier budget, e.g. 64GiB (default: available memory)");
   cmd->add_option("--disk-mem", opt->disk_mem, "disk tier budget (default: free space of the offload dir)");

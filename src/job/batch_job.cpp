@@ -271,7 +271,7 @@ public:
     if (!opt.cpu_mem.empty()) o.cpu_budget = double(parse_size(opt.cpu_mem, "--cpu-mem"));
     if (!opt.disk_mem.empty()) o.disk_budget = double(parse_size(opt.disk_mem, "--disk-mem"));
     o.offload_dir = opt.offload_dir;
-    o.policy = opt.policy == "auto" ? choose_policy(model.config, o, shape, prompts, log) : load_policy(opt.policy);
+    o.policy = opt.policy == "auto" ? choose_policy(model, o, shape, prompts, log) : load_policy(opt.policy);
     if (opt.no_overlap) o.policy.overlap = false;
     if (opt.prefill_tokens_given) o.policy.prefill_tokens = int(std::min<int64_t>(opt.prefill_token_budget, 1 << 24));
     o.trace = !opt.trace.empty();
@@ -330,13 +330,15 @@ public:
     return cached_or_measured_profile(p, log, "policy auto");
   }
 
-  Policy choose_policy(const ModelConfig& cfg, const OffloadOptions& o, const PlanShape& shape, size_t prompts,
+  Policy choose_policy(const ModelBundle& model, const OffloadOptions& o, const PlanShape& shape, size_t prompts,
                        std::ostream& log) {
+    const ModelConfig& cfg = model.config;
     const HardwareProfile hw = machine_profile(log);
     SearchOptions s;
     s.workload = {shape.prompt_len, std::max(shape.gen_len, 1)};
     s.budget = default_budgets(*backend_, o);
     s.allow_compression = opt_.allow_compression;
+    if (const auto codes = model.weights->codes_spec()) s.kept_codes = Compression{codes->bits, codes->group_size};
     if (backend_->device() == Device::CPU) {
       // The cost model counts fp16 bytes; the CPU backend keeps fp32, and its "gpu" and "cpu"
       // tiers share host memory: give each half of it, in fp16-equivalent bytes.

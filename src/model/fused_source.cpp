@@ -30,6 +30,7 @@ public:
   }
 
   std::string describe() const override { return inner_->describe(); }
+  std::optional<quant::QuantSpec> codes_spec() const override { return inner_->codes_spec(); }
   bool contains(const std::string& name) const override {
     return parts_.count(name) != 0 || (inner_->contains(name) && !fused_.count(name));
   }

@@ -42,6 +42,7 @@ public:
   }
 
   std::string describe() const override { return inner_->describe(); }
+  std::optional<quant::QuantSpec> codes_spec() const override { return inner_->codes_spec(); }
   bool contains(const std::string& name) const override { return stored_.count(name) != 0; }
   std::vector<std::string> names() const override { return names_; }
   std::vector<int64_t> shape(const std::string& name) const override { return inner_->shape(stored(name)); }

@@ -206,6 +206,16 @@ public:
   std::string describe() const override { return file_.path(); }
   bool contains(const std::string& name) const override { return map_.count(name) != 0; }
 
+  // The layers' matrices are what a policy compresses: their widest affine codes decide.
+  std::optional<quant::QuantSpec> codes_spec() const override {
+    int bits = 0;
+    for (const auto& [name, e] : map_)
+      if (name.find(".layers.") != std::string::npos && name.ends_with(".weight"))
+        bits = std::max(bits, ggml_affine_code_bits(e.info->type));
+    if (bits == 0) return std::nullopt;
+    return quant::QuantSpec{bits <= 4 ? 4 : 8, 32};
+  }
+
   // A 3-D expert tensor shows as one HF matrix per expert, rows [e rows, (e + 1) rows) of it.
   bool add_experts(const GgufTensorInfo& t, const std::string& arch) {
     int layer = 0;

@@ -109,6 +109,9 @@ public:
   }
 
   std::string describe() const override { return plain_->describe(); }
+  std::optional<quant::QuantSpec> codes_spec() const override {
+    return has_mxfp4() ? std::optional<quant::QuantSpec>(quant::QuantSpec{8, kMxGroup}) : std::nullopt;
+  }
   bool has_mxfp4() const {
     return std::any_of(layers_.begin(), layers_.end(),
                        [](const auto& l) { return !l->gate_up_blocks.empty() || !l->down_blocks.empty(); });

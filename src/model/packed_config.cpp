@@ -151,15 +151,18 @@ std::string describe_packed(const PackedFormat& format) {
   return s.str();
 }
 
+std::optional<quant::QuantSpec> packed_codes_spec(const PackedFormat& format) {
+  // The largest of Strata's group sizes that divides the file's keeps the codes (read_codes).
+  for (int g : {128, 64, 32})
+    if (format.group_size == 0 || format.group_size % g == 0) return quant::QuantSpec{format.bits <= 4 ? 4 : 8, g};
+  return std::nullopt;
+}
+
 std::string packed_load_note(const PackedFormat& format) {
   std::ostringstream s;
   s << "weights: " << describe_packed(format) << " checkpoint; ";
-  // The largest of Strata's group sizes that divides the file's keeps the codes (read_codes).
-  int group = 0;
-  for (int g : {128, 64, 32})
-    if (!group && (format.group_size == 0 || format.group_size % g == 0)) group = g;
-  if (group)
-    s << "a policy with compress_weights {bits: " << (format.bits <= 4 ? 4 : 8) << ", group_size: " << group
+  if (const auto spec = packed_codes_spec(format))
+    s << "a policy with compress_weights {bits: " << spec->bits << ", group_size: " << spec->group_size
       << "} keeps its codes, otherwise they are dequantized at load";
   else
     s << "its groups are not a multiple of 32, so its matrices are dequantized at load";

@@ -62,6 +62,7 @@ public:
   }
 
   std::string describe() const override { return plain_->describe(); }
+  std::optional<quant::QuantSpec> codes_spec() const override { return packed_codes_spec(format_); }
   bool contains(const std::string& name) const override {
     return linears_.count(name) != 0 || (plain_->contains(name) && packed_prefix(name).empty());
   }

@@ -204,7 +204,8 @@ namespace {
 struct Shape {
   int gbs, ngb;
   bool cpu_attention;
-  bool compress_weights, compress_cache;
+  std::optional<Compression> weights;  // compress_weights
+  bool compress_cache;
   bool cpu_experts_prefill = false, cpu_experts_decode = false;
   // The MLP halves placed apart from the attention halves, the LP choosing both splits
   // (ExpertSplit::Free): a second weight class.
@@ -219,7 +220,7 @@ Policy make_policy(const Shape& s) {
   p.cpu_attention = s.cpu_attention;
   p.cpu_experts_prefill = s.cpu_experts_prefill;
   p.cpu_experts_decode = s.cpu_experts_decode;
-  if (s.compress_weights) p.compress_weights = Compression{4, 64};
+  p.compress_weights = s.weights;
   if (s.compress_cache) p.compress_kv_cache = Compression{4, 64};
   return p;
 }
@@ -243,17 +244,30 @@ constexpr int kMaxBlock = 8192;
 // (decode steps activate few experts, prefill steps nearly all; prefill alone never pays where
 // decode does not), and its MLP halves placed apart from the attention halves, the LP choosing
 // both splits (MoE-Lightning's placement, every MLP half on the CPU, among them).
-std::vector<Shape> option_sets(bool allow_compression, bool moe) {
+//
+// Compressed weights are 4-bit group 64, or the checkpoint's own codes (SearchOptions::kept_codes)
+// where it has some: in their place when 4-bit (a second quantization gains a few bytes and loses
+// the file's values), beside them when 8-bit (fewer bytes against exact values: the throughput
+// decides).
+std::vector<std::optional<Compression>> weight_options(const SearchOptions& opts) {
+  std::vector<std::optional<Compression>> v = {std::nullopt};
+  if (!opts.allow_compression) return v;
+  if (!opts.kept_codes || opts.kept_codes->bits > 4) v.push_back(Compression{4, 64});
+  if (opts.kept_codes) v.push_back(opts.kept_codes);
+  return v;
+}
+
+std::vector<Shape> option_sets(const SearchOptions& opts, bool moe) {
   std::vector<Shape> v;
   const std::vector<std::pair<bool, bool>> phases =
       moe ? std::vector<std::pair<bool, bool>>{{false, false}, {false, true}, {true, true}}
           : std::vector<std::pair<bool, bool>>{{false, false}};
-  for (int cw = 0; cw <= int(allow_compression); ++cw)
-    for (int cc = 0; cc <= int(allow_compression); ++cc)
+  for (const std::optional<Compression>& weights : weight_options(opts))
+    for (int cc = 0; cc <= int(opts.allow_compression); ++cc)
       for (int ca = 0; ca <= 1; ++ca)
         for (const auto& [xp, xd] : phases)
           for (int apart = 0; apart <= int(moe); ++apart)
-            v.push_back({0, 0, bool(ca), bool(cw), bool(cc), xp, xd, bool(apart)});
+            v.push_back({0, 0, bool(ca), weights, bool(cc), xp, xd, bool(apart)});
   return v;
 }
 
@@ -436,9 +450,10 @@ std::string describe_shape(const Policy& p) {
   std::ostringstream os;
   os << "gpu_batch_size " << p.gpu_batch_size << ", " << p.num_gpu_batches << " GPU batch"
      << (p.num_gpu_batches == 1 ? "" : "es");
-  if (p.compress_weights || p.compress_kv_cache)
-    os << ", 4-bit" << (p.compress_weights ? " weights" : "") << (p.compress_weights && p.compress_kv_cache ? " and" : "")
-       << (p.compress_kv_cache ? " KV cache" : "");
+  // "4-bit weights and KV cache", or each with its own bits.
+  const bool same = p.compress_weights && p.compress_kv_cache && p.compress_weights->bits == p.compress_kv_cache->bits;
+  if (p.compress_weights) os << ", " << p.compress_weights->bits << "-bit weights";
+  if (p.compress_kv_cache) os << (same ? " and" : ", " + std::to_string(p.compress_kv_cache->bits) + "-bit") << " KV cache";
   return os.str();
 }
 
@@ -455,7 +470,10 @@ double least_on_tier(const CostForms& F, Tier t, const TierBytes& budget, bool o
 
 [[noreturn]] void no_policy_fits(const ModelConfig& cfg, const HardwareProfile& hw, const SearchOptions& opts) {
   // The smallest candidate: one sequence per GPU batch, one GPU batch, the most compression allowed.
-  Policy smallest = make_policy({1, 1, false, opts.allow_compression, opts.allow_compression});
+  std::optional<Compression> fewest_bits;
+  for (const std::optional<Compression>& w : weight_options(opts))
+    if (w && (!fewest_bits || w->bits < fewest_bits->bits)) fewest_bits = w;
+  Policy smallest = make_policy({1, 1, false, fewest_bits, opts.allow_compression});
   const CostForms F = cost_forms(cfg, smallest, opts.workload, hw);
   std::ostringstream os;
   os << "no policy fits " << cfg.name << " (prompt " << opts.workload.prompt_len << ", generation "
@@ -536,7 +554,7 @@ std::vector<std::pair<Candidate, CostForms>> collect(const ModelConfig& cfg, con
                                                      const SearchOptions& opts, int& lps_solved, bool refine_all) {
   std::vector<std::pair<Candidate, CostForms>> found;
   double best_found = 0;       // best throughput of a rounded candidate so far
-  for (Shape options : option_sets(opts.allow_compression, cfg.moe() && hw.cpu_flops > 0)) {
+  for (Shape options : option_sets(opts, cfg.moe() && hw.cpu_flops > 0)) {
     for (int gbs : batch_sizes()) {
       bool any = false;
       double best_here = 0;  // best LP throughput for this GPU batch size

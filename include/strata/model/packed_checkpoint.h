@@ -59,6 +59,10 @@ std::unique_ptr<WeightSource> make_packed_source(const std::filesystem::path& pa
 
 // "GPTQ 4-bit, group 128", "AWQ 4-bit, group 64" (for messages).
 std::string describe_packed(const PackedFormat& format);
+// The compress_weights spec that keeps its codes: its bits (4, or 8 for more) and the largest of
+// Strata's groups dividing its own; nullopt when its groups are not a multiple of 32. (A desc_act
+// checkpoint, whose inputs are permuted, keeps none even then.)
+std::optional<quant::QuantSpec> packed_codes_spec(const PackedFormat& format);
 // What happens to such a checkpoint's matrices, for the job's log: dequantized at load, unless a
 // compress_weights policy holds their codes.
 std::string packed_load_note(const PackedFormat& format);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ public:
   bool read_codes(const std::string& name, const quant::QuantSpec& spec, void* dst, ThreadPool* pool = nullptr) const {
     return read_codes_into(name, spec, dst, pool);
   }
+  // The spec under which read_codes() keeps the most of the stored codes (GPTQ/AWQ: its bits,
+  // the largest group of Strata's dividing its groups; GGUF: {4, 32} when every coded matrix is
+  // 4-bit, else {8, 32}; MXFP4 experts: {8, 32}); nullopt for a source without codes.
+  virtual std::optional<quant::QuantSpec> codes_spec() const { return std::nullopt; }
 
 protected:
   virtual void read_into(const std::string& name, DType dst_dtype, void* dst, ThreadPool* pool) const = 0;

@@ -14,6 +14,9 @@ struct SearchOptions {
   Workload workload;
   TierBytes budget;                      // bytes each tier may hold (usually the profile's gpu_mem, cpu_mem, disk_mem)
   bool allow_compression = false;        // also try 4-bit weights and/or KV cache (group 64)
+  // With allow_compression: the weight compression that keeps the checkpoint's own codes
+  // (WeightSource::codes_spec), tried instead of 4-bit group 64 when it is 4-bit, beside it when 8-bit.
+  std::optional<Compression> kept_codes;
   std::optional<double> max_latency_s;   // bound on the time of one block
   int keep = 5;                          // candidates returned, best first
 };
