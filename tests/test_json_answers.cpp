@@ -5,11 +5,14 @@
 // edges: where a document ends, how deep it nests, sampled answers.
 #include "test_paths.h"
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cctype>
+#include <random>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "forwarding_backend.h"
 #include "offload_grid.h"
 #include "strata/job/answers.h"
 #include "strata/model/model_loader.h"
@@ -390,4 +393,82 @@ TEST_CASE("sampled JSON answers draw only what the grammar allows, and closed on
     if (!surrogate) CHECK(json::accept(text));
   }
   CHECK(closed >= 2);
+}
+
+namespace {
+
+// Counts the bytes of each copy to the host.
+class CopyCountingBackend : public test::ForwardingBackend {
+public:
+  using ForwardingBackend::ForwardingBackend;
+  void copy_to_host(void* d, const void* s, size_t n) override {
+    copies.push_back(n);
+    ForwardingBackend::copy_to_host(d, s, n);
+  }
+  std::vector<size_t> copies;
+};
+
+// Eight greedy JSON answers' first step: rows 0-6's argmax "{" opens a document (the backend's
+// argmax decides them), row 7's "a" cannot ("[" is the best token that can). Checks the tokens
+// against the host's Sampler over the full rows, and that only row 7's logits crossed to the host
+// (one row of eight: StepSampler copies it alone, not the step's).
+void check_held_argmax(Backend& inner) {
+  const Tokenizer tokenizer = load_tokenizer("tokenizer/llama3-style/tokenizer.json");
+  const auto vocabulary = json_vocabulary(tokenizer);
+  const int64_t R = 8, V = vocabulary->size();
+  auto token = [&](const std::string& text) {
+    const std::vector<int32_t> ids = tokenizer.encode(text);
+    REQUIRE(ids.size() == 1);
+    return ids[0];
+  };
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> host(size_t(R * V));
+  for (float& x : host) x = normal(rng);
+  for (int64_t r = 0; r + 1 < R; ++r) host[size_t(r * V + token("{"))] = 100.0f;
+  host[size_t((R - 1) * V + token("a"))] = 100.0f;
+  host[size_t((R - 1) * V + token("["))] = 50.0f;
+  CopyCountingBackend backend(inner);
+  Buffer buf = backend.alloc(host.size() * 4);
+  backend.copy_to_device(buf.data(), host.data(), host.size() * 4);
+  ModelConfig cfg;
+  cfg.vocab_size = int(V);
+  cfg.max_positions = 16;
+  cfg.eos_ids = {0};
+  std::vector<GenRequest> reqs(static_cast<size_t>(R));
+  std::vector<Sequence> seqs;
+  for (int64_t r = 0; r < R; ++r) {
+    reqs[size_t(r)].prompt = {1, 2};
+    reqs[size_t(r)].sampling.max_new_tokens = 4;
+    reqs[size_t(r)].grammar = vocabulary;
+    seqs.push_back(start_sequence(reqs[size_t(r)], cfg, int(r), size_t(r)));
+  }
+  std::vector<Sequence*> rows;
+  for (Sequence& q : seqs) rows.push_back(&q);
+  StepSampler sampler(backend, cfg, size_t(R));
+  sampler.sample(buf.view(0, DType::F32, {R, V}), rows);
+  for (int64_t r = 0; r < R; ++r) {
+    Sampler reference(reqs[size_t(r)].sampling, {}, vocabulary.get());
+    CHECK(seqs[size_t(r)].result.tokens == std::vector<int32_t>{reference.sample(host.data() + r * V, V)});
+  }
+  CHECK(seqs[0].result.tokens[0] == token("{"));
+  CHECK(seqs[R - 1].result.tokens[0] == token("["));
+  CHECK(std::count(backend.copies.begin(), backend.copies.end(), size_t(V) * 4) == 1);
+  CHECK(std::count(backend.copies.begin(), backend.copies.end(), size_t(R * V) * 4) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("a greedy JSON answer takes the backend's argmax where its grammar allows it", "[sampler][json]") {
+  auto backend = make_cpu_backend(1);
+  check_held_argmax(*backend);
+}
+
+TEST_CASE("CUDA: a greedy JSON answer takes the device's argmax where its grammar allows it", "[sampler][json][cuda]") {
+  if (!cuda_available()) {
+    WARN("no GPU: skipped");
+    return;
+  }
+  auto backend = make_cuda_backend(0);
+  check_held_argmax(*backend);
 }

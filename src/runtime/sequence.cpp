@@ -94,14 +94,20 @@ bool plain_greedy(const Sequence* s) {
   return s->request->sampling.greedy() && !s->sampler.adjusts(s->result.tokens.size());
 }
 
+// Or may serve: a greedy JSON answer takes the argmax wherever its grammar allows it (most
+// steps), and only the other steps copy its row to the host to be masked.
+bool argmax_may_serve(const Sequence* s) {
+  return plain_greedy(s) || s->sampler.greedy_held(s->result.tokens.size());
+}
+
 }  // namespace
 
 void StepSampler::sample(const Tensor& logits, const std::vector<Sequence*>& seqs) {
   const int64_t R = int64_t(seqs.size());
   picks_.resize(size_t(R));
   row_logprobs_.resize(size_t(R));
-  const bool all_greedy = std::all_of(seqs.begin(), seqs.end(), plain_greedy);
-  const bool any_greedy = std::any_of(seqs.begin(), seqs.end(), plain_greedy);
+  const bool all_greedy = std::all_of(seqs.begin(), seqs.end(), argmax_may_serve);
+  const bool any_greedy = std::any_of(seqs.begin(), seqs.end(), argmax_may_serve);
   const bool any_logprobs =
       std::any_of(seqs.begin(), seqs.end(), [](const Sequence* s) { return s->request->logprobs >= 0; });
   const bool on_device = backend_.samples_on_device();
@@ -112,19 +118,24 @@ void StepSampler::sample(const Tensor& logits, const std::vector<Sequence*>& seq
     Tensor ids = device_buf_.view(0, DType::I32, {R});
     backend_.argmax_rows(logits, ids);
     backend_.copy_to_host(picks_.data(), ids.data, size_t(R) * 4);
-    for (int64_t r = 0; r < R; ++r) decided_[size_t(r)] = plain_greedy(seqs[size_t(r)]);
+    for (int64_t r = 0; r < R; ++r) {
+      Sequence& s = *seqs[size_t(r)];
+      decided_[size_t(r)] = plain_greedy(&s) || s.sampler.take_argmax(picks_[size_t(r)], s.result.tokens.size());
+    }
   }
+  const bool all_decided = std::all_of(decided_.begin(), decided_.end(), [](char d) { return d != 0; });
   // Rows the candidates may serve: unadjusted sampled rows and any asking for logprobs.
   const bool candidates_serve = std::any_of(seqs.begin(), seqs.end(), [](const Sequence* s) {
     const bool sampled = !s->request->sampling.greedy() && !s->sampler.adjusts(s->result.tokens.size());
     return sampled || s->request->logprobs >= 0;
   });
   full_rows_.clear();
-  if (!all_greedy || any_logprobs) {
+  if (!all_decided || any_logprobs) {
     if (on_device && candidates_serve) {
       sample_from_candidates(logits, seqs);
     } else {
-      for (int64_t r = 0; r < R; ++r) full_rows_.push_back(r);
+      for (int64_t r = 0; r < R; ++r)
+        if (!decided_[size_t(r)] || seqs[size_t(r)]->request->logprobs >= 0) full_rows_.push_back(r);
     }
   }
   if (!full_rows_.empty()) sample_full_rows(logits, seqs);

@@ -108,6 +108,20 @@ public:
   // stream is the same either way. Greedy rows and rows whose logits are adjusted get nullopt
   // without a draw (the backend's argmax serves the first, the full row the second).
   std::optional<int32_t> sample(const RowCandidates& c, size_t answer_len);
+  // A greedy answer held to a grammar and nothing else (no penalty, bias or min_tokens hold): its
+  // row's raw argmax is the token wherever the grammar allows it, so the backend's argmax can
+  // serve it without the row leaving the device.
+  bool greedy_held(size_t answer_len) const {
+    return params_.greedy() && answer_.cursor && !params_.adjusts_logits() && !holds_back(answer_len);
+  }
+  // For such an answer: takes `argmax` (the row's raw argmax) and moves on by it when the grammar
+  // allows it, as sample() would; false, nothing changed, when it does not (sample() then masks
+  // the full row).
+  bool take_argmax(int32_t argmax, size_t answer_len) {
+    if (!greedy_held(answer_len) || !answer_.cursor->accepts(argmax)) return false;
+    answer_.cursor->advance(argmax);
+    return true;
+  }
 
 private:
   // Whether min_tokens still holds the ends back after an answer of `answer_len` tokens.

@@ -76,7 +76,8 @@ public:
   // Samples one token per sequence from the rows of `logits` (row i belongs to seqs[i]) and
   // updates their state (EOS, stop check, length limit). When every row is greedy over its raw
   // logits (no penalty or bias), the argmax runs on the backend and only the ids cross to the
-  // host, unless a row asks for logprobs. Logprobs are always of the raw logits. Rows sampled or
+  // host, unless a row asks for logprobs. A greedy row held to a grammar counts as one: its
+  // argmax stands where the grammar allows it, and only otherwise does its row cross to be masked. Logprobs are always of the raw logits. Rows sampled or
   // scored on the host run on a pool of host threads when the step is large.
   // On a backend that samples on the device (the GPU), sampled rows and logprobs copy each row's
   // candidates (row_candidates.h: its largest logits and its sums), not its logits, and only the
