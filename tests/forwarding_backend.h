@@ -2,6 +2,7 @@
 // (a device that runs out of memory) and keep the rest.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "strata/backend/backend.h"
 #include "strata/core/error.h"
@@ -115,6 +116,23 @@ public:
 private:
   size_t min_bytes_ = 0;
   int count_ = 0;
+};
+
+// Records the sizes of the copies to the host (to tell a full row's copy from a step's) and the
+// launches of row_candidates.
+class CopyCountingBackend : public ForwardingBackend {
+public:
+  using ForwardingBackend::ForwardingBackend;
+  void copy_to_host(void* d, const void* s, size_t n) override {
+    copies.push_back(n);
+    ForwardingBackend::copy_to_host(d, s, n);
+  }
+  void row_candidates(const Tensor& logits, const Tensor& temperatures, int64_t capacity, void* out) override {
+    ++candidate_launches;
+    ForwardingBackend::row_candidates(logits, temperatures, capacity, out);
+  }
+  std::vector<size_t> copies;
+  int candidate_launches = 0;
 };
 
 }  // namespace strata::test

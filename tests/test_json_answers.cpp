@@ -397,16 +397,6 @@ TEST_CASE("sampled JSON answers draw only what the grammar allows, and closed on
 
 namespace {
 
-// Counts the bytes of each copy to the host.
-class CopyCountingBackend : public test::ForwardingBackend {
-public:
-  using ForwardingBackend::ForwardingBackend;
-  void copy_to_host(void* d, const void* s, size_t n) override {
-    copies.push_back(n);
-    ForwardingBackend::copy_to_host(d, s, n);
-  }
-  std::vector<size_t> copies;
-};
 
 // Eight greedy JSON answers' first step: rows 0-6's argmax "{" opens a document (the backend's
 // argmax decides them), row 7's "a" cannot ("[" is the best token that can). Checks the tokens
@@ -428,7 +418,7 @@ void check_held_argmax(Backend& inner) {
   for (int64_t r = 0; r + 1 < R; ++r) host[size_t(r * V + token("{"))] = 100.0f;
   host[size_t((R - 1) * V + token("a"))] = 100.0f;
   host[size_t((R - 1) * V + token("["))] = 50.0f;
-  CopyCountingBackend backend(inner);
+  test::CopyCountingBackend backend(inner);
   Buffer buf = backend.alloc(host.size() * 4);
   backend.copy_to_device(buf.data(), host.data(), host.size() * 4);
   ModelConfig cfg;

@@ -170,26 +170,6 @@ TEST_CASE("row candidates: the reference orders by logit, the higher id first am
   CHECK(c.sum_1 == sum_1);
 }
 
-namespace {
-
-// Records the sizes of the copies to the host, to tell a full row's copy from a step's.
-class CopyCountingBackend : public test::ForwardingBackend {
-public:
-  using ForwardingBackend::ForwardingBackend;
-  void copy_to_host(void* d, const void* s, size_t n) override {
-    copies.push_back(n);
-    ForwardingBackend::copy_to_host(d, s, n);
-  }
-  void row_candidates(const Tensor& logits, const Tensor& temperatures, int64_t capacity, void* out) override {
-    ++candidate_launches;
-    ForwardingBackend::row_candidates(logits, temperatures, capacity, out);
-  }
-  std::vector<size_t> copies;
-  int candidate_launches = 0;
-};
-
-}  // namespace
-
 TEST_CASE("CUDA: a step's sampled rows drawn from their candidates give the host's draws and logprobs",
           "[sampler][cuda]") {
   if (!cuda_available()) {
@@ -204,7 +184,7 @@ TEST_CASE("CUDA: a step's sampled rows drawn from their candidates give the host
   constexpr int64_t R = 32, V = 3000;
   constexpr int kSteps = 6;
   auto cuda = make_cuda_backend(0);
-  CopyCountingBackend backend(*cuda);
+  test::CopyCountingBackend backend(*cuda);
   ModelConfig cfg;
   cfg.vocab_size = int(V);
   cfg.max_positions = 64;

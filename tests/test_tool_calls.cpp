@@ -321,3 +321,36 @@ TEST_CASE("the schema of required tool calls hoists each tool's definitions, ref
   CHECK(read_required_tool_calls(R"([{"name": "a", "parameters": {"x": 1.0, "y": [true, null]}}])")->at(0).arguments ==
         R"({"x": 1.0, "y": [true, null]})");
 }
+
+TEST_CASE("parallel_tool_calls false keeps an answer's first call, and holds a required answer to one", "[job][tools]") {
+  const std::string tools =
+      R"([{"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": "g"}}])";
+  CHECK(parse_line(openai_line(R"(, "tools": )" + tools)).parallel_tool_calls);  // OpenAI's default
+  const PromptRecord one = parse_line(openai_line(R"(, "tools": )" + tools + R"(, "parallel_tool_calls": false)"));
+  REQUIRE_FALSE(one.error);
+  CHECK_FALSE(one.parallel_tool_calls);
+  AnswerSettings s = answer_settings(llama3_style(), {}, "qwen", 1700000000, ResponseFormat::Text);
+  s.tool_calls = ToolCallFormat::Hermes;
+  GenResult g;
+  g.tokens = llama3_style().encode("<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n"
+                                   "<tool_call>\n{\"name\": \"g\", \"arguments\": {\"x\": 1}}\n</tool_call>");
+  g.finish = FinishReason::Eos;
+  const json first = answer_line(one, 5, std::span(&g, 1), s)["response"]["body"]["choices"][0];
+  REQUIRE(first["message"]["tool_calls"].size() == 1);
+  CHECK(first["message"]["tool_calls"][0]["function"]["name"] == "f");
+  CHECK(first["finish_reason"] == "tool_calls");
+  const PromptRecord both = parse_line(openai_line(R"(, "tools": )" + tools));
+  CHECK(answer_line(both, 5, std::span(&g, 1), s)["response"]["body"]["choices"][0]["message"]["tool_calls"].size() == 2);
+  // "required": the schema allows one call at most.
+  const PromptRecord required =
+      parse_line(openai_line(R"(, "tools": )" + tools + R"(, "tool_choice": "required", "parallel_tool_calls": false)"));
+  REQUIRE_FALSE(required.error);
+  CHECK(json::parse(required.json_schema)["maxItems"] == 1);
+  CHECK_FALSE(json::parse(parse_line(openai_line(R"(, "tools": )" + tools + R"(, "tool_choice": "required")")).json_schema)
+                  .contains("maxItems"));
+  // Not a boolean: an error line naming the field.
+  const PromptRecord bad = parse_line(openai_line(R"(, "tools": )" + tools + R"(, "parallel_tool_calls": "no")"));
+  REQUIRE(bad.error);
+  CHECK(bad.error->code == "invalid_type");
+  CHECK_THAT(bad.error->message, Catch::Contains("body.parallel_tool_calls"));
+}

@@ -192,6 +192,7 @@ json take_tool_calls(const PromptRecord& r, const AnswerSettings& s, size_t choi
   ToolCallAnswer a =
       s.tool_calls == ToolCallFormat::Hermes ? read_hermes_tool_calls(text) : read_llama3_json_tool_calls(text);
   if (a.calls.empty()) return nullptr;
+  if (!r.parallel_tool_calls) a.calls.resize(1);  // vLLM's filter: the first call only
   json calls = json::array();
   for (size_t k = 0; k < a.calls.size(); ++k)
     calls.push_back(tool_call_json(r, choice, k, a.calls[k].name, a.calls[k].arguments));

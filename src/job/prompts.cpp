@@ -27,7 +27,8 @@ namespace {
 const std::set<std::string> kKnownKeys = {
     "id", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos", "stop", "n",
     "logprobs", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
-    "stop_token_ids", "response_format", "reasoning_effort", "chat_template_kwargs", "tools", "tool_choice"};
+    "stop_token_ids", "response_format", "reasoning_effort", "chat_template_kwargs", "tools", "tool_choice",
+    "parallel_tool_calls"};
 
 struct LineContext {
   std::string where;  // "file:line"
@@ -347,7 +348,7 @@ std::optional<FieldError> hold_to_tool_calls(const nlohmann::ordered_json& tools
       if (const auto e = check_parameters(tools, i, field)) return e;
   }
   try {
-    const nlohmann::ordered_json schema = required_tool_calls_schema(tools);
+    const nlohmann::ordered_json schema = required_tool_calls_schema(tools, r.parallel_tool_calls);
     compile_json_schema(schema);
     r.json_schema = schema.dump();
   } catch (const JsonSchemaError& e) {
@@ -362,6 +363,12 @@ std::optional<FieldError> hold_to_tool_calls(const nlohmann::ordered_json& tools
 std::optional<FieldError> read_tools(std::string_view text, bool openai, const json& obj, PromptRecord& r) {
   const FieldName field = [openai](const std::string& key) { return openai ? "body." + key : "field '" + key + "'"; };
   const bool has_tools = obj.contains("tools") && !obj["tools"].is_null();
+  if (obj.contains("parallel_tool_calls") && !obj["parallel_tool_calls"].is_null()) {
+    if (!obj["parallel_tool_calls"].is_boolean())
+      return FieldError{"invalid_type", field("parallel_tool_calls") + " must be a boolean, got " +
+                                            obj["parallel_tool_calls"].dump()};
+    r.parallel_tool_calls = obj["parallel_tool_calls"].get<bool>();
+  }
   std::string named;
   if (const auto e = read_tool_choice(obj, has_tools, field, r, named)) return e;
   if (!has_tools) return std::nullopt;
@@ -420,7 +427,7 @@ const std::set<std::string> kOpenAIBodyKeys = {
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
     "logprobs", "top_logprobs", "stream", "frequency_penalty", "presence_penalty", "logit_bias", "top_k", "min_p",
     "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "response_format",
-    "reasoning_effort", "chat_template_kwargs", "tools", "tool_choice"};
+    "reasoning_effort", "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls"};
 
 [[noreturn]] void refuse(const std::string& code, const std::string& message) { throw ServeError{code, message}; }
 

@@ -94,7 +94,7 @@ ToolCallAnswer read_llama3_json_tool_calls(std::string_view answer) {
   return out;  // content null: vLLM drops the text around the calls
 }
 
-nlohmann::ordered_json required_tool_calls_schema(const nlohmann::ordered_json& tools) {
+nlohmann::ordered_json required_tool_calls_schema(const nlohmann::ordered_json& tools, bool parallel) {
   using ordered_json = nlohmann::ordered_json;
   ordered_json alternatives = ordered_json::array(), hoisted = ordered_json::object();
   for (const ordered_json& tool : tools) {
@@ -123,6 +123,7 @@ nlohmann::ordered_json required_tool_calls_schema(const nlohmann::ordered_json& 
   ordered_json schema = {{"type", "array"},
                          {"minItems", 1},
                          {"items", alternatives.size() == 1 ? alternatives[0] : ordered_json{{"anyOf", alternatives}}}};
+  if (!parallel) schema["maxItems"] = 1;
   for (const auto& [section, defs] : hoisted.items()) schema[section] = defs;
   return schema;
 }

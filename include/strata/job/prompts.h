@@ -68,6 +68,9 @@ struct PromptRecord {
   // tool_choice "required": the answer is held to a non-empty array of calls of the tools
   // (required_tool_calls_schema, job/tool_calls.h) and written as those calls.
   bool tool_calls_required = false;
+  // parallel_tool_calls: false keeps an answer's first call only (vLLM's filter), and holds a
+  // "required" answer to one call.
+  bool parallel_tool_calls = true;
   std::string model;                 // OpenAI body.model, echoed in the response ("" if absent)
   std::optional<ServeError> error;   // OpenAI only: answer with this error instead of generating
 };

@@ -44,8 +44,9 @@ ToolCallAnswer read_llama3_json_tool_calls(std::string_view answer);
 // calls, each {"name": one of `tools`' names, "parameters": that tool's parameters schema (an
 // empty object where it has none)}. `tools` as the request wrote them (OpenAI's function tools);
 // each one's $defs and definitions move to the schema's root, where its references point. Throws
-// JsonSchemaError (runtime/json_schema.h) when two tools define one name differently.
-nlohmann::ordered_json required_tool_calls_schema(const nlohmann::ordered_json& tools);
+// JsonSchemaError (runtime/json_schema.h) when two tools define one name differently. Not
+// `parallel` (parallel_tool_calls false): one call at most (maxItems 1), the one vLLM would keep.
+nlohmann::ordered_json required_tool_calls_schema(const nlohmann::ordered_json& tools, bool parallel = true);
 
 // The calls of an answer held to that schema, each one's arguments its "parameters" printed as
 // json.dumps(ensure_ascii=False) prints them; nullopt when the answer is not such an array (the
