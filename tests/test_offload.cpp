@@ -62,6 +62,39 @@ void check_policy_grid(const char* name, Backend& backend) {
 // Gemma's layers in the same grid: each layer's window, soft cap and RoPE row reach CPU-delegated
 // attention, and the norms after the attention and the MLP travel in their halves. (Apart from the
 // test below so that CI's AddressSanitizer stage, which runs [offload], stays within its time.)
+TEST_CASE("a sliding-window layer's decode step moves only the cache rows within its window", "[gpt_oss][offload]") {
+  // tiny-gpt-oss: layers sliding (window 8), full, sliding. Two prompts of 12 tokens, 20 new
+  // tokens each (EOS ignored), the cache on the CPU and everything else on the GPU: the only
+  // cpu->gpu copies are the cache's. Decode token t (1 .. 19) attends at position 11 + t: a full
+  // layer loads its 11 + t stored rows, a sliding one the 7 before that position (8 keys
+  // counting its own, which the step writes).
+  auto backend = make_cpu_backend(2);
+  ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/tiny-gpt-oss");
+  const ModelConfig& cfg = model.config;
+  REQUIRE(cfg.layer_window == 8);
+  REQUIRE(cfg.window_layers == std::vector<int>{0, 2});
+  constexpr int P = 12, N = 20, slots = 2;
+  std::vector<GenRequest> reqs(slots);
+  for (int k = 0; k < slots; ++k) {
+    for (int i = 0; i < P; ++i) reqs[size_t(k)].prompt.push_back(int32_t(10 + 7 * i + k));
+    reqs[size_t(k)].sampling.max_new_tokens = N;
+    reqs[size_t(k)].sampling.ignore_eos = true;
+  }
+  OffloadOptions opt;
+  opt.policy = policy_of(slots, 1, {100, 0, 0}, {0, 100, 0}, {100, 0, 0});
+  opt.offload_dir = offload_dir("window-rows");
+  OffloadEngine engine(cfg, *model.weights, *backend, opt, shape_of(reqs));
+  const std::vector<GenResult> got = engine.generate(reqs);
+  REQUIRE(got[0].tokens.size() == size_t(N));
+  const uint64_t row = uint64_t(cfg.kv_dim()) * dtype_size(backend->activation_dtype());  // K or V
+  uint64_t want = 0;
+  for (int t = 1; t < N; ++t) {
+    const uint64_t stored = uint64_t(P + t - 1);
+    want += 2 * slots * row * (stored + 2 * std::min<uint64_t>(stored, cfg.layer_window - 1));
+  }
+  CHECK(engine.report().cpu_to_gpu.bytes == want);
+}
+
 TEST_CASE("every policy generates Hugging Face's greedy tokens for Gemma's sliding windows and soft caps",
           "[gemma][policy_grid]") {
   auto backend = make_cpu_backend(2);

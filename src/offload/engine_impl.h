@@ -67,6 +67,7 @@ struct BatchState {
   std::vector<Sequence*> seqs;  // index = cache slot - first_slot
   int pmin = 0, pmax = 0;       // shortest and longest prompt
   StepBatch step;               // this token's step; slots are relative to first_slot
+  int step_built = -1;          // serving: the token step `step` was built for
   std::vector<Sequence*> active;   // the sequences the step computes
   std::vector<int> prompt_start;   // prefill: [active] its first computed position (copied before it)
   std::vector<Sequence*> sampled;  // the sequences of its logit rows: active ones, and in prefill their followers
@@ -390,7 +391,8 @@ struct OffloadEngine::Impl {
   int token(int i, int u) const { return served ? i + 1 : step_units[size_t(i)][size_t(u)].token; }
   int n_units(int i) const { return served ? ngb : int(step_units[size_t(i)].size()); }
 
-  SlotRange load_range(int i, int u) const;   // cache entries that exist before the unit's token t
+  // Cache entries that exist before the unit's token t, those its step reads in `layer`.
+  SlotRange load_range(int i, int u, int layer) const;
   SlotRange store_range(int i, int u) const;  // cache entries token t writes (union over slots)
   // Decode attention on the CPU where the cache lives off the GPU: in place on the CPU tier, over
   // its pinned mirror for disk homes. The cache never crosses to the GPU then.

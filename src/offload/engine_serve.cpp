@@ -83,6 +83,7 @@ void OffloadEngine::Impl::build_served_step(int i, int u) {
   ServeState& s = *served;
   BatchState& b = unit(i, u);
   b.step = StepBatch();
+  b.step_built = i;
   b.active.clear();
   b.sampled.clear();
   b.advancing.clear();

@@ -187,17 +187,32 @@ Ticket OffloadEngine::Impl::copy_flat(CopyKind kind, char* dst, const char* src,
       std::move(deps));
 }
 
-SlotRange OffloadEngine::Impl::load_range(int i, int u) const {
+SlotRange OffloadEngine::Impl::load_range(int i, int u, int layer) const {
   const BatchState& b = unit(i, u);
+  SlotRange r;
+  int earliest = 0;     // the step's earliest position
+  bool copies = false;  // the step copies prompt rows into other slots: its store writes rows from 0
   if (served) {
     // Every slot's stored positions, as far as the steps built so far have written: the step to
     // load, or (prefetched one step ahead) the step before it, which adds nothing the step reads.
     // Rows past a slot's own are loaded and stored back unread.
     const int* valid = served->valid.data() + size_t(b.batch) * size_t(gbs);
-    return {0, std::min(*std::max_element(valid, valid + gbs), shape.capacity())};
+    r = {0, std::min(*std::max_element(valid, valid + gbs), shape.capacity())};
+    // A prefetch before the step is built knows neither its positions nor its prompt copies.
+    if (b.step_built != i || b.step.tokens.empty()) return r;
+    earliest = *std::min_element(b.step.positions.begin(), b.step.positions.end());
+    copies = !b.shared.empty() || !b.step.prefix_copies.empty();
+  } else {
+    const int t = token(i, u);
+    r = {0, t == 0 ? 0 : std::min(b.pmax + t - 1, shape.capacity())};
+    earliest = b.pmin + t - 1;
+    copies = t == 1 && !b.shared.empty();
   }
-  const int t = token(i, u);
-  return {0, t == 0 ? 0 : std::min(b.pmax + t - 1, shape.capacity())};
+  // A sliding-window layer's tokens attend to the rows within the window of the earliest one
+  // (AttentionSpec::first_key): rows before that stay home, unread by every later step too.
+  if (cfg.window_layer(layer) && cfg.layer_window > 0 && !copies)
+    r.begin = std::clamp(earliest - cfg.layer_window + 1, 0, std::max(r.end, 0));
+  return r;
 }
 
 SlotRange OffloadEngine::Impl::store_range(int i, int u) const {
@@ -260,7 +275,7 @@ void OffloadEngine::Impl::load_cache_async(int i, int j, int u) {
   h.valid = true;
   h.token = i;
   if (!mirror_only) h.gpu = c_gpu.acquire();
-  const SlotRange r = load_range(i, u);
+  const SlotRange r = load_range(i, u, j);
   char* host = home.ptr;
   std::vector<Ticket> deps = c_stored[size_t(b.batch)][size_t(j)];  // its last writes
   if (home.tier == Tier::Disk) {

@@ -217,6 +217,9 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
   const double cache_prefill = bls * s * z.kv_per_token;  // the prompt's K and V, written once
   const double cache_new = bls * z.kv_per_token;          // one decode step's K and V
   const double cache_avg_fp16 = z.cache_avg / (z.kv_per_token / z.kv_per_token_fp16);
+  // What a decode step loads of an offloaded cache: a sliding-window layer's window only
+  // (load_range, engine_transfers.cpp), as its attention reads.
+  const double cache_read = z.cache_avg * z.attended_fraction;
   const double Ap = z.act_prefill, Ag = z.act_decode;
   // The runtime steps through a layer's attention and MLP blocks separately (its weights stream
   // half by half), so an offloaded hidden state goes out and comes back twice per layer.
@@ -325,12 +328,12 @@ CostForms unsplit_forms(const ModelConfig& cfg, const Policy& p, const Workload&
     add(D[CTOG], out / ctog, {CC, CD});
     add(D[GTOC], qkv / gtoc, {CC, CD});
   } else {
-    add(D[CTOG], z.cache_avg / ctog, {CC, CD});
+    add(D[CTOG], cache_read / ctog, {CC, CD});
     add(D[GTOC], cache_new / gtoc, {CC, CD});
   }
   add(D[DTOC], Wa / dtoc, {WD});
   add_mlp(D[DTOC], Wm / dtoc, Tier::Disk);
-  add(D[DTOC], z.cache_avg / dtoc, {CD});
+  add(D[DTOC], cache_read / dtoc, {CD});
   add(D[DTOC], Ag_moved / dtoc, {HD});
   add(D[CTOD], cache_new / ctod, {CD});
   add(D[CTOD], Ag_moved / ctod, {HD});

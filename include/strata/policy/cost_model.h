@@ -74,8 +74,9 @@ struct CostSizes {
   double cache_avg = 0;           // C: KV cache of one layer read per decode step, whole block, as stored
   double cache_capacity = 0;      // KV cache of one layer at s + n tokens, whole block, as stored
   // The share of cache_avg a decode step's attention reads, over the layers: 1, or less where
-  // sliding-window layers (Gemma) read only their window of an average context s + n / 2. The
-  // cache is still stored and moved whole.
+  // sliding-window layers (Gemma, GPT-OSS) read only their window of an average context s + n / 2.
+  // The cache is still stored whole; an offloaded one is moved (and read from disk) within the
+  // windows.
   double attended_fraction = 1;
   double act_prefill = 0;         // hidden states of the block after one layer in prefill
   double act_decode = 0;          // ... in one decode step
