@@ -41,6 +41,12 @@
 #              bench_quant --grouped on the GPU
 #              and --cold --grouped on the host CPU over Qwen3-30B-A3B's expert matrices (when
 #              staged). Only by name
+#   gptoss     dummy:gpt-oss-20b under --gpu-mem 16GiB (decode projected from 4 steps), the same
+#              weights split (20/80) with fp16 experts and with compress_weights {8, 32} (what
+#              MXFP4 experts keep exactly, 9 bits a value), at prompt 512; then the cache on the CPU
+#              with GPU attention at prompt 4096, where its sliding layers load only their window:
+#              OUT/gptoss.tgz and its cases in OUT/summary.json (cpu->gpu bytes, predicted beside
+#              measured). Only by name
 #   peers      issue 36: FlexGen 0.1.8 and Accelerate beside Strata on the same cases (prompt 512,
 #              generation 32), in pairs, fastest first: OUT/peers.tgz and OUT/summary.json. A peer's
 #              row already committed for this card kind (bench/results/*-GPU-summary.json) is kept,
@@ -387,6 +393,29 @@ part_moe() {
   fi
 }
 
+part_gptoss() {
+  local dir="$out/gptoss" hw="$out/hardware.yaml"
+  [ -f "$hw" ] || hw=${STRATA_HARDWARE:-policies/hardware/$gpu_slug.yaml}
+  rm -rf "$dir"; mkdir -p "$dir"
+  local base="gpu_batch_size: 8\nnum_gpu_batches: 1\nweights: {gpu: 20, cpu: 80, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n"
+  printf "${base}kv_cache: {gpu: 100, cpu: 0, disk: 0}\n" > "$dir/fp16.yaml"
+  printf "${base}kv_cache: {gpu: 100, cpu: 0, disk: 0}\ncompress_weights: {bits: 8, group_size: 32}\n" > "$dir/w8g32.yaml"
+  printf "${base}kv_cache: {gpu: 0, cpu: 100, disk: 0}\ncpu_attention: false\n" > "$dir/cpu-cache.yaml"
+  {
+    echo "name: gptoss-gpu"
+    echo "cases:"
+    # STRATA_SUITE_GPTOSS_LAYERS=N cuts the model (a rehearsal on a small host).
+    local cut=${STRATA_SUITE_GPTOSS_LAYERS:+, layers: $STRATA_SUITE_GPTOSS_LAYERS}
+    echo "  - {name: gpt-oss-20b-fp16, model: gpt-oss-20b, prompt_len: 512, gen_len: 32, gpu_mem: 16GiB, decode_steps: 4, policy: $dir/fp16.yaml$cut}"
+    echo "  - {name: gpt-oss-20b-w8g32, model: gpt-oss-20b, prompt_len: 512, gen_len: 32, gpu_mem: 16GiB, decode_steps: 4, policy: $dir/w8g32.yaml$cut}"
+    echo "  - {name: gpt-oss-20b-cpu-cache-4k, model: gpt-oss-20b, prompt_len: 4096, gen_len: 32, gpu_mem: 16GiB, decode_steps: 4, policy: $dir/cpu-cache.yaml$cut}"
+  } > "$dir/suite.yaml"
+  STRATA_SUITE_STEP_TIMEOUT=${STRATA_SUITE_GPTOSS_TIMEOUT:-420} step "bench gptoss-gpu (gpt-oss-20b)" \
+    strata bench --suite "$dir/suite.yaml" --device "${STRATA_SUITE_DEVICE:-cuda}" --hardware "$hw" \
+    --offload-dir "$offload_dir" --out "$dir/run" --no-progress
+  [ -f "$dir/run/results.md" ] && tee -a "$summary" < "$dir/run/results.md"
+}
+
 # peer_pair NAME MODEL POLICY ENGINES... : one case (prompt 512, generation 32) in Strata (policy
 # file, or auto under --gpu-mem 16GiB), then in each peer engine named, into $out/peers/NAME/.
 peer_pair() {
@@ -471,7 +500,8 @@ part_peers() {
 
 # OUT/summary.json (issue 36, point 3) from parts peers, engine, moe and kernels, then their archives.
 write_summary() {
-  [ -d "$out/peers" ] || [ -d "$out/engine" ] || [ -d "$out/moe" ] || [ -n "${kernels_ran:-}" ] || return 0
+  [ -d "$out/peers" ] || [ -d "$out/engine" ] || [ -d "$out/moe" ] || [ -d "$out/gptoss" ] || [ -n "${kernels_ran:-}" ] ||
+    return 0
   local inputs="$out/peers" args=(--commit "$commit" --strata-build "${commit%% *}" --log "$log"
     --strata-command "strata bench --suite CASE.yaml --device cuda (bench/gpu_suite.sh $parts)")
   [ -d "$inputs" ] || { inputs="$out/summary-inputs"; mkdir -p "$inputs"; }
@@ -484,17 +514,21 @@ write_summary() {
   for where in host device; do
     [ -f "$out/moe/routing-$where/results.jsonl" ] && args+=(--results "$out/moe/routing-$where/results.jsonl")
   done
+  if [ -f "$out/gptoss/run/results.jsonl" ]; then
+    [ -f "$inputs/results.jsonl" ] && [ ! -f "$out/moe/run/results.jsonl" ] && args+=(--results "$inputs/results.jsonl")
+    args+=(--results "$out/gptoss/run/results.jsonl")
+  fi
   python3 bench/summary_json.py "$inputs" "${args[@]}" && cp "$inputs/summary.json" "$out/summary.json"
   rm -rf "$out/summary-inputs"
   local d
-  for d in peers engine moe; do
+  for d in peers engine moe gptoss; do
     [ -d "$out/$d" ] && tar -C "$out" -czf "$out/$d.tgz" "$d" && rm -rf "${out:?}/$d"
   done
 }
 
 for part in $parts; do
   case $part in
-    tests|profile|generate|offload|run30|calibrate|quant|peers|engine|kernels|moe) "part_$part" ;;
+    tests|profile|generate|offload|run30|calibrate|quant|peers|engine|kernels|moe|gptoss) "part_$part" ;;
     *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;;
   esac
 done

@@ -79,16 +79,21 @@ TEST_CASE("bench runs every case, predicts beside measuring, and reports a case 
   std::ofstream(dir / "p.yaml") << "gpu_batch_size: 2\nnum_gpu_batches: 2\nweights: {gpu: 0, cpu: 100, disk: 0}\n"
                                    "kv_cache: {gpu: 0, cpu: 100, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n"
                                    "compress_weights: {bits: 4, group_size: 64}\n";
+  std::ofstream(dir / "p8.yaml") << "gpu_batch_size: 2\nnum_gpu_batches: 2\nweights: {gpu: 0, cpu: 100, disk: 0}\n"
+                                    "kv_cache: {gpu: 0, cpu: 100, disk: 0}\nactivations: {gpu: 100, cpu: 0, disk: 0}\n"
+                                    "compress_weights: {bits: 8, group_size: 32}\n"
+                                    "compress_kv_cache: {bits: 4, group_size: 64}\n";
   std::ofstream(dir / "suite.yaml") << "name: tiny\ncases:\n" + kCase +
                                            "  - {name: too-big, model: opt-125m, prompt_len: 16, gen_len: 4, policy: "
-                                           "p.yaml, gpu_mem: 1MB}\n";
+                                           "p.yaml, gpu_mem: 1MB}\n"
+                                           "  - {name: eight, model: opt-125m, prompt_len: 16, gen_len: 2, policy: p8.yaml}\n";
   // A profile so that the cost model predicts (the paper's machine: any profile will do here).
   BenchOptions opt = cpu_run(dir, "t4-paper.yaml");
   opt.repeat = 2;
   std::ostringstream log;
   const std::vector<BenchCaseResult> results = run_bench(opt, log);
   INFO(log.str());
-  REQUIRE(results.size() == 2);
+  REQUIRE(results.size() == 3);
   CHECK(results[0].status == "ok");
   REQUIRE(results[0].runs.size() == 2);
   for (const BenchMeasure& m : results[0].runs) {
@@ -110,7 +115,7 @@ TEST_CASE("bench runs every case, predicts beside measuring, and reports a case 
   std::string line;
   std::vector<nlohmann::json> rows;
   while (std::getline(jl, line)) rows.push_back(nlohmann::json::parse(line));
-  REQUIRE(rows.size() == 2);
+  REQUIRE(rows.size() == 3);
   CHECK(rows[0]["name"] == "a");
   CHECK(rows[0]["measured"]["total_tok_s"].get<double>() == Approx(results[0].mean().total_tok_s));
   CHECK(rows[0]["measured"]["repeats"] == 2);
@@ -125,6 +130,8 @@ TEST_CASE("bench runs every case, predicts beside measuring, and reports a case 
   text << md.rdbuf();
   CHECK_THAT(text.str(), Catch::Contains("| a | strata | opt-125m | 16 | 4 | 2 x 2 (4-bit) |") &&
                              Catch::Contains(" ± ") && Catch::Contains("| too-big | strata |"));
+  // Compression of other widths is named part by part.
+  CHECK_THAT(text.str(), Catch::Contains("2 x 2 (8-bit weights, 4-bit cache)"));
   CHECK(rows[0]["engine"] == "strata");
   CHECK(rows[0]["suite"] == "tiny");
   fs::remove_all(dir);

@@ -389,13 +389,23 @@ std::string str(const json& j, const char* key, const std::string& fallback = ""
   return it != j.end() && it->is_string() ? it->get<std::string>() : fallback;
 }
 
+// " (4-bit)" where everything compressed is 4-bit, else each part's bits: " (8-bit weights)",
+// " (8-bit weights, 4-bit cache)"; "" without compression.
+std::string compression_of(const Policy& p) {
+  const std::optional<Compression>&w = p.compress_weights, &c = p.compress_kv_cache;
+  if (!w && !c) return "";
+  if ((!w || w->bits == 4) && (!c || c->bits == 4)) return " (4-bit)";
+  std::string s = w ? std::to_string(w->bits) + "-bit weights" : "";
+  if (c) s += (s.empty() ? "" : ", ") + std::to_string(c->bits) + "-bit cache";
+  return " (" + s + ")";
+}
+
 // "8 x 1 (4-bit)": Strata's lines carry the policy YAML, peers' lines the batch shape.
 std::string block_of(const json& j) {
   if (j.contains("policy") && j["policy"].is_string()) {
     try {
       const Policy p = parse_policy(j["policy"].get<std::string>(), str(j, "name"));
-      return std::to_string(p.gpu_batch_size) + " x " + std::to_string(p.num_gpu_batches) +
-             (p.compress_weights || p.compress_kv_cache ? " (4-bit)" : "");
+      return std::to_string(p.gpu_batch_size) + " x " + std::to_string(p.num_gpu_batches) + compression_of(p);
     } catch (const Error&) {  // not a whole policy: its batch shape alone
       const std::string y = j["policy"].get<std::string>();
       std::smatch g, n;
