@@ -48,9 +48,7 @@ std::optional<Compression> kept_codes_of(const std::string& spec) {
     for (const fs::directory_entry& e : fs::directory_iterator(p))
       weights = weights || e.path().extension() == ".safetensors";
   if (!weights) return std::nullopt;
-  const auto codes = open_model(spec).weights->codes_spec();
-  if (!codes) return std::nullopt;
-  return Compression{codes->bits, codes->group_size};
+  return kept_codes_compression(open_model(spec).weights->codes_spec());
 }
 
 double rounded(double v, int digits) {  // for JSON fields that read better short

@@ -167,6 +167,13 @@ json tool_call_json(const PromptRecord& r, size_t choice, size_t k, const std::s
           {"function", {{"name", name}, {"arguments", arguments}}}};
 }
 
+// OpenAI's tool_calls of a choice's calls.
+json calls_json(const PromptRecord& r, size_t choice, const std::vector<ToolCall>& calls) {
+  json out = json::array();
+  for (size_t k = 0; k < calls.size(); ++k) out.push_back(tool_call_json(r, choice, k, calls[k].name, calls[k].arguments));
+  return out;
+}
+
 // The tool calls in a choice's text (after its reasoning and any stop string), for a chat record
 // that offers tools: OpenAI's tool_calls, and the text before them left in `text`; null when
 // nothing was called. A named tool_choice's answer is its one call's arguments, and "required"'s
@@ -182,22 +189,16 @@ json take_tool_calls(const PromptRecord& r, const AnswerSettings& s, size_t choi
   if (r.tool_calls_required) {
     const std::optional<std::vector<ToolCall>> read = read_required_tool_calls(text);
     if (!read) return nullptr;  // cut by the token limit: the text is the answer
-    json calls = json::array();
-    for (size_t k = 0; k < read->size(); ++k)
-      calls.push_back(tool_call_json(r, choice, k, (*read)[k].name, (*read)[k].arguments));
     text.clear();
-    return calls;
+    return calls_json(r, choice, *read);
   }
   if (!r.read_tool_calls || s.tool_calls == ToolCallFormat::None) return nullptr;
   ToolCallAnswer a =
       s.tool_calls == ToolCallFormat::Hermes ? read_hermes_tool_calls(text) : read_llama3_json_tool_calls(text);
   if (a.calls.empty()) return nullptr;
   if (!r.parallel_tool_calls) a.calls.resize(1);  // vLLM's filter: the first call only
-  json calls = json::array();
-  for (size_t k = 0; k < a.calls.size(); ++k)
-    calls.push_back(tool_call_json(r, choice, k, a.calls[k].name, a.calls[k].arguments));
   text = a.content.value_or("");
-  return calls;
+  return calls_json(r, choice, a.calls);
 }
 
 }  // namespace

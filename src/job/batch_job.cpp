@@ -338,7 +338,7 @@ public:
     s.workload = {shape.prompt_len, std::max(shape.gen_len, 1)};
     s.budget = default_budgets(*backend_, o);
     s.allow_compression = opt_.allow_compression;
-    if (const auto codes = model.weights->codes_spec()) s.kept_codes = Compression{codes->bits, codes->group_size};
+    s.kept_codes = kept_codes_compression(model.weights->codes_spec());
     if (backend_->device() == Device::CPU) {
       // The cost model counts fp16 bytes; the CPU backend keeps fp32, and its "gpu" and "cpu"
       // tiers share host memory: give each half of it, in fp16-equivalent bytes.

@@ -223,7 +223,7 @@ private:
       s.workload = w;
       s.budget = default_budgets(*backend_, o);
       s.allow_compression = c.compress;
-      if (const auto codes = model.weights->codes_spec()) s.kept_codes = Compression{codes->bits, codes->group_size};
+      s.kept_codes = kept_codes_compression(model.weights->codes_spec());
       if (c.max_latency_s > 0) s.max_latency_s = c.max_latency_s;
       o.policy = search_policy(model.config, *hw_, s).ranked.front().policy;
     } else {

@@ -106,15 +106,15 @@ void StepSampler::sample(const Tensor& logits, const std::vector<Sequence*>& seq
   const int64_t R = int64_t(seqs.size());
   picks_.resize(size_t(R));
   row_logprobs_.resize(size_t(R));
-  const bool all_greedy = std::all_of(seqs.begin(), seqs.end(), argmax_may_serve);
-  const bool any_greedy = std::any_of(seqs.begin(), seqs.end(), argmax_may_serve);
+  const bool all_argmax = std::all_of(seqs.begin(), seqs.end(), argmax_may_serve);
+  const bool any_argmax = std::any_of(seqs.begin(), seqs.end(), argmax_may_serve);
   const bool any_logprobs =
       std::any_of(seqs.begin(), seqs.end(), [](const Sequence* s) { return s->request->logprobs >= 0; });
   const bool on_device = backend_.samples_on_device();
   // Greedy rows take the backend's argmax whether or not logprobs are asked for, so asking
   // never changes the tokens. On the host a mixed step's greedy rows take the host's (the same).
   decided_.assign(size_t(R), 0);
-  if (all_greedy || (on_device && any_greedy)) {
+  if (all_argmax || (on_device && any_argmax)) {
     Tensor ids = device_buf_.view(0, DType::I32, {R});
     backend_.argmax_rows(logits, ids);
     backend_.copy_to_host(picks_.data(), ids.data, size_t(R) * 4);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "strata/policy/cost_model.h"
+#include "strata/quant/quant.h"
 
 namespace strata {
 
@@ -20,6 +21,12 @@ struct SearchOptions {
   std::optional<double> max_latency_s;   // bound on the time of one block
   int keep = 5;                          // candidates returned, best first
 };
+
+// SearchOptions::kept_codes from a weight source's codes_spec().
+inline std::optional<Compression> kept_codes_compression(const std::optional<quant::QuantSpec>& spec) {
+  if (!spec) return std::nullopt;
+  return Compression{spec->bits, spec->group_size};
+}
 
 struct Candidate {
   Policy policy;              // realizable: whole layers per tier
