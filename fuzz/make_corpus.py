@@ -204,6 +204,25 @@ def chat_templates():
             "system\tBe brief.\nuser\tWeather?\n")
 
 
+def jinja_templates():
+    # The Jinja fixture's realistic chat templates (one conversation each) and a few feature cases,
+    # as jinja_fuzz splits them: the template, "\n----\n", the variables as a JSON object.
+    cases = json.loads((ROOT / "tests/fixtures/chat/jinja_cases.json").read_text())["cases"]
+    seen = set()
+    picks = {"whitespace": "minus both", "raw": "raw whitespace", "loop": "for loop variables",
+             "namespace": "namespace in loop", "macro": "macro json schema", "call": "call block with args",
+             "tojson": "tojson indent4 nested", "filters": "selectattr operators", "methods": "str split",
+             "slices": "slices", "undefined": "undefined default", "repr": "nested repr"}
+    for seed, name in picks.items():
+        c = next(c for c in cases if c["name"] == name)
+        put("jinja_fuzz", seed + ".txt", c["template"] + "\n----\n" + json.dumps(c["variables"]))
+    for c in cases:
+        template = c["name"].split(" ")[0]
+        if template.endswith("-style") and "tools" in c["name"] and template not in seen:
+            seen.add(template)
+            put("jinja_fuzz", template + ".txt", c["template"] + "\n----\n" + json.dumps(c["variables"]))
+
+
 def sentencepiece_vocabs():
     # The SentencePiece fixture vocabularies as sentencepiece_vocab_fuzz reads them: a flag byte
     # (add_space_prefix), then "<type digit><score byte><token>" a line (scores by id, so the
@@ -236,4 +255,5 @@ if __name__ == "__main__":
     safetensors_indexes()
     bpe_files()
     chat_templates()
+    jinja_templates()
     sentencepiece_vocabs()

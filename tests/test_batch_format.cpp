@@ -220,8 +220,10 @@ TEST_CASE("well-formed OpenAI requests that cannot be served carry an error", "[
        "body.chat_template_kwargs.enable_thinking must be true or false"},
       {chat_line("k3", {{"chat_template_kwargs", {{"reasoning_effort", "none"}}}}), "invalid_value",
        "body.chat_template_kwargs.reasoning_effort must be"},
-      {chat_line("k4", {{"chat_template_kwargs", {{"tools", json::array()}}}}), "unsupported_value",
-       "body.chat_template_kwargs.tools is not supported"},
+      {chat_line("k4", {{"chat_template_kwargs", {{"tools", json::array()}}}}), "invalid_value",
+       "body.chat_template_kwargs.tools is set by Strata, not by a request"},
+      {chat_line("k5", {{"chat_template_kwargs", {{"add_generation_prompt", false}}}}), "invalid_value",
+       "body.chat_template_kwargs.add_generation_prompt is set by Strata"},
       {chat_line("13", {{"messages", json::array()}}), "invalid_type", "body.messages must be a non-empty array"},
       {chat_line("14", {{"messages", {{{"role", "user"}}}}}), "missing_field", "body.messages[0].content is required"},
       {completion_line("15", {{"prompt", ""}}), "invalid_value", "body.prompt is empty"},
@@ -377,4 +379,17 @@ TEST_CASE("shards: --shard hashes the id's string form with FNV-1a 64", "[job]")
     for (uint64_t k = 0; k < 4; ++k) hits += in_shard(r, Shard{k, 4});
     CHECK(hits == 1);
   }
+}
+
+TEST_CASE("chat_template_kwargs: enable_thinking read, other arguments kept in order for the template", "[job]") {
+  const std::string text =
+      chat_line("k", {{"chat_template_kwargs", {{"enable_thinking", false}, {"thinking", true}, {"style", {1, "x"}}}}}) +
+      "\n";
+  const auto recs = read_prompts(write_file("oa_kwargs.jsonl", text), SamplingParams{}, [](const std::string&) {});
+  REQUIRE(recs.size() == 1);
+  CHECK_FALSE(recs[0].error);
+  CHECK(recs[0].enable_thinking == std::optional<bool>(false));
+  using Kwargs = std::vector<std::pair<std::string, std::string>>;
+  // nlohmann's json (as the prompt reader parses lines) sorts keys: "style" before "thinking".
+  CHECK(recs[0].template_kwargs == Kwargs{{"style", "[1,\"x\"]"}, {"thinking", "true"}});
 }

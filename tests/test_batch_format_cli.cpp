@@ -564,6 +564,60 @@ TEST_CASE("chat requests with tools: Qwen3's prompt lists them as Jinja2 writes 
   got = run(chatml);
   CHECK(got.at("auto")["error"]["code"] == "unsupported_value");
   CHECK_THAT(got.at("auto")["error"]["message"].get<std::string>(),
-             Catch::Contains("body.tools") && Catch::Contains("Qwen2.5, Qwen3 and Llama 3.1 / 3.2 only"));
+             Catch::Contains("body.tools") && Catch::Contains("does not write tool definitions"));
   CHECK(got.at("plain")["error"].is_null());
+}
+
+TEST_CASE("chat requests with a template of no known family: rendered as Jinja2 renders it, reasoning and tools read",
+          "[cli][jinja]") {
+  std::ifstream cases_in(std::string(STRATA_FIXTURES_DIR) + "/chat/chat_cases.json");
+  const nlohmann::ordered_json ex = nlohmann::ordered_json::parse(cases_in);
+  // QwQ's style: the generation prompt opens <think>, tools are written and called in <tool_call>.
+  const fs::path dir = model_with_chat("tiny-qwen3", ex["templates"]["qwq-style"]["source"].get<std::string>(),
+                                       {"<think>", "</think>", "<tool_call>", "</tool_call>"}, /*special=*/false);
+  {  // a context that holds the tools' system turn
+    json config;
+    std::ifstream(dir / "config.json") >> config;
+    config["max_position_embeddings"] = 1024;
+    std::ofstream(dir / "config.json") << config.dump();
+  }
+  const nlohmann::ordered_json messages = {{{"role", "user"}, {"content", "What is the capital of France?"}}};
+  auto expected = [&](bool with_tools) -> const nlohmann::ordered_json& {
+    for (const auto& c : ex["cases"])
+      if (c["template"] == "qwq-style" && c["messages"] == messages && c["add_generation_prompt"] == true &&
+          c.contains("tools") == with_tools && (!with_tools || c["tools"][0]["function"]["name"] == "get_weather"))
+        return c;
+    FAIL("no qwq-style case");
+    return ex;
+  };
+  const nlohmann::ordered_json& tools = expected(true)["tools"];
+  auto request = [&](const std::string& custom_id, const nlohmann::ordered_json& extra) {
+    nlohmann::ordered_json body = {{"messages", messages}, {"max_completion_tokens", 3}};
+    body.update(extra);
+    return nlohmann::ordered_json{
+               {"custom_id", custom_id}, {"method", "POST"}, {"url", "/v1/chat/completions"}, {"body", body}}
+               .dump() +
+           "\n";
+  };
+  const fs::path in = temp_dir() / "interpreted.jsonl", out = temp_dir() / "interpreted_out.jsonl";
+  // </think> (id 991, model_with_chat) barred from "plain", so that its answer stays in the reasoning.
+  // A keyword argument the template does not read changes nothing (vLLM passes it on too).
+  std::ofstream(in) << request("plain", {{"logit_bias", {{"991", -100}}}, {"chat_template_kwargs", {{"thinking", true}}}})
+                    << request("tools", {{"tools", tools}});
+  fs::remove(out);
+  const CliResult r = run_strata("run --model " + dir.string() + " -i " + in.string() + " -o " + out.string() +
+                                 " --device cpu --no-progress");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const auto got = by_custom_id(read_lines(out));
+  const strata::Tokenizer tok = strata::Tokenizer::from_dir(dir);
+  auto body = [&](const char* id) { return got.at(id)["response"]["body"]; };
+  CHECK(body("plain")["usage"]["prompt_tokens"] == tok.encode(expected(false)["text"].get<std::string>()).size());
+  CHECK(body("tools")["usage"]["prompt_tokens"] == tok.encode(expected(true)["text"].get<std::string>()).size());
+  // The prompt opened the reasoning: three tokens that do not close it are all reasoning.
+  REQUIRE(tok.token_id("</think>") == 991);
+  const json message = body("plain")["choices"][0]["message"];
+  INFO(message.dump());
+  CHECK_FALSE(message["reasoning_content"].get<std::string>().empty());
+  CHECK((message["content"].is_null() || message["content"] == ""));
 }

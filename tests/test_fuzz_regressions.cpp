@@ -174,14 +174,14 @@ TEST_CASE("fuzz finding 8: long chat templates are recognized in linear time, wi
   CHECK(ChatTemplate::parse(zephyr).format() == ChatFormat::Zephyr);
   std::string dashes;
   for (size_t i = 0; i < n / 3; ++i) dashes += "{{-";
-  CHECK_THROWS_WITH(ChatTemplate::parse(dashes), Catch::StartsWith("unsupported chat template"));
+  CHECK_THROWS_WITH(ChatTemplate::parse(dashes), Catch::StartsWith("chat template: line 1:"));  // not Jinja
   const std::string chatml =
       "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
       "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
   std::string heads;
   for (size_t i = 0; i < n / 26; ++i) heads += "{{'<|im_start|>system\\n'}}";
   // ChatML is now matched whole, so the heads that printed before it make another template.
-  CHECK_THROWS_WITH(ChatTemplate::parse(heads + "<|im_end|>" + chatml), Catch::StartsWith("unsupported chat template"));
+  CHECK(ChatTemplate::parse(heads + "<|im_end|>" + chatml).format() == ChatFormat::Jinja);
   std::string system = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '";
   for (size_t i = 0; i < n / 26; ++i) system += "<|im_start|>system\\n";
   const ChatTemplate t = ChatTemplate::parse(system + "<|im_end|>\\n' }}{% endif %}" + chatml.substr(29));
@@ -192,5 +192,5 @@ TEST_CASE("fuzz finding 8: long chat templates are recognized in linear time, wi
   // The Zephyr check still wants a newline after each turn and the generation prompt.
   std::string joined = kZephyrTemplate;
   joined.replace(joined.find("'<|assistant|>' }}\n"), 19, "'<|assistant|>' }}");
-  CHECK_THROWS_WITH(ChatTemplate::parse(joined), Catch::StartsWith("unsupported chat template"));
+  CHECK(ChatTemplate::parse(joined).format() == ChatFormat::Jinja);
 }

@@ -166,6 +166,7 @@ TEST_CASE("both formats carry reasoning_effort and chat_template_kwargs, unset l
   CHECK(recs[1].enable_thinking == std::optional<bool>(false));
   CHECK(recs[2].reasoning_effort.empty());
   CHECK_FALSE(recs[2].enable_thinking);
+  CHECK(recs[1].template_kwargs.empty());
   const auto oa = read_prompts(
       write_file("kwargs-oa.jsonl",
                  "{\"custom_id\": \"a\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", \"body\": "
@@ -182,8 +183,8 @@ TEST_CASE("both formats carry reasoning_effort and chat_template_kwargs, unset l
       {"\"chat_template_kwargs\": []", "field 'chat_template_kwargs' must be an object"},
       {"\"chat_template_kwargs\": {\"enable_thinking\": 0}",
        "field 'chat_template_kwargs'.enable_thinking must be true or false"},
-      {"\"chat_template_kwargs\": {\"custom_instructions\": \"x\"}",
-       "field 'chat_template_kwargs'.custom_instructions is not supported"}};
+      {"\"chat_template_kwargs\": {\"tools\": []}",
+       "field 'chat_template_kwargs'.tools is set by Strata, not by a request"}};
   for (const auto& [field, message] : bad) {
     INFO(field);
     const fs::path p = write_file("kwargs-bad.jsonl", "{\"id\": 1, \"prompt\": \"a\", " + field + "}\n");

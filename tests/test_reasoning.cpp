@@ -370,3 +370,67 @@ TEST_CASE("a Qwen3 answer with thinking off is all content, its JSON held from t
   CHECK(plain["completion"] == qwen3_like().decode(g.tokens, true));
   CHECK_FALSE(plain.contains("reasoning"));
 }
+
+TEST_CASE("a prompt that opens <think> (QwQ, R1 distills) starts the answer in its reasoning", "[reasoning][json]") {
+  const Tokenizer& tok = qwen3_like();
+  ThinkTokens t = think();
+  t.opened = true;
+  auto check = [&](const std::string& text, const std::string& content, const std::string& reasoning) {
+    INFO(text);
+    const ReasonedAnswer a = split_think(tok, t, tok.encode(text));
+    CHECK(a.content == content);
+    CHECK(a.reasoning == reasoning);
+  };
+  check("The user asks.\n</think>\n\nParis.", "Paris.", "The user asks.");
+  check("cut short in the reasoning", "", "cut short in the reasoning");
+  check("<think>\nwritten again\n</think>\n\nyes", "yes", "written again");  // a leading one is skipped
+  check("a<think>b</think>c", "c", "a<think>b");                               // a later one is text
+
+  const StopCheck stop = make_think_stop_check(tok, t, {"END"});
+  CHECK_FALSE(stop(tok.encode("I will END it")));
+  CHECK(stop(tok.encode("I will END it</think>\n\nDone. END")));
+  CHECK(think_answer_begin(t, tok.encode("y")) == std::nullopt);
+  const std::vector<int32_t> closed = tok.encode("x</think>");
+  CHECK(think_answer_begin(t, closed) == std::optional<size_t>(closed.size()));
+
+  // JSON held after the reasoning only: free text, then the document from </think>.
+  const auto grammar = think_answer_grammar(json_vocabulary(tok), t, tok.vocab_size());
+  std::unique_ptr<AnswerCursor> c = grammar->start();
+  for (int32_t id : tok.encode("Not JSON {yet")) {
+    REQUIRE(c->accepts(id));
+    c->advance(id);
+  }
+  CHECK_FALSE(c->complete());
+  c->advance(t.end);
+  CHECK_FALSE(c->accepts(tok.encode("Sure")[0]));
+  for (int32_t id : tok.encode("[1]")) {
+    REQUIRE(c->accepts(id));
+    c->advance(id);
+  }
+  CHECK(c->complete());
+}
+
+TEST_CASE("an interpreted template's reasoning: <think> blocks found in its source and its generation prompt",
+          "[reasoning][chat]") {
+  const Tokenizer& tok = qwen3_like();
+  const std::string turns =
+      "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}";
+  const ChatTemplate opens = ChatTemplate::parse(  // QwQ's and the R1 distills' way
+      "{# strips </think> from earlier answers #}" + turns +
+      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}");
+  REQUIRE(opens.format() == ChatFormat::Jinja);
+  const std::optional<ThinkTokens> t = ThinkTokens::of(opens, tok);
+  REQUIRE(t);
+  CHECK(t->opened);
+  CHECK(t->start == think().start);
+  // Writes </think> back but leaves the model to open its block (Qwen3's way).
+  const std::optional<ThinkTokens> later = ThinkTokens::of(
+      ChatTemplate::parse("{# <think> and </think> are the model's #}" + turns +
+                          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"),
+      tok);
+  REQUIRE(later);
+  CHECK_FALSE(later->opened);
+  // No </think> anywhere: answers are read as text; nor without the tokens.
+  CHECK_FALSE(ThinkTokens::of(ChatTemplate::parse(turns), tok));
+  CHECK_FALSE(ThinkTokens::of(opens, o200k()));
+}

@@ -93,10 +93,16 @@ public:
       if (token >= vocab) return past_vocab("logit_bias", token);
     for (int32_t token : r.sampling.stop_token_ids)
       if (token >= vocab) return past_vocab("stop_token_ids", token);
+    if (!r.template_kwargs.empty() && !r.messages.empty() && chat() && chat()->format() != ChatFormat::Jinja)
+      return unservable("unsupported_value",
+                        std::string(openai ? "body." : "field '") + "chat_template_kwargs." +
+                            r.template_kwargs[0].first + (openai ? "" : "'") +
+                            " is not read: Strata renders this model's template family itself (enable_thinking and "
+                            "reasoning_effort are read)");
     if (!r.tools.empty() && chat() && !chat()->renders_tools())
       return unservable("unsupported_value", std::string(openai ? "body.tools" : "field 'tools'") +
-                                                 ": Strata writes tool definitions into the chat templates of "
-                                                 "Qwen2.5, Qwen3 and Llama 3.1 / 3.2 only, not this model's");
+                                                 ": the model's chat template does not write tool definitions "
+                                                 "(it never reads `tools`)");
     std::optional<std::string> text;
     try {
       text = render(r);
@@ -145,7 +151,8 @@ private:
     if (r.messages.empty()) return r.prompt;
     if (!chat()) return std::nullopt;
     const ChatOptions options{r.reasoning_effort.empty() ? defaults_.reasoning_effort : r.reasoning_effort,
-                              r.enable_thinking ? r.enable_thinking : defaults_.enable_thinking, r.tools};
+                              r.enable_thinking ? r.enable_thinking : defaults_.enable_thinking, r.tools,
+                              r.template_kwargs};
     return chat_->render(r.messages, /*add_generation_prompt=*/true, options);
   }
 
@@ -583,7 +590,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
   if (!model.load_note.empty()) log << model.load_note << "\n";
   const JobOptions opt = with_model_sampling(options, model.sampling, log);
   const PromptTokenizer tok(model, opt.prompts.string(),
-                            ChatOptions{opt.reasoning_effort, opt.no_thinking ? std::optional<bool>(false) : std::nullopt, {}});
+                            ChatOptions{opt.reasoning_effort, opt.no_thinking ? std::optional<bool>(false) : std::nullopt, {}, {}});
 
   // Pass 1: check every line before touching the device or the output.
   const JobScan scan = scan_job(opt, shard, model, tok, log);
@@ -633,11 +640,11 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
   const int64_t created = int64_t(std::time(nullptr));
   AnswerSettings answers = answer_settings(*model.tokenizer, opt.stop, model.config.name, created,
                                            opt.response_format, opt.json_schema);
-  const std::optional<ChatFormat> chat_format = tok.chat() ? std::optional(tok.chat()->format()) : std::nullopt;
-  if (chat_format == ChatFormat::Qwen3) answers.think = ThinkTokens::of(*model.tokenizer);  // none: answers read as text
+  const ChatTemplate* chat = tok.chat() ? &*tok.chat() : nullptr;
+  if (chat) answers.think = ThinkTokens::of(*chat, *model.tokenizer);  // none: answers read as text
   answers.thinking_off = opt.no_thinking;
-  if (chat_format) answers.tool_calls = tool_call_format(*chat_format);
-  if (chat_format == ChatFormat::Harmony) {
+  if (chat) answers.tool_calls = tool_call_format(*chat);
+  if (chat && chat->format() == ChatFormat::Harmony) {
     answers.harmony = HarmonyTokens::of(*model.tokenizer);
     if (!answers.harmony)
       STRATA_FAIL(opt.model << ": the chat template is GPT-OSS's harmony format, but the tokenizer lacks one of "

@@ -223,9 +223,9 @@ std::optional<FieldError> read_reasoning_effort(const json& obj, const std::func
 }
 
 // chat_template_kwargs (vLLM's, in both formats): what a request passes to the chat template beside
-// its messages. Strata renders templates itself, so only the arguments it knows are taken:
-// enable_thinking (Qwen3) and reasoning_effort (GPT-OSS, as the top-level field); any other is
-// refused by name rather than dropped.
+// its messages. enable_thinking (Qwen3) and reasoning_effort (GPT-OSS, as the top-level field) are
+// read here; any other is kept for an interpreted template (the job refuses it by name for the
+// families Strata renders itself), but for the variables the job sets.
 std::optional<FieldError> read_chat_template_kwargs(const json& obj,
                                                     const std::function<std::string(const char*)>& name,
                                                     PromptRecord& r) {
@@ -240,10 +240,11 @@ std::optional<FieldError> read_chat_template_kwargs(const json& obj,
       r.enable_thinking = value.get<bool>();
     } else if (key == "reasoning_effort") {
       if (const auto e = read_reasoning_effort(v, [&](const char* k) { return field + "." + k; }, r)) return e;
+    } else if (key == "messages" || key == "add_generation_prompt" || key == "bos_token" || key == "eos_token" ||
+               key == "tools") {
+      return FieldError{"invalid_value", field + "." + key + " is set by Strata, not by a request"};
     } else {
-      return FieldError{"unsupported_value", field + "." + key +
-                                                 " is not supported (Strata renders templates itself: "
-                                                 "enable_thinking and reasoning_effort are read)"};
+      r.template_kwargs.emplace_back(key, value.dump());
     }
   }
   return std::nullopt;

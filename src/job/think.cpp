@@ -13,6 +13,20 @@ std::optional<ThinkTokens> ThinkTokens::of(const Tokenizer& tokenizer) {
   return ThinkTokens{*start, *end};
 }
 
+std::optional<ThinkTokens> ThinkTokens::of(const ChatTemplate& chat, const Tokenizer& tokenizer) {
+  if (chat.format() == ChatFormat::Qwen3) return of(tokenizer);
+  if (chat.format() != ChatFormat::Jinja || chat.source().find("</think>") == std::string::npos) return std::nullopt;
+  std::optional<ThinkTokens> t = of(tokenizer);
+  if (!t) return t;
+  try {
+    const std::string prompt = chat.render({{"user", "Hi"}});
+    const size_t open = prompt.rfind("<think>"), close = prompt.rfind("</think>");
+    t->opened = open != std::string::npos && (close == std::string::npos || close < open);
+  } catch (const ChatTemplateError&) {  // it wants another conversation: answers may still open one
+  }
+  return t;
+}
+
 namespace {
 
 std::string strip_newlines(std::string s, bool left, bool right) {
@@ -29,10 +43,21 @@ size_t find(std::span<const int32_t> tokens, int32_t id, size_t from = 0) {
 
 }  // namespace
 
+namespace {
+
+// Where the answer's <think> is: the first one, or where the prompt opened the block only a
+// leading one (n: none).
+size_t think_open(const ThinkTokens& t, std::span<const int32_t> generated) {
+  if (!t.opened) return find(generated, t.start);
+  return !generated.empty() && generated[0] == t.start ? 0 : generated.size();
+}
+
+}  // namespace
+
 ReasonedAnswer split_think(const Tokenizer& tokenizer, const ThinkTokens& t, std::span<const int32_t> generated) {
-  const size_t n = generated.size(), open = find(generated, t.start);
+  const size_t n = generated.size(), open = think_open(t, generated);
   const size_t close = find(generated, t.end, open == n ? 0 : open + 1);
-  if (open == n && close == n) return {tokenizer.decode(generated, /*skip_special=*/true), {}};
+  if (open == n && close == n && !t.opened) return {tokenizer.decode(generated, /*skip_special=*/true), {}};
   const size_t from = open == n ? 0 : open + 1;
   auto text = [&](size_t begin, size_t end) { return tokenizer.decode(generated.subspan(begin, end - begin), true); };
   ReasonedAnswer a;
@@ -42,10 +67,10 @@ ReasonedAnswer split_think(const Tokenizer& tokenizer, const ThinkTokens& t, std
 }
 
 std::optional<size_t> think_answer_begin(const ThinkTokens& t, std::span<const int32_t> generated) {
-  const size_t open = find(generated, t.start);
+  const size_t open = think_open(t, generated);
   const size_t close = find(generated, t.end, open == generated.size() ? 0 : open + 1);
   if (close < generated.size()) return close + 1;
-  if (open < generated.size()) return std::nullopt;
+  if (open < generated.size() || t.opened) return std::nullopt;
   return 0;
 }
 
@@ -56,8 +81,8 @@ class ThinkAnswerGrammar;
 // Before the first token, after <think> (free until </think>), or in the answer (held to inner).
 class ThinkAnswerCursor : public AnswerCursor {
 public:
-  ThinkAnswerCursor(std::shared_ptr<const ThinkAnswerGrammar> g, std::unique_ptr<AnswerCursor> inner)
-      : g_(std::move(g)), inner_(std::move(inner)) {}
+  ThinkAnswerCursor(std::shared_ptr<const ThinkAnswerGrammar> g, std::unique_ptr<AnswerCursor> inner, bool opened)
+      : g_(std::move(g)), thinking_(opened), inner_(std::move(inner)) {}
   ThinkAnswerCursor(const ThinkAnswerCursor& o)
       : g_(o.g_), first_(o.first_), thinking_(o.thinking_), inner_(o.inner_->clone()) {}
 
@@ -78,7 +103,7 @@ public:
   ThinkAnswerGrammar(std::shared_ptr<const AnswerGrammar> inner, const ThinkTokens& t, int64_t vocab_size)
       : inner(std::move(inner)), t(t), vocab_size(vocab_size) {}
   std::unique_ptr<AnswerCursor> start() const override {
-    return std::make_unique<ThinkAnswerCursor>(shared_from_this(), inner->start());
+    return std::make_unique<ThinkAnswerCursor>(shared_from_this(), inner->start(), t.opened);
   }
 
   const std::shared_ptr<const AnswerGrammar> inner;

@@ -149,8 +149,11 @@ std::optional<std::vector<ToolCall>> read_required_tool_calls(std::string_view a
   return out;
 }
 
-ToolCallFormat tool_call_format(ChatFormat family) {
-  switch (family) {
+ToolCallFormat tool_call_format(const ChatTemplate& chat) {
+  switch (chat.format()) {
+    case ChatFormat::Jinja:
+      return chat.renders_tools() && chat.source().find("<tool_call>") != std::string::npos ? ToolCallFormat::Hermes
+                                                                                            : ToolCallFormat::None;
     case ChatFormat::Qwen25:
     case ChatFormat::Qwen3:
       return ToolCallFormat::Hermes;

@@ -128,11 +128,11 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
   // The other families' templates never look at tool_calls: rendering the content alone would drop
   // the calls without a word.
   if (format_ != ChatFormat::Qwen25 && format_ != ChatFormat::Qwen3 && format_ != ChatFormat::Llama31 &&
-      format_ != ChatFormat::Harmony)
+      format_ != ChatFormat::Harmony && format_ != ChatFormat::Jinja)
     for (const ChatMessage& m : messages)
       if (!m.tool_calls.empty()) raise("this chat template does not render tool calls");
   if (!options.tools.empty() && !renders_tools())
-    raise("Strata renders tool definitions for Qwen2.5, Qwen3 and Llama 3.1 / 3.2 only");
+    raise("this chat template does not write tool definitions (it never reads `tools`)");
   switch (format_) {
     case ChatFormat::ChatML:
       return render_chatml(messages, add_generation_prompt);
@@ -157,6 +157,8 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
       return render_gemma(messages, add_generation_prompt);
     case ChatFormat::Harmony:
       return render_harmony(messages, add_generation_prompt, options);
+    case ChatFormat::Jinja:
+      return render_jinja(messages, add_generation_prompt, options);
   }
   return {};
 }

@@ -1,6 +1,6 @@
 // Chat template recognition. A template is normalized and compared with the fragments, or the
-// whole reference templates, that make a family's output; anything else is refused rather than
-// rendered wrongly (chat_render.cpp renders). Literals compare exactly, since a space inside
+// whole reference templates, that make a family's output (chat_render.cpp renders those); anything
+// else goes to the Jinja interpreter (chat_jinja.cpp). Literals compare exactly, since a space inside
 // '[INST] ' is part of the prompt, and so does the text Jinja prints between tags.
 #include "strata/model/chat_template.h"
 
@@ -649,9 +649,7 @@ ChatTemplate ChatTemplate::parse(std::string_view source, ChatTokens tokens) {
   else if (is_harmony(n))
     t.format_ = ChatFormat::Harmony, t.today_ = today("%Y-%m-%d");
   else
-    STRATA_FAIL(
-        "unsupported chat template (understood: ChatML, Qwen2.5, Qwen3, Llama 3, Llama 3.1/3.2, Llama 2, "
-        "Mistral Instruct v0.1/v0.2, Zephyr, Phi-3.5, Gemma 2, Gemma 3, GPT-OSS)");
+    return interpreted(source, std::move(t.tokens_));
   if (t.format_ == ChatFormat::Llama31) {
     t.date_is_today_ =
         n.find("{%ifstrftime_nowisdefined%}{%setdate_string=strftime_now('%d %b %Y')%}") != std::string::npos;
@@ -659,7 +657,7 @@ ChatTemplate ChatTemplate::parse(std::string_view source, ChatTokens tokens) {
     if (t.date_is_today_)
       t.today_ = today("%d %b %Y");
     else if (t.date_.empty())
-      STRATA_FAIL("unsupported chat template (Llama 3.1 without a date_string default)");
+      return interpreted(source, std::move(t.tokens_));  // Llama 3.1's shape without its date default
   }
   return t;
 }

@@ -51,7 +51,8 @@ struct AnswerSettings {
   // Set when the chat template is GPT-OSS's: chat records' answers are harmony (job/reasoning.h),
   // split into the final text and the reasoning, stop strings and JSON held to the final text.
   std::optional<HarmonyTokens> harmony;
-  // Set when the chat template is Qwen3's: chat records' answers split at their </think>, unless the
+  // Set when the chat template reasons in <think> blocks (ThinkTokens::of: Qwen3's, an interpreted
+  // one that writes </think>): chat records' answers split at their </think>, unless the
   // record's prompt closed the think block (enable_thinking false, the record's or, where it gives
   // none, --no-thinking's): that answer is all content and a JSON grammar holds it from its first
   // token, as vLLM's reasoning parser and guided decoding do once the prompt ends the reasoning.

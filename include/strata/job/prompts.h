@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "strata/model/chat_template.h"
@@ -56,6 +57,9 @@ struct PromptRecord {
   std::string reasoning_effort;
   // chat_template_kwargs.enable_thinking (Qwen3; ChatOptions); unset: the job's default.
   std::optional<bool> enable_thinking;
+  // chat_template_kwargs' other arguments, each a name and its JSON text (ChatOptions::variables):
+  // an interpreted template reads them; a family Strata renders itself refuses them.
+  std::vector<std::pair<std::string, std::string>> template_kwargs;
   // The tools the model may call (OpenAI's `tools`, chat only), each one's JSON text in its keys'
   // order (ChatOptions::tools); empty: none.
   std::vector<std::string> tools;

@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 
+#include "strata/model/chat_template.h"
 #include "strata/model/tokenizer.h"
 #include "strata/runtime/answer_grammar.h"
 
@@ -55,22 +56,32 @@ std::shared_ptr<const AnswerGrammar> harmony_final_grammar(std::shared_ptr<const
 // special (their text stays in a decoded answer).
 struct ThinkTokens {
   int32_t start = -1, end = -1;
+  // The chat template's generation prompt ends inside an open <think> (QwQ, the DeepSeek-R1
+  // distills, Qwen3-2507 Thinking): every answer starts in its reasoning, and a <think> it writes
+  // first anyway is skipped.
+  bool opened = false;
   // The tokenizer's <think> and </think>; nullopt when it lacks either.
   static std::optional<ThinkTokens> of(const Tokenizer& tokenizer);
+  // How the chat template's answers reason: Qwen3's <think> block, or an interpreted template's
+  // where it writes </think>, `opened` where its generation prompt (after one user message) leaves
+  // a <think> open. nullopt for the other templates, or a tokenizer without both tags.
+  static std::optional<ThinkTokens> of(const ChatTemplate& chat, const Tokenizer& tokenizer);
 };
 
 // content: the text after </think>, its leading newlines dropped; reasoning: the text between
 // <think> (or the start) and </think>, newlines dropped at both ends (as Qwen3's template writes
 // reasoning back). An answer cut inside its reasoning has an empty content; one without the tags
-// (enable_thinking false) is all content. Text before <think> is dropped, as vLLM's parser does.
+// (enable_thinking false) is all content, unless the prompt `opened` the block: then it is all
+// reasoning. Text before <think> is dropped, as vLLM's parser does.
 ReasonedAnswer split_think(const Tokenizer& tokenizer, const ThinkTokens& t, std::span<const int32_t> generated);
 
-// Where stop strings look: the index after </think>; 0 for an answer without <think>; nullopt
-// while the reasoning runs.
+// Where stop strings look: the index after </think>; 0 for an answer without <think> (and a
+// prompt that did not open one); nullopt while the reasoning runs.
 std::optional<size_t> think_answer_begin(const ThinkTokens& t, std::span<const int32_t> generated);
 
 // `inner` held to the answer after </think>: the answer either opens with <think> (free text
-// until </think>) or is held to `inner` from its first token.
+// until </think>) or is held to `inner` from its first token; where the prompt `opened` the block,
+// it is free text until its first </think>.
 std::shared_ptr<const AnswerGrammar> think_answer_grammar(std::shared_ptr<const AnswerGrammar> inner,
                                                           const ThinkTokens& t, int64_t vocab_size);
 

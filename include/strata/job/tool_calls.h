@@ -55,9 +55,11 @@ std::optional<std::vector<ToolCall>> read_required_tool_calls(std::string_view a
 
 // Which of the two an answer is read with: the chat template's family's.
 enum class ToolCallFormat : uint8_t { None, Hermes, Llama3Json };
-// The format answers of a template family call tools in: None exactly for the families whose
-// templates Strata writes no tools into (ChatTemplate::renders_tools).
-ToolCallFormat tool_call_format(ChatFormat family);
+// The format answers of a chat template call tools in: its family's (None exactly for the
+// families whose templates Strata writes no tools into, ChatTemplate::renders_tools); for an
+// interpreted template Hermes when it writes <tool_call> tags (as Qwen's, Hermes' and QwQ's do),
+// else None (the answer is read as text).
+ToolCallFormat tool_call_format(const ChatTemplate& chat);
 
 // The id of a request's choice's k-th call, "call_" and 24 hex digits: the same on every run and
 // shard (vLLM draws random ones; a resumed job must not change what it already wrote).

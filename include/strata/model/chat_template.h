@@ -1,19 +1,25 @@
 // Chat templates: turns {role, content} messages into the prompt text a chat model was trained on.
-// The Jinja source is recognized by its shape, not executed. Understood: ChatML (Qwen2-Instruct,
-// SmolLM, Hermes), Qwen2.5, Qwen3, Llama 3, Llama 3.1 / 3.2, Llama 2 chat, Mistral Instruct v0.1 /
-// v0.2, Zephyr (TinyLlama Chat), Phi-3.5, Gemma 2 and 3, and GPT-OSS's harmony format. Each renders what transformers' apply_chat_template(tokenize=False)
-// returns for that template (tests/fixtures/chat/make_chat_cases.py); any other template is
-// refused rather than rendered wrongly. docs/batch-format.md "Chat templates" lists what each
-// family does.
+// The families Strata knows are recognized by their shape and rendered in C++: ChatML
+// (Qwen2-Instruct, SmolLM, Hermes), Qwen2.5, Qwen3, Llama 3, Llama 3.1 / 3.2, Llama 2 chat,
+// Mistral Instruct v0.1 / v0.2, Zephyr (TinyLlama Chat), Phi-3.5, Gemma 2 and 3, and GPT-OSS's
+// harmony format (tests/fixtures/chat/make_chat_cases.py); the answers of those families are read
+// by their own rules (tool calls, reasoning). Any other template runs in Strata's Jinja
+// interpreter (model/jinja.h) with the variables transformers passes. Either way the text is what
+// transformers' apply_chat_template(tokenize=False) returns. docs/batch-format.md "Chat templates"
+// lists what each family does.
 #pragma once
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "strata/core/error.h"
 
 namespace strata {
+
+class JinjaTemplate;
 
 // An assistant message's call of a tool: OpenAI's tool_calls[i].function.
 struct ChatToolCall {
@@ -26,10 +32,13 @@ struct ChatToolCall {
 struct ChatMessage {
   std::string role;     // "system", "user", "assistant", "tool", ...
   std::string content;  // OpenAI's null content beside tool_calls is ""
-  std::vector<ChatToolCall> tool_calls = {};  // only Qwen2.5, Qwen3, Llama 3.1 / 3.2 and GPT-OSS render them
+  std::vector<ChatToolCall> tool_calls = {};  // rendered by Qwen2.5, Qwen3, Llama 3.1 / 3.2, GPT-OSS and interpreted templates
 };
 
-enum class ChatFormat { ChatML, Qwen25, Qwen3, Llama3, Llama31, Llama2, Mistral, Zephyr, Phi35, Gemma, Gemma3, Harmony };
+// Jinja: a template of no known family, run by the interpreter.
+enum class ChatFormat {
+  ChatML, Qwen25, Qwen3, Llama3, Llama31, Llama2, Mistral, Zephyr, Phi35, Gemma, Gemma3, Harmony, Jinja
+};
 
 // What a request passes to the template beside its messages (apply_chat_template's keyword
 // arguments). Templates that do not read a field ignore it.
@@ -43,6 +52,9 @@ struct ChatOptions {
   // The tools the model may call (OpenAI's request `tools`), each one's JSON text; printed as the
   // template's tojson prints them. Only templates whose renders_tools() is true take them.
   std::vector<std::string> tools;
+  // Other keyword arguments (a request's chat_template_kwargs), each a name and its JSON text: an
+  // interpreted template reads them as variables; the families Strata renders ignore them.
+  std::vector<std::pair<std::string, std::string>> variables;
 };
 
 // The template's bos_token and eos_token: tokenizer_config.json's strings, or the text of the
@@ -61,8 +73,11 @@ public:
 class ChatTemplate {
 public:
   // Recognizes a Jinja chat template (GGUF tokenizer.chat_template or tokenizer_config.json's
-  // chat_template). Throws strata::Error "unsupported chat template (...)" for any other.
+  // chat_template), else compiles it for the interpreter. Throws strata::Error "chat template: line
+  // N: ..." for a template Jinja could not compile either.
   static ChatTemplate parse(std::string_view source, ChatTokens tokens = {});
+  // The template run by the interpreter whatever its family (tests compare the two ways).
+  static ChatTemplate interpreted(std::string_view source, ChatTokens tokens = {});
   static ChatTemplate chatml();  // plain ChatML without a default system message
 
   // What transformers' apply_chat_template(messages, tokenize=False, add_generation_prompt=...)
@@ -74,13 +89,16 @@ public:
   // Whether render() writes ChatOptions::tools: Qwen2.5's and Qwen3's "# Tools" system turn (their
   // answers call tools in <tool_call> blocks), Llama 3.1's and 3.2's first user turn (their
   // answers are JSON calls); job/tool_calls.h reads both.
-  bool renders_tools() const {
-    return format_ == ChatFormat::Qwen25 || format_ == ChatFormat::Qwen3 || format_ == ChatFormat::Llama31;
-  }
+  // An interpreted template takes them when it reads `tools` at all.
+  bool renders_tools() const;
+  // An interpreted template's source (empty for the known families): what the job reads to guess
+  // how its answers mark tool calls and reasoning.
+  const std::string& source() const { return source_; }
   // ChatML and Qwen2.5: inserted as the first message when messages[0] is not a system message.
   const std::optional<std::string>& default_system() const { return default_system_; }
   // Llama 3.2's "Today Date" and GPT-OSS's "Current date", from strftime_now at parse time
-  // ("%d %b %Y" and "%Y-%m-%d"); tests set it, in the family's format.
+  // ("%d %b %Y" and "%Y-%m-%d"); tests set it, in the family's format. An interpreted template
+  // calls strftime_now as it renders; once set, every call returns this text, whatever the format.
   void set_today(std::string date) { today_ = std::move(date); }
 
 private:
@@ -95,6 +113,7 @@ private:
   std::string render_phi35(const std::vector<ChatMessage>& messages, bool gen) const;
   std::string render_gemma(const std::vector<ChatMessage>& messages, bool gen) const;
   std::string render_harmony(const std::vector<ChatMessage>& messages, bool gen, const ChatOptions& options) const;
+  std::string render_jinja(const std::vector<ChatMessage>& messages, bool gen, const ChatOptions& options) const;
 
   ChatFormat format_ = ChatFormat::ChatML;
   ChatTokens tokens_;
@@ -104,6 +123,8 @@ private:
   bool date_is_today_ = false;   // Llama 3.2: strftime_now, so today's date
   std::string today_;
   bool tools_example_braces_ = false;  // Qwen2.5 GGUF copies: the tools turn's example call in {{ }}
+  std::shared_ptr<const JinjaTemplate> jinja_;  // ChatFormat::Jinja
+  std::string source_;                          // ChatFormat::Jinja
 };
 
 }  // namespace strata
