@@ -40,9 +40,12 @@ std::vector<ChatMessage> messages_of(const nlohmann::ordered_json& c) {
     if (m.contains("tool_calls"))
       for (const auto& call : m["tool_calls"]) {
         const auto& args = call["function"]["arguments"];
-        msg.tool_calls.push_back(
-            {call["function"]["name"].get<std::string>(), args.is_string() ? args.get<std::string>() : args.dump()});
+        msg.tool_calls.push_back({call["function"]["name"].get<std::string>(),
+                                  args.is_string() ? args.get<std::string>() : args.dump(), call.value("id", "")});
       }
+    if (m.contains("tool_call_id")) msg.tool_call_id = m["tool_call_id"].get<std::string>();
+    if (m.contains("name")) msg.name = m["name"].get<std::string>();
+    if (m.contains("reasoning_content")) msg.reasoning_content = m["reasoning_content"].get<std::string>();
     msgs.push_back(std::move(msg));
   }
   return msgs;
@@ -119,7 +122,7 @@ TEST_CASE("chat templates are recognized by family", "[chat]") {
     CHECK(ChatTemplate::parse(ex["templates"][name]["source"].get<std::string>()).format() == format);
   }
   // Templates of no known family run in the interpreter (and render as Jinja2 does, above).
-  REQUIRE(ex["interpreted"].size() == 5);
+  REQUIRE(ex["interpreted"].size() == 6);
   for (const auto& name : ex["interpreted"]) {
     INFO(name);
     CHECK(ChatTemplate::parse(ex["templates"][name.get<std::string>()]["source"].get<std::string>()).format() ==

@@ -206,6 +206,41 @@ TEST_CASE("strata lines' messages carry OpenAI's tool calls on assistant message
   CHECK(recs[0].messages[1].tool_calls[0].name == "f");
   CHECK(recs[0].messages[1].tool_calls[0].arguments == "{\"b\": 1, \"a\": 2}");
   CHECK(recs[0].messages[2].tool_calls.empty());
+  CHECK(recs[0].messages[1].tool_calls[0].id.empty());
+  CHECK_FALSE(recs[0].messages[2].tool_call_id);
+}
+
+TEST_CASE("messages keep a call's id, a tool result's tool_call_id and name, and reasoning_content", "[job][chat]") {
+  const auto recs = read_prompts(
+      write_file("fields.jsonl",
+                 R"({"id": 1, "messages": [{"role": "user", "content": "x"}, )"
+                 R"({"role": "assistant", "content": "y", "reasoning_content": "r", "tool_calls": [{"id": "c9", )"
+                 R"("type": "function", "function": {"name": "f", "arguments": "{}"}}]}, )"
+                 R"({"role": "tool", "content": "3", "tool_call_id": "c9", "name": "f"}, )"
+                 R"({"role": "assistant", "content": "z", "reasoning_content": null}]})"
+                 "\n"),
+      {});
+  REQUIRE(recs.size() == 1);
+  REQUIRE(recs[0].messages.size() == 4);
+  CHECK(recs[0].messages[1].tool_calls[0].id == "c9");
+  CHECK(recs[0].messages[1].reasoning_content == std::optional<std::string>("r"));
+  CHECK(recs[0].messages[2].tool_call_id == std::optional<std::string>("c9"));
+  CHECK(recs[0].messages[2].name == std::optional<std::string>("f"));
+  CHECK_FALSE(recs[0].messages[3].reasoning_content);  // null: absent
+  for (const auto& [field, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"("tool_call_id": 3)", "messages[0].tool_call_id must be a string"},
+           {R"("name": ["f"])", "messages[0].name must be a string"},
+           {R"("reasoning_content": {})", "messages[0].reasoning_content must be a string"}}) {
+    INFO(field);
+    const fs::path p =
+        write_file("fields-bad.jsonl", R"({"id": 1, "messages": [{"role": "tool", "content": "x", )" + field + "}]}\n");
+    CHECK_THROWS_WITH(read_prompts(p, {}), Catch::Contains("fields-bad.jsonl:1: " + message));
+  }
+  const fs::path p = write_file("fields-bad.jsonl", R"({"id": 1, "messages": [{"role": "assistant", "content": null, )"
+                                                    R"("tool_calls": [{"id": 7, "function": {"name": "f", )"
+                                                    R"("arguments": "{}"}}]}]})"
+                                                    "\n");
+  CHECK_THROWS_WITH(read_prompts(p, {}), Catch::Contains("messages[0].tool_calls[0].id must be a string"));
 }
 
 TEST_CASE("bad prompt lines fail with file, line and reason", "[job]") {

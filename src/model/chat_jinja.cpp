@@ -26,13 +26,19 @@ ordered_json loaded(const std::string& text, const std::string& what) {
 
 ordered_json message_json(const ChatMessage& m) {
   ordered_json out = {{"role", m.role}, {"content", m.content}};
+  if (m.name) out["name"] = *m.name;
+  if (m.tool_call_id) out["tool_call_id"] = *m.tool_call_id;
+  if (m.reasoning_content) out["reasoning_content"] = *m.reasoning_content;
   if (m.tool_calls.empty()) return out;
   ordered_json calls = ordered_json::array();
-  for (const ChatToolCall& call : m.tool_calls)
-    calls.push_back({{"type", "function"},
-                     {"function",
-                      {{"name", call.name},
-                       {"arguments", loaded(call.arguments, "the arguments of tool call '" + call.name + "'")}}}});
+  for (const ChatToolCall& call : m.tool_calls) {
+    ordered_json c = ordered_json::object();
+    if (!call.id.empty()) c["id"] = call.id;
+    c["type"] = "function";
+    c["function"] = {{"name", call.name},
+                     {"arguments", loaded(call.arguments, "the arguments of tool call '" + call.name + "'")}};
+    calls.push_back(std::move(c));
+  }
   out["tool_calls"] = std::move(calls);
   return out;
 }

@@ -162,7 +162,10 @@ std::vector<ChatToolCall> read_tool_calls(const nlohmann::json& message, const s
     // A string, as OpenAI sends it: an object here would already have lost its key order.
     if (!f.contains("arguments") || !f["arguments"].is_string())
       throw ChatMessageError("invalid_type", at_call + ".function.arguments must be a string of JSON");
-    ChatToolCall call{f["name"].get<std::string>(), f["arguments"].get<std::string>()};
+    if (v[i].contains("id") && !v[i]["id"].is_null() && !v[i]["id"].is_string())
+      throw ChatMessageError("invalid_type", at_call + ".id must be a string");
+    ChatToolCall call{f["name"].get<std::string>(), f["arguments"].get<std::string>(),
+                      v[i].contains("id") && v[i]["id"].is_string() ? v[i]["id"].get<std::string>() : ""};
     try {
       python_tojson(call.arguments);
     } catch (const ChatTemplateError& e) {
@@ -215,7 +218,14 @@ std::vector<ChatMessage> read_chat_messages(const nlohmann::json& v, const std::
                          : ChatMessageError("invalid_type", at + ".content must be a string");
       content = message_content(m["content"], at, text_parts);
     }
-    out.push_back({m["role"].get<std::string>(), std::move(content), std::move(calls)});
+    ChatMessage message{m["role"].get<std::string>(), std::move(content), std::move(calls)};
+    for (auto [key, field] : {std::pair{"tool_call_id", &message.tool_call_id}, std::pair{"name", &message.name},
+                              std::pair{"reasoning_content", &message.reasoning_content}}) {
+      if (!m.contains(key) || m[key].is_null()) continue;
+      if (!m[key].is_string()) throw ChatMessageError("invalid_type", at + "." + key + " must be a string");
+      *field = m[key].get<std::string>();
+    }
+    out.push_back(std::move(message));
   }
   return out;
 }

@@ -236,7 +236,9 @@ std::string ChatTemplate::render_qwen3(const std::vector<ChatMessage>& messages,
       out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
     } else if (m.role == "assistant") {
       std::string_view content = m.content, reasoning;
-      if (m.content.find("</think>") != std::string::npos) {
+      if (m.reasoning_content) {  // given apart: the content is written whole
+        reasoning = *m.reasoning_content;
+      } else if (m.content.find("</think>") != std::string::npos) {
         content = lstrip_newlines(after_last(m.content, "</think>"));
         reasoning = lstrip_newlines(after_last(rstrip_newlines(before_first(m.content, "</think>")), "<think>"));
       }

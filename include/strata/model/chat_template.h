@@ -27,12 +27,17 @@ struct ChatToolCall {
   // JSON text, as OpenAI sends it. Templates print the value it holds (tojson of json.loads, as
   // vLLM hands the arguments to apply_chat_template), not the string.
   std::string arguments;
+  std::string id = {};  // OpenAI's tool_calls[i].id ("" when absent): only interpreted templates read it
 };
 
 struct ChatMessage {
   std::string role;     // "system", "user", "assistant", "tool", ...
   std::string content;  // OpenAI's null content beside tool_calls is ""
   std::vector<ChatToolCall> tool_calls = {};  // rendered by Qwen2.5, Qwen3, Llama 3.1 / 3.2, GPT-OSS and interpreted templates
+  // The message's other fields as OpenAI and vLLM carry them (unset when absent): a tool result's
+  // tool_call_id and name (read by interpreted templates only), an assistant message's earlier
+  // reasoning (Qwen3 and interpreted templates write it back in place of its <think> block).
+  std::optional<std::string> tool_call_id = {}, name = {}, reasoning_content = {};
 };
 
 // Jinja: a template of no known family, run by the interpreter.
@@ -54,7 +59,7 @@ struct ChatOptions {
   std::vector<std::string> tools;
   // Other keyword arguments (a request's chat_template_kwargs), each a name and its JSON text: an
   // interpreted template reads them as variables; the families Strata renders ignore them.
-  std::vector<std::pair<std::string, std::string>> variables;
+  std::vector<std::pair<std::string, std::string>> variables = {};
 };
 
 // The template's bos_token and eos_token: tokenizer_config.json's strings, or the text of the
