@@ -621,3 +621,48 @@ TEST_CASE("chat requests with a template of no known family: rendered as Jinja2 
   CHECK_FALSE(message["reasoning_content"].get<std::string>().empty());
   CHECK((message["content"].is_null() || message["content"] == ""));
 }
+
+TEST_CASE("a template file given by --chat-template renders messages instead of the model's", "[cli][jinja]") {
+  std::ifstream cases_in(std::string(STRATA_FIXTURES_DIR) + "/chat/chat_cases.json");
+  const nlohmann::ordered_json ex = nlohmann::ordered_json::parse(cases_in);
+  const nlohmann::ordered_json messages = {{{"role", "system"}, {"content", "You are terse."}},
+                                           {{"role", "user"}, {"content", "Name a prime."}}};
+  std::string expected;  // Jinja2's text of Phi-4's style (bos and eos tokens unused)
+  for (const auto& c : ex["cases"])
+    if (c["template"] == "phi4-style" && c["messages"] == messages && c["add_generation_prompt"] == true)
+      expected = c["text"].get<std::string>();
+  REQUIRE_FALSE(expected.empty());
+  const fs::path tpl = temp_dir() / "phi4.jinja";
+  std::ofstream(tpl) << ex["templates"]["phi4-style"]["source"].get<std::string>();
+  const std::string model = kModels + "/tiny-qwen3";
+  // strata tokenize renders with it ...
+  CliResult r = run_strata("tokenize --model " + model + " --render --chat-template " + tpl.string() +
+                           " --messages '" + json(messages).dump() + "'");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK(r.output == expected);
+  // ... and so does a job: the prompt is that text's tokens.
+  const fs::path in = temp_dir() / "chat_template_flag.jsonl", out = temp_dir() / "chat_template_flag_out.jsonl";
+  std::ofstream(in) << json{{"id", 1}, {"messages", messages}, {"max_new_tokens", 2}}.dump() << "\n";
+  fs::remove(out);
+  r = run_strata("run --model " + model + " -i " + in.string() + " -o " + out.string() +
+                 " --device cpu --no-progress --chat-template " + tpl.string());
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const std::vector<json> lines = read_lines(out);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0]["prompt_tokens"] == strata::Tokenizer::from_dir(model).encode(expected).size());
+  // A file that holds no template, or a template Jinja cannot compile, fails the job naming it.
+  const fs::path empty = temp_dir() / "empty.jinja";
+  std::ofstream(empty) << "\n  \n";
+  r = run_strata("run --model " + model + " -i " + in.string() + " -o " + out.string() +
+                 " --device cpu --no-progress --chat-template " + empty.string());
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains(empty.string() + ": the chat template is empty"));
+  const fs::path broken = temp_dir() / "broken.jinja";
+  std::ofstream(broken) << "{% for m in messages %}\n{{ m.content }}";
+  r = run_strata("run --model " + model + " -i " + in.string() + " -o " + out.string() +
+                 " --device cpu --no-progress --chat-template " + broken.string());
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("chat template: line 2"));
+}

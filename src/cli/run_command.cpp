@@ -128,6 +128,10 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--no-thinking", opt->no_thinking,
                 "for lines whose chat_template_kwargs do not set enable_thinking: false, so that Qwen3 answers "
                 "without reasoning (its template closes an empty <think> block)");
+  cmd->add_option("--chat-template", opt->chat_template,
+                  "Jinja chat template file to render messages with instead of the model's (a known family's is "
+                  "recognized, any other interpreted; docs/batch-format.md \"Chat templates\")")
+      ->check(CLI::ExistingFile);
   cmd->add_flag("!--no-progress", opt->progress, "no progress line");
   cmd->add_flag("!--no-refill", opt->refill,
                 "generate in blocks whose slots all wait for the block's longest answer (default: a finished "

@@ -37,7 +37,7 @@ std::vector<std::string> parse_tools(const std::string& text) {
 
 void add_tokenize_command(CLI::App& app) {
   struct Args {
-    std::string model, text, decode, messages, reasoning_effort, tools;
+    std::string model, text, decode, messages, reasoning_effort, tools, chat_template;
     bool skip_special = false, render = false, no_generation_prompt = false;
   };
   auto a = std::make_shared<Args>();
@@ -60,12 +60,18 @@ void add_tokenize_command(CLI::App& app) {
                      ->check(CLI::IsMember({"low", "medium", "high"}));
   auto* tools = cmd->add_option("--tools", a->tools,
                                 "with --messages: JSON array of tools [{\"type\": \"function\", \"function\": {...}}], "
-                                "as a request's tools (Qwen2.5, Qwen3, Llama 3.1 / 3.2 templates)");
-  cmd->callback([a, text, dec, msgs, effort, tools] {
+                                "as a request's tools (Qwen2.5, Qwen3, Llama 3.1 / 3.2 and interpreted templates that read them)");
+  auto* chat_file = cmd->add_option("--chat-template", a->chat_template,
+                                    "with --messages: Jinja chat template file to use instead of the model's")
+                        ->check(CLI::ExistingFile);
+  cmd->callback([a, text, dec, msgs, effort, tools, chat_file] {
     if (text->count() == 0 && dec->count() == 0 && msgs->count() == 0)
       throw Error("tokenize: give --text, --decode or --messages");
-    if ((a->render || a->no_generation_prompt || effort->count() > 0 || tools->count() > 0) && msgs->count() == 0)
-      throw Error("tokenize: --render, --no-generation-prompt, --reasoning-effort and --tools go with --messages");
+    if ((a->render || a->no_generation_prompt || effort->count() > 0 || tools->count() > 0 || chat_file->count() > 0) &&
+        msgs->count() == 0)
+      throw Error(
+          "tokenize: --render, --no-generation-prompt, --reasoning-effort, --tools and --chat-template go with "
+          "--messages");
     // Malformed messages are refused before the model is opened (a large model takes seconds).
     const std::vector<ChatMessage> messages = msgs->count() ? parse_messages(a->messages) : std::vector<ChatMessage>{};
     ChatOptions options{a->reasoning_effort};
@@ -84,6 +90,7 @@ void add_tokenize_command(CLI::App& app) {
       chat_template = std::move(model.chat_template), chat_tokens = std::move(model.chat_tokens);
     }
     if (!tok) throw Error(a->model + ": no tokenizer files (tokenizer.json, or vocab.json + merges.txt)");
+    if (chat_file->count()) chat_template = read_chat_template(a->chat_template);
     if (text->count()) {
       std::cout << nlohmann::json(tok->encode(a->text)).dump() << "\n";
       return;

@@ -66,6 +66,15 @@ void refuse_unmarked_codes(const WeightSource& weights, const fs::path& dir) {
 
 }  // namespace
 
+std::string read_chat_template(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) STRATA_FAIL(file.string() << ": cannot read the chat template");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) STRATA_FAIL(file.string() << ": cannot read the chat template");
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos) STRATA_FAIL(file.string() << ": the chat template is empty");
+  return text;
+}
+
 HfChat hf_chat(const fs::path& dir) {
   HfChat c;
   // transformers 4.50 and later save the template beside the config, as chat_template.jinja.

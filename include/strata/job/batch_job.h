@@ -47,6 +47,9 @@ struct JobOptions {
   std::string reasoning_effort;
   // --no-thinking: enable_thinking false for lines that do not set it (Qwen3 answers without reasoning).
   bool no_thinking = false;
+  // --chat-template: a Jinja chat template file used instead of the model's (vLLM's option); empty:
+  // the model's.
+  std::filesystem::path chat_template;
   bool progress = true;                    // progress line on the log stream
   bool ordered = false;                    // write in input order (a reorder buffer of one window)
   int window = 0;                          // requests read ahead and grouped by length; 0: max(8 blocks, 4096)

@@ -40,6 +40,10 @@ struct HfChat {
 };
 HfChat hf_chat(const std::filesystem::path& dir);
 
+// A chat template given apart from the model (--chat-template, as vLLM's): the file's text, a
+// Jinja template. Throws strata::Error naming the file when it cannot be read or holds no template.
+std::string read_chat_template(const std::filesystem::path& file);
+
 // Where scripts/fetch_model.sh puts the default model: $STRATA_CACHE (else ~/.cache/strata)/models/.
 std::filesystem::path default_model_path();
 
