@@ -335,6 +335,25 @@ static fs::path model_with_chat(const std::string& model, const std::string& tem
   return dir;
 }
 
+// An OpenAI batch line of a chat request: the messages, three tokens, and `extra` body fields.
+static std::string chat_request(const std::string& custom_id, const nlohmann::ordered_json& messages,
+                                const nlohmann::ordered_json& extra) {
+  nlohmann::ordered_json body = {{"messages", messages}, {"max_completion_tokens", 3}};
+  body.update(extra);
+  return nlohmann::ordered_json{
+             {"custom_id", custom_id}, {"method", "POST"}, {"url", "/v1/chat/completions"}, {"body", body}}
+             .dump() +
+         "\n";
+}
+
+// The model copy's context set to `positions`.
+static void set_context(const fs::path& dir, int positions) {
+  json config;
+  std::ifstream(dir / "config.json") >> config;
+  config["max_position_embeddings"] = positions;
+  std::ofstream(dir / "config.json") << config.dump();
+}
+
 TEST_CASE("GPT-OSS chat requests: harmony prompts at the asked reasoning effort, answers with their reasoning",
           "[cli][harmony]") {
   std::ifstream cases_in(std::string(STRATA_FIXTURES_DIR) + "/chat/harmony_cases.json");
@@ -473,12 +492,7 @@ TEST_CASE("chat requests with tools: Qwen3's prompt lists them as Jinja2 writes 
                                          {"<think>", "</think>", "<tool_call>", "</tool_call>"}, /*special=*/false);
   const fs::path chatml = model_with_chat("tiny-llama3", ex["templates"]["chatml"]["source"].get<std::string>(), {},
                                           /*special=*/false);
-  {  // a context that holds the tools' system turn (the tiny model's 128 positions do not)
-    json config;
-    std::ifstream(qwen3 / "config.json") >> config;
-    config["max_position_embeddings"] = 1024;
-    std::ofstream(qwen3 / "config.json") << config.dump();
-  }
+  set_context(qwen3, 1024);  // to hold the tools' system turn (the tiny model's 128 positions do not)
   const nlohmann::ordered_json messages = {{{"role", "user"}, {"content", "What is the capital of France?"}}};
   const nlohmann::ordered_json* expected = nullptr;  // Jinja2's rendering with the first tool list
   for (const auto& c : ex["cases"])
@@ -488,12 +502,7 @@ TEST_CASE("chat requests with tools: Qwen3's prompt lists them as Jinja2 writes 
   REQUIRE(expected);
   const nlohmann::ordered_json& tools = (*expected)["tools"];
   auto request = [&](const std::string& custom_id, const nlohmann::ordered_json& extra) {
-    nlohmann::ordered_json body = {{"messages", messages}, {"max_completion_tokens", 3}};
-    body.update(extra);
-    return nlohmann::ordered_json{
-               {"custom_id", custom_id}, {"method", "POST"}, {"url", "/v1/chat/completions"}, {"body", body}}
-               .dump() +
-           "\n";
+    return chat_request(custom_id, messages, extra);
   };
   const fs::path in = temp_dir() / "tools.jsonl";
   std::ofstream(in) << request("auto", {{"tools", tools}}) << request("none", {{"tools", tools}, {"tool_choice", "none"}})
@@ -575,12 +584,7 @@ TEST_CASE("chat requests with a template of no known family: rendered as Jinja2 
   // QwQ's style: the generation prompt opens <think>, tools are written and called in <tool_call>.
   const fs::path dir = model_with_chat("tiny-qwen3", ex["templates"]["qwq-style"]["source"].get<std::string>(),
                                        {"<think>", "</think>", "<tool_call>", "</tool_call>"}, /*special=*/false);
-  {  // a context that holds the tools' system turn
-    json config;
-    std::ifstream(dir / "config.json") >> config;
-    config["max_position_embeddings"] = 1024;
-    std::ofstream(dir / "config.json") << config.dump();
-  }
+  set_context(dir, 1024);  // to hold the tools' system turn
   const nlohmann::ordered_json messages = {{{"role", "user"}, {"content", "What is the capital of France?"}}};
   auto expected = [&](bool with_tools) -> const nlohmann::ordered_json& {
     for (const auto& c : ex["cases"])
@@ -592,12 +596,7 @@ TEST_CASE("chat requests with a template of no known family: rendered as Jinja2 
   };
   const nlohmann::ordered_json& tools = expected(true)["tools"];
   auto request = [&](const std::string& custom_id, const nlohmann::ordered_json& extra) {
-    nlohmann::ordered_json body = {{"messages", messages}, {"max_completion_tokens", 3}};
-    body.update(extra);
-    return nlohmann::ordered_json{
-               {"custom_id", custom_id}, {"method", "POST"}, {"url", "/v1/chat/completions"}, {"body", body}}
-               .dump() +
-           "\n";
+    return chat_request(custom_id, messages, extra);
   };
   const fs::path in = temp_dir() / "interpreted.jsonl", out = temp_dir() / "interpreted_out.jsonl";
   // </think> (id 991, model_with_chat) barred from "plain", so that its answer stays in the reasoning.
@@ -665,4 +664,51 @@ TEST_CASE("a template file given by --chat-template renders messages instead of 
                  " --device cpu --no-progress --chat-template " + broken.string());
   CHECK(r.code != 0);
   CHECK_THAT(r.output, Catch::Contains("chat template: line 2"));
+}
+
+TEST_CASE("an edited GPT-OSS template is interpreted and its answers still read as harmony channels",
+          "[cli][harmony][jinja]") {
+  std::ifstream cases_in(std::string(STRATA_FIXTURES_DIR) + "/chat/harmony_cases.json");
+  const json ex = json::parse(cases_in);
+  std::string source = ex["source"].get<std::string>();
+  const std::string cutoff = "Knowledge cutoff: 2024-06", edited_cutoff = "Knowledge cutoff: 2025-01";
+  REQUIRE(source.find(cutoff) != std::string::npos);
+  source.replace(source.find(cutoff), cutoff.size(), edited_cutoff);
+  REQUIRE(strata::ChatTemplate::parse(source).format() == strata::ChatFormat::Jinja);
+  const fs::path dir = model_with_chat("tiny-gpt-oss", source,
+                                       {"<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>"},
+                                       /*special=*/true);
+  const json messages = {{{"role", "system"}, {"content", "You are terse."}}, {{"role", "user"}, {"content", "Name a prime."}}};
+  // Jinja2's text for the original template, with the edited line and today's date.
+  std::string expected;
+  for (const json& c : ex["cases"])
+    if (c["messages"] == messages && c["add_generation_prompt"] == true && !c.contains("reasoning_effort"))
+      expected = c["text"].get<std::string>();
+  REQUIRE_FALSE(expected.empty());
+  expected.replace(expected.find(cutoff), cutoff.size(), edited_cutoff);
+  char today[16];
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  std::strftime(today, sizeof today, "%Y-%m-%d", &local);
+  const std::string fixture_date = "Current date: " + ex["today"].get<std::string>();
+  expected.replace(expected.find(fixture_date), fixture_date.size(), std::string("Current date: ") + today);
+
+  const fs::path in = temp_dir() / "harmony_edited.jsonl", out = temp_dir() / "harmony_edited_out.jsonl";
+  std::ofstream(in) << chat_request("a", messages, {{"max_completion_tokens", 6}});
+  fs::remove(out);
+  const CliResult r = run_strata("run --model " + dir.string() + " -i " + in.string() + " -o " + out.string() +
+                                 " --device cpu --no-progress --tool-call-parser none");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const std::vector<json> lines = read_lines(out);
+  REQUIRE(lines.size() == 1);
+  const json& body = lines[0]["response"]["body"];
+  CHECK(body["usage"]["prompt_tokens"] == strata::Tokenizer::from_dir(dir).encode(expected).size());
+  CHECK(body["choices"][0]["message"]["reasoning_content"].is_string());  // split by channel
+  // vLLM's parser names only.
+  const CliResult bad = run_strata("run --model " + dir.string() + " -i " + in.string() + " -o " + out.string() +
+                                   " --device cpu --no-progress --tool-call-parser mistral");
+  CHECK(bad.code != 0);
+  CHECK_THAT(bad.output, Catch::Contains("--tool-call-parser"));
 }

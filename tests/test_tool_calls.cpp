@@ -354,3 +354,22 @@ TEST_CASE("parallel_tool_calls false keeps an answer's first call, and holds a r
   CHECK(bad.error->code == "invalid_type");
   CHECK_THAT(bad.error->message, Catch::Contains("body.parallel_tool_calls"));
 }
+
+TEST_CASE("the tool call format: the template's family, <tool_call> in an interpreted one, or --tool-call-parser",
+          "[job][tools][jinja]") {
+  std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/chat/chat_cases.json");
+  const nlohmann::json ex = nlohmann::json::parse(in);
+  auto chat = [&](const char* name) { return ChatTemplate::parse(ex["templates"][name]["source"].get<std::string>()); };
+  CHECK(tool_call_format(chat("qwen3")) == ToolCallFormat::Hermes);
+  CHECK(tool_call_format(chat("llama3.1")) == ToolCallFormat::Llama3Json);
+  CHECK(tool_call_format(chat("mistral")) == ToolCallFormat::None);
+  // Interpreted: Hermes where the template reads tools and writes <tool_call>, else text.
+  CHECK(tool_call_format(chat("qwq-style")) == ToolCallFormat::Hermes);
+  CHECK(tool_call_format(chat("mistral-tools-style")) == ToolCallFormat::None);  // [TOOL_CALLS]
+  CHECK(tool_call_format(chat("phi4-style")) == ToolCallFormat::None);
+  // Named, as vLLM's --tool-call-parser, whatever the template.
+  CHECK(tool_call_format(chat("qwq-style"), "none") == ToolCallFormat::None);
+  CHECK(tool_call_format(chat("mistral-tools-style"), "hermes") == ToolCallFormat::Hermes);
+  CHECK(tool_call_format(chat("qwen3"), "llama3_json") == ToolCallFormat::Llama3Json);
+  CHECK(tool_call_format(chat("llama3.1"), "auto") == ToolCallFormat::Llama3Json);
+}

@@ -132,6 +132,12 @@ void add_run_command(CLI::App& app) {
                   "Jinja chat template file to render messages with instead of the model's (a known family's is "
                   "recognized, any other interpreted; docs/batch-format.md \"Chat templates\")")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--tool-call-parser", opt->tool_call_parser,
+                  "how answers to requests with tools are read for calls, as vLLM's option: auto (the chat "
+                  "template's: Qwen's and <tool_call> templates hermes, Llama 3.1's llama3_json), hermes, "
+                  "llama3_json, or none (answers as text)")
+      ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "none"}))
+      ->default_str("auto");
   cmd->add_flag("!--no-progress", opt->progress, "no progress line");
   cmd->add_flag("!--no-refill", opt->refill,
                 "generate in blocks whose slots all wait for the block's longest answer (default: a finished "

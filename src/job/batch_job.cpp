@@ -644,7 +644,11 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
   const ChatTemplate* chat = tok.chat() ? &*tok.chat() : nullptr;
   if (chat) answers.think = ThinkTokens::of(*chat, *model.tokenizer);  // none: answers read as text
   answers.thinking_off = opt.no_thinking;
-  if (chat) answers.tool_calls = tool_call_format(*chat);
+  if (chat) answers.tool_calls = tool_call_format(*chat, opt.tool_call_parser);
+  // GPT-OSS's template, or an interpreted one that writes harmony channels (GPT-OSS's, edited).
+  const bool harmony_channels = chat && chat->format() == ChatFormat::Jinja &&
+                                chat->source().find("<|channel|>") != std::string::npos;
+  if (harmony_channels) answers.harmony = HarmonyTokens::of(*model.tokenizer);  // none: answers as text
   if (chat && chat->format() == ChatFormat::Harmony) {
     answers.harmony = HarmonyTokens::of(*model.tokenizer);
     if (!answers.harmony)

@@ -164,6 +164,14 @@ ToolCallFormat tool_call_format(const ChatTemplate& chat) {
   }
 }
 
+ToolCallFormat tool_call_format(const ChatTemplate& chat, std::string_view parser) {
+  if (parser == "hermes") return ToolCallFormat::Hermes;
+  if (parser == "llama3_json") return ToolCallFormat::Llama3Json;
+  if (parser == "none") return ToolCallFormat::None;
+  STRATA_CHECK(parser == "auto", "unknown tool call parser " << parser);
+  return tool_call_format(chat);
+}
+
 std::string tool_call_id(const PromptRecord& r, size_t choice, size_t k) {
   const std::string key = id_text(r.id) + "\n" + std::to_string(choice) + "\n" + std::to_string(k);
   char buf[32];

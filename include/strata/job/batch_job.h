@@ -50,6 +50,9 @@ struct JobOptions {
   // --chat-template: a Jinja chat template file used instead of the model's (vLLM's option); empty:
   // the model's.
   std::filesystem::path chat_template;
+  // --tool-call-parser (vLLM's names): how answers with tools are read for calls. "auto": the chat
+  // template's (tool_call_format); "hermes", "llama3_json" or "none" (answers read as text).
+  std::string tool_call_parser = "auto";
   bool progress = true;                    // progress line on the log stream
   bool ordered = false;                    // write in input order (a reorder buffer of one window)
   int window = 0;                          // requests read ahead and grouped by length; 0: max(8 blocks, 4096)

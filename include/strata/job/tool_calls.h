@@ -60,6 +60,9 @@ enum class ToolCallFormat : uint8_t { None, Hermes, Llama3Json };
 // interpreted template Hermes when it writes <tool_call> tags (as Qwen's, Hermes' and QwQ's do),
 // else None (the answer is read as text).
 ToolCallFormat tool_call_format(const ChatTemplate& chat);
+// --tool-call-parser's choice: "auto" is the template's (above), else vLLM's parser names "hermes",
+// "llama3_json", or "none".
+ToolCallFormat tool_call_format(const ChatTemplate& chat, std::string_view parser);
 
 // The id of a request's choice's k-th call, "call_" and 24 hex digits: the same on every run and
 // shard (vLLM draws random ones; a resumed job must not change what it already wrote).
