@@ -354,6 +354,20 @@ static void set_context(const fs::path& dir, int positions) {
   std::ofstream(dir / "config.json") << config.dump();
 }
 
+// A harmony fixture text (Jinja2's, rendered on `fixture_today`) with the date the job's
+// strftime_now gives instead.
+static std::string dated_today(std::string text, const std::string& fixture_today) {
+  char today[16];
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  std::strftime(today, sizeof today, "%Y-%m-%d", &local);
+  const std::string fixture_date = "Current date: " + fixture_today;
+  const size_t at = text.find(fixture_date);
+  REQUIRE(at != std::string::npos);
+  return text.replace(at, fixture_date.size(), std::string("Current date: ") + today);
+}
+
 TEST_CASE("GPT-OSS chat requests: harmony prompts at the asked reasoning effort, answers with their reasoning",
           "[cli][harmony]") {
   std::ifstream cases_in(std::string(STRATA_FIXTURES_DIR) + "/chat/harmony_cases.json");
@@ -363,20 +377,10 @@ TEST_CASE("GPT-OSS chat requests: harmony prompts at the asked reasoning effort,
                                        {"<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>"},
                                        /*special=*/true);
   const strata::Tokenizer tok = strata::Tokenizer::from_dir(dir);
-  // Jinja2's rendering with the date the job's strftime_now gives.
-  char today[16];
-  const std::time_t now = std::time(nullptr);
-  std::tm local{};
-  localtime_r(&now, &local);
-  std::strftime(today, sizeof today, "%Y-%m-%d", &local);
   auto prompt_tokens = [&](const json& messages, const std::string& effort) -> size_t {
     for (const json& c : ex["cases"])
-      if (c["messages"] == messages && c["add_generation_prompt"] == true && c.value("reasoning_effort", "") == effort) {
-        std::string text = c["text"].get<std::string>();
-        const std::string fixture_date = "Current date: " + ex["today"].get<std::string>();
-        text.replace(text.find(fixture_date), fixture_date.size(), std::string("Current date: ") + today);
-        return tok.encode(text).size();
-      }
+      if (c["messages"] == messages && c["add_generation_prompt"] == true && c.value("reasoning_effort", "") == effort)
+        return tok.encode(dated_today(c["text"].get<std::string>(), ex["today"].get<std::string>())).size();
     FAIL("no case for " << messages.dump() << " at effort '" << effort << "'");
     return 0;
   };
@@ -686,13 +690,7 @@ TEST_CASE("an edited GPT-OSS template is interpreted and its answers still read 
       expected = c["text"].get<std::string>();
   REQUIRE_FALSE(expected.empty());
   expected.replace(expected.find(cutoff), cutoff.size(), edited_cutoff);
-  char today[16];
-  const std::time_t now = std::time(nullptr);
-  std::tm local{};
-  localtime_r(&now, &local);
-  std::strftime(today, sizeof today, "%Y-%m-%d", &local);
-  const std::string fixture_date = "Current date: " + ex["today"].get<std::string>();
-  expected.replace(expected.find(fixture_date), fixture_date.size(), std::string("Current date: ") + today);
+  expected = dated_today(expected, ex["today"].get<std::string>());
 
   const fs::path in = temp_dir() / "harmony_edited.jsonl", out = temp_dir() / "harmony_edited_out.jsonl";
   std::ofstream(in) << chat_request("a", messages, {{"max_completion_tokens", 6}});
