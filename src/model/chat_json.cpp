@@ -3,6 +3,7 @@
 #include "strata/model/chat_json.h"
 
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
@@ -39,37 +40,6 @@ struct JsonCheck : nlohmann::json_sax<ordered_json> {
     return fail(std::string("not JSON: ") + e.what());
   }
 };
-
-// Python's repr of a float: the shortest digits that read back (as std::to_chars), written fixed
-// while the decimal point falls within 16 digits of them, else as d.ddde+XX.
-std::string python_float(double x) {
-  char buf[64];
-  const std::to_chars_result r = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::scientific);
-  std::string_view s(buf, size_t(r.ptr - buf));  // "-1.25e+16"
-  std::string out;
-  if (s.front() == '-') out += '-', s.remove_prefix(1);
-  const size_t e = s.find('e');
-  std::string digits;
-  for (char c : s.substr(0, e))
-    if (c != '.') digits += c;
-  const int exponent = std::atoi(std::string(s.substr(e + 1)).c_str());
-  const int point = exponent + 1;  // digits before the decimal point
-  const int n = int(digits.size());
-  if (point > -4 && point <= 16) {
-    if (point <= 0)
-      out.append("0.").append(size_t(-point), '0').append(digits);
-    else if (point >= n)
-      out.append(digits).append(size_t(point - n), '0').append(".0");
-    else
-      out.append(digits, 0, size_t(point)).append(".").append(digits, size_t(point));
-  } else {
-    out.append(digits, 0, 1);
-    if (n > 1) out.append(".").append(digits, 1);
-    const std::string magnitude = std::to_string(std::abs(exponent));
-    out.append(exponent < 0 ? "e-" : "e+").append(magnitude.size() < 2 ? "0" : "").append(magnitude);
-  }
-  return out;
-}
 
 // json.dumps: ", " and ": " between items; with an indent (>= 0), each item on its own line, that
 // many spaces deeper a level, "," between items (no trailing space) and empty containers as [] {}.
@@ -119,6 +89,37 @@ void print(const ordered_json& v, int indent, int level, std::string& out) {
 }
 
 }  // namespace
+
+std::string python_float(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  char buf[64];
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof buf, x, std::chars_format::scientific);
+  std::string_view s(buf, size_t(r.ptr - buf));  // "-1.25e+16"
+  std::string out;
+  if (s.front() == '-') out += '-', s.remove_prefix(1);
+  const size_t e = s.find('e');
+  std::string digits;
+  for (char c : s.substr(0, e))
+    if (c != '.') digits += c;
+  const int exponent = std::atoi(std::string(s.substr(e + 1)).c_str());
+  const int point = exponent + 1;  // digits before the decimal point
+  const int n = int(digits.size());
+  if (point > -4 && point <= 16) {
+    if (point <= 0)
+      out.append("0.").append(size_t(-point), '0').append(digits);
+    else if (point >= n)
+      out.append(digits).append(size_t(point - n), '0').append(".0");
+    else
+      out.append(digits, 0, size_t(point)).append(".").append(digits, size_t(point));
+  } else {
+    out.append(digits, 0, 1);
+    if (n > 1) out.append(".").append(digits, 1);
+    const std::string magnitude = std::to_string(std::abs(exponent));
+    out.append(exponent < 0 ? "e-" : "e+").append(magnitude.size() < 2 ? "0" : "").append(magnitude);
+  }
+  return out;
+}
 
 std::string python_tojson(std::string_view json_text, int indent) {
   JsonCheck check;

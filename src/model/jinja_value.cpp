@@ -2,6 +2,8 @@
 // json.dumps, written to match CPython to the byte where chat templates print them.
 #include "jinja_value.h"
 
+#include "strata/model/chat_json.h"
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -122,7 +124,7 @@ std::string str_at(const Value& v, int depth) {
     case Kind::None: return "None";
     case Kind::Bool: return v.b ? "True" : "False";
     case Kind::Int: return v.big ? std::to_string(static_cast<uint64_t>(v.i)) : std::to_string(v.i);
-    case Kind::Float: return float_repr(v.f);
+    case Kind::Float: return python_float(v.f);
     case Kind::String: return v.s;
     case Kind::List:
     case Kind::Tuple: return seq_repr(v, depth);
@@ -290,7 +292,7 @@ void json_string(std::string& out, std::string_view s, bool ensure_ascii) {
 std::string json_float(double d) {
   if (std::isnan(d)) return "NaN";
   if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
-  return float_repr(d);
+  return python_float(d);
 }
 
 void json_at(std::string& out, const Value& v, const JsonOptions& o, int level) {
@@ -508,42 +510,6 @@ bool truthy(const Value& v) {
 
 std::string to_str(const Value& v) { return str_at(v, 0); }
 std::string repr(const Value& v) { return repr_at(v, 0); }
-
-// CPython's repr(float): the shortest digits that round-trip, in fixed notation for exponents
-// -4 <= e < 16 and scientific (two-digit exponent at least) otherwise.
-std::string float_repr(double d) {
-  if (std::isnan(d)) return "nan";
-  if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
-  char buf[64];
-  const auto res = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
-  const std::string_view sci(buf, static_cast<size_t>(res.ptr - buf));
-  const size_t e_pos = sci.find('e');
-  std::string sign, digits;
-  for (const char c : sci.substr(0, e_pos)) {
-    if (c == '-') sign = "-";
-    else if (c != '.') digits += c;
-  }
-  int exp = 0;
-  std::from_chars(sci.data() + e_pos + (sci[e_pos + 1] == '+' ? 2 : 1), sci.data() + sci.size(), exp);
-  std::string out = sign;
-  if (exp >= -4 && exp < 16) {
-    if (exp >= 0) {
-      if (digits.size() <= static_cast<size_t>(exp) + 1) {
-        out += digits + std::string(static_cast<size_t>(exp) + 1 - digits.size(), '0') + ".0";
-      } else {
-        out += digits.substr(0, static_cast<size_t>(exp) + 1) + "." + digits.substr(static_cast<size_t>(exp) + 1);
-      }
-    } else {
-      out += "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
-    }
-    return out;
-  }
-  out += digits.substr(0, 1);
-  if (digits.size() > 1) out += "." + digits.substr(1);
-  char ebuf[16];
-  std::snprintf(ebuf, sizeof ebuf, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
-  return out + ebuf;
-}
 
 bool equals(const Value& a, const Value& b) { return equals_at(a, b, 0); }
 int compare(const Value& a, const Value& b) { return compare_at(a, b, 0); }

@@ -101,7 +101,6 @@ std::string type_name(const Value& v);
 bool truthy(const Value& v);
 std::string to_str(const Value& v);   // str()
 std::string repr(const Value& v);     // repr()
-std::string float_repr(double d);
 bool equals(const Value& a, const Value& b);
 int compare(const Value& a, const Value& b);  // <0, 0, >0; Failure for types Python cannot order
 [[noreturn]] void raise_undefined(const Value& v);

@@ -43,4 +43,9 @@ std::vector<std::string> read_chat_tools(const nlohmann::ordered_json& tools, co
 // tojson(indent=N): each item on its own line, N spaces a level, "," between items.
 std::string python_tojson(std::string_view json_text, int indent = -1);
 
+// Python's repr of a float (what str() and json.dumps print): the shortest digits that read back,
+// written fixed while the decimal point falls within 16 digits of them, else as d.ddde+XX; nan,
+// inf and -inf as Python writes them.
+std::string python_float(double x);
+
 }  // namespace strata
