@@ -13,6 +13,7 @@
 #include "strata/model/model_loader.h"
 #include "strata/runtime/generator.h"
 #include "edited_model.h"
+#include "lora_fixtures.h"
 #include "test_support.h"
 #include "worst_error.h"
 
@@ -37,10 +38,13 @@ struct Loaded {
   std::unique_ptr<Transformer> model;
 };
 
-Loaded load(const std::string& name, const std::string& device = "cpu", DType gpu_dtype = DType::F16) {
+// `lora`: an adapter of tests/fixtures/lora/ merged into the model at load.
+Loaded load(const std::string& name, const std::string& device = "cpu", DType gpu_dtype = DType::F16,
+            const std::string& lora = "") {
   Loaded l;
   l.backend = device == "cpu" ? make_cpu_backend(2) : make_cuda_backend(0, gpu_dtype);
-  ModelBundle b = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
+  ModelBundle b = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name, {},
+                             lora.empty() ? std::filesystem::path() : test::lora_fixture_dir(lora));
   l.model = std::make_unique<Transformer>(b.config, load_model_weights(b.config, *b.weights, *l.backend), *l.backend);
   return l;
 }
@@ -160,6 +164,16 @@ TEST_CASE("generation_config.json's end tokens stop greedy generation where tran
   CHECK(got[0].finish == FinishReason::Eos);
 }
 
+// fp16 weights and activations, fp32 accumulation: an fp16 rounding (2^-11 relative) at each of a
+// few dozen ops per layer. Allowed: 1e-2 absolute plus 2e-3 of the largest logit.
+namespace {
+float fp16_allowance(const std::vector<float>& want) {
+  float scale = 0;
+  for (float w : want) scale = std::max(scale, std::fabs(w));
+  return 1e-2f + 2e-3f * scale;
+}
+}  // namespace
+
 TEST_CASE("CUDA: logits match Hugging Face within fp16 tolerance, greedy where the margin allows", "[model][hf][cuda]") {
   if (!cuda_available()) {
     WARN("no GPU: skipped");
@@ -169,10 +183,8 @@ TEST_CASE("CUDA: logits match Hugging Face within fp16 tolerance, greedy where t
     SECTION(name) {
       const json exp = load_expected(name);
       Loaded l = load(name, "cuda");
-      // fp16 weights and activations, fp32 accumulation: an fp16 rounding (2^-11 relative) at each
-      // of a few dozen ops per layer. Allowed: 1e-2 absolute plus 2e-3 of the largest logit. Gemma's
-      // models amplify roundings (sandwich norms, peaked attention): transformers' own fp16 run is
-      // up to 0.19 from its fp32 one there (expected_bf16.json's fp16_vs_fp32_max_abs_diff), by
+      // fp16_allowance, except that Gemma's models amplify roundings (sandwich norms, peaked
+      // attention): transformers' own fp16 run is up to 0.19 from its fp32 one there (expected_bf16.json's fp16_vs_fp32_max_abs_diff), by
       // prompt 0.02 to 0.19 with no relation to the prompt's length, so a single prompt's distance
       // is a noisy sample of the model's: twice the model's largest is allowed where it is larger.
       float hf_fp16 = 0;
@@ -182,10 +194,19 @@ TEST_CASE("CUDA: logits match Hugging Face within fp16 tolerance, greedy where t
           hf_fp16 = std::max(hf_fp16, d.get<float>());
       }
       check_cuda_against_hf(name, "fp16", *l.model, exp, [&](size_t, const std::vector<float>& want) {
-        float scale = 0;
-        for (float w : want) scale = std::max(scale, std::fabs(w));
-        return std::max(1e-2f + 2e-3f * scale, 2.0f * hf_fp16);
+        return std::max(fp16_allowance(want), 2.0f * hf_fp16);
       });
+    }
+  }
+  // LoRA adapters merged at load (test_lora.cpp checks them on the CPU backend): PEFT's fp32
+  // outputs, at the same allowance.
+  for (const test::LoraFixture& f : test::kLoraFixtures) {
+    SECTION(f.adapter) {
+      std::ifstream in(test::lora_fixture_dir(f.adapter) / "expected.json");
+      const json exp = json::parse(in);
+      Loaded l = load(f.base, "cuda", DType::F16, f.adapter);
+      check_cuda_against_hf(f.adapter, "fp16", *l.model, exp,
+                            [&](size_t, const std::vector<float>& want) { return fp16_allowance(want); });
     }
   }
 }

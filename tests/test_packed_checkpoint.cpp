@@ -17,6 +17,7 @@
 #include "strata/core/error.h"
 #include "strata/model/packed_checkpoint.h"
 #include "strata/model/safetensors.h"
+#include "safetensors_files.h"
 #include "test_support.h"
 #include "worst_error.h"
 
@@ -34,11 +35,7 @@ json load_json(const fs::path& p) {
   return json::parse(in);
 }
 
-struct RawTensor {
-  std::string dtype;
-  std::vector<int64_t> shape;
-  std::string bytes;
-};
+using test::RawTensor;
 
 // A copy of tiny-llama-gptq in a scratch directory, its config.json and tensors edited.
 fs::path edited_copy(const std::string& tag, const std::function<void(json&)>& edit_config,
@@ -50,24 +47,9 @@ fs::path edited_copy(const std::string& tag, const std::function<void(json&)>& e
   edit_config(config);
   std::ofstream(dir / "config.json") << config.dump(1);
   fs::copy_file(src / "tokenizer.json", dir / "tokenizer.json", fs::copy_options::overwrite_existing);
-  const SafetensorsSet set = SafetensorsSet::open(src / "model.safetensors");
-  std::map<std::string, RawTensor> tensors;
-  for (const std::string& name : set.names()) {
-    const SafetensorsEntry& e = set.get(name);
-    tensors[name] = {dtype_name(e.dtype), e.shape, std::string(reinterpret_cast<const char*>(e.data), e.nbytes)};
-  }
+  std::map<std::string, RawTensor> tensors = test::read_raw_tensors(src / "model.safetensors");
   if (edit_tensors) edit_tensors(tensors);
-  json header = json::object();
-  std::string data;
-  for (const auto& [name, t] : tensors) {
-    header[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
-    data += t.bytes;
-  }
-  const std::string h = header.dump();
-  const uint64_t n = h.size();
-  std::ofstream out(dir / "model.safetensors", std::ios::binary);
-  out.write(reinterpret_cast<const char*>(&n), 8);
-  out << h << data;
+  test::write_raw_tensors(dir / "model.safetensors", tensors);
   return dir;
 }
 

@@ -15,6 +15,7 @@ void add_perplexity_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("perplexity", "perplexity of a UTF-8 text file, in non-overlapping windows");
   cmd->add_option("--model", opt->model,
                   "model directory, .gguf file, or dummy:PRESET (default: SmolLM2-135M-Instruct from the cache)");
+  cmd->add_option("--lora", opt->lora, "PEFT LoRA adapter directory, merged into the model's weights as they load");
   cmd->add_option("--text", opt->text, "UTF-8 text file to score (tokenized whole, no special tokens)")->required();
   cmd->add_option("--context", opt->context,
                   "window size in tokens; each window is scored from a fresh cache (default: 512, or the model's "

@@ -51,6 +51,9 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--shard", opt->shard,
                   "i/N: run only the requests whose id hashes to i mod N (FNV-1a 64; docs/scale-out.md)");
   cmd->add_option("--tokenizer", opt->tokenizer, "tokenizer directory replacing the model's own");
+  cmd->add_option("--lora", opt->lora,
+                  "PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), merged into the "
+                  "model's weights as they load");
   cmd->add_option("--device", opt->device, "cpu, cuda or auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();

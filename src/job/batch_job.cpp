@@ -585,7 +585,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
   if (!options.errors.empty() &&
       std::filesystem::weakly_canonical(options.errors) == std::filesystem::weakly_canonical(options.out))
     STRATA_FAIL("--errors must name another file than --out (without --errors, error lines go to --out)");
-  ModelBundle model = open_model(options.model, options.tokenizer);
+  ModelBundle model = open_model(options.model, options.tokenizer, options.lora);
   if (!options.chat_template.empty()) model.chat_template = read_chat_template(options.chat_template);
   if (!model.tokenizer) STRATA_FAIL(options.model << ": the model has no tokenizer files; pass --tokenizer DIR");
   if (!model.load_note.empty()) log << model.load_note << "\n";

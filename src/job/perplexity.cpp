@@ -178,7 +178,7 @@ std::string read_text_file(const std::filesystem::path& path) {
 PerplexityResult run_perplexity(const PerplexityOptions& opt, std::ostream& log) {
   if (opt.context != 0 && opt.context < 2) STRATA_FAIL("--context must be at least 2 tokens, got " << opt.context);
   const std::string text = read_text_file(opt.text);
-  ModelBundle model = open_model(opt.model);
+  ModelBundle model = open_model(opt.model, {}, opt.lora);
   if (!model.tokenizer) STRATA_FAIL(model.config.name << ": the model has no tokenizer files");
   if (!model.load_note.empty() && opt.progress) log << model.load_note << "\n";
   const ModelConfig& cfg = model.config;

@@ -6,6 +6,7 @@
 
 #include "strata/core/error.h"
 #include "strata/model/gguf.h"
+#include "strata/model/lora.h"
 #include "strata/model/packed_checkpoint.h"
 
 namespace strata {
@@ -106,7 +107,20 @@ fs::path default_model_path() {
   return root / "models" / "smollm2-135m-instruct-q4_1.gguf";
 }
 
-ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_dir) {
+namespace {
+// The checkpoint's tensors seen through the --lora adapter, if any, and its line for the job's log.
+std::unique_ptr<WeightSource> with_lora(std::unique_ptr<WeightSource> weights, const fs::path& lora_dir,
+                                        ModelBundle& b) {
+  if (lora_dir.empty()) return weights;
+  LoraSummary summary;
+  weights = lora_source(std::move(weights), lora_dir, b.config, &summary);
+  const std::string note = lora_load_note(lora_dir, summary);
+  b.load_note = b.load_note.empty() ? note : b.load_note + "\n" + note;
+  return weights;
+}
+}  // namespace
+
+ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_dir, const fs::path& lora_dir) {
   std::string spec = spec_arg;
   if (spec.empty()) {
     spec = default_model_path().string();
@@ -120,6 +134,8 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     auto cfg = config_preset(name);
     if (!cfg) STRATA_FAIL("unknown preset '" << name << "' in --model " << spec << " (presets: " << join_presets() << ")");
     b.config = *cfg;
+    if (!lora_dir.empty())
+      STRATA_FAIL("--lora needs a model with weights (a directory or .gguf file), not the dummy " << spec);
     b.weights = make_dummy_source(b.config);
     b.tokenizer = tokenizer_dir.empty() ? Tokenizer::bytes_only() : Tokenizer::from_dir(tokenizer_dir);
     return b;
@@ -138,6 +154,7 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
                                                 : make_safetensors_source(path);
     b.load_note = b.packed ? packed_load_note(*b.packed) : mxfp4 ? mxfp4_load_note() : "";
     if (!b.packed) refuse_unmarked_codes(*weights, path);
+    weights = with_lora(std::move(weights), lora_dir, b);  // in the checkpoint's names, as PEFT's keys
     if (b.config.norm_plus_one) weights = gemma_source(std::move(weights));
     b.weights = split_fused_projections(std::move(weights), b.config);
     const fs::path tok = tokenizer_dir.empty() ? path : tokenizer_dir;
@@ -158,7 +175,7 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
                                                          : file.get_string_opt("tokenizer.ggml.model") == "llama";
     b.chat_template = file.get_string_opt("tokenizer.chat_template").value_or("");
     b.chat_tokens = chat_tokens(b, {}, {});
-    b.weights = split_fused_projections(make_gguf_source(path), b.config);
+    b.weights = split_fused_projections(with_lora(make_gguf_source(path), lora_dir, b), b.config);
     return b;
   }
   STRATA_FAIL("model '" << spec << "': unsupported file type (expected a model directory, a .gguf file, or dummy:PRESET)");

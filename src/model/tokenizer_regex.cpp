@@ -43,7 +43,7 @@ SplitRegex::SplitRegex(const std::string& pattern, bool literal, const std::stri
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
                                    &err, &err_offset, nullptr);
   if (code == nullptr) {
-    STRATA_FAIL(where << ": cannot compile the pre-tokenizer regex at offset " << err_offset << ": "
+    STRATA_FAIL(where << ": cannot compile the regex at offset " << err_offset << ": "
                       << pcre2_message(err) << " (pattern: " << pattern << ")");
   }
   code_ = code;

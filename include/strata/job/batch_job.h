@@ -20,6 +20,7 @@ namespace strata {
 struct JobOptions {
   std::string model;                       // directory, .gguf, or dummy:PRESET
   std::filesystem::path tokenizer;         // optional tokenizer directory override
+  std::filesystem::path lora;              // optional PEFT LoRA adapter merged at load (model/lora.h)
   std::filesystem::path prompts, out;
   std::filesystem::path errors;            // OpenAI format: error lines go here instead of `out`
   std::string shard;                       // "i/N": only the requests whose id hashes to i mod N

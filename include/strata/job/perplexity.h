@@ -59,6 +59,7 @@ WindowScorer resident_scorer(Transformer& model, int64_t max_step_tokens = 0);
 
 struct PerplexityOptions {
   std::string model;                 // directory, .gguf, or dummy:PRESET (empty: the default model)
+  std::filesystem::path lora;        // optional PEFT LoRA adapter merged at load (model/lora.h)
   std::filesystem::path text;        // UTF-8 text file
   std::filesystem::path policy;      // empty: resident on --device; else the offloading engine
   std::string device = "auto";       // cpu, cuda, auto

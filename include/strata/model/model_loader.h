@@ -29,8 +29,11 @@ struct ModelBundle {
 };
 
 // tokenizer_dir, when given, replaces the model's own tokenizer (or the byte stand-in of dummy models).
+// lora_dir, when given, is a PEFT LoRA adapter merged into the weights as they load (lora.h); its
+// line for the job's log goes into load_note. The tokenizer and chat template stay the model's.
 // An empty spec means the default model, SmolLM2-135M-Instruct, at default_model_path().
-ModelBundle open_model(const std::string& spec, const std::filesystem::path& tokenizer_dir = {});
+ModelBundle open_model(const std::string& spec, const std::filesystem::path& tokenizer_dir = {},
+                       const std::filesystem::path& lora_dir = {});
 
 // A tokenizer directory's tokenizer_config.json: its chat_template and the bos_token / eos_token
 // strings (empty where absent). open_model fills missing tokens from the model's BOS / EOS ids.
