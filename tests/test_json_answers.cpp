@@ -23,6 +23,7 @@
 #include "strata/runtime/json_schema.h"
 #include "strata/runtime/sequence.h"
 #include "test_support.h"
+#include "token_masks.h"
 
 using namespace strata;
 using nlohmann::json;
@@ -40,56 +41,16 @@ const json& fixture() {
   return fx;
 }
 
-std::string base64_decode(const std::string& text) {
-  auto value = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    return c == '+' ? 62 : c == '/' ? 63 : -1;
-  };
-  std::string out;
-  int bits = 0, acc = 0;
-  for (char c : text) {
-    const int v = value(c);
-    if (v < 0) continue;  // '=' padding
-    acc = (acc << 6) | v, bits += 6;
-    if (bits >= 8) out.push_back(char((acc >> (bits -= 8)) & 0xFF));
-  }
-  return out;
-}
+using test::base64_decode;
+using test::mask_differences;
 
-Tokenizer load_tokenizer(const std::string& relative) {
-  const std::string path = kFixtures + "/" + relative;
-  return relative.ends_with(".json") ? Tokenizer::from_tokenizer_json(path) : Tokenizer::from_dir(path);
-}
+Tokenizer load_tokenizer(const std::string& relative) { return test::fixture_tokenizer(relative); }
+bool bit(const std::vector<uint64_t>& mask, int64_t id) { return test::mask_bit(mask, id); }
 
 JsonState state_after(const std::string& text) {
   JsonState s;
   for (char c : text) REQUIRE(json_step(s, uint8_t(c)));
   return s;
-}
-
-bool bit(const std::vector<uint64_t>& mask, int64_t id) { return (mask[size_t(id) / 64] >> (id % 64)) & 1; }
-
-// The tokens where our mask (`mine`, over `known` ids) and xgrammar's (`want`, its bitmask's bytes
-// over `vocab` ids) disagree, the first few named; and those where the token-by-token check
-// `accepts` disagrees with the walk over the sorted vocabulary.
-template <class Accepts>
-int mask_differences(const std::string& want, int64_t vocab, const std::vector<uint64_t>& mine, int64_t known,
-                     Accepts accepts, const Tokenizer& tokenizer) {
-  REQUIRE(int64_t(want.size()) == (vocab + 7) / 8);
-  REQUIRE(known <= vocab);
-  int wrong = 0;
-  for (int64_t id = 0; id < vocab; ++id) {
-    const bool expected = (uint8_t(want[size_t(id / 8)]) >> (id % 8)) & 1;
-    const bool ours = id < known && bit(mine, id);
-    if (id < known && accepts(int32_t(id)) != ours) ++wrong;
-    if (expected == ours) continue;
-    if (++wrong <= 5)
-      UNSCOPED_INFO("token " << id << " \"" << tokenizer.token_bytes(int32_t(id)) << "\": xgrammar "
-                             << (expected ? "allows" : "refuses") << " it");
-  }
-  return wrong;
 }
 
 // The fixture's greedy cases of one model as requests held to JSON: the json_object grammar
@@ -108,7 +69,7 @@ JsonCases json_cases(const std::string& model, const Tokenizer& tokenizer) {
     r.sampling.max_new_tokens = c["max_new_tokens"].get<int>();
     if (c["schema"].is_null()) r.grammar = vocabulary;
     else
-      r.grammar = std::make_shared<JsonSchemaGrammar>(
+      r.grammar = std::make_shared<RuleGrammar>(
           compile_json_schema(nlohmann::ordered_json::parse(c["schema"].get<std::string>())), vocabulary->tokens());
     out.requests.push_back(r);
     out.cases.push_back(c);
@@ -183,13 +144,13 @@ TEST_CASE("JSON schema masks equal xgrammar's compile_json_schema's", "[sampler]
     for (const auto& [name, masks] : entry["masks"].items()) {
       INFO(name);
       const Tokenizer tokenizer = load_tokenizer(fixture()["masks"][name]["tokenizer"].get<std::string>());
-      const auto grammar = std::make_shared<JsonSchemaGrammar>(rules, json_vocabulary(tokenizer)->tokens());
+      const auto grammar = std::make_shared<RuleGrammar>(rules, json_vocabulary(tokenizer)->tokens());
       const int64_t vocab = masks["vocab_size"].get<int64_t>();
       for (const json& c : masks["cases"]) {
         const std::string prefix = base64_decode(c["prefix"].get<std::string>());
         const std::string want = base64_decode(c["allowed"].get<std::string>());
         INFO("prefix \"" << prefix << "\"");
-        JsonSchemaState state = grammar->start_state();
+        RuleState state = grammar->start_state();
         for (char ch : prefix) REQUIRE(grammar->step(state, uint8_t(ch)));
         CHECK_FALSE(grammar->complete(state));
         CHECK(mask_differences(want, vocab, *grammar->allowed(state), grammar->size(),

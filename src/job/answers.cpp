@@ -306,7 +306,7 @@ std::shared_ptr<const AnswerGrammar> SchemaGrammars::get(const std::string& sche
   std::lock_guard<std::mutex> lock(mutex_);
   std::shared_ptr<const AnswerGrammar>& g = grammars_[schema];
   if (!g)
-    g = std::make_shared<const JsonSchemaGrammar>(compile_json_schema(nlohmann::ordered_json::parse(schema)), tokens_);
+    g = std::make_shared<const RuleGrammar>(compile_json_schema(nlohmann::ordered_json::parse(schema)), tokens_);
   return g;
 }
 

@@ -6,37 +6,15 @@
 #include <set>
 #include <string>
 
+#include "byte_rules.h"
 #include "strata/core/error.h"
 
 namespace strata {
 
 using ordered_json = nlohmann::ordered_json;
 
-// A network of nodes: an edge reads a byte in [lo, hi], or moves without reading (Eps), or calls
-// a rule and comes back to its target when the rule reaches an end node.
-struct SchemaEdge {
-  enum Kind : uint8_t { Bytes, Eps, Call };
-  Kind kind = Eps;
-  uint8_t lo = 0, hi = 0;
-  uint32_t target = 0;
-  uint32_t rule = 0;  // Call: the rule called
-};
-struct SchemaNode {
-  std::vector<SchemaEdge> edges;
-  bool end = false;    // the rule returns here
-  bool reads = false;  // has a Bytes edge
-  bool moves = false;  // has an Eps or Call edge
-};
-struct JsonSchemaRules {
-  std::vector<SchemaNode> nodes;
-  std::vector<uint32_t> starts;  // rule -> its first node
-  uint32_t root = 0;             // the root's rule
-};
-
 namespace {
 
-// A stack deeper than this (nested calls) is dropped: documents nest at most about this deep.
-constexpr size_t kMaxStack = 256;
 // Subschemas nested deeper than this are refused.
 constexpr int kMaxSchemaDepth = 64;
 // minItems and maxItems unroll their items: bounds above this are refused.
@@ -51,12 +29,11 @@ std::string pointer_child(const std::string& at, const std::string& key) {
   return at + "/" + escaped;
 }
 
-class Compiler {
+class Compiler : RuleBuilder {
 public:
   explicit Compiler(const ordered_json& root) : root_(root) {}
 
-  std::shared_ptr<JsonSchemaRules> compile() {
-    r_ = std::make_shared<JsonSchemaRules>();
+  std::shared_ptr<ByteRules> compile() {
     const ordered_json& resolved = resolve(root_, "#");
     const std::string type = single_type(resolved);
     if (type != "object" && type != "array")
@@ -68,47 +45,12 @@ public:
 
 private:
   // ---- the network ----
-  uint32_t node() {
-    r_->nodes.emplace_back();
-    return uint32_t(r_->nodes.size() - 1);
-  }
-  void bytes(uint32_t a, uint8_t lo, uint8_t hi, uint32_t b) {
-    r_->nodes[a].edges.push_back({SchemaEdge::Bytes, lo, hi, b, 0});
-    r_->nodes[a].reads = true;
-  }
-  void byte(uint32_t a, char c, uint32_t b) { bytes(a, uint8_t(c), uint8_t(c), b); }
-  void eps(uint32_t a, uint32_t b) {
-    r_->nodes[a].edges.push_back({SchemaEdge::Eps, 0, 0, b, 0});
-    r_->nodes[a].moves = true;
-  }
-  void call(uint32_t a, uint32_t rule, uint32_t b) {
-    r_->nodes[a].edges.push_back({SchemaEdge::Call, 0, 0, b, rule});
-    r_->nodes[a].moves = true;
-  }
-  // The text `s` read from `a`; returns the node after it.
-  uint32_t literal(uint32_t a, const std::string& s) {
-    for (char c : s) {
-      const uint32_t n = node();
-      byte(a, c, n);
-      a = n;
-    }
-    return a;
-  }
   // [ \n\r\t]* after `a`: a node that loops on whitespace.
   uint32_t ws(uint32_t a) {
     const uint32_t n = node();
     eps(a, n);
     for (char c : {' ', '\n', '\r', '\t'}) byte(n, c, n);
     return n;
-  }
-  struct Rule {
-    uint32_t id, start, end;
-  };
-  Rule new_rule() {
-    const uint32_t start = node(), end = node();
-    r_->nodes[end].end = true;
-    r_->starts.push_back(start);
-    return {uint32_t(r_->starts.size() - 1), start, end};
   }
 
   // ---- xgrammar's basic rules ----
@@ -485,7 +427,7 @@ private:
   // value when a path from its start to its end reads bytes and calls only rules that do (the
   // fixpoint over all rules; every rule but a reference's reads by construction).
   void refuse_empty_references() const {
-    const JsonSchemaRules& r = *r_;
+    const ByteRules& r = *r_;
     std::vector<char> reaches(r.starts.size(), 0);
     for (bool changed = true; changed;) {
       changed = false;
@@ -497,8 +439,8 @@ private:
           const uint32_t at = work.back();
           work.pop_back();
           if (r.nodes[at].end) reaches[rule] = 1;
-          for (const SchemaEdge& e : r.nodes[at].edges) {
-            const bool passes = e.kind != SchemaEdge::Call || reaches[e.rule];
+          for (const RuleEdge& e : r.nodes[at].edges) {
+            const bool passes = e.kind != RuleEdge::Call || reaches[e.rule];
             if (passes && seen.insert(e.target).second) work.push_back(e.target);
           }
         }
@@ -518,147 +460,15 @@ private:
   }
 
   const ordered_json& root_;
-  std::shared_ptr<JsonSchemaRules> r_;
   std::optional<uint32_t> string_, number_, integer_, boolean_, null_, any_;
   std::map<std::string, uint32_t> refs_;
   int depth_ = 0;
 };
 
-// Every position the stack reaches without reading a byte: `reads` gets each stack whose node
-// reads; returns whether the root's rule returned (the document is whole).
-template <class Reads>
-bool close_stack(const JsonSchemaRules& r, const std::vector<uint32_t>& stack, Reads reads) {
-  bool whole = false;
-  std::vector<std::vector<uint32_t>> work{stack};
-  while (!work.empty()) {
-    std::vector<uint32_t> s = std::move(work.back());
-    work.pop_back();
-    const SchemaNode& n = r.nodes[s.back()];
-    if (n.reads) reads(s);
-    if (n.end) {
-      if (s.size() == 1) whole = true;
-      else {
-        s.pop_back();
-        work.push_back(std::move(s));
-        continue;  // an end node has no edges of its own
-      }
-    }
-    for (const SchemaEdge& e : n.edges) {
-      if (e.kind == SchemaEdge::Eps) {
-        std::vector<uint32_t> t = s;
-        t.back() = e.target;
-        work.push_back(std::move(t));
-      } else if (e.kind == SchemaEdge::Call && s.size() < kMaxStack) {
-        std::vector<uint32_t> t = s;
-        t.back() = e.target;
-        t.push_back(r.starts[e.rule]);
-        work.push_back(std::move(t));
-      }
-    }
-  }
-  return whole;
-}
-
 }  // namespace
 
-std::shared_ptr<const JsonSchemaRules> compile_json_schema(const ordered_json& schema) {
+std::shared_ptr<const ByteRules> compile_json_schema(const ordered_json& schema) {
   return Compiler(schema).compile();
-}
-
-JsonSchemaGrammar::JsonSchemaGrammar(std::shared_ptr<const JsonSchemaRules> rules,
-                                     std::shared_ptr<const SortedVocabulary> tokens)
-    : rules_(std::move(rules)), tokens_(std::move(tokens)) {}
-
-JsonSchemaState JsonSchemaGrammar::start_state() const { return {{{rules_->starts[rules_->root]}}}; }
-
-bool JsonSchemaGrammar::step(JsonSchemaState& s, uint8_t b) const {
-  // One stack at a node that only reads (inside a string, in a number's digits), as most bytes
-  // find it: the byte moves its top, with no closure to take and nothing to allocate.
-  if (s.stacks.size() == 1) {
-    const SchemaNode& n = rules_->nodes[s.stacks[0].back()];
-    if (n.reads && !n.moves && !n.end) {
-      int matches = 0;
-      uint32_t target = 0;
-      for (const SchemaEdge& e : n.edges)
-        if (e.lo <= b && b <= e.hi) ++matches, target = e.target;
-      if (matches <= 1) {
-        if (matches == 0) s.stacks.clear();
-        else s.stacks[0].back() = target;
-        return matches == 1;
-      }
-    }
-  }
-  std::vector<std::vector<uint32_t>> next;
-  for (const std::vector<uint32_t>& stack : s.stacks)
-    close_stack(*rules_, stack, [&](const std::vector<uint32_t>& at) {
-      for (const SchemaEdge& e : rules_->nodes[at.back()].edges)
-        if (e.kind == SchemaEdge::Bytes && e.lo <= b && b <= e.hi) {
-          next.push_back(at);
-          next.back().back() = e.target;
-        }
-    });
-  std::sort(next.begin(), next.end());
-  next.erase(std::unique(next.begin(), next.end()), next.end());
-  s.stacks = std::move(next);
-  return !s.stacks.empty();
-}
-
-bool JsonSchemaGrammar::complete(const JsonSchemaState& s) const {
-  bool whole = false;
-  for (const std::vector<uint32_t>& stack : s.stacks) whole |= close_stack(*rules_, stack, [](const auto&) {});
-  return whole;
-}
-
-bool JsonSchemaGrammar::accepts(const JsonSchemaState& s, int32_t token) const {
-  JsonSchemaState t = s;
-  return tokens_->read(t, token, [this](JsonSchemaState& u, uint8_t b) { return step(u, b); });
-}
-
-JsonSchemaState JsonSchemaGrammar::after(const JsonSchemaState& s, int32_t token) const {
-  JsonSchemaState t = s;
-  STRATA_CHECK(tokens_->read(t, token, [this](JsonSchemaState& u, uint8_t b) { return step(u, b); }),
-               "JSON schema answer: token " << token << " cannot come next");
-  return t;
-}
-
-size_t JsonSchemaGrammar::StateHash::operator()(const JsonSchemaState& s) const {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (const std::vector<uint32_t>& stack : s.stacks) {
-    for (uint32_t v : stack) h = (h ^ v) * 0x100000001B3ull;
-    h = (h ^ 0xFFFFFFFFull) * 0x100000001B3ull;
-  }
-  return size_t(h);
-}
-
-std::shared_ptr<const std::vector<uint64_t>> JsonSchemaGrammar::allowed(const JsonSchemaState& s) const {
-  return masks_.get(s, [&] {
-    return tokens_->allowed(s, [this](JsonSchemaState& t, uint8_t b) { return step(t, b); });
-  });
-}
-
-namespace {
-
-class SchemaCursor : public AnswerCursor {
-public:
-  explicit SchemaCursor(std::shared_ptr<const JsonSchemaGrammar> grammar)
-      : grammar_(std::move(grammar)), state_(grammar_->start_state()) {}
-  std::unique_ptr<AnswerCursor> clone() const override { return std::make_unique<SchemaCursor>(*this); }
-  bool accepts(int32_t token) const override { return grammar_->accepts(state_, token); }
-  void advance(int32_t token) override { state_ = grammar_->after(state_, token); }
-  bool complete() const override { return grammar_->complete(state_); }
-  int64_t mask(float* logits, int64_t vocab) const override {
-    return apply_token_mask(*grammar_->allowed(state_), grammar_->size(), logits, vocab);
-  }
-
-private:
-  std::shared_ptr<const JsonSchemaGrammar> grammar_;
-  JsonSchemaState state_;
-};
-
-}  // namespace
-
-std::unique_ptr<AnswerCursor> JsonSchemaGrammar::start() const {
-  return std::make_unique<SchemaCursor>(shared_from_this());
 }
 
 }  // namespace strata

@@ -1,7 +1,6 @@
 // Answers held to a JSON schema (OpenAI's response_format json_schema), as xgrammar compiles one
 // (Grammar.from_json_schema with its defaults, what vLLM enforces): the schema becomes rules over
-// bytes, a recursive transition network, and a state is the set of stacks of rule positions the
-// text so far can be at. A mask walks the vocabulary from a state as json_grammar.h's does.
+// bytes (rule_grammar.h), and the answer ends where its root object or array closes.
 //
 // What is enforced, as xgrammar's rules write it (docs/batch-format.md, "JSON answers"):
 // - objects: the `properties` in the schema's order, each `required` one present, the optional
@@ -25,7 +24,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "strata/runtime/answer_grammar.h"
+#include "strata/runtime/rule_grammar.h"
 
 namespace strata {
 
@@ -34,44 +33,8 @@ struct JsonSchemaError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The rules a schema compiles to (json_schema.cpp).
-struct JsonSchemaRules;
-
-// Compiles `schema` (its object keys in the order they were written: properties keep it);
-// throws JsonSchemaError.
-std::shared_ptr<const JsonSchemaRules> compile_json_schema(const nlohmann::ordered_json& schema);
-
-// Where a text stands in the rules: each stack holds rule return positions, then the node the
-// text has reached. Sorted and without duplicates, so that equal positions compare equal.
-struct JsonSchemaState {
-  std::vector<std::vector<uint32_t>> stacks;
-  bool operator==(const JsonSchemaState&) const = default;
-};
-
-// A compiled schema over a tokenizer's vocabulary. Made with make_shared (its cursors share it).
-class JsonSchemaGrammar : public AnswerGrammar, public std::enable_shared_from_this<JsonSchemaGrammar> {
-public:
-  JsonSchemaGrammar(std::shared_ptr<const JsonSchemaRules> rules, std::shared_ptr<const SortedVocabulary> tokens);
-
-  JsonSchemaState start_state() const;
-  // Advances by one byte; false when it cannot come next.
-  bool step(JsonSchemaState& s, uint8_t byte) const;
-  // Whether the text is a whole document (the root's rule has returned).
-  bool complete(const JsonSchemaState& s) const;
-  bool accepts(const JsonSchemaState& s, int32_t token) const;
-  JsonSchemaState after(const JsonSchemaState& s, int32_t token) const;
-  std::shared_ptr<const std::vector<uint64_t>> allowed(const JsonSchemaState& s) const;
-  int64_t size() const { return tokens_->size(); }
-
-  std::unique_ptr<AnswerCursor> start() const override;
-
-private:
-  struct StateHash {
-    size_t operator()(const JsonSchemaState& s) const;
-  };
-  std::shared_ptr<const JsonSchemaRules> rules_;
-  std::shared_ptr<const SortedVocabulary> tokens_;
-  MaskCache<JsonSchemaState, StateHash> masks_;
-};
+// Compiles `schema` (its object keys in the order they were written: properties keep it) into the
+// rules a RuleGrammar holds answers to (rule_grammar.h); throws JsonSchemaError.
+std::shared_ptr<const ByteRules> compile_json_schema(const nlohmann::ordered_json& schema);
 
 }  // namespace strata
