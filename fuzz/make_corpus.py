@@ -5,6 +5,7 @@ Small on purpose (a few hundred KB in all): tokenizers are trimmed to a few hund
 safetensors seeds are made here with a handful of bytes of data. Rerun after changing it:
     python3 fuzz/make_corpus.py
 """
+import base64
 import json
 import pathlib
 import struct
@@ -47,6 +48,11 @@ def prompts():
     schema = ('{"type": "object", "properties": {"z": {"type": ["string", "null"]}, "a": {"anyOf": [{"$ref": '
               '"#/$defs/n"}, {"enum": [1, "x", true]}]}, "l": {"type": "array", "items": {"type": "integer"}}}, '
               '"required": ["z"], "$defs": {"n": {"type": "object", "properties": {"k": {"$ref": "#/$defs/n"}}}}}')
+    put("prompts_fuzz", "structured_outputs.jsonl",
+        '{"id": 1, "prompt": "x", "structured_outputs": {"choice": ["yes", "no"]}}\n'
+        '{"id": 2, "prompt": "x", "guided_regex": "[a-z]{2,5}(\\\\.[0-9]+)?", "guided_decoding_backend": "xgrammar"}\n'
+        '{"id": 3, "prompt": "x", "structured_outputs": {"json": {"type": "object"}, "disable_fallback": true}}\n'
+        '{"id": 4, "prompt": "x", "guided_json": "{\\"type\\": \\"array\\"}"}\n')
     put("prompts_fuzz", "openai_response_format.jsonl",
         '{"custom_id": "j1", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", "content": "x"}], '
         '"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": ' + schema + '}}}}\n'
@@ -223,6 +229,16 @@ def jinja_templates():
             put("jinja_fuzz", template + ".txt", c["template"] + "\n----\n" + json.dumps(c["variables"]))
 
 
+def regex_patterns():
+    # The regex fixture's patterns (tests/fixtures/json/pattern_masks.json), each with a text it
+    # matches, as regex_fuzz splits them: the pattern, "\n----\n", the text.
+    fixture = json.loads((ROOT / "tests/fixtures/json/pattern_masks.json").read_text())
+    for i, entry in enumerate(e for e in fixture["patterns"] if e["kind"] == "regex"):
+        prefixes = entry["masks"]["tiny-llama"]["cases"]
+        text = max((base64.b64decode(c["prefix"]) for c in prefixes), key=len)
+        put("regex_fuzz", f"pattern{i:02d}.txt", entry["pattern"].encode() + b"\n----\n" + text)
+
+
 def sentencepiece_vocabs():
     # The SentencePiece fixture vocabularies as sentencepiece_vocab_fuzz reads them: a flag byte
     # (add_space_prefix), then "<type digit><score byte><token>" a line (scores by id, so the
@@ -256,4 +272,5 @@ if __name__ == "__main__":
     bpe_files()
     chat_templates()
     jinja_templates()
+    regex_patterns()
     sentencepiece_vocabs()

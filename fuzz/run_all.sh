@@ -14,7 +14,7 @@ shift || true
 TARGETS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=(gguf_fuzz prompts_fuzz policy_fuzz hardware_fuzz safetensors_fuzz tokenizer_fuzz
                                       config_fuzz safetensors_index_fuzz bpe_files_fuzz chat_template_fuzz
-                                      sentencepiece_vocab_fuzz packed_fuzz jinja_fuzz)
+                                      sentencepiece_vocab_fuzz packed_fuzz jinja_fuzz regex_fuzz)
 BUILD=${STRATA_FUZZ_BUILD:-build-fuzz}
 
 if [ "${STRATA_FUZZ_SKIP_BUILD:-0}" != 1 ]; then  # 1: two runs in parallel share one build

@@ -6,6 +6,7 @@
 #include "strata/job/output.h"
 #include "strata/job/tool_calls.h"
 #include "strata/runtime/json_schema.h"
+#include "strata/runtime/regex_rules.h"
 
 namespace strata {
 using json = nlohmann::json;
@@ -292,6 +293,9 @@ GenRequest make_gen_request(const PromptRecord& r, std::vector<int32_t> prompt, 
   } else if (format == ResponseFormat::JsonSchema) {
     STRATA_CHECK(s.schema_grammars, "a JSON schema answer asked for without the job's schema grammars");
     g.grammar = s.schema_grammars->get(r.response_format ? r.json_schema : s.default_json_schema);
+  } else if (format == ResponseFormat::Regex || format == ResponseFormat::Choice) {
+    STRATA_CHECK(s.schema_grammars, "a regex or choice answer asked for without the job's grammars");
+    g.grammar = s.schema_grammars->get_pattern(format, r.pattern, s.end_ids);
   }
   // The document is the answer after the reasoning, which runs free.
   if (g.grammar && how.harmony)
@@ -310,13 +314,31 @@ std::shared_ptr<const AnswerGrammar> SchemaGrammars::get(const std::string& sche
   return g;
 }
 
+std::shared_ptr<const AnswerGrammar> SchemaGrammars::get_pattern(ResponseFormat kind, const std::string& pattern,
+                                                                 const std::vector<int32_t>& end_ids) {
+  STRATA_CHECK(kind == ResponseFormat::Regex || kind == ResponseFormat::Choice, "not a regex or choice format");
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::shared_ptr<const AnswerGrammar>& g = grammars_[(kind == ResponseFormat::Regex ? "regex:" : "choice:") + pattern];
+  if (!g) {
+    auto rules = kind == ResponseFormat::Regex
+                     ? compile_regex(pattern)
+                     : compile_choices(nlohmann::json::parse(pattern).get<std::vector<std::string>>());
+    g = std::make_shared<const RuleGrammar>(std::move(rules), tokens_, end_ids);
+  }
+  return g;
+}
+
 AnswerSettings answer_settings(const Tokenizer& tokenizer, std::vector<std::string> default_stop,
                                std::string model_name, int64_t created, ResponseFormat default_response_format,
                                std::string default_json_schema) {
-  AnswerSettings s{&tokenizer,           std::move(default_stop),        std::move(model_name),
-                   created,              default_response_format,         std::move(default_json_schema),
-                   json_vocabulary(tokenizer), nullptr,                         std::nullopt,
-                   std::nullopt};
+  AnswerSettings s;
+  s.tokenizer = &tokenizer;
+  s.default_stop = std::move(default_stop);
+  s.model_name = std::move(model_name);
+  s.created = created;
+  s.default_response_format = default_response_format;
+  s.default_json_schema = std::move(default_json_schema);
+  s.json_vocabulary = json_vocabulary(tokenizer);
   s.schema_grammars = std::make_shared<SchemaGrammars>(s.json_vocabulary->tokens());
   return s;
 }

@@ -14,6 +14,7 @@
 #include "strata/job/tool_calls.h"
 #include "strata/model/chat_json.h"
 #include "strata/runtime/json_schema.h"
+#include "structured_outputs.h"
 
 namespace strata {
 using json = nlohmann::json;
@@ -28,7 +29,8 @@ const std::set<std::string> kKnownKeys = {
     "id", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos", "stop", "n",
     "logprobs", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
     "stop_token_ids", "response_format", "reasoning_effort", "chat_template_kwargs", "tools", "tool_choice",
-    "parallel_tool_calls"};
+    "parallel_tool_calls", "structured_outputs", "guided_choice", "guided_regex", "guided_json", "guided_grammar",
+    "guided_decoding_backend", "guided_whitespace_pattern"};
 
 struct LineContext {
   std::string where;  // "file:line"
@@ -250,20 +252,21 @@ std::optional<FieldError> read_chat_template_kwargs(const json& obj,
   return std::nullopt;
 }
 
-// A json_schema record's schema, read again from the line's text with its keys in the order
-// written (objects' properties keep it; nlohmann's json sorts them) and compiled, so that a schema
-// Strata cannot hold answers to is refused before any output.
+// A json_schema record's schema (response_format's, structured_outputs.json or guided_json), read
+// again from the line's text with its keys in the order written (objects' properties keep it;
+// nlohmann's json sorts them) and compiled, so that a schema Strata cannot hold answers to is
+// refused before any output.
 std::optional<FieldError> read_json_schema(std::string_view text, bool openai, PromptRecord& r) {
   const nlohmann::ordered_json line = nlohmann::ordered_json::parse(text);
-  const nlohmann::ordered_json& schema =
-      (openai ? line["body"] : line)["response_format"]["json_schema"]["schema"];
+  const SchemaSource source = structured_json_schema(openai ? line["body"] : line);
   try {
-    compile_json_schema(schema);
+    compile_json_schema(source.schema);
   } catch (const JsonSchemaError& e) {
-    return FieldError{"unsupported_value", std::string(openai ? "body.response_format" : "field 'response_format'") +
-                                               ".json_schema.schema: " + e.what()};
+    return FieldError{"unsupported_value",
+                      (openai ? "body." + source.field : "field '" + source.field + "'") + source.within + ": " +
+                          e.what()};
   }
-  r.json_schema = schema.dump();
+  r.json_schema = source.schema.dump();
   return std::nullopt;
 }
 
@@ -303,7 +306,8 @@ std::optional<FieldError> refuse_response_format(const PromptRecord& r, const Fi
     return FieldError{"invalid_value", field("tool_choice") + " " +
                                            (r.tool_calls_required ? "\"required\" holds the answer to calls"
                                                                   : "names a function, whose parameters are") +
-                                           " the answer's format: give no response_format beside it"};
+                                           " the answer's format: give no response_format or structured outputs "
+                                           "beside it"};
   return std::nullopt;
 }
 
@@ -390,6 +394,7 @@ std::optional<FieldError> read_tools(std::string_view text, bool openai, const j
 void read_strata_extras(const json& obj, const LineContext& ctx, PromptRecord& r) {
   auto field = [](const char* key) { return std::string("field '") + key + "'"; };
   if (const auto e = read_response_format(obj, field, r)) ctx.fail(e->message);
+  if (const auto e = read_structured_outputs(obj, field, r)) ctx.fail(e->message);
   if (const auto e = read_reasoning_effort(obj, field, r)) ctx.fail(e->message);
   if (const auto e = read_chat_template_kwargs(obj, field, r)) ctx.fail(e->message);
   if (obj.contains("stop") && !obj["stop"].is_null()) {  // null: not given
@@ -428,7 +433,9 @@ const std::set<std::string> kOpenAIBodyKeys = {
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
     "logprobs", "top_logprobs", "stream", "frequency_penalty", "presence_penalty", "logit_bias", "top_k", "min_p",
     "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "response_format",
-    "reasoning_effort", "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls"};
+    "reasoning_effort", "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls", "structured_outputs",
+    "guided_choice", "guided_regex", "guided_json", "guided_grammar", "guided_decoding_backend",
+    "guided_whitespace_pattern"};
 
 [[noreturn]] void refuse(const std::string& code, const std::string& message) { throw ServeError{code, message}; }
 
@@ -508,6 +515,7 @@ void read_openai_body(const json& body, PromptRecord& r) {
   auto field = [](const char* key) { return std::string("body.") + key; };
   if (const auto e = read_sampling_extensions(body, field, s)) refuse(e->code, e->message);
   if (const auto e = read_response_format(body, field, r)) refuse(e->code, e->message);
+  if (const auto e = read_structured_outputs(body, field, r)) refuse(e->code, e->message);
   if (const auto e = read_reasoning_effort(body, field, r)) refuse(e->code, e->message);
   if (const auto e = read_chat_template_kwargs(body, field, r)) refuse(e->code, e->message);
   if (given(body, "n")) {

@@ -22,13 +22,17 @@
 
 namespace strata {
 
-// The grammars of a job's JSON schemas, one per distinct schema text (a job's lines usually share
-// one), so that each state's mask is computed once for the job; thread-safe.
+// The grammars of a job's JSON schemas, regexes and choices, one per distinct text (a job's lines
+// usually share one), so that each state's mask is computed once for the job; thread-safe.
 class SchemaGrammars {
 public:
   explicit SchemaGrammars(std::shared_ptr<const SortedVocabulary> tokens) : tokens_(std::move(tokens)) {}
   // The grammar of PromptRecord::json_schema's text (checked when the record was read).
   std::shared_ptr<const AnswerGrammar> get(const std::string& schema);
+  // The grammar of PromptRecord::pattern for a Regex or Choice record, whose answers may end with
+  // one of `end_ids` (the model's EOS ids) wherever their text is whole (rule_grammar.h).
+  std::shared_ptr<const AnswerGrammar> get_pattern(ResponseFormat kind, const std::string& pattern,
+                                                   const std::vector<int32_t>& end_ids);
 
 private:
   std::shared_ptr<const SortedVocabulary> tokens_;
@@ -48,6 +52,9 @@ struct AnswerSettings {
   // grammars over it.
   std::shared_ptr<const JsonVocabulary> json_vocabulary;
   std::shared_ptr<SchemaGrammars> schema_grammars;
+  // The model's EOS ids: an answer held to a regex or a choice may end with one where its text is
+  // whole (a JSON document ends where it closes, without one).
+  std::vector<int32_t> end_ids;
   // Set when the chat template is GPT-OSS's: chat records' answers are harmony (job/reasoning.h),
   // split into the final text and the reasoning, stop strings and JSON held to the final text.
   std::optional<HarmonyTokens> harmony;

@@ -32,9 +32,11 @@ struct ServeError {
   std::string code, message;
 };
 
-// OpenAI's response_format: free text, one JSON object or array (json_grammar.h), or a document of
-// a JSON schema (json_schema.h).
-enum class ResponseFormat : uint8_t { Text, JsonObject, JsonSchema };
+// What an answer is held to: free text, one JSON object or array (json_grammar.h), a document of a
+// JSON schema (json_schema.h) (OpenAI's response_format, or vLLM's structured outputs), a text a
+// regex matches or one of a list of strings (vLLM's structured outputs regex and choice,
+// regex_rules.h).
+enum class ResponseFormat : uint8_t { Text, JsonObject, JsonSchema, Regex, Choice };
 
 struct PromptRecord {
   nlohmann::json id;        // strata: "id" (string or integer); OpenAI: "custom_id" (string)
@@ -53,6 +55,7 @@ struct PromptRecord {
   int logprobs = -1;
   std::optional<ResponseFormat> response_format;  // unset: the job's default (--response-format)
   std::string json_schema;  // JsonSchema: the schema's text, its keys in the order written
+  std::string pattern;      // Regex: the regex; Choice: the choices, a JSON array of strings
   // "low", "medium" or "high": GPT-OSS's reasoning (ChatOptions); empty: the job's default.
   std::string reasoning_effort;
   // chat_template_kwargs.enable_thinking (Qwen3; ChatOptions); unset: the job's default.
