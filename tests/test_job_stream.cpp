@@ -1,5 +1,6 @@
 // The streaming batch job: pass 1's checks, pass 2's reader, length-aware blocks and their
 // padding, the bounded queues and window, --ordered, resume, and the progress line.
+#include "error_text.h"
 #include "test_paths.h"
 #include "temp_files.h"
 #include <catch2/catch.hpp>
@@ -29,14 +30,7 @@ namespace {
 fs::path temp_dir() { return test::temp_dir("jobstream"); }
 fs::path write_file(const std::string& name, const std::string& text) { return test::write_file(temp_dir() / name, text); }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 std::vector<json> read_lines(const fs::path& file) {
   std::vector<json> out;

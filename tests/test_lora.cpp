@@ -1,5 +1,6 @@
 // LoRA adapters (include/strata/model/lora.h) merged at load: PEFT's own outputs for adapters it
 // saved over the tiny models (tests/fixtures/lora/make_lora_fixtures.py), and the refusals.
+#include "error_text.h"
 #include "test_paths.h"
 
 #include <catch2/catch.hpp>
@@ -36,14 +37,7 @@ json load_json(const fs::path& p) {
   return json::parse(in);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 // tiny-llama-lora copied into a scratch directory, its config and tensors edited.
 fs::path edited_adapter(const std::string& tag, const std::function<void(json&)>& edit_config,

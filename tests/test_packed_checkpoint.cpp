@@ -3,6 +3,7 @@
 // from transformers running the library's own dequantization
 // (tests/fixtures/models/make_packed_fixtures.py), never from Strata. Their uncompressed logits
 // and greedy tokens are checked with the other tiny models (test_model_hf.cpp).
+#include "error_text.h"
 #include "test_paths.h"
 
 #include <catch2/catch.hpp>
@@ -53,14 +54,7 @@ fs::path edited_copy(const std::string& tag, const std::function<void(json&)>& e
   return dir;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 }  // namespace
 

@@ -5,6 +5,7 @@
 #include "test_paths.h"
 
 #include <catch2/catch.hpp>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -182,4 +183,46 @@ TEST_CASE("strata run holds answers to a choice and a regex as vLLM does, in bot
     }
     CHECK(answered == int(cases.size()));
   }
+}
+
+TEST_CASE("strata run --choice and --regex hold the lines that give no format of their own", "[cli][regex]") {
+  std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/json/pattern_masks.json");
+  const json fx = json::parse(in);
+  const json* choice_case = nullptr;
+  for (const json& c : fx["greedy"])
+    if (c["kind"] == "choice" && c["text"] == "The quick brown fox") choice_case = &c;
+  REQUIRE(choice_case);
+  const fs::path dir = test::temp_dir("structured_flags");
+  const fs::path prompts = test::write_file(
+      dir / "in.jsonl", json{{"id", 1}, {"prompt", (*choice_case)["text"]}}.dump() + "\n" +
+                            json{{"id", 2}, {"prompt", "Hello"}, {"guided_regex", "[0-9]"}}.dump() + "\n");
+  const std::string model = std::string(STRATA_FIXTURES_DIR) + "/models/tiny-llama";
+  std::string flags;
+  for (const json& s : (*choice_case)["pattern"]) flags += " --choice " + s.get<std::string>();
+  const fs::path out = dir / "out.jsonl";
+  const test::CliResult r = test::run_strata("run --model " + model + " --prompts " + prompts.string() + " --out " +
+                                             out.string() + " --device cpu --ordered --no-progress" + flags);
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  std::ifstream got_in(out);
+  std::string line;
+  REQUIRE(std::getline(got_in, line));
+  const json first = json::parse(line);
+  CHECK(first["tokens"] == (*choice_case)["greedy"]);
+  CHECK(first["finish_reason"] == "stop");
+  REQUIRE(std::getline(got_in, line));
+  const json second = json::parse(line);  // its own regex: one digit, then nothing can follow
+  CHECK(second["completion"].get<std::string>().size() == 1);
+  CHECK(std::isdigit(static_cast<unsigned char>(second["completion"].get<std::string>()[0])));
+  CHECK(second["finish_reason"] == "stop");
+
+  const test::CliResult bad = test::run_strata("run --model " + model + " --prompts " + prompts.string() + " --out " +
+                                               (dir / "bad.jsonl").string() + " --device cpu --regex 'a{3,2}'");
+  CHECK(bad.code != 0);
+  CHECK_THAT(bad.output, Catch::Contains("--regex: regex at offset 6: a bound {m,n} with n < m"));
+  const test::CliResult both = test::run_strata("run --model " + model + " --prompts " + prompts.string() + " --out " +
+                                                (dir / "bad.jsonl").string() + " --device cpu --regex a --choice b");
+  CHECK(both.code != 0);
+  CHECK_THAT(both.output, Catch::Contains("give one of --response-format, --json-schema, --regex and --choice"));
+  CHECK_FALSE(fs::exists(dir / "bad.jsonl"));
 }

@@ -8,6 +8,7 @@
 #include "strata/core/error.h"
 #include "strata/job/batch_job.h"
 #include "strata/runtime/json_schema.h"
+#include "strata/runtime/regex_rules.h"
 
 namespace strata::cli {
 
@@ -124,6 +125,14 @@ void add_run_command(CLI::App& app) {
                                  "JSON schema file for lines that give no response_format: each answer a document of "
                                  "it (docs/batch-format.md, \"JSON answers\")")
                      ->check(CLI::ExistingFile);
+  auto* regex = cmd->add_option("--regex", opt->pattern,
+                                "for lines that give no response_format or structured outputs: each answer a text the "
+                                "regex matches whole (vLLM's structured_outputs regex)");
+  auto choices = std::make_shared<std::vector<std::string>>();
+  auto* choice = cmd->add_option("--choice", *choices,
+                                 "for lines that give no response_format or structured outputs: each answer one of "
+                                 "these strings (repeat the flag; vLLM's structured_outputs choice)")
+                     ->allow_extra_args(false);
   cmd->add_option("--reasoning-effort", opt->reasoning_effort,
                   "for lines that give no reasoning_effort: low, medium or high, what GPT-OSS's chat template writes "
                   "in its system message (default: the template's, medium)")
@@ -169,7 +178,7 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--verbose", opt->verbose, "print the realized placement before starting");
   cmd->add_flag("--report", opt->report, "print throughput, stream busy times, bytes per link and peak memory");
   cmd->add_option("--trace", opt->trace, "write a Chrome trace-event timeline (Perfetto) of the schedule");
-  cmd->callback([opt, prefill, schema, sampling_flags, generation_config] {
+  cmd->callback([opt, prefill, schema, regex, choice, choices, sampling_flags, generation_config] {
     opt->prefill_tokens_given = prefill->count() > 0;
     opt->model_sampling = *generation_config == "auto";
     for (const auto& [field, flag] : sampling_flags)
@@ -179,6 +188,19 @@ void add_run_command(CLI::App& app) {
         STRATA_FAIL("give --json-schema or --response-format json_object, not both");
       opt->json_schema = read_json_schema_file(opt->json_schema);
       opt->response_format = ResponseFormat::JsonSchema;
+    }
+    if (int(regex->count() > 0) + int(choice->count() > 0) + int(opt->response_format != ResponseFormat::Text) > 1)
+      STRATA_FAIL("give one of --response-format, --json-schema, --regex and --choice");
+    if (regex->count() > 0) {
+      try {
+        compile_regex(opt->pattern);
+      } catch (const RegexError& e) {
+        STRATA_FAIL("--regex: " << e.what());
+      }
+      opt->response_format = ResponseFormat::Regex;
+    } else if (choice->count() > 0) {
+      opt->pattern = nlohmann::json(*choices).dump();
+      opt->response_format = ResponseFormat::Choice;
     }
     run_batch_job(*opt, std::cerr);
   });

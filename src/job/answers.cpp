@@ -295,7 +295,7 @@ GenRequest make_gen_request(const PromptRecord& r, std::vector<int32_t> prompt, 
     g.grammar = s.schema_grammars->get(r.response_format ? r.json_schema : s.default_json_schema);
   } else if (format == ResponseFormat::Regex || format == ResponseFormat::Choice) {
     STRATA_CHECK(s.schema_grammars, "a regex or choice answer asked for without the job's grammars");
-    g.grammar = s.schema_grammars->get_pattern(format, r.pattern, s.end_ids);
+    g.grammar = s.schema_grammars->get_pattern(format, r.response_format ? r.pattern : s.default_pattern, s.end_ids);
   }
   // The document is the answer after the reasoning, which runs free.
   if (g.grammar && how.harmony)

@@ -642,6 +642,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
   AnswerSettings answers = answer_settings(*model.tokenizer, opt.stop, model.config.name, created,
                                            opt.response_format, opt.json_schema);
   answers.end_ids.assign(model.config.eos_ids.begin(), model.config.eos_ids.end());
+  answers.default_pattern = opt.pattern;
   const ChatTemplate* chat = tok.chat() ? &*tok.chat() : nullptr;
   if (chat) answers.think = ThinkTokens::of(*chat, *model.tokenizer);  // none: answers read as text
   answers.thinking_off = opt.no_thinking;

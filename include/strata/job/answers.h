@@ -45,9 +45,10 @@ struct AnswerSettings {
   std::vector<std::string> default_stop;  // --stop: for records that give no "stop"
   std::string model_name;                 // OpenAI "model" when the body names none
   int64_t created = 0;                    // OpenAI "created" (Unix seconds)
-  // --response-format / --json-schema: for records that give no response_format.
+  // --response-format / --json-schema / --regex / --choice: for records that give no format.
   ResponseFormat default_response_format = ResponseFormat::Text;
   std::string default_json_schema;
+  std::string default_pattern;  // --regex / --choice (PromptRecord::pattern's form)
   // The tokenizer's vocabulary for JSON answers (json_vocabulary below), and the job's schemas'
   // grammars over it.
   std::shared_ptr<const JsonVocabulary> json_vocabulary;

@@ -44,6 +44,7 @@ struct JobOptions {
   // JSON document each; JsonSchema: a document of json_schema, the schema's text).
   ResponseFormat response_format = ResponseFormat::Text;
   std::string json_schema;
+  std::string pattern;  // --regex (Regex) or --choice (Choice: the strings as a JSON array)
   // --reasoning-effort: for lines that give no reasoning_effort (GPT-OSS's template; "" its default).
   std::string reasoning_effort;
   // --no-thinking: enable_thinking false for lines that do not set it (Qwen3 answers without reasoning).
