@@ -3,7 +3,10 @@
 // dequantized row by row, on one thread and on pools of more. Elements per second per ggml type,
 // and the whole file's seconds, each the fastest of --repeat passes (the first pass also faults
 // the mapped file into the page cache, so it is not timed).
-// Usage: bench_load FILE.gguf [--threads 1,2,4] [--dtype f16|f32] [--repeat 3]
+// Usage: bench_load FILE.gguf [--threads 1,2,4] [--dtype f16|f32] [--repeat 3] [--lora DIR]
+// --lora: the file read through a PEFT LoRA adapter merged at load (include/strata/model/lora.h;
+// an adapter to time: bench/make_lora_adapter.py), the adapted tensors' rows counted under their
+// ggml type.
 // A file to time: bench/make_synthetic_gguf.py (llama.cpp's Q4_K_M mix of random blocks).
 #include <algorithm>
 #include <cstdio>
@@ -20,6 +23,7 @@
 #include "strata/core/error.h"
 #include "strata/core/thread_pool.h"
 #include "strata/model/gguf.h"
+#include "strata/model/lora.h"
 #include "strata/model/weight_source.h"
 
 using namespace strata;
@@ -33,6 +37,7 @@ struct Args {
   std::vector<int> threads{1, 2};
   DType dtype = DType::F16;
   int repeat = 3;
+  std::string lora;
 };
 
 Args parse(int argc, char** argv) {
@@ -51,12 +56,14 @@ Args parse(int argc, char** argv) {
       const std::string d = value();
       if (d != "f16" && d != "f32") STRATA_FAIL("--dtype is f16 or f32, not " << d);
       a.dtype = d == "f16" ? DType::F16 : DType::F32;
+    } else if (arg == "--lora") {
+      a.lora = value();
     } else if (arg == "--repeat") {
       a.repeat = std::max(1, std::atoi(value().c_str()));
     } else if (a.file.empty() && arg[0] != '-') {
       a.file = arg;
     } else {
-      STRATA_FAIL("unknown argument " << arg << " (usage: bench_load FILE.gguf [--threads 1,2] [--dtype f16|f32] [--repeat 3])");
+      STRATA_FAIL("unknown argument " << arg << " (usage: bench_load FILE.gguf [--threads 1,2] [--dtype f16|f32] [--repeat 3] [--lora DIR])");
     }
   }
   if (a.file.empty()) STRATA_FAIL("usage: bench_load FILE.gguf [--threads 1,2] [--dtype f16|f32] [--repeat 3]");
@@ -68,7 +75,12 @@ Args parse(int argc, char** argv) {
 int main(int argc, char** argv) try {
   const Args a = parse(argc, argv);
   const GgufFile file = GgufFile::open(a.file);
-  const std::unique_ptr<WeightSource> src = make_gguf_source(file);
+  std::unique_ptr<WeightSource> src = make_gguf_source(file);
+  if (!a.lora.empty()) {
+    LoraSummary summary;
+    src = lora_source(std::move(src), a.lora, config_from_gguf(file), &summary);
+    std::printf("%s\n", lora_load_note(a.lora, summary).c_str());
+  }
   // The ggml type under each Hugging Face name: the source lists names in the file's order,
   // leaving out the RoPE factor tensors (part of the config, not weights).
   const std::vector<std::string> names = src->names();

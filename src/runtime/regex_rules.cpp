@@ -21,6 +21,7 @@ namespace {
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 constexpr int kMaxBound = 1000;           // {n,m} above this is refused
 constexpr size_t kMaxNodes = 200000;      // nodes of the network with moves
+constexpr size_t kMaxClosureWork = 20000000;  // nodes reached taking the moves out
 
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // code points, sorted, disjoint
 
@@ -446,22 +447,25 @@ private:
     r_->root = 0;  // one rule, no calls
     r_->starts.push_back(rule_node(start));
     std::vector<uint32_t> stack;
-    std::vector<char> seen(reads_.size());
+    std::vector<uint32_t> seen(reads_.size(), 0);  // the walk that last reached each node
+    uint32_t walk = 0;
+    size_t work = 0;  // nodes reached over all walks: (a?){1000} reaches a thousand from each
     while (!todo.empty()) {
       const uint32_t n = todo.back();
       todo.pop_back();
       std::vector<Read> reads;
       bool is_end = false;
-      std::fill(seen.begin(), seen.end(), 0);
+      ++walk;
       stack = {n};
-      seen[n] = 1;
+      seen[n] = walk;
       while (!stack.empty()) {
         const uint32_t m = stack.back();
         stack.pop_back();
+        if (++work > kMaxClosureWork) throw RegexError("the pattern is too large (its moves reach too far)");
         is_end |= m == end;
         reads.insert(reads.end(), reads_[m].begin(), reads_[m].end());
         for (uint32_t t : moves_[m])
-          if (!seen[t]) seen[t] = 1, stack.push_back(t);
+          if (seen[t] != walk) seen[t] = walk, stack.push_back(t);
       }
       std::sort(reads.begin(), reads.end());
       reads.erase(std::unique(reads.begin(), reads.end()), reads.end());
