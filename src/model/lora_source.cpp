@@ -7,9 +7,12 @@
 //   M.lora_embedding_A [r, vocab], M.lora_embedding_B [h, r]   an Embedding: E += s A^T B^T
 //   M.base_layer.weight / .bias, M.weight / .bias        stored whole (bias="all" / "lora_only",
 //                                                        modules_to_save, embedding layers): replace
-// The product is summed into the base in fp32 and rounded once to the dtype the loader asks for.
-#include <cblas.h>
-
+// The product is summed into the base in fp32, row by row on the loader's pool, and rounded once to
+// the dtype the loader asks for.
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -19,6 +22,7 @@
 
 #include "strata/core/dtype.h"
 #include "strata/core/error.h"
+#include "strata/core/thread_pool.h"
 #include "strata/model/lora.h"
 #include "tokenizer_regex.h"
 
@@ -139,6 +143,14 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return o.str();
 }
 
+// The change to a tensor [rows, cols] as rows of `rank` terms: row i gets
+// sum_k coef[i rank + k] rows[k] (times the scale). A Linear's product B A: coef B, rows A. An
+// embedding's A^T B^T: coef A^T, rows B^T. lora_B.bias: one term of coefficient 1. None: rank 0.
+struct Product {
+  int64_t rank = 0;
+  std::vector<float> coef, rows;
+};
+
 class LoraSource final : public WeightSource {
 public:
   LoraSource(std::unique_ptr<WeightSource> base, const fs::path& dir, const ModelConfig& cfg, LoraSummary* summary)
@@ -178,19 +190,69 @@ private:
     if (it == changes_.end()) return base_->read(name, dst_dtype, dst, pool);
     const Change& c = it->second;
     const std::vector<int64_t> s = base_->shape(name);
-    size_t n = 1;
-    for (int64_t d : s) n *= size_t(d);
-    std::vector<float> w(n);
+    const int64_t rows = s[0], cols = s.size() > 1 ? s[1] : 1;
+    std::vector<float> w(size_t(rows * cols));
     if (c.replacement.empty()) base_->read(name, DType::F32, w.data(), pool);
     else adapter_->read(c.replacement, DType::F32, w.data(), pool);
-    if (c.bias_of_b) {
-      std::vector<float> bias(n);
-      adapter_->read(c.b, DType::F32, bias.data());
-      for (size_t i = 0; i < n; ++i) w[i] += c.scale * bias[i];
-    } else if (!c.a.empty()) {
-      add_product(c, s, w.data());
+    const Product p = product_of(c, rows, cols);
+    // Row by row, on the pool: each row gets its share of the product and is converted.
+    auto rows_from = [&](int64_t r0, int64_t r1) {
+      for (int64_t i = r0; i < r1; ++i) add_terms(p, c.scale, i, cols, w.data() + i * cols);
+      const size_t out = dtype_size(dst_dtype);
+      convert_elements(w.data() + r0 * cols, DType::F32, static_cast<uint8_t*>(dst) + size_t(r0 * cols) * out, dst_dtype,
+                       size_t((r1 - r0) * cols));
+    };
+    parallel_for(pool, rows, rows_from);
+  }
+
+  // row += scale sum_k coef[i rank + k] rows[k]: with AVX2, 32 columns at a time held in four
+  // registers over the terms; the rest (and without AVX2, all) a column at a time.
+  static void add_terms(const Product& p, float scale, int64_t i, int64_t cols, float* row) {
+    const float* coef = p.coef.data() + i * p.rank;
+    const float* rows = p.rows.data();
+    int64_t j0 = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    for (; j0 + 32 <= cols; j0 += 32) {
+      __m256 acc[4];
+      for (int m = 0; m < 4; ++m) acc[m] = _mm256_loadu_ps(row + j0 + 8 * m);
+      for (int64_t k = 0; k < p.rank; ++k) {
+        const __m256 c = _mm256_set1_ps(scale * coef[k]);
+        const float* v = rows + k * cols + j0;
+        for (int m = 0; m < 4; ++m) acc[m] = _mm256_fmadd_ps(c, _mm256_loadu_ps(v + 8 * m), acc[m]);
+      }
+      for (int m = 0; m < 4; ++m) _mm256_storeu_ps(row + j0 + 8 * m, acc[m]);
     }
-    convert_elements(w.data(), DType::F32, dst, dst_dtype, n);
+#endif
+    for (; j0 < cols; ++j0)
+      for (int64_t k = 0; k < p.rank; ++k) row[j0] += scale * coef[k] * rows[k * cols + j0];
+  }
+
+  Product product_of(const Change& c, int64_t rows, int64_t cols) const {
+    Product p;
+    if (c.bias_of_b) {  // a vector: `rows` elements, each its own row of one column
+      p.rank = 1;
+      p.coef.resize(size_t(rows));
+      adapter_->read(c.b, DType::F32, p.coef.data());
+      p.rows = {1.0f};
+      return p;
+    }
+    if (c.a.empty()) return p;
+    p.rank = adapter_->shape(c.a)[0];
+    std::vector<float> a(size_t(p.rank * (c.embedding ? rows : cols))), b(size_t((c.embedding ? cols : rows) * p.rank));
+    adapter_->read(c.a, DType::F32, a.data());
+    adapter_->read(c.b, DType::F32, b.data());
+    if (!c.embedding) {
+      p.coef = std::move(b);  // B [rows, r]
+      p.rows = std::move(a);  // A [r, cols]
+      return p;
+    }
+    p.coef.resize(size_t(rows * p.rank));  // A^T [rows, r] of A [r, rows]
+    p.rows.resize(size_t(p.rank * cols));  // B^T [r, cols] of B [cols, r]
+    for (int64_t k = 0; k < p.rank; ++k) {
+      for (int64_t i = 0; i < rows; ++i) p.coef[size_t(i * p.rank + k)] = a[size_t(k * rows + i)];
+      for (int64_t j = 0; j < cols; ++j) p.rows[size_t(k * cols + j)] = b[size_t(j * p.rank + k)];
+    }
+    return p;
   }
 
   // The tensor is changed, so its stored codes (a GGUF's, a GPTQ checkpoint's) no longer hold it:
@@ -199,22 +261,6 @@ private:
                        ThreadPool* pool) const override {
     if (changes_.count(name)) return false;
     return base_->read_codes(name, spec, dst, pool);
-  }
-
-  // w [rows, cols] += s B A (Linear: A [r, cols], B [rows, r]) or s A^T B^T (Embedding: A [r, rows],
-  // B [cols, r]).
-  void add_product(const Change& c, const std::vector<int64_t>& s, float* w) const {
-    const std::vector<int64_t> sa = adapter_->shape(c.a);
-    const int64_t r = sa[0], rows = s[0], cols = s[1];
-    std::vector<float> a(size_t(r * sa[1])), b(size_t(r * (c.embedding ? cols : rows)));
-    adapter_->read(c.a, DType::F32, a.data());
-    adapter_->read(c.b, DType::F32, b.data());
-    if (c.embedding)
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasTrans, int(rows), int(cols), int(r), c.scale, a.data(), int(rows),
-                  b.data(), int(r), 1.0f, w, int(cols));
-    else
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(cols), int(r), c.scale, b.data(), int(r),
-                  a.data(), int(cols), 1.0f, w, int(cols));
   }
 
   // Files one adapter tensor under the base tensor it changes.
