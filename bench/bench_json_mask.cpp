@@ -1,7 +1,8 @@
-// The host's cost of holding answers to JSON (response_format json_object and json_schema): laying
-// a tokenizer's vocabulary out for masks (once per job), then a JSON document read token by token
-// as an answer is, each step's mask applied to a row of logits: first with each state's mask
-// computed when first met, then with every mask cached.
+// The host's cost of holding answers to JSON (response_format json_object and json_schema), a regex
+// and a choice (structured outputs): laying a tokenizer's vocabulary out for masks (once per job),
+// then a text the grammar holds (a JSON document; a sentence ending in a date; one of 20 labels)
+// read token by token as an answer is, each step's mask applied to a row of logits: first with
+// each state's mask computed when first met, then with every mask cached.
 //   bench_json_mask [--tokenizer PATH] [--repeat N]
 // PATH: a tokenizer.json or a model directory; default the GPT-2 fixture (50257 tokens).
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "strata/model/tokenizer.h"
 #include "strata/runtime/json_grammar.h"
 #include "strata/runtime/json_schema.h"
+#include "strata/runtime/regex_rules.h"
 
 using namespace strata;
 
@@ -40,6 +42,16 @@ const char* const kSchema = R"({"type": "object", "properties": {
   "address": {"type": "object", "properties": {"street": {"type": "string"}, "city": {"type": "string"},
                                                "zip": {"type": ["string", "null"]}}, "required": ["street", "city"]},
   "notes": {"type": "string"}}, "required": ["name", "age", "tags"]})";
+
+// A regex of words then an ISO date, and a text it matches whole.
+const char* const kRegex = "([A-Z]?[a-z]+,? )+on [0-9]{4}-[0-9]{2}-[0-9]{2}";
+const char* const kSentence = "The committee met in Geneva, agreed the text and signed it on 2024-11-05";
+
+// Twenty labels, as a classification job's choice lists them; the answer is the last.
+const std::vector<std::string> kLabels = {
+    "arts", "business", "crime", "education", "entertainment", "environment", "fashion", "food", "health", "politics",
+    "religion", "science", "sports", "technology", "travel", "weather", "world news", "local news", "opinion",
+    "obituaries"};
 
 }  // namespace
 
@@ -72,31 +84,41 @@ int main(int argc, char** argv) {
     // The document read token by token as the sampler reads an answer: each step's mask applied
     // to a row, then the token taken. A fresh grammar's pass computes the mask of every state the
     // first time it is met; a second pass finds them all cached.
-    auto time_pass = [&](const AnswerGrammar& grammar) {
+    auto time_pass = [&](const AnswerGrammar& grammar, const std::vector<int32_t>& text) {
       std::unique_ptr<AnswerCursor> cursor = grammar.start();
       const double t0 = now();
-      for (size_t i = 0; i < tokens.size(); ++i) {
+      for (size_t i = 0; i < text.size(); ++i) {
         if (cursor->mask(logits.data(), int64_t(logits.size())) == 0) throw std::runtime_error("no token allowed");
-        if (!cursor->accepts(tokens[i])) throw std::runtime_error("the document's token " + std::to_string(i) + " is refused");
-        cursor->advance(tokens[i]);
+        if (!cursor->accepts(text[i])) throw std::runtime_error("the text's token " + std::to_string(i) + " is refused");
+        cursor->advance(text[i]);
       }
-      if (!cursor->complete()) throw std::runtime_error("the document did not close");
-      return (now() - t0) / double(tokens.size());
+      if (!cursor->complete()) throw std::runtime_error("the text did not end the answer");
+      return (now() - t0) / double(text.size());
     };
-    auto report = [&](const char* name, auto make) {
+    auto report = [&](const char* name, auto make, const std::vector<int32_t>& text) {
       double first = 1e30, cached = 1e30;
       for (int r = 0; r < repeat; ++r) {
         const std::shared_ptr<const AnswerGrammar> grammar = make();
-        first = std::min(first, time_pass(*grammar));
-        cached = std::min(cached, time_pass(*grammar));
+        first = std::min(first, time_pass(*grammar, text));
+        cached = std::min(cached, time_pass(*grammar, text));
       }
       std::printf("  %-44s %10.1f us a step, masks computed as met\n", name, first * 1e6);
       std::printf("  %-44s %10.1f us a step, masks cached\n", name, cached * 1e6);
     };
-    report("json_object", [&] { return json_vocabulary(tokenizer); });
+    report("json_object", [&] { return json_vocabulary(tokenizer); }, tokens);
     report("json_schema (the document's)", [&] {
       return std::make_shared<const RuleGrammar>(rules, vocabulary->tokens());
-    });
+    }, tokens);
+    const std::vector<int32_t> end = {tokenizer.vocab_size() - 1};  // a special token stands for EOS
+    const std::vector<int32_t> sentence = tokenizer.encode(kSentence), label = tokenizer.encode(kLabels.back());
+    std::printf("regex %s: %zu tokens; choice of %zu labels: %zu tokens\n", kRegex, sentence.size(), kLabels.size(),
+                label.size());
+    report("regex (words, then a date)", [&] {
+      return std::make_shared<const RuleGrammar>(compile_regex(kRegex), vocabulary->tokens(), end);
+    }, sentence);
+    report("choice (20 labels)", [&] {
+      return std::make_shared<const RuleGrammar>(compile_choices(kLabels), vocabulary->tokens(), end);
+    }, label);
     std::printf("fastest of %d passes, one thread\n", repeat);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_json_mask: %s\n", e.what());
