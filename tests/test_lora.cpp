@@ -257,3 +257,36 @@ TEST_CASE("strata run --lora answers with the adapter's greedy tokens and says s
   CHECK_THAT(bad.output, Catch::Contains("adapter_model.safetensors: tensor"));
   CHECK_FALSE(fs::exists(dir / "bad.jsonl"));
 }
+
+TEST_CASE("strata run --lora NAME=DIR answers the OpenAI requests for NAME and refuses the others", "[lora][cli]") {
+  const fs::path dir = test::temp_dir("lora_named"), prompts = dir / "batch.jsonl", out = dir / "out.jsonl";
+  auto line = [](const std::string& id, const std::string& model) {
+    return json{{"custom_id", id},
+                {"method", "POST"},
+                {"url", "/v1/completions"},
+                {"body", {{"model", model}, {"prompt", "Once upon a time"}, {"max_tokens", 4}}}}
+               .dump() +
+           "\n";
+  };
+  test::write_file(prompts, line("a", "tiny-lora") + line("b", "tiny-llama") + line("c", "tiny-lora"));
+  const test::CliResult r = test::run_strata("run --model " + base_model("tiny-llama") + " --lora tiny-lora=" +
+                                             adapter_dir("tiny-llama-lora").string() + " --prompts " +
+                                             prompts.string() + " --out " + out.string() + " --device cpu --no-progress");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("LoRA adapter " + adapter_dir("tiny-llama-lora").string()));
+  std::ifstream in(out);
+  std::map<std::string, json> got;
+  for (std::string l; std::getline(in, l);) {
+    const json j = json::parse(l);
+    got[j["custom_id"].get<std::string>()] = j;
+  }
+  REQUIRE(got.size() == 3);
+  CHECK(got["a"]["error"].is_null());
+  CHECK(got["a"]["response"]["body"]["model"] == "tiny-lora");
+  CHECK(got["c"]["error"].is_null());
+  CHECK(got["b"]["response"].is_null());
+  CHECK(got["b"]["error"]["code"] == "model_not_found");
+  CHECK_THAT(got["b"]["error"]["message"].get<std::string>(),
+             Catch::Contains("body.model 'tiny-llama' is not served by this job, which runs the LoRA adapter 'tiny-lora'"));
+}

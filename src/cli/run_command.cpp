@@ -2,6 +2,7 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 #include "commands.h"
 #include "strata/backend/backend.h"
@@ -16,6 +17,13 @@ namespace {
 
 // --json-schema's file as the schema's text, its keys in the order written; refused here, before
 // any work, when Strata cannot hold answers to it.
+// --lora's value: NAME=DIR (a name without '/' before the first '='), else DIR alone.
+std::pair<std::string, std::filesystem::path> lora_argument(const std::string& value) {
+  const size_t eq = value.find('=');
+  if (eq == std::string::npos || eq == 0 || value.substr(0, eq).find('/') != std::string::npos) return {"", value};
+  return {value.substr(0, eq), value.substr(eq + 1)};
+}
+
 std::string read_json_schema_file(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;
@@ -52,9 +60,11 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--shard", opt->shard,
                   "i/N: run only the requests whose id hashes to i mod N (FNV-1a 64; docs/scale-out.md)");
   cmd->add_option("--tokenizer", opt->tokenizer, "tokenizer directory replacing the model's own");
-  cmd->add_option("--lora", opt->lora,
+  auto lora = std::make_shared<std::string>();
+  cmd->add_option("--lora", *lora,
                   "PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), merged into the "
-                  "model's weights as they load");
+                  "model's weights as they load; NAME=DIR, as vLLM's --lora-modules: OpenAI requests whose "
+                  "body.model is not NAME get model_not_found");
   cmd->add_option("--device", opt->device, "cpu, cuda or auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
@@ -178,7 +188,8 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--verbose", opt->verbose, "print the realized placement before starting");
   cmd->add_flag("--report", opt->report, "print throughput, stream busy times, bytes per link and peak memory");
   cmd->add_option("--trace", opt->trace, "write a Chrome trace-event timeline (Perfetto) of the schedule");
-  cmd->callback([opt, prefill, schema, regex, choice, choices, sampling_flags, generation_config] {
+  cmd->callback([opt, prefill, schema, regex, choice, choices, lora, sampling_flags, generation_config] {
+    std::tie(opt->lora_name, opt->lora) = lora_argument(*lora);
     opt->prefill_tokens_given = prefill->count() > 0;
     opt->model_sampling = *generation_config == "auto";
     for (const auto& [field, flag] : sampling_flags)

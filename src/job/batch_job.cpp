@@ -57,8 +57,9 @@ struct Tokenized {
 // count must be exact, and by the reader thread for every request.
 class PromptTokenizer {
 public:
-  PromptTokenizer(const ModelBundle& model, std::string file, ChatOptions defaults)
-      : model_(model), file_(std::move(file)), defaults_(std::move(defaults)) {}
+  // served_model: the name --lora NAME=DIR gives its adapter (empty: any request's model is served).
+  PromptTokenizer(const ModelBundle& model, std::string file, ChatOptions defaults, std::string served_model = {})
+      : model_(model), file_(std::move(file)), defaults_(std::move(defaults)), served_model_(std::move(served_model)) {}
 
   // The model's chat template, parsed on first use (nullopt: none, or one that cannot be used).
   const std::optional<ChatTemplate>& chat() const {
@@ -89,6 +90,12 @@ public:
       return unservable("invalid_value", std::string(field) + " token " + std::to_string(token) +
                                              " is outside the model's vocabulary of " + std::to_string(vocab));
     };
+    // vLLM serves a request with the adapter its body.model names and the base model otherwise;
+    // a job merges one adapter into every weight, so a request for any other model is not its.
+    if (openai && !served_model_.empty() && !r.model.empty() && r.model != served_model_)
+      return unservable("model_not_found", "body.model '" + r.model + "' is not served by this job, which runs the LoRA "
+                                               "adapter '" + served_model_ + "' (--lora " + served_model_ +
+                                               "=DIR) merged into the model; answer its requests in another job");
     for (const auto& [token, bias] : r.sampling.logit_bias)
       if (token >= vocab) return past_vocab("logit_bias", token);
     for (int32_t token : r.sampling.stop_token_ids)
@@ -159,6 +166,7 @@ private:
   const ModelBundle& model_;
   std::string file_;
   ChatOptions defaults_;  // --reasoning-effort, --no-thinking
+  std::string served_model_;
   mutable std::once_flag chat_once_;
   mutable std::optional<ChatTemplate> chat_;
   mutable std::string no_chat_ = "'messages' given, but the model has no chat template; give 'prompt'";
@@ -591,7 +599,8 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
   if (!model.load_note.empty()) log << model.load_note << "\n";
   const JobOptions opt = with_model_sampling(options, model.sampling, log);
   const PromptTokenizer tok(model, opt.prompts.string(),
-                            ChatOptions{opt.reasoning_effort, opt.no_thinking ? std::optional<bool>(false) : std::nullopt, {}, {}});
+                            ChatOptions{opt.reasoning_effort, opt.no_thinking ? std::optional<bool>(false) : std::nullopt, {}, {}},
+                            opt.lora_name);
 
   // Pass 1: check every line before touching the device or the output.
   const JobScan scan = scan_job(opt, shard, model, tok, log);
