@@ -236,6 +236,8 @@ private:
           }
         if (!op) fail(line_, std::string("unexpected char '") + c + "'");
         if (*op == '(' || *op == '[' || *op == '{') {
+          // The parser refuses such nesting anyway; refusing it here spares lexing the rest.
+          if (balance.size() >= size_t(kMaxParseDepth)) fail(line_, "template nested too deeply");
           balance += *op == '(' ? ')' : *op == '[' ? ']' : '}';
         } else if (*op == ')' || *op == ']' || *op == '}') {
           if (balance.empty()) fail(line_, std::string("unexpected '") + op + "'");
