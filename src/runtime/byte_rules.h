@@ -113,7 +113,6 @@ protected:
     r_->starts.push_back(start);
     return {uint32_t(r_->starts.size() - 1), start, end};
   }
-  size_t node_count() const { return r_->nodes.size(); }
 
   std::shared_ptr<ByteRules> r_;
 };
