@@ -9,9 +9,6 @@ namespace strata {
 
 using json = nlohmann::json;
 
-const char* const kStructuredOutputKeys[6] = {"structured_outputs", "guided_choice",          "guided_regex",
-                                              "guided_json",        "guided_decoding_backend", "guided_whitespace_pattern"};
-
 namespace {
 
 bool given(const json& obj, const char* key) { return obj.contains(key) && !obj[key].is_null(); }

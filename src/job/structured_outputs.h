@@ -12,9 +12,6 @@
 
 namespace strata {
 
-// The fields this module reads, for the lists of known fields.
-extern const char* const kStructuredOutputKeys[6];
-
 // Sets r.response_format (and r.pattern for a regex or a choice) from the fields of `obj` (a strata
 // line or an OpenAI body), after response_format was read. A JSON schema given here is read in
 // its keys' order by structured_json_schema. `field(key)` names a field in messages.

@@ -51,13 +51,13 @@ bool RuleGrammar::whole(const RuleState& s) const {
   return whole;
 }
 
-bool RuleGrammar::reads(const RuleState& s) const {
-  bool any = false;
-  for (const std::vector<uint32_t>& stack : s.stacks) close_stack(*rules_, stack, [&](const auto&) { any = true; });
-  return any;
+bool RuleGrammar::complete(const RuleState& s) const {
+  // One closure per stack tells both whether the text is whole and whether a byte may follow.
+  bool whole = false, reads = false;
+  for (const std::vector<uint32_t>& stack : s.stacks)
+    whole |= close_stack(*rules_, stack, [&](const auto&) { reads = true; });
+  return whole && (end_tokens_.empty() || !reads);
 }
-
-bool RuleGrammar::complete(const RuleState& s) const { return whole(s) && (end_tokens_.empty() || !reads(s)); }
 
 bool RuleGrammar::is_end(int32_t token) const {
   return std::find(end_tokens_.begin(), end_tokens_.end(), token) != end_tokens_.end();

@@ -52,8 +52,6 @@ private:
     size_t operator()(const RuleState& s) const;
   };
   bool is_end(int32_t token) const;
-  // Whether any stack of `s` reads a byte next.
-  bool reads(const RuleState& s) const;
   std::shared_ptr<const ByteRules> rules_;
   std::shared_ptr<const SortedVocabulary> tokens_;
   std::vector<int32_t> end_tokens_;
