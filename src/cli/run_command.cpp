@@ -160,6 +160,14 @@ void add_run_command(CLI::App& app) {
                   "llama3_json, or none (answers as text)")
       ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "none"}))
       ->default_str("auto");
+  cmd->add_option("--pooling", opt->pooling,
+                  "for embeddings requests ('input' lines, /v1/embeddings): last (the last token's state), mean, or "
+                  "cls (the first token's) (default: the model's modules.json or GGUF pooling_type, else last)")
+      ->check(CLI::IsMember({"last", "mean", "cls"}));
+  auto normalized = std::make_shared<bool>(true);
+  auto* normalize = cmd->add_flag("--normalize,!--no-normalize", *normalized,
+                                  "for embeddings requests: divide each vector by its L2 norm, or not (default: as "
+                                  "the model's modules.json says; without one, normalized)");
   cmd->add_flag("!--no-progress", opt->progress, "no progress line");
   cmd->add_flag("!--no-refill", opt->refill,
                 "generate in blocks whose slots all wait for the block's longest answer (default: a finished "
@@ -188,7 +196,9 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--verbose", opt->verbose, "print the realized placement before starting");
   cmd->add_flag("--report", opt->report, "print throughput, stream busy times, bytes per link and peak memory");
   cmd->add_option("--trace", opt->trace, "write a Chrome trace-event timeline (Perfetto) of the schedule");
-  cmd->callback([opt, prefill, schema, regex, choice, choices, lora, sampling_flags, generation_config] {
+  cmd->callback([opt, prefill, schema, regex, choice, choices, lora, sampling_flags, generation_config, normalize,
+                 normalized] {
+    if (normalize->count() > 0) opt->normalize = *normalized;
     std::tie(opt->lora_name, opt->lora) = lora_argument(*lora);
     opt->prefill_tokens_given = prefill->count() > 0;
     opt->model_sampling = *generation_config == "auto";

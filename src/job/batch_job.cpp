@@ -37,7 +37,9 @@
 #include "strata/policy/search.h"
 #include "strata/profile/profiler.h"
 #include "strata/policy/policy.h"
+#include "strata/job/embeddings.h"
 #include "strata/runtime/continuous.h"
+#include "strata/runtime/embedder.h"
 #include "strata/runtime/generator.h"
 
 namespace strata {
@@ -49,6 +51,7 @@ using Clock = std::chrono::steady_clock;
 struct Tokenized {
   PromptRecord record;
   std::vector<int32_t> ids;         // the prompt as the model reads it; empty with an error
+  std::vector<std::vector<int32_t>> inputs;  // an embeddings request's: each input as the model reads it
   std::optional<ServeError> error;  // OpenAI: answered with this error line instead
   int64_t seq = 0;                  // position among this run's requests, for --ordered
 };
@@ -90,12 +93,10 @@ public:
       return unservable("invalid_value", std::string(field) + " token " + std::to_string(token) +
                                              " is outside the model's vocabulary of " + std::to_string(vocab));
     };
-    // vLLM serves a request with the adapter its body.model names and the base model otherwise;
-    // a job merges one adapter into every weight, so a request for any other model is not its.
-    if (openai && !served_model_.empty() && !r.model.empty() && r.model != served_model_)
-      return unservable("model_not_found", "body.model '" + r.model + "' is not served by this job, which runs the LoRA "
-                                               "adapter '" + served_model_ + "' (--lora " + served_model_ +
-                                               "=DIR) merged into the model; answer its requests in another job");
+    if (auto e = other_model(r)) return unservable(e->code, e->message);
+    if (!model_.config.lm_head)
+      return unservable("unsupported_model", "the checkpoint has no lm_head.weight: an embedding model (or a "
+                                             "truncated checkpoint), which serves embeddings requests only");
     for (const auto& [token, bias] : r.sampling.logit_bias)
       if (token >= vocab) return past_vocab("logit_bias", token);
     for (int32_t token : r.sampling.stop_token_ids)
@@ -136,6 +137,48 @@ public:
     return ids;
   }
 
+  // An embeddings request's inputs as the model reads them: a text as Hugging Face's tokenizer
+  // encodes it with its special tokens (BOS, the post-processor's appended ids: vLLM's embeddings
+  // endpoint and sentence-transformers alike), token ids as given. Errors as tokenize's.
+  std::variant<std::vector<std::vector<int32_t>>, ServeError> tokenize_inputs(const PromptRecord& r) const {
+    if (r.error) return *r.error;
+    const std::string where = file_ + ":" + std::to_string(r.line);
+    const bool openai = r.format == InputFormat::OpenAIBatch;
+    auto unservable = [&](const std::string& code, const std::string& why) -> ServeError {
+      if (!openai) throw Error(where + ": " + why);
+      return ServeError{code, why};
+    };
+    if (auto e = other_model(r)) return unservable(e->code, e->message);
+    const ModelConfig& cfg = model_.config;
+    const std::string field = openai ? "body." : "field '";
+    const std::string end = openai ? "" : "'";
+    const EmbeddingRequest& e = *r.embedding;
+    if (e.dimensions > cfg.hidden)
+      return unservable("invalid_value", field + "dimensions" + end + " " + std::to_string(e.dimensions) +
+                                             " exceeds the model's embedding width of " + std::to_string(cfg.hidden));
+    std::vector<std::vector<int32_t>> out;
+    for (size_t i = 0; i < e.inputs.size(); ++i) {
+      const std::string name = field + "input" + end + (e.listed ? "[" + std::to_string(i) + "]" : "");
+      std::vector<int32_t> ids = e.inputs[i].ids;
+      if (ids.empty()) {
+        if (model_.add_bos) ids.push_back(cfg.bos_id);
+        const std::vector<int32_t> body = model_.tokenizer->encode(e.inputs[i].text);
+        ids.insert(ids.end(), body.begin(), body.end());
+        ids.insert(ids.end(), model_.append_ids.begin(), model_.append_ids.end());
+      }
+      for (int32_t id : ids)
+        if (id >= cfg.vocab_size)
+          return unservable("invalid_value", name + ": token id " + std::to_string(id) +
+                                                 " is outside the model's vocabulary of " + std::to_string(cfg.vocab_size));
+      if (int64_t(ids.size()) > cfg.max_positions)
+        return unservable("context_length_exceeded", name + " of " + std::to_string(ids.size()) +
+                                                         " tokens exceeds the model's context of " +
+                                                         std::to_string(cfg.max_positions));
+      out.push_back(std::move(ids));
+    }
+    return out;
+  }
+
   // An upper bound of the prompt's tokens without tokenizing: byte-level BPE makes at most one
   // token a byte, SentencePiece at most one a character plus its leading space; and the BOS
   // (a prompt's: rendered messages carry their own). nullopt when the messages cannot be rendered
@@ -151,7 +194,27 @@ public:
     }
   }
 
+  // An upper bound of an embeddings request's longest input, in tokens, without tokenizing.
+  int64_t input_token_bound(const EmbeddingRequest& e) const {
+    int64_t most = 0;
+    for (const EmbeddingInput& in : e.inputs)
+      most = std::max(most, in.ids.empty() ? int64_t(in.text.size()) + 1 + (model_.add_bos ? 1 : 0) +
+                                                 int64_t(model_.append_ids.size())
+                                           : int64_t(in.ids.size()));
+    return most;
+  }
+
 private:
+  // vLLM serves a request with the adapter its body.model names and the base model otherwise;
+  // a job merges one adapter into every weight, so a request for any other model is not its.
+  std::optional<ServeError> other_model(const PromptRecord& r) const {
+    if (r.format != InputFormat::OpenAIBatch || served_model_.empty() || r.model.empty() || r.model == served_model_)
+      return std::nullopt;
+    return ServeError{"model_not_found", "body.model '" + r.model + "' is not served by this job, which runs the LoRA "
+                                             "adapter '" + served_model_ + "' (--lora " + served_model_ +
+                                             "=DIR) merged into the model; answer its requests in another job"};
+  }
+
   // The text to tokenize: the prompt itself, or the messages rendered with the model's chat
   // template (parsed on first use: an unsupported template fails only a job that needs it).
   std::optional<std::string> render(const PromptRecord& r) const {
@@ -185,6 +248,11 @@ public:
                      GenStats&) {
     STRATA_FAIL("internal: this generator does not refill");
   }
+  // One pooled vector per sequence (Embedder::embed); only the resident generator embeds.
+  virtual std::vector<std::vector<float>> embed(std::span<const std::vector<int32_t>>, PoolingKind) {
+    STRATA_FAIL("internal: embeddings run on the resident model");
+  }
+  virtual EmbedStats embed_stats() const { return {}; }
   virtual void finish(std::ostream&) {}
 };
 
@@ -207,6 +275,11 @@ public:
     return generate(*transformer_, batch, options_, &stats);
   }
   bool refills() const override { return refill_; }
+  std::vector<std::vector<float>> embed(std::span<const std::vector<int32_t>> seqs, PoolingKind pooling) override {
+    if (!embedder_) embedder_ = std::make_unique<Embedder>(*transformer_, options_.prefill_token_budget);
+    return embedder_->embed(seqs, pooling);
+  }
+  EmbedStats embed_stats() const override { return embedder_ ? embedder_->stats() : EmbedStats{}; }
   void serve(const std::vector<GenRequest>& reqs, const std::function<void(size_t, std::vector<GenResult>)>& finished,
              GenStats& stats) override {
     ContinuousOptions o;
@@ -227,6 +300,7 @@ public:
 private:
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Transformer> transformer_;
+  std::unique_ptr<Embedder> embedder_;  // made by the first embeddings request
   GenOptions options_;
   KeptPrefixes kept_prefixes_;  // the instructions blocks begin with, each computed once
   size_t batch_;
@@ -404,6 +478,8 @@ struct JobScan {
   int max_n = 1, max_n_line = 0;  // --policy: the most choices of one request, and its line
   int64_t tokenized = 0;  // requests pass 1 had to tokenize
   PlanShape shape;       // --policy: their longest prompt and generation
+  int64_t embeddings = 0;  // this shard's embeddings requests
+  int embedding_line = 0;  // the first one's line
 };
 
 // Pass 1. Tokenizes only where a count must be exact: a strata prompt that might fill the
@@ -421,6 +497,21 @@ JobScan scan_job(const JobOptions& opt, const Shard& shard, const ModelBundle& m
         if (!in_shard(r, shard)) return;
         ++s.mine;
         if (r.error) return;
+        if (r.embedding) {
+          ++s.embeddings;
+          if (s.embedding_line == 0) s.embedding_line = r.line;
+          // A strata line that cannot be served fails the job here: inputs that might not fit, ids.
+          const bool ids = std::any_of(r.embedding->inputs.begin(), r.embedding->inputs.end(),
+                                       [](const EmbeddingInput& in) { return !in.ids.empty(); });
+          if (r.format == InputFormat::Strata && (ids || tok.input_token_bound(*r.embedding) > ctx)) {
+            ++s.tokenized;
+            tok.tokenize_inputs(r);
+          }
+          return;
+        }
+        if (r.format == InputFormat::Strata && !model.config.lm_head)
+          throw Error(opt.prompts.string() + ":" + std::to_string(r.line) + ": " + model.config.name +
+                      " has no lm_head.weight (an embedding model): it answers 'input' lines (embeddings) only");
         const std::optional<int64_t> bound = tok.token_bound(r);
         const int max_new = r.sampling.max_new_tokens;
         const bool strata_check =
@@ -458,6 +549,7 @@ struct WriterGone {};
 struct Finished {
   Tokenized request;
   std::vector<GenResult> results;
+  std::vector<std::vector<float>> embeddings;  // an embeddings request's: one pooled vector per input
 };
 
 // The reader thread (pass 2): this shard's requests not answered yet, tokenized, in file order,
@@ -477,9 +569,15 @@ std::exception_ptr read_ahead(const JobOptions& opt, const Shard& shard, const P
       }
       Tokenized t;
       t.seq = seq++;
-      auto ids = tok.tokenize(*r);
-      if (auto* e = std::get_if<ServeError>(&ids)) t.error = std::move(*e);
-      else t.ids = std::move(std::get<std::vector<int32_t>>(ids));
+      if (r->embedding) {
+        auto inputs = tok.tokenize_inputs(*r);
+        if (auto* e = std::get_if<ServeError>(&inputs)) t.error = std::move(*e);
+        else t.inputs = std::move(std::get<std::vector<std::vector<int32_t>>>(inputs));
+      } else {
+        auto ids = tok.tokenize(*r);
+        if (auto* e = std::get_if<ServeError>(&ids)) t.error = std::move(*e);
+        else t.ids = std::move(std::get<std::vector<int32_t>>(ids));
+      }
       t.record = std::move(*r);
       if (!ahead.push(std::move(t))) break;  // the engine stopped
     }
@@ -523,7 +621,7 @@ std::exception_ptr write_behind(BoundedQueue<std::vector<Finished>>& behind, Wri
     auto last_flush = Clock::now();
     while (std::optional<std::vector<Finished>> task = behind.pop()) {
       for (const Finished& f : *task) {
-        const bool is_error = f.results.empty();
+        const bool is_error = f.request.error.has_value();
         nlohmann::json line = line_of(f);
         if (!w.ordered) {
           put(line, is_error);
@@ -546,6 +644,21 @@ std::exception_ptr write_behind(BoundedQueue<std::vector<Finished>>& behind, Wri
     behind.abandon();  // the engine's next push fails, and it stops
   }
   return error;
+}
+
+// How the job pools embeddings: the model's (modules.json, a GGUF's pooling_type; else the last
+// token, normalized), with --pooling and --normalize / --no-normalize taking over where given.
+PoolingConfig job_pooling(const JobOptions& opt, const ModelBundle& model) {
+  PoolingConfig p = model.pooling.value_or(PoolingConfig{});
+  if (!opt.pooling.empty()) {
+    p.kind = parse_pooling_kind(opt.pooling, "--pooling");
+    p.source = "--pooling";
+  }
+  if (opt.normalize) {
+    p.normalize = *opt.normalize;
+    p.source += std::string(p.source.empty() ? "" : ", ") + (*opt.normalize ? "--normalize" : "--no-normalize");
+  }
+  return p;
 }
 
 // The job's options with the model's recommended sampling settings taken (--generation-config
@@ -617,6 +730,19 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
                                : std::string())
         << "\n";
 
+  if (scan.embeddings > 0 && !opt.policy.empty())
+    STRATA_FAIL(opt.prompts.string() << ":" << scan.embedding_line
+                                     << ": an embeddings request: embeddings run on the resident model; drop --policy "
+                                        "(the offloading engine generates only)");
+  if (!model.config.lm_head && !opt.policy.empty())
+    STRATA_FAIL(opt.model << ": the checkpoint has no lm_head.weight (an embedding model); --policy generates, "
+                             "which needs an LM head");
+  const PoolingConfig pooling = job_pooling(opt, model);
+  if (scan.embeddings > 0)
+    log << "embeddings: " << pooling_name(pooling.kind) << " pooling, " << (pooling.normalize ? "" : "not ")
+        << "normalized (" << (pooling.source.empty() ? "no pooling config: vLLM's default for a decoder"
+                                                    : pooling.source) << ")\n";
+
   // Load before touching the output, so a model that fails to load (or a policy that does not
   // fit) leaves no file behind.
   std::unique_ptr<Generator> gen;
@@ -686,8 +812,14 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
   WriteBehind wb{writer, error_writer.get(), opt.ordered, wall0};
   std::thread writer_thread([&] {
     writer_error = write_behind(behind, wb, [&](const Finished& f) {
-      return f.results.empty() ? openai_error_line(f.request.record, *f.request.error)
-                               : answer_line(f.request.record, int64_t(f.request.ids.size()), f.results, answers);
+      const PromptRecord& r = f.request.record;
+      if (f.request.error) return openai_error_line(r, *f.request.error);
+      if (r.embedding) {
+        int64_t tokens = 0;
+        for (const std::vector<int32_t>& in : f.request.inputs) tokens += int64_t(in.size());
+        return embedding_line(r, f.embeddings, tokens, pooling.normalize, model.config.name, created);
+      }
+      return answer_line(r, int64_t(f.request.ids.size()), f.results, answers);
     });
   });
   auto stop_threads = [&] {
@@ -704,6 +836,40 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
   ps.total = std::max<int64_t>(0, scan.mine - done_before);
   int64_t windowed = 0, runs = 0;
   bool writer_gone = false;  // a push failed: the writer thread stopped on an error
+  // Embeds the window's embeddings requests `which`, a chunk at a time (whole requests, about 16
+  // prefill budgets of tokens: enough to pack steps by length, little to hold), each chunk's lines
+  // to the writer as it ends. False when the writer has stopped.
+  auto embed_items = [&](std::vector<Tokenized>& items, const std::vector<size_t>& which) {
+    const int64_t chunk_tokens = 16 * std::max<int64_t>(opt.prefill_token_budget, 1);
+    for (size_t begin = 0; begin < which.size();) {
+      size_t end = begin;
+      int64_t tokens = 0;
+      std::vector<std::vector<int32_t>> seqs;
+      for (; end < which.size() && (end == begin || tokens < chunk_tokens); ++end)
+        for (std::vector<int32_t>& in : items[which[end]].inputs) {
+          tokens += int64_t(in.size());
+          seqs.push_back(std::move(in));
+        }
+      std::vector<std::vector<float>> vectors = gen->embed(seqs, pooling.kind);
+      std::vector<Finished> finished;
+      size_t at = 0;
+      for (size_t k = begin; k < end; ++k) {
+        Finished f{std::move(items[which[k]]), {}, {}};
+        for (std::vector<int32_t>& in : f.request.inputs) {  // each input's ids back, for the usage count
+          in = std::move(seqs[at]);
+          f.embeddings.push_back(std::move(vectors[at++]));
+        }
+        finished.push_back(std::move(f));
+      }
+      if (!behind.push(std::move(finished))) return false;
+      ps.done += int64_t(end - begin);
+      ps.tokens += tokens;
+      ps.blocks_done = ps.done, ps.blocks_planned = ps.total;  // the ETA by requests
+      progress.update(ps);
+      begin = end;
+    }
+    return true;
+  };
   try {
     while (!writer_gone) {
       std::vector<Tokenized> items;
@@ -716,16 +882,18 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
       windowed += int64_t(items.size());
       sum.window_peak = std::max(sum.window_peak, int64_t(items.size()));
       std::vector<Finished> errors;
-      std::vector<size_t> work;  // items to generate for
+      std::vector<size_t> work, embeds;  // items to generate for, items to embed
       std::vector<int> lengths, choices;
       for (size_t i = 0; i < items.size(); ++i)
-        if (items[i].error) errors.push_back({std::move(items[i]), {}});
+        if (items[i].error) errors.push_back({std::move(items[i]), {}, {}});
+        else if (items[i].record.embedding) embeds.push_back(i);
         else work.push_back(i), lengths.push_back(int(items[i].ids.size())), choices.push_back(items[i].record.n);
       if (!errors.empty()) {
         ps.done += int64_t(errors.size());
         if (!behind.push(std::move(errors))) break;  // the writer failed
       }
-      if (work.empty()) continue;  // a window of error lines only: nothing to generate
+      if (!embeds.empty() && !embed_items(items, embeds)) break;  // the writer failed
+      if (work.empty()) continue;  // a window of error lines and embeddings only: nothing to generate
       if (gen->refills()) {
         // Continuous batching: the window's requests in input order, each taking a slot as one frees.
         std::vector<GenRequest> reqs;
@@ -775,7 +943,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
         ++ps.blocks_done;
         ++sum.blocks;
         ps.done += int64_t(b.size());
-        ps.tokens = stats.generated_tokens;
+        ps.tokens = stats.generated_tokens + gen->embed_stats().tokens;
         progress.update(ps);
       }
     }
@@ -785,7 +953,8 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
     throw;  // the finished blocks are in OUT.partial for a rerun
   }
   stop_threads();  // the reader is done, or must stop where the writer failed
-  ps.tokens = stats.generated_tokens;
+  const EmbedStats embedded = gen->embed_stats();
+  ps.tokens = stats.generated_tokens + embedded.tokens;
   progress.update(ps, true);
   progress.end();
   if (writer_error) std::rethrow_exception(writer_error);
@@ -811,13 +980,24 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
   sum.generated_tokens = stats.generated_tokens;
   sum.prefill_seconds = stats.prefill_seconds;
   sum.decode_seconds = stats.decode_seconds;
+  sum.embedded_inputs = embedded.sequences;
+  sum.embedded_tokens = embedded.tokens;
+  sum.embed_seconds = embedded.seconds;
   sum.wall_seconds = std::chrono::duration<double>(Clock::now() - wall0).count();
   auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
   const double gen_s = sum.prefill_seconds + sum.decode_seconds;
   log << std::fixed << std::setprecision(2) << "prompts: " << sum.prompts << " (" << sum.resumed << " resumed"
       << (sum.errors > 0 ? ", " + std::to_string(sum.errors) + " answered with an error" : std::string()) << ")"
-      << (opt.shard.empty() ? std::string() : " in shard " + opt.shard + " of " + std::to_string(sum.in_file))
-      << "\nprompt tokens: " << sum.prompt_tokens << ", generated tokens: " << sum.generated_tokens
+      << (opt.shard.empty() ? std::string() : " in shard " + opt.shard + " of " + std::to_string(sum.in_file)) << "\n";
+  if (sum.embedded_inputs > 0)
+    log << "embeddings: " << sum.embedded_inputs << " inputs, " << sum.embedded_tokens << " tokens in "
+        << sum.embed_seconds << " s, " << rate(double(sum.embedded_tokens), sum.embed_seconds) << " tok/s (wall "
+        << sum.wall_seconds << " s, first answer after " << sum.first_answer_seconds << " s)\n";
+  if (sum.embedded_inputs > 0 && runs == 0) {  // an embeddings job: no generation to report
+    log << "wrote " << opt.out.string() << "\n";
+    return sum;
+  }
+  log << "prompt tokens: " << sum.prompt_tokens << ", generated tokens: " << sum.generated_tokens
       << "\nprefill: " << sum.prefill_seconds << " s, " << rate(double(sum.prompt_tokens), sum.prefill_seconds)
       << " tok/s"
       << (sum.shared_prompt_tokens > 0 ? " (" + std::to_string(sum.shared_prompt_tokens) +

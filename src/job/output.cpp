@@ -234,18 +234,24 @@ void OutputWriter::finish() {
   if (ec) STRATA_FAIL("cannot rename " << partial_.string() << " to " << out_.string() << ": " << ec.message());
 }
 
-namespace {
-std::string hex_id(const PromptRecord& r) {
+std::string openai_request_hex(const PromptRecord& r) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(fnv1a64(id_text(r.id))));
   return buf;
 }
-}  // namespace
+
+nlohmann::json openai_batch_line(const PromptRecord& r, nlohmann::json body) {
+  const std::string hex = openai_request_hex(r);
+  return {{"id", "batch_req_" + hex},
+          {"custom_id", r.id},
+          {"response", {{"status_code", 200}, {"request_id", "req_" + hex}, {"body", std::move(body)}}},
+          {"error", nullptr}};
+}
 
 nlohmann::json openai_response_line(const PromptRecord& r, const Completion& c) {
   using json = nlohmann::json;
   const bool chat = r.endpoint == Endpoint::ChatCompletions;
-  const std::string hex = hex_id(r);
+  const std::string hex = openai_request_hex(r);
   json choices = json::array();
   const std::vector<CompletionChoice> one = {{c.text, c.finish_reason, nullptr}};
   const std::vector<CompletionChoice>& list = c.choices.empty() ? one : c.choices;
@@ -271,14 +277,11 @@ nlohmann::json openai_response_line(const PromptRecord& r, const Completion& c) 
                       {{"prompt_tokens", c.prompt_tokens},
                        {"completion_tokens", c.completion_tokens},
                        {"total_tokens", c.prompt_tokens + c.completion_tokens}}}};
-  return {{"id", "batch_req_" + hex},
-          {"custom_id", r.id},
-          {"response", {{"status_code", 200}, {"request_id", "req_" + hex}, {"body", body}}},
-          {"error", nullptr}};
+  return openai_batch_line(r, body);
 }
 
 nlohmann::json openai_error_line(const PromptRecord& r, const ServeError& e) {
-  return {{"id", "batch_req_" + hex_id(r)},
+  return {{"id", "batch_req_" + openai_request_hex(r)},
           {"custom_id", r.id},
           {"response", nullptr},
           {"error", {{"code", e.code}, {"message", e.message}}}};

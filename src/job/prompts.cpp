@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "strata/core/error.h"
+#include "strata/job/embeddings.h"
 #include "strata/job/tool_calls.h"
 #include "strata/model/chat_json.h"
 #include "strata/runtime/json_schema.h"
@@ -558,6 +559,15 @@ void read_openai_body(const json& body, PromptRecord& r) {
   }
 }
 
+void read_openai_embeddings(const json& body, PromptRecord& r) {
+  if (given(body, "model")) {
+    if (!body["model"].is_string()) refuse("invalid_type", "body.model must be a string, got " + body["model"].dump());
+    r.model = body["model"].get<std::string>();
+  }
+  auto field = [](const char* key) { return std::string("body.") + key; };
+  if (auto e = read_embedding_request(body, field, r)) throw std::move(*e);
+}
+
 // Malformed lines (no string custom_id, no object body, no string url) refuse the file; a
 // well-formed request that cannot be served keeps its error in r.error.
 void read_openai_line(const json& obj, const LineContext& ctx, PromptRecord& r, std::set<std::string>& warned,
@@ -577,20 +587,28 @@ void read_openai_line(const json& obj, const LineContext& ctx, PromptRecord& r, 
     if (!kOpenAITopKeys.count(key) && warned.insert(key).second && warn)
       warn(ctx.where + ": ignoring unknown field '" + key + "'");
   const json& body = obj["body"];
-  for (const auto& [key, value] : body.items())
-    if (!kOpenAIBodyKeys.count(key) && warned.insert("body." + key).second && warn)
-      warn(ctx.where + ": ignoring unknown field 'body." + key + "'");
+  const std::string url = obj["url"].get<std::string>();
+  const bool embeddings = url == "/v1/embeddings";
+  for (const auto& [key, value] : body.items()) {
+    const bool known = embeddings ? key == "model" || kEmbeddingFields.count(key) : kOpenAIBodyKeys.count(key) > 0;
+    if (!known && warned.insert(url + " body." + key).second && warn)
+      warn(ctx.where + ": ignoring unknown field 'body." + key + "'" + (embeddings ? " (for " + url + ")" : ""));
+  }
   try {
-    const std::string url = obj["url"].get<std::string>();
     if (url == "/v1/chat/completions") r.endpoint = Endpoint::ChatCompletions;
     else if (url == "/v1/completions") r.endpoint = Endpoint::Completions;
-    else refuse("unsupported_url", "url " + obj["url"].dump() + " is not supported; use /v1/chat/completions or /v1/completions");
+    else if (embeddings) r.endpoint = Endpoint::Embeddings;
+    else
+      refuse("unsupported_url", "url " + obj["url"].dump() +
+                                    " is not supported; use /v1/chat/completions, /v1/completions or /v1/embeddings");
     if (obj.contains("method") && obj["method"] != "POST")
       refuse("unsupported_method", "method " + obj["method"].dump() + " is not supported; use \"POST\"");
-    read_openai_body(body, r);
+    if (embeddings) read_openai_embeddings(body, r);
+    else read_openai_body(body, r);
   } catch (ServeError& e) {
     r.prompt.clear();
     r.messages.clear();
+    r.embedding.reset();
     r.error = std::move(e);
   }
 }
@@ -644,6 +662,16 @@ std::optional<PromptRecord> PromptLineParser::parse(std::string_view text, int l
   r.id_key = r.id.dump();
   const bool has_prompt = obj.contains("prompt"), has_messages = obj.contains("messages");
   if (has_prompt && has_messages) ctx.fail("give either 'prompt' or 'messages', not both");
+  if (obj.contains("input")) {  // an embeddings request
+    if (has_prompt || has_messages) ctx.fail("give 'input' (an embedding) or 'prompt' / 'messages' (an answer), not both");
+    auto field = [](const char* key) { return std::string("field '") + key + "'"; };
+    if (const auto e = read_embedding_request(obj, field, r)) ctx.fail(e->message);
+    r.endpoint = Endpoint::Embeddings;
+    for (const auto& [key, value] : obj.items())
+      if (key != "id" && !kEmbeddingFields.count(key) && warned_keys_.insert("input " + key).second && warn_)
+        warn_(ctx.where + ": ignoring unknown field '" + key + "' (for an embedding)");
+    return r;
+  }
   if (has_prompt) {
     if (!obj["prompt"].is_string()) ctx.fail("field 'prompt' must be a string, got " + obj["prompt"].dump());
     r.prompt = obj["prompt"].get<std::string>();
@@ -651,7 +679,7 @@ std::optional<PromptRecord> PromptLineParser::parse(std::string_view text, int l
   } else if (has_messages) {
     r.messages = read_messages(obj["messages"], ctx);
   } else {
-    ctx.fail("missing field 'prompt'");
+    ctx.fail("missing field 'prompt' (or 'messages'; 'input' for an embedding)");
   }
   read_sampling(obj, ctx, r.sampling);
   read_strata_extras(obj, ctx, r);

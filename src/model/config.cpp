@@ -59,7 +59,7 @@ int64_t ModelConfig::layer_param_count() const {
 
 int64_t ModelConfig::global_param_count() const {
   int64_t n = int64_t(vocab_size) * hidden;                   // token embedding
-  if (!tied_embeddings) n += int64_t(vocab_size) * hidden;    // lm_head
+  if (!tied_embeddings && lm_head) n += int64_t(vocab_size) * hidden;  // lm_head
   if (pos == PosKind::Learned) n += int64_t(max_positions + pos_offset) * hidden;
   n += (norm_bias ? 2 : 1) * int64_t(hidden);                 // final norm
   return n;
@@ -673,6 +673,12 @@ ModelConfig config_from_hf_json_text(const std::string& text, const std::filesys
       j = gemma3_text_config(j, file);
       model_type = "gemma3_text";
     }
+    // Some embedding models attend both ways (gte-Qwen2, EmbeddingGemma): not a decoder's causal mask.
+    const bool bidirectional = get_or<bool>(j, "use_bidirectional_attention", false);
+    if (bidirectional || !get_or<bool>(j, "is_causal", true))
+      STRATA_FAIL(file << ": " << (bidirectional ? "use_bidirectional_attention true" : "is_causal false")
+                       << ": the model attends both ways (a bidirectional embedding model); Strata's attention is "
+                          "causal");
     if (model_type == "opt") read_opt(j, file, c);
     else if (model_type == "gemma2" || model_type == "gemma3_text") read_gemma(j, file, model_type, c);
     else if (model_type == "gpt_oss") read_gpt_oss(j, file, c);

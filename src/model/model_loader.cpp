@@ -45,6 +45,51 @@ bool hf_adds_bos(const fs::path& dir) {
   return false;
 }
 
+// The ids Hugging Face's tokenizer appends to a text: [EOS] when tokenizer_config.json's
+// add_eos_token is true (Llama's tokenizers rebuild their post-processor from it), none when it is
+// false, else the special tokens after the text in a TemplateProcessing post-processor's
+// single-sequence template (Qwen3-Embedding: "$A <|endoftext|>").
+std::vector<int32_t> hf_appended_ids(const fs::path& dir, const ModelConfig& cfg) {
+  if (auto tc = read_json_if_present(dir / "tokenizer_config.json"))
+    if (tc->contains("add_eos_token") && (*tc)["add_eos_token"].is_boolean()) {
+      if (!(*tc)["add_eos_token"].get<bool>() || cfg.eos_ids.empty()) return {};
+      return {cfg.eos_ids[0]};
+    }
+  std::vector<int32_t> ids;
+  const std::optional<json> tj = read_json_if_present(dir / "tokenizer.json");
+  if (!tj || !tj->is_object()) return ids;
+  const json& pp = (*tj)["post_processor"];
+  if (!pp.is_object() || pp.value("type", "") != "TemplateProcessing" || !pp["single"].is_array()) return ids;
+  bool after_text = false;
+  for (const json& piece : pp["single"]) {
+    if (piece.contains("Sequence")) after_text = true;
+    if (!after_text || !piece.contains("SpecialToken")) continue;
+    const json& name = piece["SpecialToken"]["id"];
+    const json& special = pp["special_tokens"];
+    if (!name.is_string() || !special.is_object() || !special.contains(name.get<std::string>()))
+      STRATA_FAIL((dir / "tokenizer.json").string() << ": post_processor names the special token " << name.dump()
+                                                    << " but its special_tokens do not list it");
+    for (const json& id : special[name.get<std::string>()]["ids"])
+      if (id.is_number_integer()) ids.push_back(id.get<int32_t>());
+  }
+  return ids;
+}
+
+// llama.cpp's pooling_type: 1 mean, 2 cls, 3 last (0 none and 4 rank pool nothing Strata serves);
+// nullopt without the key. Its embeddings are normalized, as llama-server's.
+std::optional<PoolingConfig> gguf_pooling(const GgufFile& file) {
+  const std::string key = file.get_string_opt("general.architecture").value_or("") + ".pooling_type";
+  const std::optional<int64_t> type = file.get_int_opt(key);
+  if (!type) return std::nullopt;
+  PoolingConfig p;
+  p.source = file.path() + " (" + key + ")";
+  if (*type == 1) p.kind = PoolingKind::Mean;
+  else if (*type == 2) p.kind = PoolingKind::Cls;
+  else if (*type == 3) p.kind = PoolingKind::Last;
+  else return std::nullopt;  // none or rank: --pooling decides
+  return p;
+}
+
 // What a chat template's bos_token / eos_token print: the strings given, else the text of the
 // model's BOS and first EOS token (GGUF files carry only the ids).
 ChatTokens chat_tokens(const ModelBundle& b, std::string bos, std::string eos) {
@@ -160,6 +205,10 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     const fs::path tok = tokenizer_dir.empty() ? path : tokenizer_dir;
     if (fs::exists(tok / "tokenizer.json") || fs::exists(tok / "vocab.json")) b.tokenizer = Tokenizer::from_dir(tok);
     b.add_bos = b.config.bos_id >= 0 && hf_adds_bos(tok);
+    b.append_ids = hf_appended_ids(tok, b.config);
+    b.pooling = read_pooling_config(path);
+    // Embedding models ship the decoder alone: an untied checkpoint may have no LM head.
+    if (!b.config.tied_embeddings && !b.weights->contains("lm_head.weight")) b.config.lm_head = false;
     HfChat chat = hf_chat(tok);
     b.chat_template = std::move(chat.chat_template);
     b.chat_tokens = chat_tokens(b, std::move(chat.tokens.bos), std::move(chat.tokens.eos));
@@ -174,6 +223,10 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     b.add_bos = file.has("tokenizer.ggml.add_bos_token") ? file.get_bool("tokenizer.ggml.add_bos_token")
                                                          : file.get_string_opt("tokenizer.ggml.model") == "llama";
     b.chat_template = file.get_string_opt("tokenizer.chat_template").value_or("");
+    if (file.has("tokenizer.ggml.add_eos_token") && file.get_bool("tokenizer.ggml.add_eos_token") &&
+        !b.config.eos_ids.empty())
+      b.append_ids = {b.config.eos_ids[0]};
+    b.pooling = gguf_pooling(file);
     b.chat_tokens = chat_tokens(b, {}, {});
     b.weights = split_fused_projections(with_lora(make_gguf_source(path), lora_dir, b), b.config);
     return b;

@@ -124,7 +124,7 @@ std::vector<WeightSpec> global_weight_specs(const ModelConfig& c) {
     s.push_back({WeightRole::Embed, "model.embed_tokens.weight", {V, h}});
     s.push_back({WeightRole::FinalNormW, "model.norm.weight", {h}});
   }
-  if (!c.tied_embeddings) s.push_back({WeightRole::LmHead, "lm_head.weight", {V, h}});
+  if (!c.tied_embeddings && c.lm_head) s.push_back({WeightRole::LmHead, "lm_head.weight", {V, h}});
   return s;
 }
 

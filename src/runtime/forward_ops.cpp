@@ -483,6 +483,7 @@ void ForwardOps::select_logit_rows(const std::vector<int32_t>& rows, int64_t tok
 // checkpoint's lm_head) writes the activation dtype.
 Tensor ForwardOps::head(const ModelWeights& w, const Tensor& x) {
   if (R_ == 0) return logits_.rows(0, 0);
+  STRATA_CHECK(w.lm_head.data != nullptr, cfg_.name << ": the checkpoint has no lm_head: it computes embeddings only");
   const Tensor rows = rows_.rows(0, R_), last = last_.rows(0, R_);
   Tensor logits = logits_.rows(0, R_);
   if (w.lm_head.quantized()) logits = Tensor(logits.data, backend_.activation_dtype(), logits.device, {R_, cfg_.vocab_size});
@@ -492,5 +493,7 @@ Tensor ForwardOps::head(const ModelWeights& w, const Tensor& x) {
   if (cfg_.final_softcap > 0.0f) backend_.soft_cap(logits, cfg_.final_softcap);  // Gemma 2
   return logits;
 }
+
+void ForwardOps::final_norm(const ModelWeights& w, const Tensor& x) { norm(x, w.final_norm_w, w.final_norm_b, x); }
 
 }  // namespace strata

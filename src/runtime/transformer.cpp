@@ -8,19 +8,34 @@
 
 namespace strata {
 
+namespace {
+size_t layer_cache_bytes(const ModelConfig& cfg, DType dt, int slots, int capacity) {
+  return size_t(slots) * size_t(capacity) * size_t(cfg.kv_dim()) * dtype_size(dt);
+}
+}  // namespace
+
 KvCache make_kv_cache(const ModelConfig& cfg, Backend& backend, int slots, int capacity) {
   STRATA_CHECK(slots > 0 && capacity > 0, "kv cache needs slots and capacity, got " << slots << " x " << capacity);
   KvCache c;
+  const DType dt = backend.activation_dtype();
+  c.storage = backend.alloc(layer_cache_bytes(cfg, dt, slots, capacity) * 2 * size_t(cfg.n_layers));
+  reshape_kv_cache(c, cfg, dt, slots, capacity);
+  return c;
+}
+
+void reshape_kv_cache(KvCache& c, const ModelConfig& cfg, DType dt, int slots, int capacity) {
+  STRATA_CHECK(slots > 0 && capacity > 0, "kv cache needs slots and capacity, got " << slots << " x " << capacity);
+  const size_t per = layer_cache_bytes(cfg, dt, slots, capacity);
+  STRATA_CHECK(per * 2 * size_t(cfg.n_layers) <= c.storage.bytes(),
+               "kv cache of " << slots << " x " << capacity << " positions exceeds its storage");
   c.slots = slots;
   c.capacity = capacity;
-  const DType dt = backend.activation_dtype();
-  const size_t per = size_t(slots) * size_t(capacity) * size_t(cfg.kv_dim()) * dtype_size(dt);
-  c.storage = backend.alloc(per * 2 * size_t(cfg.n_layers));
+  c.k.clear();
+  c.v.clear();
   for (int l = 0; l < cfg.n_layers; ++l) {
     c.k.push_back(c.storage.view(per * (2 * size_t(l)), dt, {slots, capacity, cfg.n_kv_heads, cfg.head_dim}));
     c.v.push_back(c.storage.view(per * (2 * size_t(l) + 1), dt, {slots, capacity, cfg.n_kv_heads, cfg.head_dim}));
   }
-  return c;
 }
 
 namespace {
@@ -69,7 +84,20 @@ Tensor Transformer::forward(const StepBatch& batch, KvCache& cache) {
                      [&] { return run_layers(T, cache); });
 }
 
-Tensor Transformer::run_layers(int64_t T, KvCache& cache) {
+Tensor Transformer::hidden_states(const StepBatch& batch, KvCache& cache) {
+  StepBatch step = batch;
+  step.logit_rows.clear();
+  const int64_t T = int64_t(step.tokens.size());
+  ensure_workspace(std::max<int64_t>(T, 1), 1);
+  ops_.begin_step(step, cache.slots, cache.capacity);
+  const Tensor x = run_stack(T, cache);
+  ops_.final_norm(w_, x);
+  return x;
+}
+
+Tensor Transformer::run_layers(int64_t T, KvCache& cache) { return ops_.head(w_, run_stack(T, cache)); }
+
+Tensor Transformer::run_stack(int64_t T, KvCache& cache) {
   const Tensor x = x_.rows(0, T);
   ops_.embed(w_, x);
   ops_.attention_norm(w_.layers[0], x);
@@ -78,7 +106,7 @@ Tensor Transformer::run_layers(int64_t T, KvCache& cache) {
     ops_.layer(w_.layers[size_t(l)], next, layer_attention(cfg_, w_.inv_freq, w_.attn_sinks, l), x, cache.k[size_t(l)],
                cache.v[size_t(l)]);
   }
-  return ops_.head(w_, x);
+  return x;
 }
 
 }  // namespace strata

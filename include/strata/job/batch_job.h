@@ -1,11 +1,12 @@
 // `strata run`: prompts.jsonl -> check every line (pass 1) -> read and tokenize a window ahead
 // (thread) -> slots refilled as answers finish (continuous batching; --no-refill or --policy:
-// length-aware blocks) -> generate (this thread) -> detokenize and write (thread) ->
+// length-aware blocks) -> generate, or embed (this thread) -> detokenize and write (thread) ->
 // out.jsonl, in the strata line format or OpenAI's batch format (docs/batch-format.md), optionally
 // one shard of it. Memory holds a window of requests, not the file.
 #pragma once
 #include <filesystem>
 #include <iosfwd>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -61,6 +62,11 @@ struct JobOptions {
   bool ordered = false;                    // write in input order (a reorder buffer of one window)
   int window = 0;                          // requests read ahead and grouped by length; 0: max(8 blocks, 4096)
   bool share_prefixes = true;              // prompts that begin alike compute the beginning once
+  // Embeddings requests: --pooling (last, mean, cls; empty: the model's modules.json or GGUF
+  // pooling_type, else last) and --normalize / --no-normalize (unset: the model's Normalize
+  // module; with no pooling config, normalized), each overriding the model's.
+  std::string pooling;
+  std::optional<bool> normalize;
 
   // Offloading (strata run --policy): the engine replaces the resident generator when set.
   std::filesystem::path policy;            // policy YAML; empty: everything resident, --batch-size batches
@@ -88,6 +94,9 @@ struct JobSummary {
   int64_t reorder_peak = 0;                // --ordered: the most lines held back
   bool refilled = false;                   // continuous batching ran (else blocks)
   double occupancy = 0;                    // share of slots that decoded a live sequence per decode step
+  // Embeddings requests: their inputs, the tokens those held, and the time spent embedding them.
+  int64_t embedded_inputs = 0, embedded_tokens = 0;
+  double embed_seconds = 0;
 };
 
 // Takes each of the model's recommended settings into `defaults` unless its field (temperature,

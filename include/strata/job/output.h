@@ -94,6 +94,10 @@ struct Completion {
   int64_t created = 0;        // Unix seconds
 };
 nlohmann::json openai_response_line(const PromptRecord& r, const Completion& c);
+// The 16 hex digits a request's OpenAI ids end in ("batch_req_" + hex), from its custom_id.
+std::string openai_request_hex(const PromptRecord& r);
+// The batch output line answering r with a response body (status 200).
+nlohmann::json openai_batch_line(const PromptRecord& r, nlohmann::json body);
 nlohmann::json openai_error_line(const PromptRecord& r, const ServeError& e);
 
 }  // namespace strata

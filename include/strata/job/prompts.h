@@ -2,6 +2,7 @@
 //   strata:       {"id": ..., "prompt" | "messages", optional "max_new_tokens", "temperature", ...}
 //   OpenAI batch: {"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions",
 //                  "body": {"model", "messages" | "prompt", "max_tokens", "temperature", ...}}
+// and embeddings requests: strata {"id", "input", ...}; OpenAI's url "/v1/embeddings", body.input.
 // A file holds one format, told by its first line. The whole file is validated before any work
 // starts, so bad input fails fast with FILE:LINE. An OpenAI line that is well formed but cannot be
 // served (a value out of range, a feature not implemented) is kept with its error, to be answered
@@ -25,7 +26,7 @@
 namespace strata {
 
 enum class InputFormat : uint8_t { Strata, OpenAIBatch };
-enum class Endpoint : uint8_t { None, ChatCompletions, Completions };  // None: the strata format
+enum class Endpoint : uint8_t { None, ChatCompletions, Completions, Embeddings };  // None: the strata format
 
 // Why a well-formed request is not served: OpenAI-style code ("invalid_value", ...) and message.
 struct ServeError {
@@ -37,6 +38,21 @@ struct ServeError {
 // regex matches or one of a list of strings (vLLM's structured outputs regex and choice,
 // regex_rules.h).
 enum class ResponseFormat : uint8_t { Text, JsonObject, JsonSchema, Regex, Choice };
+
+// One text of an embeddings request, or token ids used as given (OpenAI's input of integers).
+struct EmbeddingInput {
+  std::string text;
+  std::vector<int32_t> ids;  // non-empty: given as ids (text unused)
+};
+
+// An embeddings request (OpenAI's /v1/embeddings body, the strata format's "input" line).
+struct EmbeddingRequest {
+  std::vector<EmbeddingInput> inputs;  // 1 .. kMaxEmbeddingInputs
+  bool listed = false;                 // input was an array: the strata answer lists "embeddings"
+  int dimensions = 0;                  // keep the first this many values; 0: all
+  bool base64 = false;                 // encoding_format "base64": little-endian float32, base64
+  std::optional<bool> normalize;       // vLLM's extension; unset: the job's (the model's pooling)
+};
 
 struct PromptRecord {
   nlohmann::json id;        // strata: "id" (string or integer); OpenAI: "custom_id" (string)
@@ -78,6 +94,7 @@ struct PromptRecord {
   // parallel_tool_calls: false keeps an answer's first call only (vLLM's filter), and holds a
   // "required" answer to one call.
   bool parallel_tool_calls = true;
+  std::optional<EmbeddingRequest> embedding;  // set: an embeddings request, which generates nothing
   std::string model;                 // OpenAI body.model, echoed in the response ("" if absent)
   std::optional<ServeError> error;   // OpenAI only: answer with this error instead of generating
 };
@@ -86,6 +103,7 @@ inline constexpr int kMaxStopStrings = 4;          // as OpenAI
 inline constexpr int kMaxChoices = 128;            // as OpenAI's chat n
 inline constexpr int kMaxTopLogprobs = 20;         // chat top_logprobs (and the strata format), as OpenAI
 inline constexpr int kMaxCompletionLogprobs = 5;   // legacy completions logprobs, as OpenAI
+inline constexpr int kMaxEmbeddingInputs = 2048;   // inputs of one embeddings request, as OpenAI
 
 // Whether `effort` is a reasoning_effort Strata passes on: "low", "medium" or "high".
 bool valid_reasoning_effort(const std::string& effort);

@@ -61,6 +61,9 @@ struct ModelConfig {
   bool norm_bias = false;           // LayerNorm bias (OPT)
   bool qk_norm = false;             // RMSNorm of each query and key head before RoPE (Qwen3)
   bool tied_embeddings = false;     // lm_head shares the token embedding
+  // false: an untied checkpoint without lm_head.weight (an embedding model: Qwen3-Embedding-8B,
+  // e5-mistral). It computes embeddings; generating needs an LM head.
+  bool lm_head = true;
   // Mixture of experts (Mixtral, Qwen3-MoE): a sparse layer's MLP is `n_experts` SwiGLU experts of
   // width `expert_intermediate`, of which a linear router picks `experts_per_token` for each token
   // (softmax over all experts, top k, then the k weights renormalised to sum to 1 when

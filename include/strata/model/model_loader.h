@@ -5,10 +5,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "strata/model/chat_template.h"
 #include "strata/model/config.h"
 #include "strata/model/packed_checkpoint.h"
+#include "strata/model/pooling.h"
 #include "strata/model/tokenizer.h"
 #include "strata/model/weight_source.h"
 
@@ -19,6 +21,12 @@ struct ModelBundle {
   std::unique_ptr<WeightSource> weights;
   std::optional<Tokenizer> tokenizer;  // absent when the model directory has none
   bool add_bos = false;                // prepend config.bos_id to prompts, as the HF tokenizer does
+  // Ids the HF tokenizer appends to a text it encodes with its special tokens (its post-processor's
+  // template after the text, or add_eos_token): Qwen3-Embedding's EOS. Embedding inputs get them,
+  // as vLLM's embeddings endpoint and sentence-transformers tokenize; prompts do not.
+  std::vector<int32_t> append_ids;
+  // An embedding model's pooling (modules.json, a GGUF's pooling_type); nullopt: none given.
+  std::optional<PoolingConfig> pooling;
   std::string chat_template;           // empty when the model has none
   ChatTokens chat_tokens;              // the template's bos_token / eos_token strings
   std::optional<PackedFormat> packed;  // set for a GPTQ or AWQ checkpoint (packed_checkpoint.h)

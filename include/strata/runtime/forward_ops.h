@@ -100,6 +100,8 @@ public:
   void attention_output(const LayerWeights& w, const Tensor& x, const Tensor& attn);
   // Final norm and LM head on the step's logit rows; valid until the next step.
   Tensor head(const ModelWeights& w, const Tensor& x);
+  // The final norm over every row of x, in place: the hidden states an embedding pools.
+  void final_norm(const ModelWeights& w, const Tensor& x);
   // For a sequence group computed in several steps: the rows of its whole hidden state x
   // ([tokens, h]) that head() then reads, in place of the last step's logit rows.
   void select_logit_rows(const std::vector<int32_t>& rows, int64_t tokens);

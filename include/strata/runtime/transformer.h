@@ -22,6 +22,9 @@ struct KvCache {
   int slots = 0, capacity = 0;
 };
 KvCache make_kv_cache(const ModelConfig& cfg, Backend& backend, int slots, int capacity);
+// The same storage seen as slots x capacity positions (at most what it was made with); the rows
+// it held are not kept in place.
+void reshape_kv_cache(KvCache& cache, const ModelConfig& cfg, DType dtype, int slots, int capacity);
 
 class Transformer {
 public:
@@ -32,6 +35,10 @@ public:
 
   // Runs one step; returns logits [logit_rows.size(), vocab] on the backend, valid until the next call.
   Tensor forward(const StepBatch& batch, KvCache& cache);
+  // The same step without the LM head: the hidden state of every token after the final norm,
+  // [tokens, hidden] on the backend, valid until the next call (embeddings pool it; logit_rows
+  // is ignored). Always eager: an embedding job's steps rarely repeat a shape.
+  Tensor hidden_states(const StepBatch& batch, KvCache& cache);
   // Mixture-of-experts routing over every forward() so far.
   RoutingTotals routing_totals() const { return ops_.routing_totals(); }
   // Steps that replayed a captured graph instead of launching op by op.
@@ -41,6 +48,8 @@ private:
   void ensure_workspace(int64_t tokens, int64_t rows);
   // The layer stack and head over the step begun in ops_: logits [R, vocab].
   Tensor run_layers(int64_t tokens, KvCache& cache);
+  // The embedding and the layer stack alone: the hidden state x_ [tokens, hidden].
+  Tensor run_stack(int64_t tokens, KvCache& cache);
 
   // Step graphs: keyed by everything a capture fixes: tokens, logit rows, the workspace and the
   // cache (address, slots, capacity).

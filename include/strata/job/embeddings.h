@@ -1,0 +1,39 @@
+// Embeddings requests in a batch job (docs/batch-format.md, "Embeddings"): OpenAI's /v1/embeddings
+// body, or the strata format's "input" line, read into PromptRecord::embedding; and the answer
+// line from the pooled vectors.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "strata/job/prompts.h"
+
+namespace strata {
+
+// The fields an embeddings request reads besides the OpenAI body's "model" and the strata line's
+// "id": input, dimensions, encoding_format, normalize (vLLM's), user (OpenAI's, not used).
+extern const std::set<std::string> kEmbeddingFields;
+
+// Sets r.embedding from `obj` (an OpenAI body, or a strata line); the error of the first field that
+// cannot be served otherwise. `field(key)` names a field in messages ("body.input", "field 'input'").
+std::optional<ServeError> read_embedding_request(const nlohmann::json& obj,
+                                                 const std::function<std::string(const char*)>& field,
+                                                 PromptRecord& r);
+
+// The output line answering r from one pooled, unnormalized vector per input (Embedder::embed),
+// each cut to r's dimensions and normalized unless the record or `normalize_default` says not
+// (finish_embedding). OpenAI: the batch line around vLLM's embeddings body (object "list", data
+// [{index, object "embedding", embedding}], usage); strata: {"id", "embedding" (or "embeddings"
+// for an input given as an array), "prompt_tokens"}. Values are written as the shortest decimals
+// that read back as the same float32, or base64 of little-endian float32 when asked.
+nlohmann::json embedding_line(const PromptRecord& r, std::vector<std::vector<float>> vectors, int64_t prompt_tokens,
+                              bool normalize_default, const std::string& model_name, int64_t created);
+
+// Base64 (RFC 4648, padded) of the bytes; exposed for tests.
+std::string base64_encode(const void* data, size_t bytes);
+
+}  // namespace strata
