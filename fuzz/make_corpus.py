@@ -81,6 +81,15 @@ def prompts():
     put("prompts_fuzz", "strata_tools.jsonl",
         '{"id": 1, "messages": [{"role": "user", "content": "x"}], "tools": [], "tool_choice": "none"}\n'
         '{"id": 2, "prompt": "y", "tools": [{"type": "function", "function": {"name": "g"}}]}\n')
+    put("prompts_fuzz", "openai_embeddings.jsonl",
+        '{"custom_id": "e1", "method": "POST", "url": "/v1/embeddings", "body": {"model": "m", "input": "Hello"}}\n'
+        '{"custom_id": "e2", "url": "/v1/embeddings", "body": {"input": ["a", [1, 2, 3]], "dimensions": 8, '
+        '"encoding_format": "base64", "normalize": false, "user": "u"}}\n'
+        '{"custom_id": "e3", "url": "/v1/embeddings", "body": {"input": [5, 6], "max_tokens": 3}}\n'
+        '{"custom_id": "e4", "url": "/v1/embeddings", "body": {"input": []}}\n')
+    put("prompts_fuzz", "strata_embeddings.jsonl",
+        '{"id": 1, "input": "Hello", "dimensions": 4}\n{"id": 2, "input": ["a", "b"], "encoding_format": "float"}\n'
+        '{"id": 3, "input": [[1], [2, 3]], "normalize": true, "temperature": 1}\n')
     put("prompts_fuzz", "strata_response_format.jsonl",
         '{"id": 1, "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": '
         + schema + '}}}\n{"id": 2, "prompt": "y", "response_format": {"type": "text"}}\n')

@@ -5,8 +5,10 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "strata/core/error.h"
+#include "strata/job/embeddings.h"
 #include "strata/job/prompts.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -20,6 +22,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const strata::PromptRecord& r : records) {
       (void)strata::in_shard(r, shard);
       if (r.id_key != r.id.dump()) __builtin_trap();
+      // An embeddings request's answer line, from vectors as wide as it asks for.
+      if (r.embedding && !r.error) {
+        const size_t width = r.embedding->dimensions > 0 ? size_t(r.embedding->dimensions) : 4;
+        if (width > 4096) continue;
+        std::vector<std::vector<float>> vectors(r.embedding->inputs.size(), std::vector<float>(width, 0.5f));
+        (void)strata::embedding_line(r, std::move(vectors), 1, true, "m", 0).dump();
+      }
     }
   } catch (const strata::Error&) {
   }

@@ -187,7 +187,7 @@ TEST_CASE("well-formed OpenAI requests that cannot be served carry an error", "[
     std::string line, code, message;
   };
   json url_line = json::parse(completion_line("u", json::object()));
-  url_line["url"] = "/v1/embeddings";
+  url_line["url"] = "/v1/moderations";
   json get_line = json::parse(completion_line("g", json::object()));
   get_line["method"] = "GET";
   const std::vector<Case> cases = {
@@ -195,7 +195,7 @@ TEST_CASE("well-formed OpenAI requests that cannot be served carry an error", "[
       {chat_line("2", {{"max_completion_tokens", "5"}}), "invalid_type", "body.max_completion_tokens must be an integer"},
       {chat_line("3", {{"temperature", 2.5}}), "invalid_value", "body.temperature must be in [0, 2]"},
       {chat_line("4", {{"top_p", 0}}), "invalid_value", "body.top_p must be in (0, 1]"},
-      {url_line.dump() + "\n", "unsupported_url", "url \"/v1/embeddings\" is not supported"},
+      {url_line.dump() + "\n", "unsupported_url", "url \"/v1/moderations\" is not supported"},
       {get_line.dump() + "\n", "unsupported_method", "method \"GET\" is not supported"},
       {chat_line("5", {{"n", 129}}), "invalid_value", "body.n must be in [1, 128], got 129"},
       {chat_line("6", {{"logprobs", 1}}), "invalid_type", "body.logprobs must be true or false for chat"},

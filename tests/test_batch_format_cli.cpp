@@ -75,7 +75,7 @@ TEST_CASE("strata run answers an OpenAI batch file with Hugging Face's greedy co
     std::ifstream f(in);
     for (std::string l; std::getline(f, l);) lines.push_back(l);
     json last = json::parse(lines.back());
-    last["url"] = "/v1/embeddings";
+    last["url"] = "/v1/moderations";
     lines.back() = last.dump();
     std::ofstream o(in);
     for (const auto& l : lines) o << l << "\n";

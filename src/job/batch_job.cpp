@@ -173,7 +173,7 @@ public:
       if (int64_t(ids.size()) > cfg.max_positions)
         return unservable("context_length_exceeded", name + " of " + std::to_string(ids.size()) +
                                                          " tokens exceeds the model's context of " +
-                                                         std::to_string(cfg.max_positions));
+                                                         std::to_string(cfg.max_positions) + " tokens");
       out.push_back(std::move(ids));
     }
     return out;

@@ -1,5 +1,6 @@
 #include "strata/job/embeddings.h"
 
+#include <algorithm>
 #include <bit>
 #include <charconv>
 #include <cmath>
@@ -8,7 +9,6 @@
 
 #include "strata/core/error.h"
 #include "strata/job/output.h"
-#include "strata/runtime/embedder.h"
 
 namespace strata {
 using json = nlohmann::json;
@@ -43,11 +43,11 @@ std::optional<ServeError> read_inputs(const json& input, const std::string& name
     return refusal("invalid_type", name + " must be a string, an array of strings, an array of token ids or an "
                                           "array of such arrays, got " + std::string(input.type_name()));
   if (input.empty()) return refusal("invalid_value", name + " is an empty array");
-  e.listed = true;
   if (input[0].is_number()) {  // one input of token ids
     e.inputs.emplace_back();
     return read_ids(input, name, e.inputs.back().ids);
   }
+  e.listed = true;
   if (input.size() > size_t(kMaxEmbeddingInputs))
     return refusal("invalid_value", name + " holds " + std::to_string(input.size()) + " inputs; at most " +
                                         std::to_string(kMaxEmbeddingInputs) + " are allowed");
@@ -112,6 +112,17 @@ std::optional<ServeError> read_embedding_request(const json& obj, const std::fun
   }
   r.embedding = std::move(e);
   return std::nullopt;
+}
+
+void finish_embedding(std::vector<float>& v, int dimensions, bool normalize) {
+  STRATA_CHECK(dimensions >= 0 && size_t(dimensions) <= v.size(),
+               "dimensions " << dimensions << " outside [0, " << v.size() << "]");
+  if (dimensions > 0) v.resize(size_t(dimensions));
+  if (!normalize) return;
+  double sq = 0;
+  for (float x : v) sq += double(x) * double(x);
+  const double norm = std::max(std::sqrt(sq), 1e-12);
+  for (float& x : v) x = float(double(x) / norm);
 }
 
 std::string base64_encode(const void* data, size_t bytes) {

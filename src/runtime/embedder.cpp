@@ -85,15 +85,4 @@ std::vector<std::vector<float>> Embedder::embed(std::span<const std::vector<int3
   return out;
 }
 
-void finish_embedding(std::vector<float>& v, int dimensions, bool normalize) {
-  STRATA_CHECK(dimensions >= 0 && size_t(dimensions) <= v.size(),
-               "dimensions " << dimensions << " outside [0, " << v.size() << "]");
-  if (dimensions > 0) v.resize(size_t(dimensions));
-  if (!normalize) return;
-  double sq = 0;
-  for (float x : v) sq += double(x) * double(x);
-  const double norm = std::max(std::sqrt(sq), 1e-12);
-  for (float& x : v) x = float(double(x) / norm);
-}
-
 }  // namespace strata

@@ -33,6 +33,11 @@ std::optional<ServeError> read_embedding_request(const nlohmann::json& obj,
 nlohmann::json embedding_line(const PromptRecord& r, std::vector<std::vector<float>> vectors, int64_t prompt_tokens,
                               bool normalize_default, const std::string& model_name, int64_t created);
 
+// What the response carries: the first `dimensions` values (0: all; Matryoshka-trained models
+// such as Qwen3-Embedding keep meaning in a prefix), then divided by their L2 norm when
+// `normalize` (sentence-transformers' Normalize: norm clamped below at 1e-12).
+void finish_embedding(std::vector<float>& v, int dimensions, bool normalize);
+
 // Base64 (RFC 4648, padded) of the bytes; exposed for tests.
 std::string base64_encode(const void* data, size_t bytes);
 

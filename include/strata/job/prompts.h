@@ -48,7 +48,9 @@ struct EmbeddingInput {
 // An embeddings request (OpenAI's /v1/embeddings body, the strata format's "input" line).
 struct EmbeddingRequest {
   std::vector<EmbeddingInput> inputs;  // 1 .. kMaxEmbeddingInputs
-  bool listed = false;                 // input was an array: the strata answer lists "embeddings"
+  // input was an array of inputs (not one text, not one list of ids): the strata answer lists
+  // "embeddings"
+  bool listed = false;
   int dimensions = 0;                  // keep the first this many values; 0: all
   bool base64 = false;                 // encoding_format "base64": little-endian float32, base64
   std::optional<bool> normalize;       // vLLM's extension; unset: the job's (the model's pooling)

@@ -45,9 +45,4 @@ private:
   EmbedStats stats_;
 };
 
-// What the response carries: the first `dimensions` values (0: all; Matryoshka-trained models
-// such as Qwen3-Embedding keep meaning in a prefix), then divided by their L2 norm when
-// `normalize` (sentence-transformers' Normalize: norm clamped below at 1e-12).
-void finish_embedding(std::vector<float>& v, int dimensions, bool normalize);
-
 }  // namespace strata
