@@ -43,8 +43,9 @@ def make_model(d, layers):
                       tie_word_embeddings=False, eos_token_id=0, pad_token_id=0)
     raw = d + "-raw"
     Qwen3Model(cfg).save_pretrained(raw)
-    PreTrainedTokenizerFast.from_pretrained(FIXTURE).save_pretrained(raw)
-    st = Transformer(raw)
+    # model_max_length as Qwen3-Embedding's: sentence-transformers would cut longer texts.
+    PreTrainedTokenizerFast.from_pretrained(FIXTURE, model_max_length=8192).save_pretrained(raw)
+    st = Transformer(raw, max_seq_length=8192)
     SentenceTransformer(modules=[st, Pooling(1024, pooling_mode="lasttoken"), Normalize()], device="cpu").save(d)
     shutil.rmtree(raw)
 
@@ -94,6 +95,7 @@ def main():
                                 "body": {"model": "m", "input": t}}) + "\n")
 
     st = SentenceTransformer(model, device="cpu")
+    assert st.max_seq_length >= 8192, st.max_seq_length  # no text cut
     tokens = sum(len(st.tokenizer(t)["input_ids"]) for t in texts)
     st_best, st_vectors = 1e9, None
     for _ in range(a.repeat):
