@@ -15,10 +15,13 @@
 
 #include "cli_support.h"
 #include "error_text.h"
+#include "policy_fixtures.h"
 #include "strata/backend/backend.h"
 #include "strata/core/error.h"
 #include "strata/job/batch_job.h"
 #include "strata/job/embeddings.h"
+#include "strata/job/perplexity.h"
+#include "strata/offload/engine.h"
 #include "strata/model/model_loader.h"
 #include "strata/runtime/embedder.h"
 #include "strata/runtime/model_weights.h"
@@ -384,6 +387,25 @@ TEST_CASE("embeddings: a checkpoint without lm_head loads as an embedding model"
   KvCache cache = make_kv_cache(l.model->config(), l.model->backend(), 1, 4);
   StepBatch step{{5, 6}, {0, 1}, {0, 0}, {1}, {}};
   CHECK_THAT(test::error_of([&] { l.model->forward(step, cache); }), Catch::Contains("the checkpoint has no lm_head"));
+}
+
+TEST_CASE("embeddings: perplexity and the offloading engine refuse a model without an LM head", "[embeddings][job]") {
+  const std::string model = model_dir("tiny-qwen3-embedding").string();
+  PerplexityOptions p;
+  p.model = model;
+  p.text = write("text.txt", "The quick brown fox jumps over the lazy dog.");
+  p.progress = false;
+  std::ostringstream log;
+  CHECK(test::error_of([&] { run_perplexity(p, log); }) ==
+        model + ": the checkpoint has no lm_head.weight (an embedding model): it predicts no tokens to score");
+  const ModelBundle b = open_model(model);
+  auto backend = make_cpu_backend(2);
+  OffloadOptions o;
+  o.policy = test::policy_of(1, 1, {100, 0, 0}, {100, 0, 0}, {100, 0, 0});
+  o.offload_dir = test::temp_dir("embeddings_engine");
+  CHECK(test::error_of([&] { OffloadEngine(b.config, *b.weights, *backend, o, PlanShape{8, 8}); }) ==
+        "tiny-qwen3-embedding: the checkpoint has no lm_head.weight (an embedding model); the offloading engine "
+        "generates and scores, which needs an LM head");
 }
 
 TEST_CASE("embeddings: bidirectional models are refused at load", "[embeddings][model]") {

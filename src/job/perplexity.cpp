@@ -182,6 +182,9 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt, std::ostream& log)
   if (!model.tokenizer) STRATA_FAIL(model.config.name << ": the model has no tokenizer files");
   if (!model.load_note.empty() && opt.progress) log << model.load_note << "\n";
   const ModelConfig& cfg = model.config;
+  if (!cfg.lm_head)
+    STRATA_FAIL(opt.model << ": the checkpoint has no lm_head.weight (an embedding model): it predicts no tokens to "
+                             "score");
   int context = opt.context;
   if (context == 0) context = std::min(kDefaultContext, cfg.max_positions);
   if (context > cfg.max_positions)
