@@ -209,6 +209,46 @@ TEST_CASE("embeddings: a text ends as Hugging Face's tokenizer ends it, the job'
   }
 }
 
+TEST_CASE("embeddings: truncate_prompt_tokens keeps a text's last tokens and its special tokens, as vLLM",
+          "[embeddings][hf][job]") {
+  for (const char* name : kModels) {
+    SECTION(name) {
+      const json exp = expected(name);
+      const int k = exp["truncate_prompt_tokens"].get<int>();
+      std::string text;
+      for (size_t i = 0; i < exp["texts"].size(); ++i) {
+        text += embeddings_line("t" + std::to_string(i), {{"input", exp["texts"][i]}, {"truncate_prompt_tokens", k}});
+        // Ids given are cut to their last k; -1 is the context, which cuts nothing here.
+        text += embeddings_line("ids" + std::to_string(i), {{"input", exp["ids"][i]}, {"truncate_prompt_tokens", k}});
+        text += embeddings_line("ctx" + std::to_string(i), {{"input", exp["texts"][i]}, {"truncate_prompt_tokens", -1}});
+      }
+      text += embeddings_line("past", {{"input", "a"}, {"truncate_prompt_tokens", 257}});
+      text += embeddings_line("specials", {{"input", "a"}, {"truncate_prompt_tokens", 1}});
+      text += embeddings_line("zero", {{"input", "a"}, {"truncate_prompt_tokens", 0}});
+      const fs::path out = test::temp_dir("embeddings") / (std::string(name) + "_truncate.jsonl");
+      std::ostringstream log;
+      run_batch_job(job(model_dir(name).string(), write("truncate.jsonl", text), out), log);
+      const auto lines = by_id(read_lines(out));
+      for (size_t i = 0; i < exp["texts"].size(); ++i) {
+        INFO("text " << i);
+        const json& body = lines.at("t" + std::to_string(i))["response"]["body"];
+        CHECK(body["usage"]["prompt_tokens"] == exp["truncated_ids"][i].size());
+        check_close(floats_of(body["data"][0]["embedding"]), exp["truncated"][i]);
+        const auto& ids = exp["ids"][i];
+        CHECK(lines.at("ids" + std::to_string(i))["response"]["body"]["usage"]["prompt_tokens"] ==
+              std::min<size_t>(ids.size(), size_t(k)));
+        check_close(floats_of(lines.at("ctx" + std::to_string(i))["response"]["body"]["data"][0]["embedding"]),
+                    exp["model_pooling"][i]);
+      }
+      CHECK(lines.at("past")["error"]["message"] == "body.truncate_prompt_tokens 257 exceeds the model's context of 256");
+      CHECK(lines.at("specials")["error"]["message"] ==
+            "body.truncate_prompt_tokens 1 leaves no room for text beside the tokenizer's 1 special tokens");
+      CHECK(lines.at("zero")["error"]["message"] ==
+            "body.truncate_prompt_tokens must be -1 (the model's context) or at least 1, got 0");
+    }
+  }
+}
+
 TEST_CASE("embeddings: a GGUF embedding model's pooling_type and add_eos_token", "[embeddings][gguf][job]") {
   const json exp = expected("tiny-qwen3-embedding");
   const fs::path gguf = fs::path(STRATA_FIXTURES_DIR) / "embeddings" / "tiny_qwen3_embedding.gguf";

@@ -156,13 +156,25 @@ public:
     if (e.dimensions > cfg.hidden)
       return unservable("invalid_value", field + "dimensions" + end + " " + std::to_string(e.dimensions) +
                                              " exceeds the model's embedding width of " + std::to_string(cfg.hidden));
+    // vLLM's truncate_prompt_tokens: -1 is the context; past it, an error (vLLM's too).
+    const int64_t keep = e.truncate == -1 ? cfg.max_positions : e.truncate;
+    const int64_t specials = (model_.add_bos ? 1 : 0) + int64_t(model_.append_ids.size());
+    if (keep > cfg.max_positions || (keep > 0 && keep <= specials))
+      return unservable("invalid_value", field + "truncate_prompt_tokens" + end + " " + std::to_string(keep) +
+                                             (keep > cfg.max_positions
+                                                  ? " exceeds the model's context of " + std::to_string(cfg.max_positions)
+                                                  : " leaves no room for text beside the tokenizer's " +
+                                                        std::to_string(specials) + " special tokens"));
     std::vector<std::vector<int32_t>> out;
     for (size_t i = 0; i < e.inputs.size(); ++i) {
       const std::string name = field + "input" + end + (e.listed ? "[" + std::to_string(i) + "]" : "");
       std::vector<int32_t> ids = e.inputs[i].ids;
+      if (!ids.empty() && keep > 0 && int64_t(ids.size()) > keep) ids.erase(ids.begin(), ids.end() - keep);
       if (ids.empty()) {
+        // The text's last tokens, as Hugging Face's tokenizer truncating on the left keeps them.
+        std::vector<int32_t> body = model_.tokenizer->encode(e.inputs[i].text);
+        if (keep > 0 && int64_t(body.size()) > keep - specials) body.erase(body.begin(), body.end() - (keep - specials));
         if (model_.add_bos) ids.push_back(cfg.bos_id);
-        const std::vector<int32_t> body = model_.tokenizer->encode(e.inputs[i].text);
         ids.insert(ids.end(), body.begin(), body.end());
         ids.insert(ids.end(), model_.append_ids.begin(), model_.append_ids.end());
       }
@@ -500,10 +512,12 @@ JobScan scan_job(const JobOptions& opt, const Shard& shard, const ModelBundle& m
         if (r.embedding) {
           ++s.embeddings;
           if (s.embedding_line == 0) s.embedding_line = r.line;
-          // A strata line that cannot be served fails the job here: inputs that might not fit, ids.
+          // A strata line that cannot be served fails the job here: inputs that might not fit, ids,
+          // a truncation (checked against the context and the special tokens).
           const bool ids = std::any_of(r.embedding->inputs.begin(), r.embedding->inputs.end(),
                                        [](const EmbeddingInput& in) { return !in.ids.empty(); });
-          if (r.format == InputFormat::Strata && (ids || tok.input_token_bound(*r.embedding) > ctx)) {
+          if (r.format == InputFormat::Strata &&
+              (ids || r.embedding->truncate != 0 || tok.input_token_bound(*r.embedding) > ctx)) {
             ++s.tokenized;
             tok.tokenize_inputs(r);
           }

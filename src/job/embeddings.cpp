@@ -13,7 +13,8 @@
 namespace strata {
 using json = nlohmann::json;
 
-const std::set<std::string> kEmbeddingFields = {"input", "dimensions", "encoding_format", "normalize", "user"};
+const std::set<std::string> kEmbeddingFields = {"input", "dimensions", "encoding_format", "normalize",
+                                                "truncate_prompt_tokens", "user"};
 
 namespace {
 
@@ -105,6 +106,15 @@ std::optional<ServeError> read_embedding_request(const json& obj, const std::fun
     if (v != "float" && v != "base64")
       return refusal("invalid_value", field("encoding_format") + " must be \"float\" or \"base64\", got " + v.dump());
     e.base64 = v == "base64";
+  }
+  if (given("truncate_prompt_tokens")) {
+    const json& v = obj["truncate_prompt_tokens"];
+    if (!v.is_number_integer())
+      return refusal("invalid_type", field("truncate_prompt_tokens") + " must be an integer, got " + v.dump());
+    if (v.get<int64_t>() == 0 || v.get<int64_t>() < -1 || v.get<int64_t>() > INT32_MAX)
+      return refusal("invalid_value", field("truncate_prompt_tokens") + " must be -1 (the model's context) or at "
+                                                                        "least 1, got " + v.dump());
+    e.truncate = v.get<int>();
   }
   if (given("normalize")) {
     if (!obj["normalize"].is_boolean()) return refusal("invalid_type", field("normalize") + " must be true or false");

@@ -15,7 +15,8 @@
 namespace strata {
 
 // The fields an embeddings request reads besides the OpenAI body's "model" and the strata line's
-// "id": input, dimensions, encoding_format, normalize (vLLM's), user (OpenAI's, not used).
+// "id": input, dimensions, encoding_format, normalize and truncate_prompt_tokens (vLLM's), user
+// (OpenAI's, not used).
 extern const std::set<std::string> kEmbeddingFields;
 
 // Sets r.embedding from `obj` (an OpenAI body, or a strata line); the error of the first field that

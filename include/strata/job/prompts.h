@@ -54,6 +54,9 @@ struct EmbeddingRequest {
   int dimensions = 0;                  // keep the first this many values; 0: all
   bool base64 = false;                 // encoding_format "base64": little-endian float32, base64
   std::optional<bool> normalize;       // vLLM's extension; unset: the job's (the model's pooling)
+  // vLLM's truncate_prompt_tokens: a text keeps its last this many tokens, its special tokens
+  // among them (ids given: their last this many); -1: the model's context; 0: not cut.
+  int truncate = 0;
 };
 
 struct PromptRecord {
