@@ -46,28 +46,35 @@ std::vector<std::vector<float>> Embedder::embed(std::span<const std::vector<int3
     // Steps over the group: all of it at once, or chunks of its one long sequence.
     for (int64_t from = 0; from < longest; from += step_tokens_) {
       const int64_t to = std::min(longest, from + step_tokens_);
+      // The step's tokens, and the ones the pooling reads: every one for the mean, else each
+      // sequence's last (or first) token, gathered on the backend before the copy to the host.
       StepBatch step;
+      std::vector<size_t> pooled_seq;  // the sequence of each row the step returns
       for (size_t g = begin; g < end; ++g) {
         const std::vector<int32_t>& s = seqs[order[g]];
-        for (int64_t p = from; p < std::min<int64_t>(to, int64_t(s.size())); ++p) {
+        const int64_t len = int64_t(s.size());
+        for (int64_t p = from; p < std::min(to, len); ++p) {
+          const bool pooled = pooling == PoolingKind::Mean || (pooling == PoolingKind::Last && p == len - 1) ||
+                              (pooling == PoolingKind::Cls && p == 0);
+          if (pooled && pooling != PoolingKind::Mean) step.logit_rows.push_back(int32_t(step.tokens.size()));
+          if (pooled) pooled_seq.push_back(order[g]);
           step.tokens.push_back(s[size_t(p)]);
           step.positions.push_back(int32_t(p));
           step.slots.push_back(int32_t(g - begin));
         }
       }
-      const Tensor out = model_.hidden_states(step, cache_);
-      rows_.resize(step.tokens.size() * size_t(h));
-      model_.backend().copy_to_host_f32(out, rows_.data());
       ++stats_.steps;
-      for (size_t t = 0; t < step.tokens.size(); ++t) {
-        const size_t seq = order[begin + size_t(step.slots[t])];
-        const int64_t len = int64_t(seqs[seq].size()), pos = step.positions[t];
-        const bool take = pooling == PoolingKind::Mean || (pooling == PoolingKind::Last && pos == len - 1) ||
-                          (pooling == PoolingKind::Cls && pos == 0);
-        if (!take) continue;
-        std::vector<double>& acc = sums[seq];
+      if (pooling != PoolingKind::Mean && step.logit_rows.empty()) {
+        model_.hidden_states(step, cache_);  // a chunk of a long sequence: its keys for the next chunk
+        continue;
+      }
+      const Tensor out = model_.hidden_states(step, cache_);
+      rows_.resize(pooled_seq.size() * size_t(h));
+      model_.backend().copy_to_host_f32(out, rows_.data());
+      for (size_t r = 0; r < pooled_seq.size(); ++r) {
+        std::vector<double>& acc = sums[pooled_seq[r]];
         acc.resize(size_t(h), 0.0);
-        const float* row = rows_.data() + t * size_t(h);
+        const float* row = rows_.data() + r * size_t(h);
         for (int64_t j = 0; j < h; ++j) acc[size_t(j)] += row[j];
       }
     }

@@ -85,14 +85,32 @@ Tensor Transformer::forward(const StepBatch& batch, KvCache& cache) {
 }
 
 Tensor Transformer::hidden_states(const StepBatch& batch, KvCache& cache) {
+  // The rows go through a buffer of their own, not the step's logit rows, whose workspace holds
+  // [rows, vocab] logits.
   StepBatch step = batch;
   step.logit_rows.clear();
-  const int64_t T = int64_t(step.tokens.size());
+  const int64_t T = int64_t(step.tokens.size()), R = int64_t(batch.logit_rows.size());
+  for (int32_t r : batch.logit_rows) STRATA_CHECK(r >= 0 && r < T, "hidden row " << r << " outside the step");
   ensure_workspace(std::max<int64_t>(T, 1), 1);
   ops_.begin_step(step, cache.slots, cache.capacity);
   const Tensor x = run_stack(T, cache);
-  ops_.final_norm(w_, x);
-  return x;
+  if (R == 0) {
+    ops_.final_norm(w_, x);
+    return x;
+  }
+  const DType dt = backend_.activation_dtype();
+  const size_t index_bytes = (size_t(R) * sizeof(int32_t) + 255) / 256 * 256;
+  if (R > selected_rows_) {
+    selected_.reset();
+    selected_ = backend_.alloc(index_bytes + size_t(R) * size_t(cfg_.hidden) * dtype_size(dt));
+    selected_rows_ = R;
+  }
+  const Tensor rows = selected_.view(0, DType::I32, {R});
+  const Tensor out = selected_.view(index_bytes, dt, {R, cfg_.hidden});
+  backend_.copy_to_device(rows.data, batch.logit_rows.data(), size_t(R) * sizeof(int32_t));
+  backend_.gather_rows(x, rows, out);
+  ops_.final_norm(w_, out);
+  return out;
 }
 
 Tensor Transformer::run_layers(int64_t T, KvCache& cache) { return ops_.head(w_, run_stack(T, cache)); }

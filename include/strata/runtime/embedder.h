@@ -41,7 +41,7 @@ private:
   int64_t step_tokens_;
   KvCache cache_;
   int64_t cache_positions_ = 0;  // slots x capacity the storage holds
-  std::vector<float> rows_;      // a step's hidden states on the host
+  std::vector<float> rows_;      // a step's pooled rows on the host
   EmbedStats stats_;
 };
 

@@ -35,9 +35,10 @@ public:
 
   // Runs one step; returns logits [logit_rows.size(), vocab] on the backend, valid until the next call.
   Tensor forward(const StepBatch& batch, KvCache& cache);
-  // The same step without the LM head: the hidden state of every token after the final norm,
-  // [tokens, hidden] on the backend, valid until the next call (embeddings pool it; logit_rows
-  // is ignored). Always eager: an embedding job's steps rarely repeat a shape.
+  // The same step without the LM head: hidden states after the final norm, valid until the next
+  // call: of the logit_rows' tokens ([rows, hidden], gathered on the backend, so that only they
+  // cross to the host), or of every token when logit_rows is empty ([tokens, hidden]).
+  // Embeddings pool them. Always eager: an embedding job's steps rarely repeat a shape.
   Tensor hidden_states(const StepBatch& batch, KvCache& cache);
   // Mixture-of-experts routing over every forward() so far.
   RoutingTotals routing_totals() const { return ops_.routing_totals(); }
@@ -64,6 +65,9 @@ private:
   Buffer ws_;
   int64_t ws_tokens_ = 0, ws_rows_ = 0;
   Tensor x_;
+  // hidden_states' selected rows: their indices (I32) then the rows, grown on demand.
+  Buffer selected_;
+  int64_t selected_rows_ = 0;
 };
 
 }  // namespace strata
