@@ -84,10 +84,7 @@ public:
     if (r.error) return *r.error;
     const std::string where = file_ + ":" + std::to_string(r.line);
     const bool openai = r.format == InputFormat::OpenAIBatch;
-    auto unservable = [&](const std::string& code, const std::string& why) -> ServeError {
-      if (!openai) throw Error(where + ": " + why);
-      return ServeError{code, why};
-    };
+    auto unservable = [&](const std::string& code, const std::string& why) { return refusal(r, code, why); };
     const int vocab = model_.config.vocab_size;
     auto past_vocab = [&](const char* field, int32_t token) {
       return unservable("invalid_value", std::string(field) + " token " + std::to_string(token) +
@@ -142,12 +139,8 @@ public:
   // endpoint and sentence-transformers alike), token ids as given. Errors as tokenize's.
   std::variant<std::vector<std::vector<int32_t>>, ServeError> tokenize_inputs(const PromptRecord& r) const {
     if (r.error) return *r.error;
-    const std::string where = file_ + ":" + std::to_string(r.line);
     const bool openai = r.format == InputFormat::OpenAIBatch;
-    auto unservable = [&](const std::string& code, const std::string& why) -> ServeError {
-      if (!openai) throw Error(where + ": " + why);
-      return ServeError{code, why};
-    };
+    auto unservable = [&](const std::string& code, const std::string& why) { return refusal(r, code, why); };
     if (auto e = other_model(r)) return unservable(e->code, e->message);
     const ModelConfig& cfg = model_.config;
     const std::string field = openai ? "body." : "field '";
@@ -217,6 +210,13 @@ public:
   }
 
 private:
+  // A request that cannot be served: "FILE:LINE: why" thrown for a strata line (the job stops),
+  // the error returned for an OpenAI one (answered with an error line).
+  ServeError refusal(const PromptRecord& r, const std::string& code, const std::string& why) const {
+    if (r.format != InputFormat::OpenAIBatch) throw Error(file_ + ":" + std::to_string(r.line) + ": " + why);
+    return ServeError{code, why};
+  }
+
   // vLLM serves a request with the adapter its body.model names and the base model otherwise;
   // a job merges one adapter into every weight, so a request for any other model is not its.
   std::optional<ServeError> other_model(const PromptRecord& r) const {
@@ -917,7 +917,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
             runs += int64_t(results.size());
             for (const GenResult& r : results) ps.tokens += int64_t(r.tokens.size());
             std::vector<Finished> one;
-            one.push_back({std::move(items[work[i]]), std::move(results)});
+            one.push_back({std::move(items[work[i]]), std::move(results), {}});
             if (!behind.push(std::move(one))) throw WriterGone{};
             ++ps.done;
             ps.blocks_done = ps.done, ps.blocks_planned = ps.total;  // the ETA by requests
@@ -946,7 +946,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
         std::vector<Finished> finished;
         size_t at = 0;
         for (size_t j = 0; j < b.size(); ++j) {
-          Finished f{std::move(items[work[b[j]]]), {}};
+          Finished f{std::move(items[work[b[j]]]), {}, {}};
           for (size_t c = 0; c < counts[j]; ++c) f.results.push_back(std::move(results[at++]));
           finished.push_back(std::move(f));
         }
