@@ -52,6 +52,10 @@
 #              row already committed for this card kind (bench/results/*-GPU-summary.json) is kept,
 #              not rerun (bench/peers/kept.py; STRATA_PEERS_RERUN=1 reruns). Needs .whl/
 #              (bench/peers/prepare_offline.py) carried; only by name
+#   embed      embeddings (docs/batch-format.md "Embeddings") on Qwen3-Embedding-8B's shape
+#              (dummy:qwen3-8b, $STRATA_SUITE_EMBED_MODEL to change it): 256 /v1/embeddings inputs of
+#              512 tokens through `strata run`, then the same texts as prompts generating one token
+#              (their prefill), each's tok/s in the summary. Only by name
 #
 # STRATA_SUITE_DEADLINE=S: no step starts later than S seconds into the script, and a running one
 # is cut before it (a device call's limit), so the archives and summaries are always written.
@@ -205,6 +209,27 @@ run_policy() {
   [ "$rc" -eq 0 ] || tps="failed"
   printf '%s\t%s\t%s\n' "$name" "$policy" "$tps" >> "$out/calib.tsv"
   rm -f "$out/run.jsonl" "$out/run.jsonl.partial" "$out/prompts.jsonl"
+}
+
+part_embed() {
+  local model=${STRATA_SUITE_EMBED_MODEL:-dummy:qwen3-8b}
+  python3 - "$out/embed.jsonl" "$out/prefill.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1], "w") as e, open(sys.argv[2], "w") as p:
+    for i in range(256):
+        text = (f"text {i}: " + "the quick brown fox jumps over the lazy dog " * 16)[:512]
+        e.write(json.dumps({"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+                            "body": {"model": "m", "input": text}}) + "\n")
+        p.write(json.dumps({"id": i, "prompt": text}) + "\n")
+PY
+  rm -f "$out"/embed-out.jsonl* "$out"/prefill-out.jsonl*
+  step "embeddings $model" strata run --model "$model" --device cuda --prompts "$out/embed.jsonl" \
+    --out "$out/embed-out.jsonl" --no-progress
+  say "  - $(tac "$log" | grep -m1 -E '^embeddings: [0-9]+ inputs')"
+  step "prefill $model" strata run --model "$model" --device cuda --prompts "$out/prefill.jsonl" \
+    --out "$out/prefill-out.jsonl" --max-new-tokens 1 --ignore-eos --batch-size 256 --no-progress
+  say "  - $(tac "$log" | grep -m1 -E '^prefill: ')"
+  rm -f "$out"/embed*.jsonl* "$out"/prefill*.jsonl*
 }
 
 write_policy() {  # write_policy FILE GBS NGB W_GPU W_CPU KV_GPU KV_CPU ACT_GPU ACT_CPU CPU_ATTENTION
@@ -528,7 +553,7 @@ write_summary() {
 
 for part in $parts; do
   case $part in
-    tests|profile|generate|offload|run30|calibrate|quant|peers|engine|kernels|moe|gptoss) "part_$part" ;;
+    tests|profile|generate|offload|run30|calibrate|quant|peers|engine|kernels|moe|gptoss|embed) "part_$part" ;;
     *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;;
   esac
 done
