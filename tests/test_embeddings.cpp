@@ -309,6 +309,28 @@ TEST_CASE("embeddings: --pooling, --normalize and the request's normalize and di
   }
 }
 
+TEST_CASE("embeddings: a job resumes from OUT.partial, a torn last line dropped", "[embeddings][job]") {
+  const json exp = expected("tiny-qwen3-embedding");
+  std::string text;
+  for (size_t i = 0; i < exp["texts"].size(); ++i) text += json{{"id", i}, {"input", exp["texts"][i]}}.dump() + "\n";
+  const fs::path in = write("resume.jsonl", text), out = test::temp_dir("embeddings") / "resume_out.jsonl";
+  fs::remove(out);
+  // An earlier run finished id 1 (its line kept as written) and was cut while writing id 3.
+  const std::string kept = json{{"id", 1}, {"embedding", {0.5}}, {"prompt_tokens", 7}}.dump() + "\n";
+  std::ofstream(out.string() + ".partial") << kept << R"({"id": 3, "embedding": [0.1, )";
+  std::ostringstream log;
+  const JobSummary s = run_batch_job(job(model_dir("tiny-qwen3-embedding").string(), in, out), log);
+  CHECK(s.resumed == 1);
+  CHECK(s.embedded_inputs == int64_t(exp["texts"].size()) - 1);
+  CHECK_FALSE(fs::exists(out.string() + ".partial"));
+  const std::vector<json> lines = read_lines(out);
+  REQUIRE(lines.size() == exp["texts"].size());
+  CHECK(lines[0] == json::parse(kept));  // the finished line, untouched
+  const auto got = by_id(lines);
+  for (size_t i = 0; i < exp["texts"].size(); ++i)
+    if (i != 1) check_close(floats_of(got.at(std::to_string(i))["embedding"]), exp["model_pooling"][i]);
+}
+
 TEST_CASE("embeddings: a job of embeddings and completions answers both", "[embeddings][job]") {
   // tiny-qwen3 has an LM head: any decoder embeds (last token, normalized, without a pooling config).
   const fs::path model = fs::path(STRATA_FIXTURES_DIR) / "models" / "tiny-qwen3";
