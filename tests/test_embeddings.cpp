@@ -21,6 +21,7 @@
 #include "strata/job/batch_job.h"
 #include "strata/job/embeddings.h"
 #include "strata/job/perplexity.h"
+#include "strata/job/prompts.h"
 #include "strata/offload/engine.h"
 #include "strata/model/model_loader.h"
 #include "strata/runtime/embedder.h"
@@ -111,6 +112,8 @@ JobOptions job(const std::string& model, const fs::path& in, const fs::path& out
 }
 
 std::vector<float> floats_of(const json& v) { return v.get<std::vector<float>>(); }
+
+double cosine_of(const json& exp, size_t a, size_t b) { return exp["cosine"][a][b].get<double>(); }
 
 std::vector<float> from_base64(const std::string& s) {
   auto value = [](char c) -> uint32_t {
@@ -247,6 +250,108 @@ TEST_CASE("embeddings: truncate_prompt_tokens keeps a text's last tokens and its
             "body.truncate_prompt_tokens must be -1 (the model's context) or at least 1, got 0");
     }
   }
+}
+
+TEST_CASE("embeddings: /v1/score and /v1/rerank are sentence-transformers' cosine similarities", "[embeddings][hf][job]") {
+  for (const char* name : kModels) {
+    SECTION(name) {
+      const json exp = expected(name);
+      const json& texts = exp["texts"];
+      const json& cosine = exp["cosine"];
+      const json rest = {texts[1], texts[2], texts[3], texts[4]};
+      auto line = [](const std::string& id, const std::string& url, const json& body) {
+        return json{{"custom_id", id}, {"method", "POST"}, {"url", url}, {"body", body}}.dump() + "\n";
+      };
+      const std::string text =
+          line("one", "/v1/score", {{"model", "m"}, {"text_1", texts[0]}, {"text_2", rest}}) +
+          line("pairs", "/v1/score", {{"text_1", {texts[0], texts[2]}}, {"text_2", {texts[1], texts[3]}}}) +
+          line("rerank", "/v1/rerank", {{"query", texts[2]}, {"documents", rest}, {"top_n", 3}}) +
+          line("rerank-all", "/v1/rerank", {{"query", texts[0]}, {"documents", {texts[4], texts[1]}}});
+      const fs::path out = test::temp_dir("embeddings") / (std::string(name) + "_score.jsonl");
+      std::ostringstream log;
+      run_batch_job(job(model_dir(name).string(), write("score.jsonl", text), out), log);
+      INFO(log.str());
+      const auto lines = by_id(read_lines(out));
+      auto near = [](const json& got, const json& want) {
+        INFO(got << " against " << want);
+        CHECK(std::fabs(got.get<double>() - want.get<double>()) <= 5e-5);
+      };
+      const json& one = lines.at("one")["response"]["body"];
+      CHECK(one["object"] == "list");
+      CHECK(one["model"] == "m");
+      REQUIRE(one["data"].size() == 4);
+      for (size_t k = 0; k < 4; ++k) {
+        CHECK(one["data"][k]["index"] == k);
+        CHECK(one["data"][k]["object"] == "score");
+        near(one["data"][k]["score"], cosine[0][k + 1]);
+      }
+      int64_t tokens = 0;
+      for (const json& ids : exp["ids"]) tokens += int64_t(ids.size());
+      CHECK(one["usage"]["prompt_tokens"] == tokens);
+      const json& pairs = lines.at("pairs")["response"]["body"]["data"];
+      REQUIRE(pairs.size() == 2);
+      near(pairs[0]["score"], cosine[0][1]);
+      near(pairs[1]["score"], cosine[2][3]);
+      // Rerank: the documents (texts 1-4) by descending similarity to text 2, the best 3.
+      std::vector<std::pair<double, size_t>> want;
+      for (size_t d = 0; d < 4; ++d) want.emplace_back(cosine[2][d + 1].get<double>(), d);
+      std::sort(want.begin(), want.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+      const json& results = lines.at("rerank")["response"]["body"]["results"];
+      REQUIRE(results.size() == 3);
+      for (size_t k = 0; k < 3; ++k) {
+        CHECK(results[k]["index"] == want[k].second);
+        near(results[k]["relevance_score"], json(want[k].first));
+        CHECK(results[k]["document"]["text"] == rest[want[k].second]);
+      }
+      const json& all = lines.at("rerank-all")["response"]["body"];
+      REQUIRE(all["results"].size() == 2);
+      CHECK(all["usage"]["total_tokens"] == exp["ids"][0].size() + exp["ids"][4].size() + exp["ids"][1].size());
+    }
+  }
+}
+
+TEST_CASE("embeddings: score and rerank lines in the strata format, and what is refused", "[embeddings][job]") {
+  const json exp = expected("tiny-qwen3-embedding");
+  const json& texts = exp["texts"];
+  const std::string text = json{{"id", "s"}, {"text_1", texts[0]}, {"text_2", texts[1]}}.dump() + "\n" +
+                           json{{"id", "r"}, {"query", texts[0]}, {"documents", {texts[1], texts[2]}}}.dump() + "\n";
+  const fs::path out = test::temp_dir("embeddings") / "strata_score.jsonl";
+  std::ostringstream log;
+  run_batch_job(job(model_dir("tiny-qwen3-embedding").string(), write("strata_score.jsonl", text), out), log);
+  const auto lines = by_id(read_lines(out));
+  REQUIRE(lines.at("\"s\"")["scores"].size() == 1);
+  CHECK(std::fabs(lines.at("\"s\"")["scores"][0].get<double>() - cosine_of(exp, 0, 1)) <= 5e-5);
+  const json& results = lines.at("\"r\"")["results"];
+  REQUIRE(results.size() == 2);
+  CHECK(results[0]["index"] == (cosine_of(exp, 0, 1) > cosine_of(exp, 0, 2) ? 0 : 1));
+  CHECK_FALSE(results[0].contains("document"));  // the strata format leaves the text out
+
+  auto error = [&](const json& line) {
+    return test::error_of([&] { read_prompts(write("bad_score.jsonl", line.dump() + "\n"), {}); });
+  };
+  const std::string bad = (test::temp_dir("embeddings") / "bad_score.jsonl").string() + ":1: ";
+  CHECK(error({{"id", 1}, {"text_1", {"a", "b"}}, {"text_2", {"c"}}}) ==
+        bad + "field 'text_1' holds 2 texts and field 'text_2' 1: give one text_1 for many text_2, or as many of "
+              "each (pairs)");
+  CHECK(error({{"id", 1}, {"text_1", "a"}}) == bad + "field 'text_2' is required for scores");
+  CHECK(error({{"id", 1}, {"query", {"a"}}, {"documents", {"b"}}}) == bad + "field 'query' must be a string, got [\"a\"]");
+  CHECK(error({{"id", 1}, {"query", "a"}, {"documents", json::array()}}) == bad + "field 'documents' is an empty array");
+  CHECK(error({{"id", 1}, {"query", "a"}, {"documents", {"b", ""}}}) == bad + "field 'documents[1]' is an empty string");
+  CHECK(error({{"id", 1}, {"query", "a"}, {"documents", {"b"}}, {"top_n", -1}}) ==
+        bad + "field 'top_n' must be an integer >= 0 (0: every document), got -1");
+  CHECK(error({{"id", 1}, {"text_1", "a"}, {"text_2", "b"}, {"input", "c"}}) ==
+        bad + "give 'input' (an embedding) or 'text_1', not both");
+
+  // A generative model's last states are not embeddings: scores over them are refused.
+  const fs::path gen_out = test::temp_dir("embeddings") / "generative_score.jsonl";
+  const std::string oa = json{{"custom_id", "g"}, {"method", "POST"}, {"url", "/v1/rerank"},
+                              {"body", {{"query", "a"}, {"documents", {"b"}}}}}.dump() + "\n";
+  run_batch_job(job((fs::path(STRATA_FIXTURES_DIR) / "models" / "tiny-qwen3").string(), write("gen.jsonl", oa), gen_out),
+                log);
+  const json g = read_lines(gen_out).at(0);
+  CHECK(g["error"]["code"] == "unsupported_model");
+  CHECK_THAT(g["error"]["message"].get<std::string>(), Catch::StartsWith("reranking compare embeddings, and tiny-qwen3 "
+                                                                         "is a generative model with no pooling config"));
 }
 
 TEST_CASE("embeddings: a GGUF embedding model's pooling_type and add_eos_token", "[embeddings][gguf][job]") {

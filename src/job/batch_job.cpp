@@ -61,8 +61,15 @@ struct Tokenized {
 class PromptTokenizer {
 public:
   // served_model: the name --lora NAME=DIR gives its adapter (empty: any request's model is served).
-  PromptTokenizer(const ModelBundle& model, std::string file, ChatOptions defaults, std::string served_model = {})
-      : model_(model), file_(std::move(file)), defaults_(std::move(defaults)), served_model_(std::move(served_model)) {}
+  // embedding_model: the model embeds by design (a pooling config, no LM head, or --pooling), so
+  // scores and reranking over its vectors are served.
+  PromptTokenizer(const ModelBundle& model, std::string file, ChatOptions defaults, std::string served_model = {},
+                  bool embedding_model = false)
+      : model_(model),
+        file_(std::move(file)),
+        defaults_(std::move(defaults)),
+        served_model_(std::move(served_model)),
+        embedding_model_(embedding_model) {}
 
   // The model's chat template, parsed on first use (nullopt: none, or one that cannot be used).
   const std::optional<ChatTemplate>& chat() const {
@@ -146,6 +153,15 @@ public:
     const std::string field = openai ? "body." : "field '";
     const std::string end = openai ? "" : "'";
     const EmbeddingRequest& e = *r.embedding;
+    // A score over embeddings means something only for a model trained to embed: a generative
+    // checkpoint's last hidden states are not (a cross-encoder reranker such as Qwen3-Reranker
+    // scores with its LM head, which Strata does not do).
+    if (e.use != EmbeddingUse::Embed && !embedding_model_)
+      return unservable("unsupported_model",
+                        std::string(e.use == EmbeddingUse::Score ? "scores" : "reranking") +
+                            " compare embeddings, and " + cfg.name +
+                            " is a generative model with no pooling config (no modules.json or GGUF pooling_type); "
+                            "give --pooling if it is an embedding model (cross-encoder rerankers are not supported)");
     if (e.dimensions > cfg.hidden)
       return unservable("invalid_value", field + "dimensions" + end + " " + std::to_string(e.dimensions) +
                                              " exceeds the model's embedding width of " + std::to_string(cfg.hidden));
@@ -160,7 +176,7 @@ public:
                                                         std::to_string(specials) + " special tokens"));
     std::vector<std::vector<int32_t>> out;
     for (size_t i = 0; i < e.inputs.size(); ++i) {
-      const std::string name = field + "input" + end + (e.listed ? "[" + std::to_string(i) + "]" : "");
+      const std::string name = field + embedding_input_name(e, i) + end;
       std::vector<int32_t> ids = e.inputs[i].ids;
       if (!ids.empty() && keep > 0 && int64_t(ids.size()) > keep) ids.erase(ids.begin(), ids.end() - keep);
       if (ids.empty()) {
@@ -242,6 +258,7 @@ private:
   std::string file_;
   ChatOptions defaults_;  // --reasoning-effort, --no-thinking
   std::string served_model_;
+  bool embedding_model_ = false;
   mutable std::once_flag chat_once_;
   mutable std::optional<ChatTemplate> chat_;
   mutable std::string no_chat_ = "'messages' given, but the model has no chat template; give 'prompt'";
@@ -727,7 +744,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
   const JobOptions opt = with_model_sampling(options, model.sampling, log);
   const PromptTokenizer tok(model, opt.prompts.string(),
                             ChatOptions{opt.reasoning_effort, opt.no_thinking ? std::optional<bool>(false) : std::nullopt, {}, {}},
-                            opt.lora_name);
+                            opt.lora_name, model.pooling.has_value() || !model.config.lm_head || !opt.pooling.empty());
 
   // Pass 1: check every line before touching the device or the output.
   const JobScan scan = scan_job(opt, shard, model, tok, log);

@@ -13,56 +13,132 @@
 namespace strata {
 using json = nlohmann::json;
 
-const std::set<std::string> kEmbeddingFields = {"input", "dimensions", "encoding_format", "normalize",
-                                                "truncate_prompt_tokens", "user"};
+const std::set<std::string>& embedding_fields(EmbeddingUse use) {
+  static const std::set<std::string> embed = {"input", "dimensions", "encoding_format", "normalize",
+                                              "truncate_prompt_tokens", "user"};
+  static const std::set<std::string> score = {"text_1", "text_2", "truncate_prompt_tokens", "user"};
+  static const std::set<std::string> rerank = {"query", "documents", "top_n", "truncate_prompt_tokens", "user"};
+  return use == EmbeddingUse::Embed ? embed : use == EmbeddingUse::Score ? score : rerank;
+}
 
 namespace {
 
 ServeError refusal(std::string code, std::string message) { return ServeError{std::move(code), std::move(message)}; }
 
+using FieldName = std::function<std::string(const char*)>;
+
+// A field's name in messages, for a key that may carry indices: "body.input[2]", "field 'input[2]'".
+std::string named(const FieldName& field, const std::string& key) { return field(key.c_str()); }
+std::string indexed(const std::string& key, size_t i) { return key + "[" + std::to_string(i) + "]"; }
+
 // A token id list, or why it is not one (ids are checked against the vocabulary once the model is known).
-std::optional<ServeError> read_ids(const json& list, const std::string& name, std::vector<int32_t>& ids) {
-  if (list.empty()) return refusal("invalid_value", name + " is an empty list of token ids");
+std::optional<ServeError> read_ids(const json& list, const FieldName& field, const std::string& key,
+                                   std::vector<int32_t>& ids) {
+  if (list.empty()) return refusal("invalid_value", named(field, key) + " is an empty list of token ids");
   for (size_t i = 0; i < list.size(); ++i) {
     const json& v = list[i];
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
-      return refusal("invalid_value", name + "[" + std::to_string(i) + "] must be a token id (an integer >= 0), got " +
-                                          v.dump());
+      return refusal("invalid_value",
+                     named(field, indexed(key, i)) + " must be a token id (an integer >= 0), got " + v.dump());
     ids.push_back(v.get<int32_t>());
   }
   return std::nullopt;
 }
 
-std::optional<ServeError> read_inputs(const json& input, const std::string& name, EmbeddingRequest& e) {
-  auto text = [&](const json& v, const std::string& at) -> std::optional<ServeError> {
-    if (v.get_ref<const std::string&>().empty()) return refusal("invalid_value", at + " is an empty string");
-    e.inputs.push_back({v.get<std::string>(), {}});
-    return std::nullopt;
-  };
-  if (input.is_string()) return text(input, name);
+// One text, non-empty, appended to `out`.
+std::optional<ServeError> read_text(const json& t, const FieldName& field, const std::string& key,
+                                    std::vector<EmbeddingInput>& out) {
+  if (!t.is_string()) return refusal("invalid_type", named(field, key) + " must be a string, got " + t.dump());
+  if (t.get_ref<const std::string&>().empty()) return refusal("invalid_value", named(field, key) + " is an empty string");
+  out.push_back({t.get<std::string>(), {}});
+  return std::nullopt;
+}
+
+std::optional<ServeError> read_inputs(const json& input, const FieldName& field, EmbeddingRequest& e) {
+  if (input.is_string()) return read_text(input, field, "input", e.inputs);
   if (!input.is_array())
-    return refusal("invalid_type", name + " must be a string, an array of strings, an array of token ids or an "
-                                          "array of such arrays, got " + std::string(input.type_name()));
-  if (input.empty()) return refusal("invalid_value", name + " is an empty array");
+    return refusal("invalid_type", field("input") + " must be a string, an array of strings, an array of token ids "
+                                                    "or an array of such arrays, got " + std::string(input.type_name()));
+  if (input.empty()) return refusal("invalid_value", field("input") + " is an empty array");
   if (input[0].is_number()) {  // one input of token ids
     e.inputs.emplace_back();
-    return read_ids(input, name, e.inputs.back().ids);
+    return read_ids(input, field, "input", e.inputs.back().ids);
   }
   e.listed = true;
   if (input.size() > size_t(kMaxEmbeddingInputs))
-    return refusal("invalid_value", name + " holds " + std::to_string(input.size()) + " inputs; at most " +
+    return refusal("invalid_value", field("input") + " holds " + std::to_string(input.size()) + " inputs; at most " +
                                         std::to_string(kMaxEmbeddingInputs) + " are allowed");
   for (size_t i = 0; i < input.size(); ++i) {
-    const std::string at = name + "[" + std::to_string(i) + "]";
     const json& v = input[i];
     if (v.is_string()) {
-      if (auto err = text(v, at)) return err;
+      if (auto err = read_text(v, field, indexed("input", i), e.inputs)) return err;
     } else if (v.is_array()) {
       e.inputs.emplace_back();
-      if (auto err = read_ids(v, at, e.inputs.back().ids)) return err;
+      if (auto err = read_ids(v, field, indexed("input", i), e.inputs.back().ids)) return err;
     } else {
-      return refusal("invalid_type", at + " must be a string or an array of token ids, got " + v.dump());
+      return refusal("invalid_type",
+                     named(field, indexed("input", i)) + " must be a string or an array of token ids, got " + v.dump());
     }
+  }
+  return std::nullopt;
+}
+
+// A string, or a non-empty array of strings, each non-empty: its texts appended to `out`.
+std::optional<ServeError> read_texts(const json& v, const FieldName& field, const std::string& key,
+                                     std::vector<EmbeddingInput>& out) {
+  if (!v.is_array()) return read_text(v, field, key, out);
+  if (v.empty()) return refusal("invalid_value", named(field, key) + " is an empty array");
+  for (size_t i = 0; i < v.size(); ++i)
+    if (auto err = read_text(v[i], field, indexed(key, i), out)) return err;
+  return std::nullopt;
+}
+
+std::optional<ServeError> read_truncate(const json& obj, const FieldName& field,
+                                        EmbeddingRequest& e) {
+  if (!obj.contains("truncate_prompt_tokens") || obj["truncate_prompt_tokens"].is_null()) return std::nullopt;
+  const json& v = obj["truncate_prompt_tokens"];
+  if (!v.is_number_integer())
+    return refusal("invalid_type", field("truncate_prompt_tokens") + " must be an integer, got " + v.dump());
+  if (v.get<int64_t>() == 0 || v.get<int64_t>() < -1 || v.get<int64_t>() > INT32_MAX)
+    return refusal("invalid_value", field("truncate_prompt_tokens") + " must be -1 (the model's context) or at "
+                                                                      "least 1, got " + v.dump());
+  e.truncate = v.get<int>();
+  return std::nullopt;
+}
+
+// vLLM's /v1/score: text_1 and text_2, one against many (text_1 one text) or pairwise (equal counts).
+std::optional<ServeError> read_score(const json& obj, const FieldName& field,
+                                     EmbeddingRequest& e) {
+  for (const char* key : {"text_1", "text_2"})
+    if (!obj.contains(key)) return refusal("missing_field", field(key) + " is required for scores");
+  if (auto err = read_texts(obj["text_1"], field, "text_1", e.inputs)) return err;
+  e.first = e.inputs.size();
+  if (auto err = read_texts(obj["text_2"], field, "text_2", e.inputs)) return err;
+  const size_t second = e.inputs.size() - e.first;
+  if (e.first > 1 && e.first != second)
+    return refusal("invalid_value", field("text_1") + " holds " + std::to_string(e.first) + " texts and " +
+                                        field("text_2") + " " + std::to_string(second) +
+                                        ": give one text_1 for many text_2, or as many of each (pairs)");
+  return std::nullopt;
+}
+
+// vLLM's /v1/rerank: a query and the documents to order by their similarity to it.
+std::optional<ServeError> read_rerank(const json& obj, const FieldName& field,
+                                      EmbeddingRequest& e) {
+  for (const char* key : {"query", "documents"})
+    if (!obj.contains(key)) return refusal("missing_field", field(key) + " is required for reranking");
+  if (!obj["query"].is_string())
+    return refusal("invalid_type", field("query") + " must be a string, got " + obj["query"].dump());
+  if (auto err = read_texts(obj["query"], field, "query", e.inputs)) return err;
+  e.first = 1;
+  if (!obj["documents"].is_array())
+    return refusal("invalid_type", field("documents") + " must be an array of strings, got " + obj["documents"].dump());
+  if (auto err = read_texts(obj["documents"], field, "documents", e.inputs)) return err;
+  if (obj.contains("top_n") && !obj["top_n"].is_null()) {
+    const json& v = obj["top_n"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+      return refusal("invalid_value", field("top_n") + " must be an integer >= 0 (0: every document), got " + v.dump());
+    e.top_n = v.get<int>();
   }
   return std::nullopt;
 }
@@ -86,13 +162,62 @@ json vector_json(const std::vector<float>& v, bool base64) {
   return out;
 }
 
+json score_line(const PromptRecord& r, const std::vector<std::vector<float>>& v, int64_t prompt_tokens,
+                const std::string& model_name, int64_t created) {
+  const EmbeddingRequest& e = *r.embedding;
+  json scores = json::array();
+  for (size_t k = 0; k + e.first < v.size(); ++k)  // one text_1 against each text_2, or pair k
+    scores.push_back(compact_number(float(cosine_similarity(v[e.first == 1 ? 0 : k], v[e.first + k]))));
+  if (r.format == InputFormat::Strata) return {{"id", r.id}, {"scores", std::move(scores)}, {"prompt_tokens", prompt_tokens}};
+  json data = json::array();
+  for (size_t k = 0; k < scores.size(); ++k) data.push_back({{"index", k}, {"object", "score"}, {"score", scores[k]}});
+  return openai_batch_line(r, {{"id", "score-" + openai_request_hex(r)},
+                               {"object", "list"},
+                               {"created", created},
+                               {"model", r.model.empty() ? model_name : r.model},
+                               {"data", std::move(data)},
+                               {"usage", {{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens},
+                                          {"completion_tokens", 0}}}});
+}
+
+json rerank_line(const PromptRecord& r, const std::vector<std::vector<float>>& v, int64_t prompt_tokens,
+                 const std::string& model_name) {
+  const EmbeddingRequest& e = *r.embedding;
+  std::vector<std::pair<double, size_t>> ranked;  // (similarity, document index)
+  for (size_t d = 1; d < v.size(); ++d) ranked.emplace_back(cosine_similarity(v[0], v[d]), d - 1);
+  std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  if (e.top_n > 0 && size_t(e.top_n) < ranked.size()) ranked.resize(size_t(e.top_n));
+  const bool openai = r.format == InputFormat::OpenAIBatch;
+  json results = json::array();
+  for (const auto& [score, d] : ranked) {
+    json item = {{"index", d}, {"relevance_score", compact_number(float(score))}};
+    if (openai) item["document"] = {{"text", e.inputs[d + 1].text}};
+    results.push_back(std::move(item));
+  }
+  if (!openai) return {{"id", r.id}, {"results", std::move(results)}, {"prompt_tokens", prompt_tokens}};
+  return openai_batch_line(r, {{"id", "rerank-" + openai_request_hex(r)},
+                               {"model", r.model.empty() ? model_name : r.model},
+                               {"usage", {{"total_tokens", prompt_tokens}}},
+                               {"results", std::move(results)}});
+}
+
 }  // namespace
 
 std::optional<ServeError> read_embedding_request(const json& obj, const std::function<std::string(const char*)>& field,
-                                                 PromptRecord& r) {
+                                                 PromptRecord& r, EmbeddingUse use) {
   EmbeddingRequest e;
+  e.use = use;
+  if (use != EmbeddingUse::Embed) {
+    if (auto err = use == EmbeddingUse::Score ? read_score(obj, field, e) : read_rerank(obj, field, e)) return err;
+    if (e.inputs.size() > size_t(kMaxEmbeddingInputs))
+      return refusal("invalid_value", "the request holds " + std::to_string(e.inputs.size()) + " texts; at most " +
+                                          std::to_string(kMaxEmbeddingInputs) + " are allowed");
+    if (auto err = read_truncate(obj, field, e)) return err;
+    r.embedding = std::move(e);
+    return std::nullopt;
+  }
   if (!obj.contains("input")) return refusal("missing_field", field("input") + " is required for embeddings");
-  if (auto err = read_inputs(obj["input"], field("input"), e)) return err;
+  if (auto err = read_inputs(obj["input"], field, e)) return err;
   auto given = [&](const char* key) { return obj.contains(key) && !obj[key].is_null(); };
   if (given("dimensions")) {
     const json& v = obj["dimensions"];
@@ -107,21 +232,36 @@ std::optional<ServeError> read_embedding_request(const json& obj, const std::fun
       return refusal("invalid_value", field("encoding_format") + " must be \"float\" or \"base64\", got " + v.dump());
     e.base64 = v == "base64";
   }
-  if (given("truncate_prompt_tokens")) {
-    const json& v = obj["truncate_prompt_tokens"];
-    if (!v.is_number_integer())
-      return refusal("invalid_type", field("truncate_prompt_tokens") + " must be an integer, got " + v.dump());
-    if (v.get<int64_t>() == 0 || v.get<int64_t>() < -1 || v.get<int64_t>() > INT32_MAX)
-      return refusal("invalid_value", field("truncate_prompt_tokens") + " must be -1 (the model's context) or at "
-                                                                        "least 1, got " + v.dump());
-    e.truncate = v.get<int>();
-  }
+  if (auto err = read_truncate(obj, field, e)) return err;
   if (given("normalize")) {
     if (!obj["normalize"].is_boolean()) return refusal("invalid_type", field("normalize") + " must be true or false");
     e.normalize = obj["normalize"].get<bool>();
   }
   r.embedding = std::move(e);
   return std::nullopt;
+}
+
+std::string embedding_input_name(const EmbeddingRequest& e, size_t i) {
+  auto indexed = [](const char* name, size_t k) { return std::string(name) + "[" + std::to_string(k) + "]"; };
+  switch (e.use) {
+    case EmbeddingUse::Embed: return e.listed ? indexed("input", i) : "input";
+    case EmbeddingUse::Score:
+      if (i < e.first) return e.first > 1 ? indexed("text_1", i) : "text_1";
+      return e.inputs.size() - e.first > 1 || e.first > 1 ? indexed("text_2", i - e.first) : "text_2";
+    case EmbeddingUse::Rerank: return i == 0 ? "query" : indexed("documents", i - 1);
+  }
+  return "input";
+}
+
+double cosine_similarity(const std::vector<float>& a, const std::vector<float>& b) {
+  STRATA_CHECK(a.size() == b.size(), "cosine of vectors of " << a.size() << " and " << b.size() << " values");
+  double ab = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ab += double(a[i]) * b[i];
+    aa += double(a[i]) * a[i];
+    bb += double(b[i]) * b[i];
+  }
+  return ab / (std::max(std::sqrt(aa), 1e-12) * std::max(std::sqrt(bb), 1e-12));
 }
 
 void finish_embedding(std::vector<float>& v, int dimensions, bool normalize) {
@@ -157,6 +297,8 @@ json embedding_line(const PromptRecord& r, std::vector<std::vector<float>> vecto
                "embedding_line: " << vectors.size() << " vectors for a request of "
                                   << (r.embedding ? r.embedding->inputs.size() : 0) << " inputs");
   const EmbeddingRequest& e = *r.embedding;
+  if (e.use == EmbeddingUse::Score) return score_line(r, vectors, prompt_tokens, model_name, created);
+  if (e.use == EmbeddingUse::Rerank) return rerank_line(r, vectors, prompt_tokens, model_name);
   for (std::vector<float>& v : vectors) finish_embedding(v, e.dimensions, e.normalize.value_or(normalize_default));
   if (r.format == InputFormat::Strata) {
     json line;

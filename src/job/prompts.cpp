@@ -559,13 +559,13 @@ void read_openai_body(const json& body, PromptRecord& r) {
   }
 }
 
-void read_openai_embeddings(const json& body, PromptRecord& r) {
+void read_openai_embeddings(const json& body, PromptRecord& r, EmbeddingUse use) {
   if (given(body, "model")) {
     if (!body["model"].is_string()) refuse("invalid_type", "body.model must be a string, got " + body["model"].dump());
     r.model = body["model"].get<std::string>();
   }
   auto field = [](const char* key) { return std::string("body.") + key; };
-  if (auto e = read_embedding_request(body, field, r)) throw std::move(*e);
+  if (auto e = read_embedding_request(body, field, r, use)) throw std::move(*e);
 }
 
 // Malformed lines (no string custom_id, no object body, no string url) refuse the file; a
@@ -588,22 +588,30 @@ void read_openai_line(const json& obj, const LineContext& ctx, PromptRecord& r, 
       warn(ctx.where + ": ignoring unknown field '" + key + "'");
   const json& body = obj["body"];
   const std::string url = obj["url"].get<std::string>();
-  const bool embeddings = url == "/v1/embeddings";
+  // Embeddings and the scores over them (vLLM's): their fields, not a completion's.
+  const std::optional<EmbeddingUse> pooled = url == "/v1/embeddings" ? std::optional(EmbeddingUse::Embed)
+                                             : url == "/v1/score"    ? std::optional(EmbeddingUse::Score)
+                                             : url == "/v1/rerank"   ? std::optional(EmbeddingUse::Rerank)
+                                                                     : std::nullopt;
   for (const auto& [key, value] : body.items()) {
-    const bool known = embeddings ? key == "model" || kEmbeddingFields.count(key) : kOpenAIBodyKeys.count(key) > 0;
+    const bool known = pooled ? key == "model" || embedding_fields(*pooled).count(key) : kOpenAIBodyKeys.count(key) > 0;
     if (!known && warned.insert(url + " body." + key).second && warn)
-      warn(ctx.where + ": ignoring unknown field 'body." + key + "'" + (embeddings ? " (for " + url + ")" : ""));
+      warn(ctx.where + ": ignoring unknown field 'body." + key + "'" + (pooled ? " (for " + url + ")" : ""));
   }
   try {
     if (url == "/v1/chat/completions") r.endpoint = Endpoint::ChatCompletions;
     else if (url == "/v1/completions") r.endpoint = Endpoint::Completions;
-    else if (embeddings) r.endpoint = Endpoint::Embeddings;
+    else if (pooled)
+      r.endpoint = *pooled == EmbeddingUse::Embed ? Endpoint::Embeddings
+                   : *pooled == EmbeddingUse::Score ? Endpoint::Score
+                                                    : Endpoint::Rerank;
     else
       refuse("unsupported_url", "url " + obj["url"].dump() +
-                                    " is not supported; use /v1/chat/completions, /v1/completions or /v1/embeddings");
+                                    " is not supported; use /v1/chat/completions, /v1/completions, /v1/embeddings, "
+                                    "/v1/score or /v1/rerank");
     if (obj.contains("method") && obj["method"] != "POST")
       refuse("unsupported_method", "method " + obj["method"].dump() + " is not supported; use \"POST\"");
-    if (embeddings) read_openai_embeddings(body, r);
+    if (pooled) read_openai_embeddings(body, r, *pooled);
     else read_openai_body(body, r);
   } catch (ServeError& e) {
     r.prompt.clear();
@@ -662,14 +670,27 @@ std::optional<PromptRecord> PromptLineParser::parse(std::string_view text, int l
   r.id_key = r.id.dump();
   const bool has_prompt = obj.contains("prompt"), has_messages = obj.contains("messages");
   if (has_prompt && has_messages) ctx.fail("give either 'prompt' or 'messages', not both");
-  if (obj.contains("input")) {  // an embeddings request
-    if (has_prompt || has_messages) ctx.fail("give 'input' (an embedding) or 'prompt' / 'messages' (an answer), not both");
+  // An embeddings request ("input"), or a score ("text_1") or rerank ("query") over embeddings.
+  const std::optional<EmbeddingUse> pooled = obj.contains("input")    ? std::optional(EmbeddingUse::Embed)
+                                             : obj.contains("text_1") ? std::optional(EmbeddingUse::Score)
+                                             : obj.contains("query")  ? std::optional(EmbeddingUse::Rerank)
+                                                                      : std::nullopt;
+  if (pooled) {
+    const char* what = *pooled == EmbeddingUse::Embed ? "'input' (an embedding)"
+                       : *pooled == EmbeddingUse::Score ? "'text_1' (a score)"
+                                                        : "'query' (a rerank)";
+    if (has_prompt || has_messages) ctx.fail(std::string("give ") + what + " or 'prompt' / 'messages' (an answer), not both");
+    for (const char* other : {"input", "text_1", "query"})
+      if (obj.contains(other) && embedding_fields(*pooled).count(other) == 0)
+        ctx.fail(std::string("give ") + what + " or '" + other + "', not both");
     auto field = [](const char* key) { return std::string("field '") + key + "'"; };
-    if (const auto e = read_embedding_request(obj, field, r)) ctx.fail(e->message);
-    r.endpoint = Endpoint::Embeddings;
+    if (const auto e = read_embedding_request(obj, field, r, *pooled)) ctx.fail(e->message);
+    r.endpoint = *pooled == EmbeddingUse::Embed ? Endpoint::Embeddings
+                 : *pooled == EmbeddingUse::Score ? Endpoint::Score
+                                                  : Endpoint::Rerank;
     for (const auto& [key, value] : obj.items())
-      if (key != "id" && !kEmbeddingFields.count(key) && warned_keys_.insert("input " + key).second && warn_)
-        warn_(ctx.where + ": ignoring unknown field '" + key + "' (for an embedding)");
+      if (key != "id" && !embedding_fields(*pooled).count(key) && warned_keys_.insert("pooled " + key).second && warn_)
+        warn_(ctx.where + ": ignoring unknown field '" + key + "' (for " + what + ")");
     return r;
   }
   if (has_prompt) {

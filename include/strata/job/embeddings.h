@@ -1,6 +1,7 @@
 // Embeddings requests in a batch job (docs/batch-format.md, "Embeddings"): OpenAI's /v1/embeddings
-// body, or the strata format's "input" line, read into PromptRecord::embedding; and the answer
-// line from the pooled vectors.
+// body, or the strata format's "input" line, read into PromptRecord::embedding; vLLM's /v1/score
+// and /v1/rerank over an embedding model (the cosine similarity of pairs of vectors); and the
+// answer line from the pooled vectors.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -14,23 +15,33 @@
 
 namespace strata {
 
-// The fields an embeddings request reads besides the OpenAI body's "model" and the strata line's
-// "id": input, dimensions, encoding_format, normalize and truncate_prompt_tokens (vLLM's), user
-// (OpenAI's, not used).
-extern const std::set<std::string> kEmbeddingFields;
+// The fields a request of this use reads besides the OpenAI body's "model" and the strata line's
+// "id". Embed: input, dimensions, encoding_format, normalize and truncate_prompt_tokens (vLLM's),
+// user (OpenAI's, not used). Score: text_1, text_2, truncate_prompt_tokens, user. Rerank: query,
+// documents, top_n, truncate_prompt_tokens, user.
+const std::set<std::string>& embedding_fields(EmbeddingUse use);
 
-// Sets r.embedding from `obj` (an OpenAI body, or a strata line); the error of the first field that
-// cannot be served otherwise. `field(key)` names a field in messages ("body.input", "field 'input'").
+// Sets r.embedding from `obj` (an OpenAI body, or a strata line) for the use; the error of the
+// first field that cannot be served otherwise. `field(key)` names a field in messages
+// ("body.input", "field 'input'").
 std::optional<ServeError> read_embedding_request(const nlohmann::json& obj,
                                                  const std::function<std::string(const char*)>& field,
-                                                 PromptRecord& r);
+                                                 PromptRecord& r, EmbeddingUse use = EmbeddingUse::Embed);
 
-// The output line answering r from one pooled, unnormalized vector per input (Embedder::embed),
-// each cut to r's dimensions and normalized unless the record or `normalize_default` says not
-// (finish_embedding). OpenAI: the batch line around vLLM's embeddings body (object "list", data
+// Input i's name in messages, without the format's prefix: "input", "input[2]", "text_2[0]",
+// "query", "documents[3]".
+std::string embedding_input_name(const EmbeddingRequest& e, size_t i);
+
+// The output line answering r from one pooled, unnormalized vector per input (Embedder::embed).
+// Embed: each cut to r's dimensions and normalized unless the record or `normalize_default` says
+// not (finish_embedding). OpenAI: the batch line around vLLM's embeddings body (object "list", data
 // [{index, object "embedding", embedding}], usage); strata: {"id", "embedding" (or "embeddings"
 // for an input given as an array), "prompt_tokens"}. Values are written as the shortest decimals
 // that read back as the same float32, or base64 of little-endian float32 when asked.
+// Score: each pair's cosine similarity, vLLM's score body (data [{index, object "score", score}]);
+// strata {"id", "scores", "prompt_tokens"}. Rerank: the documents by descending similarity to the
+// query, the best top_n, vLLM's rerank body (results [{index, document {text}, relevance_score}]);
+// strata {"id", "results": [{index, relevance_score}], "prompt_tokens"}.
 nlohmann::json embedding_line(const PromptRecord& r, std::vector<std::vector<float>> vectors, int64_t prompt_tokens,
                               bool normalize_default, const std::string& model_name, int64_t created);
 
@@ -38,6 +49,10 @@ nlohmann::json embedding_line(const PromptRecord& r, std::vector<std::vector<flo
 // such as Qwen3-Embedding keep meaning in a prefix), then divided by their L2 norm when
 // `normalize` (sentence-transformers' Normalize: norm clamped below at 1e-12).
 void finish_embedding(std::vector<float>& v, int dimensions, bool normalize);
+
+// The cosine similarity of two vectors (each norm clamped below at 1e-12, as sentence-transformers'
+// cos_sim), in double.
+double cosine_similarity(const std::vector<float>& a, const std::vector<float>& b);
 
 // Base64 (RFC 4648, padded) of the bytes; exposed for tests.
 std::string base64_encode(const void* data, size_t bytes);

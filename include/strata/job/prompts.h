@@ -26,7 +26,8 @@
 namespace strata {
 
 enum class InputFormat : uint8_t { Strata, OpenAIBatch };
-enum class Endpoint : uint8_t { None, ChatCompletions, Completions, Embeddings };  // None: the strata format
+// None: the strata format. Score and Rerank: vLLM's /v1/score and /v1/rerank, over embeddings.
+enum class Endpoint : uint8_t { None, ChatCompletions, Completions, Embeddings, Score, Rerank };
 
 // Why a well-formed request is not served: OpenAI-style code ("invalid_value", ...) and message.
 struct ServeError {
@@ -45,9 +46,20 @@ struct EmbeddingInput {
   std::vector<int32_t> ids;  // non-empty: given as ids (text unused)
 };
 
-// An embeddings request (OpenAI's /v1/embeddings body, the strata format's "input" line).
+// What an embeddings request's vectors answer: themselves, or the cosine similarity of pairs of
+// them (vLLM's score and rerank of an embedding model).
+enum class EmbeddingUse : uint8_t { Embed, Score, Rerank };
+
+// An embeddings request (OpenAI's /v1/embeddings body, the strata format's "input" line), or a
+// score or rerank request over embeddings (/v1/score: text_1 and text_2; /v1/rerank: query and
+// documents; the strata format's lines with those fields).
 struct EmbeddingRequest {
+  EmbeddingUse use = EmbeddingUse::Embed;
+  // Embed: the inputs. Score: text_1's `first` texts, then text_2's, scored 1 to N (first == 1)
+  // or pairwise (first == the rest). Rerank: the query (first == 1), then the documents.
   std::vector<EmbeddingInput> inputs;  // 1 .. kMaxEmbeddingInputs
+  size_t first = 0;
+  int top_n = 0;                       // Rerank: the best this many documents; 0: all
   // input was an array of inputs (not one text, not one list of ids): the strata answer lists
   // "embeddings"
   bool listed = false;
