@@ -87,6 +87,14 @@ def prompts():
         '"encoding_format": "base64", "normalize": false, "user": "u"}}\n'
         '{"custom_id": "e3", "url": "/v1/embeddings", "body": {"input": [5, 6], "max_tokens": 3}}\n'
         '{"custom_id": "e4", "url": "/v1/embeddings", "body": {"input": []}}\n')
+    put("prompts_fuzz", "openai_score_rerank.jsonl",
+        '{"custom_id": "s1", "url": "/v1/score", "body": {"text_1": "q", "text_2": ["a", "b"]}}\n'
+        '{"custom_id": "s2", "url": "/v1/score", "body": {"text_1": ["q", "r"], "text_2": ["a", "b"], '
+        '"truncate_prompt_tokens": 4}}\n'
+        '{"custom_id": "r1", "url": "/v1/rerank", "body": {"query": "q", "documents": ["a", "b", "c"], "top_n": 2}}\n'
+        '{"custom_id": "r2", "url": "/v1/rerank", "body": {"query": ["q"], "documents": []}}\n')
+    put("prompts_fuzz", "strata_score_rerank.jsonl",
+        '{"id": 1, "text_1": "q", "text_2": "a"}\n{"id": 2, "query": "q", "documents": ["a", "b"], "top_n": 0}\n')
     put("prompts_fuzz", "strata_embeddings.jsonl",
         '{"id": 1, "input": "Hello", "dimensions": 4}\n{"id": 2, "input": ["a", "b"], "encoding_format": "float"}\n'
         '{"id": 3, "input": [[1], [2, 3]], "normalize": true, "temperature": 1}\n')
