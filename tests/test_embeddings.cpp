@@ -458,6 +458,34 @@ TEST_CASE("embeddings: a job of embeddings and completions answers both", "[embe
   CHECK(lines.at("c")["response"]["body"]["usage"]["completion_tokens"] == 4);
   CHECK(s.generated_tokens == 4);
   CHECK(s.embedded_inputs == 1);
+  // --ordered: the lines in input order whatever finishes first; a shard answers its own ids only.
+  const fs::path ordered = test::temp_dir("embeddings") / "mixed_ordered_out.jsonl";
+  JobOptions o = job(model.string(), write("mixed_ordered.jsonl", text + embeddings_line("e2", {{"input", "fox"}})),
+                     ordered);
+  o.ordered = true;
+  run_batch_job(o, log);
+  std::vector<std::string> order;
+  for (const json& l : read_lines(ordered)) order.push_back(l["custom_id"]);
+  CHECK(order == std::vector<std::string>{"e", "c", "e2"});
+  // The lines without their "created" (each run's start time).
+  auto timeless = [](json l) {
+    l["response"]["body"].erase("created");
+    return l;
+  };
+  std::vector<json> all;
+  for (const json& l : read_lines(ordered)) all.push_back(timeless(l));
+  size_t in_shards = 0;
+  for (const std::string shard : {"0/2", "1/2"}) {
+    const fs::path part = test::temp_dir("embeddings") / ("mixed_shard" + std::to_string(in_shards) + ".jsonl");
+    o.out = part;
+    o.shard = shard;
+    run_batch_job(o, log);
+    for (const json& l : read_lines(part)) {
+      ++in_shards;
+      CHECK(std::find(all.begin(), all.end(), timeless(l)) != all.end());  // the whole job's answer
+    }
+  }
+  CHECK(in_shards == all.size());
 }
 
 TEST_CASE("embeddings: requests that cannot be served", "[embeddings][job]") {
