@@ -250,7 +250,7 @@ TEST_CASE("bad prompt lines fail with file, line and reason", "[job]") {
   const std::vector<Case> cases = {
       {"{\"id\": 1, \"prompt\": \"a\"}\n{\"id\": 2, \"prompt\": \"b\"\n", "bad1.jsonl:2: invalid JSON"},
       {"[1, 2]\n", "bad2.jsonl:1: expected a JSON object"},
-      {"{\"id\": 1}\n", "bad3.jsonl:1: missing field 'prompt' (or 'messages'; 'input' for an embedding)"},
+      {"{\"id\": 1}\n", "bad3.jsonl:1: missing field 'prompt' (or 'messages'; 'input' for an embedding, 'classify' for a classification)"},
       {"{\"id\": 1, \"prompt\": 5}\n", "bad4.jsonl:1: field 'prompt' must be a string"},
       {"{\"prompt\": \"a\"}\n", "bad5.jsonl:1: missing field 'id'"},
       {"{\"id\": 1, \"prompt\": \"a\"}\n{\"id\": 1, \"prompt\": \"b\"}\n", "bad6.jsonl:2: duplicate id 1"},

@@ -187,7 +187,7 @@ TEST_CASE("pass 1 over many batches of lines reports as a sequential pass does",
   const fs::path dup_first = big("big_dup_first.jsonl", {{10000, again}, {19000, "{\"id\": 99999}"}});
   CHECK(error_of([&] { scan_prompts(dup_first, {}, {}, {}, 3); }) == dup_first.string() + ":10000: duplicate id 5");
   const fs::path bad_first = big("big_bad_first.jsonl", {{10000, "{\"id\": 99999}"}, {19000, again}});
-  CHECK(error_of([&] { scan_prompts(bad_first, {}, {}, {}, 3); }) == bad_first.string() + ":10000: missing field 'prompt' (or 'messages'; 'input' for an embedding)");
+  CHECK(error_of([&] { scan_prompts(bad_first, {}, {}, {}, 3); }) == bad_first.string() + ":10000: missing field 'prompt' (or 'messages'; 'input' for an embedding, 'classify' for a classification)");
   const fs::path mixed = big("big_mixed.jsonl", {{16000, "{\"custom_id\": \"x\", \"url\": \"/v1/completions\", \"body\": {}}"}});
   CHECK_THAT(error_of([&] { scan_prompts(mixed, {}, {}, {}, 3); }),
              Catch::StartsWith(mixed.string() + ":16000: this line is in the OpenAI batch format, but line 1 is in the "

@@ -37,6 +37,7 @@
 #include "strata/policy/search.h"
 #include "strata/profile/profiler.h"
 #include "strata/policy/policy.h"
+#include "strata/job/classify.h"
 #include "strata/job/embeddings.h"
 #include "strata/runtime/continuous.h"
 #include "strata/runtime/embedder.h"
@@ -52,6 +53,8 @@ struct Tokenized {
   PromptRecord record;
   std::vector<int32_t> ids;         // the prompt as the model reads it; empty with an error
   std::vector<std::vector<int32_t>> inputs;  // an embeddings request's: each input as the model reads it
+  // A classification's pad tokens after the last one a classifier pools (not run; counted as usage).
+  int64_t unpooled_pads = 0;
   std::optional<ServeError> error;  // OpenAI: answered with this error line instead
   int64_t seq = 0;                  // position among this run's requests, for --ordered
 };
@@ -98,9 +101,7 @@ public:
                                              " is outside the model's vocabulary of " + std::to_string(vocab));
     };
     if (auto e = other_model(r)) return unservable(e->code, e->message);
-    if (!model_.config.lm_head)
-      return unservable("unsupported_model", "the checkpoint has no lm_head.weight: an embedding model (or a "
-                                             "truncated checkpoint), which serves embeddings requests only");
+    if (!model_.config.lm_head) return unservable("unsupported_model", no_head_reason());
     for (const auto& [token, bias] : r.sampling.logit_bias)
       if (token >= vocab) return past_vocab("logit_bias", token);
     for (int32_t token : r.sampling.stop_token_ids)
@@ -144,15 +145,18 @@ public:
   // An embeddings request's inputs as the model reads them: a text as Hugging Face's tokenizer
   // encodes it with its special tokens (BOS, the post-processor's appended ids: vLLM's embeddings
   // endpoint and sentence-transformers alike), token ids as given. Errors as tokenize's.
-  std::variant<std::vector<std::vector<int32_t>>, ServeError> tokenize_inputs(const PromptRecord& r) const {
+  std::variant<std::vector<std::vector<int32_t>>, ServeError> tokenize_inputs(const PromptRecord& r,
+                                                                             int64_t* unpooled_pads = nullptr) const {
     if (r.error) return *r.error;
     const bool openai = r.format == InputFormat::OpenAIBatch;
     auto unservable = [&](const std::string& code, const std::string& why) { return refusal(r, code, why); };
     if (auto e = other_model(r)) return unservable(e->code, e->message);
+    if (auto e = wrong_kind(r)) return unservable(e->code, e->message);
     const ModelConfig& cfg = model_.config;
     const std::string field = openai ? "body." : "field '";
     const std::string end = openai ? "" : "'";
     const EmbeddingRequest& e = *r.embedding;
+    if (e.use == EmbeddingUse::Classify) return classify_inputs(r, unpooled_pads);
     // A score over embeddings means something only for a model trained to embed: a generative
     // checkpoint's last hidden states are not (a cross-encoder reranker such as Qwen3-Reranker
     // scores with its LM head, which Strata does not do).
@@ -215,6 +219,29 @@ public:
     }
   }
 
+  // Why a pooling request does not suit the model: a classification of a model without a
+  // classifier's head, or an embedding, score or rerank of a classifier.
+  std::optional<ServeError> wrong_kind(const PromptRecord& r) const {
+    if (!r.embedding) return std::nullopt;
+    const bool classify = r.embedding->use == EmbeddingUse::Classify;
+    if (classify && !model_.classifier)
+      return ServeError{"unsupported_model",
+                        "classification needs a sequence classifier (config.json's architectures "
+                        "*ForSequenceClassification, with a score.weight head); " + model_.config.name + " is not one"};
+    if (!classify && model_.classifier)
+      return ServeError{"unsupported_model", no_head_reason()};
+    return std::nullopt;
+  }
+
+  // What a model without an LM head serves instead of generating.
+  std::string no_head_reason() const {
+    if (model_.classifier)
+      return model_.config.name + " is a sequence classifier: it answers classification requests only (/v1/classify; "
+                                  "the strata format's 'classify' lines)";
+    return "the checkpoint has no lm_head.weight: an embedding model (or a truncated checkpoint), which serves "
+           "embeddings requests only";
+  }
+
   // An upper bound of an embeddings request's longest input, in tokens, without tokenizing.
   int64_t input_token_bound(const EmbeddingRequest& e) const {
     int64_t most = 0;
@@ -226,6 +253,70 @@ public:
   }
 
 private:
+  // A classification's inputs: texts with the tokenizer's special tokens unless add_special_tokens
+  // is false, ids as given, a conversation rendered by the chat template and tokenized as
+  // apply_chat_template does; each cut to its last truncate_prompt_tokens ids, then after the last
+  // id that is not the pad token (the one transformers' classifiers pool; a causal model's state
+  // there does not depend on what follows), the pads counted in `unpooled_pads`.
+  std::variant<std::vector<std::vector<int32_t>>, ServeError> classify_inputs(const PromptRecord& r,
+                                                                              int64_t* unpooled_pads) const {
+    const bool openai = r.format == InputFormat::OpenAIBatch;
+    auto unservable = [&](const std::string& code, const std::string& why) { return refusal(r, code, why); };
+    const ModelConfig& cfg = model_.config;
+    const EmbeddingRequest& e = *r.embedding;
+    const std::string field = openai ? "body." : "field '";
+    const std::string end = openai ? "" : "'";
+    const int64_t keep = e.truncate == -1 ? cfg.max_positions : e.truncate;
+    if (keep > cfg.max_positions)
+      return unservable("invalid_value", field + "truncate_prompt_tokens" + end + " " + std::to_string(keep) +
+                                             " exceeds the model's context of " + std::to_string(cfg.max_positions));
+    std::vector<std::vector<int32_t>> out;
+    for (size_t i = 0; i < e.inputs.size(); ++i) {
+      const std::string name = field + embedding_input_name(e, i) + end;
+      std::vector<int32_t> ids = e.inputs[i].ids;
+      if (ids.empty()) {
+        std::optional<std::string> text = e.inputs[i].text;
+        if (e.chat) {
+          try {
+            text = render(r, e.add_generation_prompt);
+          } catch (const ChatTemplateError& err) {
+            return unservable("invalid_value", std::string("the model's chat template refuses these messages: ") +
+                                                   err.what());
+          }
+          if (!text) return unservable("unsupported_model", no_chat_);
+        }
+        // A text's special tokens are kept when it is cut, as the tokenizer truncating on the left
+        // keeps them; a rendered conversation holds its own, and is cut like ids.
+        const bool specials = e.add_special_tokens;
+        const int64_t added = specials ? (model_.add_bos ? 1 : 0) + int64_t(model_.append_ids.size()) : 0;
+        if (keep > 0 && keep <= added)
+          return unservable("invalid_value", field + "truncate_prompt_tokens" + end + " " + std::to_string(keep) +
+                                                 " leaves no room for text beside the tokenizer's " +
+                                                 std::to_string(added) + " special tokens");
+        std::vector<int32_t> body = model_.tokenizer->encode(*text);
+        if (keep > 0 && !e.chat && int64_t(body.size()) > keep - added) body.erase(body.begin(), body.end() - (keep - added));
+        if (specials && model_.add_bos) ids.push_back(cfg.bos_id);
+        ids.insert(ids.end(), body.begin(), body.end());
+        if (specials) ids.insert(ids.end(), model_.append_ids.begin(), model_.append_ids.end());
+        if (ids.empty()) return unservable("invalid_value", name + " has no tokens");
+      }
+      if (keep > 0 && int64_t(ids.size()) > keep) ids.erase(ids.begin(), ids.end() - keep);
+      for (int32_t id : ids)
+        if (id >= cfg.vocab_size)
+          return unservable("invalid_value", name + ": token id " + std::to_string(id) +
+                                                 " is outside the model's vocabulary of " + std::to_string(cfg.vocab_size));
+      if (int64_t(ids.size()) > cfg.max_positions)
+        return unservable("context_length_exceeded", name + " of " + std::to_string(ids.size()) +
+                                                         " tokens exceeds the model's context of " +
+                                                         std::to_string(cfg.max_positions) + " tokens");
+      const size_t pooled = model_.classifier->pooled_length(ids);
+      if (unpooled_pads) *unpooled_pads += int64_t(ids.size() - pooled);
+      ids.resize(pooled);
+      out.push_back(std::move(ids));
+    }
+    return out;
+  }
+
   // A request that cannot be served: "FILE:LINE: why" thrown for a strata line (the job stops),
   // the error returned for an OpenAI one (answered with an error line).
   ServeError refusal(const PromptRecord& r, const std::string& code, const std::string& why) const {
@@ -245,13 +336,13 @@ private:
 
   // The text to tokenize: the prompt itself, or the messages rendered with the model's chat
   // template (parsed on first use: an unsupported template fails only a job that needs it).
-  std::optional<std::string> render(const PromptRecord& r) const {
+  std::optional<std::string> render(const PromptRecord& r, bool add_generation_prompt = true) const {
     if (r.messages.empty()) return r.prompt;
     if (!chat()) return std::nullopt;
     const ChatOptions options{r.reasoning_effort.empty() ? defaults_.reasoning_effort : r.reasoning_effort,
                               r.enable_thinking ? r.enable_thinking : defaults_.enable_thinking, r.tools,
                               r.template_kwargs};
-    return chat_->render(r.messages, /*add_generation_prompt=*/true, options);
+    return chat_->render(r.messages, add_generation_prompt, options);
   }
 
   const ModelBundle& model_;
@@ -533,8 +624,8 @@ JobScan scan_job(const JobOptions& opt, const Shard& shard, const ModelBundle& m
           // a truncation (checked against the context and the special tokens).
           const bool ids = std::any_of(r.embedding->inputs.begin(), r.embedding->inputs.end(),
                                        [](const EmbeddingInput& in) { return !in.ids.empty(); });
-          if (r.format == InputFormat::Strata &&
-              (ids || r.embedding->truncate != 0 || tok.input_token_bound(*r.embedding) > ctx)) {
+          if (r.format == InputFormat::Strata && (ids || r.embedding->truncate != 0 || r.embedding->chat ||
+                                                  tok.wrong_kind(r) || tok.input_token_bound(*r.embedding) > ctx)) {
             ++s.tokenized;
             tok.tokenize_inputs(r);
           }
@@ -542,7 +633,9 @@ JobScan scan_job(const JobOptions& opt, const Shard& shard, const ModelBundle& m
         }
         if (r.format == InputFormat::Strata && !model.config.lm_head)
           throw Error(opt.prompts.string() + ":" + std::to_string(r.line) + ": " + model.config.name +
-                      " has no lm_head.weight (an embedding model): it answers 'input' lines (embeddings) only");
+                      (model.classifier ? " is a sequence classifier: it answers 'classify' lines only"
+                                        : " has no lm_head.weight (an embedding model): it answers 'input' lines "
+                                          "(embeddings) only"));
         const std::optional<int64_t> bound = tok.token_bound(r);
         const int max_new = r.sampling.max_new_tokens;
         const bool strata_check =
@@ -601,7 +694,7 @@ std::exception_ptr read_ahead(const JobOptions& opt, const Shard& shard, const P
       Tokenized t;
       t.seq = seq++;
       if (r->embedding) {
-        auto inputs = tok.tokenize_inputs(*r);
+        auto inputs = tok.tokenize_inputs(*r, &t.unpooled_pads);
         if (auto* e = std::get_if<ServeError>(&inputs)) t.error = std::move(*e);
         else t.inputs = std::move(std::get<std::vector<std::vector<int32_t>>>(inputs));
       } else {
@@ -763,16 +856,32 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
 
   if (scan.embeddings > 0 && !opt.policy.empty())
     STRATA_FAIL(opt.prompts.string() << ":" << scan.embedding_line
-                                     << ": an embeddings request: embeddings run on the resident model; drop --policy "
-                                        "(the offloading engine generates only)");
+                                     << (model.classifier ? ": a classification request: classifications run on the resident "
+                                                      "model; drop --policy (the offloading engine generates only)"
+                                                    : ": an embeddings request: embeddings run on the resident model; drop "
+                                                      "--policy (the offloading engine generates only)"));
   if (!model.config.lm_head && !opt.policy.empty())
-    STRATA_FAIL(opt.model << ": the checkpoint has no lm_head.weight (an embedding model); --policy generates, "
-                             "which needs an LM head");
+    STRATA_FAIL(opt.model << (model.classifier ? ": a sequence classifier" : ": the checkpoint has no lm_head.weight "
+                                                                            "(an embedding model)")
+                          << "; --policy generates, which needs an LM head");
+  if (model.classifier && (!opt.pooling.empty() || opt.normalize))
+    STRATA_FAIL((opt.pooling.empty() ? (*opt.normalize ? "--normalize" : "--no-normalize") : "--pooling")
+                << " is for embedding models; " << model.config.name
+                << " is a sequence classifier, which scores the last token that is not the pad token");
   const PoolingConfig pooling = job_pooling(opt, model);
-  if (scan.embeddings > 0)
+  const ClassifierHead* classifier = model.classifier ? &*model.classifier : nullptr;
+  if (scan.embeddings > 0 && classifier) {
+    log << "classification: " << classifier->labels.size() << " label" << (classifier->labels.size() == 1 ? "" : "s")
+        << " (";
+    for (size_t i = 0; i < std::min<size_t>(classifier->labels.size(), 8); ++i)
+      log << (i ? ", " : "") << classifier->labels[i];
+    log << (classifier->labels.size() > 8 ? ", ..." : "") << "), " << activation_name(classifier->activation)
+        << ", the last token that is not the pad token scored (" << classifier->source << ")\n";
+  } else if (scan.embeddings > 0) {
     log << "embeddings: " << pooling_name(pooling.kind) << " pooling, " << (pooling.normalize ? "" : "not ")
         << "normalized (" << (pooling.source.empty() ? "no pooling config: vLLM's default for a decoder"
                                                     : pooling.source) << ")\n";
+  }
 
   // Load before touching the output, so a model that fails to load (or a policy that does not
   // fit) leaves no file behind.
@@ -846,8 +955,10 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
       const PromptRecord& r = f.request.record;
       if (f.request.error) return openai_error_line(r, *f.request.error);
       if (r.embedding) {
-        int64_t tokens = 0;
+        int64_t tokens = f.request.unpooled_pads;
         for (const std::vector<int32_t>& in : f.request.inputs) tokens += int64_t(in.size());
+        if (r.embedding->use == EmbeddingUse::Classify)
+          return classification_line(r, f.embeddings, *classifier, tokens, model.config.name, created);
         return embedding_line(r, f.embeddings, tokens, pooling.normalize, model.config.name, created);
       }
       return answer_line(r, int64_t(f.request.ids.size()), f.results, answers);
@@ -881,7 +992,8 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
           tokens += int64_t(in.size());
           seqs.push_back(std::move(in));
         }
-      std::vector<std::vector<float>> vectors = gen->embed(seqs, pooling.kind);
+      // A classifier scores the last token of what classify_inputs kept.
+      std::vector<std::vector<float>> vectors = gen->embed(seqs, classifier ? PoolingKind::Last : pooling.kind);
       std::vector<Finished> finished;
       size_t at = 0;
       for (size_t k = begin; k < end; ++k) {
@@ -1021,7 +1133,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
       << (sum.errors > 0 ? ", " + std::to_string(sum.errors) + " answered with an error" : std::string()) << ")"
       << (opt.shard.empty() ? std::string() : " in shard " + opt.shard + " of " + std::to_string(sum.in_file)) << "\n";
   if (sum.embedded_inputs > 0)
-    log << "embeddings: " << sum.embedded_inputs << " inputs, " << sum.embedded_tokens << " tokens in "
+    log << (classifier ? "classified: " : "embeddings: ") << sum.embedded_inputs << " inputs, " << sum.embedded_tokens << " tokens in "
         << sum.embed_seconds << " s, " << rate(double(sum.embedded_tokens), sum.embed_seconds) << " tok/s (wall "
         << sum.wall_seconds << " s, first answer after " << sum.first_answer_seconds << " s)\n";
   if (sum.embedded_inputs > 0 && runs == 0) {  // an embeddings job: no generation to report

@@ -9,16 +9,29 @@
 
 #include "strata/core/error.h"
 #include "strata/job/output.h"
+#include "strata/model/chat_json.h"
 
 namespace strata {
 using json = nlohmann::json;
 
-const std::set<std::string>& embedding_fields(EmbeddingUse use) {
+const std::set<std::string>& embedding_fields(EmbeddingUse use, InputFormat format) {
   static const std::set<std::string> embed = {"input", "dimensions", "encoding_format", "normalize",
                                               "truncate_prompt_tokens", "user"};
   static const std::set<std::string> score = {"text_1", "text_2", "truncate_prompt_tokens", "user"};
   static const std::set<std::string> rerank = {"query", "documents", "top_n", "truncate_prompt_tokens", "user"};
-  return use == EmbeddingUse::Embed ? embed : use == EmbeddingUse::Score ? score : rerank;
+  static const std::set<std::string> classify = {"input", "messages", "use_activation", "softmax", "activation",
+                                                 "add_special_tokens", "add_generation_prompt",
+                                                 "truncate_prompt_tokens", "user"};
+  static const std::set<std::string> classify_strata = {"classify", "messages", "use_activation",
+                                                        "add_special_tokens", "add_generation_prompt",
+                                                        "truncate_prompt_tokens"};
+  switch (use) {
+    case EmbeddingUse::Embed: return embed;
+    case EmbeddingUse::Score: return score;
+    case EmbeddingUse::Rerank: return rerank;
+    case EmbeddingUse::Classify: return format == InputFormat::Strata ? classify_strata : classify;
+  }
+  return embed;
 }
 
 namespace {
@@ -54,30 +67,32 @@ std::optional<ServeError> read_text(const json& t, const FieldName& field, const
   return std::nullopt;
 }
 
-std::optional<ServeError> read_inputs(const json& input, const FieldName& field, EmbeddingRequest& e) {
-  if (input.is_string()) return read_text(input, field, "input", e.inputs);
+// `key`'s inputs: a text, texts, token ids, or arrays of ids ("input"; the strata format's "classify").
+std::optional<ServeError> read_inputs(const json& input, const FieldName& field, const std::string& key,
+                                      EmbeddingRequest& e) {
+  if (input.is_string()) return read_text(input, field, key, e.inputs);
   if (!input.is_array())
-    return refusal("invalid_type", field("input") + " must be a string, an array of strings, an array of token ids "
-                                                    "or an array of such arrays, got " + std::string(input.type_name()));
-  if (input.empty()) return refusal("invalid_value", field("input") + " is an empty array");
+    return refusal("invalid_type", named(field, key) + " must be a string, an array of strings, an array of token ids "
+                                                       "or an array of such arrays, got " + std::string(input.type_name()));
+  if (input.empty()) return refusal("invalid_value", named(field, key) + " is an empty array");
   if (input[0].is_number()) {  // one input of token ids
     e.inputs.emplace_back();
-    return read_ids(input, field, "input", e.inputs.back().ids);
+    return read_ids(input, field, key, e.inputs.back().ids);
   }
   e.listed = true;
   if (input.size() > size_t(kMaxEmbeddingInputs))
-    return refusal("invalid_value", field("input") + " holds " + std::to_string(input.size()) + " inputs; at most " +
-                                        std::to_string(kMaxEmbeddingInputs) + " are allowed");
+    return refusal("invalid_value", named(field, key) + " holds " + std::to_string(input.size()) +
+                                        " inputs; at most " + std::to_string(kMaxEmbeddingInputs) + " are allowed");
   for (size_t i = 0; i < input.size(); ++i) {
     const json& v = input[i];
     if (v.is_string()) {
-      if (auto err = read_text(v, field, indexed("input", i), e.inputs)) return err;
+      if (auto err = read_text(v, field, indexed(key, i), e.inputs)) return err;
     } else if (v.is_array()) {
       e.inputs.emplace_back();
-      if (auto err = read_ids(v, field, indexed("input", i), e.inputs.back().ids)) return err;
+      if (auto err = read_ids(v, field, indexed(key, i), e.inputs.back().ids)) return err;
     } else {
       return refusal("invalid_type",
-                     named(field, indexed("input", i)) + " must be a string or an array of token ids, got " + v.dump());
+                     named(field, indexed(key, i)) + " must be a string or an array of token ids, got " + v.dump());
     }
   }
   return std::nullopt;
@@ -143,14 +158,76 @@ std::optional<ServeError> read_rerank(const json& obj, const FieldName& field,
   return std::nullopt;
 }
 
-// The shortest decimal that reads back as the same float32 (float's to_chars), as a JSON number.
-json compact_number(float v) {
+// A boolean field, if given (null: not given).
+std::optional<ServeError> read_flag(const json& obj, const FieldName& field, const char* key, std::optional<bool>& out) {
+  if (!obj.contains(key) || obj[key].is_null()) return std::nullopt;
+  if (!obj[key].is_boolean()) return refusal("invalid_type", field(key) + " must be true or false, got " + obj[key].dump());
+  out = obj[key].get<bool>();
+  return std::nullopt;
+}
+
+// vLLM's /v1/classify: `input` (texts or ids, as for embeddings) or `messages` (one conversation,
+// rendered by the chat template); the strata format's "classify" holds the input, or is true beside
+// "messages".
+std::optional<ServeError> read_classify(const json& obj, const FieldName& field, PromptRecord& r, EmbeddingRequest& e) {
+  const bool openai = r.format == InputFormat::OpenAIBatch;
+  const std::string key = openai ? "input" : "classify";
+  const bool has_input = obj.contains(key) && !(openai && obj[key].is_null());
+  const bool has_messages = obj.contains("messages") && !obj["messages"].is_null();
+  e.chat = has_messages && (openai || obj[key] == json(true));
+  if (openai && has_input && has_messages)
+    return refusal("invalid_value", "give " + field("input") + " or " + field("messages") + ", not both");
+  if (!has_input && !has_messages)
+    return refusal("missing_field", field("input") + " or " + field("messages") + " is required for classification");
+  if (!openai && obj[key].is_boolean() && !e.chat)
+    return refusal("invalid_value", obj[key] == json(true) ? field("classify") + " true classifies 'messages', which is missing"
+                                                           : field("classify") + " must be the input, or true with 'messages'");
+  if (!openai && has_messages && !e.chat)
+    return refusal("invalid_value", "give the input in " + field("classify") + " or the conversation in " +
+                                        field("messages") + " (with \"classify\": true), not both");
+  if (e.chat) {
+    try {
+      r.messages = read_chat_messages(obj["messages"], openai ? "body.messages" : "messages", /*text_parts=*/openai);
+    } catch (const ChatMessageError& err) {
+      return refusal(err.code, err.what());
+    }
+    e.inputs.emplace_back();
+  } else if (auto err = read_inputs(obj[key], field, key, e)) {
+    return err;
+  }
+  // use_activation, or vLLM's deprecated softmax / activation (in that order of precedence).
+  std::optional<bool> activation;
+  for (const char* flag : {"activation", "softmax", "use_activation"}) {
+    std::optional<bool> v;
+    if (!openai && std::string(flag) != "use_activation") continue;
+    if (auto err = read_flag(obj, field, flag, v)) return err;
+    if (v) activation = v;
+  }
+  e.activation = activation.value_or(true);
+  std::optional<bool> specials, generation_prompt;
+  if (auto err = read_flag(obj, field, "add_special_tokens", specials)) return err;
+  if (auto err = read_flag(obj, field, "add_generation_prompt", generation_prompt)) return err;
+  if (generation_prompt && !e.chat)
+    return refusal("invalid_value", field("add_generation_prompt") + " is for " + field("messages"));
+  // vLLM's defaults: a text gets the tokenizer's special tokens; a rendered conversation has its own.
+  e.add_special_tokens = specials.value_or(!e.chat);
+  e.add_generation_prompt = generation_prompt.value_or(false);
+  return read_truncate(obj, field, e);
+}
+
+}  // namespace
+
+json float32_number(float v) {
   if (!std::isfinite(v)) return json(nullptr);  // never from a finite model; JSON has no inf
   char buf[32];
   const auto [end, ec] = std::to_chars(buf, buf + sizeof buf - 1, v);
   *end = '\0';
   return json(std::strtod(buf, nullptr));
 }
+
+namespace {
+
+json compact_number(float v) { return float32_number(v); }
 
 json vector_json(const std::vector<float>& v, bool base64) {
   if (base64) {
@@ -207,6 +284,11 @@ std::optional<ServeError> read_embedding_request(const json& obj, const std::fun
                                                  PromptRecord& r, EmbeddingUse use) {
   EmbeddingRequest e;
   e.use = use;
+  if (use == EmbeddingUse::Classify) {
+    if (auto err = read_classify(obj, field, r, e)) return err;
+    r.embedding = std::move(e);
+    return std::nullopt;
+  }
   if (use != EmbeddingUse::Embed) {
     if (auto err = use == EmbeddingUse::Score ? read_score(obj, field, e) : read_rerank(obj, field, e)) return err;
     if (e.inputs.size() > size_t(kMaxEmbeddingInputs))
@@ -217,7 +299,7 @@ std::optional<ServeError> read_embedding_request(const json& obj, const std::fun
     return std::nullopt;
   }
   if (!obj.contains("input")) return refusal("missing_field", field("input") + " is required for embeddings");
-  if (auto err = read_inputs(obj["input"], field, e)) return err;
+  if (auto err = read_inputs(obj["input"], field, "input", e)) return err;
   auto given = [&](const char* key) { return obj.contains(key) && !obj[key].is_null(); };
   if (given("dimensions")) {
     const json& v = obj["dimensions"];
@@ -249,6 +331,10 @@ std::string embedding_input_name(const EmbeddingRequest& e, size_t i) {
       if (i < e.first) return e.first > 1 ? indexed("text_1", i) : "text_1";
       return e.inputs.size() - e.first > 1 || e.first > 1 ? indexed("text_2", i - e.first) : "text_2";
     case EmbeddingUse::Rerank: return i == 0 ? "query" : indexed("documents", i - 1);
+    case EmbeddingUse::Classify: {
+      const char* key = e.chat ? "messages" : "input";
+      return e.listed ? indexed(key, i) : key;
+    }
   }
   return "input";
 }

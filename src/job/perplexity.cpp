@@ -183,8 +183,9 @@ PerplexityResult run_perplexity(const PerplexityOptions& opt, std::ostream& log)
   if (!model.load_note.empty() && opt.progress) log << model.load_note << "\n";
   const ModelConfig& cfg = model.config;
   if (!cfg.lm_head)
-    STRATA_FAIL(opt.model << ": the checkpoint has no lm_head.weight (an embedding model): it predicts no tokens to "
-                             "score");
+    STRATA_FAIL(opt.model << (cfg.num_labels > 0 ? ": a sequence classifier" : ": the checkpoint has no lm_head.weight "
+                                                                             "(an embedding model)")
+                          << ": it predicts no tokens to score");
   int context = opt.context;
   if (context == 0) context = std::min(kDefaultContext, cfg.max_positions);
   if (context > cfg.max_positions)

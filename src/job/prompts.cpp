@@ -559,6 +559,16 @@ void read_openai_body(const json& body, PromptRecord& r) {
   }
 }
 
+Endpoint pooled_endpoint(EmbeddingUse use) {
+  switch (use) {
+    case EmbeddingUse::Embed: return Endpoint::Embeddings;
+    case EmbeddingUse::Score: return Endpoint::Score;
+    case EmbeddingUse::Rerank: return Endpoint::Rerank;
+    case EmbeddingUse::Classify: return Endpoint::Classify;
+  }
+  return Endpoint::Embeddings;
+}
+
 void read_openai_embeddings(const json& body, PromptRecord& r, EmbeddingUse use) {
   if (given(body, "model")) {
     if (!body["model"].is_string()) refuse("invalid_type", "body.model must be a string, got " + body["model"].dump());
@@ -592,6 +602,7 @@ void read_openai_line(const json& obj, const LineContext& ctx, PromptRecord& r, 
   const std::optional<EmbeddingUse> pooled = url == "/v1/embeddings" ? std::optional(EmbeddingUse::Embed)
                                              : url == "/v1/score"    ? std::optional(EmbeddingUse::Score)
                                              : url == "/v1/rerank"   ? std::optional(EmbeddingUse::Rerank)
+                                             : url == "/v1/classify" ? std::optional(EmbeddingUse::Classify)
                                                                      : std::nullopt;
   for (const auto& [key, value] : body.items()) {
     const bool known = pooled ? key == "model" || embedding_fields(*pooled).count(key) : kOpenAIBodyKeys.count(key) > 0;
@@ -602,13 +613,11 @@ void read_openai_line(const json& obj, const LineContext& ctx, PromptRecord& r, 
     if (url == "/v1/chat/completions") r.endpoint = Endpoint::ChatCompletions;
     else if (url == "/v1/completions") r.endpoint = Endpoint::Completions;
     else if (pooled)
-      r.endpoint = *pooled == EmbeddingUse::Embed ? Endpoint::Embeddings
-                   : *pooled == EmbeddingUse::Score ? Endpoint::Score
-                                                    : Endpoint::Rerank;
+      r.endpoint = pooled_endpoint(*pooled);
     else
       refuse("unsupported_url", "url " + obj["url"].dump() +
                                     " is not supported; use /v1/chat/completions, /v1/completions, /v1/embeddings, "
-                                    "/v1/score or /v1/rerank");
+                                    "/v1/score, /v1/rerank or /v1/classify");
     if (obj.contains("method") && obj["method"] != "POST")
       refuse("unsupported_method", "method " + obj["method"].dump() + " is not supported; use \"POST\"");
     if (pooled) read_openai_embeddings(body, r, *pooled);
@@ -670,26 +679,29 @@ std::optional<PromptRecord> PromptLineParser::parse(std::string_view text, int l
   r.id_key = r.id.dump();
   const bool has_prompt = obj.contains("prompt"), has_messages = obj.contains("messages");
   if (has_prompt && has_messages) ctx.fail("give either 'prompt' or 'messages', not both");
-  // An embeddings request ("input"), or a score ("text_1") or rerank ("query") over embeddings.
-  const std::optional<EmbeddingUse> pooled = obj.contains("input")    ? std::optional(EmbeddingUse::Embed)
-                                             : obj.contains("text_1") ? std::optional(EmbeddingUse::Score)
-                                             : obj.contains("query")  ? std::optional(EmbeddingUse::Rerank)
-                                                                      : std::nullopt;
+  // An embeddings request ("input"), a score ("text_1") or rerank ("query") over embeddings, or a
+  // classification ("classify").
+  const std::optional<EmbeddingUse> pooled = obj.contains("input")      ? std::optional(EmbeddingUse::Embed)
+                                             : obj.contains("text_1")   ? std::optional(EmbeddingUse::Score)
+                                             : obj.contains("query")    ? std::optional(EmbeddingUse::Rerank)
+                                             : obj.contains("classify") ? std::optional(EmbeddingUse::Classify)
+                                                                        : std::nullopt;
   if (pooled) {
-    const char* what = *pooled == EmbeddingUse::Embed ? "'input' (an embedding)"
-                       : *pooled == EmbeddingUse::Score ? "'text_1' (a score)"
-                                                        : "'query' (a rerank)";
-    if (has_prompt || has_messages) ctx.fail(std::string("give ") + what + " or 'prompt' / 'messages' (an answer), not both");
-    for (const char* other : {"input", "text_1", "query"})
-      if (obj.contains(other) && embedding_fields(*pooled).count(other) == 0)
+    const char* what = *pooled == EmbeddingUse::Embed    ? "'input' (an embedding)"
+                       : *pooled == EmbeddingUse::Score  ? "'text_1' (a score)"
+                       : *pooled == EmbeddingUse::Rerank ? "'query' (a rerank)"
+                                                         : "'classify' (a classification)";
+    const std::set<std::string>& fields = embedding_fields(*pooled, InputFormat::Strata);
+    if (has_prompt || (has_messages && !fields.count("messages")))
+      ctx.fail(std::string("give ") + what + " or 'prompt' / 'messages' (an answer), not both");
+    for (const char* other : {"input", "text_1", "query", "classify"})
+      if (obj.contains(other) && fields.count(other) == 0)
         ctx.fail(std::string("give ") + what + " or '" + other + "', not both");
     auto field = [](const char* key) { return std::string("field '") + key + "'"; };
     if (const auto e = read_embedding_request(obj, field, r, *pooled)) ctx.fail(e->message);
-    r.endpoint = *pooled == EmbeddingUse::Embed ? Endpoint::Embeddings
-                 : *pooled == EmbeddingUse::Score ? Endpoint::Score
-                                                  : Endpoint::Rerank;
+    r.endpoint = pooled_endpoint(*pooled);
     for (const auto& [key, value] : obj.items())
-      if (key != "id" && !embedding_fields(*pooled).count(key) && warned_keys_.insert("pooled " + key).second && warn_)
+      if (key != "id" && !fields.count(key) && warned_keys_.insert("pooled " + key).second && warn_)
         warn_(ctx.where + ": ignoring unknown field '" + key + "' (for " + what + ")");
     return r;
   }
@@ -700,7 +712,7 @@ std::optional<PromptRecord> PromptLineParser::parse(std::string_view text, int l
   } else if (has_messages) {
     r.messages = read_messages(obj["messages"], ctx);
   } else {
-    ctx.fail("missing field 'prompt' (or 'messages'; 'input' for an embedding)");
+    ctx.fail("missing field 'prompt' (or 'messages'; 'input' for an embedding, 'classify' for a classification)");
   }
   read_sampling(obj, ctx, r.sampling);
   read_strata_extras(obj, ctx, r);

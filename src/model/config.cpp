@@ -654,6 +654,29 @@ DType checkpoint_dtype(const json& j, const std::string& file) {
   return DType::F16;
 }
 
+// A sequence classifier (LlamaForSequenceClassification, Qwen3ForSequenceClassification, ...)
+// scores with `score.weight` [num_labels, hidden]: no LM head, whatever tie_word_embeddings says
+// (a classifier converted from a tied model keeps the flag). Heads Strata does not compute are
+// refused rather than loaded as a generator.
+void read_head_kind(const json& j, const std::string& file, ModelConfig& c) {
+  const auto it = j.find("architectures");
+  if (it == j.end() || !it->is_array() || it->empty() || !(*it)[0].is_string()) return;
+  const std::string arch = (*it)[0].get<std::string>();
+  for (const char* other : {"ForTokenClassification", "ForQuestionAnswering"})
+    if (arch.ends_with(other))
+      STRATA_FAIL(file << ": architectures " << arch << ": a " << other
+                       << " head is not supported (causal LMs, embedding models and ForSequenceClassification are)");
+  if (!arch.ends_with("ForSequenceClassification")) return;
+  // transformers derives num_labels from id2label (2 when neither is written).
+  const auto labels = j.find("id2label");
+  if (labels != j.end() && labels->is_object() && !labels->empty()) c.num_labels = int(labels->size());
+  else c.num_labels = get_or<int>(j, "num_labels", 2);
+  if (c.num_labels < 1 || c.num_labels > (1 << 20))
+    STRATA_FAIL(file << ": num_labels " << c.num_labels << " must be at least 1");
+  c.lm_head = false;
+  c.tied_embeddings = false;
+}
+
 }  // namespace
 
 ModelConfig config_from_hf_json_text(const std::string& text, const std::filesystem::path& path) {
@@ -696,6 +719,7 @@ ModelConfig config_from_hf_json_text(const std::string& text, const std::filesys
     std::vector<int> pad = id_list(j, "pad_token_id");
     c.pad_id = pad.empty() ? -1 : pad[0];
     c.checkpoint_dtype = checkpoint_dtype(j, file);
+    read_head_kind(j, file, c);
   } catch (const Error& e) {
     const std::string msg = e.what();
     if (msg.rfind(file, 0) == 0) throw;

@@ -138,6 +138,7 @@ std::vector<WeightSpec> attention_sink_specs(const ModelConfig& c) {
 
 bool is_ignorable_weight(const ModelConfig& c, const std::string& name) {
   if (c.tied_embeddings && name == "lm_head.weight") return true;
+  if (c.num_labels > 0 && name == "score.weight") return true;  // the classifier's, read by model/classifier.h
   return name.size() >= 19 && name.compare(name.size() - 19, 19, "rotary_emb.inv_freq") == 0;
 }
 

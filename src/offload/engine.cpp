@@ -253,8 +253,9 @@ OffloadEngine::OffloadEngine(const ModelConfig& cfg, const WeightSource& weights
     : impl_(std::make_unique<Impl>(cfg, backend, with_fault_from_env(options), shape)) {
   cfg.validate();
   if (!cfg.lm_head)
-    STRATA_FAIL(cfg.name << ": the checkpoint has no lm_head.weight (an embedding model); the offloading engine "
-                            "generates and scores, which needs an LM head");
+    STRATA_FAIL(cfg.name << (cfg.num_labels > 0 ? ": a sequence classifier" : ": the checkpoint has no lm_head.weight "
+                                                                           "(an embedding model)")
+                         << "; the offloading engine generates and scores, which needs an LM head");
   const Policy& p = options.policy;
   STRATA_CHECK(cfg.n_experts > 0 || !(p.cpu_experts_prefill || p.cpu_experts_decode),
                "policy: cpu_experts is " << cpu_experts_name(p) << ", but " << cfg.name

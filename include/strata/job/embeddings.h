@@ -19,7 +19,11 @@ namespace strata {
 // "id". Embed: input, dimensions, encoding_format, normalize and truncate_prompt_tokens (vLLM's),
 // user (OpenAI's, not used). Score: text_1, text_2, truncate_prompt_tokens, user. Rerank: query,
 // documents, top_n, truncate_prompt_tokens, user.
-const std::set<std::string>& embedding_fields(EmbeddingUse use);
+// Classify (vLLM's /v1/classify): input or messages, use_activation (and its deprecated names
+// softmax and activation), add_special_tokens, add_generation_prompt, truncate_prompt_tokens, user;
+// in the strata format classify (the input, or true with messages), messages, use_activation,
+// add_special_tokens, add_generation_prompt, truncate_prompt_tokens.
+const std::set<std::string>& embedding_fields(EmbeddingUse use, InputFormat format = InputFormat::OpenAIBatch);
 
 // Sets r.embedding from `obj` (an OpenAI body, or a strata line) for the use; the error of the
 // first field that cannot be served otherwise. `field(key)` names a field in messages
@@ -29,7 +33,7 @@ std::optional<ServeError> read_embedding_request(const nlohmann::json& obj,
                                                  PromptRecord& r, EmbeddingUse use = EmbeddingUse::Embed);
 
 // Input i's name in messages, without the format's prefix: "input", "input[2]", "text_2[0]",
-// "query", "documents[3]".
+// "query", "documents[3]", "messages".
 std::string embedding_input_name(const EmbeddingRequest& e, size_t i);
 
 // The output line answering r from one pooled, unnormalized vector per input (Embedder::embed).
@@ -53,6 +57,10 @@ void finish_embedding(std::vector<float>& v, int dimensions, bool normalize);
 // The cosine similarity of two vectors (each norm clamped below at 1e-12, as sentence-transformers'
 // cos_sim), in double.
 double cosine_similarity(const std::vector<float>& a, const std::vector<float>& b);
+
+// The shortest decimal that reads back as the same float32 (float's to_chars), as a JSON number
+// (null for a value that is not finite).
+nlohmann::json float32_number(float v);
 
 // Base64 (RFC 4648, padded) of the bytes; exposed for tests.
 std::string base64_encode(const void* data, size_t bytes);

@@ -26,8 +26,9 @@
 namespace strata {
 
 enum class InputFormat : uint8_t { Strata, OpenAIBatch };
-// None: the strata format. Score and Rerank: vLLM's /v1/score and /v1/rerank, over embeddings.
-enum class Endpoint : uint8_t { None, ChatCompletions, Completions, Embeddings, Score, Rerank };
+// None: the strata format. Score and Rerank: vLLM's /v1/score and /v1/rerank, over embeddings;
+// Classify: vLLM's /v1/classify, of a sequence classifier.
+enum class Endpoint : uint8_t { None, ChatCompletions, Completions, Embeddings, Score, Rerank, Classify };
 
 // Why a well-formed request is not served: OpenAI-style code ("invalid_value", ...) and message.
 struct ServeError {
@@ -47,8 +48,9 @@ struct EmbeddingInput {
 };
 
 // What an embeddings request's vectors answer: themselves, or the cosine similarity of pairs of
-// them (vLLM's score and rerank of an embedding model).
-enum class EmbeddingUse : uint8_t { Embed, Score, Rerank };
+// them (vLLM's score and rerank of an embedding model); or, for a sequence classifier, the classes
+// of each input (vLLM's /v1/classify: the pooled state through the classifier's head).
+enum class EmbeddingUse : uint8_t { Embed, Score, Rerank, Classify };
 
 // An embeddings request (OpenAI's /v1/embeddings body, the strata format's "input" line), or a
 // score or rerank request over embeddings (/v1/score: text_1 and text_2; /v1/rerank: query and
@@ -69,6 +71,13 @@ struct EmbeddingRequest {
   // vLLM's truncate_prompt_tokens: a text keeps its last this many tokens, its special tokens
   // among them (ids given: their last this many); -1: the model's context; 0: not cut.
   int truncate = 0;
+  // Classify: the input is the record's messages, rendered by the chat template (with its
+  // generation prompt when asked: vLLM's add_generation_prompt, default false) and tokenized as
+  // apply_chat_template does; inputs then holds one empty input.
+  bool chat = false;
+  bool add_generation_prompt = false;
+  bool add_special_tokens = true;      // Classify: a text gets the tokenizer's BOS and appended ids
+  bool activation = true;              // Classify: vLLM's use_activation; false: probs are the logits
 };
 
 struct PromptRecord {

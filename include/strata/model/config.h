@@ -64,6 +64,10 @@ struct ModelConfig {
   // false: an untied checkpoint without lm_head.weight (an embedding model: Qwen3-Embedding-8B,
   // e5-mistral). It computes embeddings; generating needs an LM head.
   bool lm_head = true;
+  // > 0: a sequence classifier (config.json's architectures *ForSequenceClassification): a `score`
+  // matrix of this many rows over the last non-pad token's final state (model/classifier.h) in
+  // place of the LM head, which such a checkpoint lacks (lm_head false, tied_embeddings false).
+  int num_labels = 0;
   // Mixture of experts (Mixtral, Qwen3-MoE): a sparse layer's MLP is `n_experts` SwiGLU experts of
   // width `expert_intermediate`, of which a linear router picks `experts_per_token` for each token
   // (softmax over all experts, top k, then the k weights renormalised to sum to 1 when

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "strata/model/chat_template.h"
+#include "strata/model/classifier.h"
 #include "strata/model/config.h"
 #include "strata/model/packed_checkpoint.h"
 #include "strata/model/pooling.h"
@@ -27,6 +28,8 @@ struct ModelBundle {
   std::vector<int32_t> append_ids;
   // An embedding model's pooling (modules.json, a GGUF's pooling_type); nullopt: none given.
   std::optional<PoolingConfig> pooling;
+  // A sequence classifier's head (config.num_labels > 0); nullopt for any other model.
+  std::optional<ClassifierHead> classifier;
   std::string chat_template;           // empty when the model has none
   ChatTokens chat_tokens;              // the template's bos_token / eos_token strings
   std::optional<PackedFormat> packed;  // set for a GPTQ or AWQ checkpoint (packed_checkpoint.h)
