@@ -95,6 +95,14 @@ def prompts():
         '{"custom_id": "r2", "url": "/v1/rerank", "body": {"query": ["q"], "documents": []}}\n')
     put("prompts_fuzz", "strata_score_rerank.jsonl",
         '{"id": 1, "text_1": "q", "text_2": "a"}\n{"id": 2, "query": "q", "documents": ["a", "b"], "top_n": 0}\n')
+    put("prompts_fuzz", "openai_classify.jsonl",
+        '{"custom_id": "c1", "url": "/v1/classify", "body": {"input": ["good", "bad"], "use_activation": false}}\n'
+        '{"custom_id": "c2", "url": "/v1/classify", "body": {"messages": [{"role": "user", "content": "hi"}], '
+        '"add_generation_prompt": true, "softmax": true, "truncate_prompt_tokens": 8}}\n'
+        '{"custom_id": "c3", "url": "/v1/classify", "body": {"input": [5, 6], "add_special_tokens": false}}\n')
+    put("prompts_fuzz", "strata_classify.jsonl",
+        '{"id": 1, "classify": "fine"}\n{"id": 2, "classify": true, "messages": [{"role": "user", "content": "x"}]}\n'
+        '{"id": 3, "classify": [[1, 2], "y"], "use_activation": false}\n')
     put("prompts_fuzz", "strata_embeddings.jsonl",
         '{"id": 1, "input": "Hello", "dimensions": 4}\n{"id": 2, "input": ["a", "b"], "encoding_format": "float"}\n'
         '{"id": 3, "input": [[1], [2, 3]], "normalize": true, "temperature": 1}\n')

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "strata/core/error.h"
+#include "strata/job/classify.h"
 #include "strata/job/embeddings.h"
 #include "strata/job/prompts.h"
 
@@ -22,6 +23,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const strata::PromptRecord& r : records) {
       (void)strata::in_shard(r, shard);
       if (r.id_key != r.id.dump()) __builtin_trap();
+      // A classification's answer line, from states as wide as a small head's.
+      if (r.embedding && !r.error && r.embedding->use == strata::EmbeddingUse::Classify) {
+        strata::ClassifierHead head;
+        head.labels = {"a", "b", "c"};
+        head.hidden = 4;
+        head.weight.assign(12, 0.25f);
+        std::vector<std::vector<float>> pooled(r.embedding->inputs.size(), std::vector<float>(4, 0.5f));
+        (void)strata::classification_line(r, pooled, head, 1, "m", 0).dump();
+        continue;
+      }
       // An embeddings request's answer line, from vectors as wide as it asks for.
       if (r.embedding && !r.error) {
         const size_t width = r.embedding->dimensions > 0 ? size_t(r.embedding->dimensions) : 4;

@@ -12,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "cli_support.h"
+#include "edited_model.h"
 #include "error_text.h"
 #include "strata/backend/backend.h"
 #include "strata/core/error.h"
@@ -98,16 +100,9 @@ size_t argmax(const json& v) {
   return best;
 }
 
-// A copy of a fixture model with its config.json edited.
-fs::path with_config(const std::string& name, const std::string& copy, const std::function<void(json&)>& edit) {
-  const fs::path dir = test::temp_dir("classify") / copy;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  for (const auto& f : fs::directory_iterator(model_dir(name))) fs::copy(f.path(), dir / f.path().filename());
-  json cfg = json::parse(std::ifstream(dir / "config.json"));
-  edit(cfg);
-  std::ofstream(dir / "config.json") << cfg.dump(1);
-  return dir;
+// A copy of a classifier fixture with its config.json edited.
+fs::path with_config(const std::string& name, const std::function<void(json&)>& edit) {
+  return test::edited_model(name, edit, "classify", "classify");
 }
 
 }  // namespace
@@ -127,26 +122,26 @@ TEST_CASE("classify: *ForSequenceClassification loads a score head in place of t
   CHECK(r.classifier->labels == std::vector<std::string>{"LABEL_0"});  // transformers' name for an unnamed label
   CHECK(r.classifier->activation == ClassifierActivation::Sigmoid);   // one label: a score
   CHECK(open_model(model_dir("tiny-qwen3-multilabel").string()).classifier->activation == ClassifierActivation::Sigmoid);
-  CHECK(open_model(with_config("tiny-qwen3-classifier", "regression", [](json& c) {
+  CHECK(open_model(with_config("tiny-qwen3-classifier", [](json& c) {
           c["problem_type"] = "regression";
         }).string()).classifier->activation == ClassifierActivation::None);
   // A generative model has none.
   CHECK_FALSE(open_model((fs::path(STRATA_FIXTURES_DIR) / "models" / "tiny-qwen3").string()).classifier);
 
   // What cannot be loaded as a classifier names the file and the field.
-  const fs::path labels = with_config("tiny-qwen3-classifier", "four", [](json& c) {
+  const fs::path labels = with_config("tiny-qwen3-classifier", [](json& c) {
     c["id2label"]["3"] = "other";
   });
   CHECK(test::error_of([&] { open_model(labels.string()); }) ==
         labels.string() + ": tensor 'score.weight' has shape [3, 64], expected [4, 64] (num_labels x hidden_size)");
-  const fs::path problem = with_config("tiny-qwen3-classifier", "problem", [](json& c) { c["problem_type"] = "ranking"; });
+  const fs::path problem = with_config("tiny-qwen3-classifier", [](json& c) { c["problem_type"] = "ranking"; });
   CHECK(test::error_of([&] { open_model(problem.string()); }) ==
         (problem / "config.json").string() + ": problem_type 'ranking' is not one of regression, "
                                              "single_label_classification, multi_label_classification");
-  const fs::path key = with_config("tiny-qwen3-classifier", "key", [](json& c) { c["id2label"] = {{"x", "a"}}; });
+  const fs::path key = with_config("tiny-qwen3-classifier", [](json& c) { c["id2label"] = {{"x", "a"}}; });
   CHECK(test::error_of([&] { open_model(key.string()); }) ==
         (key / "config.json").string() + ": id2label key 'x' is not a class index in [0, 1)");
-  const fs::path token = with_config("tiny-qwen3-classifier", "token", [](json& c) {
+  const fs::path token = with_config("tiny-qwen3-classifier", [](json& c) {
     c["architectures"] = {"Qwen3ForTokenClassification"};
   });
   CHECK(test::error_of([&] { open_model(token.string()); }) ==
@@ -234,7 +229,7 @@ TEST_CASE("classify: a conversation is scored as apply_chat_template tokenizes i
   }
 }
 
-TEST_CASE("classify: pads after the last token are not scored; truncate_prompt_tokens keeps the last tokens",
+TEST_CASE("classify: pads after the last token are not scored, truncate_prompt_tokens keeps the last tokens",
           "[classify][hf][job]") {
   for (const char* name : {"tiny-qwen3-classifier", "tiny-llama-reward"}) {
     SECTION(name) {
@@ -385,6 +380,29 @@ TEST_CASE("classify: strata lines that cannot be served fail the job naming the 
   p.progress = false;
   CHECK(test::error_of([&] { run_perplexity(p, log); }) ==
         model + ": a sequence classifier: it predicts no tokens to score");
+}
+
+TEST_CASE("classify: strata run scores a reward model's conversations", "[classify][cli]") {
+  const json exp = expected("tiny-llama-reward");
+  std::string text;
+  for (size_t i = 0; i < exp["conversations"].size(); ++i)
+    text += json{{"id", i}, {"classify", true}, {"messages", exp["conversations"][i]}}.dump() + "\n";
+  const fs::path in = write("cli.jsonl", text);
+  const fs::path out = test::temp_dir("classify") / "cli_out.jsonl";
+  fs::remove(out);
+  const auto r = test::run_strata("run --model " + model_dir("tiny-llama-reward").string() + " --prompts " +
+                                  in.string() + " --out " + out.string() + " --no-progress");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("classification: 1 label (LABEL_0), sigmoid"));
+  const auto lines = lines_by_id(out);
+  REQUIRE(lines.size() == exp["conversations"].size());
+  for (size_t i = 0; i < exp["conversations"].size(); ++i) {
+    const json& line = lines.at(std::to_string(i));
+    check_close(line["logits"], exp["chat_logits"][i]);
+    const double reward = exp["chat_logits"][i][0].get<double>();
+    check_close(line["probs"], json::array({1.0 / (1.0 + std::exp(-reward))}));
+  }
 }
 
 // fp16 on the GPU (the emulated backend in CI): within twice transformers' own fp16 distance from

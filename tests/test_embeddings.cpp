@@ -200,12 +200,13 @@ TEST_CASE("embeddings: a text ends as Hugging Face's tokenizer ends it, the job'
         CHECK(body["usage"]["prompt_tokens"] == ids[i].size());
         CHECK(body["usage"]["total_tokens"] == ids[i].size());
         check_close(floats_of(body["data"][0]["embedding"]), exp["model_pooling"][i]);
-        CHECK(lines.at("ids" + std::to_string(i))["response"]["body"]["data"] == body["data"]);
-        // base64: the same float32 values, little-endian.
+        // The same ids given as ids, and the base64 (little-endian float32) of the batched request:
+        // the same vectors, packed into other steps (the CPU GEMM's sums may differ in the last bits).
+        check_close(floats_of(lines.at("ids" + std::to_string(i))["response"]["body"]["data"][0]["embedding"]),
+                    exp["model_pooling"][i]);
         const json& all = lines.at("all")["response"]["body"];
         CHECK(all["data"][i]["index"] == i);
-        const std::vector<float> decoded = from_base64(all["data"][i]["embedding"].get<std::string>());
-        CHECK(decoded == floats_of(body["data"][0]["embedding"]));
+        check_close(from_base64(all["data"][i]["embedding"].get<std::string>()), exp["model_pooling"][i]);
       }
       CHECK(lines.at("all")["response"]["body"]["usage"]["prompt_tokens"] == tokens);
     }

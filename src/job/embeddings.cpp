@@ -379,7 +379,7 @@ std::string base64_encode(const void* data, size_t bytes) {
 
 json embedding_line(const PromptRecord& r, std::vector<std::vector<float>> vectors, int64_t prompt_tokens,
                     bool normalize_default, const std::string& model_name, int64_t created) {
-  STRATA_CHECK(r.embedding && vectors.size() == r.embedding->inputs.size(),
+  STRATA_CHECK(r.embedding && r.embedding->use != EmbeddingUse::Classify && vectors.size() == r.embedding->inputs.size(),
                "embedding_line: " << vectors.size() << " vectors for a request of "
                                   << (r.embedding ? r.embedding->inputs.size() : 0) << " inputs");
   const EmbeddingRequest& e = *r.embedding;
