@@ -191,14 +191,7 @@ public:
         ids.insert(ids.end(), body.begin(), body.end());
         ids.insert(ids.end(), model_.append_ids.begin(), model_.append_ids.end());
       }
-      for (int32_t id : ids)
-        if (id >= cfg.vocab_size)
-          return unservable("invalid_value", name + ": token id " + std::to_string(id) +
-                                                 " is outside the model's vocabulary of " + std::to_string(cfg.vocab_size));
-      if (int64_t(ids.size()) > cfg.max_positions)
-        return unservable("context_length_exceeded", name + " of " + std::to_string(ids.size()) +
-                                                         " tokens exceeds the model's context of " +
-                                                         std::to_string(cfg.max_positions) + " tokens");
+      if (auto err = input_error(name, ids)) return unservable(err->code, err->message);
       out.push_back(std::move(ids));
     }
     return out;
@@ -253,6 +246,20 @@ public:
   }
 
 private:
+  // Why a pooled input's ids cannot run: an id past the vocabulary, more ids than the context.
+  std::optional<ServeError> input_error(const std::string& name, const std::vector<int32_t>& ids) const {
+    const ModelConfig& cfg = model_.config;
+    for (int32_t id : ids)
+      if (id >= cfg.vocab_size)
+        return ServeError{"invalid_value", name + ": token id " + std::to_string(id) +
+                                               " is outside the model's vocabulary of " + std::to_string(cfg.vocab_size)};
+    if (int64_t(ids.size()) > cfg.max_positions)
+      return ServeError{"context_length_exceeded", name + " of " + std::to_string(ids.size()) +
+                                                       " tokens exceeds the model's context of " +
+                                                       std::to_string(cfg.max_positions) + " tokens"};
+    return std::nullopt;
+  }
+
   // A classification's inputs: texts with the tokenizer's special tokens unless add_special_tokens
   // is false, ids as given, a conversation rendered by the chat template and tokenized as
   // apply_chat_template does; each cut to its last truncate_prompt_tokens ids, then after the last
@@ -301,14 +308,7 @@ private:
         if (ids.empty()) return unservable("invalid_value", name + " has no tokens");
       }
       if (keep > 0 && int64_t(ids.size()) > keep) ids.erase(ids.begin(), ids.end() - keep);
-      for (int32_t id : ids)
-        if (id >= cfg.vocab_size)
-          return unservable("invalid_value", name + ": token id " + std::to_string(id) +
-                                                 " is outside the model's vocabulary of " + std::to_string(cfg.vocab_size));
-      if (int64_t(ids.size()) > cfg.max_positions)
-        return unservable("context_length_exceeded", name + " of " + std::to_string(ids.size()) +
-                                                         " tokens exceeds the model's context of " +
-                                                         std::to_string(cfg.max_positions) + " tokens");
+      if (auto err = input_error(name, ids)) return unservable(err->code, err->message);
       const size_t pooled = model_.classifier->pooled_length(ids);
       if (unpooled_pads) *unpooled_pads += int64_t(ids.size() - pooled);
       ids.resize(pooled);

@@ -4,7 +4,6 @@
 
 #include "strata/core/error.h"
 #include "strata/job/embeddings.h"
-#include "strata/job/output.h"
 
 namespace strata {
 using json = nlohmann::json;
@@ -66,13 +65,7 @@ json classification_line(const PromptRecord& r, const std::vector<std::vector<fl
   for (size_t i = 0; i < classes.size(); ++i)
     data.push_back({{"index", i}, {"label", classes[i].label}, {"probs", numbers(classes[i].probs)},
                     {"num_classes", head.labels.size()}});
-  return openai_batch_line(r, {{"id", "classify-" + openai_request_hex(r)},
-                               {"object", "list"},
-                               {"created", created},
-                               {"model", r.model.empty() ? model_name : r.model},
-                               {"data", std::move(data)},
-                               {"usage", {{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens},
-                                          {"completion_tokens", 0}}}});
+  return pooled_list_line(r, "classify", std::move(data), prompt_tokens, model_name, created);
 }
 
 }  // namespace strata

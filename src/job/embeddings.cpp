@@ -217,6 +217,17 @@ std::optional<ServeError> read_classify(const json& obj, const FieldName& field,
 
 }  // namespace
 
+json pooled_list_line(const PromptRecord& r, const char* prefix, json data, int64_t prompt_tokens,
+                      const std::string& model_name, int64_t created) {
+  return openai_batch_line(r, {{"id", std::string(prefix) + "-" + openai_request_hex(r)},
+                               {"object", "list"},
+                               {"created", created},
+                               {"model", r.model.empty() ? model_name : r.model},
+                               {"data", std::move(data)},
+                               {"usage", {{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens},
+                                          {"completion_tokens", 0}}}});
+}
+
 json float32_number(float v) {
   if (!std::isfinite(v)) return json(nullptr);  // never from a finite model; JSON has no inf
   char buf[32];
@@ -248,13 +259,7 @@ json score_line(const PromptRecord& r, const std::vector<std::vector<float>>& v,
   if (r.format == InputFormat::Strata) return {{"id", r.id}, {"scores", std::move(scores)}, {"prompt_tokens", prompt_tokens}};
   json data = json::array();
   for (size_t k = 0; k < scores.size(); ++k) data.push_back({{"index", k}, {"object", "score"}, {"score", scores[k]}});
-  return openai_batch_line(r, {{"id", "score-" + openai_request_hex(r)},
-                               {"object", "list"},
-                               {"created", created},
-                               {"model", r.model.empty() ? model_name : r.model},
-                               {"data", std::move(data)},
-                               {"usage", {{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens},
-                                          {"completion_tokens", 0}}}});
+  return pooled_list_line(r, "score", std::move(data), prompt_tokens, model_name, created);
 }
 
 json rerank_line(const PromptRecord& r, const std::vector<std::vector<float>>& v, int64_t prompt_tokens,
@@ -402,13 +407,7 @@ json embedding_line(const PromptRecord& r, std::vector<std::vector<float>> vecto
   json data = json::array();
   for (size_t i = 0; i < vectors.size(); ++i)
     data.push_back({{"index", i}, {"object", "embedding"}, {"embedding", vector_json(vectors[i], e.base64)}});
-  json body = {{"id", "embd-" + openai_request_hex(r)},
-                     {"object", "list"},
-                     {"created", created},
-                     {"model", r.model.empty() ? model_name : r.model},
-                     {"data", std::move(data)},
-                     {"usage", {{"prompt_tokens", prompt_tokens}, {"total_tokens", prompt_tokens}, {"completion_tokens", 0}}}};
-  return openai_batch_line(r, std::move(body));
+  return pooled_list_line(r, "embd", std::move(data), prompt_tokens, model_name, created);
 }
 
 }  // namespace strata

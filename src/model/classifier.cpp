@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "strata/core/error.h"
@@ -54,16 +53,6 @@ size_t ClassifierHead::pooled_length(std::span<const int32_t> ids) const {
 
 namespace {
 
-json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  if (!in) STRATA_FAIL(p.string() << ": cannot read the file");
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    STRATA_FAIL(p.string() << ": invalid JSON: " << e.what());
-  }
-}
-
 // id2label's names by index; transformers' LABEL_i where the config names none.
 std::vector<std::string> label_names(const json& j, int count, const fs::path& file) {
   std::vector<std::string> names(static_cast<size_t>(count));
@@ -99,10 +88,9 @@ ClassifierActivation activation_of(const json& j, int labels, const fs::path& fi
 
 }  // namespace
 
-ClassifierHead read_classifier_head(const fs::path& model_dir, const ModelConfig& cfg, const WeightSource& weights) {
+ClassifierHead read_classifier_head(const json& j, const fs::path& file, const ModelConfig& cfg,
+                                    const WeightSource& weights) {
   STRATA_CHECK(cfg.num_labels > 0, "internal: read_classifier_head for a model without labels");
-  const fs::path file = model_dir / "config.json";
-  const json j = read_json(file);
   ClassifierHead head;
   head.source = file.string();
   head.labels = label_names(j, cfg.num_labels, file);

@@ -207,7 +207,9 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     b.add_bos = b.config.bos_id >= 0 && hf_adds_bos(tok);
     b.append_ids = hf_appended_ids(tok, b.config);
     b.pooling = read_pooling_config(path);
-    if (b.config.num_labels > 0) b.classifier = read_classifier_head(path, b.config, *b.weights);
+    if (b.config.num_labels > 0)
+      b.classifier = read_classifier_head(*read_json_if_present(path / "config.json"), path / "config.json", b.config,
+                                          *b.weights);
     // Embedding models ship the decoder alone: an untied checkpoint may have no LM head.
     if (!b.config.tied_embeddings && !b.weights->contains("lm_head.weight")) b.config.lm_head = false;
     HfChat chat = hf_chat(tok);

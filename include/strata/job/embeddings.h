@@ -58,6 +58,13 @@ void finish_embedding(std::vector<float>& v, int dimensions, bool normalize);
 // cos_sim), in double.
 double cosine_similarity(const std::vector<float>& a, const std::vector<float>& b);
 
+// The OpenAI batch line around a vLLM pooling body: {"id": "PREFIX-<16 hex>", "object": "list",
+// "created", "model" (the request's, else model_name), "data", "usage" {prompt_tokens,
+// total_tokens, completion_tokens 0}}: embeddings ("embd"), scores ("score"), classifications
+// ("classify").
+nlohmann::json pooled_list_line(const PromptRecord& r, const char* prefix, nlohmann::json data, int64_t prompt_tokens,
+                                const std::string& model_name, int64_t created);
+
 // The shortest decimal that reads back as the same float32 (float's to_chars), as a JSON number
 // (null for a value that is not finite).
 nlohmann::json float32_number(float v);

@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <span>
 #include <string>
@@ -39,10 +40,11 @@ struct ClassifierHead {
   size_t pooled_length(std::span<const int32_t> ids) const;
 };
 
-// The head of a classifier checkpoint (cfg.num_labels > 0): id2label and problem_type from the
-// directory's config.json, score.weight from `weights`. Throws strata::Error naming the file when
-// the weight is missing or of the wrong shape, or problem_type is unknown.
-ClassifierHead read_classifier_head(const std::filesystem::path& model_dir, const ModelConfig& cfg,
-                                    const WeightSource& weights);
+// The head of a classifier checkpoint (cfg.num_labels > 0): id2label and problem_type from its
+// config.json (parsed, and its path for messages), score.weight from `weights`. Throws
+// strata::Error naming the file when the weight is missing or of the wrong shape, or problem_type
+// is unknown.
+ClassifierHead read_classifier_head(const nlohmann::json& config, const std::filesystem::path& config_file,
+                                    const ModelConfig& cfg, const WeightSource& weights);
 
 }  // namespace strata
