@@ -104,7 +104,7 @@ def main():
 
     out = os.path.join(a.dir, "classify_out.jsonl")
     cmd = [a.strata, "run", "--model", model, "--prompts", src, "--out", out, "--no-progress"]
-    strata_best, log = 1e9, ""
+    strata_best, classify_s = 1e9, 1e9
     for _ in range(a.repeat):
         if os.path.exists(out):
             os.remove(out)
@@ -113,10 +113,10 @@ def main():
         wall = time.perf_counter() - t0
         if r.returncode != 0:
             sys.exit(r.stderr)
-        log = r.stderr
         strata_best = min(strata_best, wall)
-    classify_s = min(float(line.split(" in ")[1].split(" s")[0]) for line in log.splitlines()
-                     if line.startswith("classified:") and " inputs, " in line)
+        # Each run's own "classified: N inputs, T tokens in S s" line; the fastest counts, as the wall.
+        classify_s = min([classify_s] + [float(line.split(" in ")[1].split(" s")[0]) for line in r.stderr.splitlines()
+                                         if line.startswith("classified:") and " inputs, " in line])
     got = {}
     for line in open(out):
         j = json.loads(line)

@@ -9,6 +9,7 @@
 
 #include "strata/core/error.h"
 #include "strata/job/classify.h"
+#include "strata/job/cross_encoder.h"
 #include "strata/job/embeddings.h"
 #include "strata/job/prompts.h"
 
@@ -32,6 +33,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::vector<std::vector<float>> pooled(r.embedding->inputs.size(), std::vector<float>(4, 0.5f));
         (void)strata::classification_line(r, pooled, head, 1, "m", 0).dump();
         continue;
+      }
+      // A score or rerank request's answer line from a cross-encoder: one state per pair.
+      if (r.embedding && !r.error &&
+          (r.embedding->use == strata::EmbeddingUse::Score || r.embedding->use == strata::EmbeddingUse::Rerank)) {
+        strata::ClassifierHead head;
+        head.labels = {"LABEL_0"};
+        head.hidden = 4;
+        head.weight.assign(4, 0.25f);
+        head.activation = strata::ClassifierActivation::Sigmoid;
+        const size_t pairs = strata::request_pairs(*r.embedding).size();
+        std::vector<std::vector<float>> pooled(pairs, std::vector<float>(4, 0.5f));
+        (void)strata::cross_encoder_line(r, pooled, head, 1, "m", 0).dump();
       }
       // An embeddings request's answer line, from vectors as wide as it asks for.
       if (r.embedding && !r.error) {

@@ -15,6 +15,7 @@
 #include "cli_support.h"
 #include "edited_model.h"
 #include "error_text.h"
+#include "pooled_job.h"
 #include "strata/backend/backend.h"
 #include "strata/core/error.h"
 #include "strata/job/batch_job.h"
@@ -58,30 +59,11 @@ fs::path write(const std::string& name, const std::string& text) {
   return test::write_file(test::temp_dir("classify") / name, text);
 }
 
-std::map<std::string, json> lines_by_id(const fs::path& p) {
-  std::ifstream in(p);
-  std::map<std::string, json> m;
-  for (std::string line; std::getline(in, line);) {
-    const json l = json::parse(line);
-    m[l.contains("custom_id") ? l["custom_id"].get<std::string>() : l["id"].dump()] = l;
-  }
-  return m;
-}
+using test::lines_by_id;
 
-std::string classify_line(const std::string& id, const json& body) {
-  return json{{"custom_id", id}, {"method", "POST"}, {"url", "/v1/classify"}, {"body", body}}.dump() + "\n";
-}
+std::string classify_line(const std::string& id, const json& body) { return test::batch_request(id, "/v1/classify", body); }
 
-JobOptions job(const std::string& model, const fs::path& in, const fs::path& out) {
-  JobOptions o;
-  o.model = model;
-  o.prompts = in;
-  o.out = out;
-  o.device = "cpu";
-  o.threads = 2;
-  o.progress = false;
-  return o;
-}
+JobOptions job(const std::string& model, const fs::path& in, const fs::path& out) { return test::pooled_job(model, in, out); }
 
 std::map<std::string, json> run_job(const std::string& name, const std::string& text, JobSummary* summary = nullptr,
                                     std::string* log_text = nullptr) {

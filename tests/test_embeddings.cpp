@@ -15,6 +15,7 @@
 
 #include "cli_support.h"
 #include "error_text.h"
+#include "pooled_job.h"
 #include "policy_fixtures.h"
 #include "strata/backend/backend.h"
 #include "strata/core/error.h"
@@ -97,19 +98,10 @@ std::map<std::string, json> by_id(const std::vector<json>& lines) {
 }
 
 std::string embeddings_line(const std::string& id, const json& body) {
-  return json{{"custom_id", id}, {"method", "POST"}, {"url", "/v1/embeddings"}, {"body", body}}.dump() + "\n";
+  return test::batch_request(id, "/v1/embeddings", body);
 }
 
-JobOptions job(const std::string& model, const fs::path& in, const fs::path& out) {
-  JobOptions o;
-  o.model = model;
-  o.prompts = in;
-  o.out = out;
-  o.device = "cpu";
-  o.threads = 2;
-  o.progress = false;
-  return o;
-}
+JobOptions job(const std::string& model, const fs::path& in, const fs::path& out) { return test::pooled_job(model, in, out); }
 
 std::vector<float> floats_of(const json& v) { return v.get<std::vector<float>>(); }
 

@@ -65,6 +65,11 @@ void add_run_command(CLI::App& app) {
                   "PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), merged into the "
                   "model's weights as they load; NAME=DIR, as vLLM's --lora-modules: OpenAI requests whose "
                   "body.model is not NAME get model_not_found");
+  cmd->add_option("--hf-overrides", opt->hf_overrides,
+                  "JSON object whose keys replace the model directory's config.json's, as vLLM's option: the "
+                  "original Qwen3-Reranker as a cross-encoder is '{\"architectures\": "
+                  "[\"Qwen3ForSequenceClassification\"], \"classifier_from_token\": [\"no\", \"yes\"], "
+                  "\"is_original_qwen3_reranker\": true}' (docs/batch-format.md \"Cross-encoders\")");
   cmd->add_option("--device", opt->device, "cpu, cuda or auto (cuda when a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
       ->capture_default_str();
@@ -152,7 +157,8 @@ void add_run_command(CLI::App& app) {
                 "without reasoning (its template closes an empty <think> block)");
   cmd->add_option("--chat-template", opt->chat_template,
                   "Jinja chat template file to render messages with instead of the model's (a known family's is "
-                  "recognized, any other interpreted; docs/batch-format.md \"Chat templates\")")
+                  "recognized, any other interpreted; docs/batch-format.md \"Chat templates\"); for a "
+                  "cross-encoder, the score template its pairs are rendered with (roles query and document)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--tool-call-parser", opt->tool_call_parser,
                   "how answers to requests with tools are read for calls, as vLLM's option: auto (the chat "

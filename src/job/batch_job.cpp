@@ -38,6 +38,7 @@
 #include "strata/profile/profiler.h"
 #include "strata/policy/policy.h"
 #include "strata/job/classify.h"
+#include "strata/job/cross_encoder.h"
 #include "strata/job/embeddings.h"
 #include "strata/runtime/continuous.h"
 #include "strata/runtime/embedder.h"
@@ -157,15 +158,17 @@ public:
     const std::string end = openai ? "" : "'";
     const EmbeddingRequest& e = *r.embedding;
     if (e.use == EmbeddingUse::Classify) return classify_inputs(r, unpooled_pads);
+    if (model_.classifier) return pair_inputs(r, unpooled_pads);
     // A score over embeddings means something only for a model trained to embed: a generative
-    // checkpoint's last hidden states are not (a cross-encoder reranker such as Qwen3-Reranker
-    // scores with its LM head, which Strata does not do).
+    // checkpoint's last hidden states are not (a reranker such as Qwen3-Reranker scores with its LM
+    // head: read as a cross-encoder through --hf-overrides' classifier_from_token).
     if (e.use != EmbeddingUse::Embed && !embedding_model_)
       return unservable("unsupported_model",
                         std::string(e.use == EmbeddingUse::Score ? "scores" : "reranking") +
                             " compare embeddings, and " + cfg.name +
                             " is a generative model with no pooling config (no modules.json or GGUF pooling_type); "
-                            "give --pooling if it is an embedding model (cross-encoder rerankers are not supported)");
+                            "give --pooling if it is an embedding model, or --hf-overrides with classifier_from_token if it is "
+                            "a reranker that answers with tokens (docs/batch-format.md \"Cross-encoders\")");
     if (e.dimensions > cfg.hidden)
       return unservable("invalid_value", field + "dimensions" + end + " " + std::to_string(e.dimensions) +
                                              " exceeds the model's embedding width of " + std::to_string(cfg.hidden));
@@ -213,21 +216,40 @@ public:
   }
 
   // Why a pooling request does not suit the model: a classification of a model without a
-  // classifier's head, or an embedding, score or rerank of a classifier.
+  // classifier's head, an embedding of a classifier, or a score or rerank of a classifier of more
+  // than one label (a cross-encoder has one).
   std::optional<ServeError> wrong_kind(const PromptRecord& r) const {
     if (!r.embedding) return std::nullopt;
-    const bool classify = r.embedding->use == EmbeddingUse::Classify;
-    if (classify && !model_.classifier)
+    const EmbeddingUse use = r.embedding->use;
+    if (use == EmbeddingUse::Classify && !model_.classifier)
       return ServeError{"unsupported_model",
                         "classification needs a sequence classifier (config.json's architectures "
                         "*ForSequenceClassification, with a score.weight head); " + model_.config.name + " is not one"};
-    if (!classify && model_.classifier)
-      return ServeError{"unsupported_model", no_head_reason()};
+    if (use == EmbeddingUse::Embed && model_.classifier) return ServeError{"unsupported_model", no_head_reason()};
+    if ((use == EmbeddingUse::Score || use == EmbeddingUse::Rerank) && model_.classifier &&
+        model_.classifier->labels.size() != 1)
+      return ServeError{"unsupported_model",
+                        std::string(use == EmbeddingUse::Score ? "scores" : "reranking") + " of a classifier need one "
+                            "label (a cross-encoder's relevance); " + model_.config.name + " has " +
+                            std::to_string(model_.classifier->labels.size()) + " labels: classify instead"};
     return std::nullopt;
   }
 
+  // Whether a request's inputs are pairs scored by a cross-encoder (always tokenized in pass 1).
+  bool cross_encodes(const PromptRecord& r) const {
+    return r.embedding && model_.classifier &&
+           (r.embedding->use == EmbeddingUse::Score || r.embedding->use == EmbeddingUse::Rerank);
+  }
+
+  // The score template a cross-encoder's pairs are rendered with (--chat-template, as vLLM's).
+  void set_score_template(std::optional<ChatTemplate> t) { score_template_ = std::move(t); }
+
   // What a model without an LM head serves instead of generating.
   std::string no_head_reason() const {
+    if (model_.classifier && model_.classifier->labels.size() == 1)
+      return model_.config.name + " is a one-label sequence classifier (a cross-encoder): it answers classification, "
+                                  "score and rerank requests only (/v1/classify, /v1/score, /v1/rerank; the strata "
+                                  "format's 'classify', 'text_1' and 'query' lines)";
     if (model_.classifier)
       return model_.config.name + " is a sequence classifier: it answers classification requests only (/v1/classify; "
                                   "the strata format's 'classify' lines)";
@@ -317,6 +339,37 @@ private:
     return out;
   }
 
+  // A cross-encoder's inputs: each pair of the request (request_pairs) as one input
+  // (cross_encoder_ids), cut after its last id that is not the pad token as classify_inputs cuts.
+  std::variant<std::vector<std::vector<int32_t>>, ServeError> pair_inputs(const PromptRecord& r,
+                                                                          int64_t* unpooled_pads) const {
+    const bool openai = r.format == InputFormat::OpenAIBatch;
+    auto unservable = [&](const std::string& code, const std::string& why) { return refusal(r, code, why); };
+    const EmbeddingRequest& e = *r.embedding;
+    const std::string field = openai ? "body." : "field '";
+    const std::string end = openai ? "" : "'";
+    const int64_t keep = e.truncate == -1 ? model_.config.max_positions : e.truncate;
+    if (keep > model_.config.max_positions)
+      return unservable("invalid_value", field + "truncate_prompt_tokens" + end + " " + std::to_string(keep) +
+                                             " exceeds the model's context of " +
+                                             std::to_string(model_.config.max_positions));
+    std::vector<std::vector<int32_t>> out;
+    for (const auto& [a, b] : request_pairs(e)) {
+      const std::string name = field + embedding_input_name(e, a) + end + " and " + field +
+                               embedding_input_name(e, b) + end;
+      auto ids = cross_encoder_ids(model_, e.inputs[a].text, e.inputs[b].text,
+                                   score_template_ ? &*score_template_ : nullptr, keep);
+      if (auto* why = std::get_if<std::string>(&ids)) return unservable("invalid_value", name + ": " + *why);
+      std::vector<int32_t>& pair = std::get<std::vector<int32_t>>(ids);
+      if (auto err = input_error(name, pair)) return unservable(err->code, err->message);
+      const size_t pooled = model_.classifier->pooled_length(pair);
+      if (unpooled_pads) *unpooled_pads += int64_t(pair.size() - pooled);
+      pair.resize(pooled);
+      out.push_back(std::move(pair));
+    }
+    return out;
+  }
+
   // A request that cannot be served: "FILE:LINE: why" thrown for a strata line (the job stops),
   // the error returned for an OpenAI one (answered with an error line).
   ServeError refusal(const PromptRecord& r, const std::string& code, const std::string& why) const {
@@ -352,6 +405,7 @@ private:
   bool embedding_model_ = false;
   mutable std::once_flag chat_once_;
   mutable std::optional<ChatTemplate> chat_;
+  std::optional<ChatTemplate> score_template_;
   mutable std::string no_chat_ = "'messages' given, but the model has no chat template; give 'prompt'";
 };
 
@@ -625,7 +679,8 @@ JobScan scan_job(const JobOptions& opt, const Shard& shard, const ModelBundle& m
           const bool ids = std::any_of(r.embedding->inputs.begin(), r.embedding->inputs.end(),
                                        [](const EmbeddingInput& in) { return !in.ids.empty(); });
           if (r.format == InputFormat::Strata && (ids || r.embedding->truncate != 0 || r.embedding->chat ||
-                                                  tok.wrong_kind(r) || tok.input_token_bound(*r.embedding) > ctx)) {
+                                                  tok.wrong_kind(r) || tok.cross_encodes(r) ||
+                                                  tok.input_token_bound(*r.embedding) > ctx)) {
             ++s.tokenized;
             tok.tokenize_inputs(r);
           }
@@ -633,7 +688,10 @@ JobScan scan_job(const JobOptions& opt, const Shard& shard, const ModelBundle& m
         }
         if (r.format == InputFormat::Strata && !model.config.lm_head)
           throw Error(opt.prompts.string() + ":" + std::to_string(r.line) + ": " + model.config.name +
-                      (model.classifier ? " is a sequence classifier: it answers 'classify' lines only"
+                      (model.classifier ? model.classifier->labels.size() == 1
+                                              ? " is a one-label sequence classifier (a cross-encoder): it answers "
+                                                "'classify', 'text_1' (scores) and 'query' (reranking) lines only"
+                                              : " is a sequence classifier: it answers 'classify' lines only"
                                         : " has no lm_head.weight (an embedding model): it answers 'input' lines "
                                           "(embeddings) only"));
         const std::optional<int64_t> bound = tok.token_bound(r);
@@ -830,14 +888,24 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
   if (!options.errors.empty() &&
       std::filesystem::weakly_canonical(options.errors) == std::filesystem::weakly_canonical(options.out))
     STRATA_FAIL("--errors must name another file than --out (without --errors, error lines go to --out)");
-  ModelBundle model = open_model(options.model, options.tokenizer, options.lora);
+  ModelBundle model = open_model(options.model, options.tokenizer, options.lora, options.hf_overrides);
   if (!options.chat_template.empty()) model.chat_template = read_chat_template(options.chat_template);
   if (!model.tokenizer) STRATA_FAIL(options.model << ": the model has no tokenizer files; pass --tokenizer DIR");
   if (!model.load_note.empty()) log << model.load_note << "\n";
   const JobOptions opt = with_model_sampling(options, model.sampling, log);
-  const PromptTokenizer tok(model, opt.prompts.string(),
+  PromptTokenizer tokenizer(model, opt.prompts.string(),
                             ChatOptions{opt.reasoning_effort, opt.no_thinking ? std::optional<bool>(false) : std::nullopt, {}, {}},
                             opt.lora_name, model.pooling.has_value() || !model.config.lm_head || !opt.pooling.empty());
+  // vLLM renders a cross-encoder's pairs with --chat-template when one is given (its messages have
+  // the roles "query" and "document"), never with the model's own template.
+  if (!opt.chat_template.empty() && model.classifier && model.classifier->labels.size() == 1) {
+    try {
+      tokenizer.set_score_template(ChatTemplate::interpreted(model.chat_template, model.chat_tokens));
+    } catch (const Error& e) {
+      STRATA_FAIL(opt.chat_template.string() << ": the score template cannot be used: " << e.what());
+    }
+  }
+  const PromptTokenizer& tok = tokenizer;
 
   // Pass 1: check every line before touching the device or the output.
   const JobScan scan = scan_job(opt, shard, model, tok, log);
@@ -877,6 +945,13 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
       log << (i ? ", " : "") << classifier->labels[i];
     log << (classifier->labels.size() > 8 ? ", ..." : "") << "), " << activation_name(classifier->activation)
         << ", the last token that is not the pad token scored (" << classifier->source << ")\n";
+    if (!classifier->made_from.empty()) log << "classifier head: " << classifier->made_from << "\n";
+    if (classifier->labels.size() == 1)
+      log << "score and rerank pairs: "
+          << (!opt.chat_template.empty() ? "rendered by the score template " + opt.chat_template.string()
+              : classifier->pair_separator ? std::string("tokenizer(text_1, text_2), the tokenizer's pair template")
+                                           : std::string("text_1 + text_2, one text"))
+          << "\n";
   } else if (scan.embeddings > 0) {
     log << "embeddings: " << pooling_name(pooling.kind) << " pooling, " << (pooling.normalize ? "" : "not ")
         << "normalized (" << (pooling.source.empty() ? "no pooling config: vLLM's default for a decoder"
@@ -959,6 +1034,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
         for (const std::vector<int32_t>& in : f.request.inputs) tokens += int64_t(in.size());
         if (r.embedding->use == EmbeddingUse::Classify)
           return classification_line(r, f.embeddings, *classifier, tokens, model.config.name, created);
+        if (classifier) return cross_encoder_line(r, f.embeddings, *classifier, tokens, model.config.name, created);
         return embedding_line(r, f.embeddings, tokens, pooling.normalize, model.config.name, created);
       }
       return answer_line(r, int64_t(f.request.ids.size()), f.results, answers);

@@ -17,8 +17,14 @@ using json = nlohmann::json;
 const std::set<std::string>& embedding_fields(EmbeddingUse use, InputFormat format) {
   static const std::set<std::string> embed = {"input", "dimensions", "encoding_format", "normalize",
                                               "truncate_prompt_tokens", "user"};
-  static const std::set<std::string> score = {"text_1", "text_2", "truncate_prompt_tokens", "user"};
-  static const std::set<std::string> rerank = {"query", "documents", "top_n", "truncate_prompt_tokens", "user"};
+  // use_activation (and its deprecated name activation) applies to a cross-encoder's scores.
+  static const std::set<std::string> score = {"text_1", "text_2", "truncate_prompt_tokens", "use_activation",
+                                              "activation", "user"};
+  static const std::set<std::string> rerank = {"query", "documents", "top_n", "truncate_prompt_tokens",
+                                               "use_activation", "activation", "user"};
+  static const std::set<std::string> score_strata = {"text_1", "text_2", "truncate_prompt_tokens", "use_activation"};
+  static const std::set<std::string> rerank_strata = {"query", "documents", "top_n", "truncate_prompt_tokens",
+                                                      "use_activation"};
   static const std::set<std::string> classify = {"input", "messages", "use_activation", "softmax", "activation",
                                                  "add_special_tokens", "add_generation_prompt",
                                                  "truncate_prompt_tokens", "user"};
@@ -27,8 +33,8 @@ const std::set<std::string>& embedding_fields(EmbeddingUse use, InputFormat form
                                                         "truncate_prompt_tokens"};
   switch (use) {
     case EmbeddingUse::Embed: return embed;
-    case EmbeddingUse::Score: return score;
-    case EmbeddingUse::Rerank: return rerank;
+    case EmbeddingUse::Score: return format == InputFormat::Strata ? score_strata : score;
+    case EmbeddingUse::Rerank: return format == InputFormat::Strata ? rerank_strata : rerank;
     case EmbeddingUse::Classify: return format == InputFormat::Strata ? classify_strata : classify;
   }
   return embed;
@@ -166,6 +172,22 @@ std::optional<ServeError> read_flag(const json& obj, const FieldName& field, con
   return std::nullopt;
 }
 
+// use_activation, or vLLM's deprecated names (classify: softmax and activation; score and rerank:
+// activation), the later in this order winning: activation, softmax, use_activation. The strata
+// format reads use_activation only.
+std::optional<ServeError> read_activation(const json& obj, const FieldName& field, InputFormat format,
+                                          EmbeddingRequest& e) {
+  std::optional<bool> activation;
+  for (const char* flag : {"activation", "softmax", "use_activation"}) {
+    std::optional<bool> v;
+    if (!embedding_fields(e.use, format).count(flag)) continue;
+    if (auto err = read_flag(obj, field, flag, v)) return err;
+    if (v) activation = v;
+  }
+  e.activation = activation.value_or(true);
+  return std::nullopt;
+}
+
 // vLLM's /v1/classify: `input` (texts or ids, as for embeddings) or `messages` (one conversation,
 // rendered by the chat template); the strata format's "classify" holds the input, or is true beside
 // "messages".
@@ -195,15 +217,7 @@ std::optional<ServeError> read_classify(const json& obj, const FieldName& field,
   } else if (auto err = read_inputs(obj[key], field, key, e)) {
     return err;
   }
-  // use_activation, or vLLM's deprecated softmax / activation (in that order of precedence).
-  std::optional<bool> activation;
-  for (const char* flag : {"activation", "softmax", "use_activation"}) {
-    std::optional<bool> v;
-    if (!openai && std::string(flag) != "use_activation") continue;
-    if (auto err = read_flag(obj, field, flag, v)) return err;
-    if (v) activation = v;
-  }
-  e.activation = activation.value_or(true);
+  if (auto err = read_activation(obj, field, r.format, e)) return err;
   std::optional<bool> specials, generation_prompt;
   if (auto err = read_flag(obj, field, "add_special_tokens", specials)) return err;
   if (auto err = read_flag(obj, field, "add_generation_prompt", generation_prompt)) return err;
@@ -238,41 +252,37 @@ json float32_number(float v) {
 
 namespace {
 
-json compact_number(float v) { return float32_number(v); }
-
 json vector_json(const std::vector<float>& v, bool base64) {
   if (base64) {
     static_assert(std::endian::native == std::endian::little, "base64 embeddings are little-endian float32");
     return base64_encode(v.data(), v.size() * sizeof(float));
   }
   json out = json::array();
-  for (float x : v) out.push_back(compact_number(x));
+  for (float x : v) out.push_back(float32_number(x));
   return out;
 }
 
-json score_line(const PromptRecord& r, const std::vector<std::vector<float>>& v, int64_t prompt_tokens,
+json score_line(const PromptRecord& r, const std::vector<double>& scores, int64_t prompt_tokens,
                 const std::string& model_name, int64_t created) {
-  const EmbeddingRequest& e = *r.embedding;
-  json scores = json::array();
-  for (size_t k = 0; k + e.first < v.size(); ++k)  // one text_1 against each text_2, or pair k
-    scores.push_back(compact_number(float(cosine_similarity(v[e.first == 1 ? 0 : k], v[e.first + k]))));
-  if (r.format == InputFormat::Strata) return {{"id", r.id}, {"scores", std::move(scores)}, {"prompt_tokens", prompt_tokens}};
+  json values = json::array();
+  for (double v : scores) values.push_back(float32_number(float(v)));
+  if (r.format == InputFormat::Strata) return {{"id", r.id}, {"scores", std::move(values)}, {"prompt_tokens", prompt_tokens}};
   json data = json::array();
-  for (size_t k = 0; k < scores.size(); ++k) data.push_back({{"index", k}, {"object", "score"}, {"score", scores[k]}});
+  for (size_t k = 0; k < values.size(); ++k) data.push_back({{"index", k}, {"object", "score"}, {"score", values[k]}});
   return pooled_list_line(r, "score", std::move(data), prompt_tokens, model_name, created);
 }
 
-json rerank_line(const PromptRecord& r, const std::vector<std::vector<float>>& v, int64_t prompt_tokens,
+json rerank_line(const PromptRecord& r, const std::vector<double>& scores, int64_t prompt_tokens,
                  const std::string& model_name) {
   const EmbeddingRequest& e = *r.embedding;
-  std::vector<std::pair<double, size_t>> ranked;  // (similarity, document index)
-  for (size_t d = 1; d < v.size(); ++d) ranked.emplace_back(cosine_similarity(v[0], v[d]), d - 1);
+  std::vector<std::pair<double, size_t>> ranked;  // (score, document index)
+  for (size_t d = 0; d < scores.size(); ++d) ranked.emplace_back(scores[d], d);
   std::stable_sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   if (e.top_n > 0 && size_t(e.top_n) < ranked.size()) ranked.resize(size_t(e.top_n));
   const bool openai = r.format == InputFormat::OpenAIBatch;
   json results = json::array();
   for (const auto& [score, d] : ranked) {
-    json item = {{"index", d}, {"relevance_score", compact_number(float(score))}};
+    json item = {{"index", d}, {"relevance_score", float32_number(float(score))}};
     if (openai) item["document"] = {{"text", e.inputs[d + 1].text}};
     results.push_back(std::move(item));
   }
@@ -300,6 +310,7 @@ std::optional<ServeError> read_embedding_request(const json& obj, const std::fun
       return refusal("invalid_value", "the request holds " + std::to_string(e.inputs.size()) + " texts; at most " +
                                           std::to_string(kMaxEmbeddingInputs) + " are allowed");
     if (auto err = read_truncate(obj, field, e)) return err;
+    if (auto err = read_activation(obj, field, r.format, e)) return err;
     r.embedding = std::move(e);
     return std::nullopt;
   }
@@ -326,6 +337,22 @@ std::optional<ServeError> read_embedding_request(const json& obj, const std::fun
   }
   r.embedding = std::move(e);
   return std::nullopt;
+}
+
+std::vector<std::pair<size_t, size_t>> request_pairs(const EmbeddingRequest& e) {
+  STRATA_CHECK(e.use == EmbeddingUse::Score || e.use == EmbeddingUse::Rerank, "request_pairs of a request without pairs");
+  std::vector<std::pair<size_t, size_t>> pairs;
+  for (size_t k = 0; k + e.first < e.inputs.size(); ++k)  // one text_1 (the query) against each, or pair k
+    pairs.emplace_back(e.first == 1 ? 0 : k, e.first + k);
+  return pairs;
+}
+
+json pair_score_line(const PromptRecord& r, const std::vector<double>& scores, int64_t prompt_tokens,
+                     const std::string& model_name, int64_t created) {
+  STRATA_CHECK(r.embedding && scores.size() == request_pairs(*r.embedding).size(),
+               "pair_score_line: " << scores.size() << " scores for the request's pairs");
+  if (r.embedding->use == EmbeddingUse::Score) return score_line(r, scores, prompt_tokens, model_name, created);
+  return rerank_line(r, scores, prompt_tokens, model_name);
 }
 
 std::string embedding_input_name(const EmbeddingRequest& e, size_t i) {
@@ -388,8 +415,11 @@ json embedding_line(const PromptRecord& r, std::vector<std::vector<float>> vecto
                "embedding_line: " << vectors.size() << " vectors for a request of "
                                   << (r.embedding ? r.embedding->inputs.size() : 0) << " inputs");
   const EmbeddingRequest& e = *r.embedding;
-  if (e.use == EmbeddingUse::Score) return score_line(r, vectors, prompt_tokens, model_name, created);
-  if (e.use == EmbeddingUse::Rerank) return rerank_line(r, vectors, prompt_tokens, model_name);
+  if (e.use == EmbeddingUse::Score || e.use == EmbeddingUse::Rerank) {
+    std::vector<double> scores;  // the cosine similarity of each pair's vectors
+    for (const auto& [a, b] : request_pairs(e)) scores.push_back(cosine_similarity(vectors[a], vectors[b]));
+    return pair_score_line(r, scores, prompt_tokens, model_name, created);
+  }
   for (std::vector<float>& v : vectors) finish_embedding(v, e.dimensions, e.normalize.value_or(normalize_default));
   if (r.format == InputFormat::Strata) {
     json line;

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "strata/core/error.h"
+#include "strata/model/classifier.h"
 
 namespace strata {
 
@@ -666,10 +667,19 @@ void read_head_kind(const json& j, const std::string& file, ModelConfig& c) {
     if (arch.ends_with(other))
       STRATA_FAIL(file << ": architectures " << arch << ": a " << other
                        << " head is not supported (causal LMs, embedding models and ForSequenceClassification are)");
-  if (!arch.ends_with("ForSequenceClassification")) return;
-  // transformers derives num_labels from id2label (2 when neither is written).
+  const std::optional<TokenClassifier> from_tokens = token_classifier(j, file);
+  if (!arch.ends_with("ForSequenceClassification")) {
+    if (from_tokens)
+      STRATA_FAIL(file << ": classifier_from_token makes a sequence classifier of a causal LM, but architectures is "
+                       << arch << "; set it to the ForSequenceClassification class as well (--hf-overrides "
+                                  "'{\"architectures\": [\"Qwen3ForSequenceClassification\"], ...}')");
+    return;
+  }
+  // transformers derives num_labels from id2label (2 when neither is written); a head made from the
+  // LM head's tokens has its own count.
   const auto labels = j.find("id2label");
-  if (labels != j.end() && labels->is_object() && !labels->empty()) c.num_labels = int(labels->size());
+  if (from_tokens) c.num_labels = from_tokens->labels();
+  else if (labels != j.end() && labels->is_object() && !labels->empty()) c.num_labels = int(labels->size());
   else c.num_labels = get_or<int>(j, "num_labels", 2);
   if (c.num_labels < 1 || c.num_labels > (1 << 20))
     STRATA_FAIL(file << ": num_labels " << c.num_labels << " must be at least 1");

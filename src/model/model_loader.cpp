@@ -75,6 +75,52 @@ std::vector<int32_t> hf_appended_ids(const fs::path& dir, const ModelConfig& cfg
   return ids;
 }
 
+// The special tokens of tokenizer(text, text_pair): a TemplateProcessing post-processor's pair
+// template; else, where tokenizer_config.json sets add_bos_token / add_eos_token (Llama's
+// tokenizers, which rebuild their post-processor from them), "BOS A EOS BOS B EOS" of those set;
+// else (a ByteLevel post-processor or none) the two texts' ids one after the other.
+ModelBundle::PairTemplate hf_pair_template(const fs::path& dir, const ModelBundle& b) {
+  ModelBundle::PairTemplate pair;
+  const std::optional<json> tc = read_json_if_present(dir / "tokenizer_config.json");
+  auto flag = [&](const char* key) { return tc && tc->contains(key) && (*tc)[key].is_boolean(); };
+  if (flag("add_bos_token") || flag("add_eos_token")) {
+    const std::vector<int32_t> bos = b.add_bos ? std::vector<int32_t>{b.config.bos_id} : std::vector<int32_t>{};
+    pair.lead = bos;
+    pair.middle = b.append_ids;
+    pair.middle.insert(pair.middle.end(), bos.begin(), bos.end());
+    pair.tail = b.append_ids;
+    return pair;
+  }
+  const std::optional<json> tj = read_json_if_present(dir / "tokenizer.json");
+  const json pp = tj && tj->is_object() ? tj->value("post_processor", json()) : json();
+  if (!pp.is_object() || pp.value("type", "") != "TemplateProcessing" || !pp.contains("pair") || !pp["pair"].is_array()) {
+    if (b.add_bos) pair.lead = {b.config.bos_id};
+    pair.tail = b.append_ids;
+    return pair;
+  }
+  std::vector<int32_t>* at = &pair.lead;
+  for (const json& piece : pp["pair"]) {
+    if (piece.contains("Sequence")) {
+      const json id = piece["Sequence"].value("id", json());
+      if (at == &pair.lead && id == "A") at = &pair.middle;
+      else if (at == &pair.middle && id == "B") at = &pair.tail;
+      else STRATA_FAIL((dir / "tokenizer.json").string() << ": the post_processor's pair template is not \"A\" then \"B\"");
+      continue;
+    }
+    if (!piece.contains("SpecialToken")) continue;
+    const json& name = piece["SpecialToken"]["id"];
+    const json& special = pp["special_tokens"];
+    if (!name.is_string() || !special.is_object() || !special.contains(name.get<std::string>()))
+      STRATA_FAIL((dir / "tokenizer.json").string() << ": post_processor names the special token " << name.dump()
+                                                    << " but its special_tokens do not list it");
+    for (const json& id : special[name.get<std::string>()]["ids"])
+      if (id.is_number_integer()) at->push_back(id.get<int32_t>());
+  }
+  if (at != &pair.tail)
+    STRATA_FAIL((dir / "tokenizer.json").string() << ": the post_processor's pair template lacks the sequences A and B");
+  return pair;
+}
+
 // llama.cpp's pooling_type: 1 mean, 2 cls, 3 last (0 none and 4 rank pool nothing Strata serves);
 // nullopt without the key. Its embeddings are normalized, as llama-server's.
 std::optional<PoolingConfig> gguf_pooling(const GgufFile& file) {
@@ -165,7 +211,21 @@ std::unique_ptr<WeightSource> with_lora(std::unique_ptr<WeightSource> weights, c
 }
 }  // namespace
 
-ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_dir, const fs::path& lora_dir) {
+json override_config(json config, const std::string& overrides) {
+  if (overrides.empty()) return config;
+  json patch;
+  try {
+    patch = json::parse(overrides);
+  } catch (const json::exception& e) {
+    STRATA_FAIL("--hf-overrides: invalid JSON: " << e.what());
+  }
+  if (!patch.is_object()) STRATA_FAIL("--hf-overrides must be a JSON object of config.json keys, got " << patch.type_name());
+  for (const auto& [key, value] : patch.items()) config[key] = value;
+  return config;
+}
+
+ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_dir, const fs::path& lora_dir,
+                       const std::string& hf_overrides) {
   std::string spec = spec_arg;
   if (spec.empty()) {
     spec = default_model_path().string();
@@ -174,6 +234,8 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
                                                                                  << "); run scripts/fetch_model.sh");
   }
   ModelBundle b;
+  if (!hf_overrides.empty() && (spec.rfind("dummy:", 0) == 0 || !fs::is_directory(spec)))
+    STRATA_FAIL("--hf-overrides edits a model directory's config.json; " << spec << " is not a model directory");
   if (spec.rfind("dummy:", 0) == 0) {
     const std::string name = spec.substr(6);
     auto cfg = config_preset(name);
@@ -189,7 +251,8 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
   if (!fs::exists(path)) STRATA_FAIL("model '" << spec << "' not found (a directory, a .gguf file, or dummy:PRESET)");
   if (fs::is_directory(path)) {
     if (!fs::exists(path / "config.json")) STRATA_FAIL(spec << ": no config.json in the model directory");
-    b.config = config_from_hf_json(path / "config.json");
+    const json config = override_config(*read_json_if_present(path / "config.json"), hf_overrides);
+    b.config = config_from_hf_json_text(config.dump(), path / "config.json");
     b.sampling = read_generation_config(path / "generation_config.json", b.config);
     b.packed = read_packed_format(path);
     bool mxfp4 = false;
@@ -206,10 +269,11 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     if (fs::exists(tok / "tokenizer.json") || fs::exists(tok / "vocab.json")) b.tokenizer = Tokenizer::from_dir(tok);
     b.add_bos = b.config.bos_id >= 0 && hf_adds_bos(tok);
     b.append_ids = hf_appended_ids(tok, b.config);
+    b.pair_template = hf_pair_template(tok, b);
     b.pooling = read_pooling_config(path);
     if (b.config.num_labels > 0)
-      b.classifier = read_classifier_head(*read_json_if_present(path / "config.json"), path / "config.json", b.config,
-                                          *b.weights);
+      b.classifier = read_classifier_head(config, path / "config.json", b.config, *b.weights,
+                                          b.tokenizer ? &*b.tokenizer : nullptr);
     // Embedding models ship the decoder alone: an untied checkpoint may have no LM head.
     if (!b.config.tied_embeddings && !b.weights->contains("lm_head.weight")) b.config.lm_head = false;
     HfChat chat = hf_chat(tok);

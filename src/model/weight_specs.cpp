@@ -138,7 +138,8 @@ std::vector<WeightSpec> attention_sink_specs(const ModelConfig& c) {
 
 bool is_ignorable_weight(const ModelConfig& c, const std::string& name) {
   if (c.tied_embeddings && name == "lm_head.weight") return true;
-  if (c.num_labels > 0 && name == "score.weight") return true;  // the classifier's, read by model/classifier.h
+  // The classifier's, read by model/classifier.h (lm_head.weight: a head made from its tokens' rows).
+  if (c.num_labels > 0 && (name == "score.weight" || name == "lm_head.weight")) return true;
   return name.size() >= 19 && name.compare(name.size() - 19, 19, "rotary_emb.inv_freq") == 0;
 }
 

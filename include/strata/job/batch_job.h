@@ -24,6 +24,8 @@ struct JobOptions {
   std::filesystem::path lora;              // optional PEFT LoRA adapter merged at load (model/lora.h)
   // --lora NAME=DIR: OpenAI requests whose body.model names another model get model_not_found.
   std::string lora_name;
+  // --hf-overrides: a JSON object whose keys replace config.json's (vLLM's option; open_model).
+  std::string hf_overrides;
   std::filesystem::path prompts, out;
   std::filesystem::path errors;            // OpenAI format: error lines go here instead of `out`
   std::string shard;                       // "i/N": only the requests whose id hashes to i mod N

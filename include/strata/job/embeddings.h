@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/job/prompts.h"
@@ -17,8 +18,10 @@ namespace strata {
 
 // The fields a request of this use reads besides the OpenAI body's "model" and the strata line's
 // "id". Embed: input, dimensions, encoding_format, normalize and truncate_prompt_tokens (vLLM's),
-// user (OpenAI's, not used). Score: text_1, text_2, truncate_prompt_tokens, user. Rerank: query,
-// documents, top_n, truncate_prompt_tokens, user.
+// user (OpenAI's, not used). Score: text_1, text_2, truncate_prompt_tokens, use_activation (a
+// cross-encoder's; and its deprecated name activation), user. Rerank: query, documents, top_n,
+// truncate_prompt_tokens, use_activation, activation, user. The strata format's score and rerank
+// lines: those without user and activation.
 // Classify (vLLM's /v1/classify): input or messages, use_activation (and its deprecated names
 // softmax and activation), add_special_tokens, add_generation_prompt, truncate_prompt_tokens, user;
 // in the strata format classify (the input, or true with messages), messages, use_activation,
@@ -42,12 +45,22 @@ std::string embedding_input_name(const EmbeddingRequest& e, size_t i);
 // [{index, object "embedding", embedding}], usage); strata: {"id", "embedding" (or "embeddings"
 // for an input given as an array), "prompt_tokens"}. Values are written as the shortest decimals
 // that read back as the same float32, or base64 of little-endian float32 when asked.
-// Score: each pair's cosine similarity, vLLM's score body (data [{index, object "score", score}]);
-// strata {"id", "scores", "prompt_tokens"}. Rerank: the documents by descending similarity to the
-// query, the best top_n, vLLM's rerank body (results [{index, document {text}, relevance_score}]);
-// strata {"id", "results": [{index, relevance_score}], "prompt_tokens"}.
+// Score and rerank: each pair's cosine similarity, answered by pair_score_line.
 nlohmann::json embedding_line(const PromptRecord& r, std::vector<std::vector<float>> vectors, int64_t prompt_tokens,
                               bool normalize_default, const std::string& model_name, int64_t created);
+
+// The pairs a score or rerank request compares, as indices into its inputs: (text_1, text_2 k) for
+// one text_1 against many, (text_1 k, text_2 k) pairwise, (query, document k) for reranking.
+std::vector<std::pair<size_t, size_t>> request_pairs(const EmbeddingRequest& e);
+
+// The output line answering a score or rerank request from one score per pair (request_pairs):
+// the cosine similarity of an embedding model's vectors, or a cross-encoder's score. Score: vLLM's
+// score body (data [{index, object "score", score}]); strata {"id", "scores", "prompt_tokens"}.
+// Rerank: the documents by descending score, the best top_n, vLLM's rerank body (results [{index,
+// document {text}, relevance_score}]); strata {"id", "results": [{index, relevance_score}],
+// "prompt_tokens"}.
+nlohmann::json pair_score_line(const PromptRecord& r, const std::vector<double>& scores, int64_t prompt_tokens,
+                               const std::string& model_name, int64_t created);
 
 // What the response carries: the first `dimensions` values (0: all; Matryoshka-trained models
 // such as Qwen3-Embedding keep meaning in a prefix), then divided by their L2 norm when

@@ -26,8 +26,8 @@
 namespace strata {
 
 enum class InputFormat : uint8_t { Strata, OpenAIBatch };
-// None: the strata format. Score and Rerank: vLLM's /v1/score and /v1/rerank, over embeddings;
-// Classify: vLLM's /v1/classify, of a sequence classifier.
+// None: the strata format. Score and Rerank: vLLM's /v1/score and /v1/rerank, over embeddings or
+// of a one-label classifier (a cross-encoder); Classify: vLLM's /v1/classify, of a sequence classifier.
 enum class Endpoint : uint8_t { None, ChatCompletions, Completions, Embeddings, Score, Rerank, Classify };
 
 // Why a well-formed request is not served: OpenAI-style code ("invalid_value", ...) and message.
@@ -77,7 +77,8 @@ struct EmbeddingRequest {
   bool chat = false;
   bool add_generation_prompt = false;
   bool add_special_tokens = true;      // Classify: a text gets the tokenizer's BOS and appended ids
-  bool activation = true;              // Classify: vLLM's use_activation; false: probs are the logits
+  // Classify, and Score/Rerank of a cross-encoder: vLLM's use_activation; false: the logits as they are.
+  bool activation = true;
 };
 
 struct PromptRecord {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "strata/model/config.h"
+#include "strata/model/tokenizer.h"
 #include "strata/model/weight_source.h"
 
 namespace strata {
@@ -30,6 +31,15 @@ struct ClassifierHead {
   ClassifierActivation activation = ClassifierActivation::Softmax;
   int32_t pad_id = -1;              // config.json's pad_token_id; -1: none
   std::string source;               // "DIR/config.json"
+  // How a score or rerank request's (text_1, text_2) pair becomes one input (vLLM's use_sep_token,
+  // or its older name use_pad_token): true, the tokenizer's pair encoding (its template's special
+  // tokens before, between and after the two texts), as a cross-encoder was trained; false, the one
+  // text text_1 + text_2, as an LLM used as a reranker reads its prompt. Default true, false for a
+  // head made from the LM head's tokens.
+  bool pair_separator = true;
+  // Set for a head made from the LM head's rows (TokenClassifier): "from_2_way_softmax" or
+  // "no_post_processing", and its tokens, for the job's log.
+  std::string made_from;
 
   // The logits of one pooled state [hidden], in double.
   std::vector<double> logits(std::span<const float> pooled) const;
@@ -40,11 +50,29 @@ struct ClassifierHead {
   size_t pooled_length(std::span<const int32_t> ids) const;
 };
 
+// A classifier made from a causal LM's own head, as vLLM reads a reranker such as Qwen3-Reranker
+// or mxbai-rerank-v2 (config.json's fields, usually given through --hf-overrides):
+// "classifier_from_token" names tokens of the vocabulary and "method" how their rows of the LM head
+// become `score`: "from_2_way_softmax" (two tokens, [no, yes]: one label, row(yes) - row(no), so
+// that its sigmoid is the softmax of yes against no) or "no_post_processing" (a label per token,
+// its row). "is_original_qwen3_reranker": true means from_2_way_softmax.
+struct TokenClassifier {
+  bool two_way = false;             // from_2_way_softmax
+  std::vector<std::string> tokens;  // classifier_from_token
+  int labels() const { return two_way ? 1 : int(tokens.size()); }
+};
+// nullopt for a config without "method" or "is_original_qwen3_reranker"; throws strata::Error
+// naming the file for an unknown method or tokens that do not suit it.
+std::optional<TokenClassifier> token_classifier(const nlohmann::json& config, const std::string& file);
+
 // The head of a classifier checkpoint (cfg.num_labels > 0): id2label and problem_type from its
-// config.json (parsed, and its path for messages), score.weight from `weights`. Throws
-// strata::Error naming the file when the weight is missing or of the wrong shape, or problem_type
-// is unknown.
+// config.json (parsed, and its path for messages), score.weight from `weights`, or for a
+// TokenClassifier the LM head's rows (lm_head.weight, the embedding when the checkpoint has no LM
+// head of its own) of the tokens `tokenizer` names. Throws strata::Error naming the file when the
+// weight is missing or of the wrong shape, a token is not in the vocabulary, or problem_type is
+// unknown.
 ClassifierHead read_classifier_head(const nlohmann::json& config, const std::filesystem::path& config_file,
-                                    const ModelConfig& cfg, const WeightSource& weights);
+                                    const ModelConfig& cfg, const WeightSource& weights,
+                                    const Tokenizer* tokenizer = nullptr);
 
 }  // namespace strata

@@ -3,6 +3,7 @@
 #pragma once
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +27,13 @@ struct ModelBundle {
   // template after the text, or add_eos_token): Qwen3-Embedding's EOS. Embedding inputs get them,
   // as vLLM's embeddings endpoint and sentence-transformers tokenize; prompts do not.
   std::vector<int32_t> append_ids;
+  // The special tokens the HF tokenizer puts around a pair of texts (tokenizer(text, text_pair),
+  // its post-processor's pair template): before the first, between the two, after the second. A
+  // cross-encoder's score and rerank inputs are encoded so (model/classifier.h, pair_separator).
+  struct PairTemplate {
+    std::vector<int32_t> lead, middle, tail;
+  };
+  PairTemplate pair_template;
   // An embedding model's pooling (modules.json, a GGUF's pooling_type); nullopt: none given.
   std::optional<PoolingConfig> pooling;
   // A sequence classifier's head (config.num_labels > 0); nullopt for any other model.
@@ -42,9 +50,16 @@ struct ModelBundle {
 // tokenizer_dir, when given, replaces the model's own tokenizer (or the byte stand-in of dummy models).
 // lora_dir, when given, is a PEFT LoRA adapter merged into the weights as they load (lora.h); its
 // line for the job's log goes into load_note. The tokenizer and chat template stay the model's.
-// An empty spec means the default model, SmolLM2-135M-Instruct, at default_model_path().
+// hf_overrides, when given, is a JSON object whose keys replace config.json's (vLLM's
+// --hf-overrides: a reranker's classifier_from_token, a longer max_position_embeddings); a model
+// directory only. An empty spec means the default model, SmolLM2-135M-Instruct, at default_model_path().
 ModelBundle open_model(const std::string& spec, const std::filesystem::path& tokenizer_dir = {},
-                       const std::filesystem::path& lora_dir = {});
+                       const std::filesystem::path& lora_dir = {}, const std::string& hf_overrides = {});
+
+// config.json with the keys of `overrides` (a JSON object's text, vLLM's --hf-overrides) put in
+// place of its own: `config` unchanged when overrides is empty. Throws strata::Error naming
+// --hf-overrides when it is not a JSON object.
+nlohmann::json override_config(nlohmann::json config, const std::string& overrides);
 
 // A tokenizer directory's tokenizer_config.json: its chat_template and the bos_token / eos_token
 // strings (empty where absent). open_model fills missing tokens from the model's BOS / EOS ids.
