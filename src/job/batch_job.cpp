@@ -282,6 +282,17 @@ private:
     return std::nullopt;
   }
 
+  // A classifier's input checked (input_error), then cut after its last id that is not the pad
+  // token (ClassifierHead::pooled_length), the pads counted in `unpooled_pads`.
+  std::optional<ServeError> classifier_input(const std::string& name, std::vector<int32_t>& ids,
+                                             int64_t* unpooled_pads) const {
+    if (auto err = input_error(name, ids)) return err;
+    const size_t pooled = model_.classifier->pooled_length(ids);
+    if (unpooled_pads) *unpooled_pads += int64_t(ids.size() - pooled);
+    ids.resize(pooled);
+    return std::nullopt;
+  }
+
   // A classification's inputs: texts with the tokenizer's special tokens unless add_special_tokens
   // is false, ids as given, a conversation rendered by the chat template and tokenized as
   // apply_chat_template does; each cut to its last truncate_prompt_tokens ids, then after the last
@@ -330,10 +341,7 @@ private:
         if (ids.empty()) return unservable("invalid_value", name + " has no tokens");
       }
       if (keep > 0 && int64_t(ids.size()) > keep) ids.erase(ids.begin(), ids.end() - keep);
-      if (auto err = input_error(name, ids)) return unservable(err->code, err->message);
-      const size_t pooled = model_.classifier->pooled_length(ids);
-      if (unpooled_pads) *unpooled_pads += int64_t(ids.size() - pooled);
-      ids.resize(pooled);
+      if (auto err = classifier_input(name, ids, unpooled_pads)) return unservable(err->code, err->message);
       out.push_back(std::move(ids));
     }
     return out;
@@ -361,10 +369,7 @@ private:
                                    score_template_ ? &*score_template_ : nullptr, keep);
       if (auto* why = std::get_if<std::string>(&ids)) return unservable("invalid_value", name + ": " + *why);
       std::vector<int32_t>& pair = std::get<std::vector<int32_t>>(ids);
-      if (auto err = input_error(name, pair)) return unservable(err->code, err->message);
-      const size_t pooled = model_.classifier->pooled_length(pair);
-      if (unpooled_pads) *unpooled_pads += int64_t(pair.size() - pooled);
-      pair.resize(pooled);
+      if (auto err = classifier_input(name, pair, unpooled_pads)) return unservable(err->code, err->message);
       out.push_back(std::move(pair));
     }
     return out;

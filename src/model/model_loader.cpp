@@ -45,6 +45,17 @@ bool hf_adds_bos(const fs::path& dir) {
   return false;
 }
 
+// A TemplateProcessing post-processor's SpecialToken piece: the ids its special_tokens list for it.
+void append_special_ids(const json& pp, const json& piece, const fs::path& dir, std::vector<int32_t>& ids) {
+  const json& name = piece["SpecialToken"]["id"];
+  const json& special = pp["special_tokens"];
+  if (!name.is_string() || !special.is_object() || !special.contains(name.get<std::string>()))
+    STRATA_FAIL((dir / "tokenizer.json").string() << ": post_processor names the special token " << name.dump()
+                                                  << " but its special_tokens do not list it");
+  for (const json& id : special[name.get<std::string>()]["ids"])
+    if (id.is_number_integer()) ids.push_back(id.get<int32_t>());
+}
+
 // The ids Hugging Face's tokenizer appends to a text: [EOS] when tokenizer_config.json's
 // add_eos_token is true (Llama's tokenizers rebuild their post-processor from it), none when it is
 // false, else the special tokens after the text in a TemplateProcessing post-processor's
@@ -64,13 +75,7 @@ std::vector<int32_t> hf_appended_ids(const fs::path& dir, const ModelConfig& cfg
   for (const json& piece : pp["single"]) {
     if (piece.contains("Sequence")) after_text = true;
     if (!after_text || !piece.contains("SpecialToken")) continue;
-    const json& name = piece["SpecialToken"]["id"];
-    const json& special = pp["special_tokens"];
-    if (!name.is_string() || !special.is_object() || !special.contains(name.get<std::string>()))
-      STRATA_FAIL((dir / "tokenizer.json").string() << ": post_processor names the special token " << name.dump()
-                                                    << " but its special_tokens do not list it");
-    for (const json& id : special[name.get<std::string>()]["ids"])
-      if (id.is_number_integer()) ids.push_back(id.get<int32_t>());
+    append_special_ids(pp, piece, dir, ids);
   }
   return ids;
 }
@@ -108,13 +113,7 @@ ModelBundle::PairTemplate hf_pair_template(const fs::path& dir, const ModelBundl
       continue;
     }
     if (!piece.contains("SpecialToken")) continue;
-    const json& name = piece["SpecialToken"]["id"];
-    const json& special = pp["special_tokens"];
-    if (!name.is_string() || !special.is_object() || !special.contains(name.get<std::string>()))
-      STRATA_FAIL((dir / "tokenizer.json").string() << ": post_processor names the special token " << name.dump()
-                                                    << " but its special_tokens do not list it");
-    for (const json& id : special[name.get<std::string>()]["ids"])
-      if (id.is_number_integer()) at->push_back(id.get<int32_t>());
+    append_special_ids(pp, piece, dir, *at);
   }
   if (at != &pair.tail)
     STRATA_FAIL((dir / "tokenizer.json").string() << ": the post_processor's pair template lacks the sequences A and B");
