@@ -569,6 +569,16 @@ Endpoint pooled_endpoint(EmbeddingUse use) {
   return Endpoint::Embeddings;
 }
 
+// The pooled request a url asks for (embeddings, scores, reranking, classification); nullopt for
+// any other url.
+std::optional<EmbeddingUse> pooled_use(const std::string& url) {
+  if (url == "/v1/embeddings") return EmbeddingUse::Embed;
+  if (url == "/v1/score") return EmbeddingUse::Score;
+  if (url == "/v1/rerank") return EmbeddingUse::Rerank;
+  if (url == "/v1/classify") return EmbeddingUse::Classify;
+  return std::nullopt;
+}
+
 void read_openai_embeddings(const json& body, PromptRecord& r, EmbeddingUse use) {
   if (given(body, "model")) {
     if (!body["model"].is_string()) refuse("invalid_type", "body.model must be a string, got " + body["model"].dump());
@@ -599,11 +609,7 @@ void read_openai_line(const json& obj, const LineContext& ctx, PromptRecord& r, 
   const json& body = obj["body"];
   const std::string url = obj["url"].get<std::string>();
   // Embeddings and the scores over them (vLLM's): their fields, not a completion's.
-  const std::optional<EmbeddingUse> pooled = url == "/v1/embeddings" ? std::optional(EmbeddingUse::Embed)
-                                             : url == "/v1/score"    ? std::optional(EmbeddingUse::Score)
-                                             : url == "/v1/rerank"   ? std::optional(EmbeddingUse::Rerank)
-                                             : url == "/v1/classify" ? std::optional(EmbeddingUse::Classify)
-                                                                     : std::nullopt;
+  const std::optional<EmbeddingUse> pooled = pooled_use(url);
   for (const auto& [key, value] : body.items()) {
     const bool known = pooled ? key == "model" || embedding_fields(*pooled).count(key) : kOpenAIBodyKeys.count(key) > 0;
     if (!known && warned.insert(url + " body." + key).second && warn)
