@@ -9,6 +9,10 @@ Skywork-Reward) of embed_bench.py's width (hidden 1024, 16 query heads and 8 key
 Conversations are a user turn and an assistant turn of random words, --min-words to --max-words
 each, scored as apply_chat_template(tokenize=True) tokenizes them.
 
+--rerank scores (query, document) pairs with the same model read as a cross-encoder instead:
+/v1/rerank lines, and transformers on tokenizer(query, text_pair=document) (the fixture's pair
+template "<s> A <s> B"), compared by each pair's logit.
+
 Both engines run float32 on the CPU with every core: transformers in batches of --hf-batch,
 sorted by length and right-padded (the classifier pools the last non-pad token), and `strata run`
 (its default step budget of 4096 tokens). Each is timed --repeat times; the fastest counts. The
@@ -57,6 +61,12 @@ def main():
     ap.add_argument("--max-words", type=int, default=100)
     ap.add_argument("--hf-batch", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rerank", action="store_true",
+                    help="rerank instead: --queries queries of 8-20 words, each against --documents documents of "
+                         "--min-words to --max-words words (/v1/rerank lines; transformers reads tokenizer(query, "
+                         "document), the fixture's pair template)")
+    ap.add_argument("--queries", type=int, default=32)
+    ap.add_argument("--documents", type=int, default=16)
     a = ap.parse_args()
 
     import torch
@@ -72,17 +82,24 @@ def main():
     def words_text():
         return " ".join(rng.choice(words) for _ in range(rng.randint(a.min_words, a.max_words)))
 
-    convs = [[{"role": "user", "content": words_text()}, {"role": "assistant", "content": words_text()}]
-             for _ in range(a.conversations)]
-    src = os.path.join(a.dir, "classify.jsonl")
-    with open(src, "w") as f:
-        for i, c in enumerate(convs):
-            f.write(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/classify",
-                                "body": {"model": "m", "messages": c, "use_activation": False}}) + "\n")
-
     tok = AutoTokenizer.from_pretrained(model)
     hf = AutoModelForSequenceClassification.from_pretrained(model, dtype=torch.float32).eval()
-    ids = [list(tok.apply_chat_template(c, tokenize=True, return_dict=False)) for c in convs]
+    src = os.path.join(a.dir, "rerank.jsonl" if a.rerank else "classify.jsonl")
+    with open(src, "w") as f:
+        if a.rerank:  # ids in (query, document) order, one request per query
+            queries = [" ".join(rng.choice(words) for _ in range(rng.randint(8, 20))) for _ in range(a.queries)]
+            docs = [[words_text() for _ in range(a.documents)] for _ in queries]
+            ids = [tok(q, text_pair=d)["input_ids"] for q, ds in zip(queries, docs) for d in ds]
+            for i, (q, ds) in enumerate(zip(queries, docs)):
+                f.write(json.dumps({"custom_id": f"q{i}", "method": "POST", "url": "/v1/rerank",
+                                    "body": {"model": "m", "query": q, "documents": ds, "use_activation": False}}) + "\n")
+        else:
+            convs = [[{"role": "user", "content": words_text()}, {"role": "assistant", "content": words_text()}]
+                     for _ in range(a.conversations)]
+            ids = [list(tok.apply_chat_template(c, tokenize=True, return_dict=False)) for c in convs]
+            for i, c in enumerate(convs):
+                f.write(json.dumps({"custom_id": f"c{i}", "method": "POST", "url": "/v1/classify",
+                                    "body": {"model": "m", "messages": c, "use_activation": False}}) + "\n")
     tokens = sum(len(i) for i in ids)
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
     hf_best, hf_rewards = 1e9, [0.0] * len(ids)
@@ -102,7 +119,7 @@ def main():
                     hf_rewards[i] = float(logits[r])
             hf_best = min(hf_best, time.perf_counter() - t0)
 
-    out = os.path.join(a.dir, "classify_out.jsonl")
+    out = os.path.join(a.dir, "rerank_out.jsonl" if a.rerank else "classify_out.jsonl")
     cmd = [a.strata, "run", "--model", model, "--prompts", src, "--out", out, "--no-progress"]
     strata_best, classify_s = 1e9, 1e9
     for _ in range(a.repeat):
@@ -117,12 +134,18 @@ def main():
         # Each run's own "classified: N inputs, T tokens in S s" line; the fastest counts, as the wall.
         classify_s = min([classify_s] + [float(line.split(" in ")[1].split(" s")[0]) for line in r.stderr.splitlines()
                                          if line.startswith("classified:") and " inputs, " in line])
-    got = {}
+    got = [None] * len(ids)
     for line in open(out):
         j = json.loads(line)
-        got[j["custom_id"]] = j["response"]["body"]["data"][0]["probs"][0]
-        assert j["response"]["body"]["usage"]["prompt_tokens"] == len(ids[int(j["custom_id"][1:])])
-    diff = max(abs(got[f"c{i}"] - hf_rewards[i]) for i in range(len(convs)))
+        body, n = j["response"]["body"], int(j["custom_id"][1:])
+        if a.rerank:
+            for r in body["results"]:
+                got[n * a.documents + r["index"]] = r["relevance_score"]
+            assert body["usage"]["total_tokens"] == sum(len(ids[n * a.documents + d]) for d in range(a.documents))
+        else:
+            got[n] = body["data"][0]["probs"][0]
+            assert body["usage"]["prompt_tokens"] == len(ids[n])
+    diff = max(abs(g - h) for g, h in zip(got, hf_rewards))
 
     flop = 2.0 * layer_elements(a.layers) * tokens
     peak = gemm_rate()
@@ -133,9 +156,10 @@ def main():
           f"{flop / hf_best / peak:.2f} |")
     print(f"| strata run (wall, with the model load) | {strata_best:.2f} | {tokens / strata_best:.0f} | "
           f"{flop / strata_best / 1e9:.1f} | {flop / strata_best / peak:.2f} |")
-    print(f"| strata run (its classification time) | {classify_s:.2f} | {tokens / classify_s:.0f} | "
+    print(f"| strata run (its classification time{', pairs' if a.rerank else ''}) | {classify_s:.2f} | {tokens / classify_s:.0f} | "
           f"{flop / classify_s / 1e9:.1f} | {flop / classify_s / peak:.2f} |")
-    print(f"\n{len(convs)} conversations, {tokens} tokens; max |strata - transformers| reward = {diff:.2e}")
+    inputs = f"{a.queries} queries x {a.documents} documents" if a.rerank else f"{len(ids)} conversations"
+    print(f"\n{inputs}, {tokens} tokens; max |strata - transformers| score = {diff:.2e}")
     print("command: " + " ".join(cmd))
 
 
