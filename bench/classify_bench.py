@@ -25,13 +25,12 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from embed_bench import gemm_rate, layer_elements  # noqa: E402
+from embed_bench import gemm_rate, layer_elements, time_strata, vocab_words  # noqa: E402
 
 FIXTURE = os.path.join(HERE, "..", "tests", "fixtures", "classify", "tiny-llama-reward")
 
@@ -77,7 +76,7 @@ def main():
     if not os.path.exists(os.path.join(model, "config.json")):
         make_model(model, a.layers)
     rng = random.Random(1)
-    words = [w for w in json.load(open(os.path.join(FIXTURE, "tokenizer.json")))["model"]["vocab"] if w.isalpha()]
+    words = vocab_words(FIXTURE)
 
     def words_text():
         return " ".join(rng.choice(words) for _ in range(rng.randint(a.min_words, a.max_words)))
@@ -121,19 +120,7 @@ def main():
 
     out = os.path.join(a.dir, "rerank_out.jsonl" if a.rerank else "classify_out.jsonl")
     cmd = [a.strata, "run", "--model", model, "--prompts", src, "--out", out, "--no-progress"]
-    strata_best, classify_s = 1e9, 1e9
-    for _ in range(a.repeat):
-        if os.path.exists(out):
-            os.remove(out)
-        t0 = time.perf_counter()
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        if r.returncode != 0:
-            sys.exit(r.stderr)
-        strata_best = min(strata_best, wall)
-        # Each run's own "classified: N inputs, T tokens in S s" line; the fastest counts, as the wall.
-        classify_s = min([classify_s] + [float(line.split(" in ")[1].split(" s")[0]) for line in r.stderr.splitlines()
-                                         if line.startswith("classified:") and " inputs, " in line])
+    strata_best, classify_s = time_strata(cmd, out, a.repeat, "classified")
     got = [None] * len(ids)
     for line in open(out):
         j = json.loads(line)
