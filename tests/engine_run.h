@@ -40,7 +40,7 @@ inline EngineRun run_engine(const ModelBundle& model, const nlohmann::json& exp,
     GenRequest r;
     r.prompt = p.get<std::vector<int32_t>>();
     r.sampling.max_new_tokens = exp["max_new_tokens"].get<int>();
-    r.score_prompt = true;
+    r.prompt_logprobs = 0;
     shape.prompt_len = std::max(shape.prompt_len, int(r.prompt.size()));
     reqs.push_back(r);
   }
@@ -62,6 +62,13 @@ inline EngineRun run_engine(const ModelBundle& model, const nlohmann::json& exp,
 inline EngineRun run_engine(const ModelBundle& model, const nlohmann::json& exp, const Policy& policy) {
   auto backend = make_cpu_backend(2);
   return run_engine(model, exp, policy, *backend);
+}
+
+// A result's prompt NLLs (-log p of each prompt token after the first).
+inline std::vector<double> prompt_nlls(const GenResult& g) {
+  std::vector<double> out;
+  for (const StepLogprobs& p : g.prompt_logprobs) out.push_back(-p.sampled.logprob);
+  return out;
 }
 
 // The largest |got - want| over one prompt's NLLs.

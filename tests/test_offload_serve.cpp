@@ -205,18 +205,12 @@ TEST_CASE("serving: refilled slots stay busy where a block waits for its longest
 TEST_CASE("serving refuses what it cannot serve and keeps what finished", "[offload][refill]") {
   FixtureModel l = load_fixture_model("tiny-llama", make_cpu_backend(2));
   const auto [ok, wide, longer] = refusal_requests();
-  const GenRequest scored = [&] {
-    GenRequest r = ok;
-    r.score_prompt = true;
-    return r;
-  }();
   OffloadOptions o;
   o.policy = policy_of(1, 1, {0, 100, 0}, {0, 100, 0}, {100, 0, 0});
   o.offload_dir = offload_dir("serve");
   OffloadEngine engine(l.bundle.config, *l.bundle.weights, *l.backend, o, {3, 3});
   for (const auto& [bad, why] : {std::pair{&wide, "request 1: n = 3 choices exceed the GPU batch of 1"},
-                                 std::pair{&longer, "request 1 exceeds the planned shape"},
-                                 std::pair{&scored, "scoring its prompt"}}) {
+                                 std::pair{&longer, "request 1 exceeds the planned shape"}}) {
     // One slot: the first request ends and is handed over before the second is taken.
     const std::vector<const GenRequest*> queue = {&ok, bad};
     size_t next = 0;

@@ -436,7 +436,7 @@ TEST_CASE("the offloading engine prefills the choices of a request in one GPU ba
     GenRequest r = greedy_request(cases[first_case + 1], -1);  // 6 tokens
     r.sampling.temperature = 1.5f;
     r.sampling.seed = 77;
-    r.score_prompt = true;
+    r.prompt_logprobs = 0;
     r.n = 3;
     GenRequest g = greedy_request(cases[first_case], -1);
     g.n = 2;
@@ -488,14 +488,20 @@ TEST_CASE("the offloading engine prefills the choices of a request in one GPU ba
           // step's rows, 2026-11-28, where 1e-4 failed at db1333f already), so there the bound is
           // twice that; the tokens must still be equal.
           const double nll_tolerance = p.compress ? 2e-3 : 1e-4;
-          REQUIRE(shared[i].prompt_nll.size() == alone[i].prompt_nll.size());
-          for (size_t t = 0; t < alone[i].prompt_nll.size(); ++t)
-            CHECK(std::fabs(shared[i].prompt_nll[t] - alone[i].prompt_nll[t]) <= nll_tolerance);
+          REQUIRE(shared[i].prompt_logprobs.size() == alone[i].prompt_logprobs.size());
+          for (size_t t = 0; t < alone[i].prompt_logprobs.size(); ++t)
+            CHECK(std::fabs(shared[i].prompt_logprobs[t].sampled.logprob - alone[i].prompt_logprobs[t].sampled.logprob) <=
+                  nll_tolerance);
           if (!p.compress) CHECK(shared[i].tokens == resident[i].tokens);
         }
-        CHECK(shared[0].prompt_nll.size() == r.prompt.size() - 1);
-        CHECK(shared[1].prompt_nll == shared[0].prompt_nll);  // scored once, copied
-        CHECK(shared[2].prompt_nll == shared[0].prompt_nll);
+        auto logprobs = [](const GenResult& g) {
+          std::vector<double> v;
+          for (const StepLogprobs& p : g.prompt_logprobs) v.push_back(p.sampled.logprob);
+          return v;
+        };
+        CHECK(shared[0].prompt_logprobs.size() == r.prompt.size() - 1);
+        CHECK(logprobs(shared[1]) == logprobs(shared[0]));  // scored once, copied
+        CHECK(logprobs(shared[2]) == logprobs(shared[0]));
         CHECK(shared[0].tokens != shared[1].tokens);  // sampled choices still differ
         std::error_code ec;
         fs::remove_all(opt.offload_dir, ec);

@@ -73,6 +73,10 @@ json chat_logprobs(const Tokenizer& tok, const GenResult& g) {
   return {{"content", std::move(content)}};
 }
 
+// The least logprob an answer writes: -inf (a token the model rules out) as vLLM clamps it, so the
+// line stays JSON.
+constexpr double kLeastLogprob = -9999.0;
+
 // Completions (legacy): {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}],
 // "text_offset"}; each top_logprobs dict holds the k most probable tokens and the sampled one, as
 // OpenAI's (up to k + 1 entries). Offsets count characters from the start of the prompt.
@@ -95,6 +99,78 @@ json completion_logprobs(const Tokenizer& tok, const GenResult& g, const std::st
           {"token_logprobs", std::move(lps)},
           {"top_logprobs", std::move(tops)},
           {"text_offset", std::move(offsets)}};
+}
+
+// OpenAI's legacy echo: the prompt's tokens before the generated ones, the first with no logprob
+// (null), each other one's from prompt_logprobs (its top tokens and itself, as generated tokens'),
+// offsets counting characters from the start of the prompt.
+json echo_logprobs(const Tokenizer& tok, std::span<const int32_t> prompt, const GenResult& g, bool prompt_only) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  int64_t offset = 0;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const std::string text = token_text(tok, prompt[i]);
+    tokens.push_back(text);
+    offsets.push_back(offset);
+    offset += tok.is_special(prompt[i]) ? 0 : code_points(text);
+    if (i == 0 || i - 1 >= g.prompt_logprobs.size()) {
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+      continue;
+    }
+    const StepLogprobs& s = g.prompt_logprobs[i - 1];
+    lps.push_back(std::max(s.sampled.logprob, kLeastLogprob));
+    json top = json::object();
+    for (const TokenLogprob& t : s.top) top[token_text(tok, t.token)] = std::max(t.logprob, kLeastLogprob);
+    top[text] = std::max(s.sampled.logprob, kLeastLogprob);
+    tops.push_back(std::move(top));
+  }
+  if (!prompt_only) {
+    json after = completion_logprobs(tok, g, "");
+    for (size_t i = 0; i < after["tokens"].size(); ++i) {
+      tokens.push_back(after["tokens"][i]);
+      lps.push_back(after["token_logprobs"][i]);
+      tops.push_back(after["top_logprobs"][i]);
+      offsets.push_back(offset + after["text_offset"][i].get<int64_t>());
+    }
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(lps)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+// vLLM's prompt_logprobs: null for the first prompt token, then for each other one a dict by token
+// id of {"logprob", "rank", "decoded_token"}: the token itself with its rank, and the top tokens
+// with theirs (1 .. k; the token's own, when it is among them, as vLLM overwrites it).
+json vllm_prompt_logprobs(const Tokenizer& tok, const GenResult& g) {
+  json out = json::array({nullptr});
+  auto entry = [&](const TokenLogprob& t, int64_t rank) {
+    return json{{"logprob", std::max(t.logprob, kLeastLogprob)}, {"rank", rank}, {"decoded_token", token_text(tok, t.token)}};
+  };
+  for (const StepLogprobs& s : g.prompt_logprobs) {
+    json d = json::object();
+    d[std::to_string(s.sampled.token)] = entry(s.sampled, s.sampled_rank);
+    for (size_t i = 0; i < s.top.size(); ++i) d[std::to_string(s.top[i].token)] = entry(s.top[i], int64_t(i) + 1);
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+// The strata format's prompt_logprobs: null for the first prompt token, then one entry per prompt
+// token as "logprobs" writes a generated one, with its rank.
+json strata_prompt_logprobs(const Tokenizer& tok, const GenResult& g) {
+  json out = json::array({nullptr});
+  auto entry = [&](const TokenLogprob& t) {
+    return json{{"id", t.token}, {"token", token_text(tok, t.token)}, {"logprob", std::max(t.logprob, kLeastLogprob)}};
+  };
+  for (const StepLogprobs& s : g.prompt_logprobs) {
+    json e = entry(s.sampled);
+    e["rank"] = s.sampled_rank;
+    e["top_logprobs"] = json::array();
+    for (const TokenLogprob& t : s.top) e["top_logprobs"].push_back(entry(t));
+    out.push_back(std::move(e));
+  }
+  return out;
 }
 
 // The strata format's: one entry per generated token, parallel to "tokens".
@@ -282,6 +358,7 @@ GenRequest make_gen_request(const PromptRecord& r, std::vector<int32_t> prompt, 
   g.sampling = r.sampling;
   g.n = r.n;
   g.logprobs = r.logprobs;
+  g.prompt_logprobs = r.prompt_logprobs;
   const Reasoning how = reasoning_of(r, s);
   g.stop = how.harmony ? make_harmony_stop_check(*s.tokenizer, *how.harmony, stops_of(r, s))
            : how.think ? make_think_stop_check(*s.tokenizer, *how.think, stops_of(r, s))
@@ -351,7 +428,7 @@ std::shared_ptr<const JsonVocabulary> json_vocabulary(const Tokenizer& tokenizer
 }
 
 json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const GenResult> choices,
-                 const AnswerSettings& s) {
+                 const AnswerSettings& s, std::span<const int32_t> prompt_ids) {
   const Tokenizer& tok = *s.tokenizer;
   const std::vector<std::string>& stops = stops_of(r, s);
   const Reasoning how = reasoning_of(r, s);
@@ -360,11 +437,17 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
     c.prompt_tokens = prompt_tokens;
     c.model = r.model.empty() ? s.model_name : r.model;
     c.created = s.created;
-    for (const GenResult& g : choices) {
+    // Echo: the prompt as given (token ids: their text, special tokens left out, as in answers).
+    const std::string prompt_text = r.prompt_ids.empty() ? r.prompt : tok.decode(r.prompt_ids, /*skip_special=*/true);
+    for (const GenResult& full : choices) {
+      // echo with max_tokens 0: the one token drawn is dropped, as vLLM drops it.
+      GenResult dropped;
+      if (r.prompt_only) dropped.prompt_logprobs = full.prompt_logprobs;
+      const GenResult& g = r.prompt_only ? dropped : full;
       ChoiceText t = choice_text(tok, g, stops, r.sampling.min_tokens, how);
       CompletionChoice choice;
       choice.tool_calls = take_tool_calls(r, s, c.choices.size(), t.text);
-      choice.text = t.text;
+      choice.text = r.echo ? prompt_text + t.text : t.text;
       choice.reasoning = std::move(t.reasoning);
       // As vLLM's: an answer whose calls were read finishes with "tool_calls", however it ended; a
       // named function's or "required"'s finishes as the answer did (OpenAI's too).
@@ -372,7 +455,10 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
                              : t.stopped || g.finish != FinishReason::Length ? "stop"
                                                                             : "length";
       if (r.logprobs >= 0)
-        choice.logprobs = r.endpoint == Endpoint::ChatCompletions ? chat_logprobs(tok, g) : completion_logprobs(tok, g, r.prompt);
+        choice.logprobs = r.endpoint == Endpoint::ChatCompletions ? chat_logprobs(tok, g)
+                          : r.echo ? echo_logprobs(tok, prompt_ids, full, r.prompt_only)
+                                   : completion_logprobs(tok, g, prompt_text);
+      if (r.prompt_logprobs >= 0) choice.prompt_logprobs = vllm_prompt_logprobs(tok, full);
       c.completion_tokens += int64_t(g.tokens.size());
       c.choices.push_back(std::move(choice));
     }
@@ -393,6 +479,7 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
                          : t.stopped                          ? "stop"
                                                               : finish_reason_name(g.finish);
     if (r.logprobs >= 0) j["logprobs"] = strata_logprobs(tok, g);
+    if (r.prompt_logprobs >= 0) j["prompt_logprobs"] = strata_prompt_logprobs(tok, g);
     return j;
   };
   json line;
@@ -407,6 +494,7 @@ json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const G
     line["completion_tokens"] = std::move(c["completion_tokens"]);
     line["finish_reason"] = std::move(c["finish_reason"]);
     if (c.contains("logprobs")) line["logprobs"] = std::move(c["logprobs"]);
+    if (c.contains("prompt_logprobs")) line["prompt_logprobs"] = std::move(c["prompt_logprobs"]);
     return line;
   }
   line["prompt_tokens"] = prompt_tokens;

@@ -117,6 +117,20 @@ public:
       return unservable("unsupported_value", std::string(openai ? "body.tools" : "field 'tools'") +
                                                  ": the model's chat template does not write tool definitions "
                                                  "(it never reads `tools`)");
+    const ModelConfig& cfg = model_.config;
+    auto fills_context = [&](size_t n) {
+      return unservable("context_length_exceeded",
+                        "prompt of " + std::to_string(n) + " tokens fills the model's context of " +
+                            std::to_string(cfg.max_positions) +
+                            (cfg.sliding_window > 0 ? " (its sliding-window attention is served within the window)" : ""));
+    };
+    if (!r.prompt_ids.empty()) {  // token ids, as given
+      for (int32_t id : r.prompt_ids)
+        if (id >= vocab) return past_vocab("body.prompt", id);
+      if (int(r.prompt_ids.size()) >= cfg.max_positions + (r.prompt_logprobs >= 0))
+        return fills_context(r.prompt_ids.size());
+      return r.prompt_ids;
+    }
     std::optional<std::string> text;
     try {
       text = render(r);
@@ -124,7 +138,6 @@ public:
       return unservable("invalid_value", std::string("the model's chat template refuses these messages: ") + e.what());
     }
     if (!text) return unservable("unsupported_model", no_chat_);
-    const ModelConfig& cfg = model_.config;
     std::vector<int32_t> ids;
     // Rendered messages are tokenized as apply_chat_template does: the template writes any BOS.
     if (model_.add_bos && r.messages.empty()) ids.push_back(cfg.bos_id);
@@ -135,11 +148,8 @@ public:
       if (id < 0 || id >= cfg.vocab_size)
         throw Error(where + ": token id " + std::to_string(id) + " outside the model's vocabulary of " +
                     std::to_string(cfg.vocab_size) + " (tokenizer does not match the model)");
-    if (int(ids.size()) >= cfg.max_positions)
-      return unservable("context_length_exceeded",
-                        "prompt of " + std::to_string(ids.size()) + " tokens fills the model's context of " +
-                            std::to_string(cfg.max_positions) +
-                            (cfg.sliding_window > 0 ? " (its sliding-window attention is served within the window)" : ""));
+    // A scored prompt may fill the context: its one drawn token is never fed back (start_sequence).
+    if (int(ids.size()) >= cfg.max_positions + (r.prompt_logprobs >= 0)) return fills_context(ids.size());
     return ids;
   }
 
@@ -1042,7 +1052,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
         if (classifier) return cross_encoder_line(r, f.embeddings, *classifier, tokens, model.config.name, created);
         return embedding_line(r, f.embeddings, tokens, pooling.normalize, model.config.name, created);
       }
-      return answer_line(r, int64_t(f.request.ids.size()), f.results, answers);
+      return answer_line(r, int64_t(f.request.ids.size()), f.results, answers, f.request.ids);
     });
   });
   auto stop_threads = [&] {

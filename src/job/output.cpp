@@ -265,10 +265,11 @@ nlohmann::json openai_response_line(const PromptRecord& r, const Completion& c) 
       if (called) choice["message"]["tool_calls"] = list[i].tool_calls;
     } else {
       choice["text"] = list[i].text;
+      if (!list[i].prompt_logprobs.is_null()) choice["prompt_logprobs"] = list[i].prompt_logprobs;
     }
     choices.push_back(std::move(choice));
   }
-  const json body = {{"id", (chat ? "chatcmpl-" : "cmpl-") + hex},
+  json body = {{"id", (chat ? "chatcmpl-" : "cmpl-") + hex},
                      {"object", chat ? "chat.completion" : "text_completion"},
                      {"created", c.created},
                      {"model", c.model},
@@ -277,6 +278,7 @@ nlohmann::json openai_response_line(const PromptRecord& r, const Completion& c) 
                       {{"prompt_tokens", c.prompt_tokens},
                        {"completion_tokens", c.completion_tokens},
                        {"total_tokens", c.prompt_tokens + c.completion_tokens}}}};
+  if (chat && !list.empty() && !list[0].prompt_logprobs.is_null()) body["prompt_logprobs"] = list[0].prompt_logprobs;
   return openai_batch_line(r, body);
 }
 

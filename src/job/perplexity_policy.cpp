@@ -1,8 +1,8 @@
 // `strata perplexity --policy`: scoring through the offloading engine (src/offload/), which runs
 // a model that does not fit one device, with the policy's placement and compression. The windows
 // are independent sequences, so the engine scores a whole block of them per pass over the weights:
-// each window is a prompt with score_prompt set, and its prefill's last sub-layer computes the
-// NLL of every position (OffloadEngine, score_prompts).
+// each window is a prompt whose prompt_logprobs are asked, and its prefill's last sub-layer computes
+// the log-probability of every position (OffloadEngine, score_prompts).
 #include <algorithm>
 
 #include "strata/backend/backend.h"
@@ -47,10 +47,14 @@ PerplexityResult score_with_policy(ModelBundle& model, const PerplexityOptions& 
       q.prompt.assign(ids.begin() + windows[k].begin, ids.begin() + windows[k].begin + windows[k].size);
       q.sampling.max_new_tokens = 1;
       q.sampling.ignore_eos = true;
-      q.score_prompt = true;
+      q.prompt_logprobs = 0;
       reqs.push_back(std::move(q));
     }
-    for (const GenResult& g : engine.generate(reqs)) r.add_window(g.prompt_nll);
+    for (const GenResult& g : engine.generate(reqs)) {
+      std::vector<double> nlls;
+      for (const StepLogprobs& p : g.prompt_logprobs) nlls.push_back(-p.sampled.logprob);
+      r.add_window(nlls);
+    }
     if (opt.progress)
       log << "[strata] " << r.windows << "/" << windows.size() << " windows, " << r.tokens << " tokens scored\n";
   }

@@ -28,7 +28,7 @@ namespace {
 
 const std::set<std::string> kKnownKeys = {
     "id", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos", "stop", "n",
-    "logprobs", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
+    "logprobs", "prompt_logprobs", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
     "stop_token_ids", "response_format", "reasoning_effort", "chat_template_kwargs", "tools", "tool_choice",
     "parallel_tool_calls", "structured_outputs", "guided_choice", "guided_regex", "guided_json", "guided_grammar",
     "guided_decoding_backend", "guided_whitespace_pattern"};
@@ -415,6 +415,12 @@ void read_strata_extras(const json& obj, const LineContext& ctx, PromptRecord& r
       ctx.fail("field 'logprobs' must be in [0, " + std::to_string(kMaxTopLogprobs) + "], got " + std::to_string(k));
     r.logprobs = int(k);
   }
+  if (obj.contains("prompt_logprobs") && !obj["prompt_logprobs"].is_null()) {
+    const int64_t k = get_int(obj, "prompt_logprobs", ctx);
+    if (k < 0 || k > kMaxTopLogprobs)
+      ctx.fail("field 'prompt_logprobs' must be in [0, " + std::to_string(kMaxTopLogprobs) + "], got " + std::to_string(k));
+    r.prompt_logprobs = int(k);
+  }
 }
 
 std::vector<ChatMessage> read_messages(const json& v, const LineContext& ctx) {
@@ -432,7 +438,7 @@ const std::set<std::string> kOpenAITopKeys = {"custom_id", "method", "url", "bod
 // are extensions (vLLM takes them too). response_format: "text" and "json_object".
 const std::set<std::string> kOpenAIBodyKeys = {
     "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n",
-    "logprobs", "top_logprobs", "stream", "frequency_penalty", "presence_penalty", "logit_bias", "top_k", "min_p",
+    "logprobs", "top_logprobs", "prompt_logprobs", "echo", "stream", "frequency_penalty", "presence_penalty", "logit_bias", "top_k", "min_p",
     "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids", "response_format",
     "reasoning_effort", "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls", "structured_outputs",
     "guided_choice", "guided_regex", "guided_json", "guided_grammar", "guided_decoding_backend",
@@ -473,12 +479,30 @@ void read_openai_body(const json& body, PromptRecord& r) {
     if (body.contains("messages")) refuse("invalid_value", "body.messages is for /v1/chat/completions; completions take body.prompt");
     if (!body.contains("prompt")) refuse("missing_field", "body.prompt is required for /v1/completions");
     json p = body["prompt"];
-    if (p.is_array() && p.size() == 1 && p[0].is_string()) p = p[0];
-    if (p.is_array())
-      refuse("unsupported_value", "body.prompt must be one string (arrays of prompts or of token ids are not supported)");
-    if (!p.is_string()) refuse("invalid_type", "body.prompt must be a string, got " + p.dump());
-    r.prompt = p.get<std::string>();
-    if (r.prompt.empty()) refuse("invalid_value", "body.prompt is empty");
+    // One prompt: a string or token ids, alone or as an array's one element.
+    if (p.is_array() && p.size() == 1 && (p[0].is_string() || p[0].is_array())) p = p[0];
+    if (p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), [](const json& v) { return v.is_number_integer(); })) {
+      for (const json& v : p) {
+        if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(INT32_MAX) : v.get<int64_t>() < 0)
+          refuse("invalid_value", "body.prompt token id " + v.dump() + " is not a token id");
+        r.prompt_ids.push_back(int32_t(v.get<int64_t>()));
+      }
+    } else if (p.is_array()) {
+      refuse("unsupported_value", p.empty() ? "body.prompt is empty"
+                                           : "body.prompt must be one prompt: a string or an array of token ids "
+                                             "(several prompts in one request are not supported)");
+    } else {
+      if (!p.is_string()) refuse("invalid_type", "body.prompt must be a string or token ids, got " + p.dump());
+      r.prompt = p.get<std::string>();
+      if (r.prompt.empty()) refuse("invalid_value", "body.prompt is empty");
+    }
+  }
+  const bool chat = r.endpoint == Endpoint::ChatCompletions;
+  if (given(body, "echo")) {
+    if (!body["echo"].is_boolean()) refuse("invalid_type", "body.echo must be true or false");
+    r.echo = body["echo"].get<bool>();
+    if (r.echo && chat)
+      refuse("unsupported_value", "body.echo is for /v1/completions (chat's echo of the last message is not supported)");
   }
 
   SamplingParams& s = r.sampling;
@@ -488,9 +512,11 @@ void read_openai_body(const json& body, PromptRecord& r) {
   for (const char* key : {"max_completion_tokens", "max_tokens"})
     if (given(body, key)) {
       const int64_t n = body_int(body, key);
-      if (n < 1 || n > 1000000)
-        refuse("invalid_value", std::string("body.") + key + " must be in [1, 1000000], got " + std::to_string(n));
-      s.max_new_tokens = int(n);
+      if ((n < 1 && !(n == 0 && r.echo)) || n > 1000000)
+        refuse("invalid_value", std::string("body.") + key + " must be in [1, 1000000] (0 with echo: the prompt alone), got " +
+                                    std::to_string(n));
+      r.prompt_only = n == 0;
+      s.max_new_tokens = std::max(int(n), 1);  // the prompt alone still draws one token, dropped
       break;
     }
   if (given(body, "temperature")) {
@@ -530,7 +556,6 @@ void read_openai_body(const json& body, PromptRecord& r) {
     r.stop = parse_stop(body["stop"], why);
     if (!r.stop) refuse(why.rfind("must be", 0) == 0 ? "invalid_type" : "invalid_value", "body.stop " + why);
   }
-  const bool chat = r.endpoint == Endpoint::ChatCompletions;
   if (given(body, "logprobs")) {
     const json& v = body["logprobs"];
     if (chat) {
@@ -552,6 +577,15 @@ void read_openai_body(const json& body, PromptRecord& r) {
                                   std::to_string(k));
     if (r.logprobs < 0) refuse("invalid_value", "body.top_logprobs needs body.logprobs set to true");
     r.logprobs = int(k);
+  }
+  if (given(body, "prompt_logprobs")) {
+    const int64_t k = body_int(body, "prompt_logprobs");
+    if (k < 0 || k > kMaxTopLogprobs)
+      refuse("invalid_value", "body.prompt_logprobs must be in [0, " + std::to_string(kMaxTopLogprobs) + "], got " +
+                                  std::to_string(k));
+    r.prompt_logprobs = int(k);
+  } else if (r.echo && r.logprobs >= 0) {
+    r.prompt_logprobs = r.logprobs;  // vLLM's: the echoed prompt's tokens carry logprobs too
   }
   if (given(body, "stream")) {
     if (!body["stream"].is_boolean()) refuse("invalid_type", "body.stream must be true or false");

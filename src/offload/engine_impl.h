@@ -70,6 +70,14 @@ struct BatchState {
   int step_built = -1;          // serving: the token step `step` was built for
   std::vector<Sequence*> active;   // the sequences the step computes
   std::vector<int> prompt_start;   // prefill: [active] its first computed position (copied before it)
+  // Prompt positions the step scores (GenRequest::prompt_logprobs): seq's [from, to), on the step's
+  // rows from first_row on.
+  struct ScoredSpan {
+    Sequence* seq = nullptr;
+    int32_t first_row = 0;
+    int from = 0, to = 0;
+  };
+  std::vector<ScoredSpan> scored;
   std::vector<Sequence*> sampled;  // the sequences of its logit rows: active ones, and in prefill their followers
   // After the step: the sequences one position longer (decode tokens), and those whose prompt is
   // now whole in the cache (their length becomes the prompt's).

@@ -34,7 +34,6 @@ void OffloadEngine::Impl::admit(int k, GenStats& stats) {
       STRATA_CHECK(r.n >= 1, "request " << s.waiting.tag << ": n must be at least 1, got " << r.n);
       STRATA_CHECK(r.n <= gbs, "request " << s.waiting.tag << ": n = " << r.n << " choices exceed the GPU batch of "
                                           << gbs << "; its choices decode in one GPU batch");
-      STRATA_CHECK(!r.score_prompt, "internal: a request scoring its prompt is served (perplexity runs blocks)");
     }
     const GenRequest& r = *s.waiting.request;
     if (size_t(r.n) > free.size()) return;  // it waits for a batch with room; those behind it too
@@ -63,7 +62,7 @@ void OffloadEngine::Impl::admit(int k, GenStats& stats) {
 
 std::pair<int, int> OffloadEngine::Impl::share_source(const ServedRequest& l, bool& ready) const {
   ready = false;
-  if (!opt.share_prefixes) return {-1, 0};
+  if (!opt.share_prefixes || l.request->prompt_logprobs >= 0) return {-1, 0};  // a scored prompt computes every row
   const std::vector<int32_t>& prompt = l.request->prompt;
   const int* valid = served->valid.data() + size_t(l.batch) * size_t(gbs);
   int best = 0;
@@ -88,6 +87,7 @@ void OffloadEngine::Impl::build_served_step(int i, int u) {
   b.sampled.clear();
   b.advancing.clear();
   b.prompt_done.clear();
+  b.scored.clear();
   b.shared = std::move(s.copies_next[size_t(b.batch)]);
   s.copies_next[size_t(b.batch)].clear();
   int* valid = s.valid.data() + size_t(b.batch) * size_t(gbs);
@@ -131,6 +131,8 @@ void OffloadEngine::Impl::build_served_step(int i, int u) {
       }
     }
     const size_t start = l->computed;
+    if (l->request->prompt_logprobs >= 0)
+      b.scored.push_back({&first, int32_t(b.step.tokens.size()), int(start), int(std::min<size_t>(prompt.size(), start + size_t(budget)))});
     while (l->computed < prompt.size() && budget > 0) {
       add_token(prompt[l->computed], int(l->computed), l->slots[0]);
       ++l->computed;
@@ -170,6 +172,8 @@ void OffloadEngine::Impl::report_served(const std::function<void(size_t, std::ve
       results.push_back(std::move(seqs[slot].result));
       s.free[size_t(l.batch)].push_back(slot);
     }
+    for (size_t c = 1; c < results.size() && l.request->prompt_logprobs >= 0; ++c)
+      results[c].prompt_logprobs = results[0].prompt_logprobs;  // the first choice scored the prompt
     // The lowest free slot last, taken first: newcomers fill a batch from its first slot.
     std::sort(s.free[size_t(l.batch)].rbegin(), s.free[size_t(l.batch)].rend());
     // Choices that ended with their first token never copy the prompt rows: a newcomer gets the slot.

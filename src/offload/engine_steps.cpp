@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine_impl.h"
+#include "strata/runtime/prompt_logprobs.h"
 
 namespace strata {
 namespace {
@@ -257,7 +258,7 @@ std::vector<SharedPrefix> OffloadEngine::Impl::plan_unit_sharing(const BatchStat
   std::vector<const std::vector<int32_t>*> prompts(b.seqs.size(), nullptr);
   for (size_t s = 0; s < b.seqs.size() && opt.share_prefixes; ++s) {
     const Sequence& seq = *b.seqs[s];
-    if (!seq.done && source_of[index_of(seq)] == index_of(seq) && !seq.request->score_prompt)
+    if (!seq.done && source_of[index_of(seq)] == index_of(seq) && seq.request->prompt_logprobs < 0)
       prompts[s] = &seq.request->prompt;
   }
   return plan_shared_prefixes(prompts, opt.prefix_sharing);
@@ -273,6 +274,7 @@ void OffloadEngine::Impl::build_step(int i, int u) {
   b.advancing.clear();
   b.prompt_done.clear();
   b.prompt_start.clear();
+  b.scored.clear();
   b.shared = token(i, u) == 1 ? b.choice_copies : std::vector<std::pair<int, int>>();
   const std::vector<SharedPrefix> share = prefill ? plan_unit_sharing(b) : std::vector<SharedPrefix>();
   std::vector<size_t> order;  // slots; in prefill those computed whole first
@@ -287,6 +289,8 @@ void OffloadEngine::Impl::build_step(int i, int u) {
       const std::vector<int32_t>& prompt = seq.request->prompt;
       const int start = share[s].length;
       if (start > 0) b.step.prefix_copies.push_back({share[s].source, int32_t(s), start});
+      if (seq.request->prompt_logprobs >= 0)
+        b.scored.push_back({&seq, int32_t(b.step.tokens.size()), 0, int(prompt.size())});
       for (size_t p = size_t(start); p < prompt.size(); ++p) {
         b.step.tokens.push_back(prompt[p]);
         b.step.positions.push_back(int32_t(p));
@@ -390,7 +394,7 @@ bool OffloadEngine::Impl::compute(int i, int jj, int u) {
   if (cpu_mlp && jj == 2 * L - 1) compute_after(mlp_written);  // the head reads it now
   else if (cpu_mlp) b.mlp_written = mlp_written;
   if (jj == 2 * L - 1) {
-    if (t == 0) score_prompts(b, x, T);
+    if (!b.scored.empty()) score_prompts(b, x, T);
     for (Sequence* s : b.prompt_done) s->length = int(s->request->prompt.size());
     for (Sequence* s : b.advancing) ++s->length;
     if (!b.sampled.empty()) {  // serving, a step may carry only a piece of a prompt
@@ -442,29 +446,22 @@ void OffloadEngine::Impl::gpu_half(int jj, const LayerWeights& w, const Tensor& 
 void OffloadEngine::Impl::score_prompts(const BatchState& b, const Tensor& x, int64_t T) {
   const int64_t chunk = gbs;  // the workspace's logit rows
   std::vector<float> logits;
-  int32_t first = 0;  // the sequence's first row in the step
-  for (size_t k = 0; k < b.active.size(); ++k) {
-    Sequence* s = b.active[k];
-    const std::vector<int32_t>& prompt = s->request->prompt;
-    if (s->request->score_prompt) {
-      STRATA_CHECK(b.prompt_start[k] == 0, "internal: a scored prompt shares its beginning");
-      std::vector<double>& nll = s->result.prompt_nll;
-      nll.clear();
-      for (int32_t t0 = 0; t0 + 1 < int32_t(prompt.size()); t0 += int32_t(chunk)) {
-        const int32_t t1 = std::min(int32_t(prompt.size()) - 1, t0 + int32_t(chunk));
-        std::vector<int32_t> rows;
-        for (int32_t t = t0; t < t1; ++t) rows.push_back(first + t);
-        ops.select_logit_rows(rows, T);
-        const Tensor l = ops.head(globals, x);
-        const int64_t vocab = l.dim(1);
-        logits.resize(size_t(l.numel()));
-        be.copy_to_host_f32(l, logits.data());
-        if (!score_pool) score_pool = std::make_unique<ThreadPool>(0);
-        const std::vector<double> rows_nll = token_nlls(*score_pool, logits.data(), t1 - t0, vocab, prompt.data() + t0 + 1);
-        nll.insert(nll.end(), rows_nll.begin(), rows_nll.end());
-      }
+  if (!score_pool) score_pool = std::make_unique<ThreadPool>(0);
+  for (const BatchState::ScoredSpan& span : b.scored) {
+    const std::vector<int32_t>& prompt = span.seq->request->prompt;
+    const int last = std::min(span.to, int(prompt.size()) - 1);  // the last position predicts no prompt token
+    for (int t0 = span.from; t0 < last; t0 += int(chunk)) {
+      const int t1 = std::min(last, t0 + int(chunk));
+      std::vector<int32_t> rows;
+      for (int t = t0; t < t1; ++t) rows.push_back(span.first_row + (t - span.from));
+      ops.select_logit_rows(rows, T);
+      const Tensor l = ops.head(globals, x);
+      logits.resize(size_t(l.numel()));
+      be.copy_to_host_f32(l, logits.data());
+      std::vector<StepLogprobs> got = target_logprobs(*score_pool, logits.data(), t1 - t0, l.dim(1), prompt.data() + t0 + 1,
+                                                      span.seq->request->prompt_logprobs);
+      std::move(got.begin(), got.end(), span.seq->result.prompt_logprobs.begin() + t0);
     }
-    first += int32_t(prompt.size()) - b.prompt_start[k];
   }
 }
 
@@ -675,7 +672,7 @@ std::vector<GenResult> OffloadEngine::Impl::generate(const std::vector<GenReques
   std::vector<GenResult> results(seqs.size());
   for (size_t r = 0; r < seqs.size(); ++r) {
     if (source_of[r] != r) {
-      if (seqs[r].request->score_prompt) seqs[r].result.prompt_nll = seqs[source_of[r]].result.prompt_nll;
+      if (seqs[r].request->prompt_logprobs >= 0) seqs[r].result.prompt_logprobs = seqs[source_of[r]].result.prompt_logprobs;
       continue;
     }
     local.prompt_tokens += int64_t(seqs[r].request->prompt.size());  // each source prefills

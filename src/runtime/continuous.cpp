@@ -7,6 +7,7 @@
 
 #include "kv_rows.h"
 #include "strata/core/error.h"
+#include "strata/runtime/prompt_logprobs.h"
 
 namespace strata {
 namespace {
@@ -38,6 +39,7 @@ public:
         kept_(o.gen.share_prefixes ? o.gen.kept_prefixes : nullptr),
         cache_(make_kv_cache(cfg_, be_, o.slots, o.capacity)),
         sampler_(be_, cfg_, size_t(o.slots)),
+        scorer_(be_, cfg_.vocab_size),
         seqs_(size_t(o.slots)) {
     for (int s = o.slots - 1; s >= 0; --s) free_.push_back(s);
   }
@@ -108,7 +110,7 @@ private:
   // copied now; beyond, while it still computes its prompt, the newcomer waits for them. Returns
   // the positions copied now.
   int share_prompt_start(Live& nl) {
-    if (!o_.gen.share_prefixes) return 0;
+    if (!o_.gen.share_prefixes || nl.request->prompt_logprobs >= 0) return 0;  // a scored prompt computes every row
     const std::vector<int32_t>& prompt = nl.request->prompt;
     int best = kept_ ? kv_rows::kept_length(*kept_, prompt, o_.gen.prefix_sharing) : 0;
     const Live* source = nullptr;
@@ -173,13 +175,18 @@ private:
     for (const auto& l : live_) {
       if (l->prefilled || l->wait_for) continue;
       const std::vector<int32_t>& prompt = l->request->prompt;
-      while (l->computed < prompt.size() && prompt_tokens < budget) {
+      const bool scored = l->request->prompt_logprobs >= 0;
+      const size_t start = l->computed;
+      const int32_t first_row = int32_t(batch.tokens.size());
+      while (l->computed < prompt.size() && prompt_tokens < budget &&
+             (!scored || scorer_.rows() + int64_t(l->computed - start) < scorer_.max_rows())) {
         batch.tokens.push_back(prompt[l->computed]);
         batch.positions.push_back(int32_t(l->computed));
         batch.slots.push_back(l->slots[0]);
         ++l->computed;
         ++prompt_tokens;
       }
+      if (scored) scorer_.add(seqs_[size_t(l->slots[0])], first_row, int(start), int(l->computed));
       if (l->computed < prompt.size()) break;  // the budget is spent: later prompts wait their turn
       for (int slot : l->slots) {
         batch.logit_rows.push_back(int32_t(batch.tokens.size() - 1));
@@ -187,13 +194,16 @@ private:
       }
       completed.push_back(l.get());
     }
+    const int64_t sampled_rows = int64_t(batch.logit_rows.size());
+    scorer_.append_rows(batch);  // after the sampled rows
     const Tensor logits = model_.forward(batch, cache_);
+    if (!scorer_.empty()) scorer_.score(logits.rows(sampled_rows, scorer_.rows()));
     for (Sequence* s : decoding) ++s->length;
     for (Live* l : completed) {
       for (int slot : l->slots) seqs_[size_t(slot)].length = int(l->request->prompt.size());
       l->prefilled = true;
     }
-    if (!rows.empty()) sampler_.sample(logits, rows);
+    if (!rows.empty()) sampler_.sample(logits.rows(0, sampled_rows), rows);
     resolve_waits(stats);
     // The other choices start from the first one's prompt rows.
     for (Live* l : completed)
@@ -227,6 +237,8 @@ private:
         results.push_back(std::move(s.result));
         free_.push_back(slot);
       }
+      for (size_t c = 1; c < results.size() && l.request->prompt_logprobs >= 0; ++c)
+        results[c].prompt_logprobs = results[0].prompt_logprobs;  // the first choice scored the prompt
       const size_t tag = l.tag;
       it = live_.erase(it);
       finished(tag, std::move(results));
@@ -240,6 +252,7 @@ private:
   KeptPrefixes* kept_;
   KvCache cache_;
   StepSampler sampler_;
+  PromptScorer scorer_;
   std::vector<Sequence> seqs_;
   std::vector<int> free_;     // free slots, the lowest last
   std::deque<std::unique_ptr<Live>> live_;  // in admission order

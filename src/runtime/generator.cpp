@@ -6,6 +6,7 @@
 
 #include "kv_rows.h"
 #include "strata/core/error.h"
+#include "strata/runtime/prompt_logprobs.h"
 
 namespace strata {
 
@@ -34,10 +35,14 @@ int64_t prefill(Transformer& model, std::vector<Sequence>& seqs, const std::vect
   int64_t copied = 0;
   StepBatch step;
   std::vector<Sequence*> finishing;  // sequences whose last prompt token is in this step
+  PromptScorer scorer(model.backend(), model.config().vocab_size);
   auto flush = [&] {
     if (step.tokens.empty()) return;
+    const int64_t sampled_rows = int64_t(step.logit_rows.size());
+    scorer.append_rows(step);
     const Tensor logits = model.forward(step, cache);
-    if (!finishing.empty()) sampler.sample(logits, finishing);
+    if (!scorer.empty()) scorer.score(logits.rows(sampled_rows, scorer.rows()));
+    if (!finishing.empty()) sampler.sample(logits.rows(0, sampled_rows), finishing);
     step = StepBatch();
     finishing.clear();
   };
@@ -51,13 +56,16 @@ int64_t prefill(Transformer& model, std::vector<Sequence>& seqs, const std::vect
     if (s.done) continue;  // max_new 0: every choice of the request is done
     const std::vector<int32_t>& prompt = s.request->prompt;
     const SharedPrefix& share = plan[gi];
+    const bool scored = s.request->prompt_logprobs >= 0;  // computed whole: plan_prefill shares none of it
     const size_t first = share.source >= 0 ? size_t(share.length)
+                         : scored          ? 0
                                            : size_t(kv_rows::copy_kept_prefix(model.backend(), kept, prompt, cache, s.slot, sharing));
     copied += int64_t(first);
     for (size_t i = first; i < prompt.size(); ++i) {
-      if (int64_t(step.tokens.size()) >= budget) flush();
+      if (int64_t(step.tokens.size()) >= budget || (scored && scorer.rows() >= scorer.max_rows())) flush();
       if (i == first && share.source >= 0)
         step.prefix_copies.push_back({seqs[groups[size_t(share.source)].first].slot, s.slot, share.length});
+      if (scored) scorer.add(s, int32_t(step.tokens.size()), int(i), int(i) + 1);
       step.tokens.push_back(prompt[i]);
       step.positions.push_back(int32_t(i));
       step.slots.push_back(s.slot);
@@ -125,7 +133,7 @@ std::vector<SharedPrefix> plan_prefill(const std::vector<Sequence>& seqs, const 
                                        const GenOptions& options) {
   std::vector<const std::vector<int32_t>*> prompts(groups.size(), nullptr);
   for (size_t i = 0; i < groups.size() && options.share_prefixes; ++i)
-    if (const Sequence& s = seqs[groups[i].first]; !s.done) prompts[i] = &s.request->prompt;
+    if (const Sequence& s = seqs[groups[i].first]; !s.done && s.request->prompt_logprobs < 0) prompts[i] = &s.request->prompt;
   return plan_shared_prefixes(prompts, options.prefix_sharing);
 }
 
@@ -212,6 +220,9 @@ std::vector<GenResult> generate(Transformer& model, const std::vector<GenRequest
   }
   local.decode_seconds = seconds_since(t0);
 
+  for (const ChoiceGroup& g : groups)  // the first choice scored the prompt for all
+    for (size_t c = 1; c < g.n && seqs[g.first].request->prompt_logprobs >= 0; ++c)
+      seqs[g.first + c].result.prompt_logprobs = seqs[g.first].result.prompt_logprobs;
   std::vector<GenResult> results;
   results.reserve(seqs.size());
   for (Sequence& s : seqs) {

@@ -31,7 +31,7 @@ Sequence start_sequence(const GenRequest& r, const ModelConfig& cfg, int slot, s
   // Prompt + generation stay within the context, as Hugging Face's max_length. A prompt scored
   // whole may fill it: its one sampled token is never fed back, so it needs no position.
   const int room = cfg.max_positions - int(r.prompt.size());
-  if (room < 0 || (room == 0 && !r.score_prompt))
+  if (room < 0 || (room == 0 && r.prompt_logprobs < 0))
     STRATA_FAIL("request " << index << ": prompt of " << r.prompt.size() << " tokens fills the model's context of "
                            << cfg.max_positions);
   const SamplingParams& sp = r.sampling;
@@ -46,6 +46,8 @@ Sequence start_sequence(const GenRequest& r, const ModelConfig& cfg, int slot, s
     if (token < 0 || token >= cfg.vocab_size)
       STRATA_FAIL("request " << index << ": stop_token_ids token " << token << " is outside the model's vocabulary of "
                              << cfg.vocab_size);
+  if (r.prompt_logprobs >= 0 && sp.max_new_tokens < 1)
+    STRATA_FAIL("request " << index << ": scoring the prompt needs max_new_tokens >= 1 (its last row samples one)");
   if (sp.min_tokens < 0) STRATA_FAIL("request " << index << ": min_tokens must be >= 0, got " << sp.min_tokens);
   Sequence s;
   s.request = &r;
@@ -55,8 +57,9 @@ Sequence start_sequence(const GenRequest& r, const ModelConfig& cfg, int slot, s
   std::vector<int32_t> ends = p.stop_token_ids;
   if (!p.ignore_eos) ends.insert(ends.end(), cfg.eos_ids.begin(), cfg.eos_ids.end());
   s.sampler = Sampler(p, std::move(ends), r.grammar.get());
-  s.max_new = std::min(r.sampling.max_new_tokens, std::max(room, r.score_prompt ? 1 : 0));
+  s.max_new = std::min(r.sampling.max_new_tokens, std::max(room, r.prompt_logprobs >= 0 ? 1 : 0));
   s.done = s.max_new <= 0;
+  if (r.prompt_logprobs >= 0) s.result.prompt_logprobs.resize(r.prompt.size() - 1);  // filled by position
   return s;
 }
 

@@ -86,9 +86,9 @@ std::shared_ptr<const JsonVocabulary> json_vocabulary(const Tokenizer& tokenizer
 GenRequest make_gen_request(const PromptRecord& r, std::vector<int32_t> prompt, const AnswerSettings& s);
 
 // The output line answering `r` (strata or OpenAI format, as it came) from its choices' results,
-// in choice order.
+// in choice order. `prompt_ids`: the prompt as the model read it, which echo writes back.
 nlohmann::json answer_line(const PromptRecord& r, int64_t prompt_tokens, std::span<const GenResult> choices,
-                           const AnswerSettings& s);
+                           const AnswerSettings& s, std::span<const int32_t> prompt_ids = {});
 
 // ---- parts, exposed for tests ----
 

@@ -84,6 +84,9 @@ struct CompletionChoice {
   // The answer's tool calls (job/tool_calls.h), OpenAI's message.tool_calls; null when it called
   // none. With calls, `text` is the text before them and an empty one is a null content.
   nlohmann::json tool_calls = nullptr;
+  // vLLM's prompt_logprobs (job/answers.h); null unless asked for. A completion choice carries it;
+  // chat writes the first choice's at the response's top level, as vLLM does.
+  nlohmann::json prompt_logprobs = nullptr;
 };
 struct Completion {
   std::vector<CompletionChoice> choices;  // indexed 0 .. n-1; empty: the one choice below

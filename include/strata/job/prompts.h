@@ -86,6 +86,9 @@ struct PromptRecord {
   std::string id_key;       // id.dump(): unique key for duplicate checks and resume
   int line = 0;             // 1-based line in the input file
   std::string prompt;       // empty when messages are given
+  // Completions: the prompt given as token ids (OpenAI's prompt of integers), used as given, no
+  // BOS added; `prompt` is then empty.
+  std::vector<int32_t> prompt_ids;
   std::vector<ChatMessage> messages;
   SamplingParams sampling;
   InputFormat format = InputFormat::Strata;
@@ -96,6 +99,13 @@ struct PromptRecord {
   // -1: no logprobs; k >= 0: each generated token's log-probability and the k most probable
   // tokens (chat: logprobs true + top_logprobs k; completions: logprobs k; strata: logprobs k).
   int logprobs = -1;
+  // vLLM's prompt_logprobs: -1 none; k >= 0: each prompt token's log-probability after the first,
+  // with the k most probable tokens. Completions with echo default to their logprobs.
+  int prompt_logprobs = -1;
+  // Completions' echo: the answer's text (and logprobs) begin with the prompt's. With max_tokens
+  // 0 (prompt_only) the answer is the prompt alone: one token is drawn and dropped, as vLLM does.
+  bool echo = false;
+  bool prompt_only = false;
   std::optional<ResponseFormat> response_format;  // unset: the job's default (--response-format)
   std::string json_schema;  // JsonSchema: the schema's text, its keys in the order written
   std::string pattern;      // Regex: the regex; Choice: the choices, a JSON array of strings

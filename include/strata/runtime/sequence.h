@@ -22,7 +22,9 @@ using StopCheck = std::function<bool(std::span<const int32_t> generated)>;
 struct GenRequest {
   std::vector<int32_t> prompt;  // token ids, non-empty
   SamplingParams sampling;
-  bool score_prompt = false;    // also score the prompt: GenResult::prompt_nll (offloading engine)
+  // >= 0: also score the prompt (GenResult::prompt_logprobs) with this many top tokens a position.
+  // Its prompt is computed whole, never copied from a shared prefix (whose rows have no logits).
+  int prompt_logprobs = -1;
   // Choices: n sequences continue the prompt, choice c sampling with seed sampling.seed + c. The
   // resident generator prefills the prompt once for all of them; the offloading engine once per
   // GPU batch its choices fall in (it keeps them in one batch where they fit). Results come one
@@ -44,8 +46,9 @@ const char* finish_reason_name(FinishReason r);
 struct GenResult {
   std::vector<int32_t> tokens;  // generated ids (EOS included when it ended the sequence)
   FinishReason finish = FinishReason::Length;
-  // With score_prompt: -log p(prompt[t + 1] | prompt[0..t]) for t = 0 .. prompt size - 2.
-  std::vector<double> prompt_nll;
+  // With prompt_logprobs >= 0: entry t is prompt[t + 1]'s log-probability after prompt[0..t] (its
+  // rank and the top tokens), t = 0 .. prompt size - 2. Every choice of a request carries it.
+  std::vector<StepLogprobs> prompt_logprobs;
   // With logprobs >= 0: one entry per generated token (tokens[i]), from the raw logits.
   std::vector<StepLogprobs> logprobs;
 };
