@@ -88,6 +88,9 @@ public:
   void row_candidates(const Tensor& logits, const Tensor& temperatures, int64_t capacity, void* out) override {
     in_.row_candidates(logits, temperatures, capacity, out);
   }
+  void target_ranks(const Tensor& logits, const Tensor& targets, void* out) override {
+    in_.target_ranks(logits, targets, out);
+  }
   void quantize_rows(const quant::QuantSpec& spec, const Tensor& x, void* q) override { in_.quantize_rows(spec, x, q); }
   void dequantize_rows(const quant::QuantSpec& spec, const void* q, const Tensor& out) override {
     in_.dequantize_rows(spec, q, out);

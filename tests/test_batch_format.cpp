@@ -191,7 +191,7 @@ TEST_CASE("well-formed OpenAI requests that cannot be served carry an error", "[
   json get_line = json::parse(completion_line("g", json::object()));
   get_line["method"] = "GET";
   const std::vector<Case> cases = {
-      {completion_line("1", {{"max_tokens", 0}}), "invalid_value", "body.max_tokens must be in [1, 1000000], got 0"},
+      {completion_line("1", {{"max_tokens", 0}}), "invalid_value", "body.max_tokens must be in [1, 1000000] (0 with echo"},
       {chat_line("2", {{"max_completion_tokens", "5"}}), "invalid_type", "body.max_completion_tokens must be an integer"},
       {chat_line("3", {{"temperature", 2.5}}), "invalid_value", "body.temperature must be in [0, 2]"},
       {chat_line("4", {{"top_p", 0}}), "invalid_value", "body.top_p must be in (0, 1]"},
@@ -210,7 +210,7 @@ TEST_CASE("well-formed OpenAI requests that cannot be served carry an error", "[
       {chat_line("9b", {{"stop", 3}}), "invalid_type", "body.stop must be a string or an array of strings"},
       {chat_line("9c", {{"stop", {"a", 1}}}), "invalid_type", "body.stop must be a string or an array of strings"},
       {completion_line("9d", {{"stop", ""}}), "invalid_value", "body.stop holds an empty string"},
-      {completion_line("11", {{"prompt", {1, 2, 3}}}), "unsupported_value", "body.prompt must be one string"},
+      {completion_line("11", {{"prompt", {{1, 2}, {3}}}}), "unsupported_value", "body.prompt must be one prompt"},
       {chat_line("12", {{"prompt", "x"}}), "invalid_value", "body.prompt is for /v1/completions"},
       {chat_line("r1", {{"reasoning_effort", "max"}}), "invalid_value",
        "body.reasoning_effort must be \"low\", \"medium\" or \"high\", got \"max\""},

@@ -3,11 +3,15 @@
 // (tests/fixtures/logprobs/make_prompt_logprobs.py), on the resident generator and its continuous
 // batcher, in the offloading engine's blocks and while it serves, on the CUDA backend, and in the
 // batch job's answer lines of both formats.
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <fstream>
+#include <random>
 #include <nlohmann/json.hpp>
 
+#include "candidate_test_rows.h"
+#include "forwarding_backend.h"
 #include "logprobs_fixture.h"
 #include "policy_fixtures.h"
 #include "pooled_job.h"
@@ -188,6 +192,65 @@ TEST_CASE("the offloading engine scores prompts in blocks and while serving, on 
   }
 }
 
+TEST_CASE("CUDA: rows scored on the device give the host's logprobs, ranks and top tokens", "[logprobs][prompt_logprobs][cuda]") {
+  if (!cuda_available()) {
+    WARN("no GPU: skipped");
+    return;
+  }
+  // The candidate test rows (ties on a coarse grid, masked tokens, signed zeros), a row whose top
+  // 30 tie (past the 20 asked, within the 64 candidates) and one whose top 100 tie (past the
+  // candidates: that row crosses whole); targets first, last, anywhere and the least probable.
+  auto cuda = make_cuda_backend(0);
+  test::CopyCountingBackend backend(*cuda);
+  std::mt19937 rng(7);
+  for (int64_t V : {int64_t(7), int64_t(1000), int64_t(4099)}) {
+    std::vector<std::vector<float>> rows = test::candidate_test_rows(V, rng, [](float x) { return x; });
+    for (int64_t tied : {int64_t(30), int64_t(100)}) {
+      std::vector<float> r = rows[0];
+      for (int64_t j = 0; j < std::min(tied, V); ++j) r[size_t((j * 37) % V)] = 20.0f;
+      rows.push_back(r);
+    }
+    const int64_t R = int64_t(rows.size());
+    std::vector<float> flat;
+    std::vector<int32_t> targets;
+    std::vector<int> tops;
+    for (int64_t r = 0; r < R; ++r) {
+      flat.insert(flat.end(), rows[size_t(r)].begin(), rows[size_t(r)].end());
+      const auto least = std::min_element(rows[size_t(r)].begin(), rows[size_t(r)].end());
+      const int32_t picks[] = {0, int32_t(V - 1), int32_t(rng() % uint32_t(V)), int32_t(least - rows[size_t(r)].begin())};
+      targets.push_back(picks[r % 4]);
+      tops.push_back(std::array<int, 3>{20, 0, 5}[size_t(r % 3)]);
+    }
+    Buffer buf = backend.alloc(flat.size() * 4);
+    backend.copy_to_device(buf.data(), flat.data(), flat.size() * 4);
+    RowScorer scorer(backend);
+    backend.copies.clear();
+    const std::vector<StepLogprobs> got = scorer.score(buf.view(0, DType::F32, {R, V}), targets, tops);
+    size_t copied = 0;
+    for (size_t n : backend.copies) copied += n;
+    // The summaries, and at most the one row whose ties run past its candidates, whole.
+    CHECK(copied <= size_t(R) * (row_candidates_bytes(RowScorer::kCandidates) + 8) + size_t(V) * 4);
+    ThreadPool pool(2);
+    REQUIRE(got.size() == size_t(R));
+    for (int64_t r = 0; r < R; ++r) {
+      INFO("vocabulary " << V << ", row " << r << ", target " << targets[size_t(r)] << ", top " << tops[size_t(r)]);
+      const StepLogprobs want =
+          target_logprobs(pool, rows[size_t(r)].data(), 1, V, &targets[size_t(r)], tops[size_t(r)])[0];
+      const StepLogprobs& g = got[size_t(r)];
+      CHECK(g.sampled.token == want.sampled.token);
+      CHECK(g.sampled_rank == want.sampled_rank);
+      // The same sum in another order: within 1e-9, or both -inf (a masked token).
+      auto same = [](double a, double b) { return a == b || std::fabs(a - b) <= 1e-9; };
+      CHECK(same(g.sampled.logprob, want.sampled.logprob));
+      REQUIRE(g.top.size() == want.top.size());
+      for (size_t k = 0; k < want.top.size(); ++k) {
+        CHECK(g.top[k].token == want.top[k].token);
+        CHECK(same(g.top[k].logprob, want.top[k].logprob));
+      }
+    }
+  }
+}
+
 TEST_CASE("CUDA: prompt logprobs within fp16 tolerance of Hugging Face's", "[logprobs][prompt_logprobs][hf][cuda]") {
   if (!cuda_available()) {
     WARN("no GPU: skipped");
@@ -204,7 +267,7 @@ TEST_CASE("CUDA: prompt logprobs within fp16 tolerance of Hugging Face's", "[log
 namespace {
 
 // A one-line job's output line, on the resident generator or (policy given) the offloading engine.
-json run_one(const std::string& model, const std::string& line, const fs::path& policy = {}) {
+json run_one(const std::string& model, const std::string& line, const fs::path& policy = {}, std::string* job_log = nullptr) {
   const fs::path dir = test::temp_dir("prompt-logprobs-job");
   const fs::path in = dir / "in.jsonl", out = dir / "out.jsonl";
   fs::remove(out);
@@ -213,6 +276,7 @@ json run_one(const std::string& model, const std::string& line, const fs::path& 
   o.policy = policy;
   std::ostringstream log;
   run_batch_job(o, log);
+  if (job_log) *job_log = log.str();
   const auto lines = test::lines_by_id(out);
   REQUIRE(lines.size() == 1);
   return lines.begin()->second;
@@ -233,9 +297,11 @@ TEST_CASE("echo: the prompt's tokens and logprobs before the answer's, as the co
     INFO((p.empty() ? "resident" : "offloading engine"));
     for (int max_tokens : {0, 1}) {
       INFO("max_tokens " << max_tokens);
+      std::string log;
       const json line = run_one("tiny-llama3", test::batch_request("e", "/v1/completions",
                                                                   {{"prompt", prompt}, {"echo", true}, {"logprobs", 2},
-                                                                   {"max_tokens", max_tokens}, {"temperature", 0}}), p);
+                                                                   {"max_tokens", max_tokens}, {"temperature", 0}}), p, &log);
+      CHECK_THAT(log, Catch::Contains("prompt logprobs: " + std::to_string(prompt.size() - 1) + " positions of 1 prompts scored"));
       const json& body = line["response"]["body"];
       const json& choice = body["choices"][0];
       const std::string text = c["decoded"].get<std::string>() + (max_tokens ? c["next"]["text"].get<std::string>() : "");
@@ -281,7 +347,7 @@ TEST_CASE("echo: the prompt's tokens and logprobs before the answer's, as the co
   }
 }
 
-TEST_CASE("prompt_logprobs on chat, completions and strata lines; what is refused", "[logprobs][prompt_logprobs][job]") {
+TEST_CASE("prompt_logprobs on chat, completions and strata lines, and what is refused", "[logprobs][prompt_logprobs][job]") {
   const json& c = fixture()["cases"][2];  // tiny-llama3, the short prompt
   const std::vector<int32_t> prompt = c["prompt"].get<std::vector<int32_t>>();
   // Completions: each choice carries them; the answer is generated as without them.

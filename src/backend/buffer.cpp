@@ -63,5 +63,8 @@ void Backend::routed_linears(const Tensor&, const std::vector<Tensor>&, const De
 void Backend::row_candidates(const Tensor&, const Tensor&, int64_t, void*) {
   STRATA_FAIL("internal: the " << name() << " backend does not sample on the device");
 }
+void Backend::target_ranks(const Tensor&, const Tensor&, void*) {
+  STRATA_FAIL("internal: the " << name() << " backend does not score on the device");
+}
 
 }  // namespace strata

@@ -1034,7 +1034,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
   // Reader thread: pass 2, tokenizing up to a window ahead of the engine.
   BoundedQueue<Tokenized> ahead(window);
   std::exception_ptr reader_error, writer_error;
-  std::atomic<int64_t> skipped{0};
+  std::atomic<int64_t> skipped{0}, scored_prompts{0}, scored_positions{0};
   std::thread reader([&] { reader_error = read_ahead(opt, shard, tok, done, ahead, skipped); });
 
   // Writer thread: detokenizes, builds the lines and writes them, in completion or input order.
@@ -1051,6 +1051,10 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
           return classification_line(r, f.embeddings, *classifier, tokens, model.config.name, created);
         if (classifier) return cross_encoder_line(r, f.embeddings, *classifier, tokens, model.config.name, created);
         return embedding_line(r, f.embeddings, tokens, pooling.normalize, model.config.name, created);
+      }
+      if (r.prompt_logprobs >= 0) {
+        ++scored_prompts;
+        scored_positions += int64_t(f.request.ids.size()) - 1;
       }
       return answer_line(r, int64_t(f.request.ids.size()), f.results, answers, f.request.ids);
     });
@@ -1217,6 +1221,8 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
   sum.embedded_inputs = embedded.sequences;
   sum.embedded_tokens = embedded.tokens;
   sum.embed_seconds = embedded.seconds;
+  sum.scored_prompts = scored_prompts;
+  sum.scored_positions = scored_positions;
   sum.wall_seconds = std::chrono::duration<double>(Clock::now() - wall0).count();
   auto rate = [](double n, double s) { return s > 0 ? n / s : 0.0; };
   const double gen_s = sum.prefill_seconds + sum.decode_seconds;
@@ -1241,6 +1247,9 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
       << rate(double(sum.generated_tokens - runs), sum.decode_seconds) << " tok/s\ntotal: " << gen_s << " s, "
       << rate(double(sum.generated_tokens), gen_s) << " generated tok/s (wall " << sum.wall_seconds
       << " s, first answer after " << sum.first_answer_seconds << " s)\n";
+  if (sum.scored_prompts > 0)
+    log << "prompt logprobs: " << sum.scored_positions << " positions of " << sum.scored_prompts
+        << " prompts scored (in the prefill time above)\n";
   if (sum.refilled)
     log << "continuous batching: " << block << " slots, occupancy " << 100 * sum.occupancy
         << "% (slots decoding a live sequence per decode step)\n";

@@ -23,6 +23,7 @@
 #include "strata/runtime/forward_ops.h"
 #include "strata/runtime/model_weights.h"
 #include "strata/runtime/prefix_sharing.h"
+#include "strata/runtime/prompt_logprobs.h"
 #include "strata/runtime/sequence.h"
 #include "strata/runtime/step_graphs.h"
 
@@ -493,7 +494,7 @@ struct OffloadEngine::Impl {
   // Prefill's last sub-layer: the next-token NLL of every prompt position of the unit's sequences
   // that asked for it, through the head a workspace's worth of rows at a time (host reduction).
   void score_prompts(const BatchState& b, const Tensor& x, int64_t T);
-  std::unique_ptr<ThreadPool> score_pool;  // score_prompts' log-softmax rows, made on first use
+  std::unique_ptr<RowScorer> row_scorer;  // score_prompts' rows, made on first use
 
   // Tokens [t0, t1) of a step, without logit rows (compute() selects them over the whole step).
   // Only a unit of one prompt runs in pieces (a unit of several fits a step: PrefillSteps), and

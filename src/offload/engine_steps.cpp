@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "engine_impl.h"
-#include "strata/runtime/prompt_logprobs.h"
 
 namespace strata {
 namespace {
@@ -445,8 +444,7 @@ void OffloadEngine::Impl::gpu_half(int jj, const LayerWeights& w, const Tensor& 
 
 void OffloadEngine::Impl::score_prompts(const BatchState& b, const Tensor& x, int64_t T) {
   const int64_t chunk = gbs;  // the workspace's logit rows
-  std::vector<float> logits;
-  if (!score_pool) score_pool = std::make_unique<ThreadPool>(0);
+  if (!row_scorer) row_scorer = std::make_unique<RowScorer>(be);
   for (const BatchState::ScoredSpan& span : b.scored) {
     const std::vector<int32_t>& prompt = span.seq->request->prompt;
     const int last = std::min(span.to, int(prompt.size()) - 1);  // the last position predicts no prompt token
@@ -455,11 +453,9 @@ void OffloadEngine::Impl::score_prompts(const BatchState& b, const Tensor& x, in
       std::vector<int32_t> rows;
       for (int t = t0; t < t1; ++t) rows.push_back(span.first_row + (t - span.from));
       ops.select_logit_rows(rows, T);
-      const Tensor l = ops.head(globals, x);
-      logits.resize(size_t(l.numel()));
-      be.copy_to_host_f32(l, logits.data());
-      std::vector<StepLogprobs> got = target_logprobs(*score_pool, logits.data(), t1 - t0, l.dim(1), prompt.data() + t0 + 1,
-                                                      span.seq->request->prompt_logprobs);
+      std::vector<StepLogprobs> got = row_scorer->score(ops.head(globals, x),
+                                                        std::vector<int32_t>(prompt.begin() + t0 + 1, prompt.begin() + t1 + 1),
+                                                        std::vector<int>(size_t(t1 - t0), span.seq->request->prompt_logprobs));
       std::move(got.begin(), got.end(), span.seq->result.prompt_logprobs.begin() + t0);
     }
   }

@@ -61,4 +61,12 @@ void compute_row_candidates(const float* logits, int64_t vocab, float temperatur
   }
 }
 
+TargetRank compute_target_rank(const float* logits, int64_t vocab, int32_t target) {
+  STRATA_CHECK(target >= 0 && target < vocab, "target " << target << " outside the vocabulary of " << vocab);
+  TargetRank t;
+  t.logit = logits[target];
+  for (int64_t j = 0; j < vocab; ++j) t.rank += logits[j] >= t.logit;
+  return t;
+}
+
 }  // namespace strata

@@ -136,3 +136,35 @@ TEMPLATE_TEST_CASE("emulated cuda: row_candidates against the host reference", "
 TEST_CASE("emulated cuda: row_candidates, one shape", "[emulated][tsan]") {
   check_row_candidates<__half>({600}, {64, int(strata::kMaxRowCandidates)});
 }
+
+// sampling.cu's target_ranks against compute_target_rank (row_candidates.h): each row's target
+// logit bit for bit and its rank (the logits at least as large) exactly, over the candidate rows
+// (ties on a coarse grid, masked tokens, signed zeros), a NaN row entry (counted nowhere), and
+// targets first, last, at a tie and at -inf; the output poisoned first.
+TEMPLATE_TEST_CASE("emulated cuda: target_ranks against the host reference", "[emulated][tsan]", __half, bf16, float) {
+  using L = TestType;
+  using strata::cuda::from_float;
+  using strata::cuda::to_float;
+  std::mt19937 rng(43);
+  for (int64_t cols : {1, 7, 600, 3001}) {
+    auto rows = strata::test::candidate_test_rows(cols, rng, [](float x) { return to_float(from_float<L>(x)); });
+    rows[1][rows[1].size() / 2] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<L> flat;
+    std::vector<int32_t> targets;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      for (float x : rows[r]) flat.push_back(from_float<L>(x));
+      const int32_t picks[] = {0, int32_t(cols - 1), int32_t(cols / 3), int32_t((cols * 2) / 3)};
+      targets.push_back(picks[r % 4]);
+    }
+    std::vector<uint8_t> got(rows.size() * 8, 0xAB);
+    strata::cuda::launch_target_ranks(flat.data(), int64_t(rows.size()), cols, targets.data(), got.data(), nullptr);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      INFO("cols " << cols << " row " << r << " target " << targets[r]);
+      const strata::TargetRank want = strata::compute_target_rank(rows[r].data(), cols, targets[r]);
+      strata::TargetRank g;
+      std::memcpy(&g, got.data() + r * 8, 8);
+      CHECK(std::memcmp(&g.logit, &want.logit, 4) == 0);
+      CHECK(g.rank == want.rank);
+    }
+  }
+}

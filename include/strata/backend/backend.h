@@ -332,6 +332,10 @@ public:
   // row_candidates_bytes(capacity) bytes on the device, capacity <= kMaxRowCandidates. Where
   // samples_on_device holds.
   virtual void row_candidates(const Tensor& logits, const Tensor& temperatures, int64_t capacity, void* out);
+  // Each row's target token: its logit and rank (runtime/row_candidates.h's TargetRank). logits:
+  // [R, V] as row_candidates'; targets: I32 [R] on the device; out: R x 8 bytes on the device.
+  // Where samples_on_device holds (prompt logprobs read these and the candidates, not the rows).
+  virtual void target_ranks(const Tensor& logits, const Tensor& targets, void* out);
 
   // Group-wise quantization in the format and by the formula of include/strata/quant/quant.h.
   // x, out: [rows, n] float tensors on the device (n = the last dimension; the activation dtype,

@@ -99,6 +99,9 @@ struct JobSummary {
   // Embeddings requests: their inputs, the tokens those held, and the time spent embedding them.
   int64_t embedded_inputs = 0, embedded_tokens = 0;
   double embed_seconds = 0;
+  // Requests asking for prompt logprobs (echo with logprobs, prompt_logprobs) and the prompt
+  // positions scored for them (this run).
+  int64_t scored_prompts = 0, scored_positions = 0;
 };
 
 // Takes each of the model's recommended settings into `defaults` unless its field (temperature,

@@ -21,6 +21,34 @@ namespace strata {
 std::vector<StepLogprobs> target_logprobs(ThreadPool& pool, const float* logits, int64_t rows, int64_t vocab,
                                           const int32_t* targets, int top);
 
+// Rows of logits scored against their targets where the logits are. On a backend that samples on
+// the device (the GPU) only each row's candidates (row_candidates.h: its maximum, its sum of
+// exponentials and its most probable tokens) and its target's logit and rank cross to the host,
+// not the row: 0.5 KiB a row against 256 KiB of a 128k vocabulary in fp16, and no host pass over
+// the vocabulary. Elsewhere, or for a row whose top tokens' ties run past its candidates, the row
+// crosses as fp32 and target_logprobs reduces it. Either way each row's result is target_logprobs'
+// of the same logits, up to the order of the sum's terms.
+class RowScorer {
+public:
+  explicit RowScorer(Backend& backend) : backend_(backend) {}
+  // logits: [R, V] where the backend keeps them; targets[r] < V and tops[r] (<= kMaxTop) per row.
+  std::vector<StepLogprobs> score(const Tensor& logits, const std::vector<int32_t>& targets, const std::vector<int>& tops);
+
+  static constexpr int kMaxTop = 20;         // vLLM's max_logprobs
+  static constexpr int64_t kCandidates = 64;  // a row's candidates: the top 20 and their ties
+
+private:
+  std::vector<StepLogprobs> score_on_host(const Tensor& logits, const std::vector<int32_t>& targets,
+                                          const std::vector<int>& tops);
+  ThreadPool& pool();
+
+  Backend& backend_;
+  Buffer device_;                 // the targets, zero temperatures, the rows' candidates and ranks
+  std::vector<uint8_t> summaries_;  // the candidates and ranks on the host
+  std::vector<float> host_rows_, zeros_;
+  std::unique_ptr<ThreadPool> pool_;  // the rows' reductions, made on first use
+};
+
 // The scored prompt positions of the step being built, for the resident generator and its
 // continuous batcher: their logit rows follow the step's sampled rows, and after the forward pass
 // their log-probabilities go into their sequences' GenResult::prompt_logprobs.
@@ -28,8 +56,9 @@ class PromptScorer {
 public:
   PromptScorer(Backend& backend, int64_t vocab);
 
-  // The most positions one step scores: their logits cross to the host as fp32, so a scored
-  // prompt's piece in a step stops at this many (64 MiB of logits; 1024 rows of a 16k vocabulary).
+  // The most positions one step scores: a scored prompt's piece in a step stops at this many. Their
+  // logits are the step's head output: 64 MiB of them as fp32 (1024 rows of a 16k vocabulary) where
+  // they cross to the host, 256 MiB where they stay on the device.
   int64_t max_rows() const { return max_rows_; }
   int64_t rows() const { return rows_; }
   bool empty() const { return rows_ == 0; }
@@ -48,11 +77,9 @@ private:
     int32_t first_row = 0;
     int from = 0, to = 0;
   };
-  Backend& backend_;
   int64_t vocab_ = 0, max_rows_ = 1, rows_ = 0;
   std::vector<Span> spans_;
-  std::vector<float> host_;
-  std::unique_ptr<ThreadPool> pool_;  // the rows' log-softmax, made on first use
+  RowScorer rows_scorer_;
 };
 
 }  // namespace strata

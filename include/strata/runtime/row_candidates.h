@@ -32,6 +32,15 @@ constexpr size_t row_candidates_bytes(int64_t capacity) {
   return kRowCandidatesHeaderBytes + 8 * size_t(capacity);
 }
 
+// A target token's logit in its row and its rank there: the row's logits at least as large, itself
+// included (NaN counts nowhere). Backend::target_ranks writes one per row, 8 bytes each.
+struct TargetRank {
+  float logit = 0;
+  int32_t rank = 0;
+};
+// The reference the device kernel is tested against.
+TargetRank compute_target_rank(const float* logits, int64_t vocab, int32_t target);
+
 // Row r of `rows` rows in that layout.
 RowCandidates read_row_candidates(const void* rows, int64_t r, int64_t capacity, int64_t vocab);
 

@@ -921,6 +921,21 @@ public:
     });
   }
 
+  void target_ranks(const Tensor& logits, const Tensor& targets, void* out) override {
+    const bool f32 = logits.dtype == DType::F32;
+    check_tensor(logits, f32 ? DType::F32 : act_, "target_ranks", "logits");
+    check_i32(targets, "target_ranks", "targets");
+    const int64_t V = logits.row_size();
+    STRATA_CHECK(targets.numel() == logits.dim(0) && V > 0 && V <= INT_MAX && reinterpret_cast<uintptr_t>(out) % 8 == 0,
+                 "cuda target_ranks: logits " << logits.shape_str() << " targets " << targets.shape_str());
+    bind();
+    dispatch_float(logits.dtype, [&](auto e) {
+      using E = decltype(e);
+      cuda::launch_target_ranks(elems<E>(logits), logits.dim(0), V, static_cast<const int32_t*>(targets.data),
+                                static_cast<uint8_t*>(out), stream_);
+    });
+  }
+
 private:
   // Rows, row length and spec of a quantize/dequantize call, checked (rows of the activation
   // dtype or F32 on the GPU, the quantized buffer 4-byte aligned).

@@ -221,6 +221,11 @@ void launch_argmax_rows(const L* logits, int64_t rows, int64_t cols, int32_t* ou
 template <class L>
 void launch_row_candidates(const L* logits, int64_t rows, int64_t cols, const float* temperatures, int capacity,
                            uint8_t* out, cudaStream_t stream);
+// sampling.cu: each row's target logit and rank (runtime/row_candidates.h's TargetRank, 8 bytes a
+// row), as compute_target_rank computes them.
+template <class L>
+void launch_target_ranks(const L* logits, int64_t rows, int64_t cols, const int32_t* targets, uint8_t* out,
+                         cudaStream_t stream);
 
 // quant.cu: rows x n fp16, bf16 or fp32 elements to quantized rows and back. Quantizing
 // is bit-identical to the host reference (quant.cpp); dequantizing computes its formula,

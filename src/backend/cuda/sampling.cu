@@ -212,7 +212,42 @@ __global__ void row_candidates_kernel(const T* __restrict__ logits, int64_t cols
   }
 }
 
+// One block per row: the target's logit, and the logits at least as large counted by each thread,
+// then summed over the block.
+template <class T>
+__global__ void target_ranks_kernel(const T* __restrict__ logits, int64_t cols, const int32_t* __restrict__ targets,
+                                    uint8_t* __restrict__ out) {
+  __shared__ int warp_count[32];
+  const T* row = logits + int64_t(blockIdx.x) * cols;
+  const float own = to_float(row[targets[blockIdx.x]]);
+  int count = 0;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) count += to_float(row[j]) >= own ? 1 : 0;
+  for (int o = 16; o > 0; o >>= 1) count += __shfl_xor_sync(kFullMask, count, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) warp_count[warp] = count;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int total = 0;
+    for (int w = 0; w < int(blockDim.x >> 5); ++w) total += warp_count[w];
+    uint8_t* dst = out + size_t(blockIdx.x) * 8;
+    *reinterpret_cast<float*>(dst) = own;
+    *reinterpret_cast<int32_t*>(dst + 4) = total;
+  }
+}
+
 }  // namespace
+
+template <class L>
+void launch_target_ranks(const L* logits, int64_t rows, int64_t cols, const int32_t* targets, uint8_t* out,
+                         cudaStream_t stream) {
+  if (rows == 0) return;
+  target_ranks_kernel<L><<<dim3(unsigned(rows)), kThreads, 0, stream>>>(logits, cols, targets, out);
+  STRATA_CUDA_CHECK_LAUNCH("target_ranks_kernel", stream);
+}
+
+template void launch_target_ranks<__half>(const __half*, int64_t, int64_t, const int32_t*, uint8_t*, cudaStream_t);
+template void launch_target_ranks<bf16>(const bf16*, int64_t, int64_t, const int32_t*, uint8_t*, cudaStream_t);
+template void launch_target_ranks<float>(const float*, int64_t, int64_t, const int32_t*, uint8_t*, cudaStream_t);
 
 template <class L>
 void launch_row_candidates(const L* logits, int64_t rows, int64_t cols, const float* temperatures, int capacity,
