@@ -14,7 +14,8 @@ transformers runs float32 on the CPU with every core, in batches of --hf-batch s
 right-padded: model(ids).logits, log_softmax, the prompt tokens' values gathered. `strata run`
 runs with its defaults (continuous batching, prefill steps of 4096 tokens). Each is timed --repeat
 times; the fastest counts. Strata's time is its log's prefill seconds (the forward passes and the
-scoring; the job's wall time is printed beside). The documents' summed logprobs of the two are
+scoring; the job's wall time is printed beside), and beside it the same prompts' prefill without
+scoring (max_tokens 1, no logprobs): what scoring costs. The documents' summed logprobs of the two are
 compared (max |difference|). FLOP/s counts 2 x (the layers' matrix elements + the LM head's) per
 position.
 
@@ -123,6 +124,13 @@ def main():
     cmd = [a.strata, "run", "--model", model, "--prompts", src, "--out", out, "--device", "cpu", "--no-progress"]
     strata_s, strata_wall = time_strata(cmd, out, a.repeat)
     got = strata_scores(out)
+    # The same prefill without scoring (one token drawn, no logprobs): what scoring adds.
+    plain_src = os.path.join(a.dir, "plain.jsonl")
+    with open(plain_src, "w") as f:
+        for i, d in enumerate(docs):
+            f.write(json.dumps({"custom_id": f"d{i}", "method": "POST", "url": "/v1/completions",
+                                "body": {"prompt": d, "max_tokens": 1}}) + "\n")
+    plain_s, _ = time_strata([plain_src if x == src else x for x in cmd], out, a.repeat)
 
     torch.set_num_threads(os.cpu_count())
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
@@ -137,7 +145,7 @@ def main():
     print(json.dumps({
         "docs": a.docs, "positions": positions, "layers": a.layers, "vocab": VOCAB, "threads": os.cpu_count(),
         "strata_prefill_s": round(strata_s, 3), "strata_wall_s": round(strata_wall, 3),
-        "strata_positions_per_s": round(positions / strata_s, 1),
+        "strata_positions_per_s": round(positions / strata_s, 1), "strata_unscored_prefill_s": round(plain_s, 3),
         "transformers_s": round(hf_s, 3), "transformers_positions_per_s": round(positions / hf_s, 1),
         "speedup": round(hf_s / strata_s, 2),
         "strata_gflops": round(flops / strata_s / 1e9, 1), "transformers_gflops": round(flops / hf_s / 1e9, 1),

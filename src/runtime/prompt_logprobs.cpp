@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 #include <optional>
 
 #include "strata/core/error.h"
@@ -15,10 +14,25 @@ namespace {
 constexpr size_t kScoredLogitBytes = size_t(64) << 20;   // as fp32 on the host
 constexpr size_t kDeviceLogitBytes = size_t(256) << 20;  // (fp32-sized) where they stay on the device
 
+// One pass for the maximum and the `top` most probable (logit descending, the lower id first among
+// ties; NaN never enters), kept sorted in a short list: no sort over the vocabulary. A second for
+// the sum of exponentials (each term in double, as the device's row_candidates) and the rank.
 StepLogprobs target_logprob(const float* logits, int64_t vocab, int32_t target, int top) {
   STRATA_CHECK(target >= 0 && target < vocab, "prompt token " << target << " outside the vocabulary of " << vocab);
+  const size_t k = size_t(std::clamp<int64_t>(top, 0, vocab));
+  std::vector<int32_t> best;
+  best.reserve(k + 1);
+  auto beats = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
   float mx = -INFINITY;
-  for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, logits[j]);
+  for (int64_t j = 0; j < vocab; ++j) {
+    mx = std::max(mx, logits[j]);
+    if (k == 0 || (best.size() == k && !beats(int32_t(j), best.back()))) continue;
+    if (std::isnan(logits[j])) continue;
+    size_t at = best.size();
+    while (at > 0 && beats(int32_t(j), best[at - 1])) --at;
+    best.insert(best.begin() + std::ptrdiff_t(at), int32_t(j));
+    if (best.size() > k) best.pop_back();
+  }
   double sum = 0;
   int64_t rank = 0;
   const float own = logits[target];
@@ -30,15 +44,7 @@ StepLogprobs target_logprob(const float* logits, int64_t vocab, int32_t target, 
   StepLogprobs out;
   out.sampled = {target, double(own) - log_z};
   out.sampled_rank = rank;
-  const size_t k = size_t(std::clamp<int64_t>(top, 0, vocab));
-  if (k > 0) {
-    std::vector<int32_t> order(static_cast<size_t>(vocab));
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(k), order.end(), [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
-    for (size_t i = 0; i < k; ++i) out.top.push_back({order[i], double(logits[order[i]]) - log_z});
-  }
+  for (int32_t id : best) out.top.push_back({id, double(logits[id]) - log_z});
   return out;
 }
 
