@@ -55,7 +55,9 @@
 #   embed      embeddings (docs/batch-format.md "Embeddings") on Qwen3-Embedding-8B's shape
 #              (dummy:qwen3-8b, $STRATA_SUITE_EMBED_MODEL to change it): 256 /v1/embeddings inputs of
 #              512 tokens through `strata run`, then the same texts as prompts generating one token
-#              (their prefill), each's tok/s in the summary. Only by name
+#              (their prefill), then the same prompts scored (prompt_logprobs 1: the prefill with
+#              every position's logprob, reduced on the device by RowScorer), each's tok/s in the
+#              summary. Only by name
 #
 # STRATA_SUITE_DEADLINE=S: no step starts later than S seconds into the script, and a running one
 # is cut before it (a device call's limit), so the archives and summaries are always written.
@@ -213,14 +215,15 @@ run_policy() {
 
 part_embed() {
   local model=${STRATA_SUITE_EMBED_MODEL:-dummy:qwen3-8b}
-  python3 - "$out/embed.jsonl" "$out/prefill.jsonl" <<'PY'
+  python3 - "$out/embed.jsonl" "$out/prefill.jsonl" "$out/score.jsonl" <<'PY'
 import json, sys
-with open(sys.argv[1], "w") as e, open(sys.argv[2], "w") as p:
+with open(sys.argv[1], "w") as e, open(sys.argv[2], "w") as p, open(sys.argv[3], "w") as s:
     for i in range(256):
         text = (f"text {i}: " + "the quick brown fox jumps over the lazy dog " * 16)[:512]
         e.write(json.dumps({"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
                             "body": {"model": "m", "input": text}}) + "\n")
         p.write(json.dumps({"id": i, "prompt": text}) + "\n")
+        s.write(json.dumps({"id": i, "prompt": text, "prompt_logprobs": 1}) + "\n")
 PY
   rm -f "$out"/embed-out.jsonl* "$out"/prefill-out.jsonl*
   step "embeddings $model" strata run --model "$model" --device cuda --prompts "$out/embed.jsonl" \
@@ -229,7 +232,11 @@ PY
   step "prefill $model" strata run --model "$model" --device cuda --prompts "$out/prefill.jsonl" \
     --out "$out/prefill-out.jsonl" --max-new-tokens 1 --ignore-eos --batch-size 256 --no-progress
   say "  - $(tac "$log" | grep -m1 -E '^prefill: ')"
-  rm -f "$out"/embed*.jsonl* "$out"/prefill*.jsonl*
+  step "scored prefill $model" strata run --model "$model" --device cuda --prompts "$out/score.jsonl" \
+    --out "$out/score-out.jsonl" --max-new-tokens 1 --ignore-eos --batch-size 256 --no-progress
+  say "  - scored $(tac "$log" | grep -m1 -E '^prefill: ')"
+  say "  - $(tac "$log" | grep -m1 -E '^prompt logprobs: ')"
+  rm -f "$out"/embed*.jsonl* "$out"/prefill*.jsonl* "$out"/score*.jsonl*
 }
 
 write_policy() {  # write_policy FILE GBS NGB W_GPU W_CPU KV_GPU KV_CPU ACT_GPU ACT_CPU CPU_ATTENTION
