@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "cli_support.h"
+#include "forwarding_backend.h"
 #include "strata/backend/backend.h"
 #include "strata/core/error.h"
 #include "strata/job/perplexity.h"
@@ -236,6 +237,35 @@ TEST_CASE("perplexity on the CPU matches Hugging Face on the tiny models", "[per
       CHECK(rel_diff(s.result.perplexity(), c["perplexity"].get<double>()) < 1e-3);
     }
   }
+}
+
+TEST_CASE("CUDA: perplexity reduced on the device equals the host's reduction of the same logits",
+          "[perplexity][cuda]") {
+  if (!cuda_available()) {
+    WARN("no GPU: skipped");
+    return;
+  }
+  // The same model twice on one GPU: its rows reduced where they are (RowScorer), and, through a
+  // backend that says it cannot, copied to the host and reduced there (token_nlls). The forward
+  // passes are the same; the sums differ in order only. Against Hugging Face the fp16 logits'
+  // own error applies (tests/test_model_hf.cpp checks those).
+  struct HostSampling : test::ForwardingBackend {
+    using ForwardingBackend::ForwardingBackend;
+    bool samples_on_device() const override { return false; }
+  };
+  auto cuda = make_cuda_backend(0);
+  HostSampling host(*cuda);
+  ModelBundle mb = open_model(kModels + "/tiny-llama3");
+  const std::vector<int32_t> ids = mb.tokenizer->encode(read_text_file(kDir + "/long.txt"));
+  Transformer on_device(mb.config, load_model_weights(mb.config, *mb.weights, *cuda), *cuda);
+  Transformer via_host(mb.config, load_model_weights(mb.config, *mb.weights, host), host);
+  const PerplexityResult a = perplexity_of(ids, 128, resident_scorer(on_device, 37));
+  const PerplexityResult b = perplexity_of(ids, 128, resident_scorer(via_host, 37));
+  CHECK(a.tokens == b.tokens);
+  CHECK(a.windows == b.windows);
+  CHECK(rel_diff(a.nll_sum, b.nll_sum) < 1e-9);
+  const json& c = find_case("tiny-llama3", "long.txt", 128);
+  CHECK(a.tokens == c["tokens"].get<int64_t>());
 }
 
 TEST_CASE("a window scored in several steps gives what one step gives", "[perplexity][job]") {

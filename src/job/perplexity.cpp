@@ -15,6 +15,7 @@
 #include "strata/backend/backend.h"
 #include "strata/core/error.h"
 #include "strata/model/model_loader.h"
+#include "strata/runtime/prompt_logprobs.h"
 
 namespace strata {
 namespace {
@@ -128,7 +129,9 @@ WindowScorer resident_scorer(Transformer& model, int64_t max_step_tokens) {
   // The cache is made on the first window and remade only for a longer one.
   auto cache = std::make_shared<KvCache>();
   auto pool = std::make_shared<ThreadPool>(0);  // the rows' log-softmax, on every core
-  return [&model, vocab, max_step_tokens, cache, pool](const std::vector<int32_t>& window) {
+  // On a GPU the rows are reduced where they are and only their summaries cross (RowScorer).
+  auto on_device = model.backend().samples_on_device() ? std::make_shared<RowScorer>(model.backend()) : nullptr;
+  return [&model, vocab, max_step_tokens, cache, pool, on_device](const std::vector<int32_t>& window) {
     const int64_t n = int64_t(window.size());
     STRATA_CHECK(n >= 2, "a window needs at least 2 tokens, got " << n);
     STRATA_CHECK(n <= model.config().max_positions,
@@ -152,6 +155,12 @@ WindowScorer resident_scorer(Transformer& model, int64_t max_step_tokens) {
       }
       const Tensor out = model.forward(step, *cache);
       const int64_t rows = b - a;
+      if (on_device) {
+        const std::vector<StepLogprobs> got = on_device->score(
+            out, std::vector<int32_t>(window.begin() + a + 1, window.begin() + b + 1), std::vector<int>(size_t(rows), 0));
+        for (const StepLogprobs& p : got) nlls.push_back(-p.sampled.logprob);
+        continue;
+      }
       logits.resize(size_t(rows * vocab));
       model.backend().copy_to_host_f32(out, logits.data());
       const std::vector<double> step_nlls = token_nlls(*pool, logits.data(), rows, vocab, window.data() + a + 1);

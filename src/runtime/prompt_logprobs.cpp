@@ -14,9 +14,10 @@ namespace {
 constexpr size_t kScoredLogitBytes = size_t(64) << 20;   // as fp32 on the host
 constexpr size_t kDeviceLogitBytes = size_t(256) << 20;  // (fp32-sized) where they stay on the device
 
-// One pass for the maximum and the `top` most probable (logit descending, the lower id first among
-// ties; NaN never enters), kept sorted in a short list: no sort over the vocabulary. A second for
-// the sum of exponentials (each term in double, as the device's row_candidates) and the rank.
+// The maximum; the `top` most probable (logit descending, the lower id first among ties; NaN never
+// enters) in one pass keeping them sorted in a short list, no sort over the vocabulary; the sum of
+// exponentials (each term in double, as the device's row_candidates); the rank. Each its own loop,
+// so that the plain ones vectorize.
 StepLogprobs target_logprob(const float* logits, int64_t vocab, int32_t target, int top) {
   STRATA_CHECK(target >= 0 && target < vocab, "prompt token " << target << " outside the vocabulary of " << vocab);
   const size_t k = size_t(std::clamp<int64_t>(top, 0, vocab));
@@ -24,9 +25,9 @@ StepLogprobs target_logprob(const float* logits, int64_t vocab, int32_t target, 
   best.reserve(k + 1);
   auto beats = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
   float mx = -INFINITY;
-  for (int64_t j = 0; j < vocab; ++j) {
-    mx = std::max(mx, logits[j]);
-    if (k == 0 || (best.size() == k && !beats(int32_t(j), best.back()))) continue;
+  for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, logits[j]);
+  for (int64_t j = 0; j < vocab && k > 0; ++j) {
+    if (best.size() == k && !beats(int32_t(j), best.back())) continue;
     if (std::isnan(logits[j])) continue;
     size_t at = best.size();
     while (at > 0 && beats(int32_t(j), best[at - 1])) --at;
@@ -36,10 +37,8 @@ StepLogprobs target_logprob(const float* logits, int64_t vocab, int32_t target, 
   double sum = 0;
   int64_t rank = 0;
   const float own = logits[target];
-  for (int64_t j = 0; j < vocab; ++j) {
-    sum += std::exp(double(logits[j]) - double(mx));
-    rank += logits[j] >= own;
-  }
+  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(double(logits[j]) - double(mx));
+  for (int64_t j = 0; j < vocab; ++j) rank += logits[j] >= own;  // apart: this loop vectorizes
   const double log_z = double(mx) + std::log(sum);
   StepLogprobs out;
   out.sampled = {target, double(own) - log_z};
