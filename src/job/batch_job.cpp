@@ -184,7 +184,7 @@ public:
                                              " exceeds the model's embedding width of " + std::to_string(cfg.hidden));
     // vLLM's truncate_prompt_tokens: -1 is the context; past it, an error (vLLM's too).
     const int64_t keep = e.truncate == -1 ? cfg.max_positions : e.truncate;
-    const int64_t specials = (model_.add_bos ? 1 : 0) + int64_t(model_.append_ids.size());
+    const int64_t specials = model_.special_tokens();
     if (keep > cfg.max_positions || (keep > 0 && keep <= specials))
       return unservable("invalid_value", field + "truncate_prompt_tokens" + end + " " + std::to_string(keep) +
                                              (keep > cfg.max_positions
@@ -196,14 +196,7 @@ public:
       const std::string name = field + embedding_input_name(e, i) + end;
       std::vector<int32_t> ids = e.inputs[i].ids;
       if (!ids.empty() && keep > 0 && int64_t(ids.size()) > keep) ids.erase(ids.begin(), ids.end() - keep);
-      if (ids.empty()) {
-        // The text's last tokens, as Hugging Face's tokenizer truncating on the left keeps them.
-        std::vector<int32_t> body = model_.tokenizer->encode(e.inputs[i].text);
-        if (keep > 0 && int64_t(body.size()) > keep - specials) body.erase(body.begin(), body.end() - (keep - specials));
-        if (model_.add_bos) ids.push_back(cfg.bos_id);
-        ids.insert(ids.end(), body.begin(), body.end());
-        ids.insert(ids.end(), model_.append_ids.begin(), model_.append_ids.end());
-      }
+      if (ids.empty()) ids = model_.with_special_tokens(model_.tokenizer->encode(e.inputs[i].text), keep);
       if (auto err = input_error(name, ids)) return unservable(err->code, err->message);
       out.push_back(std::move(ids));
     }
@@ -337,17 +330,13 @@ private:
         }
         // A text's special tokens are kept when it is cut, as the tokenizer truncating on the left
         // keeps them; a rendered conversation holds its own, and is cut like ids.
-        const bool specials = e.add_special_tokens;
-        const int64_t added = specials ? (model_.add_bos ? 1 : 0) + int64_t(model_.append_ids.size()) : 0;
+        const int64_t added = e.add_special_tokens ? model_.special_tokens() : 0;
         if (keep > 0 && keep <= added)
           return unservable("invalid_value", field + "truncate_prompt_tokens" + end + " " + std::to_string(keep) +
                                                  " leaves no room for text beside the tokenizer's " +
                                                  std::to_string(added) + " special tokens");
-        std::vector<int32_t> body = model_.tokenizer->encode(*text);
-        if (keep > 0 && !e.chat && int64_t(body.size()) > keep - added) body.erase(body.begin(), body.end() - (keep - added));
-        if (specials && model_.add_bos) ids.push_back(cfg.bos_id);
-        ids.insert(ids.end(), body.begin(), body.end());
-        if (specials) ids.insert(ids.end(), model_.append_ids.begin(), model_.append_ids.end());
+        ids = model_.tokenizer->encode(*text);
+        if (e.add_special_tokens) ids = model_.with_special_tokens(std::move(ids), e.chat ? 0 : keep);
         if (ids.empty()) return unservable("invalid_value", name + " has no tokens");
       }
       if (keep > 0 && int64_t(ids.size()) > keep) ids.erase(ids.begin(), ids.end() - keep);

@@ -65,16 +65,8 @@ std::variant<std::vector<int32_t>, std::string> cross_encoder_ids(const ModelBun
       return std::string("the score template (--chat-template) refuses the pair: ") + e.what();
     }
   }
-  std::vector<int32_t> body = tok.encode(text);
-  const size_t specials = (model.add_bos ? 1 : 0) + model.append_ids.size();
-  if (keep > 0) {
-    if (size_t(keep) <= specials) return no_room(keep, specials);
-    keep_last(body, size_t(keep) - specials);
-  }
-  if (model.add_bos) ids.push_back(model.config.bos_id);
-  ids.insert(ids.end(), body.begin(), body.end());
-  ids.insert(ids.end(), model.append_ids.begin(), model.append_ids.end());
-  return ids;
+  if (keep > 0 && keep <= model.special_tokens()) return no_room(keep, size_t(model.special_tokens()));
+  return model.with_special_tokens(tok.encode(text), keep);
 }
 
 json cross_encoder_line(const PromptRecord& r, const std::vector<std::vector<float>>& pooled,

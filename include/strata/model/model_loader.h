@@ -27,6 +27,21 @@ struct ModelBundle {
   // template after the text, or add_eos_token): Qwen3-Embedding's EOS. Embedding inputs get them,
   // as vLLM's embeddings endpoint and sentence-transformers tokenize; prompts do not.
   std::vector<int32_t> append_ids;
+  // The special tokens the HF tokenizer puts around one text it encodes with them: BOS and the
+  // appended ids.
+  int64_t special_tokens() const { return (add_bos ? 1 : 0) + int64_t(append_ids.size()); }
+  // A text's ids (`body`) with those special tokens, its last ids kept so that the whole is at
+  // most `keep` long (0: not cut): Hugging Face's tokenizer(text) truncating on the left, which
+  // keeps the special tokens. A `keep` that leaves no room beside them cuts nothing: callers refuse it
+  // first, naming their field.
+  std::vector<int32_t> with_special_tokens(std::vector<int32_t> body, int64_t keep = 0) const {
+    const int64_t specials = special_tokens();
+    if (keep > specials && int64_t(body.size()) > keep - specials)
+      body.erase(body.begin(), body.end() - std::ptrdiff_t(keep - specials));
+    if (add_bos) body.insert(body.begin(), config.bos_id);
+    body.insert(body.end(), append_ids.begin(), append_ids.end());
+    return body;
+  }
   // The special tokens the HF tokenizer puts around a pair of texts (tokenizer(text, text_pair),
   // its post-processor's pair template): before the first, between the two, after the second. A
   // cross-encoder's score and rerank inputs are encoded so (model/classifier.h, pair_separator).
