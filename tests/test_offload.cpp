@@ -39,11 +39,14 @@ struct RemoveSharedDir {
 
 namespace {
 
-void check_policy_grid(const char* name, Backend& backend) {
+void check_policy_grid(const char* name, size_t model_index, Backend& backend) {
   const json exp = load_expected(name);
   ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
   const std::vector<GenRequest> reqs = fixture_requests(exp);
-  for (const Policy& policy : policy_grid()) {
+  const std::vector<Policy> grid = policy_grid();
+  for (size_t n = 0; n < grid.size(); ++n) {
+    if (!in_grid_share(model_index, n)) continue;
+    const Policy& policy = grid[n];
     OffloadOptions opt;
     opt.policy = policy;
     opt.offload_dir = offload_dir();
@@ -98,7 +101,8 @@ TEST_CASE("a sliding-window layer's decode step moves only the cache rows within
 TEST_CASE("every policy generates Hugging Face's greedy tokens for Gemma's sliding windows and soft caps",
           "[gemma][policy_grid]") {
   auto backend = make_cpu_backend(2);
-  for (const char* name : {"tiny-gemma2", "tiny-gemma3"}) check_policy_grid(name, *backend);
+  const char* const names[] = {"tiny-gemma2", "tiny-gemma3"};
+  for (size_t m = 0; m < std::size(names); ++m) check_policy_grid(names[m], m, *backend);
 }
 
 TEST_CASE("every policy generates Hugging Face's greedy tokens", "[offload]") {
@@ -107,9 +111,9 @@ TEST_CASE("every policy generates Hugging Face's greedy tokens", "[offload]") {
   // tiny-qwen3: the per-head q/k norms travel in the attention half of a streamed layer.
   // tiny-mixtral: a mixture of experts' router and experts travel in the MLP half.
   // tiny-qwen3-moe: a dense MLP half among sparse ones (mlp_only_layers), each its own size.
-  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-phi3-longrope", "tiny-qwen3",
-                           "tiny-mixtral", "tiny-qwen3-moe"})
-    check_policy_grid(name, *backend);
+  const char* const names[] = {"tiny-llama",         "tiny-opt",   "tiny-qwen2",   "tiny-llama3",
+                               "tiny-phi3-longrope", "tiny-qwen3", "tiny-mixtral", "tiny-qwen3-moe"};
+  for (size_t m = 0; m < std::size(names); ++m) check_policy_grid(names[m], m, *backend);
 }
 
 TEST_CASE("compressed: every placement gives the all-on-GPU compressed run's greedy tokens", "[offload][quant]") {
@@ -122,12 +126,15 @@ TEST_CASE("compressed: every placement gives the all-on-GPU compressed run's gre
   // (tiny-qwen3-moe is left out: with 4-bit weights and cache its routing has a near-tie at prompt
   // 1's last token that the batch shape's summation order flips, seen under the ASan build.
   // test_moe_placement.cpp compares its compressed placements at one batch shape.)
-  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-qwen3", "tiny-mixtral"}) {
+  const char* const names[] = {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-qwen3", "tiny-mixtral"};
+  for (size_t m = 0; m < std::size(names); ++m) {
+    const char* name = names[m];
     ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     const std::vector<GenRequest> reqs = fixture_requests(load_expected(name));
     const std::vector<std::vector<GenResult>> reference = all_gpu_compressed_runs(model, *backend, reqs);
     const std::vector<OffloadOptions> grid = compressed_grid();
     for (size_t n = 0; n < grid.size(); ++n) {
+      if (!in_grid_share(m, n)) continue;
       const OffloadOptions& opt = grid[n];
       OffloadEngine engine(model.config, *model.weights, *backend, opt, shape_of(reqs));
       const std::vector<GenResult> got = run_blocks(engine, reqs);
@@ -512,15 +519,19 @@ TEST_CASE("CUDA: offloaded policies give the resident CUDA run's greedy tokens",
   // tiny-mixtral: the router's logits go to the host and the experts' GEMMs run over their rows.
   // tiny-qwen3-moe: a dense layer among sparse ones.
   auto backend = make_cuda_backend(0);
-  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-mixtral", "tiny-qwen3-moe"}) {
+  const char* const names[] = {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-mixtral", "tiny-qwen3-moe"};
+  for (size_t m = 0; m < std::size(names); ++m) {
+    const char* name = names[m];
     const json exp = load_expected(name);
     ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     const std::vector<GenRequest> reqs = fixture_requests(exp);
     Transformer resident(model.config, load_model_weights(model.config, *model.weights, *backend), *backend);
     // The resident run depends on the GPU batch size alone: one per size, shared by the policies.
     std::map<int, std::vector<GenResult>> resident_runs;
-    for (const Policy& policy : policy_grid()) {
-      if (policy.cpu_attention) continue;
+    const std::vector<Policy> grid = policy_grid();
+    for (size_t n = 0; n < grid.size(); ++n) {
+      const Policy& policy = grid[n];
+      if (policy.cpu_attention || !in_grid_share(m, n)) continue;
       const auto [run, fresh] = resident_runs.try_emplace(policy.gpu_batch_size);
       std::vector<GenResult>& want = run->second;
       for (size_t b = 0; fresh && b < reqs.size(); b += size_t(policy.gpu_batch_size)) {
@@ -554,11 +565,15 @@ TEST_CASE("CUDA compressed: every placement gives the all-on-GPU compressed run'
   // few tokens an expert gets in decode, dequantized with its half-layer for prefill. (tiny-qwen3-moe's
   // two kinds of layer run the CPU backend's compressed grid only: this case is CI's longest.)
   auto backend = make_cuda_backend(0);
-  for (const char* name : {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-mixtral"}) {
+  const char* const names[] = {"tiny-llama", "tiny-opt", "tiny-qwen2", "tiny-llama3", "tiny-mixtral"};
+  for (size_t m = 0; m < std::size(names); ++m) {
+    const char* name = names[m];
     ModelBundle model = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name);
     const std::vector<GenRequest> reqs = fixture_requests(load_expected(name));
-    for (const OffloadOptions& opt : compressed_grid()) {
-      if (opt.policy.cpu_attention) continue;
+    const std::vector<OffloadOptions> grid = compressed_grid();
+    for (size_t n = 0; n < grid.size(); ++n) {
+      const OffloadOptions& opt = grid[n];
+      if (opt.policy.cpu_attention || !in_grid_share(m, n)) continue;
       OffloadOptions resident = opt;
       resident.policy.weights = resident.policy.kv_cache = resident.policy.activations = {100, 0, 0};
       OffloadEngine ref_engine(model.config, *model.weights, *backend, resident, shape_of(reqs));
