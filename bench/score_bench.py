@@ -14,7 +14,7 @@ transformers runs float32 on the CPU with every core, in batches of --hf-batch s
 right-padded: model(ids).logits, log_softmax, the prompt tokens' values gathered. `strata run`
 runs with its defaults (continuous batching, prefill steps of 4096 tokens). Each is timed --repeat
 times; the fastest counts. Strata's time is its log's prefill seconds (the forward passes and the
-scoring; the job's wall time is printed beside), and beside it the same prompts' prefill without
+scoring; the job's fastest wall time is printed beside), and beside it the same prompts' prefill without
 scoring (max_tokens 1, no logprobs): what scoring costs. The documents' summed logprobs of the two are
 compared (max |difference|). FLOP/s counts 2 x (the layers' matrix elements + the LM head's) per
 position.
@@ -26,13 +26,12 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from embed_bench import gemm_rate, layer_elements  # noqa: E402
+from embed_bench import gemm_rate, layer_elements, time_strata  # noqa: E402
 
 GPT2 = os.path.join(HERE, "..", "tests", "fixtures", "tokenizer", "gpt2", "tokenizer.json")
 VOCAB = 50257
@@ -60,20 +59,9 @@ def strata_scores(path):
     return out
 
 
-def time_strata(cmd, out, repeat):
-    """The fastest prefill seconds of the job's log (and that run's wall seconds)."""
-    best = (1e9, 1e9)
-    for _ in range(repeat):
-        if os.path.exists(out):
-            os.remove(out)
-        t0 = time.perf_counter()
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        if r.returncode != 0:
-            sys.exit(r.stderr)
-        prefill = [float(line.split(": ")[1].split(" s")[0]) for line in r.stderr.splitlines() if line.startswith("prefill: ")]
-        best = min(best, (prefill[0], wall))
-    return best
+def prefill_seconds(lines):
+    """The job log's "prefill: S s" seconds."""
+    return [float(line.split(": ")[1].split(" s")[0]) for line in lines if line.startswith("prefill: ")]
 
 
 def hf_scores(model, docs, batch):
@@ -122,7 +110,7 @@ def main():
             f.write(json.dumps({"custom_id": f"d{i}", "method": "POST", "url": "/v1/completions",
                                 "body": {"prompt": d, "echo": True, "logprobs": 1, "max_tokens": 0}}) + "\n")
     cmd = [a.strata, "run", "--model", model, "--prompts", src, "--out", out, "--device", "cpu", "--no-progress"]
-    strata_s, strata_wall = time_strata(cmd, out, a.repeat)
+    strata_wall, strata_s = time_strata(cmd, out, a.repeat, prefill_seconds)
     got = strata_scores(out)
     # The same prefill without scoring (one token drawn, no logprobs): what scoring adds.
     plain_src = os.path.join(a.dir, "plain.jsonl")
@@ -130,7 +118,7 @@ def main():
         for i, d in enumerate(docs):
             f.write(json.dumps({"custom_id": f"d{i}", "method": "POST", "url": "/v1/completions",
                                 "body": {"prompt": d, "max_tokens": 1}}) + "\n")
-    plain_s, _ = time_strata([plain_src if x == src else x for x in cmd], out, a.repeat)
+    _, plain_s = time_strata([plain_src if x == src else x for x in cmd], out, a.repeat, prefill_seconds)
 
     torch.set_num_threads(os.cpu_count())
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()

@@ -131,13 +131,13 @@ void OffloadEngine::Impl::build_served_step(int i, int u) {
       }
     }
     const size_t start = l->computed;
-    if (l->request->prompt_logprobs >= 0)
-      b.scored.push_back({&first, int32_t(b.step.tokens.size()), int(start), int(std::min<size_t>(prompt.size(), start + size_t(budget)))});
+    const int32_t first_row = int32_t(b.step.tokens.size());
     while (l->computed < prompt.size() && budget > 0) {
       add_token(prompt[l->computed], int(l->computed), l->slots[0]);
       ++l->computed;
       --budget;
     }
+    if (l->request->prompt_logprobs >= 0) b.scored.push_back({&first, first_row, int(start), int(l->computed)});
     totals.prefill_tokens += int64_t(l->computed - start);
     b.active.push_back(&first);
     if (l->computed < prompt.size()) break;  // the budget is spent: later prompts wait their turn

@@ -14,46 +14,13 @@ namespace {
 constexpr size_t kScoredLogitBytes = size_t(64) << 20;   // as fp32 on the host
 constexpr size_t kDeviceLogitBytes = size_t(256) << 20;  // (fp32-sized) where they stay on the device
 
-// The maximum; the `top` most probable (logit descending, the lower id first among ties; NaN never
-// enters) in one pass keeping them sorted in a short list, no sort over the vocabulary; the sum of
-// exponentials (each term in double, as the device's row_candidates); the rank. Each its own loop,
-// so that the plain ones vectorize.
-StepLogprobs target_logprob(const float* logits, int64_t vocab, int32_t target, int top) {
-  STRATA_CHECK(target >= 0 && target < vocab, "prompt token " << target << " outside the vocabulary of " << vocab);
-  const size_t k = size_t(std::clamp<int64_t>(top, 0, vocab));
-  std::vector<int32_t> best;
-  best.reserve(k + 1);
-  auto beats = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, logits[j]);
-  for (int64_t j = 0; j < vocab && k > 0; ++j) {
-    if (best.size() == k && !beats(int32_t(j), best.back())) continue;
-    if (std::isnan(logits[j])) continue;
-    size_t at = best.size();
-    while (at > 0 && beats(int32_t(j), best[at - 1])) --at;
-    best.insert(best.begin() + std::ptrdiff_t(at), int32_t(j));
-    if (best.size() > k) best.pop_back();
-  }
-  double sum = 0;
-  int64_t rank = 0;
-  const float own = logits[target];
-  for (int64_t j = 0; j < vocab; ++j) sum += std::exp(double(logits[j]) - double(mx));
-  for (int64_t j = 0; j < vocab; ++j) rank += logits[j] >= own;  // apart: this loop vectorizes
-  const double log_z = double(mx) + std::log(sum);
-  StepLogprobs out;
-  out.sampled = {target, double(own) - log_z};
-  out.sampled_rank = rank;
-  for (int32_t id : best) out.top.push_back({id, double(logits[id]) - log_z});
-  return out;
-}
-
 }  // namespace
 
 std::vector<StepLogprobs> target_logprobs(ThreadPool& pool, const float* logits, int64_t rows, int64_t vocab,
                                           const int32_t* targets, int top) {
   std::vector<StepLogprobs> out(static_cast<size_t>(std::max<int64_t>(rows, 0)));
   pool.parallel_for(rows, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) out[size_t(r)] = target_logprob(logits + r * vocab, vocab, targets[r], top);
+    for (int64_t r = r0; r < r1; ++r) out[size_t(r)] = step_logprobs(logits + r * vocab, vocab, targets[r], top);
   });
   return out;
 }
@@ -71,7 +38,7 @@ std::vector<StepLogprobs> RowScorer::score_on_host(const Tensor& logits, const s
   std::vector<StepLogprobs> out(static_cast<size_t>(R));
   pool().parallel_for(R, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
-      out[size_t(r)] = target_logprob(host_rows_.data() + size_t(r * V), V, targets[size_t(r)], tops[size_t(r)]);
+      out[size_t(r)] = step_logprobs(host_rows_.data() + size_t(r * V), V, targets[size_t(r)], tops[size_t(r)]);
   });
   return out;
 }

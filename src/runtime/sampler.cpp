@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "strata/core/error.h"
+#include "strata/runtime/row_candidates.h"
 
 // Built with -ffp-contract=off (src/CMakeLists.txt): a penalty's multiply and subtract round
 // separately, as the tensor operations of transformers and vLLM do.
@@ -295,24 +296,33 @@ std::vector<double> token_nlls(ThreadPool& pool, const float* logits, int64_t ro
   return nlls;
 }
 
+// The maximum; the `top` most probable (logit descending, the lower id first among ties; NaN never
+// enters) in one pass keeping them sorted in a short list, no sort over the vocabulary; the sum of
+// exponentials (each term in double, as the device's row_candidates); the rank. Each its own loop,
+// so that the plain ones vectorize.
 StepLogprobs step_logprobs(const float* logits, int64_t vocab, int32_t sampled, int top) {
   STRATA_CHECK(sampled >= 0 && sampled < vocab, "token " << sampled << " outside the vocabulary of " << vocab);
+  const size_t k = size_t(std::clamp<int64_t>(top, 0, vocab));
+  std::vector<int32_t> best;
+  best.reserve(k + 1);
+  auto beats = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
   float mx = -INFINITY;
   for (int64_t j = 0; j < vocab; ++j) mx = std::max(mx, logits[j]);
+  for (int64_t j = 0; j < vocab && k > 0; ++j) {
+    if (best.size() == k && !beats(int32_t(j), best.back())) continue;
+    if (std::isnan(logits[j])) continue;
+    size_t at = best.size();
+    while (at > 0 && beats(int32_t(j), best[at - 1])) --at;
+    best.insert(best.begin() + std::ptrdiff_t(at), int32_t(j));
+    if (best.size() > k) best.pop_back();
+  }
   double sum = 0;
   for (int64_t j = 0; j < vocab; ++j) sum += std::exp(double(logits[j]) - double(mx));
   const double log_z = double(mx) + std::log(sum);
   StepLogprobs out;
   out.sampled = {sampled, double(logits[sampled]) - log_z};
-  const size_t k = size_t(std::clamp<int64_t>(top, 0, vocab));
-  if (k > 0) {
-    std::vector<int32_t> order(static_cast<size_t>(vocab));
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(k), order.end(), [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
-    for (size_t i = 0; i < k; ++i) out.top.push_back({order[i], double(logits[order[i]]) - log_z});
-  }
+  out.sampled_rank = compute_target_rank(logits, vocab, sampled).rank;
+  for (int32_t id : best) out.top.push_back({id, double(logits[id]) - log_z});
   return out;
 }
 

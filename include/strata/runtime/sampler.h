@@ -68,8 +68,8 @@ struct TokenLogprob {
 struct StepLogprobs {
   TokenLogprob sampled;
   std::vector<TokenLogprob> top;  // the `top` most probable tokens, most probable first
-  // Prompt logprobs only (target_logprobs, prompt_logprobs.h): the tokens at least as probable as
-  // `sampled`, itself included (vLLM's rank: 1 for the most probable); 0 where not computed.
+  // The tokens at least as probable as `sampled`, itself included (vLLM's rank: 1 for the most
+  // probable); 0 where not computed (from a row's candidates, which cannot count them).
   int64_t sampled_rank = 0;
 };
 // log_softmax in double (maximum subtracted first) of one row; ties in `top` go to the lower id.
