@@ -6,7 +6,7 @@
 # exists is ignored by ctest, so tests/check_ctest_costs.py fails on one.
 set(strata_slow_tests
   [=[emulated-backend/CUDA compressed: every placement gives the all-on-GPU compressed run's greedy tokens]=] 110
-  [=[a FlexGen-shaped policy runs in a small GPU budget and gives the resident tokens]=] 174
+  [=[a FlexGen-shaped policy runs in a small GPU budget and gives the resident tokens]=] 80
   [=[emulated-backend/CUDA: experts computed on the CPU give the GPU's tokens where their margin allows]=] 66
   [=[strata_ray_local_cluster]=] 59
   [=[every policy generates Hugging Face's greedy tokens]=] 55

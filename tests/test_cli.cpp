@@ -707,18 +707,18 @@ TEST_CASE("strata run --policy refills its slots and gives the tokens --no-refil
 }
 
 TEST_CASE("a FlexGen-shaped policy runs in a small GPU budget and gives the resident tokens", "[cli][offload][slow]") {
-  // Two GPU batches of 32 prompts of ~500 tokens (dummy models take one token per byte), weights,
+  // Two GPU batches of 32 prompts of ~250 tokens (dummy models take one token per byte), weights,
   // cache and activations on the CPU tier, CPU attention: the shape of FlexGen's OPT-30B run, at
-  // 125M. Whole-batch prefill would need 32 x 500 tokens of intermediates (~0.6 GB in fp32) on
-  // the "GPU"; prefill steps of 1024 tokens keep it under 400 MB.
+  // 125M and half its prompt. Whole-batch prefill would need 32 x 259 tokens of working buffers
+  // (~0.5 GB in fp32) on the "GPU"; prefill steps of 1024 tokens keep it under 400 MB.
   const fs::path prompts = temp_dir() / "flexgen-shape.jsonl", policy = temp_dir() / "flexgen-shape.yaml";
   {
     std::ofstream p(prompts);
     const std::string text = "The quick brown fox jumps over the lazy dog while the band plays on. ";
     for (int i = 0; i < 64; ++i) {
       std::string prompt = std::to_string(i) + ": ";
-      while (prompt.size() < size_t(480 + i % 20)) prompt += text;
-      prompt.resize(size_t(480 + i % 20));
+      while (prompt.size() < size_t(240 + i % 20)) prompt += text;
+      prompt.resize(size_t(240 + i % 20));
       p << "{\"id\": " << i << ", \"prompt\": \"" << prompt << "\", \"max_new_tokens\": 3, \"ignore_eos\": true}\n";
     }
   }
@@ -750,7 +750,7 @@ TEST_CASE("a FlexGen-shaped policy runs in a small GPU budget and gives the resi
                  " --gpu-mem 400MB --prefill-tokens 16000");
   CHECK(r.code == 1);
   CHECK_THAT(r.output, Catch::Contains("gpu tier needs") && Catch::Contains("--gpu-mem") &&
-                           Catch::Contains("prefill steps of 15968 tokens (--prefill-tokens)"));
+                           Catch::Contains("prefill steps of 8288 tokens (--prefill-tokens)"));
   CHECK_FALSE(fs::exists(out.string() + ".partial"));
   r = run_strata(base + " --out " + out.string() + " --policy " + policy.string() + " --prefill-tokens 0");
   CHECK(r.code != 0);
