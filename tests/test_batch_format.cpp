@@ -38,7 +38,7 @@ TEST_CASE("OpenAI batch lines are read with their body fields", "[job]") {
                        {"user", "u1"}, {"frequency_penalty", 0.25}, {"n", 1}, {"logprobs", false}, {"stop", nullptr}}) +
       "\n" +
       completion_line("c2", {{"max_tokens", 3}, {"presence_penalty", 1}, {"logit_bias", {{"7", -1}}}, {"model", "x"},
-                             {"stop", json::array()}}) +
+                             {"stop", json::array()}, {"logprobs", 20}}) +
       json{{"custom_id", "c3"},
            {"method", "POST"},
            {"url", "/v1/chat/completions"},
@@ -79,6 +79,7 @@ TEST_CASE("OpenAI batch lines are read with their body fields", "[job]") {
   CHECK(recs[1].sampling.max_new_tokens == 3);
   CHECK(recs[1].sampling.presence_penalty == 1.0f);
   CHECK(recs[1].sampling.logit_bias == std::vector<std::pair<int32_t, float>>{{7, -1.0f}});
+  CHECK(recs[1].logprobs == 20);  // vLLM's cap, past OpenAI's 5
   CHECK_FALSE(recs[1].error);
   CHECK(recs[2].sampling.max_new_tokens == 9);  // the command line's default
   REQUIRE(recs[2].messages.size() == 2);
@@ -200,12 +201,12 @@ TEST_CASE("well-formed OpenAI requests that cannot be served carry an error", "[
       {chat_line("5", {{"n", 129}}), "invalid_value", "body.n must be in [1, 128], got 129"},
       {chat_line("6", {{"logprobs", 1}}), "invalid_type", "body.logprobs must be true or false for chat"},
       {chat_line("7", {{"top_logprobs", 3}}), "invalid_value", "body.top_logprobs needs body.logprobs set to true"},
-      {completion_line("8", {{"logprobs", 6}}), "invalid_value", "body.logprobs must be in [0, 5] for completions, got 6"},
+      {completion_line("8", {{"logprobs", 21}}), "invalid_value", "body.logprobs must be in [0, 20] for completions, got 21"},
       {completion_line("9", {{"stop", {"a", "b", "c", "d", "e"}}}), "invalid_value", "body.stop holds 5 strings; at most 4"},
       {chat_line("10", {{"stop", {"a", ""}}}), "invalid_value", "body.stop holds an empty string"},
       {chat_line("5b", {{"logprobs", true}, {"top_logprobs", 21}}), "invalid_value", "body.top_logprobs must be in [0, 20], got 21"},
       {chat_line("5c", {{"logprobs", true}, {"top_logprobs", -1}}), "invalid_value", "body.top_logprobs must be in [0, 20]"},
-      {completion_line("8b", {{"logprobs", -1}}), "invalid_value", "body.logprobs must be in [0, 5]"},
+      {completion_line("8b", {{"logprobs", -1}}), "invalid_value", "body.logprobs must be in [0, 20]"},
       {completion_line("8c", {{"top_logprobs", 2}}), "invalid_value", "body.top_logprobs is for /v1/chat/completions"},
       {chat_line("9b", {{"stop", 3}}), "invalid_type", "body.stop must be a string or an array of strings"},
       {chat_line("9c", {{"stop", {"a", 1}}}), "invalid_type", "body.stop must be a string or an array of strings"},

@@ -139,7 +139,7 @@ struct PromptRecord {
 inline constexpr int kMaxStopStrings = 4;          // as OpenAI
 inline constexpr int kMaxChoices = 128;            // as OpenAI's chat n
 inline constexpr int kMaxTopLogprobs = 20;         // chat top_logprobs (and the strata format), as OpenAI
-inline constexpr int kMaxCompletionLogprobs = 5;   // legacy completions logprobs, as OpenAI
+inline constexpr int kMaxCompletionLogprobs = 20;  // completions logprobs: vLLM's default cap (OpenAI's is 5)
 inline constexpr int kMaxEmbeddingInputs = 2048;   // inputs of one embeddings request, as OpenAI
 
 // Whether `effort` is a reasoning_effort Strata passes on: "low", "medium" or "high".
