@@ -1,6 +1,7 @@
 // libFuzzer entry for the batch job's input (read_prompts): both JSONL formats, strata and OpenAI
 // batch, told apart by the first line. strata::Error is the expected way to reject input; anything
 // else (crash, sanitizer report, a foreign exception such as nlohmann::json::exception) is a bug.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <sstream>
@@ -24,6 +25,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const strata::PromptRecord& r : records) {
       (void)strata::in_shard(r, shard);
       if (r.id_key != r.id.dump()) __builtin_trap();
+      // A completions request's prompts, a request each, as the job's reader splits them.
+      const std::vector<strata::PromptRecord> parts = strata::completion_parts(r);
+      if (parts.size() != std::max<size_t>(1, r.prompts.size()) || !parts.back().prompts.empty()) __builtin_trap();
       // A classification's answer line, from states as wide as a small head's.
       if (r.embedding && !r.error && r.embedding->use == strata::EmbeddingUse::Classify) {
         strata::ClassifierHead head;

@@ -399,8 +399,8 @@ TEST_CASE("prompt_logprobs on chat, completions and strata lines, and what is re
       {{{"prompt", prompt}, {"prompt_logprobs", 21}}, "invalid_value"},                 // past vLLM's 20
       {{{"prompt", {1, 2, 5000}}}, "invalid_value"},                                    // past the vocabulary
       {{{"prompt", {1, -2}}}, "invalid_value"},                                         // not a token id
-      {{{"prompt", {"a", "b"}}}, "unsupported_value"},                                  // several prompts
-      {{{"prompt", json::array()}}, "unsupported_value"},
+      {{{"prompt", {"a", "b", {1, 5000}}}}, "invalid_value"},                           // one of several
+      {{{"prompt", json::array()}}, "invalid_value"},
       {{{"prompt", "x"}, {"echo", "yes"}}, "invalid_type"}};
   for (const auto& [body, code] : refused) {
     INFO(body.dump());

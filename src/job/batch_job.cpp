@@ -60,6 +60,9 @@ struct Tokenized {
   int64_t seq = 0;                  // position among this run's requests, for --ordered
 };
 
+// Progress counts requests: one with several prompts counts once, at its first prompt's answer.
+int64_t counts_once(const Tokenized& t) { return t.record.part == 0 ? 1 : 0; }
+
 // Prompt -> token ids, as the model reads them (BOS, chat template). Used by pass 1 where a
 // count must be exact, and by the reader thread for every request.
 class PromptTokenizer {
@@ -208,6 +211,7 @@ public:
   // (a prompt's: rendered messages carry their own). nullopt when the messages cannot be rendered
   // (no usable template, or one that refuses them).
   std::optional<int64_t> token_bound(const PromptRecord& r) const {
+    if (!r.prompt_ids.empty()) return int64_t(r.prompt_ids.size());  // used as given
     if (r.messages.empty()) return int64_t(r.prompt.size()) + 1 + (model_.add_bos ? 1 : 0);
     try {
       const std::optional<std::string> text = render(r);
@@ -698,29 +702,33 @@ JobScan scan_job(const JobOptions& opt, const Shard& shard, const ModelBundle& m
                                               : " is a sequence classifier: it answers 'classify' lines only"
                                         : " has no lm_head.weight (an embedding model): it answers 'input' lines "
                                           "(embeddings) only"));
-        const std::optional<int64_t> bound = tok.token_bound(r);
-        const int max_new = r.sampling.max_new_tokens;
-        const bool strata_check =
-            r.format == InputFormat::Strata &&
-            (!bound || *bound >= ctx || !r.sampling.logit_bias.empty() || !r.sampling.stop_token_ids.empty());
-        const bool plan_check = plan && (!bound || *bound > s.shape.prompt_len || int64_t(max_new) > ctx - *bound);
-        int64_t len = -1;  // unknown, but at most *bound
-        if (strata_check || plan_check) {
-          ++s.tokenized;
-          const auto ids = tok.tokenize(r);  // throws for a strata line that cannot be served
-          if (std::holds_alternative<ServeError>(ids)) return;  // OpenAI: an error line in pass 2
-          len = int64_t(std::get<std::vector<int32_t>>(ids).size());
-        }
-        if (!plan) return;
-        ++s.servable;
-        s.sequences += r.n;
-        if (r.n > s.max_n) s.max_n = r.n, s.max_n_line = r.line;
-        if (len >= 0) {
-          s.shape.prompt_len = std::max(s.shape.prompt_len, int(len));
-          s.shape.gen_len = std::max(s.shape.gen_len, std::min(max_new, ctx - int(len)));
-        } else {
-          s.shape.gen_len = std::max(s.shape.gen_len, max_new);
-        }
+        auto scan_prompt = [&](const PromptRecord& p) {
+          const std::optional<int64_t> bound = tok.token_bound(p);
+          const int max_new = p.sampling.max_new_tokens;
+          const bool strata_check =
+              p.format == InputFormat::Strata &&
+              (!bound || *bound >= ctx || !p.sampling.logit_bias.empty() || !p.sampling.stop_token_ids.empty());
+          const bool plan_check = plan && (!bound || *bound > s.shape.prompt_len || int64_t(max_new) > ctx - *bound);
+          int64_t len = -1;  // unknown, but at most *bound
+          if (strata_check || plan_check) {
+            ++s.tokenized;
+            const auto ids = tok.tokenize(p);  // throws for a strata line that cannot be served
+            if (std::holds_alternative<ServeError>(ids)) return;  // OpenAI: an error line in pass 2
+            len = int64_t(std::get<std::vector<int32_t>>(ids).size());
+          }
+          if (!plan) return;
+          ++s.servable;
+          s.sequences += p.n;
+          if (p.n > s.max_n) s.max_n = p.n, s.max_n_line = p.line;
+          if (len >= 0) {
+            s.shape.prompt_len = std::max(s.shape.prompt_len, int(len));
+            s.shape.gen_len = std::max(s.shape.gen_len, std::min(max_new, ctx - int(len)));
+          } else {
+            s.shape.gen_len = std::max(s.shape.gen_len, max_new);
+          }
+        };
+        if (r.prompts.empty()) return scan_prompt(r);
+        for (const PromptRecord& p : completion_parts(r)) scan_prompt(p);  // each prompt of the request
       },
       opt.threads);
   if (s.servable == 0) s.shape = {1, 1};
@@ -753,19 +761,40 @@ std::exception_ptr read_ahead(const JobOptions& opt, const Shard& shard, const P
         ++skipped;
         continue;
       }
-      Tokenized t;
-      t.seq = seq++;
       if (r->embedding) {
+        Tokenized t;
+        t.seq = seq++;
         auto inputs = tok.tokenize_inputs(*r, &t.unpooled_pads);
         if (auto* e = std::get_if<ServeError>(&inputs)) t.error = std::move(*e);
         else t.inputs = std::move(std::get<std::vector<std::vector<int32_t>>>(inputs));
-      } else {
-        auto ids = tok.tokenize(*r);
-        if (auto* e = std::get_if<ServeError>(&ids)) t.error = std::move(*e);
-        else t.ids = std::move(std::get<std::vector<int32_t>>(ids));
+        t.record = std::move(*r);
+        if (!ahead.push(std::move(t))) break;  // the engine stopped
+        continue;
       }
-      t.record = std::move(*r);
-      if (!ahead.push(std::move(t))) break;  // the engine stopped
+      // A completions request with several prompts goes as one request a prompt, under one seq;
+      // the writer joins their answers (PartJoiner).
+      std::vector<PromptRecord> parts;
+      if (r->prompts.empty()) parts.push_back(std::move(*r));
+      else parts = completion_parts(*r);
+      bool stopped = false;
+      for (PromptRecord& p : parts) {
+        Tokenized t;
+        t.seq = seq;
+        auto ids = tok.tokenize(p);
+        if (auto* e = std::get_if<ServeError>(&ids)) {
+          t.error = std::move(*e);
+          if (p.parts > 1) t.error->message = "body.prompt[" + std::to_string(p.part) + "]: " + t.error->message;
+        } else {
+          t.ids = std::move(std::get<std::vector<int32_t>>(ids));
+        }
+        t.record = std::move(p);
+        if (!ahead.push(std::move(t))) {  // the engine stopped
+          stopped = true;
+          break;
+        }
+      }
+      ++seq;
+      if (stopped) break;
     }
   } catch (...) {
     error = std::current_exception();
@@ -793,6 +822,9 @@ std::exception_ptr write_behind(BoundedQueue<std::vector<Finished>>& behind, Wri
   std::exception_ptr error;
   try {
     std::map<int64_t, std::pair<nlohmann::json, bool>> held;  // seq -> line, is an error line
+    // A request with several prompts (PromptRecord::parts): its prompts' lines by seq, and how many
+    // have come, until the last joins them into its one line.
+    std::map<int64_t, std::pair<std::vector<nlohmann::json>, int>> joining;
     int64_t next = 0;
     bool wrote = false;
     auto put = [&](const nlohmann::json& line, bool is_error) {
@@ -807,8 +839,17 @@ std::exception_ptr write_behind(BoundedQueue<std::vector<Finished>>& behind, Wri
     auto last_flush = Clock::now();
     while (std::optional<std::vector<Finished>> task = behind.pop()) {
       for (const Finished& f : *task) {
-        const bool is_error = f.request.error.has_value();
+        bool is_error = f.request.error.has_value();
         nlohmann::json line = line_of(f);
+        if (const PromptRecord& r = f.request.record; r.parts > 1) {
+          auto& [lines, have] = joining[f.request.seq];
+          lines.resize(size_t(r.parts));
+          lines[size_t(r.part)] = std::move(line);
+          if (++have < r.parts) continue;
+          line = join_prompt_lines(std::move(lines));
+          joining.erase(f.request.seq);
+          is_error = !line["error"].is_null();
+        }
         if (!w.ordered) {
           put(line, is_error);
           continue;
@@ -1116,7 +1157,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
         else if (items[i].record.embedding) embeds.push_back(i);
         else work.push_back(i), lengths.push_back(int(items[i].ids.size())), choices.push_back(items[i].record.n);
       if (!errors.empty()) {
-        ps.done += int64_t(errors.size());
+        for (const Finished& f : errors) ps.done += counts_once(f.request);
         if (!behind.push(std::move(errors))) break;  // the writer failed
       }
       if (!embeds.empty() && !embed_items(items, embeds)) break;  // the writer failed
@@ -1129,10 +1170,11 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
           gen->serve(reqs, [&](size_t i, std::vector<GenResult> results) {
             runs += int64_t(results.size());
             for (const GenResult& r : results) ps.tokens += int64_t(r.tokens.size());
+            const int64_t counted = counts_once(items[work[i]]);
             std::vector<Finished> one;
             one.push_back({std::move(items[work[i]]), std::move(results), {}});
             if (!behind.push(std::move(one))) throw WriterGone{};
-            ++ps.done;
+            ps.done += counted;
             ps.blocks_done = ps.done, ps.blocks_planned = ps.total;  // the ETA by requests
             progress.update(ps);
           }, stats);
@@ -1158,7 +1200,9 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
         for (size_t c : counts) runs += int64_t(c);  // sequences: each choice's first token is prefill's
         std::vector<Finished> finished;
         size_t at = 0;
+        int64_t counted = 0;
         for (size_t j = 0; j < b.size(); ++j) {
+          counted += counts_once(items[work[b[j]]]);
           Finished f{std::move(items[work[b[j]]]), {}, {}};
           for (size_t c = 0; c < counts[j]; ++c) f.results.push_back(std::move(results[at++]));
           finished.push_back(std::move(f));
@@ -1169,7 +1213,7 @@ JobSummary run_batch_job(const JobOptions& options, std::ostream& log) {
         }
         ++ps.blocks_done;
         ++sum.blocks;
-        ps.done += int64_t(b.size());
+        ps.done += counted;
         ps.tokens = stats.generated_tokens + gen->embed_stats().tokens;
         progress.update(ps);
       }

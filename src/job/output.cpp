@@ -282,6 +282,26 @@ nlohmann::json openai_response_line(const PromptRecord& r, const Completion& c) 
   return openai_batch_line(r, body);
 }
 
+nlohmann::json join_prompt_lines(std::vector<nlohmann::json> lines) {
+  STRATA_CHECK(!lines.empty(), "join_prompt_lines: no lines");
+  for (nlohmann::json& line : lines)
+    if (!line["error"].is_null()) return std::move(line);
+  nlohmann::json joined = std::move(lines[0]);
+  nlohmann::json& body = joined["response"]["body"];
+  nlohmann::json& usage = body["usage"];
+  for (size_t i = 1; i < lines.size(); ++i) {
+    const nlohmann::json& more = lines[i]["response"]["body"];
+    const size_t offset = body["choices"].size();
+    for (nlohmann::json choice : more["choices"]) {
+      choice["index"] = offset + choice["index"].get<size_t>();
+      body["choices"].push_back(std::move(choice));
+    }
+    for (const char* key : {"prompt_tokens", "completion_tokens", "total_tokens"})
+      usage[key] = usage[key].get<int64_t>() + more["usage"][key].get<int64_t>();
+  }
+  return joined;
+}
+
 nlohmann::json openai_error_line(const PromptRecord& r, const ServeError& e) {
   return {{"id", "batch_req_" + openai_request_hex(r)},
           {"custom_id", r.id},

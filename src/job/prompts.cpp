@@ -479,22 +479,45 @@ void read_openai_body(const json& body, PromptRecord& r) {
     if (body.contains("messages")) refuse("invalid_value", "body.messages is for /v1/chat/completions; completions take body.prompt");
     if (!body.contains("prompt")) refuse("missing_field", "body.prompt is required for /v1/completions");
     json p = body["prompt"];
-    // One prompt: a string or token ids, alone or as an array's one element.
-    if (p.is_array() && p.size() == 1 && (p[0].is_string() || p[0].is_array())) p = p[0];
-    if (p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), [](const json& v) { return v.is_number_integer(); })) {
-      for (const json& v : p) {
-        if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t(INT32_MAX) : v.get<int64_t>() < 0)
-          refuse("invalid_value", "body.prompt token id " + v.dump() + " is not a token id");
-        r.prompt_ids.push_back(int32_t(v.get<int64_t>()));
+    auto is_ids = [](const json& v) {
+      return v.is_array() && !v.empty() && std::all_of(v.begin(), v.end(), [](const json& t) { return t.is_number_integer(); });
+    };
+    // One prompt: a string or token ids (OpenAI's four forms: a string, a list of strings, a list of
+    // ids, a list of id lists), in `text` or `ids`; `where` names it in errors.
+    auto one_prompt = [&](const json& v, const std::string& where, PromptRecord::Part& out) {
+      if (is_ids(v)) {
+        for (const json& t : v) {
+          if (t.is_number_unsigned() ? t.get<uint64_t>() > uint64_t(INT32_MAX) : t.get<int64_t>() < 0)
+            refuse("invalid_value", where + " token id " + t.dump() + " is not a token id");
+          out.ids.push_back(int32_t(t.get<int64_t>()));
+        }
+        return;
       }
-    } else if (p.is_array()) {
-      refuse("unsupported_value", p.empty() ? "body.prompt is empty"
-                                           : "body.prompt must be one prompt: a string or an array of token ids "
-                                             "(several prompts in one request are not supported)");
+      if (!v.is_string()) refuse("invalid_type", where + " must be a string or token ids, got " + v.dump());
+      out.text = v.get<std::string>();
+      if (out.text.empty()) refuse("invalid_value", where + " is empty");
+    };
+    if (p.is_array() && p.empty()) refuse("invalid_value", "body.prompt is empty");
+    if (p.is_array() && !is_ids(p)) {  // a list of prompts
+      if (p.size() > size_t(kMaxCompletionPrompts))
+        refuse("invalid_value", "body.prompt holds " + std::to_string(p.size()) + " prompts; at most " +
+                                    std::to_string(kMaxCompletionPrompts) + " in one request");
+      for (size_t i = 0; i < p.size(); ++i) {
+        if (!p[i].is_string() && !p[i].is_array())
+          refuse("invalid_type", "body.prompt[" + std::to_string(i) + "] must be a string or token ids, got " + p[i].dump());
+        r.prompts.push_back({});
+        one_prompt(p[i], "body.prompt[" + std::to_string(i) + "]", r.prompts.back());
+      }
+      if (r.prompts.size() == 1) {  // one prompt in a list: as if given alone
+        r.prompt = std::move(r.prompts[0].text);
+        r.prompt_ids = std::move(r.prompts[0].ids);
+        r.prompts.clear();
+      }
     } else {
-      if (!p.is_string()) refuse("invalid_type", "body.prompt must be a string or token ids, got " + p.dump());
-      r.prompt = p.get<std::string>();
-      if (r.prompt.empty()) refuse("invalid_value", "body.prompt is empty");
+      PromptRecord::Part one;
+      one_prompt(p, "body.prompt", one);
+      r.prompt = std::move(one.text);
+      r.prompt_ids = std::move(one.ids);
     }
   }
   const bool chat = r.endpoint == Endpoint::ChatCompletions;
@@ -763,6 +786,21 @@ std::optional<PromptRecord> PromptLineParser::parse(std::string_view text, int l
     if (!kKnownKeys.count(key) && warned_keys_.insert(key).second && warn_)
       warn_(ctx.where + ": ignoring unknown field '" + key + "'");
   return r;
+}
+
+std::vector<PromptRecord> completion_parts(const PromptRecord& r) {
+  if (r.prompts.empty()) return {r};
+  std::vector<PromptRecord> out;
+  PromptRecord one = r;
+  one.prompts.clear();
+  one.parts = int(r.prompts.size());
+  for (size_t i = 0; i < r.prompts.size(); ++i) {
+    one.part = int(i);
+    one.prompt = r.prompts[i].text;
+    one.prompt_ids = r.prompts[i].ids;
+    out.push_back(one);
+  }
+  return out;
 }
 
 std::string duplicate_id_message(const PromptRecord& r) {

@@ -102,5 +102,10 @@ std::string openai_request_hex(const PromptRecord& r);
 // The batch output line answering r with a response body (status 200).
 nlohmann::json openai_batch_line(const PromptRecord& r, nlohmann::json body);
 nlohmann::json openai_error_line(const PromptRecord& r, const ServeError& e);
+// The one line answering a completions request with several prompts (PromptRecord::prompts), from
+// the lines answering each prompt, in prompt order: the first error line where a prompt failed,
+// else the first line with every line's choices (prompt i's choice j at index i * n + j) and the
+// usage summed, as OpenAI and vLLM answer.
+nlohmann::json join_prompt_lines(std::vector<nlohmann::json> lines);
 
 }  // namespace strata

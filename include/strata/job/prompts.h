@@ -89,6 +89,17 @@ struct PromptRecord {
   // Completions: the prompt given as token ids (OpenAI's prompt of integers), used as given, no
   // BOS added; `prompt` is then empty.
   std::vector<int32_t> prompt_ids;
+  // Completions with several prompts (body.prompt a list of strings, or of token-id lists): each
+  // one's text or ids, in order, `prompt` and `prompt_ids` then empty. The job answers each as a
+  // request of its own (completion_parts) and writes one line: prompt i's choice j is choice
+  // i * n + j, the usage summed, as OpenAI and vLLM answer.
+  struct Part {
+    std::string text;
+    std::vector<int32_t> ids;
+  };
+  std::vector<Part> prompts;
+  // One of those prompts, as completion_parts splits them: its index and how many there are.
+  int part = 0, parts = 1;
   std::vector<ChatMessage> messages;
   SamplingParams sampling;
   InputFormat format = InputFormat::Strata;
@@ -141,6 +152,7 @@ inline constexpr int kMaxChoices = 128;            // as OpenAI's chat n
 inline constexpr int kMaxTopLogprobs = 20;         // chat top_logprobs (and the strata format), as OpenAI
 inline constexpr int kMaxCompletionLogprobs = 20;  // completions logprobs: vLLM's default cap (OpenAI's is 5)
 inline constexpr int kMaxEmbeddingInputs = 2048;   // inputs of one embeddings request, as OpenAI
+inline constexpr int kMaxCompletionPrompts = 2048; // prompts of one completions request (as embeddings' inputs)
 
 // Whether `effort` is a reasoning_effort Strata passes on: "low", "medium" or "high".
 bool valid_reasoning_effort(const std::string& effort);
@@ -167,6 +179,10 @@ private:
   int first_line_ = 0;
   std::set<std::string> warned_keys_;
 };
+
+// A completions request with several prompts as one request per prompt, each with its prompt in
+// `prompt` or `prompt_ids`, `prompts` empty and `part`/`parts` set; any other request alone.
+std::vector<PromptRecord> completion_parts(const PromptRecord& r);
 
 // "duplicate id 7" or "duplicate custom_id \"a\"" (the message without FILE:LINE).
 std::string duplicate_id_message(const PromptRecord& r);
