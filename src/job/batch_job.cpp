@@ -772,7 +772,7 @@ std::exception_ptr read_ahead(const JobOptions& opt, const Shard& shard, const P
         continue;
       }
       // A completions request with several prompts goes as one request a prompt, under one seq;
-      // the writer joins their answers (PartJoiner).
+      // the writer joins their lines (write_behind, join_prompt_lines).
       std::vector<PromptRecord> parts;
       if (r->prompts.empty()) parts.push_back(std::move(*r));
       else parts = completion_parts(*r);
