@@ -503,8 +503,6 @@ void read_openai_body(const json& body, PromptRecord& r) {
         refuse("invalid_value", "body.prompt holds " + std::to_string(p.size()) + " prompts; at most " +
                                     std::to_string(kMaxCompletionPrompts) + " in one request");
       for (size_t i = 0; i < p.size(); ++i) {
-        if (!p[i].is_string() && !p[i].is_array())
-          refuse("invalid_type", "body.prompt[" + std::to_string(i) + "] must be a string or token ids, got " + p[i].dump());
         r.prompts.push_back({});
         one_prompt(p[i], "body.prompt[" + std::to_string(i) + "]", r.prompts.back());
       }
