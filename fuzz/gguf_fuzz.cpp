@@ -1,6 +1,7 @@
-// libFuzzer entry for the GGUF reader: parses the bytes from memory, then dequantizes every small
-// tensor it can and repacks the affine types' codes as Strata's quantized rows (what a compressed
-// policy keeps), so out-of-bounds reads in the decoders show too. strata::Error is the expected
+// libFuzzer entry for the GGUF reader: parses the bytes from memory, reads a model config from the
+// metadata (config_from_gguf, then validate), then dequantizes every small tensor it can and
+// repacks the affine types' codes as Strata's quantized rows (what a compressed policy keeps), so
+// out-of-bounds reads in the decoders show too. strata::Error is the expected
 // way to reject input; anything else (crash, sanitizer report, other exception) is a bug.
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +15,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     strata::GgufFile f = strata::GgufFile::from_bytes(std::vector<uint8_t>(data, data + size), "fuzz.gguf");
     for (const auto& kv : f.metadata()) (void)f.find(kv.first);
+    try {
+      strata::config_from_gguf(f).validate();
+    } catch (const strata::Error&) {  // not a model Strata runs: the tensors are still read below
+    }
     for (const strata::GgufTensorInfo& t : f.tensors()) {
       const strata::GgmlTypeInfo* info = strata::ggml_type_info(uint32_t(t.type));
       if (!info->dequantizable || t.numel > (1 << 16)) continue;

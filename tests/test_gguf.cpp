@@ -631,3 +631,108 @@ TEST_CASE("gguf: a mixture of experts with more experts per token than experts, 
     CHECK_THROWS_WITH(config_from_gguf(f), Catch::Contains("no layer has a router"));
   }
 }
+
+// Gemma 2 and 3 as llama.cpp's converter writes them (tests/fixtures/gguf/make_gemma_gguf.py): the
+// expected values are transformers' on the models the files were converted from, and llama.cpp
+// running each file is checked against them by the script.
+TEST_CASE("gguf: Gemma 2 (soft caps, even layers sliding, norms stored as 1 + w) gives transformers' logits and tokens",
+          "[gguf][model][gemma]") {
+  const json exp = load_json(fixture("tiny_gemma2_expected.json"));
+  ModelBundle b = open_model(fixture("tiny_gemma2.gguf").string());
+  const ModelConfig& c = b.config;
+  CHECK(c.mlp == MlpKind::GeGLU);
+  CHECK(c.norm_plus_one);
+  CHECK(c.sandwich_norms);
+  CHECK_FALSE(c.qk_norm);
+  CHECK(c.embed_scale == Approx(8.0));  // sqrt(hidden 64)
+  CHECK(c.query_scale == 16.0f);        // head_dim: the file does not hold query_pre_attn_scalar
+  CHECK(c.attn_softcap == 5.0f);
+  CHECK(c.final_softcap == 10.0f);
+  CHECK(c.layer_window == 8);
+  CHECK(c.window_layers == std::vector<int>{0, 2});
+  CHECK(c.sliding_window == 0);  // the window is the sliding layers', not the context's
+  CHECK(c.max_positions == 128);
+  CHECK(c.local_rope_theta == 0.0f);
+  CHECK(c.tied_embeddings);
+  CHECK(c.checkpoint_dtype == DType::BF16);
+  CHECK(b.weights->contains("model.layers.3.pre_feedforward_layernorm.weight"));
+  CHECK(b.weights->contains("model.layers.3.post_feedforward_layernorm.weight"));
+  CHECK(b.weights->contains("model.layers.3.post_attention_layernorm.weight"));
+  test::check_hf_outputs(b, exp);
+}
+
+TEST_CASE("gguf: Gemma 3 (five layers in six sliding, local RoPE base, q/k norms) gives transformers' logits and tokens",
+          "[gguf][model][gemma]") {
+  const json exp = load_json(fixture("tiny_gemma3_expected.json"));
+  ModelBundle b = open_model(fixture("tiny_gemma3.gguf").string());
+  const ModelConfig& c = b.config;
+  CHECK(c.mlp == MlpKind::GeGLU);
+  CHECK(c.norm_plus_one);
+  CHECK(c.qk_norm);
+  CHECK(c.query_scale == 32.0f);
+  CHECK(c.attn_softcap == 0.0f);
+  CHECK(c.final_softcap == 0.0f);
+  CHECK(c.window_layers == std::vector<int>{0, 1, 2, 3, 4});
+  CHECK(c.layer_window == 8);
+  CHECK(c.rope_theta == 1000000.0f);
+  CHECK(c.local_rope_theta == 10000.0f);
+  CHECK(c.rope_freq_factors == std::vector<float>(16, 4.0f));  // linear scaling of the full layer only
+  CHECK(b.weights->contains("model.layers.5.self_attn.q_norm.weight"));
+  test::check_hf_outputs(b, exp);
+}
+
+TEST_CASE("gguf: Gemma's attention scale, window and soft caps follow llama.cpp's rules where the file is silent",
+          "[gguf][gemma]") {
+  constexpr uint32_t kU32 = 4, kF32 = 6, kString = 8;
+  auto string_bytes = [](const std::string& s) {
+    std::vector<uint8_t> b = value_bytes(uint64_t(s.size()));
+    b.insert(b.end(), s.begin(), s.end());
+    return b;
+  };
+  // The shape keys of a Gemma file; `extra` adds or replaces.
+  auto config_of = [&](const std::string& arch, uint32_t layers, uint32_t hidden, uint32_t heads, uint32_t head_dim,
+                       std::vector<std::tuple<std::string, uint32_t, std::vector<uint8_t>>> extra) {
+    std::vector<std::tuple<std::string, uint32_t, std::vector<uint8_t>>> kvs = {
+        {"general.architecture", kString, string_bytes(arch)},
+        {arch + ".block_count", kU32, value_bytes(layers)},
+        {arch + ".embedding_length", kU32, value_bytes(hidden)},
+        {arch + ".feed_forward_length", kU32, value_bytes(hidden * 4)},
+        {arch + ".attention.head_count", kU32, value_bytes(heads)},
+        {arch + ".attention.head_count_kv", kU32, value_bytes(heads / 2)},
+        {arch + ".attention.key_length", kU32, value_bytes(head_dim)},
+        {arch + ".attention.value_length", kU32, value_bytes(head_dim)},
+        {arch + ".context_length", kU32, value_bytes(uint32_t(8192))},
+        {arch + ".attention.layer_norm_rms_epsilon", kF32, value_bytes(1e-6f)},
+        {arch + ".vocab_size", kU32, value_bytes(uint32_t(256000))}};
+    kvs.insert(kvs.end(), extra.begin(), extra.end());
+    return config_from_gguf(GgufFile::from_bytes(metadata_only_gguf(kvs), arch + ".gguf"));
+  };
+  const auto window = [&](const std::string& arch, uint32_t w) {
+    return std::tuple<std::string, uint32_t, std::vector<uint8_t>>(arch + ".attention.sliding_window", kU32,
+                                                                   value_bytes(w));
+  };
+  // query_pre_attn_scalar in Google's config.json of each: Gemma 2 27B 144 (hidden 4608 / 32
+  // heads), Gemma 3 27B 168 (5376 / 32), Gemma 3 12B 256 (its head_dim), Gemma 2 9B 256.
+  CHECK(config_of("gemma2", 46, 4608, 32, 128, {window("gemma2", 4096)}).query_scale == 144.0f);
+  CHECK(config_of("gemma3", 62, 5376, 32, 128, {window("gemma3", 1024)}).query_scale == 168.0f);
+  CHECK(config_of("gemma3", 48, 3840, 16, 256, {window("gemma3", 1024)}).query_scale == 256.0f);
+  const ModelConfig g2 = config_of("gemma2", 42, 3584, 16, 256, {});
+  CHECK(g2.query_scale == 256.0f);
+  CHECK(g2.layer_window == 4096);  // Gemma 2's default window
+  CHECK(g2.attn_softcap == 50.0f);  // and soft caps (transformers' Gemma2Config, llama.cpp)
+  CHECK(g2.final_softcap == 30.0f);
+  CHECK(g2.window_layers.size() == 21);
+  const ModelConfig g3 = config_of("gemma3", 62, 5376, 32, 128, {window("gemma3", 1024)});
+  CHECK(g3.window_layers.size() == 52);  // 62 layers, every sixth full: 10 full ones
+  CHECK(g3.window_layers[4] == 4);
+  CHECK(g3.window_layers[5] == 6);       // 5 is full (5 % 6 == 5)
+  CHECK(g3.window_layers.back() == 61);  // 59 is full, 60 and 61 slide
+  CHECK(g3.final_softcap == 0.0f);
+  CHECK(config_of("gemma3", 62, 5376, 32, 128, {window("gemma3", 1024),
+                                                 {"gemma3.final_logit_softcapping", kF32, value_bytes(30.0f)}})
+            .final_softcap == 30.0f);
+  CHECK_THROWS_WITH(config_of("gemma3", 26, 1152, 4, 256, {}),
+                    Catch::Contains("gemma3.gguf") && Catch::Contains("gemma3.attention.sliding_window"));
+  CHECK_THROWS_WITH(config_of("gemma2", 26, 2304, 8, 256, {{"gemma2.attn_logit_softcapping", kF32, value_bytes(-1.0f)}}),
+                    Catch::Contains("gemma2.attn_logit_softcapping"));
+}

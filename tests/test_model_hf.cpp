@@ -25,10 +25,24 @@ namespace {
 const char* kModels[] = {"tiny-opt",  "tiny-llama", "tiny-qwen2",         "tiny-llama3",
                          "tiny-phi3", "tiny-qwen3", "tiny-phi3-longrope", "tiny-llama-gptq",
                          "tiny-llama-gptq-actorder", "tiny-llama-awq", "tiny-mixtral", "tiny-qwen3-moe",
-                         "tiny-gemma2", "tiny-gemma3", "tiny-gemma3-mm", "tiny-gpt-oss", "tiny-gpt-oss-mxfp4"};
+                         "tiny-gemma2", "tiny-gemma3", "tiny-gemma3-mm", "tiny-gpt-oss", "tiny-gpt-oss-mxfp4",
+                         "gguf/tiny_gemma2", "gguf/tiny_gemma3"};
+
+// A fixture model is a directory of tests/fixtures/models/ holding its expected values, or
+// "gguf/NAME": tests/fixtures/gguf/NAME.gguf with them beside it (NAME_expected.json, ...).
+bool gguf_fixture(const std::string& model) { return model.rfind("gguf/", 0) == 0; }
+
+std::string model_path(const std::string& model) {
+  return std::string(STRATA_FIXTURES_DIR) + (gguf_fixture(model) ? "/" + model + ".gguf" : "/models/" + model);
+}
+
+std::string expected_path(const std::string& model, const std::string& file) {
+  return gguf_fixture(model) ? std::string(STRATA_FIXTURES_DIR) + "/" + model + "_" + file
+                             : model_path(model) + "/" + file;
+}
 
 json load_expected(const std::string& model, const char* file = "expected.json") {
-  std::ifstream in(std::string(STRATA_FIXTURES_DIR) + "/models/" + model + "/" + file);
+  std::ifstream in(expected_path(model, file));
   REQUIRE(in.good());
   return json::parse(in);
 }
@@ -43,7 +57,7 @@ Loaded load(const std::string& name, const std::string& device = "cpu", DType gp
             const std::string& lora = "") {
   Loaded l;
   l.backend = device == "cpu" ? make_cpu_backend(2) : make_cuda_backend(0, gpu_dtype);
-  ModelBundle b = open_model(std::string(STRATA_FIXTURES_DIR) + "/models/" + name, {},
+  ModelBundle b = open_model(model_path(name), {},
                              lora.empty() ? std::filesystem::path() : test::lora_fixture_dir(lora));
   l.model = std::make_unique<Transformer>(b.config, load_model_weights(b.config, *b.weights, *l.backend), *l.backend);
   return l;
@@ -188,7 +202,7 @@ TEST_CASE("CUDA: logits match Hugging Face within fp16 tolerance, greedy where t
       // prompt 0.02 to 0.19 with no relation to the prompt's length, so a single prompt's distance
       // is a noisy sample of the model's: twice the model's largest is allowed where it is larger.
       float hf_fp16 = 0;
-      if (std::ifstream(std::string(STRATA_FIXTURES_DIR) + "/models/" + name + "/expected_bf16.json").good()) {
+      if (std::ifstream(expected_path(name, "expected_bf16.json")).good()) {
         const json bf16 = load_expected(name, "expected_bf16.json");
         for (const json& d : bf16.value("fp16_vs_fp32_max_abs_diff", json::array()))
           hf_fp16 = std::max(hf_fp16, d.get<float>());
@@ -228,7 +242,8 @@ TEST_CASE("CUDA bf16: logits within twice transformers' own bf16 error, greedy w
   }
   const char* models[] = {"tiny-opt",     "tiny-llama",     "tiny-qwen2",  "tiny-llama3",   "tiny-phi3",
                           "tiny-qwen3",   "tiny-mixtral",   "tiny-gemma2", "tiny-gemma3",   "tiny-gemma3-mm",
-                          "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gpt-oss-mxfp4"};
+                          "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gpt-oss-mxfp4", "gguf/tiny_gemma2",
+                          "gguf/tiny_gemma3"};
   for (const char* name : models) {
     SECTION(name) {
       const json exp = load_expected(name), bf16 = load_expected(name, "expected_bf16.json");

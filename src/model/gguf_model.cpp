@@ -1,7 +1,8 @@
-// LLaMA-family models stored as GGUF (architectures llama, which Mistral and Mixtral files use
-// too, qwen2, qwen3, qwen3moe and phi3): config from <arch>.* metadata, tensors under Hugging Face names (with llama.cpp's q/k
-// RoPE row permutation undone where its converter applied it), and the tokenizer from
-// tokenizer.ggml.*.
+// Models stored as GGUF: the LLaMA family (architectures llama, which Mistral and Mixtral files use
+// too, qwen2, qwen3, qwen3moe and phi3) and Gemma 2 and 3 (gemma2, gemma3): config from <arch>.*
+// metadata and the rules llama.cpp applies where the file is silent, tensors under Hugging Face
+// names (with llama.cpp's q/k RoPE row permutation undone where its converter applied it, and the
+// 1 its converter adds to Gemma's norm weights taken off), and the tokenizer from tokenizer.ggml.*.
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
@@ -32,14 +33,18 @@ int token_id_field(const GgufFile& f, std::string_view key, int vocab) {
   return int(*v);
 }
 
-// general.architecture, refused unless the forward pass is the LLaMA one: llama (LLaMA, Mistral,
-// TinyLlama, SmolLM), qwen2 (LLaMA with q/k/v biases), qwen3 (LLaMA with per-head q/k norms) or
-// phi3 (LLaMA with fused projections).
-std::string llama_family_arch(const GgufFile& f) {
+bool gemma_arch(const std::string& arch) { return arch == "gemma2" || arch == "gemma3"; }
+
+// general.architecture, refused unless Strata's forward pass runs it: llama (LLaMA, Mistral,
+// TinyLlama, SmolLM), qwen2 (LLaMA with q/k/v biases), qwen3 (LLaMA with per-head q/k norms),
+// qwen3moe, phi3 (LLaMA with fused projections), gemma2 and gemma3 (Gemma's layer: config.cpp's
+// read_gemma).
+std::string supported_arch(const GgufFile& f) {
   std::string arch = f.get_string("general.architecture");
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "phi3")
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "phi3" &&
+      !gemma_arch(arch))
     STRATA_FAIL("GGUF file " << f.path() << ": unsupported architecture '" << arch
-                             << "' (supported: llama, qwen2, qwen3, qwen3moe, phi3)");
+                             << "' (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3)");
   return arch;
 }
 
@@ -120,7 +125,7 @@ void read_rope_scaling(const GgufFile& f, const std::string& arch, ModelConfig& 
 
 // llama.cpp's converter permutes q/k rows for its RoPE layout only for llama (Qwen2's rows are
 // stored as in Hugging Face: ggml's NEOX RoPE reads them that way).
-bool permuted_qk(const std::string& arch) { return arch == "llama"; }  // not qwen2, qwen3(moe), phi3
+bool permuted_qk(const std::string& arch) { return arch == "llama"; }  // not qwen2, qwen3(moe), phi3, gemma
 
 // A mixture of experts' tensors: the router (ffn_gate_inp) and each layer's experts stacked in
 // one 3-D tensor per projection, [experts, rows, cols] (ne fastest-first: cols, rows, experts).
@@ -151,6 +156,18 @@ bool split_block_name(const std::string& g, int& n, std::string& part, std::stri
   return suffix == "weight" || suffix == "bias";
 }
 
+// Gemma's four norms a layer: llama.cpp calls the norm before the MLP ffn_norm, which is LLaMA's
+// post_attention_layernorm, while Gemma's post_attention_layernorm follows the attention.
+const std::unordered_map<std::string, std::string>& gemma_layer_norms() {
+  static const std::unordered_map<std::string, std::string> norms = {
+      {"attn_norm", "input_layernorm"},
+      {"post_attention_norm", "post_attention_layernorm"},
+      {"ffn_norm", "pre_feedforward_layernorm"},
+      {"post_ffw_norm", "post_feedforward_layernorm"},
+  };
+  return norms;
+}
+
 // GGUF tensor name -> Hugging Face name ("" when unknown). Phi-3's fused tensors keep their fused
 // HF names (split_fused_projections cuts them): attn_qkv, and ffn_up holding gate and up.
 std::string hf_name(const std::string& g, const std::string& arch) {
@@ -172,8 +189,9 @@ std::string hf_name(const std::string& g, const std::string& arch) {
   std::string part, suffix;
   if (!split_block_name(g, n, part, suffix)) return "";
   if (part == "ffn_gate_inp" && suffix == "weight") return moe_prefix(n, arch) + "gate.weight";
-  auto it = layer.find(part);
-  if (it == layer.end()) return "";
+  const auto& names = gemma_arch(arch) && gemma_layer_norms().count(part) ? gemma_layer_norms() : layer;
+  auto it = names.find(part);
+  if (it == names.end()) return "";
   const std::string hf_part = arch == "phi3" && part == "ffn_up" ? "mlp.gate_up_proj" : it->second;
   return "model.layers." + std::to_string(n) + "." + hf_part + "." + suffix;
 }
@@ -181,7 +199,7 @@ std::string hf_name(const std::string& g, const std::string& arch) {
 class GgufSource final : public WeightSource {
 public:
   GgufSource(const GgufFile& file, std::shared_ptr<GgufFile> owned) : file_(file), owned_(std::move(owned)) {
-    const std::string arch = llama_family_arch(file_);
+    const std::string arch = supported_arch(file_);
     const std::string heads_key = arch + ".attention.head_count", kv_key = arch + ".attention.head_count_kv";
     n_heads_ = positive_int(file_, heads_key, file_.get_int(heads_key));
     n_kv_heads_ = file_.has(kv_key) ? positive_int(file_, kv_key, file_.get_int(kv_key)) : n_heads_;
@@ -198,6 +216,9 @@ public:
       Entry e{&t, 0};
       if (permuted && (h.ends_with("q_proj.weight") || h.ends_with("q_proj.bias"))) e.permute_heads = n_heads_;
       if (permuted && (h.ends_with("k_proj.weight") || h.ends_with("k_proj.bias"))) e.permute_heads = n_kv_heads_;
+      // llama.cpp's converter stores Gemma's (1 + w) norm weights with the 1 added; the forward pass
+      // adds it itself in fp32 (norm_plus_one), so the file's values read back as w.
+      if (gemma_arch(arch) && h.ends_with("norm.weight")) e.shift = -1.0f;
       map_.emplace(h, e);
       names_.push_back(std::move(h));
     }
@@ -260,6 +281,8 @@ private:
     if (rows.vec) {
       std::vector<float> buf(static_cast<size_t>(rows.row_len));
       ggml_dequantize(t.type, t.data, buf.data(), rows.row_len);
+      if (e.shift != 0.0f)
+        for (float& v : buf) v += e.shift;
       if (rows.head_dim) {
         std::vector<float> tmp(buf.size());
         for (int64_t r = 0; r < rows.row_len; ++r) tmp[size_t(r)] = buf[size_t(rows.stored(r))];
@@ -273,6 +296,8 @@ private:
       std::vector<float> buf(static_cast<size_t>(rows.row_len));
       for (int64_t r = r0; r < r1; ++r) {
         ggml_dequantize(t.type, rows.row(t, r), buf.data(), rows.row_len);
+        if (e.shift != 0.0f)
+          for (float& v : buf) v += e.shift;
         convert_elements(buf.data(), DType::F32, out + size_t(r) * size_t(rows.row_len) * esz, dst_dtype,
                          size_t(rows.row_len));
       }
@@ -285,7 +310,7 @@ private:
     const GgufTensorInfo& t = *e.info;
     const int code_bits = ggml_affine_code_bits(t.type);
     // ggml's groups are 32 elements; a larger group would join two scales.
-    if (code_bits == 0 || code_bits > spec.bits || spec.group_size != 32 || (t.ne.size() != 2 && !e.slice_rows))
+    if (code_bits == 0 || e.shift != 0.0f || code_bits > spec.bits || spec.group_size != 32 || (t.ne.size() != 2 && !e.slice_rows))
       return false;
     const RowMap rows = row_map(e);
     const size_t out_row = quant::row_bytes(spec, rows.row_len);
@@ -307,6 +332,7 @@ private:
     const GgufTensorInfo* info;
     int permute_heads;  // 0: stored as in HF
     int64_t first_row = 0, slice_rows = 0;  // an expert's rows of a 3-D tensor (slice_rows > 0)
+    float shift = 0.0f;                     // added to every value read (Gemma's norms: -1)
   };
   // Where HF row r of a tensor is stored. llama.cpp's converter stores HF row (h, j, i) -- head h,
   // half j, index i < head_dim/2 -- of a permuted q/k at row (h, i, j).
@@ -387,6 +413,44 @@ void read_experts(const GgufFile& f, const std::string& arch, ModelConfig& c) {
     STRATA_FAIL("GGUF file " << f.path() << ": " << count_key << " is set but no layer has a router (ffn_gate_inp)");
 }
 
+// Gemma 2 and 3 as llama.cpp runs their files, onto config.json's fields (config.cpp's read_gemma):
+// GeGLU, (1 + w) norms before and after the attention and the MLP, embeddings times sqrt(hidden),
+// sliding-window layers among full ones, Gemma 3's q/k norms (found by their tensors) and its
+// sliding layers rotating with base 10000, unscaled. Where the file is silent, llama.cpp's rules:
+// - the layers' pattern is fixed (Gemma 2's even layers slide, Gemma 3's first five in six); the
+//   file names only the window (Gemma 2's default 4096);
+// - query_pre_attn_scalar is not stored: hidden / heads for the 27B models (46 layers for Gemma 2,
+//   62 for Gemma 3; their config.json's 144 and 168), head_dim otherwise, as Google's configs say;
+// - Gemma 2 soft-caps scores and logits, at 50 and 30 where the keys are absent (transformers'
+//   defaults too); Gemma 3 caps the logits only where its file names a cap.
+// Gemma was trained in bf16, which `--dtype auto` keeps on cards that have it: its activations
+// outgrow fp16's range.
+void read_gemma(const GgufFile& f, const std::string& arch, ModelConfig& c) {
+  const bool gemma2 = arch == "gemma2";
+  auto key = [&arch](const char* name) { return arch + "." + name; };
+  c.mlp = MlpKind::GeGLU;
+  c.norm_plus_one = true;
+  c.sandwich_norms = true;
+  c.embed_scale = std::sqrt(float(c.hidden));
+  const bool is_27b = c.n_layers == (gemma2 ? 46 : 62);
+  c.query_scale = is_27b ? float(c.hidden / c.n_heads) : float(c.head_dim);
+  const std::optional<int64_t> window = f.get_int_opt(key("attention.sliding_window"));
+  if (!window && !gemma2) STRATA_FAIL("GGUF file " << f.path() << ": gemma3 without " << key("attention.sliding_window"));
+  c.layer_window = positive_int(f, key("attention.sliding_window"), window.value_or(4096));
+  for (int l = 0; l < c.n_layers; ++l)
+    if (gemma2 ? l % 2 == 0 : l % 6 < 5) c.window_layers.push_back(l);
+  if (!gemma2) c.local_rope_theta = 10000.0f;
+  auto softcap = [&](const char* name, double fallback) {
+    const double cap = f.get_float_opt(key(name)).value_or(fallback);
+    if (!(cap >= 0.0 && cap <= double(FLT_MAX)))
+      STRATA_FAIL("GGUF file " << f.path() << ": " << key(name) << " " << cap << " must be a positive number");
+    return float(cap);
+  };
+  c.attn_softcap = gemma2 ? softcap("attn_logit_softcapping", 50.0) : 0.0f;
+  c.final_softcap = softcap("final_logit_softcapping", gemma2 ? 30.0 : 0.0);
+  c.checkpoint_dtype = DType::BF16;
+}
+
 }  // namespace
 
 RecommendedSampling recommended_sampling_from_gguf(const GgufFile& f) {
@@ -413,7 +477,7 @@ RecommendedSampling recommended_sampling_from_gguf(const GgufFile& f) {
 }
 
 ModelConfig config_from_gguf(const GgufFile& f) {
-  const std::string arch = llama_family_arch(f);
+  const std::string arch = supported_arch(f);
   auto key = [&arch](const char* name) { return arch + "." + name; };
   auto get_positive = [&](const char* name) { return positive_int(f, key(name), f.get_int(key(name))); };
   ModelConfig c;
@@ -423,6 +487,8 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   c.pos = PosKind::Rope;
   c.mlp = MlpKind::SwiGLU;
   c.n_layers = get_positive("block_count");
+  // ModelConfig::validate's bound, here already: the per-layer lists below are as long.
+  if (c.n_layers > (1 << 14)) STRATA_FAIL("GGUF file " << f.path() << ": " << key("block_count") << " " << c.n_layers << " is above 16384");
   c.hidden = get_positive("embedding_length");
   c.intermediate = get_positive("feed_forward_length");
   c.n_heads = get_positive("attention.head_count");
@@ -447,7 +513,9 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   c.rope_freq_factors = rope_freq_factors(f, kRopeFreqs, c.head_dim);
   c.max_positions = get_positive("context_length");
   // As for config.json: within the window sliding and full attention agree (Phi-3 mini: 2047).
-  if (auto window = f.get_int_opt(key("attention.sliding_window")); window && *window > 0 && *window < c.max_positions)
+  // Gemma's window is its sliding layers' (read_gemma).
+  if (auto window = f.get_int_opt(key("attention.sliding_window"));
+      !gemma_arch(arch) && window && *window > 0 && *window < c.max_positions)
     c.max_positions = c.sliding_window = int(*window);
   if (f.find_tensor(kRopeFactorsShort)) read_longrope(f, arch, c);
   else read_rope_scaling(f, arch, c);
@@ -466,6 +534,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   c.qk_norm = f.find_tensor("blk.0.attn_q_norm.weight") != nullptr;  // Qwen3
 
   read_experts(f, arch, c);
+  if (gemma_arch(arch)) read_gemma(f, arch, c);
 
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
   c.bos_id = token_id_field(f, "tokenizer.ggml.bos_token_id", c.vocab_size);

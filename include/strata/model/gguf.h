@@ -138,10 +138,11 @@ private:
   std::unique_ptr<Impl> impl_;
 };
 
-// --- LLaMA-architecture models stored as GGUF ---
+// --- LLaMA-architecture and Gemma models stored as GGUF ---
 
-// Maps llama.* and tokenizer.ggml.* metadata onto a ModelConfig (Arch::Llama, RMSNorm, RoPE,
-// SwiGLU; tied embeddings when the file has no output.weight).
+// Maps <arch>.* and tokenizer.ggml.* metadata onto a ModelConfig (Arch::Llama, RMSNorm, RoPE,
+// SwiGLU, or Gemma's layer for gemma2 / gemma3 with llama.cpp's rules where the file is silent;
+// tied embeddings when the file has no output.weight).
 ModelConfig config_from_gguf(const GgufFile& file);
 // The sampling settings the file recommends (general.sampling.temp, top_p, top_k, min_p,
 // penalty_repeat, as llama.cpp reads them), each checked against the sampler's range.
