@@ -1,5 +1,6 @@
 #include "test_paths.h"
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -180,6 +181,46 @@ TEST_CASE("generation_config.json's sampling settings are read as vLLM and trans
     CHECK_THROWS_WITH(read(bad), Catch::Contains(file) && Catch::Contains(field));
   }
   CHECK_THROWS_WITH(read(R"({"do_sample": "yes"})"), Catch::Contains(file) && Catch::Contains("do_sample"));
+}
+
+TEST_CASE("SmolLM3: layers without RoPE from no_rope_layers or the interval, a zero row of frequencies", "[config]") {
+  const ModelConfig s3 = config_from_hf_json(kFixtures + "/models/tiny-smollm3/config.json");
+  CHECK(s3.arch == Arch::Llama);
+  CHECK(s3.nope_layers == std::vector<int>{3, 7});
+  CHECK(s3.rope_row(2) == 0);
+  CHECK(s3.rope_row(3) == 1);
+  const std::vector<float> table = rope_inv_freq(s3);
+  REQUIRE(table.size() == size_t(s3.head_dim));  // the model's frequencies, then the zero row
+  CHECK(table[0] == 1.0f);
+  CHECK(std::all_of(table.begin() + s3.head_dim / 2, table.end(), [](float f) { return f == 0.0f; }));
+  ModelConfig cut = s3;
+  cut.keep_layers(5);
+  CHECK(cut.nope_layers == std::vector<int>{3});
+
+  const std::string head = R"({"model_type":"smollm3","hidden_size":64,"intermediate_size":8,"num_attention_heads":4,
+      "vocab_size":100,"max_position_embeddings":128,)";
+  // Without the list, every no_rope_layer_interval-th layer (transformers' SmolLM3Config).
+  CHECK(config_from_hf_json(write_config(head + R"("num_hidden_layers":9,"no_rope_layer_interval":3})")).nope_layers ==
+        std::vector<int>{2, 5, 8});
+  CHECK(config_from_hf_json(write_config(head + R"("num_hidden_layers":8})")).nope_layers == std::vector<int>{3, 7});
+  CHECK_THROWS_WITH(config_from_hf_json(write_config(head + R"("num_hidden_layers":2,"no_rope_layers":[1]})")),
+                    Catch::Contains("no_rope_layers must list num_hidden_layers (2)"));
+  CHECK_THROWS_WITH(config_from_hf_json(write_config(head + R"("num_hidden_layers":2,"no_rope_layers":[1,2]})")),
+                    Catch::Contains("no_rope_layers[1] must be 0 or 1"));
+  CHECK_THROWS_WITH(config_from_hf_json(write_config(head + R"("num_hidden_layers":2,"use_sliding_window":true})")),
+                    Catch::Contains("use_sliding_window=true is not supported for SmolLM3"));
+  ModelConfig bad = s3;
+  bad.nope_layers = {7, 3};
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("layer without RoPE 3") && Catch::Contains("out of order"));
+  // Gemma 3's local row stays row 1; a layer without RoPE would take row 2.
+  ModelConfig both = s3;
+  both.local_rope_theta = 10000.0f;
+  both.layer_window = 4;
+  both.window_layers = {0, 1};
+  CHECK(both.rope_row(0) == 1);
+  CHECK(both.rope_row(2) == 0);
+  CHECK(both.rope_row(3) == 2);
+  CHECK(rope_inv_freq(both).size() == size_t(3 * s3.head_dim / 2));
 }
 
 TEST_CASE("a sliding window shorter than the context becomes the context", "[config]") {

@@ -385,6 +385,18 @@ TEST_CASE("gguf: Qwen3 (per-head q/k norms, head_dim apart from the width, tied)
   test::check_hf_outputs(b, exp);
 }
 
+TEST_CASE("gguf: SmolLM3 (every fourth layer without RoPE, q/k permuted) gives transformers' logits and tokens",
+          "[gguf][model]") {
+  // tiny-smollm3 converted as llama.cpp converts SmolLM3; expected values are transformers' on the
+  // directory (llama.cpp on this file agrees to 1e-5: make_smollm3_fixture.py). No key says which
+  // layers skip RoPE: every fourth, as llama.cpp has it.
+  const json exp = load_json(fs::path(STRATA_FIXTURES_DIR) / "models" / "tiny-smollm3" / "expected.json");
+  ModelBundle b = open_model(fixture("tiny_smollm3.gguf").string());
+  CHECK(b.config.nope_layers == std::vector<int>{3, 7});
+  CHECK(b.config.tied_embeddings);
+  test::check_hf_outputs(b, exp);
+}
+
 TEST_CASE("gguf: Phi-3 with LongRoPE (rope_factors_short/long, attn_factor) gives transformers' logits and tokens",
           "[gguf][model][rope]") {
   // tiny-phi3-longrope as llama.cpp's converter writes it; expected values are transformers' on

@@ -132,15 +132,22 @@ TEST_CASE("engine graphs: layers that differ only in their window, RoPE row or s
   // 5 meets the same addresses (cache staging buffer b of three): only the key's window, RoPE
   // row and sinks tell their attention halves apart. GPT-OSS: layers 1, 3 and 5 share a window
   // and differ by their sinks; Gemma 3: sliding layers 1, 3, 4 beside full layers 2 and 5, whose
-  // window and RoPE row differ. One graph for them would attend as the first layer captured.
+  // window and RoPE row differ; SmolLM3: layers 1, 3 and 5 without RoPE beside 2 and 4, whose
+  // RoPE row alone differs. One graph for them would attend as the first layer captured.
   auto backend = make_cuda_backend(0);
-  for (const auto& [name, windows] : {std::pair{"tiny-gpt-oss", std::vector<int>{0, 2, 4}},
-                                      std::pair{"tiny-gemma3", std::vector<int>{0, 1, 3, 4}}}) {
+  struct Shape {
+    const char* name;
+    std::vector<int> windows, nope;
+  };
+  for (const Shape& shape : {Shape{"tiny-gpt-oss", {0, 2, 4}, {}}, Shape{"tiny-gemma3", {0, 1, 3, 4}, {}},
+                             Shape{"tiny-smollm3", {}, {1, 3, 5}}}) {
+    const char* name = shape.name;
     INFO(name);
     ModelBundle model;
     model.config = config_from_hf_json(std::string(STRATA_FIXTURES_DIR) + "/models/" + name + "/config.json");
     model.config.n_layers = 6;
-    model.config.window_layers = windows;
+    model.config.window_layers = shape.windows;
+    model.config.nope_layers = shape.nope;
     model.weights = make_dummy_source(model.config, 7);
     std::vector<GenRequest> reqs = fixture_requests(load_expected(name));
     for (GenRequest& r : reqs) r.logprobs = 2;

@@ -22,13 +22,22 @@ bool ModelConfig::window_layer(int layer) const {
   return layer_window > 0 && std::binary_search(window_layers.begin(), window_layers.end(), layer);
 }
 
+bool ModelConfig::nope_layer(int layer) const {
+  return std::binary_search(nope_layers.begin(), nope_layers.end(), layer);
+}
+
+int ModelConfig::rope_row(int layer) const {
+  if (nope_layer(layer)) return local_rope_theta > 0.0f ? 2 : 1;
+  return local_rope_layer(layer) ? 1 : 0;
+}
+
 bool ModelConfig::sparse_layer(int layer) const {
   return moe() && !std::binary_search(dense_layers.begin(), dense_layers.end(), layer);
 }
 
 void ModelConfig::keep_layers(int layers) {
   n_layers = layers;
-  for (std::vector<int>* list : {&dense_layers, &window_layers})
+  for (std::vector<int>* list : {&dense_layers, &window_layers, &nope_layers})
     list->erase(std::remove_if(list->begin(), list->end(), [&](int l) { return l >= layers; }), list->end());
 }
 
@@ -147,6 +156,12 @@ void ModelConfig::validate() const {
     if (window_layers[i] < 0 || window_layers[i] >= n_layers || (i > 0 && window_layers[i] <= window_layers[i - 1]))
       STRATA_FAIL(name << ": sliding-window layer " << window_layers[i] << " outside the " << n_layers
                        << " layers or out of order");
+  for (size_t i = 0; i < nope_layers.size(); ++i)
+    if (nope_layers[i] < 0 || nope_layers[i] >= n_layers || (i > 0 && nope_layers[i] <= nope_layers[i - 1]))
+      STRATA_FAIL(name << ": layer without RoPE " << nope_layers[i] << " outside the " << n_layers
+                       << " layers or out of order");
+  if (!nope_layers.empty() && pos != PosKind::Rope)
+    STRATA_FAIL(name << ": layers without RoPE in a model without RoPE");
   if (!window_layers.empty() && layer_window <= 0)
     STRATA_FAIL(name << ": sliding-window layers need a window > 0, got " << layer_window);
   for (float v : {embed_scale, query_scale, attn_softcap, final_softcap, local_rope_theta})
@@ -358,6 +373,31 @@ void read_llama_shape(const json& j, int default_head_dim, int default_positions
   c.pos = PosKind::Rope;
 }
 
+// SmolLM3 (smollm3): LLaMA whose every fourth layer attends without RoPE. no_rope_layers holds a
+// flag a layer, 1 where RoPE applies (transformers' SmolLM3Attention.use_rope), else every
+// no_rope_layer_interval-th layer (4) has none. Its sliding window, off in every release, is refused.
+void read_nope_layers(const json& j, const std::string& file, ModelConfig& c) {
+  if (get_or<bool>(j, "use_sliding_window", false))
+    STRATA_FAIL(file << ": use_sliding_window=true is not supported for SmolLM3");
+  auto flags = j.find("no_rope_layers");
+  if (flags != j.end() && !flags->is_null()) {
+    if (!flags->is_array() || int(flags->size()) != c.n_layers)
+      STRATA_FAIL(file << ": no_rope_layers must list num_hidden_layers (" << c.n_layers << ") flags");
+    for (int l = 0; l < c.n_layers; ++l) {
+      const json& f = (*flags)[size_t(l)];
+      if (!f.is_number_integer() || (f.get<int64_t>() != 0 && f.get<int64_t>() != 1))
+        STRATA_FAIL(file << ": no_rope_layers[" << l << "] must be 0 or 1, got " << f.dump());
+      if (f.get<int64_t>() == 0) c.nope_layers.push_back(l);
+    }
+    return;
+  }
+  const int interval = get_or<int>(j, "no_rope_layer_interval", 4);
+  if (c.n_layers > (1 << 14)) return;  // validate() refuses the count
+  if (interval <= 0) STRATA_FAIL(file << ": no_rope_layer_interval " << interval << " is not positive");
+  for (int l = 0; l < c.n_layers; ++l)
+    if ((l + 1) % interval == 0) c.nope_layers.push_back(l);
+}
+
 void read_llama(const json& j, const std::string& file, const std::string& model_type, ModelConfig& c) {
   const int heads = get_or<int>(j, "num_attention_heads", 0);
   read_llama_shape(j, heads > 0 ? get_or<int>(j, "hidden_size", 0) / heads : 0, 2048, c);
@@ -410,6 +450,7 @@ void read_llama(const json& j, const std::string& file, const std::string& model
   if (get_or<float>(rope, "partial_rotary_factor", get_or<float>(j, "partial_rotary_factor", 1.0f)) != 1.0f)
     STRATA_FAIL(file << ": partial rotary is not supported");
   if (model_type == "mixtral" || model_type == "qwen3_moe") read_experts(j, file, model_type, c);
+  if (model_type == "smollm3") read_nope_layers(j, file, c);
 }
 
 // transformers 5's layer_types (Gemma, GPT-OSS): each layer's sliding_attention or full_attention,
@@ -716,12 +757,12 @@ ModelConfig config_from_hf_json_text(const std::string& text, const std::filesys
     else if (model_type == "gemma2" || model_type == "gemma3_text") read_gemma(j, file, model_type, c);
     else if (model_type == "gpt_oss") read_gpt_oss(j, file, c);
     else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
-             model_type == "phi3" || model_type == "mixtral" || model_type == "qwen3_moe")
+             model_type == "phi3" || model_type == "mixtral" || model_type == "qwen3_moe" || model_type == "smollm3")
       read_llama(j, file, model_type, c);  // Phi-3: LLaMA with fused projections (split_fused_projections)
     else
       STRATA_FAIL(file << ": model_type '" << model_type
-                       << "' is not supported (opt, llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe, gemma2, "
-                          "gemma3_text, gemma3, gpt_oss)");
+                       << "' is not supported (opt, llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe, smollm3, "
+                          "gemma2, gemma3_text, gemma3, gpt_oss)");
     c.vocab_size = require_int(j, "vocab_size");
     std::vector<int> bos = id_list(j, "bos_token_id");
     c.bos_id = bos.empty() ? -1 : bos[0];
@@ -979,6 +1020,7 @@ std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
     const std::vector<float> local = plain_inv_freq(cfg.local_rope_theta, d);
     inv.insert(inv.end(), local.begin(), local.end());
   }
+  if (!cfg.nope_layers.empty()) inv.insert(inv.end(), size_t(d / 2), 0.0f);  // the layers without RoPE
   return inv;
 }
 

@@ -37,14 +37,14 @@ bool gemma_arch(const std::string& arch) { return arch == "gemma2" || arch == "g
 
 // general.architecture, refused unless Strata's forward pass runs it: llama (LLaMA, Mistral,
 // TinyLlama, SmolLM), qwen2 (LLaMA with q/k/v biases), qwen3 (LLaMA with per-head q/k norms),
-// qwen3moe, phi3 (LLaMA with fused projections), gemma2 and gemma3 (Gemma's layer: config.cpp's
-// read_gemma).
+// qwen3moe, phi3 (LLaMA with fused projections), smollm3 (LLaMA with every fourth layer without
+// RoPE), gemma2 and gemma3 (Gemma's layer: config.cpp's read_gemma).
 std::string supported_arch(const GgufFile& f) {
   std::string arch = f.get_string("general.architecture");
   if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "phi3" &&
-      !gemma_arch(arch))
+      arch != "smollm3" && !gemma_arch(arch))
     STRATA_FAIL("GGUF file " << f.path() << ": unsupported architecture '" << arch
-                             << "' (supported: llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3)");
+                             << "' (supported: llama, qwen2, qwen3, qwen3moe, phi3, smollm3, gemma2, gemma3)");
   return arch;
 }
 
@@ -123,9 +123,9 @@ void read_rope_scaling(const GgufFile& f, const std::string& arch, ModelConfig& 
     c.max_positions = std::max(c.max_positions, int(std::min(factor * double(original), double(1 << 26))));
 }
 
-// llama.cpp's converter permutes q/k rows for its RoPE layout only for llama (Qwen2's rows are
-// stored as in Hugging Face: ggml's NEOX RoPE reads them that way).
-bool permuted_qk(const std::string& arch) { return arch == "llama"; }  // not qwen2, qwen3(moe), phi3, gemma
+// llama.cpp's converter permutes q/k rows for its RoPE layout only for llama and SmolLM3 (whose
+// converter is LLaMA's); Qwen2's rows are stored as in Hugging Face: ggml's NEOX RoPE reads them so.
+bool permuted_qk(const std::string& arch) { return arch == "llama" || arch == "smollm3"; }  // not qwen*, phi3, gemma
 
 // A mixture of experts' tensors: the router (ffn_gate_inp) and each layer's experts stacked in
 // one 3-D tensor per projection, [experts, rows, cols] (ne fastest-first: cols, rows, experts).
@@ -535,6 +535,11 @@ ModelConfig config_from_gguf(const GgufFile& f) {
 
   read_experts(f, arch, c);
   if (gemma_arch(arch)) read_gemma(f, arch, c);
+  // SmolLM3's layers without RoPE: no key says which, llama.cpp fixes every fourth (as its
+  // config.json's no_rope_layer_interval).
+  if (arch == "smollm3")
+    for (int l = 0; l < c.n_layers; ++l)
+      if ((l + 1) % 4 == 0) c.nope_layers.push_back(l);
 
   c.tied_embeddings = f.find_tensor("output.weight") == nullptr;
   c.bos_id = token_id_field(f, "tokenizer.ggml.bos_token_id", c.vocab_size);

@@ -434,11 +434,11 @@ void OffloadEngine::Impl::gpu_half(int jj, const LayerWeights& w, const Tensor& 
                       G::address(cv.data)};
   // The half's tensors as its block lays them out (the stacked views start at their first part).
   for (const WeightSpec& spec : kind(jj / 2).half_layout[jj % 2].specs) key.push_back(G::address(layer_tensor(w, spec).data));
-  // The cache's slots and capacity, the layer's window and RoPE row (Gemma's layers differ), and
-  // its row of sinks (GPT-OSS: each layer its own, so its own graph).
+  // The cache's slots and capacity, the layer's window and RoPE row (Gemma's and SmolLM3's layers
+  // differ), and its row of sinks (GPT-OSS: each layer its own, so its own graph).
   if (attention)
-    key.insert(key.end(), {ck.dim(0), ck.dim(1), cfg.window_layer(jj / 2) ? 1 : 0,
-                           cfg.local_rope_layer(jj / 2) ? 1 : 0, cfg.attn_sinks ? jj / 2 : -1});
+    key.insert(key.end(), {ck.dim(0), ck.dim(1), cfg.window_layer(jj / 2) ? 1 : 0, int64_t(cfg.rope_row(jj / 2)),
+                           cfg.attn_sinks ? jj / 2 : -1});
   graphs.run(key, work);
 }
 

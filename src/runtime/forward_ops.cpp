@@ -90,7 +90,7 @@ LayerAttention layer_attention(const ModelConfig& cfg, const Tensor& rope_table,
     a.spec.sinks = static_cast<const float*>(sinks_table.data) + int64_t(layer) * cfg.n_heads;
   }
   if (rope_table.empty()) return a;
-  const int64_t half = cfg.head_dim / 2, row = cfg.local_rope_layer(layer) ? 1 : 0;
+  const int64_t half = cfg.head_dim / 2, row = cfg.rope_row(layer);
   STRATA_CHECK(rope_table.numel() >= (row + 1) * half,
                "internal: RoPE table of " << rope_table.numel() << " frequencies for layer " << layer);
   a.inv_freq = Tensor(static_cast<float*>(rope_table.data) + row * half, DType::F32, rope_table.device, {half});

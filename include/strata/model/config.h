@@ -93,6 +93,8 @@ struct ModelConfig {
   int layer_window = 0;
   std::vector<int> window_layers;   // ascending
   float local_rope_theta = 0.0f;
+  // Layers that attend without RoPE (SmolLM3's no_rope_layers: every fourth), ascending.
+  std::vector<int> nope_layers;
   // GPT-OSS: every layer's softmax has a learned sink logit per query head (AttentionSpec::sinks),
   // the router and the experts have biases, and the experts' SwiGLU is clamped (ClampedSwiGLU).
   bool attn_sinks = false;
@@ -117,6 +119,11 @@ struct ModelConfig {
   // frequencies are the local ones (rope_inv_freq's second row).
   bool window_layer(int layer) const;
   bool local_rope_layer(int layer) const { return local_rope_theta > 0.0f && window_layer(layer); }
+  bool nope_layer(int layer) const;
+  // Layer l's row of rope_inv_freq's table: 0 the model's frequencies, then the local ones where
+  // local_rope_theta is set, then a row of zeros where some layer has no RoPE (a rotation by
+  // angle 0, cos 1 and sin 0, leaves q and k exactly as they are).
+  int rope_row(int layer) const;
   // Whether layer l's MLP is a mixture of experts.
   bool sparse_layer(int layer) const;
   // Whether every layer has the same tensors (the offloading engine's one block layout needs it).
@@ -134,7 +141,7 @@ struct ModelConfig {
 
 // Reads a Hugging Face config.json (OPTForCausalLM, LlamaForCausalLM, MistralForCausalLM,
 // Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM,
-// Gemma 2 and 3, GptOssForCausalLM). Unsupported variants (e.g. OPT-350m's projection) are refused by name.
+// SmolLM3ForCausalLM, Gemma 2 and 3, GptOssForCausalLM). Unsupported variants (e.g. OPT-350m's projection) are refused by name.
 ModelConfig config_from_hf_json(const std::filesystem::path& config_json);
 // The same from the file's text in memory (the fuzz target): `source` names it in errors, and its
 // parent directory names the model.
@@ -170,8 +177,9 @@ std::optional<ModelConfig> config_preset(const std::string& name);
 std::vector<std::string> config_preset_names();
 
 // RoPE inverse frequencies [head_dim / 2], with llama3 scaling applied when configured; then, when
-// local_rope_theta is set, the sliding layers' [head_dim / 2] (that base, no scaling): the rows of
-// the table ForwardOps picks a layer's row from (layer_attention).
+// local_rope_theta is set, the sliding layers' [head_dim / 2] (that base, no scaling); then, when
+// some layer has no RoPE, [head_dim / 2] zeros: the rows of the table ForwardOps picks a layer's
+// row from (layer_attention, ModelConfig::rope_row).
 std::vector<float> rope_inv_freq(const ModelConfig& cfg);
 
 // YaRN as transformers computes it (static: the same at every length), as the divisor of each
