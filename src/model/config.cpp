@@ -861,6 +861,13 @@ const std::map<std::string, ModelConfig>& presets() {
       q3.eos_ids = {151645, 151643};
       m[q3.name] = q3;
     }
+    // SmolLM3-3B (HuggingFaceTB/SmolLM3-3B's config.json): GQA 16 / 4, tied, every fourth layer
+    // without RoPE; 3.08B parameters.
+    ModelConfig smollm3 = llama_preset("smollm3-3b", 2048, 36, 16, 4, 11008, 128256, 5000000.0f, 65536);
+    smollm3.norm_eps = 1e-6f;
+    smollm3.tied_embeddings = true;
+    for (int l = 3; l < smollm3.n_layers; l += 4) smollm3.nope_layers.push_back(l);
+    m[smollm3.name] = smollm3;
     // Mixtral-8x7B-v0.1 (config.json): 8 experts of 14336, 2 per token, 32768 positions, no sliding
     // window. 46.7B parameters, 12.9B active.
     ModelConfig mixtral = llama_preset("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, 1000000.0f, 32768);
