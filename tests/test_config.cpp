@@ -211,6 +211,12 @@ TEST_CASE("SmolLM3: layers without RoPE from no_rope_layers or the interval, a z
                     Catch::Contains("no_rope_layers[1] must be 0 or 1"));
   CHECK_THROWS_WITH(config_from_hf_json(write_config(head + R"("num_hidden_layers":2,"use_sliding_window":true})")),
                     Catch::Contains("use_sliding_window=true is not supported for SmolLM3"));
+  // A layer count past validate()'s bound is refused before any per-layer list is built.
+  for (const char* type : {"smollm3", "gemma3_text", "gpt_oss"}) {
+    std::string text = head + R"("num_hidden_layers":2000000000})";
+    text.replace(text.find("smollm3"), 7, type);
+    CHECK_THROWS_WITH(config_from_hf_json(write_config(text)), Catch::Contains("num_hidden_layers is 2000000000, above the limit of 16384"));
+  }
   ModelConfig bad = s3;
   bad.nope_layers = {7, 3};
   CHECK_THROWS_WITH(bad.validate(), Catch::Contains("layer without RoPE 3") && Catch::Contains("out of order"));

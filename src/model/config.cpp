@@ -364,6 +364,9 @@ void read_llama_shape(const json& j, int default_head_dim, int default_positions
   c.hidden = require_int(j, "hidden_size");
   c.intermediate = require_int(j, "intermediate_size");
   c.n_layers = require_int(j, "num_hidden_layers");
+  // validate()'s bound, here already: the per-layer lists the readers build are as long.
+  if (c.n_layers > (1 << 14))
+    STRATA_FAIL("config field num_hidden_layers is " << c.n_layers << ", above the limit of " << (1 << 14));
   c.n_heads = require_int(j, "num_attention_heads");
   c.n_kv_heads = get_or<int>(j, "num_key_value_heads", c.n_heads);
   c.head_dim = get_or<int>(j, "head_dim", default_head_dim);
@@ -392,7 +395,6 @@ void read_nope_layers(const json& j, const std::string& file, ModelConfig& c) {
     return;
   }
   const int interval = get_or<int>(j, "no_rope_layer_interval", 4);
-  if (c.n_layers > (1 << 14)) return;  // validate() refuses the count
   if (interval <= 0) STRATA_FAIL(file << ": no_rope_layer_interval " << interval << " is not positive");
   for (int l = 0; l < c.n_layers; ++l)
     if ((l + 1) % interval == 0) c.nope_layers.push_back(l);
