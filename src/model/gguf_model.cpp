@@ -1,5 +1,5 @@
 // Models stored as GGUF: the LLaMA family (architectures llama, which Mistral and Mixtral files use
-// too, qwen2, qwen3, qwen3moe and phi3) and Gemma 2 and 3 (gemma2, gemma3): config from <arch>.*
+// too, qwen2, qwen3, qwen3moe, phi3 and smollm3) and Gemma 2 and 3 (gemma2, gemma3): config from <arch>.*
 // metadata and the rules llama.cpp applies where the file is silent, tensors under Hugging Face
 // names (with llama.cpp's q/k RoPE row permutation undone where its converter applied it, and the
 // 1 its converter adds to Gemma's norm weights taken off), and the tokenizer from tokenizer.ggml.*.

@@ -141,8 +141,9 @@ private:
 // --- LLaMA-architecture and Gemma models stored as GGUF ---
 
 // Maps <arch>.* and tokenizer.ggml.* metadata onto a ModelConfig (Arch::Llama, RMSNorm, RoPE,
-// SwiGLU, or Gemma's layer for gemma2 / gemma3 with llama.cpp's rules where the file is silent;
-// tied embeddings when the file has no output.weight).
+// SwiGLU, or Gemma's layer for gemma2 / gemma3, with llama.cpp's rules where the file is silent:
+// Gemma's layer patterns and attention scale, SmolLM3's layers without RoPE; tied embeddings when
+// the file has no output.weight).
 ModelConfig config_from_gguf(const GgufFile& file);
 // The sampling settings the file recommends (general.sampling.temp, top_p, top_k, min_p,
 // penalty_repeat, as llama.cpp reads them), each checked against the sampler's range.
