@@ -191,6 +191,30 @@ TEST_CASE("gguf: dequantization matches the gguf package for every type", "[gguf
   CHECK_THROWS_WITH(f.dequantize(iq, sink.data()), Catch::Contains("IQ4_NL") && Catch::Contains("iq4_nl"));
 }
 
+TEST_CASE("gguf: MXFP4 blocks dequantize as the gguf package does, and read as affine codes", "[gguf]") {
+  // Random blocks with scale bytes 110..140 (make_gpt_oss_gguf.py); expected floats from
+  // gguf.quants.dequantize, checked there against ggml's e2m1 table.
+  const auto raw = slurp(fixture("synth_mxfp4_expected.bin"));
+  std::vector<float> expected(raw.size() / 4);
+  std::memcpy(expected.data(), raw.data(), raw.size());
+  GgufFile f = GgufFile::open(fixture("synth_mxfp4.gguf"));
+  const GgufTensorInfo& t = f.tensor("MXFP4");
+  CHECK(uint32_t(t.type) == 39);
+  REQUIRE(size_t(t.numel) == expected.size());
+  std::vector<float> got(expected.size(), std::nanf(""));
+  f.dequantize(t, got.data());
+  CHECK(got == expected);  // powers of two times small integers: exact
+  CHECK(ggml_affine_code_bits(t.type) == 5);  // codes 0 .. 24
+  std::vector<uint8_t> codes(size_t(t.numel));
+  std::vector<float> scales(size_t(t.numel / 32)), mins(scales.size());
+  ggml_affine_decode(t.type, t.data, t.numel, codes.data(), scales.data(), mins.data());
+  for (size_t k = 0; k < codes.size(); ++k) {
+    INFO("element " << k);
+    REQUIRE(codes[k] <= 24);
+    CHECK(float(codes[k]) * scales[k / 32] + mins[k / 32] == expected[k]);
+  }
+}
+
 TEST_CASE("gguf: truncated files fail cleanly at every cut point", "[gguf]") {
   for (const char* name : {"synth_meta.gguf", "synth_align.gguf", "synth_quants.gguf"}) {
     auto full = slurp(fixture(name));
@@ -521,8 +545,9 @@ TEST_CASE("gguf: tokenizer metadata of the tiny llama", "[gguf]") {
 }
 
 TEST_CASE("gguf: each byte-level pre-tokenizer name splits text as llama.cpp does", "[gguf][tokenizer]") {
-  // tiny-llama3's vocabulary merges digits, so GPT-2's, LLaMA-3's, Qwen2's (one digit a piece) and
-  // SmolLM's (digits split off first) give different ids; llama.cpp's are the expected ones.
+  // bpe_pre_vocab.json's merges cross every boundary a regex draws, so GPT-2's, LLaMA-3's, Qwen2's
+  // (one digit a piece), SmolLM's (digits split off first) and gpt-4o's (o200k: words cut at case
+  // changes, contractions kept on the word) give different ids; llama.cpp's are the expected ones.
   const json fx = load_json(fixture("bpe_pre_cases.json"));
   const json tj = load_json(fixture(fx["tokenizer"].get<std::string>()));
   std::vector<std::string> tokens(tj["model"]["vocab"].size());
@@ -532,7 +557,7 @@ TEST_CASE("gguf: each byte-level pre-tokenizer name splits text as llama.cpp doe
     merges.push_back(m.is_string() ? m.get<std::string>() : m[0].get<std::string>() + " " + m[1].get<std::string>());
   std::vector<AddedToken> added;
   for (const json& t : tj["added_tokens"]) added.push_back({t["id"].get<int>(), t["content"].get<std::string>(), true});
-  REQUIRE(fx["cases"].size() == 4);
+  REQUIRE(fx["cases"].size() == 5);
   for (const auto& [name, cases] : fx["cases"].items()) {
     INFO(name);
     const std::optional<PreTokenizer> pre = gguf_pre_tokenizer(name);
@@ -642,6 +667,23 @@ TEST_CASE("gguf: a mixture of experts with more experts per token than experts, 
     GgufFile f = GgufFile::from_bytes(std::move(bytes), "mem.gguf");
     CHECK_THROWS_WITH(config_from_gguf(f), Catch::Contains("no layer has a router"));
   }
+}
+
+TEST_CASE("gguf: GPT-OSS without its window or expert count is refused naming the key", "[gguf][moe]") {
+  const std::vector<uint8_t> original = slurp(fixture("tiny_gpt_oss.gguf"));
+  // The key renamed in place (same length, so the file stays valid): as if the converter never wrote it.
+  auto without = [&](const std::string& key) {
+    std::vector<uint8_t> bytes = original;
+    std::string renamed = key;
+    renamed.back() = '~';
+    std::memcpy(bytes.data() + find_bytes(bytes, key), renamed.data(), renamed.size());
+    return GgufFile::from_bytes(std::move(bytes), "mem.gguf");
+  };
+  REQUIRE_NOTHROW(config_from_gguf(GgufFile::from_bytes(original, "mem.gguf")));
+  CHECK_THROWS_WITH(config_from_gguf(without("gpt-oss.attention.sliding_window")),
+                    Catch::Contains("mem.gguf") && Catch::Contains("gpt-oss without gpt-oss.attention.sliding_window"));
+  CHECK_THROWS_WITH(config_from_gguf(without("gpt-oss.expert_count")),
+                    Catch::Contains("mem.gguf") && Catch::Contains("gpt-oss without gpt-oss.expert_count"));
 }
 
 // Gemma 2 and 3 as llama.cpp's converter writes them (tests/fixtures/gguf/make_gemma_gguf.py): the

@@ -1,6 +1,7 @@
 // GPT-OSS: its config.json (transformers 5's keys and the Hub's), the experts as the weight source
 // shows them (fused floats or MXFP4, per expert), refusals naming the field or tensor, the
-// presets' sizes, and every offloading policy, experts computed on the CPU included. Parity with
+// presets' sizes, every offloading policy, experts computed on the CPU included, and the same
+// model as llama.cpp's converter writes it (GGUF, MXFP4 experts). Parity with
 // transformers itself: test_model_hf.cpp (tiny-gpt-oss, tiny-gpt-oss-mxfp4); the sink logits and
 // the clamped SwiGLU against float64: test_cpu_attention_f16.cpp, test_cpu_quant_ops.cpp,
 // test_layer_fusion.cpp and the emulated CUDA kernel tests.
@@ -37,6 +38,7 @@ namespace fs = std::filesystem;
 namespace {
 
 const std::string kModels = std::string(STRATA_FIXTURES_DIR) + "/models/";
+const std::string kGguf = std::string(STRATA_FIXTURES_DIR) + "/gguf/";
 
 void refused(const std::string& model, const std::function<void(json&)>& edit, const std::string& says) {
   const fs::path dir = edited_model(model, edit, "gpt-oss");
@@ -238,6 +240,84 @@ TEST_CASE("gpt-oss: MXFP4 experts are Strata's 8-bit rows of group 32 exactly, a
   // tokens are transformers' with just those four matrices a layer quantized (make_quant.py's
   // round trip: the fixture's "compressed_8_32", whose smallest top-2 gap is 0.01).
   const json exp = load_expected("tiny-gpt-oss-mxfp4");
+  const test::EngineRun run = test::run_engine(b, exp, test::compressed_weights_policy(8, 32));
+  CHECK(run.report.weights_kept_codes == 3 * 6 * 3);
+  CHECK(run.report.weights_quantized == 3 * 4);
+  const json& want = exp["compressed_8_32"]["greedy"];
+  REQUIRE(run.results.size() == want.size());
+  for (size_t i = 0; i < run.results.size(); ++i) {
+    INFO("prompt " << i);
+    CHECK(run.results[i].tokens == want[i].get<std::vector<int32_t>>());
+  }
+}
+
+// GPT-OSS as llama.cpp's converter writes the Hub's MXFP4 checkpoints (tests/fixtures/gguf/
+// make_gpt_oss_gguf.py): expected values are transformers' on the directory the file came from
+// (transformers parity: test_model_hf.cpp's "gguf/tiny_gpt_oss"); llama.cpp running the file is
+// checked by the script.
+TEST_CASE("gpt-oss: a GGUF file reads as its directory would: fields, windows, unrounded YaRN, experts as codes",
+          "[gpt_oss][gguf]") {
+  const json exp = json::parse(std::ifstream(kGguf + "tiny_gpt_oss_expected.json"));
+  ModelBundle b = open_model(kGguf + "tiny_gpt_oss.gguf");
+  const ModelConfig& c = b.config;
+  // llama.cpp's constants, which the file does not hold (GptOssConfig's defaults).
+  CHECK(c.mlp == MlpKind::ClampedSwiGLU);
+  CHECK(c.glu_limit == 7.0f);
+  CHECK(c.glu_alpha == 1.702f);
+  CHECK(c.norm_topk_prob);
+  CHECK((c.attn_sinks && c.router_bias && c.expert_bias && c.qkv_bias && c.o_bias));
+  CHECK(c.moe_naming == MoeNaming::GptOss);
+  CHECK(c.n_experts == 6);
+  CHECK(c.experts_per_token == 2);
+  CHECK(c.expert_intermediate == 32);
+  CHECK(c.dense_layers.empty());
+  CHECK(c.window_layers == std::vector<int>{0, 2});  // the even layers, as llama.cpp fixes them
+  CHECK(c.layer_window == 8);
+  CHECK(c.sliding_window == 0);  // the window is the sliding layers', not the context's
+  CHECK(c.max_positions == 1024);
+  CHECK(c.head_dim == 16);
+  CHECK(c.norm_eps == 1e-5f);
+  CHECK_FALSE(c.tied_embeddings);
+  CHECK(c.bos_id == -1);
+  CHECK(c.eos_ids == std::vector<int>{2});
+  CHECK(c.checkpoint_dtype == DType::BF16);
+  // YaRN with its ramp's ends unrounded (truncate false), as transformers runs the directory.
+  const std::vector<float> want = exp["rope_inv_freq"].get<std::vector<float>>(), got = rope_inv_freq(c);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(want[i]).epsilon(1e-6));
+  CHECK(c.rope_attention_factor == Approx(exp["rope_attention_factor"].get<double>()).epsilon(1e-6));
+
+  const std::string l = "model.layers.2.mlp.experts.";
+  CHECK(b.weights->shape(l + "5.gate_proj.bias") == std::vector<int64_t>{32});
+  CHECK(b.weights->shape(l + "5.down_proj.bias") == std::vector<int64_t>{64});
+  CHECK(b.weights->shape(l + "5.down_proj.weight") == std::vector<int64_t>{64, 32});
+  CHECK(b.weights->shape("model.layers.2.mlp.router.bias") == std::vector<int64_t>{6});
+  CHECK(b.weights->shape("model.layers.2.self_attn.sinks") == std::vector<int64_t>{4});
+  // MXFP4 blocks are 8-bit codes of group 32, the file's values bit for bit.
+  REQUIRE(b.weights->codes_spec());
+  CHECK(b.weights->codes_spec()->bits == 8);
+  CHECK(b.weights->codes_spec()->group_size == 32);
+  for (const std::string name : {l + "3.gate_proj.weight", l + "3.up_proj.weight", l + "0.down_proj.weight"}) {
+    INFO(name);
+    const std::vector<int64_t> shape = b.weights->shape(name);
+    const int64_t rows = shape[0], cols = shape[1];
+    std::vector<float> values(size_t(rows * cols)), decoded(size_t(rows * cols), std::nanf(""));
+    b.weights->read(name, DType::F32, values.data());
+    const quant::QuantSpec spec{8, 32};
+    std::vector<uint8_t> codes(quant::row_bytes(spec, cols) * size_t(rows));
+    REQUIRE(b.weights->read_codes(name, spec, codes.data()));
+    quant::dequantize_rows(spec, codes.data(), rows, cols, decoded.data(), DType::F32);
+    CHECK(decoded == values);
+  }
+  CHECK_FALSE(b.weights->read_codes(l + "3.gate_proj.bias", {8, 32}, std::vector<uint8_t>(4096).data()));
+}
+
+TEST_CASE("gpt-oss: a GGUF file at {8 bits, group 32} keeps its experts' codes and gives transformers' tokens",
+          "[gpt_oss][gguf][offload]") {
+  // As for the MXFP4 directory: the experts keep the file's values, the attention's q, k, v and o
+  // are quantized at load (make_quant.py's round trip: the fixture's "compressed_8_32").
+  ModelBundle b = open_model(kGguf + "tiny_gpt_oss.gguf");
+  const json exp = json::parse(std::ifstream(kGguf + "tiny_gpt_oss_expected.json"));
   const test::EngineRun run = test::run_engine(b, exp, test::compressed_weights_policy(8, 32));
   CHECK(run.report.weights_kept_codes == 3 * 6 * 3);
   CHECK(run.report.weights_quantized == 3 * 4);

@@ -535,14 +535,8 @@ void read_gemma(const json& j, const std::string& file, const std::string& model
   }
 }
 
-// GPT-OSS (gpt_oss): LLaMA's attention with biases on q, k, v and o and a learned sink logit per
-// query head, sliding-window layers (layer_types, else the even ones) among full ones, YaRN; every
-// MLP is a mixture of experts whose router and experts have biases and whose experts apply the
-// clamped SwiGLU. Its router takes the top k of the logits and softmaxes them: the weights of
-// softmax, top k and renormalisation (route_tokens), so norm_topk_prob.
-// What every GPT-OSS shares (read_gpt_oss, the presets), over a LLaMA shape: the clamped SwiGLU
-// with GptOssConfig's limit and gain, sinks, biases on the attention, the router and the experts
-// (as wide as intermediate), top-k-then-softmax routing.
+}  // namespace
+
 void set_gpt_oss_fields(ModelConfig& c) {
   c.norm_eps = 1e-5f;
   c.mlp = MlpKind::ClampedSwiGLU;
@@ -554,6 +548,13 @@ void set_gpt_oss_fields(ModelConfig& c) {
   c.norm_topk_prob = true;
 }
 
+namespace {
+
+// GPT-OSS (gpt_oss): LLaMA's attention with biases on q, k, v and o and a learned sink logit per
+// query head, sliding-window layers (layer_types, else the even ones) among full ones, YaRN; every
+// MLP is a mixture of experts whose router and experts have biases and whose experts apply the
+// clamped SwiGLU. Its router takes the top k of the logits and softmaxes them: the weights of
+// softmax, top k and renormalisation (route_tokens), so norm_topk_prob.
 void read_gpt_oss(const json& j, const std::string& file, ModelConfig& c) {
   read_llama_shape(j, 64, 131072, c);
   set_gpt_oss_fields(c);  // validate() checks the expert counts and the SwiGLU's settings

@@ -1,5 +1,6 @@
 // Dequantization of ggml block types to float. Block layouts follow ggml's (ggml-common.h);
 // each decoder is written from the layout, and tests compare against the python gguf package.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -86,6 +87,23 @@ void codes_q8_0(const uint8_t* b, AffineBlock& a) {
   for (int j = 0; j < 32; ++j) a.codes[j] = uint8_t(int(qs[j]) + 128);
   a.scales[0] = d;
   a.mins[0] = -128.0f * d;
+}
+
+// MXFP4 (GPT-OSS's experts): {u8 e; u8 qs[16]}, element j < 16 the low nibble of qs[j], j >= 16 the
+// high nibble of qs[j-16]; value kvalues[q] * 2^(e - 128), ggml's e2m1 table doubled (0, 1, 2, 3, 4,
+// 6, 8, 12, then the same negated) against a halved E8M0 scale. As codes: kvalues[q] + 12 (0 .. 24)
+// with minimum -12 * 2^(e - 128), exact in fp32 up to e = 251 (past it the values leave fp32's range
+// in ggml's arithmetic too).
+void codes_mxfp4(const uint8_t* b, AffineBlock& a) {
+  static constexpr int8_t kValues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+  const float d = std::ldexp(1.0f, int(b[0]) - 128);
+  const uint8_t* qs = b + 1;
+  for (int j = 0; j < 16; ++j) {
+    a.codes[j] = uint8_t(kValues[qs[j] & 0xF] + 12);
+    a.codes[j + 16] = uint8_t(kValues[qs[j] >> 4] + 12);
+  }
+  a.scales[0] = d;
+  a.mins[0] = -12.0f * d;
 }
 
 // Q2_K: {u8 scales[16]; u8 qs[64]; f16 d; f16 dmin}. Element e = h*128 + s*32 + l takes bits 2s..2s+1
@@ -234,7 +252,7 @@ const Entry kTypes[] = {
     {30, {"bf16", 1, 2, true}},
     {34, {"tq1_0", QK_K, 54, false}},
     {35, {"tq2_0", QK_K, 66, false}},
-    {39, {"mxfp4", QK, 17, false}},
+    {39, {"mxfp4", QK, 17, true}, nullptr, codes_mxfp4, 5},
 };
 
 const Entry* find_entry(uint32_t id) {

@@ -1,5 +1,6 @@
 // Models stored as GGUF: the LLaMA family (architectures llama, which Mistral and Mixtral files use
-// too, qwen2, qwen3, qwen3moe, phi3 and smollm3) and Gemma 2 and 3 (gemma2, gemma3): config from <arch>.*
+// too, qwen2, qwen3, qwen3moe, phi3 and smollm3), Gemma 2 and 3 (gemma2, gemma3) and GPT-OSS
+// (gpt-oss, its experts in MXFP4): config from <arch>.*
 // metadata and the rules llama.cpp applies where the file is silent, tensors under Hugging Face
 // names (with llama.cpp's q/k RoPE row permutation undone where its converter applied it, and the
 // 1 its converter adds to Gemma's norm weights taken off), and the tokenizer from tokenizer.ggml.*.
@@ -34,17 +35,20 @@ int token_id_field(const GgufFile& f, std::string_view key, int vocab) {
 }
 
 bool gemma_arch(const std::string& arch) { return arch == "gemma2" || arch == "gemma3"; }
+// Architectures whose sliding-window layers are a fixed pattern among full ones: the file's
+// sliding_window is those layers' window, not a limit on the context.
+bool window_layers_arch(const std::string& arch) { return gemma_arch(arch) || arch == "gpt-oss"; }
 
 // general.architecture, refused unless Strata's forward pass runs it: llama (LLaMA, Mistral,
 // TinyLlama, SmolLM), qwen2 (LLaMA with q/k/v biases), qwen3 (LLaMA with per-head q/k norms),
 // qwen3moe, phi3 (LLaMA with fused projections), smollm3 (LLaMA with every fourth layer without
-// RoPE), gemma2 and gemma3 (Gemma's layer: config.cpp's read_gemma).
+// RoPE), gemma2 and gemma3 (Gemma's layer: config.cpp's read_gemma), gpt-oss (read_gpt_oss).
 std::string supported_arch(const GgufFile& f) {
   std::string arch = f.get_string("general.architecture");
   if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "phi3" &&
-      arch != "smollm3" && !gemma_arch(arch))
+      arch != "smollm3" && !gemma_arch(arch) && arch != "gpt-oss")
     STRATA_FAIL("GGUF file " << f.path() << ": unsupported architecture '" << arch
-                             << "' (supported: llama, qwen2, qwen3, qwen3moe, phi3, smollm3, gemma2, gemma3)");
+                             << "' (supported: llama, qwen2, qwen3, qwen3moe, phi3, smollm3, gemma2, gemma3, gpt-oss)");
   return arch;
 }
 
@@ -115,9 +119,12 @@ void read_rope_scaling(const GgufFile& f, const std::string& arch, ModelConfig& 
   if (original <= 0)
     STRATA_FAIL("GGUF file " << f.path() << ": " << prefix << "original_context_length " << original
                              << " is not positive");
+  // GPT-OSS's config.json keeps the ramp's ends unrounded (truncate false), which no key records;
+  // transformers follows it, llama.cpp rounds them as for every model.
   c.rope_freq_factors = yarn_freq_divisors(c.head_dim, c.rope_theta, factor, int(original),
                                            f.get_float_opt(prefix + "yarn_beta_fast").value_or(32.0),
-                                           f.get_float_opt(prefix + "yarn_beta_slow").value_or(1.0));
+                                           f.get_float_opt(prefix + "yarn_beta_slow").value_or(1.0),
+                                           /*truncate=*/arch != "gpt-oss");
   c.rope_attention_factor = float(yarn_mscale(factor));
   if (c.sliding_window == 0)  // a window shorter than the context is the context, as in config.cpp
     c.max_positions = std::max(c.max_positions, int(std::min(factor * double(original), double(1 << 26))));
@@ -128,8 +135,10 @@ void read_rope_scaling(const GgufFile& f, const std::string& arch, ModelConfig& 
 bool permuted_qk(const std::string& arch) { return arch == "llama" || arch == "smollm3"; }  // not qwen*, phi3, gemma
 
 // A mixture of experts' tensors: the router (ffn_gate_inp) and each layer's experts stacked in
-// one 3-D tensor per projection, [experts, rows, cols] (ne fastest-first: cols, rows, experts).
-// Mixtral's files are architecture llama, Qwen3-MoE's qwen3moe; the HF names differ (weight_specs).
+// one 3-D tensor per projection, [experts, rows, cols] (ne fastest-first: cols, rows, experts), and
+// GPT-OSS's expert biases in one 2-D tensor per projection, [experts, rows]. Mixtral's files are
+// architecture llama, Qwen3-MoE's qwen3moe; the HF names differ (weight_specs; GPT-OSS's experts
+// take Qwen3-MoE's, as gpt_oss_source shows its fused ones, and its router is mlp.router).
 struct ExpertPart {
   const char* gguf;
   const char* mixtral;
@@ -139,8 +148,10 @@ constexpr ExpertPart kExpertParts[] = {{"ffn_gate_exps", "w1", "gate_proj"},
                                        {"ffn_up_exps", "w3", "up_proj"},
                                        {"ffn_down_exps", "w2", "down_proj"}};
 
+bool mixtral_names(const std::string& arch) { return arch != "qwen3moe" && arch != "gpt-oss"; }
+
 std::string moe_prefix(int layer, const std::string& arch) {
-  return "model.layers." + std::to_string(layer) + (arch == "qwen3moe" ? ".mlp." : ".block_sparse_moe.");
+  return "model.layers." + std::to_string(layer) + (mixtral_names(arch) ? ".block_sparse_moe." : ".mlp.");
 }
 
 // blk.<N>.<part>.<weight|bias> -> {N, part, suffix}; false when the name is not of that form.
@@ -188,7 +199,13 @@ std::string hf_name(const std::string& g, const std::string& arch) {
   int n = 0;
   std::string part, suffix;
   if (!split_block_name(g, n, part, suffix)) return "";
-  if (part == "ffn_gate_inp" && suffix == "weight") return moe_prefix(n, arch) + "gate.weight";
+  const bool gpt_oss = arch == "gpt-oss";
+  if (part == "ffn_gate_inp" && (suffix == "weight" || gpt_oss))
+    return moe_prefix(n, arch) + (gpt_oss ? "router." : "gate.") + suffix;
+  // GPT-OSS: a sink logit per query head (the converter names it attn_sinks.weight), and the
+  // norm before the MLP under its Gemma-like name.
+  if (gpt_oss && part == "attn_sinks" && suffix == "weight") return "model.layers." + std::to_string(n) + ".self_attn.sinks";
+  if (gpt_oss && part == "post_attention_norm") return "model.layers." + std::to_string(n) + ".post_attention_layernorm." + suffix;
   const auto& names = gemma_arch(arch) && gemma_layer_norms().count(part) ? gemma_layer_norms() : layer;
   auto it = names.find(part);
   if (it == names.end()) return "";
@@ -210,7 +227,8 @@ public:
       std::string h = hf_name(t.name, arch);
       // Biases the forward pass has no place for (an MLP's, a norm's) would be dropped silently.
       const bool unused_bias = h.ends_with(".bias") && !h.ends_with("q_proj.bias") && !h.ends_with("k_proj.bias") &&
-                               !h.ends_with("v_proj.bias") && !h.ends_with("o_proj.bias");
+                               !h.ends_with("v_proj.bias") && !h.ends_with("o_proj.bias") &&
+                               !(arch == "gpt-oss" && h.ends_with("router.bias"));
       if (h.empty() || unused_bias)
         STRATA_FAIL("GGUF file " << file_.path() << ": unexpected tensor '" << t.name << "' for a " << arch << " model");
       Entry e{&t, 0};
@@ -237,21 +255,27 @@ public:
     return quant::QuantSpec{bits <= 4 ? 4 : 8, 32};
   }
 
-  // A 3-D expert tensor shows as one HF matrix per expert, rows [e rows, (e + 1) rows) of it.
+  // A 3-D expert tensor shows as one HF matrix per expert, rows [e rows, (e + 1) rows) of it; a
+  // 2-D expert bias (GPT-OSS) as one vector per expert, its row e.
   bool add_experts(const GgufTensorInfo& t, const std::string& arch) {
     int layer = 0;
     std::string part, suffix;
-    if (!split_block_name(t.name, layer, part, suffix) || suffix != "weight") return false;
+    if (!split_block_name(t.name, layer, part, suffix)) return false;
     const ExpertPart* found = nullptr;
     for (const ExpertPart& p : kExpertParts)
       if (part == p.gguf) found = &p;
     if (!found) return false;
-    if (t.ne.size() != 3 || t.ne[2] <= 0)
-      STRATA_FAIL("GGUF file " << file_.path() << ": expert tensor '" << t.name << "' is not 3-D [experts, rows, cols]");
-    for (int64_t e = 0; e < t.ne[2]; ++e) {
+    const bool bias = suffix == "bias";
+    if (bias && arch != "gpt-oss")
+      STRATA_FAIL("GGUF file " << file_.path() << ": unexpected tensor '" << t.name << "' for a " << arch << " model");
+    if (t.ne.size() != (bias ? 2u : 3u) || t.ne.back() <= 0)
+      STRATA_FAIL("GGUF file " << file_.path() << ": expert tensor '" << t.name << "' is not "
+                               << (bias ? "2-D [experts, rows]" : "3-D [experts, rows, cols]"));
+    const int64_t rows = bias ? 1 : t.ne[1];
+    for (int64_t e = 0; e < t.ne.back(); ++e) {
       std::string h = moe_prefix(layer, arch) + "experts." + std::to_string(e) + "." +
-                      (arch == "qwen3moe" ? found->qwen : found->mixtral) + ".weight";
-      map_.emplace(h, Entry{&t, 0, e * t.ne[1], t.ne[1]});
+                      (mixtral_names(arch) ? found->mixtral : found->qwen) + "." + suffix;
+      map_.emplace(h, Entry{&t, 0, e * rows, rows, 0.0f, bias});
       names_.push_back(std::move(h));
     }
     return true;
@@ -261,6 +285,7 @@ public:
   std::vector<int64_t> shape(const std::string& name) const override {
     const Entry& e = get(name);
     const GgufTensorInfo& t = *e.info;
+    if (e.slice_vector) return {t.ne[0]};
     if (e.slice_rows) return {e.slice_rows, t.ne[0]};
     return std::vector<int64_t>(t.ne.rbegin(), t.ne.rend());  // ggml ne is fastest-first
   }
@@ -310,7 +335,7 @@ private:
     const GgufTensorInfo& t = *e.info;
     const int code_bits = ggml_affine_code_bits(t.type);
     // ggml's groups are 32 elements; a larger group would join two scales.
-    if (code_bits == 0 || e.shift != 0.0f || code_bits > spec.bits || spec.group_size != 32 || (t.ne.size() != 2 && !e.slice_rows))
+    if (code_bits == 0 || e.shift != 0.0f || e.slice_vector || code_bits > spec.bits || spec.group_size != 32 || (t.ne.size() != 2 && !e.slice_rows))
       return false;
     const RowMap rows = row_map(e);
     const size_t out_row = quant::row_bytes(spec, rows.row_len);
@@ -333,6 +358,7 @@ private:
     int permute_heads;  // 0: stored as in HF
     int64_t first_row = 0, slice_rows = 0;  // an expert's rows of a 3-D tensor (slice_rows > 0)
     float shift = 0.0f;                     // added to every value read (Gemma's norms: -1)
+    bool slice_vector = false;              // the one row sliced is a vector (an expert's bias)
   };
   // Where HF row r of a tensor is stored. llama.cpp's converter stores HF row (h, j, i) -- head h,
   // half j, index i < head_dim/2 -- of a permuted q/k at row (h, i, j).
@@ -393,7 +419,7 @@ namespace {
 void read_experts(const GgufFile& f, const std::string& arch, ModelConfig& c) {
   const std::string count_key = arch + ".expert_count", used_key = arch + ".expert_used_count";
   if (!f.has(count_key)) {
-    if (arch == "qwen3moe") STRATA_FAIL("GGUF file " << f.path() << ": qwen3moe without " << count_key);
+    if (arch == "qwen3moe" || arch == "gpt-oss") STRATA_FAIL("GGUF file " << f.path() << ": " << arch << " without " << count_key);
     return;
   }
   c.n_experts = positive_int(f, count_key, f.get_int(count_key));
@@ -448,6 +474,25 @@ void read_gemma(const GgufFile& f, const std::string& arch, ModelConfig& c) {
   };
   c.attn_softcap = gemma2 ? softcap("attn_logit_softcapping", 50.0) : 0.0f;
   c.final_softcap = softcap("final_logit_softcapping", gemma2 ? 30.0 : 0.0);
+  c.checkpoint_dtype = DType::BF16;
+}
+
+// GPT-OSS as llama.cpp runs its files: what the file does not store is GptOssConfig's default
+// (set_gpt_oss_fields: the clamped SwiGLU at limit 7 and gain 1.702, top-k-then-softmax routing,
+// sinks, biases on the router and the experts); the even layers slide over
+// attention.sliding_window (required, as llama.cpp requires it); q/k/v/o biases as the tensors
+// say. The Hub's weights are bf16, which `--dtype auto` keeps on cards that have it.
+void read_gpt_oss(const GgufFile& f, ModelConfig& c) {
+  const float norm_eps = c.norm_eps;
+  const int expert_width = c.expert_intermediate;
+  const bool qkv_bias = c.qkv_bias, o_bias = c.o_bias;
+  set_gpt_oss_fields(c);
+  c.norm_eps = norm_eps, c.expert_intermediate = expert_width, c.qkv_bias = qkv_bias, c.o_bias = o_bias;
+  const std::string window_key = "gpt-oss.attention.sliding_window";
+  const std::optional<int64_t> window = f.get_int_opt(window_key);
+  if (!window) STRATA_FAIL("GGUF file " << f.path() << ": gpt-oss without " << window_key);
+  c.layer_window = positive_int(f, window_key, *window);
+  for (int l = 0; l < c.n_layers; l += 2) c.window_layers.push_back(l);
   c.checkpoint_dtype = DType::BF16;
 }
 
@@ -513,9 +558,9 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   c.rope_freq_factors = rope_freq_factors(f, kRopeFreqs, c.head_dim);
   c.max_positions = get_positive("context_length");
   // As for config.json: within the window sliding and full attention agree (Phi-3 mini: 2047).
-  // Gemma's window is its sliding layers' (read_gemma).
+  // Gemma's and GPT-OSS's window is their sliding layers' (read_gemma, read_gpt_oss).
   if (auto window = f.get_int_opt(key("attention.sliding_window"));
-      !gemma_arch(arch) && window && *window > 0 && *window < c.max_positions)
+      !window_layers_arch(arch) && window && *window > 0 && *window < c.max_positions)
     c.max_positions = c.sliding_window = int(*window);
   if (f.find_tensor(kRopeFactorsShort)) read_longrope(f, arch, c);
   else read_rope_scaling(f, arch, c);
@@ -535,6 +580,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
 
   read_experts(f, arch, c);
   if (gemma_arch(arch)) read_gemma(f, arch, c);
+  if (arch == "gpt-oss") read_gpt_oss(f, c);
   // SmolLM3's layers without RoPE: no key says which, llama.cpp fixes every fourth (as its
   // config.json's no_rope_layer_interval).
   if (arch == "smollm3")
@@ -610,6 +656,7 @@ std::optional<PreTokenizer> gguf_pre_tokenizer(std::string_view name) {
   if (name == "llama-bpe" || name == "llama3" || name == "llama-v3") return PreTokenizer::Llama3;
   if (name == "qwen2") return PreTokenizer::Qwen2;
   if (name == "smollm") return PreTokenizer::SmolLM;
+  if (name == "gpt-4o") return PreTokenizer::Gpt4o;  // GPT-OSS
   return std::nullopt;
 }
 
@@ -623,7 +670,7 @@ Tokenizer tokenizer_from_gguf(const GgufFile& f) {
   const std::optional<PreTokenizer> pre = gguf_pre_tokenizer(pre_name);
   if (!pre)
     STRATA_FAIL("GGUF file " << f.path() << ": tokenizer pre-tokenizer '" << pre_name
-                             << "' is not supported (gpt-2, llama-bpe, qwen2, smollm)");
+                             << "' is not supported (gpt-2, llama-bpe, qwen2, smollm, gpt-4o)");
   std::vector<std::string> tokens = f.get_string_array("tokenizer.ggml.tokens");
   std::vector<std::string> merges = f.has("tokenizer.ggml.merges") ? f.get_string_array("tokenizer.ggml.merges")
                                                                     : std::vector<std::string>{};

@@ -245,6 +245,7 @@ Tokenizer Tokenizer::from_parts(std::vector<std::string> tokens, const std::vect
     case PreTokenizer::GPT2: m->splits.emplace_back(tok::kGpt2Pattern, false, m->source); break;
     case PreTokenizer::Llama3: m->splits.emplace_back(tok::kLlama3Pattern, false, m->source); break;
     case PreTokenizer::Qwen2: m->splits.emplace_back(tok::kQwen2Pattern, false, m->source); break;
+    case PreTokenizer::Gpt4o: m->splits.emplace_back(tok::kGpt4oPattern, false, m->source); break;
     case PreTokenizer::SmolLM:
       m->splits.emplace_back(tok::kDigitPattern, false, m->source);
       m->splits.emplace_back(tok::kGpt2Pattern, false, m->source);

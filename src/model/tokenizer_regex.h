@@ -12,6 +12,7 @@ namespace strata::tok {
 extern const char* const kGpt2Pattern;
 extern const char* const kLlama3Pattern;
 extern const char* const kQwen2Pattern;
+extern const char* const kGpt4oPattern;
 extern const char* const kDigitPattern;
 
 class SplitRegex {

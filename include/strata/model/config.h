@@ -191,4 +191,9 @@ std::vector<float> yarn_freq_divisors(int head_dim, float rope_theta, double fac
 // YaRN's attention factor: 0.1 m ln(factor) + 1, or 1 when factor <= 1.
 double yarn_mscale(double factor, double m = 1);
 
+// What every GPT-OSS shares, over a LLaMA shape (config.json's reader, GGUF's, the presets): the
+// clamped SwiGLU with GptOssConfig's limit and gain, a sink logit per query head, biases on the
+// attention, the router and the experts (as wide as intermediate), top-k-then-softmax routing.
+void set_gpt_oss_fields(ModelConfig& c);
+
 }  // namespace strata
