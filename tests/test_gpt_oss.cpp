@@ -68,6 +68,37 @@ void drop_tensor(const fs::path& dir, const std::string& drop) {
   std::ofstream(file, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
 }
 
+// `name`'s 8-bit codes of group 32 decode to what read() gives, bit for bit (MXFP4 rows are such
+// codes exactly); returns the codes.
+std::vector<uint8_t> check_codes_are_values(const WeightSource& w, const std::string& name) {
+  const std::vector<int64_t> shape = w.shape(name);
+  const int64_t rows = shape[0], cols = shape[1];
+  std::vector<float> values(size_t(rows * cols)), decoded(size_t(rows * cols), std::nanf(""));
+  w.read(name, DType::F32, values.data());
+  const quant::QuantSpec spec{8, 32};
+  std::vector<uint8_t> codes(quant::row_bytes(spec, cols) * size_t(rows));
+  REQUIRE(w.read_codes(name, spec, codes.data()));
+  quant::dequantize_rows(spec, codes.data(), rows, cols, decoded.data(), DType::F32);
+  CHECK(decoded == values);
+  return codes;
+}
+
+// The tiny MXFP4 model through the engine at {8 bits, group 32}: every expert matrix keeps the
+// file's values (3 layers x 6 experts x gate, up, down) and the attention's q, k, v and o are
+// quantized at load, so the tokens are transformers' with just those four matrices a layer
+// quantized (make_quant.py's round trip: the fixture's "compressed_8_32").
+void check_compressed_8_32(ModelBundle& b, const json& exp) {
+  const test::EngineRun run = test::run_engine(b, exp, test::compressed_weights_policy(8, 32));
+  CHECK(run.report.weights_kept_codes == 3 * 6 * 3);
+  CHECK(run.report.weights_quantized == 3 * 4);
+  const json& want = exp["compressed_8_32"]["greedy"];
+  REQUIRE(run.results.size() == want.size());
+  for (size_t i = 0; i < run.results.size(); ++i) {
+    INFO("prompt " << i);
+    CHECK(run.results[i].tokens == want[i].get<std::vector<int32_t>>());
+  }
+}
+
 }  // namespace
 
 TEST_CASE("gpt-oss: config.json maps onto ModelConfig", "[gpt_oss][config]") {
@@ -209,15 +240,7 @@ TEST_CASE("gpt-oss: MXFP4 experts are Strata's 8-bit rows of group 32 exactly, a
   const std::string l = "model.layers.2.mlp.experts.";
   for (const std::string name : {l + "3.gate_proj.weight", l + "3.up_proj.weight", l + "0.down_proj.weight"}) {
     INFO(name);
-    const std::vector<int64_t> shape = b.weights->shape(name);
-    const int64_t rows = shape[0], cols = shape[1];
-    std::vector<float> values(size_t(rows * cols)), decoded(size_t(rows * cols));
-    b.weights->read(name, DType::F32, values.data());
-    const quant::QuantSpec spec{8, 32};
-    std::vector<uint8_t> codes(quant::row_bytes(spec, cols) * size_t(rows));
-    REQUIRE(b.weights->read_codes(name, spec, codes.data()));
-    quant::dequantize_rows(spec, codes.data(), rows, cols, decoded.data(), DType::F32);
-    CHECK(decoded == values);  // the file's values, bit for bit
+    std::vector<uint8_t> codes = check_codes_are_values(*b.weights, name);
     // No other spec holds them exactly: the loader quantizes what read() gives.
     for (const quant::QuantSpec other : {quant::QuantSpec{4, 32}, quant::QuantSpec{8, 64}})
       CHECK_FALSE(b.weights->read_codes(name, other, codes.data()));
@@ -235,20 +258,8 @@ TEST_CASE("gpt-oss: MXFP4 experts are Strata's 8-bit rows of group 32 exactly, a
   CHECK_THAT(b.load_note, Contains("{bits: 8, group_size: 32}"));
   CHECK(floats.load_note.empty());
 
-  // Through the engine at {8, 32}: every expert matrix keeps the file's values (3 layers x 6
-  // experts x gate, up, down) and the attention's q, k, v and o are quantized at load, so the
-  // tokens are transformers' with just those four matrices a layer quantized (make_quant.py's
-  // round trip: the fixture's "compressed_8_32", whose smallest top-2 gap is 0.01).
-  const json exp = load_expected("tiny-gpt-oss-mxfp4");
-  const test::EngineRun run = test::run_engine(b, exp, test::compressed_weights_policy(8, 32));
-  CHECK(run.report.weights_kept_codes == 3 * 6 * 3);
-  CHECK(run.report.weights_quantized == 3 * 4);
-  const json& want = exp["compressed_8_32"]["greedy"];
-  REQUIRE(run.results.size() == want.size());
-  for (size_t i = 0; i < run.results.size(); ++i) {
-    INFO("prompt " << i);
-    CHECK(run.results[i].tokens == want[i].get<std::vector<int32_t>>());
-  }
+  // Through the engine at {8, 32} (the fixture's smallest top-2 gap there is 0.01).
+  check_compressed_8_32(b, load_expected("tiny-gpt-oss-mxfp4"));
 }
 
 // GPT-OSS as llama.cpp's converter writes the Hub's MXFP4 checkpoints (tests/fixtures/gguf/
@@ -299,34 +310,16 @@ TEST_CASE("gpt-oss: a GGUF file reads as its directory would: fields, windows, u
   CHECK(b.weights->codes_spec()->group_size == 32);
   for (const std::string name : {l + "3.gate_proj.weight", l + "3.up_proj.weight", l + "0.down_proj.weight"}) {
     INFO(name);
-    const std::vector<int64_t> shape = b.weights->shape(name);
-    const int64_t rows = shape[0], cols = shape[1];
-    std::vector<float> values(size_t(rows * cols)), decoded(size_t(rows * cols), std::nanf(""));
-    b.weights->read(name, DType::F32, values.data());
-    const quant::QuantSpec spec{8, 32};
-    std::vector<uint8_t> codes(quant::row_bytes(spec, cols) * size_t(rows));
-    REQUIRE(b.weights->read_codes(name, spec, codes.data()));
-    quant::dequantize_rows(spec, codes.data(), rows, cols, decoded.data(), DType::F32);
-    CHECK(decoded == values);
+    check_codes_are_values(*b.weights, name);
   }
   CHECK_FALSE(b.weights->read_codes(l + "3.gate_proj.bias", {8, 32}, std::vector<uint8_t>(4096).data()));
 }
 
 TEST_CASE("gpt-oss: a GGUF file at {8 bits, group 32} keeps its experts' codes and gives transformers' tokens",
           "[gpt_oss][gguf][offload]") {
-  // As for the MXFP4 directory: the experts keep the file's values, the attention's q, k, v and o
-  // are quantized at load (make_quant.py's round trip: the fixture's "compressed_8_32").
+  // As for the MXFP4 directory (the fixture's smallest top-2 gap there is 2.6e-3).
   ModelBundle b = open_model(kGguf + "tiny_gpt_oss.gguf");
-  const json exp = json::parse(std::ifstream(kGguf + "tiny_gpt_oss_expected.json"));
-  const test::EngineRun run = test::run_engine(b, exp, test::compressed_weights_policy(8, 32));
-  CHECK(run.report.weights_kept_codes == 3 * 6 * 3);
-  CHECK(run.report.weights_quantized == 3 * 4);
-  const json& want = exp["compressed_8_32"]["greedy"];
-  REQUIRE(run.results.size() == want.size());
-  for (size_t i = 0; i < run.results.size(); ++i) {
-    INFO("prompt " << i);
-    CHECK(run.results[i].tokens == want[i].get<std::vector<int32_t>>());
-  }
+  check_compressed_8_32(b, json::parse(std::ifstream(kGguf + "tiny_gpt_oss_expected.json")));
 }
 
 TEST_CASE("gpt-oss: a layer block stacks each expert's gate and up biases like its matrices", "[gpt_oss][weights]") {
