@@ -228,7 +228,7 @@ public:
       // Biases the forward pass has no place for (an MLP's, a norm's) would be dropped silently.
       const bool unused_bias = h.ends_with(".bias") && !h.ends_with("q_proj.bias") && !h.ends_with("k_proj.bias") &&
                                !h.ends_with("v_proj.bias") && !h.ends_with("o_proj.bias") &&
-                               !(arch == "gpt-oss" && h.ends_with("router.bias"));
+                               !h.ends_with("router.bias");  // hf_name gives it for gpt-oss only
       if (h.empty() || unused_bias)
         STRATA_FAIL("GGUF file " << file_.path() << ": unexpected tensor '" << t.name << "' for a " << arch << " model");
       Entry e{&t, 0};

@@ -19,9 +19,8 @@
 namespace strata {
 
 // Byte-level pre-tokenizers by name: GPT-2's regex; LLaMA-3's; Qwen2's (LLaMA-3's with one digit a
-// piece); SmolLM's (each digit split off, then GPT-2's regex).
-// Byte-level BPE pre-tokenizer regexes by llama.cpp name: gpt-2, llama-bpe, qwen2, smollm (digits
-// split off, then GPT-2's) and gpt-4o (o200k: GPT-OSS, whose letters split at case changes).
+// piece); SmolLM's (each digit split off, then GPT-2's regex); gpt-4o's (o200k, GPT-OSS's: words
+// cut at case changes).
 enum class PreTokenizer : uint8_t { GPT2, Llama3, Qwen2, SmolLM, Gpt4o };
 
 struct AddedToken {
