@@ -376,7 +376,7 @@ TEST_CASE("gguf: Llama 3.1's RoPE scaling as rope_freqs.weight gives transformer
   bad.rope_freq_factors[0] = 0.0f;
   CHECK_THROWS_WITH(bad.validate(), Catch::Contains("RoPE frequency factor 0 is not positive"));
   bad.rope_freq_factors.pop_back();
-  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("7 RoPE frequency factors for head_dim 16"));
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("7 RoPE frequency factors for 16 rotary dimensions"));
   test::check_hf_outputs(b, exp);
 }
 
@@ -434,6 +434,28 @@ TEST_CASE("gguf: Phi-3 with LongRoPE (rope_factors_short/long, attn_factor) give
   test::check_hf_outputs(b, exp);
 }
 
+TEST_CASE("gguf: Phi-4-mini's partial rotary (rope.dimension_count 12 of 16) gives transformers' logits and tokens",
+          "[gguf][model][rope]") {
+  // tiny-phi4-mini as llama.cpp's converter writes it (tied embeddings: no output.weight);
+  // expected values are transformers' on the directory (make_phi3_fixture.py --partial).
+  const json exp = load_json(fs::path(STRATA_FIXTURES_DIR) / "models" / "tiny-phi4-mini" / "expected.json");
+  ModelBundle b = open_model(fixture("tiny_phi4_mini.gguf").string());
+  CHECK(b.config.rotary_dim == 12);
+  CHECK(b.config.rope_freq_factors.size() == 6);
+  CHECK(b.config.tied_embeddings);
+  test::check_hf_outputs(b, exp);
+
+  const std::vector<uint8_t> original = slurp(fixture("tiny_phi4_mini.gguf"));
+  for (uint32_t dims : {11u, 18u}) {  // odd; more than head_dim
+    INFO(dims);
+    std::vector<uint8_t> bytes = original;
+    const std::string key = "phi3.rope.dimension_count";
+    poke<uint32_t>(bytes, find_bytes(bytes, key) + key.size() + 4, dims);  // after the u32 type tag
+    CHECK_THROWS_WITH(config_from_gguf(GgufFile::from_bytes(std::move(bytes), "mem.gguf")),
+                      Catch::Contains("mem.gguf") && Catch::Contains("rope.dimension_count " + std::to_string(dims)));
+  }
+}
+
 TEST_CASE("gguf: a Phi-3 file's special tokens swallow the whitespace after them, as in llama.cpp", "[gguf][tokenizer]") {
   // llama.cpp's rule by general.name ("tiny-phi3"): every special token but <unk>, <s> and
   // <|endoftext|> strips the whitespace to its right. Ids from llama.cpp tokenizing the file.
@@ -458,7 +480,7 @@ TEST_CASE("gguf: a malformed rope_freqs.weight is refused naming it", "[gguf]") 
   const size_t at = tensor_info_pos(bytes, "rope_freqs.weight");
   poke<uint64_t>(bytes, at + 4, 7);  // ne[0]: 7 factors instead of head_dim / 2 = 8
   GgufFile f = GgufFile::from_bytes(std::move(bytes), "mem.gguf");
-  CHECK_THROWS_WITH(config_from_gguf(f), Catch::Contains("rope_freqs.weight") && Catch::Contains("head_dim / 2 = 8"));
+  CHECK_THROWS_WITH(config_from_gguf(f), Catch::Contains("rope_freqs.weight") && Catch::Contains("rope.dimension_count / 2 = 8"));
 }
 
 TEST_CASE("gguf: a bias the forward pass has no place for is refused, not dropped", "[gguf]") {

@@ -103,3 +103,72 @@ TEST_CASE("LongRoPE: tiny-phi3-longrope's context stops at its original 64 posit
   CHECK(b.config.rope_freq_factors.size() == 8);
   CHECK(b.config.rope_attention_factor == Approx(std::sqrt(1.0 + std::log(4.0) / std::log(64.0))).epsilon(1e-6));
 }
+
+namespace {
+const fs::path kPhi4Mini = fs::path(STRATA_FIXTURES_DIR) / "models" / "tiny-phi4-mini";
+}  // namespace
+
+TEST_CASE("partial rotary: a config.json laid out as Phi-4-mini's gives transformers' frequencies, then zeros",
+          "[config][rope]") {
+  // longrope_phi4_mini.json: transformers' ROPE_INIT_FUNCTIONS["longrope"] on that config (96 of
+  // 128 dims rotate: 48 frequencies), tests/fixtures/models/make_phi3_fixture.py --partial.
+  const json fx = json::parse(test::read_file(kPhi4Mini.parent_path() / "longrope_phi4_mini.json"));
+  json cfg = fx["config"];
+  for (int layout = 0; layout < 2; ++layout) {
+    INFO((layout == 0 ? "partial_rotary_factor at the root" : "under rope_parameters (transformers 5)"));
+    if (layout == 1) {
+      cfg["rope_parameters"] = {{"partial_rotary_factor", cfg["partial_rotary_factor"]}, {"rope_theta", 10000.0}};
+      cfg.erase("partial_rotary_factor");
+    }
+    const ModelConfig c = config_from_hf_json_text(cfg.dump(), "phi4mini/config.json");
+    CHECK(c.head_dim == 128);
+    CHECK(c.rotary_dim == 96);
+    CHECK(c.partial_rotary());
+    CHECK(c.tied_embeddings);
+    CHECK(c.max_positions == 4096);
+    CHECK(c.rope_attention_factor == Approx(fx["attention_factor"].get<double>()).epsilon(1e-6));
+    const std::vector<float> inv = rope_inv_freq(c);
+    const std::vector<double> want = fx["inv_freq"].get<std::vector<double>>();
+    REQUIRE(want.size() == 48);
+    REQUIRE(inv.size() == 64);  // the table's row is head_dim / 2 wide: the passing dims turn by 0
+    for (size_t i = 0; i < inv.size(); ++i) {
+      INFO("frequency " << i);
+      if (i < want.size()) CHECK(inv[i] == Approx(want[i]).epsilon(1e-6));
+      else CHECK(inv[i] == 0.0f);
+    }
+  }
+  CHECK(config_preset("phi-4-mini")->rotary_dim == 96);
+}
+
+TEST_CASE("partial rotary: factors that do not fit the rotated dims, or another family's, are refused", "[config][rope]") {
+  const json fx = json::parse(test::read_file(kPhi4Mini.parent_path() / "longrope_phi4_mini.json"));
+  json cfg = fx["config"];
+  cfg["rope_scaling"]["short_factor"] = json::array();
+  for (int i = 0; i < 64; ++i) cfg["rope_scaling"]["short_factor"].push_back(1.0);  // head_dim / 2, not 96 / 2
+  CHECK_THROWS_WITH(config_from_hf_json_text(cfg.dump(), "phi4mini/config.json"),
+                    Catch::Contains("phi4mini/config.json: rope_scaling.short_factor has 64 values; the rotary dims / 2 are 48"));
+  cfg = fx["config"];
+  cfg["partial_rotary_factor"] = 0.7;  // 89.6: 89 dims, odd
+  CHECK_THROWS_WITH(config_from_hf_json_text(cfg.dump(), "phi4mini/config.json"),
+                    Catch::Contains("partial_rotary_factor 0.7 of head_dim 128 does not give an even number"));
+  cfg["partial_rotary_factor"] = 1.5;
+  CHECK_THROWS_WITH(config_from_hf_json_text(cfg.dump(), "phi4mini/config.json"),
+                    Catch::Contains("partial_rotary_factor 1.5"));
+  cfg = fx["config"];
+  cfg["model_type"] = "llama";  // transformers' LLaMA rotates whole heads whatever the factor says
+  cfg["architectures"] = {"LlamaForCausalLM"};
+  cfg.erase("rope_scaling");
+  CHECK_THROWS_WITH(config_from_hf_json_text(cfg.dump(), "llama/config.json"),
+                    Catch::Contains("llama/config.json: partial_rotary_factor 0.75 is not supported for llama (phi3 only)"));
+  ModelConfig c = *config_preset("phi-4-mini");
+  c.rotary_dim = 95;
+  CHECK_THROWS_WITH(c.validate(), Catch::Contains("rotary dimension 95 is not an even number in 1..128"));
+}
+
+TEST_CASE("partial rotary: tiny-phi4-mini's directory reads as transformers runs it", "[config][rope]") {
+  const ModelBundle b = open_model(kPhi4Mini.string());
+  CHECK(b.config.rotary_dim == 12);  // of 16
+  CHECK(b.config.rope_freq_factors.size() == 6);
+  CHECK(b.config.tied_embeddings);
+  CHECK(b.config.rope_attention_factor == Approx(std::sqrt(1.0 + std::log(4.0) / std::log(64.0))).epsilon(1e-6));
+}

@@ -144,9 +144,12 @@ void ModelConfig::validate() const {
   }
   if (!(rope_attention_factor > 0.0f && std::isfinite(rope_attention_factor)))
     STRATA_FAIL(name << ": RoPE attention factor " << rope_attention_factor << " is not positive");
-  if (!rope_freq_factors.empty() && rope_freq_factors.size() != size_t(head_dim / 2))
-    STRATA_FAIL(name << ": " << rope_freq_factors.size() << " RoPE frequency factors for head_dim " << head_dim
-                     << " (need head_dim / 2)");
+  if (rotary_dim != 0 && (rotary_dim < 0 || rotary_dim > head_dim || rotary_dim % 2 != 0))
+    STRATA_FAIL(name << ": rotary dimension " << rotary_dim << " is not an even number in 1.." << head_dim
+                     << " (head_dim)");
+  if (!rope_freq_factors.empty() && rope_freq_factors.size() != size_t(rotary_dims() / 2))
+    STRATA_FAIL(name << ": " << rope_freq_factors.size() << " RoPE frequency factors for " << rotary_dims()
+                     << " rotary dimensions (need half as many)");
   for (float f : rope_freq_factors)
     if (!(f > 0.0f && std::isfinite(f))) STRATA_FAIL(name << ": RoPE frequency factor " << f << " is not positive");
   for (int e : eos_ids)
@@ -279,7 +282,7 @@ float required_factor(const json& scaling, const std::string& file, const std::s
 
 // Linear (position interpolation): every inverse frequency divided by the factor.
 void read_linear_rope(const json& scaling, const std::string& file, ModelConfig& c) {
-  c.rope_freq_factors.assign(size_t(c.head_dim / 2), required_factor(scaling, file, "linear"));
+  c.rope_freq_factors.assign(size_t(c.rotary_dims() / 2), required_factor(scaling, file, "linear"));
 }
 
 // YaRN (yarn_freq_divisors). The attention factor is 0.1 ln(factor) + 1 unless given (DeepSeek's
@@ -297,7 +300,7 @@ void read_yarn(const json& j, const json& scaling, const std::string& file, Mode
   c.rope_attention_factor = get_or<float>(
       scaling, "attention_factor",
       float(m != 0.0 && m_all != 0.0 ? yarn_mscale(factor, m) / yarn_mscale(factor, m_all) : yarn_mscale(factor)));
-  c.rope_freq_factors = yarn_freq_divisors(c.head_dim, c.rope_theta, factor, original, given_or("beta_fast", 32),
+  c.rope_freq_factors = yarn_freq_divisors(c.rotary_dims(), c.rope_theta, factor, original, given_or("beta_fast", 32),
                                            given_or("beta_slow", 1), get_or<bool>(scaling, "truncate", true));
   // A sliding window shorter than the context is the context (read_llama): YaRN does not lift it.
   if (c.sliding_window == 0)
@@ -313,11 +316,11 @@ void read_longrope(const json& j, const json& scaling, const std::string& file, 
   const int original = original_positions(j, scaling, file, c);
   auto it = scaling.find("short_factor");
   if (it == scaling.end() || !it->is_array())
-    STRATA_FAIL(file << ": LongRoPE scaling needs rope_scaling.short_factor, an array of head_dim / 2 numbers");
+    STRATA_FAIL(file << ": LongRoPE scaling needs rope_scaling.short_factor, an array of rotary dims / 2 numbers");
   for (const json& f : *it) c.rope_freq_factors.push_back(as_float(f, "rope_scaling.short_factor"));
-  if (c.rope_freq_factors.size() != size_t(c.head_dim / 2))
-    STRATA_FAIL(file << ": rope_scaling.short_factor has " << c.rope_freq_factors.size()
-                     << " values; head_dim / 2 is " << c.head_dim / 2);
+  if (c.rope_freq_factors.size() != size_t(c.rotary_dims() / 2))
+    STRATA_FAIL(file << ": rope_scaling.short_factor has " << c.rope_freq_factors.size() << " values; "
+                     << (c.partial_rotary() ? "the rotary dims / 2 are " : "head_dim / 2 is ") << c.rotary_dims() / 2);
   const float factor = get_or<float>(scaling, "factor", float(c.max_positions) / float(original));
   c.rope_attention_factor = get_or<float>(
       scaling, "attention_factor",
@@ -400,6 +403,22 @@ void read_nope_layers(const json& j, const std::string& file, ModelConfig& c) {
     if ((l + 1) % interval == 0) c.nope_layers.push_back(l);
 }
 
+// partial_rotary_factor (rope_parameters' in transformers 5, config.json's root before): each head's
+// first int(head_dim x factor) dims rotate. Only Phi-3's attention (Phi-4-mini: 0.75) splits the
+// head so in transformers; the others rotate whole heads, so a factor there is refused.
+void read_partial_rotary(const json& j, const json& rope, const std::string& file, const std::string& model_type,
+                         ModelConfig& c) {
+  const double factor = get_or<double>(rope, "partial_rotary_factor", get_or<double>(j, "partial_rotary_factor", 1.0));
+  if (factor == 1.0) return;
+  if (model_type != "phi3")
+    STRATA_FAIL(file << ": partial_rotary_factor " << factor << " is not supported for " << model_type << " (phi3 only)");
+  const double dims = double(c.head_dim) * factor;  // transformers' int(head_dim * partial_rotary_factor)
+  if (!(factor > 0.0 && factor < 1.0) || int(dims) < 2 || int(dims) % 2 != 0)
+    STRATA_FAIL(file << ": partial_rotary_factor " << factor << " of head_dim " << c.head_dim
+                     << " does not give an even number of rotary dimensions");
+  c.rotary_dim = int(dims);
+}
+
 void read_llama(const json& j, const std::string& file, const std::string& model_type, ModelConfig& c) {
   const int heads = get_or<int>(j, "num_attention_heads", 0);
   read_llama_shape(j, heads > 0 ? get_or<int>(j, "hidden_size", 0) / heads : 0, 2048, c);
@@ -427,6 +446,7 @@ void read_llama(const json& j, const std::string& file, const std::string& model
   c.rope_theta = get_or<float>(rope, "rope_theta", get_or<float>(j, "rope_theta", 10000.0f));
   json scaling = j.contains("rope_scaling") && j["rope_scaling"].is_object() ? j["rope_scaling"] : rope;
   const std::string rope_type = get_or<std::string>(scaling, "rope_type", get_or<std::string>(scaling, "type", "default"));
+  read_partial_rotary(j, rope, file, model_type, c);  // before the scalings, which count its frequencies
   if (rope_type == "llama3") {
     RopeScaling s;
     s.factor = get_or<float>(scaling, "factor", 1.0f);
@@ -449,8 +469,6 @@ void read_llama(const json& j, const std::string& file, const std::string& model
     STRATA_FAIL(file << ": rope scaling type '" << rope_type
                      << "' is not supported (llama3, linear, dynamic, yarn; longrope for phi3)");
   }
-  if (get_or<float>(rope, "partial_rotary_factor", get_or<float>(j, "partial_rotary_factor", 1.0f)) != 1.0f)
-    STRATA_FAIL(file << ": partial rotary is not supported");
   if (model_type == "mixtral" || model_type == "qwen3_moe") read_experts(j, file, model_type, c);
   if (model_type == "smollm3") read_nope_layers(j, file, c);
 }
@@ -871,6 +889,15 @@ const std::map<std::string, ModelConfig>& presets() {
     smollm3.tied_embeddings = true;
     for (int l = 3; l < smollm3.n_layers; l += 4) smollm3.nope_layers.push_back(l);
     m[smollm3.name] = smollm3;
+    // Phi-4-mini-instruct (config.json): GQA 24 / 8, tied, 96 of each head's 128 dims rotate
+    // (partial_rotary_factor 0.75); its LongRoPE context served to the original 4096. 3.84B
+    // parameters (its model card: 3.8B).
+    ModelConfig phi4 = llama_preset("phi-4-mini", 3072, 32, 24, 8, 8192, 200064, 10000.0f, 4096);
+    phi4.rotary_dim = 96;
+    phi4.tied_embeddings = true;
+    phi4.bos_id = 199999;
+    phi4.eos_ids = {199999};
+    m[phi4.name] = phi4;
     // Mixtral-8x7B-v0.1 (config.json): 8 experts of 14336, 2 per token, 32768 positions, no sliding
     // window. 46.7B parameters, 12.9B active.
     ModelConfig mixtral = llama_preset("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, 1000000.0f, 32768);
@@ -1010,7 +1037,7 @@ std::vector<float> plain_inv_freq(float base, int d) {
 
 std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
   const int d = cfg.head_dim;
-  std::vector<float> inv = plain_inv_freq(cfg.rope_theta, d);
+  std::vector<float> inv = plain_inv_freq(cfg.rope_theta, cfg.rotary_dims());
   for (size_t i = 0; i < cfg.rope_freq_factors.size() && i < inv.size(); ++i) inv[i] /= cfg.rope_freq_factors[i];
   if (cfg.rope_scaling) {
     const RopeScaling& s = *cfg.rope_scaling;
@@ -1026,6 +1053,7 @@ std::vector<float> rope_inv_freq(const ModelConfig& cfg) {
       }
     }
   }
+  inv.resize(size_t(d / 2), 0.0f);  // partial rotary: the passing dims turn by angle 0
   if (cfg.local_rope_theta > 0.0f) {  // Gemma 3's sliding layers: their own base, unscaled
     const std::vector<float> local = plain_inv_freq(cfg.local_rope_theta, d);
     inv.insert(inv.end(), local.begin(), local.end());

@@ -62,12 +62,12 @@ bool rope_tensor(const std::string& name) {
   return name == kRopeFreqs || name == kRopeFactorsShort || name == kRopeFactorsLong;
 }
 
-std::vector<float> rope_freq_factors(const GgufFile& f, const char* name, int head_dim) {
+std::vector<float> rope_freq_factors(const GgufFile& f, const char* name, int rotary_dims) {
   const GgufTensorInfo* t = f.find_tensor(name);
   if (!t) return {};
-  if (t->ne.size() != 1 || t->ne[0] != head_dim / 2)
-    STRATA_FAIL("GGUF file " << f.path() << ": tensor '" << name << "' should hold head_dim / 2 = " << head_dim / 2
-                             << " factors");
+  if (t->ne.size() != 1 || t->ne[0] != rotary_dims / 2)
+    STRATA_FAIL("GGUF file " << f.path() << ": tensor '" << name << "' should hold rope.dimension_count / 2 = "
+                             << rotary_dims / 2 << " factors");
   const GgmlTypeInfo* ti = ggml_type_info(uint32_t(t->type));
   if (!ti->dequantizable)
     STRATA_FAIL("GGUF file " << f.path() << ": tensor '" << name << "' has type " << ti->name);
@@ -83,7 +83,7 @@ std::vector<float> rope_freq_factors(const GgufFile& f, const char* name, int he
 void read_longrope(const GgufFile& f, const std::string& arch, ModelConfig& c) {
   if (!c.rope_freq_factors.empty())
     STRATA_FAIL("GGUF file " << f.path() << ": both '" << kRopeFreqs << "' and '" << kRopeFactorsShort << "'");
-  c.rope_freq_factors = rope_freq_factors(f, kRopeFactorsShort, c.head_dim);
+  c.rope_freq_factors = rope_freq_factors(f, kRopeFactorsShort, c.rotary_dims());
   const std::string orig_key = arch + ".rope.scaling.original_context_length";
   const int64_t original = f.get_int_opt(orig_key).value_or(c.max_positions);
   if (original <= 0) STRATA_FAIL("GGUF file " << f.path() << ": " << orig_key << " " << original << " is not positive");
@@ -107,7 +107,7 @@ void read_rope_scaling(const GgufFile& f, const std::string& arch, ModelConfig& 
   if (!(factor > 0.0 && std::isfinite(factor)))
     STRATA_FAIL("GGUF file " << f.path() << ": " << prefix << "factor must be a positive number for " << type);
   if (type == "linear") {
-    c.rope_freq_factors.assign(size_t(c.head_dim / 2), float(factor));
+    c.rope_freq_factors.assign(size_t(c.rotary_dims() / 2), float(factor));
     return;
   }
   if (!c.rope_freq_factors.empty())
@@ -121,7 +121,7 @@ void read_rope_scaling(const GgufFile& f, const std::string& arch, ModelConfig& 
                              << " is not positive");
   // GPT-OSS's config.json keeps the ramp's ends unrounded (truncate false), which no key records;
   // transformers follows it, llama.cpp rounds them as for every model.
-  c.rope_freq_factors = yarn_freq_divisors(c.head_dim, c.rope_theta, factor, int(original),
+  c.rope_freq_factors = yarn_freq_divisors(c.rotary_dims(), c.rope_theta, factor, int(original),
                                            f.get_float_opt(prefix + "yarn_beta_fast").value_or(32.0),
                                            f.get_float_opt(prefix + "yarn_beta_slow").value_or(1.0),
                                            /*truncate=*/arch != "gpt-oss");
@@ -548,14 +548,19 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     STRATA_FAIL("GGUF file " << f.path() << ": embedding_length " << c.hidden << " is not a multiple of head_count " << c.n_heads);
   if (auto vl = f.get_int_opt(key("attention.value_length")); vl && *vl != c.head_dim)
     STRATA_FAIL("GGUF file " << f.path() << ": attention.value_length " << *vl << " differs from key_length " << c.head_dim);
-  if (auto rd = f.get_int_opt(key("rope.dimension_count")); rd && *rd != c.head_dim)
-    STRATA_FAIL("GGUF file " << f.path() << ": partial rotary embeddings (rope.dimension_count " << *rd
-                             << " != head_dim " << c.head_dim << ") are not supported");
+  // Partial rotary as config.json's (read_partial_rotary): Phi-4-mini's 96 of 128, NeoX-style over
+  // those dims in llama.cpp as in transformers.
+  if (auto rd = f.get_int_opt(key("rope.dimension_count")); rd && *rd != c.head_dim) {
+    if (arch != "phi3" || *rd <= 0 || *rd > c.head_dim || *rd % 2 != 0)
+      STRATA_FAIL("GGUF file " << f.path() << ": rope.dimension_count " << *rd << " with head_dim " << c.head_dim
+                               << " is not supported (partial rotary: phi3, an even count below head_dim)");
+    c.rotary_dim = int(*rd);
+  }
   c.rope_theta = float(f.get_float_opt(key("rope.freq_base")).value_or(10000.0));
   c.norm_eps = float(f.get_float_opt(key("attention.layer_norm_rms_epsilon")).value_or(1e-5));
   if (!(c.rope_theta > 0) || !(c.norm_eps > 0))
     STRATA_FAIL("GGUF file " << f.path() << ": rope.freq_base and layer_norm_rms_epsilon must be positive");
-  c.rope_freq_factors = rope_freq_factors(f, kRopeFreqs, c.head_dim);
+  c.rope_freq_factors = rope_freq_factors(f, kRopeFreqs, c.rotary_dims());
   c.max_positions = get_positive("context_length");
   // As for config.json: within the window sliding and full attention agree (Phi-3 mini: 2047).
   // Gemma's and GPT-OSS's window is their sliding layers' (read_gemma, read_gpt_oss).

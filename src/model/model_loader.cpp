@@ -263,7 +263,7 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     if (!b.packed) refuse_unmarked_codes(*weights, path);
     weights = with_lora(std::move(weights), lora_dir, b);  // in the checkpoint's names, as PEFT's keys
     if (b.config.norm_plus_one) weights = gemma_source(std::move(weights));
-    b.weights = split_fused_projections(std::move(weights), b.config);
+    b.weights = partial_rotary_source(split_fused_projections(std::move(weights), b.config), b.config);
     const fs::path tok = tokenizer_dir.empty() ? path : tokenizer_dir;
     if (fs::exists(tok / "tokenizer.json") || fs::exists(tok / "vocab.json")) b.tokenizer = Tokenizer::from_dir(tok);
     b.add_bos = b.config.bos_id >= 0 && hf_adds_bos(tok);
@@ -294,7 +294,8 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
       b.append_ids = {b.config.eos_ids[0]};
     b.pooling = gguf_pooling(file);
     b.chat_tokens = chat_tokens(b, {}, {});
-    b.weights = split_fused_projections(with_lora(make_gguf_source(path), lora_dir, b), b.config);
+    b.weights =
+        partial_rotary_source(split_fused_projections(with_lora(make_gguf_source(path), lora_dir, b), b.config), b.config);
     return b;
   }
   STRATA_FAIL("model '" << spec << "': unsupported file type (expected a model directory, a .gguf file, or dummy:PRESET)");

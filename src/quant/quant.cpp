@@ -274,3 +274,15 @@ bool pack_row(const QuantSpec& spec, int64_t n, const uint8_t* codes, const floa
 }
 
 }  // namespace strata::quant
+
+namespace strata::quant {
+
+void scale_row(const QuantSpec& spec, int64_t n, void* row, float factor) {
+  check_spec(spec, n);
+  const RowLayout l = row_layout(spec, n);
+  // code x scale + min: both parameters times the factor scale every value, the codes unchanged.
+  uint8_t* params = static_cast<uint8_t*>(row) + l.code_bytes;
+  for (size_t i = 0; i < 2 * l.groups; ++i) store_half(params, i, load_half(params, i) * factor);
+}
+
+}  // namespace strata::quant

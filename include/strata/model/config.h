@@ -48,11 +48,17 @@ struct ModelConfig {
   int pos_offset = 0;               // OPT's learned positions start at index 2
   float rope_theta = 10000.0f;
   std::optional<RopeScaling> rope_scaling;
+  // Partial rotary (Phi-4-mini: 96 of 128): only the first `rotary_dim` dims of each query and key
+  // head rotate, the rest pass as they are. 0: the whole head (rotary_dims()). The forward pass
+  // rotates whole heads: partial_rotary_source moves each head's dims so that the passing ones
+  // meet the zero frequencies rope_inv_freq pads the table with.
+  int rotary_dim = 0;
   // GGUF's rope_freqs.weight (llama.cpp's form of Llama 3.1's scaling): one divisor per frequency,
-  // head_dim / 2 of them, applied after rope_scaling. Empty: none.
+  // rotary_dims() / 2 of them, applied after rope_scaling. Empty: none.
   std::vector<float> rope_freq_factors;
   // LongRoPE (Phi-3.5, Phi-3 128k): transformers multiplies cos and sin by this "attention
-  // factor", so queries and keys both grow by it; Strata scales the scores by its square instead.
+  // factor", so queries and keys both grow by it; Strata scales the scores by its square instead
+  // (and, under partial rotary, divides the query's passing dims by it: partial_rotary_source).
   float rope_attention_factor = 1.0f;
   MlpKind mlp = MlpKind::ReLU;
   bool qkv_bias = false;            // q/k/v projections (OPT, Qwen2)
@@ -110,6 +116,8 @@ struct ModelConfig {
   int pad_id = -1;
 
   int q_dim() const { return n_heads * head_dim; }
+  int rotary_dims() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
+  bool partial_rotary() const { return rotary_dims() < head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
   // The softmax's score scale: 1 / sqrt(head_dim), times LongRoPE's attention factor squared.
   float attention_scale() const;
@@ -176,7 +184,8 @@ RecommendedSampling read_generation_config(const std::filesystem::path& file, Mo
 std::optional<ModelConfig> config_preset(const std::string& name);
 std::vector<std::string> config_preset_names();
 
-// RoPE inverse frequencies [head_dim / 2], with llama3 scaling applied when configured; then, when
+// RoPE inverse frequencies [head_dim / 2] (under partial rotary, rotary_dims() / 2 of them and
+// zeros after), with llama3 scaling applied when configured; then, when
 // local_rope_theta is set, the sliding layers' [head_dim / 2] (that base, no scaling); then, when
 // some layer has no RoPE, [head_dim / 2] zeros: the rows of the table ForwardOps picks a layer's
 // row from (layer_attention, ModelConfig::rope_row).

@@ -64,4 +64,8 @@ void dequantize_rows(const QuantSpec& spec, const void* src, int64_t rows, int64
 bool pack_row(const QuantSpec& spec, int64_t n, const uint8_t* codes, const float* scales, const float* mins,
               void* dst);
 
+// Multiplies every value of one quantized row of n elements by `factor`: its groups' scales and
+// minimums, each rounded to fp16 again (the codes stay).
+void scale_row(const QuantSpec& spec, int64_t n, void* row, float factor);
+
 }  // namespace strata::quant

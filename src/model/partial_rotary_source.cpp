@@ -1,0 +1,137 @@
+// Partial rotary (Phi-4-mini: 96 of each head's 128 dims). transformers rotates a query or key
+// head's first r dims NeoX-style, dim i with dim i + r/2, and passes the other d - r as they are.
+// Strata's RoPE kernels rotate whole heads, dim i with dim i + d/2, by rope_inv_freq's table,
+// which gives dims r/2 .. d/2 - 1 frequency 0 (cos 1, sin 0: left as they are) under partial
+// rotary. This source reorders the rows of each q and k head to match:
+//
+//   new dim j < r/2              <- dim j             (rotated, first half)
+//   new dim d/2 + j, j < r/2     <- dim r/2 + j       (rotated, second half)
+//   the other d - r new dims     <- dims r .. d - 1   (passing), in order
+//
+// A score sums over dims, so reordering queries and keys alike leaves it as it was; the KV cache
+// holds the reordered keys, which only attention reads.
+//
+// LongRoPE's attention factor multiplies transformers' cos and sin, so only the rotated dims grow
+// by it; Strata scales whole scores by its square (ModelConfig::attention_scale), so the query's
+// passing rows are divided by the square here, in fp32 before the weights' own rounding.
+#include <cstring>
+#include <vector>
+
+#include "strata/core/error.h"
+#include "strata/model/weight_source.h"
+
+namespace strata {
+namespace {
+
+enum class Role : uint8_t { None, Query, Key };
+
+class PartialRotarySource final : public WeightSource {
+public:
+  PartialRotarySource(std::unique_ptr<WeightSource> inner, const ModelConfig& cfg)
+      : inner_(std::move(inner)), head_dim_(cfg.head_dim), rotary_(cfg.rotary_dims()),
+        passing_scale_(1.0f / (cfg.rope_attention_factor * cfg.rope_attention_factor)) {
+    // A per-head q/k norm would see the scaled passing dims (config.cpp admits partial rotary
+    // for Phi-3's attention only, which has none).
+    STRATA_CHECK(!cfg.qk_norm, "internal: partial rotary with q/k norms");
+    const int d = cfg.head_dim, r = cfg.rotary_dims();
+    for (int j = 0; j < d; ++j) {
+      const int half = j < d / 2 ? j : j - d / 2;  // index within its half
+      const bool second = j >= d / 2;
+      order_.push_back(half < r / 2 ? half + (second ? r / 2 : 0) : r + (second ? d / 2 - r / 2 : 0) + half - r / 2);
+    }
+  }
+
+  std::string describe() const override { return inner_->describe(); }
+  std::optional<quant::QuantSpec> codes_spec() const override { return inner_->codes_spec(); }
+  bool contains(const std::string& name) const override { return inner_->contains(name); }
+  std::vector<std::string> names() const override { return inner_->names(); }
+  std::vector<int64_t> shape(const std::string& name) const override { return inner_->shape(name); }
+
+private:
+  void read_into(const std::string& name, DType dst_dtype, void* dst, ThreadPool* pool) const override {
+    const Role role = role_of(name);
+    if (role == Role::None) return inner_->read(name, dst_dtype, dst, pool);
+    const int64_t rows = rows_of(name), n = numel(name) / rows;
+    if (!scales_passing(role)) {
+      std::vector<uint8_t> stored(size_t(rows * n) * dtype_size(dst_dtype));
+      inner_->read(name, dst_dtype, stored.data(), pool);
+      reorder(stored.data(), size_t(n) * dtype_size(dst_dtype), rows, dst, [](void*) {});
+      return;
+    }
+    std::vector<float> stored(size_t(rows * n)), reordered(stored.size());
+    inner_->read(name, DType::F32, stored.data(), pool);
+    reorder(stored.data(), size_t(n) * sizeof(float), rows, reordered.data(), [&](void* row) {
+      for (int64_t i = 0; i < n; ++i) static_cast<float*>(row)[i] *= passing_scale_;
+    });
+    convert_elements(reordered.data(), DType::F32, dst, dst_dtype, reordered.size());
+  }
+
+  bool read_codes_into(const std::string& name, const quant::QuantSpec& spec, void* dst,
+                       ThreadPool* pool) const override {
+    const Role role = role_of(name);
+    if (role == Role::None) return inner_->read_codes(name, spec, dst, pool);
+    const int64_t rows = rows_of(name), n = numel(name) / rows;
+    const size_t row_bytes = quant::row_bytes(spec, n);  // quantized rows are self-contained
+    std::vector<uint8_t> stored(size_t(rows) * row_bytes);
+    if (!inner_->read_codes(name, spec, stored.data(), pool)) return false;
+    reorder(stored.data(), row_bytes, rows, dst, [&](void* row) {
+      if (scales_passing(role)) quant::scale_row(spec, n, row, passing_scale_);
+    });
+    return true;
+  }
+
+  // q_proj / k_proj weights and biases: rows of heads x head_dim.
+  static Role role_of(const std::string& name) {
+    for (const char* suffix : {".self_attn.q_proj.weight", ".self_attn.q_proj.bias"})
+      if (name.ends_with(suffix)) return Role::Query;
+    for (const char* suffix : {".self_attn.k_proj.weight", ".self_attn.k_proj.bias"})
+      if (name.ends_with(suffix)) return Role::Key;
+    return Role::None;
+  }
+
+  bool scales_passing(Role role) const { return role == Role::Query && passing_scale_ != 1.0f; }
+
+  int64_t rows_of(const std::string& name) const {
+    const std::vector<int64_t> s = inner_->shape(name);
+    if (s.empty() || s[0] % head_dim_ != 0)
+      STRATA_FAIL(inner_->describe() << ": tensor '" << name << "' has " << (s.empty() ? 0 : s[0])
+                                     << " rows, not whole heads of " << head_dim_);
+    return s[0];
+  }
+
+  int64_t numel(const std::string& name) const {
+    int64_t total = 1;
+    for (int64_t e : inner_->shape(name)) total *= e;
+    return total;
+  }
+
+  // dst's row h * d + j is src's row h * d + order_[j]; `passing(row)` is called on each dst row
+  // that does not rotate.
+  template <class OnPassing>
+  void reorder(const void* stored, size_t row_bytes, int64_t rows, void* dst, OnPassing passing) const {
+    const auto* src = static_cast<const uint8_t*>(stored);
+    auto* out = static_cast<uint8_t*>(dst);
+    const int d = head_dim_;
+    for (int64_t head = 0; head < rows / d; ++head)
+      for (int j = 0; j < d; ++j) {
+        uint8_t* row = out + size_t(head * d + j) * row_bytes;
+        std::memcpy(row, src + size_t(head * d + order_[size_t(j)]) * row_bytes, row_bytes);
+        if (order_[size_t(j)] >= rotary_) passing(row);
+      }
+  }
+
+  std::unique_ptr<WeightSource> inner_;
+  int head_dim_;
+  int rotary_;
+  float passing_scale_;
+  std::vector<int> order_;  // new dim j of a head <- stored dim order_[j]
+};
+
+}  // namespace
+
+std::unique_ptr<WeightSource> partial_rotary_source(std::unique_ptr<WeightSource> inner, const ModelConfig& cfg) {
+  if (!cfg.partial_rotary()) return inner;
+  return std::make_unique<PartialRotarySource>(std::move(inner), cfg);
+}
+
+}  // namespace strata
