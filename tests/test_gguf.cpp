@@ -456,6 +456,22 @@ TEST_CASE("gguf: Phi-4-mini's partial rotary (rope.dimension_count 12 of 16) giv
   }
 }
 
+TEST_CASE("gguf: GLM-4 (glm4: interleaved partial RoPE, sandwich norms, fused gate/up) gives transformers' logits "
+          "and tokens", "[gguf][model][rope]") {
+  // tiny-glm4 as llama.cpp's converter writes it (make_glm_fixture.py): q/k rows as in Hugging
+  // Face, rope.dimension_count 8 of 16, pre-tokenizer glm4; expected values are transformers'.
+  const json exp = load_json(fs::path(STRATA_FIXTURES_DIR) / "models" / "tiny-glm4" / "expected.json");
+  ModelBundle b = open_model(fixture("tiny_glm4.gguf").string());
+  CHECK(b.config.rotary_dim == 8);
+  CHECK(b.config.rope_interleaved);
+  CHECK(b.config.sandwich_norms);
+  CHECK(b.config.qkv_bias);
+  CHECK_FALSE(b.config.o_bias);
+  CHECK_FALSE(b.add_bos);  // llama.cpp never prepends BOS for the glm4 pre-tokenizer
+  CHECK(b.weights->contains("model.layers.1.post_mlp_layernorm.weight"));
+  test::check_hf_outputs(b, exp);
+}
+
 TEST_CASE("gguf: a Phi-3 file's special tokens swallow the whitespace after them, as in llama.cpp", "[gguf][tokenizer]") {
   // llama.cpp's rule by general.name ("tiny-phi3"): every special token but <unk>, <s> and
   // <|endoftext|> strips the whitespace to its right. Ids from llama.cpp tokenizing the file.

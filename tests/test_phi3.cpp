@@ -159,7 +159,7 @@ TEST_CASE("partial rotary: factors that do not fit the rotated dims, or another 
   cfg["architectures"] = {"LlamaForCausalLM"};
   cfg.erase("rope_scaling");
   CHECK_THROWS_WITH(config_from_hf_json_text(cfg.dump(), "llama/config.json"),
-                    Catch::Contains("llama/config.json: partial_rotary_factor 0.75 is not supported for llama (phi3 only)"));
+                    Catch::Contains("llama/config.json: partial_rotary_factor 0.75 is not supported for llama (phi3, glm, glm4)"));
   ModelConfig c = *config_preset("phi-4-mini");
   c.rotary_dim = 95;
   CHECK_THROWS_WITH(c.validate(), Catch::Contains("rotary dimension 95 is not an even number in 1..128"));

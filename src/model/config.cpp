@@ -404,14 +404,18 @@ void read_nope_layers(const json& j, const std::string& file, ModelConfig& c) {
 }
 
 // partial_rotary_factor (rope_parameters' in transformers 5, config.json's root before): each head's
-// first int(head_dim x factor) dims rotate. Only Phi-3's attention (Phi-4-mini: 0.75) splits the
-// head so in transformers; the others rotate whole heads, so a factor there is refused.
+// first int(head_dim x factor) dims rotate. Only Phi-3's attention (Phi-4-mini: 0.75) and GLM's
+// (0.5, transformers' default for it) split the head so in transformers; the others rotate whole
+// heads, so a factor there is refused.
 void read_partial_rotary(const json& j, const json& rope, const std::string& file, const std::string& model_type,
                          ModelConfig& c) {
-  const double factor = get_or<double>(rope, "partial_rotary_factor", get_or<double>(j, "partial_rotary_factor", 1.0));
+  const bool glm = model_type == "glm" || model_type == "glm4";
+  const double factor = get_or<double>(rope, "partial_rotary_factor",
+                                       get_or<double>(j, "partial_rotary_factor", glm ? 0.5 : 1.0));
   if (factor == 1.0) return;
-  if (model_type != "phi3")
-    STRATA_FAIL(file << ": partial_rotary_factor " << factor << " is not supported for " << model_type << " (phi3 only)");
+  if (model_type != "phi3" && !glm)
+    STRATA_FAIL(file << ": partial_rotary_factor " << factor << " is not supported for " << model_type
+                     << " (phi3, glm, glm4)");
   const double dims = double(c.head_dim) * factor;  // transformers' int(head_dim * partial_rotary_factor)
   if (!(factor > 0.0 && factor < 1.0) || int(dims) < 2 || int(dims) % 2 != 0)
     STRATA_FAIL(file << ": partial_rotary_factor " << factor << " of head_dim " << c.head_dim
@@ -425,9 +429,17 @@ void read_llama(const json& j, const std::string& file, const std::string& model
   c.mlp = MlpKind::SwiGLU;
   const std::string act = get_or<std::string>(j, "hidden_act", "silu");
   if (act != "silu") STRATA_FAIL(file << ": hidden_act '" << act << "' is not supported (silu)");
-  c.qkv_bias = model_type == "qwen2" ? true : get_or<bool>(j, "attention_bias", false);
+  // GLM and GLM-4: attention_bias (default true) is q/k/v's; o_proj has none. Their rotated pairs
+  // interleave (rotary_layout_source), and GLM-4 adds sandwich norms under names of its own.
+  const bool glm = model_type == "glm" || model_type == "glm4";
+  c.qkv_bias = model_type == "qwen2" ? true : get_or<bool>(j, "attention_bias", glm);
   c.qk_norm = model_type == "qwen3" || model_type == "qwen3_moe";  // q_norm, k_norm over each head, before RoPE
-  c.o_bias = model_type == "qwen2" ? false : get_or<bool>(j, "attention_bias", false);
+  c.o_bias = model_type == "qwen2" || glm ? false : get_or<bool>(j, "attention_bias", false);
+  c.rope_interleaved = glm;
+  if (model_type == "glm4") {
+    c.sandwich_norms = true;
+    c.sandwich_naming = SandwichNaming::Glm4;
+  }
   if (get_or<bool>(j, "mlp_bias", false)) STRATA_FAIL(file << ": mlp_bias=true is not supported");
   c.tied_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
   if (model_type == "mistral" || model_type == "mixtral" || model_type == "qwen2" || model_type == "qwen3" ||
@@ -778,12 +790,13 @@ ModelConfig config_from_hf_json_text(const std::string& text, const std::filesys
     else if (model_type == "gemma2" || model_type == "gemma3_text") read_gemma(j, file, model_type, c);
     else if (model_type == "gpt_oss") read_gpt_oss(j, file, c);
     else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
-             model_type == "phi3" || model_type == "mixtral" || model_type == "qwen3_moe" || model_type == "smollm3")
-      read_llama(j, file, model_type, c);  // Phi-3: LLaMA with fused projections (split_fused_projections)
+             model_type == "phi3" || model_type == "mixtral" || model_type == "qwen3_moe" || model_type == "smollm3" ||
+             model_type == "glm" || model_type == "glm4")
+      read_llama(j, file, model_type, c);  // Phi-3, GLM: LLaMA with fused projections (split_fused_projections)
     else
       STRATA_FAIL(file << ": model_type '" << model_type
                        << "' is not supported (opt, llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe, smollm3, "
-                          "gemma2, gemma3_text, gemma3, gpt_oss)");
+                          "gemma2, gemma3_text, gemma3, gpt_oss, glm, glm4)");
     c.vocab_size = require_int(j, "vocab_size");
     std::vector<int> bos = id_list(j, "bos_token_id");
     c.bos_id = bos.empty() ? -1 : bos[0];
@@ -898,6 +911,17 @@ const std::map<std::string, ModelConfig>& presets() {
     phi4.bos_id = 199999;
     phi4.eos_ids = {199999};
     m[phi4.name] = phi4;
+    // GLM-4-9B-0414 (config.json): GQA 32 / 2, head_dim 128 of which 64 rotate on interleaved pairs,
+    // q/k/v biases, sandwich norms; 9.40B parameters (its safetensors' count).
+    ModelConfig glm4 = llama_preset("glm-4-9b", 4096, 40, 32, 2, 13696, 151552, 10000.0f, 32768);
+    glm4.rotary_dim = 64;
+    glm4.rope_interleaved = true;
+    glm4.qkv_bias = true;
+    glm4.sandwich_norms = true;
+    glm4.sandwich_naming = SandwichNaming::Glm4;
+    glm4.bos_id = -1;
+    glm4.eos_ids = {151329, 151336, 151338};
+    m[glm4.name] = glm4;
     // Mixtral-8x7B-v0.1 (config.json): 8 experts of 14336, 2 per token, 32768 positions, no sliding
     // window. 46.7B parameters, 12.9B active.
     ModelConfig mixtral = llama_preset("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, 1000000.0f, 32768);

@@ -42,13 +42,14 @@ bool window_layers_arch(const std::string& arch) { return gemma_arch(arch) || ar
 // general.architecture, refused unless Strata's forward pass runs it: llama (LLaMA, Mistral,
 // TinyLlama, SmolLM), qwen2 (LLaMA with q/k/v biases), qwen3 (LLaMA with per-head q/k norms),
 // qwen3moe, phi3 (LLaMA with fused projections), smollm3 (LLaMA with every fourth layer without
-// RoPE), gemma2 and gemma3 (Gemma's layer: config.cpp's read_gemma), gpt-oss (read_gpt_oss).
+// RoPE), gemma2 and gemma3 (Gemma's layer: config.cpp's read_gemma), gpt-oss (read_gpt_oss), glm4
+// (GLM-4-0414: fused gate and up, interleaved partial RoPE, sandwich norms).
 std::string supported_arch(const GgufFile& f) {
   std::string arch = f.get_string("general.architecture");
   if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "phi3" &&
-      arch != "smollm3" && !gemma_arch(arch) && arch != "gpt-oss")
+      arch != "smollm3" && !gemma_arch(arch) && arch != "gpt-oss" && arch != "glm4")
     STRATA_FAIL("GGUF file " << f.path() << ": unsupported architecture '" << arch
-                             << "' (supported: llama, qwen2, qwen3, qwen3moe, phi3, smollm3, gemma2, gemma3, gpt-oss)");
+                             << "' (supported: llama, qwen2, qwen3, qwen3moe, phi3, smollm3, gemma2, gemma3, gpt-oss, glm4)");
   return arch;
 }
 
@@ -179,8 +180,17 @@ const std::unordered_map<std::string, std::string>& gemma_layer_norms() {
   return norms;
 }
 
-// GGUF tensor name -> Hugging Face name ("" when unknown). Phi-3's fused tensors keep their fused
-// HF names (split_fused_projections cuts them): attn_qkv, and ffn_up holding gate and up.
+// GLM-4's norms after the attention and the MLP (its post_attention_layernorm is LLaMA's, ffn_norm).
+const std::unordered_map<std::string, std::string>& glm4_layer_norms() {
+  static const std::unordered_map<std::string, std::string> norms = {
+      {"post_attention_norm", "post_self_attn_layernorm"},
+      {"post_ffw_norm", "post_mlp_layernorm"},
+  };
+  return norms;
+}
+
+// GGUF tensor name -> Hugging Face name ("" when unknown). Phi-3's and GLM-4's fused tensors keep
+// their fused HF names (split_fused_projections cuts them): attn_qkv, and ffn_up holding gate and up.
 std::string hf_name(const std::string& g, const std::string& arch) {
   static const std::unordered_map<std::string, std::string> top = {
       {"token_embd.weight", "model.embed_tokens.weight"},
@@ -206,10 +216,13 @@ std::string hf_name(const std::string& g, const std::string& arch) {
   // norm before the MLP under its Gemma-like name.
   if (gpt_oss && part == "attn_sinks" && suffix == "weight") return "model.layers." + std::to_string(n) + ".self_attn.sinks";
   if (gpt_oss && part == "post_attention_norm") return "model.layers." + std::to_string(n) + ".post_attention_layernorm." + suffix;
-  const auto& names = gemma_arch(arch) && gemma_layer_norms().count(part) ? gemma_layer_norms() : layer;
+  const auto& names = gemma_arch(arch) && gemma_layer_norms().count(part)  ? gemma_layer_norms()
+                      : arch == "glm4" && glm4_layer_norms().count(part) ? glm4_layer_norms()
+                                                                          : layer;
   auto it = names.find(part);
   if (it == names.end()) return "";
-  const std::string hf_part = arch == "phi3" && part == "ffn_up" ? "mlp.gate_up_proj" : it->second;
+  const bool fused_up = (arch == "phi3" || arch == "glm4") && part == "ffn_up";
+  const std::string hf_part = fused_up ? "mlp.gate_up_proj" : it->second;
   return "model.layers." + std::to_string(n) + "." + hf_part + "." + suffix;
 }
 
@@ -548,12 +561,14 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     STRATA_FAIL("GGUF file " << f.path() << ": embedding_length " << c.hidden << " is not a multiple of head_count " << c.n_heads);
   if (auto vl = f.get_int_opt(key("attention.value_length")); vl && *vl != c.head_dim)
     STRATA_FAIL("GGUF file " << f.path() << ": attention.value_length " << *vl << " differs from key_length " << c.head_dim);
-  // Partial rotary as config.json's (read_partial_rotary): Phi-4-mini's 96 of 128, NeoX-style over
-  // those dims in llama.cpp as in transformers.
+  // Partial rotary as config.json's (read_partial_rotary): Phi-4-mini's 96 of 128 (NeoX pairs over
+  // those dims in llama.cpp as in transformers), GLM-4's 64 of 128 (interleaved pairs: llama.cpp's
+  // rope type "norm" for glm4, as transformers' GLM rotates).
+  c.rope_interleaved = arch == "glm4";
   if (auto rd = f.get_int_opt(key("rope.dimension_count")); rd && *rd != c.head_dim) {
-    if (arch != "phi3" || *rd <= 0 || *rd > c.head_dim || *rd % 2 != 0)
+    if ((arch != "phi3" && arch != "glm4") || *rd <= 0 || *rd > c.head_dim || *rd % 2 != 0)
       STRATA_FAIL("GGUF file " << f.path() << ": rope.dimension_count " << *rd << " with head_dim " << c.head_dim
-                               << " is not supported (partial rotary: phi3, an even count below head_dim)");
+                               << " is not supported (partial rotary: phi3 or glm4, an even count below head_dim)");
     c.rotary_dim = int(*rd);
   }
   c.rope_theta = float(f.get_float_opt(key("rope.freq_base")).value_or(10000.0));
@@ -582,6 +597,10 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   c.qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
   c.o_bias = f.find_tensor("blk.0.attn_output.bias") != nullptr;
   c.qk_norm = f.find_tensor("blk.0.attn_q_norm.weight") != nullptr;  // Qwen3
+  if (arch == "glm4") {
+    c.sandwich_norms = true;
+    c.sandwich_naming = SandwichNaming::Glm4;
+  }
 
   read_experts(f, arch, c);
   if (gemma_arch(arch)) read_gemma(f, arch, c);
@@ -662,6 +681,7 @@ std::optional<PreTokenizer> gguf_pre_tokenizer(std::string_view name) {
   if (name == "qwen2") return PreTokenizer::Qwen2;
   if (name == "smollm") return PreTokenizer::SmolLM;
   if (name == "gpt-4o") return PreTokenizer::Gpt4o;  // GPT-OSS
+  if (name == "glm4" || name == "chatglm-bpe") return PreTokenizer::Llama3;  // GLM-4: LLaMA 3's regex
   return std::nullopt;
 }
 
@@ -675,7 +695,7 @@ Tokenizer tokenizer_from_gguf(const GgufFile& f) {
   const std::optional<PreTokenizer> pre = gguf_pre_tokenizer(pre_name);
   if (!pre)
     STRATA_FAIL("GGUF file " << f.path() << ": tokenizer pre-tokenizer '" << pre_name
-                             << "' is not supported (gpt-2, llama-bpe, qwen2, smollm, gpt-4o)");
+                             << "' is not supported (gpt-2, llama-bpe, qwen2, smollm, gpt-4o, glm4)");
   std::vector<std::string> tokens = f.get_string_array("tokenizer.ggml.tokens");
   std::vector<std::string> merges = f.has("tokenizer.ggml.merges") ? f.get_string_array("tokenizer.ggml.merges")
                                                                     : std::vector<std::string>{};

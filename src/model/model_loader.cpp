@@ -263,7 +263,7 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     if (!b.packed) refuse_unmarked_codes(*weights, path);
     weights = with_lora(std::move(weights), lora_dir, b);  // in the checkpoint's names, as PEFT's keys
     if (b.config.norm_plus_one) weights = gemma_source(std::move(weights));
-    b.weights = partial_rotary_source(split_fused_projections(std::move(weights), b.config), b.config);
+    b.weights = rotary_layout_source(split_fused_projections(std::move(weights), b.config), b.config);
     const fs::path tok = tokenizer_dir.empty() ? path : tokenizer_dir;
     if (fs::exists(tok / "tokenizer.json") || fs::exists(tok / "vocab.json")) b.tokenizer = Tokenizer::from_dir(tok);
     b.add_bos = b.config.bos_id >= 0 && hf_adds_bos(tok);
@@ -285,9 +285,13 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     b.config = config_from_gguf(file);
     b.sampling = recommended_sampling_from_gguf(file);
     b.tokenizer = tokenizer_dir.empty() ? tokenizer_from_gguf(file) : Tokenizer::from_dir(tokenizer_dir);
-    // Without the flag llama.cpp adds BOS for a SentencePiece vocabulary, not for byte-level BPE.
-    b.add_bos = file.has("tokenizer.ggml.add_bos_token") ? file.get_bool("tokenizer.ggml.add_bos_token")
-                                                         : file.get_string_opt("tokenizer.ggml.model") == "llama";
+    // Without the flag llama.cpp adds BOS for a SentencePiece vocabulary, not for byte-level BPE;
+    // never for GLM's pre-tokenizers (their BOS id is <|endoftext|>; the chat template opens with
+    // [gMASK]<sop>).
+    const std::string pre = file.get_string_opt("tokenizer.ggml.pre").value_or("");
+    b.add_bos = pre == "glm4" || pre == "chatglm-bpe" ? false
+                : file.has("tokenizer.ggml.add_bos_token") ? file.get_bool("tokenizer.ggml.add_bos_token")
+                                                           : file.get_string_opt("tokenizer.ggml.model") == "llama";
     b.chat_template = file.get_string_opt("tokenizer.chat_template").value_or("");
     if (file.has("tokenizer.ggml.add_eos_token") && file.get_bool("tokenizer.ggml.add_eos_token") &&
         !b.config.eos_ids.empty())
@@ -295,7 +299,7 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     b.pooling = gguf_pooling(file);
     b.chat_tokens = chat_tokens(b, {}, {});
     b.weights =
-        partial_rotary_source(split_fused_projections(with_lora(make_gguf_source(path), lora_dir, b), b.config), b.config);
+        rotary_layout_source(split_fused_projections(with_lora(make_gguf_source(path), lora_dir, b), b.config), b.config);
     return b;
   }
   STRATA_FAIL("model '" << spec << "': unsupported file type (expected a model directory, a .gguf file, or dummy:PRESET)");

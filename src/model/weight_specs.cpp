@@ -42,6 +42,19 @@ constexpr LayerNames kLayerNames[] = {
     {WeightRole::PostMlpNormW, nullptr, "post_feedforward_layernorm.weight"},
 };
 
+// The four norms of a sandwich layer: Gemma's norm before the MLP is pre_feedforward_layernorm
+// (LLaMA's post_attention_layernorm, which GLM-4 keeps, normalises the MLP's input); GLM-4 names
+// the two after the attention and the MLP its own way.
+const char* sandwich_name(SandwichNaming naming, WeightRole r, const char* llama_name) {
+  const bool glm4 = naming == SandwichNaming::Glm4;
+  switch (r) {
+    case WeightRole::MlpNormW: return glm4 ? llama_name : "pre_feedforward_layernorm.weight";
+    case WeightRole::PostAttnNormW: return glm4 ? "post_self_attn_layernorm.weight" : llama_name;
+    case WeightRole::PostMlpNormW: return glm4 ? "post_mlp_layernorm.weight" : llama_name;
+    default: return llama_name;
+  }
+}
+
 // Whether the config has this tensor, and its shape in Hugging Face layout.
 bool present(const ModelConfig& c, WeightRole r) {
   switch (r) {
@@ -103,8 +116,7 @@ std::vector<WeightSpec> layer_weight_specs(const ModelConfig& c, int layer) {
   std::vector<WeightSpec> specs;
   for (const LayerNames& n : kLayerNames) {
     const char* name = opt ? n.opt : n.llama;
-    // Gemma's norm before the MLP (LLaMA's post_attention_layernorm normalises the MLP's input).
-    if (c.sandwich_norms && n.role == WeightRole::MlpNormW) name = "pre_feedforward_layernorm.weight";
+    if (c.sandwich_norms) name = sandwich_name(c.sandwich_naming, n.role, name);
     const bool dense_mlp = n.role == WeightRole::Fc1W || n.role == WeightRole::UpW || n.role == WeightRole::Fc2W;
     if (name && present(c, n.role) && !(sparse && dense_mlp)) specs.push_back({n.role, prefix + name, shape_of(c, n.role)});
     if (sparse && n.role == WeightRole::MlpNormW) add_expert_specs(c, prefix, specs);

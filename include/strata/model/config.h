@@ -22,6 +22,10 @@ enum class MlpKind : uint8_t { ReLU, GELU, SwiGLU, GeGLU, ClampedSwiGLU };
 // block_sparse_moe.experts.N.w1/w3/w2, Qwen3-MoE's mlp.experts.N.gate/up/down_proj, or GPT-OSS's
 // (Qwen3-MoE's experts, as gpt_oss_source shows its fused ones, and mlp.router).
 enum class MoeNaming : uint8_t { Mixtral, Qwen3Moe, GptOss };
+// Whose names a layer's four sandwich norms have (weight_specs.cpp): Gemma's post_attention_layernorm,
+// pre_feedforward_layernorm and post_feedforward_layernorm, or GLM-4's post_self_attn_layernorm,
+// post_attention_layernorm (before the MLP, as LLaMA's) and post_mlp_layernorm.
+enum class SandwichNaming : uint8_t { Gemma, Glm4 };
 
 struct RopeScaling {      // Hugging Face rope_scaling with rope_type "llama3"
   float factor = 1.0f;
@@ -48,17 +52,20 @@ struct ModelConfig {
   int pos_offset = 0;               // OPT's learned positions start at index 2
   float rope_theta = 10000.0f;
   std::optional<RopeScaling> rope_scaling;
-  // Partial rotary (Phi-4-mini: 96 of 128): only the first `rotary_dim` dims of each query and key
-  // head rotate, the rest pass as they are. 0: the whole head (rotary_dims()). The forward pass
-  // rotates whole heads: partial_rotary_source moves each head's dims so that the passing ones
-  // meet the zero frequencies rope_inv_freq pads the table with.
+  // Partial rotary (Phi-4-mini: 96 of 128; GLM: 64 of 128): only the first `rotary_dim` dims of
+  // each query and key head rotate, the rest pass as they are. 0: the whole head (rotary_dims()).
+  // `rope_interleaved`: the rotated pairs are (2i, 2i + 1) (GLM's, GPT-J's), not (i, i + r/2). The
+  // forward pass rotates whole heads in NeoX pairs: rotary_layout_source reorders each head's dims
+  // so that the pairs line up and the passing ones meet the zero frequencies rope_inv_freq pads
+  // the table with.
   int rotary_dim = 0;
+  bool rope_interleaved = false;
   // GGUF's rope_freqs.weight (llama.cpp's form of Llama 3.1's scaling): one divisor per frequency,
   // rotary_dims() / 2 of them, applied after rope_scaling. Empty: none.
   std::vector<float> rope_freq_factors;
   // LongRoPE (Phi-3.5, Phi-3 128k): transformers multiplies cos and sin by this "attention
   // factor", so queries and keys both grow by it; Strata scales the scores by its square instead
-  // (and, under partial rotary, divides the query's passing dims by it: partial_rotary_source).
+  // (and, under partial rotary, divides the query's passing dims by it: rotary_layout_source).
   float rope_attention_factor = 1.0f;
   MlpKind mlp = MlpKind::ReLU;
   bool qkv_bias = false;            // q/k/v projections (OPT, Qwen2)
@@ -90,6 +97,7 @@ struct ModelConfig {
   float embed_scale = 0.0f;         // > 0: the token embeddings times this (sqrt(hidden))
   bool norm_plus_one = false;       // RMSNorm scales by 1 + w: the norms add the 1 in fp32 (Gemma)
   bool sandwich_norms = false;      // a norm after the attention and after the MLP, before each residual add
+  SandwichNaming sandwich_naming = SandwichNaming::Gemma;
   float query_scale = 0.0f;         // > 0: scores scale by 1 / sqrt(this), not of head_dim (query_pre_attn_scalar)
   float attn_softcap = 0.0f;        // > 0: scores soft-capped, cap * tanh(s / cap) (Gemma 2)
   float final_softcap = 0.0f;       // > 0: logits soft-capped likewise (Gemma 2)

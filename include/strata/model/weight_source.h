@@ -61,11 +61,12 @@ std::unique_ptr<WeightSource> make_safetensors_source(std::shared_ptr<const Safe
 // Shows Phi-3's fused qkv_proj and gate_up_proj as LLaMA's q/k/v_proj and gate/up_proj (rows cut
 // out on reading); any other tensor passes through. Without fused tensors it changes nothing.
 std::unique_ptr<WeightSource> split_fused_projections(std::unique_ptr<WeightSource> inner, const ModelConfig& cfg);
-// Partial rotary (ModelConfig::rotary_dim; Phi-4-mini): each q/k head's rows reordered so that its
-// passing dims meet the zero frequencies of rope_inv_freq's table, and the query's passing rows
-// divided by LongRoPE's attention factor squared (partial_rotary_source.cpp). Over a source
-// showing LLaMA's q_proj / k_proj (split_fused_projections'); `inner` itself without partial rotary.
-std::unique_ptr<WeightSource> partial_rotary_source(std::unique_ptr<WeightSource> inner, const ModelConfig& cfg);
+// Partial or interleaved rotary (ModelConfig::rotary_dim, rope_interleaved; Phi-4-mini, GLM): each
+// q/k head's rows reordered so that its rotated pairs are (i, i + d/2) and its passing dims meet
+// the zero frequencies of rope_inv_freq's table, and the query's passing rows divided by
+// LongRoPE's attention factor squared (rotary_layout_source.cpp). Over a source showing LLaMA's
+// q_proj / k_proj (split_fused_projections'); `inner` itself for LLaMA's layout.
+std::unique_ptr<WeightSource> rotary_layout_source(std::unique_ptr<WeightSource> inner, const ModelConfig& cfg);
 // Gemma's safetensors checkpoints: norms shown as 1 + the stored w (Gemma's RMSNorm), a
 // multimodal Gemma 3's text tensors under LLaMA's names and its vision tensors hidden
 // (gemma_source.cpp). For configs with norm_plus_one.

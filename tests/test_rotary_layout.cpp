@@ -1,4 +1,4 @@
-// partial_rotary_source (Phi-4-mini's partial rotary): each q/k head's rows reordered so that the
+// rotary_layout_source (Phi-4-mini's partial rotary): each q/k head's rows reordered so that the
 // rotated pairs sit at (i, i + d/2) and the passing dims meet the table's zero frequencies, and the
 // query's passing rows divided by LongRoPE's attention factor squared. Whole models against
 // transformers: tiny-phi4-mini in test_model_hf.cpp and test_gguf.cpp.
@@ -65,7 +65,7 @@ ModelConfig partial_config(float attention_factor) {
 TEST_CASE("partial rotary: q/k rows reordered per head, the query's passing rows divided by the factor squared",
           "[model][rope]") {
   const float factor = 1.5f;
-  auto src = partial_rotary_source(std::make_unique<RowsSource>(), partial_config(factor));
+  auto src = rotary_layout_source(std::make_unique<RowsSource>(), partial_config(factor));
   for (const char* p : {"q", "k", "v"}) {
     const std::string n = RowsSource::name(p);
     INFO(n);
@@ -87,7 +87,7 @@ TEST_CASE("partial rotary: q/k rows reordered per head, the query's passing rows
   ModelConfig whole = partial_config(factor);
   whole.rotary_dim = 0;
   WeightSource* inner = new RowsSource;
-  CHECK(partial_rotary_source(std::unique_ptr<WeightSource>(inner), whole).get() == inner);
+  CHECK(rotary_layout_source(std::unique_ptr<WeightSource>(inner), whole).get() == inner);
 }
 
 TEST_CASE("partial rotary: quantized rows move whole, the passing query rows' scales and minimums rescaled",
@@ -95,7 +95,7 @@ TEST_CASE("partial rotary: quantized rows move whole, the passing query rows' sc
   const float factor = 1.25f;
   const quant::QuantSpec spec{4, 32};
   const size_t row_bytes = quant::row_bytes(spec, kIn);
-  auto src = partial_rotary_source(std::make_unique<RowsSource>(), partial_config(factor));
+  auto src = rotary_layout_source(std::make_unique<RowsSource>(), partial_config(factor));
   for (const char* p : {"q", "k"}) {
     const std::string n = RowsSource::name(p);
     INFO(n);
@@ -118,6 +118,26 @@ TEST_CASE("partial rotary: quantized rows move whole, the passing query rows' sc
         CHECK(have[size_t(c)] == Approx(want[size_t(c)] * (scaled ? 1.0f / (factor * factor) : 1.0f))
                                      .epsilon(1e-3)
                                      .margin(1e-4));
+    }
+  }
+}
+
+TEST_CASE("rotary layout: GLM's interleaved pairs (2i, 2i + 1) line up as (i, i + d/2)", "[model][rope]") {
+  // d = 8, r = 4, interleaved: transformers rotates (0, 1) and (2, 3) and passes 4..7, so new dims
+  // 0, 4 <- 0, 1; 1, 5 <- 2, 3; 2, 3, 6, 7 <- 4, 5, 6, 7. With r = d, every dim in a pair.
+  const int partial[kHeadDim] = {0, 2, 4, 5, 1, 3, 6, 7}, whole[kHeadDim] = {0, 2, 4, 6, 1, 3, 5, 7};
+  for (int rotary : {kRotary, kHeadDim}) {
+    INFO("rotary dims " << rotary);
+    ModelConfig cfg = partial_config(1.0f);
+    cfg.rotary_dim = rotary == kHeadDim ? 0 : rotary;
+    cfg.rope_interleaved = true;
+    auto src = rotary_layout_source(std::make_unique<RowsSource>(), cfg);
+    const std::string n = RowsSource::name("k");
+    std::vector<float> got(size_t(kHeadDim * kIn));
+    src->read(n, DType::F32, got.data());
+    for (int j = 0; j < kHeadDim; ++j) {
+      INFO("dim " << j);
+      CHECK(got[size_t(j * kIn)] == RowsSource::value(n, rotary == kHeadDim ? whole[j] : partial[j], 0));
     }
   }
 }

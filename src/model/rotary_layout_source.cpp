@@ -1,12 +1,13 @@
-// Partial rotary (Phi-4-mini: 96 of each head's 128 dims). transformers rotates a query or key
-// head's first r dims NeoX-style, dim i with dim i + r/2, and passes the other d - r as they are.
-// Strata's RoPE kernels rotate whole heads, dim i with dim i + d/2, by rope_inv_freq's table,
-// which gives dims r/2 .. d/2 - 1 frequency 0 (cos 1, sin 0: left as they are) under partial
-// rotary. This source reorders the rows of each q and k head to match:
+// Rotary layouts other than LLaMA's whole-head NeoX pairs. Strata's RoPE kernels rotate dim i of
+// a query or key head with dim i + d/2, by frequency i of rope_inv_freq's table, which is 0
+// (cos 1, sin 0: left as they are) for i >= r/2 under partial rotary. transformers rotates
+//   - Phi-3's partial rotary (Phi-4-mini: r = 96 of d = 128): dim i with dim i + r/2, i < r/2;
+//   - GLM's (interleaved, GPT-J style, partial too: 64 of 128): dim 2i with dim 2i + 1, i < r/2;
+// and passes dims r .. d - 1. This source reorders the rows of each q and k head to match:
 //
-//   new dim j < r/2              <- dim j             (rotated, first half)
-//   new dim d/2 + j, j < r/2     <- dim r/2 + j       (rotated, second half)
-//   the other d - r new dims     <- dims r .. d - 1   (passing), in order
+//   new dim j < r/2              <- dim j (Phi-3) or 2j (GLM)             (rotated, first of a pair)
+//   new dim d/2 + j, j < r/2     <- dim r/2 + j (Phi-3) or 2j + 1 (GLM)   (rotated, second of a pair)
+//   the other d - r new dims     <- dims r .. d - 1                       (passing), in order
 //
 // A score sums over dims, so reordering queries and keys alike leaves it as it was; the KV cache
 // holds the reordered keys, which only attention reads.
@@ -37,7 +38,9 @@ public:
     for (int j = 0; j < d; ++j) {
       const int half = j < d / 2 ? j : j - d / 2;  // index within its half
       const bool second = j >= d / 2;
-      order_.push_back(half < r / 2 ? half + (second ? r / 2 : 0) : r + (second ? d / 2 - r / 2 : 0) + half - r / 2);
+      if (half >= r / 2) order_.push_back(r + (second ? d / 2 - r / 2 : 0) + half - r / 2);
+      else if (cfg.rope_interleaved) order_.push_back(2 * half + (second ? 1 : 0));
+      else order_.push_back(half + (second ? r / 2 : 0));
     }
   }
 
@@ -129,8 +132,8 @@ private:
 
 }  // namespace
 
-std::unique_ptr<WeightSource> partial_rotary_source(std::unique_ptr<WeightSource> inner, const ModelConfig& cfg) {
-  if (!cfg.partial_rotary()) return inner;
+std::unique_ptr<WeightSource> rotary_layout_source(std::unique_ptr<WeightSource> inner, const ModelConfig& cfg) {
+  if (!cfg.partial_rotary() && !cfg.rope_interleaved) return inner;
   return std::make_unique<PartialRotarySource>(std::move(inner), cfg);
 }
 
