@@ -90,6 +90,21 @@ TEST_CASE("OpenAI batch lines are read with their body fields", "[job]") {
   CHECK_THAT(warnings[1], Catch::Contains("oa_ok.jsonl:4: ignoring unknown field 'meta'"));
 }
 
+TEST_CASE("a strata-format line with OpenAI's max_tokens is warned of the field's name here", "[job]") {
+  SamplingParams defaults;
+  defaults.max_new_tokens = 9;
+  std::vector<std::string> warnings;
+  const auto recs = read_prompts(write_file("max_tokens.jsonl", "{\"id\": 1, \"prompt\": \"p\", \"max_tokens\": 4}\n"
+                                                                 "{\"id\": 2, \"prompt\": \"q\", \"max_new_tokens\": 4}\n"),
+                                 defaults, [&](const std::string& w) { warnings.push_back(w); });
+  REQUIRE(recs.size() == 2);
+  CHECK(recs[0].sampling.max_new_tokens == 9);  // not taken: the job's default
+  CHECK(recs[1].sampling.max_new_tokens == 4);
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], Catch::Contains("max_tokens.jsonl:1: ignoring unknown field 'max_tokens' (the strata "
+                                          "format's is 'max_new_tokens'"));
+}
+
 TEST_CASE("OpenAI chat messages carry assistant tool calls, their content then null or absent", "[job][chat]") {
   const json call = {{"id", "call_1"},
                      {"type", "function"},

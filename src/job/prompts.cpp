@@ -26,6 +26,14 @@ bool valid_reasoning_effort(const std::string& effort) {
 
 namespace {
 
+// OpenAI's names of a strata-format field, which a line in the strata format would otherwise lose
+// to the job's default silently but for a generic warning.
+std::string strata_name_hint(const std::string& key) {
+  if (key == "max_tokens" || key == "max_completion_tokens")
+    return " (the strata format's is 'max_new_tokens'; '" + key + "' belongs to an OpenAI batch line's body)";
+  return "";
+}
+
 const std::set<std::string> kKnownKeys = {
     "id", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "ignore_eos", "stop", "n",
     "logprobs", "prompt_logprobs", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "min_tokens",
@@ -782,7 +790,7 @@ std::optional<PromptRecord> PromptLineParser::parse(std::string_view text, int l
   if (const auto e = read_tools(text, /*openai=*/false, obj, r)) ctx.fail(e->message);
   for (const auto& [key, value] : obj.items())
     if (!kKnownKeys.count(key) && warned_keys_.insert(key).second && warn_)
-      warn_(ctx.where + ": ignoring unknown field '" + key + "'");
+      warn_(ctx.where + ": ignoring unknown field '" + key + "'" + strata_name_hint(key));
   return r;
 }
 
