@@ -167,6 +167,10 @@ void ModelConfig::validate() const {
     STRATA_FAIL(name << ": layers without RoPE in a model without RoPE");
   if (!window_layers.empty() && layer_window <= 0)
     STRATA_FAIL(name << ": sliding-window layers need a window > 0, got " << layer_window);
+  if (!(residual_multiplier > 0.0f && std::isfinite(residual_multiplier)) ||
+      !(logit_scale > 0.0f && std::isfinite(logit_scale)))
+    STRATA_FAIL(name << ": residual multiplier " << residual_multiplier << " and logit scale " << logit_scale
+                     << " must be positive");
   for (float v : {embed_scale, query_scale, attn_softcap, final_softcap, local_rope_theta})
     if (!(v >= 0.0f && std::isfinite(v)))
       STRATA_FAIL(name << ": Gemma setting " << v << " (embedding scale, query_pre_attn_scalar, soft cap or local "
@@ -423,6 +427,22 @@ void read_partial_rotary(const json& j, const json& rope, const std::string& fil
   c.rotary_dim = int(dims);
 }
 
+// Granite (GraniteForCausalLM): LLaMA with four multipliers, each 1 when absent (transformers'
+// defaults): embeddings x embedding_multiplier, scores x attention_multiplier (in place of
+// 1 / sqrt(head_dim)), each residual branch x residual_multiplier, logits / logits_scaling.
+void read_granite(const json& j, const std::string& file, ModelConfig& c) {
+  auto positive = [&](const char* key) {
+    const float v = get_or<float>(j, key, 1.0f);
+    if (!(v > 0.0f)) STRATA_FAIL(file << ": " << key << " " << v << " is not positive");
+    return v;
+  };
+  const float embedding = positive("embedding_multiplier"), attention = positive("attention_multiplier");
+  if (embedding != 1.0f) c.embed_scale = embedding;
+  c.query_scale = 1.0f / (attention * attention);  // attention_scale() = 1 / sqrt(query_scale)
+  c.residual_multiplier = positive("residual_multiplier");
+  c.logit_scale = 1.0f / positive("logits_scaling");
+}
+
 void read_llama(const json& j, const std::string& file, const std::string& model_type, ModelConfig& c) {
   const int heads = get_or<int>(j, "num_attention_heads", 0);
   read_llama_shape(j, heads > 0 ? get_or<int>(j, "hidden_size", 0) / heads : 0, 2048, c);
@@ -483,6 +503,7 @@ void read_llama(const json& j, const std::string& file, const std::string& model
   }
   if (model_type == "mixtral" || model_type == "qwen3_moe") read_experts(j, file, model_type, c);
   if (model_type == "smollm3") read_nope_layers(j, file, c);
+  if (model_type == "granite") read_granite(j, file, c);
 }
 
 // transformers 5's layer_types (Gemma, GPT-OSS): each layer's sliding_attention or full_attention,
@@ -791,12 +812,12 @@ ModelConfig config_from_hf_json_text(const std::string& text, const std::filesys
     else if (model_type == "gpt_oss") read_gpt_oss(j, file, c);
     else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
              model_type == "phi3" || model_type == "mixtral" || model_type == "qwen3_moe" || model_type == "smollm3" ||
-             model_type == "glm" || model_type == "glm4")
+             model_type == "glm" || model_type == "glm4" || model_type == "granite")
       read_llama(j, file, model_type, c);  // Phi-3, GLM: LLaMA with fused projections (split_fused_projections)
     else
       STRATA_FAIL(file << ": model_type '" << model_type
                        << "' is not supported (opt, llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe, smollm3, "
-                          "gemma2, gemma3_text, gemma3, gpt_oss, glm, glm4)");
+                          "gemma2, gemma3_text, gemma3, gpt_oss, glm, glm4, granite)");
     c.vocab_size = require_int(j, "vocab_size");
     std::vector<int> bos = id_list(j, "bos_token_id");
     c.bos_id = bos.empty() ? -1 : bos[0];

@@ -43,13 +43,15 @@ bool window_layers_arch(const std::string& arch) { return gemma_arch(arch) || ar
 // TinyLlama, SmolLM), qwen2 (LLaMA with q/k/v biases), qwen3 (LLaMA with per-head q/k norms),
 // qwen3moe, phi3 (LLaMA with fused projections), smollm3 (LLaMA with every fourth layer without
 // RoPE), gemma2 and gemma3 (Gemma's layer: config.cpp's read_gemma), gpt-oss (read_gpt_oss), glm4
-// (GLM-4-0414: fused gate and up, interleaved partial RoPE, sandwich norms).
+// (GLM-4-0414: fused gate and up, interleaved partial RoPE, sandwich norms), granite (LLaMA with
+// four multipliers: read_granite).
 std::string supported_arch(const GgufFile& f) {
   std::string arch = f.get_string("general.architecture");
   if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "phi3" &&
-      arch != "smollm3" && !gemma_arch(arch) && arch != "gpt-oss" && arch != "glm4")
+      arch != "smollm3" && !gemma_arch(arch) && arch != "gpt-oss" && arch != "glm4" && arch != "granite")
     STRATA_FAIL("GGUF file " << f.path() << ": unsupported architecture '" << arch
-                             << "' (supported: llama, qwen2, qwen3, qwen3moe, phi3, smollm3, gemma2, gemma3, gpt-oss, glm4)");
+                             << "' (supported: llama, qwen2, qwen3, qwen3moe, phi3, smollm3, gemma2, gemma3, gpt-oss, "
+                                "glm4, granite)");
   return arch;
 }
 
@@ -133,7 +135,9 @@ void read_rope_scaling(const GgufFile& f, const std::string& arch, ModelConfig& 
 
 // llama.cpp's converter permutes q/k rows for its RoPE layout only for llama and SmolLM3 (whose
 // converter is LLaMA's); Qwen2's rows are stored as in Hugging Face: ggml's NEOX RoPE reads them so.
-bool permuted_qk(const std::string& arch) { return arch == "llama" || arch == "smollm3"; }  // not qwen*, phi3, gemma
+bool permuted_qk(const std::string& arch) {  // not qwen*, phi3, gemma, glm4
+  return arch == "llama" || arch == "smollm3" || arch == "granite";
+}
 
 // A mixture of experts' tensors: the router (ffn_gate_inp) and each layer's experts stacked in
 // one 3-D tensor per projection, [experts, rows, cols] (ne fastest-first: cols, rows, experts), and
@@ -490,6 +494,28 @@ void read_gemma(const GgufFile& f, const std::string& arch, ModelConfig& c) {
   c.checkpoint_dtype = DType::BF16;
 }
 
+// Granite as config.cpp's read_granite reads its config.json, from the keys llama.cpp's converter
+// writes for the four multipliers: logit_scale is required (as llama.cpp requires it), the others
+// 1 when absent (attention.scale: 1 / sqrt(head_dim), llama.cpp's reading of 0 or absent).
+void read_granite(const GgufFile& f, ModelConfig& c) {
+  auto positive = [&](const std::string& key, std::optional<double> fallback) {
+    const std::optional<double> v = f.get_float_opt("granite." + key);
+    if (!v && !fallback) STRATA_FAIL("GGUF file " << f.path() << ": granite without granite." << key);
+    const double value = v.value_or(*fallback);
+    if (!(value > 0.0 && std::isfinite(value)))
+      STRATA_FAIL("GGUF file " << f.path() << ": granite." << key << " " << value << " is not positive");
+    return float(value);
+  };
+  const float embedding = positive("embedding_scale", 1.0);
+  if (embedding != 1.0f) c.embed_scale = embedding;
+  if (auto attention = f.get_float_opt("granite.attention.scale"); attention && *attention != 0.0) {
+    const float a = positive("attention.scale", std::nullopt);
+    c.query_scale = 1.0f / (a * a);
+  }
+  c.residual_multiplier = positive("residual_scale", 1.0);
+  c.logit_scale = 1.0f / positive("logit_scale", std::nullopt);
+}
+
 // GPT-OSS as llama.cpp runs its files: what the file does not store is GptOssConfig's default
 // (set_gpt_oss_fields: the clamped SwiGLU at limit 7 and gain 1.702, top-k-then-softmax routing,
 // sinks, biases on the router and the experts); the even layers slide over
@@ -605,6 +631,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   read_experts(f, arch, c);
   if (gemma_arch(arch)) read_gemma(f, arch, c);
   if (arch == "gpt-oss") read_gpt_oss(f, c);
+  if (arch == "granite") read_granite(f, c);
   // SmolLM3's layers without RoPE: no key says which, llama.cpp fixes every fourth (as its
   // config.json's no_rope_layer_interval).
   if (arch == "smollm3")

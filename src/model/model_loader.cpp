@@ -198,6 +198,13 @@ fs::path default_model_path() {
 }
 
 namespace {
+// A checkpoint's tensors (in LLaMA's names, any adapter merged) as the forward pass reads them:
+// fused projections cut into parts, q/k rows laid out for its RoPE, Granite's residual multiplier
+// folded into the projections that write the residual stream.
+std::unique_ptr<WeightSource> as_forward_reads(std::unique_ptr<WeightSource> weights, const ModelConfig& cfg) {
+  return residual_scale_source(rotary_layout_source(split_fused_projections(std::move(weights), cfg), cfg), cfg);
+}
+
 // The checkpoint's tensors seen through the --lora adapter, if any, and its line for the job's log.
 std::unique_ptr<WeightSource> with_lora(std::unique_ptr<WeightSource> weights, const fs::path& lora_dir,
                                         ModelBundle& b) {
@@ -263,7 +270,7 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
     if (!b.packed) refuse_unmarked_codes(*weights, path);
     weights = with_lora(std::move(weights), lora_dir, b);  // in the checkpoint's names, as PEFT's keys
     if (b.config.norm_plus_one) weights = gemma_source(std::move(weights));
-    b.weights = rotary_layout_source(split_fused_projections(std::move(weights), b.config), b.config);
+    b.weights = as_forward_reads(std::move(weights), b.config);
     const fs::path tok = tokenizer_dir.empty() ? path : tokenizer_dir;
     if (fs::exists(tok / "tokenizer.json") || fs::exists(tok / "vocab.json")) b.tokenizer = Tokenizer::from_dir(tok);
     b.add_bos = b.config.bos_id >= 0 && hf_adds_bos(tok);
@@ -298,8 +305,7 @@ ModelBundle open_model(const std::string& spec_arg, const fs::path& tokenizer_di
       b.append_ids = {b.config.eos_ids[0]};
     b.pooling = gguf_pooling(file);
     b.chat_tokens = chat_tokens(b, {}, {});
-    b.weights =
-        rotary_layout_source(split_fused_projections(with_lora(make_gguf_source(path), lora_dir, b), b.config), b.config);
+    b.weights = as_forward_reads(with_lora(make_gguf_source(path), lora_dir, b), b.config);
     return b;
   }
   STRATA_FAIL("model '" << spec << "': unsupported file type (expected a model directory, a .gguf file, or dummy:PRESET)");

@@ -491,6 +491,7 @@ Tensor ForwardOps::head(const ModelWeights& w, const Tensor& x) {
   norm(last, w.final_norm_w, w.final_norm_b, last);
   backend_.linear(last, w.lm_head, Tensor(), logits);
   if (cfg_.final_softcap > 0.0f) backend_.soft_cap(logits, cfg_.final_softcap);  // Gemma 2
+  if (cfg_.logit_scale != 1.0f) backend_.scale(logits, cfg_.logit_scale);         // Granite
   return logits;
 }
 

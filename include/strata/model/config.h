@@ -101,6 +101,12 @@ struct ModelConfig {
   float query_scale = 0.0f;         // > 0: scores scale by 1 / sqrt(this), not of head_dim (query_pre_attn_scalar)
   float attn_softcap = 0.0f;        // > 0: scores soft-capped, cap * tanh(s / cap) (Gemma 2)
   float final_softcap = 0.0f;       // > 0: logits soft-capped likewise (Gemma 2)
+  // Granite: each residual branch (o_proj's and down_proj's output) times residual_multiplier
+  // before its add (residual_scale_source folds it into those projections), and the logits times
+  // logit_scale (1 / logits_scaling). Its embedding_multiplier is embed_scale, its
+  // attention_multiplier the score scale (query_scale = 1 / multiplier^2).
+  float residual_multiplier = 1.0f;
+  float logit_scale = 1.0f;
   // Sliding-window layers: each token sees the last `layer_window` positions (its own included);
   // the other layers see the whole context. Gemma 3's sliding layers rotate with base
   // `local_rope_theta` and no scaling (0: as the others).

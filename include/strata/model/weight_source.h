@@ -67,6 +67,9 @@ std::unique_ptr<WeightSource> split_fused_projections(std::unique_ptr<WeightSour
 // LongRoPE's attention factor squared (rotary_layout_source.cpp). Over a source showing LLaMA's
 // q_proj / k_proj (split_fused_projections'); `inner` itself for LLaMA's layout.
 std::unique_ptr<WeightSource> rotary_layout_source(std::unique_ptr<WeightSource> inner, const ModelConfig& cfg);
+// Granite's residual_multiplier (ModelConfig::residual_multiplier) folded into o_proj and down_proj,
+// whose outputs are the residual branches (residual_scale_source.cpp); `inner` itself when it is 1.
+std::unique_ptr<WeightSource> residual_scale_source(std::unique_ptr<WeightSource> inner, const ModelConfig& cfg);
 // Gemma's safetensors checkpoints: norms shown as 1 + the stored w (Gemma's RMSNorm), a
 // multimodal Gemma 3's text tensors under LLaMA's names and its vision tensors hidden
 // (gemma_source.cpp). For configs with norm_plus_one.

@@ -1,7 +1,10 @@
-// rotary_layout_source (Phi-4-mini's partial rotary): each q/k head's rows reordered so that the
-// rotated pairs sit at (i, i + d/2) and the passing dims meet the table's zero frequencies, and the
-// query's passing rows divided by LongRoPE's attention factor squared. Whole models against
-// transformers: tiny-phi4-mini in test_model_hf.cpp and test_gguf.cpp.
+// The sources that lay a checkpoint's tensors out for the forward pass (model_loader's
+// as_forward_reads). rotary_layout_source (Phi-4-mini's partial rotary, GLM's interleaved pairs):
+// each q/k head's rows reordered so that the rotated pairs sit at (i, i + d/2) and the passing
+// dims meet the table's zero frequencies, the query's passing rows divided by LongRoPE's attention
+// factor squared. residual_scale_source (Granite): o_proj and down_proj times the residual
+// multiplier. Whole models against transformers: tiny-phi4-mini, tiny-glm4, tiny-granite in
+// test_model_hf.cpp and test_gguf.cpp.
 #include <catch2/catch.hpp>
 #include <cstring>
 
@@ -17,17 +20,18 @@ constexpr int kHeadDim = 8, kRotary = 4, kIn = 64;
 // kernels rotate (j, j + 4). So new dims 0, 4 <- 0, 2; 1, 5 <- 1, 3; 2, 3, 6, 7 <- 4, 5, 6, 7.
 constexpr int kOrder[kHeadDim] = {0, 1, 4, 5, 2, 3, 6, 7};
 
-// q_proj (2 heads), k_proj (1 head) and v_proj of one layer, row r of each holding r * 100 + column
-// (scaled per tensor so the three differ); read_codes gives those values quantized.
+// q_proj (2 heads), k_proj (1 head), v_proj and o_proj of one layer, row r of each holding
+// r * 100 + column (scaled per tensor so they differ); read_codes gives those values quantized.
 class RowsSource final : public WeightSource {
 public:
   std::string describe() const override { return "rows"; }
   bool contains(const std::string& name) const override { return rows_of(name) > 0; }
   std::vector<int64_t> shape(const std::string& name) const override { return {rows_of(name), kIn}; }
-  std::vector<std::string> names() const override { return {name("q"), name("k"), name("v")}; }
+  std::vector<std::string> names() const override { return {name("q"), name("k"), name("v"), name("o")}; }
   static std::string name(const char* p) { return std::string("model.layers.0.self_attn.") + p + "_proj.weight"; }
   static float value(const std::string& tensor, int64_t row, int64_t col) {
-    return (tensor == name("q") ? 1.0f : tensor == name("k") ? -0.5f : 0.25f) * float(row * 100 + col) / 1000.0f;
+    const float sign = tensor == name("q") ? 1.0f : tensor == name("k") ? -0.5f : tensor == name("v") ? 0.25f : 0.75f;
+    return sign * float(row * 100 + col) / 1000.0f;
   }
   static std::vector<float> values(const std::string& tensor) {
     std::vector<float> v;
@@ -36,7 +40,7 @@ public:
     return v;
   }
   static int64_t rows_of(const std::string& n) {
-    return n == name("q") ? 2 * kHeadDim : n == name("k") || n == name("v") ? kHeadDim : 0;
+    return n == name("q") ? 2 * kHeadDim : n == name("k") || n == name("v") || n == name("o") ? kHeadDim : 0;
   }
 
 private:
@@ -140,4 +144,32 @@ TEST_CASE("rotary layout: GLM's interleaved pairs (2i, 2i + 1) line up as (i, i 
       CHECK(got[size_t(j * kIn)] == RowsSource::value(n, rotary == kHeadDim ? whole[j] : partial[j], 0));
     }
   }
+}
+
+TEST_CASE("residual scale: o_proj's rows times Granite's residual multiplier, as floats and as codes", "[model][quant]") {
+  ModelConfig cfg = partial_config(1.0f);
+  cfg.rotary_dim = 0;
+  cfg.residual_multiplier = 0.6f;
+  auto src = residual_scale_source(std::make_unique<RowsSource>(), cfg);
+  const quant::QuantSpec spec{8, 32};
+  const size_t row_bytes = quant::row_bytes(spec, kIn);
+  for (const char* p : {"o", "v"}) {
+    const std::string n = RowsSource::name(p);
+    INFO(n);
+    const float m = n == RowsSource::name("o") ? 0.6f : 1.0f;
+    std::vector<float> got(size_t(kHeadDim * kIn));
+    src->read(n, DType::F32, got.data());
+    for (size_t i = 0; i < got.size(); ++i)
+      REQUIRE(got[i] == Approx(RowsSource::value(n, int64_t(i) / kIn, int64_t(i) % kIn) * m).epsilon(1e-6));
+    std::vector<uint8_t> stored(size_t(kHeadDim) * row_bytes), codes(stored.size());
+    quant::quantize_rows(spec, RowsSource::values(n).data(), DType::F32, kHeadDim, kIn, stored.data());
+    REQUIRE(src->read_codes(n, spec, codes.data()));
+    std::vector<float> want(size_t(kHeadDim * kIn)), have(want.size());
+    quant::dequantize_rows(spec, stored.data(), kHeadDim, kIn, want.data(), DType::F32);
+    quant::dequantize_rows(spec, codes.data(), kHeadDim, kIn, have.data(), DType::F32);
+    for (size_t i = 0; i < want.size(); ++i) CHECK(have[i] == Approx(want[i] * m).epsilon(1e-3).margin(1e-4));
+  }
+  cfg.residual_multiplier = 1.0f;
+  WeightSource* inner = new RowsSource;
+  CHECK(residual_scale_source(std::unique_ptr<WeightSource>(inner), cfg).get() == inner);
 }
