@@ -5,22 +5,16 @@
 // the forward pass needs no op of its own.
 #include <vector>
 
+#include "forwarding_source.h"
 #include "strata/core/error.h"
-#include "strata/model/weight_source.h"
 
 namespace strata {
 namespace {
 
-class ResidualScaleSource final : public WeightSource {
+class ResidualScaleSource final : public ForwardingSource {
 public:
   ResidualScaleSource(std::unique_ptr<WeightSource> inner, float multiplier)
-      : inner_(std::move(inner)), multiplier_(multiplier) {}
-
-  std::string describe() const override { return inner_->describe(); }
-  std::optional<quant::QuantSpec> codes_spec() const override { return inner_->codes_spec(); }
-  bool contains(const std::string& name) const override { return inner_->contains(name); }
-  std::vector<std::string> names() const override { return inner_->names(); }
-  std::vector<int64_t> shape(const std::string& name) const override { return inner_->shape(name); }
+      : ForwardingSource(std::move(inner)), multiplier_(multiplier) {}
 
 private:
   // The projections whose outputs are the residual branches (a dense layer's; Granite has no MoE).
@@ -50,13 +44,6 @@ private:
     return true;
   }
 
-  int64_t numel(const std::string& name) const {
-    int64_t total = 1;
-    for (int64_t e : inner_->shape(name)) total *= e;
-    return total;
-  }
-
-  std::unique_ptr<WeightSource> inner_;
   float multiplier_;
 };
 

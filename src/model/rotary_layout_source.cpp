@@ -18,22 +18,23 @@
 #include <cstring>
 #include <vector>
 
+#include "forwarding_source.h"
 #include "strata/core/error.h"
-#include "strata/model/weight_source.h"
 
 namespace strata {
 namespace {
 
 enum class Role : uint8_t { None, Query, Key };
 
-class PartialRotarySource final : public WeightSource {
+class RotaryLayoutSource final : public ForwardingSource {
 public:
-  PartialRotarySource(std::unique_ptr<WeightSource> inner, const ModelConfig& cfg)
-      : inner_(std::move(inner)), head_dim_(cfg.head_dim), rotary_(cfg.rotary_dims()),
+  RotaryLayoutSource(std::unique_ptr<WeightSource> inner, const ModelConfig& cfg)
+      : ForwardingSource(std::move(inner)), head_dim_(cfg.head_dim), rotary_(cfg.rotary_dims()),
         passing_scale_(1.0f / (cfg.rope_attention_factor * cfg.rope_attention_factor)) {
-    // A per-head q/k norm would see the scaled passing dims (config.cpp admits partial rotary
-    // for Phi-3's attention only, which has none).
-    STRATA_CHECK(!cfg.qk_norm, "internal: partial rotary with q/k norms");
+    // A per-head q/k norm's weight would need the same reordering, and its RMS would see the
+    // scaled passing dims (config.cpp admits these layouts for Phi-3's and GLM's attention only,
+    // which have none).
+    STRATA_CHECK(!cfg.qk_norm, "internal: a partial or interleaved rotary layout with q/k norms");
     const int d = cfg.head_dim, r = cfg.rotary_dims();
     for (int j = 0; j < d; ++j) {
       const int half = j < d / 2 ? j : j - d / 2;  // index within its half
@@ -43,12 +44,6 @@ public:
       else order_.push_back(half + (second ? r / 2 : 0));
     }
   }
-
-  std::string describe() const override { return inner_->describe(); }
-  std::optional<quant::QuantSpec> codes_spec() const override { return inner_->codes_spec(); }
-  bool contains(const std::string& name) const override { return inner_->contains(name); }
-  std::vector<std::string> names() const override { return inner_->names(); }
-  std::vector<int64_t> shape(const std::string& name) const override { return inner_->shape(name); }
 
 private:
   void read_into(const std::string& name, DType dst_dtype, void* dst, ThreadPool* pool) const override {
@@ -102,12 +97,6 @@ private:
     return s[0];
   }
 
-  int64_t numel(const std::string& name) const {
-    int64_t total = 1;
-    for (int64_t e : inner_->shape(name)) total *= e;
-    return total;
-  }
-
   // dst's row h * d + j is src's row h * d + order_[j]; `passing(row)` is called on each dst row
   // that does not rotate.
   template <class OnPassing>
@@ -123,7 +112,6 @@ private:
       }
   }
 
-  std::unique_ptr<WeightSource> inner_;
   int head_dim_;
   int rotary_;
   float passing_scale_;
@@ -134,7 +122,7 @@ private:
 
 std::unique_ptr<WeightSource> rotary_layout_source(std::unique_ptr<WeightSource> inner, const ModelConfig& cfg) {
   if (!cfg.partial_rotary() && !cfg.rope_interleaved) return inner;
-  return std::make_unique<PartialRotarySource>(std::move(inner), cfg);
+  return std::make_unique<RotaryLayoutSource>(std::move(inner), cfg);
 }
 
 }  // namespace strata
