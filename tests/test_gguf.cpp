@@ -600,7 +600,7 @@ TEST_CASE("gguf: each byte-level pre-tokenizer name splits text as llama.cpp doe
     INFO(name);
     const std::optional<PreTokenizer> pre = gguf_pre_tokenizer(name);
     REQUIRE(pre);
-    const Tokenizer tok = Tokenizer::from_parts(tokens, merges, added, *pre);
+    const Tokenizer tok = Tokenizer::from_parts(tokens, merges, added, *pre, gguf_ignores_merges(name));
     REQUIRE(cases.size() > 40);
     for (const json& c : cases) {
       INFO(c["text"].dump());
@@ -611,6 +611,29 @@ TEST_CASE("gguf: each byte-level pre-tokenizer name splits text as llama.cpp doe
   CHECK(gguf_pre_tokenizer("llama3") == PreTokenizer::Llama3);
   CHECK_FALSE(gguf_pre_tokenizer("default"));
   CHECK_FALSE(gguf_pre_tokenizer("deepseek-llm"));
+}
+
+TEST_CASE("gguf: llama-bpe's whole-word tokens win over the merges, as in llama.cpp; qwen2's do not",
+          "[gguf][tokenizer]") {
+  // bpe_ignore_merges_cases.json (make_gguf_fixtures.py): words appended to a vocabulary as tokens
+  // that its merges never build; llama.cpp's ids, equal to Hugging Face tokenizers' with
+  // ignore_merges true and false.
+  const json fx = load_json(fixture("bpe_ignore_merges_cases.json"));
+  for (const char* name : {"llama-bpe", "qwen2"}) {
+    INFO(name);
+    std::string file = std::string("bpe_ignore_merges_") + name + ".gguf";
+    std::replace(file.begin(), file.end(), '-', '_');
+    const Tokenizer tok = tokenizer_from_gguf(GgufFile::open(fixture(file)));
+    REQUIRE(fx["cases"][name].size() == 4);
+    for (const json& c : fx["cases"][name]) {
+      INFO(c["text"].dump());
+      CHECK(tok.encode(c["text"].get<std::string>()) == c["ids"].get<std::vector<int32_t>>());
+    }
+  }
+  CHECK(gguf_ignores_merges("glm4"));
+  CHECK(gguf_ignores_merges("llama3"));
+  CHECK_FALSE(gguf_ignores_merges("gpt-4o"));
+  CHECK_FALSE(gguf_ignores_merges("chatglm-bpe"));
 }
 
 TEST_CASE("gguf: ChatML template rendering matches transformers", "[gguf]") {

@@ -712,6 +712,10 @@ std::optional<PreTokenizer> gguf_pre_tokenizer(std::string_view name) {
   return std::nullopt;
 }
 
+bool gguf_ignores_merges(std::string_view name) {
+  return name == "llama-bpe" || name == "llama3" || name == "llama-v3" || name == "glm4";
+}
+
 Tokenizer tokenizer_from_gguf(const GgufFile& f) {
   std::string model = f.get_string("tokenizer.ggml.model");
   if (model == "llama") return sentencepiece_from_gguf(f);
@@ -735,7 +739,7 @@ Tokenizer tokenizer_from_gguf(const GgufFile& f) {
     const bool strip = std::find(rstrip.begin(), rstrip.end(), int(id)) != rstrip.end();
     added.push_back({int(id), tokens[id], types[id] == 3, strip});
   }
-  return Tokenizer::from_parts(std::move(tokens), merges, std::move(added), *pre);
+  return Tokenizer::from_parts(std::move(tokens), merges, std::move(added), *pre, gguf_ignores_merges(pre_name));
 }
 
 }  // namespace strata

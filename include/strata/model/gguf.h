@@ -158,5 +158,9 @@ std::unique_ptr<WeightSource> make_gguf_source(const std::filesystem::path& path
 Tokenizer tokenizer_from_gguf(const GgufFile& file);
 // The byte-level pre-tokenizer llama.cpp names tokenizer.ggml.pre (nullopt: not one Strata has).
 std::optional<PreTokenizer> gguf_pre_tokenizer(std::string_view name);
+// Whether llama.cpp encodes a pre-tokenized word that is itself a token as that one token, whatever
+// the merges would make of it (its ignore_merges: llama-bpe and its aliases, as Llama 3's
+// tokenizer.json says, and glm4).
+bool gguf_ignores_merges(std::string_view name);
 
 }  // namespace strata
