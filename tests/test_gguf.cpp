@@ -851,3 +851,36 @@ TEST_CASE("gguf: Gemma's attention scale, window and soft caps follow llama.cpp'
   CHECK_THROWS_WITH(config_of("gemma2", 26, 2304, 8, 256, {{"gemma2.attn_logit_softcapping", kF32, value_bytes(-1.0f)}}),
                     Catch::Contains("gemma2.attn_logit_softcapping"));
 }
+
+TEST_CASE("fuzz finding 9: a head_dim far beyond any model's is refused as it is read, not gigabytes allocated",
+          "[gguf][config][fuzz]") {
+  // gguf_fuzz, after about a minute from the glm4 / granite seeds: attention.key_length near 2^31
+  // with YaRN scaling made yarn_freq_divisors allocate head_dim / 2 floats (8 GB) before validate()
+  // bounds head_dim at 2^16. config.json's head_dim reached the same tables.
+  constexpr uint32_t kU32 = 4, kF32 = 6, kString = 8;
+  auto string_bytes = [](const std::string& s) {
+    std::vector<uint8_t> b = value_bytes(uint64_t(s.size()));
+    b.insert(b.end(), s.begin(), s.end());
+    return b;
+  };
+  const uint32_t head_dim = 1u << 31;
+  const std::vector<std::tuple<std::string, uint32_t, std::vector<uint8_t>>> kvs = {
+      {"general.architecture", kString, string_bytes("llama")},
+      {"llama.block_count", kU32, value_bytes(uint32_t(2))},
+      {"llama.embedding_length", kU32, value_bytes(uint32_t(64))},
+      {"llama.feed_forward_length", kU32, value_bytes(uint32_t(128))},
+      {"llama.attention.head_count", kU32, value_bytes(uint32_t(4))},
+      {"llama.attention.key_length", kU32, value_bytes(head_dim - 2)},
+      {"llama.context_length", kU32, value_bytes(uint32_t(128))},
+      {"llama.rope.scaling.type", kString, string_bytes("yarn")},
+      {"llama.rope.scaling.factor", kF32, value_bytes(4.0f)},
+      {"llama.vocab_size", kU32, value_bytes(uint32_t(1000))}};
+  CHECK_THROWS_WITH(config_from_gguf(GgufFile::from_bytes(metadata_only_gguf(kvs), "huge.gguf")),
+                    Catch::Contains("huge.gguf") && Catch::Contains("head_dim 2147483646 is above the limit of 65536"));
+  const json cfg = {{"model_type", "llama"}, {"hidden_size", 64}, {"intermediate_size", 128},
+                    {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"head_dim", 1 << 30},
+                    {"vocab_size", 1000}, {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}}};
+  CHECK_THROWS_WITH(config_from_hf_json_text(cfg.dump(), "huge/config.json"),
+                    Catch::Contains("huge/config.json") &&
+                        Catch::Contains("config field head_dim is 1073741824, above the limit of 65536"));
+}

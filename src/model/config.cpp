@@ -377,6 +377,9 @@ void read_llama_shape(const json& j, int default_head_dim, int default_positions
   c.n_heads = require_int(j, "num_attention_heads");
   c.n_kv_heads = get_or<int>(j, "num_key_value_heads", c.n_heads);
   c.head_dim = get_or<int>(j, "head_dim", default_head_dim);
+  // Also validate()'s: YaRN's and the linear scaling's tables are head_dim / 2 long when read.
+  if (c.head_dim > (1 << 16))
+    STRATA_FAIL("config field head_dim is " << c.head_dim << ", above the limit of " << (1 << 16));
   c.max_positions = get_or<int>(j, "max_position_embeddings", default_positions);
   c.norm = NormKind::RMSNorm;
   c.norm_eps = get_or<float>(j, "rms_norm_eps", 1e-6f);

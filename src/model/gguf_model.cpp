@@ -585,6 +585,9 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     c.head_dim = c.hidden / c.n_heads;
   else
     STRATA_FAIL("GGUF file " << f.path() << ": embedding_length " << c.hidden << " is not a multiple of head_count " << c.n_heads);
+  // validate()'s bound, here already: RoPE scaling's tables are head_dim / 2 long when read.
+  if (c.head_dim > (1 << 16))
+    STRATA_FAIL("GGUF file " << f.path() << ": head_dim " << c.head_dim << " is above the limit of " << (1 << 16));
   if (auto vl = f.get_int_opt(key("attention.value_length")); vl && *vl != c.head_dim)
     STRATA_FAIL("GGUF file " << f.path() << ": attention.value_length " << *vl << " differs from key_length " << c.head_dim);
   // Partial rotary as config.json's (read_partial_rotary): Phi-4-mini's 96 of 128 (NeoX pairs over
