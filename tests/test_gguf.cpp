@@ -543,6 +543,13 @@ std::vector<uint8_t> value_bytes(T v) {
   return b;
 }
 
+// A GGUF string value: its u64 length, then its bytes.
+std::vector<uint8_t> string_bytes(const std::string& s) {
+  std::vector<uint8_t> b = value_bytes(uint64_t(s.size()));
+  b.insert(b.end(), s.begin(), s.end());
+  return b;
+}
+
 }  // namespace
 
 TEST_CASE("gguf: general.sampling.* are the file's recommended sampling settings, as llama.cpp reads them", "[gguf]") {
@@ -799,11 +806,6 @@ TEST_CASE("gguf: Gemma 3 (five layers in six sliding, local RoPE base, q/k norms
 TEST_CASE("gguf: Gemma's attention scale, window and soft caps follow llama.cpp's rules where the file is silent",
           "[gguf][gemma]") {
   constexpr uint32_t kU32 = 4, kF32 = 6, kString = 8;
-  auto string_bytes = [](const std::string& s) {
-    std::vector<uint8_t> b = value_bytes(uint64_t(s.size()));
-    b.insert(b.end(), s.begin(), s.end());
-    return b;
-  };
   // The shape keys of a Gemma file; `extra` adds or replaces.
   auto config_of = [&](const std::string& arch, uint32_t layers, uint32_t hidden, uint32_t heads, uint32_t head_dim,
                        std::vector<std::tuple<std::string, uint32_t, std::vector<uint8_t>>> extra) {
@@ -858,11 +860,6 @@ TEST_CASE("fuzz finding 9: a head_dim far beyond any model's is refused as it is
   // with YaRN scaling made yarn_freq_divisors allocate head_dim / 2 floats (8 GB) before validate()
   // bounds head_dim at 2^16. config.json's head_dim reached the same tables.
   constexpr uint32_t kU32 = 4, kF32 = 6, kString = 8;
-  auto string_bytes = [](const std::string& s) {
-    std::vector<uint8_t> b = value_bytes(uint64_t(s.size()));
-    b.insert(b.end(), s.begin(), s.end());
-    return b;
-  };
   const uint32_t head_dim = 1u << 31;
   const std::vector<std::tuple<std::string, uint32_t, std::vector<uint8_t>>> kvs = {
       {"general.architecture", kString, string_bytes("llama")},
