@@ -92,7 +92,8 @@ TEST_CASE("fuzz finding 4: config.json numbers of the wrong type or size are ref
   CHECK_THROWS_WITH(config_from_hf_json_text(R"({"model_type": 7})", "m/config.json"),
                     Catch::StartsWith("m/config.json: config field 'model_type' has the wrong type"));
   // Sizes no model has, which made the parameter count overflow int64: refused by validate(), the
-  // layer count already as it is read (the readers build lists a layer long).
+  // layer count and head_dim already as they are read (the readers build lists a layer long, and
+  // RoPE scaling tables head_dim / 2 long).
   CHECK_THROWS_WITH(config_from_hf_json_text(
                         R"({"model_type": "llama", "hidden_size": 1048576, "intermediate_size": 2147483647, )"
                         R"("num_hidden_layers": 2147483647, "num_attention_heads": 4, "vocab_size": 100})",
@@ -100,7 +101,7 @@ TEST_CASE("fuzz finding 4: config.json numbers of the wrong type or size are ref
                     Catch::Contains("config field num_hidden_layers is 2147483647, above the limit"));
   CHECK_THROWS_WITH(config_from_hf_json_text(
                         R"({"model_type": "llama", "hidden_size": 1048576, "intermediate_size": 2147483647, )"
-                        R"("num_hidden_layers": 16384, "num_attention_heads": 4, "vocab_size": 100})",
+                        R"("num_hidden_layers": 16384, "num_attention_heads": 16, "vocab_size": 100})",
                         "m/config.json"),
                     Catch::Contains("config field intermediate_size is 2147483647, above the limit"));
   CHECK_THROWS_WITH(parse(R"("head_dim": 65536, "num_attention_heads": 128)"),

@@ -620,7 +620,7 @@ TEST_CASE("gguf: each byte-level pre-tokenizer name splits text as llama.cpp doe
   CHECK_FALSE(gguf_pre_tokenizer("deepseek-llm"));
 }
 
-TEST_CASE("gguf: llama-bpe's whole-word tokens win over the merges, as in llama.cpp; qwen2's do not",
+TEST_CASE("gguf: llama-bpe's whole-word tokens win over the merges as in llama.cpp, and qwen2's do not",
           "[gguf][tokenizer]") {
   // bpe_ignore_merges_cases.json (make_gguf_fixtures.py): words appended to a vocabulary as tokens
   // that its merges never build; llama.cpp's ids, equal to Hugging Face tokenizers' with
