@@ -187,7 +187,8 @@ def tokenizers():
 
 def configs():
     for name in ["tiny-opt", "tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-llama-gptq", "tiny-gemma2",
-                 "tiny-gemma3", "tiny-gemma3-mm", "tiny-gpt-oss", "tiny-gpt-oss-mxfp4"]:
+                 "tiny-gemma3", "tiny-gemma3-mm", "tiny-gpt-oss", "tiny-gpt-oss-mxfp4", "tiny-phi4-mini", "tiny-glm4",
+                 "tiny-granite"]:
         put("config_fuzz", name + ".json", (ROOT / "tests/fixtures/models" / name / "config.json").read_bytes())
 
 
