@@ -85,6 +85,7 @@ TEST_CASE("preset parameter counts equal the published model sizes", "[config]")
   CHECK(config_preset("smollm3-3b")->nope_layers.size() == 9);
   CHECK(double(config_preset("phi-4-mini")->param_count()) == Approx(3.84e9).epsilon(0.005));  // card: 3.8B
   CHECK(double(config_preset("glm-4-9b")->param_count()) == Approx(9.40e9).epsilon(0.005));     // GLM-4-9B-0414
+  CHECK(double(config_preset("olmo-2-32b")->param_count()) == Approx(32.2e9).epsilon(0.005));  // OLMo-2-0325-32B
   CHECK_FALSE(config_preset("opt-7b").has_value());
   for (const std::string& name : config_preset_names()) CHECK_NOTHROW(config_preset(name)->validate());
 }

@@ -472,6 +472,26 @@ TEST_CASE("gguf: GLM-4 (glm4: interleaved partial RoPE, sandwich norms, fused ga
   test::check_hf_outputs(b, exp);
 }
 
+TEST_CASE("gguf: OLMo 2 (olmo2: norms after each block, q/k normed whole) gives transformers' logits and tokens",
+          "[gguf][model]") {
+  // tiny-olmo2 as llama.cpp's converter writes it (make_olmo_fixtures.py): q/k rows as in Hugging
+  // Face, pre-tokenizer dbrx; expected values are transformers' on the directory.
+  const json exp = load_json(fs::path(STRATA_FIXTURES_DIR) / "models" / "tiny-olmo2" / "expected.json");
+  ModelBundle b = open_model(fixture("tiny_olmo2.gguf").string());
+  CHECK_FALSE(b.config.pre_norms);
+  CHECK(b.config.sandwich_norms);
+  CHECK(b.config.qk_norm_whole);
+  CHECK(b.weights->contains("model.layers.1.post_feedforward_layernorm.weight"));
+  CHECK_FALSE(b.weights->contains("model.layers.1.input_layernorm.weight"));
+  test::check_hf_outputs(b, exp);
+
+  // A q norm of one head's width (Qwen3's) is not OLMo 2's: refused naming the tensor.
+  std::vector<uint8_t> bytes = slurp(fixture("tiny_olmo2.gguf"));
+  poke<uint64_t>(bytes, tensor_info_pos(bytes, "blk.0.attn_q_norm.weight") + 4, 16);  // ne[0]: head_dim
+  CHECK_THROWS_WITH(config_from_gguf(GgufFile::from_bytes(std::move(bytes), "mem.gguf")),
+                    Catch::Contains("mem.gguf") && Catch::Contains("olmo2 needs blk.0.attn_q_norm.weight of 64"));
+}
+
 TEST_CASE("gguf: a Phi-3 file's special tokens swallow the whitespace after them, as in llama.cpp", "[gguf][tokenizer]") {
   // llama.cpp's rule by general.name ("tiny-phi3"): every special token but <unk>, <s> and
   // <|endoftext|> strips the whitespace to its right. Ids from llama.cpp tokenizing the file.

@@ -46,12 +46,12 @@ int64_t ModelConfig::layer_param_count(int layer) const {
   int64_t n = int64_t(h) * (q_dim() + 2 * kv_dim()) + int64_t(q_dim()) * h;  // q, k, v, o
   if (sparse_layer(layer)) n += int64_t(n_experts) * (h + 3 * h * int64_t(expert_intermediate));  // router, experts
   else n += (gated_mlp() ? 3 : 2) * h * f;
-  n += (norm_bias ? 4 : 2) * h;                                              // two norms
+  if (pre_norms) n += (norm_bias ? 4 : 2) * h;                               // two norms
   if (sandwich_norms) n += 2 * h;                                            // and Gemma's two more
   if (qkv_bias) n += q_dim() + 2 * kv_dim();
   if (o_bias) n += h;
   if (mlp_bias) n += f + h;
-  if (qk_norm) n += 2 * head_dim;
+  if (qk_norm) n += qk_norm_whole ? q_dim() + kv_dim() : 2 * head_dim;
   if (attn_sinks) n += n_heads;
   if (sparse_layer(layer) && router_bias) n += n_experts;
   if (sparse_layer(layer) && expert_bias) n += int64_t(n_experts) * (2 * int64_t(expert_intermediate) + h);
@@ -463,6 +463,11 @@ void read_llama(const json& j, const std::string& file, const std::string& model
     c.sandwich_norms = true;
     c.sandwich_naming = SandwichNaming::Glm4;
   }
+  if (model_type == "olmo2") {  // norms after each block only (Gemma's names), q and k normed whole
+    c.pre_norms = false;
+    c.sandwich_norms = true;
+    c.qk_norm = c.qk_norm_whole = true;
+  }
   if (get_or<bool>(j, "mlp_bias", false)) STRATA_FAIL(file << ": mlp_bias=true is not supported");
   c.tied_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
   if (model_type == "mistral" || model_type == "mixtral" || model_type == "qwen2" || model_type == "qwen3" ||
@@ -815,12 +820,12 @@ ModelConfig config_from_hf_json_text(const std::string& text, const std::filesys
     else if (model_type == "gpt_oss") read_gpt_oss(j, file, c);
     else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
              model_type == "phi3" || model_type == "mixtral" || model_type == "qwen3_moe" || model_type == "smollm3" ||
-             model_type == "glm" || model_type == "glm4" || model_type == "granite")
+             model_type == "glm" || model_type == "glm4" || model_type == "granite" || model_type == "olmo2")
       read_llama(j, file, model_type, c);  // Phi-3, GLM: LLaMA with fused projections (split_fused_projections)
     else
       STRATA_FAIL(file << ": model_type '" << model_type
                        << "' is not supported (opt, llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe, smollm3, "
-                          "gemma2, gemma3_text, gemma3, gpt_oss, glm, glm4, granite)");
+                          "gemma2, gemma3_text, gemma3, gpt_oss, glm, glm4, granite, olmo2)");
     c.vocab_size = require_int(j, "vocab_size");
     std::vector<int> bos = id_list(j, "bos_token_id");
     c.bos_id = bos.empty() ? -1 : bos[0];
@@ -946,6 +951,16 @@ const std::map<std::string, ModelConfig>& presets() {
     glm4.bos_id = -1;
     glm4.eos_ids = {151329, 151336, 151338};
     m[glm4.name] = glm4;
+    // OLMo-2-0325-32B (config.json): GQA 40 / 8, norms after each block only, q and k normed over all
+    // their heads; 32.2B parameters (the card's).
+    ModelConfig olmo2 = llama_preset("olmo-2-32b", 5120, 64, 40, 8, 27648, 100352, 500000.0f, 4096);
+    olmo2.norm_eps = 1e-6f;
+    olmo2.pre_norms = false;
+    olmo2.sandwich_norms = true;
+    olmo2.qk_norm = olmo2.qk_norm_whole = true;
+    olmo2.bos_id = -1;
+    olmo2.eos_ids = {100257};
+    m[olmo2.name] = olmo2;
     // Mixtral-8x7B-v0.1 (config.json): 8 experts of 14336, 2 per token, 32768 positions, no sliding
     // window. 46.7B parameters, 12.9B active.
     ModelConfig mixtral = llama_preset("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, 1000000.0f, 32768);

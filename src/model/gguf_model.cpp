@@ -44,14 +44,15 @@ bool window_layers_arch(const std::string& arch) { return gemma_arch(arch) || ar
 // qwen3moe, phi3 (LLaMA with fused projections), smollm3 (LLaMA with every fourth layer without
 // RoPE), gemma2 and gemma3 (Gemma's layer: config.cpp's read_gemma), gpt-oss (read_gpt_oss), glm4
 // (GLM-4-0414: fused gate and up, interleaved partial RoPE, sandwich norms), granite (LLaMA with
-// four multipliers: read_granite).
+// four multipliers: read_granite), olmo2 (OLMo 2: norms after each block only, q and k normed whole).
 std::string supported_arch(const GgufFile& f) {
   std::string arch = f.get_string("general.architecture");
   if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" && arch != "phi3" &&
-      arch != "smollm3" && !gemma_arch(arch) && arch != "gpt-oss" && arch != "glm4" && arch != "granite")
+      arch != "smollm3" && !gemma_arch(arch) && arch != "gpt-oss" && arch != "glm4" && arch != "granite" &&
+      arch != "olmo2")
     STRATA_FAIL("GGUF file " << f.path() << ": unsupported architecture '" << arch
                              << "' (supported: llama, qwen2, qwen3, qwen3moe, phi3, smollm3, gemma2, gemma3, gpt-oss, "
-                                "glm4, granite)");
+                                "glm4, granite, olmo2)");
   return arch;
 }
 
@@ -220,7 +221,8 @@ std::string hf_name(const std::string& g, const std::string& arch) {
   // norm before the MLP under its Gemma-like name.
   if (gpt_oss && part == "attn_sinks" && suffix == "weight") return "model.layers." + std::to_string(n) + ".self_attn.sinks";
   if (gpt_oss && part == "post_attention_norm") return "model.layers." + std::to_string(n) + ".post_attention_layernorm." + suffix;
-  const auto& names = gemma_arch(arch) && gemma_layer_norms().count(part)  ? gemma_layer_norms()
+  const bool gemma_norms = gemma_arch(arch) || arch == "olmo2";  // OLMo 2's two norms: Gemma's names
+  const auto& names = gemma_norms && gemma_layer_norms().count(part)        ? gemma_layer_norms()
                       : arch == "glm4" && glm4_layer_norms().count(part) ? glm4_layer_norms()
                                                                           : layer;
   auto it = names.find(part);
@@ -535,6 +537,18 @@ void read_gpt_oss(const GgufFile& f, ModelConfig& c) {
   c.checkpoint_dtype = DType::BF16;
 }
 
+// OLMo 2: no norm before its blocks, one after each (post_attention_norm, post_ffw_norm), and q and
+// k normed over all their heads at once, as the q norm's width (q_dim, not head_dim) says.
+void read_olmo2(const GgufFile& f, ModelConfig& c) {
+  c.pre_norms = false;
+  c.sandwich_norms = true;
+  const GgufTensorInfo* q_norm = f.find_tensor("blk.0.attn_q_norm.weight");
+  if (!q_norm || q_norm->ne.empty() || q_norm->ne[0] != c.q_dim())
+    STRATA_FAIL("GGUF file " << f.path() << ": olmo2 needs blk.0.attn_q_norm.weight of " << c.q_dim()
+                             << " values (head_count x key_length)");
+  c.qk_norm = c.qk_norm_whole = true;
+}
+
 }  // namespace
 
 RecommendedSampling recommended_sampling_from_gguf(const GgufFile& f) {
@@ -630,6 +644,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     c.sandwich_norms = true;
     c.sandwich_naming = SandwichNaming::Glm4;
   }
+  if (arch == "olmo2") read_olmo2(f, c);
 
   read_experts(f, arch, c);
   if (gemma_arch(arch)) read_gemma(f, arch, c);
@@ -712,6 +727,7 @@ std::optional<PreTokenizer> gguf_pre_tokenizer(std::string_view name) {
   if (name == "smollm") return PreTokenizer::SmolLM;
   if (name == "gpt-4o") return PreTokenizer::Gpt4o;  // GPT-OSS
   if (name == "glm4" || name == "chatglm-bpe") return PreTokenizer::Llama3;  // GLM-4: LLaMA 3's regex
+  if (name == "dbrx") return PreTokenizer::Llama3;  // cl100k's regex, LLaMA 3's (OLMo 2's dolma2 tokenizer)
   return std::nullopt;
 }
 
@@ -729,7 +745,7 @@ Tokenizer tokenizer_from_gguf(const GgufFile& f) {
   const std::optional<PreTokenizer> pre = gguf_pre_tokenizer(pre_name);
   if (!pre)
     STRATA_FAIL("GGUF file " << f.path() << ": tokenizer pre-tokenizer '" << pre_name
-                             << "' is not supported (gpt-2, llama-bpe, qwen2, smollm, gpt-4o, glm4)");
+                             << "' is not supported (gpt-2, llama-bpe, qwen2, smollm, gpt-4o, glm4, dbrx)");
   std::vector<std::string> tokens = f.get_string_array("tokenizer.ggml.tokens");
   std::vector<std::string> merges = f.has("tokenizer.ggml.merges") ? f.get_string_array("tokenizer.ggml.merges")
                                                                     : std::vector<std::string>{};

@@ -58,7 +58,8 @@ const char* sandwich_name(SandwichNaming naming, WeightRole r, const char* llama
 // Whether the config has this tensor, and its shape in Hugging Face layout.
 bool present(const ModelConfig& c, WeightRole r) {
   switch (r) {
-    case WeightRole::AttnNormB: case WeightRole::MlpNormB: return c.norm_bias;
+    case WeightRole::AttnNormW: case WeightRole::MlpNormW: return c.pre_norms;
+    case WeightRole::AttnNormB: case WeightRole::MlpNormB: return c.pre_norms && c.norm_bias;
     case WeightRole::QB: case WeightRole::KB: case WeightRole::VB: return c.qkv_bias;
     case WeightRole::OB: return c.o_bias;
     case WeightRole::Fc1B: case WeightRole::Fc2B: return c.mlp_bias;
@@ -80,7 +81,8 @@ std::vector<int64_t> shape_of(const ModelConfig& c, WeightRole r) {
     case WeightRole::Fc1W: case WeightRole::UpW: return {f, h};
     case WeightRole::Fc1B: return {f};
     case WeightRole::Fc2W: return {h, f};
-    case WeightRole::QNormW: case WeightRole::KNormW: return {c.head_dim};
+    case WeightRole::QNormW: return {c.qk_norm_whole ? qd : c.head_dim};
+    case WeightRole::KNormW: return {c.qk_norm_whole ? kvd : c.head_dim};
     default: return {h};  // norms and the biases of width h
   }
 }

@@ -200,7 +200,24 @@ void ForwardOps::embed(const ModelWeights& w, const Tensor& x) {
 }
 
 void ForwardOps::attention_norm(const LayerWeights& w, const Tensor& x) {
-  norm(x, w.attn_norm_w, w.attn_norm_b, xn_.rows(0, T_));
+  block_input(x, w.attn_norm_w, w.attn_norm_b, xn_.rows(0, T_));
+}
+
+// A block's input: x normed, or (OLMo 2, whose norms come after its blocks) x as it is.
+void ForwardOps::block_input(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out) {
+  if (cfg_.pre_norms) norm(x, w, b, out);
+  else backend_.copy_on_device(out.data, x.data, x.nbytes());
+}
+
+// x += delta, and the next block's input from the new x.
+void ForwardOps::add_block_input(const Tensor& x, const Tensor& delta, const Tensor& w, const Tensor& b,
+                                 const Tensor& out) {
+  if (cfg_.pre_norms) {
+    backend_.add_norm(x, delta, norm_kind(), w, b, cfg_.norm_eps, out, norm_offset());
+    return;
+  }
+  backend_.add(x, delta, x);
+  backend_.copy_on_device(out.data, x.data, x.nbytes());
 }
 
 // Each residual add runs with the norm after it (add_norm): the attention's with the MLP's norm,
@@ -214,10 +231,10 @@ void ForwardOps::layer(const LayerWeights& w, const LayerWeights* next, const La
   const Tensor o = leading(mlp_a_, T, h);  // free until the MLP's first GEMM
   backend_.linear(attn.reshaped({T, cfg_.q_dim()}), w.o_w, w.o_b, o);
   post_norm(w.post_attn_norm_w, o);
-  backend_.add_norm(x, o, norm_kind(), w.mlp_norm_w, w.mlp_norm_b, cfg_.norm_eps, xn, norm_offset());
+  add_block_input(x, o, w.mlp_norm_w, w.mlp_norm_b, xn);
   const Tensor y = mlp_from_normed(w);
   post_norm(w.post_mlp_norm_w, y);
-  if (next) backend_.add_norm(x, y, norm_kind(), next->attn_norm_w, next->attn_norm_b, cfg_.norm_eps, xn, norm_offset());
+  if (next) add_block_input(x, y, next->attn_norm_w, next->attn_norm_b, xn);
   else backend_.add(x, y, x);
 }
 
@@ -256,9 +273,10 @@ AttentionInputs ForwardOps::project_qkv(const LayerWeights& w, const LayerAttent
   // k. Qwen3 normalises each head of q and k before the rotation, so there the pass only splits.
   const bool rope = cfg_.pos == PosKind::Rope;
   backend_.split_qkv(qkv_projection(w), pos, rope && !cfg_.qk_norm ? inv_freq : Tensor(), q, k, v);
-  if (cfg_.qk_norm) {  // Qwen3: every head of q and k normalised on its own, in place
-    const Tensor q_heads = q.reshaped({T * cfg_.n_heads, cfg_.head_dim});
-    const Tensor k_heads = k.reshaped({T * cfg_.n_kv_heads, cfg_.head_dim});
+  if (cfg_.qk_norm) {  // Qwen3: every head of q and k normalised on its own, in place; OLMo 2: all at once
+    const bool whole = cfg_.qk_norm_whole;
+    const Tensor q_heads = whole ? q.reshaped({T, cfg_.q_dim()}) : q.reshaped({T * cfg_.n_heads, cfg_.head_dim});
+    const Tensor k_heads = whole ? k.reshaped({T, cfg_.kv_dim()}) : k.reshaped({T * cfg_.n_kv_heads, cfg_.head_dim});
     backend_.rms_norm(q_heads, w.q_norm_w, cfg_.norm_eps, q_heads, norm_offset());
     backend_.rms_norm(k_heads, w.k_norm_w, cfg_.norm_eps, k_heads, norm_offset());
     if (rope) {
@@ -315,7 +333,7 @@ Tensor ForwardOps::attend_stored(const Tensor& q, const AttentionSpec& spec, con
 
 void ForwardOps::mlp_block(const LayerWeights& w, const Tensor& x) {
   // Pre-norm: x += fc2(act(fc1(x))), or down(silu(gate(x)) * up(x)).
-  norm(x, w.mlp_norm_w, w.mlp_norm_b, xn_.rows(0, T_));
+  block_input(x, w.mlp_norm_w, w.mlp_norm_b, xn_.rows(0, T_));
   const Tensor y = mlp_from_normed(w);
   post_norm(w.post_mlp_norm_w, y);
   backend_.add(x, y, x);

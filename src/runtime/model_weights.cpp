@@ -180,16 +180,28 @@ BlockLayout layer_block_layout(const ModelConfig& cfg, int layer, DType dtype,
                                const std::optional<quant::QuantSpec>& compression) {
   return block_layout(layer_weight_specs(cfg, layer), dtype, compression);
 }
+namespace {
+bool attention_half_role(WeightRole r) {
+  switch (r) {
+    case WeightRole::AttnNormW: case WeightRole::AttnNormB: case WeightRole::QW: case WeightRole::QB:
+    case WeightRole::QNormW: case WeightRole::KW: case WeightRole::KB: case WeightRole::KNormW: case WeightRole::VW:
+    case WeightRole::VB: case WeightRole::OW: case WeightRole::OB: case WeightRole::PostAttnNormW: return true;
+    default: return false;
+  }
+}
+}  // namespace
+
 HalvedLayout halved_layer_layout(const ModelConfig& cfg, int layer, DType dtype, size_t align,
                                  const std::optional<quant::QuantSpec>& compression) {
   auto round_up = [align](size_t n) { return (n + align - 1) / align * align; };
   HalvedLayout h;
   h.layout = layer_block_layout(cfg, layer, dtype, compression);
   BlockLayout& l = h.layout;
+  // The MLP half begins at its norm (OLMo 2, without one: at its first matrix or the router).
   size_t first_mlp = l.specs.size();
   for (size_t i = 0; i < l.specs.size() && first_mlp == l.specs.size(); ++i)
-    if (l.specs[i].role == WeightRole::MlpNormW) first_mlp = i;
-  STRATA_CHECK(first_mlp < l.specs.size(), "layer " << layer << " has no MLP norm");
+    if (!attention_half_role(l.specs[i].role)) first_mlp = i;
+  STRATA_CHECK(first_mlp < l.specs.size(), "layer " << layer << " has no MLP");
   h.mlp_offset = round_up(l.offsets[first_mlp]);
   const size_t shift = h.mlp_offset - l.offsets[first_mlp];
   for (size_t i = first_mlp; i < l.offsets.size(); ++i) l.offsets[i] += shift;

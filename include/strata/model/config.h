@@ -73,6 +73,7 @@ struct ModelConfig {
   bool mlp_bias = false;            // fc1/fc2 (OPT)
   bool norm_bias = false;           // LayerNorm bias (OPT)
   bool qk_norm = false;             // RMSNorm of each query and key head before RoPE (Qwen3)
+  bool qk_norm_whole = false;       // with qk_norm: over all of q's and all of k's heads at once (OLMo 2)
   bool tied_embeddings = false;     // lm_head shares the token embedding
   // false: an untied checkpoint without lm_head.weight (an embedding model: Qwen3-Embedding-8B,
   // e5-mistral). It computes embeddings; generating needs an LM head.
@@ -97,6 +98,7 @@ struct ModelConfig {
   float embed_scale = 0.0f;         // > 0: the token embeddings times this (sqrt(hidden))
   bool norm_plus_one = false;       // RMSNorm scales by 1 + w: the norms add the 1 in fp32 (Gemma)
   bool sandwich_norms = false;      // a norm after the attention and after the MLP, before each residual add
+  bool pre_norms = true;            // false: no norm before the attention or the MLP, only after (OLMo 2)
   SandwichNaming sandwich_naming = SandwichNaming::Gemma;
   float query_scale = 0.0f;         // > 0: scores scale by 1 / sqrt(this), not of head_dim (query_pre_attn_scalar)
   float attn_softcap = 0.0f;        // > 0: scores soft-capped, cap * tanh(s / cap) (Gemma 2)

@@ -123,6 +123,10 @@ public:
 private:
   void upload_indices(const StepBatch& batch);
   void norm(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out);
+  // A block's input (x normed, or x itself where the model has no norms before its blocks), and
+  // the residual add fused with the next block's input.
+  void block_input(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& out);
+  void add_block_input(const Tensor& x, const Tensor& delta, const Tensor& w, const Tensor& b, const Tensor& out);
   Backend::Norm norm_kind() const;
   // What RMS norms add to their weights: 1 for Gemma's (1 + w), else 0.
   float norm_offset() const;
