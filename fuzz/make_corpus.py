@@ -188,7 +188,7 @@ def tokenizers():
 def configs():
     for name in ["tiny-opt", "tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-llama-gptq", "tiny-gemma2",
                  "tiny-gemma3", "tiny-gemma3-mm", "tiny-gpt-oss", "tiny-gpt-oss-mxfp4", "tiny-phi4-mini", "tiny-glm4",
-                 "tiny-granite", "tiny-olmo2"]:
+                 "tiny-granite", "tiny-olmo2", "tiny-olmo3"]:
         put("config_fuzz", name + ".json", (ROOT / "tests/fixtures/models" / name / "config.json").read_bytes())
 
 

@@ -492,6 +492,31 @@ TEST_CASE("gguf: OLMo 2 (olmo2: norms after each block, q/k normed whole) gives 
                     Catch::Contains("mem.gguf") && Catch::Contains("olmo2 needs blk.0.attn_q_norm.weight of 64"));
 }
 
+TEST_CASE("gguf: OLMo 3 (olmo2 with a window: sliding layers' own base, YaRN on the full ones) gives transformers' "
+          "logits and tokens", "[gguf][model][rope]") {
+  // tiny-olmo3 as llama.cpp's converter writes it (make_olmo_fixtures.py): sliding_window 8,
+  // sliding_window_pattern, freq_base_swa 5000 (which llama.cpp 0.3.36 does not read; transformers
+  // and Strata do), YaRN keys; expected values are transformers' on the directory.
+  const json exp = load_json(fs::path(STRATA_FIXTURES_DIR) / "models" / "tiny-olmo3" / "expected.json");
+  ModelBundle b = open_model(fixture("tiny_olmo3.gguf").string());
+  const ModelConfig dir = open_model((fs::path(STRATA_FIXTURES_DIR) / "models" / "tiny-olmo3").string()).config;
+  CHECK(b.config.layer_window == 8);
+  CHECK(b.config.window_layers == std::vector<int>{0, 1, 2});
+  CHECK(b.config.local_rope_theta == 5000.0f);
+  CHECK(b.config.rope_freq_factors == dir.rope_freq_factors);
+  CHECK(b.config.max_positions == dir.max_positions);  // the window is the sliding layers', not the context
+  CHECK(b.config.attention_scale(3) == Approx(dir.attention_scale(3)).epsilon(1e-7));
+  test::check_hf_outputs(b, exp);
+
+  // A pattern of another length than the layers' is refused naming the key.
+  std::vector<uint8_t> bytes = slurp(fixture("tiny_olmo3.gguf"));
+  const std::string key = "olmo2.block_count";
+  poke<uint32_t>(bytes, find_bytes(bytes, key) + key.size() + 4, 5);  // after the u32 type tag
+  CHECK_THROWS_WITH(config_from_gguf(GgufFile::from_bytes(std::move(bytes), "mem.gguf")),
+                    Catch::Contains("mem.gguf") &&
+                        Catch::Contains("olmo2.attention.sliding_window_pattern has 4 values for 5 layers"));
+}
+
 TEST_CASE("gguf: a Phi-3 file's special tokens swallow the whitespace after them, as in llama.cpp", "[gguf][tokenizer]") {
   // llama.cpp's rule by general.name ("tiny-phi3"): every special token but <unk>, <s> and
   // <|endoftext|> strips the whitespace to its right. Ids from llama.cpp tokenizing the file.

@@ -27,7 +27,7 @@ const char* kModels[] = {"tiny-opt",  "tiny-llama", "tiny-qwen2",         "tiny-
                          "tiny-llama-gptq-actorder", "tiny-llama-awq", "tiny-mixtral", "tiny-qwen3-moe",
                          "tiny-gemma2", "tiny-gemma3", "tiny-gemma3-mm", "tiny-gpt-oss", "tiny-gpt-oss-mxfp4",
                          "tiny-smollm3", "tiny-phi4-mini", "tiny-glm4", "tiny-glm", "tiny-granite", "tiny-olmo2",
-                         "gguf/tiny_gemma2", "gguf/tiny_gemma3",
+                         "tiny-olmo3", "gguf/tiny_gemma2", "gguf/tiny_gemma3",
                          "gguf/tiny_gpt_oss"};
 
 // A fixture model is a directory of tests/fixtures/models/ holding its expected values, or
@@ -245,8 +245,8 @@ TEST_CASE("CUDA bf16: logits within twice transformers' own bf16 error, greedy w
   const char* models[] = {"tiny-opt",     "tiny-llama",     "tiny-qwen2",  "tiny-llama3",   "tiny-phi3",
                           "tiny-qwen3",   "tiny-mixtral",   "tiny-gemma2", "tiny-gemma3",   "tiny-gemma3-mm",
                           "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gpt-oss-mxfp4", "tiny-smollm3", "tiny-phi4-mini",
-                          "tiny-glm4", "tiny-glm", "tiny-granite", "tiny-olmo2", "gguf/tiny_gemma2", "gguf/tiny_gemma3",
-                          "gguf/tiny_gpt_oss"};
+                          "tiny-glm4", "tiny-glm", "tiny-granite", "tiny-olmo2", "tiny-olmo3", "gguf/tiny_gemma2",
+                          "gguf/tiny_gemma3", "gguf/tiny_gpt_oss"};
   for (const char* name : models) {
     SECTION(name) {
       const json exp = load_expected(name), bf16 = load_expected(name, "expected_bf16.json");

@@ -112,13 +112,15 @@ TEST_CASE("every policy generates Hugging Face's greedy tokens", "[offload]") {
   // tiny-glm4: GLM-4's sandwich norms and q/k/v biases travel with their halves of a layer.
   // tiny-granite: the logit scale and the score scale hold wherever the head and attention run.
   // tiny-olmo2: without norms before its blocks, each half of a layer takes its input as it is.
+  // tiny-olmo3: the full layer's YaRN factor, and not the sliding layers', wherever attention runs.
   // tiny-qwen3: the per-head q/k norms travel in the attention half of a streamed layer.
   // tiny-mixtral: a mixture of experts' router and experts travel in the MLP half.
   // tiny-qwen3-moe: a dense MLP half among sparse ones (mlp_only_layers), each its own size.
   // tiny-smollm3: the layers without RoPE take the table's zero row, wherever attention runs.
   const char* const names[] = {"tiny-llama",         "tiny-opt",   "tiny-qwen2",   "tiny-llama3",
                                "tiny-phi4-mini", "tiny-qwen3", "tiny-mixtral", "tiny-qwen3-moe",
-                               "tiny-smollm3", "tiny-glm4", "tiny-granite", "tiny-olmo2"};
+                               "tiny-smollm3", "tiny-glm4", "tiny-granite", "tiny-olmo2",
+                               "tiny-olmo3"};
   for (size_t m = 0; m < std::size(names); ++m) check_policy_grid(names[m], m, *backend);
 }
 

@@ -446,6 +446,24 @@ void read_granite(const json& j, const std::string& file, ModelConfig& c) {
   c.logit_scale = 1.0f / positive("logits_scaling");
 }
 
+bool read_layer_types(const json& j, const std::string& file, ModelConfig& c);
+
+// OLMo 3: OLMo 2's layer with three sliding-window layers in four (layer_types, else every fourth
+// full, as transformers' default), the sliding ones rotating with their own base (`sliding_rope`,
+// transformers 5's rope_parameters.sliding_attention; else rope_theta), unscaled: the YaRN of
+// rope_scaling is the full layers' alone, its attention factor too (ModelConfig::attention_scale).
+void read_olmo3_windows(const json& j, const json& sliding_rope, const std::string& file, ModelConfig& c) {
+  c.layer_window = get_or<int>(j, "sliding_window", 4096);
+  if (c.layer_window <= 0) STRATA_FAIL(file << ": sliding_window " << c.layer_window << " is not positive");
+  if (!read_layer_types(j, file, c))
+    for (int l = 0; l < c.n_layers; ++l)
+      if ((l + 1) % 4 != 0) c.window_layers.push_back(l);
+  c.local_rope_theta = get_or<float>(sliding_rope, "rope_theta", get_or<float>(j, "rope_theta", c.rope_theta));
+  const std::string local_type = get_or<std::string>(sliding_rope, "rope_type", "default");
+  if (local_type != "default")
+    STRATA_FAIL(file << ": sliding layers' rope type '" << local_type << "' is not supported (default)");
+}
+
 void read_llama(const json& j, const std::string& file, const std::string& model_type, ModelConfig& c) {
   const int heads = get_or<int>(j, "num_attention_heads", 0);
   read_llama_shape(j, heads > 0 ? get_or<int>(j, "hidden_size", 0) / heads : 0, 2048, c);
@@ -463,7 +481,7 @@ void read_llama(const json& j, const std::string& file, const std::string& model
     c.sandwich_norms = true;
     c.sandwich_naming = SandwichNaming::Glm4;
   }
-  if (model_type == "olmo2") {  // norms after each block only (Gemma's names), q and k normed whole
+  if (model_type == "olmo2" || model_type == "olmo3") {  // norms after each block only (Gemma's names), q and k normed whole
     c.pre_norms = false;
     c.sandwich_norms = true;
     c.qk_norm = c.qk_norm_whole = true;
@@ -483,6 +501,13 @@ void read_llama(const json& j, const std::string& file, const std::string& model
 
   // transformers 5 writes rope settings under rope_parameters; older files use rope_theta/rope_scaling.
   json rope = j.contains("rope_parameters") && j["rope_parameters"].is_object() ? j["rope_parameters"] : json::object();
+  // transformers 5's rope_parameters per layer type (OLMo 3): the full layers' settings are the
+  // model's; the sliding layers' base is read with their windows (read_olmo3_windows).
+  json sliding_rope = json::object();
+  if (rope.contains("full_attention")) {
+    sliding_rope = rope.value("sliding_attention", json::object());
+    rope = rope["full_attention"].is_object() ? rope["full_attention"] : json::object();
+  }
   c.rope_theta = get_or<float>(rope, "rope_theta", get_or<float>(j, "rope_theta", 10000.0f));
   json scaling = j.contains("rope_scaling") && j["rope_scaling"].is_object() ? j["rope_scaling"] : rope;
   const std::string rope_type = get_or<std::string>(scaling, "rope_type", get_or<std::string>(scaling, "type", "default"));
@@ -512,6 +537,7 @@ void read_llama(const json& j, const std::string& file, const std::string& model
   if (model_type == "mixtral" || model_type == "qwen3_moe") read_experts(j, file, model_type, c);
   if (model_type == "smollm3") read_nope_layers(j, file, c);
   if (model_type == "granite") read_granite(j, file, c);
+  if (model_type == "olmo3") read_olmo3_windows(j, sliding_rope, file, c);
 }
 
 // transformers 5's layer_types (Gemma, GPT-OSS): each layer's sliding_attention or full_attention,
@@ -820,12 +846,13 @@ ModelConfig config_from_hf_json_text(const std::string& text, const std::filesys
     else if (model_type == "gpt_oss") read_gpt_oss(j, file, c);
     else if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3" ||
              model_type == "phi3" || model_type == "mixtral" || model_type == "qwen3_moe" || model_type == "smollm3" ||
-             model_type == "glm" || model_type == "glm4" || model_type == "granite" || model_type == "olmo2")
+             model_type == "glm" || model_type == "glm4" || model_type == "granite" || model_type == "olmo2" ||
+             model_type == "olmo3")
       read_llama(j, file, model_type, c);  // Phi-3, GLM: LLaMA with fused projections (split_fused_projections)
     else
       STRATA_FAIL(file << ": model_type '" << model_type
                        << "' is not supported (opt, llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe, smollm3, "
-                          "gemma2, gemma3_text, gemma3, gpt_oss, glm, glm4, granite, olmo2)");
+                          "gemma2, gemma3_text, gemma3, gpt_oss, glm, glm4, granite, olmo2, olmo3)");
     c.vocab_size = require_int(j, "vocab_size");
     std::vector<int> bos = id_list(j, "bos_token_id");
     c.bos_id = bos.empty() ? -1 : bos[0];
@@ -1085,6 +1112,11 @@ double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 *
 
 float ModelConfig::attention_scale() const {
   return rope_attention_factor * rope_attention_factor / std::sqrt(query_scale > 0.0f ? query_scale : float(head_dim));
+}
+
+float ModelConfig::attention_scale(int layer) const {
+  if (!local_rope_layer(layer)) return attention_scale();
+  return 1.0f / std::sqrt(query_scale > 0.0f ? query_scale : float(head_dim));
 }
 
 namespace {

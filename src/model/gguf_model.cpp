@@ -37,7 +37,7 @@ int token_id_field(const GgufFile& f, std::string_view key, int vocab) {
 bool gemma_arch(const std::string& arch) { return arch == "gemma2" || arch == "gemma3"; }
 // Architectures whose sliding-window layers are a fixed pattern among full ones: the file's
 // sliding_window is those layers' window, not a limit on the context.
-bool window_layers_arch(const std::string& arch) { return gemma_arch(arch) || arch == "gpt-oss"; }
+bool window_layers_arch(const std::string& arch) { return gemma_arch(arch) || arch == "gpt-oss" || arch == "olmo2"; }
 
 // general.architecture, refused unless Strata's forward pass runs it: llama (LLaMA, Mistral,
 // TinyLlama, SmolLM), qwen2 (LLaMA with q/k/v biases), qwen3 (LLaMA with per-head q/k norms),
@@ -538,7 +538,10 @@ void read_gpt_oss(const GgufFile& f, ModelConfig& c) {
 }
 
 // OLMo 2: no norm before its blocks, one after each (post_attention_norm, post_ffw_norm), and q and
-// k normed over all their heads at once, as the q norm's width (q_dim, not head_dim) says.
+// k normed over all their heads at once, as the q norm's width (q_dim, not head_dim) says. OLMo 3
+// is the same architecture with a sliding window: its sliding layers (sliding_window_pattern, else
+// three in four, as llama.cpp's default) rotate with rope.freq_base_swa (else freq_base),
+// unscaled, as config.cpp's read_olmo3_windows reads a directory.
 void read_olmo2(const GgufFile& f, ModelConfig& c) {
   c.pre_norms = false;
   c.sandwich_norms = true;
@@ -547,6 +550,25 @@ void read_olmo2(const GgufFile& f, ModelConfig& c) {
     STRATA_FAIL("GGUF file " << f.path() << ": olmo2 needs blk.0.attn_q_norm.weight of " << c.q_dim()
                              << " values (head_count x key_length)");
   c.qk_norm = c.qk_norm_whole = true;
+  const std::optional<int64_t> window = f.get_int_opt("olmo2.attention.sliding_window");
+  if (!window || *window <= 0) return;  // OLMo 2: every layer full
+  c.layer_window = positive_int(f, "olmo2.attention.sliding_window", *window);
+  const std::string pattern_key = "olmo2.attention.sliding_window_pattern";
+  if (f.has(pattern_key)) {
+    const std::vector<int64_t> pattern = f.get_int_array(pattern_key);
+    if (pattern.size() != size_t(c.n_layers))
+      STRATA_FAIL("GGUF file " << f.path() << ": " << pattern_key << " has " << pattern.size() << " values for "
+                               << c.n_layers << " layers");
+    for (int l = 0; l < c.n_layers; ++l)
+      if (pattern[size_t(l)] != 0) c.window_layers.push_back(l);
+  } else {
+    for (int l = 0; l < c.n_layers; ++l)
+      if ((l + 1) % 4 != 0) c.window_layers.push_back(l);
+  }
+  const double local = f.get_float_opt("olmo2.rope.freq_base_swa").value_or(c.rope_theta);
+  if (!(local > 0.0 && local < 1e30))
+    STRATA_FAIL("GGUF file " << f.path() << ": olmo2.rope.freq_base_swa " << local << " is not positive");
+  c.local_rope_theta = float(local);
 }
 
 }  // namespace

@@ -82,7 +82,7 @@ ForwardOps::ForwardOps(const ModelConfig& cfg, Backend& backend) : cfg_(cfg), ba
 LayerAttention layer_attention(const ModelConfig& cfg, const Tensor& rope_table, const Tensor& sinks_table, int layer) {
   LayerAttention a;
   const bool window = cfg.window_layer(layer);
-  a.spec = AttentionSpec(cfg.attention_scale(), window ? cfg.layer_window : 0, cfg.attn_softcap);
+  a.spec = AttentionSpec(cfg.attention_scale(layer), window ? cfg.layer_window : 0, cfg.attn_softcap);
   if (cfg.attn_sinks) {
     STRATA_CHECK(sinks_table.dtype == DType::F32 && sinks_table.numel() == int64_t(cfg.n_layers) * cfg.n_heads,
                  "internal: attention sinks " << sinks_table.shape_str() << " for " << cfg.n_layers << " layers of "

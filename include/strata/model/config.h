@@ -135,8 +135,11 @@ struct ModelConfig {
   int rotary_dims() const { return rotary_dim > 0 ? rotary_dim : head_dim; }
   bool partial_rotary() const { return rotary_dims() < head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
-  // The softmax's score scale: 1 / sqrt(head_dim), times LongRoPE's attention factor squared.
+  // The softmax's score scale: 1 / sqrt(head_dim), times LongRoPE's or YaRN's attention factor
+  // squared; a layer with the local RoPE base (Gemma 3's, OLMo 3's sliding layers) is unscaled, so
+  // it takes no factor.
   float attention_scale() const;
+  float attention_scale(int layer) const;
   bool moe() const { return n_experts > 0; }
   bool gated_mlp() const { return mlp == MlpKind::SwiGLU || mlp == MlpKind::GeGLU || mlp == MlpKind::ClampedSwiGLU; }
   // Whether layer l attends through a sliding window (layer_window), and whether its RoPE
