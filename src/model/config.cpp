@@ -481,7 +481,8 @@ void read_llama(const json& j, const std::string& file, const std::string& model
     c.sandwich_norms = true;
     c.sandwich_naming = SandwichNaming::Glm4;
   }
-  if (model_type == "olmo2" || model_type == "olmo3") {  // norms after each block only (Gemma's names), q and k normed whole
+  // OLMo 2 and 3: norms after each block only (under Gemma's names), q and k normed whole.
+  if (model_type == "olmo2" || model_type == "olmo3") {
     c.pre_norms = false;
     c.sandwich_norms = true;
     c.qk_norm = c.qk_norm_whole = true;
