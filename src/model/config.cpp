@@ -481,12 +481,7 @@ void read_llama(const json& j, const std::string& file, const std::string& model
     c.sandwich_norms = true;
     c.sandwich_naming = SandwichNaming::Glm4;
   }
-  // OLMo 2 and 3: norms after each block only (under Gemma's names), q and k normed whole.
-  if (model_type == "olmo2" || model_type == "olmo3") {
-    c.pre_norms = false;
-    c.sandwich_norms = true;
-    c.qk_norm = c.qk_norm_whole = true;
-  }
+  if (model_type == "olmo2" || model_type == "olmo3") set_olmo2_fields(c);  // post-norms under Gemma's names
   if (get_or<bool>(j, "mlp_bias", false)) STRATA_FAIL(file << ": mlp_bias=true is not supported");
   c.tied_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
   if (model_type == "mistral" || model_type == "mixtral" || model_type == "qwen2" || model_type == "qwen3" ||
@@ -622,6 +617,12 @@ void read_gemma(const json& j, const std::string& file, const std::string& model
 }
 
 }  // namespace
+
+void set_olmo2_fields(ModelConfig& c) {
+  c.pre_norms = false;
+  c.sandwich_norms = true;
+  c.qk_norm = c.qk_norm_whole = true;
+}
 
 void set_gpt_oss_fields(ModelConfig& c) {
   c.norm_eps = 1e-5f;
@@ -983,9 +984,7 @@ const std::map<std::string, ModelConfig>& presets() {
     // their heads; 32.2B parameters (the card's).
     ModelConfig olmo2 = llama_preset("olmo-2-32b", 5120, 64, 40, 8, 27648, 100352, 500000.0f, 4096);
     olmo2.norm_eps = 1e-6f;
-    olmo2.pre_norms = false;
-    olmo2.sandwich_norms = true;
-    olmo2.qk_norm = olmo2.qk_norm_whole = true;
+    set_olmo2_fields(olmo2);
     olmo2.bos_id = -1;
     olmo2.eos_ids = {100257};
     m[olmo2.name] = olmo2;

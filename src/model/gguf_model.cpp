@@ -543,13 +543,11 @@ void read_gpt_oss(const GgufFile& f, ModelConfig& c) {
 // three in four, as llama.cpp's default) rotate with rope.freq_base_swa (else freq_base),
 // unscaled, as config.cpp's read_olmo3_windows reads a directory.
 void read_olmo2(const GgufFile& f, ModelConfig& c) {
-  c.pre_norms = false;
-  c.sandwich_norms = true;
   const GgufTensorInfo* q_norm = f.find_tensor("blk.0.attn_q_norm.weight");
   if (!q_norm || q_norm->ne.empty() || q_norm->ne[0] != c.q_dim())
     STRATA_FAIL("GGUF file " << f.path() << ": olmo2 needs blk.0.attn_q_norm.weight of " << c.q_dim()
                              << " values (head_count x key_length)");
-  c.qk_norm = c.qk_norm_whole = true;
+  set_olmo2_fields(c);
   const std::optional<int64_t> window = f.get_int_opt("olmo2.attention.sliding_window");
   if (!window || *window <= 0) return;  // OLMo 2: every layer full
   c.layer_window = positive_int(f, "olmo2.attention.sliding_window", *window);

@@ -223,5 +223,8 @@ double yarn_mscale(double factor, double m = 1);
 // clamped SwiGLU with GptOssConfig's limit and gain, a sink logit per query head, biases on the
 // attention, the router and the experts (as wide as intermediate), top-k-then-softmax routing.
 void set_gpt_oss_fields(ModelConfig& c);
+// OLMo 2's and 3's layer, wherever it is read (config.json, GGUF, the preset): no norm before the
+// attention or the MLP, one after each, and q and k normed over all their heads at once.
+void set_olmo2_fields(ModelConfig& c);
 
 }  // namespace strata
